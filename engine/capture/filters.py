@@ -1,0 +1,50 @@
+"""Which ATen calls become operator cards: not views, constructors or metadata-only ops."""
+
+from __future__ import annotations
+
+import torch
+
+# Ops that launch no kernel worth replacing: aliasing, metadata edits, host syncs, assertions.
+METADATA_ONLY = frozenset({
+    "aten::detach", "aten::alias", "aten::lift_fresh", "aten::_unsafe_view", "aten::_reshape_alias",
+    "aten::_local_scalar_dense", "aten::sym_size.int", "aten::sym_stride.int", "aten::sym_numel",
+    "aten::sym_storage_offset", "aten::is_same_size", "aten::is_nonzero", "aten::resize_",
+    "aten::set_.source_Storage", "aten::set_.source_Storage_storage_offset", "aten::set_.source_Tensor",
+    "aten::set_", "aten::record_stream", "aten::as_strided_", "aten::t_", "aten::transpose_",
+    "aten::squeeze_", "aten::squeeze_.dim", "aten::squeeze_.dims", "aten::unsqueeze_",
+    "aten::_has_compatible_shallow_copy_type", "aten::_assert_async", "aten::_assert_async.msg",
+    "aten::_assert_tensor_metadata", "aten::_functional_assert_async.msg", "aten::_assert_scalar",
+    "aten::is_pinned", "aten::_nested_tensor_size", "aten::_nested_tensor_strides",
+})
+
+# Constructors that take a tensor only for its metadata; the other constructors take no tensor at all.
+LIKE_CONSTRUCTORS = frozenset({
+    "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like",
+    "new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full",
+})
+
+_SKIPPED_NAMESPACES = frozenset({"prim", "profiler", "prims"})
+
+
+def _has_tensor(args: tuple, kwargs: dict) -> bool:
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, torch.Tensor):
+            return True
+        if isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v):
+            return True
+    return False
+
+
+def skip_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str | None:
+    """Why this call is not a card ('view', 'constructor', 'metadata'), or None if it is one."""
+    name = func.name()
+    if func.namespace in _SKIPPED_NAMESPACES:
+        return "metadata"
+    if func.is_view:
+        return "view"
+    if name in METADATA_ONLY or name.split(".")[0] in METADATA_ONLY:
+        return "metadata"
+    base = func._schema.name.split("::", 1)[-1]
+    if base in LIKE_CONSTRUCTORS or not _has_tensor(args, kwargs):
+        return "constructor"
+    return None

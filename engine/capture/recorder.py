@@ -1,0 +1,231 @@
+"""The TorchDispatchMode that records every ATen call of one forward, keyed by exact signature."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from engine.capture.filters import skip_reason
+from engine.capture.samples import Snapshot, snapshot_inputs, snapshot_outputs
+from engine.capture.signature import (
+    bind_arguments,
+    card_id,
+    describe_tensor,
+    iter_tensors,
+    signature_of,
+    storage_extent,
+)
+
+TOP_LEVEL = "(top)"  # module path of calls made outside any submodule (e.g. pipeline glue code)
+
+
+@dataclass
+class CardTally:
+    """What one card accumulates while the forward runs."""
+
+    id: str
+    op: str
+    signature: dict[str, Any]
+    bytes: int
+    outputs: list[dict[str, Any]]
+    calls: int = 0  # calls seen in this (possibly shrunk) forward
+    weighted_calls: int = 0  # scaled by layer multiplicity: calls per forward of the full model
+    module_paths: dict[str, int] = field(default_factory=dict)
+    samples: int = 0
+    sample_bytes: int = 0
+    cpu_seconds: list[tuple[float, int]] = field(default_factory=list)  # (seconds, weight) per call
+    cuda_events: list[tuple[Any, Any, int]] = field(default_factory=list)  # (start, end, weight)
+    output_varies: bool = False
+
+    def weighted_us(self) -> float:
+        """Measured time of this card's calls, each scaled by its layer multiplicity, in µs."""
+        if self.cuda_events:
+            return sum(s.elapsed_time(e) * 1e3 * w for s, e, w in self.cuda_events)
+        return sum(sec * 1e6 * w for sec, w in self.cpu_seconds)
+
+    def mean_us(self) -> float:
+        """Mean measured time of one call during capture, in µs (not the lane's eager latency)."""
+        if self.cuda_events:
+            return sum(s.elapsed_time(e) * 1e3 for s, e, _ in self.cuda_events) / len(self.cuda_events)
+        return sum(sec for sec, _ in self.cpu_seconds) / max(1, len(self.cpu_seconds)) * 1e6
+
+
+SampleSink = Callable[[CardTally, int, Snapshot, dict[str, Any]], int]
+
+
+def _written_args(func: torch._ops.OpOverload, bound: list[tuple[str, Any]]) -> dict[str, torch.Tensor]:
+    out = {}
+    for a, (name, v) in zip(func._schema.arguments, bound):
+        if a.alias_info is not None and a.alias_info.is_write:
+            if isinstance(v, torch.Tensor):
+                out[name] = v
+            elif isinstance(v, (list, tuple)):
+                out.update({f"{name}[{j}]": x for j, x in enumerate(v) if isinstance(x, torch.Tensor)})
+    return out
+
+
+def _write_only(func: torch._ops.OpOverload) -> set[str]:
+    """`out=` arguments: written, never read (in-place `self` is both)."""
+    return {a.name for a in func._schema.arguments
+            if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write}
+
+
+def _output_tensors(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for x in out for t in _output_tensors(x)]
+    return []
+
+
+def _span_bytes(tensors: list[torch.Tensor]) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        lo, hi = storage_extent(t)
+        key = (t.device.type, t.untyped_storage().data_ptr(), lo, hi)
+        if key not in seen:
+            seen.add(key)
+            total += hi - lo
+    return total
+
+
+def bytes_moved(func: torch._ops.OpOverload, bound: list[tuple[str, Any]], out: Any) -> int:
+    """Minimum bytes one call must move: every input read once, every output and mutation written once."""
+    write_only = _write_only(func)
+    reads = [t for path, t in iter_tensors(bound) if path.split("[")[0] not in write_only]
+    writes = _output_tensors(out)
+    written_ids = {id(t) for t in writes}
+    writes += [t for t in _written_args(func, bound).values() if id(t) not in written_ids]
+    return _span_bytes(reads) + _span_bytes(writes)
+
+
+class CaptureMode(TorchDispatchMode):
+    """Records each non-view, non-constructor ATen call: signature, module path, time, samples."""
+
+    def __init__(self, *, path_of: Callable[[], str], weight_of: Callable[[str], int], samples: int,
+                 sample_budget_bytes: int, sink: SampleSink | None, use_cuda_events: bool):
+        super().__init__()
+        self.path_of = path_of
+        self.weight_of = weight_of
+        self.samples = samples
+        self.sample_budget = sample_budget_bytes
+        self.sink = sink
+        self.use_cuda_events = use_cuda_events
+        self.cards: dict[str, CardTally] = {}
+        self.skipped: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        reason = skip_reason(func, args, kwargs)
+        if reason is not None:
+            self.skipped[reason] += 1
+            return func(*args, **kwargs)
+        bound = bind_arguments(func, args, kwargs)
+        signature = signature_of(func, bound)
+        cid = card_id(signature)
+        tally = self.cards.get(cid)
+        snap = layout = None
+        if self.sink is not None and self._wants_sample(tally, bound):
+            snap, layout = snapshot_inputs(bound)
+        # Timed region holds only the op itself; sample copies happen outside it.
+        if self.use_cuda_events:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = func(*args, **kwargs)
+            end.record()
+        else:
+            t0 = time.perf_counter()
+            out = func(*args, **kwargs)
+            seconds = time.perf_counter() - t0
+        outputs = [describe_tensor(t) for t in _output_tensors(out)]
+        if tally is None:
+            tally = CardTally(id=cid, op=func.name(), signature=signature,
+                              bytes=bytes_moved(func, bound, out), outputs=outputs)
+            self.cards[cid] = tally
+        elif [(o["shape"], o["stride"], o["dtype"]) for o in outputs] != \
+                [(o["shape"], o["stride"], o["dtype"]) for o in tally.outputs]:
+            tally.output_varies = True  # data-dependent output shape: a kernel must not assume one
+        path = self.path_of()
+        weight = self.weight_of(path)
+        tally.calls += 1
+        tally.weighted_calls += weight
+        tally.module_paths[path] = tally.module_paths.get(path, 0) + weight
+        if self.use_cuda_events:
+            tally.cuda_events.append((start, end, weight))
+        else:
+            tally.cpu_seconds.append((seconds, weight))
+        if snap is not None:
+            out_layout, mutated = snapshot_outputs(snap, out, _written_args(func, bound))
+            kwarg_only = [a.name for a in func._schema.arguments if a.kwarg_only]
+            meta = {"op": func.name(), "card": cid, "inputs": layout, "outputs": out_layout,
+                    "mutated": mutated, "kwarg_only": kwarg_only, "module_path": path}
+            tally.sample_bytes += self.sink(tally, tally.samples, snap, meta)
+            tally.samples += 1
+        return out
+
+    def _wants_sample(self, tally: CardTally | None, bound: list[tuple[str, Any]]) -> bool:
+        if tally is None:
+            return self.samples > 0
+        if tally.samples >= self.samples:
+            return False
+        # Beyond the first sample, stay inside the per-card budget (inputs + outputs ≈ 2× inputs).
+        estimate = 2 * _span_bytes([t for _, t in iter_tensors(bound)])
+        return tally.sample_bytes + estimate <= self.sample_budget
+
+
+class ModulePaths:
+    """Tracks which named submodule is executing, via forward pre/post hooks on every submodule."""
+
+    def __init__(self, root: torch.nn.Module, multiplicity: Mapping[str, int]):
+        self.root = root
+        self.stack: list[str] = []
+        self.handles: list[Any] = []
+        # Longest prefix first, so the most specific multiplicity wins.
+        self.multiplicity = sorted(multiplicity.items(), key=lambda kv: -len(kv[0]))
+        self._weights: dict[str, int] = {}
+
+    def __enter__(self) -> ModulePaths:
+        for name, module in self.root.named_modules():
+            if not name:
+                continue
+            self.handles.append(module.register_forward_pre_hook(self._push(name)))
+            self.handles.append(module.register_forward_hook(self._pop(name), always_call=True))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+        self.stack.clear()
+
+    def _push(self, name: str):
+        def hook(module, args):
+            self.stack.append(name)
+        return hook
+
+    def _pop(self, name: str):
+        def hook(module, args, output):
+            # Pop down to this module even if a child raised without its own hook running.
+            while self.stack and self.stack.pop() != name:
+                pass
+        return hook
+
+    def current(self) -> str:
+        return self.stack[-1] if self.stack else TOP_LEVEL
+
+    def weight(self, path: str) -> int:
+        w = self._weights.get(path)
+        if w is None:
+            w = 1
+            for prefix, m in self.multiplicity:
+                if path == prefix or path.startswith(prefix + "."):
+                    w = m
+                    break
+            self._weights[path] = w
+        return w

@@ -1,0 +1,56 @@
+"""The capture table a user sees on a terminal (rich; plain text when stdout is not a terminal)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from engine.capture.run import CaptureResult
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def print_cards(result: CaptureResult, workspace: Path, console: Console | None = None) -> None:
+    """Header lines, then one row per card: op, signature, calls, share, bytes, id."""
+    console = console or Console(soft_wrap=False)
+    skipped = ", ".join(f"{v} {k}" for k, v in sorted(result.skipped.items())) or "none"
+    console.print(f"[bold]{result.model}[/] on {result.device} ({result.dtype}"
+                  f"{', small' if result.small else ''}): {len(result.cards)} cards, "
+                  f"{result.total_calls} calls per forward, captured in {result.wall_s:.1f} s",
+                  highlight=False, soft_wrap=True)
+    console.print(f"capture {result.capture_id} in {workspace}; not cards: {skipped}",
+                  highlight=False, soft_wrap=True)
+    for k, v in result.notes.items():
+        console.print(f"  {k}: {v}", highlight=False, markup=False, soft_wrap=True)
+    if not console.is_terminal:
+        # Piped or redirected: one plain line per card, full signature, easy to grep and diff.
+        console.print(f"{'#':>3}  {'op':32}  {'calls':>6}  {'share':>6}  {'bytes':>10}  {'id':16}  signature",
+                      highlight=False, markup=False)
+        for i, c in enumerate(result.cards, 1):
+            console.print(f"{i:>3}  {c.op:32}  {c.calls:>6}  {100 * c.share:>5.1f}%  "
+                          f"{human_bytes(c.bytes):>10}  {c.id:16}  {c.signature_text}",
+                          highlight=False, markup=False, soft_wrap=True)
+    else:
+        table = Table(pad_edge=False, expand=False)
+        table.add_column("#", justify="right", no_wrap=True)
+        table.add_column("op", no_wrap=True, style="bold")
+        table.add_column("calls", justify="right", no_wrap=True)
+        table.add_column("share", justify="right", no_wrap=True)
+        table.add_column("bytes", justify="right", no_wrap=True)
+        table.add_column("signature", overflow="fold", ratio=1, min_width=24)
+        table.add_column("id", no_wrap=True, style="dim")
+        for i, c in enumerate(result.cards, 1):
+            table.add_row(str(i), c.op, str(c.calls), f"{100 * c.share:.1f}%", human_bytes(c.bytes),
+                          c.signature_text, c.id)
+        console.print(table)
+    console.print("share: of the op time measured during this capture on "
+                  f"{result.device}; the GPU lane measures eager latency properly later.", highlight=False)

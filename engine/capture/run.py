@@ -1,0 +1,156 @@
+"""Capture a model config into operator cards and store them (with samples) in the workspace."""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.capture.recorder import CaptureMode, CardTally, ModulePaths
+from engine.capture.samples import Snapshot, save_sample
+from engine.capture.signature import dtype_name, signature_text
+from engine.cards import OperatorCard
+from engine.config import ModelConfig, build_target
+from engine.errors import UsageError
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    """One capture: its cards (by share, largest first) and how it was taken."""
+
+    capture_id: str
+    model: str
+    device: str
+    dtype: str
+    small: bool
+    wall_s: float
+    cards: list[OperatorCard]
+    skipped: dict[str, int]
+    notes: dict[str, str]
+    sample_dir: str  # relative to the workspace
+
+    @property
+    def total_calls(self) -> int:
+        return sum(c.calls for c in self.cards)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "capture": self.capture_id, "device": self.device, "dtype": self.dtype,
+            "small": self.small, "wall_s": round(self.wall_s, 3), "total_calls": self.total_calls,
+            "skipped": self.skipped, "notes": self.notes, "cards": [c.to_json() for c in self.cards],
+        }
+
+
+def resolve_device(requested: str | None) -> torch.device:
+    """`--device`: cuda when asked for and present; default cuda if present, else cpu."""
+    if requested not in (None, "cpu", "cuda"):
+        raise UsageError(f"--device {requested}: unknown device; use cpu or cuda")
+    if requested == "cuda" or (requested is None and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: no CUDA GPU is visible to PyTorch here; use --device cpu")
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _run_forward(config: ModelConfig, forward: Callable[[], Any], what: str) -> None:
+    try:
+        with torch.no_grad():
+            forward()
+    except Exception as e:
+        raise UsageError(f"{config.path}: the model raised during its {what} forward: "
+                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+
+
+def _to_card(t: CardTally, total_us: float) -> OperatorCard:
+    return OperatorCard(
+        id=t.id, op=t.op, signature=t.signature, signature_text=signature_text(t.signature),
+        calls=t.weighted_calls, captured_calls=t.calls,
+        share=(t.weighted_us() / total_us) if total_us > 0 else 0.0, bytes=t.bytes,
+        module_paths=t.module_paths, outputs=t.outputs, capture_us=t.mean_us(), samples=t.samples,
+        output_varies=t.output_varies,
+    )
+
+
+def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
+                  samples: int | None = None, progress: Progress = lambda msg: None) -> CaptureResult:
+    """Build the model, warm it up, capture one forward, and write samples under the workspace.
+
+    Samples go to a `.partial-*` folder that is renamed only when the capture succeeded, so a failed
+    or interrupted capture leaves nothing that looks complete. The caller stores the cards.
+    """
+    t_start = time.perf_counter()
+    capture_id = f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    progress(f"building {config.name} on {device.type} ({dtype_name(config.dtype_for(device.type))}"
+             f"{', small' if config.small else ''})")
+    target = build_target(config, device)
+    target.module.eval()
+    progress("warm-up forward")
+    _run_forward(config, target.forward, "warm-up")
+    _sync(device)
+
+    samples_root = workspace / "samples"
+    partial = samples_root / f".partial-{capture_id}"
+    final = samples_root / capture_id
+    partial.mkdir(parents=True)
+    try:
+        def sink(tally: CardTally, idx: int, snap: Snapshot, meta: dict[str, Any]) -> int:
+            return save_sample(partial / f"{tally.id}.{idx}.safetensors", snap, meta)
+
+        k = config.samples if samples is None else samples
+        progress(f"capturing one forward (up to {k} samples per card)")
+        paths = ModulePaths(target.module, target.multiplicity)
+        mode = CaptureMode(path_of=paths.current, weight_of=paths.weight, samples=k,
+                           sample_budget_bytes=config.sample_budget_mb << 20, sink=sink,
+                           use_cuda_events=device.type == "cuda")
+        with paths:
+            try:
+                with torch.no_grad(), mode:
+                    target.forward()
+            except Exception as e:
+                raise UsageError(f"{config.path}: the model raised during the captured forward: "
+                                 f"{type(e).__name__}: {e}") from e
+        _sync(device)
+        total_us = sum(t.weighted_us() for t in mode.cards.values())
+        cards = sorted((_to_card(t, total_us) for t in mode.cards.values()),
+                       key=lambda c: (-c.share, c.op, c.id))
+        partial.rename(final)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    notes = {**{k: str(v) for k, v in target.notes.items()}}
+    if target.multiplicity:
+        notes["multiplicity"] = ", ".join(f"{k}×{v}" for k, v in target.multiplicity.items())
+    return CaptureResult(
+        capture_id=capture_id, model=config.name, device=device.type,
+        dtype=dtype_name(config.dtype_for(device.type)), small=config.small,
+        wall_s=time.perf_counter() - t_start, cards=cards, skipped=dict(mode.skipped), notes=notes,
+        sample_dir=str(final.relative_to(workspace)),
+    )
+
+
+def discard_samples(workspace: Path, result: CaptureResult) -> None:
+    """Remove a capture's sample folder (when storing its cards failed)."""
+    shutil.rmtree(workspace / result.sample_dir, ignore_errors=True)
+
+
+def sweep_partials(workspace: Path) -> None:
+    """Remove sample folders left by captures that were killed before they finished."""
+    root = workspace / "samples"
+    if root.is_dir():
+        for p in root.glob(".partial-*"):
+            shutil.rmtree(p, ignore_errors=True)
+
+

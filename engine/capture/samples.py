@@ -1,0 +1,162 @@
+"""Real input samples and eager outputs of a card, stored as safetensors (no pickle anywhere).
+
+Each tensor is saved as the raw bytes of the storage range it touches ("slab"), together with its
+dtype, shape, strides and byte offset, so a loaded sample is bit-exact and keeps the original layout,
+alignment modulo 16 bytes, broadcast (zero) strides and the aliasing between arguments.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine.capture.signature import decode_value, dtype_name, encode_value, storage_extent
+
+FORMAT = "kforge-sample/1"
+_SLAB_ALIGN = 16
+
+
+@dataclass
+class Snapshot:
+    """Host copies of a group of tensors, plus a JSON-able description referencing them."""
+
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    # group prefix -> storage key -> (slab name, byte start); groups never share slabs, so an in-place
+    # op's output (same storage as its input) gets its own post-call copy.
+    _slabs: dict[str, dict[tuple, tuple[str, int]]] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() for t in self.tensors.values())
+
+    def add_group(self, prefix: str, tensors: list[torch.Tensor]) -> None:
+        """Copy one slab per storage covering every tensor of `tensors` that lives in it."""
+        group = self._slabs.setdefault(prefix, {})
+        spans: dict[tuple, list[int]] = {}
+        for t in tensors:
+            key = _storage_key(t)
+            lo, hi = storage_extent(t)
+            if key in spans:
+                spans[key][0] = min(spans[key][0], lo)
+                spans[key][1] = max(spans[key][1], hi)
+            else:
+                spans[key] = [lo, hi]
+        for key, (lo, hi) in spans.items():
+            owner = next(t for t in tensors if _storage_key(t) == key)
+            start = lo - lo % _SLAB_ALIGN
+            raw = torch.empty(0, dtype=torch.uint8, device=owner.device).set_(owner.untyped_storage())
+            name = f"{prefix}{len(group)}"
+            self.tensors[name] = raw[start:hi].to("cpu", copy=True).contiguous()
+            group[key] = (name, start)
+
+    def ref(self, t: torch.Tensor, prefix: str) -> dict[str, Any]:
+        name, start = self._slabs[prefix][_storage_key(t)]
+        return {"slab": name, "dtype": dtype_name(t.dtype), "shape": list(t.shape),
+                "stride": list(t.stride()), "offset": t.storage_offset() * t.element_size() - start}
+
+
+def _storage_key(t: torch.Tensor) -> tuple:
+    return (t.device.type, t.device.index, t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+
+
+def _tensors_in(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors_in(v)]
+    return []
+
+
+def _encode(value: Any, snap: Snapshot, prefix: str) -> Any:
+    if isinstance(value, torch.Tensor):
+        return {"tensor": snap.ref(value, prefix)}
+    if isinstance(value, (list, tuple)):
+        return {"list": [_encode(v, snap, prefix) for v in value]}
+    return {"value": encode_value(value)}
+
+
+def snapshot_inputs(bound: list[tuple[str, Any]]) -> tuple[Snapshot, list[dict[str, Any]]]:
+    """Copy the pre-call state of every tensor argument; returns the snapshot and the argument layout."""
+    snap = Snapshot()
+    snap.add_group("in.", [t for _, v in bound for t in _tensors_in(v)])
+    return snap, [{"name": name, **_encode(v, snap, "in.")} for name, v in bound]
+
+
+def snapshot_outputs(snap: Snapshot, outputs: Any, mutated: dict[str, torch.Tensor]) -> tuple[Any, dict]:
+    """Add the eager outputs and the post-call state of mutated arguments to `snap`."""
+    snap.add_group("out.", _tensors_in(outputs) + list(mutated.values()))
+    return _encode(outputs, snap, "out."), {k: snap.ref(t, "out.") for k, t in mutated.items()}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A loaded sample: arguments in schema order, eager outputs, post-state of mutated arguments."""
+
+    args: list[tuple[str, Any]]
+    outputs: Any
+    mutated: dict[str, torch.Tensor]
+    meta: dict[str, Any]
+
+    def call_args(self) -> tuple[tuple, dict]:
+        """Positional and keyword arguments to call the op with (kwarg-only ones by name)."""
+        kwarg_only = set(self.meta.get("kwarg_only", []))
+        args = tuple(v for n, v in self.args if n not in kwarg_only)
+        kwargs = {n: v for n, v in self.args if n in kwarg_only}
+        return args, kwargs
+
+
+def save_sample(path: Path, snap: Snapshot, meta: dict[str, Any]) -> int:
+    """Write one sample file; returns its size in bytes."""
+    header = {"kforge": json.dumps({"format": FORMAT, **meta}, separators=(",", ":"))}
+    tensors = snap.tensors or {"empty": torch.empty(0, dtype=torch.uint8)}
+    save_file(tensors, str(path), metadata=header)
+    return path.stat().st_size
+
+
+def _rebuild(ref: dict[str, Any], slabs: dict[str, torch.Tensor]) -> torch.Tensor:
+    slab = slabs[ref["slab"]]
+    dtype = getattr(torch, ref["dtype"])
+    isz = torch.empty(0, dtype=dtype).element_size()
+    if ref["offset"] % isz:
+        raise ValueError(f"sample tensor offset {ref['offset']} is not a multiple of {isz}")
+    return torch.empty(0, dtype=dtype, device=slab.device).set_(
+        slab.untyped_storage(), ref["offset"] // isz, ref["shape"], ref["stride"])
+
+
+def _decode(node: dict[str, Any], slabs: dict[str, torch.Tensor]) -> Any:
+    if "tensor" in node:
+        return _rebuild(node["tensor"], slabs)
+    if "list" in node:
+        return [_decode(x, slabs) for x in node["list"]]
+    return decode_value(node["value"])
+
+
+def read_sample_meta(path: Path) -> dict[str, Any]:
+    """The JSON header of a sample file, without loading its tensors."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+    if "kforge" not in meta:
+        raise ValueError(f"{path}: not a Kernel Forge sample (no 'kforge' header)")
+    data = json.loads(meta["kforge"])
+    if data.get("format") != FORMAT:
+        raise ValueError(f"{path}: unknown sample format {data.get('format')!r}")
+    return data
+
+
+def load_sample(path: str | Path, device: str | torch.device = "cpu") -> Sample:
+    """Load a sample onto `device`; tensors are fresh allocations with the captured layout."""
+    path = Path(path)
+    meta = read_sample_meta(path)
+    # A fresh allocation per slab: aligned like the original modulo 16 bytes, and never the mmap.
+    slabs = {k: v.to(device, copy=True) for k, v in load_file(str(path)).items()}
+    args = [(a["name"], _decode(a, slabs)) for a in meta["inputs"]]
+    outputs = _decode(meta["outputs"], slabs)
+    mutated = {k: _rebuild(r, slabs) for k, r in meta.get("mutated", {}).items()}
+    return Sample(args=args, outputs=outputs, mutated=mutated, meta=meta)

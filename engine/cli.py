@@ -1,0 +1,216 @@
+"""The `kforge-tui` command line: one place for the whole CLI surface of DESIGN.md.
+
+The engine never imports Textual: commands that open the TUI are handed in by `kforge_tui.cli`
+as callables, so the headless commands (capture, run --no-tui, export, audit) stay UI-free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from engine.errors import KforgeError, UsageError
+
+TuiLauncher = Callable[[argparse.Namespace], int]
+
+NOT_BUILT = {
+    "run": "optimising a model (search, GPU lanes, proposers)",
+    "export": "exporting winners as a .cast package",
+    "audit": "auditing a .cast package",
+    "compare": "comparing runs or providers",
+    "demo": "the TUI on a recorded run",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad usage as one line with exit code 2 (no usage dump)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def _add_common(p: argparse.ArgumentParser, top: bool = False) -> None:
+    # Subcommands must not reset what was given before the subcommand name (argparse applies a
+    # subparser's defaults over the parent's values), hence SUPPRESS below the top level.
+    default = None if top else argparse.SUPPRESS
+    p.add_argument("--workspace", metavar="DIR", default=default,
+                   help="workspace folder (default: $KFORGE_HOME, else .kforge/ in the current directory)")
+    p.add_argument("--debug", action="store_true", default=False if top else argparse.SUPPRESS,
+                   help="show tracebacks on errors")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full CLI surface; subcommands not built yet are listed and say so when called."""
+    parser = _Parser(prog="kforge-tui", description=(
+        "Kernel Forge: capture the operators a PyTorch model runs, search for faster verified CUDA "
+        "kernels, and ship them as a .cast package. Without a subcommand, opens the TUI on the "
+        "workspace's latest run."))
+    _add_common(parser, top=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    p = sub.add_parser("capture", help="capture a model's operator cards and print them")
+    p.add_argument("config", metavar="CONFIG", help="model config, e.g. configs/models/resnet50.toml")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    p.add_argument("--small", action="store_true",
+                   help="shrink batch and sequence (never widths) so capture runs on a CPU in seconds")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="where to build the model (default: cuda if present)")
+    p.add_argument("--samples", type=int, metavar="K", help="real input samples kept per card (default: config, 3)")
+    _add_common(p)
+
+    p = sub.add_parser("run", help="optimise a model's cards (not built yet)")
+    p.add_argument("config", metavar="CONFIG", nargs="?")
+    p.add_argument("--no-tui", action="store_true")
+    p.add_argument("--provider")
+    p.add_argument("--iterations", type=int)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--small", action="store_true")
+    p.add_argument("--resume", metavar="RUN")
+    p.add_argument("--device", choices=("cpu", "cuda"))
+    _add_common(p)
+
+    p = sub.add_parser("export", help="package a run's winners as a .cast file (not built yet)")
+    p.add_argument("run", metavar="RUN", nargs="?")
+    p.add_argument("--out", metavar="FILE.cast")
+    _add_common(p)
+
+    p = sub.add_parser("audit", help="inspect (and --verify) a .cast file (not built yet)")
+    p.add_argument("file", metavar="FILE.cast")
+    p.add_argument("--verify", action="store_true")
+    p.add_argument("--json", action="store_true")
+    _add_common(p)
+
+    p = sub.add_parser("compare", help="runs or providers side by side (not built yet)")
+    p.add_argument("runs", metavar="RUN", nargs="+")
+    _add_common(p)
+
+    p = sub.add_parser("demo", help="the TUI on a recorded real run shipped with the package (not built yet)")
+    _add_common(p)
+    return parser
+
+
+def _not_built(name: str) -> int:
+    raise UsageError(f"kforge-tui {name}: {NOT_BUILT[name]} is not built yet in this version; "
+                     f"'kforge-tui capture CONFIG' works today")
+
+
+def _workspace(args: argparse.Namespace) -> Path:
+    from engine.store import WorkspaceError, ensure_workspace, resolve_workspace
+
+    try:
+        return ensure_workspace(resolve_workspace(args.workspace))
+    except WorkspaceError as e:
+        raise UsageError(str(e)) from None
+
+
+def _progress() -> Callable[[str], None]:
+    """Progress lines on stderr (stdout is reserved for the result)."""
+    def show(msg: str) -> None:
+        print(f"kforge: {msg}", file=sys.stderr, flush=True)
+    return show
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    """`kforge-tui capture CONFIG`: capture cards, store them with samples, print them."""
+    import torch
+
+    from engine.capture.run import capture_model, discard_samples, resolve_device, sweep_partials
+    from engine.config import load_config
+
+    if args.samples is not None and args.samples < 0:
+        raise UsageError(f"--samples {args.samples}: must be 0 or more")
+    config = load_config(args.config, small=args.small)
+    device = resolve_device(args.device)
+    workspace = _workspace(args)
+    sweep_partials(workspace)
+    result = capture_model(config, device, workspace, samples=args.samples,
+                           progress=_progress())
+    try:
+        asyncio.run(_store_capture(workspace, config, result, torch.__version__))
+    except BaseException:
+        discard_samples(workspace, result)
+        raise
+    if args.json:
+        print(json.dumps(result.to_json(), indent=None, separators=(",", ":")))
+    else:
+        from engine.capture.report import print_cards
+
+        print_cards(result, workspace)
+    return 0
+
+
+async def _store_capture(workspace: Path, config, result, torch_version: str) -> None:
+    from engine.store import Store, db_path
+
+    sample_rows = []
+    root = workspace / result.sample_dir
+    for card in result.cards:
+        for idx in range(card.samples):
+            f = root / f"{card.id}.{idx}.safetensors"
+            sample_rows.append({"card_id": card.id, "idx": idx, "path": str(f.relative_to(workspace)),
+                                "sha256": _sha256(f), "nbytes": f.stat().st_size})
+    capture = {
+        "id": result.capture_id, "model": result.model, "config_path": str(config.path.resolve()),
+        "config_sha256": config.sha256, "device": result.device, "dtype": result.dtype,
+        "small": result.small, "torch_version": torch_version, "wall_s": result.wall_s,
+        "total_calls": result.total_calls, "notes": result.notes, "skipped": result.skipped,
+        "sample_dir": result.sample_dir,
+    }
+    cards = [{
+        "card_id": c.id, "op": c.op, "signature": c.signature, "signature_text": c.signature_text,
+        "calls": c.calls, "share": c.share, "bytes": c.bytes, "module_paths": c.module_paths,
+        "captured_calls": c.captured_calls, "capture_us": c.capture_us, "outputs": c.outputs,
+        "output_varies": c.output_varies,
+    } for c in result.cards]
+    store = await Store.open(db_path(workspace))
+    async with store:
+        await store.save_capture(capture, cards, sample_rows)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def main(argv: Sequence[str] | None = None, *, open_tui: TuiLauncher | None = None) -> int:
+    """Parse and run; errors become one line on stderr and exit code 2 (input) or 1 (job)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("KFORGE_DEBUG") == "1"
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "capture":
+            return cmd_capture(args)
+        if args.command is None:
+            if open_tui is None:
+                raise UsageError("kforge-tui: the TUI is not built yet in this version; "
+                                 "use 'kforge-tui capture CONFIG'")
+            return open_tui(args)
+        return _not_built(args.command)
+    except KforgeError as e:
+        if debug:
+            traceback.print_exc()
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted; nothing half-written was kept", file=sys.stderr)
+        return 130
+    except Exception as e:  # our own bug: still one line unless --debug
+        if debug:
+            traceback.print_exc()
+        print(f"error: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

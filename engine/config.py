@@ -1,0 +1,171 @@
+"""Model configs (`configs/models/*.toml`): load, validate, and build the capture target."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.errors import UsageError
+from engine.models.target import CaptureTarget, target_from_inputs
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+_TOP_KEYS = {"name", "description", "builder", "params", "small", "dtype", "multiplicity", "capture"}
+_CAPTURE_KEYS = {"samples", "sample_budget_mb"}
+_DTYPE_KEYS = {"cuda", "cpu"}
+DTYPES = {
+    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "float64": torch.float64, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A validated model config. `params` already has `[small]` applied when asked for."""
+
+    path: Path
+    sha256: str
+    name: str
+    description: str
+    builder: str
+    params: Mapping[str, Any]
+    small: bool
+    dtypes: Mapping[str, str]
+    multiplicity: Mapping[str, int]
+    samples: int = 3
+    sample_budget_mb: int = 1024
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+    def dtype_for(self, device: str) -> torch.dtype:
+        """The dtype the model runs in on `device` ('cuda' or 'cpu')."""
+        return DTYPES[self.dtypes.get(device, "float32")]
+
+
+def load_config(path: str | Path, *, small: bool = False) -> ModelConfig:
+    """Read and validate a model config; every problem is a one-line UsageError naming file and key."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"{p}: config file not found; pass a path such as configs/models/resnet50.toml")
+    data = p.read_bytes()
+    try:
+        raw = tomllib.loads(data.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{p}: invalid TOML: {e}") from None
+
+    def bad(key: str, why: str) -> UsageError:
+        return UsageError(f"{p}: key '{key}': {why}")
+
+    unknown = sorted(set(raw) - _TOP_KEYS)
+    if unknown:
+        raise bad(unknown[0], f"unknown key; allowed keys are {', '.join(sorted(_TOP_KEYS))}")
+    for key in ("name", "builder"):
+        if not isinstance(raw.get(key), str) or not raw[key].strip():
+            raise bad(key, "required, a non-empty string")
+    builder = raw["builder"]
+    if builder.count(":") != 1 or not all(builder.split(":")):
+        raise bad("builder", f"'{builder}' must be 'module:function' (or 'file.py:function')")
+    for table in ("params", "small", "dtype", "multiplicity", "capture"):
+        if table in raw and not isinstance(raw[table], dict):
+            raise bad(table, "must be a table ([%s])" % table)
+    params = dict(raw.get("params", {}))
+    small_over = raw.get("small", {})
+    for k in small_over:
+        if k not in params:
+            raise bad(f"small.{k}", "overrides no key of [params]; add it to [params] first")
+    if small:
+        params.update(small_over)
+    dtypes = raw.get("dtype", {})
+    for k, v in dtypes.items():
+        if k not in _DTYPE_KEYS:
+            raise bad(f"dtype.{k}", "unknown device; use 'cuda' or 'cpu'")
+        if v not in DTYPES:
+            raise bad(f"dtype.{k}", f"unknown dtype '{v}'; use one of float32, float16, bfloat16")
+    mult = raw.get("multiplicity", {})
+    for k, v in mult.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise bad(f"multiplicity.{k}", "must be a positive integer (layers of this kind in the full model)")
+    cap = raw.get("capture", {})
+    for k, v in cap.items():
+        if k not in _CAPTURE_KEYS:
+            raise bad(f"capture.{k}", f"unknown key; allowed: {', '.join(sorted(_CAPTURE_KEYS))}")
+        if not isinstance(v, int) or isinstance(v, bool) or v < (0 if k == "samples" else 1):
+            raise bad(f"capture.{k}", "must be a non-negative integer")
+    return ModelConfig(
+        path=p, sha256=hashlib.sha256(data).hexdigest(), name=raw["name"],
+        description=str(raw.get("description", "")), builder=builder, params=params, small=small,
+        dtypes=dict(dtypes), multiplicity=dict(mult), samples=cap.get("samples", 3),
+        sample_budget_mb=cap.get("sample_budget_mb", 1024), raw=raw,
+    )
+
+
+def resolve_builder(config: ModelConfig):
+    """Import the config's builder function; a module path or a `.py` file next to the config."""
+    mod_name, func_name = config.builder.split(":")
+    try:
+        if mod_name.endswith(".py"):
+            file = (config.path.parent / mod_name).resolve()
+            if not file.is_file():
+                raise UsageError(f"{config.path}: key 'builder': file {file} not found")
+            spec = importlib.util.spec_from_file_location(f"kforge_user_model_{file.stem}", file)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(mod_name)
+    except UsageError:
+        raise
+    except Exception as e:  # an import error of the user's module is bad input, not our crash
+        raise UsageError(f"{config.path}: key 'builder': cannot import '{mod_name}': "
+                         f"{type(e).__name__}: {e}") from e
+    fn = getattr(module, func_name, None)
+    if not callable(fn):
+        raise UsageError(f"{config.path}: key 'builder': '{mod_name}' has no function '{func_name}'")
+    return fn
+
+
+def build_target(config: ModelConfig, device: torch.device) -> CaptureTarget:
+    """Call the builder with the config's params (plus device/dtype where it accepts them)."""
+    fn = resolve_builder(config)
+    kwargs = dict(config.params)
+    sig = inspect.signature(fn)
+    accepts_any = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+    for name, value in (("device", device), ("dtype", config.dtype_for(device.type)), ("small", config.small)):
+        if accepts_any or name in sig.parameters:
+            kwargs.setdefault(name, value)
+    unknown = [k for k in kwargs if not accepts_any and k not in sig.parameters]
+    if unknown:
+        raise UsageError(f"{config.path}: key 'params.{unknown[0]}': builder {config.builder} "
+                         f"takes no such argument")
+    try:
+        result = fn(**kwargs)
+    except UsageError:
+        raise
+    except Exception as e:
+        raise UsageError(f"{config.path}: builder {config.builder} failed: {type(e).__name__}: {e}") from e
+    if isinstance(result, CaptureTarget):
+        target = result
+    elif isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.nn.Module):
+        target = target_from_inputs(*result)
+    else:
+        raise UsageError(f"{config.path}: builder {config.builder} must return (model, example_inputs) "
+                         f"or a CaptureTarget, got {type(result).__name__}")
+    if config.multiplicity:
+        merged = {**target.multiplicity, **config.multiplicity}
+        target = CaptureTarget(target.module, target.forward, merged, target.notes)
+    known = {name for name, _ in target.module.named_modules()}
+    for prefix in target.multiplicity:
+        if prefix not in known:
+            raise UsageError(f"{config.path}: key 'multiplicity.{prefix}': no module of that path in the "
+                             f"model; use a name from model.named_modules()")
+    return target

@@ -1,0 +1,21 @@
+"""Errors a user can act on. The CLI prints their message as one line and exits with their code."""
+
+from __future__ import annotations
+
+
+class KforgeError(Exception):
+    """Base for errors shown to the user as one line (no traceback without --debug)."""
+
+    exit_code = 1
+
+
+class UsageError(KforgeError):
+    """Bad usage or bad input: a missing file, an invalid config, an absent device. Exit code 2."""
+
+    exit_code = 2
+
+
+class JobError(KforgeError):
+    """The job itself failed (not the user's input). Exit code 1."""
+
+    exit_code = 1

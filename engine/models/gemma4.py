@@ -1,0 +1,175 @@
+"""Gemma 4 E2B text model (transformers `Gemma4ForCausalLM`) with random weights, one prefill.
+
+The real E2B text model has 35 decoder layers of four kinds: sliding-window or full attention, each
+either computing its own K/V or reusing the K/V of the last earlier layer of its type ("KV-shared",
+the last 20 layers, whose MLP is double width). The builder keeps one layer of each kind at full
+width and returns `multiplicity` so call counts describe all 35 layers.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections import Counter
+from contextlib import contextmanager
+
+import torch
+
+from engine.models.target import CaptureTarget
+
+# google/gemma-4-E2B text_config (the class defaults are a different, larger model: hidden 2304, 30 layers).
+REAL_NUM_LAYERS = 35
+REAL_LAYER_TYPES = (["sliding_attention"] * 4 + ["full_attention"]) * 7
+REAL_NUM_KV_SHARED_LAYERS = 20
+E2B_CONFIG = dict(
+    vocab_size=262_144,
+    vocab_size_per_layer_input=262_144,
+    hidden_size=1536,
+    intermediate_size=6144,  # x2 on the KV-shared layers (use_double_wide_mlp)
+    use_double_wide_mlp=True,
+    num_attention_heads=8,
+    num_key_value_heads=1,
+    head_dim=256,  # sliding layers
+    global_head_dim=512,  # full-attention layers (an init kwarg, stored as per_layer_config[i].head_dim)
+    hidden_size_per_layer_input=256,
+    hidden_activation="gelu_pytorch_tanh",
+    final_logit_softcapping=30.0,
+    sliding_window=512,
+    max_position_embeddings=131_072,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    attention_k_eq_v=False,
+    enable_moe_block=False,
+    rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0},
+    },
+    pad_token_id=0,
+    eos_token_id=1,
+    bos_token_id=2,
+)
+# One layer of each kind: [sliding, full] unshared, then [sliding, full] KV-shared.
+SMALL_NUM_LAYERS = 4
+SMALL_LAYER_TYPES = ["sliding_attention", "full_attention"] * 2
+SMALL_NUM_KV_SHARED_LAYERS = 2
+
+_FILL_BLOCK = 999_983  # prime, so tiled rows of power-of-two width never repeat in phase
+
+
+def real_layer_kinds() -> Counter:
+    """(attention type, kv_shared) -> number of such layers in the real E2B text model."""
+    first_shared = REAL_NUM_LAYERS - REAL_NUM_KV_SHARED_LAYERS
+    return Counter((t, i >= first_shared) for i, t in enumerate(REAL_LAYER_TYPES))
+
+
+def layer_kind(layer: torch.nn.Module) -> tuple[str, bool]:
+    """(attention type, kv_shared) of a built `Gemma4TextDecoderLayer`."""
+    return layer.self_attn.layer_type, bool(layer.self_attn.is_kv_shared_layer)
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype):
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+@torch.no_grad()
+def _fill_random_(params: list[torch.Tensor], std: float, seed: int) -> None:
+    """Fill params with a tiled N(0, std) block (a random rotation per param): memcpy speed, not RNG speed."""
+    gen = torch.Generator().manual_seed(seed)
+    block = torch.randn(_FILL_BLOCK, generator=gen) * std
+    cache: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+    for p in params:
+        key = (p.device, p.dtype)
+        if key not in cache:
+            cache[key] = block.to(device=p.device, dtype=p.dtype)
+        shift = int(torch.randint(_FILL_BLOCK, (1,), generator=gen))
+        src = torch.roll(cache[key], shift)
+        flat = p.view(-1)
+        whole = flat.numel() // _FILL_BLOCK
+        if whole:
+            flat[: whole * _FILL_BLOCK].view(whole, _FILL_BLOCK).copy_(src.expand(whole, -1))
+        rest = flat.numel() - whole * _FILL_BLOCK
+        if rest:
+            flat[whole * _FILL_BLOCK :].copy_(src[:rest])
+
+
+def random_model(model_cls, config, *, device: torch.device, dtype: torch.dtype, seed: int) -> torch.nn.Module:
+    """Instantiate `model_cls(config)` directly on `device` in `dtype` with cheap random weights.
+
+    Parameters are allocated uninitialised (transformers' `no_init_weights`), every matrix / embedding /
+    expert / conv weight (ndim >= 2) is filled from a tiled random block of std `initializer_range`, and
+    the model's own `_init_weights` then sets the rest (norm scales, rotary buffers, gates, ...) as a
+    fresh model would have them, and ties weights.
+    """
+    from transformers.initialization import no_init_weights
+
+    with torch.device(device), _default_dtype(dtype), no_init_weights():
+        model = model_cls(config)
+    model.tie_weights()
+    big = [p for p in model.parameters() if p.ndim >= 2]
+    _fill_random_(big, std=config.initializer_range, seed=seed)
+    for p in big:
+        p._is_hf_initialized = True
+    model.init_weights()  # only touches what is not flagged above
+    model.requires_grad_(False)
+    return model.eval()
+
+
+def build(*, device: torch.device, dtype: torch.dtype, seq_len: int = 2048, batch: int = 1,
+          attn_implementation: str = "sdpa", use_cache: bool = False, logits_to_keep: int = 0,
+          seed: int = 0) -> CaptureTarget:
+    """Gemma 4 E2B text model, 4 of 35 layers (one per kind), one prefill of `batch` x `seq_len` tokens."""
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    config = Gemma4TextConfig(
+        **E2B_CONFIG,
+        num_hidden_layers=SMALL_NUM_LAYERS,
+        layer_types=list(SMALL_LAYER_TYPES),
+        num_kv_shared_layers=SMALL_NUM_KV_SHARED_LAYERS,
+        attn_implementation=attn_implementation,
+    )
+    model = random_model(Gemma4ForCausalLM, config, device=device, dtype=dtype, seed=seed)
+
+    real = real_layer_kinds()
+    kinds = [layer_kind(layer) for layer in model.model.layers]
+    if sorted(kinds) != sorted(real):
+        raise RuntimeError(f"shrunk Gemma 4 layers {kinds} do not cover the real kinds {sorted(real)} once each")
+    multiplicity = {f"model.layers.{i}": real[kind] for i, kind in enumerate(kinds)}
+
+    gen = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(3, config.vocab_size, (batch, seq_len), generator=gen).to(device)
+
+    def forward():
+        with torch.no_grad():
+            return model(input_ids=input_ids, use_cache=use_cache, logits_to_keep=logits_to_keep)
+
+    ple = config.num_hidden_layers * config.hidden_size_per_layer_input
+    real_ple = REAL_NUM_LAYERS * config.hidden_size_per_layer_input
+    notes = {
+        "model": "Gemma4ForCausalLM (text only), google/gemma-4-E2B text_config, random weights",
+        "transformers": importlib.metadata.version("transformers"),
+        "attention": f"{model.config._attn_implementation} (requested {attn_implementation!r}); scaling 1.0, "
+        "q/k RMS-norm; sliding layers head_dim 256 window 512, full layers head_dim 512 with proportional "
+        "RoPE on 1/4 of it; 8 query heads, 1 KV head",
+        "forward": f"one prefill of {batch}x{seq_len} random token ids, no attention mask, "
+        f"use_cache={use_cache}, logits_to_keep={logits_to_keep} "
+        + ("(logits for every position)" if logits_to_keep == 0 else "")
+        + "; generate() would use a cache and logits_to_keep=1, and transformers >= 5.2x (not 5.17) then "
+        "runs the KV-shared layers on the last token only",
+        "layers": "4 of 35 kept: "
+        + ", ".join(f"model.layers.{i} = {t}{' KV-shared' if s else ''} x{real[(t, s)]}"
+                    for i, (t, s) in enumerate(kinds))
+        + "; KV-shared layers have no k/v projections and read the K/V of the last unshared layer of "
+        "their type",
+        "shrink": f"widths are the real model's except the per-layer-embedding (PLE) tables, whose width is "
+        f"num_hidden_layers x 256: embed_tokens_per_layer {config.vocab_size_per_layer_input}x{ple} "
+        f"(real x{real_ple}) and per_layer_model_projection {config.hidden_size}->{ple} (real ->{real_ple}); "
+        "these run once per forward (multiplicity 1)",
+        "weights": f"{dtype} built directly on {device}; matrices from a tiled N(0, 0.02) block, norms/buffers "
+        "from the model's own init; lm_head tied to embed_tokens",
+    }
+    return CaptureTarget(module=model, forward=forward, multiplicity=multiplicity, notes=notes)

@@ -1,0 +1,48 @@
+"""The workspace store: workspace directory resolution, the SQLite schema, and async access to it."""
+
+from engine.store.schema import MIGRATIONS, latest_version
+from engine.store.store import (
+    CONTROL_COMMANDS,
+    RUN_STATUSES,
+    RUN_UPDATABLE,
+    Store,
+    StoreError,
+    decode_json,
+    encode_json,
+    new_id,
+    open_readonly,
+    row_from_dict,
+    row_to_dict,
+)
+from engine.store.workspace import (
+    DB_FILENAME,
+    ENV_VAR,
+    WorkspaceError,
+    db_path,
+    ensure_workspace,
+    resolve_workspace,
+    samples_dir,
+)
+
+__all__ = [
+    "CONTROL_COMMANDS",
+    "DB_FILENAME",
+    "ENV_VAR",
+    "MIGRATIONS",
+    "RUN_STATUSES",
+    "RUN_UPDATABLE",
+    "Store",
+    "StoreError",
+    "WorkspaceError",
+    "db_path",
+    "decode_json",
+    "encode_json",
+    "ensure_workspace",
+    "latest_version",
+    "new_id",
+    "open_readonly",
+    "resolve_workspace",
+    "row_from_dict",
+    "row_to_dict",
+    "samples_dir",
+]

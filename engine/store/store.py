@@ -1,0 +1,476 @@
+"""Async access to the workspace database (aiosqlite, WAL) plus a sync read-only opener for the TUI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path, PurePath
+from types import TracebackType
+from typing import Any
+
+import aiosqlite
+
+from engine.store import schema
+
+# Columns holding JSON text; encoded/decoded only by `row_from_dict` / `row_to_dict`.
+JSON_COLUMNS: dict[str, frozenset[str]] = {
+    "captures": frozenset({"notes", "skipped"}),
+    "cards": frozenset({"signature", "module_paths", "tolerance", "eager_stats", "outputs"}),
+    "runs": frozenset({"config"}),
+    "candidates": frozenset({"launch_spec", "verification", "timing"}),
+    "evaluations": frozenset({"verdict"}),
+    "events": frozenset({"payload"}),
+    "controls": frozenset({"args"}),
+}
+# INTEGER 0/1 columns handed back as bool.
+BOOL_COLUMNS: dict[str, frozenset[str]] = {
+    "captures": frozenset({"small"}),
+    "search_nodes": frozenset({"dead"}),
+    "cards": frozenset({"output_varies"}),
+}
+
+RUN_STATUSES = ("created", "running", "paused", "stopped", "done", "failed")
+CONTROL_COMMANDS = ("pause", "resume", "stop", "prioritize")
+# Columns update_run may set; ids, capture, model and created_at are fixed once a run exists.
+RUN_UPDATABLE = frozenset(
+    {"status", "stopped_by", "pid", "tokens_in", "tokens_out", "cost_usd", "config", "provider"}
+)
+
+_BUSY_TIMEOUT_MS = 5000
+
+
+class StoreError(RuntimeError):
+    """The workspace database cannot be used by this version of Kernel Forge."""
+
+
+def new_id(prefix: str) -> str:
+    """A fresh short id such as `run-3f9c0a1b2c3d` (48 random bits: ample within one workspace)."""
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def encode_json(value: Any) -> str | None:
+    """Canonical JSON text (sorted keys, no spaces) so equal values compare equal as text; None stays NULL."""
+    if value is None:
+        return None
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def decode_json(text: str | None) -> Any:
+    """Inverse of `encode_json`."""
+    return None if text is None else json.loads(text)
+
+
+def row_from_dict(table: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Python values -> column values for `table` (JSON columns encoded, bools and paths made plain)."""
+    json_cols = JSON_COLUMNS.get(table, frozenset())
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if key in json_cols:
+            value = encode_json(value)
+        elif isinstance(value, bool):
+            value = int(value)
+        elif isinstance(value, PurePath):
+            value = value.as_posix()
+        out[key] = value
+    return out
+
+
+def row_to_dict(table: str, row: sqlite3.Row | None) -> dict[str, Any] | None:
+    """Column values of `table` -> Python values (JSON decoded, 0/1 flags as bool); None passes through."""
+    if row is None:
+        return None
+    json_cols = JSON_COLUMNS.get(table, frozenset())
+    bool_cols = BOOL_COLUMNS.get(table, frozenset())
+    out: dict[str, Any] = {}
+    for key in row.keys():
+        value = row[key]
+        if key in json_cols:
+            value = decode_json(value)
+        elif key in bool_cols and value is not None:
+            value = bool(value)
+        out[key] = value
+    return out
+
+
+def _check_version(found: int, where: Path) -> None:
+    latest = schema.latest_version()
+    if found > latest:
+        raise StoreError(
+            f"workspace {where} was written by a newer Kernel Forge (schema {found} > {latest}); "
+            "upgrade kernel-forge"
+        )
+
+
+def open_readonly(db_path: str | os.PathLike[str]) -> sqlite3.Connection:
+    """Sync read-only connection (Row factory) for the TUI's read model; never writes or migrates."""
+    path = Path(db_path).absolute()
+    if not path.is_file():
+        raise StoreError(f"no Kernel Forge database at {path}; run `kforge capture` in that workspace first")
+    # as_uri() percent-encodes, so spaces, '?' or '#' in the path cannot break the URI.
+    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=_BUSY_TIMEOUT_MS / 1000)
+    try:
+        conn.row_factory = sqlite3.Row
+        _check_version(conn.execute("PRAGMA user_version").fetchone()[0], path.parent)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+class Store:
+    """The workspace database. Open with `async with await Store.open(path) as store:`."""
+
+    def __init__(self, conn: aiosqlite.Connection, db_path: Path) -> None:
+        """Use `Store.open`; this only wraps an already configured connection."""
+        self._conn = conn
+        self.db_path = db_path
+        # One aiosqlite connection is shared by every coroutine; without this lock a statement from
+        # one task could land inside another task's open transaction and commit or roll back with it.
+        self._lock = asyncio.Lock()
+        self._columns: dict[str, frozenset[str]] = {}
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, db_path: str | os.PathLike[str]) -> Store:
+        """Connect, set the PRAGMAs, apply pending migrations (refusing a newer schema)."""
+        path = Path(db_path)
+        # isolation_level=None: the sqlite3 module never opens transactions implicitly; _transaction does.
+        conn = await aiosqlite.connect(path, isolation_level=None)
+        try:
+            conn.row_factory = sqlite3.Row
+            # busy_timeout first so the WAL switch itself waits for another process holding a lock.
+            await conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+            await conn.execute("PRAGMA journal_mode = WAL")
+            await conn.execute("PRAGMA synchronous = NORMAL")
+            await conn.execute("PRAGMA foreign_keys = ON")
+            store = cls(conn, path)
+            await store._migrate()
+            await store._load_columns()
+        except BaseException:
+            await conn.close()
+            raise
+        return store
+
+    async def close(self) -> None:
+        """Close the connection (idempotent)."""
+        await self._conn.close()
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def _migrate(self) -> None:
+        migrations = schema.MIGRATIONS
+        versions = [version for version, _ in migrations]
+        if versions != sorted(set(versions)) or (versions and versions[0] < 1):
+            raise StoreError(f"schema migrations must have increasing versions >= 1, got {versions}")
+        _check_version(await self._user_version(), self.db_path.parent)
+        for version, script in migrations:
+            async with self._transaction():
+                # Re-read inside the write lock: another process may have migrated while we waited.
+                if await self._user_version() >= version:
+                    continue
+                for statement in schema.split_statements(script):
+                    await self._conn.execute(statement)
+                # user_version lives in the database header, so it commits or rolls back with the DDL.
+                await self._conn.execute(f"PRAGMA user_version = {int(version)}")
+
+    async def _user_version(self) -> int:
+        async with self._conn.execute("PRAGMA user_version") as cursor:
+            row = await cursor.fetchone()
+        return int(row[0]) if row else 0
+
+    async def _load_columns(self) -> None:
+        # Read from the live schema so columns added by later migrations are accepted automatically.
+        tables = await self._conn.execute_fetchall(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+        )
+        for (name,) in tables:
+            info = await self._conn.execute_fetchall(f"PRAGMA table_info({name})")
+            self._columns[name] = frozenset(col["name"] for col in info)
+
+    # ---- plumbing ----------------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[aiosqlite.Connection]:
+        """BEGIN IMMEDIATE ... COMMIT under the lock; any exception rolls everything back."""
+        async with self._lock:
+            # IMMEDIATE takes the write lock up front, so busy_timeout applies here rather than a
+            # SQLITE_BUSY surfacing mid-transaction when a read lock cannot be upgraded.
+            await self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+                await self._conn.execute("COMMIT")
+            except BaseException:
+                # Also covers a failed COMMIT, which would otherwise leave the transaction open.
+                if self._conn.in_transaction:
+                    await self._conn.execute("ROLLBACK")
+                raise
+
+    async def _fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
+        async with self._lock:
+            return list(await self._conn.execute_fetchall(sql, tuple(params)))
+
+    async def _fetchone(self, sql: str, params: Iterable[Any] = ()) -> sqlite3.Row | None:
+        rows = await self._fetchall(sql, params)
+        return rows[0] if rows else None
+
+    def _insert_sql(self, table: str, row: Mapping[str, Any]) -> tuple[str, list[Any]]:
+        unknown = set(row) - self._columns[table]
+        if unknown:
+            raise ValueError(f"unknown column(s) for {table}: {', '.join(sorted(unknown))}")
+        cols = list(row)
+        sql = f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})"
+        return sql, [row[c] for c in cols]
+
+    async def _insert(self, conn: aiosqlite.Connection, table: str, values: Mapping[str, Any]) -> int:
+        """Insert one row inside an open transaction; returns its rowid."""
+        sql, params = self._insert_sql(table, row_from_dict(table, values))
+        cursor = await conn.execute(sql, params)
+        rowid = cursor.lastrowid
+        await cursor.close()
+        return int(rowid or 0)
+
+    # ---- captures, cards, samples ------------------------------------------------------------------
+
+    async def save_capture(
+        self, capture: Mapping[str, Any], cards: list[Mapping[str, Any]], samples: list[Mapping[str, Any]]
+    ) -> None:
+        """Insert a capture with its cards and sample rows in one transaction (all or nothing)."""
+        capture_id = capture.get("id")
+        if not capture_id:
+            raise ValueError("capture needs an 'id' (see engine.store.new_id)")
+        capture_row = {"created_at": time.time(), **capture}
+        card_rows = [_with_capture_id(card, capture_id, "card") for card in cards]
+        sample_rows = [_with_capture_id(sample, capture_id, "sample") for sample in samples]
+        for sample in sample_rows:
+            # Relative paths keep a workspace relocatable (copied to another machine, renamed).
+            if PurePath(sample.get("path", "")).is_absolute():
+                raise ValueError(f"sample path must be relative to the workspace, got {sample['path']}")
+        async with self._transaction() as conn:
+            await self._insert(conn, "captures", capture_row)
+            for card in card_rows:
+                await self._insert(conn, "cards", card)
+            for sample in sample_rows:
+                await self._insert(conn, "samples", sample)
+
+    async def list_captures(self, model: str | None = None) -> list[dict[str, Any]]:
+        """Captures, newest first, optionally of one model."""
+        if model is None:
+            rows = await self._fetchall("SELECT * FROM captures ORDER BY created_at DESC, id DESC")
+        else:
+            rows = await self._fetchall(
+                "SELECT * FROM captures WHERE model = ? ORDER BY created_at DESC, id DESC", (model,)
+            )
+        return [_decoded("captures", r) for r in rows]
+
+    async def latest_capture(self, model: str | None = None) -> dict[str, Any] | None:
+        """The newest capture (of `model` if given), or None."""
+        captures = await self.list_captures(model)
+        return captures[0] if captures else None
+
+    async def get_capture(self, capture_id: str) -> dict[str, Any] | None:
+        """One capture by id, or None."""
+        row = await self._fetchone("SELECT * FROM captures WHERE id = ?", (capture_id,))
+        return row_to_dict("captures", row)
+
+    async def get_cards(self, capture_id: str) -> list[dict[str, Any]]:
+        """Cards of a capture, largest share of the model first."""
+        rows = await self._fetchall(
+            "SELECT * FROM cards WHERE capture_id = ? ORDER BY share DESC, card_id", (capture_id,)
+        )
+        return [_decoded("cards", r) for r in rows]
+
+    async def get_samples(self, capture_id: str, card_id: str) -> list[dict[str, Any]]:
+        """Sample rows of one card in index order (paths relative to the workspace)."""
+        rows = await self._fetchall(
+            "SELECT * FROM samples WHERE capture_id = ? AND card_id = ? ORDER BY idx", (capture_id, card_id)
+        )
+        return [_decoded("samples", r) for r in rows]
+
+    async def update_card_eager(
+        self,
+        capture_id: str,
+        card_id: str,
+        eager_us: float | None,
+        roofline_us: float | None,
+        eager_stats: Mapping[str, Any] | None,
+    ) -> None:
+        """Record the eager baseline timing of a card; KeyError if the card does not exist."""
+        values = row_from_dict("cards", {"eager_stats": eager_stats})
+        async with self._transaction() as conn:
+            cursor = await conn.execute(
+                "UPDATE cards SET eager_us = ?, roofline_us = ?, eager_stats = ? "
+                "WHERE capture_id = ? AND card_id = ?",
+                (eager_us, roofline_us, values["eager_stats"], capture_id, card_id),
+            )
+            changed = cursor.rowcount
+            await cursor.close()
+        if changed == 0:
+            raise KeyError(f"no card {card_id!r} in capture {capture_id!r}")
+
+    # ---- runs --------------------------------------------------------------------------------------
+
+    async def create_run(
+        self,
+        capture_id: str,
+        model: str,
+        provider: str,
+        config: Mapping[str, Any] | None = None,
+        *,
+        run_id: str | None = None,
+        status: str = "created",
+        pid: int | None = None,
+    ) -> dict[str, Any]:
+        """Insert a run (id from `new_id('run')` unless given) and return its row."""
+        _check_choice("status", status, RUN_STATUSES)
+        now = time.time()
+        row = {
+            "id": run_id or new_id("run"),
+            "capture_id": capture_id,
+            "model": model,
+            "provider": provider,
+            "config": dict(config or {}),
+            "status": status,
+            "pid": pid,
+            "created_at": now,
+            "updated_at": now,
+        }
+        async with self._transaction() as conn:
+            await self._insert(conn, "runs", row)
+        run = await self.get_run(row["id"])
+        assert run is not None  # just inserted under the same connection
+        return run
+
+    async def get_run(self, run_id: str) -> dict[str, Any] | None:
+        """One run by id, or None."""
+        return row_to_dict("runs", await self._fetchone("SELECT * FROM runs WHERE id = ?", (run_id,)))
+
+    async def list_runs(self, capture_id: str | None = None) -> list[dict[str, Any]]:
+        """Runs, newest first, optionally of one capture."""
+        if capture_id is None:
+            rows = await self._fetchall("SELECT * FROM runs ORDER BY created_at DESC, id DESC")
+        else:
+            rows = await self._fetchall(
+                "SELECT * FROM runs WHERE capture_id = ? ORDER BY created_at DESC, id DESC", (capture_id,)
+            )
+        return [_decoded("runs", r) for r in rows]
+
+    async def update_run(self, run_id: str, **fields: Any) -> None:
+        """Set whitelisted run columns (RUN_UPDATABLE) and bump updated_at; ValueError on others."""
+        unknown = set(fields) - RUN_UPDATABLE
+        if unknown:
+            raise ValueError(
+                f"update_run cannot set {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(RUN_UPDATABLE))}"
+            )
+        if "status" in fields:
+            _check_choice("status", fields["status"], RUN_STATUSES)
+        values = row_from_dict("runs", {**fields, "updated_at": time.time()})
+        # Column names come from the whitelist above, never from the caller unchecked.
+        assignments = ", ".join(f"{col} = ?" for col in values)
+        async with self._transaction() as conn:
+            cursor = await conn.execute(
+                f"UPDATE runs SET {assignments} WHERE id = ?", [*values.values(), run_id]
+            )
+            changed = cursor.rowcount
+            await cursor.close()
+        if changed == 0:
+            raise KeyError(f"no run {run_id!r}")
+
+    # ---- events and controls -----------------------------------------------------------------------
+
+    async def add_event(
+        self, run_id: str | None, kind: str, payload: Mapping[str, Any], card_id: str | None = None
+    ) -> int:
+        """Append an event; returns its seq (monotonic, never reused)."""
+        row = {
+            "run_id": run_id,
+            "ts": time.time(),
+            "kind": kind,
+            "card_id": card_id,
+            "payload": dict(payload),
+        }
+        async with self._transaction() as conn:
+            return await self._insert(conn, "events", row)
+
+    async def events_since(
+        self, run_id: str | None, seq: int, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Events of a run (run_id None: events of no run) with seq > `seq`, oldest first."""
+        # `IS` rather than `=` so run_id None matches run-less events; SQLite still uses the index.
+        sql = "SELECT * FROM events WHERE run_id IS ? AND seq > ? ORDER BY seq"
+        params: list[Any] = [run_id, seq]
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        return [_decoded("events", r) for r in await self._fetchall(sql, params)]
+
+    async def add_control(
+        self,
+        run_id: str,
+        command: str,
+        card_id: str | None = None,
+        args: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Queue a command for a running search; returns its seq."""
+        _check_choice("command", command, CONTROL_COMMANDS)
+        row = {
+            "run_id": run_id,
+            "ts": time.time(),
+            "command": command,
+            "card_id": card_id,
+            "args": None if args is None else dict(args),
+        }
+        async with self._transaction() as conn:
+            return await self._insert(conn, "controls", row)
+
+    async def pending_controls(self, run_id: str) -> list[dict[str, Any]]:
+        """Unconsumed commands of a run, oldest first."""
+        rows = await self._fetchall(
+            "SELECT * FROM controls WHERE run_id = ? AND consumed_at IS NULL ORDER BY seq", (run_id,)
+        )
+        return [_decoded("controls", r) for r in rows]
+
+    async def consume_control(self, seq: int) -> bool:
+        """Mark a command consumed; False if it was already consumed or does not exist."""
+        async with self._transaction() as conn:
+            cursor = await conn.execute(
+                "UPDATE controls SET consumed_at = ? WHERE seq = ? AND consumed_at IS NULL",
+                (time.time(), seq),
+            )
+            changed = cursor.rowcount
+            await cursor.close()
+        return changed == 1
+
+
+def _decoded(table: str, row: sqlite3.Row) -> dict[str, Any]:
+    out = row_to_dict(table, row)
+    assert out is not None
+    return out
+
+
+def _with_capture_id(values: Mapping[str, Any], capture_id: str, what: str) -> dict[str, Any]:
+    """Fill in capture_id, refusing a row that names a different capture."""
+    given = values.get("capture_id", capture_id)
+    if given != capture_id:
+        raise ValueError(f"{what} has capture_id {given!r} but the capture is {capture_id!r}")
+    return {**values, "capture_id": capture_id}
+
+
+def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")

@@ -1,0 +1,1 @@
+"""Kernel Forge's Textual TUI. Importing this package does not import Textual."""

@@ -1,0 +1,17 @@
+"""Console entry point `kforge-tui`: the engine's CLI, with the TUI handed in lazily."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; Textual is imported only when a command opens the TUI."""
+    from engine.cli import main as engine_main
+
+    return engine_main(argv, open_tui=None)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
