@@ -111,7 +111,13 @@ def _workspace(args: argparse.Namespace) -> Path:
 
 
 def _progress() -> Callable[[str], None]:
-    """Progress lines on stderr (stdout is reserved for the result)."""
+    """Progress lines on stderr when it is a terminal (stdout is reserved for the result).
+
+    Redirected stderr gets only errors, so a failure is exactly one line there.
+    """
+    if not sys.stderr.isatty():
+        return lambda msg: None
+
     def show(msg: str) -> None:
         print(f"kforge: {msg}", file=sys.stderr, flush=True)
     return show

@@ -78,7 +78,7 @@ def load_config(path: str | Path, *, small: bool = False) -> ModelConfig:
         raise bad("builder", f"'{builder}' must be 'module:function' (or 'file.py:function')")
     for table in ("params", "small", "dtype", "multiplicity", "capture"):
         if table in raw and not isinstance(raw[table], dict):
-            raise bad(table, "must be a table ([%s])" % table)
+            raise bad(table, f"must be a table ([{table}])")
     params = dict(raw.get("params", {}))
     small_over = raw.get("small", {})
     for k in small_over:
@@ -126,8 +126,9 @@ def resolve_builder(config: ModelConfig):
     except UsageError:
         raise
     except Exception as e:  # an import error of the user's module is bad input, not our crash
-        raise UsageError(f"{config.path}: key 'builder': cannot import '{mod_name}': "
-                         f"{type(e).__name__}: {e}") from e
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise UsageError(f"{config.path}: key 'builder': cannot import '{mod_name}' ({type(e).__name__}: "
+                         f"{first}); install it or fix the module path") from e
     fn = getattr(module, func_name, None)
     if not callable(fn):
         raise UsageError(f"{config.path}: key 'builder': '{mod_name}' has no function '{func_name}'")
@@ -152,7 +153,9 @@ def build_target(config: ModelConfig, device: torch.device) -> CaptureTarget:
     except UsageError:
         raise
     except Exception as e:
-        raise UsageError(f"{config.path}: builder {config.builder} failed: {type(e).__name__}: {e}") from e
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise UsageError(f"{config.path}: builder {config.builder} failed ({type(e).__name__}: {first}); "
+                         f"check its [params] (--debug shows the traceback)") from e
     if isinstance(result, CaptureTarget):
         target = result
     elif isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.nn.Module):

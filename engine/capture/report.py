@@ -34,7 +34,7 @@ def print_cards(result: CaptureResult, workspace: Path, console: Console | None 
     if not console.is_terminal:
         # Piped or redirected: one plain line per card, full signature, easy to grep and diff.
         console.print(f"{'#':>3}  {'op':32}  {'calls':>6}  {'share':>6}  {'bytes':>10}  {'id':16}  signature",
-                      highlight=False, markup=False)
+                      highlight=False, markup=False, soft_wrap=True)
         for i, c in enumerate(result.cards, 1):
             console.print(f"{i:>3}  {c.op:32}  {c.calls:>6}  {100 * c.share:>5.1f}%  "
                           f"{human_bytes(c.bytes):>10}  {c.id:16}  {c.signature_text}",
@@ -53,4 +53,5 @@ def print_cards(result: CaptureResult, workspace: Path, console: Console | None 
                           c.signature_text, c.id)
         console.print(table)
     console.print("share: of the op time measured during this capture on "
-                  f"{result.device}; the GPU lane measures eager latency properly later.", highlight=False)
+                  f"{result.device}; the GPU lane measures eager latency properly later.",
+                  highlight=False, soft_wrap=True)

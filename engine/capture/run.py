@@ -71,7 +71,12 @@ def _run_forward(config: ModelConfig, forward: Callable[[], Any], what: str) -> 
             forward()
     except Exception as e:
         raise UsageError(f"{config.path}: the model raised during its {what} forward: "
-                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+                         f"{_one_line(e)}; fix the model or its [params] (--debug shows the traceback)") from e
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
 def _to_card(t: CardTally, total_us: float) -> OperatorCard:
@@ -121,7 +126,8 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
                     target.forward()
             except Exception as e:
                 raise UsageError(f"{config.path}: the model raised during the captured forward: "
-                                 f"{type(e).__name__}: {e}") from e
+                                 f"{_one_line(e)}; it ran without capture, so this is likely a Kernel "
+                                 f"Forge bug: please report it with --debug output") from e
         _sync(device)
         total_us = sum(t.weighted_us() for t in mode.cards.values())
         cards = sorted((_to_card(t, total_us) for t in mode.cards.values()),

@@ -1,0 +1,45 @@
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "configs"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the H200)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def run_cli(argv, capsys):
+    """Run `kforge-tui ARGV` in-process; returns (exit code, stdout, stderr)."""
+    from kforge_tui.cli import main
+
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def capture_json(config, workspace, capsys, *extra):
+    code, out, err = run_cli(["capture", config, "--json", "--small", "--device", "cpu",
+                              "--workspace", workspace, *extra], capsys)
+    assert code == 0, err
+    return json.loads(out)
+
+
+@pytest.fixture
+def cli(capsys):
+    return lambda *argv: run_cli(argv, capsys)
+
+
+sys.path.insert(0, str(ROOT / "tests"))

@@ -1,0 +1,94 @@
+"""Samples round-trip bit-exactly with their layout, aliasing and in-place pre/post state."""
+
+import torch
+
+from engine.capture.recorder import CaptureMode
+from engine.capture.samples import load_sample, save_sample
+from engine.capture.signature import bind_arguments, card_id, signature_of, signature_text
+
+
+def _record(fn, tmp_path, samples=3):
+    files = []
+
+    def sink(tally, idx, snap, meta):
+        path = tmp_path / f"{tally.id}.{idx}.safetensors"
+        files.append(path)
+        return save_sample(path, snap, meta)
+
+    mode = CaptureMode(path_of=lambda: "m", weight_of=lambda p: 1, samples=samples,
+                       sample_budget_bytes=1 << 30, sink=sink, use_cuda_events=False)
+    with torch.no_grad(), mode:
+        out = fn()
+    return mode, files, out
+
+
+def bits(t):
+    return t.contiguous().view(-1).view(torch.uint8)
+
+
+def test_odd_layouts_roundtrip_bit_exactly(tmp_path):
+    base = torch.randn(4, 6, 8, 10, dtype=torch.bfloat16)
+    cl = base.contiguous(memory_format=torch.channels_last)          # permuted strides
+    offset = torch.randn(1000, dtype=torch.float16)[3:3 + 6 * 10].view(6, 10)  # odd storage offset
+    bcast = torch.randn(10, dtype=torch.float16).expand(6, 10)       # stride-0 broadcast
+    mode, files, _ = _record(lambda: (torch.mul(cl, 2.0), torch.add(offset, bcast)), tmp_path)
+    assert len(files) == 2
+    add = load_sample(next(f for f in files if "add" in load_sample(f).meta["op"]))
+    (_, a), (_, b), _alpha = add.args
+    assert a.stride() == offset.stride() and a.data_ptr() % 16 == offset.data_ptr() % 16
+    assert b.stride() == (0, 1) and torch.equal(bits(b), bits(bcast))
+    assert torch.equal(bits(a), bits(offset))
+    mul = load_sample(next(f for f in files if "mul" in load_sample(f).meta["op"]))
+    x = mul.args[0][1]
+    assert x.stride() == cl.stride() and torch.equal(bits(x), bits(cl))
+    assert mul.outputs.stride() == cl.stride()
+
+
+def test_inplace_sample_keeps_pre_state_and_post_state(tmp_path):
+    x = torch.randn(64)
+    before = x.clone()
+    mode, files, _ = _record(lambda: x.relu_(), tmp_path)
+    (card,) = mode.cards.values()
+    assert card.op == "aten::relu_"
+    sample = load_sample(files[0])
+    assert torch.equal(sample.args[0][1], before)          # pre-call state, negatives included
+    assert torch.equal(sample.outputs, before.clamp_min(0))  # post-call state
+    assert card.bytes == 2 * 64 * 4                          # read and written once
+
+
+def test_aliased_arguments_share_storage_after_loading(tmp_path):
+    x = torch.randn(32)
+    mode, files, _ = _record(lambda: x.add_(x), tmp_path)
+    (card,) = mode.cards.values()
+    assert card.signature["aliases"] == [["self", "other"]]
+    assert "alias(self=other)" in signature_text(card.signature)
+    sample = load_sample(files[0])
+    a, b = sample.args[0][1], sample.args[1][1]
+    assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def test_out_variant_is_its_own_card_and_out_is_not_read(tmp_path):
+    a, b, out = torch.randn(16), torch.randn(16), torch.empty(16)
+    mode, _, _ = _record(lambda: (torch.add(a, b), torch.add(a, b, out=out)), tmp_path)
+    ops = sorted(c.op for c in mode.cards.values())
+    assert ops == ["aten::add.Tensor", "aten::add.out"]
+    out_card = next(c for c in mode.cards.values() if c.op == "aten::add.out")
+    assert out_card.bytes == 3 * 16 * 4  # two reads, one write; `out` is not read
+
+
+def test_signature_distinguishes_layout_and_alignment():
+    def sig(*args):
+        f = torch.ops.aten.add.Tensor
+        return signature_of(f, bind_arguments(f, args, {}))
+
+    x = torch.randn(8, 8)
+    y = torch.randn(8, 8)
+    base = card_id(sig(x, y))
+    assert card_id(sig(x, y)) == base
+    assert card_id(sig(x.t(), y)) != base                       # strides
+    misaligned = torch.randn(65)[1:].view(8, 8)
+    assert card_id(sig(misaligned, y)) != base                  # 4-byte aligned, not 16
+    assert card_id(sig(x.half(), y.half())) != base             # dtype
+    assert card_id(sig(x, x)) != base                           # aliasing
+    assert card_id(sig(x._neg_view(), y)) != base               # lazy negation flag
+    assert sig(misaligned, y)["args"][0]["align"] == 4
