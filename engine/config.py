@@ -53,11 +53,29 @@ class ModelConfig:
         return DTYPES[self.dtypes.get(device, "float32")]
 
 
+def shipped_configs() -> dict[str, Path]:
+    """The reference model configs shipped in the package, by name (resnet50, sd35_medium, …)."""
+    from engine.resources import shipped_dir
+
+    root = shipped_dir("configs") / "models"
+    return {p.stem: p for p in sorted(root.glob("*.toml"))}
+
+
+def find_config(path: str | Path) -> Path:
+    """A config path as given, else a shipped reference config of that name."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    shipped = shipped_configs()
+    if str(path) in shipped:
+        return shipped[str(path)]
+    raise UsageError(f"{p}: config file not found; pass a path such as configs/models/resnet50.toml "
+                     f"or a shipped name ({', '.join(shipped)})")
+
+
 def load_config(path: str | Path, *, small: bool = False) -> ModelConfig:
     """Read and validate a model config; every problem is a one-line UsageError naming file and key."""
-    p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"{p}: config file not found; pass a path such as configs/models/resnet50.toml")
+    p = find_config(path)
     data = p.read_bytes()
     try:
         raw = tomllib.loads(data.decode("utf-8"))
