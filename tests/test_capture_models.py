@@ -39,3 +39,31 @@ def test_sd35_medium(tmp_path, capsys):
                 per_block[path.split(".")[2]] += n
     assert per_block["0"] / per_block["1"] == pytest.approx(13 / 10)
     assert doc["dtype"] == "bfloat16"
+
+
+def test_gemma4_e2b(tmp_path, capsys):
+    doc = _capture("gemma4_e2b", tmp_path, capsys)
+    calls = _calls(doc)
+    assert any("scaled_dot_product" in op for op in calls), sorted(calls)
+    # RMS norms (as their decomposed mean/rsqrt/mul or the fused op), GELU-tanh MLPs, big vocab logits.
+    assert calls["aten::gelu"] > 0 or calls.get("aten::gelu_", 0) > 0
+    assert any(op in calls for op in ("aten::rsqrt", "aten::_fused_rms_norm", "aten::mean.dim"))
+    assert calls["aten::tanh"] > 0  # final_logit_softcapping
+    # Layers scale to the 35 of the real model: the MLP down projection runs once per layer.
+    downs = sum(n for c in doc["cards"] for p, n in c["module_paths"].items() if p.endswith("mlp.down_proj"))
+    assert downs == 35
+    assert any(c["signature"].endswith("262144]") or "262144" in c["signature"] for c in doc["cards"])
+
+
+def test_qwen35_a3b_moe(tmp_path, capsys):
+    doc = _capture("qwen35_a3b", tmp_path, capsys)
+    calls = _calls(doc)
+    # MoE routing: softmax over 256 experts and top-8; experts as grouped GEMMs (2 per layer × 40).
+    assert calls["aten::topk"] == 40
+    router = [c for c in doc["cards"] if c["op"] in ("aten::_softmax", "aten::softmax.int")
+              and any(".mlp.gate" in p for p in c["module_paths"])]
+    assert router and "256]" in router[0]["signature"]
+    assert calls["aten::_grouped_mm"] == 80
+    # Gated DeltaNet's depthwise causal conv1d (kernel 4) in the 30 linear-attention layers.
+    convs = [c for c in doc["cards"] if c["op"] == "aten::convolution" and "groups=" in c["signature"]]
+    assert sum(c["calls"] for c in convs) == 30

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import importlib.metadata
 from collections import Counter
-from contextlib import contextmanager
 
 import torch
 
+from engine.models.random_init import random_model
 from engine.models.target import CaptureTarget
 
 # google/gemma-4-E2B text_config (the class defaults are a different, larger model: hidden 2304, 30 layers).
@@ -52,7 +52,6 @@ SMALL_NUM_LAYERS = 4
 SMALL_LAYER_TYPES = ["sliding_attention", "full_attention"] * 2
 SMALL_NUM_KV_SHARED_LAYERS = 2
 
-_FILL_BLOCK = 999_983  # prime, so tiled rows of power-of-two width never repeat in phase
 
 
 def real_layer_kinds() -> Counter:
@@ -64,59 +63,6 @@ def real_layer_kinds() -> Counter:
 def layer_kind(layer: torch.nn.Module) -> tuple[str, bool]:
     """(attention type, kv_shared) of a built `Gemma4TextDecoderLayer`."""
     return layer.self_attn.layer_type, bool(layer.self_attn.is_kv_shared_layer)
-
-
-@contextmanager
-def _default_dtype(dtype: torch.dtype):
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
-
-
-@torch.no_grad()
-def _fill_random_(params: list[torch.Tensor], std: float, seed: int) -> None:
-    """Fill params with a tiled N(0, std) block (a random rotation per param): memcpy speed, not RNG speed."""
-    gen = torch.Generator().manual_seed(seed)
-    block = torch.randn(_FILL_BLOCK, generator=gen) * std
-    cache: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
-    for p in params:
-        key = (p.device, p.dtype)
-        if key not in cache:
-            cache[key] = block.to(device=p.device, dtype=p.dtype)
-        shift = int(torch.randint(_FILL_BLOCK, (1,), generator=gen))
-        src = torch.roll(cache[key], shift)
-        flat = p.view(-1)
-        whole = flat.numel() // _FILL_BLOCK
-        if whole:
-            flat[: whole * _FILL_BLOCK].view(whole, _FILL_BLOCK).copy_(src.expand(whole, -1))
-        rest = flat.numel() - whole * _FILL_BLOCK
-        if rest:
-            flat[whole * _FILL_BLOCK :].copy_(src[:rest])
-
-
-def random_model(model_cls, config, *, device: torch.device, dtype: torch.dtype, seed: int) -> torch.nn.Module:
-    """Instantiate `model_cls(config)` directly on `device` in `dtype` with cheap random weights.
-
-    Parameters are allocated uninitialised (transformers' `no_init_weights`), every matrix / embedding /
-    expert / conv weight (ndim >= 2) is filled from a tiled random block of std `initializer_range`, and
-    the model's own `_init_weights` then sets the rest (norm scales, rotary buffers, gates, ...) as a
-    fresh model would have them, and ties weights.
-    """
-    from transformers.initialization import no_init_weights
-
-    with torch.device(device), _default_dtype(dtype), no_init_weights():
-        model = model_cls(config)
-    model.tie_weights()
-    big = [p for p in model.parameters() if p.ndim >= 2]
-    _fill_random_(big, std=config.initializer_range, seed=seed)
-    for p in big:
-        p._is_hf_initialized = True
-    model.init_weights()  # only touches what is not flagged above
-    model.requires_grad_(False)
-    return model.eval()
 
 
 def build(*, device: torch.device, dtype: torch.dtype, seq_len: int = 2048, batch: int = 1,
@@ -156,9 +102,9 @@ def build(*, device: torch.device, dtype: torch.dtype, seq_len: int = 2048, batc
         "q/k RMS-norm; sliding layers head_dim 256 window 512, full layers head_dim 512 with proportional "
         "RoPE on 1/4 of it; 8 query heads, 1 KV head",
         "forward": f"one prefill of {batch}x{seq_len} random token ids, no attention mask, "
-        f"use_cache={use_cache}, logits_to_keep={logits_to_keep} "
-        + ("(logits for every position)" if logits_to_keep == 0 else "")
-        + "; generate() would use a cache and logits_to_keep=1, and transformers >= 5.2x (not 5.17) then "
+        f"use_cache={use_cache}, logits_to_keep={logits_to_keep}"
+        + (" (logits for every position)" if logits_to_keep == 0 else "")
+        + "; generate() would use a cache and logits_to_keep=1, and with that transformers 5.24 (not 5.17) "
         "runs the KV-shared layers on the last token only",
         "layers": "4 of 35 kept: "
         + ", ".join(f"model.layers.{i} = {t}{' KV-shared' if s else ''} x{real[(t, s)]}"

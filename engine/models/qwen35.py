@@ -13,7 +13,7 @@ import inspect
 
 import torch
 
-from engine.models.gemma4 import random_model
+from engine.models.random_init import random_model
 from engine.models.target import CaptureTarget
 
 # Qwen/Qwen3.5-35B-A3B text_config. The class defaults are this model apart from RoPE and max length.
