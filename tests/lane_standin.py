@@ -1,0 +1,51 @@
+"""StandInWorker: a process-level test double of the GPU worker (no GPU), obeying commands to
+crash, hang, fault or answer, through the real lane protocol (`engine.lane.protocol.serve`)."""
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.lane.protocol import Rejected, WorkerFault, serve  # noqa: E402
+
+loaded: list[str] = []
+
+
+def echo(p):
+    print("stray output that must not corrupt the protocol")
+    time.sleep(p.get("sleep", 0))
+    return {"echo": p.get("value"), "pid": os.getpid(), "t": time.time(), "loaded": list(loaded)}
+
+
+def crash(p):
+    os.kill(os.getpid(), signal.SIGSEGV)  # as a kernel fault that takes the process down
+
+
+def hang(p):
+    while True:
+        time.sleep(1)
+
+
+def fault(p):
+    raise WorkerFault("runtime-fault", "an illegal memory access was encountered")
+
+
+def reject(p):
+    raise Rejected("mismatch", "out0: 3 elements differ")
+
+
+def load_card(p):
+    loaded.append(p["card"])
+    return {"loaded": list(loaded)}
+
+
+def bug(p):
+    raise KeyError("oops")
+
+
+if __name__ == "__main__":
+    sys.exit(serve({"echo": echo, "crash": crash, "hang": hang, "fault": fault, "reject": reject,
+                    "load_card": load_card, "bug": bug}))
