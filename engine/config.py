@@ -23,7 +23,7 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 _TOP_KEYS = {"name", "description", "builder", "params", "small", "dtype", "multiplicity", "capture"}
-_CAPTURE_KEYS = {"samples", "sample_budget_mb"}
+_CAPTURE_KEYS = {"samples", "sample_budget_mb", "total_sample_budget_mb"}
 _DTYPE_KEYS = {"cuda", "cpu"}
 DTYPES = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -45,7 +45,8 @@ class ModelConfig:
     dtypes: Mapping[str, str]
     multiplicity: Mapping[str, int]
     samples: int = 3
-    sample_budget_mb: int = 1024
+    sample_budget_mb: int = 256  # per card; its first sample is always kept
+    total_sample_budget_mb: int = 8192  # per capture
     raw: Mapping[str, Any] = field(default_factory=dict)
 
     def dtype_for(self, device: str) -> torch.dtype:
@@ -124,7 +125,8 @@ def load_config(path: str | Path, *, small: bool = False) -> ModelConfig:
         path=p, sha256=hashlib.sha256(data).hexdigest(), name=raw["name"],
         description=str(raw.get("description", "")), builder=builder, params=params, small=small,
         dtypes=dict(dtypes), multiplicity=dict(mult), samples=cap.get("samples", 3),
-        sample_budget_mb=cap.get("sample_budget_mb", 1024), raw=raw,
+        sample_budget_mb=cap.get("sample_budget_mb", 256),
+        total_sample_budget_mb=cap.get("total_sample_budget_mb", 8192), raw=raw,
     )
 
 

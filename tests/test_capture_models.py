@@ -7,7 +7,7 @@ from conftest import CONFIGS, capture_json
 
 
 def _capture(name, tmp_path, capsys):
-    return capture_json(CONFIGS / "models" / f"{name}.toml", tmp_path, capsys, "--samples", "1")
+    return capture_json(CONFIGS / "models" / f"{name}.toml", tmp_path, capsys, "--samples", "0")
 
 
 def _calls(doc, where=""):

@@ -92,3 +92,23 @@ def test_signature_distinguishes_layout_and_alignment():
     assert card_id(sig(x, x)) != base                           # aliasing
     assert card_id(sig(x._neg_view(), y)) != base               # lazy negation flag
     assert sig(misaligned, y)["args"][0]["align"] == 4
+
+
+def test_sample_budgets_keep_first_sample_of_every_card(tmp_path):
+    files = []
+
+    def sink(tally, idx, snap, meta):
+        path = tmp_path / f"{tally.id}.{idx}.safetensors"
+        files.append((tally.op, idx))
+        return save_sample(path, snap, meta)
+
+    mode = CaptureMode(path_of=lambda: "m", weight_of=lambda p: 1, samples=3, sample_budget_bytes=1 << 30,
+                       sink=sink, use_cuda_events=False, total_budget_bytes=30_000)
+    x = torch.randn(1024)  # 4 KiB in, 4 KiB out: ~8 KiB a sample
+    with torch.no_grad(), mode:
+        for _ in range(3):
+            torch.relu(x)
+        for _ in range(3):
+            torch.neg(x)
+    ops = [op for op, _ in files]
+    assert ops.count("aten::relu") == 3 and ops.count("aten::neg") == 1  # total budget spent, first kept

@@ -109,12 +109,15 @@ class CaptureMode(TorchDispatchMode):
     """Records each non-view, non-constructor ATen call: signature, module path, time, samples."""
 
     def __init__(self, *, path_of: Callable[[], str], weight_of: Callable[[str], int], samples: int,
-                 sample_budget_bytes: int, sink: SampleSink | None, use_cuda_events: bool):
+                 sample_budget_bytes: int, sink: SampleSink | None, use_cuda_events: bool,
+                 total_budget_bytes: int = 1 << 62):
         super().__init__()
         self.path_of = path_of
         self.weight_of = weight_of
         self.samples = samples
         self.sample_budget = sample_budget_bytes
+        self.total_budget = total_budget_bytes
+        self.total_sample_bytes = 0
         self.sink = sink
         self.use_cuda_events = use_cuda_events
         self.cards: dict[str, CardTally] = {}
@@ -165,7 +168,9 @@ class CaptureMode(TorchDispatchMode):
             kwarg_only = [a.name for a in func._schema.arguments if a.kwarg_only]
             meta = {"op": func.name(), "card": cid, "inputs": layout, "outputs": out_layout,
                     "mutated": mutated, "kwarg_only": kwarg_only, "module_path": path}
-            tally.sample_bytes += self.sink(tally, tally.samples, snap, meta)
+            written = self.sink(tally, tally.samples, snap, meta)
+            tally.sample_bytes += written
+            self.total_sample_bytes += written
             tally.samples += 1
         return out
 
@@ -174,9 +179,11 @@ class CaptureMode(TorchDispatchMode):
             return self.samples > 0
         if tally.samples >= self.samples:
             return False
-        # Beyond the first sample, stay inside the per-card budget (inputs + outputs ≈ 2× inputs).
+        # Every card keeps its first sample; further ones stay inside the per-card and the whole
+        # capture's budgets (inputs + outputs ≈ 2× inputs), so a full-size capture stays bounded.
         estimate = 2 * _span_bytes([t for _, t in iter_tensors(bound)])
-        return tally.sample_bytes + estimate <= self.sample_budget
+        return (tally.sample_bytes + estimate <= self.sample_budget
+                and self.total_sample_bytes + estimate <= self.total_budget)
 
 
 class ModulePaths:

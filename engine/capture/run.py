@@ -119,7 +119,8 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         paths = ModulePaths(target.module, target.multiplicity)
         mode = CaptureMode(path_of=paths.current, weight_of=paths.weight, samples=k,
                            sample_budget_bytes=config.sample_budget_mb << 20, sink=sink,
-                           use_cuda_events=device.type == "cuda")
+                           use_cuda_events=device.type == "cuda",
+                           total_budget_bytes=config.total_sample_budget_mb << 20)
         with paths:
             try:
                 with torch.no_grad(), mode:
