@@ -1,0 +1,154 @@
+"""Turns a compiled candidate plus its resolved launch spec into a callable op: our host code, not theirs.
+
+Outputs are allocated to eager's exact shape, strides and dtype (pre-filled so unwritten elements
+show); returns that alias an input (in-place `self`, `out=`) are that input. Every call fetches the
+current raw stream, so the kernels run where the caller's work runs (also under CUDA-graph capture).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.lane import cuda_driver as drv
+from engine.launch import ResolvedSpec
+from engine.ops import resolve_op, return_aliases, write_only_args
+
+_CTYPES = {"ptr": ctypes.c_void_p, "i32": ctypes.c_int32, "i64": ctypes.c_int64, "u32": ctypes.c_uint32,
+           "u64": ctypes.c_uint64, "f32": ctypes.c_float, "f64": ctypes.c_double}
+
+
+class LaunchRejected(Exception):
+    """The candidate cannot be launched as specified (missing kernel, too many threads, too much
+    shared memory, a launch the driver refuses). The context stays healthy."""
+
+
+def prefill_(t: torch.Tensor, how: str) -> None:
+    """Fill with NaN (floats) or a byte pattern (integers), or a finite sentinel for the second pass."""
+    if t.numel() == 0:
+        return
+    if how == "nan" and (t.is_floating_point() or t.is_complex()):
+        t.fill_(float("nan"))
+    elif how == "nan":
+        t.fill_(-1 if t.dtype != torch.bool else True)
+    elif t.is_floating_point():
+        t.fill_(-1234.5 if t.dtype != torch.float16 else -123.25)
+    else:
+        t.fill_(7 if t.dtype != torch.bool else False)
+
+
+@dataclass
+class _Launch:
+    fn: Any
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared: int
+    values: list[Any]  # ctypes objects, pointer ones updated per call
+    refs: list[tuple | None]  # pointer reference per value, None for scalars
+    params: Any  # ctypes array of void* to `values`
+
+
+class CandidateLauncher:
+    """Callable candidate for one card: `run(args) -> outputs` with the op's argument list."""
+
+    def __init__(self, module: drv.Module, spec: ResolvedSpec, op_name: str, outputs: Sequence[dict],
+                 device: torch.device, max_shared: int | None = None):
+        self.module = module
+        self.device = device
+        self.op = resolve_op(op_name)
+        self.aliases = return_aliases(self.op)
+        self.write_only = write_only_args(self.op)
+        self.output_specs = list(outputs)
+        self.workspaces = spec.workspaces
+        self.launches: list[_Launch] = []
+        for i, rl in enumerate(spec.launches):
+            try:
+                fn = module.function(rl.kernel)
+            except drv.DriverError as e:
+                raise LaunchRejected(f"launch[{i}]: kernel '{rl.kernel}' not found in the compiled module "
+                                     f"(is it extern \"C\" __global__?): {e.name}") from None
+            threads = rl.block[0] * rl.block[1] * rl.block[2]
+            limit = drv.function_attribute(fn, "CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK")
+            if threads > limit:
+                regs = drv.function_attribute(fn, "CU_FUNC_ATTRIBUTE_NUM_REGS")
+                raise LaunchRejected(f"launch[{i}] ({rl.kernel}): {threads} threads per block, but with "
+                                     f"{regs} registers per thread at most {limit} fit")
+            static = drv.function_attribute(fn, "CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES")
+            if max_shared is not None and rl.shared + static > max_shared:
+                raise LaunchRejected(f"launch[{i}] ({rl.kernel}): {rl.shared} B dynamic + {static} B static "
+                                     f"shared memory exceed the {max_shared} B per block this GPU has")
+            if rl.shared > 48 * 1024:
+                try:
+                    drv.set_max_dynamic_shared(fn, rl.shared)
+                except drv.DriverError as e:
+                    raise LaunchRejected(f"launch[{i}] ({rl.kernel}): cannot use {rl.shared} B of dynamic "
+                                         f"shared memory: {e.name}") from None
+            values, refs = [], []
+            for a in rl.args:
+                if a.ctype == "ptr":
+                    values.append(ctypes.c_void_p(0))
+                    refs.append(a.value)
+                else:
+                    values.append(_CTYPES[a.ctype](a.value))
+                    refs.append(None)
+            params = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
+            self.launches.append(_Launch(fn, rl.grid, rl.block, rl.shared, values, refs, params))
+
+    def allocate_outputs(self, args: dict[str, Any], prefill: str | None) -> list[torch.Tensor]:
+        outs = []
+        for spec, alias in zip(self.output_specs, self.aliases):
+            if alias is not None:
+                outs.append(args[alias])
+                continue
+            t = torch.empty_strided(spec["shape"], spec["stride"], dtype=getattr(torch, spec["dtype"]),
+                                    device=self.device)
+            if prefill:
+                prefill_(t, prefill)
+            outs.append(t)
+        if prefill:
+            for name in self.write_only:
+                if isinstance(args.get(name), torch.Tensor):
+                    prefill_(args[name], prefill)
+        return outs
+
+    def run(self, bound: Sequence[tuple[str, Any]], prefill: str | None = None) -> list[torch.Tensor]:
+        """Allocate outputs and workspaces, then launch every kernel in order on the current stream."""
+        args = dict(bound)
+        outs = self.allocate_outputs(args, prefill)
+        ws = {}
+        for name, nbytes, zero in self.workspaces:
+            buf = torch.empty(max(1, nbytes), dtype=torch.uint8, device=self.device)
+            if zero:
+                buf.zero_()
+            ws[name] = buf
+        stream = torch._C._cuda_getCurrentRawStream(self.device.index)
+        for ln in self.launches:
+            for v, ref in zip(ln.values, ln.refs):
+                if ref is not None:
+                    v.value = _pointer(ref, args, outs, ws)
+            try:
+                drv.launch(ln.fn, ln.grid, ln.block, ln.shared, stream, ctypes.addressof(ln.params))
+            except drv.DriverError as e:
+                if e.name in drv.STICKY:
+                    raise
+                raise LaunchRejected(f"cuLaunchKernel refused the launch: {e.name} ({e.text})") from None
+        return outs
+
+
+def _pointer(ref: tuple, args: dict[str, Any], outs: list[torch.Tensor], ws: dict[str, torch.Tensor]) -> int:
+    kind = ref[0]
+    if kind == "input":
+        t = args[ref[1]]
+        return 0 if t is None else t.data_ptr()
+    if kind == "output":
+        return outs[ref[1]].data_ptr()
+    if kind == "workspace":
+        return ws[ref[1]].data_ptr()
+    if kind == "list":
+        t = args[ref[1]][ref[2]]
+        return 0 if t is None else t.data_ptr()
+    return 0  # ("null",)

@@ -1,0 +1,143 @@
+"""Input sets for verification: layout-preserving clones, fresh draws matching captured statistics,
+and edge cases (negated, ties, large magnitudes) — all with the captured shapes, strides, alignment
+modulo 16 bytes and aliasing between arguments."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from engine.capture.signature import storage_extent
+
+Bound = list[tuple[str, Any]]
+_ALIGN = 16
+
+
+def _tensors(bound: Bound):
+    for _name, v in bound:
+        if isinstance(v, torch.Tensor):
+            yield v
+        elif isinstance(v, (list, tuple)):
+            yield from (x for x in v if isinstance(x, torch.Tensor))
+
+
+def _key(t: torch.Tensor) -> tuple:
+    return (t.device.type, t.device.index, t.untyped_storage().data_ptr())
+
+
+def clone_bound(bound: Bound, device: torch.device | None = None) -> Bound:
+    """Deep copy of the arguments into fresh storage, keeping layout, alignment and aliasing."""
+    spans: dict[tuple, list] = {}
+    for t in _tensors(bound):
+        lo, hi = storage_extent(t)
+        s = spans.setdefault(_key(t), [lo, hi, t])
+        s[0], s[1] = min(s[0], lo), max(s[1], hi)
+    new_storage: dict[tuple, tuple[torch.UntypedStorage, int]] = {}
+    for key, (lo, hi, t) in spans.items():
+        start = lo - lo % _ALIGN
+        raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+        copy = raw[start:hi].to(device or t.device, copy=True)
+        new_storage[key] = (copy.untyped_storage(), start)
+
+    def rebuild(t: torch.Tensor) -> torch.Tensor:
+        storage, start = new_storage[_key(t)]
+        isz = t.element_size()
+        return torch.empty(0, dtype=t.dtype, device=device or t.device).set_(
+            storage, (t.storage_offset() * isz - start) // isz, t.shape, t.stride())
+
+    out: Bound = []
+    for name, v in bound:
+        if isinstance(v, torch.Tensor):
+            out.append((name, rebuild(v)))
+        elif isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v):
+            out.append((name, [rebuild(x) if isinstance(x, torch.Tensor) else x for x in v]))
+        else:
+            out.append((name, v))
+    return out
+
+
+def cover(t: torch.Tensor) -> torch.Tensor:
+    """A 1-D view over every storage element the tensor touches (so broadcast tensors can be refilled)."""
+    lo, hi = storage_extent(t)
+    n = (hi - lo) // t.element_size()
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), t.storage_offset(), (n,), (1,))
+
+
+def _stats(t: torch.Tensor) -> tuple[float, float, float, float]:
+    x = t.detach().double() if t.numel() else torch.zeros(1, dtype=torch.float64)
+    finite = x[torch.isfinite(x)] if x.is_floating_point() else x
+    if finite.numel() == 0:
+        return 0.0, 1.0, -1.0, 1.0
+    return (float(finite.mean()), float(finite.std()) if finite.numel() > 1 else 0.0,
+            float(finite.min()), float(finite.max()))
+
+
+def refill_like_(t: torch.Tensor, reference: torch.Tensor, gen: torch.Generator) -> None:
+    """Overwrite `t` in place with random values matching `reference`'s mean, std and range."""
+    c = cover(t)
+    if c.numel() == 0:
+        return
+    mean, std, lo, hi = _stats(reference)
+    if t.dtype == torch.bool:
+        p = float(reference.float().mean()) if reference.numel() else 0.5
+        c.copy_(torch.rand(c.shape, generator=gen, device="cpu").to(c.device) < p)
+    elif t.is_floating_point():
+        vals = torch.randn(c.shape, generator=gen, dtype=torch.float64) * (std or 1.0) + mean
+        if std == 0.0:
+            vals = torch.full(c.shape, mean, dtype=torch.float64)  # a constant stays constant (e.g. ones)
+        c.copy_(vals.clamp_(lo, hi).to(c.device))
+    elif t.is_complex():
+        c.copy_(torch.randn(c.shape, generator=gen, dtype=t.dtype).to(c.device))
+    else:
+        ilo, ihi = int(lo), int(hi)
+        c.copy_(torch.randint(ilo, ihi + 1, c.shape, generator=gen, dtype=torch.int64).to(c.device))
+
+
+def fresh_inputs(sample: Bound, seed: int) -> Bound:
+    """New values for every tensor, drawn to match the sample's statistics; same layout and aliasing."""
+    gen = torch.Generator().manual_seed(seed)
+    fresh = clone_bound(sample)
+    for (_, new), (_, old) in zip(fresh, sample):
+        news = new if isinstance(new, (list, tuple)) else [new]
+        olds = old if isinstance(old, (list, tuple)) else [old]
+        for n, o in zip(news, olds):
+            if isinstance(n, torch.Tensor):
+                refill_like_(n, o, gen)
+    return fresh
+
+
+def edge_inputs(sample: Bound, kinds: Sequence[str]) -> list[tuple[str, Bound]]:
+    """Edge variants of the floating inputs: 'negated', 'ties' (values rounded to halves), 'large'."""
+    out = []
+    for kind in kinds:
+        b = clone_bound(sample)
+        touched = False
+        for t in _tensors(b):
+            if not t.is_floating_point() or t.numel() == 0:
+                continue
+            c = cover(t)
+            if kind == "negated":
+                c.neg_()
+            elif kind == "ties":
+                c.copy_((c.double() * 2).round_() / 2)
+            elif kind == "large":
+                amax = float(c.double().abs().max()) or 1.0
+                target = min(1e3 * amax, 0.01 * torch.finfo(t.dtype).max)
+                c.copy_(c.double() * (target / amax))
+            touched = True
+        if touched:
+            out.append((kind, b))
+    return out
+
+
+def tensors_of(bound: Bound) -> list[tuple[str, torch.Tensor]]:
+    """(argument path, tensor) for every tensor argument."""
+    out = []
+    for name, v in bound:
+        if isinstance(v, torch.Tensor):
+            out.append((name, v))
+        elif isinstance(v, (list, tuple)):
+            out += [(f"{name}[{j}]", x) for j, x in enumerate(v) if isinstance(x, torch.Tensor)]
+    return out
