@@ -188,3 +188,12 @@ def test_reduction_may_reorder_but_must_stay_within_tolerance():
 
 def test_out_variant_write_only_args_known():
     assert write_only_args(resolve_op("aten::add.out")) == ["out"]
+
+
+def test_kernel_specialised_to_a_constant_input_fails_fresh_inputs():
+    # A norm weight of ones (random-init models have them): a kernel that ignores it must fail.
+    x, w = torch.randn(32, 64), torch.ones(64)
+    mul = resolve_op("aten::mul.Tensor")
+    check = CardCheck("aten::mul.Tensor", [[("self", x), ("other", w)]], lambda b: call_op(mul, b))
+    v = check.check(lambda b, p: [b[0][1].clone()])
+    assert v.category == "mismatch" and v.input_set.startswith("fresh")

@@ -84,10 +84,15 @@ def refill_like_(t: torch.Tensor, reference: torch.Tensor, gen: torch.Generator)
         p = float(reference.float().mean()) if reference.numel() else 0.5
         c.copy_(torch.rand(c.shape, generator=gen, device="cpu").to(c.device) < p)
     elif t.is_floating_point():
-        vals = torch.randn(c.shape, generator=gen, dtype=torch.float64) * (std or 1.0) + mean
-        if std == 0.0:
-            vals = torch.full(c.shape, mean, dtype=torch.float64)  # a constant stays constant (e.g. ones)
-        c.copy_(vals.clamp_(lo, hi).to(c.device))
+        if std > 0.0:
+            vals = (torch.randn(c.shape, generator=gen, dtype=torch.float64) * std + mean).clamp_(lo, hi)
+        else:
+            # A constant (a freshly initialised norm weight of ones, a zero bias) must not stay constant:
+            # real weights are not, and a kernel specialised to the constant would pass otherwise.
+            # ±10 % keeps the sign, so domains such as a positive variance still hold.
+            spread = max(abs(mean) * 0.1, 1e-3)
+            vals = torch.randn(c.shape, generator=gen, dtype=torch.float64) * spread + mean
+        c.copy_(vals.to(c.device))
     elif t.is_complex():
         c.copy_(torch.randn(c.shape, generator=gen, dtype=t.dtype).to(c.device))
     else:

@@ -1,0 +1,221 @@
+"""Timing statistics: robust summaries, a bootstrap CI for the speedup, the adaptive stopping rule.
+
+Everything works on per-call times in microseconds. Medians, not means: GPU timings have a long right
+tail (preemption, clock changes, a stray host interrupt), and the median is the typical call. Nothing
+here drops samples silently: throttled or outlying samples are only *marked*; the caller decides and
+reports what it excluded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+_Z95 = 1.959963984540054  # standard normal 97.5% quantile
+
+
+@dataclass(frozen=True)
+class TimingStats:
+    """Summary of one series of timings (microseconds)."""
+
+    n: int
+    median: float
+    iqr: float
+    q1: float
+    q3: float
+    min: float
+    max: float
+    mean: float
+    rel_err_median: float  # estimated standard error of the median / median (inf when n < 3)
+
+
+@dataclass(frozen=True)
+class SpeedupEstimate:
+    """median(eager) / median(candidate) and its bootstrap confidence interval."""
+
+    speedup: float
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class OutlierMarks:
+    """Samples above the upper Tukey fence q3 + k*max(IQR, 1% of median) (marked, never removed here)."""
+
+    mask: np.ndarray
+    count: int
+    fence_us: float
+    k: float
+
+
+def _as_array(samples: Sequence[float], what: str = "samples") -> np.ndarray:
+    x = np.asarray(samples, dtype=np.float64).ravel()
+    if x.size == 0:
+        raise ValueError(f"no {what}")
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"{what} contain NaN or inf")
+    return x
+
+
+def median_rel_err(samples_us: Sequence[float]) -> float:
+    """Relative standard error of the median from order statistics (distribution-free).
+
+    The order statistics at ranks n/2 -+ 1.96*sqrt(n)/2 bound a 95% confidence interval for the median
+    (binomial argument); half its width over 1.96 estimates the standard error. On skewed timing data
+    it agrees with a bootstrap estimate and is steadier, at the cost of one sort, so it is cheap enough
+    to re-evaluate after every sample.
+    """
+    x = _as_array(samples_us)
+    n = x.size
+    if n < 3:
+        return math.inf
+    med = float(np.median(x))
+    if med <= 0:
+        return math.inf
+    p = 0.5 * _Z95 / math.sqrt(n)
+    lo, hi = np.quantile(x, [max(0.0, 0.5 - p), min(1.0, 0.5 + p)])
+    return float(hi - lo) / (2 * _Z95) / med
+
+
+def summarize(samples_us: Sequence[float]) -> TimingStats:
+    """Median, quartiles (linear interpolation), extremes, mean and the median's relative error."""
+    x = _as_array(samples_us)
+    q1, med, q3 = (float(v) for v in np.quantile(x, [0.25, 0.5, 0.75]))
+    return TimingStats(n=int(x.size), median=med, iqr=q3 - q1, q1=q1, q3=q3, min=float(x.min()),
+                       max=float(x.max()), mean=float(x.mean()), rel_err_median=median_rel_err(x))
+
+
+def _median_ranks(n: int) -> tuple[int, int]:
+    """1-based ranks of the two middle order statistics (equal when n is odd)."""
+    return (n + 1) // 2, n // 2 + 1
+
+
+def _boot_medians_weighted(x: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Median of each bootstrap resample given as a row of multiplicities `counts` (n_boot, n).
+
+    The resample's k-th smallest value is sorted(x)[j] for the first j where the counts, cumulated in
+    sorted order, reach k. The middle ranks almost surely lie within a few sqrt(n) of n/2, so only that
+    window is cumulated (the mass below it is one matrix-vector product); rows whose median falls
+    outside the window are redone over the full range, so the result is exact.
+    """
+    n = x.size
+    order = np.argsort(x, kind="stable")
+    xs = x[order]
+    k1, k2 = _median_ranks(n)
+    half = int(math.ceil(3.5 * math.sqrt(n))) + 2  # P(outside) ~ 1e-12 per row
+    lo_w, hi_w = max(0, k1 - 1 - half), min(n, k2 + half)
+    below_mask = np.zeros(n, dtype=counts.dtype)
+    below_mask[order[:lo_w]] = 1
+    below = counts @ below_mask
+    cum = below[:, None] + np.cumsum(counts[:, order[lo_w:hi_w]], axis=1)
+    j1 = lo_w + (cum < k1).sum(axis=1)
+    j2 = lo_w + (cum < k2).sum(axis=1)
+    miss = (below >= k1) | (cum[:, -1] < k2)
+    if miss.any():  # practically never; exact fallback over all positions
+        full = np.cumsum(counts[miss][:, order], axis=1)
+        j1[miss] = (full < k1).sum(axis=1)
+        j2[miss] = (full < k2).sum(axis=1)
+    return 0.5 * (xs[j1] + xs[j2])
+
+
+def _boot_medians_independent(x: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """Medians of `n_boot` independent resamples of x, drawn in O(n_boot) from order statistics.
+
+    A resample is n uniform draws of sorted positions; its k-th smallest position is
+    floor(n * U_(k)) with U_(k) ~ Beta(k, n - k + 1), and the next order statistic is
+    U_(k) + (1 - U_(k)) * Beta(1, n - k). Same distribution as resampling, without the n x n_boot work.
+    """
+    n = x.size
+    xs = np.sort(x)
+    k1, k2 = _median_ranks(n)
+    u1 = rng.beta(k1, n - k1 + 1, size=n_boot)
+    u2 = u1 if k2 == k1 else u1 + (1.0 - u1) * rng.beta(1, n - k1, size=n_boot)
+    j1 = np.minimum((u1 * n).astype(np.int64), n - 1)
+    j2 = np.minimum((u2 * n).astype(np.int64), n - 1)
+    return 0.5 * (xs[j1] + xs[j2])
+
+
+def speedup_ci(eager_us: Sequence[float], cand_us: Sequence[float], *, paired: bool = True,
+               confidence: float = 0.95, n_boot: int = 2000, seed: int = 0) -> SpeedupEstimate:
+    """Speedup median(eager)/median(candidate) with a percentile-bootstrap confidence interval.
+
+    Paired (the default) resamples *pair indices*: the timings are collected A/B-alternated call by
+    call, so eager sample i and candidate sample i share whatever the GPU was doing at that moment
+    (clock drift, thermal state, a neighbour's traffic). That shared component cancels in the ratio;
+    resampling pairs keeps the two samples of a pair together, so the bootstrap sees the ratio's real
+    variability. Resampling each arm independently treats the shared drift as independent noise in
+    both arms and gives an interval that is too wide (never too narrow) for alternated data; use
+    paired=False only for series that were not collected interleaved (it allows unequal lengths).
+    Deterministic for a given seed.
+    """
+    a = _as_array(eager_us, "eager samples")
+    b = _as_array(cand_us, "candidate samples")
+    if not 0 < confidence < 1:
+        raise ValueError("confidence must be in (0, 1)")
+    if np.any(a <= 0) or np.any(b <= 0):
+        raise ValueError("timings must be positive")
+    point = float(np.median(a) / np.median(b))
+    rng = np.random.default_rng(seed)
+    if paired:
+        if a.size != b.size:
+            raise ValueError(f"paired bootstrap needs equal lengths, got {a.size} and {b.size}")
+        n = a.size
+        # Multiplicity of each pair in each resample: n_boot rows of n uniform draws, counted.
+        idx = rng.integers(0, n, size=(n_boot, n))
+        idx += (np.arange(n_boot) * n)[:, None]
+        counts = np.bincount(idx.ravel(), minlength=n_boot * n).reshape(n_boot, n).astype(np.float32)
+        ratios = _boot_medians_weighted(a, counts) / _boot_medians_weighted(b, counts)
+    else:
+        ratios = _boot_medians_independent(a, n_boot, rng) / _boot_medians_independent(b, n_boot, rng)
+    alpha = (1.0 - confidence) / 2
+    low, high = np.quantile(ratios, [alpha, 1.0 - alpha])
+    return SpeedupEstimate(speedup=point, low=float(low), high=float(high))
+
+
+def should_stop(samples_us: Sequence[float], *, target_rel_err: float = 0.01, min_samples: int = 10,
+                max_samples: int = 10_000, max_seconds: float = 30.0, elapsed_s: float = 0.0) -> bool:
+    """True when enough repetitions were timed.
+
+    Stop at `max_samples` or once `elapsed_s` reaches `max_seconds` (budget caps, whatever the noise);
+    never before `min_samples`; otherwise stop as soon as the median's relative standard error is at
+    most `target_rel_err`. For an A/B series call it on both arms and stop when both say so.
+    """
+    n = len(samples_us)
+    if n >= max_samples or elapsed_s >= max_seconds:
+        return True
+    if n < max(min_samples, 3):
+        return False
+    return median_rel_err(samples_us) <= target_rel_err
+
+
+def flag_throttled(samples: Sequence[float], clocks_mhz: Sequence[float], max_clock_mhz: float, *,
+                   tolerance: float = 0.95) -> np.ndarray:
+    """Boolean mask: True where the SM clock read with that sample was below tolerance * max clock.
+
+    A clock reading that is missing (NaN) is flagged too: an unproven clock is not a trusted one.
+    """
+    clocks = np.asarray(clocks_mhz, dtype=np.float64).ravel()
+    if clocks.size != len(samples):
+        raise ValueError(f"{len(samples)} samples but {clocks.size} clock readings")
+    if not max_clock_mhz > 0:
+        raise ValueError("max_clock_mhz must be positive")
+    with np.errstate(invalid="ignore"):
+        return ~(clocks >= tolerance * max_clock_mhz)
+
+
+def mark_outliers(samples_us: Sequence[float], *, k: float = 3.0) -> OutlierMarks:
+    """Mark slow outliers above q3 + k*IQR. Only marks: excluding them is the caller's, reported, choice.
+
+    The median is already robust to a few of them; this exists so a report can say "3 of 500 samples
+    were > 5x slower" rather than hide them.
+    """
+    x = _as_array(samples_us)
+    q1, med, q3 = np.quantile(x, [0.25, 0.5, 0.75])
+    # Floor the spread at 1% of the median: quantised timers often give IQR 0, and then every sample
+    # a tick slower would be an "outlier".
+    fence = float(q3 + k * max(q3 - q1, 0.01 * med))
+    mask = x > fence
+    return OutlierMarks(mask=mask, count=int(mask.sum()), fence_us=fence, k=k)

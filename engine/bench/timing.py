@@ -1,0 +1,151 @@
+"""The timing protocol of DESIGN.md: A/B alternation with eager, per-call CUDA events, L2 flush
+before every call, warm-up, adaptive repetitions, median/IQR and a bootstrap CI of the speedup.
+
+Both sides run in the same process, on the same stream, with the same inputs. Eager goes through the
+public op. The flush runs before each call's start event, so it is never timed but keeps the GPU busy
+while the host enqueues the call: the events measure device time, not launch latency.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from engine.bench.stats import TimingStats, flag_throttled, should_stop, speedup_ci, summarize
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    warmup_s: float = 0.25          # GPU-busy warm-up so clocks ramp and caches (cuBLAS, allocator) settle
+    min_reps: int = 20
+    max_reps: int = 2000
+    max_seconds: float = 4.0
+    target_rel_err: float = 0.01
+    batch: int = 10                 # calls per arm between host syncs
+    throttle_tolerance: float = 0.95
+
+
+@dataclass(frozen=True)
+class ABResult:
+    eager: TimingStats
+    candidate: TimingStats
+    speedup: float
+    speedup_low: float
+    speedup_high: float
+    reps: int
+    throttled: int                  # pairs taken while the SM clock was below tolerance
+    seconds: float
+    eager_us: list[float]
+    candidate_us: list[float]
+
+    def to_json(self, keep_samples: bool = False) -> dict[str, Any]:
+        d = {"eager": asdict(self.eager), "candidate": asdict(self.candidate), "speedup": self.speedup,
+             "speedup_ci": [self.speedup_low, self.speedup_high], "reps": self.reps,
+             "throttled": self.throttled, "seconds": self.seconds}
+        if keep_samples:
+            d["eager_us"], d["candidate_us"] = self.eager_us, self.candidate_us
+        return d
+
+
+class L2Flusher:
+    """Writes a buffer twice the L2's size, evicting what the previous call left there."""
+
+    def __init__(self, device: torch.device):
+        l2 = torch.cuda.get_device_properties(device).L2_cache_size or (64 << 20)
+        self.buf = torch.empty(2 * l2 // 4, dtype=torch.int32, device=device)
+
+    def __call__(self) -> None:
+        self.buf.fill_(0x5A5A)
+
+
+def sm_clock_mhz(device: torch.device) -> float:
+    """Current SM clock through NVML, or NaN when it cannot be read."""
+    try:
+        return float(torch.cuda.clock_rate(device))
+    except Exception:
+        return float("nan")
+
+
+def max_sm_clock_mhz(device: torch.device) -> float:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        return float(pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM))
+    except Exception:
+        return float("nan")
+
+
+def _warm_up(calls: list[Callable[[], Any]], flush: L2Flusher, seconds: float) -> None:
+    t0 = time.perf_counter()
+    n = 0
+    while n < 3 or time.perf_counter() - t0 < seconds:
+        for c in calls:
+            flush()
+            c()
+        n += 1
+        if n % 8 == 0:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+
+
+def time_calls(calls: list[Callable[[], Any]], flush: L2Flusher, cfg: TimingConfig = TimingConfig()
+               ) -> tuple[list[list[float]], int, float]:
+    """Alternate the calls call by call (rotating which goes first), each timed with its own events.
+
+    Returns per-call µs for each callable, the number of throttled rounds and the elapsed seconds.
+    """
+    device = torch.device("cuda", torch.cuda.current_device())
+    _warm_up(calls, flush, cfg.warmup_s)
+    times: list[list[float]] = [[] for _ in calls]
+    clocks: list[float] = []
+    max_clock = max_sm_clock_mhz(device)
+    t0 = time.perf_counter()
+    rnd = 0
+    while True:
+        events = []
+        for _ in range(cfg.batch):
+            order = list(range(len(calls)))
+            k = rnd % len(calls)
+            order = order[k:] + order[:k]  # no arm always runs right after the flush of the other
+            for i in order:
+                flush()
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                calls[i]()
+                e.record()
+                events.append((i, s, e))
+            rnd += 1
+        torch.cuda.synchronize()
+        for i, s, e in events:
+            times[i].append(s.elapsed_time(e) * 1e3)
+        clocks += [sm_clock_mhz(device)] * cfg.batch
+        elapsed = time.perf_counter() - t0
+        if all(should_stop(t, target_rel_err=cfg.target_rel_err, min_samples=cfg.min_reps,
+                           max_samples=cfg.max_reps, max_seconds=cfg.max_seconds, elapsed_s=elapsed)
+               for t in times):
+            break
+    throttled = 0
+    if max_clock == max_clock:  # not NaN
+        throttled = int(flag_throttled(times[0], clocks, max_clock, tolerance=cfg.throttle_tolerance).sum())
+    return times, throttled, time.perf_counter() - t0
+
+
+def ab_time(eager: Callable[[], Any], candidate: Callable[[], Any], flush: L2Flusher,
+            cfg: TimingConfig = TimingConfig()) -> ABResult:
+    """Time eager against the candidate, alternated, and estimate the speedup with a paired CI."""
+    (e_us, c_us), throttled, seconds = time_calls([eager, candidate], flush, cfg)
+    est = speedup_ci(e_us, c_us, paired=True)
+    return ABResult(summarize(e_us), summarize(c_us), est.speedup, est.low, est.high, len(e_us),
+                    throttled, seconds, e_us, c_us)
+
+
+def time_one(fn: Callable[[], Any], flush: L2Flusher, cfg: TimingConfig = TimingConfig()) -> tuple[TimingStats, int]:
+    """Time a single callable with the same protocol (eager latency of a card)."""
+    (us,), throttled, _ = time_calls([fn], flush, cfg)
+    return summarize(us), throttled
