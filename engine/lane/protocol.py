@@ -51,15 +51,18 @@ def encode(msg: dict[str, Any]) -> bytes:
     return (json.dumps(msg, separators=(",", ":"), allow_nan=True) + "\n").encode()
 
 
-def serve(handlers: dict[str, Handler]) -> int:
-    """Worker main loop: read requests from stdin, answer on the original stdout, forever.
-
-    Anything the worker (or a library, or C code) prints goes to stderr: fd 1 is re-pointed there
-    so stray output can never corrupt the protocol stream.
-    """
+def claim_stdout():
+    """Keep the real stdout for the protocol and point fd 1 (Python's and C's) at stderr, so that
+    stray output from the worker, a library or C code can never corrupt the protocol stream."""
     proto = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    return proto
+
+
+def serve(handlers: dict[str, Handler], proto=None) -> int:
+    """Worker main loop: read requests from stdin, answer on the protocol stream, until shutdown."""
+    proto = proto or claim_stdout()
     proto.write(encode({"id": 0, "ok": True, "payload": {"ready": True, "pid": os.getpid()}}))
     for line in sys.stdin.buffer:
         if not line.strip():
