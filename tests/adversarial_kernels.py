@@ -70,21 +70,37 @@ ADVERSARIES = [
                "mismatch",
                prelude="#define CACHE_N (1 << 22)\n__device__ float cache[CACHE_N];\n"
                        "__device__ const float* last_a; __device__ const float* last_b;\n"),
-    add_kernel("skips the work once verification is over (beats the roofline)",
-               "  if (calls > 40) return;  // by now the output buffer the allocator hands back is right\n"
-               "  if (i < n) out[i] = a[i] + b[i];\n"
-               "  if (i == 0) atomicAdd(&calls, 1);",
-               "suspicious",
-               prelude="__device__ int calls;\n"),
+    Adversary("skips the work once verification is over (beats the roofline)", "suspicious", HEADER + r'''
+__device__ int calls;
+extern "C" __global__ void k(const float* __restrict__ a, const float* __restrict__ b,
+                             float* __restrict__ out, long long n) {
+  // By the time it is being timed, the output block the allocator hands back already holds the
+  // right answer from an earlier call: doing nothing "works", and is faster than moving the bytes.
+  if (calls > 40) return;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    out[i] = a[i] + b[i];
+  if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(&calls, 1);
+}
+''', """
+[[launch]]
+kernel = "k"
+grid = ["min(ceil_div(self.numel, 256), 1056)"]
+block = [256]
+args = [{ ptr = "self" }, { ptr = "other" }, { ptr = "out0" }, { i64 = "self.numel" }]
+"""),
     add_kernel("specialised to the captured values (reads other[0] only)",
                "  if (i < n) out[i] = a[i] + b[0];", "mismatch"),
     add_kernel("writes out of bounds", "  if (i < n) out[i + (1LL << 40)] = a[i] + b[i];", "runtime-fault"),
-    add_kernel("loops forever", "  volatile int spin = 1; while (spin) { }\n  if (i < n) out[i] = a[i] + b[i];",
-               "timeout"),
+    add_kernel("loops forever", "  while (never_set == 0) { }\n  if (i < n) out[i] = a[i] + b[i];",
+               "timeout", prelude="__device__ volatile int never_set = 0;\n"),
     add_kernel("traps", '  if (i == 12345) asm volatile("trap;");\n  if (i < n) out[i] = a[i] + b[i];',
                "runtime-fault"),
     add_kernel("misaligned vector access",
-               "  if (i < n / 4 - 1) { float4 v = *(const float4*)(a + 4 * i + 1); out[4*i] = v.x + b[4*i]; }",
+               "  if (i >= n / 4 - 1) return;\n"
+               "  float x, y, z, w;  // a 16-byte load from an address that is only 4-byte aligned\n"
+               '  asm volatile("ld.global.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(x), "=f"(y), "=f"(z), "=f"(w)'
+               " : \"l\"(a + 4 * i + 1));\n"
+               "  out[4*i] = x + b[4*i]; out[4*i+1] = y + b[4*i+1]; out[4*i+2] = z + b[4*i+2]; out[4*i+3] = w + b[4*i+3];",
                "runtime-fault"),
     add_kernel("over-subscribes shared memory", "  extern __shared__ float s[];\n  if (i < n) { s[threadIdx.x] = a[i]; out[i] = s[threadIdx.x] + b[i]; }",
                "launch", spec=ADD_SPEC.format(kernel="k").replace("block = [256]", "block = [256]\nshared = 300000")),
@@ -103,7 +119,10 @@ ADVERSARIES = [
 extern "C" __global__ void racy_sum(const float* __restrict__ x, float* __restrict__ out, int cols) {
   int row = blockIdx.x;
   if (threadIdx.x == 0) out[row] = 0.f;
-  for (int c = threadIdx.x; c < cols; c += blockDim.x) out[row] += x[(long long)row * cols + c];
+  __syncthreads();
+  float part = 0.f;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) part += x[(long long)row * cols + c];
+  out[row] += part;  // unsynchronised read-modify-write: updates from other threads get lost
 }
 ''', """
 [[launch]]

@@ -52,14 +52,24 @@ class ABResult:
 
 
 class L2Flusher:
-    """Writes a buffer twice the L2's size, evicting what the previous call left there."""
+    """Before each timed call: evict the L2 (write a buffer twice its size), then keep the GPU busy
+    for `lead_us` so the host has enqueued the timed call before its start event runs.
 
-    def __init__(self, device: torch.device):
-        l2 = torch.cuda.get_device_properties(device).L2_cache_size or (64 << 20)
+    Without the lead, a call whose host side (argument packing, launch) outlasts the flush is timed
+    from an idle GPU, and the events measure launch latency instead of the kernel.
+    """
+
+    def __init__(self, device: torch.device, lead_us: float = 80.0):
+        props = torch.cuda.get_device_properties(device)
+        l2 = props.L2_cache_size or (64 << 20)
         self.buf = torch.empty(2 * l2 // 4, dtype=torch.int32, device=device)
+        clock_khz = getattr(props, "clock_rate", 0) or 2_000_000
+        self.lead_cycles = int(lead_us * clock_khz / 1e3)
 
     def __call__(self) -> None:
         self.buf.fill_(0x5A5A)
+        if self.lead_cycles:
+            torch.cuda._sleep(self.lead_cycles)
 
 
 def sm_clock_mhz(device: torch.device) -> float:
