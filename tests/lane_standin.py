@@ -38,8 +38,13 @@ def reject(p):
 
 
 def load_card(p):
-    loaded.append(p["card"])
+    loaded.append(p.get("card_id", p.get("card")))
     return {"loaded": list(loaded)}
+
+
+def time_eager(p):
+    # A fixed answer: this stand-in tests the plumbing that stores eager latency, not a measurement.
+    return {"eager": {"median": 12.5, "iqr": 0.25, "n": 40}, "throttled": 0, "roofline_us": 3.0}
 
 
 def bug(p):
@@ -48,4 +53,5 @@ def bug(p):
 
 if __name__ == "__main__":
     sys.exit(serve({"echo": echo, "crash": crash, "hang": hang, "fault": fault, "reject": reject,
-                    "load_card": load_card, "bug": bug}))
+                    "load_card": load_card, "bug": bug,
+                    "time_eager": time_eager}))

@@ -77,3 +77,24 @@ async def test_unstartable_worker_is_a_lane_error():
     lane = GpuLane([sys.executable, "-c", "import sys; sys.exit(7)"], start_timeout_s=10)
     with pytest.raises(LaneUnavailable, match="exited at start"):
         await lane.start()
+
+
+async def test_eager_latency_lands_on_the_card(lane, tmp_path):
+    from engine.lane.eager import card_refs, measure_eager
+    from engine.store import Store
+
+    db = tmp_path / "kforge.db"
+    async with await Store.open(db) as store:
+        await store.save_capture(
+            {"id": "cap-1", "model": "m", "device": "cuda", "dtype": "float16"},
+            [{"card_id": "c1", "op": "aten::relu", "signature": {"op": "aten::relu", "args": [], "aliases": []},
+              "signature_text": "f16[8]", "calls": 1, "share": 1.0, "bytes": 32},
+             {"card_id": "c2", "op": "aten::relu", "signature": {"op": "aten::relu", "args": [], "aliases": []},
+              "signature_text": "f16[9]", "calls": 1, "share": 0.0, "bytes": 36}],
+            [{"card_id": "c1", "idx": 0, "path": "samples/c1.0.safetensors", "sha256": "x", "nbytes": 1}])
+        refs = await card_refs(store, tmp_path, "cap-1")
+        results = await measure_eager(lane, store, "cap-1", refs)
+        cards = {c["card_id"]: c for c in await store.get_cards("cap-1")}
+    assert cards["c1"]["eager_us"] == 12.5 and cards["c1"]["roofline_us"] == 3.0
+    assert cards["c1"]["eager_stats"]["iqr"] == 0.25
+    assert cards["c2"]["eager_us"] is None and results["c2"] == {"error": "no samples"}
