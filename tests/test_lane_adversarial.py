@@ -29,29 +29,14 @@ def test_every_kernel_compiles_for_sm90_unless_meant_not_to(adv):
 
 
 def _make_card(tmp_path: Path, kind: str):
-    """Capture one real call on the GPU so the card has real samples on disk."""
-    from engine.capture.recorder import CaptureMode
-    from engine.capture.samples import save_sample
-    from engine.lane.evaluate import CardRef
+    """One real call captured on the GPU, so the card has real samples on disk."""
+    from gpu_harness import make_card
 
-    files = []
-
-    def sink(tally, idx, snap, meta):
-        path = tmp_path / f"{tally.id}.{idx}.safetensors"
-        files.append(str(path))
-        return save_sample(path, snap, meta)
-
-    mode = CaptureMode(path_of=lambda: "m", weight_of=lambda p: 1, samples=2, sample_budget_bytes=1 << 30,
-                       sink=sink, use_cuda_events=True)
     torch.manual_seed(0)
-    with torch.no_grad(), mode:
-        for _ in range(2):
-            if kind == "add":
-                torch.add(torch.randn(1 << 22, device="cuda"), torch.randn(1 << 22, device="cuda"))
-            else:
-                torch.sum(torch.randn(512, 4096, device="cuda"), dim=1)
-    (t,) = mode.cards.values()
-    return CardRef(t.id, t.op, t.signature, t.outputs, t.bytes, files)
+    if kind == "add":
+        return make_card(tmp_path, lambda: torch.add(torch.randn(1 << 22, device="cuda"),
+                                                     torch.randn(1 << 22, device="cuda")))
+    return make_card(tmp_path, lambda: torch.sum(torch.randn(512, 4096, device="cuda"), dim=1))
 
 
 @pytest.mark.gpu
@@ -59,10 +44,7 @@ def test_lane_rejects_each_cheat_with_its_category(tmp_path):
     from engine.lane.client import GpuLane, worker_argv
     from engine.lane.evaluate import evaluate
 
-    cards = {}
-    for kind in ("add", "sum"):
-        (tmp_path / kind).mkdir()
-        cards[kind] = _make_card(tmp_path / kind, kind)
+    cards = {kind: _make_card(tmp_path / kind, kind) for kind in ("add", "sum")}
     compiler = Compiler(tmp_path / "cache", "nvrtc", arch="sm_{}{}".format(*torch.cuda.get_device_capability()))
 
     async def run_all():

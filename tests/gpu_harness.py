@@ -1,0 +1,66 @@
+"""Helpers for GPU tests: make a real card (captured on the GPU, samples on disk) and run candidates
+through a real lane. Used by the GPU-marked tests; importing it needs no GPU."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def make_card(tmp_path: Path, fn: Callable[[], Any], samples: int = 2):
+    """Run `fn` `samples` times under capture (it must make exactly one card) and return its CardRef."""
+    from engine.capture.recorder import CaptureMode
+    from engine.capture.samples import save_sample
+    from engine.lane.evaluate import CardRef
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    files: list[str] = []
+
+    def sink(tally, idx, snap, meta):
+        path = tmp_path / f"{tally.id}.{idx}.safetensors"
+        files.append(str(path))
+        return save_sample(path, snap, meta)
+
+    mode = CaptureMode(path_of=lambda: "m", weight_of=lambda p: 1, samples=samples,
+                       sample_budget_bytes=1 << 31, sink=sink, use_cuda_events=True)
+    with torch.no_grad(), mode:
+        for _ in range(samples):
+            fn()
+    cards = list(mode.cards.values())
+    assert len(cards) == 1, f"expected one card, got {[c.op for c in cards]}"
+    t = cards[0]
+    return CardRef(t.id, t.op, t.signature, t.outputs, t.bytes, files)
+
+
+def brief_of(ref) -> Any:
+    """The CardBrief a proposer sees for a CardRef."""
+    from engine.capture.signature import signature_text
+    from engine.propose.base import CardBrief
+
+    return CardBrief(ref.card_id, ref.op, ref.signature, signature_text(ref.signature), ref.outputs,
+                     bytes=ref.bytes)
+
+
+def evaluate_many(jobs: Sequence[tuple[Any, str, str]], *, cache_dir: Path, timing: dict | None = None,
+                  timeout_s: float | None = None) -> list[Any]:
+    """Evaluate (CardRef, source, spec) jobs in one real lane; returns engine.lane.evaluate.Evaluation list."""
+    from engine.compile import Compiler
+    from engine.lane.client import GpuLane, worker_argv
+    from engine.lane.evaluate import evaluate
+
+    compiler = Compiler(cache_dir, "nvrtc", arch="sm_{}{}".format(*torch.cuda.get_device_capability()))
+
+    async def run() -> list[Any]:
+        lane = GpuLane(worker_argv(torch.cuda.current_device()), timeout_s=120)
+        await lane.start()
+        try:
+            return [await evaluate(lane, compiler, card, src, spec, timing=timing or {"max_seconds": 1.0},
+                                   timeout_s=timeout_s) for card, src, spec in jobs]
+        finally:
+            await lane.close()
+
+    return asyncio.run(run())
