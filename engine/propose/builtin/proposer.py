@@ -1,0 +1,81 @@
+"""BuiltinProposer: picks the template that accepts a card, renders defaults, mutates parents."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import random
+from typing import Any
+
+from engine.propose.base import CardBrief, Proposal, ProposalRequest
+from engine.propose.builtin.template import Template
+
+# Modules that export TEMPLATES: list[Template]. A module that is missing is skipped, so template
+# families can land one by one.
+_MODULES = ("elementwise", "softmax", "pooling", "norms")
+
+
+def all_templates() -> list[Template]:
+    out: list[Template] = []
+    for name in _MODULES:
+        try:
+            mod = importlib.import_module(f"engine.propose.builtin.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"engine.propose.builtin.{name}":
+                raise
+            continue
+        out.extend(mod.TEMPLATES)
+    return out
+
+
+class BuiltinProposer:
+    """Offline proposer. Declines every card no template fully handles (it stays on eager)."""
+
+    name = "builtin"
+
+    def __init__(self, templates: list[Template] | None = None):
+        self.templates = all_templates() if templates is None else templates
+
+    def template_for(self, card: CardBrief) -> tuple[Template | None, list[str]]:
+        """The first template that accepts the card, and why the others declined."""
+        reasons = []
+        for t in self.templates:
+            if card.op not in t.ops:
+                continue
+            why = t.accepts(card)
+            if why is None:
+                return t, reasons
+            reasons.append(f"{t.name}: {why}")
+        return None, reasons or [f"no builtin template for {card.op}"]
+
+    def supports(self, card: CardBrief) -> bool:
+        return self.template_for(card)[0] is not None
+
+    async def propose(self, request: ProposalRequest) -> Proposal:
+        card = request.card
+        template, reasons = self.template_for(card)
+        if template is None:
+            return Proposal(declined=True, reason="; ".join(reasons), provider=self.name)
+        seed_text = f"{card.card_id}:{request.seed}:{request.parent.candidate_id if request.parent else ''}"
+        rng = random.Random(int(hashlib.sha256(seed_text.encode()).hexdigest()[:16], 16))
+        base = request.failed or request.parent
+        tried = [a.params for a in (*request.siblings, *request.lineage) if a.params]
+        if base is not None:
+            tried.append(base.params)
+        params: dict[str, Any] | None = None
+        if base is None or not base.params:
+            params = template.default(card)
+        else:
+            start = {k: v for k, v in base.params.items() if k != "template"}
+            for _ in range(32):  # a neighbour nobody has tried yet, if one exists
+                cand = template.mutate(card, start, rng, request.intent)
+                if {**cand, "template": template.name} not in tried:
+                    params = cand
+                    break
+            if params is None:
+                return Proposal(declined=True, provider=self.name, model=template.name,
+                                reason="every neighbour of this parent was tried already")
+        rendered = template.render(card, params)
+        return Proposal(source=rendered.source, spec=rendered.spec, intent=rendered.intent,
+                        params={**rendered.params, "template": template.name}, provider=self.name,
+                        model=template.name)
