@@ -112,3 +112,20 @@ def test_greedy_and_beam():
 
 def test_speedup_reward():
     assert math.isclose(speedup_reward(20.0, 10.0), math.log(2.0))
+
+
+def test_closed_nodes_are_not_expanded():
+    t = Tree.new()
+    grow(t, "a", ROOT, 1.5)
+    t.nodes["a"].closed = True
+    t.nodes[ROOT].closed = True
+    assert select_mcts(t) is None and select_greedy(t) is None
+
+
+def test_selection_goes_around_a_closed_best_leaf():
+    t = Tree.new()
+    p = SearchParams(k=0.5)
+    grow(t, "best", ROOT, 3.0)
+    grow(t, "other", ROOT, 1.5)
+    t.nodes["best"].closed = True
+    assert select_mcts(t, p) == "other"

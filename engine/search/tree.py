@@ -25,6 +25,7 @@ class Node:
     best_raw: float | None = None  # best raw reward in this node's subtree (max backup)
     dead: bool = False             # failed: scores 0, never expanded
     pending: int = 0               # proposals in flight below this node (virtual loss)
+    closed: bool = False           # the proposer has nothing new to offer from here
 
 
 @dataclass
@@ -127,30 +128,40 @@ def select_mcts(tree: Tree, p: SearchParams = SearchParams()) -> str | None:
     cur = tree.nodes[ROOT]
     while True:
         alive = [tree.nodes[c] for c in cur.children if not tree.nodes[c].dead]
-        expandable = cur.id == ROOT or cur.raw is not None
+        expandable = (cur.id == ROOT or cur.raw is not None) and not cur.closed
         if expandable and (may_widen(cur, p) or not alive):
             return cur.id
-        # Descend only into children that can be revised (verified) or lead to such nodes.
-        candidates = [c for c in alive if c.raw is not None or any(
-            not tree.nodes[g].dead for g in c.children)]
+        # Descend only into subtrees that hold a node which can still be revised.
+        candidates = [c for c in alive if _open(tree, c)]
         if not candidates:
             return None  # the alive children are all still being evaluated
         cur = max(candidates, key=lambda c: (uct(c, cur, norm, p), c.id))
 
 
+def _open(tree: Tree, node: Node) -> bool:
+    if node.dead:
+        return False
+    if node.raw is not None and not node.closed:
+        return True
+    return any(_open(tree, tree.nodes[c]) for c in node.children)
+
+
 def select_greedy(tree: Tree, p: SearchParams = SearchParams()) -> str | None:
     """Linear refinement: always revise the best verified node (fresh kernels until one verifies)."""
-    best = tree.best()
-    return best.id if best is not None else ROOT
+    best = max((n for n in tree.verified() if not n.closed), key=lambda n: n.raw, default=None)
+    if best is not None:
+        return best.id
+    return None if tree.nodes[ROOT].closed else ROOT
 
 
 def select_beam(tree: Tree, p: SearchParams = SearchParams()) -> str | None:
     """Beam: among the top `beam_width` verified nodes, revise the one with the fewest children."""
-    top = sorted(tree.verified(), key=lambda n: (-n.raw, n.id))[: p.beam_width]
-    if len(top) < p.beam_width and len(tree.nodes[ROOT].children) < p.beam_width:
+    top = sorted((n for n in tree.verified() if not n.closed), key=lambda n: (-n.raw, n.id))[: p.beam_width]
+    root = tree.nodes[ROOT]
+    if len(top) < p.beam_width and len(root.children) < p.beam_width and not root.closed:
         return ROOT  # fill the beam with fresh kernels first
     if not top:
-        return ROOT
+        return None if root.closed else ROOT
     return min(top, key=lambda n: (len(n.children) + n.pending, -n.raw, n.id)).id
 
 

@@ -63,17 +63,20 @@ class BuiltinProposer:
         if base is not None:
             tried.append(base.params)
         params: dict[str, Any] | None = None
-        if base is None or not base.params:
-            params = template.default(card)
+        default = template.default(card)
+        if (base is None or not base.params) and {**default, "template": template.name} not in tried:
+            params = default
         else:
-            start = {k: v for k, v in base.params.items() if k != "template"}
+            # A revision mutates its parent; a further fresh kernel mutates the default (diverse starts).
+            origin = base.params if base is not None and base.params else {**default, "template": template.name}
+            start = {k: v for k, v in origin.items() if k != "template"}
             for _ in range(32):  # a neighbour nobody has tried yet, if one exists
                 cand = template.mutate(card, start, rng, request.intent)
                 if {**cand, "template": template.name} not in tried:
                     params = cand
                     break
             if params is None:
-                return Proposal(declined=True, provider=self.name, model=template.name,
+                return Proposal(declined=True, provider=self.name, model=template.name, category="exhausted",
                                 reason="every neighbour of this parent was tried already")
         rendered = template.render(card, params)
         return Proposal(source=rendered.source, spec=rendered.spec, intent=rendered.intent,

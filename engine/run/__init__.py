@@ -1,0 +1,1 @@
+"""Running an optimisation: card scheduling, budgets, the asyncio orchestrator, resume and control."""

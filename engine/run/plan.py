@@ -1,0 +1,95 @@
+"""Which card gets the next iteration: expected end-to-end gain, not round-robin (pure functions)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from engine.lane.evaluate import CardRef
+from engine.propose.base import CardBrief
+
+
+@dataclass(frozen=True)
+class SchedulePolicy:
+    noise_floor_us: float = 2.0        # cards whose eager time is below this are not worth a kernel
+    min_share: float = 0.001           # nor cards below 0.1 % of the model's time
+    near_roofline: float = 1.15        # stop a card once its best is within 15 % of its roofline
+    patience: int = 15                 # stop a card after this many iterations without improvement
+    improvement: float = 0.01          # what counts as an improvement (1 %)
+
+
+@dataclass
+class CardState:
+    """A card in a run: what it is, how it is going."""
+
+    ref: CardRef
+    brief: CardBrief
+    eager_us: float | None
+    roofline_us: float | None
+    share: float
+    iterations: int = 0                # evaluations finished (verified or failed) and proposals declined
+    in_flight: int = 0
+    best_us: float | None = None
+    since_improvement: int = 0
+    done_reason: str | None = None     # 'budget', 'roofline', 'plateau', 'declined', 'noise', 'no-samples'
+    priority_boost: float = 1.0        # set from a 'prioritize' control row
+    failures: dict[str, int] = field(default_factory=dict)
+
+    def record(self, best_us: float | None, policy: SchedulePolicy) -> None:
+        """Account one finished iteration (best_us None: it failed)."""
+        self.iterations += 1
+        if best_us is not None and (self.best_us is None or best_us < self.best_us * (1 - policy.improvement)):
+            self.best_us = best_us
+            self.since_improvement = 0
+        else:
+            if best_us is not None and (self.best_us is None or best_us < self.best_us):
+                self.best_us = best_us
+            self.since_improvement += 1
+
+
+def skip_reason(card: CardState, policy: SchedulePolicy) -> str | None:
+    """Why a card gets no iterations at all (before any work)."""
+    if not card.ref.samples:
+        return "no-samples"
+    if card.eager_us is not None and card.eager_us < policy.noise_floor_us:
+        return "noise"
+    if card.share < policy.min_share:
+        return "noise"
+    return None
+
+
+def stop_reason(card: CardState, policy: SchedulePolicy, iterations_per_card: int) -> str | None:
+    """Why a card stops getting iterations now."""
+    if card.done_reason:
+        return card.done_reason
+    if card.iterations + card.in_flight >= iterations_per_card:
+        return "budget"
+    if card.best_us is not None and card.roofline_us and card.best_us <= policy.near_roofline * card.roofline_us:
+        return "roofline"
+    if card.since_improvement >= policy.patience:
+        return "plateau"
+    return None
+
+
+def expected_gain(card: CardState) -> float:
+    """Runtime share × headroom to the roofline, discounted by the iterations already spent.
+
+    Headroom is the fraction of the card's current time that the roofline says could still go:
+    1 − roofline / current. Without a roofline, assume half.
+    """
+    current = card.best_us or card.eager_us
+    if current and card.roofline_us:
+        headroom = max(0.0, 1.0 - card.roofline_us / current)
+    else:
+        headroom = 0.5
+    # Diminishing returns: a card tried many times without progress gives way to fresh ones.
+    fatigue = 1.0 / math.sqrt(1.0 + card.since_improvement)
+    return card.share * headroom * fatigue * card.priority_boost
+
+
+def next_card(cards: list[CardState], policy: SchedulePolicy, iterations_per_card: int) -> CardState | None:
+    """The open card with the highest expected gain (ties: more share, then id)."""
+    open_cards = [c for c in cards if stop_reason(c, policy, iterations_per_card) is None]
+    if not open_cards:
+        return None
+    return max(open_cards, key=lambda c: (expected_gain(c), c.share, c.ref.card_id))
