@@ -1,0 +1,55 @@
+"""Evaluation for the orchestrator: compile in the pool, then one free GPU lane (never two at once)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from engine.compile import Compiler, CompilePool
+from engine.lane.client import GpuLane
+from engine.lane.evaluate import Evaluation, evaluate
+from engine.propose.base import Proposal
+from engine.run.plan import CardState
+
+
+class LaneEvaluator:
+    """Each lane runs one evaluation at a time; compiles overlap GPU work through the pool."""
+
+    def __init__(self, lanes: list[GpuLane], compiler: Compiler, pool: CompilePool | None = None,
+                 timing: dict | None = None):
+        self.lanes = lanes
+        self.compiler = compiler
+        self.pool = pool
+        self.timing = timing or {}
+        self._free: asyncio.Queue[GpuLane] = asyncio.Queue()
+        for lane in lanes:
+            self._free.put_nowait(lane)
+
+    async def __call__(self, card: CardState, proposal: Proposal) -> Evaluation:
+        result = await (self.compiler.compile_async(proposal.source, pool=self.pool) if self.pool
+                        else asyncio.to_thread(self.compiler.compile, proposal.source))
+        if not result.ok:
+            return Evaluation("rejected", "compile", result.summary(), result.seconds, result.log, result.cached)
+        lane = await self._free.get()
+        try:
+            return await evaluate(lane, self.compiler, card.ref, proposal.source, proposal.spec,
+                                  timing=self.timing)
+        finally:
+            self._free.put_nowait(lane)
+
+
+class CompileOnlyEvaluator:
+    """`run --dry-run`: propose and compile, no GPU. Compiled candidates count as 'compiled'."""
+
+    def __init__(self, compiler: Compiler, pool: CompilePool | None = None):
+        self.compiler = compiler
+        self.pool = pool
+
+    async def __call__(self, card: CardState, proposal: Proposal) -> Evaluation:
+        t0 = time.perf_counter()
+        result = await (self.compiler.compile_async(proposal.source, pool=self.pool) if self.pool
+                        else asyncio.to_thread(self.compiler.compile, proposal.source))
+        if not result.ok:
+            return Evaluation("rejected", "compile", result.summary(), result.seconds, result.log, result.cached)
+        return Evaluation("compiled", None, "compiled (dry run: not verified, not timed)", result.seconds,
+                          result.log, result.cached, seconds=time.perf_counter() - t0)

@@ -1,0 +1,324 @@
+"""The asyncio orchestrator: many proposals in flight, evaluations serialised per lane, every step
+recorded as it happens, budgets and control rows honoured, resumable after any crash.
+
+It owns no GPU code: evaluation is a callable (compile + lane in the engine, a stand-in in tests), and
+persistence goes through a `Recorder` (the workspace store in the engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from engine.lane.evaluate import Evaluation
+from engine.propose.base import Attempt, Hardware, Proposal, ProposalRequest
+from engine.run.plan import CardState, SchedulePolicy, next_card, skip_reason, stop_reason
+from engine.search.tree import ROOT, STRATEGIES, SearchParams, Tree, backup
+
+Evaluate = Callable[[CardState, Proposal], Awaitable[Evaluation]]
+
+
+@dataclass(frozen=True)
+class Budgets:
+    iterations_per_card: int = 50
+    wall_s: float | None = None
+    tokens: int | None = None
+    cost_usd: float | None = None
+
+
+@dataclass
+class CandidateRecord:
+    """A candidate as the run knows it (and as the recorder stores it)."""
+
+    id: str
+    card_id: str
+    parent_id: str | None
+    proposal: Proposal
+    status: str = "proposed"          # proposed → evaluating → verified | rejected
+    category: str | None = None
+    message: str = ""
+    best_us: float | None = None
+    eager_us: float | None = None
+    speedup: float | None = None
+    speedup_ci: tuple[float, float] | None = None
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+class Recorder(Protocol):
+    """Where the run writes as it goes (the store); every call is one durable step."""
+
+    async def candidate_proposed(self, rec: CandidateRecord) -> str | None:
+        """Store a new candidate; returns None if its source is a duplicate in this card."""
+
+    async def candidate_evaluating(self, rec: CandidateRecord) -> None: ...
+    async def candidate_finished(self, rec: CandidateRecord) -> None: ...
+    async def usage(self, tokens_in: int, tokens_out: int, cost_usd: float) -> None: ...
+    async def event(self, kind: str, payload: dict[str, Any], card_id: str | None = None) -> None: ...
+    async def controls(self) -> list[dict[str, Any]]: ...
+    async def consume(self, seq: int) -> None: ...
+    async def status(self, status: str, stopped_by: str | None = None) -> None: ...
+
+
+@dataclass
+class RunTotals:
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_usd: float = 0.0
+    proposals: int = 0
+    evaluations: int = 0
+
+
+class Orchestrator:
+    """Runs the search over all cards until every card is done or a budget or a stop ends it."""
+
+    def __init__(self, *, cards: list[CardState], proposer: Any, evaluate: Evaluate, recorder: Recorder,
+                 new_id: Callable[[], str], hardware: Hardware = Hardware(), strategy: str = "mcts",
+                 params: SearchParams = SearchParams(), budgets: Budgets = Budgets(),
+                 policy: SchedulePolicy = SchedulePolicy(), max_proposals: int = 4,
+                 clock: Callable[[], float] = time.monotonic, poll_s: float = 0.1,
+                 totals: RunTotals | None = None):
+        self.cards = {c.ref.card_id: c for c in cards}
+        self.trees: dict[str, Tree] = {c.ref.card_id: Tree.new() for c in cards}
+        self.records: dict[str, CandidateRecord] = {}
+        self.proposer = proposer
+        self.evaluate = evaluate
+        self.recorder = recorder
+        self.new_id = new_id
+        self.hardware = hardware
+        self.select = STRATEGIES[strategy]
+        self.params = params
+        self.budgets = budgets
+        self.policy = policy
+        self.max_proposals = max_proposals
+        self.clock = clock
+        self.poll_s = poll_s
+        self.totals = totals or RunTotals()
+        self.paused = False
+        self.stopped_by: str | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._wake = asyncio.Event()
+
+    # ---- resume -------------------------------------------------------------------------------------
+
+    def restore(self, records: list[CandidateRecord]) -> list[CandidateRecord]:
+        """Rebuild trees from stored candidates (parents first); returns those still to evaluate."""
+        todo = []
+        for rec in sorted(records, key=lambda r: _depth(r, {x.id: x for x in records})):
+            card = self.cards.get(rec.card_id)
+            if card is None:
+                continue
+            tree = self.trees[rec.card_id]
+            parent = rec.parent_id if rec.parent_id in tree.nodes else ROOT
+            tree.add(rec.id, parent)
+            self.records[rec.id] = rec
+            if rec.status in ("verified", "rejected"):
+                self._account(card, tree, rec)
+            else:
+                card.in_flight += 1
+                todo.append(rec)
+        return todo
+
+    # ---- main loop ------------------------------------------------------------------------------------
+
+    async def run(self, resume: list[CandidateRecord] = ()) -> str:
+        """Returns why the run stopped: 'iterations', 'wall_time', 'tokens', 'cost' or 'user'."""
+        start = self.clock()
+        for card in self.cards.values():
+            why = skip_reason(card, self.policy)
+            if why and not card.done_reason:
+                card.done_reason = why
+                await self.recorder.event("card_skipped", {"reason": why}, card.ref.card_id)
+        await self.recorder.status("running")
+        await self.recorder.event("run_started", {"cards": len(self.cards), "resumed": len(resume)})
+        for rec in resume:  # proposed before a crash, never evaluated: evaluate once now
+            self._spawn(self._evaluate(self.cards[rec.card_id], rec))
+        while True:
+            await self._apply_controls()
+            self.stopped_by = self.stopped_by or self._budget_exhausted(start)
+            if self.stopped_by:
+                break
+            launched = False
+            if not self.paused:
+                while len(self._tasks) < self.max_proposals:
+                    job = self._next_job()
+                    if job is None:
+                        break
+                    card, parent = job
+                    node_id = self.new_id()
+                    self.trees[card.ref.card_id].add(node_id, parent)
+                    card.in_flight += 1
+                    self._spawn(self._propose_and_evaluate(card, node_id, parent))
+                    launched = True
+            if not self._tasks and not launched and not self.paused:
+                self.stopped_by = "iterations"  # nothing in flight and nothing left to start
+                break
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.poll_s)
+            except asyncio.TimeoutError:
+                pass
+        if self._tasks:  # a clean stop lets in-flight work finish and be recorded
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        status = "stopped" if self.stopped_by == "user" else "done"
+        await self.recorder.status(status, self.stopped_by)
+        await self.recorder.event("run_finished", {"stopped_by": self.stopped_by, **self.totals.__dict__})
+        return self.stopped_by
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            self._tasks.discard(t)
+            self._wake.set()
+        task.add_done_callback(done)
+
+    def _next_job(self) -> tuple[CardState, str] | None:
+        blocked: list[CardState] = []
+        while True:
+            card = next_card([c for c in self.cards.values() if c not in blocked], self.policy,
+                             self.budgets.iterations_per_card)
+            if card is None:
+                return None
+            parent = self.select(self.trees[card.ref.card_id], self.params)
+            if parent is not None:
+                return card, parent
+            blocked.append(card)  # waiting on its in-flight work; try the next card
+
+    def _budget_exhausted(self, start: float) -> str | None:
+        b = self.budgets
+        if b.wall_s is not None and self.clock() - start >= b.wall_s:
+            return "wall_time"
+        if b.tokens is not None and self.totals.tokens_in + self.totals.tokens_out >= b.tokens:
+            return "tokens"
+        if b.cost_usd is not None and self.totals.cost_usd >= b.cost_usd:
+            return "cost"
+        return None
+
+    async def _apply_controls(self) -> None:
+        for c in await self.recorder.controls():
+            cmd = c["command"]
+            if cmd == "pause":
+                self.paused = True
+            elif cmd == "resume":
+                self.paused = False
+            elif cmd == "stop":
+                self.stopped_by = "user"
+            elif cmd == "prioritize" and c.get("card_id") in self.cards:
+                factor = float((c.get("args") or {}).get("factor", 10.0))
+                self.cards[c["card_id"]].priority_boost = factor
+            await self.recorder.consume(c["seq"])
+            await self.recorder.event("control", {"command": cmd}, c.get("card_id"))
+        if self.paused:
+            await self.recorder.status("paused")
+
+    # ---- one iteration --------------------------------------------------------------------------------
+
+    def _request(self, card: CardState, parent: str) -> ProposalRequest:
+        tree = self.trees[card.ref.card_id]
+        parent_att = self._attempt(parent) if parent != ROOT else None
+        lineage = tuple(self._attempt(n.id) for n in reversed(tree.path(parent)[1:]) if n.id != ROOT)
+        siblings = tuple(self._attempt(c) for c in tree.nodes[parent].children if c in self.records)
+        return ProposalRequest(card.brief, self.hardware, parent=parent_att, lineage=lineage, siblings=siblings,
+                               seed=len(tree.nodes))
+
+    def _attempt(self, cid: str) -> Attempt:
+        r = self.records[cid]
+        return Attempt(r.id, r.proposal.source, r.proposal.spec, r.proposal.intent, r.status, r.category,
+                       r.message, best_us=r.best_us, speedup=r.speedup, params=r.proposal.params)
+
+    async def _propose_and_evaluate(self, card: CardState, node_id: str, parent: str) -> None:
+        tree = self.trees[card.ref.card_id]
+        try:
+            proposal = await self.proposer.propose(self._request(card, parent))
+        except Exception as e:  # a proposer bug must not end the run; the node fails
+            proposal = Proposal(category="provider", reason=f"{type(e).__name__}: {e}")
+        self.totals.proposals += 1
+        u = proposal.usage
+        if u.tokens_in or u.tokens_out or u.cost_usd:
+            self.totals.tokens_in += u.tokens_in
+            self.totals.tokens_out += u.tokens_out
+            self.totals.cost_usd += u.cost_usd
+            await self.recorder.usage(u.tokens_in, u.tokens_out, u.cost_usd)
+        if proposal.declined:
+            card.in_flight -= 1
+            _discard(tree, node_id)
+            tree.nodes[parent].closed = True  # nothing new from here
+            if parent == ROOT and not any(c in self.records for c in tree.nodes[ROOT].children):
+                card.done_reason = "declined"
+            await self.recorder.event("declined", {"reason": proposal.reason, "parent": parent}, card.ref.card_id)
+            return
+        rec = CandidateRecord(node_id, card.ref.card_id, None if parent == ROOT else parent, proposal)
+        if not proposal.ok:  # unusable answer: a failed iteration, stored for the record
+            rec.status, rec.category, rec.message = "rejected", proposal.category or "empty", proposal.reason
+            if await self.recorder.candidate_proposed(rec) is None:
+                rec.category = "duplicate"
+            self.records[node_id] = rec
+            await self.recorder.candidate_finished(rec)
+            self._account(card, tree, rec)
+            card.in_flight -= 1
+            return
+        stored = await self.recorder.candidate_proposed(rec)
+        if stored is None:  # same source as an earlier candidate of this card: never evaluated twice
+            card.in_flight -= 1
+            _discard(tree, node_id)
+            card.iterations += 1
+            card.since_improvement += 1
+            await self.recorder.event("duplicate", {"parent": parent}, card.ref.card_id)
+            return
+        self.records[node_id] = rec
+        await self._evaluate(card, rec)
+
+    async def _evaluate(self, card: CardState, rec: CandidateRecord) -> None:
+        tree = self.trees[card.ref.card_id]
+        rec.status = "evaluating"
+        await self.recorder.candidate_evaluating(rec)
+        try:
+            ev = await self.evaluate(card, rec.proposal)
+        except Exception as e:  # an evaluator bug: this candidate fails, the run goes on
+            ev = Evaluation("rejected", "internal", f"{type(e).__name__}: {e}", 0.0)
+        self.totals.evaluations += 1
+        timing = ev.payload.get("timing") or {}
+        rec.status, rec.category, rec.message, rec.payload = ev.status, ev.category, ev.message, ev.payload
+        if ev.status == "verified" and timing:
+            rec.best_us = timing["candidate"]["median"]
+            rec.eager_us = timing["eager"]["median"]
+            rec.speedup = timing["speedup"]
+            rec.speedup_ci = tuple(timing.get("speedup_ci") or (rec.speedup, rec.speedup))
+        await self.recorder.candidate_finished(rec)
+        card.in_flight -= 1
+        self._account(card, tree, rec)
+        await self.recorder.event("evaluated", {"candidate": rec.id, "status": rec.status, "category": rec.category,
+                                                "best_us": rec.best_us, "speedup": rec.speedup}, card.ref.card_id)
+        why = stop_reason(card, self.policy, self.budgets.iterations_per_card)
+        if why and why != "budget" and not card.done_reason:
+            card.done_reason = why
+            await self.recorder.event("card_done", {"reason": why}, card.ref.card_id)
+
+    def _account(self, card: CardState, tree: Tree, rec: CandidateRecord) -> None:
+        ok = rec.status == "verified" and rec.speedup is not None and rec.speedup > 0
+        backup(tree, rec.id, math.log(rec.speedup) if ok else None)
+        if not ok:
+            card.failures[rec.category or "unknown"] = card.failures.get(rec.category or "unknown", 0) + 1
+        card.record(rec.best_us if ok else None, self.policy)
+
+
+def _discard(tree: Tree, node_id: str) -> None:
+    """Remove a node that never became a candidate (declined or duplicate)."""
+    node = tree.nodes.pop(node_id)
+    parent = tree.nodes[node.parent]
+    parent.children.remove(node_id)
+    for n in tree.path(parent.id):
+        n.pending = max(0, n.pending - 1)
+
+
+def _depth(rec: CandidateRecord, by_id: dict[str, CandidateRecord]) -> int:
+    d, cur = 0, rec
+    while cur.parent_id and cur.parent_id in by_id and d < 10_000:
+        cur = by_id[cur.parent_id]
+        d += 1
+    return d

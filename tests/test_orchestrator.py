@@ -1,0 +1,211 @@
+"""The orchestrator end to end with a scripted proposer and StandInLane (a test double: a CPU stand-in
+for the GPU lane whose latencies and speedups come from a deterministic cost model)."""
+
+import asyncio
+import hashlib
+import itertools
+
+import pytest
+
+from engine.lane.evaluate import CardRef, Evaluation
+from engine.propose.base import CardBrief, Proposal, Usage
+from engine.run.orchestrator import Budgets, Orchestrator
+from engine.run.plan import CardState
+
+
+class MemoryRecorder:
+    def __init__(self):
+        self.candidates, self.events, self.control_rows, self.statuses = {}, [], [], []
+        self.hashes = set()
+        self.seq = itertools.count(1)
+
+    async def candidate_proposed(self, rec):
+        key = (rec.card_id, rec.proposal.source)
+        if key in self.hashes:
+            return None
+        self.hashes.add(key)
+        self.candidates[rec.id] = rec.status
+        return rec.id
+
+    async def candidate_evaluating(self, rec):
+        self.candidates[rec.id] = "evaluating"
+
+    async def candidate_finished(self, rec):
+        self.candidates[rec.id] = rec.status
+
+    async def usage(self, *a):
+        pass
+
+    async def event(self, kind, payload, card_id=None):
+        self.events.append((kind, card_id, payload))
+
+    async def controls(self):
+        rows, self.control_rows = self.control_rows, []
+        return rows
+
+    async def consume(self, seq):
+        pass
+
+    async def status(self, status, stopped_by=None):
+        self.statuses.append((status, stopped_by))
+
+    def control(self, command, card_id=None, **args):
+        self.control_rows.append({"seq": next(self.seq), "command": command, "card_id": card_id, "args": args})
+
+
+class ScriptedProposer:
+    """Returns distinct sources; records when each call ran. Optional tokens per call."""
+
+    name = "scripted"
+
+    def __init__(self, delay=0.03, tokens=0):
+        self.delay, self.tokens, self.calls, self.n = delay, tokens, [], itertools.count()
+
+    def supports(self, card):
+        return True
+
+    async def propose(self, request):
+        t0 = asyncio.get_running_loop().time()
+        await asyncio.sleep(self.delay)
+        self.calls.append((t0, asyncio.get_running_loop().time(), request.card.card_id))
+        n = next(self.n)
+        return Proposal(source=f"// kernel {n} for {request.card.card_id}\n", spec="[[launch]]", intent="x",
+                        usage=Usage(tokens_in=self.tokens, tokens_out=self.tokens))
+
+
+class StandInLane:
+    """Test double of a GPU lane: one evaluation at a time, deterministic cost model."""
+
+    def __init__(self, latency=0.01):
+        self.latency, self.busy, self.intervals = latency, asyncio.Lock(), []
+
+    async def __call__(self, card, proposal):
+        async with self.busy:
+            t0 = asyncio.get_running_loop().time()
+            await asyncio.sleep(self.latency)
+            self.intervals.append((t0, asyncio.get_running_loop().time()))
+        h = int(hashlib.sha256(proposal.source.encode()).hexdigest()[:8], 16)
+        if h % 5 == 0:
+            return Evaluation("rejected", "mismatch", "out0: 3 elements differ", 0.01)
+        eager = card.eager_us
+        t = eager / (1.0 + (h % 100) / 50.0)
+        return Evaluation("verified", None, "", 0.01, payload={"timing": {
+            "eager": {"median": eager}, "candidate": {"median": t}, "speedup": eager / t,
+            "speedup_ci": [eager / t * 0.98, eager / t * 1.02]}})
+
+
+def card(cid, share=0.3, eager=50.0, roofline=5.0):
+    ref = CardRef(cid, "aten::gelu", {"op": "aten::gelu", "args": [], "aliases": []}, [], 1000, ["s0"])
+    return CardState(ref, CardBrief(cid, "aten::gelu", ref.signature, "", []), eager, roofline, share)
+
+
+def orchestrator(cards, proposer, lane, recorder, **kw):
+    ids = (f"c{i}" for i in itertools.count())
+    return Orchestrator(cards=cards, proposer=proposer, evaluate=lane, recorder=recorder,
+                        new_id=lambda: next(ids), poll_s=0.005, **kw)
+
+
+async def test_proposals_overlap_while_lane_evaluations_never_do():
+    rec, prop, lane = MemoryRecorder(), ScriptedProposer(delay=0.05), StandInLane(latency=0.01)
+    o = orchestrator([card("a"), card("b", 0.2)], prop, lane, rec, budgets=Budgets(iterations_per_card=8),
+                     max_proposals=4)
+    stopped = await o.run()
+    assert stopped == "iterations"
+    calls = sorted(prop.calls)
+    assert any(b[0] < a[1] for a, b in zip(calls, calls[1:])), "proposer calls should overlap"
+    ev = sorted(lane.intervals)
+    assert all(b[0] >= a[1] for a, b in zip(ev, ev[1:])), "lane evaluations must never overlap"
+    assert len(ev) == 16 and all(c.iterations == 8 for c in o.cards.values())
+    assert rec.statuses[-1] == ("done", "iterations")
+
+
+async def test_each_card_stops_at_its_iteration_budget_and_search_revises_winners():
+    rec = MemoryRecorder()
+    o = orchestrator([card("a")], ScriptedProposer(0.0), StandInLane(0.0), rec, budgets=Budgets(iterations_per_card=12))
+    await o.run()
+    tree = o.trees["a"]
+    assert o.cards["a"].iterations == 12
+    depths = [len(tree.path(n)) - 1 for n in tree.nodes if n != "root"]
+    assert max(depths) >= 2, "MCTS should revise verified candidates, not only start fresh ones"
+    best = o.cards["a"].best_us
+    assert best == min(r.best_us for r in o.records.values() if r.best_us)
+
+
+async def test_wall_time_and_token_budgets_stop_the_run_cleanly():
+    t = [0.0]
+    rec = MemoryRecorder()
+    o = orchestrator([card("a")], ScriptedProposer(0.01), StandInLane(0.0), rec,
+                     budgets=Budgets(iterations_per_card=1000, wall_s=5.0), clock=lambda: t[0])
+
+    async def tick():
+        while True:
+            await asyncio.sleep(0.01)
+            t[0] += 1.0
+
+    ticker = asyncio.create_task(tick())
+    assert await o.run() == "wall_time"
+    ticker.cancel()
+    assert all(s in ("verified", "rejected") for s in rec.candidates.values()), "in-flight work was finished"
+    o2 = orchestrator([card("a")], ScriptedProposer(0.0, tokens=500), StandInLane(0.0), MemoryRecorder(),
+                      budgets=Budgets(iterations_per_card=1000, tokens=10_000))
+    assert await o2.run() == "tokens"
+    assert o2.totals.tokens_in + o2.totals.tokens_out >= 10_000
+
+
+async def test_control_rows_pause_resume_stop_and_prioritize():
+    rec = MemoryRecorder()
+    cards = [card("big", share=0.5), card("small", share=0.05)]
+    o = orchestrator(cards, ScriptedProposer(0.0), StandInLane(0.02), rec, budgets=Budgets(iterations_per_card=40),
+                     max_proposals=1)
+    rec.control("prioritize", "small", factor=100.0)
+    rec.control("pause")
+    task = asyncio.create_task(o.run())
+    await asyncio.sleep(0.1)
+    assert o.totals.proposals == 0 and ("paused", None) in rec.statuses
+    rec.control("resume")
+    await asyncio.sleep(0.1)
+    assert o.totals.proposals > 0
+    first = next(cid for kind, cid, _ in rec.events if kind == "evaluated")
+    assert first == "small", "a prioritised card goes first"
+    rec.control("stop")
+    assert await asyncio.wait_for(task, 5) == "user"
+    assert rec.statuses[-1] == ("stopped", "user")
+
+
+async def test_declining_proposer_leaves_the_card_on_eager():
+    class Declines:
+        name = "decl"
+
+        def supports(self, c):
+            return False
+
+        async def propose(self, r):
+            return Proposal(declined=True, reason="no template")
+
+    rec = MemoryRecorder()
+    o = orchestrator([card("a")], Declines(), StandInLane(0.0), rec)
+    assert await o.run() == "iterations"
+    assert o.cards["a"].done_reason == "declined" and not rec.candidates
+
+
+async def test_duplicate_sources_are_not_evaluated_twice():
+    class Same:
+        name = "same"
+
+        def supports(self, c):
+            return True
+
+        async def propose(self, r):
+            return Proposal(source="// same\n", spec="x")
+
+    lane = StandInLane(0.0)
+    o = orchestrator([card("a")], Same(), lane, MemoryRecorder(), budgets=Budgets(iterations_per_card=5))
+    await o.run()
+    assert len(lane.intervals) == 1
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+async def test_other_strategies_run_to_budget(strategy):
+    o = orchestrator([card("a")], ScriptedProposer(0.0), StandInLane(0.0), MemoryRecorder(),
+                     budgets=Budgets(iterations_per_card=10), strategy=strategy)
+    assert await o.run() == "iterations" and o.cards["a"].iterations == 10
