@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from engine.compile import Compiler, CompilePool
+from engine.compile import CompilePool, Compiler
 from engine.lane.client import GpuLane
 from engine.lane.evaluate import Evaluation, evaluate
 from engine.propose.base import Proposal
