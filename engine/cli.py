@@ -21,7 +21,6 @@ from engine.errors import KforgeError, UsageError
 TuiLauncher = Callable[[argparse.Namespace], int]
 
 NOT_BUILT = {
-    "run": "optimising a model (search, GPU lanes, proposers)",
     "export": "exporting winners as a .cast package",
     "audit": "auditing a .cast package",
     "compare": "comparing runs or providers",
@@ -64,16 +63,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, metavar="K", help="real input samples kept per card (default: config, 3)")
     _add_common(p)
 
-    p = sub.add_parser("run", help="optimise a model's cards (not built yet)")
-    p.add_argument("config", metavar="CONFIG", nargs="?")
-    p.add_argument("--no-tui", action="store_true")
-    p.add_argument("--provider")
-    p.add_argument("--iterations", type=int)
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--dry-run", action="store_true")
-    p.add_argument("--small", action="store_true")
-    p.add_argument("--resume", metavar="RUN")
-    p.add_argument("--device", choices=("cpu", "cuda"))
+    p = sub.add_parser("run", help="optimise a model's cards: search for faster verified kernels")
+    p.add_argument("config", metavar="CONFIG", nargs="?", help="model config (not needed with --resume)")
+    p.add_argument("--no-tui", action="store_true", help="run in the foreground with progress on stderr")
+    p.add_argument("--provider", help="builtin, anthropic, openai, or a name from configs/providers.toml "
+                                      "(default: anthropic/openai when their key is set, else builtin)")
+    p.add_argument("--iterations", type=int, metavar="N", help="evaluations per card (default 50)")
+    p.add_argument("--strategy", default="mcts", help="mcts (default), greedy or beam")
+    p.add_argument("--wall-time", type=float, metavar="S", help="stop after S seconds")
+    p.add_argument("--max-proposals", type=int, metavar="K", help="proposals in flight at once (default 4)")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout at the end")
+    p.add_argument("--dry-run", action="store_true", help="capture, propose and compile only (no GPU needed)")
+    p.add_argument("--small", action="store_true", help="capture with the config's [small] sizes")
+    p.add_argument("--resume", metavar="RUN", help="continue a run (also after a crash)")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="where to capture the model")
     _add_common(p)
 
     p = sub.add_parser("export", help="package a run's winners as a .cast file (not built yet)")
@@ -123,26 +126,49 @@ def _progress() -> Callable[[str], None]:
     return show
 
 
-def cmd_capture(args: argparse.Namespace) -> int:
-    """`kforge-tui capture CONFIG`: capture cards, store them with samples, print them."""
+def capture_and_store(config, device_arg: str | None, workspace: Path, *, samples: int | None):
+    """Capture a config and store cards and samples in the workspace (all or nothing)."""
     import torch
 
     from engine.capture.run import capture_model, discard_samples, resolve_device, sweep_partials
+
+    device = resolve_device(device_arg)
+    sweep_partials(workspace)
+    result = capture_model(config, device, workspace, samples=samples, progress=_progress())
+    try:
+        asyncio.run(_store_capture(workspace, config, result, torch.__version__)) if not _in_loop() else \
+            _run_in_thread(_store_capture(workspace, config, result, torch.__version__))
+    except BaseException:
+        discard_samples(workspace, result)
+        raise
+    return result
+
+
+def _in_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+        return True
+    except RuntimeError:
+        return False
+
+
+def _run_in_thread(coro) -> None:
+    """Run a coroutine to completion from code that is itself inside a running event loop."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        ex.submit(asyncio.run, coro).result()
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    """`kforge-tui capture CONFIG`: capture cards, store them with samples, print them."""
     from engine.config import load_config
 
     if args.samples is not None and args.samples < 0:
         raise UsageError(f"--samples {args.samples}: must be 0 or more")
     config = load_config(args.config, small=args.small)
-    device = resolve_device(args.device)
     workspace = _workspace(args)
-    sweep_partials(workspace)
-    result = capture_model(config, device, workspace, samples=args.samples,
-                           progress=_progress())
-    try:
-        asyncio.run(_store_capture(workspace, config, result, torch.__version__))
-    except BaseException:
-        discard_samples(workspace, result)
-        raise
+    result = capture_and_store(config, args.device, workspace, samples=args.samples)
     if args.json:
         print(json.dumps(result.to_json(), indent=None, separators=(",", ":")))
     else:
@@ -196,6 +222,13 @@ def main(argv: Sequence[str] | None = None, *, open_tui: TuiLauncher | None = No
         args = build_parser().parse_args(argv)
         if args.command == "capture":
             return cmd_capture(args)
+        if args.command == "run":
+            from engine.run.command import cmd_run
+
+            if not args.no_tui:
+                print("kforge: the TUI is not built yet in this version; running headless (--no-tui)",
+                      file=sys.stderr)
+            return cmd_run(args, _workspace(args))
         if args.command is None:
             if open_tui is None:
                 raise UsageError("kforge-tui: the TUI is not built yet in this version; "

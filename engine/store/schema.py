@@ -96,6 +96,11 @@ CREATE TABLE candidates (
     timing       TEXT,
     best_us      REAL,
     speedup      REAL,
+    eager_us     REAL,
+    speedup_low  REAL,
+    speedup_high REAL,
+    intent       TEXT,
+    params       TEXT,
     created_at   REAL NOT NULL,
     updated_at   REAL NOT NULL,
     UNIQUE (run_id, card_id, source_hash)

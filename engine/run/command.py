@@ -1,0 +1,185 @@
+"""`kforge-tui run CONFIG`: capture (or reuse) cards, measure eager, search, report. Headless."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from engine.errors import JobError, UsageError
+from engine.lane.evaluate import CardRef
+from engine.propose.base import CardBrief, Hardware
+from engine.run.orchestrator import Budgets, Orchestrator, RunTotals
+from engine.run.plan import CardState, SchedulePolicy
+from engine.run.report import Progress, print_final_table, run_document
+from engine.run.store_recorder import StoreRecorder, load_records
+from engine.search.tree import STRATEGIES, SearchParams
+from engine.store import Store, db_path, new_id
+
+
+def make_proposer(name: str):
+    """The proposer for `--provider NAME` (builtin without a key)."""
+    if name == "builtin":
+        from engine.propose.builtin import BuiltinProposer
+
+        return BuiltinProposer()
+    try:
+        from engine.propose.llm import LLMProposer
+        from engine.propose.providers.config import load_providers, make_client
+    except ImportError as e:  # pragma: no cover - until the provider layer lands
+        raise UsageError(f"--provider {name}: LLM providers are not available in this build ({e})") from None
+    providers = load_providers()
+    if name not in providers:
+        raise UsageError(f"--provider {name}: unknown provider; configured: {', '.join(sorted(providers))}")
+    return LLMProposer(make_client(providers[name]), name=name)
+
+
+def default_provider_name() -> str:
+    try:
+        from engine.propose.providers.config import default_provider
+
+        return default_provider()
+    except ImportError:  # pragma: no cover
+        return "builtin"
+
+
+async def _cards_of(store: Store, workspace: Path, capture_id: str) -> list[CardState]:
+    out = []
+    for c in await store.get_cards(capture_id):
+        samples = [str(workspace / s["path"]) for s in await store.get_samples(capture_id, c["card_id"])]
+        ref = CardRef(c["card_id"], c["op"], c["signature"], c["outputs"], c["bytes"], samples)
+        brief = CardBrief(c["card_id"], c["op"], c["signature"], c["signature_text"], c["outputs"],
+                          calls=int(c["calls"]), share=c["share"], bytes=c["bytes"], eager_us=c["eager_us"],
+                          roofline_us=c["roofline_us"])
+        out.append(CardState(ref, brief, c["eager_us"], c["roofline_us"], c["share"]))
+    return out
+
+
+async def _start_lanes(count: int):
+    from engine.lane.client import GpuLane, LaneUnavailable, worker_argv
+
+    lanes = []
+    for i in range(count):
+        lane = GpuLane(worker_argv(i), name=f"lane{i}", timeout_s=120)
+        try:
+            await lane.start()
+        except LaneUnavailable as e:
+            raise JobError(str(e)) from None
+        lanes.append(lane)
+    return lanes
+
+
+async def run_async(args: argparse.Namespace, workspace: Path) -> tuple[int, dict[str, Any]]:
+    import torch
+
+    dry = bool(args.dry_run)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not dry and gpus == 0:
+        raise UsageError("run: no CUDA GPU is visible; use --dry-run to capture, propose and compile only")
+    store = await Store.open(db_path(workspace))
+    async with store:
+        if args.resume:
+            run = await store.get_run(args.resume)
+            if run is None:
+                raise UsageError(f"--resume {args.resume}: no such run in {workspace}")
+            capture_id, provider, cfg = run["capture_id"], run["provider"], run["config"]
+            run_id = run["id"]
+        else:
+            capture_id = await _capture_for(store, args, workspace)
+            provider = args.provider or default_provider_name()
+            cfg = {"config": str(Path(args.config).resolve()), "iterations": args.iterations,
+                   "strategy": args.strategy, "dry_run": dry, "wall_s": args.wall_time,
+                   "max_proposals": args.max_proposals}
+            capture = await store.get_capture(capture_id)
+            run = await store.create_run(capture_id, capture["model"], provider, cfg, pid=os.getpid())
+            run_id = run["id"]
+        proposer = make_proposer(provider)
+        cards = await _cards_of(store, workspace, capture_id)
+        recorder = StoreRecorder(store, run_id, progress=Progress(json_lines=None if not args.json else True))
+        lanes, pool = [], None
+        try:
+            from engine.compile import CompilePool, Compiler, default_cache_dir
+
+            if dry:
+                from engine.run.evaluators import CompileOnlyEvaluator
+
+                hardware = Hardware()
+                compiler = Compiler(default_cache_dir(workspace), "nvrtc", arch=hardware.arch)
+                pool = CompilePool()
+                evaluate = CompileOnlyEvaluator(compiler, pool)
+            else:
+                from engine.lane.eager import measure_eager
+                from engine.run.evaluators import LaneEvaluator
+
+                lanes = await _start_lanes(gpus)
+                hello = (await lanes[0].request("hello")).payload
+                hardware = Hardware(hello["name"], hello["arch"], hello["sms"], hello["l2_bytes"],
+                                    hello["copy_bw"], hello["max_shared_per_block"])
+                compiler = Compiler(default_cache_dir(workspace), "nvrtc", arch=hardware.arch)
+                pool = CompilePool()
+                evaluate = LaneEvaluator(lanes, compiler, pool)
+                todo = [c.ref for c in cards if c.eager_us is None and c.ref.samples
+                        and proposer.supports(c.brief)]
+                if todo:
+                    await measure_eager(lanes[0], store, capture_id, todo)
+                    cards = await _cards_of(store, workspace, capture_id)
+            for c in cards:
+                if not proposer.supports(c.brief):
+                    c.done_reason = "declined"
+            records = await load_records(store, run_id)
+            totals = RunTotals(run.get("tokens_in", 0), run.get("tokens_out", 0), run.get("cost_usd", 0.0))
+            budgets = Budgets(iterations_per_card=cfg.get("iterations") or 50, wall_s=cfg.get("wall_s"))
+            o = Orchestrator(cards=cards, proposer=proposer, evaluate=evaluate, recorder=recorder,
+                             new_id=lambda: new_id("cand"), hardware=hardware,
+                             strategy=cfg.get("strategy") or "mcts", params=SearchParams(), budgets=budgets,
+                             policy=SchedulePolicy(), max_proposals=cfg.get("max_proposals") or 4, totals=totals)
+            recorder.orchestrator = o
+            resume = o.restore(records)
+            stopped_by = await o.run(resume)
+        finally:
+            for lane in lanes:
+                await lane.close()
+            if pool is not None:
+                pool.close()
+        status = (await store.get_run(run_id))["status"]
+        doc = run_document(run_id, status, o)
+        return (0 if stopped_by in ("iterations", "wall_time", "tokens", "cost", "user") else 1), doc
+
+
+async def _capture_for(store: Store, args: argparse.Namespace, workspace: Path) -> str:
+    """Reuse the newest capture of the same config file contents and size, else capture now."""
+    from engine.config import load_config
+
+    config = load_config(args.config, small=args.small)
+    for cap in await store.list_captures(config.name):
+        if cap["config_sha256"] == config.sha256 and bool(cap["small"]) == bool(args.small) and \
+                (args.device is None or cap["device"] == args.device):
+            return cap["id"]
+    from engine.cli import capture_and_store
+
+    result = capture_and_store(config, args.device, workspace, samples=None)
+    return result.capture_id
+
+
+def cmd_run(args: argparse.Namespace, workspace: Path) -> int:
+    """Entry from the CLI: run headless, print the final table (or --json document)."""
+    if args.config is None and not args.resume:
+        raise UsageError("run: give a model CONFIG (e.g. configs/models/resnet50.toml) or --resume RUN")
+    if args.strategy not in STRATEGIES:
+        raise UsageError(f"--strategy {args.strategy}: use one of {', '.join(STRATEGIES)}")
+    if args.iterations is not None and args.iterations < 1:
+        raise UsageError(f"--iterations {args.iterations}: must be at least 1")
+    t0 = time.perf_counter()
+    code, doc = asyncio.run(run_async(args, workspace))
+    doc["wall_s"] = round(time.perf_counter() - t0, 3)
+    if args.json:
+        print(json.dumps(doc, separators=(",", ":"), default=str))
+    else:
+        print_final_table(doc)
+    return code
+
+
