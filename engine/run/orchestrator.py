@@ -255,12 +255,14 @@ class Orchestrator:
         rec = CandidateRecord(node_id, card.ref.card_id, None if parent == ROOT else parent, proposal)
         if not proposal.ok:  # unusable answer: a failed iteration, stored for the record
             rec.status, rec.category, rec.message = "rejected", proposal.category or "empty", proposal.reason
-            if await self.recorder.candidate_proposed(rec) is None:
-                rec.category = "duplicate"
+            card.in_flight -= 1
+            if await self.recorder.candidate_proposed(rec) is None:  # the same unusable answer again
+                _discard(tree, node_id)
+                card.record(None, self.policy)
+                return
             self.records[node_id] = rec
             await self.recorder.candidate_finished(rec)
             self._account(card, tree, rec)
-            card.in_flight -= 1
             return
         stored = await self.recorder.candidate_proposed(rec)
         if stored is None:  # same source as an earlier candidate of this card: never evaluated twice
