@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Search ablation: MCTS vs greedy vs beam at equal evaluation budget, builtin proposer, several seeds.
+
+    python scripts/bench_search.py --model resnet50 --budget 30 --seeds 3 --out docs/results/search-h200
+
+Captures the model on the GPU (full size), keeps the cards the builtin proposer handles (top --cards by
+share), and for every strategy and seed runs the real orchestrator with a real lane, recording the best
+speedup found per card after each evaluation. Writes `<out>/bench_search.json` and `bench_search.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from engine.compile import CompilePool, Compiler  # noqa: E402
+from engine.lane.client import GpuLane, worker_argv  # noqa: E402
+from engine.propose.base import Hardware  # noqa: E402
+from engine.propose.builtin import BuiltinProposer  # noqa: E402
+from engine.run.evaluators import LaneEvaluator  # noqa: E402
+from engine.run.orchestrator import Budgets, Orchestrator  # noqa: E402
+from engine.run.plan import CardState, SchedulePolicy  # noqa: E402
+from engine.search.tree import SearchParams  # noqa: E402
+
+
+class CurveRecorder:
+    """Keeps the best speedup per card after every evaluation; writes nothing durable."""
+
+    def __init__(self):
+        self.curve: dict[str, list[float]] = {}
+        self.best: dict[str, float] = {}
+        self.ids = 0
+
+    async def candidate_proposed(self, rec):
+        return rec.id
+
+    async def candidate_evaluating(self, rec):
+        pass
+
+    async def candidate_finished(self, rec):
+        if rec.speedup:
+            self.best[rec.card_id] = max(self.best.get(rec.card_id, 0.0), rec.speedup)
+        self.curve.setdefault(rec.card_id, []).append(self.best.get(rec.card_id, 0.0))
+
+    async def usage(self, *a):
+        pass
+
+    async def event(self, *a, **k):
+        pass
+
+    async def controls(self):
+        return []
+
+    async def consume(self, seq):
+        pass
+
+    async def status(self, *a):
+        pass
+
+
+async def main_async(args) -> dict:
+    from bench_lane import model_cards  # the same capture path as the lane benchmark
+
+    refs = model_cards(args.model, Path(args.workspace))
+    proposer = BuiltinProposer()
+    arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
+    lane = GpuLane(worker_argv(0), timeout_s=120)
+    await lane.start()
+    hello = (await lane.request("hello")).payload
+    hw = Hardware(hello["name"], hello["arch"], hello["sms"], hello["l2_bytes"], hello["copy_bw"],
+                  hello["max_shared_per_block"])
+    compiler = Compiler(Path(args.workspace) / "cache", "nvrtc", arch=arch)
+    results: dict = {"model": args.model, "budget": args.budget, "seeds": args.seeds, "runs": []}
+    try:
+        from engine.capture.signature import signature_text
+        from engine.propose.base import CardBrief
+
+        briefs = [(r, CardBrief(r.card_id, r.op, r.signature, signature_text(r.signature), r.outputs,
+                                bytes=r.bytes)) for r in refs]
+        briefs = [(r, b) for r, b in briefs if proposer.supports(b)][: args.cards]
+        results["cards"] = [{"id": r.card_id, "op": r.op, "signature": b.signature_text} for r, b in briefs]
+        async with CompilePool() as pool:
+            evaluate = LaneEvaluator([lane], compiler, pool, timing={"max_seconds": 1.0})
+            for strategy in ("mcts", "greedy", "beam"):
+                for seed in range(args.seeds):
+                    cards = [CardState(r, b, None, r.bytes / hello["copy_bw"] * 1e6, 1.0 / len(briefs))
+                             for r, b in briefs]
+                    rec = CurveRecorder()
+                    ids = iter(range(10**9))
+                    o = Orchestrator(cards=cards, proposer=_Seeded(proposer, seed), evaluate=evaluate,
+                                     recorder=rec, new_id=lambda: f"n{next(ids)}", hardware=hw, strategy=strategy,
+                                     params=SearchParams(), budgets=Budgets(iterations_per_card=args.budget),
+                                     policy=SchedulePolicy(patience=10**9, near_roofline=0.0), max_proposals=2)
+                    await o.run()
+                    results["runs"].append({"strategy": strategy, "seed": seed, "curves": rec.curve})
+                    print(strategy, seed, {k: round(v, 3) for k, v in rec.best.items()}, flush=True)
+    finally:
+        await lane.close()
+    return results
+
+
+class _Seeded:
+    """The builtin proposer with a per-run seed, so seeds explore differently."""
+
+    def __init__(self, inner, seed):
+        self.inner, self.seed, self.name = inner, seed, inner.name
+
+    def supports(self, card):
+        return self.inner.supports(card)
+
+    async def propose(self, request):
+        from dataclasses import replace
+
+        return await self.inner.propose(replace(request, seed=request.seed * 1000 + self.seed))
+
+
+def report(d: dict) -> str:
+    lines = [f"# Search ablation on {d['model']} (builtin proposer, {d['budget']} evaluations per card, "
+             f"{d['seeds']} seeds)", "", "Best speedup per card after N evaluations, mean over seeds "
+             "(geometric mean over cards):", "", "| strategy | " +
+             " | ".join(f"N={n}" for n in _checkpoints(d['budget'])) + " |",
+             "|---|" + "---:|" * len(_checkpoints(d["budget"]))]
+    for strategy in ("mcts", "greedy", "beam"):
+        runs = [r for r in d["runs"] if r["strategy"] == strategy]
+        row = []
+        for n in _checkpoints(d["budget"]):
+            per_seed = []
+            for r in runs:
+                vals = [c[min(n, len(c)) - 1] for c in r["curves"].values() if c]
+                vals = [v for v in vals if v > 0]
+                if vals:
+                    per_seed.append(statistics.geometric_mean(vals))
+            row.append(f"{statistics.mean(per_seed):.3f}" if per_seed else "–")
+        lines.append(f"| {strategy} | " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _checkpoints(budget: int) -> list[int]:
+    return sorted({n for n in (1, 5, 10, 20, 30, 50, budget) if n <= budget})
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="resnet50")
+    ap.add_argument("--budget", type=int, default=30)
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--cards", type=int, default=6)
+    ap.add_argument("--workspace", default="/tmp/kforge-bench-search")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("error: bench_search needs a CUDA GPU", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(ROOT / "scripts"))
+    d = asyncio.run(main_async(args))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench_search.json").write_text(json.dumps(d, indent=1))
+    (args.out / "bench_search.md").write_text(report(d))
+    print(report(d))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
