@@ -97,7 +97,7 @@ async def main_async(args) -> dict:
                     rec = CurveRecorder()
                     ids = iter(range(10**9))
                     o = Orchestrator(cards=cards, proposer=_Seeded(proposer, seed), evaluate=evaluate,
-                                     recorder=rec, new_id=lambda: f"n{next(ids)}", hardware=hw, strategy=strategy,
+                                     recorder=rec, new_id=lambda ids=ids: f"n{next(ids)}", hardware=hw, strategy=strategy,
                                      params=SearchParams(), budgets=Budgets(iterations_per_card=args.budget),
                                      policy=SchedulePolicy(patience=10**9, near_roofline=0.0), max_proposals=2)
                     await o.run()
