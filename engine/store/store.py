@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import sqlite3
@@ -23,7 +24,7 @@ JSON_COLUMNS: dict[str, frozenset[str]] = {
     "captures": frozenset({"notes", "skipped"}),
     "cards": frozenset({"signature", "module_paths", "tolerance", "eager_stats", "outputs"}),
     "runs": frozenset({"config"}),
-    "candidates": frozenset({"launch_spec", "verification", "timing"}),
+    "candidates": frozenset({"launch_spec", "verification", "timing", "params"}),
     "evaluations": frozenset({"verdict"}),
     "events": frozenset({"payload"}),
     "controls": frozenset({"args"}),
@@ -42,6 +43,12 @@ RUN_UPDATABLE = frozenset(
     {"status", "stopped_by", "pid", "tokens_in", "tokens_out", "cost_usd", "config", "provider"}
 )
 
+# Columns update_candidate may set; identity, code and provenance are fixed once a candidate exists.
+CANDIDATE_UPDATABLE = frozenset(
+    {"status", "category", "compile_log", "error", "verification", "timing", "best_us", "speedup",
+     "llm_call_id", "model_name", "eager_us", "speedup_low", "speedup_high"}
+)
+
 _BUSY_TIMEOUT_MS = 5000
 
 
@@ -52,6 +59,13 @@ class StoreError(RuntimeError):
 def new_id(prefix: str) -> str:
     """A fresh short id such as `run-3f9c0a1b2c3d` (48 random bits: ample within one workspace)."""
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def candidate_hash(source: str, launch_spec: str | Mapping[str, Any] | None) -> str:
+    """sha256 of the source and spec with whitespace runs collapsed: reformatting is not a new candidate."""
+    spec = launch_spec if isinstance(launch_spec, str) else encode_json(launch_spec) or ""
+    text = " ".join(source.split()) + "\n--- launch spec ---\n" + " ".join(spec.split())
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def encode_json(value: Any) -> str | None:
@@ -390,6 +404,162 @@ class Store:
             await cursor.close()
         if changed == 0:
             raise KeyError(f"no run {run_id!r}")
+
+    # ---- LLM calls and candidates ------------------------------------------------------------------
+
+    async def add_llm_call(
+        self,
+        run_id: str,
+        card_id: str | None,
+        provider: str,
+        model_name: str,
+        prompt: str,
+        response: str | None,
+        tokens_in: int = 0,
+        tokens_out: int = 0,
+        cost_usd: float = 0.0,
+        latency_s: float | None = None,
+        error: str | None = None,
+    ) -> str:
+        """Record one provider exchange (prompt as sent, never a key); returns its id (`llm-…`)."""
+        row = {
+            "id": new_id("llm"),
+            "run_id": run_id,
+            "card_id": card_id,
+            "provider": provider,
+            "model_name": model_name,
+            "prompt": prompt,
+            "response": response,
+            "tokens_in": tokens_in,
+            "tokens_out": tokens_out,
+            "cost_usd": cost_usd,
+            "latency_s": latency_s,
+            "error": error,
+            "created_at": time.time(),
+        }
+        async with self._transaction() as conn:
+            await self._insert(conn, "llm_calls", row)
+        return row["id"]
+
+    async def llm_calls(self, run_id: str, card_id: str | None = None) -> list[dict[str, Any]]:
+        """LLM calls of a run (optionally of one card) in the order they were recorded."""
+        if card_id is None:
+            rows = await self._fetchall("SELECT * FROM llm_calls WHERE run_id = ? ORDER BY rowid", (run_id,))
+        else:
+            rows = await self._fetchall(
+                "SELECT * FROM llm_calls WHERE run_id = ? AND card_id = ? ORDER BY rowid", (run_id, card_id)
+            )
+        return [_decoded("llm_calls", r) for r in rows]
+
+    async def get_llm_call(self, call_id: str) -> dict[str, Any] | None:
+        """One LLM call by id, or None (calls may have been pruned)."""
+        return row_to_dict("llm_calls", await self._fetchone("SELECT * FROM llm_calls WHERE id = ?", (call_id,)))
+
+    async def add_candidate(
+        self,
+        run_id: str,
+        card_id: str,
+        *,
+        parent_id: str | None,
+        source: str,
+        launch_spec: str | Mapping[str, Any] | None,
+        proposer: str,
+        model_name: str | None = None,
+        llm_call_id: str | None = None,
+        status: str,
+        category: str | None = None,
+        compile_log: str | None = None,
+        error: str | None = None,
+        verification: Any = None,
+        timing: Any = None,
+        best_us: float | None = None,
+        speedup: float | None = None,
+        candidate_id: str | None = None,
+        intent: str | None = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> tuple[str, bool]:
+        """Insert a candidate; returns `(id, created)`.
+
+        Duplicates (same run and card, same `candidate_hash` of source and spec) are not inserted again:
+        the existing candidate's id comes back with `created=False`, and the caller should not evaluate it
+        again. `launch_spec` is kept as given (spec text as a JSON string, or a dict). A candidate with no
+        source (an unusable answer kept for the record) never counts as a duplicate.
+        """
+        digest = candidate_hash(source, launch_spec)
+        if not source.strip():
+            digest = hashlib.sha256(f"{digest}:{llm_call_id or new_id('none')}".encode()).hexdigest()
+        now = time.time()
+        row = {
+            "id": candidate_id or new_id("cand"),
+            "run_id": run_id,
+            "card_id": card_id,
+            "parent_id": parent_id,
+            "intent": intent,
+            "params": dict(params) if params is not None else None,
+            "source": source,
+            "launch_spec": launch_spec if launch_spec is not None else {},
+            "source_hash": digest,
+            "proposer": proposer,
+            "model_name": model_name,
+            "llm_call_id": llm_call_id,
+            "status": status,
+            "category": category,
+            "compile_log": compile_log,
+            "error": error,
+            "verification": verification,
+            "timing": timing,
+            "best_us": best_us,
+            "speedup": speedup,
+            "created_at": now,
+            "updated_at": now,
+        }
+        async with self._transaction() as conn:
+            # Inside BEGIN IMMEDIATE: no other writer can insert the same hash between check and insert.
+            cursor = await conn.execute(
+                "SELECT id FROM candidates WHERE run_id = ? AND card_id = ? AND source_hash = ?",
+                (run_id, card_id, digest),
+            )
+            existing = await cursor.fetchone()
+            await cursor.close()
+            if existing is not None:
+                return str(existing[0]), False
+            await self._insert(conn, "candidates", row)
+        return row["id"], True
+
+    async def update_candidate(self, candidate_id: str, **fields: Any) -> None:
+        """Set whitelisted candidate columns (CANDIDATE_UPDATABLE) and bump updated_at; ValueError on others."""
+        unknown = set(fields) - CANDIDATE_UPDATABLE
+        if unknown:
+            raise ValueError(
+                f"update_candidate cannot set {', '.join(sorted(unknown))}; "
+                f"allowed: {', '.join(sorted(CANDIDATE_UPDATABLE))}"
+            )
+        values = row_from_dict("candidates", {**fields, "updated_at": time.time()})
+        # Column names come from the whitelist above, never from the caller unchecked.
+        assignments = ", ".join(f"{col} = ?" for col in values)
+        async with self._transaction() as conn:
+            cursor = await conn.execute(
+                f"UPDATE candidates SET {assignments} WHERE id = ?", [*values.values(), candidate_id]
+            )
+            changed = cursor.rowcount
+            await cursor.close()
+        if changed == 0:
+            raise KeyError(f"no candidate {candidate_id!r}")
+
+    async def get_candidate(self, candidate_id: str) -> dict[str, Any] | None:
+        """One candidate by id, or None."""
+        row = await self._fetchone("SELECT * FROM candidates WHERE id = ?", (candidate_id,))
+        return row_to_dict("candidates", row)
+
+    async def candidates(self, run_id: str, card_id: str | None = None) -> list[dict[str, Any]]:
+        """Candidates of a run (optionally of one card) in the order they were added."""
+        if card_id is None:
+            rows = await self._fetchall("SELECT * FROM candidates WHERE run_id = ? ORDER BY rowid", (run_id,))
+        else:
+            rows = await self._fetchall(
+                "SELECT * FROM candidates WHERE run_id = ? AND card_id = ? ORDER BY rowid", (run_id, card_id)
+            )
+        return [_decoded("candidates", r) for r in rows]
 
     # ---- events and controls -----------------------------------------------------------------------
 
