@@ -209,3 +209,36 @@ async def test_other_strategies_run_to_budget(strategy):
     o = orchestrator([card("a")], ScriptedProposer(0.0), StandInLane(0.0), MemoryRecorder(),
                      budgets=Budgets(iterations_per_card=10), strategy=strategy)
     assert await o.run() == "iterations" and o.cards["a"].iterations == 10
+
+
+async def test_failed_candidates_are_repaired_with_their_diagnostics_and_lineage():
+    class Repairing:
+        name, repairs = "llm", True
+
+        def __init__(self):
+            self.requests = []
+
+        def supports(self, c):
+            return True
+
+        async def propose(self, r):
+            self.requests.append(r)
+            if r.failed is None:
+                return Proposal(source=f"// bad {len(self.requests)}\n", spec="x")
+            return Proposal(source=f"// fixed {len(self.requests)} after {r.failed.candidate_id}\n", spec="x")
+
+    class CompileFailsOnBad(StandInLane):
+        async def __call__(self, card, proposal):
+            if "bad" in proposal.source:
+                return Evaluation("rejected", "compile", "candidate.cu:3: error: identifier \"x\" is undefined", 0.0)
+            return await super().__call__(card, proposal)
+
+    prop = Repairing()
+    o = orchestrator([card("a")], prop, CompileFailsOnBad(0.0), MemoryRecorder(), budgets=Budgets(iterations_per_card=4),
+                     max_proposals=1)
+    await o.run()
+    repairs = [r for r in prop.requests if r.failed is not None]
+    assert repairs and "undefined" in repairs[0].failed.message and repairs[0].attempt == 1
+    fixed = [r for r in o.records.values() if "fixed" in r.proposal.source]
+    assert fixed and all(o.records[r.parent_id].category == "compile" for r in fixed)
+    assert o.cards["a"].best_us is not None  # the repaired candidate verified and counts

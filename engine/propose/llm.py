@@ -45,6 +45,8 @@ def _add(a: Usage, b: Usage) -> Usage:
 class LLMProposer:
     """A Proposer backed by a chat model. Declines nothing: every card gets a prompt."""
 
+    repairs = True  # the orchestrator sends failed candidates back with their diagnostics
+
     def __init__(self, client: LLMClient, *, name: str | None = None, max_tokens: int = 8192, followups: int = 1,
                  temperature: float | None = None, followup_max_tokens: int = 2048) -> None:
         self.client = client

@@ -11,11 +11,12 @@ import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from engine.lane.evaluate import Evaluation
 from engine.propose.base import Attempt, Hardware, Proposal, ProposalRequest
+from engine.propose.repair import REPAIRABLE
 from engine.run.plan import CardState, SchedulePolicy, next_card, skip_reason, stop_reason
 from engine.search.tree import ROOT, STRATEGIES, SearchParams, Tree, backup
 
@@ -80,7 +81,7 @@ class Orchestrator:
                  params: SearchParams = SearchParams(), budgets: Budgets = Budgets(),
                  policy: SchedulePolicy = SchedulePolicy(), max_proposals: int = 4,
                  clock: Callable[[], float] = time.monotonic, poll_s: float = 0.1,
-                 totals: RunTotals | None = None):
+                 totals: RunTotals | None = None, max_repairs: int = 3):
         self.cards = {c.ref.card_id: c for c in cards}
         self.trees: dict[str, Tree] = {c.ref.card_id: Tree.new() for c in cards}
         self.records: dict[str, CandidateRecord] = {}
@@ -97,6 +98,7 @@ class Orchestrator:
         self.clock = clock
         self.poll_s = poll_s
         self.totals = totals or RunTotals()
+        self.max_repairs = max_repairs
         self.paused = False
         self.stopped_by: str | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -232,9 +234,28 @@ class Orchestrator:
                        r.message, best_us=r.best_us, speedup=r.speedup, params=r.proposal.params)
 
     async def _propose_and_evaluate(self, card: CardState, node_id: str, parent: str) -> None:
+        rec = await self._iteration(card, node_id, parent, self._request(card, parent))
+        # Bounded repair loop (LLM proposers): a failure goes back with its diagnostics; the repair
+        # is the failed candidate's child, so lineage is kept.
+        attempt = 0
+        while (rec is not None and rec.status == "rejected" and rec.category in REPAIRABLE
+               and getattr(self.proposer, "repairs", False) and attempt < self.max_repairs
+               and not self.stopped_by
+               and card.iterations + card.in_flight < self.budgets.iterations_per_card):
+            attempt += 1
+            child = self.new_id()
+            self.trees[card.ref.card_id].add(child, rec.id)
+            card.in_flight += 1
+            request = replace(self._request(card, rec.id), parent=None, failed=self._attempt(rec.id),
+                              attempt=attempt)
+            rec = await self._iteration(card, child, rec.id, request)
+
+    async def _iteration(self, card: CardState, node_id: str, parent: str,
+                         request: ProposalRequest) -> CandidateRecord | None:
+        """Propose, store, evaluate one candidate; returns its record (None: declined or duplicate)."""
         tree = self.trees[card.ref.card_id]
         try:
-            proposal = await self.proposer.propose(self._request(card, parent))
+            proposal = await self.proposer.propose(request)
         except Exception as e:  # a proposer bug must not end the run; the node fails
             proposal = Proposal(category="provider", reason=f"{type(e).__name__}: {e}")
         self.totals.proposals += 1
@@ -247,11 +268,12 @@ class Orchestrator:
         if proposal.declined:
             card.in_flight -= 1
             _discard(tree, node_id)
-            tree.nodes[parent].closed = True  # nothing new from here
+            if request.failed is None:
+                tree.nodes[parent].closed = True  # nothing new from here
             if parent == ROOT and not any(c in self.records for c in tree.nodes[ROOT].children):
                 card.done_reason = "declined"
             await self.recorder.event("declined", {"reason": proposal.reason, "parent": parent}, card.ref.card_id)
-            return
+            return None
         rec = CandidateRecord(node_id, card.ref.card_id, None if parent == ROOT else parent, proposal)
         if not proposal.ok:  # unusable answer: a failed iteration, stored for the record
             rec.status, rec.category, rec.message = "rejected", proposal.category or "empty", proposal.reason
@@ -259,11 +281,11 @@ class Orchestrator:
             if await self.recorder.candidate_proposed(rec) is None:  # the same unusable answer again
                 _discard(tree, node_id)
                 card.record(None, self.policy)
-                return
+                return None
             self.records[node_id] = rec
             await self.recorder.candidate_finished(rec)
             self._account(card, tree, rec)
-            return
+            return rec
         stored = await self.recorder.candidate_proposed(rec)
         if stored is None:  # same source as an earlier candidate of this card: never evaluated twice
             card.in_flight -= 1
@@ -271,9 +293,10 @@ class Orchestrator:
             card.iterations += 1
             card.since_improvement += 1
             await self.recorder.event("duplicate", {"parent": parent}, card.ref.card_id)
-            return
+            return None
         self.records[node_id] = rec
         await self._evaluate(card, rec)
+        return rec
 
     async def _evaluate(self, card: CardState, rec: CandidateRecord) -> None:
         tree = self.trees[card.ref.card_id]

@@ -127,7 +127,8 @@ def select_mcts(tree: Tree, p: SearchParams = SearchParams()) -> str | None:
     norm = normalizer(tree)
     cur = tree.nodes[ROOT]
     while True:
-        alive = [tree.nodes[c] for c in cur.children if not tree.nodes[c].dead]
+        # A failed node whose repair verified is alive through its repaired descendants.
+        alive = [tree.nodes[c] for c in cur.children if not tree.nodes[c].dead or _open(tree, tree.nodes[c])]
         expandable = (cur.id == ROOT or cur.raw is not None) and not cur.closed
         if expandable and (may_widen(cur, p) or not alive):
             return cur.id
@@ -140,7 +141,7 @@ def select_mcts(tree: Tree, p: SearchParams = SearchParams()) -> str | None:
 
 def _open(tree: Tree, node: Node) -> bool:
     if node.dead:
-        return False
+        return any(_open(tree, tree.nodes[c]) for c in node.children)
     if node.raw is not None and not node.closed:
         return True
     return any(_open(tree, tree.nodes[c]) for c in node.children)
