@@ -240,5 +240,5 @@ async def test_failed_candidates_are_repaired_with_their_diagnostics_and_lineage
     repairs = [r for r in prop.requests if r.failed is not None]
     assert repairs and "undefined" in repairs[0].failed.message and repairs[0].attempt == 1
     fixed = [r for r in o.records.values() if "fixed" in r.proposal.source]
-    assert fixed and all(o.records[r.parent_id].category == "compile" for r in fixed)
+    assert fixed and all(o.records[r.parent_id].status == "rejected" for r in fixed)  # child of the failure
     assert o.cards["a"].best_us is not None  # the repaired candidate verified and counts
