@@ -36,5 +36,6 @@ def test_wheel_carries_themes_and_configs(tmp_path):
     for model in ("resnet50", "sd35_medium", "gemma4_e2b", "qwen35_a3b"):
         assert f"engine/shipped_configs/models/{model}.toml" in names
     assert "engine/shipped_configs/examples/my_model.py" in names
+    assert "engine/shipped_configs/providers.toml" in names
     entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "kforge-tui = kforge_tui.cli:main" in entry

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -47,9 +48,20 @@ def default_provider_name() -> str:
         return "builtin"
 
 
-async def _cards_of(store: Store, workspace: Path, capture_id: str) -> list[CardState]:
+def _as_cuda(sig: Any) -> Any:
+    """The same signature on CUDA (a dry run on a CPU capture proposes for the GPU it would run on)."""
+    if isinstance(sig, dict):
+        return {k: ("cuda" if k == "device" and v == "cpu" else _as_cuda(v)) for k, v in sig.items()}
+    if isinstance(sig, list):
+        return [_as_cuda(x) for x in sig]
+    return sig
+
+
+async def _cards_of(store: Store, workspace: Path, capture_id: str, *, as_cuda: bool = False) -> list[CardState]:
     out = []
     for c in await store.get_cards(capture_id):
+        if as_cuda:
+            c = {**c, "signature": _as_cuda(c["signature"]), "outputs": _as_cuda(c["outputs"])}
         samples = [str(workspace / s["path"]) for s in await store.get_samples(capture_id, c["card_id"])]
         ref = CardRef(c["card_id"], c["op"], c["signature"], c["outputs"], c["bytes"], samples)
         brief = CardBrief(c["card_id"], c["op"], c["signature"], c["signature_text"], c["outputs"],
@@ -89,8 +101,9 @@ async def run_async(args: argparse.Namespace, workspace: Path) -> tuple[int, dic
             capture_id, provider, cfg = run["capture_id"], run["provider"], run["config"]
             run_id = run["id"]
         else:
-            capture_id = await _capture_for(store, args, workspace)
             provider = args.provider or default_provider_name()
+            make_proposer(provider)  # bad --provider is bad input: say so before capturing anything
+            capture_id = await _capture_for(store, args, workspace)
             cfg = {"config": str(Path(args.config).resolve()), "iterations": args.iterations,
                    "strategy": args.strategy, "dry_run": dry, "wall_s": args.wall_time,
                    "max_proposals": args.max_proposals}
@@ -98,7 +111,12 @@ async def run_async(args: argparse.Namespace, workspace: Path) -> tuple[int, dic
             run = await store.create_run(capture_id, capture["model"], provider, cfg, pid=os.getpid())
             run_id = run["id"]
         proposer = make_proposer(provider)
-        cards = await _cards_of(store, workspace, capture_id)
+        capture = await store.get_capture(capture_id)
+        as_cuda = dry and capture["device"] == "cpu"
+        if as_cuda:
+            print("kforge: dry run on a CPU capture: proposing and compiling for the same signatures on CUDA",
+                  file=sys.stderr)
+        cards = await _cards_of(store, workspace, capture_id, as_cuda=as_cuda)
         recorder = StoreRecorder(store, run_id, progress=Progress(json_lines=None if not args.json else True))
         lanes, pool = [], None
         try:

@@ -85,11 +85,14 @@ class Progress:
 
 def print_final_table(doc: dict[str, Any], console: Console | None = None) -> None:
     """Card, eager µs, best µs, speedup with CI, candidates, failures by category, tokens, cost."""
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=160)  # a log file is not an 80-column screen
     table = Table(title=f"run {doc['run']}: {doc['status']} (stopped by {doc['stopped_by']})", pad_edge=False)
     for col, just in (("op", "left"), ("card", "left"), ("calls", "right"), ("eager µs", "right"),
                       ("best µs", "right"), ("speedup (95% CI)", "right"), ("cand", "right"),
-                      ("verified", "right"), ("failures", "left")):
+                      ("compiled", "right"), ("verified", "right"), ("failures", "left")):
         table.add_column(col, justify=just, no_wrap=col != "failures")
     for c in doc["cards"]:
         if not c["candidates"] and c["stopped"] in ("noise", "declined", "no-samples"):
@@ -98,7 +101,7 @@ def print_final_table(doc: dict[str, Any], console: Console | None = None) -> No
         sp = f"{c['speedup']:.2f}× ({ci[0]:.2f}–{ci[1]:.2f})" if c["speedup"] and ci else "–"
         fails = ", ".join(f"{k} {v}" for k, v in sorted(c["failures"].items())) or "–"
         table.add_row(c["op"], c["id"][:8], str(c["calls"]), _us(c["eager_us"]), _us(c["best_us"]), sp,
-                      str(c["candidates"]), str(c["verified"]), fails)
+                      str(c["candidates"]), str(c["compiled"]), str(c["verified"]), fails)
     console.print(table)
     skipped = [c for c in doc["cards"] if not c["candidates"]]
     if skipped:

@@ -1,0 +1,67 @@
+"""`kforge-tui run`: dry run end to end on the CPU (capture, builtin proposals, NVRTC), bad input, resume."""
+
+import json
+import sqlite3
+
+import pytest
+import torch
+from conftest import CONFIGS
+from test_bad_input import assert_one_line_error
+
+MY_MODEL = CONFIGS / "examples" / "my_model.toml"
+
+
+def test_dry_run_proposes_and_compiles_builtin_kernels(cli, tmp_path):
+    code, out, err = cli("run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--iterations", "2", "--json",
+                         "--workspace", tmp_path)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["status"] == "done" and doc["stopped_by"] == "iterations" and doc["tokens"] == 0
+    cards = {c["op"]: c for c in doc["cards"]}
+    worked = [c for c in doc["cards"] if c["candidates"]]
+    assert worked, "the builtin proposer should handle some of this model's cards"
+    for c in worked:
+        assert c["candidates"] == 2 and c["compiled"] == 2 and c["verified"] == 0  # nothing verified dry
+    assert cards["aten::addmm"]["candidates"] == 0  # matmuls stay on eager (no template)
+    db = sqlite3.connect(tmp_path / "kforge.db")
+    statuses = {s for (s,) in db.execute("SELECT status FROM candidates")}
+    assert statuses == {"compiled"}
+    events = [k for (k,) in db.execute("SELECT kind FROM events ORDER BY seq")]
+    assert events[0] == "card_skipped" or "run_started" in events
+    assert events[-1] == "run_finished"
+
+
+def test_resume_of_a_finished_run_does_nothing_more(cli, tmp_path):
+    code, out, _ = cli("run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--iterations", "1", "--json",
+                       "--workspace", tmp_path)
+    run_id = json.loads(out)["run"]
+    code, out, err = cli("run", "--resume", run_id, "--dry-run", "--no-tui", "--json", "--workspace", tmp_path)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["run"] == run_id and doc["proposals"] == 0
+    assert sum(c["candidates"] for c in doc["cards"]) > 0  # the first session's candidates are still there
+
+
+def test_run_needs_a_config_or_resume(cli, tmp_path):
+    assert_one_line_error(*cli("run", "--no-tui", "--workspace", tmp_path), "CONFIG", "--resume")
+
+
+def test_unknown_run_to_resume(cli, tmp_path):
+    assert_one_line_error(*cli("run", "--resume", "run-nope", "--dry-run", "--no-tui", "--workspace", tmp_path),
+                          "--resume run-nope")
+
+
+def test_unknown_provider(cli, tmp_path):
+    assert_one_line_error(*cli("run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--provider", "nope",
+                               "--workspace", tmp_path), "--provider nope")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present here")
+def test_run_without_gpu_says_use_dry_run(cli, tmp_path):
+    assert_one_line_error(*cli("run", MY_MODEL, "--small", "--no-tui", "--workspace", tmp_path), "--dry-run")
+
+
+def test_bad_provider_captures_nothing(cli, tmp_path):
+    cli("run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--provider", "nope", "--workspace", tmp_path)
+    db = tmp_path / "kforge.db"
+    assert not db.exists() or sqlite3.connect(db).execute("SELECT count(*) FROM captures").fetchone()[0] == 0
