@@ -1,0 +1,154 @@
+"""GPU tests of the normalisation templates: real cards captured on the GPU, the default instance and a
+few seeded mutations evaluated in a real lane (compile, verify on samples/fresh/edge inputs, time).
+
+Each test asserts every candidate verifies and prints its speedup over eager, e.g.
+    group_norm bf16[1,512,128,128] g32 | split block 512 vec 8 ...: verified 14.2x (eager 240.1 us, 16.9 us)
+Lane time: about a minute for the whole file on an H200 (0.5 s of timing per candidate).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.propose.builtin.norms import TEMPLATES
+
+BY_NAME = {t.name: t for t in TEMPLATES}
+TIMING = {"max_seconds": 0.5}
+
+
+def _candidates(name: str, card: Any, mutations: int, seed: int = 0,
+                extra: tuple[dict[str, Any], ...] = ()) -> list[dict[str, Any]]:
+    """The default, `mutations` seeded neighbours (a walk, as the search takes) and explicit variants."""
+    t = BY_NAME[name]
+    rng = random.Random(seed)
+    params = t.default(card)
+    out = [params]
+    for _ in range(mutations * 4):
+        if len(out) > mutations:
+            break
+        params = t.mutate(card, params, rng)
+        if params not in out:
+            out.append(params)
+    for e in extra:
+        p = {**t.default(card), **e}
+        if p not in out:
+            out.append(p)
+    return out
+
+
+def _evaluate(tmp_path: Path, name: str, fn: Callable[[], Any], label: str, mutations: int = 3,
+              extra: tuple[dict[str, Any], ...] = ()) -> None:
+    from gpu_harness import brief_of, evaluate_many, make_card
+
+    ref = make_card(tmp_path / "card", fn)
+    card = brief_of(ref)
+    t = BY_NAME[name]
+    assert card.op in t.ops, f"{label}: captured {card.op}, which {name} does not handle"
+    why = t.accepts(card)
+    assert why is None, f"{label}: {card.op} {card.signature_text}: declined: {why}"
+    rendered, seen = [], set()
+    for p in _candidates(name, card, mutations, extra=extra):
+        r = t.render(card, p)
+        if r.source not in seen:  # params a strategy ignores render the same kernel: evaluate it once
+            seen.add(r.source)
+            rendered.append(r)
+    evs = evaluate_many([(ref, r.source, r.spec) for r in rendered], cache_dir=tmp_path / "compile",
+                        timing=TIMING)
+    failures = []
+    print(f"\n{label}: {card.op} {card.signature_text}")
+    for r, ev in zip(rendered, evs):
+        timing = ev.payload.get("timing") or {}
+        eager = (timing.get("eager") or {}).get("median")
+        mine = (timing.get("candidate") or {}).get("median")
+        times = f" (eager {eager:.1f} us, ours {mine:.1f} us)" if eager and mine else ""
+        speed = f" {ev.speedup:.2f}x" if ev.speedup else ""
+        print(f"  {r.intent}: {ev.status}{speed}{times}" + ("" if ev.status == "verified" else
+                                                           f" [{ev.category}] {ev.message[:400]}"))
+        if ev.status != "verified":
+            failures.append(f"{r.params}: {ev.category}: {ev.message[:400]}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.gpu
+def test_group_norm_sd35_vae_bf16_128(tmp_path):
+    torch.manual_seed(0)
+    x = torch.randn(1, 512, 128, 128, device="cuda", dtype=torch.bfloat16) * 0.7 + 0.2
+    w = torch.randn(512, device="cuda", dtype=torch.bfloat16) * 0.2 + 1
+    b = torch.randn(512, device="cuda", dtype=torch.bfloat16) * 0.1
+    _evaluate(tmp_path, "group_norm", lambda: F.group_norm(x, 32, w, b, 1e-6), "group_norm [1,512,128,128]",
+              extra=({"strategy": "fused"}, {"strategy": "split", "blocks_per_group": 16, "block": 256}))
+
+
+@pytest.mark.gpu
+def test_group_norm_sd35_vae_bf16_512(tmp_path):
+    torch.manual_seed(1)
+    x = torch.randn(1, 256, 512, 512, device="cuda", dtype=torch.bfloat16) * 0.7 + 0.2
+    w = torch.randn(256, device="cuda", dtype=torch.bfloat16) * 0.2 + 1
+    b = torch.randn(256, device="cuda", dtype=torch.bfloat16) * 0.1
+    _evaluate(tmp_path, "group_norm", lambda: F.group_norm(x, 32, w, b, 1e-6), "group_norm [1,256,512,512]",
+              mutations=2, extra=({"strategy": "split", "blocks_per_group": 64, "order": "forward"},))
+
+
+@pytest.mark.gpu
+def test_layer_norm_sd35_bf16_without_affine(tmp_path):
+    torch.manual_seed(2)
+    x = torch.randn(2, 4096, 1536, device="cuda", dtype=torch.bfloat16) + 0.5
+    _evaluate(tmp_path, "layer_norm", lambda: F.layer_norm(x, (1536,), None, None, 1e-6),
+              "layer_norm [2,4096,1536]", extra=({"block": 512, "rows_per_block": 1},))
+
+
+@pytest.mark.gpu
+def test_layer_norm_fp32_with_affine(tmp_path):
+    torch.manual_seed(3)
+    x = torch.randn(8, 1024, device="cuda") * 2 + 1
+    w = torch.randn(1024, device="cuda") * 0.2 + 1
+    b = torch.randn(1024, device="cuda") * 0.1
+    _evaluate(tmp_path, "layer_norm", lambda: F.layer_norm(x, (1024,), w, b, 1e-5), "layer_norm [8,1024] fp32")
+
+
+@pytest.mark.gpu
+def test_batch_norm_eval_resnet50_fp16(tmp_path):
+    torch.manual_seed(4)
+    x = torch.randn(32, 256, 56, 56, device="cuda", dtype=torch.float16)
+    w = torch.randn(256, device="cuda", dtype=torch.float16) * 0.2 + 1
+    b = torch.randn(256, device="cuda", dtype=torch.float16) * 0.1
+    rm = torch.randn(256, device="cuda", dtype=torch.float16) * 0.3
+    rv = torch.rand(256, device="cuda", dtype=torch.float16) + 0.5
+    _evaluate(tmp_path, "batch_norm", lambda: F.batch_norm(x, rm, rv, w, b, training=False, eps=1e-5),
+              "batch_norm eval [32,256,56,56]", extra=({"strategy": "plane"},))
+
+
+@pytest.mark.gpu
+def test_batch_norm_eval_resnet50_fp16_small_planes(tmp_path):
+    torch.manual_seed(5)
+    x = torch.randn(32, 2048, 7, 7, device="cuda", dtype=torch.float16)
+    w = torch.randn(2048, device="cuda", dtype=torch.float16) * 0.2 + 1
+    b = torch.randn(2048, device="cuda", dtype=torch.float16) * 0.1
+    rm = torch.randn(2048, device="cuda", dtype=torch.float16) * 0.3
+    rv = torch.rand(2048, device="cuda", dtype=torch.float16) + 0.5
+    _evaluate(tmp_path, "batch_norm", lambda: F.batch_norm(x, rm, rv, w, b, training=False, eps=1e-5),
+              "batch_norm eval [32,2048,7,7]", mutations=2)
+
+
+@pytest.mark.gpu
+def test_rms_norm_bf16(tmp_path):
+    op = getattr(torch.ops.aten, "_fused_rms_norm", None)
+    if op is None:
+        pytest.skip("this torch has no aten::_fused_rms_norm")
+    torch.manual_seed(6)
+    x = torch.randn(1, 2048, 1536, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1536, device="cuda", dtype=torch.bfloat16) * 0.2 + 1
+    from gpu_harness import make_card
+
+    try:  # without a CUDA kernel the op decomposes into several cards: nothing for this template
+        make_card(tmp_path / "probe", lambda: op.default(x, [1536], w, 1e-6), samples=1)
+    except AssertionError as e:
+        pytest.skip(f"aten::_fused_rms_norm is not one CUDA op here: {e}")
+    _evaluate(tmp_path, "rms_norm", lambda: op.default(x, [1536], w, 1e-6), "rms_norm [1,2048,1536]")
