@@ -1,0 +1,355 @@
+"""Shared pieces of the builtin templates: dtype tables, CUDA snippets and card/layout helpers.
+
+CUDA snippets (prepend `prelude(dtypes, ...)` to a kernel source; every name starts with `kf_`):
+  INFINITY     defined when NVRTC's environment lacks it (no <math.h>).
+  conversions  kf_to_float(x) for float/__half/__nv_bfloat16; kf_from_float<T>(float) rounds to nearest
+               even once (as eager's final cast does); kf_round<T>(float) = the value rounded to T and back.
+  vectors      kf_vec<T, N>: N elements of T aligned to min(16, N*sizeof(T)) bytes, so one struct copy is
+               one (or two) 16-byte loads; kf_load_vec<N>(ptr, float[N]) and kf_store_vec<N>(ptr, float[N])
+               convert while they move (the pointer must be aligned to that many bytes).
+  reductions   kf_warp_sum/kf_warp_max(v, width): butterfly (xor) reduction over `width` lanes (a power of
+               two ≤ 32); every lane gets the result, in an order that does not depend on timing.
+               kf_block_sum/kf_block_max(v, scratch): whole-block reduction through `scratch` (≥ 32 floats of
+               shared memory); blockDim.x must be a multiple of 32; every thread gets the result; safe to
+               call back to back with the same scratch.
+               kf_lse_merge(m, s, m2, s2): merges two (max, sum of exp(x - max)) pairs (online softmax).
+
+Python helpers:
+  dtypes       DTYPES / SUPPORTED (float32, float16, bfloat16), ctype(), itemsize(), includes(), prelude(),
+               SMS (132, for sizing grids), int_type(extent) (32-bit index math when it fits).
+  numbers      f32(x) (host static_cast<float>), float_literal(x) (exact fp32 C literal).
+  cards        tensor_arg(), value_arg() (decoded), raw_arg(), check_tensor() (dtype/cuda/neg/conj reason),
+               aliased_with().
+  layout       contiguous_strides(), meaningful_strides(), is_contiguous(), dense_order() (dims of a dense
+               tensor, outermost first), coalesce() (merge dims all tensors walk as one), offset_code()
+               (C expression: flat index -> strided offset, sizes and strides baked in).
+  search       mutate_relevant(): Template.mutate limited to the parameters that matter for the current
+               strategy, others reset to defaults (so equal kernels have equal parameters).
+Other template families import from here: names and behaviour are kept stable.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import struct
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from engine.propose.base import CardBrief
+
+# ----------------------------------------------------------------------------------------------- dtypes
+
+
+@dataclass(frozen=True)
+class DType:
+    """A floating dtype the builtin kernels read and write."""
+
+    name: str           # as in signatures: 'bfloat16'
+    ctype: str          # CUDA type: '__nv_bfloat16'
+    itemsize: int
+    header: str | None  # the header that defines ctype
+
+
+DTYPES: dict[str, DType] = {
+    "float32": DType("float32", "float", 4, None),
+    "float16": DType("float16", "__half", 2, "cuda_fp16.h"),
+    "bfloat16": DType("bfloat16", "__nv_bfloat16", 2, "cuda_bf16.h"),
+}
+SUPPORTED = tuple(DTYPES)
+SMS = 132  # H200 streaming multiprocessors: sizes grid-stride grids (a wrong guess costs speed only)
+
+
+def ctype(dtype: str) -> str:
+    """CUDA type name of a supported dtype."""
+    return DTYPES[dtype].ctype
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a supported dtype."""
+    return DTYPES[dtype].itemsize
+
+
+# -------------------------------------------------------------------------------------- CUDA snippets
+
+_CONVERT_F32 = r"""
+#ifndef INFINITY  // NVRTC has no <math.h> macros
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+__device__ __forceinline__ float kf_to_float(float x) { return x; }
+template <typename T> __device__ __forceinline__ T kf_from_float(float x);
+template <> __device__ __forceinline__ float kf_from_float<float>(float x) { return x; }
+"""
+_CONVERT_F16 = r"""
+__device__ __forceinline__ float kf_to_float(__half x) { return __half2float(x); }
+template <> __device__ __forceinline__ __half kf_from_float<__half>(float x) { return __float2half_rn(x); }
+"""
+_CONVERT_BF16 = r"""
+__device__ __forceinline__ float kf_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 kf_from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+"""
+_ROUND = r"""
+// The value x takes once stored as T (eager rounds some intermediates to the tensor dtype).
+template <typename T> __device__ __forceinline__ float kf_round(float x) { return kf_to_float(kf_from_float<T>(x)); }
+"""
+
+VEC = r"""
+// N elements moved as one aligned struct: the compiler emits 16-byte (or 8/4-byte) vector accesses.
+template <typename T, int N>
+struct alignas(sizeof(T) * N >= 16 ? 16 : sizeof(T) * N) kf_vec { T v[N]; };
+template <int N, typename T>
+__device__ __forceinline__ void kf_load_vec(const T* p, float (&out)[N]) {
+  const kf_vec<T, N> w = *reinterpret_cast<const kf_vec<T, N>*>(p);
+  #pragma unroll
+  for (int k = 0; k < N; ++k) out[k] = kf_to_float(w.v[k]);
+}
+template <int N, typename T>
+__device__ __forceinline__ void kf_store_vec(T* p, const float (&in)[N]) {
+  kf_vec<T, N> w;
+  #pragma unroll
+  for (int k = 0; k < N; ++k) w.v[k] = kf_from_float<T>(in[k]);
+  *reinterpret_cast<kf_vec<T, N>*>(p) = w;
+}
+"""
+
+REDUCE = r"""
+// Butterfly reductions: every lane ends with the same, timing-independent result.
+__device__ __forceinline__ float kf_warp_sum(float v, int width = 32) {
+  #pragma unroll
+  for (int o = 16; o > 0; o >>= 1) if (o < width) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float kf_warp_max(float v, int width = 32) {
+  #pragma unroll
+  for (int o = 16; o > 0; o >>= 1) if (o < width) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Whole-block reductions (blockDim.x a multiple of 32); the leading barrier lets callers reuse scratch.
+__device__ __forceinline__ float kf_block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = kf_warp_sum(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : 0.f;
+  return kf_warp_sum(v);
+}
+__device__ __forceinline__ float kf_block_max(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = kf_warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : -INFINITY;
+  return kf_warp_max(v);
+}
+// (m, s) <- merge of (m, s) and (m2, s2), where s = sum of exp(x - m); an empty side has m = -inf, s = 0.
+__device__ __forceinline__ void kf_lse_merge(float& m, float& s, float m2, float s2) {
+  const float mn = fmaxf(m, m2);
+  if (mn == -INFINITY) return;  // both empty: exp(-inf - -inf) would be NaN
+  s = (m == -INFINITY ? 0.f : s * expf(m - mn)) + (m2 == -INFINITY ? 0.f : s2 * expf(m2 - mn));
+  m = mn;
+}
+"""
+
+
+def includes(dtypes: Iterable[str]) -> str:
+    """The #include lines the dtypes need (only those: each header costs NVRTC time)."""
+    headers = sorted({DTYPES[d].header for d in dtypes if DTYPES[d].header})
+    return "".join(f"#include <{h}>\n" for h in headers)
+
+
+def prelude(dtypes: Iterable[str], *, vec: bool = False, reduce: bool = False, round_: bool = False) -> str:
+    """Includes + conversions for `dtypes`, plus the vector / reduction / rounding snippets asked for."""
+    ds = set(dtypes) | {"float32"}
+    parts = [includes(ds), _CONVERT_F32]
+    if "float16" in ds:
+        parts.append(_CONVERT_F16)
+    if "bfloat16" in ds:
+        parts.append(_CONVERT_BF16)
+    if round_:
+        parts.append(_ROUND)
+    if vec:
+        parts.append(VEC)
+    if reduce:
+        parts.append(REDUCE)
+    return "".join(parts)
+
+
+# ------------------------------------------------------------------------------------------- numbers
+
+
+def f32(x: float) -> float:
+    """x rounded to the nearest float32 (as a host-side static_cast<float> does); ±inf beyond its range."""
+    try:
+        return struct.unpack("<f", struct.pack("<f", float(x)))[0]
+    except OverflowError:
+        return math.copysign(math.inf, float(x))
+
+
+def float_literal(x: float) -> str:
+    """A CUDA float literal of f32(x) that parses back to exactly that float ('1.00000005e-06f')."""
+    v = f32(x)
+    if not math.isfinite(v):
+        raise ValueError(f"{x!r} is not a finite float32")
+    return f"{v:.9e}f"  # 9 significant digits round-trip every float32
+
+
+def int_type(extent: int) -> str:
+    """Index type for offsets below `extent`: 32-bit unsigned arithmetic is cheaper when it fits."""
+    return "unsigned" if extent < 2**31 else "unsigned long long"
+
+
+# --------------------------------------------------------------------------------------- card access
+
+
+def tensor_arg(card: CardBrief, name: str) -> dict[str, Any] | None:
+    """The signature entry of tensor argument `name` (None if missing, absent or not a tensor)."""
+    for a in card.signature.get("args", []):
+        if a.get("name") == name:
+            if a.get("kind") != "tensor" or a.get("absent"):
+                return None
+            return a
+    return None
+
+
+_MISSING = object()
+
+
+def value_arg(card: CardBrief, name: str, default: Any = _MISSING) -> Any:
+    """The decoded value of non-tensor argument `name` (KeyError when missing and no default)."""
+    from engine.capture.signature import decode_value  # torch import deferred to first use
+
+    for a in card.signature.get("args", []):
+        if a.get("name") == name and a.get("kind") == "value":
+            return decode_value(a.get("value"))
+    if default is _MISSING:
+        raise KeyError(name)
+    return default
+
+
+def raw_arg(card: CardBrief, name: str) -> dict[str, Any] | None:
+    """The signature entry of argument `name`, whatever its kind."""
+    return next((a for a in card.signature.get("args", []) if a.get("name") == name), None)
+
+
+def check_tensor(desc: dict[str, Any] | None, what: str, dtypes: Sequence[str] = SUPPORTED) -> str | None:
+    """Why a tensor descriptor is unusable by a builtin kernel (None if usable)."""
+    if desc is None:
+        return f"{what} is not a tensor"
+    if desc.get("dtype") not in dtypes:
+        return f"{what} dtype {desc.get('dtype')} not in {'/'.join(dtypes)}"
+    if desc.get("device", "cuda") != "cuda":
+        return f"{what} is on {desc.get('device')}, not cuda"
+    if desc.get("neg") or desc.get("conj"):
+        return f"{what} carries a lazy neg/conj bit"
+    if len(desc.get("shape", [])) != len(desc.get("stride", [])):
+        return f"{what} has mismatched shape/stride"
+    return None
+
+
+def aliased_with(card: CardBrief, name: str) -> bool:
+    """True when argument `name` shares storage with another argument."""
+    return any(name in group for group in card.signature.get("aliases", []))
+
+
+# -------------------------------------------------------------------------------------------- layout
+
+
+def contiguous_strides(shape: Sequence[int]) -> list[int]:
+    """Row-major strides of `shape`."""
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(int(s), 1)
+    return strides[::-1]
+
+
+def meaningful_strides(shape: Sequence[int], stride: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """(dim, stride) of dims of size > 1 (a size-1 dim's stride never addresses a second element)."""
+    return tuple((d, int(s)) for d, (n, s) in enumerate(zip(shape, stride)) if n > 1)
+
+
+def is_contiguous(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    """Row-major contiguous, ignoring the strides of size-1 dims (as torch does)."""
+    return meaningful_strides(shape, stride) == meaningful_strides(shape, contiguous_strides(shape))
+
+
+def dense_order(shape: Sequence[int], stride: Sequence[int]) -> list[int] | None:
+    """Dims of size > 1 from outermost to innermost when the tensor is dense and non-overlapping (its
+    elements fill exactly numel consecutive slots in some dim order), else None."""
+    dims = sorted((d for d, n in enumerate(shape) if n > 1), key=lambda d: -int(stride[d]))
+    expect = 1
+    for d in reversed(dims):
+        if int(stride[d]) != expect:
+            return None
+        expect *= int(shape[d])
+    return dims
+
+
+def coalesce(sizes: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[list[int], list[list[int]]]:
+    """Merge adjacent dims (outermost first) that every tensor walks as one: stride[i] == stride[i+1] *
+    size[i+1] for all. `strides` holds one stride list per tensor; size-1 dims are dropped first."""
+    keep = [i for i, n in enumerate(sizes) if n != 1]
+    out_sizes: list[int] = []
+    out_strides: list[list[int]] = [[] for _ in strides]
+    for i in keep:
+        if out_sizes and all(st[-1] == s[i] * sizes[i] for st, s in zip(out_strides, strides)):
+            out_sizes[-1] *= sizes[i]
+            for st, s in zip(out_strides, strides):
+                st[-1] = s[i]
+            continue
+        out_sizes.append(int(sizes[i]))
+        for st, s in zip(out_strides, strides):
+            st.append(int(s[i]))
+    return out_sizes, out_strides
+
+
+def offset_code(index: str, sizes: Sequence[int], strides: Sequence[int], itype: str) -> str:
+    """A C expression: the element offset of row-major flat `index` over `sizes` with `strides`
+    (sizes and strides are baked in, so the compiler turns / and % into multiply-shift)."""
+    if not sizes:
+        return "0"
+    if len(sizes) == 1:
+        return f"({index}) * ({itype}){strides[0]}" if strides[0] != 1 else f"({index})"
+    terms = []
+    inner = 1
+    for d in range(len(sizes) - 1, -1, -1):
+        n, s = sizes[d], strides[d]
+        coord = f"({index})" if inner == 1 else f"(({index}) / ({itype}){inner})"
+        if d > 0:
+            coord = f"({coord} % ({itype}){n})"
+        inner *= n
+        if s == 0:
+            continue
+        terms.append(coord if s == 1 else f"{coord} * ({itype}){s}")
+    return " + ".join(terms) if terms else "0"
+
+
+# ------------------------------------------------------------------------------------ search helpers
+
+
+def mutate_relevant(space: Mapping[str, Sequence[Any]], params: Mapping[str, Any],
+                    relevant: Callable[[Mapping[str, Any]], set[str]], rng: random.Random,
+                    focus_keys: Iterable[str] = ()) -> dict[str, Any]:
+    """Template.mutate for templates whose parameters matter only for some strategies: change one
+    parameter among those `relevant(params)` names (preferring `focus_keys`), then reset every
+    parameter that no longer matters to its default, so equal kernels have equal parameters."""
+    default = {k: v[0] for k, v in space.items()}
+
+    def normalise(p: Mapping[str, Any]) -> dict[str, Any]:
+        full = {**default, **{k: v for k, v in p.items() if k in default}}
+        rel = relevant(full)
+        return {k: (full[k] if k in rel else default[k]) for k in default}
+
+    current = normalise(params)
+    keys = [k for k, v in space.items() if len(v) > 1 and k in relevant(current)]
+    if not keys:
+        return current
+    focus = [k for k in keys if k in set(focus_keys)]
+    key = rng.choice(focus or keys)
+    values = [v for v in space[key] if v != current[key]]
+    return normalise({**current, key: rng.choice(values)})

@@ -1,0 +1,735 @@
+"""CPU tests of the elementwise, softmax and pooling templates (engine/propose/builtin/{elementwise,
+softmax,pooling}.py and their shared cuda_common.py).
+
+Cards are real: the H200 captures in docs/results/capture-h200, and signatures captured here on CPU
+tensors (re-marked cuda). Checked: acceptance is exactly what the kernels handle (a reason otherwise);
+every instance of the parameter space (default + 30 seeded mutations where the space is large) renders,
+parses and resolves; every distinct source compiles with NVRTC for sm_90 in fp32, fp16 and bf16, with the
+spec's kernels in the module; mutations stay inside the space; the generated index math and the
+eager-matching constants are right (evaluated here in Python).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import math
+import random
+import re
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from engine.capture.recorder import CaptureMode
+from engine.capture.signature import bind_arguments, describe_tensor, signature_of, signature_text
+from engine.launch import Env, parse_spec, resolve
+from engine.propose.base import CardBrief
+from engine.propose.builtin import cuda_common as cc
+from engine.propose.builtin.elementwise import TEMPLATES as EW
+from engine.propose.builtin.pooling import TEMPLATES as PL
+from engine.propose.builtin.softmax import TEMPLATES as SM
+from engine.propose.builtin.template import Template
+
+ROOT = Path(__file__).resolve().parent.parent
+CAPTURES = ROOT / "docs" / "results" / "capture-h200"
+TEMPLATES: list[Template] = [*EW, *SM, *PL]
+BY_NAME = {t.name: t for t in TEMPLATES}
+OPS = frozenset().union(*(t.ops for t in TEMPLATES))
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+WALK = 30  # seeded mutations checked when a space is too large to enumerate
+ENUMERATE_MAX = 300
+
+# ------------------------------------------------------------------------------------------ cards
+
+
+def _cudaify(d: Any) -> Any:
+    """A CPU-captured descriptor as the same tensor would be described on the GPU."""
+    if isinstance(d, dict):
+        return {k: ("cuda" if k == "device" else _cudaify(v)) for k, v in d.items()}
+    if isinstance(d, list):
+        return [_cudaify(x) for x in d]
+    return d
+
+
+def _brief(op: str, signature: dict, outputs: list[dict]) -> CardBrief:
+    sig = _cudaify(signature)
+    return CardBrief("test", op, sig, signature_text(sig), _cudaify(outputs))
+
+
+def capture(fn: Callable[[], Any], op: str | None = None) -> CardBrief:
+    """The one card of `fn` (of op `op` when it makes several) captured on CPU, marked cuda."""
+    mode = CaptureMode(path_of=lambda: "m", weight_of=lambda p: 1, samples=0, sample_budget_bytes=0, sink=None,
+                       use_cuda_events=False)
+    with torch.no_grad(), mode:
+        fn()
+    cards = [c for c in mode.cards.values() if (op is None and c.op in OPS) or c.op == op]
+    assert len(cards) == 1, [c.op for c in mode.cards.values()]
+    return _brief(cards[0].op, cards[0].signature, cards[0].outputs)
+
+
+def bound_card(op: Any, args: tuple, outputs: list[torch.Tensor], **kwargs: Any) -> CardBrief:
+    """A card bound directly (for calls CPU eager cannot make, e.g. softmax half_to_float)."""
+    sig = signature_of(op, bind_arguments(op, args, kwargs))
+    return _brief(op.name(), sig, [describe_tensor(o) for o in outputs])
+
+
+def h200_cards() -> list[CardBrief]:
+    out = []
+    for f in sorted(CAPTURES.glob("*.json")):
+        for c in json.loads(f.read_text())["cards"]:
+            if c["op"] in OPS:
+                sig = {"op": c["op"], "args": c["args"], "aliases": c["aliases"]}
+                out.append(CardBrief(c["id"], c["op"], sig, c["signature"], c["outputs"]))
+    return out
+
+
+def _template(card: CardBrief) -> Template:
+    return next(t for t in TEMPLATES if card.op in t.ops)
+
+
+def _other(dt: torch.dtype) -> torch.dtype:
+    return torch.float16 if dt != torch.float16 else torch.bfloat16
+
+
+def cards_for(dt: torch.dtype) -> list[CardBrief]:
+    """Representative cards of every template and layout in one dtype (small shapes: codegen only)."""
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape: int, dtype: torch.dtype = dt) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    x = r(4, 64, 12, 12)
+    base = r(2, 6, 48)
+    cl = r(2, 16, 5, 7).to(memory_format=torch.channels_last)
+    img = r(4, 64, 7, 7)
+    return [
+        # elementwise
+        capture(lambda: x.clone().relu_(), "aten::relu_"),
+        capture(lambda: r(2, 40, 48) * base[:, 1:2]),                 # broadcast, strided
+        capture(lambda: F.gelu(r(3, 1000), approximate="tanh")),
+        capture(lambda: F.silu(r(8, 2051)[:, :2048])),               # strided rows, flat output
+        capture(lambda: r(1001) / 30.0),                             # odd numel: vector tail
+        capture(lambda: torch.sub(cl, r(2, 16, 5, 7), alpha=0.5)),   # channels_last output
+        capture(lambda: r(3, 37, 24, dtype=torch.float32) * r(24, dtype=_other(dt))),  # promotes to f32
+        capture(lambda: r(64, 32).pow(3)),
+        # softmax
+        capture(lambda: torch.softmax(r(64, 256), -1)),
+        capture(lambda: torch.softmax(r(4, 16384), -1)),
+        capture(lambda: torch.log_softmax(r(2, 3, 4, 2048)[:, :, 1:3], -1)),  # strided rows
+        # pooling
+        capture(lambda: img.mean((-1, -2), keepdim=True)),
+        capture(lambda: img.to(memory_format=torch.channels_last).mean((-1, -2), keepdim=True),
+                "aten::mean.dim"),
+        capture(lambda: r(2, 16, 24, 64).transpose(1, 2).mean(-1, keepdim=True)),
+        capture(lambda: r(32, 8, 64).sum(1)),
+    ]
+
+
+# ------------------------------------------------------------------------------------- acceptance
+
+
+def test_every_h200_card_of_our_ops_is_accepted_unless_integer():
+    cards = h200_cards()
+    assert len(cards) > 200
+    declined = {}
+    for card in cards:
+        why = _template(card).accepts(card)
+        if why is not None:
+            declined[card.signature_text] = why
+    # Only the integer index arithmetic (position ids, masks) stays on eager.
+    assert declined and all("int64" in why for why in declined.values()), declined
+    assert all(t.startswith("i64") for t in declined), declined
+
+
+REFERENCE_CARDS = {
+    # (op, signature text) of the reference models -> (template, expected default strategy or vec)
+    ("aten::relu_", "f16[32,256,56,56]"): ("elementwise", {"vec": 8}),
+    ("aten::add_.Tensor", "f16[32,256,56,56], f16[32,256,56,56], alpha=1"): ("elementwise", {"vec": 8}),
+    ("aten::mul.Tensor", "bf16[2,4096,1536], bf16[2,1,1536]"): ("elementwise", {"vec": 8}),
+    ("aten::mul.Tensor", "bf16[2,1,1536](s=9216,1536,1), bf16[2,4096,1536]"): ("elementwise", {"vec": 8}),
+    ("aten::silu", "bf16[1,512,128,128]"): ("elementwise", {"vec": 8}),
+    ("aten::silu", "bf16[1,8192,2048](s=16801792,2051,1)"): ("elementwise", {"vec": 8}),
+    ("aten::gelu", "bf16[2,4096,6144], approximate='tanh'"): ("elementwise", {"vec": 8}),
+    ("aten::add.Tensor", "bf16[1,512,128,128](s=512,1,65536,512), bf16[1,512,128,128], alpha=1"):
+        ("elementwise", {"vec": 8}),
+    ("aten::mul.Tensor", "bf16[2,24,4096,64](s=6291456,64,1536,1), f32[2,24,4096,1]"):
+        ("elementwise", {"vec": 4}),
+    ("aten::div.Tensor", "bf16[1,2048,262144], other=30.0"): ("elementwise", {"vec": 8}),
+    ("aten::pow.Tensor_Scalar", "f32[1,2048,8,1], exponent=-0.5"): ("elementwise", {"vec": 4}),
+    ("aten::rsqrt", "f32[2,24,4096,1]"): ("elementwise", {"vec": 4}),
+    ("aten::sigmoid", "bf16[2048,1]"): ("elementwise", {"vec": 8}),
+    ("aten::neg", "bf16[1,2048,8,128](s=4194304,2048,256,1)"): ("elementwise", {"vec": 8}),
+    ("aten::softplus", "f32[1,2048,32], beta=1, threshold=20"): ("elementwise", {"vec": 4}),
+    ("aten::_softmax", "f32[2048,256], dim=-1, half_to_float=False"): ("softmax", {"strategy": "warp"}),
+    ("aten::mean.dim", "f16[32,2048,7,7], dim=[-1,-2], keepdim=True"): ("pooling", {"strategy": "tile"}),
+    ("aten::mean.dim", "f32[2,24,4096,64](s=6291456,64,1536,1), dim=[-1], keepdim=True"):
+        ("pooling", {"strategy": "row", "group": 16}),
+    ("aten::mean.dim", "f32[1,2048,2048], dim=[-1], keepdim=True"): ("pooling", {"strategy": "row", "group": 32}),
+    ("aten::sum.dim_IntList", "bf16[2048,8,2048], dim=[1], keepdim=False"): ("pooling", {"strategy": "column"}),
+}
+
+
+def test_reference_model_cards_accepted_with_sensible_defaults():
+    from engine.propose.builtin.proposer import BuiltinProposer
+
+    proposer = BuiltinProposer()
+    found = {}
+    for card in h200_cards():
+        key = (card.op, card.signature_text)
+        if key in REFERENCE_CARDS:
+            found[key] = card
+    missing = set(REFERENCE_CARDS) - set(found)
+    assert not missing, missing
+    for key, card in found.items():
+        name, expect = REFERENCE_CARDS[key]
+        t, reasons = proposer.template_for(card)
+        assert t is not None and t.name == name, (key, reasons)
+        default = t.default(card)
+        assert {k: default[k] for k in expect} == expect, (key, default)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_captured_cards_are_accepted(dtype):
+    for card in cards_for(dtype):
+        assert _template(card).accepts(card) is None, (card.op, card.signature_text, _template(card).accepts(card))
+
+
+def test_softmax_half_to_float_is_accepted_only_for_half_inputs():
+    op = torch.ops.aten._softmax.default
+    x = torch.randn(16, 512, dtype=torch.float16)
+    card = bound_card(op, (x, -1, True), [torch.empty(16, 512)])
+    assert SM[0].accepts(card) is None
+    src = SM[0].render(card, SM[0].default(card)).source
+    assert "const __half* __restrict__ x, float* __restrict__ y" in src
+    f32 = bound_card(op, (x.float(), -1, True), [torch.empty(16, 512)])
+    assert "half_to_float" in SM[0].accepts(f32)
+
+
+def _with_arg(card: CardBrief, name: str, **changes: Any) -> CardBrief:
+    sig = copy.deepcopy(card.signature)
+    for a in sig["args"]:
+        if a["name"] == name:
+            a.update(changes)
+    return CardBrief(card.card_id, card.op, sig, signature_text(sig), card.outputs)
+
+
+def _with_output(card: CardBrief, **changes: Any) -> CardBrief:
+    out = copy.deepcopy(card.outputs)
+    out[0].update(changes)
+    return CardBrief(card.card_id, card.op, card.signature, card.signature_text, out)
+
+
+def _declines(card: CardBrief, fragment: str) -> None:
+    why = _template(card).accepts(card)
+    assert why is not None and fragment in why, (card.op, card.signature_text, why)
+
+
+def test_elementwise_declines_what_it_does_not_handle_exactly():
+    x = torch.randn(4, 8)
+    add = capture(lambda: x + x.flip(0))
+    _declines(_with_arg(add, "self", dtype="int64"), "int64")
+    _declines(_with_arg(add, "other", device="cpu"), "cpu")           # a CPU scalar tensor beside a CUDA one
+    _declines(_with_arg(add, "self", neg=True), "neg")
+    _declines(_with_output(add, stride=[16, 1]), "not dense")
+    _declines(_with_output(add, dtype="float16"), "promoted")
+    # An f32 0-dim tensor next to a bf16 tensor is rounded to bf16 by eager first: not computed exactly.
+    mixed = capture(lambda: x.bfloat16() * torch.tensor(0.1))
+    _declines(mixed, "round an input")
+    # In place on a slice (non-dense self), and in place with an input overlapping self.
+    _declines(capture(lambda: torch.randn(5, 7)[:, :5].relu_()), "not dense")
+    aliased = _with_output(capture(lambda: x.clone().add_(x)), stride=[8, 1])
+    sig = copy.deepcopy(aliased.signature)
+    sig["aliases"] = [["self", "other"]]
+    _declines(CardBrief("t", aliased.op, sig, signature_text(sig), aliased.outputs), "overlaps")
+    _declines(_with_arg(capture(lambda: F.gelu(x)), "approximate", value="fast"), "approximate")
+    _declines(capture(lambda: x.half().pow(1.7)), "exponent")
+    _declines(capture(lambda: x / 0.0), "zero scalar")
+    _declines(capture(lambda: x[:0].exp()), "empty")
+
+
+def test_softmax_declines_what_it_does_not_handle_exactly():
+    x = torch.randn(8, 64)
+    sm = capture(lambda: torch.softmax(x, -1))
+    _declines(capture(lambda: torch.softmax(x, 0)), "not over the last")
+    _declines(capture(lambda: torch.softmax(x.t(), -1)), "stride")
+    _declines(_with_output(sm, stride=[1, 8]), "contiguous")
+    _declines(_with_output(sm, dtype="float16"), "differs")
+    _declines(_with_arg(sm, "self", dtype="float64"), "float64")
+
+
+def test_pooling_declines_what_it_does_not_handle_exactly():
+    x = torch.randn(2, 8, 6, 6)
+    _declines(capture(lambda: torch.ops.aten._adaptive_avg_pool2d(x, [2, 2])), "output_size")
+    _declines(capture(lambda: x.to(torch.int32).sum((-1, -2))), "int32")
+    _declines(capture(lambda: x.mean((-1, -2), dtype=torch.float16)), "dtype")
+    mean = capture(lambda: x.mean((-1, -2), keepdim=True))
+    _declines(_with_output(mean, stride=[1, 2, 1, 1]), "row-major")
+    _declines(_with_output(mean, shape=[2, 8]), "shape")
+    assert PL[0].accepts(capture(lambda: x.half().mean((-1, -2), dtype=torch.float32))) is None
+
+
+def test_misalignment_costs_vectors_not_coverage():
+    # elementwise: a 2-byte-aligned operand is read element by element, the others stay vectorised
+    base = torch.randn(3 * 4096 + 1, dtype=torch.float16)
+    card = capture(lambda: base[1:].view(3, 4096) + torch.randn(3, 4096, dtype=torch.float16))
+    assert card.signature["args"][0]["align"] == 2
+    t = EW[0]
+    assert t.accepts(card) is None and 8 in t.space(card)["vec"]
+    src = t.render(card, {**t.default(card), "vec": 8}).source
+    assert "self float16 strides [1] (gather)" in src and "other float16 strides [1] (vec)" in src
+    # softmax: misaligned rows leave only the scalar width
+    rows = torch.randn(4 * 256 + 1)[1:].view(4, 256)
+    sm = capture(lambda: torch.softmax(rows, -1))
+    assert SM[0].accepts(sm) is None and list(SM[0].space(sm)["vec"]) == [1]
+    # pooling: the widest valid width is used, here 1
+    pl = capture(lambda: rows.mean(-1, keepdim=True))
+    src = PL[0].render(pl, {**PL[0].default(pl), "strategy": "row"}).source
+    assert "kf_load_vec<1>" in src and "kf_load_vec<4>" not in src
+
+
+# --------------------------------------------------------------------------------- numerics in code
+
+
+def _source(card: CardBrief, **params: Any) -> str:
+    t = _template(card)
+    return t.render(card, {**t.default(card), **params}).source
+
+
+def test_sources_use_eager_formulas_and_constants():
+    x = torch.randn(4, 64)
+    # div by a scalar: eager multiplies by the fp32 reciprocal computed on the host
+    assert f"kf_op(kf_to_float(ra[u].v[k]), {cc.float_literal(cc.f32(1 / 30.0))})" in _source(capture(lambda: x / 30.0))
+    assert "return a + 2.500000000e+00f * b;" in _source(capture(lambda: torch.add(x, x.flip(0), alpha=2.5)))
+    assert "return a + -5.000000000e-01f * b;" in _source(capture(lambda: torch.sub(x, x.flip(0), alpha=0.5)))
+    assert "return a - b;" in _source(capture(lambda: x - x.flip(0)))
+    # gelu tanh constants: fp32 of M_SQRT2 * M_2_SQRTPI * 0.5 and 0.044715; erf form for 'none'
+    assert "7.978845835e-01f * (a + 4.471499845e-02f * c)" in _source(capture(lambda: F.gelu(x, approximate="tanh")))
+    assert "erff(a * 7.071067691e-01f)" in _source(capture(lambda: F.gelu(x)))
+    # pow 3 on a half dtype rounds the square to the dtype first, as ATen's Half arithmetic does
+    assert "kf_round<__half>(a * a) * a" in _source(capture(lambda: x.half().pow(3)))
+    assert "rsqrtf(a)" in _source(capture(lambda: x.pow(-0.5)))
+    # mean: fp32 factor num_outputs / numel; adaptive pool: divide by H then W
+    img = torch.randn(2, 4, 7, 7)
+    assert f"acc * {cc.float_literal(cc.f32(8.0) / cc.f32(392.0))}" in _source(
+        capture(lambda: img.mean((-1, -2), keepdim=True)))
+    assert "acc / 7.000000000e+00f / 7.000000000e+00f" in _source(
+        capture(lambda: torch.ops.aten._adaptive_avg_pool2d(img, [1, 1])))
+    # softmax: accurate expf, division by the sum; log_softmax: (x - m) - log(s)
+    s = _source(capture(lambda: torch.softmax(x, -1)), strategy="block")
+    assert "expf(" in s and "__expf" not in s and "v[g][k] / s" in s
+    assert "(v[g][k] - m) - ls" in _source(capture(lambda: torch.log_softmax(x, -1)), strategy="block")
+
+
+def test_float_literal_round_trips_and_f32_rounds():
+    rng = random.Random(0)
+    for _ in range(200):
+        v = cc.f32(rng.uniform(-1e6, 1e6) * 10 ** rng.randint(-30, 30))
+        text = cc.float_literal(v)
+        assert text.endswith("f") and cc.f32(float(text[:-1])) == v
+    assert cc.f32(1e300) == math.inf and cc.f32(-1e300) == -math.inf
+    with pytest.raises(ValueError):
+        cc.float_literal(1e300)
+
+
+def _eval_offset(expr: str, index: int) -> int:
+    py = re.sub(r"\((unsigned long long|unsigned)\)", "", expr).replace("/", "//")
+    return eval(py, {}, {"e": index, "k": index, "r": index, "row": index})  # noqa: S307 - our own output
+
+
+def test_offset_code_matches_strided_addressing():
+    rng = random.Random(1)
+    for _ in range(60):
+        ndim = rng.randint(1, 4)
+        sizes = [rng.randint(1, 6) for _ in range(ndim)]
+        strides = [rng.choice([0, 1, 3, 7, 40, 97]) for _ in range(ndim)]
+        msizes, (mstrides,) = cc.coalesce(sizes, [strides])
+        expr = cc.offset_code("e", msizes, mstrides, "unsigned")
+        for flat, coord in enumerate(itertools.product(*[range(n) for n in sizes])):
+            assert _eval_offset(expr, flat) == sum(c * s for c, s in zip(coord, strides)), (sizes, strides, expr)
+
+
+def test_layout_helpers():
+    assert cc.dense_order([2, 3, 4], [12, 4, 1]) == [0, 1, 2]
+    assert cc.dense_order([2, 16, 5, 7], [560, 1, 112, 16]) == [0, 2, 3, 1]   # channels_last
+    assert cc.dense_order([2, 3], [6, 1]) is None                              # gaps: not dense
+    assert cc.dense_order([2, 3], [0, 1]) is None                              # overlapping
+    assert cc.is_contiguous([32, 2048, 1, 1], [2048, 1, 2048, 2048])
+    assert cc.coalesce([2, 4096, 1536], [[6291456, 1536, 1], [9216, 0, 1]]) == \
+        ([2, 4096, 1536], [[6291456, 1536, 1], [9216, 0, 1]])
+    assert cc.coalesce([2, 1, 3, 4], [[12, 99, 4, 1]]) == ([24], [[1]])
+
+
+# ------------------------------------------------------------------------------ space and mutation
+
+
+def _walk(t: Template, card: CardBrief, steps: int, seed: int) -> list[dict[str, Any]]:
+    """Default, then a seeded random walk of mutations (as the search takes them)."""
+    rng = random.Random(seed)
+    out = [t.default(card)]
+    params = out[0]
+    for _ in range(steps):
+        params = t.mutate(card, params, rng, rng.choice([None, "vectorisation", "occupancy", "decomposition",
+                                                         "fusing passes", "memory access"]))
+        out.append(params)
+    return out
+
+
+def _instances(t: Template, card: CardBrief) -> list[dict[str, Any]]:
+    space = t.space(card)
+    if t.instances(card) <= ENUMERATE_MAX:
+        return [dict(zip(space, vals)) for vals in itertools.product(*space.values())]
+    return _walk(t, card, WALK, seed=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_mutations_stay_inside_the_space(dtype):
+    for card in cards_for(dtype):
+        t = _template(card)
+        space = t.space(card)
+        assert all(len(v) >= 1 and len(set(map(repr, v))) == len(v) for v in space.values())
+        moved = 0
+        for p in _walk(t, card, 50, seed=7):
+            assert set(p) == set(space), (card.op, p)
+            assert all(p[k] in space[k] for k in space), (card.op, p)
+            moved += p != t.default(card)
+        assert moved > 0, card.op
+
+
+# ------------------------------------------------------------------------------------ render/compile
+
+
+def _kernels(spec_text: str) -> list[str]:
+    return [launch.kernel for launch in parse_spec(spec_text).launches]
+
+
+@cache
+def _rendered(dtype: torch.dtype) -> tuple[dict[str, set[str]], int]:
+    """{source: kernel names its specs launch} over every checked instance of every card in `dtype`,
+    and the number of instances; each spec parsed and resolved against its card."""
+    sources: dict[str, set[str]] = {}
+    count = 0
+    for card in cards_for(dtype):
+        t = _template(card)
+        env = Env.from_card(card.signature, card.outputs)
+        for p in _instances(t, card):
+            r = t.render(card, p)
+            resolve(parse_spec(r.spec), env)
+            sources.setdefault(r.source, set()).update(_kernels(r.spec))
+            count += 1
+    return sources, count
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_instance_renders_parses_and_resolves(dtype):
+    sources, count = _rendered(dtype)
+    assert count > 500 and len(sources) > 100
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_distinct_source_compiles_with_nvrtc_for_sm_90(dtype, capsys):
+    from engine.compile import compile_nvrtc
+
+    sources, _ = _rendered(dtype)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(2) as pool:  # NVRTC releases the GIL: two compiles at once on two cores
+        results = list(pool.map(lambda s: compile_nvrtc(s, arch="sm_90"), sources))
+    elapsed = time.perf_counter() - t0
+    failures = [f"{res.summary()}\n{src[:2000]}" for src, res in zip(sources, results) if not res.ok]
+    assert not failures, failures[0]
+    for kernels, res in zip(sources.values(), results):
+        assert kernels <= set(res.kernels), (kernels, res.kernels)
+    with capsys.disabled():
+        print(f"\n[{dtype}] {len(sources)} distinct sources compiled in {elapsed:.1f} s "
+              f"({1000 * elapsed / len(sources):.0f} ms each, 2 threads)")
+
+
+# ------------------------------------------------------------------------------------ proposer
+
+
+def test_builtin_proposer_proposes_defaults_then_untried_neighbours():
+    import asyncio
+
+    from engine.propose.base import Attempt, Hardware, ProposalRequest
+    from engine.propose.builtin.proposer import BuiltinProposer
+
+    proposer = BuiltinProposer(TEMPLATES)
+    for card in cards_for(torch.bfloat16)[::3]:
+        first = asyncio.run(proposer.propose(ProposalRequest(card, Hardware())))
+        assert first.ok and first.params["template"] == _template(card).name
+        parent = Attempt("p", first.source, first.spec, params=first.params)
+        child = asyncio.run(proposer.propose(ProposalRequest(card, Hardware(), parent=parent, seed=1)))
+        assert child.ok and child.params != first.params
+
+
+# ----------------------------------------------------------------------------------- CPU emulation
+# A few instances per strategy RUN on the CPU: one OS thread per CUDA thread (blocks one after another),
+# std::barrier for __syncthreads and warp shuffles, AddressSanitizer for out-of-bounds accesses and UBSan
+# for misaligned vector accesses. Outputs start as NaN (unwritten elements show) and are compared with
+# CPU eager under the lane's tolerance; inputs must come back unchanged.
+
+EMU_HEADER = r"""
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+struct emu_dim3 { unsigned x = 0, y = 0, z = 0; };
+inline thread_local emu_dim3 threadIdx, blockIdx;
+inline emu_dim3 blockDim, gridDim;
+inline std::barrier<>* emu_block_bar = nullptr;
+inline std::vector<std::unique_ptr<std::barrier<>>> emu_warp_bars;
+inline std::vector<float> emu_slots;
+inline void __syncthreads() { emu_block_bar->arrive_and_wait(); }
+inline float __shfl_xor_sync(unsigned, float v, int o) {
+  const unsigned t = threadIdx.x, w = t / 32;
+  emu_slots[t] = v;
+  emu_warp_bars[w]->arrive_and_wait();
+  const float r = emu_slots[w * 32 + ((t % 32) ^ o)];
+  emu_warp_bars[w]->arrive_and_wait();
+  return r;
+}
+inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+template <class T> inline T min(T a, T b) { return a < b ? a : b; }
+inline float emu_u2f(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline uint32_t emu_f2u(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+struct __half { uint16_t x; };
+struct __nv_bfloat16 { uint16_t x; };
+inline float __bfloat162float(__nv_bfloat16 h) { return emu_u2f(uint32_t(h.x) << 16); }
+inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+  uint32_t u = emu_f2u(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return {uint16_t((u >> 16) | 0x40)};
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return {uint16_t(u >> 16)};
+}
+inline float __half2float(__half h) {
+  const uint32_t s = h.x >> 15, e = (h.x >> 10) & 0x1f, m = h.x & 0x3ff;
+  const float v = e == 0 ? std::ldexp(float(m), -24) : e == 31 ? (m ? NAN : INFINITY)
+                                                             : std::ldexp(float(m | 0x400), int(e) - 25);
+  return s ? -v : v;
+}
+inline __half __float2half_rn(float f) {
+  const uint16_t sign = (emu_f2u(f) >> 16) & 0x8000;
+  const float a = std::fabs(f);
+  if (std::isnan(f)) return {uint16_t(sign | 0x7e00)};
+  if (a >= 65520.0f) return {uint16_t(sign | 0x7c00)};
+  if (a < std::ldexp(1.0f, -14)) return {uint16_t(sign | uint16_t(std::nearbyint(a * 16777216.0f)))};
+  int e;
+  float q = std::nearbyint(std::ldexp(std::frexp(a, &e), 11));
+  if (q >= 2048.0f) { q /= 2; e += 1; }
+  return {uint16_t(sign | ((e + 14) << 10) | (int(q) - 1024))};
+}
+struct emu_ptr { void* p; template <class T> operator T*() const { return static_cast<T*>(p); } };
+template <class F> void emu_launch(F&& kernel, unsigned grid, unsigned block) {
+  gridDim = {grid, 1, 1};
+  blockDim = {block, 1, 1};
+  emu_slots.assign(block, 0.f);
+  for (unsigned b = 0; b < grid; ++b) {
+    std::barrier<> bar(block);
+    emu_block_bar = &bar;
+    emu_warp_bars.clear();
+    for (unsigned w = 0; w * 32 < block; ++w)
+      emu_warp_bars.emplace_back(new std::barrier<>(std::min(32u, block - w * 32)));
+    std::vector<std::thread> ts;
+    for (unsigned t = 0; t < block; ++t)
+      ts.emplace_back([&, b, t] {
+        threadIdx = {t, 0, 0};
+        blockIdx = {b, 0, 0};
+        kernel();
+        emu_block_bar->arrive_and_drop();  // an exited thread leaves the barriers, as on the GPU
+        emu_warp_bars[t / 32]->arrive_and_drop();
+      });
+    for (auto& th : ts) th.join();
+  }
+}
+"""
+
+_EMU_MAIN = r"""
+int main(int argc, char** argv) {
+  // argv: case, then buffer files (read, run, written back); each buffer is allocated exactly
+  // (AddressSanitizer catches any access outside it) at its original offset modulo 16.
+  const int which = atoi(argv[1]);
+  std::vector<void*> bufs;
+  std::vector<size_t> sizes;
+  for (int a = 2; a + 1 < argc; a += 2) {
+    FILE* f = fopen(argv[a], "rb");
+    fseek(f, 0, SEEK_END);
+    const size_t n = ftell(f), pad = strtoull(argv[a + 1], nullptr, 10);
+    fseek(f, 0, SEEK_SET);
+    void* base = nullptr;
+    if (posix_memalign(&base, 16, pad + n + 1)) return 3;
+    if (fread((char*)base + pad, 1, n, f) != n) return 4;
+    fclose(f);
+    bufs.push_back((char*)base + pad);
+    sizes.push_back(n);
+  }
+  void** P = bufs.data();
+  switch (which) {
+CASES
+  }
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    FILE* f = fopen(argv[2 + 2 * i], "wb");
+    fwrite(bufs[i], 1, sizes[i], f);
+    fclose(f);
+  }
+  return 0;
+}
+"""
+
+
+def _storage_bytes(t: torch.Tensor) -> tuple[int, bytes]:
+    from engine.capture.signature import storage_extent
+
+    lo, hi = storage_extent(t)
+    raw = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
+    return lo, raw[lo:hi].clone().numpy().tobytes()
+
+
+def _like(t: torch.Tensor, data: bytes) -> torch.Tensor:
+    """A tensor with t's layout whose touched storage holds `data`."""
+    from engine.capture.signature import storage_extent
+
+    lo, hi = storage_extent(t)
+    store = torch.zeros(t.untyped_storage().nbytes(), dtype=torch.uint8)
+    store[lo:hi] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return torch.empty(0, dtype=t.dtype).set_(store.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+
+
+class _Recorder(TorchDispatchMode):
+    """Keeps the last call of our ops: its op, its arguments (copies, same layout) and eager's result."""
+
+    def __init__(self, ops: frozenset[str]):
+        super().__init__()
+        self.ops, self.call = ops, None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.name() in self.ops:
+            bound = bind_arguments(func, args, kwargs)
+            keep = [(n, _like(v, _storage_bytes(v)[1]) if isinstance(v, torch.Tensor) else v) for n, v in bound]
+            out = func(*args, **kwargs)
+            self.call = (func, keep, out.clone() if func.name().split(".")[0].endswith("_") else out)
+            return out
+        return func(*args, **kwargs)
+
+
+EMU_CASES: list[tuple[str, Callable[[], Any], dict[str, Any]]] = [
+    ("ew broadcast mul bf16, grid-stride", lambda: torch.randn(2, 40, 48).bfloat16()
+     * torch.randn(2, 6, 48).bfloat16()[:, 1:2], {"vec": 8, "unroll": 2, "waves": 1, "block": 128}),
+    ("ew silu f16 with a tail", lambda: F.silu(torch.randn(1001).half()), {"vec": 8, "block": 128}),
+    ("ew add_ f32 channels_last self", lambda: torch.randn(2, 16, 5, 7).to(memory_format=torch.channels_last)
+     .add_(torch.randn(2, 16, 5, 7), alpha=0.5), {"vec": 4, "block": 128}),
+    ("ew div by scalar, misaligned f16", lambda: torch.randn(257).half()[1:] / 3.0, {"vec": 8, "block": 128}),
+    ("softmax warp f32, 8 lanes", lambda: torch.softmax(torch.randn(5, 7) * 3, -1), {"strategy": "warp",
+                                                                                       "block": 128}),
+    ("softmax block online f16", lambda: torch.softmax(torch.randn(3, 5000).half(), -1),
+     {"strategy": "block", "block": 128, "online": True}),
+    ("softmax split bf16", lambda: torch.softmax(torch.randn(2, 8192).bfloat16() * 4, -1),
+     {"strategy": "split", "block": 128, "chunks": 16}),
+    ("log_softmax block strided f32", lambda: torch.log_softmax(torch.randn(2, 3, 4, 2048)[:, :, 1:3], -1),
+     {"strategy": "block", "block": 256}),
+    ("mean tile f16", lambda: torch.randn(3, 40, 7, 7).half().mean((-1, -2), keepdim=True),
+     {"strategy": "tile", "block": 128}),
+    ("mean column channels_last bf16", lambda: torch.randn(2, 40, 5, 5).bfloat16()
+     .to(memory_format=torch.channels_last).mean((-1, -2), keepdim=True),
+     {"strategy": "column", "split": 4, "block": 128}),
+    ("mean row strided f32", lambda: torch.randn(2, 40, 3, 16).transpose(1, 2).mean(-1, keepdim=True),
+     {"strategy": "row", "group": 8, "block": 128}),
+]
+
+
+def _emu_case(fn: Callable[[], Any], params: dict[str, Any]) -> tuple[CardBrief, list, Any, Any, Any]:
+    rec = _Recorder(OPS)
+    torch.manual_seed(0)
+    with torch.no_grad(), rec:
+        fn()
+    func, bound, expected = rec.call
+    sig = signature_of(func, bound)
+    outs = [describe_tensor(expected)]
+    card = _brief(func.name(), sig, outs)
+    t = _template(card)
+    assert t.accepts(card) is None, (card.op, card.signature_text, t.accepts(card))
+    p = {**t.default(card), **params}
+    assert all(p[k] in t.space(card)[k] for k in p), p
+    return card, bound, expected, t.render(card, p), resolve(parse_spec(t.render(card, p).spec),
+                                                             Env.from_card(card.signature, card.outputs))
+
+
+def test_kernels_run_correctly_in_the_cpu_emulation(tmp_path):
+    import shutil
+    import subprocess
+
+    from engine.verify.compare import compare
+    from engine.verify.tolerance import tolerance_for
+
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is needed for the CUDA-on-CPU emulation")
+    cases = [(label, *_emu_case(fn, params)) for label, fn, params in EMU_CASES]
+    tu, dispatch = [EMU_HEADER], []
+    for i, (_, _card, bound, _, rendered, res) in enumerate(cases):
+        src = re.sub(r"#include <cuda_\w+\.h>\n", "", rendered.source).replace('extern "C" ', "")
+        tu.append(f"namespace case{i} {{\n{src}\n}}\n")
+        names = [n for n, v in bound if isinstance(v, torch.Tensor)]
+        index = {("input", n): j for j, n in enumerate(names)}
+        index[("output", 0)] = len(names)
+        index.update({("workspace", w[0]): len(names) + 1 + j for j, w in enumerate(res.workspaces)})
+        calls = []
+        for launch in res.launches:
+            args = ", ".join(f"emu_ptr{{P[{index[a.value]}]}}" for a in launch.args)
+            calls.append(f"emu_launch([&] {{ case{i}::{launch.kernel}({args}); }}, {launch.grid[0]}, "
+                         f"{launch.block[0]});")
+        dispatch.append(f"    case {i}: {{ {' '.join(calls)} break; }}")
+    cpp = tmp_path / "emu.cpp"
+    cpp.write_text("\n".join(tu) + _EMU_MAIN.replace("CASES", "\n".join(dispatch)))
+    exe = tmp_path / "emu"
+    build = subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-pthread", "-fsanitize=address,undefined",
+                            "-fno-sanitize-recover=all", str(cpp), "-o", str(exe)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[-3000:]
+    failures = []
+    for i, (label, card, bound, expected, rendered, res) in enumerate(cases):
+        tensors = [(n, v) for n, v in bound if isinstance(v, torch.Tensor)]
+        inplace = card.op.split("::")[1].split(".")[0].endswith("_")
+        out = torch.empty_strided(expected.shape, expected.stride(), dtype=expected.dtype)
+        torch.empty(0, dtype=torch.uint8).set_(out.untyped_storage()).fill_(0xFF)  # NaN everywhere
+        files = []
+        for j, t in enumerate([v for _, v in tensors] + [out]):
+            lo, data = _storage_bytes(t)
+            (tmp_path / f"{i}_{j}").write_bytes(data)
+            files += [str(tmp_path / f"{i}_{j}"), str(lo % 16)]
+        for j, (_, nbytes, zero) in enumerate(res.workspaces, start=len(tensors) + 1):
+            (tmp_path / f"{i}_{j}").write_bytes(bytes(nbytes) if zero else b"\xab" * nbytes)
+            files += [str(tmp_path / f"{i}_{j}"), "0"]
+        run = subprocess.run([str(exe), str(i), *files], capture_output=True, text=True, timeout=120,
+                             env={"ASAN_OPTIONS": "detect_leaks=0", "PATH": "/usr/bin:/bin"})
+        if run.returncode:
+            failures.append(f"{label}: crashed (rc {run.returncode}): {run.stderr[-1500:]}")
+            continue
+        after = [_like(v, (tmp_path / f"{i}_{j}").read_bytes()) for j, (_, v) in enumerate(tensors)]
+        got = after[0] if inplace else _like(out, (tmp_path / f"{i}_{len(tensors)}").read_bytes())
+        report = compare(got, expected, tolerance_for(card.op, expected.dtype))
+        if not report.ok:
+            failures.append(f"{label}: {rendered.intent}: {report.message}")
+        for (name, before), now in zip(tensors, after):
+            if not (inplace and name == "self") and not torch.equal(before, now):
+                failures.append(f"{label}: input {name} was modified")
+    assert not failures, "\n".join(failures)
