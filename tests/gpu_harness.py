@@ -64,3 +64,25 @@ def evaluate_many(jobs: Sequence[tuple[Any, str, str]], *, cache_dir: Path, timi
             await lane.close()
 
     return asyncio.run(run())
+
+
+def template_walk(template: Any, card: Any, mutations: int, seed: int = 0,
+                  extra: tuple[dict[str, Any], ...] = ()) -> list[dict[str, Any]]:
+    """A template's default, then up to `mutations` distinct seeded neighbours (a walk, as the search
+    takes), then the default with each of `extra` applied."""
+    import random
+
+    rng = random.Random(seed)
+    params = template.default(card)
+    out = [params]
+    for _ in range(mutations * 8):
+        if len(out) > mutations:
+            break
+        params = template.mutate(card, params, rng)
+        if params not in out:
+            out.append(params)
+    for e in extra:
+        p = {**template.default(card), **e}
+        if p not in out:
+            out.append(p)
+    return out

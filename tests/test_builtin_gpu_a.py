@@ -10,7 +10,6 @@ Lane time: about 1.5 minutes for the whole file on an H200 (0.5 s of timing per 
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,22 +28,9 @@ TIMING = {"max_seconds": 0.5}
 
 def _candidates(name: str, card: Any, mutations: int = 3, seed: int = 0,
                 extra: tuple[dict[str, Any], ...] = ()) -> list[dict[str, Any]]:
-    """The default, `mutations` distinct seeded neighbours (a walk, as the search takes) and extras."""
-    t = BY_NAME[name]
-    rng = random.Random(seed)
-    params = t.default(card)
-    out = [params]
-    for _ in range(mutations * 8):
-        if len(out) > mutations:
-            break
-        params = t.mutate(card, params, rng)
-        if params not in out:
-            out.append(params)
-    for e in extra:
-        p = {**t.default(card), **e}
-        if p not in out:
-            out.append(p)
-    return out
+    from gpu_harness import template_walk
+
+    return template_walk(BY_NAME[name], card, mutations, seed, extra)
 
 
 Case = tuple[str, str, Callable[[], Any], dict[str, Any]]  # (label, template, fn, options)
