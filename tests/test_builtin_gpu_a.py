@@ -109,13 +109,15 @@ def test_softmax_reference_shapes(tmp_path):
     vocab = _cuda(64, 32000, dtype=torch.bfloat16) * 4
     _evaluate(tmp_path, [
         ("softmax [4,262144] f32", "softmax", lambda: torch.softmax(long_rows, -1),
-         {"extra": ({"strategy": "block", "online": True, "block": 1024},)}),
+         {"extra": ({"strategy": "block", "online": True, "block": 1024},
+                    {"strategy": "cluster", "cluster": 8, "block": 1024},  # one launch, rows in registers
+                    {"strategy": "split", "chunks": 32})}),
         ("softmax [1,8,2048,2048] f32", "softmax", lambda: torch.softmax(scores, -1),
          {"samples": 1, "mutations": 2, "extra": ({"strategy": "warp"},)}),
         ("softmax [4096,256] f32", "softmax", lambda: torch.softmax(router, -1),
          {"extra": ({"strategy": "block", "block": 128},)}),
         ("log_softmax [64,32000] bf16", "softmax", lambda: torch.log_softmax(vocab, -1),
-         {"mutations": 2, "extra": ({"strategy": "block"},)}),
+         {"mutations": 2, "extra": ({"strategy": "block"}, {"strategy": "cluster", "cluster": 4})}),
     ])
 
 

@@ -291,7 +291,7 @@ def test_misalignment_costs_vectors_not_coverage():
     # pooling: the widest valid width is used, here 1
     pl = capture(lambda: rows.mean(-1, keepdim=True))
     src = PL[0].render(pl, {**PL[0].default(pl), "strategy": "row"}).source
-    assert "kf_load_vec<1>" in src and "kf_load_vec<4>" not in src
+    assert "kf_vec<float, 1> w[" in src and "kf_vec<float, 4>" not in src
 
 
 # --------------------------------------------------------------------------------- numerics in code
@@ -492,21 +492,29 @@ EMU_HEADER = r"""
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
+#define __cluster_dims__(...)
 struct emu_dim3 { unsigned x = 0, y = 0, z = 0; };
 inline thread_local emu_dim3 threadIdx, blockIdx;
 inline emu_dim3 blockDim, gridDim;
-inline std::barrier<>* emu_block_bar = nullptr;
-inline std::vector<std::unique_ptr<std::barrier<>>> emu_warp_bars;
-inline std::vector<float> emu_slots;
-inline void __syncthreads() { emu_block_bar->arrive_and_wait(); }
+struct emu_block {  // the synchronisation state of one running block
+  std::unique_ptr<std::barrier<>> bar;
+  std::vector<std::unique_ptr<std::barrier<>>> warps;
+  std::vector<float> slots;
+};
+inline thread_local emu_block* emu_me = nullptr;
+inline std::barrier<>* emu_cluster_bar = nullptr;
+inline void __syncthreads() { emu_me->bar->arrive_and_wait(); }
+inline void kf_cluster_sync() { emu_cluster_bar->arrive_and_wait(); }
 inline float __shfl_xor_sync(unsigned, float v, int o) {
   const unsigned t = threadIdx.x, w = t / 32;
-  emu_slots[t] = v;
-  emu_warp_bars[w]->arrive_and_wait();
-  const float r = emu_slots[w * 32 + ((t % 32) ^ o)];
-  emu_warp_bars[w]->arrive_and_wait();
+  emu_me->slots[t] = v;
+  emu_me->warps[w]->arrive_and_wait();
+  const float r = emu_me->slots[w * 32 + ((t % 32) ^ o)];
+  emu_me->warps[w]->arrive_and_wait();
   return r;
 }
+inline float __ldcg(const float* p) { return *p; }
+inline void __stcg(float* p, float v) { *p = v; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 template <class T> inline T min(T a, T b) { return a < b ? a : b; }
@@ -539,25 +547,33 @@ inline __half __float2half_rn(float f) {
   return {uint16_t(sign | ((e + 14) << 10) | (int(q) - 1024))};
 }
 struct emu_ptr { void* p; template <class T> operator T*() const { return static_cast<T*>(p); } };
-template <class F> void emu_launch(F&& kernel, unsigned grid, unsigned block) {
+// Blocks run one cluster at a time; the `cluster` blocks of a cluster run together, block q of it
+// calling kernel(q) (a separate copy of the code, so each has its own __shared__ statics).
+template <class F> void emu_launch(F&& kernel, unsigned grid, unsigned block, unsigned cluster = 1) {
   gridDim = {grid, 1, 1};
   blockDim = {block, 1, 1};
-  emu_slots.assign(block, 0.f);
-  for (unsigned b = 0; b < grid; ++b) {
-    std::barrier<> bar(block);
-    emu_block_bar = &bar;
-    emu_warp_bars.clear();
-    for (unsigned w = 0; w * 32 < block; ++w)
-      emu_warp_bars.emplace_back(new std::barrier<>(std::min(32u, block - w * 32)));
+  for (unsigned b0 = 0; b0 < grid; b0 += cluster) {
+    std::barrier<> cbar(block * cluster);
+    emu_cluster_bar = &cbar;
+    std::vector<emu_block> blocks(cluster);
+    for (auto& blk : blocks) {
+      blk.bar.reset(new std::barrier<>(block));
+      for (unsigned w = 0; w * 32 < block; ++w)
+        blk.warps.emplace_back(new std::barrier<>(std::min(32u, block - w * 32)));
+      blk.slots.assign(block, 0.f);
+    }
     std::vector<std::thread> ts;
-    for (unsigned t = 0; t < block; ++t)
-      ts.emplace_back([&, b, t] {
-        threadIdx = {t, 0, 0};
-        blockIdx = {b, 0, 0};
-        kernel();
-        emu_block_bar->arrive_and_drop();  // an exited thread leaves the barriers, as on the GPU
-        emu_warp_bars[t / 32]->arrive_and_drop();
-      });
+    for (unsigned q = 0; q < cluster; ++q)
+      for (unsigned t = 0; t < block; ++t)
+        ts.emplace_back([&, q, t] {
+          threadIdx = {t, 0, 0};
+          blockIdx = {b0 + q, 0, 0};
+          emu_me = &blocks[q];
+          kernel(q);
+          emu_me->bar->arrive_and_drop();  // an exited thread leaves the barriers, as on the GPU
+          emu_me->warps[t / 32]->arrive_and_drop();
+          emu_cluster_bar->arrive_and_drop();
+        });
     for (auto& th : ts) th.join();
   }
 }
@@ -644,7 +660,13 @@ EMU_CASES: list[tuple[str, Callable[[], Any], dict[str, Any]]] = [
     ("softmax block online f16", lambda: torch.softmax(torch.randn(3, 5000).half(), -1),
      {"strategy": "block", "block": 128, "online": True}),
     ("softmax split bf16", lambda: torch.softmax(torch.randn(2, 8192).bfloat16() * 4, -1),
-     {"strategy": "split", "block": 128, "chunks": 16}),
+     {"strategy": "split", "block": 128, "chunks": 8}),
+    ("softmax split streaming f16", lambda: torch.softmax(torch.randn(1, 65536).half(), -1),
+     {"strategy": "split", "block": 128, "chunks": 8, "online": False}),
+    ("log_softmax cluster f32", lambda: torch.log_softmax(torch.randn(3, 8192) * 3, -1),
+     {"strategy": "cluster", "cluster": 4, "block": 128}),
+    ("softmax cluster streaming bf16", lambda: torch.softmax(torch.randn(2, 40000).bfloat16(), -1),
+     {"strategy": "cluster", "cluster": 2, "block": 128, "vec": 8}),
     ("log_softmax block strided f32", lambda: torch.log_softmax(torch.randn(2, 3, 4, 2048)[:, :, 1:3], -1),
      {"strategy": "block", "block": 256}),
     ("mean tile f16", lambda: torch.randn(3, 40, 7, 7).half().mean((-1, -2), keepdim=True),
@@ -654,6 +676,7 @@ EMU_CASES: list[tuple[str, Callable[[], Any], dict[str, Any]]] = [
      {"strategy": "column", "split": 4, "block": 128}),
     ("mean row strided f32", lambda: torch.randn(2, 40, 3, 16).transpose(1, 2).mean(-1, keepdim=True),
      {"strategy": "row", "group": 8, "block": 128}),
+    ("sum block_row f32", lambda: torch.randn(3, 5000).sum(-1), {"strategy": "block_row", "block": 128}),
 ]
 
 
@@ -687,7 +710,11 @@ def test_kernels_run_correctly_in_the_cpu_emulation(tmp_path):
     tu, dispatch = [EMU_HEADER], []
     for i, (_, _card, bound, _, rendered, res) in enumerate(cases):
         src = re.sub(r"#include <cuda_\w+\.h>\n", "", rendered.source).replace('extern "C" ', "")
-        tu.append(f"namespace case{i} {{\n{src}\n}}\n")
+        src = re.sub(r"// kf-cluster-begin.*?// kf-cluster-end\n", "", src, flags=re.S)  # the emulator's
+        found = re.search(r"__cluster_dims__\((\d+)", src)
+        cluster = int(found.group(1)) if found else 1
+        for q in range(cluster):
+            tu.append(f"namespace case{i}_{q} {{\n{src}\n}}\n")
         names = [n for n, v in bound if isinstance(v, torch.Tensor)]
         index = {("input", n): j for j, n in enumerate(names)}
         index[("output", 0)] = len(names)
@@ -695,8 +722,9 @@ def test_kernels_run_correctly_in_the_cpu_emulation(tmp_path):
         calls = []
         for launch in res.launches:
             args = ", ".join(f"emu_ptr{{P[{index[a.value]}]}}" for a in launch.args)
-            calls.append(f"emu_launch([&] {{ case{i}::{launch.kernel}({args}); }}, {launch.grid[0]}, "
-                         f"{launch.block[0]});")
+            slots = " ".join(f"case {q}: case{i}_{q}::{launch.kernel}({args}); break;" for q in range(cluster))
+            calls.append(f"emu_launch([&](unsigned q) {{ switch (q) {{ {slots} }} }}, {launch.grid[0]}, "
+                         f"{launch.block[0]}, {cluster});")
         dispatch.append(f"    case {i}: {{ {' '.join(calls)} break; }}")
     cpp = tmp_path / "emu.cpp"
     cpp.write_text("\n".join(tu) + _EMU_MAIN.replace("CASES", "\n".join(dispatch)))

@@ -13,6 +13,9 @@ CUDA snippets (prepend `prelude(dtypes, ...)` to a kernel source; every name sta
                shared memory); blockDim.x must be a multiple of 32; every thread gets the result; safe to
                call back to back with the same scratch.
                kf_lse_merge(m, s, m2, s2): merges two (max, sum of exp(x - max)) pairs (online softmax).
+  clusters     kf_cluster_sync(): barrier of a thread block cluster (kernel declared __cluster_dims__),
+               release/acquire at cluster scope (sm_90); between `// kf-cluster-begin/end` markers so a
+               CPU emulation can substitute it.
 
 Python helpers:
   dtypes       DTYPES / SUPPORTED (float32, float16, bfloat16), ctype(), itemsize(), includes(), prelude(),
@@ -155,6 +158,16 @@ __device__ __forceinline__ void kf_lse_merge(float& m, float& s, float m2, float
 }
 """
 
+CLUSTER = r"""
+// kf-cluster-begin: thread block clusters (sm_90). Every block of the kernel's cluster
+// (__cluster_dims__) meets here; arrive releases and wait acquires at cluster scope, so global writes
+// made before the barrier are visible to the whole cluster after it (read them with __ldcg: from L2).
+__device__ __forceinline__ void kf_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;\n" ::: "memory");
+}
+// kf-cluster-end
+"""
+
 
 def includes(dtypes: Iterable[str]) -> str:
     """The #include lines the dtypes need (only those: each header costs NVRTC time)."""
@@ -162,8 +175,9 @@ def includes(dtypes: Iterable[str]) -> str:
     return "".join(f"#include <{h}>\n" for h in headers)
 
 
-def prelude(dtypes: Iterable[str], *, vec: bool = False, reduce: bool = False, round_: bool = False) -> str:
-    """Includes + conversions for `dtypes`, plus the vector / reduction / rounding snippets asked for."""
+def prelude(dtypes: Iterable[str], *, vec: bool = False, reduce: bool = False, round_: bool = False,
+            cluster: bool = False) -> str:
+    """Includes + conversions for `dtypes`, plus the vector / reduction / rounding / cluster snippets."""
     ds = set(dtypes) | {"float32"}
     parts = [includes(ds), _CONVERT_F32]
     if "float16" in ds:
@@ -176,6 +190,8 @@ def prelude(dtypes: Iterable[str], *, vec: bool = False, reduce: bool = False, r
         parts.append(VEC)
     if reduce:
         parts.append(REDUCE)
+    if cluster:
+        parts.append(CLUSTER)
     return "".join(parts)
 
 

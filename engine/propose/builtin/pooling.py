@@ -222,12 +222,49 @@ def _store(plan: _Plan, index: str) -> str:
     return f"y[{index}] = kf_from_float<{cc.ctype(plan.out_dtype)}>({plan.finish.format(acc='acc')});"
 
 
+STAGE_BYTES = 128  # raw bytes a thread may stage in registers to issue all its loads at once
+
+
+def _walk(plan: _Plan, start: str, step: int, v: int, add: str, base: str = "xk") -> str:
+    """Sum the reduced elements r = start, start + step, ... < R (each `v` wide) into the accumulator
+    `add` names ('acc' or 'acc[j]'). When the trip count is small, every load of the thread is issued
+    before the first add (the loads overlap instead of waiting on each other); else a loop."""
+    it, ti = plan.itype, cc.ctype(plan.in_dtype)
+    trips = -(-plan.r // step)
+    roff = cc.offset_code("r", plan.red_sizes, plan.red_strides, it)
+    if trips * v * plan.isz <= STAGE_BYTES and trips <= 16:
+        # start < step for every thread, so whole trips never pass R when step divides it
+        guard = "" if plan.r % step == 0 else f"if (r < ({it}){plan.r}) "
+        return f"""    kf_vec<{ti}, {v}> w[{trips}];
+    #pragma unroll
+    for (int i = 0; i < {trips}; ++i) {{
+      const {it} r = ({it})({start}) + ({it})i * {step};
+      {guard}w[i] = *reinterpret_cast<const kf_vec<{ti}, {v}>*>({base} + ({roff}));
+    }}
+    #pragma unroll
+    for (int i = 0; i < {trips}; ++i) {{
+      const {it} r = ({it})({start}) + ({it})i * {step};
+      {guard}{{
+        #pragma unroll
+        for (int j = 0; j < {v}; ++j) {add} += kf_to_float(w[i].v[j]);
+      }}
+    }}
+"""
+    return f"""    #pragma unroll 4
+    for ({it} r = ({it})({start}); r < ({it}){plan.r}; r += {step}) {{
+      float a[{v}];
+      kf_load_vec<{v}>({base} + ({roff}), a);
+      #pragma unroll
+      for (int j = 0; j < {v}; ++j) {add} += a[j];
+    }}
+"""
+
+
 def _row_source(plan: _Plan, block: int, vec: int, group: int) -> tuple[str, int]:
     v = _row_vec(plan, vec)
     it = plan.itype
     name = _name(plan, "row")
     koff = cc.offset_code("k", plan.kept_sizes, plan.kept_strides, it)
-    roff = cc.offset_code("r", plan.red_sizes, plan.red_strides, it)
     src = _prelude(plan, f"{group} lanes per output, {v}-wide loads") + _head(plan, name, block)
     src += f"""  const {it} k = (({it})blockIdx.x * {block} + threadIdx.x) / {group};
   const int lane = threadIdx.x & {group - 1};
@@ -236,14 +273,7 @@ def _row_source(plan: _Plan, block: int, vec: int, group: int) -> tuple[str, int
   float acc = 0.f;
   if (valid) {{
     const {cc.ctype(plan.in_dtype)}* xk = x + ({koff});
-    #pragma unroll 4
-    for ({it} r = ({it})lane * {v}; r < ({it}){plan.r}; r += {group * v}) {{
-      float a[{v}];
-      kf_load_vec<{v}>(xk + ({roff}), a);
-      #pragma unroll
-      for (int j = 0; j < {v}; ++j) acc += a[j];
-    }}
-  }}
+{_walk(plan, f"lane * {v}", group * v, v, "acc")}  }}
   acc = kf_warp_sum(acc, {group});
   if (valid && lane == 0) {_store(plan, "k")}
 }}
@@ -255,20 +285,14 @@ def _block_row_source(plan: _Plan, block: int, vec: int) -> tuple[str, int]:
     v = _row_vec(plan, vec)
     it = plan.itype
     koff = cc.offset_code("k", plan.kept_sizes, plan.kept_strides, it)
-    roff = cc.offset_code("r", plan.red_sizes, plan.red_strides, it)
     src = _prelude(plan, f"one block of {block} per output, {v}-wide loads")
     src += _head(plan, _name(plan, "block_row"), block)
     src += f"""  __shared__ float scratch[32];
   const {it} k = blockIdx.x;
   const {cc.ctype(plan.in_dtype)}* xk = x + ({koff});
   float acc = 0.f;
-  #pragma unroll 4
-  for ({it} r = ({it})threadIdx.x * {v}; r < ({it}){plan.r}; r += {block * v}) {{
-    float a[{v}];
-    kf_load_vec<{v}>(xk + ({roff}), a);
-    #pragma unroll
-    for (int j = 0; j < {v}; ++j) acc += a[j];
-  }}
+  {{
+{_walk(plan, f"threadIdx.x * {v}", block * v, v, "acc")}  }}
   acc = kf_block_sum(acc, scratch);
   if (threadIdx.x == 0) {_store(plan, "k")}
 }}
@@ -282,7 +306,6 @@ def _column_source(plan: _Plan, block: int, vec: int, split: int) -> tuple[str, 
     bx = block // split
     it = plan.itype
     koff = cc.offset_code("k", plan.kept_sizes, plan.kept_strides, it)
-    roff = cc.offset_code("r", plan.red_sizes, plan.red_strides, it)
     mv = plan.m // v
     src = _prelude(plan, f"a thread per {v} adjacent output(s), {split} thread(s) per column")
     src += _head(plan, _name(plan, "column"), block)
@@ -311,14 +334,7 @@ def _column_source(plan: _Plan, block: int, vec: int, split: int) -> tuple[str, 
   const {it} k = (valid ? kv : 0) * {v};
   if (valid) {{
     const {cc.ctype(plan.in_dtype)}* xk = x + ({koff});
-    #pragma unroll 4
-    for ({it} r = ty; r < ({it}){plan.r}; r += {split}) {{
-      float a[{v}];
-      kf_load_vec<{v}>(xk + ({roff}), a);
-      #pragma unroll
-      for (int j = 0; j < {v}; ++j) acc[j] += a[j];
-    }}
-  }}
+{_walk(plan, "ty", split, v, "acc[j]")}  }}
 {combine}  if (!valid) return;
   float o[{v}];
   #pragma unroll
@@ -335,6 +351,27 @@ def _tile_source(plan: _Plan, block: int, vec: int) -> tuple[str, int]:
     it = plan.itype
     ti = cc.ctype(plan.in_dtype)
     tile = rows * plan.r
+    per = -(-(tile // v) // block)  # vectors each thread copies
+    vt = f"kf_vec<{ti}, {v}>"
+    if per * v * plan.isz <= STAGE_BYTES:
+        # every load of the thread in flight at once, then the shared-memory stores
+        copy = f"""  {vt} w[{per}];
+  #pragma unroll
+  for (int q = 0; q < {per}; ++q) {{
+    const int i = q * {block} + threadIdx.x;
+    if (i < nvec) w[q] = *reinterpret_cast<const {vt}*>(x + start + ({it})i * {v});
+  }}
+  #pragma unroll
+  for (int q = 0; q < {per}; ++q) {{
+    const int i = q * {block} + threadIdx.x;
+    if (i < nvec) *reinterpret_cast<{vt}*>(tile + i * {v}) = w[q];
+  }}
+"""
+    else:
+        copy = f"""  #pragma unroll 4
+  for (int i = threadIdx.x; i < nvec; i += {block})
+    *reinterpret_cast<{vt}*>(tile + i * {v}) = *reinterpret_cast<const {vt}*>(x + start + ({it})i * {v});
+"""
     src = _prelude(plan, f"tiles of {rows} contiguous rows staged in shared memory with {v}-wide loads, "
                          "one thread per row")
     src += _head(plan, _name(plan, "tile"), block)
@@ -345,10 +382,7 @@ def _tile_source(plan: _Plan, block: int, vec: int) -> tuple[str, int]:
   const int len = ({it}){plan.m * plan.r} - start < ({it}){tile} ? (int)(({it}){plan.m * plan.r} - start) : {tile};
   // Coalesced copy of the tile (whole vectors, then the few elements a partial last tile leaves).
   const int nvec = len / {v};
-  for (int i = threadIdx.x; i < nvec; i += {block})
-    *reinterpret_cast<kf_vec<{ti}, {v}>*>(tile + i * {v}) =
-        *reinterpret_cast<const kf_vec<{ti}, {v}>*>(x + start + ({it})i * {v});
-  for (int i = nvec * {v} + threadIdx.x; i < len; i += {block}) tile[i] = x[start + i];
+{copy}  for (int i = nvec * {v} + threadIdx.x; i < len; i += {block}) tile[i] = x[start + i];
   __syncthreads();
   const {it} k = row0 + threadIdx.x;
   if (threadIdx.x >= {rows} || k >= ({it}){plan.m}) return;
@@ -401,9 +435,13 @@ class PoolingTemplate(Template):
         # Enough threads for the column strategy: split the reduction until ~128K threads run.
         threads = max(1, plan.m // _col_vec(plan, best_vec))
         split = next((s for s in SPLITS if threads * s >= 128 * 1024 or s >= plan.r), SPLITS[-1])
+        split = min(split, 256 // 32)  # what the default block of 256 takes (≥ 32 columns per block)
+        # Tiles: smaller blocks spread a small tensor over more SMs (on the H200 the 7x7 pooling of
+        # [32,2048] ran in 256 tiles of 256 rows at 8.2 us; 128-row tiles double the blocks).
+        blocks = [128, 256, 512, 1024] if first == "tile" else list(BLOCKS)
         return {
             "strategy": [first] + [s for s in strategies if s != first],
-            "block": list(BLOCKS),
+            "block": blocks,
             "vec": [best_vec] + [v for v in VECS if v != best_vec],
             "group": [group] + [g for g in GROUPS if g != group],
             "split": [split] + [s for s in SPLITS if s != split],
@@ -444,7 +482,8 @@ class PoolingTemplate(Template):
             intent = f"block of {block} per output, up to {vec}-wide loads"
         elif strategy == "column":
             src, grid = _column_source(plan, block, vec, int(p["split"]))
-            intent = f"thread per output column, split {p['split']}, block {block}, up to {vec}-wide"
+            intent = (f"thread per output column, split {min(int(p['split']), block // 32)}, block {block}, "
+                      f"up to {vec}-wide")
         elif strategy == "tile" and strategy in space["strategy"]:
             src, grid = _tile_source(plan, block, vec)
             intent = f"shared-memory tiles of {_tile_rows(plan, block)} rows, block {block}"

@@ -11,6 +11,9 @@ fp32 reduction tolerance is 1e-5 relative). Strategies (param `strategy`):
   split  long rows and few of them: `chunks` blocks per row. Kernel 1 writes each chunk's
          (max, sum of exp) to a workspace; kernel 2 merges the row's partials (same order in every block,
          so the result is deterministic) and writes its chunk.
+  cluster  one launch: a thread block cluster (sm_90, `cluster` blocks) per row; each block reduces its
+         chunk, the partials meet at the cluster's hardware barrier, every block merges them in the same
+         order and writes its chunk (from registers when it fits): one read, one write, no second launch.
 Outer dims may have any strides (the row offset is computed from them); the output is contiguous.
 """
 
@@ -28,6 +31,7 @@ from engine.propose.builtin.template import INTENT_PARAMS, Rendered, Template
 
 MAX_CACHED = 32     # row values a thread keeps in registers (block and split strategies)
 MAX_WARP_ROW = 64   # values per lane in the warp strategy (rows of up to 2048 elements)
+MIN_CHUNK = 1024    # elements per chunk in the split strategy
 
 
 class _Decline(Exception):
@@ -148,9 +152,9 @@ def _finish(plan: _Plan, value: str) -> str:
 
 
 def _cached_stats(plan: _Plan, groups: int, vec: int, stride: str, bound: str, reduce_max: str,
-                  reduce_sum: str) -> str:
-    """Load the segment into v[groups][vec], then m and s; softmax keeps exp(v - m) in v."""
-    keep = "" if plan.log else " v[g][k] = e;"
+                  reduce_sum: str, keep_exp: bool = True) -> str:
+    """Load the segment into v[groups][vec], then m and s; softmax keeps exp(v - m) in v if keep_exp."""
+    keep = " v[g][k] = e;" if keep_exp and not plan.log else ""
     return f"""  float v[{groups}][{vec}];
   #pragma unroll
   for (int g = 0; g < {groups}; ++g) {{
@@ -178,8 +182,9 @@ def _cached_stats(plan: _Plan, groups: int, vec: int, stride: str, bound: str, r
 """
 
 
-def _cached_write(plan: _Plan, groups: int, vec: int, stride: str, bound: str) -> str:
-    value = "(v[g][k] - m) - ls" if plan.log else "v[g][k] / s"
+def _cached_write(plan: _Plan, groups: int, vec: int, stride: str, bound: str, raw: bool = False) -> str:
+    """Write v's outputs: v holds exp(x - m) for softmax after _cached_stats, the inputs when `raw`."""
+    value = _finish(plan, "v[g][k]") if raw else ("(v[g][k] - m) - ls" if plan.log else "v[g][k] / s")
     ls = "  const float ls = logf(s);\n" if plan.log else ""
     return f"""{ls}  #pragma unroll
   for (int g = 0; g < {groups}; ++g) {{
@@ -197,7 +202,7 @@ def _cached_write(plan: _Plan, groups: int, vec: int, stride: str, bound: str) -
 def _stream_stats(plan: _Plan, vec: int, block: int, length: str, online: bool) -> str:
     """m and s of xr[0, length) by the whole block, reading global memory (1 or 2 passes)."""
     it = plan.itype
-    loop = f"for ({it} j = ({it})t * {vec}; j < {length}; j += {block * vec})"
+    loop = f"#pragma unroll 4\n  for ({it} j = ({it})t * {vec}; j < {length}; j += {block * vec})"
     load = f"float a[{vec}];\n    kf_load_vec<{vec}>(xr + j, a);"
     if online:
         return f"""  // One pass with a running (max, sum of exp) per thread, then an exact block merge.
@@ -238,7 +243,8 @@ def _stream_stats(plan: _Plan, vec: int, block: int, length: str, online: bool) 
 def _stream_write(plan: _Plan, vec: int, block: int, length: str) -> str:
     it = plan.itype
     ls = "  const float ls = logf(s);\n" if plan.log else ""
-    return f"""{ls}  for ({it} j = ({it})t * {vec}; j < {length}; j += {block * vec}) {{
+    return f"""{ls}  #pragma unroll 4
+  for ({it} j = ({it})t * {vec}; j < {length}; j += {block * vec}) {{
     float a[{vec}], o[{vec}];
     kf_load_vec<{vec}>(xr + j, a);
     #pragma unroll
@@ -248,11 +254,11 @@ def _stream_write(plan: _Plan, vec: int, block: int, length: str) -> str:
 """
 
 
-def _prelude(plan: _Plan, what: str) -> str:
+def _prelude(plan: _Plan, what: str, cluster: bool = False) -> str:
     op = "log_softmax" if plan.log else "softmax"
     return (f"// aten::_{op} of {plan.rows} rows x {plan.n} ({plan.in_dtype} -> {plan.out_dtype}): {what}.\n"
             f"// fp32 max / sum / exp with accurate expf, one rounding on store.\n"
-            + cc.prelude({plan.in_dtype, plan.out_dtype}, vec=True, reduce=True) + "\n")
+            + cc.prelude({plan.in_dtype, plan.out_dtype}, vec=True, reduce=True, cluster=cluster) + "\n")
 
 
 def _warp_source(plan: _Plan, block: int, vec: int) -> tuple[str, str, int]:
@@ -326,6 +332,14 @@ def _split_source(plan: _Plan, block: int, vec: int, chunks: int, online: bool) 
         src += _stream_stats(plan, vec, block, "len", online)
     src += "  if (t == 0) { ws[2 * blockIdx.x] = m; ws[2 * blockIdx.x + 1] = s; }\n}\n\n"
     src += head2 + " {\n" + setup + _row_ptrs(plan, "row") + "  xr += start;\n  yr += start;\n"
+    if cached:  # the chunk's loads are issued first and land while the partials merge
+        src += f"""  float v[{ept // vec}][{vec}];
+  #pragma unroll
+  for (int g = 0; g < {ept // vec}; ++g) {{
+    const {it} j = ({it})(g * {block} + t) * {vec};
+    if (j < len) kf_load_vec<{vec}>(xr + j, v[g]);
+  }}
+"""
     src += f"""  // Merge the row's {count} partials: each thread folds a fixed subset in order, then the block.
   const float* p = ws + 2 * row * {count};
   float m = -INFINITY, s = 0.f;
@@ -334,14 +348,67 @@ def _split_source(plan: _Plan, block: int, vec: int, chunks: int, online: bool) 
   m = kf_block_max(m, scratch);
   s = kf_block_sum(mt == -INFINITY ? 0.f : s * expf(mt - m), scratch);
 """
-    src += _stream_write(plan, vec, block, "len") + "}\n"
+    if cached:
+        src += _cached_write(plan, ept // vec, vec, str(block), "j < len", raw=True) + "}\n"
+    else:
+        src += _stream_write(plan, vec, block, "len") + "}\n"
     return src, [k1, k2], plan.rows * count, count
+
+
+def _cluster_source(plan: _Plan, block: int, vec: int, size: int, online: bool) -> tuple[str, str, int]:
+    """One launch: a cluster of `size` blocks per row. Each block reduces its chunk, publishes (max, sum)
+    to the workspace, meets its cluster at a hardware barrier, merges the row's partials in rank order
+    (the same in every block) and writes its chunk, from registers when the chunk fits."""
+    per_block = -(-plan.n // size)
+    length = -(-per_block // vec) * vec  # whole vectors; trailing blocks of a row may get less (or none)
+    ept = _ept(length, block, vec)
+    cached = ept <= MAX_CACHED
+    it = plan.itype
+    name = "kf_log_softmax_cluster" if plan.log else "kf_softmax_cluster"
+    src = _prelude(plan, f"a cluster of {size} blocks per row, chunks of {length}, partials merged after a "
+                         "cluster barrier", cluster=True)
+    head = _head(plan, name, block, ", float* __restrict__ ws").replace(
+        "__launch_bounds__", f"__cluster_dims__({size}, 1, 1) __launch_bounds__", 1)
+    src += head + f""" {{
+  __shared__ float scratch[32];
+  __shared__ float total[2];
+  const int t = threadIdx.x;
+  const {it} row = blockIdx.x / {size};
+  const {it} start = ({it})(blockIdx.x % {size}) * {length};
+  const {it} len = start < ({it}){plan.n} ? min(({it}){length}, ({it}){plan.n} - start) : ({it})0;
+"""
+    src += _row_ptrs(plan, "row") + "  xr += start;\n  yr += start;\n"
+    if cached:
+        src += _cached_stats(plan, ept // vec, vec, str(block), "j < len", "kf_block_max(m, scratch)",
+                             "kf_block_sum(s, scratch)", keep_exp=False)
+    else:
+        src += _stream_stats(plan, vec, block, "len", online)
+    src += f"""  if (t == 0) {{ __stcg(ws + 2 * blockIdx.x, m); __stcg(ws + 2 * blockIdx.x + 1, s); }}
+  kf_cluster_sync();  // the cluster's partials are all written
+  if (t == 0) {{
+    const float* p = ws + 2 * row * {size};
+    float mm = -INFINITY, ss = 0.f;
+    #pragma unroll
+    for (int q = 0; q < {size}; ++q) kf_lse_merge(mm, ss, __ldcg(p + 2 * q), __ldcg(p + 2 * q + 1));
+    total[0] = mm;
+    total[1] = ss;
+  }}
+  __syncthreads();
+  m = total[0];
+  s = total[1];
+"""
+    if cached:
+        src += _cached_write(plan, ept // vec, vec, str(block), "j < len", raw=True)
+    else:
+        src += _stream_write(plan, vec, block, "len")
+    return src + "}\n", name, plan.rows * size
 
 
 # ------------------------------------------------------------------------------------------ template
 
 BLOCKS = (256, 128, 512, 1024)
 CHUNKS = (8, 16, 32, 64, 128, 256, 512, 1024)
+CLUSTERS = (8, 4, 2)  # blocks per row in the cluster strategy (8: the portable cluster size limit)
 
 
 class SoftmaxTemplate(Template):
@@ -366,9 +433,14 @@ class SoftmaxTemplate(Template):
         strategies = ["block"]
         if plan.n <= 32 * MAX_WARP_ROW:
             strategies.append("warp")
-        chunks = [c for c in CHUNKS if plan.n // c >= 256]
+        # Split only where rows are too few to fill the GPU, into chunks of ≥ MIN_CHUNK elements (on the
+        # H200, 2048-wide rows in 8 chunks ran 11x slower than a block per row: tiny blocks, two launches).
+        chunks = [c for c in CHUNKS if plan.n // c >= MIN_CHUNK] if plan.rows < 8 * cc.SMS else []
         if chunks:
             strategies.append("split")
+        clusters = [c for c in CLUSTERS if plan.n // c >= MIN_CHUNK] if plan.rows < 8 * cc.SMS else []
+        if clusters:
+            strategies.append("cluster")
         # Default: warp for short rows, split when the rows alone cannot fill the GPU, else block.
         if plan.n <= 1024:
             first = "warp"
@@ -383,9 +455,13 @@ class SoftmaxTemplate(Template):
             "online": [True, False],  # one streaming pass fewer; matters only for rows not in registers
         }
         if chunks:
-            want = 4 * cc.SMS / plan.rows  # about four blocks per SM in all
+            # About two blocks per SM in all: on the H200, [4, 262144] took 11 us in 128 chunks per row
+            # and 24 us in 1024 (more blocks, more scheduling and partials); fewer is the better side.
+            want = 2 * cc.SMS / plan.rows
             near = min(chunks, key=lambda c: (abs(math.log2(c / want)), c))
             space["chunks"] = [near] + [c for c in chunks if c != near]
+        if clusters:
+            space["cluster"] = clusters
         return space
 
     def _relevant(self, card: CardBrief, params: Mapping[str, Any]) -> set[str]:
@@ -400,6 +476,10 @@ class SoftmaxTemplate(Template):
             length, _ = _chunk_len(plan, int(params["chunks"]), vec)
             if _ept(length, block, vec) > MAX_CACHED:
                 keys.add("online")
+        if strategy == "cluster":
+            keys.add("cluster")
+            if _ept(-(-plan.n // int(params["cluster"])), block, vec) > MAX_CACHED:
+                keys.add("online")
         return keys
 
     def mutate(self, card: CardBrief, params: Mapping[str, Any], rng: random.Random,
@@ -407,7 +487,7 @@ class SoftmaxTemplate(Template):
         """Change one parameter that matters for the current strategy (or the strategy itself)."""
         focus = set(INTENT_PARAMS.get(intent or "", ()))
         if intent == "decomposition":
-            focus.add("strategy")
+            focus |= {"strategy", "cluster"}
         return cc.mutate_relevant(self.space(card), params, lambda p: self._relevant(card, p), rng, focus)
 
     def render(self, card: CardBrief, params: Mapping[str, Any]) -> Rendered:
@@ -437,6 +517,14 @@ class SoftmaxTemplate(Template):
                     f"[[launch]]\nkernel = \"{k2}\"\ngrid = [{grid}]\nblock = [{block}]\n"
                     "args = [{ ptr = \"self\" }, { ptr = \"out0\" }, { ptr = \"ws.partials\" }]\n")
             intent = f"split rows into {count} chunks, block {block}, {vec}-wide loads"
+        elif strategy == "cluster":
+            size = int(p["cluster"])
+            src, name, grid = _cluster_source(plan, block, vec, size, online)
+            spec = (f"# clusters of {size} blocks per row (__cluster_dims__), partials through the workspace\n"
+                    f"[[workspace]]\nname = \"partials\"\nbytes = {grid * 8}\n\n"
+                    f"[[launch]]\nkernel = \"{name}\"\ngrid = [{grid}]\nblock = [{block}]\n"
+                    "args = [{ ptr = \"self\" }, { ptr = \"out0\" }, { ptr = \"ws.partials\" }]\n")
+            intent = f"cluster of {size} blocks per row, block {block}, {vec}-wide loads"
         else:
             raise ValueError(f"strategy {strategy!r}")
         return Rendered(src, spec, p, intent)
