@@ -13,27 +13,9 @@ import torch
 
 def make_card(tmp_path: Path, fn: Callable[[], Any], samples: int = 2):
     """Run `fn` `samples` times under capture (it must make exactly one card) and return its CardRef."""
-    from engine.capture.recorder import CaptureMode
-    from engine.capture.samples import save_sample
-    from engine.lane.evaluate import CardRef
+    from engine.capture.single import capture_card
 
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    files: list[str] = []
-
-    def sink(tally, idx, snap, meta):
-        path = tmp_path / f"{tally.id}.{idx}.safetensors"
-        files.append(str(path))
-        return save_sample(path, snap, meta)
-
-    mode = CaptureMode(path_of=lambda: "m", weight_of=lambda p: 1, samples=samples,
-                       sample_budget_bytes=1 << 31, sink=sink, use_cuda_events=True)
-    with torch.no_grad(), mode:
-        for _ in range(samples):
-            fn()
-    cards = list(mode.cards.values())
-    assert len(cards) == 1, f"expected one card, got {[c.op for c in cards]}"
-    t = cards[0]
-    return CardRef(t.id, t.op, t.signature, t.outputs, t.bytes, files)
+    return capture_card(tmp_path, fn, samples)
 
 
 def brief_of(ref) -> Any:
