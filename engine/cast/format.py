@@ -13,6 +13,7 @@ import io
 import json
 import re
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,7 +131,7 @@ def read_cast(path: str | Path) -> CastFile:
             raise CastError(f"{p}: no manifest.json; the file is damaged or not a .cast")
         try:
             manifest = json.loads(_read(z, MANIFEST))
-        except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
+        except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError) as e:
             raise CastError(f"{p}: manifest.json is damaged ({e})") from None
         try:
             check_manifest(manifest)
@@ -146,7 +147,7 @@ def read_cast(path: str | Path) -> CastFile:
                     continue
                 try:
                     data = files[name] if name in files else _read(z, name)
-                except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+                except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError) as e:
                     problems.setdefault(v["id"], f"{name} is damaged ({e})")
                     continue
                 if sha256(data) != entry.get("sha256"):
