@@ -29,6 +29,8 @@ def capture_cards(forward: Callable[[], Any], sample_dir: Path, samples: int = 1
     files: dict[str, list[str]] = {}
 
     def sink(tally, idx, snap, meta):
+        if not keep(tally.op):  # only cards that may be exported need their samples on disk
+            return 0
         path = sample_dir / f"{tally.id}.{idx}.safetensors"
         files.setdefault(tally.id, []).append(str(path))
         return save_sample(path, snap, meta)
