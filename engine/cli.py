@@ -21,8 +21,6 @@ from engine.errors import KforgeError, UsageError
 TuiLauncher = Callable[[argparse.Namespace], int]
 
 NOT_BUILT = {
-    "export": "exporting winners as a .cast package",
-    "audit": "auditing a .cast package",
     "compare": "comparing runs or providers",
     "demo": "the TUI on a recorded run",
 }
@@ -79,15 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cpu", "cuda"), help="where to capture the model")
     _add_common(p)
 
-    p = sub.add_parser("export", help="package a run's winners as a .cast file (not built yet)")
-    p.add_argument("run", metavar="RUN", nargs="?")
-    p.add_argument("--out", metavar="FILE.cast")
+    p = sub.add_parser("export", help="package a run's winners as a .cast file (confirmed on this GPU)")
+    p.add_argument("run", metavar="RUN", nargs="?", help="run id (default: the workspace's latest run)")
+    p.add_argument("--out", metavar="FILE.cast", help="where to write the cast")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     _add_common(p)
 
-    p = sub.add_parser("audit", help="inspect (and --verify) a .cast file (not built yet)")
+    p = sub.add_parser("audit", help="show what a .cast file holds; --verify re-checks it on this GPU")
     p.add_argument("file", metavar="FILE.cast")
-    p.add_argument("--verify", action="store_true")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--verify", action="store_true", help="re-check numerics and speed on the current GPU")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     _add_common(p)
 
     p = sub.add_parser("compare", help="runs or providers side by side (not built yet)")
@@ -102,6 +101,49 @@ def build_parser() -> argparse.ArgumentParser:
 def _not_built(name: str) -> int:
     raise UsageError(f"kforge-tui {name}: {NOT_BUILT[name]} is not built yet in this version; "
                      f"'kforge-tui capture CONFIG' works today")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """`kforge-tui export [RUN] --out FILE.cast`: confirm the run's winners here and write the cast."""
+    from engine.cast.export import export_run
+
+    if not args.out:
+        raise UsageError("export: give --out FILE.cast")
+    out = Path(args.out)
+    if not out.parent.is_dir():
+        raise UsageError(f"export --out {args.out}: folder {out.parent} does not exist")
+    result = export_run(_workspace(args), args.run, out, progress=_progress())
+    if args.json:
+        print(json.dumps({"out": str(out), "included": result.included, "excluded": result.excluded},
+                         separators=(",", ":"), default=str))
+    else:
+        print(f"wrote {out}: {len(result.included)} variant(s)")
+        for v in result.included:
+            ci = v.get("speedup_ci") or [float("nan")] * 2
+            print(f"  {v['id']:<40} {v['op']:<32} {v['speedup']:.2f}x (95% CI {ci[0]:.2f}-{ci[1]:.2f})")
+        for e in result.excluded:
+            print(f"  left on PyTorch: {e['op']} {e['card_id'][:8]}: {e['reason']}")
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    """`kforge-tui audit FILE.cast [--verify] [--json]`; a damaged file is bad input (exit 2)."""
+    from engine.cast.audit import audit
+    from engine.cast.format import CastError
+    from engine.cast.report import audit_text
+
+    try:
+        doc = audit(args.file, verify=args.verify)
+    except CastError as e:
+        raise UsageError(f"audit: {e}") from None
+    if args.json:
+        print(json.dumps(doc, separators=(",", ":"), default=str))
+    else:
+        print(audit_text(doc, args.file))
+    damaged = [f"{v['id']}: {v['problem']}" for v in doc["variants"] if v.get("problem")]
+    if damaged:
+        raise UsageError(f"audit: {args.file} is damaged: " + "; ".join(damaged))
+    return 1 if args.verify and not all(v.get("verified_ok") for v in doc["variants"]) else 0
 
 
 def _workspace(args: argparse.Namespace) -> Path:
@@ -234,6 +276,10 @@ def main(argv: Sequence[str] | None = None, *, open_tui: TuiLauncher | None = No
                 raise UsageError("kforge-tui: the TUI is not built yet in this version; "
                                  "use 'kforge-tui capture CONFIG'")
             return open_tui(args)
+        if args.command == "export":
+            return cmd_export(args)
+        if args.command == "audit":
+            return cmd_audit(args)
         return _not_built(args.command)
     except KforgeError as e:
         if debug:

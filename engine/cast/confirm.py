@@ -1,0 +1,142 @@
+"""Confirmation in a fresh process: install a cast, then per variant check that its guard matches the
+captured sample, that the public op's outputs match eager within tolerance (samples, fresh and edge
+inputs), and time the public op with the override against the same op without it (engine.bench).
+
+    python -m engine.cast.confirm --cast FILE.cast --job JOB.json --out RESULT.json
+
+JOB.json: {"samples": {variant_id: [sample file, ...]}, "timing": {TimingConfig fields}}. A variant
+without samples runs on inputs synthesised from its signature (what `audit --verify` does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+
+def synth_inputs(signature: dict[str, Any], device: Any, seed: int = 0) -> list[tuple[str, Any]]:
+    """Arguments with the signature's exact dtypes, shapes, strides and pointer alignment."""
+    import torch
+
+    from engine.capture.signature import decode_value
+
+    g = torch.Generator(device="cpu").manual_seed(seed)
+
+    def tensor(d: dict[str, Any]) -> Any:
+        dtype = getattr(torch, d["dtype"])
+        shape, stride = list(d["shape"]), list(d["stride"])
+        extent = 1 + sum((s - 1) * st for s, st in zip(shape, stride) if s > 0) if all(shape) else 0
+        pad = 0 if int(d.get("align", 16)) >= 16 else int(d["align"]) // dtype.itemsize
+        base = torch.empty(extent + pad + 1, dtype=dtype, device=device)
+        if dtype.is_floating_point or dtype.is_complex:
+            base.copy_(torch.randn(base.shape, generator=g).to(dtype))
+        elif dtype == torch.bool:
+            base.copy_(torch.rand(base.shape, generator=g) > 0.5)
+        else:
+            base.copy_(torch.randint(0, 4, base.shape, generator=g).to(dtype))
+        return base.as_strided(shape, stride, pad)
+
+    out = []
+    for a in signature["args"]:
+        if a["kind"] == "tensor":
+            out.append((a["name"], None if a.get("absent") else tensor(a)))
+        elif a["kind"] == "tensor_list":
+            out.append((a["name"], [None if x is None else tensor(x) for x in a["items"]]))
+        else:
+            out.append((a["name"], decode_value(a.get("value"))))
+    return out
+
+
+def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any]) -> dict[str, Any]:
+    """Run every check for every usable variant of the cast; returns JSON-ready results per variant."""
+    import warnings
+
+    import torch
+
+    from engine.bench.timing import L2Flusher, TimingConfig, ab_time
+    from engine.capture.samples import load_sample
+    from engine.cast import runtime
+    from engine.cast.compat import current_env
+    from engine.cast.loader import load
+    from engine.ops import call_op, resolve_op, return_aliases, write_only_args
+    from engine.verify.inputs import clone_bound
+    from engine.verify.pipeline import CardCheck, as_list
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cast = load(cast_path)
+        cast.install()
+    results: dict[str, Any] = {"env": current_env(), "warnings": [str(w.message) for w in caught], "variants": {}}
+    flush = L2Flusher(device)
+    cfg = TimingConfig(**{k: v for k, v in timing.items() if k in TimingConfig.__dataclass_fields__})
+    by_id = {v["id"]: v for v in (cast.manifest or {}).get("variants", [])}
+    try:
+        for state in cast.variants:
+            r: dict[str, Any] = {"ok": False}
+            results["variants"][state.id] = r
+            if state.problem is not None or state.plan is None:
+                r["reason"] = state.problem or "not installed"
+                continue
+            v = by_id[state.id]
+            op = resolve_op(v["op"])
+            paths = samples.get(state.id) or []
+            bound_sets = [load_sample(p, device).args for p in paths] or [synth_inputs(v["signature"], device)]
+            r["inputs"] = "captured samples" if paths else "synthesised from the signature"
+
+            def eager(b, op=op):
+                with runtime.suspended():
+                    return call_op(op, b)
+
+            before = state.hits
+            call_op(op, clone_bound(bound_sets[0]))
+            torch.cuda.synchronize()
+            if state.hits == before:
+                r["reason"] = "the guard did not match the variant's own inputs (no hit)"
+                continue
+            written = [a for a in return_aliases(op) if a] + write_only_args(op)
+            check = CardCheck(v["op"], bound_sets, eager, written_args=written, sync=torch.cuda.synchronize,
+                              fresh=1, edges=True)
+            verdict = check.check(lambda b, prefill, op=op: as_list(call_op(op, b)))
+            r["verdict"] = verdict.to_json()
+            if not verdict.ok:
+                r["reason"] = f"{verdict.category}: {verdict.message}"
+                continue
+            inputs = clone_bound(bound_sets[0])
+            ab = ab_time(lambda op=op, inputs=inputs: eager(inputs),
+                         lambda op=op, inputs=inputs: call_op(op, inputs), flush, cfg)
+            r.update(timing=ab.to_json(), speedup=ab.speedup, speedup_ci=[ab.speedup_low, ab.speedup_high],
+                     eager_us=ab.eager.median, cast_us=ab.candidate.median, reps=ab.reps,
+                     throttled=ab.throttled, hits=state.hits)
+            if not (ab.speedup_low > 1.0 and math.isfinite(ab.speedup_low)):
+                r["reason"] = (f"not faster with confidence through the public op: {ab.speedup:.3f}x "
+                               f"(95% CI {ab.speedup_low:.3f}-{ab.speedup_high:.3f})")
+                continue
+            r["ok"] = True
+    finally:
+        cast.remove()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Confirm a cast's variants in this (fresh) process")
+    ap.add_argument("--cast", required=True)
+    ap.add_argument("--job", required=True)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    job = json.loads(Path(args.job).read_text())
+    try:
+        result = confirm(args.cast, job.get("samples", {}), job.get("timing", {}))
+    except Exception as e:
+        result = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    Path(args.out).write_text(json.dumps(result, default=str))
+    return 0 if "error" not in result else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

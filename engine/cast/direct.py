@@ -1,0 +1,138 @@
+"""A cast straight from a model, without a workspace run: capture, builtin templates (default + a few
+neighbours), lane verification and timing, then the exporter's own fresh-process confirmation and
+packaging. For tests and benchmarks on a GPU; users export runs (`kforge-tui export`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.cast.export import ExportVariant, package, run_confirm
+from engine.cast.format import write_cast
+
+
+def capture_cards(forward: Callable[[], Any], sample_dir: Path, samples: int = 1,
+                  keep: Callable[[str], bool] = lambda op: True) -> list[dict[str, Any]]:
+    """Run `forward` under capture; cards as store-like rows with their sample files."""
+    from engine.capture.recorder import CaptureMode
+    from engine.capture.samples import save_sample
+    from engine.capture.signature import signature_text
+
+    sample_dir.mkdir(parents=True, exist_ok=True)
+    files: dict[str, list[str]] = {}
+
+    def sink(tally, idx, snap, meta):
+        if not keep(tally.op):  # only cards that may be exported need their samples on disk
+            return 0
+        path = sample_dir / f"{tally.id}.{idx}.safetensors"
+        files.setdefault(tally.id, []).append(str(path))
+        return save_sample(path, snap, meta)
+
+    mode = CaptureMode(path_of=lambda: "model", weight_of=lambda p: 1, samples=samples,
+                       sample_budget_bytes=1 << 33, sink=sink, use_cuda_events=True)
+    with torch.no_grad(), mode:
+        forward()
+    out = []
+    for t in mode.cards.values():
+        if keep(t.op) and files.get(t.id):
+            out.append({"card_id": t.id, "op": t.op, "signature": t.signature,
+                        "signature_text": signature_text(t.signature), "outputs": t.outputs, "bytes": t.bytes,
+                        "calls": getattr(t, "calls", 1), "share": 0.0, "samples": files[t.id]})
+    return out
+
+
+def build_cast(forward: Callable[[], Any], out: Path, *, work: Path, mutations: int = 1,
+               keep: Callable[[str], bool] = lambda op: True, lane_timing: dict[str, Any] | None = None,
+               confirm_timing: dict[str, Any] | None = None, progress: Callable[[str], None] = print,
+               model: str = "model") -> dict[str, Any]:
+    """Capture, search a little, confirm, write `out`; returns {"included", "excluded", "cards"}."""
+    from engine.cast.compat import current_env
+    from engine.compile import Compiler
+    from engine.lane.client import GpuLane, worker_argv
+    from engine.lane.evaluate import CardRef, evaluate
+    from engine.propose.base import CardBrief
+    from engine.propose.builtin import BuiltinProposer
+
+    env = current_env()
+    cards = capture_cards(forward, work / "samples", keep=keep)
+    proposer = BuiltinProposer()
+    jobs = []
+    for c in cards:
+        brief = CardBrief(c["card_id"], c["op"], c["signature"], c["signature_text"], c["outputs"], bytes=c["bytes"])
+        template, _ = proposer.template_for(brief)
+        if template is None:
+            continue
+        rng = random.Random(0)
+        params = [template.default(brief)]
+        for _ in range(mutations * 8):
+            if len(params) > mutations:
+                break
+            p = template.mutate(brief, params[-1], rng)
+            if p not in params:
+                params.append(p)
+        for p in params:
+            r = template.render(brief, p)
+            jobs.append((c, r, template.name))
+    progress(f"{model}: {len(cards)} cards captured, {len(jobs)} builtin candidates for "
+             f"{len({j[0]['card_id'] for j in jobs})} of them")
+    compiler = Compiler(work / "compile", "nvrtc", arch=env["arch"])
+
+    async def lane_run() -> list[Any]:
+        lane = GpuLane(worker_argv(torch.cuda.current_device()), timeout_s=300)
+        await lane.start()
+        try:
+            evs = []
+            for c, r, _ in jobs:
+                ref = CardRef(c["card_id"], c["op"], c["signature"], c["outputs"], c["bytes"], c["samples"])
+                evs.append(await evaluate(lane, compiler, ref, r.source, r.spec,
+                                          timing=lane_timing or {"max_seconds": 0.3}))
+            return evs
+        finally:
+            await lane.close()
+
+    evs = asyncio.run(lane_run())
+    best: dict[str, tuple[Any, ...]] = {}
+    for (c, r, tname), ev in zip(jobs, evs):
+        t = ev.payload.get("timing") if ev.status == "verified" else None
+        if not t or t["speedup_ci"][0] <= 1.0:
+            continue
+        us = t["candidate"]["median"]
+        if c["card_id"] not in best or us < best[c["card_id"]][0]:
+            best[c["card_id"]] = (us, c, r, tname, t)
+    variants = []
+    for us, c, r, tname, t in best.values():
+        res = compiler.compile(r.source)
+        cand = {"id": f"direct-{c['card_id'][:8]}", "source": r.source, "launch_spec": r.spec, "proposer": "builtin",
+                "model_name": tname, "intent": r.intent, "params": r.params, "speedup": t["speedup"],
+                "speedup_low": t["speedup_ci"][0], "speedup_high": t["speedup_ci"][1],
+                "eager_us": t["eager"]["median"], "best_us": us}
+        variants.append(ExportVariant(c, cand, res.cubin, res.ptx, env["arch"], c["samples"]))
+    progress(f"{model}: {len(variants)} card(s) with a verified lane win; confirming in a fresh process")
+    source = {"run": None, "model": model, "provider": "builtin (direct)"}
+    excluded = []
+    with tempfile.TemporaryDirectory(prefix="kforge-direct-") as tmp:
+        cand_path = Path(tmp) / "candidate.cast"
+        manifest, files, report = package(variants, env, source)
+        write_cast(cand_path, manifest, files, report)
+        results = run_confirm(cand_path, {v.vid: v.samples for v in variants}, confirm_timing or {"max_seconds": 0.5},
+                              Path(tmp))
+    kept = []
+    for v in variants:
+        r = results["variants"].get(v.vid, {})
+        if r.get("ok"):
+            v.confirmed = {k: r.get(k) for k in ("speedup", "speedup_ci", "eager_us", "cast_us", "reps", "inputs")}
+            kept.append(v)
+        else:
+            excluded.append({"card_id": v.card["card_id"], "op": v.card["op"], "reason": str(r.get("reason"))})
+    manifest, files, report = package(kept, env, source, excluded)
+    write_cast(out, manifest, files, report)
+    progress(f"{model}: wrote {out} with {len(kept)} variant(s); {len(excluded)} left out after confirmation")
+    return {"included": [{"id": v.vid, "op": v.card["op"], **(v.confirmed or {})} for v in kept],
+            "excluded": excluded, "cards": len(cards)}

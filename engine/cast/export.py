@@ -1,0 +1,231 @@
+"""Export a run's winners: select, compile, package a candidate cast, confirm it in a fresh process,
+and write the final cast with only the variants the confirmation kept.
+
+`package` is a pure function (variants + environment -> manifest, files, report), testable on a CPU;
+`export_run` is the whole job and needs the GPU the cast is for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.cast.format import FORMAT, FORMAT_VERSION, file_entry, write_cast
+from engine.cast.report import markdown_report
+
+
+@dataclass
+class ExportVariant:
+    """One winner to package: its card, its candidate, its compiled images and its evidence."""
+
+    card: dict[str, Any]           # store row: card_id, op, signature, signature_text, outputs, calls, share
+    candidate: dict[str, Any]      # store row: id, source, launch_spec, proposer, speedup, …
+    cubin: bytes | None
+    ptx: str | None
+    arch: str
+    samples: list[str] = field(default_factory=list)
+    confirmed: dict[str, Any] | None = None
+
+    @property
+    def vid(self) -> str:
+        return f"{_short_op(self.card['op'])}-{self.card['card_id'][:8]}"
+
+
+def _short_op(op: str) -> str:
+    return op.split("::", 1)[-1].replace(".", "_")[:40]
+
+
+def _kernels(spec: Any) -> list[str]:
+    from engine.launch import parse_spec
+
+    return list(dict.fromkeys(ln.kernel for ln in parse_spec(spec).launches))
+
+
+def _tolerances(op: str, outputs: list[dict[str, Any]]) -> list[str]:
+    from engine.verify.tolerance import tolerance_for
+
+    return [tolerance_for(op, o["dtype"]).describe() for o in outputs]
+
+
+def package(variants: list[ExportVariant], env: dict[str, Any], source: dict[str, Any],
+            excluded: list[dict[str, Any]] | None = None, created: str | None = None
+            ) -> tuple[dict[str, Any], dict[str, bytes], str]:
+    """Manifest, kernel files and report for these variants (no GPU, no I/O)."""
+    files: dict[str, bytes] = {}
+    entries = []
+    for v in variants:
+        vid, c = v.vid, v.candidate
+        vf: dict[str, Any] = {}
+        if v.cubin:
+            name = f"kernels/{vid}.{v.arch}.cubin"
+            files[name] = v.cubin
+            vf["cubin"] = file_entry(name, v.cubin, arch=v.arch)
+        if v.ptx:
+            name = f"kernels/{vid}.ptx"
+            data = v.ptx.encode()
+            files[name] = data
+            vf["ptx"] = file_entry(name, data)
+        name = f"kernels/{vid}.cu"
+        files[name] = c["source"].encode()
+        vf["source"] = file_entry(name, files[name])
+        lane = {"speedup": c.get("speedup"), "speedup_ci": [c.get("speedup_low"), c.get("speedup_high")],
+                "eager_us": c.get("eager_us"), "cast_us": c.get("best_us"), "timing": c.get("timing")}
+        entries.append({
+            "id": vid, "card_id": v.card["card_id"], "op": v.card["op"], "signature": v.card["signature"],
+            "signature_text": v.card.get("signature_text", ""), "outputs": v.card["outputs"],
+            "launch_spec": c["launch_spec"], "kernels": _kernels(c["launch_spec"]), "files": vf,
+            "category": "custom CUDA", "tolerance": _tolerances(v.card["op"], v.card["outputs"]),
+            "calls": v.card.get("calls"), "share": v.card.get("share"),
+            "evidence": {"lane": lane, "confirmed": v.confirmed},
+            "provenance": {"run": source.get("run"), "candidate_id": c.get("id"), "parent_id": c.get("parent_id"),
+                           "proposer": c.get("proposer"), "model_name": c.get("model_name"),
+                           "llm_call_id": c.get("llm_call_id"), "intent": c.get("intent"),
+                           "params": c.get("params"), "created_at": c.get("created_at")},
+        })
+    import engine
+
+    manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "kforge": engine.__version__,
+                "created": created or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "env": env, "source": source, "variants": entries}
+    return manifest, files, markdown_report(manifest, excluded)
+
+
+# ------------------------------------------------------------------------------------------ the job
+
+
+@dataclass
+class ExportResult:
+    out: Path | None
+    included: list[dict[str, Any]]
+    excluded: list[dict[str, Any]]
+
+
+def select_winners(cards: list[dict[str, Any]], candidates: list[dict[str, Any]]
+                   ) -> tuple[list[tuple[dict, dict]], list[dict[str, Any]]]:
+    """Per card the fastest verified candidate whose lane CI lower bound is above 1; and why others not."""
+    by_card: dict[str, list[dict]] = {}
+    for c in candidates:
+        by_card.setdefault(c["card_id"], []).append(c)
+    chosen, excluded = [], []
+    for card in cards:
+        cands = by_card.get(card["card_id"], [])
+        good = [c for c in cands if c["status"] == "verified" and c.get("best_us") and
+                (c.get("speedup_low") or 0) > 1.0]
+        if good:
+            chosen.append((card, min(good, key=lambda c: c["best_us"])))
+        elif cands:
+            verified = [c for c in cands if c["status"] == "verified"]
+            why = ("no verified candidate" if not verified else
+                   "no verified candidate faster with confidence (CI lower bound ≤ 1)")
+            excluded.append({"card_id": card["card_id"], "op": card["op"], "reason": why})
+    return chosen, excluded
+
+
+async def _load_run(workspace: Path, run_id: str | None):
+    from engine.store import Store, db_path
+
+    store = await Store.open(db_path(workspace))
+    async with store:
+        if run_id is None:
+            runs = await store.list_runs()
+            if not runs:
+                return None, [], [], {}
+            run = runs[0]
+        else:
+            run = await store.get_run(run_id)
+            if run is None:
+                return None, [], [], {}
+        cards = await store.get_cards(run["capture_id"])
+        cands = await store.candidates(run["id"])
+        samples = {c["card_id"]: [str(workspace / s["path"]) for s in
+                                  await store.get_samples(run["capture_id"], c["card_id"])] for c in cards}
+        return run, cards, cands, samples
+
+
+def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[str, Any] | None = None,
+               progress: Callable[[str], None] = lambda m: None) -> ExportResult:
+    """The whole export; raises engine.errors.UsageError / JobError with a one-line reason."""
+    import torch
+
+    from engine.cast.compat import current_env
+    from engine.compile import Compiler, default_cache_dir
+    from engine.errors import JobError, UsageError
+
+    if not torch.cuda.is_available():
+        raise UsageError("export: no CUDA GPU is visible; a cast's speedups are confirmed on the GPU it is for")
+    run, cards, cands, samples = asyncio.run(_load_run(workspace, run_id))
+    if run is None:
+        raise UsageError(f"export: {'no run ' + repr(run_id) if run_id else 'no runs'} in {workspace}")
+    env = current_env()
+    chosen, excluded = select_winners(cards, cands)
+    if not chosen:
+        raise JobError(f"export: run {run['id']} has no verified candidate faster than eager with confidence; "
+                       "nothing to export")
+    compiler = Compiler(default_cache_dir(workspace), "nvrtc", arch=env["arch"])
+    variants = []
+    for card, cand in chosen:
+        res = compiler.compile(cand["source"])
+        if not res.ok:
+            excluded.append({"card_id": card["card_id"], "op": card["op"],
+                             "reason": f"does not compile for {env['arch']}: {res.summary()}"})
+            continue
+        variants.append(ExportVariant(card, cand, res.cubin, res.ptx, env["arch"], samples.get(card["card_id"], [])))
+    progress(f"confirming {len(variants)} variant(s) in a fresh process")
+    source = {"run": run["id"], "model": run["model"], "provider": run["provider"], "capture": run["capture_id"]}
+    with tempfile.TemporaryDirectory(prefix="kforge-export-") as tmp:
+        cand_path = Path(tmp) / "candidate.cast"
+        manifest, files, report = package(variants, env, source)
+        write_cast(cand_path, manifest, files, report)
+        results = run_confirm(cand_path, {v.vid: v.samples for v in variants}, timing or {}, Path(tmp))
+    kept = []
+    for v in variants:
+        r = results.get("variants", {}).get(v.vid, {})
+        if r.get("ok"):
+            v.confirmed = {k: r.get(k) for k in ("speedup", "speedup_ci", "eager_us", "cast_us", "reps",
+                                                 "throttled", "inputs")}
+            v.confirmed["gpu"] = results.get("env", {}).get("gpu")
+            kept.append(v)
+        else:
+            excluded.append({"card_id": v.card["card_id"], "op": v.card["op"],
+                             "reason": "fresh-process confirmation: " + str(r.get("reason", "no result"))})
+        progress(f"{v.vid}: {'kept' if r.get('ok') else 'left out'} "
+                 f"({r.get('speedup', float('nan')):.2f}x)" if r.get("speedup") else f"{v.vid}: {r.get('reason')}")
+    if not kept:
+        raise JobError(f"export: no variant kept its speedup through the public op in a fresh process "
+                       f"({len(variants)} tried); nothing written")
+    manifest, files, report = package(kept, env, source, excluded)
+    write_cast(out, manifest, files, report)
+    return ExportResult(out, [{"id": v.vid, "op": v.card["op"], **(v.confirmed or {})} for v in kept], excluded)
+
+
+def run_confirm(cast_path: Path, samples: dict[str, list[str]], timing: dict[str, Any], tmp: Path,
+                timeout_s: float = 1800) -> dict[str, Any]:
+    """`python -m engine.cast.confirm` in a fresh process; its JSON result."""
+    from engine.errors import JobError
+
+    job, out = tmp / "job.json", tmp / "result.json"
+    job.write_text(json.dumps({"samples": samples, "timing": timing}))
+    import os
+
+    import engine
+
+    # The child imports the same engine as this process, wherever it was imported from.
+    root = str(Path(engine.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-m", "engine.cast.confirm", "--cast", str(cast_path), "--job", str(job),
+                           "--out", str(out)], capture_output=True, text=True, timeout=timeout_s, env=env)
+    if not out.exists():
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise JobError(f"export: the confirmation process failed (exit {proc.returncode}): {tail[0]}")
+    result = json.loads(out.read_text())
+    if "error" in result:
+        raise JobError(f"export: the confirmation process failed: {result['error']}")
+    return result

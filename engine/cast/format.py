@@ -1,0 +1,164 @@
+"""The .cast file: a zip of `manifest.json`, `report.md` and `kernels/` (cubin, PTX, CUDA source).
+
+Nothing in it is executable Python and nothing is pickled: the manifest is JSON, kernels are the
+compiler's own images, and the reader refuses any member it does not expect. `write_cast` is a pure
+function of the manifest and the files; `read_cast` checks structure, format version and digests and
+names what is wrong, so the loader can fall back to PyTorch for exactly the affected variants.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import zipfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FORMAT = "kforge-cast"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+REPORT = "report.md"
+CATEGORIES = ("custom CUDA", "backend-wrapping", "fallback")
+# Members a cast may hold; anything else (a .pkl, a .py, a nested path) makes the file damaged.
+_MEMBER = re.compile(r"(manifest\.json|report\.md|kernels/[A-Za-z0-9_.-]{1,128}\.(cubin|ptx|cu))")
+MAX_MEMBER_BYTES = 256 << 20
+_VARIANT_KEYS = ("id", "op", "signature", "outputs", "launch_spec", "kernels", "files", "category",
+                 "evidence", "provenance")
+
+
+class CastError(Exception):
+    """The file cannot be used at all (not a zip, damaged, unknown format version, bad manifest)."""
+
+
+@dataclass
+class CastFile:
+    """A read cast: its manifest, the bytes of its kernel files, and per-variant problems found."""
+
+    path: str
+    manifest: dict[str, Any]
+    files: dict[str, bytes]
+    problems: dict[str, str] = field(default_factory=dict)  # variant id -> why it cannot be used
+
+    @property
+    def variants(self) -> list[dict[str, Any]]:
+        return self.manifest["variants"]
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def file_entry(name: str, data: bytes, **extra: Any) -> dict[str, Any]:
+    """A manifest file record: member path, size and sha256 (plus e.g. the arch of a cubin)."""
+    return {"path": name, "bytes": len(data), "sha256": sha256(data), **extra}
+
+
+def write_cast(path: str | Path | None, manifest: dict[str, Any], files: dict[str, bytes],
+               report: str) -> bytes:
+    """Write the zip (to `path` when given, atomically) and return its bytes. Pure apart from the write."""
+    check_manifest(manifest)
+    for name in files:
+        if not _MEMBER.fullmatch(name) or name in (MANIFEST, REPORT):
+            raise ValueError(f"not a kernel file name a cast may hold: {name!r}")
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        # Fixed timestamps: the same winners give the same bytes.
+        def put(name: str, data: bytes) -> None:
+            info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            z.writestr(info, data)
+        put(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+        put(REPORT, report.encode())
+        for name in sorted(files):
+            put(name, files[name])
+    data = buf.getvalue()
+    if path is not None:
+        target = Path(path)
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_bytes(data)
+        tmp.replace(target)
+    return data
+
+
+def check_manifest(m: Any) -> None:
+    """Raise CastError if the manifest lacks what a loader relies on."""
+    if not isinstance(m, dict):
+        raise CastError("manifest.json is not a JSON object")
+    if m.get("format") != FORMAT:
+        raise CastError(f"manifest.json does not describe a Kernel Forge cast (format {m.get('format')!r})")
+    version = m.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CastError(f"format version {version!r} is not supported (this Kernel Forge reads version "
+                        f"{FORMAT_VERSION}); export the cast again with this version")
+    for key in ("env", "variants"):
+        if key not in m:
+            raise CastError(f"manifest.json lacks {key!r}")
+    if not isinstance(m["variants"], list):
+        raise CastError("manifest.json: 'variants' is not a list")
+    seen = set()
+    for i, v in enumerate(m["variants"]):
+        missing = [k for k in _VARIANT_KEYS if not isinstance(v, dict) or k not in v]
+        if missing:
+            raise CastError(f"manifest.json: variant {i} lacks {', '.join(missing)}")
+        if v["id"] in seen:
+            raise CastError(f"manifest.json: variant id {v['id']!r} appears twice")
+        seen.add(v["id"])
+        if v["category"] not in CATEGORIES:
+            raise CastError(f"manifest.json: variant {v['id']}: unknown category {v['category']!r}")
+
+
+def read_cast(path: str | Path) -> CastFile:
+    """Open and check a cast. Whole-file damage raises CastError; a variant whose files are missing,
+    unreadable or fail their sha256 is listed in `problems` (the others stay usable)."""
+    p = Path(path)
+    try:
+        z = zipfile.ZipFile(p)
+    except FileNotFoundError:
+        raise CastError(f"{p}: no such file") from None
+    except (zipfile.BadZipFile, OSError, ValueError) as e:
+        raise CastError(f"{p}: not a readable zip ({e}); the file is damaged or not a .cast") from None
+    with z:
+        names = z.namelist()
+        bad = [n for n in names if not _MEMBER.fullmatch(n)]
+        if bad:
+            raise CastError(f"{p}: unexpected member {bad[0]!r} (a cast holds only manifest.json, report.md "
+                            "and kernels/*.cubin|ptx|cu)")
+        if MANIFEST not in names:
+            raise CastError(f"{p}: no manifest.json; the file is damaged or not a .cast")
+        try:
+            manifest = json.loads(_read(z, MANIFEST))
+        except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError) as e:
+            raise CastError(f"{p}: manifest.json is damaged ({e})") from None
+        try:
+            check_manifest(manifest)
+        except CastError as e:
+            raise CastError(f"{p}: {e}") from None
+        files: dict[str, bytes] = {}
+        problems: dict[str, str] = {}
+        for v in manifest["variants"]:
+            for role, entry in sorted(v["files"].items()):
+                name = entry.get("path") if isinstance(entry, dict) else None
+                if not isinstance(name, str) or name not in names:
+                    problems.setdefault(v["id"], f"{role} file {name!r} is missing")
+                    continue
+                try:
+                    data = files[name] if name in files else _read(z, name)
+                except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError) as e:
+                    problems.setdefault(v["id"], f"{name} is damaged ({e})")
+                    continue
+                if sha256(data) != entry.get("sha256"):
+                    problems.setdefault(v["id"], f"digest mismatch: {name}")
+                    continue
+                files[name] = data
+    return CastFile(str(p), manifest, files, problems)
+
+
+def _read(z: zipfile.ZipFile, name: str) -> bytes:
+    info = z.getinfo(name)
+    if info.file_size > MAX_MEMBER_BYTES:
+        raise ValueError(f"{name} is {info.file_size} bytes, more than a cast member may be")
+    return z.read(name)  # zipfile checks the CRC-32 on read: a flipped byte raises BadZipFile

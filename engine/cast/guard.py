@@ -1,0 +1,167 @@
+"""The guard: a hashable key for the exact signature of a live call, equal to the key of the captured
+signature it matches. A dict lookup on it is the whole decision (O(1) in the number of variants).
+
+Per tensor the key holds dtype, shape, strides, the byte alignment of its data pointer (capped at 16,
+as cards record it), device index and the negative/conjugate view bits; per value argument its value
+(lists as tuples); for ops that write an argument, which arguments share storage. Coverage is never
+wider than what was proven: anything that differs is a miss, and a miss costs only speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class OpLayout:
+    """What the guard needs of an op's schema, computed once per op."""
+
+    op_name: str
+    names: tuple[str, ...]
+    kinds: tuple[str, ...]            # 'tensor' | 'tensor_list' | 'value' per schema argument
+    kwarg_only: tuple[bool, ...]
+    defaults: tuple[Any, ...]         # _MISSING where the schema has no default
+    scalar_slots: tuple[int, ...]     # plain `Tensor` arguments a Python scalar may arrive in
+    writes: bool                      # the op mutates an argument (in-place or out=)
+    first_tensor: bool                # argument 0 is a plain tensor (the cheap pre-filter reads it)
+
+    @property
+    def positional(self) -> int:
+        return sum(1 for k in self.kwarg_only if not k)
+
+
+def layout_of(op: torch._ops.OpOverload) -> OpLayout:
+    """The OpLayout of an ATen overload."""
+    names, kinds, kw, defaults, scalar_slots = [], [], [], [], []
+    for i, a in enumerate(op._schema.arguments):
+        t = str(a.type)
+        kind = ("tensor" if t in ("Tensor", "Optional[Tensor]") else
+                "tensor_list" if t in ("List[Tensor]", "List[Optional[Tensor]]") else "value")
+        if t == "Tensor":
+            scalar_slots.append(i)
+        names.append(a.name)
+        kinds.append(kind)
+        kw.append(bool(a.kwarg_only))
+        defaults.append(a.default_value if a.has_default_value() else _MISSING)
+    writes = any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
+    return OpLayout(op.name(), tuple(names), tuple(kinds), tuple(kw), tuple(defaults), tuple(scalar_slots),
+                    writes, bool(kinds) and kinds[0] == "tensor" and str(op._schema.arguments[0].type) == "Tensor")
+
+
+# ------------------------------------------------------------------------------- live calls
+
+
+def bind(layout: OpLayout, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
+    """Argument values in schema order, defaults filled in (the dispatcher leaves defaults out)."""
+    n = len(layout.names)
+    if not kwargs and len(args) == n:
+        return list(args)
+    out = list(args)
+    for i in range(len(args), n):
+        v = kwargs.get(layout.names[i], _MISSING)
+        if v is _MISSING:
+            v = layout.defaults[i]
+            if v is _MISSING:
+                v = None
+        out.append(v)
+    return out
+
+
+def tensor_key(t: torch.Tensor) -> tuple:
+    """dtype, shape, strides, pointer alignment (≤ 16), device index, neg and conj bits."""
+    p = t.data_ptr()
+    return (t.dtype, t.shape, t.stride(), (p & -p) if p & 15 else 16, t.get_device(), t.is_neg(),
+            t.is_conj())
+
+
+def value_key(v: Any) -> Any:
+    """A plain argument as a hashable value (lists as tuples, a device by its type)."""
+    if isinstance(v, (list, tuple)):
+        return tuple(value_key(x) for x in v)
+    if isinstance(v, torch.device):
+        return ("device", v.type)
+    if isinstance(v, torch.Tensor):  # a tensor where a value was expected never matches a signature
+        return ("tensor", id(v))
+    return v
+
+
+def call_key(layout: OpLayout, bound: Sequence[Any]) -> tuple:
+    """The key of one live call (`bound` from `bind`)."""
+    key = []
+    for kind, v in zip(layout.kinds, bound):
+        if kind == "tensor":
+            key.append(tensor_key(v) if isinstance(v, torch.Tensor) else
+                       None if v is None else ("scalar", value_key(v)))
+        elif kind == "tensor_list":
+            key.append(tuple(tensor_key(x) if isinstance(x, torch.Tensor) else None for x in v)
+                       if v is not None else None)
+        else:
+            key.append(value_key(v))
+    if layout.writes:
+        key.append(live_aliases(layout, bound))
+    return tuple(key)
+
+
+def live_aliases(layout: OpLayout, bound: Sequence[Any]) -> tuple:
+    """Groups (≥ 2) of argument paths whose tensors share storage, as the capture records them."""
+    groups: dict[int, list[str]] = {}
+    for name, kind, v in zip(layout.names, layout.kinds, bound):
+        items = [(name, v)] if kind == "tensor" else \
+            [(f"{name}[{j}]", x) for j, x in enumerate(v or ())] if kind == "tensor_list" else []
+        for path, t in items:
+            if isinstance(t, torch.Tensor) and t.numel():
+                groups.setdefault(t.untyped_storage().data_ptr(), []).append(path)
+    return tuple(tuple(g) for g in groups.values() if len(g) > 1)
+
+
+# ------------------------------------------------------------------------- captured signatures
+
+
+def descriptor_key(d: dict[str, Any], device_index: int) -> tuple:
+    """The key a live tensor matching descriptor `d` produces on device `device_index`."""
+    return (getattr(torch, d["dtype"]), tuple(d["shape"]), tuple(d["stride"]), int(d.get("align", 16)),
+            -1 if d.get("device") == "cpu" else device_index, bool(d.get("neg")), bool(d.get("conj")))
+
+
+def signature_key(layout: OpLayout, signature: dict[str, Any], device_index: int = 0) -> tuple:
+    """The key of a captured signature (engine.capture.signature form) for calls on `device_index`.
+
+    Raises ValueError when the signature does not fit the op's schema.
+    """
+    from engine.capture.signature import decode_value
+
+    args = signature["args"]
+    if signature.get("op") != layout.op_name:
+        raise ValueError(f"signature is for {signature.get('op')}, not {layout.op_name}")
+    if [a["name"] for a in args] != list(layout.names):
+        raise ValueError(f"{layout.op_name}: signature arguments {[a['name'] for a in args]} do not match "
+                         f"the schema's {list(layout.names)} in this torch")
+    key: list[Any] = []
+    for kind, a in zip(layout.kinds, args):
+        if kind == "tensor":
+            if a.get("kind") != "tensor":
+                key.append(("scalar", value_key(decode_value(a.get("value")))))
+            else:
+                key.append(None if a.get("absent") else descriptor_key(a, device_index))
+        elif kind == "tensor_list":
+            key.append(None if a.get("kind") != "tensor_list" else
+                       tuple(None if x is None else descriptor_key(x, device_index) for x in a["items"]))
+        else:
+            key.append(value_key(decode_value(a.get("value"))))
+    if layout.writes:
+        key.append(tuple(tuple(g) for g in signature.get("aliases", [])))
+    return tuple(key)
+
+
+def first_shape(signature: dict[str, Any]) -> tuple | None:
+    """Shape of argument 0 when it is a present tensor: the pre-filter a miss usually stops at."""
+    a = signature["args"][0] if signature["args"] else None
+    if a and a.get("kind") == "tensor" and not a.get("absent"):
+        return tuple(a["shape"])
+    return None

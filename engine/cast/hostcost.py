@@ -1,0 +1,81 @@
+"""Host cost per call of eager, of a guard miss and of a guard hit, on a tiny op where the host, not
+the GPU, sets the pace (a relu on 4096 fp16 values: the kernel takes ~2 µs)."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def _per_call_us(fn, n: int = 3000, rounds: int = 5) -> float:
+    best = float("inf")
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        t1 = time.perf_counter()  # host time only: the GPU runs behind, the queue never fills at this size
+        torch.cuda.synchronize()
+        best = min(best, (t1 - t0) / n * 1e6)
+    return best
+
+
+def relu_cast(path: Path, n: int = 4096) -> Path:
+    """A one-variant cast (builtin relu kernel for fp16[n]); packaged without confirmation: it is a
+    host-cost probe, not something to ship."""
+    from engine.capture.signature import bind_arguments, describe_tensor, signature_of, signature_text
+    from engine.cast.compat import current_env
+    from engine.cast.export import ExportVariant, package
+    from engine.cast.format import write_cast
+    from engine.compile import compile_nvrtc
+    from engine.propose.base import CardBrief
+    from engine.propose.builtin import BuiltinProposer
+
+    x = torch.randn(n, device="cuda", dtype=torch.float16)
+    op = torch.ops.aten.relu.default
+    sig = signature_of(op, bind_arguments(op, (x,), {}))
+    outputs = [describe_tensor(torch.relu(x))]
+    card = {"card_id": "hostcost", "op": sig["op"], "signature": sig, "signature_text": signature_text(sig),
+            "outputs": outputs}
+    brief = CardBrief("hostcost", sig["op"], sig, card["signature_text"], outputs)
+    template, why = BuiltinProposer().template_for(brief)
+    assert template is not None, why
+    r = template.render(brief, template.default(brief))
+    env = current_env()
+    res = compile_nvrtc(r.source, arch=env["arch"])
+    assert res.ok, res.summary()
+    v = ExportVariant(card, {"id": "hostcost", "source": r.source, "launch_spec": r.spec, "proposer": "builtin"},
+                      res.cubin, res.ptx, env["arch"])
+    manifest, files, report = package([v], env, {"model": "host-cost probe"})
+    write_cast(path, manifest, files, report)
+    return path
+
+
+def measure(tmp: Path) -> dict[str, Any]:
+    """Eager, miss and hit host µs per call (relu on fp16[4096]; the miss on fp16[4104])."""
+    import engine.cast
+
+    path = relu_cast(tmp / "hostcost.cast")
+    x = torch.randn(4096, device="cuda", dtype=torch.float16)
+    y = torch.randn(4104, device="cuda", dtype=torch.float16)
+    eager_x = _per_call_us(lambda: torch.relu(x))
+    eager_y = _per_call_us(lambda: torch.relu(y))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cast = engine.cast.load(path)
+    problems = [str(w.message) for w in caught if issubclass(w.category, engine.cast.CastWarning)]
+    assert not problems, problems
+    with cast.enabled():
+        out = torch.relu(x)
+        assert cast.variants[0].hits == 1, "the host-cost probe's guard did not hit"
+        assert torch.equal(out, torch.relu(x.float()).half())
+        hit = _per_call_us(lambda: torch.relu(x))
+        miss = _per_call_us(lambda: torch.relu(y))
+    eager_x2 = _per_call_us(lambda: torch.relu(x))
+    eager_x = min(eager_x, eager_x2)
+    return {"op": "aten::relu fp16[4096]", "eager_us": eager_x, "eager_miss_shape_us": eager_y,
+            "hit_us": hit, "miss_us": miss, "hit_added_us": hit - eager_x, "miss_added_us": miss - eager_y}

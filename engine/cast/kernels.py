@@ -1,0 +1,137 @@
+"""A variant made ready to launch: everything resolvable at install time is resolved once.
+
+The launch spec is resolved against the variant's exact signature (grid, block, shared memory, scalar
+parameters), the module is loaded and checked by the lane's own `CandidateLauncher`, and the packed
+parameter buffers are kept. A hit then only allocates outputs, writes pointers into the buffers and
+calls `cuLaunchKernel` on the current raw stream (through ctypes on libcuda: the cheapest call Python
+has; cuda.bindings when libcuda cannot be opened).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any
+
+import torch
+
+from engine.cast.guard import OpLayout
+from engine.cast.runtime import Plan
+
+
+class _Driver:
+    """cuLaunchKernel as a plain C call, set up once per process."""
+
+    fn: Any = None
+
+    @classmethod
+    def launcher(cls) -> Any:
+        if cls.fn is None:
+            try:
+                lib = ctypes.CDLL("libcuda.so.1")
+                f = lib.cuLaunchKernel
+                f.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+                f.restype = ctypes.c_int
+                cls.fn = f
+            except (OSError, AttributeError):
+                from cuda.bindings import driver as cu
+
+                def via_bindings(fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+                    return int(cu.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, shared, stream, params, 0)[0])
+                cls.fn = via_bindings
+        return cls.fn
+
+
+class KernelPlan(Plan):
+    """One variant on one device: `plan(bound)` launches its kernels and returns the op's result."""
+
+    def __init__(self, vid: str, launcher: Any, layout: OpLayout, device: torch.device, n_returns: int,
+                 returns_list: bool):
+        super().__init__(vid)
+        self.module = launcher.module  # kept alive as long as the plan
+        index = {n: i for i, n in enumerate(layout.names)}
+        self.device = device
+        self.device_index = device.index if device.index is not None else 0
+        # Outputs: (shape, stride, dtype) to allocate, or the index of the argument a return aliases.
+        self.outputs: list[tuple] = []
+        for spec, alias in zip(launcher.output_specs, launcher.aliases):
+            if alias is not None:
+                self.outputs.append((index[alias],))
+            else:
+                self.outputs.append((tuple(spec["shape"]), tuple(spec["stride"]), getattr(torch, spec["dtype"])))
+        self.workspaces = [(max(1, n), zero) for _, n, zero in launcher.workspaces]
+        ws_index = {name: j for j, (name, _, _) in enumerate(launcher.workspaces)}
+        self.launches = []
+        for ln in launcher.launches:
+            ptrs = []
+            for v, ref in zip(ln.values, ln.refs):
+                if ref is None:
+                    continue
+                kind = ref[0]
+                if kind == "input":
+                    ptrs.append((v, 0, index[ref[1]], 0))
+                elif kind == "list":
+                    ptrs.append((v, 1, index[ref[1]], ref[2]))
+                elif kind == "output":
+                    ptrs.append((v, 2, ref[1], 0))
+                elif kind == "workspace":
+                    ptrs.append((v, 3, ws_index[ref[1]], 0))
+                # ('null',) stays 0
+            head = (int(ln.fn), *ln.grid, *ln.block, ln.shared)
+            self.launches.append((head, ptrs, ctypes.addressof(ln.params), ln))
+        self.n_returns = n_returns
+        self.returns_list = returns_list
+        self.lock = threading.Lock()  # the parameter buffers are shared: one launch sequence at a time
+        self.launch = _Driver.launcher()
+        self.raw_stream = torch._C._cuda_getCurrentRawStream
+
+    def __call__(self, bound: list[Any]) -> Any:
+        dev = self.device
+        outs = [torch.empty_strided(o[0], o[1], dtype=o[2], device=dev) if len(o) == 3 else bound[o[0]]
+                for o in self.outputs]
+        ws = []
+        for n, zero in self.workspaces:
+            buf = torch.empty(n, dtype=torch.uint8, device=dev)
+            if zero:
+                buf.zero_()
+            ws.append(buf)
+        stream = self.raw_stream(self.device_index)
+        with self.lock:
+            for head, ptrs, params, _ in self.launches:
+                for v, kind, i, j in ptrs:
+                    if kind == 0:
+                        t = bound[i]
+                        v.value = 0 if t is None else t.data_ptr()
+                    elif kind == 1:
+                        t = bound[i][j]
+                        v.value = 0 if t is None else t.data_ptr()
+                    elif kind == 2:
+                        v.value = outs[i].data_ptr()
+                    else:
+                        v.value = ws[i].data_ptr()
+                err = self.launch(*head, stream, params, None)
+                if err:
+                    raise RuntimeError(f"kforge cast: cuLaunchKernel failed for variant {self.vid} "
+                                       f"(CUresult {err})")
+        if self.returns_list:
+            return outs
+        return outs[0] if self.n_returns == 1 else tuple(outs)
+
+
+def make_plan(vid: str, variant: dict[str, Any], image: bytes, layout: OpLayout, device: torch.device,
+              max_shared: int) -> KernelPlan:
+    """Load the module, resolve the spec for the variant's signature, and prepare the launches.
+
+    Raises engine.launch.SpecError, engine.lane.launcher.LaunchRejected or a driver error.
+    """
+    from engine.lane import cuda_driver as drv
+    from engine.lane.launcher import CandidateLauncher
+    from engine.launch import Env, parse_spec, resolve
+
+    spec = parse_spec(variant["launch_spec"])
+    resolved = resolve(spec, Env.from_card(variant["signature"], variant["outputs"]), max_shared=max_shared)
+    module = drv.Module(image)
+    launcher = CandidateLauncher(module, resolved, variant["op"], variant["outputs"], device, max_shared=max_shared)
+    returns = launcher.op._schema.returns
+    returns_list = len(returns) == 1 and str(returns[0].type).startswith("List[")
+    return KernelPlan(vid, launcher, layout, device, len(returns), returns_list)

@@ -1,0 +1,220 @@
+"""`engine.cast.load(path)`: a cast ready to install, or an inert one that says once why not.
+
+    cast = engine.cast.load("sd35.cast")
+    with cast.enabled():
+        image = pipe(...)
+    cast.stats()   # hits per variant, misses per op
+
+Loading never raises for a bad file: a damaged zip, a digest mismatch, an unknown format version,
+another GPU arch or torch minor version, or no GPU at all leave the affected variants (or all of them)
+on PyTorch, with one CastWarning naming the reason. `strict=True` raises CastError instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.cast import runtime
+from engine.cast.compat import current_env, incompatibility
+from engine.cast.format import CastError, CastFile, read_cast
+
+
+class CastWarning(UserWarning):
+    """A cast (or some of its variants) stays on PyTorch; the message says why."""
+
+
+@dataclass
+class VariantState:
+    """One variant of a loaded cast: usable or not, and why not."""
+
+    id: str
+    op: str
+    signature_text: str
+    problem: str | None = None
+    plan: Any = None
+
+    @property
+    def hits(self) -> int:
+        return self.plan.hits if self.plan is not None else 0
+
+
+class Cast:
+    """A loaded cast. `install()`/`remove()` are idempotent and thread-safe; `enabled()` scopes them."""
+
+    def __init__(self, path: str, file: CastFile | None, problem: str | None, env: dict[str, Any] | None):
+        self.path = path
+        self.file = file
+        self.problem = problem            # why nothing of this cast can run here, or None
+        self.env = env
+        self.variants: list[VariantState] = []
+        if file is not None:
+            for v in file.variants:
+                self.variants.append(VariantState(v["id"], v["op"], v.get("signature_text", ""),
+                                                  problem or file.problems.get(v["id"])))
+        self._lock = threading.RLock()
+        self._installed = False
+        self._prepared = False
+        self._depth = 0
+
+    # ---- state -----------------------------------------------------------------------------------
+
+    @property
+    def manifest(self) -> dict[str, Any] | None:
+        return self.file.manifest if self.file is not None else None
+
+    @property
+    def installed(self) -> bool:
+        return self._installed
+
+    def usable(self) -> list[VariantState]:
+        """Variants that will (or do) run."""
+        return [v for v in self.variants if v.problem is None]
+
+    def stats(self) -> dict[str, Any]:
+        """Hits per variant and misses per op (misses count every cast's routes for the op)."""
+        ops = {v.op for v in self.variants}
+        misses, near, through, near_keys = {}, {}, {}, {}
+        for (op, _key), route in runtime.routes().items():
+            if op in ops:
+                misses[op] = route.misses
+                near[op] = route.near_misses
+                through[op] = route.fallthrough
+                near_keys[op] = [repr(k) for k in route.near_keys]
+        return {"file": self.path, "installed": self._installed, "problem": self.problem,
+                "variants": [{"id": v.id, "op": v.op, "signature": v.signature_text, "hits": v.hits,
+                              "active": v.plan is not None and self._installed, "problem": v.problem}
+                             for v in self.variants],
+                "misses": misses, "near_misses": near, "fallthrough": through, "near_miss_keys": near_keys}
+
+    def reset_stats(self) -> None:
+        for v in self.variants:
+            if v.plan is not None:
+                v.plan.hits = 0
+        for (op, _), route in runtime.routes().items():
+            if any(v.op == op for v in self.variants):
+                route.misses = route.near_misses = route.fallthrough = 0
+                route.near_keys = []
+
+    # ---- install / remove --------------------------------------------------------------------------
+
+    def install(self) -> Cast:
+        """Put the guarded overrides in place (a no-op when already installed or nothing is usable)."""
+        with self._lock:
+            if self._installed or self.problem is not None:
+                return self
+            self._prepare()
+            entries = []
+            for v in self.usable():
+                if v.plan is not None:
+                    entries.append(v.plan.entry)
+            shadowed = runtime.add_entries(self, entries) if entries else []
+            if shadowed:
+                _warn(f"{self.path}: {len(shadowed)} variant(s) already covered by another installed cast "
+                      f"({', '.join(shadowed)}); those stay with it")
+            self._installed = True
+            return self
+
+    def remove(self) -> None:
+        """Take this cast's overrides out; ops no other cast covers get their original kernel back."""
+        with self._lock:
+            if not self._installed:
+                return
+            runtime.remove_owner(self)
+            self._installed = False
+
+    @contextlib.contextmanager
+    def enabled(self) -> Iterator[Cast]:
+        """Installed inside the block (nested blocks keep it until the outermost ends)."""
+        with self._lock:
+            self._depth += 1
+            if self._depth == 1:
+                self.install()
+        try:
+            yield self
+        finally:
+            with self._lock:
+                self._depth -= 1
+                if self._depth == 0:
+                    self.remove()
+
+    def _prepare(self) -> None:
+        """Load modules and resolve launches once (needs the GPU); a variant that fails stays on PyTorch."""
+        if self._prepared:
+            return
+        self._prepared = True
+        import torch
+
+        from engine.cast.guard import first_shape, layout_of, signature_key
+        from engine.cast.kernels import make_plan
+        from engine.lane import cuda_driver as drv
+        from engine.ops import resolve_op
+
+        assert self.file is not None
+        device = torch.device("cuda", torch.cuda.current_device())
+        torch.zeros(1, device=device)  # the primary context must exist before the driver API uses it
+        drv.init()
+        props = torch.cuda.get_device_properties(device)
+        max_shared = int(getattr(props, "shared_memory_per_block_optin", 48 * 1024))
+        arch = self.env.get("arch") if self.env else None
+        failed = []
+        by_id = {v["id"]: v for v in self.file.variants}
+        for state in self.usable():
+            v = by_id[state.id]
+            try:
+                layout = layout_of(resolve_op(v["op"]))
+                key = signature_key(layout, v["signature"], device.index or 0)
+                image = _image(self.file, v, arch)
+                plan = make_plan(v["id"], v, image, layout, device, max_shared)
+                plan.entry = (layout.op_name, key, plan, first_shape(v["signature"]))
+                state.plan = plan
+            except Exception as e:  # any failure here means: this variant stays on PyTorch
+                state.problem = f"cannot prepare: {type(e).__name__}: {e}"
+                failed.append(f"{state.id} ({state.problem})")
+        if failed:
+            _warn(f"{self.path}: {len(failed)} variant(s) stay on PyTorch: " + "; ".join(failed))
+
+
+def _image(file: CastFile, v: dict[str, Any], arch: str | None) -> bytes:
+    cubin = v["files"].get("cubin")
+    if cubin and cubin.get("arch") == arch and cubin["path"] in file.files:
+        return file.files[cubin["path"]]
+    ptx = v["files"].get("ptx")
+    if ptx and ptx["path"] in file.files:
+        return file.files[ptx["path"]] + b"\0"
+    raise CastError("no cubin for this arch and no PTX")
+
+
+def _warn(message: str) -> None:
+    warnings.warn(CastWarning(f"kforge cast {message}"), stacklevel=3)
+
+
+def load(path: str | Path, *, strict: bool = False, env: dict[str, Any] | None = None) -> Cast:
+    """Read and check a cast for this process. Never raises for a bad file unless `strict`."""
+    path = str(path)
+    try:
+        file = read_cast(path)
+    except CastError as e:
+        if strict:
+            raise
+        _warn(f"{path}: not installed: {e}; the model runs on PyTorch")
+        return Cast(path, None, str(e), None)
+    here = env if env is not None else current_env()
+    problem = incompatibility(file.manifest["env"], here)
+    if problem is not None:
+        if strict:
+            raise CastError(f"{path}: {problem}")
+        _warn(f"{path}: not installed: {problem}; the model runs on PyTorch")
+        return Cast(path, file, problem, here)
+    cast = Cast(path, file, None, here)
+    if file.problems:
+        bad = "; ".join(f"{vid}: {why}" for vid, why in file.problems.items())
+        if strict:
+            raise CastError(f"{path}: {bad}")
+        _warn(f"{path}: {len(file.problems)} of {len(file.variants)} variant(s) stay on PyTorch: {bad}")
+    return cast

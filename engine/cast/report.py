@@ -1,0 +1,91 @@
+"""The human-readable side of a cast: `report.md` inside the file and the `audit` table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _ci(ev: dict[str, Any] | None) -> str:
+    if not ev or ev.get("speedup") is None:
+        return "–"
+    ci = ev.get("speedup_ci") or [None, None]
+    if ci[0] is None:
+        return f"{ev['speedup']:.2f}×"
+    return f"{ev['speedup']:.2f}× ({ci[0]:.2f}–{ci[1]:.2f})"
+
+
+def _us(v: Any) -> str:
+    return "–" if v is None else f"{v:.1f}"
+
+
+def markdown_report(manifest: dict[str, Any], excluded: list[dict[str, Any]] | None = None) -> str:
+    """What is in the cast, what it was proven on, and what was left out and why."""
+    env = manifest["env"]
+    src = manifest.get("source", {})
+    lines = [f"# Kernel Forge cast — {src.get('model', 'model')}", "",
+             f"Format {manifest['format_version']}, exported {manifest.get('created', '?')} from run "
+             f"`{src.get('run', '?')}` (proposer {src.get('provider', '?')}).", "",
+             f"Proven on **{env.get('gpu')}** ({env.get('arch')}), torch {env.get('torch')}, CUDA "
+             f"{env.get('cuda')}, driver {env.get('driver')}, NVRTC {env.get('nvrtc')}. On another GPU arch "
+             "or torch minor version the loader installs nothing and the model runs on PyTorch.", "",
+             "Each variant runs only on calls whose arguments match its signature exactly (dtype, shape, "
+             "strides, alignment, values); every other call goes to PyTorch's own kernel.", "",
+             "| variant | op | signature | category | calls/fwd | eager µs | cast µs | confirmed speedup (95% CI) "
+             "| lane speedup |", "|---|---|---|---|---:|---:|---:|---:|---:|"]
+    for v in manifest["variants"]:
+        conf = v["evidence"].get("confirmed") or {}
+        lane = v["evidence"].get("lane") or {}
+        lines.append(f"| {v['id']} | `{v['op']}` | `{v.get('signature_text', '')}` | {v['category']} | "
+                     f"{v.get('calls', '–')} | {_us(conf.get('eager_us'))} | {_us(conf.get('cast_us'))} | "
+                     f"{_ci(conf)} | {_ci(lane)} |")
+    lines += ["", "Confirmed speedups are measured in a fresh process through the public op with the cast "
+              "installed against the same op without it (L2 flushed before each call, calls alternated, "
+              "bootstrap CI of the median ratio). A variant is included only if its lower bound is above 1.", ""]
+    for v in manifest["variants"]:
+        p = v["provenance"]
+        lines += [f"## {v['id']} — `{v['op']}`", "",
+                  f"- signature: `{v.get('signature_text', '')}`",
+                  f"- kernels: {', '.join(v['kernels'])}; files: " +
+                  ", ".join(f"`{f['path']}`" for f in v["files"].values()),
+                  f"- tolerance: {', '.join(v.get('tolerance', [])) or '–'}",
+                  f"- provenance: candidate `{p.get('candidate_id')}` by {p.get('proposer')}"
+                  f"{' / ' + str(p.get('model_name')) if p.get('model_name') else ''}"
+                  f"{', ' + str(p.get('intent')) if p.get('intent') else ''}", ""]
+    if excluded:
+        lines += ["## Left on PyTorch", "", "| card | op | why |", "|---|---|---|"]
+        for e in excluded:
+            lines.append(f"| {e.get('card_id', '')[:8]} | `{e.get('op', '')}` | {e.get('reason', '')} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def audit_document(manifest: dict[str, Any], problems: dict[str, str]) -> dict[str, Any]:
+    """`audit --json`: {"format", "env", "variants": [{"op", "signature", "category", "speedup", …}]}."""
+    out = []
+    for v in manifest["variants"]:
+        conf = v["evidence"].get("confirmed") or {}
+        out.append({"id": v["id"], "op": v["op"], "signature": v.get("signature_text", ""),
+                    "signature_full": v["signature"], "category": v["category"],
+                    "speedup": conf.get("speedup"), "speedup_ci": conf.get("speedup_ci"),
+                    "eager_us": conf.get("eager_us"), "cast_us": conf.get("cast_us"),
+                    "evidence": v["evidence"], "provenance": v["provenance"], "kernels": v["kernels"],
+                    "problem": problems.get(v["id"])})
+    return {"format": manifest["format_version"], "env": manifest["env"], "source": manifest.get("source", {}),
+            "variants": out}
+
+
+def audit_text(doc: dict[str, Any], path: str) -> str:
+    """The audit as a plain table for a terminal."""
+    env = doc["env"]
+    lines = [f"{path}: format {doc['format']}, {len(doc['variants'])} variant(s), proven on {env.get('gpu')} "
+             f"({env.get('arch')}), torch {env.get('torch')}"]
+    for v in doc["variants"]:
+        sp = _ci({"speedup": v["speedup"], "speedup_ci": v["speedup_ci"]})
+        line = (f"  {v['id']:<14} {v['op']:<32} {v['category']:<12} {sp:<22} eager {_us(v['eager_us'])} µs "
+                f"-> {_us(v['cast_us'])} µs  {v['signature']}")
+        if v.get("verify"):
+            line += f"\n      verify: {v['verify']}"
+        if v.get("problem"):
+            line += f"\n      problem: {v['problem']}"
+        lines.append(line)
+    return "\n".join(lines)

@@ -1,0 +1,216 @@
+"""Guarded dispatch: one torch.library override per ATen overload, at one backend dispatch key.
+
+The router for an op reads the first argument's shape (a set lookup stops most misses there), then
+builds the call's guard key and looks it up. A hit runs the variant's plan; a miss calls the kernel
+that was registered before ours (`torch.library.get_kernel(...).call_boxed`) with Python scalars
+re-wrapped as tensors. While Dynamo traces, every call falls through. Routes are process-wide and
+shared by every installed cast; the last variant to leave an op removes its override, which restores
+the original kernel exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from engine.cast.guard import OpLayout, bind, call_key, layout_of
+from engine.ops import resolve_op
+
+_LOCK = threading.RLock()
+_ROUTES: dict[tuple[str, str], Route] = {}
+NEAR_MISS_KEYS = 8  # distinct near-miss keys kept per op, to explain unexpected misses
+
+
+class Plan:
+    """Something a hit runs: `plan(bound) -> result`, with a hit counter. Subclassed by KernelPlan."""
+
+    def __init__(self, vid: str, fn: Callable[[list[Any]], Any] | None = None):
+        self.vid = vid
+        self.hits = 0
+        self._fn = fn
+
+    def __call__(self, bound: list[Any]) -> Any:
+        assert self._fn is not None
+        return self._fn(bound)
+
+
+class Route:
+    """The override of one ATen overload at one dispatch key, and its guard table."""
+
+    def __init__(self, op_name: str, dispatch_key: str):
+        self.op = resolve_op(op_name)
+        self.op_name = op_name
+        self.dispatch_key = dispatch_key
+        self.layout: OpLayout = layout_of(self.op)
+        self.table: dict[tuple, Plan] = {}
+        self.owners: dict[tuple, object] = {}
+        self.shapes: set[tuple] = set()
+        self.open_prefilter = False   # some key has no first-tensor shape: always build the key
+        self.active = True
+        self.misses = 0
+        self.near_misses = 0
+        self.near_keys: list[tuple] = []
+        self.fallthrough = 0          # calls passed on while Dynamo traced or dispatch was suspended
+        self.original = torch.library.get_kernel(self.op, dispatch_key)
+        self.lib: torch.library.Library | None = torch.library.Library("aten", "IMPL", dispatch_key)
+        with warnings.catch_warnings():
+            # Registering over the backend kernel is the point; torch warns about it on every install.
+            warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
+            self.lib.impl(op_name.split("::", 1)[1], self._dispatch, dispatch_key, with_keyset=True)
+
+    def _dispatch(self, keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        if not self.active or torch.compiler.is_dynamo_compiling():
+            self.fallthrough += 1
+            return self._original(keyset, args, kwargs)
+        layout = self.layout
+        if layout.first_tensor and not self.open_prefilter:
+            try:
+                shape = args[0].shape
+            except (AttributeError, IndexError):
+                shape = None
+            if shape not in self.shapes:
+                self.misses += 1
+                return self._original(keyset, args, kwargs)
+        bound = bind(layout, args, kwargs)
+        key = call_key(layout, bound)
+        plan = self.table.get(key)
+        if plan is None:
+            self.misses += 1
+            self.near_misses += 1
+            if len(self.near_keys) < NEAR_MISS_KEYS and key not in self.near_keys:
+                self.near_keys.append(key)
+            return self._original(keyset, args, kwargs)
+        plan.hits += 1
+        return plan(bound)
+
+    def _original(self, keyset: Any, args: tuple, kwargs: dict) -> Any:
+        slots = self.layout.scalar_slots
+        if slots:
+            for i in slots:
+                if i < len(args) and isinstance(args[i], (bool, int, float, complex)):
+                    args = rewrap_scalars(args, slots)
+                    break
+        return self.original.call_boxed(keyset, *args, **kwargs)
+
+    def add(self, key: tuple, plan: Plan, owner: object, first_shape: tuple | None) -> bool:
+        """Add a guard entry; False when another cast already covers the key (first one wins)."""
+        if key in self.table:
+            return False
+        self.table[key] = plan
+        self.owners[key] = owner
+        if first_shape is None:
+            self.open_prefilter = True
+        else:
+            self.shapes.add(first_shape)
+        return True
+
+    def drop_owner(self, owner: object) -> None:
+        for key in [k for k, o in self.owners.items() if o is owner]:
+            del self.table[key], self.owners[key]
+        self.shapes = set()
+        self.open_prefilter = False
+        for key in self.table:
+            self._note_shape(key)
+
+    def _note_shape(self, key: tuple) -> None:
+        first = key[0] if key else None
+        if self.layout.first_tensor and isinstance(first, tuple) and len(first) == 7:
+            self.shapes.add(tuple(first[1]))
+        else:
+            self.open_prefilter = True
+
+    def destroy(self) -> None:
+        if self.lib is not None:
+            self.lib._destroy()
+            self.lib = None
+
+
+def rewrap_scalars(args: tuple, slots: tuple[int, ...]) -> tuple:
+    """Python numbers in `Tensor` slots as 0-dim CPU tensors that promote like wrapped numbers.
+
+    A float next to floating tensors stays float64 (0-dim tensors do not promote within a category,
+    and the value keeps full precision); next to only integer tensors it takes the default dtype,
+    as a wrapped number would. Tensors are cached per (value, dtype): misses repeat the same constants.
+    """
+    out = list(args)
+    for i in slots:
+        if i >= len(out):
+            continue
+        v = out[i]
+        if isinstance(v, bool):
+            dt = torch.bool
+        elif isinstance(v, int):
+            dt = torch.int64
+        elif isinstance(v, float):
+            floating = any(isinstance(a, torch.Tensor) and (a.is_floating_point() or a.is_complex()) for a in args)
+            dt = torch.float64 if floating else torch.get_default_dtype()
+        elif isinstance(v, complex):
+            cplx = any(isinstance(a, torch.Tensor) and a.is_complex() for a in args)
+            dt = torch.complex128 if cplx or torch.get_default_dtype() == torch.float64 else torch.complex64
+        else:
+            continue
+        key = (type(v), v, dt)
+        t = _SCALARS.get(key)
+        if t is None:
+            t = torch.scalar_tensor(v, dtype=dt)
+            if len(_SCALARS) < 256 and v == v:  # NaN never equals its key: do not cache it
+                _SCALARS[key] = t
+        out[i] = t
+    return tuple(out)
+
+
+_SCALARS: dict[tuple, torch.Tensor] = {}
+
+
+# ------------------------------------------------------------------------------------- registry
+
+
+def add_entries(owner: object, entries: list[tuple[str, tuple, Plan, tuple | None]],
+                dispatch_key: str = "CUDA") -> list[str]:
+    """Route (op, key) -> plan for `owner`; returns the variant ids that another owner already covered."""
+    shadowed = []
+    with _LOCK:
+        for op_name, key, plan, shape in entries:
+            route = _ROUTES.get((op_name, dispatch_key))
+            if route is None:
+                route = _ROUTES[(op_name, dispatch_key)] = Route(op_name, dispatch_key)
+            if not route.add(key, plan, owner, shape):
+                shadowed.append(plan.vid)
+    return shadowed
+
+
+def remove_owner(owner: object) -> None:
+    """Take `owner`'s entries out; an op left with none gets its original kernel back."""
+    with _LOCK:
+        for k, route in list(_ROUTES.items()):
+            route.drop_owner(owner)
+            if not route.table:
+                route.destroy()
+                del _ROUTES[k]
+
+
+def routes() -> dict[tuple[str, str], Route]:
+    """The installed routes by (op, dispatch key) (a copy)."""
+    with _LOCK:
+        return dict(_ROUTES)
+
+
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """Every installed override passes calls straight to the original kernel inside the block
+    (eager's arm when timing the public op with and without a cast, in one process)."""
+    with _LOCK:
+        previous = {k: r.active for k, r in _ROUTES.items()}
+        for r in _ROUTES.values():
+            r.active = False
+    try:
+        yield
+    finally:
+        with _LOCK:
+            for k, r in _ROUTES.items():
+                r.active = previous.get(k, True)

@@ -1,0 +1,159 @@
+"""End-to-end benchmark of casts on reference models (run on the GPU the casts are for).
+
+    python scripts/bench_e2e.py --out DIR [--casts DIR] [--iters N]
+
+For each model (ResNet-50 batch 32 fp16 channels_last; SD3.5-Medium VAE decode 1024x1024 bf16):
+build a cast (or take DIR/<model>.cast from --casts), then time whole forwards with and without it,
+alternating, each timed with CUDA events after a sync; compare the final outputs with eager; count
+hits per variant and misses per op over one forward. Also the host cost per call of eager, a guard
+miss and a guard hit. Writes DIR/bench_e2e.json and DIR/bench_e2e.md; progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+def log(msg: str) -> None:
+    print(f"[bench_e2e {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def time_forward(forward) -> float:
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    forward()
+    e.record()
+    torch.cuda.synchronize()
+    return s.elapsed_time(e) * 1e3
+
+
+def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int) -> dict:
+    import engine.cast
+    from engine.bench.stats import speedup_ci
+    from engine.cast.direct import build_cast
+
+    module, forward = make()
+    build = None
+    if not cast_path.exists():
+        log(f"{name}: building a cast (capture, builtin search, fresh-process confirmation)")
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            build = build_cast(forward, cast_path, work=work / name, keep=keep, model=name, progress=log)
+        build["seconds"] = time.perf_counter() - t0
+    cast = engine.cast.load(cast_path)
+    with torch.no_grad():
+        eager_out = forward().clone()
+        with cast.enabled():
+            cast.reset_stats()
+            cast_out = forward().clone()
+            stats = cast.stats()
+        for _ in range(3):  # warm-up both arms
+            forward()
+            with cast.enabled():
+                forward()
+        eager_us, cast_us = [], []
+        log(f"{name}: timing {iters} forwards per arm, alternating")
+        for i in range(iters):
+            arms = ("eager", "cast") if i % 2 == 0 else ("cast", "eager")
+            for arm in arms:
+                if arm == "cast":
+                    cast.install()
+                    cast_us.append(time_forward(forward))
+                    cast.remove()
+                else:
+                    eager_us.append(time_forward(forward))
+        restored = forward()
+    est = speedup_ci(eager_us, cast_us, paired=True)
+    diff = (cast_out.double() - eager_out.double())
+    result = {
+        "model": name, "cast": str(cast_path), "variants": len(cast.usable()),
+        "eager_ms": statistics.median(eager_us) / 1e3, "cast_ms": statistics.median(cast_us) / 1e3,
+        "speedup": est.speedup, "speedup_ci": [est.low, est.high], "iters": iters,
+        "rel_l2_err": float(diff.norm() / eager_out.double().norm()), "max_abs_err": float(diff.abs().max()),
+        "restored_bit_exact": bool(torch.equal(restored, eager_out)),
+        "hits": {v["id"]: v["hits"] for v in stats["variants"]}, "misses": stats["misses"],
+        "near_misses": stats["near_misses"], "near_miss_keys": stats["near_miss_keys"],
+        "every_variant_hit": all(v["hits"] > 0 for v in stats["variants"]),
+        "build": build,
+    }
+    log(f"{name}: eager {result['eager_ms']:.2f} ms, cast {result['cast_ms']:.2f} ms, {est.speedup:.3f}x "
+        f"(95% CI {est.low:.3f}-{est.high:.3f}); rel err {result['rel_l2_err']:.2e}; "
+        f"every variant hit: {result['every_variant_hit']}; near misses {sum(result['near_misses'].values())}")
+    del module
+    torch.cuda.empty_cache()
+    return result
+
+
+def markdown(doc: dict) -> str:
+    lines = ["# bench_e2e", "", f"{doc['gpu']}, torch {doc['torch']}, {time.strftime('%Y-%m-%d')}", "",
+             "| model | variants | eager ms | cast ms | speedup (95% CI) | rel L2 err | every variant hit | "
+             "near misses | remove() exact |", "|---|---:|---:|---:|---:|---:|---|---:|---|"]
+    for r in doc["models"]:
+        lines.append(f"| {r['model']} | {r['variants']} | {r['eager_ms']:.2f} | {r['cast_ms']:.2f} | "
+                     f"{r['speedup']:.3f}× ({r['speedup_ci'][0]:.3f}–{r['speedup_ci'][1]:.3f}) | "
+                     f"{r['rel_l2_err']:.1e} | {r['every_variant_hit']} | {sum(r['near_misses'].values())} | "
+                     f"{r['restored_bit_exact']} |")
+    h = doc.get("host_cost")
+    if h:
+        lines += ["", f"Host cost per call ({h['op']}): eager {h['eager_us']:.2f} µs; guard hit {h['hit_us']:.2f} µs "
+                  f"(+{h['hit_added_us']:.2f}); guard miss {h['miss_us']:.2f} µs vs eager "
+                  f"{h['eager_miss_shape_us']:.2f} µs (+{h['miss_added_us']:.2f})."]
+    for r in doc["models"]:
+        lines += ["", f"## {r['model']} hits per variant", ""]
+        lines += [f"- {vid}: {n}" for vid, n in r["hits"].items()]
+        lines.append(f"- misses per op: {r['misses']}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    from test_cast_gpu import resnet50, sd35_vae
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="folder for bench_e2e.json and bench_e2e.md")
+    ap.add_argument("--casts", help="folder with <model>.cast files to use (built there when missing)")
+    ap.add_argument("--iters", type=int, default=0, help="forwards per arm (default: 30 ResNet-50, 10 VAE)")
+    ap.add_argument("--models", default="resnet50,sd35_vae")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("error: bench_e2e: no CUDA GPU is visible", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    casts = Path(args.casts) if args.casts else out / "casts"
+    casts.mkdir(parents=True, exist_ok=True)
+    doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "models": []}
+    models = {"resnet50": (resnet50, lambda op: True, 30), "sd35_vae": (sd35_vae, lambda op: "group_norm" in op, 10)}
+    for name in args.models.split(","):
+        make, keep, iters = models[name]
+        try:
+            doc["models"].append(bench_model(name, make, keep, casts / f"{name}.cast", out / "work",
+                                             args.iters or iters))
+        except Exception as e:  # one model failing must not lose the others' results
+            log(f"{name}: FAILED: {type(e).__name__}: {e}")
+            doc.setdefault("failures", {})[name] = f"{type(e).__name__}: {e}"
+        (out / "bench_e2e.json").write_text(json.dumps(doc, indent=1, default=str))
+    log("host cost per call: eager, guard miss, guard hit")
+    from engine.cast.hostcost import measure
+
+    doc["host_cost"] = measure(out)
+    log(f"host cost: {doc['host_cost']}")
+    (out / "bench_e2e.json").write_text(json.dumps(doc, indent=1, default=str))
+    (out / "bench_e2e.md").write_text(markdown([doc][0]))
+    log(f"wrote {out / 'bench_e2e.json'} and {out / 'bench_e2e.md'}")
+    return 1 if doc.get("failures") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

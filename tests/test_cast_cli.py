@@ -1,0 +1,73 @@
+"""`kforge-tui audit` and `export` as a user sees them without a GPU: exit codes and one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from cast_helpers import write_genuine_cast
+from conftest import run_cli
+
+
+@pytest.fixture
+def cast_file(tmp_path: Path) -> Path:
+    path = tmp_path / "model.cast"
+    write_genuine_cast(path)
+    return path
+
+
+def test_audit_lists_every_variant(cast_file, capsys):
+    code, out, err = run_cli(["audit", cast_file], capsys)
+    assert code == 0, err
+    assert "native_group_norm" in out and "aten::relu" in out and "custom CUDA" in out and "NVIDIA H200" in out
+
+
+def test_audit_json_is_one_document(cast_file, capsys):
+    code, out, err = run_cli(["audit", cast_file, "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["format"] == 1
+    assert {v["op"] for v in doc["variants"]} == {"aten::native_group_norm", "aten::relu"}
+    for v in doc["variants"]:
+        assert set(v) >= {"op", "signature", "category", "speedup", "evidence", "provenance"}
+        assert v["category"] == "custom CUDA" and v["signature"]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not a zip", "missing"])
+def test_audit_refuses_a_damaged_file_with_exit_2(cast_file, tmp_path, capsys, damage):
+    bad = tmp_path / "bad.cast"
+    if damage == "truncated":
+        bad.write_bytes(cast_file.read_bytes()[:500])
+    elif damage == "not a zip":
+        bad.write_text("hello")
+    code, out, err = run_cli(["audit", bad, "--json"], capsys)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: audit:")
+
+
+def test_audit_refuses_a_digest_mismatch_with_exit_2(cast_file, tmp_path, capsys):
+    import zipfile
+
+    bad = tmp_path / "tampered.cast"
+    with zipfile.ZipFile(cast_file) as zin, zipfile.ZipFile(bad, "w") as zout:
+        for name in zin.namelist():
+            data = zin.read(name)
+            zout.writestr(name, data + b"//" if name.endswith(".cu") else data)
+    code, out, err = run_cli(["audit", bad], capsys)
+    assert code == 2 and "digest mismatch" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_audit_verify_and_export_need_a_gpu(cast_file, tmp_path, capsys):
+    code, out, err = run_cli(["audit", cast_file, "--verify"], capsys)
+    assert code == 2 and "no CUDA GPU" in err and len(err.strip().splitlines()) == 1
+    code, out, err = run_cli(["export", "--out", tmp_path / "x.cast", "--workspace", tmp_path / "ws"], capsys)
+    assert code == 2 and "no CUDA GPU" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "x.cast").exists()
+
+
+def test_export_needs_out(tmp_path, capsys):
+    code, out, err = run_cli(["export", "--workspace", tmp_path / "ws"], capsys)
+    assert code == 2 and "--out" in err

@@ -1,0 +1,169 @@
+"""The .cast file on a CPU: a genuine cast (builtin kernels compiled by NVRTC for sm_90) round-trips,
+and every kind of damage or mismatch leaves the affected variants on PyTorch with one warning."""
+
+from __future__ import annotations
+
+import json
+import struct
+import warnings
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from cast_helpers import H200_ENV, write_genuine_cast
+
+import engine.cast
+from engine.cast import CastError, CastWarning, runtime
+from engine.cast.format import read_cast
+
+
+@pytest.fixture
+def cast_file(tmp_path: Path) -> Path:
+    path = tmp_path / "model.cast"
+    write_genuine_cast(path)
+    return path
+
+
+def _load(path: Path, env=H200_ENV):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cast = engine.cast.load(path, env=env)
+    return cast, [w for w in caught if issubclass(w.category, CastWarning)]
+
+
+def _rewrite(src: Path, dst: Path, change) -> None:
+    """Copy the zip member by member, letting `change(name, data)` return new bytes (or None to drop)."""
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for name in zin.namelist():
+            data = change(name, zin.read(name))
+            if data is not None:
+                zout.writestr(name, data)
+
+
+def test_round_trip_keeps_manifest_and_kernels(cast_file, tmp_path):
+    f = read_cast(cast_file)
+    assert f.problems == {}
+    m = f.manifest
+    assert m["format"] == "kforge-cast" and m["format_version"] == engine.cast.FORMAT_VERSION
+    assert m["env"]["arch"] == "sm_90"
+    ops = sorted(v["op"] for v in m["variants"])
+    assert ops == ["aten::native_group_norm", "aten::relu"]
+    for v in m["variants"]:
+        assert v["category"] == "custom CUDA"
+        assert v["signature"]["op"] == v["op"] and v["signature"]["args"]
+        assert set(v["files"]) == {"cubin", "ptx", "source"}
+        assert v["files"]["cubin"]["arch"] == "sm_90"
+        assert f.files[v["files"]["cubin"]["path"]][:4] == b"\x7fELF"
+        assert "extern \"C\"" in f.files[v["files"]["source"]["path"]].decode()
+        assert v["kernels"] and all(k in f.files[v["files"]["ptx"]["path"]].decode() for k in v["kernels"])
+        assert v["provenance"]["proposer"] == "builtin"
+    # Same winners, same bytes.
+    again = tmp_path / "again.cast"
+    write_genuine_cast(again)
+    assert again.read_bytes() == cast_file.read_bytes()
+    cast, warned = _load(cast_file)
+    assert warned == [] and cast.problem is None and len(cast.usable()) == 2
+
+
+def test_report_is_readable(cast_file):
+    with zipfile.ZipFile(cast_file) as z:
+        report = z.read("report.md").decode()
+    assert "native_group_norm" in report and "NVIDIA H200" in report and "custom CUDA" in report
+
+
+def test_no_pickles_anywhere(cast_file, tmp_path):
+    with zipfile.ZipFile(cast_file) as z:
+        for name in z.namelist():
+            data = z.read(name)
+            assert not name.endswith((".pkl", ".pt", ".pth", ".bin", ".py"))
+            assert b"\x80\x04\x95" not in data[:3] and b"\x80\x02" != data[:2]  # pickle protocol headers
+        json.loads(z.read("manifest.json"))
+    # A cast carrying anything else is refused outright.
+    evil = tmp_path / "evil.cast"
+    _rewrite(cast_file, evil, lambda n, d: d)
+    with zipfile.ZipFile(evil, "a") as z:
+        z.writestr("kernels/payload.pkl", b"\x80\x04\x95 not loaded")
+    cast, warned = _load(evil)
+    assert len(warned) == 1 and "unexpected member 'kernels/payload.pkl'" in str(warned[0].message)
+    assert cast.usable() == []
+
+
+def test_truncated_zip_is_one_warning_and_no_override(cast_file, tmp_path):
+    bad = tmp_path / "cut.cast"
+    bad.write_bytes(cast_file.read_bytes()[: cast_file.stat().st_size // 2])
+    cast, warned = _load(bad)
+    assert len(warned) == 1
+    assert "not a readable zip" in str(warned[0].message) and "runs on PyTorch" in str(warned[0].message)
+    cast.install()
+    assert cast.usable() == [] and runtime.routes() == {} and not cast.installed
+    with pytest.raises(CastError):
+        engine.cast.load(bad, strict=True)
+
+
+def test_flipped_byte_in_a_cubin_disables_only_that_variant(cast_file, tmp_path):
+    f = read_cast(cast_file)
+    gn = next(v for v in f.variants if v["op"] == "aten::native_group_norm")
+    cubin = gn["files"]["cubin"]["path"]
+    # Tampered but a valid zip (CRC recomputed): caught by the manifest's sha256.
+    tampered = tmp_path / "tampered.cast"
+    _rewrite(cast_file, tampered, lambda n, d: d[:100] + bytes([d[100] ^ 1]) + d[101:] if n == cubin else d)
+    cast, warned = _load(tampered)
+    assert len(warned) == 1 and f"digest mismatch: {cubin}" in str(warned[0].message)
+    assert [v.op for v in cast.usable()] == ["aten::relu"]
+    # A flipped byte in the file itself: the zip's CRC catches it when the member is read.
+    raw = bytearray(cast_file.read_bytes())
+    with zipfile.ZipFile(cast_file) as z:
+        info = z.getinfo(cubin)
+    name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26: info.header_offset + 30])
+    raw[info.header_offset + 30 + name_len + extra_len + 10] ^= 0xFF
+    flipped = tmp_path / "flipped.cast"
+    flipped.write_bytes(bytes(raw))
+    cast, warned = _load(flipped)
+    assert len(warned) == 1 and cubin in str(warned[0].message)
+    assert [v.op for v in cast.usable()] == ["aten::relu"]
+
+
+def test_unknown_format_version(cast_file, tmp_path):
+    newer = tmp_path / "newer.cast"
+
+    def bump(name, data):
+        if name != "manifest.json":
+            return data
+        m = json.loads(data)
+        m["format_version"] = 99
+        return json.dumps(m).encode()
+    _rewrite(cast_file, newer, bump)
+    cast, warned = _load(newer)
+    assert len(warned) == 1 and "format version 99 is not supported" in str(warned[0].message)
+    assert cast.usable() == []
+
+
+@pytest.mark.parametrize("change,expect", [
+    ({"arch": "sm_80", "gpu": "NVIDIA A100"}, "GPU arch sm_80 (NVIDIA A100) differs from the cast's sm_90"),
+    ({"torch": "2.99.0+cu130", "torch_minor": "2.99"}, "torch 2.99.0+cu130 differs"),
+])
+def test_other_gpu_arch_or_torch_minor(cast_file, change, expect):
+    cast, warned = _load(cast_file, env={**H200_ENV, **change})
+    assert len(warned) == 1 and expect in str(warned[0].message)
+    assert cast.usable() == [] and all(v.problem == cast.problem for v in cast.variants)
+    cast.install()
+    assert runtime.routes() == {}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_load_without_a_gpu_is_a_clean_no_op(cast_file):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cast = engine.cast.load(cast_file)
+        with cast.enabled():
+            x = torch.randn(1, 64, 16, 16)
+            out = torch.nn.functional.group_norm(x, 32)
+        cast.install()
+        cast.remove()
+    assert len(caught) == 1 and issubclass(caught[0].category, CastWarning)
+    assert "no CUDA GPU is visible" in str(caught[0].message)
+    assert torch.equal(out, torch.nn.functional.group_norm(x, 32))
+    assert runtime.routes() == {}
+    stats = cast.stats()
+    assert stats["installed"] is False and all(v["hits"] == 0 for v in stats["variants"])

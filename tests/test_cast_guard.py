@@ -1,0 +1,190 @@
+"""The guard and the dispatch runtime on CPU tensors: the key of a live call equals the key of its
+captured signature and nothing wider; an override installed at the CPU key with a stand-in plan hits
+exactly there, misses call the original kernel, and remove() restores eager bit for bit."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.capture.signature import bind_arguments, signature_of
+from engine.cast import runtime
+from engine.cast.guard import bind, call_key, first_shape, layout_of, signature_key
+
+GN = torch.ops.aten.native_group_norm.default
+ADD = torch.ops.aten.add.Tensor
+
+
+def _sig(op, *args, **kwargs):
+    return signature_of(op, bind_arguments(op, args, kwargs))
+
+
+def _live(op, *args, **kwargs):
+    lay = layout_of(op)
+    return call_key(lay, bind(lay, args, kwargs))
+
+
+def _gn_args(dtype=torch.float16, eps=1e-6):
+    x = torch.randn(1, 64, 8, 8, dtype=dtype)
+    w = torch.randn(64, dtype=dtype)
+    return [x, w, w.clone(), 1, 64, 64, 32, eps]
+
+
+def test_live_key_equals_captured_key():
+    a = _gn_args()
+    assert signature_key(layout_of(GN), _sig(GN, *a), device_index=0) == _live(GN, *a)
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    # Defaults left out by the caller (alpha) are filled in on both sides.
+    assert signature_key(layout_of(ADD), _sig(ADD, x, y), 0) == _live(ADD, x, y) == _live(ADD, x, y, alpha=1)
+    ln = torch.ops.aten.native_layer_norm.default
+    w = torch.randn(8)
+    assert signature_key(layout_of(ln), _sig(ln, x, [8], w, w, 1e-5), 0) == _live(ln, x, [8], w, w, 1e-5)
+
+
+@pytest.mark.parametrize("what", ["shape", "dtype", "stride", "alignment", "value", "neg", "absent"])
+def test_anything_different_is_a_miss(what):
+    a = _gn_args()
+    key = signature_key(layout_of(GN), _sig(GN, *a), 0)
+    b = list(a)
+    if what == "shape":
+        b[0] = torch.randn(1, 64, 8, 16, dtype=torch.float16)
+        b[5] = 128
+    elif what == "dtype":
+        b = _gn_args(torch.bfloat16)
+    elif what == "stride":
+        b[0] = a[0].contiguous(memory_format=torch.channels_last)
+    elif what == "alignment":
+        b[0] = torch.randn(1 + 64 * 64, dtype=torch.float16)[1:].view(1, 64, 8, 8)
+    elif what == "value":
+        b[7] = 1e-5
+    elif what == "neg":
+        b[1] = torch._neg_view(-a[1])
+    elif what == "absent":
+        b[2] = None
+    assert _live(GN, *b) != key
+
+
+def test_in_place_ops_key_includes_aliasing():
+    op = torch.ops.aten.add_.Tensor
+    x = torch.randn(16)
+    y = torch.randn(16)
+    key = signature_key(layout_of(op), _sig(op, x, y), 0)
+    assert _live(op, x, y) == key
+    assert _live(op, x, x) != key  # self and other share storage: a different kernel contract
+
+
+@pytest.fixture
+def owner():
+    me = object()
+    yield me
+    runtime.remove_owner(me)
+    assert runtime.routes() == {}
+
+
+def _install(owner, op, sig, fn, vid="v0"):
+    lay = layout_of(op)
+    plan = runtime.Plan(vid, fn)
+    runtime.add_entries(owner, [(lay.op_name, signature_key(lay, sig, 0), plan, first_shape(sig))], "CPU")
+    return plan
+
+
+def test_hit_runs_the_plan_miss_runs_the_original(owner):
+    a = _gn_args(torch.float32)
+    eager = GN(*a)
+    sevens = tuple(torch.full_like(t, 7.0) for t in eager)
+    other = torch.randn(1, 64, 8, 16)
+    expected_other = F.group_norm(other, 32, a[1], a[2], 1e-6)
+    plan = _install(owner, GN, _sig(GN, *a), lambda b: sevens)
+    out = F.group_norm(a[0], 32, a[1], a[2], 1e-6)  # the public API reaches the same overload
+    assert torch.all(out == 7.0) and plan.hits == 1
+    got = F.group_norm(other, 32, a[1], a[2], 1e-6)
+    assert plan.hits == 1 and torch.equal(got, expected_other)
+    route = runtime.routes()[("aten::native_group_norm", "CPU")]
+    assert route.misses == 1 and route.near_misses == 0   # stopped at the shape pre-filter
+    F.group_norm(a[0], 32, a[1], a[2], 1e-5)                # same shape, other eps: a near miss
+    assert route.near_misses == 1 and plan.hits == 1
+    runtime.remove_owner(owner)
+    after = GN(*a)
+    assert all(torch.equal(p, q) for p, q in zip(after, eager))
+
+
+def test_miss_rewraps_python_scalars_like_wrapped_numbers(owner):
+    x = torch.randn(4, 8)
+    _install(owner, ADD, _sig(ADD, x, x), lambda b: b[0])
+    cases = [torch.randn(3, dtype=torch.float16), torch.arange(3, dtype=torch.int32), torch.tensor([True, False])]
+    runtime.remove_owner(owner)
+    expected = [(t + 2.5, t + 3, t * 1) for t in cases]
+    _install(owner, ADD, _sig(ADD, x, x), lambda b: b[0])
+    for t, (e_f, e_i, _) in zip(cases, expected):
+        got_f, got_i = t + 2.5, t + 3
+        assert got_f.dtype == e_f.dtype and torch.equal(got_f, e_f)
+        assert got_i.dtype == e_i.dtype and torch.equal(got_i, e_i)
+
+
+def test_install_and_remove_are_idempotent_and_shared(owner):
+    a = _gn_args(torch.float32)
+    sig = _sig(GN, *a)
+    zeros = tuple(torch.zeros_like(t) for t in GN(*a))
+    p1 = _install(owner, GN, sig, lambda b: zeros, "first")
+    other = object()
+    lay = layout_of(GN)
+    p2 = runtime.Plan("second", lambda b: None)
+    shadowed = runtime.add_entries(other, [(lay.op_name, signature_key(lay, sig, 0), p2, first_shape(sig))], "CPU")
+    assert shadowed == ["second"]          # the first cast keeps the key
+    runtime.remove_owner(other)
+    runtime.remove_owner(other)
+    GN(*a)
+    assert p1.hits == 1 and p2.hits == 0
+    runtime.remove_owner(owner)
+    runtime.remove_owner(owner)
+    assert runtime.routes() == {}
+
+
+def test_suspended_falls_through(owner):
+    a = _gn_args(torch.float32)
+    plan = _install(owner, GN, _sig(GN, *a), lambda b: None)
+    with runtime.suspended():
+        out = GN(*a)
+    assert plan.hits == 0 and isinstance(out, tuple)
+    route = runtime.routes()[("aten::native_group_norm", "CPU")]
+    assert route.fallthrough == 1
+
+
+def test_concurrent_calls_and_installs(owner):
+    a = _gn_args(torch.float32)
+    sig = _sig(GN, *a)
+    ones = tuple(torch.ones_like(t) for t in GN(*a))
+    plan = _install(owner, GN, sig, lambda b: ones)
+    errors = []
+
+    def caller():
+        try:
+            for _ in range(200):
+                out = GN(*a)
+                assert torch.all(out[0] == 1)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    def churn():
+        try:
+            for _ in range(50):
+                o = object()
+                lay = layout_of(ADD)
+                x = torch.randn(3)
+                s = _sig(ADD, x, x)
+                runtime.add_entries(o, [(lay.op_name, signature_key(lay, s, 0), runtime.Plan("t", lambda b: b[0]),
+                                         first_shape(s))], "CPU")
+                runtime.remove_owner(o)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=caller) for _ in range(3)] + [threading.Thread(target=churn)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and plan.hits == 600
+    assert ("aten::add.Tensor", "CPU") not in runtime.routes()
