@@ -34,7 +34,7 @@ COPY_BW = 4.25e12  # bytes/s, device-to-device copy on the H200 (../shared/refer
 @dataclass
 class Case:
     label: str
-    make: Callable[[], Callable[[], Any]]   # builds inputs, returns the call to capture
+    make: Callable[[], tuple[Callable[[], Any], torch.Tensor]]  # inputs → (the call, its main input)
     target: str                             # what issue 4 asks of it
     min_speedup: float | None = None
     compile_us: float | None = None         # torch.compile µs from the baselines table, for comparison
@@ -49,40 +49,40 @@ def _cases() -> list[Case]:
             x = torch.randn(*shape, device=dev, dtype=dtype, generator=g) * 0.7 + 0.2
             w = torch.randn(shape[1], device=dev, dtype=dtype, generator=g) * 0.2 + 1
             b = torch.randn(shape[1], device=dev, dtype=dtype, generator=g) * 0.1
-            return lambda: F.group_norm(x, 32, w, b, 1e-6)
+            return (lambda: F.group_norm(x, 32, w, b, 1e-6)), x
         return make
 
     def softmax(shape):
         def make():
             x = torch.randn(*shape, device=dev) * 3
-            return lambda: torch.softmax(x, dim=-1)
+            return (lambda: torch.softmax(x, dim=-1)), x
         return make
 
     def layer_norm():
         x = torch.randn(2, 4250, 1536, device=dev, dtype=torch.bfloat16)
-        return lambda: F.layer_norm(x, (1536,), None, None, 1e-6)
+        return (lambda: F.layer_norm(x, (1536,), None, None, 1e-6)), x
 
     def rms_norm():
         x = torch.randn(1, 2048, 1536, device=dev, dtype=torch.bfloat16)
         w = torch.randn(1536, device=dev, dtype=torch.bfloat16) * 0.1 + 1
-        return lambda: F.rms_norm(x, (1536,), w, 1e-6)
+        return (lambda: F.rms_norm(x, (1536,), w, 1e-6)), x
 
     def pool():
         x = torch.randn(32, 2048, 7, 7, device=dev, dtype=torch.float16).to(memory_format=torch.channels_last)
-        return lambda: F.adaptive_avg_pool2d(x, 1)
+        return (lambda: F.adaptive_avg_pool2d(x, 1)), x
 
     def relu():
         x = torch.randn(32, 256, 56, 56, device=dev, dtype=torch.float16)
-        return lambda: torch.relu(x)
+        return (lambda: torch.relu(x)), x
 
     def add():
         a = torch.randn(32, 256, 56, 56, device=dev, dtype=torch.float16)
         b = torch.randn(32, 256, 56, 56, device=dev, dtype=torch.float16)
-        return lambda: torch.add(a, b)
+        return (lambda: torch.add(a, b)), a
 
     def gelu():
         x = torch.randn(1, 2048, 8192, device=dev, dtype=torch.bfloat16)
-        return lambda: F.gelu(x, approximate="tanh")
+        return (lambda: F.gelu(x, approximate="tanh")), x
 
     bw = "≥ 75 % of copy bandwidth (moves ≥ 32 MB)"
     return [
@@ -140,6 +140,7 @@ async def main_async(args) -> dict:
     from engine.capture.single import capture_card
     from engine.compile import CompilePool, Compiler
     from engine.lane.client import GpuLane, worker_argv
+    from engine.lane.evaluate import ensure_loaded
     from engine.propose.base import CardBrief, Hardware
     from engine.propose.builtin import BuiltinProposer
     from engine.run.evaluators import LaneEvaluator
@@ -149,12 +150,17 @@ async def main_async(args) -> dict:
 
     work = Path(args.workspace)
     cases = [c for c in _cases() if not args.only or any(s in c.label for s in args.only)]
-    refs = []
+    refs, floors = [], []
     for i, case in enumerate(cases):
-        fn = case.make()
+        fn, x = case.make()
         refs.append(capture_card(work / f"card{i}", fn, samples=2))
-        del fn
+        # The copy floor under the same timing protocol: eager clone of the main input (reads and writes
+        # its bytes once), and a 4-byte clone (what any kernel costs here, however little it moves).
+        floors.append(capture_card(work / f"floor{i}", lambda x=x: x.clone(), samples=1))
+        del fn, x
         torch.cuda.empty_cache()
+    tiny = torch.zeros(1, device="cuda")
+    launch_floor = capture_card(work / "floor-tiny", lambda: tiny.clone(), samples=1)
     proposer = BuiltinProposer()
     lane = GpuLane(worker_argv(0), timeout_s=120)
     await lane.start()
@@ -169,6 +175,12 @@ async def main_async(args) -> dict:
         if not proposer.supports(b):
             print(f"declined: {case.label}: {r.op}", flush=True)
         states.append(CardState(r, b, None, r.bytes / COPY_BW * 1e6, 1.0 / len(cases)))
+    floor_us: dict[str, float] = {}
+    for ref in floors + [launch_floor]:
+        await ensure_loaded(lane, ref)
+        r = await lane.request("time_eager", {"card_id": ref.card_id})
+        if r.ok:
+            floor_us[ref.card_id] = r.payload["eager"]["median"]
     rec = BestRecorder()
     ids = iter(range(10**9))
     t0 = time.monotonic()
@@ -185,7 +197,7 @@ async def main_async(args) -> dict:
         await lane.close()
     wall = time.monotonic() - t0
     rows = []
-    for st in states:
+    for st, floor in zip(states, floors):
         case, b = briefs[st.ref.card_id]
         done = rec.finished.get(st.ref.card_id, [])
         ok = [r for r in done if r.status == "verified" and r.best_us]
@@ -197,7 +209,8 @@ async def main_async(args) -> dict:
         row = {"label": case.label, "op": b.op, "signature": b.signature_text, "bytes": st.ref.bytes,
                "roofline_us": st.ref.bytes / COPY_BW * 1e6, "evaluations": len(done), "verified": len(ok),
                "failures": fails, "stopped": st.done_reason, "target": case.target,
-               "min_speedup": case.min_speedup, "compile_us_baseline": case.compile_us}
+               "min_speedup": case.min_speedup, "compile_us_baseline": case.compile_us,
+               "clone_us": floor_us.get(floor.card_id), "clone_bytes": floor.bytes}
         if best:
             row.update({"best_us": best.best_us, "eager_us": best.eager_us, "speedup": best.speedup,
                         "speedup_ci": list(best.speedup_ci) if best.speedup_ci else None,
@@ -205,7 +218,7 @@ async def main_async(args) -> dict:
                         "bandwidth_frac": st.ref.bytes / (best.best_us * 1e-6) / COPY_BW})
         rows.append(row)
     return {"gpu": hello["name"], "torch": torch.__version__, "strategy": args.strategy, "budget": args.budget,
-            "stopped_by": stopped_by, "wall_s": wall, "evaluations": sum(r["evaluations"] for r in rows),
+            "stopped_by": stopped_by, "wall_s": wall, "launch_floor_us": floor_us.get(launch_floor.card_id), "evaluations": sum(r["evaluations"] for r in rows),
             "cards": rows}
 
 
@@ -222,22 +235,30 @@ def verdict(r: dict) -> str:
     return ", ".join(notes) or "–"
 
 
+def _us(v: float | None) -> str:
+    return f"{v:.1f}" if v else "–"
+
+
 def report(d: dict) -> str:
     lines = [f"# Builtin proposer after search on the {d['gpu']} (torch {d['torch']})", "",
              f"Strategy {d['strategy']}, budget {d['budget']} evaluations per card with the default stopping "
              f"policy; {d['evaluations']} evaluations in {d['wall_s']:.0f} s "
              f"({60 * d['evaluations'] / max(d['wall_s'], 1e-9):.0f} per minute); run stopped by "
              f"{d['stopped_by']}.", "",
-             "| card | eager µs | best µs | speedup (95 % CI) | % of copy bw | torch.compile µs* | evals | "
-             "target | verdict |", "|---|---:|---:|---|---:|---:|---:|---|---|"]
+             "Clone µs: PyTorch's own copy of the card's main input, timed in the lane with the same protocol "
+             "(L2 flushed, GPU kept busy before the call): what merely reading and writing those bytes costs "
+             f"here. A 4-byte clone took {d['launch_floor_us'] or float('nan'):.1f} µs: the floor of any "
+             "kernel under this protocol.", "",
+             "| card | eager µs | best µs | speedup (95 % CI) | % of copy bw | clone µs | torch.compile µs* | "
+             "evals | target | verdict |", "|---|---:|---:|---|---:|---:|---:|---:|---|---|"]
     for r in d["cards"]:
         if "speedup" in r:
             ci = r["speedup_ci"] or [r["speedup"], r["speedup"]]
             lines.append(f"| {r['label']} | {r['eager_us']:.1f} | {r['best_us']:.1f} | {r['speedup']:.2f}× "
-                         f"({ci[0]:.2f}–{ci[1]:.2f}) | {100 * r['bandwidth_frac']:.0f} % | "
+                         f"({ci[0]:.2f}–{ci[1]:.2f}) | {100 * r['bandwidth_frac']:.0f} % | {_us(r['clone_us'])} | "
                          f"{r['compile_us_baseline'] or '–'} | {r['evaluations']} | {r['target']} | {verdict(r)} |")
         else:
-            lines.append(f"| {r['label']} | – | – | – | – | {r['compile_us_baseline'] or '–'} | "
+            lines.append(f"| {r['label']} | – | – | – | – | {_us(r['clone_us'])} | {r['compile_us_baseline'] or '–'} | "
                          f"{r['evaluations']} | {r['target']} | {verdict(r)} |")
     lines += ["", "\\* torch.compile (max-autotune-no-cudagraphs) from `../shared/reference/h200-baselines.md`, "
               "not re-measured here.", "", "Best kernels:", ""]

@@ -111,6 +111,8 @@ def test_softmax_reference_shapes(tmp_path):
         ("softmax [4,262144] f32", "softmax", lambda: torch.softmax(long_rows, -1),
          {"extra": ({"strategy": "block", "online": True, "block": 1024},
                     {"strategy": "cluster", "cluster": 8, "block": 1024},  # one launch, rows in registers
+                    {"strategy": "cluster", "cluster": 16, "block": 1024},  # non-portable cluster size
+                    {"strategy": "cluster", "cluster": 16, "block": 512},
                     {"strategy": "split", "chunks": 32})}),
         ("softmax [1,8,2048,2048] f32", "softmax", lambda: torch.softmax(scores, -1),
          {"samples": 1, "mutations": 2, "extra": ({"strategy": "warp"},)}),

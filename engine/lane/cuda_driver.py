@@ -75,6 +75,10 @@ def set_max_dynamic_shared(f: Any, nbytes: int) -> None:
         f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes))
 
 
+def set_function_attribute(f: Any, attr: str, value: int) -> None:
+    check("cuFuncSetAttribute", cu.cuFuncSetAttribute(f, getattr(cu.CUfunction_attribute, attr), value))
+
+
 def launch(f: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int, stream: int,
            params_address: int) -> None:
     check("cuLaunchKernel", cu.cuLaunchKernel(f, *grid, *block, shared, stream, params_address, 0))

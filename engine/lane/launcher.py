@@ -87,6 +87,7 @@ class CandidateLauncher:
                 except drv.DriverError as e:
                     raise LaunchRejected(f"launch[{i}] ({rl.kernel}): cannot use {rl.shared} B of dynamic "
                                          f"shared memory: {e.name}") from None
+            _allow_large_cluster(fn)
             values, refs = [], []
             for a in rl.args:
                 if a.ctype == "ptr":
@@ -137,6 +138,19 @@ class CandidateLauncher:
                     raise
                 raise LaunchRejected(f"cuLaunchKernel refused the launch: {e.name} ({e.text})") from None
         return outs
+
+
+def _allow_large_cluster(fn: object) -> None:
+    """A kernel compiled with __cluster_dims__ of more than 8 blocks (sm_90's portable limit) launches
+    only once it opts in to non-portable cluster sizes; the launch itself reports a size that does not fit."""
+    try:
+        size = 1
+        for axis in ("WIDTH", "HEIGHT", "DEPTH"):
+            size *= max(1, drv.function_attribute(fn, f"CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_{axis}"))
+        if size > 8:
+            drv.set_function_attribute(fn, "CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED", 1)
+    except (drv.DriverError, AttributeError):
+        pass  # older drivers/bindings: the launch reports what does not work
 
 
 def _pointer(ref: tuple, args: dict[str, Any], outs: list[torch.Tensor], ws: dict[str, torch.Tensor]) -> int:

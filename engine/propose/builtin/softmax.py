@@ -408,7 +408,9 @@ def _cluster_source(plan: _Plan, block: int, vec: int, size: int, online: bool) 
 
 BLOCKS = (256, 128, 512, 1024)
 CHUNKS = (8, 16, 32, 64, 128, 256, 512, 1024)
-CLUSTERS = (8, 4, 2)  # blocks per row in the cluster strategy (8: the portable cluster size limit)
+# Blocks per row in the cluster strategy. 8 is sm_90's portable limit; 16 needs the non-portable opt-in
+# (the lane and the cast runtime set it) and a GPC with 16 free SMs, which the H200 has.
+CLUSTERS = (16, 8, 4, 2)
 
 
 class SoftmaxTemplate(Template):

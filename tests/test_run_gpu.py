@@ -1,0 +1,70 @@
+"""H200: the user's path end to end on a real GPU — `run` (builtin proposer, real lane) → `export` (fresh-process
+confirmation) → `audit` → `engine.cast.load` into the unmodified model — on a one-layer GroupNorm model
+(SD3.5-VAE-like shapes, where the builtin kernel is known to win by a wide margin). About a minute."""
+
+import json
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+MODEL_PY = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+    def build(device, dtype):
+        torch.manual_seed(0)
+        model = nn.GroupNorm(32, 256, eps=1e-6).to(device=device, dtype=dtype).eval()
+        x = torch.randn(1, 256, 128, 128, device=device, dtype=dtype)
+        return model, (x,)
+''')
+MODEL_TOML = textwrap.dedent('''
+    name = "one_group_norm"
+    builder = "one_group_norm.py:build"
+    [dtype]
+    cuda = "bfloat16"
+    cpu = "float32"
+''')
+
+
+def test_run_export_audit_load_on_the_gpu(cli, tmp_path):
+    import torch
+
+    import engine.cast
+
+    (tmp_path / "one_group_norm.py").write_text(MODEL_PY)
+    (tmp_path / "one_group_norm.toml").write_text(MODEL_TOML)
+    ws = tmp_path / "ws"
+    code, out, err = cli("run", tmp_path / "one_group_norm.toml", "--no-tui", "--iterations", "4", "--json",
+                         "--workspace", ws)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["status"] == "done" and doc["stopped_by"] == "iterations"
+    (card,) = [c for c in doc["cards"] if c["op"] == "aten::native_group_norm"]
+    print(f"\nrun {doc['run']}: group_norm eager {card['eager_us']:.1f} us, best {card['best_us']:.1f} us, "
+          f"{card['speedup']:.2f}x {card['speedup_ci']}, {card['verified']}/{card['candidates']} verified")
+    assert card["verified"] >= 1 and card["speedup_ci"][0] > 2
+
+    cast_file = tmp_path / "gn.cast"
+    code, out, err = cli("export", "--out", cast_file, "--workspace", ws)
+    assert code == 0, err
+    code, out, err = cli("audit", cast_file, "--json")
+    assert code == 0, err
+    (variant,) = json.loads(out)["variants"]
+    assert variant["op"] == "aten::native_group_norm" and variant["speedup"] > 2
+
+    torch.manual_seed(0)
+    model = torch.nn.GroupNorm(32, 256, eps=1e-6).to(device="cuda", dtype=torch.bfloat16).eval()
+    x = torch.randn(1, 256, 128, 128, device="cuda", dtype=torch.bfloat16)
+    cast = engine.cast.load(cast_file)
+    with torch.no_grad():
+        eager = model(x)
+        with cast.enabled():
+            cast.reset_stats()
+            mine = model(x)
+            hits = cast.stats()["variants"][0]["hits"]
+        again = model(x)
+    assert hits == 1
+    torch.testing.assert_close(mine, eager, atol=2e-2, rtol=2e-2)
+    assert torch.equal(again, eager)
