@@ -179,6 +179,8 @@ def _screen(module: str, name: str) -> Screen:
 
 def _subtitle(run: RunInfo, note: str) -> str:
     parts = [run.id, run.model, run.provider, run.status]
+    if run.label:
+        parts.append(run.label)
     if note:
         parts.append(note)
     return " · ".join(parts)

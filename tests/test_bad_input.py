@@ -164,7 +164,7 @@ def test_workspace_is_a_file(cli, tmp_path):
 
 
 def test_subcommands_not_built_say_so(cli):
-    for argv in (["export", "--out", "x.cast"], ["audit", "x.cast"], ["compare", "a"], ["demo"]):
+    for argv in (["export", "--out", "x.cast"], ["audit", "x.cast"]):
         code, out, err = cli(*argv)
         assert_one_line_error(code, out, err, "not built yet")
 

@@ -41,10 +41,13 @@ class OverviewScreen(Screen):
         run, st = snap.run, snap.stats
         now = self.app.clock()
         end = now if run.live else run.updated_at
-        self.query_one("#run-line", Static).update(Text.assemble(
+        line = Text.assemble(
             (run.id, "bold"), f"  {run.model}  provider {run.provider}  ",
             (run.status, "bold green" if run.status == "running" else "bold yellow"),
-            f"{'  stopped by ' + run.stopped_by if run.stopped_by else ''}  elapsed {fmt.duration(end - run.created_at)}"))
+            f"{'  stopped by ' + run.stopped_by if run.stopped_by else ''}  elapsed {fmt.duration(end - run.created_at)}")
+        if run.label:  # e.g. a stand-in run must never pass for a measurement
+            line.append(f"  {run.label}", style="bold yellow")
+        self.query_one("#run-line", Static).update(line)
         finished = st.verified + st.rejected
         bar = self.query_one("#progress", ProgressBar)
         bar.update(total=max(st.iterations_budget or st.candidates or 1, finished), progress=finished)
