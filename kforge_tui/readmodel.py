@@ -24,7 +24,7 @@ IN_FLIGHT = frozenset({"proposed", "evaluating"})
 # A candidate's updated_at is taken before its transaction commits, so a later tick can see a row
 # stamped slightly before the newest one it already saw: re-read this window and diff.
 _OVERLAP_S = 2.0
-EVENT_BATCH = 500
+RESYNC_TICKS = 30
 
 
 @dataclass(frozen=True)
@@ -151,9 +151,15 @@ class ReadModel:
         self._card_static: dict[str, sqlite3.Row] = {}
         self._card_reason: dict[str, str] = {}
         self._cand_cursor = 0.0
+        self._cand_rowid = 0
+        self._in_flight: set[str] = set()
+        self._status_counts: dict[str, int] = {}
+        self._llm = [0, 0, 0]  # rowid cursor, calls, errors
+        self._ticks = 0
         self._event_seq = 0
         self._run: RunInfo | None = None
         self._prev_status: str | None = None
+        self._card_agg: dict[str, dict[str, Any]] = {}
 
     def close(self) -> None:
         with self._lock:
@@ -214,26 +220,39 @@ class ReadModel:
                     touched.add(e.card_id)
                 elif e.card_id and e.kind == "control" and e.payload.get("command") == "prioritize":
                     touched.add(e.card_id)
-            since = self._cand_cursor - _OVERLAP_S if self._cand_cursor else -1.0
+            # New candidates by rowid, changes by re-reading the ones still in flight (the engine updates
+            # only those); every RESYNC_TICKS a scan by updated_at catches anything else.
+            cols = ("SELECT rowid, id, card_id, parent_id, status, category, best_us, eager_us, speedup, "
+                    "substr(coalesce(error, ''), 1, 160) AS error_head, updated_at FROM candidates ")
+            self._ticks += 1
+            queries = [(cols + "WHERE run_id = ? AND rowid > ? ORDER BY rowid", (run_id, self._cand_rowid))]
+            flight = sorted(self._in_flight)
+            for i in range(0, len(flight), 500):
+                chunk = flight[i:i + 500]
+                queries.append((cols + f"WHERE id IN ({', '.join('?' * len(chunk))})", tuple(chunk)))
+            if self._ticks % RESYNC_TICKS == 0:
+                queries.append((cols + "WHERE run_id = ? AND updated_at > ?",
+                                (run_id, self._cand_cursor - _OVERLAP_S)))
             changed: list[NodeRow] = []
-            for r in conn.execute(
-                    "SELECT rowid, id, card_id, parent_id, status, category, best_us, eager_us, speedup, "
-                    "substr(coalesce(error, ''), 1, 160) AS error_head, updated_at FROM candidates "
-                    "WHERE run_id = ? AND updated_at > ? ORDER BY rowid", (run_id, since)):
-                node = NodeRow(r["id"], r["card_id"], r["parent_id"], r["status"], r["category"], r["best_us"],
-                               r["eager_us"], r["speedup"], r["error_head"].split("\n", 1)[0], r["rowid"],
-                               r["updated_at"])
-                self._cand_cursor = max(self._cand_cursor, node.updated_at)
-                old = self.nodes.get(node.id)
-                if old == node:
-                    continue
-                self.nodes[node.id] = node
-                self.by_card.setdefault(node.card_id, {})[node.id] = node
-                changed.append(node)
-                touched.add(node.card_id)
+            for sql, params in queries:
+                for r in conn.execute(sql, params):
+                    node = NodeRow(r["id"], r["card_id"], r["parent_id"], r["status"], r["category"], r["best_us"],
+                                   r["eager_us"], r["speedup"], r["error_head"].split("\n", 1)[0], r["rowid"],
+                                   r["updated_at"])
+                    self._cand_cursor = max(self._cand_cursor, node.updated_at)
+                    self._cand_rowid = max(self._cand_rowid, node.order)
+                    old = self.nodes.get(node.id)
+                    if old == node:
+                        continue
+                    self._account(old, node)
+                    changed.append(node)
+                    touched.add(node.card_id)
             lanes = tuple(r[0] for r in conn.execute(
                 "SELECT lane FROM evaluations WHERE run_id = ? AND finished_at IS NULL", (run_id,)))
-            llm = conn.execute("SELECT count(*), count(error) FROM llm_calls WHERE run_id = ?", (run_id,)).fetchone()
+            for r in conn.execute("SELECT rowid, error FROM llm_calls WHERE run_id = ? AND rowid > ?",
+                                  (run_id, self._llm[0])):
+                self._llm = [max(self._llm[0], r[0]), self._llm[1] + 1, self._llm[2] + (r[1] is not None)]
+            llm = (self._llm[1], self._llm[2])
         if first:
             touched |= set(self._card_static)
         changed_cards = [self._recompute_card(cid, run) for cid in sorted(touched) if cid in self._card_static]
@@ -244,19 +263,45 @@ class ReadModel:
         stats = self._stats(run, lanes, llm[0], llm[1])
         return Snapshot(run, stats, changed, changed_cards, events, (time.perf_counter() - t0) * 1000)
 
+    def _account(self, old: NodeRow | None, node: NodeRow) -> None:
+        """Keep the caches and the per-status and per-card counters in step with one changed row."""
+        self.nodes[node.id] = node
+        self.by_card.setdefault(node.card_id, {})[node.id] = node
+        counts = self._status_counts
+        if old is not None:
+            counts[old.status] -= 1
+            self._agg(old, -1)
+        counts[node.status] = counts.get(node.status, 0) + 1
+        self._agg(node, +1)
+        if node.status in IN_FLIGHT:
+            self._in_flight.add(node.id)
+        else:
+            self._in_flight.discard(node.id)
+
+    def _agg(self, n: NodeRow, sign: int) -> None:
+        agg = self._card_agg.setdefault(n.card_id, {"fails": {}, "flight": 0, "best": None, "stale": False})
+        if n.status == "rejected":
+            cat = n.category or "unknown"
+            agg["fails"][cat] = agg["fails"].get(cat, 0) + sign
+        elif n.status in IN_FLIGHT:
+            agg["flight"] += sign
+        elif n.status == "verified" and n.best_us:
+            best = agg["best"]
+            if sign > 0 and (best is None or n.best_us < best.best_us):
+                agg["best"] = n
+            elif sign < 0 and best is not None and best.id == n.id:
+                agg["stale"] = True  # the best changed: rescan this card once
+
     def _recompute_card(self, card_id: str, run: RunInfo) -> CardRow:
         s = self._card_static[card_id]
-        nodes = self.by_card.get(card_id, {}).values()
-        best: NodeRow | None = None
-        fails: dict[str, int] = {}
-        in_flight = 0
-        for n in nodes:
-            if n.status == "verified" and n.best_us and (best is None or n.best_us < best.best_us):
-                best = n
-            elif n.status == "rejected":
-                fails[n.category or "unknown"] = fails.get(n.category or "unknown", 0) + 1
-            elif n.status in IN_FLIGHT:
-                in_flight += 1
+        nodes = self.by_card.get(card_id, {})
+        agg = self._card_agg.get(card_id, {"fails": {}, "flight": 0, "best": None, "stale": False})
+        if agg["stale"]:
+            ok = [n for n in nodes.values() if n.status == "verified" and n.best_us]
+            agg["best"], agg["stale"] = min(ok, key=lambda n: n.best_us, default=None), False
+        best: NodeRow | None = agg["best"]
+        fails = {k: v for k, v in agg["fails"].items() if v}
+        in_flight = agg["flight"]
         eager = s["eager_us"] if s["eager_us"] is not None else (best.eager_us if best else None)
         best_us = best.best_us if best else None
         roof = s["roofline_us"]
@@ -277,9 +322,7 @@ class ReadModel:
         return row
 
     def _stats(self, run: RunInfo, lanes: tuple[str, ...], llm_calls: int, llm_errors: int) -> RunStats:
-        counts: dict[str, int] = {}
-        for n in self.nodes.values():
-            counts[n.status] = counts.get(n.status, 0) + 1
+        counts = self._status_counts
         iters = run.config.get("iterations")
         budget = int(iters) * len(self._card_static) if isinstance(iters, int) else None
         return RunStats(len(self.nodes), counts.get("verified", 0) + counts.get("compiled", 0),

@@ -70,8 +70,8 @@ class ScriptedProposer:
         src = KERNEL.format(intent=intent, name=f"k{request.seed}", vec=vec, scale=f"{1 + request.seed / 1000:.3f}")
         if request.seed % 11 == 5:  # a compile error the stand-in lane will report
             src = src.replace("blockDim.x * ", "blockDim_x * ", 1)
-        spec = ('[[launch]]\nkernel = "k%d"\ngrid = ["ceil_div(n, %d)", 1, 1]\nblock = [%d, 1, 1]\n'
-                'args = ["in0", "out0", "numel"]\n' % (request.seed, 128 * vec, 128))
+        spec = (f'[[launch]]\nkernel = "k{request.seed}"\ngrid = ["ceil_div(n, {128 * vec})", 1, 1]\n'
+                'block = [128, 1, 1]\nargs = ["in0", "out0", "numel"]\n')
         prompt = (f"[stand-in prompt] Write a CUDA kernel for {request.card.op} {request.card.signature_text}.\n"
                   f"Parent: {parent}. Intent: {intent}.")
         answer = f"[stand-in answer] {intent}\n```cuda\n{src}```\n```toml\n{spec}```"

@@ -78,7 +78,7 @@ def build_store(path: Path, *, cards: int = 6, per_card: int = 14, runs: int = 2
         tick = [T0 - 290 + r]
         tokens = [0, 0, 0.0]
 
-        def now() -> float:
+        def now(tick: list[float] = tick) -> float:
             tick[0] += 0.5
             return tick[0]
 
@@ -160,9 +160,9 @@ def build_store(path: Path, *, cards: int = 6, per_card: int = 14, runs: int = 2
 
 def _failure(cat: str, k: int) -> dict:
     if cat == "compile":
-        log = (f'kernel.cu(6): error: identifier "blockDim_x" is undefined\n'
-               f'        int i = blockIdx.x * blockDim_x + threadIdx.x;\n'
-               f'                             ^\n1 error detected in the compilation of "kernel.cu".')
+        log = ('kernel.cu(6): error: identifier "blockDim_x" is undefined\n'
+               '        int i = blockIdx.x * blockDim_x + threadIdx.x;\n'
+               '                             ^\n1 error detected in the compilation of "kernel.cu".')
         return {"error": f'kernel.cu(6): error: identifier "blockDim_x" is undefined (variant {k})',
                 "compile_log": log}
     if cat in ("mismatch", "nan"):

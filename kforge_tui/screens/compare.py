@@ -76,7 +76,7 @@ class CompareScreen(Screen):
             for d in data:
                 s = d["best"].get(cid, (None,))[0]
                 cells.append(Text(fmt.speedup(s), style="bold green" if s and s == best else ""))
-            row(f"best {op.removeprefix('aten::')} {cid[-6:]}", cells, "")
+            row(f"best {op.removeprefix('aten::')} ·{cid[-4:]}", cells, "")
 
 
 def _rate(n: int, total: int) -> str:

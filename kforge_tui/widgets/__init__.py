@@ -1,1 +1,0 @@
-"""Widgets shared by several screens."""
