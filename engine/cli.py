@@ -20,10 +20,8 @@ from engine.errors import KforgeError, UsageError
 
 TuiLauncher = Callable[[argparse.Namespace], int]
 
-NOT_BUILT = {
-    "compare": "comparing runs or providers",
-    "demo": "the TUI on a recorded run",
-}
+TUI_COMMANDS = ("compare", "demo", "serve")
+COLOR_SYSTEMS = ("auto", "truecolor", "256", "standard", "none")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,13 +41,28 @@ def _add_common(p: argparse.ArgumentParser, top: bool = False) -> None:
                    help="show tracebacks on errors")
 
 
+def _add_tui(p: argparse.ArgumentParser, top: bool = False) -> None:
+    """Options of the commands that open the TUI (top level, run, demo, compare, serve)."""
+    default = None if top else argparse.SUPPRESS
+    p.add_argument("--theme", default=default, metavar="NAME",
+                   help="kforge-dark (default), kforge-light, kforge-high-contrast, or any Textual theme")
+    p.add_argument("--color-system", choices=COLOR_SYSTEMS, default=default,
+                   help="terminal colours (e.g. 256 for older terminals; default: auto)")
+    p.add_argument("--keymap", metavar="FILE", default=default,
+                   help="TOML file with a [keymap] table of binding id = keys (default ~/.config/kforge/tui.toml)")
+    p.add_argument("--refresh", type=float, metavar="S", default=default,
+                   help="seconds between TUI refreshes (default 1)")
+    p.add_argument("--run", metavar="RUN", default=default, help="open this run instead of the latest")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The full CLI surface; subcommands not built yet are listed and say so when called."""
+    """The full CLI surface of DESIGN.md."""
     parser = _Parser(prog="kforge-tui", description=(
         "Kernel Forge: capture the operators a PyTorch model runs, search for faster verified CUDA "
         "kernels, and ship them as a .cast package. Without a subcommand, opens the TUI on the "
         "workspace's latest run."))
     _add_common(parser, top=True)
+    _add_tui(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("capture", help="capture a model's operator cards and print them")
@@ -76,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="RUN", help="continue a run (also after a crash)")
     p.add_argument("--device", choices=("cpu", "cuda"), help="where to capture the model")
     _add_common(p)
+    _add_tui(p)
 
     p = sub.add_parser("export", help="package a run's winners as a .cast file (confirmed on this GPU)")
     p.add_argument("run", metavar="RUN", nargs="?", help="run id (default: the workspace's latest run)")
@@ -89,18 +103,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     _add_common(p)
 
-    p = sub.add_parser("compare", help="runs or providers side by side (not built yet)")
-    p.add_argument("runs", metavar="RUN", nargs="+")
+    p = sub.add_parser("compare", help="runs or providers side by side in the TUI")
+    p.add_argument("runs", metavar="RUN", nargs="+", help="run ids (or unique prefixes)")
     _add_common(p)
+    _add_tui(p)
 
-    p = sub.add_parser("demo", help="the TUI on a recorded real run shipped with the package (not built yet)")
+    p = sub.add_parser("demo", help="the TUI on a small recorded run shipped with the package (no GPU needed)")
     _add_common(p)
+    _add_tui(p)
+
+    p = sub.add_parser("serve", help="serve the TUI to a browser on localhost (reach it through an SSH tunnel)")
+    p.add_argument("--port", type=int, default=8000, help="localhost port (default 8000)")
+    p.add_argument("--demo", action="store_true", help="serve the demo run instead of the workspace")
+    _add_common(p)
+    _add_tui(p)
     return parser
-
-
-def _not_built(name: str) -> int:
-    raise UsageError(f"kforge-tui {name}: {NOT_BUILT[name]} is not built yet in this version; "
-                     f"'kforge-tui capture CONFIG' works today")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -268,19 +285,20 @@ def main(argv: Sequence[str] | None = None, *, open_tui: TuiLauncher | None = No
             from engine.run.command import cmd_run
 
             if not args.no_tui:
-                print("kforge: the TUI is not built yet in this version; running headless (--no-tui)",
-                      file=sys.stderr)
+                if open_tui is not None:  # engine detached in its own process, the TUI attached to it
+                    return open_tui(args)
+                print("kforge: the TUI is not available here; running headless (--no-tui)", file=sys.stderr)
             return cmd_run(args, _workspace(args))
-        if args.command is None:
+        if args.command is None or args.command in TUI_COMMANDS:
             if open_tui is None:
-                raise UsageError("kforge-tui: the TUI is not built yet in this version; "
-                                 "use 'kforge-tui capture CONFIG'")
+                raise UsageError("kforge-tui: the TUI is not available in this entry point; "
+                                 "use 'kforge-tui capture CONFIG' or 'kforge-tui run CONFIG --no-tui'")
             return open_tui(args)
         if args.command == "export":
             return cmd_export(args)
         if args.command == "audit":
             return cmd_audit(args)
-        return _not_built(args.command)
+        raise UsageError(f"kforge-tui: unknown command {args.command!r} (see kforge-tui --help)")
     except KforgeError as e:
         if debug:
             traceback.print_exc()

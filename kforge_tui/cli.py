@@ -10,7 +10,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; Textual is imported only when a command opens the TUI."""
     from engine.cli import main as engine_main
 
-    return engine_main(argv, open_tui=None)
+    return engine_main(argv, open_tui=open_tui)
+
+
+def open_tui(args) -> int:
+    """Import the Textual side only now: headless commands never load it."""
+    from kforge_tui.launcher import open_tui as launch
+
+    return launch(args)
 
 
 if __name__ == "__main__":  # pragma: no cover

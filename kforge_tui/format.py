@@ -1,0 +1,51 @@
+"""Numbers as the screens print them: short, aligned, and '–' for unknown."""
+
+from __future__ import annotations
+
+import math
+
+DASH = "–"
+STATUS_GLYPH = {"verified": "✓", "compiled": "○", "rejected": "✗", "evaluating": "◐", "proposed": "·"}
+STATUS_STYLE = {"verified": "green", "compiled": "cyan", "rejected": "red", "evaluating": "yellow",
+                "proposed": "dim"}
+
+
+def us(v: float | None) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return DASH
+    return f"{v:,.1f}" if v >= 100 else f"{v:.2f}"
+
+
+def speedup(v: float | None) -> str:
+    return DASH if v is None else f"{v:.2f}×"
+
+
+def pct(v: float | None) -> str:
+    return DASH if v is None else f"{v:.0f}%"
+
+
+def share(v: float | None) -> str:
+    return DASH if v is None else f"{100 * v:.1f}%"
+
+
+def calls(v: float | None) -> str:
+    return DASH if v is None else (f"{v:.0f}" if float(v).is_integer() else f"{v:.1f}")
+
+
+def tokens(n: int) -> str:
+    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}k" if n >= 1e3 else str(n)
+
+
+def duration(s: float) -> str:
+    s = max(0, int(s))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def num(v: float | None, fmt: str = ".3g") -> str:
+    if v is None:
+        return DASH
+    return format(v, fmt)

@@ -1,0 +1,90 @@
+"""Every key the TUI answers to, with a stable id per action so a config file can remap it.
+
+`~/.config/kforge/tui.toml` (or `--keymap FILE`) may hold:
+
+    [keymap]
+    "app.pause" = "P"
+    "tree.best" = "B,ctrl+b"
+
+Ids are listed by `kforge-tui --help-keys`-style docs below and shown in the command palette.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from textual.binding import Binding
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DEFAULT_CONFIG = Path("~/.config/kforge/tui.toml")
+
+
+def B(key: str, action: str, description: str, id: str, show: bool = True, priority: bool = False) -> Binding:
+    """A binding with an id (remappable) and a tooltip for the command palette."""
+    return Binding(key, action, description, show=show, id=id, tooltip=description, priority=priority)
+
+
+APP = [
+    B("o", "switch_mode('overview')", "Overview", "app.overview"),
+    B("c", "switch_mode('cards')", "Cards", "app.cards"),
+    B("f", "switch_mode('failures')", "Failures", "app.failures"),
+    B("m", "switch_mode('compare')", "Compare", "app.compare"),
+    B("p", "control('pause')", "Pause", "app.pause"),
+    B("r", "control('resume')", "Resume", "app.resume"),
+    B("X", "stop_run", "Stop run", "app.stop"),
+    B("T", "next_theme", "Theme", "app.theme", show=False),
+    B("q", "quit", "Quit", "app.quit"),
+]
+CARDS = [
+    B("enter", "open_tree", "Tree", "cards.tree"),
+    B("slash", "filter", "Filter", "cards.filter"),
+    B("s", "sort_next", "Sort", "cards.sort"),
+    B("v", "sort_reverse", "Reverse", "cards.reverse", show=False),
+    B("l", "latency", "Latency", "cards.latency"),
+    B("exclamation_mark", "prioritize", "Prioritise", "cards.prioritize"),
+    B("escape", "clear_filter", "Clear filter", "cards.clear", show=False),
+]
+TREE = [
+    B("enter", "open_detail", "Detail", "tree.detail"),
+    B("b", "best", "Best", "tree.best"),
+    B("n", "next_failure", "Next failed", "tree.next_failure"),
+    B("N", "prev_failure", "Prev failed", "tree.prev_failure", show=False),
+    B("right", "expand", "Expand", "tree.expand", show=False),
+    B("left", "collapse", "Collapse", "tree.collapse", show=False),
+    B("l", "latency", "Latency", "tree.latency"),
+    B("exclamation_mark", "prioritize", "Prioritise", "tree.prioritize", show=False),
+    B("escape", "back", "Back", "tree.back"),
+]
+DETAIL_TABS = ["source", "diff", "launch", "compile", "error", "verify", "timing", "proposer"]
+DETAIL = [B(str(i + 1), f"tab('{t}')", t.capitalize() if t != "compile" else "Compile log", f"detail.{t}",
+            show=t in ("source", "compile", "error", "verify"))
+          for i, t in enumerate(DETAIL_TABS)] + [B("escape", "back", "Back", "detail.back")]
+FAILURES = [
+    B("enter", "open_detail", "Detail", "failures.detail"),
+    B("right_square_bracket", "category(1)", "Next category", "failures.next"),
+    B("left_square_bracket", "category(-1)", "Prev category", "failures.prev"),
+    B("a", "category(0)", "All", "failures.all"),
+]
+COMPARE = [B("a", "all_runs", "All runs", "compare.all", show=False)]
+LATENCY = [B("escape", "back", "Back", "latency.back")]
+
+
+def load_keymap(path: Path | None = None) -> dict[str, str]:
+    """The `[keymap]` table of the TUI config (`path`, else the default file when it exists)."""
+    path = path or DEFAULT_CONFIG.expanduser()
+    if not path.is_file():
+        return {}
+    data = tomllib.loads(path.read_text())
+    keymap = data.get("keymap", {})
+    if not isinstance(keymap, dict) or not all(isinstance(v, str) for v in keymap.values()):
+        raise ValueError(f"{path}: [keymap] must map binding ids to key strings, e.g. \"app.pause\" = \"P\"")
+    known = {b.id for group in (APP, CARDS, TREE, DETAIL, FAILURES, COMPARE, LATENCY) for b in group}
+    unknown = sorted(set(keymap) - known)
+    if unknown:
+        raise ValueError(f"{path}: unknown binding id(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return dict(keymap)

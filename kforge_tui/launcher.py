@@ -1,0 +1,212 @@
+"""`open_tui(args)`: what the TUI commands do (open, attach, run detached, demo, compare, serve).
+
+The engine's CLI calls this only for commands that need the TUI; Textual is imported here, lazily.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from engine.errors import JobError, UsageError
+from engine.store.workspace import db_path, resolve_workspace
+
+DEMO_DB = Path(__file__).resolve().parent / "demo" / "kforge.db"
+# Forwarded as given to the detached `run --no-tui` (flag, attribute, takes a value).
+_RUN_FLAGS = [("--provider", "provider", True), ("--iterations", "iterations", True),
+              ("--strategy", "strategy", True), ("--wall-time", "wall_time", True),
+              ("--max-proposals", "max_proposals", True), ("--resume", "resume", True),
+              ("--device", "device", True), ("--dry-run", "dry_run", False), ("--small", "small", False)]
+
+
+def open_tui(args: argparse.Namespace) -> int:
+    """Entry point handed to engine.cli.main; returns the exit code."""
+    color = getattr(args, "color_system", None)
+    if color:
+        os.environ["TEXTUAL_COLOR_SYSTEM"] = color  # read by Textual at import time
+    command = args.command
+    if command == "serve":
+        return serve(args)
+    keymap = _keymap(args)
+    theme = _theme(args)
+    if command == "demo":
+        db, read_only, note = demo_copy(), True, "demo (read-only)"
+        workspace = db.parent
+    else:
+        workspace = resolve_workspace(args.workspace)
+        db, read_only, note = db_path(workspace), False, ""
+        if command != "run" and not db.is_file():
+            raise UsageError(f"no Kernel Forge workspace at {workspace}: start a run with "
+                             "'kforge-tui run CONFIG' (or look around with 'kforge-tui demo')")
+    run_id = None
+    if command == "run":
+        run_id = start_engine_detached(args, workspace)
+    from kforge_tui.readmodel import ReadModel
+
+    model = ReadModel(db)
+    try:
+        compare: list[str] = []
+        if command == "compare":
+            for ref in args.runs:
+                run = model.resolve_run(ref)
+                if run is None:
+                    known = ", ".join(r.id for r in model.runs()[:5]) or "none"
+                    raise UsageError(f"compare: no run {ref!r} in {workspace} (latest: {known})")
+                compare.append(run.id)
+            run_id = compare[0]
+        if run_id is None:
+            ref = getattr(args, "run", None)
+            if ref:
+                run = model.resolve_run(ref)
+                if run is None:
+                    raise UsageError(f"--run {ref}: no such run in {workspace}")
+            else:
+                runs = model.runs()
+                if not runs:
+                    raise UsageError(f"no runs in {workspace} yet: start one with 'kforge-tui run CONFIG'")
+                run = runs[0]
+            run_id = run.id
+    finally:
+        model.close()
+    from kforge_tui.app import KforgeApp
+
+    app = KforgeApp(db, run_id, read_only=read_only, refresh_s=getattr(args, "refresh", None) or 1.0,
+                    compare_runs=compare, keymap=keymap, theme=theme,
+                    start_mode="compare" if command == "compare" else "overview", note=note)
+    app.run()
+    return 0
+
+
+def _keymap(args: argparse.Namespace) -> dict[str, str]:
+    from kforge_tui.keymap import load_keymap
+
+    path = getattr(args, "keymap", None)
+    if path and not Path(path).is_file():
+        raise UsageError(f"--keymap {path}: no such file")
+    try:
+        return load_keymap(Path(path) if path else None)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _theme(args: argparse.Namespace) -> str | None:
+    name = getattr(args, "theme", None)
+    if not name:
+        return None
+    from textual.theme import BUILTIN_THEMES
+
+    from kforge_tui.themes import load_themes
+
+    names = [t.name for t in load_themes()] + list(BUILTIN_THEMES)
+    if name not in names:
+        raise UsageError(f"--theme {name}: unknown theme; choose one of {', '.join(names[:3])} "
+                         f"or a Textual theme ({', '.join(list(BUILTIN_THEMES)[:4])}, …)")
+    return name
+
+
+def demo_copy() -> Path:
+    """The packaged demo workspace, copied to a temporary folder (the package stays untouched)."""
+    if not DEMO_DB.is_file():
+        raise UsageError(f"the demo run is missing from this installation ({DEMO_DB})")
+    folder = Path(tempfile.mkdtemp(prefix="kforge-demo-"))
+    target = folder / "kforge.db"
+    shutil.copyfile(DEMO_DB, target)
+    target.chmod(0o444)
+    return target
+
+
+def engine_argv(args: argparse.Namespace, workspace: Path) -> list[str]:
+    """The detached engine's command line: the same `run`, headless, in the same workspace."""
+    argv = [sys.executable, "-m", "kforge_tui", "run"]
+    if args.config:
+        argv.append(str(Path(args.config).resolve()) if Path(args.config).exists() else args.config)
+    for flag, attr, has_value in _RUN_FLAGS:
+        value = getattr(args, attr, None)
+        if has_value and value is not None:
+            argv += [flag, str(value)]
+        elif not has_value and value:
+            argv.append(flag)
+    return argv + ["--no-tui", "--workspace", str(workspace)]
+
+
+def start_engine_detached(args: argparse.Namespace, workspace: Path) -> str:
+    """Start `run --no-tui` in its own session (it outlives this terminal) and wait for its run row."""
+    from engine.store import ensure_workspace
+
+    if args.config is None and not args.resume:
+        raise UsageError("run: give a model CONFIG (e.g. configs/models/resnet50.toml) or --resume RUN")
+    ensure_workspace(workspace)
+    logs = workspace / "logs"
+    logs.mkdir(exist_ok=True)
+    log_path = logs / f"engine-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    argv = engine_argv(args, workspace)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=os.getcwd())
+    print(f"kforge: engine started (pid {proc.pid}), log {log_path}; waiting for its run "
+          "(capture can take a while; Ctrl-C leaves the engine running)", file=sys.stderr, flush=True)
+    try:
+        return _wait_for_run(proc, workspace, log_path, args.resume)
+    except KeyboardInterrupt:
+        print(f"kforge: not attached; the engine keeps running (pid {proc.pid}). "
+              "Attach later with 'kforge-tui'", file=sys.stderr)
+        raise SystemExit(0) from None
+
+
+def _wait_for_run(proc: subprocess.Popen, workspace: Path, log_path: Path, resume: str | None) -> str:
+    import sqlite3
+
+    db = db_path(workspace)
+    while True:
+        if db.is_file():
+            try:
+                conn = sqlite3.connect(f"{db.absolute().as_uri()}?mode=ro", uri=True, timeout=2)
+                try:
+                    if resume:
+                        row = conn.execute("SELECT id FROM runs WHERE id = ?", (resume,)).fetchone()
+                    else:
+                        row = conn.execute("SELECT id FROM runs WHERE pid = ? ORDER BY created_at DESC",
+                                           (proc.pid,)).fetchone()
+                finally:
+                    conn.close()
+                if row:
+                    return row[0]
+            except sqlite3.Error:
+                pass  # not migrated yet, or briefly locked
+        code = proc.poll()
+        if code is not None:
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] if log_path.is_file() else []
+            why = tail[0] if tail else "no output"
+            raise (UsageError if code == 2 else JobError)(
+                f"the engine exited (code {code}) before its run started: {why} (log: {log_path})")
+        time.sleep(0.3)
+
+
+def serve(args: argparse.Namespace) -> int:
+    """The same TUI in a browser through textual-serve, bound to localhost (reach it by an SSH tunnel)."""
+    try:
+        from textual_serve.server import Server
+    except ImportError:
+        raise UsageError("serve: textual-serve is not installed (pip install textual-serve)") from None
+    inner = [sys.executable, "-m", "kforge_tui"]
+    if args.workspace:
+        inner += ["--workspace", str(resolve_workspace(args.workspace))]
+    for flag, attr in (("--theme", "theme"), ("--keymap", "keymap"), ("--run", "run")):
+        if getattr(args, attr, None):
+            inner += [flag, str(getattr(args, attr))]
+    if args.demo:
+        inner.append("demo")
+    elif not db_path(resolve_workspace(args.workspace)).is_file():
+        raise UsageError(f"serve: no Kernel Forge workspace at {resolve_workspace(args.workspace)} "
+                         "(use 'kforge-tui serve --demo' to serve the demo run)")
+    print(f"kforge: serving on http://localhost:{args.port} (localhost only; from your machine: "
+          f"ssh -L {args.port}:localhost:{args.port} THIS_HOST)", file=sys.stderr, flush=True)
+    Server(shlex.join(inner), host="localhost", port=args.port, title="Kernel Forge").serve()
+    return 0

@@ -1,0 +1,419 @@
+"""Read-only queries over the workspace database for the TUI: one `poll` per tick, incremental.
+
+The engine writes; the TUI only reads (and appends control rows through `controls.py`). A tick asks
+SQLite only for what changed since the last one (events by seq, candidates by updated_at), keeps a
+light copy of every candidate of the open run in memory, and recomputes card aggregates only for the
+cards that changed. Bulky columns (source, logs, prompts) are fetched only when a candidate is opened.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.store.store import open_readonly
+
+FINISHED = frozenset({"verified", "rejected", "compiled"})
+IN_FLIGHT = frozenset({"proposed", "evaluating"})
+# A candidate's updated_at is taken before its transaction commits, so a later tick can see a row
+# stamped slightly before the newest one it already saw: re-read this window and diff.
+_OVERLAP_S = 2.0
+RESYNC_TICKS = 30
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    id: str
+    capture_id: str
+    model: str
+    provider: str
+    status: str
+    stopped_by: str | None
+    created_at: float
+    updated_at: float
+    pid: int | None
+    tokens_in: int
+    tokens_out: int
+    cost_usd: float
+    config: dict[str, Any]
+
+    @property
+    def live(self) -> bool:
+        return self.status in ("created", "running", "paused")
+
+    @property
+    def label(self) -> str:
+        return str(self.config.get("label") or "")
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    """A candidate as the tree and tables show it (no source, no logs)."""
+
+    id: str
+    card_id: str
+    parent_id: str | None
+    status: str
+    category: str | None
+    best_us: float | None
+    eager_us: float | None
+    speedup: float | None
+    error_head: str
+    order: int  # rowid: proposal order within the run
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class CardRow:
+    card_id: str
+    op: str
+    signature: str
+    calls: float
+    share: float
+    eager_us: float | None
+    roofline_us: float | None
+    best_us: float | None
+    speedup: float | None
+    roofline_pct: float | None
+    status: str
+    candidates: int
+    failures: int
+    failure_counts: dict[str, int]
+    best_id: str | None
+
+
+@dataclass(frozen=True)
+class EventRow:
+    seq: int
+    ts: float
+    kind: str
+    card_id: str | None
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RunStats:
+    candidates: int = 0
+    verified: int = 0
+    rejected: int = 0
+    evaluating: int = 0
+    proposed: int = 0
+    llm_calls: int = 0
+    llm_errors: int = 0
+    lanes_busy: tuple[str, ...] = ()   # lane names from the evaluations table, when the engine fills it
+    iterations_budget: int | None = None
+
+
+@dataclass
+class Snapshot:
+    """What one tick found; the app applies it inside one batch_update()."""
+
+    run: RunInfo
+    stats: RunStats
+    changed_nodes: list[NodeRow] = field(default_factory=list)
+    changed_cards: list[CardRow] = field(default_factory=list)
+    events: list[EventRow] = field(default_factory=list)
+    elapsed_ms: float = 0.0
+
+
+@dataclass
+class CandidateDetail:
+    row: dict[str, Any]
+    parent_source: str | None
+    llm_call: dict[str, Any] | None
+    card: CardRow | None
+
+
+class ReadModel:
+    """Queries for one workspace database; `poll(run_id)` is the per-tick entry point."""
+
+    def __init__(self, db_file: str | Path) -> None:
+        self.db_file = Path(db_file)
+        open_readonly(self.db_file).close()  # refuses a missing file or a newer schema, with a clear message
+        # One connection shared by the tick worker thread and the UI thread, serialised by a lock.
+        self._conn = sqlite3.connect(f"{self.db_file.absolute().as_uri()}?mode=ro", uri=True, timeout=5,
+                                     check_same_thread=False)
+        self._conn.row_factory = sqlite3.Row
+        self._lock = threading.Lock()
+        self._run_id: str | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.nodes: dict[str, NodeRow] = {}
+        self.by_card: dict[str, dict[str, NodeRow]] = {}
+        self.cards: dict[str, CardRow] = {}
+        self._card_static: dict[str, sqlite3.Row] = {}
+        self._card_reason: dict[str, str] = {}
+        self._cand_cursor = 0.0
+        self._cand_rowid = 0
+        self._in_flight: set[str] = set()
+        self._status_counts: dict[str, int] = {}
+        self._llm = [0, 0, 0]  # rowid cursor, calls, errors
+        self._ticks = 0
+        self._event_seq = 0
+        self._run: RunInfo | None = None
+        self._prev_status: str | None = None
+        self._card_agg: dict[str, dict[str, Any]] = {}
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    # ---- runs ------------------------------------------------------------------------------------------
+
+    def runs(self) -> list[RunInfo]:
+        """Every run in the workspace, newest first."""
+        with self._lock:
+            rows = self._conn.execute("SELECT * FROM runs ORDER BY created_at DESC, id DESC").fetchall()
+        return [_run_info(r) for r in rows]
+
+    def run(self, run_id: str) -> RunInfo | None:
+        with self._lock:
+            row = self._conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return _run_info(row) if row else None
+
+    def resolve_run(self, ref: str) -> RunInfo | None:
+        """A run by exact id or unique id prefix."""
+        runs = self.runs()
+        exact = [r for r in runs if r.id == ref]
+        if exact:
+            return exact[0]
+        prefixed = [r for r in runs if r.id.startswith(ref) or r.id.startswith(f"run-{ref}")]
+        return prefixed[0] if len(prefixed) == 1 else None
+
+    # ---- the tick --------------------------------------------------------------------------------------
+
+    def poll(self, run_id: str) -> Snapshot:
+        """Everything that changed in `run_id` since the previous poll (the first poll loads it all)."""
+        t0 = time.perf_counter()
+        with self._lock:
+            if run_id != self._run_id:
+                self._reset()
+                self._run_id = run_id
+            conn = self._conn
+            row = conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if row is None:
+                raise KeyError(f"no run {run_id!r}")
+            run = _run_info(row)
+            first = self._run is None
+            self._run = run
+            if first:
+                for c in conn.execute(
+                        "SELECT card_id, op, signature_text, calls, share, eager_us, roofline_us FROM cards "
+                        "WHERE capture_id = ?", (run.capture_id,)):
+                    self._card_static[c["card_id"]] = c
+            events = [EventRow(e["seq"], e["ts"], e["kind"], e["card_id"], _json(e["payload"]) or {})
+                      for e in conn.execute("SELECT * FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
+                                            (run_id, self._event_seq))]
+            if events:
+                self._event_seq = events[-1].seq
+            touched: set[str] = set()
+            for e in events:
+                if e.card_id and e.kind in ("card_done", "card_skipped"):
+                    self._card_reason[e.card_id] = str(e.payload.get("reason") or e.kind)
+                    touched.add(e.card_id)
+                elif e.card_id and e.kind == "control" and e.payload.get("command") == "prioritize":
+                    touched.add(e.card_id)
+            # New candidates by rowid, changes by re-reading the ones still in flight (the engine updates
+            # only those); every RESYNC_TICKS a scan by updated_at catches anything else.
+            cols = ("SELECT rowid, id, card_id, parent_id, status, category, best_us, eager_us, speedup, "
+                    "substr(coalesce(error, ''), 1, 160) AS error_head, updated_at FROM candidates ")
+            self._ticks += 1
+            queries = [(cols + "WHERE run_id = ? AND rowid > ? ORDER BY rowid", (run_id, self._cand_rowid))]
+            flight = sorted(self._in_flight)
+            for i in range(0, len(flight), 500):
+                chunk = flight[i:i + 500]
+                queries.append((cols + f"WHERE id IN ({', '.join('?' * len(chunk))})", tuple(chunk)))
+            if self._ticks % RESYNC_TICKS == 0:
+                queries.append((cols + "WHERE run_id = ? AND updated_at > ?",
+                                (run_id, self._cand_cursor - _OVERLAP_S)))
+            changed: list[NodeRow] = []
+            for sql, params in queries:
+                for r in conn.execute(sql, params):
+                    node = NodeRow(r["id"], r["card_id"], r["parent_id"], r["status"], r["category"], r["best_us"],
+                                   r["eager_us"], r["speedup"], r["error_head"].split("\n", 1)[0], r["rowid"],
+                                   r["updated_at"])
+                    self._cand_cursor = max(self._cand_cursor, node.updated_at)
+                    self._cand_rowid = max(self._cand_rowid, node.order)
+                    old = self.nodes.get(node.id)
+                    if old == node:
+                        continue
+                    self._account(old, node)
+                    changed.append(node)
+                    touched.add(node.card_id)
+            lanes = tuple(r[0] for r in conn.execute(
+                "SELECT lane FROM evaluations WHERE run_id = ? AND finished_at IS NULL", (run_id,)))
+            for r in conn.execute("SELECT rowid, error FROM llm_calls WHERE run_id = ? AND rowid > ?",
+                                  (run_id, self._llm[0])):
+                self._llm = [max(self._llm[0], r[0]), self._llm[1] + 1, self._llm[2] + (r[1] is not None)]
+            llm = (self._llm[1], self._llm[2])
+        if first:
+            touched |= set(self._card_static)
+        changed_cards = [self._recompute_card(cid, run) for cid in sorted(touched) if cid in self._card_static]
+        if not first and run.status != self._prev_status:
+            # The run ended: 'searching' cards become 'finished'; recompute them all once.
+            changed_cards = [self._recompute_card(cid, run) for cid in self._card_static]
+        self._prev_status = run.status
+        stats = self._stats(run, lanes, llm[0], llm[1])
+        return Snapshot(run, stats, changed, changed_cards, events, (time.perf_counter() - t0) * 1000)
+
+    def _account(self, old: NodeRow | None, node: NodeRow) -> None:
+        """Keep the caches and the per-status and per-card counters in step with one changed row."""
+        self.nodes[node.id] = node
+        self.by_card.setdefault(node.card_id, {})[node.id] = node
+        counts = self._status_counts
+        if old is not None:
+            counts[old.status] -= 1
+            self._agg(old, -1)
+        counts[node.status] = counts.get(node.status, 0) + 1
+        self._agg(node, +1)
+        if node.status in IN_FLIGHT:
+            self._in_flight.add(node.id)
+        else:
+            self._in_flight.discard(node.id)
+
+    def _agg(self, n: NodeRow, sign: int) -> None:
+        agg = self._card_agg.setdefault(n.card_id, {"fails": {}, "flight": 0, "best": None, "stale": False})
+        if n.status == "rejected":
+            cat = n.category or "unknown"
+            agg["fails"][cat] = agg["fails"].get(cat, 0) + sign
+        elif n.status in IN_FLIGHT:
+            agg["flight"] += sign
+        elif n.status == "verified" and n.best_us:
+            best = agg["best"]
+            if sign > 0 and (best is None or n.best_us < best.best_us):
+                agg["best"] = n
+            elif sign < 0 and best is not None and best.id == n.id:
+                agg["stale"] = True  # the best changed: rescan this card once
+
+    def _recompute_card(self, card_id: str, run: RunInfo) -> CardRow:
+        s = self._card_static[card_id]
+        nodes = self.by_card.get(card_id, {})
+        agg = self._card_agg.get(card_id, {"fails": {}, "flight": 0, "best": None, "stale": False})
+        if agg["stale"]:
+            ok = [n for n in nodes.values() if n.status == "verified" and n.best_us]
+            agg["best"], agg["stale"] = min(ok, key=lambda n: n.best_us, default=None), False
+        best: NodeRow | None = agg["best"]
+        fails = {k: v for k, v in agg["fails"].items() if v}
+        in_flight = agg["flight"]
+        eager = s["eager_us"] if s["eager_us"] is not None else (best.eager_us if best else None)
+        best_us = best.best_us if best else None
+        roof = s["roofline_us"]
+        pct = 100.0 * roof / best_us if roof and best_us else (100.0 * roof / eager if roof and eager else None)
+        reason = self._card_reason.get(card_id)
+        if in_flight:
+            status = "searching"
+        elif reason:
+            status = reason
+        elif not run.live:
+            status = "finished" if nodes else "untouched"
+        else:
+            status = "waiting" if nodes else "queued"
+        row = CardRow(card_id, s["op"], s["signature_text"], s["calls"], s["share"], eager, roof, best_us,
+                      best.speedup if best else None, pct, status, len(nodes), sum(fails.values()), fails,
+                      best.id if best else None)
+        self.cards[card_id] = row
+        return row
+
+    def _stats(self, run: RunInfo, lanes: tuple[str, ...], llm_calls: int, llm_errors: int) -> RunStats:
+        counts = self._status_counts
+        iters = run.config.get("iterations")
+        budget = int(iters) * len(self._card_static) if isinstance(iters, int) else None
+        return RunStats(len(self.nodes), counts.get("verified", 0) + counts.get("compiled", 0),
+                        counts.get("rejected", 0), counts.get("evaluating", 0), counts.get("proposed", 0),
+                        llm_calls, llm_errors, lanes, budget)
+
+    # ---- views over the cache ----------------------------------------------------------------------------
+
+    def nodes_of(self, card_id: str) -> list[NodeRow]:
+        """A card's candidates in proposal order."""
+        with self._lock:
+            return sorted(self.by_card.get(card_id, {}).values(), key=lambda n: n.order)
+
+    def failures(self, category: str | None = None) -> list[NodeRow]:
+        """Every rejected candidate of the open run (optionally one category), newest first."""
+        with self._lock:
+            rows = [n for n in self.nodes.values() if n.status == "rejected"
+                    and (category is None or (n.category or "unknown") == category)]
+        return sorted(rows, key=lambda n: -n.order)
+
+    def failure_categories(self) -> dict[str, int]:
+        with self._lock:
+            out: dict[str, int] = {}
+            for n in self.nodes.values():
+                if n.status == "rejected":
+                    out[n.category or "unknown"] = out.get(n.category or "unknown", 0) + 1
+        return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def best_cards(self, limit: int = 5) -> list[CardRow]:
+        rows = [c for c in self.cards.values() if c.speedup]
+        return sorted(rows, key=lambda c: -(c.speedup or 0))[:limit]
+
+    # ---- one candidate -------------------------------------------------------------------------------
+
+    def candidate(self, candidate_id: str) -> CandidateDetail | None:
+        """Everything stored about one candidate, its parent's source and its proposer call."""
+        with self._lock:
+            row = self._conn.execute("SELECT * FROM candidates WHERE id = ?", (candidate_id,)).fetchone()
+            if row is None:
+                return None
+            d = dict(row)
+            for col in ("launch_spec", "verification", "timing", "params"):
+                d[col] = _json(d[col])
+            parent = None
+            if d["parent_id"]:
+                p = self._conn.execute("SELECT source FROM candidates WHERE id = ?", (d["parent_id"],)).fetchone()
+                parent = p["source"] if p else None
+            call = None
+            if d["llm_call_id"]:
+                c = self._conn.execute("SELECT * FROM llm_calls WHERE id = ?", (d["llm_call_id"],)).fetchone()
+                call = dict(c) if c else None
+        return CandidateDetail(d, parent, call, self.cards.get(d["card_id"]))
+
+    # ---- compare -------------------------------------------------------------------------------------
+
+    def compare(self, run_ids: Iterable[str]) -> list[dict[str, Any]]:
+        """Per run: totals, failure categories and best speedup per card (for the compare screen)."""
+        out = []
+        with self._lock:
+            for rid in run_ids:
+                r = self._conn.execute("SELECT * FROM runs WHERE id = ?", (rid,)).fetchone()
+                if r is None:
+                    continue
+                info = _run_info(r)
+                counts = dict(self._conn.execute(
+                    "SELECT status, count(*) FROM candidates WHERE run_id = ? GROUP BY status", (rid,)).fetchall())
+                cats = dict(self._conn.execute(
+                    "SELECT coalesce(category, 'unknown'), count(*) FROM candidates "
+                    "WHERE run_id = ? AND status = 'rejected' GROUP BY 1", (rid,)).fetchall())
+                best = {row[0]: (row[1], row[2]) for row in self._conn.execute(
+                    "SELECT c.card_id, max(c.speedup), k.op FROM candidates c "
+                    "LEFT JOIN cards k ON k.capture_id = ? AND k.card_id = c.card_id "
+                    "WHERE c.run_id = ? AND c.status = 'verified' GROUP BY c.card_id", (info.capture_id, rid))}
+                last = self._conn.execute("SELECT max(ts) FROM events WHERE run_id = ?", (rid,)).fetchone()[0]
+                end = last if last is not None else info.updated_at
+                out.append({"run": info, "counts": counts, "categories": cats, "best": best,
+                            "wall_s": max(0.0, end - info.created_at)})
+        return out
+
+
+def _json(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _run_info(r: sqlite3.Row) -> RunInfo:
+    cfg = _json(r["config"])
+    return RunInfo(r["id"], r["capture_id"], r["model"], r["provider"], r["status"], r["stopped_by"],
+                   r["created_at"], r["updated_at"], r["pid"], r["tokens_in"], r["tokens_out"], r["cost_usd"],
+                   cfg if isinstance(cfg, dict) else {})

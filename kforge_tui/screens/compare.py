@@ -1,0 +1,83 @@
+"""Runs (or providers) side by side: best speedup per card, failure rates, tokens, cost, time."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Static
+
+from kforge_tui import format as fmt
+from kforge_tui import keymap as keys
+
+DEFAULT_RUNS = 3
+
+
+class CompareScreen(Screen):
+    BINDINGS = keys.COMPARE
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static(id="compare-bar", classes="bar")
+        yield DataTable(id="compare", cursor_type="row", zebra_stripes=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.show_all = False
+        self.rebuild()
+
+    def on_screen_resume(self) -> None:
+        self.rebuild()
+
+    def run_ids(self) -> list[str]:
+        if self.app.compare_runs and not self.show_all:
+            return list(self.app.compare_runs)
+        runs = [r.id for r in self.app.model.runs()]
+        return runs if self.show_all else runs[:DEFAULT_RUNS]
+
+    def action_all_runs(self) -> None:
+        self.show_all = not self.show_all
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        data = self.app.model.compare(self.run_ids())
+        table = self.query_one("#compare", DataTable)
+        table.clear(columns=True)
+        table.add_column("run", key="what", width=26)
+        for d in data:
+            table.add_column(d["run"].id, key=d["run"].id)
+        if not data:
+            self.query_one("#compare-bar", Static).update("no runs to compare")
+            return
+        self.query_one("#compare-bar", Static).update(
+            f"{len(data)} runs side by side · give RUN ids to `kforge-tui compare` to pick others")
+
+        def row(label: str, cells: list, style: str = "") -> None:
+            table.add_row(Text(label, style=style or "bold"), *cells)
+
+        row("provider", [d["run"].provider for d in data])
+        row("status", [d["run"].status for d in data])
+        row("wall time", [fmt.duration(d["wall_s"]) for d in data])
+        row("tokens", [f"{fmt.tokens(d['run'].tokens_in)} in / {fmt.tokens(d['run'].tokens_out)} out" for d in data])
+        row("cost", [f"${d['run'].cost_usd:.2f}" for d in data])
+        totals = [sum(d["counts"].values()) for d in data]
+        row("candidates", [str(t) for t in totals])
+        row("verified", [_rate(d["counts"].get("verified", 0), t) for d, t in zip(data, totals)])
+        cats = sorted({c for d in data for c in d["categories"]})
+        for c in cats:
+            row(f"  failed: {c}", [_rate(d["categories"].get(c, 0), t) for d, t in zip(data, totals)], "red")
+        cards: dict[str, str] = {}
+        for d in data:
+            for cid, (_, op) in d["best"].items():
+                cards.setdefault(cid, op or cid)
+        for cid, op in sorted(cards.items(), key=lambda kv: kv[1]):
+            cells = []
+            best = max((d["best"].get(cid, (None,))[0] or 0 for d in data), default=0)
+            for d in data:
+                s = d["best"].get(cid, (None,))[0]
+                cells.append(Text(fmt.speedup(s), style="bold green" if s and s == best else ""))
+            row(f"best {op.removeprefix('aten::')} ·{cid[-4:]}", cells, "")
+
+
+def _rate(n: int, total: int) -> str:
+    return f"{n} ({100 * n / total:.0f}%)" if total else "–"

@@ -1,0 +1,91 @@
+"""Run overview: progress, lanes, proposer, tokens and cost, best speedups, the event log."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, ProgressBar, RichLog, Static
+
+from kforge_tui import format as fmt
+from kforge_tui.readmodel import EventRow, Snapshot
+
+
+class OverviewScreen(Screen):
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static(id="run-line", classes="bar")
+        with Horizontal(id="progress-row"):
+            yield ProgressBar(id="progress", show_eta=False)
+        yield Static(id="work-line", classes="bar")
+        yield Static(id="spend-line", classes="bar")
+        yield DataTable(id="best", cursor_type="row", show_cursor=False)
+        yield RichLog(id="events", max_lines=500, wrap=False, markup=False)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        t = self.query_one("#best", DataTable)
+        t.add_columns("best so far", "signature", "µs", "speedup")
+        self._last_seq = 0
+        self.sync()
+
+    def on_screen_resume(self) -> None:
+        self.sync()
+
+    def sync(self) -> None:
+        if self.app.snapshot is not None:
+            self.apply_snapshot(self.app.snapshot)
+
+    def apply_snapshot(self, snap: Snapshot) -> None:
+        run, st = snap.run, snap.stats
+        now = self.app.clock()
+        end = now if run.live else run.updated_at
+        line = Text.assemble(
+            (run.id, "bold"), f"  {run.model}  provider {run.provider}  ",
+            (run.status, "bold green" if run.status == "running" else "bold yellow"),
+            f"{'  stopped by ' + run.stopped_by if run.stopped_by else ''}  elapsed {fmt.duration(end - run.created_at)}")
+        if run.label:  # e.g. a stand-in run must never pass for a measurement
+            line.append(f"  {run.label}", style="bold yellow")
+        self.query_one("#run-line", Static).update(line)
+        finished = st.verified + st.rejected
+        bar = self.query_one("#progress", ProgressBar)
+        bar.update(total=max(st.iterations_budget or st.candidates or 1, finished), progress=finished)
+        lanes = (f"{len(st.lanes_busy)} busy ({', '.join(st.lanes_busy)})" if st.lanes_busy
+                 else f"{st.evaluating} evaluating" if st.evaluating else "idle")
+        self.query_one("#work-line", Static).update(
+            f"lanes {lanes} · queued {st.proposed} · done {finished}"
+            f"{'/' + str(st.iterations_budget) if st.iterations_budget else ''}: "
+            f"{st.verified} ok, {st.rejected} failed")
+        self.query_one("#spend-line", Static).update(
+            f"proposer calls {st.llm_calls} ({st.llm_errors} err) · tokens {fmt.tokens(run.tokens_in)} in / "
+            f"{fmt.tokens(run.tokens_out)} out · cost ${run.cost_usd:.2f}")
+        table = self.query_one("#best", DataTable)
+        best = self.app.model.best_cards(5)
+        rows = [(c.op, c.signature[:30], fmt.us(c.best_us), fmt.speedup(c.speedup)) for c in best]
+        if rows != getattr(self, "_best_rows", None):
+            self._best_rows = rows
+            table.clear()
+            for r in rows:
+                table.add_row(*r)
+        log = self.query_one("#events", RichLog)
+        new = [e for e in self.app.events if e.seq > self._last_seq]
+        for e in new:
+            log.write(_event_line(e))
+        if new:
+            self._last_seq = new[-1].seq
+
+
+def _event_line(e: EventRow) -> Text:
+    import time
+
+    stamp = time.strftime("%H:%M:%S", time.gmtime(e.ts))
+    p = e.payload
+    if e.kind == "evaluated":
+        ok = p.get("status") == "verified"
+        detail = (f"{p.get('candidate')} {fmt.us(p.get('best_us'))} µs {fmt.speedup(p.get('speedup'))}" if ok
+                  else f"{p.get('candidate')} {p.get('status')} {p.get('category') or ''}")
+        return Text.assemble(f"{stamp} ", ("✓ " if ok else "✗ ", "green" if ok else "red"),
+                             f"{e.card_id or ''} {detail}")
+    extra = " ".join(f"{k}={v}" for k, v in sorted(p.items()) if v is not None)
+    return Text(f"{stamp} {e.kind} {e.card_id or ''} {extra}".rstrip())

@@ -1,0 +1,227 @@
+"""A card's search tree: lazily loaded (children are added when their parent is expanded), updated in
+batches, with jumps to the best node and to the next failed one."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Static, Tree
+from textual.widgets.tree import TreeNode
+
+from kforge_tui import format as fmt
+from kforge_tui import keymap as keys
+from kforge_tui.readmodel import FINISHED, NodeRow, Snapshot
+
+ROOT = "__root__"
+
+
+class TreeScreen(Screen):
+    BINDINGS = keys.TREE
+
+    def __init__(self, card_id: str) -> None:
+        super().__init__()
+        self.card_id = card_id
+        self.rows: dict[str, NodeRow] = {}
+        self.kids: dict[str, list[str]] = {ROOT: []}
+        self.visits: dict[str, int] = {}
+        self.tnodes: dict[str, TreeNode] = {}
+        self.loaded: set[str] = set()
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static(id="tree-bar", classes="bar")
+        tree: Tree[str] = Tree(self._card_title(), data=ROOT, id="tree")
+        tree.show_root = True
+        tree.auto_expand = False
+        yield tree
+        yield Footer()
+
+    def _card_title(self) -> Text:
+        card = self.app.model.cards.get(self.card_id)
+        if card is None:
+            return Text(self.card_id)
+        return Text.assemble((card.op, "bold"), f" {card.signature[:40]}  eager {fmt.us(card.eager_us)} µs")
+
+    def on_mount(self) -> None:
+        tree = self.query_one("#tree", Tree)
+        self.tnodes[ROOT] = tree.root
+        self.ingest(self.app.model.nodes_of(self.card_id))
+        self._load_children(ROOT)
+        tree.root.expand()
+        tree.focus()
+        self._bar()
+
+    def on_screen_resume(self) -> None:
+        self.ingest(self.app.model.nodes_of(self.card_id))
+        self._bar()
+
+    def apply_snapshot(self, snap: Snapshot) -> None:
+        mine = [n for n in snap.changed_nodes if n.card_id == self.card_id]
+        if mine:
+            self.ingest(mine)
+            self._bar()
+
+    # ---- model -------------------------------------------------------------------------------------------
+
+    def ingest(self, rows: list[NodeRow]) -> None:
+        """Apply new or changed candidates; only nodes already shown are touched on screen."""
+        relabel: set[str] = set()
+        for row in sorted(rows, key=lambda r: r.order):
+            old = self.rows.get(row.id)
+            if old == row:
+                continue
+            self.rows[row.id] = row
+            parent = row.parent_id if row.parent_id in self.rows else ROOT
+            if old is None:
+                self.kids.setdefault(parent, []).append(row.id)
+                self.kids.setdefault(row.id, [])
+                self.visits.setdefault(row.id, 0)
+                self._show_child(parent, row.id)
+            newly_done = row.status in FINISHED and (old is None or old.status not in FINISHED)
+            if newly_done:  # one visit for the node and each ancestor, as the search's backup counts them
+                cur: str | None = row.id
+                while cur is not None and cur in self.rows:
+                    self.visits[cur] += 1
+                    relabel.add(cur)
+                    p = self.rows[cur].parent_id
+                    cur = p if p in self.rows else None
+            relabel.add(row.id)
+        for nid in relabel:
+            tn = self.tnodes.get(nid)
+            if tn is not None:
+                tn.set_label(self._label(nid))
+
+    def _show_child(self, parent: str, nid: str) -> None:
+        ptn = self.tnodes.get(parent)
+        if ptn is None:
+            return
+        if parent in self.loaded:
+            self.tnodes[nid] = ptn.add(self._label(nid), data=nid, allow_expand=False)
+        ptn.allow_expand = True
+
+    def _load_children(self, nid: str) -> None:
+        if nid in self.loaded:
+            return
+        self.loaded.add(nid)
+        tn = self.tnodes[nid]
+        for child in self.kids.get(nid, []):
+            self.tnodes[child] = tn.add(self._label(child), data=child,
+                                        allow_expand=bool(self.kids.get(child)))
+
+    def _label(self, nid: str) -> Text:
+        r = self.rows[nid]
+        glyph = fmt.STATUS_GLYPH.get(r.status, "?")
+        style = fmt.STATUS_STYLE.get(r.status, "")
+        text = Text.assemble((glyph + " ", style), (r.id, "bold" if r.status == "verified" else ""),
+                             f"  v{self.visits.get(nid, 0)}")
+        if r.status == "verified":
+            text.append(f"  {fmt.us(r.best_us)} µs  ")
+            text.append(fmt.speedup(r.speedup), style="bold green" if (r.speedup or 0) > 1 else "yellow")
+        elif r.status == "rejected":
+            text.append(f"  {r.category or 'unknown'}", style="red")
+        else:
+            text.append(f"  {r.status}", style=style)
+        n = len(self.kids.get(nid, []))
+        if n:
+            text.append(f"  [{n}]", style="dim")
+        return text
+
+    def _bar(self) -> None:
+        n = len(self.rows)
+        failed = sum(1 for r in self.rows.values() if r.status == "rejected")
+        best = self._best()
+        best_txt = f"best {best.id} {fmt.us(best.best_us)} µs {fmt.speedup(best.speedup)}" if best else "no verified node yet"
+        self.query_one("#tree-bar", Static).update(f"{self.card_id} · {n} nodes, {failed} failed · {best_txt}")
+
+    def _best(self) -> NodeRow | None:
+        ok = [r for r in self.rows.values() if r.status == "verified" and r.best_us]
+        return min(ok, key=lambda r: r.best_us, default=None)
+
+    # ---- navigation --------------------------------------------------------------------------------------
+
+    def on_tree_node_expanded(self, event: Tree.NodeExpanded) -> None:
+        self._load_children(event.node.data)
+
+    def reveal(self, nid: str) -> None:
+        """Expand the path to `nid` and put the cursor on it."""
+        path = []
+        cur: str | None = nid
+        while cur is not None and cur in self.rows:
+            path.append(cur)
+            p = self.rows[cur].parent_id
+            cur = p if p in self.rows else None
+        for anc in [ROOT, *reversed(path[1:])]:
+            self._load_children(anc)
+            self.tnodes[anc].expand()
+        # Lines of freshly expanded nodes exist only after the next layout.
+        self.call_after_refresh(self._cursor_to, nid)
+
+    def _cursor_to(self, nid: str) -> None:
+        tree = self.query_one("#tree", Tree)
+        tn = self.tnodes[nid]
+        tree.move_cursor(tn)
+        tree.scroll_to_node(tn, animate=False)
+
+    def current(self) -> str | None:
+        node = self.query_one("#tree", Tree).cursor_node
+        return None if node is None or node.data == ROOT else node.data
+
+    def action_best(self) -> None:
+        best = self._best()
+        if best is None:
+            self.notify("no verified candidate in this card yet")
+            return
+        self.reveal(best.id)
+
+    def _step_failure(self, direction: int) -> None:
+        failed = sorted((r for r in self.rows.values() if r.status == "rejected"), key=lambda r: r.order)
+        if not failed:
+            self.notify("no failed candidate in this card")
+            return
+        cur = self.current()
+        order = self.rows[cur].order if cur else (-1 if direction > 0 else 1 << 62)
+        after = [r for r in failed if (r.order > order if direction > 0 else r.order < order)]
+        target = (after[0] if direction > 0 else after[-1]) if after else (failed[0] if direction > 0 else failed[-1])
+        self.reveal(target.id)
+
+    def action_next_failure(self) -> None:
+        self._step_failure(1)
+
+    def action_prev_failure(self) -> None:
+        self._step_failure(-1)
+
+    def action_expand(self) -> None:
+        node = self.query_one("#tree", Tree).cursor_node
+        if node is not None:
+            self._load_children(node.data)
+            node.expand()
+
+    def action_collapse(self) -> None:
+        tree = self.query_one("#tree", Tree)
+        node = tree.cursor_node
+        if node is None:
+            return
+        if node.is_expanded and node.children:
+            node.collapse()
+        elif node.parent is not None:
+            tree.move_cursor(node.parent)
+
+    def on_tree_node_selected(self, event: Tree.NodeSelected) -> None:
+        # The tree has focus, so its own enter binding fires: enter opens the detail, space expands.
+        event.stop()
+        self.action_open_detail()
+
+    def action_open_detail(self) -> None:
+        nid = self.current()
+        if nid:
+            self.app.open_candidate(nid)
+
+    def action_latency(self) -> None:
+        self.app.open_latency(self.card_id)
+
+    def action_prioritize(self) -> None:
+        self.app.action_control("prioritize", self.card_id)
+
+    def action_back(self) -> None:
+        self.app.pop_screen()

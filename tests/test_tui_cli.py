@@ -1,0 +1,129 @@
+"""The TUI's commands: bad input is one line and exit 2; the detached engine gets the right argv;
+the demo opens from a temporary copy; the TUI imports no GPU code."""
+
+import argparse
+import subprocess
+import sys
+
+from conftest import ROOT
+from tui_fixture import build_store
+
+
+def one_line(code, out, err, *needles):
+    assert code == 2, (code, err)
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_no_workspace_says_how_to_start(cli, tmp_path):
+    one_line(*cli("--workspace", tmp_path / "nothing"), "kforge-tui run CONFIG")
+
+
+def test_workspace_without_runs(cli, tmp_path):
+    import sqlite3
+
+    from tui_fixture import create_schema
+
+    (tmp_path / "ws").mkdir()
+    conn = sqlite3.connect(tmp_path / "ws" / "kforge.db")
+    create_schema(conn)
+    conn.commit()
+    conn.close()
+    one_line(*cli("--workspace", tmp_path / "ws"), "no runs", "kforge-tui run CONFIG")
+
+
+def test_compare_unknown_run_and_bad_theme(cli, tmp_path):
+    build_store(tmp_path / "ws" / "kforge.db")
+    one_line(*cli("compare", "run-fixture0", "run-nope", "--workspace", tmp_path / "ws"), "run-nope")
+    one_line(*cli("--theme", "paisley", "--workspace", tmp_path / "ws"), "--theme paisley")
+    one_line(*cli("--run", "run-zzz", "--workspace", tmp_path / "ws"), "--run run-zzz")
+
+
+def test_bad_keymap_is_one_line(cli, tmp_path):
+    build_store(tmp_path / "ws" / "kforge.db")
+    km = tmp_path / "tui.toml"
+    km.write_text('[keymap]\n"app.nonsense" = "z"\n')
+    one_line(*cli("--keymap", km, "--workspace", tmp_path / "ws"), "app.nonsense")
+
+
+def test_detached_engine_argv_is_headless_run_in_same_workspace(tmp_path):
+    from kforge_tui.launcher import engine_argv
+
+    args = argparse.Namespace(config="configs/models/resnet50.toml", provider="builtin", iterations=5,
+                              strategy="mcts", wall_time=None, max_proposals=None, resume=None, device=None,
+                              dry_run=True, small=False)
+    argv = engine_argv(args, tmp_path)
+    assert argv[1:4] == ["-m", "kforge_tui", "run"]
+    assert "--no-tui" in argv and argv[-2:] == ["--workspace", str(tmp_path)]
+    assert argv[argv.index("--iterations") + 1] == "5" and "--dry-run" in argv and "--small" not in argv
+
+
+def test_run_detached_reports_an_engine_that_dies(cli, tmp_path):
+    # A config that does not exist: the detached engine exits 2 before creating a run; we say so.
+    code, out, err = cli("run", tmp_path / "missing.toml", "--workspace", tmp_path / "ws")
+    assert code == 2 and "before its run started" in err and "log:" in err
+
+
+def test_demo_opens_a_readonly_copy(tmp_path):
+    from kforge_tui.launcher import DEMO_DB, demo_copy
+    from kforge_tui.readmodel import ReadModel
+
+    before = DEMO_DB.read_bytes()
+    copy = demo_copy()
+    assert copy != DEMO_DB and copy.read_bytes() == before
+    model = ReadModel(copy)
+    runs = model.runs()
+    assert runs, "the demo database holds a run"
+    snap = model.poll(runs[0].id)
+    assert snap.stats.candidates > 0 and model.cards
+    model.close()
+
+
+async def test_demo_app_runs_on_the_packaged_db():
+    from tui_helpers import screen_text
+
+    from kforge_tui.app import KforgeApp
+    from kforge_tui.launcher import demo_copy
+    from kforge_tui.readmodel import ReadModel
+
+    db = demo_copy()
+    run = ReadModel(db).runs()[0]
+    app = KforgeApp(db, run.id, read_only=True, refresh_s=0, note="demo (read-only)")
+    async with app.run_test(size=(120, 30)) as pilot:
+        await pilot.pause(0.1)
+        assert run.id in screen_text(app)
+        await pilot.press("c")
+        await pilot.pause(0.1)
+        assert "cards" in screen_text(app)
+
+
+PROBE = r"""
+import sys
+import kforge_tui.app, kforge_tui.launcher, kforge_tui.readmodel, kforge_tui.highlight
+import kforge_tui.screens.overview, kforge_tui.screens.cards, kforge_tui.screens.tree
+import kforge_tui.screens.candidate, kforge_tui.screens.failures, kforge_tui.screens.compare
+import kforge_tui.screens.latency
+kforge_tui.highlight.highlight_cuda('__global__ void k() {}')
+bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'cuda', 'triton')
+             or m.startswith(('engine.lane', 'engine.compile', 'engine.bench', 'engine.verify', 'engine.capture',
+                              'engine.run', 'engine.propose')))
+print('GPU:', bad)
+"""
+
+
+def test_tui_imports_no_gpu_code():
+    proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "GPU: []" in proc.stdout, proc.stdout
+
+
+def test_headless_cli_help_does_not_import_textual():
+    code = ("import sys, kforge_tui.cli\n"
+            "try:\n    kforge_tui.cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print('TEXTUAL:', sorted(m for m in sys.modules if m.startswith('textual')))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert "TEXTUAL: []" in proc.stdout, proc.stdout + proc.stderr
+    assert "demo" in proc.stdout and "serve" in proc.stdout and "compare" in proc.stdout

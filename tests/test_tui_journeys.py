@@ -1,0 +1,189 @@
+"""User journeys through the TUI by keys alone, on a deterministic fixture store (synthetic test data)."""
+
+import sqlite3
+
+import pytest
+from tui_fixture import T0, build_store
+from tui_helpers import screen_text
+
+from kforge_tui.app import KforgeApp
+
+
+@pytest.fixture
+def store(tmp_path):
+    db = tmp_path / "ws" / "kforge.db"
+    ids = build_store(db)
+    return db, ids
+
+
+def make_app(db, run_id, **kw):
+    return KforgeApp(db, run_id, refresh_s=0, clock=lambda: T0, **kw)
+
+
+async def settle(pilot, *keys):
+    for k in keys:
+        await pilot.press(k)
+        await pilot.pause(0.05)
+    await pilot.pause(0.1)
+
+
+def controls(db):
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT run_id, command, card_id, args FROM controls ORDER BY seq").fetchall()
+
+
+async def test_open_cards_tree_failed_node_compile_log(store):
+    db, ids = store
+    app = make_app(db, ids["runs"][-1])
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(pilot)
+        assert "evaluating" in screen_text(app) and "proposer calls" in screen_text(app)
+        await settle(pilot, "c")
+        text = screen_text(app)
+        assert "native_group_norm" in text and "sorted by share" in text
+        await settle(pilot, "enter")  # top card by share: its search tree
+        assert type(app.screen).__name__ == "TreeScreen"
+        seen = []
+        for _ in range(20):  # walk failed nodes with 'n' until a compile failure is under the cursor
+            await settle(pilot, "n")
+            cur = app.screen.current()
+            seen.append(cur)
+            if app.screen.rows[cur].category == "compile":
+                break
+        assert app.screen.rows[cur].category == "compile", seen
+        assert cur in screen_text(app)  # the path to it was expanded
+        await settle(pilot, "enter")
+        text = screen_text(app)
+        assert cur in text and "compile" in text
+        # A compile failure opens on its log; '4' selects the log tab explicitly as well.
+        await settle(pilot, "1", "4")
+        assert 'identifier "blockDim_x" is undefined' in screen_text(app)
+        await settle(pilot, "escape", "escape")
+        assert type(app.screen).__name__ == "CardsScreen"
+
+
+async def test_detail_tabs_show_source_verification_and_prompt(store):
+    db, ids = store
+    app = make_app(db, ids["runs"][-1])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        app.open_candidate(ids["failed"]["mismatch"])
+        await settle(pilot)
+        text = screen_text(app)
+        assert "max abs err" in text and "(0, 3, 17, 5)" in text  # opens on the verification report
+        await settle(pilot, "1")
+        assert "__global__" in screen_text(app) and "highlighting:" in screen_text(app)
+        await settle(pilot, "8")
+        assert "Write a faster CUDA kernel" in screen_text(app)
+
+
+async def test_tree_jumps_to_best_node(store):
+    db, ids = store
+    app = make_app(db, ids["runs"][-1])
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(pilot)
+        app.open_tree("card-0003")
+        await settle(pilot, "b")
+        best = app.model.cards["card-0003"].best_id
+        assert app.screen.current() == best
+        assert best in screen_text(app)
+
+
+async def test_failures_filtered_by_category(store):
+    db, ids = store
+    app = make_app(db, ids["runs"][-1])
+    async with app.run_test(size=(100, 40)) as pilot:
+        await settle(pilot, "f")
+        assert "all 40" in screen_text(app)
+        for _ in range(10):
+            if app.screen.category == "timeout":
+                break
+            await settle(pilot, "right_square_bracket")
+        assert app.screen.category == "timeout"
+        rows = [line for line in screen_text(app).splitlines() if "cand-" in line]
+        assert rows and all("timeout" in line for line in rows)
+        await settle(pilot, "enter")
+        assert "no answer from the lane" in screen_text(app)
+
+
+async def test_cards_filter_and_sort(store):
+    db, ids = store
+    app = make_app(db, ids["runs"][-1])
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot, "c", "slash", *"gelu", "enter")
+        text = screen_text(app)
+        assert "gelu" in text and "native_group_norm" not in text and "1 of 6 cards" in text
+        await settle(pilot, "escape", "s")
+        assert "sorted by eager µs" in screen_text(app)
+
+
+async def test_compare_two_runs(store):
+    db, ids = store
+    app = make_app(db, ids["runs"][-1], compare_runs=ids["runs"], start_mode="compare")
+    async with app.run_test(size=(100, 40)) as pilot:
+        await settle(pilot)
+        text = screen_text(app)
+        assert "run-fixture0" in text and "run-fixture1" in text
+        assert "builtin" in text and "anthropic" in text
+        assert "failed: compile" in text and "best native_group_norm" in text
+
+
+async def test_control_rows_written(store):
+    db, ids = store
+    run = ids["runs"][-1]
+    app = make_app(db, run)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(pilot, "p", "r")
+        await settle(pilot, "X", "n")  # declined: nothing sent
+        await settle(pilot, "X", "y")
+        await settle(pilot, "c", "exclamation_mark")
+    rows = controls(db)
+    assert [r[1] for r in rows] == ["pause", "resume", "stop", "prioritize"]
+    assert all(r[0] == run for r in rows)
+    assert rows[3][2] == "card-0000" and '"factor"' in rows[3][3]
+
+
+async def test_finished_run_and_read_only_session_write_nothing(store):
+    db, ids = store
+    async with make_app(db, ids["runs"][0]).run_test() as pilot:  # a finished run
+        await settle(pilot, "p")
+    async with make_app(db, ids["runs"][-1], read_only=True).run_test() as pilot:  # the demo
+        await settle(pilot, "p")
+        assert any("read-only" in str(n.message) for n in pilot.app._notifications)
+    assert controls(db) == []
+
+
+async def test_keymap_override_and_palette(store):
+    db, ids = store
+    app = make_app(db, ids["runs"][-1], keymap={"app.pause": "P"})
+    async with app.run_test() as pilot:
+        await settle(pilot, "p")
+        assert controls(db) == []
+        await settle(pilot, "P")
+        assert [r[1] for r in controls(db)] == ["pause"]
+        app.open_tree("card-0000")
+        await settle(pilot)
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        assert any(t.startswith("Next failed") for t in titles)
+        assert any(t.startswith("Pause [P]") for t in titles)
+
+
+async def test_themes_load_and_switch(store):
+    db, ids = store
+    app = make_app(db, ids["runs"][-1], theme="kforge-high-contrast")
+    async with app.run_test() as pilot:
+        await settle(pilot)
+        names = set(app.available_themes)
+        assert {"kforge-dark", "kforge-light", "kforge-high-contrast"} <= names
+        assert app.theme == "kforge-high-contrast"
+        await settle(pilot, "T")
+        assert app.theme != "kforge-high-contrast"
+
+
+async def test_latency_screen(store):
+    db, ids = store
+    app = make_app(db, ids["runs"][-1])
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(pilot, "c", "l")
+        text = screen_text(app)
+        assert "latency" in text and "verified" in text and "best" in text
