@@ -23,6 +23,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from engine.models.forwards import config_model, output_tensor, sd35_vae  # noqa: E402
+
 
 def log(msg: str) -> None:
     print(f"[bench_e2e {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
@@ -53,10 +55,10 @@ def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int) 
         build["seconds"] = time.perf_counter() - t0
     cast = engine.cast.load(cast_path)
     with torch.no_grad():
-        eager_out = forward().clone()
+        eager_out = output_tensor(forward()).clone()
         with cast.enabled():
             cast.reset_stats()
-            cast_out = forward().clone()
+            cast_out = output_tensor(forward()).clone()
             stats = cast.stats()
         for _ in range(3):  # warm-up both arms
             forward()
@@ -73,7 +75,7 @@ def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int) 
                     cast.remove()
                 else:
                     eager_us.append(time_forward(forward))
-        restored = forward()
+        restored = output_tensor(forward())
     est = speedup_ci(eager_us, cast_us, paired=True)
     diff = (cast_out.double() - eager_out.double())
     result = {
@@ -117,31 +119,10 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _config_model(config: str):
-    """The model exactly as `kforge-tui capture/run CONFIG` builds it on the GPU (same cards, same guards)."""
-    def make():
-        from engine.config import build_target, load_config
-
-        target = build_target(load_config(config), torch.device("cuda"))
-        return target.module, target.forward
-    return make
-
-
-def _sd35_vae():
-    """The SD3.5 VAE decode of the sd35_medium config alone (1x16x128x128 bf16 latent to 1024x1024)."""
-    module, _ = _config_model("sd35_medium")()
-    vae = module.vae
-    cfg = vae.config
-    latent = torch.randn(1, cfg.latent_channels, 128, 128, generator=torch.Generator().manual_seed(0)
-                         ).to("cuda", torch.bfloat16)
-    del module.transformer
-    return vae, lambda: vae.decode(latent / cfg.scaling_factor + cfg.shift_factor, return_dict=False)[0]
-
-
 MODELS = {  # name -> (builder, ops kept when building a cast directly, iterations per arm, cast file stem)
-    "resnet50": (_config_model("resnet50"), lambda op: True, 30, "resnet50"),
-    "sd35_medium": (_config_model("sd35_medium"), lambda op: True, 10, "sd35_medium"),
-    "sd35_vae": (_sd35_vae, lambda op: "group_norm" in op, 10, "sd35_medium"),
+    "resnet50": (lambda: config_model("resnet50"), lambda op: True, 30, "resnet50"),
+    "sd35_medium": (lambda: config_model("sd35_medium"), lambda op: True, 10, "sd35_medium"),
+    "sd35_vae": (sd35_vae, lambda op: "group_norm" in op, 10, "sd35_medium"),
 }
 
 

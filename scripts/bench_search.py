@@ -68,9 +68,20 @@ class CurveRecorder:
 
 
 async def main_async(args) -> dict:
-    from bench_lane import model_cards  # the same capture path as the lane benchmark
+    if args.model == "targets":  # the issue-4 target cards of bench_builtin.py (real-shaped single calls)
+        from bench_builtin import _cases
 
-    refs = model_cards(args.model, Path(args.workspace))
+        from engine.capture.single import capture_card
+
+        refs = []
+        for i, case in enumerate(c for c in _cases() if not args.only or any(s in c.label for s in args.only)):
+            fn, x = case.make()
+            refs.append(capture_card(Path(args.workspace) / f"card{i}", fn, samples=2))
+            del fn, x
+    else:
+        from bench_lane import model_cards  # the same capture path as the lane benchmark
+
+        refs = model_cards(args.model, Path(args.workspace))
     proposer = BuiltinProposer()
     arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
     lane = GpuLane(worker_argv(0), timeout_s=120)
@@ -89,8 +100,8 @@ async def main_async(args) -> dict:
         briefs = [(r, b) for r, b in briefs if proposer.supports(b)][: args.cards]
         results["cards"] = [{"id": r.card_id, "op": r.op, "signature": b.signature_text} for r, b in briefs]
         async with CompilePool() as pool:
-            evaluate = LaneEvaluator([lane], compiler, pool, timing={"max_seconds": 1.0})
-            for strategy in ("mcts", "greedy", "beam"):
+            evaluate = LaneEvaluator([lane], compiler, pool, timing={"max_seconds": args.timing_s})
+            for strategy in args.strategies.split(","):
                 for seed in range(args.seeds):
                     cards = [CardState(r, b, None, r.bytes / hello["copy_bw"] * 1e6, 1.0 / len(briefs))
                              for r, b in briefs]
@@ -129,7 +140,7 @@ def report(d: dict) -> str:
              "(geometric mean over cards):", "", "| strategy | " +
              " | ".join(f"N={n}" for n in _checkpoints(d['budget'])) + " |",
              "|---|" + "---:|" * len(_checkpoints(d["budget"]))]
-    for strategy in ("mcts", "greedy", "beam"):
+    for strategy in dict.fromkeys(r["strategy"] for r in d["runs"]):
         runs = [r for r in d["runs"] if r["strategy"] == strategy]
         row = []
         for n in _checkpoints(d["budget"]):
@@ -150,13 +161,27 @@ def _checkpoints(budget: int) -> list[int]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="resnet50")
+    ap.add_argument("--model", default="resnet50",
+                    help="a reference config, or 'targets' for bench_builtin.py's issue-4 cards")
+    ap.add_argument("--only", nargs="*", help="with --model targets: cases whose label contains one of these")
+    ap.add_argument("--timing-s", type=float, default=0.5, help="timing cap per evaluation (s)")
     ap.add_argument("--budget", type=int, default=30)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--cards", type=int, default=6)
     ap.add_argument("--workspace", default="/tmp/kforge-bench-search")
+    ap.add_argument("--strategies", default="mcts,greedy,beam", help="comma-separated (default: all three)")
+    ap.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
+                    help="no GPU work: merge bench_search.json files (e.g. strategies run on two GPUs)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
+    if args.merge:
+        docs = [json.loads(p.read_text()) for p in args.merge]
+        d = {**docs[0], "runs": [r for doc in docs for r in doc["runs"]]}
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "bench_search.json").write_text(json.dumps(d, indent=1))
+        (args.out / "bench_search.md").write_text(report(d))
+        print(report(d))
+        return 0
     if not torch.cuda.is_available():
         print("error: bench_search needs a CUDA GPU", file=sys.stderr)
         return 2

@@ -102,7 +102,16 @@ def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any
             written = [a for a in return_aliases(op) if a] + write_only_args(op)
             check = CardCheck(v["op"], bound_sets, eager, written_args=written, sync=torch.cuda.synchronize,
                               fresh=1, edges=True)
-            verdict = check.check(lambda b, prefill, op=op: as_list(call_op(op, b)))
+            def candidate(b, prefill, op=op, plan=state.plan):
+                # Fresh outputs are poisoned as in the lane, so an output the kernel leaves unwritten
+                # cannot pass by inheriting eager's freed memory from the caching allocator.
+                plan.prefill = prefill
+                try:
+                    return as_list(call_op(op, b))
+                finally:
+                    plan.prefill = None
+
+            verdict = check.check(candidate)
             r["verdict"] = verdict.to_json()
             if not verdict.ok:
                 r["reason"] = f"{verdict.category}: {verdict.message}"

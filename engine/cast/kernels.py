@@ -81,6 +81,7 @@ class KernelPlan(Plan):
             self.launches.append((head, ptrs, ctypes.addressof(ln.params), ln))
         self.n_returns = n_returns
         self.returns_list = returns_list
+        self.prefill: str | None = None  # confirm/--verify only: poison fresh outputs to catch unwritten ones
         self.lock = threading.Lock()  # the parameter buffers are shared: one launch sequence at a time
         self.launch = _Driver.launcher()
         self.raw_stream = torch._C._cuda_getCurrentRawStream
@@ -89,6 +90,12 @@ class KernelPlan(Plan):
         dev = self.device
         outs = [torch.empty_strided(o[0], o[1], dtype=o[2], device=dev) if len(o) == 3 else bound[o[0]]
                 for o in self.outputs]
+        if self.prefill is not None:
+            from engine.lane.launcher import prefill_
+
+            for o, t in zip(self.outputs, outs):
+                if len(o) == 3:
+                    prefill_(t, self.prefill)
         ws = []
         for n, zero in self.workspaces:
             buf = torch.empty(n, dtype=torch.uint8, device=dev)

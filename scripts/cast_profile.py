@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Where a cast's end-to-end time goes: host time to issue one forward, and GPU kernel time by kernel,
+with and without the cast (torch.profiler), on a model config.
+
+    python scripts/cast_profile.py --config resnet50 --cast resnet50.cast --out DIR
+
+Writes DIR/cast_profile_<config>.json and .md. Needs the GPU the cast is for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+
+def _host_us(forward, n: int = 10) -> tuple[float, float]:
+    """(host µs to issue one forward, wall µs per forward with the GPU finishing)."""
+    torch.cuda.synchronize()
+    issue = []
+    t_all = time.perf_counter()
+    for _ in range(n):
+        t0 = time.perf_counter()
+        forward()
+        issue.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t_all) / n
+    return sorted(issue)[n // 2] * 1e6, wall * 1e6
+
+
+def _kernels(forward, n: int = 3) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            forward()
+        torch.cuda.synchronize()
+    rows = []
+    total = 0.0
+    for e in prof.key_averages():
+        dev = getattr(e, "self_device_time_total", None)
+        if dev is None:
+            dev = getattr(e, "self_cuda_time_total", 0.0)
+        if dev and e.device_type == torch.autograd.DeviceType.CUDA:
+            rows.append({"name": e.key[:120], "us_per_forward": dev / n, "count_per_forward": e.count / n})
+            total += dev / n
+    rows.sort(key=lambda r: -r["us_per_forward"])
+    return {"gpu_kernel_us_per_forward": total, "top": rows[:25]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--cast", required=True)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("error: cast_profile needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import engine.cast
+    from engine.config import build_target, load_config
+
+    target = build_target(load_config(args.config), torch.device("cuda"))
+    forward = target.forward
+    cast = engine.cast.load(args.cast)
+    doc: dict = {"config": args.config, "cast": args.cast, "variants": len(cast.usable())}
+    with torch.no_grad():
+        for _ in range(3):
+            forward()
+        with cast.enabled():
+            for _ in range(3):
+                forward()
+        for arm in ("eager", "cast"):
+            if arm == "cast":
+                cast.install()
+            issue, wall = _host_us(forward)
+            doc[arm] = {"host_issue_us": issue, "wall_us": wall, **_kernels(forward)}
+            if arm == "cast":
+                doc["stats"] = cast.stats()
+                cast.remove()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = Path(args.config).stem
+    (out / f"cast_profile_{name}.json").write_text(json.dumps(doc, indent=1, default=str))
+    lines = [f"# Cast profile: {name} ({doc['variants']} variants)", ""]
+    for arm in ("eager", "cast"):
+        d = doc[arm]
+        lines += [f"## {arm}: host issues a forward in {d['host_issue_us']:.0f} µs; wall {d['wall_us']:.0f} µs; "
+                  f"GPU kernels {d['gpu_kernel_us_per_forward']:.0f} µs per forward", "",
+                  "| kernel | µs/forward | calls/forward |", "|---|---:|---:|"]
+        lines += [f"| {r['name']} | {r['us_per_forward']:.1f} | {r['count_per_forward']:.0f} |" for r in d["top"]]
+        lines.append("")
+    (out / f"cast_profile_{name}.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
