@@ -40,7 +40,52 @@ def time_forward(forward) -> float:
     return s.elapsed_time(e) * 1e3
 
 
-def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int) -> dict:
+def graph_of(forward):
+    """The forward captured in a CUDA graph (after warm-up on a side stream): (graph, static output)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            forward()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = output_tensor(forward())
+    return g, out
+
+
+def graph_arm(name: str, forward, cast, iters: int) -> dict:
+    """Both arms replayed from CUDA graphs: what the kernels bring once per-call host cost is gone."""
+    from engine.bench.stats import speedup_ci
+
+    try:
+        g_eager, out_eager = graph_of(forward)
+        with cast.enabled():
+            g_cast, out_cast = graph_of(forward)
+    except Exception as e:  # a model that cannot be captured is reported, not fatal
+        log(f"{name}: CUDA-graph arm not possible: {type(e).__name__}: {e}")
+        return {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    eager_us, cast_us = [], []
+    for _ in range(3):
+        g_eager.replay()
+        g_cast.replay()
+    for i in range(iters):
+        for arm in (("eager", "cast") if i % 2 == 0 else ("cast", "eager")):
+            g = g_eager if arm == "eager" else g_cast
+            (eager_us if arm == "eager" else cast_us).append(time_forward(g.replay))
+    torch.cuda.synchronize()
+    est = speedup_ci(eager_us, cast_us, paired=True)
+    diff = out_cast.double() - out_eager.double()
+    r = {"eager_ms": statistics.median(eager_us) / 1e3, "cast_ms": statistics.median(cast_us) / 1e3,
+         "speedup": est.speedup, "speedup_ci": [est.low, est.high], "iters": iters,
+         "rel_l2_err": float(diff.norm() / out_eager.double().norm())}
+    log(f"{name}: CUDA graphs: eager {r['eager_ms']:.2f} ms, cast {r['cast_ms']:.2f} ms, {est.speedup:.3f}x "
+        f"(95% CI {est.low:.3f}-{est.high:.3f}); rel err {r['rel_l2_err']:.2e}")
+    del g_eager, g_cast
+    return r
+
+
+def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int, graphs: bool = True) -> dict:
     import engine.cast
     from engine.bench.stats import speedup_ci
     from engine.cast.direct import build_cast
@@ -76,6 +121,7 @@ def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int) 
                 else:
                     eager_us.append(time_forward(forward))
         restored = output_tensor(forward())
+        graph = graph_arm(name, forward, cast, iters) if graphs else None
     est = speedup_ci(eager_us, cast_us, paired=True)
     diff = (cast_out.double() - eager_out.double())
     result = {
@@ -88,7 +134,7 @@ def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int) 
         "near_misses": stats["near_misses"], "near_miss_keys": stats["near_miss_keys"],
         "every_variant_hit": all(v["hits"] > 0 for v in stats["variants"]),
         "variants_hit": sum(1 for v in stats["variants"] if v["hits"] > 0),
-        "build": build,
+        "build": build, "cuda_graphs": graph,
     }
     log(f"{name}: eager {result['eager_ms']:.2f} ms, cast {result['cast_ms']:.2f} ms, {est.speedup:.3f}x "
         f"(95% CI {est.low:.3f}-{est.high:.3f}); rel err {result['rel_l2_err']:.2e}; "
@@ -107,6 +153,15 @@ def markdown(doc: dict) -> str:
                      f"{r['speedup']:.3f}× ({r['speedup_ci'][0]:.3f}–{r['speedup_ci'][1]:.3f}) | "
                      f"{r['rel_l2_err']:.1e} | {r['variants_hit']}/{r['variants']} | {sum(r['near_misses'].values())} | "
                      f"{r['restored_bit_exact']} |")
+    graphs = [r for r in doc["models"] if r.get("cuda_graphs") and "speedup" in r["cuda_graphs"]]
+    if graphs:
+        lines += ["", "Both arms replayed from CUDA graphs (no per-call host cost; the cast's kernels are "
+                  "captured like any other):", "", "| model | eager ms | cast ms | speedup (95% CI) | rel L2 err |",
+                  "|---|---:|---:|---:|---:|"]
+        for r in graphs:
+            g = r["cuda_graphs"]
+            lines.append(f"| {r['model']} | {g['eager_ms']:.2f} | {g['cast_ms']:.2f} | {g['speedup']:.3f}× "
+                         f"({g['speedup_ci'][0]:.3f}–{g['speedup_ci'][1]:.3f}) | {g['rel_l2_err']:.1e} |")
     h = doc.get("host_cost")
     if h:
         lines += ["", f"Host cost per call ({h['op']}): eager {h['eager_us']:.2f} µs; guard hit {h['hit_us']:.2f} µs "
@@ -134,6 +189,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=0, help="forwards per arm (default: 30 ResNet-50, 10 SD3.5)")
     ap.add_argument("--models", default="resnet50,sd35_vae,sd35_medium")
     ap.add_argument("--no-host-cost", action="store_true", help="skip the per-call host cost probe")
+    ap.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph arm")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("error: bench_e2e: no CUDA GPU is visible", file=sys.stderr)
@@ -150,7 +206,7 @@ def main() -> int:
         make, keep, iters, stem = MODELS[name]
         try:
             doc["models"].append(bench_model(name, make, keep, casts / f"{stem}.cast", out / "work",
-                                             args.iters or iters))
+                                             args.iters or iters, graphs=not args.no_graphs))
         except Exception as e:  # one model failing must not lose the others' results
             log(f"{name}: FAILED: {type(e).__name__}: {e}")
             doc.setdefault("failures", {})[name] = f"{type(e).__name__}: {e}"

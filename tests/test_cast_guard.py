@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from engine.capture.signature import bind_arguments, signature_of
 from engine.cast import runtime
-from engine.cast.guard import bind, call_key, first_shape, layout_of, signature_key
+from engine.cast.guard import bind, call_key, first_shape, key_function, layout_of, signature_key
 
 GN = torch.ops.aten.native_group_norm.default
 ADD = torch.ops.aten.add.Tensor
@@ -31,6 +31,34 @@ def _gn_args(dtype=torch.float16, eps=1e-6):
     x = torch.randn(1, 64, 8, 8, dtype=dtype)
     w = torch.randn(64, dtype=dtype)
     return [x, w, w.clone(), 1, 64, 64, 32, eps]
+
+
+@pytest.mark.parametrize("case", ["group_norm", "batch_norm", "add_inplace", "cat", "layer_norm", "softmax",
+                                  "add_scalar_in_tensor_slot"])
+def test_generated_key_function_equals_the_schema_walk_and_the_captured_key(case):
+    x = torch.randn(4, 8)
+    w = torch.randn(8)
+    calls = {
+        "group_norm": (GN, _gn_args()),
+        "batch_norm": (torch.ops.aten.native_batch_norm.default,
+                       [torch.randn(2, 8, 3, 3), w, w.clone(), w.clone(), w.abs(), False, 0.1, 1e-5]),
+        "add_inplace": (torch.ops.aten.add_.Tensor, [x.clone(), x]),
+        "cat": (torch.ops.aten.cat.default, [[x, x.t().contiguous().t()], 1]),
+        "layer_norm": (torch.ops.aten.native_layer_norm.default, [x, [8], w, None, 1e-5]),
+        "softmax": (torch.ops.aten._softmax.default, [x, -1, False]),
+        "add_scalar_in_tensor_slot": (ADD, [x, 3.0]),
+    }
+    op, args = calls[case]
+    lay = layout_of(op)
+    bound = bind(lay, args, {})
+    fast = key_function(lay)(tuple(bound))
+    assert fast == call_key(lay, bound)
+    if case != "add_scalar_in_tensor_slot":  # a Python number there is a miss by construction
+        assert fast == signature_key(lay, _sig(op, *args), device_index=-1)
+    # Anything different in one argument is a different key.
+    other = list(bound)
+    other[0] = other[0].to(torch.float64) if case != "cat" else [x.double(), x]
+    assert key_function(lay)(tuple(other)) != fast
 
 
 def test_live_key_equals_captured_key():

@@ -52,7 +52,8 @@ def synth_inputs(signature: dict[str, Any], device: Any, seed: int = 0) -> list[
     return out
 
 
-def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any]) -> dict[str, Any]:
+def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any],
+            gate_host: bool = True) -> dict[str, Any]:
     """Run every check for every usable variant of the cast; returns JSON-ready results per variant."""
     import warnings
 
@@ -126,10 +127,46 @@ def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any
                 r["reason"] = (f"not faster with confidence through the public op: {ab.speedup:.3f}x "
                                f"(95% CI {ab.speedup_low:.3f}-{ab.speedup_high:.3f})")
                 continue
+            # Host cost per call of the public op with and without the override (the GPU queue is not
+            # awaited per call): a Python-dispatched hit costs more host time than eager's C++ path, and
+            # in a model whose host is the bottleneck that cost is paid in full. A variant ships only if
+            # the GPU time it saves exceeds the host time it adds.
+            cast_host = host_us(lambda op=op, inputs=inputs: call_op(op, inputs))
+            cast.remove()
+            try:
+                eager_host = host_us(lambda op=op, inputs=inputs: call_op(op, inputs))
+            finally:
+                cast.install()
+            saved = ab.eager.median - ab.candidate.median
+            added = max(0.0, cast_host - eager_host)
+            r.update(host_eager_us=eager_host, host_cast_us=cast_host, gpu_saved_us=saved, host_added_us=added,
+                     net_us=saved - added)
+            if gate_host and saved <= added:
+                r["reason"] = (f"the Python dispatch adds {added:.1f} µs of host time per call, more than the "
+                               f"{saved:.1f} µs of GPU time the kernel saves: a host-bound model would be slower")
+                continue
             r["ok"] = True
     finally:
         cast.remove()
     return results
+
+
+def host_us(fn: Any, n: int = 200, rounds: int = 3) -> float:
+    """Host microseconds per call of `fn` issued back to back (best of `rounds`), GPU not awaited per call."""
+    import time
+
+    import torch
+
+    best = float("inf")
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        best = min(best, (t1 - t0) / n * 1e6)
+    return best
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     job = json.loads(Path(args.job).read_text())
     try:
-        result = confirm(args.cast, job.get("samples", {}), job.get("timing", {}))
+        result = confirm(args.cast, job.get("samples", {}), job.get("timing", {}), job.get("gate_host", True))
     except Exception as e:
         result = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
     Path(args.out).write_text(json.dumps(result, default=str))

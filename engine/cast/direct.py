@@ -127,7 +127,9 @@ def build_cast(forward: Callable[[], Any], out: Path, *, work: Path, mutations: 
     for v in variants:
         r = results["variants"].get(v.vid, {})
         if r.get("ok"):
-            v.confirmed = {k: r.get(k) for k in ("speedup", "speedup_ci", "eager_us", "cast_us", "reps", "inputs")}
+            v.confirmed = {k: r.get(k) for k in ("speedup", "speedup_ci", "eager_us", "cast_us", "reps", "inputs",
+                                                 "host_eager_us", "host_cast_us", "gpu_saved_us", "host_added_us",
+                                                 "net_us")}
             kept.append(v)
         else:
             excluded.append({"card_id": v.card["card_id"], "op": v.card["op"], "reason": str(r.get("reason"))})

@@ -190,7 +190,8 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
         r = results.get("variants", {}).get(v.vid, {})
         if r.get("ok"):
             v.confirmed = {k: r.get(k) for k in ("speedup", "speedup_ci", "eager_us", "cast_us", "reps",
-                                                 "throttled", "inputs")}
+                                                 "throttled", "inputs", "host_eager_us", "host_cast_us",
+                                                 "gpu_saved_us", "host_added_us", "net_us")}
             v.confirmed["gpu"] = results.get("env", {}).get("gpu")
             kept.append(v)
         else:

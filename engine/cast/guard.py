@@ -30,10 +30,17 @@ class OpLayout:
     scalar_slots: tuple[int, ...]     # plain `Tensor` arguments a Python scalar may arrive in
     writes: bool                      # the op mutates an argument (in-place or out=)
     first_tensor: bool                # argument 0 is a plain tensor (the cheap pre-filter reads it)
+    plain_values: tuple[bool, ...] = ()  # value arguments that are hashable scalars as they arrive
 
     @property
     def positional(self) -> int:
         return sum(1 for k in self.kwarg_only if not k)
+
+
+_PLAIN_VALUE_TYPES = {"float", "int", "bool", "str", "Scalar", "SymInt", "Optional[float]", "Optional[int]",
+                      "Optional[bool]", "Optional[str]", "Optional[Scalar]", "Optional[SymInt]", "ScalarType",
+                      "Optional[ScalarType]", "Layout", "Optional[Layout]", "MemoryFormat",
+                      "Optional[MemoryFormat]"}
 
 
 def layout_of(op: torch._ops.OpOverload) -> OpLayout:
@@ -50,8 +57,10 @@ def layout_of(op: torch._ops.OpOverload) -> OpLayout:
         kw.append(bool(a.kwarg_only))
         defaults.append(a.default_value if a.has_default_value() else _MISSING)
     writes = any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
+    plain = tuple(str(a.type) in _PLAIN_VALUE_TYPES for a in op._schema.arguments)
     return OpLayout(op.name(), tuple(names), tuple(kinds), tuple(kw), tuple(defaults), tuple(scalar_slots),
-                    writes, bool(kinds) and kinds[0] == "tensor" and str(op._schema.arguments[0].type) == "Tensor")
+                    writes, bool(kinds) and kinds[0] == "tensor" and str(op._schema.arguments[0].type) == "Tensor",
+                    plain)
 
 
 # ------------------------------------------------------------------------------- live calls
@@ -106,6 +115,37 @@ def call_key(layout: OpLayout, bound: Sequence[Any]) -> tuple:
     if layout.writes:
         key.append(live_aliases(layout, bound))
     return tuple(key)
+
+
+def _tensor_key_or_value(v: Any, _tensor=torch.Tensor) -> Any:
+    if isinstance(v, _tensor):
+        p = v.data_ptr()
+        return (v.dtype, v.shape, v.stride(), (p & -p) if p & 15 else 16, v.get_device(), v.is_neg(),
+                v.is_conj())
+    return None if v is None else ("scalar", value_key(v))
+
+
+def key_function(layout: OpLayout):
+    """`fn(args) -> key` specialised to the op's schema, equal to `call_key(layout, args)` for a full
+    argument list in schema order: one generated tuple expression instead of a loop over the schema
+    (the guard runs on every call of the op, so its constant factor is the dispatch overhead)."""
+    parts = []
+    for i, kind in enumerate(layout.kinds):
+        if kind == "tensor":
+            parts.append(f"tk(a[{i}])")
+        elif kind == "tensor_list":
+            parts.append(f"(None if a[{i}] is None else tuple(tk(x) if isinstance(x, T) else None for x in a[{i}]))")
+        elif layout.plain_values and layout.plain_values[i]:
+            parts.append(f"a[{i}]")
+        else:
+            parts.append(f"vk(a[{i}])")
+    if layout.writes:
+        parts.append("la(layout, a)")
+    src = f"def key(a):\n    return ({', '.join(parts)}{',' if len(parts) == 1 else ''})\n"
+    scope = {"tk": _tensor_key_or_value, "vk": value_key, "la": live_aliases, "layout": layout,
+             "T": torch.Tensor}
+    exec(compile(src, f"<kforge guard {layout.op_name}>", "exec"), scope)  # noqa: S102 - our own template
+    return scope["key"]
 
 
 def live_aliases(layout: OpLayout, bound: Sequence[Any]) -> tuple:

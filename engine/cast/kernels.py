@@ -18,6 +18,8 @@ import torch
 from engine.cast.guard import OpLayout
 from engine.cast.runtime import Plan
 
+_grad_enabled = torch.is_grad_enabled
+
 
 class _Driver:
     """cuLaunchKernel as a plain C call, set up once per process."""
@@ -81,15 +83,32 @@ class KernelPlan(Plan):
             self.launches.append((head, ptrs, ctypes.addressof(ln.params), ln))
         self.n_returns = n_returns
         self.returns_list = returns_list
+        self._empty: list[Any] | None = None  # made on first use (on the device, inside the caller's context)
+        self._no_empty = [None] * len(self.outputs)
         self.prefill: str | None = None  # confirm/--verify only: poison fresh outputs to catch unwritten ones
         self.lock = threading.Lock()  # the parameter buffers are shared: one launch sequence at a time
         self.launch = _Driver.launcher()
         self.raw_stream = torch._C._cuda_getCurrentRawStream
 
-    def __call__(self, bound: list[Any]) -> Any:
+    def _empty_outputs(self) -> list[Any]:
+        """Per output: a zero-element tensor made once (nothing to write, e.g. batch_norm's saved
+        statistics in inference), else None (allocated per call)."""
+        cache = []
+        for o in self.outputs:
+            if len(o) == 3 and 0 in o[0]:
+                cache.append(torch.empty_strided(o[0], o[1], dtype=o[2], device=self.device))
+            else:
+                cache.append(None)
+        return cache
+
+    def __call__(self, bound: Any) -> Any:
         dev = self.device
-        outs = [torch.empty_strided(o[0], o[1], dtype=o[2], device=dev) if len(o) == 3 else bound[o[0]]
-                for o in self.outputs]
+        # Shared zero-element outputs only where autograd cannot attach history to them.
+        empty = self._empty if not _grad_enabled() else self._no_empty
+        if empty is None:
+            empty = self._empty = self._empty_outputs()
+        outs = [e if e is not None else torch.empty_strided(o[0], o[1], dtype=o[2], device=dev) if len(o) == 3
+                else bound[o[0]] for o, e in zip(self.outputs, empty)]
         if self.prefill is not None:
             from engine.lane.launcher import prefill_
 

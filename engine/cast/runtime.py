@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from engine.cast.guard import OpLayout, bind, call_key, layout_of
+from engine.cast.guard import OpLayout, bind, key_function, layout_of
 from engine.ops import resolve_op
 
 _LOCK = threading.RLock()
@@ -47,6 +47,8 @@ class Route:
         self.op_name = op_name
         self.dispatch_key = dispatch_key
         self.layout: OpLayout = layout_of(self.op)
+        self.key_of = key_function(self.layout)
+        self.nargs = len(self.layout.names)
         self.table: dict[tuple, Plan] = {}
         self.owners: dict[tuple, object] = {}
         self.shapes: set[tuple] = set()
@@ -76,8 +78,8 @@ class Route:
             if shape not in self.shapes:
                 self.misses += 1
                 return self._original(keyset, args, kwargs)
-        bound = bind(layout, args, kwargs)
-        key = call_key(layout, bound)
+        bound = args if not kwargs and len(args) == self.nargs else bind(layout, args, kwargs)
+        key = self.key_of(bound)
         plan = self.table.get(key)
         if plan is None:
             self.misses += 1
