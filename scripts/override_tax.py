@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""What a Python-level override costs a host-bound model: ResNet-50 forwards (host time to issue one) with
+nothing registered, with a bare torch.library pass-through for aten::native_batch_norm at the CUDA key,
+the same with keyset, and with a cast installed but suspended. Separates torch's own Python-kernel
+mechanism from Kernel Forge's runtime.
+
+    python scripts/override_tax.py [--cast resnet50.cast] --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import sys
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+
+def host_issue_us(forward, n: int = 20) -> float:
+    times = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        forward()
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return sorted(times)[n // 2] * 1e6
+
+
+def conv_share(forward) -> str:
+    prof = cProfile.Profile()
+    torch.cuda.synchronize()
+    prof.enable()
+    for _ in range(10):
+        forward()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(8)
+    return buf.getvalue()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cast")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    from engine.models.forwards import config_model
+
+    _, forward = config_model("resnet50")
+    op = torch.ops.aten.native_batch_norm.default
+    doc: dict = {}
+    with torch.no_grad():
+        for _ in range(5):
+            forward()
+        doc["eager_us"] = host_issue_us(forward)
+        doc["eager_profile"] = conv_share(forward)
+        original = torch.library.get_kernel(op, "CUDA")
+        for label, keyset in (("bare_passthrough_us", False), ("bare_passthrough_keyset_us", True)):
+            lib = torch.library.Library("aten", "IMPL", "CUDA")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                if keyset:
+                    lib.impl("native_batch_norm", lambda ks, *a: original.call_boxed(ks, *a), "CUDA",
+                             with_keyset=True)
+                else:
+                    ks0 = torch._C._dispatch_keyset_full()
+                    lib.impl("native_batch_norm", lambda *a: original.call_boxed(ks0, *a), "CUDA")
+            for _ in range(3):
+                forward()
+            doc[label] = host_issue_us(forward)
+            if keyset:
+                doc["bare_keyset_profile"] = conv_share(forward)
+            lib._destroy()
+        doc["eager_again_us"] = host_issue_us(forward)
+        if args.cast:
+            import engine.cast
+            from engine.cast import runtime
+
+            cast = engine.cast.load(args.cast)
+            cast.install()
+            with runtime.suspended():
+                for _ in range(3):
+                    forward()
+                doc["cast_suspended_us"] = host_issue_us(forward)
+            doc["cast_us"] = host_issue_us(forward)
+            cast.remove()
+            doc["eager_after_cast_us"] = host_issue_us(forward)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "override_tax.json").write_text(json.dumps(doc, indent=1))
+    print(json.dumps({k: v for k, v in doc.items() if not k.endswith("profile")}, indent=1))
+    print(doc["eager_profile"], doc.get("bare_keyset_profile", ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
