@@ -242,3 +242,33 @@ async def test_failed_candidates_are_repaired_with_their_diagnostics_and_lineage
     fixed = [r for r in o.records.values() if "fixed" in r.proposal.source]
     assert fixed and all(o.records[r.parent_id].status == "rejected" for r in fixed)  # child of the failure
     assert o.cards["a"].best_us is not None  # the repaired candidate verified and counts
+
+
+async def test_resumed_run_keeps_finished_cards_finished():
+    # A first session runs until every card stops by plateau; a resumed session over the same records
+    # and the first session's card_done reasons proposes nothing more.
+    from engine.run.plan import SchedulePolicy
+
+    class Repeating(ScriptedProposer):
+        """Every other answer repeats an earlier source: duplicates count as iterations, unstored."""
+
+        async def propose(self, request):
+            p = await super().propose(request)
+            if len(self.calls) % 2 == 0:
+                p.source = f"// kernel 0 for {request.card.card_id}\n"
+            return p
+
+    rec = MemoryRecorder()
+    first = orchestrator([card("a"), card("b")], Repeating(0.0), StandInLane(0.0), rec,
+                         budgets=Budgets(iterations_per_card=40), policy=SchedulePolicy(patience=3))
+    await first.run()
+    done = {cid: p["reason"] for kind, cid, p in rec.events if kind == "card_done"}
+    assert set(done) == {"a", "b"} and set(done.values()) == {"plateau"}
+    records = list(first.records.values())
+    prop = ScriptedProposer(0.0)
+    again = orchestrator([card("a"), card("b")], prop, StandInLane(0.0), MemoryRecorder(),
+                         budgets=Budgets(iterations_per_card=40), policy=SchedulePolicy(patience=3))
+    assert again.restore(records, done) == []
+    await again.run()
+    assert prop.calls == []
+    assert {c.done_reason for c in again.cards.values()} == {"plateau"}

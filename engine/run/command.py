@@ -156,7 +156,9 @@ async def run_async(args: argparse.Namespace, workspace: Path) -> tuple[int, dic
                              strategy=cfg.get("strategy") or "mcts", params=SearchParams(), budgets=budgets,
                              policy=SchedulePolicy(), max_proposals=cfg.get("max_proposals") or 4, totals=totals)
             recorder.orchestrator = o
-            resume = o.restore(records)
+            done = {e["card_id"]: e["payload"].get("reason") or "done"
+                    for e in await store.events_since(run_id, 0) if e["kind"] == "card_done" and e["card_id"]}
+            resume = o.restore(records, done)
             stopped_by = await o.run(resume)
         finally:
             for lane in lanes:

@@ -106,8 +106,16 @@ class Orchestrator:
 
     # ---- resume -------------------------------------------------------------------------------------
 
-    def restore(self, records: list[CandidateRecord]) -> list[CandidateRecord]:
-        """Rebuild trees from stored candidates (parents first); returns those still to evaluate."""
+    def restore(self, records: list[CandidateRecord], done: dict[str, str] | None = None) -> list[CandidateRecord]:
+        """Rebuild trees from stored candidates (parents first); returns those still to evaluate.
+
+        `done` maps cards to the reason they finished in the earlier session (its `card_done` events):
+        a card that stopped (plateau, roofline, …) stays stopped — proposals that were declined or
+        duplicates are not stored as candidates, so the counts alone would not say so.
+        """
+        for card_id, why in (done or {}).items():
+            if card_id in self.cards and not self.cards[card_id].done_reason:
+                self.cards[card_id].done_reason = why
         todo = []
         for rec in sorted(records, key=lambda r: _depth(r, {x.id: x for x in records})):
             card = self.cards.get(rec.card_id)
