@@ -95,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", metavar="RUN", nargs="?", help="run id (default: the workspace's latest run)")
     p.add_argument("--out", metavar="FILE.cast", help="where to write the cast")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="check the whole model under CUDA-graph replay instead of eager forwards")
+    p.add_argument("--no-model-check", action="store_true",
+                   help="skip the whole-model check (per-variant confirmation only)")
     _add_common(p)
 
     p = sub.add_parser("audit", help="show what a .cast file holds; --verify re-checks it on this GPU")
@@ -129,7 +133,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if not out.parent.is_dir():
         raise UsageError(f"export --out {args.out}: folder {out.parent} does not exist")
-    result = export_run(_workspace(args), args.run, out, progress=_progress())
+    result = export_run(_workspace(args), args.run, out, progress=_progress(),
+                        model_check=not args.no_model_check, cuda_graphs=args.cuda_graphs)
     if args.json:
         print(json.dumps({"out": str(out), "included": result.included, "excluded": result.excluded},
                          separators=(",", ":"), default=str))

@@ -167,3 +167,25 @@ def test_load_without_a_gpu_is_a_clean_no_op(cast_file):
     assert runtime.routes() == {}
     stats = cast.stats()
     assert stats["installed"] is False and all(v["hits"] == 0 for v in stats["variants"])
+
+
+def test_model_check_tries_the_best_net_gain_first_and_never_an_empty_set():
+    from engine.cast.e2e import not_slower, subsets
+
+    net = [("a", 5.0), ("b", 40.0), ("c", -2.0), ("d", None), ("e", 12.0)]
+    sets = subsets(net)
+    assert sets[0] == ["b", "e", "a", "d", "c"]      # all, best net gain first
+    assert sets[1:] == [["b", "e"], ["b"]]            # then the better half, down to one
+    assert subsets([("x", 1.0)]) == [["x"]]
+    assert not_slower([0.97, 1.01]) and not_slower([1.02, 1.10])
+    assert not not_slower([0.79, 0.82]) and not not_slower([float("nan"), float("nan")])
+
+
+def test_report_states_the_whole_model_check():
+    from engine.cast.report import markdown_report
+
+    manifest = {"format_version": 1, "env": {"gpu": "G", "arch": "sm_90"}, "variants": [],
+                "source": {"model": "m", "model_check": {"mode": "eager", "speedup": 1.234, "speedup_ci": [1.2, 1.3],
+                                                         "eager_ms": 4.0, "cast_ms": 3.24}}}
+    text = markdown_report(manifest)
+    assert "Whole-model check (eager forwards" in text and "1.234×" in text and "4.00 ms → 3.24 ms" in text

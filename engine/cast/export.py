@@ -143,6 +143,7 @@ async def _load_run(workspace: Path, run_id: str | None):
             run = await store.get_run(run_id)
             if run is None:
                 return None, [], [], {}
+        run = {**run, "capture_row": await store.get_capture(run["capture_id"])}
         cards = await store.get_cards(run["capture_id"])
         cands = await store.candidates(run["id"])
         samples = {c["card_id"]: [str(workspace / s["path"]) for s in
@@ -151,7 +152,8 @@ async def _load_run(workspace: Path, run_id: str | None):
 
 
 def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[str, Any] | None = None,
-               progress: Callable[[str], None] = lambda m: None) -> ExportResult:
+               progress: Callable[[str], None] = lambda m: None, model_check: bool = True,
+               cuda_graphs: bool = False) -> ExportResult:
     """The whole export; raises engine.errors.UsageError / JobError with a one-line reason."""
     import torch
 
@@ -202,9 +204,86 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
     if not kept:
         raise JobError(f"export: no variant kept its speedup through the public op in a fresh process "
                        f"({len(variants)} tried); nothing written")
+    cap = run.get("capture_row") or {}
+    config = cap.get("config_path")
+    if model_check and config and Path(config).is_file():
+        kept = _model_check(kept, env, source, excluded, config, bool(cap.get("small")), cuda_graphs, progress)
+    elif model_check:
+        progress(f"no whole-model check: the run's config {config!r} is not readable here")
+        source["model_check"] = {"mode": "none", "reason": f"config {config!r} not readable at export"}
     manifest, files, report = package(kept, env, source, excluded)
     write_cast(out, manifest, files, report)
     return ExportResult(out, [{"id": v.vid, "op": v.card["op"], **(v.confirmed or {})} for v in kept], excluded)
+
+
+def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[str, Any], excluded: list[dict],
+                 config: str, small: bool, graphs: bool, progress: Callable[[str], None]) -> list[ExportVariant]:
+    """Keep the largest set of variants (best net gain first) with which the run's own model is not slower;
+    record the check in `source`; raise JobError when even one variant makes the model slower."""
+    from engine.cast.e2e import subsets
+    from engine.errors import JobError
+
+    sets = subsets([(v.vid, (v.confirmed or {}).get("net_us")) for v in kept])
+    mode = "CUDA-graph replays" if graphs else "eager forwards"
+    progress(f"whole-model check: {source.get('model')} with and without the cast ({mode}), "
+             f"up to {len(sets)} variant set(s)")
+    with tempfile.TemporaryDirectory(prefix="kforge-e2e-") as tmp:
+        cand = Path(tmp) / "candidate.cast"
+        manifest, files, report = package(kept, env, source)
+        write_cast(cand, manifest, files, report)
+        result = run_model_check(cand, sets, config, small, graphs, Path(tmp))
+    tried = result.get("tried", [])
+    chosen = result.get("chosen")
+    summary = [f"{len(t['variants'])} variant(s): {t['speedup']:.3f}x "
+               f"(95% CI {t['speedup_ci'][0]:.3f}-{t['speedup_ci'][1]:.3f})" for t in tried]
+    source["model_check"] = {"mode": result.get("mode"), "tried": tried,
+                             **({k: chosen[k] for k in ("speedup", "speedup_ci", "eager_ms", "cast_ms")}
+                                if chosen else {})}
+    if chosen is None:
+        hint = "" if graphs else ("; its kernels may still pay off under CUDA graphs: export again with "
+                                  "--cuda-graphs to check that instead")
+        raise JobError(f"export: {source.get('model')} is slower with the cast in {mode} "
+                       f"({'; '.join(summary)}){hint}; nothing written")
+    keep_ids = set(chosen["variants"])
+    for v in kept:
+        if v.vid not in keep_ids:
+            excluded.append({"card_id": v.card["card_id"], "op": v.card["op"],
+                             "reason": f"whole-model check: the model was slower with it ({summary[0]}); "
+                                       f"kept the {len(keep_ids)} with the most net gain "
+                                       f"({chosen['speedup']:.3f}x)"})
+    progress(f"whole-model check: kept {len(keep_ids)} of {len(kept)} variant(s): {chosen['speedup']:.3f}x "
+             f"(95% CI {chosen['speedup_ci'][0]:.3f}-{chosen['speedup_ci'][1]:.3f})")
+    return [v for v in kept if v.vid in keep_ids]
+
+
+def run_model_check(cast_path: Path, sets: list[list[str]], config: str, small: bool, graphs: bool, tmp: Path,
+                    timeout_s: float = 1800) -> dict[str, Any]:
+    """`python -m engine.cast.e2e` in a fresh process; its JSON result."""
+    from engine.errors import JobError
+
+    job, out = tmp / "subsets.json", tmp / "model_check.json"
+    job.write_text(json.dumps(sets))
+    argv = [sys.executable, "-m", "engine.cast.e2e", "--config", config, "--cast", str(cast_path),
+            "--subsets", str(job), "--out", str(out)] + (["--small"] if small else []) + \
+        (["--graphs"] if graphs else [])
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=_child_env())
+    if not out.exists():
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise JobError(f"export: the whole-model check failed (exit {proc.returncode}): {tail[0]}")
+    result = json.loads(out.read_text())
+    if "error" in result:
+        raise JobError(f"export: the whole-model check failed: {result['error']}")
+    return result
+
+
+def _child_env() -> dict[str, str]:
+    """This process's environment, with the engine it imported first on the child's path."""
+    import os
+
+    import engine
+
+    root = str(Path(engine.__file__).resolve().parent.parent)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
 
 
 def run_confirm(cast_path: Path, samples: dict[str, list[str]], timing: dict[str, Any], tmp: Path,

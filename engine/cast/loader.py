@@ -47,7 +47,8 @@ class VariantState:
 class Cast:
     """A loaded cast. `install()`/`remove()` are idempotent and thread-safe; `enabled()` scopes them."""
 
-    def __init__(self, path: str, file: CastFile | None, problem: str | None, env: dict[str, Any] | None):
+    def __init__(self, path: str, file: CastFile | None, problem: str | None, env: dict[str, Any] | None,
+                 only: set[str] | None = None):
         self.path = path
         self.file = file
         self.problem = problem            # why nothing of this cast can run here, or None
@@ -55,8 +56,10 @@ class Cast:
         self.variants: list[VariantState] = []
         if file is not None:
             for v in file.variants:
-                self.variants.append(VariantState(v["id"], v["op"], v.get("signature_text", ""),
-                                                  problem or file.problems.get(v["id"])))
+                why = problem or file.problems.get(v["id"])
+                if why is None and only is not None and v["id"] not in only:
+                    why = "not selected (load(..., only=…))"
+                self.variants.append(VariantState(v["id"], v["op"], v.get("signature_text", ""), why))
         self._lock = threading.RLock()
         self._installed = False
         self._prepared = False
@@ -194,8 +197,12 @@ def _warn(message: str) -> None:
     warnings.warn(CastWarning(f"kforge cast {message}"), stacklevel=3)
 
 
-def load(path: str | Path, *, strict: bool = False, env: dict[str, Any] | None = None) -> Cast:
-    """Read and check a cast for this process. Never raises for a bad file unless `strict`."""
+def load(path: str | Path, *, strict: bool = False, env: dict[str, Any] | None = None,
+         only: set[str] | None = None) -> Cast:
+    """Read and check a cast for this process. Never raises for a bad file unless `strict`.
+
+    `only`: install just these variant ids (the rest stay on PyTorch, silently).
+    """
     path = str(path)
     try:
         file = read_cast(path)
@@ -211,7 +218,13 @@ def load(path: str | Path, *, strict: bool = False, env: dict[str, Any] | None =
             raise CastError(f"{path}: {problem}")
         _warn(f"{path}: not installed: {problem}; the model runs on PyTorch")
         return Cast(path, file, problem, here)
-    cast = Cast(path, file, None, here)
+    cast = Cast(path, file, None, here, only)
+    validated = (file.manifest.get("source") or {}).get("model_check") or {}
+    if validated.get("mode") == "cuda-graphs" and not strict:
+        eager = validated.get("eager_speedup")
+        _warn(f"{path}: its kernels were validated for CUDA-graph replay of the model"
+              + (f" (in plain eager it ran {eager:.2f}x)" if eager else "")
+              + "; install it around graph capture, not for eager forwards")
     if file.problems:
         bad = "; ".join(f"{vid}: {why}" for vid, why in file.problems.items())
         if strict:

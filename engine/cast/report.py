@@ -40,7 +40,17 @@ def markdown_report(manifest: dict[str, Any], excluded: list[dict[str, Any]] | N
                      f"{_ci(conf)} | {_ci(lane)} |")
     lines += ["", "Confirmed speedups are measured in a fresh process through the public op with the cast "
               "installed against the same op without it (L2 flushed before each call, calls alternated, "
-              "bootstrap CI of the median ratio). A variant is included only if its lower bound is above 1.", ""]
+              "bootstrap CI of the median ratio). A variant is included only if its lower bound is above 1 "
+              "and the GPU time it saves exceeds the host time its dispatch adds.", ""]
+    check = src.get("model_check") or {}
+    if check.get("speedup") is not None:
+        ci = check.get("speedup_ci") or [float("nan")] * 2
+        mode = "CUDA-graph replays" if check.get("mode") == "cuda-graphs" else "eager forwards"
+        lines += [f"Whole-model check ({mode} of the run's own model, alternating, fresh process): "
+                  f"{check.get('eager_ms', float('nan')):.2f} ms → {check.get('cast_ms', float('nan')):.2f} ms, "
+                  f"{check['speedup']:.3f}× (95% CI {ci[0]:.3f}–{ci[1]:.3f}).", ""]
+    elif check.get("mode") == "none":
+        lines += [f"No whole-model check: {check.get('reason')}.", ""]
     for v in manifest["variants"]:
         p = v["provenance"]
         lines += [f"## {v['id']} — `{v['op']}`", "",

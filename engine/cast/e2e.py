@@ -1,0 +1,140 @@
+"""The whole-model check at export: a cast must not make the model it was made for slower.
+
+Per-variant confirmation times each op alone. A model can still lose: where the host is the bottleneck
+(ResNet-50 at batch 32 on an H200 host), every Python-dispatched call adds host time that no GPU saving
+buys back. So export builds the run's model from its config in a fresh process and times whole
+forwards with and without the candidate cast, alternating; if the cast is slower with confidence, it
+tries smaller sets (the variants with the most net gain first) and keeps the first set that is not.
+
+    python -m engine.cast.e2e --config CONFIG [--small] --cast FILE.cast --subsets JSON --out RESULT.json
+           [--graphs] [--iters N]
+
+`--graphs` compares CUDA-graph replays of the forward instead of eager forwards (a cast exported for
+models run under CUDA graphs, where per-call host cost is gone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def subsets(net_us: Sequence[tuple[str, float]], rounds: int = 3) -> list[list[str]]:
+    """Variant sets to try, largest first: all of them, then repeatedly the better half by net gain per
+    call (GPU time saved minus host time added; unknown counts as 0), never an empty set."""
+    ranked = [vid for vid, _ in sorted(net_us, key=lambda x: -(x[1] if x[1] is not None else 0.0))]
+    out, n = [], len(ranked)
+    while n >= 1 and len(out) <= rounds:
+        cut = ranked[:n]
+        if not out or cut != out[-1]:
+            out.append(cut)
+        n //= 2
+    return out
+
+
+def not_slower(speedup_ci: Sequence[float]) -> bool:
+    """A model is 'not slower with the cast' unless the whole 95 % CI of eager/cast lies below 1."""
+    return len(speedup_ci) == 2 and math.isfinite(speedup_ci[1]) and speedup_ci[1] >= 1.0
+
+
+def _time_arm(run: Callable[[], Any]) -> float:
+    import torch
+
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    run()
+    e.record()
+    torch.cuda.synchronize()
+    return s.elapsed_time(e) * 1e3
+
+
+def _graph(forward: Callable[[], Any]):
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            forward()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        forward()
+    return g
+
+
+def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters: int = 10,
+          graphs: bool = False) -> dict[str, Any]:
+    """Try each variant set in order; the first whose model is not slower is chosen ({'chosen': None}
+    when none is)."""
+    import torch
+
+    from engine.bench.stats import speedup_ci
+    from engine.cast.loader import load
+    from engine.config import build_target, load_config
+
+    target = build_target(load_config(config, small=small), torch.device("cuda", torch.cuda.current_device()))
+    forward = target.forward
+    tried = []
+    chosen = None
+    with torch.no_grad():
+        for _ in range(3):
+            forward()
+        eager_graph = _graph(forward) if graphs else None
+        for ids in sets:
+            cast = load(cast_path, only=set(ids))
+            with cast.enabled():
+                for _ in range(2):
+                    forward()
+                cast_graph = _graph(forward) if graphs else None
+            eager_us, cast_us = [], []
+            for i in range(iters):
+                for arm in (("eager", "cast") if i % 2 == 0 else ("cast", "eager")):
+                    if graphs:
+                        g = eager_graph if arm == "eager" else cast_graph
+                        (eager_us if arm == "eager" else cast_us).append(_time_arm(g.replay))
+                    elif arm == "cast":
+                        with cast.enabled():
+                            cast_us.append(_time_arm(forward))
+                    else:
+                        eager_us.append(_time_arm(forward))
+            est = speedup_ci(eager_us, cast_us, paired=True)
+            r = {"variants": list(ids), "speedup": est.speedup, "speedup_ci": [est.low, est.high],
+                 "eager_ms": sorted(eager_us)[len(eager_us) // 2] / 1e3,
+                 "cast_ms": sorted(cast_us)[len(cast_us) // 2] / 1e3, "iters": iters}
+            tried.append(r)
+            del cast_graph
+            if not_slower(r["speedup_ci"]):
+                chosen = r
+                break
+    return {"mode": "cuda-graphs" if graphs else "eager", "tried": tried, "chosen": chosen}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Whole-model check of a cast in this (fresh) process")
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--cast", required=True)
+    ap.add_argument("--subsets", required=True, help="JSON file: a list of variant-id lists, tried in order")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--graphs", action="store_true")
+    ap.add_argument("--iters", type=int, default=10)
+    args = ap.parse_args(argv)
+    try:
+        sets = json.loads(Path(args.subsets).read_text())
+        result = check(args.config, args.small, args.cast, sets, args.iters, args.graphs)
+    except Exception as e:
+        result = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    Path(args.out).write_text(json.dumps(result, default=str))
+    return 0 if "error" not in result else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
