@@ -201,9 +201,13 @@ def main() -> int:
     doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "models": []}
     for name in args.models.split(","):
         if name not in MODELS:
-            print(f"error: --models: unknown model {name!r}; use {', '.join(MODELS)}", file=sys.stderr)
-            return 2
-        make, keep, iters, stem = MODELS[name]
+            from engine.config import shipped_configs
+
+            if name not in shipped_configs():
+                print(f"error: --models: unknown model {name!r}; use {', '.join(MODELS)} or a shipped config "
+                      f"({', '.join(shipped_configs())})", file=sys.stderr)
+                return 2
+        make, keep, iters, stem = MODELS.get(name) or (lambda n=name: config_model(n), lambda op: True, 10, name)
         try:
             doc["models"].append(bench_model(name, make, keep, casts / f"{stem}.cast", out / "work",
                                              args.iters or iters, graphs=not args.no_graphs))

@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""torch.compile beside eager, per card and for the whole model, with the lane's timing protocol.
+
+    python scripts/bench_compile_ops.py --workspace WS --out compile.json [--cards N] [--no-model]
+
+For the cards of the workspace's latest run that have a verified candidate (the ones a cast could win),
+the op is called on its first captured sample eagerly and through `torch.compile(mode=
+"max-autotune-no-cudagraphs")`, alternated, L2 flushed, GPU kept busy before each call (engine.bench):
+medians in µs. Then the whole model of the run's config, eager against torch.compile, forward latency
+with CUDA events. Writes one JSON document. Needs a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+MODE = "max-autotune-no-cudagraphs"
+
+
+def log(msg: str) -> None:
+    print(f"[bench_compile_ops {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def won_cards(ws: Path, limit: int) -> tuple[dict, list[dict]]:
+    db = sqlite3.connect(f"file:{ws / 'kforge.db'}?mode=ro", uri=True)
+    db.row_factory = sqlite3.Row
+    run = db.execute("SELECT * FROM runs ORDER BY created_at DESC LIMIT 1").fetchone()
+    cap = db.execute("SELECT * FROM captures WHERE id = ?", (run["capture_id"],)).fetchone()
+    rows = db.execute("""SELECT c.card_id, c.op, c.share, MIN(k.best_us) AS best_us FROM cards c
+                         JOIN candidates k ON k.card_id = c.card_id AND k.run_id = ? AND k.status = 'verified'
+                         WHERE c.capture_id = ? GROUP BY c.card_id ORDER BY c.share DESC LIMIT ?""",
+                      (run["id"], run["capture_id"], limit)).fetchall()
+    cards = []
+    for r in rows:
+        s = db.execute("SELECT path FROM samples WHERE capture_id = ? AND card_id = ? ORDER BY idx LIMIT 1",
+                       (run["capture_id"], r["card_id"])).fetchone()
+        if s:
+            cards.append({"card_id": r["card_id"], "op": r["op"], "share": r["share"], "sample": str(ws / s["path"])})
+    return dict(cap), cards
+
+
+def per_op(cards: list[dict]) -> list[dict]:
+    from engine.bench.timing import L2Flusher, TimingConfig, ab_time
+    from engine.capture.samples import load_sample
+    from engine.ops import call_op, resolve_op
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    flush = L2Flusher(device)
+    cfg = TimingConfig(max_seconds=0.5)
+    out = []
+    for c in cards:
+        op = resolve_op(c["op"])
+        bound = load_sample(c["sample"], device).args
+        names = [n for n, _ in bound]
+
+        def fn(*vals, op=op, names=names):
+            return call_op(op, list(zip(names, vals)))
+
+        vals = [v for _, v in bound]
+        r = {"card_id": c["card_id"], "op": c["op"]}
+        try:
+            torch._dynamo.reset()
+            compiled = torch.compile(fn, mode=MODE)
+            compiled(*vals)  # compile (autotune) outside the timing
+            ab = ab_time(lambda fn=fn, v=vals: fn(*v), lambda c=compiled, v=vals: c(*v), flush, cfg)
+            r.update(eager_us=ab.eager.median, compile_us=ab.candidate.median, compile_speedup=ab.speedup)
+        except Exception as e:  # an op torch.compile cannot take is reported, not fatal
+            r["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        log(f"{c['op']} {c['card_id'][:8]}: {r}")
+        out.append(r)
+    return out
+
+
+def whole_model(config_path: str, small: bool, iters: int = 10) -> dict:
+    from engine.config import build_target, load_config
+
+    target = build_target(load_config(config_path, small=small), torch.device("cuda"))
+    forward = target.forward
+
+    def time_forward(f) -> float:
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        f()
+        e.record()
+        torch.cuda.synchronize()
+        return s.elapsed_time(e)
+
+    with torch.no_grad():
+        torch._dynamo.reset()
+        compiled = torch.compile(forward, mode=MODE)  # the closure that calls the model: Dynamo traces into it
+        try:
+            t0 = time.perf_counter()
+            compiled()
+            compile_s = time.perf_counter() - t0
+            eager, comp = [], []
+            for i in range(iters):
+                for arm in (("eager", "compile") if i % 2 == 0 else ("compile", "eager")):
+                    (eager if arm == "eager" else comp).append(time_forward(forward if arm == "eager" else compiled))
+        except Exception as e:  # a model torch.compile cannot take is reported, not fatal
+            return {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    return {"eager_ms": statistics.median(eager), "compile_ms": statistics.median(comp),
+            "compile_seconds": compile_s, "iters": iters}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workspace", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--cards", type=int, default=40, help="at most this many cards, by share")
+    ap.add_argument("--no-model", action="store_true", help="skip the whole-model torch.compile")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("error: bench_compile_ops needs a CUDA GPU", file=sys.stderr)
+        return 2
+    cap, cards = won_cards(args.workspace, args.cards)
+    doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "mode": MODE,
+           "model": cap["model"], "ops": per_op(cards)}
+    if not args.no_model and cap.get("config_path"):
+        log("whole model: eager against torch.compile")
+        doc["whole_model"] = whole_model(cap["config_path"], bool(cap["small"]))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1, default=str))
+    log(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
