@@ -154,6 +154,7 @@ class ReadModel:
         self._cand_rowid = 0
         self._in_flight: set[str] = set()
         self._status_counts: dict[str, int] = {}
+        self._fail_counts: dict[str, int] = {}  # rejected candidates per category, kept per changed row
         self._llm = [0, 0, 0]  # rowid cursor, calls, errors
         self._ticks = 0
         self._event_seq = 0
@@ -267,11 +268,15 @@ class ReadModel:
         """Keep the caches and the per-status and per-card counters in step with one changed row."""
         self.nodes[node.id] = node
         self.by_card.setdefault(node.card_id, {})[node.id] = node
-        counts = self._status_counts
+        counts, fails = self._status_counts, self._fail_counts
         if old is not None:
             counts[old.status] -= 1
+            if old.status == "rejected":
+                fails[old.category or "unknown"] -= 1
             self._agg(old, -1)
         counts[node.status] = counts.get(node.status, 0) + 1
+        if node.status == "rejected":
+            fails[node.category or "unknown"] = fails.get(node.category or "unknown", 0) + 1
         self._agg(node, +1)
         if node.status in IN_FLIGHT:
             self._in_flight.add(node.id)
@@ -344,11 +349,9 @@ class ReadModel:
         return sorted(rows, key=lambda n: -n.order)
 
     def failure_categories(self) -> dict[str, int]:
+        """Rejected candidates per category, most frequent first."""
         with self._lock:
-            out: dict[str, int] = {}
-            for n in self.nodes.values():
-                if n.status == "rejected":
-                    out[n.category or "unknown"] = out.get(n.category or "unknown", 0) + 1
+            out = {k: v for k, v in self._fail_counts.items() if v}
         return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
 
     def best_cards(self, limit: int = 5) -> list[CardRow]:
