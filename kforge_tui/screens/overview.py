@@ -9,7 +9,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, ProgressBar, RichLog
 
 from kforge_tui import format as fmt
-from kforge_tui.readmodel import EventRow, Snapshot
+from kforge_tui.readmodel import EventRow, RunStats, Snapshot
 from kforge_tui.widgets import LiveBar, LiveTable
 
 
@@ -52,15 +52,14 @@ class OverviewScreen(Screen):
         finished = st.verified + st.rejected
         bar = self.query_one("#progress", ProgressBar)
         bar.update(total=max(st.iterations_budget or st.candidates or 1, finished), progress=finished)
-        lanes = (f"{len(st.lanes_busy)} busy ({', '.join(st.lanes_busy)})" if st.lanes_busy
-                 else f"{st.evaluating} evaluating" if st.evaluating else "idle")
         self.query_one("#work-line", LiveBar).show(
-            f"lanes {lanes} · queued {st.proposed} · done {finished}"
+            f"lanes {_lanes(st, now)} · queued {st.proposed} · done {finished}"
             f"{'/' + str(st.iterations_budget) if st.iterations_budget else ''}: "
             f"{st.verified} ok, {st.rejected} failed")
+        k = st.proposer_in_flight
         self.query_one("#spend-line", LiveBar).show(
-            f"proposer calls {st.llm_calls} ({st.llm_errors} err) · tokens {fmt.tokens(run.tokens_in)} in / "
-            f"{fmt.tokens(run.tokens_out)} out · cost ${run.cost_usd:.2f}")
+            f"{k} proposer call{'' if k == 1 else 's'} in flight · {st.llm_calls} done ({st.llm_errors} err) · "
+            f"{fmt.tokens(run.tokens_in)}+{fmt.tokens(run.tokens_out)} tokens · ${run.cost_usd:.2f}")
         table = self.query_one("#best", LiveTable)
         best = self.app.model.best_cards(5)
         rows = [(c.op, c.signature[:30], fmt.us(c.best_us), fmt.speedup(c.speedup)) for c in best]
@@ -70,9 +69,24 @@ class OverviewScreen(Screen):
         log = self.query_one("#events", RichLog)
         new = [e for e in self.app.events if e.seq > self._last_seq]
         for e in new:
-            log.write(_event_line(e))
+            if e.kind not in QUIET_EVENTS:
+                log.write(_event_line(e))
         if new:
             self._last_seq = new[-1].seq
+
+
+# Bookkeeping events that feed the counters above; one log line each would drown the log.
+QUIET_EVENTS = frozenset({"proposer_started", "proposer_done", "lanes"})
+
+
+def _lanes(st: RunStats, now: float) -> str:
+    """'lane0 busy cand-… 4s, lane1 idle'; without lane reports, what the candidate statuses say."""
+    if not st.lanes:
+        return f"{st.evaluating} evaluating" if st.evaluating else "idle"
+    busy = [f"{lane.name} busy {lane.candidate_id} {fmt.duration(now - (lane.since or now))}"
+            for lane in st.lanes if lane.busy]
+    idle = [lane.name for lane in st.lanes if not lane.busy]
+    return ", ".join(busy + ([f"idle {' '.join(idle)}"] if idle else []))
 
 
 def _event_line(e: EventRow) -> Text:
