@@ -118,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="serve the TUI to a browser on localhost (reach it through an SSH tunnel)")
     p.add_argument("--port", type=int, default=8000, help="localhost port (default 8000)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="loopback address to bind (default 127.0.0.1; other hosts are refused: use an SSH tunnel)")
     p.add_argument("--demo", action="store_true", help="serve the demo run instead of the workspace")
     _add_common(p)
     _add_tui(p)

@@ -19,6 +19,7 @@ from engine.errors import JobError, UsageError
 from engine.store.workspace import db_path, resolve_workspace
 
 DEMO_DB = Path(__file__).resolve().parent / "demo" / "kforge.db"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # Forwarded as given to the detached `run --no-tui` (flag, attribute, takes a value).
 _RUN_FLAGS = [("--provider", "provider", True), ("--iterations", "iterations", True),
               ("--strategy", "strategy", True), ("--wall-time", "wall_time", True),
@@ -191,6 +192,10 @@ def _wait_for_run(proc: subprocess.Popen, workspace: Path, log_path: Path, resum
 
 def serve(args: argparse.Namespace) -> int:
     """The same TUI in a browser through textual-serve, bound to localhost (reach it by an SSH tunnel)."""
+    host = getattr(args, "host", None) or "127.0.0.1"
+    if host not in LOOPBACK:  # the TUI can stop runs: never expose it to the network
+        raise UsageError(f"serve: --host {host} is not a loopback address; the TUI is served on 127.0.0.1 only "
+                         f"(from your machine: ssh -L {args.port}:127.0.0.1:{args.port} THIS_HOST)")
     try:
         from textual_serve.server import Server
     except ImportError:
@@ -206,7 +211,8 @@ def serve(args: argparse.Namespace) -> int:
     elif not db_path(resolve_workspace(args.workspace)).is_file():
         raise UsageError(f"serve: no Kernel Forge workspace at {resolve_workspace(args.workspace)} "
                          "(use 'kforge-tui serve --demo' to serve the demo run)")
-    print(f"kforge: serving on http://localhost:{args.port} (localhost only; from your machine: "
-          f"ssh -L {args.port}:localhost:{args.port} THIS_HOST)", file=sys.stderr, flush=True)
-    Server(shlex.join(inner), host="localhost", port=args.port, title="Kernel Forge").serve()
+    where = f"[{host}]" if ":" in host else host
+    print(f"kforge: serving on http://{where}:{args.port} (loopback only; from your machine: "
+          f"ssh -L {args.port}:{where}:{args.port} THIS_HOST)", file=sys.stderr, flush=True)
+    Server(shlex.join(inner), host=host, port=args.port, title="Kernel Forge").serve()
     return 0

@@ -98,6 +98,19 @@ class EventRow:
 
 
 @dataclass(frozen=True)
+class LaneState:
+    """A GPU lane as the engine last reported it: busy with a candidate since `since`, or idle."""
+
+    name: str
+    candidate_id: str | None = None
+    since: float | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self.candidate_id is not None
+
+
+@dataclass(frozen=True)
 class RunStats:
     candidates: int = 0
     verified: int = 0
@@ -106,8 +119,10 @@ class RunStats:
     proposed: int = 0
     llm_calls: int = 0
     llm_errors: int = 0
-    lanes_busy: tuple[str, ...] = ()   # lane names from the evaluations table, when the engine fills it
+    lanes_busy: tuple[str, ...] = ()   # names of the lanes evaluating right now
     iterations_budget: int | None = None
+    proposer_in_flight: int = 0        # proposer calls started and not yet answered
+    lanes: tuple[LaneState, ...] = ()  # every lane the engine announced or used, busy or idle
 
 
 @dataclass
@@ -154,9 +169,13 @@ class ReadModel:
         self._cand_rowid = 0
         self._in_flight: set[str] = set()
         self._status_counts: dict[str, int] = {}
+        self._fail_counts: dict[str, int] = {}  # rejected candidates per category, kept per changed row
         self._llm = [0, 0, 0]  # rowid cursor, calls, errors
         self._ticks = 0
         self._event_seq = 0
+        self._proposing: set[str] = set()  # nodes whose proposer call is in flight
+        self._lane_names: list[str] = []
+        self._eval_cursor = 0
         self._run: RunInfo | None = None
         self._prev_status: str | None = None
         self._card_agg: dict[str, dict[str, Any]] = {}
@@ -220,6 +239,14 @@ class ReadModel:
                     touched.add(e.card_id)
                 elif e.card_id and e.kind == "control" and e.payload.get("command") == "prioritize":
                     touched.add(e.card_id)
+                elif e.kind == "proposer_started":
+                    self._proposing.add(str(e.payload.get("node")))
+                elif e.kind == "proposer_done":
+                    self._proposing.discard(str(e.payload.get("node")))
+                elif e.kind == "run_started":  # a (re)started engine: calls of a killed one never finish
+                    self._proposing.clear()
+                elif e.kind == "lanes":
+                    self._add_lanes(e.payload.get("lanes") or [])
             # New candidates by rowid, changes by re-reading the ones still in flight (the engine updates
             # only those); every RESYNC_TICKS a scan by updated_at catches anything else.
             cols = ("SELECT rowid, id, card_id, parent_id, status, category, best_us, eager_us, speedup, "
@@ -247,8 +274,14 @@ class ReadModel:
                     self._account(old, node)
                     changed.append(node)
                     touched.add(node.card_id)
-            lanes = tuple(r[0] for r in conn.execute(
-                "SELECT lane FROM evaluations WHERE run_id = ? AND finished_at IS NULL", (run_id,)))
+            for r in conn.execute("SELECT id, lane FROM evaluations WHERE run_id = ? AND id > ? ORDER BY id",
+                                  (run_id, self._eval_cursor)):
+                self._eval_cursor = r[0]
+                self._add_lanes([r[1]])
+            busy = {r[0]: (r[1], r[2]) for r in conn.execute(
+                "SELECT lane, candidate_id, started_at FROM evaluations WHERE run_id = ? AND finished_at IS NULL "
+                "ORDER BY id", (run_id,))}
+            lanes = tuple(LaneState(name, *busy.get(name, (None, None))) for name in self._lane_names)
             for r in conn.execute("SELECT rowid, error FROM llm_calls WHERE run_id = ? AND rowid > ?",
                                   (run_id, self._llm[0])):
                 self._llm = [max(self._llm[0], r[0]), self._llm[1] + 1, self._llm[2] + (r[1] is not None)]
@@ -260,18 +293,22 @@ class ReadModel:
             # The run ended: 'searching' cards become 'finished'; recompute them all once.
             changed_cards = [self._recompute_card(cid, run) for cid in self._card_static]
         self._prev_status = run.status
-        stats = self._stats(run, lanes, llm[0], llm[1])
+        stats = self._stats(run, lanes, llm[0], llm[1], len(self._proposing))
         return Snapshot(run, stats, changed, changed_cards, events, (time.perf_counter() - t0) * 1000)
 
     def _account(self, old: NodeRow | None, node: NodeRow) -> None:
         """Keep the caches and the per-status and per-card counters in step with one changed row."""
         self.nodes[node.id] = node
         self.by_card.setdefault(node.card_id, {})[node.id] = node
-        counts = self._status_counts
+        counts, fails = self._status_counts, self._fail_counts
         if old is not None:
             counts[old.status] -= 1
+            if old.status == "rejected":
+                fails[old.category or "unknown"] -= 1
             self._agg(old, -1)
         counts[node.status] = counts.get(node.status, 0) + 1
+        if node.status == "rejected":
+            fails[node.category or "unknown"] = fails.get(node.category or "unknown", 0) + 1
         self._agg(node, +1)
         if node.status in IN_FLIGHT:
             self._in_flight.add(node.id)
@@ -321,13 +358,22 @@ class ReadModel:
         self.cards[card_id] = row
         return row
 
-    def _stats(self, run: RunInfo, lanes: tuple[str, ...], llm_calls: int, llm_errors: int) -> RunStats:
+    def _add_lanes(self, names: Iterable[Any]) -> None:
+        for name in names:
+            if str(name) not in self._lane_names:
+                self._lane_names.append(str(name))
+
+    def _stats(self, run: RunInfo, lanes: tuple[LaneState, ...], llm_calls: int, llm_errors: int,
+               proposing: int) -> RunStats:
         counts = self._status_counts
         iters = run.config.get("iterations")
         budget = int(iters) * len(self._card_static) if isinstance(iters, int) else None
+        if not run.live:  # an ended run has nothing in flight, whatever a killed engine left behind
+            lanes, proposing = tuple(LaneState(lane.name) for lane in lanes), 0
         return RunStats(len(self.nodes), counts.get("verified", 0) + counts.get("compiled", 0),
                         counts.get("rejected", 0), counts.get("evaluating", 0), counts.get("proposed", 0),
-                        llm_calls, llm_errors, lanes, budget)
+                        llm_calls, llm_errors, tuple(lane.name for lane in lanes if lane.busy), budget,
+                        proposing, lanes)
 
     # ---- views over the cache ----------------------------------------------------------------------------
 
@@ -344,11 +390,9 @@ class ReadModel:
         return sorted(rows, key=lambda n: -n.order)
 
     def failure_categories(self) -> dict[str, int]:
+        """Rejected candidates per category, most frequent first."""
         with self._lock:
-            out: dict[str, int] = {}
-            for n in self.nodes.values():
-                if n.status == "rejected":
-                    out[n.category or "unknown"] = out.get(n.category or "unknown", 0) + 1
+            out = {k: v for k, v in self._fail_counts.items() if v}
         return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
 
     def best_cards(self, limit: int = 5) -> list[CardRow]:

@@ -37,7 +37,7 @@ async def test_open_cards_tree_failed_node_compile_log(store):
     app = make_app(db, ids["runs"][-1])
     async with app.run_test(size=(100, 30)) as pilot:
         await settle(pilot)
-        assert "evaluating" in screen_text(app) and "proposer calls" in screen_text(app)
+        assert "evaluating" in screen_text(app) and "proposer calls in flight" in screen_text(app)
         await settle(pilot, "c")
         text = screen_text(app)
         assert "native_group_norm" in text and "sorted by share" in text

@@ -134,6 +134,7 @@ async def run_async(args: argparse.Namespace, workspace: Path) -> tuple[int, dic
                 from engine.run.evaluators import LaneEvaluator
 
                 lanes = await _start_lanes(gpus)
+                await recorder.event("lanes", {"lanes": [lane.name for lane in lanes]})  # for idle/busy views
                 hello = (await lanes[0].request("hello")).payload
                 hardware = Hardware(hello["name"], hello["arch"], hello["sms"], hello["l2_bytes"],
                                     hello["copy_bw"], hello["max_shared_per_block"])

@@ -9,6 +9,7 @@ from engine.compile import CompilePool, Compiler
 from engine.lane.client import GpuLane
 from engine.lane.evaluate import Evaluation, evaluate
 from engine.propose.base import Proposal
+from engine.run.orchestrator import CURRENT_LANE_USE
 from engine.run.plan import CardState
 
 
@@ -31,11 +32,19 @@ class LaneEvaluator:
         if not result.ok:
             return Evaluation("rejected", "compile", result.summary(), result.seconds, result.log, result.cached)
         lane = await self._free.get()
+        use = CURRENT_LANE_USE.get()
+        status, category = "error", "internal"
         try:
-            return await evaluate(lane, self.compiler, card.ref, proposal.source, proposal.spec,
-                                  timing=self.timing)
+            if use is not None:
+                await use.busy(lane.name)
+            ev = await evaluate(lane, self.compiler, card.ref, proposal.source, proposal.spec,
+                                timing=self.timing)
+            status, category = ev.status, ev.category
+            return ev
         finally:
             self._free.put_nowait(lane)
+            if use is not None:
+                await use.free(status, category)
 
 
 class CompileOnlyEvaluator:

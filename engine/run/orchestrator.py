@@ -8,6 +8,7 @@ persistence goes through a `Recorder` (the workspace store in the engine).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -46,6 +47,7 @@ class CandidateRecord:
     eager_us: float | None = None
     speedup: float | None = None
     speedup_ci: tuple[float, float] | None = None
+    compile_log: str = ""             # the compiler's full diagnostics (the message holds only a summary)
     payload: dict[str, Any] = field(default_factory=dict)
 
 
@@ -62,6 +64,35 @@ class Recorder(Protocol):
     async def controls(self) -> list[dict[str, Any]]: ...
     async def consume(self, seq: int) -> None: ...
     async def status(self, status: str, stopped_by: str | None = None) -> None: ...
+    # Optional (a recorder without them records no lane use):
+    #   async def lane_busy(self, candidate_id: str, lane: str) -> Any          (returns a token)
+    #   async def lane_free(self, token: Any, status: str, category: str | None) -> None
+
+
+class LaneUse:
+    """Lets an evaluator say which lane it took for the candidate being evaluated, and when it let go.
+
+    The orchestrator puts one in `CURRENT_LANE_USE` around each evaluation (a context variable, so the
+    evaluate callable keeps its two-argument signature and stand-ins need not know about it)."""
+
+    def __init__(self, recorder: Any, candidate_id: str) -> None:
+        self.recorder = recorder
+        self.candidate_id = candidate_id
+        self._token: Any = None
+
+    async def busy(self, lane: str) -> None:
+        hook = getattr(self.recorder, "lane_busy", None)
+        if hook is not None:
+            self._token = await hook(self.candidate_id, lane)
+
+    async def free(self, status: str, category: str | None) -> None:
+        hook = getattr(self.recorder, "lane_free", None)
+        if hook is not None and self._token is not None:
+            token, self._token = self._token, None
+            await hook(token, status, category)
+
+
+CURRENT_LANE_USE: contextvars.ContextVar[LaneUse | None] = contextvars.ContextVar("kforge_lane_use", default=None)
 
 
 @dataclass
@@ -262,10 +293,14 @@ class Orchestrator:
                          request: ProposalRequest) -> CandidateRecord | None:
         """Propose, store, evaluate one candidate; returns its record (None: declined or duplicate)."""
         tree = self.trees[card.ref.card_id]
+        # Start and end of every proposer call, so a viewer can show how many are in flight.
+        await self.recorder.event("proposer_started", {"node": node_id}, card.ref.card_id)
         try:
             proposal = await self.proposer.propose(request)
         except Exception as e:  # a proposer bug must not end the run; the node fails
             proposal = Proposal(category="provider", reason=f"{type(e).__name__}: {e}")
+        finally:
+            await self.recorder.event("proposer_done", {"node": node_id}, card.ref.card_id)
         self.totals.proposals += 1
         u = proposal.usage
         if u.tokens_in or u.tokens_out or u.cost_usd:
@@ -310,13 +345,17 @@ class Orchestrator:
         tree = self.trees[card.ref.card_id]
         rec.status = "evaluating"
         await self.recorder.candidate_evaluating(rec)
+        scope = CURRENT_LANE_USE.set(LaneUse(self.recorder, rec.id))
         try:
             ev = await self.evaluate(card, rec.proposal)
         except Exception as e:  # an evaluator bug: this candidate fails, the run goes on
             ev = Evaluation("rejected", "internal", f"{type(e).__name__}: {e}", 0.0)
+        finally:
+            CURRENT_LANE_USE.reset(scope)
         self.totals.evaluations += 1
         timing = ev.payload.get("timing") or {}
         rec.status, rec.category, rec.message, rec.payload = ev.status, ev.category, ev.message, ev.payload
+        rec.compile_log = ev.compile_log or ""
         if ev.status == "verified" and timing:
             rec.best_us = timing["candidate"]["median"]
             rec.eager_us = timing["eager"]["median"]

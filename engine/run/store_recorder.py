@@ -40,6 +40,8 @@ class StoreRecorder:
 
     async def candidate_finished(self, rec: CandidateRecord) -> None:
         fields: dict[str, Any] = {"status": rec.status, "category": rec.category, "error": rec.message or None}
+        if rec.compile_log:
+            fields["compile_log"] = rec.compile_log
         verdict = rec.payload.get("verdict")
         if verdict:
             fields["verification"] = verdict
@@ -50,6 +52,12 @@ class StoreRecorder:
             if rec.speedup_ci:
                 fields.update(speedup_low=rec.speedup_ci[0], speedup_high=rec.speedup_ci[1])
         await self.store.update_candidate(rec.id, **fields)
+
+    async def lane_busy(self, candidate_id: str, lane: str) -> int:
+        return await self.store.start_evaluation(self.run_id, candidate_id, lane)
+
+    async def lane_free(self, token: int, status: str, category: str | None) -> None:
+        await self.store.finish_evaluation(token, status, category)
 
     async def usage(self, tokens_in: int, tokens_out: int, cost_usd: float) -> None:
         t = self.orchestrator.totals if self.orchestrator else None
@@ -71,6 +79,8 @@ class StoreRecorder:
     async def status(self, status: str, stopped_by: str | None = None) -> None:
         if self._status == (status, stopped_by):
             return
+        if self._status is None:  # this process starts (or resumes) the run: lanes a killed one held are free
+            await self.store.close_open_evaluations(self.run_id)
         self._status = (status, stopped_by)
         await self.store.update_run(self.run_id, status=status, stopped_by=stopped_by)
 

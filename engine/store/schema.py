@@ -179,9 +179,16 @@ CREATE TABLE controls (
 CREATE INDEX controls_pending ON controls(run_id, seq) WHERE consumed_at IS NULL;
 """
 
+# v2: the engine now fills `evaluations` (one row per lane use); viewers ask every tick which lanes are
+# busy, so the open rows get a partial index that stays small however long a run lasts.
+_V2 = """
+CREATE INDEX evaluations_open ON evaluations(run_id, lane) WHERE finished_at IS NULL;
+"""
+
 # Append only: never edit a released entry, add (N + 1, "ALTER ...") instead.
 MIGRATIONS: list[tuple[int, str]] = [
     (1, _V1),
+    (2, _V2),
 ]
 
 

@@ -561,6 +561,38 @@ class Store:
             )
         return [_decoded("candidates", r) for r in rows]
 
+    # ---- lane use ------------------------------------------------------------------------------------
+
+    async def start_evaluation(self, run_id: str, candidate_id: str, lane: str) -> int:
+        """A lane began evaluating a candidate; returns the evaluations row id for `finish_evaluation`."""
+        row = {"run_id": run_id, "candidate_id": candidate_id, "lane": lane, "started_at": time.time()}
+        async with self._transaction() as conn:
+            return await self._insert(conn, "evaluations", row)
+
+    async def finish_evaluation(self, evaluation_id: int, verdict: str, category: str | None = None) -> None:
+        """The lane let go of the candidate (`verdict` is the candidate's status, or 'interrupted')."""
+        async with self._transaction() as conn:
+            await conn.execute(
+                "UPDATE evaluations SET finished_at = ?, verdict = ?, category = ? WHERE id = ?",
+                (time.time(), encode_json(verdict), category, evaluation_id),
+            )
+
+    async def close_open_evaluations(self, run_id: str) -> int:
+        """Mark evaluations a dead engine left open as interrupted (on resume); returns how many."""
+        async with self._transaction() as conn:
+            cursor = await conn.execute(
+                "UPDATE evaluations SET finished_at = ?, verdict = ? WHERE run_id = ? AND finished_at IS NULL",
+                (time.time(), encode_json("interrupted"), run_id),
+            )
+            changed = cursor.rowcount
+            await cursor.close()
+        return changed
+
+    async def evaluations(self, run_id: str) -> list[dict[str, Any]]:
+        """Lane uses of a run, oldest first."""
+        rows = await self._fetchall("SELECT * FROM evaluations WHERE run_id = ? ORDER BY id", (run_id,))
+        return [_decoded("evaluations", r) for r in rows]
+
     # ---- events and controls -----------------------------------------------------------------------
 
     async def add_event(

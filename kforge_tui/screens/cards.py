@@ -5,11 +5,12 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Input, Static
+from textual.widgets import DataTable, Footer, Header, Input
 
 from kforge_tui import format as fmt
 from kforge_tui import keymap as keys
 from kforge_tui.readmodel import CardRow, Snapshot
+from kforge_tui.widgets import LiveBar, LiveTable
 
 # (header, key for sorting, cell text)
 COLUMNS = [
@@ -43,12 +44,13 @@ class CardsScreen(Screen):
         self.reverse = True
         self.filter_text = ""
         self._shown: list[str] = []
+        self._sort_keys: dict[str, object] = {}  # the sort key each shown card had when last ordered
 
     def compose(self) -> ComposeResult:
         yield Header()
         yield Input(placeholder="filter: op, signature or status (enter to apply, esc to clear)", id="filter")
-        yield Static(id="cards-bar", classes="bar")
-        yield DataTable(id="cards", cursor_type="row", zebra_stripes=True)
+        yield LiveBar(id="cards-bar", classes="bar")
+        yield LiveTable(id="cards", cursor_type="row", zebra_stripes=True)
         yield Footer()
 
     def on_mount(self) -> None:
@@ -63,21 +65,26 @@ class CardsScreen(Screen):
         if not self.query_one("#filter", Input).has_class("visible"):
             self.query_one("#cards", DataTable).focus()
 
-    def visible_cards(self) -> list[CardRow]:
+    def matches(self, c: CardRow) -> bool:
         needle = self.filter_text.lower()
-        rows = [c for c in self.app.model.cards.values()
-                if not needle or needle in f"{c.op} {c.signature} {c.status} {c.card_id}".lower()]
+        return not needle or needle in f"{c.op} {c.signature} {c.status} {c.card_id}".lower()
+
+    def visible_cards(self) -> list[CardRow]:
+        rows = [c for c in self.app.model.cards.values() if self.matches(c)]
         key = COLUMNS[self.sort_col][1]
         return sorted(rows, key=key, reverse=self.reverse)
 
     def rebuild(self) -> None:
-        table = self.query_one("#cards", DataTable)
+        """Fill the table from scratch: on mount, and when the user sorts or filters."""
+        table = self.query_one("#cards", LiveTable)
         cur = self.current_card_id()
         rows = self.visible_cards()
         table.clear()
         for c in rows:
             table.add_row(*(cell(c) for _, _, cell in COLUMNS), key=c.card_id)
         self._shown = [c.card_id for c in rows]
+        key = COLUMNS[self.sort_col][1]
+        self._sort_keys = {c.card_id: key(c) for c in rows}
         if cur in self._shown:
             table.move_cursor(row=self._shown.index(cur))
         self._bar()
@@ -87,26 +94,48 @@ class CardsScreen(Screen):
         total = len(self.app.model.cards)
         shown = f"{len(self._shown)} of {total} cards" if self.filter_text else f"{total} cards"
         filt = f" · filter '{self.filter_text}'" if self.filter_text else ""
-        self.query_one("#cards-bar", Static).update(
-            f"{shown} · sorted by {name} {'↓' if self.reverse else '↑'}{filt}")
+        self.query_one("#cards-bar", LiveBar).show(f"{shown} · sorted by {name} {'↓' if self.reverse else '↑'}{filt}")
 
     def apply_snapshot(self, snap: Snapshot) -> None:
+        """Only changed cells are redrawn; rows move only when their sort key changed."""
         if not snap.changed_cards:
             return
-        table = self.query_one("#cards", DataTable)
-        visible = {c.card_id for c in self.visible_cards()}
-        if visible != set(self._shown):
-            self.rebuild()
-            return
-        # Only the changed cells are redrawn; the order is kept until the user sorts again.
+        table = self.query_one("#cards", LiveTable)
+        cur = self.current_card_id()
+        key = COLUMNS[self.sort_col][1]
+        shown = set(self._shown)
+        updates, gone, reorder = {}, [], False
         for c in snap.changed_cards:
-            if c.card_id not in visible:
+            if not self.matches(c):
+                if c.card_id in shown:
+                    gone.append(c.card_id)
                 continue
-            for i, (_, _, cell) in enumerate(COLUMNS):
-                table.update_cell(c.card_id, str(i), cell(c))
+            updates[c.card_id] = [cell(c) for _, _, cell in COLUMNS]
+            k = key(c)
+            if c.card_id not in shown or self._sort_keys.get(c.card_id) != k:
+                self._sort_keys[c.card_id] = k
+                reorder = True
+        if gone:
+            table.remove_rows(gone)
+            for cid in gone:
+                self._sort_keys.pop(cid, None)
+            self._shown = [cid for cid in self._shown if cid not in set(gone)]
+        table.set_rows(updates)
+        self._shown += [cid for cid in updates if cid not in shown]  # new rows were appended
+        if reorder:
+            cards = self.app.model.cards
+            # A stable sort of the current order: equal keys never shuffle on a tick.
+            order = sorted(self._shown, key=lambda cid: key(cards[cid]), reverse=self.reverse)
+            if order != self._shown:
+                table.reorder(order)
+                self._shown = order
+                if cur in self._sort_keys and table.cursor_row != order.index(cur):
+                    table.move_cursor(row=order.index(cur))
+        if reorder or gone:
+            self._bar()
 
     def current_card_id(self) -> str | None:
-        table = self.query_one("#cards", DataTable)
+        table = self.query_one("#cards", LiveTable)
         if not self._shown or table.cursor_row is None or table.cursor_row >= len(self._shown):
             return None
         return self._shown[table.cursor_row]

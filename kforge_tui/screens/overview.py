@@ -6,26 +6,27 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, ProgressBar, RichLog, Static
+from textual.widgets import Footer, Header, ProgressBar, RichLog
 
 from kforge_tui import format as fmt
-from kforge_tui.readmodel import EventRow, Snapshot
+from kforge_tui.readmodel import EventRow, RunStats, Snapshot
+from kforge_tui.widgets import LiveBar, LiveTable
 
 
 class OverviewScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Header()
-        yield Static(id="run-line", classes="bar")
+        yield LiveBar(id="run-line", classes="bar")
         with Horizontal(id="progress-row"):
             yield ProgressBar(id="progress", show_eta=False)
-        yield Static(id="work-line", classes="bar")
-        yield Static(id="spend-line", classes="bar")
-        yield DataTable(id="best", cursor_type="row", show_cursor=False)
+        yield LiveBar(id="work-line", classes="bar")
+        yield LiveBar(id="spend-line", classes="bar")
+        yield LiveTable(id="best", cursor_type="row", show_cursor=False)
         yield RichLog(id="events", max_lines=500, wrap=False, markup=False)
         yield Footer()
 
     def on_mount(self) -> None:
-        t = self.query_one("#best", DataTable)
+        t = self.query_one("#best", LiveTable)
         t.add_columns("best so far", "signature", "µs", "speedup")
         self._last_seq = 0
         self.sync()
@@ -47,33 +48,45 @@ class OverviewScreen(Screen):
             f"{'  stopped by ' + run.stopped_by if run.stopped_by else ''}  elapsed {fmt.duration(end - run.created_at)}")
         if run.label:  # e.g. a stand-in run must never pass for a measurement
             line.append(f"  {run.label}", style="bold yellow")
-        self.query_one("#run-line", Static).update(line)
+        self.query_one("#run-line", LiveBar).show(line)
         finished = st.verified + st.rejected
         bar = self.query_one("#progress", ProgressBar)
         bar.update(total=max(st.iterations_budget or st.candidates or 1, finished), progress=finished)
-        lanes = (f"{len(st.lanes_busy)} busy ({', '.join(st.lanes_busy)})" if st.lanes_busy
-                 else f"{st.evaluating} evaluating" if st.evaluating else "idle")
-        self.query_one("#work-line", Static).update(
-            f"lanes {lanes} · queued {st.proposed} · done {finished}"
+        self.query_one("#work-line", LiveBar).show(
+            f"lanes {_lanes(st, now)} · queued {st.proposed} · done {finished}"
             f"{'/' + str(st.iterations_budget) if st.iterations_budget else ''}: "
             f"{st.verified} ok, {st.rejected} failed")
-        self.query_one("#spend-line", Static).update(
-            f"proposer calls {st.llm_calls} ({st.llm_errors} err) · tokens {fmt.tokens(run.tokens_in)} in / "
-            f"{fmt.tokens(run.tokens_out)} out · cost ${run.cost_usd:.2f}")
-        table = self.query_one("#best", DataTable)
+        k = st.proposer_in_flight
+        self.query_one("#spend-line", LiveBar).show(
+            f"{k} proposer call{'' if k == 1 else 's'} in flight · {st.llm_calls} done ({st.llm_errors} err) · "
+            f"{fmt.tokens(run.tokens_in)}+{fmt.tokens(run.tokens_out)} tokens · ${run.cost_usd:.2f}")
+        table = self.query_one("#best", LiveTable)
         best = self.app.model.best_cards(5)
         rows = [(c.op, c.signature[:30], fmt.us(c.best_us), fmt.speedup(c.speedup)) for c in best]
-        if rows != getattr(self, "_best_rows", None):
-            self._best_rows = rows
+        if len(rows) < table.row_count:  # (only when runs are switched) fewer rows than shown
             table.clear()
-            for r in rows:
-                table.add_row(*r)
+        table.set_rows({f"rank{i}": r for i, r in enumerate(rows)})  # rows keyed by rank: cells update in place
         log = self.query_one("#events", RichLog)
         new = [e for e in self.app.events if e.seq > self._last_seq]
         for e in new:
-            log.write(_event_line(e))
+            if e.kind not in QUIET_EVENTS:
+                log.write(_event_line(e))
         if new:
             self._last_seq = new[-1].seq
+
+
+# Bookkeeping events that feed the counters above; one log line each would drown the log.
+QUIET_EVENTS = frozenset({"proposer_started", "proposer_done", "lanes"})
+
+
+def _lanes(st: RunStats, now: float) -> str:
+    """'lane0 busy cand-… 4s, lane1 idle'; without lane reports, what the candidate statuses say."""
+    if not st.lanes:
+        return f"{st.evaluating} evaluating" if st.evaluating else "idle"
+    busy = [f"{lane.name} busy {lane.candidate_id} {fmt.duration(now - (lane.since or now))}"
+            for lane in st.lanes if lane.busy]
+    idle = [lane.name for lane in st.lanes if not lane.busy]
+    return ", ".join(busy + ([f"idle {' '.join(idle)}"] if idle else []))
 
 
 def _event_line(e: EventRow) -> Text:

@@ -1,0 +1,143 @@
+"""Widgets for live views: a table whose updates repaint only the rows they touch, and a bar that
+repaints only when its text changes. A refresh tick must cost little CPU and few bytes over SSH."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from rich.cells import cell_len
+from rich.text import Text
+from textual._two_way_dict import TwoWayDict
+from textual.geometry import Region
+from textual.widgets import DataTable, Static
+from textual.widgets.data_table import RowKey
+
+
+def same_content(a: Any, b: Any) -> bool:
+    """Equal as the terminal shows them (rich's Text.__eq__ ignores the base style)."""
+    if isinstance(a, Text) and isinstance(b, Text):
+        return a.plain == b.plain and a.style == b.style and a.spans == b.spans
+    return type(a) is type(b) and a == b
+
+
+class LiveBar(Static):
+    """A one-line Static that repaints only when its content changes, and never asks for a relayout."""
+
+    _last: Any = None
+
+    def show(self, content: Any) -> None:
+        if self._last is not None and same_content(self._last, content):
+            return
+        self._last = content
+        self.update(content, layout=False)
+
+
+class LiveTable(DataTable):
+    """A DataTable for data that changes a few rows at a time.
+
+    DataTable.update_cell invalidates every render cache of the table (a global update counter is part
+    of each cache key) and repaints the whole widget, so a tick that changes five cells of a 500-row
+    table re-renders every visible cell. Here a changed row drops only its own cache entries and repaints
+    only its own line; `reorder` moves rows without clearing and re-adding them. Both fall back to the
+    stock (slower, always correct) path if Textual's internals are not what this was written against.
+    Rows are one line high.
+    """
+
+    def set_row(self, key: str, cells: Sequence[Any]) -> bool:
+        """Put `cells` in the row with `key` (added at the end if new); True when anything changed."""
+        return bool(self.set_rows({key: cells}))
+
+    def set_rows(self, rows: Mapping[str, Sequence[Any]]) -> set[str]:
+        """Update (or append) several rows at once; returns the keys whose cells changed."""
+        changed: set[str] = set()
+        columns = [c.key for c in self.ordered_columns]
+        widen = False
+        for key, cells in rows.items():
+            rk = RowKey(key)
+            data = self._data.get(rk)
+            if data is None:
+                self.add_row(*cells, key=key)
+                changed.add(key)
+                continue
+            dirty = False
+            for col, value in zip(columns, cells):
+                if not same_content(data.get(col), value):
+                    data[col] = value
+                    dirty = True
+                    column = self.columns[col]
+                    if _width(value) > column.content_width:
+                        column.content_width = _width(value)
+                        widen = True
+            if dirty:
+                changed.add(key)
+        if not changed:
+            return changed
+        if widen or not self._fast_path_ok():
+            self._update_count += 1  # the stock path: every cache is stale, the whole table repaints
+            self._require_update_dimensions = widen or self._require_update_dimensions
+            self.refresh(layout=widen)
+            return changed
+        self._forget_rows({RowKey(k) for k in changed})
+        for key in changed:
+            idx = self._row_locations.get(RowKey(key))
+            if idx is not None:
+                self._refresh_lines(idx)
+        return changed
+
+    def reorder(self, keys: Sequence[str]) -> None:
+        """Show the existing rows in this order (the same keys); repaints only rows that moved.
+
+        The cursor stays on its line; the screen decides whether it follows a row."""
+        new = [RowKey(k) for k in keys]
+        old = self._row_locations
+        where = [old.get(k) for k in new]
+        if len(new) != len(old) or None in where:
+            raise ValueError("reorder needs exactly the table's current row keys")
+        moved = [i for i, j in enumerate(where) if j != i]
+        if not moved:
+            return
+        self._row_locations = TwoWayDict({k: i for i, k in enumerate(new)})
+        if not self._fast_path_ok() or len(moved) > 2 * self.size.height:
+            # Most rows moved (say, new ones on top): they all repaint anyway; drop every cache at once.
+            self._update_count += 1
+            self.refresh()
+        else:
+            # Row indices are baked into these (and into cell segments, for mouse clicks).
+            self._row_renderable_cache.clear()
+            self._offset_cache.clear()
+            self._ordered_row_cache.clear()
+            self._forget_rows({new[i] for i in moved})
+            for i in moved:
+                self._refresh_lines(i)
+
+    def remove_rows(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            self.remove_row(key)
+
+    # ---- internals -------------------------------------------------------------------------------------
+
+    def _fast_path_ok(self) -> bool:
+        # Rows are one line each (add_row's default, the only height these screens use).
+        return self.fixed_rows == 0 and all(
+            hasattr(self, name) for name in ("_cell_render_cache", "_row_render_cache", "_row_renderable_cache",
+                                             "_line_cache", "_offset_cache", "_ordered_row_cache", "_data"))
+
+    def _forget_rows(self, stale: set[RowKey]) -> None:
+        for cache in (self._cell_render_cache, self._row_render_cache):
+            for k in [k for k in cache.keys() if k[0] in stale]:
+                cache.discard(k)
+        count = self._update_count
+        for k in stale:
+            idx = self._row_locations.get(k)
+            if idx is not None:
+                self._row_renderable_cache.discard((count, idx))
+        self._line_cache.clear()  # keyed by line number; only the refreshed lines are rendered again
+
+    def _refresh_lines(self, row_index: int) -> None:
+        y = row_index + (self.header_height if self.show_header else 0)
+        self._refresh_region(Region(0, y, max(self.size.width, self.virtual_size.width), 1))
+
+
+def _width(value: Any) -> int:
+    return value.cell_len if isinstance(value, Text) else cell_len(str(value))
