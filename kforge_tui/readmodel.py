@@ -383,11 +383,11 @@ class ReadModel:
             return sorted(self.by_card.get(card_id, {}).values(), key=lambda n: n.order)
 
     def failures(self, category: str | None = None) -> list[NodeRow]:
-        """Every rejected candidate of the open run (optionally one category), newest first."""
+        """Every rejected candidate of the open run (optionally one category), oldest first."""
         with self._lock:
             rows = [n for n in self.nodes.values() if n.status == "rejected"
                     and (category is None or (n.category or "unknown") == category)]
-        return sorted(rows, key=lambda n: -n.order)
+        return sorted(rows, key=lambda n: n.order)
 
     def failure_categories(self) -> dict[str, int]:
         """Rejected candidates per category, most frequent first."""

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What a Python-level override costs a host-bound model: ResNet-50 forwards (host time to issue one) with
 nothing registered, with a bare torch.library pass-through for aten::native_batch_norm at the CUDA key,
-the same with keyset, and with a cast installed but suspended. Separates torch's own Python-kernel
+and with a cast installed but suspended. Separates torch's own Python-kernel
 mechanism from Kernel Forge's runtime.
 
     python scripts/override_tax.py [--cast resnet50.cast] --out DIR
@@ -65,22 +65,15 @@ def main() -> int:
         doc["eager_us"] = host_issue_us(forward)
         doc["eager_profile"] = conv_share(forward)
         original = torch.library.get_kernel(op, "CUDA")
-        for label, keyset in (("bare_passthrough_us", False), ("bare_passthrough_keyset_us", True)):
-            lib = torch.library.Library("aten", "IMPL", "CUDA")
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                if keyset:
-                    lib.impl("native_batch_norm", lambda ks, *a: original.call_boxed(ks, *a), "CUDA",
-                             with_keyset=True)
-                else:
-                    ks0 = torch._C._dispatch_keyset_full()
-                    lib.impl("native_batch_norm", lambda *a: original.call_boxed(ks0, *a), "CUDA")
-            for _ in range(3):
-                forward()
-            doc[label] = host_issue_us(forward)
-            if keyset:
-                doc["bare_keyset_profile"] = conv_share(forward)
-            lib._destroy()
+        lib = torch.library.Library("aten", "IMPL", "CUDA")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            lib.impl("native_batch_norm", lambda ks, *a: original.call_boxed(ks, *a), "CUDA", with_keyset=True)
+        for _ in range(3):
+            forward()
+        doc["bare_passthrough_us"] = host_issue_us(forward)
+        doc["bare_passthrough_profile"] = conv_share(forward)
+        lib._destroy()
         doc["eager_again_us"] = host_issue_us(forward)
         if args.cast:
             import engine.cast
@@ -99,7 +92,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "override_tax.json").write_text(json.dumps(doc, indent=1))
     print(json.dumps({k: v for k, v in doc.items() if not k.endswith("profile")}, indent=1))
-    print(doc["eager_profile"], doc.get("bare_keyset_profile", ""))
+    print(doc["eager_profile"], doc.get("bare_passthrough_profile", ""))
     return 0
 
 

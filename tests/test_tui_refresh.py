@@ -25,6 +25,10 @@ def _row_of(table: LiveTable, key: str) -> int:
     return table.get_row_index(key)
 
 
+def _key_at(table: LiveTable, index: int) -> str:
+    return table.coordinate_to_cell_key((index, 0)).row_key.value
+
+
 async def test_cards_tick_updates_cells_in_place_and_resorts_only_on_key_change(tmp_path):
     db = tmp_path / "ws" / "kforge.db"
     ids = build_store(db, cards=40, per_card=2, runs=1)
@@ -63,7 +67,7 @@ async def test_cards_tick_updates_cells_in_place_and_resorts_only_on_key_change(
         assert "99.00×" in screen_text(app), "a wider value widens its column"
 
 
-async def test_failures_tick_puts_new_failures_on_top_without_rebuilding(tmp_path):
+async def test_failures_tick_appends_new_failures_and_never_moves_rows(tmp_path):
     db = tmp_path / "ws" / "kforge.db"
     ids = build_store(db, cards=6, per_card=14, runs=1)
     run_id = ids["runs"][0]
@@ -74,6 +78,7 @@ async def test_failures_tick_puts_new_failures_on_top_without_rebuilding(tmp_pat
         screen = app.screen
         table = screen.query_one("#failures", LiveTable)
         before = table.row_count
+        first = [_key_at(table, i) for i in range(before)]
         cleared = []
         table.clear = lambda *a, **k: cleared.append(1)
         _finish(db, run_id, "card-0001", "cand-zz-new-failure", category="mismatch",
@@ -82,7 +87,32 @@ async def test_failures_tick_puts_new_failures_on_top_without_rebuilding(tmp_pat
         await pilot.pause(0.1)
         assert not cleared, "a tick never clears the table"
         assert table.row_count == before + 1
-        assert _row_of(table, "cand-zz-new-failure") == 0
+        assert _row_of(table, "cand-zz-new-failure") == before  # oldest first: the new one goes below
+        assert [_key_at(table, i) for i in range(before)] == first  # and nothing that was there moved
         text = screen_text(app)
         assert "cand-zz-new-failure" in text and "mismatch: 3 of 4096" in text
         assert f"all {before + 1}" in text
+
+
+async def test_failures_below_the_view_are_held_until_the_cursor_reaches_the_end(tmp_path):
+    db = tmp_path / "ws" / "kforge.db"
+    ids = build_store(db, cards=6, per_card=14, runs=1)
+    run_id = ids["runs"][0]
+    app = KforgeApp(db, run_id, refresh_s=0, clock=lambda: T0)
+    async with app.run_test(size=(80, 24)) as pilot:  # fewer rows in view than failures
+        await pilot.press("f")
+        await pilot.pause(0.1)
+        table = app.screen.query_one("#failures", LiveTable)
+        before = table.row_count
+        assert before > 20
+        _finish(db, run_id, "card-0001", "cand-zz-new-failure", category="mismatch",
+                error="mismatch: 3 of 4096 elements differ")
+        app.poll_now()
+        await pilot.pause(0.1)
+        assert table.row_count == before  # nothing appended out of sight
+        assert "+1 new at the end" in screen_text(app)
+        await pilot.press("ctrl+end")
+        await pilot.pause(0.1)
+        assert table.row_count == before + 1 and _row_of(table, "cand-zz-new-failure") == before
+        text = screen_text(app)
+        assert "cand-zz-new-failure" in text and "+1 new" not in text

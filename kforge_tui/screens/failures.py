@@ -18,8 +18,9 @@ class FailuresScreen(Screen):
     def __init__(self) -> None:
         super().__init__()
         self.category: str | None = None
-        self._ids: list[str] = []  # row keys in the order shown (newest first)
+        self._ids: list[str] = []  # row keys in the order shown (oldest first: rows never move)
         self._pos: dict[str, int] = {}
+        self._pending: dict[str, NodeRow] = {}  # new failures held while the end of the list is out of view
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -35,28 +36,55 @@ class FailuresScreen(Screen):
         self.rebuild()
 
     def apply_snapshot(self, snap: Snapshot) -> None:
-        """New failures go on top and changed ones are redrawn in place; the table is never rebuilt."""
+        """Oldest first, so a tick never moves a row. Changed rows are redrawn in place; new failures are
+        appended when the end of the list is in view, else held (the bar says how many) until the cursor
+        reaches the end — appending below the view would repaint the whole table for nothing."""
         nodes = self.app.model.nodes
         mine = {n.id: nodes.get(n.id, n) for n in snap.changed_nodes}
-        if not any(n.status == "rejected" or n.id in self._pos for n in mine.values()):
+        if not any(n.status == "rejected" or n.id in self._pos or n.id in self._pending
+                   for n in mine.values()):
             return
-        self._bar()
         table = self.query_one("#failures", LiveTable)
         gone = [nid for nid, n in mine.items() if nid in self._pos and not self._wanted(n)]
-        rows = {nid: self._cells(n) for nid, n in mine.items() if self._wanted(n)}
+        for nid, n in mine.items():
+            if nid in self._pending and not self._wanted(n):
+                del self._pending[nid]
+        wanted = sorted((n for n in mine.values() if self._wanted(n)), key=lambda n: n.order)
         if gone:
             table.remove_rows(gone)
-        table.set_rows(rows)
-        new = [nid for nid in rows if nid not in self._pos]
-        if not (new or gone):
-            return
-        cur = self._ids[table.cursor_row] if self._ids and table.cursor_row < len(self._ids) else None
-        kept = [nid for nid in self._ids if nid not in set(gone)]
-        self._ids = sorted(kept + new, key=lambda nid: -nodes[nid].order)
+            drop = set(gone)
+            self._ids = [nid for nid in self._ids if nid not in drop]
+            self._pos = {nid: i for i, nid in enumerate(self._ids)}
+        table.set_rows({n.id: self._cells(n) for n in wanted if n.id in self._pos})
+        for n in wanted:
+            if n.id not in self._pos:
+                self._pending[n.id] = n
+        if self._pending and self._end_in_view(table):
+            self._flush(table)
+        self._bar()
+
+    def _end_in_view(self, table: LiveTable) -> bool:
+        rows_shown = max(1, table.size.height - 1)
+        return table.row_count <= rows_shown or table.cursor_row >= table.row_count - 2 or \
+            table.scroll_offset.y + rows_shown >= table.row_count
+
+    def _flush(self, table: LiveTable) -> None:
+        # A cursor on the last row follows the list, like `tail -f`: it moves to the newest failure.
+        follow = table.row_count > 0 and table.cursor_row >= table.row_count - 1
+        new = sorted(self._pending.values(), key=lambda n: n.order)
+        self._pending.clear()
+        table.set_rows({n.id: self._cells(n) for n in new})  # new keys are appended in this order
+        self._ids += [n.id for n in new]
         self._pos = {nid: i for i, nid in enumerate(self._ids)}
-        table.reorder(self._ids)
-        if cur in self._pos and table.cursor_row != self._pos[cur]:
-            table.move_cursor(row=self._pos[cur], scroll=False)  # the cursor stays on its candidate
+        if follow and new:
+            table.move_cursor(row=table.row_count - 1)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if self._pending:
+            table = self.query_one("#failures", LiveTable)
+            if self._end_in_view(table):
+                self._flush(table)
+                self._bar()
 
     def _wanted(self, n: NodeRow) -> bool:
         return n.status == "rejected" and (self.category is None or (n.category or "unknown") == self.category)
@@ -69,14 +97,18 @@ class FailuresScreen(Screen):
     def _bar(self) -> None:
         cats = self.app.model.failure_categories()
         bar = Text()
+        if self._pending:  # first, so it shows at 80 columns
+            bar.append(f" +{len(self._pending)} new at the end (ctrl+end) ", style="bold reverse")
         total = sum(cats.values())
         for name, n in [("all", total), *cats.items()]:
             active = (self.category or "all") == name
             bar.append(f" {name} {n} ", style="reverse bold" if active else "")
+        bar.append("  oldest first", style="dim")
         self.query_one("#categories", LiveBar).show(bar)
 
     def rebuild(self) -> None:
         """Fill the table from scratch: on mount, and when the user picks a category."""
+        self._pending.clear()
         self._bar()
         table = self.query_one("#failures", LiveTable)
         rows = self.app.model.failures(self.category)
