@@ -62,6 +62,7 @@ class KernelPlan(Plan):
             else:
                 self.outputs.append((tuple(spec["shape"]), tuple(spec["stride"]), getattr(torch, spec["dtype"])))
         self.workspaces = [(max(1, n), zero) for _, n, zero in launcher.workspaces]
+        self.launcher_workspaces = list(launcher.workspaces)
         ws_index = {name: j for j, (name, _, _) in enumerate(launcher.workspaces)}
         self.launches = []
         for ln in launcher.launches:

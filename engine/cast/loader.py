@@ -38,9 +38,16 @@ class VariantState:
     signature_text: str
     problem: str | None = None
     plan: Any = None
+    cpp: tuple[str, int] | None = None  # (op, index of its plan) while the C++ router dispatches it
 
     @property
     def hits(self) -> int:
+        if self.cpp is not None:
+            from engine.cast import cpp_router
+
+            ext = cpp_router.extension()
+            st = cpp_router.stats(ext, self.cpp[0], "CUDA") if ext is not None else {}
+            return int(st.get("hits", [0] * (self.cpp[1] + 1))[self.cpp[1]]) + (self.plan.hits if self.plan else 0)
         return self.plan.hits if self.plan is not None else 0
 
 
@@ -61,6 +68,7 @@ class Cast:
                     why = "not selected (load(..., only=…))"
                 self.variants.append(VariantState(v["id"], v["op"], v.get("signature_text", ""), why))
         self._lock = threading.RLock()
+        self._cpp_ops: list[str] = []  # ops this cast routes through the C++ router while installed
         self._installed = False
         self._prepared = False
         self._depth = 0
@@ -89,13 +97,27 @@ class Cast:
                 near[op] = route.near_misses
                 through[op] = route.fallthrough
                 near_keys[op] = [repr(k) for k in route.near_keys]
+        if self._cpp_ops:
+            from engine.cast import cpp_router
+
+            ext = cpp_router.extension()
+            for op in self._cpp_ops:  # the C++ router counts hits and misses, not near misses
+                misses[op] = misses.get(op, 0) + int(cpp_router.stats(ext, op, "CUDA").get("misses", 0))
+                near.setdefault(op, 0)
         return {"file": self.path, "installed": self._installed, "problem": self.problem,
                 "variants": [{"id": v.id, "op": v.op, "signature": v.signature_text, "hits": v.hits,
-                              "active": v.plan is not None and self._installed, "problem": v.problem}
+                              "active": v.plan is not None and self._installed, "problem": v.problem,
+                              "router": "c++" if v.cpp else "python"}
                              for v in self.variants],
                 "misses": misses, "near_misses": near, "fallthrough": through, "near_miss_keys": near_keys}
 
     def reset_stats(self) -> None:
+        if self._cpp_ops:
+            from engine.cast import cpp_router
+
+            ext = cpp_router.extension()
+            for op in self._cpp_ops:
+                cpp_router.reset(ext, op, "CUDA")
         for v in self.variants:
             if v.plan is not None:
                 v.plan.hits = 0
@@ -112,10 +134,10 @@ class Cast:
             if self._installed or self.problem is not None:
                 return self
             self._prepare()
-            entries = []
-            for v in self.usable():
-                if v.plan is not None:
-                    entries.append(v.plan.entry)
+            usable = [v for v in self.usable() if v.plan is not None]
+            if usable and _cpp_wanted():
+                usable = self._install_cpp(usable)
+            entries = [v.plan.entry for v in usable]
             shadowed = runtime.add_entries(self, entries) if entries else []
             if shadowed:
                 _warn(f"{self.path}: {len(shadowed)} variant(s) already covered by another installed cast "
@@ -129,6 +151,15 @@ class Cast:
             if not self._installed:
                 return
             runtime.remove_owner(self)
+            if self._cpp_ops:
+                from engine.cast import cpp_router
+
+                ext = cpp_router.extension()
+                for op in self._cpp_ops:
+                    cpp_router.uninstall(ext, op, "CUDA")
+                self._cpp_ops = []
+                for v in self.variants:
+                    v.cpp = None
             self._installed = False
 
     @contextlib.contextmanager
@@ -145,6 +176,42 @@ class Cast:
                 self._depth -= 1
                 if self._depth == 0:
                     self.remove()
+
+    def _install_cpp(self, usable: list[VariantState]) -> list[VariantState]:
+        """Route what the C++ router supports through it; returns the variants left for the Python router."""
+        from engine.cast import cpp_router
+        from engine.cast.guard import layout_of
+        from engine.ops import resolve_op
+
+        ext = cpp_router.extension()
+        if ext is None:
+            _warn(f"{self.path}: the C++ router is not available here ({cpp_router.why_not()}); "
+                  "dispatching from Python")
+            return usable
+        by_id = {v["id"]: v for v in self.file.variants}
+        taken = {op for (op, _key) in runtime.routes()}
+        groups: dict[str, list[VariantState]] = {}
+        rest = []
+        for st in usable:
+            v = by_id[st.id]
+            layout = layout_of(resolve_op(v["op"]))
+            if layout.op_name in taken or not cpp_router.supported(layout, v["signature"]):
+                rest.append(st)
+            else:
+                groups.setdefault(layout.op_name, []).append(st)
+        for op, states in groups.items():
+            layout = layout_of(resolve_op(op))
+            try:
+                plans = [cpp_router.plan_for(ext, st.plan, layout, by_id[st.id]["signature"]) for st in states]
+                cpp_router.install(ext, op, "CUDA", plans)
+            except Exception as e:  # another cast routes it in C++, or a plan it cannot take: Python
+                _warn(f"{self.path}: {op} stays with the Python router ({type(e).__name__}: {e})")
+                rest.extend(states)
+                continue
+            self._cpp_ops.append(op)
+            for i, st in enumerate(states):
+                st.cpp = (op, i)
+        return rest
 
     def _prepare(self) -> None:
         """Load modules and resolve launches once (needs the GPU); a variant that fails stays on PyTorch."""
@@ -181,6 +248,12 @@ class Cast:
                 failed.append(f"{state.id} ({state.problem})")
         if failed:
             _warn(f"{self.path}: {len(failed)} variant(s) stay on PyTorch: " + "; ".join(failed))
+
+
+def _cpp_wanted() -> bool:
+    from engine.cast import cpp_router
+
+    return cpp_router.wanted()
 
 
 def _image(file: CastFile, v: dict[str, Any], arch: str | None) -> bytes:

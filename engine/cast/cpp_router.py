@@ -1,0 +1,175 @@
+"""The C++ router (`csrc/router.cpp`): guarded dispatch without entering Python on a call.
+
+The Python router (`runtime.py`) pays a boxed call into Python, the key build and Python-side output
+allocation and launch on every call of an overridden op; inside a host-bound model (ResNet-50 at batch 32
+on an H200 host) that cost exceeded what the kernels saved on the GPU. This router does the same exact-
+signature guard and launch in a boxed C++ kernel. It is compiled on first use with
+`torch.utils.cpp_extension` (a C++ compiler and the CUDA headers are needed; the build is cached per
+torch version) and is opt-in (`KFORGE_CAST_ROUTER=cpp`) until it has been measured on a GPU.
+
+Supported: ops whose arguments are tensors, absent optionals and plain values (no tensor lists); an op
+that writes an argument (batch norm's running statistics) where no two arguments share storage.
+Everything else stays with the Python router.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SOURCE = Path(__file__).resolve().parent / "csrc" / "router.cpp"
+_LOCK = threading.Lock()
+_EXT: Any = None
+_WHY: str | None = None
+
+
+def extension() -> Any:
+    """The compiled router module, or None (then `why_not()` says why)."""
+    global _EXT, _WHY
+    with _LOCK:
+        if _EXT is not None or _WHY is not None:
+            return _EXT
+        try:
+            from torch.utils.cpp_extension import load
+
+            if not torch.cuda.is_available():  # building without a GPU (tests): the arch list cannot be probed
+                os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+
+            tag = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+            _EXT = load(name=f"kforge_router_{tag}", sources=[str(SOURCE)], extra_cflags=["-O2"],
+                        with_cuda=True, verbose=os.environ.get("KFORGE_DEBUG") == "1")
+        except Exception as e:  # no compiler, no CUDA headers, an incompatible torch: stay in Python
+            _WHY = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+        return _EXT
+
+
+def why_not() -> str | None:
+    return _WHY
+
+
+def supported(layout: Any, signature: dict[str, Any]) -> bool:
+    """The router takes ops without tensor-list arguments; an op that writes an argument only where the
+    captured call had no two arguments sharing storage (then the router checks that per call)."""
+    return "tensor_list" not in layout.kinds and not (layout.writes and signature.get("aliases"))
+
+
+def _empty(dtype: str) -> torch.Tensor:
+    return torch.empty(0, dtype=getattr(torch, dtype))
+
+
+def arg_descriptors(layout: Any, signature: dict[str, Any], device_index: int) -> list[dict[str, Any]]:
+    """Per schema argument what a matching call must pass (the same facts as guard.signature_key)."""
+    from engine.capture.signature import decode_value
+
+    out = []
+    for kind, a in zip(layout.kinds, signature["args"]):
+        if kind == "tensor":
+            if a.get("kind") != "tensor":
+                out.append({"kind": 3})  # a Python number in a Tensor slot: never routed here
+            elif a.get("absent"):
+                out.append({"kind": 0})
+            else:
+                out.append({"kind": 1, "dtype": _empty(a["dtype"]), "sizes": list(a["shape"]),
+                            "strides": list(a["stride"]), "align": int(a.get("align", 16)),
+                            "device": -1 if a.get("device") == "cpu" else device_index,
+                            "neg": bool(a.get("neg")), "conj": bool(a.get("conj"))})
+        elif kind == "tensor_list":
+            raise ValueError("tensor-list arguments are not routed in C++")
+        else:
+            out.append(_value_descriptor(decode_value(a.get("value"))))
+    return out
+
+
+def _value_descriptor(v: Any) -> dict[str, Any]:
+    if v is None:
+        return {"kind": 0}
+    if isinstance(v, bool):
+        return {"kind": 2, "tag": "bool", "value": v}
+    if isinstance(v, int):
+        return {"kind": 2, "tag": "int", "value": v}
+    if isinstance(v, float):
+        return {"kind": 2, "tag": "float", "value": v}
+    if isinstance(v, (list, tuple)) and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        return {"kind": 2, "tag": "ints", "value": list(v)}
+    if isinstance(v, str):
+        return {"kind": 2, "tag": "str", "value": v}
+    return {"kind": 3}  # anything else is not compared in C++: such a variant never hits there
+
+
+def make_plan(ext: Any, device: str, args: list[dict], outputs: list[dict], workspaces: list[tuple[int, bool]],
+              launches: list[dict], writes: bool = False) -> Any:
+    return ext.make_plan(device, args, outputs, workspaces, launches, writes)
+
+
+def install(ext: Any, op_name: str, dispatch_key: str, plans: list[Any]) -> None:
+    name, _, overload = _split(op_name)
+    ext.install(name, overload, dispatch_key, plans)
+
+
+def uninstall(ext: Any, op_name: str, dispatch_key: str) -> None:
+    name, _, overload = _split(op_name)
+    ext.uninstall(name, overload, dispatch_key)
+
+
+def stats(ext: Any, op_name: str, dispatch_key: str) -> dict[str, Any]:
+    name, _, overload = _split(op_name)
+    return dict(ext.stats(name, overload, dispatch_key))
+
+
+def reset(ext: Any, op_name: str, dispatch_key: str) -> None:
+    name, _, overload = _split(op_name)
+    ext.reset(name, overload, dispatch_key)
+
+
+def _split(op_name: str) -> tuple[str, str, str]:
+    """'aten::add.Tensor' -> ('aten::add', '.', 'Tensor'); 'aten::relu' -> ('aten::relu', '', '')."""
+    ns, _, rest = op_name.partition("::")
+    base, dot, overload = rest.partition(".")
+    return f"{ns}::{base}", dot, overload
+
+
+# ------------------------------------------------------------------------------ a cast's variants
+
+
+def wanted() -> bool:
+    """The C++ router is opt-in until measured on a GPU: KFORGE_CAST_ROUTER=cpp."""
+    return os.environ.get("KFORGE_CAST_ROUTER", "python").lower() == "cpp"
+
+
+def plan_for(ext: Any, kernel_plan: Any, layout: Any, signature: dict[str, Any]) -> Any:
+    """The C++ plan of a prepared KernelPlan (engine.cast.kernels): the same launches, resolved the same."""
+    index = {n: i for i, n in enumerate(layout.names)}
+    outs = []
+    for o in kernel_plan.outputs:
+        if len(o) == 1:
+            outs.append({"alias": int(o[0])})
+        else:
+            outs.append({"alias": -1, "dtype": torch.empty(0, dtype=o[2]), "sizes": list(o[0]),
+                         "strides": list(o[1])})
+    ws_names = [name for name, _, _ in kernel_plan.launcher_workspaces]
+    launches = []
+    for _head, _ptrs, _params, ln in kernel_plan.launches:
+        params = []
+        for v, ref in zip(ln.values, ln.refs):
+            if ref is None:
+                params.append((0, bytes(v)))
+            elif ref[0] == "input":
+                params.append((1, index[ref[1]]))
+            elif ref[0] == "output":
+                params.append((2, int(ref[1])))
+            elif ref[0] == "workspace":
+                params.append((3, ws_names.index(ref[1])))
+            elif ref[0] == "list":
+                params.append((4, index[ref[1]], int(ref[2])))
+            else:  # ('null',): a null pointer
+                params.append((0, bytes(8)))
+        launches.append({"fn": int(ln.fn), "grid": list(ln.grid), "block": list(ln.block), "shared": int(ln.shared),
+                         "params": params})
+    device = f"cuda:{kernel_plan.device_index}"
+    return make_plan(ext, device, arg_descriptors(layout, signature, kernel_plan.device_index), outs,
+                     list(kernel_plan.workspaces), launches, layout.writes)

@@ -1,0 +1,372 @@
+// Kernel Forge guarded-dispatch router in C++: one boxed kernel per overridden ATen overload.
+//
+// A call's arguments are compared with each variant's exact signature (dtype, sizes, strides, data
+// alignment capped at 16 bytes, device index, neg/conj bits; values of non-tensor arguments). A hit
+// allocates the outputs, writes the pointers into the kernel parameters and calls cuLaunchKernel on
+// the current CUDA stream, without entering Python. A miss calls the kernel that was registered before
+// ours (SafeKernelFunction::callBoxed). Ops that write an argument are not routed here (the Python
+// router handles them). Compiled at install time with torch.utils.cpp_extension; see cpp_router.py.
+#include <torch/extension.h>
+#include <torch/library.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/cuda/CUDAStream.h>
+#include <dlfcn.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+struct ArgDesc {
+  int kind = 0;  // 0: must be None, 1: tensor, 2: value (compared), 3: never matches (e.g. a scalar in a Tensor slot)
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  std::vector<int64_t> sizes, strides;
+  int64_t align = 16;
+  int64_t device = -1;
+  bool neg = false, conj = false;
+  c10::IValue value;
+};
+
+struct OutDesc {
+  int alias = -1;  // >= 0: the return is this argument
+  std::vector<int64_t> sizes, strides;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+};
+
+struct Param {
+  int kind = 0;  // 0: bytes, 1: input tensor pointer, 2: output pointer, 3: workspace pointer, 4: list item pointer
+  int index = 0, sub = 0;
+  std::vector<uint8_t> bytes;
+};
+
+struct Launch {
+  uintptr_t fn = 0;
+  unsigned grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
+  unsigned shared = 0;
+  std::vector<Param> params;
+};
+
+struct Plan {
+  c10::Device device{c10::kCPU};
+  std::vector<ArgDesc> args;
+  std::vector<OutDesc> outs;
+  std::vector<std::pair<int64_t, bool>> workspaces;  // bytes, zero-filled
+  std::vector<Launch> launches;
+  bool distinct_storage = false;  // an op that writes an argument: no two tensor arguments may share storage
+  std::atomic<int64_t> hits{0};
+};
+
+struct Route {
+  std::unique_ptr<c10::SafeKernelFunction> original;
+  std::vector<std::shared_ptr<Plan>> plans;
+  std::atomic<int64_t> misses{0};
+  std::unique_ptr<torch::Library> lib;
+};
+
+std::mutex g_mutex;
+std::unordered_map<std::string, std::shared_ptr<Route>> g_routes;  // "name.overload@Key"
+
+using LaunchFn = int (*)(uintptr_t, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
+                         void**, void**);
+LaunchFn g_launch = nullptr;
+
+LaunchFn launcher() {
+  if (!g_launch) {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    TORCH_CHECK(lib != nullptr, "kforge router: cannot open libcuda.so.1");
+    g_launch = reinterpret_cast<LaunchFn>(dlsym(lib, "cuLaunchKernel"));
+    TORCH_CHECK(g_launch != nullptr, "kforge router: no cuLaunchKernel in libcuda.so.1");
+  }
+  return g_launch;
+}
+
+int64_t alignment(const void* p) {
+  auto v = reinterpret_cast<uintptr_t>(p);
+  if ((v & 15) == 0) return 16;
+  return static_cast<int64_t>(v & (~v + 1));
+}
+
+bool same_value(const c10::IValue& a, const c10::IValue& b) {
+  if (a.isNone() || b.isNone()) return a.isNone() && b.isNone();
+  if (b.isBool()) return a.isBool() && a.toBool() == b.toBool();
+  if (b.isInt()) return a.isInt() && a.toInt() == b.toInt();
+  if (b.isDouble()) return a.isDouble() && a.toDouble() == b.toDouble();
+  if (b.isIntList()) {
+    if (!a.isIntList()) return false;
+    auto x = a.toIntVector(), y = b.toIntVector();
+    return x == y;
+  }
+  if (b.isString()) return a.isString() && a.toStringRef() == b.toStringRef();
+  return false;  // anything else never matches: the call goes to PyTorch
+}
+
+bool matches(const Plan& plan, c10::ArrayRef<c10::IValue> args) {
+  if (args.size() != plan.args.size()) return false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto& d = plan.args[i];
+    const auto& v = args[i];
+    switch (d.kind) {
+      case 0:
+        if (!v.isNone()) return false;
+        break;
+      case 1: {
+        if (!v.isTensor()) return false;
+        const auto& t = v.toTensor();
+        if (!t.defined() || t.scalar_type() != d.dtype || t.sizes() != c10::IntArrayRef(d.sizes) ||
+            t.strides() != c10::IntArrayRef(d.strides) || t.get_device() != d.device || t.is_neg() != d.neg ||
+            t.is_conj() != d.conj || alignment(t.data_ptr()) != d.align)
+          return false;
+        break;
+      }
+      case 2:
+        if (!same_value(v, d.value)) return false;
+        break;
+      default:
+        return false;
+    }
+  }
+  if (plan.distinct_storage) {
+    std::vector<const void*> seen;
+    for (const auto& v : args) {
+      if (!v.isTensor()) continue;
+      const auto& t = v.toTensor();
+      if (!t.defined() || t.numel() == 0) continue;
+      const void* s = t.storage().data();
+      for (auto q : seen)
+        if (q == s) return false;
+      seen.push_back(s);
+    }
+  }
+  return true;
+}
+
+void run(Plan& plan, torch::jit::Stack* stack, size_t nargs) {
+  const auto dev = plan.device;
+  auto args = torch::jit::last(*stack, nargs);
+  std::vector<at::Tensor> outs;
+  outs.reserve(plan.outs.size());
+  for (const auto& o : plan.outs) {
+    if (o.alias >= 0) {
+      outs.push_back(args[o.alias].toTensor());
+    } else {
+      outs.push_back(at::empty_strided(o.sizes, o.strides,
+                                       at::TensorOptions().dtype(o.dtype).device(dev)));
+    }
+  }
+  std::vector<at::Tensor> ws;
+  for (const auto& w : plan.workspaces) {
+    auto t = at::empty({std::max<int64_t>(1, w.first)},
+                       at::TensorOptions().dtype(at::kByte).device(dev));
+    if (w.second) t.zero_();
+    ws.push_back(t);
+  }
+  if (!plan.launches.empty()) {
+    auto stream = c10::cuda::getCurrentCUDAStream(dev.index()).stream();
+    auto launch = launcher();
+    for (const auto& l : plan.launches) {
+      std::vector<uint64_t> ptrs(l.params.size(), 0);
+      std::vector<void*> argv(l.params.size(), nullptr);
+      for (size_t i = 0; i < l.params.size(); ++i) {
+        const auto& p = l.params[i];
+        switch (p.kind) {
+          case 0: argv[i] = const_cast<uint8_t*>(p.bytes.data()); continue;
+          case 1: {
+            const auto& v = args[p.index];
+            ptrs[i] = v.isTensor() ? reinterpret_cast<uint64_t>(v.toTensor().data_ptr()) : 0;
+            break;
+          }
+          case 2: ptrs[i] = reinterpret_cast<uint64_t>(outs[p.index].data_ptr()); break;
+          case 3: ptrs[i] = reinterpret_cast<uint64_t>(ws[p.index].data_ptr()); break;
+          case 4: {
+            auto list = args[p.index].toList();
+            c10::IValue item = list.get(p.sub);
+            ptrs[i] = item.isTensor() ? reinterpret_cast<uint64_t>(item.toTensor().data_ptr()) : 0;
+            break;
+          }
+        }
+        argv[i] = &ptrs[i];
+      }
+      int err = launch(l.fn, l.grid[0], l.grid[1], l.grid[2], l.block[0], l.block[1], l.block[2], l.shared,
+                       static_cast<void*>(stream), argv.data(), nullptr);
+      TORCH_CHECK(err == 0, "kforge router: cuLaunchKernel failed (CUresult ", err, ")");
+    }
+  }
+  torch::jit::drop(*stack, nargs);
+  for (auto& t : outs) torch::jit::push(*stack, std::move(t));
+}
+
+std::string route_key(const c10::OperatorName& name, const std::string& key) {
+  return name.name + "." + name.overload_name + "@" + key;
+}
+
+template <c10::DispatchKey K>
+void router(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  static const std::string key = c10::toString(K);
+  std::shared_ptr<Route> route;
+  {
+    std::lock_guard<std::mutex> g(g_mutex);
+    auto it = g_routes.find(route_key(op.operator_name(), key));
+    if (it != g_routes.end()) route = it->second;
+  }
+  size_t nargs = op.schema().arguments().size();
+  if (route) {
+    auto args = torch::jit::last(*stack, nargs);
+    for (auto& plan : route->plans) {
+      if (matches(*plan, args)) {
+        plan->hits++;
+        run(*plan, stack, nargs);
+        return;
+      }
+    }
+    route->misses++;
+    route->original->callBoxed(op, ks, stack);
+    return;
+  }
+  TORCH_CHECK(false, "kforge router: no route for ", op.operator_name());
+}
+
+// ---- Python surface ------------------------------------------------------------------------------
+
+std::shared_ptr<Plan> make_plan(const std::string& device, py::list args, py::list outs, py::list workspaces,
+                                py::list launches, bool distinct_storage) {
+  auto plan = std::make_shared<Plan>();
+  plan->device = c10::Device(device);
+  plan->distinct_storage = distinct_storage;
+  for (auto a : args) {
+    auto t = a.cast<py::dict>();
+    ArgDesc d;
+    d.kind = t["kind"].cast<int>();
+    if (d.kind == 1) {
+      d.dtype = t["dtype"].cast<at::Tensor>().scalar_type();  // an empty tensor of the dtype
+      d.sizes = t["sizes"].cast<std::vector<int64_t>>();
+      d.strides = t["strides"].cast<std::vector<int64_t>>();
+      d.align = t["align"].cast<int64_t>();
+      d.device = t["device"].cast<int64_t>();
+      d.neg = t["neg"].cast<bool>();
+      d.conj = t["conj"].cast<bool>();
+    } else if (d.kind == 2) {
+      auto tag = t["tag"].cast<std::string>();
+      if (tag == "bool") d.value = c10::IValue(t["value"].cast<bool>());
+      else if (tag == "int") d.value = c10::IValue(t["value"].cast<int64_t>());
+      else if (tag == "float") d.value = c10::IValue(t["value"].cast<double>());
+      else if (tag == "ints") d.value = c10::IValue(t["value"].cast<std::vector<int64_t>>());
+      else if (tag == "str") d.value = c10::IValue(t["value"].cast<std::string>());
+      else d.kind = 3;  // a value the router cannot compare: never matches
+    }
+    plan->args.push_back(std::move(d));
+  }
+  for (auto o : outs) {
+    auto t = o.cast<py::dict>();
+    OutDesc d;
+    d.alias = t["alias"].cast<int>();
+    if (d.alias < 0) {
+      d.dtype = t["dtype"].cast<at::Tensor>().scalar_type();
+      d.sizes = t["sizes"].cast<std::vector<int64_t>>();
+      d.strides = t["strides"].cast<std::vector<int64_t>>();
+    }
+    plan->outs.push_back(std::move(d));
+  }
+  for (auto w : workspaces) {
+    auto t = w.cast<py::tuple>();
+    plan->workspaces.emplace_back(t[0].cast<int64_t>(), t[1].cast<bool>());
+  }
+  for (auto l : launches) {
+    auto t = l.cast<py::dict>();
+    Launch L;
+    L.fn = t["fn"].cast<uintptr_t>();
+    auto g = t["grid"].cast<std::vector<unsigned>>();
+    auto b = t["block"].cast<std::vector<unsigned>>();
+    for (int i = 0; i < 3; ++i) { L.grid[i] = g[i]; L.block[i] = b[i]; }
+    L.shared = t["shared"].cast<unsigned>();
+    for (auto p : t["params"].cast<py::list>()) {
+      auto q = p.cast<py::tuple>();
+      Param P;
+      P.kind = q[0].cast<int>();
+      if (P.kind == 0) {
+        auto s = q[1].cast<std::string>();
+        P.bytes.assign(s.begin(), s.end());
+      } else {
+        P.index = q[1].cast<int>();
+        P.sub = q.size() > 2 ? q[2].cast<int>() : 0;
+      }
+      L.params.push_back(std::move(P));
+    }
+    plan->launches.push_back(std::move(L));
+  }
+  return plan;
+}
+
+void install(const std::string& name, const std::string& overload, const std::string& key,
+             std::vector<std::shared_ptr<Plan>> plans) {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  auto op = dispatcher.findSchemaOrThrow(name.c_str(), overload.c_str());
+  auto k = c10::parseDispatchKey(key);
+  std::string rk = route_key(op.operator_name(), key);
+  std::lock_guard<std::mutex> g(g_mutex);
+  TORCH_CHECK(g_routes.find(rk) == g_routes.end(), "kforge router: ", rk, " is routed already");
+  auto route = std::make_shared<Route>();
+  route->original = std::make_unique<c10::SafeKernelFunction>(op.getComputedKernelForDispatchKey(k));
+  route->plans = std::move(plans);
+  auto ns = name.substr(0, name.find("::"));
+  auto base = name.substr(name.find("::") + 2);
+  route->lib = std::make_unique<torch::Library>(torch::Library::IMPL, ns, k, __FILE__, __LINE__);
+  auto qualified = overload.empty() ? base : base + "." + overload;
+  if (k == c10::DispatchKey::CUDA) {
+    route->lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&router<c10::DispatchKey::CUDA>>());
+  } else if (k == c10::DispatchKey::CPU) {
+    route->lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&router<c10::DispatchKey::CPU>>());
+  } else {
+    TORCH_CHECK(false, "kforge router: dispatch key ", key, " is not supported");
+  }
+  g_routes[rk] = route;
+}
+
+void uninstall(const std::string& name, const std::string& overload, const std::string& key) {
+  auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+  std::shared_ptr<Route> route;
+  {
+    std::lock_guard<std::mutex> g(g_mutex);
+    auto it = g_routes.find(route_key(op.operator_name(), key));
+    if (it == g_routes.end()) return;
+    route = it->second;
+    g_routes.erase(it);
+  }
+  route->lib.reset();  // deregisters the override: the original kernel is back
+}
+
+py::dict stats(const std::string& name, const std::string& overload, const std::string& key) {
+  py::dict out;
+  auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+  std::lock_guard<std::mutex> g(g_mutex);
+  auto it = g_routes.find(route_key(op.operator_name(), key));
+  if (it == g_routes.end()) return out;
+  py::list hits;
+  for (auto& p : it->second->plans) hits.append(p->hits.load());
+  out["hits"] = hits;
+  out["misses"] = it->second->misses.load();
+  return out;
+}
+
+void reset(const std::string& name, const std::string& overload, const std::string& key) {
+  auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+  std::lock_guard<std::mutex> g(g_mutex);
+  auto it = g_routes.find(route_key(op.operator_name(), key));
+  if (it == g_routes.end()) return;
+  for (auto& p : it->second->plans) p->hits = 0;
+  it->second->misses = 0;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::class_<Plan, std::shared_ptr<Plan>>(m, "Plan");
+  m.def("make_plan", &make_plan);
+  m.def("install", &install);
+  m.def("uninstall", &uninstall);
+  m.def("stats", &stats);
+  m.def("reset", &reset);
+}

@@ -1,0 +1,112 @@
+"""The C++ router, built with torch.utils.cpp_extension and exercised at the CPU dispatch key (no GPU here):
+exact-signature hits run the plan (here: outputs allocated, no kernel), misses run PyTorch's own kernel
+with the right result, and uninstall restores eager. The CUDA launch path is exercised on a GPU only."""
+
+import os
+
+import pytest
+import torch
+
+from engine.capture.signature import bind_arguments, signature_of
+from engine.cast import cpp_router
+from engine.cast.guard import layout_of
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ext():
+    os.environ.setdefault("CUDA_HOME", "/usr/local/cuda")
+    e = cpp_router.extension()
+    if e is None:
+        pytest.fail(f"the C++ router did not build here: {cpp_router.why_not()}")
+    return e
+
+
+def _plan(ext, op, args, outputs_like):
+    lay = layout_of(op)
+    sig = signature_of(op, bind_arguments(op, args, {}))
+    assert cpp_router.supported(lay, sig)
+    outs = [{"alias": -1, "dtype": torch.empty(0, dtype=o.dtype), "sizes": list(o.shape), "strides": list(o.stride())}
+            for o in outputs_like]
+    return cpp_router.make_plan(ext, "cpu", cpp_router.arg_descriptors(lay, sig, -1), outs, [], [], lay.writes)
+
+
+def test_hits_run_the_plan_and_misses_run_pytorch(ext):
+    op = torch.ops.aten.native_batch_norm.default
+    x = torch.randn(2, 8, 3, 3)
+    w, b, rm, rv = torch.randn(8), torch.randn(8), torch.randn(8), torch.rand(8) + 0.5
+    args = (x, w, b, rm, rv, False, 0.1, 1e-5)
+    eager = op(*args)
+    plan = _plan(ext, op, args, [eager[0], eager[1], eager[2]])
+    cpp_router.install(ext, "aten::native_batch_norm", "CPU", [plan])
+    try:
+        hit = op(*args)  # the same signature: the plan runs (no kernel on the CPU: fresh outputs)
+        assert [t.shape for t in hit] == [t.shape for t in eager]
+        other = torch.randn(2, 8, 5, 5)  # another shape: PyTorch's kernel, exact result
+        miss = op(other, w, b, rm, rv, False, 0.1, 1e-5)
+        torch.testing.assert_close(miss[0], torch.nn.functional.batch_norm(other, rm, rv, w, b, False, 0.1, 1e-5),
+                                   rtol=0, atol=0)
+        op(x, w, b, rm, rv, False, 0.1, 1e-3)  # another eps: a miss
+        op(x.double(), w.double(), b.double(), rm.double(), rv.double(), False, 0.1, 1e-5)  # dtype: a miss
+        st = cpp_router.stats(ext, "aten::native_batch_norm", "CPU")
+        assert st["hits"] == [1] and st["misses"] == 4  # F.batch_norm above is a miss too
+    finally:
+        cpp_router.uninstall(ext, "aten::native_batch_norm", "CPU")
+    again = op(*args)
+    assert all(torch.equal(a, e) for a, e in zip(again, eager))  # eager is back
+    assert cpp_router.stats(ext, "aten::native_batch_norm", "CPU") == {}
+
+
+def test_a_second_install_of_the_same_op_is_refused(ext):
+    op = torch.ops.aten.relu.default
+    x = torch.randn(16)
+    plan = _plan(ext, op, (x,), [x])
+    cpp_router.install(ext, "aten::relu", "CPU", [plan])
+    try:
+        with pytest.raises(RuntimeError, match="routed already"):
+            cpp_router.install(ext, "aten::relu", "CPU", [plan])
+        y = torch.randn(17)
+        assert torch.equal(op(y), y.clamp_min(0))  # miss
+    finally:
+        cpp_router.uninstall(ext, "aten::relu", "CPU")
+
+
+def test_reset_zeroes_the_counters(ext):
+    op = torch.ops.aten.relu.default
+    x = torch.randn(8)
+    cpp_router.install(ext, "aten::relu", "CPU", [_plan(ext, op, (x,), [x])])
+    try:
+        op(x)
+        op(torch.randn(9))
+        assert cpp_router.stats(ext, "aten::relu", "CPU") == {"hits": [1], "misses": 1}
+        cpp_router.reset(ext, "aten::relu", "CPU")
+        assert cpp_router.stats(ext, "aten::relu", "CPU") == {"hits": [0], "misses": 0}
+    finally:
+        cpp_router.uninstall(ext, "aten::relu", "CPU")
+
+
+@pytest.mark.gpu
+def test_resnet50_cast_through_the_cpp_router_on_the_gpu(ext, monkeypatch):
+    """The H200-exported ResNet-50 cast (docs/results/cast-h200) dispatched by the C++ router: outputs match
+    eager, every variant hit from C++, remove() restores eager."""
+    from pathlib import Path
+
+    import engine.cast
+    from engine.models.forwards import config_model, output_tensor
+
+    monkeypatch.setenv("KFORGE_CAST_ROUTER", "cpp")
+    path = Path(__file__).resolve().parent.parent / "docs" / "results" / "cast-h200" / "resnet50.cast"
+    _, forward = config_model("resnet50")
+    cast = engine.cast.load(path)
+    with torch.no_grad():
+        eager = output_tensor(forward()).clone()
+        with cast.enabled():
+            cast.reset_stats()
+            mine = output_tensor(forward()).clone()
+            stats = cast.stats()
+        after = output_tensor(forward()).clone()
+    assert all(v["router"] == "c++" for v in stats["variants"]), stats["variants"]
+    assert all(v["hits"] > 0 for v in stats["variants"]), stats["variants"]
+    torch.testing.assert_close(mine, eager, rtol=2e-2, atol=2e-2)
+    assert torch.equal(after, eager)
