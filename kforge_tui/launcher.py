@@ -27,6 +27,13 @@ _RUN_FLAGS = [("--provider", "provider", True), ("--iterations", "iterations", T
               ("--device", "device", True), ("--dry-run", "dry_run", False), ("--small", "small", False)]
 
 
+def _interactive() -> bool:
+    """Both ends are a terminal (KFORGE_FORCE_TUI=1 overrides, for tests that drive the app headless)."""
+    if os.environ.get("KFORGE_FORCE_TUI") == "1":
+        return True
+    return sys.stdin.isatty() and sys.stdout.isatty()
+
+
 def open_tui(args: argparse.Namespace) -> int:
     """Entry point handed to engine.cli.main; returns the exit code."""
     color = getattr(args, "color_system", None)
@@ -35,6 +42,13 @@ def open_tui(args: argparse.Namespace) -> int:
     command = args.command
     if command == "serve":
         return serve(args)
+    if command == "run" and not _interactive():
+        # A pipe, a cron job, a CI log: a full-screen app would write escape codes and never end.
+        from engine.cli import _workspace
+        from engine.run.command import cmd_run
+
+        print("kforge: not a terminal; running headless (as with --no-tui)", file=sys.stderr)
+        return cmd_run(args, _workspace(args))
     keymap = _keymap(args)
     theme = _theme(args)
     if command == "demo":
@@ -76,6 +90,10 @@ def open_tui(args: argparse.Namespace) -> int:
             run_id = run.id
     finally:
         model.close()
+    if not _interactive():
+        raise UsageError(f"kforge-tui{' ' + command if command else ''}: the TUI needs a terminal (stdin and "
+                         "stdout are not one); use 'kforge-tui run CONFIG --no-tui' for headless runs, or "
+                         "'kforge-tui serve' for a browser")
     from kforge_tui.app import KforgeApp
 
     app = KforgeApp(db, run_id, read_only=read_only, refresh_s=getattr(args, "refresh", None) or 1.0,

@@ -5,7 +5,7 @@ import argparse
 import subprocess
 import sys
 
-from conftest import ROOT
+from conftest import CONFIGS, ROOT
 from tui_fixture import build_store
 
 
@@ -61,8 +61,9 @@ def test_detached_engine_argv_is_headless_run_in_same_workspace(tmp_path):
     assert argv[argv.index("--iterations") + 1] == "5" and "--dry-run" in argv and "--small" not in argv
 
 
-def test_run_detached_reports_an_engine_that_dies(cli, tmp_path):
+def test_run_detached_reports_an_engine_that_dies(cli, tmp_path, monkeypatch):
     # A config that does not exist: the detached engine exits 2 before creating a run; we say so.
+    monkeypatch.setenv("KFORGE_FORCE_TUI", "1")  # as from a terminal (pytest's stdout is not one)
     code, out, err = cli("run", tmp_path / "missing.toml", "--workspace", tmp_path / "ws")
     assert code == 2 and "before its run started" in err and "log:" in err
 
@@ -127,3 +128,14 @@ def test_headless_cli_help_does_not_import_textual():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert "TEXTUAL: []" in proc.stdout, proc.stdout + proc.stderr
     assert "demo" in proc.stdout and "serve" in proc.stdout and "compare" in proc.stdout
+
+
+def test_without_a_terminal_run_goes_headless_and_the_tui_says_it_needs_one(cli, tmp_path):
+    # A pipe or a cron job: `run CONFIG` runs in the foreground instead of drawing a full-screen app.
+    code, out, err = cli("run", CONFIGS / "examples" / "my_model.toml", "--small", "--dry-run", "--iterations",
+                         "1", "--workspace", tmp_path)
+    assert code == 0, err
+    assert "not a terminal; running headless" in err and "stopped by iterations" in out
+    # Opening the TUI on that workspace without a terminal is refused in one line.
+    code, out, err = cli("--workspace", tmp_path)
+    assert code == 2 and out == "" and err.count("\n") == 1 and "needs a terminal" in err
