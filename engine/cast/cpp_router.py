@@ -39,6 +39,7 @@ def extension() -> Any:
 
             if not torch.cuda.is_available():  # building without a GPU (tests): the arch list cannot be probed
                 os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+            _find_cuda_headers()
 
             tag = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
             _EXT = load(name=f"kforge_router_{tag}", sources=[str(SOURCE)], extra_cflags=["-O2"],
@@ -46,6 +47,20 @@ def extension() -> Any:
         except Exception as e:  # no compiler, no CUDA headers, an incompatible torch: stay in Python
             _WHY = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
         return _EXT
+
+
+def _find_cuda_headers() -> None:
+    """torch guesses CUDA_HOME from nvcc's location; where that guess has no headers, use the toolkit's."""
+    from torch.utils import cpp_extension
+
+    home = cpp_extension.CUDA_HOME
+    if home and (Path(home) / "include" / "cuda.h").is_file():
+        return
+    for cand in (os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if cand and (Path(cand) / "include" / "cuda.h").is_file():
+            cpp_extension.CUDA_HOME = cand
+            os.environ.setdefault("CUDA_HOME", cand)
+            return
 
 
 def why_not() -> str | None:
