@@ -216,3 +216,21 @@ def test_concurrent_calls_and_installs(owner):
         t.join()
     assert errors == [] and plan.hits == 600
     assert ("aten::add.Tensor", "CPU") not in runtime.routes()
+
+
+def test_torch_compile_over_an_installed_route_traces_and_runs(owner):
+    # Dynamo traces with fake tensors (no backend kernel runs, so no plan runs while it traces); the compiled
+    # code then calls the real op, where the guard decides as in eager.
+    a = _gn_args(torch.float32)
+    sevens = tuple(torch.full_like(t, 7.0) for t in GN(*a))
+    plan = _install(owner, GN, _sig(GN, *a), lambda b: sevens)
+    torch._dynamo.reset()
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def f(x, w, b):
+        return F.group_norm(x, 32, w, b, 1e-6) + 1
+
+    out = f(a[0], a[1], a[2])
+    assert torch.all(out == 8.0) and plan.hits >= 1   # the compiled code's call went through the route
+    other = torch.randn(1, 64, 8, 16)                  # another signature: PyTorch's kernel, eager's result
+    torch.testing.assert_close(f(other, a[1], a[2]), F.group_norm(other, 32, a[1], a[2], 1e-6) + 1)
