@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -162,10 +163,11 @@ def markdown(doc: dict) -> str:
             g = r["cuda_graphs"]
             lines.append(f"| {r['model']} | {g['eager_ms']:.2f} | {g['cast_ms']:.2f} | {g['speedup']:.3f}× "
                          f"({g['speedup_ci'][0]:.3f}–{g['speedup_ci'][1]:.3f}) | {g['rel_l2_err']:.1e} |")
-    h = doc.get("host_cost")
-    if h:
-        lines += ["", f"Host cost per call ({h['op']}): eager {h['eager_us']:.2f} µs; guard hit {h['hit_us']:.2f} µs "
-                  f"(+{h['hit_added_us']:.2f}); guard miss {h['miss_us']:.2f} µs vs eager "
+    for key in sorted(k for k in doc if k.startswith("host_cost")):
+        h = doc[key]
+        which = f", {key.removeprefix('host_cost_')} router" if key != "host_cost" else ""
+        lines += ["", f"Host cost per call ({h['op']}{which}): eager {h['eager_us']:.2f} µs; guard hit "
+                  f"{h['hit_us']:.2f} µs (+{h['hit_added_us']:.2f}); guard miss {h['miss_us']:.2f} µs vs eager "
                   f"{h['eager_miss_shape_us']:.2f} µs (+{h['miss_added_us']:.2f})."]
     for r in doc["models"]:
         lines += ["", f"## {r['model']} hits per variant", ""]
@@ -190,6 +192,8 @@ def main() -> int:
     ap.add_argument("--models", default="resnet50,sd35_vae,sd35_medium")
     ap.add_argument("--no-host-cost", action="store_true", help="skip the per-call host cost probe")
     ap.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph arm")
+    ap.add_argument("--routers", default=os.environ.get("KFORGE_CAST_ROUTER", "python"),
+                    help="python, cpp, or python,cpp to compare the two dispatch routers")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("error: bench_e2e: no CUDA GPU is visible", file=sys.stderr)
@@ -199,6 +203,10 @@ def main() -> int:
     casts = Path(args.casts) if args.casts else out / "casts"
     casts.mkdir(parents=True, exist_ok=True)
     doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "models": []}
+    routers = [r for r in args.routers.split(",") if r]
+    if any(r not in ("python", "cpp") for r in routers):
+        print(f"error: --routers {args.routers}: use python, cpp or python,cpp", file=sys.stderr)
+        return 2
     for name in args.models.split(","):
         if name not in MODELS:
             from engine.config import shipped_configs
@@ -208,19 +216,27 @@ def main() -> int:
                       f"({', '.join(shipped_configs())})", file=sys.stderr)
                 return 2
         make, keep, iters, stem = MODELS.get(name) or (lambda n=name: config_model(n), lambda op: True, 10, name)
-        try:
-            doc["models"].append(bench_model(name, make, keep, casts / f"{stem}.cast", out / "work",
-                                             args.iters or iters, graphs=not args.no_graphs))
-        except Exception as e:  # one model failing must not lose the others' results
-            log(f"{name}: FAILED: {type(e).__name__}: {e}")
-            doc.setdefault("failures", {})[name] = f"{type(e).__name__}: {e}"
-        (out / "bench_e2e.json").write_text(json.dumps(doc, indent=1, default=str))
+        for router in routers:
+            os.environ["KFORGE_CAST_ROUTER"] = router  # read by cast.install()
+            label = name if len(routers) == 1 else f"{name} [{router} router]"
+            try:
+                r = bench_model(label, make, keep, casts / f"{stem}.cast", out / "work", args.iters or iters,
+                                graphs=not args.no_graphs)
+                r["router"] = router
+                doc["models"].append(r)
+            except Exception as e:  # one model failing must not lose the others' results
+                log(f"{label}: FAILED: {type(e).__name__}: {e}")
+                doc.setdefault("failures", {})[label] = f"{type(e).__name__}: {e}"
+            (out / "bench_e2e.json").write_text(json.dumps(doc, indent=1, default=str))
     if not args.no_host_cost:
-        log("host cost per call: eager, guard miss, guard hit")
         from engine.cast.hostcost import measure
 
-        doc["host_cost"] = measure(out)
-        log(f"host cost: {doc['host_cost']}")
+        for router in routers:
+            os.environ["KFORGE_CAST_ROUTER"] = router
+            log(f"host cost per call ({router} router): eager, guard miss, guard hit")
+            hc = measure(out)
+            doc["host_cost" if router == routers[0] else f"host_cost_{router}"] = hc
+            log(f"host cost ({router} router): {hc}")
     (out / "bench_e2e.json").write_text(json.dumps(doc, indent=1, default=str))
     (out / "bench_e2e.md").write_text(markdown(doc))
     log(f"wrote {out / 'bench_e2e.json'} and {out / 'bench_e2e.md'}")
