@@ -25,6 +25,10 @@ class _Driver:
     """cuLaunchKernel as a plain C call, set up once per process."""
 
     fn: Any = None
+    # ctypes without argtypes: the pointer arguments are passed as ready c_void_p objects and the
+    # unsigned ones as small Python ints; converting all eleven through argtypes on every call cost
+    # 2.1 µs against 0.8 µs (measured on this project's CPU with a stand-in C function).
+    raw: bool = False
 
     @classmethod
     def launcher(cls) -> Any:
@@ -32,9 +36,8 @@ class _Driver:
             try:
                 lib = ctypes.CDLL("libcuda.so.1")
                 f = lib.cuLaunchKernel
-                f.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
                 f.restype = ctypes.c_int
-                cls.fn = f
+                cls.fn, cls.raw = f, True
             except (OSError, AttributeError):
                 from cuda.bindings import driver as cu
 
@@ -64,6 +67,9 @@ class KernelPlan(Plan):
         self.workspaces = [(max(1, n), zero) for _, n, zero in launcher.workspaces]
         self.launcher_workspaces = list(launcher.workspaces)
         ws_index = {name: j for j, (name, _, _) in enumerate(launcher.workspaces)}
+        self.launch = _Driver.launcher()  # first: it decides how the launch arguments are packed (raw)
+        self._stream_int: int | None = None
+        self._stream_arg: Any = None
         self.launches = []
         for ln in launcher.launches:
             ptrs = []
@@ -80,15 +86,16 @@ class KernelPlan(Plan):
                 elif kind == "workspace":
                     ptrs.append((v, 3, ws_index[ref[1]], 0))
                 # ('null',) stays 0
-            head = (int(ln.fn), *ln.grid, *ln.block, ln.shared)
-            self.launches.append((head, ptrs, ctypes.addressof(ln.params), ln))
+            fn = ctypes.c_void_p(int(ln.fn)) if _Driver.raw else int(ln.fn)
+            params = ctypes.addressof(ln.params)
+            head = (fn, *(int(x) for x in ln.grid), *(int(x) for x in ln.block), int(ln.shared))
+            self.launches.append((head, ptrs, ctypes.c_void_p(params) if _Driver.raw else params, ln))
         self.n_returns = n_returns
         self.returns_list = returns_list
         self._empty: list[Any] | None = None  # made on first use (on the device, inside the caller's context)
         self._no_empty = [None] * len(self.outputs)
         self.prefill: str | None = None  # confirm/--verify only: poison fresh outputs to catch unwritten ones
         self.lock = threading.Lock()  # the parameter buffers are shared: one launch sequence at a time
-        self.launch = _Driver.launcher()
         self.raw_stream = torch._C._cuda_getCurrentRawStream
 
     def _empty_outputs(self) -> list[Any]:
@@ -123,6 +130,10 @@ class KernelPlan(Plan):
                 buf.zero_()
             ws.append(buf)
         stream = self.raw_stream(self.device_index)
+        if _Driver.raw:  # one c_void_p per stream handle, reused while the stream stays the same
+            if stream != self._stream_int:
+                self._stream_int, self._stream_arg = stream, ctypes.c_void_p(stream)
+            stream = self._stream_arg
         with self.lock:
             for head, ptrs, params, _ in self.launches:
                 for v, kind, i, j in ptrs:
