@@ -107,7 +107,9 @@ async def main_async(args) -> dict:
                              for r, b in briefs]
                     rec = CurveRecorder()
                     ids = iter(range(10**9))
-                    o = Orchestrator(cards=cards, proposer=_Seeded(proposer, seed), evaluate=evaluate,
+                    # A fresh proposer per run: it remembers the kernels it proposed, which must not
+                    # carry over from one strategy or seed to the next.
+                    o = Orchestrator(cards=cards, proposer=_Seeded(BuiltinProposer(), seed), evaluate=evaluate,
                                      recorder=rec, new_id=lambda ids=ids: f"n{next(ids)}", hardware=hw, strategy=strategy,
                                      params=SearchParams(), budgets=Budgets(iterations_per_card=args.budget),
                                      policy=SchedulePolicy(patience=10**9, near_roofline=0.0), max_proposals=2)

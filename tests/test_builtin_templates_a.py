@@ -760,3 +760,24 @@ def test_kernels_run_correctly_in_the_cpu_emulation(tmp_path):
             if not (inplace and name == "self") and not torch.equal(before, now):
                 failures.append(f"{label}: input {name} was modified")
     assert not failures, "\n".join(failures)
+
+
+async def test_the_proposer_never_returns_a_kernel_it_already_proposed_for_the_card():
+    # Requests without siblings or lineage (as for cousins in a tree) used to come back with kernels
+    # proposed before (different parameters, same source): the search counted each as a wasted iteration.
+    from engine.propose.base import Hardware, ProposalRequest
+    from engine.propose.builtin.proposer import BuiltinProposer
+
+    card = bound_card(torch.ops.aten._softmax.default, (torch.randn(64, 4096), -1, False), [torch.empty(64, 4096)])
+    proposer = BuiltinProposer()
+    sources, declined = [], 0
+    for seed in range(40):
+        p = await proposer.propose(ProposalRequest(card, Hardware(), seed=seed))
+        if p.declined:
+            declined += 1
+            assert p.category == "exhausted"
+        else:
+            sources.append(p.source)
+    assert len(sources) > 5 and len(set(sources)) == len(sources)
+    other = await BuiltinProposer().propose(ProposalRequest(card, Hardware(), seed=0))
+    assert other.source == sources[0]  # a new proposer (a new run) starts afresh, deterministically

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import random
-from typing import Any
 
 from engine.propose.base import CardBrief, Proposal, ProposalRequest
 from engine.propose.builtin.template import Template
@@ -13,6 +12,10 @@ from engine.propose.builtin.template import Template
 # Modules that export TEMPLATES: list[Template]. A module that is missing is skipped, so template
 # families can land one by one.
 _MODULES = ("elementwise", "softmax", "pooling", "norms")
+
+
+def _digest(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()
 
 
 def all_templates() -> list[Template]:
@@ -35,6 +38,9 @@ class BuiltinProposer:
 
     def __init__(self, templates: list[Template] | None = None):
         self.templates = all_templates() if templates is None else templates
+        # Sources already proposed per card in this process: different parameters can render the same
+        # kernel (a parameter the strategy ignores), and cousins in the tree are not in the request.
+        self._emitted: dict[str, set[str]] = {}
 
     def template_for(self, card: CardBrief) -> tuple[Template | None, list[str]]:
         """The first template that accepts the card, and why the others declined."""
@@ -62,23 +68,29 @@ class BuiltinProposer:
         tried = [a.params for a in (*request.siblings, *request.lineage) if a.params]
         if base is not None:
             tried.append(base.params)
-        params: dict[str, Any] | None = None
+        emitted = self._emitted.setdefault(card.card_id, set())
+        rendered = None
         default = template.default(card)
         if (base is None or not base.params) and {**default, "template": template.name} not in tried:
-            params = default
-        else:
+            r = template.render(card, default)
+            if _digest(r.source) not in emitted:
+                rendered = r
+        if rendered is None:
             # A revision mutates its parent; a further fresh kernel mutates the default (diverse starts).
             origin = base.params if base is not None and base.params else {**default, "template": template.name}
             start = {k: v for k, v in origin.items() if k != "template"}
-            for _ in range(32):  # a neighbour nobody has tried yet, if one exists
+            for _ in range(32):  # a neighbour nobody has tried yet, whose kernel is new, if one exists
                 cand = template.mutate(card, start, rng, request.intent)
-                if {**cand, "template": template.name} not in tried:
-                    params = cand
+                if {**cand, "template": template.name} in tried:
+                    continue
+                r = template.render(card, cand)
+                if _digest(r.source) not in emitted:
+                    rendered = r
                     break
-            if params is None:
+            if rendered is None:
                 return Proposal(declined=True, provider=self.name, model=template.name, category="exhausted",
                                 reason="every neighbour of this parent was tried already")
-        rendered = template.render(card, params)
+        emitted.add(_digest(rendered.source))
         return Proposal(source=rendered.source, spec=rendered.spec, intent=rendered.intent,
                         params={**rendered.params, "template": template.name}, provider=self.name,
                         model=template.name)
