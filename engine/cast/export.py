@@ -231,7 +231,12 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
         cand = Path(tmp) / "candidate.cast"
         manifest, files, report = package(kept, env, source)
         write_cast(cand, manifest, files, report)
-        result = run_model_check(cand, sets, config, small, graphs, Path(tmp))
+        try:
+            result = run_model_check(cand, sets, config, small, graphs, Path(tmp))
+        except JobError as e:  # the check itself broke (not: the model was slower): say so, keep the variants
+            progress(f"warning: {e}; the cast is written without a whole-model check")
+            source["model_check"] = {"mode": "failed", "reason": str(e)}
+            return kept
     tried = result.get("tried", [])
     chosen = result.get("chosen")
     summary = [f"{len(t['variants'])} variant(s): {t['speedup']:.3f}x "

@@ -49,7 +49,7 @@ def markdown_report(manifest: dict[str, Any], excluded: list[dict[str, Any]] | N
         lines += [f"Whole-model check ({mode} of the run's own model, alternating, fresh process): "
                   f"{check.get('eager_ms', float('nan')):.2f} ms → {check.get('cast_ms', float('nan')):.2f} ms, "
                   f"{check['speedup']:.3f}× (95% CI {ci[0]:.3f}–{ci[1]:.3f}).", ""]
-    elif check.get("mode") == "none":
+    elif check.get("mode") in ("none", "failed"):
         lines += [f"No whole-model check: {check.get('reason')}.", ""]
     for v in manifest["variants"]:
         p = v["provenance"]
