@@ -234,3 +234,21 @@ def test_torch_compile_over_an_installed_route_traces_and_runs(owner):
     assert torch.all(out == 8.0) and plan.hits >= 1   # the compiled code's call went through the route
     other = torch.randn(1, 64, 8, 16)                  # another signature: PyTorch's kernel, eager's result
     torch.testing.assert_close(f(other, a[1], a[2]), F.group_norm(other, 32, a[1], a[2], 1e-6) + 1)
+
+
+def test_a_variant_that_fails_on_a_call_falls_back_to_pytorch_for_good(owner):
+    from engine.cast.loader import CastWarning
+
+    a = _gn_args(torch.float32)
+    eager = GN(*a)
+
+    def broken(b):
+        raise RuntimeError("kforge cast: cuLaunchKernel failed (CUresult 1)")
+
+    plan = _install(owner, GN, _sig(GN, *a), broken)
+    with pytest.warns(CastWarning, match="failed on a call and stays on PyTorch"):
+        out = GN(*a)
+    assert all(torch.equal(x, y) for x, y in zip(out, eager)) and plan.hits == 0
+    again = GN(*a)  # no second warning, no second attempt: the key is gone from the guard table
+    assert all(torch.equal(x, y) for x, y in zip(again, eager))
+    assert runtime.routes()[("aten::native_group_norm", "CPU")].table == {}

@@ -88,7 +88,24 @@ class Route:
                 self.near_keys.append(key)
             return self._original(keyset, args, kwargs)
         plan.hits += 1
-        return plan(bound)
+        try:
+            return plan(bound)
+        except Exception as e:  # a kernel that cannot launch here: this variant stays on PyTorch from now on
+            plan.hits -= 1
+            self.disable(key, e)
+            return self._original(keyset, args, kwargs)
+
+    def disable(self, key: tuple, error: BaseException) -> None:
+        """Take a failing variant out of the guard table, with one warning; its calls go to PyTorch."""
+        with _LOCK:
+            plan = self.table.pop(key, None)
+            self.owners.pop(key, None)
+        if plan is not None:
+            from engine.cast.loader import CastWarning
+
+            warnings.warn(CastWarning(f"kforge cast: variant {plan.vid} of {self.op_name} failed on a call and "
+                                      f"stays on PyTorch from now on: {type(error).__name__}: {error}"),
+                          stacklevel=3)
 
     def _original(self, keyset: Any, args: tuple, kwargs: dict) -> Any:
         slots = self.layout.scalar_slots
