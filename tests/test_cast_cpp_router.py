@@ -107,3 +107,23 @@ def test_resnet50_cast_through_the_cpp_router_on_the_gpu(ext, monkeypatch):
     assert all(v["hits"] > 0 for v in stats["variants"]), stats["variants"]
     torch.testing.assert_close(mine, eager, rtol=2e-2, atol=2e-2)
     assert torch.equal(after, eager)
+
+
+def test_a_plan_that_fails_on_a_call_falls_back_to_pytorch_for_good(ext, capfd):
+    # No libcuda on this machine: the launch fails, the variant is dropped with one warning, PyTorch answers.
+    op = torch.ops.aten.relu.default
+    x = torch.randn(32)
+    lay = layout_of(op)
+    sig = signature_of(op, bind_arguments(op, (x,), {}))
+    outs = [{"alias": -1, "dtype": torch.empty(0), "sizes": [32], "strides": [1]}]
+    launch = {"fn": 0, "grid": [1, 1, 1], "block": [32, 1, 1], "shared": 0, "params": [(1, 0), (2, 0)]}
+    plan = cpp_router.make_plan(ext, "cpu", cpp_router.arg_descriptors(lay, sig, -1), outs, [], [launch], False)
+    cpp_router.install(ext, "aten::relu", "CPU", [plan])
+    try:
+        assert torch.equal(op(x), x.clamp_min(0))
+        assert torch.equal(op(x), x.clamp_min(0))  # dropped: no second attempt
+        err = capfd.readouterr().err  # c10's warning (a Python warning where torch's handler is installed)
+        assert err.count("failed on a call and stays on PyTorch") == 1
+        assert cpp_router.stats(ext, "aten::relu", "CPU") == {"hits": [0], "misses": 2}
+    finally:
+        cpp_router.uninstall(ext, "aten::relu", "CPU")

@@ -57,6 +57,7 @@ struct Plan {
   std::vector<std::pair<int64_t, bool>> workspaces;  // bytes, zero-filled
   std::vector<Launch> launches;
   bool distinct_storage = false;  // an op that writes an argument: no two tensor arguments may share storage
+  std::atomic<bool> dead{false};  // failed on a call: never tried again, its calls go to PyTorch
   std::atomic<int64_t> hits{0};
 };
 
@@ -216,10 +217,17 @@ void router(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
   if (route) {
     auto args = torch::jit::last(*stack, nargs);
     for (auto& plan : route->plans) {
-      if (matches(*plan, args)) {
-        plan->hits++;
-        run(*plan, stack, nargs);
-        return;
+      if (!plan->dead && matches(*plan, args)) {
+        try {
+          run(*plan, stack, nargs);  // leaves the stack untouched unless it succeeds
+          plan->hits++;
+          return;
+        } catch (const std::exception& e) {
+          plan->dead = true;
+          TORCH_WARN("kforge cast: a variant of ", op.operator_name(), " failed on a call and stays on PyTorch ",
+                     "from now on: ", e.what());
+          break;
+        }
       }
     }
     route->misses++;
