@@ -83,19 +83,14 @@ def per_op(cards: list[dict]) -> list[dict]:
 
 
 def whole_model(config_path: str, small: bool, iters: int = 10) -> dict:
+    from engine.cast.e2e import time_forward as e2e_time_forward
     from engine.config import build_target, load_config
 
     target = build_target(load_config(config_path, small=small), torch.device("cuda"))
     forward = target.forward
 
-    def time_forward(f) -> float:
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        f()
-        e.record()
-        torch.cuda.synchronize()
-        return s.elapsed_time(e)
+    def time_forward(f) -> float:  # ms
+        return e2e_time_forward(f) / 1e3
 
     with torch.no_grad():
         torch._dynamo.reset()

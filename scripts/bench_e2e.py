@@ -24,6 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from engine.cast.e2e import capture_graph, time_forward  # noqa: E402
 from engine.models.forwards import config_model, output_tensor, sd35_vae  # noqa: E402
 
 
@@ -31,28 +32,10 @@ def log(msg: str) -> None:
     print(f"[bench_e2e {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def time_forward(forward) -> float:
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    forward()
-    e.record()
-    torch.cuda.synchronize()
-    return s.elapsed_time(e) * 1e3
-
-
 def graph_of(forward):
-    """The forward captured in a CUDA graph (after warm-up on a side stream): (graph, static output)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            forward()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = output_tensor(forward())
-    return g, out
+    """The forward captured in a CUDA graph: (graph, static output tensor)."""
+    g, out = capture_graph(forward)
+    return g, output_tensor(out)
 
 
 def graph_arm(name: str, forward, cast, iters: int) -> dict:

@@ -43,7 +43,8 @@ def not_slower(speedup_ci: Sequence[float]) -> bool:
     return len(speedup_ci) == 2 and math.isfinite(speedup_ci[1]) and speedup_ci[1] >= 1.0
 
 
-def _time_arm(run: Callable[[], Any]) -> float:
+def time_forward(run: Callable[[], Any]) -> float:
+    """Device µs of one call of `run` (CUDA events, synchronised before and after)."""
     import torch
 
     torch.cuda.synchronize()
@@ -55,7 +56,8 @@ def _time_arm(run: Callable[[], Any]) -> float:
     return s.elapsed_time(e) * 1e3
 
 
-def _graph(forward: Callable[[], Any]):
+def capture_graph(forward: Callable[[], Any]) -> tuple[Any, Any]:
+    """The forward captured in a CUDA graph after warm-up on a side stream: (graph, its static output)."""
     import torch
 
     s = torch.cuda.Stream()
@@ -66,8 +68,8 @@ def _graph(forward: Callable[[], Any]):
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        forward()
-    return g
+        out = forward()
+    return g, out
 
 
 def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters: int = 10,
@@ -87,24 +89,24 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
     with torch.no_grad():
         for _ in range(3):
             forward()
-        eager_graph = _graph(forward) if graphs else None
+        eager_graph = capture_graph(forward)[0] if graphs else None
         for ids in sets:
             cast = load(cast_path, only=set(ids))
             with cast.enabled():
                 for _ in range(2):
                     forward()
-                cast_graph = _graph(forward) if graphs else None
+                cast_graph = capture_graph(forward)[0] if graphs else None
             eager_us, cast_us = [], []
             for i in range(iters):
                 for arm in (("eager", "cast") if i % 2 == 0 else ("cast", "eager")):
                     if graphs:
                         g = eager_graph if arm == "eager" else cast_graph
-                        (eager_us if arm == "eager" else cast_us).append(_time_arm(g.replay))
+                        (eager_us if arm == "eager" else cast_us).append(time_forward(g.replay))
                     elif arm == "cast":
                         with cast.enabled():
-                            cast_us.append(_time_arm(forward))
+                            cast_us.append(time_forward(forward))
                     else:
-                        eager_us.append(_time_arm(forward))
+                        eager_us.append(time_forward(forward))
             est = speedup_ci(eager_us, cast_us, paired=True)
             r = {"variants": list(ids), "speedup": est.speedup, "speedup_ci": [est.low, est.high],
                  "eager_ms": sorted(eager_us)[len(eager_us) // 2] / 1e3,

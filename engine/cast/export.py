@@ -298,13 +298,7 @@ def run_confirm(cast_path: Path, samples: dict[str, list[str]], timing: dict[str
 
     job, out = tmp / "job.json", tmp / "result.json"
     job.write_text(json.dumps({"samples": samples, "timing": timing}))
-    import os
-
-    import engine
-
-    # The child imports the same engine as this process, wherever it was imported from.
-    root = str(Path(engine.__file__).resolve().parent.parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    env = _child_env()  # the child imports the same engine as this process
     proc = subprocess.run([sys.executable, "-m", "engine.cast.confirm", "--cast", str(cast_path), "--job", str(job),
                            "--out", str(out)], capture_output=True, text=True, timeout=timeout_s, env=env)
     if not out.exists():
