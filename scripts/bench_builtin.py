@@ -28,6 +28,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from engine.run.orchestrator import NullRecorder  # noqa: E402
+
 COPY_BW = 4.25e12  # bytes/s, device-to-device copy on the H200 (../shared/reference/h200-baselines.md)
 
 
@@ -102,37 +104,16 @@ def _cases() -> list[Case]:
     ]
 
 
-class BestRecorder:
+class BestRecorder(NullRecorder):
     """Keeps every finished candidate's outcome per card in memory (nothing durable)."""
 
     def __init__(self):
         self.finished: dict[str, list[Any]] = {}
 
-    async def candidate_proposed(self, rec):
-        return rec.id
-
-    async def candidate_evaluating(self, rec):
-        pass
-
     async def candidate_finished(self, rec):
         self.finished.setdefault(rec.card_id, []).append(rec)
         mark = f"{rec.speedup:.2f}x" if rec.speedup else f"{rec.status} [{rec.category}]"
         print(f"  {rec.card_id[:8]} {rec.proposal.intent[:60]}: {mark}", flush=True)
-
-    async def usage(self, *a):
-        pass
-
-    async def event(self, *a, **k):
-        pass
-
-    async def controls(self):
-        return []
-
-    async def consume(self, seq):
-        pass
-
-    async def status(self, *a):
-        pass
 
 
 async def main_async(args) -> dict:

@@ -44,23 +44,11 @@ args = [{{ ptr = "self" }}, {{ ptr = "other" }}, {{ ptr = "out0" }}, {{ i64 = "s
 
 
 def synthetic_card(tmp: Path, n: int) -> CardRef:
-    from engine.capture.recorder import CaptureMode
-    from engine.capture.samples import save_sample
+    """An fp32 add of two n-element tensors, captured on the GPU with two samples."""
+    from engine.capture.single import capture_card
 
-    files = []
-
-    def sink(tally, idx, snap, meta):
-        p = tmp / f"{tally.id}.{idx}.safetensors"
-        files.append(str(p))
-        return save_sample(p, snap, meta)
-
-    mode = CaptureMode(path_of=lambda: "m", weight_of=lambda p: 1, samples=2, sample_budget_bytes=1 << 31,
-                       sink=sink, use_cuda_events=True)
-    with torch.no_grad(), mode:
-        for _ in range(2):
-            torch.add(torch.randn(n, device="cuda"), torch.randn(n, device="cuda"))
-    (t,) = mode.cards.values()
-    return CardRef(t.id, t.op, t.signature, t.outputs, t.bytes, files)
+    return capture_card(tmp, lambda: torch.add(torch.randn(n, device="cuda"), torch.randn(n, device="cuda")),
+                        samples=2)
 
 
 def model_cards(model: str, workspace: Path) -> list[CardRef]:

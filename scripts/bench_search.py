@@ -27,12 +27,12 @@ from engine.lane.client import GpuLane, worker_argv  # noqa: E402
 from engine.propose.base import Hardware  # noqa: E402
 from engine.propose.builtin import BuiltinProposer  # noqa: E402
 from engine.run.evaluators import LaneEvaluator  # noqa: E402
-from engine.run.orchestrator import Budgets, Orchestrator  # noqa: E402
+from engine.run.orchestrator import Budgets, NullRecorder, Orchestrator  # noqa: E402
 from engine.run.plan import CardState, SchedulePolicy  # noqa: E402
 from engine.search.tree import SearchParams  # noqa: E402
 
 
-class CurveRecorder:
+class CurveRecorder(NullRecorder):
     """Keeps the best speedup per card after every evaluation; writes nothing durable."""
 
     def __init__(self):
@@ -40,31 +40,10 @@ class CurveRecorder:
         self.best: dict[str, float] = {}
         self.ids = 0
 
-    async def candidate_proposed(self, rec):
-        return rec.id
-
-    async def candidate_evaluating(self, rec):
-        pass
-
     async def candidate_finished(self, rec):
         if rec.speedup:
             self.best[rec.card_id] = max(self.best.get(rec.card_id, 0.0), rec.speedup)
         self.curve.setdefault(rec.card_id, []).append(self.best.get(rec.card_id, 0.0))
-
-    async def usage(self, *a):
-        pass
-
-    async def event(self, *a, **k):
-        pass
-
-    async def controls(self):
-        return []
-
-    async def consume(self, seq):
-        pass
-
-    async def status(self, *a):
-        pass
 
 
 async def main_async(args) -> dict:

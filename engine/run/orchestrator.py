@@ -95,6 +95,34 @@ class LaneUse:
 CURRENT_LANE_USE: contextvars.ContextVar[LaneUse | None] = contextvars.ContextVar("kforge_lane_use", default=None)
 
 
+class NullRecorder:
+    """A Recorder that keeps nothing (benchmarks subclass it to watch candidates finish in memory)."""
+
+    async def candidate_proposed(self, rec: CandidateRecord) -> str | None:
+        return rec.id
+
+    async def candidate_evaluating(self, rec: CandidateRecord) -> None:
+        pass
+
+    async def candidate_finished(self, rec: CandidateRecord) -> None:
+        pass
+
+    async def usage(self, tokens_in: int, tokens_out: int, cost_usd: float) -> None:
+        pass
+
+    async def event(self, kind: str, payload: dict[str, Any], card_id: str | None = None) -> None:
+        pass
+
+    async def controls(self) -> list[dict[str, Any]]:
+        return []
+
+    async def consume(self, seq: int) -> None:
+        pass
+
+    async def status(self, status: str, stopped_by: str | None = None) -> None:
+        pass
+
+
 @dataclass
 class RunTotals:
     tokens_in: int = 0
