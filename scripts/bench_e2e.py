@@ -175,7 +175,7 @@ def main() -> int:
     ap.add_argument("--models", default="resnet50,sd35_vae,sd35_medium")
     ap.add_argument("--no-host-cost", action="store_true", help="skip the per-call host cost probe")
     ap.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph arm")
-    ap.add_argument("--routers", default=os.environ.get("KFORGE_CAST_ROUTER", "python"),
+    ap.add_argument("--routers", default="python" if os.environ.get("KFORGE_CAST_ROUTER") == "python" else "cpp",
                     help="python, cpp, or python,cpp to compare the two dispatch routers")
     args = ap.parse_args()
     if not torch.cuda.is_available():

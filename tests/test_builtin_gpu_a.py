@@ -91,13 +91,17 @@ def test_elementwise_reference_shapes(tmp_path):
     mod = _cuda(2, 6, 1536, dtype=b, seed=3)[:, 1:2]  # bf16[2,1,1536](s=9216,1536,1), as in SD3.5
     silu_x = _cuda(1, 512, 128, 128, dtype=b)
     gelu_x = _cuda(1, 2048, 6144, dtype=b)
+    gelu_f32 = _cuda(64, 4096) * 4
     _evaluate(tmp_path, [
         ("relu_ [32,256,56,56] f16", "elementwise", lambda: relu_x.relu_(), {}),
         ("add_ [32,256,56,56] f16", "elementwise", lambda: add_x.add_(add_y), {}),
         ("broadcast mul SD3.5 bf16", "elementwise", lambda: mod * mul_x,
          {"extra": ({"vec": 1}, {"waves": 4, "unroll": 2})}),
         ("silu [1,512,128,128] bf16", "elementwise", lambda: F.silu(silu_x), {}),
-        ("gelu tanh [1,2048,6144] bf16", "elementwise", lambda: F.gelu(gelu_x, approximate="tanh"), {}),
+        ("gelu tanh [1,2048,6144] bf16", "elementwise", lambda: F.gelu(gelu_x, approximate="tanh"),
+         {"extra": ({"math": "fast"},)}),
+        ("gelu tanh [64,4096] f32", "elementwise", lambda: F.gelu(gelu_f32, approximate="tanh"),
+         {"extra": ({"math": "fast"},)}),
     ])
 
 

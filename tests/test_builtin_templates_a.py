@@ -312,6 +312,11 @@ def test_sources_use_eager_formulas_and_constants():
     # gelu tanh constants: fp32 of M_SQRT2 * M_2_SQRTPI * 0.5 and 0.044715; erf form for 'none'
     assert "7.978845835e-01f * (a + 4.471499845e-02f * c)" in _source(capture(lambda: F.gelu(x, approximate="tanh")))
     assert "erff(a * 7.071067691e-01f)" in _source(capture(lambda: F.gelu(x)))
+    # math="fast": tanh through the hardware exp, only where asked for and only for the tanh form
+    gelu_tanh = capture(lambda: F.gelu(x, approximate="tanh"))
+    assert "tanhf(inner)" in _source(gelu_tanh) and "__expf" not in _source(gelu_tanh)
+    assert "__fdividef(2.0f, __expf(2.0f * inner) + 1.0f)" in _source(gelu_tanh, math="fast")
+    assert "math" not in _template(capture(lambda: F.gelu(x))).space(capture(lambda: F.gelu(x)))
     # pow 3 on a half dtype rounds the square to the dtype first, as ATen's Half arithmetic does
     assert "kf_round<__half>(a * a) * a" in _source(capture(lambda: x.half().pow(3)))
     assert "rsqrtf(a)" in _source(capture(lambda: x.pow(-0.5)))

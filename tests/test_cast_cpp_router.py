@@ -127,3 +127,39 @@ def test_a_plan_that_fails_on_a_call_falls_back_to_pytorch_for_good(ext, capfd):
         assert cpp_router.stats(ext, "aten::relu", "CPU") == {"hits": [0], "misses": 2}
     finally:
         cpp_router.uninstall(ext, "aten::relu", "CPU")
+
+
+def test_suspended_sends_routed_calls_to_pytorch_and_prefill_poisons_fresh_outputs(ext):
+    # A plan without launches returns its freshly allocated outputs: what the prefill wrote is what we see.
+    from engine.cast import runtime
+
+    op = torch.ops.aten.relu.default
+    x = torch.randn(64)
+    plan = _plan(ext, op, (x,), [x])
+    cpp_router.install(ext, "aten::relu", "CPU", [plan])
+    try:
+        with cpp_router.prefill("nan"):
+            assert torch.isnan(op(x)).all()
+        with cpp_router.prefill("sentinel"):
+            assert (op(x) == -1234.5).all()
+        with runtime.suspended():  # confirmation's eager arm: PyTorch's kernel, not counted
+            assert torch.equal(op(x), x.clamp_min(0))
+            with runtime.suspended():
+                pass
+            assert torch.equal(op(x), x.clamp_min(0))  # still suspended after a nested block
+        assert cpp_router.stats(ext, "aten::relu", "CPU") == {"hits": [2], "misses": 0}
+        with cpp_router.prefill("nan"):
+            pass
+        op(x)  # no prefill outside the block, and routed again after suspended()
+        assert cpp_router.stats(ext, "aten::relu", "CPU") == {"hits": [3], "misses": 0}
+    finally:
+        cpp_router.uninstall(ext, "aten::relu", "CPU")
+
+
+def test_router_mode_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv("KFORGE_CAST_ROUTER", raising=False)
+    assert cpp_router.mode() == "auto" and cpp_router.wanted()
+    monkeypatch.setenv("KFORGE_CAST_ROUTER", "python")
+    assert not cpp_router.wanted()
+    monkeypatch.setenv("KFORGE_CAST_ROUTER", "CPP")
+    assert cpp_router.mode() == "cpp" and cpp_router.wanted()

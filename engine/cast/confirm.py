@@ -52,6 +52,11 @@ def synth_inputs(signature: dict[str, Any], device: Any, seed: int = 0) -> list[
     return out
 
 
+# What a confirmed variant's evidence keeps of its confirmation (manifest `evidence.confirmed`).
+CONFIRMED_KEYS = ("speedup", "speedup_ci", "eager_us", "cast_us", "reps", "throttled", "inputs", "host_eager_us",
+                  "host_cast_us", "gpu_saved_us", "host_added_us", "net_us", "router")
+
+
 def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any],
             gate_host: bool = True) -> dict[str, Any]:
     """Run every check for every usable variant of the cast; returns JSON-ready results per variant."""
@@ -61,7 +66,7 @@ def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any
 
     from engine.bench.timing import L2Flusher, TimingConfig, ab_time
     from engine.capture.samples import load_sample
-    from engine.cast import runtime
+    from engine.cast import cpp_router, runtime
     from engine.cast.compat import current_env
     from engine.cast.loader import load
     from engine.ops import call_op, resolve_op, return_aliases, write_only_args
@@ -108,7 +113,8 @@ def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any
                 # cannot pass by inheriting eager's freed memory from the caching allocator.
                 plan.prefill = prefill
                 try:
-                    return as_list(call_op(op, b))
+                    with cpp_router.prefill(prefill):
+                        return as_list(call_op(op, b))
                 finally:
                     plan.prefill = None
 
@@ -139,10 +145,11 @@ def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any
                 cast.install()
             saved = ab.eager.median - ab.candidate.median
             added = max(0.0, cast_host - eager_host)
+            router = "c++" if state.cpp else "python"
             r.update(host_eager_us=eager_host, host_cast_us=cast_host, gpu_saved_us=saved, host_added_us=added,
-                     net_us=saved - added)
+                     net_us=saved - added, router=router)
             if gate_host and saved <= added:
-                r["reason"] = (f"the Python dispatch adds {added:.1f} µs of host time per call, more than the "
+                r["reason"] = (f"the {router} router adds {added:.1f} µs of host time per call, more than the "
                                f"{saved:.1f} µs of GPU time the kernel saves: a host-bound model would be slower")
                 continue
             r["ok"] = True

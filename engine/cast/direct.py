@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from engine.cast.confirm import CONFIRMED_KEYS
 from engine.cast.export import ExportVariant, package, run_confirm
 from engine.cast.format import write_cast
 
@@ -127,9 +128,7 @@ def build_cast(forward: Callable[[], Any], out: Path, *, work: Path, mutations: 
     for v in variants:
         r = results["variants"].get(v.vid, {})
         if r.get("ok"):
-            v.confirmed = {k: r.get(k) for k in ("speedup", "speedup_ci", "eager_us", "cast_us", "reps", "inputs",
-                                                 "host_eager_us", "host_cast_us", "gpu_saved_us", "host_added_us",
-                                                 "net_us")}
+            v.confirmed = {k: r.get(k) for k in CONFIRMED_KEYS}
             kept.append(v)
         else:
             excluded.append({"card_id": v.card["card_id"], "op": v.card["op"], "reason": str(r.get("reason"))})

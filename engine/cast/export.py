@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.cast.confirm import CONFIRMED_KEYS
 from engine.cast.format import FORMAT, FORMAT_VERSION, file_entry, write_cast
 from engine.cast.report import markdown_report
 
@@ -191,9 +192,7 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
     for v in variants:
         r = results.get("variants", {}).get(v.vid, {})
         if r.get("ok"):
-            v.confirmed = {k: r.get(k) for k in ("speedup", "speedup_ci", "eager_us", "cast_us", "reps",
-                                                 "throttled", "inputs", "host_eager_us", "host_cast_us",
-                                                 "gpu_saved_us", "host_added_us", "net_us")}
+            v.confirmed = {k: r.get(k) for k in CONFIRMED_KEYS}
             v.confirmed["gpu"] = results.get("env", {}).get("gpu")
             kept.append(v)
         else:

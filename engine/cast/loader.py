@@ -185,8 +185,9 @@ class Cast:
 
         ext = cpp_router.extension()
         if ext is None:
-            _warn(f"{self.path}: the C++ router is not available here ({cpp_router.why_not()}); "
-                  "dispatching from Python")
+            _warn(f"{self.path}: the C++ router is not available here ({cpp_router.why_not()}); dispatching "
+                  "from Python, which adds several µs of host time per call (a host-bound model may gain less "
+                  "or lose; KFORGE_CAST_ROUTER=python silences this)")
             return usable
         by_id = {v["id"]: v for v in self.file.variants}
         taken = {op for (op, _key) in runtime.routes()}

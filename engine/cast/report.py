@@ -42,6 +42,11 @@ def markdown_report(manifest: dict[str, Any], excluded: list[dict[str, Any]] | N
               "installed against the same op without it (L2 flushed before each call, calls alternated, "
               "bootstrap CI of the median ratio). A variant is included only if its lower bound is above 1 "
               "and the GPU time it saves exceeds the host time its dispatch adds.", ""]
+    routers = sorted({str((v["evidence"].get("confirmed") or {}).get("router")) for v in manifest["variants"]}
+                     - {"None"})
+    if routers:
+        lines += [f"Confirmed with the {' and '.join(routers)} dispatch router (`KFORGE_CAST_ROUTER`; where the C++ "
+                  "router cannot be built the loader dispatches from Python, which adds host time per call).", ""]
     check = src.get("model_check") or {}
     if check.get("speedup") is not None:
         ci = check.get("speedup_ci") or [float("nan")] * 2

@@ -223,13 +223,17 @@ def routes() -> dict[tuple[str, str], Route]:
 def suspended() -> Iterator[None]:
     """Every installed override passes calls straight to the original kernel inside the block
     (eager's arm when timing the public op with and without a cast, in one process)."""
+    from engine.cast import cpp_router
+
     with _LOCK:
         previous = {k: r.active for k, r in _ROUTES.items()}
         for r in _ROUTES.values():
             r.active = False
+        cpp_before = cpp_router.set_active(False)  # ops the C++ router dispatches, too
     try:
         yield
     finally:
         with _LOCK:
             for k, r in _ROUTES.items():
                 r.active = previous.get(k, True)
+            cpp_router.set_active(cpp_before)

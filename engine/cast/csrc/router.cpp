@@ -4,8 +4,9 @@
 // alignment capped at 16 bytes, device index, neg/conj bits; values of non-tensor arguments). A hit
 // allocates the outputs, writes the pointers into the kernel parameters and calls cuLaunchKernel on
 // the current CUDA stream, without entering Python. A miss calls the kernel that was registered before
-// ours (SafeKernelFunction::callBoxed). Ops that write an argument are not routed here (the Python
-// router handles them). Compiled at install time with torch.utils.cpp_extension; see cpp_router.py.
+// ours (SafeKernelFunction::callBoxed). An op that writes an argument is routed here only if no two of its
+// tensor arguments share storage (checked per call). Compiled on first use with torch.utils.cpp_extension;
+// see cpp_router.py.
 #include <torch/extension.h>
 #include <torch/library.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -13,6 +14,7 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -74,6 +76,8 @@ std::unordered_map<std::string, std::shared_ptr<Route>> g_routes;  // "name.over
 using LaunchFn = int (*)(uintptr_t, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
                          void**, void**);
 LaunchFn g_launch = nullptr;
+std::atomic<bool> g_active{true};  // false: every routed call goes to PyTorch (runtime.suspended())
+std::atomic<int> g_prefill{0};     // confirmation only: 1 poisons fresh outputs with NaN, 2 with a sentinel
 
 LaunchFn launcher() {
   if (!g_launch) {
@@ -158,6 +162,20 @@ void run(Plan& plan, torch::jit::Stack* stack, size_t nargs) {
                                        at::TensorOptions().dtype(o.dtype).device(dev)));
     }
   }
+  if (int how = g_prefill.load()) {  // as engine.lane.launcher.prefill_: unwritten outputs cannot pass
+    for (size_t i = 0; i < outs.size(); ++i) {
+      auto& t = outs[i];
+      if (plan.outs[i].alias >= 0 || t.numel() == 0) continue;
+      const bool fp = t.is_floating_point() || t.is_complex(), boolean = t.scalar_type() == at::kBool;
+      if (how == 1) {
+        if (fp) t.fill_(std::numeric_limits<double>::quiet_NaN());
+        else t.fill_(boolean ? 1 : -1);
+      } else {
+        if (fp) t.fill_(t.scalar_type() == at::kHalf ? -123.25 : -1234.5);
+        else t.fill_(boolean ? 0 : 7);
+      }
+    }
+  }
   std::vector<at::Tensor> ws;
   for (const auto& w : plan.workspaces) {
     auto t = at::empty({std::max<int64_t>(1, w.first)},
@@ -214,7 +232,7 @@ void router(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
     if (it != g_routes.end()) route = it->second;
   }
   size_t nargs = op.schema().arguments().size();
-  if (route) {
+  if (route && g_active.load(std::memory_order_relaxed)) {
     auto args = torch::jit::last(*stack, nargs);
     for (auto& plan : route->plans) {
       if (!plan->dead && matches(*plan, args)) {
@@ -231,6 +249,10 @@ void router(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
       }
     }
     route->misses++;
+    route->original->callBoxed(op, ks, stack);
+    return;
+  }
+  if (route) {  // suspended: straight to PyTorch, not counted
     route->original->callBoxed(op, ks, stack);
     return;
   }
@@ -368,6 +390,10 @@ void reset(const std::string& name, const std::string& overload, const std::stri
   it->second->misses = 0;
 }
 
+void set_active(bool on) { g_active = on; }
+
+void set_prefill(int how) { g_prefill = how; }
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -377,4 +403,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("uninstall", &uninstall);
   m.def("stats", &stats);
   m.def("reset", &reset);
+  m.def("set_active", &set_active);
+  m.def("set_prefill", &set_prefill);
 }

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.propose.base import CardBrief
@@ -74,6 +74,10 @@ def _gelu(card: CardBrief) -> str:
     if approx == "none":
         return f"return a * 0.5f * (1.0f + erff(a * {cc.float_literal(_SQRT1_2)}));"
     raise _Decline(f"gelu approximate={approx!r}")
+
+
+# The `math = "fast"` variant of a tanh-based body: tanh(u) = 1 - 2 / (exp(2u) + 1) with the hardware exp.
+_FAST_TANH = ("tanhf(inner)", "(1.0f - __fdividef(2.0f, __expf(2.0f * inner) + 1.0f))")
 
 
 def _leaky_relu(card: CardBrief) -> str:
@@ -462,16 +466,24 @@ class ElementwiseTemplate(Template):
         vecs = [v for v in VECS if _vec_ok(plan, v)]
         # Default: the widest vector that is still one 16-byte access per tensor.
         best = max(v for v in vecs if v * isz <= 16)
-        return {"vec": [best] + [v for v in vecs if v != best], "block": list(BLOCKS),
-                "unroll": list(UNROLLS), "waves": list(WAVES)}
+        space: dict[str, list[Any]] = {"vec": [best] + [v for v in vecs if v != best], "block": list(BLOCKS),
+                                       "unroll": list(UNROLLS), "waves": list(WAVES)}
+        if _FAST_TANH[0] in plan.body:
+            # tanh through exp: fewer instructions than tanhf, accurate to a few 1e-7 absolute in 1 + tanh;
+            # verification decides whether the card's tolerance takes it.
+            space["math"] = ["precise", "fast"]
+        return space
 
     def render(self, card: CardBrief, params: Mapping[str, Any]) -> Rendered:
         plan = self._plan(card)
         space = self.space(card)
         for k, vals in space.items():
-            if params.get(k) not in vals:
+            if params.get(k, vals[0] if k == "math" else None) not in vals:
                 raise ValueError(f"{k}={params.get(k)!r} is outside {list(vals)}")
         vec, block, unroll, waves = (int(params[k]) for k in ("vec", "block", "unroll", "waves"))
+        fast = params.get("math") == "fast"
+        if fast:
+            plan = replace(plan, body=plan.body.replace(*_FAST_TANH))
         # At most 16 elements per operand in flight per thread: more spills under the 64-register
         # bound that lets 1024-thread blocks launch, so larger unrolls of wide vectors are capped.
         unroll = min(unroll, max(1, MAX_ITEMS // vec))
@@ -486,7 +498,7 @@ class ElementwiseTemplate(Template):
                 f"[[launch]]\nkernel = \"{_kernel_name(plan)}\"\ngrid = [{blocks}]\nblock = [{block}]\n"
                 f"args = [{', '.join(args)}]\n")
         intent = (f"{plan.fn}: {vec}-wide x{unroll} per thread, block {block}, "
-                  + (f"grid-stride over {waves} wave(s)" if waves else "one pass"))
+                  + (f"grid-stride over {waves} wave(s)" if waves else "one pass") + (", tanh via exp" if fast else ""))
         return Rendered(source, spec, dict(params), intent)
 
 
