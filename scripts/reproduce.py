@@ -5,6 +5,7 @@ cards, the search ablation, and one Markdown report.
 
     python scripts/reproduce.py --out docs/results/reproduce [--models resnet50,sd35_medium,gemma4_e2b,qwen35_a3b]
     python scripts/reproduce.py --out docs/results/reproduce --report-only     # (re)write report.md only
+    CUDA_VISIBLE_DEVICES=1 python scripts/reproduce.py --out OUT --models resnet50 --models-only  # one GPU each
 
 Every step writes its own files under OUT and is skipped when they exist, so the script can be run in
 several sittings (a run cut short resumes with `kforge-tui run --resume`). Workspaces (with their
@@ -255,6 +256,8 @@ def main() -> int:
     ap.add_argument("--workspaces", type=Path, default=Path("/tmp/kforge-reproduce"))
     ap.add_argument("--wall-time", type=float, help="cap each run's search (seconds); resume later for the rest")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--models-only", action="store_true",
+                    help="only the per-model steps (e.g. one process per GPU); no target cards, ablation or report")
     args = ap.parse_args()
     models = [m for m in args.models.split(",") if m]
     bad = [m for m in models if m not in MODELS]
@@ -270,6 +273,8 @@ def main() -> int:
             return 2
         for m in models:
             model_steps(m, args.out, args.workspaces, args.wall_time)
+        if args.models_only:
+            return 0
         py = sys.executable
         step("target cards", args.out / "builtin" / "bench_builtin.md",
              [py, "scripts/bench_builtin.py", "--out", str(args.out / "builtin")], args.out / "steps.log")
