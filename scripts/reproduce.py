@@ -37,22 +37,25 @@ def log(msg: str) -> None:
 
 
 def step(name: str, done: Path, argv: list[str], log_file: Path, stdout: Path | None = None) -> int:
-    """Run one step unless `done` exists; its stderr (and stdout unless captured to a file) go to log_file."""
-    if done.exists():
+    """Run one step unless `done` exists (non-empty); its stderr (and stdout unless captured to a file) go to
+    log_file. A captured stdout is written beside the file and renamed into place only when the step
+    succeeds, so a step killed with its sitting (a time limit, a lost machine) is run again next time."""
+    if done.exists() and done.stat().st_size > 0:
         log(f"{name}: done already ({done})")
         return 0
     log(f"{name}: {' '.join(argv)}")
     t0 = time.perf_counter()
+    partial = stdout.with_name(stdout.name + ".partial") if stdout else None
     with open(log_file, "a") as err:
-        out = open(stdout, "w") if stdout else err
+        out = open(partial, "w") if partial else err
         try:
             rc = subprocess.call(argv, stdout=out, stderr=err, cwd=ROOT)
         finally:
-            if stdout:
+            if partial:
                 out.close()
     log(f"{name}: exit {rc} in {time.perf_counter() - t0:.0f} s")
-    if rc != 0 and stdout and stdout.exists() and stdout.stat().st_size == 0:
-        stdout.unlink()  # nothing useful: let a later sitting retry
+    if partial and rc == 0:
+        partial.replace(stdout)
     return rc
 
 
@@ -76,7 +79,9 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None) -> Non
     run_argv += ["--resume", run["id"]] if run and run["status"] != "done" else [f"configs/models/{model}.toml"]
     if wall:
         run_argv += ["--wall-time", str(wall)]
-    step(f"{model} run", d / "run.json", run_argv, logf, stdout=d / "run.json")
+    if step(f"{model} run", d / "run.json", run_argv, logf, stdout=d / "run.json") != 0:
+        log(f"{model}: the run did not finish; the next sitting resumes it")
+        return
     step(f"{model} export", d / "export.json",
          [py, "-m", "kforge_tui", "export", "--workspace", str(ws), "--out", str(d / f"{model}.cast"), "--json"],
          logf, stdout=d / "export.json")

@@ -163,3 +163,25 @@ def test_router_mode_comes_from_the_environment(monkeypatch):
     assert not cpp_router.wanted()
     monkeypatch.setenv("KFORGE_CAST_ROUTER", "CPP")
     assert cpp_router.mode() == "cpp" and cpp_router.wanted()
+
+
+def test_a_python_number_in_a_tensor_slot_is_compared_by_value(ext):
+    # x + 1e-6 (RMS norms' epsilon): add.Tensor receives the number as a wrapped 0-dim CPU tensor.
+    op = torch.ops.aten.add.Tensor
+    x = torch.randn(4, 8)
+    lay = layout_of(op)
+    sig = signature_of(op, bind_arguments(op, (x, 1e-6), {}))
+    assert cpp_router.supported(lay, sig)
+    assert not cpp_router.supported(lay, signature_of(op, bind_arguments(op, (x, True), {})))  # bools: Python
+    plan = _plan(ext, op, (x, 1e-6), [x])
+    cpp_router.install(ext, "aten::add.Tensor", "CPU", [plan])
+    try:
+        with cpp_router.prefill("sentinel"):
+            assert (x + 1e-6 == -1234.5).all()  # the plan ran
+        assert torch.equal(x + 2e-6, x.clone().add_(2e-6))  # another value: PyTorch
+        assert torch.equal(x + 1, x.clone().add_(1))  # an int of another value: PyTorch
+        assert torch.equal(x + torch.tensor(1e-6), x.clone().add_(1e-6))  # a real 0-dim tensor: PyTorch
+        st = cpp_router.stats(ext, "aten::add.Tensor", "CPU")
+        assert st == {"hits": [1], "misses": 3}
+    finally:
+        cpp_router.uninstall(ext, "aten::add.Tensor", "CPU")

@@ -32,3 +32,27 @@ def test_report_from_a_recorded_run(tmp_path):
 def test_unknown_model_is_bad_input(tmp_path):
     p = _report(tmp_path, "--report-only", "--models", "bert")
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "bert" in p.stderr
+
+
+def _reproduce_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reproduce", ROOT / "scripts" / "reproduce.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_step_counts_as_done_only_when_it_finished(tmp_path):
+    # A sitting killed mid-step (a time limit) must not leave a file that makes the next sitting skip it.
+    rp = _reproduce_module()
+    out, log = tmp_path / "run.json", tmp_path / "steps.log"
+    failing = [sys.executable, "-c", "print('{\"partial\": 1}'); raise SystemExit(3)"]
+    assert rp.step("run", out, failing, log, stdout=out) == 3
+    assert not out.exists()
+    out.write_text("")  # what an older reproduce left behind when its sitting was killed
+    ok = [sys.executable, "-c", "print('{\"status\": \"done\"}')"]
+    assert rp.step("run", out, ok, log, stdout=out) == 0
+    assert out.read_text().strip() == '{"status": "done"}'
+    assert rp.step("run", out, failing, log, stdout=out) == 0  # done: not run again
+    assert out.read_text().strip() == '{"status": "done"}'

@@ -86,9 +86,16 @@ def why_not() -> str | None:
 
 
 def supported(layout: Any, signature: dict[str, Any]) -> bool:
-    """The router takes ops without tensor-list arguments; an op that writes an argument only where the
-    captured call had no two arguments sharing storage (then the router checks that per call)."""
-    return "tensor_list" not in layout.kinds and not (layout.writes and signature.get("aliases"))
+    """The router takes ops without tensor-list arguments whose every argument it can compare (tensors,
+    absent optionals, plain values, int or float numbers in Tensor slots); an op that writes an argument
+    only where the captured call had no two arguments sharing storage (then the router checks that per
+    call). Everything else stays with the Python router."""
+    if "tensor_list" in layout.kinds or (layout.writes and signature.get("aliases")):
+        return False
+    try:
+        return all(d["kind"] != 3 for d in arg_descriptors(layout, signature, 0))
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 def _empty(dtype: str) -> torch.Tensor:
@@ -102,8 +109,10 @@ def arg_descriptors(layout: Any, signature: dict[str, Any], device_index: int) -
     out = []
     for kind, a in zip(layout.kinds, signature["args"]):
         if kind == "tensor":
-            if a.get("kind") != "tensor":
-                out.append({"kind": 3})  # a Python number in a Tensor slot: never routed here
+            if a.get("kind") != "tensor":  # a Python number in a Tensor slot (x + 1e-6): a wrapped 0-dim tensor
+                v = decode_value(a.get("value"))
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) <= 2 ** 53  # exact as a double
+                out.append({"kind": 4, "value": float(v)} if ok else {"kind": 3})
             elif a.get("absent"):
                 out.append({"kind": 0})
             else:

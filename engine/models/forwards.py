@@ -4,7 +4,7 @@ decode of the sd35_medium config on its own."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -30,7 +30,15 @@ def sd35_vae(device: str = "cuda") -> tuple[torch.nn.Module, Callable[[], Any]]:
 
 
 def output_tensor(out: Any) -> torch.Tensor:
-    """A model's output tensor (the first tensor of a tuple/list output)."""
-    while isinstance(out, (tuple, list)):
-        out = out[0]
+    """A model's output tensor: the first tensor of a tuple/list output, or of a mapping such as a
+    transformers `ModelOutput` (CausalLM: the logits; fields that are None are not in it)."""
+    while not isinstance(out, torch.Tensor):
+        if isinstance(out, (tuple, list)) and out:
+            out = out[0]
+        elif isinstance(out, Mapping):
+            out = next((v for v in out.values() if v is not None), None)
+        elif hasattr(out, "sample"):  # diffusers DecoderOutput
+            out = out.sample
+        else:
+            raise TypeError(f"no output tensor in a {type(out).__name__}")
     return out

@@ -24,13 +24,15 @@
 namespace {
 
 struct ArgDesc {
-  int kind = 0;  // 0: must be None, 1: tensor, 2: value (compared), 3: never matches (e.g. a scalar in a Tensor slot)
+  int kind = 0;  // 0: must be None, 1: tensor, 2: value (compared), 3: never matches, 4: a Python number
+                 // in a Tensor slot (arrives as a wrapped 0-dim CPU tensor; compared by value)
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   std::vector<int64_t> sizes, strides;
   int64_t align = 16;
   int64_t device = -1;
   bool neg = false, conj = false;
   c10::IValue value;
+  double number = 0.0;
 };
 
 struct OutDesc {
@@ -130,6 +132,20 @@ bool matches(const Plan& plan, c10::ArrayRef<c10::IValue> args) {
       case 2:
         if (!same_value(v, d.value)) return false;
         break;
+      case 4: {
+        if (!v.isTensor()) return false;
+        const auto& t = v.toTensor();
+        if (!t.defined() || t.dim() != 0 || !t.unsafeGetTensorImpl()->is_wrapped_number() || !t.is_cpu())
+          return false;
+        double x;
+        switch (t.scalar_type()) {
+          case at::kDouble: x = *t.const_data_ptr<double>(); break;
+          case at::kLong: x = static_cast<double>(*t.const_data_ptr<int64_t>()); break;
+          default: return false;  // a bool or complex number: PyTorch
+        }
+        if (x != d.number) return false;
+        break;
+      }
       default:
         return false;
     }
@@ -286,6 +302,8 @@ std::shared_ptr<Plan> make_plan(const std::string& device, py::list args, py::li
       else if (tag == "ints") d.value = c10::IValue(t["value"].cast<std::vector<int64_t>>());
       else if (tag == "str") d.value = c10::IValue(t["value"].cast<std::string>());
       else d.kind = 3;  // a value the router cannot compare: never matches
+    } else if (d.kind == 4) {
+      d.number = t["value"].cast<double>();
     }
     plan->args.push_back(std::move(d));
   }
