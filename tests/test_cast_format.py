@@ -189,3 +189,17 @@ def test_report_states_the_whole_model_check():
                                                          "eager_ms": 4.0, "cast_ms": 3.24}}}
     text = markdown_report(manifest)
     assert "Whole-model check (eager forwards" in text and "1.234×" in text and "4.00 ms → 3.24 ms" in text
+    assert "output moved" not in text  # an older check without the output comparison says nothing about it
+    manifest["source"]["model_check"]["rel_l2_err"] = 1.5e-3
+    assert "the model's output moved by 1.5e-03 (relative L2) against eager" in markdown_report(manifest)
+
+
+def test_rel_l2_err():
+    import torch
+
+    from engine.cast.e2e import rel_l2_err
+
+    ref = torch.tensor([3.0, 4.0])
+    assert rel_l2_err(ref.clone(), ref) == 0.0
+    assert abs(rel_l2_err(torch.tensor([3.0, 4.5]), ref) - 0.1) < 1e-12
+    assert rel_l2_err(torch.zeros(2), torch.zeros(2)) == 0.0 and rel_l2_err(ref, torch.zeros(2)) == float("inf")

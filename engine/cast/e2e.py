@@ -72,6 +72,12 @@ def capture_graph(forward: Callable[[], Any]) -> tuple[Any, Any]:
     return g, out
 
 
+def rel_l2_err(out: Any, ref: Any) -> float:
+    """‖out − ref‖ / ‖ref‖ (0 when both are zero; inf when only the reference is)."""
+    num, den = float((out - ref).norm()), float(ref.norm())
+    return num / den if den else (0.0 if num == 0 else math.inf)
+
+
 def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters: int = 10,
           graphs: bool = False) -> dict[str, Any]:
     """Try each variant set in order; the first whose model is not slower is chosen ({'chosen': None}
@@ -82,6 +88,8 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
     from engine.cast.loader import load
     from engine.config import build_target, load_config
 
+    from engine.models.forwards import output_tensor
+
     target = build_target(load_config(config, small=small), torch.device("cuda", torch.cuda.current_device()))
     forward = target.forward
     tried = []
@@ -89,12 +97,16 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
     with torch.no_grad():
         for _ in range(3):
             forward()
+        eager_out = output_tensor(forward()).double()
         eager_graph = capture_graph(forward)[0] if graphs else None
         for ids in sets:
             cast = load(cast_path, only=set(ids))
             with cast.enabled():
                 for _ in range(2):
                     forward()
+                # How far the model's output moves with the cast (each kernel passed its op's tolerance;
+                # the drift through the whole model is recorded for the report, not judged here).
+                rel_l2 = rel_l2_err(output_tensor(forward()).double(), eager_out)
                 cast_graph = capture_graph(forward)[0] if graphs else None
             eager_us, cast_us = [], []
             for i in range(iters):
@@ -110,7 +122,7 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
             est = speedup_ci(eager_us, cast_us, paired=True)
             r = {"variants": list(ids), "speedup": est.speedup, "speedup_ci": [est.low, est.high],
                  "eager_ms": sorted(eager_us)[len(eager_us) // 2] / 1e3,
-                 "cast_ms": sorted(cast_us)[len(cast_us) // 2] / 1e3, "iters": iters}
+                 "cast_ms": sorted(cast_us)[len(cast_us) // 2] / 1e3, "iters": iters, "rel_l2_err": rel_l2}
             tried.append(r)
             del cast_graph
             if not_slower(r["speedup_ci"]):

@@ -241,8 +241,8 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
     summary = [f"{len(t['variants'])} variant(s): {t['speedup']:.3f}x "
                f"(95% CI {t['speedup_ci'][0]:.3f}-{t['speedup_ci'][1]:.3f})" for t in tried]
     source["model_check"] = {"mode": result.get("mode"), "tried": tried,
-                             **({k: chosen[k] for k in ("speedup", "speedup_ci", "eager_ms", "cast_ms")}
-                                if chosen else {})}
+                             **({k: chosen.get(k) for k in ("speedup", "speedup_ci", "eager_ms", "cast_ms",
+                                                            "rel_l2_err")} if chosen else {})}
     if chosen is None:
         hint = "" if graphs else ("; its kernels may still pay off under CUDA graphs: export again with "
                                   "--cuda-graphs to check that instead")
@@ -256,7 +256,9 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
                                        f"kept the {len(keep_ids)} with the most net gain "
                                        f"({chosen['speedup']:.3f}x)"})
     progress(f"whole-model check: kept {len(keep_ids)} of {len(kept)} variant(s): {chosen['speedup']:.3f}x "
-             f"(95% CI {chosen['speedup_ci'][0]:.3f}-{chosen['speedup_ci'][1]:.3f})")
+             f"(95% CI {chosen['speedup_ci'][0]:.3f}-{chosen['speedup_ci'][1]:.3f})"
+             + (f"; output moved {chosen['rel_l2_err']:.1e} (relative L2)" if chosen.get("rel_l2_err") is not None
+                else ""))
     return [v for v in kept if v.vid in keep_ids]
 
 
