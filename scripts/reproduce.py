@@ -89,6 +89,9 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None) -> Non
         models = "sd35_vae,sd35_medium" if model == "sd35_medium" else model
         step(f"{model} e2e", d / "e2e" / "bench_e2e.md",
              [py, "scripts/bench_e2e.py", "--out", str(d / "e2e"), "--casts", str(d), "--models", models], logf)
+    comp = _load(d / "compile.json")
+    if comp is not None and "whole_model" not in comp:  # cut short after its per-op part: run it again
+        (d / "compile.json").unlink()
     step(f"{model} torch.compile", d / "compile.json",
          [py, "scripts/bench_compile_ops.py", "--workspace", str(ws), "--out", str(d / "compile.json")], logf)
     step(f"{model} run table", d / "run.md", [py, "scripts/run_table.py", str(ws / "kforge.db"),
@@ -155,7 +158,7 @@ def report(out: Path, models: list[str]) -> str:
              f"({time.strftime('%Y-%m-%d')}). Builtin proposer, default budget, one GPU; eager, torch.compile "
              "(`max-autotune-no-cudagraphs`) and the roofline beside every number. Timing: L2 flushed and the "
              "GPU kept busy before each timed call, medians, paired bootstrap 95 % CI.", ""]
-    e2e_rows, harness, won_rows = [], [], []
+    e2e_rows, harness, won_rows, compile_notes = [], [], [], []
     captured_ops: dict[str, dict[str, float]] = {}
     for model in models:
         d = out / model
@@ -193,6 +196,8 @@ def report(out: Path, models: list[str]) -> str:
                             f"({r['speedup_ci'][0]:.3f}–{r['speedup_ci'][1]:.3f}) | "
                             f"{_f(g.get('speedup'), '.3f')}× | {_f(whole.get('compile_ms'), '.2f')} | "
                             f"{r['rel_l2_err']:.1e} | {100 * covered:.0f} % |")
+        if whole.get("error"):
+            compile_notes.append(f"- {model}: {whole['error']}")
         if not e2e.get("models"):
             why = export.get("error") or "no cast exported (see export.json / steps.log)"
             e2e_rows.append(f"| {model} | – | – | {why} | – | {_f(whole.get('compile_ms'), '.2f')} | – | – |")
@@ -207,6 +212,8 @@ def report(out: Path, models: list[str]) -> str:
               "| model | eager ms | with cast ms | speedup (95 % CI) | under CUDA graphs | torch.compile ms | "
               "output rel. L2 vs eager | model time covered by the cast |", "|---|---:|---:|---|---:|---:|---:|---:|"]
     lines += e2e_rows or ["| – | | | | | | | |"]
+    if compile_notes:
+        lines += ["", "torch.compile of the whole model:"] + compile_notes
     if missing:
         lines += [""] + missing
     lines += ["", "## Every card a kernel won (CI lower bound > 1 in the run)", "",

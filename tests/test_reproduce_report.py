@@ -56,3 +56,13 @@ def test_a_step_counts_as_done_only_when_it_finished(tmp_path):
     assert out.read_text().strip() == '{"status": "done"}'
     assert rp.step("run", out, failing, log, stdout=out) == 0  # done: not run again
     assert out.read_text().strip() == '{"status": "done"}'
+
+
+def test_whole_model_compile_that_outlasts_its_limit_is_reported_not_fatal():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_compile_ops", ROOT / "scripts" / "bench_compile_ops.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    r = mod.whole_model_in_child("configs/models/resnet50.toml", False, timeout_s=0.05)
+    assert r == {"error": "torch.compile (max-autotune-no-cudagraphs) of the whole model did not finish in 0 s"}
