@@ -22,6 +22,7 @@ Python helpers:
                SMS (132, for sizing grids), int_type(extent) (32-bit index math when it fits).
   numbers      f32(x) (host static_cast<float>), float_literal(x) (exact fp32 C literal).
   cards        tensor_arg(), value_arg() (decoded), raw_arg(), check_tensor() (dtype/cuda/neg/conj reason),
+               usable_tensor() / single_output() (or Decline with that reason),
                aliased_with().
   layout       contiguous_strides(), meaningful_strides(), is_contiguous(), dense_order() (dims of a dense
                tensor, outermost first), coalesce() (merge dims all tensors walk as one), offset_code()
@@ -250,6 +251,31 @@ def value_arg(card: CardBrief, name: str, default: Any = _MISSING) -> Any:
 def raw_arg(card: CardBrief, name: str) -> dict[str, Any] | None:
     """The signature entry of argument `name`, whatever its kind."""
     return next((a for a in card.signature.get("args", []) if a.get("name") == name), None)
+
+
+class Decline(Exception):
+    """This card is outside what a template computes exactly (the message says why)."""
+
+
+def usable_tensor(card: CardBrief, name: str) -> dict[str, Any]:
+    """Tensor argument `name`'s signature entry; Decline with the reason when a builtin kernel cannot use it."""
+    x = tensor_arg(card, name)
+    why = check_tensor(x, name)
+    if why:
+        raise Decline(why)
+    assert x is not None
+    return x
+
+
+def single_output(card: CardBrief) -> dict[str, Any]:
+    """The op's one output; Decline when it has several or a builtin kernel cannot write it."""
+    if len(card.outputs) != 1:
+        raise Decline(f"{len(card.outputs)} outputs")
+    out = card.outputs[0]
+    why = check_tensor(out, "output")
+    if why:
+        raise Decline(why)
+    return out
 
 
 def check_tensor(desc: dict[str, Any] | None, what: str, dtypes: Sequence[str] = SUPPORTED) -> str | None:

@@ -28,8 +28,7 @@ from engine.propose.builtin.template import Rendered, Template
 # _Decline. The formulas are eager's CUDA functors written out in fp32 (its opmath type).
 
 
-class _Decline(Exception):
-    """This card is outside what the template computes exactly."""
+_Decline = cc.Decline  # this card is outside what the template computes exactly
 
 
 _SQRT1_2 = 0.70710678118654752440
@@ -178,11 +177,7 @@ def _analyse(card: CardBrief) -> _Plan:
     elif fn not in _UNARY_SIMPLE and fn not in _UNARY_ARGS or overload:
         raise _Decline(f"op {card.op}")
 
-    self_ = cc.tensor_arg(card, "self")
-    why = cc.check_tensor(self_, "self")
-    if why:
-        raise _Decline(why)
-    assert self_ is not None
+    self_ = cc.usable_tensor(card, "self")
     tensors: list[tuple[str, dict[str, Any]]] = [("self", self_)]
     b_value: float | None = None
     if fn in _BINARY:
@@ -199,12 +194,7 @@ def _analyse(card: CardBrief) -> _Plan:
         else:
             raise _Decline("'other' is neither a tensor nor a number")
 
-    if len(card.outputs) != 1:
-        raise _Decline(f"{len(card.outputs)} outputs")
-    out = card.outputs[0]
-    why = cc.check_tensor(out, "output")
-    if why:
-        raise _Decline(why)
+    out = cc.single_output(card)
 
     # Dtypes: eager computes in the promoted dtype's opmath (fp32 for every dtype here). That equals
     # loading each input exactly as fp32 unless an input would first be rounded to a narrower common

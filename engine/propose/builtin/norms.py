@@ -204,6 +204,20 @@ def _is_contiguous(d: Mapping[str, Any]) -> bool:
     return all(s == 1 or st == e for s, st, e in zip(d["shape"], d["stride"], exp))
 
 
+def _affine_problem(card: CardBrief, shape: list[int]) -> str | None:
+    """Why the present weight/bias cannot be read as per-element parameters of `shape` (None: fine)."""
+    for k in ("weight", "bias"):
+        a = _arg(card, k)
+        if _present(a):
+            assert a is not None
+            why = _tensor_problem(a, k)
+            if why:
+                return why
+            if [int(s) for s in a["shape"]] != shape:
+                return f"{k} shape {a['shape']}, expected {shape}"
+    return None
+
+
 def _tensor_problem(d: Mapping[str, Any] | None, what: str) -> str | None:
     """Why a tensor descriptor is not one our kernels read (None: fine)."""
     if d is None or d.get("kind") != "tensor":
@@ -484,15 +498,9 @@ class GroupNormTemplate(Template):
             return "a group of 2**30 elements or more (32-bit in-group indexing)"
         if geo["CG"] > 4096:
             return "more than 4096 channels per group (per-channel table in shared memory)"
-        for k in ("weight", "bias"):
-            a = _arg(card, k)
-            if _present(a):
-                why = _tensor_problem(a, k)
-                if why:
-                    return why
-                assert a is not None
-                if [int(s) for s in a["shape"]] != [geo["C"]]:
-                    return f"{k} shape {a['shape']}, expected [{geo['C']}]"
+        why = _affine_problem(card, [geo["C"]])
+        if why:
+            return why
         why = (_out_problem(card, 0, x["dtype"], shape)
                or _out_problem(card, 1, None, None, numel=geo["R"])
                or _out_problem(card, 2, None, None, numel=geo["R"]))
@@ -797,15 +805,9 @@ class _RowNormTemplate(Template):
             return "rows of 2**30 elements or more"
         if m > MAX_I32:
             return "more than 2**31 - 1 rows (one grid dimension)"
-        for k in ("weight", "bias"):
-            a = _arg(card, k)
-            if _present(a):
-                why = _tensor_problem(a, k)
-                if why:
-                    return why
-                assert a is not None
-                if [int(s) for s in a["shape"]] != ns:
-                    return f"{k} shape {a['shape']}, expected {ns}"
+        why = _affine_problem(card, ns)
+        if why:
+            return why
         stats = self._stat_outputs(card)
         if len(card.outputs) != 1 + len(stats):
             return f"{len(card.outputs)} outputs, expected {1 + len(stats)}"

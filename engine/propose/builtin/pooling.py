@@ -40,8 +40,7 @@ SPLITS = (1, 2, 4, 8, 16, 32)
 VECS = (8, 4, 2, 1)
 
 
-class _Decline(Exception):
-    """This card is outside what the template computes exactly."""
+_Decline = cc.Decline  # this card is outside what the template computes exactly
 
 
 @dataclass(frozen=True)
@@ -90,17 +89,8 @@ def _dims(value: Any, ndim: int) -> list[int]:
 
 
 def _analyse(card: CardBrief) -> _Plan:
-    x = cc.tensor_arg(card, "self")
-    why = cc.check_tensor(x, "self")
-    if why:
-        raise _Decline(why)
-    assert x is not None
-    if len(card.outputs) != 1:
-        raise _Decline(f"{len(card.outputs)} outputs")
-    out = card.outputs[0]
-    why = cc.check_tensor(out, "output")
-    if why:
-        raise _Decline(why)
+    x = cc.usable_tensor(card, "self")
+    out = cc.single_output(card)
     shape, stride = [int(s) for s in x["shape"]], [int(s) for s in x["stride"]]
     ndim = len(shape)
     if card.op in ("aten::mean.dim", "aten::sum.dim_IntList"):

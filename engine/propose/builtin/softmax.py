@@ -34,8 +34,7 @@ MAX_WARP_ROW = 64   # values per lane in the warp strategy (rows of up to 2048 e
 MIN_CHUNK = 1024    # elements per chunk in the split strategy
 
 
-class _Decline(Exception):
-    """This card is outside what the template computes exactly."""
+_Decline = cc.Decline  # this card is outside what the template computes exactly
 
 
 @dataclass(frozen=True)
@@ -59,17 +58,8 @@ class _Plan:
 def _analyse(card: CardBrief) -> _Plan:
     if card.op not in ("aten::_softmax", "aten::_log_softmax"):
         raise _Decline(f"op {card.op}")
-    x = cc.tensor_arg(card, "self")
-    why = cc.check_tensor(x, "self")
-    if why:
-        raise _Decline(why)
-    assert x is not None
-    if len(card.outputs) != 1:
-        raise _Decline(f"{len(card.outputs)} outputs")
-    out = card.outputs[0]
-    why = cc.check_tensor(out, "output")
-    if why:
-        raise _Decline(why)
+    x = cc.usable_tensor(card, "self")
+    out = cc.single_output(card)
     shape, stride = [int(s) for s in x["shape"]], [int(s) for s in x["stride"]]
     if not shape:
         raise _Decline("0-dim input")
