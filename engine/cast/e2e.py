@@ -87,7 +87,6 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
     from engine.bench.stats import speedup_ci
     from engine.cast.loader import load
     from engine.config import build_target, load_config
-
     from engine.models.forwards import output_tensor
 
     target = build_target(load_config(config, small=small), torch.device("cuda", torch.cuda.current_device()))
