@@ -257,6 +257,18 @@ class Decline(Exception):
     """This card is outside what a template computes exactly (the message says why)."""
 
 
+def why_declined(analyse: Callable[[CardBrief], Any], card: CardBrief) -> str | None:
+    """A template's `accepts`: None when `analyse(card)` succeeds, else why not (a Decline's message, or a
+    signature of a shape the analysis did not expect)."""
+    try:
+        analyse(card)
+    except Decline as e:
+        return str(e)
+    except (KeyError, TypeError, ValueError) as e:
+        return f"unexpected signature ({type(e).__name__}: {e})"
+    return None
+
+
 def usable_tensor(card: CardBrief, name: str) -> dict[str, Any]:
     """Tensor argument `name`'s signature entry; Decline with the reason when a builtin kernel cannot use it."""
     x = tensor_arg(card, name)

@@ -442,13 +442,7 @@ class ElementwiseTemplate(Template):
     def accepts(self, card: CardBrief) -> str | None:
         if card.op not in self.ops:
             return f"op {card.op} is not elementwise"
-        try:
-            self._plan(card)
-        except _Decline as e:
-            return str(e)
-        except (KeyError, TypeError, ValueError) as e:
-            return f"unexpected signature ({type(e).__name__}: {e})"
-        return None
+        return cc.why_declined(self._plan, card)
 
     def space(self, card: CardBrief) -> Mapping[str, Sequence[Any]]:
         plan = self._plan(card)

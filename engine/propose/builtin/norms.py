@@ -14,7 +14,7 @@ when shared snippets change.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from string import Template as _Text
 from typing import Any
 
@@ -202,6 +202,13 @@ def _is_contiguous(d: Mapping[str, Any]) -> bool:
     """Row-major dense (size-1 dims may carry any stride)."""
     exp = _contiguous_strides(d["shape"])
     return all(s == 1 or st == e for s, st, e in zip(d["shape"], d["stride"], exp))
+
+
+def _op_input_problem(card: CardBrief, ops: Iterable[str], label: str) -> str | None:
+    """Why a norm template cannot take the card's op or its `input` tensor (None: fine)."""
+    if card.op not in ops:
+        return f"op {card.op} is not {label}"
+    return _tensor_problem(_arg(card, "input"), "input")
 
 
 def _affine_problem(card: CardBrief, shape: list[int]) -> str | None:
@@ -474,12 +481,10 @@ class GroupNormTemplate(Template):
         return {"x": x, "N": n, "C": c, "HW": hw, "G": g, "CG": c // g, "D": (c // g) * hw, "R": n * g}
 
     def accepts(self, card: CardBrief) -> str | None:
-        if card.op not in self.ops:
-            return f"op {card.op} is not group_norm"
-        x = _arg(card, "input")
-        why = _tensor_problem(x, "input")
+        why = _op_input_problem(card, self.ops, "group_norm")
         if why:
             return why
+        x = _arg(card, "input")
         assert x is not None
         for k in ("N", "C", "HxW", "group"):
             if not isinstance(_value(card, k), int) or isinstance(_value(card, k), bool):
@@ -781,12 +786,10 @@ class _RowNormTemplate(Template):
         return _numel(x["shape"]) // max(ncol, 1), ncol
 
     def accepts(self, card: CardBrief) -> str | None:
-        if card.op not in self.ops:
-            return f"op {card.op} is not {self.name}"
-        x = _arg(card, "input")
-        why = _tensor_problem(x, "input")
+        why = _op_input_problem(card, self.ops, self.name)
         if why:
             return why
+        x = _arg(card, "input")
         assert x is not None
         ns = _value(card, "normalized_shape")
         if not isinstance(ns, list) or not ns or not all(isinstance(s, int) for s in ns):

@@ -396,13 +396,7 @@ class PoolingTemplate(Template):
     ops = frozenset({"aten::mean.dim", "aten::sum.dim_IntList", "aten::_adaptive_avg_pool2d"})
 
     def accepts(self, card: CardBrief) -> str | None:
-        try:
-            _analyse(card)
-        except _Decline as e:
-            return str(e)
-        except (KeyError, TypeError, ValueError) as e:
-            return f"unexpected signature ({type(e).__name__}: {e})"
-        return None
+        return cc.why_declined(_analyse, card)
 
     def space(self, card: CardBrief) -> Mapping[str, Sequence[Any]]:
         plan = _analyse(card)

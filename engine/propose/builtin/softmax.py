@@ -410,13 +410,7 @@ class SoftmaxTemplate(Template):
     ops = frozenset({"aten::_softmax", "aten::_log_softmax"})
 
     def accepts(self, card: CardBrief) -> str | None:
-        try:
-            _analyse(card)
-        except _Decline as e:
-            return str(e)
-        except (KeyError, TypeError, ValueError) as e:
-            return f"unexpected signature ({type(e).__name__}: {e})"
-        return None
+        return cc.why_declined(_analyse, card)
 
     def space(self, card: CardBrief) -> Mapping[str, Sequence[Any]]:
         plan = _analyse(card)
