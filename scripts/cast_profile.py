@@ -91,20 +91,10 @@ def main() -> int:
                 with runtime.suspended():
                     issue_s, wall_s = _host_us(forward)
                 doc["override_only"] = {"host_issue_us": issue_s, "wall_us": wall_s}
-                import cProfile
-                import io
-                import pstats
 
-                prof = cProfile.Profile()
-                torch.cuda.synchronize()
-                prof.enable()
-                for _ in range(10):
-                    forward()
-                prof.disable()
-                torch.cuda.synchronize()
-                buf = io.StringIO()
-                pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
-                doc["cprofile_cast"] = buf.getvalue()
+                from engine.cast.hostcost import python_profile
+
+                doc["cprofile_cast"] = python_profile(forward, calls=10, top=30)
                 cast.remove()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -10,12 +10,8 @@ mechanism from Kernel Forge's runtime.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import json
-import pstats
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -24,29 +20,15 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from engine.cast.hostcost import issue_us, python_profile  # noqa: E402
 
-def host_issue_us(forward, n: int = 20) -> float:
-    times = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        forward()
-        times.append(time.perf_counter() - t0)
-    torch.cuda.synchronize()
-    return sorted(times)[n // 2] * 1e6
+
+def host_issue_us(forward) -> float:
+    return issue_us(forward)[0]
 
 
 def conv_share(forward) -> str:
-    prof = cProfile.Profile()
-    torch.cuda.synchronize()
-    prof.enable()
-    for _ in range(10):
-        forward()
-    prof.disable()
-    torch.cuda.synchronize()
-    buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(8)
-    return buf.getvalue()
+    return python_profile(forward, calls=10, top=8)
 
 
 def main() -> int:

@@ -68,6 +68,7 @@ def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any
     from engine.capture.samples import load_sample
     from engine.cast import cpp_router, runtime
     from engine.cast.compat import current_env
+    from engine.cast.hostcost import per_call_us
     from engine.cast.loader import load
     from engine.ops import call_op, resolve_op, return_aliases, write_only_args
     from engine.verify.inputs import clone_bound
@@ -137,10 +138,10 @@ def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any
             # awaited per call): a Python-dispatched hit costs more host time than eager's C++ path, and
             # in a model whose host is the bottleneck that cost is paid in full. A variant ships only if
             # the GPU time it saves exceeds the host time it adds.
-            cast_host = host_us(lambda op=op, inputs=inputs: call_op(op, inputs))
+            cast_host = per_call_us(lambda op=op, inputs=inputs: call_op(op, inputs), n=200, rounds=3)
             cast.remove()
             try:
-                eager_host = host_us(lambda op=op, inputs=inputs: call_op(op, inputs))
+                eager_host = per_call_us(lambda op=op, inputs=inputs: call_op(op, inputs), n=200, rounds=3)
             finally:
                 cast.install()
             saved = ab.eager.median - ab.candidate.median
@@ -156,24 +157,6 @@ def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any
     finally:
         cast.remove()
     return results
-
-
-def host_us(fn: Any, n: int = 200, rounds: int = 3) -> float:
-    """Host microseconds per call of `fn` issued back to back (best of `rounds`), GPU not awaited per call."""
-    import time
-
-    import torch
-
-    best = float("inf")
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        best = min(best, (t1 - t0) / n * 1e6)
-    return best
 
 
 def main(argv: list[str] | None = None) -> int:

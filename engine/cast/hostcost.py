@@ -11,17 +11,51 @@ from typing import Any
 import torch
 
 
-def _per_call_us(fn, n: int = 3000, rounds: int = 5) -> float:
+def per_call_us(fn: Any, n: int = 3000, rounds: int = 5) -> float:
+    """Host µs per call of `fn` issued back to back, best of `rounds` (the GPU is not awaited per call;
+    for ops small enough that the queue never fills, this is the host's cost alone)."""
     best = float("inf")
     for _ in range(rounds):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
-        t1 = time.perf_counter()  # host time only: the GPU runs behind, the queue never fills at this size
+        t1 = time.perf_counter()
         torch.cuda.synchronize()
         best = min(best, (t1 - t0) / n * 1e6)
     return best
+
+
+def issue_us(forward: Any, n: int = 20) -> tuple[float, float]:
+    """A model forward's (median host µs to issue it, GPU idle before each; wall µs per forward)."""
+    issue, wall = [], 0.0
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        forward()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        issue.append(t1 - t0)
+        wall += time.perf_counter() - t0
+    return sorted(issue)[n // 2] * 1e6, wall / n * 1e6
+
+
+def python_profile(forward: Any, calls: int = 10, top: int = 8) -> str:
+    """cProfile of `calls` forwards, the `top` functions by own time (where the host's time goes)."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    torch.cuda.synchronize()
+    prof.enable()
+    for _ in range(calls):
+        forward()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    return buf.getvalue()
 
 
 def relu_cast(path: Path, n: int = 4096) -> Path:
@@ -62,8 +96,8 @@ def measure(tmp: Path) -> dict[str, Any]:
     path = relu_cast(tmp / "hostcost.cast")
     x = torch.randn(4096, device="cuda", dtype=torch.float16)
     y = torch.randn(4104, device="cuda", dtype=torch.float16)
-    eager_x = _per_call_us(lambda: torch.relu(x))
-    eager_y = _per_call_us(lambda: torch.relu(y))
+    eager_x = per_call_us(lambda: torch.relu(x))
+    eager_y = per_call_us(lambda: torch.relu(y))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         cast = engine.cast.load(path)
@@ -73,9 +107,9 @@ def measure(tmp: Path) -> dict[str, Any]:
         out = torch.relu(x)
         assert cast.variants[0].hits == 1, "the host-cost probe's guard did not hit"
         assert torch.equal(out, torch.relu(x.float()).half())
-        hit = _per_call_us(lambda: torch.relu(x))
-        miss = _per_call_us(lambda: torch.relu(y))
-    eager_x2 = _per_call_us(lambda: torch.relu(x))
+        hit = per_call_us(lambda: torch.relu(x))
+        miss = per_call_us(lambda: torch.relu(y))
+    eager_x2 = per_call_us(lambda: torch.relu(x))
     eager_x = min(eager_x, eager_x2)
     return {"op": "aten::relu fp16[4096]", "eager_us": eager_x, "eager_miss_shape_us": eager_y,
             "hit_us": hit, "miss_us": miss, "hit_added_us": hit - eager_x, "miss_added_us": miss - eager_y}
