@@ -386,24 +386,26 @@ class Store:
 
     async def update_run(self, run_id: str, **fields: Any) -> None:
         """Set whitelisted run columns (RUN_UPDATABLE) and bump updated_at; ValueError on others."""
-        unknown = set(fields) - RUN_UPDATABLE
-        if unknown:
-            raise ValueError(
-                f"update_run cannot set {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(RUN_UPDATABLE))}"
-            )
-        if "status" in fields:
+        if "status" in fields and not (set(fields) - RUN_UPDATABLE):
             _check_choice("status", fields["status"], RUN_STATUSES)
-        values = row_from_dict("runs", {**fields, "updated_at": time.time()})
+        await self._update_row("runs", "run", RUN_UPDATABLE, run_id, fields)
+
+    async def _update_row(self, table: str, what: str, allowed: frozenset[str] | set[str], row_id: str,
+                          fields: dict[str, Any]) -> None:
+        """UPDATE one row by id: only whitelisted columns, updated_at bumped; KeyError when no such row."""
+        unknown = set(fields) - allowed
+        if unknown:
+            raise ValueError(f"update_{what} cannot set {', '.join(sorted(unknown))}; "
+                             f"allowed: {', '.join(sorted(allowed))}")
+        values = row_from_dict(table, {**fields, "updated_at": time.time()})
         # Column names come from the whitelist above, never from the caller unchecked.
         assignments = ", ".join(f"{col} = ?" for col in values)
         async with self._transaction() as conn:
-            cursor = await conn.execute(
-                f"UPDATE runs SET {assignments} WHERE id = ?", [*values.values(), run_id]
-            )
+            cursor = await conn.execute(f"UPDATE {table} SET {assignments} WHERE id = ?", [*values.values(), row_id])
             changed = cursor.rowcount
             await cursor.close()
         if changed == 0:
-            raise KeyError(f"no run {run_id!r}")
+            raise KeyError(f"no {what} {row_id!r}")
 
     # ---- LLM calls and candidates ------------------------------------------------------------------
 
@@ -528,23 +530,7 @@ class Store:
 
     async def update_candidate(self, candidate_id: str, **fields: Any) -> None:
         """Set whitelisted candidate columns (CANDIDATE_UPDATABLE) and bump updated_at; ValueError on others."""
-        unknown = set(fields) - CANDIDATE_UPDATABLE
-        if unknown:
-            raise ValueError(
-                f"update_candidate cannot set {', '.join(sorted(unknown))}; "
-                f"allowed: {', '.join(sorted(CANDIDATE_UPDATABLE))}"
-            )
-        values = row_from_dict("candidates", {**fields, "updated_at": time.time()})
-        # Column names come from the whitelist above, never from the caller unchecked.
-        assignments = ", ".join(f"{col} = ?" for col in values)
-        async with self._transaction() as conn:
-            cursor = await conn.execute(
-                f"UPDATE candidates SET {assignments} WHERE id = ?", [*values.values(), candidate_id]
-            )
-            changed = cursor.rowcount
-            await cursor.close()
-        if changed == 0:
-            raise KeyError(f"no candidate {candidate_id!r}")
+        await self._update_row("candidates", "candidate", CANDIDATE_UPDATABLE, candidate_id, fields)
 
     async def get_candidate(self, candidate_id: str) -> dict[str, Any] | None:
         """One candidate by id, or None."""
