@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from card_helpers import captured, cudaify
 
-from engine.capture.recorder import CaptureMode
 from engine.capture.signature import signature_text
 from engine.cast.export import ExportVariant, package
 from engine.cast.format import write_cast
@@ -22,24 +22,12 @@ H200_ENV = {"torch": torch.__version__, "torch_minor": ".".join(torch.__version_
             "driver": "13.0", "nvrtc": "13.0"}
 
 
-def _cudaify(d: Any) -> Any:
-    if isinstance(d, dict):
-        return {k: ("cuda" if k == "device" else _cudaify(v)) for k, v in d.items()}
-    if isinstance(d, list):
-        return [_cudaify(x) for x in d]
-    return d
-
-
 def captured_card(fn, want: str) -> dict[str, Any]:
     """The card (store-row shape) of the `want` op that `fn` runs, captured on CPU, described as on CUDA."""
-    mode = CaptureMode(path_of=lambda: "m", weight_of=lambda p: 1, samples=0, sample_budget_bytes=0, sink=None,
-                       use_cuda_events=False)
-    with torch.no_grad(), mode:
-        fn()
-    t = next(c for c in mode.cards.values() if c.op == want)
-    sig = _cudaify(t.signature)
+    t = captured(fn, lambda op: op == want)
+    sig = cudaify(t.signature)
     return {"card_id": t.id, "op": t.op, "signature": sig, "signature_text": signature_text(sig),
-            "outputs": _cudaify(t.outputs), "calls": 1, "share": 0.5}
+            "outputs": cudaify(t.outputs), "calls": 1, "share": 0.5}
 
 
 def group_norm_card() -> dict[str, Any]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 import math
 import random
 import re
@@ -27,9 +26,10 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from card_helpers import brief, captured
+from card_helpers import h200_cards as _h200_cards
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from engine.capture.recorder import CaptureMode
 from engine.capture.signature import bind_arguments, describe_tensor, signature_of, signature_text
 from engine.launch import Env, parse_spec, resolve
 from engine.propose.base import CardBrief
@@ -40,7 +40,6 @@ from engine.propose.builtin.softmax import TEMPLATES as SM
 from engine.propose.builtin.template import Template
 
 ROOT = Path(__file__).resolve().parent.parent
-CAPTURES = ROOT / "docs" / "results" / "capture-h200"
 TEMPLATES: list[Template] = [*EW, *SM, *PL]
 BY_NAME = {t.name: t for t in TEMPLATES}
 OPS = frozenset().union(*(t.ops for t in TEMPLATES))
@@ -51,29 +50,13 @@ ENUMERATE_MAX = 300
 # ------------------------------------------------------------------------------------------ cards
 
 
-def _cudaify(d: Any) -> Any:
-    """A CPU-captured descriptor as the same tensor would be described on the GPU."""
-    if isinstance(d, dict):
-        return {k: ("cuda" if k == "device" else _cudaify(v)) for k, v in d.items()}
-    if isinstance(d, list):
-        return [_cudaify(x) for x in d]
-    return d
-
-
-def _brief(op: str, signature: dict, outputs: list[dict]) -> CardBrief:
-    sig = _cudaify(signature)
-    return CardBrief("test", op, sig, signature_text(sig), _cudaify(outputs))
+_brief = brief
 
 
 def capture(fn: Callable[[], Any], op: str | None = None) -> CardBrief:
     """The one card of `fn` (of op `op` when it makes several) captured on CPU, marked cuda."""
-    mode = CaptureMode(path_of=lambda: "m", weight_of=lambda p: 1, samples=0, sample_budget_bytes=0, sink=None,
-                       use_cuda_events=False)
-    with torch.no_grad(), mode:
-        fn()
-    cards = [c for c in mode.cards.values() if (op is None and c.op in OPS) or c.op == op]
-    assert len(cards) == 1, [c.op for c in mode.cards.values()]
-    return _brief(cards[0].op, cards[0].signature, cards[0].outputs)
+    c = captured(fn, lambda o: (op is None and o in OPS) or o == op)
+    return _brief(c.op, c.signature, c.outputs)
 
 
 def bound_card(op: Any, args: tuple, outputs: list[torch.Tensor], **kwargs: Any) -> CardBrief:
@@ -83,13 +66,7 @@ def bound_card(op: Any, args: tuple, outputs: list[torch.Tensor], **kwargs: Any)
 
 
 def h200_cards() -> list[CardBrief]:
-    out = []
-    for f in sorted(CAPTURES.glob("*.json")):
-        for c in json.loads(f.read_text())["cards"]:
-            if c["op"] in OPS:
-                sig = {"op": c["op"], "args": c["args"], "aliases": c["aliases"]}
-                out.append(CardBrief(c["id"], c["op"], sig, c["signature"], c["outputs"]))
-    return out
+    return _h200_cards(lambda op: op in OPS)
 
 
 def _template(card: CardBrief) -> Template:

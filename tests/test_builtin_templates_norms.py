@@ -32,8 +32,8 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from card_helpers import brief, captured, h200_cards
 
-from engine.capture.recorder import CaptureMode
 from engine.capture.signature import bind_arguments, describe_tensor, signature_of, signature_text
 from engine.launch import parse_spec, resolve
 from engine.launch.expr import Env
@@ -41,35 +41,17 @@ from engine.propose.base import CardBrief
 from engine.propose.builtin.norms import TEMPLATES
 
 ROOT = Path(__file__).resolve().parent.parent
-CAPTURES = ROOT / "docs" / "results" / "capture-h200"
 BY_NAME = {t.name: t for t in TEMPLATES}
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 # ------------------------------------------------------------------------------------------ cards
 
 
-def _cudaify(d: Any) -> Any:
-    """A CPU-captured descriptor as the same tensor would be described on the GPU."""
-    if isinstance(d, dict):
-        return {k: ("cuda" if k == "device" else _cudaify(v)) for k, v in d.items()}
-    if isinstance(d, list):
-        return [_cudaify(x) for x in d]
-    return d
-
-
-def _brief(op: str, signature: dict, outputs: list[dict]) -> CardBrief:
-    sig = _cudaify(signature)
-    return CardBrief("test", op, sig, signature_text(sig), _cudaify(outputs))
+_brief = brief
 
 
 def _capture(fn: Callable[[], Any]) -> Any:
-    mode = CaptureMode(path_of=lambda: "m", weight_of=lambda p: 1, samples=0, sample_budget_bytes=0, sink=None,
-                       use_cuda_events=False)
-    with torch.no_grad(), mode:
-        fn()
-    cards = [c for c in mode.cards.values() if "norm" in c.op]
-    assert len(cards) == 1, [c.op for c in mode.cards.values()]
-    return cards[0]
+    return captured(fn, lambda op: "norm" in op)
 
 
 def _desc(shape: list[int], dtype: torch.dtype) -> dict:
@@ -81,13 +63,7 @@ def _stat_shape(shape: list[int], k: int) -> list[int]:
 
 
 def _h200_cards() -> list[CardBrief]:
-    out = []
-    for f in sorted(CAPTURES.glob("*.json")):
-        for c in json.loads(f.read_text())["cards"]:
-            if "norm" in c["op"]:
-                sig = {"op": c["op"], "args": c["args"], "aliases": c["aliases"]}
-                out.append(CardBrief(c["id"], c["op"], sig, c["signature"], c["outputs"]))
-    return out
+    return h200_cards(lambda op: "norm" in op)
 
 
 def group_norm_card(shape: list[int], groups: int, dtype: torch.dtype, affine: bool = True) -> CardBrief:
