@@ -68,3 +68,43 @@ def template_walk(template: Any, card: Any, mutations: int, seed: int = 0,
         if p not in out:
             out.append(p)
     return out
+
+
+def evaluate_cases(tmp_path: Path, by_name: dict[str, Any],
+                   cases: Sequence[tuple[str, str, Callable[[], Any], dict[str, Any]]],
+                   timing: dict | None = None) -> None:
+    """Capture each case's card, render its candidates, evaluate them all in ONE lane (lane start-up is
+    paid once per test), print speedups, and fail listing every candidate that did not verify."""
+    jobs, labels, failures = [], [], []
+    for i, (label, name, fn, opts) in enumerate(cases):
+        ref = make_card(tmp_path / f"card{i}", fn, samples=opts.get("samples", 2))
+        card = brief_of(ref)
+        t = by_name[name]
+        assert card.op in t.ops, f"{label}: captured {card.op}, which {name} does not handle"
+        why = t.accepts(card)
+        if why is not None:
+            failures.append(f"{label}: {card.op} {card.signature_text}: declined: {why}")
+            continue
+        seen = set()
+        for p in template_walk(t, card, opts.get("mutations", 3), 0, opts.get("extra", ())):
+            r = t.render(card, p)
+            if r.source + r.spec not in seen:  # equal kernels and launches: evaluate once
+                seen.add(r.source + r.spec)
+                jobs.append((ref, r.source, r.spec))
+                labels.append((f"{label}: {card.op} {card.signature_text}", r))
+    evs = evaluate_many(jobs, cache_dir=tmp_path / "compile", timing=timing)
+    last = None
+    for (label, r), ev in zip(labels, evs):
+        if label != last:
+            print(f"\n{label}")
+            last = label
+        tm = ev.payload.get("timing") or {}
+        eager = (tm.get("eager") or {}).get("median")
+        mine = (tm.get("candidate") or {}).get("median")
+        times = f" (eager {eager:.1f} us, ours {mine:.1f} us)" if eager and mine else ""
+        speed = f" {ev.speedup:.2f}x" if ev.speedup else ""
+        print(f"  {r.intent}: {ev.status}{speed}{times}" + ("" if ev.status == "verified" else
+                                                           f" [{ev.category}] {ev.message[:400]}"))
+        if ev.status != "verified":
+            failures.append(f"{label} {r.params}: {ev.category}: {ev.message[:400]}")
+    assert not failures, "\n".join(failures)

@@ -26,54 +26,13 @@ BY_NAME = {t.name: t for t in (*EW, *SM, *PL)}
 TIMING = {"max_seconds": 0.5}
 
 
-def _candidates(name: str, card: Any, mutations: int = 3, seed: int = 0,
-                extra: tuple[dict[str, Any], ...] = ()) -> list[dict[str, Any]]:
-    from gpu_harness import template_walk
-
-    return template_walk(BY_NAME[name], card, mutations, seed, extra)
-
-
 Case = tuple[str, str, Callable[[], Any], dict[str, Any]]  # (label, template, fn, options)
 
 
 def _evaluate(tmp_path: Path, cases: list[Case]) -> None:
-    """Capture each case's card, render its candidates, evaluate them all in ONE lane (lane start-up is
-    paid once per test), print speedups, and fail listing every candidate that did not verify."""
-    from gpu_harness import brief_of, evaluate_many, make_card
+    from gpu_harness import evaluate_cases
 
-    jobs, labels, failures = [], [], []
-    for i, (label, name, fn, opts) in enumerate(cases):
-        ref = make_card(tmp_path / f"card{i}", fn, samples=opts.get("samples", 2))
-        card = brief_of(ref)
-        t = BY_NAME[name]
-        assert card.op in t.ops, f"{label}: captured {card.op}, which {name} does not handle"
-        why = t.accepts(card)
-        if why is not None:
-            failures.append(f"{label}: {card.op} {card.signature_text}: declined: {why}")
-            continue
-        seen = set()
-        for p in _candidates(name, card, opts.get("mutations", 3), extra=opts.get("extra", ())):
-            r = t.render(card, p)
-            if r.source + r.spec not in seen:  # equal kernels and launches: evaluate once
-                seen.add(r.source + r.spec)
-                jobs.append((ref, r.source, r.spec))
-                labels.append((f"{label}: {card.op} {card.signature_text}", r))
-    evs = evaluate_many(jobs, cache_dir=tmp_path / "compile", timing=TIMING)
-    last = None
-    for (label, r), ev in zip(labels, evs):
-        if label != last:
-            print(f"\n{label}")
-            last = label
-        timing = ev.payload.get("timing") or {}
-        eager = (timing.get("eager") or {}).get("median")
-        mine = (timing.get("candidate") or {}).get("median")
-        times = f" (eager {eager:.1f} us, ours {mine:.1f} us)" if eager and mine else ""
-        speed = f" {ev.speedup:.2f}x" if ev.speedup else ""
-        print(f"  {r.intent}: {ev.status}{speed}{times}" + ("" if ev.status == "verified" else
-                                                           f" [{ev.category}] {ev.message[:400]}"))
-        if ev.status != "verified":
-            failures.append(f"{label} {r.params}: {ev.category}: {ev.message[:400]}")
-    assert not failures, "\n".join(failures)
+    evaluate_cases(tmp_path, BY_NAME, cases, TIMING)
 
 
 def _cuda(*shape: int, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:

@@ -22,44 +22,11 @@ BY_NAME = {t.name: t for t in TEMPLATES}
 TIMING = {"max_seconds": 0.5}
 
 
-def _candidates(name: str, card: Any, mutations: int, seed: int = 0,
-                extra: tuple[dict[str, Any], ...] = ()) -> list[dict[str, Any]]:
-    from gpu_harness import template_walk
-
-    return template_walk(BY_NAME[name], card, mutations, seed, extra)
-
-
 def _evaluate(tmp_path: Path, name: str, fn: Callable[[], Any], label: str, mutations: int = 3,
               extra: tuple[dict[str, Any], ...] = ()) -> None:
-    from gpu_harness import brief_of, evaluate_many, make_card
+    from gpu_harness import evaluate_cases
 
-    ref = make_card(tmp_path / "card", fn)
-    card = brief_of(ref)
-    t = BY_NAME[name]
-    assert card.op in t.ops, f"{label}: captured {card.op}, which {name} does not handle"
-    why = t.accepts(card)
-    assert why is None, f"{label}: {card.op} {card.signature_text}: declined: {why}"
-    rendered, seen = [], set()
-    for p in _candidates(name, card, mutations, extra=extra):
-        r = t.render(card, p)
-        if r.source not in seen:  # params a strategy ignores render the same kernel: evaluate it once
-            seen.add(r.source)
-            rendered.append(r)
-    evs = evaluate_many([(ref, r.source, r.spec) for r in rendered], cache_dir=tmp_path / "compile",
-                        timing=TIMING)
-    failures = []
-    print(f"\n{label}: {card.op} {card.signature_text}")
-    for r, ev in zip(rendered, evs):
-        timing = ev.payload.get("timing") or {}
-        eager = (timing.get("eager") or {}).get("median")
-        mine = (timing.get("candidate") or {}).get("median")
-        times = f" (eager {eager:.1f} us, ours {mine:.1f} us)" if eager and mine else ""
-        speed = f" {ev.speedup:.2f}x" if ev.speedup else ""
-        print(f"  {r.intent}: {ev.status}{speed}{times}" + ("" if ev.status == "verified" else
-                                                           f" [{ev.category}] {ev.message[:400]}"))
-        if ev.status != "verified":
-            failures.append(f"{r.params}: {ev.category}: {ev.message[:400]}")
-    assert not failures, "\n".join(failures)
+    evaluate_cases(tmp_path, BY_NAME, [(label, name, fn, {"mutations": mutations, "extra": extra})], TIMING)
 
 
 @pytest.mark.gpu
