@@ -24,7 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.cast.e2e import capture_graph, time_forward  # noqa: E402
+from engine.cast.e2e import auto_iters, capture_graph, time_forward  # noqa: E402
 from engine.models.forwards import config_model, output_tensor, sd35_vae  # noqa: E402
 
 
@@ -94,6 +94,8 @@ def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int, 
             with cast.enabled():
                 forward()
         eager_us, cast_us = [], []
+        if iters <= 0:
+            iters = auto_iters(sorted(time_forward(forward) for _ in range(3))[1])
         log(f"{name}: timing {iters} forwards per arm, alternating")
         for i in range(iters):
             arms = ("eager", "cast") if i % 2 == 0 else ("cast", "eager")
@@ -171,7 +173,7 @@ def main() -> int:
     ap.add_argument("--out", required=True, help="folder for bench_e2e.json and bench_e2e.md")
     ap.add_argument("--casts", help="folder with <model>.cast files to use (built there when missing); "
                                     "sd35_vae uses sd35_medium.cast")
-    ap.add_argument("--iters", type=int, default=0, help="forwards per arm (default: 30 ResNet-50, 10 SD3.5)")
+    ap.add_argument("--iters", type=int, default=0, help="forwards per arm (default: 30 ResNet-50, 10 SD3.5, else about 2 s per arm)")
     ap.add_argument("--models", default="resnet50,sd35_vae,sd35_medium")
     ap.add_argument("--no-host-cost", action="store_true", help="skip the per-call host cost probe")
     ap.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph arm")
@@ -198,7 +200,7 @@ def main() -> int:
                 print(f"error: --models: unknown model {name!r}; use {', '.join(MODELS)} or a shipped config "
                       f"({', '.join(shipped_configs())})", file=sys.stderr)
                 return 2
-        make, keep, iters, stem = MODELS.get(name) or (lambda n=name: config_model(n), lambda op: True, 10, name)
+        make, keep, iters, stem = MODELS.get(name) or (lambda n=name: config_model(n), lambda op: True, 0, name)
         for router in routers:
             os.environ["KFORGE_CAST_ROUTER"] = router  # read by cast.install()
             label = name if len(routers) == 1 else f"{name} [{router} router]"

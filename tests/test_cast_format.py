@@ -203,3 +203,11 @@ def test_rel_l2_err():
     assert rel_l2_err(ref.clone(), ref) == 0.0
     assert abs(rel_l2_err(torch.tensor([3.0, 4.5]), ref) - 0.1) < 1e-12
     assert rel_l2_err(torch.zeros(2), torch.zeros(2)) == 0.0 and rel_l2_err(ref, torch.zeros(2)) == float("inf")
+
+
+def test_whole_model_check_times_about_two_seconds_per_arm():
+    from engine.cast.e2e import auto_iters
+
+    assert auto_iters(4_000) == 100          # ResNet-50 at 4 ms: the cap
+    assert auto_iters(95_000) == 21          # sd35_medium at 95 ms
+    assert auto_iters(500_000) == 10         # a slow model still gets 10 pairs

@@ -7,7 +7,7 @@ forwards with and without the candidate cast, alternating; if the cast is slower
 tries smaller sets (the variants with the most net gain first) and keeps the first set that is not.
 
     python -m engine.cast.e2e --config CONFIG [--small] --cast FILE.cast --subsets JSON --out RESULT.json
-           [--graphs] [--iters N]
+           [--graphs] [--iters N (0: auto)]
 
 `--graphs` compares CUDA-graph replays of the forward instead of eager forwards (a cast exported for
 models run under CUDA graphs, where per-call host cost is gone).
@@ -78,10 +78,15 @@ def rel_l2_err(out: Any, ref: Any) -> float:
     return num / den if den else (0.0 if num == 0 else math.inf)
 
 
-def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters: int = 10,
+def auto_iters(forward_us: float, seconds: float = 2.0, lo: int = 10, hi: int = 100) -> int:
+    """Forwards per arm: about `seconds` of timing per arm, at least `lo` (the CI needs pairs), at most `hi`."""
+    return max(lo, min(hi, int(seconds * 1e6 / max(forward_us, 1.0))))
+
+
+def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters: int = 0,
           graphs: bool = False) -> dict[str, Any]:
     """Try each variant set in order; the first whose model is not slower is chosen ({'chosen': None}
-    when none is)."""
+    when none is). `iters` forwards per arm, 0: about two seconds of forwards per arm (10 to 100)."""
     import torch
 
     from engine.bench.stats import speedup_ci
@@ -96,6 +101,8 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
     with torch.no_grad():
         for _ in range(3):
             forward()
+        if iters <= 0:  # a short model needs many pairs for a CI that can tell 1.0 from 1.1
+            iters = auto_iters(sorted(time_forward(forward) for _ in range(3))[1])
         eager_out = output_tensor(forward()).double()
         eager_graph = capture_graph(forward)[0] if graphs else None
         for ids in sets:
@@ -138,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--subsets", required=True, help="JSON file: a list of variant-id lists, tried in order")
     ap.add_argument("--out", required=True)
     ap.add_argument("--graphs", action="store_true")
-    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--iters", type=int, default=0, help="forwards per arm (0: about 2 s per arm, 10 to 100)")
     args = ap.parse_args(argv)
     try:
         sets = json.loads(Path(args.subsets).read_text())
