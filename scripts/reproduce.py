@@ -116,14 +116,14 @@ def _f(v: Any, fmt: str = ".1f", none: str = "–") -> str:
     return none if v is None else format(v, fmt)
 
 
-def _cast_cards(path: Path) -> set[str]:
-    """Card ids of the variants in a cast file (empty when there is none)."""
+def _cast_cards(path: Path) -> dict[str, str]:
+    """Card id -> category of the variants in a cast file (empty when there is none)."""
     if not path.exists():
-        return set()
+        return {}
     sys.path.insert(0, str(ROOT))
     from engine.cast.format import read_cast
 
-    return {v["card_id"] for v in read_cast(path).variants}
+    return {v["card_id"]: v.get("category", "?") for v in read_cast(path).variants}
 
 
 def store_facts(db_path: Path) -> dict:
@@ -145,11 +145,18 @@ def store_facts(db_path: Path) -> dict:
     per: dict[str, list] = {}
     for c in conn.execute("SELECT * FROM candidates WHERE run_id = ?", (run["id"],)):
         per.setdefault(c["card_id"], []).append(dict(c))
+    compile_ms = []
+    for e in events:
+        if e["kind"] == "evaluated":
+            p = json.loads(e["payload"]) if isinstance(e["payload"], str) else (e["payload"] or {})
+            if p.get("compile_ms") is not None and not p.get("compile_cached"):
+                compile_ms.append(float(p["compile_ms"]))
     evaluated = [e["ts"] for e in events if e["kind"] == "evaluated"]
     span = (max(evaluated) - min(evaluated)) if len(evaluated) > 1 else 0.0
     n = sum(len(v) for v in per.values())
     return {"run": dict(run), "cards": cards, "candidates": per, "first_verified_s": first_ok,
-            "candidates_per_min": 60 * n / span if span else None, "evaluations": n}
+            "candidates_per_min": 60 * n / span if span else None, "evaluations": n,
+            "compile_ms": sorted(compile_ms)[len(compile_ms) // 2] if compile_ms else None}
 
 
 def report(out: Path, models: list[str]) -> str:
@@ -186,7 +193,7 @@ def report(out: Path, models: list[str]) -> str:
             if in_cast:
                 covered += card["share"] or 0.0
             roof = card.get("roofline_us")
-            won_rows.append((model, card, best, comp.get(cid, {}), len(cands), in_cast,
+            won_rows.append((model, card, best, comp.get(cid, {}), len(cands), in_cast_ids.get(cid),
                              100 * roof / best["best_us"] if roof else None))
         e2e = _load(d / "e2e" / "bench_e2e.json") or {}
         whole = compile_doc.get("whole_model") or {}
@@ -202,9 +209,14 @@ def report(out: Path, models: list[str]) -> str:
             why = export.get("error") or "no cast exported (see export.json / steps.log)"
             e2e_rows.append(f"| {model} | – | – | {why} | – | {_f(whole.get('compile_ms'), '.2f')} | – | – |")
         first = sorted(facts["first_verified_s"].values())
+
+        run = facts["run"]
+        tokens = (run.get("tokens_in") or 0) + (run.get("tokens_out") or 0)
+        llm = f"{tokens:,} tokens, ${run.get('cost_usd') or 0:.2f}" if tokens else "none (builtin proposer)"
         harness.append(f"| {model} | {facts['evaluations']} | {_f(facts['candidates_per_min'], '.0f')} | "
-                       f"{_f(first[len(first) // 2] if first else None, '.0f')} s | "
-                       f"{facts['run']['stopped_by']} |")
+                       f"{_f(facts['compile_ms'], '.0f')} | "
+                       f"{_f(first[len(first) // 2] if first else None, '.0f')} s | {llm} | "
+                       f"{run['stopped_by']} |")
     won_rows.sort(key=lambda r: (models.index(r[0]), -(r[1]["share"] or 0.0)))
     missing = [ln for ln in lines if ln.startswith("- ")]
     lines = [ln for ln in lines if not ln.startswith("- ")]
@@ -218,7 +230,8 @@ def report(out: Path, models: list[str]) -> str:
         lines += [""] + missing
     lines += ["", "## Every card a kernel won (CI lower bound > 1 in the run)", "",
               "| model | op | signature | calls | share | eager µs | torch.compile µs | Kernel Forge µs (95 % CI of "
-              "speedup) | % of roofline | in cast | candidates |", "|---|---|---|---:|---:|---:|---:|---|---:|---|---:|"]
+              "speedup) | % of roofline | in cast (category) | candidates |",
+              "|---|---|---|---:|---:|---:|---:|---|---:|---|---:|"]
     for model, card, best, comp, n, in_cast, roof in won_rows:
         sig = card.get("signature_text") or ""
         if not sig:
@@ -233,9 +246,10 @@ def report(out: Path, models: list[str]) -> str:
         lines.append(f"| {model} | `{card['op']}` | {sig} | {card['calls']:g} | {100 * (card['share'] or 0):.1f} % | "
                      f"{_f(card.get('eager_us'))} | {_f(comp.get('compile_us'))} | {best['best_us']:.1f} "
                      f"({best['speedup']:.2f}×, {best['speedup_low']:.2f}–{best['speedup_high']:.2f}) | "
-                     f"{_f(roof, '.0f')} | {'yes' if in_cast else 'no'} | {n} |")
-    lines += ["", "## Harness", "", "| model | evaluations | candidates / min | median time to first verified kernel "
-              "per card | run stopped by |", "|---|---:|---:|---:|---|"] + harness
+                     f"{_f(roof, '.0f')} | {in_cast or 'no'} | {n} |")
+    lines += ["", "## Harness", "", "| model | evaluations | candidates / min | median compile ms (uncached) | "
+              "median time to first verified kernel per card | LLM tokens and cost | run stopped by |",
+              "|---|---:|---:|---:|---:|---|---|"] + harness
     builtin = out / "builtin" / "bench_builtin.md"
     search = out / "search" / "bench_search.md"
     if builtin.exists():

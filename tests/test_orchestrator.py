@@ -167,6 +167,8 @@ async def test_control_rows_pause_resume_stop_and_prioritize():
     assert o.totals.proposals > 0
     first = next(cid for kind, cid, _ in rec.events if kind == "evaluated")
     assert first == "small", "a prioritised card goes first"
+    ev = next(payload for kind, _, payload in rec.events if kind == "evaluated")
+    assert isinstance(ev["compile_ms"], float) and isinstance(ev["compile_cached"], bool)  # for the harness report
     rec.control("stop")
     assert await asyncio.wait_for(task, 5) == "user"
     assert rec.statuses[-1] == ("stopped", "user")

@@ -393,7 +393,9 @@ class Orchestrator:
         card.in_flight -= 1
         self._account(card, tree, rec)
         await self.recorder.event("evaluated", {"candidate": rec.id, "status": rec.status, "category": rec.category,
-                                                "best_us": rec.best_us, "speedup": rec.speedup}, card.ref.card_id)
+                                                "best_us": rec.best_us, "speedup": rec.speedup,
+                                                "compile_ms": round(ev.compile_seconds * 1e3, 2),
+                                                "compile_cached": ev.cached_compile}, card.ref.card_id)
         why = stop_reason(card, self.policy, self.budgets.iterations_per_card)
         if why and why != "budget" and not card.done_reason:
             card.done_reason = why
