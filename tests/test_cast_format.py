@@ -192,6 +192,10 @@ def test_report_states_the_whole_model_check():
     assert "output moved" not in text  # an older check without the output comparison says nothing about it
     manifest["source"]["model_check"]["rel_l2_err"] = 1.5e-3
     assert "the model's output moved by 1.5e-03 (relative L2) against eager" in markdown_report(manifest)
+    assert "dispatch router" not in markdown_report(manifest)  # no variant recorded one
+    manifest["variants"] = [{"id": "a", "op": "aten::relu", "category": "custom CUDA", "provenance": {},
+                             "evidence": {"confirmed": {"router": "c++"}}, "kernels": ["k"], "files": {}}]
+    assert "Confirmed with the C++ dispatch router" in markdown_report(manifest)
 
 
 def test_rel_l2_err():

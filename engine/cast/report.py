@@ -45,7 +45,8 @@ def markdown_report(manifest: dict[str, Any], excluded: list[dict[str, Any]] | N
     routers = sorted({str((v["evidence"].get("confirmed") or {}).get("router")) for v in manifest["variants"]}
                      - {"None"})
     if routers:
-        lines += [f"Confirmed with the {' and '.join(routers)} dispatch router (`KFORGE_CAST_ROUTER`; where the C++ "
+        names = {"c++": "C++", "python": "Python"}
+        lines += [f"Confirmed with the {' and '.join(names.get(r, r) for r in routers)} dispatch router (`KFORGE_CAST_ROUTER`; where the C++ "
                   "router cannot be built the loader dispatches from Python, which adds host time per call).", ""]
     check = src.get("model_check") or {}
     if check.get("speedup") is not None:
