@@ -101,9 +101,11 @@ class Cast:
             from engine.cast import cpp_router
 
             ext = cpp_router.extension()
-            for op in self._cpp_ops:  # the C++ router counts hits and misses, not near misses
-                misses[op] = misses.get(op, 0) + int(cpp_router.stats(ext, op, "CUDA").get("misses", 0))
-                near.setdefault(op, 0)
+            for op in self._cpp_ops:
+                st = cpp_router.stats(ext, op, "CUDA")
+                misses[op] = misses.get(op, 0) + int(st.get("misses", 0))
+                near[op] = near.get(op, 0) + int(st.get("near_misses", 0))
+                near_keys[op] = near_keys.get(op, []) + list(st.get("near_keys", []))
         return {"file": self.path, "installed": self._installed, "problem": self.problem,
                 "variants": [{"id": v.id, "op": v.op, "signature": v.signature_text, "hits": v.hits,
                               "active": v.plan is not None and self._installed, "problem": v.problem,

@@ -13,10 +13,12 @@
 #include <c10/cuda/CUDAStream.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -69,8 +71,13 @@ struct Route {
   std::unique_ptr<c10::SafeKernelFunction> original;
   std::vector<std::shared_ptr<Plan>> plans;
   std::atomic<int64_t> misses{0};
+  std::atomic<int64_t> near_misses{0};  // misses whose first tensor had a variant's sizes
+  std::mutex near_mutex;
+  std::vector<std::string> near_keys;   // the first few such calls, described
   std::unique_ptr<torch::Library> lib;
 };
+
+constexpr size_t kNearMissKeys = 8;  // as the Python router's NEAR_MISS_KEYS
 
 std::mutex g_mutex;
 std::unordered_map<std::string, std::shared_ptr<Route>> g_routes;  // "name.overload@Key"
@@ -163,6 +170,32 @@ bool matches(const Plan& plan, c10::ArrayRef<c10::IValue> args) {
     }
   }
   return true;
+}
+
+// A miss that looks meant for a variant: the call's first tensor argument has that variant's sizes.
+bool near(const Plan& plan, c10::ArrayRef<c10::IValue> args) {
+  for (size_t i = 0; i < plan.args.size() && i < args.size(); ++i) {
+    if (plan.args[i].kind != 1) continue;
+    return args[i].isTensor() && args[i].toTensor().defined() &&
+           args[i].toTensor().sizes() == c10::IntArrayRef(plan.args[i].sizes);
+  }
+  return false;
+}
+
+std::string describe(c10::ArrayRef<c10::IValue> args) {
+  std::ostringstream o;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (i) o << ", ";
+    const auto& v = args[i];
+    if (v.isTensor() && v.toTensor().defined()) {
+      const auto& t = v.toTensor();
+      o << c10::toString(t.scalar_type()) << t.sizes() << "(s=" << t.strides() << ", align "
+        << (t.numel() ? alignment(t.data_ptr()) : 16) << ", " << t.device() << ")";
+    } else {
+      o << v;
+    }
+  }
+  return o.str();
 }
 
 void run(Plan& plan, torch::jit::Stack* stack, size_t nargs) {
@@ -265,6 +298,18 @@ void router(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
       }
     }
     route->misses++;
+    for (auto& plan : route->plans) {
+      if (near(*plan, args)) {
+        route->near_misses++;
+        std::lock_guard<std::mutex> g(route->near_mutex);
+        if (route->near_keys.size() < kNearMissKeys) {
+          auto d = describe(args);
+          if (std::find(route->near_keys.begin(), route->near_keys.end(), d) == route->near_keys.end())
+            route->near_keys.push_back(std::move(d));
+        }
+        break;
+      }
+    }
     route->original->callBoxed(op, ks, stack);
     return;
   }
@@ -396,6 +441,11 @@ py::dict stats(const std::string& name, const std::string& overload, const std::
   for (auto& p : it->second->plans) hits.append(p->hits.load());
   out["hits"] = hits;
   out["misses"] = it->second->misses.load();
+  out["near_misses"] = it->second->near_misses.load();
+  {
+    std::lock_guard<std::mutex> n(it->second->near_mutex);
+    out["near_keys"] = it->second->near_keys;
+  }
   return out;
 }
 
@@ -406,6 +456,9 @@ void reset(const std::string& name, const std::string& overload, const std::stri
   if (it == g_routes.end()) return;
   for (auto& p : it->second->plans) p->hits = 0;
   it->second->misses = 0;
+  it->second->near_misses = 0;
+  std::lock_guard<std::mutex> n(it->second->near_mutex);
+  it->second->near_keys.clear();
 }
 
 void set_active(bool on) { g_active = on; }
