@@ -97,6 +97,7 @@ class KernelPlan(Plan):
         self.prefill: str | None = None  # confirm/--verify only: poison fresh outputs to catch unwritten ones
         self.lock = threading.Lock()  # the parameter buffers are shared: one launch sequence at a time
         self.raw_stream = torch._C._cuda_getCurrentRawStream
+        self.current_device = torch._C._cuda_getDevice
 
     def _empty_outputs(self) -> list[Any]:
         """Per output: a zero-element tensor made once (nothing to write, e.g. batch_norm's saved
@@ -110,6 +111,11 @@ class KernelPlan(Plan):
         return cache
 
     def __call__(self, bound: Any) -> Any:
+        if self.current_device() != self.device_index:
+            # The launch runs in the calling thread's current context: make it this variant's device
+            # (a model on cuda:1 called while cuda:0 is current), as PyTorch's own kernels do.
+            with torch.cuda.device(self.device_index):
+                return self(bound)
         dev = self.device
         # Shared zero-element outputs only where autograd cannot attach history to them.
         empty = self._empty if not _grad_enabled() else self._no_empty

@@ -10,6 +10,7 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <dlfcn.h>
 
@@ -18,6 +19,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <unordered_map>
@@ -200,6 +202,10 @@ std::string describe(c10::ArrayRef<c10::IValue> args) {
 
 void run(Plan& plan, torch::jit::Stack* stack, size_t nargs) {
   const auto dev = plan.device;
+  // cuLaunchKernel uses the calling thread's current context: make it the variant's device (a model on
+  // cuda:1 called while cuda:0 is current), as the device guard of PyTorch's own CUDA kernels does.
+  std::optional<c10::cuda::CUDAGuard> device_guard;
+  if (dev.is_cuda()) device_guard.emplace(dev.index());
   auto args = torch::jit::last(*stack, nargs);
   std::vector<at::Tensor> outs;
   outs.reserve(plan.outs.size());
