@@ -22,26 +22,13 @@ from engine.cast.format import write_cast
 def capture_cards(forward: Callable[[], Any], sample_dir: Path, samples: int = 1,
                   keep: Callable[[str], bool] = lambda op: True) -> list[dict[str, Any]]:
     """Run `forward` under capture; cards as store-like rows with their sample files."""
-    from engine.capture.recorder import CaptureMode
-    from engine.capture.samples import save_sample
     from engine.capture.signature import signature_text
+    from engine.capture.single import capture_samples
 
-    sample_dir.mkdir(parents=True, exist_ok=True)
-    files: dict[str, list[str]] = {}
-
-    def sink(tally, idx, snap, meta):
-        if not keep(tally.op):  # only cards that may be exported need their samples on disk
-            return 0
-        path = sample_dir / f"{tally.id}.{idx}.safetensors"
-        files.setdefault(tally.id, []).append(str(path))
-        return save_sample(path, snap, meta)
-
-    mode = CaptureMode(path_of=lambda: "model", weight_of=lambda p: 1, samples=samples,
-                       sample_budget_bytes=1 << 33, sink=sink, use_cuda_events=True)
-    with torch.no_grad(), mode:
-        forward()
+    cards, files = capture_samples(forward, sample_dir, samples, keep=keep, budget_bytes=1 << 33,
+                                   path_of=lambda: "model")
     out = []
-    for t in mode.cards.values():
+    for t in cards:
         if keep(t.op) and files.get(t.id):
             out.append({"card_id": t.id, "op": t.op, "signature": t.signature,
                         "signature_text": signature_text(t.signature), "outputs": t.outputs, "bytes": t.bytes,
