@@ -119,6 +119,7 @@ async def run_async(args: argparse.Namespace, workspace: Path) -> tuple[int, dic
         cards = await _cards_of(store, workspace, capture_id, as_cuda=as_cuda)
         recorder = StoreRecorder(store, run_id, progress=Progress(json_lines=None if not args.json else True))
         lanes, pool = [], None
+        policy = SchedulePolicy()
         try:
             from engine.compile import CompilePool, Compiler, default_cache_dir
 
@@ -141,8 +142,10 @@ async def run_async(args: argparse.Namespace, workspace: Path) -> tuple[int, dic
                 compiler = Compiler(default_cache_dir(workspace), "nvrtc", arch=hardware.arch)
                 pool = CompilePool()
                 evaluate = LaneEvaluator(lanes, compiler, pool)
+                # Eager timing only where it can matter: cards the proposer takes and above the share
+                # noise floor (the rest are skipped anyway; on SD3.5 that is half the cards).
                 todo = [c.ref for c in cards if c.eager_us is None and c.ref.samples
-                        and proposer.supports(c.brief)]
+                        and c.share >= policy.min_share and proposer.supports(c.brief)]
                 if todo:
                     await measure_eager(lanes[0], store, capture_id, todo)
                     cards = await _cards_of(store, workspace, capture_id)
@@ -155,7 +158,7 @@ async def run_async(args: argparse.Namespace, workspace: Path) -> tuple[int, dic
             o = Orchestrator(cards=cards, proposer=proposer, evaluate=evaluate, recorder=recorder,
                              new_id=lambda: new_id("cand"), hardware=hardware,
                              strategy=cfg.get("strategy") or "mcts", params=SearchParams(), budgets=budgets,
-                             policy=SchedulePolicy(), max_proposals=cfg.get("max_proposals") or 4, totals=totals)
+                             policy=policy, max_proposals=cfg.get("max_proposals") or 4, totals=totals)
             recorder.orchestrator = o
             done = {e["card_id"]: e["payload"].get("reason") or "done"
                     for e in await store.events_since(run_id, 0) if e["kind"] == "card_done" and e["card_id"]}
