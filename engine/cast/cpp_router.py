@@ -54,6 +54,8 @@ def extension() -> Any:
                       "minute)...", file=sys.stderr, flush=True)
             _EXT = load(name=name, sources=[str(SOURCE)], extra_cflags=["-O2"],
                         with_cuda=True, verbose=os.environ.get("KFORGE_DEBUG") == "1")
+            if not _ACTIVE:  # built inside runtime.suspended()
+                _EXT.set_active(False)
         except Exception as e:  # no compiler, no CUDA headers, an incompatible torch: stay in Python
             _WHY = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
         return _EXT
