@@ -165,12 +165,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    job = json.loads(Path(args.job).read_text())
+
+    def work() -> dict[str, Any]:
+        job = json.loads(Path(args.job).read_text())
+        return confirm(args.cast, job.get("samples", {}), job.get("timing", {}), job.get("gate_host", True))
+
+    return run_job(work, args.out)
+
+
+def run_job(work: Any, out: str) -> int:
+    """A fresh-process job's end: `work()`'s JSON result (or the error and its traceback) written to `out`;
+    exit 0 unless it failed."""
     try:
-        result = confirm(args.cast, job.get("samples", {}), job.get("timing", {}), job.get("gate_host", True))
+        result = work()
     except Exception as e:
         result = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-    Path(args.out).write_text(json.dumps(result, default=str))
+    Path(out).write_text(json.dumps(result, default=str))
     return 0 if "error" not in result else 1
 
 

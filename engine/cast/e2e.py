@@ -19,7 +19,6 @@ import argparse
 import json
 import math
 import sys
-import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -147,13 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--graphs", action="store_true")
     ap.add_argument("--iters", type=int, default=0, help="forwards per arm (0: about 2 s per arm, 10 to 100)")
     args = ap.parse_args(argv)
-    try:
+    from engine.cast.confirm import run_job
+
+    def work() -> dict[str, Any]:
         sets = json.loads(Path(args.subsets).read_text())
-        result = check(args.config, args.small, args.cast, sets, args.iters, args.graphs)
-    except Exception as e:
-        result = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-    Path(args.out).write_text(json.dumps(result, default=str))
-    return 0 if "error" not in result else 1
+        return check(args.config, args.small, args.cast, sets, args.iters, args.graphs)
+
+    return run_job(work, args.out)
 
 
 if __name__ == "__main__":
