@@ -119,6 +119,7 @@ def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int, 
         "hits": {v["id"]: v["hits"] for v in stats["variants"]}, "misses": stats["misses"],
         "near_misses": stats["near_misses"], "near_miss_keys": stats["near_miss_keys"],
         "every_variant_hit": all(v["hits"] > 0 for v in stats["variants"]),
+        "dispatched_by": ", ".join(sorted({v["router"] for v in stats["variants"]})) or "-",
         "variants_hit": sum(1 for v in stats["variants"] if v["hits"] > 0),
         "build": build, "cuda_graphs": graph,
     }
@@ -132,10 +133,10 @@ def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int, 
 
 def markdown(doc: dict) -> str:
     lines = ["# bench_e2e", "", f"{doc['gpu']}, torch {doc['torch']}, {time.strftime('%Y-%m-%d')}", "",
-             "| model | variants | eager ms | cast ms | speedup (95% CI) | rel L2 err | variants hit | "
-             "near misses | remove() exact |", "|---|---:|---:|---:|---:|---:|---|---:|---|"]
+             "| model | router | variants | eager ms | cast ms | speedup (95% CI) | rel L2 err | variants hit | "
+             "near misses | remove() exact |", "|---|---|---:|---:|---:|---:|---:|---|---:|---|"]
     for r in doc["models"]:
-        lines.append(f"| {r['model']} | {r['variants']} | {r['eager_ms']:.2f} | {r['cast_ms']:.2f} | "
+        lines.append(f"| {r['model']} | {r.get('dispatched_by', '-')} | {r['variants']} | {r['eager_ms']:.2f} | {r['cast_ms']:.2f} | "
                      f"{r['speedup']:.3f}× ({r['speedup_ci'][0]:.3f}–{r['speedup_ci'][1]:.3f}) | "
                      f"{r['rel_l2_err']:.1e} | {r['variants_hit']}/{r['variants']} | {sum(r['near_misses'].values())} | "
                      f"{r['restored_bit_exact']} |")
@@ -150,7 +151,7 @@ def markdown(doc: dict) -> str:
                          f"({g['speedup_ci'][0]:.3f}–{g['speedup_ci'][1]:.3f}) | {g['rel_l2_err']:.1e} |")
     for key in sorted(k for k in doc if k.startswith("host_cost")):
         h = doc[key]
-        which = f", {key.removeprefix('host_cost_')} router" if key != "host_cost" else ""
+        which = f", {h['router']} router" if h.get("router") else ""
         lines += ["", f"Host cost per call ({h['op']}{which}): eager {h['eager_us']:.2f} µs; guard hit "
                   f"{h['hit_us']:.2f} µs (+{h['hit_added_us']:.2f}); guard miss {h['miss_us']:.2f} µs vs eager "
                   f"{h['eager_miss_shape_us']:.2f} µs (+{h['miss_added_us']:.2f})."]
@@ -177,8 +178,9 @@ def main() -> int:
     ap.add_argument("--models", default="resnet50,sd35_vae,sd35_medium")
     ap.add_argument("--no-host-cost", action="store_true", help="skip the per-call host cost probe")
     ap.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph arm")
-    ap.add_argument("--routers", default="python" if os.environ.get("KFORGE_CAST_ROUTER") == "python" else "cpp",
-                    help="python, cpp, or python,cpp to compare the two dispatch routers")
+    ap.add_argument("--routers", default=os.environ.get("KFORGE_CAST_ROUTER") or "auto",
+                    help="auto (what cast.install() picks: C++ where it passed its self-test on this GPU), "
+                         "python, cpp, or e.g. python,cpp to compare the dispatch routers")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("error: bench_e2e: no CUDA GPU is visible", file=sys.stderr)
@@ -189,8 +191,8 @@ def main() -> int:
     casts.mkdir(parents=True, exist_ok=True)
     doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "models": []}
     routers = [r for r in args.routers.split(",") if r]
-    if any(r not in ("python", "cpp") for r in routers):
-        print(f"error: --routers {args.routers}: use python, cpp or python,cpp", file=sys.stderr)
+    if not routers or any(r not in ("auto", "python", "cpp") for r in routers):
+        print(f"error: --routers {args.routers}: use auto, python, cpp or a list such as python,cpp", file=sys.stderr)
         return 2
     for name in args.models.split(","):
         if name not in MODELS:

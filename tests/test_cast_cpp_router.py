@@ -14,7 +14,12 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def ext():
-    e = cpp_router.extension()
+    mp = pytest.MonkeyPatch()
+    mp.setenv("KFORGE_CAST_ROUTER", "cpp")  # the router itself, whatever its self-test says on this machine
+    try:
+        e = cpp_router.extension()
+    finally:
+        mp.undo()
     if e is None:
         pytest.fail(f"the C++ router did not build here: {cpp_router.why_not()}")
     return e
@@ -119,6 +124,13 @@ def test_resnet50_cast_through_the_cpp_router_on_the_gpu(ext, monkeypatch):
     assert all(v["hits"] > 0 for v in stats["variants"]), stats["variants"]
     torch.testing.assert_close(mine, eager, rtol=2e-2, atol=2e-2)
     assert torch.equal(after, eager)
+
+
+@pytest.mark.gpu
+def test_router_self_test_passes_on_the_gpu():
+    """What `auto` mode runs before trusting the router: a hit, plain and near misses of a relu cast in a child
+    process, each result equal to eager. Crashed on an H200 on 2026-11-30 (SIGSEGV at the first guard miss of real flows)."""
+    assert cpp_router._self_test() is None
 
 
 def test_a_plan_that_fails_on_a_call_falls_back_to_pytorch_for_good(ext, capfd):

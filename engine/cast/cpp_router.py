@@ -7,8 +7,10 @@ router made the same cast 1.21x faster (docs/results/cast-h200). It does the sam
 launch in a boxed C++ kernel, compiled on first use with `torch.utils.cpp_extension` (a C++ compiler and the
 CUDA headers are needed; the build is cached per torch version).
 
-`KFORGE_CAST_ROUTER` picks the router: `auto` (the default: C++ where it builds, else Python with one
-warning), `cpp` (the same), `python` (never build it).
+`KFORGE_CAST_ROUTER` picks the router: `auto` (the default: C++ where it builds and passes its self-test on
+this GPU, else Python with one warning), `cpp` (C++ without the self-test), `python` (never build it).
+The self-test (`engine.cast.router_selftest`) runs once per build and GPU model in a child process: on
+2026-11-30 the router crashed its process on guard misses on an H200, which its CPU-key tests never saw.
 
 Supported: ops whose arguments are tensors, absent optionals and plain values (no tensor lists); an op
 that writes an argument (batch norm's running statistics) where no two arguments share storage.
@@ -31,12 +33,26 @@ import torch
 SOURCE = Path(__file__).resolve().parent / "csrc" / "router.cpp"
 _LOCK = threading.Lock()
 _EXT: Any = None
-_WHY: str | None = None
+_WHY: str | None = None  # why the router could not be built
+_NAME: str | None = None
+_UNTRUSTED: str | None = None  # why `auto` does not use it on this GPU ("" once its self-test passed)
 
 
 def extension() -> Any:
-    """The compiled router module, or None (then `why_not()` says why)."""
-    global _EXT, _WHY
+    """The compiled router module, or None (then `why_not()` says why). In `auto` mode on a GPU, only once
+    the router passed its self-test here (`cpp` skips that test)."""
+    global _UNTRUSTED
+    ext = _build()
+    if ext is None or mode() != "auto" or not torch.cuda.is_available():
+        return ext
+    with _LOCK:
+        if _UNTRUSTED is None:
+            _UNTRUSTED = _verdict(_NAME) or ""
+    return None if _UNTRUSTED else ext
+
+
+def _build() -> Any:
+    global _EXT, _WHY, _NAME
     with _LOCK:
         if _EXT is not None or _WHY is not None:
             return _EXT
@@ -48,11 +64,11 @@ def extension() -> Any:
             _find_cuda_headers()
 
             tag = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
-            name = f"kforge_router_{tag}"
-            if not _built(name):
+            _NAME = f"kforge_router_{tag}"
+            if not _built(_NAME):
                 print("kforge: building the C++ dispatch router of casts (once per torch version, about a "
                       "minute)...", file=sys.stderr, flush=True)
-            _EXT = load(name=name, sources=[str(SOURCE)], extra_cflags=["-O2"],
+            _EXT = load(name=_NAME, sources=[str(SOURCE)], extra_cflags=["-O2"],
                         with_cuda=True, verbose=os.environ.get("KFORGE_DEBUG") == "1")
             if not _ACTIVE:  # built inside runtime.suspended()
                 _EXT.set_active(False)
@@ -75,6 +91,58 @@ def _find_cuda_headers() -> None:
             return
 
 
+def _verdict(name: str, cache_dir: Path | None = None, run: Any = None) -> str | None:
+    """None when the router passed its self-test on this GPU (once per build and GPU model, remembered
+    beside the build), else why not."""
+    if cache_dir is None:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        cache_dir = Path(_get_build_directory(name, verbose=False))
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    mark = Path(cache_dir) / f"selftest-{hashlib.sha256(gpu.encode()).hexdigest()[:10]}.txt"
+    if mark.is_file():
+        text = mark.read_text().strip()
+        return None if text == "passed" else text
+    print("kforge: testing the C++ dispatch router on this GPU in a child process (once per build)...",
+          file=sys.stderr, flush=True)
+    failed = (run or _self_test)()
+    try:
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        mark.write_text((failed or "passed") + "\n")
+    except OSError:
+        pass  # a read-only build cache: test again next time
+    return failed
+
+
+def _self_test(cmd: list[str] | None = None, timeout_s: float = 300.0) -> str | None:
+    """Run engine.cast.router_selftest (or `cmd`) in a child process: None when it passed, else why not.
+    A child, because what it guards against is the router taking its process down."""
+    import signal
+    import subprocess
+
+    cmd = cmd or [sys.executable, "-m", "engine.cast.router_selftest"]
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])  # the folder holding the engine package
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return f"its self-test on this GPU did not finish in {timeout_s:.0f} s"
+    if r.returncode == 0:
+        return None
+    if r.returncode < 0:
+        try:
+            how = f"crashed with {signal.Signals(-r.returncode).name}"
+        except ValueError:
+            how = f"was killed by signal {-r.returncode}"
+    else:
+        how = f"failed with exit code {r.returncode}"
+    steps = [ln for ln in r.stdout.splitlines() if ln.startswith("router self-test: ")]
+    at = f" at '{steps[-1][len('router self-test: '):]}'" if steps else ""
+    return (f"its self-test on this GPU {how}{at}; `python -m engine.cast.router_selftest` shows it, "
+            "KFORGE_CAST_ROUTER=cpp uses the router anyway")
+
+
 def _built(name: str) -> bool:
     try:
         from torch.utils.cpp_extension import _get_build_directory
@@ -85,7 +153,7 @@ def _built(name: str) -> bool:
 
 
 def why_not() -> str | None:
-    return _WHY
+    return _WHY or _UNTRUSTED or None
 
 
 def supported(layout: Any, signature: dict[str, Any]) -> bool:

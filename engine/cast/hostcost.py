@@ -109,7 +109,9 @@ def measure(tmp: Path) -> dict[str, Any]:
         assert torch.equal(out, torch.relu(x.float()).half())
         hit = per_call_us(lambda: torch.relu(x))
         miss = per_call_us(lambda: torch.relu(y))
+        router = cast.stats()["variants"][0]["router"]
     eager_x2 = per_call_us(lambda: torch.relu(x))
     eager_x = min(eager_x, eager_x2)
     return {"op": "aten::relu fp16[4096]", "eager_us": eager_x, "eager_miss_shape_us": eager_y,
-            "hit_us": hit, "miss_us": miss, "hit_added_us": hit - eager_x, "miss_added_us": miss - eager_y}
+            "hit_us": hit, "miss_us": miss, "hit_added_us": hit - eager_x, "miss_added_us": miss - eager_y,
+            "router": router}

@@ -1,0 +1,59 @@
+"""`auto` mode trusts the C++ router only after its self-test passed in a child process on this GPU: a
+crash there (SIGSEGV on guard misses, as seen on an H200) becomes one reason and the Python router."""
+
+import subprocess
+import sys
+
+from engine.cast import cpp_router
+
+
+def _child(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def test_a_crashing_self_test_names_the_signal_and_the_call():
+    why = cpp_router._self_test(_child(
+        "import ctypes\n"
+        "print('router self-test: hit', flush=True)\n"
+        "print('router self-test: near miss (other dtype)', flush=True)\n"
+        "ctypes.string_at(0)\n"))
+    assert why is not None
+    assert "crashed with SIGSEGV at 'near miss (other dtype)'" in why
+    assert "KFORGE_CAST_ROUTER=cpp" in why
+
+
+def test_a_failing_self_test_gives_its_exit_code_and_a_passing_one_none():
+    assert "failed with exit code 1" in cpp_router._self_test(_child("raise SystemExit(1)"))
+    assert cpp_router._self_test(_child("print('router self-test: passed')")) is None
+
+
+def test_a_hanging_self_test_is_cut_off():
+    why = cpp_router._self_test(_child("import time; time.sleep(30)"), timeout_s=1)
+    assert why is not None and "did not finish in 1 s" in why
+
+
+def test_the_verdict_is_remembered_beside_the_build(tmp_path):
+    runs = []
+
+    def crash():
+        runs.append(1)
+        return "its self-test on this GPU crashed with SIGSEGV"
+
+    assert cpp_router._verdict("kforge_router_x", cache_dir=tmp_path, run=crash).endswith("SIGSEGV")
+    assert cpp_router._verdict("kforge_router_x", cache_dir=tmp_path, run=crash).endswith("SIGSEGV")
+    assert runs == [1]  # the second process reads the verdict instead of testing again
+    other = tmp_path / "other"
+    assert cpp_router._verdict("kforge_router_y", cache_dir=other, run=lambda: None) is None
+    assert cpp_router._verdict("kforge_router_y", cache_dir=other, run=crash) is None  # passed, remembered
+    assert runs == [1]
+
+
+def test_the_self_test_module_runs_and_says_when_there_is_no_gpu():
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: tests/test_cast_cpp_router.py::test_router_self_test_passes_on_the_gpu")
+    r = subprocess.run([sys.executable, "-m", "engine.cast.router_selftest"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 3 and "no CUDA GPU here" in r.stdout

@@ -1,0 +1,35 @@
+"""scripts/gpu_tests.py: one process per GPU test, so a crash is one named row, not a lost session."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_tests.py"
+
+
+def test_a_crashing_test_is_one_row_and_the_next_test_still_runs(tmp_path):
+    tests = tmp_path / "suite"
+    tests.mkdir()
+    (tests / "test_probe.py").write_text(
+        "import ctypes\nimport pytest\n\n"
+        "@pytest.mark.gpu\ndef test_a_crash():\n    print('about to crash', flush=True)\n    ctypes.string_at(0)\n\n"
+        "@pytest.mark.gpu\ndef test_b_fine():\n    assert True\n\n"
+        "@pytest.mark.gpu\ndef test_c_wrong():\n    assert 1 == 2\n")
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), str(tests)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    md = (out / "gpu_tests.md").read_text()
+    rows = [ln for ln in md.splitlines() if ln.startswith("| `")]
+    assert len(rows) == 3
+    assert "test_a_crash" in rows[0] and "crashed (SIGSEGV)" in rows[0]
+    assert "test_b_fine" in rows[1] and "| passed |" in rows[1]
+    assert "test_c_wrong" in rows[2] and "| failed |" in rows[2]
+    assert "1 crashed (SIGSEGV), 1 failed, 1 passed" in md
+    assert "Segmentation fault" in (out / "logs" / "01.log").read_text()  # faulthandler's trace is kept
+
+
+def test_nothing_to_run_is_a_usage_error(tmp_path):
+    r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "-k", "no_such_test"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "matches -k 'no_such_test'" in r.stderr
