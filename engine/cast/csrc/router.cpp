@@ -20,7 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <sstream>
+#include <cstdio>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -184,20 +184,54 @@ bool near(const Plan& plan, c10::ArrayRef<c10::IValue> args) {
   return false;
 }
 
+// Built without iostreams: on an H200 host (2026-11-30) the router crashed on the first guard miss, where
+// this description was the only std::ostringstream the router used on a call; the CPU-key tests never
+// crashed. Not proven to be the cause. Plain string building has no locale or stream state to disagree
+// about between the compiler that built this file and the C++ runtime the process loaded.
+std::string number(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", x);
+  return buf;
+}
+
+std::string ints(c10::IntArrayRef v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(v[i]);
+  }
+  return s + "]";
+}
+
 std::string describe(c10::ArrayRef<c10::IValue> args) {
-  std::ostringstream o;
+  std::string s;
   for (size_t i = 0; i < args.size(); ++i) {
-    if (i) o << ", ";
+    if (i) s += ", ";
     const auto& v = args[i];
     if (v.isTensor() && v.toTensor().defined()) {
       const auto& t = v.toTensor();
-      o << c10::toString(t.scalar_type()) << t.sizes() << "(s=" << t.strides() << ", align "
-        << (t.numel() ? alignment(t.data_ptr()) : 16) << ", " << t.device() << ")";
+      s += c10::toString(t.scalar_type());
+      s += ints(t.sizes()) + "(s=" + ints(t.strides()) + ", align ";
+      s += std::to_string(t.numel() ? alignment(t.data_ptr()) : 16) + ", ";
+      s += t.is_cuda() ? "cuda:" + std::to_string(t.get_device()) : (t.is_cpu() ? std::string("cpu") : "other");
+      s += ")";
+    } else if (v.isNone()) {
+      s += "None";
+    } else if (v.isBool()) {
+      s += v.toBool() ? "True" : "False";
+    } else if (v.isInt()) {
+      s += std::to_string(v.toInt());
+    } else if (v.isDouble()) {
+      s += number(v.toDouble());
+    } else if (v.isIntList()) {
+      s += ints(v.toIntVector());
+    } else if (v.isString()) {
+      s += "'" + v.toStringRef() + "'";
     } else {
-      o << v;
+      s += v.tagKind();
     }
   }
-  return o.str();
+  return s;
 }
 
 void run(Plan& plan, torch::jit::Stack* stack, size_t nargs) {
