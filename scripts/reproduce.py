@@ -159,6 +159,14 @@ def store_facts(db_path: Path) -> dict:
             "compile_ms": sorted(compile_ms)[len(compile_ms) // 2] if compile_ms else None}
 
 
+def _export_error(log: Path) -> str | None:
+    """The last `error: export: ...` line the export step wrote to steps.log (why it wrote no cast)."""
+    if not log.is_file():
+        return None
+    errors = [ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith("error: export: ")]
+    return f"no cast: {errors[-1].removeprefix('error: export: ').replace('|', '/')}" if errors else None
+
+
 def report(out: Path, models: list[str]) -> str:
     lines = ["# Kernel Forge: reproduced results", "",
              f"Written by `python scripts/reproduce.py --out {out}` "
@@ -199,14 +207,16 @@ def report(out: Path, models: list[str]) -> str:
         whole = compile_doc.get("whole_model") or {}
         for r in e2e.get("models", []):
             g = r.get("cuda_graphs") or {}
-            e2e_rows.append(f"| {r['model']} | {r['eager_ms']:.2f} | {r['cast_ms']:.2f} | {r['speedup']:.3f}× "
+            router = {"c++": "cpp"}.get(r.get("dispatched_by"), r.get("dispatched_by")) or r.get("router")
+            label = r["model"] if "[" in r["model"] or not router else f"{r['model']} [{router} router]"
+            e2e_rows.append(f"| {label} | {r['eager_ms']:.2f} | {r['cast_ms']:.2f} | {r['speedup']:.3f}× "
                             f"({r['speedup_ci'][0]:.3f}–{r['speedup_ci'][1]:.3f}) | "
                             f"{_f(g.get('speedup'), '.3f')}× | {_f(whole.get('compile_ms'), '.2f')} | "
                             f"{r['rel_l2_err']:.1e} | {100 * covered:.0f} % |")
         if whole.get("error"):
             compile_notes.append(f"- {model}: {whole['error']}")
         if not e2e.get("models"):
-            why = export.get("error") or "no cast exported (see export.json / steps.log)"
+            why = export.get("error") or _export_error(d / "steps.log") or "no cast exported (see steps.log)"
             e2e_rows.append(f"| {model} | – | – | {why} | – | {_f(whole.get('compile_ms'), '.2f')} | – | – |")
         first = sorted(facts["first_verified_s"].values())
 

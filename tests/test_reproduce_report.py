@@ -29,6 +29,19 @@ def test_report_from_a_recorded_run(tmp_path):
     assert "| adaptive_avg_pool2d (resnet50) | 1.52× | 2.48× |" in text and "GB10" in text
 
 
+def test_an_export_that_refused_says_why_in_the_end_to_end_row(tmp_path):
+    (tmp_path / "resnet50").mkdir()
+    shutil.copy(DEMO_DB, tmp_path / "resnet50" / "kforge.db")
+    (tmp_path / "resnet50" / "steps.log").write_text(
+        "[reproduce 08:34:51] resnet50 export: ...\n"
+        "error: export: resnet50 is slower with the cast in eager forwards (2 variant(s): 0.920x (95% CI "
+        "0.899-0.964)); nothing written\n[reproduce 08:35:00] resnet50 export: exit 1 in 8 s\n")
+    p = _report(tmp_path, "--report-only", "--models", "resnet50")
+    assert p.returncode == 0, p.stderr
+    row = next(ln for ln in (tmp_path / "report.md").read_text().splitlines() if ln.startswith("| resnet50 | – |"))
+    assert "no cast: resnet50 is slower with the cast in eager forwards (2 variant(s): 0.920x" in row
+
+
 def test_unknown_model_is_bad_input(tmp_path):
     p = _report(tmp_path, "--report-only", "--models", "bert")
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "bert" in p.stderr
