@@ -57,3 +57,25 @@ def test_the_self_test_module_runs_and_says_when_there_is_no_gpu():
     r = subprocess.run([sys.executable, "-m", "engine.cast.router_selftest"], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 3 and "no CUDA GPU here" in r.stdout
+
+
+def test_the_self_test_cast_compiles_for_sm90_here(tmp_path, monkeypatch):
+    """The cast the GPU self-test routes (relu fp16, and x + 1e-6 in fp32) renders from the builtin templates
+    and compiles with NVRTC for sm_90; built here from the same calls on CPU tensors, described as on the GPU."""
+    import torch
+    from card_helpers import cudaify
+
+    from engine.cast import compat
+    from engine.cast.format import read_cast
+    from engine.cast.hostcost import package_cards, probe_card
+
+    env = dict(compat.current_env(), arch="sm_90", gpu="NVIDIA H200", compute_capability=[9, 0])
+    monkeypatch.setattr(compat, "current_env", lambda: env)
+    x = torch.randn(4096, dtype=torch.float16)
+    cards = [cudaify(probe_card("probe0", torch.ops.aten.relu.default, (x,))),
+             cudaify(probe_card("probe1", torch.ops.aten.add.Tensor, (x.float(), 1e-6)))]
+    cast = read_cast(package_cards(tmp_path / "selftest.cast", cards))
+    assert [v["op"] for v in cast.variants] == ["aten::relu", "aten::add.Tensor"]
+    assert "other=1e-06" in cast.variants[1]["signature_text"]
+    cubins = [n for n in cast.files if n.endswith(".sm_90.cubin")]
+    assert len(cubins) == 2 and all(len(cast.files[n]) > 1000 for n in cubins)

@@ -61,7 +61,29 @@ def python_profile(forward: Any, calls: int = 10, top: int = 8) -> str:
 def relu_cast(path: Path, n: int = 4096) -> Path:
     """A one-variant cast (builtin relu kernel for fp16[n]); packaged without confirmation: it is a
     host-cost probe, not something to ship."""
+    x = torch.randn(n, device="cuda", dtype=torch.float16)
+    return probe_cast(path, [(torch.ops.aten.relu.default, (x,))])
+
+
+def probe_cast(path: Path, calls: list[tuple[Any, tuple]]) -> Path:
+    """A cast with one builtin-kernel variant per (op, args) call, packaged without confirmation: for probes
+    and self-tests, not something to ship."""
+    return package_cards(path, [probe_card(f"probe{i}", op, args) for i, (op, args) in enumerate(calls)])
+
+
+def probe_card(card_id: str, op: Any, args: tuple) -> dict[str, Any]:
+    """The operator card of one call (its exact signature and outputs)."""
     from engine.capture.signature import bind_arguments, describe_tensor, signature_of, signature_text
+
+    sig = signature_of(op, bind_arguments(op, args, {}))
+    out = op(*args)
+    outputs = [describe_tensor(t) for t in (out if isinstance(out, (tuple, list)) else (out,))]
+    return {"card_id": card_id, "op": sig["op"], "signature": sig, "signature_text": signature_text(sig),
+            "outputs": outputs}
+
+
+def package_cards(path: Path, cards: list[dict[str, Any]]) -> Path:
+    """Each card's builtin kernel at its default parameters, compiled for this GPU, written as a cast."""
     from engine.cast.compat import current_env
     from engine.cast.export import ExportVariant, package
     from engine.cast.format import write_cast
@@ -69,22 +91,18 @@ def relu_cast(path: Path, n: int = 4096) -> Path:
     from engine.propose.base import CardBrief
     from engine.propose.builtin import BuiltinProposer
 
-    x = torch.randn(n, device="cuda", dtype=torch.float16)
-    op = torch.ops.aten.relu.default
-    sig = signature_of(op, bind_arguments(op, (x,), {}))
-    outputs = [describe_tensor(torch.relu(x))]
-    card = {"card_id": "hostcost", "op": sig["op"], "signature": sig, "signature_text": signature_text(sig),
-            "outputs": outputs}
-    brief = CardBrief("hostcost", sig["op"], sig, card["signature_text"], outputs)
-    template, why = BuiltinProposer().template_for(brief)
-    assert template is not None, why
-    r = template.render(brief, template.default(brief))
     env = current_env()
-    res = compile_nvrtc(r.source, arch=env["arch"])
-    assert res.ok, res.summary()
-    v = ExportVariant(card, {"id": "hostcost", "source": r.source, "launch_spec": r.spec, "proposer": "builtin"},
-                      res.cubin, res.ptx, env["arch"])
-    manifest, files, report = package([v], env, {"model": "host-cost probe"})
+    variants = []
+    for card in cards:
+        brief = CardBrief(card["card_id"], card["op"], card["signature"], card["signature_text"], card["outputs"])
+        template, why = BuiltinProposer().template_for(brief)
+        assert template is not None, why
+        r = template.render(brief, template.default(brief))
+        res = compile_nvrtc(r.source, arch=env["arch"])
+        assert res.ok, res.summary()
+        variants.append(ExportVariant(card, {"id": card["card_id"], "source": r.source, "launch_spec": r.spec,
+                                             "proposer": "builtin"}, res.cubin, res.ptx, env["arch"]))
+    manifest, files, report = package(variants, env, {"model": "probe"})
     write_cast(path, manifest, files, report)
     return path
 

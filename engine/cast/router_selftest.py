@@ -3,9 +3,10 @@
 On 2026-11-30 the router (built on an H200, torch 2.11) crashed its process with SIGSEGV on the first guard
 miss of several real flows (a cast's host-cost probe, a Gemma forward, an export's confirmation), while
 the same code passed its CPU-key tests. A router that can take a user's process down must prove itself
-where it will run: this child builds a one-variant relu cast, routes it through the C++ router and makes
-the calls that crashed there (a hit, plain misses, near misses of another dtype, other strides, a
-misaligned view), checking every result against eager. Exit 0 means every call returned the right
+where it will run: this child builds a small cast (relu, and an add of a Python number), routes it through
+the C++ router and makes the kinds of calls that crashed there (hits, a plain miss, near misses of another
+dtype, other strides, a misaligned view, another number), then the suspended path and a hit with poisoned
+outputs, checking every result against PyTorch's. Exit 0 means every call returned the right
 answer; anything else (a crash included) keeps the loader on the Python router.
 
     python -m engine.cast.router_selftest      # prints one line per step; exit 0 when all passed
@@ -30,38 +31,61 @@ def main() -> int:
         print("router self-test: no CUDA GPU here", flush=True)
         return 3
     import engine.cast
-    from engine.cast.hostcost import relu_cast
+    from engine.cast import cpp_router, runtime
+    from engine.cast.hostcost import probe_cast
 
     def step(what: str) -> None:
         print(f"router self-test: {what}", flush=True)  # the last line printed names the call that crashed
 
+    relu, add = torch.ops.aten.relu.default, torch.ops.aten.add.Tensor
+    x = torch.randn(4096, device="cuda", dtype=torch.float16)
     with tempfile.TemporaryDirectory() as tmp:
-        step("building a one-variant relu cast")
-        cast = engine.cast.load(relu_cast(Path(tmp) / "selftest.cast"))
-        x = torch.randn(4096, device="cuda", dtype=torch.float16)
+        step("building a cast: relu fp16[4096], and x + 1e-6 (a Python number in a Tensor slot)")
+        cast = engine.cast.load(probe_cast(Path(tmp) / "selftest.cast", [(relu, (x,)), (add, (x.float(), 1e-6))]))
         wide = torch.randn(8194, device="cuda", dtype=torch.float16)
         calls = [
-            ("hit", x),
-            ("plain miss (other size)", torch.randn(4104, device="cuda", dtype=torch.float16)),
-            ("near miss (other dtype)", x.float()),
-            ("near miss (other strides)", wide[::2][:4096]),
-            ("near miss (misaligned view)", wide[1:4097]),
+            ("hit", lambda: torch.relu(x), lambda: x.clamp_min(0)),
+            ("plain miss (other size)", lambda: torch.relu(wide), lambda: wide.clamp_min(0)),
+            ("near miss (other dtype)", lambda: torch.relu(x.float()), lambda: x.float().clamp_min(0)),
+            ("near miss (other strides)", lambda: torch.relu(wide[::2][:4096]), lambda: wide[::2][:4096].clamp_min(0)),
+            ("near miss (misaligned view)", lambda: torch.relu(wide[1:4097]), lambda: wide[1:4097].clamp_min(0)),
+            ("hit with a Python number", lambda: x.float() + 1e-6, None),
+            ("near miss with another number", lambda: x.float() + 2e-6, None),
         ]
         with cast.enabled():
-            if not cast.variants or cast.variants[0].cpp is None:
-                step("the variant was not routed in C++")
+            routed = [v.cpp is not None for v in cast.variants]
+            if not all(routed):
+                step(f"not every variant was routed in C++: {routed}")
                 return 1
-            for what, t in calls:
+            for what, call, want in calls:
                 step(what)
-                got = torch.relu(t)
+                got = call()
                 torch.cuda.synchronize()
-                if not torch.equal(got, t.clamp_min(0)):
+                if want is not None and not torch.equal(got, want()):
                     step(f"{what}: wrong result")
                     return 1
+                if want is None:  # the add: compare with PyTorch's own kernel
+                    with runtime.suspended():
+                        ref = call()
+                    if not torch.allclose(got, ref, rtol=1e-6, atol=1e-6):
+                        step(f"{what}: wrong result")
+                        return 1
+            step("suspended (every routed call to PyTorch)")
+            with runtime.suspended():
+                if not torch.equal(torch.relu(x), x.clamp_min(0)):
+                    step("suspended: wrong result")
+                    return 1
+            step("hit with poisoned fresh outputs (export's confirmation)")
+            with cpp_router.prefill("nan"):
+                if not torch.equal(torch.relu(x), x.clamp_min(0)):
+                    step("poisoned hit: wrong result")
+                    return 1
+            torch.cuda.synchronize()
             st = cast.stats()
-        step(f"routed calls: {st}")
-        if cast.variants[0].hits != 1:
-            step(f"expected one hit, counted {cast.variants[0].hits}")
+        hits = [v.hits for v in cast.variants]
+        step(f"hits per variant {hits}; misses {st['misses']}; near misses {st['near_misses']}")
+        if hits != [2, 1]:
+            step(f"expected hits [2, 1], counted {hits}")
             return 1
     step("passed")
     return 0
