@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 from engine.compile import CompilePool, Compiler
@@ -39,6 +40,9 @@ class LaneEvaluator:
                 await use.busy(lane.name)
             ev = await evaluate(lane, self.compiler, card.ref, proposal.source, proposal.spec,
                                 timing=self.timing)
+            # evaluate() finds the binary the pool just built in the compile cache: the compile this
+            # candidate cost is the pool's, cached only if the pool's was.
+            ev = dataclasses.replace(ev, compile_seconds=result.seconds, cached_compile=result.cached)
             status, category = ev.status, ev.category
             return ev
         finally:
