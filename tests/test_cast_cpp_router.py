@@ -126,6 +126,26 @@ def test_resnet50_cast_through_the_cpp_router_on_the_gpu(ext, monkeypatch):
     assert torch.equal(after, eager)
 
 
+def test_auto_mode_keeps_out_a_router_whose_self_test_failed_and_cpp_mode_overrides(ext, monkeypatch, tmp_path):
+    # As on a GPU machine whose self-test crashed: the verdict is read, auto gives no router, cpp still does.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Test GPU")
+    monkeypatch.setattr(cpp_router, "_UNTRUSTED", None)
+    real, runs = cpp_router._verdict, []
+
+    def crashed():
+        runs.append(1)
+        return "its self-test on this GPU crashed with SIGSEGV at 'near miss (other dtype)'"
+
+    monkeypatch.setattr(cpp_router, "_verdict", lambda name: real(name, cache_dir=tmp_path, run=crashed))
+    monkeypatch.setenv("KFORGE_CAST_ROUTER", "auto")
+    assert cpp_router.extension() is None and cpp_router.extension() is None
+    assert runs == [1]
+    assert "crashed with SIGSEGV at 'near miss (other dtype)'" in cpp_router.why_not()
+    monkeypatch.setenv("KFORGE_CAST_ROUTER", "cpp")
+    assert cpp_router.extension() is ext
+
+
 @pytest.mark.gpu
 def test_router_self_test_passes_on_the_gpu():
     """What `auto` mode runs before trusting the router: a hit, plain and near misses of a relu cast in a child
