@@ -5,20 +5,30 @@ cards, the search ablation, and one Markdown report.
 
     python scripts/reproduce.py --out docs/results/reproduce [--models resnet50,sd35_medium,gemma4_e2b,qwen35_a3b]
     python scripts/reproduce.py --out docs/results/reproduce --report-only     # (re)write report.md only
-    CUDA_VISIBLE_DEVICES=1 python scripts/reproduce.py --out OUT --models resnet50 --models-only  # one GPU each
+    python scripts/reproduce.py --out OUT --gpus 0,1          # models shared out over two GPUs, one process each
+    CUDA_VISIBLE_DEVICES=1 python scripts/reproduce.py --out OUT --models resnet50 --models-only  # by hand
 
 Every step writes its own files under OUT and is skipped when they exist, so the script can be run in
 several sittings (a run cut short resumes with `kforge-tui run --resume`). Workspaces (with their
 samples, tens of GB for SD3.5) live under --workspaces (default /tmp/kforge-reproduce), not in OUT.
+
+With --gpus, each GPU's process takes the next model when it is done with one. The end-to-end and
+torch.compile steps take turns through a lock in OUT: they time whole forwards, often host-bound, and two at
+once on one host would slow each other.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
+import os
+import queue
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +44,45 @@ ORIGINAL = [("aten::mean.dim", "resnet50", "adaptive_avg_pool2d", 1.52),
 
 def log(msg: str) -> None:
     print(f"[reproduce {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def host_bench_turn(out: Path):
+    """One host-sensitive benchmark at a time across the processes of one reproduce (an exclusive lock)."""
+    with open(out / ".host-bench.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def on_gpus(models: list[str], gpus: list[str], argv_for: Any, log_dir: Path) -> dict[str, int]:
+    """Run `argv_for(model)` for every model, one process per GPU at a time (CUDA_VISIBLE_DEVICES set), each
+    GPU taking the next model when its process ends; returns every model's exit code."""
+    todo: queue.Queue[str] = queue.Queue()
+    for m in models:
+        todo.put(m)
+    codes: dict[str, int] = {}
+
+    def worker(gpu: str) -> None:
+        while True:
+            try:
+                m = todo.get_nowait()
+            except queue.Empty:
+                return
+            log(f"{m}: on GPU {gpu}")
+            with open(log_dir / f"{m}.gpu{gpu}.log", "a") as f:
+                codes[m] = subprocess.call(argv_for(m), cwd=ROOT, stdout=f, stderr=f,
+                                           env=dict(os.environ, CUDA_VISIBLE_DEVICES=gpu))
+            log(f"{m}: GPU {gpu} done (exit {codes[m]})")
+
+    threads = [threading.Thread(target=worker, args=(g,)) for g in gpus]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return codes
 
 
 def step(name: str, done: Path, argv: list[str], log_file: Path, stdout: Path | None = None) -> int:
@@ -87,13 +136,15 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None) -> Non
          logf, stdout=d / "export.json")
     if (d / f"{model}.cast").exists():
         models = "sd35_vae,sd35_medium" if model == "sd35_medium" else model
-        step(f"{model} e2e", d / "e2e" / "bench_e2e.md",
-             [py, "scripts/bench_e2e.py", "--out", str(d / "e2e"), "--casts", str(d), "--models", models], logf)
+        with host_bench_turn(out):
+            step(f"{model} e2e", d / "e2e" / "bench_e2e.md",
+                 [py, "scripts/bench_e2e.py", "--out", str(d / "e2e"), "--casts", str(d), "--models", models], logf)
     comp = _load(d / "compile.json")
     if comp is not None and "whole_model" not in comp:  # cut short after its per-op part: run it again
         (d / "compile.json").unlink()
-    step(f"{model} torch.compile", d / "compile.json",
-         [py, "scripts/bench_compile_ops.py", "--workspace", str(ws), "--out", str(d / "compile.json")], logf)
+    with host_bench_turn(out):
+        step(f"{model} torch.compile", d / "compile.json",
+             [py, "scripts/bench_compile_ops.py", "--workspace", str(ws), "--out", str(d / "compile.json")], logf)
     step(f"{model} run table", d / "run.md", [py, "scripts/run_table.py", str(ws / "kforge.db"),
                                                "--out", str(d / "run.md")], logf, stdout=Path("/dev/null"))
     if (ws / "kforge.db").exists() and not (d / "kforge.db").exists():
@@ -294,11 +345,16 @@ def main() -> int:
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--models-only", action="store_true",
                     help="only the per-model steps (e.g. one process per GPU); no target cards, ablation or report")
+    ap.add_argument("--gpus", help="GPU indices to share the models out over, one process each (e.g. 0,1)")
     args = ap.parse_args()
     models = [m for m in args.models.split(",") if m]
     bad = [m for m in models if m not in MODELS]
     if bad:
         print(f"error: --models: unknown {bad[0]!r}; use {', '.join(MODELS)}", file=sys.stderr)
+        return 2
+    gpus = [g.strip() for g in (args.gpus or "").split(",") if g.strip()]
+    if args.gpus is not None and (not gpus or not all(g.isdigit() for g in gpus) or len(set(gpus)) != len(gpus)):
+        print(f"error: --gpus {args.gpus!r}: use distinct GPU indices separated by commas, e.g. 0,1", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
@@ -307,8 +363,23 @@ def main() -> int:
         if not torch.cuda.is_available():
             print("error: reproduce needs a CUDA GPU (use --report-only to rewrite the report)", file=sys.stderr)
             return 2
-        for m in models:
-            model_steps(m, args.out, args.workspaces, args.wall_time)
+        if len(gpus) > 1:
+            def argv_for(m: str) -> list[str]:
+                argv = [sys.executable, str(Path(__file__).resolve()), "--out", str(args.out.resolve()),
+                        "--workspaces", str(args.workspaces.resolve()), "--models", m, "--models-only"]
+                return argv + (["--wall-time", str(args.wall_time)] if args.wall_time else [])
+
+            codes = on_gpus(models, gpus, argv_for, args.out)
+            failed = {m: c for m, c in codes.items() if c != 0}
+            if failed:
+                log(f"per-model steps that exited non-zero: {failed} (their logs: {args.out}/<model>.gpu<N>.log)")
+            if gpus:
+                os.environ["CUDA_VISIBLE_DEVICES"] = gpus[0]  # the steps after the models: the first GPU
+        else:
+            if gpus:
+                os.environ["CUDA_VISIBLE_DEVICES"] = gpus[0]
+            for m in models:
+                model_steps(m, args.out, args.workspaces, args.wall_time)
         if args.models_only:
             return 0
         py = sys.executable

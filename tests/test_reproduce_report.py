@@ -79,3 +79,44 @@ def test_whole_model_compile_that_outlasts_its_limit_is_reported_not_fatal():
     spec.loader.exec_module(mod)
     r = mod.whole_model_in_child("configs/models/resnet50.toml", False, timeout_s=0.05)
     assert r == {"error": "torch.compile (max-autotune-no-cudagraphs) of the whole model did not finish in 0 s"}
+
+
+def test_models_are_shared_out_over_gpus_one_process_each(tmp_path):
+    # Each GPU's process takes the next model when it ends; every process sees only its own GPU.
+    mod = _reproduce_module()
+    script = ("import os, sys, time; time.sleep(0.3); "
+              "open(sys.argv[1], 'w').write(os.environ['CUDA_VISIBLE_DEVICES']); sys.exit(3 if 'bad' in sys.argv[1] else 0)")
+    codes = mod.on_gpus(["m1", "m2", "m3", "bad4"], ["0", "1"],
+                        lambda m: [sys.executable, "-c", script, str(tmp_path / f"{m}.gpu")], tmp_path)
+    assert codes == {"m1": 0, "m2": 0, "m3": 0, "bad4": 3}
+    used = {m: (tmp_path / f"{m}.gpu").read_text() for m in ("m1", "m2", "m3", "bad4")}
+    assert used["m1"] != used["m2"] and set(used.values()) == {"0", "1"}  # the first two start at once
+    assert all((tmp_path / f"{m}.gpu{g}.log").exists() for m, g in used.items())
+
+
+def test_bad_gpu_list_is_bad_input(tmp_path):
+    for bad in ("", "0,0", "a,1"):
+        p = _report(tmp_path, "--gpus", bad, "--models", "resnet50")
+        assert p.returncode == 2 and "--gpus" in p.stderr and p.stderr.count("\n") == 1, (bad, p.stderr)
+
+
+def test_host_benchmarks_take_turns(tmp_path):
+    import threading
+    import time
+
+    mod = _reproduce_module()
+    spans = []
+
+    def bench():
+        with mod.host_bench_turn(tmp_path):
+            t0 = time.perf_counter()
+            time.sleep(0.2)
+            spans.append((t0, time.perf_counter()))
+
+    threads = [threading.Thread(target=bench) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    spans.sort()
+    assert len(spans) == 3 and all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # never two at once
