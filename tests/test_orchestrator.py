@@ -190,6 +190,34 @@ async def test_declining_proposer_leaves_the_card_on_eager():
     assert o.cards["a"].done_reason == "declined" and not rec.candidates
 
 
+async def test_every_card_of_a_finished_run_says_how_it_finished():
+    class ThreeThenNothing:
+        """Three revisions for card x, then it declines every parent; card y always has another."""
+
+        name = "three"
+
+        def __init__(self):
+            self.n = itertools.count()
+
+        def supports(self, c):
+            return True
+
+        async def propose(self, r):
+            n = next(self.n)
+            if r.card.card_id == "x" and n >= 3:
+                return Proposal(declined=True, reason="every neighbour of this parent was tried already")
+            return Proposal(source=f"// {r.card.card_id} {n}\n", spec="[[launch]]")
+
+    rec = MemoryRecorder()
+    prop = ThreeThenNothing()
+    o = orchestrator([card("x"), card("y", 0.2)], prop, StandInLane(0.0), rec,
+                     budgets=Budgets(iterations_per_card=6), max_proposals=1)
+    assert await o.run() == "iterations"
+    done = {cid: p["reason"] for kind, cid, p in rec.events if kind == "card_done"}
+    assert done == {"x": "exhausted", "y": "iterations"}
+    assert o.cards["x"].iterations < 6 and o.cards["y"].iterations == 6
+
+
 async def test_duplicate_sources_are_not_evaluated_twice():
     class Same:
         name = "same"

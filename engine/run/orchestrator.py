@@ -232,6 +232,12 @@ class Orchestrator:
                 pass
         if self._tasks:  # a clean stop lets in-flight work finish and be recorded
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.stopped_by == "iterations":  # every card is finished: say how the rest finished
+            for card in self.cards.values():
+                if not card.done_reason:
+                    card.done_reason = ("iterations" if card.iterations >= self.budgets.iterations_per_card
+                                        else "exhausted")  # every revision the proposer can make was tried
+                    await self.recorder.event("card_done", {"reason": card.done_reason}, card.ref.card_id)
         status = "stopped" if self.stopped_by == "user" else "done"
         await self.recorder.status(status, self.stopped_by)
         await self.recorder.event("run_finished", {"stopped_by": self.stopped_by, **self.totals.__dict__})
