@@ -226,5 +226,8 @@ def test_a_python_number_in_a_tensor_slot_is_compared_by_value(ext):
         assert torch.equal(x + 1, x.clone().add_(1))  # an int of another value: PyTorch
         assert torch.equal(x + torch.tensor(1e-6), x.clone().add_(1e-6))  # a real 0-dim tensor: PyTorch
         assert _counts(ext, "aten::add.Tensor") == {"hits": [1], "misses": 3}
+        # The near misses name the numbers that were passed; a real 0-dim tensor stays a tensor.
+        keys = cpp_router.stats(ext, "aten::add.Tensor", "CPU")["near_keys"]
+        assert [k.split("cpu), ", 1)[1] for k in keys] == ["2e-06, 1", "1, 1", "Float[](s=[], align 16, cpu), 1"]
     finally:
         cpp_router.uninstall(ext, "aten::add.Tensor", "CPU")

@@ -208,7 +208,16 @@ std::string describe(c10::ArrayRef<c10::IValue> args) {
   for (size_t i = 0; i < args.size(); ++i) {
     if (i) s += ", ";
     const auto& v = args[i];
-    if (v.isTensor() && v.toTensor().defined()) {
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().unsafeGetTensorImpl()->is_wrapped_number() &&
+        v.toTensor().is_cpu()) {  // a Python number in a Tensor slot (x + 1e-6): its value says more
+      const auto& t = v.toTensor();
+      switch (t.scalar_type()) {
+        case at::kDouble: s += number(*t.const_data_ptr<double>()); break;
+        case at::kLong: s += std::to_string(*t.const_data_ptr<int64_t>()); break;
+        case at::kBool: s += *t.const_data_ptr<bool>() ? "True" : "False"; break;
+        default: s += c10::toString(t.scalar_type()); s += " number";
+      }
+    } else if (v.isTensor() && v.toTensor().defined()) {
       const auto& t = v.toTensor();
       s += c10::toString(t.scalar_type());
       s += ints(t.sizes()) + "(s=" + ints(t.strides()) + ", align ";
