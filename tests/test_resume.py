@@ -42,3 +42,9 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
         assert cid in {r[0] for r in rows}
     status = db.execute("SELECT status, stopped_by FROM runs WHERE id = ?", (run_id,)).fetchone()
     assert status == ("done", "iterations")
+    # The search tree on disk is whole too: each card's root counts all 6 evaluations, across both processes.
+    roots = db.execute("SELECT card_id, visits FROM search_nodes WHERE run_id = ? AND parent_node_id IS NULL",
+                       (run_id,)).fetchall()
+    assert sorted(roots) == [("card-a", 6), ("card-b", 6)]
+    assert db.execute("SELECT count(*) FROM search_nodes WHERE run_id = ? AND candidate_id IS NOT NULL",
+                      (run_id,)).fetchone()[0] == 12

@@ -64,9 +64,10 @@ class Recorder(Protocol):
     async def controls(self) -> list[dict[str, Any]]: ...
     async def consume(self, seq: int) -> None: ...
     async def status(self, status: str, stopped_by: str | None = None) -> None: ...
-    # Optional (a recorder without them records no lane use):
+    # Optional (a recorder without them records no lane use, no search-tree nodes):
     #   async def lane_busy(self, candidate_id: str, lane: str) -> Any          (returns a token)
     #   async def lane_free(self, token: Any, status: str, category: str | None) -> None
+    #   async def search_nodes(self, card_id: str, nodes: list[dict]) -> None   (root first, as backup left them)
 
 
 class LaneUse:
@@ -362,6 +363,7 @@ class Orchestrator:
             self.records[node_id] = rec
             await self.recorder.candidate_finished(rec)
             self._account(card, tree, rec)
+            await self._save_path(card, tree, rec.id)
             return rec
         stored = await self.recorder.candidate_proposed(rec)
         if stored is None:  # same source as an earlier candidate of this card: never evaluated twice
@@ -398,6 +400,7 @@ class Orchestrator:
         await self.recorder.candidate_finished(rec)
         card.in_flight -= 1
         self._account(card, tree, rec)
+        await self._save_path(card, tree, rec.id)
         await self.recorder.event("evaluated", {"candidate": rec.id, "status": rec.status, "category": rec.category,
                                                 "best_us": rec.best_us, "speedup": rec.speedup,
                                                 "compile_ms": round(ev.compile_seconds * 1e3, 2),
@@ -406,6 +409,22 @@ class Orchestrator:
         if why and why != "budget" and not card.done_reason:
             card.done_reason = why
             await self.recorder.event("card_done", {"reason": why}, card.ref.card_id)
+
+    async def _save_path(self, card: CardState, tree: Tree, node_id: str) -> None:
+        """Write the nodes this backup changed (the candidate's node and its ancestors), root first."""
+        save = getattr(self.recorder, "search_nodes", None)
+        if save is None:
+            return
+        cid = card.ref.card_id
+
+        def name(n: Any) -> str | None:
+            return None if n is None else (f"{ROOT}:{cid}" if n == ROOT else n)
+
+        rows = [{"node_id": name(n.id), "parent_node_id": name(n.parent),
+                 "candidate_id": None if n.id == ROOT else n.id, "visits": n.visits,
+                 "value": n.raw if n.raw is not None else 0.0, "best_value": n.best_raw, "dead": n.dead}
+                for n in reversed(tree.path(node_id))]
+        await save(cid, rows)
 
     def _account(self, card: CardState, tree: Tree, rec: CandidateRecord) -> None:
         ok = rec.status == "verified" and rec.speedup is not None and rec.speedup > 0

@@ -59,6 +59,9 @@ class StoreRecorder:
     async def lane_free(self, token: int, status: str, category: str | None) -> None:
         await self.store.finish_evaluation(token, status, category)
 
+    async def search_nodes(self, card_id: str, nodes: list[dict[str, Any]]) -> None:
+        await self.store.save_search_nodes(self.run_id, card_id, nodes)
+
     async def usage(self, tokens_in: int, tokens_out: int, cost_usd: float) -> None:
         t = self.orchestrator.totals if self.orchestrator else None
         if t is not None:

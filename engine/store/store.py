@@ -574,6 +574,32 @@ class Store:
             await cursor.close()
         return changed
 
+    # ---- search trees ------------------------------------------------------------------------------
+
+    async def save_search_nodes(self, run_id: str, card_id: str, nodes: list[Mapping[str, Any]]) -> None:
+        """Insert or update a card's search-tree nodes (parents before children): visits, value, best value
+        and dead flag as the search's backup left them."""
+        now = time.time()
+        async with self._transaction() as conn:
+            for n in nodes:
+                await conn.execute(
+                    "INSERT INTO search_nodes (run_id, card_id, node_id, parent_node_id, candidate_id, visits, value,"
+                    " best_value, dead, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT(run_id, node_id) DO UPDATE SET visits = excluded.visits, value = excluded.value,"
+                    " best_value = excluded.best_value, dead = excluded.dead",
+                    (run_id, card_id, n["node_id"], n.get("parent_node_id"), n.get("candidate_id"),
+                     int(n.get("visits", 0)), float(n.get("value", 0.0)), n.get("best_value"),
+                     int(bool(n.get("dead"))), now))
+
+    async def search_nodes(self, run_id: str, card_id: str | None = None) -> list[dict[str, Any]]:
+        """A run's search-tree nodes (one card's with card_id), in the order they were created."""
+        sql, params = "SELECT * FROM search_nodes WHERE run_id = ?", [run_id]
+        if card_id is not None:
+            sql += " AND card_id = ?"
+            params.append(card_id)
+        rows = await self._fetchall(sql + " ORDER BY created_at, rowid", params)
+        return [_decoded("search_nodes", r) for r in rows]
+
     async def evaluations(self, run_id: str) -> list[dict[str, Any]]:
         """Lane uses of a run, oldest first."""
         rows = await self._fetchall("SELECT * FROM evaluations WHERE run_id = ? ORDER BY id", (run_id,))
