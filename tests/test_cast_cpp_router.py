@@ -146,6 +146,24 @@ def test_auto_mode_keeps_out_a_router_whose_self_test_failed_and_cpp_mode_overri
     assert cpp_router.extension() is ext
 
 
+def test_a_crash_with_backtraces_on_prints_the_native_stack_then_pythons(ext):
+    import subprocess
+    import sys
+
+    code = ("import ctypes\nfrom engine.cast import cpp_router\n"
+            "import faulthandler; faulthandler.enable()\n"
+            "assert cpp_router.extension() is not None\n"
+            "print('built', flush=True)\n"
+            "ctypes.string_at(0)\n")
+    env = dict(__import__("os").environ, KFORGE_ROUTER_BACKTRACE="1", KFORGE_CAST_ROUTER="cpp")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == -11 and "built" in r.stdout, (r.returncode, r.stdout, r.stderr[-2000:])
+    assert "crash backtraces on" in r.stderr
+    native = r.stderr.index("kforge router: fatal signal; native backtrace")
+    assert r.stderr.index("Fatal Python error: Segmentation fault") > native  # then faulthandler's stack
+    assert "libc" in r.stderr[native:] or "python" in r.stderr[native:].lower()  # frames, not just the header
+
+
 @pytest.mark.gpu
 def test_router_self_test_passes_on_the_gpu():
     """What `auto` mode runs before trusting the router: a hit, plain and near misses of a relu cast in a child

@@ -22,6 +22,15 @@ def test_a_crashing_self_test_names_the_signal_and_the_call():
     assert "KFORGE_CAST_ROUTER=cpp" in why
 
 
+def test_the_self_test_output_is_kept_and_named(tmp_path):
+    log = tmp_path / "selftest.log"
+    why = cpp_router._self_test(_child("import sys; print('router self-test: hit'); print('boom', file=sys.stderr); "
+                                       "sys.exit(1)"), log_path=log)
+    assert f"(its output: {log})" in why
+    text = log.read_text()
+    assert "exit 1" in text and "router self-test: hit" in text and "boom" in text
+
+
 def test_a_failing_self_test_gives_its_exit_code_and_a_passing_one_none():
     assert "failed with exit code 1" in cpp_router._self_test(_child("raise SystemExit(1)"))
     assert cpp_router._self_test(_child("print('router self-test: passed')")) is None

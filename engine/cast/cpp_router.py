@@ -68,8 +68,11 @@ def _build() -> Any:
             if not _built(_NAME):
                 print("kforge: building the C++ dispatch router of casts (once per torch version, about a "
                       "minute)...", file=sys.stderr, flush=True)
-            _EXT = load(name=_NAME, sources=[str(SOURCE)], extra_cflags=["-O2"],
+            _EXT = load(name=_NAME, sources=[str(SOURCE)], extra_cflags=["-O2", "-g"],
                         with_cuda=True, verbose=os.environ.get("KFORGE_DEBUG") == "1")
+            if os.environ.get("KFORGE_ROUTER_BACKTRACE") == "1":  # a crash prints the native stack
+                _EXT.install_crash_backtrace()
+                print(f"kforge: C++ router {_EXT.__file__} (crash backtraces on)", file=sys.stderr, flush=True)
             if not _ACTIVE:  # built inside runtime.suspended()
                 _EXT.set_active(False)
         except Exception as e:  # no compiler, no CUDA headers, an incompatible torch: stay in Python
@@ -105,7 +108,7 @@ def _verdict(name: str, cache_dir: Path | None = None, run: Any = None) -> str |
         return None if text == "passed" else text
     print("kforge: testing the C++ dispatch router on this GPU in a child process (once per build)...",
           file=sys.stderr, flush=True)
-    failed = (run or _self_test)()
+    failed = run() if run else _self_test(log_path=mark.with_suffix(".log"))
     try:
         mark.parent.mkdir(parents=True, exist_ok=True)
         mark.write_text((failed or "passed") + "\n")
@@ -114,9 +117,10 @@ def _verdict(name: str, cache_dir: Path | None = None, run: Any = None) -> str |
     return failed
 
 
-def _self_test(cmd: list[str] | None = None, timeout_s: float = 300.0) -> str | None:
+def _self_test(cmd: list[str] | None = None, timeout_s: float = 300.0, log_path: Path | None = None) -> str | None:
     """Run engine.cast.router_selftest (or `cmd`) in a child process: None when it passed, else why not.
-    A child, because what it guards against is the router taking its process down."""
+    A child, because what it guards against is the router taking its process down. Its output (with the
+    native stack of a crash) goes to `log_path` when given."""
     import signal
     import subprocess
 
@@ -128,6 +132,14 @@ def _self_test(cmd: list[str] | None = None, timeout_s: float = 300.0) -> str | 
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         return f"its self-test on this GPU did not finish in {timeout_s:.0f} s"
+    saved = ""
+    if log_path is not None:
+        try:
+            Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(log_path).write_text(f"$ {' '.join(cmd)}\nexit {r.returncode}\n{r.stdout}\n{r.stderr}")
+            saved = f" (its output: {log_path})"
+        except OSError:
+            pass
     if r.returncode == 0:
         return None
     if r.returncode < 0:
@@ -139,7 +151,7 @@ def _self_test(cmd: list[str] | None = None, timeout_s: float = 300.0) -> str | 
         how = f"failed with exit code {r.returncode}"
     steps = [ln for ln in r.stdout.splitlines() if ln.startswith("router self-test: ")]
     at = f" at '{steps[-1][len('router self-test: '):]}'" if steps else ""
-    return (f"its self-test on this GPU {how}{at}; `python -m engine.cast.router_selftest` shows it, "
+    return (f"its self-test on this GPU {how}{at}{saved}; `python -m engine.cast.router_selftest` shows it, "
             "KFORGE_CAST_ROUTER=cpp uses the router anyway")
 
 

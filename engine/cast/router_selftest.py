@@ -22,6 +22,7 @@ from pathlib import Path
 
 def main() -> int:
     os.environ["KFORGE_CAST_ROUTER"] = "cpp"  # this process is the test: no self-test of its own
+    os.environ["KFORGE_ROUTER_BACKTRACE"] = "1"  # a crash prints the router's native stack
     import faulthandler
 
     faulthandler.enable()

@@ -13,6 +13,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <dlfcn.h>
+#include <execinfo.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -510,6 +513,36 @@ void reset(const std::string& name, const std::string& overload, const std::stri
   it->second->near_keys.clear();
 }
 
+// ---- crash diagnostics ----------------------------------------------------------------------------
+// KFORGE_ROUTER_BACKTRACE=1 (the self-test sets it): a fatal signal prints the native stack (addresses in
+// this library resolve with `addr2line -f -C -e <the .so> <offset>`; it is built with -g), then the
+// handler that was there before (Python's faulthandler: the Python stack) runs and the signal takes its
+// course. Only async-signal-safe calls once installed: write, backtrace (preloaded), sigaction, raise.
+struct sigaction g_previous[65];
+
+void on_fatal(int sig) {
+  static const char head[] = "\nkforge router: fatal signal; native backtrace (innermost first):\n";
+  ssize_t ignored = write(2, head, sizeof(head) - 1);
+  (void)ignored;
+  void* frames[64];
+  int n = backtrace(frames, 64);
+  backtrace_symbols_fd(frames, n, 2);
+  sigaction(sig, &g_previous[sig], nullptr);  // Python's handler (or the default) next
+  raise(sig);
+}
+
+void install_crash_backtrace() {
+  void* warm[2];
+  backtrace(warm, 2);  // loads libgcc's unwinder now, not inside the handler
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) {
+    struct sigaction sa {};
+    sa.sa_handler = on_fatal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_NODEFER;
+    sigaction(sig, &sa, &g_previous[sig]);
+  }
+}
+
 void set_active(bool on) { g_active = on; }
 
 void set_prefill(int how) { g_prefill = how; }
@@ -525,4 +558,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("reset", &reset);
   m.def("set_active", &set_active);
   m.def("set_prefill", &set_prefill);
+  m.def("install_crash_backtrace", &install_crash_backtrace);
 }
