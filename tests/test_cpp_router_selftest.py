@@ -69,7 +69,7 @@ def test_the_self_test_module_runs_and_says_when_there_is_no_gpu():
 
 
 def test_the_self_test_cast_compiles_for_sm90_here(tmp_path, monkeypatch):
-    """The cast the GPU self-test routes (relu fp16, and x + 1e-6 in fp32) renders from the builtin templates
+    """The cast the GPU self-test routes (relu fp16, x + 1e-6 in fp32, a mean over the last dim) renders from the builtin templates
     and compiles with NVRTC for sm_90; built here from the same calls on CPU tensors, described as on the GPU."""
     import torch
     from card_helpers import cudaify
@@ -82,9 +82,10 @@ def test_the_self_test_cast_compiles_for_sm90_here(tmp_path, monkeypatch):
     monkeypatch.setattr(compat, "current_env", lambda: env)
     x = torch.randn(4096, dtype=torch.float16)
     cards = [cudaify(probe_card("probe0", torch.ops.aten.relu.default, (x,))),
-             cudaify(probe_card("probe1", torch.ops.aten.add.Tensor, (x.float(), 1e-6)))]
+             cudaify(probe_card("probe1", torch.ops.aten.add.Tensor, (x.float(), 1e-6))),
+             cudaify(probe_card("probe2", torch.ops.aten.mean.dim, (torch.randn(64, 4096), [-1], True)))]
     cast = read_cast(package_cards(tmp_path / "selftest.cast", cards))
-    assert [v["op"] for v in cast.variants] == ["aten::relu", "aten::add.Tensor"]
+    assert [v["op"] for v in cast.variants] == ["aten::relu", "aten::add.Tensor", "aten::mean.dim"]
     assert "other=1e-06" in cast.variants[1]["signature_text"]
     cubins = [n for n in cast.files if n.endswith(".sm_90.cubin")]
-    assert len(cubins) == 2 and all(len(cast.files[n]) > 1000 for n in cubins)
+    assert len(cubins) == 3 and all(len(cast.files[n]) > 1000 for n in cubins)

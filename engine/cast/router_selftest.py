@@ -3,7 +3,8 @@
 On 2026-11-30 the router (built on an H200, torch 2.11) crashed its process with SIGSEGV on the first guard
 miss of several real flows (a cast's host-cost probe, a Gemma forward, an export's confirmation), while
 the same code passed its CPU-key tests. A router that can take a user's process down must prove itself
-where it will run: this child builds a small cast (relu, and an add of a Python number), routes it through
+where it will run: this child builds a small cast (relu, an add of a Python number, a mean over a dim),
+routes it through
 the C++ router and makes the kinds of calls that crashed there (hits, a plain miss, near misses of another
 dtype, other strides, a misaligned view, another number), then the suspended path and a hit with poisoned
 outputs, checking every result against PyTorch's. Exit 0 means every call returned the right
@@ -38,11 +39,14 @@ def main() -> int:
     def step(what: str) -> None:
         print(f"router self-test: {what}", flush=True)  # the last line printed names the call that crashed
 
-    relu, add = torch.ops.aten.relu.default, torch.ops.aten.add.Tensor
+    relu, add, mean = torch.ops.aten.relu.default, torch.ops.aten.add.Tensor, torch.ops.aten.mean.dim
     x = torch.randn(4096, device="cuda", dtype=torch.float16)
+    m = torch.randn(64, 4096, device="cuda")
     with tempfile.TemporaryDirectory() as tmp:
-        step("building a cast: relu fp16[4096], and x + 1e-6 (a Python number in a Tensor slot)")
-        cast = engine.cast.load(probe_cast(Path(tmp) / "selftest.cast", [(relu, (x,)), (add, (x.float(), 1e-6))]))
+        step("building a cast: relu fp16[4096]; x + 1e-6 (a Python number in a Tensor slot); "
+             "mean over the last dim (an int list, a bool and an absent dtype)")
+        cast = engine.cast.load(probe_cast(Path(tmp) / "selftest.cast", [
+            (relu, (x,)), (add, (x.float(), 1e-6)), (mean, (m, [-1], True))]))
         wide = torch.randn(8194, device="cuda", dtype=torch.float16)
         calls = [
             ("hit", lambda: torch.relu(x), lambda: x.clamp_min(0)),
@@ -52,6 +56,10 @@ def main() -> int:
             ("near miss (misaligned view)", lambda: torch.relu(wide[1:4097]), lambda: wide[1:4097].clamp_min(0)),
             ("hit with a Python number", lambda: x.float() + 1e-6, None),
             ("near miss with another number", lambda: x.float() + 2e-6, None),
+            ("hit with values (dim=[-1], keepdim=True)", lambda: m.mean(dim=[-1], keepdim=True), None),
+            ("near miss with another value (keepdim=False)", lambda: m.mean(dim=[-1]), None),
+            ("near miss with another dtype argument", lambda: m.mean(dim=[-1], keepdim=True, dtype=torch.float64),
+             None),
         ]
         with cast.enabled():
             routed = [v.cpp is not None for v in cast.variants]
@@ -65,10 +73,11 @@ def main() -> int:
                 if want is not None and not torch.equal(got, want()):
                     step(f"{what}: wrong result")
                     return 1
-                if want is None:  # the add: compare with PyTorch's own kernel
+                if want is None:  # compare with PyTorch's own kernel
                     with runtime.suspended():
                         ref = call()
-                    if not torch.allclose(got, ref, rtol=1e-6, atol=1e-6):
+                    if got.dtype != ref.dtype or got.shape != ref.shape or not torch.allclose(got, ref, rtol=1e-5,
+                                                                                             atol=1e-6):
                         step(f"{what}: wrong result")
                         return 1
             step("suspended (every routed call to PyTorch)")
@@ -85,8 +94,8 @@ def main() -> int:
             st = cast.stats()
         hits = [v.hits for v in cast.variants]
         step(f"hits per variant {hits}; misses {st['misses']}; near misses {st['near_misses']}")
-        if hits != [2, 1]:
-            step(f"expected hits [2, 1], counted {hits}")
+        if hits != [2, 1, 1]:
+            step(f"expected hits [2, 1, 1], counted {hits}")
             return 1
     step("passed")
     return 0
