@@ -3,12 +3,12 @@
 On 2026-11-30 the router (built on an H200, torch 2.11) crashed its process with SIGSEGV on the first guard
 miss of several real flows (a cast's host-cost probe, a Gemma forward, an export's confirmation), while
 the same code passed its CPU-key tests. A router that can take a user's process down must prove itself
-where it will run: this child builds a small cast (relu, an add of a Python number, a mean over a dim),
-routes it through
-the C++ router and makes the kinds of calls that crashed there (hits, a plain miss, near misses of another
-dtype, other strides, a misaligned view, another number), then the suspended path and a hit with poisoned
-outputs, checking every result against PyTorch's. Exit 0 means every call returned the right
-answer; anything else (a crash included) keeps the loader on the Python router.
+where it will run. This child builds a small cast (relu, an add of a Python number, a mean over a dim),
+routes it through the C++ router and makes the kinds of calls that crashed there: hits, a plain miss,
+near misses (another dtype, other strides, a misaligned view, another number, other values), then the
+suspended path and a hit with poisoned outputs, checking every result against PyTorch's. Exit 0 means
+every call returned the right answer; anything else (a crash included) keeps the loader on the Python
+router. A crash prints the router's native stack (KFORGE_ROUTER_BACKTRACE).
 
     python -m engine.cast.router_selftest      # prints one line per step; exit 0 when all passed
 """
