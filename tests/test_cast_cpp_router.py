@@ -122,6 +122,9 @@ def test_resnet50_cast_through_the_cpp_router_on_the_gpu(ext, monkeypatch):
         after = output_tensor(forward()).clone()
     assert all(v["router"] == "c++" for v in stats["variants"]), stats["variants"]
     assert all(v["hits"] > 0 for v in stats["variants"]), stats["variants"]
+    # The counts outlive the C++ routes (as the Python router's do): stats read after the block agree.
+    assert [v["hits"] for v in cast.stats()["variants"]] == [v["hits"] for v in stats["variants"]]
+    assert cast.stats()["misses"] == stats["misses"]
     torch.testing.assert_close(mine, eager, rtol=2e-2, atol=2e-2)
     assert torch.equal(after, eager)
 

@@ -69,6 +69,7 @@ class Cast:
                 self.variants.append(VariantState(v["id"], v["op"], v.get("signature_text", ""), why))
         self._lock = threading.RLock()
         self._cpp_ops: list[str] = []  # ops this cast routes through the C++ router while installed
+        self._cpp_kept: dict[str, dict[str, Any]] = {}  # C++ counters of routes since removed
         self._installed = False
         self._prepared = False
         self._depth = 0
@@ -97,6 +98,10 @@ class Cast:
                 near[op] = route.near_misses
                 through[op] = route.fallthrough
                 near_keys[op] = [repr(k) for k in route.near_keys]
+        for op, kept in self._cpp_kept.items():  # counted by C++ routes since removed
+            misses[op] = misses.get(op, 0) + kept["misses"]
+            near[op] = near.get(op, 0) + kept["near_misses"]
+            near_keys[op] = near_keys.get(op, []) + list(kept["near_keys"])
         if self._cpp_ops:
             from engine.cast import cpp_router
 
@@ -114,6 +119,7 @@ class Cast:
                 "misses": misses, "near_misses": near, "fallthrough": through, "near_miss_keys": near_keys}
 
     def reset_stats(self) -> None:
+        self._cpp_kept = {}
         if self._cpp_ops:
             from engine.cast import cpp_router
 
@@ -157,7 +163,15 @@ class Cast:
                 from engine.cast import cpp_router
 
                 ext = cpp_router.extension()
+                for v in self.variants:  # the C++ counters go with the routes: keep them, as the Python router's
+                    if v.cpp is not None and v.plan is not None:
+                        v.plan.hits = v.hits
                 for op in self._cpp_ops:
+                    st = cpp_router.stats(ext, op, "CUDA")
+                    kept = self._cpp_kept.setdefault(op, {"misses": 0, "near_misses": 0, "near_keys": []})
+                    kept["misses"] += int(st.get("misses", 0))
+                    kept["near_misses"] += int(st.get("near_misses", 0))
+                    kept["near_keys"] += [k for k in st.get("near_keys", []) if k not in kept["near_keys"]]
                     cpp_router.uninstall(ext, op, "CUDA")
                 self._cpp_ops = []
                 for v in self.variants:

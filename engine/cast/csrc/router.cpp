@@ -323,6 +323,21 @@ std::string route_key(const c10::OperatorName& name, const std::string& key) {
   return name.name + "." + name.overload_name + "@" + key;
 }
 
+// A miss goes to the kernel registered before ours. Should that kernel lead back here for the same call
+// (the kernel PyTorch handed us at install resolving to the router itself), each miss would recurse until
+// the stack overflows and the process dies with SIGSEGV; past a depth no real op nests to, it is an error.
+thread_local int t_depth = 0;
+
+void call_original(Route& route, const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  TORCH_CHECK(t_depth < 16, "kforge router: a guard miss of ", op.operator_name(),
+              " re-entered the router 16 times: the original kernel leads back to the router");
+  struct Depth {
+    Depth() { ++t_depth; }
+    ~Depth() { --t_depth; }
+  } depth;
+  route.original->callBoxed(op, ks, stack);
+}
+
 template <c10::DispatchKey K>
 void router(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   static const std::string key = c10::toString(K);
@@ -362,11 +377,11 @@ void router(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
         break;
       }
     }
-    route->original->callBoxed(op, ks, stack);
+    call_original(*route, op, ks, stack);
     return;
   }
   if (route) {  // suspended: straight to PyTorch, not counted
-    route->original->callBoxed(op, ks, stack);
+    call_original(*route, op, ks, stack);
     return;
   }
   TORCH_CHECK(false, "kforge router: no route for ", op.operator_name());
@@ -534,11 +549,17 @@ void on_fatal(int sig) {
 void install_crash_backtrace() {
   void* warm[2];
   backtrace(warm, 2);  // loads libgcc's unwinder now, not inside the handler
+  // The handler runs on its own stack, so a stack overflow (runaway recursion) still prints.
+  static std::vector<char> alt(1 << 16);
+  stack_t ss{};
+  ss.ss_sp = alt.data();
+  ss.ss_size = alt.size();
+  sigaltstack(&ss, nullptr);
   for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) {
     struct sigaction sa {};
     sa.sa_handler = on_fatal;
     sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_NODEFER;
+    sa.sa_flags = SA_NODEFER | SA_ONSTACK;
     sigaction(sig, &sa, &g_previous[sig]);
   }
 }
