@@ -27,6 +27,10 @@ def test_report_from_a_recorded_run(tmp_path):
     assert "| resnet50 | – | – | no cast exported" in text
     # The original study's numbers sit beside ours, with the GPUs named.
     assert "| adaptive_avg_pool2d (resnet50) | 1.52× | 2.48× |" in text and "GB10" in text
+    # Parts that did not run say so rather than vanish: no torch.compile of the model, no target cards or ablation.
+    assert "- resnet50: not measured here (`compile.json` has no whole-model result)" in text
+    for part in ("## Issue-4 target cards", "## Search ablation"):
+        assert text.split(part, 1)[1].lstrip().startswith("not run into this folder"), part
 
 
 def test_an_export_that_refused_says_why_in_the_end_to_end_row(tmp_path):
