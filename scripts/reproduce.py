@@ -266,6 +266,9 @@ def report(out: Path, models: list[str]) -> str:
                             f"{r['rel_l2_err']:.1e} | {100 * covered:.0f} % |")
         if whole.get("error"):
             compile_notes.append(f"- {model}: {whole['error']}")
+        elif whole.get("instead_of"):
+            compile_notes.append(f"- {model}: torch.compile's {whole.get('mode')} mode, "
+                                 f"{_f(whole.get('compile_ms'), '.2f')} ms: {whole['instead_of']}")
         elif not whole:
             compile_notes.append(f"- {model}: not measured here (`compile.json` has no whole-model result)")
         if not e2e.get("models"):
