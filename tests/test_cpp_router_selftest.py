@@ -55,6 +55,25 @@ def test_the_verdict_is_remembered_beside_the_build(tmp_path):
     assert cpp_router._verdict("kforge_router_y", cache_dir=other, run=lambda: None) is None
     assert cpp_router._verdict("kforge_router_y", cache_dir=other, run=crash) is None  # passed, remembered
     assert runs == [1]
+    assert not list(tmp_path.glob("*.tmp")) and not list(other.glob("*.tmp"))  # written whole, renamed
+
+
+def test_an_empty_verdict_file_is_no_verdict_and_the_test_runs_again(tmp_path):
+    # What a reader sees while another process writes its verdict (or after a full disk): not a pass.
+    import hashlib
+
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    (tmp_path / f"selftest-{hashlib.sha256(gpu.encode()).hexdigest()[:10]}.txt").write_text("")
+    runs = []
+
+    def crash():
+        runs.append(1)
+        return "its self-test on this GPU crashed with SIGSEGV"
+
+    assert cpp_router._verdict("kforge_router_z", cache_dir=tmp_path, run=crash).endswith("SIGSEGV")
+    assert runs == [1]
 
 
 def test_the_self_test_module_runs_and_says_when_there_is_no_gpu():

@@ -103,15 +103,17 @@ def _verdict(name: str, cache_dir: Path | None = None, run: Any = None) -> str |
         cache_dir = Path(_get_build_directory(name, verbose=False))
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     mark = Path(cache_dir) / f"selftest-{hashlib.sha256(gpu.encode()).hexdigest()[:10]}.txt"
-    if mark.is_file():
-        text = mark.read_text().strip()
+    text = mark.read_text().strip() if mark.is_file() else ""
+    if text:  # an empty file (another process mid-write, a full disk) is no verdict: test again
         return None if text == "passed" else text
     print("kforge: testing the C++ dispatch router on this GPU in a child process (once per build)...",
           file=sys.stderr, flush=True)
     failed = run() if run else _self_test(log_path=mark.with_suffix(".log"))
     try:
         mark.parent.mkdir(parents=True, exist_ok=True)
-        mark.write_text((failed or "passed") + "\n")
+        tmp = mark.with_name(f"{mark.name}.{os.getpid()}.tmp")  # written whole, then renamed into place: a
+        tmp.write_text((failed or "passed") + "\n")           # process testing at the same time reads all or none
+        os.replace(tmp, mark)
     except OSError:
         pass  # a read-only build cache: test again next time
     return failed
