@@ -160,3 +160,20 @@ def test_host_benchmarks_take_turns(tmp_path):
         t.join()
     spans.sort()
     assert len(spans) == 3 and all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # never two at once
+
+
+def test_the_ablation_step_picks_exactly_three_target_cards():
+    """reproduce's search ablation names target cards by label substrings: each must pick one card, or the
+    ablation silently shrinks (or grows past a sitting's GPU time)."""
+    import importlib.util
+
+    specs = {}
+    for name in ("reproduce", "bench_builtin"):
+        spec = importlib.util.spec_from_file_location(f"_kf_{name}", ROOT / "scripts" / f"{name}.py")
+        specs[name] = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = specs[name]  # dataclasses look their module up while the class is built
+        spec.loader.exec_module(specs[name])
+    labels = [c.label for c in specs["bench_builtin"]._cases()]  # cases build their tensors only when made
+    picked = [lb for lb in labels if any(s in lb for s in specs["reproduce"].ABLATION_CARDS)]
+    assert len(picked) == 3, picked
+    assert all(sum(s in lb for lb in labels) == 1 for s in specs["reproduce"].ABLATION_CARDS)
