@@ -19,3 +19,14 @@ class JobError(KforgeError):
     """The job itself failed (not the user's input). Exit code 1."""
 
     exit_code = 1
+
+
+def signal_name(returncode: int) -> str:
+    """What killed a child process, from its (negative) return code: 'SIGSEGV', or 'signal 77' for a number
+    this platform does not name."""
+    import signal
+
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"

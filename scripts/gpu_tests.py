@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engine.errors import signal_name  # noqa: E402
 
 
 def base_of(paths: list[str]) -> Path:
@@ -42,10 +44,7 @@ def collect(paths: list[str], base: Path) -> list[str]:
 
 def verdict(rc: int, out: str) -> str:
     if rc < 0:
-        try:
-            return f"crashed ({signal.Signals(-rc).name})"
-        except ValueError:
-            return f"crashed (signal {-rc})"
+        return f"crashed ({signal_name(rc)})"
     if rc == 0:
         return "skipped" if " skipped" in out and " passed" not in out else "passed"
     return {1: "failed", 5: "not collected"}.get(rc, f"exit {rc}")

@@ -33,3 +33,21 @@ def test_nothing_to_run_is_a_usage_error(tmp_path):
     r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "-k", "no_such_test"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "matches -k 'no_such_test'" in r.stderr
+
+
+def test_a_test_killed_by_a_signal_python_does_not_name_says_its_number(tmp_path):
+    tests = tmp_path / "suite"
+    tests.mkdir()
+    # Real-time signals have no name in Python's signal.Signals; killing itself with one, the test dies by it.
+    (tests / "test_probe.py").write_text(
+        "import os, signal\nimport pytest\n\n"
+        "@pytest.mark.gpu\ndef test_rt():\n    signal.signal(signal.SIGRTMIN + 3, signal.SIG_DFL)\n"
+        "    os.kill(os.getpid(), signal.SIGRTMIN + 3)\n")
+    import signal
+
+    number = int(signal.SIGRTMIN) + 3
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), str(tests)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 1, r.stderr
+    assert f"crashed (signal {number})" in (out / "gpu_tests.md").read_text()

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from engine.errors import signal_name
+
 SOURCE = Path(__file__).resolve().parent / "csrc" / "router.cpp"
 _LOCK = threading.Lock()
 _EXT: Any = None
@@ -123,7 +125,6 @@ def _self_test(cmd: list[str] | None = None, timeout_s: float = 300.0, log_path:
     """Run engine.cast.router_selftest (or `cmd`) in a child process: None when it passed, else why not.
     A child, because what it guards against is the router taking its process down. Its output (with the
     native stack of a crash) goes to `log_path` when given."""
-    import signal
     import subprocess
 
     cmd = cmd or [sys.executable, "-m", "engine.cast.router_selftest"]
@@ -145,10 +146,7 @@ def _self_test(cmd: list[str] | None = None, timeout_s: float = 300.0, log_path:
     if r.returncode == 0:
         return None
     if r.returncode < 0:
-        try:
-            how = f"crashed with {signal.Signals(-r.returncode).name}"
-        except ValueError:
-            how = f"was killed by signal {-r.returncode}"
+        how = f"crashed with {signal_name(r.returncode)}"
     else:
         how = f"failed with exit code {r.returncode}"
     steps = [ln for ln in r.stdout.splitlines() if ln.startswith("router self-test: ")]

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.errors import signal_name
 from engine.lane.protocol import encode
 
 
@@ -143,7 +144,7 @@ class GpuLane:
                 code = await self.proc.wait()
                 tail = self.stderr_tail(8)
                 await self._restart()
-                how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+                how = signal_name(code) if code < 0 else f"exit code {code}"
                 return LaneReply(False, category="runtime-fault", restarted=True,
                                  seconds=time.perf_counter() - t0,
                                  message=f"worker died ({how}) during {kind}",
