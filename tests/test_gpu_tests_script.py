@@ -7,17 +7,24 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_tests.py"
 
 
-def test_a_crashing_test_is_one_row_and_the_next_test_still_runs(tmp_path):
+def _run_suite(tmp_path: Path, source: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """gpu_tests.py over a one-file suite; (its process, its output folder)."""
     tests = tmp_path / "suite"
     tests.mkdir()
-    (tests / "test_probe.py").write_text(
+    (tests / "test_probe.py").write_text(source)
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), str(tests)], capture_output=True, text=True,
+                       timeout=300)
+    return r, out
+
+
+def test_a_crashing_test_is_one_row_and_the_next_test_still_runs(tmp_path):
+    r, out = _run_suite(
+        tmp_path,
         "import ctypes\nimport pytest\n\n"
         "@pytest.mark.gpu\ndef test_a_crash():\n    print('about to crash', flush=True)\n    ctypes.string_at(0)\n\n"
         "@pytest.mark.gpu\ndef test_b_fine():\n    assert True\n\n"
         "@pytest.mark.gpu\ndef test_c_wrong():\n    assert 1 == 2\n")
-    out = tmp_path / "out"
-    r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), str(tests)], capture_output=True, text=True,
-                       timeout=300)
     assert r.returncode == 1, r.stdout + r.stderr
     md = (out / "gpu_tests.md").read_text()
     rows = [ln for ln in md.splitlines() if ln.startswith("| `")]
@@ -36,18 +43,14 @@ def test_nothing_to_run_is_a_usage_error(tmp_path):
 
 
 def test_a_test_killed_by_a_signal_python_does_not_name_says_its_number(tmp_path):
-    tests = tmp_path / "suite"
-    tests.mkdir()
+    import signal
+
     # Real-time signals have no name in Python's signal.Signals; killing itself with one, the test dies by it.
-    (tests / "test_probe.py").write_text(
+    r, out = _run_suite(
+        tmp_path,
         "import os, signal\nimport pytest\n\n"
         "@pytest.mark.gpu\ndef test_rt():\n    signal.signal(signal.SIGRTMIN + 3, signal.SIG_DFL)\n"
         "    os.kill(os.getpid(), signal.SIGRTMIN + 3)\n")
-    import signal
-
     number = int(signal.SIGRTMIN) + 3
-    out = tmp_path / "out"
-    r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), str(tests)], capture_output=True, text=True,
-                       timeout=300)
     assert r.returncode == 1, r.stderr
     assert f"crashed (signal {number})" in (out / "gpu_tests.md").read_text()
