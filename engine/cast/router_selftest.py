@@ -94,7 +94,7 @@ def main() -> int:
                     return 1
             torch.cuda.synchronize()
             st = cast.stats()
-            hits = [v.hits for v in cast.variants]  # the C++ counters go with the routes on leaving
+            hits = [v.hits for v in cast.variants]  # read while installed, as a user of stats() inside the block
         step(f"hits per variant {hits}; misses {st['misses']}; near misses {st['near_misses']}")
         if hits != [2, 1, 1]:
             step(f"expected hits [2, 1, 1], counted {hits}")
