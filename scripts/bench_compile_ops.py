@@ -155,6 +155,10 @@ def main() -> int:
     ap.add_argument("--no-model", action="store_true", help="skip the whole-model torch.compile")
     ap.add_argument("--model-timeout", type=float, default=480.0,
                     help="seconds the whole-model compile and timing may take (default 480)")
+    ap.add_argument("--model-mode", choices=(MODE, "default"), default=MODE,
+                    help=f"torch.compile mode of the whole model (default {MODE}, falling back to 'default' when it "
+                         "times out; 'default' skips max-autotune, for models whose autotuning is known to outlast "
+                         "the timeout)")
     ap.add_argument("--whole-model-only", metavar="CONFIG", help=argparse.SUPPRESS)  # the child process
     ap.add_argument("--small", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", default=MODE, help=argparse.SUPPRESS)  # the child's torch.compile mode
@@ -175,7 +179,11 @@ def main() -> int:
     args.out.write_text(json.dumps(doc, indent=1, default=str))  # the per-op part survives what follows
     if not args.no_model and cap.get("config_path"):
         log(f"whole model: eager against torch.compile (at most {args.model_timeout:.0f} s)")
-        doc["whole_model"] = whole_model_compiled(cap["config_path"], bool(cap["small"]), args.model_timeout)
+        if args.model_mode == MODE:
+            doc["whole_model"] = whole_model_compiled(cap["config_path"], bool(cap["small"]), args.model_timeout)
+        else:
+            doc["whole_model"] = {**whole_model_in_child(cap["config_path"], bool(cap["small"]), args.model_timeout,
+                                                         args.model_mode), "asked_mode": args.model_mode}
         args.out.write_text(json.dumps(doc, indent=1, default=str))
     log(f"wrote {args.out}")
     return 0

@@ -110,6 +110,22 @@ def test_a_whole_model_max_autotune_that_outlasts_its_limit_is_measured_in_the_d
     assert "max-autotune-no-cudagraphs" in r["error"] and "in the default mode: torch.compile (default)" in r["error"]
 
 
+def test_a_whole_model_compile_asked_for_in_the_default_mode_says_so(tmp_path):
+    # `reproduce.py --compile-mode default` skips a max-autotune known to outlast its limit; the report names
+    # the mode beside the number.
+    (tmp_path / "resnet50").mkdir()
+    shutil.copy(DEMO_DB, tmp_path / "resnet50" / "kforge.db")
+    whole = {"eager_ms": 12.0, "compile_ms": 9.25, "mode": "default", "asked_mode": "default"}
+    (tmp_path / "resnet50" / "compile.json").write_text(json.dumps({"ops": [], "whole_model": whole}))
+    p = _report(tmp_path, "--report-only", "--models", "resnet50")
+    assert p.returncode == 0, p.stderr
+    text = (tmp_path / "report.md").read_text()
+    assert "- resnet50: torch.compile's default mode (asked for with `--compile-mode`), 9.25 ms" in text
+    assert "| 9.25 (eager 12.00) |" in text
+    bad = _report(tmp_path, "--report-only", "--compile-mode", "fastest")
+    assert bad.returncode == 2 and "--compile-mode" in bad.stderr
+
+
 def test_whole_model_compile_that_outlasts_its_limit_is_reported_not_fatal():
     import importlib.util
 
