@@ -604,13 +604,6 @@ def _emulation_cases() -> list[tuple]:
         _case_group_norm([1, 4, 5, 5], 2, bf, False, {"strategy": "split", "blocks_per_group": 16, "block": 256,
                                                       "order": "forward"}),
         _case_group_norm([2, 4, 4, 4], 2, bf, True, {"strategy": "split", "blocks_per_group": 2, "block": 256}),
-        # Waves (launch pairs over a share of the groups each; offered for tensors beyond L2, forced here).
-        _case_group_norm([2, 8, 4, 4], 4, f16, True, {"strategy": "split", "blocks_per_group": 4, "block": 256,
-                                                      "waves": 4, "unroll": 1}),
-        _case_group_norm([1, 4, 5, 5], 2, bf, False, {"strategy": "split", "blocks_per_group": 16, "block": 256,
-                                                      "order": "forward", "waves": 2}),
-        _case_group_norm([2, 16, 4, 4], 8, f32, True, {"strategy": "split", "blocks_per_group": 2, "block": 256,
-                                                       "waves": 8}),
         _case_group_norm([1, 6, 24], 3, f32, True, {"strategy": "fused", "block": 256, "unroll": 2}),
         _case_rows("layer_norm", [3, 5, 40], [40], bf, True, {}),
         _case_rows("layer_norm", [2, 3, 1536], [1536], bf, False, {"block": 512, "rows_per_block": 1}),
@@ -631,11 +624,8 @@ def _emulation_cases() -> list[tuple]:
 
 
 def _emulation_main() -> int:
-    from engine.propose.builtin import norms
     from engine.verify.compare import bitwise_equal, compare_outputs
     from engine.verify.tolerance import tolerances_for
-
-    norms.WAVE_BYTES = 0  # offer group_norm waves on these small cards too (the cases above ask for them)
 
     workdir = Path(tempfile.mkdtemp(prefix="kf_norms_emu_"))
     failed = 0

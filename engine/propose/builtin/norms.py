@@ -26,8 +26,6 @@ FLOAT_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 FLT_EPSILON = "1.1920928955078125e-07"  # eps=None in rms_norm: eager uses the fp32 (opmath) epsilon
 MAX_I32 = 2**31 - 1
-WAVES = (2, 4, 8)             # group_norm split waves (two launches each; the launch spec allows 16)
-WAVE_BYTES = 24 << 20         # a wave's share of the input that should still be in L2 (50 MB) when re-read
 
 # ----------------------------------------------------------------------------------------- CUDA helpers
 
@@ -427,11 +425,10 @@ constexpr int CHUNK = $CHUNK;        // elements per block, a multiple of V
 constexpr bool REVERSE = $REVERSE;
 
 // Split, kernel 1: P blocks per group each write the Welford triple of their chunk.
-$WAVES_DEF
 extern "C" __global__ void __launch_bounds__(BLOCK)
-gn_partial(const T* __restrict__ x, float* __restrict__ part$R0_PARAM) {
+gn_partial(const T* __restrict__ x, float* __restrict__ part) {
   __shared__ float red[3 * NWARP + 3];
-  const long long L = $L_PARTIAL;
+  const long long L = blockIdx.x;
   if (L >= R * P) return;
   const long long r = L / P;
   const int p = (int)(L % P);
@@ -447,12 +444,12 @@ gn_partial(const T* __restrict__ x, float* __restrict__ part$R0_PARAM) {
 // last-read data in L2.
 extern "C" __global__ void __launch_bounds__(BLOCK)
 gn_apply(const T* __restrict__ x, $WB_PARAMS const float* __restrict__ part, T* __restrict__ y,
-         TS* __restrict__ mean_out, TS* __restrict__ rstd_out, float eps$R0_PARAM) {
+         TS* __restrict__ mean_out, TS* __restrict__ rstd_out, float eps) {
 $WB_LOCALS
   __shared__ float red[3 * NWARP + 3];
   __shared__ float2 ab[CG];
-  if ((long long)blockIdx.x >= $NB) return;
-  const long long L = $L_APPLY;
+  if ((long long)blockIdx.x >= R * P) return;
+  const long long L = REVERSE ? R * P - 1 - (long long)blockIdx.x : (long long)blockIdx.x;
   const long long r = L / P;
   const int p = (int)(L % P);
   const int lo = min(p * CHUNK, D), hi = min(D, p * CHUNK + CHUNK);
@@ -538,7 +535,7 @@ class GroupNormTemplate(Template):
         ps = [q for q in (p, p * 2, p // 2, p * 4, p // 4, p * 8) if 1 <= q <= 1024 and r * q <= MAX_I32]
         # Small groups in the fused kernel: no more threads than two vectors each (64..512).
         block = 512 if not fused_first else min(512, max(64, _pow2_ceil(-(-d // (2 * vecs[0])))))
-        space = {
+        return {
             "strategy": ["fused", "split"] if fused_first else ["split", "fused"],
             "block": _ordered(block, [512, 256, 1024, 128]),
             "vec": vecs,
@@ -546,22 +543,6 @@ class GroupNormTemplate(Template):
             "blocks_per_group": _ordered(ps[0], ps),
             "order": ["reverse", "forward"],
         }
-        waves = self._waves(geo)
-        if len(waves) > 1:
-            space["waves"] = waves
-        return space
-
-    def _waves(self, geo: Mapping[str, Any]) -> list[int]:
-        """Waves of the split strategy: 1 (both launches over the whole tensor), or W launch pairs over R/W
-        groups each, for tensors too large for L2: a wave's apply launch then re-reads the groups its
-        partial launch just read from L2 instead of HBM (SD3.5's [1,256,512,512]: 134 MB, 32 groups). The
-        second choice is the fewest waves whose share fits in WAVE_BYTES (else the most waves)."""
-        total = geo["R"] * geo["D"] * ITEMSIZE[geo["x"]["dtype"]]
-        if total <= WAVE_BYTES:
-            return [1]
-        ws = [w for w in WAVES if geo["R"] % w == 0]
-        fit = [w for w in ws if total // w <= WAVE_BYTES][:1] or ws[-1:]
-        return [1] + fit + [w for w in ws if w not in fit]
 
     def render(self, card: CardBrief, params: Mapping[str, Any]) -> Rendered:
         geo = self._geometry(card)
@@ -580,30 +561,15 @@ class GroupNormTemplate(Template):
                     V=v, BLOCK=block, U=u, R=geo["R"], G=geo["G"], CG=geo["CG"], HW=geo["HW"], D=geo["D"],
                     HAS_W=_bool(has_w), HAS_B=_bool(has_b))
         wb_p = wb_params + ", " if wb_params else ""
-        waves = int(params.get("waves", 1)) if split else 1
-        if waves not in self._waves(geo):
-            raise ValueError(f"waves={waves} is outside {self._waves(geo)}")
-        rw = geo["R"] // waves
-        if split and waves == 1:  # the whole tensor per launch (the source as before waves existed)
+        if split:
             kernels = _src(_GN_SPLIT, WB_PARAMS=wb_p, WB_LOCALS=wb_locals, P=p, CHUNK=chunk,
-                           REVERSE=_bool(params["order"] == "reverse"), WAVES_DEF="", R0_PARAM="",
-                           L_PARTIAL="blockIdx.x", NB="R * P",
-                           L_APPLY="REVERSE ? R * P - 1 - (long long)blockIdx.x : (long long)blockIdx.x")
-        elif split:
-            kernels = _src(_GN_SPLIT, WB_PARAMS=wb_p, WB_LOCALS=wb_locals, P=p, CHUNK=chunk,
-                           REVERSE=_bool(params["order"] == "reverse"),
-                           WAVES_DEF=(f"// {waves} waves of RW groups: each wave's partial launch reads its groups "
-                                      "into L2,\n// its apply launch reads them back from there (r0 = the "
-                                      f"wave's first group).\nconstexpr long long RW = {rw};"),
-                           R0_PARAM=", int r0", L_PARTIAL="(long long)r0 * P + blockIdx.x", NB="RW * P",
-                           L_APPLY=("(long long)r0 * P + (REVERSE ? RW * P - 1 - (long long)blockIdx.x "
-                                    ": (long long)blockIdx.x)"))
+                           REVERSE=_bool(params["order"] == "reverse"))
         else:
             kernels = _src(_GN_FUSED, WB_PARAMS=wb_p, WB_LOCALS=wb_locals)
         source = f"// aten::native_group_norm, {card.signature_text}: {params['strategy']}\n" + _COMMON + body + kernels
         wb_args = [("ptr", "weight")] * has_w + [("ptr", "bias")] * has_b
         outs = [("ptr", "out0"), ("ptr", "out1"), ("ptr", "out2"), ("f32", "eps")]
-        if split and waves == 1:
+        if split:
             spec = "\n".join([
                 f"# group_norm split: {p} blocks per group; Welford partials, then merge + apply",
                 "[[workspace]]", 'name = "part"', f'bytes = "N * group * {p} * 12"', "",
@@ -611,17 +577,6 @@ class GroupNormTemplate(Template):
                 "args = " + _spec_args([("ptr", "input"), ("ptr", "ws.part")]), "",
                 "[[launch]]", 'kernel = "gn_apply"', f'grid = ["N * group * {p}"]', f"block = [{block}]",
                 "args = " + _spec_args([("ptr", "input"), *wb_args, ("ptr", "ws.part"), *outs]), ""])
-        elif split:
-            lines = [f"# group_norm split in {waves} waves of {rw} groups (partials, then merge + apply, per wave: "
-                     "the apply re-reads its wave from L2)",
-                     "[[workspace]]", 'name = "part"', f'bytes = "N * group * {p} * 12"', ""]
-            for k in range(waves):
-                r0 = ("i32", str(k * rw))
-                lines += ["[[launch]]", 'kernel = "gn_partial"', f"grid = [{rw * p}]", f"block = [{block}]",
-                          "args = " + _spec_args([("ptr", "input"), ("ptr", "ws.part"), r0]), "",
-                          "[[launch]]", 'kernel = "gn_apply"', f"grid = [{rw * p}]", f"block = [{block}]",
-                          "args = " + _spec_args([("ptr", "input"), *wb_args, ("ptr", "ws.part"), *outs, r0]), ""]
-            spec = "\n".join(lines)
         else:
             spec = "\n".join([
                 "# group_norm fused: one block per (n, group)",
@@ -629,8 +584,7 @@ class GroupNormTemplate(Template):
                 "args = " + _spec_args([("ptr", "input"), *wb_args, *outs]), ""])
         intent = (f"group_norm {params['strategy']}: {geo['R']} groups of {geo['D']} elements, block {block}, "
                   f"vec {v}, unroll {u}" + (f", {p} blocks per group, {params.get('order')} apply order"
-                                            if split else "")
-                  + (f", {waves} waves of {rw} groups" if waves > 1 else ""))
+                                            if split else ""))
         return Rendered(source=source, spec=spec, params=dict(params), intent=intent)
 
 
