@@ -272,7 +272,7 @@ def report(out: Path, models: list[str]) -> str:
             label = r["model"] if "[" in r["model"] or not router else f"{r['model']} [{router} router]"
             e2e_rows.append(f"| {label} | {r['eager_ms']:.2f} | {r['cast_ms']:.2f} | {r['speedup']:.3f}× "
                             f"({r['speedup_ci'][0]:.3f}–{r['speedup_ci'][1]:.3f}) | "
-                            f"{_f(g.get('speedup'), '.3f')}× | {compiled} | "
+                            f"{_f(g.get('speedup'), '.3f') + ('×' if g.get('speedup') is not None else '')} | {compiled if r['model'] == model else '–'} | "
                             f"{r['rel_l2_err']:.1e} | {100 * covered:.0f} % |")
         if whole.get("error"):
             compile_notes.append(f"- {model}: {whole['error']}")

@@ -122,6 +122,16 @@ def test_a_whole_model_compile_asked_for_in_the_default_mode_says_so(tmp_path):
     text = (tmp_path / "report.md").read_text()
     assert "- resnet50: torch.compile's default mode (asked for with `--compile-mode`), 9.25 ms" in text
     assert "| 9.25 (eager 12.00) |" in text
+    # A part of the config benchmarked on its own (SD3.5's VAE beside the whole sd35_medium) does not get the
+    # whole config's compiled time.
+    e2e = {"models": [dict(model=m, eager_ms=e, cast_ms=c, speedup=e / c, speedup_ci=[1.0, 1.1], rel_l2_err=0.0)
+                      for m, e, c in (("resnet50_head", 3.0, 2.0), ("resnet50", 12.0, 10.0))]}
+    (tmp_path / "resnet50" / "e2e").mkdir()
+    (tmp_path / "resnet50" / "e2e" / "bench_e2e.json").write_text(json.dumps(e2e))
+    assert _report(tmp_path, "--report-only", "--models", "resnet50").returncode == 0
+    rows = [ln for ln in (tmp_path / "report.md").read_text().splitlines() if ln.startswith("| resnet50")]
+    assert rows[0].startswith("| resnet50_head | 3.00 | 2.00 | 1.500× (1.000–1.100) | – | – |"), rows
+    assert rows[1].startswith("| resnet50 | 12.00 | 10.00 | 1.200× (1.000–1.100) | – | 9.25 (eager 12.00) |"), rows
     bad = _report(tmp_path, "--report-only", "--compile-mode", "fastest")
     assert bad.returncode == 2 and "--compile-mode" in bad.stderr
 
