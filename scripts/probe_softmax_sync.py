@@ -48,7 +48,7 @@ namespace cg = cooperative_groups;
 #endif
 constexpr int N = $N, C = $C, B = $B;
 constexpr int PER = N / C, NV = PER / (4 * B);
-static_assert(N % C == 0 && PER % (4 * B) == 0, "whole float4 per thread");
+static_assert(N % C == 0 && PER % (4 * B) == 0 && C <= B, "whole float4 per thread; a thread per partial");
 
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -63,7 +63,7 @@ __device__ __forceinline__ float block_max(float v, float* sh) {
   __syncthreads();
   if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
   __syncthreads();
-  v = threadIdx.x < B / 32 ? sh[threadIdx.x] : -INFINITY;
+  v = (threadIdx.x & 31) < B / 32 ? sh[threadIdx.x & 31] : -INFINITY;
   return warp_max(v);
 }
 __device__ __forceinline__ float block_sum(float v, float* sh) {
@@ -71,7 +71,7 @@ __device__ __forceinline__ float block_sum(float v, float* sh) {
   __syncthreads();
   if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
   __syncthreads();
-  v = threadIdx.x < B / 32 ? sh[threadIdx.x] : 0.f;
+  v = (threadIdx.x & 31) < B / 32 ? sh[threadIdx.x & 31] : 0.f;
   return warp_sum(v);
 }
 __device__ __forceinline__ void load_chunk(const float* __restrict__ x, float4 (&v)[NV]) {
@@ -89,12 +89,15 @@ __device__ __forceinline__ float2 chunk_stats(const float4 (&v)[NV], float* sh) 
   for (int i = 0; i < NV; ++i) s += expf(v[i].x - m) + expf(v[i].y - m) + expf(v[i].z - m) + expf(v[i].w - m);
   return make_float2(m, block_sum(s, sh));
 }
-// The row's C partials merged in the same order in every block: the same bits everywhere.
-__device__ __forceinline__ float2 merge_row(const float2* __restrict__ part) {
-  float m = -INFINITY, s = 0.f;
-  for (int q = 0; q < C; ++q) m = fmaxf(m, __ldcg(&part[q].x));
-  for (int q = 0; q < C; ++q) { const float2 p = __ldcg(&part[q]); s += p.y * expf(p.x - m); }
-  return make_float2(m, s);
+// The row's C partials (thread q holds partial q) merged by the same reduction tree in every block:
+// the same bits everywhere.
+__device__ __forceinline__ float2 merge_parts(float pm, float ps, float* sh) {
+  const float m = block_max(pm, sh);
+  return make_float2(m, block_sum(threadIdx.x < C ? ps * expf(pm - m) : 0.f, sh));
+}
+__device__ __forceinline__ float2 merge_row(const float2* __restrict__ part, float* sh) {
+  const float2 p = threadIdx.x < C ? __ldcg(&part[threadIdx.x]) : make_float2(-INFINITY, 0.f);
+  return merge_parts(p.x, p.y, sh);
 }
 __device__ __forceinline__ void write_chunk(float* __restrict__ y, const float4 (&v)[NV], float2 ms) {
   float4* p = reinterpret_cast<float4*>(y + (size_t)(blockIdx.x / C) * N + (size_t)(blockIdx.x % C) * PER);
@@ -113,9 +116,10 @@ extern "C" __global__ void __launch_bounds__(B) pr_partial(const float* __restri
 }
 extern "C" __global__ void __launch_bounds__(B) pr_finish(const float* __restrict__ x, float* __restrict__ y,
                                                          const float2* __restrict__ ws) {
+  __shared__ float sh[32];
   float4 v[NV];
   load_chunk(x, v);  // from L2: kernel 1 just read it
-  write_chunk(y, v, merge_row(ws + (blockIdx.x / C) * C));
+  write_chunk(y, v, merge_row(ws + (blockIdx.x / C) * C, sh));
 }
 extern "C" __global__ void __launch_bounds__(B) pr_partial_pdl(const float* __restrict__ x, float2* __restrict__ ws) {
   __shared__ float sh[32];
@@ -127,10 +131,11 @@ extern "C" __global__ void __launch_bounds__(B) pr_partial_pdl(const float* __re
 }
 extern "C" __global__ void __launch_bounds__(B) pr_finish_pdl(const float* __restrict__ x, float* __restrict__ y,
                                                              const float2* __restrict__ ws) {
+  __shared__ float sh[32];
   float4 v[NV];
   load_chunk(x, v);  // x was complete before kernel 1 started: load while kernel 1 still runs
   asm volatile("griddepcontrol.wait;" ::: "memory");  // kernel 1 done, its partials visible
-  write_chunk(y, v, merge_row(ws + (blockIdx.x / C) * C));
+  write_chunk(y, v, merge_row(ws + (blockIdx.x / C) * C, sh));
 }
 extern "C" __global__ void __launch_bounds__(B) pr_coop(const float* __restrict__ x, float* __restrict__ y,
                                                        float2* __restrict__ ws) {
@@ -140,7 +145,7 @@ extern "C" __global__ void __launch_bounds__(B) pr_coop(const float* __restrict_
   const float2 ms = chunk_stats(v, sh);
   if (threadIdx.x == 0) __stcg(&ws[blockIdx.x], ms);
   cg::this_grid().sync();
-  write_chunk(y, v, merge_row(ws + (blockIdx.x / C) * C));
+  write_chunk(y, v, merge_row(ws + (blockIdx.x / C) * C, sh));
 }
 struct Slot { float m, s; unsigned long long tag; };
 __device__ __forceinline__ unsigned long long grid_tag() {
@@ -168,10 +173,9 @@ extern "C" __global__ void __launch_bounds__(B) pr_tag(const float* __restrict__
   }
   __threadfence();
   __syncthreads();
-  float m = -INFINITY, s = 0.f;
-  for (int q = 0; q < C; ++q) m = fmaxf(m, __ldcg(&row[q].m));
-  for (int q = 0; q < C; ++q) s += __ldcg(&row[q].s) * expf(__ldcg(&row[q].m) - m);
-  write_chunk(y, v, make_float2(m, s));
+  const bool mine = threadIdx.x < C;
+  write_chunk(y, v, merge_parts(mine ? __ldcg(&row[threadIdx.x].m) : -INFINITY,
+                                mine ? __ldcg(&row[threadIdx.x].s) : 0.f, sh));
 }
 extern "C" __global__ void pr_gridid(unsigned long long* out, int i) {
   unsigned long long g;
