@@ -192,10 +192,28 @@ def test_report_states_the_whole_model_check():
     assert "output moved" not in text  # an older check without the output comparison says nothing about it
     manifest["source"]["model_check"]["rel_l2_err"] = 1.5e-3
     assert "the model's output moved by 1.5e-03 (relative L2) against eager" in markdown_report(manifest)
+    assert "Not faster with confidence" not in text
+    manifest["source"]["model_check"].update(speedup=0.986, speedup_ci=[0.969, 1.002])  # Qwen's, fifth session
+    assert ("0.986× (95% CI 0.969–1.002); the model's output moved by 1.5e-03 (relative L2) against eager. Not "
+            "faster with confidence: each kernel was faster on its own, the model as a whole was not measurably so."
+            in markdown_report(manifest))
+    manifest["source"]["model_check"].update(speedup=1.234, speedup_ci=[1.2, 1.3])
     assert "dispatch router" not in markdown_report(manifest)  # no variant recorded one
     manifest["variants"] = [{"id": "a", "op": "aten::relu", "category": "custom CUDA", "provenance": {},
                              "evidence": {"confirmed": {"router": "c++"}}, "kernels": ["k"], "files": {}}]
     assert "Confirmed with the C++ dispatch router" in markdown_report(manifest)
+
+
+def test_export_warns_when_the_kept_set_is_not_faster_with_confidence():
+    from engine.cast.export import not_faster_caveat
+
+    assert not_faster_caveat({"speedup": 1.05, "speedup_ci": [1.01, 1.09]}, graphs=False) is None
+    eager = not_faster_caveat({"speedup": 0.986, "speedup_ci": [0.969, 1.002]}, graphs=False)
+    assert eager == ("the model is not faster with this cast with confidence (0.986x, 95% CI 0.969-1.002); it is "
+                     "written because no variant set made it slower; where the host sets the pace, the kernels "
+                     "may pay off under CUDA graphs (export again with --cuda-graphs to check that)")
+    graphs = not_faster_caveat({"speedup": 1.004, "speedup_ci": [0.998, 1.010]}, graphs=True)
+    assert graphs is not None and graphs.endswith("no variant set made it slower")
 
 
 def test_rel_l2_err():

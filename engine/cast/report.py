@@ -56,7 +56,9 @@ def markdown_report(manifest: dict[str, Any], excluded: list[dict[str, Any]] | N
                   f"{check.get('eager_ms', float('nan')):.2f} ms → {check.get('cast_ms', float('nan')):.2f} ms, "
                   f"{check['speedup']:.3f}× (95% CI {ci[0]:.3f}–{ci[1]:.3f})"
                   + (f"; the model's output moved by {check['rel_l2_err']:.1e} (relative L2) against eager"
-                     if check.get("rel_l2_err") is not None else "") + ".", ""]
+                     if check.get("rel_l2_err") is not None else "") + "."
+                  + (" Not faster with confidence: each kernel was faster on its own, the model as a whole was "
+                     "not measurably so." if ci[0] <= 1 else ""), ""]
     elif check.get("mode") in ("none", "failed"):
         lines += [f"No whole-model check: {check.get('reason')}.", ""]
     for v in manifest["variants"]:
