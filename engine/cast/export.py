@@ -268,14 +268,13 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
 def not_faster_caveat(chosen: dict[str, Any], graphs: bool) -> str | None:
     """What to tell the user when the kept set is not slower but not faster with confidence either: every
     kernel in it was proven faster on its own, the model as a whole was not (a host-bound forward)."""
-    low = (chosen.get("speedup_ci") or [float("nan")])[0]
+    low, high = chosen["speedup_ci"]
     if low > 1:
         return None
     hint = ("" if graphs else "; where the host sets the pace, the kernels may pay off under CUDA graphs "
             "(export again with --cuda-graphs to check that)")
     return (f"the model is not faster with this cast with confidence ({chosen['speedup']:.3f}x, 95% CI "
-            f"{low:.3f}-{chosen['speedup_ci'][1]:.3f}); it is written because no variant set made it slower"
-            + hint)
+            f"{low:.3f}-{high:.3f}); it is written because no variant set made it slower" + hint)
 
 
 def run_model_check(cast_path: Path, sets: list[list[str]], config: str, small: bool, graphs: bool, tmp: Path,
