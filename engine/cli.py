@@ -137,9 +137,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UsageError(f"export --out {args.out}: folder {out.parent} does not exist")
     result = export_run(_workspace(args), args.run, out, progress=_progress(),
                         model_check=not args.no_model_check, cuda_graphs=args.cuda_graphs)
+    for w in result.warnings:  # always, also redirected: the cast is written, but the user must know this
+        print(f"kforge: warning: {w}", file=sys.stderr, flush=True)
     if args.json:
-        print(json.dumps({"out": str(out), "included": result.included, "excluded": result.excluded},
-                         separators=(",", ":"), default=str))
+        print(json.dumps({"out": str(out), "included": result.included, "excluded": result.excluded,
+                          "warnings": result.warnings}, separators=(",", ":"), default=str))
     else:
         print(f"wrote {out}: {len(result.included)} variant(s)")
         for v in result.included:
@@ -182,7 +184,7 @@ def _workspace(args: argparse.Namespace) -> Path:
 def _progress() -> Callable[[str], None]:
     """Progress lines on stderr when it is a terminal (stdout is reserved for the result).
 
-    Redirected stderr gets only errors, so a failure is exactly one line there.
+    Redirected stderr gets only errors and warnings, so a failure is exactly one line there.
     """
     if not sys.stderr.isatty():
         return lambda msg: None

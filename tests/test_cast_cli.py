@@ -71,3 +71,25 @@ def test_audit_verify_and_export_need_a_gpu(cast_file, tmp_path, capsys):
 def test_export_needs_out(tmp_path, capsys):
     code, out, err = run_cli(["export", "--workspace", tmp_path / "ws"], capsys)
     assert code == 2 and "--out" in err
+
+
+def test_export_warnings_reach_a_redirected_stderr_and_the_json(tmp_path, capsys, monkeypatch):
+    """The cast is written, but the model is not faster with confidence: a script running `export --json`
+    with stderr in a log must still learn it (progress lines are for terminals only)."""
+    import engine.cast.export as export
+
+    caveat = ("the model is not faster with this cast with confidence (0.975x, 95% CI 0.886-1.139); it is "
+              "written because no variant set made it slower")
+
+    def fake_export_run(workspace, run_id, out, **kw):  # the GPU part is tested on the H200 (test_run_gpu)
+        return export.ExportResult(out, [{"id": "mul_Tensor-f224aaa6", "op": "aten::mul.Tensor", "speedup": 1.1,
+                                          "speedup_ci": [1.07, 1.12]}], [], [caveat])
+
+    monkeypatch.setattr(export, "export_run", fake_export_run)
+    code, out, err = run_cli(["export", "--out", tmp_path / "x.cast", "--workspace", tmp_path / "ws", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["warnings"] == [caveat]
+    assert err.strip() == f"kforge: warning: {caveat}"
+    code, out, err = run_cli(["export", "--out", tmp_path / "x.cast", "--workspace", tmp_path / "ws"], capsys)
+    assert code == 0 and out.startswith(f"wrote {tmp_path / 'x.cast'}: 1 variant(s)")
+    assert err.strip() == f"kforge: warning: {caveat}"

@@ -216,6 +216,17 @@ def test_export_warns_when_the_kept_set_is_not_faster_with_confidence():
     assert graphs is not None and graphs.endswith("no variant set made it slower")
 
 
+def test_model_check_times_until_the_ci_is_narrow_enough_to_act_on():
+    from engine.cast.e2e import PRECISION, settled
+
+    # Qwen's check on a noisy host (H200 x2, 2026-11-30): one round of 59 pairs gave 0.886-1.139 and let a
+    # cast through that bench_e2e then measured at 0.970x (0.952-0.980). That CI is not one to act on.
+    assert not settled([0.886, 1.139])
+    assert settled([0.9817, 1.0009])  # the same cast on a quiet H200, after 102 pairs: settled
+    assert PRECISION == 0.02 and settled([0.99, 1.009]) and not settled([0.99, 1.011])
+    assert not settled([float("nan"), 1.0]) and not settled([0.9, float("inf")])
+
+
 def test_rel_l2_err():
     import torch
 

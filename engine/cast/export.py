@@ -107,6 +107,9 @@ class ExportResult:
     out: Path | None
     included: list[dict[str, Any]]
     excluded: list[dict[str, Any]]
+    # What the user must hear even with stderr redirected and --json: the cast was written, but the whole
+    # model is not faster with confidence, or was not checked at all.
+    warnings: list[str] = field(default_factory=list)
 
 
 def select_winners(cards: list[dict[str, Any]], candidates: list[dict[str, Any]]
@@ -205,20 +208,25 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
                        f"({len(variants)} tried); nothing written")
     cap = run.get("capture_row") or {}
     config = cap.get("config_path")
+    warnings: list[str] = []
     if model_check and config and Path(config).is_file():
-        kept = _model_check(kept, env, source, excluded, config, bool(cap.get("small")), cuda_graphs, progress)
+        kept = _model_check(kept, env, source, excluded, config, bool(cap.get("small")), cuda_graphs, progress,
+                            warnings.append)
     elif model_check:
-        progress(f"no whole-model check: the run's config {config!r} is not readable here")
+        warnings.append(f"no whole-model check: the run's config {config!r} is not readable here")
         source["model_check"] = {"mode": "none", "reason": f"config {config!r} not readable at export"}
     manifest, files, report = package(kept, env, source, excluded)
     write_cast(out, manifest, files, report)
-    return ExportResult(out, [{"id": v.vid, "op": v.card["op"], **(v.confirmed or {})} for v in kept], excluded)
+    return ExportResult(out, [{"id": v.vid, "op": v.card["op"], **(v.confirmed or {})} for v in kept], excluded,
+                        warnings)
 
 
 def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[str, Any], excluded: list[dict],
-                 config: str, small: bool, graphs: bool, progress: Callable[[str], None]) -> list[ExportVariant]:
+                 config: str, small: bool, graphs: bool, progress: Callable[[str], None],
+                 warn: Callable[[str], None] = lambda m: None) -> list[ExportVariant]:
     """Keep the largest set of variants (best net gain first) with which the run's own model is not slower;
-    record the check in `source`; raise JobError when even one variant makes the model slower."""
+    record the check in `source`; raise JobError when even one variant makes the model slower; `warn` gets
+    what the user must hear although the cast is written."""
     from engine.cast.e2e import subsets
     from engine.errors import JobError
 
@@ -233,7 +241,7 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
         try:
             result = run_model_check(cand, sets, config, small, graphs, Path(tmp))
         except JobError as e:  # the check itself broke (not: the model was slower): say so, keep the variants
-            progress(f"warning: {e}; the cast is written without a whole-model check")
+            warn(f"{e}; the cast is written without a whole-model check")
             source["model_check"] = {"mode": "failed", "reason": str(e)}
             return kept
     tried = result.get("tried", [])
@@ -261,7 +269,7 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
                 else ""))
     caveat = not_faster_caveat(chosen, graphs)
     if caveat:
-        progress(f"warning: {caveat}")
+        warn(caveat)
     return [v for v in kept if v.vid in keep_ids]
 
 

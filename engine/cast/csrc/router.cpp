@@ -70,8 +70,16 @@ struct Plan {
   bool distinct_storage = false;  // an op that writes an argument: no two tensor arguments may share storage
   std::atomic<bool> dead{false};  // failed on a call: never tried again, its calls go to PyTorch
   std::atomic<int64_t> hits{0};
+  // The first tensor argument's index and fingerprints (sizes; sizes and dtype), set by make_plan: a call
+  // is compared in full only with the plans whose fingerprint its own first tensor has. An op with many
+  // variants (Qwen3.5: 25 of aten::mul) scanned every plan in full on every call, and every miss of such
+  // an op paid for all of them.
+  int first = -1;
+  uint64_t sizes_fp = 0, fp = 0;
 };
 
+// One per routed (op, dispatch key). The kernel registered for the op holds it, so a call reaches its
+// route without a lookup; g_routes holds it too, for install, uninstall and the counters.
 struct Route {
   std::unique_ptr<c10::SafeKernelFunction> original;
   std::vector<std::shared_ptr<Plan>> plans;
@@ -79,13 +87,13 @@ struct Route {
   std::atomic<int64_t> near_misses{0};  // misses whose first tensor had a variant's sizes
   std::mutex near_mutex;
   std::vector<std::string> near_keys;   // the first few such calls, described
-  std::unique_ptr<torch::Library> lib;
 };
 
 constexpr size_t kNearMissKeys = 8;  // as the Python router's NEAR_MISS_KEYS
 
 std::mutex g_mutex;
 std::unordered_map<std::string, std::shared_ptr<Route>> g_routes;  // "name.overload@Key"
+std::unordered_map<std::string, std::unique_ptr<torch::Library>> g_libs;  // the registration of each route
 
 using LaunchFn = int (*)(uintptr_t, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
                          void**, void**);
@@ -122,6 +130,33 @@ bool same_value(const c10::IValue& a, const c10::IValue& b) {
   if (b.isString()) return a.isString() && a.toStringRef() == b.toStringRef();
   return false;  // anything else never matches: the call goes to PyTorch
 }
+
+uint64_t sizes_fingerprint(c10::IntArrayRef sizes) {
+  uint64_t h = 1469598103934665603ull ^ sizes.size();
+  for (auto v : sizes) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+  return h;
+}
+
+uint64_t with_dtype(uint64_t sizes_fp, c10::ScalarType dtype) {
+  return (sizes_fp ^ (static_cast<uint64_t>(dtype) + 1)) * 1099511628211ull;
+}
+
+// A call's fingerprints at one argument index, computed once per call and index.
+struct CallPrint {
+  int index = -1;
+  bool tensor = false;
+  uint64_t sizes_fp = 0, fp = 0;
+  void at(c10::ArrayRef<c10::IValue> args, int i) {
+    if (i == index) return;
+    index = i;
+    tensor = i < static_cast<int>(args.size()) && args[i].isTensor() && args[i].toTensor().defined();
+    if (tensor) {
+      const auto& t = args[i].toTensor();
+      sizes_fp = sizes_fingerprint(t.sizes());
+      fp = with_dtype(sizes_fp, t.scalar_type());
+    }
+  }
+};
 
 bool matches(const Plan& plan, c10::ArrayRef<c10::IValue> args) {
   if (args.size() != plan.args.size()) return false;
@@ -178,13 +213,11 @@ bool matches(const Plan& plan, c10::ArrayRef<c10::IValue> args) {
 }
 
 // A miss that looks meant for a variant: the call's first tensor argument has that variant's sizes.
-bool near(const Plan& plan, c10::ArrayRef<c10::IValue> args) {
-  for (size_t i = 0; i < plan.args.size() && i < args.size(); ++i) {
-    if (plan.args[i].kind != 1) continue;
-    return args[i].isTensor() && args[i].toTensor().defined() &&
-           args[i].toTensor().sizes() == c10::IntArrayRef(plan.args[i].sizes);
-  }
-  return false;
+bool near(const Plan& plan, c10::ArrayRef<c10::IValue> args, CallPrint& print) {
+  if (plan.first < 0 || plan.first >= static_cast<int>(args.size())) return false;
+  print.at(args, plan.first);
+  return print.tensor && print.sizes_fp == plan.sizes_fp &&
+         args[plan.first].toTensor().sizes() == c10::IntArrayRef(plan.args[plan.first].sizes);
 }
 
 // Built without iostreams: on an H200 host (2026-11-30) the router crashed on the first guard miss, where
@@ -338,54 +371,57 @@ void call_original(Route& route, const c10::OperatorHandle& op, c10::DispatchKey
   route.original->callBoxed(op, ks, stack);
 }
 
-template <c10::DispatchKey K>
-void router(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-  static const std::string key = c10::toString(K);
-  std::shared_ptr<Route> route;
-  {
-    std::lock_guard<std::mutex> g(g_mutex);
-    auto it = g_routes.find(route_key(op.operator_name(), key));
-    if (it != g_routes.end()) route = it->second;
+void route_call(Route& route, const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  if (!g_active.load(std::memory_order_relaxed)) {  // suspended: straight to PyTorch, not counted
+    call_original(route, op, ks, stack);
+    return;
   }
   size_t nargs = op.schema().arguments().size();
-  if (route && g_active.load(std::memory_order_relaxed)) {
-    auto args = torch::jit::last(*stack, nargs);
-    for (auto& plan : route->plans) {
-      if (!plan->dead && matches(*plan, args)) {
-        try {
-          run(*plan, stack, nargs);  // leaves the stack untouched unless it succeeds
-          plan->hits++;
-          return;
-        } catch (const std::exception& e) {
-          plan->dead = true;
-          TORCH_WARN("kforge cast: a variant of ", op.operator_name(), " failed on a call and stays on PyTorch ",
-                     "from now on: ", e.what());
-          break;
-        }
-      }
+  auto args = torch::jit::last(*stack, nargs);
+  CallPrint print;
+  for (auto& plan : route.plans) {
+    if (plan->dead) continue;
+    if (plan->first >= 0) {
+      print.at(args, plan->first);
+      if (!print.tensor || print.fp != plan->fp) continue;  // cannot match: not compared in full
     }
-    route->misses++;
-    for (auto& plan : route->plans) {
-      if (near(*plan, args)) {
-        route->near_misses++;
-        std::lock_guard<std::mutex> g(route->near_mutex);
-        if (route->near_keys.size() < kNearMissKeys) {
-          auto d = describe(args);
-          if (std::find(route->near_keys.begin(), route->near_keys.end(), d) == route->near_keys.end())
-            route->near_keys.push_back(std::move(d));
-        }
+    if (matches(*plan, args)) {
+      try {
+        run(*plan, stack, nargs);  // leaves the stack untouched unless it succeeds
+        plan->hits++;
+        return;
+      } catch (const std::exception& e) {
+        plan->dead = true;
+        TORCH_WARN("kforge cast: a variant of ", op.operator_name(), " failed on a call and stays on PyTorch ",
+                   "from now on: ", e.what());
         break;
       }
     }
-    call_original(*route, op, ks, stack);
-    return;
   }
-  if (route) {  // suspended: straight to PyTorch, not counted
-    call_original(*route, op, ks, stack);
-    return;
+  route.misses++;
+  for (auto& plan : route.plans) {
+    if (near(*plan, args, print)) {
+      route.near_misses++;
+      std::lock_guard<std::mutex> g(route.near_mutex);
+      if (route.near_keys.size() < kNearMissKeys) {
+        auto d = describe(args);
+        if (std::find(route.near_keys.begin(), route.near_keys.end(), d) == route.near_keys.end())
+          route.near_keys.push_back(std::move(d));
+      }
+      break;
+    }
   }
-  TORCH_CHECK(false, "kforge router: no route for ", op.operator_name());
+  call_original(route, op, ks, stack);
 }
+
+// The boxed kernel registered for a routed op: it holds its route (no lookup, no lock per call).
+struct RouterKernel final : public c10::OperatorKernel {
+  explicit RouterKernel(std::shared_ptr<Route> r) : route(std::move(r)) {}
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    route_call(*route, op, ks, stack);
+  }
+  std::shared_ptr<Route> route;
+};
 
 // ---- Python surface ------------------------------------------------------------------------------
 
@@ -418,6 +454,13 @@ std::shared_ptr<Plan> make_plan(const std::string& device, py::list args, py::li
       d.number = t["value"].cast<double>();
     }
     plan->args.push_back(std::move(d));
+  }
+  for (size_t i = 0; i < plan->args.size(); ++i) {
+    if (plan->args[i].kind != 1) continue;
+    plan->first = static_cast<int>(i);
+    plan->sizes_fp = sizes_fingerprint(plan->args[i].sizes);
+    plan->fp = with_dtype(plan->sizes_fp, plan->args[i].dtype);
+    break;
   }
   for (auto o : outs) {
     auto t = o.cast<py::dict>();
@@ -473,29 +516,31 @@ void install(const std::string& name, const std::string& overload, const std::st
   route->plans = std::move(plans);
   auto ns = name.substr(0, name.find("::"));
   auto base = name.substr(name.find("::") + 2);
-  route->lib = std::make_unique<torch::Library>(torch::Library::IMPL, ns, k, __FILE__, __LINE__);
+  TORCH_CHECK(k == c10::DispatchKey::CUDA || k == c10::DispatchKey::CPU, "kforge router: dispatch key ", key,
+              " is not supported");
+  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, ns, k, __FILE__, __LINE__);
   auto qualified = overload.empty() ? base : base + "." + overload;
-  if (k == c10::DispatchKey::CUDA) {
-    route->lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&router<c10::DispatchKey::CUDA>>());
-  } else if (k == c10::DispatchKey::CPU) {
-    route->lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&router<c10::DispatchKey::CPU>>());
-  } else {
-    TORCH_CHECK(false, "kforge router: dispatch key ", key, " is not supported");
-  }
+  lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<RouterKernel>(route)));
   g_routes[rk] = route;
+  g_libs[rk] = std::move(lib);
 }
 
 void uninstall(const std::string& name, const std::string& overload, const std::string& key) {
   auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
-  std::shared_ptr<Route> route;
+  std::unique_ptr<torch::Library> lib;
   {
     std::lock_guard<std::mutex> g(g_mutex);
-    auto it = g_routes.find(route_key(op.operator_name(), key));
+    auto rk = route_key(op.operator_name(), key);
+    auto it = g_routes.find(rk);
     if (it == g_routes.end()) return;
-    route = it->second;
     g_routes.erase(it);
+    auto l = g_libs.find(rk);
+    if (l != g_libs.end()) {
+      lib = std::move(l->second);
+      g_libs.erase(l);
+    }
   }
-  route->lib.reset();  // deregisters the override: the original kernel is back
+  lib.reset();  // deregisters the override (and with it the kernel's hold on the route): the original is back
 }
 
 py::dict stats(const std::string& name, const std::string& overload, const std::string& key) {
