@@ -28,6 +28,16 @@ MODEL_TOML = textwrap.dedent('''
 ''')
 
 
+def _document(out: str, err: str, what: str) -> dict:
+    """The one JSON document a --json command prints on stdout; on failure, what it printed instead (the
+    seventh session's H200 run failed here with stdout starting '\\n' and no document: not yet explained)."""
+    try:
+        return json.loads(out)
+    except ValueError:
+        raise AssertionError(f"{what} --json: stdout is not one JSON document: {out[:800]!r}; "
+                             f"stderr ends {err[-800:]!r}") from None
+
+
 def test_run_export_audit_load_on_the_gpu(cli, tmp_path):
     import torch
 
@@ -39,7 +49,7 @@ def test_run_export_audit_load_on_the_gpu(cli, tmp_path):
     code, out, err = cli("run", tmp_path / "one_group_norm.toml", "--no-tui", "--iterations", "4", "--json",
                          "--workspace", ws)
     assert code == 0, err
-    doc = json.loads(out)
+    doc = _document(out, err, "run")
     assert doc["status"] == "done" and doc["stopped_by"] == "iterations"
     (card,) = [c for c in doc["cards"] if c["op"] == "aten::native_group_norm"]
     print(f"\nrun {doc['run']}: group_norm eager {card['eager_us']:.1f} us, best {card['best_us']:.1f} us, "
@@ -47,11 +57,14 @@ def test_run_export_audit_load_on_the_gpu(cli, tmp_path):
     assert card["verified"] >= 1 and card["speedup_ci"][0] > 2
 
     cast_file = tmp_path / "gn.cast"
-    code, out, err = cli("export", "--out", cast_file, "--workspace", ws)
+    code, out, err = cli("export", "--out", cast_file, "--workspace", ws, "--json")
     assert code == 0, err
+    exported = _document(out, err, "export")
+    # A one-op model whose kernel is 2x faster passes the whole-model check with nothing to warn about.
+    assert exported["warnings"] == [] and [v["op"] for v in exported["included"]] == ["aten::native_group_norm"]
     code, out, err = cli("audit", cast_file, "--json")
     assert code == 0, err
-    (variant,) = json.loads(out)["variants"]
+    (variant,) = _document(out, err, "audit")["variants"]
     assert variant["op"] == "aten::native_group_norm" and variant["speedup"] > 2
 
     torch.manual_seed(0)
