@@ -12,6 +12,16 @@ CONFIGS = ROOT / "configs"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def load_script(name: str):
+    """scripts/NAME.py imported as a module (the scripts are not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

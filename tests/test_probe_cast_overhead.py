@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _probe():
-    spec = importlib.util.spec_from_file_location("probe_cast_overhead", ROOT / "scripts" / "probe_cast_overhead.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("probe_cast_overhead")
 
 
 def test_arms_cover_eager_the_cast_its_routes_alone_and_the_cast_without_each_op():

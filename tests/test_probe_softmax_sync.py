@@ -3,22 +3,19 @@ configuration it times, and running it says what it needs (exit 2, one line)."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _probe():
-    spec = importlib.util.spec_from_file_location("probe_softmax_sync", ROOT / "scripts" / "probe_softmax_sync.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("probe_softmax_sync")
 
 
 @pytest.mark.parametrize("c,b", [(32, 256), (16, 512), (64, 256)])
