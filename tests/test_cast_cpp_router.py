@@ -86,6 +86,30 @@ def test_a_second_install_of_the_same_op_is_refused(ext):
         cpp_router.uninstall(ext, "aten::relu", "CPU")
 
 
+def test_an_op_with_many_variants_sends_each_call_to_its_own_or_to_pytorch(ext):
+    # As Qwen3.5's aten::mul.Tensor with 25 variants: a call is compared in full only with the variants
+    # whose first tensor has its sizes and dtype; the right one hits, everything else runs PyTorch's kernel.
+    op = torch.ops.aten.add.Tensor
+    shapes = [(5 + i,) for i in range(24)] + [(2, 14)]  # sizes 5..28, then 28 elements as [2, 14]
+    plans = [_plan(ext, op, (torch.randn(*s), torch.randn(*s)), [torch.randn(*s)]) for s in shapes]
+    cpp_router.install(ext, "aten::add.Tensor", "CPU", plans)
+    try:
+        x = torch.randn(28)
+        # Hits run the plan (on the CPU key: a fresh output of the variant's shape, no kernel).
+        assert op(torch.randn(20), torch.randn(20)).shape == (20,)  # variant 15
+        assert op(x, x).shape == (28,)  # variant 23
+        assert op(x.view(2, 14), x.view(2, 14)).shape == (2, 14)  # variant 24: same numel, other sizes
+        d = torch.randn(20, dtype=torch.float64)
+        assert torch.equal(op(d, d), d * 2)  # variant 15's sizes in another dtype: PyTorch's result, a near miss
+        z = torch.randn(3)
+        assert torch.equal(op(z, z), z * 2)  # no variant has these sizes: a plain miss
+        st = cpp_router.stats(ext, "aten::add.Tensor", "CPU")
+        assert [i for i, h in enumerate(st["hits"]) if h] == [15, 23, 24] and sum(st["hits"]) == 3
+        assert st["misses"] == 2 and st["near_misses"] == 1 and st["near_keys"][0].startswith("Double[20]")
+    finally:
+        cpp_router.uninstall(ext, "aten::add.Tensor", "CPU")
+
+
 def test_reset_zeroes_the_counters(ext):
     op = torch.ops.aten.relu.default
     x = torch.randn(8)
