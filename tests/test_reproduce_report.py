@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_DB = ROOT / "kforge_tui" / "demo" / "kforge.db"
 
@@ -53,12 +55,7 @@ def test_unknown_model_is_bad_input(tmp_path):
 
 
 def _reproduce_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("reproduce", ROOT / "scripts" / "reproduce.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("reproduce")
 
 
 def test_a_step_counts_as_done_only_when_it_finished(tmp_path):
@@ -77,11 +74,7 @@ def test_a_step_counts_as_done_only_when_it_finished(tmp_path):
 
 
 def test_a_whole_model_max_autotune_that_outlasts_its_limit_is_measured_in_the_default_mode(tmp_path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_compile_ops", ROOT / "scripts" / "bench_compile_ops.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("bench_compile_ops")
     modes = []
 
     def child(config, small, timeout_s, mode):  # max-autotune outlasts its limit; the default mode finishes
