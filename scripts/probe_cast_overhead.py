@@ -45,7 +45,7 @@ def timed_forward(forward) -> tuple[float, float]:
     return (t1 - t0) * 1e6, s.elapsed_time(e) * 1e3
 
 
-def arms_of(cast_path: str, variants: list[dict]) -> list[tuple[str, set[str] | None, bool]]:
+def arms_of(variants: list[dict]) -> list[tuple[str, set[str] | None, bool]]:
     """(name, variant ids to load or None for eager, routes active) for every arm of the probe."""
     ids = {v["id"] for v in variants}
     arms = [("eager", None, True), ("cast", ids, True), ("routes off", ids, False)]
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     variants = read_cast(args.cast).variants
     target = build_target(load_config(args.config), torch.device("cuda", torch.cuda.current_device()))
     forward = target.forward
-    arms = arms_of(args.cast, variants)
+    arms = arms_of(variants)
     casts = {name: (engine.cast.load(args.cast, only=ids) if ids is not None else None, active)
              for name, ids, active in arms}
     samples = {name: {"host": [], "device": []} for name, _, _ in arms}
