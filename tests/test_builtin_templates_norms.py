@@ -230,7 +230,7 @@ def test_builtin_proposer_proposes_defaults_then_untried_neighbours():
 
 # ------------------------------------------------------------------------------ render + resolve
 
-_KERNEL_RE = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\w+\)\s*)?(\w+)\(')
+_KERNEL_RE = re.compile(r'extern "C" __global__ void (?:__cluster_dims__\([\w, ]+\)\s*)?(?:__launch_bounds__\(\w+\)\s*)?(\w+)\(')
 
 
 def _kernels_in(source: str) -> set[str]:
@@ -312,6 +312,55 @@ def test_default_and_mutations_compile_with_nvrtc_for_sm_90(capsys):
               f"on 2 workers; compile time per family: {counts}")
 
 
+def test_group_norm_cluster_strategy_on_large_groups_only(capsys):
+    """Groups too large for one block (the SD3.5 VAE's) get the one-launch cluster strategy besides split
+    and fused: its spec asks for the stash as dynamic shared memory within sm_90's 227 KB, its workspace
+    holds one Welford triple per block, and every cluster size and stash choice compiles for sm_90 in
+    each dtype without a warning. Small groups (one block each) never offer it."""
+    from engine.compile import CompilePool
+
+    t = BY_NAME["group_norm"]
+    small = group_norm_card([2, 64, 16, 16], 32, torch.float16)
+    assert "cluster" not in t.space(small)["strategy"]
+    with pytest.raises(ValueError, match="cluster"):
+        t.render(small, {**t.default(small), "strategy": "cluster", "cluster": 4, "stash": "all"})
+    jobs = {}
+    for dtype in DTYPES:
+        card = group_norm_card([1, 32, 128, 128], 8, dtype)  # 8 groups of 65536 elements
+        space = t.space(card)
+        assert "cluster" in space["strategy"] and set(space["cluster"]) == {2, 4, 8, 16}
+        for k, stash, block in itertools.product(space["cluster"], space["stash"], (512, 1024)):
+            params = {**t.default(card), "strategy": "cluster", "cluster": k, "stash": stash, "block": block}
+            src, launched = _check_rendered("group_norm", card, params)
+            assert launched == ["gn_cluster"] and f"__cluster_dims__({k}, 1, 1)" in src
+            res = resolve(parse_spec(t.render(card, params).spec), Env.from_card(card.signature, card.outputs))
+            (ln,) = res.launches
+            chunk = -(-65536 // k)
+            isz = torch.empty(0, dtype=dtype).element_size()
+            assert ln.grid[0] == 8 * k and res.workspaces[0][1] == 8 * k * 12
+            if stash == "none":
+                assert ln.shared == 0
+            else:  # the whole chunk when it fits (it does here), in whole batches of block * vec elements
+                assert chunk * isz <= ln.shared <= 200 * 1024 and ln.shared % (block * params["vec"] * isz) == 0
+            jobs[src] = (dtype, k, stash, block)
+    vae = group_norm_card([1, 256, 512, 512], 32, torch.float16)  # 4 MB groups: 16 blocks, 200 KB stashed
+    assert t.space(vae)["cluster"][0] == 16
+    r = resolve(parse_spec(t.render(vae, {**t.default(vae), "strategy": "cluster"}).spec),
+                Env.from_card(vae.signature, vae.outputs))
+    assert r.launches[0].shared == 200 * 1024 and r.launches[0].grid[0] == 32 * 16
+    pool = CompilePool(max_workers=2)
+    try:
+        results = {src: pool.submit(src, arch="sm_90") for src in jobs}
+        for src, fut in results.items():
+            res = fut.result(timeout=300)
+            assert res.ok and not res.warnings, (jobs[src], res.summary())
+            assert res.kernels == ("gn_cluster",)
+    finally:
+        pool.close()
+    with capsys.disabled():
+        print(f"\ngroup_norm cluster: {len(jobs)} instances compiled for sm_90")
+
+
 # ----------------------------------------------------------------------------------- emulation
 
 def test_kernels_run_correctly_in_the_cpu_emulation():
@@ -350,6 +399,7 @@ using std::min;
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __restrict__ __restrict
+#define __cluster_dims__(...)
 
 struct __half { _Float16 v; };
 inline float __half2float(__half h) { return (float)h.v; }
@@ -376,6 +426,8 @@ static void kf_align(const void* p, size_t a) {
 template <class R> inline R __ldcs(const R* p) { kf_align(p, alignof(R)); return *p; }
 template <class R> inline R __ldg(const R* p) { kf_align(p, alignof(R)); return *p; }
 template <class R> inline void __stcs(R* p, R v) { kf_align(p, alignof(R)); *p = v; }
+inline float __ldcg(const float* p) { return *p; }
+inline void __stcg(float* p, float v) { *p = v; }
 
 struct KfWarp { std::barrier<> bar{32}; uint32_t buf[32]; };
 thread_local KfWarp* kf_warp;
@@ -398,24 +450,31 @@ inline void __syncthreads() { kf_block->arrive_and_wait(); }
 
 struct KfPtr { void* p; template <class T> operator T*() const { return (T*)p; } };
 
-// Blocks run one after another (so a __shared__ static is the block's own); a thread that returns
-// drops out of its block's and warp's barriers, as exited threads do on the GPU.
-template <class F> static void kf_run(unsigned grid, unsigned block, F body) {
+// Clusters run one after another, the K blocks of a cluster together (each rank's kernel is compiled in
+// its own namespace, so a __shared__ static is its block's own); a thread that returns drops out of its
+// block's and warp's barriers, as exited threads do on the GPU.
+thread_local std::barrier<>* kf_cluster;
+inline void gn_cluster_sync() { kf_cluster->arrive_and_wait(); }
+template <class F> static void kf_run(unsigned grid, unsigned block, unsigned k, F body) {
   gridDim = {grid, 1, 1}; blockDim = {block, 1, 1};
-  std::barrier<> between(block);
-  std::vector<std::unique_ptr<std::barrier<>>> blocks;
+  std::barrier<> between(block * k);
+  std::vector<std::unique_ptr<std::barrier<>>> blocks, clusters;
   std::vector<std::unique_ptr<KfWarp>> warps;
   for (unsigned b = 0; b < grid; ++b) {
     blocks.emplace_back(new std::barrier<>(block));
     for (unsigned w = 0; w < block / 32; ++w) warps.emplace_back(new KfWarp());
   }
+  for (unsigned c = 0; c < grid / k; ++c) clusters.emplace_back(new std::barrier<>(block * k));
   std::vector<std::thread> ts;
-  for (unsigned t = 0; t < block; ++t)
+  for (unsigned t = 0; t < block * k; ++t)
     ts.emplace_back([&, t] {
-      for (unsigned b = 0; b < grid; ++b) {
-        threadIdx = {t, 0, 0}; blockIdx = {b, 0, 0};
-        kf_block = blocks[b].get(); kf_warp = warps[b * (block / 32) + t / 32].get(); kf_lane = t % 32;
-        body();
+      const unsigned q = t / block, tl = t % block;
+      for (unsigned c = 0; c < grid / k; ++c) {
+        const unsigned b = c * k + q;
+        threadIdx = {tl, 0, 0}; blockIdx = {b, 0, 0};
+        kf_block = blocks[b].get(); kf_warp = warps[b * (block / 32) + tl / 32].get(); kf_lane = tl % 32;
+        kf_cluster = clusters[c].get();
+        body(q);
         kf_block->arrive_and_drop();
         kf_warp->bar.arrive_and_drop();
         between.arrive_and_wait();
@@ -439,11 +498,20 @@ def _emu_build(cases: list[tuple[str, list]], workdir: Path) -> ctypes.CDLL:
     parts = [_SHIM]
     for k, (source, launches) in enumerate(cases):
         body = re.sub(r"#include <cuda_(fp16|bf16)\.h>", "", source).replace('extern "C" __global__', "__global__")
-        parts.append(f"namespace kfc{k} {{\n{body}\n}}")
+        body = re.sub(r"// kf-cluster-begin.*?// kf-cluster-end\n", "", body, flags=re.S)  # the shim's barrier
+        found = re.search(r"__cluster_dims__\((\d+)", body)
+        size = int(found.group(1)) if found else 1
         for i, ln in enumerate(launches):
+            # dynamic shared memory: a static array of the launch's size in each rank's namespace
+            dyn = re.sub(r"extern __shared__ __align__\((\d+)\) unsigned char (\w+)\[\];",
+                         lambda m: f"alignas({m.group(1)}) static unsigned char {m.group(2)}[{max(1, ln.shared)}];",
+                         body)
+            for q in range(size):
+                parts.append(f"namespace kfc{k}_{i}_{q} {{\n{dyn}\n}}")
             call = ", ".join(_ARG_C[a.ctype] % j for j, a in enumerate(ln.args))
+            ranks = " ".join(f"case {q}: kfc{k}_{i}_{q}::{ln.kernel}({call}); break;" for q in range(size))
             parts.append(f'extern "C" void kf_launch_{k}_{i}(unsigned g, unsigned b, void** a) '
-                         f"{{ kf_run(g, b, [&] {{ kfc{k}::{ln.kernel}({call}); }}); }}")
+                         f"{{ kf_run(g, b, {size}, [&](unsigned q) {{ switch (q) {{ {ranks} }} }}); }}")
     text = "\n".join(parts) + "\n"
     key = hashlib.sha256(text.encode()).hexdigest()[:16]
     lib, src = workdir / f"emu_{key}.so", workdir / f"emu_{key}.cpp"
@@ -605,6 +673,13 @@ def _emulation_cases() -> list[tuple]:
                                                       "order": "forward"}),
         _case_group_norm([2, 4, 4, 4], 2, bf, True, {"strategy": "split", "blocks_per_group": 2, "block": 256}),
         _case_group_norm([1, 6, 24], 3, f32, True, {"strategy": "fused", "block": 256, "unroll": 2}),
+        # One cluster per group: chunks of 131072 of which 102400 stay in shared memory (the rest re-read);
+        # 16 uneven chunks without a stash; four groups with whole chunks stashed.
+        _case_group_norm([1, 4, 256, 256], 1, bf, True, {"strategy": "cluster", "cluster": 2, "block": 128}),
+        _case_group_norm([1, 6, 100, 100], 2, f32, False, {"strategy": "cluster", "cluster": 16, "block": 128,
+                                                           "stash": "none", "unroll": 2}),
+        _case_group_norm([2, 8, 128, 128], 2, f16, True, {"strategy": "cluster", "cluster": 4, "block": 256,
+                                                          "unroll": 1}),
         _case_rows("layer_norm", [3, 5, 40], [40], bf, True, {}),
         _case_rows("layer_norm", [2, 3, 1536], [1536], bf, False, {"block": 512, "rows_per_block": 1}),
         _case_rows("layer_norm", [2, 3, 12, 20], [12, 20], f16, True, {"vec": 2}),

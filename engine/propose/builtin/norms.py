@@ -14,12 +14,14 @@ when shared snippets change.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Iterable, Mapping, Sequence
 from string import Template as _Text
 from typing import Any
 
 from engine.propose.base import CardBrief
-from engine.propose.builtin.template import Rendered, Template
+from engine.propose.builtin.cuda_common import mutate_relevant
+from engine.propose.builtin.template import INTENT_PARAMS, Rendered, Template
 
 SMS = 132                     # H200 streaming multiprocessors (sizing grids for a few waves)
 FLOAT_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
@@ -468,6 +470,113 @@ $WB_LOCALS
 """
 
 
+_GN_CLUSTER = r"""
+constexpr int K = $K;                // blocks per group: one thread block cluster
+constexpr int CHUNK = $CHUNK;        // elements per block, a multiple of V
+constexpr int STASH = $STASH;        // first elements of the chunk kept in shared memory between the passes
+
+// kf-cluster-begin: the K blocks of the cluster (__cluster_dims__) meet here; arrive releases and wait
+// acquires at cluster scope, so global writes made before are visible to the whole cluster after.
+__device__ __forceinline__ void gn_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;\n" ::: "memory");
+}
+// kf-cluster-end
+
+// One launch, a cluster of K blocks per group (the hardware runs a cluster's blocks together, so its
+// barrier never waits on a block that is not running). Pass 1 reads the block's chunk once from memory
+// and keeps its first STASH elements in shared memory; the K Welford partials meet at the cluster
+// barrier and every block merges them in the same fixed order (same bits everywhere); pass 2 re-reads
+// the rest of the chunk (just read: mostly L2 hits), then applies to the stash.
+extern "C" __global__ void __cluster_dims__($K, 1, 1) __launch_bounds__(BLOCK)
+gn_cluster(const T* __restrict__ x, $WB_PARAMS float* __restrict__ part, T* __restrict__ y,
+           TS* __restrict__ mean_out, TS* __restrict__ rstd_out, float eps) {
+$WB_LOCALS
+  static_assert(R * K <= 0x7fffffffLL, "the grid is N * group * K blocks");
+  extern __shared__ __align__(16) unsigned char gn_stash_raw[];
+  __shared__ float red[3 * NWARP + 3];
+  __shared__ float2 ab[CG];
+  T* stash = reinterpret_cast<T*>(gn_stash_raw);
+  const long long L = blockIdx.x;
+  const long long r = L / K;
+  const int p = (int)(L % K);
+  const int lo = min(p * CHUNK, D), hi = min(D, p * CHUNK + CHUNK);
+  const T* __restrict__ xg = x + r * D;
+  T* __restrict__ yg = y + r * D;
+  KfWf s = {0.f, 0.f, 0.f};
+  for (int base = lo + (int)threadIdx.x * V; base < hi; base += BLOCK * V * U) {
+    float f[U][V];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int i = base + u * BLOCK * V;
+      if (i < hi) kf_load<T, V, 0>(xg + i, f[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int i = base + u * BLOCK * V;
+      if (i < hi) {
+        if (i - lo < STASH) kf_store<T, V, 0>(stash + (i - lo), f[u]);  // exact: the values came from T
+        kf_wf_add<V>(s, f[u]);
+      }
+    }
+  }
+  s = kf_wf_block<NWARP>(s, red);
+  if (threadIdx.x == 0) {
+    __stcg(&part[3 * L], s.n);
+    __stcg(&part[3 * L + 1], s.mean);
+    __stcg(&part[3 * L + 2], s.m2);
+  }
+  gn_cluster_sync();  // the group's K partials are written (and, as a __syncthreads, this block's stash)
+  s = {0.f, 0.f, 0.f};
+  for (int k = threadIdx.x; k < K; k += BLOCK) {
+    const float* q = part + 3 * (r * K + k);
+    kf_wf_merge(s, __ldcg(q), __ldcg(q + 1), __ldcg(q + 2));
+  }
+  s = kf_wf_block<NWARP>(s, red);
+  gn_params(s, r, p == 0, eps, w, bias, mean_out, rstd_out, ab);
+  __syncthreads();
+  const int mid = min(hi, lo + STASH);
+  for (int base = mid + (int)threadIdx.x * V; base < hi; base += BLOCK * V * U) {
+    float f[U][V];
+    gn_load(xg, base, hi, f);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int i = base + u * BLOCK * V;
+      if (i < hi) {
+        const float2 k = ab[i / HW];   // HW % V == 0: a vector never straddles two channels
+#pragma unroll
+        for (int j = 0; j < V; ++j) f[u][j] = fmaf(f[u][j], k.x, k.y);
+        kf_store<T, V, 1>(yg + i, f[u]);
+      }
+    }
+  }
+  for (int i = lo + (int)threadIdx.x * V; i < mid; i += BLOCK * V) {
+    float f[V];
+    kf_load<T, V, 0>(stash + (i - lo), f);
+    const float2 k = ab[i / HW];
+#pragma unroll
+    for (int j = 0; j < V; ++j) f[j] = fmaf(f[j], k.x, k.y);
+    kf_store<T, V, 1>(yg + i, f);
+  }
+}
+"""
+
+# Cluster strategy: blocks per group (8 is sm_90's portable cluster size; 16 needs the non-portable
+# opt-in, which the lane and the cast runtime set) and the shared memory a block may stash its chunk in.
+GN_CLUSTERS = (16, 8, 4, 2)
+STASH_BYTES = 200 * 1024
+
+
+def _gn_stash(d: int, k: int, v: int, block: int, isz: int, cg: int, stash: str) -> tuple[int, int]:
+    """(chunk, stash) in elements for the cluster strategy: the chunk a multiple of V; the stash whole
+    batches of BLOCK*V elements that fit beside the static shared memory, at most the chunk."""
+    chunk = -(-(-(-d // k)) // v) * v
+    if stash == "none":
+        return chunk, 0
+    budget = min(STASH_BYTES, 227 * 1024 - 8 * cg - 4096)
+    batch = block * v
+    return chunk, max(0, min(-(-chunk // batch), budget // (batch * isz))) * batch
+
+
 class GroupNormTemplate(Template):
     """aten::native_group_norm on contiguous NCHW-like input: fused (block per group) or split."""
 
@@ -536,13 +645,40 @@ class GroupNormTemplate(Template):
         # Small groups in the fused kernel: no more threads than two vectors each (64..512).
         block = 512 if not fused_first else min(512, max(64, _pow2_ceil(-(-d // (2 * vecs[0])))))
         return {
-            "strategy": ["fused", "split"] if fused_first else ["split", "fused"],
+            "strategy": ["fused", "split"] if fused_first else ["split", "fused", "cluster"],
             "block": _ordered(block, [512, 256, 1024, 128]),
             "vec": vecs,
             "unroll": [4, 2, 1],
             "blocks_per_group": _ordered(ps[0], ps),
             "order": ["reverse", "forward"],
+            **({"cluster": _ordered(self._cluster_default(geo, vecs[0]), GN_CLUSTERS), "stash": ["all", "none"]}
+               if not fused_first else {}),
         }
+
+    @staticmethod
+    def _cluster_default(geo: Mapping[str, Any], v: int) -> int:
+        """The fewest blocks per group whose chunks fit the stash (16 when none do)."""
+        isz = ITEMSIZE[geo["x"]["dtype"]]
+        return next((k for k in sorted(GN_CLUSTERS) if -(-geo["D"] // k) * isz <= STASH_BYTES), max(GN_CLUSTERS))
+
+    @staticmethod
+    def _relevant(params: Mapping[str, Any]) -> set[str]:
+        keys = {"strategy", "block", "vec", "unroll"}
+        if params["strategy"] == "split":
+            keys |= {"blocks_per_group", "order"}
+        if params["strategy"] == "cluster":
+            keys |= {"cluster", "stash"}
+        return keys
+
+    def mutate(self, card: CardBrief, params: Mapping[str, Any], rng: random.Random,
+               intent: str | None = None) -> dict[str, Any]:
+        """Change one parameter that matters for the current strategy (or the strategy itself)."""
+        focus = set(INTENT_PARAMS.get(intent or "", ()))
+        if intent == "decomposition":
+            focus |= {"strategy", "blocks_per_group", "cluster"}
+        if intent == "memory access":
+            focus |= {"stash", "order"}
+        return mutate_relevant(self.space(card), params, self._relevant, rng, focus)
 
     def render(self, card: CardBrief, params: Mapping[str, Any]) -> Rendered:
         geo = self._geometry(card)
@@ -550,7 +686,10 @@ class GroupNormTemplate(Template):
         w, b = _arg(card, "weight"), _arg(card, "bias")
         has_w, has_b = _present(w), _present(b)
         v, block, u = int(params["vec"]), int(params["block"]), int(params["unroll"])
-        split = params["strategy"] == "split"
+        strategy = params["strategy"]
+        if strategy not in self.space(card)["strategy"]:
+            raise ValueError(f"strategy {strategy!r} is outside {self.space(card)['strategy']}")
+        split = strategy == "split"
         p = int(params["blocks_per_group"]) if split else 1
         chunk = -(-geo["D"] // p)
         chunk = -(-chunk // v) * v
@@ -561,15 +700,25 @@ class GroupNormTemplate(Template):
                     V=v, BLOCK=block, U=u, R=geo["R"], G=geo["G"], CG=geo["CG"], HW=geo["HW"], D=geo["D"],
                     HAS_W=_bool(has_w), HAS_B=_bool(has_b))
         wb_p = wb_params + ", " if wb_params else ""
-        if split:
-            kernels = _src(_GN_SPLIT, WB_PARAMS=wb_p, WB_LOCALS=wb_locals, P=p, CHUNK=chunk,
-                           REVERSE=_bool(params["order"] == "reverse"))
-        else:
-            kernels = _src(_GN_FUSED, WB_PARAMS=wb_p, WB_LOCALS=wb_locals)
-        source = f"// aten::native_group_norm, {card.signature_text}: {params['strategy']}\n" + _COMMON + body + kernels
         wb_args = [("ptr", "weight")] * has_w + [("ptr", "bias")] * has_b
         outs = [("ptr", "out0"), ("ptr", "out1"), ("ptr", "out2"), ("f32", "eps")]
-        if split:
+        how = ""
+        if strategy == "cluster":
+            k = int(params["cluster"])
+            chunk, stash = _gn_stash(geo["D"], k, v, block, ITEMSIZE[x["dtype"]], geo["CG"], params["stash"])
+            kernels = _src(_GN_CLUSTER, WB_PARAMS=wb_p, WB_LOCALS=wb_locals, K=k, CHUNK=chunk, STASH=stash)
+            shared = stash * ITEMSIZE[x["dtype"]]
+            spec = "\n".join([
+                f"# group_norm cluster: {k} blocks per group in one cluster, {stash} elements of each "
+                f"{chunk}-element chunk stashed in shared memory",
+                "[[workspace]]", 'name = "part"', f'bytes = "N * group * {k} * 12"', "",
+                "[[launch]]", 'kernel = "gn_cluster"', f'grid = ["N * group * {k}"]', f"block = [{block}]",
+                f"shared = {shared}",
+                "args = " + _spec_args([("ptr", "input"), *wb_args, ("ptr", "ws.part"), *outs]), ""])
+            how = f", a cluster of {k} blocks per group, {stash}/{chunk} elements per block stashed"
+        elif split:
+            kernels = _src(_GN_SPLIT, WB_PARAMS=wb_p, WB_LOCALS=wb_locals, P=p, CHUNK=chunk,
+                           REVERSE=_bool(params["order"] == "reverse"))
             spec = "\n".join([
                 f"# group_norm split: {p} blocks per group; Welford partials, then merge + apply",
                 "[[workspace]]", 'name = "part"', f'bytes = "N * group * {p} * 12"', "",
@@ -577,14 +726,16 @@ class GroupNormTemplate(Template):
                 "args = " + _spec_args([("ptr", "input"), ("ptr", "ws.part")]), "",
                 "[[launch]]", 'kernel = "gn_apply"', f'grid = ["N * group * {p}"]', f"block = [{block}]",
                 "args = " + _spec_args([("ptr", "input"), *wb_args, ("ptr", "ws.part"), *outs]), ""])
+            how = f", {p} blocks per group, {params.get('order')} apply order"
         else:
+            kernels = _src(_GN_FUSED, WB_PARAMS=wb_p, WB_LOCALS=wb_locals)
             spec = "\n".join([
                 "# group_norm fused: one block per (n, group)",
                 "[[launch]]", 'kernel = "gn_fused"', 'grid = ["N * group"]', f"block = [{block}]",
                 "args = " + _spec_args([("ptr", "input"), *wb_args, *outs]), ""])
-        intent = (f"group_norm {params['strategy']}: {geo['R']} groups of {geo['D']} elements, block {block}, "
-                  f"vec {v}, unroll {u}" + (f", {p} blocks per group, {params.get('order')} apply order"
-                                            if split else ""))
+        source = f"// aten::native_group_norm, {card.signature_text}: {strategy}\n" + _COMMON + body + kernels
+        intent = (f"group_norm {strategy}: {geo['R']} groups of {geo['D']} elements, block {block}, "
+                  f"vec {v}, unroll {u}" + how)
         return Rendered(source=source, spec=spec, params=dict(params), intent=intent)
 
 
