@@ -146,6 +146,12 @@ def test_h200_defaults_pick_the_expected_strategy():
     vae = next(c for s, c in by_sig.items() if s.startswith("bf16[1,256,512,512]"))
     p = BY_NAME["group_norm"].default(vae)
     assert p["strategy"] == "split" and p["vec"] == 8 and p["blocks_per_group"] >= 16
+    # 512 KB groups fit a cluster of 8 blocks' shared memory: one launch, one pass over memory
+    mid = next(c for s, c in by_sig.items() if s.startswith("bf16[1,512,128,128]"))
+    p = BY_NAME["group_norm"].default(mid)
+    assert (p["strategy"], p["cluster"], p["stash"], p["block"], p["unroll"]) == ("cluster", 8, "all", 256, 1)
+    res = resolve(parse_spec(BY_NAME["group_norm"].render(mid, p).spec), Env.from_card(mid.signature, mid.outputs))
+    assert res.launches[0].shared == 262144 // 8 * 2  # the whole chunk stashed
     ln = next(c for s, c in by_sig.items() if s.startswith("bf16[2,4096,1536]"))
     assert BY_NAME["layer_norm"].default(ln)["vec"] == 8
     assert "ln_regs" in BY_NAME["layer_norm"].render(ln, BY_NAME["layer_norm"].default(ln)).spec
@@ -343,11 +349,11 @@ def test_group_norm_cluster_strategy_on_large_groups_only(capsys):
             else:  # the whole chunk when it fits (it does here), in whole batches of block * vec elements
                 assert chunk * isz <= ln.shared <= 200 * 1024 and ln.shared % (block * params["vec"] * isz) == 0
             jobs[src] = (dtype, k, stash, block)
-    vae = group_norm_card([1, 256, 512, 512], 32, torch.float16)  # 4 MB groups: 16 blocks, 200 KB stashed
-    assert t.space(vae)["cluster"][0] == 16
-    r = resolve(parse_spec(t.render(vae, {**t.default(vae), "strategy": "cluster"}).spec),
+    vae = group_norm_card([1, 256, 512, 512], 32, torch.float16)  # 4 MB groups: split first, 8 x 512 KB chunks
+    assert t.space(vae)["strategy"][0] == "split" and t.space(vae)["cluster"][0] == 8
+    r = resolve(parse_spec(t.render(vae, {**t.default(vae), "strategy": "cluster", "block": 1024}).spec),
                 Env.from_card(vae.signature, vae.outputs))
-    assert r.launches[0].shared == 200 * 1024 and r.launches[0].grid[0] == 32 * 16
+    assert r.launches[0].shared == 96 * 1024 * 2 and r.launches[0].grid[0] == 32 * 8  # 12 batches of 1024 x 8
     pool = CompilePool(max_workers=2)
     try:
         results = {src: pool.submit(src, arch="sm_90") for src in jobs}
