@@ -1,6 +1,7 @@
 """H200: the user's path end to end on a real GPU — `run` (builtin proposer, real lane) → `export` (fresh-process
 confirmation) → `audit` → `engine.cast.load` into the unmodified model — on a one-layer GroupNorm model
-(SD3.5-VAE-like shapes, where the builtin kernel is known to win by a wide margin). About a minute."""
+(SD3.5-VAE-like shapes, where the builtin kernel is known to win by a wide margin), and the loaded cast under
+CUDA-graph capture and replay. About a minute."""
 
 import json
 import textwrap
@@ -42,6 +43,7 @@ def test_run_export_audit_load_on_the_gpu(cli, capsys, tmp_path):
     import torch
 
     import engine.cast
+    from engine.cast.format import read_cast
 
     (tmp_path / "one_group_norm.py").write_text(MODEL_PY)
     (tmp_path / "one_group_norm.toml").write_text(MODEL_TOML)
@@ -63,6 +65,9 @@ def test_run_export_audit_load_on_the_gpu(cli, capsys, tmp_path):
     exported = _document(out, err, "export")
     # A one-op model whose kernel is 2x faster passes the whole-model check with nothing to warn about.
     assert exported["warnings"] == [] and [v["op"] for v in exported["included"]] == ["aten::native_group_norm"]
+    (v,) = read_cast(cast_file).manifest["variants"]
+    with capsys.disabled():
+        print(f"exported: {v['provenance']['intent']} (kernels {v['kernels']})")
     code, out, err = cli("audit", cast_file, "--json")
     assert code == 0, err
     (variant,) = _document(out, err, "audit")["variants"]
@@ -82,3 +87,19 @@ def test_run_export_audit_load_on_the_gpu(cli, capsys, tmp_path):
     assert hits == 1
     torch.testing.assert_close(mine, eager, atol=2e-2, rtol=2e-2)
     assert torch.equal(again, eager)
+    # Under CUDA-graph capture the cast's kernel is recorded and replays on new input in place.
+    with torch.no_grad(), cast.enabled():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            model(x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = model(x)
+        x.copy_(torch.randn_like(x) * 2 + 1)
+        graph.replay()
+        torch.cuda.synchronize()
+        with_cast = model(x)
+    assert torch.equal(captured, with_cast)
+    torch.testing.assert_close(captured, model(x), atol=2e-2, rtol=2e-2)
