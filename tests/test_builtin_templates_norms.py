@@ -234,6 +234,29 @@ def test_builtin_proposer_proposes_defaults_then_untried_neighbours():
     parse_spec(child.spec)
 
 
+def test_builtin_proposer_offers_cluster_kernels_only_to_gpus_that_have_clusters():
+    """On sm_90 the first kernel for 512 KB groups is the one-launch cluster kernel; a GPU without thread-block
+    clusters (sm_80) gets only kernels it can launch, the first of them a fresh one, and the search still
+    gets untried neighbours."""
+    import asyncio
+
+    from engine.propose.base import Attempt, Hardware, ProposalRequest
+    from engine.propose.builtin.proposer import BuiltinProposer
+
+    card = group_norm_card([1, 512, 128, 128], 32, torch.bfloat16)
+    hopper = asyncio.run(BuiltinProposer(list(TEMPLATES)).propose(ProposalRequest(card=card, hardware=Hardware())))
+    assert "__cluster_dims__(8, 1, 1)" in hopper.source
+    prop = BuiltinProposer(list(TEMPLATES))
+    ampere = Hardware(name="NVIDIA A100", arch="sm_80", sms=108)
+    seen = []
+    for i in range(8):
+        parent = Attempt(f"c{i}", seen[-1].source, seen[-1].spec, params=seen[-1].params) if seen else None
+        got = asyncio.run(prop.propose(ProposalRequest(card=card, hardware=ampere, parent=parent, seed=i)))
+        assert got.ok and "__cluster_dims__" not in got.source, got.intent
+        seen.append(got)
+    assert len({p.source for p in seen}) == len(seen)
+
+
 # ------------------------------------------------------------------------------ render + resolve
 
 _KERNEL_RE = re.compile(r'extern "C" __global__ void (?:__cluster_dims__\([\w, ]+\)\s*)?(?:__launch_bounds__\(\w+\)\s*)?(\w+)\(')

@@ -18,6 +18,15 @@ def _digest(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()
 
 
+def _runs_on(source: str, arch: str) -> bool:
+    """False for a kernel the GPU cannot launch: thread-block clusters need sm_90 or newer."""
+    try:
+        major = int(arch.removeprefix("sm_").rstrip("af")) // 10
+    except ValueError:
+        return True  # an arch string we do not know: let the compiler decide
+    return major >= 9 or "__cluster_dims__" not in source
+
+
 def all_templates() -> list[Template]:
     out: list[Template] = []
     for name in _MODULES:
@@ -71,9 +80,10 @@ class BuiltinProposer:
         emitted = self._emitted.setdefault(card.card_id, set())
         rendered = None
         default = template.default(card)
+        arch = request.hardware.arch
         if (base is None or not base.params) and {**default, "template": template.name} not in tried:
             r = template.render(card, default)
-            if _digest(r.source) not in emitted:
+            if _digest(r.source) not in emitted and _runs_on(r.source, arch):
                 rendered = r
         if rendered is None:
             # A revision mutates its parent; a further fresh kernel mutates the default (diverse starts).
@@ -84,7 +94,7 @@ class BuiltinProposer:
                 if {**cand, "template": template.name} in tried:
                     continue
                 r = template.render(card, cand)
-                if _digest(r.source) not in emitted:
+                if _digest(r.source) not in emitted and _runs_on(r.source, arch):
                     rendered = r
                     break
             if rendered is None:
