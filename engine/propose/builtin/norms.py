@@ -570,7 +570,8 @@ STASH_BYTES = 200 * 1024
 def _gn_stash(d: int, k: int, v: int, block: int, isz: int, cg: int, stash: str) -> tuple[int, int]:
     """(chunk, stash) in elements for the cluster strategy: the chunk a multiple of V; the stash whole
     batches of BLOCK*V elements that fit beside the static shared memory, at most the chunk."""
-    chunk = -(-(-(-d // k)) // v) * v
+    per_block = -(-d // k)
+    chunk = -(-per_block // v) * v
     if stash == "none":
         return chunk, 0
     budget = min(STASH_BYTES, 227 * 1024 - 8 * cg - 4096)
@@ -579,7 +580,9 @@ def _gn_stash(d: int, k: int, v: int, block: int, isz: int, cg: int, stash: str)
 
 
 class GroupNormTemplate(Template):
-    """aten::native_group_norm on contiguous NCHW-like input: fused (block per group) or split."""
+    """aten::native_group_norm on contiguous NCHW-like input: fused (block per group), split (two launches:
+    partial statistics, then merge + apply) or, for large groups, cluster (one launch, a thread-block
+    cluster per group)."""
 
     name = "group_norm"
     ops = frozenset({"aten::native_group_norm"})
