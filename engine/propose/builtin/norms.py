@@ -333,8 +333,11 @@ constexpr int HW = $HW;
 constexpr int D = $D;                // elements per group (CG * HW)
 constexpr bool HAS_W = $HAS_W, HAS_B = $HAS_B;
 
-// Welford over [lo, hi) of one group: U independent vector loads in flight per thread.
-__device__ __forceinline__ KfWf gn_stats(const T* __restrict__ xg, int lo, int hi) {
+// Welford over [lo, hi) of one group: U independent vector loads in flight per thread. KEEP also copies
+// the elements below keep_end to keep[i - lo] (shared memory; exact, the values came from T).
+template <bool KEEP = false>
+__device__ __forceinline__ KfWf gn_stats(const T* __restrict__ xg, int lo, int hi, T* keep = nullptr,
+                                         int keep_end = 0) {
   KfWf s = {0.f, 0.f, 0.f};
   for (int base = lo + (int)threadIdx.x * V; base < hi; base += BLOCK * V * U) {
     float f[U][V];
@@ -344,8 +347,15 @@ __device__ __forceinline__ KfWf gn_stats(const T* __restrict__ xg, int lo, int h
       if (i < hi) kf_load<T, V, 0>(xg + i, f[u]);
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (base + u * BLOCK * V < hi) kf_wf_add<V>(s, f[u]);
+    for (int u = 0; u < U; ++u) {
+      const int i = base + u * BLOCK * V;
+      if (i < hi) {
+        if constexpr (KEEP) {
+          if (i < keep_end) kf_store<T, V, 0>(keep + (i - lo), f[u]);
+        }
+        kf_wf_add<V>(s, f[u]);
+      }
+    }
   }
   return s;
 }
@@ -502,23 +512,7 @@ $WB_LOCALS
   const int lo = min(p * CHUNK, D), hi = min(D, p * CHUNK + CHUNK);
   const T* __restrict__ xg = x + r * D;
   T* __restrict__ yg = y + r * D;
-  KfWf s = {0.f, 0.f, 0.f};
-  for (int base = lo + (int)threadIdx.x * V; base < hi; base += BLOCK * V * U) {
-    float f[U][V];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int i = base + u * BLOCK * V;
-      if (i < hi) kf_load<T, V, 0>(xg + i, f[u]);
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int i = base + u * BLOCK * V;
-      if (i < hi) {
-        if (i - lo < STASH) kf_store<T, V, 0>(stash + (i - lo), f[u]);  // exact: the values came from T
-        kf_wf_add<V>(s, f[u]);
-      }
-    }
-  }
+  KfWf s = gn_stats<true>(xg, lo, hi, stash, lo + STASH);
   s = kf_wf_block<NWARP>(s, red);
   if (threadIdx.x == 0) {
     __stcg(&part[3 * L], s.n);
@@ -535,27 +529,16 @@ $WB_LOCALS
   gn_params(s, r, p == 0, eps, w, bias, mean_out, rstd_out, ab);
   __syncthreads();
   const int mid = min(hi, lo + STASH);
-  for (int base = mid + (int)threadIdx.x * V; base < hi; base += BLOCK * V * U) {
-    float f[U][V];
-    gn_load(xg, base, hi, f);
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int i = base + u * BLOCK * V;
-      if (i < hi) {
-        const float2 k = ab[i / HW];   // HW % V == 0: a vector never straddles two channels
-#pragma unroll
-        for (int j = 0; j < V; ++j) f[u][j] = fmaf(f[u][j], k.x, k.y);
-        kf_store<T, V, 1>(yg + i, f[u]);
-      }
-    }
-  }
-  for (int i = lo + (int)threadIdx.x * V; i < mid; i += BLOCK * V) {
-    float f[V];
-    kf_load<T, V, 0>(stash + (i - lo), f);
+  float f[U][V];
+  gn_load(xg, mid + (int)threadIdx.x * V, hi, f);
+  gn_apply_range(xg, yg, mid, hi, ab, f);  // the part not kept: re-read (mostly from L2)
+  for (int i = lo + (int)threadIdx.x * V; i < mid; i += BLOCK * V) {  // then the part kept
+    float g[V];
+    kf_load<T, V, 0>(stash + (i - lo), g);
     const float2 k = ab[i / HW];
 #pragma unroll
-    for (int j = 0; j < V; ++j) f[j] = fmaf(f[j], k.x, k.y);
-    kf_store<T, V, 1>(yg + i, f);
+    for (int j = 0; j < V; ++j) g[j] = fmaf(g[j], k.x, k.y);
+    kf_store<T, V, 1>(yg + i, g);
   }
 }
 """
