@@ -480,21 +480,18 @@ $WB_LOCALS
 """
 
 
-_GN_CLUSTER_SYNC = r"""
+_GN_CLUSTER = r"""
+constexpr int K = $K;                // blocks per group: one thread block cluster
+constexpr int CHUNK = $CHUNK;        // elements per block, a multiple of V
+constexpr int STASH = $STASH;        // first elements of the chunk kept in shared memory between the passes
+
 // kf-cluster-begin: the K blocks of the cluster (__cluster_dims__) meet here; arrive releases and wait
 // acquires at cluster scope, so global writes made before are visible to the whole cluster after.
 __device__ __forceinline__ void gn_cluster_sync() {
   asm volatile("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;\n" ::: "memory");
 }
 // kf-cluster-end
-"""
 
-_GN_CLUSTER = r"""
-constexpr int K = $K;                // blocks per group: one thread block cluster
-constexpr int CHUNK = $CHUNK;        // elements per block, a multiple of V
-constexpr int STASH = $STASH;        // first elements of the chunk kept in shared memory between the passes
-
-$SYNC
 // One launch, a cluster of K blocks per group (the hardware runs a cluster's blocks together, so its
 // barrier never waits on a block that is not running). Pass 1 reads the block's chunk once from memory
 // and keeps its first STASH elements in shared memory; the K Welford partials meet at the cluster
@@ -545,85 +542,6 @@ $WB_LOCALS
   }
 }
 """
-
-_GN_PIPELINE = r"""
-constexpr int K = $K;                // blocks per cluster; a cluster normalises one group at a time
-constexpr int Q = $Q;                // clusters in the grid: cluster c takes groups c, c + Q, c + 2Q, ...
-constexpr int CHUNK = $CHUNK;        // elements per block, a multiple of V
-constexpr int STASH = $STASH;        // first elements of the chunk kept in shared memory
-$SYNC
-// Persistent clusters, pipelined: while a block writes group r's chunk it reads group r + Q's, so the
-// GPU's reads and writes overlap instead of alternating. Shared memory keeps the first STASH elements of
-// the chunk: each is applied for group r and replaced by group r + Q's in the same thread (no other
-// thread touches the slot). The rest of group r's chunk is re-read (just read: mostly L2 hits). Partials
-// meet per group at the cluster barrier and are merged in the same fixed order in every block.
-extern "C" __global__ void __cluster_dims__($K, 1, 1) __launch_bounds__(BLOCK)
-gn_pipeline(const T* __restrict__ x, $WB_PARAMS float* __restrict__ part, T* __restrict__ y,
-            TS* __restrict__ mean_out, TS* __restrict__ rstd_out, float eps) {
-$WB_LOCALS
-  static_assert(R * K <= 0x7fffffffLL && Q >= 1, "partials are indexed by group * K + rank");
-  extern __shared__ __align__(16) unsigned char gn_stash_raw[];
-  __shared__ float red[3 * NWARP + 3];
-  __shared__ float2 ab[CG];
-  T* stash = reinterpret_cast<T*>(gn_stash_raw);
-  const int p = (int)(blockIdx.x % K);
-  const int lo = min(p * CHUNK, D), hi = min(D, p * CHUNK + CHUNK);
-  const int mid = min(hi, lo + STASH);
-  long long r = blockIdx.x / K;
-  if (r >= R) return;  // the whole cluster: no barrier is left waiting
-  KfWf s = gn_stats<true>(x + r * D, lo, hi, stash, mid);
-  for (; r < R; r += Q) {
-    s = kf_wf_block<NWARP>(s, red);
-    if (threadIdx.x == 0) {
-      __stcg(&part[3 * (r * K + p)], s.n);
-      __stcg(&part[3 * (r * K + p) + 1], s.mean);
-      __stcg(&part[3 * (r * K + p) + 2], s.m2);
-    }
-    gn_cluster_sync();  // group r's K partials are written
-    s = {0.f, 0.f, 0.f};
-    for (int k = threadIdx.x; k < K; k += BLOCK) {
-      const float* q = part + 3 * (r * K + k);
-      kf_wf_merge(s, __ldcg(q), __ldcg(q + 1), __ldcg(q + 2));
-    }
-    s = kf_wf_block<NWARP>(s, red);
-    gn_params(s, r, p == 0, eps, w, bias, mean_out, rstd_out, ab);
-    __syncthreads();
-    const bool more = r + Q < R;
-    const T* __restrict__ xr = x + r * D;
-    const T* __restrict__ xn = x + (more ? r + Q : r) * D;
-    T* __restrict__ yr = y + r * D;
-    KfWf sn = {0.f, 0.f, 0.f};
-    for (int base = lo + (int)threadIdx.x * V; base < hi; base += BLOCK * V * U) {
-      float f[U][V], g[U][V];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int i = base + u * BLOCK * V;
-        if (i < hi) {
-          if (i < mid) kf_load<T, V, 0>(stash + (i - lo), f[u]);
-          else kf_load<T, V, 1>(xr + i, f[u]);
-          if (more) kf_load<T, V, 0>(xn + i, g[u]);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int i = base + u * BLOCK * V;
-        if (i < hi) {
-          const float2 k = ab[i / HW];   // HW % V == 0: a vector never straddles two channels
-#pragma unroll
-          for (int j = 0; j < V; ++j) f[u][j] = fmaf(f[u][j], k.x, k.y);
-          kf_store<T, V, 1>(yr + i, f[u]);
-          if (more) {
-            if (i < mid) kf_store<T, V, 0>(stash + (i - lo), g[u]);
-            kf_wf_add<V>(sn, g[u]);
-          }
-        }
-      }
-    }
-    s = sn;
-  }
-}
-"""
-
 
 # Cluster strategy: blocks per group (8 is sm_90's portable cluster size; 16 needs the non-portable
 # opt-in, which the lane and the cast runtime set) and the shared memory a block may stash its chunk in.
@@ -714,14 +632,14 @@ class GroupNormTemplate(Template):
         # Small groups in the fused kernel: no more threads than two vectors each (64..512).
         block = 512 if not fused_first else min(512, max(64, _pow2_ceil(-(-d // (2 * vecs[0])))))
         unroll = [4, 2, 1]
-        strategies = ["fused", "split"] if fused_first else ["split", "fused", "cluster", "pipeline"]
+        strategies = ["fused", "split"] if fused_first else ["split", "fused", "cluster"]
         # One cluster launch first where a cluster of 8 (the portable size) holds whole groups in shared
         # memory: one pass over memory. On the H200, [1,512,128,128] fp16 (512 KB groups) took 18.9 us
         # this way (block 256, unroll 1) against 21.2 us for the best split. Groups that do not fit stay
         # split first: on 4 MB groups the best cluster (8 x 1024, 37 % stashed) gained 3 % over split.
         cluster_first = not fused_first and d * ITEMSIZE[x["dtype"]] <= GN_CLUSTERS_FIRST * STASH_BYTES
         if cluster_first:
-            strategies = ["cluster", "split", "fused", "pipeline"]
+            strategies = ["cluster", "split", "fused"]
             block, unroll = 256, [1, 2, 4]
         return {
             "strategy": strategies,
@@ -739,7 +657,7 @@ class GroupNormTemplate(Template):
         keys = {"strategy", "block", "vec", "unroll"}
         if params["strategy"] == "split":
             keys |= {"blocks_per_group", "order"}
-        if params["strategy"] in ("cluster", "pipeline"):
+        if params["strategy"] == "cluster":
             keys |= {"cluster", "stash"}
         return keys
 
@@ -776,24 +694,19 @@ class GroupNormTemplate(Template):
         wb_args = [("ptr", "weight")] * has_w + [("ptr", "bias")] * has_b
         outs = [("ptr", "out0"), ("ptr", "out1"), ("ptr", "out2"), ("f32", "eps")]
         how = ""
-        if strategy in ("cluster", "pipeline"):
+        if strategy == "cluster":
             k = int(params["cluster"])
             chunk, stash = _gn_stash(geo["D"], k, v, block, ITEMSIZE[x["dtype"]], geo["CG"], params["stash"])
-            q = min(geo["R"], max(1, SMS // k))  # persistent: one block per SM when the stash is large
-            text, kernel = (_GN_CLUSTER, "gn_cluster") if strategy == "cluster" else (_GN_PIPELINE, "gn_pipeline")
-            kernels = _src(text, WB_PARAMS=wb_p, WB_LOCALS=wb_locals, K=k, Q=q, CHUNK=chunk, STASH=stash,
-                           SYNC=_GN_CLUSTER_SYNC)
-            grid = f"N * group * {k}" if strategy == "cluster" else str(q * k)
-            what = (f"{k} blocks per group in one cluster" if strategy == "cluster" else
-                    f"{q} persistent clusters of {k} blocks, each writing one group while it reads its next")
+            kernels = _src(_GN_CLUSTER, WB_PARAMS=wb_p, WB_LOCALS=wb_locals, K=k, CHUNK=chunk, STASH=stash)
+            shared = stash * ITEMSIZE[x["dtype"]]
             spec = "\n".join([
-                f"# group_norm {strategy}: {what}; {stash} elements of each {chunk}-element chunk kept in shared memory",
+                f"# group_norm cluster: {k} blocks per group in one cluster, {stash} elements of each "
+                f"{chunk}-element chunk stashed in shared memory",
                 "[[workspace]]", 'name = "part"', f'bytes = "N * group * {k} * 12"', "",
-                "[[launch]]", f'kernel = "{kernel}"', f'grid = ["{grid}"]', f"block = [{block}]",
-                f"shared = {stash * ITEMSIZE[x['dtype']]}",
+                "[[launch]]", 'kernel = "gn_cluster"', f'grid = ["N * group * {k}"]', f"block = [{block}]",
+                f"shared = {shared}",
                 "args = " + _spec_args([("ptr", "input"), *wb_args, ("ptr", "ws.part"), *outs]), ""])
-            how = (f", a cluster of {k} blocks per group" if strategy == "cluster" else
-                   f", {q} persistent clusters of {k} blocks, pipelined") + f", {stash}/{chunk} elements per block stashed"
+            how = f", a cluster of {k} blocks per group, {stash}/{chunk} elements per block stashed"
         elif split:
             kernels = _src(_GN_SPLIT, WB_PARAMS=wb_p, WB_LOCALS=wb_locals, P=p, CHUNK=chunk,
                            REVERSE=_bool(params["order"] == "reverse"))
