@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from string import Template as _Text
 from typing import Any
 
+from engine.launch import MAX_SHARED_BYTES
 from engine.propose.base import CardBrief
 from engine.propose.builtin.cuda_common import mutate_relevant
 from engine.propose.builtin.template import INTENT_PARAMS, Rendered, Template
@@ -557,7 +558,7 @@ def _gn_stash(d: int, k: int, v: int, block: int, isz: int, cg: int, stash: str)
     chunk = -(-per_block // v) * v
     if stash == "none":
         return chunk, 0
-    budget = min(STASH_BYTES, 227 * 1024 - 8 * cg - 4096)
+    budget = min(STASH_BYTES, MAX_SHARED_BYTES - 8 * cg - 4096)
     batch = block * v
     return chunk, max(0, min(-(-chunk // batch), budget // (batch * isz))) * batch
 
@@ -677,9 +678,9 @@ class GroupNormTemplate(Template):
         w, b = _arg(card, "weight"), _arg(card, "bias")
         has_w, has_b = _present(w), _present(b)
         v, block, u = int(params["vec"]), int(params["block"]), int(params["unroll"])
-        strategy = params["strategy"]
-        if strategy not in self.space(card)["strategy"]:
-            raise ValueError(f"strategy {strategy!r} is outside {self.space(card)['strategy']}")
+        strategy, offered = params["strategy"], self.space(card)["strategy"]
+        if strategy not in offered:
+            raise ValueError(f"strategy {strategy!r} is outside {offered}")
         split = strategy == "split"
         p = int(params["blocks_per_group"]) if split else 1
         chunk = -(-geo["D"] // p)
