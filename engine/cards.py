@@ -1,9 +1,27 @@
-"""Operator cards: one runtime-compatible variant of an ATen op as a model really calls it."""
+"""Operator cards: one runtime-compatible variant of an ATen op as a model really calls it.
+
+One record, `OperatorCard`, travels from capture through the store, the proposers, the run and the
+exporter. The lane's worker needs less (and gets it over a pipe): `CardRef`, made by `OperatorCard.ref`.
+A store row becomes a card through `card_from_row` and nowhere else.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+
+@dataclass(frozen=True)
+class CardRef:
+    """What a lane's worker needs to verify candidates for a card: its signature and its samples' paths."""
+
+    card_id: str
+    op: str
+    signature: dict[str, Any]
+    outputs: list[dict[str, Any]]
+    bytes: int
+    samples: list[str]  # absolute paths of the sample files
 
 
 @dataclass(frozen=True)
@@ -12,35 +30,67 @@ class OperatorCard:
 
     `calls` counts calls per forward of the full model (shrunk layers scaled by multiplicity);
     `share` is the card's fraction of the captured op time (measured during capture on the capture
-    device); `bytes` is the minimum traffic of one call. `eager_us` and `roofline_us` are filled by
-    the GPU lane, which times eager properly.
+    device); `bytes` is the minimum traffic of one call. `eager_us` and `roofline_us` are measured by
+    a GPU lane, which times eager properly, and stored on the card by the run. The op's tolerance is
+    not a card field: it is a fact of the op family and dtype (`engine.verify.tolerance`).
     """
 
-    id: str
-    op: str
-    signature: dict[str, Any]
-    signature_text: str
-    calls: int
-    captured_calls: int
-    share: float
-    bytes: int
-    module_paths: dict[str, int]
-    outputs: list[dict[str, Any]]
-    capture_us: float
-    samples: int
-    output_varies: bool = False
+    card_id: str
+    op: str                                   # 'aten::native_group_norm'
+    signature: dict[str, Any]                 # engine.capture.signature.signature_of() form
+    signature_text: str = ""
+    outputs: list[dict[str, Any]] = field(default_factory=list)  # eager's outputs: dtype, shape, stride
+    calls: int = 1
+    share: float = 0.0
+    bytes: int = 0
     eager_us: float | None = None
     roofline_us: float | None = None
-    tolerance: dict[str, Any] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    captured_calls: int = 0
+    module_paths: dict[str, int] = field(default_factory=dict)
+    capture_us: float = 0.0
+    samples: int = 0                          # how many samples the capture wrote
+    output_varies: bool = False
+
+    def ref(self, sample_paths: Sequence[str]) -> CardRef:
+        """The lane's reference to this card, with the absolute paths of its sample files."""
+        return CardRef(self.card_id, self.op, self.signature, self.outputs, self.bytes, list(sample_paths))
+
+    def row(self) -> dict[str, Any]:
+        """The card as the store's `cards` table holds it (without the capture id)."""
+        return {
+            "card_id": self.card_id, "op": self.op, "signature": self.signature,
+            "signature_text": self.signature_text, "calls": self.calls, "share": self.share,
+            "bytes": self.bytes, "module_paths": self.module_paths, "captured_calls": self.captured_calls,
+            "capture_us": self.capture_us, "outputs": self.outputs, "output_varies": self.output_varies,
+        }
 
     def to_json(self) -> dict[str, Any]:
         """The card as the CLI's `--json` prints it (DESIGN.md minimum shape plus details)."""
         return {
-            "id": self.id, "op": self.op, "signature": self.signature_text, "calls": self.calls,
+            "id": self.card_id, "op": self.op, "signature": self.signature_text, "calls": self.calls,
             "share": round(self.share, 6), "bytes": self.bytes, "captured_calls": self.captured_calls,
             "capture_us": round(self.capture_us, 3), "module_paths": self.module_paths,
             "outputs": self.outputs, "samples": self.samples, "output_varies": self.output_varies,
             "eager_us": self.eager_us, "roofline_us": self.roofline_us, "args": self.signature["args"],
             "aliases": self.signature["aliases"],
         }
+
+
+def card_from_row(row: Mapping[str, Any]) -> OperatorCard:
+    """The card a store row (`Store.get_cards`) or a script's dict with the same keys describes."""
+    return OperatorCard(
+        card_id=row["card_id"], op=row["op"], signature=row["signature"],
+        signature_text=row.get("signature_text") or "", outputs=list(row.get("outputs") or []),
+        calls=int(row.get("calls") or 1), share=float(row.get("share") or 0.0), bytes=int(row.get("bytes") or 0),
+        eager_us=row.get("eager_us"), roofline_us=row.get("roofline_us"),
+        captured_calls=int(row.get("captured_calls") or 0), module_paths=dict(row.get("module_paths") or {}),
+        capture_us=float(row.get("capture_us") or 0.0), samples=_count(row.get("samples")),
+        output_varies=bool(row.get("output_varies")),
+    )
+
+
+def _count(samples: Any) -> int:
+    """A row's samples: a count, or the list of their files (scripts and the exporter pass paths)."""
+    if isinstance(samples, (list, tuple)):
+        return len(samples)
+    return int(samples or 0)

@@ -7,8 +7,6 @@ as callables, so the headless commands (capture, run --no-tui, export, audit) st
 from __future__ import annotations
 
 import argparse
-import asyncio
-import hashlib
 import json
 import os
 import sys
@@ -17,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from engine.errors import KforgeError, UsageError
+from engine.progress import stderr_progress
 
 TuiLauncher = Callable[[argparse.Namespace], int]
 
@@ -128,14 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """`kforge-tui export [RUN] --out FILE.cast`: confirm the run's winners here and write the cast."""
-    from engine.cast.export import export_run
+    from engine.export.package import export_run
 
     if not args.out:
         raise UsageError("export: give --out FILE.cast")
     out = Path(args.out)
     if not out.parent.is_dir():
         raise UsageError(f"export --out {args.out}: folder {out.parent} does not exist")
-    result = export_run(_workspace(args), args.run, out, progress=_progress(),
+    result = export_run(_workspace(args), args.run, out, progress=stderr_progress(),
                         model_check=not args.no_model_check, cuda_graphs=args.cuda_graphs)
     for w in result.warnings:  # always, also redirected: the cast is written, but the user must know this
         print(f"kforge: warning: {w}", file=sys.stderr, flush=True)
@@ -154,9 +153,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     """`kforge-tui audit FILE.cast [--verify] [--json]`; a damaged file is bad input (exit 2)."""
-    from engine.cast.audit import audit
     from engine.cast.format import CastError
-    from engine.cast.report import audit_text
+    from engine.export.audit import audit
+    from engine.export.report import audit_text
 
     try:
         doc = audit(args.file, verify=args.verify)
@@ -181,53 +180,6 @@ def _workspace(args: argparse.Namespace) -> Path:
         raise UsageError(str(e)) from None
 
 
-def _progress() -> Callable[[str], None]:
-    """Progress lines on stderr when it is a terminal (stdout is reserved for the result).
-
-    Redirected stderr gets only errors and warnings, so a failure is exactly one line there.
-    """
-    if not sys.stderr.isatty():
-        return lambda msg: None
-
-    def show(msg: str) -> None:
-        print(f"kforge: {msg}", file=sys.stderr, flush=True)
-    return show
-
-
-def capture_and_store(config, device_arg: str | None, workspace: Path, *, samples: int | None):
-    """Capture a config and store cards and samples in the workspace (all or nothing)."""
-    import torch
-
-    from engine.capture.run import capture_model, discard_samples, resolve_device, sweep_partials
-
-    device = resolve_device(device_arg)
-    sweep_partials(workspace)
-    result = capture_model(config, device, workspace, samples=samples, progress=_progress())
-    try:
-        asyncio.run(_store_capture(workspace, config, result, torch.__version__)) if not _in_loop() else \
-            _run_in_thread(_store_capture(workspace, config, result, torch.__version__))
-    except BaseException:
-        discard_samples(workspace, result)
-        raise
-    return result
-
-
-def _in_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-        return True
-    except RuntimeError:
-        return False
-
-
-def _run_in_thread(coro) -> None:
-    """Run a coroutine to completion from code that is itself inside a running event loop."""
-    import concurrent.futures
-
-    with concurrent.futures.ThreadPoolExecutor(1) as ex:
-        ex.submit(asyncio.run, coro).result()
-
-
 def cmd_capture(args: argparse.Namespace) -> int:
     """`kforge-tui capture CONFIG`: capture cards, store them with samples, print them."""
     from engine.config import load_config
@@ -236,7 +188,9 @@ def cmd_capture(args: argparse.Namespace) -> int:
         raise UsageError(f"--samples {args.samples}: must be 0 or more")
     config = load_config(args.config, small=args.small)
     workspace = _workspace(args)
-    result = capture_and_store(config, args.device, workspace, samples=args.samples)
+    from engine.capture.store import capture_and_store
+
+    result = capture_and_store(config, args.device, workspace, samples=args.samples, progress=stderr_progress())
     if args.json:
         print(json.dumps(result.to_json(), indent=None, separators=(",", ":")))
     else:
@@ -244,42 +198,6 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
         print_cards(result, workspace)
     return 0
-
-
-async def _store_capture(workspace: Path, config, result, torch_version: str) -> None:
-    from engine.store import Store, db_path
-
-    sample_rows = []
-    root = workspace / result.sample_dir
-    for card in result.cards:
-        for idx in range(card.samples):
-            f = root / f"{card.id}.{idx}.safetensors"
-            sample_rows.append({"card_id": card.id, "idx": idx, "path": str(f.relative_to(workspace)),
-                                "sha256": _sha256(f), "nbytes": f.stat().st_size})
-    capture = {
-        "id": result.capture_id, "model": result.model, "config_path": str(config.path.resolve()),
-        "config_sha256": config.sha256, "device": result.device, "dtype": result.dtype,
-        "small": result.small, "torch_version": torch_version, "wall_s": result.wall_s,
-        "total_calls": result.total_calls, "notes": result.notes, "skipped": result.skipped,
-        "sample_dir": result.sample_dir,
-    }
-    cards = [{
-        "card_id": c.id, "op": c.op, "signature": c.signature, "signature_text": c.signature_text,
-        "calls": c.calls, "share": c.share, "bytes": c.bytes, "module_paths": c.module_paths,
-        "captured_calls": c.captured_calls, "capture_us": c.capture_us, "outputs": c.outputs,
-        "output_varies": c.output_varies,
-    } for c in result.cards]
-    store = await Store.open(db_path(workspace))
-    async with store:
-        await store.save_capture(capture, cards, sample_rows)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def main(argv: Sequence[str] | None = None, *, open_tui: TuiLauncher | None = None) -> int:

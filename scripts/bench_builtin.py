@@ -119,10 +119,11 @@ class BestRecorder(NullRecorder):
 async def main_async(args) -> dict:
     from engine.capture.signature import signature_text
     from engine.capture.single import capture_card
+    from engine.cards import OperatorCard
     from engine.compile import CompilePool, Compiler
     from engine.lane.client import GpuLane, worker_argv
     from engine.lane.evaluate import ensure_loaded
-    from engine.propose.base import CardBrief, Hardware
+    from engine.propose.base import Hardware
     from engine.propose.builtin import BuiltinProposer
     from engine.run.evaluators import LaneEvaluator
     from engine.run.orchestrator import Budgets, Orchestrator
@@ -151,11 +152,12 @@ async def main_async(args) -> dict:
     compiler = Compiler(work / "cache", "nvrtc", arch=hello["arch"])
     states, briefs = [], {}
     for case, r in zip(cases, refs):
-        b = CardBrief(r.card_id, r.op, r.signature, signature_text(r.signature), r.outputs, bytes=r.bytes)
+        b = OperatorCard(r.card_id, r.op, r.signature, signature_text(r.signature), r.outputs, bytes=r.bytes,
+                         roofline_us=r.bytes / COPY_BW * 1e6, share=1.0 / len(cases))
         briefs[r.card_id] = (case, b)
         if not proposer.supports(b):
             print(f"declined: {case.label}: {r.op}", flush=True)
-        states.append(CardState(r, b, None, r.bytes / COPY_BW * 1e6, 1.0 / len(cases)))
+        states.append(CardState(b, r.samples))
     floor_us: dict[str, float] = {}
     for ref in floors + [launch_floor]:
         await ensure_loaded(lane, ref)

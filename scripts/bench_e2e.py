@@ -24,7 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.cast.e2e import auto_iters, capture_graph, time_forward  # noqa: E402
+from engine.export.e2e import auto_iters, capture_graph, time_forward  # noqa: E402
 from engine.models.forwards import config_model, output_tensor, sd35_vae  # noqa: E402
 
 
@@ -72,7 +72,7 @@ def graph_arm(name: str, forward, cast, iters: int) -> dict:
 def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int, graphs: bool = True) -> dict:
     import engine.cast
     from engine.bench.stats import speedup_ci
-    from engine.cast.direct import build_cast
+    from engine.export.direct import build_cast
 
     module, forward = make()
     build = None
@@ -216,7 +216,7 @@ def main() -> int:
                 doc.setdefault("failures", {})[label] = f"{type(e).__name__}: {e}"
             (out / "bench_e2e.json").write_text(json.dumps(doc, indent=1, default=str))
     if not args.no_host_cost:
-        from engine.cast.hostcost import measure
+        from engine.export.hostcost import measure
 
         for router in routers:
             os.environ["KFORGE_CAST_ROUTER"] = router

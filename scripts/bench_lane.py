@@ -24,9 +24,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
 
+from engine.cards import CardRef, card_from_row  # noqa: E402
 from engine.compile import CompilePool, Compiler, compile_nvrtc  # noqa: E402
 from engine.lane.client import GpuLane, worker_argv  # noqa: E402
-from engine.lane.evaluate import CardRef, evaluate  # noqa: E402
+from engine.lane.evaluate import evaluate  # noqa: E402
 
 KERNELS = ROOT / "scripts" / "kernels"
 ADD_SRC = """extern "C" __global__ void add_{tag}(const float* __restrict__ a, const float* __restrict__ b,
@@ -65,8 +66,8 @@ def model_cards(model: str, workspace: Path) -> list[CardRef]:
     for row in db.execute("SELECT * FROM cards WHERE capture_id = ?", (cap,)):
         samples = [str(workspace / r["path"]) for r in db.execute(
             "SELECT path FROM samples WHERE capture_id = ? AND card_id = ? ORDER BY idx", (cap, row["card_id"]))]
-        cards.append(CardRef(row["card_id"], row["op"], json.loads(row["signature"]), json.loads(row["outputs"]),
-                             row["bytes"], samples))
+        cards.append(card_from_row({**row, "signature": json.loads(row["signature"]),
+                                    "outputs": json.loads(row["outputs"])}).ref(samples))
     return cards
 
 

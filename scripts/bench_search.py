@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import statistics
 import sys
@@ -72,17 +73,17 @@ async def main_async(args) -> dict:
     results: dict = {"model": args.model, "budget": args.budget, "seeds": args.seeds, "runs": []}
     try:
         from engine.capture.signature import signature_text
-        from engine.propose.base import CardBrief
+        from engine.cards import OperatorCard
 
-        briefs = [(r, CardBrief(r.card_id, r.op, r.signature, signature_text(r.signature), r.outputs,
-                                bytes=r.bytes)) for r in refs]
+        briefs = [(r, OperatorCard(r.card_id, r.op, r.signature, signature_text(r.signature), r.outputs,
+                                   bytes=r.bytes, roofline_us=r.bytes / hello["copy_bw"] * 1e6)) for r in refs]
         briefs = [(r, b) for r, b in briefs if proposer.supports(b)][: args.cards]
         results["cards"] = [{"id": r.card_id, "op": r.op, "signature": b.signature_text} for r, b in briefs]
         async with CompilePool() as pool:
             evaluate = LaneEvaluator([lane], compiler, pool, timing={"max_seconds": args.timing_s})
             for strategy in args.strategies.split(","):
                 for seed in range(args.seeds):
-                    cards = [CardState(r, b, None, r.bytes / hello["copy_bw"] * 1e6, 1.0 / len(briefs))
+                    cards = [CardState(dataclasses.replace(b, share=1.0 / len(briefs)), r.samples)
                              for r, b in briefs]
                     rec = CurveRecorder()
                     ids = iter(range(10**9))

@@ -92,7 +92,7 @@ def main() -> int:
                     issue_s, wall_s = _host_us(forward)
                 doc["override_only"] = {"host_issue_us": issue_s, "wall_us": wall_s}
 
-                from engine.cast.hostcost import python_profile
+                from engine.bench.host import python_profile
 
                 doc["cprofile_cast"] = python_profile(forward, calls=10, top=30)
                 cast.remove()

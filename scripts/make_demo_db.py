@@ -23,8 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.lane.evaluate import CardRef, Evaluation  # noqa: E402
-from engine.propose.base import CardBrief, Proposal, Usage  # noqa: E402
+from engine.cards import OperatorCard
+from engine.lane.evaluate import Evaluation  # noqa: E402
+from engine.propose.base import Proposal, Usage  # noqa: E402
 from engine.run.orchestrator import Budgets, Orchestrator  # noqa: E402
 from engine.run.plan import CardState  # noqa: E402
 from engine.run.store_recorder import StoreRecorder  # noqa: E402
@@ -129,8 +130,8 @@ async def make_standin(workspace: Path, iterations: int, delay: float, announce:
                                      {"label": LABEL, "iterations": iterations, "strategy": "mcts"})
         if announce:
             print(run["id"], flush=True)
-        cards = [CardState(CardRef(cid, op, {}, [], 1 << 20, ["s"]), CardBrief(cid, op, {}, sig, []), eager, roof,
-                           share) for cid, op, sig, _, share, eager, roof in CARDS]
+        cards = [CardState(OperatorCard(cid, op, {}, sig, [], share=share, bytes=1 << 20, eager_us=eager,
+                                        roofline_us=roof), ["s"]) for cid, op, sig, _, share, eager, roof in CARDS]
         recorder = StoreRecorder(store, run["id"])
         o = Orchestrator(cards=cards, proposer=ScriptedProposer(delay), evaluate=StandInLane(delay),
                          recorder=recorder, new_id=lambda: new_id("cand"),

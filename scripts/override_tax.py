@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from engine.cast.hostcost import issue_us, python_profile  # noqa: E402
+from engine.bench.host import issue_us, python_profile  # noqa: E402
 
 
 def host_issue_us(forward) -> float:

@@ -194,7 +194,7 @@ class Kernels:
 
     def __init__(self, c: int, b: int):
         from engine.compile.cache import compile_source
-        from engine.lane import cuda_driver as drv
+        from engine.launch import cuda_driver as drv
 
         src = (_SOURCE.replace("$N", str(N)).replace("$C", str(c)).replace("$B", str(b))
                .replace("$MAGIC", hex(MAGIC)))
@@ -288,18 +288,18 @@ def variants(x: torch.Tensor, configs: list[tuple[int, int]]) -> dict[str, Any]:
 def template_variants(x: torch.Tensor, tmp: Path) -> dict[str, Any]:
     """The builtin template's best split (the bench's pick) and its 16-block cluster, launched as the lane does."""
     from engine.capture.signature import signature_text
+    from engine.cards import OperatorCard
     from engine.compile.cache import compile_source
-    from engine.lane import cuda_driver as drv
-    from engine.lane.launcher import CandidateLauncher
     from engine.launch import Env, parse_spec, resolve
-    from engine.propose.base import CardBrief
+    from engine.launch import cuda_driver as drv
+    from engine.launch.launcher import CandidateLauncher
     from engine.propose.builtin.softmax import SoftmaxTemplate
 
     sys.path.insert(0, str(ROOT / "tests"))
     from gpu_harness import make_card
 
     ref = make_card(tmp, lambda: torch.softmax(x, -1), samples=1)
-    card = CardBrief(ref.card_id, ref.op, ref.signature, signature_text(ref.signature), ref.outputs)
+    card = OperatorCard(ref.card_id, ref.op, ref.signature, signature_text(ref.signature), ref.outputs)
     t = SoftmaxTemplate()
     out = {}
     for label, params in (("template split 64 x 256, 1-wide", {"strategy": "split", "chunks": 64, "block": 256, "vec": 1}),

@@ -93,10 +93,10 @@ async def probe(args: argparse.Namespace) -> dict[str, Any]:
 
     from engine.capture.signature import signature_text
     from engine.capture.single import capture_card
+    from engine.cards import OperatorCard
     from engine.compile import Compiler
     from engine.lane.client import GpuLane, worker_argv
     from engine.lane.evaluate import ensure_loaded, evaluate
-    from engine.propose.base import CardBrief
     from engine.propose.builtin import BuiltinProposer
 
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -110,12 +110,12 @@ async def probe(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(args.workspace)
     fn, x = case.make()
     ref = capture_card(work / "card", fn, samples=2)
-    clone = capture_card(work / "clone", lambda: x.clone(), samples=1)
+    clone = capture_card(work / "clone", x.clone, samples=1)
     tiny = torch.zeros(1, device="cuda")
     floor = capture_card(work / "tiny", lambda: tiny.clone(), samples=1)
     del fn, x
     torch.cuda.empty_cache()
-    brief = CardBrief(ref.card_id, ref.op, ref.signature, signature_text(ref.signature), ref.outputs, bytes=ref.bytes)
+    brief = OperatorCard(ref.card_id, ref.op, ref.signature, signature_text(ref.signature), ref.outputs, bytes=ref.bytes)
     template = BuiltinProposer().template_for(brief)[0]
     if template is None:
         raise SystemExit(f"error: no builtin template takes {case.label} ({ref.op})")

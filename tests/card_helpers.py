@@ -12,7 +12,7 @@ import torch
 
 from engine.capture.recorder import CaptureMode
 from engine.capture.signature import signature_text
-from engine.propose.base import CardBrief
+from engine.cards import OperatorCard
 
 CAPTURES = Path(__file__).resolve().parent.parent / "docs" / "results" / "capture-h200"
 
@@ -26,9 +26,9 @@ def cudaify(d: Any) -> Any:
     return d
 
 
-def brief(op: str, signature: dict, outputs: list[dict], card_id: str = "test") -> CardBrief:
+def brief(op: str, signature: dict, outputs: list[dict], card_id: str = "test") -> OperatorCard:
     sig = cudaify(signature)
-    return CardBrief(card_id, op, sig, signature_text(sig), cudaify(outputs))
+    return OperatorCard(card_id, op, sig, signature_text(sig), cudaify(outputs))
 
 
 def captured(fn: Callable[[], Any], keep: Callable[[str], bool]) -> Any:
@@ -42,12 +42,12 @@ def captured(fn: Callable[[], Any], keep: Callable[[str], bool]) -> Any:
     return cards[0]
 
 
-def h200_cards(keep: Callable[[str], bool]) -> list[CardBrief]:
+def h200_cards(keep: Callable[[str], bool]) -> list[OperatorCard]:
     """Every card of the shipped H200 captures whose op `keep` accepts."""
     out = []
     for f in sorted(CAPTURES.glob("*.json")):
         for c in json.loads(f.read_text())["cards"]:
             if keep(c["op"]):
                 sig = {"op": c["op"], "args": c["args"], "aliases": c["aliases"]}
-                out.append(CardBrief(c["id"], c["op"], sig, c["signature"], c["outputs"]))
+                out.append(OperatorCard(c["id"], c["op"], sig, c["signature"], c["outputs"]))
     return out

@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from card_helpers import captured, cudaify
 
 from engine.capture.signature import signature_text
-from engine.cast.export import ExportVariant, package
+from engine.cards import card_from_row
 from engine.cast.format import write_cast
-from engine.propose.base import CardBrief
+from engine.export.package import ExportVariant, package
 from engine.propose.builtin import BuiltinProposer
 
 H200_ENV = {"torch": torch.__version__, "torch_minor": ".".join(torch.__version__.split(".")[:2]),
@@ -45,7 +45,7 @@ def variant_for(card: dict[str, Any]) -> ExportVariant:
     """Render the builtin proposer's default kernel for the card and compile it for sm_90."""
     from engine.compile import compile_nvrtc
 
-    brief = CardBrief(card["card_id"], card["op"], card["signature"], card["signature_text"], card["outputs"])
+    brief = card_from_row(card)
     template, why = BuiltinProposer().template_for(brief)
     assert template is not None, why
     r = template.render(brief, template.default(brief))

@@ -19,11 +19,11 @@ def make_card(tmp_path: Path, fn: Callable[[], Any], samples: int = 2):
 
 
 def brief_of(ref) -> Any:
-    """The CardBrief a proposer sees for a CardRef."""
+    """The OperatorCard a proposer sees for a CardRef."""
     from engine.capture.signature import signature_text
-    from engine.propose.base import CardBrief
+    from engine.cards import OperatorCard
 
-    return CardBrief(ref.card_id, ref.op, ref.signature, signature_text(ref.signature), ref.outputs,
+    return OperatorCard(ref.card_id, ref.op, ref.signature, signature_text(ref.signature), ref.outputs,
                      bytes=ref.bytes)
 
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.lane.evaluate import CardRef, Evaluation  # noqa: E402
-from engine.propose.base import CardBrief, Proposal  # noqa: E402
+from engine.cards import OperatorCard
+from engine.lane.evaluate import Evaluation  # noqa: E402
+from engine.propose.base import Proposal  # noqa: E402
 from engine.run.orchestrator import Budgets, Orchestrator  # noqa: E402
 from engine.run.plan import CardState  # noqa: E402
 from engine.run.store_recorder import StoreRecorder, load_records  # noqa: E402
@@ -77,8 +78,8 @@ async def main() -> int:
             print(run["id"], flush=True)
         else:
             run = await store.get_run(args.run_id)
-        cards = [CardState(CardRef(c, "aten::gelu", {}, [], 100, ["s"]), CardBrief(c, "aten::gelu", {}, "", []),
-                           40.0, 1.0, 0.5) for c in CARDS]
+        cards = [CardState(OperatorCard(c, "aten::gelu", {}, bytes=100, eager_us=40.0, roofline_us=1.0, share=0.5),
+                           ["s"]) for c in CARDS]
         o = Orchestrator(cards=cards, proposer=Proposer(), evaluate=StandInLane(args.workspace / "evaluations.log",
                                                                                   args.hang_at),
                          recorder=StoreRecorder(store, run["id"]), new_id=lambda: new_id("cand"),

@@ -31,8 +31,8 @@ from card_helpers import h200_cards as _h200_cards
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.capture.signature import bind_arguments, describe_tensor, signature_of, signature_text
+from engine.cards import OperatorCard
 from engine.launch import Env, parse_spec, resolve
-from engine.propose.base import CardBrief
 from engine.propose.builtin import cuda_common as cc
 from engine.propose.builtin.elementwise import TEMPLATES as EW
 from engine.propose.builtin.pooling import TEMPLATES as PL
@@ -53,23 +53,23 @@ ENUMERATE_MAX = 300
 _brief = brief
 
 
-def capture(fn: Callable[[], Any], op: str | None = None) -> CardBrief:
+def capture(fn: Callable[[], Any], op: str | None = None) -> OperatorCard:
     """The one card of `fn` (of op `op` when it makes several) captured on CPU, marked cuda."""
     c = captured(fn, lambda o: (op is None and o in OPS) or o == op)
     return _brief(c.op, c.signature, c.outputs)
 
 
-def bound_card(op: Any, args: tuple, outputs: list[torch.Tensor], **kwargs: Any) -> CardBrief:
+def bound_card(op: Any, args: tuple, outputs: list[torch.Tensor], **kwargs: Any) -> OperatorCard:
     """A card bound directly (for calls CPU eager cannot make, e.g. softmax half_to_float)."""
     sig = signature_of(op, bind_arguments(op, args, kwargs))
     return _brief(op.name(), sig, [describe_tensor(o) for o in outputs])
 
 
-def h200_cards() -> list[CardBrief]:
+def h200_cards() -> list[OperatorCard]:
     return _h200_cards(lambda op: op in OPS)
 
 
-def _template(card: CardBrief) -> Template:
+def _template(card: OperatorCard) -> Template:
     return next(t for t in TEMPLATES if card.op in t.ops)
 
 
@@ -77,7 +77,7 @@ def _other(dt: torch.dtype) -> torch.dtype:
     return torch.float16 if dt != torch.float16 else torch.bfloat16
 
 
-def cards_for(dt: torch.dtype) -> list[CardBrief]:
+def cards_for(dt: torch.dtype) -> list[OperatorCard]:
     """Representative cards of every template and layout in one dtype (small shapes: codegen only)."""
     g = torch.Generator().manual_seed(0)
 
@@ -189,21 +189,21 @@ def test_softmax_half_to_float_is_accepted_only_for_half_inputs():
     assert "half_to_float" in SM[0].accepts(f32)
 
 
-def _with_arg(card: CardBrief, name: str, **changes: Any) -> CardBrief:
+def _with_arg(card: OperatorCard, name: str, **changes: Any) -> OperatorCard:
     sig = copy.deepcopy(card.signature)
     for a in sig["args"]:
         if a["name"] == name:
             a.update(changes)
-    return CardBrief(card.card_id, card.op, sig, signature_text(sig), card.outputs)
+    return OperatorCard(card.card_id, card.op, sig, signature_text(sig), card.outputs)
 
 
-def _with_output(card: CardBrief, **changes: Any) -> CardBrief:
+def _with_output(card: OperatorCard, **changes: Any) -> OperatorCard:
     out = copy.deepcopy(card.outputs)
     out[0].update(changes)
-    return CardBrief(card.card_id, card.op, card.signature, card.signature_text, out)
+    return OperatorCard(card.card_id, card.op, card.signature, card.signature_text, out)
 
 
-def _declines(card: CardBrief, fragment: str) -> None:
+def _declines(card: OperatorCard, fragment: str) -> None:
     why = _template(card).accepts(card)
     assert why is not None and fragment in why, (card.op, card.signature_text, why)
 
@@ -224,7 +224,7 @@ def test_elementwise_declines_what_it_does_not_handle_exactly():
     aliased = _with_output(capture(lambda: x.clone().add_(x)), stride=[8, 1])
     sig = copy.deepcopy(aliased.signature)
     sig["aliases"] = [["self", "other"]]
-    _declines(CardBrief("t", aliased.op, sig, signature_text(sig), aliased.outputs), "overlaps")
+    _declines(OperatorCard("t", aliased.op, sig, signature_text(sig), aliased.outputs), "overlaps")
     _declines(_with_arg(capture(lambda: F.gelu(x)), "approximate", value="fast"), "approximate")
     _declines(capture(lambda: x.half().pow(1.7)), "exponent")
     _declines(capture(lambda: x / 0.0), "zero scalar")
@@ -274,7 +274,7 @@ def test_misalignment_costs_vectors_not_coverage():
 # --------------------------------------------------------------------------------- numerics in code
 
 
-def _source(card: CardBrief, **params: Any) -> str:
+def _source(card: OperatorCard, **params: Any) -> str:
     t = _template(card)
     return t.render(card, {**t.default(card), **params}).source
 
@@ -352,7 +352,7 @@ def test_layout_helpers():
 # ------------------------------------------------------------------------------ space and mutation
 
 
-def _walk(t: Template, card: CardBrief, steps: int, seed: int) -> list[dict[str, Any]]:
+def _walk(t: Template, card: OperatorCard, steps: int, seed: int) -> list[dict[str, Any]]:
     """Default, then a seeded random walk of mutations (as the search takes them)."""
     rng = random.Random(seed)
     out = [t.default(card)]
@@ -364,7 +364,7 @@ def _walk(t: Template, card: CardBrief, steps: int, seed: int) -> list[dict[str,
     return out
 
 
-def _instances(t: Template, card: CardBrief) -> list[dict[str, Any]]:
+def _instances(t: Template, card: OperatorCard) -> list[dict[str, Any]]:
     space = t.space(card)
     if t.instances(card) <= ENUMERATE_MAX:
         return [dict(zip(space, vals)) for vals in itertools.product(*space.values())]
@@ -662,7 +662,7 @@ EMU_CASES: list[tuple[str, Callable[[], Any], dict[str, Any]]] = [
 ]
 
 
-def _emu_case(fn: Callable[[], Any], params: dict[str, Any]) -> tuple[CardBrief, list, Any, Any, Any]:
+def _emu_case(fn: Callable[[], Any], params: dict[str, Any]) -> tuple[OperatorCard, list, Any, Any, Any]:
     rec = _Recorder(OPS)
     torch.manual_seed(0)
     with torch.no_grad(), rec:

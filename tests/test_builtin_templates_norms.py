@@ -35,9 +35,9 @@ import torch.nn.functional as F
 from card_helpers import brief, captured, h200_cards
 
 from engine.capture.signature import bind_arguments, describe_tensor, signature_of, signature_text
+from engine.cards import OperatorCard
 from engine.launch import parse_spec, resolve
 from engine.launch.expr import Env
-from engine.propose.base import CardBrief
 from engine.propose.builtin.norms import TEMPLATES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,11 +62,11 @@ def _stat_shape(shape: list[int], k: int) -> list[int]:
     return list(shape[: len(shape) - k]) + [1] * k
 
 
-def _h200_cards() -> list[CardBrief]:
+def _h200_cards() -> list[OperatorCard]:
     return h200_cards(lambda op: "norm" in op)
 
 
-def group_norm_card(shape: list[int], groups: int, dtype: torch.dtype, affine: bool = True) -> CardBrief:
+def group_norm_card(shape: list[int], groups: int, dtype: torch.dtype, affine: bool = True) -> OperatorCard:
     """Captured on CPU; CUDA eager returns the same outputs (mean/rstd in the input dtype, [N, group])."""
     x = torch.randn(shape, dtype=dtype)
     w = torch.ones(shape[1], dtype=dtype) if affine else None
@@ -75,7 +75,7 @@ def group_norm_card(shape: list[int], groups: int, dtype: torch.dtype, affine: b
     return _brief(t.op, t.signature, t.outputs)
 
 
-def layer_norm_card(shape: list[int], ns: list[int], dtype: torch.dtype, affine: bool = True) -> CardBrief:
+def layer_norm_card(shape: list[int], ns: list[int], dtype: torch.dtype, affine: bool = True) -> OperatorCard:
     """Captured on CPU (which returns statistics in the input dtype); outputs as CUDA gives them (fp32)."""
     x = torch.randn(shape, dtype=dtype)
     w = torch.ones(ns, dtype=dtype) if affine else None
@@ -85,7 +85,7 @@ def layer_norm_card(shape: list[int], ns: list[int], dtype: torch.dtype, affine:
 
 
 def rms_norm_card(shape: list[int], ns: list[int], dtype: torch.dtype, weight: bool = True,
-                  eps: float | None = None, op: str = "aten::_fused_rms_norm") -> CardBrief:
+                  eps: float | None = None, op: str = "aten::_fused_rms_norm") -> OperatorCard:
     """CPU decomposes rms_norm, so the signature is bound directly; CUDA returns (out, fp32 rstd)."""
     fn = torch.ops.aten._fused_rms_norm.default if op == "aten::_fused_rms_norm" else torch.ops.aten.rms_norm.default
     x = torch.randn(shape, dtype=dtype)
@@ -98,7 +98,7 @@ def rms_norm_card(shape: list[int], ns: list[int], dtype: torch.dtype, weight: b
 
 
 def batch_norm_card(shape: list[int], dtype: torch.dtype, affine: bool = True, cuda_saves: bool = True,
-                    op: str = "aten::native_batch_norm") -> CardBrief:
+                    op: str = "aten::native_batch_norm") -> OperatorCard:
     """Captured on CPU (empty [0] saves); `cuda_saves` gives CUDA's eval outputs: fp32 [C] running_mean
     and rsqrt(running_var + eps) (batch_norm_cuda_out), as the H200 ResNet-50 cards record."""
     c = shape[1]
@@ -114,7 +114,7 @@ def batch_norm_card(shape: list[int], dtype: torch.dtype, affine: bool = True, c
     return _brief(t.op, t.signature, outs)
 
 
-def _cards_for(dtype: torch.dtype) -> list[tuple[str, CardBrief]]:
+def _cards_for(dtype: torch.dtype) -> list[tuple[str, OperatorCard]]:
     """One or more representative cards per template in this dtype."""
     return [
         ("group_norm", group_norm_card([2, 64, 16, 16], 32, dtype)),
@@ -172,16 +172,16 @@ def test_captured_cards_are_accepted(dtype):
         assert prop.template_for(card)[0] is BY_NAME[name]
 
 
-def _with_arg(card: CardBrief, arg: str, **changes: Any) -> CardBrief:
+def _with_arg(card: OperatorCard, arg: str, **changes: Any) -> OperatorCard:
     sig = copy.deepcopy(card.signature)
     for a in sig["args"]:
         if a["name"] == arg:
             a.update(changes)
-    return CardBrief(card.card_id, card.op, sig, signature_text(sig), card.outputs)
+    return OperatorCard(card.card_id, card.op, sig, signature_text(sig), card.outputs)
 
 
-def _with_outputs(card: CardBrief, outputs: list[dict]) -> CardBrief:
-    return CardBrief(card.card_id, card.op, card.signature, card.signature_text, outputs)
+def _with_outputs(card: OperatorCard, outputs: list[dict]) -> OperatorCard:
+    return OperatorCard(card.card_id, card.op, card.signature, card.signature_text, outputs)
 
 
 def test_declines_what_it_does_not_handle_exactly():
@@ -208,9 +208,9 @@ def test_declines_what_it_does_not_handle_exactly():
         t = next(t for t in TEMPLATES if card.op in t.ops)
         why = t.accepts(card)
         assert why, f"{what}: accepted"
-    gn_op = CardBrief("x", "aten::native_layer_norm", gn.signature, gn.signature_text, gn.outputs)
+    gn_op = OperatorCard("x", "aten::native_layer_norm", gn.signature, gn.signature_text, gn.outputs)
     assert BY_NAME["group_norm"].accepts(gn_op)
-    cudnn = CardBrief("x", "aten::cudnn_batch_norm", _with_arg(bn, "eps", name="epsilon").signature, "",
+    cudnn = OperatorCard("x", "aten::cudnn_batch_norm", _with_arg(bn, "eps", name="epsilon").signature, "",
                       bn.outputs + [_desc([0], torch.uint8)])
     assert "non-empty" in BY_NAME["batch_norm"].accepts(cudnn)
     cudnn_ok = _with_outputs(cudnn, [bn.outputs[0]] + [_desc([0], torch.float32)] * 2 + [_desc([0], torch.uint8)])
@@ -266,7 +266,7 @@ def _kernels_in(source: str) -> set[str]:
     return set(_KERNEL_RE.findall(source))
 
 
-def _check_rendered(name: str, card: CardBrief, params: dict) -> tuple[str, list[str]]:
+def _check_rendered(name: str, card: OperatorCard, params: dict) -> tuple[str, list[str]]:
     """Render, parse, resolve against the card; returns (source, kernel names the spec launches)."""
     r = BY_NAME[name].render(card, params)
     spec = parse_spec(r.spec)
@@ -296,7 +296,7 @@ def test_every_instance_renders_and_resolves(dtype):
     assert count > 100
 
 
-def _walk(name: str, card: CardBrief, steps: int, seed: int) -> list[dict]:
+def _walk(name: str, card: OperatorCard, steps: int, seed: int) -> list[dict]:
     """The default and `steps` seeded mutations (a random walk, as the search explores)."""
     t = BY_NAME[name]
     rng = random.Random(seed)
@@ -313,7 +313,7 @@ def test_default_and_mutations_compile_with_nvrtc_for_sm_90(capsys):
 
     jobs: dict[str, tuple[str, set[str]]] = {}
     for dtype in DTYPES:
-        first: dict[str, CardBrief] = {}
+        first: dict[str, OperatorCard] = {}
         for name, card in _cards_for(dtype):
             first.setdefault(name, card)  # the richest card per template (affine, stats outputs)
         for i, (name, card) in enumerate(first.items()):
@@ -533,7 +533,7 @@ def _emu_build(cases: list[tuple[str, list]], workdir: Path) -> ctypes.CDLL:
         for i, ln in enumerate(launches):
             # dynamic shared memory: a static array of the launch's size in each rank's namespace
             dyn = re.sub(r"extern __shared__ __align__\((\d+)\) unsigned char (\w+)\[\];",
-                         lambda m: f"alignas({m.group(1)}) static unsigned char {m.group(2)}[{max(1, ln.shared)}];",
+                         lambda m, shared=ln.shared: f"alignas({m.group(1)}) static unsigned char {m.group(2)}[{max(1, shared)}];",
                          body)
             for q in range(size):
                 parts.append(f"namespace kfc{k}_{i}_{q} {{\n{dyn}\n}}")

@@ -76,7 +76,7 @@ def test_export_needs_out(tmp_path, capsys):
 def test_export_warnings_reach_a_redirected_stderr_and_the_json(tmp_path, capsys, monkeypatch):
     """The cast is written, but the model is not faster with confidence: a script running `export --json`
     with stderr in a log must still learn it (progress lines are for terminals only)."""
-    import engine.cast.export as export
+    import engine.export.package as export
 
     caveat = ("the model is not faster with this cast with confidence (0.975x, 95% CI 0.886-1.139); it is "
               "written because no variant set made it slower")

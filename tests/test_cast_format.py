@@ -170,7 +170,7 @@ def test_load_without_a_gpu_is_a_clean_no_op(cast_file):
 
 
 def test_model_check_tries_the_best_net_gain_first_and_never_an_empty_set():
-    from engine.cast.e2e import not_slower, subsets
+    from engine.export.e2e import not_slower, subsets
 
     net = [("a", 5.0), ("b", 40.0), ("c", -2.0), ("d", None), ("e", 12.0)]
     sets = subsets(net)
@@ -182,7 +182,7 @@ def test_model_check_tries_the_best_net_gain_first_and_never_an_empty_set():
 
 
 def test_report_states_the_whole_model_check():
-    from engine.cast.report import markdown_report
+    from engine.export.report import markdown_report
 
     manifest = {"format_version": 1, "env": {"gpu": "G", "arch": "sm_90"}, "variants": [],
                 "source": {"model": "m", "model_check": {"mode": "eager", "speedup": 1.234, "speedup_ci": [1.2, 1.3],
@@ -205,7 +205,7 @@ def test_report_states_the_whole_model_check():
 
 
 def test_export_warns_when_the_kept_set_is_not_faster_with_confidence():
-    from engine.cast.export import not_faster_caveat
+    from engine.export.package import not_faster_caveat
 
     assert not_faster_caveat({"speedup": 1.05, "speedup_ci": [1.01, 1.09]}, graphs=False) is None
     eager = not_faster_caveat({"speedup": 0.986, "speedup_ci": [0.969, 1.002]}, graphs=False)
@@ -217,7 +217,7 @@ def test_export_warns_when_the_kept_set_is_not_faster_with_confidence():
 
 
 def test_model_check_times_until_the_ci_is_narrow_enough_to_act_on():
-    from engine.cast.e2e import PRECISION, settled
+    from engine.export.e2e import PRECISION, settled
 
     # Qwen's check on a noisy host (H200 x2, 2026-11-30): one round of 59 pairs gave 0.886-1.139 and let a
     # cast through that bench_e2e then measured at 0.970x (0.952-0.980). That CI is not one to act on.
@@ -230,7 +230,7 @@ def test_model_check_times_until_the_ci_is_narrow_enough_to_act_on():
 def test_rel_l2_err():
     import torch
 
-    from engine.cast.e2e import rel_l2_err
+    from engine.export.e2e import rel_l2_err
 
     ref = torch.tensor([3.0, 4.0])
     assert rel_l2_err(ref.clone(), ref) == 0.0
@@ -239,7 +239,7 @@ def test_rel_l2_err():
 
 
 def test_whole_model_check_times_about_two_seconds_per_arm():
-    from engine.cast.e2e import auto_iters
+    from engine.export.e2e import auto_iters
 
     assert auto_iters(4_000) == 100          # ResNet-50 at 4 ms: the cap
     assert auto_iters(95_000) == 21          # sd35_medium at 95 ms

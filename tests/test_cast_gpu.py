@@ -48,7 +48,7 @@ MODELS = {"resnet50": (resnet50, lambda op: True, "resnet50", lambda op: True),
 def built(request, tmp_path_factory):
     """The cast under test: $KFORGE_CAST_DIR/<config>.cast when a run exported one (run → export, the
     user's path), else one built directly from the model (capture, builtin kernels, lane, confirmation)."""
-    from engine.cast.direct import build_cast
+    from engine.export.direct import build_cast
 
     name = request.param
     make, keep, stem, must_hit = MODELS[name]
@@ -125,7 +125,7 @@ def test_cuda_graph_capture_and_replay(built):
 
 
 def test_host_cost_probe(tmp_path):
-    from engine.cast.hostcost import measure
+    from engine.export.hostcost import measure
 
     r = measure(tmp_path)
     print(f"\nhost cost per call: {r}")

@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.gpu,
 @pytest.mark.parametrize("router", ["python", "cpp"])
 def test_a_cast_on_the_second_gpu_runs_while_the_first_is_current(tmp_path, monkeypatch, router):
     import engine.cast
-    from engine.cast.hostcost import relu_cast
+    from engine.export.hostcost import relu_cast
 
     monkeypatch.setenv("KFORGE_CAST_ROUTER", router)
     torch.cuda.set_device(1)

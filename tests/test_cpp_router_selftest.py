@@ -82,7 +82,7 @@ def test_the_self_test_module_runs_and_says_when_there_is_no_gpu():
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is here: tests/test_cast_cpp_router.py::test_router_self_test_passes_on_the_gpu")
-    r = subprocess.run([sys.executable, "-m", "engine.cast.router_selftest"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "engine.export.router_selftest"], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 3 and "no CUDA GPU here" in r.stdout
 
@@ -95,7 +95,7 @@ def test_the_self_test_cast_compiles_for_sm90_here(tmp_path, monkeypatch):
 
     from engine.cast import compat
     from engine.cast.format import read_cast
-    from engine.cast.hostcost import package_cards, probe_card
+    from engine.export.hostcost import package_cards, probe_card
 
     env = dict(compat.current_env(), arch="sm_90", gpu="NVIDIA H200", compute_capability=[9, 0])
     monkeypatch.setattr(compat, "current_env", lambda: env)

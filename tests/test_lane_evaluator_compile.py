@@ -4,12 +4,13 @@ the H200 because every evaluation said 'cached'."""
 
 import asyncio
 
+from engine.cards import OperatorCard
 from engine.compile import Compiler
 from engine.lane.evaluate import Evaluation
-from engine.propose.base import CardBrief, Proposal
+from engine.propose.base import Proposal
 from engine.run import evaluators
 from engine.run.evaluators import LaneEvaluator
-from engine.run.plan import CardRef, CardState
+from engine.run.plan import CardState
 
 SOURCE = r'''
 extern "C" __global__ void scale(const float* __restrict__ x, float* __restrict__ y, int n) {
@@ -33,8 +34,8 @@ def test_an_evaluation_reports_the_pools_compile_not_the_lanes_cache_hit(tmp_pat
         return Evaluation("verified", None, "", again.seconds, cached_compile=again.cached)
 
     monkeypatch.setattr(evaluators, "evaluate", lane_check)
-    card = CardState(CardRef("c", "aten::mul.Tensor", {}, [], 100, ["s"]), CardBrief("c", "aten::mul.Tensor", {}, "", []),
-                     40.0, 1.0, 0.5)
+    card = CardState(OperatorCard("c", "aten::mul.Tensor", {}, bytes=100, eager_us=40.0, roofline_us=1.0, share=0.5),
+                     ["s"])
     ev = LaneEvaluator([Lane()], compiler)
     first = asyncio.run(ev(card, Proposal(SOURCE, {})))
     assert seen == [True]  # what the lane saw: a cache hit

@@ -7,8 +7,9 @@ import itertools
 
 import pytest
 
-from engine.lane.evaluate import CardRef, Evaluation
-from engine.propose.base import CardBrief, Proposal, Usage
+from engine.cards import OperatorCard
+from engine.lane.evaluate import Evaluation
+from engine.propose.base import Proposal, Usage
 from engine.run.orchestrator import Budgets, Orchestrator
 from engine.run.plan import CardState
 
@@ -95,8 +96,9 @@ class StandInLane:
 
 
 def card(cid, share=0.3, eager=50.0, roofline=5.0):
-    ref = CardRef(cid, "aten::gelu", {"op": "aten::gelu", "args": [], "aliases": []}, [], 1000, ["s0"])
-    return CardState(ref, CardBrief(cid, "aten::gelu", ref.signature, "", []), eager, roofline, share)
+    sig = {"op": "aten::gelu", "args": [], "aliases": []}
+    return CardState(OperatorCard(cid, "aten::gelu", sig, bytes=1000, eager_us=eager, roofline_us=roofline,
+                                  share=share), ["s0"])
 
 
 def orchestrator(cards, proposer, lane, recorder, **kw):

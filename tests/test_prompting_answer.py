@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from engine.cards import OperatorCard
 from engine.launch.spec import parse_spec
 from engine.propose.answer import Extracted, complete_spec, extract, fenced_blocks, kernel_names
-from engine.propose.base import Attempt, CardBrief, Hardware, ProposalRequest
+from engine.propose.base import Attempt, Hardware, ProposalRequest
 from engine.propose.prompting import (
     INTENTS,
     PromptError,
@@ -24,12 +25,12 @@ ROOT = Path(__file__).resolve().parent.parent
 CAPTURES = ROOT / "docs" / "results" / "capture-h200"
 
 
-def real_card(model: str, card_id: str, **extra) -> CardBrief:
-    """The CardBrief a proposer sees for a card of a recorded H200 capture."""
+def real_card(model: str, card_id: str, **extra) -> OperatorCard:
+    """The OperatorCard a proposer sees for a card of a recorded H200 capture."""
     cards = json.loads((CAPTURES / f"{model}.json").read_text())["cards"]
     c = next(c for c in cards if c["id"] == card_id)
     signature = {"op": c["op"], "args": c["args"], "aliases": c["aliases"]}
-    return CardBrief(c["id"], c["op"], signature, c["signature"], c["outputs"], calls=c["calls"],
+    return OperatorCard(c["id"], c["op"], signature, c["signature"], c["outputs"], calls=c["calls"],
                      share=c["share"], bytes=c["bytes"], eager_us=c["eager_us"], roofline_us=c["roofline_us"],
                      **extra)
 
@@ -113,8 +114,8 @@ def test_card_layout_details_inplace_and_broadcast():
 
 
 def test_measured_card_and_other_hardware():
-    card = real_card(*RELU_INPLACE, tolerance="exact")
-    card = CardBrief(**{**card.__dict__, "eager_us": 14.25, "roofline_us": 4.5})
+    card = real_card(*RELU_INPLACE)
+    card = OperatorCard(**{**card.__dict__, "eager_us": 14.25, "roofline_us": 4.5})
     hw = Hardware(name="NVIDIA GB10", arch="sm_121", sms=48, l2_bytes=24 * 2**20, bandwidth_bps=2.7e11,
                   max_shared_per_block=101376)
     text = user_text(ProposalRequest(card, hw))
@@ -123,7 +124,7 @@ def test_measured_card_and_other_hardware():
 
 
 def test_unknown_op_gets_a_generic_note():
-    card = CardBrief("c0", "myns::frobnicate.default", {"args": [], "aliases": []}, "", [
+    card = OperatorCard("c0", "myns::frobnicate.default", {"args": [], "aliases": []}, "", [
         {"kind": "tensor", "dtype": "float32", "shape": [8], "stride": [1], "align": 16}])
     text = user_text(ProposalRequest(card, Hardware()))
     assert "schema not available" in text

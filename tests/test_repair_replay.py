@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.propose.base import Attempt, CardBrief, Hardware, Proposal, ProposalRequest, Usage
+from engine.cards import OperatorCard
+from engine.propose.base import Attempt, Hardware, Proposal, ProposalRequest, Usage
 from engine.propose.llm import Completion, LLMProposer, Message, ProviderError
 from engine.propose.prompting import build_messages
 from engine.propose.repair import propose_with_repair, repair_parents
@@ -27,7 +28,7 @@ FULL = f"Here you go.\n```cuda\n{KERNEL}\n```\n```toml\n{SPEC}\n```\n"
 NO_SPEC = f"Here is the kernel:\n```cuda\n{KERNEL}\n```\nLaunch it with 256 threads."
 SPEC_ONLY = f"```toml\n{SPEC}\n```"
 
-CARD = CardBrief(
+CARD = OperatorCard(
     "card-relu", "aten::relu_",
     {"op": "aten::relu_", "aliases": [], "args": [
         {"name": "self", "kind": "tensor", "dtype": "float16", "shape": [32, 64], "stride": [64, 1], "align": 16,

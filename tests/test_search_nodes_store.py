@@ -5,8 +5,8 @@ import math
 
 from run_standin import CARDS, Proposer, StandInLane
 
-from engine.lane.evaluate import CardRef, Evaluation
-from engine.propose.base import CardBrief
+from engine.cards import OperatorCard
+from engine.lane.evaluate import Evaluation
 from engine.run.orchestrator import Budgets, Orchestrator
 from engine.run.plan import CardState
 from engine.run.store_recorder import StoreRecorder
@@ -27,8 +27,8 @@ async def test_search_nodes_mirror_the_tree_as_backup_left_it(tmp_path):
             {"card_id": c, "op": "aten::gelu", "signature": {"op": "aten::gelu", "args": [], "aliases": []},
              "signature_text": "", "calls": 1, "share": 0.5, "bytes": 100} for c in CARDS], [])
         run = await store.create_run("cap-1", "m", "scripted", {"iterations": 7})
-        cards = [CardState(CardRef(c, "aten::gelu", {}, [], 100, ["s"]), CardBrief(c, "aten::gelu", {}, "", []),
-                           40.0, 1.0, 0.5) for c in CARDS]
+        cards = [CardState(OperatorCard(c, "aten::gelu", {}, bytes=100, eager_us=40.0, roofline_us=1.0, share=0.5),
+                           ["s"]) for c in CARDS]
         o = Orchestrator(cards=cards, proposer=Proposer(), evaluate=FailsEveryThird(tmp_path / "ev.log", None),
                          recorder=StoreRecorder(store, run["id"]), new_id=lambda: new_id("cand"),
                          budgets=Budgets(iterations_per_card=7), max_proposals=2, poll_s=0.01)

@@ -10,8 +10,9 @@ import pytest
 from tui_helpers import screen_text
 
 import engine.run.evaluators as evaluators
-from engine.lane.evaluate import CardRef, Evaluation
-from engine.propose.base import CardBrief, Proposal
+from engine.cards import OperatorCard
+from engine.lane.evaluate import Evaluation
+from engine.propose.base import Proposal
 from engine.run.evaluators import CompileOnlyEvaluator, LaneEvaluator
 from engine.run.orchestrator import Budgets, Orchestrator
 from engine.run.plan import CardState
@@ -59,8 +60,8 @@ class Lane:
 
 
 def _card(card_id="card-a"):
-    return CardState(CardRef(card_id, "aten::mul.Tensor", {}, [], 100, ["s"]),
-                     CardBrief(card_id, "aten::mul.Tensor", {}, "", []), 40.0, 1.0, 0.5)
+    return CardState(OperatorCard(card_id, "aten::mul.Tensor", {}, bytes=100, eager_us=40.0, roofline_us=1.0,
+                                  share=0.5), ["s"])
 
 
 async def _workspace(tmp_path):

@@ -37,7 +37,7 @@ def print_cards(result: CaptureResult, workspace: Path, console: Console | None 
                       highlight=False, markup=False, soft_wrap=True)
         for i, c in enumerate(result.cards, 1):
             console.print(f"{i:>3}  {c.op:32}  {c.calls:>6}  {100 * c.share:>5.1f}%  "
-                          f"{human_bytes(c.bytes):>10}  {c.id:16}  {c.signature_text}",
+                          f"{human_bytes(c.bytes):>10}  {c.card_id:16}  {c.signature_text}",
                           highlight=False, markup=False, soft_wrap=True)
     else:
         table = Table(pad_edge=False, expand=False)
@@ -50,7 +50,7 @@ def print_cards(result: CaptureResult, workspace: Path, console: Console | None 
         table.add_column("id", no_wrap=True, style="dim")
         for i, c in enumerate(result.cards, 1):
             table.add_row(str(i), c.op, str(c.calls), f"{100 * c.share:.1f}%", human_bytes(c.bytes),
-                          c.signature_text, c.id)
+                          c.signature_text, c.card_id)
         console.print(table)
     console.print("share: of the op time measured during this capture on "
                   f"{result.device}; the GPU lane measures eager latency properly later.",

@@ -81,7 +81,7 @@ def _one_line(e: BaseException) -> str:
 
 def _to_card(t: CardTally, total_us: float) -> OperatorCard:
     return OperatorCard(
-        id=t.id, op=t.op, signature=t.signature, signature_text=signature_text(t.signature),
+        card_id=t.id, op=t.op, signature=t.signature, signature_text=signature_text(t.signature),
         calls=t.weighted_calls, captured_calls=t.calls,
         share=(t.weighted_us() / total_us) if total_us > 0 else 0.0, bytes=t.bytes,
         module_paths=t.module_paths, outputs=t.outputs, capture_us=t.mean_us(), samples=t.samples,
@@ -132,7 +132,7 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         _sync(device)
         total_us = sum(t.weighted_us() for t in mode.cards.values())
         cards = sorted((_to_card(t, total_us) for t in mode.cards.values()),
-                       key=lambda c: (-c.share, c.op, c.id))
+                       key=lambda c: (-c.share, c.op, c.card_id))
         partial.rename(final)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)

@@ -10,7 +10,7 @@ import torch
 
 from engine.capture.recorder import CaptureMode
 from engine.capture.samples import save_sample
-from engine.lane.evaluate import CardRef
+from engine.cards import CardRef
 
 
 def capture_samples(run: Callable[[], Any], folder: Path, samples: int, *,

@@ -1,4 +1,4 @@
-"""`.cast` packages: export verified winners, load them, and dispatch to them behind exact guards.
+"""`.cast` packages: load them and dispatch to their kernels behind exact guards (`engine.export` writes them).
 
     import engine.cast
     cast = engine.cast.load("sd35.cast")     # never raises for a bad file: warns and stays on PyTorch
@@ -9,7 +9,7 @@
 Importing this package needs neither a GPU nor NVRTC.
 """
 
-from engine.cast.format import FORMAT_VERSION, CastError
-from engine.cast.loader import Cast, CastWarning, load
+from engine.cast.format import FORMAT_VERSION, CastError, CastWarning
+from engine.cast.loader import Cast, load
 
 __all__ = ["FORMAT_VERSION", "Cast", "CastError", "CastWarning", "load"]

@@ -9,7 +9,7 @@ CUDA headers are needed; the build is cached per torch version).
 
 `KFORGE_CAST_ROUTER` picks the router: `auto` (the default: C++ where it builds and passes its self-test on
 this GPU, else Python with one warning), `cpp` (C++ without the self-test), `python` (never build it).
-The self-test (`engine.cast.router_selftest`) runs once per build and GPU model in a child process: on
+The self-test (`engine.export.router_selftest`) runs once per build and GPU model in a child process: on
 2026-11-30 the router crashed its process on guard misses on an H200, which its CPU-key tests never saw.
 
 Supported: ops whose arguments are tensors, absent optionals and plain values (no tensor lists); an op
@@ -122,12 +122,12 @@ def _verdict(name: str, cache_dir: Path | None = None, run: Any = None) -> str |
 
 
 def _self_test(cmd: list[str] | None = None, timeout_s: float = 300.0, log_path: Path | None = None) -> str | None:
-    """Run engine.cast.router_selftest (or `cmd`) in a child process: None when it passed, else why not.
+    """Run engine.export.router_selftest (or `cmd`) in a child process: None when it passed, else why not.
     A child, because what it guards against is the router taking its process down. Its output (with the
     native stack of a crash) goes to `log_path` when given."""
     import subprocess
 
-    cmd = cmd or [sys.executable, "-m", "engine.cast.router_selftest"]
+    cmd = cmd or [sys.executable, "-m", "engine.export.router_selftest"]
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])  # the folder holding the engine package
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
@@ -151,7 +151,7 @@ def _self_test(cmd: list[str] | None = None, timeout_s: float = 300.0, log_path:
         how = f"failed with exit code {r.returncode}"
     steps = [ln for ln in r.stdout.splitlines() if ln.startswith("router self-test: ")]
     at = f" at '{steps[-1][len('router self-test: '):]}'" if steps else ""
-    return (f"its self-test on this GPU {how}{at}{saved}; `python -m engine.cast.router_selftest` shows it, "
+    return (f"its self-test on this GPU {how}{at}{saved}; `python -m engine.export.router_selftest` shows it, "
             "KFORGE_CAST_ROUTER=cpp uses the router anyway")
 
 
@@ -291,7 +291,7 @@ _PREFILL = {None: 0, "nan": 1, "sentinel": 2}
 @contextmanager
 def prefill(how: str | None) -> Iterator[None]:
     """Confirmation only: fresh outputs of C++-routed hits are poisoned as the lane poisons them
-    (engine.lane.launcher.prefill_: 'nan', anything else a finite sentinel), so an output a kernel leaves
+    (engine.launch.launcher.prefill_: 'nan', anything else a finite sentinel), so an output a kernel leaves
     unwritten cannot pass by inheriting eager's freed memory."""
     if _EXT is None or how is None:
         yield

@@ -30,6 +30,10 @@ _VARIANT_KEYS = ("id", "op", "signature", "outputs", "launch_spec", "kernels", "
                  "evidence", "provenance")
 
 
+class CastWarning(UserWarning):
+    """A cast (or some of its variants) stays on PyTorch; the message says why."""
+
+
 class CastError(Exception):
     """The file cannot be used at all (not a zip, damaged, unknown format version, bad manifest)."""
 

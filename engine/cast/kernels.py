@@ -124,7 +124,7 @@ class KernelPlan(Plan):
         outs = [e if e is not None else torch.empty_strided(o[0], o[1], dtype=o[2], device=dev) if len(o) == 3
                 else bound[o[0]] for o, e in zip(self.outputs, empty)]
         if self.prefill is not None:
-            from engine.lane.launcher import prefill_
+            from engine.launch.launcher import prefill_
 
             for o, t in zip(self.outputs, outs):
                 if len(o) == 3:
@@ -166,11 +166,11 @@ def make_plan(vid: str, variant: dict[str, Any], image: bytes, layout: OpLayout,
               max_shared: int) -> KernelPlan:
     """Load the module, resolve the spec for the variant's signature, and prepare the launches.
 
-    Raises engine.launch.SpecError, engine.lane.launcher.LaunchRejected or a driver error.
+    Raises engine.launch.SpecError, engine.launch.launcher.LaunchRejected or a driver error.
     """
-    from engine.lane import cuda_driver as drv
-    from engine.lane.launcher import CandidateLauncher
     from engine.launch import Env, parse_spec, resolve
+    from engine.launch import cuda_driver as drv
+    from engine.launch.launcher import CandidateLauncher
 
     spec = parse_spec(variant["launch_spec"])
     resolved = resolve(spec, Env.from_card(variant["signature"], variant["outputs"]), max_shared=max_shared)

@@ -22,11 +22,7 @@ from typing import Any
 
 from engine.cast import runtime
 from engine.cast.compat import current_env, incompatibility
-from engine.cast.format import CastError, CastFile, read_cast
-
-
-class CastWarning(UserWarning):
-    """A cast (or some of its variants) stays on PyTorch; the message says why."""
+from engine.cast.format import CastError, CastFile, CastWarning, read_cast
 
 
 @dataclass
@@ -239,7 +235,7 @@ class Cast:
 
         from engine.cast.guard import first_shape, layout_of, signature_key
         from engine.cast.kernels import make_plan
-        from engine.lane import cuda_driver as drv
+        from engine.launch import cuda_driver as drv
         from engine.ops import resolve_op
 
         assert self.file is not None

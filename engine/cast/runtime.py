@@ -101,7 +101,7 @@ class Route:
             plan = self.table.pop(key, None)
             self.owners.pop(key, None)
         if plan is not None:
-            from engine.cast.loader import CastWarning
+            from engine.cast.format import CastWarning
 
             warnings.warn(CastWarning(f"kforge cast: variant {plan.vid} of {self.op_name} failed on a call and "
                                       f"stays on PyTorch from now on: {type(error).__name__}: {error}"),

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from engine.cards import CardRef, card_from_row
 from engine.lane.client import GpuLane
-from engine.lane.evaluate import CardRef, ensure_loaded
+from engine.lane.evaluate import ensure_loaded
 from engine.store import Store
 
 
@@ -15,7 +16,7 @@ async def card_refs(store: Store, workspace: Path, capture_id: str) -> list[Card
     refs = []
     for c in await store.get_cards(capture_id):
         samples = [str(workspace / s["path"]) for s in await store.get_samples(capture_id, c["card_id"])]
-        refs.append(CardRef(c["card_id"], c["op"], c["signature"], c["outputs"], c["bytes"], samples))
+        refs.append(card_from_row(c).ref(samples))
     return refs
 
 

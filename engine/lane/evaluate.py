@@ -6,21 +6,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.cards import CardRef
 from engine.compile import CompilePool, Compiler
 from engine.lane.client import GpuLane
 from engine.lane.protocol import b64
-
-
-@dataclass(frozen=True)
-class CardRef:
-    """What a worker needs to verify candidates for a card: its signature and its samples' paths."""
-
-    card_id: str
-    op: str
-    signature: dict[str, Any]
-    outputs: list[dict[str, Any]]
-    bytes: int
-    samples: list[str]  # absolute paths of the sample files
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,10 @@ import torch
 
 from engine.bench.timing import L2Flusher, TimingConfig, ab_time, time_one
 from engine.capture.samples import load_sample
-from engine.lane import cuda_driver as drv
-from engine.lane.launcher import CandidateLauncher, LaunchRejected
 from engine.lane.protocol import Rejected, WorkerFault, claim_stdout, serve, unb64
 from engine.launch import Env, SpecError, parse_spec, resolve
+from engine.launch import cuda_driver as drv
+from engine.launch.launcher import CandidateLauncher, LaunchRejected
 from engine.ops import call_op, resolve_op, return_aliases, write_only_args
 from engine.verify.inputs import clone_bound
 from engine.verify.pipeline import CardCheck

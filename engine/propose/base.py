@@ -9,22 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-
-@dataclass(frozen=True)
-class CardBrief:
-    """What a proposer may know about a card (DESIGN.md: the card, not the model)."""
-
-    card_id: str
-    op: str                                   # 'aten::native_group_norm'
-    signature: dict[str, Any]                 # engine.capture.signature.signature_of() form
-    signature_text: str
-    outputs: list[dict[str, Any]]             # eager's outputs: dtype, shape, stride, align
-    calls: int = 1
-    share: float = 0.0
-    bytes: int = 0
-    eager_us: float | None = None
-    roofline_us: float | None = None
-    tolerance: str = ""                       # Tolerance.describe() of its first output
+from engine.cards import OperatorCard
 
 
 @dataclass(frozen=True)
@@ -60,7 +45,7 @@ class Attempt:
 class ProposalRequest:
     """One request: a fresh kernel (no parent), a revision of `parent`, or a repair of `failed`."""
 
-    card: CardBrief
+    card: OperatorCard
     hardware: Hardware
     parent: Attempt | None = None
     lineage: tuple[Attempt, ...] = ()         # ancestors of parent, oldest first
@@ -108,7 +93,7 @@ class Proposer(Protocol):
 
     name: str
 
-    def supports(self, card: CardBrief) -> bool:
+    def supports(self, card: OperatorCard) -> bool:
         """False when this proposer declines the card outright (the card stays on eager)."""
 
     async def propose(self, request: ProposalRequest) -> Proposal:

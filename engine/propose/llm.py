@@ -12,8 +12,9 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
+from engine.cards import OperatorCard
 from engine.propose.answer import Extracted, complete_spec, extract, kernel_names
-from engine.propose.base import CardBrief, Proposal, ProposalRequest, Usage
+from engine.propose.base import Proposal, ProposalRequest, Usage
 from engine.propose.prompting import build_messages, followup_prompt, pick_intent
 from engine.propose.providers.base import TRUNCATED, Completion, Message, ProviderError
 
@@ -57,7 +58,7 @@ class LLMProposer:
         # A spec is a few hundred tokens; a small cap keeps a rambling follow-up cheap.
         self.followup_max_tokens = min(followup_max_tokens, max_tokens)
 
-    def supports(self, card: CardBrief) -> bool:
+    def supports(self, card: OperatorCard) -> bool:
         return True
 
     async def propose(self, request: ProposalRequest) -> Proposal:

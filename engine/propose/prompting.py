@@ -17,9 +17,11 @@ from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
 
+from engine.cards import OperatorCard
 from engine.launch.expr import FUNCTIONS, INDEXED_ATTRS, SCALAR_ATTRS
 from engine.launch.spec import CTYPES, MAX_ARGS, MAX_LAUNCHES, MAX_THREADS, MAX_WORKSPACES
-from engine.propose.base import Attempt, CardBrief, Hardware, ProposalRequest
+from engine.propose.base import Attempt, Hardware, ProposalRequest
+from engine.propose.intents import INTENT_DESCRIPTIONS, INTENTS
 from engine.propose.providers.base import Message
 
 # Bounds that keep a prompt a few thousand tokens however long a search runs.
@@ -30,32 +32,6 @@ MAX_REPORT_CHARS = 4000
 MAX_DIAGNOSTICS_CHARS = 6000
 MAX_SOURCE_CHARS = 60_000
 
-# The focus of a revision. Siblings get different ones so that a node's children explore different
-# directions instead of the same rewrite several times.
-INTENTS: list[str] = [
-    "memory-access", "vectorisation", "decomposition", "occupancy", "fusing-passes",
-    "reduction-strategy", "instruction-efficiency", "specialisation",
-]
-INTENT_DESCRIPTIONS: dict[str, str] = {
-    "memory-access": "Make global memory traffic ideal: coalesced accesses along the contiguous dimension, "
-                     "every byte read once, no redundant re-reads of inputs, reads and writes in full sectors.",
-    "vectorisation": "Use 128-bit loads and stores (float4, uint4, __half2/__nv_bfloat162 pairs) where the "
-                     "alignment and sizes allow, with a correct scalar tail.",
-    "decomposition": "Change how the work is split: elements per thread, a block or a warp per row/plane, "
-                     "grid-stride loops versus one element per thread, 2-D/3-D grids that match the shape.",
-    "occupancy": "Tune the launch for this GPU: block size, blocks per SM, registers (__launch_bounds__), "
-                 "shared memory per block, enough waves to fill every SM without a long tail.",
-    "fusing-passes": "Do the work in fewer passes over memory: one kernel instead of several, single-pass "
-                     "statistics (e.g. Welford), keep intermediate values in registers or shared memory.",
-    "reduction-strategy": "Change how reductions are done: warp shuffles, block-level reduction in shared "
-                          "memory, splitting a long reduction across blocks with a second pass over a "
-                          "workspace — deterministically.",
-    "instruction-efficiency": "Cut arithmetic and index overhead: 32-bit index math where it fits, precomputed "
-                              "reciprocals, fast intrinsics only where the tolerance allows, unrolled loops.",
-    "specialisation": "Exploit that this card is one exact call: bake its shapes, strides and constants into "
-                      "the code (constexpr, templates instantiated behind extern \"C\" entry points) so loops "
-                      "unroll and bounds checks vanish.",
-}
 
 # What each rejection category means, for repair prompts.
 CATEGORY_MEANING: dict[str, str] = {
@@ -233,7 +209,7 @@ def followup_prompt(kernels: Sequence[str], reason: str) -> str:
 # ---------------------------------------------------------------------------------------------- card
 
 
-def card_section(card: CardBrief, hardware: Hardware) -> str:
+def card_section(card: OperatorCard, hardware: Hardware) -> str:
     """The card: schema, semantics, exact arguments, outputs and the numbers that bound the kernel."""
     schema, arg_types, aliases, write_only = _schema_info(card.op)
     roofline = card.roofline_us
@@ -380,20 +356,13 @@ def _output_lines(outputs: Sequence[Mapping[str, Any]], aliases: Sequence[str | 
     return lines or ["- none"]
 
 
-def _tolerance_text(card: CardBrief) -> str:
+def _tolerance_text(card: OperatorCard) -> str:
     rule = ("per element |actual - expected| <= atol + rtol * |expected| (+ rms_rtol * RMS of the expected "
             "output); 'exact' means bit-identical")
-    per_output = []
-    try:
-        from engine.verify.tolerance import tolerance_for
+    from engine.verify.tolerance import tolerance_for
 
-        for k, d in enumerate(card.outputs):
-            if "dtype" in d:
-                per_output.append(f"`out{k}` {tolerance_for(card.op, d['dtype']).describe()}")
-    except Exception:  # fall back to the card's own text
-        per_output = []
-    if card.tolerance and (len(per_output) <= 1):
-        per_output = [card.tolerance if not per_output else f"`out0` {card.tolerance}"]
+    per_output = [f"`out{k}` {tolerance_for(card.op, d['dtype']).describe()}"
+                  for k, d in enumerate(card.outputs) if "dtype" in d]
     return ("; ".join(per_output) or "see the op's family") + f" ({rule})"
 
 

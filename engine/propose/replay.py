@@ -12,7 +12,8 @@ import asyncio
 import json
 from typing import Any
 
-from engine.propose.base import CardBrief, Proposal, ProposalRequest
+from engine.cards import OperatorCard
+from engine.propose.base import Proposal, ProposalRequest
 from engine.store.store import Store
 
 
@@ -28,7 +29,7 @@ class ReplayProposer:
         self._recorded: dict[str, list[dict[str, Any]]] | None = None
         self._lock = asyncio.Lock()
 
-    def supports(self, card: CardBrief) -> bool:
+    def supports(self, card: OperatorCard) -> bool:
         # Whether a card has recordings is only known after an async load; propose() declines if not.
         return True
 

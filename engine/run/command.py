@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.cards import card_from_row
 from engine.errors import JobError, UsageError
-from engine.lane.evaluate import CardRef
-from engine.propose.base import CardBrief, Hardware
+from engine.progress import stderr_progress
+from engine.propose.base import Hardware
 from engine.run.orchestrator import Budgets, Orchestrator, RunTotals
 from engine.run.plan import CardState, SchedulePolicy
 from engine.run.report import Progress, print_final_table, run_document
@@ -63,11 +64,7 @@ async def _cards_of(store: Store, workspace: Path, capture_id: str, *, as_cuda: 
         if as_cuda:
             c = {**c, "signature": _as_cuda(c["signature"]), "outputs": _as_cuda(c["outputs"])}
         samples = [str(workspace / s["path"]) for s in await store.get_samples(capture_id, c["card_id"])]
-        ref = CardRef(c["card_id"], c["op"], c["signature"], c["outputs"], c["bytes"], samples)
-        brief = CardBrief(c["card_id"], c["op"], c["signature"], c["signature_text"], c["outputs"],
-                          calls=int(c["calls"]), share=c["share"], bytes=c["bytes"], eager_us=c["eager_us"],
-                          roofline_us=c["roofline_us"])
-        out.append(CardState(ref, brief, c["eager_us"], c["roofline_us"], c["share"]))
+        out.append(CardState(card_from_row(c), samples))
     return out
 
 
@@ -145,12 +142,12 @@ async def run_async(args: argparse.Namespace, workspace: Path) -> tuple[int, dic
                 # Eager timing only where it can matter: cards the proposer takes and above the share
                 # noise floor (the rest are skipped anyway; on SD3.5 that is half the cards).
                 todo = [c.ref for c in cards if c.eager_us is None and c.ref.samples
-                        and c.share >= policy.min_share and proposer.supports(c.brief)]
+                        and c.share >= policy.min_share and proposer.supports(c.card)]
                 if todo:
                     await measure_eager(lanes[0], store, capture_id, todo)
                     cards = await _cards_of(store, workspace, capture_id)
             for c in cards:
-                if not proposer.supports(c.brief):
+                if not proposer.supports(c.card):
                     c.done_reason = "declined"
             records = await load_records(store, run_id)
             totals = RunTotals(run.get("tokens_in", 0), run.get("tokens_out", 0), run.get("cost_usd", 0.0))
@@ -183,9 +180,9 @@ async def _capture_for(store: Store, args: argparse.Namespace, workspace: Path) 
         if cap["config_sha256"] == config.sha256 and bool(cap["small"]) == bool(args.small) and \
                 (args.device is None or cap["device"] == args.device):
             return cap["id"]
-    from engine.cli import capture_and_store
+    from engine.capture.store import capture_into
 
-    result = capture_and_store(config, args.device, workspace, samples=None)
+    result = await capture_into(store, config, args.device, workspace, samples=None, progress=stderr_progress())
     return result.capture_id
 
 

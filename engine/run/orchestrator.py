@@ -299,7 +299,7 @@ class Orchestrator:
         parent_att = self._attempt(parent) if parent != ROOT else None
         lineage = tuple(self._attempt(n.id) for n in reversed(tree.path(parent)[1:]) if n.id != ROOT)
         siblings = tuple(self._attempt(c) for c in tree.nodes[parent].children if c in self.records)
-        return ProposalRequest(card.brief, self.hardware, parent=parent_att, lineage=lineage, siblings=siblings,
+        return ProposalRequest(card.card, self.hardware, parent=parent_att, lineage=lineage, siblings=siblings,
                                seed=len(tree.nodes))
 
     def _attempt(self, cid: str) -> Attempt:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from engine.lane.evaluate import CardRef
-from engine.propose.base import CardBrief
+from engine.cards import CardRef, OperatorCard
 
 
 @dataclass(frozen=True)
@@ -22,11 +21,8 @@ class SchedulePolicy:
 class CardState:
     """A card in a run: what it is, how it is going."""
 
-    ref: CardRef
-    brief: CardBrief
-    eager_us: float | None
-    roofline_us: float | None
-    share: float
+    card: OperatorCard
+    samples: list[str]                 # absolute paths of its sample files
     iterations: int = 0                # evaluations finished (verified or failed) and proposals declined
     in_flight: int = 0
     best_us: float | None = None
@@ -34,6 +30,26 @@ class CardState:
     done_reason: str | None = None     # 'budget', 'roofline', 'plateau', 'declined', 'noise', 'no-samples'
     priority_boost: float = 1.0        # set from a 'prioritize' control row
     failures: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ref(self) -> CardRef:
+        return self.card.ref(self.samples)
+
+    @property
+    def card_id(self) -> str:
+        return self.card.card_id
+
+    @property
+    def eager_us(self) -> float | None:
+        return self.card.eager_us
+
+    @property
+    def roofline_us(self) -> float | None:
+        return self.card.roofline_us
+
+    @property
+    def share(self) -> float:
+        return self.card.share
 
     def record(self, best_us: float | None, policy: SchedulePolicy) -> None:
         """Account one finished iteration (best_us None: it failed)."""
@@ -49,7 +65,7 @@ class CardState:
 
 def skip_reason(card: CardState, policy: SchedulePolicy) -> str | None:
     """Why a card gets no iterations at all (before any work)."""
-    if not card.ref.samples:
+    if not card.samples:
         return "no-samples"
     if card.eager_us is not None and card.eager_us < policy.noise_floor_us:
         return "noise"

@@ -28,7 +28,7 @@ def card_summaries(o: Orchestrator) -> list[dict[str, Any]]:
             if r.status == "rejected":
                 failures[r.category or "unknown"] = failures.get(r.category or "unknown", 0) + 1
         out.append({
-            "id": cid, "op": card.ref.op, "calls": card.brief.calls, "share": card.share,
+            "id": cid, "op": card.ref.op, "calls": card.card.calls, "share": card.share,
             "eager_us": best.eager_us if best else card.eager_us, "best_us": best.best_us if best else None,
             "speedup": best.speedup if best else None,
             "speedup_ci": list(best.speedup_ci) if best and best.speedup_ci else None,

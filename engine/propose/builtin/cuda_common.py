@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.propose.base import CardBrief
+from engine.cards import OperatorCard
 
 # ----------------------------------------------------------------------------------------------- dtypes
 
@@ -223,7 +223,7 @@ def int_type(extent: int) -> str:
 # --------------------------------------------------------------------------------------- card access
 
 
-def tensor_arg(card: CardBrief, name: str) -> dict[str, Any] | None:
+def tensor_arg(card: OperatorCard, name: str) -> dict[str, Any] | None:
     """The signature entry of tensor argument `name` (None if missing, absent or not a tensor)."""
     for a in card.signature.get("args", []):
         if a.get("name") == name:
@@ -236,7 +236,7 @@ def tensor_arg(card: CardBrief, name: str) -> dict[str, Any] | None:
 _MISSING = object()
 
 
-def value_arg(card: CardBrief, name: str, default: Any = _MISSING) -> Any:
+def value_arg(card: OperatorCard, name: str, default: Any = _MISSING) -> Any:
     """The decoded value of non-tensor argument `name` (KeyError when missing and no default)."""
     from engine.capture.signature import decode_value  # torch import deferred to first use
 
@@ -248,7 +248,7 @@ def value_arg(card: CardBrief, name: str, default: Any = _MISSING) -> Any:
     return default
 
 
-def raw_arg(card: CardBrief, name: str) -> dict[str, Any] | None:
+def raw_arg(card: OperatorCard, name: str) -> dict[str, Any] | None:
     """The signature entry of argument `name`, whatever its kind."""
     return next((a for a in card.signature.get("args", []) if a.get("name") == name), None)
 
@@ -257,7 +257,7 @@ class Decline(Exception):
     """This card is outside what a template computes exactly (the message says why)."""
 
 
-def why_declined(analyse: Callable[[CardBrief], Any], card: CardBrief) -> str | None:
+def why_declined(analyse: Callable[[OperatorCard], Any], card: OperatorCard) -> str | None:
     """A template's `accepts`: None when `analyse(card)` succeeds, else why not (a Decline's message, or a
     signature of a shape the analysis did not expect)."""
     try:
@@ -269,7 +269,7 @@ def why_declined(analyse: Callable[[CardBrief], Any], card: CardBrief) -> str | 
     return None
 
 
-def usable_tensor(card: CardBrief, name: str) -> dict[str, Any]:
+def usable_tensor(card: OperatorCard, name: str) -> dict[str, Any]:
     """Tensor argument `name`'s signature entry; Decline with the reason when a builtin kernel cannot use it."""
     x = tensor_arg(card, name)
     why = check_tensor(x, name)
@@ -279,7 +279,7 @@ def usable_tensor(card: CardBrief, name: str) -> dict[str, Any]:
     return x
 
 
-def single_output(card: CardBrief) -> dict[str, Any]:
+def single_output(card: OperatorCard) -> dict[str, Any]:
     """The op's one output; Decline when it has several or a builtin kernel cannot write it."""
     if len(card.outputs) != 1:
         raise Decline(f"{len(card.outputs)} outputs")
@@ -305,7 +305,7 @@ def check_tensor(desc: dict[str, Any] | None, what: str, dtypes: Sequence[str] =
     return None
 
 
-def aliased_with(card: CardBrief, name: str) -> bool:
+def aliased_with(card: OperatorCard, name: str) -> bool:
     """True when argument `name` shares storage with another argument."""
     return any(name in group for group in card.signature.get("aliases", []))
 

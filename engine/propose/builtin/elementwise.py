@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from engine.propose.base import CardBrief
+from engine.cards import OperatorCard
 from engine.propose.builtin import cuda_common as cc
 from engine.propose.builtin.template import Rendered, Template
 
@@ -64,7 +64,7 @@ def _number(v: Any, what: str) -> float:
     return f
 
 
-def _gelu(card: CardBrief) -> str:
+def _gelu(card: OperatorCard) -> str:
     approx = cc.value_arg(card, "approximate", "none")
     if approx == "tanh":
         beta, kappa = cc.float_literal(_GELU_BETA), cc.float_literal(0.044715)
@@ -79,12 +79,12 @@ def _gelu(card: CardBrief) -> str:
 _FAST_TANH = ("tanhf(inner)", "(1.0f - __fdividef(2.0f, __expf(2.0f * inner) + 1.0f))")
 
 
-def _leaky_relu(card: CardBrief) -> str:
+def _leaky_relu(card: OperatorCard) -> str:
     slope = _number(cc.value_arg(card, "negative_slope", 0.01), "negative_slope")
     return f"return a > 0.f ? a : a * {cc.float_literal(slope)};"
 
 
-def _softplus(card: CardBrief) -> str:
+def _softplus(card: OperatorCard) -> str:
     beta = _number(cc.value_arg(card, "beta", 1), "beta")
     threshold = _number(cc.value_arg(card, "threshold", 20), "threshold")
     if beta == 0.0:
@@ -93,7 +93,7 @@ def _softplus(card: CardBrief) -> str:
     return f"const float ab = a * {b};\n  return ab > {t} ? a : log1pf(expf(ab)) / {b};"
 
 
-def _pow(card: CardBrief, dtype: str) -> str:
+def _pow(card: OperatorCard, dtype: str) -> str:
     # ATen's pow(Tensor, Scalar) dispatch: 0 -> fill 1, 1 -> copy, ±0.5 -> sqrt/rsqrt, -1 -> reciprocal,
     # 2 / 3 / -2 -> products in the tensor's dtype (so 3 rounds the square first), else pow().
     e = cc.value_arg(card, "exponent")
@@ -166,7 +166,7 @@ def _promote(dtypes: Sequence[str]) -> str:
     return dtypes[0] if len(set(dtypes)) == 1 else "float32"
 
 
-def _analyse(card: CardBrief) -> _Plan:
+def _analyse(card: OperatorCard) -> _Plan:
     fn, inplace, overload = _split_op(card.op)
     if fn in _BINARY:
         if overload not in ("Tensor", "Scalar"):
@@ -274,7 +274,7 @@ def _recip(b: float) -> float:
     return inv
 
 
-def _binary_body(card: CardBrief, fn: str, overload: str, *, b_is_scalar: bool) -> str:
+def _binary_body(card: OperatorCard, fn: str, overload: str, *, b_is_scalar: bool) -> str:
     if fn in ("add", "sub"):
         alpha = _number(cc.value_arg(card, "alpha", 1), "alpha")
         # ATen's sub is add with -alpha: a + (-alpha) * b; alpha 1 is exactly a ± b.
@@ -436,15 +436,15 @@ class ElementwiseTemplate(Template):
     name = "elementwise"
     ops = _ops()
 
-    def _plan(self, card: CardBrief) -> _Plan:
+    def _plan(self, card: OperatorCard) -> _Plan:
         return _analyse(card)
 
-    def accepts(self, card: CardBrief) -> str | None:
+    def accepts(self, card: OperatorCard) -> str | None:
         if card.op not in self.ops:
             return f"op {card.op} is not elementwise"
         return cc.why_declined(self._plan, card)
 
-    def space(self, card: CardBrief) -> Mapping[str, Sequence[Any]]:
+    def space(self, card: OperatorCard) -> Mapping[str, Sequence[Any]]:
         plan = self._plan(card)
         isz = max(cc.itemsize(plan.out_dtype), *(cc.itemsize(o.dtype) for o in plan.operands))
         vecs = [v for v in VECS if _vec_ok(plan, v)]
@@ -458,7 +458,7 @@ class ElementwiseTemplate(Template):
             space["math"] = ["precise", "fast"]
         return space
 
-    def render(self, card: CardBrief, params: Mapping[str, Any]) -> Rendered:
+    def render(self, card: OperatorCard, params: Mapping[str, Any]) -> Rendered:
         plan = self._plan(card)
         space = self.space(card)
         for k, vals in space.items():

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from string import Template as _Text
 from typing import Any
 
+from engine.cards import OperatorCard
 from engine.launch import MAX_SHARED_BYTES
-from engine.propose.base import CardBrief
 from engine.propose.builtin.cuda_common import mutate_relevant
 from engine.propose.builtin.template import INTENT_PARAMS, Rendered, Template
 
@@ -177,14 +177,14 @@ def _bool(v: bool) -> str:
 # ------------------------------------------------------------------------------------- card helpers
 
 
-def _arg(card: CardBrief, name: str) -> dict[str, Any] | None:
+def _arg(card: OperatorCard, name: str) -> dict[str, Any] | None:
     for a in card.signature.get("args", []):
         if a.get("name") == name:
             return a
     return None
 
 
-def _value(card: CardBrief, name: str) -> Any:
+def _value(card: OperatorCard, name: str) -> Any:
     a = _arg(card, name)
     return None if a is None else a.get("value")
 
@@ -207,14 +207,14 @@ def _is_contiguous(d: Mapping[str, Any]) -> bool:
     return all(s == 1 or st == e for s, st, e in zip(d["shape"], d["stride"], exp))
 
 
-def _op_input_problem(card: CardBrief, ops: Iterable[str], label: str) -> str | None:
+def _op_input_problem(card: OperatorCard, ops: Iterable[str], label: str) -> str | None:
     """Why a norm template cannot take the card's op or its `input` tensor (None: fine)."""
     if card.op not in ops:
         return f"op {card.op} is not {label}"
     return _tensor_problem(_arg(card, "input"), "input")
 
 
-def _affine_problem(card: CardBrief, shape: list[int]) -> str | None:
+def _affine_problem(card: OperatorCard, shape: list[int]) -> str | None:
     """Why the present weight/bias cannot be read as per-element parameters of `shape` (None: fine)."""
     for k in ("weight", "bias"):
         a = _arg(card, k)
@@ -280,7 +280,7 @@ def _pow2_ceil(x: int) -> int:
     return 1 << (max(1, x) - 1).bit_length()
 
 
-def _out_problem(card: CardBrief, k: int, dtype: str | None, shape: Sequence[int] | None,
+def _out_problem(card: OperatorCard, k: int, dtype: str | None, shape: Sequence[int] | None,
                  numel: int | None = None, dense: bool = True) -> str | None:
     outs = card.outputs
     if k >= len(outs):
@@ -571,13 +571,13 @@ class GroupNormTemplate(Template):
     name = "group_norm"
     ops = frozenset({"aten::native_group_norm"})
 
-    def _geometry(self, card: CardBrief) -> dict[str, Any]:
+    def _geometry(self, card: OperatorCard) -> dict[str, Any]:
         x = _arg(card, "input")
         assert x is not None
         n, c, hw, g = (int(_value(card, k)) for k in ("N", "C", "HxW", "group"))
         return {"x": x, "N": n, "C": c, "HW": hw, "G": g, "CG": c // g, "D": (c // g) * hw, "R": n * g}
 
-    def accepts(self, card: CardBrief) -> str | None:
+    def accepts(self, card: OperatorCard) -> str | None:
         why = _op_input_problem(card, self.ops, "group_norm")
         if why:
             return why
@@ -616,7 +616,7 @@ class GroupNormTemplate(Template):
             return "no aligned access width"
         return None
 
-    def space(self, card: CardBrief) -> Mapping[str, Sequence[Any]]:
+    def space(self, card: OperatorCard) -> Mapping[str, Sequence[Any]]:
         geo = self._geometry(card)
         x = geo["x"]
         vecs = _vec_choices(ITEMSIZE[x["dtype"]], geo["HW"], [x, card.outputs[0]])
@@ -662,7 +662,7 @@ class GroupNormTemplate(Template):
             keys |= {"cluster", "stash"}
         return keys
 
-    def mutate(self, card: CardBrief, params: Mapping[str, Any], rng: random.Random,
+    def mutate(self, card: OperatorCard, params: Mapping[str, Any], rng: random.Random,
                intent: str | None = None) -> dict[str, Any]:
         """Change one parameter that matters for the current strategy (or the strategy itself)."""
         focus = set(INTENT_PARAMS.get(intent or "", ()))
@@ -672,7 +672,7 @@ class GroupNormTemplate(Template):
             focus |= {"stash", "order"}
         return mutate_relevant(self.space(card), params, self._relevant, rng, focus)
 
-    def render(self, card: CardBrief, params: Mapping[str, Any]) -> Rendered:
+    def render(self, card: OperatorCard, params: Mapping[str, Any]) -> Rendered:
         geo = self._geometry(card)
         x = geo["x"]
         w, b = _arg(card, "weight"), _arg(card, "bias")
@@ -917,18 +917,18 @@ class _RowNormTemplate(Template):
     rms = False
     eps_name = "eps"
 
-    def _stat_outputs(self, card: CardBrief) -> list[int]:
+    def _stat_outputs(self, card: OperatorCard) -> list[int]:
         """Indices of the per-row statistics outputs (mean, rstd) this op returns."""
         raise NotImplementedError
 
-    def _rows(self, card: CardBrief) -> tuple[int, int]:
+    def _rows(self, card: OperatorCard) -> tuple[int, int]:
         x = _arg(card, "input")
         assert x is not None
         ns = [int(s) for s in _value(card, "normalized_shape")]
         ncol = _numel(ns)
         return _numel(x["shape"]) // max(ncol, 1), ncol
 
-    def accepts(self, card: CardBrief) -> str | None:
+    def accepts(self, card: OperatorCard) -> str | None:
         why = _op_input_problem(card, self.ops, self.name)
         if why:
             return why
@@ -964,7 +964,7 @@ class _RowNormTemplate(Template):
             why = why or "mean and rstd outputs differ in dtype"
         return why
 
-    def _tensors(self, card: CardBrief) -> list[dict[str, Any]]:
+    def _tensors(self, card: OperatorCard) -> list[dict[str, Any]]:
         """Tensors the row kernels access with vectors: input, out0 and the present weight/bias."""
         out = [card.outputs[0]]
         for k in ("input", "weight", "bias"):
@@ -974,7 +974,7 @@ class _RowNormTemplate(Template):
                 out.append(a)
         return out
 
-    def space(self, card: CardBrief) -> Mapping[str, Sequence[Any]]:
+    def space(self, card: OperatorCard) -> Mapping[str, Sequence[Any]]:
         x = _arg(card, "input")
         assert x is not None
         _, ncol = self._rows(card)
@@ -990,7 +990,7 @@ class _RowNormTemplate(Template):
             "vec": vecs,
         }
 
-    def geometry(self, card: CardBrief, params: Mapping[str, Any]) -> dict[str, int]:
+    def geometry(self, card: OperatorCard, params: Mapping[str, Any]) -> dict[str, int]:
         """Threads per row, rows per block and vectors per thread the params come to for this card."""
         _, ncol = self._rows(card)
         v, block, rpb = int(params["vec"]), int(params["block"]), int(params["rows_per_block"])
@@ -1003,7 +1003,7 @@ class _RowNormTemplate(Template):
         regs = min(64, 65536 // (tpr * rpb) - 40)
         return {"tpr": tpr, "rpb": rpb, "k": k, "regs": int(k * v <= regs)}
 
-    def render(self, card: CardBrief, params: Mapping[str, Any]) -> Rendered:
+    def render(self, card: OperatorCard, params: Mapping[str, Any]) -> Rendered:
         x = _arg(card, "input")
         assert x is not None
         m, ncol = self._rows(card)
@@ -1049,7 +1049,7 @@ class LayerNormTemplate(_RowNormTemplate):
     name = "layer_norm"
     ops = frozenset({"aten::native_layer_norm"})
 
-    def _stat_outputs(self, card: CardBrief) -> list[int]:
+    def _stat_outputs(self, card: OperatorCard) -> list[int]:
         return [1, 2]
 
 
@@ -1060,7 +1060,7 @@ class RmsNormTemplate(_RowNormTemplate):
     ops = frozenset({"aten::_fused_rms_norm", "aten::rms_norm"})
     rms = True
 
-    def _stat_outputs(self, card: CardBrief) -> list[int]:
+    def _stat_outputs(self, card: OperatorCard) -> list[int]:
         return [1] if card.op == "aten::_fused_rms_norm" else []
 
 
@@ -1222,19 +1222,19 @@ class BatchNormTemplate(Template):
     ops = frozenset({"aten::native_batch_norm", "aten::_native_batch_norm_legit_no_training",
                      "aten::cudnn_batch_norm"})
 
-    def _eps_name(self, card: CardBrief) -> str:
+    def _eps_name(self, card: OperatorCard) -> str:
         return "epsilon" if card.op == "aten::cudnn_batch_norm" else "eps"
 
-    def _dims(self, card: CardBrief) -> tuple[int, int, int]:
+    def _dims(self, card: OperatorCard) -> tuple[int, int, int]:
         x = _arg(card, "input")
         assert x is not None
         shape = [int(s) for s in x["shape"]]
         return shape[0], shape[1], _numel(shape[2:])
 
-    def _save(self, card: CardBrief) -> bool:
+    def _save(self, card: OperatorCard) -> bool:
         return _numel(card.outputs[1]["shape"]) > 0
 
-    def accepts(self, card: CardBrief) -> str | None:
+    def accepts(self, card: OperatorCard) -> str | None:
         if card.op not in self.ops:
             return f"op {card.op} is not inference batch_norm"
         if card.op != "aten::_native_batch_norm_legit_no_training" and _value(card, "training") is not False:
@@ -1286,7 +1286,7 @@ class BatchNormTemplate(Template):
             return "more planes than one grid dimension holds"
         return None
 
-    def _flat_table(self, card: CardBrief, block: int, v: int, u: int) -> tuple[int, int, bool] | None:
+    def _flat_table(self, card: OperatorCard, block: int, v: int, u: int) -> tuple[int, int, bool] | None:
         """(elements per block, table entries, by channel) for the flat kernel, or None if no table fits."""
         n, c, hw = self._dims(card)
         # Fewer trips per thread for small tensors: ~4 blocks per SM keep enough loads in flight.
@@ -1299,12 +1299,12 @@ class BatchNormTemplate(Template):
             return epb, by_plane, False
         return None
 
-    def _plane_ok(self, card: CardBrief) -> bool:
+    def _plane_ok(self, card: OperatorCard) -> bool:
         """Whether the plane grid (N*C planes x blocks per plane) fits one grid dimension at any params."""
         n, c, hw = self._dims(card)
         return n * c * -(-hw // 128) <= MAX_I32
 
-    def space(self, card: CardBrief) -> Mapping[str, Sequence[Any]]:
+    def space(self, card: OperatorCard) -> Mapping[str, Sequence[Any]]:
         x = _arg(card, "input")
         assert x is not None
         n, c, hw = self._dims(card)
@@ -1323,7 +1323,7 @@ class BatchNormTemplate(Template):
             "unroll": [2, 4, 1],
         }
 
-    def render(self, card: CardBrief, params: Mapping[str, Any]) -> Rendered:
+    def render(self, card: OperatorCard, params: Mapping[str, Any]) -> Rendered:
         x = _arg(card, "input")
         assert x is not None
         n, c, hw = self._dims(card)

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.propose.base import CardBrief
+from engine.cards import OperatorCard
 from engine.propose.builtin import cuda_common as cc
 from engine.propose.builtin.template import INTENT_PARAMS, Rendered, Template
 
@@ -88,7 +88,7 @@ def _dims(value: Any, ndim: int) -> list[int]:
     return norm
 
 
-def _analyse(card: CardBrief) -> _Plan:
+def _analyse(card: OperatorCard) -> _Plan:
     x = cc.usable_tensor(card, "self")
     out = cc.single_output(card)
     shape, stride = [int(s) for s in x["shape"]], [int(s) for s in x["stride"]]
@@ -395,10 +395,10 @@ class PoolingTemplate(Template):
     name = "pooling"
     ops = frozenset({"aten::mean.dim", "aten::sum.dim_IntList", "aten::_adaptive_avg_pool2d"})
 
-    def accepts(self, card: CardBrief) -> str | None:
+    def accepts(self, card: OperatorCard) -> str | None:
         return cc.why_declined(_analyse, card)
 
-    def space(self, card: CardBrief) -> Mapping[str, Sequence[Any]]:
+    def space(self, card: OperatorCard) -> Mapping[str, Sequence[Any]]:
         plan = _analyse(card)
         strategies = ["row", "block_row", "column"]
         if plan.contiguous_rows and plan.r * plan.isz <= TILE_ROW_BYTES and plan.r > 1:
@@ -440,7 +440,7 @@ class PoolingTemplate(Template):
             keys.add("split")
         return keys
 
-    def mutate(self, card: CardBrief, params: Mapping[str, Any], rng: random.Random,
+    def mutate(self, card: OperatorCard, params: Mapping[str, Any], rng: random.Random,
                intent: str | None = None) -> dict[str, Any]:
         """Change one parameter that matters for the current strategy (or the strategy itself)."""
         focus = set(INTENT_PARAMS.get(intent or "", ()))
@@ -450,7 +450,7 @@ class PoolingTemplate(Template):
             focus |= {"group"}
         return cc.mutate_relevant(self.space(card), params, self._relevant, rng, focus)
 
-    def render(self, card: CardBrief, params: Mapping[str, Any]) -> Rendered:
+    def render(self, card: OperatorCard, params: Mapping[str, Any]) -> Rendered:
         plan = _analyse(card)
         space = self.space(card)
         for k, vals in space.items():

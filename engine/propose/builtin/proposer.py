@@ -6,7 +6,8 @@ import hashlib
 import importlib
 import random
 
-from engine.propose.base import CardBrief, Proposal, ProposalRequest
+from engine.cards import OperatorCard
+from engine.propose.base import Proposal, ProposalRequest
 from engine.propose.builtin.template import Template
 
 # Modules that export TEMPLATES: list[Template]. A module that is missing is skipped, so template
@@ -51,7 +52,7 @@ class BuiltinProposer:
         # kernel (a parameter the strategy ignores), and cousins in the tree are not in the request.
         self._emitted: dict[str, set[str]] = {}
 
-    def template_for(self, card: CardBrief) -> tuple[Template | None, list[str]]:
+    def template_for(self, card: OperatorCard) -> tuple[Template | None, list[str]]:
         """The first template that accepts the card, and why the others declined."""
         reasons = []
         for t in self.templates:
@@ -63,7 +64,7 @@ class BuiltinProposer:
             reasons.append(f"{t.name}: {why}")
         return None, reasons or [f"no builtin template for {card.op}"]
 
-    def supports(self, card: CardBrief) -> bool:
+    def supports(self, card: OperatorCard) -> bool:
         return self.template_for(card)[0] is not None
 
     async def propose(self, request: ProposalRequest) -> Proposal:

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.propose.base import CardBrief
+from engine.cards import OperatorCard
 from engine.propose.builtin import cuda_common as cc
 from engine.propose.builtin.template import INTENT_PARAMS, Rendered, Template
 
@@ -55,7 +55,7 @@ class _Plan:
         return cc.int_type(max(extent, self.rows * self.n) + self.n)
 
 
-def _analyse(card: CardBrief) -> _Plan:
+def _analyse(card: OperatorCard) -> _Plan:
     if card.op not in ("aten::_softmax", "aten::_log_softmax"):
         raise _Decline(f"op {card.op}")
     x = cc.usable_tensor(card, "self")
@@ -409,10 +409,10 @@ class SoftmaxTemplate(Template):
     name = "softmax"
     ops = frozenset({"aten::_softmax", "aten::_log_softmax"})
 
-    def accepts(self, card: CardBrief) -> str | None:
+    def accepts(self, card: OperatorCard) -> str | None:
         return cc.why_declined(_analyse, card)
 
-    def space(self, card: CardBrief) -> Mapping[str, Sequence[Any]]:
+    def space(self, card: OperatorCard) -> Mapping[str, Sequence[Any]]:
         plan = _analyse(card)
         vecs = [v for v in (1, 2, 4, 8) if _vec_ok(plan, v)]
         best = max(v for v in vecs if v * cc.itemsize(plan.in_dtype) <= 16)
@@ -450,7 +450,7 @@ class SoftmaxTemplate(Template):
             space["cluster"] = clusters
         return space
 
-    def _relevant(self, card: CardBrief, params: Mapping[str, Any]) -> set[str]:
+    def _relevant(self, card: OperatorCard, params: Mapping[str, Any]) -> set[str]:
         """Parameters that change the kernel for this strategy (the others are left at defaults)."""
         plan = _analyse(card)
         strategy, block, vec = params["strategy"], int(params["block"]), int(params["vec"])
@@ -468,7 +468,7 @@ class SoftmaxTemplate(Template):
                 keys.add("online")
         return keys
 
-    def mutate(self, card: CardBrief, params: Mapping[str, Any], rng: random.Random,
+    def mutate(self, card: OperatorCard, params: Mapping[str, Any], rng: random.Random,
                intent: str | None = None) -> dict[str, Any]:
         """Change one parameter that matters for the current strategy (or the strategy itself)."""
         focus = set(INTENT_PARAMS.get(intent or "", ()))
@@ -476,7 +476,7 @@ class SoftmaxTemplate(Template):
             focus |= {"strategy", "cluster"}
         return cc.mutate_relevant(self.space(card), params, lambda p: self._relevant(card, p), rng, focus)
 
-    def render(self, card: CardBrief, params: Mapping[str, Any]) -> Rendered:
+    def render(self, card: OperatorCard, params: Mapping[str, Any]) -> Rendered:
         plan = _analyse(card)
         space = self.space(card)
         for k, vals in space.items():

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.propose.base import CardBrief
+from engine.cards import OperatorCard
 
 
 @dataclass(frozen=True)
@@ -31,23 +31,23 @@ class Template:
     name: str = ""
     ops: frozenset[str] = frozenset()        # ATen overload names this template may handle
 
-    def accepts(self, card: CardBrief) -> str | None:
+    def accepts(self, card: OperatorCard) -> str | None:
         """None if every instance is correct for this card; else the reason it declines."""
         raise NotImplementedError
 
-    def space(self, card: CardBrief) -> Mapping[str, Sequence[Any]]:
+    def space(self, card: OperatorCard) -> Mapping[str, Sequence[Any]]:
         """The parameter space for this card (each value list non-empty, first value a sane default)."""
         raise NotImplementedError
 
-    def render(self, card: CardBrief, params: Mapping[str, Any]) -> Rendered:
+    def render(self, card: OperatorCard, params: Mapping[str, Any]) -> Rendered:
         """Device code + launch spec for these params (params must come from `space`)."""
         raise NotImplementedError
 
     # Shared behaviour, rarely overridden.
-    def default(self, card: CardBrief) -> dict[str, Any]:
+    def default(self, card: OperatorCard) -> dict[str, Any]:
         return {k: v[0] for k, v in self.space(card).items()}
 
-    def mutate(self, card: CardBrief, params: Mapping[str, Any], rng: random.Random,
+    def mutate(self, card: OperatorCard, params: Mapping[str, Any], rng: random.Random,
                intent: str | None = None) -> dict[str, Any]:
         """A neighbour: change one parameter (one the intent names, when it names one) to another value."""
         space = self.space(card)
@@ -59,7 +59,7 @@ class Template:
         values = [v for v in space[key] if v != params.get(key)]
         return {**params, key: rng.choice(values)}
 
-    def instances(self, card: CardBrief) -> int:
+    def instances(self, card: OperatorCard) -> int:
         n = 1
         for v in self.space(card).values():
             n *= len(v)

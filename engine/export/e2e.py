@@ -6,7 +6,7 @@ buys back. So export builds the run's model from its config in a fresh process a
 forwards with and without the candidate cast, alternating; if the cast is slower with confidence, it
 tries smaller sets (the variants with the most net gain first) and keeps the first set that is not.
 
-    python -m engine.cast.e2e --config CONFIG [--small] --cast FILE.cast --subsets JSON --out RESULT.json
+    python -m engine.export.e2e --config CONFIG [--small] --cast FILE.cast --subsets JSON --out RESULT.json
            [--graphs] [--iters N (0: auto)]
 
 `--graphs` compares CUDA-graph replays of the forward instead of eager forwards (a cast exported for
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precision", type=float, default=PRECISION, help="widest CI to settle for (default 0.02)")
     ap.add_argument("--max-s", type=float, default=MAX_S, help="seconds of timing per set at most (default 30)")
     args = ap.parse_args(argv)
-    from engine.cast.confirm import run_job
+    from engine.export.confirm import run_job
 
     def work() -> dict[str, Any]:
         sets = json.loads(Path(args.subsets).read_text())

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.cast.format import CastError, read_cast
-from engine.cast.report import audit_document
+from engine.export.report import audit_document
 
 
 def audit(path: str | Path, *, verify: bool = False, timing: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -32,8 +32,8 @@ def verify_here(path: str | Path, timing: dict[str, Any]) -> dict[str, Any]:
     """Re-check numerics and speed of every variant on this GPU (inputs synthesised from signatures)."""
     import torch
 
-    from engine.cast.export import run_confirm
     from engine.errors import UsageError
+    from engine.export.package import run_confirm
 
     if not torch.cuda.is_available():
         raise UsageError("audit --verify: no CUDA GPU is visible; --verify re-checks the kernels on a GPU")

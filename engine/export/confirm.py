@@ -2,7 +2,7 @@
 captured sample, that the public op's outputs match eager within tolerance (samples, fresh and edge
 inputs), and time the public op with the override against the same op without it (engine.bench).
 
-    python -m engine.cast.confirm --cast FILE.cast --job JOB.json --out RESULT.json
+    python -m engine.export.confirm --cast FILE.cast --job JOB.json --out RESULT.json
 
 JOB.json: {"samples": {variant_id: [sample file, ...]}, "timing": {TimingConfig fields}}. A variant
 without samples runs on inputs synthesised from its signature (what `audit --verify` does).
@@ -64,11 +64,11 @@ def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any
 
     import torch
 
+    from engine.bench.host import per_call_us
     from engine.bench.timing import L2Flusher, TimingConfig, ab_time
     from engine.capture.samples import load_sample
     from engine.cast import cpp_router, runtime
     from engine.cast.compat import current_env
-    from engine.cast.hostcost import per_call_us
     from engine.cast.loader import load
     from engine.ops import call_op, resolve_op, return_aliases, write_only_args
     from engine.verify.inputs import clone_bound

@@ -10,7 +10,7 @@ suspended path and a hit with poisoned outputs, checking every result against Py
 every call returned the right answer; anything else (a crash included) keeps the loader on the Python
 router. A crash prints the router's native stack (KFORGE_ROUTER_BACKTRACE).
 
-    python -m engine.cast.router_selftest      # prints one line per step; exit 0 when all passed
+    python -m engine.export.router_selftest      # prints one line per step; exit 0 when all passed
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def main() -> int:
         return 3
     import engine.cast
     from engine.cast import cpp_router, runtime
-    from engine.cast.hostcost import probe_cast
+    from engine.export.hostcost import probe_cast
 
     def step(what: str) -> None:
         print(f"router self-test: {what}", flush=True)  # the last line printed names the call that crashed

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from engine.lane import cuda_driver as drv
 from engine.launch import ResolvedSpec
+from engine.launch import cuda_driver as drv
 from engine.ops import resolve_op, return_aliases, write_only_args
 
 _CTYPES = {"ptr": ctypes.c_void_p, "i32": ctypes.c_int32, "i64": ctypes.c_int64, "u32": ctypes.c_uint32,

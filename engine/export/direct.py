@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from engine.cast.confirm import CONFIRMED_KEYS
-from engine.cast.export import ExportVariant, package, run_confirm
 from engine.cast.format import write_cast
+from engine.export.confirm import CONFIRMED_KEYS
+from engine.export.package import ExportVariant, package, run_confirm
 
 
 def capture_cards(forward: Callable[[], Any], sample_dir: Path, samples: int = 1,
@@ -41,11 +41,11 @@ def build_cast(forward: Callable[[], Any], out: Path, *, work: Path, mutations: 
                confirm_timing: dict[str, Any] | None = None, progress: Callable[[str], None] = print,
                model: str = "model") -> dict[str, Any]:
     """Capture, search a little, confirm, write `out`; returns {"included", "excluded", "cards"}."""
+    from engine.cards import card_from_row
     from engine.cast.compat import current_env
     from engine.compile import Compiler
     from engine.lane.client import GpuLane, worker_argv
-    from engine.lane.evaluate import CardRef, evaluate
-    from engine.propose.base import CardBrief
+    from engine.lane.evaluate import evaluate
     from engine.propose.builtin import BuiltinProposer
 
     env = current_env()
@@ -53,7 +53,7 @@ def build_cast(forward: Callable[[], Any], out: Path, *, work: Path, mutations: 
     proposer = BuiltinProposer()
     jobs = []
     for c in cards:
-        brief = CardBrief(c["card_id"], c["op"], c["signature"], c["signature_text"], c["outputs"], bytes=c["bytes"])
+        brief = card_from_row(c)
         template, _ = proposer.template_for(brief)
         if template is None:
             continue
@@ -78,7 +78,7 @@ def build_cast(forward: Callable[[], Any], out: Path, *, work: Path, mutations: 
         try:
             evs = []
             for c, r, _ in jobs:
-                ref = CardRef(c["card_id"], c["op"], c["signature"], c["outputs"], c["bytes"], c["samples"])
+                ref = card_from_row(c).ref(c["samples"])
                 evs.append(await evaluate(lane, compiler, ref, r.source, r.spec,
                                           timing=lane_timing or {"max_seconds": 0.3}))
             return evs

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.cast.confirm import CONFIRMED_KEYS
 from engine.cast.format import FORMAT, FORMAT_VERSION, file_entry, write_cast
-from engine.cast.report import markdown_report
+from engine.export.confirm import CONFIRMED_KEYS
+from engine.export.report import markdown_report
 
 
 @dataclass
@@ -227,8 +227,8 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
     """Keep the largest set of variants (best net gain first) with which the run's own model is not slower;
     record the check in `source`; raise JobError when even one variant makes the model slower; `warn` gets
     what the user must hear although the cast is written."""
-    from engine.cast.e2e import subsets
     from engine.errors import JobError
+    from engine.export.e2e import subsets
 
     sets = subsets([(v.vid, (v.confirmed or {}).get("net_us")) for v in kept])
     mode = "CUDA-graph replays" if graphs else "eager forwards"
@@ -287,12 +287,12 @@ def not_faster_caveat(chosen: dict[str, Any], graphs: bool) -> str | None:
 
 def run_model_check(cast_path: Path, sets: list[list[str]], config: str, small: bool, graphs: bool, tmp: Path,
                     timeout_s: float = 1800) -> dict[str, Any]:
-    """`python -m engine.cast.e2e` in a fresh process; its JSON result."""
+    """`python -m engine.export.e2e` in a fresh process; its JSON result."""
     from engine.errors import JobError
 
     job, out = tmp / "subsets.json", tmp / "model_check.json"
     job.write_text(json.dumps(sets))
-    argv = [sys.executable, "-m", "engine.cast.e2e", "--config", config, "--cast", str(cast_path),
+    argv = [sys.executable, "-m", "engine.export.e2e", "--config", config, "--cast", str(cast_path),
             "--subsets", str(job), "--out", str(out)] + (["--small"] if small else []) + \
         (["--graphs"] if graphs else [])
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=_child_env())
@@ -317,13 +317,13 @@ def _child_env() -> dict[str, str]:
 
 def run_confirm(cast_path: Path, samples: dict[str, list[str]], timing: dict[str, Any], tmp: Path,
                 timeout_s: float = 1800) -> dict[str, Any]:
-    """`python -m engine.cast.confirm` in a fresh process; its JSON result."""
+    """`python -m engine.export.confirm` in a fresh process; its JSON result."""
     from engine.errors import JobError
 
     job, out = tmp / "job.json", tmp / "result.json"
     job.write_text(json.dumps({"samples": samples, "timing": timing}))
     env = _child_env()  # the child imports the same engine as this process
-    proc = subprocess.run([sys.executable, "-m", "engine.cast.confirm", "--cast", str(cast_path), "--job", str(job),
+    proc = subprocess.run([sys.executable, "-m", "engine.export.confirm", "--cast", str(cast_path), "--job", str(job),
                            "--out", str(out)], capture_output=True, text=True, timeout=timeout_s, env=env)
     if not out.exists():
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]

@@ -1,0 +1,55 @@
+"""Host time: what the CPU spends issuing calls and forwards (where a host-bound model's time goes)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+
+def per_call_us(fn: Any, n: int = 3000, rounds: int = 5) -> float:
+    """Host µs per call of `fn` issued back to back, best of `rounds` (the GPU is not awaited per call;
+    for ops small enough that the queue never fills, this is the host's cost alone)."""
+    best = float("inf")
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        best = min(best, (t1 - t0) / n * 1e6)
+    return best
+
+
+def issue_us(forward: Any, n: int = 20) -> tuple[float, float]:
+    """A model forward's (median host µs to issue it, GPU idle before each; wall µs per forward)."""
+    issue, wall = [], 0.0
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        forward()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        issue.append(t1 - t0)
+        wall += time.perf_counter() - t0
+    return sorted(issue)[n // 2] * 1e6, wall / n * 1e6
+
+
+def python_profile(forward: Any, calls: int = 10, top: int = 8) -> str:
+    """cProfile of `calls` forwards, the `top` functions by own time (where the host's time goes)."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    torch.cuda.synchronize()
+    prof.enable()
+    for _ in range(calls):
+        forward()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    return buf.getvalue()
