@@ -147,12 +147,12 @@ async def main_async(args) -> dict:
                 ws = tmp / f"ws-{model}"
                 cards = [c for c in model_cards(model, ws) if (model, c.op) in kernels and _contiguous(c)]
                 # Eager latency, measured by the lane and stored on the card (what the search reads).
-                from engine.lane.eager import measure_eager
+                from engine.run.eager import measure_and_store_eager
                 from engine.store import Store, db_path
 
                 async with await Store.open(db_path(ws)) as store:
                     cap = (await store.latest_capture(model))["id"]
-                    await measure_eager(lane, store, cap, cards)
+                    await measure_and_store_eager(lane, store, cap, cards)
                     stored = {c["card_id"]: c["eager_us"] for c in await store.get_cards(cap)}
                 for c in cards:
                     rows.append(await _model_row(lane, compiler, model, c, kernels, hello, stored))

@@ -45,6 +45,8 @@ def load_card(p):
 
 def time_eager(p):
     # A fixed answer: this stand-in tests the plumbing that stores eager latency, not a measurement.
+    if "unmeasurable" in p["card_id"]:
+        raise Rejected("internal", "RuntimeError: the op raised")
     return {"eager": {"median": 12.5, "iqr": 0.25, "n": 40}, "throttled": 0, "roofline_us": 3.0}
 
 
