@@ -7,7 +7,7 @@ import importlib
 import importlib.util
 import inspect
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -192,3 +192,21 @@ def build_target(config: ModelConfig, device: torch.device) -> CaptureTarget:
             raise UsageError(f"{config.path}: key 'multiplicity.{prefix}': no module of that path in the "
                              f"model; use a name from model.named_modules()")
     return target
+
+
+def config_model(config: str, device: str = "cuda") -> tuple[torch.nn.Module, Callable[[], Any]]:
+    """(module, forward) of a config (a shipped name like "resnet50" or a path), exactly as `capture` and `run`
+    build it, so an end-to-end check runs the calls a run's cast was made for."""
+    target = build_target(load_config(config), torch.device(device))
+    return target.module, target.forward
+
+
+def sd35_vae(device: str = "cuda") -> tuple[torch.nn.Module, Callable[[], Any]]:
+    """The sd35_medium config's VAE decode alone: a 1x16x128x128 bf16 latent to a 1024x1024 image."""
+    module, _ = config_model("sd35_medium", device)
+    vae = module.vae
+    del module.transformer
+    cfg = vae.config
+    latent = torch.randn(1, cfg.latent_channels, 128, 128, generator=torch.Generator().manual_seed(0)
+                         ).to(device, torch.bfloat16)
+    return vae, lambda: vae.decode(latent / cfg.scaling_factor + cfg.shift_factor, return_dict=False)[0]

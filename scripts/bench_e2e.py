@@ -24,8 +24,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from engine.config import config_model, sd35_vae  # noqa: E402
 from engine.export.e2e import auto_iters, capture_graph, time_forward  # noqa: E402
-from engine.models.forwards import config_model, output_tensor, sd35_vae  # noqa: E402
+from engine.models.forwards import output_tensor  # noqa: E402
 
 
 def log(msg: str) -> None:

@@ -27,7 +27,7 @@ import torch  # noqa: E402
 from engine.cards import CardRef, card_from_row  # noqa: E402
 from engine.compile import CompilePool, Compiler, compile_nvrtc  # noqa: E402
 from engine.lane.client import GpuLane, worker_argv  # noqa: E402
-from engine.lane.evaluate import evaluate  # noqa: E402
+from engine.lane.evaluate import Evaluation, evaluate  # noqa: E402
 
 KERNELS = ROOT / "scripts" / "kernels"
 ADD_SRC = """extern "C" __global__ void add_{tag}(const float* __restrict__ a, const float* __restrict__ b,
@@ -76,12 +76,13 @@ async def synthetic_parts(lane: GpuLane, compiler: Compiler, tmp: Path, sms: int
     (tmp / "syn").mkdir(exist_ok=True)
     card = synthetic_card(tmp / "syn", 1 << 22)
     variants = [(b, w) for b in (128, 256, 512, 1024) for w in (1, 2, 4, 8, 16, 32)]  # 24 distinct
+    async def one(pool: CompilePool, b: int, w: int) -> Evaluation:
+        compiled = await compiler.compile_async(ADD_SRC.format(tag=f"t{b}_{w}"), pool=pool)
+        return await evaluate(lane, card, compiled, ADD_SPEC.format(tag=f"t{b}_{w}", block=b, sms=sms, waves=w))
+
     async with CompilePool() as pool:
         t0 = time.perf_counter()
-        evs = await asyncio.gather(*[
-            evaluate(lane, compiler, card, ADD_SRC.format(tag=f"t{b}_{w}"),
-                     ADD_SPEC.format(tag=f"t{b}_{w}", block=b, sms=sms, waves=w), pool=pool)
-            for b, w in variants])
+        evs = await asyncio.gather(*[one(pool, b, w) for b, w in variants])
         wall = time.perf_counter() - t0
     ok = [e for e in evs if e.status == "verified"]
     out["throughput"] = {
@@ -99,7 +100,7 @@ async def synthetic_parts(lane: GpuLane, compiler: Compiler, tmp: Path, sms: int
                           ("confirmation (target 0.5 %, ≥ 50 pairs)", {"target_rel_err": 0.005, "min_reps": 50})):
         medians = []
         for _ in range(5):
-            e = await evaluate(lane, compiler, card, src, spec, timing=timing)
+            e = await evaluate(lane, card, compiler.compile(src), spec, timing=timing)
             medians.append(e.payload["timing"]["candidate"]["median"])
         stability[label] = {"medians_us": medians,
                             "spread": (max(medians) - min(medians)) / statistics.median(medians)}
@@ -146,12 +147,12 @@ async def main_async(args) -> dict:
                 ws = tmp / f"ws-{model}"
                 cards = [c for c in model_cards(model, ws) if (model, c.op) in kernels and _contiguous(c)]
                 # Eager latency, measured by the lane and stored on the card (what the search reads).
-                from engine.lane.eager import measure_eager
+                from engine.run.eager import measure_and_store_eager
                 from engine.store import Store, db_path
 
                 async with await Store.open(db_path(ws)) as store:
                     cap = (await store.latest_capture(model))["id"]
-                    await measure_eager(lane, store, cap, cards)
+                    await measure_and_store_eager(lane, store, cap, cards)
                     stored = {c["card_id"]: c["eager_us"] for c in await store.get_cards(cap)}
                 for c in cards:
                     rows.append(await _model_row(lane, compiler, model, c, kernels, hello, stored))
@@ -171,7 +172,8 @@ def _contiguous(c: CardRef) -> bool:
 async def _model_row(lane, compiler, model, c, kernels, hello, stored) -> dict:
     dtype = {"bfloat16": "bf16", "float32": "f32", "float16": "f16"}[c.signature["args"][0]["dtype"]]
     name = kernels[(model, c.op)].format(dtype=dtype)
-    e = await evaluate(lane, compiler, c, (KERNELS / f"{name}.cu").read_text(), (KERNELS / f"{name}.toml").read_text())
+    e = await evaluate(lane, c, compiler.compile((KERNELS / f"{name}.cu").read_text()),
+                       (KERNELS / f"{name}.toml").read_text())
     t = e.payload.get("timing") or {}
     return {"model": model, "op": c.op, "card": c.card_id, "shape": c.signature["args"][0].get("shape"),
             "dtype": dtype, "status": e.status, "category": e.category, "message": e.message[:300],

@@ -36,7 +36,7 @@ def main() -> int:
     ap.add_argument("--cast")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    from engine.models.forwards import config_model
+    from engine.config import config_model
 
     _, forward = config_model("resnet50")
     op = torch.ops.aten.native_batch_norm.default

@@ -193,7 +193,7 @@ class Kernels:
     """One NVRTC-compiled module of the probe's kernels for chunks-per-row C and block size B."""
 
     def __init__(self, c: int, b: int):
-        from engine.compile.cache import compile_source
+        from engine.compile import compile_source
         from engine.launch import cuda_driver as drv
 
         src = (_SOURCE.replace("$N", str(N)).replace("$C", str(c)).replace("$B", str(b))
@@ -289,7 +289,7 @@ def template_variants(x: torch.Tensor, tmp: Path) -> dict[str, Any]:
     """The builtin template's best split (the bench's pick) and its 16-block cluster, launched as the lane does."""
     from engine.capture.signature import signature_text
     from engine.cards import OperatorCard
-    from engine.compile.cache import compile_source
+    from engine.compile import compile_source
     from engine.launch import Env, parse_spec, resolve
     from engine.launch import cuda_driver as drv
     from engine.launch.launcher import CandidateLauncher

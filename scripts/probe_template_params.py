@@ -139,7 +139,7 @@ async def probe(args: argparse.Namespace) -> dict[str, Any]:
                 row.update(status="not rendered", message=str(e))
                 rows.append(row)
                 continue
-            ev = await evaluate(lane, compiler, ref, rendered.source, rendered.spec,
+            ev = await evaluate(lane, ref, compiler.compile(rendered.source), rendered.spec,
                                 timing={"max_seconds": args.timing_s})
             row.update(intent=rendered.intent, status=ev.status, category=ev.category,
                        message=ev.message[:300] if ev.status != "verified" else "")

@@ -40,7 +40,7 @@ def evaluate_many(jobs: Sequence[tuple[Any, str, str]], *, cache_dir: Path, timi
         lane = GpuLane(worker_argv(torch.cuda.current_device()), timeout_s=120)
         await lane.start()
         try:
-            return [await evaluate(lane, compiler, card, src, spec, timing=timing or {"max_seconds": 1.0},
+            return [await evaluate(lane, card, compiler.compile(src), spec, timing=timing or {"max_seconds": 1.0},
                                    timeout_s=timeout_s) for card, src, spec in jobs]
         finally:
             await lane.close()

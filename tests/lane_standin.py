@@ -1,6 +1,7 @@
 """StandInWorker: a process-level test double of the GPU worker (no GPU), obeying commands to
 crash, hang, fault or answer, through the real lane protocol (`engine.lane.protocol.serve`)."""
 
+import hashlib
 import os
 import signal
 import sys
@@ -9,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.lane.protocol import Rejected, WorkerFault, serve  # noqa: E402
+from engine.lane.protocol import Rejected, WorkerFault, serve, unb64  # noqa: E402
 
 loaded: list[str] = []
 
@@ -44,7 +45,17 @@ def load_card(p):
 
 def time_eager(p):
     # A fixed answer: this stand-in tests the plumbing that stores eager latency, not a measurement.
+    if "unmeasurable" in p["card_id"]:
+        raise Rejected("internal", "RuntimeError: the op raised")
     return {"eager": {"median": 12.5, "iqr": 0.25, "n": 40}, "throttled": 0, "roofline_us": 3.0}
+
+
+def evaluate(p):
+    # What the lane was handed, so a test can tell which compile's binary reached it.
+    if p.get("card_id") not in loaded:
+        raise Rejected("protocol", f"card {p.get('card_id')} is not loaded in this worker")
+    cubin = unb64(p["cubin"]) if p.get("cubin") else b""
+    return {"verdict": {"ok": True}, "cubin_sha256": hashlib.sha256(cubin).hexdigest(), "spec": p.get("spec")}
 
 
 def bug(p):
@@ -53,5 +64,4 @@ def bug(p):
 
 if __name__ == "__main__":
     sys.exit(serve({"echo": echo, "crash": crash, "hang": hang, "fault": fault, "reject": reject,
-                    "load_card": load_card, "bug": bug,
-                    "time_eager": time_eager}))
+                    "load_card": load_card, "bug": bug, "time_eager": time_eager, "evaluate": evaluate}))

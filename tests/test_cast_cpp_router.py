@@ -131,7 +131,8 @@ def test_resnet50_cast_through_the_cpp_router_on_the_gpu(ext, monkeypatch):
     from pathlib import Path
 
     import engine.cast
-    from engine.models.forwards import config_model, output_tensor
+    from engine.config import config_model
+    from engine.models.forwards import output_tensor
 
     monkeypatch.setenv("KFORGE_CAST_ROUTER", "cpp")
     path = Path(__file__).resolve().parent.parent / "docs" / "results" / "cast-h200" / "resnet50.cast"

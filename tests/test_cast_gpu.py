@@ -28,13 +28,13 @@ def _cast_dir(tmp_path_factory) -> Path:
 
 
 def resnet50():
-    from engine.models.forwards import config_model
+    from engine.config import config_model
 
     return config_model("resnet50")
 
 
 def sd35_vae():
-    from engine.models.forwards import sd35_vae as make
+    from engine.config import sd35_vae as make
 
     return make()
 

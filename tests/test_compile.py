@@ -2,8 +2,6 @@
 
 import asyncio
 import json
-import statistics
-import time
 from functools import cache
 
 import pytest
@@ -271,19 +269,6 @@ def test_headers_found():
     assert hs.cccl_dir is not None and (hs.cccl_dir / "cub" / "block" / "block_reduce.cuh").is_file()
     assert hs.problems == ()
     assert find_headers(nvrtc_mod.nvrtc_version()) == hs
-
-
-def test_typical_compile_time():
-    """One-kernel candidate median (target on the H200 box: <= 150 ms); loose bound for slow CI."""
-    times = []
-    for i in range(7):
-        t = time.perf_counter()
-        res = compile_nvrtc(FP16.replace("scale_add_h2", f"scale_add_h2_{i}"), arch=ARCH)
-        times.append(time.perf_counter() - t)
-        assert res.ok
-    median_ms = statistics.median(times) * 1000
-    print(f"NVRTC fp16 one-kernel compile: median {median_ms:.1f} ms")
-    assert median_ms < 1500
 
 
 # -------------------------------------------------------------------------------------------------- nvcc

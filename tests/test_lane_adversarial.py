@@ -54,8 +54,8 @@ def test_lane_rejects_each_cheat_with_its_category(tmp_path):
         try:
             for adv in ADVERSARIES:
                 timeout = 8 if adv.expect == "timeout" else None
-                ev = await evaluate(lane, compiler, cards[adv.card], adv.source, adv.spec, timeout_s=timeout,
-                                    timing={"max_seconds": 1.0})
+                ev = await evaluate(lane, cards[adv.card], compiler.compile(adv.source), adv.spec,
+                                    timeout_s=timeout, timing={"max_seconds": 1.0})
                 out.append((adv, ev))
         finally:
             await lane.close()

@@ -36,7 +36,7 @@ async def test_crash_is_reported_and_worker_replaced(lane):
 async def test_hang_hits_the_watchdog(lane):
     r = await lane.request("hang", timeout_s=1.0)
     assert not r.ok and r.category == "timeout" and r.restarted
-    assert 0.9 < r.seconds < 4
+    assert "no answer within 1.0 s" in r.message and r.seconds > 0.9  # the request's timeout, not the lane's 5 s
     assert (await lane.request("echo", {"value": 2})).ok
 
 
@@ -79,22 +79,14 @@ async def test_unstartable_worker_is_a_lane_error():
         await lane.start()
 
 
-async def test_eager_latency_lands_on_the_card(lane, tmp_path):
-    from engine.lane.eager import card_refs, measure_eager
-    from engine.store import Store
+async def test_eager_is_measured_per_card_and_returned(lane):
+    from engine.cards import OperatorCard
+    from engine.lane.eager import measure_eager
 
-    db = tmp_path / "kforge.db"
-    async with await Store.open(db) as store:
-        await store.save_capture(
-            {"id": "cap-1", "model": "m", "device": "cuda", "dtype": "float16"},
-            [{"card_id": "c1", "op": "aten::relu", "signature": {"op": "aten::relu", "args": [], "aliases": []},
-              "signature_text": "f16[8]", "calls": 1, "share": 1.0, "bytes": 32},
-             {"card_id": "c2", "op": "aten::relu", "signature": {"op": "aten::relu", "args": [], "aliases": []},
-              "signature_text": "f16[9]", "calls": 1, "share": 0.0, "bytes": 36}],
-            [{"card_id": "c1", "idx": 0, "path": "samples/c1.0.safetensors", "sha256": "x", "nbytes": 1}])
-        refs = await card_refs(store, tmp_path, "cap-1")
-        results = await measure_eager(lane, store, "cap-1", refs)
-        cards = {c["card_id"]: c for c in await store.get_cards("cap-1")}
-    assert cards["c1"]["eager_us"] == 12.5 and cards["c1"]["roofline_us"] == 3.0
-    assert cards["c1"]["eager_stats"]["iqr"] == 0.25
-    assert cards["c2"]["eager_us"] is None and results["c2"] == {"error": "no samples"}
+    cards = [OperatorCard(cid, "aten::relu", {}, bytes=32).ref(samples)
+             for cid, samples in (("c1", ["c1.0.safetensors"]), ("c2", []), ("unmeasurable", ["u.0.safetensors"]))]
+    results = await measure_eager(lane, cards)
+    assert results["c1"] == {"eager": {"median": 12.5, "iqr": 0.25, "n": 40}, "throttled": 0, "roofline_us": 3.0}
+    assert results["c2"] == {"error": "no samples"}
+    assert results["unmeasurable"] == {"error": "internal: RuntimeError: the op raised"}
+    assert (await lane.request("echo")).payload["loaded"] == ["c1", "unmeasurable"]  # loaded before timing

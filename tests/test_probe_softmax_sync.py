@@ -20,7 +20,7 @@ def _probe():
 
 @pytest.mark.parametrize("c,b", [(32, 256), (16, 512), (64, 256)])
 def test_probe_kernels_compile_for_sm90(c, b):
-    from engine.compile.cache import compile_source
+    from engine.compile import compile_source
 
     p = _probe()
     src = p._SOURCE.replace("$N", str(p.N)).replace("$C", str(c)).replace("$B", str(b)).replace("$MAGIC", hex(p.MAGIC))

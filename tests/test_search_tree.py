@@ -12,7 +12,6 @@ from engine.search.tree import (
     select_beam,
     select_greedy,
     select_mcts,
-    speedup_reward,
 )
 
 
@@ -108,10 +107,6 @@ def test_greedy_and_beam():
     assert select_beam(t, p) == "b"
     grow(t, "b1", "b", 1.0)
     assert select_beam(t, p) == "c"  # top-2 are b and c; c has fewer children
-
-
-def test_speedup_reward():
-    assert math.isclose(speedup_reward(20.0, 10.0), math.log(2.0))
 
 
 def test_closed_nodes_are_not_expanded():

@@ -98,7 +98,7 @@ async def test_overview_shows_proposer_calls_in_flight_and_lanes_busy_or_idle(tm
     ws, store, run_id = await _workspace(tmp_path)
     lane_gate, on_lane = asyncio.Event(), asyncio.Event()
 
-    async def gpu_work(lane, compiler, card, source, spec, **kw):  # stands in for the lane's GPU check
+    async def gpu_work(lane, card, compiled, spec, **kw):  # stands in for the lane's GPU check
         on_lane.set()
         await lane_gate.wait()
         return Evaluation("verified", None, "", 0.0, payload={"timing": {

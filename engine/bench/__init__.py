@@ -1,11 +1,9 @@
 """Benchmarking: timing statistics (the GPU timing loop builds on these)."""
 
 from .stats import (
-    OutlierMarks,
     SpeedupEstimate,
     TimingStats,
     flag_throttled,
-    mark_outliers,
     median_rel_err,
     should_stop,
     speedup_ci,
@@ -13,6 +11,5 @@ from .stats import (
 )
 
 __all__ = [
-    "OutlierMarks", "SpeedupEstimate", "TimingStats", "flag_throttled", "mark_outliers", "median_rel_err",
-    "should_stop", "speedup_ci", "summarize",
+    "SpeedupEstimate", "TimingStats", "flag_throttled", "median_rel_err", "should_stop", "speedup_ci", "summarize",
 ]

@@ -1,9 +1,9 @@
 """Timing statistics: robust summaries, a bootstrap CI for the speedup, the adaptive stopping rule.
 
 Everything works on per-call times in microseconds. Medians, not means: GPU timings have a long right
-tail (preemption, clock changes, a stray host interrupt), and the median is the typical call. Nothing
-here drops samples silently: throttled or outlying samples are only *marked*; the caller decides and
-reports what it excluded.
+tail (preemption, clock changes, a stray host interrupt), and the median is the typical call, so slow
+outliers need no removal. Nothing here drops samples: throttled samples are only *marked*; the caller
+decides and reports what it excluded.
 """
 
 from __future__ import annotations
@@ -39,16 +39,6 @@ class SpeedupEstimate:
     speedup: float
     low: float
     high: float
-
-
-@dataclass(frozen=True)
-class OutlierMarks:
-    """Samples above the upper Tukey fence q3 + k*max(IQR, 1% of median) (marked, never removed here)."""
-
-    mask: np.ndarray
-    count: int
-    fence_us: float
-    k: float
 
 
 def _as_array(samples: Sequence[float], what: str = "samples") -> np.ndarray:
@@ -204,18 +194,3 @@ def flag_throttled(samples: Sequence[float], clocks_mhz: Sequence[float], max_cl
         raise ValueError("max_clock_mhz must be positive")
     with np.errstate(invalid="ignore"):
         return ~(clocks >= tolerance * max_clock_mhz)
-
-
-def mark_outliers(samples_us: Sequence[float], *, k: float = 3.0) -> OutlierMarks:
-    """Mark slow outliers above q3 + k*IQR. Only marks: excluding them is the caller's, reported, choice.
-
-    The median is already robust to a few of them; this exists so a report can say "3 of 500 samples
-    were > 5x slower" rather than hide them.
-    """
-    x = _as_array(samples_us)
-    q1, med, q3 = np.quantile(x, [0.25, 0.5, 0.75])
-    # Floor the spread at 1% of the median: quantised timers often give IQR 0, and then every sample
-    # a tick slower would be an "outlier".
-    fence = float(q3 + k * max(q3 - q1, 0.01 * med))
-    mask = x > fence
-    return OutlierMarks(mask=mask, count=int(mask.sum()), fence_us=fence, k=k)

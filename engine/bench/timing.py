@@ -9,7 +9,7 @@ while the host enqueues the call: the events measure device time, not launch lat
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -27,6 +27,11 @@ class TimingConfig:
     target_rel_err: float = 0.01
     batch: int = 10                 # calls per arm between host syncs
     throttle_tolerance: float = 0.95
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> TimingConfig:
+        """The defaults overridden by the keys of `d` that name a field (a request's 'timing'; others ignored)."""
+        return cls(**{k: v for k, v in (d or {}).items() if k in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,24 @@ class L2Flusher:
         self.buf.fill_(0x5A5A)
         if self.lead_cycles:
             torch.cuda._sleep(self.lead_cycles)
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, reps: int = 5) -> float:
+    """Device-to-device copy bandwidth in bytes/s (bytes read plus bytes written), timed with CUDA events."""
+    a = torch.empty(nbytes // 4, dtype=torch.int32, device=device)
+    b = torch.empty_like(a)
+    b.copy_(a)  # warm-up: allocation and first-touch are not timed
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(reps):
+        b.copy_(a)
+    e.record()
+    torch.cuda.synchronize()
+    bw = reps * 2 * a.numel() * 4 / (s.elapsed_time(e) / 1e3)
+    del a, b
+    torch.cuda.empty_cache()
+    return bw
 
 
 def sm_clock_mhz(device: torch.device) -> float:

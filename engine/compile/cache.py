@@ -20,32 +20,20 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Protocol
 
-from engine.compile import nvcc as _nvcc
-from engine.compile import nvrtc as _nvrtc
 from engine.compile.diagnostics import CompileResult, Diagnostic, is_transient
+from engine.compile.nvrtc import normalize_arch
+from engine.compile.toolchain import COMPILERS, CompilerName, compile_source, compiler_version
 
-if TYPE_CHECKING:
-    from engine.compile.pool import CompilePool
-
-CompilerName = Literal["nvrtc", "nvcc"]
 _FORMAT = 1
 
 
-def compile_source(source: str, *, arch: str, compiler: CompilerName = "nvrtc", name: str = "candidate.cu",
-                   options: Sequence[str] = (), want_ptx: bool = True) -> CompileResult:
-    """Compile with the named compiler (no cache). Looked up at call time so tests can monkeypatch."""
-    if compiler == "nvrtc":
-        return _nvrtc.compile_nvrtc(source, arch=arch, name=name, options=options, want_ptx=want_ptx)
-    if compiler == "nvcc":
-        return _nvcc.compile_nvcc(source, arch=arch, name=name, options=options, want_ptx=want_ptx)
-    raise ValueError(f"unknown compiler {compiler!r} (expected 'nvrtc' or 'nvcc')")
+class CompileRunner(Protocol):
+    """Where a cache miss is compiled off the event loop: `engine.compile.pool.CompilePool` is one."""
 
-
-def compiler_version(compiler: CompilerName) -> str:
-    """The version string that goes into cache keys."""
-    return _nvrtc.compiler_version() if compiler == "nvrtc" else _nvcc.compiler_version()
+    async def compile(self, source: str, *, arch: str, compiler: CompilerName = "nvrtc",
+                      options: Sequence[str] = (), name: str = "candidate.cu") -> CompileResult: ...
 
 
 def cache_key(source: str, *, arch: str, compiler: str, options: Sequence[str], version: str,
@@ -161,10 +149,10 @@ class Compiler:
 
     def __init__(self, cache_dir: Path | None = None, compiler: CompilerName = "nvrtc", *, arch: str,
                  name: str = "candidate.cu", memory_entries: int = 256) -> None:
-        if compiler not in ("nvrtc", "nvcc"):
+        if compiler not in COMPILERS:
             raise ValueError(f"unknown compiler {compiler!r} (expected 'nvrtc' or 'nvcc')")
         self.compiler: CompilerName = compiler
-        self.arch = _nvrtc.normalize_arch(arch)
+        self.arch = normalize_arch(arch)
         self.name = name
         self.disk = DiskCache(cache_dir) if cache_dir is not None else None
         self.memory_entries = memory_entries
@@ -239,7 +227,7 @@ class Compiler:
         return result
 
     async def compile_async(self, source: str, options: Sequence[str] = (),
-                            pool: CompilePool | None = None) -> CompileResult:
+                            pool: CompileRunner | None = None) -> CompileResult:
         """Compile through the cache; a miss goes to `pool` (a worker process), or a thread without one."""
         import asyncio
 

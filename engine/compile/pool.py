@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
-from engine.compile.cache import CompilerName, compile_source
 from engine.compile.diagnostics import CompileResult, failure
-from engine.compile.nvrtc import normalize_arch, source_hash
+from engine.compile.nvrtc import normalize_arch, nvrtc_headers, source_hash
+from engine.compile.toolchain import CompilerName, compile_source
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -39,9 +39,7 @@ def default_workers() -> int:
 def _init_worker() -> None:
     """Load libnvrtc and find the headers once per worker, so the first real compile pays neither."""
     try:
-        from engine.compile import nvrtc
-
-        nvrtc.nvrtc_headers()
+        nvrtc_headers()
     except Exception:  # noqa: BLE001 - an initializer failure breaks the whole pool; the compile will report it
         pass
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from engine.bench.timing import L2Flusher, TimingConfig, ab_time, time_one
+from engine.bench.timing import L2Flusher, TimingConfig, ab_time, copy_bandwidth, time_one
 from engine.capture.samples import load_sample
 from engine.lane.protocol import Rejected, WorkerFault, claim_stdout, serve, unb64
 from engine.launch import Env, SpecError, parse_spec, resolve
@@ -50,29 +50,12 @@ class Worker:
         self.max_shared = int(getattr(self.props, "shared_memory_per_block_optin", 48 * 1024))
         self.flush = L2Flusher(self.device)
         self.cards: dict[str, LoadedCard] = {}
-        self.copy_bw = self._measure_copy_bandwidth()
+        self.copy_bw = copy_bandwidth(self.device)
         mem_khz = drv.device_attribute("CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE", device_index)
         bus_bits = drv.device_attribute("CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH", device_index)
         self.spec_bw = 2.0 * mem_khz * 1e3 * bus_bits / 8
         # Faster than this is physically impossible from DRAM (with the L2 flushed before each call).
         self.physics_bw = max(self.spec_bw, 1.15 * self.copy_bw)
-
-    def _measure_copy_bandwidth(self) -> float:
-        n = 1 << 28  # 1 GiB of int32 each way
-        a = torch.empty(n, dtype=torch.int32, device=self.device)
-        b = torch.empty_like(a)
-        b.copy_(a)
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(5):
-            b.copy_(a)
-        e.record()
-        torch.cuda.synchronize()
-        bw = 5 * 2 * a.numel() * 4 / (s.elapsed_time(e) / 1e3)
-        del a, b
-        torch.cuda.empty_cache()
-        return bw
 
     # ---- requests ---------------------------------------------------------------------------------
 
@@ -107,7 +90,7 @@ class Worker:
         card = self._card(p)
         op = resolve_op(card.op_name)
         inputs = clone_bound(card.samples[0])
-        stats, throttled = time_one(lambda: call_op(op, inputs), self.flush, _timing_config(p))
+        stats, throttled = time_one(lambda: call_op(op, inputs), self.flush, TimingConfig.from_json(p.get("timing")))
         roofline = card.bytes / self.copy_bw * 1e6 if card.bytes else None
         return {"eager": stats.__dict__, "throttled": throttled, "roofline_us": roofline}
 
@@ -140,7 +123,7 @@ class Worker:
                 inputs = clone_bound(card.samples[0])
                 timing = self._guarded(lambda: ab_time(lambda: call_op(op, inputs),
                                                        lambda: launcher.run(inputs), self.flush,
-                                                       _timing_config(p)))
+                                                       TimingConfig.from_json(p.get("timing"))))
                 result["timing"] = timing.to_json(keep_samples=p.get("keep_samples", False))
                 floor_us = card.bytes / self.physics_bw * 1e6 if card.bytes else 0.0
                 result["physics_floor_us"] = floor_us
@@ -184,11 +167,6 @@ class Worker:
             if any(m in text for m in _CUDA_ERROR_MARKERS):
                 raise WorkerFault("runtime-fault", text.strip().splitlines()[0]) from None
             raise
-
-
-def _timing_config(p: dict[str, Any]) -> TimingConfig:
-    allowed = TimingConfig.__dataclass_fields__
-    return TimingConfig(**{k: v for k, v in (p.get("timing") or {}).items() if k in allowed})
 
 
 def main(argv: list[str] | None = None) -> int:

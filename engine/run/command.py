@@ -128,7 +128,7 @@ async def run_async(args: argparse.Namespace, workspace: Path) -> tuple[int, dic
                 pool = CompilePool()
                 evaluate = CompileOnlyEvaluator(compiler, pool)
             else:
-                from engine.lane.eager import measure_eager
+                from engine.run.eager import measure_and_store_eager
                 from engine.run.evaluators import LaneEvaluator
 
                 lanes = await _start_lanes(gpus)
@@ -144,7 +144,7 @@ async def run_async(args: argparse.Namespace, workspace: Path) -> tuple[int, dic
                 todo = [c.ref for c in cards if c.eager_us is None and c.ref.samples
                         and c.share >= policy.min_share and proposer.supports(c.card)]
                 if todo:
-                    await measure_eager(lanes[0], store, capture_id, todo)
+                    await measure_and_store_eager(lanes[0], store, capture_id, todo)
                     cards = await _cards_of(store, workspace, capture_id)
             for c in cards:
                 if not proposer.supports(c.card):

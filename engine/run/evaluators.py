@@ -1,17 +1,23 @@
-"""Evaluation for the orchestrator: compile in the pool, then one free GPU lane (never two at once)."""
+"""Evaluation for the orchestrator: compile once (pool, cache), then one free GPU lane (never two at once)."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 
-from engine.compile import CompilePool, Compiler
+from engine.compile import CompilePool, Compiler, CompileResult
 from engine.lane.client import GpuLane
-from engine.lane.evaluate import Evaluation, evaluate
+from engine.lane.evaluate import Evaluation, compile_rejection, evaluate
 from engine.propose.base import Proposal
 from engine.run.orchestrator import CURRENT_LANE_USE
 from engine.run.plan import CardState
+
+
+async def compile_candidate(compiler: Compiler, pool: CompilePool | None, source: str) -> CompileResult:
+    """The candidate's one compile: in the pool when there is one, else in a thread (never on the loop)."""
+    if pool is not None:
+        return await compiler.compile_async(source, pool=pool)
+    return await asyncio.to_thread(compiler.compile, source)
 
 
 class LaneEvaluator:
@@ -28,21 +34,16 @@ class LaneEvaluator:
             self._free.put_nowait(lane)
 
     async def __call__(self, card: CardState, proposal: Proposal) -> Evaluation:
-        result = await (self.compiler.compile_async(proposal.source, pool=self.pool) if self.pool
-                        else asyncio.to_thread(self.compiler.compile, proposal.source))
-        if not result.ok:
-            return Evaluation("rejected", "compile", result.summary(), result.seconds, result.log, result.cached)
+        compiled = await compile_candidate(self.compiler, self.pool, proposal.source)
+        if not compiled.ok:
+            return compile_rejection(compiled)  # before taking a lane: a broken source costs no GPU time
         lane = await self._free.get()
         use = CURRENT_LANE_USE.get()
         status, category = "error", "internal"
         try:
             if use is not None:
                 await use.busy(lane.name)
-            ev = await evaluate(lane, self.compiler, card.ref, proposal.source, proposal.spec,
-                                timing=self.timing)
-            # evaluate() finds the binary the pool just built in the compile cache: the compile this
-            # candidate cost is the pool's, cached only if the pool's was.
-            ev = dataclasses.replace(ev, compile_seconds=result.seconds, cached_compile=result.cached)
+            ev = await evaluate(lane, card.ref, compiled, proposal.spec, timing=self.timing)
             status, category = ev.status, ev.category
             return ev
         finally:
@@ -60,9 +61,8 @@ class CompileOnlyEvaluator:
 
     async def __call__(self, card: CardState, proposal: Proposal) -> Evaluation:
         t0 = time.perf_counter()
-        result = await (self.compiler.compile_async(proposal.source, pool=self.pool) if self.pool
-                        else asyncio.to_thread(self.compiler.compile, proposal.source))
-        if not result.ok:
-            return Evaluation("rejected", "compile", result.summary(), result.seconds, result.log, result.cached)
-        return Evaluation("compiled", None, "compiled (dry run: not verified, not timed)", result.seconds,
-                          result.log, result.cached, seconds=time.perf_counter() - t0)
+        compiled = await compile_candidate(self.compiler, self.pool, proposal.source)
+        if not compiled.ok:
+            return compile_rejection(compiled)
+        return Evaluation("compiled", None, "compiled (dry run: not verified, not timed)", compiled.seconds,
+                          compiled.log, compiled.cached, seconds=time.perf_counter() - t0)

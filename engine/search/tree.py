@@ -167,8 +167,3 @@ def select_beam(tree: Tree, p: SearchParams = SearchParams()) -> str | None:
 
 
 STRATEGIES = {"mcts": select_mcts, "greedy": select_greedy, "beam": select_beam}
-
-
-def speedup_reward(eager_us: float, t_us: float) -> float:
-    """The raw reward of a verified candidate: log(t_eager / t)."""
-    return math.log(eager_us / t_us)
