@@ -7,6 +7,7 @@ from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header
 
+from engine.outcomes import describe_failure
 from engine.store.read import CandidateHead
 from kforge_tui import keymap as keys
 from kforge_tui.readmodel import Snapshot
@@ -105,6 +106,8 @@ class FailuresScreen(Screen):
             active = (self.category or "all") == name
             bar.append(f" {name} {n} ", style="reverse bold" if active else "")
         bar.append("  oldest first", style="dim")
+        if self.category is not None:
+            bar.append(f"  {self.category}: {describe_failure(self.category)}", style="dim")
         self.query_one("#categories", LiveBar).show(bar)
 
     def rebuild(self) -> None:
