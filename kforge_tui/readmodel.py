@@ -1,4 +1,5 @@
-"""Read-only queries over the workspace database for the TUI: one `poll` per tick, incremental.
+"""What the TUI knows of the workspace database: one `poll` per tick, incremental, through the
+store's read side (`engine.store.read`: the TUI writes no SQL).
 
 The engine writes; the TUI only reads (and appends control rows through `controls.py`). A tick asks
 SQLite only for what changed since the last one (events by seq, candidates by updated_at), keeps a
