@@ -125,6 +125,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def run_argv(args: argparse.Namespace) -> list[str]:
+    """A parsed `run` as argv again, from the `run` parser's own options: CONFIG and every engine option given.
+
+    Left out, for the caller to set: the TUI's own options (they shape the viewer, not the run),
+    --workspace and --no-tui. A run option added to build_parser is carried with no change here.
+    """
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    run = sub.choices["run"]
+    viewer = argparse.ArgumentParser(add_help=False)
+    _add_tui(viewer)
+    left_out = {a.dest for a in viewer._actions} | {"workspace", "no_tui", "help"}
+    argv: list[str] = []
+    for action in run._actions:
+        if action.dest in left_out:
+            continue
+        value = getattr(args, action.dest, None)
+        if not action.option_strings:  # CONFIG
+            argv += [] if value is None else [str(value)]
+        elif action.nargs == 0:  # a flag: given when its value is not the default
+            argv += [action.option_strings[-1]] if value is not None and value != action.default else []
+        elif value is not None and value is not argparse.SUPPRESS:
+            argv += [action.option_strings[-1], str(value)]
+    return argv
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     """`kforge-tui export [RUN] --out FILE.cast`: confirm the run's winners here and write the cast."""
     from engine.export.package import export_run

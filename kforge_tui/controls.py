@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import sqlite3
-import time
 from pathlib import Path
 from typing import Any
 
-from engine.store.store import CONTROL_COMMANDS
+from engine.outcomes import CONTROL_COMMANDS
+from engine.store import read
 
 
 class ReadOnlyWorkspace(RuntimeError):
@@ -32,15 +31,7 @@ class ControlWriter:
             raise ValueError(f"unknown control command {command!r}")
         if self.db_file is None:
             raise ReadOnlyWorkspace("this session is read-only (demo): controls are not sent")
-        conn = sqlite3.connect(self.db_file, timeout=5, isolation_level=None)
         try:
-            conn.execute("PRAGMA busy_timeout = 5000")
-            cur = conn.execute(
-                "INSERT INTO controls (run_id, ts, command, card_id, args) VALUES (?, ?, ?, ?, ?)",
-                (run_id, time.time(), command, card_id,
-                 None if args is None else json.dumps(args, sort_keys=True, separators=(",", ":"))))
-            return int(cur.lastrowid)
+            return read.add_control(self.db_file, run_id, command, card_id, args)
         except sqlite3.OperationalError as e:
             raise ReadOnlyWorkspace(f"cannot write a control row to {self.db_file}: {e}") from None
-        finally:
-            conn.close()

@@ -20,11 +20,7 @@ from engine.store.workspace import db_path, resolve_workspace
 
 DEMO_DB = Path(__file__).resolve().parent / "demo" / "kforge.db"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-# Forwarded as given to the detached `run --no-tui` (flag, attribute, takes a value).
-_RUN_FLAGS = [("--provider", "provider", True), ("--iterations", "iterations", True),
-              ("--strategy", "strategy", True), ("--wall-time", "wall_time", True),
-              ("--max-proposals", "max_proposals", True), ("--resume", "resume", True),
-              ("--device", "device", True), ("--dry-run", "dry_run", False), ("--small", "small", False)]
+
 
 
 def _interactive() -> bool:
@@ -143,16 +139,13 @@ def demo_copy() -> Path:
 
 def engine_argv(args: argparse.Namespace, workspace: Path) -> list[str]:
     """The detached engine's command line: the same `run`, headless, in the same workspace."""
-    argv = [sys.executable, "-m", "kforge_tui", "run"]
-    if args.config:
-        argv.append(str(Path(args.config).resolve()) if Path(args.config).exists() else args.config)
-    for flag, attr, has_value in _RUN_FLAGS:
-        value = getattr(args, attr, None)
-        if has_value and value is not None:
-            argv += [flag, str(value)]
-        elif not has_value and value:
-            argv.append(flag)
-    return argv + ["--no-tui", "--workspace", str(workspace)]
+    from engine.cli import run_argv
+
+    config = args.config
+    if config and Path(config).exists():
+        config = str(Path(config).resolve())
+    argv = run_argv(argparse.Namespace(**{**vars(args), "config": config}))
+    return [sys.executable, "-m", "kforge_tui", "run", *argv, "--no-tui", "--workspace", str(workspace)]
 
 
 def start_engine_detached(args: argparse.Namespace, workspace: Path) -> str:
@@ -182,22 +175,20 @@ def start_engine_detached(args: argparse.Namespace, workspace: Path) -> str:
 def _wait_for_run(proc: subprocess.Popen, workspace: Path, log_path: Path, resume: str | None) -> str:
     import sqlite3
 
+    from engine.store import StoreError, open_readonly, read
+
     db = db_path(workspace)
     while True:
         if db.is_file():
             try:
-                conn = sqlite3.connect(f"{db.absolute().as_uri()}?mode=ro", uri=True, timeout=2)
+                conn = open_readonly(db)
                 try:
-                    if resume:
-                        row = conn.execute("SELECT id FROM runs WHERE id = ?", (resume,)).fetchone()
-                    else:
-                        row = conn.execute("SELECT id FROM runs WHERE pid = ? ORDER BY created_at DESC",
-                                           (proc.pid,)).fetchone()
+                    row = read.run(conn, resume) if resume else read.run_of_process(conn, proc.pid)
                 finally:
                     conn.close()
                 if row:
-                    return row[0]
-            except sqlite3.Error:
+                    return row["id"]
+            except (sqlite3.Error, StoreError):
                 pass  # not migrated yet, or briefly locked
         code = proc.poll()
         if code is not None:

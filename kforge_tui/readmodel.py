@@ -1,4 +1,5 @@
-"""Read-only queries over the workspace database for the TUI: one `poll` per tick, incremental.
+"""What the TUI knows of the workspace database: one `poll` per tick, incremental, through the
+store's read side (`engine.store.read`: the TUI writes no SQL).
 
 The engine writes; the TUI only reads (and appends control rows through `controls.py`). A tick asks
 SQLite only for what changed since the last one (events by seq, candidates by updated_at), keeps a
@@ -8,19 +9,17 @@ cards that changed. Bulky columns (source, logs, prompts) are fetched only when 
 
 from __future__ import annotations
 
-import json
-import sqlite3
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.store.store import open_readonly
+from engine.outcomes import IN_FLIGHT, LIVE_RUN_STATUSES, UNKNOWN_CATEGORY
+from engine.store import open_readonly, read
+from engine.store.read import CandidateHead
 
-FINISHED = frozenset({"verified", "rejected", "compiled"})
-IN_FLIGHT = frozenset({"proposed", "evaluating"})
 # A candidate's updated_at is taken before its transaction commits, so a later tick can see a row
 # stamped slightly before the newest one it already saw: re-read this window and diff.
 _OVERLAP_S = 2.0
@@ -45,28 +44,11 @@ class RunInfo:
 
     @property
     def live(self) -> bool:
-        return self.status in ("created", "running", "paused")
+        return self.status in LIVE_RUN_STATUSES
 
     @property
     def label(self) -> str:
         return str(self.config.get("label") or "")
-
-
-@dataclass(frozen=True)
-class NodeRow:
-    """A candidate as the tree and tables show it (no source, no logs)."""
-
-    id: str
-    card_id: str
-    parent_id: str | None
-    status: str
-    category: str | None
-    best_us: float | None
-    eager_us: float | None
-    speedup: float | None
-    error_head: str
-    order: int  # rowid: proposal order within the run
-    updated_at: float
 
 
 @dataclass(frozen=True)
@@ -131,7 +113,7 @@ class Snapshot:
 
     run: RunInfo
     stats: RunStats
-    changed_nodes: list[NodeRow] = field(default_factory=list)
+    changed_nodes: list[CandidateHead] = field(default_factory=list)
     changed_cards: list[CardRow] = field(default_factory=list)
     events: list[EventRow] = field(default_factory=list)
     elapsed_ms: float = 0.0
@@ -150,20 +132,18 @@ class ReadModel:
 
     def __init__(self, db_file: str | Path) -> None:
         self.db_file = Path(db_file)
-        open_readonly(self.db_file).close()  # refuses a missing file or a newer schema, with a clear message
-        # One connection shared by the tick worker thread and the UI thread, serialised by a lock.
-        self._conn = sqlite3.connect(f"{self.db_file.absolute().as_uri()}?mode=ro", uri=True, timeout=5,
-                                     check_same_thread=False)
-        self._conn.row_factory = sqlite3.Row
+        # Refuses a missing file or a newer schema, with a clear message. One connection shared by the
+        # tick worker thread and the UI thread, serialised by a lock.
+        self._conn = open_readonly(self.db_file, threads=True)
         self._lock = threading.Lock()
         self._run_id: str | None = None
         self._reset()
 
     def _reset(self) -> None:
-        self.nodes: dict[str, NodeRow] = {}
-        self.by_card: dict[str, dict[str, NodeRow]] = {}
+        self.nodes: dict[str, CandidateHead] = {}
+        self.by_card: dict[str, dict[str, CandidateHead]] = {}
         self.cards: dict[str, CardRow] = {}
-        self._card_static: dict[str, sqlite3.Row] = {}
+        self._card_static: dict[str, Mapping[str, Any]] = {}
         self._card_reason: dict[str, str] = {}
         self._cand_cursor = 0.0
         self._cand_rowid = 0
@@ -189,12 +169,12 @@ class ReadModel:
     def runs(self) -> list[RunInfo]:
         """Every run in the workspace, newest first."""
         with self._lock:
-            rows = self._conn.execute("SELECT * FROM runs ORDER BY created_at DESC, id DESC").fetchall()
+            rows = read.runs(self._conn)
         return [_run_info(r) for r in rows]
 
     def run(self, run_id: str) -> RunInfo | None:
         with self._lock:
-            row = self._conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+            row = read.run(self._conn, run_id)
         return _run_info(row) if row else None
 
     def resolve_run(self, ref: str) -> RunInfo | None:
@@ -216,20 +196,18 @@ class ReadModel:
                 self._reset()
                 self._run_id = run_id
             conn = self._conn
-            row = conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+            row = read.run(conn, run_id)
             if row is None:
                 raise KeyError(f"no run {run_id!r}")
             run = _run_info(row)
             first = self._run is None
             self._run = run
             if first:
-                for c in conn.execute(
-                        "SELECT card_id, op, signature_text, calls, share, eager_us, roofline_us FROM cards "
-                        "WHERE capture_id = ?", (run.capture_id,)):
+                for c in read.cards_of_capture(conn, run.capture_id):
                     self._card_static[c["card_id"]] = c
-            events = [EventRow(e["seq"], e["ts"], e["kind"], e["card_id"], _json(e["payload"]) or {})
-                      for e in conn.execute("SELECT * FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
-                                            (run_id, self._event_seq))]
+            events = [EventRow(e["seq"], e["ts"], e["kind"], e["card_id"],
+                               e["payload"] if isinstance(e["payload"], dict) else {})
+                      for e in read.events_since(conn, run_id, self._event_seq)]
             if events:
                 self._event_seq = events[-1].seq
             touched: set[str] = set()
@@ -249,23 +227,14 @@ class ReadModel:
                     self._add_lanes(e.payload.get("lanes") or [])
             # New candidates by rowid, changes by re-reading the ones still in flight (the engine updates
             # only those); every RESYNC_TICKS a scan by updated_at catches anything else.
-            cols = ("SELECT rowid, id, card_id, parent_id, status, category, best_us, eager_us, speedup, "
-                    "substr(coalesce(error, ''), 1, 160) AS error_head, updated_at FROM candidates ")
             self._ticks += 1
-            queries = [(cols + "WHERE run_id = ? AND rowid > ? ORDER BY rowid", (run_id, self._cand_rowid))]
-            flight = sorted(self._in_flight)
-            for i in range(0, len(flight), 500):
-                chunk = flight[i:i + 500]
-                queries.append((cols + f"WHERE id IN ({', '.join('?' * len(chunk))})", tuple(chunk)))
+            batches = [read.candidate_heads_added(conn, run_id, self._cand_rowid),
+                       read.candidate_heads(conn, sorted(self._in_flight))]
             if self._ticks % RESYNC_TICKS == 0:
-                queries.append((cols + "WHERE run_id = ? AND updated_at > ?",
-                                (run_id, self._cand_cursor - _OVERLAP_S)))
-            changed: list[NodeRow] = []
-            for sql, params in queries:
-                for r in conn.execute(sql, params):
-                    node = NodeRow(r["id"], r["card_id"], r["parent_id"], r["status"], r["category"], r["best_us"],
-                                   r["eager_us"], r["speedup"], r["error_head"].split("\n", 1)[0], r["rowid"],
-                                   r["updated_at"])
+                batches.append(read.candidate_heads_updated(conn, run_id, self._cand_cursor - _OVERLAP_S))
+            changed: list[CandidateHead] = []
+            for batch in batches:
+                for node in batch:
                     self._cand_cursor = max(self._cand_cursor, node.updated_at)
                     self._cand_rowid = max(self._cand_rowid, node.order)
                     old = self.nodes.get(node.id)
@@ -274,17 +243,13 @@ class ReadModel:
                     self._account(old, node)
                     changed.append(node)
                     touched.add(node.card_id)
-            for r in conn.execute("SELECT id, lane FROM evaluations WHERE run_id = ? AND id > ? ORDER BY id",
-                                  (run_id, self._eval_cursor)):
-                self._eval_cursor = r[0]
-                self._add_lanes([r[1]])
-            busy = {r[0]: (r[1], r[2]) for r in conn.execute(
-                "SELECT lane, candidate_id, started_at FROM evaluations WHERE run_id = ? AND finished_at IS NULL "
-                "ORDER BY id", (run_id,))}
+            for eval_id, lane in read.lanes_used_since(conn, run_id, self._eval_cursor):
+                self._eval_cursor = eval_id
+                self._add_lanes([lane])
+            busy = read.busy_lanes(conn, run_id)
             lanes = tuple(LaneState(name, *busy.get(name, (None, None))) for name in self._lane_names)
-            for r in conn.execute("SELECT rowid, error FROM llm_calls WHERE run_id = ? AND rowid > ?",
-                                  (run_id, self._llm[0])):
-                self._llm = [max(self._llm[0], r[0]), self._llm[1] + 1, self._llm[2] + (r[1] is not None)]
+            for rowid, failed in read.llm_calls_since(conn, run_id, self._llm[0]):
+                self._llm = [max(self._llm[0], rowid), self._llm[1] + 1, self._llm[2] + failed]
             llm = (self._llm[1], self._llm[2])
         if first:
             touched |= set(self._card_static)
@@ -296,7 +261,7 @@ class ReadModel:
         stats = self._stats(run, lanes, llm[0], llm[1], len(self._proposing))
         return Snapshot(run, stats, changed, changed_cards, events, (time.perf_counter() - t0) * 1000)
 
-    def _account(self, old: NodeRow | None, node: NodeRow) -> None:
+    def _account(self, old: CandidateHead | None, node: CandidateHead) -> None:
         """Keep the caches and the per-status and per-card counters in step with one changed row."""
         self.nodes[node.id] = node
         self.by_card.setdefault(node.card_id, {})[node.id] = node
@@ -304,21 +269,21 @@ class ReadModel:
         if old is not None:
             counts[old.status] -= 1
             if old.status == "rejected":
-                fails[old.category or "unknown"] -= 1
+                fails[old.category or UNKNOWN_CATEGORY] -= 1
             self._agg(old, -1)
         counts[node.status] = counts.get(node.status, 0) + 1
         if node.status == "rejected":
-            fails[node.category or "unknown"] = fails.get(node.category or "unknown", 0) + 1
+            fails[node.category or UNKNOWN_CATEGORY] = fails.get(node.category or UNKNOWN_CATEGORY, 0) + 1
         self._agg(node, +1)
         if node.status in IN_FLIGHT:
             self._in_flight.add(node.id)
         else:
             self._in_flight.discard(node.id)
 
-    def _agg(self, n: NodeRow, sign: int) -> None:
+    def _agg(self, n: CandidateHead, sign: int) -> None:
         agg = self._card_agg.setdefault(n.card_id, {"fails": {}, "flight": 0, "best": None, "stale": False})
         if n.status == "rejected":
-            cat = n.category or "unknown"
+            cat = n.category or UNKNOWN_CATEGORY
             agg["fails"][cat] = agg["fails"].get(cat, 0) + sign
         elif n.status in IN_FLIGHT:
             agg["flight"] += sign
@@ -336,7 +301,7 @@ class ReadModel:
         if agg["stale"]:
             ok = [n for n in nodes.values() if n.status == "verified" and n.best_us]
             agg["best"], agg["stale"] = min(ok, key=lambda n: n.best_us, default=None), False
-        best: NodeRow | None = agg["best"]
+        best: CandidateHead | None = agg["best"]
         fails = {k: v for k, v in agg["fails"].items() if v}
         in_flight = agg["flight"]
         eager = s["eager_us"] if s["eager_us"] is not None else (best.eager_us if best else None)
@@ -377,16 +342,16 @@ class ReadModel:
 
     # ---- views over the cache ----------------------------------------------------------------------------
 
-    def nodes_of(self, card_id: str) -> list[NodeRow]:
+    def nodes_of(self, card_id: str) -> list[CandidateHead]:
         """A card's candidates in proposal order."""
         with self._lock:
             return sorted(self.by_card.get(card_id, {}).values(), key=lambda n: n.order)
 
-    def failures(self, category: str | None = None) -> list[NodeRow]:
+    def failures(self, category: str | None = None) -> list[CandidateHead]:
         """Every rejected candidate of the open run (optionally one category), oldest first."""
         with self._lock:
             rows = [n for n in self.nodes.values() if n.status == "rejected"
-                    and (category is None or (n.category or "unknown") == category)]
+                    and (category is None or (n.category or UNKNOWN_CATEGORY) == category)]
         return sorted(rows, key=lambda n: n.order)
 
     def failure_categories(self) -> dict[str, int]:
@@ -404,20 +369,11 @@ class ReadModel:
     def candidate(self, candidate_id: str) -> CandidateDetail | None:
         """Everything stored about one candidate, its parent's source and its proposer call."""
         with self._lock:
-            row = self._conn.execute("SELECT * FROM candidates WHERE id = ?", (candidate_id,)).fetchone()
-            if row is None:
+            d = read.candidate(self._conn, candidate_id)
+            if d is None:
                 return None
-            d = dict(row)
-            for col in ("launch_spec", "verification", "timing", "params"):
-                d[col] = _json(d[col])
-            parent = None
-            if d["parent_id"]:
-                p = self._conn.execute("SELECT source FROM candidates WHERE id = ?", (d["parent_id"],)).fetchone()
-                parent = p["source"] if p else None
-            call = None
-            if d["llm_call_id"]:
-                c = self._conn.execute("SELECT * FROM llm_calls WHERE id = ?", (d["llm_call_id"],)).fetchone()
-                call = dict(c) if c else None
+            parent = read.candidate_source(self._conn, d["parent_id"]) if d["parent_id"] else None
+            call = read.llm_call(self._conn, d["llm_call_id"]) if d["llm_call_id"] else None
         return CandidateDetail(d, parent, call, self.cards.get(d["card_id"]))
 
     # ---- compare -------------------------------------------------------------------------------------
@@ -427,37 +383,22 @@ class ReadModel:
         out = []
         with self._lock:
             for rid in run_ids:
-                r = self._conn.execute("SELECT * FROM runs WHERE id = ?", (rid,)).fetchone()
+                r = read.run(self._conn, rid)
                 if r is None:
                     continue
                 info = _run_info(r)
-                counts = dict(self._conn.execute(
-                    "SELECT status, count(*) FROM candidates WHERE run_id = ? GROUP BY status", (rid,)).fetchall())
-                cats = dict(self._conn.execute(
-                    "SELECT coalesce(category, 'unknown'), count(*) FROM candidates "
-                    "WHERE run_id = ? AND status = 'rejected' GROUP BY 1", (rid,)).fetchall())
-                best = {row[0]: (row[1], row[2]) for row in self._conn.execute(
-                    "SELECT c.card_id, max(c.speedup), k.op FROM candidates c "
-                    "LEFT JOIN cards k ON k.capture_id = ? AND k.card_id = c.card_id "
-                    "WHERE c.run_id = ? AND c.status = 'verified' GROUP BY c.card_id", (info.capture_id, rid))}
-                last = self._conn.execute("SELECT max(ts) FROM events WHERE run_id = ?", (rid,)).fetchone()[0]
+                counts = read.status_counts(self._conn, rid)
+                cats = read.failure_counts(self._conn, rid)
+                best = read.best_speedups(self._conn, rid)
+                last = read.last_event_ts(self._conn, rid)
                 end = last if last is not None else info.updated_at
                 out.append({"run": info, "counts": counts, "categories": cats, "best": best,
                             "wall_s": max(0.0, end - info.created_at)})
         return out
 
 
-def _json(text: str | None) -> Any:
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
-def _run_info(r: sqlite3.Row) -> RunInfo:
-    cfg = _json(r["config"])
+def _run_info(r: Mapping[str, Any]) -> RunInfo:
+    cfg = r["config"]
     return RunInfo(r["id"], r["capture_id"], r["model"], r["provider"], r["status"], r["stopped_by"],
                    r["created_at"], r["updated_at"], r["pid"], r["tokens_in"], r["tokens_out"], r["cost_usd"],
                    cfg if isinstance(cfg, dict) else {})

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sqlite3
 import statistics
 import sys
 import time
@@ -34,21 +33,22 @@ def log(msg: str) -> None:
 
 
 def won_cards(ws: Path, limit: int) -> tuple[dict, list[dict]]:
-    db = sqlite3.connect(f"file:{ws / 'kforge.db'}?mode=ro", uri=True)
-    db.row_factory = sqlite3.Row
-    run = db.execute("SELECT * FROM runs ORDER BY created_at DESC LIMIT 1").fetchone()
-    cap = db.execute("SELECT * FROM captures WHERE id = ?", (run["capture_id"],)).fetchone()
-    rows = db.execute("""SELECT c.card_id, c.op, c.share, MIN(k.best_us) AS best_us FROM cards c
-                         JOIN candidates k ON k.card_id = c.card_id AND k.run_id = ? AND k.status = 'verified'
-                         WHERE c.capture_id = ? GROUP BY c.card_id ORDER BY c.share DESC LIMIT ?""",
-                      (run["id"], run["capture_id"], limit)).fetchall()
-    cards = []
-    for r in rows:
-        s = db.execute("SELECT path FROM samples WHERE capture_id = ? AND card_id = ? ORDER BY idx LIMIT 1",
-                       (run["capture_id"], r["card_id"])).fetchone()
-        if s:
-            cards.append({"card_id": r["card_id"], "op": r["op"], "share": r["share"], "sample": str(ws / s["path"])})
-    return dict(cap), cards
+    from engine.store import open_readonly, read
+
+    db = open_readonly(ws / "kforge.db")
+    try:
+        run = read.latest_run(db)
+        cap = read.capture(db, run["capture_id"])
+        verified = {c["card_id"] for c in read.candidates(db, run["id"]) if c["status"] == "verified"}
+        rows = [c for c in read.cards_of_capture(db, run["capture_id"]) if c["card_id"] in verified][:limit]
+        cards = []
+        for r in rows:
+            paths = read.sample_paths(db, run["capture_id"], r["card_id"])
+            if paths:
+                cards.append({"card_id": r["card_id"], "op": r["op"], "share": r["share"], "sample": str(ws / paths[0])})
+    finally:
+        db.close()
+    return cap, cards
 
 
 def per_op(cards: list[dict]) -> list[dict]:

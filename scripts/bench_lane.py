@@ -57,17 +57,14 @@ def model_cards(model: str, workspace: Path) -> list[CardRef]:
     subprocess.run([sys.executable, "-m", "kforge_tui", "capture", str(ROOT / f"configs/models/{model}.toml"),
                     "--device", "cuda", "--samples", "2", "--workspace", str(workspace), "--json"],
                    check=True, capture_output=True)
-    from engine.store import open_readonly
+    from engine.store import open_readonly, read
 
     db = open_readonly(workspace / "kforge.db")
-    cap = db.execute("SELECT id FROM captures WHERE model = ? ORDER BY created_at DESC LIMIT 1",
-                     (model,)).fetchone()["id"]
+    cap = read.latest_capture(db, model)["id"]
     cards = []
-    for row in db.execute("SELECT * FROM cards WHERE capture_id = ?", (cap,)):
-        samples = [str(workspace / r["path"]) for r in db.execute(
-            "SELECT path FROM samples WHERE capture_id = ? AND card_id = ? ORDER BY idx", (cap, row["card_id"]))]
-        cards.append(card_from_row({**row, "signature": json.loads(row["signature"]),
-                                    "outputs": json.loads(row["outputs"])}).ref(samples))
+    for row in read.cards_of_capture(db, cap):
+        samples = [str(workspace / p) for p in read.sample_paths(db, cap, row["card_id"])]
+        cards.append(card_from_row(row).ref(samples))
     return cards
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sqlite3
 import statistics
 import sys
 import tempfile
@@ -30,34 +29,30 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from textual._compositor import CompositorUpdate  # noqa: E402
 from tui_fixture import T0, build_store  # noqa: E402
 
+from engine.store import Store  # noqa: E402
 from kforge_tui.app import KforgeApp  # noqa: E402
 
 SCREENS = ("overview", "cards", "tree", "failures")
 BIG_CARD = "card-0000"
 
 
-def write_batch(db: Path, run_id: str, tick: int, per_tick: int) -> None:
+async def write_batch(store: Store, run_id: str, tick: int, per_tick: int, first_tick: int) -> None:
     """What an engine does between two ticks: the previous batch finishes, a new batch starts evaluating."""
-    conn = sqlite3.connect(db)
-    now = time.time()
     for i in range(per_tick):
         nid = f"cand-live-{tick:05d}-{i:03d}"
         big = i % 2 == 1
-        conn.execute("INSERT INTO candidates (id, run_id, card_id, parent_id, source, source_hash, proposer, status,"
-                     " created_at, updated_at) VALUES (?, ?, ?, ?, '// k', ?, 'bench', 'evaluating', ?, ?)",
-                     (nid, run_id, BIG_CARD if big else f"card-{(tick * 5 + i) % 499 + 1:04d}",
-                      "cand-r0c000n00001" if big else None, f"h-{nid}", now, now))
-        prev = f"cand-live-{tick - 1:05d}-{i:03d}"
-        if i % 5 == 4:  # one in five fails, as a real search does
-            conn.execute("UPDATE candidates SET status = 'rejected', category = 'mismatch', error = 'mismatch: 12 "
-                         "of 4096 elements differ', updated_at = ? WHERE id = ?", (now, prev))
-        else:
-            conn.execute("UPDATE candidates SET status = 'verified', best_us = ?, eager_us = 412.0, speedup = ?, "
-                         "updated_at = ? WHERE id = ?", (100.0 - tick % 50, 4.0 + tick % 50 / 100, now, prev))
-        conn.execute("INSERT INTO events (run_id, ts, kind, card_id, payload) VALUES (?, ?, 'evaluated', ?, "
-                     "'{\"status\": \"verified\"}')", (run_id, now, BIG_CARD))
-    conn.commit()
-    conn.close()
+        await store.add_candidate(run_id, BIG_CARD if big else f"card-{(tick * 5 + i) % 499 + 1:04d}",
+                                  parent_id="cand-r0c000n00001" if big else None, source=f"// {nid}",
+                                  launch_spec=None, proposer="bench", status="evaluating", candidate_id=nid)
+        if tick > first_tick:  # the batch the previous tick started finishes now
+            prev = f"cand-live-{tick - 1:05d}-{i:03d}"
+            if i % 5 == 4:  # one in five fails, as a real search does
+                await store.update_candidate(prev, status="rejected", category="mismatch",
+                                             error="mismatch: 12 of 4096 elements differ")
+            else:
+                await store.update_candidate(prev, status="verified", best_us=100.0 - tick % 50, eager_us=412.0,
+                                             speedup=4.0 + tick % 50 / 100)
+        await store.add_event(run_id, "evaluated", {"status": "verified"}, BIG_CARD)
 
 
 class TerminalMeter:
@@ -111,17 +106,21 @@ async def measure(db: Path, run_id: str, screen: str, ticks: int, per_tick: int,
         await settle(pilot)
         meter = TerminalMeter(app)
         poll, total, sent = [], [], []
-        for t in range(first_tick, first_tick + ticks):
-            write_batch(db, run_id, t, per_tick)
-            meter.bytes = 0
-            t0 = time.perf_counter()
-            app.poll_now()  # poll + apply in one batch_update (a worker thread polls in the live app)
-            t1 = time.perf_counter()
-            await settle(pilot)
-            t2 = time.perf_counter()
-            poll.append((t1 - t0) * 1000)
-            total.append((t2 - t0) * 1000)
-            sent.append(meter.bytes)
+        store = await Store.open(db)
+        try:
+            for t in range(first_tick, first_tick + ticks):
+                await write_batch(store, run_id, t, per_tick, first_tick)
+                meter.bytes = 0
+                t0 = time.perf_counter()
+                app.poll_now()  # poll + apply in one batch_update (a worker thread polls in the live app)
+                t1 = time.perf_counter()
+                await settle(pilot)
+                t2 = time.perf_counter()
+                poll.append((t1 - t0) * 1000)
+                total.append((t2 - t0) * 1000)
+                sent.append(meter.bytes)
+        finally:
+            await store.close()
         if screen == "tree":
             assert len(app.screen.rows) >= 10_000, "the big tree is the one measured"
     return poll, total, sent

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import sqlite3
 import sys
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from engine.propose.base import Proposal, Usage  # noqa: E402
 from engine.run.orchestrator import Budgets, Orchestrator  # noqa: E402
 from engine.run.plan import CardState  # noqa: E402
 from engine.run.store_recorder import StoreRecorder  # noqa: E402
-from engine.store import Store, db_path, new_id  # noqa: E402
+from engine.store import Store, db_path, new_id, pack_single_file  # noqa: E402
 
 LABEL = "STAND-IN: not a real run (CPU test double, synthetic numbers)"
 CARDS = [  # (id, op, signature, calls, share, eager µs, roofline µs) — shapes only; times are synthetic
@@ -156,10 +155,7 @@ def main() -> int:
             Path(f"{db}{suffix}").unlink(missing_ok=True)
     run_id = asyncio.run(make_standin(args.out, args.iterations, args.delay, args.announce))
     if not args.announce:  # one self-contained file to ship
-        conn = sqlite3.connect(db)
-        conn.execute("PRAGMA journal_mode = DELETE")
-        conn.execute("VACUUM")
-        conn.close()
+        pack_single_file(db)
         print(f"wrote {db} (run {run_id}; {LABEL})")
     return 0
 

@@ -116,10 +116,14 @@ def latest_run(ws: Path) -> dict | None:
     db = ws / "kforge.db"
     if not db.exists():
         return None
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    conn.row_factory = sqlite3.Row
-    row = conn.execute("SELECT * FROM runs ORDER BY created_at DESC LIMIT 1").fetchone()
-    return dict(row) if row else None
+    sys.path.insert(0, str(ROOT))
+    from engine.store import open_readonly, read
+
+    conn = open_readonly(db)
+    try:
+        return read.latest_run(conn)
+    finally:
+        conn.close()
 
 
 def model_steps(model: str, out: Path, ws_root: Path, wall: float | None,
@@ -185,13 +189,17 @@ def _cast_cards(path: Path) -> dict[str, str]:
 
 def store_facts(db_path: Path) -> dict:
     """Per card of the latest run: card row, best verified candidate, candidates; time to first verified."""
-    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
-    conn.row_factory = sqlite3.Row
-    run = conn.execute("SELECT * FROM runs ORDER BY created_at DESC LIMIT 1").fetchone()
-    cards = {r["card_id"]: dict(r) for r in conn.execute("SELECT * FROM cards WHERE capture_id = ?",
-                                                          (run["capture_id"],))}
-    events = conn.execute("SELECT kind, card_id, ts, payload FROM events WHERE run_id = ? ORDER BY seq",
-                          (run["id"],)).fetchall()
+    sys.path.insert(0, str(ROOT))
+    from engine.store import open_readonly, read
+
+    conn = open_readonly(db_path)
+    try:
+        run = read.latest_run(conn)
+        cards = {r["card_id"]: r for r in read.cards_of_capture(conn, run["capture_id"])}
+        events = read.events_since(conn, run["id"])
+        candidates = read.candidates(conn, run["id"])
+    finally:
+        conn.close()
     start = next((e["ts"] for e in events if e["kind"] == "run_started"), None)
     first_ok: dict[str, float] = {}
     for e in events:
@@ -200,8 +208,8 @@ def store_facts(db_path: Path) -> dict:
             if p.get("status") == "verified" and start is not None:
                 first_ok[e["card_id"]] = e["ts"] - start
     per: dict[str, list] = {}
-    for c in conn.execute("SELECT * FROM candidates WHERE run_id = ?", (run["id"],)):
-        per.setdefault(c["card_id"], []).append(dict(c))
+    for c in candidates:
+        per.setdefault(c["card_id"], []).append(c)
     compile_ms = []
     for e in events:
         if e["kind"] == "evaluated":
@@ -211,7 +219,7 @@ def store_facts(db_path: Path) -> dict:
     evaluated = [e["ts"] for e in events if e["kind"] == "evaluated"]
     span = (max(evaluated) - min(evaluated)) if len(evaluated) > 1 else 0.0
     n = sum(len(v) for v in per.values())
-    return {"run": dict(run), "cards": cards, "candidates": per, "first_verified_s": first_ok,
+    return {"run": run, "cards": cards, "candidates": per, "first_verified_s": first_ok,
             "candidates_per_min": 60 * n / span if span else None, "evaluations": n,
             "compile_ms": sorted(compile_ms)[len(compile_ms) // 2] if compile_ms else None}
 

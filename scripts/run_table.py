@@ -8,28 +8,27 @@ its 95 % CI, candidates, verified, failures by category, why it stopped) and the
 from __future__ import annotations
 
 import argparse
-import json
-import sqlite3
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-def _loads(v):
-    return json.loads(v) if isinstance(v, str) and v[:1] in "{[" else v
+from engine.outcomes import UNKNOWN_CATEGORY, faster_with_confidence  # noqa: E402
+from engine.store import open_readonly, read  # noqa: E402
 
 
 def render(db_path: Path, run_id: str | None = None) -> str:
-    db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
-    db.row_factory = sqlite3.Row
-    run = (db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone() if run_id else
-           db.execute("SELECT * FROM runs ORDER BY created_at DESC LIMIT 1").fetchone())
-    if run is None:
-        raise SystemExit(f"error: {db_path}: no run {run_id or ''}".rstrip())
-    cards = {r["card_id"]: r for r in db.execute("SELECT * FROM cards WHERE capture_id = ?", (run["capture_id"],))}
-    cands = db.execute("SELECT * FROM candidates WHERE run_id = ? ORDER BY rowid", (run["id"],)).fetchall()
-    events = db.execute("SELECT kind, card_id, ts, payload FROM events WHERE run_id = ? ORDER BY seq",
-                        (run["id"],)).fetchall()
-    stopped = {e["card_id"]: (_loads(e["payload"]) or {}).get("reason") for e in events if e["kind"] == "card_done"}
+    db = open_readonly(db_path)
+    try:
+        run = read.run(db, run_id) if run_id else read.latest_run(db)
+        if run is None:
+            raise SystemExit(f"error: {db_path}: no run {run_id or ''}".rstrip())
+        cards = {r["card_id"]: r for r in read.cards_of_capture(db, run["capture_id"])}
+        cands = read.candidates(db, run["id"])
+        events = read.events_since(db, run["id"])
+    finally:
+        db.close()
+    stopped = {e["card_id"]: (e["payload"] or {}).get("reason") for e in events if e["kind"] == "card_done"}
     evaluated = [e["ts"] for e in events if e["kind"] == "evaluated"]
     proposals = sum(1 for e in events if e["kind"] in ("declined", "duplicate")) + len(cands)
     per: dict[str, list] = {}
@@ -43,11 +42,13 @@ def render(db_path: Path, run_id: str | None = None) -> str:
         fails: dict[str, int] = {}
         for c in cs:
             if c["status"] == "rejected":
-                fails[c["category"] or "?"] = fails.get(c["category"] or "?", 0) + 1
+                cat = c["category"] or UNKNOWN_CATEGORY
+                fails[cat] = fails.get(cat, 0) + 1
         rows.append((card, cs, ok, best, fails))
     rows.sort(key=lambda r: -(r[0]["share"] or 0.0))
     span = (max(evaluated) - min(evaluated)) if len(evaluated) > 1 else 0.0
-    won = [r for r in rows if r[3] is not None and (r[3]["speedup_low"] or 0) > 1]
+    won = [r for r in rows if r[3] is not None
+           and faster_with_confidence((r[3]["speedup_low"], r[3]["speedup_high"]))]
     lines = [f"# Run {run['id']}: {run['model']}, provider {run['provider']}", "",
              f"Status {run['status']}, stopped by {run['stopped_by']}. {len(cards)} cards captured, "
              f"{len(per)} searched (the rest: no builtin template, or below the noise floor), "
@@ -75,7 +76,7 @@ def _signature_text(card) -> str:
     try:
         from engine.capture.signature import signature_text
 
-        text = signature_text(_loads(card["signature"]))
+        text = signature_text(card["signature"])
     except Exception:
         text = card["card_id"]
     return text if len(text) <= 70 else text[:67] + "…"
@@ -87,7 +88,6 @@ def main() -> int:
     ap.add_argument("--run")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     text = render(args.db, args.run)
     if args.out:
         args.out.write_text(text)

@@ -396,3 +396,65 @@ async def test_deleting_a_run_cascades(store: Store, run_id: str) -> None:
     # With no runs left the capture can go, taking its cards and samples with it.
     await conn.execute("DELETE FROM captures WHERE id = 'cap-1'")
     assert await store.get_cards("cap-1") == []
+
+
+# ---- the synchronous read side (engine.store.read) ---------------------------------------------------
+
+
+async def test_read_side_hands_out_what_the_store_wrote(store: Store, run_id: str) -> None:
+    from engine.store import read
+
+    await store.save_capture(_capture("cap-2", created_at=2000.0), [_card("a", 0.2), _card("b", 0.7)],
+                             [_sample("a", 1), _sample("a", 0)])
+    second = (await store.create_run("cap-2", "resnet50", "builtin", {"iterations": 3}, status="running",
+                                     pid=4242))["id"]
+    first, _ = await store.add_candidate(second, "b", parent_id=None, source="k1", launch_spec={"x": 1},
+                                         proposer="builtin", status="evaluating")
+    await store.add_candidate(second, "a", parent_id=first, source="k2", launch_spec=None, proposer="builtin",
+                              status="rejected", category="mismatch", error="mismatch: out0\nmore detail")
+    await store.add_event(second, "card_done", {"reason": "plateau"}, card_id="b")
+    conn = open_readonly(store.db_path)
+    try:
+        assert read.runs(conn) == await store.list_runs()
+        assert read.latest_run(conn) == await store.get_run(second)
+        assert read.run(conn, run_id) == await store.get_run(run_id) and read.run(conn, "run-nope") is None
+        assert read.run_of_process(conn, 4242)["id"] == second
+        assert read.capture(conn, "cap-2") == await store.get_capture("cap-2")
+        assert read.latest_capture(conn, "resnet50")["id"] == "cap-2"
+        assert read.cards_of_capture(conn, "cap-2") == await store.get_cards("cap-2")  # largest share first
+        assert read.sample_paths(conn, "cap-2", "a") == ["samples/cap-1/a/0.pt", "samples/cap-1/a/1.pt"]
+        assert read.candidates(conn, second) == await store.candidates(second)
+        assert read.candidate(conn, first) == await store.get_candidate(first)
+        assert read.candidate_source(conn, first) == "k1"
+        assert read.events_since(conn, second, 0) == await store.events_since(second, 0)
+        assert read.status_counts(conn, second) == {"evaluating": 1, "rejected": 1}
+        assert read.failure_counts(conn, second) == {"mismatch": 1}
+        heads = read.candidate_heads_added(conn, second)
+        assert [h.status for h in heads] == ["evaluating", "rejected"]
+        assert heads[1].error_head == "mismatch: out0", "only the first line of the error"
+        assert read.candidate_heads_added(conn, second, heads[0].order) == heads[1:]
+        assert read.candidate_heads(conn, [first, "cand-nope"]) == heads[:1]
+    finally:
+        conn.close()
+
+
+async def test_read_side_shows_a_column_that_is_not_json_as_text(store: Store, run_id: str) -> None:
+    from engine.store import read
+
+    await store._conn.execute("UPDATE runs SET config = 'not json' WHERE id = ?", (run_id,))
+    conn = open_readonly(store.db_path)
+    try:
+        assert read.run(conn, run_id)["config"] == "not json"  # a viewer shows it rather than crash
+    finally:
+        conn.close()
+
+
+async def test_add_control_queues_a_command_the_engine_sees(store: Store, run_id: str) -> None:
+    from engine.store import read
+
+    seq = read.add_control(store.db_path, run_id, "prioritize", "c0", {"boost": 2.0})
+    pending = await store.pending_controls(run_id)
+    assert [(c["seq"], c["command"], c["card_id"], c["args"]) for c in pending] == [(seq, "prioritize", "c0",
+                                                                                     {"boost": 2.0})]
+    with pytest.raises(ValueError, match="unknown control command 'explode'"):
+        read.add_control(store.db_path, run_id, "explode")

@@ -4,7 +4,9 @@ the demo opens from a temporary copy; the TUI imports no GPU code."""
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 from conftest import CONFIGS, ROOT
 from tui_fixture import build_store
 
@@ -139,3 +141,50 @@ def test_without_a_terminal_run_goes_headless_and_the_tui_says_it_needs_one(cli,
     # Opening the TUI on that workspace without a terminal is refused in one line.
     code, out, err = cli("--workspace", tmp_path)
     assert code == 2 and out == "" and err.count("\n") == 1 and "needs a terminal" in err
+
+
+def _run_parser():
+    from engine.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["run"]
+
+
+def _viewer_dests() -> set[str]:
+    from engine.cli import _add_tui
+
+    viewer = argparse.ArgumentParser(add_help=False)
+    _add_tui(viewer)
+    return {a.dest for a in viewer._actions}
+
+
+# Every option of `run` that the engine itself reads, straight from the parser: a new one is covered here
+# without editing this test (the TUI's own display options, --workspace and --no-tui are the launcher's).
+ENGINE_RUN_OPTIONS = [a for a in _run_parser()._actions if a.option_strings
+                      and a.dest not in _viewer_dests() | {"help", "workspace", "no_tui"}]
+
+
+def _example_value(action: argparse.Action) -> str:
+    if action.choices:
+        return str(list(action.choices)[-1])
+    if action.type is int:
+        return "7"
+    if action.type is float:
+        return "2.5"
+    return "some-value"
+
+
+@pytest.mark.parametrize("action", ENGINE_RUN_OPTIONS, ids=lambda a: a.option_strings[-1])
+def test_every_run_option_given_to_the_tui_reaches_the_detached_engine(action, tmp_path):
+    from engine.cli import build_parser
+    from kforge_tui.launcher import engine_argv
+
+    given = [action.option_strings[-1]] + ([] if action.nargs == 0 else [_example_value(action)])
+    args = build_parser().parse_args(["run", "configs/models/resnet50.toml", *given, "--theme", "kforge-light"])
+    argv = engine_argv(args, tmp_path)
+    assert argv[1:4] == ["-m", "kforge_tui", "run"]
+    again = build_parser().parse_args(argv[3:])
+    assert getattr(again, action.dest) == getattr(args, action.dest), argv
+    assert again.no_tui and again.workspace == str(tmp_path)
+    assert "--theme" not in argv, "the TUI's display options stay with the TUI"
+    assert Path(again.config).name == "resnet50.toml"

@@ -104,6 +104,8 @@ async def test_failures_filtered_by_category(store):
         assert rows and all("timeout" in line for line in rows)
         await settle(pilot, "enter")
         assert "no answer from the lane" in screen_text(app)
+        # What the category means, in words, under the error (from engine.outcomes).
+        assert "timeout: it did not finish in time" in screen_text(app)
 
 
 async def test_cards_filter_and_sort(store):

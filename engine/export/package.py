@@ -21,6 +21,7 @@ from typing import Any
 from engine.cast.format import FORMAT, FORMAT_VERSION, file_entry, write_cast
 from engine.export.confirm import CONFIRMED_KEYS
 from engine.export.report import markdown_report
+from engine.outcomes import faster_with_confidence
 
 
 @dataclass
@@ -122,7 +123,7 @@ def select_winners(cards: list[dict[str, Any]], candidates: list[dict[str, Any]]
     for card in cards:
         cands = by_card.get(card["card_id"], [])
         good = [c for c in cands if c["status"] == "verified" and c.get("best_us") and
-                (c.get("speedup_low") or 0) > 1.0]
+                faster_with_confidence((c.get("speedup_low"), c.get("speedup_high")))]
         if good:
             chosen.append((card, min(good, key=lambda c: c["best_us"])))
         elif cands:
@@ -277,7 +278,7 @@ def not_faster_caveat(chosen: dict[str, Any], graphs: bool) -> str | None:
     """What to tell the user when the kept set is not slower but not faster with confidence either: every
     kernel in it was proven faster on its own, the model as a whole was not (a host-bound forward)."""
     low, high = chosen["speedup_ci"]
-    if low > 1:
+    if faster_with_confidence((low, high)):
         return None
     hint = ("" if graphs else "; where the host sets the pace, the kernels may pay off under CUDA graphs "
             "(export again with --cuda-graphs to check that)")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.outcomes import faster_with_confidence
+
 
 def _ci(ev: dict[str, Any] | None) -> str:
     if not ev or ev.get("speedup") is None:
@@ -58,7 +60,7 @@ def markdown_report(manifest: dict[str, Any], excluded: list[dict[str, Any]] | N
                   + (f"; the model's output moved by {check['rel_l2_err']:.1e} (relative L2) against eager"
                      if check.get("rel_l2_err") is not None else "") + "."
                   + (" Not faster with confidence: each kernel was faster on its own, the model as a whole was "
-                     "not measurably so." if ci[0] <= 1 else ""), ""]
+                     "not measurably so." if not faster_with_confidence(ci) else ""), ""]
     elif check.get("mode") in ("none", "failed"):
         lines += [f"No whole-model check: {check.get('reason')}.", ""]
     for v in manifest["variants"]:

@@ -10,10 +10,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from engine.outcomes import CARD_SKIP_REASONS, PROPOSAL_FAILURES
 from engine.run.orchestrator import CandidateRecord, Orchestrator
 
-UNCOMPILED = frozenset({"compile", "empty", "no-code", "not-cuda", "no-spec", "bad-spec", "host-code",
-                        "truncated", "provider", "duplicate"})
+# Rejections of candidates that never compiled: the compile failures and the unusable answers.
+UNCOMPILED = frozenset({"compile", *PROPOSAL_FAILURES})
 
 
 def card_summaries(o: Orchestrator) -> list[dict[str, Any]]:
@@ -95,7 +96,7 @@ def print_final_table(doc: dict[str, Any], console: Console | None = None) -> No
                       ("compiled", "right"), ("verified", "right"), ("failures", "left")):
         table.add_column(col, justify=just, no_wrap=col != "failures")
     for c in doc["cards"]:
-        if not c["candidates"] and c["stopped"] in ("noise", "declined", "no-samples"):
+        if not c["candidates"] and c["stopped"] in CARD_SKIP_REASONS:
             continue
         ci = c["speedup_ci"]
         sp = f"{c['speedup']:.2f}× ({ci[0]:.2f}–{ci[1]:.2f})" if c["speedup"] and ci else "–"

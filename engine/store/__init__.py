@@ -1,9 +1,8 @@
-"""The workspace store: workspace directory resolution, the SQLite schema, and async access to it."""
+"""The workspace store: workspace directory resolution, the SQLite schema, async access for the engine
+and the synchronous read side for viewers (`engine.store.read`)."""
 
 from engine.store.schema import MIGRATIONS, latest_version
 from engine.store.store import (
-    CONTROL_COMMANDS,
-    RUN_STATUSES,
     RUN_UPDATABLE,
     Store,
     StoreError,
@@ -11,6 +10,7 @@ from engine.store.store import (
     encode_json,
     new_id,
     open_readonly,
+    pack_single_file,
     row_from_dict,
     row_to_dict,
 )
@@ -25,11 +25,9 @@ from engine.store.workspace import (
 )
 
 __all__ = [
-    "CONTROL_COMMANDS",
     "DB_FILENAME",
     "ENV_VAR",
     "MIGRATIONS",
-    "RUN_STATUSES",
     "RUN_UPDATABLE",
     "Store",
     "StoreError",
@@ -41,6 +39,7 @@ __all__ = [
     "latest_version",
     "new_id",
     "open_readonly",
+    "pack_single_file",
     "resolve_workspace",
     "row_from_dict",
     "row_to_dict",

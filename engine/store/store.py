@@ -17,6 +17,7 @@ from typing import Any
 
 import aiosqlite
 
+from engine.outcomes import CONTROL_COMMANDS, RUN_STATUSES
 from engine.store import schema
 
 # Columns holding JSON text; encoded/decoded only by `row_from_dict` / `row_to_dict`.
@@ -36,8 +37,6 @@ BOOL_COLUMNS: dict[str, frozenset[str]] = {
     "cards": frozenset({"output_varies"}),
 }
 
-RUN_STATUSES = ("created", "running", "paused", "stopped", "done", "failed")
-CONTROL_COMMANDS = ("pause", "resume", "stop", "prioritize")
 # Columns update_run may set; ids, capture, model and created_at are fixed once a run exists.
 RUN_UPDATABLE = frozenset(
     {"status", "stopped_by", "pid", "tokens_in", "tokens_out", "cost_usd", "config", "provider"}
@@ -121,13 +120,17 @@ def _check_version(found: int, where: Path) -> None:
         )
 
 
-def open_readonly(db_path: str | os.PathLike[str]) -> sqlite3.Connection:
-    """Sync read-only connection (Row factory) for the TUI's read model; never writes or migrates."""
+def open_readonly(db_path: str | os.PathLike[str], *, threads: bool = False) -> sqlite3.Connection:
+    """Sync read-only connection (Row factory) for `engine.store.read`; never writes or migrates.
+
+    `threads`: the connection may be used from several threads (the caller serialises them).
+    """
     path = Path(db_path).absolute()
     if not path.is_file():
         raise StoreError(f"no Kernel Forge database at {path}; run `kforge capture` in that workspace first")
     # as_uri() percent-encodes, so spaces, '?' or '#' in the path cannot break the URI.
-    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=_BUSY_TIMEOUT_MS / 1000)
+    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=_BUSY_TIMEOUT_MS / 1000,
+                           check_same_thread=not threads)
     try:
         conn.row_factory = sqlite3.Row
         _check_version(conn.execute("PRAGMA user_version").fetchone()[0], path.parent)
@@ -135,6 +138,16 @@ def open_readonly(db_path: str | os.PathLike[str]) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+def pack_single_file(db_path: str | os.PathLike[str]) -> None:
+    """Rewrite a database as one self-contained file (rollback journal, vacuumed): to ship it, e.g. the demo."""
+    conn = sqlite3.connect(Path(db_path))
+    try:
+        conn.execute("PRAGMA journal_mode = DELETE")
+        conn.execute("VACUUM")
+    finally:
+        conn.close()
 
 
 class Store:

@@ -15,6 +15,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
+from engine.outcomes import NUMERIC_REJECTIONS, describe_failure
 from kforge_tui import format as fmt
 from kforge_tui import keymap as keys
 from kforge_tui.highlight import diff_text, highlight_cuda, highlighter_name
@@ -51,7 +52,7 @@ class CandidateScreen(Screen):
         cat = d.row.get("category")
         if cat == "compile":
             return "compile"
-        if cat in ("mismatch", "nan", "mutation", "nondeterminism") and d.row.get("verification"):
+        if cat in NUMERIC_REJECTIONS and d.row.get("verification"):
             return "verify"
         return "error"
 
@@ -102,7 +103,11 @@ class CandidateScreen(Screen):
                         else "(not compiled yet)", style="italic")
         if tab == "error":
             if r.get("error"):
-                return Text.assemble((f"{r.get('category') or 'error'}: ", "bold red"), r["error"])
+                text = Text.assemble((f"{r.get('category') or 'error'}: ", "bold red"), r["error"])
+                if r["status"] == "rejected":  # what the category means, for a reader new to it
+                    text.append(f"\n\n{r.get('category') or 'unknown'}: {describe_failure(r.get('category'))}",
+                                style="dim")
+                return text
             return Text("(no error)", style="italic")
         if tab == "verify":
             return _verification(r.get("verification"), r["status"])

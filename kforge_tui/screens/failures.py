@@ -7,8 +7,10 @@ from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header
 
+from engine.outcomes import describe_failure
+from engine.store.read import CandidateHead
 from kforge_tui import keymap as keys
-from kforge_tui.readmodel import NodeRow, Snapshot
+from kforge_tui.readmodel import Snapshot
 from kforge_tui.widgets import LiveBar, LiveTable
 
 
@@ -20,7 +22,7 @@ class FailuresScreen(Screen):
         self.category: str | None = None
         self._ids: list[str] = []  # row keys in the order shown (oldest first: rows never move)
         self._pos: dict[str, int] = {}
-        self._pending: dict[str, NodeRow] = {}  # new failures held while the end of the list is out of view
+        self._pending: dict[str, CandidateHead] = {}  # new failures held while the end of the list is out of view
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -86,10 +88,10 @@ class FailuresScreen(Screen):
                 self._flush(table)
                 self._bar()
 
-    def _wanted(self, n: NodeRow) -> bool:
+    def _wanted(self, n: CandidateHead) -> bool:
         return n.status == "rejected" and (self.category is None or (n.category or "unknown") == self.category)
 
-    def _cells(self, r: NodeRow) -> list:
+    def _cells(self, r: CandidateHead) -> list:
         card = self.app.model.cards.get(r.card_id)
         return [r.id, card.op.removeprefix("aten::") if card else r.card_id,
                 Text(r.category or "unknown", style="red"), r.error_head[:90]]
@@ -104,6 +106,8 @@ class FailuresScreen(Screen):
             active = (self.category or "all") == name
             bar.append(f" {name} {n} ", style="reverse bold" if active else "")
         bar.append("  oldest first", style="dim")
+        if self.category is not None:
+            bar.append(f"  {self.category}: {describe_failure(self.category)}", style="dim")
         self.query_one("#categories", LiveBar).show(bar)
 
     def rebuild(self) -> None:

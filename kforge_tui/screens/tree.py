@@ -9,9 +9,11 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static, Tree
 from textual.widgets.tree import TreeNode
 
+from engine.outcomes import FINISHED
+from engine.store.read import CandidateHead
 from kforge_tui import format as fmt
 from kforge_tui import keymap as keys
-from kforge_tui.readmodel import FINISHED, NodeRow, Snapshot
+from kforge_tui.readmodel import Snapshot
 
 ROOT = "__root__"
 
@@ -22,7 +24,7 @@ class TreeScreen(Screen):
     def __init__(self, card_id: str) -> None:
         super().__init__()
         self.card_id = card_id
-        self.rows: dict[str, NodeRow] = {}
+        self.rows: dict[str, CandidateHead] = {}
         self.kids: dict[str, list[str]] = {ROOT: []}
         self.visits: dict[str, int] = {}
         self.tnodes: dict[str, TreeNode] = {}
@@ -64,7 +66,7 @@ class TreeScreen(Screen):
 
     # ---- model -------------------------------------------------------------------------------------------
 
-    def ingest(self, rows: list[NodeRow]) -> None:
+    def ingest(self, rows: list[CandidateHead]) -> None:
         """Apply new or changed candidates; only nodes already shown are touched on screen."""
         relabel: set[str] = set()
         for row in sorted(rows, key=lambda r: r.order):
@@ -134,7 +136,7 @@ class TreeScreen(Screen):
         best_txt = f"best {best.id} {fmt.us(best.best_us)} µs {fmt.speedup(best.speedup)}" if best else "no verified node yet"
         self.query_one("#tree-bar", Static).update(f"{self.card_id} · {n} nodes, {failed} failed · {best_txt}")
 
-    def _best(self) -> NodeRow | None:
+    def _best(self) -> CandidateHead | None:
         ok = [r for r in self.rows.values() if r.status == "verified" and r.best_us]
         return min(ok, key=lambda r: r.best_us, default=None)
 
