@@ -226,6 +226,13 @@ def cmd_capture(args: argparse.Namespace) -> int:
     return 0
 
 
+def terminal_attached() -> bool:
+    """Both ends are a terminal (KFORGE_FORCE_TUI=1 overrides, for tests that drive the app headless)."""
+    if os.environ.get("KFORGE_FORCE_TUI") == "1":
+        return True
+    return sys.stdin.isatty() and sys.stdout.isatty()
+
+
 def main(argv: Sequence[str] | None = None, *, open_tui: TuiLauncher | None = None) -> int:
     """Parse and run; errors become one line on stderr and exit code 2 (input) or 1 (job)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -238,9 +245,11 @@ def main(argv: Sequence[str] | None = None, *, open_tui: TuiLauncher | None = No
             from engine.run.command import cmd_run
 
             if not args.no_tui:
-                if open_tui is not None:  # engine detached in its own process, the TUI attached to it
-                    return open_tui(args)
-                print("kforge: the TUI is not available here; running headless (--no-tui)", file=sys.stderr)
+                if open_tui is not None and terminal_attached():
+                    return open_tui(args)  # engine detached in its own process, the TUI attached to it
+                # A pipe, a cron job, a CI log: a full-screen app would write escape codes and never end.
+                print("kforge: not a terminal; running headless (as with --no-tui)" if open_tui is not None
+                      else "kforge: the TUI is not available here; running headless (--no-tui)", file=sys.stderr)
             return cmd_run(args, _workspace(args))
         if args.command is None or args.command in TUI_COMMANDS:
             if open_tui is None:

@@ -15,19 +15,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from engine.cli import terminal_attached
 from engine.errors import JobError, UsageError
 from engine.store.workspace import db_path, resolve_workspace
 
 DEMO_DB = Path(__file__).resolve().parent / "demo" / "kforge.db"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
-
-
-def _interactive() -> bool:
-    """Both ends are a terminal (KFORGE_FORCE_TUI=1 overrides, for tests that drive the app headless)."""
-    if os.environ.get("KFORGE_FORCE_TUI") == "1":
-        return True
-    return sys.stdin.isatty() and sys.stdout.isatty()
 
 
 def open_tui(args: argparse.Namespace) -> int:
@@ -38,13 +32,6 @@ def open_tui(args: argparse.Namespace) -> int:
     command = args.command
     if command == "serve":
         return serve(args)
-    if command == "run" and not _interactive():
-        # A pipe, a cron job, a CI log: a full-screen app would write escape codes and never end.
-        from engine.cli import _workspace
-        from engine.run.command import cmd_run
-
-        print("kforge: not a terminal; running headless (as with --no-tui)", file=sys.stderr)
-        return cmd_run(args, _workspace(args))
     keymap = _keymap(args)
     theme = _theme(args)
     if command == "demo":
@@ -86,7 +73,7 @@ def open_tui(args: argparse.Namespace) -> int:
             run_id = run.id
     finally:
         model.close()
-    if not _interactive():
+    if not terminal_attached():
         raise UsageError(f"kforge-tui{' ' + command if command else ''}: the TUI needs a terminal (stdin and "
                          "stdout are not one); use 'kforge-tui run CONFIG --no-tui' for headless runs, or "
                          "'kforge-tui serve' for a browser")
