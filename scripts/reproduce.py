@@ -161,6 +161,9 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None,
         src, dst = sqlite3.connect(ws / "kforge.db"), sqlite3.connect(d / "kforge.db")
         src.backup(dst)
         dst.close()
+    if (d / "kforge.db").exists():
+        # The report is made from this file: workspace databases stay out of git, their facts go in.
+        write_facts(d / "kforge.db", d / FACTS)
 
 
 # ------------------------------------------------------------------------------------------- report
@@ -185,6 +188,31 @@ def _cast_cards(path: Path) -> dict[str, str]:
     from engine.cast.format import read_cast
 
     return {v["card_id"]: v.get("category", "?") for v in read_cast(path).variants}
+
+
+FACTS = "facts.json"  # what the report needs of a model's workspace database, beside its other results
+
+
+# What the report reads of a candidate (sources, timings and reports stay in the database).
+FACT_KEYS = ("id", "card_id", "parent_id", "status", "category", "proposer", "best_us", "eager_us", "speedup",
+             "speedup_low", "speedup_high", "created_at")
+
+
+def write_facts(db_path: Path, out: Path) -> None:
+    """The report's facts of the run in `db_path`, as JSON (only FACT_KEYS of each candidate)."""
+    facts = store_facts(db_path)
+    facts["candidates"] = {cid: [{k: c.get(k) for k in FACT_KEYS} for c in cands]
+                           for cid, cands in facts["candidates"].items()}
+    out.write_text(json.dumps(facts, indent=1, sort_keys=True, default=str) + "\n")
+
+
+def model_facts(d: Path) -> dict | None:
+    """A model's facts: its facts.json, else read from its workspace database, else None (not run)."""
+    if (d / FACTS).is_file():
+        return json.loads((d / FACTS).read_text())
+    if (d / "kforge.db").is_file():
+        return store_facts(d / "kforge.db")
+    return None
 
 
 def store_facts(db_path: Path) -> dict:
@@ -233,6 +261,9 @@ def _export_error(log: Path) -> str | None:
 
 
 def report(out: Path, models: list[str]) -> str:
+    sys.path.insert(0, str(ROOT))
+    from engine.outcomes import faster_with_confidence
+
     lines = ["# Kernel Forge: reproduced results", "",
              f"Written by `python scripts/reproduce.py --out {out}` "
              f"({time.strftime('%Y-%m-%d')}). Builtin proposer, default budget, one GPU; eager, torch.compile "
@@ -242,10 +273,10 @@ def report(out: Path, models: list[str]) -> str:
     captured_ops: dict[str, dict[str, float]] = {}
     for model in models:
         d = out / model
-        if not (d / "kforge.db").exists():
-            lines.append(f"- {model}: not run yet (no {d / 'kforge.db'}).")
+        facts = model_facts(d)
+        if facts is None:
+            lines.append(f"- {model}: not run yet (no {d / FACTS} or {d / 'kforge.db'}).")
             continue
-        facts = store_facts(d / "kforge.db")
         for card in facts["cards"].values():
             op_share = captured_ops.setdefault(model, {})
             op_share[card["op"]] = max(op_share.get(card["op"], 0.0), card["share"] or 0.0)
@@ -260,7 +291,7 @@ def report(out: Path, models: list[str]) -> str:
             if not ok:
                 continue
             best = min(ok, key=lambda c: c["best_us"])
-            if not (best["speedup_low"] or 0) > 1:
+            if not faster_with_confidence((best["speedup_low"], best["speedup_high"])):
                 continue
             in_cast = cid in in_cast_ids
             if in_cast:

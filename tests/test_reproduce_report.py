@@ -196,3 +196,17 @@ def test_the_ablation_step_picks_exactly_three_target_cards():
     picked = [lb for lb in labels if any(s in lb for s in specs["reproduce"].ABLATION_CARDS)]
     assert len(picked) == 3, picked
     assert all(sum(s in lb for lb in labels) == 1 for s in specs["reproduce"].ABLATION_CARDS)
+
+
+def test_the_report_needs_only_the_facts_file_not_the_database(tmp_path):
+    """Workspace databases stay out of git: a model folder holding facts.json reports the same as its db."""
+    reproduce = load_script("reproduce")
+    (tmp_path / "with_db" / "resnet50").mkdir(parents=True)
+    shutil.copy(DEMO_DB, tmp_path / "with_db" / "resnet50" / "kforge.db")
+    (tmp_path / "facts_only" / "resnet50").mkdir(parents=True)
+    reproduce.write_facts(DEMO_DB, tmp_path / "facts_only" / "resnet50" / reproduce.FACTS)
+    assert reproduce.FACTS == "facts.json"
+    with_db = reproduce.report(tmp_path / "with_db", ["resnet50"])
+    facts_only = reproduce.report(tmp_path / "facts_only", ["resnet50"])
+    assert facts_only.replace("facts_only", "with_db") == with_db
+    assert "not run yet" not in facts_only and "| resnet50 | `aten::" in facts_only

@@ -18,6 +18,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from engine.outcomes import faster_with_confidence
+
 
 def synth_inputs(signature: dict[str, Any], device: Any, seed: int = 0) -> list[tuple[str, Any]]:
     """Arguments with the signature's exact dtypes, shapes, strides and pointer alignment."""
@@ -130,7 +132,7 @@ def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any
             r.update(timing=ab.to_json(), speedup=ab.speedup, speedup_ci=[ab.speedup_low, ab.speedup_high],
                      eager_us=ab.eager.median, cast_us=ab.candidate.median, reps=ab.reps,
                      throttled=ab.throttled, hits=state.hits)
-            if not (ab.speedup_low > 1.0 and math.isfinite(ab.speedup_low)):
+            if not faster_with_confidence((ab.speedup_low, ab.speedup_high)):
                 r["reason"] = (f"not faster with confidence through the public op: {ab.speedup:.3f}x "
                                f"(95% CI {ab.speedup_low:.3f}-{ab.speedup_high:.3f})")
                 continue

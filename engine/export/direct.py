@@ -17,6 +17,7 @@ import torch
 from engine.cast.format import write_cast
 from engine.export.confirm import CONFIRMED_KEYS
 from engine.export.package import ExportVariant, package, run_confirm
+from engine.outcomes import faster_with_confidence
 
 
 def capture_cards(forward: Callable[[], Any], sample_dir: Path, samples: int = 1,
@@ -90,7 +91,7 @@ def build_cast(forward: Callable[[], Any], out: Path, *, work: Path, mutations: 
     best: dict[str, tuple[Any, ...]] = {}
     for (c, r, tname), res, ev in zip(jobs, compiled, evs):
         t = ev.payload.get("timing") if ev.status == "verified" else None
-        if not t or t["speedup_ci"][0] <= 1.0:
+        if not t or not faster_with_confidence(t["speedup_ci"]):
             continue
         us = t["candidate"]["median"]
         if c["card_id"] not in best or us < best[c["card_id"]][0]:
