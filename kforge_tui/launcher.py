@@ -24,6 +24,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _RUN_FLAGS = [("--provider", "provider", True), ("--iterations", "iterations", True),
               ("--strategy", "strategy", True), ("--wall-time", "wall_time", True),
               ("--max-proposals", "max_proposals", True), ("--resume", "resume", True),
+              ("--replay-run", "replay_run", True),
               ("--device", "device", True), ("--dry-run", "dry_run", False), ("--small", "small", False)]
 
 
