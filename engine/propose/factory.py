@@ -13,7 +13,12 @@ from pathlib import Path
 
 from engine.errors import UsageError
 from engine.propose.base import Proposer
-from engine.propose.providers.config import ProviderConfig, load_providers, shipped_providers_path
+from engine.propose.providers.config import (
+    ProviderConfig,
+    load_providers,
+    make_client,
+    shipped_providers_path,
+)
 from engine.store.store import Store
 
 # Known without reading providers.toml: neither has settings.
@@ -46,7 +51,6 @@ async def make_proposer(name: str, *, store: Store | None = None, replay_run: st
     if cfg.type == "replay":
         return await _replay(name, store, replay_run, resumed_run)
     from engine.propose.llm import LLMProposer
-    from engine.propose.providers.config import make_client
 
     return LLMProposer(make_client(cfg), name=name, max_tokens=cfg.max_tokens)
 

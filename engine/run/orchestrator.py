@@ -306,14 +306,15 @@ class Orchestrator:
         parent_att = self._attempt(parent) if parent != ROOT else None
         lineage = tuple(self._attempt(n.id) for n in reversed(tree.path(parent)[1:]) if n.id != ROOT)
         siblings = tuple(self._attempt(c) for c in tree.nodes[parent].children if c in self.records)
+        seed = len(tree.nodes)
         intent = None  # a fresh kernel has no particular focus
         if parent != ROOT:
             others = [self.focus.get(c) for c in tree.nodes[parent].children if c != node_id]
             ancestors = [self.focus.get(n.id) for n in reversed(tree.path(parent)) if n.id != ROOT]
-            intent = choose_intent(others, ancestors, seed=len(tree.nodes))
+            intent = choose_intent(others, ancestors, seed=seed)
         self.focus[node_id] = intent
         return ProposalRequest(card.card, self.hardware, parent=parent_att, lineage=lineage, siblings=siblings,
-                               intent=intent, seed=len(tree.nodes))
+                               intent=intent, seed=seed)
 
     def _attempt(self, cid: str) -> Attempt:
         r = self.records[cid]
@@ -336,10 +337,10 @@ class Orchestrator:
             rec = await self._iteration(card, node, tree_parent, request)
             if rec is None or not getattr(self.proposer, "repairs", False):
                 return
-            failed = self._attempt(rec.id)
-            step = next_step(failed)
+            attempt = self._attempt(rec.id)
+            step = next_step(attempt)
             if step == "repair":
-                request, tree_parent = repair_request(first, failed, k + 1), rec.id
+                request, tree_parent = repair_request(first, attempt, k + 1), rec.id
             elif step != "retry":
                 return
             if self.stopped_by or card.iterations + card.in_flight >= self.budgets.iterations_per_card:
