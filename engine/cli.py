@@ -76,8 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="optimise a model's cards: search for faster verified kernels")
     p.add_argument("config", metavar="CONFIG", nargs="?", help="model config (not needed with --resume)")
     p.add_argument("--no-tui", action="store_true", help="run in the foreground with progress on stderr")
-    p.add_argument("--provider", help="builtin, anthropic, openai, or a name from configs/providers.toml "
+    p.add_argument("--provider", help="builtin, anthropic, openai, replay, or a name from configs/providers.toml "
                                       "(default: anthropic/openai when their key is set, else builtin)")
+    p.add_argument("--replay-run", metavar="RUN",
+                   help="with --provider replay: the run of this workspace whose answers are served again "
+                        "(no LLM calls, no cost)")
     p.add_argument("--iterations", type=int, metavar="N", help="evaluations per card (default 50)")
     p.add_argument("--strategy", default="mcts", help="mcts (default), greedy or beam")
     p.add_argument("--wall-time", type=float, metavar="S", help="stop after S seconds")

@@ -2,6 +2,7 @@
 for the GPU lane whose latencies and speedups come from a deterministic cost model)."""
 
 import asyncio
+import dataclasses
 import hashlib
 import itertools
 
@@ -263,7 +264,8 @@ async def test_failed_candidates_are_repaired_with_their_diagnostics_and_lineage
         async def __call__(self, card, proposal):
             if "bad" in proposal.source:
                 return Evaluation("rejected", "compile", "candidate.cu:3: error: identifier \"x\" is undefined", 0.0)
-            return await super().__call__(card, proposal)
+            return Evaluation("verified", None, "", 0.0, payload={"timing": {
+                "eager": {"median": 50.0}, "candidate": {"median": 40.0}, "speedup": 1.25, "speedup_ci": [1.2, 1.3]}})
 
     prop = Repairing()
     o = orchestrator([card("a")], prop, CompileFailsOnBad(0.0), MemoryRecorder(), budgets=Budgets(iterations_per_card=4),
@@ -287,7 +289,7 @@ async def test_resumed_run_keeps_finished_cards_finished():
         async def propose(self, request):
             p = await super().propose(request)
             if len(self.calls) % 2 == 0:
-                p.source = f"// kernel 0 for {request.card.card_id}\n"
+                p = dataclasses.replace(p, source=f"// kernel 0 for {request.card.card_id}\n")
             return p
 
     rec = MemoryRecorder()
@@ -304,3 +306,42 @@ async def test_resumed_run_keeps_finished_cards_finished():
     await again.run()
     assert prop.calls == []
     assert {c.done_reason for c in again.cards.values()} == {"plateau"}
+
+
+async def test_each_revision_asks_for_one_intent_and_siblings_get_different_ones(tmp_path):
+    from engine.propose.intents import INTENTS
+    from engine.run.store_recorder import StoreRecorder, load_records
+    from engine.store import Store, new_id
+
+    class Asked(ScriptedProposer):
+        """Records the intent each request asked for, and says it did that (as the builtin does)."""
+
+        async def propose(self, request):
+            p = await super().propose(request)
+            self.asked.append((request.parent.candidate_id if request.parent else None, request.intent))
+            return dataclasses.replace(p, intent=request.intent or "fresh")
+
+    prop = Asked(0.01)
+    prop.asked = []
+    async with await Store.open(tmp_path / "kforge.db") as store:
+        await store.save_capture({"id": "cap", "model": "m", "device": "cuda:0", "dtype": "float16"}, [], [])
+        run = (await store.create_run("cap", "m", "scripted"))["id"]
+        recorder = StoreRecorder(store, run)
+        o = Orchestrator(cards=[card("a")], proposer=prop, evaluate=StandInLane(0.0), recorder=recorder,
+                         new_id=lambda: new_id("cand"), budgets=Budgets(iterations_per_card=16), max_proposals=4,
+                         poll_s=0.005)
+        recorder.orchestrator = o
+        await o.run()
+        rows = await store.candidates(run)
+        restored = {r.id: r.focus for r in await load_records(store, run)}
+    assert {p for p, _ in prop.asked if p} and all((p is None) == (i is None) for p, i in prop.asked)
+    revisions = [r for r in rows if r["parent_id"]]
+    assert revisions, "MCTS should revise verified candidates"
+    assert all(r["focus"] in INTENTS and r["intent"] == r["focus"] for r in revisions)
+    assert all(r["focus"] is None for r in rows if not r["parent_id"])  # a fresh kernel has no focus
+    by_parent: dict = {}
+    for r in revisions:
+        by_parent.setdefault(r["parent_id"], []).append(r["focus"])
+    assert any(len(f) > 1 for f in by_parent.values())
+    assert all(len(set(f)) == len(f) for f in by_parent.values()), "siblings explore different intents"
+    assert restored == {r["id"]: r["focus"] for r in rows}  # a resumed run knows what was asked

@@ -9,12 +9,11 @@ from engine.cards import OperatorCard
 from engine.launch.spec import parse_spec
 from engine.propose.answer import Extracted, complete_spec, extract, fenced_blocks, kernel_names
 from engine.propose.base import Attempt, Hardware, ProposalRequest
+from engine.propose.intents import INTENT_DESCRIPTIONS, INTENTS, choose_intent
 from engine.propose.prompting import (
-    INTENTS,
     PromptError,
     build_messages,
     followup_prompt,
-    pick_intent,
     render,
     semantics,
     system_prompt,
@@ -142,15 +141,16 @@ def test_revision_prompt_has_parent_lineage_siblings_and_one_focus():
                 message="out0: max abs err 3.1 at index [0, 4, 1, 2]"),
         Attempt("cand-s2", "x", "y", intent="occupancy", status="verified", best_us=10.9, speedup=1.3),
     )
-    request = ProposalRequest(card, Hardware(), parent=parent, lineage=lineage, siblings=siblings)
+    request = ProposalRequest(card, Hardware(), parent=parent, lineage=lineage, siblings=siblings,
+                              intent="fusing-passes")
     text = user_text(request)
     assert RELU_SRC.strip() in text and RELU_SPEC.strip() in text
     assert "verified, 10.50 µs, 1.35× eager" in text
     assert "cand-root" in text and "(parent)" in text and "14.00 µs" in text
     assert "cand-s1" in text and "rejected (mismatch)" in text and "max abs err 3.1" in text
-    intent = pick_intent(request)
-    assert intent not in {"memory-access", "occupancy"}
-    assert f"Focus of this revision: {intent}" in text
+    # The focus is the one the request asks for (the orchestrator chose it), and only that one.
+    assert "Focus of this revision: fusing-passes" in text and INTENT_DESCRIPTIONS["fusing-passes"] in text
+    assert not any(f"Focus of this revision: {i}" in text for i in INTENTS if i != "fusing-passes")
 
 
 def test_repair_prompt_carries_the_failure():
@@ -167,32 +167,27 @@ def test_repair_prompt_carries_the_failure():
     assert report in text and "attempt 2" in text and "beyond the tolerance" in text
 
 
-def test_intents_vary_across_siblings():
+def test_fresh_prompt_names_a_focus_only_when_asked():
     card = real_card(*RELU_INPLACE)
-    parent = Attempt("p", "s", "t", intent="vectorisation", status="verified", best_us=10.0)
-    siblings: list[Attempt] = []
-    chosen = []
-    for i in range(len(INTENTS)):
-        intent = pick_intent(ProposalRequest(card, Hardware(), parent=parent, siblings=tuple(siblings)))
-        chosen.append(intent)
-        siblings.append(Attempt(f"s{i}", "s", "t", intent=intent))
-    assert sorted(chosen) == sorted(INTENTS)           # every sibling got a different focus
+    assert "Focus:" not in user_text(ProposalRequest(card, Hardware()))
+    assert "Focus: **occupancy**" in user_text(ProposalRequest(card, Hardware(), intent="occupancy"))
+
+
+def test_intents_vary_across_siblings():
+    chosen: list[str] = []
+    for _ in INTENTS:
+        chosen.append(choose_intent(chosen, ["vectorisation"]))
+    assert sorted(chosen) == sorted(INTENTS)            # every sibling got a different focus
     assert chosen[0] != "vectorisation"                 # the parent's own focus comes last among equals
-    siblings.append(Attempt("extra", "s", "t", intent=chosen[0]))
-    again = pick_intent(ProposalRequest(card, Hardware(), parent=parent, siblings=tuple(siblings)))
+    again = choose_intent([*chosen, chosen[0]], ["vectorisation"])
     assert again != chosen[0]                           # least used once all were tried
-    # Explicit, repair and first-kernel cases.
-    assert pick_intent(ProposalRequest(card, Hardware(), parent=parent, intent="occupancy")) == "occupancy"
-    failed = Attempt("f", "s", "t", intent="fusing-passes", category="compile")
-    assert pick_intent(ProposalRequest(card, Hardware(), failed=failed, attempt=1)) == "fusing-passes"
-    assert pick_intent(ProposalRequest(card, Hardware())) is None
-    first = pick_intent(ProposalRequest(card, Hardware(), siblings=(Attempt("a", "s", "t", intent=INTENTS[0]),)))
-    assert first is not None and first != INTENTS[0]
+    # The last two ancestors' intents are avoided; older ones are not.
+    assert choose_intent([], ["memory-access", "vectorisation", "decomposition"]) == "memory-access"
+    assert choose_intent([], [INTENTS[0], INTENTS[1]]) == INTENTS[2]
     # Seeds rotate ties, so different seeds can start elsewhere, and the same seed is reproducible.
-    picks = {pick_intent(ProposalRequest(card, Hardware(), parent=parent, seed=s)) for s in range(8)}
+    picks = {choose_intent([], ["vectorisation"], seed=s) for s in range(8)}
     assert len(picks) > 1
-    assert pick_intent(ProposalRequest(card, Hardware(), parent=parent, seed=3)) == \
-        pick_intent(ProposalRequest(card, Hardware(), parent=parent, seed=3))
+    assert choose_intent([], ["vectorisation"], seed=3) == choose_intent([], ["vectorisation"], seed=3)
 
 
 def test_long_histories_are_cut_with_a_note():

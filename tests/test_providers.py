@@ -509,3 +509,74 @@ def test_provider_error_is_one_line_and_picklable():
     assert str(e2) == "x: boom" and e2.category == "server"
     with pytest.raises(ValueError):
         ProviderError("x", category="nonsense")
+
+
+# -- the proposer factory: every --provider NAME --------------------------------------------------------
+
+
+def _providers_file(tmp_path, srv, api):
+    url = srv.anthropic_url if api == "anthropic" else srv.openai_url
+    path = tmp_path / "providers.toml"
+    path.write_text(f'[fake]\ntype = "{api}"\nmodel = "m-test"\nbase_url = "{url}"\napi_key_env = "{KEY_ENV}"\n'
+                    f'max_tokens = 3210\nmax_attempts = 1\n\n[again]\ntype = "replay"\n')
+    return path
+
+
+async def test_factory_builds_an_llm_proposer_that_honours_the_provider_config(srv, api, tmp_path):
+    from engine.cards import OperatorCard
+    from engine.propose.base import Hardware, ProposalRequest
+    from engine.propose.factory import make_proposer
+    from engine.propose.llm import LLMProposer
+
+    srv.script(no_code())
+    proposer = await make_proposer("fake", providers_path=_providers_file(tmp_path, srv, api))
+    assert isinstance(proposer, LLMProposer) and proposer.name == "fake" and proposer.repairs
+    p = await proposer.propose(ProposalRequest(OperatorCard("c", "aten::relu", {"op": "aten::relu", "args": []}),
+                                               Hardware()))
+    assert p.provider == "fake" and p.category == "no-code" and p.usage.tokens_in == 100
+    assert srv.requests[0].body["model"] == "m-test"
+    sent = srv.requests[0].body.get("max_tokens") or srv.requests[0].body.get("max_completion_tokens")
+    assert sent == 3210  # the provider's max_tokens, not a default of the proposer
+    await proposer.client.aclose()
+
+
+async def test_factory_knows_builtin_and_replay_and_names_the_fix(tmp_path):
+    from engine.propose.builtin import BuiltinProposer
+    from engine.propose.factory import make_proposer
+    from engine.propose.replay import ReplayProposer
+    from engine.store import Store
+
+    assert isinstance(await make_proposer("builtin"), BuiltinProposer)
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[x\n")
+    assert isinstance(await make_proposer("builtin", providers_path=broken), BuiltinProposer)  # no settings read
+    with pytest.raises(UsageError) as e:
+        await make_proposer("nope")
+    assert "--provider nope: unknown provider" in str(e.value) and "replay" in str(e.value)
+    assert "\n" not in str(e.value) and "providers.toml" in str(e.value)
+    async with await Store.open(tmp_path / "kforge.db") as store:
+        await store.save_capture({"id": "cap", "model": "m", "device": "cuda:0", "dtype": "float16"}, [], [])
+        run = (await store.create_run("cap", "m", "builtin"))["id"]
+        with pytest.raises(UsageError, match="--provider replay: say which run to replay with --replay-run RUN"):
+            await make_proposer("replay", store=store)
+        with pytest.raises(UsageError, match=f"--replay-run run-nope: no such run .*latest: {run}"):
+            await make_proposer("replay", store=store, replay_run="run-nope")
+        with pytest.raises(UsageError, match="that run recorded no candidates"):
+            await make_proposer("replay", store=store, replay_run=run)
+        with pytest.raises(UsageError, match="--replay-run .* only goes with --provider replay"):
+            await make_proposer("builtin", store=store, replay_run=run)
+        await store.add_candidate(run, "c", parent_id=None, source="// k", launch_spec="x", proposer="builtin",
+                                  status="compiled")
+        # Any replay-type table of providers.toml serves a replay, under its own name.
+        path = tmp_path / "providers.toml"
+        path.write_text('[again]\ntype = "replay"\n')
+        replay = await make_proposer("again", store=store, replay_run=run, providers_path=path)
+        assert isinstance(replay, ReplayProposer) and replay.source_run_id == run and not replay.repairs
+
+
+def test_replay_providers_take_no_path():
+    # The run to replay is chosen per run (--replay-run), so a replay table has nothing else to set.
+    from engine.propose.providers.config import _provider
+
+    with pytest.raises(UsageError, match="'r.path': unknown key"):
+        _provider(shipped_providers_path(), "r", {"type": "replay", "path": "x"})

@@ -1,17 +1,23 @@
-"""LLMProposer with a scripted client, the bounded repair loop, the store's candidate/LLM-call rows, replay."""
+"""LLMProposer with a scripted client, the bounded repair loop as the orchestrator runs it, the store's
+candidate/LLM-call rows, replay."""
 
+import itertools
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
 
 from engine.cards import OperatorCard
-from engine.propose.base import Attempt, Hardware, Proposal, ProposalRequest, Usage
+from engine.lane.evaluate import Evaluation
+from engine.propose.base import Hardware, Proposal, ProposalRequest, Usage
 from engine.propose.llm import Completion, LLMProposer, Message, ProviderError
 from engine.propose.prompting import build_messages
-from engine.propose.repair import propose_with_repair, repair_parents
+from engine.propose.repair import MAX_ATTEMPTS
 from engine.propose.replay import ReplayProposer
-from engine.store import Store
+from engine.run.orchestrator import Budgets, NullRecorder, Orchestrator
+from engine.run.plan import CardState
+from engine.run.store_recorder import StoreRecorder
+from engine.store import Store, new_id
 from engine.store.store import candidate_hash
 
 KERNEL = '''#include <cuda_fp16.h>
@@ -129,14 +135,16 @@ async def test_every_card_is_supported():
 
 
 # ------------------------------------------------------------------------------------------ repair loop
+# The loop the engine runs: the orchestrator with a scripted proposer and a stand-in for compile + lane.
 
 
 @dataclass
 class ScriptedProposer:
-    """Hands out scripted proposals and records the requests it got."""
+    """Hands out scripted proposals (then declines) and records the requests it got; it repairs, as LLMs do."""
 
     proposals: list
     name: str = "scripted"
+    repairs: bool = True
     requests: list = field(default_factory=list)
 
     def supports(self, card):
@@ -144,6 +152,8 @@ class ScriptedProposer:
 
     async def propose(self, request):
         self.requests.append(request)
+        if not self.proposals:
+            return Proposal(declined=True, reason="script done")
         return self.proposals.pop(0)
 
 
@@ -159,99 +169,115 @@ def broken(tag: str = "") -> Proposal:
 DIAG = 'candidate.cu(4): error: identifier "hmax_typo" is undefined'
 
 
-def make_check(results: dict | None = None):
-    """A stand-in for compile + lane: typo -> compile error, 'SLOW' -> suspicious, else verified."""
-    seen = []
+class Check:
+    """A stand-in for compile + lane: typo -> compile error, CHEAT -> suspicious, WRONG -> mismatch, else
+    verified. Records what it was asked to evaluate."""
 
-    async def check(p: Proposal) -> Attempt:
-        seen.append(p)
-        cid = f"cand-{len(seen)}"
+    def __init__(self):
+        self.seen: list[Proposal] = []
+
+    async def __call__(self, card, p: Proposal) -> Evaluation:
+        self.seen.append(p)
         if "hmax_typo" in p.source:
-            return Attempt(cid, p.source, p.spec, intent=p.intent, status="rejected", category="compile",
-                           diagnostics=DIAG)
+            return Evaluation("rejected", "compile", DIAG, 0.0)
         if "CHEAT" in p.source:
-            return Attempt(cid, p.source, p.spec, status="rejected", category="suspicious",
-                           message="0.2 µs is below the 1.9 µs roofline")
+            return Evaluation("rejected", "suspicious", "0.2 µs is below the 1.9 µs roofline", 0.0)
         if "WRONG" in p.source:
-            return Attempt(cid, p.source, p.spec, status="rejected", category="mismatch",
-                           message="out0: max abs err 2.0 at [3, 7]")
-        return Attempt(cid, p.source, p.spec, intent=p.intent, status="verified", best_us=9.0, speedup=1.4)
+            return Evaluation("rejected", "mismatch", "out0: max abs err 2.0 at [3, 7]", 0.0)
+        return Evaluation("verified", None, "", 0.0, payload={"timing": {
+            "eager": {"median": 20.0}, "candidate": {"median": 9.0}, "speedup": 20.0 / 9.0,
+            "speedup_ci": [2.0, 2.4]}})
 
-    check.seen = seen
-    return check
+
+async def search(proposer, *, iterations: int, check: Check | None = None, store: Store | None = None,
+                 run: str | None = None, **kw) -> Orchestrator:
+    """One card searched one proposal at a time (so the script's order is the order of the calls)."""
+    ids = (f"c{i}" for i in itertools.count())
+    recorder = StoreRecorder(store, run) if store is not None else NullRecorder()
+    o = Orchestrator(cards=[CardState(replace(CARD, share=0.5, eager_us=20.0), ["s0"])], proposer=proposer,
+                     evaluate=check or Check(), recorder=recorder,
+                     new_id=(lambda: new_id("cand")) if store is not None else (lambda: next(ids)),
+                     budgets=Budgets(iterations_per_card=iterations), max_proposals=1, poll_s=0.005, **kw)
+    if store is not None:
+        recorder.orchestrator = o
+    await o.run()
+    return o
+
+
+def records(o: Orchestrator) -> list:
+    return list(o.records.values())
 
 
 async def test_compile_error_is_repaired_with_its_diagnostics():
     proposer = ScriptedProposer([broken("1"), good("2")])
-    check = make_check()
-    reported = []
-
-    async def on_attempt(p, a, k):
-        reported.append((p, a, k))
-
-    proposal, attempt, history = await propose_with_repair(proposer, REQUEST, check=check, on_attempt=on_attempt)
-    assert attempt.status == "verified" and proposal.source.endswith("// 2")
-    assert len(history) == 2 and [k for *_, k in reported] == [0, 1]
-    assert [a.category for _, a, _ in reported] == ["compile", None]
+    o = await search(proposer, iterations=2)
+    first, fixed = records(o)
+    assert (first.category, fixed.status) == ("compile", "verified") and fixed.proposal.source.endswith("// 2")
+    assert fixed.parent_id == first.id  # the repair is the failure's child: lineage is kept
     repair = proposer.requests[1]
-    assert repair.failed is history[0][1] and repair.attempt == 1 and repair.failed.diagnostics == DIAG
-    assert repair.card is REQUEST.card and repair.parent is REQUEST.parent
+    assert repair.failed.candidate_id == first.id and repair.attempt == 1 and DIAG in repair.failed.message
+    assert repair.card == proposer.requests[0].card and repair.parent is None  # still the node's request
     _, messages = build_messages(repair)          # the repair prompt shows the diagnostics
     assert DIAG in messages[0].content and "hmax_typo" in messages[0].content
 
 
 async def test_the_loop_stops_after_max_attempts():
     proposer = ScriptedProposer([broken(str(i)) for i in range(5)])
-    _, attempt, history = await propose_with_repair(proposer, REQUEST, check=make_check(), max_attempts=3)
-    assert len(history) == 3 and attempt.category == "compile" and len(proposer.requests) == 3
-    assert [r.attempt for r in proposer.requests] == [0, 1, 2]
-    assert proposer.requests[2].failed is history[1][1]
-    with pytest.raises(ValueError):
-        await propose_with_repair(proposer, REQUEST, check=make_check(), max_attempts=0)
+    o = await search(proposer, iterations=4)
+    assert MAX_ATTEMPTS == 3
+    # Three attempts for the first request (the first and two repairs), then a new request from the root.
+    assert [r.attempt for r in proposer.requests] == [0, 1, 2, 0]
+    recs = records(o)
+    assert proposer.requests[2].failed.candidate_id == recs[1].id and proposer.requests[3].failed is None
+    assert [r.parent_id for r in recs] == [None, recs[0].id, recs[1].id, None]
 
 
 async def test_suspicious_and_provider_failures_are_not_repaired():
     cheat = replace(good(), source=KERNEL + "\n// CHEAT")
-    _, attempt, history = await propose_with_repair(ScriptedProposer([cheat, good()]), REQUEST, check=make_check())
-    assert len(history) == 1 and attempt.category == "suspicious"
+    proposer = ScriptedProposer([cheat, good()])
+    o = await search(proposer, iterations=2)
+    assert [r.category for r in records(o)] == ["suspicious", None]
+    assert proposer.requests[1].failed is None and records(o)[1].parent_id is None  # a fresh start, no repair
     failed = Proposal(provider="x", category="provider", reason="auth: bad key")
-    check = make_check()
-    _, attempt, history = await propose_with_repair(ScriptedProposer([failed, good()]), REQUEST, check=check)
-    assert len(history) == 1 and attempt.category == "provider" and attempt.status == "unusable"
-    assert check.seen == []  # nothing to compile
-    declined = Proposal(declined=True, reason="no template")
-    _, attempt, history = await propose_with_repair(ScriptedProposer([declined]), REQUEST, check=make_check())
-    assert attempt.status == "declined" and len(history) == 1
+    check = Check()
+    proposer = ScriptedProposer([failed, good()])
+    o = await search(proposer, iterations=2, check=check)
+    assert [r.category for r in records(o)] == ["provider", None] and proposer.requests[1].failed is None
+    assert len(check.seen) == 1  # the provider failure had nothing to compile
+    proposer = ScriptedProposer([Proposal(declined=True, reason="no template")])
+    o = await search(proposer, iterations=2)
+    assert not o.records and len(proposer.requests) == 1 and o.cards[CARD.card_id].done_reason == "declined"
 
 
 async def test_unusable_answers_are_retried_with_the_same_request_and_lineage_is_kept():
     wrong = replace(good(), source=KERNEL + "\n// WRONG")
     no_code = Proposal(provider="scripted", category="no-code", reason="no fenced CUDA code block")
     proposer = ScriptedProposer([wrong, no_code, broken("3"), good("4")])
-    check = make_check()
-    reported = []
-
-    async def on_attempt(p, a, k):
-        reported.append(a)
-
-    _, attempt, history = await propose_with_repair(proposer, REQUEST, check=check, max_attempts=4,
-                                                    on_attempt=on_attempt)
-    assert attempt.status == "verified" and len(reported) == 4
-    assert [a.category for a in reported] == ["mismatch", "no-code", "compile", None]
+    check = Check()
+    o = await search(proposer, iterations=4, check=check, max_attempts=4)
+    recs = records(o)
+    assert [r.category for r in recs] == ["mismatch", "no-code", "compile", None]
     assert len(check.seen) == 3  # the unusable answer was never compiled
     # Attempt 1 repairs attempt 0; attempt 2 answers the same repair request again; attempt 3 repairs 2.
-    assert proposer.requests[1].failed is reported[0]
+    assert proposer.requests[1].failed.candidate_id == recs[0].id
     assert proposer.requests[2] is proposer.requests[1]
-    assert proposer.requests[3].failed is reported[2]
-    assert repair_parents(reported) == [None, 0, 0, 2]
+    assert proposer.requests[3].failed.candidate_id == recs[2].id
+    assert [r.parent_id for r in recs] == [None, recs[0].id, recs[0].id, recs[2].id]
+
+
+async def test_proposers_that_do_not_repair_get_one_attempt_per_request():
+    proposer = ScriptedProposer([broken("1"), good("2")], repairs=False)
+    o = await search(proposer, iterations=2)
+    assert [r.failed for r in proposer.requests] == [None, None]
+    assert [r.parent_id for r in records(o)] == [None, None]
 
 
 async def test_bad_spec_is_repaired_with_its_reason():
     bad = Proposal(source=KERNEL, spec=SPEC.replace('"relu8"', '"relu"'), provider="scripted",
                    category="bad-spec", reason="launch[0] names kernel 'relu', but the source has none")
     proposer = ScriptedProposer([bad, good()])
-    _, attempt, history = await propose_with_repair(proposer, REQUEST, check=make_check())
-    assert attempt.status == "verified" and proposer.requests[1].failed.category == "bad-spec"
+    o = await search(proposer, iterations=2)
+    assert records(o)[-1].status == "verified" and proposer.requests[1].failed.category == "bad-spec"
     _, messages = build_messages(proposer.requests[1])
     assert "names kernel 'relu'" in messages[0].content
 
@@ -259,8 +285,8 @@ async def test_bad_spec_is_repaired_with_its_reason():
 async def test_llm_proposer_in_the_repair_loop_end_to_end():
     broken_answer = FULL.replace("__hmax", "hmax_typo")
     client = FakeClient([broken_answer, FULL])
-    _, attempt, history = await propose_with_repair(LLMProposer(client, name="fake"), REQUEST, check=make_check())
-    assert attempt.status == "verified" and len(client.calls) == 2
+    o = await search(LLMProposer(client, name="fake"), iterations=2)
+    assert records(o)[-1].status == "verified" and len(client.calls) == 2
     assert DIAG in client.calls[1]["messages"][0].content
 
 
@@ -333,25 +359,14 @@ async def test_candidates_round_trip_dedupe_and_update(store):
         await store.update_candidate("cand-missing", status="verified")
 
 
-async def test_the_engine_can_store_the_repair_lineage(store):
-    """on_attempt stores each attempt with its parent: a repair's parent is the attempt it fixes."""
+async def test_the_engine_stores_the_repair_lineage(store):
+    """Each attempt is stored with its parent: a repair's parent is the attempt it fixes."""
     run = await new_run(store)
-    stored: list[str] = []
-    attempts: list[Attempt] = []
-
-    async def on_attempt(p, a, k):
-        attempts.append(a)
-        parent = repair_parents(attempts)[k]
-        cid, _ = await store.add_candidate(run, CARD.card_id, parent_id=None if parent is None else stored[parent],
-                                           source=p.source, launch_spec=p.spec, proposer=p.provider,
-                                           status=a.status, category=a.category)
-        stored.append(cid)
-
-    await propose_with_repair(ScriptedProposer([broken("1"), broken("2"), good("3")]), REQUEST,
-                              check=make_check(), on_attempt=on_attempt)
+    await search(ScriptedProposer([broken("1"), broken("2"), good("3")]), iterations=3, store=store, run=run)
     rows = await store.candidates(run)
     assert [r["parent_id"] for r in rows] == [None, rows[0]["id"], rows[1]["id"]]
     assert [r["category"] for r in rows] == ["compile", "compile", None]
+    assert [r["focus"] for r in rows] == [None, None, None]  # repairs keep the fresh kernel's (no) focus
 
 
 # ----------------------------------------------------------------------------------------------- replay
@@ -390,10 +405,38 @@ async def test_replay_serves_recorded_answers_in_order_and_then_declines(store):
 
 
 async def test_replay_drives_the_repair_loop_like_the_original_run(store):
-    run = await new_run(store)
+    recorded = await new_run(store)
+    no_code = Proposal(provider="scripted", category="no-code", reason="no fenced CUDA code block")
+    await search(ScriptedProposer([broken("1"), no_code, good("3")]), iterations=3, store=store, run=recorded)
+    replayed = await new_run(store)
+    replay = ReplayProposer(store, recorded)
+    await search(replay, iterations=3, store=store, run=replayed)
+    assert replay.repairs  # the recorded run repaired, so the replay takes repair requests too
+
+    def shape(rows):
+        index = {r["id"]: i for i, r in enumerate(rows)}
+        return [(r["source"], r["status"], r["category"], r["error"], index.get(r["parent_id"])) for r in rows]
+
+    before, after = await store.candidates(recorded), await store.candidates(replayed)
+    assert shape(after) == shape(before)
+    assert [r["category"] for r in after] == ["compile", "no-code", None] and shape(after)[2][-1] == 0
+    assert {r["proposer"] for r in after} == {"replay"}
+
+
+async def test_a_resumed_replay_serves_only_what_its_run_lacks(store):
+    recorded = await new_run(store)
     kw = dict(parent_id=None, proposer="fake", model_name="fake-model")
-    await store.add_candidate(run, "card-relu", source=broken().source, launch_spec=SPEC, status="rejected",
-                              category="compile", **kw)
-    await store.add_candidate(run, "card-relu", source=KERNEL, launch_spec=SPEC, status="verified", **kw)
-    _, attempt, history = await propose_with_repair(ReplayProposer(store, run), REQUEST, check=make_check())
-    assert attempt.status == "verified" and [a.category for _, a in history] == ["compile", None]
+    unusable = dict(source="", launch_spec=None, status="rejected", category="no-code",
+                    error="no fenced CUDA code block")
+    await store.add_candidate(recorded, "card-relu", **unusable, **kw)
+    await store.add_candidate(recorded, "card-relu", source=KERNEL, launch_spec=SPEC, status="verified", **kw)
+    await store.add_candidate(recorded, "card-relu", source=KERNEL + "//3", launch_spec=SPEC, status="verified", **kw)
+    # The killed session stored the unusable answer and the third; the second was still in flight.
+    replayed = await new_run(store)
+    await store.add_candidate(replayed, "card-relu", **unusable, parent_id=None, proposer="replay")
+    await store.add_candidate(replayed, "card-relu", source=KERNEL + "//3", launch_spec=SPEC, status="verified",
+                              parent_id=None, proposer="replay")
+    replay = ReplayProposer(store, recorded, resumed_run=replayed)
+    first = await replay.propose(REQUEST)
+    assert first.ok and first.source == KERNEL
+    assert (await replay.propose(REQUEST)).declined

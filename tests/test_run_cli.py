@@ -65,3 +65,53 @@ def test_bad_provider_captures_nothing(cli, tmp_path):
     cli("run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--provider", "nope", "--workspace", tmp_path)
     db = tmp_path / "kforge.db"
     assert not db.exists() or sqlite3.connect(db).execute("SELECT count(*) FROM captures").fetchone()[0] == 0
+
+
+def _sources(db: sqlite3.Connection, run_id: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for card_id, source in db.execute("SELECT card_id, source FROM candidates WHERE run_id = ? ORDER BY rowid",
+                                      (run_id,)):
+        out.setdefault(card_id, []).append(source)
+    return out
+
+
+def test_replay_serves_a_recorded_run_again_and_resumes(cli, tmp_path):
+    base = ("--small", "--dry-run", "--no-tui", "--iterations", "2", "--json", "--workspace", tmp_path)
+    code, out, err = cli("run", MY_MODEL, "--provider", "builtin", *base)
+    assert code == 0, err
+    recorded = json.loads(out)["run"]
+    code, out, err = cli("run", MY_MODEL, "--provider", "replay", "--replay-run", recorded, *base)
+    assert code == 0, err
+    doc = json.loads(out)
+    replayed = doc["run"]
+    assert replayed != recorded and doc["tokens"] == 0
+    db = sqlite3.connect(tmp_path / "kforge.db")
+    want = _sources(db, recorded)
+    assert want and _sources(db, replayed) == want  # the same candidates, card by card, in the same order
+    assert {p for (p,) in db.execute("SELECT proposer FROM candidates WHERE run_id = ?", (replayed,))} == {"replay"}
+    assert db.execute("SELECT provider FROM runs WHERE id = ?", (replayed,)).fetchone() == ("replay",)
+
+    # As if the replay had been killed before its second proposals were stored: --resume serves what
+    # the run lacks (not the first answers again), and the replayed run ends up whole.
+    with db:
+        db.execute("DELETE FROM candidates WHERE id IN (SELECT id FROM candidates c WHERE run_id = ? AND rowid ="
+                   " (SELECT max(rowid) FROM candidates WHERE run_id = c.run_id AND card_id = c.card_id))",
+                   (replayed,))
+        db.execute("DELETE FROM events WHERE run_id = ? AND kind = 'card_done'", (replayed,))
+        db.execute("UPDATE runs SET status = 'running', stopped_by = NULL WHERE id = ?", (replayed,))
+    assert _sources(db, replayed) != want
+    code, out, err = cli("run", "--resume", replayed, "--dry-run", "--no-tui", "--json", "--workspace", tmp_path)
+    assert code == 0, err
+    assert json.loads(out)["proposals"] == len(want)  # one per card, each the one answer it lacked
+    assert _sources(db, replayed) == want
+
+
+def test_replay_needs_a_run_of_this_workspace(cli, tmp_path):
+    base = ("--small", "--dry-run", "--no-tui", "--workspace", tmp_path)
+    assert_one_line_error(*cli("run", MY_MODEL, "--provider", "replay", *base), "--provider replay", "--replay-run")
+    assert_one_line_error(*cli("run", MY_MODEL, "--provider", "replay", "--replay-run", "run-nope", *base),
+                          "--replay-run run-nope", "no such run")
+    assert_one_line_error(*cli("run", MY_MODEL, "--provider", "builtin", "--replay-run", "run-nope", *base),
+                          "--replay-run run-nope", "--provider replay")
+    db = tmp_path / "kforge.db"  # bad input: nothing was captured
+    assert sqlite3.connect(db).execute("SELECT count(*) FROM captures").fetchone()[0] == 0

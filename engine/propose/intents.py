@@ -6,6 +6,9 @@ builtin templates map it to the parameters it is about, and the store keeps it o
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
+
 # The focus of a revision. Siblings get different ones so that a node's children explore different
 # directions instead of the same rewrite several times.
 INTENTS: list[str] = [
@@ -32,3 +35,17 @@ INTENT_DESCRIPTIONS: dict[str, str] = {
                       "the code (constexpr, templates instantiated behind extern \"C\" entry points) so loops "
                       "unroll and bounds checks vanish.",
 }
+
+
+def choose_intent(siblings: Sequence[str | None], ancestors: Sequence[str | None], seed: int = 0) -> str:
+    """The focus of one revision: the intent the parent's other children used least, preferring one the
+    last two ancestors (parent last) did not use; `seed` rotates ties, so runs differ yet reproduce."""
+    used = Counter(i for i in siblings if i)
+    recent = {i for i in list(ancestors)[-2:] if i}
+    offset = seed % len(INTENTS)
+
+    def rank(item: tuple[int, str]) -> tuple[int, bool, int]:
+        k, name = item
+        return used[name], name in recent, (k - offset) % len(INTENTS)
+
+    return min(enumerate(INTENTS), key=rank)[1]

@@ -15,7 +15,7 @@ from typing import Protocol
 from engine.cards import OperatorCard
 from engine.propose.answer import Extracted, complete_spec, extract, kernel_names
 from engine.propose.base import Proposal, ProposalRequest, Usage
-from engine.propose.prompting import build_messages, followup_prompt, pick_intent
+from engine.propose.prompting import build_messages, followup_prompt
 from engine.propose.providers.base import TRUNCATED, Completion, Message, ProviderError
 
 __all__ = ["Completion", "LLMClient", "LLMProposer", "Message", "ProviderError", "transcript"]
@@ -63,7 +63,7 @@ class LLMProposer:
 
     async def propose(self, request: ProposalRequest) -> Proposal:
         system, messages = build_messages(request)
-        intent = pick_intent(request) or ""
+        intent = request.intent or ""
         sent: list[tuple[str, str]] = [("system", system), *(("user", m.content) for m in messages)]
         received: list[tuple[str, str]] = []
         usage = Usage()

@@ -5,14 +5,14 @@ Templates use `str.format_map` placeholders (`{name}`); a literal brace in a tem
 inserted raw (never formatted), so the worked example stays real, compilable code.
 
     system, messages = build_messages(request)     # system text, [Message('user', ...)]
-    pick_intent(request)                           # the focus of a revision, varied across siblings
+
+The focus of a request is `request.intent`, chosen by the orchestrator (`engine.propose.intents`).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
@@ -145,31 +145,6 @@ def template(name: str) -> str:
 def render(template_name: str, /, **values: Any) -> str:
     """prompts/NAME.md with its placeholders filled; PromptError names any missing one."""
     return template(template_name).format_map(_Values(template_name, values)).strip() + "\n"
-
-
-# ---------------------------------------------------------------------------------------------- intents
-
-
-def pick_intent(request: ProposalRequest) -> str | None:
-    """The focus for this request: the one asked for; a repair keeps its attempt's; a revision (or a fresh
-    kernel with siblings) gets the intent its siblings used least, preferring one its ancestors did not just use.
-    A first kernel with no siblings has no particular focus (None)."""
-    if request.intent:
-        return request.intent
-    if request.failed is not None:
-        return request.failed.intent or None
-    if request.parent is None and not request.siblings:
-        return None
-    used = Counter(a.intent for a in request.siblings if a.intent)
-    ancestors = [a.intent for a in (*request.lineage, request.parent) if a is not None and a.intent]
-    recent = set(ancestors[-2:])
-    offset = request.seed % len(INTENTS)  # the seed rotates ties, so runs differ but stay reproducible
-
-    def rank(item: tuple[int, str]) -> tuple[int, bool, int]:
-        i, name = item
-        return used[name], name in recent, (i - offset) % len(INTENTS)
-
-    return min(enumerate(INTENTS), key=rank)[1]
 
 
 # -------------------------------------------------------------------------------------------- messages
@@ -436,7 +411,7 @@ def _spec_lang(spec: str) -> str:
 
 def fresh_section(request: ProposalRequest) -> str:
     """The task of a first kernel for the card (varied against siblings when there are some)."""
-    intent = pick_intent(request)
+    intent = request.intent
     variety = ""
     if request.siblings:
         variety = ("\nOther first versions were already written for this card:\n\n"
@@ -453,7 +428,8 @@ def revise_section(request: ProposalRequest) -> str:
     """The task of revising the parent along one intent, with its lineage and siblings."""
     parent = request.parent
     assert parent is not None
-    intent = pick_intent(request) or INTENTS[0]
+    # A request built without the orchestrator's choice still gets one focus (the template needs one).
+    intent = request.intent or INTENTS[0]
     chain = [*request.lineage, parent]
     lineage = attempt_table(chain, MAX_LINEAGE_ROWS, what="ancestors", marks={len(chain) - 1: " (parent)"})
     return render(
@@ -478,9 +454,10 @@ def repair_section(request: ProposalRequest) -> str:
     if failed.message:
         feedback.append("Report:\n```text\n" + clip(failed.message, MAX_REPORT_CHARS) + "\n```")
     category = failed.category or "failed"
+    focus = request.intent or failed.intent
     return render(
         "repair",
-        attempt_number=max(1, request.attempt), intent_note=f", focus: {failed.intent}" if failed.intent else "",
+        attempt_number=max(1, request.attempt), intent_note=f", focus: {focus}" if focus else "",
         category=category, category_meaning=CATEGORY_MEANING.get(category, "see the report below."),
         source=clip(failed.source, MAX_SOURCE_CHARS) or "(none)", spec=failed.spec.strip() or "(none)",
         spec_lang=_spec_lang(failed.spec), feedback="\n\n".join(feedback) or "(no further details were recorded)",

@@ -15,38 +15,14 @@ from engine.cards import card_from_row
 from engine.errors import JobError, UsageError
 from engine.progress import stderr_progress
 from engine.propose.base import Hardware
+from engine.propose.factory import make_proposer
+from engine.propose.providers.config import default_provider
 from engine.run.orchestrator import Budgets, Orchestrator, RunTotals
 from engine.run.plan import CardState, SchedulePolicy
 from engine.run.report import Progress, print_final_table, run_document
 from engine.run.store_recorder import StoreRecorder, load_records
 from engine.search.tree import STRATEGIES, SearchParams
 from engine.store import Store, db_path, new_id
-
-
-def make_proposer(name: str):
-    """The proposer for `--provider NAME` (builtin without a key)."""
-    if name == "builtin":
-        from engine.propose.builtin import BuiltinProposer
-
-        return BuiltinProposer()
-    try:
-        from engine.propose.llm import LLMProposer
-        from engine.propose.providers.config import load_providers, make_client
-    except ImportError as e:  # pragma: no cover - until the provider layer lands
-        raise UsageError(f"--provider {name}: LLM providers are not available in this build ({e})") from None
-    providers = load_providers()
-    if name not in providers:
-        raise UsageError(f"--provider {name}: unknown provider; configured: {', '.join(sorted(providers))}")
-    return LLMProposer(make_client(providers[name]), name=name)
-
-
-def default_provider_name() -> str:
-    try:
-        from engine.propose.providers.config import default_provider
-
-        return default_provider()
-    except ImportError:  # pragma: no cover
-        return "builtin"
 
 
 def _as_cuda(sig: Any) -> Any:
@@ -97,17 +73,23 @@ async def run_async(args: argparse.Namespace, workspace: Path) -> tuple[int, dic
                 raise UsageError(f"--resume {args.resume}: no such run in {workspace}")
             capture_id, provider, cfg = run["capture_id"], run["provider"], run["config"]
             run_id = run["id"]
+            proposer = await make_proposer(provider, store=store, replay_run=cfg.get("replay_run"),
+                                           resumed_run=run_id)
         else:
-            provider = args.provider or default_provider_name()
-            make_proposer(provider)  # bad --provider is bad input: say so before capturing anything
+            provider = args.provider or default_provider()
+            # Bad --provider or --replay-run is bad input: say so before capturing anything.
+            proposer = await make_proposer(provider, store=store, replay_run=args.replay_run)
+            if args.replay_run:
+                await _check_replay(store, args)
             capture_id = await _capture_for(store, args, workspace)
             cfg = {"config": str(Path(args.config).resolve()), "iterations": args.iterations,
                    "strategy": args.strategy, "dry_run": dry, "wall_s": args.wall_time,
                    "max_proposals": args.max_proposals}
+            if args.replay_run:
+                cfg["replay_run"] = args.replay_run  # so that --resume replays the same run
             capture = await store.get_capture(capture_id)
             run = await store.create_run(capture_id, capture["model"], provider, cfg, pid=os.getpid())
             run_id = run["id"]
-        proposer = make_proposer(provider)
         capture = await store.get_capture(capture_id)
         as_cuda = dry and capture["device"] == "cpu"
         if as_cuda:
@@ -169,6 +151,17 @@ async def run_async(args: argparse.Namespace, workspace: Path) -> tuple[int, dic
         status = (await store.get_run(run_id))["status"]
         doc = run_document(run_id, status, o)
         return (0 if stopped_by in ("iterations", "wall_time", "tokens", "cost", "user") else 1), doc
+
+
+async def _check_replay(store: Store, args: argparse.Namespace) -> None:
+    """A replay serves recorded answers by card: the recorded run must be of the same model."""
+    from engine.config import load_config
+
+    model = load_config(args.config, small=args.small).name
+    source = await store.get_run(args.replay_run)
+    if source is not None and source["model"] != model:
+        raise UsageError(f"--replay-run {args.replay_run}: that run optimised {source['model']}, not {model}; "
+                         f"give {source['model']}'s config to replay it")
 
 
 async def _capture_for(store: Store, args: argparse.Namespace, workspace: Path) -> str:

@@ -12,12 +12,13 @@ import contextvars
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine.lane.evaluate import Evaluation
 from engine.propose.base import Attempt, Hardware, Proposal, ProposalRequest
-from engine.propose.repair import REPAIRABLE
+from engine.propose.intents import choose_intent
+from engine.propose.repair import MAX_ATTEMPTS, next_step, repair_request
 from engine.run.plan import CardState, SchedulePolicy, next_card, skip_reason, stop_reason
 from engine.search.tree import ROOT, STRATEGIES, SearchParams, Tree, backup
 
@@ -40,6 +41,7 @@ class CandidateRecord:
     card_id: str
     parent_id: str | None
     proposal: Proposal
+    focus: str | None = None          # the intent the request asked for (None: a fresh kernel)
     status: str = "proposed"          # proposed → evaluating → verified | rejected
     category: str | None = None
     message: str = ""
@@ -141,7 +143,7 @@ class Orchestrator:
                  params: SearchParams = SearchParams(), budgets: Budgets = Budgets(),
                  policy: SchedulePolicy = SchedulePolicy(), max_proposals: int = 4,
                  clock: Callable[[], float] = time.monotonic, poll_s: float = 0.1,
-                 totals: RunTotals | None = None, max_repairs: int = 3):
+                 totals: RunTotals | None = None, max_attempts: int = MAX_ATTEMPTS):
         self.cards = {c.ref.card_id: c for c in cards}
         self.trees: dict[str, Tree] = {c.ref.card_id: Tree.new() for c in cards}
         self.records: dict[str, CandidateRecord] = {}
@@ -158,7 +160,10 @@ class Orchestrator:
         self.clock = clock
         self.poll_s = poll_s
         self.totals = totals or RunTotals()
-        self.max_repairs = max_repairs
+        self.max_attempts = max_attempts
+        # The intent each node's request asked for, kept from the moment it is asked (in-flight siblings
+        # count too, so concurrent children of one parent get different intents).
+        self.focus: dict[str, str | None] = {}
         self.paused = False
         self.stopped_by: str | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -185,6 +190,7 @@ class Orchestrator:
             parent = rec.parent_id if rec.parent_id in tree.nodes else ROOT
             tree.add(rec.id, parent)
             self.records[rec.id] = rec
+            self.focus[rec.id] = rec.focus
             if rec.status in ("verified", "rejected"):
                 self._account(card, tree, rec)
             else:
@@ -294,13 +300,21 @@ class Orchestrator:
 
     # ---- one iteration --------------------------------------------------------------------------------
 
-    def _request(self, card: CardState, parent: str) -> ProposalRequest:
+    def _request(self, card: CardState, parent: str, node_id: str) -> ProposalRequest:
+        """The request for a new child `node_id` of `parent`, with its intent chosen once, here."""
         tree = self.trees[card.ref.card_id]
         parent_att = self._attempt(parent) if parent != ROOT else None
         lineage = tuple(self._attempt(n.id) for n in reversed(tree.path(parent)[1:]) if n.id != ROOT)
         siblings = tuple(self._attempt(c) for c in tree.nodes[parent].children if c in self.records)
+        seed = len(tree.nodes)
+        intent = None  # a fresh kernel has no particular focus
+        if parent != ROOT:
+            others = [self.focus.get(c) for c in tree.nodes[parent].children if c != node_id]
+            ancestors = [self.focus.get(n.id) for n in reversed(tree.path(parent)) if n.id != ROOT]
+            intent = choose_intent(others, ancestors, seed=seed)
+        self.focus[node_id] = intent
         return ProposalRequest(card.card, self.hardware, parent=parent_att, lineage=lineage, siblings=siblings,
-                               seed=len(tree.nodes))
+                               intent=intent, seed=seed)
 
     def _attempt(self, cid: str) -> Attempt:
         r = self.records[cid]
@@ -308,21 +322,29 @@ class Orchestrator:
                        r.message, best_us=r.best_us, speedup=r.speedup, params=r.proposal.params)
 
     async def _propose_and_evaluate(self, card: CardState, node_id: str, parent: str) -> None:
-        rec = await self._iteration(card, node_id, parent, self._request(card, parent))
-        # Bounded repair loop (LLM proposers): a failure goes back with its diagnostics; the repair
-        # is the failed candidate's child, so lineage is kept.
-        attempt = 0
-        while (rec is not None and rec.status == "rejected" and rec.category in REPAIRABLE
-               and getattr(self.proposer, "repairs", False) and attempt < self.max_repairs
-               and not self.stopped_by
-               and card.iterations + card.in_flight < self.budgets.iterations_per_card):
-            attempt += 1
-            child = self.new_id()
-            self.trees[card.ref.card_id].add(child, rec.id)
-            card.in_flight += 1
-            request = replace(self._request(card, rec.id), parent=None, failed=self._attempt(rec.id),
-                              attempt=attempt)
-            rec = await self._iteration(card, child, rec.id, request)
+        """One request and its bounded repair loop (engine.propose.repair's rules), for proposers that repair.
+
+        A repair is the failed candidate's child, so lineage is kept; a retry of an unusable answer is
+        its sibling (the same request again)."""
+        first = self._request(card, parent, node_id)
+        request, node, tree_parent = first, node_id, parent
+        for k in range(max(1, self.max_attempts)):
+            if k:
+                node = self.new_id()
+                self.trees[card.ref.card_id].add(node, tree_parent)
+                self.focus[node] = request.intent
+                card.in_flight += 1
+            rec = await self._iteration(card, node, tree_parent, request)
+            if rec is None or not getattr(self.proposer, "repairs", False):
+                return
+            attempt = self._attempt(rec.id)
+            step = next_step(attempt)
+            if step == "repair":
+                request, tree_parent = repair_request(first, attempt, k + 1), rec.id
+            elif step != "retry":
+                return
+            if self.stopped_by or card.iterations + card.in_flight >= self.budgets.iterations_per_card:
+                return
 
     async def _iteration(self, card: CardState, node_id: str, parent: str,
                          request: ProposalRequest) -> CandidateRecord | None:
@@ -352,7 +374,8 @@ class Orchestrator:
                 card.done_reason = "declined"
             await self.recorder.event("declined", {"reason": proposal.reason, "parent": parent}, card.ref.card_id)
             return None
-        rec = CandidateRecord(node_id, card.ref.card_id, None if parent == ROOT else parent, proposal)
+        rec = CandidateRecord(node_id, card.ref.card_id, None if parent == ROOT else parent, proposal,
+                              focus=request.intent)
         if not proposal.ok:  # unusable answer: a failed iteration, stored for the record
             rec.status, rec.category, rec.message = "rejected", proposal.category or "empty", proposal.reason
             card.in_flight -= 1

@@ -32,7 +32,7 @@ class StoreRecorder:
         cid, created = await self.store.add_candidate(
             self.run_id, rec.card_id, candidate_id=rec.id, parent_id=rec.parent_id, source=p.source,
             launch_spec=p.spec, proposer=p.provider, model_name=p.model, llm_call_id=llm_call_id,
-            status=rec.status, category=rec.category, intent=p.intent, params=p.params)
+            status=rec.status, category=rec.category, intent=p.intent, params=p.params, focus=rec.focus)
         return cid if created else None
 
     async def candidate_evaluating(self, rec: CandidateRecord) -> None:
@@ -97,7 +97,7 @@ async def load_records(store: Store, run_id: str) -> list[CandidateRecord]:
                      model=c.get("model_name") or "", usage=Usage())
         rec = CandidateRecord(c["id"], c["card_id"], c["parent_id"], p, status=c["status"],
                               category=c["category"], message=c.get("error") or "", best_us=c["best_us"],
-                              eager_us=c.get("eager_us"), speedup=c["speedup"])
+                              eager_us=c.get("eager_us"), speedup=c["speedup"], focus=c.get("focus"))
         if c.get("speedup_low") is not None:
             rec.speedup_ci = (c["speedup_low"], c["speedup_high"])
         if c.get("timing"):

@@ -185,10 +185,18 @@ _V2 = """
 CREATE INDEX evaluations_open ON evaluations(run_id, lane) WHERE finished_at IS NULL;
 """
 
+# v3: `candidates.focus` is the revision intent the orchestrator asked for (engine.propose.intents;
+# NULL for a fresh kernel), beside `intent`, which holds what the proposer says it did. `cards.tolerance`
+# was never written: an op's tolerance is a fact of engine.verify.tolerance, not of the card. SQLite
+# before 3.35 cannot drop a column; there the unused column stays (nothing reads or writes it).
+_V3 = "ALTER TABLE candidates ADD COLUMN focus TEXT;\n" + (
+    "ALTER TABLE cards DROP COLUMN tolerance;\n" if sqlite3.sqlite_version_info >= (3, 35, 0) else "")
+
 # Append only: never edit a released entry, add (N + 1, "ALTER ...") instead.
 MIGRATIONS: list[tuple[int, str]] = [
     (1, _V1),
     (2, _V2),
+    (3, _V3),
 ]
 
 

@@ -23,7 +23,7 @@ from engine.store import schema
 # Columns holding JSON text; encoded/decoded only by `row_from_dict` / `row_to_dict`.
 JSON_COLUMNS: dict[str, frozenset[str]] = {
     "captures": frozenset({"notes", "skipped"}),
-    "cards": frozenset({"signature", "module_paths", "tolerance", "eager_stats", "outputs"}),
+    "cards": frozenset({"signature", "module_paths", "eager_stats", "outputs"}),
     "runs": frozenset({"config"}),
     "candidates": frozenset({"launch_spec", "verification", "timing", "params"}),
     "evaluations": frozenset({"verdict"}),
@@ -492,6 +492,7 @@ class Store:
         candidate_id: str | None = None,
         intent: str | None = None,
         params: Mapping[str, Any] | None = None,
+        focus: str | None = None,
     ) -> tuple[str, bool]:
         """Insert a candidate; returns `(id, created)`.
 
@@ -510,6 +511,7 @@ class Store:
             "card_id": card_id,
             "parent_id": parent_id,
             "intent": intent,
+            "focus": focus,
             "params": dict(params) if params is not None else None,
             "source": source,
             "launch_spec": launch_spec if launch_spec is not None else {},

@@ -31,7 +31,7 @@ _KEYS = {
     "anthropic": _LLM_KEYS,
     "openai": _LLM_KEYS | {"max_tokens_param"},
     "builtin": {"type", "description"},
-    "replay": {"type", "description", "path"},
+    "replay": {"type", "description"},  # the run to replay is given per run: --replay-run RUN
 }
 _PRICE_KEYS = {"input", "output", "cache_read", "cache_write"}
 _DEFAULT_KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
@@ -57,7 +57,6 @@ class ProviderConfig:
     requests_per_minute: float = 0.0          # 0: no rate limit
     prices: Mapping[str, Price] = field(default_factory=dict)
     max_tokens_param: str | None = None       # openai only; None: chosen from base_url
-    replay_path: str | None = None            # replay only
 
     @property
     def is_llm(self) -> bool:
@@ -105,12 +104,8 @@ def _provider(p: Path, name: str, t: dict[str, Any]) -> ProviderConfig:
     if "description" in t and not isinstance(t["description"], str):
         raise bad("description", "must be a string")
     common = {"name": name, "type": kind, "path": p, "description": t.get("description", "")}
-    if kind == "builtin":
+    if kind in ("builtin", "replay"):
         return ProviderConfig(**common)
-    if kind == "replay":
-        if "path" in t and (not isinstance(t["path"], str) or not t["path"]):
-            raise bad("path", "must be a non-empty string")
-        return ProviderConfig(**common, replay_path=t.get("path"))
 
     def number(key: str, default: float, *, integer: bool = False, minimum: float = 0.0,
                strict: bool = True) -> Any:
