@@ -13,8 +13,14 @@ import torch
 from engine.capture.recorder import CaptureMode
 from engine.capture.signature import signature_text
 from engine.cards import OperatorCard
+from engine.propose.base import Hardware
 
 CAPTURES = Path(__file__).resolve().parent.parent / "docs" / "results" / "capture-h200"
+
+# A DGX Spark: 48 SMs, 99 KB of shared memory per block, sm_121 (a GPU unlike the H200 the templates
+# were tuned on).
+GB10 = Hardware(name="NVIDIA GB10", arch="sm_121", sms=48, l2_bytes=24 << 20, bandwidth_bps=2.73e11,
+                max_shared_per_block=101376)
 
 
 def cudaify(d: Any) -> Any:
@@ -51,3 +57,33 @@ def h200_cards(keep: Callable[[str], bool]) -> list[OperatorCard]:
                 sig = {"op": c["op"], "args": c["args"], "aliases": c["aliases"]}
                 out.append(OperatorCard(c["id"], c["op"], sig, c["signature"], c["outputs"]))
     return out
+
+
+def check_intent_directed_children(templates: list[Any], cards: list[OperatorCard]) -> int:
+    """Asserts the builtin proposer's child of each card's default, asked for "vectorisation", changes only
+    vector/unroll parameters (where one of them makes a different kernel), carries the intent's name as its
+    intent and the plan's description under params["plan"]; returns how many cards had such a choice."""
+    import asyncio
+
+    from engine.propose.base import Attempt, Hardware, ProposalRequest
+    from engine.propose.builtin.proposer import BuiltinProposer
+    from engine.propose.builtin.template import INTENT_PARAMS
+
+    focused = 0
+    for card in cards:
+        proposer = BuiltinProposer(templates)
+        first = asyncio.run(proposer.propose(ProposalRequest(card, Hardware())))
+        assert first.ok and "plan" not in first.params and first.intent  # no intent asked: the description
+        template = proposer.template_for(card)[0]
+        space, start = template.space(card), {k: v for k, v in first.params.items() if k != "template"}
+        if not any(template.render(card, {**start, k: v}).source != first.source
+                   for k in INTENT_PARAMS["vectorisation"] & set(space) for v in space[k]):
+            continue  # no vector/unroll choice makes a different kernel here: the child may change anything
+        parent = Attempt("p", first.source, first.spec, params=first.params)
+        child = asyncio.run(proposer.propose(ProposalRequest(card, Hardware(), parent=parent, seed=3,
+                                                             intent="vectorisation")))
+        assert child.ok and child.intent == "vectorisation" and child.params["plan"], card.signature_text
+        changed = {k for k in child.params if k not in ("template", "plan") and child.params[k] != first.params[k]}
+        assert changed and changed <= INTENT_PARAMS["vectorisation"], (card.op, changed)
+        focused += 1
+    return focused

@@ -16,9 +16,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.propose.builtin.norms import TEMPLATES
+from engine.propose.builtin.batch_norm import TEMPLATES as BN
+from engine.propose.builtin.group_norm import TEMPLATES as GN
+from engine.propose.builtin.row_norms import TEMPLATES as ROWS
 
-BY_NAME = {t.name: t for t in TEMPLATES}
+BY_NAME = {t.name: t for t in (*GN, *ROWS, *BN)}
 TIMING = {"max_seconds": 0.5}
 
 

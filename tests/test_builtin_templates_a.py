@@ -12,32 +12,35 @@ eager-matching constants are right (evaluated here in Python).
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
 import math
 import random
 import re
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+import cuda_emulator as emu
 import pytest
 import torch
 import torch.nn.functional as F
-from card_helpers import brief, captured
+from card_helpers import GB10, brief, captured, check_intent_directed_children
 from card_helpers import h200_cards as _h200_cards
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.capture.signature import bind_arguments, describe_tensor, signature_of, signature_text
 from engine.cards import OperatorCard
 from engine.launch import Env, parse_spec, resolve
+from engine.propose.base import Hardware
 from engine.propose.builtin import cuda_common as cc
 from engine.propose.builtin.elementwise import TEMPLATES as EW
 from engine.propose.builtin.pooling import TEMPLATES as PL
 from engine.propose.builtin.softmax import TEMPLATES as SM
-from engine.propose.builtin.template import Template
+from engine.propose.builtin.template import INTENT_PARAMS, Template
+from engine.propose.intents import INTENTS
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES: list[Template] = [*EW, *SM, *PL]
@@ -259,16 +262,14 @@ def test_misalignment_costs_vectors_not_coverage():
     assert card.signature["args"][0]["align"] == 2
     t = EW[0]
     assert t.accepts(card) is None and 8 in t.space(card)["vec"]
-    src = t.render(card, {**t.default(card), "vec": 8}).source
-    assert "self float16 strides [1] (gather)" in src and "other float16 strides [1] (vec)" in src
+    t.render(card, {**t.default(card), "vec": 8})  # runs correctly: the emulation case "misaligned f16 add"
     # softmax: misaligned rows leave only the scalar width
     rows = torch.randn(4 * 256 + 1)[1:].view(4, 256)
     sm = capture(lambda: torch.softmax(rows, -1))
     assert SM[0].accepts(sm) is None and list(SM[0].space(sm)["vec"]) == [1]
-    # pooling: the widest valid width is used, here 1
+    # pooling: the widest valid width is used (here 1); UBSan would catch a misaligned vector access
     pl = capture(lambda: rows.mean(-1, keepdim=True))
-    src = PL[0].render(pl, {**PL[0].default(pl), "strategy": "row"}).source
-    assert "kf_vec<float, 1> w[" in src and "kf_vec<float, 4>" not in src
+    assert PL[0].accepts(pl) is None  # and runs correctly: the emulation case "mean row misaligned f32"
 
 
 # --------------------------------------------------------------------------------- numerics in code
@@ -358,8 +359,7 @@ def _walk(t: Template, card: OperatorCard, steps: int, seed: int) -> list[dict[s
     out = [t.default(card)]
     params = out[0]
     for _ in range(steps):
-        params = t.mutate(card, params, rng, rng.choice([None, "vectorisation", "occupancy", "decomposition",
-                                                         "fusing passes", "memory access"]))
+        params = t.mutate(card, params, rng, rng.choice([None, *INTENTS]))
         out.append(params)
     return out
 
@@ -415,22 +415,30 @@ def test_every_instance_renders_parses_and_resolves(dtype):
     assert count > 500 and len(sources) > 100
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_every_distinct_source_compiles_with_nvrtc_for_sm_90(dtype, capsys):
+def _compile(sources: dict[str, set[str]]) -> None:
+    """Every source compiles with NVRTC for sm_90 and defines the kernels its specs launch."""
     from engine.compile import compile_nvrtc
 
-    sources, _ = _rendered(dtype)
-    t0 = time.perf_counter()
     with ThreadPoolExecutor(2) as pool:  # NVRTC releases the GIL: two compiles at once on two cores
         results = list(pool.map(lambda s: compile_nvrtc(s, arch="sm_90"), sources))
-    elapsed = time.perf_counter() - t0
     failures = [f"{res.summary()}\n{src[:2000]}" for src, res in zip(sources, results) if not res.ok]
     assert not failures, failures[0]
     for kernels, res in zip(sources.values(), results):
         assert kernels <= set(res.kernels), (kernels, res.kernels)
-    with capsys.disabled():
-        print(f"\n[{dtype}] {len(sources)} distinct sources compiled in {elapsed:.1f} s "
-              f"({1000 * elapsed / len(sources):.0f} ms each, 2 threads)")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_sample_of_distinct_sources_compiles_with_nvrtc_for_sm_90(dtype):
+    sources, _ = _rendered(dtype)
+    # Deterministic: every 16th source in digest order (the order of rendering would favour one card).
+    ordered = sorted(sources, key=lambda s: hashlib.sha256(s.encode()).hexdigest())
+    _compile({s: sources[s] for s in ordered[::16]})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_distinct_source_compiles_with_nvrtc_for_sm_90(dtype):
+    _compile(_rendered(dtype)[0])
 
 
 # ------------------------------------------------------------------------------------ proposer
@@ -451,165 +459,35 @@ def test_builtin_proposer_proposes_defaults_then_untried_neighbours():
         assert child.ok and child.params != first.params
 
 
+def test_template_intents_are_the_search_vocabulary():
+    assert set(INTENT_PARAMS) <= set(INTENTS)
+    assert all(INTENT_PARAMS.values())
+
+
+def test_intent_directed_mutation_changes_only_what_the_intent_is_about():
+    cards = [card for dtype in DTYPES for card in cards_for(dtype)]
+    assert check_intent_directed_children(TEMPLATES, cards) >= len(cards) // 2
+
+
+def test_grids_and_strategies_follow_the_gpu():
+    """Grid-stride grids are sized by the GPU's SM count; a GB10 is never offered a cluster kernel."""
+    x = torch.randn(1 << 22)
+    silu = capture(lambda: F.silu(x))
+    t = _template(silu)
+    params = {**t.default(silu), "waves": 1, "block": 256, "vec": 4, "unroll": 1}
+    env = Env.from_card(silu.signature, silu.outputs)
+    grid = {hw.sms: resolve(parse_spec(t.render(silu, params, hw=hw).spec), env).launches[0].grid[0]
+            for hw in (Hardware(), GB10)}
+    assert grid == {132: 132 * 8, 48: 48 * 8}  # one wave: 8 blocks of 256 threads per SM
+    long_rows = capture(lambda: torch.softmax(torch.randn(4, 65536), -1))
+    assert "cluster" in SM[0].space(long_rows)["strategy"]
+    assert "cluster" not in SM[0].space(long_rows, hw=GB10)["strategy"]
+
+
 # ----------------------------------------------------------------------------------- CPU emulation
-# A few instances per strategy RUN on the CPU: one OS thread per CUDA thread (blocks one after another),
-# std::barrier for __syncthreads and warp shuffles, AddressSanitizer for out-of-bounds accesses and UBSan
-# for misaligned vector accesses. Outputs start as NaN (unwritten elements show) and are compared with
-# CPU eager under the lane's tolerance; inputs must come back unchanged.
-
-EMU_HEADER = r"""
-#include <barrier>
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <memory>
-#include <thread>
-#include <vector>
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __restrict__ __restrict
-#define __launch_bounds__(...)
-#define __shared__ static
-#define __align__(n) __attribute__((aligned(n)))
-#define __cluster_dims__(...)
-struct emu_dim3 { unsigned x = 0, y = 0, z = 0; };
-inline thread_local emu_dim3 threadIdx, blockIdx;
-inline emu_dim3 blockDim, gridDim;
-struct emu_block {  // the synchronisation state of one running block
-  std::unique_ptr<std::barrier<>> bar;
-  std::vector<std::unique_ptr<std::barrier<>>> warps;
-  std::vector<float> slots;
-};
-inline thread_local emu_block* emu_me = nullptr;
-inline std::barrier<>* emu_cluster_bar = nullptr;
-inline void __syncthreads() { emu_me->bar->arrive_and_wait(); }
-inline void kf_cluster_sync() { emu_cluster_bar->arrive_and_wait(); }
-inline float __shfl_xor_sync(unsigned, float v, int o) {
-  const unsigned t = threadIdx.x, w = t / 32;
-  emu_me->slots[t] = v;
-  emu_me->warps[w]->arrive_and_wait();
-  const float r = emu_me->slots[w * 32 + ((t % 32) ^ o)];
-  emu_me->warps[w]->arrive_and_wait();
-  return r;
-}
-inline float __ldcg(const float* p) { return *p; }
-inline void __stcg(float* p, float v) { *p = v; }
-inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
-inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
-template <class T> inline T min(T a, T b) { return a < b ? a : b; }
-inline float emu_u2f(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
-inline uint32_t emu_f2u(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
-struct __half { uint16_t x; };
-struct __nv_bfloat16 { uint16_t x; };
-inline float __bfloat162float(__nv_bfloat16 h) { return emu_u2f(uint32_t(h.x) << 16); }
-inline __nv_bfloat16 __float2bfloat16_rn(float f) {
-  uint32_t u = emu_f2u(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return {uint16_t((u >> 16) | 0x40)};
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return {uint16_t(u >> 16)};
-}
-inline float __half2float(__half h) {
-  const uint32_t s = h.x >> 15, e = (h.x >> 10) & 0x1f, m = h.x & 0x3ff;
-  const float v = e == 0 ? std::ldexp(float(m), -24) : e == 31 ? (m ? NAN : INFINITY)
-                                                             : std::ldexp(float(m | 0x400), int(e) - 25);
-  return s ? -v : v;
-}
-inline __half __float2half_rn(float f) {
-  const uint16_t sign = (emu_f2u(f) >> 16) & 0x8000;
-  const float a = std::fabs(f);
-  if (std::isnan(f)) return {uint16_t(sign | 0x7e00)};
-  if (a >= 65520.0f) return {uint16_t(sign | 0x7c00)};
-  if (a < std::ldexp(1.0f, -14)) return {uint16_t(sign | uint16_t(std::nearbyint(a * 16777216.0f)))};
-  int e;
-  float q = std::nearbyint(std::ldexp(std::frexp(a, &e), 11));
-  if (q >= 2048.0f) { q /= 2; e += 1; }
-  return {uint16_t(sign | ((e + 14) << 10) | (int(q) - 1024))};
-}
-struct emu_ptr { void* p; template <class T> operator T*() const { return static_cast<T*>(p); } };
-// Blocks run one cluster at a time; the `cluster` blocks of a cluster run together, block q of it
-// calling kernel(q) (a separate copy of the code, so each has its own __shared__ statics).
-template <class F> void emu_launch(F&& kernel, unsigned grid, unsigned block, unsigned cluster = 1) {
-  gridDim = {grid, 1, 1};
-  blockDim = {block, 1, 1};
-  for (unsigned b0 = 0; b0 < grid; b0 += cluster) {
-    std::barrier<> cbar(block * cluster);
-    emu_cluster_bar = &cbar;
-    std::vector<emu_block> blocks(cluster);
-    for (auto& blk : blocks) {
-      blk.bar.reset(new std::barrier<>(block));
-      for (unsigned w = 0; w * 32 < block; ++w)
-        blk.warps.emplace_back(new std::barrier<>(std::min(32u, block - w * 32)));
-      blk.slots.assign(block, 0.f);
-    }
-    std::vector<std::thread> ts;
-    for (unsigned q = 0; q < cluster; ++q)
-      for (unsigned t = 0; t < block; ++t)
-        ts.emplace_back([&, q, t] {
-          threadIdx = {t, 0, 0};
-          blockIdx = {b0 + q, 0, 0};
-          emu_me = &blocks[q];
-          kernel(q);
-          emu_me->bar->arrive_and_drop();  // an exited thread leaves the barriers, as on the GPU
-          emu_me->warps[t / 32]->arrive_and_drop();
-          emu_cluster_bar->arrive_and_drop();
-        });
-    for (auto& th : ts) th.join();
-  }
-}
-"""
-
-_EMU_MAIN = r"""
-int main(int argc, char** argv) {
-  // argv: case, then buffer files (read, run, written back); each buffer is allocated exactly
-  // (AddressSanitizer catches any access outside it) at its original offset modulo 16.
-  const int which = atoi(argv[1]);
-  std::vector<void*> bufs;
-  std::vector<size_t> sizes;
-  for (int a = 2; a + 1 < argc; a += 2) {
-    FILE* f = fopen(argv[a], "rb");
-    fseek(f, 0, SEEK_END);
-    const size_t n = ftell(f), pad = strtoull(argv[a + 1], nullptr, 10);
-    fseek(f, 0, SEEK_SET);
-    void* base = nullptr;
-    if (posix_memalign(&base, 16, pad + n + 1)) return 3;
-    if (fread((char*)base + pad, 1, n, f) != n) return 4;
-    fclose(f);
-    bufs.push_back((char*)base + pad);
-    sizes.push_back(n);
-  }
-  void** P = bufs.data();
-  switch (which) {
-CASES
-  }
-  for (size_t i = 0; i < bufs.size(); ++i) {
-    FILE* f = fopen(argv[2 + 2 * i], "wb");
-    fwrite(bufs[i], 1, sizes[i], f);
-    fclose(f);
-  }
-  return 0;
-}
-"""
-
-
-def _storage_bytes(t: torch.Tensor) -> tuple[int, bytes]:
-    from engine.capture.signature import storage_extent
-
-    lo, hi = storage_extent(t)
-    raw = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
-    return lo, raw[lo:hi].clone().numpy().tobytes()
-
-
-def _like(t: torch.Tensor, data: bytes) -> torch.Tensor:
-    """A tensor with t's layout whose touched storage holds `data`."""
-    from engine.capture.signature import storage_extent
-
-    lo, hi = storage_extent(t)
-    store = torch.zeros(t.untyped_storage().nbytes(), dtype=torch.uint8)
-    store[lo:hi] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    return torch.empty(0, dtype=t.dtype).set_(store.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+# A few instances per strategy RUN on the CPU (tests/cuda_emulator.py: a thread per CUDA thread,
+# AddressSanitizer and UBSan). Outputs start as NaN (unwritten elements show) and are compared with CPU
+# eager under the lane's tolerance; inputs must come back unchanged.
 
 
 class _Recorder(TorchDispatchMode):
@@ -623,7 +501,7 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if func.name() in self.ops:
             bound = bind_arguments(func, args, kwargs)
-            keep = [(n, _like(v, _storage_bytes(v)[1]) if isinstance(v, torch.Tensor) else v) for n, v in bound]
+            keep = [(n, emu.copy_of(v) if isinstance(v, torch.Tensor) else v) for n, v in bound]
             out = func(*args, **kwargs)
             self.call = (func, keep, out.clone() if func.name().split(".")[0].endswith("_") else out)
             return out
@@ -659,6 +537,12 @@ EMU_CASES: list[tuple[str, Callable[[], Any], dict[str, Any]]] = [
     ("mean row strided f32", lambda: torch.randn(2, 40, 3, 16).transpose(1, 2).mean(-1, keepdim=True),
      {"strategy": "row", "group": 8, "block": 128}),
     ("sum block_row f32", lambda: torch.randn(3, 5000).sum(-1), {"strategy": "block_row", "block": 128}),
+    ("misaligned f16 add", lambda: (lambda b: b[1:].view(3, 512) + torch.randn(3, 512).half())(
+        torch.randn(3 * 512 + 1).half()), {"vec": 8, "block": 128}),
+    ("mean row misaligned f32", lambda: torch.randn(4 * 256 + 1)[1:].view(4, 256).mean(-1, keepdim=True),
+     {"strategy": "row", "vec": 8, "block": 128}),
+    ("gelu tanh via exp f32", lambda: F.gelu(torch.randn(3, 1000), approximate="tanh"),
+     {"math": "fast", "block": 128}),
 ]
 
 
@@ -680,66 +564,28 @@ def _emu_case(fn: Callable[[], Any], params: dict[str, Any]) -> tuple[OperatorCa
 
 
 def test_kernels_run_correctly_in_the_cpu_emulation(tmp_path):
-    import shutil
-    import subprocess
-
     from engine.verify.compare import compare
     from engine.verify.tolerance import tolerance_for
 
-    if shutil.which("g++") is None:
+    if not emu.available():
         pytest.skip("g++ is needed for the CUDA-on-CPU emulation")
     cases = [(label, *_emu_case(fn, params)) for label, fn, params in EMU_CASES]
-    tu, dispatch = [EMU_HEADER], []
-    for i, (_, _card, bound, _, rendered, res) in enumerate(cases):
-        src = re.sub(r"#include <cuda_\w+\.h>\n", "", rendered.source).replace('extern "C" ', "")
-        src = re.sub(r"// kf-cluster-begin.*?// kf-cluster-end\n", "", src, flags=re.S)  # the emulator's
-        found = re.search(r"__cluster_dims__\((\d+)", src)
-        cluster = int(found.group(1)) if found else 1
-        for q in range(cluster):
-            tu.append(f"namespace case{i}_{q} {{\n{src}\n}}\n")
-        names = [n for n, v in bound if isinstance(v, torch.Tensor)]
-        index = {("input", n): j for j, n in enumerate(names)}
-        index[("output", 0)] = len(names)
-        index.update({("workspace", w[0]): len(names) + 1 + j for j, w in enumerate(res.workspaces)})
-        calls = []
-        for launch in res.launches:
-            args = ", ".join(f"emu_ptr{{P[{index[a.value]}]}}" for a in launch.args)
-            slots = " ".join(f"case {q}: case{i}_{q}::{launch.kernel}({args}); break;" for q in range(cluster))
-            calls.append(f"emu_launch([&](unsigned q) {{ switch (q) {{ {slots} }} }}, {launch.grid[0]}, "
-                         f"{launch.block[0]}, {cluster});")
-        dispatch.append(f"    case {i}: {{ {' '.join(calls)} break; }}")
-    cpp = tmp_path / "emu.cpp"
-    cpp.write_text("\n".join(tu) + _EMU_MAIN.replace("CASES", "\n".join(dispatch)))
-    exe = tmp_path / "emu"
-    build = subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-pthread", "-fsanitize=address,undefined",
-                            "-fno-sanitize-recover=all", str(cpp), "-o", str(exe)], capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr[-3000:]
+    program = emu.build([(rendered.source, res) for *_, rendered, res in cases], tmp_path)
     failures = []
     for i, (label, card, bound, expected, rendered, res) in enumerate(cases):
-        tensors = [(n, v) for n, v in bound if isinstance(v, torch.Tensor)]
+        inputs = {n: v for n, v in bound if isinstance(v, torch.Tensor)}
         inplace = card.op.split("::")[1].split(".")[0].endswith("_")
-        out = torch.empty_strided(expected.shape, expected.stride(), dtype=expected.dtype)
-        torch.empty(0, dtype=torch.uint8).set_(out.untyped_storage()).fill_(0xFF)  # NaN everywhere
-        files = []
-        for j, t in enumerate([v for _, v in tensors] + [out]):
-            lo, data = _storage_bytes(t)
-            (tmp_path / f"{i}_{j}").write_bytes(data)
-            files += [str(tmp_path / f"{i}_{j}"), str(lo % 16)]
-        for j, (_, nbytes, zero) in enumerate(res.workspaces, start=len(tensors) + 1):
-            (tmp_path / f"{i}_{j}").write_bytes(bytes(nbytes) if zero else b"\xab" * nbytes)
-            files += [str(tmp_path / f"{i}_{j}"), "0"]
-        run = subprocess.run([str(exe), str(i), *files], capture_output=True, text=True, timeout=120,
-                             env={"ASAN_OPTIONS": "detect_leaks=0", "PATH": "/usr/bin:/bin"})
-        if run.returncode:
-            failures.append(f"{label}: crashed (rc {run.returncode}): {run.stderr[-1500:]}")
+        out = emu.output_like(card.outputs[0], float("nan"))
+        got = emu.run(program, i, res, inputs, [out], tmp_path)
+        if got.error:
+            failures.append(f"{label}: {got.error}")
             continue
-        after = [_like(v, (tmp_path / f"{i}_{j}").read_bytes()) for j, (_, v) in enumerate(tensors)]
-        got = after[0] if inplace else _like(out, (tmp_path / f"{i}_{len(tensors)}").read_bytes())
-        report = compare(got, expected, tolerance_for(card.op, expected.dtype))
+        result = got.inputs["self"] if inplace else got.outputs[0]
+        report = compare(result, expected, tolerance_for(card.op, expected.dtype))
         if not report.ok:
             failures.append(f"{label}: {rendered.intent}: {report.message}")
-        for (name, before), now in zip(tensors, after):
-            if not (inplace and name == "self") and not torch.equal(before, now):
+        for name, now in got.inputs.items():
+            if not (inplace and name == "self") and not torch.equal(inputs[name], now):
                 failures.append(f"{label}: input {name} was modified")
     assert not failures, "\n".join(failures)
 

@@ -13,20 +13,27 @@ CUDA snippets (prepend `prelude(dtypes, ...)` to a kernel source; every name sta
                shared memory); blockDim.x must be a multiple of 32; every thread gets the result; safe to
                call back to back with the same scratch.
                kf_lse_merge(m, s, m2, s2): merges two (max, sum of exp(x - max)) pairs (online softmax).
+  hinted       kf_load<E, NV, HINT>(p, float*) / kf_store<E, NV, HINT>(p, const float*): NV elements moved
+               in raw words of up to 16 bytes with a cache policy (0 default, 1 streaming, 2 read-only).
+  welford      KfWf (count, mean, M2) with kf_wf_merge (Chan), kf_wf_add<NV> (exact moments of NV values
+               merged once), kf_wf_warp / kf_wf_block<NWARP> (fixed-tree reductions, same bits everywhere).
   clusters     kf_cluster_sync(): barrier of a thread block cluster (kernel declared __cluster_dims__),
                release/acquire at cluster scope (sm_90); between `// kf-cluster-begin/end` markers so a
                CPU emulation can substitute it.
 
 Python helpers:
   dtypes       DTYPES / SUPPORTED (float32, float16, bfloat16), ctype(), itemsize(), includes(), prelude(),
-               SMS (132, for sizing grids), int_type(extent) (32-bit index math when it fits).
+               int_type(extent) (32-bit index math when it fits).
+  hardware     has_clusters(hw): whether thread-block cluster kernels may be offered to the GPU.
   numbers      f32(x) (host static_cast<float>), float_literal(x) (exact fp32 C literal).
-  cards        tensor_arg(), value_arg() (decoded), raw_arg(), check_tensor() (dtype/cuda/neg/conj reason),
-               usable_tensor() / single_output() (or Decline with that reason),
-               aliased_with().
+  cards        tensor_arg(), value_arg() (decoded), raw_arg(), raw_value() (as stored), check_tensor()
+               (dtype/cuda/neg/conj reason), dense_tensor_problem() (also row-major), usable_tensor() /
+               single_output() (or Decline with that reason), aliased_with().
   layout       contiguous_strides(), meaningful_strides(), is_contiguous(), dense_order() (dims of a dense
                tensor, outermost first), coalesce() (merge dims all tensors walk as one), offset_code()
                (C expression: flat index -> strided offset, sizes and strides baked in).
+  codegen      substitute() ($NAME templates), cbool(), ptr_params() (absent tensors as nullptr locals),
+               spec_args() (a TOML args list), vec_choices() (aligned vector widths), ordered().
   search       mutate_relevant(): Template.mutate limited to the parameters that matter for the current
                strategy, others reset to defaults (so equal kernels have equal parameters).
 Other template families import from here: names and behaviour are kept stable.
@@ -39,9 +46,11 @@ import random
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from string import Template as _Text
 from typing import Any
 
 from engine.cards import OperatorCard
+from engine.propose.base import Hardware
 
 # ----------------------------------------------------------------------------------------------- dtypes
 
@@ -62,7 +71,7 @@ DTYPES: dict[str, DType] = {
     "bfloat16": DType("bfloat16", "__nv_bfloat16", 2, "cuda_bf16.h"),
 }
 SUPPORTED = tuple(DTYPES)
-SMS = 132  # H200 streaming multiprocessors: sizes grid-stride grids (a wrong guess costs speed only)
+MAX_I32 = 2**31 - 1  # one grid dimension's block count, and 32-bit signed index math
 
 
 def ctype(dtype: str) -> str:
@@ -169,6 +178,121 @@ __device__ __forceinline__ void kf_cluster_sync() {
 // kf-cluster-end
 """
 
+HINTED = r"""
+// A raw word of B bytes: one memory instruction moves it (B <= 16).
+template <int B> struct KfRaw;
+template <> struct KfRaw<2> { typedef unsigned short Word; };
+template <> struct KfRaw<4> { typedef unsigned int Word; };
+template <> struct KfRaw<8> { typedef uint2 Word; };
+template <> struct KfRaw<16> { typedef uint4 Word; };
+
+// Cache policy. 0: default (data read again soon stays in L2), 1: streaming (last use, evict first),
+// 2: read-only path (small tensors every block reads: weights, running stats).
+template <int HINT, typename Word> __device__ __forceinline__ Word kf_ld(const Word* p) {
+  if constexpr (HINT == 1) return __ldcs(p);
+  else if constexpr (HINT == 2) return __ldg(p);
+  else return *p;
+}
+
+// NV consecutive elements of E at p (aligned to min(16, NV*sizeof(E)) bytes) as floats.
+template <typename E, int NV, int HINT>
+__device__ __forceinline__ void kf_load(const E* __restrict__ p, float* f) {
+  constexpr int BYTES = NV * (int)sizeof(E);
+  constexpr int CH = BYTES > 16 ? 16 : BYTES;
+  constexpr int PER = CH / (int)sizeof(E);
+  typedef typename KfRaw<CH>::Word Word;
+#pragma unroll
+  for (int k = 0; k < NV / PER; ++k) {
+    Word r = kf_ld<HINT>(reinterpret_cast<const Word*>(p + k * PER));
+    const E* e = reinterpret_cast<const E*>(&r);
+#pragma unroll
+    for (int j = 0; j < PER; ++j) f[k * PER + j] = kf_to_float(e[j]);
+  }
+}
+
+// NV floats rounded once to E and stored at p; HINT 1 streams (the output is not read again here).
+template <typename E, int NV, int HINT>
+__device__ __forceinline__ void kf_store(E* __restrict__ p, const float* f) {
+  constexpr int BYTES = NV * (int)sizeof(E);
+  constexpr int CH = BYTES > 16 ? 16 : BYTES;
+  constexpr int PER = CH / (int)sizeof(E);
+  typedef typename KfRaw<CH>::Word Word;
+#pragma unroll
+  for (int k = 0; k < NV / PER; ++k) {
+    Word r;
+    E* e = reinterpret_cast<E*>(&r);
+#pragma unroll
+    for (int j = 0; j < PER; ++j) e[j] = kf_from_float<E>(f[k * PER + j]);
+    if constexpr (HINT == 1) __stcs(reinterpret_cast<Word*>(p + k * PER), r);
+    else *reinterpret_cast<Word*>(p + k * PER) = r;
+  }
+}
+"""
+
+WELFORD = r"""
+// Welford state (count, mean, sum of squared deviations); merges are Chan's formula.
+struct KfWf { float n, mean, m2; };
+
+__device__ __forceinline__ void kf_wf_merge(KfWf& a, float nb, float mb, float m2b) {
+  if (nb == 0.f) return;
+  const float n = a.n + nb;
+  const float d = mb - a.mean;
+  const float r = __fdividef(nb, n);
+  a.m2 += m2b + d * d * a.n * r;
+  a.mean += d * r;
+  a.n = n;
+}
+
+// Exact moments of NV values (mean, then squared deviations from it), merged in once: one division per
+// vector instead of one per element, and no cancellation.
+template <int NV> __device__ __forceinline__ void kf_wf_add(KfWf& s, const float* f) {
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < NV; ++j) sum += f[j];
+  const float m = sum * (1.f / NV);
+  float q = 0.f;
+#pragma unroll
+  for (int j = 0; j < NV; ++j) { const float d = f[j] - m; q = fmaf(d, d, q); }
+  kf_wf_merge(s, (float)NV, m, q);
+}
+
+// Warp reduction as a fixed tree into lane 0, then broadcast: every lane gets the same bits.
+__device__ __forceinline__ KfWf kf_wf_warp(KfWf s) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float n = __shfl_down_sync(0xffffffffu, s.n, o);
+    const float m = __shfl_down_sync(0xffffffffu, s.mean, o);
+    const float q = __shfl_down_sync(0xffffffffu, s.m2, o);
+    kf_wf_merge(s, n, m, q);
+  }
+  s.n = __shfl_sync(0xffffffffu, s.n, 0);
+  s.mean = __shfl_sync(0xffffffffu, s.mean, 0);
+  s.m2 = __shfl_sync(0xffffffffu, s.m2, 0);
+  return s;
+}
+
+// Whole-block reduction; every thread returns the same result. `sh` holds 3 * NWARP + 3 floats.
+template <int NWARP> __device__ __forceinline__ KfWf kf_wf_block(KfWf s, float* sh) {
+  s = kf_wf_warp(s);
+  if constexpr (NWARP == 1) {
+    return s;
+  } else {
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    if (l == 0) { sh[w] = s.n; sh[NWARP + w] = s.mean; sh[2 * NWARP + w] = s.m2; }
+    __syncthreads();
+    if (w == 0) {
+      KfWf t = {0.f, 0.f, 0.f};
+      if (l < NWARP) { t.n = sh[l]; t.mean = sh[NWARP + l]; t.m2 = sh[2 * NWARP + l]; }
+      t = kf_wf_warp(t);
+      if (l == 0) { sh[3 * NWARP] = t.n; sh[3 * NWARP + 1] = t.mean; sh[3 * NWARP + 2] = t.m2; }
+    }
+    __syncthreads();
+    KfWf r = {sh[3 * NWARP], sh[3 * NWARP + 1], sh[3 * NWARP + 2]};
+    return r;
+  }
+}
+"""
+
 
 def includes(dtypes: Iterable[str]) -> str:
     """The #include lines the dtypes need (only those: each header costs NVRTC time)."""
@@ -177,8 +301,9 @@ def includes(dtypes: Iterable[str]) -> str:
 
 
 def prelude(dtypes: Iterable[str], *, vec: bool = False, reduce: bool = False, round_: bool = False,
-            cluster: bool = False) -> str:
-    """Includes + conversions for `dtypes`, plus the vector / reduction / rounding / cluster snippets."""
+            cluster: bool = False, hinted: bool = False, welford: bool = False) -> str:
+    """Includes + conversions for `dtypes`, plus the vector / reduction / rounding / cluster / hinted
+    load-store / Welford snippets."""
     ds = set(dtypes) | {"float32"}
     parts = [includes(ds), _CONVERT_F32]
     if "float16" in ds:
@@ -193,7 +318,30 @@ def prelude(dtypes: Iterable[str], *, vec: bool = False, reduce: bool = False, r
         parts.append(REDUCE)
     if cluster:
         parts.append(CLUSTER)
+    if hinted:
+        parts.append(HINTED)
+    if welford:
+        parts.append(WELFORD)
     return "".join(parts)
+
+
+# ------------------------------------------------------------------------------------------ hardware
+
+
+def has_clusters(hw: Hardware) -> bool:
+    """Whether thread-block cluster kernels (__cluster_dims__, barrier.cluster) may be offered to `hw`.
+
+    Clusters need sm_90 or newer. The datacenter parts from there on (sm_9x, sm_10x) get them; the sm_12x
+    family (RTX Blackwell, the DGX Spark's GB10) does not: the cluster kernels were written for and
+    measured on the H200 only, and they ask for clusters of up to 16 blocks through the non-portable
+    opt-in, which nobody has verified there. An arch string we cannot read gets no clusters either (a
+    slower kernel, never one that cannot launch).
+    """
+    try:
+        cc = int(hw.arch.removeprefix("sm_").rstrip("af"))
+    except ValueError:
+        return False
+    return 90 <= cc < 110
 
 
 # ------------------------------------------------------------------------------------------- numbers
@@ -253,6 +401,13 @@ def raw_arg(card: OperatorCard, name: str) -> dict[str, Any] | None:
     return next((a for a in card.signature.get("args", []) if a.get("name") == name), None)
 
 
+def raw_value(card: OperatorCard, name: str) -> Any:
+    """Argument `name`'s value as the signature stores it (None when missing): plain JSON numbers, lists
+    and None pass through; special floats stay encoded (so a check for a finite number declines them)."""
+    a = raw_arg(card, name)
+    return None if a is None else a.get("value")
+
+
 class Decline(Exception):
     """This card is outside what a template computes exactly (the message says why)."""
 
@@ -302,6 +457,50 @@ def check_tensor(desc: dict[str, Any] | None, what: str, dtypes: Sequence[str] =
         return f"{what} carries a lazy neg/conj bit"
     if len(desc.get("shape", [])) != len(desc.get("stride", [])):
         return f"{what} has mismatched shape/stride"
+    return None
+
+
+def dense_tensor_problem(desc: dict[str, Any] | None, what: str) -> str | None:
+    """Why a tensor descriptor is not one a row-major kernel reads (None: a usable, contiguous tensor)."""
+    if desc is None or desc.get("kind", "tensor") != "tensor":
+        return f"{what} is missing or not a tensor"
+    why = check_tensor(desc, what)
+    if why:
+        return why
+    if not is_contiguous(desc["shape"], desc["stride"]):
+        return f"{what} is not contiguous (strides {desc['stride']} for shape {desc['shape']})"
+    return None
+
+
+def affine_problem(card: OperatorCard, shape: Sequence[int]) -> str | None:
+    """Why the present `weight`/`bias` cannot be read as contiguous per-element parameters of `shape`."""
+    for k in ("weight", "bias"):
+        a = tensor_arg(card, k)
+        if a is not None:
+            why = dense_tensor_problem(a, k)
+            if why:
+                return why
+            if [int(s) for s in a["shape"]] != list(shape):
+                return f"{k} shape {a['shape']}, expected {list(shape)}"
+    return None
+
+
+def output_problem(card: OperatorCard, k: int, dtype: str | None, shape: Sequence[int] | None,
+                   numel: int | None = None) -> str | None:
+    """Why output `k` is not a contiguous float tensor (of `dtype`, `shape` or `numel` elements when given)."""
+    if k >= len(card.outputs):
+        return f"output {k} missing"
+    d = card.outputs[k]
+    if d.get("dtype") not in DTYPES:
+        return f"output {k} dtype {d.get('dtype')}"
+    if dtype is not None and d["dtype"] != dtype:
+        return f"output {k} is {d['dtype']}, expected {dtype}"
+    if shape is not None and list(d["shape"]) != list(shape):
+        return f"output {k} shape {d['shape']}, expected {list(shape)}"
+    if numel is not None and math.prod(d["shape"]) != numel:
+        return f"output {k} has {math.prod(d['shape'])} elements, expected {numel}"
+    if not is_contiguous(d["shape"], d["stride"]):
+        return f"output {k} is not contiguous"
     return None
 
 
@@ -381,6 +580,58 @@ def offset_code(index: str, sizes: Sequence[int], strides: Sequence[int], itype:
             continue
         terms.append(coord if s == 1 else f"{coord} * ({itype}){s}")
     return " + ".join(terms) if terms else "0"
+
+
+# ------------------------------------------------------------------------------------------- codegen
+
+
+def substitute(text: str, **kw: Any) -> str:
+    """`text` with every $NAME replaced by str(kw[NAME]) (KeyError for one not given)."""
+    return _Text(text).substitute({k: str(v) for k, v in kw.items()})
+
+
+def cbool(v: bool) -> str:
+    """A C++ bool literal."""
+    return "true" if v else "false"
+
+
+def ptr_params(decls: Sequence[tuple[bool, str, str, str]]) -> tuple[str, str]:
+    """Kernel parameters for present tensors, and local nullptr stand-ins for absent ones (so the body
+    compiles; `if constexpr` removes every use). Each decl: (present, ctype, name, "const " or "")."""
+    params, locals_ = [], []
+    for present, ctype_, name, const in decls:
+        decl = f"{const}{ctype_}* __restrict__ {name}"
+        if present:
+            params.append(decl)
+        else:
+            locals_.append(f"  {const}{ctype_}* {name} = nullptr; (void){name};")
+    return ", ".join(params), "\n".join(locals_)
+
+
+def spec_args(items: Sequence[tuple[str, str]]) -> str:
+    """A launch spec's `args` list: [(ctype, value)] -> '[{ ptr = "input" }, ...]'."""
+    return "[" + ", ".join(f'{{ {k} = "{v}" }}' for k, v in items) + "]"
+
+
+def vec_choices(isz: int, divides: int, tensors: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Vector widths (elements, widest first, at most 16 bytes) that divide `divides` and keep every
+    tensor's accesses aligned (each needs min(16, width * itemsize) bytes)."""
+    out = []
+    v = 16 // isz
+    while v >= 1:
+        if divides % v == 0 and all(int(d.get("align", 16)) >= min(16, v * itemsize(d["dtype"])) for d in tensors):
+            out.append(v)
+        v //= 2
+    return out
+
+
+def ordered(default: Any, values: Sequence[Any]) -> list[Any]:
+    """`values` with `default` first and no repeats."""
+    out = [default]
+    for v in values:
+        if v not in out:
+            out.append(v)
+    return out
 
 
 # ------------------------------------------------------------------------------------ search helpers

@@ -20,8 +20,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.cards import OperatorCard
+from engine.propose.base import Hardware
 from engine.propose.builtin import cuda_common as cc
-from engine.propose.builtin.template import Rendered, Template
+from engine.propose.builtin.template import H200, Rendered, Template
 
 # ------------------------------------------------------------------------------------------ formulas
 # Each returns the body of `float kf_op(float a, float b)` (b unused for unary ops), or raises
@@ -439,12 +440,12 @@ class ElementwiseTemplate(Template):
     def _plan(self, card: OperatorCard) -> _Plan:
         return _analyse(card)
 
-    def accepts(self, card: OperatorCard) -> str | None:
+    def accepts(self, card: OperatorCard, *, hw: Hardware = H200) -> str | None:
         if card.op not in self.ops:
             return f"op {card.op} is not elementwise"
         return cc.why_declined(self._plan, card)
 
-    def space(self, card: OperatorCard) -> Mapping[str, Sequence[Any]]:
+    def space(self, card: OperatorCard, *, hw: Hardware = H200) -> Mapping[str, Sequence[Any]]:
         plan = self._plan(card)
         isz = max(cc.itemsize(plan.out_dtype), *(cc.itemsize(o.dtype) for o in plan.operands))
         vecs = [v for v in VECS if _vec_ok(plan, v)]
@@ -458,9 +459,9 @@ class ElementwiseTemplate(Template):
             space["math"] = ["precise", "fast"]
         return space
 
-    def render(self, card: OperatorCard, params: Mapping[str, Any]) -> Rendered:
+    def render(self, card: OperatorCard, params: Mapping[str, Any], *, hw: Hardware = H200) -> Rendered:
         plan = self._plan(card)
-        space = self.space(card)
+        space = self.space(card, hw=hw)
         for k, vals in space.items():
             if params.get(k, vals[0] if k == "math" else None) not in vals:
                 raise ValueError(f"{k}={params.get(k)!r} is outside {list(vals)}")
@@ -474,7 +475,7 @@ class ElementwiseTemplate(Template):
         nv = plan.numel // vec
         blocks = max(1, -(-nv // (block * unroll)))
         if waves:
-            blocks = min(blocks, cc.SMS * max(1, 2048 // block) * waves)
+            blocks = min(blocks, hw.sms * max(1, 2048 // block) * waves)
         source = _source(plan, vec, unroll)
         args = [f'{{ ptr = "{o.arg}" }}' for o in plan.operands if not o.via_out]
         args.append('{ ptr = "self" }' if plan.inplace else '{ ptr = "out0" }')
@@ -483,7 +484,7 @@ class ElementwiseTemplate(Template):
                 f"args = [{', '.join(args)}]\n")
         intent = (f"{plan.fn}: {vec}-wide x{unroll} per thread, block {block}, "
                   + (f"grid-stride over {waves} wave(s)" if waves else "one pass") + (", tanh via exp" if fast else ""))
-        return Rendered(source, spec, dict(params), intent)
+        return Rendered(source, spec, {**params, "unroll": unroll}, intent)  # the unroll rendered (capped)
 
 
 TEMPLATES: list[Template] = [ElementwiseTemplate()]

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.cards import OperatorCard
+from engine.propose.base import Hardware
 from engine.propose.builtin import cuda_common as cc
-from engine.propose.builtin.template import INTENT_PARAMS, Rendered, Template
+from engine.propose.builtin.template import H200, Rendered, Template, intent_params
 
 TILE_BYTES = 48 * 1024      # static shared memory a tile may use
 TILE_ROW_BYTES = 384        # longest row the tile strategy takes (at least 128 rows per tile)
@@ -395,10 +396,10 @@ class PoolingTemplate(Template):
     name = "pooling"
     ops = frozenset({"aten::mean.dim", "aten::sum.dim_IntList", "aten::_adaptive_avg_pool2d"})
 
-    def accepts(self, card: OperatorCard) -> str | None:
+    def accepts(self, card: OperatorCard, *, hw: Hardware = H200) -> str | None:
         return cc.why_declined(_analyse, card)
 
-    def space(self, card: OperatorCard) -> Mapping[str, Sequence[Any]]:
+    def space(self, card: OperatorCard, *, hw: Hardware = H200) -> Mapping[str, Sequence[Any]]:
         plan = _analyse(card)
         strategies = ["row", "block_row", "column"]
         if plan.contiguous_rows and plan.r * plan.isz <= TILE_ROW_BYTES and plan.r > 1:
@@ -407,7 +408,7 @@ class PoolingTemplate(Template):
         red_inner = bool(plan.red_strides) and plan.red_strides[-1] == 1
         kept_inner = bool(plan.kept_strides) and plan.kept_strides[-1] == 1
         groups_needed = -(-plan.r // _row_vec(plan, best_vec))  # vectors per output
-        if "tile" in strategies and plan.m >= 2 * cc.SMS:
+        if "tile" in strategies and plan.m >= 2 * hw.sms:
             first = "tile"
         elif kept_inner and not red_inner and plan.m > 1:
             first = "column"
@@ -441,18 +442,13 @@ class PoolingTemplate(Template):
         return keys
 
     def mutate(self, card: OperatorCard, params: Mapping[str, Any], rng: random.Random,
-               intent: str | None = None) -> dict[str, Any]:
+               intent: str | None = None, *, hw: Hardware = H200) -> dict[str, Any]:
         """Change one parameter that matters for the current strategy (or the strategy itself)."""
-        focus = set(INTENT_PARAMS.get(intent or "", ()))
-        if intent == "decomposition":
-            focus |= {"strategy", "split"}
-        if intent == "occupancy":
-            focus |= {"group"}
-        return cc.mutate_relevant(self.space(card), params, self._relevant, rng, focus)
+        return cc.mutate_relevant(self.space(card, hw=hw), params, self._relevant, rng, intent_params(intent))
 
-    def render(self, card: OperatorCard, params: Mapping[str, Any]) -> Rendered:
+    def render(self, card: OperatorCard, params: Mapping[str, Any], *, hw: Hardware = H200) -> Rendered:
         plan = _analyse(card)
-        space = self.space(card)
+        space = self.space(card, hw=hw)
         for k, vals in space.items():
             if k in params and params[k] not in vals:
                 raise ValueError(f"{k}={params[k]!r} is outside {list(vals)}")

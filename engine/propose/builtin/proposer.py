@@ -5,30 +5,40 @@ from __future__ import annotations
 import hashlib
 import importlib
 import random
+from collections.abc import Mapping
+from typing import Any
 
 from engine.cards import OperatorCard
-from engine.propose.base import Proposal, ProposalRequest
-from engine.propose.builtin.template import Template
+from engine.propose.base import Hardware, Proposal, ProposalRequest
+from engine.propose.builtin.cuda_common import has_clusters
+from engine.propose.builtin.template import H200, Rendered, Template
 
 # Modules that export TEMPLATES: list[Template]. A module that is missing is skipped, so template
 # families can land one by one.
-_MODULES = ("elementwise", "softmax", "pooling", "norms")
+_MODULES = ("elementwise", "softmax", "pooling", "group_norm", "row_norms", "batch_norm")
+# Keys the proposer adds to a template's params (the template's name, the plan's description): not
+# parameters of the template, so they never take part in comparing two candidates' params.
+_BOOKKEEPING = ("template", "plan")
+_TRIES = 32  # mutations tried for an untried neighbour whose kernel is new (as many again without the intent)
 
 
 def _digest(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()
 
 
-def _runs_on(source: str, arch: str) -> bool:
-    """False for a kernel the GPU cannot launch: thread-block clusters need sm_90 or newer."""
-    try:
-        major = int(arch.removeprefix("sm_").rstrip("af")) // 10
-    except ValueError:
-        return True  # an arch string we do not know: let the compiler decide
-    return major >= 9 or "__cluster_dims__" not in source
+def _knobs(params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A template's own parameters out of stored candidate params."""
+    return {k: v for k, v in (params or {}).items() if k not in _BOOKKEEPING}
+
+
+def _runs_on(source: str, hw: Hardware) -> bool:
+    """False for a kernel the GPU cannot launch (a thread-block cluster kernel for a GPU without them).
+    The spaces already leave cluster strategies out there; this keeps it true of every proposal."""
+    return has_clusters(hw) or "__cluster_dims__" not in source
 
 
 def all_templates() -> list[Template]:
+    """Every template of every family module, in `_MODULES` order."""
     out: list[Template] = []
     for name in _MODULES:
         try:
@@ -52,13 +62,13 @@ class BuiltinProposer:
         # kernel (a parameter the strategy ignores), and cousins in the tree are not in the request.
         self._emitted: dict[str, set[str]] = {}
 
-    def template_for(self, card: OperatorCard) -> tuple[Template | None, list[str]]:
+    def template_for(self, card: OperatorCard, *, hw: Hardware = H200) -> tuple[Template | None, list[str]]:
         """The first template that accepts the card, and why the others declined."""
         reasons = []
         for t in self.templates:
             if card.op not in t.ops:
                 continue
-            why = t.accepts(card)
+            why = t.accepts(card, hw=hw)
             if why is None:
                 return t, reasons
             reasons.append(f"{t.name}: {why}")
@@ -68,40 +78,51 @@ class BuiltinProposer:
         return self.template_for(card)[0] is not None
 
     async def propose(self, request: ProposalRequest) -> Proposal:
-        card = request.card
-        template, reasons = self.template_for(card)
+        """The default kernel for a fresh request, else an untried neighbour of the parent (or of the
+        default), mutated along `request.intent` first; rendered for `request.hardware`."""
+        card, hw = request.card, request.hardware
+        template, reasons = self.template_for(card, hw=hw)
         if template is None:
             return Proposal(declined=True, reason="; ".join(reasons), provider=self.name)
         seed_text = f"{card.card_id}:{request.seed}:{request.parent.candidate_id if request.parent else ''}"
         rng = random.Random(int(hashlib.sha256(seed_text.encode()).hexdigest()[:16], 16))
         base = request.failed or request.parent
-        tried = [a.params for a in (*request.siblings, *request.lineage) if a.params]
-        if base is not None:
-            tried.append(base.params)
+        tried = [_knobs(a.params) for a in (*request.siblings, *request.lineage) if a.params]
+        if base is not None and base.params:
+            tried.append(_knobs(base.params))
         emitted = self._emitted.setdefault(card.card_id, set())
+
+        def fresh(params: dict[str, Any]) -> Rendered | None:
+            if params in tried:
+                return None
+            r = template.render(card, params, hw=hw)
+            new = _digest(r.source) not in emitted and _runs_on(r.source, hw) and r.params not in tried
+            return r if new else None
+
         rendered = None
-        default = template.default(card)
-        arch = request.hardware.arch
-        if (base is None or not base.params) and {**default, "template": template.name} not in tried:
-            r = template.render(card, default)
-            if _digest(r.source) not in emitted and _runs_on(r.source, arch):
-                rendered = r
+        default = template.default(card, hw=hw)
+        if base is None or not base.params:
+            rendered = fresh(default)
         if rendered is None:
             # A revision mutates its parent; a further fresh kernel mutates the default (diverse starts).
-            origin = base.params if base is not None and base.params else {**default, "template": template.name}
-            start = {k: v for k, v in origin.items() if k != "template"}
-            for _ in range(32):  # a neighbour nobody has tried yet, whose kernel is new, if one exists
-                cand = template.mutate(card, start, rng, request.intent)
-                if {**cand, "template": template.name} in tried:
-                    continue
-                r = template.render(card, cand)
-                if _digest(r.source) not in emitted and _runs_on(r.source, arch):
-                    rendered = r
+            # The request's intent picks the parameters to change; once every such neighbour is taken,
+            # any parameter may change (the search asked for a new kernel, the intent is its focus).
+            start = _knobs(base.params) if base is not None and base.params else default
+            for intent in (request.intent, None) if request.intent else (None,):
+                for _ in range(_TRIES):
+                    rendered = fresh(template.mutate(card, start, rng, intent, hw=hw))
+                    if rendered is not None:
+                        break
+                if rendered is not None:
                     break
             if rendered is None:
                 return Proposal(declined=True, provider=self.name, model=template.name, category="exhausted",
                                 reason="every neighbour of this parent was tried already")
         emitted.add(_digest(rendered.source))
-        return Proposal(source=rendered.source, spec=rendered.spec, intent=rendered.intent,
-                        params={**rendered.params, "template": template.name}, provider=self.name,
-                        model=template.name)
+        params = {**rendered.params, "template": template.name}
+        if request.intent is None:
+            intent = rendered.intent
+        else:  # the intent the search asked for; the plan's description stays visible in the params
+            intent, params["plan"] = request.intent, rendered.intent
+        return Proposal(source=rendered.source, spec=rendered.spec, intent=intent, params=params,
+                        provider=self.name, model=template.name)

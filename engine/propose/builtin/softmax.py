@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.cards import OperatorCard
+from engine.propose.base import Hardware
 from engine.propose.builtin import cuda_common as cc
-from engine.propose.builtin.template import INTENT_PARAMS, Rendered, Template
+from engine.propose.builtin.template import H200, Rendered, Template, intent_params
 
 MAX_CACHED = 32     # row values a thread keeps in registers (block and split strategies)
 MAX_WARP_ROW = 64   # values per lane in the warp strategy (rows of up to 2048 elements)
@@ -409,10 +410,10 @@ class SoftmaxTemplate(Template):
     name = "softmax"
     ops = frozenset({"aten::_softmax", "aten::_log_softmax"})
 
-    def accepts(self, card: OperatorCard) -> str | None:
+    def accepts(self, card: OperatorCard, *, hw: Hardware = H200) -> str | None:
         return cc.why_declined(_analyse, card)
 
-    def space(self, card: OperatorCard) -> Mapping[str, Sequence[Any]]:
+    def space(self, card: OperatorCard, *, hw: Hardware = H200) -> Mapping[str, Sequence[Any]]:
         plan = _analyse(card)
         vecs = [v for v in (1, 2, 4, 8) if _vec_ok(plan, v)]
         best = max(v for v in vecs if v * cc.itemsize(plan.in_dtype) <= 16)
@@ -421,16 +422,17 @@ class SoftmaxTemplate(Template):
             strategies.append("warp")
         # Split only where rows are too few to fill the GPU, into chunks of ≥ MIN_CHUNK elements (on the
         # H200, 2048-wide rows in 8 chunks ran 11x slower than a block per row: tiny blocks, two launches).
-        chunks = [c for c in CHUNKS if plan.n // c >= MIN_CHUNK] if plan.rows < 8 * cc.SMS else []
+        chunks = [c for c in CHUNKS if plan.n // c >= MIN_CHUNK] if plan.rows < 8 * hw.sms else []
         if chunks:
             strategies.append("split")
-        clusters = [c for c in CLUSTERS if plan.n // c >= MIN_CHUNK] if plan.rows < 8 * cc.SMS else []
+        clusters = ([c for c in CLUSTERS if plan.n // c >= MIN_CHUNK]
+                    if plan.rows < 8 * hw.sms and cc.has_clusters(hw) else [])
         if clusters:
             strategies.append("cluster")
         # Default: warp for short rows, split when the rows alone cannot fill the GPU, else block.
         if plan.n <= 1024:
             first = "warp"
-        elif chunks and plan.rows < 2 * cc.SMS:
+        elif chunks and plan.rows < 2 * hw.sms:
             first = "split"
         else:
             first = "block"
@@ -443,7 +445,7 @@ class SoftmaxTemplate(Template):
         if chunks:
             # About two blocks per SM in all: on the H200, [4, 262144] took 11 us in 128 chunks per row
             # and 24 us in 1024 (more blocks, more scheduling and partials); fewer is the better side.
-            want = 2 * cc.SMS / plan.rows
+            want = 2 * hw.sms / plan.rows
             near = min(chunks, key=lambda c: (abs(math.log2(c / want)), c))
             space["chunks"] = [near] + [c for c in chunks if c != near]
         if clusters:
@@ -469,20 +471,18 @@ class SoftmaxTemplate(Template):
         return keys
 
     def mutate(self, card: OperatorCard, params: Mapping[str, Any], rng: random.Random,
-               intent: str | None = None) -> dict[str, Any]:
+               intent: str | None = None, *, hw: Hardware = H200) -> dict[str, Any]:
         """Change one parameter that matters for the current strategy (or the strategy itself)."""
-        focus = set(INTENT_PARAMS.get(intent or "", ()))
-        if intent == "decomposition":
-            focus |= {"strategy", "cluster"}
-        return cc.mutate_relevant(self.space(card), params, lambda p: self._relevant(card, p), rng, focus)
+        return cc.mutate_relevant(self.space(card, hw=hw), params, lambda p: self._relevant(card, p), rng,
+                                  intent_params(intent))
 
-    def render(self, card: OperatorCard, params: Mapping[str, Any]) -> Rendered:
+    def render(self, card: OperatorCard, params: Mapping[str, Any], *, hw: Hardware = H200) -> Rendered:
         plan = _analyse(card)
-        space = self.space(card)
+        space = self.space(card, hw=hw)
         for k, vals in space.items():
             if k in params and params[k] not in vals:
                 raise ValueError(f"{k}={params[k]!r} is outside {list(vals)}")
-        p = {**self.default(card), **params}
+        p = {**self.default(card, hw=hw), **params}
         strategy, block, vec, online = p["strategy"], int(p["block"]), int(p["vec"]), bool(p["online"])
         if strategy == "warp":
             src, name, grid = _warp_source(plan, block, vec)

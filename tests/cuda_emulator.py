@@ -1,0 +1,326 @@
+"""Runs generated CUDA on the CPU: g++ compiles the kernels against a small CUDA shim and runs them.
+
+One OS thread per CUDA thread; the blocks of a thread-block cluster run together, clusters (or single
+blocks) one after another. std::barrier stands in for __syncthreads, warp shuffles and the cluster
+barrier (kf_cluster_sync); a thread that returns drops out of them, as exited threads do on the GPU.
+Every buffer is allocated at its exact size (AddressSanitizer reports any access outside it) at its
+original offset modulo 16, and UBSan's alignment check reports misaligned accesses. Each launch's scalar arguments are
+baked into the program, so a run only passes buffers. Used by the builtin template tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.capture.signature import storage_extent
+
+SHIM = r"""
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+#define __cluster_dims__(...)
+using std::max;
+using std::min;
+struct emu_dim3 { unsigned x = 0, y = 0, z = 0; };
+inline thread_local emu_dim3 threadIdx, blockIdx;
+inline emu_dim3 blockDim, gridDim;
+struct emu_block {  // the synchronisation state of one running block
+  std::unique_ptr<std::barrier<>> bar;
+  std::vector<std::unique_ptr<std::barrier<>>> warps;
+  std::vector<uint32_t> slots;
+};
+inline thread_local emu_block* emu_me = nullptr;
+inline thread_local std::barrier<>* emu_cluster_bar = nullptr;
+inline void __syncthreads() { emu_me->bar->arrive_and_wait(); }
+inline void kf_cluster_sync() { emu_cluster_bar->arrive_and_wait(); }
+template <class T> inline T emu_shfl(T v, int src) {  // 32-bit shuffles within the thread's warp
+  static_assert(sizeof(T) == 4, "32-bit shuffles only");
+  const unsigned t = threadIdx.x, w = t / 32;
+  std::memcpy(&emu_me->slots[t], &v, 4);
+  emu_me->warps[w]->arrive_and_wait();
+  T r;
+  std::memcpy(&r, &emu_me->slots[w * 32 + (src & 31)], 4);
+  emu_me->warps[w]->arrive_and_wait();
+  return r;
+}
+template <class T> inline T __shfl_sync(unsigned, T v, int src) { return emu_shfl(v, src); }
+template <class T> inline T __shfl_xor_sync(unsigned, T v, int m) { return emu_shfl(v, (threadIdx.x % 32) ^ m); }
+template <class T> inline T __shfl_down_sync(unsigned, T v, unsigned d) {
+  const unsigned lane = threadIdx.x % 32;
+  return emu_shfl(v, lane + d < 32 ? lane + d : lane);
+}
+struct alignas(8) uint2 { unsigned x, y; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+template <class R> inline R __ldcs(const R* p) { return *p; }
+template <class R> inline R __ldg(const R* p) { return *p; }
+template <class R> inline R __ldcg(const R* p) { return *p; }
+template <class R> inline void __stcs(R* p, R v) { *p = v; }
+template <class R> inline void __stcg(R* p, R v) { *p = v; }
+inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __expf(float x) { return std::exp(x); }
+inline float emu_u2f(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline uint32_t emu_f2u(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+struct __half { uint16_t x; };
+struct __nv_bfloat16 { uint16_t x; };
+inline float __bfloat162float(__nv_bfloat16 h) { return emu_u2f(uint32_t(h.x) << 16); }
+inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+  uint32_t u = emu_f2u(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return {uint16_t((u >> 16) | 0x40)};
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return {uint16_t(u >> 16)};
+}
+inline float __half2float(__half h) {
+  const uint32_t s = h.x >> 15, e = (h.x >> 10) & 0x1f, m = h.x & 0x3ff;
+  const float v = e == 0 ? std::ldexp(float(m), -24) : e == 31 ? (m ? NAN : INFINITY)
+                                                             : std::ldexp(float(m | 0x400), int(e) - 25);
+  return s ? -v : v;
+}
+inline __half __float2half_rn(float f) {
+  const uint16_t sign = (emu_f2u(f) >> 16) & 0x8000;
+  const float a = std::fabs(f);
+  if (std::isnan(f)) return {uint16_t(sign | 0x7e00)};
+  if (a >= 65520.0f) return {uint16_t(sign | 0x7c00)};
+  if (a < std::ldexp(1.0f, -14)) return {uint16_t(sign | uint16_t(std::nearbyint(a * 16777216.0f)))};
+  int e;
+  float q = std::nearbyint(std::ldexp(std::frexp(a, &e), 11));
+  if (q >= 2048.0f) { q /= 2; e += 1; }
+  return {uint16_t(sign | ((e + 14) << 10) | (int(q) - 1024))};
+}
+struct emu_ptr { void* p; template <class T> operator T*() const { return static_cast<T*>(p); } };
+// Blocks run one cluster at a time; the `cluster` blocks of a cluster run together, block q of it
+// calling kernel(q) (a separate copy of the code, so each has its own __shared__ statics). The threads
+// of one cluster are made once and walk the clusters in turn, meeting between them.
+template <class F> void emu_launch(F&& kernel, unsigned grid, unsigned block, unsigned cluster = 1) {
+  gridDim = {grid, 1, 1};
+  blockDim = {block, 1, 1};
+  const unsigned groups = (grid + cluster - 1) / cluster;
+  std::vector<emu_block> blocks(grid);
+  for (auto& blk : blocks) {
+    blk.bar.reset(new std::barrier<>(block));
+    for (unsigned w = 0; w * 32 < block; ++w)
+      blk.warps.emplace_back(new std::barrier<>(std::min(32u, block - w * 32)));
+    blk.slots.assign(block, 0u);
+  }
+  std::vector<std::unique_ptr<std::barrier<>>> cbars;
+  for (unsigned g = 0; g < groups; ++g) cbars.emplace_back(new std::barrier<>(block * cluster));
+  std::barrier<> between(block * cluster);
+  std::vector<std::thread> ts;
+  for (unsigned q = 0; q < cluster; ++q)
+    for (unsigned t = 0; t < block; ++t)
+      ts.emplace_back([&, q, t] {
+        for (unsigned g = 0; g < groups; ++g) {
+          const unsigned b = g * cluster + q;
+          emu_cluster_bar = cbars[g].get();
+          if (b < grid) {
+            threadIdx = {t, 0, 0};
+            blockIdx = {b, 0, 0};
+            emu_me = &blocks[b];
+            kernel(q);
+            emu_me->bar->arrive_and_drop();  // an exited thread leaves the barriers, as on the GPU
+            emu_me->warps[t / 32]->arrive_and_drop();
+          }
+          emu_cluster_bar->arrive_and_drop();
+          between.arrive_and_wait();
+        }
+      });
+  for (auto& th : ts) th.join();
+}
+"""
+
+_MAIN = r"""
+int main(int argc, char** argv) {
+  // argv: case, then (buffer file, offset modulo 16) pairs: read, run, written back. Each buffer is
+  // allocated exactly (AddressSanitizer catches any access outside it).
+  const int which = atoi(argv[1]);
+  std::vector<void*> bufs;
+  std::vector<size_t> sizes;
+  for (int a = 2; a + 1 < argc; a += 2) {
+    FILE* f = fopen(argv[a], "rb");
+    fseek(f, 0, SEEK_END);
+    const size_t n = ftell(f), pad = strtoull(argv[a + 1], nullptr, 10);
+    fseek(f, 0, SEEK_SET);
+    void* base = nullptr;
+    if (posix_memalign(&base, 16, pad + n + 1)) return 3;
+    if (fread((char*)base + pad, 1, n, f) != n) return 4;
+    fclose(f);
+    bufs.push_back((char*)base + pad);
+    sizes.push_back(n);
+  }
+  void** P = bufs.data();
+  switch (which) {
+CASES
+  }
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    FILE* f = fopen(argv[2 + 2 * i], "wb");
+    fwrite(bufs[i], 1, sizes[i], f);
+    fclose(f);
+  }
+  return 0;
+}
+"""
+
+
+def available() -> bool:
+    """Whether the emulation can run here (it needs g++ with C++20)."""
+    return shutil.which("g++") is not None
+
+
+def _scalar(ctype: str, value: Any) -> str:
+    if ctype == "f32":
+        return f"(float){float(value).hex()}"
+    if ctype == "f64":
+        return f"(double){float(value).hex()}"
+    return f"({ {'i32': 'int', 'i64': 'long long', 'u32': 'unsigned', 'u64': 'unsigned long long'}[ctype]}){int(value)}"
+
+
+@dataclass(frozen=True)
+class Program:
+    """An emulation build: the executable, and per case the buffer keys its launches take, in order."""
+
+    exe: Path
+    keys: tuple[tuple[tuple[Any, ...], ...], ...]
+
+
+def _translate(source: str) -> str:
+    """CUDA source as C++ for the shim: no CUDA headers, the shim's cluster barrier, and every kernel a
+    template over the block's rank in its cluster and the launch's dynamic shared memory, so that each
+    block of a cluster has its own __shared__ statics (a static array of the launch's size stands in for
+    dynamic shared memory)."""
+    body = re.sub(r"#include <cuda_\w+\.h>\n", "", source)
+    body = body.replace('extern "C" __global__', "template <int EMU_Q, int EMU_SHARED> __global__")
+    body = re.sub(r"// kf-cluster-begin.*?// kf-cluster-end\n", "", body, flags=re.S)
+    return re.sub(r"extern __shared__ __align__\((\d+)\) unsigned char (\w+)\[\];",
+                  r"alignas(\1) static unsigned char \2[EMU_SHARED > 0 ? EMU_SHARED : 1];", body)
+
+
+def build(cases: Sequence[tuple[str, Any]], workdir: Path) -> Program:
+    """One executable for every (source, resolved launch spec) case. Raises with g++'s errors."""
+    parts, dispatch, keys = [SHIM], [], []
+    for k, (source, resolved) in enumerate(cases):
+        parts.append(f"namespace c{k} {{\n{_translate(source)}\n}}\n")
+        found = re.search(r"__cluster_dims__\((\d+)", source)
+        cluster = int(found.group(1)) if found else 1
+        order: list[tuple[Any, ...]] = []
+        calls = []
+        for ln in resolved.launches:
+            args = []
+            for a in ln.args:
+                if a.ctype != "ptr":
+                    args.append(_scalar(a.ctype, a.value))
+                elif a.value == ("null",):
+                    args.append("emu_ptr{nullptr}")
+                else:
+                    if a.value not in order:
+                        order.append(a.value)
+                    args.append(f"emu_ptr{{P[{order.index(a.value)}]}}")
+            call = ", ".join(args)
+            slots = " ".join(f"case {q}: c{k}::{ln.kernel}<{q}, {ln.shared}>({call}); break;" for q in range(cluster))
+            calls.append(f"emu_launch([&](unsigned q) {{ switch (q) {{ {slots} }} }}, {ln.grid[0]}, "
+                         f"{ln.block[0]}, {cluster});")
+        dispatch.append(f"    case {k}: {{ {' '.join(calls)} break; }}")
+        keys.append(tuple(order))
+    text = "\n".join(parts) + _MAIN.replace("CASES", "\n".join(dispatch))
+    tag = hashlib.sha256(text.encode()).hexdigest()[:12]
+    cpp, exe = workdir / f"emu_{tag}.cpp", workdir / f"emu_{tag}"
+    cpp.write_text(text)
+    done = subprocess.run(["g++", "-std=c++20", "-O0", "-w", "-pthread", "-fsanitize=address,alignment",
+                           "-fno-sanitize-recover=all", str(cpp), "-o", str(exe)], capture_output=True, text=True)
+    if done.returncode:
+        raise AssertionError(f"the emulation does not build:\n{done.stderr[-4000:]}")
+    return Program(exe, tuple(keys))
+
+
+def _storage_bytes(t: torch.Tensor) -> tuple[int, bytes]:
+    lo, hi = storage_extent(t)
+    raw = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
+    return lo, raw[lo:hi].clone().numpy().tobytes()
+
+
+def like(t: torch.Tensor, data: bytes) -> torch.Tensor:
+    """A tensor with t's layout whose touched storage holds `data`."""
+    lo, hi = storage_extent(t)
+    store = torch.zeros(t.untyped_storage().nbytes(), dtype=torch.uint8)
+    store[lo:hi] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return torch.empty(0, dtype=t.dtype).set_(store.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+
+
+def copy_of(t: torch.Tensor) -> torch.Tensor:
+    """A copy of t with the same layout (strides, storage offset) and touched bytes."""
+    return like(t, _storage_bytes(t)[1])
+
+
+def output_like(desc: dict[str, Any], fill: float) -> torch.Tensor:
+    """An output tensor as the card describes it, every element `fill` (NaN shows unwritten elements)."""
+    out = torch.empty_strided(desc["shape"], desc["stride"], dtype=getattr(torch, desc["dtype"]))
+    if out.numel():
+        out.fill_(fill)
+    return out
+
+
+@dataclass
+class Run:
+    """What one emulated run left: every output, every input the kernels were given, or the crash."""
+
+    outputs: list[torch.Tensor]
+    inputs: dict[str, torch.Tensor]
+    error: str | None = None
+
+
+def run(program: Program, case: int, resolved: Any, inputs: dict[str, torch.Tensor],
+        outputs: Sequence[torch.Tensor], workdir: Path) -> Run:
+    """Run case `case` on copies of `inputs` and `outputs` (workspaces start as garbage, or zeros where
+    the spec asks for them zeroed)."""
+    ws = {name: (nbytes, zero) for name, nbytes, zero in resolved.workspaces}
+    files, tensors = [], []
+    for j, key in enumerate(program.keys[case]):
+        kind, name = key[0], key[1]
+        path = workdir / f"buf{case}_{j}"
+        if kind == "workspace":
+            nbytes, zero = ws[name]
+            path.write_bytes(bytes(nbytes) if zero else b"\xab" * nbytes)
+            files += [str(path), "0"]
+            tensors.append(None)
+            continue
+        t = inputs[name] if kind == "input" else outputs[name]
+        lo, data = _storage_bytes(t)
+        path.write_bytes(data)
+        files += [str(path), str(lo % 16)]
+        tensors.append(t)
+    done = subprocess.run([str(program.exe), str(case), *files], capture_output=True, text=True, timeout=300,
+                          env={"ASAN_OPTIONS": "detect_leaks=0", "PATH": "/usr/bin:/bin"})
+    if done.returncode:
+        return Run([], {}, f"crashed (rc {done.returncode}): {done.stderr[-1500:]}")
+    after = {key: like(t, Path(files[2 * j]).read_bytes())
+             for j, (key, t) in enumerate(zip(program.keys[case], tensors)) if t is not None}
+    return Run([after.get(("output", k), o) for k, o in enumerate(outputs)],
+               {key[1]: t for key, t in after.items() if key[0] == "input"})
