@@ -13,6 +13,7 @@ from typing import Any
 
 from engine.cards import card_from_row
 from engine.errors import JobError, UsageError
+from engine.outcomes import RUN_STOP_REASONS
 from engine.progress import stderr_progress
 from engine.propose.base import Hardware
 from engine.propose.factory import make_proposer
@@ -150,7 +151,7 @@ async def run_async(args: argparse.Namespace, workspace: Path) -> tuple[int, dic
                 pool.close()
         status = (await store.get_run(run_id))["status"]
         doc = run_document(run_id, status, o)
-        return (0 if stopped_by in ("iterations", "wall_time", "tokens", "cost", "user") else 1), doc
+        return (0 if stopped_by in RUN_STOP_REASONS else 1), doc
 
 
 async def _check_replay(store: Store, args: argparse.Namespace) -> None:

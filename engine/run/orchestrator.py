@@ -191,7 +191,7 @@ class Orchestrator:
             tree.add(rec.id, parent)
             self.records[rec.id] = rec
             self.focus[rec.id] = rec.focus
-            if rec.status in ("verified", "rejected"):
+            if rec.status in ("verified", "rejected"):  # a dry run's "compiled" is evaluated again on resume
                 self._account(card, tree, rec)
             else:
                 card.in_flight += 1
