@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.outcomes import CONTROL_COMMANDS, UNKNOWN_CATEGORY
-from engine.store.store import BOOL_COLUMNS, JSON_COLUMNS, encode_json
+from engine.store.store import encode_json, row_to_dict
 
 _BUSY_TIMEOUT_S = 5.0
 _ERROR_HEAD_CHARS = 160
@@ -36,19 +36,7 @@ def _json(text: Any) -> Any:
 
 
 def _row(table: str, row: sqlite3.Row | None) -> dict[str, Any] | None:
-    if row is None:
-        return None
-    json_cols = JSON_COLUMNS.get(table, frozenset())
-    bool_cols = BOOL_COLUMNS.get(table, frozenset())
-    out: dict[str, Any] = {}
-    for key in row.keys():
-        value = row[key]
-        if key in json_cols:
-            value = _json(value)
-        elif key in bool_cols and value is not None:
-            value = bool(value)
-        out[key] = value
-    return out
+    return row_to_dict(table, row, decode=_json)  # a viewer shows text that is not JSON, never raises
 
 
 def _rows(table: str, rows: Iterable[sqlite3.Row]) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ import os
 import sqlite3
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path, PurePath
 from types import TracebackType
@@ -94,8 +94,11 @@ def row_from_dict(table: str, values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def row_to_dict(table: str, row: sqlite3.Row | None) -> dict[str, Any] | None:
-    """Column values of `table` -> Python values (JSON decoded, 0/1 flags as bool); None passes through."""
+def row_to_dict(table: str, row: sqlite3.Row | None,
+                decode: Callable[[str | None], Any] | None = None) -> dict[str, Any] | None:
+    """Column values of `table` -> Python values (JSON decoded by `decode`, default `decode_json`; 0/1 flags
+    as bool); None passes through."""
+    decode = decode or decode_json
     if row is None:
         return None
     json_cols = JSON_COLUMNS.get(table, frozenset())
@@ -104,7 +107,7 @@ def row_to_dict(table: str, row: sqlite3.Row | None) -> dict[str, Any] | None:
     for key in row.keys():
         value = row[key]
         if key in json_cols:
-            value = decode_json(value)
+            value = decode(value)
         elif key in bool_cols and value is not None:
             value = bool(value)
         out[key] = value
