@@ -84,8 +84,8 @@ def per_op(cards: list[dict]) -> list[dict]:
 
 
 def whole_model(config_path: str, small: bool, iters: int = 10, mode: str = MODE) -> dict:
+    from engine.bench.forward import time_forward as e2e_time_forward
     from engine.config import build_target, load_config
-    from engine.export.e2e import time_forward as e2e_time_forward
 
     target = build_target(load_config(config_path, small=small), torch.device("cuda"))
     forward = target.forward

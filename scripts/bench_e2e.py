@@ -24,8 +24,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from engine.bench.forward import auto_iters, capture_graph, time_forward  # noqa: E402
 from engine.config import config_model, sd35_vae  # noqa: E402
-from engine.export.e2e import auto_iters, capture_graph, time_forward  # noqa: E402
 from engine.models.forwards import output_tensor  # noqa: E402
 
 

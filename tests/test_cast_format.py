@@ -239,7 +239,7 @@ def test_rel_l2_err():
 
 
 def test_whole_model_check_times_about_two_seconds_per_arm():
-    from engine.export.e2e import auto_iters
+    from engine.bench.forward import auto_iters
 
     assert auto_iters(4_000) == 100          # ResNet-50 at 4 ms: the cap
     assert auto_iters(95_000) == 21          # sd35_medium at 95 ms

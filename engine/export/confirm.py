@@ -82,7 +82,7 @@ def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any
         cast.install()
     results: dict[str, Any] = {"env": current_env(), "warnings": [str(w.message) for w in caught], "variants": {}}
     flush = L2Flusher(device)
-    cfg = TimingConfig(**{k: v for k, v in timing.items() if k in TimingConfig.__dataclass_fields__})
+    cfg = TimingConfig.from_json(timing)
     by_id = {v["id"]: v for v in (cast.manifest or {}).get("variants", [])}
     try:
         for state in cast.variants:

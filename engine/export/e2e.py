@@ -20,7 +20,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,44 +47,10 @@ def not_slower(speedup_ci: Sequence[float]) -> bool:
     return len(speedup_ci) == 2 and math.isfinite(speedup_ci[1]) and speedup_ci[1] >= 1.0
 
 
-def time_forward(run: Callable[[], Any]) -> float:
-    """Device µs of one call of `run` (CUDA events, synchronised before and after)."""
-    import torch
-
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    run()
-    e.record()
-    torch.cuda.synchronize()
-    return s.elapsed_time(e) * 1e3
-
-
-def capture_graph(forward: Callable[[], Any]) -> tuple[Any, Any]:
-    """The forward captured in a CUDA graph after warm-up on a side stream: (graph, its static output)."""
-    import torch
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            forward()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = forward()
-    return g, out
-
-
 def rel_l2_err(out: Any, ref: Any) -> float:
     """‖out − ref‖ / ‖ref‖ (0 when both are zero; inf when only the reference is)."""
     num, den = float((out - ref).norm()), float(ref.norm())
     return num / den if den else (0.0 if num == 0 else math.inf)
-
-
-def auto_iters(forward_us: float, seconds: float = 2.0, lo: int = 10, hi: int = 100) -> int:
-    """Forwards per arm: about `seconds` of timing per arm, at least `lo` (the CI needs pairs), at most `hi`."""
-    return max(lo, min(hi, int(seconds * 1e6 / max(forward_us, 1.0))))
 
 
 def settled(speedup_ci: Sequence[float], precision: float = PRECISION) -> bool:
@@ -101,6 +67,7 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
     the set (a noisy host gave 0.886-1.139 from one round, where a 3 % loss was there to find)."""
     import torch
 
+    from engine.bench.forward import auto_iters, capture_graph, time_forward
     from engine.bench.stats import speedup_ci
     from engine.cast.loader import load
     from engine.config import build_target, load_config

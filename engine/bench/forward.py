@@ -1,0 +1,44 @@
+"""Timing whole model forwards: device time of one call, CUDA-graph capture, how many forwards to time.
+
+The per-op timing protocol (L2 flush, alternation, adaptive repetitions) is `engine.bench.timing`; these
+are the pieces the whole-model check and the end-to-end benchmarks time forwards with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def time_forward(run: Callable[[], Any]) -> float:
+    """Device µs of one call of `run` (CUDA events, synchronised before and after)."""
+    import torch
+
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    run()
+    e.record()
+    torch.cuda.synchronize()
+    return s.elapsed_time(e) * 1e3
+
+
+def capture_graph(forward: Callable[[], Any]) -> tuple[Any, Any]:
+    """The forward captured in a CUDA graph after warm-up on a side stream: (graph, its static output)."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            forward()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = forward()
+    return g, out
+
+
+def auto_iters(forward_us: float, seconds: float = 2.0, lo: int = 10, hi: int = 100) -> int:
+    """Forwards per arm: about `seconds` of timing per arm, at least `lo` (the CI needs pairs), at most `hi`."""
+    return max(lo, min(hi, int(seconds * 1e6 / max(forward_us, 1.0))))
