@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.machinery
 import importlib.util
 import inspect
 import sys
@@ -48,6 +49,7 @@ class ModelConfig:
     sample_budget_mb: int = 256  # per card; its first sample is always kept
     total_sample_budget_mb: int = 8192  # per capture
     raw: Mapping[str, Any] = field(default_factory=dict)
+    builder_file: Path | None = None  # the builder's module source, part of `sha256`; None if not a file
 
     def dtype_for(self, device: str) -> torch.dtype:
         """The dtype the model runs in on `device` ('cuda' or 'cpu')."""
@@ -121,13 +123,66 @@ def load_config(path: str | Path, *, small: bool = False) -> ModelConfig:
             raise bad(f"capture.{k}", f"unknown key; allowed: {', '.join(sorted(_CAPTURE_KEYS))}")
         if not isinstance(v, int) or isinstance(v, bool) or v < (0 if k == "samples" else 1):
             raise bad(f"capture.{k}", "must be a non-negative integer")
+    builder_file = _builder_file(p, builder)
     return ModelConfig(
-        path=p, sha256=hashlib.sha256(data).hexdigest(), name=raw["name"],
+        path=p, sha256=_identity(data, builder, builder_file), name=raw["name"],
         description=str(raw.get("description", "")), builder=builder, params=params, small=small,
         dtypes=dict(dtypes), multiplicity=dict(mult), samples=cap.get("samples", 3),
         sample_budget_mb=cap.get("sample_budget_mb", 256),
-        total_sample_budget_mb=cap.get("total_sample_budget_mb", 8192), raw=raw,
+        total_sample_budget_mb=cap.get("total_sample_budget_mb", 8192), raw=raw, builder_file=builder_file,
     )
+
+
+def _builder_file(config_path: Path, builder: str) -> Path | None:
+    """The source file of the builder's module, found without importing it: a `.py` path relative to the
+    config (it must exist), else the module's `.py` on the import path (a user package or the engine's own
+    `engine.models.*`); None where the module is no plain source file (an extension, not installed: then
+    `resolve_builder` reports it)."""
+    mod_name = builder.split(":")[0]
+    if mod_name.endswith(".py"):
+        file = (config_path.parent / mod_name).resolve()
+        if not file.is_file():
+            why = "is not a file" if file.exists() else "not found"
+            raise UsageError(f"{config_path}: key 'builder': file {file} {why}; fix the path (relative to "
+                             f"the config)")
+        return file
+    try:
+        parts = mod_name.split(".")
+        spec = getattr(sys.modules.get(parts[0]), "__spec__", None) or importlib.util.find_spec(parts[0])
+        for i in range(1, len(parts)):
+            name = ".".join(parts[: i + 1])
+            module = sys.modules.get(name)
+            if module is not None and getattr(module, "__spec__", None) is not None:
+                spec = module.__spec__
+                continue
+            if spec is None or spec.submodule_search_locations is None:
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(name, list(spec.submodule_search_locations))
+    except (ImportError, ValueError, AttributeError):
+        return None
+    origin = getattr(spec, "origin", None)
+    if spec is None or not spec.has_location or not origin or not origin.endswith(".py"):
+        return None
+    file = Path(origin)
+    return file if file.is_file() else None
+
+
+def _identity(toml: bytes, builder: str, builder_file: Path | None) -> str:
+    """The config's identity (`ModelConfig.sha256`, a capture's `config_sha256`): the TOML bytes plus the
+    builder module's source, so that editing the model is a new capture. Only that one module file counts,
+    not the modules it imports."""
+    if builder_file is None:
+        return hashlib.sha256(toml).hexdigest()
+    try:
+        source = builder_file.read_bytes()
+    except OSError as e:
+        raise UsageError(f"{builder_file}: cannot read the builder of this config ({e.strerror or e}); "
+                         f"fix its permissions or the config's 'builder' key") from None
+    h = hashlib.sha256(b"kforge-config-identity-v2\0")
+    for part in (toml, builder.encode(), source):
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.hexdigest()
 
 
 def resolve_builder(config: ModelConfig):
@@ -135,7 +190,7 @@ def resolve_builder(config: ModelConfig):
     mod_name, func_name = config.builder.split(":")
     try:
         if mod_name.endswith(".py"):
-            file = (config.path.parent / mod_name).resolve()
+            file = config.builder_file or (config.path.parent / mod_name).resolve()
             if not file.is_file():
                 raise UsageError(f"{config.path}: key 'builder': file {file} not found")
             spec = importlib.util.spec_from_file_location(f"kforge_user_model_{file.stem}", file)

@@ -166,7 +166,7 @@ async def _check_replay(store: Store, args: argparse.Namespace) -> None:
 
 
 async def _capture_for(store: Store, args: argparse.Namespace, workspace: Path) -> str:
-    """Reuse the newest capture of the same config file contents and size, else capture now."""
+    """Reuse the newest capture of the same config identity (TOML and builder source) and size, else capture now."""
     from engine.config import load_config
 
     config = load_config(args.config, small=args.small)
