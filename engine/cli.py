@@ -23,6 +23,47 @@ TUI_COMMANDS = ("compare", "demo", "serve")
 COLOR_SYSTEMS = ("auto", "truecolor", "256", "standard", "none")
 
 
+def _positive_float(text: str) -> float:
+    """A number > 0 (seconds); argparse reports anything else as bad usage naming the flag."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, not {text!r}") from None
+    if not value > 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, not {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    """An integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, not {text}")
+    return value
+
+
+def package_version() -> str:
+    """The installed kernel-forge version, else the one in pyproject.toml next to the engine."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kernel-forge")
+    except PackageNotFoundError:
+        pass
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
+    try:
+        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        return str(tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "unknown"
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that reports bad usage as one line with exit code 2 (no usage dump)."""
 
@@ -49,7 +90,7 @@ def _add_tui(p: argparse.ArgumentParser, top: bool = False) -> None:
                    help="terminal colours (e.g. 256 for older terminals; default: auto)")
     p.add_argument("--keymap", metavar="FILE", default=default,
                    help="TOML file with a [keymap] table of binding id = keys (default ~/.config/kforge/tui.toml)")
-    p.add_argument("--refresh", type=float, metavar="S", default=default,
+    p.add_argument("--refresh", type=_positive_float, metavar="S", default=default,
                    help="seconds between TUI refreshes (default 1)")
     p.add_argument("--run", metavar="RUN", default=default, help="open this run instead of the latest")
 
@@ -60,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Kernel Forge: capture the operators a PyTorch model runs, search for faster verified CUDA "
         "kernels, and ship them as a .cast package. Without a subcommand, opens the TUI on the "
         "workspace's latest run."))
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
     _add_common(parser, top=True)
     _add_tui(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -83,8 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(no LLM calls, no cost)")
     p.add_argument("--iterations", type=int, metavar="N", help="evaluations per card (default 50)")
     p.add_argument("--strategy", default="mcts", help="mcts (default), greedy or beam")
-    p.add_argument("--wall-time", type=float, metavar="S", help="stop after S seconds")
-    p.add_argument("--max-proposals", type=int, metavar="K", help="proposals in flight at once (default 4)")
+    p.add_argument("--wall-time", type=_positive_float, metavar="S", help="stop after S seconds")
+    p.add_argument("--max-proposals", type=_positive_int, metavar="K", help="proposals in flight at once (default 4)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout at the end")
     p.add_argument("--dry-run", action="store_true", help="capture, propose and compile only (no GPU needed)")
     p.add_argument("--small", action="store_true", help="capture with the config's [small] sizes")
@@ -236,17 +278,60 @@ def terminal_attached() -> bool:
     return sys.stdin.isatty() and sys.stdout.isatty()
 
 
+# Exit code when stdout is closed early (`kforge-tui audit x.cast --json | head -c 10`): 128 + SIGPIPE,
+# what a shell reports for `cat` or `git log` cut off the same way; the output was not all delivered.
+EXIT_BROKEN_PIPE = 141
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has gone (poll reports an error on its write end)."""
+    try:
+        import select
+
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+    except (AttributeError, OSError, ValueError):  # no poll (Windows) or no real stdout: trust the error
+        return True
+    poller.register(fd, select.POLLOUT)
+    return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+
+
+def _quiet_broken_stdout() -> int:
+    """Point stdout at /dev/null so the interpreter's exit flush cannot raise again; no traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):
+        pass
+    return EXIT_BROKEN_PIPE
+
+
 def main(argv: Sequence[str] | None = None, *, open_tui: TuiLauncher | None = None) -> int:
-    """Parse and run; errors become one line on stderr and exit code 2 (input) or 1 (job)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Parse and run; errors become one line on stderr and exit code 2 (input) or 1 (job).
+
+    A closed stdout (the reader of a pipe quit early) ends quietly with EXIT_BROKEN_PIPE."""
+    try:
+        code = _dispatch(list(sys.argv[1:] if argv is None else argv), open_tui)
+        sys.stdout.flush()  # a closed pipe shows here, not later in the interpreter's exit flush
+        return code
+    except BrokenPipeError:
+        return _quiet_broken_stdout()
+
+
+def _dispatch(argv: list[str], open_tui: TuiLauncher | None) -> int:
     debug = "--debug" in argv or os.environ.get("KFORGE_DEBUG") == "1"
     try:
         args = build_parser().parse_args(argv)
+        if args.version:
+            print(f"kforge-tui {package_version()}")
+            return 0
         if args.command == "capture":
             return cmd_capture(args)
         if args.command == "run":
-            from engine.run.command import cmd_run
+            from engine.run.command import check_run_args, cmd_run
 
+            check_run_args(args)  # bad input is exit 2 here, not in a detached engine's log
             if not args.no_tui:
                 if open_tui is not None and terminal_attached():
                     return open_tui(args)  # engine detached in its own process, the TUI attached to it
@@ -272,6 +357,14 @@ def main(argv: Sequence[str] | None = None, *, open_tui: TuiLauncher | None = No
     except KeyboardInterrupt:
         print("error: interrupted; nothing half-written was kept", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        if _stdout_closed():
+            raise  # main ends quietly
+        if debug:
+            traceback.print_exc()
+        print("error: internal error: BrokenPipeError (a pipe to a worker closed; rerun with --debug "
+              "for the traceback)", file=sys.stderr)
+        return 1
     except Exception as e:  # our own bug: still one line unless --debug
         if debug:
             traceback.print_exc()

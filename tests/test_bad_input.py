@@ -1,12 +1,15 @@
 """Bad input: exit 2, one line on stderr naming the file or key, no traceback, nothing half-written."""
 
+import os
 import sqlite3
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS
+from conftest import CONFIGS, ROOT
 
 GOOD_MODEL = '''
 import torch
@@ -46,6 +49,28 @@ def assert_one_line_error(code, out, err, *needles):
     assert "Traceback" not in err
     for n in needles:
         assert n in lines[0], lines[0]
+
+
+def run_into_closed_pipe(argv, prelude: str = "") -> tuple[int, str]:
+    """`kforge-tui ARGV` in a subprocess whose stdout is a pipe the reader has already closed (as
+    `| head -c 10` is once head has its bytes); `prelude` runs first (e.g. a fake). Returns (code, stderr)."""
+    script = f"import sys\n{prelude}\nfrom kforge_tui.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-c", script, *map(str, argv)], stdout=write_end,
+                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env, timeout=600)
+    finally:
+        os.close(write_end)
+    return proc.returncode, proc.stderr
+
+
+def assert_quiet_broken_pipe(code: int, err: str) -> None:
+    """A closed stdout ends with 141 (128 + SIGPIPE, as a shell reports for `cat` cut off) and no traceback."""
+    assert code == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, err
+    assert "error:" not in err, err
 
 
 def assert_nothing_written(ws: Path):
@@ -190,3 +215,64 @@ def test_user_model_example_captures(cli, tmp_path):
     ops = {c["op"]: c["calls"] for c in doc["cards"]}
     assert ops["aten::native_layer_norm"] == 24  # 2 blocks scaled ×12 each
     assert ops["aten::gelu"] == 24 and "aten::_softmax" in ops
+
+
+
+def _pyproject_version() -> str:
+    import re
+
+    return re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+
+
+def test_version_prints_the_package_version(cli, monkeypatch):
+    code, out, err = cli("--version")
+    assert code == 0 and err == ""
+    assert out == f"kforge-tui {_pyproject_version()}\n"
+    import importlib.metadata
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)  # a source checkout, not installed
+    code, out, err = cli("--version")
+    assert code == 0 and out == f"kforge-tui {_pyproject_version()}\n"
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["run", "x.toml", "--no-tui", "--wall-time", "-5"], "--wall-time"),
+    (["run", "x.toml", "--no-tui", "--wall-time", "0"], "--wall-time"),
+    (["run", "x.toml", "--no-tui", "--max-proposals", "0"], "--max-proposals"),
+    (["--refresh", "-1"], "--refresh"),
+    (["run", "x.toml", "--refresh", "-1"], "--refresh"),
+    (["demo", "--refresh", "0"], "--refresh"),
+])
+def test_out_of_range_flags_are_bad_usage(cli, tmp_path, argv, needle):
+    code, out, err = cli(*argv, "--workspace", tmp_path / "ws")
+    assert_one_line_error(code, out, err, needle, "must be")
+    assert not (tmp_path / "ws").exists()  # refused before any work
+
+
+def test_audit_of_a_closed_pipe_ends_quietly(tmp_path):
+    from cast_helpers import write_genuine_cast
+
+    cast = tmp_path / "model.cast"
+    write_genuine_cast(cast)
+    assert_quiet_broken_pipe(*run_into_closed_pipe(["audit", cast, "--json"]))
+    assert_quiet_broken_pipe(*run_into_closed_pipe(["audit", cast]))
+    assert_quiet_broken_pipe(*run_into_closed_pipe(["--version"]))
+
+
+def test_export_into_a_closed_pipe_ends_quietly(tmp_path):
+    fake = (  # the GPU part of export is tested on the H200; here only what it prints matters
+        "import engine.export.package as export\n"
+        "export.export_run = lambda ws, run, out, **kw: export.ExportResult(out, [{'id': 'relu-1', "
+        "'op': 'aten::relu', 'speedup': 1.1, 'speedup_ci': [1.0, 1.2]}], [], [])\n")
+    for extra in (["--json"], []):
+        assert_quiet_broken_pipe(*run_into_closed_pipe(
+            ["export", "--out", tmp_path / "x.cast", "--workspace", tmp_path / "ws", *extra], prelude=fake))
+
+
+def test_capture_json_into_a_closed_pipe_ends_quietly(tmp_path):
+    assert_quiet_broken_pipe(*run_into_closed_pipe(
+        ["capture", CONFIGS / "examples" / "my_model.toml", "--small", "--json", "--device", "cpu",
+         "--workspace", tmp_path]))

@@ -115,3 +115,36 @@ def test_replay_needs_a_run_of_this_workspace(cli, tmp_path):
                           "--replay-run run-nope", "--provider replay")
     db = tmp_path / "kforge.db"  # bad input: nothing was captured
     assert sqlite3.connect(db).execute("SELECT count(*) FROM captures").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("provider, env", [("anthropic", "ANTHROPIC_API_KEY"), ("openai", "OPENAI_API_KEY")])
+def test_paid_provider_without_its_key_is_refused_before_capture(cli, tmp_path, monkeypatch, provider, env):
+    monkeypatch.delenv(env, raising=False)
+    code, out, err = cli("run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--provider", provider,
+                         "--workspace", tmp_path)
+    assert_one_line_error(code, out, err, f"--provider {provider}", env, "--provider builtin")
+    db = tmp_path / "kforge.db"  # refused before any work: nothing captured, no run recorded
+    assert not db.exists() or sqlite3.connect(db).execute("SELECT count(*) FROM captures").fetchone()[0] == 0
+
+
+async def test_local_server_needs_no_key(monkeypatch):
+    """A local OpenAI-compatible server (a base_url) works with its key variable unset."""
+    from engine.propose.factory import make_proposer, provider_config
+
+    cfg = provider_config("local")
+    assert cfg.base_url and cfg.api_key_env
+    monkeypatch.delenv(cfg.api_key_env, raising=False)
+    assert cfg.missing_key() is None
+    assert (await make_proposer("local")).name == "local"
+
+
+def test_config_and_resume_together_is_bad_usage(cli, tmp_path):
+    assert_one_line_error(*cli("run", MY_MODEL, "--resume", "run-1", "--dry-run", "--no-tui",
+                               "--workspace", tmp_path), "--resume run-1", "not both")
+
+
+def test_run_json_into_a_closed_pipe_ends_quietly(tmp_path):
+    from test_bad_input import assert_quiet_broken_pipe, run_into_closed_pipe
+
+    assert_quiet_broken_pipe(*run_into_closed_pipe(
+        ["run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--iterations", "1", "--json", "--workspace", tmp_path]))

@@ -52,6 +52,7 @@ async def make_proposer(name: str, *, store: Store | None = None, replay_run: st
         return await _replay(name, store, replay_run, resumed_run)
     from engine.propose.llm import LLMProposer
 
+    cfg.check_key()  # now, not as every proposal rejected later with the cause only in the database
     return LLMProposer(make_client(cfg), name=name, max_tokens=cfg.max_tokens)
 
 

@@ -16,7 +16,7 @@ from engine.errors import JobError, UsageError
 from engine.outcomes import RUN_STOP_REASONS
 from engine.progress import stderr_progress
 from engine.propose.base import Hardware
-from engine.propose.factory import make_proposer
+from engine.propose.factory import make_proposer, provider_config
 from engine.propose.providers.config import default_provider
 from engine.run.orchestrator import Budgets, Orchestrator, RunTotals
 from engine.run.plan import CardState, SchedulePolicy
@@ -180,14 +180,24 @@ async def _capture_for(store: Store, args: argparse.Namespace, workspace: Path) 
     return result.capture_id
 
 
-def cmd_run(args: argparse.Namespace, workspace: Path) -> int:
-    """Entry from the CLI: run headless, print the final table (or --json document)."""
+def check_run_args(args: argparse.Namespace) -> None:
+    """Bad `run` input as one UsageError before any work (before the TUI starts the engine, too)."""
     if args.config is None and not args.resume:
         raise UsageError("run: give a model CONFIG (e.g. configs/models/resnet50.toml) or --resume RUN")
+    if args.config is not None and args.resume:
+        raise UsageError(f"run: give a CONFIG or --resume {args.resume}, not both "
+                         f"(a resumed run keeps the config it started with)")
     if args.strategy not in STRATEGIES:
         raise UsageError(f"--strategy {args.strategy}: use one of {', '.join(STRATEGIES)}")
     if args.iterations is not None and args.iterations < 1:
         raise UsageError(f"--iterations {args.iterations}: must be at least 1")
+    if not args.resume:  # a resumed run's provider is read from the workspace; make_proposer checks it
+        provider_config(args.provider or default_provider()).check_key()
+
+
+def cmd_run(args: argparse.Namespace, workspace: Path) -> int:
+    """Entry from the CLI: run headless, print the final table (or --json document)."""
+    check_run_args(args)
     t0 = time.perf_counter()
     code, doc = asyncio.run(run_async(args, workspace))
     doc["wall_s"] = round(time.perf_counter() - t0, 3)

@@ -63,6 +63,20 @@ class ProviderConfig:
         """True for providers served by an LLM client (anthropic, openai)."""
         return self.type in LLM_TYPES
 
+    def missing_key(self, env: Mapping[str, str] = os.environ) -> str | None:
+        """The variable an LLM provider needs but finds empty, else None. With a base_url (a local
+        OpenAI-compatible server) no key is needed: the client sends a placeholder."""
+        if not self.is_llm or self.base_url or not self.api_key_env or env.get(self.api_key_env):
+            return None
+        return self.api_key_env
+
+    def check_key(self, env: Mapping[str, str] = os.environ) -> None:
+        """Raise UsageError (exit 2) naming the variable and the fix when the API key is missing."""
+        var = self.missing_key(env)
+        if var is not None:
+            raise UsageError(f"--provider {self.name}: needs an API key in the environment variable {var}, "
+                             f"which is not set; export {var}=<your key>, or use --provider builtin (no LLM, no key)")
+
 
 def shipped_providers_path() -> Path:
     """The providers.toml shipped with Kernel Forge."""
