@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -10,6 +11,8 @@ from pathlib import Path
 from textual.app import App, SystemCommand
 from textual.screen import Screen
 
+from engine.errors import KforgeError
+from engine.store import is_corruption, unusable_database
 from kforge_tui import keymap as keys
 from kforge_tui.controls import ControlWriter, ReadOnlyWorkspace
 from kforge_tui.readmodel import EventRow, ReadModel, RunInfo, Snapshot
@@ -41,6 +44,7 @@ class KforgeApp(App):
         self.ticks = 0
         self._polling = False
         self._keymap = keymap or {}
+        self.fatal: KforgeError | None = None  # why the app closed itself; the launcher reports it
         for t in load_themes():
             self.register_theme(t)
         self.theme = theme or DEFAULT_THEME
@@ -61,7 +65,14 @@ class KforgeApp(App):
     def on_mount(self) -> None:
         if self._keymap:
             self.set_keymap(self._keymap)
-        self.poll_now()  # the first screen opens on data, not on an empty frame
+        try:
+            self.poll_now()  # the first screen opens on data, not on an empty frame
+        except sqlite3.DatabaseError as e:
+            if not is_corruption(e):
+                raise
+            self.fatal = unusable_database(self.model.db_file, e)
+            self.exit(return_code=self.fatal.exit_code)
+            return
         self.switch_mode(self.start_mode)
         if self.refresh_s > 0:
             self.set_interval(self.refresh_s, self._tick, name="refresh")

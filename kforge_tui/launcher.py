@@ -9,6 +9,7 @@ import argparse
 import os
 import shlex
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from engine.cli import terminal_attached
 from engine.errors import JobError, UsageError
+from engine.store import is_corruption, unusable_database
 from engine.store.workspace import db_path, resolve_workspace
 
 DEMO_DB = Path(__file__).resolve().parent / "demo" / "kforge.db"
@@ -26,9 +28,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 def open_tui(args: argparse.Namespace) -> int:
     """Entry point handed to engine.cli.main; returns the exit code."""
-    color = getattr(args, "color_system", None)
-    if color:
-        os.environ["TEXTUAL_COLOR_SYSTEM"] = color  # read by Textual at import time
+    apply_color_system(getattr(args, "color_system", None))
     command = args.command
     if command == "serve":
         return serve(args)
@@ -48,7 +48,7 @@ def open_tui(args: argparse.Namespace) -> int:
         run_id = start_engine_detached(args, workspace)
     from kforge_tui.readmodel import ReadModel
 
-    model = ReadModel(db)
+    model = ReadModel(db)  # refuses a damaged file or a newer schema in one line (StoreError)
     try:
         compare: list[str] = []
         if command == "compare":
@@ -71,6 +71,10 @@ def open_tui(args: argparse.Namespace) -> int:
                     raise UsageError(f"no runs in {workspace} yet: start one with 'kforge-tui run CONFIG'")
                 run = runs[0]
             run_id = run.id
+    except sqlite3.DatabaseError as e:  # the header was readable, a table is not: the file is damaged
+        if is_corruption(e):
+            raise unusable_database(db, e) from None
+        raise
     finally:
         model.close()
     if not terminal_attached():
@@ -83,7 +87,21 @@ def open_tui(args: argparse.Namespace) -> int:
                     compare_runs=compare, keymap=keymap, theme=theme,
                     start_mode="compare" if command == "compare" else "overview", note=note)
     app.run()
-    return 0
+    if app.fatal is not None:  # the app found the database unusable after all, and closed itself
+        raise app.fatal
+    return app.return_code or 0
+
+
+def apply_color_system(choice: str | None) -> None:
+    """--color-system: Textual reads TEXTUAL_COLOR_SYSTEM when it is first imported (Rich's names: auto,
+    truecolor, 256, standard); 'none' is NO_COLOR, which Textual reads when the app is created."""
+    if not choice:
+        return
+    if choice == "none":
+        os.environ.pop("TEXTUAL_COLOR_SYSTEM", None)  # Rich has no colour system named "none"
+        os.environ["NO_COLOR"] = "1"
+    else:
+        os.environ["TEXTUAL_COLOR_SYSTEM"] = choice
 
 
 def _keymap(args: argparse.Namespace) -> dict[str, str]:
@@ -160,8 +178,6 @@ def start_engine_detached(args: argparse.Namespace, workspace: Path) -> str:
 
 
 def _wait_for_run(proc: subprocess.Popen, workspace: Path, log_path: Path, resume: str | None) -> str:
-    import sqlite3
-
     from engine.store import StoreError, open_readonly, read
 
     db = db_path(workspace)

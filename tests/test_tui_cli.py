@@ -192,3 +192,110 @@ def test_every_run_option_given_to_the_tui_reaches_the_detached_engine(action, t
     assert again.no_tui and again.workspace == str(tmp_path)
     assert "--theme" not in argv, "the TUI's display options stay with the TUI"
     assert action.dest == "resume" or Path(again.config).name == "resnet50.toml"
+
+
+# ---- a workspace database that cannot be opened: one line naming the file, exit 2 -------------------------
+
+
+def _damaged(tmp_path, kind):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    db = ws / "kforge.db"
+    if kind == "random":
+        db.write_bytes(bytes(range(256)) * 64)  # not an SQLite header at all
+    elif kind == "truncated":
+        build_store(tmp_path / "good" / "kforge.db")
+        good = (tmp_path / "good" / "kforge.db")
+        import sqlite3
+
+        with sqlite3.connect(good) as conn:  # fold the WAL in, so the file alone holds the database
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        db.write_bytes(good.read_bytes()[:20_000])  # a copy cut short
+    else:  # written by a newer Kernel Forge
+        import sqlite3
+
+        from engine.store import latest_version
+
+        conn = sqlite3.connect(db)
+        conn.execute(f"PRAGMA user_version = {latest_version() + 5}")
+        conn.close()
+    return ws, db
+
+
+@pytest.mark.parametrize("kind", ["random", "truncated", "newer"])
+@pytest.mark.parametrize("command", [[], ["compare", "run-a", "run-b"], ["--run", "run-a"]],
+                         ids=["tui", "compare", "run"])
+def test_unusable_database_is_one_line_naming_the_file(cli, tmp_path, monkeypatch, kind, command):
+    monkeypatch.setenv("KFORGE_FORCE_TUI", "1")  # as from a terminal: the database is opened, not the check
+    ws, db = _damaged(tmp_path, kind)
+    fix = "upgrade kernel-forge" if kind == "newer" else "move it aside"
+    one_line(*cli(*command, "--workspace", ws), str(db), fix, "--workspace")
+
+
+@pytest.mark.parametrize("kind", ["random", "truncated"])
+def test_capture_and_run_on_a_damaged_database_name_the_file(cli, tmp_path, kind):
+    ws, db = _damaged(tmp_path, kind)
+    one_line(*cli("capture", CONFIGS / "examples" / "my_model.toml", "--small", "--device", "cpu",
+                  "--workspace", ws), str(db), "move it aside")
+    one_line(*cli("run", CONFIGS / "examples" / "my_model.toml", "--small", "--dry-run", "--iterations", "1",
+                  "--no-tui", "--workspace", ws), str(db), "move it aside")
+
+
+def test_a_table_damaged_after_the_header_closes_the_app_with_one_line(cli, tmp_path, monkeypatch):
+    # The launcher's first reads succeed; the app's first poll meets the damage: it exits 2, no traceback.
+    import sqlite3
+
+    monkeypatch.setenv("KFORGE_FORCE_TUI", "1")
+    ids = build_store(tmp_path / "ws" / "kforge.db")
+    from kforge_tui.readmodel import ReadModel
+
+    def damaged_poll(self, run_id):
+        raise sqlite3.DatabaseError("database disk image is malformed")
+
+    monkeypatch.setattr(ReadModel, "poll", damaged_poll)
+    db = tmp_path / "ws" / "kforge.db"
+    one_line(*cli("--run", ids["runs"][-1], "--workspace", tmp_path / "ws"), str(db), "move it aside")
+
+
+# ---- --color-system: every choice the parser offers opens the app ------------------------------------------
+
+
+def _color_choices():
+    from engine.cli import COLOR_SYSTEMS
+
+    return COLOR_SYSTEMS
+
+
+@pytest.mark.parametrize("choice", _color_choices())
+def test_every_color_system_choice_creates_the_app(cli, tmp_path, monkeypatch, choice):
+    from rich.console import Console
+
+    from kforge_tui.app import KforgeApp
+
+    monkeypatch.setenv("KFORGE_FORCE_TUI", "1")
+    for name in ("TEXTUAL_COLOR_SYSTEM", "NO_COLOR"):  # setenv first: the launcher's writes are undone after
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    build_store(tmp_path / "ws" / "kforge.db")
+    seen = {}
+
+    def run(self):  # stands in for the full-screen loop: the app exists, Textual's settings are read
+        seen["app"] = self
+        import os
+
+        # Textual hands TEXTUAL_COLOR_SYSTEM to Rich's Console: it must be a name Rich knows.
+        seen["console"] = Console(color_system=os.environ.get("TEXTUAL_COLOR_SYSTEM", "auto"))
+
+    monkeypatch.setattr(KforgeApp, "run", run)
+    code, out, err = cli("--color-system", choice, "--workspace", tmp_path / "ws")
+    assert code == 0, err
+    assert isinstance(seen["app"], KforgeApp)
+    if choice == "none":
+        assert seen["app"].no_color  # NO_COLOR: Textual draws in monochrome
+    elif choice != "auto":
+        assert seen["console"].color_system == choice
+
+
+def test_unknown_color_system_is_refused_by_the_parser(cli, tmp_path):
+    code, out, err = cli("--color-system", "sepia", "--workspace", tmp_path)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "--color-system" in err

@@ -189,3 +189,13 @@ async def test_latency_screen(store):
         await settle(pilot, "c", "l")
         text = screen_text(app)
         assert "latency" in text and "verified" in text and "best" in text
+
+
+async def test_stop_dialog_shows_the_keys_it_asks_for(store):
+    # "[y]es / [n]o" was read as Rich markup and shown as "es / o".
+    db, ids = store
+    async with make_app(db, ids["runs"][-1]).run_test(size=(120, 30)) as pilot:
+        await settle(pilot, "X")
+        text = screen_text(pilot.app)
+        assert "[y]es / [n]o" in text, text
+        await settle(pilot, "n")

@@ -42,3 +42,55 @@ async def test_nodes_written_by_another_process_appear(tmp_path):
     finally:
         writer.kill()
         writer.wait()
+
+
+async def test_resume_from_the_tui_shows_the_run_running_again(tmp_path):
+    # The stand-in engine (real orchestrator and store) in this process; pause and resume go through the
+    # TUI's control writer and the status is read back through its read model, as the overview shows it.
+    import asyncio
+
+    from run_standin import CARDS, Proposer, StandInLane
+
+    from engine.cards import OperatorCard
+    from engine.run.orchestrator import Budgets, Orchestrator
+    from engine.run.plan import CardState
+    from engine.run.store_recorder import StoreRecorder
+    from engine.store import Store, db_path, new_id
+    from kforge_tui.controls import ControlWriter
+    from kforge_tui.readmodel import ReadModel
+
+    db = db_path(tmp_path)
+    async with await Store.open(db) as store:
+        await store.save_capture({"id": "cap-1", "model": "m", "device": "cuda", "dtype": "float16"}, [
+            {"card_id": c, "op": "aten::gelu", "signature": {"op": "aten::gelu", "args": [], "aliases": []},
+             "signature_text": "", "calls": 1, "share": 0.5, "bytes": 100} for c in CARDS], [])
+        run = await store.create_run("cap-1", "m", "scripted", {"iterations": 1000})
+        cards = [CardState(OperatorCard(c, "aten::gelu", {}, bytes=100, eager_us=40.0, roofline_us=1.0,
+                                        share=0.5), ["s"]) for c in CARDS]
+        o = Orchestrator(cards=cards, proposer=Proposer(), evaluate=StandInLane(tmp_path / "evals.log", None),
+                         recorder=StoreRecorder(store, run["id"]), new_id=lambda: new_id("cand"),
+                         budgets=Budgets(iterations_per_card=1000), max_proposals=1, poll_s=0.01)
+        engine = asyncio.create_task(o.run())
+        tui, model = ControlWriter(db), ReadModel(db)
+
+        async def status_becomes(want):
+            for _ in range(1000):  # a wait, not a timing assertion
+                if model.run(run["id"]).status == want:
+                    return True
+                await asyncio.sleep(0.01)
+            return False
+
+        async def send(command):  # in a thread, as the TUI's own process would: the engine's loop keeps going
+            await asyncio.to_thread(tui.send, run["id"], command)
+
+        try:
+            assert await status_becomes("running")
+            await send("pause")
+            assert await status_becomes("paused")
+            await send("resume")
+            assert await status_becomes("running"), "after resume the run still reads 'paused'"
+            await send("stop")
+            assert await asyncio.wait_for(engine, 30) == "user"
+        finally:
+            engine.cancel()
+            model.close()

@@ -282,6 +282,7 @@ class Orchestrator:
         return None
 
     async def _apply_controls(self) -> None:
+        was_paused = self.paused
         for c in await self.recorder.controls():
             cmd = c["command"]
             if cmd == "pause":
@@ -297,6 +298,8 @@ class Orchestrator:
             await self.recorder.event("control", {"command": cmd}, c.get("card_id"))
         if self.paused:
             await self.recorder.status("paused")
+        elif was_paused:  # resumed: the run row must not keep saying "paused"
+            await self.recorder.status("running")
 
     # ---- one iteration --------------------------------------------------------------------------------
 

@@ -8,11 +8,13 @@ from engine.store.store import (
     StoreError,
     decode_json,
     encode_json,
+    is_corruption,
     new_id,
     open_readonly,
     pack_single_file,
     row_from_dict,
     row_to_dict,
+    unusable_database,
 )
 from engine.store.workspace import (
     DB_FILENAME,
@@ -36,6 +38,7 @@ __all__ = [
     "decode_json",
     "encode_json",
     "ensure_workspace",
+    "is_corruption",
     "latest_version",
     "new_id",
     "open_readonly",
@@ -44,4 +47,5 @@ __all__ = [
     "row_from_dict",
     "row_to_dict",
     "samples_dir",
+    "unusable_database",
 ]

@@ -17,6 +17,7 @@ from typing import Any
 
 import aiosqlite
 
+from engine.errors import UsageError
 from engine.outcomes import CONTROL_COMMANDS, RUN_STATUSES
 from engine.store import schema
 
@@ -51,8 +52,19 @@ CANDIDATE_UPDATABLE = frozenset(
 _BUSY_TIMEOUT_MS = 5000
 
 
-class StoreError(RuntimeError):
-    """The workspace database cannot be used by this version of Kernel Forge."""
+class StoreError(UsageError, RuntimeError):
+    """The workspace database cannot be used by this version of Kernel Forge (bad input: exit code 2)."""
+
+
+def unusable_database(path: str | os.PathLike[str], exc: sqlite3.DatabaseError) -> StoreError:
+    """The one-line error for a file that is not a valid SQLite database (random bytes, a truncated copy)."""
+    return StoreError(f"workspace database {Path(path).absolute()} is not a valid SQLite database ({exc}); "
+                      "move it aside (a new run creates a fresh one) or use another --workspace")
+
+
+def is_corruption(exc: BaseException) -> bool:
+    """A damaged or foreign file, as opposed to a locked or read-only one (OperationalError)."""
+    return type(exc) is sqlite3.DatabaseError
 
 
 def new_id(prefix: str) -> str:
@@ -114,12 +126,12 @@ def row_to_dict(table: str, row: sqlite3.Row | None,
     return out
 
 
-def _check_version(found: int, where: Path) -> None:
+def _check_version(found: int, db_file: Path) -> None:
     latest = schema.latest_version()
     if found > latest:
         raise StoreError(
-            f"workspace {where} was written by a newer Kernel Forge (schema {found} > {latest}); "
-            "upgrade kernel-forge"
+            f"workspace {db_file.parent} was written by a newer Kernel Forge (schema {found} > {latest}); "
+            f"upgrade kernel-forge to open {db_file}, or use another --workspace"
         )
 
 
@@ -136,7 +148,12 @@ def open_readonly(db_path: str | os.PathLike[str], *, threads: bool = False) -> 
                            check_same_thread=not threads)
     try:
         conn.row_factory = sqlite3.Row
-        _check_version(conn.execute("PRAGMA user_version").fetchone()[0], path.parent)
+        _check_version(conn.execute("PRAGMA user_version").fetchone()[0], path)
+    except sqlite3.DatabaseError as e:
+        conn.close()
+        if is_corruption(e):
+            raise unusable_database(path, e) from None
+        raise
     except BaseException:
         conn.close()
         raise
@@ -183,6 +200,11 @@ class Store:
             store = cls(conn, path)
             await store._migrate()
             await store._load_columns()
+        except sqlite3.DatabaseError as e:
+            await conn.close()
+            if is_corruption(e):
+                raise unusable_database(path, e) from None
+            raise
         except BaseException:
             await conn.close()
             raise
@@ -208,7 +230,7 @@ class Store:
         versions = [version for version, _ in migrations]
         if versions != sorted(set(versions)) or (versions and versions[0] < 1):
             raise StoreError(f"schema migrations must have increasing versions >= 1, got {versions}")
-        _check_version(await self._user_version(), self.db_path.parent)
+        _check_version(await self._user_version(), self.db_path)
         for version, script in migrations:
             async with self._transaction():
                 # Re-read inside the write lock: another process may have migrated while we waited.

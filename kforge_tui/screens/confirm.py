@@ -16,7 +16,7 @@ class ConfirmScreen(ModalScreen[bool]):
         self.question = question
 
     def compose(self) -> ComposeResult:
-        yield Static(self.question)
+        yield Static(self.question, markup=False)  # plain text: "[y]es" is not a markup tag
 
     def action_answer(self, yes: bool) -> None:
         self.dismiss(yes)
