@@ -27,10 +27,12 @@ REJECTION_CATEGORIES: dict[str, str] = {
     "nan": "it left NaN where eager has numbers (unwritten outputs or bad arithmetic)",
     "mutation": "it changed an input tensor that the op only reads",
     "nondeterminism": "two runs on the same inputs gave different results (a race, state between calls)",
-    "suspicious": "it timed faster than moving its bytes at peak bandwidth allows",
+    "suspicious": "it timed faster than its bytes, FLOPs or a kernel launch physically allow, or slowed eager down",
+    "overrun": "it wrote outside its buffers (the canary bytes around an output, workspace or input changed)",
+    "cheating": "a timed call's outputs differ from eager's on the same inputs: it behaves differently when timed",
 }
 # Rejections whose verification report holds per-output numbers (max error, first bad index, values).
-NUMERIC_REJECTIONS = frozenset({"mismatch", "nan", "mutation", "nondeterminism"})
+NUMERIC_REJECTIONS = frozenset({"mismatch", "nan", "mutation", "nondeterminism", "cheating"})
 
 # Why a proposal never became runnable code (an unusable answer, or the provider failed); stored as a
 # rejected candidate with this category.

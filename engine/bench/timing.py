@@ -27,6 +27,9 @@ class TimingConfig:
     target_rel_err: float = 0.01
     batch: int = 10                 # calls per arm between host syncs
     throttle_tolerance: float = 0.95
+    slots: int = 4                  # input sets the timed calls rotate over, each in its own buffers
+    audit_every: int = 8            # on average one timed call in this many has its outputs checked
+    min_audits: int = 3             # audited calls at least (extra rounds after the timed ones)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> TimingConfig:
@@ -114,51 +117,89 @@ def max_sm_clock_mhz(device: torch.device) -> float:
         return float("nan")
 
 
-def _warm_up(calls: list[Callable[[], Any]], flush: L2Flusher, seconds: float) -> None:
+@dataclass
+class Arm:
+    """One side of a timed comparison: `call` is timed; `prepare` runs before the call's L2 flush and
+    `finish` after its end event (given the call's result), both untimed."""
+
+    call: Callable[[], Any]
+    prepare: Callable[[], None] | None = None
+    finish: Callable[[Any], None] | None = None
+
+
+Hooks = Callable[[int], None]  # before_round(round index)
+
+
+def _as_arm(c: Callable[[], Any] | Arm) -> Arm:
+    return c if isinstance(c, Arm) else Arm(c)
+
+
+def _one_call(arm: Arm, flush: L2Flusher, events: list | None, i: int) -> None:
+    if arm.prepare is not None:
+        arm.prepare()
+    flush()
+    if events is None:
+        result = arm.call()
+    else:
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        result = arm.call()
+        e.record()
+        events.append((i, s, e))
+    if arm.finish is not None:
+        arm.finish(result)
+
+
+def _warm_up(arms: list[Arm], flush: L2Flusher, seconds: float, before_round: Hooks | None) -> int:
     t0 = time.perf_counter()
     n = 0
     while n < 3 or time.perf_counter() - t0 < seconds:
-        for c in calls:
-            flush()
-            c()
+        if before_round is not None:
+            before_round(-1 - n)  # warm-up rounds are numbered below zero
+        for a in arms:
+            _one_call(a, flush, None, 0)
         n += 1
         if n % 8 == 0:
             torch.cuda.synchronize()
     torch.cuda.synchronize()
+    return n
 
 
-def time_calls(calls: list[Callable[[], Any]], flush: L2Flusher, cfg: TimingConfig = TimingConfig()
+def time_calls(calls: list[Callable[[], Any] | Arm], flush: L2Flusher, cfg: TimingConfig = TimingConfig(), *,
+               before_round: Hooks | None = None, after_batch: Callable[[], bool] | None = None
                ) -> tuple[list[list[float]], int, float]:
     """Alternate the calls call by call (rotating which goes first), each timed with its own events.
 
-    Returns per-call µs for each callable, the number of throttled rounds and the elapsed seconds.
+    `before_round(r)` runs before round r (one call of each arm); `after_batch()` after each batch's
+    host sync, and ends the timing early when it returns True. Returns per-call µs for each callable,
+    the number of throttled rounds and the elapsed seconds.
     """
+    arms = [_as_arm(c) for c in calls]
     device = torch.device("cuda", torch.cuda.current_device())
-    _warm_up(calls, flush, cfg.warmup_s)
-    times: list[list[float]] = [[] for _ in calls]
+    _warm_up(arms, flush, cfg.warmup_s, before_round)
+    times: list[list[float]] = [[] for _ in arms]
     clocks: list[float] = []
     max_clock = max_sm_clock_mhz(device)
     t0 = time.perf_counter()
     rnd = 0
     while True:
-        events = []
+        events: list = []
         for _ in range(cfg.batch):
-            order = list(range(len(calls)))
-            k = rnd % len(calls)
+            if before_round is not None:
+                before_round(rnd)
+            order = list(range(len(arms)))
+            k = rnd % len(arms)
             order = order[k:] + order[:k]  # no arm always runs right after the flush of the other
             for i in order:
-                flush()
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                calls[i]()
-                e.record()
-                events.append((i, s, e))
+                _one_call(arms[i], flush, events, i)
             rnd += 1
         torch.cuda.synchronize()
         for i, s, e in events:
             times[i].append(s.elapsed_time(e) * 1e3)
         clocks += [sm_clock_mhz(device)] * cfg.batch
         elapsed = time.perf_counter() - t0
+        if after_batch is not None and after_batch():
+            break
         if all(should_stop(t, target_rel_err=cfg.target_rel_err, min_samples=cfg.min_reps,
                            max_samples=cfg.max_reps, max_seconds=cfg.max_seconds, elapsed_s=elapsed)
                for t in times):
@@ -169,16 +210,19 @@ def time_calls(calls: list[Callable[[], Any]], flush: L2Flusher, cfg: TimingConf
     return times, throttled, time.perf_counter() - t0
 
 
-def ab_time(eager: Callable[[], Any], candidate: Callable[[], Any], flush: L2Flusher,
-            cfg: TimingConfig = TimingConfig()) -> ABResult:
+def ab_time(eager: Callable[[], Any] | Arm, candidate: Callable[[], Any] | Arm, flush: L2Flusher,
+            cfg: TimingConfig = TimingConfig(), *, before_round: Hooks | None = None,
+            after_batch: Callable[[], bool] | None = None) -> ABResult:
     """Time eager against the candidate, alternated, and estimate the speedup with a paired CI."""
-    (e_us, c_us), throttled, seconds = time_calls([eager, candidate], flush, cfg)
+    (e_us, c_us), throttled, seconds = time_calls([eager, candidate], flush, cfg, before_round=before_round,
+                                                  after_batch=after_batch)
     est = speedup_ci(e_us, c_us, paired=True)
     return ABResult(summarize(e_us), summarize(c_us), est.speedup, est.low, est.high, len(e_us),
                     throttled, seconds, e_us, c_us)
 
 
-def time_one(fn: Callable[[], Any], flush: L2Flusher, cfg: TimingConfig = TimingConfig()) -> tuple[TimingStats, int]:
+def time_one(fn: Callable[[], Any] | Arm, flush: L2Flusher, cfg: TimingConfig = TimingConfig(), *,
+             before_round: Hooks | None = None) -> tuple[TimingStats, int]:
     """Time a single callable with the same protocol (eager latency of a card)."""
-    (us,), throttled, _ = time_calls([fn], flush, cfg)
+    (us,), throttled, _ = time_calls([fn], flush, cfg, before_round=before_round)
     return summarize(us), throttled

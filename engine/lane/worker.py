@@ -10,21 +10,28 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from engine.bench.timing import L2Flusher, TimingConfig, ab_time, copy_bandwidth, time_one
+from engine.bench.floor import PeakTable, launch_floor_us, physics_floor
+from engine.bench.stats import TimingStats
+from engine.bench.timing import L2Flusher, TimingConfig, copy_bandwidth, max_sm_clock_mhz
 from engine.capture.samples import load_sample
 from engine.lane.protocol import Rejected, WorkerFault, claim_stdout, serve, unb64
 from engine.launch import Env, SpecError, parse_spec, resolve
 from engine.launch import cuda_driver as drv
 from engine.launch.launcher import CandidateLauncher, LaunchRejected
 from engine.ops import call_op, resolve_op, return_aliases, write_only_args
-from engine.verify.inputs import clone_bound
+from engine.verify.guard import Canaries, GuardViolation
 from engine.verify.pipeline import CardCheck
+from engine.verify.timed import TimedCandidate, audited_ab, time_eager_alone
 
+# Eager beside a candidate may be this much slower than alone before the candidate is suspected of it.
+CONTROL_TOLERANCE = 1.10
+CONTROL_SLACK_US = 0.5
 _CUDA_ERROR_MARKERS = ("CUDA error", "CUDA driver error", "cudaError", "CUBLAS_STATUS", "device-side assert")
 
 
@@ -37,6 +44,7 @@ class LoadedCard:
     bytes: int
     samples: list[list[tuple[str, Any]]]
     check: CardCheck
+    control: TimingStats | None = None  # eager timed alone (the control of every A/B on this card)
 
 
 class Worker:
@@ -56,6 +64,26 @@ class Worker:
         self.spec_bw = 2.0 * mem_khz * 1e3 * bus_bits / 8
         # Faster than this is physically impossible from DRAM (with the L2 flushed before each call).
         self.physics_bw = max(self.spec_bw, 1.15 * self.copy_bw)
+        clock_mhz = max_sm_clock_mhz(self.device)
+        self._peak = PeakTable(self.arch, self.props.multi_processor_count,
+                               (clock_mhz if clock_mhz == clock_mhz else 2000.0) * 1e6)
+        self.launch_us = launch_floor_us(self.device)
+        self._side = torch.cuda.Stream(self.device)
+        self._busy = torch.empty(128 << 20, dtype=torch.uint8, device=self.device)
+
+    @contextmanager
+    def _contend(self):
+        """Keep the GPU busy on another stream while the body runs (other block interleavings for races)."""
+        main = torch.cuda.current_stream(self.device)
+        self._side.wait_stream(main)
+        with torch.cuda.stream(self._side):
+            half = self._busy.numel() // 2
+            for _ in range(4):
+                self._busy[:half].copy_(self._busy[half:])
+        try:
+            yield
+        finally:
+            main.wait_stream(self._side)
 
     # ---- requests ---------------------------------------------------------------------------------
 
@@ -63,6 +91,7 @@ class Worker:
         return {"name": self.props.name, "arch": self.arch, "sms": self.props.multi_processor_count,
                 "l2_bytes": self.props.L2_cache_size, "max_shared_per_block": self.max_shared,
                 "copy_bw": self.copy_bw, "spec_bw": self.spec_bw, "physics_bw": self.physics_bw,
+                "launch_floor_us": self.launch_us,
                 "torch": torch.__version__, "memory_bytes": self.props.total_memory}
 
     def load_card(self, p: dict[str, Any]) -> dict[str, Any]:
@@ -75,7 +104,8 @@ class Worker:
         op = resolve_op(p["op"])
         written = [a for a in return_aliases(op) if a] + write_only_args(op)
         check = CardCheck(p["op"], samples, lambda b: call_op(op, b), written_args=written,
-                          sync=torch.cuda.synchronize, fresh=p.get("fresh", 2), edges=p.get("edges", True))
+                          sync=torch.cuda.synchronize, fresh=p.get("fresh", 2), edges=p.get("edges", True),
+                          contend=self._contend)
         self.cards[cid] = LoadedCard(cid, p["op"], p["signature"], p["outputs"], int(p.get("bytes", 0)),
                                      samples, check)
         return {"samples": len(samples), "cached": False}
@@ -88,9 +118,8 @@ class Worker:
 
     def time_eager(self, p: dict[str, Any]) -> dict[str, Any]:
         card = self._card(p)
-        op = resolve_op(card.op_name)
-        inputs = clone_bound(card.samples[0])
-        stats, throttled = time_one(lambda: call_op(op, inputs), self.flush, TimingConfig.from_json(p.get("timing")))
+        stats, throttled = time_eager_alone(card.check, self.flush, TimingConfig.from_json(p.get("timing")))
+        card.control = stats
         roofline = card.bytes / self.copy_bw * 1e6 if card.bytes else None
         return {"eager": stats.__dict__, "throttled": throttled, "roofline_us": roofline}
 
@@ -104,14 +133,22 @@ class Worker:
             raise Rejected("launch", f"launch spec: {e}") from None
         module = self._load_module(p)
         try:
+            canaries = Canaries(self.device)
             try:
                 launcher = CandidateLauncher(module, resolved, card.op_name, card.outputs, self.device,
-                                             max_shared=self.max_shared)
+                                             max_shared=self.max_shared, canaries=canaries)
             except LaunchRejected as e:
                 raise Rejected("launch", str(e)) from None
 
             def run(bound, prefill):
-                return launcher.run(bound, prefill)
+                canaries.forget()
+                outs = launcher.run(bound, prefill)
+                torch.cuda.synchronize()
+                bad = canaries.violations()
+                canaries.forget()
+                if bad:
+                    raise GuardViolation("wrote outside its buffers: " + "; ".join(bad))
+                return outs
 
             verdict = self._guarded(lambda: card.check.check(run))
             if not verdict.ok:
@@ -119,26 +156,51 @@ class Worker:
                                                                   "seconds": time.perf_counter() - t0})
             result: dict[str, Any] = {"verdict": verdict.to_json()}
             if p.get("time", True):
-                op = resolve_op(card.op_name)
-                inputs = clone_bound(card.samples[0])
-                timing = self._guarded(lambda: ab_time(lambda: call_op(op, inputs),
-                                                       lambda: launcher.run(inputs), self.flush,
-                                                       TimingConfig.from_json(p.get("timing"))))
-                result["timing"] = timing.to_json(keep_samples=p.get("keep_samples", False))
-                floor_us = card.bytes / self.physics_bw * 1e6 if card.bytes else 0.0
-                result["physics_floor_us"] = floor_us
-                if timing.candidate.median < floor_us:
+                cfg = TimingConfig.from_json(p.get("timing"))
+                timed_candidate = TimedCandidate(launcher.prepare, after=canaries.enqueue_check,
+                                                 overran=canaries.pending_violation)
+                timed = self._guarded(lambda: audited_ab(card.check, timed_candidate, self.flush, cfg))
+                timing = timed.ab
+                result["timing"] = {**timing.to_json(keep_samples=p.get("keep_samples", False)),
+                                    **timed.to_json()}
+                if timed.category == "overrun":
+                    raise Rejected("overrun", timed.message, result)
+                floor = self._floor(card)
+                result["physics_floor_us"] = floor.us
+                if timing.candidate.median < floor.us:
                     raise Rejected("suspicious", f"median {timing.candidate.median:.2f} µs is below the "
-                                   f"{floor_us:.2f} µs that moving {card.bytes} bytes takes at "
-                                   f"{self.physics_bw / 1e12:.2f} TB/s: it cannot have done the work",
+                                   f"{floor.us:.2f} µs floor: {floor.reason()}: it cannot have done the work",
                                    result)
-                again = self._guarded(lambda: card.check.recheck_in_place(run, inputs))
+                if timed.category is not None:
+                    raise Rejected(timed.category, timed.message, result)
+                self._check_control(card, timing.eager, cfg, result)
+                again = self._guarded(lambda: card.check.recheck_in_place(run, timed.slot))
                 if not again.ok:
                     raise Rejected(again.category, again.message, {**result, "verdict": again.to_json()})
             result["seconds"] = time.perf_counter() - t0
             return result
         finally:
             module.unload()
+
+    def _floor(self, card: LoadedCard):
+        return physics_floor(card.op_name, card.signature, card.bytes, bandwidth=self.physics_bw,
+                             peak=self._peak, launch_us=self.launch_us)
+
+    def _check_control(self, card: LoadedCard, eager: Any, cfg: TimingConfig, result: dict[str, Any]) -> None:
+        """Eager beside the candidate must not be slower than eager alone: a candidate that leaves the GPU
+        busy, throttled or its caches dirty would inflate its own speedup."""
+        def limit(control) -> float:
+            return control.median * CONTROL_TOLERANCE + CONTROL_SLACK_US
+
+        for attempt in range(2):
+            if card.control is None or attempt:
+                card.control, _ = self._guarded(lambda: time_eager_alone(card.check, self.flush, cfg))
+            result["eager_alone_us"] = card.control.median
+            if eager.median <= limit(card.control):
+                return
+        raise Rejected("suspicious", f"eager took {eager.median:.2f} µs beside this candidate but "
+                       f"{card.control.median:.2f} µs alone (twice measured): the candidate slows eager down",
+                       result)
 
     def _load_module(self, p: dict[str, Any]) -> drv.Module:
         errors = []
@@ -160,6 +222,10 @@ class Worker:
             return result
         except LaunchRejected as e:
             raise Rejected("launch", str(e)) from None
+        except GuardViolation as e:
+            raise Rejected("overrun", str(e)) from None
+        except torch.OutOfMemoryError as e:
+            raise Rejected("launch", f"out of GPU memory: {str(e).splitlines()[0]}") from None
         except drv.DriverError as e:
             raise WorkerFault("runtime-fault", f"{e.name}: {e.text}") from None
         except RuntimeError as e:

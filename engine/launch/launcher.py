@@ -8,7 +8,7 @@ current raw stream, so the kernels run where the caller's work runs (also under 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,9 +56,11 @@ class CandidateLauncher:
     """Callable candidate for one card: `run(args) -> outputs` with the op's argument list."""
 
     def __init__(self, module: drv.Module, spec: ResolvedSpec, op_name: str, outputs: Sequence[dict],
-                 device: torch.device, max_shared: int | None = None):
+                 device: torch.device, max_shared: int | None = None, canaries: Any = None):
         self.module = module
         self.device = device
+        # When set (an engine.verify.guard.Canaries), outputs and workspaces are guarded buffers from it.
+        self.canaries = canaries
         self.op = resolve_op(op_name)
         self.aliases = return_aliases(self.op)
         self.write_only = write_only_args(self.op)
@@ -101,12 +103,15 @@ class CandidateLauncher:
 
     def allocate_outputs(self, args: dict[str, Any], prefill: str | None) -> list[torch.Tensor]:
         outs = []
-        for spec, alias in zip(self.output_specs, self.aliases):
+        for i, (spec, alias) in enumerate(zip(self.output_specs, self.aliases)):
             if alias is not None:
                 outs.append(args[alias])
                 continue
-            t = torch.empty_strided(spec["shape"], spec["stride"], dtype=getattr(torch, spec["dtype"]),
-                                    device=self.device)
+            dtype = getattr(torch, spec["dtype"])
+            if self.canaries is not None:
+                t = self.canaries.empty_strided(spec["shape"], spec["stride"], dtype, name=f"out{i}")
+            else:
+                t = torch.empty_strided(spec["shape"], spec["stride"], dtype=dtype, device=self.device)
             if prefill:
                 prefill_(t, prefill)
             outs.append(t)
@@ -116,16 +121,25 @@ class CandidateLauncher:
                     prefill_(args[name], prefill)
         return outs
 
-    def run(self, bound: Sequence[tuple[str, Any]], prefill: str | None = None) -> list[torch.Tensor]:
-        """Allocate outputs and workspaces, then launch every kernel in order on the current stream."""
+    def prepare(self, bound: Sequence[tuple[str, Any]], prefill: str | None = None) -> Callable[[], list[torch.Tensor]]:
+        """Allocate (and pre-fill) the outputs and workspaces; returns the launch of every kernel in order
+        on the current stream (workspaces marked `zero` are zeroed there: that is part of the work)."""
         args = dict(bound)
         outs = self.allocate_outputs(args, prefill)
         ws = {}
         for name, nbytes, zero in self.workspaces:
-            buf = torch.empty(max(1, nbytes), dtype=torch.uint8, device=self.device)
+            if self.canaries is not None:
+                buf = self.canaries.buffer(max(1, nbytes), name=f"workspace {name!r}")
+            else:
+                buf = torch.empty(max(1, nbytes), dtype=torch.uint8, device=self.device)
+            ws[name] = (buf, zero)
+        return lambda: self._launch(args, outs, ws)
+
+    def _launch(self, args: dict[str, Any], outs: list[torch.Tensor], ws: dict[str, tuple[torch.Tensor, bool]]
+                ) -> list[torch.Tensor]:
+        for buf, zero in ws.values():
             if zero:
                 buf.zero_()
-            ws[name] = buf
         stream = torch._C._cuda_getCurrentRawStream(self.device.index)
         for ln in self.launches:
             for v, ref in zip(ln.values, ln.refs):
@@ -138,6 +152,10 @@ class CandidateLauncher:
                     raise
                 raise LaunchRejected(f"cuLaunchKernel refused the launch: {e.name} ({e.text})") from None
         return outs
+
+    def run(self, bound: Sequence[tuple[str, Any]], prefill: str | None = None) -> list[torch.Tensor]:
+        """Allocate outputs and workspaces, then launch every kernel in order on the current stream."""
+        return self.prepare(bound, prefill)()
 
 
 def _allow_large_cluster(fn: object) -> None:
@@ -153,7 +171,8 @@ def _allow_large_cluster(fn: object) -> None:
         pass  # older drivers/bindings: the launch reports what does not work
 
 
-def _pointer(ref: tuple, args: dict[str, Any], outs: list[torch.Tensor], ws: dict[str, torch.Tensor]) -> int:
+def _pointer(ref: tuple, args: dict[str, Any], outs: list[torch.Tensor], ws: dict[str, tuple[torch.Tensor, bool]]
+             ) -> int:
     kind = ref[0]
     if kind == "input":
         t = args[ref[1]]
@@ -161,7 +180,7 @@ def _pointer(ref: tuple, args: dict[str, Any], outs: list[torch.Tensor], ws: dic
     if kind == "output":
         return outs[ref[1]].data_ptr()
     if kind == "workspace":
-        return ws[ref[1]].data_ptr()
+        return ws[ref[1]][0].data_ptr()
     if kind == "list":
         t = args[ref[1]][ref[2]]
         return 0 if t is None else t.data_ptr()

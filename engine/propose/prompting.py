@@ -48,7 +48,10 @@ CATEGORY_MEANING: dict[str, str] = {
     "mutation": "an input tensor changed; inputs are read-only unless the op itself writes them.",
     "nondeterminism": "two runs on the same inputs gave different results: a race, uninitialised shared "
                       "memory, atomics in varying order, or state kept between calls.",
-    "suspicious": "it measured faster than moving its bytes at peak bandwidth allows, which is impossible.",
+    "suspicious": "it measured faster than its bytes, FLOPs or a launch physically allow, which is impossible.",
+    "overrun": "it wrote outside its buffers (past the end or before the start of an output, workspace or input): "
+               "check the bounds of every store, including vector stores at the tail.",
+    "cheating": "its outputs in timed calls differ from eager's on the same inputs: it behaves differently when timed.",
     "bad-spec": "its launch spec is invalid.",
     "host-code": "it contains host code, which the contract forbids.",
     "no-spec": "the answer had no launch spec.",

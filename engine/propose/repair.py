@@ -20,10 +20,10 @@ MAX_ATTEMPTS = 3
 # Failures worth showing to the model with "fix this": verification categories, and unusable answers
 # that still carry code whose problem is precise (a spec error, host code).
 REPAIRABLE = frozenset({"compile", "launch", "runtime-fault", "timeout", "mismatch", "nan", "mutation",
-                        "nondeterminism", "bad-spec", "host-code"})
+                        "nondeterminism", "overrun", "bad-spec", "host-code"})
 # Unusable answers with nothing to repair: ask the same question again.
 RETRY_SAME = frozenset({"no-code", "not-cuda", "no-spec", "truncated"})
-# Everything else ends the loop: 'suspicious' (a cheat is not repaired), 'provider' (the client already
+# Everything else ends the loop: 'suspicious' and 'cheating' (a cheat is not repaired), 'provider' (the client already
 # retried transient errors), 'empty', declines, and unknown categories.
 
 

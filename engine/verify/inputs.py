@@ -4,7 +4,8 @@ modulo 16 bytes and aliasing between arguments."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -27,19 +28,32 @@ def _key(t: torch.Tensor) -> tuple:
     return (t.device.type, t.device.index, t.untyped_storage().data_ptr())
 
 
-def clone_bound(bound: Bound, device: torch.device | None = None) -> Bound:
-    """Deep copy of the arguments into fresh storage, keeping layout, alignment and aliasing."""
+Alloc = Callable[[int, str], torch.Tensor]  # (bytes, argument name) -> uint8 tensor (e.g. Canaries.buffer)
+
+
+def clone_bound(bound: Bound, device: torch.device | None = None, alloc: Alloc | None = None) -> Bound:
+    """Deep copy of the arguments into fresh storage, keeping layout, alignment and aliasing.
+
+    `alloc` makes the new storage (one buffer per storage the arguments share); by default plain memory.
+    """
     spans: dict[tuple, list] = {}
-    for t in _tensors(bound):
+    names: dict[tuple, str] = {}
+    for name, t in tensors_of(bound):
         lo, hi = storage_extent(t)
         s = spans.setdefault(_key(t), [lo, hi, t])
+        names.setdefault(_key(t), name)
         s[0], s[1] = min(s[0], lo), max(s[1], hi)
     new_storage: dict[tuple, tuple[torch.UntypedStorage, int]] = {}
     for key, (lo, hi, t) in spans.items():
         start = lo - lo % _ALIGN
         raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
-        copy = raw[start:hi].to(device or t.device, copy=True)
-        new_storage[key] = (copy.untyped_storage(), start)
+        if alloc is None:
+            copy = raw[start:hi].to(device or t.device, copy=True)
+        else:
+            copy = alloc(hi - start, names[key])
+            copy.copy_(raw[start:hi])
+        # The copy may start inside its storage (a guarded buffer): offsets are relative to it.
+        new_storage[key] = (copy.untyped_storage(), start - copy.storage_offset())
 
     def rebuild(t: torch.Tensor) -> torch.Tensor:
         storage, start = new_storage[_key(t)]
@@ -113,8 +127,18 @@ def fresh_inputs(sample: Bound, seed: int) -> Bound:
     return fresh
 
 
+def _plant_nonfinite_(c: torch.Tensor) -> None:
+    """NaN, +inf and -inf at a few spread positions of a 1-D view (one NaN for a single element)."""
+    n = c.numel()
+    spots = [(n // 7, float("nan")), (3 * n // 7, float("inf")), (5 * n // 7, float("-inf")),
+             (n - 1, float("nan"))]
+    for i, v in spots:
+        c[i] = v
+
+
 def edge_inputs(sample: Bound, kinds: Sequence[str]) -> list[tuple[str, Bound]]:
-    """Edge variants of the floating inputs: 'negated', 'ties' (values rounded to halves), 'large'."""
+    """Edge variants of the floating inputs: 'negated', 'ties' (values rounded to halves), 'large', and
+    'nonfinite' (NaN, +inf and -inf planted at a few positions of every floating input)."""
     out = []
     for kind in kinds:
         b = clone_bound(sample)
@@ -127,6 +151,8 @@ def edge_inputs(sample: Bound, kinds: Sequence[str]) -> list[tuple[str, Bound]]:
                 c.neg_()
             elif kind == "ties":
                 c.copy_((c.double() * 2).round_() / 2)
+            elif kind == "nonfinite":
+                _plant_nonfinite_(c)
             elif kind == "large":
                 amax = float(c.double().abs().max()) or 1.0
                 target = min(1e3 * amax, 0.01 * torch.finfo(t.dtype).max)
@@ -146,3 +172,52 @@ def tensors_of(bound: Bound) -> list[tuple[str, torch.Tensor]]:
         elif isinstance(v, (list, tuple)):
             out += [(f"{name}[{j}]", x) for j, x in enumerate(v) if isinstance(x, torch.Tensor)]
     return out
+
+
+class Regenerator:
+    """Fresh random values for timed calls, drawn on the tensors' own device with a sample's statistics.
+
+    `refill_(bound)` overwrites every tensor of a bound laid out like the sample: floats from a normal
+    distribution with the sample's mean and std clamped to its range, integers uniform over its range,
+    booleans with its frequency of True (the distributions of `fresh_inputs`, whose sets the candidate
+    already passed). No value repeats from call to call, so a result cannot be memoised.
+    """
+
+    def __init__(self, sample: Bound, seed: int):
+        self.stats = []
+        devices = set()
+        for _, t in tensors_of(sample):
+            devices.add(t.device)
+            if t.dtype == torch.bool:
+                self.stats.append(("bool", float(t.float().mean()) if t.numel() else 0.5))
+            elif t.is_complex():
+                self.stats.append(("keep", None))
+            elif t.is_floating_point():
+                mean, std, lo, hi = _stats(t)
+                if std <= 0.0:
+                    std = max(abs(mean) * 0.1, 1e-3)
+                    lo, hi = -math.inf, math.inf
+                self.stats.append(("float", (mean, std, lo, hi)))
+            else:
+                _, _, lo, hi = _stats(t)
+                self.stats.append(("int", (int(lo), int(hi))))
+        device = next(iter(devices)) if devices else torch.device("cpu")
+        self.gen = torch.Generator(device=device).manual_seed(seed)
+
+    def refill_(self, bound: Bound) -> None:
+        for (_, t), (kind, p) in zip(tensors_of(bound), self.stats):
+            c = cover(t)
+            if c.numel() == 0 or kind == "keep":
+                continue
+            if kind == "bool":
+                c.copy_(torch.rand(c.shape, device=c.device, generator=self.gen) < p)
+            elif kind == "int":
+                lo, hi = p
+                c.random_(lo, hi + 1 if hi < torch.iinfo(c.dtype).max else hi, generator=self.gen)
+            else:
+                mean, std, lo, hi = p
+                if c.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+                    c.normal_(mean, std, generator=self.gen).clamp_(lo, hi)
+                else:  # float8 and friends: draw in float32
+                    tmp = torch.empty(c.shape, dtype=torch.float32, device=c.device)
+                    c.copy_(tmp.normal_(mean, std, generator=self.gen).clamp_(lo, hi))

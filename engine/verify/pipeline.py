@@ -6,21 +6,32 @@ with Python stand-ins for kernels, in CPU tests.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from engine.verify.compare import CompareReport, bitwise_equal, compare_outputs
+from engine.verify.guard import Canaries, GuardViolation
 from engine.verify.inputs import Bound, clone_bound, edge_inputs, fresh_inputs, tensors_of
 from engine.verify.tolerance import op_family, tolerances_for
 
 RunCandidate = Callable[[Bound, str], list[torch.Tensor]]  # (arguments, prefill) -> outputs
 RunEager = Callable[[Bound], Any]
+Contend = Callable[[], AbstractContextManager]  # keeps the device busy on another stream while entered
 # Families whose correct kernels may reorder floating-point accumulation (atomics, split reductions):
 # for them a second run must agree within tolerance rather than bit for bit.
 REORDERING_FAMILIES = frozenset({"reduction", "normalization", "matmul", "attention"})
+# Families whose half-precision outputs are checked against a float64 reference (see CardCheck._precision).
+PRECISION_FAMILIES = REORDERING_FAMILIES
+# A correct kernel that accumulates in float32 in another order errs like eager (ratio about 1); float16
+# or bfloat16 arithmetic on sums of hundreds of terms errs ten times more and beyond.
+PRECISION_FACTOR = 3.0
+_UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+RACE_REPS = 4  # extra runs at the end of verification, every other one beside a busy stream
 
 
 @dataclass(frozen=True)
@@ -63,23 +74,39 @@ def _category(r: CompareReport) -> str:
 
 
 class CardCheck:
-    """Verification of candidates for one card: its op, its input sets, eager's reference answers."""
+    """Verification of candidates for one card: its op, its input sets, eager's reference answers.
+
+    A candidate (`run(arguments, prefill) -> outputs`) must, on every input set: match eager within
+    the tolerance table (non-finite values exactly where eager has them), leave its read-only inputs
+    and the canary bytes around its input copies untouched, write every output element, repeat its
+    result on a second run (and, at the end, several more runs, some beside a concurrent stream), and
+    for half-precision reductions err against a float64 reference no more than `PRECISION_FACTOR`
+    times eager's own error. A candidate's runner raises `GuardViolation` for a write outside its
+    own buffers (outputs, workspaces); that is reported as `overrun`.
+    """
 
     def __init__(self, op_name: str, samples: Sequence[Bound], eager: RunEager, *,
                  written_args: Sequence[str] = (), fresh: int = 2, edges: bool = True,
-                 sync: Callable[[], None] = lambda: None, seed: int = 1234):
+                 sync: Callable[[], None] = lambda: None, seed: int = 1234, guard: bool = True,
+                 race_reps: int = RACE_REPS, contend: Contend | None = None, precision: bool = True):
         self.op = op_name
         self.family = op_family(op_name)
         self.eager = eager
         self.written = set(written_args)
         self.sync = sync
+        self.guard = guard
+        self.race_reps = race_reps
+        self.contend = contend
+        self.precision = precision
         sets: list[tuple[str, Bound]] = [(f"sample {i}", s) for i, s in enumerate(samples)]
         if samples:
             sets += [(f"fresh {k}", fresh_inputs(samples[k % len(samples)], seed + k)) for k in range(fresh)]
             if edges:
-                kinds = ("negated", "ties") if self.family in ("matmul", "attention") else ("negated", "ties", "large")
+                kinds = (("negated", "ties") if self.family in ("matmul", "attention")
+                         else ("negated", "ties", "large", "nonfinite"))
                 sets += [(f"edge {kind}", b) for kind, b in edge_inputs(samples[0], kinds)]
         self.sets = sets
+        self._ref64: dict[str, list[Any] | None] = {}
 
     def _expected(self, inputs: Bound) -> tuple[list[Any], Bound]:
         mine = clone_bound(inputs)
@@ -87,20 +114,43 @@ class CardCheck:
         self.sync()
         return out, mine
 
+    def candidate_copy(self, inputs: Bound) -> tuple[Bound, Canaries | None]:
+        """The candidate's own copy of an input set, between canaries when guarding."""
+        if not self.guard:
+            return clone_bound(inputs), None
+        canaries = Canaries(_device_of(inputs))
+        return clone_bound(inputs, alloc=canaries.buffer), canaries
+
     def check(self, run: RunCandidate) -> Verdict:
         """Run every input set through the candidate (twice) and eager; stop at the first failure."""
-        for n, (label, inputs) in enumerate(self.sets, 1):
-            v = self._check_one(run, label, inputs)
-            if v is not None:
-                return Verdict(False, v.category, v.message, label, v.details, n)
+        n = 0
+        try:
+            for n, (label, inputs) in enumerate(self.sets, 1):
+                v = self._check_one(run, label, inputs)
+                if v is not None:
+                    return Verdict(False, v.category, v.message, label, v.details, n)
+            if self.sets and self.race_reps:
+                v = self._race(run, *self.sets[0])
+                if v is not None:
+                    return Verdict(False, v.category, v.message, self.sets[0][0], v.details, n)
+        except GuardViolation as e:
+            label = self.sets[n - 1][0] if n else None
+            return Verdict(False, "overrun", f"{label}: {e}", label, {}, n)
         return Verdict(True, sets_checked=len(self.sets))
 
     def _check_one(self, run: RunCandidate, label: str, inputs: Bound) -> Verdict | None:
-        first_in = clone_bound(inputs)
+        first_in, canaries = self.candidate_copy(inputs)
         before = [(p, t.clone()) for p, t in tensors_of(first_in)]
         got = as_list(run(first_in, "nan"))
         self.sync()
-        expected, eager_in = self._expected(inputs)  # between the two candidate runs
+        if canaries is not None and (bad := canaries.violations()):
+            raise GuardViolation("wrote outside an input: " + "; ".join(bad))
+        try:
+            expected, eager_in = self._expected(inputs)  # between the two candidate runs
+        except Exception:
+            if label.startswith("edge nonfinite"):
+                return None  # eager refuses non-finite inputs for this op (e.g. a range check): nothing to match
+            raise
         tols = tolerances_for(self.op, expected)
         reports = compare_outputs(got, expected, tols)
         bad = [r for r in reports if not r.ok]
@@ -122,14 +172,24 @@ class CardCheck:
                 changed = int((old != now).sum()) if old.dtype != torch.bool else -1
                 return Verdict(False, "mutation", f"{label}: input {path} was modified by the candidate "
                                f"({changed} elements changed); inputs must stay as they were")
+        precise = self._precision(label, inputs, got, expected)
+        if precise is not None:
+            return precise
         # Second run on fresh buffers with a different prefill: unwritten elements show as a
         # difference; otherwise the result must repeat (bit for bit unless the op may reorder sums).
-        second = as_list(run(clone_bound(inputs), "sentinel"))
+        second_in, canaries = self.candidate_copy(inputs)
+        second = as_list(run(second_in, "sentinel"))
         self.sync()
-        for i, (a, b) in enumerate(zip(got, second)):
+        if canaries is not None and (bad := canaries.violations()):
+            raise GuardViolation("wrote outside an input: " + "; ".join(bad))
+        return self._repeats(label, got, second, unwritten_check=True)
+
+    def _repeats(self, label: str, got: list[Any], again: list[Any], *, unwritten_check: bool,
+                 how: str = "two runs on the same inputs") -> Verdict | None:
+        for i, (a, b) in enumerate(zip(got, again)):
             if not isinstance(a, torch.Tensor) or bitwise_equal(a, b):
                 continue
-            unwritten = _unwritten(a, b)
+            unwritten = _unwritten(a, b) if unwritten_check else 0
             if unwritten:
                 return Verdict(False, "nan", f"{label}: out{i}: {unwritten} elements are never written "
                                "(they keep whatever the buffer held)")
@@ -139,16 +199,93 @@ class CardCheck:
                     continue
                 msg = r.message
             else:
-                msg = f"{int((a != b).sum())} elements differ between two runs on the same inputs"
+                msg = f"{int((a != b).sum())} elements differ between {how}"
             return Verdict(False, "nondeterminism", f"{label}: out{i}: {msg}")
         return None
 
-    def recheck_in_place(self, run: RunCandidate, buffers: Bound, seed: int = 99) -> Verdict:
-        """After timing: new values written into the SAME buffers the candidate was timed on.
+    def _race(self, run: RunCandidate, label: str, inputs: Bound) -> Verdict | None:
+        """More runs on one set, alternately beside a concurrent stream that keeps the GPU busy (other
+        block interleavings): each must match eager and repeat the first run."""
+        expected, _ = self._expected(inputs)
+        tols = tolerances_for(self.op, expected)
+        first: list[Any] | None = None
+        for rep in range(self.race_reps):
+            mine, canaries = self.candidate_copy(inputs)
+            busy = self.contend is not None and rep % 2 == 0
+            with (self.contend() if busy else nullcontext()):
+                got = as_list(run(mine, "nan" if rep % 2 else "sentinel"))
+            self.sync()
+            if canaries is not None and (bad := canaries.violations()):
+                raise GuardViolation("wrote outside an input: " + "; ".join(bad))
+            where = f"{label}, repeated run {rep + 1}{' beside a busy stream' if busy else ''}"
+            bad_r = [r for r in compare_outputs(got, expected, tols) if not r.ok]
+            if bad_r:
+                return Verdict(False, "nondeterminism" if bad_r[0].category != "nan" else "nan",
+                               f"{where}: {bad_r[0].message} (it passed on the same inputs before: a race?)",
+                               details={"reports": [_report_json(x) for x in bad_r]})
+            if first is None:
+                first = got
+                continue
+            v = self._repeats(where, first, got, unwritten_check=False, how="repeated runs")
+            if v is not None:
+                return v
+        return None
 
-        A candidate that caches results by pointer (or skips work when it has seen an address)
-        returns stale answers here.
+    def _precision(self, label: str, inputs: Bound, got: list[Any], expected: list[Any]) -> Verdict | None:
+        """Half-precision outputs of accumulating ops: error against float64 at most PRECISION_FACTOR × eager's."""
+        if (not self.precision or self.family not in PRECISION_FAMILIES
+                or not (label.startswith("sample") or label.startswith("fresh"))):
+            return None
+        halves = [i for i, e in enumerate(expected)
+                  if isinstance(e, torch.Tensor) and e.dtype in _UNIT_ROUNDOFF and e.numel()]
+        if not halves:
+            return None
+        if label not in self._ref64:
+            self._ref64[label] = self._reference64(inputs)
+        ref = self._ref64[label]
+        if ref is None or len(ref) != len(expected):
+            return None
+        for i in halves:
+            r, e, a = ref[i], expected[i], got[i]
+            if not isinstance(r, torch.Tensor) or r.dtype != torch.float64 or r.shape != e.shape:
+                continue
+            r = r.to(e.device)
+            fin = torch.isfinite(r) & torch.isfinite(e.double()) & torch.isfinite(a.double())
+            if not bool(fin.any()):
+                continue
+            scale = _rms(r[fin])
+            e_err = _rms((e.double() - r)[fin])
+            a_err = _rms((a.double() - r)[fin])
+            floor = 0.5 * _UNIT_ROUNDOFF[e.dtype] * scale
+            allowed = PRECISION_FACTOR * max(e_err, floor)
+            if a_err > allowed:
+                ratio = a_err / max(e_err, floor)
+                return Verdict(False, "mismatch", f"{label}: out{i}: its error against a float64 reference is "
+                               f"{ratio:.1f}x eager's (rms {a_err:.3g} vs {e_err:.3g}; at most "
+                               f"{PRECISION_FACTOR:g}x allowed): it computes in lower precision than eager, e.g. "
+                               f"accumulates in {str(e.dtype).removeprefix('torch.')} where eager accumulates in float32",
+                               details={"precision": {"candidate_rms_err": a_err, "eager_rms_err": e_err,
+                                                      "reference_rms": scale, "factor": PRECISION_FACTOR}})
+        return None
+
+    def _reference64(self, inputs: Bound) -> list[Any] | None:
+        """Eager on float64 copies of the floating inputs, or None where the op does not run in float64."""
+        mine = [(n, _to64(v)) for n, v in clone_bound(inputs)]
+        try:
+            out = as_list(self.eager(mine))
+            self.sync()
+        except Exception:
+            return None
+        return out
+
+    def recheck_in_place(self, run: RunCandidate, buffers: Bound, seed: int = 99) -> Verdict:
+        """After timing: two calls on the SAME buffers, with new values written into them in between.
+
+        A candidate that caches results by address (or skips work when it has seen a pointer) returns
+        the first call's answer for the second call's values.
         """
+        as_list(run(buffers, "nan"))
+        self.sync()
         fresh = fresh_inputs(buffers, seed)
         for (_, dst), (_, src) in zip(tensors_of(buffers), tensors_of(fresh)):
             dst.copy_(src) if not _overlapping(dst) else _cover_copy(dst, src)
@@ -179,3 +316,21 @@ def _cover_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     from engine.verify.inputs import cover
 
     cover(dst).copy_(cover(src))
+
+
+def _rms(x: torch.Tensor) -> float:
+    return math.sqrt(float(x.double().square().mean())) if x.numel() else 0.0
+
+
+def _to64(v: Any) -> Any:
+    if isinstance(v, torch.Tensor) and v.is_floating_point():
+        return v.to(torch.float64)
+    if isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v):
+        return [_to64(x) for x in v]
+    return v
+
+
+def _device_of(bound: Bound) -> torch.device:
+    for _, t in tensors_of(bound):
+        return t.device
+    return torch.device("cpu")

@@ -1,0 +1,106 @@
+"""Guard bands: every buffer handed to a candidate sits between canary regions of random bytes.
+
+A kernel that writes past the end of an output (a vector store at the tail, an off-by-one grid) or
+before its start clobbers whatever the allocator put next to it: in a model, another layer's
+activations. The canaries make such a write visible: after a call, each region must still hold the
+bytes it was filled with. The bytes are random per `Canaries` (drawn from the host's entropy), so a
+kernel cannot restore them.
+
+Regions are checked either at once (`violations()`, one host sync) or queued on the device without a
+sync (`enqueue_check()`), for timed calls, and read later (`pending_violation()`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+GUARD_BYTES = 64 * 1024  # each side; a multiple of every element size and of 512 (the allocator's alignment)
+
+
+class GuardViolation(Exception):
+    """A candidate wrote outside its buffers; the message names the buffer and the side."""
+
+
+@dataclass
+class _Region:
+    name: str
+    raw: torch.Tensor  # uint8: [canary | payload | canary]
+    payload: int  # bytes between the canaries
+
+
+class Canaries:
+    """Allocator of guarded buffers for one device, and the check of their canaries."""
+
+    def __init__(self, device: torch.device | str, guard: int = GUARD_BYTES):
+        self.device = torch.device(device)
+        self.guard = guard
+        seed = int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1)
+        gen = torch.Generator().manual_seed(seed)
+        self.pattern = torch.randint(0, 256, (guard,), dtype=torch.uint8, generator=gen).to(self.device)
+        self.regions: list[_Region] = []
+        self._flag: torch.Tensor | None = None
+
+    def buffer(self, nbytes: int, name: str = "buffer", device: torch.device | None = None) -> torch.Tensor:
+        """`nbytes` of uninitialised uint8 memory with a canary region either side."""
+        g = self.guard
+        raw = torch.empty(nbytes + 2 * g, dtype=torch.uint8, device=device or self.device)
+        raw[:g].copy_(self.pattern)
+        raw[g + nbytes:].copy_(self.pattern)
+        self.regions.append(_Region(name, raw, nbytes))
+        return raw[g:g + nbytes]
+
+    def empty_strided(self, shape, stride, dtype: torch.dtype, name: str = "out") -> torch.Tensor:
+        """Like torch.empty_strided, inside a guarded buffer (the canaries touch the first and last element)."""
+        isz = torch.empty(0, dtype=dtype).element_size()
+        n = 0
+        if all(s > 0 for s in shape):
+            n = (sum((s - 1) * st for s, st in zip(shape, stride)) + 1) * isz
+        buf = self.buffer(n, name=name)
+        return torch.empty(0, dtype=dtype, device=self.device).set_(
+            buf.untyped_storage(), self.guard // isz, tuple(shape), tuple(stride))
+
+    def forget(self) -> None:
+        """Stop tracking the buffers handed out so far (they are freed once nothing else holds them)."""
+        self.regions = []
+
+    def violations(self) -> list[str]:
+        """One line per damaged canary region of the tracked buffers (syncs the device)."""
+        g = self.guard
+        bad = []
+        for r in self.regions:
+            for side, view in (("before the start", r.raw[:g]), ("after the end", r.raw[g + r.payload:])):
+                changed = view != self.pattern
+                if bool(changed.any()):
+                    idx = changed.nonzero().flatten()
+                    count = int(idx.numel())
+                    reach = int(g - idx[0]) if side == "before the start" else int(idx[-1]) + 1
+                    bad.append(f"{r.name}: {count} of the {g} bytes {side} were overwritten "
+                               f"(up to {reach} bytes {'before' if side == 'before the start' else 'past'} it)")
+        return bad
+
+    def damaged(self) -> torch.Tensor | None:
+        """A device boolean: whether any tracked region was damaged (queued, no sync); None if none tracked."""
+        g = self.guard
+        flag = None
+        for r in self.regions:
+            for view in (r.raw[:g], r.raw[g + r.payload:]):
+                hit = torch.ne(view, self.pattern).any()
+                flag = hit if flag is None else flag | hit
+        return flag
+
+    def enqueue_check(self) -> None:
+        """Queue the comparison of every tracked region on the device (no sync), then forget them."""
+        hit = self.damaged()
+        if hit is not None:
+            self._flag = hit if self._flag is None else self._flag | hit
+        self.regions = []
+
+    def pending_violation(self) -> bool:
+        """Whether any region checked by `enqueue_check` since the last call was damaged (syncs)."""
+        if self._flag is None:
+            return False
+        hit, self._flag = bool(self._flag), None
+        return hit

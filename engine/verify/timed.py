@@ -1,0 +1,221 @@
+"""Timed calls a candidate cannot tell from checked ones, and an audit of what they returned.
+
+A kernel that knows when it is timed can cheat there and behave during verification: skip the work
+when its output buffer already holds an answer, memoise on a fingerprint of its inputs, or notice a
+burst of calls on the same pointers. So every timed call here is made the way verification calls are:
+
+- its inputs are one of `slots` input sets, each in buffers of its own (between canaries), rotated
+  call by call, and regenerated with new random values before every call (the statistics of the
+  captured sample: the distributions verification's fresh sets come from), so nothing repeats;
+- its outputs are fresh buffers poisoned as in verification (NaN or a finite sentinel, at random);
+- eager runs on its own copies of the same values, so neither side can disturb the other's inputs;
+- a random sample of calls (chosen on the host after the fact, so nothing on the device can know) is
+  audited: its outputs must match eager's for the same values (else `cheating`), its read-only
+  inputs must be as generated, on both sides (else `mutation`, or `overrun` when eager's copy changed),
+  and the canaries around every buffer must be intact (else `overrun`).
+
+`time_eager_alone` times eager by itself with the same rotation: the control that a candidate did not
+make eager slower beside it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from engine.bench.stats import TimingStats, summarize
+from engine.bench.timing import ABResult, Arm, L2Flusher, TimingConfig, ab_time, time_calls
+from engine.verify.compare import _as_bits, compare_outputs
+from engine.verify.inputs import Bound, Regenerator, clone_bound, cover, tensors_of
+from engine.verify.pipeline import CardCheck, as_list
+from engine.verify.tolerance import tolerances_for
+
+PREFILLS = ("nan", "sentinel")  # what verification pre-fills outputs with; timed calls draw from the same
+
+
+@dataclass
+class TimedCandidate:
+    """How to time a candidate: `prepare(inputs, prefill)` allocates (and poisons) its outputs untimed
+    and returns the timed launch; `after()` queues the check of its output canaries; `overran()` reads
+    whether any queued check found damage (one sync)."""
+
+    prepare: Callable[[Bound, str], Callable[[], Any]]
+    after: Callable[[], None] | None = None
+    overran: Callable[[], bool] | None = None
+
+
+@dataclass
+class TimedRun:
+    ab: ABResult
+    category: str | None  # the first problem found: 'overrun', 'cheating' or 'mutation'; None if none
+    message: str
+    audited: int
+    slot: Bound  # one of the candidate's input slots (for the re-check in place)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"audited": self.audited, "problem": self.category, "message": self.message}
+
+
+def _slot_bases(check: CardCheck, slots: int) -> list[Bound]:
+    bases = [b for label, b in check.sets if label.startswith(("sample", "fresh"))] or [b for _, b in check.sets]
+    return [bases[k % len(bases)] for k in range(max(1, slots))]
+
+
+def _copy_values(src: Bound, dst: Bound) -> None:
+    for (_, a), (_, b) in zip(tensors_of(src), tensors_of(dst)):
+        cover(b).copy_(cover(a))
+
+
+def _snapshot(outs: list[Any]) -> list[Any]:
+    return [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
+
+
+def _differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Device boolean: any byte differs (NaN payloads included); no sync."""
+    return torch.ne(_as_bits(cover(a)), _as_bits(cover(b))).any()
+
+
+@dataclass
+class _Round:
+    k: int = 0
+    prefill: str = "nan"
+    audit: bool = False
+    pristine: Bound | None = None
+    launch: Callable[[], Any] | None = None
+    eager_out: list[Any] | None = None
+    cand_out: list[Any] | None = None
+    index: int = 0
+
+
+@dataclass
+class _Audit:
+    index: int
+    k: int
+    eager_out: list[Any]
+    cand_out: list[Any]
+    flags: list[tuple[str, str, torch.Tensor]] = field(default_factory=list)  # (category, message, device bool)
+
+
+def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
+               cfg: TimingConfig = TimingConfig(), *, seed: int | None = None) -> TimedRun:
+    """Time eager against the candidate (A/B, as `ab_time`) with the protection of the module docstring."""
+    seed = seed if seed is not None else int.from_bytes(os.urandom(8), "little") & ((1 << 62) - 1)
+    rng = random.Random(seed)
+    bases = _slot_bases(check, cfg.slots)
+    cand_slots, slot_canaries = zip(*(check.candidate_copy(b) for b in bases))
+    eager_slots = [clone_bound(b) for b in bases]
+    regen = Regenerator(bases[0], seed)
+    K = len(bases)
+    rate = 1.0 / max(1, cfg.audit_every)
+    st = _Round()
+    pending: list[_Audit] = []
+    problem: list[str] = []
+    audited = [0]
+    force = [False]
+
+    def close_round() -> None:
+        if not st.audit or st.cand_out is None or st.eager_out is None:
+            st.audit = False
+            return
+        a = _Audit(st.index, st.k, _snapshot(st.eager_out), _snapshot(st.cand_out))
+        assert st.pristine is not None
+        for (path, p), (_, c), (_, e) in zip(tensors_of(st.pristine), tensors_of(cand_slots[st.k]),
+                                             tensors_of(eager_slots[st.k])):
+            if path.split("[")[0] in check.written:
+                continue
+            a.flags.append(("mutation", f"input {path} was modified during a timed call "
+                            "(inputs must stay as they were)", _differs(p, c)))
+            a.flags.append(("overrun", f"eager's own copy of input {path} changed during timing: the "
+                            "candidate wrote outside its buffers", _differs(p, e)))
+        hit = slot_canaries[st.k].damaged() if slot_canaries[st.k] is not None else None
+        if hit is not None:
+            a.flags.append(("overrun", "the canary bytes around an input slot changed: the candidate wrote "
+                            "outside its input buffers", hit))
+        pending.append(a)
+        st.audit, st.pristine = False, None
+
+    def before_round(r: int) -> None:
+        close_round()
+        k = abs(r) % K
+        st.k, st.index, st.eager_out, st.cand_out = k, r, None, None
+        regen.refill_(cand_slots[k])
+        _copy_values(cand_slots[k], eager_slots[k])
+        st.audit = force[0] or (r >= 0 and rng.random() < rate)
+        st.pristine = clone_bound(cand_slots[k]) if st.audit else None
+        st.prefill = rng.choice(PREFILLS)
+
+    def eager_finish(out: Any) -> None:
+        st.eager_out = as_list(out)
+
+    def cand_prepare() -> None:
+        st.launch = candidate.prepare(cand_slots[st.k], st.prefill)
+
+    def cand_call() -> Any:
+        assert st.launch is not None
+        return st.launch()
+
+    def cand_finish(out: Any) -> None:
+        st.cand_out = as_list(out)
+        st.launch = None
+        if candidate.after is not None:
+            candidate.after()
+
+    def after_batch() -> bool:
+        close_round()
+        if candidate.overran is not None and candidate.overran():
+            problem[:] = ["overrun", "a timed call wrote outside its output or workspace buffers (their canary "
+                          "bytes changed)"]
+        todo, pending[:] = list(pending), []
+        for a in todo:
+            if problem:
+                break
+            audited[0] += 1
+            for category, message, flag in a.flags:
+                if bool(flag):
+                    problem[:] = [category, message]
+                    break
+            if problem:
+                break
+            reports = compare_outputs(a.cand_out, a.eager_out, tolerances_for(check.op, a.eager_out))
+            bad = [r for r in reports if not r.ok]
+            if bad:
+                problem[:] = ["cheating", f"timed call {a.index + 1} (input slot {a.k}): {bad[0].message}; "
+                              "the same kernel passed verification, so it behaves differently when timed"]
+        return bool(problem)
+
+    eager = Arm(lambda: check.eager(eager_slots[st.k]), finish=eager_finish)
+    cand = Arm(cand_call, prepare=cand_prepare, finish=cand_finish)
+    ab = ab_time(eager, cand, flush, cfg, before_round=before_round, after_batch=after_batch)
+    r = ab.reps
+    while not problem and audited[0] < cfg.min_audits:  # rounds like the timed ones, every one audited
+        force[0] = True
+        before_round(r)
+        for arm in ((eager, cand) if r % 2 == 0 else (cand, eager)):
+            if arm.prepare is not None:
+                arm.prepare()
+            flush()
+            out = arm.call()
+            if arm.finish is not None:
+                arm.finish(out)
+        r += 1
+        torch.cuda.synchronize()
+        after_batch()
+    category, message = (problem[0], problem[1]) if problem else (None, "")
+    return TimedRun(ab, category, message, audited[0], cand_slots[0])
+
+
+def time_eager_alone(check: CardCheck, flush: L2Flusher, cfg: TimingConfig = TimingConfig()) -> tuple[TimingStats, int]:
+    """Eager by itself, rotating over its own input slots as in `audited_ab` (values fixed)."""
+    slots = [clone_bound(b) for b in _slot_bases(check, cfg.slots)]
+    k = [0]
+
+    def before_round(r: int) -> None:
+        k[0] = abs(r) % len(slots)
+
+    (us,), throttled, _ = time_calls([lambda: check.eager(slots[k[0]])], flush, cfg, before_round=before_round)
+    return summarize(us), throttled

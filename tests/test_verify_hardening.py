@@ -1,0 +1,250 @@
+"""The checks that make a verified speedup hard to fake, on CPU with Python stand-ins for kernels:
+guard bands, non-finite edge sets, the float64 precision check, repeated runs for races, per-call
+fresh values for timed calls, and the re-check in place."""
+
+import math
+
+import pytest
+import torch
+
+from engine.ops import call_op, resolve_op
+from engine.verify.guard import GUARD_BYTES, Canaries, GuardViolation
+from engine.verify.inputs import Regenerator, clone_bound, edge_inputs, tensors_of
+from engine.verify.pipeline import CardCheck
+
+RELU = resolve_op("aten::relu")
+SOFTMAX = resolve_op("aten::_softmax")
+SUM = resolve_op("aten::sum.dim_IntList")
+
+
+def relu_check(**kw):
+    torch.manual_seed(0)
+    samples = [[("self", torch.randn(4096))] for _ in range(2)]
+    return CardCheck("aten::relu", samples, lambda b: call_op(RELU, b), **kw)
+
+
+def good_relu(b, prefill):
+    return [torch.relu(dict(b)["self"])]
+
+
+# ---- guard bands ----------------------------------------------------------------------------------
+
+
+def test_canaries_see_a_write_past_the_end_and_before_the_start():
+    c = Canaries("cpu")
+    out = c.empty_strided((10, 3), (3, 1), torch.float32, name="out0")
+    out.fill_(1.0)
+    assert c.violations() == []
+    raw = torch.empty(0, dtype=torch.uint8).set_(out.untyped_storage())
+    end = GUARD_BYTES + out.numel() * 4
+    raw[end:end + 1024] ^= 0xFF  # 1 KiB past the output
+    lines = c.violations()
+    assert len(lines) == 1 and "out0" in lines[0] and "after the end" in lines[0] and "1024 bytes past" in lines[0]
+    raw[GUARD_BYTES - 4] ^= 0xFF
+    assert any("before the start" in line for line in c.violations())
+
+
+def test_canaries_queued_check_reports_once_and_forgets_buffers():
+    c = Canaries("cpu")
+    ws = c.buffer(256, name="workspace 'tmp'")
+    ws.fill_(3)
+    c.enqueue_check()
+    assert c.regions == [] and c.pending_violation() is False
+    ws2 = c.buffer(256, name="w")
+    torch.empty(0, dtype=torch.uint8).set_(ws2.untyped_storage())[GUARD_BYTES + 256] ^= 1
+    c.enqueue_check()
+    assert c.pending_violation() is True
+    assert c.pending_violation() is False  # read once
+
+
+def test_guarded_clone_keeps_layout_values_and_aliasing():
+    base = torch.randn(6, 8)
+    view = base[:, 2:5]  # non-contiguous, offset into the same storage
+    bound = [("self", base), ("other", view), ("dim", 1)]
+    c = Canaries("cpu")
+    copy = clone_bound(bound, alloc=c.buffer)
+    a, b = copy[0][1], copy[1][1]
+    assert torch.equal(a, base) and torch.equal(b, view) and b.stride() == view.stride()
+    assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()  # still aliased
+    assert a.untyped_storage().data_ptr() != base.untyped_storage().data_ptr()
+    assert c.violations() == [] and len(c.regions) == 1
+
+
+def test_candidate_writing_past_its_input_copy_is_overrun():
+    check = relu_check(race_reps=0)
+
+    def overruns(b, prefill):
+        x = dict(b)["self"]
+        raw = torch.empty(0, dtype=torch.uint8).set_(x.untyped_storage())
+        raw[x.storage_offset() * 4 + x.numel() * 4 + 100] = 7  # 100 bytes past the input
+        return [torch.relu(x)]
+
+    v = check.check(overruns)
+    assert not v.ok and v.category == "overrun" and "self" in v.message and "after the end" in v.message
+
+
+def test_guard_violation_raised_by_the_runner_is_overrun():
+    check = relu_check(race_reps=0)
+
+    def runner(b, prefill):
+        raise GuardViolation("wrote outside its buffers: out0: 4 of the 65536 bytes after the end were overwritten")
+
+    v = check.check(runner)
+    assert not v.ok and v.category == "overrun" and "out0" in v.message
+
+
+# ---- non-finite edge sets -------------------------------------------------------------------------
+
+
+def test_nonfinite_edge_set_plants_nan_and_both_infinities():
+    [(kind, b)] = edge_inputs([("self", torch.randn(100)), ("n", 3)], ("nonfinite",))
+    x = b[0][1]
+    assert kind == "nonfinite" and int(torch.isnan(x).sum()) == 2
+    assert bool((x == math.inf).any()) and bool((x == -math.inf).any())
+
+
+def test_relu_that_maps_nan_to_zero_is_rejected():
+    check = relu_check(race_reps=0)
+
+    def fmax_relu(b, prefill):  # fmaxf(x, 0): NaN becomes 0
+        return [torch.nan_to_num(torch.relu(dict(b)["self"]), nan=0.0)]
+
+    v = check.check(fmax_relu)
+    assert not v.ok and v.category == "mismatch" and v.input_set == "edge nonfinite"
+    assert relu_check(race_reps=0).check(good_relu).ok
+
+
+def test_nan_skipping_sum_is_rejected():
+    torch.manual_seed(0)
+    samples = [[("self", torch.randn(64, 128)), ("dim", [1]), ("keepdim", False), ("dtype", None)]]
+    check = CardCheck("aten::sum.dim_IntList", samples, lambda b: call_op(SUM, b), race_reps=0)
+
+    def nansum(b, prefill):
+        return [torch.nansum(dict(b)["self"], dim=1)]
+
+    v = check.check(nansum)
+    assert not v.ok and v.category in ("mismatch", "nan") and v.input_set == "edge nonfinite"
+
+
+# ---- precision against float64 --------------------------------------------------------------------
+
+
+def softmax_check():
+    torch.manual_seed(0)
+    samples = [[("self", torch.randn(64, 2048).half()), ("dim", -1), ("half_to_float", False)]]
+    return CardCheck("aten::_softmax", samples, lambda b: call_op(SOFTMAX, b), race_reps=0, edges=False)
+
+
+def _softmax_half_arith(x: torch.Tensor) -> torch.Tensor:
+    """Softmax with every step rounded to float16, accumulating the row sum in float16 (sequential)."""
+    m = x.amax(dim=-1, keepdim=True)
+    e = torch.exp((x - m).float()).half()
+    s = torch.zeros(x.shape[0], 1, dtype=torch.float16)
+    for j in range(0, x.shape[1], 64):  # partial sums of 64, accumulated in fp16
+        s = (s.float() + e[:, j:j + 64].float().sum(dim=-1, keepdim=True)).half()
+    return (e.float() / s.float()).half()
+
+
+def test_fp16_softmax_accumulated_in_fp16_is_a_precision_mismatch():
+    check = softmax_check()
+    v = check.check(lambda b, p: [_softmax_half_arith(dict(b)["self"])])
+    assert not v.ok and v.category == "mismatch"
+    assert "float64 reference" in v.message and "lower precision" in v.message
+    assert v.details["precision"]["candidate_rms_err"] > 3 * v.details["precision"]["eager_rms_err"]
+
+
+def test_fp16_softmax_accumulated_in_fp32_in_another_order_passes():
+    check = softmax_check()
+
+    def fp32_softmax(b, p):
+        x = dict(b)["self"].float()
+        e = torch.exp(x - x.amax(dim=-1, keepdim=True))
+        s = e.flip(-1).cumsum(-1)[:, -1:]  # a different summation order, in float32
+        return [(e / s).half()]
+
+    v = check.check(fp32_softmax)
+    assert v.ok, v.message
+
+
+# ---- races ----------------------------------------------------------------------------------------
+
+
+def test_a_race_that_shows_in_later_runs_is_caught():
+    check = relu_check()
+    calls = [0]
+
+    def flaky(b, prefill):  # right for every set's two runs, wrong once more runs come (a rare race)
+        calls[0] += 1
+        out = torch.relu(dict(b)["self"])
+        if calls[0] > 2 * len(check.sets) + 1:
+            out[17] += 1.0
+        return [out]
+
+    v = check.check(flaky)
+    assert not v.ok and v.category == "nondeterminism" and "repeated run" in v.message
+
+
+def test_race_runs_use_the_contention_hook():
+    entered = []
+
+    class Busy:
+        def __enter__(self):
+            entered.append(1)
+
+        def __exit__(self, *a):
+            return False
+
+    check = relu_check(contend=Busy, race_reps=4)
+    assert check.check(good_relu).ok
+    assert len(entered) == 2  # every other repeated run
+
+
+# ---- values for timed calls -----------------------------------------------------------------------
+
+
+def test_regenerator_draws_new_values_with_the_samples_statistics():
+    torch.manual_seed(0)
+    x = torch.randn(10000) * 3 + 5
+    idx = torch.randint(0, 50, (1000,))
+    flags = torch.rand(1000) < 0.25
+    sample = [("self", x), ("index", idx), ("mask", flags), ("dim", 0)]
+    slot = clone_bound(sample)
+    regen = Regenerator(sample, seed=7)
+    seen = []
+    for _ in range(3):
+        regen.refill_(slot)
+        (_, a), (_, i), (_, m) = tensors_of(slot)
+        seen.append(a.clone())
+        assert abs(float(a.mean()) - 5) < 0.3 and abs(float(a.std()) - 3) < 0.3
+        assert float(a.min()) >= float(x.min()) and float(a.max()) <= float(x.max())
+        assert int(i.min()) >= 0 and int(i.max()) <= 49 and i.dtype == torch.int64
+        assert 0.15 < float(m.float().mean()) < 0.35
+    assert not torch.equal(seen[0], seen[1]) and not torch.equal(seen[1], seen[2])
+    assert torch.equal(sample[0][1], x)  # the sample itself is untouched
+
+
+# ---- re-check in place ----------------------------------------------------------------------------
+
+
+def test_recheck_in_place_catches_a_cache_keyed_by_address():
+    check = relu_check(race_reps=0)
+    cache: dict[int, torch.Tensor] = {}
+
+    def by_address(b, prefill):
+        x = dict(b)["self"]
+        if x.data_ptr() not in cache:
+            cache[x.data_ptr()] = torch.relu(x)
+        return [cache[x.data_ptr()].clone()]
+
+    buffers = clone_bound(check.sets[0][1])
+    v = check.recheck_in_place(by_address, buffers)
+    assert not v.ok and v.category == "mismatch" and "same buffers" in v.message
+
+
+@pytest.mark.parametrize("family_op", ["aten::mm"])
+def test_matmul_has_no_nonfinite_edge_set(family_op):
+    torch.manual_seed(0)
+    mm = resolve_op(family_op)
+    check = CardCheck(family_op, [[("self", torch.randn(8, 8)), ("mat2", torch.randn(8, 8))]],
+                      lambda b: call_op(mm, b))
+    assert not any("nonfinite" in label for label, _ in check.sets)
