@@ -1,8 +1,9 @@
 """The timing protocol of DESIGN.md: A/B alternation with eager, per-call CUDA events, L2 flush
 before every call, warm-up, adaptive repetitions, median/IQR and a bootstrap CI of the speedup.
 
-Both sides run in the same process, on the same stream, with the same inputs. Eager goes through the
-public op. The flush runs before each call's start event, so it is never timed but keeps the GPU busy
+Both sides run in the same process, on the same stream. Eager goes through the public op. Arms may
+carry untimed `prepare`/`finish` steps and the loop untimed per-round and per-batch hooks: that is how
+`engine.verify.timed` gives each side its own rotating, regenerated inputs and audits timed calls. The flush runs before each call's start event, so it is never timed but keeps the GPU busy
 while the host enqueues the call: the events measure device time, not launch latency.
 """
 

@@ -66,7 +66,7 @@ def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any
     import torch
 
     from engine.bench.host import per_call_us
-    from engine.bench.timing import L2Flusher, TimingConfig, ab_time
+    from engine.bench.timing import L2Flusher, TimingConfig
     from engine.capture.samples import load_sample
     from engine.cast import cpp_router, runtime
     from engine.cast.compat import current_env
@@ -74,6 +74,7 @@ def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any
     from engine.ops import call_op, resolve_op, return_aliases, write_only_args
     from engine.verify.inputs import clone_bound
     from engine.verify.pipeline import CardCheck, as_list
+    from engine.verify.timed import TimedCandidate, audited_ab
 
     device = torch.device("cuda", torch.cuda.current_device())
     with warnings.catch_warnings(record=True) as caught:
@@ -125,10 +126,16 @@ def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any
             if not verdict.ok:
                 r["reason"] = f"{verdict.category}: {verdict.message}"
                 continue
-            inputs = clone_bound(bound_sets[0])
-            ab = ab_time(lambda op=op, inputs=inputs: eager(inputs),
-                         lambda op=op, inputs=inputs: call_op(op, inputs), flush, cfg)
-            r.update(timing=ab.to_json(), speedup=ab.speedup, speedup_ci=[ab.speedup_low, ab.speedup_high],
+            # Timed as in the lane: rotating input slots with new values every call, eager on its own
+            # copies, a random sample of calls audited against eager. Outputs are not poisoned here: the
+            # cast allocates them inside the call, and a fill there would be timed.
+            timed = audited_ab(check, TimedCandidate(lambda b, prefill, op=op: (lambda: call_op(op, b))),
+                               flush, cfg)
+            if timed.category is not None:
+                r["reason"] = f"{timed.category}: {timed.message}"
+                continue
+            ab, inputs = timed.ab, timed.slot
+            r.update(timing={**ab.to_json(), **timed.to_json()}, speedup=ab.speedup, speedup_ci=[ab.speedup_low, ab.speedup_high],
                      eager_us=ab.eager.median, cast_us=ab.candidate.median, reps=ab.reps,
                      throttled=ab.throttled, hits=state.hits)
             if not faster_with_confidence((ab.speedup_low, ab.speedup_high)):

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from engine.bench.floor import PeakTable, launch_floor_us, physics_floor
+from engine.bench.floor import GpuCompute, launch_floor_us, physics_floor
 from engine.bench.stats import TimingStats
 from engine.bench.timing import L2Flusher, TimingConfig, copy_bandwidth, max_sm_clock_mhz
 from engine.capture.samples import load_sample
@@ -65,7 +65,7 @@ class Worker:
         # Faster than this is physically impossible from DRAM (with the L2 flushed before each call).
         self.physics_bw = max(self.spec_bw, 1.15 * self.copy_bw)
         clock_mhz = max_sm_clock_mhz(self.device)
-        self._peak = PeakTable(self.arch, self.props.multi_processor_count,
+        self._peak = GpuCompute(self.arch, self.props.multi_processor_count,
                                (clock_mhz if clock_mhz == clock_mhz else 2000.0) * 1e6)
         self.launch_us = launch_floor_us(self.device)
         self._side = torch.cuda.Stream(self.device)
