@@ -66,7 +66,7 @@ class Worker:
         self.physics_bw = max(self.spec_bw, 1.15 * self.copy_bw)
         clock_mhz = max_sm_clock_mhz(self.device)
         self._peak = GpuCompute(self.arch, self.props.multi_processor_count,
-                               (clock_mhz if clock_mhz == clock_mhz else 2000.0) * 1e6)
+                               (clock_mhz if clock_mhz == clock_mhz else 3000.0) * 1e6)  # unknown: a high clock
         self.launch_us = launch_floor_us(self.device)
         self._side = torch.cuda.Stream(self.device)
         self._busy = torch.empty(128 << 20, dtype=torch.uint8, device=self.device)
