@@ -119,13 +119,20 @@ class CandidateLauncher:
     def run(self, bound: Sequence[tuple[str, Any]], prefill: str | None = None) -> list[torch.Tensor]:
         """Allocate outputs and workspaces, then launch every kernel in order on the current stream."""
         args = dict(bound)
-        outs = self.allocate_outputs(args, prefill)
-        ws = {}
-        for name, nbytes, zero in self.workspaces:
-            buf = torch.empty(max(1, nbytes), dtype=torch.uint8, device=self.device)
-            if zero:
-                buf.zero_()
-            ws[name] = buf
+        try:
+            outs = self.allocate_outputs(args, prefill)
+            ws = {}
+            for name, nbytes, zero in self.workspaces:
+                buf = torch.empty(max(1, nbytes), dtype=torch.uint8, device=self.device)
+                if zero:
+                    buf.zero_()
+                ws[name] = buf
+        except RuntimeError as e:  # torch.OutOfMemoryError is one
+            if not _out_of_memory(e):
+                raise
+            sizes = ", ".join(f"{name} = {nbytes} B" for name, nbytes, _ in self.workspaces) or "none"
+            raise LaunchRejected(f"out of memory allocating the outputs and workspaces (workspaces: {sizes}): "
+                                 f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
         stream = torch._C._cuda_getCurrentRawStream(self.device.index)
         for ln in self.launches:
             for v, ref in zip(ln.values, ln.refs):
@@ -138,6 +145,13 @@ class CandidateLauncher:
                     raise
                 raise LaunchRejected(f"cuLaunchKernel refused the launch: {e.name} ({e.text})") from None
         return outs
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """An allocation that failed for want of memory (CUDA's caching allocator, or the host's)."""
+    text = str(e)
+    return isinstance(e, torch.OutOfMemoryError) or any(
+        s in text for s in ("out of memory", "can't allocate memory", "not enough memory"))
 
 
 def _allow_large_cluster(fn: object) -> None:
