@@ -526,3 +526,98 @@ def test_hand_built_spec_is_checked_too(gn_env):
     hand = LaunchSpec(spec.launches, ())  # drop the workspace the ptr needs
     with pytest.raises(SpecError, match=r"launch\[0\]\.args\[0\] \(ptr\): workspace 'stats' is not declared"):
         resolve(hand, gn_env)
+
+
+# ------------------------------------------------------------------------- resource bounds by the card
+
+
+def small_card_env():
+    """aten::relu on a 1024-element fp32 tensor: 8 KiB of tensors, 2048 elements."""
+    signature = {"op": "aten::relu", "args": [{"name": "self", **tensor("float32", [1024])}], "aliases": []}
+    return Env.from_card(signature, [tensor("float32", [1024])])
+
+
+def _ws(nbytes, *more):
+    return {"workspace": [{"name": "scratch", "bytes": nbytes}, *more],
+            "launch": [{"kernel": "k", "grid": [4], "block": [256], "args": [{"ptr": "ws.scratch"}]}]}
+
+
+def test_a_huge_workspace_is_a_spec_error_naming_it():
+    with pytest.raises(SpecError) as info:
+        resolve(parse_spec(_ws(2**62)), small_card_env())
+    assert str(info.value) == (
+        f"workspace[0].bytes: workspace 'scratch' asks for {2**62} bytes; at most {256 << 20} are allowed "
+        "(max(256 MiB, 16 × the card's 8192 tensor bytes))")
+
+
+def test_workspace_limit_scales_with_the_card_and_free_memory(gn_env):
+    # bf16: input and out0 [1,512,128,128], weight and bias [512], out1 and out2 [1,32]
+    gn_bytes = 2 * (2 * 512 * 128 * 128 + 2 * 512 + 2 * 32)
+    assert resolve(parse_spec(_ws(256 << 20)), small_card_env()).workspaces == (("scratch", 256 << 20, False),)
+    assert resolve(parse_spec(_ws(16 * gn_bytes)), gn_env).workspaces[0][1] == 16 * gn_bytes
+    with pytest.raises(SpecError, match=f"at most {16 * gn_bytes} are allowed"):
+        resolve(parse_spec(_ws(16 * gn_bytes + 1)), gn_env)
+    with pytest.raises(SpecError, match=r"workspace 'scratch' asks for 1048576 bytes; at most 1000 are allowed "
+                                        r"\(the GPU memory free for it\)"):
+        resolve(parse_spec(_ws(1 << 20)), small_card_env(), max_workspace_bytes=1000)
+    spec = parse_spec(_ws(200 << 20, {"name": "more", "bytes": 200 << 20}))
+    with pytest.raises(SpecError, match=r"^workspace: the workspaces ask for 419430400 bytes together"):
+        resolve(spec, small_card_env())
+
+
+def test_an_astronomical_grid_is_a_spec_error():
+    spec = parse_spec({"launch": [{"kernel": "k", "grid": ["2147483647", 65535], "block": [1024]}]})
+    with pytest.raises(SpecError) as info:
+        resolve(spec, small_card_env())
+    assert str(info.value) == (
+        "launch[0].grid: 140735340806145 blocks × 1024 threads = 144112988985492480 threads exceed the "
+        "16777216 this card allows (max(2**24, 64 × its 2048 tensor elements))")
+
+
+def test_thread_limit_allows_a_thread_per_element_with_splits(gn_env):
+    numel = 512 * 128 * 128
+    ok = parse_spec(_gn(grid=["ceil_div(input.numel, 256) * 64"], block=[256]))
+    assert resolve(ok, gn_env).launches[0].grid[0] == numel // 256 * 64
+    # the same launch on the small card: 64 × 2048 elements is below 2**24, which still applies
+    small = parse_spec({"launch": [{"kernel": "k", "grid": [65536], "block": [256]}]})
+    assert resolve(small, small_card_env()).launches[0].grid == (65536, 1, 1)
+    with pytest.raises(SpecError, match=r"^launch\[0\]\.grid: 65537 blocks × 256 threads"):
+        resolve(parse_spec({"launch": [{"kernel": "k", "grid": [65537], "block": [256]}]}), small_card_env())
+
+
+# ------------------------------------------------------------------- the launcher: out of memory is a launch error
+
+
+def _hungry_launcher(device, nbytes):
+    """A launcher with no kernels and one workspace of `nbytes`: allocation is all its run() does before
+    launching, so it needs no compiled module."""
+    from engine.launch import ResolvedSpec
+    from engine.launch.launcher import CandidateLauncher
+
+    out = tensor("float32", [1024])
+    return CandidateLauncher(None, ResolvedSpec((), (("scratch", nbytes, False),)), "aten::relu", [out], device)
+
+
+def test_out_of_memory_while_allocating_is_launch_rejected():
+    import torch
+
+    from engine.launch.launcher import LaunchRejected
+
+    launcher = _hungry_launcher(torch.device("cpu"), 2**62)
+    with pytest.raises(LaunchRejected, match=r"^out of memory allocating the outputs and workspaces "
+                                             rf"\(workspaces: scratch = {2**62} B\): "):
+        launcher.run([("self", torch.zeros(1024))])
+
+
+@pytest.mark.gpu
+def test_cuda_out_of_memory_is_launch_rejected_and_the_device_stays_usable():
+    import torch
+
+    from engine.launch.launcher import LaunchRejected
+
+    device = torch.device("cuda", 0)
+    with pytest.raises(LaunchRejected, match="out of memory allocating"):
+        _hungry_launcher(device, 2**52).run([("self", torch.zeros(1024, device=device))])
+    (out,) = _hungry_launcher(device, 1 << 20).run([("self", torch.zeros(1024, device=device))])
+    torch.cuda.synchronize()
+    assert out.shape == (1024,) and out.device == device

@@ -128,7 +128,9 @@ class Worker:
         t0 = time.perf_counter()
         try:
             spec = parse_spec(p["spec"])
-            resolved = resolve(spec, Env.from_card(card.signature, card.outputs), max_shared=self.max_shared)
+            free = torch.cuda.mem_get_info(self.device)[0]
+            resolved = resolve(spec, Env.from_card(card.signature, card.outputs), max_shared=self.max_shared,
+                               max_workspace_bytes=free // 2)
         except SpecError as e:
             raise Rejected("launch", f"launch spec: {e}") from None
         module = self._load_module(p)
@@ -167,6 +169,7 @@ class Worker:
                     raise Rejected("overrun", timed.message, result)
                 floor = self._floor(card)
                 result["physics_floor_us"] = floor.us
+                result["physics_floor"] = floor.to_json()
                 if timing.candidate.median < floor.us:
                     raise Rejected("suspicious", f"median {timing.candidate.median:.2f} µs is below the "
                                    f"{floor.us:.2f} µs floor: {floor.reason()}: it cannot have done the work",

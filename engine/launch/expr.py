@@ -77,6 +77,14 @@ class TensorInfo:
         """Number of dimensions."""
         return len(self.shape)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes the tensor stands for: its elements, or the storage span they touch if that is wider."""
+        if self.numel == 0:
+            return 0
+        span = 1 + sum((n - 1) * abs(st) for n, st in zip(self.shape, self.stride))
+        return max(self.numel, span) * self.itemsize
+
     @classmethod
     def from_descriptor(cls, d: dict[str, Any]) -> TensorInfo:
         """Build from a signature tensor descriptor (`describe_tensor` output)."""
@@ -119,6 +127,14 @@ class Env:
     def tensor_names(self) -> tuple[str, ...]:
         """Names a `ptr` may refer to (present or absent tensors)."""
         return tuple(n for n, b in self._names.items() if b.kind in ("tensor", "absent"))
+
+    def tensors(self) -> list[TensorInfo]:
+        """Every distinct tensor of the card (inputs, list items, outputs), each once (`out` is `out0`)."""
+        seen: dict[tuple, TensorInfo] = {}
+        for b in self._names.values():
+            if b.kind == "tensor" and b.ref is not None:
+                seen.setdefault(b.ref, b.value)
+        return list(seen.values())
 
     def _bind(self, name: str, binding: _Binding, *, replace: bool = True) -> None:
         if replace or name not in self._names:

@@ -125,14 +125,21 @@ class CandidateLauncher:
         """Allocate (and pre-fill) the outputs and workspaces; returns the launch of every kernel in order
         on the current stream (workspaces marked `zero` are zeroed there: that is part of the work)."""
         args = dict(bound)
-        outs = self.allocate_outputs(args, prefill)
-        ws = {}
-        for name, nbytes, zero in self.workspaces:
-            if self.canaries is not None:
-                buf = self.canaries.buffer(max(1, nbytes), name=f"workspace {name!r}")
-            else:
-                buf = torch.empty(max(1, nbytes), dtype=torch.uint8, device=self.device)
-            ws[name] = (buf, zero)
+        try:
+            outs = self.allocate_outputs(args, prefill)
+            ws = {}
+            for name, nbytes, zero in self.workspaces:
+                if self.canaries is not None:
+                    buf = self.canaries.buffer(max(1, nbytes), name=f"workspace {name!r}")
+                else:
+                    buf = torch.empty(max(1, nbytes), dtype=torch.uint8, device=self.device)
+                ws[name] = (buf, zero)
+        except RuntimeError as e:  # torch.OutOfMemoryError is one
+            if not _out_of_memory(e):
+                raise
+            sizes = ", ".join(f"{name} = {nbytes} B" for name, nbytes, _ in self.workspaces) or "none"
+            raise LaunchRejected(f"out of memory allocating the outputs and workspaces (workspaces: {sizes}): "
+                                 f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
         return lambda: self._launch(args, outs, ws)
 
     def _launch(self, args: dict[str, Any], outs: list[torch.Tensor], ws: dict[str, tuple[torch.Tensor, bool]]
@@ -156,6 +163,13 @@ class CandidateLauncher:
     def run(self, bound: Sequence[tuple[str, Any]], prefill: str | None = None) -> list[torch.Tensor]:
         """Allocate outputs and workspaces, then launch every kernel in order on the current stream."""
         return self.prepare(bound, prefill)()
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """An allocation that failed for want of memory (CUDA's caching allocator, or the host's)."""
+    text = str(e)
+    return isinstance(e, torch.OutOfMemoryError) or any(
+        s in text for s in ("out of memory", "can't allocate memory", "not enough memory"))
 
 
 def _allow_large_cluster(fn: object) -> None:

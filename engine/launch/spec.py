@@ -33,6 +33,15 @@ MAX_SOURCE = 64 * 1024
 MAX_LAUNCHES = 16
 MAX_WORKSPACES = 16
 MAX_ARGS = 64
+# Bounds by the card, so a spec cannot ask for resources out of all proportion to the work: a workspace
+# (or all of them together) of at most max(256 MiB, 16 × the bytes of the card's tensors), and a launch
+# of at most max(2**24, 64 × the elements of the card's tensors) threads (grid × block): one thread per
+# element with 64-way splits still fits. Without them a 2**62-byte workspace fails inside the allocator
+# and a legal but astronomical grid runs until the watchdog.
+MIN_WORKSPACE_LIMIT = 256 << 20
+WORKSPACE_PER_CARD_BYTE = 16
+MIN_THREAD_LIMIT = 2**24
+THREADS_PER_CARD_ELEMENT = 64
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _TOP_KEYS = ("launch", "workspace")
@@ -279,18 +288,41 @@ def _is_ptr_text(text: Any) -> bool:
 # ----------------------------------------------------------------------------------------- resolving
 
 
-def resolve(spec: LaunchSpec, env: Env, *, max_shared: int = MAX_SHARED_BYTES) -> ResolvedSpec:
-    """Evaluate `spec` for the card `env` describes and check every value against the device limits."""
+def resolve(spec: LaunchSpec, env: Env, *, max_shared: int = MAX_SHARED_BYTES,
+            max_workspace_bytes: int | None = None) -> ResolvedSpec:
+    """Evaluate `spec` for the card `env` describes and check every value against the device limits
+    and the card's resource bounds; `max_workspace_bytes` (e.g. free GPU memory) tightens the latter."""
+    tensors = env.tensors()
+    card_bytes = sum(t.nbytes for t in tensors)
+    ws_limit = max(MIN_WORKSPACE_LIMIT, WORKSPACE_PER_CARD_BYTE * card_bytes)
+    ws_rule = f"max(256 MiB, {WORKSPACE_PER_CARD_BYTE} × the card's {card_bytes} tensor bytes)"
+    if max_workspace_bytes is not None and max_workspace_bytes < ws_limit:
+        ws_limit, ws_rule = max(0, max_workspace_bytes), "the GPU memory free for it"
     workspaces = []
     for i, w in enumerate(spec.workspaces):
         path = f"workspace[{i}].bytes"
         n = _eval_int(w.bytes, env, path)
         if n < 0:
             raise SpecError(f"must be ≥ 0, got {n}", path)
+        if n > ws_limit:
+            raise SpecError(f"workspace {w.name!r} asks for {n} bytes; at most {ws_limit} are allowed "
+                            f"({ws_rule})", path)
         workspaces.append((w.name, n, w.zero))
+    total = sum(n for _, n, _ in workspaces)
+    if total > ws_limit:
+        raise SpecError(f"the workspaces ask for {total} bytes together; at most {ws_limit} are allowed "
+                        f"({ws_rule})", "workspace")
+    card_elems = sum(t.numel for t in tensors)
+    max_threads = max(MIN_THREAD_LIMIT, THREADS_PER_CARD_ELEMENT * card_elems)
     names = {w.name for w in spec.workspaces}
     launches = tuple(_resolve_launch(launch, f"launch[{i}]", env, names, max_shared)
                      for i, launch in enumerate(spec.launches))
+    for i, rl in enumerate(launches):
+        blocks, per_block = math.prod(rl.grid), math.prod(rl.block)
+        if blocks * per_block > max_threads:
+            raise SpecError(f"{blocks} blocks × {per_block} threads = {blocks * per_block} threads exceed the "
+                            f"{max_threads} this card allows (max(2**24, {THREADS_PER_CARD_ELEMENT} × its "
+                            f"{card_elems} tensor elements))", f"launch[{i}].grid")
     return ResolvedSpec(launches, tuple(workspaces))
 
 
