@@ -74,7 +74,7 @@ def test_fresh_prompt_holds_the_exact_card_hardware_and_contract():
         assert fact in text
     # The contract, the spec language, the verification rules and the worked example.
     for rule in ('extern "C" __global__', "never write host code", "pre-filled with NaN",
-                 "Inputs must be unchanged", "L2 cache flushed", "bytes moved / peak bandwidth", "[[launch]]",
+                 "Inputs must be unchanged", "L2 cache flushed", "its FLOPs (at the GPU's peak)", "guard bytes", "NaN/+inf/-inf", "[[launch]]",
                  "[[workspace]]", "`ceil_div(a, b)`", "`T.shape[i]`", "`out0`", "ws.NAME", "fresh random inputs",
                  "edge values", "```cuda", "```toml"):
         assert rule in system, rule
