@@ -431,30 +431,36 @@ def operand_dtypes(op_name: str, signature: dict[str, Any]) -> tuple[str, ...] |
 # ----------------------------------------------------------------------------------- launch floor
 
 
+LAUNCH_FLOOR_SHARE = 0.5  # of the fastest one-element kernel: a backstop, never above a real kernel's time
+
+
 def launch_floor_us(device: Any, tries: int = 50) -> float:
-    """Smallest device time, in µs, of one empty kernel timed between CUDA events the way the timing
-    protocol times a call (the GPU kept busy before the start event, so launch latency is not in it).
+    """Half the smallest device time, in µs, of a one-element kernel (a fill) timed between CUDA events
+    the way the timing protocol times a call (the GPU kept busy before the start event, so launch
+    latency is not in it). No kernel that does anything is faster than such a kernel.
 
     Needs a CUDA device. The GPU is kept busy for ~10 ms first so its clocks are up (an idle-clock
-    measurement would be too high a floor).
+    measurement would be too high a floor). `torch.cuda._sleep(0)` is not used: it spins for a while
+    even when asked for no cycles (6 µs on an H200, above real small kernels).
     """
     import torch
 
     with torch.cuda.device(device):
+        one = torch.empty(1, device=device)
         for _ in range(100):
             torch.cuda._sleep(200_000)  # ~0.1 ms each: clocks ramp up, the context is warm
-        torch.cuda._sleep(0)
+        one.fill_(0.0)
         torch.cuda.synchronize()
         pairs = []
         for _ in range(tries):
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda._sleep(20_000)  # the lead: the timed kernel is queued before its start event runs
             s.record()
-            torch.cuda._sleep(0)
+            one.fill_(1.0)
             e.record()
             pairs.append((s, e))
         torch.cuda.synchronize()
-        return min(s.elapsed_time(e) for s, e in pairs) * 1e3
+        return LAUNCH_FLOOR_SHARE * min(s.elapsed_time(e) for s, e in pairs) * 1e3
 
 
 # ---------------------------------------------------------------------------------------- the floor

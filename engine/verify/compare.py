@@ -143,6 +143,8 @@ def _chunk_stats(a: torch.Tensor, e: torch.Tensor, tol: Tolerance, slack: float)
         ok = torch.where(finite, raw <= bound, a64 == e64)
         if tol.nan_equal:
             ok |= a_nan & e_nan
+        if not tol.nonfinite_kind:
+            ok |= ~torch.isfinite(a64) & ~torch.isfinite(e64)
         # Max abs err: finite pairs as is, inf disagreements as inf, NaNs counted apart (0 here).
         diff = torch.where(finite, raw, torch.where((a64 == e64) | a_nan | e_nan, 0.0, math.inf))
         rel = torch.where(finite & (e64 != 0), raw / e64.abs(), 0.0)

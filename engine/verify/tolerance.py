@@ -45,6 +45,10 @@ class Tolerance:
     max_mismatch_fraction: float = 0.0
     # Scale-free absolute term: multiplied by the RMS of the finite expected values.
     rms_rtol: float = 0.0
+    # Non-finite values must be of eager's kind (NaN, +inf, -inf). False: any non-finite value matches
+    # any other (an accumulation order decides whether +inf and -inf meet: a sum-based mean of a row
+    # holding +inf is +inf where eager's Welford update makes NaN); finite against non-finite never does.
+    nonfinite_kind: bool = True
 
     def describe(self) -> str:
         """Short human form, e.g. 'atol=1e-06 rtol=1e-05' or 'exact'."""
@@ -55,6 +59,8 @@ class Tolerance:
             text += f" rms_rtol={self.rms_rtol:.3g}"
         if self.max_mismatch_fraction:
             text += f" allow={self.max_mismatch_fraction:.3g}"
+        if not self.nonfinite_kind:
+            text += " nonfinite=any"
         return text
 
 
