@@ -458,20 +458,23 @@ args = [{ ptr = "ws.tmp" }, { ptr = "out0" }, { i64 = "self.numel" }]
 
 # ---- 7. a race that needs contention -----------------------------------------------------------------
 
-# Two blocks per row: the odd block ("helper") sums the second half of the row into part[row]; the even
-# one ("leader") sums the first half, waits 4 µs of %globaltimer and adds part[row] -- no flag, no fence,
-# no atomic: it assumes the helper, launched right after it with the same work, is done by then. On a
-# quiet H200 all 1024 blocks are resident at once (8 per SM x 132 SMs, __launch_bounds__ keeps them
-# small), the helper finishes within ~2 µs and the answer is right, run after run. When another stream
-# holds SM slots, blocks start as slots free up, a helper can start after its leader has read, and the
-# leader adds the workspace's zero: half a row is lost in that call only.
+# Two blocks per row: block `row` ("leader") sums the first half of the row, block `rows + row`
+# ("helper") the second half, which it publishes in part[row] with a plain store -- no flag, no fence,
+# no atomic. Then every block waits 5 µs of %globaltimer ("time for the helpers to publish") and the
+# leader adds part[row]. It assumes the helper ran alongside its leader. On a quiet H200 all 1024 blocks
+# are resident at once (8 per SM x 132 SMs; __launch_bounds__ keeps them that small) and dispatched
+# within ~2 µs, each helper publishes within ~2 µs of starting, and the answer is right, run after run.
+# When another stream holds SM slots, fewer than 1024 blocks fit; the helpers are the highest block
+# indices, so they are the ones left waiting, and the slots they wait for are held for the full 5 µs:
+# their leaders read the workspace's zero and lose half of those rows, in that call only.
 RACE_NEEDS_CONTENTION = Adversary("row sum whose leader block reads its helper's partial after a fixed wait",
                                   ("nondeterminism", "mismatch"), HEADER + r'''
 extern "C" __global__ void __launch_bounds__(256, 8)
-pair_sum(const float* __restrict__ x, float* __restrict__ out, float* __restrict__ part, int cols) {
+pair_sum(const float* __restrict__ x, float* __restrict__ out, float* __restrict__ part, int rows, int cols) {
   __shared__ float warp_sums[8];
-  int row = blockIdx.x >> 1, helper = blockIdx.x & 1, half = cols / 2;
-  const float* p = x + (long long)row * cols + helper * half;
+  bool helper = blockIdx.x >= rows;
+  int row = helper ? blockIdx.x - rows : blockIdx.x, half = cols / 2;
+  const float* p = x + (long long)row * cols + (helper ? half : 0);
   float acc = 0.f;
   for (int c = threadIdx.x; c < half; c += 256) acc += p[c];
   for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
@@ -480,11 +483,11 @@ pair_sum(const float* __restrict__ x, float* __restrict__ out, float* __restrict
   if (threadIdx.x != 0) return;
   float total = 0.f;
   for (int w = 0; w < 8; ++w) total += warp_sums[w];
-  if (helper) { part[row] = total; return; }
+  if (helper) part[row] = total;
   unsigned long long t0, t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < 4000);
-  out[row] = total + *(volatile float*)&part[row];
+  do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < 5000);
+  if (!helper) out[row] = total + *(volatile float*)&part[row];
 }
 ''', """
 [[workspace]]
@@ -496,7 +499,7 @@ zero = true
 kernel = "pair_sum"
 grid = ["self.shape[0] * 2"]
 block = [256]
-args = [{ ptr = "self" }, { ptr = "out0" }, { ptr = "ws.part" }, { i32 = "self.shape[1]" }]
+args = [{ ptr = "self" }, { ptr = "out0" }, { ptr = "ws.part" }, { i32 = "self.shape[0]" }, { i32 = "self.shape[1]" }]
 """, card="sum", cls=7)
 
 # ---- 8. fp16 softmax ---------------------------------------------------------------------------------

@@ -156,7 +156,7 @@ def test_lane_rejects_each_cheat_with_its_category(tmp_path):
         speed = f"{e.speedup:.2f}x" if e.speedup else "-"
         honest = f" (honest {speedups.get(a.honest) or 0:.2f}x)" if a.honest else ""
         ln = (f"[{a.cls}] {a.card}: {a.name}: expected {a.describe_expect()}, got {e.status}"
-              f"{' ' + e.category if e.category else ''}, speedup {speed}{honest} {e.message[:160]}")
+              f"{' ' + e.category if e.category else ''}, speedup {speed}{honest} [{e.seconds:.1f} s] {e.message[:160]}")
         lines.append(ln)
         if not outcome_ok(a, e.status, e.category, e.speedup, speedups.get(a.honest)):
             wrong.append(ln)
