@@ -226,8 +226,9 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
                  config: str, small: bool, graphs: bool, progress: Callable[[str], None],
                  warn: Callable[[str], None] = lambda m: None) -> list[ExportVariant]:
     """Keep the largest set of variants (best net gain first) with which the run's own model is not slower;
-    record the check in `source`; raise JobError when even one variant makes the model slower; `warn` gets
-    what the user must hear although the cast is written."""
+    record the check in `source`; raise JobError when even one variant makes the model slower or its output
+    degenerate (all zeros, constant, NaN/Inf where eager's is not); `warn` gets what the user must hear
+    although the cast is written (also: eager's own output is degenerate, so agreement proves nothing)."""
     from engine.errors import JobError
     from engine.export.e2e import subsets
 
@@ -247,31 +248,49 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
             return kept
     tried = result.get("tried", [])
     chosen = result.get("chosen")
-    summary = [f"{len(t['variants'])} variant(s): {t['speedup']:.3f}x "
-               f"(95% CI {t['speedup_ci'][0]:.3f}-{t['speedup_ci'][1]:.3f})" for t in tried]
+    summary = [tried_summary(t) for t in tried]
+    eager_bad = result.get("degenerate_eager")
     source["model_check"] = {"mode": result.get("mode"), "tried": tried,
+                             **({"degenerate_eager": eager_bad} if eager_bad else {}),
                              **({k: chosen.get(k) for k in ("speedup", "speedup_ci", "eager_ms", "cast_ms",
                                                             "rel_l2_err")} if chosen else {})}
     if chosen is None:
         hint = "" if graphs else ("; its kernels may still pay off under CUDA graphs: export again with "
                                   "--cuda-graphs to check that instead")
+        if any(t.get("rejected") for t in tried):
+            raise JobError(f"export: no variant set passed the whole-model check of {source.get('model')} in "
+                           f"{mode} ({'; '.join(summary)}); nothing written")
         raise JobError(f"export: {source.get('model')} is slower with the cast in {mode} "
                        f"({'; '.join(summary)}){hint}; nothing written")
+    if eager_bad:
+        from engine.export.e2e import eager_caveat
+
+        warn(f"whole-model check: {eager_caveat(eager_bad)} about the cast's correctness (each variant's own "
+             "confirmation still holds)")
     keep_ids = set(chosen["variants"])
     for v in kept:
         if v.vid not in keep_ids:
+            first = "the set with it was rejected" if tried[0].get("rejected") else "the model was slower with it"
             excluded.append({"card_id": v.card["card_id"], "op": v.card["op"],
-                             "reason": f"whole-model check: the model was slower with it ({summary[0]}); "
+                             "reason": f"whole-model check: {first} ({summary[0]}); "
                                        f"kept the {len(keep_ids)} with the most net gain "
                                        f"({chosen['speedup']:.3f}x)"})
     progress(f"whole-model check: kept {len(keep_ids)} of {len(kept)} variant(s): {chosen['speedup']:.3f}x "
              f"(95% CI {chosen['speedup_ci'][0]:.3f}-{chosen['speedup_ci'][1]:.3f})"
-             + (f"; output moved {chosen['rel_l2_err']:.1e} (relative L2)" if chosen.get("rel_l2_err") is not None
-                else ""))
+             + ("" if eager_bad else f"; output moved {chosen['rel_l2_err']:.1e} (relative L2)"
+                if chosen.get("rel_l2_err") is not None else ""))
     caveat = not_faster_caveat(chosen, graphs)
     if caveat:
         warn(caveat)
     return [v for v in kept if v.vid in keep_ids]
+
+
+def tried_summary(t: dict[str, Any]) -> str:
+    """One variant set's outcome in the whole-model check, for messages and exclusion reasons."""
+    if t.get("rejected"):
+        return f"{len(t['variants'])} variant(s): {t['rejected']}"
+    return (f"{len(t['variants'])} variant(s): {t['speedup']:.3f}x "
+            f"(95% CI {t['speedup_ci'][0]:.3f}-{t['speedup_ci'][1]:.3f})")
 
 
 def not_faster_caveat(chosen: dict[str, Any], graphs: bool) -> str | None:

@@ -20,6 +20,17 @@ def _us(v: Any) -> str:
     return "–" if v is None else f"{v:.1f}"
 
 
+def _output_clause(check: dict[str, Any]) -> str:
+    """How the model's output compared with eager's, or why that comparison is no evidence."""
+    if check.get("degenerate_eager"):
+        from engine.export.e2e import eager_caveat
+
+        return f"; {eager_caveat(check['degenerate_eager'])} (a cast that broke the model could agree with it)"
+    if check.get("rel_l2_err") is None:
+        return ""
+    return f"; the model's output moved by {check['rel_l2_err']:.1e} (relative L2) against eager"
+
+
 def markdown_report(manifest: dict[str, Any], excluded: list[dict[str, Any]] | None = None) -> str:
     """What is in the cast, what it was proven on, and what was left out and why."""
     env = manifest["env"]
@@ -57,8 +68,7 @@ def markdown_report(manifest: dict[str, Any], excluded: list[dict[str, Any]] | N
         lines += [f"Whole-model check ({mode} of the run's own model, alternating, fresh process): "
                   f"{check.get('eager_ms', float('nan')):.2f} ms → {check.get('cast_ms', float('nan')):.2f} ms, "
                   f"{check['speedup']:.3f}× (95% CI {ci[0]:.3f}–{ci[1]:.3f})"
-                  + (f"; the model's output moved by {check['rel_l2_err']:.1e} (relative L2) against eager"
-                     if check.get("rel_l2_err") is not None else "") + "."
+                  + _output_clause(check) + "."
                   + (" Not faster with confidence: each kernel was faster on its own, the model as a whole was "
                      "not measurably so." if not faster_with_confidence(ci) else ""), ""]
     elif check.get("mode") in ("none", "failed"):
