@@ -31,6 +31,13 @@ def _output_clause(check: dict[str, Any]) -> str:
     return f"; the model's output moved by {check['rel_l2_err']:.1e} (relative L2) against eager"
 
 
+def _sanitizer_lines(ev: dict[str, Any] | None) -> list[str]:
+    if not ev:
+        return []
+    return [f"- compute-sanitizer: {', '.join(ev.get('tools', []))} found no fault in its kernels "
+            f"(run on {ev.get('inputs', 'its inputs')})"]
+
+
 def markdown_report(manifest: dict[str, Any], excluded: list[dict[str, Any]] | None = None) -> str:
     """What is in the cast, what it was proven on, and what was left out and why."""
     env = manifest["env"]
@@ -80,6 +87,7 @@ def markdown_report(manifest: dict[str, Any], excluded: list[dict[str, Any]] | N
                   f"- kernels: {', '.join(v['kernels'])}; files: " +
                   ", ".join(f"`{f['path']}`" for f in v["files"].values()),
                   f"- tolerance: {', '.join(v.get('tolerance', [])) or '–'}",
+                  *_sanitizer_lines(v["evidence"].get("sanitizer")),
                   f"- provenance: candidate `{p.get('candidate_id')}` by {p.get('proposer')}"
                   f"{' / ' + str(p.get('model_name')) if p.get('model_name') else ''}"
                   f"{', ' + str(p.get('intent')) if p.get('intent') else ''}", ""]
