@@ -219,11 +219,12 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
                        f"({len(variants)} tried); nothing written")
     warnings: list[str] = []
     if sanitizer is not None:
-        n = len(kept)
+        n, before = len(kept), len(excluded)
         kept = sanitize_kept(kept, env, source, excluded, sanitizer, sanitize_timeout_s, progress, warnings.append)
         if not kept:
-            raise JobError(f"export: compute-sanitizer found faults in every confirmed variant ({n} tried; "
-                           "why: the excluded list); nothing written")
+            why = "; ".join(e["reason"] for e in excluded[before:][:3])
+            raise JobError(f"export: compute-sanitizer left out every confirmed variant ({n} tried: {why}); "
+                           "nothing written")
     cap = run.get("capture_row") or {}
     config = cap.get("config_path")
     if model_check and config and Path(config).is_file():
