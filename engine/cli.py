@@ -143,6 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check the whole model under CUDA-graph replay instead of eager forwards")
     p.add_argument("--no-model-check", action="store_true",
                    help="skip the whole-model check (per-variant confirmation only)")
+    p.add_argument("--sanitize", action="store_true",
+                   help="run compute-sanitizer (memcheck, racecheck, synccheck) on each confirmed variant's "
+                        "samples and leave out any it finds a fault in")
+    p.add_argument("--sanitize-timeout", type=_positive_float, metavar="S",
+                   help="seconds per variant and sanitizer tool at most (default 300)")
     _add_common(p)
 
     p = sub.add_parser("audit", help="show what a .cast file holds; --verify re-checks it on this GPU")
@@ -206,7 +211,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     if not out.parent.is_dir():
         raise UsageError(f"export --out {args.out}: folder {out.parent} does not exist")
     result = export_run(_workspace(args), args.run, out, progress=stderr_progress(),
-                        model_check=not args.no_model_check, cuda_graphs=args.cuda_graphs)
+                        model_check=not args.no_model_check, cuda_graphs=args.cuda_graphs,
+                        sanitize=args.sanitize, sanitize_timeout_s=args.sanitize_timeout)
     for w in result.warnings:  # always, also redirected: the cast is written, but the user must know this
         print(f"kforge: warning: {w}", file=sys.stderr, flush=True)
     if args.json:

@@ -20,7 +20,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +48,81 @@ def not_slower(speedup_ci: Sequence[float]) -> bool:
 
 
 def rel_l2_err(out: Any, ref: Any) -> float:
-    """‖out − ref‖ / ‖ref‖ (0 when both are zero; inf when only the reference is)."""
+    """‖out − ref‖ / ‖ref‖ (0 when both are zero; inf when only the reference is, or when either holds a
+    NaN or an Inf: a non-finite output never reads as agreement, and NaN would compare false everywhere)."""
+    import torch
+
+    if not (bool(torch.isfinite(out).all()) and bool(torch.isfinite(ref).all())):
+        return math.inf
     num, den = float((out - ref).norm()), float(ref.norm())
     return num / den if den else (0.0 if num == 0 else math.inf)
+
+
+def degenerate(t: Any) -> str | None:
+    """Why a model's output cannot vouch for anything, in a phrase that follows "is": NaN/Inf in it, all
+    zeros, or every element equal (a model whose random weights saturate; a cast that zeroes it); None
+    when it is an output worth comparing. One element is not called constant (a scalar loss is fine)."""
+    import torch
+
+    n = t.numel()
+    if n == 0:
+        return "empty (no elements)"
+    bad = n - int(torch.isfinite(t).sum())
+    if bad:
+        return f"non-finite (NaN/Inf) in {bad} of {n} elements"
+    if not bool(t.any()):
+        return "all zeros"
+    first = t.reshape(-1)[0]
+    if n > 1 and bool((t == first).all()):
+        v = first.item()
+        return f"constant (every element {v:g})" if isinstance(v, float) else f"constant (every element {v})"
+    return None
+
+
+def judge_output(eager_out: Any, cast_out: Any) -> tuple[bool, str | None]:
+    """Whether a variant set's model output may stand, and what must be said about it: (False, why) when
+    the cast's output is degenerate where eager's is not, or non-finite where eager's is finite; (True,
+    caveat) when eager's own output is degenerate, so agreement with it proves nothing; (True, None)."""
+    import torch
+
+    e, c = degenerate(eager_out), degenerate(cast_out)
+    if c is not None and e is None:
+        return False, f"the model's output with the cast is {c}; eager's is not"
+    if (c is not None and not bool(torch.isfinite(cast_out).all())
+            and bool(torch.isfinite(eager_out).all())):
+        return False, f"the model's output with the cast is {c}; eager's is finite ({e})"
+    if e is not None:
+        return True, eager_caveat(e)
+    return True, None
+
+
+def eager_caveat(reason: str) -> str:
+    """What the report says instead of an agreement figure when eager's own output is degenerate."""
+    return f"eager's own output is {reason}: agreement of the model's output says nothing"
+
+
+def choose_set(sets: Sequence[Sequence[str]], eager_out: Any,
+               run_set: Callable[[list[str]], tuple[Any, Callable[[], dict[str, Any]]]]) -> tuple[list, Any]:
+    """Try each set in order: `run_set(ids)` gives the model's output with that set and a function that
+    times it (called only when the output may stand). A set whose output is rejected is recorded with
+    `rejected` (why) and the next, smaller set is tried; the first set that is not slower is chosen.
+    Returns (tried, chosen or None)."""
+    tried: list[dict[str, Any]] = []
+    for ids in sets:
+        cast_out, time_it = run_set(list(ids))
+        ok, note = judge_output(eager_out, cast_out)
+        # How far the model's output moves with the cast (each kernel passed its op's tolerance; the
+        # drift through the whole model is recorded for the report, not judged here).
+        r: dict[str, Any] = {"variants": list(ids), "rel_l2_err": rel_l2_err(cast_out, eager_out)}
+        if ok:
+            r.update(time_it(), **({"output_note": note} if note else {}))
+        else:
+            r["rejected"] = note
+        del cast_out, time_it  # a set's CUDA graph goes before the next set captures its own
+        tried.append(r)
+        if ok and not_slower(r["speedup_ci"]):
+            return tried, r
+    return tried, None
 
 
 def settled(speedup_ci: Sequence[float], precision: float = PRECISION) -> bool:
@@ -61,10 +133,11 @@ def settled(speedup_ci: Sequence[float], precision: float = PRECISION) -> bool:
 
 def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters: int = 0,
           graphs: bool = False, precision: float = PRECISION, max_s: float = MAX_S) -> dict[str, Any]:
-    """Try each variant set in order; the first whose model is not slower is chosen ({'chosen': None}
-    when none is). `iters` forwards per arm per round, 0: about two seconds of forwards per arm (10 to
-    100); more rounds follow while the CI is wider than `precision` and less than `max_s` has passed for
-    the set (a noisy host gave 0.886-1.139 from one round, where a 3 % loss was there to find)."""
+    """Try each variant set in order (`choose_set`): a set whose model output is degenerate where eager's
+    is not is rejected; the first whose model is not slower is chosen ({'chosen': None} when none is);
+    `degenerate_eager` says why eager's own output cannot vouch for the cast (None when it can).
+    `iters` forwards per arm per round, 0: about two seconds of forwards per arm (10 to 100); more rounds
+    follow while the CI is wider than `precision` and less than `max_s` has passed for the set (a noisy host gave 0.886-1.139 from one round, where a 3 % loss was there to find)."""
     import torch
 
     from engine.bench.forward import auto_iters, capture_graph, time_forward
@@ -75,8 +148,6 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
 
     target = build_target(load_config(config, small=small), torch.device("cuda", torch.cuda.current_device()))
     forward = target.forward
-    tried = []
-    chosen = None
     with torch.no_grad():
         for _ in range(3):
             forward()
@@ -84,41 +155,42 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
             iters = auto_iters(sorted(time_forward(forward) for _ in range(3))[1])
         eager_out = output_tensor(forward()).double()
         eager_graph = capture_graph(forward)[0] if graphs else None
-        for ids in sets:
+
+        def run_set(ids: list[str]) -> tuple[Any, Callable[[], dict[str, Any]]]:
             cast = load(cast_path, only=set(ids))
             with cast.enabled():
                 for _ in range(2):
                     forward()
-                # How far the model's output moves with the cast (each kernel passed its op's tolerance;
-                # the drift through the whole model is recorded for the report, not judged here).
-                rel_l2 = rel_l2_err(output_tensor(forward()).double(), eager_out)
+                cast_out = output_tensor(forward()).double()
                 cast_graph = capture_graph(forward)[0] if graphs else None
-            eager_us, cast_us = [], []
-            t0 = time.perf_counter()
-            while True:  # rounds of `iters` pairs until the CI is narrow enough or the time is up
-                for i in range(iters):
-                    for arm in (("eager", "cast") if i % 2 == 0 else ("cast", "eager")):
-                        if graphs:
-                            g = eager_graph if arm == "eager" else cast_graph
-                            (eager_us if arm == "eager" else cast_us).append(time_forward(g.replay))
-                        elif arm == "cast":
-                            with cast.enabled():
-                                cast_us.append(time_forward(forward))
-                        else:
-                            eager_us.append(time_forward(forward))
-                est = speedup_ci(eager_us, cast_us, paired=True)
-                if settled((est.low, est.high), precision) or time.perf_counter() - t0 >= max_s:
-                    break
-            r = {"variants": list(ids), "speedup": est.speedup, "speedup_ci": [est.low, est.high],
-                 "eager_ms": sorted(eager_us)[len(eager_us) // 2] / 1e3,
-                 "cast_ms": sorted(cast_us)[len(cast_us) // 2] / 1e3, "iters": len(eager_us),
-                 "precise": settled((est.low, est.high), precision), "rel_l2_err": rel_l2}
-            tried.append(r)
-            del cast_graph
-            if not_slower(r["speedup_ci"]):
-                chosen = r
-                break
-    return {"mode": "cuda-graphs" if graphs else "eager", "tried": tried, "chosen": chosen}
+
+            def time_it() -> dict[str, Any]:
+                eager_us, cast_us = [], []
+                t0 = time.perf_counter()
+                while True:  # rounds of `iters` pairs until the CI is narrow enough or the time is up
+                    for i in range(iters):
+                        for arm in (("eager", "cast") if i % 2 == 0 else ("cast", "eager")):
+                            if graphs:
+                                g = eager_graph if arm == "eager" else cast_graph
+                                (eager_us if arm == "eager" else cast_us).append(time_forward(g.replay))
+                            elif arm == "cast":
+                                with cast.enabled():
+                                    cast_us.append(time_forward(forward))
+                            else:
+                                eager_us.append(time_forward(forward))
+                    est = speedup_ci(eager_us, cast_us, paired=True)
+                    if settled((est.low, est.high), precision) or time.perf_counter() - t0 >= max_s:
+                        break
+                return {"speedup": est.speedup, "speedup_ci": [est.low, est.high],
+                        "eager_ms": sorted(eager_us)[len(eager_us) // 2] / 1e3,
+                        "cast_ms": sorted(cast_us)[len(cast_us) // 2] / 1e3, "iters": len(eager_us),
+                        "precise": settled((est.low, est.high), precision)}
+
+            return cast_out, time_it
+
+        tried, chosen = choose_set(sets, eager_out, run_set)
+    return {"mode": "cuda-graphs" if graphs else "eager", "tried": tried, "chosen": chosen,
+            "degenerate_eager": degenerate(eager_out)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,6 +35,7 @@ class ExportVariant:
     arch: str
     samples: list[str] = field(default_factory=list)
     confirmed: dict[str, Any] | None = None
+    sanitizer: dict[str, Any] | None = None  # `export --sanitize`: the compute-sanitizer tools it passed
 
     @property
     def vid(self) -> str:
@@ -86,7 +87,8 @@ def package(variants: list[ExportVariant], env: dict[str, Any], source: dict[str
             "launch_spec": c["launch_spec"], "kernels": _kernels(c["launch_spec"]), "files": vf,
             "category": "custom CUDA", "tolerance": _tolerances(v.card["op"], v.card["outputs"]),
             "calls": v.card.get("calls"), "share": v.card.get("share"),
-            "evidence": {"lane": lane, "confirmed": v.confirmed},
+            "evidence": {"lane": lane, "confirmed": v.confirmed,
+                         **({"sanitizer": v.sanitizer} if v.sanitizer is not None else {})},
             "provenance": {"run": source.get("run"), "candidate_id": c.get("id"), "parent_id": c.get("parent_id"),
                            "proposer": c.get("proposer"), "model_name": c.get("model_name"),
                            "llm_call_id": c.get("llm_call_id"), "intent": c.get("intent"),
@@ -158,14 +160,22 @@ async def _load_run(workspace: Path, run_id: str | None):
 
 def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[str, Any] | None = None,
                progress: Callable[[str], None] = lambda m: None, model_check: bool = True,
-               cuda_graphs: bool = False) -> ExportResult:
-    """The whole export; raises engine.errors.UsageError / JobError with a one-line reason."""
+               cuda_graphs: bool = False, sanitize: bool = False,
+               sanitize_timeout_s: float | None = None) -> ExportResult:
+    """The whole export; raises engine.errors.UsageError / JobError with a one-line reason. `sanitize`: run
+    compute-sanitizer (memcheck, racecheck, synccheck) on each confirmed variant and drop any it faults,
+    `sanitize_timeout_s` per variant and tool (default 300)."""
     import torch
 
     from engine.cast.compat import current_env
     from engine.compile import Compiler, default_cache_dir
     from engine.errors import JobError, UsageError
 
+    sanitizer = None
+    if sanitize:  # before any work: a missing tool is the user's to fix
+        from engine.export.sanitize import require_sanitizer
+
+        sanitizer = require_sanitizer()
     if not torch.cuda.is_available():
         raise UsageError("export: no CUDA GPU is visible; a cast's speedups are confirmed on the GPU it is for")
     run, cards, cands, samples = asyncio.run(_load_run(workspace, run_id))
@@ -207,9 +217,16 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
     if not kept:
         raise JobError(f"export: no variant kept its speedup through the public op in a fresh process "
                        f"({len(variants)} tried); nothing written")
+    warnings: list[str] = []
+    if sanitizer is not None:
+        n, before = len(kept), len(excluded)
+        kept = sanitize_kept(kept, env, source, excluded, sanitizer, sanitize_timeout_s, progress, warnings.append)
+        if not kept:
+            why = "; ".join(e["reason"] for e in excluded[before:][:3])
+            raise JobError(f"export: compute-sanitizer left out every confirmed variant ({n} tried: {why}); "
+                           "nothing written")
     cap = run.get("capture_row") or {}
     config = cap.get("config_path")
-    warnings: list[str] = []
     if model_check and config and Path(config).is_file():
         kept = _model_check(kept, env, source, excluded, config, bool(cap.get("small")), cuda_graphs, progress,
                             warnings.append)
@@ -222,12 +239,44 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
                         warnings)
 
 
+def sanitize_kept(kept: list[ExportVariant], env: dict[str, Any], source: dict[str, Any], excluded: list[dict],
+                  sanitizer: str, timeout_s: float | None, progress: Callable[[str], None],
+                  warn: Callable[[str], None] = lambda m: None) -> list[ExportVariant]:
+    """compute-sanitizer on each kept variant, running its own samples: the variants it finds no fault in
+    (their evidence says which tools passed); the others go to `excluded` with the finding."""
+    from engine.export import sanitize
+
+    timeout_s = timeout_s or sanitize.TIMEOUT_S
+    progress(f"compute-sanitizer ({', '.join(sanitize.TOOLS)}) on {len(kept)} variant(s), "
+             f"up to {timeout_s:g} s per tool and variant")
+    clean = []
+    with tempfile.TemporaryDirectory(prefix="kforge-sanitize-") as tmp:
+        cand = Path(tmp) / "candidate.cast"
+        manifest, files, report = package(kept, env, source)
+        write_cast(cand, manifest, files, report)
+        for v in kept:
+            r = sanitize.check_variant(sanitizer, cand, v.vid, _kernels(v.candidate["launch_spec"]), v.samples,
+                                       Path(tmp), _child_env(), timeout_s, progress=progress)
+            for w in r["warnings"]:
+                warn(f"{v.vid}: {w}")
+            if r["ok"]:
+                v.sanitizer = {"tools": r["tools"], "inputs": "captured samples" if v.samples else
+                               "synthesised from the signature"}
+                clean.append(v)
+            else:
+                excluded.append({"card_id": v.card["card_id"], "op": v.card["op"], "reason": r["reason"]})
+            progress(f"{v.vid}: {'no fault found' if r['ok'] else 'left out: ' + str(r['reason'])}")
+    source["sanitizer"] = {"tools": list(sanitize.TOOLS), "timeout_s": timeout_s}
+    return clean
+
+
 def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[str, Any], excluded: list[dict],
                  config: str, small: bool, graphs: bool, progress: Callable[[str], None],
                  warn: Callable[[str], None] = lambda m: None) -> list[ExportVariant]:
     """Keep the largest set of variants (best net gain first) with which the run's own model is not slower;
-    record the check in `source`; raise JobError when even one variant makes the model slower; `warn` gets
-    what the user must hear although the cast is written."""
+    record the check in `source`; raise JobError when even one variant makes the model slower or its output
+    degenerate (all zeros, constant, NaN/Inf where eager's is not); `warn` gets what the user must hear
+    although the cast is written (also: eager's own output is degenerate, so agreement proves nothing)."""
     from engine.errors import JobError
     from engine.export.e2e import subsets
 
@@ -247,31 +296,49 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
             return kept
     tried = result.get("tried", [])
     chosen = result.get("chosen")
-    summary = [f"{len(t['variants'])} variant(s): {t['speedup']:.3f}x "
-               f"(95% CI {t['speedup_ci'][0]:.3f}-{t['speedup_ci'][1]:.3f})" for t in tried]
+    summary = [tried_summary(t) for t in tried]
+    eager_bad = result.get("degenerate_eager")
     source["model_check"] = {"mode": result.get("mode"), "tried": tried,
+                             **({"degenerate_eager": eager_bad} if eager_bad else {}),
                              **({k: chosen.get(k) for k in ("speedup", "speedup_ci", "eager_ms", "cast_ms",
                                                             "rel_l2_err")} if chosen else {})}
     if chosen is None:
         hint = "" if graphs else ("; its kernels may still pay off under CUDA graphs: export again with "
                                   "--cuda-graphs to check that instead")
+        if any(t.get("rejected") for t in tried):
+            raise JobError(f"export: no variant set passed the whole-model check of {source.get('model')} in "
+                           f"{mode} ({'; '.join(summary)}); nothing written")
         raise JobError(f"export: {source.get('model')} is slower with the cast in {mode} "
                        f"({'; '.join(summary)}){hint}; nothing written")
+    if eager_bad:
+        from engine.export.e2e import eager_caveat
+
+        warn(f"whole-model check: {eager_caveat(eager_bad)} about the cast's correctness (each variant's own "
+             "confirmation still holds)")
     keep_ids = set(chosen["variants"])
     for v in kept:
         if v.vid not in keep_ids:
+            first = "the set with it was rejected" if tried[0].get("rejected") else "the model was slower with it"
             excluded.append({"card_id": v.card["card_id"], "op": v.card["op"],
-                             "reason": f"whole-model check: the model was slower with it ({summary[0]}); "
+                             "reason": f"whole-model check: {first} ({summary[0]}); "
                                        f"kept the {len(keep_ids)} with the most net gain "
                                        f"({chosen['speedup']:.3f}x)"})
     progress(f"whole-model check: kept {len(keep_ids)} of {len(kept)} variant(s): {chosen['speedup']:.3f}x "
              f"(95% CI {chosen['speedup_ci'][0]:.3f}-{chosen['speedup_ci'][1]:.3f})"
-             + (f"; output moved {chosen['rel_l2_err']:.1e} (relative L2)" if chosen.get("rel_l2_err") is not None
-                else ""))
+             + ("" if eager_bad else f"; output moved {chosen['rel_l2_err']:.1e} (relative L2)"
+                if chosen.get("rel_l2_err") is not None else ""))
     caveat = not_faster_caveat(chosen, graphs)
     if caveat:
         warn(caveat)
     return [v for v in kept if v.vid in keep_ids]
+
+
+def tried_summary(t: dict[str, Any]) -> str:
+    """One variant set's outcome in the whole-model check, for messages and exclusion reasons."""
+    if t.get("rejected"):
+        return f"{len(t['variants'])} variant(s): {t['rejected']}"
+    return (f"{len(t['variants'])} variant(s): {t['speedup']:.3f}x "
+            f"(95% CI {t['speedup_ci'][0]:.3f}-{t['speedup_ci'][1]:.3f})")
 
 
 def not_faster_caveat(chosen: dict[str, Any], graphs: bool) -> str | None:

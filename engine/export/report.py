@@ -20,6 +20,24 @@ def _us(v: Any) -> str:
     return "–" if v is None else f"{v:.1f}"
 
 
+def _output_clause(check: dict[str, Any]) -> str:
+    """How the model's output compared with eager's, or why that comparison is no evidence."""
+    if check.get("degenerate_eager"):
+        from engine.export.e2e import eager_caveat
+
+        return f"; {eager_caveat(check['degenerate_eager'])} (a cast that broke the model could agree with it)"
+    if check.get("rel_l2_err") is None:
+        return ""
+    return f"; the model's output moved by {check['rel_l2_err']:.1e} (relative L2) against eager"
+
+
+def _sanitizer_lines(ev: dict[str, Any] | None) -> list[str]:
+    if not ev:
+        return []
+    return [f"- compute-sanitizer: {', '.join(ev.get('tools', []))} found no fault in its kernels "
+            f"(run on {ev.get('inputs', 'its inputs')})"]
+
+
 def markdown_report(manifest: dict[str, Any], excluded: list[dict[str, Any]] | None = None) -> str:
     """What is in the cast, what it was proven on, and what was left out and why."""
     env = manifest["env"]
@@ -57,8 +75,7 @@ def markdown_report(manifest: dict[str, Any], excluded: list[dict[str, Any]] | N
         lines += [f"Whole-model check ({mode} of the run's own model, alternating, fresh process): "
                   f"{check.get('eager_ms', float('nan')):.2f} ms → {check.get('cast_ms', float('nan')):.2f} ms, "
                   f"{check['speedup']:.3f}× (95% CI {ci[0]:.3f}–{ci[1]:.3f})"
-                  + (f"; the model's output moved by {check['rel_l2_err']:.1e} (relative L2) against eager"
-                     if check.get("rel_l2_err") is not None else "") + "."
+                  + _output_clause(check) + "."
                   + (" Not faster with confidence: each kernel was faster on its own, the model as a whole was "
                      "not measurably so." if not faster_with_confidence(ci) else ""), ""]
     elif check.get("mode") in ("none", "failed"):
@@ -70,6 +87,7 @@ def markdown_report(manifest: dict[str, Any], excluded: list[dict[str, Any]] | N
                   f"- kernels: {', '.join(v['kernels'])}; files: " +
                   ", ".join(f"`{f['path']}`" for f in v["files"].values()),
                   f"- tolerance: {', '.join(v.get('tolerance', [])) or '–'}",
+                  *_sanitizer_lines(v["evidence"].get("sanitizer")),
                   f"- provenance: candidate `{p.get('candidate_id')}` by {p.get('proposer')}"
                   f"{' / ' + str(p.get('model_name')) if p.get('model_name') else ''}"
                   f"{', ' + str(p.get('intent')) if p.get('intent') else ''}", ""]
