@@ -8,6 +8,8 @@ process exits (`WorkerFault`), so the client replaces it; a hang is the client's
 from __future__ import annotations
 
 import argparse
+import ctypes
+import random
 import sys
 import time
 from contextlib import contextmanager
@@ -20,6 +22,7 @@ from engine.bench.floor import GpuCompute, launch_floor_us, physics_floor
 from engine.bench.stats import TimingStats
 from engine.bench.timing import L2Flusher, TimingConfig, copy_bandwidth, max_sm_clock_mhz
 from engine.capture.samples import load_sample
+from engine.compile import compile_nvrtc
 from engine.lane.protocol import Rejected, WorkerFault, claim_stdout, serve, unb64
 from engine.launch import Env, SpecError, parse_spec, resolve
 from engine.launch import cuda_driver as drv
@@ -47,6 +50,32 @@ class LoadedCard:
     control: TimingStats | None = None  # eager timed alone (the control of every A/B on this card)
 
 
+_HOG_SOURCE = r'''extern "C" __global__ void kf_hog(long long cycles) {
+  long long t0 = clock64();
+  while (clock64() - t0 < cycles) { }
+}
+'''
+
+
+class _Hog:
+    """Blocks of 1024 threads that spin ~30 µs, over 50–95 % of the SMs (two blocks fill an SM's threads)."""
+
+    def __init__(self, arch: str, sms: int, clock_hz: float):
+        compiled = compile_nvrtc(_HOG_SOURCE, arch=arch, name="kf_hog.cu", want_ptx=False, pch=False)
+        if not compiled.ok or not compiled.cubin:
+            raise RuntimeError(f"the contention kernel does not compile: {compiled.summary()}")
+        self.module = drv.Module(compiled.cubin)
+        self.fn = self.module.function("kf_hog")
+        self.cycles = ctypes.c_int64(int(30e-6 * clock_hz))
+        self.params = (ctypes.c_void_p * 1)(ctypes.addressof(self.cycles))
+        self.sms = sms
+        self.rng = random.Random()
+
+    def launch(self, stream: int) -> None:
+        blocks = 2 * max(1, int(self.sms * self.rng.uniform(0.5, 0.95)))
+        drv.launch(self.fn, (blocks, 1, 1), (1024, 1, 1), 0, stream, ctypes.addressof(self.params))
+
+
 class Worker:
     def __init__(self, device_index: int):
         torch.cuda.set_device(device_index)
@@ -69,17 +98,17 @@ class Worker:
                                (clock_mhz if clock_mhz == clock_mhz else 3000.0) * 1e6)  # unknown: a high clock
         self.launch_us = launch_floor_us(self.device)
         self._side = torch.cuda.Stream(self.device)
-        self._busy = torch.empty(128 << 20, dtype=torch.uint8, device=self.device)
+        self._hog = _Hog(self.arch, self.props.multi_processor_count, self._peak.clock_hz)
 
     @contextmanager
     def _contend(self):
-        """Keep the GPU busy on another stream while the body runs (other block interleavings for races)."""
+        """Hold a random share of the SMs with long-lived blocks on another stream while the body runs:
+        a candidate launched beside them cannot have all its blocks resident at once, so it meets the
+        block interleavings of a busy GPU (a race that needs contention shows)."""
         main = torch.cuda.current_stream(self.device)
         self._side.wait_stream(main)
-        with torch.cuda.stream(self._side):
-            half = self._busy.numel() // 2
-            for _ in range(4):
-                self._busy[:half].copy_(self._busy[half:])
+        self._hog.launch(self._side.cuda_stream)
+        torch.cuda._sleep(4000)  # ~2 µs on the candidate's stream: the hog's blocks are resident first
         try:
             yield
         finally:
