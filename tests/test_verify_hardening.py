@@ -264,3 +264,23 @@ def test_nonfinite_kind_may_differ_only_where_the_family_reorders_sums():
     assert compare(welford_vs_sum, expected, loose).ok
     assert not compare(torch.tensor([1.0, 0.0, float("inf")]), expected, loose).ok  # NaN -> 0 never passes
     assert not compare(torch.tensor([float("nan"), float("nan"), float("inf")]), expected, loose).ok
+
+
+def test_speedup_is_taken_against_eager_alone_when_eager_reads_slower_beside_the_candidate():
+    from engine.bench.stats import summarize
+    from engine.bench.timing import ABResult
+    from engine.verify.timed import against_control
+
+    def ab(eager_us, cand_us):
+        e, c = summarize(eager_us), summarize(cand_us)
+        s = e.median / c.median
+        return ABResult(e, c, s, 0.95 * s, 1.05 * s, len(eager_us), 0, 1.0, eager_us, cand_us)
+
+    alone = summarize([6.3] * 20)
+    assert against_control(ab([6.5] * 20, [5.0] * 20), alone) is None  # within 10 % + 0.5 µs
+    fix = against_control(ab([35.6] * 20, [8.2] * 20), alone)
+    assert fix is not None and fix["eager_corrected"]
+    assert fix["speedup"] == pytest.approx(6.3 / 8.2)
+    assert fix["speedup_ci"][0] < fix["speedup"] < fix["speedup_ci"][1]
+    assert fix["eager"]["median"] == 6.3 and fix["eager_beside"]["median"] == 35.6
+    assert "alone" in fix["eager_note"]

@@ -219,3 +219,22 @@ def time_eager_alone(check: CardCheck, flush: L2Flusher, cfg: TimingConfig = Tim
 
     (us,), throttled, _ = time_calls([lambda: check.eager(slots[k[0]])], flush, cfg, before_round=before_round)
     return summarize(us), throttled
+
+
+# Eager beside a candidate may read this much slower than eager alone before the speedup is taken
+# against eager alone instead.
+CONTROL_TOLERANCE = 1.10
+CONTROL_SLACK_US = 0.5
+
+
+def against_control(ab: ABResult, control: TimingStats) -> dict[str, Any] | None:
+    """None when eager's median beside the candidate is within CONTROL_TOLERANCE (+ CONTROL_SLACK_US) of
+    eager alone; otherwise the timing fields recomputed against eager alone (the speedup and its CI
+    scaled by alone/beside), with both eager medians kept and `eager_corrected` set."""
+    if ab.eager.median <= control.median * CONTROL_TOLERANCE + CONTROL_SLACK_US:
+        return None
+    f = control.median / ab.eager.median
+    return {"speedup": ab.speedup * f, "speedup_ci": [ab.speedup_low * f, ab.speedup_high * f],
+            "eager": {**control.__dict__}, "eager_beside": {**ab.eager.__dict__}, "eager_corrected": True,
+            "eager_note": f"eager read {ab.eager.median:.2f} µs beside the candidate but {control.median:.2f} µs "
+                          "alone: the speedup is against eager alone"}
