@@ -319,3 +319,12 @@ def test_the_real_sanitizer_passes_a_correct_kernel_and_drops_an_out_of_bounds_o
     assert faulty["reason"].startswith("compute-sanitizer memcheck: Invalid __global__ write of size 4 bytes at "
                                        "add_oob+0x"), faulty
     print(f"\nsanitizer: {clean}\n{faulty}\n" + "\n".join(os.listdir(tmp_path)))
+
+
+def test_memcheck_pads_every_allocation_so_a_write_into_the_next_buffer_shows(tmp_path):
+    argv = sanitize.argv_for("compute-sanitizer", "memcheck", tmp_path / "log", tmp_path / "c.cast", "v1", [],
+                             tmp_path / "out.json")
+    assert argv[argv.index("--padding") + 1] == str(sanitize.PADDING_BYTES) and sanitize.PADDING_BYTES >= 4096
+    race = sanitize.argv_for("compute-sanitizer", "racecheck", tmp_path / "log", tmp_path / "c.cast", "v1", [],
+                             tmp_path / "out.json")
+    assert "--padding" not in race

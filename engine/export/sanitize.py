@@ -192,10 +192,16 @@ def judge(tool: str, run: ToolRun, kernels: Sequence[str], timeout_s: float) -> 
 # ------------------------------------------------------------------------------------------ the parent
 
 
+PADDING_BYTES = 64 * 1024  # memcheck's padding after every allocation (the lane's guard band is as wide)
+
+
 def argv_for(sanitizer: str, tool: str, log: Path, cast_path: Path, vid: str, samples: Sequence[str],
              out: Path) -> list[str]:
     """The command line of one run: the sanitizer around this package's child entry point."""
-    return [sanitizer, "--tool", tool, "--error-exitcode", str(ERROR_EXITCODE), "--print-limit", "1000",
+    # memcheck sees an access only where it falls outside every allocation: a write just past an output
+    # that lands in the next cudaMalloc'd buffer is invisible without padding after each allocation.
+    padding = ["--padding", str(PADDING_BYTES)] if tool == "memcheck" else []
+    return [sanitizer, "--tool", tool, *padding, "--error-exitcode", str(ERROR_EXITCODE), "--print-limit", "1000",
             "--target-processes", "application-only", "--log-file", str(log),
             sys.executable, "-m", "engine.export.sanitize", "--cast", str(cast_path), "--variant", vid,
             "--out", str(out), *(["--samples", *samples] if samples else [])]
