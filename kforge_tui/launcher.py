@@ -6,6 +6,7 @@ The engine's CLI calls this only for commands that need the TUI; Textual is impo
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import shlex
 import shutil
@@ -77,7 +78,7 @@ def open_tui(args: argparse.Namespace) -> int:
         raise
     finally:
         model.close()
-    if not terminal_attached():
+    if not (terminal_attached() or served()):
         raise UsageError(f"kforge-tui{' ' + command if command else ''}: the TUI needs a terminal (stdin and "
                          "stdout are not one); use 'kforge-tui run CONFIG --no-tui' for headless runs, or "
                          "'kforge-tui serve' for a browser")
@@ -202,6 +203,15 @@ def _wait_for_run(proc: subprocess.Popen, workspace: Path, log_path: Path, resum
         time.sleep(0.3)
 
 
+SERVED_ENV = "KFORGE_SERVED"  # set by `serve` for the app processes textual-serve starts
+
+
+def served() -> bool:
+    """This process is the app `kforge-tui serve` started for a browser: textual-serve runs it with pipes
+    for stdin and stdout and Textual's web driver (TEXTUAL_DRIVER), not a terminal."""
+    return os.environ.get(SERVED_ENV) == "1" and bool(os.environ.get("TEXTUAL_DRIVER"))
+
+
 def serve(args: argparse.Namespace) -> int:
     """The same TUI in a browser through textual-serve, bound to localhost (reach it by an SSH tunnel)."""
     host = getattr(args, "host", None) or "127.0.0.1"
@@ -224,7 +234,59 @@ def serve(args: argparse.Namespace) -> int:
         raise UsageError(f"serve: no Kernel Forge workspace at {resolve_workspace(args.workspace)} "
                          "(use 'kforge-tui serve --demo' to serve the demo run)")
     where = f"[{host}]" if ":" in host else host
+    _check_port_free(host, args.port, where)
+    os.environ[SERVED_ENV] = "1"  # textual-serve hands its own environment to every app process it starts
     print(f"kforge: serving on http://{where}:{args.port} (loopback only; from your machine: "
           f"ssh -L {args.port}:{where}:{args.port} THIS_HOST)", file=sys.stderr, flush=True)
-    Server(shlex.join(inner), host=host, port=args.port, title="Kernel Forge").serve()
+    try:
+        _relative_server(Server)(shlex.join(inner), host=host, port=args.port, title="Kernel Forge").serve()
+    except OSError as e:  # taken between the check and the bind
+        raise UsageError(f"serve: cannot listen on {where}:{args.port} ({e.strerror or e}); "
+                         "choose another port with --port") from None
     return 0
+
+
+def _check_port_free(host: str, port: int, where: str) -> None:
+    """Refuse in one line when something already listens on host:port (before textual-serve logs anything)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise UsageError(f"serve: cannot resolve {host} ({e})") from None
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+            try:
+                probe.bind(address)
+            except OSError as e:
+                busy = "is in use" if e.errno == errno.EADDRINUSE else f"cannot be bound ({e.strerror or e})"
+                raise UsageError(f"serve: port {port} on {where} {busy}; choose another with --port") from None
+
+
+# Run before textual.js (it reads the URL on window.onload): the websocket goes to the host and port the
+# browser itself used, so a tunnel on another local port (ssh -L 9000:127.0.0.1:8000) works.
+_WS_FROM_LOCATION = ("<script>document.getElementById('terminal').dataset.sessionWebsocketUrl = "
+                     "(location.protocol === 'https:' ? 'wss://' : 'ws://') + location.host + '/ws';</script>")
+
+
+def _relative_server(base: type) -> type:
+    """textual-serve's Server whose page names no host: its stylesheet, script and images are under
+    /static/ of whatever origin loaded the page, and its websocket URL is built from window.location.
+    (textual-serve's own page writes http://HOST:PORT from its public_url into every URL.)"""
+    import aiohttp_jinja2
+    from aiohttp import web
+
+    class RelativeServer(base):
+        async def handle_index(self, request: web.Request) -> web.Response:
+            try:
+                font_size = int(request.query.get("fontsize", "16"))
+            except ValueError:
+                font_size = 16
+            context = {"font_size": font_size, "app_websocket_url": "/ws",
+                       "config": {"static": {"url": "/static/"}}, "application": {"name": self.title}}
+            page = aiohttp_jinja2.render_string("app_index.html", request, context)
+            page = page.replace("</body>", _WS_FROM_LOCATION + "\n  </body>", 1)
+            return web.Response(text=page, content_type="text/html")
+
+    return RelativeServer
