@@ -260,6 +260,8 @@ def _check_port_free(host: str, port: int, where: str) -> None:
             try:
                 probe.bind(address)
             except OSError as e:
+                if e.errno == errno.EADDRNOTAVAIL and len(infos) > 1:  # e.g. no IPv6 here: skipped, as asyncio does
+                    continue
                 busy = "is in use" if e.errno == errno.EADDRINUSE else f"cannot be bound ({e.strerror or e})"
                 raise UsageError(f"serve: port {port} on {where} {busy}; choose another with --port") from None
 
