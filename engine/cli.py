@@ -266,8 +266,14 @@ def cmd_capture(args: argparse.Namespace) -> int:
     config = load_config(args.config, small=args.small)
     workspace = _workspace(args)
     from engine.capture.store import capture_and_store
+    from engine.run.interrupt import Interrupted, exit_on_next_sigint
 
-    result = capture_and_store(config, args.device, workspace, samples=args.samples, progress=stderr_progress())
+    try:
+        result = capture_and_store(config, args.device, workspace, samples=args.samples,
+                                   progress=stderr_progress())
+    except KeyboardInterrupt:  # its samples were in a .partial-* folder, removed on the way out
+        exit_on_next_sigint()
+        raise Interrupted("interrupted: capture stopped; nothing was kept") from None
     if args.json:
         print(json.dumps(result.to_json(), indent=None, separators=(",", ":")))
     else:
@@ -358,10 +364,14 @@ def _dispatch(argv: list[str], open_tui: TuiLauncher | None) -> int:
     except KforgeError as e:
         if debug:
             traceback.print_exc()
-        print(f"error: {e}", file=sys.stderr)
+        # Ctrl-C (engine.run.interrupt.Interrupted, exit 130) is not an error: its line says what was kept.
+        print(str(e) if e.exit_code == 130 else f"error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print("error: interrupted; nothing half-written was kept", file=sys.stderr)
+        from engine.run.interrupt import exit_on_next_sigint
+
+        exit_on_next_sigint()
+        print("interrupted; nothing half-written was kept", file=sys.stderr)
         return 130
     except BrokenPipeError:
         if _stdout_closed():

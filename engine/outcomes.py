@@ -77,6 +77,8 @@ RUN_STOP_REASONS: dict[str, str] = {
     "tokens": "the token budget ran out",
     "cost": "the cost budget ran out",
     "user": "stopped from the TUI",
+    # The one reason `run` does not exit 0 after: 130, as after any Ctrl-C; the run can be resumed.
+    "interrupted": "stopped by Ctrl-C (SIGINT) in the terminal; --resume continues it",
 }
 
 # Commands a viewer can queue for a running search (controls.command).

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +27,55 @@ def capture_and_store(config: ModelConfig, device_arg: str | None, workspace: Pa
     return result
 
 
+class CaptureStopped(BaseException):
+    """Raised inside a capture thread at the next module forward once its stop flag is set.
+
+    A BaseException, like KeyboardInterrupt: no `except Exception` on the way (a model's own, or the
+    capture's "the model raised" wrapping) mistakes it for a failure of the model."""
+
+
+@contextlib.contextmanager
+def _stops_on(stop: threading.Event) -> Iterator[None]:
+    """Check `stop` before every module forward of this thread (build, warm-up and captured forward)."""
+    import torch
+
+    me = threading.get_ident()
+
+    def check(module: object, args: object) -> None:
+        if stop.is_set() and threading.get_ident() == me:
+            raise CaptureStopped()
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(check)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 async def capture_into(store: Store, config: ModelConfig, device_arg: str | None, workspace: Path, *,
                        samples: int | None, progress: Callable[[str], None] = lambda msg: None) -> CaptureResult:
-    """The same from inside the engine's event loop, into its open store."""
-    result = _capture(config, device_arg, workspace, samples, progress)
+    """The same from inside the engine's event loop, into its open store.
+
+    The capture runs in a worker thread, so the loop stays responsive: cancelling this coroutine (Ctrl-C)
+    stops the capture at its next module forward and waits for it; its samples, written to a `.partial-*`
+    folder until the capture is complete, are removed and nothing is stored."""
+    stop = threading.Event()
+
+    def work() -> CaptureResult:
+        with _stops_on(stop):
+            return _capture(config, device_arg, workspace, samples, progress)
+
+    thread = asyncio.get_running_loop().run_in_executor(None, work)
+    try:
+        result = await asyncio.shield(thread)
+    except asyncio.CancelledError:
+        stop.set()
+        try:
+            done = await thread  # at the next module forward (or the capture just ended)
+        except BaseException:  # noqa: BLE001 - CaptureStopped, or whatever else ended it: nothing is kept
+            raise asyncio.CancelledError() from None
+        discard_samples(workspace, done)
+        raise
     try:
         await save_capture(store, workspace, config, result)
     except BaseException:

@@ -18,6 +18,7 @@ from engine.progress import stderr_progress
 from engine.propose.base import Hardware
 from engine.propose.factory import make_proposer, provider_config
 from engine.propose.providers.config import default_provider
+from engine.run.interrupt import Interrupted, StopFlag, run_interruptible
 from engine.run.orchestrator import Budgets, Orchestrator, RunTotals
 from engine.run.plan import CardState, SchedulePolicy
 from engine.run.report import Progress, print_final_table, run_document
@@ -59,99 +60,142 @@ async def _start_lanes(count: int):
     return lanes
 
 
-async def run_async(args: argparse.Namespace, workspace: Path) -> tuple[int, dict[str, Any]]:
+def resume_hint(run_id: str, workspace: Path, *, dry: bool = False) -> str:
+    """The command that continues a run (a dry run is resumed as one)."""
+    return f"kforge-tui run --resume {run_id}{' --dry-run' if dry else ''} --workspace {workspace}"
+
+
+async def run_async(args: argparse.Namespace, workspace: Path,
+                    stop: StopFlag | None = None) -> tuple[int, dict[str, Any]]:
+    """The whole run. With a `stop` flag (Ctrl-C): the search stops through Orchestrator.interrupt, any
+    other phase by cancellation; either way the run row says 'stopped' (interrupted) and Interrupted
+    carries the one line to show."""
     import torch
 
+    stop = stop or StopFlag()
     dry = bool(args.dry_run)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if not dry and gpus == 0:
         raise UsageError("run: no CUDA GPU is visible; use --dry-run to capture, propose and compile only")
     store = await Store.open(db_path(workspace))
     async with store:
-        if args.resume:
-            run = await store.get_run(args.resume)
-            if run is None:
-                raise UsageError(f"--resume {args.resume}: no such run in {workspace}")
-            capture_id, provider, cfg = run["capture_id"], run["provider"], run["config"]
-            run_id = run["id"]
-            proposer = await make_proposer(provider, store=store, replay_run=cfg.get("replay_run"),
-                                           resumed_run=run_id)
-        else:
-            provider = args.provider or default_provider()
-            # Bad --provider or --replay-run is bad input: say so before capturing anything.
-            proposer = await make_proposer(provider, store=store, replay_run=args.replay_run)
-            if args.replay_run:
-                await _check_replay(store, args)
-            capture_id = await _capture_for(store, args, workspace)
-            cfg = {"config": str(Path(args.config).resolve()), "iterations": args.iterations,
-                   "strategy": args.strategy, "dry_run": dry, "wall_s": args.wall_time,
-                   "max_proposals": args.max_proposals}
-            if args.replay_run:
-                cfg["replay_run"] = args.replay_run  # so that --resume replays the same run
-            capture = await store.get_capture(capture_id)
-            run = await store.create_run(capture_id, capture["model"], provider, cfg, pid=os.getpid())
-            run_id = run["id"]
-        capture = await store.get_capture(capture_id)
-        as_cuda = dry and capture["device"] == "cpu"
-        if as_cuda:
-            print("kforge: dry run on a CPU capture: proposing and compiling for the same signatures on CUDA",
-                  file=sys.stderr)
-        cards = await _cards_of(store, workspace, capture_id, as_cuda=as_cuda)
-        recorder = StoreRecorder(store, run_id, progress=Progress(json_lines=None if not args.json else True))
-        lanes, pool = [], None
-        policy = SchedulePolicy()
+        ids: dict[str, str] = {}
         try:
-            from engine.compile import CompilePool, Compiler, default_cache_dir
+            code, doc = await _run_in(store, args, workspace, stop, ids, dry, gpus)
+        except asyncio.CancelledError:
+            if "run" not in ids:
+                raise Interrupted("interrupted: stopped before the run was created (a capture in progress "
+                                  "is discarded); nothing to resume") from None
+            await _mark_interrupted(store, ids["run"])
+            code, doc = 130, {}
+        if code == 130:
+            raise Interrupted(f"interrupted: run {ids['run']} stopped (resumable): "
+                              f"{resume_hint(ids['run'], workspace, dry=dry)}")
+        return code, doc
 
-            if dry:
-                from engine.run.evaluators import CompileOnlyEvaluator
 
-                hardware = Hardware()
-                compiler = Compiler(default_cache_dir(workspace), "nvrtc", arch=hardware.arch)
-                pool = CompilePool()
-                evaluate = CompileOnlyEvaluator(compiler, pool)
-            else:
-                from engine.run.eager import measure_and_store_eager
-                from engine.run.evaluators import LaneEvaluator
+async def _mark_interrupted(store: Store, run_id: str) -> None:
+    """The row of a run stopped outside the search (capture done, lanes or eager timing): not 'running'."""
+    try:
+        await store.update_run(run_id, status="stopped", stopped_by="interrupted")
+        await store.add_event(run_id, "run_finished", {"stopped_by": "interrupted"})
+    except Exception:  # noqa: BLE001 - a store cut off mid-write: --resume still works (as after a crash)
+        pass
 
-                lanes = await _start_lanes(gpus)
-                await recorder.event("lanes", {"lanes": [lane.name for lane in lanes]})  # for idle/busy views
-                hello = (await lanes[0].request("hello")).payload
-                hardware = Hardware(hello["name"], hello["arch"], hello["sms"], hello["l2_bytes"],
-                                    hello["copy_bw"], hello["max_shared_per_block"])
-                compiler = Compiler(default_cache_dir(workspace), "nvrtc", arch=hardware.arch)
-                pool = CompilePool()
-                evaluate = LaneEvaluator(lanes, compiler, pool)
-                # Eager timing only where it can matter: cards the proposer takes and above the share
-                # noise floor (the rest are skipped anyway; on SD3.5 that is half the cards).
-                todo = [c.ref for c in cards if c.eager_us is None and c.ref.samples
-                        and c.share >= policy.min_share and proposer.supports(c.card)]
-                if todo:
-                    await measure_and_store_eager(lanes[0], store, capture_id, todo)
-                    cards = await _cards_of(store, workspace, capture_id)
-            for c in cards:
-                if not proposer.supports(c.card):
-                    c.done_reason = "declined"
-            records = await load_records(store, run_id)
-            totals = RunTotals(run.get("tokens_in", 0), run.get("tokens_out", 0), run.get("cost_usd", 0.0))
-            budgets = Budgets(iterations_per_card=cfg.get("iterations") or 50, wall_s=cfg.get("wall_s"))
-            o = Orchestrator(cards=cards, proposer=proposer, evaluate=evaluate, recorder=recorder,
-                             new_id=lambda: new_id("cand"), hardware=hardware,
-                             strategy=cfg.get("strategy") or "mcts", params=SearchParams(), budgets=budgets,
-                             policy=policy, max_proposals=cfg.get("max_proposals") or 4, totals=totals)
-            recorder.orchestrator = o
-            done = {e["card_id"]: e["payload"].get("reason") or "done"
-                    for e in await store.events_since(run_id, 0) if e["kind"] == "card_done" and e["card_id"]}
-            resume = o.restore(records, done)
+
+async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop: StopFlag, ids: dict[str, str],
+                  dry: bool, gpus: int) -> tuple[int, dict[str, Any]]:
+    if args.resume:
+        run = await store.get_run(args.resume)
+        if run is None:
+            raise UsageError(f"--resume {args.resume}: no such run in {workspace}")
+        capture_id, provider, cfg = run["capture_id"], run["provider"], run["config"]
+        run_id = ids["run"] = run["id"]
+        proposer = await make_proposer(provider, store=store, replay_run=cfg.get("replay_run"),
+                                       resumed_run=run_id)
+    else:
+        provider = args.provider or default_provider()
+        # Bad --provider or --replay-run is bad input: say so before capturing anything.
+        proposer = await make_proposer(provider, store=store, replay_run=args.replay_run)
+        if args.replay_run:
+            await _check_replay(store, args)
+        capture_id = await _capture_for(store, args, workspace, stop)
+        cfg = {"config": str(Path(args.config).resolve()), "iterations": args.iterations,
+               "strategy": args.strategy, "dry_run": dry, "wall_s": args.wall_time,
+               "max_proposals": args.max_proposals}
+        if args.replay_run:
+            cfg["replay_run"] = args.replay_run  # so that --resume replays the same run
+        capture = await store.get_capture(capture_id)
+        run = await store.create_run(capture_id, capture["model"], provider, cfg, pid=os.getpid())
+        run_id = ids["run"] = run["id"]
+    capture = await store.get_capture(capture_id)
+    as_cuda = dry and capture["device"] == "cpu"
+    if as_cuda:
+        print("kforge: dry run on a CPU capture: proposing and compiling for the same signatures on CUDA",
+              file=sys.stderr)
+    cards = await _cards_of(store, workspace, capture_id, as_cuda=as_cuda)
+    recorder = StoreRecorder(store, run_id,
+                             progress=stop.quiet(Progress(json_lines=None if not args.json else True)))
+    lanes, pool = [], None
+    policy = SchedulePolicy()
+    try:
+        from engine.compile import CompilePool, Compiler, default_cache_dir
+
+        if dry:
+            from engine.run.evaluators import CompileOnlyEvaluator
+
+            hardware = Hardware()
+            compiler = Compiler(default_cache_dir(workspace), "nvrtc", arch=hardware.arch)
+            pool = CompilePool()
+            evaluate = CompileOnlyEvaluator(compiler, pool)
+        else:
+            from engine.run.eager import measure_and_store_eager
+            from engine.run.evaluators import LaneEvaluator
+
+            lanes = await _start_lanes(gpus)
+            await recorder.event("lanes", {"lanes": [lane.name for lane in lanes]})  # for idle/busy views
+            hello = (await lanes[0].request("hello")).payload
+            hardware = Hardware(hello["name"], hello["arch"], hello["sms"], hello["l2_bytes"],
+                                hello["copy_bw"], hello["max_shared_per_block"])
+            compiler = Compiler(default_cache_dir(workspace), "nvrtc", arch=hardware.arch)
+            pool = CompilePool()
+            evaluate = LaneEvaluator(lanes, compiler, pool)
+            # Eager timing only where it can matter: cards the proposer takes and above the share
+            # noise floor (the rest are skipped anyway; on SD3.5 that is half the cards).
+            todo = [c.ref for c in cards if c.eager_us is None and c.ref.samples
+                    and c.share >= policy.min_share and proposer.supports(c.card)]
+            if todo:
+                await measure_and_store_eager(lanes[0], store, capture_id, todo)
+                cards = await _cards_of(store, workspace, capture_id)
+        for c in cards:
+            if not proposer.supports(c.card):
+                c.done_reason = "declined"
+        records = await load_records(store, run_id)
+        totals = RunTotals(run.get("tokens_in", 0), run.get("tokens_out", 0), run.get("cost_usd", 0.0))
+        budgets = Budgets(iterations_per_card=cfg.get("iterations") or 50, wall_s=cfg.get("wall_s"))
+        o = Orchestrator(cards=cards, proposer=proposer, evaluate=evaluate, recorder=recorder,
+                         new_id=lambda: new_id("cand"), hardware=hardware,
+                         strategy=cfg.get("strategy") or "mcts", params=SearchParams(), budgets=budgets,
+                         policy=policy, max_proposals=cfg.get("max_proposals") or 4, totals=totals)
+        recorder.orchestrator = o
+        stop.on_stop(o.interrupt)  # from here Ctrl-C stops the search, not the task
+        done = {e["card_id"]: e["payload"].get("reason") or "done"
+                for e in await store.events_since(run_id, 0) if e["kind"] == "card_done" and e["card_id"]}
+        resume = o.restore(records, done)
+        try:
             stopped_by = await o.run(resume)
         finally:
-            for lane in lanes:
-                await lane.close()
-            if pool is not None:
-                pool.close()
-        status = (await store.get_run(run_id))["status"]
-        doc = run_document(run_id, status, o)
-        return (0 if stopped_by in RUN_STOP_REASONS else 1), doc
+            stop.on_stop(None)
+    finally:
+        for lane in lanes:
+            await lane.close()
+        if pool is not None:
+            pool.close()
+    if stopped_by == "interrupted":
+        return 130, {}
+    status = (await store.get_run(run_id))["status"]
+    doc = run_document(run_id, status, o)
+    return (0 if stopped_by in RUN_STOP_REASONS else 1), doc
 
 
 async def _check_replay(store: Store, args: argparse.Namespace) -> None:
@@ -165,7 +209,7 @@ async def _check_replay(store: Store, args: argparse.Namespace) -> None:
                          f"give {source['model']}'s config to replay it")
 
 
-async def _capture_for(store: Store, args: argparse.Namespace, workspace: Path) -> str:
+async def _capture_for(store: Store, args: argparse.Namespace, workspace: Path, stop: StopFlag) -> str:
     """Reuse the newest capture of the same config identity (TOML and builder source) and size, else capture now."""
     from engine.config import load_config
 
@@ -176,7 +220,8 @@ async def _capture_for(store: Store, args: argparse.Namespace, workspace: Path) 
             return cap["id"]
     from engine.capture.store import capture_into
 
-    result = await capture_into(store, config, args.device, workspace, samples=None, progress=stderr_progress())
+    result = await capture_into(store, config, args.device, workspace, samples=None,
+                                progress=stop.quiet(stderr_progress()))
     return result.capture_id
 
 
@@ -199,7 +244,8 @@ def cmd_run(args: argparse.Namespace, workspace: Path) -> int:
     """Entry from the CLI: run headless, print the final table (or --json document)."""
     check_run_args(args)
     t0 = time.perf_counter()
-    code, doc = asyncio.run(run_async(args, workspace))
+    code, doc = run_interruptible(lambda stop: run_async(args, workspace, stop),
+                                  interrupted="interrupted: stopped before the run was created; nothing to resume")
     doc["wall_s"] = round(time.perf_counter() - t0, 3)
     if args.json:
         print(json.dumps(doc, separators=(",", ":"), default=str))

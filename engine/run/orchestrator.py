@@ -167,7 +167,31 @@ class Orchestrator:
         self.paused = False
         self.stopped_by: str | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._work: set[asyncio.Future] = set()  # proposer calls and evaluations in flight
         self._wake = asyncio.Event()
+
+    def interrupt(self) -> None:
+        """Ctrl-C: stop now, without waiting for proposals or evaluations in flight.
+
+        Only those calls are cancelled (never a store write): an interrupted candidate stays 'proposed'
+        or 'evaluating' in the store and is evaluated again on --resume. `run` returns 'interrupted'."""
+        self.stopped_by = "interrupted"
+        for work in list(self._work):
+            work.cancel()
+        self._wake.set()
+
+    async def _interruptible(self, aw: Awaitable[Any]) -> Any:
+        """Await a proposer call or an evaluation so that `interrupt` can cancel it."""
+        if self.stopped_by == "interrupted":
+            if asyncio.iscoroutine(aw):
+                aw.close()
+            raise asyncio.CancelledError()
+        work = asyncio.ensure_future(aw)
+        self._work.add(work)
+        try:
+            return await work
+        finally:
+            self._work.discard(work)
 
     # ---- resume -------------------------------------------------------------------------------------
 
@@ -201,7 +225,7 @@ class Orchestrator:
     # ---- main loop ------------------------------------------------------------------------------------
 
     async def run(self, resume: list[CandidateRecord] = ()) -> str:
-        """Returns why the run stopped: 'iterations', 'wall_time', 'tokens', 'cost' or 'user'."""
+        """Returns why the run stopped: 'iterations', 'wall_time', 'tokens', 'cost', 'user' or 'interrupted'."""
         start = self.clock()
         for card in self.cards.values():
             why = skip_reason(card, self.policy)
@@ -237,15 +261,15 @@ class Orchestrator:
                 await asyncio.wait_for(self._wake.wait(), self.poll_s)
             except asyncio.TimeoutError:
                 pass
-        if self._tasks:  # a clean stop lets in-flight work finish and be recorded
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:  # a clean stop lets in-flight work finish and be recorded (interrupt cancelled it)
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
         if self.stopped_by == "iterations":  # every card is finished: say how the rest finished
             for card in self.cards.values():
                 if not card.done_reason:
                     card.done_reason = ("iterations" if card.iterations >= self.budgets.iterations_per_card
                                         else "exhausted")  # every revision the proposer can make was tried
                     await self.recorder.event("card_done", {"reason": card.done_reason}, card.ref.card_id)
-        status = "stopped" if self.stopped_by == "user" else "done"
+        status = "stopped" if self.stopped_by in ("user", "interrupted") else "done"
         await self.recorder.status(status, self.stopped_by)
         await self.recorder.event("run_finished", {"stopped_by": self.stopped_by, **self.totals.__dict__})
         return self.stopped_by
@@ -356,7 +380,7 @@ class Orchestrator:
         # Start and end of every proposer call, so a viewer can show how many are in flight.
         await self.recorder.event("proposer_started", {"node": node_id}, card.ref.card_id)
         try:
-            proposal = await self.proposer.propose(request)
+            proposal = await self._interruptible(self.proposer.propose(request))
         except Exception as e:  # a proposer bug must not end the run; the node fails
             proposal = Proposal(category="provider", reason=f"{type(e).__name__}: {e}")
         finally:
@@ -409,7 +433,7 @@ class Orchestrator:
         await self.recorder.candidate_evaluating(rec)
         scope = CURRENT_LANE_USE.set(LaneUse(self.recorder, rec.id))
         try:
-            ev = await self.evaluate(card, rec.proposal)
+            ev = await self._interruptible(self.evaluate(card, rec.proposal))
         except Exception as e:  # an evaluator bug: this candidate fails, the run goes on
             ev = Evaluation("rejected", "internal", f"{type(e).__name__}: {e}", 0.0)
         finally:

@@ -1,0 +1,106 @@
+"""Ctrl-C for headless commands: the first stops the work cleanly (what is done stays done, the run
+stays resumable, one line says how), a second one exits at once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from engine.errors import KforgeError
+
+T = TypeVar("T")
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
+
+
+class Interrupted(KforgeError):
+    """The user pressed Ctrl-C; the message is the one line to show (what was kept, how to go on)."""
+
+    exit_code = EXIT_INTERRUPTED
+
+
+class StopFlag:
+    """Set by the first Ctrl-C. Work that can stop between steps (a capture thread, the orchestrator)
+    registers a callback; work that cannot is cancelled as an asyncio task."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self._hooks: list[Callable[[], None]] = []
+
+    @property
+    def hit(self) -> bool:
+        return self.event.is_set()
+
+    def on_stop(self, hook: Callable[[], None] | None) -> None:
+        """The one hook the next Ctrl-C calls instead of cancelling the task (None: cancel again)."""
+        self._hooks = [hook] if hook is not None else []
+
+    def quiet(self, sink: Any) -> Any:
+        """A progress sink that goes silent once stopped (the shutdown is not news)."""
+        if sink is None:
+            return None
+
+        def show(*a: Any, **k: Any) -> Any:
+            return None if self.hit else sink(*a, **k)
+        return show
+
+
+def exit_now(*_: Any) -> None:
+    """The second Ctrl-C: no cleanup, no traceback."""
+    os._exit(EXIT_INTERRUPTED)
+
+
+def exit_on_next_sigint() -> None:
+    try:
+        signal.signal(signal.SIGINT, exit_now)
+    except ValueError:  # not the main thread: nothing to install
+        pass
+
+
+def run_interruptible(make: Callable[[StopFlag], Coroutine[Any, Any, T]], *,
+                      interrupted: str = "interrupted: stopped; nothing was kept") -> T:
+    """asyncio.run with Ctrl-C handled: the first one calls the registered stop hook (or cancels the main
+    task), a second exits at once. A cancelled main task becomes Interrupted(`interrupted`)."""
+    stop = StopFlag()
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(make(stop))
+
+    def on_sigint() -> None:
+        if stop.hit:
+            exit_now()
+        stop.event.set()
+        exit_on_next_sigint()  # also while the loop is not running (its shutdown below)
+        if stop._hooks:
+            stop._hooks[0]()
+        else:
+            task.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+    except (NotImplementedError, RuntimeError, ValueError):  # Windows, or not the main thread
+        pass
+    try:
+        try:
+            return loop.run_until_complete(task)
+        except asyncio.CancelledError:
+            raise Interrupted(interrupted) from None
+    finally:
+        try:
+            rest = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for t in rest:
+                t.cancel()
+            if rest:
+                loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            try:
+                loop.remove_signal_handler(signal.SIGINT)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
+            if stop.hit:
+                exit_on_next_sigint()
+            loop.close()

@@ -1,0 +1,117 @@
+"""Ctrl-C (SIGINT) of a real headless run or capture: it stops in any phase with one line, exit 130, and
+leaves the run resumable and not marked running (issue 25)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.store import db_path, open_readonly
+from engine.store import read as store_read
+
+ROOT = Path(__file__).resolve().parents[1]
+MY_MODEL = str(ROOT / "configs/examples/my_model.toml")
+
+
+def _start(args: list[str], err: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "kforge_tui", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=err.open("w"))
+
+
+def _wait_for(proc: subprocess.Popen, ready, what: str, limit_s: float = 120) -> None:
+    end = time.monotonic() + limit_s
+    while not ready():
+        if proc.poll() is not None:
+            pytest.fail(f"the process ended (exit {proc.returncode}) before {what}")
+        if time.monotonic() > end:
+            proc.kill()
+            pytest.fail(f"no {what} after {limit_s} s")
+        time.sleep(0.05)
+
+
+def _interrupt(proc: subprocess.Popen, err: Path, *, times: int = 1) -> list[str]:
+    """SIGINT (as Ctrl-C sends); returns the stderr lines written after it. Exit 130 is asserted."""
+    before = len(err.read_text().splitlines())
+    for _ in range(times):
+        proc.send_signal(signal.SIGINT)
+    try:
+        code = proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("still running 20 s after Ctrl-C")
+    after = err.read_text().splitlines()[before:]
+    assert code == 130, after
+    return after
+
+
+def _run_row(ws: Path, run_id: str) -> dict:
+    conn = open_readonly(db_path(ws))
+    try:
+        return store_read.run(conn, run_id)
+    finally:
+        conn.close()
+
+
+def _run_id(line: str) -> str:
+    words = line.split()
+    return words[words.index("--resume") + 1]
+
+
+def test_ctrl_c_during_search_stops_resumably_and_resume_starts(tmp_path):
+    ws, err = tmp_path / "ws", tmp_path / "run.err"
+    proc = _start(["run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--device", "cpu", "--iterations", "200",
+                   "--workspace", str(ws)], err)
+    _wait_for(proc, lambda: '"evaluated"' in err.read_text(), "evaluated candidate")
+    lines = _interrupt(proc, err)
+    assert len(lines) <= 3, lines
+    hint = next(x for x in lines if "--resume" in x)
+    assert hint.startswith("interrupted: run ") and "resumable" in hint, lines
+    run_id = _run_id(hint)
+    row = _run_row(ws, run_id)
+    assert row["status"] == "stopped" and row["stopped_by"] == "interrupted"
+
+    err2 = tmp_path / "resume.err"
+    command = hint.split("): ", 1)[1].split()
+    assert command[:4] == ["kforge-tui", "run", "--resume", run_id] and str(ws) in command, hint
+    again = _start([*command[1:], "--no-tui"], err2)
+    _wait_for(again, lambda: '"run_started"' in err2.read_text(), "resumed run start")
+    lines = _interrupt(again, err2)
+    assert len(lines) <= 3 and any(f"--resume {run_id}" in x for x in lines), lines
+    assert _run_row(ws, run_id)["status"] == "stopped"
+
+
+def _partial(ws: Path) -> bool:
+    return any((ws / "samples").glob(".partial-*")) if (ws / "samples").is_dir() else False
+
+
+def test_ctrl_c_during_the_runs_capture_keeps_nothing(tmp_path):
+    # my_model at full size: its captured forward writes samples for a few seconds on this CPU.
+    ws, err = tmp_path / "ws", tmp_path / "run.err"
+    proc = _start(["run", MY_MODEL, "--dry-run", "--no-tui", "--device", "cpu", "--workspace", str(ws)], err)
+    _wait_for(proc, lambda: _partial(ws), "capture writing samples")
+    lines = _interrupt(proc, err)
+    assert len(lines) <= 3 and any(x.startswith("interrupted:") for x in lines), lines
+    assert list((ws / "samples").iterdir()) == []  # no partial folder, no folder a later run could trust
+    conn = open_readonly(db_path(ws))
+    try:
+        assert store_read.runs(conn) == []
+        assert conn.execute("SELECT COUNT(*) FROM captures").fetchone()[0] == 0
+    finally:
+        conn.close()
+
+
+def test_ctrl_c_of_the_capture_command(tmp_path):
+    ws, err = tmp_path / "ws", tmp_path / "capture.err"
+    proc = _start(["capture", MY_MODEL, "--device", "cpu", "--workspace", str(ws)], err)
+    _wait_for(proc, lambda: _partial(ws), "capture writing samples")
+    lines = _interrupt(proc, err)
+    assert lines == ["interrupted: capture stopped; nothing was kept"]
+    # At most a .partial-* folder (never trusted, swept by the next capture); no complete sample folder.
+    assert [p.name for p in (ws / "samples").iterdir() if not p.name.startswith(".partial-")] == []
