@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import asyncio
 import os
 import re
@@ -494,3 +495,23 @@ async def test_add_control_queues_a_command_the_engine_sees(store: Store, run_id
                                                                                      {"boost": 2.0})]
     with pytest.raises(ValueError, match="unknown control command 'explode'"):
         read.add_control(store.db_path, run_id, "explode")
+
+
+async def test_a_write_cancelled_while_it_begins_leaves_no_transaction_open(store: Store) -> None:
+    """Ctrl-C cancels whatever is awaiting: a transaction cancelled at BEGIN must not stay open (the next
+    write would then fail, or commit the cancelled one's half)."""
+    import asyncio
+
+    for delay in (0, 0.0005, 0.002):
+        async def write() -> None:
+            async with store._transaction() as conn:
+                await conn.execute("SELECT 1")
+
+        task = asyncio.ensure_future(write())
+        await asyncio.sleep(delay)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert not store._conn.in_transaction
+        async with store._transaction() as conn:  # the next write still works
+            await conn.execute("SELECT 1")

@@ -18,6 +18,7 @@ import glob
 import multiprocessing
 import os
 import shutil
+import signal
 import tempfile
 import threading
 from collections.abc import Sequence
@@ -37,7 +38,11 @@ def default_workers() -> int:
 
 
 def _init_worker() -> None:
-    """Load libnvrtc and find the headers once per worker, so the first real compile pays neither."""
+    """Load libnvrtc and find the headers once per worker, so the first real compile pays neither.
+
+    Ctrl-C in a terminal reaches the whole process group: a worker ignores it (its parent stops the pool),
+    so it prints no traceback of its own."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         nvrtc_headers()
     except Exception:  # noqa: BLE001 - an initializer failure breaks the whole pool; the compile will report it

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import random
+import signal
 import sys
 import time
 from contextlib import contextmanager
@@ -265,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Kernel Forge GPU lane worker (started by the engine)")
     ap.add_argument("--device", type=int, default=0)
     args = ap.parse_args(argv)
+    # Ctrl-C in a terminal reaches the whole process group; the engine shuts its lanes down itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     proto = claim_stdout()  # before CUDA and torch start printing anything
     worker = Worker(args.device)
     return serve({"hello": worker.hello, "load_card": worker.load_card, "time_eager": worker.time_eager,

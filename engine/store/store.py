@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -263,14 +264,24 @@ class Store:
         async with self._lock:
             # IMMEDIATE takes the write lock up front, so busy_timeout applies here rather than a
             # SQLITE_BUSY surfacing mid-transaction when a read lock cannot be upgraded.
-            await self._conn.execute("BEGIN IMMEDIATE")
+            # A cancellation (Ctrl-C) while BEGIN is queued must not leave the connection inside a
+            # transaction nobody ends: BEGIN runs on aiosqlite's thread whatever happens to the await.
+            begin = asyncio.ensure_future(self._conn.execute("BEGIN IMMEDIATE"))
+            try:
+                await asyncio.shield(begin)
+            except BaseException:
+                with contextlib.suppress(BaseException):
+                    await begin
+                    if self._conn.in_transaction:
+                        await asyncio.shield(self._conn.execute("ROLLBACK"))
+                raise
             try:
                 yield self._conn
                 await self._conn.execute("COMMIT")
             except BaseException:
                 # Also covers a failed COMMIT, which would otherwise leave the transaction open.
                 if self._conn.in_transaction:
-                    await self._conn.execute("ROLLBACK")
+                    await asyncio.shield(self._conn.execute("ROLLBACK"))
                 raise
 
     async def _fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
