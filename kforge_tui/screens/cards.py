@@ -4,29 +4,29 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input
 
 from kforge_tui import format as fmt
 from kforge_tui import keymap as keys
 from kforge_tui.readmodel import CardRow, Snapshot
-from kforge_tui.widgets import LiveBar, LiveTable
+from kforge_tui.widgets import KforgeScreen, LiveBar, LiveTable
 
-# (header, key for sorting, cell text)
+# (header, key for sorting, cell text): what a reader scans for first on the left, so 80 columns show
+# it; the wide signature last (the candidate screen shows it in full).
 COLUMNS = [
     ("op", lambda c: c.op, lambda c: c.op.removeprefix("aten::")),
-    ("signature", lambda c: c.signature, lambda c: c.signature[:34]),
-    ("calls", lambda c: c.calls, lambda c: fmt.calls(c.calls)),
+    ("speedup", lambda c: c.speedup or 0, lambda c: _speedup_cell(c)),
+    ("status", lambda c: c.status, lambda c: c.status),
+    ("best µs", lambda c: c.best_us or 1e18, lambda c: fmt.us(c.best_us)),
     ("share", lambda c: c.share, lambda c: fmt.share(c.share)),
     ("eager µs", lambda c: c.eager_us or 0, lambda c: fmt.us(c.eager_us)),
-    ("best µs", lambda c: c.best_us or 1e18, lambda c: fmt.us(c.best_us)),
-    ("speedup", lambda c: c.speedup or 0, lambda c: _speedup_cell(c)),
+    ("calls", lambda c: c.calls, lambda c: fmt.calls(c.calls)),
     ("roof", lambda c: c.roofline_pct or 0, lambda c: fmt.pct(c.roofline_pct)),
-    ("status", lambda c: c.status, lambda c: c.status),
     ("cands", lambda c: c.candidates, lambda c: str(c.candidates)),
     ("fails", lambda c: c.failures, lambda c: Text(str(c.failures), style="red" if c.failures else "")),
+    ("signature", lambda c: c.signature, lambda c: c.signature[:48]),
 ]
-DEFAULT_SORT = 3  # share: where the time goes
+DEFAULT_SORT = 4  # share: where the time goes
 
 
 def _speedup_cell(c: CardRow) -> Text:
@@ -35,7 +35,7 @@ def _speedup_cell(c: CardRow) -> Text:
     return Text(fmt.speedup(c.speedup), style="bold green" if c.speedup > 1 else "yellow")
 
 
-class CardsScreen(Screen):
+class CardsScreen(KforgeScreen):
     BINDINGS = keys.CARDS
 
     def __init__(self) -> None:
