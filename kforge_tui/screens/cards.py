@@ -26,7 +26,10 @@ COLUMNS = [
     ("fails", lambda c: c.failures, lambda c: Text(str(c.failures), style="red" if c.failures else "")),
     ("signature", lambda c: c.signature, lambda c: c.signature[:48]),
 ]
-DEFAULT_SORT = 4  # share: where the time goes
+# `s` cycles the sort through the columns in this order (unchanged when the display order changed).
+SORTS = [next(col for col in COLUMNS if col[0] == name) for name in (
+    "op", "signature", "calls", "share", "eager µs", "best µs", "speedup", "roof", "status", "cands", "fails")]
+DEFAULT_SORT = 3  # share: where the time goes
 
 
 def _speedup_cell(c: CardRow) -> Text:
@@ -71,7 +74,7 @@ class CardsScreen(KforgeScreen):
 
     def visible_cards(self) -> list[CardRow]:
         rows = [c for c in self.app.model.cards.values() if self.matches(c)]
-        key = COLUMNS[self.sort_col][1]
+        key = SORTS[self.sort_col][1]
         return sorted(rows, key=key, reverse=self.reverse)
 
     def rebuild(self) -> None:
@@ -83,14 +86,14 @@ class CardsScreen(KforgeScreen):
         for c in rows:
             table.add_row(*(cell(c) for _, _, cell in COLUMNS), key=c.card_id)
         self._shown = [c.card_id for c in rows]
-        key = COLUMNS[self.sort_col][1]
+        key = SORTS[self.sort_col][1]
         self._sort_keys = {c.card_id: key(c) for c in rows}
         if cur in self._shown:
             table.move_cursor(row=self._shown.index(cur))
         self._bar()
 
     def _bar(self) -> None:
-        name = COLUMNS[self.sort_col][0]
+        name = SORTS[self.sort_col][0]
         total = len(self.app.model.cards)
         shown = f"{len(self._shown)} of {total} cards" if self.filter_text else f"{total} cards"
         filt = f" · filter '{self.filter_text}'" if self.filter_text else ""
@@ -102,7 +105,7 @@ class CardsScreen(KforgeScreen):
             return
         table = self.query_one("#cards", LiveTable)
         cur = self.current_card_id()
-        key = COLUMNS[self.sort_col][1]
+        key = SORTS[self.sort_col][1]
         shown = set(self._shown)
         updates, gone, reorder = {}, [], False
         for c in snap.changed_cards:
@@ -160,7 +163,7 @@ class CardsScreen(KforgeScreen):
             self.app.action_control("prioritize", card)
 
     def action_sort_next(self) -> None:
-        self.sort_col = (self.sort_col + 1) % len(COLUMNS)
+        self.sort_col = (self.sort_col + 1) % len(SORTS)
         self.rebuild()
 
     def action_sort_reverse(self) -> None:
