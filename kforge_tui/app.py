@@ -166,9 +166,20 @@ class KforgeApp(App):
 
         self.push_screen(LatencyScreen(card_id))
 
+    def action_toggle_help(self) -> None:
+        """Every binding of the current screen, with what it does (Textual's side panel is too narrow
+        at 80 columns to read)."""
+        from kforge_tui.screens.help import HelpScreen
+
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(self.screen))
+
+    # Textual's own palette entries that one of our bindings already gives (with its key).
+    _SUPERSEDED = {"Quit": "app.quit", "Keys": "app.help"}
+
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        """Every bound action of the app and the current screen, so the palette lists them all."""
-        yield from super().get_system_commands(screen)
+        """Every bound action of the app and the current screen, each once, so the palette lists them all."""
+        ours = []
         seen = set()
         for active in screen.active_bindings.values():
             binding = active.binding
@@ -178,8 +189,12 @@ class KforgeApp(App):
 
             async def run(target=active.node, action=binding.action) -> None:
                 await target.run_action(action)
-            yield SystemCommand(f"{binding.description} [{binding.key_display or binding.key}]",
-                                binding.tooltip or binding.description, run)
+            title = binding.tooltip or binding.description
+            ours.append(SystemCommand(f"{title} [{self.get_key_display(binding)}]", title, run))
+        for command in super().get_system_commands(screen):
+            if self._SUPERSEDED.get(command.title) not in seen:
+                yield command
+        yield from ours
 
 
 def _screen(module: str, name: str) -> Screen:

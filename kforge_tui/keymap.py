@@ -24,12 +24,17 @@ else:  # pragma: no cover
 DEFAULT_CONFIG = Path("~/.config/kforge/tui.toml")
 
 
-def B(key: str, action: str, description: str, id: str, show: bool = True, priority: bool = False) -> Binding:
-    """A binding with an id (remappable) and a tooltip for the command palette."""
-    return Binding(key, action, description, show=show, id=id, tooltip=description, priority=priority)
+def B(key: str, action: str, description: str, id: str, show: bool = True, priority: bool = False,
+      tooltip: str = "") -> Binding:
+    """A binding with an id (remappable) and a tooltip (its command-palette title; the footer shows the
+    shorter description)."""
+    return Binding(key, action, description, show=show, id=id, tooltip=tooltip or description, priority=priority)
 
 
 APP = [
+    B("question_mark", "toggle_help", "Help", "app.help", tooltip="Help: every key of this screen"),
+    B("T", "next_theme", "Theme", "app.theme", tooltip="Next theme"),
+    B("q", "quit", "Quit", "app.quit"),
     B("o", "switch_mode('overview')", "Overview", "app.overview"),
     B("c", "switch_mode('cards')", "Cards", "app.cards"),
     B("f", "switch_mode('failures')", "Failures", "app.failures"),
@@ -37,9 +42,9 @@ APP = [
     B("p", "control('pause')", "Pause", "app.pause"),
     B("r", "control('resume')", "Resume", "app.resume"),
     B("X", "stop_run", "Stop run", "app.stop"),
-    B("T", "next_theme", "Theme", "app.theme", show=False),
-    B("q", "quit", "Quit", "app.quit"),
 ]
+# Shown first in every footer, so 80 columns never lose them (the footer does not wrap).
+ESSENTIAL = ("app.help", "app.theme", "app.quit")
 CARDS = [
     B("enter", "open_tree", "Tree", "cards.tree"),
     B("slash", "filter", "Filter", "cards.filter"),
@@ -54,8 +59,9 @@ TREE = [
     B("b", "best", "Best", "tree.best"),
     B("n", "next_failure", "Next failed", "tree.next_failure"),
     B("N", "prev_failure", "Prev failed", "tree.prev_failure", show=False),
-    B("right", "expand", "Expand", "tree.expand", show=False),
-    B("left", "collapse", "Collapse", "tree.collapse", show=False),
+    # Priority: the focused Tree would otherwise scroll sideways on the arrows.
+    B("right", "expand", "Expand / into", "tree.expand", show=False, priority=True),
+    B("left", "collapse", "Collapse / to parent", "tree.collapse", show=False, priority=True),
     B("l", "latency", "Latency", "tree.latency"),
     B("exclamation_mark", "prioritize", "Prioritise", "tree.prioritize", show=False),
     B("escape", "back", "Back", "tree.back"),

@@ -9,6 +9,7 @@ cards that changed. Bulky columns (source, logs, prompts) are fetched only when 
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -376,6 +377,16 @@ class ReadModel:
             call = read.llm_call(self._conn, d["llm_call_id"]) if d["llm_call_id"] else None
         return CandidateDetail(d, parent, call, self.cards.get(d["card_id"]))
 
+    def change_vs_parent(self, candidate_id: str) -> str:
+        """What a candidate changed against its parent, in one line: the params that differ (the
+        builtin templates), else the proposer's stated intent; "" when nothing is stored."""
+        with self._lock:
+            d = read.candidate(self._conn, candidate_id)
+            p = read.candidate(self._conn, d["parent_id"]) if d and d["parent_id"] else None
+        if d is None:
+            return ""
+        return describe_change(d.get("params"), p.get("params") if p else None, d.get("intent"), p is not None)
+
     # ---- compare -------------------------------------------------------------------------------------
 
     def compare(self, run_ids: Iterable[str]) -> list[dict[str, Any]]:
@@ -402,3 +413,26 @@ def _run_info(r: Mapping[str, Any]) -> RunInfo:
     return RunInfo(r["id"], r["capture_id"], r["model"], r["provider"], r["status"], r["stopped_by"],
                    r["created_at"], r["updated_at"], r["pid"], r["tokens_in"], r["tokens_out"], r["cost_usd"],
                    cfg if isinstance(cfg, dict) else {})
+
+
+def describe_change(params: Any, parent_params: Any, intent: Any, has_parent: bool) -> str:
+    """`unroll 2→4, vec 4→8` for params that differ from the parent's; the intent when there are none."""
+    mine = _as_dict(params)
+    theirs = _as_dict(parent_params)
+    if has_parent and mine and theirs:
+        diff = [f"{k} {theirs.get(k, '–')}→{mine.get(k, '–')}" for k in sorted(set(mine) | set(theirs))
+                if mine.get(k) != theirs.get(k)]
+        if diff:
+            return ", ".join(diff)
+    if not has_parent and mine:
+        return "root: " + ", ".join(f"{k} {v}" for k, v in sorted(mine.items()))
+    return f"intent: {intent}" if intent else ""
+
+
+def _as_dict(v: Any) -> dict[str, Any]:
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except ValueError:
+            return {}
+    return v if isinstance(v, dict) else {}

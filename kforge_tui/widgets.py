@@ -10,8 +10,11 @@ from rich.cells import cell_len
 from rich.text import Text
 from textual._two_way_dict import TwoWayDict
 from textual.geometry import Region
+from textual.screen import ActiveBinding, Screen
 from textual.widgets import DataTable, Static
 from textual.widgets.data_table import RowKey
+
+from kforge_tui.keymap import ESSENTIAL
 
 
 def same_content(a: Any, b: Any) -> bool:
@@ -19,6 +22,17 @@ def same_content(a: Any, b: Any) -> bool:
     if isinstance(a, Text) and isinstance(b, Text):
         return a.plain == b.plain and a.style == b.style and a.spans == b.spans
     return type(a) is type(b) and a == b
+
+
+class KforgeScreen(Screen):
+    """A screen whose footer (and help panel) lists help, theme and quit first, so a narrow terminal,
+    which cuts the footer on the right, always shows them."""
+
+    @property
+    def active_bindings(self) -> dict[str, ActiveBinding]:
+        active = super().active_bindings
+        first = {k: a for k, a in active.items() if a.binding.id in ESSENTIAL}
+        return {**first, **{k: a for k, a in active.items() if k not in first}}
 
 
 class LiveBar(Static):

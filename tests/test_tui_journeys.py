@@ -199,3 +199,109 @@ async def test_stop_dialog_shows_the_keys_it_asks_for(store):
         text = screen_text(pilot.app)
         assert "[y]es / [n]o" in text, text
         await settle(pilot, "n")
+
+
+# ---- 80×24, the smallest terminal we support (issue 25) -------------------------------------------------
+
+
+async def test_tree_arrows_expand_and_collapse_without_scrolling_at_80(store):
+    # At 80 columns the root label overflowed and → / ← scrolled the tree sideways instead.
+    db, ids = store
+    app = make_app(db, ids["runs"][-1])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, "c", "enter")
+        tree = app.screen.query_one("#tree")
+        assert tree.max_scroll_x == 0
+        first = app.screen.tnodes[app.screen.kids["__root__"][0]]
+        await settle(pilot, "right")  # the root is open: → moves into it
+        assert tree.cursor_node is first and not first.is_expanded
+        await settle(pilot, "right")  # a closed node: → opens it
+        assert first.is_expanded and tree.scroll_x == 0
+        await settle(pilot, "right")  # an open node: → moves to its first child
+        assert tree.cursor_node is first.children[0]
+        await settle(pilot, "left")  # a leaf: ← goes to the parent
+        assert tree.cursor_node is first
+        await settle(pilot, "left")  # an open node: ← closes it
+        assert not first.is_expanded and tree.scroll_x == 0
+        tree.root.set_label("aten::op " + "f16[8,512,64,64] " * 8)  # a signature wider than the screen
+        await settle(pilot)
+        assert tree.max_scroll_x == 0
+        assert any(line.endswith("…") and "aten::op" in line for line in screen_text(app).splitlines())
+
+
+async def test_tree_legend_and_what_a_node_changed_at_80(store):
+    db, ids = store
+    app = make_app(db, ids["runs"][-1])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, "c", "enter", "b")
+        text = screen_text(app)
+        assert "vN: N finished tries in this subtree" in text and "[N]: N children" in text
+        best = app.screen.current()
+        parent = app.screen.rows[best].parent_id
+        assert f"{best} vs {parent}: intent: variant" in text
+
+
+def test_change_vs_parent_lists_the_params_that_differ():
+    from kforge_tui.readmodel import describe_change
+
+    assert describe_change({"vec": 8, "unroll": 4}, '{"vec": 8, "unroll": 2}', "x", True) == "unroll 2→4"
+    assert describe_change({"vec": 8}, None, "", False) == "root: vec 8"
+    assert describe_change(None, None, "tile the reduction", True) == "intent: tile the reduction"
+
+
+@pytest.mark.parametrize("keys", [(), ("c",), ("c", "enter"), ("f",), ("m",)])
+async def test_footer_keeps_help_theme_and_quit_at_80(store, keys):
+    db, ids = store
+    app = make_app(db, ids["runs"][-1], compare_runs=ids["runs"])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, *keys)
+        await pilot.pause(0.2)  # the footer composes once the screen's bindings are known
+        footer = screen_text(app).splitlines()[23]
+        assert "? Help" in footer and "T Theme" in footer and "q Quit" in footer, footer
+
+
+async def test_question_mark_lists_every_key_of_the_screen_at_80(store):
+    db, ids = store
+    app = make_app(db, ids["runs"][-1])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, "c", "enter", "question_mark")
+        text = screen_text(app)
+        # Keys the footer has no room for, the tree's hidden ones included.
+        for what in ("Next failed", "Prev failed", "Expand", "Collapse", "Stop run", "Theme"):
+            assert what in text, what
+        await settle(pilot, "question_mark")
+        assert type(app.screen).__name__ == "TreeScreen"
+
+
+async def test_palette_lists_each_command_once(store):
+    db, ids = store
+    app = make_app(db, ids["runs"][-1])
+    async with app.run_test(size=(80, 24)) as pilot:
+        for keys in ((), ("c",), ("enter",)):
+            await settle(pilot, *keys)
+            names = [c.title.split(" [")[0].lower() for c in app.get_system_commands(app.screen)]
+            assert len(names) == len(set(names)), names
+            assert "quit" in names and "slash" not in " ".join(names)
+
+
+async def test_cards_show_speedup_and_status_without_scrolling_at_80(store):
+    db, ids = store
+    app = make_app(db, ids["runs"][-1])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, "c")
+        header = next(line for line in screen_text(app).splitlines() if line.strip().startswith("op "))
+        for col in ("speedup", "status", "best µs"):
+            assert col in header, header
+
+
+async def test_candidate_shows_the_full_signature_at_80(store):
+    db, ids = store
+    app = make_app(db, ids["runs"][-1])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        cid = ids["failed"]["mismatch"]
+        card = app.model.cards[app.model.candidate(cid).row["card_id"]]
+        app.open_candidate(cid)
+        await settle(pilot, "1")
+        flat = " ".join(screen_text(app).split())
+        assert f"signature {card.op} {card.signature}" in flat

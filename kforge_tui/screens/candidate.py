@@ -12,7 +12,6 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
-from textual.screen import Screen
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
 from engine.outcomes import NUMERIC_REJECTIONS, describe_failure
@@ -20,13 +19,14 @@ from kforge_tui import format as fmt
 from kforge_tui import keymap as keys
 from kforge_tui.highlight import diff_text, highlight_cuda, highlighter_name
 from kforge_tui.readmodel import CandidateDetail
+from kforge_tui.widgets import KforgeScreen
 
 # Short titles so all eight tabs fit in 80 columns.
 TITLES = {"source": "Source", "diff": "Diff", "launch": "Spec", "compile": "Log", "error": "Error",
           "verify": "Verify", "timing": "Timing", "proposer": "Prompt"}
 
 
-class CandidateScreen(Screen):
+class CandidateScreen(KforgeScreen):
     BINDINGS = keys.DETAIL
 
     def __init__(self, candidate_id: str) -> None:
@@ -42,6 +42,8 @@ class CandidateScreen(Screen):
             for i, (tab, title) in enumerate(TITLES.items()):
                 with TabPane(f"{i + 1} {title}", id=tab):
                     with VerticalScroll():
+                        if tab in ("source", "launch"):
+                            yield Static(self._signature(), classes="signature")
                         yield Static(self._body(tab), id=f"body-{tab}", classes="code")
         yield Footer()
 
@@ -70,6 +72,18 @@ class CandidateScreen(Screen):
         if r.get("best_us") is not None:
             text.append(f"  {fmt.us(r['best_us'])} µs {fmt.speedup(r.get('speedup'))}")
         text.append(f"  parent {r.get('parent_id') or '(root)'}", style="dim")
+        return text
+
+    def _signature(self) -> Text:
+        """The card's full signature, wrapped (tables cut it), and what this candidate changed."""
+        d = self.detail
+        if d is None or d.card is None:
+            return Text("")
+        text = Text.assemble(("signature ", "dim"), f"{d.card.op} {d.card.signature}")
+        change = self.app.model.change_vs_parent(self.candidate_id)
+        if change:
+            text.append("\nchanged vs parent ", style="dim")
+            text.append(change)
         return text
 
     def _body(self, tab: str):

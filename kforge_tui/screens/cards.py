@@ -4,28 +4,31 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input
 
 from kforge_tui import format as fmt
 from kforge_tui import keymap as keys
 from kforge_tui.readmodel import CardRow, Snapshot
-from kforge_tui.widgets import LiveBar, LiveTable
+from kforge_tui.widgets import KforgeScreen, LiveBar, LiveTable
 
-# (header, key for sorting, cell text)
+# (header, key for sorting, cell text): what a reader scans for first on the left, so 80 columns show
+# it; the wide signature last (the candidate screen shows it in full).
 COLUMNS = [
     ("op", lambda c: c.op, lambda c: c.op.removeprefix("aten::")),
-    ("signature", lambda c: c.signature, lambda c: c.signature[:34]),
-    ("calls", lambda c: c.calls, lambda c: fmt.calls(c.calls)),
+    ("speedup", lambda c: c.speedup or 0, lambda c: _speedup_cell(c)),
+    ("status", lambda c: c.status, lambda c: c.status),
+    ("best µs", lambda c: c.best_us or 1e18, lambda c: fmt.us(c.best_us)),
     ("share", lambda c: c.share, lambda c: fmt.share(c.share)),
     ("eager µs", lambda c: c.eager_us or 0, lambda c: fmt.us(c.eager_us)),
-    ("best µs", lambda c: c.best_us or 1e18, lambda c: fmt.us(c.best_us)),
-    ("speedup", lambda c: c.speedup or 0, lambda c: _speedup_cell(c)),
+    ("calls", lambda c: c.calls, lambda c: fmt.calls(c.calls)),
     ("roof", lambda c: c.roofline_pct or 0, lambda c: fmt.pct(c.roofline_pct)),
-    ("status", lambda c: c.status, lambda c: c.status),
     ("cands", lambda c: c.candidates, lambda c: str(c.candidates)),
     ("fails", lambda c: c.failures, lambda c: Text(str(c.failures), style="red" if c.failures else "")),
+    ("signature", lambda c: c.signature, lambda c: c.signature[:48]),
 ]
+# `s` cycles the sort through the columns in this order (unchanged when the display order changed).
+SORTS = [next(col for col in COLUMNS if col[0] == name) for name in (
+    "op", "signature", "calls", "share", "eager µs", "best µs", "speedup", "roof", "status", "cands", "fails")]
 DEFAULT_SORT = 3  # share: where the time goes
 
 
@@ -35,7 +38,7 @@ def _speedup_cell(c: CardRow) -> Text:
     return Text(fmt.speedup(c.speedup), style="bold green" if c.speedup > 1 else "yellow")
 
 
-class CardsScreen(Screen):
+class CardsScreen(KforgeScreen):
     BINDINGS = keys.CARDS
 
     def __init__(self) -> None:
@@ -71,7 +74,7 @@ class CardsScreen(Screen):
 
     def visible_cards(self) -> list[CardRow]:
         rows = [c for c in self.app.model.cards.values() if self.matches(c)]
-        key = COLUMNS[self.sort_col][1]
+        key = SORTS[self.sort_col][1]
         return sorted(rows, key=key, reverse=self.reverse)
 
     def rebuild(self) -> None:
@@ -83,14 +86,14 @@ class CardsScreen(Screen):
         for c in rows:
             table.add_row(*(cell(c) for _, _, cell in COLUMNS), key=c.card_id)
         self._shown = [c.card_id for c in rows]
-        key = COLUMNS[self.sort_col][1]
+        key = SORTS[self.sort_col][1]
         self._sort_keys = {c.card_id: key(c) for c in rows}
         if cur in self._shown:
             table.move_cursor(row=self._shown.index(cur))
         self._bar()
 
     def _bar(self) -> None:
-        name = COLUMNS[self.sort_col][0]
+        name = SORTS[self.sort_col][0]
         total = len(self.app.model.cards)
         shown = f"{len(self._shown)} of {total} cards" if self.filter_text else f"{total} cards"
         filt = f" · filter '{self.filter_text}'" if self.filter_text else ""
@@ -102,7 +105,7 @@ class CardsScreen(Screen):
             return
         table = self.query_one("#cards", LiveTable)
         cur = self.current_card_id()
-        key = COLUMNS[self.sort_col][1]
+        key = SORTS[self.sort_col][1]
         shown = set(self._shown)
         updates, gone, reorder = {}, [], False
         for c in snap.changed_cards:
@@ -160,7 +163,7 @@ class CardsScreen(Screen):
             self.app.action_control("prioritize", card)
 
     def action_sort_next(self) -> None:
-        self.sort_col = (self.sort_col + 1) % len(COLUMNS)
+        self.sort_col = (self.sort_col + 1) % len(SORTS)
         self.rebuild()
 
     def action_sort_reverse(self) -> None:

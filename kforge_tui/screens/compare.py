@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
 from kforge_tui import format as fmt
 from kforge_tui import keymap as keys
+from kforge_tui.widgets import KforgeScreen
 
 DEFAULT_RUNS = 3
 
 
-class CompareScreen(Screen):
+class CompareScreen(KforgeScreen):
     BINDINGS = keys.COMPARE
 
     def compose(self) -> ComposeResult:

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header
 
 from engine.outcomes import describe_failure
 from engine.store.read import CandidateHead
 from kforge_tui import keymap as keys
 from kforge_tui.readmodel import Snapshot
-from kforge_tui.widgets import LiveBar, LiveTable
+from kforge_tui.widgets import KforgeScreen, LiveBar, LiveTable
 
 
-class FailuresScreen(Screen):
+class FailuresScreen(KforgeScreen):
     BINDINGS = keys.FAILURES
 
     def __init__(self) -> None:

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.screen import Screen
 from textual.widgets import Footer, Header, Sparkline, Static
 
 from kforge_tui import format as fmt
 from kforge_tui import keymap as keys
 from kforge_tui.readmodel import Snapshot
+from kforge_tui.widgets import KforgeScreen
 
 
-class LatencyScreen(Screen):
+class LatencyScreen(KforgeScreen):
     BINDINGS = keys.LATENCY
 
     def __init__(self, card_id: str) -> None:

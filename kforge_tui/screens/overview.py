@@ -5,15 +5,14 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal
-from textual.screen import Screen
 from textual.widgets import Footer, Header, ProgressBar, RichLog
 
 from kforge_tui import format as fmt
 from kforge_tui.readmodel import EventRow, RunStats, Snapshot
-from kforge_tui.widgets import LiveBar, LiveTable
+from kforge_tui.widgets import KforgeScreen, LiveBar, LiveTable
 
 
-class OverviewScreen(Screen):
+class OverviewScreen(KforgeScreen):
     def compose(self) -> ComposeResult:
         yield Header()
         yield LiveBar(id="run-line", classes="bar")

@@ -3,9 +3,9 @@ batches, with jumps to the best node and to the next failed one."""
 
 from __future__ import annotations
 
+from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.screen import Screen
 from textual.widgets import Footer, Header, Static, Tree
 from textual.widgets.tree import TreeNode
 
@@ -14,11 +14,30 @@ from engine.store.read import CandidateHead
 from kforge_tui import format as fmt
 from kforge_tui import keymap as keys
 from kforge_tui.readmodel import Snapshot
+from kforge_tui.widgets import KforgeScreen
 
 ROOT = "__root__"
+# v counts what the search's backup counts: finished candidates in the node's subtree (its visits).
+LEGEND = "vN: N finished tries in this subtree · [N]: N children · ? keys"
 
 
-class TreeScreen(Screen):
+class CandidateTree(Tree[str]):
+    """A Tree whose labels end in an ellipsis at the screen's edge: it never scrolls sideways."""
+
+    def render_label(self, node: TreeNode[str], base_style: Style, style: Style) -> Text:
+        text = super().render_label(node, base_style, style)
+        depth = 0
+        cur = node.parent
+        while cur is not None:
+            depth += 1
+            cur = cur.parent
+        room = self.scrollable_content_region.width - depth * self.guide_depth
+        if room > 1 and text.cell_len > room:
+            text.truncate(room, overflow="ellipsis")
+        return text
+
+
+class TreeScreen(KforgeScreen):
     BINDINGS = keys.TREE
 
     def __init__(self, card_id: str) -> None:
@@ -33,17 +52,19 @@ class TreeScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Header()
         yield Static(id="tree-bar", classes="bar")
-        tree: Tree[str] = Tree(self._card_title(), data=ROOT, id="tree")
+        yield Static(Text(LEGEND), id="tree-legend", classes="bar muted")
+        tree = CandidateTree(self._card_title(), data=ROOT, id="tree")
         tree.show_root = True
         tree.auto_expand = False
         yield tree
+        yield Static(id="tree-node", classes="bar")
         yield Footer()
 
     def _card_title(self) -> Text:
         card = self.app.model.cards.get(self.card_id)
         if card is None:
             return Text(self.card_id)
-        return Text.assemble((card.op, "bold"), f" {card.signature[:40]}  eager {fmt.us(card.eager_us)} µs")
+        return Text.assemble((card.op, "bold"), f"  eager {fmt.us(card.eager_us)} µs  {card.signature}")
 
     def on_mount(self) -> None:
         tree = self.query_one("#tree", Tree)
@@ -145,6 +166,21 @@ class TreeScreen(Screen):
     def on_tree_node_expanded(self, event: Tree.NodeExpanded) -> None:
         self._load_children(event.node.data)
 
+    def on_tree_node_highlighted(self, event: Tree.NodeHighlighted) -> None:
+        self._node_line(event.node.data)
+
+    def _node_line(self, nid: str | None) -> None:
+        """Under the tree: what the node under the cursor changed against its parent."""
+        line = self.query_one("#tree-node", Static)
+        if nid is None or nid == ROOT or nid not in self.rows:
+            card = self.app.model.cards.get(self.card_id)
+            line.update(Text(card.signature if card else self.card_id, overflow="ellipsis", no_wrap=True))
+            return
+        parent = self.rows[nid].parent_id
+        change = self.app.model.change_vs_parent(nid) or "(nothing stored about the change)"
+        head = f"{nid} vs {parent}: " if parent else f"{nid} "
+        line.update(Text(head + change, overflow="ellipsis", no_wrap=True))
+
     def reveal(self, nid: str) -> None:
         """Expand the path to `nid` and put the cursor on it."""
         path = []
@@ -194,9 +230,15 @@ class TreeScreen(Screen):
         self._step_failure(-1)
 
     def action_expand(self) -> None:
-        node = self.query_one("#tree", Tree).cursor_node
-        if node is not None:
-            self._load_children(node.data)
+        """Like a file tree: → opens a closed node, and moves into an open one."""
+        tree = self.query_one("#tree", Tree)
+        node = tree.cursor_node
+        if node is None:
+            return
+        self._load_children(node.data)
+        if node.is_expanded and node.children:
+            tree.move_cursor(node.children[0])
+        elif node.allow_expand:
             node.expand()
 
     def action_collapse(self) -> None:
