@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import asyncio
+import contextlib
 import os
 import re
 import sqlite3
