@@ -54,7 +54,7 @@ class Canaries:
 
     def empty_strided(self, shape, stride, dtype: torch.dtype, name: str = "out") -> torch.Tensor:
         """Like torch.empty_strided, inside a guarded buffer (the canaries touch the first and last element)."""
-        isz = torch.empty(0, dtype=dtype).element_size()
+        isz = dtype.itemsize
         n = 0
         if all(s > 0 for s in shape):
             n = (sum((s - 1) * st for s, st in zip(shape, stride)) + 1) * isz
