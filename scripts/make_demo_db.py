@@ -116,7 +116,8 @@ class StandInLane:
                                                                 "verdict": {"ok": True, "sets_checked": 3}})
 
 
-async def make_standin(workspace: Path, iterations: int, delay: float, announce: bool = False) -> str:
+async def make_standin(workspace: Path, iterations: int, delay: float, announce: bool = False,
+                       hold: bool = False) -> str:
     workspace.mkdir(parents=True, exist_ok=True)
     async with await Store.open(db_path(workspace)) as store:
         await store.save_capture({"id": "cap-standin", "model": "standin_model", "device": "cuda",
@@ -129,6 +130,8 @@ async def make_standin(workspace: Path, iterations: int, delay: float, announce:
                                      {"label": LABEL, "iterations": iterations, "strategy": "mcts"})
         if announce:
             print(run["id"], flush=True)
+        if hold:  # a reader gets ready first: no candidate is written before it says so on stdin
+            await asyncio.to_thread(sys.stdin.readline)
         cards = [CardState(OperatorCard(cid, op, {}, sig, [], share=share, bytes=1 << 20, eager_us=eager,
                                         roofline_us=roof), ["s"]) for cid, op, sig, _, share, eager, roof in CARDS]
         recorder = StoreRecorder(store, run["id"])
@@ -148,12 +151,13 @@ def main() -> int:
     ap.add_argument("--iterations", type=int, default=12)
     ap.add_argument("--delay", type=float, default=0.0, help="seconds per proposal and per evaluation")
     ap.add_argument("--announce", action="store_true", help="print the run id as soon as it exists")
+    ap.add_argument("--hold", action="store_true", help="after announcing, wait for a line on stdin before searching")
     args = ap.parse_args()
     db = db_path(args.out)
     if not args.announce:
         for suffix in ("", "-wal", "-shm"):
             Path(f"{db}{suffix}").unlink(missing_ok=True)
-    run_id = asyncio.run(make_standin(args.out, args.iterations, args.delay, args.announce))
+    run_id = asyncio.run(make_standin(args.out, args.iterations, args.delay, args.announce, args.hold))
     if not args.announce:  # one self-contained file to ship
         pack_single_file(db)
         print(f"wrote {db} (run {run_id}; {LABEL})")

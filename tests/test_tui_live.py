@@ -15,7 +15,8 @@ SCRIPT = ROOT / "scripts" / "make_demo_db.py"
 async def test_nodes_written_by_another_process_appear(tmp_path):
     ws = tmp_path / "ws"
     writer = subprocess.Popen([sys.executable, str(SCRIPT), "--standin", "--out", str(ws), "--announce",
-                               "--delay", "0.15", "--iterations", "10"], stdout=subprocess.PIPE, text=True)
+                               "--hold", "--delay", "0.15", "--iterations", "10"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         run_id = writer.stdout.readline().strip()
         assert run_id.startswith("run-"), run_id
@@ -27,6 +28,10 @@ async def test_nodes_written_by_another_process_appear(tmp_path):
             await pilot.pause(0.2)
             tree = app.screen
             first = set(tree.rows)
+            # The engine starts writing only now: on a loaded machine it could otherwise finish all its
+            # candidates before the tree opens, and nothing would be new (a CI failure, once).
+            writer.stdin.write("go\n")
+            writer.stdin.flush()
             deadline = time.time() + 30
             while time.time() < deadline and len(tree.rows) < len(first) + 3:
                 await pilot.pause(0.2)
