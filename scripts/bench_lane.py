@@ -95,12 +95,21 @@ async def synthetic_parts(lane: GpuLane, compiler: Compiler, tmp: Path, sms: int
     stability = {}
     for label, timing in (("exploration (target 1 %)", {}),
                           ("confirmation (target 0.5 %, ≥ 50 pairs)", {"target_rel_err": 0.005, "min_reps": 50})):
-        medians = []
+        medians, eager, speedups, starved = [], [], [], []
         for _ in range(5):
             e = await evaluate(lane, card, compiler.compile(src), spec, timing=timing)
-            medians.append(e.payload["timing"]["candidate"]["median"])
+            t = e.payload["timing"]
+            medians.append(t["candidate"]["median"])
+            eager.append(t["eager"]["median"])
+            speedups.append(t["speedup"])
+            starved.append(t.get("starved", 0))
         stability[label] = {"medians_us": medians,
-                            "spread": (max(medians) - min(medians)) / statistics.median(medians)}
+                            "spread": (max(medians) - min(medians)) / statistics.median(medians),
+                            # Eager in the same evaluations: a shift both sides share is the machine's.
+                            "eager_us": eager, "eager_spread": (max(eager) - min(eager)) / statistics.median(eager),
+                            "speedups": speedups,
+                            "speedup_spread": (max(speedups) - min(speedups)) / statistics.median(speedups),
+                            "starved_rounds": starved}
     out["stability"] = stability
 
 
@@ -197,6 +206,12 @@ def report(d: dict) -> str:
     for label, s in d.get("stability", {}).items():
         lines += [f"| same kernel, 5 separate evaluations, {label}: spread of medians | {100 * s['spread']:.2f} % "
                   f"({', '.join(f'{m:.2f}' for m in s['medians_us'])} µs) | ≤ 2 % |"]
+        if "eager_us" in s:
+            lines += [f"| … eager in the same evaluations: spread of medians | {100 * s['eager_spread']:.2f} % "
+                      f"({', '.join(f'{m:.2f}' for m in s['eager_us'])} µs) | |",
+                      f"| … speedup: spread | {100 * s['speedup_spread']:.2f} % "
+                      f"({', '.join(f'{m:.3f}' for m in s['speedups'])}; rounds dropped for a short lead: "
+                      f"{', '.join(str(n) for n in s['starved_rounds'])}) | |"]
     if d.get("model_cards"):
         lines += ["", "Hand-written kernels (`scripts/kernels/`) on real cards (ResNet-50 batch 32 fp16, Gemma 4 "
                   "E2B prefill 2048 bf16), verified and timed by the lane:", "",

@@ -420,8 +420,8 @@ def main() -> int:
         log(f"{label} under CUDA graphs: {doc['variants'][label]['cuda_graph']}")
     labels = list(good)
     flush = L2Flusher(dev)
-    times, throttled, secs = time_calls([good[k] for k in labels], flush,
-                                        TimingConfig(max_seconds=args.seconds, max_reps=4000))
+    times, throttled, secs, _, _ = time_calls([good[k] for k in labels], flush,
+                                              TimingConfig(max_seconds=args.seconds, max_reps=4000))
     eager = statistics.median(times[labels.index("eager")])
     for label, t in zip(labels, times):
         st = summarize(t)

@@ -101,7 +101,10 @@ def evaluate_cases(tmp_path: Path, by_name: dict[str, Any],
         tm = ev.payload.get("timing") or {}
         eager = (tm.get("eager") or {}).get("median")
         mine = (tm.get("candidate") or {}).get("median")
-        times = f" (eager {eager:.1f} us, ours {mine:.1f} us, alone {ev.payload.get('eager_alone_us') or 0:.1f})" if eager and mine else ""
+        beside = (tm.get("eager_beside") or {}).get("median")
+        times = (f" (eager {eager:.1f} us, ours {mine:.1f} us, alone {ev.payload.get('eager_alone_us') or 0:.1f}"
+                 + (f", beside {beside:.1f} CORRECTED" if beside else "")
+                 + f", late rounds {tm.get('starved', 0)}, lead {tm.get('lead_us', 0):.0f} us)") if eager and mine else ""
         speed = f" {ev.speedup:.2f}x" if ev.speedup else ""
         print(f"  {r.intent}: {ev.status}{speed}{times}" + ("" if ev.status == "verified" else
                                                            f" [{ev.category}] {ev.message[:400]}"))

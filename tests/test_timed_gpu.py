@@ -107,3 +107,33 @@ def test_values_change_every_call_and_sides_do_not_share_buffers():
     assert run.category is None, run.message
     assert len(cand_ptrs) == cfg.slots and not (cand_ptrs & eager_ptrs)
     assert len(set(firsts)) > 0.9 * len(firsts)  # new values nearly every call
+
+
+def test_a_host_stall_inside_the_timed_window_is_not_timed():
+    # Every third call of one arm stalls 400 µs on the host between its start event and its launch:
+    # with the default 80 µs lead the GPU idles inside those calls' events. Those rounds are dropped
+    # (and the lead lengthened), so both arms, doing the same work, read the same.
+    import time
+
+    from engine.bench.timing import L2Flusher, TimingConfig, time_calls
+
+    dev = torch.device("cuda")
+    x = torch.randn(1 << 20, device=dev)
+    n = [0]
+
+    def steady():
+        return x * 2
+
+    def stalling():
+        n[0] += 1
+        if n[0] % 3 == 0:
+            t = time.perf_counter()
+            while time.perf_counter() - t < 400e-6:
+                pass
+        return x * 2
+
+    run = time_calls([steady, stalling], L2Flusher(dev), TimingConfig(max_seconds=1.0, warmup_s=0.05))
+    assert run.starved > 0 and run.lead_us > 80
+    a, b = (sorted(t)[len(t) // 2] for t in run.times)
+    assert abs(b - a) / a < 0.15, f"the stalling arm read {b:.2f} µs against {a:.2f} µs"
+    assert max(run.times[1]) < 200, "a stalled call's host time was timed"

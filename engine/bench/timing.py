@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -50,11 +50,14 @@ class ABResult:
     seconds: float
     eager_us: list[float]
     candidate_us: list[float]
+    starved: int = 0                # rounds dropped (or, at the cap, kept) because the lead was too short
+    lead_us: float = 0.0            # the lead the last rounds ran with
 
     def to_json(self, keep_samples: bool = False) -> dict[str, Any]:
         d = {"eager": asdict(self.eager), "candidate": asdict(self.candidate), "speedup": self.speedup,
              "speedup_ci": [self.speedup_low, self.speedup_high], "reps": self.reps,
-             "throttled": self.throttled, "seconds": self.seconds}
+             "throttled": self.throttled, "seconds": self.seconds, "starved": self.starved,
+             "lead_us": self.lead_us}
         if keep_samples:
             d["eager_us"], d["candidate_us"] = self.eager_us, self.candidate_us
         return d
@@ -65,20 +68,22 @@ class L2Flusher:
     for `lead_us` so the host has enqueued the timed call before its start event runs.
 
     Without the lead, a call whose host side (argument packing, launch) outlasts the flush is timed
-    from an idle GPU, and the events measure launch latency instead of the kernel.
+    from an idle GPU, and the events measure launch latency instead of the kernel. `time_calls`
+    checks that the lead was long enough for every timed call and lengthens it where it was not.
     """
 
     def __init__(self, device: torch.device, lead_us: float = 80.0):
         props = torch.cuda.get_device_properties(device)
         l2 = props.L2_cache_size or (64 << 20)
         self.buf = torch.empty(2 * l2 // 4, dtype=torch.int32, device=device)
-        clock_khz = getattr(props, "clock_rate", 0) or 2_000_000
-        self.lead_cycles = int(lead_us * clock_khz / 1e3)
+        self.clock_khz = getattr(props, "clock_rate", 0) or 2_000_000
+        self.lead_us = lead_us
 
-    def __call__(self) -> None:
+    def __call__(self, lead_us: float | None = None) -> None:
         self.buf.fill_(0x5A5A)
-        if self.lead_cycles:
-            torch.cuda._sleep(self.lead_cycles)
+        us = self.lead_us if lead_us is None else lead_us
+        if us > 0:
+            torch.cuda._sleep(int(us * self.clock_khz / 1e3))
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, reps: int = 5) -> float:
@@ -135,10 +140,13 @@ def _as_arm(c: Callable[[], Any] | Arm) -> Arm:
     return c if isinstance(c, Arm) else Arm(c)
 
 
-def _one_call(arm: Arm, flush: L2Flusher, events: list | None, i: int) -> None:
+def _one_call(arm: Arm, flush: L2Flusher, events: list | None, i: int, lead_us: float | None = None) -> float:
+    """One call (timed into `events` when given); returns the host µs from the end of the lead's
+    enqueue to the end event's: over the lead, the GPU may have idled inside the timed window."""
     if arm.prepare is not None:
         arm.prepare()
-    flush()
+    flush(lead_us)
+    h0 = time.perf_counter()
     if events is None:
         result = arm.call()
     else:
@@ -147,8 +155,10 @@ def _one_call(arm: Arm, flush: L2Flusher, events: list | None, i: int) -> None:
         result = arm.call()
         e.record()
         events.append((i, s, e))
+    host_us = (time.perf_counter() - h0) * 1e6
     if arm.finish is not None:
         arm.finish(result)
+    return host_us
 
 
 def _warm_up(arms: list[Arm], flush: L2Flusher, seconds: float, before_round: Hooks | None) -> int:
@@ -166,14 +176,30 @@ def _warm_up(arms: list[Arm], flush: L2Flusher, seconds: float, before_round: Ho
     return n
 
 
+class CallTimes(NamedTuple):
+    times: list[list[float]]  # per-call µs for each callable, round by round (rounds dropped as a whole)
+    throttled: int            # kept rounds taken while the SM clock was below tolerance
+    seconds: float
+    starved: int              # rounds dropped because a call's host side outlasted the lead
+    lead_us: float            # the lead the last rounds ran with
+
+
+# A round in which a call's host side outlasted the lead is dropped and, where that happens in more
+# than STARVED_BATCH_FRACTION of a batch, the lead doubles, up to MAX_LEAD_US. At the cap rounds are
+# kept: a call that waits on the device itself (a host sync inside the op) outlasts any lead.
+STARVED_BATCH_FRACTION = 0.25
+MAX_LEAD_US = 1000.0
+
+
 def time_calls(calls: list[Callable[[], Any] | Arm], flush: L2Flusher, cfg: TimingConfig = TimingConfig(), *,
-               before_round: Hooks | None = None, after_batch: Callable[[], bool] | None = None
-               ) -> tuple[list[list[float]], int, float]:
+               before_round: Hooks | None = None, after_batch: Callable[[], bool] | None = None) -> CallTimes:
     """Alternate the calls call by call (rotating which goes first), each timed with its own events.
 
     `before_round(r)` runs before round r (one call of each arm); `after_batch()` after each batch's
-    host sync, and ends the timing early when it returns True. Returns per-call µs for each callable,
-    the number of throttled rounds and the elapsed seconds.
+    host sync, and ends the timing early when it returns True. A round where any call's host side
+    (from the lead's end to the end event) took longer than the lead is not kept: the GPU may have
+    waited for the host inside that call's events, which would then time the host, not the kernel.
+    Intermittent host stalls (an allocator call, a collection) made eager read 2-5x slower that way.
     """
     arms = [_as_arm(c) for c in calls]
     device = torch.device("cuda", torch.cuda.current_device())
@@ -181,49 +207,64 @@ def time_calls(calls: list[Callable[[], Any] | Arm], flush: L2Flusher, cfg: Timi
     times: list[list[float]] = [[] for _ in arms]
     clocks: list[float] = []
     max_clock = max_sm_clock_mhz(device)
+    lead = float(flush.lead_us)
+    starved = 0
     t0 = time.perf_counter()
     rnd = 0
     while True:
         events: list = []
-        for _ in range(cfg.batch):
+        late: set[int] = set()  # rounds (within the batch) where the lead was too short
+        for b in range(cfg.batch):
             if before_round is not None:
                 before_round(rnd)
             order = list(range(len(arms)))
             k = rnd % len(arms)
             order = order[k:] + order[:k]  # no arm always runs right after the flush of the other
             for i in order:
-                _one_call(arms[i], flush, events, i)
+                if _one_call(arms[i], flush, events, i, lead) > lead:
+                    late.add(b)
             rnd += 1
         torch.cuda.synchronize()
-        for i, s, e in events:
-            times[i].append(s.elapsed_time(e) * 1e3)
-        clocks += [sm_clock_mhz(device)] * cfg.batch
+        # At the cap, or where every round so far was late and timing is about to end, late rounds are
+        # the only measurement there is: keep them (they still count as starved).
+        ending = time.perf_counter() - t0 >= cfg.max_seconds and not times[0]
+        keep_late = lead >= MAX_LEAD_US or ending
+        clock = sm_clock_mhz(device)
+        for j, (i, s, e) in enumerate(events):
+            if keep_late or j // len(arms) not in late:
+                times[i].append(s.elapsed_time(e) * 1e3)
+        kept = cfg.batch - (0 if keep_late else len(late))
+        clocks += [clock] * kept
+        starved += len(late)
+        if not keep_late:
+            if len(late) > STARVED_BATCH_FRACTION * cfg.batch:
+                lead = min(MAX_LEAD_US, 2 * lead)
         elapsed = time.perf_counter() - t0
         if after_batch is not None and after_batch():
             break
-        if all(should_stop(t, target_rel_err=cfg.target_rel_err, min_samples=cfg.min_reps,
+        if times[0] and all(should_stop(t, target_rel_err=cfg.target_rel_err, min_samples=cfg.min_reps,
                            max_samples=cfg.max_reps, max_seconds=cfg.max_seconds, elapsed_s=elapsed)
                for t in times):
             break
     throttled = 0
-    if max_clock == max_clock:  # not NaN
+    if max_clock == max_clock and times[0]:  # not NaN
         throttled = int(flag_throttled(times[0], clocks, max_clock, tolerance=cfg.throttle_tolerance).sum())
-    return times, throttled, time.perf_counter() - t0
+    return CallTimes(times, throttled, time.perf_counter() - t0, starved, lead)
 
 
 def ab_time(eager: Callable[[], Any] | Arm, candidate: Callable[[], Any] | Arm, flush: L2Flusher,
             cfg: TimingConfig = TimingConfig(), *, before_round: Hooks | None = None,
             after_batch: Callable[[], bool] | None = None) -> ABResult:
     """Time eager against the candidate, alternated, and estimate the speedup with a paired CI."""
-    (e_us, c_us), throttled, seconds = time_calls([eager, candidate], flush, cfg, before_round=before_round,
-                                                  after_batch=after_batch)
+    run = time_calls([eager, candidate], flush, cfg, before_round=before_round, after_batch=after_batch)
+    e_us, c_us = run.times
     est = speedup_ci(e_us, c_us, paired=True)
     return ABResult(summarize(e_us), summarize(c_us), est.speedup, est.low, est.high, len(e_us),
-                    throttled, seconds, e_us, c_us)
+                    run.throttled, run.seconds, e_us, c_us, run.starved, run.lead_us)
 
 
 def time_one(fn: Callable[[], Any] | Arm, flush: L2Flusher, cfg: TimingConfig = TimingConfig(), *,
              before_round: Hooks | None = None) -> tuple[TimingStats, int]:
     """Time a single callable with the same protocol (eager latency of a card)."""
-    (us,), throttled, _ = time_calls([fn], flush, cfg, before_round=before_round)
-    return summarize(us), throttled
+    run = time_calls([fn], flush, cfg, before_round=before_round)
+    return summarize(run.times[0]), run.throttled

@@ -217,8 +217,8 @@ def time_eager_alone(check: CardCheck, flush: L2Flusher, cfg: TimingConfig = Tim
     def before_round(r: int) -> None:
         k[0] = abs(r) % len(slots)
 
-    (us,), throttled, _ = time_calls([lambda: check.eager(slots[k[0]])], flush, cfg, before_round=before_round)
-    return summarize(us), throttled
+    run = time_calls([lambda: check.eager(slots[k[0]])], flush, cfg, before_round=before_round)
+    return summarize(run.times[0]), run.throttled
 
 
 # Eager beside a candidate may read this much slower than eager alone before the speedup is taken
