@@ -403,6 +403,11 @@ def _base(op_name: str) -> str | None:
     return rest.partition(".")[0]
 
 
+def is_compute_op(op_name: str) -> bool:
+    """A matmul-like op (matmul, convolution, attention, grouped mm): one whose floor is its FLOPs."""
+    return (_base(op_name) or "") in _OPS
+
+
 def card_flops(op_name: str, signature: dict[str, Any]) -> float | None:
     """Floating-point operations (2 per multiply-add) any correct kernel for this matmul-like card
     does, a lower bound; None for other ops, unreadable shapes, or nothing to count."""

@@ -1,0 +1,372 @@
+"""Chains of memory-bound ops between compute-bound ones: where real models spend their small-op time.
+
+A card is one ATen call; a model's time also sits in chains of small ones (a decomposed RMSNorm is
+`_to_copy, pow, mean, add, rsqrt, mul, mul, _to_copy`; SwiGLU is `silu, mul`; a VAE block is
+GroupNorm then SiLU), each paying its own launch and its own round trip through memory. This module
+finds them in the data flow of one forward:
+
+- `ChainTrace` is a TorchDispatchMode that records, per call, the values it read and wrote. A value
+  is a tensor object at a generation of its storage: an in-place op writes a new value of the tensor
+  it writes. A read of a tensor whose storage was written through another tensor since (a view's
+  in-place write changes its base) reads a value of unknown origin, which no chain may absorb.
+  (Tensor version counters cannot serve: they move after the dispatch mode returns.)
+- `find_chains` joins a value's producer with its consumers when every consumer is a memory-bound call
+  and the calls share a real module: their module paths' lowest common ancestor is neither the root nor
+  a container (ModuleList, ModuleDict, Sequential). That keeps a layer's residual add with the norm
+  that follows it in the same layer, and keeps one layer's residual stream from joining the next
+  layer's chains, so one transformer layer yields the same chains as every other.
+- A chain's intermediates have no consumer outside it by construction; its outputs are the values it
+  makes that something outside reads (or nothing reads: the forward's results); its inputs, the values
+  it reads that it did not make (activations and parameters).
+- `ChainPattern.key` is the chain's structure: each member's op and exact signature, and where each of
+  its tensor arguments comes from (an external input, by first-use order, or a member's output), so
+  every layer's instance of the same chain has the same key and they are counted together.
+- Where the members are exactly one module invocation's calls, the chain is that module's forward: a
+  module card (its forward can be replaced behind a guard); otherwise it is a pattern (replaced inside
+  compiled graphs).
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from engine.bench.floor import is_compute_op
+from engine.capture.recorder import TOP_LEVEL, ModulePaths
+from engine.capture.signature import bind_arguments, card_id, signature_of
+
+ROOT = TOP_LEVEL  # the module path of calls made outside any submodule
+MAX_CHAIN_CALLS = 48  # a group larger than this is not one fusable chain (and would not make one kernel)
+VIEW_LIKE = {"aten::_unsafe_view", "aten::_reshape_alias"}  # views whose schema does not say so
+CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential)
+
+
+@dataclass
+class TraceCall:
+    index: int
+    op: str                       # 'aten::mul.Tensor'
+    path: str                     # module path when the call ran (ROOT outside any submodule)
+    invocation: int               # which invocation of that module (per path), to tell repeats apart
+    reads: list[tuple[str, int]]  # (argument name, value id) of every tensor argument, in schema order
+    writes: list[int]             # value ids made: outputs, then in-place written arguments
+    signature: dict[str, Any]
+    compute: bool                 # matmul-like (or attention, convolution): a chain stops here
+    view: bool                    # returns an alias of an input (no memory traffic of its own)
+    us: float = 0.0               # time of the call as traced (wall clock on the CPU; 0 when not timed)
+
+    @property
+    def card_id(self) -> str:
+        return card_id(self.signature)
+
+
+@dataclass
+class Chain:
+    calls: list[TraceCall]
+    inputs: list[int]             # values read and not made here, in first-use order
+    outputs: list[int]            # values made here and read outside (or never read), in order made
+    scope: str                    # the lowest common module path of the members
+    module: str | None            # the module whose whole invocation this chain is, if it is one
+
+    @property
+    def heavy(self) -> int:
+        """Members that move memory (views excluded)."""
+        return sum(not c.view for c in self.calls)
+
+    def key(self) -> tuple:
+        ext = {v: i for i, v in enumerate(self.inputs)}
+        made: dict[int, tuple[int, int]] = {}
+        parts = []
+        for j, c in enumerate(self.calls):
+            src = tuple((name, ("in", ext[v]) if v in ext else ("call", *made[v])) for name, v in c.reads)
+            parts.append((c.op, c.card_id, src))
+            for k, v in enumerate(c.writes):
+                made[v] = (j, k)
+        outs = tuple(made[v] for v in self.outputs)
+        return tuple(parts), outs
+
+
+@dataclass
+class ChainPattern:
+    """Every instance of one chain structure in the forward."""
+
+    key: tuple
+    instances: list[Chain] = field(default_factory=list)
+
+    @property
+    def ops(self) -> list[str]:
+        return [c.op for c in self.instances[0].calls]
+
+    @property
+    def calls(self) -> int:
+        return len(self.instances)
+
+    @property
+    def us(self) -> float:
+        return sum(c.us for ch in self.instances for c in ch.calls)
+
+    @property
+    def kind(self) -> str:
+        return "module" if all(ch.module is not None for ch in self.instances) else "pattern"
+
+    @property
+    def id(self) -> str:
+        return "chain-" + card_id({"chain": repr(self.key)})[:12]
+
+
+def _lca(a: str, b: str) -> str:
+    if a == b:
+        return a
+    pa, pb = a.split("."), b.split(".")
+    n = 0
+    while n < min(len(pa), len(pb)) and pa[n] == pb[n]:
+        n += 1
+    return ".".join(pa[:n])
+
+
+class ChainTrace(TorchDispatchMode):
+    """Record the data flow of every ATen call made under it (see the module docstring).
+
+    `path_of()` names the module running now (engine.capture.recorder.ModulePaths.current); `time_calls`
+    times each call on the host (for CPU traces; leave it off on a GPU, where the capture's events count).
+    """
+
+    def __init__(self, path_of: Callable[[], str] = lambda: ROOT, *, time_calls: bool = False):
+        super().__init__()
+        self.path_of = path_of
+        self.time_calls = time_calls
+        self.calls: list[TraceCall] = []
+        # id(tensor) -> (value id, storage generation, weak reference): the reference tells a reused id
+        # from the tensor; the generation, whether its storage was written since through another tensor
+        self._values: dict[int, tuple[int, int, weakref.ref]] = {}
+        self._gen: dict[int, int] = defaultdict(int)
+        self._next = 0
+        self.unknown: set[int] = set()      # values whose maker is not a recorded call
+        self._last_path = None
+        self._invocations: dict[str, int] = defaultdict(int)
+
+    @staticmethod
+    def _storage(t: torch.Tensor) -> int:
+        try:
+            return t.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):  # no storage (a sparse or meta tensor)
+            return id(t)
+
+    def _new(self, t: torch.Tensor) -> int:
+        self._next += 1
+        self._values[id(t)] = (self._next, self._gen[self._storage(t)], weakref.ref(t))
+        return self._next
+
+    def _current(self, t: torch.Tensor) -> int | None:
+        got = self._values.get(id(t))
+        if got is None or got[2]() is not t or got[1] != self._gen[self._storage(t)]:
+            return None
+        return got[0]
+
+    def _read(self, t: torch.Tensor) -> int:
+        got = self._current(t)
+        if got is None:
+            v = self._new(t)
+            self.unknown.add(v)
+            return v
+        return got
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        path = self.path_of()
+        if path != self._last_path:
+            self._invocations[path] += 1
+            self._last_path = path
+        bound = bind_arguments(func, args, kwargs)
+        reads = []
+        for name, v in bound:
+            for t in _tensors(v):
+                reads.append((name, self._read(t)))
+        t0 = time.perf_counter() if self.time_calls else 0.0
+        out = func(*args, **kwargs)
+        us = (time.perf_counter() - t0) * 1e6 if self.time_calls else 0.0
+        mutated = {a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+        written = [t for name, v in bound if name in mutated for t in _tensors(v)]
+        for t in written:
+            self._gen[self._storage(t)] += 1
+        writes = [self._new(t) for t in _tensors(out)]
+        for t in written:
+            if self._current(t) is None:
+                writes.append(self._new(t))
+        name = func.name()
+        view = name in VIEW_LIKE or any(r.alias_info is not None and not r.alias_info.is_write
+                                        for r in func._schema.returns)
+        self.calls.append(TraceCall(len(self.calls), name, path, self._invocations[path], reads, writes,
+                                    signature_of(func, bound), is_compute_op(name), view, us))
+        return out
+
+
+def _tensors(v: Any) -> Iterable[torch.Tensor]:
+    if isinstance(v, torch.Tensor):
+        yield v
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            if isinstance(x, torch.Tensor):
+                yield x
+
+
+def container_paths(model: torch.nn.Module) -> set[str]:
+    """Module paths that only hold other modules (and the root): a chain never spans two of their children."""
+    return {ROOT, ""} | {name for name, m in model.named_modules() if name and isinstance(m, CONTAINERS)}
+
+
+def find_chains(calls: list[TraceCall], containers: set[str] = frozenset({ROOT, ""}), *, min_heavy: int = 2,
+                unknown: set[int] = frozenset()) -> list[Chain]:
+    """Group memory-bound calls into chains (see the module docstring), in forward order."""
+    maker: dict[int, int] = {}
+    readers: dict[int, list[int]] = defaultdict(list)
+    for c in calls:
+        for _, v in c.reads:
+            readers[v].append(c.index)
+        for v in c.writes:
+            maker[v] = c.index
+    parent = list(range(len(calls)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    def scope_ok(a: TraceCall, b: TraceCall) -> bool:
+        lca = _lca(a.path, b.path)
+        return lca not in containers and not (a.path == ROOT or b.path == ROOT)
+
+    for v, p in maker.items():
+        if v in unknown or calls[p].compute:
+            continue
+        rs = readers.get(v, [])
+        if not rs or any(calls[r].compute for r in rs):
+            continue
+        if not all(scope_ok(calls[p], calls[r]) for r in rs):
+            continue
+        for r in rs:
+            parent[find(r)] = find(p)
+    groups: dict[int, list[int]] = defaultdict(list)
+    for c in calls:
+        if not c.compute:
+            groups[find(c.index)].append(c.index)
+    chains = []
+    for members in groups.values():
+        members = _drop_trailing_views(calls, _convex(calls, _trim_views(calls, sorted(members))), readers)
+        ms = [calls[i] for i in members]
+        if sum(not c.view for c in ms) < min_heavy or len(ms) > MAX_CHAIN_CALLS:
+            continue
+        inside = set(members)
+        made = {v for c in ms for v in c.writes}
+        inputs: list[int] = []
+        for c in ms:
+            for _, v in c.reads:
+                if v not in made and v not in inputs:
+                    inputs.append(v)
+        outputs = [v for c in ms for v in c.writes
+                   if not readers.get(v) or any(r not in inside for r in readers[v])]
+        scope = _scope(ms)
+        chains.append(Chain(ms, inputs, outputs, scope, _module_of(calls, members, scope)))
+    chains.sort(key=lambda ch: ch.calls[0].index)
+    return chains
+
+
+def _scope(ms: list[TraceCall]) -> str:
+    scope = ms[0].path
+    for c in ms[1:]:
+        scope = _lca(scope, c.path)
+    return scope
+
+
+def _trim_views(calls: list[TraceCall], members: list[int]) -> list[int]:
+    """Drop view members outside the heavy members' module (a neighbour's reshape of its input or
+    output joins by data flow but belongs to that neighbour)."""
+    heavy = [calls[i] for i in members if not calls[i].view]
+    if not heavy:
+        return members
+    scope = _scope(heavy)
+    return [i for i in members if not calls[i].view or calls[i].path == scope
+            or calls[i].path.startswith(scope + ".")]
+
+
+def _drop_trailing_views(calls: list[TraceCall], members: list[int], readers: dict[int, list[int]]) -> list[int]:
+    """Drop views whose results only non-members read: a reshape on the way out is the reader's business."""
+    keep = list(members)
+    changed = True
+    while changed:
+        changed = False
+        inside = set(keep)
+        for i in reversed(keep):
+            c = calls[i]
+            if c.view and all(r not in inside for v in c.writes for r in readers.get(v, [])):
+                keep.remove(i)
+                changed = True
+                break
+    return keep
+
+
+def _convex(calls: list[TraceCall], members: list[int]) -> list[int]:
+    """The members that can run as one kernel: drop any member that reads a value made, after the
+    chain started, by a non-member depending on the chain (`x + mlp(norm(x))`: the add waits for the
+    MLP, which waits for the norm, so the add cannot join the norm's kernel)."""
+    if not members:
+        return members
+    keep = set(members)
+    member_vals: set[int] = set()
+    tainted: set[int] = set()  # values made outside the chain that depend on it
+    for i in range(members[0], members[-1] + 1):
+        c = calls[i]
+        reads = {v for _, v in c.reads}
+        if i in keep and reads & tainted:
+            keep.discard(i)
+        if i in keep:
+            member_vals.update(c.writes)
+        elif reads & (member_vals | tainted):
+            tainted.update(c.writes)
+    return [i for i in members if i in keep]
+
+
+def _module_of(calls: list[TraceCall], members: list[int], scope: str) -> str | None:
+    """`scope` when the members are every call of one invocation of that module, else None."""
+    if scope in (ROOT, ""):
+        return None
+
+    def under(c: TraceCall) -> bool:
+        return c.path == scope or c.path.startswith(scope + ".")
+
+    first, last = members[0], members[-1]
+    inv = {c.invocation for c in (calls[i] for i in members) if c.path == scope}
+    if len(inv) > 1:
+        return None
+    if first > 0 and under(calls[first - 1]) and calls[first - 1].index not in members:
+        return None
+    if last + 1 < len(calls) and under(calls[last + 1]):
+        return None
+    span = range(first, last + 1)
+    return scope if all(i in members for i in span if under(calls[i])) and \
+        all(under(calls[i]) for i in members) else None
+
+
+def patterns(chains: list[Chain]) -> list[ChainPattern]:
+    """Chains grouped by structure, most time first (then most instances)."""
+    by: dict[tuple, ChainPattern] = {}
+    for ch in chains:
+        k = ch.key()
+        by.setdefault(k, ChainPattern(k)).instances.append(ch)
+    return sorted(by.values(), key=lambda p: (-p.us, -p.calls, p.instances[0].calls[0].index))
+
+
+def trace_forward(model: torch.nn.Module, forward: Callable[[], Any], *, time_calls: bool = True) -> ChainTrace:
+    """Run `forward()` once under a ChainTrace with module paths tracked; returns the trace."""
+    paths = ModulePaths(model, {})
+    mode = ChainTrace(paths.current, time_calls=time_calls)
+    with paths, torch.no_grad(), mode:
+        forward()
+    return mode

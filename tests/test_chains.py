@@ -1,0 +1,158 @@
+"""Chain detection (engine.capture.chains) on small models built here: what a chain card would hold."""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from engine.capture.chains import container_paths, find_chains, patterns, trace_forward
+
+
+class RMS(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return (h * (1 + self.weight.float())).to(x.dtype)
+
+
+class MLP(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.gate, self.up, self.down = (nn.Linear(d, 2 * d, bias=False), nn.Linear(d, 2 * d, bias=False),
+                                         nn.Linear(2 * d, d, bias=False))
+
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.norm1, self.attn, self.norm2, self.mlp = RMS(d), nn.Linear(d, d), RMS(d), MLP(d)
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class Model(nn.Module):
+    def __init__(self, d=32, n=3):
+        super().__init__()
+        self.layers = nn.ModuleList([Layer(d) for _ in range(n)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def _patterns(model, x):
+    trace = trace_forward(model, lambda: model(x))
+    return trace, patterns(find_chains(trace.calls, container_paths(model), unknown=trace.unknown))
+
+
+def _heavy_ops(p):
+    return [c.op.split("::")[1].split(".")[0] for c in p.instances[0].calls if not c.view]
+
+
+def test_rmsnorm_modules_are_module_chains_counted_over_layers():
+    torch.manual_seed(0)
+    model = Model().to(torch.bfloat16)
+    _, pats = _patterns(model, torch.randn(2, 5, 32, dtype=torch.bfloat16))
+    norm = [p for p in pats if p.kind == "module"]
+    assert len(norm) == 1, [(_heavy_ops(p), p.kind) for p in pats]
+    p = norm[0]
+    assert p.calls == 3 and [ch.module for ch in p.instances] == [f"layers.{i}.norm1" for i in range(3)]
+    assert _heavy_ops(p) == ["_to_copy", "pow", "mean", "add", "rsqrt", "mul", "_to_copy", "add", "mul", "_to_copy"]
+    ch = p.instances[0]
+    assert len(ch.inputs) == 2 and len(ch.outputs) == 1  # x and the weight in; the normalised x out
+
+
+def test_residual_add_joins_the_next_norm_but_never_the_next_layer():
+    model = Model().to(torch.bfloat16)
+    _, pats = _patterns(model, torch.randn(2, 5, 32, dtype=torch.bfloat16))
+    add_norm = [p for p in pats if _heavy_ops(p)[:2] == ["add", "_to_copy"]]
+    assert len(add_norm) == 1 and add_norm[0].calls == 3
+    for i, ch in enumerate(add_norm[0].instances):
+        assert ch.scope == f"layers.{i}" and ch.module is None  # a pattern: layer i's add and norm2
+        # The residual sum is an output (the second residual add reads it) beside the norm's result.
+        assert len(ch.outputs) == 2
+    # The add after the MLP reads the residual sum too, but waits on the MLP, which waits on the norm:
+    # it cannot join their kernel, so the chain ends with the norm's downcast.
+    assert _heavy_ops(add_norm[0])[-1] == "_to_copy"
+    assert _heavy_ops(add_norm[0]).count("add") == 3  # the residual add, + eps, 1 + weight
+
+
+def test_gated_activation_is_a_pattern_between_matmuls():
+    model = Model().to(torch.bfloat16)
+    _, pats = _patterns(model, torch.randn(2, 5, 32, dtype=torch.bfloat16))
+    glu = [p for p in pats if _heavy_ops(p) == ["silu", "mul"]]
+    assert len(glu) == 1 and glu[0].calls == 3 and glu[0].kind == "pattern"
+    assert all(ch.scope == f"layers.{i}.mlp" for i, ch in enumerate(glu[0].instances))
+
+
+def test_layers_of_different_shapes_are_different_structures():
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = RMS(16), RMS(32)
+            self.proj = nn.Linear(16, 32)
+
+        def forward(self, x):
+            return self.b(self.proj(self.a(x)))
+
+    _, pats = _patterns(Two(), torch.randn(3, 16))
+    mods = sorted(ch.module for p in pats for ch in p.instances)
+    assert mods == ["a", "b"] and len(pats) == 2
+
+
+def test_in_place_ops_and_values_of_unknown_origin():
+    class InPlace(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = nn.Identity()
+
+        def forward(self, x):
+            y = x * 2
+            y.add_(1)          # an in-place write: a new value of y, still in the chain
+            v = y[0]
+            v.mul_(3)          # writes y through a view: y's next read has no recorded maker
+            return torch.relu(y) - 1
+
+    class Wrap(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = InPlace()
+
+        def forward(self, x):
+            return self.body(x)
+
+    trace, pats = _patterns(Wrap(), torch.randn(4, 8))
+    ops = [_heavy_ops(p) for p in pats]
+    assert ["mul", "add_", "mul_"] in [o[:3] for o in ops], ops
+    relu = [c for c in trace.calls if c.op.startswith("aten::relu")][0]
+    (_, read), = relu.reads
+    assert read in trace.unknown  # y as written through its view: its maker is not known
+    assert all("relu" not in o or o.index("relu") == 0 for o in ops)
+
+
+def test_gemma_small_has_its_rmsnorm_chains():
+    from engine.config import build_target, load_config
+
+    from conftest import ROOT
+
+    config = load_config(ROOT / "configs" / "models" / "gemma4_e2b.toml", small=True)
+    target = build_target(config, torch.device("cpu"))
+    target.module.eval()
+    trace = trace_forward(target.module, target.forward, time_calls=False)
+    pats = patterns(find_chains(trace.calls, container_paths(target.module), unknown=trace.unknown))
+    modules = [p for p in pats if p.kind == "module"]
+    assert modules, "no module chain: Gemma's RMSNorms are modules"
+    assert any(ch.module.endswith("layernorm") for p in modules for ch in p.instances)
+    for p in modules:
+        ops = _heavy_ops(p)
+        assert ops[0] == "_to_copy" and "mean" in ops and ops[-1] == "_to_copy"  # upcast ... downcast
+    assert all(not c.compute for p in pats for ch in p.instances for c in ch.calls)
