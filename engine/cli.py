@@ -34,6 +34,24 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _positive_usd(text: str) -> float:
+    """A number of US dollars > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of US dollars > 0, e.g. 5 or 2.50, not {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of US dollars > 0, e.g. 5 or 2.50, not {text}")
+    return value
+
+
+def _url(text: str) -> str:
+    if not text.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"must be an http:// or https:// URL, e.g. http://localhost:8000/v1, "
+                                         f"not {text!r}")
+    return text
+
+
 def _positive_int(text: str) -> int:
     """An integer >= 1."""
     try:
@@ -124,8 +142,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --provider replay: the run of this workspace whose answers are served again "
                         "(no LLM calls, no cost)")
     p.add_argument("--iterations", type=int, metavar="N", help="evaluations per card (default 50)")
-    p.add_argument("--strategy", default="mcts", help="mcts (default), greedy or beam")
-    p.add_argument("--wall-time", type=_positive_float, metavar="S", help="stop after S seconds")
+    p.add_argument("--model", metavar="NAME", help="the LLM model the provider asks (overrides its config)")
+    p.add_argument("--base-url", type=_url, metavar="URL",
+                   help="the provider's endpoint, e.g. http://localhost:8000/v1 (overrides its config)")
+    p.add_argument("--strategy", help="mcts (default), greedy or beam")
+    p.add_argument("--wall-time", type=_positive_float, metavar="S",
+                   help="stop after S seconds of the whole run: capture and eager timing count, and the "
+                        "search stops when the time is spent (a capture in progress is finished first)")
+    p.add_argument("--max-cost", type=_positive_usd, metavar="USD",
+                   help="stop the search once the provider's cost reaches USD (tokens at the config's prices)")
+    p.add_argument("--max-tokens", type=_positive_int, metavar="N",
+                   help="stop the search once N LLM tokens (input + output) are used")
     p.add_argument("--max-proposals", type=_positive_int, metavar="K", help="proposals in flight at once (default 4)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout at the end")
     p.add_argument("--dry-run", action="store_true", help="capture, propose and compile only (no GPU needed)")
@@ -156,8 +183,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     _add_common(p)
 
-    p = sub.add_parser("compare", help="runs or providers side by side in the TUI")
+    p = sub.add_parser("runs", help="list the workspace's runs (newest first)")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    _add_common(p)
+
+    p = sub.add_parser("compare", help="runs or providers side by side (the TUI; text when not a terminal)")
     p.add_argument("runs", metavar="RUN", nargs="+", help="run ids (or unique prefixes)")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout (no TUI)")
+    p.add_argument("--plain", action="store_true",
+                   help="print a plain-text table (no TUI; the default when stdout is not a terminal)")
     _add_common(p)
     _add_tui(p)
 
@@ -217,7 +251,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"kforge: warning: {w}", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps({"out": str(out), "included": result.included, "excluded": result.excluded,
-                          "warnings": result.warnings}, separators=(",", ":"), default=str))
+                          "model_check": result.model_check, "warnings": result.warnings},
+                         separators=(",", ":"), default=str))
     else:
         print(f"wrote {out}: {len(result.included)} variant(s)")
         for v in result.included:
@@ -255,6 +290,24 @@ def _workspace(args: argparse.Namespace) -> Path:
         return ensure_workspace(resolve_workspace(args.workspace))
     except WorkspaceError as e:
         raise UsageError(str(e)) from None
+
+
+def _workspace_existing(args: argparse.Namespace) -> Path:
+    """The workspace to read (never created here): a missing one is bad input."""
+    from engine.store import db_path, resolve_workspace
+
+    workspace = resolve_workspace(args.workspace)
+    if not db_path(workspace).is_file():
+        raise UsageError(f"no Kernel Forge workspace at {workspace}: start a run with 'kforge-tui run CONFIG' "
+                         "or give --workspace DIR")
+    return workspace
+
+
+def load_user_config():  # noqa: ANN201 - re-exported for the TUI, which may import engine.cli only
+    """The user config (engine.userconfig.load_user_config): providers, limits, theme, keymap."""
+    from engine.userconfig import load_user_config as load
+
+    return load()
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
@@ -351,6 +404,14 @@ def _dispatch(argv: list[str], open_tui: TuiLauncher | None) -> int:
                 print("kforge: not a terminal; running headless (as with --no-tui)" if open_tui is not None
                       else "kforge: the TUI is not available here; running headless (--no-tui)", file=sys.stderr)
             return cmd_run(args, _workspace(args))
+        if args.command == "runs":
+            from engine.run.report import cmd_runs
+
+            return cmd_runs(args, _workspace_existing(args))
+        if args.command == "compare" and (args.json or args.plain or not sys.stdout.isatty()):
+            from engine.run.report import cmd_compare
+
+            return cmd_compare(args, _workspace_existing(args))
         if args.command is None or args.command in TUI_COMMANDS:
             if open_tui is None:
                 raise UsageError("kforge-tui: the TUI is not available in this entry point; "
