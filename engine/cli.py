@@ -408,7 +408,7 @@ def _dispatch(argv: list[str], open_tui: TuiLauncher | None) -> int:
             from engine.run.report import cmd_runs
 
             return cmd_runs(args, _workspace_existing(args))
-        if args.command == "compare" and (args.json or args.plain or not sys.stdout.isatty()):
+        if args.command == "compare" and (args.json or args.plain or not terminal_attached()):
             from engine.run.report import cmd_compare
 
             return cmd_compare(args, _workspace_existing(args))
