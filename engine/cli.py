@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from engine.errors import KforgeError, UsageError
-from engine.progress import stderr_progress
+from engine.progress import StageProgress, stderr_progress
 
 TuiLauncher = Callable[[argparse.Namespace], int]
 
@@ -237,16 +237,18 @@ def run_argv(args: argparse.Namespace) -> list[str]:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """`kforge-tui export [RUN] --out FILE.cast`: confirm the run's winners here and write the cast."""
-    from engine.export.package import export_run
-
     if not args.out:
         raise UsageError("export: give --out FILE.cast")
     out = Path(args.out)
     if not out.parent.is_dir():
         raise UsageError(f"export --out {args.out}: folder {out.parent} does not exist")
-    result = export_run(_workspace(args), args.run, out, progress=stderr_progress(),
-                        model_check=not args.no_model_check, cuda_graphs=args.cuda_graphs,
-                        sanitize=args.sanitize, sanitize_timeout_s=args.sanitize_timeout)
+    # On a terminal the export is a stage updated in place; redirected, stderr keeps only errors and warnings.
+    stages = StageProgress() if sys.stderr.isatty() else None
+    try:
+        result = _export(args, out, stages.sink("export") if stages else stderr_progress())
+    finally:
+        if stages is not None:
+            stages.close()
     for w in result.warnings:  # always, also redirected: the cast is written, but the user must know this
         print(f"kforge: warning: {w}", file=sys.stderr, flush=True)
     if args.json:
@@ -260,7 +262,21 @@ def cmd_export(args: argparse.Namespace) -> int:
             print(f"  {v['id']:<40} {v['op']:<32} {v['speedup']:.2f}x (95% CI {ci[0]:.2f}-{ci[1]:.2f})")
         for e in result.excluded:
             print(f"  left on PyTorch: {e['op']} {e['card_id'][:8]}: {e['reason']}")
+        check = result.model_check or {}
+        if check.get("speedup") is not None:
+            ci = check.get("speedup_ci") or [float("nan")] * 2
+            err = check.get("rel_l2_err")
+            print(f"whole model ({check.get('mode')}): {check['speedup']:.3f}x (95% CI {ci[0]:.3f}-{ci[1]:.3f})"
+                  + ("" if err is None else f"; output moved {err:.1e} (relative L2)"))
     return 0
+
+
+def _export(args: argparse.Namespace, out: Path, progress: Callable[[str], None]):  # noqa: ANN202
+    from engine.export.package import export_run
+
+    return export_run(_workspace(args), args.run, out, progress=progress,
+                      model_check=not args.no_model_check, cuda_graphs=args.cuda_graphs,
+                      sanitize=args.sanitize, sanitize_timeout_s=args.sanitize_timeout)
 
 
 def cmd_audit(args: argparse.Namespace) -> int:

@@ -47,3 +47,19 @@ def test_compare_of_an_unknown_run_is_one_line(cli, tmp_path):
 def test_runs_without_a_workspace_is_one_line(cli, tmp_path):
     code, out, err = cli("runs", "--workspace", tmp_path / "none")
     assert code == 2 and "no Kernel Forge workspace" in err and len(err.strip().splitlines()) == 1
+
+
+def test_export_json_carries_the_whole_model_check(cli, tmp_path, monkeypatch):
+    # The export itself needs a GPU (tests/test_cast_gpu.py); here only what the command prints of its
+    # result is checked, with a result shaped as export_run returns it (no measurement is claimed).
+    import engine.cli
+    from engine.export.package import ExportResult
+
+    check = {"mode": "eager", "speedup": 1.1, "speedup_ci": [1.05, 1.15], "rel_l2_err": 1e-4, "tried": []}
+    monkeypatch.setattr(engine.cli, "_export", lambda args, out, progress: ExportResult(
+        out, [], [], [], model_check=check))
+    code, out, err = cli("export", "run-x", "--out", tmp_path / "m.cast", "--json", "--workspace", tmp_path)
+    assert code == 0, err
+    assert json.loads(out)["model_check"] == check
+    code, out, err = cli("export", "run-x", "--out", tmp_path / "m.cast", "--workspace", tmp_path)
+    assert "1.100x (95% CI 1.050-1.150)" in out and "relative L2" in out
