@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from engine.errors import KforgeError, UsageError
-from engine.progress import stderr_progress
+from engine.progress import StageProgress, stderr_progress
 
 TuiLauncher = Callable[[argparse.Namespace], int]
 
@@ -32,6 +32,24 @@ def _positive_float(text: str) -> float:
     if not value > 0:  # also NaN
         raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, not {text}")
     return value
+
+
+def _positive_usd(text: str) -> float:
+    """A number of US dollars > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of US dollars > 0, e.g. 5 or 2.50, not {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of US dollars > 0, e.g. 5 or 2.50, not {text}")
+    return value
+
+
+def _url(text: str) -> str:
+    if not text.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"must be an http:// or https:// URL, e.g. http://localhost:8000/v1, "
+                                         f"not {text!r}")
+    return text
 
 
 def _positive_int(text: str) -> int:
@@ -124,8 +142,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --provider replay: the run of this workspace whose answers are served again "
                         "(no LLM calls, no cost)")
     p.add_argument("--iterations", type=int, metavar="N", help="evaluations per card (default 50)")
-    p.add_argument("--strategy", default="mcts", help="mcts (default), greedy or beam")
-    p.add_argument("--wall-time", type=_positive_float, metavar="S", help="stop after S seconds")
+    p.add_argument("--model", metavar="NAME", help="the LLM model the provider asks (overrides its config)")
+    p.add_argument("--base-url", type=_url, metavar="URL",
+                   help="the provider's endpoint, e.g. http://localhost:8000/v1 (overrides its config)")
+    p.add_argument("--strategy", help="mcts (default), greedy or beam")
+    p.add_argument("--wall-time", type=_positive_float, metavar="S",
+                   help="stop after S seconds of the whole run: capture and eager timing count, and the "
+                        "search stops when the time is spent (a capture in progress is finished first)")
+    p.add_argument("--max-cost", type=_positive_usd, metavar="USD",
+                   help="stop the search once the provider's cost reaches USD (tokens at the config's prices)")
+    p.add_argument("--max-tokens", type=_positive_int, metavar="N",
+                   help="stop the search once N LLM tokens (input + output) are used")
     p.add_argument("--max-proposals", type=_positive_int, metavar="K", help="proposals in flight at once (default 4)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout at the end")
     p.add_argument("--dry-run", action="store_true", help="capture, propose and compile only (no GPU needed)")
@@ -156,8 +183,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     _add_common(p)
 
-    p = sub.add_parser("compare", help="runs or providers side by side in the TUI")
+    p = sub.add_parser("runs", help="list the workspace's runs (newest first)")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    _add_common(p)
+
+    p = sub.add_parser("compare", help="runs or providers side by side (the TUI; text when not a terminal)")
     p.add_argument("runs", metavar="RUN", nargs="+", help="run ids (or unique prefixes)")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout (no TUI)")
+    p.add_argument("--plain", action="store_true",
+                   help="print a plain-text table (no TUI; the default when stdout is not a terminal)")
     _add_common(p)
     _add_tui(p)
 
@@ -203,21 +237,24 @@ def run_argv(args: argparse.Namespace) -> list[str]:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """`kforge-tui export [RUN] --out FILE.cast`: confirm the run's winners here and write the cast."""
-    from engine.export.package import export_run
-
     if not args.out:
         raise UsageError("export: give --out FILE.cast")
     out = Path(args.out)
     if not out.parent.is_dir():
         raise UsageError(f"export --out {args.out}: folder {out.parent} does not exist")
-    result = export_run(_workspace(args), args.run, out, progress=stderr_progress(),
-                        model_check=not args.no_model_check, cuda_graphs=args.cuda_graphs,
-                        sanitize=args.sanitize, sanitize_timeout_s=args.sanitize_timeout)
+    # On a terminal the export is a stage updated in place; redirected, stderr keeps only errors and warnings.
+    stages = StageProgress() if sys.stderr.isatty() else None
+    try:
+        result = _export(args, out, stages.sink("export") if stages else stderr_progress())
+    finally:
+        if stages is not None:
+            stages.close()
     for w in result.warnings:  # always, also redirected: the cast is written, but the user must know this
         print(f"kforge: warning: {w}", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps({"out": str(out), "included": result.included, "excluded": result.excluded,
-                          "warnings": result.warnings}, separators=(",", ":"), default=str))
+                          "model_check": result.model_check, "warnings": result.warnings},
+                         separators=(",", ":"), default=str))
     else:
         print(f"wrote {out}: {len(result.included)} variant(s)")
         for v in result.included:
@@ -225,7 +262,21 @@ def cmd_export(args: argparse.Namespace) -> int:
             print(f"  {v['id']:<40} {v['op']:<32} {v['speedup']:.2f}x (95% CI {ci[0]:.2f}-{ci[1]:.2f})")
         for e in result.excluded:
             print(f"  left on PyTorch: {e['op']} {e['card_id'][:8]}: {e['reason']}")
+        check = result.model_check or {}
+        if check.get("speedup") is not None:
+            ci = check.get("speedup_ci") or [float("nan")] * 2
+            err = check.get("rel_l2_err")
+            print(f"whole model ({check.get('mode')}): {check['speedup']:.3f}x (95% CI {ci[0]:.3f}-{ci[1]:.3f})"
+                  + ("" if err is None else f"; output moved {err:.1e} (relative L2)"))
     return 0
+
+
+def _export(args: argparse.Namespace, out: Path, progress: Callable[[str], None]):  # noqa: ANN202
+    from engine.export.package import export_run
+
+    return export_run(_workspace(args), args.run, out, progress=progress,
+                      model_check=not args.no_model_check, cuda_graphs=args.cuda_graphs,
+                      sanitize=args.sanitize, sanitize_timeout_s=args.sanitize_timeout)
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
@@ -255,6 +306,24 @@ def _workspace(args: argparse.Namespace) -> Path:
         return ensure_workspace(resolve_workspace(args.workspace))
     except WorkspaceError as e:
         raise UsageError(str(e)) from None
+
+
+def _workspace_existing(args: argparse.Namespace) -> Path:
+    """The workspace to read (never created here): a missing one is bad input."""
+    from engine.store import db_path, resolve_workspace
+
+    workspace = resolve_workspace(args.workspace)
+    if not db_path(workspace).is_file():
+        raise UsageError(f"no Kernel Forge workspace at {workspace}: start a run with 'kforge-tui run CONFIG' "
+                         "or give --workspace DIR")
+    return workspace
+
+
+def load_user_config():  # noqa: ANN201 - re-exported for the TUI, which may import engine.cli only
+    """The user config (engine.userconfig.load_user_config): providers, limits, theme, keymap."""
+    from engine.userconfig import load_user_config as load
+
+    return load()
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
@@ -351,6 +420,14 @@ def _dispatch(argv: list[str], open_tui: TuiLauncher | None) -> int:
                 print("kforge: not a terminal; running headless (as with --no-tui)" if open_tui is not None
                       else "kforge: the TUI is not available here; running headless (--no-tui)", file=sys.stderr)
             return cmd_run(args, _workspace(args))
+        if args.command == "runs":
+            from engine.run.report import cmd_runs
+
+            return cmd_runs(args, _workspace_existing(args))
+        if args.command == "compare" and (args.json or args.plain or not terminal_attached()):
+            from engine.run.report import cmd_compare
+
+            return cmd_compare(args, _workspace_existing(args))
         if args.command is None or args.command in TUI_COMMANDS:
             if open_tui is None:
                 raise UsageError("kforge-tui: the TUI is not available in this entry point; "

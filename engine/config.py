@@ -23,7 +23,11 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-_TOP_KEYS = {"name", "description", "builder", "params", "small", "dtype", "multiplicity", "capture"}
+_TOP_KEYS = {"name", "description", "builder", "params", "small", "dtype", "multiplicity", "capture", "run"}
+# [run]: a run's settings for this model (`kforge-tui run` flags win over them; they win over the user
+# config). Not part of the config's identity: changing them is no reason to capture again.
+RUN_KEYS = {"provider": str, "model": str, "base_url": str, "iterations": int, "strategy": str,
+            "wall_time": float, "max_proposals": int, "max_cost": float, "max_tokens": int}
 _CAPTURE_KEYS = {"samples", "sample_budget_mb", "total_sample_budget_mb"}
 _DTYPE_KEYS = {"cuda", "cpu"}
 DTYPES = {
@@ -49,6 +53,7 @@ class ModelConfig:
     sample_budget_mb: int = 256  # per card; its first sample is always kept
     total_sample_budget_mb: int = 8192  # per capture
     raw: Mapping[str, Any] = field(default_factory=dict)
+    run: Mapping[str, Any] = field(default_factory=dict)  # the [run] table, validated (RUN_KEYS)
     builder_file: Path | None = None  # the builder's module source, part of `sha256`; None if not a file
 
     def dtype_for(self, device: str) -> torch.dtype:
@@ -97,7 +102,7 @@ def load_config(path: str | Path, *, small: bool = False) -> ModelConfig:
     builder = raw["builder"]
     if builder.count(":") != 1 or not all(builder.split(":")):
         raise bad("builder", f"'{builder}' must be 'module:function' (or 'file.py:function')")
-    for table in ("params", "small", "dtype", "multiplicity", "capture"):
+    for table in ("params", "small", "dtype", "multiplicity", "capture", "run"):
         if table in raw and not isinstance(raw[table], dict):
             raise bad(table, f"must be a table ([{table}])")
     params = dict(raw.get("params", {}))
@@ -123,14 +128,38 @@ def load_config(path: str | Path, *, small: bool = False) -> ModelConfig:
             raise bad(f"capture.{k}", f"unknown key; allowed: {', '.join(sorted(_CAPTURE_KEYS))}")
         if not isinstance(v, int) or isinstance(v, bool) or v < (0 if k == "samples" else 1):
             raise bad(f"capture.{k}", "must be a non-negative integer")
+    run = _run_table(raw.get("run", {}), bad)
     builder_file = _builder_file(p, builder)
+    identity_bytes = data
+    if "run" in raw:  # the same model with other run settings is the same capture
+        import json
+
+        rest = {k: v for k, v in raw.items() if k != "run"}
+        identity_bytes = b"kforge-config-without-run\0" + json.dumps(rest, sort_keys=True, default=str).encode()
     return ModelConfig(
-        path=p, sha256=_identity(data, builder, builder_file), name=raw["name"],
+        path=p, sha256=_identity(identity_bytes, builder, builder_file), name=raw["name"],
         description=str(raw.get("description", "")), builder=builder, params=params, small=small,
         dtypes=dict(dtypes), multiplicity=dict(mult), samples=cap.get("samples", 3),
         sample_budget_mb=cap.get("sample_budget_mb", 256),
-        total_sample_budget_mb=cap.get("total_sample_budget_mb", 8192), raw=raw, builder_file=builder_file,
+        total_sample_budget_mb=cap.get("total_sample_budget_mb", 8192), raw=raw, run=run,
+        builder_file=builder_file,
     )
+
+
+def _run_table(t: Mapping[str, Any], bad: Callable[[str, str], UsageError]) -> dict[str, Any]:
+    """The [run] table's values, each of its type and > 0 where it is a number."""
+    out: dict[str, Any] = {}
+    for k, v in t.items():
+        kind = RUN_KEYS.get(k)
+        if kind is None:
+            raise bad(f"run.{k}", f"unknown key; allowed: {', '.join(sorted(RUN_KEYS))}")
+        if kind is str:
+            if not isinstance(v, str) or not v.strip():
+                raise bad(f"run.{k}", "must be a non-empty string")
+        elif isinstance(v, bool) or not isinstance(v, (int,) if kind is int else (int, float)) or not v > 0:
+            raise bad(f"run.{k}", f"must be {'a whole number >= 1' if kind is int else 'a number > 0'}")
+        out[k] = float(v) if kind is float else v
+    return out
 
 
 def _builder_file(config_path: Path, builder: str) -> Path | None:

@@ -1,9 +1,16 @@
-"""Progress lines for long work, on stderr (stdout is reserved for a command's result)."""
+"""Progress of long work, on stderr (stdout is reserved for a command's result).
+
+On a terminal: one line per stage (capture, eager timing, lanes, search, export) updated in place by
+rich. Elsewhere (a log, a pipe, CI): one JSON line per progress event, never a repeat of the last one.
+"""
 
 from __future__ import annotations
 
+import json
 import sys
+import time
 from collections.abc import Callable
+from typing import Any, TextIO
 
 
 def stderr_progress() -> Callable[[str], None]:
@@ -17,3 +24,112 @@ def stderr_progress() -> Callable[[str], None]:
     def show(msg: str) -> None:
         print(f"kforge: {msg}", file=sys.stderr, flush=True)
     return show
+
+
+class StageProgress:
+    """Stages of one command. `stage(name, msg)` starts or updates a stage, `update` sets its counts,
+    `done` closes it; `close()` ends the display. `json_lines=None`: JSON unless `stream` is a terminal."""
+
+    def __init__(self, stream: TextIO | None = None, json_lines: bool | None = None):
+        self.stream = stream or sys.stderr
+        self.json_lines = (not _isatty(self.stream)) if json_lines is None else json_lines
+        self._last_line: str | None = None
+        self._rich: Any = None
+        self._tasks: dict[str, Any] = {}
+
+    # -- the one place that writes ---------------------------------------------------------------------
+
+    def emit(self, event: str, **fields: Any) -> None:
+        """One JSON line (JSON mode only); an event equal to the previous one is not written again."""
+        if not self.json_lines:
+            return
+        body = json.dumps({"event": event, **fields}, default=str, separators=(",", ":"))
+        if body == self._last_line:
+            return
+        self._last_line = body
+        self.stream.write(json.dumps({"t": round(time.time(), 3), "event": event, **fields}, default=str) + "\n")
+        self.stream.flush()
+
+    def _bars(self) -> Any:
+        if self._rich is None:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                SpinnerColumn,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            self._rich = Progress(SpinnerColumn(finished_text="[green]✓[/]"),
+                                  TextColumn("[bold]{task.fields[stage]:<8}[/]"), BarColumn(bar_width=24),
+                                  MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"),
+                                  console=Console(file=self.stream), refresh_per_second=4, transient=False)
+            self._rich.start()
+        return self._rich
+
+    # -- stages ----------------------------------------------------------------------------------------
+
+    def stage(self, name: str, message: str = "", *, total: int | None = None) -> None:
+        """Start stage `name` (or say what it does now)."""
+        if self.json_lines:
+            self.emit("stage", stage=name, message=message, **({"total": total} if total is not None else {}))
+            return
+        bars = self._bars()
+        if name not in self._tasks:
+            self._tasks[name] = bars.add_task(message, stage=name, total=total)
+        else:
+            bars.update(self._tasks[name], description=message,
+                        **({"total": total} if total is not None else {}))
+
+    def update(self, name: str, *, completed: int | None = None, total: int | None = None,
+               message: str | None = None, **counts: Any) -> None:
+        """New counts of a running stage (JSON mode: one line carrying them)."""
+        if self.json_lines:
+            self.emit("progress", stage=name, **({"message": message} if message else {}),
+                      **({"completed": completed} if completed is not None else {}),
+                      **({"total": total} if total is not None else {}), **counts)
+            return
+        if name not in self._tasks:
+            self.stage(name, message or "", total=total)
+        kw: dict[str, Any] = {}
+        if completed is not None:
+            kw["completed"] = completed
+        if total is not None:
+            kw["total"] = total
+        if message is not None:
+            kw["description"] = message
+        self._bars().update(self._tasks[name], **kw)
+
+    def done(self, name: str, message: str | None = None) -> None:
+        """Stage `name` is over."""
+        if self.json_lines:
+            self.emit("stage_done", stage=name, **({"message": message} if message else {}))
+            return
+        if name not in self._tasks:
+            self.stage(name, message or "")
+        task = self._tasks[name]
+        bars = self._bars()
+        t = next(x for x in bars.tasks if x.id == task)
+        bars.update(task, total=t.total if t.total is not None else max(t.completed, 1),
+                    completed=t.total if t.total is not None else max(t.completed, 1),
+                    **({"description": message} if message is not None else {}))
+        bars.stop_task(task)
+
+    def sink(self, name: str) -> Callable[[str], None]:
+        """A `progress(msg)` callable (what capture and export take) that updates stage `name`."""
+        return lambda msg: self.stage(name, msg)
+
+    def close(self) -> None:
+        """End the display (the terminal keeps its last state)."""
+        if self._rich is not None:
+            self._rich.stop()
+            self._rich = None
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False

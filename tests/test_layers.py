@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                  "engine.resources")),
     ("storage and maths", ("engine.store", "engine.search", "engine.bench")),
     ("models", ("engine.models",)),
-    ("config", ("engine.config",)),
+    ("config", ("engine.config", "engine.userconfig")),
     ("capture", ("engine.capture",)),
     ("toolchain", ("engine.launch", "engine.compile")),
     ("verification", ("engine.verify",)),

@@ -64,9 +64,12 @@ def test_detached_engine_argv_is_headless_run_in_same_workspace(tmp_path):
 
 
 def test_run_detached_reports_an_engine_that_dies(cli, tmp_path, monkeypatch):
-    # A config that does not exist: the detached engine exits 2 before creating a run; we say so.
+    # A config whose builder cannot be imported (found only when the engine captures): the detached engine
+    # exits 2 before creating a run; we say so. (A config that does not exist is refused before the engine.)
     monkeypatch.setenv("KFORGE_FORCE_TUI", "1")  # as from a terminal (pytest's stdout is not one)
-    code, out, err = cli("run", tmp_path / "missing.toml", "--workspace", tmp_path / "ws")
+    config = tmp_path / "broken.toml"
+    config.write_text('name = "broken"\nbuilder = "kforge_no_such_module:build"\n')
+    code, out, err = cli("run", config, "--workspace", tmp_path / "ws")
     assert code == 2 and "before its run started" in err and "log:" in err
 
 
@@ -168,7 +171,7 @@ def _example_value(action: argparse.Action) -> str:
     """A value the option accepts: its last choice, else the first of a few its type takes."""
     if action.choices:
         return str(list(action.choices)[-1])
-    for value in ("7", "2.5", "some-value"):
+    for value in ("7", "2.5", "some-value", "http://localhost:8000/v1"):
         try:
             (action.type or str)(value)
             return value

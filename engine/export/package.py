@@ -113,6 +113,8 @@ class ExportResult:
     # What the user must hear even with stderr redirected and --json: the cast was written, but the whole
     # model is not faster with confidence, or was not checked at all.
     warnings: list[str] = field(default_factory=list)
+    # The whole-model check as the cast's report records it: mode, speedup, speedup_ci, rel_l2_err, tried.
+    model_check: dict[str, Any] | None = None
 
 
 def select_winners(cards: list[dict[str, Any]], candidates: list[dict[str, Any]]
@@ -236,7 +238,7 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
     manifest, files, report = package(kept, env, source, excluded)
     write_cast(out, manifest, files, report)
     return ExportResult(out, [{"id": v.vid, "op": v.card["op"], **(v.confirmed or {})} for v in kept], excluded,
-                        warnings)
+                        warnings, source.get("model_check"))
 
 
 def sanitize_kept(kept: list[ExportVariant], env: dict[str, Any], source: dict[str, Any], excluded: list[dict],

@@ -8,16 +8,17 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from engine.cards import card_from_row
 from engine.errors import JobError, UsageError
 from engine.outcomes import RUN_STOP_REASONS
-from engine.progress import stderr_progress
+from engine.progress import StageProgress
 from engine.propose.base import Hardware
 from engine.propose.factory import make_proposer, provider_config
-from engine.propose.providers.config import default_provider
+from engine.propose.providers.config import ProviderConfig, default_provider
 from engine.run.interrupt import Interrupted, StopFlag, run_interruptible
 from engine.run.orchestrator import Budgets, Orchestrator, RunTotals
 from engine.run.plan import CardState, SchedulePolicy
@@ -25,6 +26,7 @@ from engine.run.report import Progress, print_final_table, run_document
 from engine.run.store_recorder import StoreRecorder, load_records
 from engine.search.tree import STRATEGIES, SearchParams
 from engine.store import Store, db_path, new_id
+from engine.userconfig import UserConfig, load_user_config
 
 
 def _as_cuda(sig: Any) -> Any:
@@ -65,8 +67,113 @@ def resume_hint(run_id: str, workspace: Path, *, dry: bool = False) -> str:
     return f"kforge-tui run --resume {run_id}{' --dry-run' if dry else ''} --workspace {workspace}"
 
 
+@dataclass(frozen=True)
+class RunSettings:
+    """A run's settings after precedence: CLI flag > the model config's [run] table > user config > default.
+    `source` says where each came from ('cli', 'run config', 'user config', 'default')."""
+
+    provider: str
+    model: str | None
+    base_url: str | None
+    iterations: int
+    strategy: str
+    wall_s: float | None
+    max_proposals: int
+    max_cost_usd: float | None
+    max_tokens: int | None
+    source: dict[str, str] = field(default_factory=dict)
+
+
+# setting -> (CLI attribute, [run] key, user config attribute or None, default)
+_SETTINGS: dict[str, tuple[str, str, str | None, Any]] = {
+    "provider": ("provider", "provider", "default_provider", None),
+    "model": ("model", "model", None, None),
+    "base_url": ("base_url", "base_url", None, None),
+    "iterations": ("iterations", "iterations", None, 50),
+    "strategy": ("strategy", "strategy", None, "mcts"),
+    "wall_s": ("wall_time", "wall_time", None, None),
+    "max_proposals": ("max_proposals", "max_proposals", None, 4),
+    "max_cost_usd": ("max_cost", "max_cost", "max_cost_usd", None),
+    "max_tokens": ("max_tokens", "max_tokens", "max_tokens", None),
+}
+
+
+def resolve_settings(args: argparse.Namespace, run_table: dict[str, Any], user: UserConfig) -> RunSettings:
+    """Each setting from the first layer that gives it: CLI, [run] of the model config, user config, default."""
+    values: dict[str, Any] = {}
+    source: dict[str, str] = {}
+    for name, (flag, key, user_attr, default) in _SETTINGS.items():
+        for where, value in (("cli", getattr(args, flag, None)), ("run config", run_table.get(key)),
+                             ("user config", getattr(user, user_attr) if user_attr else None),
+                             ("default", default)):
+            if value is not None:
+                values[name], source[name] = value, where
+                break
+        else:
+            values[name], source[name] = None, "default"
+    if values["provider"] is None:
+        values["provider"] = default_provider()
+    return RunSettings(**values, source=source)
+
+
+def settings_of(args: argparse.Namespace) -> RunSettings:
+    """`run`'s settings for a new run (CONFIG given); bad values anywhere are a UsageError naming them."""
+    from engine.config import load_config
+
+    run_table = dict(load_config(args.config, small=args.small).run) if args.config else {}
+    return resolve_settings(args, run_table, load_user_config())
+
+
+def provider_for(name: str, model: str | None, base_url: str | None,
+                 user: UserConfig | None = None) -> ProviderConfig:
+    """The provider `name` with the user config's entry and then --model / --base-url over it."""
+    import dataclasses
+
+    from engine.propose.providers.base import Price
+
+    user = user if user is not None else load_user_config()
+    mine = user.providers.get(name)
+    try:
+        cfg = provider_config(name)
+    except UsageError:
+        if mine is None or mine.type is None:
+            raise
+        cfg = ProviderConfig(name=name, type=mine.type, path=user.path,
+                             api_key_env={"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}.get(mine.type))
+    if mine is not None:
+        changes: dict[str, Any] = {k: getattr(mine, k) for k in ("model", "base_url", "api_key_env")
+                                   if getattr(mine, k) is not None}
+        if mine.prices:
+            changes["prices"] = {**cfg.prices, **{m: Price(**p) for m, p in mine.prices.items()}}
+        cfg = dataclasses.replace(cfg, **changes)
+    if (model or base_url) and not cfg.is_llm:
+        flag = "--model" if model else "--base-url"
+        raise UsageError(f"{flag}: provider {name} is no LLM ({cfg.type}); give it with --provider anthropic, "
+                         f"openai or an LLM provider of your config")
+    cfg = dataclasses.replace(cfg, **({"model": model} if model else {}), **({"base_url": base_url} if base_url else {}))
+    if cfg.is_llm and not cfg.model:
+        raise UsageError(f"{user.path}: key 'providers.{name}.model': required for an LLM provider "
+                         f"(or give --model NAME)")
+    return cfg
+
+
+async def _proposer(name: str, model: str | None, base_url: str | None, *, store: Store,
+                    replay_run: str | None = None, resumed_run: str | None = None):
+    """make_proposer, except that an LLM provider gets the user config's and the CLI's overrides."""
+    cfg = provider_for(name, model, base_url)
+    if not cfg.is_llm:
+        return await make_proposer(name, store=store, replay_run=replay_run, resumed_run=resumed_run)
+    if replay_run is not None:
+        raise UsageError(f"--replay-run {replay_run}: only goes with --provider replay (not --provider {name})")
+    from engine.propose.llm import LLMProposer
+    from engine.propose.providers.config import make_client
+
+    cfg.check_key()
+    return LLMProposer(make_client(cfg), name=name, max_tokens=cfg.max_tokens)
+
+
 async def run_async(args: argparse.Namespace, workspace: Path,
-                    stop: StopFlag | None = None) -> tuple[int, dict[str, Any]]:
+                    stop: StopFlag | None = None, started: float | None = None) -> tuple[int, dict[str, Any]]:
     """The whole run. With a `stop` flag (Ctrl-C): the search stops through Orchestrator.interrupt, any
     other phase by cancellation; either way the run row says 'stopped' (interrupted) and Interrupted
     carries the one line to show."""
@@ -77,17 +184,21 @@ async def run_async(args: argparse.Namespace, workspace: Path,
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if not dry and gpus == 0:
         raise UsageError("run: no CUDA GPU is visible; use --dry-run to capture, propose and compile only")
+    started = time.monotonic() if started is None else started
     store = await Store.open(db_path(workspace))
+    stages = StageProgress(json_lines=True if args.json else None)
     async with store:
         ids: dict[str, str] = {}
         try:
-            code, doc = await _run_in(store, args, workspace, stop, ids, dry, gpus)
+            code, doc = await _run_in(store, args, workspace, stop, ids, dry, gpus, stages, started)
         except asyncio.CancelledError:
             if "run" not in ids:
                 raise Interrupted("interrupted: stopped before the run was created (a capture in progress "
                                   "is discarded); nothing to resume") from None
             await _mark_interrupted(store, ids["run"])
             code, doc = 130, {}
+        finally:
+            stages.close()
         if code == 130:
             raise Interrupted(f"interrupted: run {ids['run']} stopped (resumable): "
                               f"{resume_hint(ids['run'], workspace, dry=dry)}")
@@ -104,25 +215,28 @@ async def _mark_interrupted(store: Store, run_id: str) -> None:
 
 
 async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop: StopFlag, ids: dict[str, str],
-                  dry: bool, gpus: int) -> tuple[int, dict[str, Any]]:
+                  dry: bool, gpus: int, stages: StageProgress, started: float) -> tuple[int, dict[str, Any]]:
     if args.resume:
         run = await store.get_run(args.resume)
         if run is None:
             raise UsageError(f"--resume {args.resume}: no such run in {workspace}")
         capture_id, provider, cfg = run["capture_id"], run["provider"], run["config"]
         run_id = ids["run"] = run["id"]
-        proposer = await make_proposer(provider, store=store, replay_run=cfg.get("replay_run"),
-                                       resumed_run=run_id)
+        proposer = await _proposer(provider, cfg.get("model"), cfg.get("base_url"), store=store,
+                                   replay_run=cfg.get("replay_run"), resumed_run=run_id)
     else:
-        provider = args.provider or default_provider()
+        settings = settings_of(args)
+        provider = settings.provider
         # Bad --provider or --replay-run is bad input: say so before capturing anything.
-        proposer = await make_proposer(provider, store=store, replay_run=args.replay_run)
+        proposer = await _proposer(provider, settings.model, settings.base_url, store=store,
+                                   replay_run=args.replay_run)
         if args.replay_run:
             await _check_replay(store, args)
-        capture_id = await _capture_for(store, args, workspace, stop)
-        cfg = {"config": str(Path(args.config).resolve()), "iterations": args.iterations,
-               "strategy": args.strategy, "dry_run": dry, "wall_s": args.wall_time,
-               "max_proposals": args.max_proposals}
+        capture_id = await _capture_for(store, args, workspace, stop, stages)
+        cfg = {"config": str(Path(args.config).resolve()), "iterations": settings.iterations,
+               "strategy": settings.strategy, "dry_run": dry, "wall_s": settings.wall_s,
+               "max_proposals": settings.max_proposals, "model": settings.model, "base_url": settings.base_url,
+               "max_cost_usd": settings.max_cost_usd, "max_tokens": settings.max_tokens}
         if args.replay_run:
             cfg["replay_run"] = args.replay_run  # so that --resume replays the same run
         capture = await store.get_capture(capture_id)
@@ -134,8 +248,7 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
         print("kforge: dry run on a CPU capture: proposing and compiling for the same signatures on CUDA",
               file=sys.stderr)
     cards = await _cards_of(store, workspace, capture_id, as_cuda=as_cuda)
-    recorder = StoreRecorder(store, run_id,
-                             progress=stop.quiet(Progress(json_lines=None if not args.json else True)))
+    recorder = StoreRecorder(store, run_id, progress=stop.quiet(Progress(stages)))
     lanes, pool = [], None
     policy = SchedulePolicy()
     try:
@@ -152,7 +265,9 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
             from engine.run.eager import measure_and_store_eager
             from engine.run.evaluators import LaneEvaluator
 
+            stages.stage("lanes", f"starting {gpus} GPU lane(s)")
             lanes = await _start_lanes(gpus)
+            stages.done("lanes", f"{len(lanes)} lane(s) ready")
             await recorder.event("lanes", {"lanes": [lane.name for lane in lanes]})  # for idle/busy views
             hello = (await lanes[0].request("hello")).payload
             hardware = Hardware(hello["name"], hello["arch"], hello["sms"], hello["l2_bytes"],
@@ -165,14 +280,20 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
             todo = [c.ref for c in cards if c.eager_us is None and c.ref.samples
                     and c.share >= policy.min_share and proposer.supports(c.card)]
             if todo:
+                stages.stage("eager", f"timing eager PyTorch for {len(todo)} card(s)")
                 await measure_and_store_eager(lanes[0], store, capture_id, todo)
+                stages.done("eager", f"eager timed for {len(todo)} card(s)")
                 cards = await _cards_of(store, workspace, capture_id)
         for c in cards:
             if not proposer.supports(c.card):
                 c.done_reason = "declined"
         records = await load_records(store, run_id)
         totals = RunTotals(run.get("tokens_in", 0), run.get("tokens_out", 0), run.get("cost_usd", 0.0))
-        budgets = Budgets(iterations_per_card=cfg.get("iterations") or 50, wall_s=cfg.get("wall_s"))
+        # --wall-time counts the whole run: the search gets what capture and eager timing left of it.
+        wall_s = cfg.get("wall_s")
+        left = None if wall_s is None else max(0.0, wall_s - (time.monotonic() - started))
+        budgets = Budgets(iterations_per_card=cfg.get("iterations") or 50, wall_s=left,
+                          tokens=cfg.get("max_tokens"), cost_usd=cfg.get("max_cost_usd"))
         o = Orchestrator(cards=cards, proposer=proposer, evaluate=evaluate, recorder=recorder,
                          new_id=lambda: new_id("cand"), hardware=hardware,
                          strategy=cfg.get("strategy") or "mcts", params=SearchParams(), budgets=budgets,
@@ -209,7 +330,8 @@ async def _check_replay(store: Store, args: argparse.Namespace) -> None:
                          f"give {source['model']}'s config to replay it")
 
 
-async def _capture_for(store: Store, args: argparse.Namespace, workspace: Path, stop: StopFlag) -> str:
+async def _capture_for(store: Store, args: argparse.Namespace, workspace: Path, stop: StopFlag,
+                       stages: StageProgress) -> str:
     """Reuse the newest capture of the same config identity (TOML and builder source) and size, else capture now."""
     from engine.config import load_config
 
@@ -220,8 +342,10 @@ async def _capture_for(store: Store, args: argparse.Namespace, workspace: Path, 
             return cap["id"]
     from engine.capture.store import capture_into
 
+    stages.stage("capture", f"capturing {config.name}")
     result = await capture_into(store, config, args.device, workspace, samples=None,
-                                progress=stop.quiet(stderr_progress()))
+                                progress=stop.quiet(stages.sink("capture")))
+    stages.done("capture", f"{config.name}: captured")
     return result.capture_id
 
 
@@ -232,19 +356,25 @@ def check_run_args(args: argparse.Namespace) -> None:
     if args.config is not None and args.resume:
         raise UsageError(f"run: give a CONFIG or --resume {args.resume}, not both "
                          f"(a resumed run keeps the config it started with)")
-    if args.strategy not in STRATEGIES:
-        raise UsageError(f"--strategy {args.strategy}: use one of {', '.join(STRATEGIES)}")
     if args.iterations is not None and args.iterations < 1:
         raise UsageError(f"--iterations {args.iterations}: must be at least 1")
-    if not args.resume:  # a resumed run's provider is read from the workspace; make_proposer checks it
-        provider_config(args.provider or default_provider()).check_key()
+    if args.resume:  # a resumed run keeps its settings, read from the workspace; make_proposer checks them
+        if args.strategy is not None and args.strategy not in STRATEGIES:
+            raise UsageError(f"--strategy {args.strategy}: use one of {', '.join(STRATEGIES)}")
+        return
+    s = settings_of(args)
+    if s.strategy not in STRATEGIES:
+        where = "--strategy" if s.source["strategy"] == "cli" else f"{args.config}: key 'run.strategy'"
+        raise UsageError(f"{where} {s.strategy}: use one of {', '.join(STRATEGIES)}")
+    provider_for(s.provider, s.model, s.base_url).check_key()
 
 
 def cmd_run(args: argparse.Namespace, workspace: Path) -> int:
     """Entry from the CLI: run headless, print the final table (or --json document)."""
-    check_run_args(args)
     t0 = time.perf_counter()
-    code, doc = run_interruptible(lambda stop: run_async(args, workspace, stop),
+    started = time.monotonic()  # --wall-time counts from here
+    check_run_args(args)
+    code, doc = run_interruptible(lambda stop: run_async(args, workspace, stop, started),
                                   interrupted="interrupted: stopped before the run was created; nothing to resume")
     doc["wall_s"] = round(time.perf_counter() - t0, 3)
     if args.json:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import sys
+import sqlite3
 import time
 from typing import Any
 
@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.outcomes import CARD_SKIP_REASONS, PROPOSAL_FAILURES
+from engine.progress import StageProgress
 from engine.run.orchestrator import CandidateRecord, Orchestrator
 
 # Rejections of candidates that never compiled: the compile failures and the unusable answers.
@@ -29,7 +30,8 @@ def card_summaries(o: Orchestrator) -> list[dict[str, Any]]:
             if r.status == "rejected":
                 failures[r.category or "unknown"] = failures.get(r.category or "unknown", 0) + 1
         out.append({
-            "id": cid, "op": card.ref.op, "calls": card.card.calls, "share": card.share,
+            "id": cid, "op": card.ref.op, "signature": card.card.signature_text,
+            "signature_detail": card.card.signature, "calls": card.card.calls, "share": card.share,
             "eager_us": best.eager_us if best else card.eager_us, "best_us": best.best_us if best else None,
             "speedup": best.speedup if best else None,
             "speedup_ci": list(best.speedup_ci) if best and best.speedup_ci else None,
@@ -49,39 +51,38 @@ def run_document(run_id: str, status: str, o: Orchestrator) -> dict[str, Any]:
 
 
 class Progress:
-    """Event sink for `run --no-tui`: a refreshed status line on a terminal, JSON lines otherwise.
+    """Event sink for `run --no-tui`: the search stage of a StageProgress (a bar updated in place on a
+    terminal, one JSON line per event otherwise) with running counts: compiled, verified, failed."""
 
-    On a terminal the line is redrawn at most every 0.25 s (never once per event).
-    """
-
-    def __init__(self, stream=None, json_lines: bool | None = None):
-        self.stream = stream or sys.stderr
-        self.json_lines = (not self.stream.isatty()) if json_lines is None else json_lines
-        self.console = Console(file=self.stream)
-        self._last = 0.0
-        self.counts = {"verified": 0, "rejected": 0, "compiled": 0}
+    def __init__(self, stages: StageProgress | None = None, json_lines: bool | None = None):
+        self.stages = stages or StageProgress(json_lines=json_lines)
+        self.counts = {"compiled": 0, "verified": 0, "failed": 0}
 
     def __call__(self, kind: str, payload: dict[str, Any], card_id: str | None, o: Orchestrator | None) -> None:
         if kind == "evaluated":
-            self.counts[payload.get("status", "rejected")] = self.counts.get(payload.get("status", "rejected"), 0) + 1
-        if self.json_lines:
-            self.stream.write(json.dumps({"t": round(time.time(), 3), "event": kind, "card": card_id, **payload},
-                                         default=str) + "\n")
-            self.stream.flush()
+            status = payload.get("status", "rejected")
+            key = "failed" if status == "rejected" else status
+            self.counts[key] = self.counts.get(key, 0) + 1
+            if status == "verified" or (status == "rejected" and payload.get("category") not in UNCOMPILED):
+                self.counts["compiled"] += 1
+        if self.stages.json_lines:
+            extra = {"counts": dict(self.counts)} if kind == "evaluated" else {}
+            self.stages.emit(kind, card=card_id, **payload, **extra)
             return
-        now = time.monotonic()
-        if o is None or (now - self._last < 0.25 and kind not in ("run_finished", "run_started")):
+        if o is None:
             return
-        self._last = now
         open_cards = sum(1 for c in o.cards.values() if not c.done_reason)
         best = max((r.speedup for r in o.records.values() if r.speedup), default=None)
-        self.console.print(
-            f"[dim]{time.strftime('%H:%M:%S')}[/] cards open {open_cards}/{len(o.cards)} · proposals "
-            f"{o.totals.proposals} · verified {self.counts['verified']} · rejected {self.counts['rejected']}"
-            f" · best {best:.2f}×" if best else
-            f"[dim]{time.strftime('%H:%M:%S')}[/] cards open {open_cards}/{len(o.cards)} · proposals "
-            f"{o.totals.proposals} · verified {self.counts['verified']} · rejected {self.counts['rejected']}",
-            highlight=False)
+        searched = [c for c in o.cards.values() if c.done_reason not in CARD_SKIP_REASONS]
+        total = max(1, len(searched) * o.budgets.iterations_per_card)
+        message = (f"cards open {open_cards}/{len(o.cards)} · proposals {o.totals.proposals} · compiled "
+                   f"{self.counts['compiled']} · verified {self.counts['verified']} · failed "
+                   f"{self.counts['failed']}" + (f" · best {best:.2f}×" if best else ""))
+        if kind == "run_finished":
+            self.stages.update("search", completed=o.totals.evaluations, total=total, message=message)
+            self.stages.done("search")
+        else:
+            self.stages.update("search", completed=o.totals.evaluations, total=total, message=message)
 
 
 def print_final_table(doc: dict[str, Any], console: Console | None = None) -> None:
@@ -117,3 +118,102 @@ def print_final_table(doc: dict[str, Any], console: Console | None = None) -> No
 
 def _us(v: float | None) -> str:
     return "–" if v is None else f"{v:.1f}"
+
+
+# ---- scripting: `runs`, `compare --json / --plain` -------------------------------------------------------
+
+
+def run_summaries(db_path: Any, refs: list[str] | None = None) -> list[dict[str, Any]]:
+    """One entry per run (newest first; or the runs `refs` name, ids or unique prefixes, in that order):
+    id, model, provider, LLM model, status, started, candidates per status, best speedup, tokens, cost."""
+    from engine.errors import UsageError
+    from engine.store import open_readonly
+    from engine.store import read as store_read
+
+    conn = open_readonly(db_path)
+    try:
+        rows = store_read.runs(conn)
+        if refs is not None:
+            chosen = []
+            for ref in refs:
+                hits = [r for r in rows if r["id"] == ref] or [r for r in rows if r["id"].startswith(ref)]
+                if len(hits) != 1:
+                    known = ", ".join(r["id"] for r in rows[:5]) or "none"
+                    why = "no such run" if not hits else f"{len(hits)} runs start so; give more of the id"
+                    raise UsageError(f"compare: {ref!r}: {why} (latest: {known})")
+                chosen.append(hits[0])
+            rows = chosen
+        out = []
+        for r in rows:
+            counts = store_read.status_counts(conn, r["id"])
+            best = store_read.best_speedups(conn, r["id"])
+            speedups = [s for s, _ in best.values() if s]
+            cfg = r.get("config") or {}
+            out.append({
+                "id": r["id"], "model": r["model"], "provider": r["provider"], "llm_model": cfg.get("model"),
+                "status": r["status"], "stopped_by": r.get("stopped_by"),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(r["created_at"])),
+                "candidates": sum(counts.values()), "verified": counts.get("verified", 0),
+                "compiled": counts.get("compiled", 0), "failed": counts.get("rejected", 0),
+                "failures": store_read.failure_counts(conn, r["id"]),
+                "best_speedup": max(speedups, default=None), "cards_improved": len(speedups),
+                "tokens": (r.get("tokens_in") or 0) + (r.get("tokens_out") or 0),
+                "cost_usd": round(r.get("cost_usd") or 0.0, 6),
+            })
+        return out
+    except sqlite3.DatabaseError as e:  # the header was readable, a table is not: the file is damaged
+        from engine.store.store import is_corruption, unusable_database
+
+        if is_corruption(e):
+            raise unusable_database(db_path, e) from None
+        raise
+    finally:
+        conn.close()
+
+
+def _plain_table(rows: list[dict[str, Any]], cols: list[tuple[str, str]]) -> str:
+    cells = [[h for h, _ in cols]] + [["–" if r.get(k) is None else
+                                      (f"{r[k]:.2f}×" if k == "best_speedup" else str(r[k])) for _, k in cols]
+                                     for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
+
+
+def cmd_runs(args: Any, workspace: Any) -> int:
+    """`kforge-tui runs [--json]`: the workspace's runs, newest first."""
+    from engine.store import db_path
+
+    rows = run_summaries(db_path(workspace))
+    if args.json:
+        print(json.dumps({"workspace": str(workspace), "runs": rows}, separators=(",", ":"), default=str))
+    elif not rows:
+        print(f"no runs in {workspace} yet: start one with 'kforge-tui run CONFIG'")
+    else:
+        print(_plain_table(rows, [("run", "id"), ("model", "model"), ("provider", "provider"),
+                                  ("status", "status"), ("started", "started"), ("cand", "candidates"),
+                                  ("verified", "verified"), ("best", "best_speedup")]))
+    return 0
+
+
+def cmd_compare(args: Any, workspace: Any) -> int:
+    """`kforge-tui compare RUN… --json | --plain`: the runs side by side, without the TUI."""
+    from engine.store import db_path
+
+    rows = run_summaries(db_path(workspace), list(args.runs))
+    if args.json:
+        print(json.dumps({"workspace": str(workspace), "runs": rows}, separators=(",", ":"), default=str))
+        return 0
+    fields = [("run", "id"), ("model", "model"), ("provider", "provider"), ("llm model", "llm_model"),
+              ("status", "status"), ("stopped by", "stopped_by"), ("started", "started"),
+              ("candidates", "candidates"), ("compiled", "compiled"), ("verified", "verified"),
+              ("failed", "failed"), ("cards improved", "cards_improved"), ("best speedup", "best_speedup"),
+              ("tokens", "tokens"), ("cost USD", "cost_usd")]
+    # One column per run: the rows are the facts, as the TUI's compare reads.
+    table = [{"fact": label, **{r["id"]: r.get(k) for r in rows}} for label, k in fields]
+    for t, (_, k) in zip(table, fields):
+        if k == "best_speedup":
+            for r in rows:
+                t[r["id"]] = "–" if r.get(k) is None else f"{r[k]:.2f}×"
+    print(_plain_table([{**t, **{rid: ("–" if v is None else v) for rid, v in t.items()}} for t in table],
+                       [("", "fact")] + [(r["id"], r["id"]) for r in rows]))
+    return 0

@@ -1,0 +1,73 @@
+"""Headless progress (issue 25): in place on a terminal, one JSON line per event otherwise, "compiled N" in
+a dry run; --wall-time counts the whole run."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from engine.progress import StageProgress
+
+ROOT = Path(__file__).resolve().parents[1]
+MY_MODEL = str(ROOT / "configs/examples/my_model.toml")
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_json_lines_off_a_terminal_and_no_repeats():
+    out = io.StringIO()
+    p = StageProgress(out)
+    assert p.json_lines
+    p.stage("capture", "warm-up forward")
+    p.stage("capture", "warm-up forward")  # nothing new: no new line
+    p.update("search", completed=3, total=10, compiled=3)
+    p.done("capture")
+    lines = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert [x["event"] for x in lines] == ["stage", "progress", "stage_done"]
+    assert lines[0]["stage"] == "capture" and lines[1]["compiled"] == 3
+
+
+def test_a_terminal_gets_bars_not_json():
+    out = _Terminal()
+    p = StageProgress(out)
+    assert not p.json_lines
+    p.stage("capture", "warm-up forward")
+    p.done("capture", "my_model: captured")
+    p.update("search", completed=2, total=4, message="compiled 2 · verified 0 · failed 0")
+    p.close()
+    text = out.getvalue()
+    assert "capture" in text and "search" in text and "compiled 2" in text and "2/4" in text
+    assert '"event"' not in text
+
+
+def test_a_dry_run_says_compiled_n_as_it_goes(cli, tmp_path):
+    code, out, err = cli("run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--device", "cpu",
+                         "--iterations", "2", "--json", "--workspace", tmp_path)
+    assert code == 0, err
+    events = [json.loads(x) for x in err.splitlines() if x.startswith("{")]
+    stages = [e["stage"] for e in events if e["event"] == "stage"]
+    assert "capture" in stages
+    evaluated = [e for e in events if e["event"] == "evaluated"]
+    assert evaluated and evaluated[-1]["counts"]["compiled"] == len(evaluated)
+    assert [e["counts"]["compiled"] for e in evaluated] == list(range(1, len(evaluated) + 1))
+
+
+def test_wall_time_counts_the_capture_too(cli, tmp_path):
+    # The capture alone takes longer than a millisecond, so no time is left for the search.
+    code, out, err = cli("run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--device", "cpu",
+                         "--wall-time", "0.001", "--json", "--workspace", tmp_path)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["stopped_by"] == "wall_time" and doc["proposals"] == 0
+
+
+def test_help_says_what_wall_time_counts():
+    from engine.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if getattr(a, "choices", None) and "run" in a.choices)
+    text = " ".join(sub.choices["run"].format_help().split())
+    assert "whole run" in text and "capture and eager timing count" in text
