@@ -4,6 +4,7 @@
     with cast.enabled():
         image = pipe(...)
     cast.stats()   # hits per variant, misses per op
+    compiled = cast.compile(model)   # torch.compile whose graphs call the cast's ops (docs/compile.md)
 
 Loading never raises for a bad file: a damaged zip, a digest mismatch, an unknown format version,
 another GPU arch or torch minor version, or no GPU at all leave the affected variants (or all of them)
@@ -80,6 +81,28 @@ class Cast:
     def installed(self) -> bool:
         return self._installed
 
+    @property
+    def digest(self) -> str:
+        """sha256 of the manifest (which holds every kernel file's sha256): what compiled caches are keyed by."""
+        import hashlib
+        import json
+
+        blob = json.dumps(self.manifest, sort_keys=True, default=str) if self.manifest is not None else self.path
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def compile(self, model: Any = None, **kwargs: Any) -> Any:
+        """`torch.compile(model, **kwargs)` whose graphs call this cast's ops where it covers them (inference
+        only; the cast must be installed when the model is compiled and run). See engine.cast.compose."""
+        from engine.cast import compose
+
+        return compose.compile(self, model, **kwargs)
+
+    def backend(self, **kwargs: Any) -> Any:
+        """A `torch.compile(..., backend=cast.backend(mode=…, options=…))` backend doing what `compile` does."""
+        from engine.cast import compose
+
+        return compose.backend(self, **kwargs)
+
     def usable(self) -> list[VariantState]:
         """Variants that will (or do) run."""
         return [v for v in self.variants if v.problem is None]
@@ -87,10 +110,11 @@ class Cast:
     def stats(self) -> dict[str, Any]:
         """Hits per variant and misses per op (misses count every cast's routes for the op)."""
         ops = {v.op for v in self.variants}
-        misses, near, through, near_keys = {}, {}, {}, {}
+        misses, near, through, near_keys, grad = {}, {}, {}, {}, {}
         for (op, _key), route in runtime.routes().items():
             if op in ops:
                 misses[op] = route.misses
+                grad[op] = route.grad_declines
                 near[op] = route.near_misses
                 through[op] = route.fallthrough
                 near_keys[op] = [repr(k) for k in route.near_keys]
@@ -112,7 +136,8 @@ class Cast:
                               "active": v.plan is not None and self._installed, "problem": v.problem,
                               "router": "c++" if v.cpp else "python"}
                              for v in self.variants],
-                "misses": misses, "near_misses": near, "fallthrough": through, "near_miss_keys": near_keys}
+                "misses": misses, "near_misses": near, "fallthrough": through, "near_miss_keys": near_keys,
+                "grad_declines": grad}
 
     def reset_stats(self) -> None:
         self._cpp_kept = {}
@@ -127,7 +152,7 @@ class Cast:
                 v.plan.hits = 0
         for (op, _), route in runtime.routes().items():
             if any(v.op == op for v in self.variants):
-                route.misses = route.near_misses = route.fallthrough = 0
+                route.misses = route.near_misses = route.fallthrough = route.grad_declines = 0
                 route.near_keys = []
 
     # ---- install / remove --------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 The router for an op reads the first argument's shape (a set lookup stops most misses there), then
 builds the call's guard key and looks it up. A hit runs the variant's plan; a miss calls the kernel
 that was registered before ours (`torch.library.get_kernel(...).call_boxed`) with Python scalars
-re-wrapped as tensors. While Dynamo traces, every call falls through. Routes are process-wide and
+re-wrapped as tensors. While Dynamo traces, every call falls through. A hit that needs autograd (grad
+enabled and a tensor argument that requires grad) is declined: a variant ships no backward, and the
+autograd node would save its outputs as if they were PyTorch's. Routes are process-wide and
 shared by every installed cast; the last variant to leave an op removes its override, which restores
 the original kernel exactly.
 """
@@ -58,6 +60,8 @@ class Route:
         self.near_misses = 0
         self.near_keys: list[tuple] = []
         self.fallthrough = 0          # calls passed on while Dynamo traced or dispatch was suspended
+        self.grad_declines = 0        # hits declined because the call needs autograd
+        self.tensor_slots = tuple(i for i, k in enumerate(self.layout.kinds) if k != "value")
         self.original = torch.library.get_kernel(self.op, dispatch_key)
         self.lib: torch.library.Library | None = torch.library.Library("aten", "IMPL", dispatch_key)
         with warnings.catch_warnings():
@@ -86,6 +90,9 @@ class Route:
             self.near_misses += 1
             if len(self.near_keys) < NEAR_MISS_KEYS and key not in self.near_keys:
                 self.near_keys.append(key)
+            return self._original(keyset, args, kwargs)
+        if _grad_enabled() and _needs_grad(bound, self.tensor_slots):
+            self.grad_declines += 1
             return self._original(keyset, args, kwargs)
         plan.hits += 1
         try:
@@ -147,6 +154,20 @@ class Route:
         if self.lib is not None:
             self.lib._destroy()
             self.lib = None
+
+
+_grad_enabled = torch.is_grad_enabled
+
+
+def _needs_grad(bound: Any, slots: tuple[int, ...]) -> bool:
+    for i in slots:
+        v = bound[i] if i < len(bound) else None
+        if isinstance(v, torch.Tensor):
+            if v.requires_grad:
+                return True
+        elif isinstance(v, (list, tuple)) and any(isinstance(t, torch.Tensor) and t.requires_grad for t in v):
+            return True
+    return False
 
 
 def rewrap_scalars(args: tuple, slots: tuple[int, ...]) -> tuple:

@@ -1,0 +1,153 @@
+"""A cast under torch.compile on the CPU: overrides at the CPU dispatch key with counting plans, a function
+compiled by Inductor (C++ codegen) through `engine.cast.compose`. Compiled code reaches the override for a
+covered signature and PyTorch's kernel otherwise; under grad the cast declines; Inductor's tables and config
+are as before; Inductor's caches never hand a graph compiled for one cast to another (or to none)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.capture.signature import bind_arguments, signature_of
+from engine.cast import compose, runtime
+from engine.cast.guard import first_shape, layout_of, signature_key
+
+GN = torch.ops.aten.native_group_norm.default
+ROUTE = ("aten::native_group_norm", "CPU")
+
+
+class CpuCast:
+    """What compose needs of a cast: a digest, and routes it owns (here at the CPU key)."""
+
+    def __init__(self, name: str):
+        self.digest = f"{name}-{uuid.uuid4().hex}"  # fresh per run: no earlier run's cache entry matches
+        self.plan: runtime.Plan | None = None
+
+    def install(self, args: list) -> CpuCast:
+        lay = layout_of(GN)
+        sig = signature_of(GN, bind_arguments(GN, args, {}))
+
+        def run(bound):  # PyTorch's own kernel, so results are exact; the hit counter tells who ran
+            return runtime.routes()[ROUTE].original.call_boxed(torch._C._dispatch_keyset_full(), *bound)
+
+        self.plan = runtime.Plan(f"gn-{self.digest[:1]}", run)
+        runtime.add_entries(self, [(lay.op_name, signature_key(lay, sig, 0), self.plan, first_shape(sig))], "CPU")
+        return self
+
+    def remove(self) -> None:
+        runtime.remove_owner(self)
+
+    @property
+    def hits(self) -> int:
+        return self.plan.hits if self.plan is not None else 0
+
+
+def _gn_args(h=4, w=4):
+    x = torch.randn(2, 8, h, w)
+    return [x, torch.randn(8), torch.randn(8), 2, 8, h * w, 4, 1e-5]
+
+
+def f(x, w, b):
+    return torch.relu(F.group_norm(x, 4, w, b, 1e-5)) * 2
+
+
+@pytest.fixture
+def casts():
+    made: list[CpuCast] = []
+
+    def make(name):
+        made.append(CpuCast(name))
+        return made[-1]
+
+    torch._dynamo.reset()
+    yield make
+    for c in made:
+        c.remove()
+    torch._dynamo.reset()
+    assert runtime.routes() == {}
+
+
+def test_compiled_code_calls_the_override_for_a_covered_signature_only(casts):
+    args = _gn_args()
+    x, w, b = args[:3]
+    other = torch.randn(2, 8, 6, 6)
+    expected, expected_other = f(x, w, b), f(other, w, b)
+    before = compose.inductor_snapshot()
+    cast = casts("A").install(args)
+    backend = compose.backend(cast, dynamic=True)
+    compiled = torch.compile(f, backend=backend, dynamic=True)  # one graph for both shapes: the guard decides
+    with torch.no_grad():
+        got = compiled(x, w, b)
+        assert cast.hits == 1
+        misses = runtime.routes()[ROUTE].misses
+        got_other = compiled(other, w, b)
+    assert cast.hits == 1 and runtime.routes()[ROUTE].misses == misses + 1
+    assert torch.allclose(got, expected, atol=1e-6) and torch.allclose(got_other, expected_other, atol=1e-5)
+    assert backend.vetoed == [(("aten.native_group_norm.default", (("cpu", "torch.float32"),)),)]
+    # Inductor's decomposition table, lowerings, fallbacks, layout constraints and config are as before,
+    # with the cast still installed and after it is removed.
+    assert compose.inductor_snapshot() == before
+    cast.remove()
+    assert compose.inductor_snapshot() == before
+    with torch.no_grad():  # the compiled graph calls the ATen op: PyTorch's kernel once the cast is gone
+        assert torch.allclose(compiled(x, w, b), expected, atol=1e-6)
+    assert cast.hits == 1
+
+
+def test_under_grad_the_cast_declines_in_eager_and_in_compiled_code(casts):
+    args = _gn_args()
+    x, w, b = args[:3]
+    cast = casts("A").install(args)
+    xr = x.clone().requires_grad_()
+    with torch.enable_grad():
+        eager = F.group_norm(xr, 4, w, b, 1e-5)  # autograd needs PyTorch's saved mean/rstd: declined
+        assert cast.hits == 0 and runtime.routes()[ROUTE].grad_declines == 1
+        (g_eager,) = torch.autograd.grad(eager.sum() + (eager ** 2).sum(), xr)
+        out = compose.compile(cast, f)(xr, w, b)
+        (g,) = torch.autograd.grad(out.sum(), xr)
+    assert cast.hits == 0
+    xe = x.clone().requires_grad_()
+    (g_ref,) = torch.autograd.grad(f(xe, w, b).sum(), xe)
+    assert torch.allclose(g, g_ref, atol=1e-5) and g_eager.shape == x.shape
+
+
+def _cache_hits() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
+
+
+def test_caches_are_keyed_by_the_cast(casts, tmp_path, monkeypatch):
+    from torch._functorch import config as fconfig
+    from torch._inductor import config
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(config, "fx_graph_cache", True)
+    monkeypatch.setattr(fconfig, "enable_autograd_cache", True)
+    args = _gn_args()
+    x, w, b = args[:3]
+    expected = f(x, w, b)
+
+    def run(compiled):
+        torch._dynamo.reset()  # Dynamo forgets: what comes back now comes from Inductor's caches
+        with torch.no_grad():
+            assert torch.allclose(compiled(x, w, b), expected, atol=1e-6)
+
+    a, b_cast = casts("A"), casts("B")
+    run(torch.compile(f))                          # no cast: Inductor decomposes group_norm
+    a.install(args)
+    run(compose.compile(a, f))                     # cast A: not the cached no-cast graph
+    assert a.hits == 1
+    hits = _cache_hits()
+    run(compose.compile(a, f))                     # cast A again: its own graph, from the cache
+    assert a.hits == 2 and _cache_hits() > hits
+    run(torch.compile(f))                          # no cast, with A installed: the no-cast graph
+    assert a.hits == 2
+    a.remove()
+    b_cast.install(args)
+    hits = _cache_hits()
+    run(compose.compile(b_cast, f))                # cast B: neither A's graph nor the no-cast one
+    assert b_cast.hits == 1 and a.hits == 2 and _cache_hits() == hits
