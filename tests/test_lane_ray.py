@@ -34,6 +34,40 @@ def local_ray():
         ray.shutdown()
 
 
+def test_a_joining_node_adds_a_lane(tmp_path):
+    """First in the file: it runs its own two-node cluster before the shared local instance exists."""
+    if ray.is_initialized():
+        pytest.skip("needs a Ray of its own (run before the module's local instance)")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                            "object_store_memory": 100 * 2**20})
+    try:
+        ray.init(address=cluster.address, log_to_driver=False)
+
+        async def main():
+            lanes = await RayLanes.start(None, compile_only=True, arch="sm_90", cache_dir=str(tmp_path),
+                                         poll_s=0.5)
+            try:
+                before = lanes.names()
+                cluster.add_node(num_cpus=1, object_store_memory=100 * 2**20)
+                for _ in range(120):  # the poll notices the node and starts an actor on it
+                    if len(lanes.names()) == 2:
+                        break
+                    await asyncio.sleep(0.5)
+                evs = await asyncio.gather(*(lanes.compile_only(CountingProposer().source(i)) for i in range(4)))
+                return before, lanes.names(), evs
+            finally:
+                await lanes.close()
+
+        before, after, evs = asyncio.run(main())
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    assert len(before) == 1 and len(after) == 2
+    assert [e.status for e in evs] == ["compiled"] * 4
+
+
 class CountingProposer:
     """Distinct valid kernels, one per request (a stand-in proposer: the lanes are under test, not it)."""
 
@@ -46,12 +80,15 @@ class CountingProposer:
     def supports(self, card):
         return True
 
+    @staticmethod
+    def source(n):
+        return ('extern "C" __global__ void scale(float* y, const float* x, int n) {\n'
+                '  int i = blockIdx.x * blockDim.x + threadIdx.x;\n'
+                f'  if (i < n) y[i] = x[i] * {n}.0f;\n}}\n')
+
     async def propose(self, request):
         self.n += 1
-        src = ('extern "C" __global__ void scale(float* y, const float* x, int n) {\n'
-               '  int i = blockIdx.x * blockDim.x + threadIdx.x;\n'
-               f'  if (i < n) y[i] = x[i] * {self.n}.0f;\n}}\n')
-        return Proposal(source=src, spec="scale grid=(1) block=(32)", intent="fresh")
+        return Proposal(source=self.source(self.n), spec="scale grid=(1) block=(32)", intent="fresh")
 
 
 class WatchingRecorder(NullRecorder):
