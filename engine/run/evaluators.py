@@ -66,3 +66,39 @@ class CompileOnlyEvaluator:
             return compile_rejection(compiled)
         return Evaluation("compiled", None, "compiled (dry run: not verified, not timed)", compiled.seconds,
                           compiled.log, compiled.cached, seconds=time.perf_counter() - t0)
+
+
+class RayLaneEvaluator:
+    """`run --ray`: the same callable over Ray lanes (engine.lane.ray_lanes). GPU lanes take candidates
+    compiled here (the pool, the cache); compile-only lanes (a dry run) compile in their actor."""
+
+    def __init__(self, lanes, compiler: Compiler | None = None, pool: CompilePool | None = None,
+                 timing: dict | None = None):
+        self.lanes = lanes
+        self.compiler = compiler
+        self.pool = pool
+        self.timing = timing or {}
+
+    async def __call__(self, card: CardState, proposal: Proposal) -> Evaluation:
+        use = CURRENT_LANE_USE.get()
+        if self.lanes.compile_only_lanes:
+            return await self.lanes.compile_only(proposal.source, lane_use=use)
+        compiled = await compile_candidate(self.compiler, self.pool, proposal.source)
+        if not compiled.ok:
+            return compile_rejection(compiled)  # before taking a lane, as LaneEvaluator
+        return await self.lanes.evaluate(card.ref, compiled, proposal.spec, timing=self.timing, lane_use=use)
+
+
+async def start_ray_evaluator(address: str | None, *, dry: bool, arch: str, compiler: Compiler | None = None,
+                              pool: CompilePool | None = None, cache_dir: str | None = None,
+                              timing: dict | None = None, max_lanes: int | None = None,
+                              **lane_options) -> RayLaneEvaluator:
+    """Start Ray lanes (GPU lanes; compile-only CPU lanes with `dry`) and the evaluator over them.
+
+    Raises UsageError (with the install command) when Ray is not installed, LaneUnavailable with no lane.
+    The caller closes `evaluator.lanes` when the run ends."""
+    from engine.lane.ray_lanes import RayLanes
+
+    lanes = await RayLanes.start(address, compile_only=dry, arch=arch, cache_dir=cache_dir, max_lanes=max_lanes,
+                                 **lane_options)
+    return RayLaneEvaluator(lanes, compiler, pool, timing)
