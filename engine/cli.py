@@ -156,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-proposals", type=_positive_int, metavar="K", help="proposals in flight at once (default 4)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout at the end")
     p.add_argument("--dry-run", action="store_true", help="capture, propose and compile only (no GPU needed)")
+    p.add_argument("--ray", action="store_true",
+                   help="lanes on a Ray cluster: one per GPU it offers (compile lanes with --dry-run); "
+                        "needs pip install -e \".[ray]\"")
+    p.add_argument("--ray-address", metavar="ADDRESS",
+                   help="the cluster for --ray, as ray.init takes it (default: a local instance)")
     p.add_argument("--small", action="store_true", help="capture with the config's [small] sizes")
     p.add_argument("--resume", metavar="RUN", help="continue a run (also after a crash)")
     p.add_argument("--device", choices=("cpu", "cuda"), help="where to capture the model")

@@ -172,6 +172,14 @@ async def _proposer(name: str, model: str | None, base_url: str | None, *, store
     return LLMProposer(make_client(cfg), name=name, max_tokens=cfg.max_tokens)
 
 
+def _ray_of(args: argparse.Namespace) -> str | None:
+    """'local', a cluster address, or None (local lanes) from --ray / --ray-address."""
+    address = getattr(args, "ray_address", None)
+    if address and not getattr(args, "ray", False):
+        raise UsageError(f"--ray-address {address}: it names the cluster for --ray; add --ray")
+    return (address or "local") if getattr(args, "ray", False) else None
+
+
 async def run_async(args: argparse.Namespace, workspace: Path,
                     stop: StopFlag | None = None, started: float | None = None) -> tuple[int, dict[str, Any]]:
     """The whole run. With a `stop` flag (Ctrl-C): the search stops through Orchestrator.interrupt, any
@@ -182,7 +190,7 @@ async def run_async(args: argparse.Namespace, workspace: Path,
     stop = stop or StopFlag()
     dry = bool(args.dry_run)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if not dry and gpus == 0:
+    if not dry and gpus == 0 and not _ray_of(args):
         raise UsageError("run: no CUDA GPU is visible; use --dry-run to capture, propose and compile only")
     started = time.monotonic() if started is None else started
     store = await Store.open(db_path(workspace))
@@ -239,6 +247,8 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
                "max_cost_usd": settings.max_cost_usd, "max_tokens": settings.max_tokens}
         if args.replay_run:
             cfg["replay_run"] = args.replay_run  # so that --resume replays the same run
+        if _ray_of(args):
+            cfg["ray"] = _ray_of(args)  # so that --resume runs on the same lanes
         capture = await store.get_capture(capture_id)
         run = await store.create_run(capture_id, capture["model"], provider, cfg, pid=os.getpid())
         run_id = ids["run"] = run["id"]
@@ -249,12 +259,39 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
               file=sys.stderr)
     cards = await _cards_of(store, workspace, capture_id, as_cuda=as_cuda)
     recorder = StoreRecorder(store, run_id, progress=stop.quiet(Progress(stages)))
-    lanes, pool = [], None
+    lanes, pool, ray_lanes = [], None, None
     policy = SchedulePolicy()
+    ray = _ray_of(args) or cfg.get("ray")
+    ray_address = None if ray in (None, "local") else ray
     try:
         from engine.compile import CompilePool, Compiler, default_cache_dir
 
-        if dry:
+        if ray and dry:
+            from engine.run.evaluators import start_ray_evaluator
+
+            hardware = Hardware()
+            stages.stage("lanes", "starting compile lanes on Ray")
+            evaluate = await start_ray_evaluator(ray_address, dry=True, arch=hardware.arch,
+                                                 cache_dir=str(default_cache_dir(workspace)))
+            ray_lanes = evaluate.lanes
+            stages.done("lanes", f"{len(ray_lanes.names())} Ray compile lane(s) ready")
+            await recorder.event("lanes", {"lanes": ray_lanes.names(), "hosts": ray_lanes.by_host()})
+        elif ray:
+            from engine.run.evaluators import start_ray_evaluator
+
+            stages.stage("lanes", "starting GPU lanes on Ray")
+            evaluate = await start_ray_evaluator(ray_address, dry=False, arch="sm_90")
+            ray_lanes = evaluate.lanes
+            stages.done("lanes", f"{len(ray_lanes.names())} Ray GPU lane(s) ready")
+            await recorder.event("lanes", {"lanes": ray_lanes.names(), "hosts": ray_lanes.by_host()})
+            first = ray_lanes.lanes[0]
+            hello = (await first.request("hello")).payload
+            hardware = Hardware(hello["name"], hello["arch"], hello["sms"], hello["l2_bytes"],
+                                hello["copy_bw"], hello["max_shared_per_block"])
+            evaluate.compiler = Compiler(default_cache_dir(workspace), "nvrtc", arch=hardware.arch)
+            evaluate.pool = pool = CompilePool()
+            eager_lane = first
+        elif dry:
             from engine.run.evaluators import CompileOnlyEvaluator
 
             hardware = Hardware()
@@ -262,7 +299,6 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
             pool = CompilePool()
             evaluate = CompileOnlyEvaluator(compiler, pool)
         else:
-            from engine.run.eager import measure_and_store_eager
             from engine.run.evaluators import LaneEvaluator
 
             stages.stage("lanes", f"starting {gpus} GPU lane(s)")
@@ -275,13 +311,17 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
             compiler = Compiler(default_cache_dir(workspace), "nvrtc", arch=hardware.arch)
             pool = CompilePool()
             evaluate = LaneEvaluator(lanes, compiler, pool)
+            eager_lane = lanes[0]
+        if not dry:
+            from engine.run.eager import measure_and_store_eager
+
             # Eager timing only where it can matter: cards the proposer takes and above the share
             # noise floor (the rest are skipped anyway; on SD3.5 that is half the cards).
             todo = [c.ref for c in cards if c.eager_us is None and c.ref.samples
                     and c.share >= policy.min_share and proposer.supports(c.card)]
             if todo:
                 stages.stage("eager", f"timing eager PyTorch for {len(todo)} card(s)")
-                await measure_and_store_eager(lanes[0], store, capture_id, todo)
+                await measure_and_store_eager(eager_lane, store, capture_id, todo)
                 stages.done("eager", f"eager timed for {len(todo)} card(s)")
                 cards = await _cards_of(store, workspace, capture_id)
         for c in cards:
@@ -310,6 +350,8 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
     finally:
         for lane in lanes:
             await lane.close()
+        if ray_lanes is not None:
+            await ray_lanes.close()
         if pool is not None:
             pool.close()
     if stopped_by == "interrupted":

@@ -1,0 +1,37 @@
+"""`run --ray`: a dry run whose compiles are spread over Ray actors, through the CLI (skipped without Ray)."""
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+pytest.importorskip("ray")
+
+
+def test_dry_run_on_ray_compile_lanes(tmp_path):
+    cfg = ROOT / "configs" / "examples" / "my_model.toml"
+    r = subprocess.run([sys.executable, "-m", "kforge_tui", "run", str(cfg), "--small", "--dry-run", "--no-tui",
+                        "--device", "cpu", "--iterations", "2", "--ray", "--json", "--workspace", str(tmp_path / "ws")],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT,
+                       env={**os.environ, "RAY_DISABLE_USAGE_STATS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    assert doc["evaluations"] > 0, doc
+    # The lanes the run used are the Ray actors: named by host, compile lanes.
+    db = sqlite3.connect(tmp_path / "ws" / "kforge.db")
+    (payload,), = db.execute("SELECT payload FROM events WHERE kind = 'lanes'").fetchall()
+    lanes = json.loads(payload)
+    assert lanes["lanes"] and all("/cpu" in name for name in lanes["lanes"]), lanes
+    assert lanes["hosts"]
+
+
+def test_ray_address_without_ray_is_refused(tmp_path):
+    cfg = ROOT / "configs" / "examples" / "my_model.toml"
+    r = subprocess.run([sys.executable, "-m", "kforge_tui", "run", str(cfg), "--dry-run", "--no-tui",
+                        "--ray-address", "10.0.0.1:6379", "--workspace", str(tmp_path / "ws")],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 2 and "add --ray" in r.stderr
