@@ -26,6 +26,10 @@ TITLES = {"source": "Source", "diff": "Diff", "launch": "Spec", "compile": "Log"
           "verify": "Verify", "timing": "Timing", "proposer": "Prompt"}
 
 
+# Prose and one-line JSON wrap at the screen's edge (a cut reason hides its end); code keeps its lines.
+WRAPPED = frozenset({"launch", "compile", "error", "verify", "proposer"})
+
+
 class CandidateScreen(KforgeScreen):
     BINDINGS = keys.DETAIL
 
@@ -41,11 +45,23 @@ class CandidateScreen(KforgeScreen):
         with TabbedContent(initial=self._initial_tab(), id="tabs"):
             for i, (tab, title) in enumerate(TITLES.items()):
                 with TabPane(f"{i + 1} {title}", id=tab):
-                    with VerticalScroll():
+                    with VerticalScroll(id=f"scroll-{tab}"):
                         if tab in ("source", "launch"):
                             yield Static(self._signature(), classes="signature")
-                        yield Static(self._body(tab), id=f"body-{tab}", classes="code")
+                        yield Static(self._body(tab), id=f"body-{tab}",
+                                     classes="wrap" if tab in WRAPPED else "code")
         yield Footer()
+
+    def on_mount(self) -> None:
+        self._focus_body(self.query_one("#tabs", TabbedContent).active)
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        self._focus_body(event.pane.id)
+
+    def _focus_body(self, tab: str | None) -> None:
+        """The shown tab's text takes the keys at once: arrows, PageUp/PageDown, Home/End scroll it."""
+        if tab:
+            self.query_one(f"#scroll-{tab}", VerticalScroll).focus(scroll_visible=False)
 
     def _initial_tab(self) -> str:
         d = self.detail
@@ -116,6 +132,9 @@ class CandidateScreen(KforgeScreen):
                         (r["status"] == "rejected" and r.get("category") != "compile")
                         else "(not compiled yet)", style="italic")
         if tab == "error":
+            if r["status"] == "compiled":  # a dry run's note, not a failure
+                return Text(f"○ {r.get('error') or 'compiled (dry run: not verified, not timed)'}"
+                            "\n\nNot an error: a dry run compiles candidates and stops there.", style="italic")
             if r.get("error"):
                 text = Text.assemble((f"{r.get('category') or 'error'}: ", "bold red"), r["error"])
                 if r["status"] == "rejected":  # what the category means, for a reader new to it
