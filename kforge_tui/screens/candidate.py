@@ -121,7 +121,7 @@ class CandidateScreen(KforgeScreen):
                     spec = json.loads(spec)
                 except ValueError:
                     return Text(spec)
-            return Text(json.dumps(spec, indent=2) if spec else "(no launch spec)")
+            return Text(_compact_json(spec) if spec else "(no launch spec)")
         if tab == "compile":
             if r.get("compile_log"):
                 return Text(r["compile_log"])
@@ -155,6 +155,19 @@ class CandidateScreen(KforgeScreen):
 
     def action_back(self) -> None:
         self.app.pop_screen()
+
+
+def _compact_json(v: Any, indent: int = 0) -> str:
+    """JSON with one key per line but lists of plain values on one line (`"grid": [1, 1, 1]`), so a
+    launch spec fits a screen."""
+    pad = " " * indent
+    if isinstance(v, dict) and v:
+        items = [f"{pad}  {json.dumps(k)}: {_compact_json(val, indent + 2)}" for k, val in v.items()]
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    if isinstance(v, list) and any(isinstance(x, (dict, list)) for x in v):
+        items = [f"{pad}  {_compact_json(x, indent + 2)}" for x in v]
+        return "[\n" + ",\n".join(items) + f"\n{pad}]"
+    return json.dumps(v, default=str)
 
 
 def _numbered(text: Text) -> Text:

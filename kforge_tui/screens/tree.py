@@ -26,7 +26,7 @@ LEGEND = ("✓ verified · ✗ failed · ○ compiled, not timed (dry run) · vN
 # The side pane (the card's chart and the failure preview) shows from this width; below it, `l` opens
 # the chart full screen and the line under the tree names the failure.
 SIDE_MIN_WIDTH = 110
-PREVIEW_LINES = 6
+PREVIEW_LINES, PREVIEW_CHARS = 6, 160  # the first lines of a reason, each cut at this length
 
 
 class CandidateTree(Tree[str]):
@@ -208,7 +208,8 @@ class TreeScreen(KforgeScreen):
         cat = row.category or "unknown"
         text = Text.assemble((f"✗ {row.id} ", "bold"), (cat, "bold red"), "\n",
                              (describe_failure(row.category), "dim"), "\n\n")
-        text.append("\n".join(lines[:PREVIEW_LINES]))
+        text.append("\n".join(line if len(line) <= PREVIEW_CHARS else line[:PREVIEW_CHARS - 1] + "…"
+                               for line in lines[:PREVIEW_LINES]))
         if len(lines) > PREVIEW_LINES:
             text.append(f"\n… {len(lines) - PREVIEW_LINES} more lines: enter", style="dim")
         pane.update(text)
