@@ -38,8 +38,9 @@ APP = [
     B("o", "switch_mode('overview')", "Overview", "app.overview"),
     B("c", "switch_mode('cards')", "Cards", "app.cards"),
     B("f", "switch_mode('failures')", "Failures", "app.failures"),
-    B("m", "switch_mode('compare')", "Compare", "app.compare"),
+    # Before Compare: at 80 columns the footer has room for one of them, and a new user wants the charts.
     B("g", "switch_mode('charts')", "Charts", "app.charts", tooltip="Charts of the run"),
+    B("m", "switch_mode('compare')", "Compare", "app.compare"),
     B("p", "control('pause')", "Pause", "app.pause"),
     B("r", "control('resume')", "Resume", "app.resume"),
     B("X", "stop_run", "Stop run", "app.stop"),

@@ -21,8 +21,8 @@ from kforge_tui.widgets import KforgeScreen
 ROOT = "__root__"
 # v counts what the search's backup counts: finished candidates in the node's subtree (its visits).
 # ○ is a dry run's end: compiled, never verified or timed. It did not fail, so it is neither red nor ✗.
-LEGEND = ("✓ verified · ✗ failed · ○ compiled, not timed (dry run) · vN: N finished tries in this subtree"
-          " · [N]: N children · ? keys")
+LEGEND = ("✓ verified · ✗ failed · ○ compiled, not timed (dry run)\n"
+          "vN: N finished tries in this subtree · [N]: N children · ? keys")
 # The side pane (the card's chart and the failure preview) shows from this width; below it, `l` opens
 # the chart full screen and the line under the tree names the failure.
 SIDE_MIN_WIDTH = 110
