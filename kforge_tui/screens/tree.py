@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rich.style import Style
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Header, Static, Tree
@@ -92,12 +93,15 @@ class TreeScreen(KforgeScreen):
         self.ingest(self.app.model.nodes_of(self.card_id))
         self._bar()
 
-    def on_resize(self, event) -> None:
+    def on_resize(self, event: events.Resize) -> None:
         self._side_fits(event.size.width)
 
     def _side_fits(self, width: int) -> None:
         side = self.query_one("#tree-side", Vertical)
+        shown = side.has_class("visible")
         side.set_class(width >= SIDE_MIN_WIDTH, "visible")
+        if side.has_class("visible") and not shown:
+            self._preview(self.current())
 
     def apply_snapshot(self, snap: Snapshot) -> None:
         mine = [n for n in snap.changed_nodes if n.card_id == self.card_id]
@@ -195,6 +199,8 @@ class TreeScreen(KforgeScreen):
 
     def _preview(self, nid: str | None) -> None:
         """Beside the tree: the failed node's category, what it means, and the first lines of its reason."""
+        if not self.query_one("#tree-side", Vertical).has_class("visible"):
+            return  # too narrow to show it: no need to read the reason
         pane = self.query_one("#tree-preview", Static)
         row = self.rows.get(nid) if nid else None
         if row is None or row.status != "rejected":
