@@ -55,6 +55,7 @@ class KforgeApp(App):
         "cards": lambda: _screen("cards", "CardsScreen"),
         "failures": lambda: _screen("failures", "FailuresScreen"),
         "compare": lambda: _screen("compare", "CompareScreen"),
+        "charts": lambda: _screen("charts", "RunChartsScreen"),
     }
 
     @property

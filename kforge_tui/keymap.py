@@ -38,6 +38,8 @@ APP = [
     B("o", "switch_mode('overview')", "Overview", "app.overview"),
     B("c", "switch_mode('cards')", "Cards", "app.cards"),
     B("f", "switch_mode('failures')", "Failures", "app.failures"),
+    # Before Compare: at 80 columns the footer has room for one of them, and a new user wants the charts.
+    B("g", "switch_mode('charts')", "Charts", "app.charts", tooltip="Charts of the run"),
     B("m", "switch_mode('compare')", "Compare", "app.compare"),
     B("p", "control('pause')", "Pause", "app.pause"),
     B("r", "control('resume')", "Resume", "app.resume"),
@@ -50,7 +52,7 @@ CARDS = [
     B("slash", "filter", "Filter", "cards.filter"),
     B("s", "sort_next", "Sort", "cards.sort"),
     B("v", "sort_reverse", "Reverse", "cards.reverse", show=False),
-    B("l", "latency", "Latency", "cards.latency"),
+    B("l", "latency", "Chart", "cards.latency", tooltip="Chart of the card's search"),
     B("exclamation_mark", "prioritize", "Prioritise", "cards.prioritize"),
     B("escape", "clear_filter", "Clear filter", "cards.clear", show=False),
 ]
@@ -62,7 +64,7 @@ TREE = [
     # Priority: the focused Tree would otherwise scroll sideways on the arrows.
     B("right", "expand", "Expand / into", "tree.expand", show=False, priority=True),
     B("left", "collapse", "Collapse / to parent", "tree.collapse", show=False, priority=True),
-    B("l", "latency", "Latency", "tree.latency"),
+    B("l", "latency", "Chart", "tree.latency", tooltip="Chart of the card's search"),
     B("exclamation_mark", "prioritize", "Prioritise", "tree.prioritize", show=False),
     B("escape", "back", "Back", "tree.back"),
 ]

@@ -348,6 +348,11 @@ class ReadModel:
         with self._lock:
             return sorted(self.by_card.get(card_id, {}).values(), key=lambda n: n.order)
 
+    def all_nodes(self) -> list[CandidateHead]:
+        """Every candidate of the open run, in proposal order (the run-level charts)."""
+        with self._lock:
+            return sorted(self.nodes.values(), key=lambda n: n.order)
+
     def failures(self, category: str | None = None) -> list[CandidateHead]:
         """Every rejected candidate of the open run (optionally one category), oldest first."""
         with self._lock:

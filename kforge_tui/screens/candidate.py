@@ -26,6 +26,10 @@ TITLES = {"source": "Source", "diff": "Diff", "launch": "Spec", "compile": "Log"
           "verify": "Verify", "timing": "Timing", "proposer": "Prompt"}
 
 
+# Prose and one-line JSON wrap at the screen's edge (a cut reason hides its end); code keeps its lines.
+WRAPPED = frozenset({"launch", "compile", "error", "verify", "proposer"})
+
+
 class CandidateScreen(KforgeScreen):
     BINDINGS = keys.DETAIL
 
@@ -41,11 +45,23 @@ class CandidateScreen(KforgeScreen):
         with TabbedContent(initial=self._initial_tab(), id="tabs"):
             for i, (tab, title) in enumerate(TITLES.items()):
                 with TabPane(f"{i + 1} {title}", id=tab):
-                    with VerticalScroll():
+                    with VerticalScroll(id=f"scroll-{tab}"):
                         if tab in ("source", "launch"):
                             yield Static(self._signature(), classes="signature")
-                        yield Static(self._body(tab), id=f"body-{tab}", classes="code")
+                        yield Static(self._body(tab), id=f"body-{tab}",
+                                     classes="wrap" if tab in WRAPPED else "code")
         yield Footer()
+
+    def on_mount(self) -> None:
+        self._focus_body(self.query_one("#tabs", TabbedContent).active)
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        self._focus_body(event.pane.id)
+
+    def _focus_body(self, tab: str | None) -> None:
+        """The shown tab's text takes the keys at once: arrows, PageUp/PageDown, Home/End scroll it."""
+        if tab:
+            self.query_one(f"#scroll-{tab}", VerticalScroll).focus(scroll_visible=False)
 
     def _initial_tab(self) -> str:
         d = self.detail
@@ -105,7 +121,7 @@ class CandidateScreen(KforgeScreen):
                     spec = json.loads(spec)
                 except ValueError:
                     return Text(spec)
-            return Text(json.dumps(spec, indent=2) if spec else "(no launch spec)")
+            return Text(_compact_json(spec) if spec else "(no launch spec)")
         if tab == "compile":
             if r.get("compile_log"):
                 return Text(r["compile_log"])
@@ -116,6 +132,9 @@ class CandidateScreen(KforgeScreen):
                         (r["status"] == "rejected" and r.get("category") != "compile")
                         else "(not compiled yet)", style="italic")
         if tab == "error":
+            if r["status"] == "compiled":  # a dry run's note, not a failure
+                return Text(f"○ {r.get('error') or 'compiled (dry run: not verified, not timed)'}"
+                            "\n\nNot an error: a dry run compiles candidates and stops there.", style="italic")
             if r.get("error"):
                 text = Text.assemble((f"{r.get('category') or 'error'}: ", "bold red"), r["error"])
                 if r["status"] == "rejected":  # what the category means, for a reader new to it
@@ -136,6 +155,19 @@ class CandidateScreen(KforgeScreen):
 
     def action_back(self) -> None:
         self.app.pop_screen()
+
+
+def _compact_json(v: Any, indent: int = 0) -> str:
+    """JSON with one key per line but lists of plain values on one line (`"grid": [1, 1, 1]`), so a
+    launch spec fits a screen."""
+    pad = " " * indent
+    if isinstance(v, dict) and v:
+        items = [f"{pad}  {json.dumps(k)}: {_compact_json(val, indent + 2)}" for k, val in v.items()]
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    if isinstance(v, list) and any(isinstance(x, (dict, list)) for x in v):
+        items = [f"{pad}  {_compact_json(x, indent + 2)}" for x in v]
+        return "[\n" + ",\n".join(items) + f"\n{pad}]"
+    return json.dumps(v, default=str)
 
 
 def _numbered(text: Text) -> Text:

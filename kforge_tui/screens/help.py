@@ -41,11 +41,13 @@ class HelpScreen(ModalScreen[None]):
         self.title_text = f"Keys of the {type(under).__name__.removesuffix('Screen').lower()} screen"
 
     def compose(self) -> ComposeResult:
-        table = Table("key", "what it does", "where", box=None, pad_edge=False, expand=True)
+        # No header row (key, what, where speak for themselves): at 80×24 every key of a screen fits.
+        table = Table("key", "what it does", "where", box=None, pad_edge=False, expand=True, show_header=False)
         for key, what, where in self.rows:
             table.add_row(Text(key, style="bold"), what, Text(where, style="dim"))
-        with VerticalScroll(id="help"):
-            yield Static(Text.assemble((self.title_text, "bold"), ("  (esc or ? closes)", "dim")))
+        scroll = VerticalScroll(id="help")
+        scroll.border_title = f"{self.title_text} (esc or ? closes)"  # in the border: one more row of keys
+        with scroll:
             yield Static(table)
 
     def action_close(self) -> None:

@@ -1,14 +1,19 @@
-"""A card's latency over iterations: every verified candidate and the best so far, as sparklines."""
+"""A card's search as charts: best µs and best speedup over evaluations, against the eager line."""
 
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.widgets import Footer, Header, Sparkline, Static
+from textual.containers import Horizontal
+from textual.widgets import Footer, Header, Static
 
 from kforge_tui import format as fmt
 from kforge_tui import keymap as keys
+from kforge_tui.charts import Chart, card_series, draw_card_speedup, draw_card_us
 from kforge_tui.readmodel import Snapshot
 from kforge_tui.widgets import KforgeScreen
+
+US_TITLE = "best µs so far (lower is faster)"
+SPEEDUP_TITLE = "best speedup over eager"
 
 
 class LatencyScreen(KforgeScreen):
@@ -21,11 +26,10 @@ class LatencyScreen(KforgeScreen):
     def compose(self) -> ComposeResult:
         yield Header()
         yield Static(id="lat-title", classes="bar")
-        yield Static("µs of each verified candidate, in proposal order (lower is faster)", classes="muted")
-        yield Sparkline([], id="each")
-        yield Static("best µs so far", classes="muted")
-        yield Sparkline([], id="best-so-far")
-        yield Static(id="lat-summary")
+        with Horizontal(id="lat-charts"):
+            yield Chart(US_TITLE, id="chart-us")
+            yield Chart(SPEEDUP_TITLE, id="chart-speedup")
+        yield Static(id="lat-summary", classes="bar")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -35,29 +39,21 @@ class LatencyScreen(KforgeScreen):
         if any(n.card_id == self.card_id for n in snap.changed_nodes):
             self.rebuild()
 
-    def series(self) -> tuple[list[float], list[float]]:
-        each = [n.best_us for n in self.app.model.nodes_of(self.card_id) if n.status == "verified" and n.best_us]
-        best, cur = [], float("inf")
-        for v in each:
-            cur = min(cur, v)
-            best.append(cur)
-        return each, best
-
     def rebuild(self) -> None:
         card = self.app.model.cards.get(self.card_id)
-        each, best = self.series()
+        s = card_series(self.app.model.nodes_of(self.card_id))
         title = f"{card.op} {card.signature[:50]}" if card else self.card_id
         self.query_one("#lat-title", Static).update(f"latency · {title}")
-        self.query_one("#each", Sparkline).data = each
-        self.query_one("#best-so-far", Sparkline).data = best
-        if not each:
-            self.query_one("#lat-summary", Static).update("no verified candidate yet")
-            return
         eager = card.eager_us if card else None
-        first, last = best[0], best[-1]
+        self.query_one("#chart-us", Chart).set_draw(draw_card_us(s, eager))
+        self.query_one("#chart-speedup", Chart).set_draw(draw_card_speedup(s))
+        if not s.evaluation:
+            self.query_one("#lat-summary", Static).update(
+                f"no verified candidate yet ({s.finished} finished) · eager {fmt.us(eager)} µs")
+            return
         self.query_one("#lat-summary", Static).update(
-            f"{len(each)} verified · first {fmt.us(first)} µs → best {fmt.us(last)} µs"
-            f" · eager {fmt.us(eager)} µs · worst {fmt.us(max(each))} µs")
+            f"{len(s.evaluation)} verified of {s.finished} · first {fmt.us(s.best_us[0])} µs → best "
+            f"{fmt.us(s.best_us[-1])} µs {fmt.speedup(s.speedup[-1])} · eager {fmt.us(eager)} µs")
 
     def action_back(self) -> None:
         self.app.pop_screen()

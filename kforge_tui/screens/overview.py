@@ -94,10 +94,13 @@ def _event_line(e: EventRow) -> Text:
     stamp = time.strftime("%H:%M:%S", time.gmtime(e.ts))
     p = e.payload
     if e.kind == "evaluated":
-        ok = p.get("status") == "verified"
+        status = str(p.get("status") or "")
+        ok = status == "verified"
         detail = (f"{p.get('candidate')} {fmt.us(p.get('best_us'))} µs {fmt.speedup(p.get('speedup'))}" if ok
-                  else f"{p.get('candidate')} {p.get('status')} {p.get('category') or ''}")
-        return Text.assemble(f"{stamp} ", ("✓ " if ok else "✗ ", "green" if ok else "red"),
+                  else f"{p.get('candidate')} {status} {p.get('category') or ''}")
+        # A dry run's 'compiled' did not fail: its own neutral mark, not a red ✗.
+        glyph = fmt.STATUS_GLYPH.get(status, "✗")
+        return Text.assemble(f"{stamp} ", (glyph + " ", fmt.STATUS_STYLE.get(status, "red")),
                              f"{e.card_id or ''} {detail}")
     extra = " ".join(f"{k}={v}" for k, v in sorted(p.items()) if v is not None)
     return Text(f"{stamp} {e.kind} {e.card_id or ''} {extra}".rstrip())

@@ -5,20 +5,29 @@ from __future__ import annotations
 
 from rich.style import Style
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Header, Static, Tree
 from textual.widgets.tree import TreeNode
 
-from engine.outcomes import FINISHED
+from engine.outcomes import FINISHED, describe_failure
 from engine.store.read import CandidateHead
 from kforge_tui import format as fmt
 from kforge_tui import keymap as keys
+from kforge_tui.charts import Chart, card_series, draw_card_us
 from kforge_tui.readmodel import Snapshot
 from kforge_tui.widgets import KforgeScreen
 
 ROOT = "__root__"
 # v counts what the search's backup counts: finished candidates in the node's subtree (its visits).
-LEGEND = "vN: N finished tries in this subtree · [N]: N children · ? keys"
+# ○ is a dry run's end: compiled, never verified or timed. It did not fail, so it is neither red nor ✗.
+LEGEND = ("✓ verified · ✗ failed · ○ compiled, not timed (dry run)\n"
+          "vN: N finished tries in this subtree · [N]: N children · ? keys")
+# The side pane (the card's chart and the failure preview) shows from this width; below it, `l` opens
+# the chart full screen and the line under the tree names the failure.
+SIDE_MIN_WIDTH = 110
+PREVIEW_LINES, PREVIEW_CHARS = 6, 160  # the first lines of a reason, each cut at this length
 
 
 class CandidateTree(Tree[str]):
@@ -52,11 +61,15 @@ class TreeScreen(KforgeScreen):
     def compose(self) -> ComposeResult:
         yield Header()
         yield Static(id="tree-bar", classes="bar")
-        yield Static(Text(LEGEND), id="tree-legend", classes="bar muted")
+        yield Static(Text(LEGEND), id="tree-legend", classes="muted")
         tree = CandidateTree(self._card_title(), data=ROOT, id="tree")
         tree.show_root = True
         tree.auto_expand = False
-        yield tree
+        with Horizontal(id="tree-main"):
+            yield tree
+            with Vertical(id="tree-side"):
+                yield Chart("best µs over evaluations", id="tree-chart")
+                yield Static(id="tree-preview")
         yield Static(id="tree-node", classes="bar")
         yield Footer()
 
@@ -74,10 +87,21 @@ class TreeScreen(KforgeScreen):
         tree.root.expand()
         tree.focus()
         self._bar()
+        self._side_fits(self.app.size.width)
 
     def on_screen_resume(self) -> None:
         self.ingest(self.app.model.nodes_of(self.card_id))
         self._bar()
+
+    def on_resize(self, event: events.Resize) -> None:
+        self._side_fits(event.size.width)
+
+    def _side_fits(self, width: int) -> None:
+        side = self.query_one("#tree-side", Vertical)
+        shown = side.has_class("visible")
+        side.set_class(width >= SIDE_MIN_WIDTH, "visible")
+        if side.has_class("visible") and not shown:
+            self._preview(self.current())
 
     def apply_snapshot(self, snap: Snapshot) -> None:
         mine = [n for n in snap.changed_nodes if n.card_id == self.card_id]
@@ -156,6 +180,9 @@ class TreeScreen(KforgeScreen):
         best = self._best()
         best_txt = f"best {best.id} {fmt.us(best.best_us)} µs {fmt.speedup(best.speedup)}" if best else "no verified node yet"
         self.query_one("#tree-bar", Static).update(f"{self.card_id} · {n} nodes, {failed} failed · {best_txt}")
+        card = self.app.model.cards.get(self.card_id)
+        self.query_one("#tree-chart", Chart).set_draw(
+            draw_card_us(card_series(self.rows.values()), card.eager_us if card else None))
 
     def _best(self) -> CandidateHead | None:
         ok = [r for r in self.rows.values() if r.status == "verified" and r.best_us]
@@ -168,6 +195,30 @@ class TreeScreen(KforgeScreen):
 
     def on_tree_node_highlighted(self, event: Tree.NodeHighlighted) -> None:
         self._node_line(event.node.data)
+        self._preview(event.node.data)
+
+    def _preview(self, nid: str | None) -> None:
+        """Beside the tree: the failed node's category, what it means, and the first lines of its reason."""
+        if not self.query_one("#tree-side", Vertical).has_class("visible"):
+            return  # too narrow to show it: no need to read the reason
+        pane = self.query_one("#tree-preview", Static)
+        row = self.rows.get(nid) if nid else None
+        if row is None or row.status != "rejected":
+            hint = "○ compiled in a dry run: not verified, not timed" if row and row.status == "compiled" \
+                else "n / N: next / previous failed node"
+            pane.update(Text(hint, style="dim"))
+            return
+        detail = self.app.model.candidate(row.id)
+        reason = (detail.row.get("error") if detail else None) or row.error_head or "(no reason stored)"
+        lines = reason.splitlines() or [reason]
+        cat = row.category or "unknown"
+        text = Text.assemble((f"✗ {row.id} ", "bold"), (cat, "bold red"), "\n",
+                             (describe_failure(row.category), "dim"), "\n\n")
+        text.append("\n".join(line if len(line) <= PREVIEW_CHARS else line[:PREVIEW_CHARS - 1] + "…"
+                               for line in lines[:PREVIEW_LINES]))
+        if len(lines) > PREVIEW_LINES:
+            text.append(f"\n… {len(lines) - PREVIEW_LINES} more lines: enter", style="dim")
+        pane.update(text)
 
     def _node_line(self, nid: str | None) -> None:
         """Under the tree: what the node under the cursor changed against its parent."""
