@@ -156,3 +156,47 @@ def test_gemma_small_has_its_rmsnorm_chains():
         ops = _heavy_ops(p)
         assert ops[0] == "_to_copy" and "mean" in ops and ops[-1] == "_to_copy"  # upcast ... downcast
     assert all(not c.compute for p in pats for ch in p.instances for c in ch.calls)
+
+
+def test_a_chain_card_replays_its_module_on_new_inputs():
+    # The chain's signature is enough to run it (eager for the card): on new values it gives what the
+    # module gives, and every layer's instance has the same signature (one card, counted over layers).
+    from engine.capture.chains import CHAIN_OP, chain_card_id, chain_signature, run_chain
+
+    torch.manual_seed(1)
+    model = Model().to(torch.bfloat16)
+    _, pats = _patterns(model, torch.randn(2, 5, 32, dtype=torch.bfloat16))
+    norm = next(p for p in pats if p.kind == "module")
+    sigs = [chain_signature(ch) for ch in norm.instances]
+    assert len({chain_card_id(s) for s in sigs}) == 1
+    sig = sigs[0]
+    assert sig["op"] == CHAIN_OP and [a["name"] for a in sig["args"]] == ["in0", "in1"]
+    assert sig["args"][0]["shape"] == [2, 5, 32] and sig["args"][0]["dtype"] == "bfloat16"
+    assert sig["args"][1]["shape"] == [32]  # the weight
+    x = torch.randn(2, 5, 32, dtype=torch.bfloat16) * 3
+    layer = model.layers[2].norm1
+    with torch.no_grad():
+        layer.weight.normal_()
+        (out,) = run_chain(sig, [x, layer.weight])
+        torch.testing.assert_close(out, layer(x), rtol=0, atol=0)
+
+
+def test_chain_signature_of_a_pattern_with_two_outputs():
+    from engine.capture.chains import chain_signature, run_chain
+
+    model = Model().to(torch.bfloat16)
+    _, pats = _patterns(model, torch.randn(2, 5, 32, dtype=torch.bfloat16))
+    add_norm = next(p for p in pats if _heavy_ops(p)[:2] == ["add", "_to_copy"])
+    sig = chain_signature(add_norm.instances[1])
+    assert len(sig["chain"]["outputs"]) == 2
+    layer = model.layers[1]
+    x, h = torch.randn(2, 5, 32, dtype=torch.bfloat16), torch.randn(2, 5, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        # in0/in1/in2 in first-use order: the attention projection's output (a view of it), the
+        # residual stream, the second norm's weight.
+        names = [a["name"] for a in sig["args"]]
+        assert names == ["in0", "in1", "in2"]
+        outs = run_chain(sig, [h, x, layer.norm2.weight])
+        total = x + h
+        torch.testing.assert_close(outs[0], total, rtol=0, atol=0)
+        torch.testing.assert_close(outs[1], layer.norm2(total), rtol=0, atol=0)

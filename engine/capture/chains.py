@@ -370,3 +370,95 @@ def trace_forward(model: torch.nn.Module, forward: Callable[[], Any], *, time_ca
     with paths, torch.no_grad(), mode:
         forward()
     return mode
+
+
+# ---- a chain as a card: its signature, and eager for it ---------------------------------------------
+
+CHAIN_OP = "kforge::chain"
+
+
+def _read_descs(call: TraceCall) -> list[dict[str, Any]]:
+    """The tensor descriptions of a call's reads, in the order `reads` lists them."""
+    out = []
+    for a in call.signature["args"]:
+        if a.get("kind") == "tensor" and not a.get("absent"):
+            out.append(a)
+        elif a.get("kind") == "tensor_list":
+            out.extend(x for x in a["items"] if x is not None)
+    return out
+
+
+def chain_signature(chain: Chain) -> dict[str, Any]:
+    """The chain as a card signature: its external inputs described like any card's arguments
+    (`in0`, `in1`, … in first-use order) and its graph: per member, the op and each argument (a
+    plain value as captured, or where the tensor comes from), and which members' results it returns.
+    Module paths are not part of it: every layer's instance has the same signature."""
+    ext = {v: i for i, v in enumerate(chain.inputs)}
+    descs: dict[int, dict[str, Any]] = {}
+    made: dict[int, tuple[int, int]] = {}
+    nodes = []
+    for j, c in enumerate(chain.calls):
+        reads = iter(zip(c.reads, _read_descs(c)))
+
+        def ref(v: int) -> list:
+            return ["in", ext[v]] if v in ext else ["node", *made[v]]
+
+        args = []
+        for a in c.signature["args"]:
+            if a.get("kind") == "tensor" and not a.get("absent"):
+                (_, v), d = next(reads)
+                descs.setdefault(v, d)
+                args.append({"name": a["name"], "tensor": ref(v)})
+            elif a.get("kind") == "tensor_list":
+                items = []
+                for x in a["items"]:
+                    if x is None:
+                        items.append(None)
+                    else:
+                        (_, v), d = next(reads)
+                        descs.setdefault(v, d)
+                        items.append(ref(v))
+                args.append({"name": a["name"], "tensors": items})
+            elif a.get("kind") == "tensor":  # an absent optional tensor
+                args.append({"name": a["name"], "value": None})
+            else:
+                args.append({"name": a["name"], "value": a.get("value")})
+        nodes.append({"op": c.op, "args": args, "results": len(c.writes)})
+        for k, v in enumerate(c.writes):
+            made[v] = (j, k)
+    inputs = [{"name": f"in{i}", **{k: x for k, x in descs[v].items() if k != "name"}}
+              for i, v in enumerate(chain.inputs)]
+    return {"op": CHAIN_OP, "args": inputs, "aliases": [],
+            "chain": {"nodes": nodes, "outputs": [list(made[v]) for v in chain.outputs]}}
+
+
+def chain_card_id(signature: dict[str, Any]) -> str:
+    return card_id(signature)
+
+
+def run_chain(signature: dict[str, Any], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Eager for a chain card: its members called in order on `inputs` (the card's `in0`, `in1`, …);
+    returns its outputs. In-place members write what they wrote when captured."""
+    from engine.capture.signature import decode_value
+    from engine.ops import call_op, resolve_op
+
+    vals: dict[tuple, torch.Tensor] = {("in", i): t for i, t in enumerate(inputs)}
+    for j, node in enumerate(signature["chain"]["nodes"]):
+        op = resolve_op(node["op"])
+        bound = []
+        for a in node["args"]:
+            if "tensor" in a:
+                bound.append((a["name"], vals[tuple(a["tensor"])]))
+            elif "tensors" in a:
+                bound.append((a["name"], [None if r is None else vals[tuple(r)] for r in a["tensors"]]))
+            else:
+                bound.append((a["name"], decode_value(a["value"])))
+        out = call_op(op, bound)
+        results = list(_tensors(out))
+        mutated = {a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+        for name, v in bound:
+            if name in mutated:
+                results += [t for t in _tensors(v) if not any(t is r for r in results)]
+        for k, t in enumerate(results):
+            vals[("node", j, k)] = t
+    return [vals[("node", j, k)] for j, k in signature["chain"]["outputs"]]
