@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 import random
 import re
 import struct
@@ -126,7 +127,7 @@ def _compile_and_check(arch: str, jobs: dict[str, tuple[str, int]]) -> None:
     """Each source compiles for `arch`, targets it, and fits the GPU's shared memory per block (static +
     dynamic) and, where the GPU lacks them, uses no cluster or Hopper-only PTX."""
     hw = profile(TARGETS[arch])
-    with ThreadPoolExecutor(2) as pool:  # NVRTC releases the GIL: two compiles at once on two cores
+    with ThreadPoolExecutor(min(8, os.cpu_count() or 2)) as pool:  # NVRTC releases the GIL
         results = list(pool.map(lambda s: compile_nvrtc(s, arch=arch), jobs))
     for (src, (name, dynamic)), res in zip(jobs.items(), results):
         assert res.ok, f"{name} for {arch}: {res.summary()}\n{src[-2000:]}"
