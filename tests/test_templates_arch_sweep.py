@@ -96,10 +96,10 @@ def _jobs(arch: str, sample: int | None) -> dict[str, tuple[str, int]]:
         params = _instances(t, card, hw, walk=WALK if sample is None else 3)
         if sample is not None:
             params = params[:1] + params[1::max(1, len(params) // 4)]
+        sources = by_template.setdefault(t.name, {})
         for p in params:
             src, shared = _render(t, card, p, hw)
-            by_template.setdefault(t.name, {})[src] = (t.name, max(shared, by_template.get(t.name, {}).get(
-                src, ("", 0))[1]))
+            sources[src] = (t.name, max(shared, sources.get(src, ("", 0))[1]))
     assert set(by_template) == {t.name for t in all_templates()}, sorted(by_template)
     jobs: dict[str, tuple[str, int]] = {}
     for sources in by_template.values():
