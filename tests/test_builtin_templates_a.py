@@ -40,6 +40,7 @@ from engine.propose.builtin.elementwise import TEMPLATES as EW
 from engine.propose.builtin.pooling import TEMPLATES as PL
 from engine.propose.builtin.softmax import TEMPLATES as SM
 from engine.propose.builtin.template import INTENT_PARAMS, Template
+from engine.propose.hardware_profiles import profile
 from engine.propose.intents import INTENTS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -479,6 +480,8 @@ def test_grids_and_strategies_follow_the_gpu():
     grid = {hw.sms: resolve(parse_spec(t.render(silu, params, hw=hw).spec), env).launches[0].grid[0]
             for hw in (Hardware(), GB10)}
     assert grid == {132: 132 * 8, 48: 48 * 8}  # one wave: 8 blocks of 256 threads per SM
+    spark = profile("dgx-spark")  # 1536 resident threads per SM: a wave is 6 blocks of 256 per SM
+    assert resolve(parse_spec(t.render(silu, params, hw=spark).spec), env).launches[0].grid[0] == 48 * 6
     long_rows = capture(lambda: torch.softmax(torch.randn(4, 65536), -1))
     assert "cluster" in SM[0].space(long_rows)["strategy"]
     assert "cluster" not in SM[0].space(long_rows, hw=GB10)["strategy"]

@@ -9,6 +9,7 @@ from engine.cards import OperatorCard
 from engine.launch.spec import parse_spec
 from engine.propose.answer import Extracted, complete_spec, extract, fenced_blocks, kernel_names
 from engine.propose.base import Attempt, Hardware, ProposalRequest
+from engine.propose.hardware_profiles import profile
 from engine.propose.intents import INTENT_DESCRIPTIONS, INTENTS, choose_intent
 from engine.propose.prompting import (
     PromptError,
@@ -115,11 +116,21 @@ def test_card_layout_details_inplace_and_broadcast():
 def test_measured_card_and_other_hardware():
     card = real_card(*RELU_INPLACE)
     card = OperatorCard(**{**card.__dict__, "eager_us": 14.25, "roofline_us": 4.5})
-    hw = Hardware(name="NVIDIA GB10", arch="sm_121", sms=48, l2_bytes=24 * 2**20, bandwidth_bps=2.7e11,
-                  max_shared_per_block=101376)
-    text = user_text(ProposalRequest(card, hw))
+    text = user_text(ProposalRequest(card, profile("dgx-spark")))
     assert "Eager PyTorch time: 14.25 µs" in text and "4.50 µs" in text
-    assert "NVIDIA GB10: sm_121, 48 SMs" in text and "24 MiB" in text and "101,376" in text
+    assert "NVIDIA GB10: sm_121 (compute capability 12.1), 48 SMs" in text and "24 MiB" in text
+    assert "101,376 bytes per block" in text and "102,400 bytes per SM" in text
+    assert "273 GB/s (published peak" in text and "unified memory shared with the CPU" in text
+    assert "clusters: not available" in text and "no `wgmma`" in text
+
+
+def test_hardware_section_states_what_the_gpu_has():
+    h200 = user_text(ProposalRequest(real_card(*RELU_INPLACE), Hardware()))
+    assert "sm_90 (compute capability 9.0), 132 SMs, at most 2,048 resident threads per SM" in h200
+    assert "Thread-block clusters: available" in h200 and "(measured copy bandwidth" in h200
+    a100 = user_text(ProposalRequest(real_card(*RELU_INPLACE), profile("a100")))
+    assert "sm_80 (compute capability 8.0), 108 SMs" in a100 and "166,912 bytes per block" in a100
+    assert "clusters: not available" in a100 and "no `wgmma`, TMA" in a100
 
 
 def test_unknown_op_gets_a_generic_note():

@@ -115,8 +115,15 @@ class Worker:
     # ---- requests ---------------------------------------------------------------------------------
 
     def hello(self, p: dict[str, Any]) -> dict[str, Any]:
-        return {"name": self.props.name, "arch": self.arch, "sms": self.props.multi_processor_count,
-                "l2_bytes": self.props.L2_cache_size, "max_shared_per_block": self.max_shared,
+        """The device, as `engine.propose.base.Hardware.from_hello` reads it (plus timing figures)."""
+        props, i = self.props, self.device.index
+        return {"name": props.name, "arch": self.arch, "capability": [props.major, props.minor],
+                "sms": props.multi_processor_count,
+                "l2_bytes": props.L2_cache_size, "max_shared_per_block": self.max_shared,
+                "shared_per_sm": drv.device_attribute("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR", i),
+                "max_threads_per_sm": drv.device_attribute("CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR", i),
+                "cluster_launch": bool(drv.device_attribute("CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH", i)),
+                "integrated": bool(drv.device_attribute("CU_DEVICE_ATTRIBUTE_INTEGRATED", i)),
                 "copy_bw": self.copy_bw, "spec_bw": self.spec_bw, "physics_bw": self.physics_bw,
                 "launch_floor_us": self.launch_us,
                 "torch": torch.__version__, "memory_bytes": self.props.total_memory}

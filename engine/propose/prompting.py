@@ -208,11 +208,42 @@ def card_section(card: OperatorCard, hardware: Hardware) -> str:
 
 
 def hardware_section(hw: Hardware) -> str:
-    """The GPU the kernel will run on."""
+    """The GPU the kernel will run on: its limits, and the features it has and lacks."""
+    cc = hw.capability
     return render(
-        "hardware", name=hw.name, arch=hw.arch, sms=hw.sms, l2=f"{hw.l2_bytes / 2**20:.0f} MiB",
-        bandwidth=f"{hw.bandwidth_bps / 1e12:.2f} TB/s", max_shared=f"{hw.max_shared_per_block:,}",
+        "hardware", name=hw.name, arch=hw.arch, capability=f"{cc[0]}.{cc[1]}" if cc else "unknown",
+        sms=hw.sms, threads_per_sm=f"{hw.max_threads_per_sm:,}", l2=f"{hw.l2_bytes / 2**20:.0f} MiB",
+        bandwidth=_bandwidth_text(hw.bandwidth_bps),
+        bandwidth_kind=("measured copy bandwidth, bytes read + written per second" if hw.measured
+                        else "published peak; a copy reaches less"),
+        memory_note="; unified memory shared with the CPU" if hw.integrated else "",
+        max_shared=f"{hw.max_shared_per_block:,}", shared_per_sm=f"{hw.shared_per_sm:,}",
+        clusters=("available (`__cluster_dims__`, at most 8 blocks portably)" if hw.clusters
+                  else "not available on this GPU: do not use `__cluster_dims__` or cluster barriers"),
+        instructions=_instructions(cc, hw.arch),
     )
+
+
+def _instructions(cc: tuple[int, int] | None, arch: str) -> str:
+    """The tensor-core and copy instructions this arch has, and the ones it lacks or that do not compile."""
+    if cc is None:
+        return "unknown arch: portable CUDA C++ only"
+    if cc >= (12, 0):
+        return ("tensor cores through `mma.sync` (this GPU has no `wgmma`, no `tcgen05`/TMEM, no distributed "
+                "shared memory and no TMA multicast); `cp.async` for asynchronous copies")
+    if cc >= (10, 0):
+        return (f"`mma.sync`, `ldmatrix`, `cp.async`, TMA (`cp.async.bulk`); `wgmma` is Hopper only, and "
+                f"`tcgen05` needs the `sm_{cc[0]}{cc[1]}a` target: neither compiles for `{arch}`")
+    if cc >= (9, 0):
+        return (f"`mma.sync`, `ldmatrix`, `cp.async`, TMA (`cp.async.bulk`); `wgmma` and `setmaxnreg` need "
+                f"the `sm_90a` target and do not compile for `{arch}`")
+    if cc >= (8, 0):
+        return "`mma.sync`, `ldmatrix`, `cp.async`; no `wgmma`, TMA or `setmaxnreg` (those are sm_90 and up)"
+    return "pre-Ampere: no `cp.async`, no bf16 tensor cores, no `wgmma` or TMA"
+
+
+def _bandwidth_text(bps: float) -> str:
+    return f"{bps / 1e12:.2f} TB/s" if bps >= 1e12 else f"{bps / 1e9:.0f} GB/s"
 
 
 def semantics(op: str) -> str:

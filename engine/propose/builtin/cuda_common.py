@@ -329,19 +329,10 @@ def prelude(dtypes: Iterable[str], *, vec: bool = False, reduce: bool = False, r
 
 
 def has_clusters(hw: Hardware) -> bool:
-    """Whether thread-block cluster kernels (__cluster_dims__, barrier.cluster) may be offered to `hw`.
-
-    Clusters need sm_90 or newer. The datacenter parts from there on (sm_9x, sm_10x) get them; the sm_12x
-    family (RTX Blackwell, the DGX Spark's GB10) does not: the cluster kernels were written for and
-    measured on the H200 only, and they ask for clusters of up to 16 blocks through the non-portable
-    opt-in, which nobody has verified there. An arch string we cannot read gets no clusters either (a
-    slower kernel, never one that cannot launch).
-    """
-    try:
-        cc = int(hw.arch.removeprefix("sm_").rstrip("af"))
-    except ValueError:
-        return False
-    return 90 <= cc < 110
+    """Whether thread-block cluster kernels (__cluster_dims__, barrier.cluster) may be offered to `hw`
+    (`Hardware.clusters`: the device reports cluster launch and its arch is one the cluster kernels are
+    proven on, see `engine.propose.base.arch_has_clusters`)."""
+    return bool(hw.clusters)
 
 
 # ------------------------------------------------------------------------------------------- numbers

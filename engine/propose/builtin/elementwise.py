@@ -475,7 +475,7 @@ class ElementwiseTemplate(Template):
         nv = plan.numel // vec
         blocks = max(1, -(-nv // (block * unroll)))
         if waves:
-            blocks = min(blocks, hw.sms * max(1, 2048 // block) * waves)
+            blocks = min(blocks, hw.sms * max(1, hw.max_threads_per_sm // block) * waves)  # a wave: all resident
         source = _source(plan, vec, unroll)
         args = [f'{{ ptr = "{o.arg}" }}' for o in plan.operands if not o.via_out]
         args.append('{ ptr = "self" }' if plan.inplace else '{ ptr = "out0" }')

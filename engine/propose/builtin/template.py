@@ -6,7 +6,9 @@ kernel handles. Parameters tune speed only, never semantics.
 
 Every method takes the GPU the kernel is for (`hw`, an `engine.propose.base.Hardware`): the space sizes
 grids by its SM count, budgets shared memory by its per-block limit and offers thread-block cluster
-kernels only where its architecture has them. The default is the H200 the templates were tuned on, so
+kernels only where its architecture has them (`Hardware.clusters`). The request's hardware comes from the
+lane's `hello` (`Hardware.from_hello`) or, for a dry run, a named profile
+(`engine.propose.hardware_profiles.profile`). The default is the H200 the templates were tuned on, so
 tools that render for it need not say so.
 """
 
