@@ -27,6 +27,15 @@ async def settle(pilot, *keys):
     await pilot.pause(0.1)
 
 
+async def until(pilot, ready, seconds: float = 10.0) -> bool:
+    """Pause until `ready()` holds (a loaded machine can take a while to mount a screen); False on timeout."""
+    for _ in range(int(seconds / 0.05)):
+        if ready():
+            return True
+        await pilot.pause(0.05)
+    return ready()
+
+
 def controls(db):
     with sqlite3.connect(db) as conn:
         return conn.execute("SELECT run_id, command, card_id, args FROM controls ORDER BY seq").fetchall()
@@ -302,6 +311,11 @@ async def test_candidate_shows_the_full_signature_at_80(store):
         cid = ids["failed"]["mismatch"]
         card = app.model.cards[app.model.candidate(cid).row["card_id"]]
         app.open_candidate(cid)
+        from kforge_tui.screens.candidate import CandidateScreen
+
+        assert await until(pilot, lambda: isinstance(app.screen, CandidateScreen))
         await settle(pilot, "1")
+        want = f"signature {card.op} {card.signature}"
+        await until(pilot, lambda: want in " ".join(screen_text(app).split()))
         flat = " ".join(screen_text(app).split())
-        assert f"signature {card.op} {card.signature}" in flat
+        assert want in flat
