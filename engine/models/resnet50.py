@@ -18,7 +18,8 @@ def build(*, device: torch.device, dtype: torch.dtype, batch: int = 32, image_si
         model = resnet50(weights=None)
     model = model.eval().to(device=device, dtype=dtype)
     x = torch.randn(batch, 3, image_size, image_size, device=device, dtype=dtype)
-    notes = {"layout": "channels_last" if channels_last else "contiguous (NCHW)"}
+    notes = {"layout": "channels_last" if channels_last else "contiguous (NCHW)",
+             "weights": "random: torchvision's kaiming/uniform inits as a tiled N(0, 1) block at each init's std"}
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)

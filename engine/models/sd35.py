@@ -171,6 +171,11 @@ def build(*, device: torch.device, dtype: torch.dtype, image_size: int = 1024, t
         "qk_norm": "diffusers RMSNorm (variance computed in float32, weight applied in model dtype)",
         "vae": f"decoder only (encoder deleted after init), no post_quant_conv; runs in {dtype} like the SD3 "
                "pipeline (it ignores force_upcast); latent / scaling_factor + shift_factor before decode",
+        "weights": f"random, {dtype} built directly on {device}: each torch.nn.init random fill replaced by a tiled "
+                   "N(0, 1) block scaled to that init's mean and std"
+                   + ("; the 384x384 position table holds diffusers' values in the centre crop the MMDiT "
+                      "reads and zeros elsewhere (the full float64 table takes ~25 s on a CPU)"
+                      if device.type == "cpu" else ""),
         "timestep": "float32, as from FlowMatchEulerDiscreteScheduler; sinusoidal embedding cast to model dtype",
     }
     return CaptureTarget(module=model, forward=lambda: model(**inputs),
