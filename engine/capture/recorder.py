@@ -110,8 +110,14 @@ class CaptureMode(TorchDispatchMode):
 
     def __init__(self, *, path_of: Callable[[], str], weight_of: Callable[[str], int], samples: int,
                  sample_budget_bytes: int, sink: SampleSink | None, use_cuda_events: bool,
-                 total_budget_bytes: int = 1 << 62):
+                 total_budget_bytes: int = 1 << 62, progress: Callable[[str], None] | None = None,
+                 progress_every_s: float = 0.5):
         super().__init__()
+        self.progress = progress
+        self.progress_every_s = progress_every_s
+        self.ops = 0  # recorded calls so far
+        self._last_progress = time.monotonic()
+        self._last_block = ""
         self.path_of = path_of
         self.weight_of = weight_of
         self.samples = samples
@@ -156,6 +162,9 @@ class CaptureMode(TorchDispatchMode):
             tally.output_varies = True  # data-dependent output shape: a kernel must not assume one
         path = self.path_of()
         weight = self.weight_of(path)
+        self.ops += 1
+        if self.progress is not None:
+            self._report(path)
         tally.calls += 1
         tally.weighted_calls += weight
         tally.module_paths[path] = tally.module_paths.get(path, 0) + weight
@@ -174,6 +183,19 @@ class CaptureMode(TorchDispatchMode):
             tally.samples += 1
         return out
 
+    def _report(self, path: str) -> None:
+        """A progress line when the forward enters another block (path up to its layer index) or every
+        `progress_every_s`, never more often than that: a user sees the capture moving, at no cost."""
+        block = _block_of(path)
+        now = time.monotonic()
+        if now - self._last_progress < self.progress_every_s:
+            return
+        if block == self._last_block and now - self._last_progress < 4 * self.progress_every_s:
+            return
+        self._last_block, self._last_progress = block, now
+        self.progress(f"capturing: {self.ops} ops, {len(self.cards)} cards, "
+                      f"{self.total_sample_bytes / 1e6:.0f} MB of samples; in {path}")
+
     def _wants_sample(self, tally: CardTally | None, bound: list[tuple[str, Any]]) -> bool:
         if tally is None:
             return self.samples > 0
@@ -184,6 +206,15 @@ class CaptureMode(TorchDispatchMode):
         estimate = 2 * _span_bytes([t for _, t in iter_tensors(bound)])
         return (tally.sample_bytes + estimate <= self.sample_budget
                 and self.total_sample_bytes + estimate <= self.total_budget)
+
+
+def _block_of(path: str) -> str:
+    """The module path up to and including its first numeric part (`model.layers.3`), else its first two."""
+    parts = path.split(".")
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return ".".join(parts[:2])
 
 
 class ModulePaths:

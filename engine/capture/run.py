@@ -6,7 +6,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,8 @@ class CaptureResult:
     skipped: dict[str, int]
     notes: dict[str, str]
     sample_dir: str  # relative to the workspace
+    # Wall seconds per phase: build, warm-up, captured forward (without sample writing), writing samples.
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def total_calls(self) -> int:
@@ -102,9 +104,12 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
              f"{', small' if config.small else ''})")
     target = build_target(config, device)
     target.module.eval()
+    t_built = time.perf_counter()
     progress("warm-up forward")
     _run_forward(config, target.forward, "warm-up")
     _sync(device)
+    t_warm = time.perf_counter()
+    write_s = 0.0
 
     samples_root = workspace / "samples"
     partial = samples_root / f".partial-{capture_id}"
@@ -112,7 +117,12 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     partial.mkdir(parents=True)
     try:
         def sink(tally: CardTally, idx: int, snap: Snapshot, meta: dict[str, Any]) -> int:
-            return save_sample(partial / f"{tally.id}.{idx}.safetensors", snap, meta)
+            nonlocal write_s
+            t0 = time.perf_counter()
+            try:
+                return save_sample(partial / f"{tally.id}.{idx}.safetensors", snap, meta)
+            finally:
+                write_s += time.perf_counter() - t0
 
         k = config.samples if samples is None else samples
         progress(f"capturing one forward (up to {k} samples per card)")
@@ -120,7 +130,7 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         mode = CaptureMode(path_of=paths.current, weight_of=paths.weight, samples=k,
                            sample_budget_bytes=config.sample_budget_mb << 20, sink=sink,
                            use_cuda_events=device.type == "cuda",
-                           total_budget_bytes=config.total_sample_budget_mb << 20)
+                           total_budget_bytes=config.total_sample_budget_mb << 20, progress=progress)
         with paths:
             try:
                 with torch.no_grad(), mode:
@@ -130,6 +140,9 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
                                  f"{_one_line(e)}; it ran without capture, so this is likely a Kernel "
                                  f"Forge bug: please report it with --debug output") from e
         _sync(device)
+        t_captured = time.perf_counter()
+        progress(f"captured {mode.ops} ops into {len(mode.cards)} cards, "
+                 f"{mode.total_sample_bytes / 1e6:.0f} MB of samples")
         total_us = sum(t.weighted_us() for t in mode.cards.values())
         cards = sorted((_to_card(t, total_us) for t in mode.cards.values()),
                        key=lambda c: (-c.share, c.op, c.card_id))
@@ -145,6 +158,8 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         dtype=dtype_name(config.dtype_for(device.type)), small=config.small,
         wall_s=time.perf_counter() - t_start, cards=cards, skipped=dict(mode.skipped), notes=notes,
         sample_dir=str(final.relative_to(workspace)),
+        phases={"build": t_built - t_start, "warm-up": t_warm - t_built,
+                "captured forward": t_captured - t_warm - write_s, "writing samples": write_s},
     )
 
 

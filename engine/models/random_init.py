@@ -10,7 +10,7 @@ _FILL_BLOCK = 999_983  # prime, so tiled rows of power-of-two width never repeat
 
 
 @contextmanager
-def _default_dtype(dtype: torch.dtype):
+def default_dtype(dtype: torch.dtype):
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -22,15 +22,29 @@ def _default_dtype(dtype: torch.dtype):
 @torch.no_grad()
 def _fill_random_(params: list[torch.Tensor], std: float, seed: int) -> None:
     """Fill params with a tiled N(0, std) block (a random rotation per param): memcpy speed, not RNG speed."""
-    gen = torch.Generator().manual_seed(seed)
-    block = torch.randn(_FILL_BLOCK, generator=gen) * std
-    cache: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
-    for p in params:
+    _TiledFill(seed, std).fill_all(params)
+
+
+class _TiledFill:
+    """One N(0, std) block of `_FILL_BLOCK` values, copied (rotated at random) into tensors."""
+
+    def __init__(self, seed: int, std: float = 1.0):
+        self.gen = torch.Generator().manual_seed(seed)
+        self.block = torch.randn(_FILL_BLOCK, generator=self.gen) * std
+        self.cache: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+    @torch.no_grad()
+    def fill_all(self, params: list[torch.Tensor]) -> None:
+        for p in params:
+            self.fill(p)
+
+    @torch.no_grad()
+    def fill(self, p: torch.Tensor) -> None:
         key = (p.device, p.dtype)
-        if key not in cache:
-            cache[key] = block.to(device=p.device, dtype=p.dtype)
-        shift = int(torch.randint(_FILL_BLOCK, (1,), generator=gen))
-        src = torch.roll(cache[key], shift)
+        if key not in self.cache:
+            self.cache[key] = self.block.to(device=p.device, dtype=p.dtype)
+        shift = int(torch.randint(_FILL_BLOCK, (1,), generator=self.gen))
+        src = torch.roll(self.cache[key], shift)
         flat = p.view(-1)
         whole = flat.numel() // _FILL_BLOCK
         if whole:
@@ -50,7 +64,7 @@ def random_model(model_cls, config, *, device: torch.device, dtype: torch.dtype,
     """
     from transformers.initialization import no_init_weights
 
-    with torch.device(device), _default_dtype(dtype), no_init_weights():
+    with torch.device(device), default_dtype(dtype), no_init_weights():
         model = model_cls(config)
     model.tie_weights()
     big = [p for p in model.parameters() if p.ndim >= 2]
@@ -60,3 +74,67 @@ def random_model(model_cls, config, *, device: torch.device, dtype: torch.dtype,
     model.init_weights()  # only touches what is not flagged above
     model.requires_grad_(False)
     return model.eval()
+
+
+def _init_std(name: str, t: torch.Tensor, args: tuple, kwargs: dict) -> tuple[float, float]:
+    """(mean, std) that `torch.nn.init.<name>(t, *args, **kwargs)` would give `t`."""
+    init = torch.nn.init
+    a = {**dict(zip(_INIT_ARGS[name], args)), **kwargs}
+    if name in ("kaiming_uniform_", "kaiming_normal_"):
+        fan = init._calculate_correct_fan(t, a.get("mode", "fan_in"))
+        gain = init.calculate_gain(a.get("nonlinearity", "leaky_relu"), a.get("a", 0))
+        return 0.0, gain / max(fan, 1) ** 0.5
+    if name in ("xavier_uniform_", "xavier_normal_"):
+        fan_in, fan_out = init._calculate_fan_in_and_fan_out(t)
+        return 0.0, a.get("gain", 1.0) * (2.0 / max(fan_in + fan_out, 1)) ** 0.5
+    if name == "uniform_":
+        lo, hi = a.get("a", 0.0), a.get("b", 1.0)
+        return (lo + hi) / 2, (hi - lo) / 12 ** 0.5
+    return a.get("mean", 0.0), a.get("std", 1.0)  # normal_, trunc_normal_
+
+
+_INIT_ARGS = {
+    "kaiming_uniform_": ("a", "mode", "nonlinearity"), "kaiming_normal_": ("a", "mode", "nonlinearity"),
+    "xavier_uniform_": ("gain",), "xavier_normal_": ("gain",), "uniform_": ("a", "b"),
+    "normal_": ("mean", "std"), "trunc_normal_": ("mean", "std"),
+}
+
+
+@contextmanager
+def tiled_random_init(seed: int):
+    """While building a `torch.nn` model, defer its random `torch.nn.init` calls; on exit fill each
+    tensor from a tiled N(0, 1) block scaled to the mean and std that init would have given it.
+
+    Per-element RNG (kaiming/xavier/uniform on every layer, in float32) dominates the build of a large
+    model on a CPU; the tiled fill runs at copy speed and keeps each layer's scale, so activations stay
+    as large as in a freshly initialised model. Deterministic inits (ones, zeros, constants) still run.
+    """
+    init = torch.nn.init
+    pending: list[tuple[torch.Tensor, float, float]] = []
+    originals = {name: getattr(init, name) for name in _INIT_ARGS}
+
+    def deferred(name: str):
+        def record(tensor: torch.Tensor, *args, **kwargs):
+            pending.append((tensor, *_init_std(name, tensor, args, kwargs)))
+            return tensor
+        return record
+
+    for name in originals:
+        setattr(init, name, deferred(name))
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(init, name, fn)
+    _fill_scaled_(pending, seed)
+
+
+@torch.no_grad()
+def _fill_scaled_(items: list[tuple[torch.Tensor, float, float]], seed: int) -> None:
+    last = {id(t): (t, mean, std) for t, mean, std in items}  # re-initialised: the last call wins
+    fill = _TiledFill(seed)
+    for t, mean, std in last.values():
+        fill.fill(t)
+        t.mul_(std)
+        if mean:
+            t.add_(mean)

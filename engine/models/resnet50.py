@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.models.random_init import tiled_random_init
 from engine.models.target import CaptureTarget
 
 
@@ -13,9 +14,12 @@ def build(*, device: torch.device, dtype: torch.dtype, batch: int = 32, image_si
     from torchvision.models import resnet50
 
     torch.manual_seed(seed)
-    model = resnet50(weights=None).eval().to(device=device, dtype=dtype)
+    with tiled_random_init(seed):  # kaiming-scaled tiled fill instead of per-element RNG
+        model = resnet50(weights=None)
+    model = model.eval().to(device=device, dtype=dtype)
     x = torch.randn(batch, 3, image_size, image_size, device=device, dtype=dtype)
-    notes = {"layout": "channels_last" if channels_last else "contiguous (NCHW)"}
+    notes = {"layout": "channels_last" if channels_last else "contiguous (NCHW)",
+             "weights": "random: torchvision's kaiming/uniform inits as a tiled N(0, 1) block at each init's std"}
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)

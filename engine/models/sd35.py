@@ -12,9 +12,12 @@ with the SD3 config) is built whole; only its decoder runs, so the encoder is dr
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
+from engine.models.random_init import default_dtype, tiled_random_init
 from engine.models.target import CaptureTarget
 
 # stabilityai/stable-diffusion-3.5-medium transformer/config.json
@@ -70,6 +73,46 @@ class SD35Medium(nn.Module):
         return noise_pred, image
 
 
+def center_sincos_table(embed_dim: int, grid_size: int, used: int, base_size: float,
+                        interpolation_scale: float) -> torch.Tensor:
+    """diffusers' (grid_size², embed_dim) 2-D sin-cos table with only the centre used x used crop filled in.
+
+    The MMDiT reads only that centre crop (`PatchEmbed.cropped_pos_embed`) of its 384 x 384 table; the
+    values there are computed by diffusers' own `get_2d_sincos_pos_embed_from_grid` on the same positions,
+    so they are the ones the full table holds. The whole table costs ~25 s of float64 on a CPU."""
+    from diffusers.models.embeddings import get_2d_sincos_pos_embed_from_grid
+
+    top = (grid_size - used) // 2
+    g = torch.arange(top, top + used, dtype=torch.float32) / (grid_size / base_size) / interpolation_scale
+    grid = torch.stack(torch.meshgrid(g, g, indexing="xy"), dim=0).reshape(2, 1, used, used)
+    crop = get_2d_sincos_pos_embed_from_grid(embed_dim, grid, output_type="pt")
+    table = torch.zeros(grid_size, grid_size, embed_dim, dtype=torch.float32)
+    table[top:top + used, top:top + used] = crop.reshape(used, used, embed_dim).float()
+    return table.reshape(grid_size * grid_size, embed_dim)
+
+
+@contextlib.contextmanager
+def _center_pos_embed(used: int):
+    """While the MMDiT is built, its position table is `center_sincos_table` (see there)."""
+    from diffusers.models import embeddings
+
+    full = embeddings.get_2d_sincos_pos_embed
+
+    def centre_only(embed_dim, grid_size, cls_token=False, extra_tokens=0, interpolation_scale=1.0,
+                    base_size=16, device=None, output_type="pt"):
+        if cls_token or extra_tokens or output_type != "pt" or not isinstance(grid_size, int):
+            return full(embed_dim, grid_size, cls_token=cls_token, extra_tokens=extra_tokens,
+                        interpolation_scale=interpolation_scale, base_size=base_size, device=device,
+                        output_type=output_type)
+        return center_sincos_table(embed_dim, grid_size, used, base_size, interpolation_scale)
+
+    embeddings.get_2d_sincos_pos_embed = centre_only
+    try:
+        yield
+    finally:
+        embeddings.get_2d_sincos_pos_embed = full
+
+
 def build(*, device: torch.device, dtype: torch.dtype, image_size: int = 1024, text_tokens: int = 333,
           cfg_batch: int = 2, vae_latent_size: int = 128, timestep: float = 500.0,
           seed: int = 0) -> CaptureTarget:
@@ -89,7 +132,11 @@ def build(*, device: torch.device, dtype: torch.dtype, image_size: int = 1024, t
         raise ValueError(f"image_size {image_size} exceeds the MMDiT's position-embedding grid")
 
     torch.manual_seed(seed)
-    with torch.device(device):  # init directly on the device (fast random init on a GPU)
+    # Init directly on the device; random inits become a tiled fill of the same scale (per-element RNG
+    # in float32 took most of a CPU capture's time).
+    used = latent // MMDIT_CONFIG["patch_size"]
+    pos_table = _center_pos_embed(used) if device.type == "cpu" else contextlib.nullcontext()
+    with torch.device(device), default_dtype(dtype), tiled_random_init(seed), pos_table:
         transformer = SD3Transformer2DModel(**{**MMDIT_CONFIG, **SHRUNK_LAYERS})
         vae = AutoencoderKL(**VAE_CONFIG)
     vae.encoder = None  # only decode() runs; AutoencoderKL.decode never touches the encoder
@@ -124,6 +171,11 @@ def build(*, device: torch.device, dtype: torch.dtype, image_size: int = 1024, t
         "qk_norm": "diffusers RMSNorm (variance computed in float32, weight applied in model dtype)",
         "vae": f"decoder only (encoder deleted after init), no post_quant_conv; runs in {dtype} like the SD3 "
                "pipeline (it ignores force_upcast); latent / scaling_factor + shift_factor before decode",
+        "weights": f"random, {dtype} built directly on {device}: each torch.nn.init random fill replaced by a tiled "
+                   "N(0, 1) block scaled to that init's mean and std"
+                   + ("; the 384x384 position table holds diffusers' values in the centre crop the MMDiT "
+                      "reads and zeros elsewhere (the full float64 table takes ~25 s on a CPU)"
+                      if device.type == "cpu" else ""),
         "timestep": "float32, as from FlowMatchEulerDiscreteScheduler; sinusoidal embedding cast to model dtype",
     }
     return CaptureTarget(module=model, forward=lambda: model(**inputs),
