@@ -288,3 +288,14 @@ def test_a_chain_variant_needs_its_module_entry(tmp_path):
     bad = _variant(module={"class": "RMS", "paths": []})
     with pytest.raises(CastError, match="'paths'"):
         _write(tmp_path, variants=[bad])
+
+
+def test_a_capture_sees_the_modules_own_calls(model, cast):
+    from engine.capture.chains import trace_forward
+
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    c = cast()
+    with c.enabled(model):
+        trace = trace_forward(model, lambda: model(x))
+    assert c.counting.calls == 0  # the dispatch mode was active: every module ran its own forward
+    assert sum(call.op == "aten::rsqrt" for call in trace.calls) == 6

@@ -16,7 +16,8 @@ the exact positional-argument signature (per tensor dtype, shape, strides, align
 per other argument its value) and no keyword arguments; every parameter the chain reads still the object
 held at install, with the same `_version` and data pointer; no hooks on the module or its submodules and
 no global module hooks; autocast as at proof; no grad needed (grad enabled and an input or parameter
-requiring grad); not while Dynamo traces or a dispatch mode is active (a capture must see the ATen calls).
+requiring grad); not while Dynamo or the JIT traces, or a dispatch mode is active (a capture must see
+the ATen calls).
 Anything else runs the original forward. Coverage is never wider than what was proven; a decline costs
 only speed.
 
@@ -51,6 +52,7 @@ _in_dispatch_mode = torch._C._len_torch_dispatch_stack
 _any_autocast = torch._C._is_any_autocast_enabled
 _grad_enabled = torch.is_grad_enabled
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
+_jit_tracing = torch._C._get_tracing_state
 
 
 class ModuleCardError(ValueError):
@@ -113,7 +115,7 @@ class ModuleRoute:
         return False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not self.active or _dynamo_compiling() or _in_dispatch_mode():
+        if not self.active or _dynamo_compiling() or _in_dispatch_mode() or _jit_tracing():
             return self.original(*args, **kwargs)
         st = self.stats
         if kwargs:
