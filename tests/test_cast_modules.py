@@ -270,7 +270,10 @@ def test_without_a_model_module_cards_stay_off(model, cast):
     c = cast()
     with c.enabled(), torch.no_grad():
         model(torch.randn(*X, dtype=torch.bfloat16))
+        assert c.stats()["variants"][0]["active"] is False
     assert c.counting.calls == 0 and c.stats()["modules"] == {}
+    with c.enabled(model):
+        assert c.stats()["variants"][0]["active"] is True
 
 
 def test_binding_by_identity(model):

@@ -138,13 +138,16 @@ class Cast:
                 misses[op] = misses.get(op, 0) + int(st.get("misses", 0))
                 near[op] = near.get(op, 0) + int(st.get("near_misses", 0))
                 near_keys[op] = near_keys.get(op, []) + list(st.get("near_keys", []))
+        mods = self._module_stats()
+        patched = {vid for m in mods.values() if m["active"] for vid in m["variants"]}
         return {"file": self.path, "installed": self._installed, "problem": self.problem,
                 "variants": [{"id": v.id, "op": v.op, "signature": v.signature_text, "hits": v.hits,
-                              "active": v.plan is not None and self._installed, "problem": v.problem,
+                              "active": v.plan is not None and self._installed
+                              and (v.module is None or v.id in patched), "problem": v.problem,
                               "router": "c++" if v.cpp else "python"}
                              for v in self.variants],
                 "misses": misses, "near_misses": near, "fallthrough": through, "near_miss_keys": near_keys,
-                "grad_declines": grad, "modules": self._module_stats(), "modules_skipped": list(self._module_skipped)}
+                "grad_declines": grad, "modules": mods, "modules_skipped": list(self._module_skipped)}
 
     def _module_stats(self) -> dict[str, Any]:
         """Per module path this cast patched: its variants, hits, misses and declines (by reason)."""
