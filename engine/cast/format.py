@@ -28,6 +28,11 @@ _MEMBER = re.compile(r"(manifest\.json|report\.md|kernels/[A-Za-z0-9_.-]{1,128}\
 MAX_MEMBER_BYTES = 256 << 20
 _VARIANT_KEYS = ("id", "op", "signature", "outputs", "launch_spec", "kernels", "files", "category",
                  "evidence", "provenance")
+# A module card: a variant whose op is the chain op and whose signature is a chain card's
+# (engine.capture.chains.chain_signature) carries `module`: the class name and the module paths it was
+# proven for, how the forward's arguments and the module's tensors feed the chain's inputs, and the
+# autocast state at proof (engine.cast.modules says how each is used).
+CHAIN_OP = "kforge::chain"  # engine.capture.chains.CHAIN_OP (kept equal by tests/test_cast_modules.py)
 
 
 class CastWarning(UserWarning):
@@ -113,6 +118,36 @@ def check_manifest(m: Any) -> None:
         seen.add(v["id"])
         if v["category"] not in CATEGORIES:
             raise CastError(f"manifest.json: variant {v['id']}: unknown category {v['category']!r}")
+        if v["op"] == CHAIN_OP:
+            why = _module_problem(v)
+            if why:
+                raise CastError(f"manifest.json: variant {v['id']}: {why}")
+
+
+def module_card(v: dict[str, Any]) -> dict[str, Any] | None:
+    """The module entry of a module-card variant, None for an op variant."""
+    return v.get("module") if v.get("op") == CHAIN_OP else None
+
+
+def _module_problem(v: dict[str, Any]) -> str | None:
+    m = v.get("module")
+    if not isinstance(m, dict):
+        return "a chain variant lacks its 'module' entry (class and paths)"
+    if not isinstance(m.get("class"), str) or not m["class"]:
+        return "module entry: 'class' is not a class name"
+    paths = m.get("paths")
+    if not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths):
+        return "module entry: 'paths' is not a non-empty list of module paths"
+    for key, item in (("args", ("input", "value")), ("params", ("name",))):
+        seq = m.get(key, [])
+        if not isinstance(seq, list) or not all(isinstance(a, dict) and any(k in a for k in item) for a in seq):
+            return f"module entry: {key!r} is malformed"
+    if not isinstance(m.get("autocast", []), list):
+        return "module entry: 'autocast' is not a list"
+    sig = v.get("signature")
+    if not isinstance(sig, dict) or not isinstance(sig.get("chain"), dict) or sig.get("op") != CHAIN_OP:
+        return "a chain variant's signature is not a chain card's"
+    return None
 
 
 def read_cast(path: str | Path) -> CastFile:

@@ -4,6 +4,8 @@
     with cast.enabled():
         image = pipe(...)
     cast.stats()   # hits per variant, misses per op
+    with cast.enabled(model):   # also the module cards: the model's proven modules run the cast's plans
+        out = model(x)
     compiled = cast.compile(model)   # torch.compile whose graphs call the cast's ops (docs/compile.md)
 
 Loading never raises for a bad file: a damaged zip, a digest mismatch, an unknown format version,
@@ -23,7 +25,7 @@ from typing import Any
 
 from engine.cast import runtime
 from engine.cast.compat import current_env, incompatibility
-from engine.cast.format import CastError, CastFile, CastWarning, read_cast
+from engine.cast.format import CastError, CastFile, CastWarning, module_card, read_cast
 
 
 @dataclass
@@ -36,6 +38,7 @@ class VariantState:
     problem: str | None = None
     plan: Any = None
     cpp: tuple[str, int] | None = None  # (op, index of its plan) while the C++ router dispatches it
+    module: dict[str, Any] | None = None  # a module card's entry (class, paths, binding), else None
 
     @property
     def hits(self) -> int:
@@ -52,7 +55,7 @@ class Cast:
     """A loaded cast. `install()`/`remove()` are idempotent and thread-safe; `enabled()` scopes them."""
 
     def __init__(self, path: str, file: CastFile | None, problem: str | None, env: dict[str, Any] | None,
-                 only: set[str] | None = None):
+                 only: set[str] | None = None, plans: dict[str, Any] | None = None):
         self.path = path
         self.file = file
         self.problem = problem            # why nothing of this cast can run here, or None
@@ -63,7 +66,11 @@ class Cast:
                 why = problem or file.problems.get(v["id"])
                 if why is None and only is not None and v["id"] not in only:
                     why = "not selected (load(..., only=…))"
-                self.variants.append(VariantState(v["id"], v["op"], v.get("signature_text", ""), why))
+                self.variants.append(VariantState(v["id"], v["op"], v.get("signature_text", ""), why,
+                                                  module=module_card(v)))
+        self._plans = dict(plans or {})  # variant id -> Python plan used instead of its kernels
+        self._module_kept: dict[str, Any] = {}  # module-route counters by path, since removed
+        self._module_skipped: list[str] = []  # module paths not patched at the last install, and why
         self._lock = threading.RLock()
         self._cpp_ops: list[str] = []  # ops this cast routes through the C++ router while installed
         self._cpp_kept: dict[str, dict[str, Any]] = {}  # C++ counters of routes since removed
@@ -131,16 +138,42 @@ class Cast:
                 misses[op] = misses.get(op, 0) + int(st.get("misses", 0))
                 near[op] = near.get(op, 0) + int(st.get("near_misses", 0))
                 near_keys[op] = near_keys.get(op, []) + list(st.get("near_keys", []))
+        mods = self._module_stats()
+        patched = {vid for m in mods.values() if m["active"] for vid in m["variants"]}
         return {"file": self.path, "installed": self._installed, "problem": self.problem,
                 "variants": [{"id": v.id, "op": v.op, "signature": v.signature_text, "hits": v.hits,
-                              "active": v.plan is not None and self._installed, "problem": v.problem,
+                              "active": v.plan is not None and self._installed
+                              and (v.module is None or v.id in patched), "problem": v.problem,
                               "router": "c++" if v.cpp else "python"}
                              for v in self.variants],
                 "misses": misses, "near_misses": near, "fallthrough": through, "near_miss_keys": near_keys,
-                "grad_declines": grad}
+                "grad_declines": grad, "modules": mods, "modules_skipped": list(self._module_skipped)}
+
+    def _module_stats(self) -> dict[str, Any]:
+        """Per module path this cast patched: its variants, hits, misses and declines (by reason)."""
+        from engine.cast import modules
+
+        out: dict[str, Any] = {}
+        for path, st in self._module_kept.items():
+            out[path] = {**st.as_dict(), "active": False, "variants": []}
+        for path, route in modules.routes_of(self).items():
+            kept = out.get(path)
+            now = route.stats.as_dict()
+            if kept is not None:  # counters of an earlier install of the same path
+                now["hits"] += kept["hits"]
+                now["misses"] += kept["misses"]
+                for why, n in kept["declines"].items():
+                    now["declines"][why] = now["declines"].get(why, 0) + n
+            out[path] = {**now, "active": route.active, "variants": sorted({v.vid for v in route.table.values()})}
+        return out
 
     def reset_stats(self) -> None:
+        from engine.cast import modules
+
         self._cpp_kept = {}
+        self._module_kept = {}
+        for route in modules.routes_of(self).values():
+            route.stats = modules.PathStats()
         if self._cpp_ops:
             from engine.cast import cpp_router
 
@@ -157,13 +190,22 @@ class Cast:
 
     # ---- install / remove --------------------------------------------------------------------------
 
-    def install(self) -> Cast:
-        """Put the guarded overrides in place (a no-op when already installed or nothing is usable)."""
+    def install(self, model: Any = None) -> Cast:
+        """Put the guarded overrides in place (a no-op when already installed or nothing is usable).
+
+        `model`: the nn.Module whose submodules the cast's module cards were proven for (their paths are
+        resolved in it); without it only the op variants are installed."""
         with self._lock:
-            if self._installed or self.problem is not None:
+            if self.problem is not None:
+                return self
+            if self._installed:
+                if model is not None:
+                    self._install_modules(model)
                 return self
             self._prepare()
-            usable = [v for v in self.usable() if v.plan is not None]
+            if model is not None:
+                self._install_modules(model)
+            usable = [v for v in self.usable() if v.plan is not None and v.module is None]
             if usable and _cpp_wanted():
                 usable = self._install_cpp(usable)
             entries = [v.plan.entry for v in usable]
@@ -179,6 +221,14 @@ class Cast:
         with self._lock:
             if not self._installed:
                 return
+            from engine.cast import modules
+
+            for path, st in modules.release(self).items():
+                kept = self._module_kept.setdefault(path, modules.PathStats())
+                kept.hits += st.hits
+                kept.misses += st.misses
+                for why, n in st.declines.items():
+                    kept.declines[why] = kept.declines.get(why, 0) + n
             runtime.remove_owner(self)
             if self._cpp_ops:
                 from engine.cast import cpp_router
@@ -200,12 +250,12 @@ class Cast:
             self._installed = False
 
     @contextlib.contextmanager
-    def enabled(self) -> Iterator[Cast]:
-        """Installed inside the block (nested blocks keep it until the outermost ends)."""
+    def enabled(self, model: Any = None) -> Iterator[Cast]:
+        """Installed inside the block (nested blocks keep it until the outermost ends); `model` as for install."""
         with self._lock:
             self._depth += 1
-            if self._depth == 1:
-                self.install()
+            if self._depth == 1 or model is not None:
+                self.install(model)
         try:
             yield self
         finally:
@@ -213,6 +263,43 @@ class Cast:
                 self._depth -= 1
                 if self._depth == 0:
                     self.remove()
+
+    def _install_modules(self, model: Any) -> None:
+        """Patch the forwards of the model's modules that this cast's module cards were proven for.
+
+        A path the model lacks, a module of another class, a binding that does not fit, or a module that
+        another cast already claims (first wins) is skipped, with one warning line for all of them."""
+        from engine.cast import modules
+
+        by_id = {v["id"]: v for v in self.file.variants}
+        wanted: dict[str, tuple[Any, list[Any]]] = {}
+        skipped = []
+        for st in self.usable():
+            if st.module is None or st.plan is None:
+                continue
+            v = by_id[st.id]
+            for path in st.module["paths"]:
+                try:
+                    mod = model.get_submodule(path)
+                except AttributeError:
+                    skipped.append(f"{path} (no such module)")
+                    continue
+                if type(mod).__name__ != st.module["class"]:
+                    skipped.append(f"{path} (a {type(mod).__name__}, not {st.module['class']})")
+                    continue
+                try:
+                    bound = modules.bind_variant(st.id, mod, v["signature"], st.module, st.plan)
+                except modules.ModuleCardError as e:
+                    skipped.append(f"{path} ({st.id}: {e})")
+                    continue
+                wanted.setdefault(path, (mod, []))[1].append(bound)
+        for path, (mod, variants) in wanted.items():
+            why = modules.claim(self, mod, path, variants)
+            if why is not None:
+                skipped.append(f"{path} ({why})")
+        self._module_skipped = skipped
+        if skipped:
+            _warn(f"{self.path}: {len(skipped)} module path(s) stay on PyTorch: " + "; ".join(skipped))
 
     def _install_cpp(self, usable: list[VariantState]) -> list[VariantState]:
         """Route what the C++ router supports through it; returns the variants left for the Python router."""
@@ -264,17 +351,33 @@ class Cast:
         from engine.ops import resolve_op
 
         assert self.file is not None
+        failed = []
+        by_id = {v["id"]: v for v in self.file.variants}
+        for state in self.usable():  # Python plans given to load(): no GPU needed for them
+            if state.id in self._plans:
+                fn = self._plans[state.id]
+                state.plan = fn if isinstance(fn, runtime.Plan) else runtime.Plan(state.id, fn)
+                if state.module is None:
+                    v = by_id[state.id]
+                    layout = layout_of(resolve_op(v["op"]))
+                    key = signature_key(layout, v["signature"], 0)
+                    state.plan.entry = (layout.op_name, key, state.plan, first_shape(v["signature"]))
+        if all(s.plan is not None for s in self.usable()):
+            return
         device = torch.device("cuda", torch.cuda.current_device())
         torch.zeros(1, device=device)  # the primary context must exist before the driver API uses it
         drv.init()
         props = torch.cuda.get_device_properties(device)
         max_shared = int(getattr(props, "shared_memory_per_block_optin", 48 * 1024))
         arch = self.env.get("arch") if self.env else None
-        failed = []
-        by_id = {v["id"]: v for v in self.file.variants}
         for state in self.usable():
+            if state.plan is not None:
+                continue
             v = by_id[state.id]
             try:
+                if state.module is not None:
+                    state.plan = _chain_kernel_plan(v, _image(self.file, v, arch), device, max_shared)
+                    continue
                 layout = layout_of(resolve_op(v["op"]))
                 key = signature_key(layout, v["signature"], device.index or 0)
                 image = _image(self.file, v, arch)
@@ -286,6 +389,18 @@ class Cast:
                 failed.append(f"{state.id} ({state.problem})")
         if failed:
             _warn(f"{self.path}: {len(failed)} variant(s) stay on PyTorch: " + "; ".join(failed))
+
+
+def _chain_kernel_plan(v: dict[str, Any], image: bytes, device: Any, max_shared: int) -> runtime.Plan:
+    """A module card's kernels as a plan over the chain's inputs `in0..inN` (needs the launcher to take
+    chain cards; where it cannot, the variant stays on PyTorch with the loader's warning)."""
+    from engine.cast.guard import OpLayout
+    from engine.cast.kernels import make_plan
+
+    names = tuple(a["name"] for a in v["signature"]["args"])
+    n = len(names)
+    layout = OpLayout(v["op"], names, ("tensor",) * n, (False,) * n, (None,) * n, (), False, n > 0, (False,) * n)
+    return make_plan(v["id"], v, image, layout, device, max_shared)
 
 
 def _cpp_wanted() -> bool:
@@ -309,10 +424,13 @@ def _warn(message: str) -> None:
 
 
 def load(path: str | Path, *, strict: bool = False, env: dict[str, Any] | None = None,
-         only: set[str] | None = None) -> Cast:
+         only: set[str] | None = None, plans: dict[str, Any] | None = None) -> Cast:
     """Read and check a cast for this process. Never raises for a bad file unless `strict`.
 
     `only`: install just these variant ids (the rest stay on PyTorch, silently).
+    `plans`: variant id -> a Python callable run on a hit instead of the variant's kernels (for an op
+    variant `fn(bound arguments)`, for a module card `fn([in0, …, inN])` returning the chain's outputs);
+    a reference run, or tests without a GPU.
     """
     path = str(path)
     try:
@@ -329,7 +447,7 @@ def load(path: str | Path, *, strict: bool = False, env: dict[str, Any] | None =
             raise CastError(f"{path}: {problem}")
         _warn(f"{path}: not installed: {problem}; the model runs on PyTorch")
         return Cast(path, file, problem, here)
-    cast = Cast(path, file, None, here, only)
+    cast = Cast(path, file, None, here, only, plans)
     validated = (file.manifest.get("source") or {}).get("model_check") or {}
     if validated.get("mode") == "cuda-graphs" and not strict:
         eager = validated.get("eager_speedup")

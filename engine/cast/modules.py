@@ -1,0 +1,326 @@
+"""Module cards in eager: a module instance whose forward is exactly a chain card runs the cast's plan.
+
+The patch is an instance attribute `forward` that shadows the class's method (what `nn.Module.__call__`
+calls), holding a `ModuleRoute`. Why this and not the alternatives:
+
+- a wrapper module would change `named_modules()`, `state_dict()` keys and whatever code walks the tree;
+- patching the class would change every instance, proven or not;
+- hooks cannot skip a forward.
+
+The instance attribute touches nothing else: hooks still run in `__call__` around it, `state_dict` has
+no entry for it, and removing it (or putting back the instance `forward` that was there, never ours to
+install over) gives the module exactly the attribute state it had.
+
+The guard, per call, all O(1) in the number of variants (one dict lookup on the arguments' key):
+the exact positional-argument signature (per tensor dtype, shape, strides, alignment, device, neg/conj;
+per other argument its value) and no keyword arguments; every parameter the chain reads still the object
+held at install, with the same `_version` and data pointer; no hooks on the module or its submodules and
+no global module hooks; autocast as at proof; no grad needed (grad enabled and an input or parameter
+requiring grad); not while Dynamo or the JIT traces, or a dispatch mode is active (a capture must see
+the ATen calls).
+Anything else runs the original forward. Coverage is never wider than what was proven; a decline costs
+only speed.
+
+Binding (the module entry of a variant, `engine.cast.format`): `args` lists the forward's positional
+arguments, each `{"input": i}` (the chain's `in<i>`) or `{"value": v}` (a plain value that must be equal);
+`params` maps chain inputs to tensors the module holds, `{"name": "weight", "input": 1}` (a parameter or
+buffer, dotted names for submodules), bound by identity at install. A chain of a module has one output,
+the forward's return value; chains with several outputs, or members that write an input, are declined at
+install.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.modules.module as _mm
+
+from engine.cast.guard import descriptor_key, tensor_key, value_key
+
+_LOCK = threading.RLock()
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                 "_global_backward_pre_hooks", "_global_forward_hooks_always_called")
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+_in_dispatch_mode = torch._C._len_torch_dispatch_stack
+_any_autocast = torch._C._is_any_autocast_enabled
+_grad_enabled = torch.is_grad_enabled
+_dynamo_compiling = torch.compiler.is_dynamo_compiling
+_jit_tracing = torch._C._get_tracing_state
+
+
+class ModuleCardError(ValueError):
+    """A module-card variant cannot be bound to this module (the message says why)."""
+
+
+@dataclass
+class ModuleVariant:
+    """One proven signature of one module: how its forward's arguments and tensors feed the plan."""
+
+    vid: str
+    args_key: tuple                          # the key the forward's positional arguments must have
+    arg_inputs: tuple[tuple[int, int], ...]  # (positional argument k, chain input i)
+    params: tuple[tuple[Any, str, str, torch.Tensor, int, int, int], ...]
+    # ^ (holder module, leaf name, "_parameters" | "_buffers", tensor, version, data_ptr, chain input i)
+    n_inputs: int
+    autocast: tuple                          # autocast state at proof (() = off everywhere)
+    plan: Callable[[list[Any]], Any]         # plan(in0..inN) -> the chain's outputs (or its one output)
+
+    def params_unchanged(self) -> bool:
+        for holder, leaf, where, t, version, ptr, _ in self.params:
+            if getattr(holder, where).get(leaf) is not t or t._version != version or t.data_ptr() != ptr:
+                return False
+        return True
+
+
+@dataclass
+class PathStats:
+    hits: int = 0
+    misses: int = 0                                        # no variant for the arguments' signature
+    declines: dict[str, int] = field(default_factory=dict)  # a matching variant not run, by reason
+
+    def decline(self, why: str) -> None:
+        self.declines[why] = self.declines.get(why, 0) + 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"hits": self.hits, "misses": self.misses, "declines": dict(self.declines)}
+
+
+class ModuleRoute:
+    """The instance `forward` of one module while a cast covers it: the guard, then the plan or the original."""
+
+    def __init__(self, module: torch.nn.Module, path: str, owner: object):
+        self.path = path
+        self.owner = owner
+        self.original = type(module).forward.__get__(module)  # the class's forward, bound
+        self.table: dict[tuple, ModuleVariant] = {}
+        self.stats = PathStats()
+        self.hooked = [weakref.ref(m) for m in module.modules()]
+        self.active = True
+
+    def _hooks(self) -> bool:
+        for name in _GLOBAL_HOOKS:
+            if getattr(_mm, name, None):
+                return True
+        for ref in self.hooked:
+            m = ref()
+            if m is not None and any(getattr(m, h, None) for h in _HOOKS):
+                return True
+        return False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.active or _dynamo_compiling() or _in_dispatch_mode() or _jit_tracing():
+            return self.original(*args, **kwargs)
+        st = self.stats
+        if kwargs:
+            st.misses += 1
+            return self.original(*args, **kwargs)
+        try:
+            key = tuple(tensor_key(a) if type(a) in _TENSOR_TYPES else
+                        ("tensor-subclass", id(a)) if isinstance(a, torch.Tensor) else ("value", value_key(a))
+                        for a in args)
+        except (TypeError, RuntimeError):  # an argument without a data pointer (meta), or unhashable
+            key = None
+        v = self.table.get(key) if key is not None else None
+        if v is None:
+            st.misses += 1
+            return self.original(*args, **kwargs)
+        if self._hooks():
+            st.decline("hooks")
+            return self.original(*args, **kwargs)
+        if not v.params_unchanged():
+            st.decline("parameters changed")
+            return self.original(*args, **kwargs)
+        if (_any_autocast() or v.autocast) and autocast_state() != v.autocast:
+            st.decline("autocast")
+            return self.original(*args, **kwargs)
+        if _grad_enabled() and (any(args[k].requires_grad for k, _ in v.arg_inputs)
+                                or any(p[3].requires_grad for p in v.params)):
+            st.decline("grad")
+            return self.original(*args, **kwargs)
+        inputs: list[Any] = [None] * v.n_inputs
+        for k, i in v.arg_inputs:
+            inputs[i] = args[k]
+        for p in v.params:
+            inputs[p[6]] = p[3]
+        try:
+            out = v.plan(inputs)
+        except Exception as e:  # a plan that cannot run here: this variant stays on PyTorch from now on
+            with _LOCK:
+                self.table.pop(key, None)
+            from engine.cast.format import CastWarning
+
+            warnings.warn(CastWarning(f"kforge cast: variant {v.vid} of module {self.path} failed on a call and "
+                                      f"stays on PyTorch from now on: {type(e).__name__}: {e}"), stacklevel=2)
+            return self.original(*args, **kwargs)
+        st.hits += 1
+        if hasattr(v.plan, "hits"):
+            v.plan.hits += 1
+        return out[0] if isinstance(out, (list, tuple)) else out
+
+
+def autocast_state() -> tuple:
+    """The autocast state that matters to a plan: (device type, dtype) per device type where it is on."""
+    state = []
+    for dev in ("cpu", "cuda"):
+        if torch.is_autocast_enabled(dev):
+            state.append((dev, str(torch.get_autocast_dtype(dev)).removeprefix("torch.")))
+    return tuple(state)
+
+
+def _written_inputs(signature: dict[str, Any]) -> list[int]:
+    """Chain inputs that some member writes in place (a module card cannot take those)."""
+    from engine.ops import resolve_op
+
+    out = []
+    for node in signature["chain"]["nodes"]:
+        op = resolve_op(node["op"])
+        mutated = {a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+        for a in node["args"]:
+            refs = [a["tensor"]] if "tensor" in a else [r for r in a.get("tensors") or () if r is not None]
+            out += [r[1] for r in refs if a["name"] in mutated and r[0] == "in"]
+    return out
+
+
+def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], card: dict[str, Any],
+                 plan: Callable[[list[Any]], Any]) -> ModuleVariant:
+    """Check a module-card variant against this module instance and bind its parameters by identity.
+
+    `card` is the variant's module entry (`args`, `params`, `autocast`). Raises ModuleCardError.
+    """
+    from engine.capture.signature import decode_value
+
+    chain = signature.get("chain") or {}
+    inputs = signature.get("args") or []
+    if len(chain.get("outputs") or []) != 1:
+        raise ModuleCardError(f"the chain has {len(chain.get('outputs') or [])} outputs; a module card "
+                              "needs exactly one (the forward's return value)")
+    written = _written_inputs(signature)
+    if written:
+        raise ModuleCardError(f"the chain writes its input in{written[0]} in place")
+    args = card.get("args", [{"input": 0}])
+    params = card.get("params", [])
+    fed: dict[int, str] = {}
+    first_param = next((p for p in module.parameters()), None)
+    dev_index = first_param.get_device() if first_param is not None and first_param.is_cuda else (
+        torch.cuda.current_device() if torch.cuda.is_available() else 0)
+    key, arg_inputs = [], []
+    for k, a in enumerate(args):
+        if "input" in a:
+            i = int(a["input"])
+            if not 0 <= i < len(inputs) or i in fed:
+                raise ModuleCardError(f"argument {k} names chain input {i}, which does not exist or is fed twice")
+            fed[i] = f"argument {k}"
+            key.append(descriptor_key(inputs[i], dev_index))
+            arg_inputs.append((k, i))
+        else:
+            key.append(("value", value_key(decode_value(a.get("value")))))
+    bound = []
+    for p in params:
+        i, name = int(p["input"]), p["name"]
+        if not 0 <= i < len(inputs) or i in fed:
+            raise ModuleCardError(f"{name} names chain input {i}, which does not exist or is fed twice")
+        holder_path, _, leaf = name.rpartition(".")
+        try:
+            holder = module.get_submodule(holder_path) if holder_path else module
+        except AttributeError:
+            raise ModuleCardError(f"the module holds no {name!r}") from None
+        where = "_parameters" if leaf in holder._parameters else "_buffers" if leaf in holder._buffers else None
+        t = getattr(holder, where).get(leaf) if where else None
+        if t is None:
+            raise ModuleCardError(f"the module holds no parameter or buffer {name!r}")
+        if tensor_key(t) != descriptor_key(inputs[i], t.get_device() if t.is_cuda else dev_index):
+            raise ModuleCardError(f"{name} is not the tensor in{i} was proven for (shape, strides, dtype, "
+                                  "alignment or device differ)")
+        fed[i] = name
+        bound.append((holder, leaf, where, t, t._version, t.data_ptr(), i))
+    missing = [i for i in range(len(inputs)) if i not in fed]
+    if missing:
+        raise ModuleCardError(f"chain input in{missing[0]} is fed neither by an argument nor by a parameter")
+    autocast = tuple(tuple(x) for x in card.get("autocast", []))
+    return ModuleVariant(vid, tuple(key), tuple(arg_inputs), tuple(bound), len(inputs), autocast, plan)
+
+
+def module_binding(module: torch.nn.Module, args: tuple, inputs: list[torch.Tensor]) -> dict[str, Any]:
+    """The `args`/`params` of a module entry for a proven call: each chain input (the tensors `in0..inN`
+    were) found by identity among the forward's positional `args`, then the module's parameters and buffers."""
+    from engine.capture.signature import encode_value
+
+    def index(t: Any) -> int | None:
+        return next((i for i, x in enumerate(inputs) if x is t), None)
+
+    out_args = []
+    for a in args:
+        i = index(a) if isinstance(a, torch.Tensor) else None
+        if isinstance(a, torch.Tensor) and i is None:
+            raise ModuleCardError("a tensor argument of the forward is not a chain input")
+        out_args.append({"input": i} if i is not None else {"value": encode_value(a)})
+    params = []
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        i = index(t)
+        if i is not None:
+            params.append({"name": name, "input": i})
+    return {"args": out_args, "params": params}
+
+
+# ------------------------------------------------------------------------------------- install / remove
+
+# The patched modules (weakly: the route lives in the module's own __dict__, so a model that is dropped
+# while a cast is installed is freed with its route).
+_PATCHED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+_LIVE: weakref.WeakSet[ModuleRoute] = weakref.WeakSet()  # every route made (one wrapped by other code too)
+
+
+def claim(owner: object, module: torch.nn.Module, path: str, variants: list[ModuleVariant]) -> str | None:
+    """Patch `module`'s forward for `owner` with these variants. Returns why not (None when installed):
+    another cast claims the module (first wins), or the instance already has its own `forward`."""
+    with _LOCK:
+        current = module.__dict__.get("forward")
+        if isinstance(current, ModuleRoute):
+            if current.owner is not owner:
+                return "claimed by another installed cast"
+            route = current
+        elif current is not None:
+            return "the instance has its own forward (patched by other code); it keeps it"
+        else:
+            route = ModuleRoute(module, path, owner)
+        for v in variants:
+            route.table.setdefault(v.args_key, v)  # a signature proven twice: the first variant keeps it
+        if current is None:
+            module.__dict__["forward"] = route  # bypasses nn.Module.__setattr__: not a submodule or parameter
+            _PATCHED.add(module)
+            _LIVE.add(route)
+        return None
+
+
+def release(owner: object) -> dict[str, PathStats]:
+    """Take `owner`'s patches out (each module's attribute state as before); returns their counters by path."""
+    kept = {}
+    with _LOCK:
+        for route in list(_LIVE):  # a route other code wrapped in its own forward passes calls through now
+            if route.owner is owner:
+                route.active = False
+                kept[route.path] = route.stats
+        for module in list(_PATCHED):
+            route = module.__dict__.get("forward")
+            if not isinstance(route, ModuleRoute):  # other code replaced our patch: leave theirs alone
+                _PATCHED.discard(module)
+                continue
+            if route.owner is not owner:
+                continue
+            _PATCHED.discard(module)
+            del module.__dict__["forward"]
+    return kept
+
+
+def routes_of(owner: object) -> dict[str, ModuleRoute]:
+    """`owner`'s installed module routes by path."""
+    with _LOCK:
+        found = (m.__dict__.get("forward") for m in list(_PATCHED))
+        return {r.path: r for r in found if isinstance(r, ModuleRoute) and r.owner is owner}

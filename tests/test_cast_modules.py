@@ -1,0 +1,304 @@
+"""Module cards in eager (engine.cast.modules) on the CPU: a cast whose module card is the toy model's
+RMSNorm, with a Python plan that counts its calls and computes with run_chain (so results are exact).
+A proven call runs the plan; anything else (another shape, grad, hooks, a changed parameter, autocast)
+runs the module's own forward; removing the cast leaves the model exactly as it was."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+from test_chains import Model, _patterns
+
+import engine.cast
+from engine.capture.chains import CHAIN_OP, chain_signature, run_chain
+from engine.cast import format as cast_format
+from engine.cast import modules
+from engine.cast.format import CastError, CastWarning, write_cast
+
+ENV = {"torch": torch.__version__, "torch_minor": ".".join(torch.__version__.split(".")[:2]), "cuda": "13.0",
+       "gpu": "NVIDIA H200", "arch": "sm_90", "compute_capability": [9, 0], "driver": "13.0", "nvrtc": "13.0"}
+PATHS = [f"layers.{i}.norm1" for i in range(3)]
+X = (2, 5, 32)
+
+
+def _norm_signature():
+    torch.manual_seed(0)
+    model = Model().to(torch.bfloat16)
+    _, pats = _patterns(model, torch.randn(*X, dtype=torch.bfloat16))
+    norm = next(p for p in pats if p.kind == "module")
+    return chain_signature(norm.instances[0])
+
+
+SIG = _norm_signature()
+
+
+def _variant(vid="rms", paths=PATHS, signature=SIG, module=None):
+    return {"id": vid, "op": CHAIN_OP, "signature": signature, "signature_text": "rms chain",
+            "outputs": [], "launch_spec": "", "kernels": [], "files": {}, "category": "custom CUDA",
+            "evidence": {}, "provenance": {},
+            "module": module or {"class": "RMS", "paths": list(paths), "args": [{"input": 0}],
+                                 "params": [{"name": "weight", "input": 1}]}}
+
+
+def _write(tmp_path, name="m.cast", variants=None):
+    manifest = {"format": cast_format.FORMAT, "format_version": cast_format.FORMAT_VERSION, "env": ENV,
+                "variants": variants or [_variant()]}
+    path = tmp_path / name
+    write_cast(path, manifest, {}, "# test\n")
+    return path
+
+
+class Counting:
+    """A module card's plan: counts its calls, computes what the chain computes (eager, exact)."""
+
+    def __init__(self, signature=SIG):
+        self.calls = 0
+        self.signature = signature
+
+    def __call__(self, inputs):
+        self.calls += 1
+        return run_chain(self.signature, inputs)
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(1)
+    m = Model().to(torch.bfloat16)
+    with torch.no_grad():
+        for layer in m.layers:
+            layer.norm1.weight.normal_()
+    return m
+
+
+@pytest.fixture
+def cast(tmp_path):
+    made = []
+
+    def make(name="m.cast", variants=None, plans=None):
+        plan = Counting()
+        path = _write(tmp_path, name, variants)
+        c = engine.cast.load(path, env=ENV, plans=plans or {"rms": plan})
+        c.counting = plan
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.remove()
+
+
+def _eager(model, x):
+    with torch.no_grad():
+        return model(x)
+
+
+def test_chain_op_is_the_captures():
+    assert cast_format.CHAIN_OP == CHAIN_OP
+
+
+def test_proven_signature_runs_the_plan_exactly(model, cast):
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    expected = _eager(model, x)
+    c = cast()
+    with c.enabled(model), torch.no_grad():
+        out = model(x)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert c.counting.calls == 3
+    st = c.stats()
+    assert {p: st["modules"][p]["hits"] for p in PATHS} == {p: 1 for p in PATHS}
+    assert st["variants"][0]["hits"] == 3 and st["variants"][0]["id"] == "rms"
+
+
+def test_another_shape_runs_the_original_forward(model, cast):
+    x = torch.randn(2, 7, 32, dtype=torch.bfloat16)
+    expected = _eager(model, x)
+    c = cast()
+    with c.enabled(model), torch.no_grad():
+        out = model(x)
+        out_f32 = model.layers[0].norm1(x.float())  # another dtype: a miss too
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert out_f32.dtype == torch.float32
+    assert c.counting.calls == 0
+    assert c.stats()["modules"]["layers.0.norm1"]["misses"] == 2
+    with c.enabled(model), torch.no_grad():  # a keyword argument, or a non-contiguous input: misses
+        model.layers[0].norm1(x=torch.randn(*X, dtype=torch.bfloat16))
+        model.layers[0].norm1(torch.randn(2, 32, 5, dtype=torch.bfloat16).transpose(1, 2))
+    assert c.counting.calls == 0
+
+
+def test_grad_declines_and_backward_works(model, cast):
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    c = cast()
+    with c.enabled(model):
+        out = model(x)
+        out.float().sum().backward()
+    assert c.counting.calls == 0 and out.grad_fn is not None
+    assert model.layers[0].norm1.weight.grad is not None
+    assert c.stats()["modules"]["layers.0.norm1"]["declines"] == {"grad": 1}
+
+
+def test_hooks_decline(model, cast):
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    seen = []
+    c = cast()
+    with c.enabled(model), torch.no_grad():
+        h = model.layers[0].norm1.register_forward_hook(lambda m, a, o: seen.append(o))
+        model(x)
+        h.remove()
+        assert c.counting.calls == 2 and len(seen) == 1  # the hooked module ran its own forward
+        g = nn.modules.module.register_module_forward_pre_hook(lambda m, a: None)
+        try:
+            model(x)
+        finally:
+            g.remove()
+        assert c.counting.calls == 2
+        model(x)
+    assert c.counting.calls == 5
+    assert c.stats()["modules"]["layers.0.norm1"]["declines"] == {"hooks": 2}
+
+
+def test_changed_parameter_declines(model, cast):
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    c = cast()
+    norm = model.layers[0].norm1
+    with c.enabled(model), torch.no_grad():
+        norm.weight.add_(1)  # in place: _version moves
+        out = model(x)
+        assert c.counting.calls == 2
+        model.layers[1].norm1.weight = nn.Parameter(torch.ones(32, dtype=torch.bfloat16))  # replaced
+        out = model(x)
+        assert c.counting.calls == 3
+    torch.testing.assert_close(out, _eager(model, x), rtol=0, atol=0)  # the new weights were used
+    declines = c.stats()["modules"]
+    assert declines["layers.0.norm1"]["declines"] == {"parameters changed": 2}
+    assert declines["layers.1.norm1"]["declines"] == {"parameters changed": 1}
+
+
+def test_autocast_declines(model, cast):
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    c = cast()
+    with c.enabled(model), torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x)
+    assert c.counting.calls == 0
+    assert c.stats()["modules"]["layers.2.norm1"]["declines"] == {"autocast": 1}
+
+
+def test_removal_restores_forward_and_the_tree_is_untouched(model, cast):
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    tree = [(n, m) for n, m in model.named_modules()]
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    attrs = {n: dict(m.__dict__) for n, m in tree}
+    c = cast()
+    c.install(model)
+    try:
+        norm = model.layers[0].norm1
+        assert "forward" in norm.__dict__
+        assert [(n, m) for n, m in model.named_modules()] == tree
+        sd = model.state_dict()
+        assert list(sd) == list(state) and all(torch.equal(sd[k], state[k]) for k in state)
+        with torch.no_grad():
+            model(x)
+        assert c.counting.calls == 3
+    finally:
+        c.remove()
+    for n, m in model.named_modules():
+        assert "forward" not in m.__dict__
+        assert m.forward.__func__ is type(m).forward
+        assert m.__dict__.keys() == attrs[n].keys()
+    assert [(n, m) for n, m in model.named_modules()] == tree
+    with torch.no_grad():
+        model(x)
+    assert c.counting.calls == 3  # removed: the plan no longer runs
+    assert c.stats()["modules"]["layers.0.norm1"]["hits"] == 1  # counters outlive the install
+
+
+def test_an_instance_forward_of_other_code_is_kept(model, cast):
+    norm = model.layers[0].norm1
+    own = norm.forward  # a bound method stored on the instance, as wrapping libraries do
+    norm.forward = own
+    c = cast()
+    with pytest.warns(CastWarning, match="layers.0.norm1 .the instance has its own forward"):
+        c.install(model)
+    c.remove()
+    assert norm.__dict__["forward"] is own
+
+
+def test_two_casts_cannot_claim_one_module(model, cast, recwarn):
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    a, b = cast("a.cast"), cast("b.cast")
+    a.install(model)
+    with pytest.warns(CastWarning, match="3 module path.*claimed by another installed cast"):
+        b.install(model)
+    with torch.no_grad():
+        model(x)
+    assert a.counting.calls == 3 and b.counting.calls == 0
+    b.remove()  # b never patched anything: a keeps its modules
+    with torch.no_grad():
+        model(x)
+    assert a.counting.calls == 6
+    a.remove()
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+def test_paths_that_do_not_fit_are_skipped_with_one_warning(model, cast):
+    c = cast(variants=[_variant(paths=["layers.0.norm1", "layers.9.norm1", "layers.0.attn"])])
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        c.install(model)
+    lines = [str(x.message) for x in w if issubclass(x.category, CastWarning)]
+    assert len(lines) == 1 and "2 module path(s)" in lines[0]
+    assert "layers.9.norm1 (no such module)" in lines[0] and "layers.0.attn (a Linear, not RMS)" in lines[0]
+    assert list(c.stats()["modules"]) == ["layers.0.norm1"]
+
+
+def test_chain_with_two_outputs_is_declined_at_install(model, cast):
+    _, pats = _patterns(model, torch.randn(*X, dtype=torch.bfloat16))
+    add_norm = next(p for p in pats if len(p.instances[0].outputs) == 2)
+    sig = chain_signature(add_norm.instances[0])
+    v = _variant(signature=sig, paths=["layers.0"],
+                 module={"class": "Layer", "paths": ["layers.0"], "args": [{"input": 0}], "params": []})
+    c = cast(variants=[v])
+    with pytest.warns(CastWarning, match="2 outputs; a module card needs exactly one"):
+        c.install(model)
+    assert c.stats()["modules"] == {}
+
+
+def test_without_a_model_module_cards_stay_off(model, cast):
+    c = cast()
+    with c.enabled(), torch.no_grad():
+        model(torch.randn(*X, dtype=torch.bfloat16))
+        assert c.stats()["variants"][0]["active"] is False
+    assert c.counting.calls == 0 and c.stats()["modules"] == {}
+    with c.enabled(model):
+        assert c.stats()["variants"][0]["active"] is True
+
+
+def test_binding_by_identity(model):
+    norm = model.layers[0].norm1
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    assert modules.module_binding(norm, (x,), [x, norm.weight]) == {
+        "args": [{"input": 0}], "params": [{"name": "weight", "input": 1}]}
+
+
+def test_a_chain_variant_needs_its_module_entry(tmp_path):
+    bad = _variant()
+    del bad["module"]
+    with pytest.raises(CastError, match="lacks its 'module' entry"):
+        _write(tmp_path, variants=[bad])
+    bad = _variant(module={"class": "RMS", "paths": []})
+    with pytest.raises(CastError, match="'paths'"):
+        _write(tmp_path, variants=[bad])
+
+
+def test_a_capture_sees_the_modules_own_calls(model, cast):
+    from engine.capture.chains import trace_forward
+
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    c = cast()
+    with c.enabled(model):
+        trace = trace_forward(model, lambda: model(x))
+    assert c.counting.calls == 0  # the dispatch mode was active: every module ran its own forward
+    assert sum(call.op == "aten::rsqrt" for call in trace.calls) == 6
