@@ -156,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-proposals", type=_positive_int, metavar="K", help="proposals in flight at once (default 4)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout at the end")
     p.add_argument("--dry-run", action="store_true", help="capture, propose and compile only (no GPU needed)")
+    p.add_argument("--gpu", metavar="NAME",
+                   help="with --dry-run: the GPU to prepare kernels for (" + ", ".join(_gpu_names()) + "; default h200)")
     p.add_argument("--ray", action="store_true",
                    help="lanes on a Ray cluster: one per GPU it offers (compile lanes with --dry-run); "
                         "needs pip install -e \".[ray]\"")
@@ -212,6 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     _add_tui(p)
     return parser
+
+
+def _gpu_names() -> list[str]:
+    from engine.propose.hardware_profiles import profile_names
+
+    return profile_names()
 
 
 def run_argv(args: argparse.Namespace) -> list[str]:

@@ -18,6 +18,7 @@ from engine.outcomes import RUN_STOP_REASONS
 from engine.progress import StageProgress
 from engine.propose.base import Hardware
 from engine.propose.factory import make_proposer, provider_config
+from engine.propose.hardware_profiles import profile
 from engine.propose.providers.config import ProviderConfig, default_provider
 from engine.run.interrupt import Interrupted, StopFlag, run_interruptible
 from engine.run.orchestrator import Budgets, Orchestrator, RunTotals
@@ -247,6 +248,8 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
                "max_cost_usd": settings.max_cost_usd, "max_tokens": settings.max_tokens}
         if args.replay_run:
             cfg["replay_run"] = args.replay_run  # so that --resume replays the same run
+        if getattr(args, "gpu", None):
+            cfg["gpu"] = args.gpu  # so that --resume prepares for the same GPU
         if _ray_of(args):
             cfg["ray"] = _ray_of(args)  # so that --resume runs on the same lanes
         capture = await store.get_capture(capture_id)
@@ -269,7 +272,7 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
         if ray and dry:
             from engine.run.evaluators import start_ray_evaluator
 
-            hardware = Hardware()
+            hardware = profile(cfg.get("gpu") or "h200")
             stages.stage("lanes", "starting compile lanes on Ray")
             evaluate = await start_ray_evaluator(ray_address, dry=True, arch=hardware.arch,
                                                  cache_dir=str(default_cache_dir(workspace)))
@@ -286,15 +289,14 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
             await recorder.event("lanes", {"lanes": ray_lanes.names(), "hosts": ray_lanes.by_host()})
             first = ray_lanes.lanes[0]
             hello = (await first.request("hello")).payload
-            hardware = Hardware(hello["name"], hello["arch"], hello["sms"], hello["l2_bytes"],
-                                hello["copy_bw"], hello["max_shared_per_block"])
+            hardware = Hardware.from_hello(hello)
             evaluate.compiler = Compiler(default_cache_dir(workspace), "nvrtc", arch=hardware.arch)
             evaluate.pool = pool = CompilePool()
             eager_lane = first
         elif dry:
             from engine.run.evaluators import CompileOnlyEvaluator
 
-            hardware = Hardware()
+            hardware = profile(cfg.get("gpu") or "h200")
             compiler = Compiler(default_cache_dir(workspace), "nvrtc", arch=hardware.arch)
             pool = CompilePool()
             evaluate = CompileOnlyEvaluator(compiler, pool)
@@ -306,8 +308,7 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
             stages.done("lanes", f"{len(lanes)} lane(s) ready")
             await recorder.event("lanes", {"lanes": [lane.name for lane in lanes]})  # for idle/busy views
             hello = (await lanes[0].request("hello")).payload
-            hardware = Hardware(hello["name"], hello["arch"], hello["sms"], hello["l2_bytes"],
-                                hello["copy_bw"], hello["max_shared_per_block"])
+            hardware = Hardware.from_hello(hello)
             compiler = Compiler(default_cache_dir(workspace), "nvrtc", arch=hardware.arch)
             pool = CompilePool()
             evaluate = LaneEvaluator(lanes, compiler, pool)
@@ -400,6 +401,13 @@ def check_run_args(args: argparse.Namespace) -> None:
                          f"(a resumed run keeps the config it started with)")
     if args.iterations is not None and args.iterations < 1:
         raise UsageError(f"--iterations {args.iterations}: must be at least 1")
+    if getattr(args, "gpu", None):
+        from engine.propose.hardware_profiles import profile
+
+        if not args.dry_run:
+            raise UsageError(f"--gpu {args.gpu}: a run on a GPU uses that GPU; --gpu names the target of a "
+                             "--dry-run only")
+        profile(args.gpu)  # an unknown name: UsageError naming the valid ones
     if args.resume:  # a resumed run keeps its settings, read from the workspace; make_proposer checks them
         if args.strategy is not None and args.strategy not in STRATEGIES:
             raise UsageError(f"--strategy {args.strategy}: use one of {', '.join(STRATEGIES)}")

@@ -47,7 +47,8 @@ def run_document(run_id: str, status: str, o: Orchestrator) -> dict[str, Any]:
     t = o.totals
     return {"run": run_id, "status": status, "stopped_by": o.stopped_by, "tokens": t.tokens_in + t.tokens_out,
             "tokens_in": t.tokens_in, "tokens_out": t.tokens_out, "cost_usd": round(t.cost_usd, 6),
-            "proposals": t.proposals, "evaluations": t.evaluations, "cards": card_summaries(o)}
+            "proposals": t.proposals, "evaluations": t.evaluations,
+            "gpu": o.hardware.name, "arch": o.hardware.arch, "cards": card_summaries(o)}
 
 
 class Progress:
