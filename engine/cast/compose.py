@@ -140,12 +140,17 @@ def inductor_snapshot(ops: list[torch._ops.OpOverload] | None = None) -> dict[st
 
 
 def _inductor_pattern_counts() -> dict[str, int]:
-    """How many patterns Inductor's own pattern passes hold (ours are never added to them)."""
+    """How many of the patterns in Inductor's own pattern passes are ours (always 0: ours live in a pass
+    of their own). Their total would not do: Inductor fills its passes lazily at its first compile."""
     from torch._inductor.fx_passes import joint_graph, post_grad
 
     passes = {f"post_grad.{i}": p for i, p in enumerate(post_grad.pass_patterns)}
     passes.update({"joint_graph.early": joint_graph.early_patterns, "joint_graph": joint_graph.patterns})
-    return {k: sum(len(v) for v in p.patterns.values()) for k, p in passes.items()}
+
+    def ours(entry: Any) -> bool:
+        return getattr(getattr(entry, "handler", None), "__module__", "").startswith("engine.")
+
+    return {k: sum(ours(e) for v in p.patterns.values() for e in v) for k, p in passes.items()}
 
 
 class CastCacheKey:
@@ -196,11 +201,18 @@ def inductor_state(owner: object, digest: str, previous_pass: Any = None,
                       op in L.needs_realized_inputs, L._maybe_layout_constraints.get(op, _MISSING))
                  for op in ops}
         vetoed = tuple(sorted((str(op), tuple(sorted((d, str(t)) for d, t in cov[op]))) for op in ops))
+        # The pattern ops are fallbacks passed eager's strides (their guard keys on strides); registered
+        # here and removed after, like the vetoed ops (Inductor would otherwise add them for good).
+        chain_ops = [op for op in (patterns.ops() if patterns is not None else []) if op not in D.decompositions]
+        kept = {op: (L.lowerings.get(op, _MISSING), op in L.fallbacks, op in L.needs_realized_inputs,
+                     L._maybe_layout_constraints.get(op, _MISSING)) for op in chain_ops}
         prev = previous_pass if previous_pass is not None else config.post_grad_custom_post_pass
         try:
             for op in ops:
                 D.decompositions[op] = _veto(saved[op][0], frozenset(cov[op]))
                 L.make_fallback(op, layout_constraint=L.constrain_to_fx_strides, override_decomp=True)
+            for op in chain_ops:
+                L.make_fallback(op, layout_constraint=L.constrain_to_fx_strides, warn=False)
             D.fast_random_decomps.cache_clear()  # functools.cache over `decompositions`
             key = _key_pass(digest, vetoed, prev, patterns, apply_patterns)
             with config.patch(post_grad_custom_post_pass=key):
@@ -210,6 +222,13 @@ def inductor_state(owner: object, digest: str, previous_pass: Any = None,
                     if record is not None:
                         record.extend(key.matches)
         finally:
+            for op, (lowering, fell, realized, constraint) in kept.items():
+                _put(L.lowerings, op, lowering)
+                _put(L._maybe_layout_constraints, op, constraint)
+                if not fell:
+                    L.fallbacks.discard(op)
+                if not realized:
+                    L.needs_realized_inputs.discard(op)
             for op, (decomp, lowering, fell, realized, constraint) in saved.items():
                 D.decompositions[op] = decomp
                 _put(L.lowerings, op, lowering)

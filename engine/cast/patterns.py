@@ -134,6 +134,10 @@ class PatternSet:
             graph.eliminate_dead_code()
         return counts
 
+    def ops(self) -> list[Any]:
+        """The registered ops its matches become, once each."""
+        return list(dict.fromkeys(chain_op(bp.op.name) for bp in self.built))
+
     def uuid(self) -> tuple:
         return ("kforge-patterns", self.digest)
 
