@@ -66,7 +66,7 @@ class PatternOp:
 
     def __init__(self, name: str, signature: dict[str, Any], graph: torch.fx.GraphModule):
         self.name, self.signature, self.graph = name, signature, graph
-        self.shapes = tuple(tuple(a["shape"]) for a in signature["args"])
+        self.layouts = tuple((tuple(a["shape"]), tuple(a["stride"])) for a in signature["args"])
         self.table: dict[tuple, Any] = {}
         self.owners: dict[tuple, object] = {}
         self.hits = self.misses = 0
@@ -84,7 +84,9 @@ class PatternOp:
         return _unaliased(outs, inputs)
 
     def fallback(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        if tuple(tuple(t.shape) for t in inputs) == self.shapes:
+        """Eager for the card where the inputs are laid out as captured (its views are valid there), else
+        the pattern's traced graph: the very ops the compiled graph held, whose views are reshapes."""
+        if tuple((tuple(t.shape), tuple(t.stride())) for t in inputs) == self.layouts:
             return list(run_chain(self.signature, list(inputs)))
         return list(self.graph(*inputs))
 
@@ -209,10 +211,8 @@ def _why_not(signature: dict[str, Any]) -> str | None:
 def _example(desc: dict[str, Any], device: str) -> torch.Tensor:
     dtype = getattr(torch, desc["dtype"])
     t = torch.empty_strided(desc["shape"], desc["stride"], dtype=dtype, device=device)
-    if dtype.is_floating_point or dtype.is_complex:
-        t.normal_() if device != "meta" else None
-    elif device != "meta":
-        t.zero_()
+    if device != "meta":  # values never reach the pattern; finite ones keep the trace's ops well-behaved
+        t.normal_() if dtype.is_floating_point or dtype.is_complex else t.zero_()
     return t
 
 
