@@ -76,6 +76,10 @@ def test_compiled_code_calls_the_override_for_a_covered_signature_only(casts):
     other = torch.randn(2, 8, 6, 6)
     expected, expected_other = f(x, w, b), f(other, w, b)
     before = compose.inductor_snapshot()
+    # The snapshot also holds the other custom-pass hooks, the pattern matcher's switch and how many
+    # of Inductor's own pattern entries are ours (pattern cards live in a pass of their own: none).
+    assert {"joint_custom_passes", "pattern_matcher", "inductor_patterns"} <= set(before)
+    assert not any(before["inductor_patterns"].values())
     cast = casts("A").install(args)
     backend = compose.backend(cast, dynamic=True)
     compiled = torch.compile(f, backend=backend, dynamic=True)  # one graph for both shapes: the guard decides

@@ -38,6 +38,13 @@ ops it neither decomposes nor lowers are fallbacks already and reach the overrid
 during warm-up and capture, and its decision at capture (hit or miss) is what every replay of that graph
 runs. A graph is recorded per input shape, so each shape gets its own decision.
 
+Pattern cards (`backend(cast, patterns=[(signature, plan), ...])`, see `engine/cast/patterns.py`): chains of
+ops that are not one module (SiLU(gate) * up, GroupNorm → SiLU, a residual add and the norm after it) are
+found in the post-grad graph by the same pass (before any user pass), and each match becomes one call to a
+registered `kforge::chain_<digest>` op whose runtime guard picks the cast's variant or eager for the card.
+The pass's `uuid()` includes the patterns, so a cached graph compiled without them is never served. Only
+graphs traced with grad disabled are rewritten.
+
 Compiles through this backend are serialized by one lock (the tables patched are process-wide).
 """
 
@@ -47,12 +54,15 @@ import functools
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from engine.cast import runtime
 from engine.ops import resolve_op
+
+if TYPE_CHECKING:
+    from engine.cast import patterns as chain_patterns
 
 _COMPILE_LOCK = threading.RLock()
 _MISSING = object()
@@ -123,35 +133,63 @@ def inductor_snapshot(ops: list[torch._ops.OpOverload] | None = None) -> dict[st
             "layout_constraints": {str(k): id(v) for k, v in L._maybe_layout_constraints.items()},
             "post_grad_custom_post_pass": id(config.post_grad_custom_post_pass),
             "post_grad_custom_pre_pass": id(config.post_grad_custom_pre_pass),
+            "joint_custom_passes": (id(config.joint_custom_pre_pass), id(config.joint_custom_post_pass)),
+            "pattern_matcher": config.pattern_matcher,
+            "inductor_patterns": _inductor_pattern_counts(),
             "fast_random_decomps": {str(k): id(v) for k, v in D.fast_random_decomps().items()}}
 
 
-class CastCacheKey:
-    """A post-grad pass that does nothing but put the cast into Inductor's cache keys (chains `previous`)."""
+def _inductor_pattern_counts() -> dict[str, int]:
+    """How many of the patterns in Inductor's own pattern passes are ours (always 0: ours live in a pass
+    of their own). Their total would not do: Inductor fills its passes lazily at its first compile."""
+    from torch._inductor.fx_passes import joint_graph, post_grad
 
-    def __init__(self, digest: str, vetoed: tuple, previous: Any = None):
+    passes = {f"post_grad.{i}": p for i, p in enumerate(post_grad.pass_patterns)}
+    passes.update({"joint_graph.early": joint_graph.early_patterns, "joint_graph": joint_graph.patterns})
+
+    def ours(entry: Any) -> bool:
+        return getattr(getattr(entry, "handler", None), "__module__", "").startswith("engine.")
+
+    return {k: sum(ours(e) for v in p.patterns.values() for e in v) for k, p in passes.items()}
+
+
+class CastCacheKey:
+    """The cast's post-grad pass: replaces its pattern cards' matches (when `patterns` is given), then runs
+    `previous`; its `uuid()` puts the cast, what it vetoed and its patterns into Inductor's cache keys."""
+
+    def __init__(self, digest: str, vetoed: tuple, previous: Any = None,
+                 patterns: chain_patterns.PatternSet | None = None, apply_patterns: bool = True):
         self.digest, self.vetoed, self.previous = digest, vetoed, previous
+        self.patterns, self.apply_patterns = patterns, apply_patterns
+        self.matches: list[dict[str, int]] = []   # per graph this pass ran on: matches per pattern op
 
     def __call__(self, graph: torch.fx.Graph) -> None:
+        if self.patterns is not None and self.patterns.built and self.apply_patterns:
+            self.matches.append(self.patterns.apply(graph))
         if self.previous is not None:
             self.previous(graph)
 
     def uuid(self) -> Any:
         prev = self.previous.uuid() if hasattr(self.previous, "uuid") else None
-        return ("kforge-cast", self.digest, self.vetoed, prev)
+        pats = (self.patterns.uuid(), self.apply_patterns) if self.patterns is not None else None
+        return ("kforge-cast", self.digest, self.vetoed, pats, prev)
 
 
-def _key_pass(digest: str, vetoed: tuple, previous: Any) -> Any:
+def _key_pass(digest: str, vetoed: tuple, previous: Any, patterns: Any = None, apply_patterns: bool = True) -> Any:
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
     cls = type("KforgeCastCacheKey", (CastCacheKey, CustomGraphPass), {})
-    return cls(digest, vetoed, previous)
+    return cls(digest, vetoed, previous, patterns, apply_patterns)
 
 
 @contextmanager
-def inductor_state(owner: object, digest: str, previous_pass: Any = None) -> Iterator[tuple]:
-    """Inside the block, Inductor keeps the ops `owner` routes (see the module docstring) and its caches are
-    keyed by `digest`; every table and config entry touched is put back on exit. Yields what was vetoed."""
+def inductor_state(owner: object, digest: str, previous_pass: Any = None,
+                   patterns: chain_patterns.PatternSet | None = None, apply_patterns: bool = True,
+                   record: list | None = None) -> Iterator[tuple]:
+    """Inside the block, Inductor keeps the ops `owner` routes (see the module docstring), replaces the
+    matches of `patterns` (when `apply_patterns`) and its caches are keyed by `digest` and the patterns;
+    every table and config entry touched is put back on exit. Yields what was vetoed; per graph the
+    post-grad pass rewrote, its matches are appended to `record`."""
     from torch._inductor import config
     from torch._inductor import decomposition as D
     from torch._inductor import lowering as L
@@ -163,15 +201,34 @@ def inductor_state(owner: object, digest: str, previous_pass: Any = None) -> Ite
                       op in L.needs_realized_inputs, L._maybe_layout_constraints.get(op, _MISSING))
                  for op in ops}
         vetoed = tuple(sorted((str(op), tuple(sorted((d, str(t)) for d, t in cov[op]))) for op in ops))
+        # The pattern ops are fallbacks passed eager's strides (their guard keys on strides); registered
+        # here and removed after, like the vetoed ops (Inductor would otherwise add them for good).
+        chain_ops = [op for op in (patterns.ops() if patterns is not None else []) if op not in D.decompositions]
+        kept = {op: (L.lowerings.get(op, _MISSING), op in L.fallbacks, op in L.needs_realized_inputs,
+                     L._maybe_layout_constraints.get(op, _MISSING)) for op in chain_ops}
         prev = previous_pass if previous_pass is not None else config.post_grad_custom_post_pass
         try:
             for op in ops:
                 D.decompositions[op] = _veto(saved[op][0], frozenset(cov[op]))
                 L.make_fallback(op, layout_constraint=L.constrain_to_fx_strides, override_decomp=True)
+            for op in chain_ops:
+                L.make_fallback(op, layout_constraint=L.constrain_to_fx_strides, warn=False)
             D.fast_random_decomps.cache_clear()  # functools.cache over `decompositions`
-            with config.patch(post_grad_custom_post_pass=_key_pass(digest, vetoed, prev)):
-                yield vetoed
+            key = _key_pass(digest, vetoed, prev, patterns, apply_patterns)
+            with config.patch(post_grad_custom_post_pass=key):
+                try:
+                    yield vetoed
+                finally:
+                    if record is not None:
+                        record.extend(key.matches)
         finally:
+            for op, (lowering, fell, realized, constraint) in kept.items():
+                _put(L.lowerings, op, lowering)
+                _put(L._maybe_layout_constraints, op, constraint)
+                if not fell:
+                    L.fallbacks.discard(op)
+                if not realized:
+                    L.needs_realized_inputs.discard(op)
             for op, (decomp, lowering, fell, realized, constraint) in saved.items():
                 D.decompositions[op] = decomp
                 _put(L.lowerings, op, lowering)
@@ -197,15 +254,29 @@ class CastBackend:
     compiler_name = "inductor"
 
     def __init__(self, cast: object, mode: str | None = None, options: dict[str, Any] | None = None,
-                 dynamic: bool | None = None):
+                 dynamic: bool | None = None, patterns: Any = None):
         options = dict(options or {})
         self._user_pass = options.pop("post_grad_custom_post_pass", None)
         self.cast = cast
         self.inner = torch._TorchCompileInductorWrapper(mode, options, dynamic)
         self.vetoed: list[tuple] = []   # per graph compiled: what was kept for the cast
+        # Pattern cards: (signature, plan) pairs or PatternCards, or a PatternSet already built.
+        from engine.cast import patterns as chain_patterns
+
+        self.patterns = (patterns if isinstance(patterns, chain_patterns.PatternSet) or patterns is None
+                         else chain_patterns.build(cast, list(patterns)))
+        self.pattern_matches: list[dict[str, int]] = []   # per graph rewritten: matches per pattern op
+
+    @property
+    def pattern_problems(self) -> dict[str, str]:
+        """Pattern cards that cannot be matched in a post-grad graph: card id → why."""
+        return dict(self.patterns.problems) if self.patterns is not None else {}
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        with inductor_state(self.cast, cast_digest(self.cast), self._user_pass) as vetoed:
+        # Inference only: a graph traced with grad enabled keeps Inductor's own code (and its backward).
+        apply = not torch.is_grad_enabled()
+        with inductor_state(self.cast, cast_digest(self.cast), self._user_pass, self.patterns, apply,
+                            self.pattern_matches) as vetoed:
             self.vetoed.append(vetoed)
             return self.inner(gm, example_inputs)
 
@@ -224,15 +295,16 @@ def cast_digest(cast: object) -> str:
 
 
 def backend(cast: object, *, mode: str | None = None, options: dict[str, Any] | None = None,
-            dynamic: bool | None = None) -> CastBackend:
-    """The backend to pass as `torch.compile(model, backend=...)` (mode and options go here, not there)."""
-    return CastBackend(cast, mode, options, dynamic)
+            dynamic: bool | None = None, patterns: Any = None) -> CastBackend:
+    """The backend to pass as `torch.compile(model, backend=...)` (mode and options go here, not there).
+    `patterns`: the cast's pattern cards, `[(chain signature, plan), ...]` (engine/cast/patterns.py)."""
+    return CastBackend(cast, mode, options, dynamic, patterns)
 
 
 def compile(cast: object, model: Any = None, *, mode: str | None = None, options: dict[str, Any] | None = None,
-            dynamic: bool | None = None, fullgraph: bool = False, **kwargs: Any) -> Any:
+            dynamic: bool | None = None, fullgraph: bool = False, patterns: Any = None, **kwargs: Any) -> Any:
     """`torch.compile(model, mode=…, options=…, …)` whose graphs call the cast's ops (see the module doc)."""
-    b = backend(cast, mode=mode, options=options, dynamic=dynamic)
+    b = backend(cast, mode=mode, options=options, dynamic=dynamic, patterns=patterns)
     if model is None:
         return functools.partial(torch.compile, backend=b, dynamic=dynamic, fullgraph=fullgraph, **kwargs)
     return torch.compile(model, backend=b, dynamic=dynamic, fullgraph=fullgraph, **kwargs)

@@ -1,0 +1,348 @@
+"""Pattern cards under `torch.compile`: a chain card that is not one module's forward (SiLU(gate) * up,
+GroupNorm → SiLU, a residual add and the norm after it, AdaLN's `x * (1 + scale) + shift`) becomes one
+registered op inside the graphs Inductor compiles.
+
+From a chain signature (`engine.capture.chains.chain_signature`) this module builds:
+
+- the **pattern**: the chain's members as Inductor's post-grad graph spells them. The chain is run
+  (`run_chain`) under `make_fx` with Inductor's decomposition table and normalized as post-grad graphs are
+  (no-op removal, dead code, `view` → `reshape`), so `_to_copy` appears as `prims.convert_element_type`,
+  `native_group_norm` as its `var_mean`/`rsqrt`/… decomposition, `silu` as `x / (1 + exp(-x))`. Every
+  non-tensor argument is literal (sizes included): a match computes exactly what the card computes. One
+  pattern per non-empty subset of the chain's outputs, most outputs first, because the compiled graph
+  drops outputs nothing reads (GroupNorm's mean and rstd).
+- the **replacement**: a call to `kforge::chain_<digest>` (a `torch.library.custom_op`; its fake
+  implementation runs the chain on fake tensors). Its real implementation looks up the exact signature of
+  its inputs (`engine.cast.guard.tensor_key`: dtype, shape, strides, alignment, device) in the table of
+  the cast's variants for that pattern: a hit runs the variant, a miss runs `run_chain` (eager for the
+  card) when the inputs have the card's shapes, else the pattern's own traced graph (exactly what the
+  compiled graph would have computed). The guard runs per call; the compile compares no sizes beyond the
+  pattern's literals.
+- the **check at compile time** (`extra_check`): the matched inputs' devices and dtypes are the card's.
+
+A chain that cannot become a pattern (an in-place member, a random op, a trace that fails) is reported
+in `PatternSet.problems`, and each compile records how many times each pattern matched.
+Inference only: `PatternSet.apply` is not called for a graph traced with grad enabled (see compose.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from engine.capture.chains import CHAIN_OP, chain_card_id, run_chain
+from engine.cast.guard import descriptor_key, tensor_key
+from engine.ops import resolve_op
+
+_OPS: dict[str, Any] = {}          # op name -> the custom op (registered once per process)
+_TABLES: dict[str, PatternOp] = {}
+_LOCK = threading.Lock()
+MAX_OUTPUT_SUBSETS = 8             # a chain with more outputs gets patterns for its full set and singles only
+_RANDOM_OPS = ("rand", "dropout", "bernoulli", "normal", "multinomial", "uniform", "exponential")
+
+
+@dataclass
+class PatternCard:
+    """One chain card and the variant that serves it: `plan(inputs) -> outputs` (every chain output, in
+    the signature's order), with a `hits` counter (an `engine.cast.runtime.Plan` fits)."""
+
+    signature: dict[str, Any]
+    plan: Callable[[list[torch.Tensor]], Sequence[torch.Tensor]]
+
+    @property
+    def card_id(self) -> str:
+        return chain_card_id(self.signature)
+
+
+class PatternOp:
+    """The registered op of one pattern structure: its guard table (exact input keys → plans) and the
+    fallbacks. Shared by every cast whose cards have this structure; a cast's entries are its own."""
+
+    def __init__(self, name: str, signature: dict[str, Any], graph: torch.fx.GraphModule):
+        self.name, self.signature, self.graph = name, signature, graph
+        self.layouts = tuple((tuple(a["shape"]), tuple(a["stride"])) for a in signature["args"])
+        self.table: dict[tuple, Any] = {}
+        self.owners: dict[tuple, object] = {}
+        self.hits = self.misses = 0
+
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        key = tuple(tensor_key(t) for t in inputs)
+        plan = self.table.get(key)
+        if plan is not None and not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
+            self.hits += 1
+            plan.hits = getattr(plan, "hits", 0) + 1
+            outs = list(plan(list(inputs)))
+        else:
+            self.misses += 1
+            outs = self.fallback(inputs)
+        return _unaliased(outs, inputs)
+
+    def fallback(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Eager for the card where the inputs are laid out as captured (its views are valid there), else
+        the pattern's traced graph: the very ops the compiled graph held, whose views are reshapes."""
+        if tuple((tuple(t.shape), tuple(t.stride())) for t in inputs) == self.layouts:
+            return list(run_chain(self.signature, list(inputs)))
+        return list(self.graph(*inputs))
+
+
+def _unaliased(outs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """A custom op's outputs may alias neither its inputs nor each other: copy any that do."""
+    seen = {t.untyped_storage()._cdata for t in inputs if t.device.type != "meta"}
+    got = []
+    for t in outs:
+        alias = t._base is not None or (t.device.type != "meta" and t.untyped_storage()._cdata in seen)
+        t = t.clone() if alias else t
+        if t.device.type != "meta":
+            seen.add(t.untyped_storage()._cdata)
+        got.append(t)
+    return got
+
+
+@dataclass
+class BuiltPattern:
+    op: PatternOp
+    outputs: tuple[int, ...]           # which of the chain's outputs this pattern's anchors are
+    expr: Any                          # the PatternExpr
+    devices: tuple[tuple[str, torch.dtype], ...]
+
+
+@dataclass
+class PatternSet:
+    """A cast's pattern cards, ready to apply to post-grad graphs (`apply`), with what could not be
+    made a pattern (`problems`: card id → reason) and a `uuid()` for Inductor's cache keys."""
+
+    owner: object
+    built: list[BuiltPattern] = field(default_factory=list)
+    problems: dict[str, str] = field(default_factory=dict)
+    digest: str = ""
+
+    def apply(self, graph: torch.fx.Graph) -> dict[str, int]:
+        """Replace every match in `graph`; returns matches per op name (0 for a pattern that found none)."""
+        from torch._inductor.pattern_matcher import PatternMatcherPass
+
+        counts: dict[str, int] = {}
+        for bp in self.built:
+            counts.setdefault(bp.op.name, 0)
+            pm = PatternMatcherPass(pass_name=f"kforge-{bp.op.name}")
+            _register(bp, pm)
+            counts[bp.op.name] += pm.apply(graph)
+        if counts:
+            graph.eliminate_dead_code()
+        return counts
+
+    def ops(self) -> list[Any]:
+        """The registered ops its matches become, once each."""
+        return list(dict.fromkeys(chain_op(bp.op.name) for bp in self.built))
+
+    def uuid(self) -> tuple:
+        return ("kforge-patterns", self.digest)
+
+    def remove(self) -> None:
+        """Drop this owner's variants (the ops stay registered; compiled graphs calling them then miss)."""
+        remove_owner(self.owner)
+
+
+def remove_owner(owner: object) -> int:
+    """Drop every pattern variant `owner` entered; returns how many."""
+    n = 0
+    with _LOCK:
+        for pop in _TABLES.values():
+            for k in [k for k, who in pop.owners.items() if who is owner]:
+                pop.table.pop(k, None)
+                pop.owners.pop(k, None)
+                n += 1
+    return n
+
+
+def variants(owner: object | None = None) -> dict[str, int]:
+    """Per pattern op: how many variants its guard table holds (of `owner`, or of anyone)."""
+    with _LOCK:
+        return {name: sum(1 for who in pop.owners.values() if owner is None or who is owner)
+                for name, pop in _TABLES.items()}
+
+
+def build(owner: object, cards: Sequence[PatternCard | tuple[dict[str, Any], Any]]) -> PatternSet:
+    """The patterns of `cards` (each a PatternCard or a (signature, plan) pair), their ops registered and
+    their variants entered in the ops' guard tables under `owner`."""
+    out = PatternSet(owner)
+    parts = []
+    for card in cards:
+        if not isinstance(card, PatternCard):
+            card = PatternCard(*card)
+        try:
+            made = _build_one(owner, card)
+        except PatternError as e:
+            out.problems[card.card_id] = str(e)
+            parts.append(("problem", card.card_id))
+            continue
+        out.built.extend(made)
+        parts.append((card.card_id, made[0].op.name if made else None))
+    out.built.sort(key=lambda bp: -len(bp.outputs))  # most outputs first, over all cards
+    out.digest = hashlib.sha256(repr(sorted(map(str, parts))).encode()).hexdigest()[:20]
+    return out
+
+
+class PatternError(ValueError):
+    """A chain that cannot be matched in a post-grad graph; the message says why."""
+
+
+def _why_not(signature: dict[str, Any]) -> str | None:
+    if signature.get("op") != CHAIN_OP or "chain" not in signature:
+        return f"not a chain signature (op {signature.get('op')})"
+    for node in signature["chain"]["nodes"]:
+        o = resolve_op(node["op"])
+        if any(a.alias_info is not None and a.alias_info.is_write for a in o._schema.arguments):
+            return f"{node['op']} writes an input in place (post-grad graphs are functional)"
+        base = node["op"].split("::")[-1].split(".")[0]
+        if any(r in base for r in _RANDOM_OPS):
+            return f"{node['op']} is random (its replacement could not draw the same numbers)"
+    for a in signature["args"]:
+        if a.get("kind") != "tensor" or a.get("absent"):
+            return f"input {a.get('name')} is not a tensor"
+    return None
+
+
+def _example(desc: dict[str, Any], device: str) -> torch.Tensor:
+    dtype = getattr(torch, desc["dtype"])
+    t = torch.empty_strided(desc["shape"], desc["stride"], dtype=dtype, device=device)
+    if device != "meta":  # values never reach the pattern; finite ones keep the trace's ops well-behaved
+        t.normal_() if dtype.is_floating_point or dtype.is_complex else t.zero_()
+    return t
+
+
+def _trace_device(signature: dict[str, Any]) -> str:
+    devices = {a.get("device", "cpu") for a in signature["args"]}
+    if devices == {"cpu"}:
+        return "cpu"
+    if devices == {"cuda"} and torch.cuda.is_available():
+        return "cuda"
+    return "meta"
+
+
+def _trace(signature: dict[str, Any], outputs: tuple[int, ...]) -> torch.fx.GraphModule:
+    """The chain (the chosen outputs) as Inductor's post-grad graphs spell it."""
+    from torch._inductor.fx_passes.post_grad import view_to_reshape
+    from torch._inductor.pattern_matcher import fwd_only
+
+    device = _trace_device(signature)
+    args = [_example(a, device) for a in signature["args"]]
+    n = len(args)
+
+    def chain(*ins: torch.Tensor) -> tuple:
+        outs = run_chain(signature, list(ins[:n]))
+        return tuple(outs[k] for k in outputs)
+
+    with torch.no_grad():
+        gm = fwd_only(chain, args)
+    view_to_reshape(gm)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+def _reads_all(gm: torch.fx.GraphModule, n: int) -> bool:
+    return sum(1 for p in gm.graph.nodes if p.op == "placeholder" and p.users) == n
+
+
+def _pattern_of(gm: torch.fx.GraphModule, n: int) -> Any:
+    from torch._inductor.pattern_matcher import fx_to_pattern
+
+    names = [f"in{i}" for i in range(n)]
+    # Literal sizes and scalars: a match is exactly the card's computation; only the device may differ
+    # (the trace may run on the meta device).
+    return fx_to_pattern(gm, ignore_types=(torch.device,), argnames=names, exclusive_arg_names=names)
+
+
+def _op_name(signature: dict[str, Any], exprs: list[str]) -> str:
+    blob = repr(exprs) + repr([(a["dtype"], a["device"]) for a in signature["args"]])
+    return "chain_" + hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _build_one(owner: object, card: PatternCard) -> list[BuiltPattern]:
+    sig = card.signature
+    why = _why_not(sig)
+    if why:
+        raise PatternError(why)
+    n_out = len(sig["chain"]["outputs"])
+    n_in = len(sig["args"])
+    subsets: list[tuple[int, ...]] = []
+    for size in range(n_out, 0, -1):
+        if n_out > 3 and size not in (n_out, 1):
+            continue
+        subsets.extend(itertools.combinations(range(n_out), size))
+    subsets = subsets[:MAX_OUTPUT_SUBSETS]
+    try:
+        full = _trace(sig, tuple(range(n_out)))
+        traced = [(s, full if len(s) == n_out else _trace(sig, s)) for s in subsets]
+    except Exception as e:  # the decomposition or tracing refuses the chain: say so
+        raise PatternError(f"cannot trace the chain as Inductor would ({type(e).__name__}: {e})") from e
+    if not _reads_all(full, n_in):
+        raise PatternError("the traced chain does not read all its inputs (one reaches it only through "
+                           "its shape)")
+    # A subset whose members do not read every input (GroupNorm's mean alone) is not a pattern.
+    exprs = [(s, gm, _pattern_of(gm, n_in)) for s, gm in traced if _reads_all(gm, n_in)]
+    name = _op_name(sig, [repr(x) for _, _, x in exprs])
+    with _LOCK:
+        pop = _TABLES.get(name)
+        if pop is None:
+            pop = _TABLES[name] = PatternOp(name, sig, full)
+            _register_op(name, pop, n_in, n_out)
+        key = tuple(descriptor_key(a, 0) for a in sig["args"])
+        pop.table[key] = card.plan
+        pop.owners[key] = owner
+    devices = tuple((a["device"], getattr(torch, a["dtype"])) for a in sig["args"])
+    return [BuiltPattern(pop, s, x, devices) for s, _, x in exprs]
+
+
+def _register_op(name: str, pop: PatternOp, n_in: int, n_out: int) -> None:
+    if name in _OPS:
+        return
+    params = ", ".join(f"Tensor in{i}" for i in range(n_in))
+    rets = "Tensor" if n_out == 1 else "(" + ", ".join("Tensor" for _ in range(n_out)) + ")"
+
+    def real(*inputs: torch.Tensor) -> Any:
+        outs = _TABLES[name](inputs)
+        return outs[0] if n_out == 1 else tuple(outs)
+
+    def fake(*inputs: torch.Tensor) -> Any:
+        outs = _unaliased(run_chain(pop.signature, list(inputs)), inputs)
+        return outs[0] if n_out == 1 else tuple(outs)
+
+    op = torch.library.custom_op(f"kforge::{name}", real, mutates_args=(), schema=f"({params}) -> {rets}")
+    op.register_fake(fake)
+    _OPS[name] = op
+
+
+def chain_op(name: str) -> Any:
+    """The registered op (`torch.ops.kforge.<name>.default`)."""
+    return getattr(torch.ops.kforge, name).default
+
+
+def _register(bp: BuiltPattern, pm: Any) -> None:
+    from torch._inductor.pattern_matcher import register_graph_pattern
+
+    n_in = len(bp.op.signature["args"])
+    op = chain_op(bp.op.name)
+    outputs = bp.outputs
+
+    def check(match: Any) -> bool:
+        for i, (device, dtype) in enumerate(bp.devices):
+            v = match.kwargs[f"in{i}"].meta.get("val")
+            if not isinstance(v, torch.Tensor) or v.device.type != device or v.dtype != dtype:
+                return False
+        return True
+
+    @register_graph_pattern(bp.expr, extra_check=check, pass_dict=pm)
+    def replace(match: Any, **kwargs: Any) -> None:
+        def repl(*ins: torch.Tensor) -> tuple:
+            outs = op(*ins)
+            outs = (outs,) if isinstance(outs, torch.Tensor) else outs
+            return tuple(outs[k] for k in outputs)
+
+        match.replace_by_example(repl, [kwargs[f"in{i}"] for i in range(n_in)])

@@ -1,0 +1,259 @@
+"""Pattern cards under torch.compile on the CPU (Inductor's C++ backend): chain cards found in small models
+(the toy model's SiLU(gate) * up, a VAE block's GroupNorm → SiLU) become one `kforge::chain_*` call in the
+compiled graph. The variants here are counting plans computing with `run_chain` (eager for the card), so
+a hit is counted and results are exact to eager; nothing here is a timing."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from test_chains import Model, _heavy_ops
+
+from engine.capture.chains import chain_signature, run_chain
+from engine.cast import compose, runtime
+from engine.cast import patterns as P
+
+
+class Cast:
+    """What the backend needs of a cast: a digest (fresh per test, so no earlier run's cache entry fits)."""
+
+    def __init__(self, name: str):
+        self.digest = f"{name}-{uuid.uuid4().hex}"
+
+
+def _card(model: nn.Module, args: tuple, ops: list[str]) -> tuple[dict, runtime.Plan]:
+    _, pats = _trace(model, args)
+    pat = next(p for p in pats if _heavy_ops(p) == ops)
+    sig = chain_signature(pat.instances[0])
+    return sig, runtime.Plan("v-" + "-".join(ops), lambda ins, sig=sig: run_chain(sig, ins))
+
+
+def _trace(model: nn.Module, args: tuple):
+    from engine.capture.chains import container_paths, find_chains, patterns, trace_forward
+
+    trace = trace_forward(model, lambda: model(*args))
+    return trace, patterns(find_chains(trace.calls, container_paths(model), unknown=trace.unknown))
+
+
+class Block(nn.Module):
+    """A VAE resnet block's start: GroupNorm, SiLU, conv."""
+
+    def __init__(self, c: int = 8, groups: int = 4):
+        super().__init__()
+        self.norm, self.act, self.conv = nn.GroupNorm(groups, c), nn.SiLU(), nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(self.act(self.norm(x)))
+
+
+class Gate(nn.Module):
+    def forward(self, a, b):
+        return F.silu(a) * b
+
+
+class Wrapped(nn.Module):
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args):
+        return self.inner(*args)
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    owners: list = []
+    yield owners
+    for o in owners:
+        P.remove_owner(o)
+    torch._dynamo.reset()
+
+
+def _ops_in(backend: compose.CastBackend) -> int:
+    return sum(n for graph in backend.pattern_matches for n in graph.values())
+
+
+def test_toy_mlp_gate_times_up_becomes_one_op(fresh_dynamo):
+    torch.manual_seed(0)
+    model = Model(16, 1).eval()
+    x = torch.randn(2, 5, 16)
+    sig, plan = _card(model, (x,), ["silu", "mul"])
+    cast = Cast("mlp")
+    fresh_dynamo.append(cast)
+    before = compose.inductor_snapshot()
+    backend = compose.backend(cast, patterns=[(sig, plan)])
+    assert backend.pattern_problems == {}
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        got = compiled(x)
+        expected = model(x)
+    assert plan.hits == 1 and _ops_in(backend) == 1   # one layer, one silu(gate) * up
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert compose.inductor_snapshot() == before       # every table and config entry as before
+
+
+def test_bf16_residual_add_then_norm_with_two_outputs_and_its_casts(fresh_dynamo):
+    # The add → RMSNorm chain: `_to_copy` is `prims.convert_element_type` after decomposition, and the chain
+    # has two outputs (the residual sum, read by the next residual add, and the normalised x).
+    torch.manual_seed(0)
+    model = Model(16, 2).to(torch.bfloat16).eval()
+    x = torch.randn(2, 5, 16, dtype=torch.bfloat16)
+    add_norm = _card(model, (x,), ["add", "_to_copy", "pow", "mean", "add", "rsqrt", "mul", "_to_copy", "add",
+                                   "mul", "_to_copy"])
+    glu = _card(model, (x,), ["silu", "mul"])
+    assert len(add_norm[0]["chain"]["outputs"]) == 2
+    cast = Cast("bf16")
+    fresh_dynamo.append(cast)
+    backend = compose.backend(cast, patterns=[add_norm, glu])
+    with torch.no_grad():
+        got = torch.compile(model, backend=backend)(x)
+        expected = model(x)
+    # Two layers: two gated MLPs; the add → norm structure also occurs where layer 0's last residual add
+    # meets layer 1's first norm (the same computation, so the same op serves it).
+    assert glu[1].hits == 2 and add_norm[1].hits == 3
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)  # the plans are eager: so is every op here
+
+
+class AdaLN(nn.Module):
+    def __init__(self, d: int = 16):
+        super().__init__()
+        self.emb, self.norm = nn.Linear(d, 2 * d), nn.LayerNorm(d, elementwise_affine=False)
+        self.out = nn.Linear(d, d)
+
+    def forward(self, x, c):
+        scale, shift = self.emb(c).chunk(2, -1)
+        return self.out(self.norm(x) * (1 + scale[:, None]) + shift[:, None])
+
+
+def test_adaln_modulation_becomes_one_op(fresh_dynamo):
+    torch.manual_seed(0)
+    model = Wrapped(AdaLN()).eval()
+    x, c = torch.randn(2, 5, 16), torch.randn(2, 16)
+    card = _card(model, (x, c), ["native_layer_norm", "add", "mul", "add"])
+    cast = Cast("adaln")
+    fresh_dynamo.append(cast)
+    backend = compose.backend(cast, patterns=[card])
+    with torch.no_grad():
+        got = torch.compile(model, backend=backend)(x, c)
+        expected = model(x, c)
+    assert card[1].hits == 1 and _ops_in(backend) == 1
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_groupnorm_then_silu_becomes_one_op_and_state_is_restored(fresh_dynamo):
+    torch.manual_seed(0)
+    model = Wrapped(Block()).eval()
+    x = torch.randn(2, 8, 4, 4)
+    sig, plan = _card(model, (x,), ["native_group_norm", "silu"])
+    assert len(sig["chain"]["outputs"]) == 3  # y, and GroupNorm's mean and rstd, which the graph drops
+    cast = Cast("gn")
+    fresh_dynamo.append(cast)
+    before = compose.inductor_snapshot()
+    backend = compose.backend(cast, patterns=[(sig, plan)])
+    with torch.no_grad():
+        got = torch.compile(model, backend=backend)(x)
+        expected = model(x)
+    assert plan.hits == 1 and _ops_in(backend) == 1
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    after = compose.inductor_snapshot()
+    assert after == before and after["post_grad_custom_post_pass"] == id(None)
+
+
+def test_an_uncovered_shape_matches_the_pattern_and_falls_back(fresh_dynamo):
+    model = Wrapped(Gate())
+    a, b = torch.randn(4, 8), torch.randn(4, 8)
+    sig, plan = _card(model, (a, b), ["silu", "mul"])
+    cast = Cast("gate")
+    fresh_dynamo.append(cast)
+    backend = compose.backend(cast, patterns=[(sig, plan)])
+    compiled = torch.compile(model, backend=backend, dynamic=True)  # one graph for every shape
+    a2, b2 = torch.randn(3, 6), torch.randn(3, 6)
+    with torch.no_grad():
+        got = compiled(a, b)
+        assert plan.hits == 1
+        got2 = compiled(a2, b2)                     # the same graph; the guard misses: eager for the card
+        assert plan.hits == 1 and len(backend.pattern_matches) == 1
+        t = b.t().contiguous().t()                  # covered shape, other strides (Dynamo recompiles): a miss
+        got3 = compiled(a, t)
+    assert plan.hits == 1 and all(g == {name: 1} for g in backend.pattern_matches
+                                  for name in g)   # every graph compiled holds the op once
+    torch.testing.assert_close(got, F.silu(a) * b)
+    torch.testing.assert_close(got2, F.silu(a2) * b2)
+    torch.testing.assert_close(got3, F.silu(a) * t)
+    op = P._TABLES[next(iter(backend.pattern_matches[0]))]
+    assert op.misses >= 2
+
+
+def test_under_grad_no_pattern_is_applied(fresh_dynamo):
+    model = Wrapped(Gate())
+    a, b = torch.randn(4, 8), torch.randn(4, 8)
+    sig, plan = _card(model, (a, b), ["silu", "mul"])
+    cast = Cast("grad")
+    fresh_dynamo.append(cast)
+    backend = compose.backend(cast, patterns=[(sig, plan)])
+    ar = a.clone().requires_grad_()
+    with torch.enable_grad():
+        out = torch.compile(model, backend=backend)(ar, b)
+        (g,) = torch.autograd.grad(out.sum(), ar)
+    assert plan.hits == 0 and backend.pattern_matches == []
+    s = torch.sigmoid(a)
+    torch.testing.assert_close(g, (s * (1 + a * (1 - s))) * b)
+
+
+def test_a_chain_that_cannot_be_a_pattern_is_reported():
+    class InPlace(nn.Module):
+        def forward(self, x):
+            y = x * 2
+            y.add_(1)
+            return torch.relu(y)
+
+    model = Wrapped(InPlace())
+    x = torch.randn(4, 8)
+    _, pats = _trace(model, (x,))
+    sig = chain_signature(pats[0].instances[0])
+    cast = Cast("bad")
+    backend = compose.backend(cast, patterns=[(sig, runtime.Plan("v", lambda ins: run_chain(sig, ins)))])
+    (why,) = backend.pattern_problems.values()
+    assert "in place" in why
+    assert backend.patterns.built == []
+
+
+def _cache_hits() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
+
+
+def test_caches_are_keyed_by_the_patterns(fresh_dynamo, tmp_path, monkeypatch):
+    from torch._functorch import config as fconfig
+    from torch._inductor import config
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(config, "fx_graph_cache", True)
+    monkeypatch.setattr(fconfig, "enable_autograd_cache", True)
+    model = Wrapped(Gate())
+    a, b = torch.randn(4, 8), torch.randn(4, 8)
+    sig, plan = _card(model, (a, b), ["silu", "mul"])
+    cast = Cast("cache")
+    fresh_dynamo.append(cast)
+
+    def run(backend):
+        torch._dynamo.reset()  # Dynamo forgets: what comes back now comes from Inductor's caches
+        with torch.no_grad():
+            torch.testing.assert_close(torch.compile(model, backend=backend)(a, b), F.silu(a) * b)
+
+    run(compose.backend(cast))                               # the cast without pattern cards
+    run(compose.backend(cast, patterns=[(sig, plan)]))       # with them: not that cached graph
+    assert plan.hits == 1
+    hits = _cache_hits()
+    again = compose.backend(cast, patterns=[(sig, plan)])
+    run(again)                                               # again: its own graph, from the cache
+    assert plan.hits == 2 and _cache_hits() > hits and again.pattern_matches == []
+    hits = _cache_hits()
+    run(compose.backend(cast))                               # without: the graph without the op
+    assert plan.hits == 2 and _cache_hits() > hits
