@@ -10,7 +10,11 @@ tries smaller sets (the variants with the most net gain first) and keeps the fir
            [--graphs] [--iters N (0: auto)]
 
 `--graphs` compares CUDA-graph replays of the forward instead of eager forwards (a cast exported for
-models run under CUDA graphs, where per-call host cost is gone).
+models run under CUDA graphs, where per-call host cost is gone). `--compile MODE` compares the forward
+compiled by torch.compile (MODE: default, max-autotune-no-cudagraphs or reduce-overhead) without the
+cast against the same compiled with the cast (`Cast.compile`, engine.cast.compose): a variant is kept
+for that target only where the compiled model is faster with it. Output agreement is always against
+eager PyTorch.
 """
 
 from __future__ import annotations
@@ -131,8 +135,19 @@ def settled(speedup_ci: Sequence[float], precision: float = PRECISION) -> bool:
     return math.isfinite(low) and math.isfinite(high) and high - low <= precision
 
 
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead")
+
+
+def mode_name(graphs: bool, compile_mode: str | None) -> str:
+    """The target a check measures: 'eager', 'cuda-graphs', 'compile' or 'compile:<mode>'."""
+    if compile_mode:
+        return "compile" if compile_mode == "default" else f"compile:{compile_mode}"
+    return "cuda-graphs" if graphs else "eager"
+
+
 def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters: int = 0,
-          graphs: bool = False, precision: float = PRECISION, max_s: float = MAX_S) -> dict[str, Any]:
+          graphs: bool = False, precision: float = PRECISION, max_s: float = MAX_S,
+          compile_mode: str | None = None) -> dict[str, Any]:
     """Try each variant set in order (`choose_set`): a set whose model output is degenerate where eager's
     is not is rejected; the first whose model is not slower is chosen ({'chosen': None} when none is);
     `degenerate_eager` says why eager's own output cannot vouch for the cast (None when it can).
@@ -146,22 +161,32 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
     from engine.config import build_target, load_config
     from engine.models.forwards import output_tensor
 
+    if compile_mode is not None and compile_mode not in COMPILE_MODES:
+        raise ValueError(f"compile mode {compile_mode!r}: use one of {', '.join(COMPILE_MODES)}")
     target = build_target(load_config(config, small=small), torch.device("cuda", torch.cuda.current_device()))
     forward = target.forward
+    compile_kw = {} if compile_mode in (None, "default") else {"mode": compile_mode}
     with torch.no_grad():
         for _ in range(3):
             forward()
-        if iters <= 0:  # a short model needs many pairs for a CI that can tell 1.0 from 1.1
-            iters = auto_iters(sorted(time_forward(forward) for _ in range(3))[1])
         eager_out = output_tensor(forward()).double()
+        base = forward  # what the cast must beat: eager, or the model compiled without the cast
+        if compile_mode is not None:
+            torch._dynamo.reset()
+            base = torch.compile(forward, **compile_kw)
+            for _ in range(3):
+                base()
+        if iters <= 0:  # a short model needs many pairs for a CI that can tell 1.0 from 1.1
+            iters = auto_iters(sorted(time_forward(base) for _ in range(3))[1])
         eager_graph = capture_graph(forward)[0] if graphs else None
 
         def run_set(ids: list[str]) -> tuple[Any, Callable[[], dict[str, Any]]]:
             cast = load(cast_path, only=set(ids))
             with cast.enabled():
-                for _ in range(2):
-                    forward()
-                cast_out = output_tensor(forward()).double()
+                fast = cast.compile(forward, **compile_kw) if compile_mode is not None else forward
+                for _ in range(3):
+                    fast()
+                cast_out = output_tensor(fast()).double()
                 cast_graph = capture_graph(forward)[0] if graphs else None
 
             def time_it() -> dict[str, Any]:
@@ -175,21 +200,22 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
                                 (eager_us if arm == "eager" else cast_us).append(time_forward(g.replay))
                             elif arm == "cast":
                                 with cast.enabled():
-                                    cast_us.append(time_forward(forward))
+                                    cast_us.append(time_forward(fast))
                             else:
-                                eager_us.append(time_forward(forward))
+                                eager_us.append(time_forward(base))
                     est = speedup_ci(eager_us, cast_us, paired=True)
                     if settled((est.low, est.high), precision) or time.perf_counter() - t0 >= max_s:
                         break
                 return {"speedup": est.speedup, "speedup_ci": [est.low, est.high],
                         "eager_ms": sorted(eager_us)[len(eager_us) // 2] / 1e3,
                         "cast_ms": sorted(cast_us)[len(cast_us) // 2] / 1e3, "iters": len(eager_us),
+                        "base": "torch.compile" if compile_mode is not None else "eager",
                         "precise": settled((est.low, est.high), precision)}
 
             return cast_out, time_it
 
         tried, chosen = choose_set(sets, eager_out, run_set)
-    return {"mode": "cuda-graphs" if graphs else "eager", "tried": tried, "chosen": chosen,
+    return {"mode": mode_name(graphs, compile_mode), "tried": tried, "chosen": chosen,
             "degenerate_eager": degenerate(eager_out)}
 
 
@@ -201,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--subsets", required=True, help="JSON file: a list of variant-id lists, tried in order")
     ap.add_argument("--out", required=True)
     ap.add_argument("--graphs", action="store_true")
+    ap.add_argument("--compile", dest="compile_mode", choices=COMPILE_MODES,
+                    help="compare torch.compile without and with the cast in this mode")
     ap.add_argument("--iters", type=int, default=0, help="forwards per arm and round (0: about 2 s per arm, 10 to 100)")
     ap.add_argument("--precision", type=float, default=PRECISION, help="widest CI to settle for (default 0.02)")
     ap.add_argument("--max-s", type=float, default=MAX_S, help="seconds of timing per set at most (default 30)")
@@ -209,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def work() -> dict[str, Any]:
         sets = json.loads(Path(args.subsets).read_text())
-        return check(args.config, args.small, args.cast, sets, args.iters, args.graphs, args.precision, args.max_s)
+        return check(args.config, args.small, args.cast, sets, args.iters, args.graphs, args.precision, args.max_s,
+                     args.compile_mode)
 
     return run_job(work, args.out)
 
