@@ -191,10 +191,19 @@ async def run_async(args: argparse.Namespace, workspace: Path,
     stop = stop or StopFlag()
     dry = bool(args.dry_run)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if not dry and gpus == 0 and not _ray_of(args):
-        raise UsageError("run: no CUDA GPU is visible; use --dry-run to capture, propose and compile only")
     started = time.monotonic() if started is None else started
+    no_gpu = UsageError("run: no CUDA GPU is visible; use --dry-run to capture, propose and compile only")
+    if not args.resume and not dry and gpus == 0 and not _ray_of(args):
+        raise no_gpu  # before the workspace is touched
     store = await Store.open(db_path(workspace))
+    run = await store.get_run(args.resume) if args.resume else None
+    if run is not None and not dry and gpus == 0:
+        # A dry run resumed where there is no GPU stays a dry run; on a GPU it is evaluated for real
+        # (prepare on a laptop, verify and time on the GPU box).
+        dry = bool((run.get("config") or {}).get("dry_run"))
+    if not dry and gpus == 0 and not (_ray_of(args) or (run is not None and run["config"].get("ray"))):
+        await store.close()
+        raise no_gpu
     stages = StageProgress(json_lines=True if args.json else None)
     async with store:
         ids: dict[str, str] = {}
@@ -343,7 +352,7 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
         stop.on_stop(o.interrupt)  # from here Ctrl-C stops the search, not the task
         done = {e["card_id"]: e["payload"].get("reason") or "done"
                 for e in await store.events_since(run_id, 0) if e["kind"] == "card_done" and e["card_id"]}
-        resume = o.restore(records, done)
+        resume = o.restore(records, done, redo_compiled=not dry)
         try:
             stopped_by = await o.run(resume)
         finally:

@@ -195,12 +195,15 @@ class Orchestrator:
 
     # ---- resume -------------------------------------------------------------------------------------
 
-    def restore(self, records: list[CandidateRecord], done: dict[str, str] | None = None) -> list[CandidateRecord]:
+    def restore(self, records: list[CandidateRecord], done: dict[str, str] | None = None, *,
+                redo_compiled: bool = True) -> list[CandidateRecord]:
         """Rebuild trees from stored candidates (parents first); returns those still to evaluate.
 
         `done` maps cards to the reason they finished in the earlier session (its `card_done` events):
         a card that stopped (plateau, roofline, …) stays stopped — proposals that were declined or
-        duplicates are not stored as candidates, so the counts alone would not say so.
+        duplicates are not stored as candidates, so the counts alone would not say so. A dry run's
+        `compiled` candidates are evaluated again when `redo_compiled` (a dry run resumed on a GPU is
+        verified and timed there); a dry run resumed as one counts them as done.
         """
         for card_id, why in (done or {}).items():
             if card_id in self.cards and not self.cards[card_id].done_reason:
@@ -215,7 +218,7 @@ class Orchestrator:
             tree.add(rec.id, parent)
             self.records[rec.id] = rec
             self.focus[rec.id] = rec.focus
-            if rec.status in ("verified", "rejected"):  # a dry run's "compiled" is evaluated again on resume
+            if rec.status in ("verified", "rejected") or (rec.status == "compiled" and not redo_compiled):
                 self._account(card, tree, rec)
             else:
                 card.in_flight += 1
@@ -479,7 +482,7 @@ class Orchestrator:
     def _account(self, card: CardState, tree: Tree, rec: CandidateRecord) -> None:
         ok = rec.status == "verified" and rec.speedup is not None and rec.speedup > 0
         backup(tree, rec.id, math.log(rec.speedup) if ok else None)
-        if not ok:
+        if not ok and rec.status != "compiled":  # a dry run's compiled candidate did not fail
             card.failures[rec.category or "unknown"] = card.failures.get(rec.category or "unknown", 0) + 1
         card.record(rec.best_us if ok else None, self.policy)
 

@@ -1,0 +1,61 @@
+"""kill -9 of a dry run through the real CLI, then --resume without a GPU: it stays a dry run and nothing
+compiled before the kill is compiled again (local lanes, and Ray lanes after the head process died)."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT
+
+CONFIG = str(ROOT / "configs" / "examples" / "my_model.toml")
+
+
+def _kill_then_resume(tmp_path, *extra):
+    ws = tmp_path / "ws"
+    env = {**os.environ, "RAY_DISABLE_USAGE_STATS": "1"}
+    first = subprocess.Popen([sys.executable, "-m", "kforge_tui", "run", CONFIG, "--small", "--dry-run", "--device", "cpu",
+                              "--iterations", "30", "--no-tui", "--workspace", str(ws), *extra],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, env=env)
+    deadline = time.time() + 240
+    n = 0
+    while n < 6:
+        assert time.time() < deadline and first.poll() is None, "the run never compiled six candidates"
+        time.sleep(0.3)
+        try:
+            with sqlite3.connect(ws / "kforge.db") as db:
+                n = db.execute("SELECT count(*) FROM candidates WHERE status = 'compiled'").fetchone()[0]
+        except sqlite3.OperationalError:  # not created yet
+            pass
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    with sqlite3.connect(ws / "kforge.db") as db:
+        (run_id,), = db.execute("SELECT id FROM runs").fetchall()
+        before = {c for (c,) in db.execute("SELECT id FROM candidates WHERE status = 'compiled'")}
+    second = subprocess.run([sys.executable, "-m", "kforge_tui", "run", "--resume", run_id, "--no-tui", "--json",
+                             "--workspace", str(ws)], capture_output=True, text=True, timeout=400, cwd=ROOT, env=env)
+    assert second.returncode == 0, second.stderr[-2000:]
+    doc = json.loads(second.stdout)
+    with sqlite3.connect(ws / "kforge.db") as db:
+        evaluated = [json.loads(p)["candidate"] for (p,) in
+                     db.execute("SELECT payload FROM events WHERE kind = 'evaluated'")]
+        statuses = {s for (s,) in db.execute("SELECT status FROM candidates")}
+        run = db.execute("SELECT status, stopped_by FROM runs").fetchone()
+    assert len(evaluated) == len(set(evaluated)), "a candidate was compiled twice"
+    assert before <= set(evaluated)
+    assert statuses <= {"compiled", "rejected"} and run == ("done", "iterations"), (statuses, run)
+    assert doc["status"] == "done"
+    return doc
+
+
+def test_dry_run_killed_and_resumed_compiles_each_candidate_once(tmp_path):
+    _kill_then_resume(tmp_path)
+
+
+def test_ray_dry_run_killed_and_resumed_compiles_each_candidate_once(tmp_path):
+    pytest.importorskip("ray")
+    _kill_then_resume(tmp_path, "--ray")
