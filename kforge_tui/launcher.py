@@ -69,6 +69,10 @@ def open_tui(args: argparse.Namespace) -> int:
             else:
                 runs = model.runs()
                 if not runs:
+                    busy = capture_in_progress(workspace)
+                    if busy:
+                        raise UsageError(f"no run in {workspace} yet: a capture is in progress ({busy}); its run "
+                                         f"appears when it finishes: '{attach_command(workspace)}' again then")
                     raise UsageError(f"no runs in {workspace} yet: start one with 'kforge-tui run CONFIG'")
                 run = runs[0]
             run_id = run.id
@@ -154,6 +158,27 @@ def engine_argv(args: argparse.Namespace, workspace: Path) -> list[str]:
     return [sys.executable, "-m", "kforge_tui", "run", *argv, "--no-tui", "--workspace", str(workspace)]
 
 
+def attach_command(workspace: Path) -> str:
+    """The command that opens the TUI on this workspace again (the --workspace flag unless it is the default)."""
+    from engine.store.workspace import resolve_workspace as default_of
+
+    if Path(workspace).resolve() == default_of(None).resolve():
+        return "kforge-tui"
+    return f"kforge-tui --workspace {shlex.quote(str(workspace))}"
+
+
+def capture_in_progress(workspace: Path, recent_s: float = 900.0) -> str | None:
+    """What says a capture is running in the workspace: a sample folder being written (`samples/.partial-*`,
+    changed in the last `recent_s` seconds), with the newest engine log; None when there is none."""
+    samples = Path(workspace) / "samples"
+    now = time.time()
+    partial = [p for p in samples.glob(".partial-*") if now - p.stat().st_mtime < recent_s] if samples.is_dir() else []
+    if not partial:
+        return None
+    logs = sorted((Path(workspace) / "logs").glob("engine-*.log"), key=lambda p: p.stat().st_mtime)
+    return f"samples being written to {partial[0].name}" + (f"; log {logs[-1]}" if logs else "")
+
+
 def start_engine_detached(args: argparse.Namespace, workspace: Path) -> str:
     """Start `run --no-tui` in its own session (it outlives this terminal) and wait for its run row."""
     from engine.store import ensure_workspace
@@ -174,7 +199,7 @@ def start_engine_detached(args: argparse.Namespace, workspace: Path) -> str:
         return _wait_for_run(proc, workspace, log_path, args.resume)
     except KeyboardInterrupt:
         print(f"kforge: not attached; the engine keeps running (pid {proc.pid}). "
-              "Attach later with 'kforge-tui'", file=sys.stderr)
+              f"Attach later with '{attach_command(workspace)}'", file=sys.stderr)
         raise SystemExit(0) from None
 
 

@@ -37,6 +37,34 @@ def test_workspace_without_runs(cli, tmp_path):
     one_line(*cli("--workspace", tmp_path / "ws"), "no runs", "kforge-tui run CONFIG")
 
 
+def test_attaching_while_the_first_capture_runs_says_so(cli, tmp_path):
+    # A detached run's first capture can take minutes before its run row exists: attaching then must not
+    # tell the user to start a (second) run.
+    import sqlite3
+
+    from tui_fixture import create_schema
+
+    ws = tmp_path / "ws"
+    (ws / "samples" / ".partial-sd35-20261201-1").mkdir(parents=True)
+    (ws / "logs").mkdir()
+    (ws / "logs" / "engine-20261201-160000.log").write_text("capturing\n")
+    conn = sqlite3.connect(ws / "kforge.db")
+    create_schema(conn)
+    conn.commit()
+    conn.close()
+    one_line(*cli("--workspace", ws), "a capture is in progress", "engine-20261201-160000.log",
+             f"kforge-tui --workspace {ws}")
+
+
+def test_the_attach_hint_names_the_workspace(tmp_path, monkeypatch):
+    from kforge_tui.launcher import attach_command
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KFORGE_HOME", raising=False)
+    assert attach_command(tmp_path / ".kforge") == "kforge-tui"  # the default: nothing to add
+    assert attach_command(tmp_path / "elsewhere") == f"kforge-tui --workspace {tmp_path / 'elsewhere'}"
+
+
 def test_compare_unknown_run_and_bad_theme(cli, tmp_path):
     build_store(tmp_path / "ws" / "kforge.db")
     one_line(*cli("compare", "run-fixture0", "run-nope", "--workspace", tmp_path / "ws"), "run-nope")
