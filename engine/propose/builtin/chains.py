@@ -549,10 +549,11 @@ def row_plan(g: ChainGraph) -> RowPlan:
             _bstrides(g.vals[r], shape)
     keep = tuple(j for j in pro if any(g.producer(r) == j for e in epi for r in g.tensor_args(e)))
     _check_outputs(g, shape)
-    ops = [g.nodes[j]["op"] for j in epi]
-    adds = [j for j in epi if g.nodes[j]["op"] == "aten::add.Tensor" and g.args(j).get("other") == 1]
-    variant = "x * (1 + w)" if adds else ("x * w" if ops.count("aten::mul.Tensor") >= 2 else "no weight")
-    if any(g.nodes[j]["op"] == "aten::add.Tensor" and j in pro for j in pro):
+    adds = [j for j in g.heavy if g.nodes[j]["op"] == "aten::add.Tensor"]
+    one_plus = any(g.args(j).get("other") == 1 for j in adds)
+    muls = [j for j in epi if g.nodes[j]["op"] == "aten::mul.Tensor"]
+    variant = "x * (1 + w)" if one_plus else ("x * w" if len(muls) >= 2 else "no weight")
+    if any(j in pro and all(isinstance(g.args(j).get(k), tuple) for k in ("self", "other")) for j in adds):
         variant = "add + " + variant
     return RowPlan(tuple(shape), rows, ncol, m, pro, epi, keep, variant)
 
@@ -822,7 +823,7 @@ class GroupNormSiluChainTemplate(Template):
         if r.source.count(_GN_APPLY) != 1:
             raise ValueError("the group_norm kernel's apply step is not where this template expects it")
         extra = ("" if "kf_round" in r.source else _ROUND) + ("" if "kf_silu" in r.source else MATH)
-        at = r.source.index(f"\ntypedef {cc.ctype(g.inputs[0]['dtype'])} T;")  # the kernel body, after the prelude
+        at = r.source.index(f"\ntypedef {cc.ctype(sub.signature['args'][0]['dtype'])} T;")  # the kernel body, after the prelude
         source = r.source[:at] + extra + r.source[at:].replace(_GN_APPLY, _GN_APPLY_SILU)
         source = f"// {CHAIN_OP} {self.name}\n" + source
         # The group_norm spec names input/weight/bias/out0..2 and N, group; a chain card names in0.. and its
