@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from test_builtin_chains import EXPECTED, _cases
 
 pytestmark = pytest.mark.gpu
