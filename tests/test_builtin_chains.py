@@ -167,7 +167,6 @@ def test_each_chain_gets_its_template_and_the_others_say_why_not(cases):
         assert template is not None and template.name == EXPECTED[name], (name, reasons)
         # every specialised template before it refused with a reason naming what it looked for
         assert all(": " in r and len(r.split(": ", 1)[1]) > 10 for r in reasons), reasons
-    assert "not act(gate) * up" in proposer.templates[0].accepts(cases["swiglu"]) or True
     from engine.propose.builtin.chains import GluChainTemplate, ModulateChainTemplate, RmsNormChainTemplate
 
     assert RmsNormChainTemplate().accepts(cases["swiglu"]) == "0 mean reductions, expected one"
