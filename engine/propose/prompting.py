@@ -21,6 +21,7 @@ from engine.cards import OperatorCard
 from engine.launch.expr import FUNCTIONS, INDEXED_ATTRS, SCALAR_ATTRS
 from engine.launch.spec import CTYPES, MAX_ARGS, MAX_LAUNCHES, MAX_THREADS, MAX_WORKSPACES
 from engine.propose.base import Attempt, Hardware, ProposalRequest
+from engine.propose.chain_code import CHAIN_OP, chain_semantics
 from engine.propose.intents import INTENT_DESCRIPTIONS, INTENTS
 from engine.propose.providers.base import Message
 
@@ -189,13 +190,19 @@ def followup_prompt(kernels: Sequence[str], reason: str) -> str:
 
 def card_section(card: OperatorCard, hardware: Hardware) -> str:
     """The card: schema, semantics, exact arguments, outputs and the numbers that bound the kernel."""
-    schema, arg_types, aliases, write_only = _schema_info(card.op)
+    if card.op == CHAIN_OP and "chain" in card.signature:
+        n = len(card.signature["chain"]["nodes"])
+        schema, arg_types, aliases, write_only = f"{CHAIN_OP}: a chain of {n} ATen calls, one card", {}, [], []
+        what = chain_semantics(card.signature)
+    else:
+        schema, arg_types, aliases, write_only = _schema_info(card.op)
+        what = semantics(card.op)
     roofline = card.roofline_us
     if roofline is None and card.bytes and hardware.bandwidth_bps:
         roofline = card.bytes / hardware.bandwidth_bps * 1e6
     return render(
         "card",
-        op=card.op, card_id=card.card_id, schema=schema, semantics=semantics(card.op),
+        op=card.op, card_id=card.card_id, schema=schema, semantics=what,
         signature_text=card.signature_text or "(not given)",
         arguments="\n".join(_argument_lines(card.signature, arg_types)) or "- none",
         outputs="\n".join(_output_lines(card.outputs, aliases, write_only)),

@@ -1,0 +1,269 @@
+"""Builtin chain templates (engine.propose.builtin.chains) and the chain prompt, on chains traced from small
+models built here: which template takes each chain, that its kernels compile for the profiled GPUs and
+their launch specs parse, and that the prompt's PyTorch code computes what eager computes."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from engine.capture.chains import (
+    chain_signature,
+    container_paths,
+    find_chains,
+    patterns,
+    run_chain,
+    trace_forward,
+)
+from engine.capture.signature import describe_tensor
+from engine.cards import OperatorCard
+
+BF = torch.bfloat16
+
+
+class Block(nn.Module):
+    """Holds the module under test, so its calls run inside a submodule (chains never span the root)."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.block = inner
+
+    def forward(self, *args):
+        return self.block(*args)
+
+
+class GemmaRMS(nn.Module):
+    """Gemma's RMSNorm: fp32 statistics, rsqrt written as pow(-0.5), weight applied as (1 + w)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.lin, self.weight = nn.Linear(d, d), nn.Parameter(torch.randn(d) * 0.1)
+
+    def forward(self, x):
+        x = self.lin(x)
+        h = x.float()
+        h = h * torch.pow(h.pow(2).mean(-1, keepdim=True) + 1e-6, -0.5)
+        return (h * (1.0 + self.weight.float())).type_as(x)
+
+
+class LlamaRMS(nn.Module):
+    """Llama's RMSNorm: downcast after normalising, then the weight multiply in bf16 (a second rounding)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.lin, self.weight = nn.Linear(d, d), nn.Parameter(1 + torch.randn(d) * 0.1)
+
+    def forward(self, x):
+        x = self.lin(x)
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)
+        return self.weight * h.to(x.dtype)
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, d: int, act):
+        super().__init__()
+        self.gate, self.up, self.down, self.act = nn.Linear(d, 2 * d), nn.Linear(d, 2 * d), nn.Linear(2 * d, d), act
+
+    def forward(self, x):
+        return self.down(self.act(self.gate(x)) * self.up(x))
+
+
+class GroupNormSilu(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.norm, self.c2 = nn.Conv2d(8, 8, 3, padding=1), nn.GroupNorm(4, 8), nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        return self.c2(F.silu(self.norm(self.c1(x))))
+
+
+class AdaLN(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.lin, self.mod, self.out = nn.Linear(d, d), nn.Linear(d, 2 * d), nn.Linear(d, d)
+
+    def forward(self, x, c):
+        scale, shift = self.mod(c).unsqueeze(1).chunk(2, dim=-1)
+        return self.out(self.lin(x) * (1 + scale) + shift)
+
+
+def _cuda(d: dict) -> dict:
+    return {**d, "device": "cuda"}  # traced on the CPU; the card describes the GPU call
+
+
+def chain_cards(model: nn.Module, *inputs: torch.Tensor) -> list[OperatorCard]:
+    """Every chain pattern of one forward as a chain card (first instance), outputs from eager."""
+    torch.manual_seed(0)
+    model = Block(model.to(BF))
+    trace = trace_forward(model, lambda: model(*inputs), time_calls=False)
+    cards = []
+    for p in patterns(find_chains(trace.calls, container_paths(model), unknown=trace.unknown)):
+        sig = chain_signature(p.instances[0])
+        sig = {**sig, "args": [_cuda(a) for a in sig["args"]]}
+        outs = run_chain(sig, random_inputs(sig))
+        cards.append(OperatorCard(p.id, sig["op"], sig, p.id,
+                                  [_cuda(describe_tensor(t)) for t in outs]))
+    return cards
+
+
+def random_inputs(sig: dict, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for a in sig["args"]:
+        n = sum((s - 1) * st for s, st in zip(a["shape"], a["stride"])) + 1
+        base = torch.randn(n, generator=g).to(getattr(torch, a["dtype"]))
+        out.append(base.as_strided(a["shape"], a["stride"]))
+    return out
+
+
+def _toy():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_chains import Model
+
+    return Model()
+
+
+def _cases() -> dict[str, OperatorCard]:
+    """One chain card per reference structure, by the name of the template that must take it."""
+    x = torch.randn(2, 5, 32, dtype=BF)
+    toy = chain_cards(_toy(), x)
+    rms, add_rms, swiglu = toy  # the norm module, the residual add + norm, silu(gate) * up
+    return {
+        "toy_rms": rms, "toy_add_rms": add_rms, "toy_swiglu": swiglu,
+        "gemma_rms": chain_cards(GemmaRMS(32), x)[0],
+        "llama_rms": chain_cards(LlamaRMS(64), torch.randn(2, 5, 64, dtype=BF))[0],
+        "swiglu": chain_cards(GatedMLP(32, F.silu), x)[0],
+        "geglu": chain_cards(GatedMLP(32, lambda t: F.gelu(t, approximate="tanh")), x)[0],
+        "gelu_glu": chain_cards(GatedMLP(32, F.gelu), x)[0],
+        "gn_silu": chain_cards(GroupNormSilu(), torch.randn(2, 8, 6, 6, dtype=BF))[0],
+        "adaln": chain_cards(AdaLN(32), x, torch.randn(2, 32, dtype=BF))[0],
+    }
+
+
+EXPECTED = {"toy_rms": "chain_rms_norm", "toy_add_rms": "chain_rms_norm", "toy_swiglu": "chain_glu",
+            "gemma_rms": "chain_rms_norm", "llama_rms": "chain_rms_norm", "swiglu": "chain_glu", "geglu": "chain_glu",
+            "gelu_glu": "chain_glu", "gn_silu": "chain_group_norm_silu", "adaln": "chain_modulate"}
+
+
+@pytest.fixture(scope="module")
+def cases() -> dict[str, OperatorCard]:
+    return _cases()
+
+
+def test_each_chain_gets_its_template_and_the_others_say_why_not(cases):
+    from engine.propose.builtin.proposer import BuiltinProposer
+
+    proposer = BuiltinProposer()
+    for name, card in cases.items():
+        template, reasons = proposer.template_for(card)
+        assert template is not None and template.name == EXPECTED[name], (name, reasons)
+        # every specialised template before it refused with a reason naming what it looked for
+        assert all(": " in r and len(r.split(": ", 1)[1]) > 10 for r in reasons), reasons
+    from engine.propose.builtin.chains import GluChainTemplate, ModulateChainTemplate, RmsNormChainTemplate
+
+    assert RmsNormChainTemplate().accepts(cases["swiglu"]) == "0 mean reductions, expected one"
+    assert "not act(gate) * up" in GluChainTemplate().accepts(cases["gemma_rms"])
+    assert "not x * (1 + scale) + shift" in ModulateChainTemplate().accepts(cases["swiglu"])
+
+
+def test_rms_variants_are_told_apart(cases):
+    from engine.propose.builtin.chains import ChainGraph, row_plan
+
+    assert row_plan(ChainGraph(cases["gemma_rms"])).variant == "x * (1 + w)"  # rsqrt written as pow(-0.5)
+    assert row_plan(ChainGraph(cases["toy_rms"])).variant == "x * (1 + w)"
+    assert row_plan(ChainGraph(cases["toy_add_rms"])).variant == "add + x * (1 + w)"
+    assert row_plan(ChainGraph(cases["llama_rms"])).variant == "x * w"
+
+
+def test_single_op_cards_are_unaffected(cases):
+    from engine.propose.builtin.proposer import BuiltinProposer
+
+    proposer = BuiltinProposer()
+    card = OperatorCard("c", "aten::silu", {"op": "aten::silu", "args": [
+        {"name": "self", "kind": "tensor", "dtype": "bfloat16", "shape": [64], "stride": [1], "align": 16,
+         "device": "cuda", "neg": False, "conj": False}], "aliases": []}, "silu",
+        [{"kind": "tensor", "dtype": "bfloat16", "shape": [64], "stride": [1], "align": 16, "device": "cuda"}])
+    t, _ = proposer.template_for(card)
+    assert t is not None and not t.name.startswith("chain_")
+
+
+def test_a_chain_that_no_template_computes_is_declined():
+    class Softmaxish(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(32, 32)
+
+        def forward(self, x):
+            return torch.softmax(self.lin(x), -1) * 2
+
+    (card,) = chain_cards(Softmaxish(), torch.randn(2, 5, 32, dtype=BF))
+    from engine.propose.builtin.proposer import BuiltinProposer
+
+    t, reasons = BuiltinProposer().template_for(card)
+    assert t is None and any("not a pointwise member" in r for r in reasons), reasons
+
+
+ARCHS = [("sm_90", "h200"), ("sm_121", "dgx-spark")]
+
+
+@pytest.mark.parametrize("arch,gpu", ARCHS)
+def test_defaults_and_mutations_compile_and_their_specs_parse(cases, arch, gpu):
+    from engine.compile import compile_nvrtc
+    from engine.launch.spec import parse_spec
+    from engine.propose.builtin.proposer import BuiltinProposer
+    from engine.propose.hardware_profiles import profile
+
+    hw = profile(gpu)
+    proposer = BuiltinProposer()
+    for name, card in cases.items():
+        t, _ = proposer.template_for(card, hw=hw)
+        rng = random.Random(0)
+        params = [t.default(card, hw=hw)]
+        for _ in range(3):
+            params.append(t.mutate(card, params[-1], rng, hw=hw))
+        seen = set()
+        for p in params:
+            r = t.render(card, p, hw=hw)
+            if r.source in seen:
+                continue
+            seen.add(r.source)
+            spec = parse_spec(r.spec)
+            assert {a.text for launch in spec.launches for a in launch.args if a.ctype == "ptr"} >= {
+                f"out{k}" for k in range(len(card.outputs))}, (name, r.spec)
+            res = compile_nvrtc(r.source, arch=arch)
+            assert res.ok, (name, p, res.log[:3000])
+
+
+def _exec_chain(card: OperatorCard, inputs):
+    from engine.propose.chain_code import chain_code
+
+    env = {"torch": torch}
+    exec(chain_code(card.signature), env)
+    return env["chain"](*inputs)
+
+
+def test_the_prompt_is_the_chain_as_pytorch_code_that_computes_eager(cases):
+    from engine.propose.base import Hardware
+    from engine.propose.prompting import card_section
+
+    for name, card in cases.items():
+        for seed in (1, 2):
+            xs = random_inputs(card.signature, seed)
+            got, want = _exec_chain(card, xs), run_chain(card.signature, xs)
+            assert len(got) == len(want) == len(card.outputs), name
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b, rtol=0, atol=0)
+        text = card_section(card, Hardware())
+        assert "def chain(in0" in text and "```python" in text, name
+        for k, d in enumerate(card.outputs):
+            assert f"`out{k}`" in text and f"shape {d['shape']}" in text, name
+    text = card_section(cases["gemma_rms"], Hardware())
+    assert ".pow(-0.5)" in text and ".to(torch.float32)" in text and "+ 1.0" in text
