@@ -119,7 +119,7 @@ def check_manifest(m: Any) -> None:
         if v["category"] not in CATEGORIES:
             raise CastError(f"manifest.json: variant {v['id']}: unknown category {v['category']!r}")
         if v["op"] == CHAIN_OP:
-            why = _module_problem(v)
+            why = _pattern_problem(v) if "pattern" in v and "module" not in v else _module_problem(v)
             if why:
                 raise CastError(f"manifest.json: variant {v['id']}: {why}")
 
@@ -129,10 +129,24 @@ def module_card(v: dict[str, Any]) -> dict[str, Any] | None:
     return v.get("module") if v.get("op") == CHAIN_OP else None
 
 
+def pattern_card(v: dict[str, Any]) -> dict[str, Any] | None:
+    """The pattern entry of a pattern-card variant (a chain replaced inside compiled graphs), else None."""
+    return v.get("pattern") if v.get("op") == CHAIN_OP and "module" not in v else None
+
+
+def _pattern_problem(v: dict[str, Any]) -> str | None:
+    if not isinstance(v.get("pattern"), dict):
+        return "a pattern card's 'pattern' entry is not a table"
+    sig = v.get("signature")
+    if not isinstance(sig, dict) or not isinstance(sig.get("chain"), dict) or sig.get("op") != CHAIN_OP:
+        return "a chain variant's signature is not a chain card's"
+    return None
+
+
 def _module_problem(v: dict[str, Any]) -> str | None:
     m = v.get("module")
     if not isinstance(m, dict):
-        return "a chain variant lacks its 'module' entry (class and paths)"
+        return "a chain variant lacks its 'module' entry (class and paths) or its 'pattern' entry"
     if not isinstance(m.get("class"), str) or not m["class"]:
         return "module entry: 'class' is not a class name"
     paths = m.get("paths")

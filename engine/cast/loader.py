@@ -25,7 +25,7 @@ from typing import Any
 
 from engine.cast import runtime
 from engine.cast.compat import current_env, incompatibility
-from engine.cast.format import CastError, CastFile, CastWarning, module_card, read_cast
+from engine.cast.format import CastError, CastFile, CastWarning, module_card, pattern_card, read_cast
 
 
 @dataclass
@@ -39,6 +39,7 @@ class VariantState:
     plan: Any = None
     cpp: tuple[str, int] | None = None  # (op, index of its plan) while the C++ router dispatches it
     module: dict[str, Any] | None = None  # a module card's entry (class, paths, binding), else None
+    pattern: dict[str, Any] | None = None  # a pattern card's entry (replaced inside compiled graphs), else None
 
     @property
     def hits(self) -> int:
@@ -67,10 +68,11 @@ class Cast:
                 if why is None and only is not None and v["id"] not in only:
                     why = "not selected (load(..., only=…))"
                 self.variants.append(VariantState(v["id"], v["op"], v.get("signature_text", ""), why,
-                                                  module=module_card(v)))
+                                                  module=module_card(v), pattern=pattern_card(v)))
         self._plans = dict(plans or {})  # variant id -> Python plan used instead of its kernels
         self._module_kept: dict[str, Any] = {}  # module-route counters by path, since removed
         self._module_skipped: list[str] = []  # module paths not patched at the last install, and why
+        self._patterns: Any = None  # the pattern cards as a PatternSet, once built
         self._lock = threading.RLock()
         self._cpp_ops: list[str] = []  # ops this cast routes through the C++ router while installed
         self._cpp_kept: dict[str, dict[str, Any]] = {}  # C++ counters of routes since removed
@@ -98,17 +100,38 @@ class Cast:
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def compile(self, model: Any = None, **kwargs: Any) -> Any:
-        """`torch.compile(model, **kwargs)` whose graphs call this cast's ops where it covers them (inference
-        only; the cast must be installed when the model is compiled and run). See engine.cast.compose."""
+        """`torch.compile(model, **kwargs)` whose graphs call this cast's ops where it covers them, and its
+        pattern cards' chains as one guarded op each (inference only; the cast must be installed when the
+        model is compiled and run). See engine.cast.compose and engine.cast.patterns."""
         from engine.cast import compose
 
+        kwargs.setdefault("patterns", self.pattern_set())
         return compose.compile(self, model, **kwargs)
 
     def backend(self, **kwargs: Any) -> Any:
         """A `torch.compile(..., backend=cast.backend(mode=…, options=…))` backend doing what `compile` does."""
         from engine.cast import compose
 
+        kwargs.setdefault("patterns", self.pattern_set())
         return compose.backend(self, **kwargs)
+
+    def pattern_set(self) -> Any:
+        """The cast's usable pattern cards as one engine.cast.patterns.PatternSet (built once, on first use;
+        None when it has none). Chains that cannot be matched are in its `problems`, and in stats()."""
+        with self._lock:
+            if self._patterns is None:
+                cards = [v for v in self.usable() if v.pattern is not None]
+                if not cards:
+                    return None
+                self._prepare()
+                by_id = {v["id"]: v for v in self.file.variants} if self.file is not None else {}
+                pairs = [(by_id[v.id]["signature"], v.plan) for v in cards if v.plan is not None]
+                if not pairs:
+                    return None
+                from engine.cast import patterns
+
+                self._patterns = patterns.build(self, pairs)
+            return self._patterns
 
     def usable(self) -> list[VariantState]:
         """Variants that will (or do) run."""
@@ -147,7 +170,10 @@ class Cast:
                               "router": "c++" if v.cpp else "python"}
                              for v in self.variants],
                 "misses": misses, "near_misses": near, "fallthrough": through, "near_miss_keys": near_keys,
-                "grad_declines": grad, "modules": mods, "modules_skipped": list(self._module_skipped)}
+                "grad_declines": grad, "modules": mods, "modules_skipped": list(self._module_skipped),
+                "patterns": {v.id: v.plan.hits for v in self.variants
+                             if v.pattern is not None and v.plan is not None and hasattr(v.plan, "hits")},
+                "pattern_problems": dict(self._patterns.problems) if self._patterns is not None else {}}
 
     def _module_stats(self) -> dict[str, Any]:
         """Per module path this cast patched: its variants, hits, misses and declines (by reason)."""
@@ -205,7 +231,7 @@ class Cast:
             self._prepare()
             if model is not None:
                 self._install_modules(model)
-            usable = [v for v in self.usable() if v.plan is not None and v.module is None]
+            usable = [v for v in self.usable() if v.plan is not None and v.module is None and v.pattern is None]
             if usable and _cpp_wanted():
                 usable = self._install_cpp(usable)
             entries = [v.plan.entry for v in usable]
@@ -230,6 +256,11 @@ class Cast:
                 for why, n in st.declines.items():
                     kept.declines[why] = kept.declines.get(why, 0) + n
             runtime.remove_owner(self)
+            if self._patterns is not None:
+                from engine.cast import patterns
+
+                patterns.remove_owner(self)
+                self._patterns = None
             if self._cpp_ops:
                 from engine.cast import cpp_router
 
@@ -357,7 +388,7 @@ class Cast:
             if state.id in self._plans:
                 fn = self._plans[state.id]
                 state.plan = fn if isinstance(fn, runtime.Plan) else runtime.Plan(state.id, fn)
-                if state.module is None:
+                if state.module is None and state.pattern is None:
                     v = by_id[state.id]
                     layout = layout_of(resolve_op(v["op"]))
                     key = signature_key(layout, v["signature"], 0)
@@ -375,7 +406,7 @@ class Cast:
                 continue
             v = by_id[state.id]
             try:
-                if state.module is not None:
+                if state.module is not None or state.pattern is not None:
                     state.plan = _chain_kernel_plan(v, _image(self.file, v, arch), device, max_shared)
                     continue
                 layout = layout_of(resolve_op(v["op"]))

@@ -1,0 +1,73 @@
+"""Pattern cards from a .cast file (engine.cast.loader + engine.cast.patterns) on the CPU: the cast's
+chain variant (the toy MLP's silu(gate) * up) is replaced inside graphs that `cast.compile` makes, with a
+Python plan that counts its calls and computes with run_chain; results equal eager's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_cast_modules import ENV
+from test_chains import MLP, Model, _heavy_ops, _patterns
+
+import engine.cast
+from engine.capture.chains import CHAIN_OP, chain_signature, run_chain
+from engine.cast import format as cast_format
+from engine.cast.format import CastError, write_cast
+
+
+def _glu_signature():
+    torch.manual_seed(0)
+    model = Model().to(torch.float32)
+    _, pats = _patterns(model, torch.randn(2, 5, 32))
+    glu = next(p for p in pats if _heavy_ops(p) == ["silu", "mul"])
+    return chain_signature(glu.instances[0])
+
+
+def _cast(tmp_path, variant):
+    manifest = {"format": cast_format.FORMAT, "format_version": cast_format.FORMAT_VERSION, "env": ENV,
+                "variants": [variant]}
+    write_cast(tmp_path / "p.cast", manifest, {}, "# test\n")
+    return tmp_path / "p.cast"
+
+
+def _variant(sig, **extra):
+    return {"id": "glu", "op": CHAIN_OP, "signature": sig, "signature_text": "silu * mul", "outputs": [],
+            "launch_spec": "", "kernels": [], "files": {}, "category": "custom CUDA", "evidence": {},
+            "provenance": {}, **extra}
+
+
+class Counting:
+    def __init__(self, signature):
+        self.calls, self.signature = 0, signature
+
+    def __call__(self, inputs):
+        self.calls += 1
+        return run_chain(self.signature, inputs)
+
+
+def test_a_pattern_card_runs_inside_the_compiled_graph(tmp_path):
+    sig = _glu_signature()
+    plan = Counting(sig)
+    cast = engine.cast.load(_cast(tmp_path, _variant(sig, pattern={})), env=ENV, plans={"glu": plan})
+    torch.manual_seed(3)
+    mlp = MLP(32)
+    x = torch.randn(2, 5, 32)
+    torch._dynamo.reset()
+    with torch.no_grad(), cast.enabled():
+        want = mlp(x)
+        fast = cast.compile(mlp)
+        got = fast(x)
+        again = fast(x)
+    assert plan.calls == 2, "the compiled graph did not call the pattern card's plan"
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(again, want)
+    st = cast.stats()
+    assert st["patterns"] == {"glu": 2} and st["pattern_problems"] == {}
+    cast.remove()
+
+
+def test_a_chain_variant_names_module_or_pattern(tmp_path):
+    sig = _glu_signature()
+    with pytest.raises(CastError, match="'module' entry .* or its 'pattern' entry"):
+        cast_format.check_manifest({"format": cast_format.FORMAT, "format_version": cast_format.FORMAT_VERSION,
+                                    "env": ENV, "variants": [_variant(sig)]})
