@@ -183,6 +183,12 @@ def test_chain_family_is_the_loosest_members_family():
 # --------------------------------------------------------------------------------------- the floor
 
 
+def test_the_floor_names_the_chain_op_as_the_capture_does():
+    from engine.bench import floor
+
+    assert floor.CHAIN_OP == CHAIN_OP  # kept as a literal there: bench sits below capture
+
+
 def test_a_chain_cards_floor_is_its_inputs_and_outputs_at_the_bandwidth():
     sig, outputs, _, _ = rms_chain()
     nbytes = chain_bytes(sig, outputs)
