@@ -3,7 +3,9 @@
 A timed median below the floor means the candidate cannot have done the work (it skipped it, or the
 timing did not see it). Three bounds, the largest binds:
 
-- memory: the card's minimum traffic (`card.bytes`) at an upper bound on the GPU's bandwidth;
+- memory: the card's minimum traffic (`card.bytes`) at an upper bound on the GPU's bandwidth; for a
+  chain card, its inputs read once and its outputs written once (`chain_bytes`): a fused kernel keeps
+  the members' intermediates on chip, and members never write outside the chain's outputs;
 - compute: the floating-point operations a matmul-like op must do (`card_flops`) at the GPU's dense
   peak for the operands' dtype (`peak_flops`), tensor cores included;
 - launch: one kernel launch, timed between CUDA events as the timing protocol times calls
@@ -471,6 +473,36 @@ def launch_floor_us(device: Any, tries: int = 50) -> float:
 
 
 # ---------------------------------------------------------------------------------------- the floor
+
+CHAIN_OP = "kforge::chain"  # engine.capture.chains.CHAIN_OP (this layer is below capture)
+
+
+def _distinct_bytes(d: dict[str, Any]) -> int:
+    """Bytes of the distinct elements a tensor description names (a broadcast dimension, stride 0,
+    holds one element); 0 for an absent or unreadable one."""
+    try:
+        shape, stride = d["shape"], d["stride"]
+        n = 1
+        for size, st in zip(shape, stride):
+            if size == 0:
+                return 0
+            n *= size if st != 0 else 1
+        return n * _itemsize(d["dtype"])
+    except (KeyError, TypeError, ValueError):
+        return 0
+
+
+def _itemsize(dtype: str) -> int:
+    import torch
+
+    return getattr(torch, dtype).itemsize
+
+
+def chain_bytes(signature: dict[str, Any], outputs: list[dict[str, Any]]) -> int:
+    """A chain card's minimum traffic: every input read once and every output written once."""
+    reads = sum(_distinct_bytes(a) for a in signature.get("args", [])
+                if a.get("kind") == "tensor" and not a.get("absent"))
+    return reads + sum(_distinct_bytes(o) for o in outputs)
 
 
 @dataclass(frozen=True)

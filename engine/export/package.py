@@ -18,7 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.cast.format import FORMAT, FORMAT_VERSION, file_entry, write_cast
+from engine.cast.format import (
+    CHAIN_OP,
+    FORMAT,
+    FORMAT_VERSION,
+    CastError,
+    check_manifest,
+    file_entry,
+    write_cast,
+)
 from engine.export.confirm import CONFIRMED_KEYS
 from engine.export.report import markdown_report
 from engine.outcomes import faster_with_confidence
@@ -52,10 +60,46 @@ def _kernels(spec: Any) -> list[str]:
     return list(dict.fromkeys(ln.kernel for ln in parse_spec(spec).launches))
 
 
-def _tolerances(op: str, outputs: list[dict[str, Any]]) -> list[str]:
-    from engine.verify.tolerance import tolerance_for
+def _tolerances(op: str, outputs: list[dict[str, Any]], signature: dict[str, Any] | None = None) -> list[str]:
+    from engine.verify.tolerance import card_family, tolerance_for
 
-    return [tolerance_for(op, o["dtype"]).describe() for o in outputs]
+    family = card_family(op, signature)
+    return [tolerance_for(op, o["dtype"], family=family).describe() for o in outputs]
+
+
+# What a module card's `chain` record may say about how the cast finds and feeds the module
+# (engine.cast.format: the `module` entry; engine.cast.modules.module_binding makes args/params).
+_MODULE_KEYS = ("class", "paths", "args", "params", "autocast")
+
+
+def _chain_of(card: Any) -> dict[str, Any] | None:
+    """A chain card's `chain` record (kind 'module' or 'pattern', and for a module its class and paths):
+    from a store row or an OperatorCard."""
+    chain = card.get("chain") if isinstance(card, dict) else getattr(card, "chain", None)
+    return chain if isinstance(chain, dict) else None
+
+
+def _chain_entries(card: dict[str, Any]) -> dict[str, Any]:
+    """The manifest keys a chain card's variant adds: `chain` (its kind) and, for a module card, the
+    `module` entry the loader patches the module's forward by."""
+    if card["op"] != CHAIN_OP:
+        return {}
+    chain = _chain_of(card) or {}
+    kind = chain.get("kind", "pattern")
+    out: dict[str, Any] = {"chain": {"kind": kind}}
+    if kind == "module":
+        out["module"] = {k: chain[k] for k in _MODULE_KEYS if k in chain}
+    return out
+
+
+def format_problem(v: ExportVariant, env: dict[str, Any], source: dict[str, Any]) -> str | None:
+    """Why the cast format refuses this variant's entry (e.g. a chain kind no loader reads yet), else None."""
+    manifest, _, _ = package([v], env, source)
+    try:
+        check_manifest(manifest)
+    except CastError as e:
+        return str(e).removeprefix("manifest.json: ")
+    return None
 
 
 def package(variants: list[ExportVariant], env: dict[str, Any], source: dict[str, Any],
@@ -85,8 +129,9 @@ def package(variants: list[ExportVariant], env: dict[str, Any], source: dict[str
             "id": vid, "card_id": v.card["card_id"], "op": v.card["op"], "signature": v.card["signature"],
             "signature_text": v.card.get("signature_text", ""), "outputs": v.card["outputs"],
             "launch_spec": c["launch_spec"], "kernels": _kernels(c["launch_spec"]), "files": vf,
-            "category": "custom CUDA", "tolerance": _tolerances(v.card["op"], v.card["outputs"]),
-            "calls": v.card.get("calls"), "share": v.card.get("share"),
+            "category": "custom CUDA",
+            "tolerance": _tolerances(v.card["op"], v.card["outputs"], v.card["signature"]),
+            "calls": v.card.get("calls"), "share": v.card.get("share"), **_chain_entries(v.card),
             "evidence": {"lane": lane, "confirmed": v.confirmed,
                          **({"sanitizer": v.sanitizer} if v.sanitizer is not None else {})},
             "provenance": {"run": source.get("run"), "candidate_id": c.get("id"), "parent_id": c.get("parent_id"),
@@ -196,7 +241,12 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
             excluded.append({"card_id": card["card_id"], "op": card["op"],
                              "reason": f"does not compile for {env['arch']}: {res.summary()}"})
             continue
-        variants.append(ExportVariant(card, cand, res.cubin, res.ptx, env["arch"], samples.get(card["card_id"], [])))
+        v = ExportVariant(card, cand, res.cubin, res.ptx, env["arch"], samples.get(card["card_id"], []))
+        why = format_problem(v, env, {})
+        if why:
+            excluded.append({"card_id": card["card_id"], "op": card["op"], "reason": f"the cast format: {why}"})
+            continue
+        variants.append(v)
     progress(f"confirming {len(variants)} variant(s) in a fresh process")
     source = {"run": run["id"], "model": run["model"], "provider": run["provider"], "capture": run["capture_id"]}
     with tempfile.TemporaryDirectory(prefix="kforge-export-") as tmp:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from engine.bench.floor import GpuCompute, launch_floor_us, physics_floor
+from engine.bench.floor import CHAIN_OP, GpuCompute, chain_bytes, launch_floor_us, physics_floor
 from engine.bench.stats import TimingStats
 from engine.bench.timing import L2Flusher, TimingConfig, copy_bandwidth, max_sm_clock_mhz
 from engine.capture.samples import load_sample
@@ -28,9 +28,8 @@ from engine.lane.protocol import Rejected, WorkerFault, claim_stdout, serve, unb
 from engine.launch import Env, SpecError, parse_spec, resolve
 from engine.launch import cuda_driver as drv
 from engine.launch.launcher import CandidateLauncher, LaunchRejected
-from engine.ops import call_op, resolve_op, return_aliases, write_only_args
 from engine.verify.guard import Canaries, GuardViolation
-from engine.verify.pipeline import CardCheck
+from engine.verify.pipeline import CardCheck, card_check
 from engine.verify.timed import TimedCandidate, against_control, audited_ab, time_eager_alone
 
 _CUDA_ERROR_MARKERS = ("CUDA error", "CUDA driver error", "cudaError", "CUBLAS_STATUS", "device-side assert")
@@ -135,13 +134,13 @@ class Worker:
         samples = [load_sample(path, self.device).args for path in p["samples"]]
         if not samples:
             raise Rejected("protocol", f"card {cid}: no samples to verify against")
-        op = resolve_op(p["op"])
-        written = [a for a in return_aliases(op) if a] + write_only_args(op)
-        check = CardCheck(p["op"], samples, lambda b: call_op(op, b), written_args=written,
-                          sync=torch.cuda.synchronize, fresh=p.get("fresh", 2), edges=p.get("edges", True),
-                          contend=self._contend)
-        self.cards[cid] = LoadedCard(cid, p["op"], p["signature"], p["outputs"], int(p.get("bytes", 0)),
-                                     samples, check)
+        # An ATen card's eager is its op; a chain card's, its members run in order (engine.verify.pipeline).
+        check = card_check(p["op"], p["signature"], samples, sync=torch.cuda.synchronize,
+                           fresh=p.get("fresh", 2), edges=p.get("edges", True), contend=self._contend)
+        nbytes = int(p.get("bytes", 0))
+        if p["op"] == CHAIN_OP:  # its traffic is its inputs and outputs, not its members' (see floor.py)
+            nbytes = chain_bytes(p["signature"], p["outputs"])
+        self.cards[cid] = LoadedCard(cid, p["op"], p["signature"], p["outputs"], nbytes, samples, check)
         return {"samples": len(samples), "cached": False}
 
     def _card(self, p: dict[str, Any]) -> LoadedCard:

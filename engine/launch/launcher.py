@@ -1,7 +1,9 @@
 """Turns a compiled candidate plus its resolved launch spec into a callable op: our host code, not theirs.
 
 Outputs are allocated to eager's exact shape, strides and dtype (pre-filled so unwritten elements
-show); returns that alias an input (in-place `self`, `out=`) are that input. Every call fetches the
+show); returns that alias an input (in-place `self`, `out=`) are that input. A chain card
+(`engine.capture.chains.CHAIN_OP`) has no schema: its inputs are `in0..inN`, its outputs `out0..` in the
+order of the chain's outputs, none aliasing an input (a chain card never writes its inputs). Every call fetches the
 current raw stream, so the kernels run where the caller's work runs (also under CUDA-graph capture).
 """
 
@@ -14,6 +16,7 @@ from typing import Any
 
 import torch
 
+from engine.capture.chains import CHAIN_OP
 from engine.launch import ResolvedSpec
 from engine.launch import cuda_driver as drv
 from engine.ops import resolve_op, return_aliases, write_only_args
@@ -53,7 +56,8 @@ class _Launch:
 
 
 class CandidateLauncher:
-    """Callable candidate for one card: `run(args) -> outputs` with the op's argument list."""
+    """Callable candidate for one card: `run(args) -> outputs` with the op's argument list (a chain
+    card's `in0..inN`). `op` is the resolved ATen overload, None for a chain card."""
 
     def __init__(self, module: drv.Module, spec: ResolvedSpec, op_name: str, outputs: Sequence[dict],
                  device: torch.device, max_shared: int | None = None, canaries: Any = None):
@@ -61,10 +65,15 @@ class CandidateLauncher:
         self.device = device
         # When set (an engine.verify.guard.Canaries), outputs and workspaces are guarded buffers from it.
         self.canaries = canaries
-        self.op = resolve_op(op_name)
-        self.aliases = return_aliases(self.op)
-        self.write_only = write_only_args(self.op)
         self.output_specs = list(outputs)
+        if op_name == CHAIN_OP:
+            self.op = None  # no ATen schema: nothing aliases an input, nothing is write-only
+            self.aliases: list[str | None] = [None] * len(self.output_specs)
+            self.write_only: list[str] = []
+        else:
+            self.op = resolve_op(op_name)
+            self.aliases = return_aliases(self.op)
+            self.write_only = write_only_args(self.op)
         self.workspaces = spec.workspaces
         self.launches: list[_Launch] = []
         for i, rl in enumerate(spec.launches):

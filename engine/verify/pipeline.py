@@ -14,10 +14,12 @@ from typing import Any
 
 import torch
 
+from engine.capture.chains import CHAIN_OP, run_chain
+from engine.ops import call_op, resolve_op, return_aliases, write_only_args
 from engine.verify.compare import CompareReport, bitwise_equal, compare_outputs
 from engine.verify.guard import Canaries, GuardViolation
 from engine.verify.inputs import Bound, clone_bound, edge_inputs, fresh_inputs, tensors_of
-from engine.verify.tolerance import op_family, tolerances_for
+from engine.verify.tolerance import chain_family, op_family, tolerances_for
 
 RunCandidate = Callable[[Bound, str], list[torch.Tensor]]  # (arguments, prefill) -> outputs
 RunEager = Callable[[Bound], Any]
@@ -88,10 +90,15 @@ class CardCheck:
     def __init__(self, op_name: str, samples: Sequence[Bound], eager: RunEager, *,
                  written_args: Sequence[str] = (), fresh: int = 2, edges: bool = True,
                  sync: Callable[[], None] = lambda: None, seed: int = 1234, guard: bool = True,
-                 race_reps: int = RACE_REPS, contend: Contend | None = None, precision: bool = True):
+                 race_reps: int = RACE_REPS, contend: Contend | None = None, precision: bool = True,
+                 family: str | None = None, reference64: RunEager | None = None):
         self.op = op_name
-        self.family = op_family(op_name)
+        # A chain card's family is its members' (tolerance.chain_family), not its op's.
+        self.family = family if family is not None else op_family(op_name)
         self.eager = eager
+        # Eager on float64 copies for the precision check; defaults to `eager` (a chain's members cast
+        # to their captured dtypes, so a chain passes a float64 version of itself).
+        self.reference64 = reference64 if reference64 is not None else eager
         self.written = set(written_args)
         self.sync = sync
         self.guard = guard
@@ -107,6 +114,10 @@ class CardCheck:
                 sets += [(f"edge {kind}", b) for kind, b in edge_inputs(samples[0], kinds)]
         self.sets = sets
         self._ref64: dict[str, list[Any] | None] = {}
+
+    def tolerances(self, outputs: Any) -> list[Any]:
+        """The table's tolerance per output of this card (its family, by each output's dtype)."""
+        return tolerances_for(self.op, outputs, family=self.family)
 
     def _expected(self, inputs: Bound) -> tuple[list[Any], Bound]:
         mine = clone_bound(inputs)
@@ -151,7 +162,7 @@ class CardCheck:
             if label.startswith("edge nonfinite"):
                 return None  # eager refuses non-finite inputs for this op (e.g. a range check): nothing to match
             raise
-        tols = tolerances_for(self.op, expected)
+        tols = self.tolerances(expected)
         if label.startswith("edge nonfinite") and self.family in REORDERING_FAMILIES:
             tols = [replace(t, nonfinite_kind=False) for t in tols]
         reports = compare_outputs(got, expected, tols)
@@ -166,7 +177,7 @@ class CardCheck:
         for (path, old), (_, now) in zip(before, tensors_of(first_in)):
             name = path.split("[")[0]
             if name in self.written:
-                r = compare_outputs([now], [eager_after[path]], tolerances_for(self.op, [now]))[0]
+                r = compare_outputs([now], [eager_after[path]], self.tolerances([now]))[0]
                 if not r.ok:
                     return Verdict(False, "mismatch", f"{label}: mutated argument {path}: {r.message}",
                                    details={"reports": [_report_json(r)]})
@@ -196,7 +207,7 @@ class CardCheck:
                 return Verdict(False, "nan", f"{label}: out{i}: {unwritten} elements are never written "
                                "(they keep whatever the buffer held)")
             if self.family in REORDERING_FAMILIES:
-                r = compare_outputs([b], [a], tolerances_for(self.op, [a]))[0]
+                r = compare_outputs([b], [a], self.tolerances([a]))[0]
                 if r.ok:
                     continue
                 msg = r.message
@@ -216,7 +227,7 @@ class CardCheck:
             label, inputs = pick[rep % len(pick)]
             if label not in expected:
                 out, _ = self._expected(inputs)
-                expected[label] = (out, tolerances_for(self.op, out))
+                expected[label] = (out, self.tolerances(out))
             exp, tols = expected[label]
             mine, canaries = self.candidate_copy(inputs)
             busy = self.contend is not None and (rep // len(pick)) % 2 == 0
@@ -288,7 +299,7 @@ class CardCheck:
         """Eager on float64 copies of the floating inputs, or None where the op does not run in float64."""
         mine = [(n, _to64(v)) for n, v in clone_bound(inputs)]
         try:
-            out = as_list(self.eager(mine))
+            out = as_list(self.reference64(mine))
             self.sync()
         except Exception:
             return None
@@ -309,13 +320,51 @@ class CardCheck:
         expected, _ = self._expected(buffers)
         got = as_list(run(buffers, "nan"))
         self.sync()
-        reports = compare_outputs(got, expected, tolerances_for(self.op, expected))
+        reports = compare_outputs(got, expected, self.tolerances(expected))
         bad = [r for r in reports if not r.ok]
         if bad:
             return Verdict(False, _category(bad[0]), "after timing, with new values in the same buffers: "
                            f"{bad[0].message} (stale results: a cache keyed by address?)",
                            "re-check", {"reports": [_report_json(r) for r in bad]})
         return Verdict(True, sets_checked=1)
+
+
+def card_check(op_name: str, signature: dict[str, Any], samples: Sequence[Bound], **kw: Any) -> CardCheck:
+    """The CardCheck of any card. An ATen card's eager is its public op (arguments the schema writes must
+    end as eager leaves them); a chain card's is `run_chain` over `in0..inN`, held to its loosest member's
+    tolerances, with the chain run in float64 throughout as the precision check's reference."""
+    if op_name == CHAIN_OP:
+        return CardCheck(op_name, samples, chain_eager(signature), family=chain_family(signature),
+                         reference64=chain_eager(chain_in_float64(signature)), **kw)
+    op = resolve_op(op_name)
+    written = [a for a in return_aliases(op) if a] + write_only_args(op)
+    return CardCheck(op_name, samples, lambda b: call_op(op, b), written_args=written, **kw)
+
+
+def chain_eager(signature: dict[str, Any]) -> RunEager:
+    """Eager for a chain card as a CardCheck calls it: on the bound `in0..inN` (by name)."""
+    names = [a["name"] for a in signature["args"]]
+
+    def run(bound: Bound) -> list[torch.Tensor]:
+        by_name = dict(bound)
+        return run_chain(signature, [by_name[n] for n in names])
+    return run
+
+
+def chain_in_float64(signature: dict[str, Any]) -> dict[str, Any]:
+    """The chain with every floating dtype its members cast to made float64: on float64 inputs it computes
+    the chain's exact answer (`x.float() … .to(x.dtype)` would otherwise round back to the captured dtypes)."""
+    def widen(v: Any) -> Any:
+        if isinstance(v, dict) and set(v) == {"dtype"}:
+            dt = getattr(torch, str(v["dtype"]), None)
+            return {"dtype": "float64"} if isinstance(dt, torch.dtype) and dt.is_floating_point else v
+        if isinstance(v, list):
+            return [widen(x) for x in v]
+        return v
+
+    nodes = [{**n, "args": [{**a, "value": widen(a["value"])} if "value" in a else a for a in n["args"]]}
+             for n in signature["chain"]["nodes"]]
+    return {**signature, "chain": {**signature["chain"], "nodes": nodes}}
 
 
 def _unwritten(a: torch.Tensor, b: torch.Tensor) -> int:

@@ -33,7 +33,6 @@ from engine.bench.timing import ABResult, Arm, L2Flusher, TimingConfig, ab_time,
 from engine.verify.compare import _as_bits, compare_outputs
 from engine.verify.inputs import Bound, Regenerator, clone_bound, cover, tensors_of
 from engine.verify.pipeline import CardCheck, as_list
-from engine.verify.tolerance import tolerances_for
 
 PREFILLS = ("nan", "sentinel")  # what verification pre-fills outputs with; timed calls draw from the same
 
@@ -181,7 +180,7 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
                     break
             if problem:
                 break
-            reports = compare_outputs(a.cand_out, a.eager_out, tolerances_for(check.op, a.eager_out))
+            reports = compare_outputs(a.cand_out, a.eager_out, check.tolerances(a.eager_out))
             bad = [r for r in reports if not r.ok]
             if bad:
                 problem[:] = ["cheating", f"timed call {a.index + 1} (input slot {a.k}): {bad[0].message}; "

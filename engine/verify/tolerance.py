@@ -369,3 +369,23 @@ def tolerances_for(op: str, outputs: object, *, family: str | None = None) -> li
             o = next((x for x in o if isinstance(x, torch.Tensor)), None)
         tols.append(tolerance_for(op, o.dtype, family=family) if isinstance(o, torch.Tensor) else EXACT)
     return tols
+
+
+# Families from strictest to loosest: a chain is held to its loosest member's rows (an elementwise
+# member after a reduction rounds a value that already carries the reduction's error). "default" is
+# elementwise strictness, ranked just above it so an all-elementwise chain stays "elementwise".
+_LOOSENESS = ("exact", "elementwise", "default", "reduction", "normalization", "matmul", "attention")
+
+
+def chain_family(signature: dict) -> str:
+    """The tolerance family of a chain card (engine.capture.chains.chain_signature): its loosest member's."""
+    nodes = (signature.get("chain") or {}).get("nodes") or []
+    families = [op_family(n["op"]) for n in nodes]
+    return max(families, key=_LOOSENESS.index) if families else "default"
+
+
+def card_family(op: str, signature: dict | None = None) -> str:
+    """The tolerance family of a card: its op's, or for a chain card its members' (`chain_family`)."""
+    if signature is not None and isinstance(signature.get("chain"), dict):
+        return chain_family(signature)
+    return op_family(op)
