@@ -238,3 +238,5 @@ def test_an_exported_pattern_card_says_it_is_a_pattern_and_has_no_module_entry()
     manifest, _, _ = package([_variant({"kind": "pattern"})], ENV, {"run": "run-1"})
     (entry,) = manifest["variants"]
     assert entry["chain"] == {"kind": "pattern"} and "module" not in entry
+    assert entry["pattern"] == {}  # what the loader reads as a pattern card
+    check_manifest(manifest)  # the cast format takes it

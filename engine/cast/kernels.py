@@ -176,6 +176,8 @@ def make_plan(vid: str, variant: dict[str, Any], image: bytes, layout: OpLayout,
     resolved = resolve(spec, Env.from_card(variant["signature"], variant["outputs"]), max_shared=max_shared)
     module = drv.Module(image)
     launcher = CandidateLauncher(module, resolved, variant["op"], variant["outputs"], device, max_shared=max_shared)
+    if launcher.op is None:  # a chain card: its outputs, as a list (what module and pattern routes take)
+        return KernelPlan(vid, launcher, layout, device, len(variant["outputs"]), True)
     returns = launcher.op._schema.returns
     returns_list = len(returns) == 1 and str(returns[0].type).startswith("List[")
     return KernelPlan(vid, launcher, layout, device, len(returns), returns_list)

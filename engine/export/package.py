@@ -89,6 +89,8 @@ def _chain_entries(card: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"chain": {"kind": kind}}
     if kind == "module":
         out["module"] = {k: chain[k] for k in _MODULE_KEYS if k in chain}
+    else:  # replaced inside compiled graphs (engine.cast.patterns)
+        out["pattern"] = {}
     return out
 
 
