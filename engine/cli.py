@@ -174,7 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="FILE.cast", help="where to write the cast")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.add_argument("--cuda-graphs", action="store_true",
-                   help="check the whole model under CUDA-graph replay instead of eager forwards")
+                   help="check the whole model under CUDA-graph replay instead of eager forwards "
+                        "(the same as --target cuda-graphs)")
+    p.add_argument("--target", metavar="T[,T…]",
+                   help="what the whole-model check measures, and so what each variant is proven for: eager, "
+                        "cuda-graphs, compile, compile:max-autotune-no-cudagraphs, compile:reduce-overhead "
+                        "(comma-separated), or all; default eager")
     p.add_argument("--no-model-check", action="store_true",
                    help="skip the whole-model check (per-variant confirmation only)")
     p.add_argument("--sanitize", action="store_true",
@@ -285,11 +290,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace, out: Path, progress: Callable[[str], None]):  # noqa: ANN202
-    from engine.export.package import export_run
+    from engine.export.package import export_run, parse_targets
 
+    targets = parse_targets(args.target) if args.target else None
     return export_run(_workspace(args), args.run, out, progress=progress,
                       model_check=not args.no_model_check, cuda_graphs=args.cuda_graphs,
-                      sanitize=args.sanitize, sanitize_timeout_s=args.sanitize_timeout)
+                      sanitize=args.sanitize, sanitize_timeout_s=args.sanitize_timeout, targets=targets)
 
 
 def cmd_audit(args: argparse.Namespace) -> int:

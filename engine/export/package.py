@@ -44,6 +44,7 @@ class ExportVariant:
     samples: list[str] = field(default_factory=list)
     confirmed: dict[str, Any] | None = None
     sanitizer: dict[str, Any] | None = None  # `export --sanitize`: the compute-sanitizer tools it passed
+    targets: list[str] | None = None  # the targets (eager, cuda-graphs, compile…) whose whole-model check kept it
 
     @property
     def vid(self) -> str:
@@ -134,6 +135,7 @@ def package(variants: list[ExportVariant], env: dict[str, Any], source: dict[str
             "category": "custom CUDA",
             "tolerance": _tolerances(v.card["op"], v.card["outputs"], v.card["signature"]),
             "calls": v.card.get("calls"), "share": v.card.get("share"), **_chain_entries(v.card),
+            **({"targets": list(v.targets)} if v.targets is not None else {}),
             "evidence": {"lane": lane, "confirmed": v.confirmed,
                          **({"sanitizer": v.sanitizer} if v.sanitizer is not None else {})},
             "provenance": {"run": source.get("run"), "candidate_id": c.get("id"), "parent_id": c.get("parent_id"),
@@ -207,13 +209,29 @@ async def _load_run(workspace: Path, run_id: str | None):
         return run, cards, cands, samples
 
 
+TARGETS = ("eager", "cuda-graphs", "compile", "compile:max-autotune-no-cudagraphs", "compile:reduce-overhead")
+
+
+def parse_targets(text: str) -> list[str]:
+    """`--target` as a list: names from TARGETS separated by commas, or 'all'; UsageError otherwise."""
+    from engine.errors import UsageError
+
+    names = list(TARGETS) if text.strip() == "all" else [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in names if t not in TARGETS]
+    if bad or not names:
+        raise UsageError(f"--target {text}: use one or more of {', '.join(TARGETS)} (comma-separated), or all")
+    return list(dict.fromkeys(names))
+
+
 def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[str, Any] | None = None,
                progress: Callable[[str], None] = lambda m: None, model_check: bool = True,
                cuda_graphs: bool = False, sanitize: bool = False,
-               sanitize_timeout_s: float | None = None) -> ExportResult:
+               sanitize_timeout_s: float | None = None, targets: list[str] | None = None) -> ExportResult:
     """The whole export; raises engine.errors.UsageError / JobError with a one-line reason. `sanitize`: run
     compute-sanitizer (memcheck, racecheck, synccheck) on each confirmed variant and drop any it faults,
-    `sanitize_timeout_s` per variant and tool (default 300)."""
+    `sanitize_timeout_s` per variant and tool (default 300). `targets` (TARGETS; default eager, or
+    cuda-graphs with `cuda_graphs`): the whole-model check runs once per target, and a variant is kept
+    where some target's check keeps it; the manifest says which targets each variant was proven for."""
     import torch
 
     from engine.cast.compat import current_env
@@ -281,9 +299,16 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
                            "nothing written")
     cap = run.get("capture_row") or {}
     config = cap.get("config_path")
-    if model_check and config and Path(config).is_file():
-        kept = _model_check(kept, env, source, excluded, config, bool(cap.get("small")), cuda_graphs, progress,
+    targets = targets or ["cuda-graphs" if cuda_graphs else "eager"]
+    if model_check and config and Path(config).is_file() and len(targets) == 1:
+        kept = _model_check(kept, env, source, excluded, config, bool(cap.get("small")), targets[0], progress,
                             warnings.append)
+        for v in kept:
+            v.targets = list(targets)
+        source["model_checks"] = {targets[0]: source.get("model_check")}
+    elif model_check and config and Path(config).is_file():
+        kept = _model_checks(kept, env, source, excluded, config, bool(cap.get("small")), targets, progress,
+                             warnings.append)
     elif model_check:
         warnings.append(f"no whole-model check: the run's config {config!r} is not readable here")
         source["model_check"] = {"mode": "none", "reason": f"config {config!r} not readable at export"}
@@ -324,8 +349,45 @@ def sanitize_kept(kept: list[ExportVariant], env: dict[str, Any], source: dict[s
     return clean
 
 
+def _model_checks(kept: list[ExportVariant], env: dict[str, Any], source: dict[str, Any], excluded: list[dict],
+                  config: str, small: bool, targets: list[str], progress: Callable[[str], None],
+                  warn: Callable[[str], None] = lambda m: None) -> list[ExportVariant]:
+    """One whole-model check per target over the same confirmed variants: each variant is kept where some
+    target keeps it, with the list of those targets; a target none of them helps is reported, and only
+    when no target keeps anything is the export refused."""
+    from engine.errors import JobError
+
+    per: dict[str, set[str]] = {}
+    checks: dict[str, Any] = {}
+    for t in targets:
+        src, excl = dict(source), []
+        try:
+            chosen = _model_check(list(kept), env, src, excl, config, small, t, progress, warn)
+            per[t] = {v.vid for v in chosen}
+        except JobError as e:
+            per[t] = set()
+            src.setdefault("model_check", {"mode": t})
+            src["model_check"] = {**src["model_check"], "refused": str(e)}
+            warn(f"target {t}: {e}")
+        checks[t] = src.get("model_check")
+    source["model_checks"] = checks
+    source["model_check"] = checks[targets[0]]
+    out = []
+    for v in kept:
+        v.targets = [t for t in targets if v.vid in per[t]]
+        if v.targets:
+            out.append(v)
+        else:
+            excluded.append({"card_id": v.card["card_id"], "op": v.card["op"],
+                             "reason": f"whole-model check: kept for none of {', '.join(targets)}"})
+    if not out:
+        raise JobError(f"export: no variant passed the whole-model check for any of {', '.join(targets)}; "
+                       "nothing written")
+    return out
+
+
 def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[str, Any], excluded: list[dict],
-                 config: str, small: bool, graphs: bool, progress: Callable[[str], None],
+                 config: str, small: bool, target: str, progress: Callable[[str], None],
                  warn: Callable[[str], None] = lambda m: None) -> list[ExportVariant]:
     """Keep the largest set of variants (best net gain first) with which the run's own model is not slower;
     record the check in `source`; raise JobError when even one variant makes the model slower or its output
@@ -335,7 +397,9 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
     from engine.export.e2e import subsets
 
     sets = subsets([(v.vid, (v.confirmed or {}).get("net_us")) for v in kept])
-    mode = "CUDA-graph replays" if graphs else "eager forwards"
+    graphs = target == "cuda-graphs"
+    mode = {"eager": "eager forwards", "cuda-graphs": "CUDA-graph replays"}.get(
+        target, f"torch.compile ({target.partition(':')[2] or 'default'}) without and with the cast")
     progress(f"whole-model check: {source.get('model')} with and without the cast ({mode}), "
              f"up to {len(sets)} variant set(s)")
     with tempfile.TemporaryDirectory(prefix="kforge-e2e-") as tmp:
@@ -343,7 +407,7 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
         manifest, files, report = package(kept, env, source)
         write_cast(cand, manifest, files, report)
         try:
-            result = run_model_check(cand, sets, config, small, graphs, Path(tmp))
+            result = run_model_check(cand, sets, config, small, graphs, Path(tmp), target=target)
         except JobError as e:  # the check itself broke (not: the model was slower): say so, keep the variants
             warn(f"{e}; the cast is written without a whole-model check")
             source["model_check"] = {"mode": "failed", "reason": str(e)}
@@ -357,8 +421,8 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
                              **({k: chosen.get(k) for k in ("speedup", "speedup_ci", "eager_ms", "cast_ms",
                                                             "rel_l2_err")} if chosen else {})}
     if chosen is None:
-        hint = "" if graphs else ("; its kernels may still pay off under CUDA graphs: export again with "
-                                  "--cuda-graphs to check that instead")
+        hint = "" if target != "eager" else ("; its kernels may still pay off under CUDA graphs: export again "
+                                             "with --target cuda-graphs to check that instead")
         if any(t.get("rejected") for t in tried):
             raise JobError(f"export: no variant set passed the whole-model check of {source.get('model')} in "
                            f"{mode} ({'; '.join(summary)}); nothing written")
@@ -408,15 +472,17 @@ def not_faster_caveat(chosen: dict[str, Any], graphs: bool) -> str | None:
 
 
 def run_model_check(cast_path: Path, sets: list[list[str]], config: str, small: bool, graphs: bool, tmp: Path,
-                    timeout_s: float = 1800) -> dict[str, Any]:
-    """`python -m engine.export.e2e` in a fresh process; its JSON result."""
+                    timeout_s: float = 1800, target: str | None = None) -> dict[str, Any]:
+    """`python -m engine.export.e2e` in a fresh process; its JSON result. `target` 'compile[:MODE]' checks
+    the model under torch.compile (`graphs` is then ignored)."""
     from engine.errors import JobError
 
     job, out = tmp / "subsets.json", tmp / "model_check.json"
     job.write_text(json.dumps(sets))
     argv = [sys.executable, "-m", "engine.export.e2e", "--config", config, "--cast", str(cast_path),
             "--subsets", str(job), "--out", str(out)] + (["--small"] if small else []) + \
-        (["--graphs"] if graphs else [])
+        (["--graphs"] if graphs and not (target or "").startswith("compile") else []) + \
+        (["--compile", target.partition(":")[2] or "default"] if (target or "").startswith("compile") else [])
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=_child_env())
     if not out.exists():
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]

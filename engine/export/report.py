@@ -109,7 +109,7 @@ def audit_document(manifest: dict[str, Any], problems: dict[str, str]) -> dict[s
                     "speedup": conf.get("speedup"), "speedup_ci": conf.get("speedup_ci"),
                     "eager_us": conf.get("eager_us"), "cast_us": conf.get("cast_us"),
                     "evidence": v["evidence"], "provenance": v["provenance"], "kernels": v["kernels"],
-                    "problem": problems.get(v["id"])})
+                    "targets": v.get("targets"), "chain": v.get("chain"), "problem": problems.get(v["id"])})
     return {"format": manifest["format_version"], "env": manifest["env"], "source": manifest.get("source", {}),
             "variants": out}
 
@@ -119,10 +119,18 @@ def audit_text(doc: dict[str, Any], path: str) -> str:
     env = doc["env"]
     lines = [f"{path}: format {doc['format']}, {len(doc['variants'])} variant(s), proven on {env.get('gpu')} "
              f"({env.get('arch')}), torch {env.get('torch')}"]
+    for target, mc in ((doc.get("source") or {}).get("model_checks") or {}).items():
+        if isinstance(mc, dict):
+            lines.append(f"  whole model, {target}: " + (f"refused ({mc['refused']})" if mc.get("refused") else
+                         _ci(mc) + (f", {mc['eager_ms']:.2f} -> {mc['cast_ms']:.2f} ms" if mc.get("eager_ms") else "")))
     for v in doc["variants"]:
         sp = _ci({"speedup": v["speedup"], "speedup_ci": v["speedup_ci"]})
         line = (f"  {v['id']:<14} {v['op']:<32} {v['category']:<12} {sp:<22} eager {_us(v['eager_us'])} µs "
                 f"-> {_us(v['cast_us'])} µs  {v['signature']}")
+        if v.get("targets") is not None:
+            line += f"\n      proven for: {', '.join(v['targets']) or 'no target'}"
+        if (v.get("chain") or {}).get("kind"):
+            line += f"\n      chain card ({v['chain']['kind']})"
         if v.get("verify"):
             line += f"\n      verify: {v['verify']}"
         if v.get("problem"):

@@ -1,0 +1,89 @@
+"""`export --target`: one whole-model check per target (eager, CUDA graphs, torch.compile modes); each
+variant records the targets it was kept for; audit shows them. The GPU measurement itself runs on the
+H200 (tests/test_run_gpu.py and the e2e GPU tests); here: parsing, the per-target selection and what
+the child process is asked to measure."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+from engine.errors import JobError, UsageError
+from engine.export import package as pkg
+from engine.export.report import audit_text
+
+
+def test_parse_targets():
+    assert pkg.parse_targets("eager") == ["eager"]
+    assert pkg.parse_targets("compile, eager,compile") == ["compile", "eager"]
+    assert pkg.parse_targets("all") == list(pkg.TARGETS)
+    with pytest.raises(UsageError, match="compile:reduce-overhead"):
+        pkg.parse_targets("inductor")
+
+
+def test_bad_target_is_one_line_exit_2(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "kforge_tui", "export", "--out", str(tmp_path / "x.cast"),
+                        "--target", "fast", "--workspace", str(tmp_path)], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--target fast" in r.stderr, r.stderr
+
+
+class V:
+    def __init__(self, vid):
+        self.vid, self.card, self.targets = vid, {"card_id": vid, "op": "aten::relu"}, None
+
+
+def test_each_variant_keeps_the_targets_that_kept_it(monkeypatch):
+    keeps = {"eager": {"a"}, "compile": {"a", "b"}, "cuda-graphs": None}  # None: the model was slower
+
+    def fake(kept, env, source, excluded, config, small, target, progress, warn):
+        if keeps[target] is None:
+            raise JobError(f"export: slower under {target}")
+        source["model_check"] = {"mode": target, "speedup": 1.2, "speedup_ci": [1.1, 1.3]}
+        return [v for v in kept if v.vid in keeps[target]]
+
+    monkeypatch.setattr(pkg, "_model_check", fake)
+    source, excluded, warned = {}, [], []
+    out = pkg._model_checks([V("a"), V("b"), V("c")], {}, source, excluded, "cfg", True,
+                            ["eager", "compile", "cuda-graphs"], lambda m: None, warned.append)
+    assert [(v.vid, v.targets) for v in out] == [("a", ["eager", "compile"]), ("b", ["compile"])]
+    assert [e["card_id"] for e in excluded] == ["c"]
+    assert source["model_checks"]["cuda-graphs"]["refused"].startswith("export: slower")
+    assert source["model_check"]["mode"] == "eager" and warned
+    with pytest.raises(JobError, match="any of"):
+        keeps.update(eager=None, compile=None)
+        pkg._model_checks([V("a")], {}, {}, [], "cfg", True, ["eager", "compile"], lambda m: None)
+
+
+def test_the_child_is_asked_for_the_target(monkeypatch, tmp_path):
+    seen = []
+
+    def run(argv, **kw):
+        seen.append(argv)
+        out = argv[argv.index("--out") + 1]
+        with open(out, "w") as f:
+            json.dump({"tried": [], "chosen": None}, f)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(pkg.subprocess, "run", run)
+    for target, want in (("compile:reduce-overhead", ["--compile", "reduce-overhead"]),
+                         ("compile", ["--compile", "default"]), ("cuda-graphs", ["--graphs"]), ("eager", [])):
+        pkg.run_model_check(tmp_path / "c.cast", [["a"]], "cfg.toml", False, target == "cuda-graphs", tmp_path,
+                            target=target)
+        tail = seen[-1][seen[-1].index("--out") + 2:]
+        assert tail == want, (target, tail)
+
+
+def test_audit_shows_what_each_variant_was_proven_for():
+    doc = {"format": 1, "env": {"gpu": "NVIDIA H200", "arch": "sm_90", "torch": "2.11"},
+           "source": {"model_checks": {"eager": {"speedup": 1.1, "speedup_ci": [1.05, 1.15]},
+                                       "compile": {"refused": "slower"}}},
+           "variants": [{"id": "relu-1", "op": "aten::relu", "category": "custom CUDA", "speedup": 1.5,
+                         "speedup_ci": [1.4, 1.6], "eager_us": 10.0, "cast_us": 6.7, "signature": "f16[8]",
+                         "targets": ["eager"], "chain": None}]}
+    text = audit_text(doc, "x.cast")
+    assert "whole model, eager: 1.10× (1.05–1.15)" in text
+    assert "whole model, compile: refused (slower)" in text
+    assert "proven for: eager" in text
