@@ -126,7 +126,7 @@ def _model_check(monkeypatch, result):
     monkeypatch.setattr(package, "write_cast", lambda *a, **k: None)
     monkeypatch.setattr(package, "run_model_check", lambda *a, **k: result)
     kept, source, excluded, warnings = _kept(2), {"model": "m"}, [], []
-    left = package._model_check(kept, {}, source, excluded, "cfg.toml", False, False, lambda m: None,
+    left = package._model_check(kept, {}, source, excluded, "cfg.toml", False, "eager", lambda m: None,
                                 warnings.append)
     return left, source, excluded, warnings
 
