@@ -58,6 +58,75 @@ CONFIRMED_KEYS = ("speedup", "speedup_ci", "eager_us", "cast_us", "reps", "throt
                   "host_cast_us", "gpu_saved_us", "host_added_us", "net_us", "router")
 
 
+CHAIN_OP = "kforge::chain"  # engine.capture.chains.CHAIN_OP
+
+
+def _confirm_chain(state: Any, v: dict[str, Any], paths: list[str], device: Any, flush: Any, cfg: Any,
+                   gate_host: bool) -> dict[str, Any]:
+    """A chain card's variant (module or pattern card): it has no public op, so its plan is called on the
+    chain's inputs and checked, timed and host-costed against `run_chain` (eager for the card), with the
+    same checks, timing protocol and host gate as an op variant."""
+    import torch
+
+    from engine.bench.host import per_call_us
+    from engine.capture.chains import run_chain
+    from engine.capture.samples import load_sample
+    from engine.verify.pipeline import as_list, card_check
+    from engine.verify.timed import TimedCandidate, against_control, audited_ab, time_eager_alone
+
+    r: dict[str, Any] = {"ok": False}
+    sig, plan = v["signature"], state.plan
+    names = [a["name"] for a in sig["args"]]
+    bound_sets = [load_sample(p, device).args for p in paths] or [synth_inputs(sig, device)]
+    r["inputs"] = "captured samples" if paths else "synthesised from the signature"
+    check = card_check(CHAIN_OP, sig, bound_sets, sync=torch.cuda.synchronize, fresh=1, edges=True)
+
+    def args_of(b: Any) -> list[Any]:
+        d = dict(b)
+        return [d[n] for n in names]
+
+    def candidate(b: Any, prefill: str) -> list[Any]:
+        plan.prefill = prefill
+        try:
+            return as_list(plan(args_of(b)))
+        finally:
+            plan.prefill = None
+
+    verdict = check.check(candidate)
+    r["verdict"] = verdict.to_json()
+    if not verdict.ok:
+        r["reason"] = f"{verdict.category}: {verdict.message}"
+        return r
+    timed = audited_ab(check, TimedCandidate(lambda b, prefill: (lambda: plan(args_of(b)))), flush, cfg)
+    if timed.category is not None:
+        r["reason"] = f"{timed.category}: {timed.message}"
+        return r
+    ab = timed.ab
+    timing_json = {**ab.to_json(), **timed.to_json()}
+    control, _ = time_eager_alone(check, flush, cfg)
+    timing_json.update(against_control(ab, control) or {})
+    speedup, (low, high) = timing_json["speedup"], timing_json["speedup_ci"]
+    eager_us = timing_json["eager"]["median"]
+    r.update(timing=timing_json, speedup=speedup, speedup_ci=[low, high], eager_us=eager_us,
+             eager_alone_us=control.median, cast_us=ab.candidate.median, reps=ab.reps, throttled=ab.throttled,
+             hits=plan.hits)
+    if not faster_with_confidence((low, high)):
+        r["reason"] = f"not faster with confidence than the chain's eager ops: {speedup:.3f}x (95% CI {low:.3f}-{high:.3f})"
+        return r
+    inputs = args_of(timed.slot)
+    cast_host = per_call_us(lambda: plan(inputs), n=200, rounds=3)
+    eager_host = per_call_us(lambda: run_chain(sig, inputs), n=200, rounds=3)
+    saved, added = eager_us - ab.candidate.median, max(0.0, cast_host - eager_host)
+    r.update(host_eager_us=eager_host, host_cast_us=cast_host, gpu_saved_us=saved, host_added_us=added,
+             net_us=saved - added, router="python")
+    if gate_host and saved <= added:
+        r["reason"] = (f"the plan adds {added:.1f} µs of host time per call, more than the {saved:.1f} µs of GPU "
+                       "time it saves: a host-bound model would be slower")
+        return r
+    r["ok"] = True
+    return r
+
+
 def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any],
             gate_host: bool = True) -> dict[str, Any]:
     """Run every check for every usable variant of the cast; returns JSON-ready results per variant."""
@@ -93,6 +162,9 @@ def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any
                 r["reason"] = state.problem or "not installed"
                 continue
             v = by_id[state.id]
+            if v["op"] == CHAIN_OP:
+                r.update(_confirm_chain(state, v, samples.get(state.id) or [], device, flush, cfg, gate_host))
+                continue
             op = resolve_op(v["op"])
             paths = samples.get(state.id) or []
             bound_sets = [load_sample(p, device).args for p in paths] or [synth_inputs(v["signature"], device)]
