@@ -198,3 +198,38 @@ def test_cuda_chain_samples_replay_exactly(tmp_path):
         sample = load_sample(ws / result.sample_dir / f"{card.card_id}.0.safetensors", "cuda")
         for g, want in zip(run_chain(card.signature, [t for _, t in sample.args]), sample.outputs):
             assert torch.equal(g, want)
+
+
+def _member_trace(model, x):
+    from engine.capture.chain_cards import MemberTrace
+    from engine.capture.recorder import CaptureMode, ModulePaths
+
+    paths = ModulePaths(model, {})
+    mode = CaptureMode(path_of=paths.current, weight_of=paths.weight, samples=0, sample_budget_bytes=0,
+                       sink=None, use_cuda_events=False)
+    trace = MemberTrace(paths.current, mode)
+    with paths, torch.no_grad(), mode, trace:
+        model(x)
+    trace.resolve_times()
+    return trace, paths, mode
+
+
+def test_chain_samples_stay_inside_the_budgets_but_every_card_keeps_one():
+    from test_chains import Model
+
+    from engine.capture.chain_cards import chain_cards
+
+    torch.manual_seed(0)
+    model = Model().to(torch.bfloat16).eval()
+    trace, paths, mode = _member_trace(model, torch.randn(2, 5, 32, dtype=torch.bfloat16))
+    # The trace timed nothing itself: each member's time is the capture's measurement of that call.
+    assert all(c.us > 0 for c in trace.calls if not c.view and mode.cards.get(c.card_id))
+
+    def planned(**budgets):
+        found = chain_cards(trace, model, paths.weight, 1.0, samples=3, **budgets)
+        return {c.card_id: sum(p.card_id == c.card_id for p in found.planned) for c in found.cards}
+
+    big = 1 << 40
+    assert set(planned(sample_budget_bytes=big, total_budget_bytes=big).values()) == {3}
+    assert set(planned(sample_budget_bytes=1, total_budget_bytes=big).values()) == {1}
+    assert set(planned(sample_budget_bytes=big, total_budget_bytes=1).values()) == {1}
