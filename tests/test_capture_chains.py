@@ -233,3 +233,38 @@ def test_chain_samples_stay_inside_the_budgets_but_every_card_keeps_one():
     assert set(planned(sample_budget_bytes=big, total_budget_bytes=big).values()) == {3}
     assert set(planned(sample_budget_bytes=1, total_budget_bytes=big).values()) == {1}
     assert set(planned(sample_budget_bytes=big, total_budget_bytes=1).values()) == {1}
+
+
+def test_v4_upgrades_a_v3_workspace_and_its_op_cards_have_no_chain(tmp_path):
+    from engine.store import schema
+
+    path = tmp_path / "kforge.db"
+    conn = sqlite3.connect(path)  # a v3 database as released, written without today's code
+    for version, script in schema.MIGRATIONS[:3]:
+        assert version <= 3
+        for statement in schema.split_statements(script):
+            conn.execute(statement)
+    conn.executescript("""
+        PRAGMA user_version = 3;
+        INSERT INTO captures (id, model, device, dtype, created_at) VALUES ('cap-1', 'toy', 'cpu', 'bf16', 1);
+        INSERT INTO cards (capture_id, card_id, op, signature, signature_text, calls, share)
+            VALUES ('cap-1', 'c0', 'aten::mul.Tensor', '{"op": "aten::mul.Tensor", "args": [], "aliases": []}',
+                    'mul', 1, 0.7);
+    """)
+    conn.close()
+    chain = {"kind": "module", "module_class": "RMS", "modules": ["layers.0.norm1"], "members": ["c0"],
+             "ops": ["mul"]}
+
+    async def upgrade():
+        from engine.cards import OperatorCard
+
+        async with await Store.open(path) as s:
+            card = OperatorCard(card_id="k1", op=CHAIN_OP, signature={"op": CHAIN_OP, "args": [], "aliases": []},
+                                chain=chain)
+            await s.save_capture({"id": "cap-2", "model": "toy", "device": "cpu", "dtype": "bf16"},
+                                 [card.row()], [])
+            return await s.get_cards("cap-1"), await s.get_cards("cap-2")
+
+    old, new = asyncio.run(upgrade())
+    assert card_from_row(old[0]).chain is None and card_from_row(old[0]).share == 0.7
+    assert card_from_row(new[0]).chain == chain
