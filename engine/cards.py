@@ -7,6 +7,7 @@ A store row becomes a card through `card_from_row` and nowhere else.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +51,10 @@ class OperatorCard:
     capture_us: float = 0.0
     samples: int = 0                          # how many samples the capture wrote
     output_varies: bool = False
+    # A chain card's (op `kforge::chain`) facts beyond its signature: "kind" ('module' or 'pattern'),
+    # "module_class", "modules" (the module paths it replaces, for a module chain), "members" (the
+    # member calls' card ids in order), "ops". Outside the signature, so the card id is the same per kind.
+    chain: dict[str, Any] | None = None
 
     def ref(self, sample_paths: Sequence[str]) -> CardRef:
         """The lane's reference to this card, with the absolute paths of its sample files."""
@@ -62,6 +67,8 @@ class OperatorCard:
             "signature_text": self.signature_text, "calls": self.calls, "share": self.share,
             "bytes": self.bytes, "module_paths": self.module_paths, "captured_calls": self.captured_calls,
             "capture_us": self.capture_us, "outputs": self.outputs, "output_varies": self.output_varies,
+            # JSON text: the store's `cards.chain` column (schema v4) is TEXT, NULL for an op card.
+            "chain": None if self.chain is None else json.dumps(self.chain, sort_keys=True, separators=(",", ":")),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -72,7 +79,7 @@ class OperatorCard:
             "capture_us": round(self.capture_us, 3), "module_paths": self.module_paths,
             "outputs": self.outputs, "samples": self.samples, "output_varies": self.output_varies,
             "eager_us": self.eager_us, "roofline_us": self.roofline_us, "args": self.signature["args"],
-            "aliases": self.signature["aliases"],
+            "aliases": self.signature["aliases"], "chain": self.chain,
         }
 
 
@@ -85,8 +92,15 @@ def card_from_row(row: Mapping[str, Any]) -> OperatorCard:
         eager_us=row.get("eager_us"), roofline_us=row.get("roofline_us"),
         captured_calls=int(row.get("captured_calls") or 0), module_paths=dict(row.get("module_paths") or {}),
         capture_us=float(row.get("capture_us") or 0.0), samples=_count(row.get("samples")),
-        output_varies=bool(row.get("output_varies")),
+        output_varies=bool(row.get("output_varies")), chain=_chain(row.get("chain")),
     )
+
+
+def _chain(value: Any) -> dict[str, Any] | None:
+    """A row's chain facts: JSON text (the store), a dict (scripts), or absent (an op card)."""
+    if value is None or value == "":
+        return None
+    return dict(json.loads(value) if isinstance(value, str) else value)
 
 
 def _count(samples: Any) -> int:

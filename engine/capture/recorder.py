@@ -128,10 +128,14 @@ class CaptureMode(TorchDispatchMode):
         self.use_cuda_events = use_cuda_events
         self.cards: dict[str, CardTally] = {}
         self.skipped: Counter[str] = Counter()
+        # The timing of the call just recorded ((start, end) CUDA events, or host seconds), None after a
+        # skipped one: a ChainTrace nested inside reads it to time chain members without timing twice.
+        self.last_timing: Any = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         reason = skip_reason(func, args, kwargs)
+        self.last_timing = None
         if reason is not None:
             self.skipped[reason] += 1
             return func(*args, **kwargs)
@@ -170,8 +174,10 @@ class CaptureMode(TorchDispatchMode):
         tally.module_paths[path] = tally.module_paths.get(path, 0) + weight
         if self.use_cuda_events:
             tally.cuda_events.append((start, end, weight))
+            self.last_timing = (start, end)
         else:
             tally.cpu_seconds.append((seconds, weight))
+            self.last_timing = seconds
         if snap is not None:
             out_layout, mutated = snapshot_outputs(snap, out, _written_args(func, bound))
             kwarg_only = [a.name for a in func._schema.arguments if a.kwarg_only]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from engine.capture.run import CaptureResult
 
@@ -52,6 +53,38 @@ def print_cards(result: CaptureResult, workspace: Path, console: Console | None 
             table.add_row(str(i), c.op, str(c.calls), f"{100 * c.share:.1f}%", human_bytes(c.bytes),
                           c.signature_text, c.card_id)
         console.print(table)
+    _print_chains(result, console)
     console.print("share: of the op time measured during this capture on "
                   f"{result.device}; the GPU lane measures eager latency properly later.",
                   highlight=False, soft_wrap=True)
+
+
+def _print_chains(result: CaptureResult, console: Console) -> None:
+    """Chain cards after the op cards: kind (module or pattern), where, calls, share, member ops."""
+    if not result.chains:
+        return
+    console.print(f"{len(result.chains)} chain cards (memory-bound calls one kernel could do; their calls are "
+                  "also counted in the op cards above):", highlight=False, soft_wrap=True)
+    rows = []
+    for i, c in enumerate(result.chains, 1):
+        info = c.chain or {}
+        kind = info.get("kind", "?")
+        where = info.get("module_class", "")
+        rows.append((str(i), kind, where, str(c.calls), f"{100 * c.share:.1f}%", human_bytes(c.bytes),
+                     c.card_id, c.signature_text))
+    if not console.is_terminal:
+        console.print(f"{'#':>3}  {'kind':7}  {'module':20}  {'calls':>6}  {'share':>6}  {'bytes':>10}  "
+                      f"{'id':16}  chain", highlight=False, markup=False, soft_wrap=True)
+        for i, kind, where, calls, share, nbytes, cid, text in rows:
+            console.print(f"{i:>3}  {kind:7}  {where:20}  {calls:>6}  {share:>6}  {nbytes:>10}  {cid:16}  {text}",
+                          highlight=False, markup=False, soft_wrap=True)
+        return
+    table = Table(pad_edge=False, expand=False)
+    for name, kw in (("#", {"justify": "right"}), ("kind", {}), ("module", {}), ("calls", {"justify": "right"}),
+                     ("share", {"justify": "right"}), ("bytes", {"justify": "right"})):
+        table.add_column(name, no_wrap=True, **kw)
+    table.add_column("chain", overflow="fold", ratio=1, min_width=24)
+    table.add_column("id", no_wrap=True, style="dim")
+    for i, kind, where, calls, share, nbytes, cid, text in rows:
+        table.add_row(i, kind, where, calls, share, nbytes, Text(text), cid)  # `chain[add …]` is no markup
+    console.print(table)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import secrets
 import shutil
 import time
@@ -12,6 +14,7 @@ from typing import Any
 
 import torch
 
+from engine.capture.chain_cards import MemberTrace, chain_cards, sample_chains
 from engine.capture.recorder import CaptureMode, CardTally, ModulePaths
 from engine.capture.samples import Snapshot, save_sample
 from engine.capture.signature import dtype_name, signature_text
@@ -36,8 +39,12 @@ class CaptureResult:
     skipped: dict[str, int]
     notes: dict[str, str]
     sample_dir: str  # relative to the workspace
-    # Wall seconds per phase: build, warm-up, captured forward (without sample writing), writing samples.
+    # Wall seconds per phase: build, warm-up, captured forward (without sample writing), writing samples,
+    # chain samples (a second forward).
     phases: dict[str, float] = field(default_factory=dict)
+    # Chain cards (op `kforge::chain`): chains of memory-bound calls, by share; they overlap the op cards
+    # (a chain's calls are also its members' op cards' calls), so `total_calls` does not count them.
+    chains: list[OperatorCard] = field(default_factory=list)
 
     @property
     def total_calls(self) -> int:
@@ -48,6 +55,7 @@ class CaptureResult:
             "model": self.model, "capture": self.capture_id, "device": self.device, "dtype": self.dtype,
             "small": self.small, "wall_s": round(self.wall_s, 3), "total_calls": self.total_calls,
             "skipped": self.skipped, "notes": self.notes, "cards": [c.to_json() for c in self.cards],
+            "chains": [c.to_json() for c in self.chains],
         }
 
 
@@ -92,9 +100,12 @@ def _to_card(t: CardTally, total_us: float) -> OperatorCard:
 
 
 def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
-                  samples: int | None = None, progress: Progress = lambda msg: None) -> CaptureResult:
+                  samples: int | None = None, progress: Progress = lambda msg: None,
+                  chains: bool = True) -> CaptureResult:
     """Build the model, warm it up, capture one forward, and write samples under the workspace.
 
+    With `chains`, the captured forward is also traced for chains of memory-bound calls, which become
+    chain cards; their samples come from one more forward (engine.capture.chain_cards says why).
     Samples go to a `.partial-*` folder that is renamed only when the capture succeeded, so a failed
     or interrupted capture leaves nothing that looks complete. The caller stores the cards.
     """
@@ -131,9 +142,12 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
                            sample_budget_bytes=config.sample_budget_mb << 20, sink=sink,
                            use_cuda_events=device.type == "cuda",
                            total_budget_bytes=config.total_sample_budget_mb << 20, progress=progress)
+        # The trace is entered after the capture, so it sees each call first and the capture's timed
+        # region around the op holds none of the trace's bookkeeping.
+        trace = MemberTrace(paths.current, mode) if chains else None
         with paths:
             try:
-                with torch.no_grad(), mode:
+                with torch.no_grad(), mode, (trace if trace is not None else contextlib.nullcontext()):
                     target.forward()
             except Exception as e:
                 raise UsageError(f"{config.path}: the model raised during the captured forward: "
@@ -146,20 +160,43 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         total_us = sum(t.weighted_us() for t in mode.cards.values())
         cards = sorted((_to_card(t, total_us) for t in mode.cards.values()),
                        key=lambda c: (-c.share, c.op, c.card_id))
+        chain_list, chain_notes, t_chains = [], {}, time.perf_counter()
+        if trace is not None:
+            trace.resolve_times()
+            found = chain_cards(trace, target.module, paths.weight, total_us, samples=k,
+                                sample_budget_bytes=config.sample_budget_mb << 20,
+                                total_budget_bytes=max(0, (config.total_sample_budget_mb << 20)
+                                                       - mode.total_sample_bytes))
+            chain_list = found.cards
+            if found.planned:
+                progress(f"sampling {len(found.planned)} chain instances of {len(chain_list)} chain cards "
+                         "(one more forward)")
+                try:
+                    written = sample_chains(target.forward, found, trace.calls, partial)
+                except Exception as e:
+                    raise UsageError(f"{config.path}: the model raised during the chain-sampling forward: "
+                                     f"{_one_line(e)}; it ran without capture, so this is likely a Kernel "
+                                     f"Forge bug: please report it with --debug output") from e
+                _sync(device)
+                chain_list = [dataclasses.replace(c, samples=written.get(c.card_id, 0)) for c in chain_list]
+            chain_notes = found.notes
+            del trace  # the trace holds weak references only, but its call list is large
+        t_chains = time.perf_counter() - t_chains
         partial.rename(final)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    notes = {**{k: str(v) for k, v in target.notes.items()}}
+    notes = {**{k: str(v) for k, v in target.notes.items()}, **chain_notes}
     if target.multiplicity:
         notes["multiplicity"] = ", ".join(f"{k}×{v}" for k, v in target.multiplicity.items())
     return CaptureResult(
         capture_id=capture_id, model=config.name, device=device.type,
         dtype=dtype_name(config.dtype_for(device.type)), small=config.small,
         wall_s=time.perf_counter() - t_start, cards=cards, skipped=dict(mode.skipped), notes=notes,
-        sample_dir=str(final.relative_to(workspace)),
+        sample_dir=str(final.relative_to(workspace)), chains=chain_list,
         phases={"build": t_built - t_start, "warm-up": t_warm - t_built,
-                "captured forward": t_captured - t_warm - write_s, "writing samples": write_s},
+                "captured forward": t_captured - t_warm - write_s, "writing samples": write_s,
+                "chain samples": t_chains},
     )
 
 

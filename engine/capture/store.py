@@ -103,7 +103,7 @@ async def save_capture(store: Store, workspace: Path, config: ModelConfig, resul
 
     sample_rows = []
     root = workspace / result.sample_dir
-    for card in result.cards:
+    for card in [*result.cards, *result.chains]:
         for idx in range(card.samples):
             f = root / f"{card.card_id}.{idx}.safetensors"
             sample_rows.append({"card_id": card.card_id, "idx": idx, "path": str(f.relative_to(workspace)),
@@ -115,7 +115,7 @@ async def save_capture(store: Store, workspace: Path, config: ModelConfig, resul
         "total_calls": result.total_calls, "notes": result.notes, "skipped": result.skipped,
         "sample_dir": result.sample_dir,
     }
-    await store.save_capture(capture, [c.row() for c in result.cards], sample_rows)
+    await store.save_capture(capture, [c.row() for c in [*result.cards, *result.chains]], sample_rows)
 
 
 def _sha256(path: Path) -> str:

@@ -192,11 +192,16 @@ CREATE INDEX evaluations_open ON evaluations(run_id, lane) WHERE finished_at IS 
 _V3 = "ALTER TABLE candidates ADD COLUMN focus TEXT;\n" + (
     "ALTER TABLE cards DROP COLUMN tolerance;\n" if sqlite3.sqlite_version_info >= (3, 35, 0) else "")
 
+# v4: chain cards (op `kforge::chain`, engine.capture.chains) keep their kind, module class, module paths
+# and member card ids in `cards.chain`, JSON text written by OperatorCard.row(); NULL for an op card.
+_V4 = "ALTER TABLE cards ADD COLUMN chain TEXT;\n"
+
 # Append only: never edit a released entry, add (N + 1, "ALTER ...") instead.
 MIGRATIONS: list[tuple[int, str]] = [
     (1, _V1),
     (2, _V2),
     (3, _V3),
+    (4, _V4),
 ]
 
 

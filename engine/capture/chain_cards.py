@@ -1,0 +1,285 @@
+"""Chain cards: the chains of one captured forward (engine.capture.chains) as operator cards, with samples.
+
+How the capture takes them (engine.capture.run.capture_model):
+
+- Timing. The captured forward runs under both dispatch modes, `MemberTrace` (a ChainTrace) entered
+  last, so it sees each call first and hands it on to the CaptureMode below it: CaptureMode's timed
+  region still holds only the op (the trace's bookkeeping runs outside it), and the trace reads that
+  one measurement (`CaptureMode.last_timing`) for the chain members instead of timing them again.
+- Samples. Chains are known only once the forward has ended, so their samples come from a second
+  forward under `ChainSampler`, which copies the chosen instances' external inputs (before the member
+  that first reads each) and their outputs (after the chain's last member) at the call indices the first
+  forward found. Forwards are deterministic for a fixed input; the sampler checks that the second
+  forward makes the same calls in order (op and exact signature) and, where it does not, the chain
+  samples are dropped with a note. This costs one more forward but keeps no tensor alive between them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.capture.chains import (
+    CHAIN_OP,
+    Chain,
+    ChainPattern,
+    ChainTrace,
+    chain_card_id,
+    chain_signature,
+    container_paths,
+    find_chains,
+    patterns,
+)
+from engine.capture.recorder import CaptureMode
+from engine.capture.samples import Snapshot, save_sample
+from engine.capture.signature import _tensor_text, bind_arguments, describe_tensor
+from engine.cards import OperatorCard
+
+
+def _tensors(v: Any) -> list[torch.Tensor]:
+    if isinstance(v, torch.Tensor):
+        return [v]
+    if isinstance(v, (list, tuple)):
+        return [x for x in v if isinstance(x, torch.Tensor)]
+    return []
+
+
+def _mutated(func: torch._ops.OpOverload) -> set[str]:
+    return {a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+
+
+class _Trace(ChainTrace):
+    """A ChainTrace that can name the tensor behind each value a call wrote."""
+
+    def _written(self, func, args, kwargs, out) -> list[torch.Tensor | None]:
+        """The tensors of the last recorded call's `writes`, in order (None where none is found)."""
+        cands = _tensors(out)
+        mutated = _mutated(func)
+        if mutated:
+            cands += [t for name, v in bind_arguments(func, args, kwargs or {}) if name in mutated
+                      for t in _tensors(v)]
+        return [next((t for t in cands if self._current(t) == vid), None) for vid in self.calls[-1].writes]
+
+
+class MemberTrace(_Trace):
+    """The captured forward's trace, nested inside `capture` (entered after it): per call, the
+    capture's own timing of it and the descriptions of the tensors it wrote."""
+
+    def __init__(self, path_of: Callable[[], str], capture: CaptureMode):
+        super().__init__(path_of, time_calls=False)
+        self.capture = capture
+        self.timings: list[Any] = []
+        self.write_descs: list[list[dict[str, Any] | None]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.capture.last_timing = None
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        self.timings.append(self.capture.last_timing)
+        self.write_descs.append([None if t is None else describe_tensor(t)
+                                 for t in self._written(func, args, kwargs, out)])
+        return out
+
+    def resolve_times(self) -> None:
+        """Set each call's `us` from the capture's measurement (after the device is synchronised)."""
+        for call, timing in zip(self.calls, self.timings):
+            if isinstance(timing, tuple):
+                call.us = timing[0].elapsed_time(timing[1]) * 1e3
+            elif timing is not None:
+                call.us = timing * 1e6
+
+
+@dataclass
+class _Planned:
+    """One chain instance to sample: where its inputs are first read and its outputs made."""
+
+    card_id: str
+    idx: int
+    chain: Chain
+    inputs: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # call -> [(input i, read slot)]
+    outputs: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # call -> [(output o, write k)]
+    snap: Snapshot = field(default_factory=Snapshot)
+    in_refs: dict[int, dict[str, Any]] = field(default_factory=dict)
+    out_tensors: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+def _plan(card_id: str, idx: int, ch: Chain) -> _Planned:
+    p = _Planned(card_id, idx, ch)
+    first_use: dict[int, tuple[int, int]] = {}
+    for c in ch.calls:
+        for slot, (_, vid) in enumerate(c.reads):
+            first_use.setdefault(vid, (c.index, slot))
+    for i, vid in enumerate(ch.inputs):
+        call, slot = first_use[vid]
+        p.inputs.setdefault(call, []).append((i, slot))
+    for o, vid in enumerate(ch.outputs):
+        c = next(c for c in ch.calls if vid in c.writes)
+        p.outputs.setdefault(c.index, []).append((o, c.writes.index(vid)))
+    return p
+
+
+class ChainSampler(_Trace):
+    """The second forward: the same trace, copying the planned instances' inputs and outputs."""
+
+    def __init__(self, reference: list, planned: list[_Planned], sink: Callable[[_Planned], None]):
+        super().__init__()
+        self.reference = reference  # the first forward's TraceCalls
+        self.sink = sink
+        self.mismatch: str | None = None
+        self._at: dict[int, list[_Planned]] = {}
+        self._last: dict[int, list[_Planned]] = {}
+        for p in planned:
+            for i in {*p.inputs, *p.outputs}:
+                self._at.setdefault(i, []).append(p)
+            self._last.setdefault(p.chain.calls[-1].index, []).append(p)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        i = len(self.calls)
+        if self.mismatch is None and (i >= len(self.reference) or self.reference[i].op != func.name()):
+            self.mismatch = f"call {i} is {func.name()}" + (
+                f", was {self.reference[i].op}" if i < len(self.reference) else ", beyond the first forward's")
+        here = self._at.get(i, []) if self.mismatch is None else []
+        if here:
+            reads = [t for _, v in bind_arguments(func, args, kwargs or {}) for t in _tensors(v)]
+            for p in here:
+                if i in p.inputs:
+                    tensors = [reads[slot] for _, slot in p.inputs[i]]
+                    p.snap.add_group(f"in{i}.", tensors)
+                    for (k, _), t in zip(p.inputs[i], tensors):
+                        p.in_refs[k] = p.snap.ref(t, f"in{i}.")
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if self.mismatch is None and self.calls[-1].signature != self.reference[i].signature:
+            self.mismatch = f"call {i} ({func.name()}) has another signature than in the first forward"
+        if here:
+            written = self._written(func, args, kwargs, out)
+            for p in here:
+                for o, k in p.outputs.get(i, []):
+                    p.out_tensors[o] = written[k]
+        if self.mismatch is None:
+            for p in self._last.get(i, []):
+                self.sink(p)
+        return out
+
+    def finish(self) -> None:
+        if self.mismatch is None and len(self.calls) != len(self.reference):
+            self.mismatch = f"it made {len(self.calls)} calls, the first forward {len(self.reference)}"
+
+
+def _extent_bytes(d: dict[str, Any]) -> int:
+    if d is None or any(s == 0 for s in d["shape"]):
+        return 0
+    isz = torch.empty(0, dtype=getattr(torch, d["dtype"])).element_size()
+    return (1 + sum((s - 1) * abs(st) for s, st in zip(d["shape"], d["stride"]))) * isz
+
+
+def _short(op: str) -> str:
+    return op.split("::", 1)[-1].split(".")[0]
+
+
+@dataclass
+class ChainCards:
+    """The chain cards of one capture and what sampling them needs."""
+
+    cards: list[OperatorCard]
+    planned: list[_Planned]
+    notes: dict[str, str] = field(default_factory=dict)
+
+
+def chain_cards(trace: MemberTrace, model: torch.nn.Module, weight_of: Callable[[str], int], total_us: float, *,
+                samples: int, sample_budget_bytes: int, total_budget_bytes: int) -> ChainCards:
+    """Find the trace's chains and make one card per chain signature (after `trace.resolve_times()`).
+
+    `total_us` is the op cards' weighted measured time (a chain's share is of the same total);
+    `total_budget_bytes` is what is left of the capture's sample budget. Each card's first `samples`
+    instances (within the budgets; the first always) are planned for the sampling forward."""
+    pats = patterns(find_chains(trace.calls, container_paths(model), unknown=trace.unknown))
+    by_id: dict[str, tuple[dict[str, Any], list[ChainPattern]]] = {}
+    for p in pats:
+        sig = chain_signature(p.instances[0])
+        by_id.setdefault(chain_card_id(sig), (sig, []))[1].append(p)
+    cards, planned, used = [], [], 0
+    for cid, (sig, group) in by_id.items():
+        instances = sorted((ch for p in group for ch in p.instances), key=lambda ch: ch.calls[0].index)
+        first = instances[0]
+        outputs = []
+        for vid in first.outputs:
+            c = next(c for c in first.calls if vid in c.writes)
+            outputs.append(trace.write_descs[c.index][c.writes.index(vid)])
+        nbytes = sum(_extent_bytes(a) for a in sig["args"]) + sum(_extent_bytes(d) for d in outputs)
+        kind = "module" if all(ch.module is not None for ch in instances) else "pattern"
+        module_paths: dict[str, int] = {}
+        weighted_us = 0.0
+        weight = 0
+        for ch in instances:
+            path = ch.module or ch.scope
+            w = weight_of(path)
+            module_paths[path] = module_paths.get(path, 0) + w
+            weighted_us += w * sum(c.us for c in ch.calls)
+            weight += w
+        where = first.module or first.scope
+        ops = [_short(c.op) for c in first.calls if not c.view]
+        card_budget = 0
+        n = 0
+        for ch in instances[:samples]:
+            if n and (card_budget + 2 * nbytes > sample_budget_bytes or used + 2 * nbytes > total_budget_bytes):
+                break
+            planned.append(_plan(cid, n, ch))
+            card_budget += 2 * nbytes  # the sample file: inputs and outputs, as for an op card's estimate
+            used += 2 * nbytes
+            n += 1
+        cards.append(OperatorCard(
+            card_id=cid, op=CHAIN_OP, signature=sig, signature_text=chain_text(ops, sig), outputs=outputs,
+            calls=weight, captured_calls=len(instances), share=weighted_us / total_us if total_us > 0 else 0.0,
+            bytes=nbytes, module_paths=module_paths, capture_us=sum(c.us for ch in instances for c in ch.calls)
+            / len(instances), samples=n,
+            chain={"kind": kind, "module_class": type(model.get_submodule(where)).__name__,
+                   "modules": sorted({ch.module for ch in instances if ch.module}),
+                   "members": [c.card_id for c in first.calls], "ops": ops},
+        ))
+    cards.sort(key=lambda c: (-c.share, c.card_id))
+    return ChainCards(cards, planned)
+
+
+def chain_text(ops: list[str], signature: dict[str, Any]) -> str:
+    """`chain[_to_copy pow mean …] in0 bf16[2,8,1536] in1 bf16[1536]`: the members, then the inputs."""
+    return f"chain[{' '.join(ops)}] " + " ".join(f"{a['name']} {_tensor_text(a)}" for a in signature["args"])
+
+
+def sample_chains(forward: Callable[[], Any], found: ChainCards, reference: list, folder: Path) -> dict[str, int]:
+    """Run `forward()` once more under a ChainSampler and write the planned chain samples to `folder`
+    (`<card id>.<idx>.safetensors`). Returns the samples written per card id; none (and a note in
+    `found.notes`) where the forward's calls differ from the first forward's."""
+    written: dict[str, int] = {}
+    files: list[Path] = []
+
+    def sink(p: _Planned) -> None:
+        out_list = [p.out_tensors.get(o) for o in range(len(p.chain.outputs))]
+        if any(t is None for t in out_list):
+            return  # an output the trace could not name a tensor for: no sample rather than a wrong one
+        p.snap.add_group("out.", out_list)
+        meta = {"op": CHAIN_OP, "card": p.card_id, "module_path": p.chain.module or p.chain.scope,
+                "inputs": [{"name": f"in{i}", "tensor": p.in_refs[i]} for i in range(len(p.chain.inputs))],
+                "outputs": {"list": [{"tensor": p.snap.ref(t, "out.")} for t in out_list]},
+                "mutated": {}, "kwarg_only": []}
+        idx = written.get(p.card_id, 0)  # numbered as written: a skipped instance leaves no gap
+        f = folder / f"{p.card_id}.{idx}.safetensors"
+        save_sample(f, p.snap, meta)
+        files.append(f)
+        written[p.card_id] = idx + 1
+        p.snap = Snapshot()  # the host copies are on disk now
+
+    sampler = ChainSampler(reference, found.planned, sink)
+    with torch.no_grad(), sampler:
+        forward()
+    sampler.finish()
+    if sampler.mismatch is not None:
+        for f in files:
+            f.unlink(missing_ok=True)
+        found.notes["chain samples"] = (f"none: a second forward (for the chain samples) differs from the "
+                                        f"captured one ({sampler.mismatch}); is the model deterministic?")
+        return {}
+    return written
+

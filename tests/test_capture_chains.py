@@ -1,0 +1,270 @@
+"""Chain capture: a captured forward's chains become chain cards, with samples that replay exactly."""
+
+import asyncio
+import io
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import CONFIGS, capture_json
+from rich.console import Console
+
+from engine.capture.chains import CHAIN_OP, run_chain
+from engine.capture.report import print_cards
+from engine.capture.run import capture_model
+from engine.capture.samples import load_sample
+from engine.capture.store import capture_and_store
+from engine.cards import card_from_row
+from engine.config import load_config
+from engine.store import Store, db_path
+
+TOY = '''
+import torch
+from test_chains import Model
+
+
+class Drifting(Model):
+    """A model whose second forward makes other calls than its first (a data-dependent branch)."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.forwards = 0
+
+    def forward(self, x):
+        self.forwards += 1
+        return super().forward(x * 2 if self.forwards > 2 else x)
+
+
+def build(device, dtype, d: int = 32, n: int = 3, drifting: bool = False):
+    torch.manual_seed(0)
+    model = (Drifting if drifting else Model)(d, n).to(device=device, dtype=dtype).eval()
+    return model, (torch.randn(2, 5, d, device=device, dtype=dtype),)
+'''
+
+
+def _config(tmp_path: Path, *, extra: str = "", params: str = "") -> Path:
+    (tmp_path / "toy.py").write_text(TOY)
+    path = tmp_path / "toy.toml"
+    path.write_text(f'name = "toy"\nbuilder = "toy.py:build"\n[params]\n{params}\n'
+                    f'[dtype]\ncpu = "bfloat16"\ncuda = "bfloat16"\n[capture]\nsamples = 2\n{extra}')
+    return path
+
+
+def _capture(tmp_path: Path, **kw):
+    ws = tmp_path / "ws"
+    ws.mkdir(exist_ok=True)
+    return capture_model(load_config(_config(tmp_path, **kw)), torch.device("cpu"), ws), ws
+
+
+def _rms(result):
+    return [c for c in result.chains if c.chain["kind"] == "module"]
+
+
+def test_rms_modules_are_one_module_chain_card_counted_over_layers(tmp_path):
+    result, _ = _capture(tmp_path)
+    rms = _rms(result)
+    assert len(rms) == 1, [(c.chain["kind"], c.signature_text) for c in result.chains]
+    card = rms[0]
+    assert card.op == CHAIN_OP and card.chain["module_class"] == "RMS"
+    assert card.calls == 3 and card.captured_calls == 3
+    assert card.module_paths == {f"layers.{i}.norm1": 1 for i in range(3)}
+    assert card.chain["modules"] == [f"layers.{i}.norm1" for i in range(3)]
+    assert card.signature_text.startswith("chain[_to_copy pow mean add rsqrt mul _to_copy add mul _to_copy] in0 ")
+    assert [a["name"] for a in card.signature["args"]] == ["in0", "in1"]
+    assert [(o["dtype"], o["shape"]) for o in card.outputs] == [("bfloat16", [2, 5, 32])]
+    # inputs + outputs: x and the output (2*5*32 bf16 each) and the weight (32 bf16)
+    assert card.bytes == 2 * (2 * 5 * 32 * 2) + 32 * 2
+    assert 0 < card.share < 1
+    # The layer's residual add with the norm after it is a pattern, also once per layer.
+    kinds = {c.chain["kind"] for c in result.chains}
+    assert kinds == {"module", "pattern"} and all(c.calls == 3 for c in result.chains)
+
+
+def test_chain_samples_replay_through_run_chain_exactly(tmp_path):
+    result, ws = _capture(tmp_path)
+    assert result.chains
+    for card in result.chains:
+        assert card.samples == 2, card.signature_text
+        for idx in range(card.samples):
+            sample = load_sample(ws / result.sample_dir / f"{card.card_id}.{idx}.safetensors")
+            assert [n for n, _ in sample.args] == [a["name"] for a in card.signature["args"]]
+            assert sample.meta["op"] == CHAIN_OP and sample.meta["card"] == card.card_id
+            got = run_chain(card.signature, [t for _, t in sample.args])
+            assert len(got) == len(sample.outputs) == len(card.outputs)
+            for g, want, desc in zip(got, sample.outputs, card.outputs):
+                assert torch.equal(g, want) and list(want.shape) == desc["shape"]
+        # Two samples are two layers' instances: other inputs, other outputs.
+        a, b = (load_sample(ws / result.sample_dir / f"{card.card_id}.{i}.safetensors") for i in range(2))
+        assert a.meta["module_path"] != b.meta["module_path"]
+
+
+def test_multiplicity_scales_chain_calls(tmp_path):
+    result, _ = _capture(tmp_path, extra='[multiplicity]\n"layers.0" = 10\n')
+    card = _rms(result)[0]
+    assert card.calls == 12 and card.captured_calls == 3
+    assert card.module_paths == {"layers.0.norm1": 10, "layers.1.norm1": 1, "layers.2.norm1": 1}
+
+
+def test_tracing_chains_changes_no_op_card(tmp_path):
+    config = load_config(_config(tmp_path))
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    plain = capture_model(config, torch.device("cpu"), ws, chains=False)
+    traced = capture_model(config, torch.device("cpu"), ws, chains=True)
+    assert plain.chains == [] and traced.chains
+    assert sorted((c.card_id, c.calls, c.samples) for c in plain.cards) == \
+        sorted((c.card_id, c.calls, c.samples) for c in traced.cards)
+    assert plain.skipped == traced.skipped
+
+
+def test_a_second_forward_with_other_calls_gives_no_chain_samples_and_says_so(tmp_path):
+    result, ws = _capture(tmp_path, params="drifting = true")
+    assert result.chains and all(c.samples == 0 for c in result.chains)
+    assert "differs from the captured one" in result.notes["chain samples"]
+    assert not list((ws / result.sample_dir).glob(f"{result.chains[0].card_id}.*"))
+    assert all(c.samples == 2 for c in result.cards)  # the op cards' samples are the captured forward's
+
+
+def test_stored_chain_cards_come_back_with_kind_and_samples(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    result = capture_and_store(load_config(_config(tmp_path)), "cpu", ws, samples=1)
+
+    async def read():
+        store = await Store.open(db_path(ws))
+        async with store:
+            return await store.get_cards(result.capture_id)
+
+    rows = asyncio.run(read())
+    cards = {r["card_id"]: card_from_row(r) for r in rows}
+    for chain in result.chains:
+        back = cards[chain.card_id]
+        assert back.op == CHAIN_OP and back.chain == chain.chain and back.signature == chain.signature
+    assert all(cards[c.card_id].chain is None for c in result.cards)
+    conn = sqlite3.connect(db_path(ws))
+    n = conn.execute("SELECT COUNT(*) FROM samples s JOIN cards c USING (capture_id, card_id) "
+                     "WHERE c.op = ?", (CHAIN_OP,)).fetchone()[0]
+    assert n == len(result.chains)
+
+
+def test_capture_output_lists_chain_cards_after_op_cards(tmp_path):
+    result, ws = _capture(tmp_path)
+    out = io.StringIO()
+    print_cards(result, ws, Console(file=out, width=200, force_terminal=False))
+    text = out.getvalue()
+    chains_at = text.index("chain cards")
+    assert text.index("aten::mean.dim") < chains_at
+    line = next(ln for ln in text[chains_at:].splitlines() if " RMS " in ln)
+    assert "module" in line and "chain[_to_copy pow mean" in line
+    doc = result.to_json()
+    assert [c["id"] for c in doc["chains"]] == [c.card_id for c in result.chains]
+    assert doc["chains"][0]["chain"]["kind"] in ("module", "pattern")
+    assert doc["total_calls"] == sum(c["calls"] for c in doc["cards"])  # chains overlap the op cards
+    json.dumps(doc)
+
+
+def test_gemma_small_capture_has_rmsnorm_chain_cards(tmp_path, capsys):
+    doc = capture_json(CONFIGS / "models" / "gemma4_e2b.toml", tmp_path, capsys, "--samples", "1")
+    norms = [c for c in doc["chains"] if c["chain"]["kind"] == "module" and c["chain"]["module_class"] == "Gemma4RMSNorm"]
+    assert norms, sorted({(c["chain"]["kind"], c["chain"]["module_class"]) for c in doc["chains"]})
+    for c in norms:
+        assert c["samples"] == 1 and c["op"] == CHAIN_OP and c["signature"].startswith("chain[_to_copy pow mean")
+        assert set(c["module_paths"]) == set(c["chain"]["modules"])
+        assert all(p.startswith("model.layers.") and "norm" in p for p in c["module_paths"])
+    # Calls are scaled like the op cards': kept layer 0 stands for 12 sliding-attention layers.
+    layer0 = [c for c in norms if any(p.startswith("model.layers.0.") for p in c["module_paths"])]
+    assert layer0 and all(c["module_paths"][p] == 12 for c in layer0 for p in c["module_paths"]
+                          if p.startswith("model.layers.0."))
+    sample_dir = tmp_path / "samples" / doc["capture"]
+    sample = load_sample(sample_dir / f"{norms[0]['id']}.0.safetensors")
+    stored = sqlite3.connect(db_path(tmp_path)).execute(
+        "SELECT signature FROM cards WHERE card_id = ?", (norms[0]["id"],)).fetchone()[0]
+    got = run_chain(json.loads(stored), [t for _, t in sample.args])
+    assert all(torch.equal(g, w) for g, w in zip(got, sample.outputs)) and len(got) == len(sample.outputs)
+
+
+@pytest.mark.gpu
+def test_cuda_chain_samples_replay_exactly(tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    config = load_config(_config(tmp_path))
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    result = capture_model(config, torch.device("cuda"), ws)
+    assert _rms(result) and all(c.share > 0 for c in result.chains)
+    for card in result.chains:
+        sample = load_sample(ws / result.sample_dir / f"{card.card_id}.0.safetensors", "cuda")
+        for g, want in zip(run_chain(card.signature, [t for _, t in sample.args]), sample.outputs):
+            assert torch.equal(g, want)
+
+
+def _member_trace(model, x):
+    from engine.capture.chain_cards import MemberTrace
+    from engine.capture.recorder import CaptureMode, ModulePaths
+
+    paths = ModulePaths(model, {})
+    mode = CaptureMode(path_of=paths.current, weight_of=paths.weight, samples=0, sample_budget_bytes=0,
+                       sink=None, use_cuda_events=False)
+    trace = MemberTrace(paths.current, mode)
+    with paths, torch.no_grad(), mode, trace:
+        model(x)
+    trace.resolve_times()
+    return trace, paths, mode
+
+
+def test_chain_samples_stay_inside_the_budgets_but_every_card_keeps_one():
+    from test_chains import Model
+
+    from engine.capture.chain_cards import chain_cards
+
+    torch.manual_seed(0)
+    model = Model().to(torch.bfloat16).eval()
+    trace, paths, mode = _member_trace(model, torch.randn(2, 5, 32, dtype=torch.bfloat16))
+    # The trace timed nothing itself: each member's time is the capture's measurement of that call.
+    assert all(c.us > 0 for c in trace.calls if not c.view and mode.cards.get(c.card_id))
+
+    def planned(**budgets):
+        found = chain_cards(trace, model, paths.weight, 1.0, samples=3, **budgets)
+        return {c.card_id: sum(p.card_id == c.card_id for p in found.planned) for c in found.cards}
+
+    big = 1 << 40
+    assert set(planned(sample_budget_bytes=big, total_budget_bytes=big).values()) == {3}
+    assert set(planned(sample_budget_bytes=1, total_budget_bytes=big).values()) == {1}
+    assert set(planned(sample_budget_bytes=big, total_budget_bytes=1).values()) == {1}
+
+
+def test_v4_upgrades_a_v3_workspace_and_its_op_cards_have_no_chain(tmp_path):
+    from engine.store import schema
+
+    path = tmp_path / "kforge.db"
+    conn = sqlite3.connect(path)  # a v3 database as released, written without today's code
+    for version, script in schema.MIGRATIONS[:3]:
+        assert version <= 3
+        for statement in schema.split_statements(script):
+            conn.execute(statement)
+    conn.executescript("""
+        PRAGMA user_version = 3;
+        INSERT INTO captures (id, model, device, dtype, created_at) VALUES ('cap-1', 'toy', 'cpu', 'bf16', 1);
+        INSERT INTO cards (capture_id, card_id, op, signature, signature_text, calls, share)
+            VALUES ('cap-1', 'c0', 'aten::mul.Tensor', '{"op": "aten::mul.Tensor", "args": [], "aliases": []}',
+                    'mul', 1, 0.7);
+    """)
+    conn.close()
+    chain = {"kind": "module", "module_class": "RMS", "modules": ["layers.0.norm1"], "members": ["c0"],
+             "ops": ["mul"]}
+
+    async def upgrade():
+        from engine.cards import OperatorCard
+
+        async with await Store.open(path) as s:
+            card = OperatorCard(card_id="k1", op=CHAIN_OP, signature={"op": CHAIN_OP, "args": [], "aliases": []},
+                                chain=chain)
+            await s.save_capture({"id": "cap-2", "model": "toy", "device": "cpu", "dtype": "bf16"},
+                                 [card.row()], [])
+            return await s.get_cards("cap-1"), await s.get_cards("cap-2")
+
+    old, new = asyncio.run(upgrade())
+    assert card_from_row(old[0]).chain is None and card_from_row(old[0]).share == 0.7
+    assert card_from_row(new[0]).chain == chain
