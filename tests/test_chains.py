@@ -140,9 +140,9 @@ def test_in_place_ops_and_values_of_unknown_origin():
 
 
 def test_gemma_small_has_its_rmsnorm_chains():
-    from engine.config import build_target, load_config
-
     from conftest import ROOT
+
+    from engine.config import build_target, load_config
 
     config = load_config(ROOT / "configs" / "models" / "gemma4_e2b.toml", small=True)
     target = build_target(config, torch.device("cpu"))
@@ -200,3 +200,35 @@ def test_chain_signature_of_a_pattern_with_two_outputs():
         total = x + h
         torch.testing.assert_close(outs[0], total, rtol=0, atol=0)
         torch.testing.assert_close(outs[1], layer.norm2(total), rtol=0, atol=0)
+
+
+def test_a_value_the_parent_computes_for_every_layer_never_joins_two_layers():
+    # Like Gemma's per-layer inputs: the model computes a value at its own level that every layer's
+    # chain reads. The chains may take that value in, but no chain holds members of two layers.
+    class PerLayer(nn.Module):
+        def __init__(self, d=16, n=3):
+            super().__init__()
+            self.layers = nn.ModuleList([RMS(d) for _ in range(n)])
+            self.scale = nn.Parameter(torch.ones(d))
+
+        def forward(self, x):
+            extra = torch.tanh(x) * self.scale  # computed once, at the model level
+            for layer in self.layers:
+                x = layer(x * extra) + extra
+            return x
+
+    class Wrapper(nn.Module):  # as transformers' ForCausalLM holds its .model
+        def __init__(self):
+            super().__init__()
+            self.model = PerLayer()
+
+        def forward(self, x):
+            return self.model(x)
+
+    model = Wrapper()
+    trace, pats = _patterns(model, torch.randn(4, 16))
+    for p in pats:
+        for ch in p.instances:
+            layers = {c.path.split(".")[2] for c in ch.calls if c.path.startswith("model.layers.")}
+            assert len(layers) <= 1, (ch.scope, [c.path for c in ch.calls])
+    assert pats, "the layers' chains were found"

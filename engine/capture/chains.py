@@ -239,20 +239,42 @@ def find_chains(calls: list[TraceCall], containers: set[str] = frozenset({ROOT, 
             i = parent[i]
         return i
 
-    def scope_ok(a: TraceCall, b: TraceCall) -> bool:
-        lca = _lca(a.path, b.path)
-        return lca not in containers and not (a.path == ROOT or b.path == ROOT)
+    # Per group (by its root): for each container its members lie under, the one child they lie under.
+    # Two groups join only where no container would then hold members under two of its children: a
+    # chain never spans two layers, also not through calls made by their parent (Gemma's per-layer
+    # inputs are computed at the model level and read by every layer).
+    def children(path: str) -> dict[str, str]:
+        parts = path.split(".")
+        out = {}
+        for i in range(len(parts)):
+            c = ".".join(parts[:i])
+            if c in containers:
+                out[c] = parts[i]
+        return out
+
+    under: list[dict[str, str]] = [children(c.path) for c in calls]
+
+    def join(a: int, b: int) -> bool:
+        ra, rb = find(a), find(b)
+        if ra == rb:
+            return True
+        ua, ub = under[ra], under[rb]
+        if any(ub.get(c, x) != x for c, x in ua.items()):
+            return False
+        parent[rb] = ra
+        under[ra] = {**ub, **ua}
+        return True
 
     for v, p in maker.items():
-        if v in unknown or calls[p].compute:
+        if v in unknown or calls[p].compute or calls[p].path == ROOT:
             continue
         rs = readers.get(v, [])
-        if not rs or any(calls[r].compute for r in rs):
+        if not rs or any(calls[r].compute or calls[r].path == ROOT for r in rs):
             continue
-        if not all(scope_ok(calls[p], calls[r]) for r in rs):
-            continue
-        for r in rs:
-            parent[find(r)] = find(p)
+        # All of a value's readers join its maker, or none: an intermediate must have no reader outside.
+        trial_parent, trial_under = list(parent), list(under)
+        if not all(join(p, r) for r in rs):
+            parent[:], under[:] = trial_parent, trial_under
     groups: dict[int, list[int]] = defaultdict(list)
     for c in calls:
         if not c.compute:
