@@ -232,3 +232,19 @@ def test_a_value_the_parent_computes_for_every_layer_never_joins_two_layers():
             layers = {c.path.split(".")[2] for c in ch.calls if c.path.startswith("model.layers.")}
             assert len(layers) <= 1, (ch.scope, [c.path for c in ch.calls])
     assert pats, "the layers' chains were found"
+
+
+def test_a_synthetic_chain_card_has_samples_that_replay(tmp_path):
+    from engine.capture.chain_cards import synthetic_chain_card
+    from engine.capture.chains import CHAIN_OP, chain_signature, run_chain
+    from engine.capture.samples import load_sample
+
+    model = Model().to(torch.bfloat16)
+    _, pats = _patterns(model, torch.randn(2, 5, 32, dtype=torch.bfloat16))
+    sig = chain_signature(next(p for p in pats if p.kind == "module").instances[0])
+    ref = synthetic_chain_card(tmp_path, sig, 2, device="cpu")
+    assert ref.op == CHAIN_OP and len(ref.samples) == 2 and ref.outputs[0]["shape"] == [2, 5, 32]
+    a, b = (load_sample(p, "cpu") for p in ref.samples)
+    assert not torch.equal(a.args[0][1], b.args[0][1])  # two different input sets
+    for s in (a, b):
+        assert torch.equal(run_chain(sig, [v for _, v in s.args])[0], s.outputs[0])

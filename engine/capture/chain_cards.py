@@ -283,3 +283,34 @@ def sample_chains(forward: Callable[[], Any], found: ChainCards, reference: list
         return {}
     return written
 
+
+
+def synthetic_chain_card(folder: Path, signature: dict[str, Any], samples: int = 2, *, device: str = "cuda",
+                         seed: int = 0) -> Any:
+    """A chain card's lane reference with `samples` sample files of random inputs (normal values with the
+    signature's dtypes, shapes and strides, on `device`), outputs by `run_chain`: how tests and benchmarks
+    give a hand-made chain card what a capture would. Returns an engine.cards.CardRef."""
+    from engine.capture.chains import CHAIN_OP, chain_card_id, run_chain
+    from engine.capture.samples import snapshot_inputs, snapshot_outputs
+    from engine.cards import CardRef
+
+    folder.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    files, outputs = [], None
+    for i in range(samples):
+        inputs = []
+        for a in signature["args"]:
+            dtype = getattr(torch, a["dtype"])
+            size = sum((s - 1) * st for s, st in zip(a["shape"], a["stride"])) + 1
+            base = torch.randn(size, generator=g).to(dtype) if dtype.is_floating_point else \
+                torch.randint(0, 8, (size,), generator=g).to(dtype)
+            inputs.append((a["name"], base.to(device).as_strided(a["shape"], a["stride"])))
+        with torch.no_grad():
+            outs = run_chain(signature, [t for _, t in inputs])
+        outputs = outputs or [describe_tensor(o) for o in outs]
+        snap, layout = snapshot_inputs(inputs)
+        out_layout, mutated = snapshot_outputs(snap, outs, {})
+        path = folder / f"chain.{i}.safetensors"
+        save_sample(path, snap, {"op": CHAIN_OP, "inputs": layout, "outputs": out_layout, "mutated": mutated})
+        files.append(str(path))
+    return CardRef(chain_card_id(signature), CHAIN_OP, signature, outputs or [], 0, files)
