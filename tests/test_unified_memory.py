@@ -81,3 +81,53 @@ def test_on_this_gpu_the_bound_is_the_rule_for_its_kind():
         assert got == mem_available_bytes()
     else:  # free memory moves with other processes: within 1 GiB of a reading taken just after
         assert abs(got - torch.cuda.mem_get_info(0)[0]) < (1 << 30)
+
+
+# ---- the exporter's builtin kernels render for the GPU at hand (issue 24: export/direct, hostcost) ----
+
+GB10_PROPS = SimpleNamespace(name="NVIDIA GB10", major=12, minor=1, multi_processor_count=48,
+                             L2_cache_size=24 << 20, shared_memory_per_block_optin=99 << 10,
+                             shared_memory_per_multiprocessor=100 << 10, max_threads_per_multi_processor=1536,
+                             is_integrated=True, memory_clock_rate=4_266_000, memory_bus_width=256)
+
+
+def test_the_exporter_takes_the_gpu_from_its_properties_not_an_h200():
+    from engine.export.direct import hardware_of
+
+    hw = hardware_of(GB10_PROPS)
+    assert (hw.arch, hw.sms, hw.l2_bytes, hw.max_shared_per_block) == ("sm_121", 48, 24 << 20, 99 << 10)
+    assert hw.integrated and not hw.clusters and not hw.measured
+    assert hw.bandwidth_bps == pytest.approx(2 * 4_266_000e3 * 256 / 8)  # the DRAM peak, 273 GB/s
+
+
+def test_the_exporter_passes_the_hardware_to_every_template_call():
+    import re
+
+    for name in ("direct.py", "hostcost.py"):
+        src = (ROOT / "engine" / "export" / name).read_text()
+        calls = re.findall(r"\.(template_for|default|mutate|render)\(([^()]*(?:\([^()]*\)[^()]*)*)\)", src)
+        assert calls, name
+        assert all("hw=hw" in args for _, args in calls), (name, calls)
+
+
+@pytest.mark.gpu
+def test_on_this_gpu_the_exporter_sees_what_the_lane_reports():
+    """On the H200: the exporter's Hardware agrees with the lane's hello in everything a template reads."""
+    import asyncio
+
+    from engine.export.direct import current_hardware
+    from engine.lane.client import GpuLane, worker_argv
+    from engine.propose.base import Hardware
+
+    async def hello():
+        lane = GpuLane(worker_argv(0), timeout_s=120)
+        await lane.start()
+        try:
+            return (await lane.request("hello")).payload
+        finally:
+            await lane.close()
+
+    lane_hw, mine = Hardware.from_hello(asyncio.run(hello())), current_hardware()
+    for field in ("arch", "sms", "l2_bytes", "max_shared_per_block", "shared_per_sm", "max_threads_per_sm",
+                  "clusters", "integrated"):
+        assert getattr(mine, field) == getattr(lane_hw, field), field

@@ -42,16 +42,18 @@ def package_cards(path: Path, cards: list[dict[str, Any]]) -> Path:
     from engine.cast.compat import current_env
     from engine.cast.format import write_cast
     from engine.compile import compile_nvrtc
+    from engine.export.direct import current_hardware
     from engine.export.package import ExportVariant, package
     from engine.propose.builtin import BuiltinProposer
 
     env = current_env()
+    hw = current_hardware()
     variants = []
     for card in cards:
         brief = card_from_row(card)
-        template, why = BuiltinProposer().template_for(brief)
+        template, why = BuiltinProposer().template_for(brief, hw=hw)
         assert template is not None, why
-        r = template.render(brief, template.default(brief))
+        r = template.render(brief, template.default(brief, hw=hw), hw=hw)
         res = compile_nvrtc(r.source, arch=env["arch"])
         assert res.ok, res.summary()
         variants.append(ExportVariant(card, {"id": card["card_id"], "source": r.source, "launch_spec": r.spec,
