@@ -18,6 +18,29 @@ from engine.cast.format import write_cast
 from engine.export.confirm import CONFIRMED_KEYS
 from engine.export.package import ExportVariant, package, run_confirm
 from engine.outcomes import faster_with_confidence
+from engine.propose.base import Hardware
+
+
+def hardware_of(props: Any) -> Hardware:
+    """The GPU whose properties (`torch.cuda.get_device_properties`) these are, as the builtin templates
+    take it: what a lane's hello reports, less the measured copy bandwidth (here the DRAM peak from the
+    memory clock and bus width, `measured=False`; no template reads it)."""
+    d = Hardware()
+    clock_khz, bus_bits = getattr(props, "memory_clock_rate", 0), getattr(props, "memory_bus_width", 0)
+    bandwidth = 2 * clock_khz * 1e3 * bus_bits / 8 if clock_khz and bus_bits else d.bandwidth_bps
+    return Hardware(
+        name=props.name, arch=f"sm_{props.major}{props.minor}", sms=int(props.multi_processor_count),
+        l2_bytes=int(props.L2_cache_size), bandwidth_bps=float(bandwidth),
+        max_shared_per_block=int(getattr(props, "shared_memory_per_block_optin", d.max_shared_per_block)),
+        shared_per_sm=int(getattr(props, "shared_memory_per_multiprocessor", d.shared_per_sm)),
+        max_threads_per_sm=int(getattr(props, "max_threads_per_multi_processor", d.max_threads_per_sm)),
+        integrated=bool(getattr(props, "is_integrated", False)), measured=False,
+    )
+
+
+def current_hardware() -> Hardware:
+    """The current CUDA device as a `Hardware` (the templates render for it, not for an H200)."""
+    return hardware_of(torch.cuda.get_device_properties(torch.cuda.current_device()))
 
 
 def capture_cards(forward: Callable[[], Any], sample_dir: Path, samples: int = 1,
@@ -52,22 +75,23 @@ def build_cast(forward: Callable[[], Any], out: Path, *, work: Path, mutations: 
     env = current_env()
     cards = capture_cards(forward, work / "samples", keep=keep)
     proposer = BuiltinProposer()
+    hw = current_hardware()
     jobs = []
     for c in cards:
         brief = card_from_row(c)
-        template, _ = proposer.template_for(brief)
+        template, _ = proposer.template_for(brief, hw=hw)
         if template is None:
             continue
         rng = random.Random(0)
-        params = [template.default(brief)]
+        params = [template.default(brief, hw=hw)]
         for _ in range(mutations * 8):
             if len(params) > mutations:
                 break
-            p = template.mutate(brief, params[-1], rng)
+            p = template.mutate(brief, params[-1], rng, hw=hw)
             if p not in params:
                 params.append(p)
         for p in params:
-            r = template.render(brief, p)
+            r = template.render(brief, p, hw=hw)
             jobs.append((c, r, template.name))
     progress(f"{model}: {len(cards)} cards captured, {len(jobs)} builtin candidates for "
              f"{len({j[0]['card_id'] for j in jobs})} of them")

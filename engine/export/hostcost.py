@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from engine.bench.host import per_call_us
+
+if TYPE_CHECKING:
+    from engine.propose.base import Hardware
 
 
 def relu_cast(path: Path, n: int = 4096) -> Path:
@@ -36,22 +39,28 @@ def probe_card(card_id: str, op: Any, args: tuple) -> dict[str, Any]:
             "outputs": outputs}
 
 
-def package_cards(path: Path, cards: list[dict[str, Any]]) -> Path:
-    """Each card's builtin kernel at its default parameters, compiled for this GPU, written as a cast."""
+def package_cards(path: Path, cards: list[dict[str, Any]], hw: Hardware | None = None) -> Path:
+    """Each card's builtin kernel at its default parameters, rendered for `hw` (default: this GPU) and
+    compiled for it, written as a cast. Without a visible GPU (a compile-only check): the default
+    Hardware's figures with the environment's arch."""
     from engine.cards import card_from_row
     from engine.cast.compat import current_env
     from engine.cast.format import write_cast
     from engine.compile import compile_nvrtc
+    from engine.export.direct import current_hardware
     from engine.export.package import ExportVariant, package
+    from engine.propose.base import Hardware
     from engine.propose.builtin import BuiltinProposer
 
     env = current_env()
+    if hw is None:
+        hw = current_hardware() if torch.cuda.is_available() else Hardware(arch=env["arch"] or Hardware().arch)
     variants = []
     for card in cards:
         brief = card_from_row(card)
-        template, why = BuiltinProposer().template_for(brief)
+        template, why = BuiltinProposer().template_for(brief, hw=hw)
         assert template is not None, why
-        r = template.render(brief, template.default(brief))
+        r = template.render(brief, template.default(brief, hw=hw), hw=hw)
         res = compile_nvrtc(r.source, arch=env["arch"])
         assert res.ok, res.summary()
         variants.append(ExportVariant(card, {"id": card["card_id"], "source": r.source, "launch_spec": r.spec,

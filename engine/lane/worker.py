@@ -28,6 +28,7 @@ from engine.lane.protocol import Rejected, WorkerFault, claim_stdout, serve, unb
 from engine.launch import Env, SpecError, parse_spec, resolve
 from engine.launch import cuda_driver as drv
 from engine.launch.launcher import CandidateLauncher, LaunchRejected
+from engine.resources import available_device_bytes
 from engine.verify.guard import Canaries, GuardViolation
 from engine.verify.pipeline import CardCheck, card_check
 from engine.verify.timed import TimedCandidate, against_control, audited_ab, time_eager_alone
@@ -161,7 +162,7 @@ class Worker:
         t0 = time.perf_counter()
         try:
             spec = parse_spec(p["spec"])
-            free = torch.cuda.mem_get_info(self.device)[0]
+            free = available_device_bytes(self.device, props=self.props)  # MemAvailable on unified memory
             resolved = resolve(spec, Env.from_card(card.signature, card.outputs), max_shared=self.max_shared,
                                max_workspace_bytes=free // 2)
         except SpecError as e:

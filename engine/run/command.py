@@ -20,6 +20,7 @@ from engine.propose.base import Hardware
 from engine.propose.factory import make_proposer, provider_config
 from engine.propose.hardware_profiles import profile
 from engine.propose.providers.config import ProviderConfig, default_provider
+from engine.run.as_gpu import gpu_row, gpu_shares
 from engine.run.interrupt import Interrupted, StopFlag, run_interruptible
 from engine.run.orchestrator import Budgets, Orchestrator, RunTotals
 from engine.run.plan import CardState, SchedulePolicy
@@ -30,23 +31,40 @@ from engine.store import Store, db_path, new_id
 from engine.userconfig import UserConfig, load_user_config
 
 
-def _as_cuda(sig: Any) -> Any:
-    """The same signature on CUDA (a dry run on a CPU capture proposes for the GPU it would run on)."""
-    if isinstance(sig, dict):
-        return {k: ("cuda" if k == "device" and v == "cpu" else _as_cuda(v)) for k, v in sig.items()}
-    if isinstance(sig, list):
-        return [_as_cuda(x) for x in sig]
-    return sig
-
-
-async def _cards_of(store: Store, workspace: Path, capture_id: str, *, as_cuda: bool = False) -> list[CardState]:
-    out = []
+async def _cards_of(store: Store, workspace: Path, capture_id: str, *,
+                    gpu: Hardware | None = None) -> list[CardState]:
+    """The capture's cards; with `gpu` (a dry run on a CPU capture) as that GPU calls them: CUDA's outputs,
+    shares from a roofline on it, CPU-only ops not proposed (engine.run.as_gpu)."""
+    rows, why_not = [], {}
     for c in await store.get_cards(capture_id):
-        if as_cuda:
-            c = {**c, "signature": _as_cuda(c["signature"]), "outputs": _as_cuda(c["outputs"])}
-        samples = [str(workspace / s["path"]) for s in await store.get_samples(capture_id, c["card_id"])]
-        out.append(CardState(card_from_row(c), samples))
+        if gpu is not None:
+            converted = gpu_row(c)
+            c = converted.row
+            if converted.not_proposed:
+                why_not[c["card_id"]] = converted.not_proposed
+        rows.append(c)
+    cards = [card_from_row(c) for c in rows]
+    if gpu is not None:
+        cards = gpu_shares(cards, gpu)
+    out = []
+    for card in cards:
+        samples = [str(workspace / s["path"]) for s in await store.get_samples(capture_id, card.card_id)]
+        state = CardState(card, samples)
+        if card.card_id in why_not:
+            state.done_reason = "declined"
+            state.note = why_not[card.card_id]
+        out.append(state)
     return out
+
+
+def nothing_proposed(cards: list[CardState]) -> str:
+    """One line saying why a run proposed nothing: how many cards stopped for each reason."""
+    by: dict[str, int] = {}
+    for c in cards:
+        why = c.note or c.done_reason or "open"
+        by[why] = by.get(why, 0) + 1
+    parts = ", ".join(f"{n} {why}" for why, n in sorted(by.items(), key=lambda kv: -kv[1]))
+    return f"nothing proposed: of {len(cards)} card(s), {parts}"
 
 
 async def _start_lanes(count: int):
@@ -265,12 +283,18 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
         run = await store.create_run(capture_id, capture["model"], provider, cfg, pid=os.getpid())
         run_id = ids["run"] = run["id"]
     capture = await store.get_capture(capture_id)
-    as_cuda = dry and capture["device"] == "cpu"
-    if as_cuda:
-        print("kforge: dry run on a CPU capture: proposing and compiling for the same signatures on CUDA",
-              file=sys.stderr)
-    cards = await _cards_of(store, workspace, capture_id, as_cuda=as_cuda)
+    target = profile(cfg.get("gpu") or "h200") if dry and capture["device"] == "cpu" else None
+    cards = await _cards_of(store, workspace, capture_id, gpu=target)
+    if target is not None:
+        cpu_only = sorted({c.ref.op for c in cards if c.note})
+        print(f"kforge: dry run on a CPU capture: proposing for the {target.name}'s calls (CUDA's outputs, "
+              f"shares from a roofline on it)" + (f"; not proposed, cpu-only op: the GPU runs a different op: "
+                                                  f"{', '.join(cpu_only)}" if cpu_only else ""), file=sys.stderr)
     recorder = StoreRecorder(store, run_id, progress=stop.quiet(Progress(stages)))
+    if not args.resume:
+        for c in cards:
+            if c.note:  # in the run's events, so that a viewer shows why this card is never proposed
+                await recorder.event("card_skipped", {"reason": c.done_reason, "detail": c.note}, c.card_id)
     lanes, pool, ray_lanes = [], None, None
     policy = SchedulePolicy()
     ray = _ray_of(args) or cfg.get("ray")
@@ -368,6 +392,13 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
         return 130, {}
     status = (await store.get_run(run_id))["status"]
     doc = run_document(run_id, status, o)
+    notes = {c.card_id: c.note for c in cards if c.note}
+    for entry in doc["cards"]:
+        if entry["id"] in notes:
+            entry["note"] = notes[entry["id"]]
+    if o.totals.proposals == 0 and not o.records:
+        doc["nothing_proposed"] = nothing_proposed(list(o.cards.values()))
+        print(f"kforge: {doc['nothing_proposed']}", file=sys.stderr)
     return (0 if stopped_by in RUN_STOP_REASONS else 1), doc
 
 

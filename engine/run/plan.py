@@ -30,6 +30,7 @@ class CardState:
     done_reason: str | None = None     # 'budget', 'roofline', 'plateau', 'declined', 'noise', 'no-samples'
     priority_boost: float = 1.0        # set from a 'prioritize' control row
     failures: dict[str, int] = field(default_factory=dict)
+    note: str | None = None            # why, in words, where done_reason alone does not say (a cpu-only op)
 
     @property
     def ref(self) -> CardRef:
