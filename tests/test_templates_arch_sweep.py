@@ -147,7 +147,7 @@ def test_a_sample_of_every_template_compiles_for_each_arch(arch):
     _compile_and_check(arch, jobs)
 
 
-@pytest.mark.slow
+@pytest.mark.sweep  # not in the default run (pyproject's addopts): python -m pytest -m sweep
 @pytest.mark.parametrize("arch", TARGETS)
 def test_every_template_instance_compiles_for_each_arch(arch):
     _compile_and_check(arch, _jobs(arch, None))
