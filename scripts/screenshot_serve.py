@@ -5,8 +5,8 @@
 
 The server listens on one port; the browser loads the page from another, through a TCP forwarder that
 stands in for `ssh -L LOCAL:127.0.0.1:PORT box` (the page must not hard-code the server's port). The
-script waits for the app to draw, presses `c` (the cards screen), and writes serve-overview.png and
-serve-cards.png. Exit 1 when the page never drew the app.
+script waits for the app to draw, presses `c` (the cards screen) and `g` (the run's charts), and writes
+serve-overview.png, serve-cards.png and serve-charts.png. Exit 1 when the page never drew the app.
 """
 
 from __future__ import annotations
@@ -101,8 +101,11 @@ def main() -> int:
             page.keyboard.press("c")
             time.sleep(4)
             page.screenshot(path=str(args.out / "serve-cards.png"))
+            page.keyboard.press("g")  # the run's charts
+            time.sleep(4)
+            page.screenshot(path=str(args.out / "serve-charts.png"))
             browser.close()
-        print(f"wrote {args.out / 'serve-overview.png'} and {args.out / 'serve-cards.png'} "
+        print(f"wrote serve-overview.png, serve-cards.png and serve-charts.png in {args.out} "
               f"(server on port {port}, page loaded through port {local})")
         return 0
     except Exception as e:  # the page never drew: say so in one line
