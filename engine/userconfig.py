@@ -15,7 +15,7 @@
     [tui]
     theme = "kforge-light"
     [tui.keymap]                        # binding id = keys, as in --keymap FILE
-    quit = "ctrl+q"
+    "app.quit" = "ctrl+q"
 
 Plain data only: the run turns a provider entry into its client (`engine.run.command`), the TUI reads
 `tui`. Every problem is one UsageError naming the file, the key and the fix (exit 2).

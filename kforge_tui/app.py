@@ -29,7 +29,7 @@ class KforgeApp(App):
     def __init__(self, db_file: Path, run_id: str, *, read_only: bool = False, refresh_s: float = 1.0,
                  clock: Callable[[], float] = time.time, compare_runs: Sequence[str] = (),
                  keymap: dict[str, str] | None = None, theme: str | None = None, start_mode: str = "overview",
-                 note: str = "") -> None:
+                 note: str = "", state_file: Path | None = None) -> None:
         super().__init__()
         self.model = ReadModel(db_file)
         self.run_id = run_id
@@ -44,6 +44,7 @@ class KforgeApp(App):
         self.ticks = 0
         self._polling = False
         self._keymap = keymap or {}
+        self.state_file = state_file  # where a theme chosen with T is remembered (None: nowhere)
         self.fatal: KforgeError | None = None  # why the app closed itself; the launcher reports it
         for t in load_themes():
             self.register_theme(t)
@@ -151,6 +152,10 @@ class KforgeApp(App):
         names = [t.name for t in load_themes()]
         self.theme = names[(names.index(self.theme) + 1) % len(names)] if self.theme in names else names[0]
         self.notify(f"theme: {self.theme}")
+        if self.state_file is not None:  # the next session starts with it (unless --theme or the config says)
+            from kforge_tui.state import remember
+
+            remember(self.state_file, theme=self.theme)
 
     def open_candidate(self, candidate_id: str) -> None:
         from kforge_tui.screens.candidate import CandidateScreen

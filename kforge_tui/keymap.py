@@ -88,11 +88,15 @@ def load_keymap(path: Path | None = None) -> dict[str, str]:
     if not path.is_file():
         return {}
     data = tomllib.loads(path.read_text())
-    keymap = data.get("keymap", {})
+    return check_keymap(data.get("keymap", {}), str(path))
+
+
+def check_keymap(keymap: object, where: str) -> dict[str, str]:
+    """A `[keymap]` table checked: binding ids this TUI has, mapped to key strings; ValueError naming `where`."""
     if not isinstance(keymap, dict) or not all(isinstance(v, str) for v in keymap.values()):
-        raise ValueError(f"{path}: [keymap] must map binding ids to key strings, e.g. \"app.pause\" = \"P\"")
+        raise ValueError(f"{where}: [keymap] must map binding ids to key strings, e.g. \"app.pause\" = \"P\"")
     known = {b.id for group in (APP, CARDS, TREE, DETAIL, FAILURES, COMPARE, LATENCY) for b in group}
     unknown = sorted(set(keymap) - known)
     if unknown:
-        raise ValueError(f"{path}: unknown binding id(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        raise ValueError(f"{where}: unknown binding id(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     return dict(keymap)

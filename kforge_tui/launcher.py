@@ -33,8 +33,7 @@ def open_tui(args: argparse.Namespace) -> int:
     command = args.command
     if command == "serve":
         return serve(args)
-    keymap = _keymap(args)
-    theme = _theme(args)
+    keymap, theme, state = tui_settings(args)
     if command == "demo":
         db, read_only, note = demo_copy(), True, "demo (read-only)"
         workspace = db.parent
@@ -89,7 +88,7 @@ def open_tui(args: argparse.Namespace) -> int:
     from kforge_tui.app import KforgeApp
 
     app = KforgeApp(db, run_id, read_only=read_only, refresh_s=getattr(args, "refresh", None) or 1.0,
-                    compare_runs=compare, keymap=keymap, theme=theme,
+                    compare_runs=compare, keymap=keymap, theme=theme, state_file=state,
                     start_mode="compare" if command == "compare" else "overview", note=note)
     app.run()
     if app.fatal is not None:  # the app found the database unusable after all, and closed itself
@@ -119,6 +118,41 @@ def _keymap(args: argparse.Namespace) -> dict[str, str]:
         return load_keymap(Path(path) if path else None)
     except ValueError as e:
         raise UsageError(str(e)) from None
+
+
+def tui_settings(args: argparse.Namespace) -> tuple[dict[str, str], str | None, Path]:
+    """Keymap, theme and state file for the app. Keys: the user config's `[tui.keymap]`, then tui.toml or
+    --keymap over it. Theme: --theme, else the user config's, else the one last chosen with T (remembered
+    in the state file), else the default."""
+    from kforge_tui.keymap import check_keymap
+    from kforge_tui.state import read_state, state_path
+
+    user = _user_config()
+    try:
+        configured = check_keymap(dict(user.keymap), str(user.path)) if user.keymap else {}
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    keymap = {**configured, **_keymap(args)}
+    state = state_path()
+    theme = _theme(args) or _known_theme(user.theme) or _known_theme(read_state(state).get("theme"))
+    return keymap, theme, state
+
+
+def _user_config():  # noqa: ANN202 - engine.userconfig.UserConfig, through the one import the TUI may use
+    from engine.cli import load_user_config
+
+    return load_user_config()  # a bad file is one line, exit 2 (UsageError)
+
+
+def _known_theme(name: object) -> str | None:
+    """A remembered or configured theme, if this version still has it (else the default, silently)."""
+    if not isinstance(name, str) or not name:
+        return None
+    from textual.theme import BUILTIN_THEMES
+
+    from kforge_tui.themes import load_themes
+
+    return name if name in [t.name for t in load_themes()] + list(BUILTIN_THEMES) else None
 
 
 def _theme(args: argparse.Namespace) -> str | None:
