@@ -115,3 +115,26 @@ def test_ctrl_c_of_the_capture_command(tmp_path):
     assert lines == ["interrupted: capture stopped; nothing was kept"]
     # At most a .partial-* folder (never trusted, swept by the next capture); no complete sample folder.
     assert [p.name for p in (ws / "samples").iterdir() if not p.name.startswith(".partial-")] == []
+
+
+def test_a_second_ctrl_c_exits_at_once_and_the_run_is_not_left_running(tmp_path):
+    ws, err = tmp_path / "ws", tmp_path / "run.err"
+    proc = _start(["run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--device", "cpu", "--iterations", "200",
+                   "--workspace", str(ws)], err)
+    _wait_for(proc, lambda: '"evaluated"' in err.read_text(), "evaluated candidate")
+    before = len(err.read_text().splitlines())
+    proc.send_signal(signal.SIGINT)
+    # At once, as an impatient user does: the second arrives while the first is being handled.
+    proc.send_signal(signal.SIGINT)
+    try:
+        code = proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("still running 20 s after two Ctrl-C")
+    lines = err.read_text().splitlines()[before:]
+    assert code == 130 and len(lines) <= 3 and not any("Traceback" in x for x in lines), lines
+    import sqlite3
+
+    with sqlite3.connect(db_path(ws)) as db:
+        rows = db.execute("SELECT status, stopped_by FROM runs").fetchall()
+    assert rows == [("stopped", "interrupted")], rows  # resumable, and not 'running' with a dead pid

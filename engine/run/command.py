@@ -21,7 +21,7 @@ from engine.propose.factory import make_proposer, provider_config
 from engine.propose.hardware_profiles import profile
 from engine.propose.providers.config import ProviderConfig, default_provider
 from engine.run.as_gpu import gpu_row, gpu_shares
-from engine.run.interrupt import Interrupted, StopFlag, run_interruptible
+from engine.run.interrupt import Interrupted, StopFlag, on_exit_now, run_interruptible
 from engine.run.orchestrator import Budgets, Orchestrator, RunTotals
 from engine.run.plan import CardState, SchedulePolicy
 from engine.run.report import Progress, print_final_table, run_document
@@ -235,10 +235,25 @@ async def run_async(args: argparse.Namespace, workspace: Path,
             code, doc = 130, {}
         finally:
             stages.close()
+            on_exit_now(None)
         if code == 130:
             raise Interrupted(f"interrupted: run {ids['run']} stopped (resumable): "
                               f"{resume_hint(ids['run'], workspace, dry=dry)}")
         return code, doc
+
+
+def mark_stopped_now(db: Path, run_id: str, timeout_s: float = 2.0) -> None:
+    """The run row as 'stopped' (interrupted), written synchronously: what the second Ctrl-C does before it
+    exits without cleanup, so the run is not left 'running' with a dead pid (it stays resumable)."""
+    import sqlite3
+
+    conn = sqlite3.connect(db, timeout=timeout_s)
+    try:
+        conn.execute("UPDATE runs SET status = 'stopped', stopped_by = 'interrupted', updated_at = ? WHERE id = ? "
+                     "AND status IN ('created', 'running', 'paused')", (time.time(), run_id))
+        conn.commit()
+    finally:
+        conn.close()
 
 
 async def _mark_interrupted(store: Store, run_id: str) -> None:
@@ -282,6 +297,7 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
         capture = await store.get_capture(capture_id)
         run = await store.create_run(capture_id, capture["model"], provider, cfg, pid=os.getpid())
         run_id = ids["run"] = run["id"]
+    on_exit_now(lambda: mark_stopped_now(db_path(workspace), run_id))  # a second Ctrl-C exits at once
     capture = await store.get_capture(capture_id)
     target = profile(cfg.get("gpu") or "h200") if dry and capture["device"] == "cpu" else None
     cards = await _cards_of(store, workspace, capture_id, gpu=target)

@@ -48,8 +48,22 @@ class StopFlag:
         return show
 
 
+_LAST_WORDS: list[Callable[[], None]] = []  # run by the second Ctrl-C before it exits (each one quick)
+
+
+def on_exit_now(hook: Callable[[], None] | None) -> None:
+    """What the second Ctrl-C does before exiting: one hook (e.g. mark the run stopped), replacing any
+    earlier one; None removes it."""
+    _LAST_WORDS[:] = [hook] if hook is not None else []
+
+
 def exit_now(*_: Any) -> None:
-    """The second Ctrl-C: no cleanup, no traceback."""
+    """The second Ctrl-C: no cleanup and no traceback, only the registered last words (best effort)."""
+    for hook in list(_LAST_WORDS):
+        try:
+            hook()
+        except Exception:  # noqa: BLE001 - exiting anyway; a resume works as after a crash
+            pass
     os._exit(EXIT_INTERRUPTED)
 
 
