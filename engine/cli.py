@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -180,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what the whole-model check measures, and so what each variant is proven for: eager, "
                         "cuda-graphs, compile, compile:max-autotune-no-cudagraphs, compile:reduce-overhead "
                         "(comma-separated), or all; default eager")
+    p.add_argument("--also-arch", metavar="sm_XX[,…]",
+                   help="also compile each kernel for these GPUs (e.g. sm_121 for a DGX Spark): shipped as "
+                        "unproven cubins, used there after 'audit --verify' and load(..., unproven_ok=True)")
     p.add_argument("--no-model-check", action="store_true",
                    help="skip the whole-model check (per-variant confirmation only)")
     p.add_argument("--sanitize", action="store_true",
@@ -293,9 +297,14 @@ def _export(args: argparse.Namespace, out: Path, progress: Callable[[str], None]
     from engine.export.package import export_run, parse_targets
 
     targets = parse_targets(args.target) if args.target else None
+    archs = [a.strip() for a in (args.also_arch or "").split(",") if a.strip()]
+    bad = [a for a in archs if not re.fullmatch(r"sm_\d{2,3}[af]?", a)]
+    if bad:
+        raise UsageError(f"--also-arch {args.also_arch}: {bad[0]!r} is not an arch like sm_121")
     return export_run(_workspace(args), args.run, out, progress=progress,
                       model_check=not args.no_model_check, cuda_graphs=args.cuda_graphs,
-                      sanitize=args.sanitize, sanitize_timeout_s=args.sanitize_timeout, targets=targets)
+                      sanitize=args.sanitize, sanitize_timeout_s=args.sanitize_timeout, targets=targets,
+                      also_archs=archs)
 
 
 def cmd_audit(args: argparse.Namespace) -> int:

@@ -434,6 +434,24 @@ def _chain_kernel_plan(v: dict[str, Any], image: bytes, device: Any, max_shared:
     return make_plan(v["id"], v, image, layout, device, max_shared)
 
 
+def other_arch_only(cast_env: dict[str, Any], here: dict[str, Any]) -> bool:
+    """The only difference that matters is the GPU arch (a GPU is visible, the torch minor is the same)."""
+    from engine.cast.compat import torch_minor
+
+    want = cast_env.get("torch_minor") or torch_minor(str(cast_env.get("torch", "")))
+    return bool(here.get("arch")) and cast_env.get("arch") != here["arch"] and want == here.get("torch_minor")
+
+
+def _images_for(file: CastFile, arch: str) -> str:
+    """What the cast has for `arch`, in words: cubins compiled for it, or PTX the driver would compile."""
+    n = len(file.variants)
+    cubins = sum(1 for v in file.variants if f"cubin:{arch}" in v["files"])
+    ptx = sum(1 for v in file.variants if "ptx" in v["files"])
+    if cubins == n:
+        return f"cubins compiled for {arch} (not proven there)"
+    return f"{cubins} of {n} variant(s) compiled for {arch}, PTX for {ptx}"
+
+
 def _cpp_wanted() -> bool:
     from engine.cast import cpp_router
 
@@ -441,9 +459,12 @@ def _cpp_wanted() -> bool:
 
 
 def _image(file: CastFile, v: dict[str, Any], arch: str | None) -> bytes:
-    cubin = v["files"].get("cubin")
-    if cubin and cubin.get("arch") == arch and cubin["path"] in file.files:
-        return file.files[cubin["path"]]
+    """The variant's kernel image for this GPU: the cubin for its exact arch (the proven one, or one
+    `export --also-arch` compiled for it), else the PTX (the driver compiles it for this GPU)."""
+    for role in ("cubin", f"cubin:{arch}"):
+        cubin = v["files"].get(role)
+        if cubin and cubin.get("arch") == arch and cubin["path"] in file.files:
+            return file.files[cubin["path"]]
     ptx = v["files"].get("ptx")
     if ptx and ptx["path"] in file.files:
         return file.files[ptx["path"]] + b"\0"
@@ -455,13 +476,16 @@ def _warn(message: str) -> None:
 
 
 def load(path: str | Path, *, strict: bool = False, env: dict[str, Any] | None = None,
-         only: set[str] | None = None, plans: dict[str, Any] | None = None) -> Cast:
+         only: set[str] | None = None, plans: dict[str, Any] | None = None, unproven_ok: bool = False) -> Cast:
     """Read and check a cast for this process. Never raises for a bad file unless `strict`.
 
     `only`: install just these variant ids (the rest stay on PyTorch, silently).
     `plans`: variant id -> a Python callable run on a hit instead of the variant's kernels (for an op
     variant `fn(bound arguments)`, for a module card `fn([in0, …, inN])` returning the chain's outputs);
     a reference run, or tests without a GPU.
+    `unproven_ok`: on a GPU of another arch than the one the cast was proven on (same torch), install it
+    anyway (its cubin for this arch, else its PTX). Only after `kforge-tui audit FILE --verify` passed
+    here: without it such a cast stays on PyTorch, and the warning says this in one line.
     """
     path = str(path)
     try:
@@ -473,6 +497,16 @@ def load(path: str | Path, *, strict: bool = False, env: dict[str, Any] | None =
         return Cast(path, None, str(e), None)
     here = env if env is not None else current_env()
     problem = incompatibility(file.manifest["env"], here)
+    if problem is not None and other_arch_only(file.manifest["env"], here):
+        if unproven_ok:
+            _warn(f"{path}: proven on {file.manifest['env'].get('arch')} ({file.manifest['env'].get('gpu')}), "
+                  f"installed on {here['arch']} ({here.get('gpu')}) because unproven_ok=True "
+                  f"({_images_for(file, here['arch'])})")
+            problem = None
+        else:
+            problem = (f"proven on {file.manifest['env'].get('arch')} ({file.manifest['env'].get('gpu')}), not on "
+                       f"this {here['arch']} ({here.get('gpu')}); it carries {_images_for(file, here['arch'])}: check "
+                       f"it here with 'kforge-tui audit {path} --verify', then load it with unproven_ok=True")
     if problem is not None:
         if strict:
             raise CastError(f"{path}: {problem}")

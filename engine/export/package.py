@@ -45,6 +45,7 @@ class ExportVariant:
     confirmed: dict[str, Any] | None = None
     sanitizer: dict[str, Any] | None = None  # `export --sanitize`: the compute-sanitizer tools it passed
     targets: list[str] | None = None  # the targets (eager, cuda-graphs, compile…) whose whole-model check kept it
+    extra_cubins: dict[str, bytes] = field(default_factory=dict)  # `export --also-arch`: compiled, not proven
 
     @property
     def vid(self) -> str:
@@ -118,6 +119,10 @@ def package(variants: list[ExportVariant], env: dict[str, Any], source: dict[str
             name = f"kernels/{vid}.{v.arch}.cubin"
             files[name] = v.cubin
             vf["cubin"] = file_entry(name, v.cubin, arch=v.arch)
+        for arch, image in sorted(v.extra_cubins.items()):  # for other GPUs: compiled here, proven there
+            name = f"kernels/{vid}.{arch}.cubin"
+            files[name] = image
+            vf[f"cubin:{arch}"] = {**file_entry(name, image, arch=arch), "proven": False}
         if v.ptx:
             name = f"kernels/{vid}.ptx"
             data = v.ptx.encode()
@@ -226,12 +231,15 @@ def parse_targets(text: str) -> list[str]:
 def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[str, Any] | None = None,
                progress: Callable[[str], None] = lambda m: None, model_check: bool = True,
                cuda_graphs: bool = False, sanitize: bool = False,
-               sanitize_timeout_s: float | None = None, targets: list[str] | None = None) -> ExportResult:
+               sanitize_timeout_s: float | None = None, targets: list[str] | None = None,
+               also_archs: list[str] | None = None) -> ExportResult:
     """The whole export; raises engine.errors.UsageError / JobError with a one-line reason. `sanitize`: run
     compute-sanitizer (memcheck, racecheck, synccheck) on each confirmed variant and drop any it faults,
     `sanitize_timeout_s` per variant and tool (default 300). `targets` (TARGETS; default eager, or
     cuda-graphs with `cuda_graphs`): the whole-model check runs once per target, and a variant is kept
-    where some target's check keeps it; the manifest says which targets each variant was proven for."""
+    where some target's check keeps it; the manifest says which targets each variant was proven for.
+    `also_archs` (e.g. ['sm_121']): each kept kernel is also compiled for these GPUs and shipped as an
+    unproven cubin, which a loader there uses only after `audit --verify` and `load(…, unproven_ok=True)`."""
     import torch
 
     from engine.cast.compat import current_env
@@ -255,6 +263,7 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
                        "nothing to export")
     compiler = Compiler(default_cache_dir(workspace), "nvrtc", arch=env["arch"])
     variants = []
+    warnings_early: list[str] = []
     for card, cand in chosen:
         res = compiler.compile(cand["source"])
         if not res.ok:
@@ -262,6 +271,15 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
                              "reason": f"does not compile for {env['arch']}: {res.summary()}"})
             continue
         v = ExportVariant(card, cand, res.cubin, res.ptx, env["arch"], samples.get(card["card_id"], []))
+        for arch in also_archs or []:
+            if arch == env["arch"]:
+                continue
+            extra = Compiler(default_cache_dir(workspace), "nvrtc", arch=arch).compile(cand["source"])
+            if extra.ok and extra.cubin:
+                v.extra_cubins[arch] = extra.cubin
+            else:
+                warnings_early.append(f"{card['op']} {card['card_id'][:8]}: does not compile for {arch} "
+                                      f"({extra.summary()}); the cast carries no cubin for it")
         why = format_problem(v, env, {})
         if why:
             excluded.append({"card_id": card["card_id"], "op": card["op"], "reason": f"the cast format: {why}"})
@@ -289,7 +307,7 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
     if not kept:
         raise JobError(f"export: no variant kept its speedup through the public op in a fresh process "
                        f"({len(variants)} tried); nothing written")
-    warnings: list[str] = []
+    warnings: list[str] = list(warnings_early)
     if sanitizer is not None:
         n, before = len(kept), len(excluded)
         kept = sanitize_kept(kept, env, source, excluded, sanitizer, sanitize_timeout_s, progress, warnings.append)
