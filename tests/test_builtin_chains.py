@@ -82,6 +82,13 @@ class GroupNormSilu(nn.Module):
         return self.c2(F.silu(self.norm(self.c1(x))))
 
 
+class SoftClip(nn.Module):
+    """A pointwise chain no named template covers (the generic one takes it): 0.5 * tanh(x) + x."""
+
+    def forward(self, x):
+        return torch.tanh(x) * 0.5 + x
+
+
 class AdaLN(nn.Module):
     def __init__(self, d: int):
         super().__init__()
@@ -145,12 +152,14 @@ def _cases() -> dict[str, OperatorCard]:
         "gelu_glu": chain_cards(GatedMLP(32, F.gelu), x)[0],
         "gn_silu": chain_cards(GroupNormSilu(), torch.randn(2, 8, 6, 6, dtype=BF))[0],
         "adaln": chain_cards(AdaLN(32), x, torch.randn(2, 32, dtype=BF))[0],
+        "softclip": chain_cards(SoftClip(), x)[0],
     }
 
 
 EXPECTED = {"toy_rms": "chain_rms_norm", "toy_add_rms": "chain_rms_norm", "toy_swiglu": "chain_glu",
             "gemma_rms": "chain_rms_norm", "llama_rms": "chain_rms_norm", "swiglu": "chain_glu", "geglu": "chain_glu",
-            "gelu_glu": "chain_glu", "gn_silu": "chain_group_norm_silu", "adaln": "chain_modulate"}
+            "gelu_glu": "chain_glu", "gn_silu": "chain_group_norm_silu", "adaln": "chain_modulate",
+            "softclip": "chain_pointwise"}
 
 
 @pytest.fixture(scope="module")

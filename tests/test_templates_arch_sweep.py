@@ -51,6 +51,9 @@ def _cards(dtypes: tuple[torch.dtype, ...] = DTYPES) -> tuple[OperatorCard, ...]
     cards = [c for dt in dtypes for c in cards_for(dt)] + [c for dt in dtypes for _, c in norm_cards_for(dt)]
     cards += [group_norm_card([1, 512, 128, 128], 32, torch.bfloat16),   # 512 KB groups: cluster first on sm_90
               group_norm_card([1, 32, 128, 128], 8, torch.float16)]
+    from test_builtin_chains import _cases  # the chain cards of every chain template (toy modules, traced)
+
+    cards += list(_cases().values())
     return tuple(cards)
 
 
