@@ -61,6 +61,37 @@ CONFIRMED_KEYS = ("speedup", "speedup_ci", "eager_us", "cast_us", "reps", "throt
 CHAIN_OP = "kforge::chain"  # engine.capture.chains.CHAIN_OP
 
 
+def _check_and_time(check: Any, candidate: Any, timed_call: Any, flush: Any, cfg: Any,
+                    r: dict[str, Any]) -> Any:
+    """Verify `candidate` on the check's sets, then time `timed_call` against eager as the lane does
+    (rotating slots, audits) with eager alone as the control; fills `r` (verdict, timing, speedup, …)
+    and returns the TimedRun, or None with `r["reason"]` set where it failed."""
+    from engine.verify.timed import TimedCandidate, against_control, audited_ab, time_eager_alone
+
+    verdict = check.check(candidate)
+    r["verdict"] = verdict.to_json()
+    if not verdict.ok:
+        r["reason"] = f"{verdict.category}: {verdict.message}"
+        return None
+    # Timed as in the lane: rotating input slots with new values every call, eager on its own copies, a
+    # random sample of calls audited against eager. Outputs are not poisoned here: the cast allocates them
+    # inside the call, and a fill there would be timed.
+    timed = audited_ab(check, TimedCandidate(timed_call), flush, cfg)
+    if timed.category is not None:
+        r["reason"] = f"{timed.category}: {timed.message}"
+        return None
+    ab = timed.ab
+    # Eager alone is the control: where eager read slower beside the cast, the speedup is against eager
+    # alone (as in the lane).
+    timing_json = {**ab.to_json(), **timed.to_json()}
+    control, _ = time_eager_alone(check, flush, cfg)
+    timing_json.update(against_control(ab, control) or {})
+    r.update(timing=timing_json, speedup=timing_json["speedup"], speedup_ci=list(timing_json["speedup_ci"]),
+             eager_us=timing_json["eager"]["median"], eager_alone_us=control.median, cast_us=ab.candidate.median,
+             reps=ab.reps, throttled=ab.throttled)
+    return timed
+
+
 def _confirm_chain(state: Any, v: dict[str, Any], paths: list[str], device: Any, flush: Any, cfg: Any,
                    gate_host: bool) -> dict[str, Any]:
     """A chain card's variant (module or pattern card): it has no public op, so its plan is called on the
@@ -72,7 +103,6 @@ def _confirm_chain(state: Any, v: dict[str, Any], paths: list[str], device: Any,
     from engine.capture.chains import run_chain
     from engine.capture.samples import load_sample
     from engine.verify.pipeline import as_list, card_check
-    from engine.verify.timed import TimedCandidate, against_control, audited_ab, time_eager_alone
 
     r: dict[str, Any] = {"ok": False}
     sig, plan = v["signature"], state.plan
@@ -92,24 +122,12 @@ def _confirm_chain(state: Any, v: dict[str, Any], paths: list[str], device: Any,
         finally:
             plan.prefill = None
 
-    verdict = check.check(candidate)
-    r["verdict"] = verdict.to_json()
-    if not verdict.ok:
-        r["reason"] = f"{verdict.category}: {verdict.message}"
-        return r
-    timed = audited_ab(check, TimedCandidate(lambda b, prefill: (lambda: plan(args_of(b)))), flush, cfg)
-    if timed.category is not None:
-        r["reason"] = f"{timed.category}: {timed.message}"
+    timed = _check_and_time(check, candidate, lambda b, prefill: (lambda: plan(args_of(b))), flush, cfg, r)
+    if timed is None:
         return r
     ab = timed.ab
-    timing_json = {**ab.to_json(), **timed.to_json()}
-    control, _ = time_eager_alone(check, flush, cfg)
-    timing_json.update(against_control(ab, control) or {})
-    speedup, (low, high) = timing_json["speedup"], timing_json["speedup_ci"]
-    eager_us = timing_json["eager"]["median"]
-    r.update(timing=timing_json, speedup=speedup, speedup_ci=[low, high], eager_us=eager_us,
-             eager_alone_us=control.median, cast_us=ab.candidate.median, reps=ab.reps, throttled=ab.throttled,
-             hits=plan.hits)
+    r["hits"] = plan.hits
+    speedup, (low, high), eager_us = r["speedup"], r["speedup_ci"], r["eager_us"]
     if not faster_with_confidence((low, high)):
         r["reason"] = f"not faster with confidence than the chain's eager ops: {speedup:.3f}x (95% CI {low:.3f}-{high:.3f})"
         return r
@@ -143,7 +161,6 @@ def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any
     from engine.ops import call_op, resolve_op, return_aliases, write_only_args
     from engine.verify.inputs import clone_bound
     from engine.verify.pipeline import CardCheck, as_list
-    from engine.verify.timed import TimedCandidate, against_control, audited_ab, time_eager_alone
 
     device = torch.device("cuda", torch.cuda.current_device())
     with warnings.catch_warnings(record=True) as caught:
@@ -193,30 +210,13 @@ def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any
                 finally:
                     plan.prefill = None
 
-            verdict = check.check(candidate)
-            r["verdict"] = verdict.to_json()
-            if not verdict.ok:
-                r["reason"] = f"{verdict.category}: {verdict.message}"
-                continue
-            # Timed as in the lane: rotating input slots with new values every call, eager on its own
-            # copies, a random sample of calls audited against eager. Outputs are not poisoned here: the
-            # cast allocates them inside the call, and a fill there would be timed.
-            timed = audited_ab(check, TimedCandidate(lambda b, prefill, op=op: (lambda: call_op(op, b))),
-                               flush, cfg)
-            if timed.category is not None:
-                r["reason"] = f"{timed.category}: {timed.message}"
+            timed = _check_and_time(check, candidate, lambda b, prefill, op=op: (lambda: call_op(op, b)),
+                                    flush, cfg, r)
+            if timed is None:
                 continue
             ab, inputs = timed.ab, timed.slot
-            # Eager alone is the control: where eager read slower beside the cast, the speedup is against
-            # eager alone (as in the lane).
-            timing_json = {**ab.to_json(), **timed.to_json()}
-            control, _ = time_eager_alone(check, flush, cfg)
-            timing_json.update(against_control(ab, control) or {})
-            speedup, (low, high) = timing_json["speedup"], timing_json["speedup_ci"]
-            eager_us = timing_json["eager"]["median"]
-            r.update(timing=timing_json, speedup=speedup, speedup_ci=[low, high], eager_us=eager_us,
-                     eager_alone_us=control.median, cast_us=ab.candidate.median, reps=ab.reps,
-                     throttled=ab.throttled, hits=state.hits)
+            r["hits"] = state.hits
+            speedup, (low, high), eager_us = r["speedup"], r["speedup_ci"], r["eager_us"]
             if not faster_with_confidence((low, high)):
                 r["reason"] = (f"not faster with confidence through the public op: {speedup:.3f}x "
                                f"(95% CI {low:.3f}-{high:.3f})")
