@@ -18,46 +18,17 @@ def _chain_card(tmp_path: Path, samples: int = 2):
     from test_chain_lane import D
     from test_chains import Model
 
-    from engine.capture.chains import (
-        CHAIN_OP,
-        chain_card_id,
-        chain_signature,
-        container_paths,
-        find_chains,
-        patterns,
-        run_chain,
-        trace_forward,
-    )
-    from engine.capture.samples import save_sample, snapshot_inputs, snapshot_outputs
-    from engine.capture.signature import describe_tensor
-    from engine.cards import CardRef
+    from engine.capture.chain_cards import synthetic_chain_card
+    from engine.capture.chains import chain_signature, container_paths, find_chains, patterns, trace_forward
 
     torch.manual_seed(0)
     model = Model(d=D).to(device="cuda", dtype=torch.bfloat16)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.normal_(0, 0.1)
     x = torch.randn(2, 5, D, device="cuda", dtype=torch.bfloat16)
     t = trace_forward(model, lambda: model(x), time_calls=False)
     (norm,) = [p for p in patterns(find_chains(t.calls, container_paths(model), unknown=t.unknown))
                if p.kind == "module"]
-    sig = chain_signature(norm.instances[0])
-    weight = model.layers[0].norm1.weight.detach()
-    outputs = None
-    files = []
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    for i in range(samples):
-        inputs = [("in0", torch.randn(2, 5, D, device="cuda", dtype=torch.bfloat16)), ("in1", weight.clone())]
-        with torch.no_grad():
-            outs = run_chain(sig, [v for _, v in inputs])
-        outputs = outputs or [describe_tensor(o) for o in outs]
-        snap, layout = snapshot_inputs(inputs)
-        out_layout, mutated = snapshot_outputs(snap, outs, {})
-        path = tmp_path / f"chain.{i}.safetensors"
-        save_sample(path, snap, {"op": CHAIN_OP, "inputs": layout, "outputs": out_layout, "mutated": mutated})
-        files.append(str(path))
-    return CardRef(chain_card_id(sig), CHAIN_OP, sig, outputs, 0, files)
+    # Random inputs, the weight (in1) included: the kernel without the weight's `1 +` cannot pass by chance.
+    return synthetic_chain_card(tmp_path, chain_signature(norm.instances[0]), samples)
 
 
 @pytest.mark.gpu
