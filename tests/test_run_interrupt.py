@@ -37,7 +37,8 @@ def _wait_for(proc: subprocess.Popen, ready, what: str, limit_s: float = 120) ->
 
 
 def _interrupt(proc: subprocess.Popen, err: Path, *, times: int = 1) -> list[str]:
-    """SIGINT (as Ctrl-C sends); returns the stderr lines written after it. Exit 130 is asserted."""
+    """SIGINT (as Ctrl-C sends); returns the stderr lines written after it. Exit 130 (as a shell sees it)
+    is asserted."""
     before = len(err.read_text().splitlines())
     for _ in range(times):
         proc.send_signal(signal.SIGINT)
@@ -47,7 +48,9 @@ def _interrupt(proc: subprocess.Popen, err: Path, *, times: int = 1) -> list[str
         proc.kill()
         pytest.fail("still running 20 s after Ctrl-C")
     after = err.read_text().splitlines()[before:]
-    assert code == 130, after
+    # 130, or ended by the SIGINT itself: a shell reports both as $? = 130 (seen once, for the capture
+    # command, in a fresh-clone CI run: the message was printed, then the process ended by the signal).
+    assert code in (130, -signal.SIGINT), (code, after)
     return after
 
 

@@ -313,7 +313,13 @@ async def test_candidate_shows_the_full_signature_at_80(store):
         app.open_candidate(cid)
         from kforge_tui.screens.candidate import CandidateScreen
 
-        assert await until(pilot, lambda: isinstance(app.screen, CandidateScreen))
+        def mounted() -> bool:  # the screen's own set-up done: its initial tab shown and its text focused
+            if not isinstance(app.screen, CandidateScreen) or not app.screen.query("#tabs"):
+                return False
+            active = app.screen.query_one("#tabs").active
+            return bool(active) and app.focused is not None and app.focused.id == f"scroll-{active}"
+
+        assert await until(pilot, mounted)
         await settle(pilot, "1")
         want = f"signature {card.op} {card.signature}"
         await until(pilot, lambda: want in " ".join(screen_text(app).split()))
