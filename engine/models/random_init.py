@@ -29,8 +29,10 @@ class _TiledFill:
     """One N(0, std) block of `_FILL_BLOCK` values, copied (rotated at random) into tensors."""
 
     def __init__(self, seed: int, std: float = 1.0):
+        # The block is drawn on the CPU (its generator's device), also inside `with torch.device("cuda")`,
+        # where a builder allocates its model: a CPU generator cannot draw a CUDA tensor.
         self.gen = torch.Generator().manual_seed(seed)
-        self.block = torch.randn(_FILL_BLOCK, generator=self.gen) * std
+        self.block = torch.randn(_FILL_BLOCK, generator=self.gen, device="cpu") * std
         self.cache: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
     @torch.no_grad()
@@ -43,7 +45,7 @@ class _TiledFill:
         key = (p.device, p.dtype)
         if key not in self.cache:
             self.cache[key] = self.block.to(device=p.device, dtype=p.dtype)
-        shift = int(torch.randint(_FILL_BLOCK, (1,), generator=self.gen))
+        shift = int(torch.randint(_FILL_BLOCK, (1,), generator=self.gen, device="cpu"))
         src = torch.roll(self.cache[key], shift)
         flat = p.view(-1)
         whole = flat.numel() // _FILL_BLOCK
