@@ -30,4 +30,4 @@ def test_template_default_verifies_in_a_lane(tmp_path, name):
     assert template is not None and template.name == EXPECTED[name], reasons
     r = template.render(card, template.default(card, hw=hw), hw=hw)
     (ev,) = evaluate_many([(ref, r.source, r.spec)], cache_dir=tmp_path / "cache")
-    assert ev.status == "verified", (name, ev.category, ev.report)
+    assert ev.status == "verified", (name, ev.category, ev.message, ev.payload)

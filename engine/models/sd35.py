@@ -180,3 +180,33 @@ def build(*, device: torch.device, dtype: torch.dtype, image_size: int = 1024, t
     }
     return CaptureTarget(module=model, forward=lambda: model(**inputs),
                          multiplicity=full_multiplicity(), notes=notes)
+
+
+class SD35VaeDecode(nn.Module):
+    """The SD3.5 VAE's decode as a model of its own (paths read `vae.decoder.…`, as in SD35Medium)."""
+
+    def __init__(self, vae: nn.Module):
+        super().__init__()
+        self.vae = vae
+
+    def forward(self, vae_latent):
+        cfg = self.vae.config
+        return self.vae.decode(vae_latent / cfg.scaling_factor + cfg.shift_factor, return_dict=False)[0]
+
+
+def build_vae(*, device: torch.device, dtype: torch.dtype, vae_latent_size: int = 128, seed: int = 0) -> CaptureTarget:
+    """SD3.5 Medium's VAE decode alone: a (1, 16, s, s) latent to a (1, 3, 8s, 8s) image, as the pipeline's
+    last step runs it (and as `engine.config.sd35_vae` times it)."""
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(seed)
+    with torch.device(device), default_dtype(dtype), tiled_random_init(seed):
+        vae = AutoencoderKL(**VAE_CONFIG)
+    vae.encoder = None  # only decode() runs
+    model = SD35VaeDecode(vae).to(device=device, dtype=dtype).eval()
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    latent = torch.randn(1, VAE_CONFIG["latent_channels"], vae_latent_size, vae_latent_size,
+                         generator=g).to(device=device, dtype=dtype)
+    notes = {"vae": f"SD3.5 Medium VAE decoder only, random weights in {dtype}; a 1x16x{vae_latent_size}x"
+                    f"{vae_latent_size} latent decoded to a {8 * vae_latent_size}x{8 * vae_latent_size} image"}
+    return CaptureTarget(module=model, forward=lambda: model(latent), notes=notes)

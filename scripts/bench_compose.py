@@ -1,0 +1,224 @@
+"""A cast under torch.compile on one model, whole forwards: eager, eager + cast, and per compile mode
+torch.compile alone against torch.compile + cast (`Cast.compile`), alternating, medians with paired 95 % CIs;
+output agreement with eager; the cast's hits per forward; compile time of each compiled arm.
+
+    python scripts/bench_compose.py --out DIR [--model sd35_vae|CONFIG] [--cast FILE] [--keep REGEX]
+                                    [--modes default,reduce-overhead] [--iters N]
+
+Without --cast the cast is built here with the builtin proposer (`engine.export.direct.build_cast`: capture,
+a small search, confirmation in a fresh process) for the ops matching --keep. Compile time: each compiled arm's
+first call, from fresh Inductor and Triton cache folders, the cast's arm first (so any in-process warmth
+favours torch.compile alone, not us). Writes DIR/bench_compose.json and DIR/bench_compose.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def log(msg: str) -> None:
+    print(f"[bench_compose {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def fresh_caches(root: Path, name: str) -> None:
+    """Point Inductor's and Triton's on-disk caches at an empty folder (read at each compile)."""
+    d = root / name
+    (d / "triton").mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(d)
+    os.environ["TRITON_CACHE_DIR"] = str(d / "triton")
+
+
+def hits(cast: Any) -> int:
+    return sum(v["hits"] for v in cast.stats()["variants"])
+
+
+def pair(a, b, iters: int, around_b=None) -> dict[str, Any]:
+    """Alternate `a` and `b` forwards `iters` times each; medians and the paired CI of median(a)/median(b)."""
+    import contextlib
+
+    from engine.bench.forward import time_forward
+    from engine.bench.stats import speedup_ci
+
+    ta, tb = [], []
+    for i in range(iters):
+        for arm in (("a", "b") if i % 2 == 0 else ("b", "a")):
+            if arm == "a":
+                ta.append(time_forward(a))
+            else:
+                with (around_b() if around_b else contextlib.nullcontext()):
+                    tb.append(time_forward(b))
+    est = speedup_ci(ta, tb, paired=True)
+    med = lambda xs: sorted(xs)[len(xs) // 2] / 1e3  # noqa: E731
+    return {"base_ms": med(ta), "with_cast_ms": med(tb), "speedup": est.speedup,
+            "speedup_ci": [est.low, est.high], "iters": iters}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--model", default="sd35_vae", help="sd35_vae (the default) or a config name/path")
+    ap.add_argument("--small", action="store_true", help="the config's [small] size")
+    ap.add_argument("--cast", type=Path, help="an existing cast (else one is built here)")
+    ap.add_argument("--keep", default="", help="regex of ops to build variants for (default: every op)")
+    ap.add_argument("--modes", default="default,reduce-overhead",
+                    help="compile modes, comma-separated: default, max-autotune-no-cudagraphs, reduce-overhead")
+    ap.add_argument("--iters", type=int, default=0, help="forwards per arm (0: about 3 s per arm, 10 to 60)")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("error: bench_compose: no CUDA GPU is visible; run it on the GPU the cast is for", file=sys.stderr)
+        return 2
+    from engine.bench.forward import auto_iters, time_forward
+    from engine.cast.loader import load
+    from engine.config import config_model, sd35_vae
+    from engine.export.e2e import rel_l2_err
+    from engine.models.forwards import output_tensor
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    caches = Path(tempfile.mkdtemp(prefix="kforge-compose-"))
+    doc: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
+                           "date": time.strftime("%Y-%m-%d %H:%M"), "modes": {}}
+
+    def save() -> None:
+        (args.out / "bench_compose.json").write_text(json.dumps(doc, indent=1, default=str))
+        (args.out / "bench_compose.md").write_text(report(doc))
+
+    log(f"building {args.model}")
+    if args.model == "sd35_vae":
+        _, forward = sd35_vae()
+    else:
+        from engine.config import build_target, load_config
+        target = build_target(load_config(args.model, small=args.small), torch.device("cuda"))
+        forward = target.forward
+    cast_path = args.cast
+    with torch.no_grad():
+        if cast_path is None:
+            from engine.export.direct import build_cast
+
+            cast_path = args.out / "compose.cast"
+            pat = re.compile(args.keep) if args.keep else None
+            build = build_cast(forward, cast_path, work=caches / "build", model=args.model, progress=log,
+                               keep=(lambda op: bool(pat.search(op))) if pat else (lambda op: True))
+            doc["build"] = build
+            save()
+        cast = load(cast_path)
+        doc["variants"] = [{"id": v["id"], "op": v["op"]} for v in cast.stats()["variants"]]
+        log(f"cast {cast_path}: {len(doc['variants'])} variant(s)")
+        for _ in range(3):
+            forward()
+        eager_out = output_tensor(forward()).double()
+        iters = args.iters or max(10, min(60, auto_iters(sorted(time_forward(forward) for _ in range(3))[1], 3.0)))
+
+        cast.reset_stats()
+        with cast.enabled():
+            out = output_tensor(forward()).double()
+        doc["eager"] = {"rel_l2_err": rel_l2_err(out, eager_out), "hits_per_forward": hits(cast),
+                        **pair(forward, forward, iters, around_b=cast.enabled)}
+        log(f"eager: {doc['eager']['base_ms']:.2f} ms, with cast {doc['eager']['with_cast_ms']:.2f} ms "
+            f"({doc['eager']['speedup']:.3f}x)")
+        save()
+
+        for mode in [m for m in args.modes.split(",") if m]:
+            kw = {} if mode == "default" else {"mode": mode}
+            step = torch.compiler.cudagraph_mark_step_begin if mode == "reduce-overhead" else (lambda: None)
+            torch._dynamo.reset()
+            r: dict[str, Any] = {}
+            try:
+                fresh_caches(caches, f"{mode}-cast")
+                with cast.enabled():
+                    fast = cast.compile(forward, **kw)
+                    t0 = time.perf_counter()
+                    step()
+                    fast()
+                    torch.cuda.synchronize()
+                    r["compile_s_with_cast"] = time.perf_counter() - t0
+                fresh_caches(caches, f"{mode}-plain")
+                base = torch.compile(forward, **kw)
+                t0 = time.perf_counter()
+                step()
+                base()
+                torch.cuda.synchronize()
+                r["compile_s"] = time.perf_counter() - t0
+                for _ in range(3):
+                    step()
+                    base()
+                    with cast.enabled():
+                        step()
+                        fast()
+                step()
+                r["rel_l2_err_plain"] = rel_l2_err(output_tensor(base()).double(), eager_out)
+                cast.reset_stats()
+                with cast.enabled():
+                    step()
+                    r["rel_l2_err"] = rel_l2_err(output_tensor(fast()).double(), eager_out)
+                r["hits_per_forward"] = hits(cast)  # under reduce-overhead: 0 on a replay (the graph runs)
+
+                def run_base():
+                    step()
+                    base()
+
+                def run_fast():
+                    step()
+                    fast()
+
+                r.update(pair(run_base, run_fast, iters, around_b=cast.enabled))
+                r["compile_time_ratio"] = r["compile_s_with_cast"] / r["compile_s"]
+                log(f"{mode}: torch.compile {r['base_ms']:.2f} ms, + cast {r['with_cast_ms']:.2f} ms "
+                    f"({r['speedup']:.3f}x, CI {r['speedup_ci'][0]:.3f}-{r['speedup_ci'][1]:.3f}); compile "
+                    f"{r['compile_s']:.1f} s vs {r['compile_s_with_cast']:.1f} s with the cast")
+            except Exception as e:  # one mode failing is reported, the others still run
+                import traceback
+
+                r["error"] = f"{type(e).__name__}: {str(e)[:500]}"
+                r["traceback"] = traceback.format_exc()[-3000:]
+                log(f"{mode}: {r['error']}")
+            doc["modes"][mode] = r
+            save()
+    save()
+    print(report(doc))
+    return 0
+
+
+def report(doc: dict[str, Any]) -> str:
+    f = lambda x, s=".2f": "–" if x is None else format(x, s)  # noqa: E731
+    lines = [f"# bench_compose: {doc['model']}", "", f"{doc['gpu']}, torch {doc['torch']}, {doc['date']}; "
+             f"{len(doc.get('variants', []))} variant(s) in the cast", "",
+             "| arm | base ms | with cast ms | speedup (95 % CI) | rel. L2 vs eager | hits/forward | compile s "
+             "(alone → with cast) |", "|---|---:|---:|---|---:|---:|---|"]
+    e = doc.get("eager")
+    if e:
+        lines.append(f"| eager | {f(e['base_ms'])} | {f(e['with_cast_ms'])} | {e['speedup']:.3f} "
+                     f"({e['speedup_ci'][0]:.3f}–{e['speedup_ci'][1]:.3f}) | {e['rel_l2_err']:.2e} | "
+                     f"{e['hits_per_forward']} | – |")
+    for mode, r in doc.get("modes", {}).items():
+        if "error" in r:
+            lines.append(f"| torch.compile {mode} | – | – | error: {r['error'][:120]} | – | – | – |")
+            continue
+        lines.append(f"| torch.compile {mode} | {f(r['base_ms'])} | {f(r['with_cast_ms'])} | {r['speedup']:.3f} "
+                     f"({r['speedup_ci'][0]:.3f}–{r['speedup_ci'][1]:.3f}) | {r['rel_l2_err']:.2e} "
+                     f"(alone {r['rel_l2_err_plain']:.2e}) | {r['hits_per_forward']} | "
+                     f"{r['compile_s']:.1f} → {r['compile_s_with_cast']:.1f} ({r['compile_time_ratio']:.2f}×) |")
+    if e:
+        for mode, r in doc.get("modes", {}).items():
+            if "error" not in r:
+                lines.append(f"\ntorch.compile {mode} + cast against eager: "
+                             f"{e['base_ms'] / r['with_cast_ms']:.2f}× (torch.compile alone "
+                             f"{e['base_ms'] / r['base_ms']:.2f}×; medians of different pairings)")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
