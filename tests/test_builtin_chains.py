@@ -21,6 +21,7 @@ from engine.capture.chains import (
 )
 from engine.capture.signature import describe_tensor
 from engine.cards import OperatorCard
+from engine.run.as_gpu import _on_cuda
 
 BF = torch.bfloat16
 
@@ -110,9 +111,11 @@ def chain_cards(model: nn.Module, *inputs: torch.Tensor) -> list[OperatorCard]:
     trace = trace_forward(model, lambda: model(*inputs), time_calls=False)
     cards = []
     for p in patterns(find_chains(trace.calls, container_paths(model), unknown=trace.unknown)):
-        sig = chain_signature(p.instances[0])
-        sig = {**sig, "args": [_cuda(a) for a in sig["args"]]}
-        outs = run_chain(sig, random_inputs(sig))
+        traced = chain_signature(p.instances[0])
+        outs = run_chain(traced, random_inputs(traced))
+        # Every device in it made 'cuda', the members' too (a `type_as` records `device='cpu'` here), as a
+        # CPU capture's cards are (engine.run.as_gpu): the GPU test replays these members on the GPU.
+        sig = _on_cuda(traced)
         cards.append(OperatorCard(p.id, sig["op"], sig, p.id,
                                   [_cuda(describe_tensor(t)) for t in outs]))
     return cards

@@ -248,3 +248,59 @@ def test_a_synthetic_chain_card_has_samples_that_replay(tmp_path):
     assert not torch.equal(a.args[0][1], b.args[0][1])  # two different input sets
     for s in (a, b):
         assert torch.equal(run_chain(sig, [v for _, v in s.args])[0], s.outputs[0])
+
+
+def test_a_cpu_captured_chain_described_for_the_gpu_replays_on_any_device():
+    # A CPU capture's chain card says device 'cuda' everywhere (engine.run.as_gpu), also in a member's
+    # `type_as` copy; eager for the card runs its members on the inputs' device (on the H200 the copy went
+    # back to the CPU and the lane failed with "Expected all tensors to be on the same device").
+    from engine.capture.chains import chain_signature, run_chain
+    from engine.run.as_gpu import _on_cuda
+
+    class TypeAsRMS(RMS):  # Gemma's form: the result cast back with type_as (a copy that names a device)
+        def forward(self, x):
+            h = x.float()
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+            return (h * (1 + self.weight.float())).type_as(x)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.norm = nn.Linear(32, 32), TypeAsRMS(32)
+
+        def forward(self, x):
+            return self.norm(self.lin(x))
+
+    torch.manual_seed(1)
+    model = Net().to(torch.bfloat16)
+    _, pats = _patterns(model, torch.randn(2, 5, 32, dtype=torch.bfloat16))
+    sig = chain_signature(next(p for p in pats if p.kind == "module").instances[0])
+    on_gpu = _on_cuda(sig)
+    assert any(a.get("value") == {"device": "cuda"} for n in on_gpu["chain"]["nodes"] for a in n["args"])
+    x = torch.randn(2, 5, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        model.norm.weight.normal_()
+        (out,) = run_chain(on_gpu, [x, model.norm.weight])
+        assert out.device.type == "cpu"
+        torch.testing.assert_close(out, model.norm(x), rtol=0, atol=0)
+
+
+def test_a_copy_to_another_device_ends_a_chain():
+    class LeavingRMS(RMS):  # a norm whose result leaves the device inside the module (as `.cpu()` would)
+        def forward(self, x):
+            return super().forward(x).to("meta") * 2
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.norm = nn.Linear(32, 32), LeavingRMS(32)
+
+        def forward(self, x):
+            return self.norm(self.lin(x))
+
+    model = Net().to(torch.bfloat16)
+    trace = trace_forward(model, lambda: model(torch.randn(4, 32, dtype=torch.bfloat16)), time_calls=False)
+    chains = find_chains(trace.calls, container_paths(model), unknown=trace.unknown)
+    assert chains  # the norm itself is still one
+    for ch in chains:
+        assert not any(c.op == "aten::_to_copy" and "meta" in str(c.signature) for c in ch.calls)

@@ -202,8 +202,11 @@ class ChainTrace(TorchDispatchMode):
         name = func.name()
         view = name in VIEW_LIKE or any(r.alias_info is not None and not r.alias_info.is_write
                                         for r in func._schema.returns)
+        # A copy to another device (`.cpu()`, `.to("cuda")`) ends a chain like a matmul: one kernel on one
+        # device cannot do it, and eager for the chain replays members on the chain's own device.
+        devices = {t.device for name_, v in bound for t in _tensors(v)} | {t.device for t in _tensors(out)}
         self.calls.append(TraceCall(len(self.calls), name, path, self._invocations[path], reads, writes,
-                                    signature_of(func, bound), is_compute_op(name), view, us))
+                                    signature_of(func, bound), is_compute_op(name) or len(devices) > 1, view, us))
         return out
 
 
@@ -475,6 +478,12 @@ def run_chain(signature: dict[str, Any], inputs: list[torch.Tensor]) -> list[tor
                 bound.append((a["name"], [None if r is None else vals[tuple(r)] for r in a["tensors"]]))
             else:
                 bound.append((a["name"], decode_value(a["value"])))
+        if node["op"] == "aten::_to_copy":
+            # A chain never changes device (the trace ends chains there): a copy's recorded device is the
+            # device the chain ran on when captured, which is not where it runs now (a CPU capture's card
+            # says 'cuda' for the GPU; the lane replays it on that GPU). It runs on its input's device.
+            src = dict(bound)["self"]
+            bound = [(k, src.device if k == "device" and v is not None else v) for k, v in bound]
         out = call_op(op, bound)
         results = list(_tensors(out))
         mutated = {a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
