@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from engine.bench.forward import auto_iters, time_forward
     from engine.cast.loader import load
-    from engine.config import config_model, sd35_vae
+    from engine.config import sd35_vae
     from engine.export.e2e import rel_l2_err
     from engine.models.forwards import output_tensor
 
@@ -166,11 +166,11 @@ def main(argv: list[str] | None = None) -> int:
                     r["rel_l2_err"] = rel_l2_err(output_tensor(fast()).double(), eager_out)
                 r["hits_per_forward"] = hits(cast)  # under reduce-overhead: 0 on a replay (the graph runs)
 
-                def run_base():
+                def run_base(step=step, base=base):
                     step()
                     base()
 
-                def run_fast():
+                def run_fast(step=step, fast=fast):
                     step()
                     fast()
 

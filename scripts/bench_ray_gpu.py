@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
@@ -25,6 +26,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 TIMING = {"max_seconds": 1.0}
+
+
+def worker_path() -> str:
+    """The workers' PYTHONPATH: this checkout first, then the driver's own (where Ray itself may live)."""
+    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
 
 
 def log(msg: str) -> None:
@@ -103,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     card = OperatorCard(ref.card_id, ref.op, ref.signature, signature_text(ref.signature), ref.outputs,
                         bytes=ref.bytes, eager_us=20.0, share=1.0)
     ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, object_store_memory=400 * 2**20,
-             log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+             log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": worker_path()}})
     rows = []
     try:
         for r in range(args.rounds):

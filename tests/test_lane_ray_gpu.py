@@ -3,6 +3,7 @@ the builtin proposer, and a local lane gives every candidate of that search the 
 Needs a CUDA GPU and Ray (`pip install -e ".[ray]"`)."""
 
 import asyncio
+import os
 
 import pytest
 import torch
@@ -24,6 +25,11 @@ from engine.run.plan import CardState  # noqa: E402
 TIMING = {"max_seconds": 1.0}
 
 
+def worker_path() -> str:
+    """The workers' PYTHONPATH: this checkout first, then the driver's own (where Ray itself may live)."""
+    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+
+
 class Finished(NullRecorder):
     def __init__(self):
         self.done = []
@@ -40,7 +46,7 @@ def test_one_ray_gpu_actor_searches_a_card_and_matches_the_local_lane(tmp_path):
                         bytes=ref.bytes, eager_us=20.0, share=1.0)
     assert BuiltinProposer().supports(card)
     ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, object_store_memory=200 * 2**20,
-             log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+             log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": worker_path()}})
     try:
         ray_done, local = asyncio.run(_both(tmp_path, card, ref.samples))
     finally:
