@@ -118,8 +118,10 @@ def test_while_a_cuda_graph_is_captured_the_target_is_cuda_graphs(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     assert runtime.current_target() == "cuda-graphs"
+    assert not runtime.allowed(frozenset({"eager"})) and runtime.allowed(frozenset({"eager", "cuda-graphs"}))
     with runtime.target_scope("compile:reduce-overhead"):  # compiled code: its mode, captured or not
         assert runtime.current_target() == "compile:reduce-overhead"
+        assert not runtime.allowed(frozenset({"cuda-graphs"}))
     assert runtime.current_target() == "cuda-graphs"
 
 

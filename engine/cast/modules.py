@@ -42,7 +42,7 @@ import torch
 import torch.nn.modules.module as _mm
 
 from engine.cast.guard import descriptor_key, tensor_key, value_key
-from engine.cast.runtime import current_target
+from engine.cast.runtime import allowed
 
 _LOCK = threading.RLock()
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
@@ -146,7 +146,7 @@ class ModuleRoute:
             st.decline("grad")
             return self.original(*args, **kwargs)
         targets = getattr(v.plan, "targets", None)
-        if targets is not None and current_target() not in targets:
+        if targets is not None and not allowed(targets):
             st.decline("target")
             return self.original(*args, **kwargs)
         inputs: list[Any] = [None] * v.n_inputs

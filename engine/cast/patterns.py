@@ -38,7 +38,7 @@ import torch
 
 from engine.capture.chains import CHAIN_OP, chain_card_id, run_chain
 from engine.cast.guard import descriptor_key, tensor_key
-from engine.cast.runtime import current_target
+from engine.cast.runtime import allowed
 from engine.ops import resolve_op
 
 _OPS: dict[str, Any] = {}          # op name -> the custom op (registered once per process)
@@ -76,7 +76,7 @@ class PatternOp:
         key = tuple(tensor_key(t) for t in inputs)
         plan = self.table.get(key)
         targets = getattr(plan, "targets", None)
-        if targets is not None and current_target() not in targets:
+        if targets is not None and not allowed(targets):
             plan = None  # proven, but not under this compile mode: what the graph would have computed
             self.target_declines += 1
         if plan is not None and not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):

@@ -74,6 +74,17 @@ def current_target() -> str:
     return EAGER
 
 
+def allowed(targets: frozenset[str]) -> bool:
+    """Whether a plan proven for `targets` may run on a call made now (current_target() in targets, without
+    asking CUDA about capture when both eager and cuda-graphs are among them)."""
+    stack = getattr(_SCOPE, "stack", None)
+    if stack:
+        return stack[-1] in targets
+    if EAGER in targets and GRAPHS in targets:
+        return True
+    return current_target() in targets
+
+
 class Plan:
     """Something a hit runs: `plan(bound) -> result`, with a hit counter. Subclassed by KernelPlan.
     `targets`: where it may run (see the module doc); None: anywhere."""
@@ -144,7 +155,7 @@ class Route:
         if _grad_enabled() and _needs_grad(bound, self.tensor_slots):
             self.grad_declines += 1
             return self._original(keyset, args, kwargs)
-        if plan.targets is not None and current_target() not in plan.targets:
+        if plan.targets is not None and not allowed(plan.targets):
             self.target_declines += 1
             return self._original(keyset, args, kwargs)
         plan.hits += 1

@@ -112,6 +112,7 @@ constexpr uint32_t kEagerBit = 1u << 0, kGraphsBit = 1u << 1;  // as cpp_router.
 
 uint32_t call_target(const Plan& plan) {
   if (t_target >= 0) return 1u << t_target;
+  if ((plan.targets & (kEagerBit | kGraphsBit)) == (kEagerBit | kGraphsBit)) return kEagerBit;  // either: no query
   if (plan.device.is_cuda() &&
       c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None)
     return kGraphsBit;
