@@ -44,19 +44,25 @@ def f(x, w, b):
     return torch.relu(F.group_norm(x, 4, w, b, 1e-5)) * 2
 
 
+def _pytorch(bound):
+    return runtime.routes()[ROUTE].original.call_boxed(torch._C._dispatch_keyset_full(), *bound)
+
+
 @pytest.fixture
-def cast(tmp_path, monkeypatch):
-    """The cast loaded with plans that run PyTorch's kernel, its routes at the CPU key."""
+def cast_file(tmp_path, monkeypatch):
+    """The cast's file; its routes go to the CPU key, through the Python router."""
     monkeypatch.setenv("KFORGE_CAST_ROUTER", "python")
     monkeypatch.setattr(runtime, "add_entries", functools.partial(runtime.add_entries, dispatch_key="CPU"))
     manifest = {"format": cast_format.FORMAT, "format_version": cast_format.FORMAT_VERSION, "env": ENV,
                 "variants": [_variant(v) for v in SIDES]}
     write_cast(tmp_path / "t.cast", manifest, {}, "# test\n")
+    return tmp_path / "t.cast"
 
-    def pytorch(bound):
-        return runtime.routes()[ROUTE].original.call_boxed(torch._C._dispatch_keyset_full(), *bound)
 
-    c = engine.cast.load(tmp_path / "t.cast", env=ENV, plans={v: pytorch for v in SIDES})
+@pytest.fixture
+def cast(cast_file):
+    """The cast loaded with plans that run PyTorch's kernel."""
+    c = engine.cast.load(cast_file, env=ENV, plans={v: _pytorch for v in SIDES})
     torch._dynamo.reset()
     yield c
     c.remove()
@@ -136,3 +142,15 @@ def test_stats_say_which_variants_run_under_which_target(cast):
     text = cast.summary()
     assert "1 without recorded targets (run under every target)" in text
     assert "  compile: 2 variant(s)" in text and "  compile:reduce-overhead: 1 variant(s)" in text
+
+
+def test_any_target_runs_every_variant_in_eager_for_its_own_checks(cast_file):
+    # audit --verify and confirmation call each variant's public op in eager, whatever it was kept for.
+    c = engine.cast.load(cast_file, env=ENV, plans={v: _pytorch for v in SIDES}, any_target=True)
+    try:
+        with c.enabled(), torch.no_grad():
+            _call_each(f)
+        assert _hits(c) == {"eager-only": 1, "compile-only": 1, "legacy": 1}
+        assert c.stats()["targets"]["compile:reduce-overhead"] == list(SIDES)
+    finally:
+        c.remove()

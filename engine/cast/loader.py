@@ -63,7 +63,7 @@ class Cast:
     """A loaded cast. `install()`/`remove()` are idempotent and thread-safe; `enabled()` scopes them."""
 
     def __init__(self, path: str, file: CastFile | None, problem: str | None, env: dict[str, Any] | None,
-                 only: set[str] | None = None, plans: dict[str, Any] | None = None):
+                 only: set[str] | None = None, plans: dict[str, Any] | None = None, any_target: bool = False):
         self.path = path
         self.file = file
         self.problem = problem            # why nothing of this cast can run here, or None
@@ -79,6 +79,7 @@ class Cast:
                                                   module=module_card(v), pattern=pattern_card(v),
                                                   targets=None if targets is None else frozenset(targets)))
         self._plans = dict(plans or {})  # variant id -> Python plan used instead of its kernels
+        self._any_target = any_target  # load(any_target=True): recorded targets are not enforced
         self._module_kept: dict[str, Any] = {}  # module-route counters by path, since removed
         self._module_skipped: list[str] = []  # module paths not patched at the last install, and why
         self._patterns: Any = None  # the pattern cards as a PatternSet, once built
@@ -197,7 +198,8 @@ class Cast:
         from engine.cast.cpp_router import TARGET_BITS
 
         usable = self.usable()
-        return {t: [v.id for v in usable if v.targets is None or t in v.targets] for t in TARGET_BITS}
+        held = {v.id: self._enforced(v) for v in usable}
+        return {t: [v.id for v in usable if held[v.id] is None or t in held[v.id]] for t in TARGET_BITS}
 
     def summary(self) -> str:
         """One line per target: how many variants run under it (what `stats()["targets"]` lists)."""
@@ -396,7 +398,7 @@ class Cast:
             try:
                 plans = [cpp_router.plan_for(ext, st.plan, layout, by_id[st.id]["signature"]) for st in states]
                 for st, plan in zip(states, plans):
-                    cpp_router.set_plan_targets(ext, plan, st.targets)
+                    cpp_router.set_plan_targets(ext, plan, self._enforced(st))
                 cpp_router.install(ext, op, "CUDA", plans)
             except Exception as e:  # another cast routes it in C++, or a plan it cannot take: Python
                 _warn(f"{self.path}: {op} stays with the Python router ({type(e).__name__}: {e})")
@@ -407,6 +409,10 @@ class Cast:
             for i, st in enumerate(states):
                 st.cpp = (op, i)
         return rest
+
+    def _enforced(self, state: VariantState) -> frozenset[str] | None:
+        """The targets a variant's plan is held to: its recorded ones, or none with load(any_target=True)."""
+        return None if self._any_target else state.targets
 
     def _prepare(self) -> None:
         """Load modules and resolve launches once (needs the GPU); a variant that fails stays on PyTorch."""
@@ -427,7 +433,7 @@ class Cast:
             if state.id in self._plans:
                 fn = self._plans[state.id]
                 state.plan = fn if isinstance(fn, runtime.Plan) else runtime.Plan(state.id, fn)
-                state.plan.targets = state.targets
+                state.plan.targets = self._enforced(state)
                 if state.module is None and state.pattern is None:
                     v = by_id[state.id]
                     layout = layout_of(resolve_op(v["op"]))
@@ -448,14 +454,14 @@ class Cast:
             try:
                 if state.module is not None or state.pattern is not None:
                     state.plan = _chain_kernel_plan(v, _image(self.file, v, arch), device, max_shared)
-                    state.plan.targets = state.targets
+                    state.plan.targets = self._enforced(state)
                     continue
                 layout = layout_of(resolve_op(v["op"]))
                 key = signature_key(layout, v["signature"], device.index or 0)
                 image = _image(self.file, v, arch)
                 plan = make_plan(v["id"], v, image, layout, device, max_shared)
                 plan.entry = (layout.op_name, key, plan, first_shape(v["signature"]))
-                plan.targets = state.targets
+                plan.targets = self._enforced(state)
                 state.plan = plan
             except Exception as e:  # any failure here means: this variant stays on PyTorch
                 state.problem = f"cannot prepare: {type(e).__name__}: {e}"
@@ -518,7 +524,8 @@ def _warn(message: str) -> None:
 
 
 def load(path: str | Path, *, strict: bool = False, env: dict[str, Any] | None = None,
-         only: set[str] | None = None, plans: dict[str, Any] | None = None, unproven_ok: bool = False) -> Cast:
+         only: set[str] | None = None, plans: dict[str, Any] | None = None, unproven_ok: bool = False,
+         any_target: bool = False) -> Cast:
     """Read and check a cast for this process. Never raises for a bad file unless `strict`.
 
     `only`: install just these variant ids (the rest stay on PyTorch, silently).
@@ -528,6 +535,8 @@ def load(path: str | Path, *, strict: bool = False, env: dict[str, Any] | None =
     `unproven_ok`: on a GPU of another arch than the one the cast was proven on (same torch), install it
     anyway (its cubin for this arch, else its PTX). Only after `kforge-tui audit FILE --verify` passed
     here: without it such a cast stays on PyTorch, and the warning says this in one line.
+    `any_target`: run every variant wherever the cast is installed, whatever targets its export recorded
+    (checks of each variant through the public op in eager: `audit --verify`, confirmation).
     """
     path = str(path)
     try:
@@ -554,7 +563,7 @@ def load(path: str | Path, *, strict: bool = False, env: dict[str, Any] | None =
             raise CastError(f"{path}: {problem}")
         _warn(f"{path}: not installed: {problem}; the model runs on PyTorch")
         return Cast(path, file, problem, here)
-    cast = Cast(path, file, None, here, only, plans)
+    cast = Cast(path, file, None, here, only, plans, any_target)
     validated = (file.manifest.get("source") or {}).get("model_check") or {}
     if validated.get("mode") == "cuda-graphs" and not strict:
         eager = validated.get("eager_speedup")
