@@ -275,17 +275,25 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"kforge: warning: {w}", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps({"out": str(out), "included": result.included, "excluded": result.excluded,
-                          "model_check": result.model_check, "warnings": result.warnings},
+                          "model_check": result.model_check, "model_checks": result.model_checks,
+                          "warnings": result.warnings},
                          separators=(",", ":"), default=str))
     else:
         print(f"wrote {out}: {len(result.included)} variant(s)")
         for v in result.included:
             ci = v.get("speedup_ci") or [float("nan")] * 2
-            print(f"  {v['id']:<40} {v['op']:<32} {v['speedup']:.2f}x (95% CI {ci[0]:.2f}-{ci[1]:.2f})")
+            print(f"  {v['id']:<40} {v['op']:<32} {v['speedup']:.2f}x (95% CI {ci[0]:.2f}-{ci[1]:.2f})"
+                  + (f"  proven for: {', '.join(v['targets'])}" if v.get("targets") else ""))
         for e in result.excluded:
             print(f"  left on PyTorch: {e['op']} {e['card_id'][:8]}: {e['reason']}")
         check = result.model_check or {}
-        if check.get("speedup") is not None:
+        if result.model_checks:
+            from engine.export.report import target_check_text
+
+            for target, mc in result.model_checks.items():
+                if isinstance(mc, dict):
+                    print(f"whole model, {target}: {target_check_text(mc)}")
+        elif check.get("speedup") is not None:
             ci = check.get("speedup_ci") or [float("nan")] * 2
             err = check.get("rel_l2_err")
             print(f"whole model ({check.get('mode')}): {check['speedup']:.3f}x (95% CI {ci[0]:.3f}-{ci[1]:.3f})"

@@ -86,6 +86,32 @@ def test_a_second_install_of_the_same_op_is_refused(ext):
         cpp_router.uninstall(ext, "aten::relu", "CPU")
 
 
+def test_a_plan_runs_only_under_the_targets_it_was_proven_for(ext):
+    # Exported with --target: the mask of the variant's targets; inside compiled code of a cast backend
+    # (runtime.target_scope) the call's target is the compile mode, elsewhere eager (CPU: never captured).
+    from engine.cast import runtime
+
+    op = torch.ops.aten.relu.default
+    x, y = torch.randn(16), torch.randn(18)
+    eager_only, compile_only = _plan(ext, op, (x,), [x]), _plan(ext, op, (y,), [y])
+    cpp_router.set_plan_targets(ext, eager_only, ["eager", "cuda-graphs"])
+    cpp_router.set_plan_targets(ext, compile_only, ["compile"])
+    cpp_router.install(ext, "aten::relu", "CPU", [eager_only, compile_only])
+    try:
+        op(x)
+        assert torch.equal(op(y), y.clamp_min(0))  # compile-only in eager: PyTorch's kernel, exact
+        with runtime.target_scope("compile"):
+            assert torch.equal(op(x), x.clamp_min(0))  # eager-only under compile: PyTorch's kernel
+            op(y)
+            with runtime.target_scope("compile:reduce-overhead"):  # a mode neither was proven for
+                assert torch.equal(op(y), y.clamp_min(0))
+        op(x)  # the scope is over: eager again
+        st = cpp_router.stats(ext, "aten::relu", "CPU")
+        assert st["hits"] == [2, 1] and st["target_declines"] == 3 and st["misses"] == 0
+    finally:
+        cpp_router.uninstall(ext, "aten::relu", "CPU")
+
+
 def test_an_op_with_many_variants_sends_each_call_to_its_own_or_to_pytorch(ext):
     # As Qwen3.5's aten::mul.Tensor with 25 variants: a call is compared in full only with the variants
     # whose first tensor has its sizes and dtype; the right one hits, everything else runs PyTorch's kernel.

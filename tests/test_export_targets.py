@@ -84,6 +84,86 @@ def test_audit_shows_what_each_variant_was_proven_for():
                          "speedup_ci": [1.4, 1.6], "eager_us": 10.0, "cast_us": 6.7, "signature": "f16[8]",
                          "targets": ["eager"], "chain": None}]}
     text = audit_text(doc, "x.cast")
-    assert "whole model, eager: 1.10× (1.05–1.15)" in text
+    assert "whole model, eager: 1.100× (95% CI 1.050–1.150)" in text
     assert "whole model, compile: refused (slower)" in text
     assert "proven for: eager" in text
+
+
+CHECKS = {"eager": {"mode": "eager", "speedup": 1.08, "speedup_ci": [1.05, 1.12], "eager_ms": 4.0,
+                    "cast_ms": 3.7, "rel_l2_err": 2e-4},
+          "compile": {"mode": "compile", "speedup": 1.01, "speedup_ci": [0.98, 1.04], "eager_ms": 2.5,
+                      "cast_ms": 2.48, "rel_l2_err": 3e-4},
+          "cuda-graphs": {"mode": "cuda-graphs", "refused": "export: slower under cuda-graphs"}}
+
+
+def _manifest(targets=True):
+    from engine.cast import format as cast_format
+
+    variants = [{"id": "relu-1", "op": "aten::relu", "signature": {}, "signature_text": "f16[8]", "outputs": [],
+                 "launch_spec": "", "kernels": ["k"], "files": {}, "category": "custom CUDA",
+                 "evidence": {"confirmed": {"speedup": 1.5, "speedup_ci": [1.4, 1.6]}}, "provenance": {},
+                 **({"targets": ["eager", "compile"]} if targets else {})}]
+    source = ({"model": "toy", "model_check": CHECKS["eager"], "model_checks": CHECKS} if targets else
+              {"model": "toy", "model_check": CHECKS["eager"]})
+    return {"format": cast_format.FORMAT, "format_version": cast_format.FORMAT_VERSION,
+            "env": {"gpu": "NVIDIA H200", "arch": "sm_90", "torch": "2.11"}, "source": source,
+            "variants": variants}
+
+
+def test_audit_shows_each_targets_whole_model_numbers_and_output_agreement(tmp_path):
+    from engine.cast.format import write_cast
+
+    write_cast(tmp_path / "t.cast", _manifest(), {}, "# t\n")
+    r = subprocess.run([sys.executable, "-m", "kforge_tui", "audit", str(tmp_path / "t.cast")],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert ("whole model, eager: 4.00 -> 3.70 ms, 1.080× (95% CI 1.050–1.120); output vs eager 2.0e-04 "
+            "(relative L2)") in r.stdout
+    assert "whole model, compile: 2.50 -> 2.48 ms, 1.010× (95% CI 0.980–1.040); output vs eager 3.0e-04 " \
+           "(relative L2); not faster with confidence" in r.stdout
+    assert "whole model, cuda-graphs: refused (export: slower under cuda-graphs)" in r.stdout
+    assert "proven for: eager, compile" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "kforge_tui", "audit", str(tmp_path / "t.cast"), "--json"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    doc = json.loads(r.stdout)
+    assert doc["source"]["model_checks"]["compile"]["speedup_ci"] == [0.98, 1.04]
+    assert doc["variants"][0]["targets"] == ["eager", "compile"]
+
+
+def test_a_cast_without_targets_says_its_variants_run_everywhere():
+    from engine.export.report import audit_document, markdown_report
+
+    m = _manifest(targets=False)
+    text = audit_text(audit_document(m, {}), "old.cast")
+    assert "whole model, eager: 4.00 -> 3.70 ms, 1.080×" in text
+    assert "no targets recorded: every variant runs wherever the cast is installed" in text
+    assert "records no targets per variant: the loader runs every variant wherever" in markdown_report(m)
+
+
+def test_the_report_has_one_row_per_target():
+    from engine.export.report import markdown_report
+
+    md = markdown_report(_manifest())
+    assert "## Targets" in md
+    assert "| eager | 4.00 -> 3.70 ms, 1.080× (95% CI 1.050–1.120); output vs eager 2.0e-04 (relative L2) | 1 |" in md
+    assert "| cuda-graphs | refused (export: slower under cuda-graphs) | 0 |" in md
+    assert "- proven for: eager, compile" in md
+
+
+def test_export_prints_each_targets_check_and_json_carries_them(tmp_path, monkeypatch, capsys):
+    import engine.cli
+    from engine.export.package import ExportResult
+
+    included = [{"id": "relu-1", "op": "aten::relu", "speedup": 1.5, "speedup_ci": [1.4, 1.6],
+                 "targets": ["eager", "compile"]}]
+    monkeypatch.setattr(engine.cli, "_export", lambda args, out, progress: ExportResult(
+        out, included, [], [], model_check=CHECKS["eager"], model_checks=CHECKS))
+    base = ["export", "run-x", "--out", str(tmp_path / "m.cast"), "--workspace", str(tmp_path)]
+    assert engine.cli.main(base) == 0
+    out = capsys.readouterr().out
+    assert "proven for: eager, compile" in out
+    assert "whole model, compile: 2.50 -> 2.48 ms, 1.010× (95% CI 0.980–1.040)" in out
+    assert "whole model, cuda-graphs: refused" in out
+    assert engine.cli.main(base + ["--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["model_checks"]["eager"]["rel_l2_err"] == 2e-4 and doc["included"][0]["targets"] == ["eager", "compile"]

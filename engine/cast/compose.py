@@ -18,14 +18,17 @@ code already passes a backend), not "every torch.compile while the cast is enabl
 What the backend does around Inductor's `compile_fx` (the same as `torch.compile(backend="inductor", mode=…,
 options=…)` otherwise):
 
-1. For each op the cast routes that Inductor decomposes, the decomposition is wrapped by a veto that keeps
+1. For each op the cast routes that Inductor decomposes (and has a variant for this mode, see 3), the decomposition is wrapped by a veto that keeps
    the ATen op (returns `NotImplemented`) when grad is disabled while tracing and the first tensor's device and
    dtype are ones the cast has variants for. Nothing compares sizes (symbolic under dynamic shapes): the kept
    op is compiled as a fallback call `torch.ops.aten.<op>(...)`, which goes through the dispatcher to the
    cast's override, whose runtime guard decides per call (a miss runs PyTorch's kernel).
 2. The op is registered with `make_fallback(op, layout_constraint=constrain_to_fx_strides,
    override_decomp=True)`, so Inductor passes the strides eager would (the guard keys on strides).
-3. `post_grad_custom_post_pass` becomes a no-op pass (chaining any pass already configured) whose `uuid()`
+3. Only variants proven for the mode's target (`compile`, `compile:MODE`; casts without recorded targets:
+   all) are kept, and the compiled graph runs inside `runtime.target_scope(target)`, so the routers decline
+   at run time any variant the export did not keep for this mode (docs/cast.md, "Targets").
+4. `post_grad_custom_post_pass` becomes a no-op pass (chaining any pass already configured) whose `uuid()`
    names the cast's digest and what it vetoed: Inductor's FX-graph and AOTAutograd caches can never serve
    a graph compiled for another cast, or for none, and a graph compiled for this cast is found again.
 
@@ -69,9 +72,11 @@ _MISSING = object()
 _DEVICE_OF_KEY = {"CPU": "cpu", "CUDA": "cuda"}
 
 
-def coverage(owner: object) -> dict[torch._ops.OpOverload, set[tuple[str, torch.dtype | None]]]:
+def coverage(owner: object, target: str | None = None
+             ) -> dict[torch._ops.OpOverload, set[tuple[str, torch.dtype | None]]]:
     """Per ATen overload that `owner` routes: the (device type, dtype) pairs of its variants (dtype None
-    where the key does not start with a tensor). Read from the installed routes, now."""
+    where the key does not start with a tensor). Read from the installed routes, now. With `target`, only
+    variants that may run under it (no recorded targets, or `target` among them)."""
     out: dict[torch._ops.OpOverload, set[tuple[str, torch.dtype | None]]] = {}
     for (_op, dispatch_key), route in runtime.routes().items():
         device = _DEVICE_OF_KEY.get(dispatch_key)
@@ -80,11 +85,17 @@ def coverage(owner: object) -> dict[torch._ops.OpOverload, set[tuple[str, torch.
         for key, who in list(route.owners.items()):
             if who is not owner:
                 continue
+            targets = getattr(route.table.get(key), "targets", None)
+            if target is not None and targets is not None and target not in targets:
+                continue
             first = key[0] if key else None
             dtype = first[0] if isinstance(first, tuple) and len(first) == 7 else None
             out.setdefault(route.op, set()).add((device, dtype))
+    cpp_targets = getattr(owner, "_cpp_targets", None) or {}
     for op_name in _cpp_ops(owner):  # routed by the C++ router at the CUDA key: any dtype it was given
-        out.setdefault(resolve_op(op_name), set()).add(("cuda", None))
+        plans = cpp_targets.get(op_name, [None])
+        if target is None or any(t is None or target in t for t in plans):
+            out.setdefault(resolve_op(op_name), set()).add(("cuda", None))
     return out
 
 
@@ -185,17 +196,18 @@ def _key_pass(digest: str, vetoed: tuple, previous: Any, patterns: Any = None, a
 @contextmanager
 def inductor_state(owner: object, digest: str, previous_pass: Any = None,
                    patterns: chain_patterns.PatternSet | None = None, apply_patterns: bool = True,
-                   record: list | None = None) -> Iterator[tuple]:
+                   record: list | None = None, target: str | None = None) -> Iterator[tuple]:
     """Inside the block, Inductor keeps the ops `owner` routes (see the module docstring), replaces the
     matches of `patterns` (when `apply_patterns`) and its caches are keyed by `digest` and the patterns;
     every table and config entry touched is put back on exit. Yields what was vetoed; per graph the
-    post-grad pass rewrote, its matches are appended to `record`."""
+    post-grad pass rewrote, its matches are appended to `record`. `target`: keep only the ops of variants
+    that may run under it (runtime.compile_target of the mode)."""
     from torch._inductor import config
     from torch._inductor import decomposition as D
     from torch._inductor import lowering as L
 
     with _COMPILE_LOCK:
-        cov = coverage(owner)
+        cov = coverage(owner, target)
         ops = [op for op in cov if op in D.decompositions]
         saved = {op: (D.decompositions[op], L.lowerings.get(op, _MISSING), op in L.fallbacks,
                       op in L.needs_realized_inputs, L._maybe_layout_constraints.get(op, _MISSING))
@@ -258,6 +270,7 @@ class CastBackend:
         options = dict(options or {})
         self._user_pass = options.pop("post_grad_custom_post_pass", None)
         self.cast = cast
+        self.target = runtime.compile_target(mode)   # what the cast's variants must have been proven for
         self.inner = torch._TorchCompileInductorWrapper(mode, options, dynamic)
         self.vetoed: list[tuple] = []   # per graph compiled: what was kept for the cast
         # Pattern cards: (signature, plan) pairs or PatternCards, or a PatternSet already built.
@@ -276,9 +289,19 @@ class CastBackend:
         # Inference only: a graph traced with grad enabled keeps Inductor's own code (and its backward).
         apply = not torch.is_grad_enabled()
         with inductor_state(self.cast, cast_digest(self.cast), self._user_pass, self.patterns, apply,
-                            self.pattern_matches) as vetoed:
+                            self.pattern_matches, self.target) as vetoed:
             self.vetoed.append(vetoed)
-            return self.inner(gm, example_inputs)
+            compiled = self.inner(gm, example_inputs)
+        target = self.target
+
+        # The graph's calls are made under this compile mode's target: the routers run only the variants
+        # proven for it (eager's own calls outside the graph keep theirs).
+        @functools.wraps(compiled)
+        def run_under_target(*args: Any, **kwargs: Any) -> Any:
+            with runtime.target_scope(target):
+                return compiled(*args, **kwargs)
+
+        return run_under_target
 
     def get_compiler_config(self) -> dict[str, Any]:
         return self.inner.get_compiler_config()

@@ -285,6 +285,31 @@ def set_active(on: bool) -> bool:
     return previous
 
 
+# One bit per target in a plan's target mask (router.cpp's kEagerBit/kGraphsBit are the first two). A compile
+# mode that is none of these gets a bit no mask holds: a variant with targets recorded never runs there.
+TARGET_BITS = ("eager", "cuda-graphs", "compile", "compile:max-autotune-no-cudagraphs", "compile:reduce-overhead")
+_OTHER_BIT = 31
+
+
+def target_mask(targets: Any) -> int:
+    """A plan's target mask: one bit per target it may run under; 0 (any target) for None."""
+    if targets is None:
+        return 0
+    return sum(1 << TARGET_BITS.index(t) for t in set(targets) if t in TARGET_BITS) or (1 << 30)  # 1 << 30: none
+
+
+def set_target(target: str | None) -> None:
+    """The target of calls this thread makes from now on (None: eager, or CUDA graphs while capturing)."""
+    if _EXT is not None:
+        _EXT.set_target(-1 if target is None else
+                        TARGET_BITS.index(target) if target in TARGET_BITS else _OTHER_BIT)
+
+
+def set_plan_targets(ext: Any, plan: Any, targets: Any) -> None:
+    """Restrict a C++ plan to `targets` (None: any)."""
+    ext.set_plan_targets(plan, target_mask(targets))
+
+
 _PREFILL = {None: 0, "nan": 1, "sentinel": 2}
 
 

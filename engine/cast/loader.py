@@ -7,6 +7,10 @@
     with cast.enabled(model):   # also the module cards: the model's proven modules run the cast's plans
         out = model(x)
     compiled = cast.compile(model)   # torch.compile whose graphs call the cast's ops (docs/compile.md)
+    cast.stats()["targets"]   # per target (eager, cuda-graphs, compile[:MODE]): the variants that run there
+
+A variant runs only under the targets its export kept it for (docs/cast.md, "Targets"); a cast written
+before targets were recorded runs every variant wherever it is installed.
 
 Loading never raises for a bad file: a damaged zip, a digest mismatch, an unknown format version,
 another GPU arch or torch minor version, or no GPU at all leave the affected variants (or all of them)
@@ -40,6 +44,9 @@ class VariantState:
     cpp: tuple[str, int] | None = None  # (op, index of its plan) while the C++ router dispatches it
     module: dict[str, Any] | None = None  # a module card's entry (class, paths, binding), else None
     pattern: dict[str, Any] | None = None  # a pattern card's entry (replaced inside compiled graphs), else None
+    # The targets (eager, cuda-graphs, compile[:MODE]) whose whole-model check kept it; None: the cast was
+    # written before targets were recorded, and the variant runs wherever the cast is installed.
+    targets: frozenset[str] | None = None
 
     @property
     def hits(self) -> int:
@@ -56,7 +63,7 @@ class Cast:
     """A loaded cast. `install()`/`remove()` are idempotent and thread-safe; `enabled()` scopes them."""
 
     def __init__(self, path: str, file: CastFile | None, problem: str | None, env: dict[str, Any] | None,
-                 only: set[str] | None = None, plans: dict[str, Any] | None = None):
+                 only: set[str] | None = None, plans: dict[str, Any] | None = None, any_target: bool = False):
         self.path = path
         self.file = file
         self.problem = problem            # why nothing of this cast can run here, or None
@@ -67,14 +74,18 @@ class Cast:
                 why = problem or file.problems.get(v["id"])
                 if why is None and only is not None and v["id"] not in only:
                     why = "not selected (load(..., only=…))"
+                targets = v.get("targets")
                 self.variants.append(VariantState(v["id"], v["op"], v.get("signature_text", ""), why,
-                                                  module=module_card(v), pattern=pattern_card(v)))
+                                                  module=module_card(v), pattern=pattern_card(v),
+                                                  targets=None if targets is None else frozenset(targets)))
         self._plans = dict(plans or {})  # variant id -> Python plan used instead of its kernels
+        self._any_target = any_target  # load(any_target=True): recorded targets are not enforced
         self._module_kept: dict[str, Any] = {}  # module-route counters by path, since removed
         self._module_skipped: list[str] = []  # module paths not patched at the last install, and why
         self._patterns: Any = None  # the pattern cards as a PatternSet, once built
         self._lock = threading.RLock()
         self._cpp_ops: list[str] = []  # ops this cast routes through the C++ router while installed
+        self._cpp_targets: dict[str, list[frozenset[str] | None]] = {}  # per C++-routed op: its plans' targets
         self._cpp_kept: dict[str, dict[str, Any]] = {}  # C++ counters of routes since removed
         self._installed = False
         self._prepared = False
@@ -140,11 +151,12 @@ class Cast:
     def stats(self) -> dict[str, Any]:
         """Hits per variant and misses per op (misses count every cast's routes for the op)."""
         ops = {v.op for v in self.variants}
-        misses, near, through, near_keys, grad = {}, {}, {}, {}, {}
+        misses, near, through, near_keys, grad, declined = {}, {}, {}, {}, {}, {}
         for (op, _key), route in runtime.routes().items():
             if op in ops:
                 misses[op] = route.misses
                 grad[op] = route.grad_declines
+                declined[op] = route.target_declines
                 near[op] = route.near_misses
                 through[op] = route.fallthrough
                 near_keys[op] = [repr(k) for k in route.near_keys]
@@ -161,19 +173,41 @@ class Cast:
                 misses[op] = misses.get(op, 0) + int(st.get("misses", 0))
                 near[op] = near.get(op, 0) + int(st.get("near_misses", 0))
                 near_keys[op] = near_keys.get(op, []) + list(st.get("near_keys", []))
+                declined[op] = declined.get(op, 0) + int(st.get("target_declines", 0))
+        for op, kept in self._cpp_kept.items():
+            declined[op] = declined.get(op, 0) + kept.get("target_declines", 0)
         mods = self._module_stats()
         patched = {vid for m in mods.values() if m["active"] for vid in m["variants"]}
         return {"file": self.path, "installed": self._installed, "problem": self.problem,
                 "variants": [{"id": v.id, "op": v.op, "signature": v.signature_text, "hits": v.hits,
                               "active": v.plan is not None and self._installed
                               and (v.module is None or v.id in patched), "problem": v.problem,
-                              "router": "c++" if v.cpp else "python"}
+                              "router": "c++" if v.cpp else "python",
+                              "targets": None if v.targets is None else sorted(v.targets)}
                              for v in self.variants],
+                "targets": self.active_by_target(), "target_declines": declined,
                 "misses": misses, "near_misses": near, "fallthrough": through, "near_miss_keys": near_keys,
                 "grad_declines": grad, "modules": mods, "modules_skipped": list(self._module_skipped),
                 "patterns": {v.id: v.plan.hits for v in self.variants
                              if v.pattern is not None and v.plan is not None and hasattr(v.plan, "hits")},
                 "pattern_problems": dict(self._patterns.problems) if self._patterns is not None else {}}
+
+    def active_by_target(self) -> dict[str, list[str]]:
+        """Per target (eager, cuda-graphs, compile[:MODE]): the usable variants that run under it. A variant
+        without recorded targets (a cast written before them) is under every target, as it always was."""
+        from engine.cast.cpp_router import TARGET_BITS
+
+        usable = self.usable()
+        held = {v.id: self._enforced(v) for v in usable}
+        return {t: [v.id for v in usable if held[v.id] is None or t in held[v.id]] for t in TARGET_BITS}
+
+    def summary(self) -> str:
+        """One line per target: how many variants run under it (what `stats()["targets"]` lists)."""
+        n = len(self.usable())
+        legacy = sum(1 for v in self.usable() if v.targets is None)
+        head = f"{self.path}: {n} usable variant(s)" + (
+            f", {legacy} without recorded targets (run under every target)" if legacy else "")
+        return "\n".join([head] + [f"  {t}: {len(ids)} variant(s)" for t, ids in self.active_by_target().items()])
 
     def _module_stats(self) -> dict[str, Any]:
         """Per module path this cast patched: its variants, hits, misses and declines (by reason)."""
@@ -212,6 +246,7 @@ class Cast:
         for (op, _), route in runtime.routes().items():
             if any(v.op == op for v in self.variants):
                 route.misses = route.near_misses = route.fallthrough = route.grad_declines = 0
+                route.target_declines = 0
                 route.near_keys = []
 
     # ---- install / remove --------------------------------------------------------------------------
@@ -270,12 +305,15 @@ class Cast:
                         v.plan.hits = v.hits
                 for op in self._cpp_ops:
                     st = cpp_router.stats(ext, op, "CUDA")
-                    kept = self._cpp_kept.setdefault(op, {"misses": 0, "near_misses": 0, "near_keys": []})
+                    kept = self._cpp_kept.setdefault(op, {"misses": 0, "near_misses": 0, "near_keys": [],
+                                                          "target_declines": 0})
                     kept["misses"] += int(st.get("misses", 0))
+                    kept["target_declines"] += int(st.get("target_declines", 0))
                     kept["near_misses"] += int(st.get("near_misses", 0))
                     kept["near_keys"] += [k for k in st.get("near_keys", []) if k not in kept["near_keys"]]
                     cpp_router.uninstall(ext, op, "CUDA")
                 self._cpp_ops = []
+                self._cpp_targets = {}
                 for v in self.variants:
                     v.cpp = None
             self._installed = False
@@ -359,15 +397,22 @@ class Cast:
             layout = layout_of(resolve_op(op))
             try:
                 plans = [cpp_router.plan_for(ext, st.plan, layout, by_id[st.id]["signature"]) for st in states]
+                for st, plan in zip(states, plans):
+                    cpp_router.set_plan_targets(ext, plan, self._enforced(st))
                 cpp_router.install(ext, op, "CUDA", plans)
             except Exception as e:  # another cast routes it in C++, or a plan it cannot take: Python
                 _warn(f"{self.path}: {op} stays with the Python router ({type(e).__name__}: {e})")
                 rest.extend(states)
                 continue
             self._cpp_ops.append(op)
+            self._cpp_targets[op] = [st.targets for st in states]
             for i, st in enumerate(states):
                 st.cpp = (op, i)
         return rest
+
+    def _enforced(self, state: VariantState) -> frozenset[str] | None:
+        """The targets a variant's plan is held to: its recorded ones, or none with load(any_target=True)."""
+        return None if self._any_target else state.targets
 
     def _prepare(self) -> None:
         """Load modules and resolve launches once (needs the GPU); a variant that fails stays on PyTorch."""
@@ -388,6 +433,7 @@ class Cast:
             if state.id in self._plans:
                 fn = self._plans[state.id]
                 state.plan = fn if isinstance(fn, runtime.Plan) else runtime.Plan(state.id, fn)
+                state.plan.targets = self._enforced(state)
                 if state.module is None and state.pattern is None:
                     v = by_id[state.id]
                     layout = layout_of(resolve_op(v["op"]))
@@ -408,12 +454,14 @@ class Cast:
             try:
                 if state.module is not None or state.pattern is not None:
                     state.plan = _chain_kernel_plan(v, _image(self.file, v, arch), device, max_shared)
+                    state.plan.targets = self._enforced(state)
                     continue
                 layout = layout_of(resolve_op(v["op"]))
                 key = signature_key(layout, v["signature"], device.index or 0)
                 image = _image(self.file, v, arch)
                 plan = make_plan(v["id"], v, image, layout, device, max_shared)
                 plan.entry = (layout.op_name, key, plan, first_shape(v["signature"]))
+                plan.targets = self._enforced(state)
                 state.plan = plan
             except Exception as e:  # any failure here means: this variant stays on PyTorch
                 state.problem = f"cannot prepare: {type(e).__name__}: {e}"
@@ -476,7 +524,8 @@ def _warn(message: str) -> None:
 
 
 def load(path: str | Path, *, strict: bool = False, env: dict[str, Any] | None = None,
-         only: set[str] | None = None, plans: dict[str, Any] | None = None, unproven_ok: bool = False) -> Cast:
+         only: set[str] | None = None, plans: dict[str, Any] | None = None, unproven_ok: bool = False,
+         any_target: bool = False) -> Cast:
     """Read and check a cast for this process. Never raises for a bad file unless `strict`.
 
     `only`: install just these variant ids (the rest stay on PyTorch, silently).
@@ -486,6 +535,8 @@ def load(path: str | Path, *, strict: bool = False, env: dict[str, Any] | None =
     `unproven_ok`: on a GPU of another arch than the one the cast was proven on (same torch), install it
     anyway (its cubin for this arch, else its PTX). Only after `kforge-tui audit FILE --verify` passed
     here: without it such a cast stays on PyTorch, and the warning says this in one line.
+    `any_target`: run every variant wherever the cast is installed, whatever targets its export recorded
+    (checks of each variant through the public op in eager: `audit --verify`, confirmation).
     """
     path = str(path)
     try:
@@ -512,7 +563,7 @@ def load(path: str | Path, *, strict: bool = False, env: dict[str, Any] | None =
             raise CastError(f"{path}: {problem}")
         _warn(f"{path}: not installed: {problem}; the model runs on PyTorch")
         return Cast(path, file, problem, here)
-    cast = Cast(path, file, None, here, only, plans)
+    cast = Cast(path, file, None, here, only, plans, any_target)
     validated = (file.manifest.get("source") or {}).get("model_check") or {}
     if validated.get("mode") == "cuda-graphs" and not strict:
         eager = validated.get("eager_speedup")

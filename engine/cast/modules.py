@@ -42,6 +42,7 @@ import torch
 import torch.nn.modules.module as _mm
 
 from engine.cast.guard import descriptor_key, tensor_key, value_key
+from engine.cast.runtime import allowed
 
 _LOCK = threading.RLock()
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
@@ -143,6 +144,10 @@ class ModuleRoute:
         if _grad_enabled() and (any(args[k].requires_grad for k, _ in v.arg_inputs)
                                 or any(p[3].requires_grad for p in v.params)):
             st.decline("grad")
+            return self.original(*args, **kwargs)
+        targets = getattr(v.plan, "targets", None)
+        if targets is not None and not allowed(targets):
+            st.decline("target")
             return self.original(*args, **kwargs)
         inputs: list[Any] = [None] * v.n_inputs
         for k, i in v.arg_inputs:

@@ -38,6 +38,7 @@ import torch
 
 from engine.capture.chains import CHAIN_OP, chain_card_id, run_chain
 from engine.cast.guard import descriptor_key, tensor_key
+from engine.cast.runtime import allowed
 from engine.ops import resolve_op
 
 _OPS: dict[str, Any] = {}          # op name -> the custom op (registered once per process)
@@ -69,11 +70,15 @@ class PatternOp:
         self.layouts = tuple((tuple(a["shape"]), tuple(a["stride"])) for a in signature["args"])
         self.table: dict[tuple, Any] = {}
         self.owners: dict[tuple, object] = {}
-        self.hits = self.misses = 0
+        self.hits = self.misses = self.target_declines = 0
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         key = tuple(tensor_key(t) for t in inputs)
         plan = self.table.get(key)
+        targets = getattr(plan, "targets", None)
+        if targets is not None and not allowed(targets):
+            plan = None  # proven, but not under this compile mode: what the graph would have computed
+            self.target_declines += 1
         if plan is not None and not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
             self.hits += 1
             plan.hits = getattr(plan, "hits", 0) + 1

@@ -8,6 +8,13 @@ enabled and a tensor argument that requires grad) is declined: a variant ships n
 autograd node would save its outputs as if they were PyTorch's. Routes are process-wide and
 shared by every installed cast; the last variant to leave an op removes its override, which restores
 the original kernel exactly.
+
+Targets: a plan may carry the targets its variant was proven for (`Plan.targets`, from `export --target`;
+None: no targets recorded, runs wherever it is installed). A hit runs such a plan only where the call is
+made under one of them (`current_target()`): inside compiled code of `cast.compile(mode=M)` the target is
+`compile` / `compile:M` (set by the backend around its compiled graphs, `target_scope`); elsewhere it is
+`cuda-graphs` while the current CUDA stream is being captured and `eager` otherwise. Otherwise the hit is
+declined (`target_declines`) and PyTorch's kernel runs.
 """
 
 from __future__ import annotations
@@ -28,12 +35,65 @@ _ROUTES: dict[tuple[str, str], Route] = {}
 NEAR_MISS_KEYS = 8  # distinct near-miss keys kept per op, to explain unexpected misses
 
 
-class Plan:
-    """Something a hit runs: `plan(bound) -> result`, with a hit counter. Subclassed by KernelPlan."""
+EAGER, GRAPHS = "eager", "cuda-graphs"
 
-    def __init__(self, vid: str, fn: Callable[[list[Any]], Any] | None = None):
+
+def compile_target(mode: str | None) -> str:
+    """The target name of `torch.compile(mode=mode)`: 'compile' for the default mode, else 'compile:MODE'."""
+    return "compile" if mode in (None, "default") else f"compile:{mode}"
+
+
+_SCOPE = threading.local()
+
+
+@contextlib.contextmanager
+def target_scope(target: str) -> Iterator[None]:
+    """Calls made inside the block are made under `target` (compiled code of a cast backend)."""
+    from engine.cast import cpp_router
+
+    stack = getattr(_SCOPE, "stack", None)
+    if stack is None:
+        stack = _SCOPE.stack = []
+    stack.append(target)
+    cpp_router.set_target(target)
+    try:
+        yield
+    finally:
+        stack.pop()
+        cpp_router.set_target(stack[-1] if stack else None)
+
+
+def current_target() -> str:
+    """The target a call is made under now: the innermost target_scope, else 'cuda-graphs' while the current
+    CUDA stream is being captured, else 'eager'."""
+    stack = getattr(_SCOPE, "stack", None)
+    if stack:
+        return stack[-1]
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return GRAPHS
+    return EAGER
+
+
+def allowed(targets: frozenset[str]) -> bool:
+    """Whether a plan proven for `targets` may run on a call made now (current_target() in targets, without
+    asking CUDA about capture when both eager and cuda-graphs are among them)."""
+    stack = getattr(_SCOPE, "stack", None)
+    if stack:
+        return stack[-1] in targets
+    if EAGER in targets and GRAPHS in targets:
+        return True
+    return current_target() in targets
+
+
+class Plan:
+    """Something a hit runs: `plan(bound) -> result`, with a hit counter. Subclassed by KernelPlan.
+    `targets`: where it may run (see the module doc); None: anywhere."""
+
+    def __init__(self, vid: str, fn: Callable[[list[Any]], Any] | None = None,
+                 targets: frozenset[str] | None = None):
         self.vid = vid
         self.hits = 0
+        self.targets = targets
         self._fn = fn
 
     def __call__(self, bound: list[Any]) -> Any:
@@ -61,6 +121,7 @@ class Route:
         self.near_keys: list[tuple] = []
         self.fallthrough = 0          # calls passed on while Dynamo traced or dispatch was suspended
         self.grad_declines = 0        # hits declined because the call needs autograd
+        self.target_declines = 0      # hits declined because the variant was not proven for the call's target
         self.tensor_slots = tuple(i for i, k in enumerate(self.layout.kinds) if k != "value")
         self.original = torch.library.get_kernel(self.op, dispatch_key)
         self.lib: torch.library.Library | None = torch.library.Library("aten", "IMPL", dispatch_key)
@@ -93,6 +154,9 @@ class Route:
             return self._original(keyset, args, kwargs)
         if _grad_enabled() and _needs_grad(bound, self.tensor_slots):
             self.grad_declines += 1
+            return self._original(keyset, args, kwargs)
+        if plan.targets is not None and not allowed(plan.targets):
+            self.target_declines += 1
             return self._original(keyset, args, kwargs)
         plan.hits += 1
         try:

@@ -169,6 +169,8 @@ class ExportResult:
     warnings: list[str] = field(default_factory=list)
     # The whole-model check as the cast's report records it: mode, speedup, speedup_ci, rel_l2_err, tried.
     model_check: dict[str, Any] | None = None
+    # The whole-model check per target (`--target`), as the manifest's `source.model_checks`.
+    model_checks: dict[str, Any] | None = None
 
 
 def select_winners(cards: list[dict[str, Any]], candidates: list[dict[str, Any]]
@@ -332,8 +334,9 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
         source["model_check"] = {"mode": "none", "reason": f"config {config!r} not readable at export"}
     manifest, files, report = package(kept, env, source, excluded)
     write_cast(out, manifest, files, report)
-    return ExportResult(out, [{"id": v.vid, "op": v.card["op"], **(v.confirmed or {})} for v in kept], excluded,
-                        warnings, source.get("model_check"))
+    return ExportResult(out, [{"id": v.vid, "op": v.card["op"], **(v.confirmed or {}), "targets": v.targets}
+                              for v in kept], excluded, warnings, source.get("model_check"),
+                        source.get("model_checks"))
 
 
 def sanitize_kept(kept: list[ExportVariant], env: dict[str, Any], source: dict[str, Any], excluded: list[dict],

@@ -31,6 +31,56 @@ def _output_clause(check: dict[str, Any]) -> str:
     return f"; the model's output moved by {check['rel_l2_err']:.1e} (relative L2) against eager"
 
 
+def model_checks_of(source: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The whole-model check per target (eager, cuda-graphs, compile[:MODE]); a cast written before targets
+    has one check under `model_check`, named by its mode."""
+    checks = source.get("model_checks")
+    if isinstance(checks, dict) and checks:
+        return {t: c for t, c in checks.items() if isinstance(c, dict)}
+    one = source.get("model_check")
+    if isinstance(one, dict) and one.get("mode") not in (None, "none", "failed"):
+        return {str(one["mode"]): one}
+    return {}
+
+
+def target_check_text(check: dict[str, Any]) -> str:
+    """One target's whole-model result in words: eager ms -> cast ms, speedup with its CI, how far the
+    output moved against eager (or why that says nothing), or why there is no number."""
+    if check.get("refused"):
+        return f"refused ({check['refused']})"
+    if check.get("speedup") is None:
+        return f"not measured ({check.get('reason') or check.get('mode') or 'no result'})"
+    ci = check.get("speedup_ci") or [None, None]
+    text = (f"{check['eager_ms']:.2f} -> {check['cast_ms']:.2f} ms, " if check.get("eager_ms") is not None else "")
+    text += f"{check['speedup']:.3f}×" + (f" (95% CI {ci[0]:.3f}–{ci[1]:.3f})" if ci[0] is not None else "")
+    if check.get("degenerate_eager"):
+        text += "; eager's own output is degenerate: agreement says nothing"
+    elif check.get("rel_l2_err") is not None:
+        text += f"; output vs eager {check['rel_l2_err']:.1e} (relative L2)"
+    if ci[0] is not None and not faster_with_confidence(ci):
+        text += "; not faster with confidence"
+    return text
+
+
+def _target_lines(manifest: dict[str, Any]) -> list[str]:
+    """report.md: what the cast was proven for, one row per target, and what a cast without targets does."""
+    checks = model_checks_of(manifest.get("source") or {})
+    if not checks:
+        return []
+    recorded = any("targets" in v for v in manifest["variants"])
+    lines = ["## Targets", "",
+             "What the whole-model check measured per target (the run's own model without and with the cast, "
+             "alternated, fresh process). The loader runs a variant only under the targets whose check kept it."
+             if recorded else
+             "This cast records no targets per variant: the loader runs every variant wherever the cast is "
+             "installed (eager, CUDA graphs, torch.compile).", "",
+             "| target | whole model | variants kept |", "|---|---|---:|"]
+    for t, c in checks.items():
+        kept = sum(1 for v in manifest["variants"] if t in (v.get("targets") or []))
+        lines.append(f"| {t} | {target_check_text(c)} | {kept if recorded else '–'} |")
+    return lines + [""]
+
+
 def _sanitizer_lines(ev: dict[str, Any] | None) -> list[str]:
     if not ev:
         return []
@@ -71,7 +121,8 @@ def markdown_report(manifest: dict[str, Any], excluded: list[dict[str, Any]] | N
     check = src.get("model_check") or {}
     if check.get("speedup") is not None:
         ci = check.get("speedup_ci") or [float("nan")] * 2
-        mode = "CUDA-graph replays" if check.get("mode") == "cuda-graphs" else "eager forwards"
+        mode = {"eager": "eager forwards", "cuda-graphs": "CUDA-graph replays"}.get(
+            check.get("mode"), f"torch.compile ({str(check.get('mode')).partition(':')[2] or 'default'})")
         lines += [f"Whole-model check ({mode} of the run's own model, alternating, fresh process): "
                   f"{check.get('eager_ms', float('nan')):.2f} ms → {check.get('cast_ms', float('nan')):.2f} ms, "
                   f"{check['speedup']:.3f}× (95% CI {ci[0]:.3f}–{ci[1]:.3f})"
@@ -80,10 +131,12 @@ def markdown_report(manifest: dict[str, Any], excluded: list[dict[str, Any]] | N
                      "not measurably so." if not faster_with_confidence(ci) else ""), ""]
     elif check.get("mode") in ("none", "failed"):
         lines += [f"No whole-model check: {check.get('reason')}.", ""]
+    lines += _target_lines(manifest)
     for v in manifest["variants"]:
         p = v["provenance"]
         lines += [f"## {v['id']} — `{v['op']}`", "",
                   f"- signature: `{v.get('signature_text', '')}`",
+                  *([f"- proven for: {', '.join(v['targets']) or 'no target'}"] if "targets" in v else []),
                   f"- kernels: {', '.join(v['kernels'])}; files: " +
                   ", ".join(f"`{f['path']}`" for f in v["files"].values()),
                   f"- tolerance: {', '.join(v.get('tolerance', [])) or '–'}",
@@ -119,10 +172,10 @@ def audit_text(doc: dict[str, Any], path: str) -> str:
     env = doc["env"]
     lines = [f"{path}: format {doc['format']}, {len(doc['variants'])} variant(s), proven on {env.get('gpu')} "
              f"({env.get('arch')}), torch {env.get('torch')}"]
-    for target, mc in ((doc.get("source") or {}).get("model_checks") or {}).items():
-        if isinstance(mc, dict):
-            lines.append(f"  whole model, {target}: " + (f"refused ({mc['refused']})" if mc.get("refused") else
-                         _ci(mc) + (f", {mc['eager_ms']:.2f} -> {mc['cast_ms']:.2f} ms" if mc.get("eager_ms") else "")))
+    for target, mc in model_checks_of(doc.get("source") or {}).items():
+        lines.append(f"  whole model, {target}: {target_check_text(mc)}")
+    if doc["variants"] and all(v.get("targets") is None for v in doc["variants"]):
+        lines.append("  no targets recorded: every variant runs wherever the cast is installed")
     for v in doc["variants"]:
         sp = _ci({"speedup": v["speedup"], "speedup_ci": v["speedup_ci"]})
         line = (f"  {v['id']:<14} {v['op']:<32} {v['category']:<12} {sp:<22} eager {_us(v['eager_us'])} µs "

@@ -10,6 +10,7 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <dlfcn.h>
@@ -76,6 +77,9 @@ struct Plan {
   // an op paid for all of them.
   int first = -1;
   uint64_t sizes_fp = 0, fp = 0;
+  // The targets the variant was proven for, one bit each (cpp_router.TARGET_BITS); 0: any target. A hit
+  // under another target is declined (the call goes to PyTorch), as in the Python router.
+  uint32_t targets = 0;
 };
 
 // One per routed (op, dispatch key). The kernel registered for the op holds it, so a call reaches its
@@ -85,6 +89,7 @@ struct Route {
   std::vector<std::shared_ptr<Plan>> plans;
   std::atomic<int64_t> misses{0};
   std::atomic<int64_t> near_misses{0};  // misses whose first tensor had a variant's sizes
+  std::atomic<int64_t> target_declines{0};  // hits declined: the variant was not proven for the call's target
   std::mutex near_mutex;
   std::vector<std::string> near_keys;   // the first few such calls, described
 };
@@ -100,6 +105,19 @@ using LaunchFn = int (*)(uintptr_t, unsigned, unsigned, unsigned, unsigned, unsi
 LaunchFn g_launch = nullptr;
 std::atomic<bool> g_active{true};  // false: every routed call goes to PyTorch (runtime.suspended())
 std::atomic<int> g_prefill{0};     // confirmation only: 1 poisons fresh outputs with NaN, 2 with a sentinel
+// The target bit set by Python around compiled code of a cast backend (runtime.target_scope); -1: none, and
+// the call's target is CUDA graphs while the current stream captures, eager otherwise.
+thread_local int t_target = -1;
+constexpr uint32_t kEagerBit = 1u << 0, kGraphsBit = 1u << 1;  // as cpp_router.TARGET_BITS
+
+uint32_t call_target(const Plan& plan) {
+  if (t_target >= 0) return 1u << t_target;
+  if ((plan.targets & (kEagerBit | kGraphsBit)) == (kEagerBit | kGraphsBit)) return kEagerBit;  // either: no query
+  if (plan.device.is_cuda() &&
+      c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None)
+    return kGraphsBit;
+  return kEagerBit;
+}
 
 LaunchFn launcher() {
   if (!g_launch) {
@@ -386,6 +404,11 @@ void route_call(Route& route, const c10::OperatorHandle& op, c10::DispatchKeySet
       if (!print.tensor || print.fp != plan->fp) continue;  // cannot match: not compared in full
     }
     if (matches(*plan, args)) {
+      if (plan->targets != 0 && (plan->targets & call_target(*plan)) == 0) {
+        route.target_declines++;  // proven, but not for this target: PyTorch's kernel, not a miss
+        call_original(route, op, ks, stack);
+        return;
+      }
       try {
         run(*plan, stack, nargs);  // leaves the stack untouched unless it succeeds
         plan->hits++;
@@ -554,6 +577,7 @@ py::dict stats(const std::string& name, const std::string& overload, const std::
   out["hits"] = hits;
   out["misses"] = it->second->misses.load();
   out["near_misses"] = it->second->near_misses.load();
+  out["target_declines"] = it->second->target_declines.load();
   {
     std::lock_guard<std::mutex> n(it->second->near_mutex);
     out["near_keys"] = it->second->near_keys;
@@ -569,6 +593,7 @@ void reset(const std::string& name, const std::string& overload, const std::stri
   for (auto& p : it->second->plans) p->hits = 0;
   it->second->misses = 0;
   it->second->near_misses = 0;
+  it->second->target_declines = 0;
   std::lock_guard<std::mutex> n(it->second->near_mutex);
   it->second->near_keys.clear();
 }
@@ -611,6 +636,10 @@ void install_crash_backtrace() {
 
 void set_active(bool on) { g_active = on; }
 
+void set_target(int bit) { t_target = bit; }
+
+void set_plan_targets(const std::shared_ptr<Plan>& plan, int64_t mask) { plan->targets = static_cast<uint32_t>(mask); }
+
 void set_prefill(int how) { g_prefill = how; }
 
 }  // namespace
@@ -623,6 +652,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stats", &stats);
   m.def("reset", &reset);
   m.def("set_active", &set_active);
+  m.def("set_target", &set_target);
+  m.def("set_plan_targets", &set_plan_targets);
   m.def("set_prefill", &set_prefill);
   m.def("install_crash_backtrace", &install_crash_backtrace);
 }

@@ -1,0 +1,156 @@
+"""The loader runs a variant only under the targets its export kept it for (eager, CUDA graphs, a
+torch.compile mode), on the CPU: a hand-written cast of three native_group_norm variants (one per shape)
+whose plans are PyTorch's own kernel at the CPU key, so results are exact and the hit counters tell who
+ran. A variant without recorded targets (a cast written before targets) runs everywhere, as before."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import engine.cast
+from engine.capture.signature import bind_arguments, signature_of, signature_text
+from engine.cast import compose, runtime
+from engine.cast import format as cast_format
+from engine.cast.format import write_cast
+
+GN = torch.ops.aten.native_group_norm.default
+ROUTE = ("aten::native_group_norm", "CPU")
+ENV = {"torch": torch.__version__, "torch_minor": ".".join(torch.__version__.split(".")[:2]), "cuda": "13.0",
+       "gpu": "NVIDIA H200", "arch": "sm_90", "compute_capability": [9, 0], "driver": "13.0", "nvrtc": "13.0"}
+SIDES = {"eager-only": 4, "compile-only": 6, "legacy": 8}  # variant id -> the spatial side of its input
+TARGETS = {"eager-only": ["eager", "cuda-graphs"], "compile-only": ["compile"], "legacy": None}
+
+
+def _args(side: int) -> list:
+    torch.manual_seed(side)
+    return [torch.randn(2, 8, side, side), torch.randn(8), torch.randn(8), 2, 8, side * side, 4, 1e-5]
+
+
+def _variant(vid: str) -> dict:
+    sig = signature_of(GN, bind_arguments(GN, _args(SIDES[vid]), {}))
+    v = {"id": vid, "op": "aten::native_group_norm", "signature": sig, "signature_text": signature_text(sig),
+         "outputs": [], "launch_spec": "", "kernels": [], "files": {}, "category": "custom CUDA",
+         "evidence": {}, "provenance": {}}
+    if TARGETS[vid] is not None:
+        v["targets"] = TARGETS[vid]
+    return v
+
+
+def f(x, w, b):
+    return torch.relu(F.group_norm(x, 4, w, b, 1e-5)) * 2
+
+
+def _pytorch(bound):
+    return runtime.routes()[ROUTE].original.call_boxed(torch._C._dispatch_keyset_full(), *bound)
+
+
+@pytest.fixture
+def cast_file(tmp_path, monkeypatch):
+    """The cast's file; its routes go to the CPU key, through the Python router."""
+    monkeypatch.setenv("KFORGE_CAST_ROUTER", "python")
+    monkeypatch.setattr(runtime, "add_entries", functools.partial(runtime.add_entries, dispatch_key="CPU"))
+    manifest = {"format": cast_format.FORMAT, "format_version": cast_format.FORMAT_VERSION, "env": ENV,
+                "variants": [_variant(v) for v in SIDES]}
+    write_cast(tmp_path / "t.cast", manifest, {}, "# test\n")
+    return tmp_path / "t.cast"
+
+
+@pytest.fixture
+def cast(cast_file):
+    """The cast loaded with plans that run PyTorch's kernel."""
+    c = engine.cast.load(cast_file, env=ENV, plans={v: _pytorch for v in SIDES})
+    torch._dynamo.reset()
+    yield c
+    c.remove()
+    torch._dynamo.reset()
+    assert runtime.routes() == {}
+
+
+def _hits(c) -> dict[str, int]:
+    return {v["id"]: v["hits"] for v in c.stats()["variants"]}
+
+
+def _call_each(fn) -> None:
+    for side in SIDES.values():
+        x, w, b = _args(side)[:3]
+        with runtime.suspended():  # the reference: PyTorch alone, not counted
+            expected = f(x, w, b)
+        torch.testing.assert_close(fn(x, w, b), expected, rtol=0, atol=1e-5)
+
+
+def test_in_eager_only_variants_kept_for_eager_run(cast):
+    with cast.enabled(), torch.no_grad():
+        _call_each(f)
+        assert cast.stats()["target_declines"]["aten::native_group_norm"] == 1  # compile-only's call
+    assert _hits(cast) == {"eager-only": 1, "compile-only": 0, "legacy": 1}
+
+
+def test_under_compile_only_variants_kept_for_that_mode_run(cast):
+    with cast.enabled(), torch.no_grad():
+        _call_each(cast.compile(f))
+        assert cast.stats()["target_declines"]["aten::native_group_norm"] == 1  # eager-only's call
+    assert _hits(cast) == {"eager-only": 0, "compile-only": 1, "legacy": 1}
+    with cast.enabled(), torch.no_grad():  # eager calls after (and outside) the compiled graph: eager's set
+        _call_each(f)
+    assert _hits(cast) == {"eager-only": 1, "compile-only": 1, "legacy": 2}
+
+
+def test_a_mode_nothing_was_kept_for_decomposes_as_inductor_would(cast):
+    # compile:max-autotune-no-cudagraphs: only the legacy variant (no targets) may run, so the op stays
+    # ATen (it covers float32 on the CPU); with the legacy variant gone, nothing of the cast is kept.
+    with cast.enabled():
+        assert compose.coverage(cast, "compile:max-autotune-no-cudagraphs")
+        assert compose.coverage(cast, "compile")
+        assert compose.backend(cast, mode="max-autotune-no-cudagraphs").target == "compile:max-autotune-no-cudagraphs"
+        assert compose.backend(cast, mode="reduce-overhead").target == "compile:reduce-overhead"
+        assert compose.backend(cast).target == "compile"
+        runtime.remove_owner(cast)  # keep only the eager-only variant's entry
+        entry = next(v.plan.entry for v in cast.variants if v.id == "eager-only")
+        runtime.add_entries(cast, [entry])
+        assert compose.coverage(cast, "eager") and not compose.coverage(cast, "compile")
+        backend = compose.backend(cast)
+        with torch.no_grad():
+            _call_each(torch.compile(f, backend=backend))
+    assert backend.vetoed and all(v == () for v in backend.vetoed)
+    assert _hits(cast)["eager-only"] == 0
+
+
+def test_while_a_cuda_graph_is_captured_the_target_is_cuda_graphs(monkeypatch):
+    assert runtime.current_target() == "eager"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert runtime.current_target() == "cuda-graphs"
+    assert not runtime.allowed(frozenset({"eager"})) and runtime.allowed(frozenset({"eager", "cuda-graphs"}))
+    with runtime.target_scope("compile:reduce-overhead"):  # compiled code: its mode, captured or not
+        assert runtime.current_target() == "compile:reduce-overhead"
+        assert not runtime.allowed(frozenset({"cuda-graphs"}))
+    assert runtime.current_target() == "cuda-graphs"
+
+
+def test_stats_say_which_variants_run_under_which_target(cast):
+    st = cast.stats()
+    assert st["targets"]["eager"] == ["eager-only", "legacy"]
+    assert st["targets"]["cuda-graphs"] == ["eager-only", "legacy"]
+    assert st["targets"]["compile"] == ["compile-only", "legacy"]
+    assert st["targets"]["compile:reduce-overhead"] == ["legacy"]
+    assert {v["id"]: v["targets"] for v in st["variants"]} == {
+        "eager-only": ["cuda-graphs", "eager"], "compile-only": ["compile"], "legacy": None}
+    text = cast.summary()
+    assert "1 without recorded targets (run under every target)" in text
+    assert "  compile: 2 variant(s)" in text and "  compile:reduce-overhead: 1 variant(s)" in text
+
+
+def test_any_target_runs_every_variant_in_eager_for_its_own_checks(cast_file):
+    # audit --verify and confirmation call each variant's public op in eager, whatever it was kept for.
+    c = engine.cast.load(cast_file, env=ENV, plans={v: _pytorch for v in SIDES}, any_target=True)
+    try:
+        with c.enabled(), torch.no_grad():
+            _call_each(f)
+        assert _hits(c) == {"eager-only": 1, "compile-only": 1, "legacy": 1}
+        assert c.stats()["targets"]["compile:reduce-overhead"] == list(SIDES)
+    finally:
+        c.remove()
