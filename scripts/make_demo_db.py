@@ -5,8 +5,8 @@
 `--standin` drives the real orchestrator and store with a scripted proposer and a CPU stand-in of the
 GPU lane (a deterministic cost model, with failures of several categories). Its numbers are NOT
 measurements: the run is labelled so in its config and provider name. The real demo is a run recorded
-on the H200 with the builtin proposer; copy that run's kforge.db over kforge_tui/demo/kforge.db (one
-file, journal_mode DELETE) and nothing else changes.
+on the H200 (scripts/record_demo.py: written answers served as an LLM); copy that run's kforge.db over
+kforge_tui/demo/kforge.db (one file, journal_mode DELETE) and nothing else changes.
 
 The same stand-in also serves the TUI's live-refresh test (`--delay` slows it down so a reader sees
 candidates arrive).
