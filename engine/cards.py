@@ -8,9 +8,9 @@ A store row becomes a card through `card_from_row` and nowhere else.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -108,3 +108,61 @@ def _count(samples: Any) -> int:
     if isinstance(samples, (list, tuple)):
         return len(samples)
     return int(samples or 0)
+
+
+class SharedCard(Protocol):
+    """What counting shares needs of a card: an OperatorCard, or a row that has these fields."""
+
+    card_id: str
+    calls: int | float
+    share: float
+    chain: dict[str, Any] | None
+
+
+def chain_cover(cards: Iterable[SharedCard]) -> dict[str, dict[str, float]]:
+    """Which part of each op card's share its chain cards' calls are: {op card id: {chain card id: share}}.
+
+    A chain's calls are also its members' op cards' calls, so the two shares overlap. A chain card of n
+    calls holds, of a member card of N calls, k·n of them (k: how often the card is a member of one
+    instance, the same in every instance); the calls of one card have one signature, so they are that
+    fraction of its share."""
+    cards = list(cards)
+    by_id = {c.card_id: c for c in cards if c.chain is None}
+    cover: dict[str, dict[str, float]] = {}
+    for chain in (c for c in cards if c.chain is not None):
+        members = chain.chain.get("members") or []
+        for cid in dict.fromkeys(members):
+            op = by_id.get(cid)
+            if op is None or op.calls <= 0:
+                continue
+            held = min(1.0, members.count(cid) * max(chain.calls, 0) / op.calls)
+            cover.setdefault(cid, {})[chain.card_id] = held * op.share
+    return cover
+
+
+def model_speedup(cards: Iterable[SharedCard], speedups: Mapping[str, float]) -> float:
+    """Amdahl's law over the op cards' shares with every call counted once: a chain's calls run at the
+    better of the chain card's speedup and their own cards' (`speedups`, by card id; 1 where absent)."""
+    cards = list(cards)
+    cover = chain_cover(cards)
+
+    def gain(cid: str) -> float:
+        return max(1.0, speedups.get(cid, 1.0))
+
+    total = left = 0.0
+    by_chain: dict[str, list[tuple[str, float]]] = {}
+    for c in cards:
+        if c.chain is not None:
+            continue
+        held = cover.get(c.card_id, {})
+        covered = min(c.share, sum(held.values()))
+        total += c.share
+        left += (c.share - covered) / gain(c.card_id)
+        scale = covered / sum(held.values()) if covered > 0 else 0.0  # overlapping chains: never over the share
+        for chain_id, s in held.items():
+            by_chain.setdefault(chain_id, []).append((c.card_id, s * scale))
+    for chain_id, members in by_chain.items():
+        own = sum(s for _, s in members)
+        left += min(own / gain(chain_id), sum(s / gain(cid) for cid, s in members))
+    return total / left if left > 0 else 1.0
+

@@ -69,6 +69,7 @@ class CardRow:
     failures: int
     failure_counts: dict[str, int]
     best_id: str | None
+    chain: dict[str, Any] | None = None  # a chain card's facts (OperatorCard.chain); None for an op card
 
 
 @dataclass(frozen=True)
@@ -320,7 +321,7 @@ class ReadModel:
             status = "waiting" if nodes else "queued"
         row = CardRow(card_id, s["op"], s["signature_text"], s["calls"], s["share"], eager, roof, best_us,
                       best.speedup if best else None, pct, status, len(nodes), sum(fails.values()), fails,
-                      best.id if best else None)
+                      best.id if best else None, _chain(s.get("chain")))
         self.cards[card_id] = row
         return row
 
@@ -441,3 +442,8 @@ def _as_dict(v: Any) -> dict[str, Any]:
         except ValueError:
             return {}
     return v if isinstance(v, dict) else {}
+
+
+def _chain(value: Any) -> dict[str, Any] | None:
+    """A card row's chain facts: JSON text in the store (schema v4), None for an op card."""
+    return None if value is None or value == "" else _as_dict(value)
