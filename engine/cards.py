@@ -166,3 +166,41 @@ def model_speedup(cards: Iterable[SharedCard], speedups: Mapping[str, float]) ->
         left += min(own / gain(chain_id), sum(s / gain(cid) for cid, s in members))
     return total / left if left > 0 else 1.0
 
+
+def chain_ops(chain: Mapping[str, Any] | None, signature_text: str = "") -> list[str]:
+    """A chain card's member ops in order, views left out (`_to_copy`, `pow`, …): from its chain facts,
+    else from its signature text (`chain[_to_copy pow …] in0 …`)."""
+    ops = (chain or {}).get("ops")
+    if ops:
+        return [str(o) for o in ops]
+    if signature_text.startswith("chain[") and "]" in signature_text:
+        return signature_text[len("chain["):signature_text.index("]")].split()
+    return []
+
+
+def chain_label(chain: Mapping[str, Any] | None, signature_text: str = "") -> str:
+    """`chain: _to_copy → pow → mean → add → rsqrt → mul …`: what a chain card is, in one line."""
+    return "chain: " + (" → ".join(chain_ops(chain, signature_text)) or "?")
+
+
+def chain_inputs(signature_text: str) -> str:
+    """A chain card's signature text without its member list: its inputs (`in0 bf16[2,8,1536] in1 …`)."""
+    if signature_text.startswith("chain[") and "] " in signature_text:
+        return signature_text[signature_text.index("] ") + 2:]
+    return signature_text
+
+
+def chain_dispatch(kind: str | None, module_class: str | None = None, paths: Sequence[str] = ()) -> str:
+    """Which dispatch serves a chain card: a module card replaces module instances' forward in eager
+    (`cast.enabled(model)`); a pattern card is replaced inside compiled graphs (`cast.compile(model)`)."""
+    if kind == "module":
+        paths = list(paths)
+        where = f" at {paths[0]}" + (f" and {len(paths) - 1} more" if len(paths) > 1 else "") if paths else ""
+        return f"module card: {module_class or 'module'}{where}, eager (cast.enabled)"
+    return "pattern card: under torch.compile (cast.compile)"
+
+
+def chain_card_dispatch(chain: Mapping[str, Any] | None) -> str:
+    """`chain_dispatch` of a chain card's facts (`OperatorCard.chain`)."""
+    chain = chain or {}
+    return chain_dispatch(chain.get("kind"), chain.get("module_class"), chain.get("modules") or ())

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.cards import chain_card_dispatch, chain_inputs, chain_label
 from engine.outcomes import IN_FLIGHT, LIVE_RUN_STATUSES, UNKNOWN_CATEGORY
 from engine.store import open_readonly, read
 from engine.store.read import CandidateHead
@@ -70,6 +71,18 @@ class CardRow:
     failure_counts: dict[str, int]
     best_id: str | None
     chain: dict[str, Any] | None = None  # a chain card's facts (OperatorCard.chain); None for an op card
+
+    @property
+    def label(self) -> str:
+        """What the card is, in one line: its op, or for a chain card `chain: _to_copy → pow → …`."""
+        return chain_label(self.chain, self.signature) if self.chain is not None else self.op.removeprefix("aten::")
+
+    @property
+    def detail(self) -> str:
+        """The rest: the op card's signature, or which dispatch serves a chain card and its inputs."""
+        if self.chain is None:
+            return self.signature
+        return f"{chain_card_dispatch(self.chain)} · {chain_inputs(self.signature)}"
 
 
 @dataclass(frozen=True)
