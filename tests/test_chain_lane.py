@@ -250,6 +250,14 @@ def test_a_module_card_from_a_store_row_stays_a_module_card():
     (entry,) = manifest["variants"]
     assert entry["chain"] == {"kind": "module", "ops": RMS_OPS} and entry["module"]["class"] == "RMS"
     check_manifest(manifest)
+    # A module card as the capture writes it today has no module binding (class, paths, args): the loader
+    # could not serve the module, so it ships as what serves it, a pattern card.
+    captured = {"kind": "module", "module_class": "RMS", "modules": ["layers.0.norm1"], "members": [],
+                "ops": RMS_OPS}
+    manifest, _, _ = package([_variant(json.dumps(captured))], ENV, {"run": "run-1"})
+    (entry,) = manifest["variants"]
+    assert entry["chain"] == {"kind": "pattern", "ops": RMS_OPS} and "module" not in entry
+    check_manifest(manifest)
 
 
 def test_the_report_and_audit_name_a_chain_card_by_its_ops_and_the_dispatch_that_serves_it():
