@@ -8,9 +8,9 @@ A store row becomes a card through `card_from_row` and nowhere else.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -108,3 +108,99 @@ def _count(samples: Any) -> int:
     if isinstance(samples, (list, tuple)):
         return len(samples)
     return int(samples or 0)
+
+
+class SharedCard(Protocol):
+    """What counting shares needs of a card: an OperatorCard, or a row that has these fields."""
+
+    card_id: str
+    calls: int | float
+    share: float
+    chain: dict[str, Any] | None
+
+
+def chain_cover(cards: Iterable[SharedCard]) -> dict[str, dict[str, float]]:
+    """Which part of each op card's share its chain cards' calls are: {op card id: {chain card id: share}}.
+
+    A chain's calls are also its members' op cards' calls, so the two shares overlap. A chain card of n
+    calls holds, of a member card of N calls, k·n of them (k: how often the card is a member of one
+    instance, the same in every instance); the calls of one card have one signature, so they are that
+    fraction of its share."""
+    cards = list(cards)
+    by_id = {c.card_id: c for c in cards if c.chain is None}
+    cover: dict[str, dict[str, float]] = {}
+    for chain in (c for c in cards if c.chain is not None):
+        members = chain.chain.get("members") or []
+        for cid in dict.fromkeys(members):
+            op = by_id.get(cid)
+            if op is None or op.calls <= 0:
+                continue
+            held = min(1.0, members.count(cid) * max(chain.calls, 0) / op.calls)
+            cover.setdefault(cid, {})[chain.card_id] = held * op.share
+    return cover
+
+
+def model_speedup(cards: Iterable[SharedCard], speedups: Mapping[str, float]) -> float:
+    """Amdahl's law over the op cards' shares with every call counted once: a chain's calls run at the
+    better of the chain card's speedup and their own cards' (`speedups`, by card id; 1 where absent)."""
+    cards = list(cards)
+    cover = chain_cover(cards)
+
+    def gain(cid: str) -> float:
+        return max(1.0, speedups.get(cid, 1.0))
+
+    total = left = 0.0
+    by_chain: dict[str, list[tuple[str, float]]] = {}
+    for c in cards:
+        if c.chain is not None:
+            continue
+        held = cover.get(c.card_id, {})
+        covered = min(c.share, sum(held.values()))
+        total += c.share
+        left += (c.share - covered) / gain(c.card_id)
+        scale = covered / sum(held.values()) if covered > 0 else 0.0  # overlapping chains: never over the share
+        for chain_id, s in held.items():
+            by_chain.setdefault(chain_id, []).append((c.card_id, s * scale))
+    for chain_id, members in by_chain.items():
+        own = sum(s for _, s in members)
+        left += min(own / gain(chain_id), sum(s / gain(cid) for cid, s in members))
+    return total / left if left > 0 else 1.0
+
+
+def chain_ops(chain: Mapping[str, Any] | None, signature_text: str = "") -> list[str]:
+    """A chain card's member ops in order, views left out (`_to_copy`, `pow`, …): from its chain facts,
+    else from its signature text (`chain[_to_copy pow …] in0 …`)."""
+    ops = (chain or {}).get("ops")
+    if ops:
+        return [str(o) for o in ops]
+    if signature_text.startswith("chain[") and "]" in signature_text:
+        return signature_text[len("chain["):signature_text.index("]")].split()
+    return []
+
+
+def chain_label(chain: Mapping[str, Any] | None, signature_text: str = "") -> str:
+    """`chain: _to_copy → pow → mean → add → rsqrt → mul …`: what a chain card is, in one line."""
+    return "chain: " + (" → ".join(chain_ops(chain, signature_text)) or "?")
+
+
+def chain_inputs(signature_text: str) -> str:
+    """A chain card's signature text without its member list: its inputs (`in0 bf16[2,8,1536] in1 …`)."""
+    if signature_text.startswith("chain[") and "] " in signature_text:
+        return signature_text[signature_text.index("] ") + 2:]
+    return signature_text
+
+
+def chain_dispatch(kind: str | None, module_class: str | None = None, paths: Sequence[str] = ()) -> str:
+    """Which dispatch serves a chain card: a module card replaces module instances' forward in eager
+    (`cast.enabled(model)`); a pattern card is replaced inside compiled graphs (`cast.compile(model)`)."""
+    if kind == "module":
+        paths = list(paths)
+        where = f" at {paths[0]}" + (f" and {len(paths) - 1} more" if len(paths) > 1 else "") if paths else ""
+        return f"module card: {module_class or 'module'}{where}, eager (cast.enabled)"
+    return "pattern card: under torch.compile (cast.compile)"
+
+
+def chain_card_dispatch(chain: Mapping[str, Any] | None) -> str:
+    """`chain_dispatch` of a chain card's facts (`OperatorCard.chain`)."""
+    chain = chain or {}
+    return chain_dispatch(chain.get("kind"), chain.get("module_class"), chain.get("modules") or ())

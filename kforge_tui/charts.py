@@ -11,6 +11,7 @@ from rich.text import Text
 from textual.app import RenderResult
 from textual_plotext import PlotextPlot
 
+from engine.cards import SharedCard, model_speedup
 from engine.outcomes import FINISHED
 from engine.store.read import CandidateHead
 
@@ -63,33 +64,33 @@ class RunSeries:
     model_speedup: list[float] # estimated whole-model speedup so far
 
 
-def run_series(nodes: Iterable[CandidateHead], shares: Mapping[str, float], started_at: float) -> RunSeries:
+def run_series(nodes: Iterable[CandidateHead], cards: Iterable[SharedCard], started_at: float) -> RunSeries:
     """Cumulative verified / failed candidates and the estimated whole-model speedup, by finish time.
 
-    The estimate is Amdahl's law over the cards' shares of the captured model's time: each card runs at
-    its best verified speedup so far (never below 1×: a slower kernel is not kept), the rest as eager."""
+    The estimate is Amdahl's law over the cards' shares of the captured model's time (`model_speedup`:
+    a call inside a chain card counts once, at the better of the chain's speedup and its own card's): each
+    card runs at its best verified speedup so far (never below 1×: a slower kernel is not kept), the rest
+    as eager."""
+    cards = list(cards)
     minutes: list[float] = []
     ok: list[int] = []
     bad: list[int] = []
     gain: list[float] = []
     best: dict[str, float] = {}
-    total = sum(shares.values()) or 1.0
-    time_left = total  # Σ share / speedup, over every card
+    now = 1.0
     n_ok = n_bad = 0
     for node in sorted((n for n in nodes if n.status in FINISHED), key=lambda r: (r.updated_at, r.order)):
         if node.status == "rejected":
             n_bad += 1
         else:
             n_ok += 1
-        share = shares.get(node.card_id, 0.0)
         if node.status == "verified" and (node.speedup or 0) > best.get(node.card_id, 1.0):
-            old = best.get(node.card_id, 1.0)
             best[node.card_id] = node.speedup or 1.0
-            time_left += share / best[node.card_id] - share / old
+            now = model_speedup(cards, best)
         minutes.append(max(0.0, node.updated_at - started_at) / 60)
         ok.append(n_ok)
         bad.append(n_bad)
-        gain.append(total / time_left if time_left > 0 else 1.0)
+        gain.append(now)
     return RunSeries(minutes, ok, bad, gain)
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.cards import chain_card_dispatch, chain_inputs, chain_label
 from engine.outcomes import IN_FLIGHT, LIVE_RUN_STATUSES, UNKNOWN_CATEGORY
 from engine.store import open_readonly, read
 from engine.store.read import CandidateHead
@@ -69,6 +70,19 @@ class CardRow:
     failures: int
     failure_counts: dict[str, int]
     best_id: str | None
+    chain: dict[str, Any] | None = None  # a chain card's facts (OperatorCard.chain); None for an op card
+
+    @property
+    def label(self) -> str:
+        """What the card is, in one line: its op, or for a chain card `chain: _to_copy → pow → …`."""
+        return chain_label(self.chain, self.signature) if self.chain is not None else self.op.removeprefix("aten::")
+
+    @property
+    def detail(self) -> str:
+        """The rest: the op card's signature, or which dispatch serves a chain card and its inputs."""
+        if self.chain is None:
+            return self.signature
+        return f"{chain_card_dispatch(self.chain)} · {chain_inputs(self.signature)}"
 
 
 @dataclass(frozen=True)
@@ -320,7 +334,7 @@ class ReadModel:
             status = "waiting" if nodes else "queued"
         row = CardRow(card_id, s["op"], s["signature_text"], s["calls"], s["share"], eager, roof, best_us,
                       best.speedup if best else None, pct, status, len(nodes), sum(fails.values()), fails,
-                      best.id if best else None)
+                      best.id if best else None, _chain(s.get("chain")))
         self.cards[card_id] = row
         return row
 
@@ -441,3 +455,8 @@ def _as_dict(v: Any) -> dict[str, Any]:
         except ValueError:
             return {}
     return v if isinstance(v, dict) else {}
+
+
+def _chain(value: Any) -> dict[str, Any] | None:
+    """A card row's chain facts: JSON text in the store (schema v4), None for an op card."""
+    return None if value is None or value == "" else _as_dict(value)

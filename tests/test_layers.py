@@ -40,8 +40,9 @@ APART: list[tuple[str, str]] = [
 
 # What the TUI must never import, even though it sits on top: the engine's GPU and search code runs in
 # the engine's own process (DESIGN.md: the TUI reads the store and starts the engine detached).
-TUI_MAY_IMPORT = ("engine.cli", "engine.errors", "engine.outcomes", "engine.store", "engine.resources",
-                  "engine.progress", "kforge_tui")
+# The card record (engine.cards) is plain data: the TUI names chain cards and counts their calls once by it.
+TUI_MAY_IMPORT = ("engine.cli", "engine.cards", "engine.errors", "engine.outcomes", "engine.store",
+                  "engine.resources", "engine.progress", "kforge_tui")
 
 # Where `import engine.cast` may reach: a user loading a cast needs neither the exporter nor the engine.
 CAST_MAY_NOT_IMPORT = ("engine.export", "engine.run", "engine.propose", "engine.lane", "engine.store",

@@ -6,6 +6,7 @@ import pytest
 from tui_fixture import T0, build_store
 from tui_helpers import screen_text
 
+from engine.cards import OperatorCard
 from engine.store.read import CandidateHead
 from kforge_tui.app import KforgeApp
 from kforge_tui.charts import card_series, run_series
@@ -47,15 +48,32 @@ def test_card_series_is_the_best_so_far_over_evaluations():
     assert s.best_us == [80.0, 80.0, 50.0] and s.speedup == [1.25, 1.25, 2.0] and s.finished == 4
 
 
+def _card(cid, share, calls=1, chain=None):
+    return OperatorCard(cid, "kforge::chain" if chain else "aten::gelu", {"args": []}, calls=calls, share=share,
+                        chain=chain)
+
+
 def test_run_series_estimates_the_model_speedup_by_amdahl_over_shares():
-    shares = {"x": 0.5, "y": 0.5}
+    cards = [_card("x", 0.5), _card("y", 0.5)]
     nodes = [head("a", "x", "verified", 1, 60, 50.0, 2.0), head("b", "y", "rejected", 2, 120),
              head("c", "y", "verified", 3, 180, 25.0, 4.0), head("d", "x", "verified", 4, 240, 80.0, 0.8)]
-    s = run_series(nodes, shares, started_at=0.0)
+    s = run_series(nodes, cards, started_at=0.0)
     assert s.minutes == [1.0, 2.0, 3.0, 4.0]
     assert s.verified == [1, 1, 2, 3] and s.failed == [0, 1, 1, 1]
     # x at 2×: 1 / (0.25 + 0.5); then y at 4× as well: 1 / (0.25 + 0.125); a slower kernel changes nothing.
     assert s.model_speedup == pytest.approx([1 / 0.75, 1 / 0.75, 1 / 0.375, 1 / 0.375])
+
+
+def test_run_series_counts_a_chains_calls_once():
+    # x and y are all inside chain c (its share is theirs); z is outside. Before, the chain's share was
+    # added to the model's time and its speedup to its members': 2x on the chain read as 1.2x, not 1.33x.
+    cards = [_card("x", 0.25, calls=2), _card("y", 0.25, calls=2), _card("z", 0.5),
+             _card("c", 0.5, calls=2, chain={"kind": "module", "members": ["x", "y"]})]
+    nodes = [head("a", "c", "verified", 1, 60, 10.0, 2.0), head("b", "x", "verified", 2, 120, 10.0, 1.5),
+             head("d", "z", "verified", 3, 180, 10.0, 2.0)]
+    s = run_series(nodes, cards, started_at=0.0)
+    # The chain at 2x: 0.5 + 0.25; x at 1.5x changes nothing (the chain is better for those calls); then z.
+    assert s.model_speedup == pytest.approx([1 / 0.75, 1 / 0.75, 1 / 0.5])
 
 
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=lambda s: f"{s[0]}x{s[1]}")

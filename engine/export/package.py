@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.cards import chain_ops
 from engine.cast.format import (
     CHAIN_OP,
     FORMAT,
@@ -78,6 +79,11 @@ def _chain_of(card: Any) -> dict[str, Any] | None:
     """A chain card's `chain` record (kind 'module' or 'pattern', and for a module its class and paths):
     from a store row or an OperatorCard."""
     chain = card.get("chain") if isinstance(card, dict) else getattr(card, "chain", None)
+    if isinstance(chain, str) and chain:  # a store row holds it as JSON text (schema v4)
+        try:
+            chain = json.loads(chain)
+        except ValueError:
+            return None
     return chain if isinstance(chain, dict) else None
 
 
@@ -88,7 +94,12 @@ def _chain_entries(card: dict[str, Any]) -> dict[str, Any]:
         return {}
     chain = _chain_of(card) or {}
     kind = chain.get("kind", "pattern")
-    out: dict[str, Any] = {"chain": {"kind": kind}}
+    if kind == "module" and not all(k in chain for k in ("class", "paths", "args")):
+        # The capture does not record how a module's forward feeds the chain (engine.cast.modules.
+        # module_binding) yet: without it the loader cannot serve the module, so it ships as a pattern.
+        kind = "pattern"
+    # Its member ops, views left out: what `audit` and the report name the variant by.
+    out: dict[str, Any] = {"chain": {"kind": kind, "ops": chain_ops(chain, card.get("signature_text") or "")}}
     if kind == "module":
         out["module"] = {k: chain[k] for k in _MODULE_KEYS if k in chain}
     else:  # replaced inside compiled graphs (engine.cast.patterns)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.cards import chain_dispatch, chain_inputs, chain_label
+from engine.cast.format import CHAIN_OP
 from engine.outcomes import faster_with_confidence
 
 
@@ -14,6 +16,19 @@ def _ci(ev: dict[str, Any] | None) -> str:
     if ci[0] is None:
         return f"{ev['speedup']:.2f}×"
     return f"{ev['speedup']:.2f}× ({ci[0]:.2f}–{ci[1]:.2f})"
+
+
+def chain_view(v: dict[str, Any]) -> dict[str, str] | None:
+    """A chain variant as a reader wants it: its members (`chain: _to_copy → pow → …`), which dispatch serves
+    it (a module card's class and paths, eager; a pattern card under torch.compile) and its inputs."""
+    if v.get("op") != CHAIN_OP:
+        return None
+    chain, module = v.get("chain") or {}, v.get("module") or {}
+    kind = "module" if module else chain.get("kind", "pattern")
+    text = v.get("signature_text") or ""
+    return {"label": chain_label(chain, text), "dispatch": chain_dispatch(kind, module.get("class"),
+                                                                          module.get("paths") or ()),
+            "inputs": chain_inputs(text)}
 
 
 def _us(v: Any) -> str:
@@ -105,7 +120,10 @@ def markdown_report(manifest: dict[str, Any], excluded: list[dict[str, Any]] | N
     for v in manifest["variants"]:
         conf = v["evidence"].get("confirmed") or {}
         lane = v["evidence"].get("lane") or {}
-        lines.append(f"| {v['id']} | `{v['op']}` | `{v.get('signature_text', '')}` | {v['category']} | "
+        cv = chain_view(v)
+        op, sig = ((f"`{cv['label']}` ({cv['dispatch']})", f"`{cv['inputs']}`") if cv else
+                   (f"`{v['op']}`", f"`{v.get('signature_text', '')}`"))
+        lines.append(f"| {v['id']} | {op} | {sig} | {v['category']} | "
                      f"{v.get('calls', '–')} | {_us(conf.get('eager_us'))} | {_us(conf.get('cast_us'))} | "
                      f"{_ci(conf)} | {_ci(lane)} |")
     lines += ["", "Confirmed speedups are measured in a fresh process through the public op with the cast "
@@ -134,8 +152,10 @@ def markdown_report(manifest: dict[str, Any], excluded: list[dict[str, Any]] | N
     lines += _target_lines(manifest)
     for v in manifest["variants"]:
         p = v["provenance"]
-        lines += [f"## {v['id']} — `{v['op']}`", "",
-                  f"- signature: `{v.get('signature_text', '')}`",
+        cv = chain_view(v)
+        lines += [f"## {v['id']} — `{cv['label'] if cv else v['op']}`", "",
+                  *([f"- served by: {cv['dispatch']}", f"- inputs: `{cv['inputs']}`"] if cv else
+                    [f"- signature: `{v.get('signature_text', '')}`"]),
                   *([f"- proven for: {', '.join(v['targets']) or 'no target'}"] if "targets" in v else []),
                   f"- kernels: {', '.join(v['kernels'])}; files: " +
                   ", ".join(f"`{f['path']}`" for f in v["files"].values()),
@@ -162,7 +182,8 @@ def audit_document(manifest: dict[str, Any], problems: dict[str, str]) -> dict[s
                     "speedup": conf.get("speedup"), "speedup_ci": conf.get("speedup_ci"),
                     "eager_us": conf.get("eager_us"), "cast_us": conf.get("cast_us"),
                     "evidence": v["evidence"], "provenance": v["provenance"], "kernels": v["kernels"],
-                    "targets": v.get("targets"), "chain": v.get("chain"), "problem": problems.get(v["id"])})
+                    "targets": v.get("targets"), "chain": v.get("chain"), "problem": problems.get(v["id"]),
+                    **({"chain_view": cv} if (cv := chain_view(v)) else {})})
     return {"format": manifest["format_version"], "env": manifest["env"], "source": manifest.get("source", {}),
             "variants": out}
 
@@ -178,12 +199,13 @@ def audit_text(doc: dict[str, Any], path: str) -> str:
         lines.append("  no targets recorded: every variant runs wherever the cast is installed")
     for v in doc["variants"]:
         sp = _ci({"speedup": v["speedup"], "speedup_ci": v["speedup_ci"]})
-        line = (f"  {v['id']:<14} {v['op']:<32} {v['category']:<12} {sp:<22} eager {_us(v['eager_us'])} µs "
-                f"-> {_us(v['cast_us'])} µs  {v['signature']}")
+        cv = v.get("chain_view")
+        line = (f"  {v['id']:<14} {cv['label'] if cv else v['op']:<32} {v['category']:<12} {sp:<22} eager "
+                f"{_us(v['eager_us'])} µs -> {_us(v['cast_us'])} µs  {cv['inputs'] if cv else v['signature']}")
+        if cv:
+            line += f"\n      served by: {cv['dispatch']}"
         if v.get("targets") is not None:
             line += f"\n      proven for: {', '.join(v['targets']) or 'no target'}"
-        if (v.get("chain") or {}).get("kind"):
-            line += f"\n      chain card ({v['chain']['kind']})"
         if v.get("verify"):
             line += f"\n      verify: {v['verify']}"
         if v.get("problem"):

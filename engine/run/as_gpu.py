@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.bench.floor import card_flops, operand_dtypes, peak_flops
-from engine.cards import OperatorCard
+from engine.cards import OperatorCard, chain_cover
 from engine.propose.base import Hardware
 
 CPU_ONLY = "cpu-only op: the GPU runs a different op"
@@ -203,9 +203,15 @@ def estimated_us(card: OperatorCard, hardware: Hardware) -> float:
 
 def gpu_shares(cards: list[OperatorCard], hardware: Hardware) -> list[OperatorCard]:
     """The cards with `share` re-estimated as their fraction of the model's roofline time on `hardware`
-    (calls × one call's estimate); unchanged when no card has an estimate."""
-    spent = [max(1, c.calls) * estimated_us(c, hardware) for c in cards]
+    (calls × one call's estimate); unchanged when no card has an estimate. The model's time is its op
+    cards'; a chain card's share is what its calls are of its members' (`engine.cards.chain_cover`)."""
+    spent = [0.0 if c.chain is not None else max(1, c.calls) * estimated_us(c, hardware) for c in cards]
     total = sum(spent)
     if total <= 0:
         return list(cards)
-    return [dataclasses.replace(c, share=s / total) for c, s in zip(cards, spent)]
+    out = [dataclasses.replace(c, share=s / total) for c, s in zip(cards, spent)]
+    held: dict[str, float] = {}
+    for by_chain in chain_cover(out).values():
+        for chain_id, s in by_chain.items():
+            held[chain_id] = held.get(chain_id, 0.0) + s
+    return [dataclasses.replace(c, share=held.get(c.card_id, 0.0)) if c.chain is not None else c for c in out]

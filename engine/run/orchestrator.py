@@ -19,7 +19,7 @@ from engine.lane.evaluate import Evaluation
 from engine.propose.base import Attempt, Hardware, Proposal, ProposalRequest
 from engine.propose.intents import choose_intent
 from engine.propose.repair import MAX_ATTEMPTS, next_step, repair_request
-from engine.run.plan import CardState, SchedulePolicy, next_card, skip_reason, stop_reason
+from engine.run.plan import CardState, SchedulePolicy, count_chains_once, next_card, skip_reason, stop_reason
 from engine.search.tree import ROOT, STRATEGIES, SearchParams, Tree, backup
 
 Evaluate = Callable[[CardState, Proposal], Awaitable[Evaluation]]
@@ -287,6 +287,7 @@ class Orchestrator:
         task.add_done_callback(done)
 
     def _next_job(self) -> tuple[CardState, str] | None:
+        count_chains_once(list(self.cards.values()))
         blocked: list[CardState] = []
         while True:
             card = next_card([c for c in self.cards.values() if c not in blocked], self.policy,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from engine.cards import CardRef, OperatorCard
+from engine.cards import CardRef, OperatorCard, chain_cover
+from engine.outcomes import CARD_SKIP_REASONS
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class CardState:
     priority_boost: float = 1.0        # set from a 'prioritize' control row
     failures: dict[str, int] = field(default_factory=dict)
     note: str | None = None            # why, in words, where done_reason alone does not say (a cpu-only op)
+    covered: float = 0.0               # of an op card's share, what chain cards in play hold (count_chains_once)
 
     @property
     def ref(self) -> CardRef:
@@ -51,6 +53,11 @@ class CardState:
     @property
     def share(self) -> float:
         return self.card.share
+
+    @property
+    def own_share(self) -> float:
+        """The share that only this card can win: an op card's calls inside chains in play count for the chain."""
+        return max(0.0, self.card.share - self.covered)
 
     def record(self, best_us: float | None, policy: SchedulePolicy) -> None:
         """Account one finished iteration (best_us None: it failed)."""
@@ -88,11 +95,32 @@ def stop_reason(card: CardState, policy: SchedulePolicy, iterations_per_card: in
     return None
 
 
+def in_play(chain: CardState) -> bool:
+    """A chain card that may still serve its calls: searching, or finished with a kernel faster than eager."""
+    if chain.done_reason is None:
+        return True
+    if chain.done_reason in CARD_SKIP_REASONS or chain.best_us is None:
+        return False
+    return chain.eager_us is None or chain.best_us < chain.eager_us
+
+
+def count_chains_once(cards: list[CardState]) -> None:
+    """Count each call once: an op card's calls that a chain card in play holds are that chain's share, not
+    the op card's (its `covered`); a chain declined, skipped or finished without a win gives them back."""
+    states = {c.card_id: c for c in cards}
+    for c in cards:
+        c.covered = 0.0
+    for op_id, held in chain_cover(c.card for c in cards).items():
+        states[op_id].covered = min(states[op_id].card.share,
+                                    sum(s for chain_id, s in held.items() if in_play(states[chain_id])))
+
+
 def expected_gain(card: CardState) -> float:
     """Runtime share × headroom to the roofline, discounted by the iterations already spent.
 
     Headroom is the fraction of the card's current time that the roofline says could still go:
-    1 − roofline / current. Without a roofline, assume half.
+    1 − roofline / current. Without a roofline, assume half. The share is the card's own
+    (`count_chains_once`): calls a chain card holds are counted for the chain only.
     """
     current = card.best_us or card.eager_us
     if current and card.roofline_us:
@@ -101,12 +129,13 @@ def expected_gain(card: CardState) -> float:
         headroom = 0.5
     # Diminishing returns: a card tried many times without progress gives way to fresh ones.
     fatigue = 1.0 / math.sqrt(1.0 + card.since_improvement)
-    return card.share * headroom * fatigue * card.priority_boost
+    return card.own_share * headroom * fatigue * card.priority_boost
 
 
 def next_card(cards: list[CardState], policy: SchedulePolicy, iterations_per_card: int) -> CardState | None:
-    """The open card with the highest expected gain (ties: more share, then id)."""
+    """The open card with the highest expected gain (ties: more own share, then id). Call
+    `count_chains_once` over all the run's cards first."""
     open_cards = [c for c in cards if stop_reason(c, policy, iterations_per_card) is None]
     if not open_cards:
         return None
-    return max(open_cards, key=lambda c: (expected_gain(c), c.share, c.ref.card_id))
+    return max(open_cards, key=lambda c: (expected_gain(c), c.own_share, c.ref.card_id))

@@ -32,6 +32,12 @@ PRECISION_FAMILIES = REORDERING_FAMILIES
 # A correct kernel that accumulates in float32 in another order errs like eager (ratio about 1); float16
 # or bfloat16 arithmetic on sums of hundreds of terms errs ten times more and beyond.
 PRECISION_FACTOR = 3.0
+# A chain card's reference is the chain in float64 and eager rounds only where its members store (a
+# decomposed RMSNorm: once, at the end): a kernel that computes in float32 and rounds where eager rounds
+# errs like eager (ratio at most 1.0 in docs/chains.md's sweep), while one that computes in bfloat16
+# throughout errs 1.6x and more on rows of 32 to 4096 where eager rounds once; 3x let most such kernels
+# pass. Where eager rounds twice (Llama's RMSNorm) they err 1.2-2.1x: caught on some samples only.
+CHAIN_PRECISION_FACTOR = 1.5
 _UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 RACE_REPS = 6  # extra runs at the end of verification, every other one beside a busy stream
 
@@ -82,16 +88,18 @@ class CardCheck:
     the tolerance table (non-finite values exactly where eager has them), leave its read-only inputs
     and the canary bytes around its input copies untouched, write every output element, repeat its
     result on a second run (and, at the end, several more runs, some beside a concurrent stream), and
-    for half-precision reductions err against a float64 reference no more than `PRECISION_FACTOR`
-    times eager's own error. A candidate's runner raises `GuardViolation` for a write outside its
-    own buffers (outputs, workspaces); that is reported as `overrun`.
+    for half-precision reductions err against a float64 reference no more than `precision_factor`
+    (`PRECISION_FACTOR`; a chain card's `CHAIN_PRECISION_FACTOR`) times eager's own error. A
+    candidate's runner raises `GuardViolation` for a write outside its own buffers (outputs,
+    workspaces); that is reported as `overrun`.
     """
 
     def __init__(self, op_name: str, samples: Sequence[Bound], eager: RunEager, *,
                  written_args: Sequence[str] = (), fresh: int = 2, edges: bool = True,
                  sync: Callable[[], None] = lambda: None, seed: int = 1234, guard: bool = True,
                  race_reps: int = RACE_REPS, contend: Contend | None = None, precision: bool = True,
-                 family: str | None = None, reference64: RunEager | None = None):
+                 family: str | None = None, reference64: RunEager | None = None,
+                 precision_factor: float = PRECISION_FACTOR):
         self.op = op_name
         # A chain card's family is its members' (tolerance.chain_family), not its op's.
         self.family = family if family is not None else op_family(op_name)
@@ -105,6 +113,7 @@ class CardCheck:
         self.race_reps = race_reps
         self.contend = contend
         self.precision = precision
+        self.precision_factor = precision_factor
         sets: list[tuple[str, Bound]] = [(f"sample {i}", s) for i, s in enumerate(samples)]
         if samples:
             sets += [(f"fresh {k}", fresh_inputs(samples[k % len(samples)], seed + k)) for k in range(fresh)]
@@ -251,7 +260,7 @@ class CardCheck:
         return None
 
     def _precision(self, label: str, inputs: Bound, got: list[Any], expected: list[Any]) -> Verdict | None:
-        """Half-precision outputs of accumulating ops: error against float64 at most PRECISION_FACTOR × eager's."""
+        """Half-precision outputs of accumulating ops: error against float64 at most precision_factor × eager's."""
         if (not self.precision or self.family not in PRECISION_FAMILIES
                 or not (label.startswith("sample") or label.startswith("fresh"))):
             return None
@@ -283,16 +292,16 @@ class CardCheck:
             e_ulp, a_ulp = _rms((e.double() - r)[fin] / per), _rms((a.double() - r)[fin] / per)
             floor_abs, floor_ulp = 0.5 * u * scale, 0.5
             ratio = max(a_abs / max(e_abs, floor_abs), a_ulp / max(e_ulp, floor_ulp))
-            if ratio > PRECISION_FACTOR:
+            if ratio > self.precision_factor:
                 return Verdict(False, "mismatch", f"{label}: out{i}: its error against a float64 reference is "
                                f"{ratio:.1f}x eager's (rms {a_abs:.3g} vs {e_abs:.3g}; {a_ulp:.2f} vs {e_ulp:.2f} "
-                               f"roundoffs per element; at most {PRECISION_FACTOR:g}x allowed): it computes in lower "
+                               f"roundoffs per element; at most {self.precision_factor:g}x allowed): it computes in lower "
                                f"precision than eager, e.g. accumulates in {str(e.dtype).removeprefix('torch.')} "
                                "where eager accumulates in float32",
                                details={"precision": {"candidate_rms_err": a_abs, "eager_rms_err": e_abs,
                                                       "candidate_roundoffs": a_ulp, "eager_roundoffs": e_ulp,
                                                       "reference_rms": scale, "ratio": ratio,
-                                                      "factor": PRECISION_FACTOR}})
+                                                      "factor": self.precision_factor}})
         return None
 
     def _reference64(self, inputs: Bound) -> list[Any] | None:
@@ -332,8 +341,10 @@ class CardCheck:
 def card_check(op_name: str, signature: dict[str, Any], samples: Sequence[Bound], **kw: Any) -> CardCheck:
     """The CardCheck of any card. An ATen card's eager is its public op (arguments the schema writes must
     end as eager leaves them); a chain card's is `run_chain` over `in0..inN`, held to its loosest member's
-    tolerances, with the chain run in float64 throughout as the precision check's reference."""
+    tolerances, with the chain run in float64 throughout as the precision check's reference, within
+    `CHAIN_PRECISION_FACTOR` of eager's error."""
     if op_name == CHAIN_OP:
+        kw.setdefault("precision_factor", CHAIN_PRECISION_FACTOR)
         return CardCheck(op_name, samples, chain_eager(signature), family=chain_family(signature),
                          reference64=chain_eager(chain_in_float64(signature)), **kw)
     op = resolve_op(op_name)

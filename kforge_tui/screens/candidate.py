@@ -84,7 +84,7 @@ class CandidateScreen(KforgeScreen):
                              f"  {r['status']}", (f" {r['category']}" if r.get("category") else "", "red"),
                              f"  card {r['card_id']}")
         if d.card:
-            text.append(f" {d.card.op}")
+            text.append(f" {d.card.label if d.card.chain is not None else d.card.op}")
         if r.get("best_us") is not None:
             text.append(f"  {fmt.us(r['best_us'])} µs {fmt.speedup(r.get('speedup'))}")
         text.append(f"  parent {r.get('parent_id') or '(root)'}", style="dim")
@@ -95,7 +95,10 @@ class CandidateScreen(KforgeScreen):
         d = self.detail
         if d is None or d.card is None:
             return Text("")
-        text = Text.assemble(("signature ", "dim"), f"{d.card.op} {d.card.signature}")
+        if d.card.chain is not None:
+            text = Text.assemble((d.card.label, "bold"), "\n", d.card.detail)
+        else:
+            text = Text.assemble(("signature ", "dim"), f"{d.card.op} {d.card.signature}")
         change = self.app.model.change_vs_parent(self.candidate_id)
         if change:
             text.append("\nchanged vs parent ", style="dim")

@@ -14,7 +14,7 @@ from kforge_tui.widgets import KforgeScreen, LiveBar, LiveTable
 # (header, key for sorting, cell text): what a reader scans for first on the left, so 80 columns show
 # it; the wide signature last (the candidate screen shows it in full).
 COLUMNS = [
-    ("op", lambda c: c.op, lambda c: c.op.removeprefix("aten::")),
+    ("op", lambda c: c.label, lambda c: _cut(c.label, OP_CHARS)),
     ("speedup", lambda c: c.speedup or 0, lambda c: _speedup_cell(c)),
     ("status", lambda c: c.status, lambda c: c.status),
     ("best µs", lambda c: c.best_us or 1e18, lambda c: fmt.us(c.best_us)),
@@ -24,12 +24,17 @@ COLUMNS = [
     ("roof", lambda c: c.roofline_pct or 0, lambda c: fmt.pct(c.roofline_pct)),
     ("cands", lambda c: c.candidates, lambda c: str(c.candidates)),
     ("fails", lambda c: c.failures, lambda c: Text(str(c.failures), style="red" if c.failures else "")),
-    ("signature", lambda c: c.signature, lambda c: c.signature[:48]),
+    ("signature", lambda c: c.detail, lambda c: c.detail[:48]),
 ]
 # `s` cycles the sort through the columns in this order (unchanged when the display order changed).
 SORTS = [next(col for col in COLUMNS if col[0] == name) for name in (
     "op", "signature", "calls", "share", "eager µs", "best µs", "speedup", "roof", "status", "cands", "fails")]
 DEFAULT_SORT = 3  # share: where the time goes
+OP_CHARS = 44  # a chain card's member list is cut here in the table; its card view shows it whole
+
+
+def _cut(text: str, n: int) -> str:
+    return text if len(text) <= n else text[:n - 1] + "…"
 
 
 def _speedup_cell(c: CardRow) -> Text:
@@ -70,7 +75,7 @@ class CardsScreen(KforgeScreen):
 
     def matches(self, c: CardRow) -> bool:
         needle = self.filter_text.lower()
-        return not needle or needle in f"{c.op} {c.signature} {c.status} {c.card_id}".lower()
+        return not needle or needle in f"{c.label} {c.detail} {c.op} {c.signature} {c.status} {c.card_id}".lower()
 
     def visible_cards(self) -> list[CardRow]:
         rows = [c for c in self.app.model.cards.values() if self.matches(c)]

@@ -39,8 +39,7 @@ class RunChartsScreen(KforgeScreen):
     def rebuild(self) -> None:
         model = self.app.model
         run = self.app.snapshot.run if self.app.snapshot else None
-        shares = {cid: c.share for cid, c in model.cards.items()}
-        s = run_series(model.all_nodes(), shares, run.created_at if run else 0.0)
+        s = run_series(model.all_nodes(), model.cards.values(), run.created_at if run else 0.0)
         fails = model.failure_categories()
         self.query_one("#chart-progress", Chart).set_draw(draw_progress(s))
         self.query_one("#chart-gain", Chart).set_draw(draw_gain(s))

@@ -42,7 +42,7 @@ class LatencyScreen(KforgeScreen):
     def rebuild(self) -> None:
         card = self.app.model.cards.get(self.card_id)
         s = card_series(self.app.model.nodes_of(self.card_id))
-        title = f"{card.op} {card.signature[:50]}" if card else self.card_id
+        title = (card.label if card.chain is not None else f"{card.op} {card.signature[:50]}") if card else self.card_id
         self.query_one("#lat-title", Static).update(f"latency · {title}")
         eager = card.eager_us if card else None
         self.query_one("#chart-us", Chart).set_draw(draw_card_us(s, eager))

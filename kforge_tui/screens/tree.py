@@ -77,7 +77,8 @@ class TreeScreen(KforgeScreen):
         card = self.app.model.cards.get(self.card_id)
         if card is None:
             return Text(self.card_id)
-        return Text.assemble((card.op, "bold"), f"  eager {fmt.us(card.eager_us)} µs  {card.signature}")
+        return Text.assemble((card.label if card.chain is not None else card.op, "bold"),
+                             f"  eager {fmt.us(card.eager_us)} µs  {card.detail}")
 
     def on_mount(self) -> None:
         tree = self.query_one("#tree", Tree)
@@ -225,7 +226,7 @@ class TreeScreen(KforgeScreen):
         line = self.query_one("#tree-node", Static)
         if nid is None or nid == ROOT or nid not in self.rows:
             card = self.app.model.cards.get(self.card_id)
-            line.update(Text(card.signature if card else self.card_id, overflow="ellipsis", no_wrap=True))
+            line.update(Text(card.detail if card else self.card_id, overflow="ellipsis", no_wrap=True))
             return
         parent = self.rows[nid].parent_id
         change = self.app.model.change_vs_parent(nid) or "(nothing stored about the change)"

@@ -1,0 +1,132 @@
+"""The precision check of chain cards (engine.verify.pipeline.CHAIN_PRECISION_FACTOR): the builtin chain
+templates' own kernels, run on the CPU (tests/cuda_emulator.py), pass it on rows of 32 to 4096; an RMSNorm
+computed in bfloat16 throughout (no float32 upcast), which the old 3x bound let through, does not."""
+
+from __future__ import annotations
+
+import cuda_emulator as emu
+import pytest
+import torch
+from test_builtin_chains import BF, GemmaRMS, GroupNormSilu, LlamaRMS, _toy, chain_cards
+
+from engine.capture.chains import CHAIN_OP
+from engine.launch import parse_spec, resolve
+from engine.launch.expr import Env
+from engine.propose.builtin.chains import GroupNormSiluChainTemplate, RmsNormChainTemplate
+from engine.verify.pipeline import (
+    CHAIN_PRECISION_FACTOR,
+    PRECISION_FACTOR,
+    PRECISION_FAMILIES,
+    CardCheck,
+    card_check,
+)
+
+SIZES = (32, 512, 4096)
+SEEDS = (0, 1, 2)
+
+
+def _samples(card, seeds=SEEDS):
+    """Random input sets for a chain card: unit-normal activations, its own weight's scale for the rest."""
+    out = []
+    for seed in seeds:
+        g = torch.Generator().manual_seed(seed)
+        out.append([(a["name"], (torch.randn(a["shape"], generator=g) * (1.0 if i == 0 else 0.1)
+                                 + (0.0 if i == 0 else 1.0)).to(getattr(torch, a["dtype"])))
+                    for i, a in enumerate(card.signature["args"])])
+    return out
+
+
+def _cards():
+    """(name, chain card, its template) for every RMSNorm variant at each row size, and GroupNorm + SiLU."""
+    out = [("toy", chain_cards(_toy(), torch.randn(2, 5, 32, dtype=BF))[0], RmsNormChainTemplate())]
+    for d in SIZES:
+        out.append((f"gemma {d}", chain_cards(GemmaRMS(d), torch.randn(2, 5, d, dtype=BF))[0], RmsNormChainTemplate()))
+        out.append((f"llama {d}", chain_cards(LlamaRMS(d), torch.randn(2, 5, d, dtype=BF))[0], RmsNormChainTemplate()))
+    out.append(("gn_silu", chain_cards(GroupNormSilu(), torch.randn(2, 8, 6, 6, dtype=BF))[0],
+                GroupNormSiluChainTemplate()))
+    return out
+
+
+@pytest.fixture(scope="module")
+def cards():
+    return _cards()
+
+
+def _cuda_group_norm_silu(bound):
+    """Eager CUDA's GroupNorm + SiLU (tests/test_builtin_templates_norms.py's reference): mean and rstd
+    rounded to the input dtype before y = x * a + b is formed from them, y rounded, then SiLU. The
+    template follows it; eager on the CPU forms y from unrounded statistics, so it is no yardstick here."""
+    (_, x), (_, w), (_, b) = bound
+    n, c, groups = x.shape[0], x.shape[1], 4
+    xd = x.double().reshape(n, groups, -1)
+    mq = xd.mean(-1).to(x.dtype)
+    rq = (1 / torch.sqrt(xd.var(-1, unbiased=False) + 1e-5)).to(x.dtype)
+    a = rq.double()[:, :, None] * w.double().reshape(groups, -1)
+    sh = -a * mq.double()[:, :, None] + b.double().reshape(groups, -1)
+    y = (x.double().reshape(n, groups, c // groups, -1) * a[..., None] + sh[..., None]).reshape(x.shape).to(x.dtype)
+    return [mq, rq, torch.nn.functional.silu(y.float()).to(x.dtype)]
+
+
+def _emulated(cards, tmp_path):
+    """Each card's template kernel (defaults), run on the CPU: a CardCheck candidate per card."""
+    prepared = []
+    for name, card, t in cards:
+        assert t.accepts(card) is None, f"{name}: {t.accepts(card)}"
+        r = t.render(card, t.default(card))
+        prepared.append((card, resolve(parse_spec(r.spec), Env.from_card(card.signature, card.outputs)), r.source))
+    program = emu.build([(p[2], p[1]) for p in prepared], tmp_path)
+
+    def candidate(k):
+        card, res, _ = prepared[k]
+
+        def kernel(bound, prefill):
+            fill = float("nan") if prefill == "nan" else -1234.5
+            run = emu.run(program, k, res, dict(bound), [emu.output_like(d, fill) for d in card.outputs], tmp_path)
+            assert run.error is None, run.error
+            return run.outputs
+        return kernel
+    return [candidate(k) for k in range(len(prepared))]
+
+
+def test_the_builtin_chain_templates_pass_the_chain_precision_check(cards, tmp_path):
+    # The templates compute in float32 and round where eager rounds: their error against the float64 chain
+    # is eager's (a ratio of at most 1), on every row size, inside the chain factor.
+    if not emu.available():
+        pytest.skip("g++ is needed for the CUDA-on-CPU emulation")
+    for (name, card, _), kernel in zip(cards, _emulated(cards, tmp_path)):
+        check = card_check(CHAIN_OP, card.signature, _samples(card), fresh=1, edges=False, race_reps=0)
+        if name == "gn_silu":
+            check = CardCheck(CHAIN_OP, _samples(card), _cuda_group_norm_silu, fresh=1, edges=False,
+                              race_reps=0, family=check.family, reference64=check.reference64,
+                              precision_factor=CHAIN_PRECISION_FACTOR)
+        assert check.precision_factor == CHAIN_PRECISION_FACTOR and check.family in PRECISION_FAMILIES
+        v = check.check(kernel)
+        assert v.ok, f"{name}: {v.message}"
+
+
+def _rms_in_bf16(card, eps: float):
+    """x * (1 + w) RMSNorm with no upcast: squares, their tree sum, rsqrt and the products all in bf16."""
+    def run(bound, prefill):
+        x, w = bound[0][1], bound[1][1]
+        acc = x * x
+        while acc.shape[-1] > 1:
+            acc = acc[..., 0::2] + acc[..., 1::2]
+        return [(x * torch.rsqrt(acc / x.shape[-1] + eps) * (1 + w)).reshape(card.outputs[0]["shape"])]
+    return run
+
+
+@pytest.mark.parametrize("d", SIZES)
+def test_a_chain_kernel_computing_in_bf16_fails_the_chain_precision_check(cards, d):
+    # Eager's chain (Gemma's RMSNorm) upcasts and rounds once; bf16 arithmetic errs 1.6-3x that against the
+    # float64 chain, within the bf16 tolerance itself: only the precision check can tell, and its old 3x
+    # bound passed it on most draws. The chain factor fails it on every one.
+    (card,) = [card for name, card, _ in cards if name == f"gemma {d}"]
+    cheat = _rms_in_bf16(card, 1e-6)
+    passed_before = 0
+    for sample in _samples(card):
+        v = card_check(CHAIN_OP, card.signature, [sample], fresh=0, edges=False, race_reps=0).check(cheat)
+        assert not v.ok and "float64 reference" in v.message, v.message
+        assert v.details["precision"]["factor"] == CHAIN_PRECISION_FACTOR
+        passed_before += card_check(CHAIN_OP, card.signature, [sample], fresh=0, edges=False, race_reps=0,
+                                    precision_factor=PRECISION_FACTOR).check(cheat).ok
+    assert passed_before, "the old factor caught it on every draw here: this test no longer shows the hole"

@@ -1,0 +1,123 @@
+"""Chain cards and the planner: a chain's calls are also its members' op cards' calls, so each call is
+counted once, for the chain while the chain can still serve it (engine.cards.chain_cover,
+engine.run.plan.count_chains_once), in the order of work and in the estimated whole-model speedup."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from engine.cards import OperatorCard, chain_cover, model_speedup
+from engine.propose.hardware_profiles import profile
+from engine.run.as_gpu import gpu_shares
+from engine.run.plan import CardState, SchedulePolicy, count_chains_once, expected_gain, next_card
+
+CHAIN = "kforge::chain"
+
+
+def op(cid, name, calls, share, **kw):
+    return OperatorCard(cid, name, {"op": name, "args": [], "aliases": []}, calls=calls, share=share, bytes=4096,
+                        **kw)
+
+
+def capture():
+    """A hand-made capture of a 4-layer model: per layer one matmul and one RMSNorm chain (upcast, pow, mean,
+    add, rsqrt, mul, downcast, weight mul), plus 4 more `mul` calls of the same signature outside any chain
+    (a residual scale). Op shares sum to 1; the chain's share is its calls' time: the members' part."""
+    cards = [
+        op("mm", "aten::mm", 4, 0.40),
+        op("to", "aten::_to_copy", 8, 0.16),
+        op("pow", "aten::pow.Tensor_Scalar", 4, 0.06),
+        op("mean", "aten::mean.dim", 4, 0.08),
+        op("add", "aten::add.Tensor", 4, 0.04),
+        op("rsqrt", "aten::rsqrt", 4, 0.04),
+        op("mul", "aten::mul.Tensor", 12, 0.22),  # 8 calls in the chains, 4 outside: 2/3 covered
+    ]
+    members = ["to", "pow", "mean", "add", "rsqrt", "mul", "to", "mul"]
+    chain = OperatorCard("rms", CHAIN, {"op": CHAIN, "args": [], "aliases": []}, calls=4,
+                         share=0.16 + 0.06 + 0.08 + 0.04 + 0.04 + 0.22 * 2 / 3, bytes=4096,
+                         chain={"kind": "module", "module_class": "RMSNorm", "members": members,
+                                "ops": ["_to_copy", "pow", "mean", "add", "rsqrt", "mul", "_to_copy", "mul"]})
+    return [*cards, chain]
+
+
+def states(cards):
+    return [CardState(c, ["s0"]) for c in cards]
+
+
+def test_chain_cover_gives_each_member_card_the_part_of_its_share_the_chain_holds():
+    cover = chain_cover(capture())
+    assert set(cover) == {"to", "pow", "mean", "add", "rsqrt", "mul"}  # the matmul is in no chain
+    assert cover["to"] == {"rms": pytest.approx(0.16)}  # 2 of its calls per instance, 4 instances: all 8
+    assert cover["mul"] == {"rms": pytest.approx(0.22 * 2 / 3)}  # 8 of 12 calls
+    assert sum(s for held in cover.values() for s in held.values()) == pytest.approx(capture()[-1].share)
+
+
+def test_calls_inside_a_chain_in_play_count_for_the_chain_only():
+    cards = states(capture())
+    by_id = {c.card_id: c for c in cards}
+    assert sum(c.own_share for c in cards) == pytest.approx(1.0 + by_id["rms"].share)  # before: counted twice
+    count_chains_once(cards)
+    assert sum(c.own_share for c in cards) == pytest.approx(1.0)
+    assert by_id["to"].own_share == pytest.approx(0.0) and by_id["mul"].own_share == pytest.approx(0.22 / 3)
+    assert by_id["mm"].own_share == 0.40 and by_id["rms"].own_share == by_id["rms"].share
+    assert by_id["to"].share == 0.16  # the card's captured share itself is unchanged (report, skip rules)
+
+
+def test_the_order_of_work_no_longer_puts_member_cards_ahead_of_cards_outside_chains():
+    policy = SchedulePolicy()
+    cards = states(capture())
+    by_id = {c.card_id: c for c in cards}
+    by_id["mm"].done_reason = "plateau"  # the matmul is done; what comes next among the rest?
+    cards.append(CardState(op("gelu", "aten::gelu", 4, 0.10), ["s0"]))
+    # Counted twice, the weight-multiply card (0.22, 2/3 of it inside the chains) went before the gelu (0.10).
+    first = [next_card(cards, policy, 50).card_id]
+    by_id["rms"].in_flight = 50  # the chain out of the way: its budget in flight
+    first.append(next_card(cards, policy, 50).card_id)
+    assert first == ["rms", "mul"]
+    count_chains_once(cards)
+    order = []
+    by_id["rms"].in_flight = 0
+    order.append(next_card(cards, policy, 50).card_id)
+    by_id["rms"].in_flight = 50
+    order.append(next_card(cards, policy, 50).card_id)
+    assert order == ["rms", "gelu"]  # the members' calls are the chain's while it searches
+    assert expected_gain(by_id["to"]) == 0.0
+    # A chain that cannot serve its calls (declined, or done without a kernel faster than eager) gives
+    # them back to its members.
+    by_id["rms"].done_reason = "declined"
+    count_chains_once(cards)
+    assert next_card(cards, policy, 50).card_id == "mul" and by_id["to"].own_share == pytest.approx(0.16)
+    by_id["rms"].done_reason, by_id["rms"].best_us = "plateau", 5.0
+    by_id["rms"].card = dataclasses.replace(by_id["rms"].card, eager_us=10.0)
+    count_chains_once(cards)
+    assert by_id["to"].own_share == 0.0  # done with a 2x kernel: it serves those calls
+    by_id["rms"].best_us = 12.0
+    count_chains_once(cards)
+    assert by_id["to"].own_share == pytest.approx(0.16)  # done, slower than eager: it does not
+
+
+def test_the_estimated_model_speedup_counts_each_call_once():
+    cards = capture()
+    chain_share = cards[-1].share
+    assert model_speedup(cards, {}) == pytest.approx(1.0)
+    # The chain at 2x: its calls take half their time, the rest as eager.
+    assert model_speedup(cards, {"rms": 2.0}) == pytest.approx(1 / (1 - chain_share / 2))
+    # Its members at 1.5x as well: the chain's calls go the better way, never both.
+    assert model_speedup(cards, {"rms": 2.0, "to": 1.5, "pow": 1.5, "mean": 1.5, "add": 1.5, "rsqrt": 1.5,
+                                 "mul": 1.5}) == pytest.approx(1 / (1 - chain_share / 2 - 0.22 / 3 * (1 - 1 / 1.5)))
+    # Members faster than the chain: theirs.
+    assert model_speedup(cards, {"rms": 1.2, "to": 4.0, "pow": 4.0, "mean": 4.0, "add": 4.0, "rsqrt": 4.0,
+                                 "mul": 4.0}) == pytest.approx(1 / (0.40 + 0.60 / 4))
+    assert model_speedup(cards, {"mm": 2.0}) == pytest.approx(1 / 0.8)
+
+
+def test_a_dry_runs_gpu_shares_leave_chain_cards_out_of_the_models_time():
+    cards = gpu_shares(capture(), profile("h200"))
+    ops = [c for c in cards if c.chain is None]
+    assert sum(c.share for c in ops) == pytest.approx(1.0)
+    (chain,) = [c for c in cards if c.chain is not None]
+    by_id = {c.card_id: c for c in ops}
+    expected = sum(by_id[m].share for m in ("to", "pow", "mean", "add", "rsqrt")) + by_id["mul"].share * 2 / 3
+    assert chain.share == pytest.approx(expected)
