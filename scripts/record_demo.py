@@ -85,7 +85,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="kforge-demo-"))
     workspace = work / "workspace"
     server, port = start_server(args.fixture, work)
-    cmd = ["kforge-tui", "run", str(args.config), "--small", "--no-tui", "--json",
+    cmd = [sys.executable, "-m", "kforge_tui", "run", str(args.config), "--small", "--no-tui", "--json",
            "--provider", "anthropic", "--base-url", f"http://127.0.0.1:{port}", "--model", MODEL_NAME,
            "--iterations", str(args.iterations), "--wall-time", f"{args.wall_time:g}",
            "--workspace", str(workspace)]
