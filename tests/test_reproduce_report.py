@@ -1,4 +1,4 @@
-"""scripts/reproduce.py --report-only on the recorded H200 ResNet-50 run shipped as the TUI demo."""
+"""scripts/reproduce.py --report-only on a recorded H200 ResNet-50 run (the TUI demo until 2026-12-01)."""
 
 import json
 import shutil
@@ -9,7 +9,7 @@ from pathlib import Path
 from conftest import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
-DEMO_DB = ROOT / "kforge_tui" / "demo" / "kforge.db"
+DEMO_DB = ROOT / "tests" / "fixtures" / "resnet50-h200-run.db"  # builtin proposer, default budget
 
 
 def _report(out: Path, *args: str) -> subprocess.CompletedProcess:
