@@ -21,6 +21,9 @@ def test_dry_run_on_ray_compile_lanes(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(r.stdout)
     assert doc["evaluations"] > 0, doc
+    # --json names the lanes per host (Ray's compile actors here, named host/cpuN).
+    assert doc["lanes"]["ray"] is True and doc["lanes"]["hosts"], doc["lanes"]
+    assert all("/cpu" in n for names in doc["lanes"]["hosts"].values() for n in names), doc["lanes"]
     # The lanes the run used are the Ray actors: named by host, compile lanes.
     db = sqlite3.connect(tmp_path / "ws" / "kforge.db")
     (payload,), = db.execute("SELECT payload FROM events WHERE kind = 'lanes'").fetchall()

@@ -398,6 +398,13 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
         finally:
             stop.on_stop(None)
     finally:
+        # The lanes per host as they stood at the end (`--json`'s "lanes"; Ray lanes are named host/gpuN).
+        if ray_lanes is not None:
+            hosts = ray_lanes.by_host()
+        else:
+            import socket
+
+            hosts = {socket.gethostname(): [lane.name for lane in lanes]} if lanes else {}
         for lane in lanes:
             await lane.close()
         if ray_lanes is not None:
@@ -408,6 +415,7 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
         return 130, {}
     status = (await store.get_run(run_id))["status"]
     doc = run_document(run_id, status, o)
+    doc["lanes"] = {"hosts": hosts, "ray": ray_lanes is not None}
     notes = {c.card_id: c.note for c in cards if c.note}
     for entry in doc["cards"]:
         if entry["id"] in notes:

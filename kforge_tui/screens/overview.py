@@ -79,12 +79,26 @@ QUIET_EVENTS = frozenset({"proposer_started", "proposer_done", "lanes"})
 
 
 def _lanes(st: RunStats, now: float) -> str:
-    """'lane0 busy cand-… 4s, lane1 idle'; without lane reports, what the candidate statuses say."""
+    """'lane0 busy cand-… 4s, idle lane1'; lanes of several hosts (Ray lanes are named host/gpuN) per host:
+    'node-a: gpu0 busy cand-… 4s, idle gpu1 · node-b 0/2 busy'; without lane reports, what the candidate
+    statuses say."""
     if not st.lanes:
         return f"{st.evaluating} evaluating" if st.evaluating else "idle"
-    busy = [f"{lane.name} busy {lane.candidate_id} {fmt.duration(now - (lane.since or now))}"
-            for lane in st.lanes if lane.busy]
-    idle = [lane.name for lane in st.lanes if not lane.busy]
+    hosts: dict[str, list] = {}
+    for lane in st.lanes:
+        host, sep, _ = lane.name.rpartition("/")
+        hosts.setdefault(host if sep else "", []).append(lane)
+    if len(hosts) < 2:
+        return _lane_list(st.lanes, now, strip="")
+    return " · ".join(f"{host}: {_lane_list(group, now, strip=host + '/')}" if any(x.busy for x in group)
+                      else f"{host} 0/{len(group)} busy" for host, group in hosts.items())
+
+
+def _lane_list(lanes, now: float, strip: str) -> str:
+    short = (lambda n: n[len(strip):] if strip and n.startswith(strip) else n)  # noqa: E731
+    busy = [f"{short(lane.name)} busy {lane.candidate_id} {fmt.duration(now - (lane.since or now))}"
+            for lane in lanes if lane.busy]
+    idle = [short(lane.name) for lane in lanes if not lane.busy]
     return ", ".join(busy + ([f"idle {' '.join(idle)}"] if idle else []))
 
 
