@@ -1,6 +1,8 @@
-"""Check that computing in float32 (engine.capture.wide_compute) leaves a `--small` CPU capture's cards as
-they are: each config is captured twice, as it is and under WideCompute, without samples, and every
-op and chain card (op, signature, outputs, calls, module paths, bytes) and the skipped counts must agree.
+"""Check that a `--small` CPU capture's speed-ups leave its cards as they are: each config is captured as a
+user's capture runs (float32 compute where engine.capture.wide_compute applies, no warm-up forward, samples
+and chain samples) and as before them (half-precision compute after a warm-up forward, no samples); every
+op and chain card (op, signature, outputs, calls, module paths, bytes) and the skipped counts must agree,
+and the chain-sampling forward must have made the captured forward's calls (no "chain samples" note).
 
     python scripts/compare_wide_capture.py [CONFIG ...]
 
@@ -32,16 +34,19 @@ def compare_one(config_path: str) -> bool:
 
     config = load_config(config_path, small=True)
     runs = {}
-    for wide in (True, False):
+    for now in (True, False):
         with tempfile.TemporaryDirectory(prefix="kforge-wide-") as tmp:
-            runs[wide] = capture_model(config, torch.device("cpu"), Path(tmp), samples=0, wide_compute=wide)
-    same, real = _cards(runs[True]), _cards(runs[False])
-    diff = sorted(k for k in same.keys() | real.keys() if same.get(k) != real.get(k))
-    ok = not diff and runs[True].skipped == runs[False].skipped
-    phases = "; ".join(f"{'wide' if w else 'real'}: " + ", ".join(f"{k} {v:.1f}" for k, v in r.phases.items())
+            runs[now] = capture_model(config, torch.device("cpu"), Path(tmp)) if now else \
+                capture_model(config, torch.device("cpu"), Path(tmp), samples=0, wide_compute=False, warm_up=True)
+    same, before = _cards(runs[True]), _cards(runs[False])
+    diff = sorted(k for k in same.keys() | before.keys() if same.get(k) != before.get(k))
+    sampler = runs[True].notes.get("chain samples")
+    ok = not diff and runs[True].skipped == runs[False].skipped and sampler is None
+    phases = "; ".join(f"{'now' if w else 'before'}: " + ", ".join(f"{k} {v:.1f}" for k, v in r.phases.items())
                        for w, r in runs.items())
-    print(f"{config.name}: {len(real)} cards, {'identical' if ok else f'{len(diff)} differ: {diff[:5]}'}; "
-          f"{phases}; {runs[True].notes.get('cpu compute', '')}", flush=True)
+    print(f"{config.name}: {len(before)} cards, {'identical' if not diff else f'{len(diff)} differ: {diff[:5]}'}"
+          f"{'' if sampler is None else f'; chain samples: {sampler}'}; {phases}; "
+          f"{runs[True].notes.get('cpu compute', '')}", flush=True)
     return ok
 
 
