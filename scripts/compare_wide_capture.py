@@ -1,6 +1,6 @@
 """Check that a `--small` CPU capture's speed-ups leave its cards as they are: each config is captured as a
-user's capture runs (float32 compute where engine.capture.wide_compute applies, no warm-up forward, samples
-and chain samples) and as before them (half-precision compute after a warm-up forward, no samples); every
+user's capture runs (float32 compute where engine.capture.wide_compute applies, samples and chain samples)
+and as before (half-precision compute throughout, no samples); every
 op and chain card (op, signature, outputs, calls, module paths, bytes) and the skipped counts must agree,
 and the chain-sampling forward must have made the captured forward's calls (no "chain samples" note).
 
@@ -37,7 +37,7 @@ def compare_one(config_path: str) -> bool:
     for now in (True, False):
         with tempfile.TemporaryDirectory(prefix="kforge-wide-") as tmp:
             runs[now] = capture_model(config, torch.device("cpu"), Path(tmp)) if now else \
-                capture_model(config, torch.device("cpu"), Path(tmp), samples=0, wide_compute=False, warm_up=True)
+                capture_model(config, torch.device("cpu"), Path(tmp), samples=0, wide_compute=False)
     same, before = _cards(runs[True]), _cards(runs[False])
     diff = sorted(k for k in same.keys() | before.keys() if same.get(k) != before.get(k))
     sampler = runs[True].notes.get("chain samples")

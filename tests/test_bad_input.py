@@ -152,8 +152,6 @@ def test_model_raises_during_forward(cli, tmp_path):
     code, out, err = capture(cli, cfg, ws)
     assert_one_line_error(code, out, err, "net.toml", "RuntimeError: shape mismatch in block 3")
     assert "second line" not in err
-    # The model's own error (a CPU capture has no warm-up forward to find it first), not one of ours.
-    assert "fix the model" in err and "Kernel Forge bug" not in err
     assert_nothing_written(ws)
 
 

@@ -102,8 +102,7 @@ def _to_card(t: CardTally, total_us: float) -> OperatorCard:
 
 def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
                   samples: int | None = None, progress: Progress = lambda msg: None,
-                  chains: bool = True, wide_compute: bool | None = None,
-                  warm_up: bool | None = None) -> CaptureResult:
+                  chains: bool = True, wide_compute: bool | None = None) -> CaptureResult:
     """Build the model, warm it up, capture one forward, and write samples under the workspace.
 
     With `chains`, the captured forward is also traced for chains of memory-bound calls, which become
@@ -111,10 +110,8 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     Samples go to a `.partial-*` folder that is renamed only when the capture succeeded, so a failed
     or interrupted capture leaves nothing that looks complete. The caller stores the cards.
     `wide_compute` (default: on a CPU without native instructions for the model's half-precision dtype)
-    computes its matmuls, convolutions and attention in float32; the cards are the same
-    (engine.capture.wide_compute says why). `warm_up` (default: on CUDA only) runs one forward before
-    the captured one, so its times hold no first-call costs; a CPU's times are not the GPU's in any case
-    (a dry run re-estimates shares for the GPU), and skipping it saves a whole forward.
+    computes its convolutions and large matmuls in float32; the cards are the same
+    (engine.capture.wide_compute says why).
     """
     t_start = time.perf_counter()
     capture_id = f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
@@ -126,19 +123,16 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     dtype = config.dtype_for(device.type)
     if wide_compute is None:
         wide_compute = widens(device, dtype)
-    if warm_up is None:
-        warm_up = device.type == "cuda"
     # Entered before (below) the capture's modes: they see each call as the model makes it.
     wide = WideCompute() if wide_compute else None
     below = wide if wide is not None else contextlib.nullcontext()
     if wide is not None:
         progress(f"{dtype_name(dtype)} convolutions and large matmuls computed in float32 on this CPU "
                  "(the cards are those of the real calls)")
-    if warm_up:
-        progress("warm-up forward")
-        with below:
-            _run_forward(config, target.forward, "warm-up")
-        _sync(device)
+    progress("warm-up forward")
+    with below:
+        _run_forward(config, target.forward, "warm-up")
+    _sync(device)
     t_warm = time.perf_counter()
     write_s = 0.0
 
@@ -172,9 +166,6 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
                 with torch.no_grad(), below, mode, (trace if trace is not None else contextlib.nullcontext()):
                     target.forward()
             except Exception as e:
-                if not warm_up:  # no forward has run without capture yet: tell the model's own error from ours
-                    with below:
-                        _run_forward(config, target.forward, "first")
                 raise UsageError(f"{config.path}: the model raised during the captured forward: "
                                  f"{_one_line(e)}; it ran without capture, so this is likely a Kernel "
                                  f"Forge bug: please report it with --debug output") from e
@@ -213,8 +204,6 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         shutil.rmtree(partial, ignore_errors=True)
         raise
     notes = {**{k: str(v) for k, v in target.notes.items()}, **chain_notes}
-    if not warm_up:
-        notes["warm-up"] = "none: capture times include first-call costs"
     if wide is not None:
         half = dtype_name(dtype)
         notes["cpu compute"] = (
