@@ -45,7 +45,8 @@ def capture_one(config_path: str) -> dict:
         total = time.perf_counter() - t0
         sample_bytes = sum(f.stat().st_size for f in (workspace / result.sample_dir).iterdir())
     return {"model": config.name, "total_s": total, "phases": result.phases, "cards": len(result.cards),
-            "sample_bytes": sample_bytes, "dtype": result.dtype, "progress_messages": messages}
+            "sample_bytes": sample_bytes, "dtype": result.dtype, "progress_messages": messages,
+            "chain_samples_note": result.notes.get("chain samples")}
 
 
 def _load() -> str:
@@ -101,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         widths = [max(len(row[i]) for row in table) for i in range(len(head))]
         for row in table:
             print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+    for r in rows:
+        if r.get("chain_samples_note"):
+            print(f"\n{r['model']}: chain samples {r['chain_samples_note']}")
     return 0
 
 
