@@ -2,7 +2,8 @@
 
 Each config runs in its own child process, in a fresh temporary workspace, through the code path of
 `kforge-tui capture CONFIG --small --device cpu` (`engine.capture.store.capture_and_store`). Prints a
-table: wall seconds split into build / warm-up / captured forward / writing samples, cards, sample bytes.
+table: wall seconds split into build / warm-up / captured forward / writing samples / chain samples (one more
+forward), cards, sample bytes, and the load average before and after each config (the machine may be shared).
 
     python scripts/time_small_captures.py [CONFIG ...] [--timeout S] [--markdown]
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = sorted((ROOT / "configs" / "models").glob("*.toml"))
-PHASES = ("build", "warm-up", "captured forward", "writing samples")
+PHASES = ("build", "warm-up", "captured forward", "writing samples", "chain samples")
 
 
 def capture_one(config_path: str) -> dict:
@@ -44,14 +45,23 @@ def capture_one(config_path: str) -> dict:
         total = time.perf_counter() - t0
         sample_bytes = sum(f.stat().st_size for f in (workspace / result.sample_dir).iterdir())
     return {"model": config.name, "total_s": total, "phases": result.phases, "cards": len(result.cards),
-            "sample_bytes": sample_bytes, "dtype": result.dtype, "progress_messages": messages}
+            "sample_bytes": sample_bytes, "dtype": result.dtype, "progress_messages": messages,
+            "chain_samples_note": result.notes.get("chain samples")}
+
+
+def _load() -> str:
+    """The 1-minute load average (Linux), or '?'."""
+    try:
+        return Path("/proc/loadavg").read_text().split()[0]
+    except OSError:
+        return "?"
 
 
 def _row(r: dict) -> list[str]:
     if "error" in r:
-        return [r["model"], r["error"]] + [""] * (len(PHASES) + 3)
+        return [r["model"], r["error"]] + [""] * (len(PHASES) + 3) + [r["load"]]
     return ([r["model"], f"{r['total_s']:.1f}"] + [f"{r['phases'].get(p, 0.0):.1f}" for p in PHASES]
-            + [str(r["cards"]), f"{r['sample_bytes'] / 1e6:.1f} MB", str(r["progress_messages"])])
+            + [str(r["cards"]), f"{r['sample_bytes'] / 1e6:.1f} MB", str(r["progress_messages"]), r["load"]])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for cfg in args.configs:
         name = Path(cfg).stem
+        load = _load()
         t0 = time.perf_counter()
         try:
             proc = subprocess.run([sys.executable, __file__, "--one", cfg], env=env, timeout=args.timeout,
@@ -77,9 +88,10 @@ def main(argv: list[str] | None = None) -> int:
                 {"model": name, "error": f"exit {proc.returncode}"}
         except subprocess.TimeoutExpired:
             r = {"model": name, "error": f"not done after {time.perf_counter() - t0:.0f} s"}
+        r["load"] = f"{load} → {_load()}"
         rows.append(r)
 
-    head = ["model", "wall s", *PHASES, "cards", "sample bytes", "progress msgs"]
+    head = ["model", "wall s", *PHASES, "cards", "sample bytes", "progress msgs", "load avg"]
     table = [head] + [_row(r) for r in rows]
     if args.markdown:
         print("| " + " | ".join(head) + " |")
@@ -90,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         widths = [max(len(row[i]) for row in table) for i in range(len(head))]
         for row in table:
             print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+    for r in rows:
+        if r.get("chain_samples_note"):
+            print(f"\n{r['model']}: chain samples {r['chain_samples_note']}")
     return 0
 
 

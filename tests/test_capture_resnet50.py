@@ -1,6 +1,7 @@
 """ResNet-50 capture on the CPU: the real per-forward op counts, stable ids, bit-exact samples."""
 
 import asyncio
+import contextlib
 import hashlib
 from collections import Counter
 from pathlib import Path
@@ -10,6 +11,7 @@ import torch
 from conftest import CONFIGS, capture_json
 
 from engine.capture.samples import load_sample
+from engine.capture.wide_compute import WideCompute, widens
 from engine.store import Store, db_path
 
 CONFIG = CONFIGS / "models" / "resnet50.toml"
@@ -115,7 +117,8 @@ def _card(doc, op, path):
 @pytest.mark.parametrize("op,path", [("aten::convolution", "conv1"), ("aten::relu_", "relu"),
                                      ("aten::add_.Tensor", "layer1.0"), ("aten::native_batch_norm", "bn1")])
 def test_samples_replay_bit_exactly(captured, op, path):
-    """Re-running the op on a loaded sample reproduces the stored eager output to the bit."""
+    """Re-running the op on a loaded sample reproduces the stored eager output to the bit (computed as the
+    capture did: in float32 where the sample's header says so, engine.capture.wide_compute)."""
     ws, doc = captured
     card = _card(doc, op, path)
     files = sorted((Path(ws) / "samples" / doc["capture"]).glob(f"{card['id']}.*.safetensors"))
@@ -130,7 +133,10 @@ def test_samples_replay_bit_exactly(captured, op, path):
     overload = getattr(packet, op.split(".")[1] if "." in op else "default")
     if op == "aten::relu_":
         assert (args[0] < 0).any(), "sample must hold the pre-call state of an in-place op"
-    out = overload(*args, **kwargs)
+    widened = op == "aten::convolution" and widens(torch.device("cpu"), torch.float16)
+    assert (sample.meta.get("compute") == "float32") == widened
+    with WideCompute() if sample.meta.get("compute") == "float32" else contextlib.nullcontext():
+        out = overload(*args, **kwargs)
     expected = sample.outputs if isinstance(sample.outputs, list) else [sample.outputs]
     got = list(out) if isinstance(out, (tuple, list)) else [out]
     assert len(got) == len(expected)

@@ -112,3 +112,16 @@ def test_sample_budgets_keep_first_sample_of_every_card(tmp_path):
             torch.neg(x)
     ops = [op for op, _ in files]
     assert ops.count("aten::relu") == 3 and ops.count("aten::neg") == 1  # total budget spent, first kept
+
+
+def test_inputs_the_call_does_not_write_are_saved_as_they_were(tmp_path):
+    # Inputs that nothing writes are saved without a copy; one sharing storage with a written argument
+    # is copied before the call like the written one.
+    x, w = torch.randn(64), torch.randn(32)
+    before = x.clone()
+    mode, files, _ = _record(lambda: (x[:32].add_(x[32:]), torch.mul(w, 3.0)), tmp_path)
+    add = load_sample(next(f for f in files if "add_" in load_sample(f).meta["op"]))
+    assert torch.equal(add.args[0][1], before[:32]) and torch.equal(add.args[1][1], before[32:])
+    assert torch.equal(add.mutated["self"], before[:32] + before[32:])
+    mul = load_sample(next(f for f in files if "mul" in load_sample(f).meta["op"]))
+    assert torch.equal(mul.args[0][1], w) and torch.equal(mul.outputs, w * 3.0)

@@ -56,6 +56,7 @@ class CardTally:
         return sum(sec for sec, _ in self.cpu_seconds) / max(1, len(self.cpu_seconds)) * 1e6
 
 
+# Saves one sample before it returns (the snapshot references the inputs the call does not write).
 SampleSink = Callable[[CardTally, int, Snapshot, dict[str, Any]], int]
 
 
@@ -68,6 +69,11 @@ def _written_args(func: torch._ops.OpOverload, bound: list[tuple[str, Any]]) -> 
             elif isinstance(v, (list, tuple)):
                 out.update({f"{name}[{j}]": x for j, x in enumerate(v) if isinstance(x, torch.Tensor)})
     return out
+
+
+def _written_names(func: torch._ops.OpOverload) -> set[str]:
+    """Arguments the call writes (in-place `self`, `out=`)."""
+    return {a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
 
 
 def _write_only(func: torch._ops.OpOverload) -> set[str]:
@@ -145,7 +151,8 @@ class CaptureMode(TorchDispatchMode):
         tally = self.cards.get(cid)
         snap = layout = None
         if self.sink is not None and self._wants_sample(tally, bound):
-            snap, layout = snapshot_inputs(bound)
+            # The sink saves the sample before this returns: only what the call writes needs a copy.
+            snap, layout = snapshot_inputs(bound, written=_written_names(func))
         # Timed region holds only the op itself; sample copies happen outside it.
         if self.use_cuda_events:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -18,6 +18,7 @@ from engine.capture.chain_cards import MemberTrace, chain_cards, sample_chains
 from engine.capture.recorder import CaptureMode, CardTally, ModulePaths
 from engine.capture.samples import Snapshot, save_sample
 from engine.capture.signature import dtype_name, signature_text
+from engine.capture.wide_compute import WideCompute, widens
 from engine.cards import OperatorCard
 from engine.config import ModelConfig, build_target
 from engine.errors import UsageError
@@ -101,13 +102,16 @@ def _to_card(t: CardTally, total_us: float) -> OperatorCard:
 
 def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
                   samples: int | None = None, progress: Progress = lambda msg: None,
-                  chains: bool = True) -> CaptureResult:
+                  chains: bool = True, wide_compute: bool | None = None) -> CaptureResult:
     """Build the model, warm it up, capture one forward, and write samples under the workspace.
 
     With `chains`, the captured forward is also traced for chains of memory-bound calls, which become
     chain cards; their samples come from one more forward (engine.capture.chain_cards says why).
     Samples go to a `.partial-*` folder that is renamed only when the capture succeeded, so a failed
     or interrupted capture leaves nothing that looks complete. The caller stores the cards.
+    `wide_compute` (default: on a CPU without native instructions for the model's half-precision dtype)
+    computes its convolutions and large matmuls in float32; the cards are the same
+    (engine.capture.wide_compute says why).
     """
     t_start = time.perf_counter()
     capture_id = f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
@@ -116,8 +120,18 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     target = build_target(config, device)
     target.module.eval()
     t_built = time.perf_counter()
+    dtype = config.dtype_for(device.type)
+    if wide_compute is None:
+        wide_compute = widens(device, dtype)
+    # Entered before (below) the capture's modes: they see each call as the model makes it.
+    wide = WideCompute() if wide_compute else None
+    below = wide if wide is not None else contextlib.nullcontext()
+    if wide is not None:
+        progress(f"{dtype_name(dtype)} convolutions and large matmuls computed in float32 on this CPU "
+                 "(the cards are those of the real calls)")
     progress("warm-up forward")
-    _run_forward(config, target.forward, "warm-up")
+    with below:
+        _run_forward(config, target.forward, "warm-up")
     _sync(device)
     t_warm = time.perf_counter()
     write_s = 0.0
@@ -130,6 +144,8 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         def sink(tally: CardTally, idx: int, snap: Snapshot, meta: dict[str, Any]) -> int:
             nonlocal write_s
             t0 = time.perf_counter()
+            if wide is not None and wide.widened_last(meta["op"]):
+                meta = {**meta, "compute": "float32"}  # its outputs are float32 results, rounded
             try:
                 return save_sample(partial / f"{tally.id}.{idx}.safetensors", snap, meta)
             finally:
@@ -147,7 +163,7 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         trace = MemberTrace(paths.current, mode) if chains else None
         with paths:
             try:
-                with torch.no_grad(), mode, (trace if trace is not None else contextlib.nullcontext()):
+                with torch.no_grad(), below, mode, (trace if trace is not None else contextlib.nullcontext()):
                     target.forward()
             except Exception as e:
                 raise UsageError(f"{config.path}: the model raised during the captured forward: "
@@ -172,7 +188,8 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
                 progress(f"sampling {len(found.planned)} chain instances of {len(chain_list)} chain cards "
                          "(one more forward)")
                 try:
-                    written = sample_chains(target.forward, found, trace.calls, partial)
+                    with below:
+                        written = sample_chains(target.forward, found, trace.calls, partial)
                 except Exception as e:
                     raise UsageError(f"{config.path}: the model raised during the chain-sampling forward: "
                                      f"{_one_line(e)}; it ran without capture, so this is likely a Kernel "
@@ -187,6 +204,13 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         shutil.rmtree(partial, ignore_errors=True)
         raise
     notes = {**{k: str(v) for k, v in target.notes.items()}, **chain_notes}
+    if wide is not None:
+        half = dtype_name(dtype)
+        notes["cpu compute"] = (
+            f"{half} convolutions and large matmuls/attention computed in float32 and returned in {half} with "
+            f"the real call's layout ({wide.widened} calls over the capture's forwards, {wide.kept} ran as they "
+            f"are): this CPU has no native {half}. Cards are those of the real calls; their samples' outputs are "
+            "float32 results, rounded (sample header: compute=float32)")
     if target.multiplicity:
         notes["multiplicity"] = ", ".join(f"{k}×{v}" for k, v in target.multiplicity.items())
     return CaptureResult(

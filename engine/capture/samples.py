@@ -34,8 +34,9 @@ class Snapshot:
     def nbytes(self) -> int:
         return sum(t.numel() for t in self.tensors.values())
 
-    def add_group(self, prefix: str, tensors: list[torch.Tensor]) -> None:
-        """Copy one slab per storage covering every tensor of `tensors` that lives in it."""
+    def add_group(self, prefix: str, tensors: list[torch.Tensor], borrow: frozenset[tuple] = frozenset()) -> None:
+        """Copy one slab per storage covering every tensor of `tensors` that lives in it; a CPU storage whose
+        key (`_storage_key`) is in `borrow` is referenced instead, and must stay unwritten until saved."""
         group = self._slabs.setdefault(prefix, {})
         spans: dict[tuple, list[int]] = {}
         for t in tensors:
@@ -51,7 +52,8 @@ class Snapshot:
             start = lo - lo % _SLAB_ALIGN
             raw = torch.empty(0, dtype=torch.uint8, device=owner.device).set_(owner.untyped_storage())
             name = f"{prefix}{len(group)}"
-            self.tensors[name] = raw[start:hi].to("cpu", copy=True).contiguous()
+            borrowed = key in borrow and owner.device.type == "cpu"
+            self.tensors[name] = raw[start:hi] if borrowed else raw[start:hi].to("cpu", copy=True).contiguous()
             group[key] = (name, start)
 
     def ref(self, t: torch.Tensor, prefix: str) -> dict[str, Any]:
@@ -80,10 +82,19 @@ def _encode(value: Any, snap: Snapshot, prefix: str) -> Any:
     return {"value": encode_value(value)}
 
 
-def snapshot_inputs(bound: list[tuple[str, Any]]) -> tuple[Snapshot, list[dict[str, Any]]]:
-    """Copy the pre-call state of every tensor argument; returns the snapshot and the argument layout."""
+def snapshot_inputs(bound: list[tuple[str, Any]], written: set[str] | None = None) -> tuple[Snapshot, list[dict[str, Any]]]:
+    """Copy the pre-call state of every tensor argument; returns the snapshot and the argument layout.
+
+    With `written` (the names of the arguments the call writes), a CPU storage that no written argument
+    touches is referenced, not copied (a weight need not be copied to be saved): the caller saves the
+    snapshot right after the call, before anything else can write it."""
     snap = Snapshot()
-    snap.add_group("in.", [t for _, v in bound for t in _tensors_in(v)])
+    tensors = [t for _, v in bound for t in _tensors_in(v)]
+    borrow: frozenset[tuple] = frozenset()
+    if written is not None:
+        dirty = {_storage_key(t) for name, v in bound if name in written for t in _tensors_in(v)}
+        borrow = frozenset(_storage_key(t) for t in tensors) - dirty
+    snap.add_group("in.", tensors, borrow)
     return snap, [{"name": name, **_encode(v, snap, "in.")} for name, v in bound]
 
 
