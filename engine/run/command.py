@@ -400,7 +400,10 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
     finally:
         # The lanes per host as they stood at the end (`--json`'s "lanes"; Ray lanes are named host/gpuN).
         if ray_lanes is not None:
-            hosts = ray_lanes.by_host()
+            try:
+                hosts = ray_lanes.by_host()
+            except Exception:  # noqa: BLE001 - a cluster gone at the end must not stop the lanes' closing
+                hosts = {}
         else:
             import socket
 
