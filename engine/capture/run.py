@@ -172,7 +172,7 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
                 progress(f"sampling {len(found.planned)} chain instances of {len(chain_list)} chain cards "
                          "(one more forward)")
                 try:
-                    written = sample_chains(target.forward, found, trace.calls, partial)
+                    written = sample_chains(target.forward, found, trace.calls, partial, model=target.module)
                 except Exception as e:
                     raise UsageError(f"{config.path}: the model raised during the chain-sampling forward: "
                                      f"{_one_line(e)}; it ran without capture, so this is likely a Kernel "
