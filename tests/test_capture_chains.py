@@ -174,6 +174,10 @@ def test_gemma_small_capture_has_rmsnorm_chain_cards(tmp_path, capsys):
         assert c["samples"] == 1 and c["op"] == CHAIN_OP and c["signature"].startswith("chain[_to_copy pow mean")
         assert set(c["module_paths"]) == set(c["chain"]["modules"])
         assert all(p.startswith("model.layers.") and "norm" in p for p in c["module_paths"])
+        # Its module binding: the forward's one argument is in0 (a norm with a scale holds it as `weight`).
+        assert c["chain"]["class"] == "Gemma4RMSNorm" and c["chain"]["paths"] == c["chain"]["modules"]
+        assert c["chain"]["args"] == [{"input": 0}] and c["chain"]["autocast"] == []
+        assert c["chain"]["params"] in ([], [{"name": "weight", "input": 1}])
     # Calls are scaled like the op cards': kept layer 0 stands for 12 sliding-attention layers.
     layer0 = [c for c in norms if any(p.startswith("model.layers.0.") for p in c["module_paths"])]
     assert layer0 and all(c["module_paths"][p] == 12 for c in layer0 for p in c["module_paths"]
