@@ -360,13 +360,21 @@ class _TaggedLayer(torch.nn.Module):
         return self.proj(self.norm(x, self.tag))
 
 
-def _found(model, x):
-    from engine.capture.chain_cards import chain_cards, sample_chains
+def _found(model, x, forward=None):
+    from engine.capture.chain_cards import MemberTrace, chain_cards, sample_chains
+    from engine.capture.recorder import CaptureMode, ModulePaths
 
-    trace, paths, _ = _member_trace(model, x)
+    forward = forward or (lambda: model(x))
+    paths = ModulePaths(model, {})
+    mode = CaptureMode(path_of=paths.current, weight_of=paths.weight, samples=0, sample_budget_bytes=0,
+                       sink=None, use_cuda_events=False)
+    trace = MemberTrace(paths.current, mode)
+    with paths, torch.no_grad(), mode, trace:
+        forward()
+    trace.resolve_times()
     found = chain_cards(trace, model, paths.weight, 1.0, samples=1, sample_budget_bytes=1 << 30,
                         total_budget_bytes=1 << 30)
-    return found, sample_chains(lambda: model(x), found, trace.calls, Path(tempfile.mkdtemp()), model=model)
+    return found, sample_chains(forward, found, trace.calls, Path(tempfile.mkdtemp()), model=model)
 
 
 def test_a_module_called_with_keyword_arguments_gets_no_binding_and_the_notes_say_why():
@@ -393,3 +401,22 @@ def test_module_instances_that_bind_differently_get_no_binding():
     assert "args" not in card.chain and card.chain["modules"] == ["0.norm", "1.norm"]
     (note,) = [v for k, v in found.notes.items() if card.card_id in k]
     assert "bind their forward's arguments or tensors differently" in note
+
+
+def test_the_binding_records_the_autocast_state_the_module_ran_under():
+    from test_chains import Model
+
+    torch.manual_seed(0)
+    model = Model().to(torch.bfloat16).eval()  # bf16 already: autocast adds no cast to the norm's output
+    x = torch.randn(2, 5, 32, dtype=torch.bfloat16)
+
+    def forward():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(x)
+
+    found, _ = _found(model, x, forward)
+    (card,) = [c for c in found.cards if c.chain["kind"] == "module"]
+    assert card.chain["autocast"] == [["cpu", "bfloat16"]] and card.chain["args"] == [{"input": 0}]
+    found, _ = _found(model, x)
+    (card,) = [c for c in found.cards if c.chain["kind"] == "module"]
+    assert card.chain["autocast"] == []

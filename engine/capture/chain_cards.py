@@ -144,7 +144,7 @@ class ChainSampler(_Trace):
         self.sink = sink
         self.bound = bound  # called after a bind instance's last member, with its inputs and entry
         self.mismatch: str | None = None
-        # module path -> (args, kwargs, autocast) of its latest forward invocation (set by `enter`)
+        # module path -> (calls so far, args, kwargs, autocast) of its latest forward invocation (`enter`)
         self.entered: dict[str, tuple] = {}
         self._at: dict[int, list[_Planned]] = {}
         self._last: dict[int, list[_Planned]] = {}
@@ -163,8 +163,10 @@ class ChainSampler(_Trace):
             reads = [t for _, v in bind_arguments(func, args, kwargs or {}) for t in _tensors(v)]
             for p in here:
                 if p.bind and i == p.chain.calls[0].index:
-                    # The module's invocation whose first call this is: its pre-hook ran last for the path.
-                    p.entry = self.entered.pop(p.chain.module, None)
+                    # The module's invocation whose first call this is: its pre-hook ran last for the path,
+                    # with no call since (else the entry is another invocation's, and this one stays unbound).
+                    entry = self.entered.pop(p.chain.module, None)
+                    p.entry = entry[1:] if entry is not None and entry[0] == i else None
                 if i in p.inputs:
                     tensors = [reads[slot] for _, slot in p.inputs[i]]
                     if p.bind:
@@ -198,7 +200,7 @@ class ChainSampler(_Trace):
         from engine.cast.modules import autocast_state
 
         def hook(module, args, kwargs):
-            self.entered[path] = (args, dict(kwargs or {}), autocast_state())
+            self.entered[path] = (len(self.calls), args, dict(kwargs or {}), autocast_state())
         return hook
 
     def finish(self) -> None:
