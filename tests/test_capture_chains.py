@@ -124,6 +124,7 @@ def test_a_second_forward_with_other_calls_gives_no_chain_samples_and_says_so(tm
     result, ws = _capture(tmp_path, params="drifting = true")
     assert result.chains and all(c.samples == 0 for c in result.chains)
     assert "differs from the captured one" in result.notes["chain samples"]
+    assert all("args" not in c.chain for c in _rms(result)) and "pattern cards" in result.notes["module cards"]
     assert not list((ws / result.sample_dir).glob(f"{result.chains[0].card_id}.*"))
     assert all(c.samples == 2 for c in result.cards)  # the op cards' samples are the captured forward's
 
