@@ -4,6 +4,7 @@ import asyncio
 import io
 import json
 import sqlite3
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,7 @@ def test_a_second_forward_with_other_calls_gives_no_chain_samples_and_says_so(tm
     result, ws = _capture(tmp_path, params="drifting = true")
     assert result.chains and all(c.samples == 0 for c in result.chains)
     assert "differs from the captured one" in result.notes["chain samples"]
+    assert all("args" not in c.chain for c in _rms(result)) and "pattern cards" in result.notes["module cards"]
     assert not list((ws / result.sample_dir).glob(f"{result.chains[0].card_id}.*"))
     assert all(c.samples == 2 for c in result.cards)  # the op cards' samples are the captured forward's
 
@@ -173,6 +175,10 @@ def test_gemma_small_capture_has_rmsnorm_chain_cards(tmp_path, capsys):
         assert c["samples"] == 1 and c["op"] == CHAIN_OP and c["signature"].startswith("chain[_to_copy pow mean")
         assert set(c["module_paths"]) == set(c["chain"]["modules"])
         assert all(p.startswith("model.layers.") and "norm" in p for p in c["module_paths"])
+        # Its module binding: the forward's one argument is in0 (a norm with a scale holds it as `weight`).
+        assert c["chain"]["class"] == "Gemma4RMSNorm" and c["chain"]["paths"] == c["chain"]["modules"]
+        assert c["chain"]["args"] == [{"input": 0}] and c["chain"]["autocast"] == []
+        assert c["chain"]["params"] in ([], [{"name": "weight", "input": 1}])
     # Calls are scaled like the op cards': kept layer 0 stands for 12 sliding-attention layers.
     layer0 = [c for c in norms if any(p.startswith("model.layers.0.") for p in c["module_paths"])]
     assert layer0 and all(c["module_paths"][p] == 12 for c in layer0 for p in c["module_paths"]
@@ -268,3 +274,150 @@ def test_v4_upgrades_a_v3_workspace_and_its_op_cards_have_no_chain(tmp_path):
     old, new = asyncio.run(upgrade())
     assert card_from_row(old[0]).chain is None and card_from_row(old[0]).share == 0.7
     assert card_from_row(new[0]).chain == chain
+
+
+# ------------------------------------------------------------------------------------ module bindings
+
+
+def test_a_captured_module_card_carries_its_binding_and_is_served_in_eager(tmp_path):
+    from test_cast_modules import ENV, Counting
+    from test_chain_lane import RMS_CHAIN_CU, RMS_CHAIN_SPEC
+    from test_chains import Model
+
+    import engine.cast
+    from engine.cast import modules
+    from engine.cast.format import check_manifest, write_cast
+    from engine.export.package import ExportVariant, package
+
+    result, _ = _capture(tmp_path)
+    (card,) = _rms(result)
+    paths = [f"layers.{i}.norm1" for i in range(3)]
+    # How the RMS forward feeds the chain: its one argument is in0, its weight in1; no autocast.
+    assert {k: card.chain[k] for k in ("class", "paths", "args", "params", "autocast")} == {
+        "class": "RMS", "paths": paths, "args": [{"input": 0}], "params": [{"name": "weight", "input": 1}],
+        "autocast": []}
+    assert not [k for k in result.notes if k.startswith("module card")]
+
+    # Exported, it is a module card the cast format accepts (from the card as the store gives it back).
+    row = card.row()
+    cand = {"id": "cand-1", "source": RMS_CHAIN_CU, "launch_spec": RMS_CHAIN_SPEC, "proposer": "test",
+            "status": "verified"}
+    manifest, files, report = package([ExportVariant(row, cand, None, "// ptx", "sm_90")], ENV, {"run": "run-1"})
+    check_manifest(manifest)
+    (entry,) = manifest["variants"]
+    assert entry["chain"]["kind"] == "module" and "pattern" not in entry
+    assert entry["module"] == {"class": "RMS", "paths": paths, "args": [{"input": 0}],
+                               "params": [{"name": "weight", "input": 1}], "autocast": []}
+
+    # The toy model as the config builds it: the entry binds to each of its norms, and a cast serves them.
+    torch.manual_seed(0)
+    model = Model(32, 3).to(torch.bfloat16).eval()
+    x = torch.randn(2, 5, 32, dtype=torch.bfloat16)
+    for p in paths:
+        modules.bind_variant(entry["id"], model.get_submodule(p), entry["signature"], entry["module"], Counting())
+    with torch.no_grad():
+        expected = model(x)
+    path = tmp_path / "toy.cast"
+    write_cast(path, manifest, files, report)
+    plan = Counting(entry["signature"])
+    cast = engine.cast.load(path, env=ENV, plans={entry["id"]: plan})
+    try:
+        with cast.enabled(model), torch.no_grad():
+            out = model(x)
+        st = cast.stats()
+    finally:
+        cast.remove()
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert plan.calls == 3 and {p: st["modules"][p]["hits"] for p in paths} == {p: 1 for p in paths}
+
+
+class _KwLayer(torch.nn.Module):
+    """A layer that calls its norm with a keyword argument (the cast's guard never serves such a call)."""
+
+    def __init__(self, d):
+        from test_chains import RMS
+
+        super().__init__()
+        self.norm, self.proj = RMS(d), torch.nn.Linear(d, d)
+
+    def forward(self, x):
+        return self.proj(self.norm(x=x))
+
+
+class _TaggedLayer(torch.nn.Module):
+    """A layer whose norm's forward takes a plain value besides the input (unused: same chain, whatever it is)."""
+
+    def __init__(self, d, tag):
+        from test_chains import RMS
+
+        class Tagged(RMS):
+            def forward(self, x, tag):
+                return super().forward(x)
+
+        super().__init__()
+        self.norm, self.proj, self.tag = Tagged(d), torch.nn.Linear(d, d), tag
+
+    def forward(self, x):
+        return self.proj(self.norm(x, self.tag))
+
+
+def _found(model, x, forward=None):
+    from engine.capture.chain_cards import MemberTrace, chain_cards, sample_chains
+    from engine.capture.recorder import CaptureMode, ModulePaths
+
+    forward = forward or (lambda: model(x))
+    paths = ModulePaths(model, {})
+    mode = CaptureMode(path_of=paths.current, weight_of=paths.weight, samples=0, sample_budget_bytes=0,
+                       sink=None, use_cuda_events=False)
+    trace = MemberTrace(paths.current, mode)
+    with paths, torch.no_grad(), mode, trace:
+        forward()
+    trace.resolve_times()
+    found = chain_cards(trace, model, paths.weight, 1.0, samples=1, sample_budget_bytes=1 << 30,
+                        total_budget_bytes=1 << 30)
+    return found, sample_chains(forward, found, trace.calls, Path(tempfile.mkdtemp()), model=model)
+
+
+def test_a_module_called_with_keyword_arguments_gets_no_binding_and_the_notes_say_why():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_KwLayer(32), _KwLayer(32)).to(torch.bfloat16).eval()
+    found, written = _found(model, torch.randn(2, 5, 32, dtype=torch.bfloat16))
+    (card,) = [c for c in found.cards if c.chain["kind"] == "module"]
+    assert written[card.card_id] == 1  # still sampled: it is searched, and ships as a pattern card
+    assert not {"class", "paths", "args", "params", "autocast"} & set(card.chain)
+    (note,) = [v for k, v in found.notes.items() if card.card_id in k]
+    assert "keyword arguments (x)" in note and "pattern card" in note
+
+
+def test_module_instances_that_bind_differently_get_no_binding():
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 32, dtype=torch.bfloat16)
+    model = torch.nn.Sequential(_TaggedLayer(32, "a"), _TaggedLayer(32, "a")).to(torch.bfloat16).eval()
+    found, _ = _found(model, x)
+    (card,) = [c for c in found.cards if c.chain["kind"] == "module"]
+    assert card.chain["args"] == [{"input": 0}, {"value": "a"}] and card.chain["paths"] == ["0.norm", "1.norm"]
+    model = torch.nn.Sequential(_TaggedLayer(32, "a"), _TaggedLayer(32, "b")).to(torch.bfloat16).eval()
+    found, _ = _found(model, x)
+    (card,) = [c for c in found.cards if c.chain["kind"] == "module"]
+    assert "args" not in card.chain and card.chain["modules"] == ["0.norm", "1.norm"]
+    (note,) = [v for k, v in found.notes.items() if card.card_id in k]
+    assert "bind their forward's arguments or tensors differently" in note
+
+
+def test_the_binding_records_the_autocast_state_the_module_ran_under():
+    from test_chains import Model
+
+    torch.manual_seed(0)
+    model = Model().to(torch.bfloat16).eval()  # bf16 already: autocast adds no cast to the norm's output
+    x = torch.randn(2, 5, 32, dtype=torch.bfloat16)
+
+    def forward():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(x)
+
+    found, _ = _found(model, x, forward)
+    (card,) = [c for c in found.cards if c.chain["kind"] == "module"]
+    assert card.chain["autocast"] == [["cpu", "bfloat16"]] and card.chain["args"] == [{"input": 0}]
+    found, _ = _found(model, x)
+    (card,) = [c for c in found.cards if c.chain["kind"] == "module"]
+    assert card.chain["autocast"] == []

@@ -250,10 +250,18 @@ def test_a_module_card_from_a_store_row_stays_a_module_card():
     (entry,) = manifest["variants"]
     assert entry["chain"] == {"kind": "module", "ops": RMS_OPS} and entry["module"]["class"] == "RMS"
     check_manifest(manifest)
-    # A module card as the capture writes it today has no module binding (class, paths, args): the loader
-    # could not serve the module, so it ships as what serves it, a pattern card.
+    # A module card as the capture writes it: its facts, and the binding its sampling forward recorded.
     captured = {"kind": "module", "module_class": "RMS", "modules": ["layers.0.norm1"], "members": [],
                 "ops": RMS_OPS}
+    bound = {**captured, "class": "RMS", "paths": ["layers.0.norm1"], "args": [{"input": 0}],
+             "params": [{"name": "weight", "input": 1}], "autocast": []}
+    manifest, _, _ = package([_variant(json.dumps(bound))], ENV, {"run": "run-1"})
+    (entry,) = manifest["variants"]
+    assert entry["chain"] == {"kind": "module", "ops": RMS_OPS}
+    assert entry["module"] == {k: bound[k] for k in ("class", "paths", "args", "params", "autocast")}
+    check_manifest(manifest)
+    # One the capture could not bind (a forward called with keyword arguments, instances that bind
+    # differently): the loader could not serve the module, so it ships as what serves it, a pattern card.
     manifest, _, _ = package([_variant(json.dumps(captured))], ENV, {"run": "run-1"})
     (entry,) = manifest["variants"]
     assert entry["chain"] == {"kind": "pattern", "ops": RMS_OPS} and "module" not in entry

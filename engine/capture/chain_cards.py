@@ -12,10 +12,19 @@ How the capture takes them (engine.capture.run.capture_model):
   forward found. Forwards are deterministic for a fixed input; the sampler checks that the second
   forward makes the same calls in order (op and exact signature) and, where it does not, the chain
   samples are dropped with a note. This costs one more forward but keeps no tensor alive between them.
+- Module bindings. The same forward records, for a module card, how each instance's module forward feeds
+  the chain (engine.cast.modules.module_binding): a forward pre-hook on each of the card's modules keeps
+  that invocation's arguments and the autocast state, and the sampler keeps the instance's chain inputs
+  (strong references, from its first member to its last) to match them by identity. Every instance of a
+  module card is bound, sampled or not; a card whose instances bind alike gets `class`, `paths`, `args`,
+  `params` and `autocast` on its `chain` facts (what export ships as the cast's module entry). One that
+  does not (keyword arguments, bindings that differ, a ModuleCardError) keeps none, so it ships as a
+  pattern card, and the capture's notes say why.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,10 +113,14 @@ class _Planned:
     snap: Snapshot = field(default_factory=Snapshot)
     in_refs: dict[int, dict[str, Any]] = field(default_factory=dict)
     out_tensors: dict[int, torch.Tensor] = field(default_factory=dict)
+    sample: bool = True   # copy its inputs and outputs into a sample file
+    bind: bool = False    # a module card's instance: record how its module's forward feeds the chain
+    in_tensors: dict[int, torch.Tensor] = field(default_factory=dict)  # strong refs while it runs (bind)
+    entry: tuple | None = None  # (args, kwargs, autocast state) of its module invocation (bind)
 
 
-def _plan(card_id: str, idx: int, ch: Chain) -> _Planned:
-    p = _Planned(card_id, idx, ch)
+def _plan(card_id: str, idx: int, ch: Chain, *, sample: bool = True, bind: bool = False) -> _Planned:
+    p = _Planned(card_id, idx, ch, sample=sample, bind=bind)
     first_use: dict[int, tuple[int, int]] = {}
     for c in ch.calls:
         for slot, (_, vid) in enumerate(c.reads):
@@ -124,15 +137,19 @@ def _plan(card_id: str, idx: int, ch: Chain) -> _Planned:
 class ChainSampler(_Trace):
     """The second forward: the same trace, copying the planned instances' inputs and outputs."""
 
-    def __init__(self, reference: list, planned: list[_Planned], sink: Callable[[_Planned], None]):
+    def __init__(self, reference: list, planned: list[_Planned], sink: Callable[[_Planned], None],
+                 bound: Callable[[_Planned], None] = lambda p: None):
         super().__init__()
         self.reference = reference  # the first forward's TraceCalls
         self.sink = sink
+        self.bound = bound  # called after a bind instance's last member, with its inputs and entry
         self.mismatch: str | None = None
+        # module path -> (calls so far, args, kwargs, autocast) of its latest forward invocation (`enter`)
+        self.entered: dict[str, tuple] = {}
         self._at: dict[int, list[_Planned]] = {}
         self._last: dict[int, list[_Planned]] = {}
         for p in planned:
-            for i in {*p.inputs, *p.outputs}:
+            for i in {*p.inputs, *p.outputs, *([p.chain.calls[0].index] if p.bind else [])}:
                 self._at.setdefault(i, []).append(p)
             self._last.setdefault(p.chain.calls[-1].index, []).append(p)
 
@@ -145,23 +162,46 @@ class ChainSampler(_Trace):
         if here:
             reads = [t for _, v in bind_arguments(func, args, kwargs or {}) for t in _tensors(v)]
             for p in here:
+                if p.bind and i == p.chain.calls[0].index:
+                    # The module's invocation whose first call this is: its pre-hook ran last for the path,
+                    # with no call since (else the entry is another invocation's, and this one stays unbound).
+                    entry = self.entered.pop(p.chain.module, None)
+                    p.entry = entry[1:] if entry is not None and entry[0] == i else None
                 if i in p.inputs:
                     tensors = [reads[slot] for _, slot in p.inputs[i]]
+                    if p.bind:
+                        for (k, _), t in zip(p.inputs[i], tensors):
+                            p.in_tensors[k] = t
+                    if not p.sample:
+                        continue
                     p.snap.add_group(f"in{i}.", tensors)
                     for (k, _), t in zip(p.inputs[i], tensors):
                         p.in_refs[k] = p.snap.ref(t, f"in{i}.")
         out = super().__torch_dispatch__(func, types, args, kwargs)
         if self.mismatch is None and self.calls[-1].signature != self.reference[i].signature:
             self.mismatch = f"call {i} ({func.name()}) has another signature than in the first forward"
-        if here:
+        if any(p.sample for p in here):
             written = self._written(func, args, kwargs, out)
             for p in here:
-                for o, k in p.outputs.get(i, []):
+                for o, k in p.outputs.get(i, []) if p.sample else ():
                     p.out_tensors[o] = written[k]
         if self.mismatch is None:
             for p in self._last.get(i, []):
-                self.sink(p)
+                if p.sample:
+                    self.sink(p)
+                if p.bind:
+                    self.bound(p)
+                    p.in_tensors, p.entry = {}, None  # no tensor of the forward outlives its chain
         return out
+
+    def enter(self, path: str) -> Callable:
+        """A forward pre-hook (with_kwargs) for the module at `path`: keeps its latest invocation's
+        arguments and the autocast state it runs under."""
+        from engine.cast.modules import autocast_state
+
+        def hook(module, args, kwargs):
+            self.entered[path] = (len(self.calls), args, dict(kwargs or {}), autocast_state())
+        return hook
 
     def finish(self) -> None:
         if self.mismatch is None and len(self.calls) != len(self.reference):
@@ -184,8 +224,9 @@ class ChainCards:
     """The chain cards of one capture and what sampling them needs."""
 
     cards: list[OperatorCard]
-    planned: list[_Planned]
+    planned: list[_Planned]  # the instances to sample (a module card's also bound)
     notes: dict[str, str] = field(default_factory=dict)
+    bound: list[_Planned] = field(default_factory=list)  # module cards' other instances: bound, not sampled
 
 
 def chain_cards(trace: MemberTrace, model: torch.nn.Module, weight_of: Callable[[str], int], total_us: float, *,
@@ -200,7 +241,7 @@ def chain_cards(trace: MemberTrace, model: torch.nn.Module, weight_of: Callable[
     for p in pats:
         sig = chain_signature(p.instances[0])
         by_id.setdefault(chain_card_id(sig), (sig, []))[1].append(p)
-    cards, planned, used = [], [], 0
+    cards, planned, bound, used = [], [], [], 0
     for cid, (sig, group) in by_id.items():
         instances = sorted((ch for p in group for ch in p.instances), key=lambda ch: ch.calls[0].index)
         first = instances[0]
@@ -226,10 +267,12 @@ def chain_cards(trace: MemberTrace, model: torch.nn.Module, weight_of: Callable[
         for ch in instances[:samples]:
             if n and (card_budget + 2 * nbytes > sample_budget_bytes or used + 2 * nbytes > total_budget_bytes):
                 break
-            planned.append(_plan(cid, n, ch))
+            planned.append(_plan(cid, n, ch, bind=kind == "module"))
             card_budget += 2 * nbytes  # the sample file: inputs and outputs, as for an op card's estimate
             used += 2 * nbytes
             n += 1
+        if kind == "module":  # every instance is bound (engine.cast.modules.module_binding), sampled or not
+            bound += [_plan(cid, -1, ch, sample=False, bind=True) for ch in instances[n:]]
         cards.append(OperatorCard(
             card_id=cid, op=CHAIN_OP, signature=sig, signature_text=chain_text(ops, sig), outputs=outputs,
             calls=weight, captured_calls=len(instances), share=weighted_us / total_us if total_us > 0 else 0.0,
@@ -240,7 +283,7 @@ def chain_cards(trace: MemberTrace, model: torch.nn.Module, weight_of: Callable[
                    "members": [c.card_id for c in first.calls], "ops": ops},
         ))
     cards.sort(key=lambda c: (-c.share, c.card_id))
-    return ChainCards(cards, planned)
+    return ChainCards(cards, planned, bound=bound)
 
 
 def chain_text(ops: list[str], signature: dict[str, Any]) -> str:
@@ -248,12 +291,18 @@ def chain_text(ops: list[str], signature: dict[str, Any]) -> str:
     return f"chain[{' '.join(ops)}] " + " ".join(f"{a['name']} {_tensor_text(a)}" for a in signature["args"])
 
 
-def sample_chains(forward: Callable[[], Any], found: ChainCards, reference: list, folder: Path) -> dict[str, int]:
+def sample_chains(forward: Callable[[], Any], found: ChainCards, reference: list, folder: Path,
+                  model: torch.nn.Module | None = None) -> dict[str, int]:
     """Run `forward()` once more under a ChainSampler and write the planned chain samples to `folder`
     (`<card id>.<idx>.safetensors`). Returns the samples written per card id; none (and a note in
-    `found.notes`) where the forward's calls differ from the first forward's."""
+    `found.notes`) where the forward's calls differ from the first forward's.
+
+    With `model` (the module `forward` runs), each module card's instances are bound too: the card's
+    `chain` facts get the module entry (`class`, `paths`, `args`, `params`, `autocast`) or the notes say
+    why not."""
     written: dict[str, int] = {}
     files: list[Path] = []
+    bindings: dict[str, list[dict[str, Any] | str]] = {}  # card id -> per instance: binding or why not
 
     def sink(p: _Planned) -> None:
         out_list = [p.out_tensors.get(o) for o in range(len(p.chain.outputs))]
@@ -271,18 +320,79 @@ def sample_chains(forward: Callable[[], Any], found: ChainCards, reference: list
         written[p.card_id] = idx + 1
         p.snap = Snapshot()  # the host copies are on disk now
 
-    sampler = ChainSampler(reference, found.planned, sink)
-    with torch.no_grad(), sampler:
-        forward()
+    def bound(p: _Planned) -> None:
+        bindings.setdefault(p.card_id, []).append(_binding(model, p))
+
+    binds = [p for p in (*found.planned, *found.bound) if p.bind] if model is not None else []
+    for p in found.planned:
+        p.bind = p.bind and model is not None
+    sampler = ChainSampler(reference, [*found.planned, *(p for p in binds if not p.sample)], sink, bound)
+    handles = []
+    try:
+        for path in sorted({p.chain.module for p in binds}):
+            handles.append(model.get_submodule(path).register_forward_pre_hook(sampler.enter(path),
+                                                                               with_kwargs=True))
+        with torch.no_grad(), sampler:
+            forward()
+    finally:
+        for h in handles:
+            h.remove()
+        for p in binds:  # what an instance cut short by an error or a mismatch still holds
+            p.in_tensors, p.entry = {}, None
+        sampler.entered.clear()
     sampler.finish()
     if sampler.mismatch is not None:
         for f in files:
             f.unlink(missing_ok=True)
         found.notes["chain samples"] = (f"none: a second forward (for the chain samples) differs from the "
                                         f"captured one ({sampler.mismatch}); is the model deterministic?")
+        if binds:
+            found.notes["module cards"] = ("no module bindings (they come from the same second forward): the "
+                                           "module cards ship as pattern cards")
         return {}
+    if binds:
+        _bind_cards(found, bindings, Counter(p.card_id for p in binds))
     return written
 
+
+def _binding(model: torch.nn.Module, p: _Planned) -> dict[str, Any] | str:
+    """How instance `p`'s module invocation fed its chain (the module entry's `class`, `args`, `params`,
+    `autocast`), or why that cannot be said."""
+    from engine.cast.modules import ModuleCardError, module_binding
+
+    if p.entry is None:
+        return "its module's forward was not seen"
+    args, kwargs, autocast = p.entry
+    if kwargs:
+        return f"its forward is called with keyword arguments ({', '.join(sorted(kwargs))})"
+    inputs = [p.in_tensors.get(i) for i in range(len(p.chain.inputs))]
+    if any(t is None for t in inputs):
+        return "a chain input was not seen"
+    module = model.get_submodule(p.chain.module)
+    try:
+        b = module_binding(module, args, inputs)
+    except ModuleCardError as e:
+        return str(e)
+    return {"class": type(module).__name__, **b, "autocast": [list(x) for x in autocast]}
+
+
+def _bind_cards(found: ChainCards, bindings: dict[str, list[dict[str, Any] | str]], expected: dict[str, int]
+                ) -> None:
+    """Put each module card's binding on its chain facts where all its instances bound alike; else a note."""
+    for card in found.cards:
+        if card.card_id not in expected:
+            continue
+        got = bindings.get(card.card_id, [])
+        why = next((b for b in got if isinstance(b, str)), None)
+        if why is None and len(got) != expected[card.card_id]:
+            why = f"{expected[card.card_id] - len(got)} of its instances were not seen"
+        if why is None and any(b != got[0] for b in got[1:]):
+            why = "its instances bind their forward's arguments or tensors differently"
+        if why is not None:
+            found.notes[f"module card {card.chain['module_class']} ({card.card_id})"] = (
+                f"no module binding, ships as a pattern card: {why}")
+            continue
+        card.chain.update(got[0], paths=list(card.chain["modules"]))
 
 
 def synthetic_chain_card(folder: Path, signature: dict[str, Any], samples: int = 2, *, device: str = "cuda",

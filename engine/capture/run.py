@@ -189,7 +189,7 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
                          "(one more forward)")
                 try:
                     with below:
-                        written = sample_chains(target.forward, found, trace.calls, partial)
+                        written = sample_chains(target.forward, found, trace.calls, partial, model=target.module)
                 except Exception as e:
                     raise UsageError(f"{config.path}: the model raised during the chain-sampling forward: "
                                      f"{_one_line(e)}; it ran without capture, so this is likely a Kernel "

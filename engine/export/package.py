@@ -95,8 +95,9 @@ def _chain_entries(card: dict[str, Any]) -> dict[str, Any]:
     chain = _chain_of(card) or {}
     kind = chain.get("kind", "pattern")
     if kind == "module" and not all(k in chain for k in ("class", "paths", "args")):
-        # The capture does not record how a module's forward feeds the chain (engine.cast.modules.
-        # module_binding) yet: without it the loader cannot serve the module, so it ships as a pattern.
+        # The capture could not bind the module's forward to the chain (engine.capture.chain_cards: keyword
+        # arguments, instances that bind differently; or a card captured before it recorded bindings):
+        # without the binding the loader cannot serve the module, so it ships as a pattern.
         kind = "pattern"
     # Its member ops, views left out: what `audit` and the report name the variant by.
     out: dict[str, Any] = {"chain": {"kind": kind, "ops": chain_ops(chain, card.get("signature_text") or "")}}
