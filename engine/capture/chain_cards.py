@@ -13,7 +13,7 @@ How the capture takes them (engine.capture.run.capture_model):
   forward makes the same calls in order (op and exact signature) and, where it does not, the chain
   samples are dropped with a note. This costs one more forward but keeps no tensor alive between them.
 - Module bindings. The same forward records, for a module card, how each instance's module forward feeds
-  the chain (engine.cast.modules.module_binding): a forward pre-hook on each of the card's modules keeps
+  the chain (engine.capture.module_binding): a forward pre-hook on each of the card's modules keeps
   that invocation's arguments and the autocast state, and the sampler keeps the instance's chain inputs
   (strong references, from its first member to its last) to match them by identity. Every instance of a
   module card is bound, sampled or not; a card whose instances bind alike gets `class`, `paths`, `args`,
@@ -197,7 +197,7 @@ class ChainSampler(_Trace):
     def enter(self, path: str) -> Callable:
         """A forward pre-hook (with_kwargs) for the module at `path`: keeps its latest invocation's
         arguments and the autocast state it runs under."""
-        from engine.cast.modules import autocast_state
+        from engine.capture.module_binding import autocast_state
 
         def hook(module, args, kwargs):
             self.entered[path] = (len(self.calls), args, dict(kwargs or {}), autocast_state())
@@ -271,7 +271,7 @@ def chain_cards(trace: MemberTrace, model: torch.nn.Module, weight_of: Callable[
             card_budget += 2 * nbytes  # the sample file: inputs and outputs, as for an op card's estimate
             used += 2 * nbytes
             n += 1
-        if kind == "module":  # every instance is bound (engine.cast.modules.module_binding), sampled or not
+        if kind == "module":  # every instance is bound (engine.capture.module_binding), sampled or not
             bound += [_plan(cid, -1, ch, sample=False, bind=True) for ch in instances[n:]]
         cards.append(OperatorCard(
             card_id=cid, op=CHAIN_OP, signature=sig, signature_text=chain_text(ops, sig), outputs=outputs,
@@ -358,7 +358,7 @@ def sample_chains(forward: Callable[[], Any], found: ChainCards, reference: list
 def _binding(model: torch.nn.Module, p: _Planned) -> dict[str, Any] | str:
     """How instance `p`'s module invocation fed its chain (the module entry's `class`, `args`, `params`,
     `autocast`), or why that cannot be said."""
-    from engine.cast.modules import ModuleCardError, module_binding
+    from engine.capture.module_binding import ModuleCardError, module_binding
 
     if p.entry is None:
         return "its module's forward was not seen"

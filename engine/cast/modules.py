@@ -41,6 +41,7 @@ from typing import Any
 import torch
 import torch.nn.modules.module as _mm
 
+from engine.capture.module_binding import ModuleCardError, autocast_state, module_binding  # noqa: F401 - re-exported
 from engine.cast.guard import descriptor_key, tensor_key, value_key
 from engine.cast.runtime import allowed
 
@@ -54,10 +55,6 @@ _any_autocast = torch._C._is_any_autocast_enabled
 _grad_enabled = torch.is_grad_enabled
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
 _jit_tracing = torch._C._get_tracing_state
-
-
-class ModuleCardError(ValueError):
-    """A module-card variant cannot be bound to this module (the message says why)."""
 
 
 @dataclass
@@ -170,15 +167,6 @@ class ModuleRoute:
         return out[0] if isinstance(out, (list, tuple)) else out
 
 
-def autocast_state() -> tuple:
-    """The autocast state that matters to a plan: (device type, dtype) per device type where it is on."""
-    state = []
-    for dev in ("cpu", "cuda"):
-        if torch.is_autocast_enabled(dev):
-            state.append((dev, str(torch.get_autocast_dtype(dev)).removeprefix("torch.")))
-    return tuple(state)
-
-
 def _written_inputs(signature: dict[str, Any]) -> list[int]:
     """Chain inputs that some member writes in place (a module card cannot take those)."""
     from engine.ops import resolve_op
@@ -250,28 +238,6 @@ def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], c
         raise ModuleCardError(f"chain input in{missing[0]} is fed neither by an argument nor by a parameter")
     autocast = tuple(tuple(x) for x in card.get("autocast", []))
     return ModuleVariant(vid, tuple(key), tuple(arg_inputs), tuple(bound), len(inputs), autocast, plan)
-
-
-def module_binding(module: torch.nn.Module, args: tuple, inputs: list[torch.Tensor]) -> dict[str, Any]:
-    """The `args`/`params` of a module entry for a proven call: each chain input (the tensors `in0..inN`
-    were) found by identity among the forward's positional `args`, then the module's parameters and buffers."""
-    from engine.capture.signature import encode_value
-
-    def index(t: Any) -> int | None:
-        return next((i for i, x in enumerate(inputs) if x is t), None)
-
-    out_args = []
-    for a in args:
-        i = index(a) if isinstance(a, torch.Tensor) else None
-        if isinstance(a, torch.Tensor) and i is None:
-            raise ModuleCardError("a tensor argument of the forward is not a chain input")
-        out_args.append({"input": i} if i is not None else {"value": encode_value(a)})
-    params = []
-    for name, t in [*module.named_parameters(), *module.named_buffers()]:
-        i = index(t)
-        if i is not None:
-            params.append({"name": name, "input": i})
-    return {"args": out_args, "params": params}
 
 
 # ------------------------------------------------------------------------------------- install / remove
