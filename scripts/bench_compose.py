@@ -98,11 +98,12 @@ def main(argv: list[str] | None = None) -> int:
 
     log(f"building {args.model}")
     if args.model == "sd35_vae":
-        _, forward = sd35_vae()
+        model, forward = sd35_vae()
     else:
         from engine.config import build_target, load_config
         target = build_target(load_config(args.model, small=args.small), torch.device("cuda"))
-        forward = target.forward
+        model, forward = target.module, target.forward
+    enabled = lambda: cast.enabled(model)  # noqa: E731  (the model too: module cards patch its modules)
     cast_path = args.cast
     with torch.no_grad():
         if cast_path is None:
@@ -123,10 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         iters = args.iters or max(10, min(60, auto_iters(sorted(time_forward(forward) for _ in range(3))[1], 3.0)))
 
         cast.reset_stats()
-        with cast.enabled():
+        with enabled():
             out = output_tensor(forward()).double()
         doc["eager"] = {"rel_l2_err": rel_l2_err(out, eager_out), "hits_per_forward": hits(cast),
-                        **pair(forward, forward, iters, around_b=cast.enabled)}
+                        **pair(forward, forward, iters, around_b=enabled)}
         log(f"eager: {doc['eager']['base_ms']:.2f} ms, with cast {doc['eager']['with_cast_ms']:.2f} ms "
             f"({doc['eager']['speedup']:.3f}x)")
         save()
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             r: dict[str, Any] = {}
             try:
                 fresh_caches(caches, f"{mode}-cast")
-                with cast.enabled():
+                with enabled():
                     fast = cast.compile(forward, **kw)
                     t0 = time.perf_counter()
                     step()
@@ -155,13 +156,13 @@ def main(argv: list[str] | None = None) -> int:
                 for _ in range(3):
                     step()
                     base()
-                    with cast.enabled():
+                    with enabled():
                         step()
                         fast()
                 step()
                 r["rel_l2_err_plain"] = rel_l2_err(output_tensor(base()).double(), eager_out)
                 cast.reset_stats()
-                with cast.enabled():
+                with enabled():
                     step()
                     r["rel_l2_err"] = rel_l2_err(output_tensor(fast()).double(), eager_out)
                 r["hits_per_forward"] = hits(cast)  # under reduce-overhead: 0 on a replay (the graph runs)
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                     step()
                     fast()
 
-                r.update(pair(run_base, run_fast, iters, around_b=cast.enabled))
+                r.update(pair(run_base, run_fast, iters, around_b=enabled))
                 r["compile_time_ratio"] = r["compile_s_with_cast"] / r["compile_s"]
                 log(f"{mode}: torch.compile {r['base_ms']:.2f} ms, + cast {r['with_cast_ms']:.2f} ms "
                     f"({r['speedup']:.3f}x, CI {r['speedup_ci'][0]:.3f}-{r['speedup_ci'][1]:.3f}); compile "

@@ -39,13 +39,25 @@ def graph_of(forward):
     return g, output_tensor(out)
 
 
-def graph_arm(name: str, forward, cast, iters: int) -> dict:
+def host_arms(forward, cast, module) -> dict:
+    """Host time per forward, eager and with the cast: µs to issue one, launches on the GPU, µs per launch."""
+    from engine.bench.host import host_per_forward
+
+    eager = host_per_forward(forward)
+    with cast.enabled(module):
+        mine = host_per_forward(forward)
+    log(f"host per forward: eager {eager['issue_us']:.0f} us to issue, {eager['kernels']} kernels + "
+        f"{eager['copies']} copies; with the cast {mine['issue_us']:.0f} us, {mine['kernels']} + {mine['copies']}")
+    return {"eager": eager, "cast": mine}
+
+
+def graph_arm(name: str, forward, cast, iters: int, module=None) -> dict:
     """Both arms replayed from CUDA graphs: what the kernels bring once per-call host cost is gone."""
     from engine.bench.stats import speedup_ci
 
     try:
         g_eager, out_eager = graph_of(forward)
-        with cast.enabled():
+        with cast.enabled(module):
             g_cast, out_cast = graph_of(forward)
     except Exception as e:  # a model that cannot be captured is reported, not fatal
         log(f"{name}: CUDA-graph arm not possible: {type(e).__name__}: {e}")
@@ -86,13 +98,13 @@ def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int, 
     cast = engine.cast.load(cast_path)
     with torch.no_grad():
         eager_out = output_tensor(forward()).clone()
-        with cast.enabled():
+        with cast.enabled(module):  # the module too: module cards are patched only when it is named
             cast.reset_stats()
             cast_out = output_tensor(forward()).clone()
             stats = cast.stats()
         for _ in range(3):  # warm-up both arms
             forward()
-            with cast.enabled():
+            with cast.enabled(module):
                 forward()
         eager_us, cast_us = [], []
         if iters <= 0:
@@ -102,13 +114,14 @@ def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int, 
             arms = ("eager", "cast") if i % 2 == 0 else ("cast", "eager")
             for arm in arms:
                 if arm == "cast":
-                    cast.install()
+                    cast.install(module)
                     cast_us.append(time_forward(forward))
                     cast.remove()
                 else:
                     eager_us.append(time_forward(forward))
         restored = output_tensor(forward())
-        graph = graph_arm(name, forward, cast, iters) if graphs else None
+        graph = graph_arm(name, forward, cast, iters, module) if graphs else None
+        host = host_arms(forward, cast, module)
     est = speedup_ci(eager_us, cast_us, paired=True)
     diff = (cast_out.double() - eager_out.double())
     result = {
@@ -122,7 +135,7 @@ def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int, 
         "every_variant_hit": all(v["hits"] > 0 for v in stats["variants"]),
         "dispatched_by": ", ".join(sorted({v["router"] for v in stats["variants"]})) or "-",
         "variants_hit": sum(1 for v in stats["variants"] if v["hits"] > 0),
-        "build": build, "cuda_graphs": graph,
+        "build": build, "cuda_graphs": graph, "host": host,
     }
     log(f"{name}: eager {result['eager_ms']:.2f} ms, cast {result['cast_ms']:.2f} ms, {est.speedup:.3f}x "
         f"(95% CI {est.low:.3f}-{est.high:.3f}); rel err {result['rel_l2_err']:.2e}; "
@@ -150,6 +163,16 @@ def markdown(doc: dict) -> str:
             g = r["cuda_graphs"]
             lines.append(f"| {r['model']} | {g['eager_ms']:.2f} | {g['cast_ms']:.2f} | {g['speedup']:.3f}× "
                          f"({g['speedup_ci'][0]:.3f}–{g['speedup_ci'][1]:.3f}) | {g['rel_l2_err']:.1e} |")
+    hosts = [r for r in doc["models"] if r.get("host")]
+    if hosts:
+        lines += ["", "Host time per forward (issued with the GPU idle; launches counted by the profiler):", "",
+                  "| model | eager: issue µs | kernels + copies | µs per launch | cast: issue µs | kernels + copies | "
+                  "µs per launch |", "|---|---:|---:|---:|---:|---:|---:|"]
+        for r in hosts:
+            e, c = r["host"]["eager"], r["host"]["cast"]
+            lines.append(f"| {r['model']} | {e['issue_us']:.0f} | {e['kernels']} + {e['copies']} | "
+                         f"{e['us_per_launch']:.2f} | {c['issue_us']:.0f} | {c['kernels']} + {c['copies']} | "
+                         f"{c['us_per_launch']:.2f} |")
     for key in sorted(k for k in doc if k.startswith("host_cost")):
         h = doc[key]
         which = f", {h['router']} router" if h.get("router") else ""

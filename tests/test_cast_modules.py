@@ -302,3 +302,21 @@ def test_a_capture_sees_the_modules_own_calls(model, cast):
         trace = trace_forward(model, lambda: model(x))
     assert c.counting.calls == 0  # the dispatch mode was active: every module ran its own forward
     assert sum(call.op == "aten::rsqrt" for call in trace.calls) == 6
+
+
+def test_under_torch_compile_the_module_card_is_a_pattern(model, cast):
+    """Inside a compiled graph the patched forward steps aside (Dynamo traces the module's own code), so
+    a module card must also be replaced as a pattern there, or a cast exported for `compile` would carry
+    module cards that never run. The RMS chain has the same op graph in norm1 and norm2 of every layer."""
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    expected = _eager(model, x)
+    c = cast()
+    torch._dynamo.reset()
+    with torch.no_grad(), c.enabled(model):
+        fast = c.compile(model)
+        got = fast(x)
+    assert c.counting.calls == 6, "the compiled graph did not call the module card's plan"
+    torch.testing.assert_close(got, expected, rtol=2e-2, atol=5e-2)  # Inductor's bf16 rounds elsewhere than eager
+    st = c.stats()
+    assert st["patterns"] == {"rms": 6} and st["pattern_problems"] == {}
+    assert all(st["modules"][p]["hits"] == 0 for p in PATHS)  # eager routes stayed out of the trace

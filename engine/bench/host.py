@@ -53,3 +53,38 @@ def python_profile(forward: Any, calls: int = 10, top: int = 8) -> str:
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
     return buf.getvalue()
+
+
+def gpu_launches(forward: Any) -> dict[str, int]:
+    """What one forward puts on the GPU, counted by the profiler: kernels, and memory copies/sets (each a
+    launch the host pays for). A host-bound forward's time is about launches × the host's cost per launch."""
+    from torch.profiler import ProfilerActivity, profile
+
+    forward()  # warm: lazy initialisation is not part of a forward
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        forward()
+        torch.cuda.synchronize()
+    return count_gpu_events(prof.events())
+
+
+def count_gpu_events(events: Any) -> dict[str, int]:
+    """Kernels and memcpy/memset among a profiler's events (those that ran on the device)."""
+    kernels = copies = 0
+    for e in events:
+        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue
+        name = e.name.lower()
+        if "memcpy" in name or "memset" in name:
+            copies += 1
+        else:
+            kernels += 1
+    return {"kernels": kernels, "copies": copies}
+
+
+def host_per_forward(forward: Any, n: int = 20) -> dict[str, float]:
+    """A forward's host side: µs to issue it (GPU idle before), launches on the GPU, and µs per launch."""
+    issue, wall = issue_us(forward, n)
+    launches = gpu_launches(forward)
+    total = launches["kernels"] + launches["copies"]
+    return {"issue_us": issue, "wall_us": wall, **launches, "us_per_launch": issue / total if total else float("nan")}

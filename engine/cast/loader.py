@@ -128,10 +128,13 @@ class Cast:
 
     def pattern_set(self) -> Any:
         """The cast's usable pattern cards as one engine.cast.patterns.PatternSet (built once, on first use;
-        None when it has none). Chains that cannot be matched are in its `problems`, and in stats()."""
+        None when it has none). Chains that cannot be matched are in its `problems`, and in stats().
+
+        A module card's chain is a pattern too: inside a compiled graph its module's forward is traced
+        (the patched forward steps aside while Dynamo compiles), so the same op graph is replaced there."""
         with self._lock:
             if self._patterns is None:
-                cards = [v for v in self.usable() if v.pattern is not None]
+                cards = [v for v in self.usable() if v.pattern is not None or v.module is not None]
                 if not cards:
                     return None
                 self._prepare()
@@ -189,7 +192,8 @@ class Cast:
                 "misses": misses, "near_misses": near, "fallthrough": through, "near_miss_keys": near_keys,
                 "grad_declines": grad, "modules": mods, "modules_skipped": list(self._module_skipped),
                 "patterns": {v.id: v.plan.hits for v in self.variants
-                             if v.pattern is not None and v.plan is not None and hasattr(v.plan, "hits")},
+                             if (v.pattern is not None or v.module is not None) and v.plan is not None
+                             and hasattr(v.plan, "hits")},
                 "pattern_problems": dict(self._patterns.problems) if self._patterns is not None else {}}
 
     def active_by_target(self) -> dict[str, list[str]]:

@@ -164,7 +164,7 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
     if compile_mode is not None and compile_mode not in COMPILE_MODES:
         raise ValueError(f"compile mode {compile_mode!r}: use one of {', '.join(COMPILE_MODES)}")
     target = build_target(load_config(config, small=small), torch.device("cuda", torch.cuda.current_device()))
-    forward = target.forward
+    forward, model = target.forward, target.module
     compile_kw = {} if compile_mode in (None, "default") else {"mode": compile_mode}
     with torch.no_grad():
         for _ in range(3):
@@ -182,7 +182,7 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
 
         def run_set(ids: list[str]) -> tuple[Any, Callable[[], dict[str, Any]]]:
             cast = load(cast_path, only=set(ids))
-            with cast.enabled():
+            with cast.enabled(model):  # the model too: its module cards are patched only when it is named
                 fast = cast.compile(forward, **compile_kw) if compile_mode is not None else forward
                 for _ in range(3):
                     fast()
@@ -199,7 +199,7 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
                                 g = eager_graph if arm == "eager" else cast_graph
                                 (eager_us if arm == "eager" else cast_us).append(time_forward(g.replay))
                             elif arm == "cast":
-                                with cast.enabled():
+                                with cast.enabled(model):
                                     cast_us.append(time_forward(fast))
                             else:
                                 eager_us.append(time_forward(base))

@@ -1,0 +1,137 @@
+"""H200: chain cards through the user's path — `run` (builtin proposer, real lane) finds and wins the RMSNorm
+module card of a small Gemma-like stack, `export` keeps it after the whole-model check with the model's
+modules patched (eager target) and as a pattern inside compiled graphs (compile target), and the loaded
+cast runs it: through the module's forward in eager, through the pattern op under `cast.compile`. A few
+minutes (one torch.compile of a four-layer model per export target)."""
+
+import json
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+MODEL_PY = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+    class RMSNorm(nn.Module):  # Gemma's form: float32 inside, (1 + weight), one downcast at the end
+        def __init__(self, d, eps=1e-6):
+            super().__init__()
+            self.eps = eps
+            self.weight = nn.Parameter(torch.zeros(d))
+
+        def forward(self, x):
+            h = x.float()
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+            return (h * (1.0 + self.weight.float())).type_as(x)
+
+    class Block(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.norm, self.proj = RMSNorm(d), nn.Linear(d, d, bias=False)
+
+        def forward(self, x):
+            return x + self.proj(self.norm(x))
+
+    class Stack(nn.Module):
+        def __init__(self, d=2048, n=4):
+            super().__init__()
+            self.layers = nn.ModuleList([Block(d) for _ in range(n)])
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    def build(device, dtype):
+        torch.manual_seed(0)
+        model = Stack().to(device=device, dtype=dtype).eval()
+        with torch.no_grad():
+            for layer in model.layers:
+                layer.norm.weight.normal_(0, 0.1)
+                layer.proj.weight.mul_(0.05)
+        x = torch.randn(1, 2048, 2048, device=device, dtype=dtype)
+        return model, (x,)
+''')
+MODEL_TOML = textwrap.dedent('''
+    name = "rms_stack"
+    builder = "rms_stack.py:build"
+    [dtype]
+    cuda = "bfloat16"
+    cpu = "bfloat16"
+    [capture]
+    samples = 2
+''')
+
+
+def _document(out: str, err: str, what: str) -> dict:
+    try:
+        return json.loads(out)
+    except ValueError:
+        raise AssertionError(f"{what} --json: stdout is not one JSON document: {out[:800]!r}; "
+                             f"stderr ends {err[-800:]!r}") from None
+
+
+def test_module_card_runs_in_eager_and_as_a_pattern_under_compile(cli, capsys, tmp_path):
+    import importlib.util
+
+    import torch
+
+    import engine.cast
+    from engine.cast.format import read_cast
+
+    (tmp_path / "rms_stack.py").write_text(MODEL_PY)
+    (tmp_path / "rms_stack.toml").write_text(MODEL_TOML)
+    ws = tmp_path / "ws"
+    code, out, err = cli("run", tmp_path / "rms_stack.toml", "--no-tui", "--iterations", "6", "--json",
+                         "--workspace", ws)
+    assert code == 0, err
+    doc = _document(out, err, "run")
+    chains = [c for c in doc["cards"] if c["op"] == "kforge::chain"]
+    with capsys.disabled():
+        for c in chains:
+            print(f"\nchain card {c['id']}: eager {c['eager_us']} us, best {c['best_us']} us, "
+                  f"{c['speedup']} {c['speedup_ci']}, {c['verified']}/{c['candidates']} verified")
+    won = [c for c in chains if c["speedup_ci"] and c["speedup_ci"][0] > 1.2]
+    assert won, f"no chain card won in the lane: {chains}"
+
+    results = {}
+    for target in ("eager", "compile"):
+        cast_file = tmp_path / f"{target}.cast"
+        code, out, err = cli("export", "--out", cast_file, "--workspace", ws, "--json", "--target", target)
+        assert code == 0, err
+        results[target] = _document(out, err, f"export --target {target}")
+        variants = read_cast(cast_file).manifest["variants"]
+        modules = [v for v in variants if v["op"] == "kforge::chain" and "module" in v]
+        with capsys.disabled():
+            print(f"export {target}: {[v['op'] for v in variants]}; warnings {results[target]['warnings']}")
+        assert modules, f"export --target {target} dropped the module card: {results[target]}"
+
+    spec = importlib.util.spec_from_file_location("rms_stack", tmp_path / "rms_stack.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model, (x,) = mod.build(torch.device("cuda"), torch.bfloat16)
+    with torch.no_grad():
+        eager = model(x)
+        cast = engine.cast.load(tmp_path / "eager.cast")
+        with cast.enabled(model):
+            cast.reset_stats()
+            mine = model(x)
+            st = cast.stats()
+        hits = {p: m["hits"] for p, m in st["modules"].items()}
+        assert hits and all(n == 1 for n in hits.values()), st["modules"]
+        torch.testing.assert_close(mine, eager, atol=5e-2, rtol=2e-2)
+        assert torch.equal(model(x), eager)  # removed: the model is its own again
+
+        torch._dynamo.reset()
+        cast = engine.cast.load(tmp_path / "compile.cast")
+        with cast.enabled(model):
+            fast = cast.compile(model)
+            fast(x)
+            cast.reset_stats()
+            got = fast(x)
+            st = cast.stats()
+        assert sum(st["patterns"].values()) >= 4, st["patterns"]  # one RMSNorm per layer, in the graph
+        assert st["pattern_problems"] == {}
+        torch.testing.assert_close(got, eager, atol=5e-2, rtol=2e-2)
