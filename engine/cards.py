@@ -204,3 +204,18 @@ def chain_card_dispatch(chain: Mapping[str, Any] | None) -> str:
     """`chain_dispatch` of a chain card's facts (`OperatorCard.chain`)."""
     chain = chain or {}
     return chain_dispatch(chain.get("kind"), chain.get("module_class"), chain.get("modules") or ())
+
+
+def card_selected(op: str, chain: Mapping[str, Any] | None, signature_text: str, pattern: str | None) -> bool:
+    """Whether a card is searched under `run --ops PATTERN` (a regular expression, searched): its op
+    (`aten::native_group_norm`, `kforge::chain`) or, for a chain card, one of its member ops or its kind
+    ('chain', 'module', 'pattern'). No pattern: every card."""
+    import re
+
+    if not pattern:
+        return True
+    rx = re.compile(pattern)
+    names = [op, *chain_ops(chain, signature_text), "chain" if op == "kforge::chain" else ""]
+    if chain and chain.get("kind"):
+        names.append(str(chain["kind"]))
+    return any(rx.search(n) for n in names if n)

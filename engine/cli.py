@@ -53,6 +53,17 @@ def _url(text: str) -> str:
     return text
 
 
+def _regex(text: str) -> str:
+    """A regular expression (checked here, so a typo is a usage error before any work)."""
+    import re
+
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise argparse.ArgumentTypeError(f"not a regular expression ({e}): {text!r}") from None
+    return text
+
+
 def _positive_int(text: str) -> int:
     """An integer >= 1."""
     try:
@@ -155,6 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=_positive_int, metavar="N",
                    help="stop the search once N LLM tokens (input + output) are used")
     p.add_argument("--max-proposals", type=_positive_int, metavar="K", help="proposals in flight at once (default 4)")
+    p.add_argument("--ops", type=_regex, metavar="REGEX",
+                   help="search only the cards whose op, or one of whose chain's ops, matches REGEX "
+                        "(e.g. 'chain' for chain cards, 'group_norm|softmax'); the others are skipped "
+                        "and not timed (default: every card)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout at the end")
     p.add_argument("--dry-run", action="store_true", help="capture, propose and compile only (no GPU needed)")
     p.add_argument("--gpu", metavar="NAME",

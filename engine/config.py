@@ -27,7 +27,7 @@ _TOP_KEYS = {"name", "description", "builder", "params", "small", "dtype", "mult
 # [run]: a run's settings for this model (`kforge-tui run` flags win over them; they win over the user
 # config). Not part of the config's identity: changing them is no reason to capture again.
 RUN_KEYS = {"provider": str, "model": str, "base_url": str, "iterations": int, "strategy": str,
-            "wall_time": float, "max_proposals": int, "max_cost": float, "max_tokens": int}
+            "wall_time": float, "max_proposals": int, "max_cost": float, "max_tokens": int, "ops": str}
 _CAPTURE_KEYS = {"samples", "sample_budget_mb", "total_sample_budget_mb"}
 _DTYPE_KEYS = {"cuda", "cpu"}
 DTYPES = {
@@ -156,6 +156,13 @@ def _run_table(t: Mapping[str, Any], bad: Callable[[str, str], UsageError]) -> d
         if kind is str:
             if not isinstance(v, str) or not v.strip():
                 raise bad(f"run.{k}", "must be a non-empty string")
+            if k == "ops":
+                import re
+
+                try:
+                    re.compile(v)
+                except re.error as e:
+                    raise bad(f"run.{k}", f"not a regular expression ({e})") from None
         elif isinstance(v, bool) or not isinstance(v, (int,) if kind is int else (int, float)) or not v > 0:
             raise bad(f"run.{k}", f"must be {'a whole number >= 1' if kind is int else 'a number > 0'}")
         out[k] = float(v) if kind is float else v

@@ -99,7 +99,7 @@ CARD_DONE_REASONS: dict[str, str] = {
     "no-samples": "no captured inputs to verify against",
 }
 # Reasons a card is never searched at all (decided before any work).
-CARD_SKIP_REASONS = frozenset({"noise", "declined", "no-samples"})
+CARD_SKIP_REASONS = frozenset({"noise", "declined", "no-samples", "not-selected"})
 
 # ---- speed ---------------------------------------------------------------------------------------------
 

@@ -148,3 +148,34 @@ def test_run_json_into_a_closed_pipe_ends_quietly(tmp_path):
 
     assert_quiet_broken_pipe(*run_into_closed_pipe(
         ["run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--iterations", "1", "--json", "--workspace", tmp_path]))
+
+
+def test_ops_searches_only_the_cards_it_matches(cli, tmp_path):
+    code, out, err = cli("run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--iterations", "1", "--json",
+                         "--workspace", tmp_path, "--ops", "layer_norm|gelu")
+    assert code == 0, err
+    doc = json.loads(out)
+    worked = {c["op"] for c in doc["cards"] if c["candidates"]}
+    assert worked and worked <= {"aten::native_layer_norm", "aten::gelu"}, worked
+    # the selection is the run's: a resume searches the same cards
+    db = sqlite3.connect(tmp_path / "kforge.db")
+    (config,) = db.execute("SELECT config FROM runs").fetchone()
+    assert json.loads(config)["ops"] == "layer_norm|gelu"
+
+
+def test_ops_must_be_a_regular_expression(cli, tmp_path):
+    assert_one_line_error(*cli("run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--ops", "gelu(",
+                               "--workspace", tmp_path), "--ops")
+
+
+def test_card_selected_by_op_member_or_kind():
+    from engine.cards import card_selected
+
+    rms = {"kind": "module", "ops": ["_to_copy", "pow", "mean", "add", "rsqrt", "mul"]}
+    assert card_selected("aten::gelu", None, "f16[8]", None)
+    assert card_selected("aten::gelu", None, "f16[8]", "gelu|softmax")
+    assert not card_selected("aten::mul.Tensor", None, "f16[8]", "gelu")
+    assert card_selected("kforge::chain", rms, "chain[_to_copy pow] in0", "chain")
+    assert card_selected("kforge::chain", rms, "chain[_to_copy pow] in0", "^rsqrt$")
+    assert card_selected("kforge::chain", rms, "chain[_to_copy pow] in0", "module")
+    assert not card_selected("kforge::chain", rms, "chain[_to_copy pow] in0", "^pattern$")

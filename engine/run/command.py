@@ -100,6 +100,7 @@ class RunSettings:
     max_proposals: int
     max_cost_usd: float | None
     max_tokens: int | None
+    ops: str | None = None
     source: dict[str, str] = field(default_factory=dict)
 
 
@@ -114,6 +115,7 @@ _SETTINGS: dict[str, tuple[str, str, str | None, Any]] = {
     "max_proposals": ("max_proposals", "max_proposals", None, 4),
     "max_cost_usd": ("max_cost", "max_cost", "max_cost_usd", None),
     "max_tokens": ("max_tokens", "max_tokens", "max_tokens", None),
+    "ops": ("ops", "ops", None, None),
 }
 
 
@@ -287,7 +289,7 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
         cfg = {"config": str(Path(args.config).resolve()), "iterations": settings.iterations,
                "strategy": settings.strategy, "dry_run": dry, "wall_s": settings.wall_s,
                "max_proposals": settings.max_proposals, "model": settings.model, "base_url": settings.base_url,
-               "max_cost_usd": settings.max_cost_usd, "max_tokens": settings.max_tokens}
+               "max_cost_usd": settings.max_cost_usd, "max_tokens": settings.max_tokens, "ops": settings.ops}
         if args.replay_run:
             cfg["replay_run"] = args.replay_run  # so that --resume replays the same run
         if getattr(args, "gpu", None):
@@ -362,12 +364,17 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
             pool = CompilePool()
             evaluate = LaneEvaluator(lanes, compiler, pool)
             eager_lane = lanes[0]
+        from engine.cards import card_selected
+
+        def selected(card) -> bool:  # run --ops: the cards searched (the rest are skipped, never timed)
+            return card_selected(card.op, card.chain, card.signature_text, cfg.get("ops"))
+
         if not dry:
             from engine.run.eager import measure_and_store_eager
 
             # Eager timing only where it can matter: cards the proposer takes and above the share
             # noise floor (the rest are skipped anyway; on SD3.5 that is half the cards).
-            todo = [c.ref for c in cards if c.eager_us is None and c.ref.samples
+            todo = [c.ref for c in cards if c.eager_us is None and c.ref.samples and selected(c.card)
                     and c.share >= policy.min_share and proposer.supports(c.card)]
             if todo:
                 stages.stage("eager", f"timing eager PyTorch for {len(todo)} card(s)")
@@ -375,7 +382,9 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
                 stages.done("eager", f"eager timed for {len(todo)} card(s)")
                 cards = await _cards_of(store, workspace, capture_id)
         for c in cards:
-            if not proposer.supports(c.card):
+            if not selected(c.card):
+                c.done_reason = "not-selected"
+            elif not proposer.supports(c.card):
                 c.done_reason = "declined"
         records = await load_records(store, run_id)
         totals = RunTotals(run.get("tokens_in", 0), run.get("tokens_out", 0), run.get("cost_usd", 0.0))
