@@ -155,3 +155,19 @@ async def test_the_recording_run_serves_every_answer_to_its_prompt(tmp_path: Pat
         if a["kind"] == "repair":
             failed = next(b for o_, b in _answers() if o_ == op and b["id"] == a["repairs"])
             assert parents[a["cuda"].strip()] == failed["cuda"].strip(), a["id"]
+
+
+def test_the_shipped_demo_recorded_what_the_answers_expect() -> None:
+    """kforge_tui/demo/kforge.db is a recording of these answers on an H200 (scripts/record_demo.py): every
+    answer was served, and each flawed one failed in the category it was written for."""
+    record = load_script("record_demo")
+    db = ROOT / "kforge_tui" / "demo" / "kforge.db"
+    outcomes = record.answer_outcomes(db, FIXTURE)
+    assert [(a, expected, got) for _, a, expected, got in outcomes if got != expected] == []
+    conn = sqlite3.connect(db)
+    try:
+        runs = conn.execute("SELECT status, json_extract(config, '$.model') FROM runs").fetchall()
+        models = {m for (m,) in conn.execute("SELECT DISTINCT model_name FROM candidates")}
+    finally:
+        conn.close()
+    assert runs == [("done", record.MODEL_NAME)] and models == {record.MODEL_NAME}
