@@ -7,7 +7,9 @@
 line) and the task (a first kernel, a revision, or a repair), and answers with the next unused answer of
 that card and kind from the fixture; a repair gets the answer written for the failed source it quotes.
 When none is left it answers that it cannot help (no code), which the pipeline records as unusable.
-The fixture's answers were written by an AI assistant acting as the model, and are labelled so in it.
+The fixture's answers were written by an AI assistant acting as the model, and are labelled so in it; an
+answer with its own `label` (one deliberately flawed, to exercise failure inspection) is served with that
+label as a note after its prose, so the recorded reply says so too.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from aiohttp import web
 FALLBACK_ID = "fallback"
 FALLBACK_TEXT = ("I cannot help further with this card: I have no other kernel to offer for this task. "
                  "[scripts/serve_answers.py: no written answer is left for this card and task]")
+NOTE_PREFIX = "scripts/serve_answers.py, from the fixture: this answer is "
 _OP = re.compile(r"^# Operator card `([^`]+)`", re.M)
 _SIGNATURE = re.compile(r"^Exact call \(your kernel handles only this one\): `([^`]*)`", re.M)
 _FAILED_SOURCE = re.compile(r"^## Failed source\n```cuda\n(.*?)\n```\n", re.M | re.S)
@@ -45,8 +48,10 @@ def task_kind(prompt: str) -> str:
 
 
 def answer_text(answer: dict[str, Any]) -> str:
-    """The reply as the model wrote it: short prose, then the cuda block, then the toml block."""
-    return (f"{answer['prose'].strip()}\n\n```cuda\n{answer['cuda'].rstrip()}\n```\n\n"
+    """The reply as the model wrote it: short prose (and the fixture's label of a flawed answer), then the
+    cuda block, then the toml block."""
+    note = f"\n\n[{NOTE_PREFIX}{answer['label']}]" if answer.get("label") else ""
+    return (f"{answer['prose'].strip()}{note}\n\n```cuda\n{answer['cuda'].rstrip()}\n```\n\n"
             f"```toml\n{answer['toml'].rstrip()}\n```\n")
 
 
