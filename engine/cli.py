@@ -156,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop the search once N LLM tokens (input + output) are used")
     p.add_argument("--max-proposals", type=_positive_int, metavar="K", help="proposals in flight at once (default 4)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout at the end")
+    p.add_argument("--no-compile-ref", action="store_true",
+                   help="do not time each card's op under torch.compile beside eager (the torch.compile "
+                        "reference; a dry run never times it)")
+    p.add_argument("--compile-ref-timeout", type=_positive_float, metavar="S",
+                   help="seconds one card's torch.compile reference may take, compile and timing (default 120)")
     p.add_argument("--dry-run", action="store_true", help="capture, propose and compile only (no GPU needed)")
     p.add_argument("--gpu", metavar="NAME",
                    help="with --dry-run: the GPU to prepare kernels for (" + ", ".join(_gpu_names()) + "; default h200)")
