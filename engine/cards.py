@@ -32,8 +32,11 @@ class OperatorCard:
     `calls` counts calls per forward of the full model (shrunk layers scaled by multiplicity);
     `share` is the card's fraction of the captured op time (measured during capture on the capture
     device); `bytes` is the minimum traffic of one call. `eager_us` and `roofline_us` are measured by
-    a GPU lane, which times eager properly, and stored on the card by the run. The op's tolerance is
-    not a card field: it is a fact of the op family and dtype (`engine.verify.tolerance`).
+    a GPU lane, which times eager properly, and stored on the card by the run; so are the two references
+    beside eager, timed the same way: `compile_us`, the card's eager under torch.compile (Inductor) alone
+    (`compile_note` says why there is none, where it was tried), and `copy_us`, the lane's own device copy
+    of `bytes` (what a memory-bound kernel for the card could at best take on that GPU). The op's tolerance
+    is not a card field: it is a fact of the op family and dtype (`engine.verify.tolerance`).
     """
 
     card_id: str
@@ -46,6 +49,9 @@ class OperatorCard:
     bytes: int = 0
     eager_us: float | None = None
     roofline_us: float | None = None
+    compile_us: float | None = None
+    copy_us: float | None = None
+    compile_note: str | None = None           # "no compile reference (reason)" where one was tried and failed
     captured_calls: int = 0
     module_paths: dict[str, int] = field(default_factory=dict)
     capture_us: float = 0.0
@@ -78,7 +84,8 @@ class OperatorCard:
             "share": round(self.share, 6), "bytes": self.bytes, "captured_calls": self.captured_calls,
             "capture_us": round(self.capture_us, 3), "module_paths": self.module_paths,
             "outputs": self.outputs, "samples": self.samples, "output_varies": self.output_varies,
-            "eager_us": self.eager_us, "roofline_us": self.roofline_us, "args": self.signature["args"],
+            "eager_us": self.eager_us, "roofline_us": self.roofline_us, "compile_us": self.compile_us,
+            "copy_us": self.copy_us, "compile_note": self.compile_note, "args": self.signature["args"],
             "aliases": self.signature["aliases"], "chain": self.chain,
         }
 
@@ -90,10 +97,27 @@ def card_from_row(row: Mapping[str, Any]) -> OperatorCard:
         signature_text=row.get("signature_text") or "", outputs=list(row.get("outputs") or []),
         calls=int(row.get("calls") or 1), share=float(row.get("share") or 0.0), bytes=int(row.get("bytes") or 0),
         eager_us=row.get("eager_us"), roofline_us=row.get("roofline_us"),
+        compile_us=row.get("compile_us"), copy_us=row.get("copy_us"), compile_note=compile_note(row.get("ref_stats")),
         captured_calls=int(row.get("captured_calls") or 0), module_paths=dict(row.get("module_paths") or {}),
         capture_us=float(row.get("capture_us") or 0.0), samples=_count(row.get("samples")),
         output_varies=bool(row.get("output_varies")), chain=_chain(row.get("chain")),
     )
+
+
+def compile_note(ref_stats: Any) -> str | None:
+    """"no compile reference (reason)" where a card's ref_stats (the store's JSON) record a failed try."""
+    if isinstance(ref_stats, str):
+        try:
+            ref_stats = json.loads(ref_stats)
+        except ValueError:
+            return None
+    err = ((ref_stats or {}).get("compile") or {}).get("error") if isinstance(ref_stats, Mapping) else None
+    return f"no compile reference ({err})" if err else None
+
+
+def copy_fraction(us: float | None, copy_us: float | None) -> float | None:
+    """A kernel's time as a multiple of the lane's copy of the card's bytes (1.0: as fast as a copy)."""
+    return us / copy_us if us and copy_us else None
 
 
 def _chain(value: Any) -> dict[str, Any] | None:

@@ -171,6 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(e.g. 'chain' for chain cards, 'group_norm|softmax'); the others are skipped "
                         "and not timed (default: every card)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout at the end")
+    p.add_argument("--no-compile-ref", action="store_true",
+                   help="do not time each card's op under torch.compile beside eager (the torch.compile "
+                        "reference; a dry run never times it)")
+    p.add_argument("--compile-ref-timeout", type=_positive_float, metavar="S",
+                   help="seconds one card's torch.compile reference may take, compile and timing (default 120)")
     p.add_argument("--dry-run", action="store_true", help="capture, propose and compile only (no GPU needed)")
     p.add_argument("--gpu", metavar="NAME",
                    help="with --dry-run: the GPU to prepare kernels for (" + ", ".join(_gpu_names()) + "; default h200)")

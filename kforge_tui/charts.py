@@ -130,8 +130,12 @@ class Chart(PlotextPlot):
             return Text(f"{self.title}: cannot plot here ({type(e).__name__})", style="dim")
 
 
-def draw_card_us(series: CardSeries, eager_us: float | None) -> Draw:
-    """Best µs so far (and each verified candidate) over evaluations, with the eager line."""
+COMPILE_LABEL = "torch.compile"
+
+
+def draw_card_us(series: CardSeries, eager_us: float | None, compile_us: float | None = None) -> Draw:
+    """Best µs so far (and each verified candidate) over evaluations, with the eager line and, where the
+    card has one, the torch.compile line (its op compiled alone, timed as eager is)."""
     def draw(plt, w: int, h: int) -> str | None:
         if not series.evaluation:
             return "no verified candidate yet"
@@ -139,23 +143,29 @@ def draw_card_us(series: CardSeries, eager_us: float | None) -> Draw:
         plt.scatter(series.evaluation, series.each_us, label="each", marker="dot")
         if eager_us:
             _level(plt, series.evaluation, eager_us, "eager")
+        if compile_us:
+            _level(plt, series.evaluation, compile_us, COMPILE_LABEL, color="orange")
         plt.xlabel("evaluation")
         plt.ylabel("µs")
-        _limits(plt, series.evaluation, [*series.best_us, *series.each_us, *([eager_us] if eager_us else [])])
+        levels = [u for u in (eager_us, compile_us) if u]
+        _limits(plt, series.evaluation, [*series.best_us, *series.each_us, *levels])
         return None
     return draw
 
 
-def draw_card_speedup(series: CardSeries) -> Draw:
-    """Best speedup over eager so far, over evaluations, with the 1× (eager) line."""
+def draw_card_speedup(series: CardSeries, compile_speedup: float | None = None) -> Draw:
+    """Best speedup over eager so far, over evaluations, with the 1× (eager) line and, where known,
+    torch.compile's speedup over eager as a line."""
     def draw(plt, w: int, h: int) -> str | None:
         if not series.evaluation:
             return "no verified candidate yet"
         plt.plot(series.evaluation, series.speedup, label="best speedup", marker="braille")
         _level(plt, series.evaluation, 1.0, "eager 1×")
+        if compile_speedup:
+            _level(plt, series.evaluation, compile_speedup, COMPILE_LABEL, color="orange")
         plt.xlabel("evaluation")
         plt.ylabel("× vs eager")
-        _limits(plt, series.evaluation, [*series.speedup, 1.0])
+        _limits(plt, series.evaluation, [*series.speedup, 1.0, *([compile_speedup] if compile_speedup else [])])
         return None
     return draw
 
@@ -205,12 +215,12 @@ def draw_failures(counts: Mapping[str, int]) -> Draw:
     return draw
 
 
-def _level(plt, xs: Sequence[float], y: float, label: str) -> None:
-    """A labelled horizontal reference line across the plotted range (eager, 1×)."""
+def _level(plt, xs: Sequence[float], y: float, label: str, color: str = "red") -> None:
+    """A labelled horizontal reference line across the plotted range (eager, 1×, torch.compile)."""
     lo, hi = min(xs), max(xs)
     if hi == lo:
         lo, hi = lo - 1, hi + 1
-    plt.plot([lo, hi], [y, y], label=label, color="red", marker="braille")
+    plt.plot([lo, hi], [y, y], label=label, color=color, marker="braille")
 
 
 def _limits(plt, xs: Sequence[float], ys: Sequence[float]) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.cards import chain_card_dispatch, chain_inputs, chain_label
+from engine.cards import chain_card_dispatch, chain_inputs, chain_label, compile_note, copy_fraction
 from engine.outcomes import IN_FLIGHT, LIVE_RUN_STATUSES, UNKNOWN_CATEGORY
 from engine.store import open_readonly, read
 from engine.store.read import CandidateHead
@@ -71,6 +71,15 @@ class CardRow:
     failure_counts: dict[str, int]
     best_id: str | None
     chain: dict[str, Any] | None = None  # a chain card's facts (OperatorCard.chain); None for an op card
+    compile_us: float | None = None  # the op under torch.compile alone, timed as eager is (None: not measured)
+    copy_us: float | None = None     # the lane's copy of the card's bytes, timed as eager is
+    compile_note: str | None = None  # "no compile reference (reason)" where torch.compile was tried and failed
+
+    @property
+    def copy_pct(self) -> float | None:
+        """The best kernel's time (eager's until one is verified) as a percentage of the copy's: 100 is a copy."""
+        frac = copy_fraction(self.best_us or self.eager_us, self.copy_us)
+        return None if frac is None else 100.0 * frac
 
     @property
     def label(self) -> str:
@@ -334,7 +343,8 @@ class ReadModel:
             status = "waiting" if nodes else "queued"
         row = CardRow(card_id, s["op"], s["signature_text"], s["calls"], s["share"], eager, roof, best_us,
                       best.speedup if best else None, pct, status, len(nodes), sum(fails.values()), fails,
-                      best.id if best else None, _chain(s.get("chain")))
+                      best.id if best else None, _chain(s.get("chain")), s.get("compile_us"), s.get("copy_us"),
+                      compile_note(s.get("ref_stats")))
         self.cards[card_id] = row
         return row
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-MODE = "max-autotune-no-cudagraphs"
+from engine.bench.compiled import MODE  # noqa: E402  (the run's compile reference uses the same mode)
 
 
 def log(msg: str) -> None:
@@ -45,36 +45,46 @@ def won_cards(ws: Path, limit: int) -> tuple[dict, list[dict]]:
         for r in rows:
             paths = read.sample_paths(db, run["capture_id"], r["card_id"])
             if paths:
-                cards.append({"card_id": r["card_id"], "op": r["op"], "share": r["share"], "sample": str(ws / paths[0])})
+                cards.append({"card_id": r["card_id"], "op": r["op"], "share": r["share"], "sample": str(ws / paths[0]),
+                              "signature": r["signature"]})
     finally:
         db.close()
     return cap, cards
 
 
+def _eager(c: dict):
+    """The card's eager as a function of its bound arguments: its op, or for a chain card run_chain."""
+    from engine.bench.floor import CHAIN_OP
+    from engine.ops import call_op, resolve_op
+    from engine.verify.pipeline import chain_eager
+
+    if c["op"] == CHAIN_OP:
+        sig = c["signature"]
+        return chain_eager(json.loads(sig) if isinstance(sig, str) else sig)
+    op = resolve_op(c["op"])
+    return lambda b: call_op(op, b)
+
+
 def per_op(cards: list[dict]) -> list[dict]:
+    """Each card's eager against its torch.compile (engine.bench.compiled, as the run's lane compiles it),
+    alternated (A/B) on its first sample. A run's cards carry the lane's own measurement (compile_us)."""
+    from engine.bench.compiled import compile_eager
     from engine.bench.timing import L2Flusher, TimingConfig, ab_time
     from engine.capture.samples import load_sample
-    from engine.ops import call_op, resolve_op
 
     device = torch.device("cuda", torch.cuda.current_device())
     flush = L2Flusher(device)
     cfg = TimingConfig(max_seconds=0.5)
     out = []
     for c in cards:
-        op = resolve_op(c["op"])
         bound = load_sample(c["sample"], device).args
-        names = [n for n, _ in bound]
-
-        def fn(*vals, op=op, names=names):
-            return call_op(op, list(zip(names, vals)))
-
-        vals = [v for _, v in bound]
         r = {"card_id": c["card_id"], "op": c["op"]}
         try:
+            eager = _eager(c)
             torch._dynamo.reset()
-            compiled = torch.compile(fn, mode=MODE)
-            compiled(*vals)  # compile (autotune) outside the timing
-            ab = ab_time(lambda fn=fn, v=vals: fn(*v), lambda c=compiled, v=vals: c(*v), flush, cfg)
+            compiled = compile_eager(eager, bound, MODE)
+            compiled(bound)  # compile (autotune) outside the timing
+            ab = ab_time(lambda e=eager, b=bound: e(b), lambda f=compiled, b=bound: f(b), flush, cfg)
             r.update(eager_us=ab.eager.median, compile_us=ab.candidate.median, compile_speedup=ab.speedup)
         except Exception as e:  # an op torch.compile cannot take is reported, not fatal
             r["error"] = f"{type(e).__name__}: {str(e)[:200]}"

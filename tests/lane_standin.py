@@ -50,6 +50,23 @@ def time_eager(p):
     return {"eager": {"median": 12.5, "iqr": 0.25, "n": 40}, "throttled": 0, "roofline_us": 3.0}
 
 
+def time_copy(p):
+    # Fixed answers again: the plumbing that stores the card's references, not a measurement.
+    if "nobytes" in p["card_id"]:
+        raise Rejected("protocol", f"card {p['card_id']}: no floor bytes to copy")
+    return {"copy": {"median": 4.0, "iqr": 0.1, "n": 40}, "bytes": 1 << 20, "throttled": 0}
+
+
+def time_compiled(p):
+    if "nocompile" in p["card_id"]:
+        raise Rejected("compile", "torch.compile (default) failed: Unsupported: the op has no meta kernel")
+    if "slowcompile" in p["card_id"]:
+        while True:  # a compile that never ends: the engine's timeout must end it
+            time.sleep(1)
+    return {"compiled": {"median": 9.5, "iqr": 0.2, "n": 40}, "throttled": 0, "mode": p.get("mode") or "m",
+            "compile_s": 1.5}
+
+
 def evaluate(p):
     # What the lane was handed, so a test can tell which compile's binary reached it.
     if p.get("card_id") not in loaded:
@@ -64,4 +81,5 @@ def bug(p):
 
 if __name__ == "__main__":
     sys.exit(serve({"echo": echo, "crash": crash, "hang": hang, "fault": fault, "reject": reject,
-                    "load_card": load_card, "bug": bug, "time_eager": time_eager, "evaluate": evaluate}))
+                    "load_card": load_card, "bug": bug, "time_eager": time_eager, "evaluate": evaluate,
+                    "time_copy": time_copy, "time_compiled": time_compiled}))

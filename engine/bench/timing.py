@@ -268,3 +268,29 @@ def time_one(fn: Callable[[], Any] | Arm, flush: L2Flusher, cfg: TimingConfig = 
     """Time a single callable with the same protocol (eager latency of a card)."""
     run = time_calls([fn], flush, cfg, before_round=before_round)
     return summarize(run.times[0]), run.throttled
+
+
+def time_copy(nbytes: int, device: torch.device, flush: L2Flusher, cfg: TimingConfig = TimingConfig(), *,
+              max_bytes: int | None = None) -> tuple[TimingStats, int]:
+    """The device's own copy (`Tensor.copy_`) of `nbytes` of traffic, half read and half written, timed
+    like eager alone: L2 flushed, rotating over `cfg.slots` source/destination pairs (fewer where
+    `max_bytes`, the memory they may take, does not hold them all). What a kernel that must move
+    `nbytes` could at best take on this GPU, measured rather than taken from a bandwidth figure."""
+    half = max(1, (int(nbytes) // 2 + 15) // 16)  # int4 words: 16 bytes each (read and write sizes equal)
+    pair = 2 * 16 * half
+    slots = max(1, min(cfg.slots, (max_bytes // pair) if max_bytes else cfg.slots))
+    bufs = [(torch.empty(half, 4, dtype=torch.int32, device=device),
+             torch.empty(half, 4, dtype=torch.int32, device=device)) for _ in range(slots)]
+    for src, _ in bufs:
+        src.fill_(7)  # first touch outside the timing
+    k = [0]
+
+    def before_round(r: int) -> None:
+        k[0] = abs(r) % len(bufs)
+
+    def call() -> None:
+        dst, src = bufs[k[0]][1], bufs[k[0]][0]
+        dst.copy_(src)
+
+    run = time_calls([call], flush, cfg, before_round=before_round)
+    return summarize(run.times[0]), run.throttled

@@ -144,7 +144,9 @@ def package(variants: list[ExportVariant], env: dict[str, Any], source: dict[str
         files[name] = c["source"].encode()
         vf["source"] = file_entry(name, files[name])
         lane = {"speedup": c.get("speedup"), "speedup_ci": [c.get("speedup_low"), c.get("speedup_high")],
-                "eager_us": c.get("eager_us"), "cast_us": c.get("best_us"), "timing": c.get("timing")}
+                "eager_us": c.get("eager_us"), "cast_us": c.get("best_us"), "timing": c.get("timing"),
+                # The card's references, timed in the lane as eager is (absent where not measured).
+                **{k: v.card[k] for k in ("compile_us", "copy_us") if v.card.get(k) is not None}}
         entries.append({
             "id": vid, "card_id": v.card["card_id"], "op": v.card["op"], "signature": v.card["signature"],
             "signature_text": v.card.get("signature_text", ""), "outputs": v.card["outputs"],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.cards import chain_dispatch, chain_inputs, chain_label
+from engine.cards import chain_dispatch, chain_inputs, chain_label, copy_fraction
 from engine.cast.format import CHAIN_OP
 from engine.outcomes import faster_with_confidence
 
@@ -103,6 +103,12 @@ def _sanitizer_lines(ev: dict[str, Any] | None) -> list[str]:
             f"(run on {ev.get('inputs', 'its inputs')})"]
 
 
+def copy_pct(us: float | None, copy_us: float | None) -> str:
+    """A kernel's time as a percentage of the lane's copy of its card's bytes ("118%"), or "–"."""
+    frac = copy_fraction(us, copy_us)
+    return "–" if frac is None else f"{100 * frac:.0f}%"
+
+
 def markdown_report(manifest: dict[str, Any], excluded: list[dict[str, Any]] | None = None) -> str:
     """What is in the cast, what it was proven on, and what was left out and why."""
     env = manifest["env"]
@@ -116,7 +122,7 @@ def markdown_report(manifest: dict[str, Any], excluded: list[dict[str, Any]] | N
              "Each variant runs only on calls whose arguments match its signature exactly (dtype, shape, "
              "strides, alignment, values); every other call goes to PyTorch's own kernel.", "",
              "| variant | op | signature | category | calls/fwd | eager µs | cast µs | confirmed speedup (95% CI) "
-             "| lane speedup |", "|---|---|---|---|---:|---:|---:|---:|---:|"]
+             "| lane speedup | torch.compile µs | % of copy |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for v in manifest["variants"]:
         conf = v["evidence"].get("confirmed") or {}
         lane = v["evidence"].get("lane") or {}
@@ -125,11 +131,16 @@ def markdown_report(manifest: dict[str, Any], excluded: list[dict[str, Any]] | N
                    (f"`{v['op']}`", f"`{v.get('signature_text', '')}`"))
         lines.append(f"| {v['id']} | {op} | {sig} | {v['category']} | "
                      f"{v.get('calls', '–')} | {_us(conf.get('eager_us'))} | {_us(conf.get('cast_us'))} | "
-                     f"{_ci(conf)} | {_ci(lane)} |")
+                     f"{_ci(conf)} | {_ci(lane)} | {_us(lane.get('compile_us'))} | "
+                     f"{copy_pct(lane.get('cast_us'), lane.get('copy_us'))} |")
     lines += ["", "Confirmed speedups are measured in a fresh process through the public op with the cast "
               "installed against the same op without it (L2 flushed before each call, calls alternated, "
               "bootstrap CI of the median ratio). A variant is included only if its lower bound is above 1 "
-              "and the GPU time it saves exceeds the host time its dispatch adds.", ""]
+              "and the GPU time it saves exceeds the host time its dispatch adds.", "",
+              "torch.compile µs is the card's op (or chain) compiled alone by torch.compile (Inductor) and timed "
+              "in the lane as eager is; % of copy is the kernel's lane time as a percentage of the lane's own "
+              "device copy of the bytes the card must move at least (100% is as fast as a copy); – where the "
+              "run did not measure them.", ""]
     routers = sorted({str((v["evidence"].get("confirmed") or {}).get("router")) for v in manifest["variants"]}
                      - {"None"})
     if routers:

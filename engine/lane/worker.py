@@ -1,7 +1,7 @@
 """The GPU worker: one process owning one GPU, answering lane requests one at a time.
 
 Requests: `hello` (the device), `load_card` (samples onto the GPU, once per worker), `time_eager`,
-`evaluate` (launch, verify, time, re-check). A fault that poisons the CUDA context is reported and the
+`time_copy` and `time_compiled` (the card's reference timings), `evaluate` (launch, verify, time, re-check). A fault that poisons the CUDA context is reported and the
 process exits (`WorkerFault`), so the client replaces it; a hang is the client's watchdog's business.
 """
 
@@ -21,7 +21,7 @@ import torch
 
 from engine.bench.floor import CHAIN_OP, GpuCompute, chain_bytes, launch_floor_us, physics_floor
 from engine.bench.stats import TimingStats
-from engine.bench.timing import L2Flusher, TimingConfig, copy_bandwidth, max_sm_clock_mhz
+from engine.bench.timing import L2Flusher, TimingConfig, copy_bandwidth, max_sm_clock_mhz, time_copy
 from engine.capture.samples import load_sample
 from engine.compile import compile_nvrtc
 from engine.lane.protocol import Rejected, WorkerFault, claim_stdout, serve, unb64
@@ -29,9 +29,11 @@ from engine.launch import Env, SpecError, parse_spec, resolve
 from engine.launch import cuda_driver as drv
 from engine.launch.launcher import CandidateLauncher, LaunchRejected
 from engine.resources import available_device_bytes
+from engine.verify.compare import compare_outputs
 from engine.verify.guard import Canaries, GuardViolation
-from engine.verify.pipeline import CardCheck, card_check
-from engine.verify.timed import TimedCandidate, against_control, audited_ab, time_eager_alone
+from engine.verify.inputs import clone_bound
+from engine.verify.pipeline import CardCheck, as_list, card_check
+from engine.verify.timed import TimedCandidate, against_control, audited_ab, time_alone, time_eager_alone
 
 _CUDA_ERROR_MARKERS = ("CUDA error", "CUDA driver error", "cudaError", "CUBLAS_STATUS", "device-side assert")
 
@@ -157,6 +159,47 @@ class Worker:
         roofline = card.bytes / self.copy_bw * 1e6 if card.bytes else None
         return {"eager": stats.__dict__, "throttled": throttled, "roofline_us": roofline}
 
+    def time_copy(self, p: dict[str, Any]) -> dict[str, Any]:
+        """This GPU's own copy of the card's floor bytes (read plus written), timed as eager alone is."""
+        card = self._card(p)
+        if not card.bytes:
+            raise Rejected("protocol", f"card {card.card_id}: no floor bytes to copy")
+        free = available_device_bytes(self.device, props=self.props)
+        stats, throttled = self._guarded(lambda: time_copy(card.bytes, self.device, self.flush,
+                                                           TimingConfig.from_json(p.get("timing")),
+                                                           max_bytes=free // 2))
+        return {"copy": stats.__dict__, "bytes": card.bytes, "throttled": throttled}
+
+    def time_compiled(self, p: dict[str, Any]) -> dict[str, Any]:
+        """The card's eager compiled by torch.compile (`mode`), checked against eager on the first sample
+        and timed as eager alone is. One torch.compile cannot take is `compile`, one that answers
+        differently from eager `mismatch`; the engine bounds the time this request may take."""
+        from engine.bench.compiled import MODE, compile_eager
+
+        card = self._card(p)
+        mode = p.get("mode") or MODE
+        t0 = time.perf_counter()
+        try:
+            torch._dynamo.reset()  # one card's graphs never count against the next one's recompile limit
+            fn = compile_eager(card.check.eager, card.samples[0], mode)
+            got = as_list(fn(clone_bound(card.samples[0])))
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - whatever Inductor raises is this card's reason, not the worker's
+            text = str(e).strip()
+            if any(m in text for m in _CUDA_ERROR_MARKERS):
+                raise WorkerFault("runtime-fault", text.splitlines()[0]) from None
+            raise Rejected("compile", f"torch.compile ({mode}) failed: {type(e).__name__}: "
+                           f"{(text.splitlines() or [''])[0][:300]}") from None
+        compile_s = time.perf_counter() - t0
+        want = as_list(card.check.eager(clone_bound(card.samples[0])))
+        # Values only: Inductor may lay an output out otherwise, which changes nothing about its time.
+        bad = [r for r in compare_outputs(_dense(got), _dense(want), card.check.tolerances(want)) if not r.ok]
+        if bad:
+            raise Rejected("mismatch", f"torch.compile ({mode}) answers differently from eager: {bad[0].message}")
+        stats, throttled = self._guarded(lambda: time_alone(card.check, fn, self.flush,
+                                                            TimingConfig.from_json(p.get("timing"))))
+        return {"compiled": stats.__dict__, "throttled": throttled, "mode": mode, "compile_s": compile_s}
+
     def evaluate(self, p: dict[str, Any]) -> dict[str, Any]:
         card = self._card(p)
         t0 = time.perf_counter()
@@ -269,6 +312,10 @@ class Worker:
             raise
 
 
+def _dense(outputs: list[Any]) -> list[Any]:
+    return [o.contiguous() if isinstance(o, torch.Tensor) else o for o in outputs]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Kernel Forge GPU lane worker (started by the engine)")
     ap.add_argument("--device", type=int, default=0)
@@ -278,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     proto = claim_stdout()  # before CUDA and torch start printing anything
     worker = Worker(args.device)
     return serve({"hello": worker.hello, "load_card": worker.load_card, "time_eager": worker.time_eager,
-                  "evaluate": worker.evaluate}, proto)
+                  "time_copy": worker.time_copy, "time_compiled": worker.time_compiled, "evaluate": worker.evaluate}, proto)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,27 @@ async def _cards_of(store: Store, workspace: Path, capture_id: str, *,
     return out
 
 
+async def _references(lane, store: Store, capture_id: str, cards: list[CardState], policy: SchedulePolicy,
+                      proposer, cfg: dict[str, Any], stages: StageProgress) -> None:
+    """After eager, each card's references, timed as eager is: the lane's copy of its bytes and (unless the
+    run says compile_ref false) its eager under torch.compile; only for cards eager was timed for."""
+    from engine.run.eager import COMPILE_TIMEOUT_S, measure_and_store_references
+
+    todo = [c.ref for c in cards if c.eager_us is not None and c.ref.samples and c.share >= policy.min_share
+            and proposer.supports(c.card) and c.card.copy_us is None and c.card.compile_us is None
+            and c.card.compile_note is None]
+    if not todo:
+        return
+    compile_ref = cfg.get("compile_ref", True)
+    what = "the copy of its bytes" + (" and torch.compile" if compile_ref else "")
+    stages.stage("references", f"timing {what} for {len(todo)} card(s)")
+    got = await measure_and_store_references(lane, store, capture_id, todo, compile=compile_ref,
+                                             timeout_s=cfg.get("compile_ref_timeout") or COMPILE_TIMEOUT_S)
+    compiled = sum(1 for r in got.values() if "median" in (r.get("compile") or {}))
+    stages.done("references", f"references timed for {len(todo)} card(s)" +
+                (f", torch.compile for {compiled}" if compile_ref else ", torch.compile skipped"))
+
+
 def nothing_proposed(cards: list[CardState]) -> str:
     """One line saying why a run proposed nothing: how many cards stopped for each reason."""
     by: dict[str, int] = {}
@@ -289,7 +310,10 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
         cfg = {"config": str(Path(args.config).resolve()), "iterations": settings.iterations,
                "strategy": settings.strategy, "dry_run": dry, "wall_s": settings.wall_s,
                "max_proposals": settings.max_proposals, "model": settings.model, "base_url": settings.base_url,
-               "max_cost_usd": settings.max_cost_usd, "max_tokens": settings.max_tokens, "ops": settings.ops}
+               "max_cost_usd": settings.max_cost_usd, "max_tokens": settings.max_tokens, "ops": settings.ops,
+               "compile_ref": not getattr(args, "no_compile_ref", False)}
+        if getattr(args, "compile_ref_timeout", None):
+            cfg["compile_ref_timeout"] = args.compile_ref_timeout
         if args.replay_run:
             cfg["replay_run"] = args.replay_run  # so that --resume replays the same run
         if getattr(args, "gpu", None):
@@ -381,6 +405,8 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
                 await measure_and_store_eager(eager_lane, store, capture_id, todo)
                 stages.done("eager", f"eager timed for {len(todo)} card(s)")
                 cards = await _cards_of(store, workspace, capture_id)
+            await _references(eager_lane, store, capture_id, cards, policy, proposer, cfg, stages)
+            cards = await _cards_of(store, workspace, capture_id)
         for c in cards:
             if not selected(c.card):
                 c.done_reason = "not-selected"

@@ -1,13 +1,20 @@
-"""The run's eager baselines: a lane measures each card's eager latency, the run writes it on the card."""
+"""The run's eager baselines: a lane measures each card's eager latency, the run writes it on the card;
+then the card's two references beside eager, timed the same way: the lane's copy of its bytes, and its
+eager under torch.compile."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
+from typing import Any
 
 from engine.cards import CardRef
 from engine.lane.client import GpuLane
-from engine.lane.eager import measure_eager
+from engine.lane.eager import measure_compiled, measure_copy, measure_eager
 from engine.store import Store
+
+COMPILE_TIMEOUT_S = 120.0      # one card's torch.compile (max-autotune included), compile and timing
+COMPILE_BUDGET_S = 900.0       # all cards' together: past it the rest say so instead of compiling
 
 
 async def measure_and_store_eager(lane: GpuLane, store: Store, capture_id: str,
@@ -24,3 +31,36 @@ async def measure_and_store_eager(lane: GpuLane, store: Store, capture_id: str,
         await store.update_card_eager(capture_id, card_id, eager["median"], r.get("roofline_us"),
                                       {**eager, "throttled": r.get("throttled", 0)})
     return results
+
+
+async def measure_and_store_references(lane: GpuLane, store: Store, capture_id: str, cards: Iterable[CardRef], *,
+                                       compile: bool = True, mode: str | None = None,
+                                       timeout_s: float = COMPILE_TIMEOUT_S,
+                                       budget_s: float = COMPILE_BUDGET_S) -> dict[str, dict[str, Any]]:
+    """Time each card's references in `lane` and store them: copy_us always (where the card has floor
+    bytes), compile_us when `compile` (each compile bounded by `timeout_s`, all by `budget_s`). A card
+    torch.compile cannot take keeps the reason in its ref_stats ("no compile reference (reason)").
+
+    Returns {card_id: {'copy': payload or {'error'}, 'compile': payload or {'error'} (when asked)}}."""
+    cards = list(cards)
+    copies = await measure_copy(lane, cards)  # the worker knows the bytes (a chain card's are its own count)
+    out: dict[str, dict[str, Any]] = {}
+    t0 = time.monotonic()
+    for card in cards:
+        stats: dict[str, Any] = {}
+        copy = copies[card.card_id]
+        stats["copy"] = ({**copy["copy"], "bytes": copy["bytes"], "throttled": copy.get("throttled", 0)}
+                         if "copy" in copy else {"error": copy["error"]})
+        if compile:
+            if time.monotonic() - t0 > budget_s:
+                got: dict[str, Any] = {"error": f"the run's {budget_s:.0f} s for compile references was spent"}
+            else:
+                got = await measure_compiled(lane, card, mode=mode, timeout_s=timeout_s)
+            stats["compile"] = ({**got["compiled"], "mode": got.get("mode"), "compile_s": got.get("compile_s"),
+                                 "throttled": got.get("throttled", 0)} if "compiled" in got
+                                else {"error": got["error"]})
+        out[card.card_id] = stats
+        await store.update_card_refs(capture_id, card.card_id,
+                                     compile_us=(stats.get("compile") or {}).get("median"),
+                                     copy_us=stats["copy"].get("median"), ref_stats=stats)
+    return out

@@ -34,6 +34,10 @@ def card_summaries(o: Orchestrator) -> list[dict[str, Any]]:
             "signature_detail": card.card.signature, "calls": card.card.calls, "share": card.share,
             "eager_us": best.eager_us if best else card.eager_us, "best_us": best.best_us if best else None,
             "speedup": best.speedup if best else None,
+            # The references beside eager (null where not measured): torch.compile of the op alone, and the
+            # lane's copy of the card's bytes (best_us / copy_us: how near the kernel is to a copy).
+            "compile_us": card.card.compile_us, "copy_us": card.card.copy_us,
+            "compile_note": card.card.compile_note,
             "speedup_ci": list(best.speedup_ci) if best and best.speedup_ci else None,
             "candidates": len(recs),
             "compiled": sum(1 for r in recs if r.status in ("verified", "compiled") or

@@ -196,12 +196,25 @@ _V3 = "ALTER TABLE candidates ADD COLUMN focus TEXT;\n" + (
 # and member card ids in `cards.chain`, JSON text written by OperatorCard.row(); NULL for an op card.
 _V4 = "ALTER TABLE cards ADD COLUMN chain TEXT;\n"
 
+# ---- card reference timings (branch cardrefs) ---------------------------------------------------------
+# v5: a card's two reference timings beside eager, measured by a lane as eager is: `compile_us`, the
+# card's eager compiled by torch.compile (Inductor) alone; `copy_us`, the lane's own device copy of the
+# card's floor bytes. `ref_stats` (JSON) holds their stats, the compile mode and seconds, and the reason
+# where there is no compile reference ({"compile": {"error": …}}). NULL where not measured (older runs).
+_V5_CARD_REFS = """
+ALTER TABLE cards ADD COLUMN compile_us REAL;
+ALTER TABLE cards ADD COLUMN copy_us REAL;
+ALTER TABLE cards ADD COLUMN ref_stats TEXT;
+"""
+# ---- end card reference timings ------------------------------------------------------------------------
+
 # Append only: never edit a released entry, add (N + 1, "ALTER ...") instead.
 MIGRATIONS: list[tuple[int, str]] = [
     (1, _V1),
     (2, _V2),
     (3, _V3),
     (4, _V4),
+    (5, _V5_CARD_REFS),
 ]
 
 

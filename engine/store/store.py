@@ -25,7 +25,7 @@ from engine.store import schema
 # Columns holding JSON text; encoded/decoded only by `row_from_dict` / `row_to_dict`.
 JSON_COLUMNS: dict[str, frozenset[str]] = {
     "captures": frozenset({"notes", "skipped"}),
-    "cards": frozenset({"signature", "module_paths", "eager_stats", "outputs"}),
+    "cards": frozenset({"signature", "module_paths", "eager_stats", "outputs", "ref_stats"}),
     "runs": frozenset({"config"}),
     "candidates": frozenset({"launch_spec", "verification", "timing", "params"}),
     "evaluations": frozenset({"verdict"}),
@@ -380,6 +380,28 @@ class Store:
                 "UPDATE cards SET eager_us = ?, roofline_us = ?, eager_stats = ? "
                 "WHERE capture_id = ? AND card_id = ?",
                 (eager_us, roofline_us, values["eager_stats"], capture_id, card_id),
+            )
+            changed = cursor.rowcount
+            await cursor.close()
+        if changed == 0:
+            raise KeyError(f"no card {card_id!r} in capture {capture_id!r}")
+
+    async def update_card_refs(
+        self,
+        capture_id: str,
+        card_id: str,
+        *,
+        compile_us: float | None,
+        copy_us: float | None,
+        ref_stats: Mapping[str, Any] | None,
+    ) -> None:
+        """Record a card's reference timings (torch.compile, the lane's copy of its bytes) and their stats;
+        KeyError if the card does not exist."""
+        values = row_from_dict("cards", {"ref_stats": ref_stats})
+        async with self._transaction() as conn:
+            cursor = await conn.execute(
+                "UPDATE cards SET compile_us = ?, copy_us = ?, ref_stats = ? WHERE capture_id = ? AND card_id = ?",
+                (compile_us, copy_us, values["ref_stats"], capture_id, card_id),
             )
             changed = cursor.rowcount
             await cursor.close()

@@ -15,7 +15,8 @@ burst of calls on the same pointers. So every timed call here is made the way ve
   and the canaries around every buffer must be intact (else `overrun`).
 
 `time_eager_alone` times eager by itself with the same rotation: the control that a candidate did not
-make eager slower beside it.
+make eager slower beside it; `time_alone` times any other function of the card's inputs that way (the
+torch.compile reference).
 """
 
 from __future__ import annotations
@@ -210,13 +211,20 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
 
 def time_eager_alone(check: CardCheck, flush: L2Flusher, cfg: TimingConfig = TimingConfig()) -> tuple[TimingStats, int]:
     """Eager by itself, rotating over its own input slots as in `audited_ab` (values fixed)."""
+    return time_alone(check, check.eager, flush, cfg)
+
+
+def time_alone(check: CardCheck, fn: Callable[[Bound], Any], flush: L2Flusher,
+               cfg: TimingConfig = TimingConfig()) -> tuple[TimingStats, int]:
+    """`fn` (eager, or a reference such as eager under torch.compile) by itself on the card's inputs,
+    rotating over its own input slots as eager's control does (values fixed)."""
     slots = [clone_bound(b) for b in _slot_bases(check, cfg.slots)]
     k = [0]
 
     def before_round(r: int) -> None:
         k[0] = abs(r) % len(slots)
 
-    run = time_calls([lambda: check.eager(slots[k[0]])], flush, cfg, before_round=before_round)
+    run = time_calls([lambda: fn(slots[k[0]])], flush, cfg, before_round=before_round)
     return summarize(run.times[0]), run.throttled
 
 

@@ -20,15 +20,19 @@ COLUMNS = [
     ("best µs", lambda c: c.best_us or 1e18, lambda c: fmt.us(c.best_us)),
     ("share", lambda c: c.share, lambda c: fmt.share(c.share)),
     ("eager µs", lambda c: c.eager_us or 0, lambda c: fmt.us(c.eager_us)),
+    ("compile µs", lambda c: c.compile_us or 0, lambda c: fmt.us(c.compile_us)),
     ("calls", lambda c: c.calls, lambda c: fmt.calls(c.calls)),
     ("roof", lambda c: c.roofline_pct or 0, lambda c: fmt.pct(c.roofline_pct)),
+    # The best kernel's time (eager's until one is verified) over the lane's copy of the card's bytes.
+    ("÷copy", lambda c: c.copy_pct or 0, lambda c: fmt.pct(c.copy_pct)),
     ("cands", lambda c: c.candidates, lambda c: str(c.candidates)),
     ("fails", lambda c: c.failures, lambda c: Text(str(c.failures), style="red" if c.failures else "")),
     ("signature", lambda c: c.detail, lambda c: c.detail[:48]),
 ]
 # `s` cycles the sort through the columns in this order (unchanged when the display order changed).
 SORTS = [next(col for col in COLUMNS if col[0] == name) for name in (
-    "op", "signature", "calls", "share", "eager µs", "best µs", "speedup", "roof", "status", "cands", "fails")]
+    "op", "signature", "calls", "share", "eager µs", "compile µs", "best µs", "speedup", "roof", "÷copy", "status",
+    "cands", "fails")]
 DEFAULT_SORT = 3  # share: where the time goes
 OP_CHARS = 44  # a chain card's member list is cut here in the table; its card view shows it whole
 

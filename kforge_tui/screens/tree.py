@@ -77,8 +77,13 @@ class TreeScreen(KforgeScreen):
         card = self.app.model.cards.get(self.card_id)
         if card is None:
             return Text(self.card_id)
+        refs = ""
+        if card.compile_us:
+            refs += f"  torch.compile {fmt.us(card.compile_us)} µs"
+        if card.copy_us:
+            refs += f"  copy {fmt.us(card.copy_us)} µs"
         return Text.assemble((card.label if card.chain is not None else card.op, "bold"),
-                             f"  eager {fmt.us(card.eager_us)} µs  {card.detail}")
+                             f"  eager {fmt.us(card.eager_us)} µs{refs}  {card.detail}")
 
     def on_mount(self) -> None:
         tree = self.query_one("#tree", Tree)
@@ -183,7 +188,8 @@ class TreeScreen(KforgeScreen):
         self.query_one("#tree-bar", Static).update(f"{self.card_id} · {n} nodes, {failed} failed · {best_txt}")
         card = self.app.model.cards.get(self.card_id)
         self.query_one("#tree-chart", Chart).set_draw(
-            draw_card_us(card_series(self.rows.values()), card.eager_us if card else None))
+            draw_card_us(card_series(self.rows.values()), card.eager_us if card else None,
+                         card.compile_us if card else None))
 
     def _best(self) -> CandidateHead | None:
         ok = [r for r in self.rows.values() if r.status == "verified" and r.best_us]
