@@ -106,6 +106,8 @@ def main() -> int:
     ap.add_argument("--max-proposals", type=int, default=1,
                     help="requests in flight at once (default 1: each card's prompts in the fixture's order)")
     ap.add_argument("--wall-time", type=float, default=200, help="seconds for the whole run (default 200)")
+    ap.add_argument("--compile-ref-timeout", type=float, default=30,
+                    help="seconds for each card's torch.compile reference (default 30; the charts' compile line)")
     ap.add_argument("--dry-run", action="store_true", help="compile only (no GPU): check the answers here")
     ap.add_argument("--device", choices=("cpu", "cuda"), help="where to capture (default: the run's default)")
     args = ap.parse_args()
@@ -117,7 +119,7 @@ def main() -> int:
     cmd = [sys.executable, "-m", "kforge_tui", "run", str(args.config), "--small", "--no-tui", "--json",
            "--provider", "anthropic", "--base-url", f"http://127.0.0.1:{port}", "--model", MODEL_NAME,
            "--iterations", str(args.iterations), "--max-proposals", str(args.max_proposals),
-           "--wall-time", f"{args.wall_time:g}",
+           "--wall-time", f"{args.wall_time:g}", "--compile-ref-timeout", f"{args.compile_ref_timeout:g}",
            "--workspace", str(workspace)]
     if args.dry_run:
         cmd.append("--dry-run")

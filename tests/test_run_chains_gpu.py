@@ -84,7 +84,7 @@ def test_module_card_runs_in_eager_and_as_a_pattern_under_compile(cli, capsys, t
     (tmp_path / "rms_stack.py").write_text(MODEL_PY)
     (tmp_path / "rms_stack.toml").write_text(MODEL_TOML)
     ws = tmp_path / "ws"
-    code, out, err = cli("run", tmp_path / "rms_stack.toml", "--no-tui", "--iterations", "6", "--json",
+    code, out, err = cli("run", tmp_path / "rms_stack.toml", "--no-tui", "--iterations", "6", "--json", "--no-compile-ref",
                          "--workspace", ws)
     assert code == 0, err
     doc = _document(out, err, "run")
