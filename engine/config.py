@@ -231,7 +231,14 @@ def resolve_builder(config: ModelConfig):
                 raise UsageError(f"{config.path}: key 'builder': file {file} not found")
             spec = importlib.util.spec_from_file_location(f"kforge_user_model_{file.stem}", file)
             module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
+            # Registered as imported: torch.compile (Dynamo) looks the model's classes up by module name,
+            # and a module missing from sys.modules failed the whole-model check under compile on the H200.
+            sys.modules[spec.name] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                sys.modules.pop(spec.name, None)
+                raise
         else:
             module = importlib.import_module(mod_name)
     except UsageError:

@@ -137,3 +137,17 @@ def test_timing_config_from_a_request():
     assert (cfg.max_seconds, cfg.min_reps) == (0.3, 50)  # keys that are not timing settings are ignored
     assert cfg.target_rel_err == TimingConfig().target_rel_err
     assert TimingConfig.from_json(None) == TimingConfig.from_json({}) == TimingConfig()
+
+
+def test_ab_time_stopped_before_any_round_was_kept_gives_no_estimate(monkeypatch):
+    """A candidate caught in the first batch (after_batch stops the timing) whose rounds were all dropped
+    as late left no timings; the speedup CI raised 'no eager samples' and the lane filed a cheating
+    kernel as an internal error (the H200 demo recording, 2026-12-01). Now the timing says 'no estimate'
+    and the check's own finding stands."""
+    import math
+
+    from engine.bench import timing
+
+    monkeypatch.setattr(timing, "time_calls", lambda *a, **k: timing.CallTimes([[], []], 0, 0.2, 8, 100.0))
+    ab = timing.ab_time(lambda: None, lambda: None, flush=None, after_batch=lambda: True)
+    assert ab.reps == 0 and math.isnan(ab.speedup) and ab.eager.n == 0

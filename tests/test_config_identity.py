@@ -84,3 +84,24 @@ def test_builder_file_unreadable_is_one_line(cli, tmp_path):
     (tmp_path / "net.py").mkdir()  # there, but not a file one can read
     code, out, err = cli("capture", cfg, "--small", "--device", "cpu", "--workspace", tmp_path / "ws")
     assert_one_line_error(code, out, err, "net.py", "not a file")
+
+
+def test_a_builder_files_classes_can_be_found_by_module_name(tmp_path):
+    """torch.compile (and pickling) look a model's classes up by their module's name: the builder file is
+    registered as imported. (On the H200 the whole-model check under compile of a user-file model failed
+    with "No module named 'kforge_user_model_rms_stack'".)"""
+    import pickle
+
+    import torch
+
+    from engine.config import build_target, load_config
+
+    (tmp_path / "um.py").write_text(
+        "import torch\nfrom torch import nn\n\nclass Net(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.lin = nn.Linear(8, 8)\n\n    def forward(self, x):\n"
+        "        return self.lin(x)\n\ndef build(device, dtype):\n"
+        "    return Net().to(device=device, dtype=dtype), (torch.randn(2, 8, device=device, dtype=dtype),)\n")
+    (tmp_path / "um.toml").write_text('name = "um"\nbuilder = "um.py:build"\n[dtype]\ncpu = "float32"\n')
+    target = build_target(load_config(tmp_path / "um.toml"), torch.device("cpu"))
+    again = pickle.loads(pickle.dumps(target.module))
+    assert type(again).__name__ == "Net" and type(again).__module__ == type(target.module).__module__

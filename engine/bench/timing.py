@@ -258,6 +258,12 @@ def ab_time(eager: Callable[[], Any] | Arm, candidate: Callable[[], Any] | Arm, 
     """Time eager against the candidate, alternated, and estimate the speedup with a paired CI."""
     run = time_calls([eager, candidate], flush, cfg, before_round=before_round, after_batch=after_batch)
     e_us, c_us = run.times
+    if not e_us or not c_us:  # `after_batch` stopped the timing before a round was kept: no estimate
+        nan = float("nan")
+        empty = TimingStats(n=0, median=nan, iqr=nan, q1=nan, q3=nan, min=nan, max=nan, mean=nan,
+                            rel_err_median=nan)
+        return ABResult(empty, empty, nan, nan, nan, 0, run.throttled, run.seconds, e_us, c_us, run.starved,
+                        run.lead_us)
     est = speedup_ci(e_us, c_us, paired=True)
     return ABResult(summarize(e_us), summarize(c_us), est.speedup, est.low, est.high, len(e_us),
                     run.throttled, run.seconds, e_us, c_us, run.starved, run.lead_us)
