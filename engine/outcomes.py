@@ -85,6 +85,10 @@ RUN_STOP_REASONS: dict[str, str] = {
 # Commands a viewer can queue for a running search (controls.command).
 CONTROL_COMMANDS = ("pause", "resume", "stop", "prioritize")
 
+# How a recorded export (exports.status) ended: the cast written; refused or broken with no cast written;
+# stopped by Ctrl-C before the cast was written.
+EXPORT_STATUSES = ("written", "failed", "interrupted")
+
 # ---- cards ---------------------------------------------------------------------------------------------
 
 # Why a card gets no more iterations (the `reason` of its card_done / card_skipped event).

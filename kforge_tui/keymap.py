@@ -78,6 +78,9 @@ FAILURES = [
     B("left_square_bracket", "category(-1)", "Prev category", "failures.prev"),
     B("a", "category(0)", "All", "failures.all"),
 ]
+OVERVIEW = [B("e", "exports", "Exports", "overview.exports",
+              tooltip="Exports of the run, per target")]
+EXPORTS = [B("escape", "back", "Back", "exports.back")]
 COMPARE = [B("a", "all_runs", "All runs", "compare.all", show=False)]
 LATENCY = [B("escape", "back", "Back", "latency.back")]
 
@@ -95,7 +98,7 @@ def check_keymap(keymap: object, where: str) -> dict[str, str]:
     """A `[keymap]` table checked: binding ids this TUI has, mapped to key strings; ValueError naming `where`."""
     if not isinstance(keymap, dict) or not all(isinstance(v, str) for v in keymap.values()):
         raise ValueError(f"{where}: [keymap] must map binding ids to key strings, e.g. \"app.pause\" = \"P\"")
-    known = {b.id for group in (APP, CARDS, TREE, DETAIL, FAILURES, COMPARE, LATENCY) for b in group}
+    known = {b.id for group in (APP, CARDS, TREE, DETAIL, FAILURES, OVERVIEW, EXPORTS, COMPARE, LATENCY) for b in group}
     unknown = sorted(set(keymap) - known)
     if unknown:
         raise ValueError(f"{where}: unknown binding id(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")

@@ -416,6 +416,13 @@ class ReadModel:
             return ""
         return describe_change(d.get("params"), p.get("params") if p else None, d.get("intent"), p is not None)
 
+    # ---- exports -------------------------------------------------------------------------------------
+
+    def exports(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's recorded exports (`kforge-tui export`), newest first."""
+        with self._lock:
+            return read.exports(self._conn, run_id)
+
     # ---- compare -------------------------------------------------------------------------------------
 
     def compare(self, run_ids: Iterable[str]) -> list[dict[str, Any]]:

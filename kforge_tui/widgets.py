@@ -26,13 +26,17 @@ def same_content(a: Any, b: Any) -> bool:
 
 class KforgeScreen(Screen):
     """A screen whose footer (and help panel) lists help, theme and quit first, so a narrow terminal,
-    which cuts the footer on the right, always shows them."""
+    which cuts the footer on the right, always shows them; binding ids in `FOOTER_LAST` come after the
+    app's keys (a screen key that must not push `g` charts off an 80-column footer)."""
+
+    FOOTER_LAST: tuple[str, ...] = ()
 
     @property
     def active_bindings(self) -> dict[str, ActiveBinding]:
         active = super().active_bindings
         first = {k: a for k, a in active.items() if a.binding.id in ESSENTIAL}
-        return {**first, **{k: a for k, a in active.items() if k not in first}}
+        last = {k: a for k, a in active.items() if a.binding.id in self.FOOTER_LAST and k not in first}
+        return {**first, **{k: a for k, a in active.items() if k not in first and k not in last}, **last}
 
 
 class LiveBar(Static):

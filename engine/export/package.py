@@ -8,6 +8,7 @@ and write the final cast with only the variants the confirmation kept.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import subprocess
 import sys
@@ -244,6 +245,24 @@ def parse_targets(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+@dataclass
+class ExportLog:
+    """What an export has done so far, for its row in the store (`exports`, written once when it ends)."""
+
+    out: Path
+    targets: list[str]
+    options: dict[str, Any]
+    started_at: float = field(default_factory=time.time)
+    run_id: str | None = None  # set once the run is resolved: an export refused before that is not recorded
+    env: dict[str, Any] = field(default_factory=dict)
+    source: dict[str, Any] = field(default_factory=dict)  # the manifest's `source`, model checks included
+    excluded: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)  # ids of the variants the whole-model check started from
+    kept: list[ExportVariant] = field(default_factory=list)  # the variants in the written cast
+    cast_sha256: str | None = None  # set only once the cast is on disk
+
+
 def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[str, Any] | None = None,
                progress: Callable[[str], None] = lambda m: None, model_check: bool = True,
                cuda_graphs: bool = False, sanitize: bool = False,
@@ -255,7 +274,92 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
     cuda-graphs with `cuda_graphs`): the whole-model check runs once per target, and a variant is kept
     where some target's check keeps it; the manifest says which targets each variant was proven for.
     `also_archs` (e.g. ['sm_121']): each kept kernel is also compiled for these GPUs and shipped as an
-    unproven cubin, which a loader there uses only after `audit --verify` and `load(…, unproven_ok=True)`."""
+    unproven cubin, which a loader there uses only after `audit --verify` and `load(…, unproven_ok=True)`.
+
+    Once the run is resolved, the export is recorded in the workspace when it ends (`exports`): written,
+    failed (with why) or interrupted, in one row written in one transaction."""
+    targets = list(targets or ["cuda-graphs" if cuda_graphs else "eager"])
+    log = ExportLog(out, targets, {"model_check": model_check, "sanitize": sanitize,
+                                   "also_archs": list(also_archs or [])})
+    try:
+        result = _export_run(workspace, run_id, out, log, timing=timing, progress=progress,
+                             model_check=model_check, sanitize=sanitize, sanitize_timeout_s=sanitize_timeout_s,
+                             also_archs=also_archs)
+    except KeyboardInterrupt:
+        # Written means written: a Ctrl-C after the cast was on disk does not undo it.
+        _record(workspace, log, "written" if log.cast_sha256 else "interrupted",
+                None if log.cast_sha256 else "interrupted (Ctrl-C) before the cast was written")
+        raise
+    except BaseException as e:
+        _record(workspace, log, "written" if log.cast_sha256 else "failed", None if log.cast_sha256 else
+                str(e) or type(e).__name__)
+        raise
+    why = _record(workspace, log, "written", None)
+    if why:
+        result.warnings.append(why)
+    return result
+
+
+def export_record(log: ExportLog, status: str, error: str | None) -> dict[str, Any]:
+    """The `exports` row of an export as `log` holds it (pure: the tests build it without a GPU)."""
+    checks_by_target = log.source.get("model_checks") or {}
+    overall = log.source.get("model_check")  # the one check that stands for every target (none, failed)
+    in_cast = log.kept if status == "written" else []
+    checks = []
+    for t in log.targets:
+        check = checks_by_target.get(t) if checks_by_target else overall
+        if check is None and not log.options.get("model_check", True):
+            check = {"mode": "none", "reason": "--no-model-check"}
+        kept = [v.vid for v in in_cast if v.targets is None or t in v.targets]
+        dropped = [{"id": vid, "reason": _dropped_reason(vid, check)} for vid in log.checked if vid not in kept]
+        checks.append({"target": t, **(check or {"mode": "not reached"}), "kept": kept, "dropped": dropped})
+    variants = [{"id": v.vid, "op": v.card["op"], "card_id": v.card["card_id"], "targets": v.targets,
+                 **{k: (v.confirmed or {}).get(k) for k in ("speedup", "speedup_ci", "net_us")}} for v in in_cast]
+    return {"run_id": log.run_id, "started_at": log.started_at, "finished_at": time.time(), "status": status,
+            "out_path": str(Path(log.out).absolute()), "cast_sha256": log.cast_sha256 if status == "written" else None,
+            "targets": list(log.targets), "checks": checks, "variants": variants, "excluded": list(log.excluded),
+            "warnings": list(log.warnings), "options": dict(log.options),
+            "env": {k: log.env.get(k) for k in ("gpu", "arch", "torch", "cuda") if k in log.env},
+            "error": error}
+
+
+def _dropped_reason(vid: str, check: dict[str, Any] | None) -> str:
+    """Why a target's whole-model check did not keep a variant that entered it."""
+    if not check or (check.get("speedup") is None and not check.get("tried") and not check.get("refused")):
+        return "the check did not run to the end"
+    if check.get("refused"):
+        return str(check["refused"])
+    with_it = [t for t in check.get("tried") or [] if vid in (t.get("variants") or [])]
+    if not with_it:
+        return "in no variant set the check tried"
+    try:
+        smallest = tried_summary(with_it[-1])
+    except (KeyError, TypeError, IndexError):
+        smallest = f"{len(with_it[-1].get('variants') or [])} variant(s)"
+    return f"the model was slower (or its output rejected) with every set that held it; the smallest: {smallest}"
+
+
+def _record(workspace: Path, log: ExportLog, status: str, error: str | None) -> str | None:
+    """Write the export's row; None when written, else why not (the export's own outcome stands)."""
+    if log.run_id is None:
+        return None
+    row = export_record(log, status, error)
+
+    async def write() -> None:
+        from engine.store import Store, db_path
+
+        async with await Store.open(db_path(workspace)) as store:
+            await store.add_export(row)
+    try:
+        asyncio.run(write())
+    except Exception as e:  # a locked or read-only workspace must not turn a written cast into an error
+        return f"the export was not recorded in the workspace ({type(e).__name__}: {e})"
+    return None
+
+
+def _export_run(workspace: Path, run_id: str | None, out: Path, log: ExportLog, *, timing: dict[str, Any] | None,
+                progress: Callable[[str], None], model_check: bool, sanitize: bool,
+                sanitize_timeout_s: float | None, also_archs: list[str] | None) -> ExportResult:
     import torch
 
     from engine.cast.compat import current_env
@@ -272,14 +376,16 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
     run, cards, cands, samples = asyncio.run(_load_run(workspace, run_id))
     if run is None:
         raise UsageError(f"export: {'no run ' + repr(run_id) if run_id else 'no runs'} in {workspace}")
-    env = current_env()
+    log.run_id = run["id"]
+    env = log.env = current_env()
     chosen, excluded = select_winners(cards, cands)
+    log.excluded = excluded
     if not chosen:
         raise JobError(f"export: run {run['id']} has no verified candidate faster than eager with confidence; "
                        "nothing to export")
     compiler = Compiler(default_cache_dir(workspace), "nvrtc", arch=env["arch"])
     variants = []
-    warnings_early: list[str] = []
+    warnings = log.warnings
     for card, cand in chosen:
         res = compiler.compile(cand["source"])
         if not res.ok:
@@ -294,7 +400,7 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
             if extra.ok and extra.cubin:
                 v.extra_cubins[arch] = extra.cubin
             else:
-                warnings_early.append(f"{card['op']} {card['card_id'][:8]}: does not compile for {arch} "
+                warnings.append(f"{card['op']} {card['card_id'][:8]}: does not compile for {arch} "
                                       f"({extra.summary()}); the cast carries no cubin for it")
         why = format_problem(v, env, {})
         if why:
@@ -302,7 +408,9 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
             continue
         variants.append(v)
     progress(f"confirming {len(variants)} variant(s) in a fresh process")
-    source = {"run": run["id"], "model": run["model"], "provider": run["provider"], "capture": run["capture_id"]}
+    source = log.source
+    source.update({"run": run["id"], "model": run["model"], "provider": run["provider"],
+                   "capture": run["capture_id"]})
     with tempfile.TemporaryDirectory(prefix="kforge-export-") as tmp:
         cand_path = Path(tmp) / "candidate.cast"
         manifest, files, report = package(variants, env, source)
@@ -323,7 +431,6 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
     if not kept:
         raise JobError(f"export: no variant kept its speedup through the public op in a fresh process "
                        f"({len(variants)} tried); nothing written")
-    warnings: list[str] = list(warnings_early)
     if sanitizer is not None:
         n, before = len(kept), len(excluded)
         kept = sanitize_kept(kept, env, source, excluded, sanitizer, sanitize_timeout_s, progress, warnings.append)
@@ -333,10 +440,17 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
                            "nothing written")
     cap = run.get("capture_row") or {}
     config = cap.get("config_path")
-    targets = targets or ["cuda-graphs" if cuda_graphs else "eager"]
+    targets = log.targets
+    if model_check and config and Path(config).is_file():
+        log.checked = [v.vid for v in kept]
     if model_check and config and Path(config).is_file() and len(targets) == 1:
-        kept = _model_check(kept, env, source, excluded, config, bool(cap.get("small")), targets[0], progress,
-                            warnings.append)
+        try:
+            kept = _model_check(kept, env, source, excluded, config, bool(cap.get("small")), targets[0], progress,
+                                warnings.append)
+        except JobError as e:  # the check refused every set: the record says so for its target
+            source["model_checks"] = {targets[0]: {**(source.get("model_check") or {"mode": targets[0]}),
+                                                   "refused": str(e)}}
+            raise
         for v in kept:
             v.targets = list(targets)
         source["model_checks"] = {targets[0]: source.get("model_check")}
@@ -347,7 +461,9 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
         warnings.append(f"no whole-model check: the run's config {config!r} is not readable here")
         source["model_check"] = {"mode": "none", "reason": f"config {config!r} not readable at export"}
     manifest, files, report = package(kept, env, source, excluded)
-    write_cast(out, manifest, files, report)
+    log.kept = kept
+    data = write_cast(out, manifest, files, report)
+    log.cast_sha256 = hashlib.sha256(data).hexdigest()
     return ExportResult(out, [{"id": v.vid, "op": v.card["op"], **(v.confirmed or {}), "targets": v.targets}
                               for v in kept], excluded, warnings, source.get("model_check"),
                         source.get("model_checks"))

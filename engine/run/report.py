@@ -164,6 +164,7 @@ def run_summaries(db_path: Any, refs: list[str] | None = None) -> list[dict[str,
                 "best_speedup": max(speedups, default=None), "cards_improved": len(speedups),
                 "tokens": (r.get("tokens_in") or 0) + (r.get("tokens_out") or 0),
                 "cost_usd": round(r.get("cost_usd") or 0.0, 6),
+                "exported": export_summary(store_read.latest_export(conn, r["id"])),
             })
         return out
     except sqlite3.DatabaseError as e:  # the header was readable, a table is not: the file is damaged
@@ -174,6 +175,24 @@ def run_summaries(db_path: Any, refs: list[str] | None = None) -> list[dict[str,
         raise
     finally:
         conn.close()
+
+
+def export_summary(row: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The run's latest recorded export in brief: when, how it ended, the cast, and per target asked the
+    whole-model speedup (None where that target's check refused or did not measure); None if never exported."""
+    if row is None:
+        return None
+    checks = [c for c in row.get("checks") or [] if isinstance(c, dict)]
+    return {"at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(row["finished_at"])), "status": row["status"],
+            "out": row.get("out_path"), "speedup": {c.get("target"): c.get("speedup") for c in checks}}
+
+
+def _export_cell(e: dict[str, Any] | None) -> str | None:
+    if e is None:
+        return None
+    if e["status"] != "written":
+        return e["status"]
+    return ", ".join(f"{t} {'–' if s is None else f'{s:.2f}×'}" for t, s in e["speedup"].items()) or "written"
 
 
 def _plain_table(rows: list[dict[str, Any]], cols: list[tuple[str, str]]) -> str:
@@ -212,13 +231,16 @@ def cmd_compare(args: Any, workspace: Any) -> int:
               ("status", "status"), ("stopped by", "stopped_by"), ("started", "started"),
               ("candidates", "candidates"), ("compiled", "compiled"), ("verified", "verified"),
               ("failed", "failed"), ("cards improved", "cards_improved"), ("best speedup", "best_speedup"),
-              ("tokens", "tokens"), ("cost USD", "cost_usd")]
+              ("exported (whole model)", "exported"), ("tokens", "tokens"), ("cost USD", "cost_usd")]
     # One column per run: the rows are the facts, as the TUI's compare reads.
     table = [{"fact": label, **{r["id"]: r.get(k) for r in rows}} for label, k in fields]
     for t, (_, k) in zip(table, fields):
         if k == "best_speedup":
             for r in rows:
                 t[r["id"]] = "–" if r.get(k) is None else f"{r[k]:.2f}×"
+        elif k == "exported":
+            for r in rows:
+                t[r["id"]] = _export_cell(r.get(k))
     print(_plain_table([{**t, **{rid: ("–" if v is None else v) for rid, v in t.items()}} for t in table],
                        [("", "fact")] + [(r["id"], r["id"]) for r in rows]))
     return 0

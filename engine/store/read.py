@@ -226,6 +226,31 @@ def last_event_ts(conn: sqlite3.Connection, run_id: str) -> float | None:
     return conn.execute("SELECT max(ts) FROM events WHERE run_id = ?", (run_id,)).fetchone()[0]
 
 
+# ---- exports ----------------------------------------------------------------------------------------------------
+
+
+def exports(conn: sqlite3.Connection, run_id: str) -> list[dict[str, Any]]:
+    """A run's recorded exports (`kforge-tui export`), newest first; [] in a workspace whose schema
+    predates them (a viewer never migrates)."""
+    if not _has_table(conn, "exports"):
+        return []
+    return _rows("exports", conn.execute(
+        "SELECT * FROM exports WHERE run_id = ? ORDER BY finished_at DESC, rowid DESC", (run_id,)))
+
+
+def latest_export(conn: sqlite3.Connection, run_id: str) -> dict[str, Any] | None:
+    """The run's newest recorded export, or None."""
+    if not _has_table(conn, "exports"):
+        return None
+    return _row("exports", conn.execute(
+        "SELECT * FROM exports WHERE run_id = ? ORDER BY finished_at DESC, rowid DESC LIMIT 1", (run_id,)).fetchone())
+
+
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() \
+        is not None
+
+
 # ---- the one write of a viewer --------------------------------------------------------------------------------
 
 

@@ -208,6 +208,36 @@ ALTER TABLE cards ADD COLUMN ref_stats TEXT;
 """
 # ---- end card reference timings ------------------------------------------------------------------------
 
+# ---- v6: exports (begin) ---------------------------------------------------------------------------------
+# One row per `kforge-tui export` of a run, written once when the export ends (written, failed or
+# interrupted), in one transaction: no row is ever half-filled or left "in progress". An export refused
+# before it resolved its run (no GPU, no such run) writes none. JSON columns (store.JSON_COLUMNS):
+# `targets` the targets asked, in order; `checks` one entry per target asked, in that order: the
+# whole-model check as the cast's `source.model_checks` holds it plus the variant ids it kept and those
+# it dropped with why; `variants` the variants in the cast (id, op, card, targets, confirmed speedup);
+# `excluded` what was left on PyTorch and why; `options` the flags that shaped it; `env` GPU and versions.
+_V6_EXPORTS = """
+CREATE TABLE exports (
+    id          TEXT PRIMARY KEY,
+    run_id      TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    started_at  REAL NOT NULL,
+    finished_at REAL NOT NULL,
+    status      TEXT NOT NULL CHECK (status IN ('written', 'failed', 'interrupted')),
+    out_path    TEXT NOT NULL,
+    cast_sha256 TEXT,
+    targets     TEXT NOT NULL DEFAULT '[]',
+    checks      TEXT NOT NULL DEFAULT '[]',
+    variants    TEXT NOT NULL DEFAULT '[]',
+    excluded    TEXT NOT NULL DEFAULT '[]',
+    warnings    TEXT NOT NULL DEFAULT '[]',
+    options     TEXT NOT NULL DEFAULT '{}',
+    env         TEXT NOT NULL DEFAULT '{}',
+    error       TEXT
+);
+CREATE INDEX exports_run ON exports(run_id, finished_at);
+"""
+# ---- v6: exports (end) -----------------------------------------------------------------------------------
+
 # Append only: never edit a released entry, add (N + 1, "ALTER ...") instead.
 MIGRATIONS: list[tuple[int, str]] = [
     (1, _V1),
@@ -215,6 +245,7 @@ MIGRATIONS: list[tuple[int, str]] = [
     (3, _V3),
     (4, _V4),
     (5, _V5_CARD_REFS),
+    (6, _V6_EXPORTS),
 ]
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import aiosqlite
 
 from engine.errors import UsageError
-from engine.outcomes import CONTROL_COMMANDS, RUN_STATUSES
+from engine.outcomes import CONTROL_COMMANDS, EXPORT_STATUSES, RUN_STATUSES
 from engine.store import schema
 
 # Columns holding JSON text; encoded/decoded only by `row_from_dict` / `row_to_dict`.
@@ -31,6 +31,7 @@ JSON_COLUMNS: dict[str, frozenset[str]] = {
     "evaluations": frozenset({"verdict"}),
     "events": frozenset({"payload"}),
     "controls": frozenset({"args"}),
+    "exports": frozenset({"targets", "checks", "variants", "excluded", "warnings", "options", "env"}),
 }
 # INTEGER 0/1 columns handed back as bool.
 BOOL_COLUMNS: dict[str, frozenset[str]] = {
@@ -742,6 +743,23 @@ class Store:
             changed = cursor.rowcount
             await cursor.close()
         return changed == 1
+
+
+    # ---- exports ---------------------------------------------------------------------------------------------
+
+    async def add_export(self, export: Mapping[str, Any]) -> str:
+        """Record one finished export of a run (schema v6 `exports`) in one transaction; returns its id."""
+        _check_choice("status", export.get("status", ""), EXPORT_STATUSES)
+        row = {"id": export.get("id") or new_id("export"), **{k: v for k, v in export.items() if k != "id"}}
+        async with self._transaction() as conn:
+            await self._insert(conn, "exports", row)
+        return row["id"]
+
+    async def exports(self, run_id: str) -> list[dict[str, Any]]:
+        """A run's recorded exports, newest first."""
+        rows = await self._fetchall(
+            "SELECT * FROM exports WHERE run_id = ? ORDER BY finished_at DESC, rowid DESC", (run_id,))
+        return [_decoded("exports", r) for r in rows]
 
 
 def _decoded(table: str, row: sqlite3.Row) -> dict[str, Any]:

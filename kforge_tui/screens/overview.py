@@ -8,11 +8,20 @@ from textual.containers import Horizontal
 from textual.widgets import Footer, Header, ProgressBar, RichLog
 
 from kforge_tui import format as fmt
+from kforge_tui import keymap as keys
 from kforge_tui.readmodel import EventRow, RunStats, Snapshot
 from kforge_tui.widgets import KforgeScreen, LiveBar, LiveTable
 
 
 class OverviewScreen(KforgeScreen):
+    BINDINGS = keys.OVERVIEW
+    FOOTER_LAST = ("overview.exports",)
+
+    def action_exports(self) -> None:
+        from kforge_tui.screens.exports import ExportsScreen
+
+        self.app.push_screen(ExportsScreen())
+
     def compose(self) -> ComposeResult:
         yield Header()
         yield LiveBar(id="run-line", classes="bar")
