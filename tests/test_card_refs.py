@@ -104,7 +104,19 @@ async def test_references_round_trip_through_the_store_onto_the_card(tmp_path):
     assert got.copy_us == 4.0 and got.compile_note.startswith("no compile reference")
 
 
-@pytest.mark.parametrize("db", [OLD_RUN_DB, DEMO_DB], ids=["resnet50-run", "demo"])
+def test_the_demo_carries_references_from_its_h200_recording():
+    """The demo (recorded on the H200 after the references landed) has both for every card it timed: its
+    charts draw the torch.compile line."""
+    conn = open_readonly(DEMO_DB)
+    try:
+        cards = [card_from_row(r) for r in read.cards_of_capture(conn, read.latest_run(conn)["capture_id"])]
+    finally:
+        conn.close()
+    timed = [c for c in cards if c.eager_us is not None]
+    assert timed and all(c.compile_us and c.copy_us for c in timed)
+
+
+@pytest.mark.parametrize("db", [OLD_RUN_DB], ids=["resnet50-run"])
 async def test_a_database_from_before_the_references_still_opens(tmp_path, db):
     conn = open_readonly(db)  # read-only as the TUI opens it: no migration, no new columns
     try:
