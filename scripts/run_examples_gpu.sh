@@ -13,7 +13,7 @@
 # about one). NAME picks examples (default: vit_b16 convnext_tiny whisper_encoder deeplabv3); calls with
 # other names may share one OUT. Workspaces (samples, gigabytes) stay out of OUT, in $KFORGE_EXAMPLES_WS
 # (default /tmp/kforge-examples)/NAME, fresh each time. Each step has a time limit, and no step runs past
-# $KFORGE_EXAMPLES_DEADLINE_S (default 570) seconds from the start: a step that would is cut short or
+# $KFORGE_EXAMPLES_DEADLINE_S (default 540) seconds from the start: a step that would is cut short or
 # skipped (rc=124 or "skipped" in steps.txt), so the script ends inside a 10-minute allowance.
 set -u
 out=${1:?usage: run_examples_gpu.sh OUT [WALL_S] [NAME ...]}
@@ -26,7 +26,7 @@ cd "$(dirname "$0")/.."  # the configs' paths are relative to the repository roo
 
 start=$(date +%s)
 exec 3>&1  # steps report here, past the redirections of each step's own output
-deadline=${KFORGE_EXAMPLES_DEADLINE_S:-570}
+deadline=${KFORGE_EXAMPLES_DEADLINE_S:-540}
 
 step() {  # step NAME STEP LIMIT_S CMD...: run CMD under a time limit, append its exit code to steps.txt
   local name=$1 what=$2 limit=$3; shift 3
