@@ -51,11 +51,12 @@ def main() -> int:
     chains = find_chains(trace.calls, container_paths(target.module), unknown=trace.unknown)
     pats = patterns(chains)
     total = sum(c.us for c in trace.calls) or 1.0
-    in_chains = sum(p.us for p in pats)
+    held = {c.index: c for ch in chains for c in ch.calls}  # each call once: module chains lie inside patterns
+    in_chains = sum(c.us for c in held.values())
     heavy = sum(not c.view for c in trace.calls)
     print(f"{config.name}: {len(trace.calls)} ATen calls ({heavy} not views), {len(chains)} chains of "
-          f"{len(pats)} structures, holding {sum(ch.heavy for ch in chains)} calls and "
-          f"{100 * in_chains / total:.0f} % of the traced time")
+          f"{len(pats)} structures, holding {sum(not c.view for c in held.values())} calls and "
+          f"{100 * in_chains / total:.0f} % of the traced time (a module chain inside a pattern counts once)")
     print(f"{'n':>4} {'kind':7} {'share':>6}  {'scope (first instance)':40} ops")
     for p in pats[:args.top]:
         ch = p.instances[0]

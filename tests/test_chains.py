@@ -65,10 +65,28 @@ def test_rmsnorm_modules_are_module_chains_counted_over_layers():
     norm = [p for p in pats if p.kind == "module"]
     assert len(norm) == 1, [(_heavy_ops(p), p.kind) for p in pats]
     p = norm[0]
-    assert p.calls == 3 and [ch.module for ch in p.instances] == [f"layers.{i}.norm1" for i in range(3)]
+    # norm1 of each layer is a chain of its own; norm2 lies inside the residual add + norm2 pattern and is a
+    # module chain too (module_subchains), the same structure: six instances of one module card.
+    assert p.calls == 6 and [ch.module for ch in p.instances] == [f"layers.{i}.norm{j}" for i in range(3)
+                                                                    for j in (1, 2)]
     assert _heavy_ops(p) == ["_to_copy", "pow", "mean", "add", "rsqrt", "mul", "_to_copy", "add", "mul", "_to_copy"]
     ch = p.instances[0]
     assert len(ch.inputs) == 2 and len(ch.outputs) == 1  # x and the weight in; the normalised x out
+
+
+def test_a_module_inside_a_pattern_is_also_a_module_chain():
+    """Eager can only replace a module's forward: the norm inside add + norm must be a module chain too,
+    with the add's result as its input and the pattern kept whole for torch.compile."""
+    model = Model().to(torch.bfloat16)
+    _, pats = _patterns(model, torch.randn(2, 5, 32, dtype=torch.bfloat16))
+    add_norm = next(p for p in pats if _heavy_ops(p)[:2] == ["add", "_to_copy"])
+    norm = next(p for p in pats if p.kind == "module")
+    for outer in add_norm.instances:
+        inner = next(ch for ch in norm.instances if ch.module == outer.scope + ".norm2")
+        assert {c.index for c in inner.calls} < {c.index for c in outer.calls}
+        made_outside = {v for c in outer.calls if c.index not in {i.index for i in inner.calls} for v in c.writes}
+        assert inner.inputs[0] in made_outside  # the residual sum (made by the pattern's add) goes in
+        assert inner.outputs == [outer.calls[-1].writes[0]]
 
 
 def test_residual_add_joins_the_next_norm_but_never_the_next_layer():
@@ -152,9 +170,14 @@ def test_gemma_small_has_its_rmsnorm_chains():
     modules = [p for p in pats if p.kind == "module"]
     assert modules, "no module chain: Gemma's RMSNorms are modules"
     assert any(ch.module.endswith("layernorm") for p in modules for ch in p.instances)
-    for p in modules:
+    norms = [p for p in modules if all("norm" in ch.module for ch in p.instances)]
+    for p in norms:
         ops = _heavy_ops(p)
         assert ops[0] == "_to_copy" and "mean" in ops and ops[-1] == "_to_copy"  # upcast ... downcast
+    # Every RMSNorm invocation is a module chain, also those inside patterns (add + norm, norm + rotary):
+    # 4 layers of input/post-attention/pre-feedforward/post-feedforward norms at least, and q/k norms.
+    n_norms = sum(p.calls for p in norms)
+    assert n_norms >= 4 * 4 + 2 * 4, [(p.calls, p.instances[0].module) for p in norms]
     assert all(not c.compute for p in pats for ch in p.instances for c in ch.calls)
 
 

@@ -299,8 +299,52 @@ def find_chains(calls: list[TraceCall], containers: set[str] = frozenset({ROOT, 
                    if not readers.get(v) or any(r not in inside for r in readers[v])]
         scope = _scope(ms)
         chains.append(Chain(ms, inputs, outputs, scope, _module_of(calls, members, scope)))
-    chains.sort(key=lambda ch: ch.calls[0].index)
+    chains += module_subchains(calls, chains, readers, min_heavy)
+    chains.sort(key=lambda ch: (ch.calls[0].index, -len(ch.calls)))
     return chains
+
+
+def module_subchains(calls: list[TraceCall], chains: list[Chain], readers: dict[int, list[int]],
+                     min_heavy: int = 2) -> list[Chain]:
+    """Module chains that data flow alone does not make: every invocation of a module whose own calls are
+    all memory-bound (an RMSNorm, an activation module) is a chain of its own, a module card, also where
+    its calls joined a larger pattern (an add and the norm after it, a norm and the rotary embedding after
+    it) or were split between neighbours by the pattern rules. In eager only module cards can run (a
+    module's forward is what can be replaced), and in real models most norms sit in such places (Gemma 4:
+    5 of 30 RMSNorm invocations were module chains before). Patterns stay as they are, for torch.compile."""
+    have = {(ch.module, ch.calls[0].index) for ch in chains if ch.module is not None}
+    by_inv: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for c in calls:
+        if c.path not in (ROOT, ""):
+            by_inv[(c.path, c.invocation)].append(c.index)
+    out: list[Chain] = []
+    for (path, _), members in by_inv.items():
+        ms = [calls[i] for i in members]
+        if (path, members[0]) in have or any(c.compute for c in ms) or len(ms) > MAX_CHAIN_CALLS:
+            continue
+        if sum(not c.view for c in ms) < min_heavy or _module_of(calls, members, path) != path:
+            continue  # too small, or the module has children or calls around it (not one invocation's run)
+        made = {v for c in ms for v in c.writes}
+        if any(_in_place(c.op) for c in ms):
+            continue  # it writes in place (maybe through a view): its values cannot all be followed
+        inside = set(members)
+        inputs: list[int] = []
+        for c in ms:
+            for _, v in c.reads:
+                if v not in made and v not in inputs:
+                    inputs.append(v)
+        outputs = [v for c in ms for v in c.writes
+                   if not readers.get(v) or any(r not in inside for r in readers[v])]
+        if not outputs:
+            continue
+        out.append(Chain(ms, inputs, outputs, path, path))
+    return out
+
+
+def _in_place(op: str) -> bool:
+    """`aten::add_.Tensor`, `aten::relu_`: an op that writes its first argument."""
+    base = op.split("::", 1)[-1].split(".")[0]
+    return base.endswith("_") and not base.endswith("__")
 
 
 def _scope(ms: list[TraceCall]) -> str:

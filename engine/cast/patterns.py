@@ -188,7 +188,9 @@ def build(owner: object, cards: Sequence[PatternCard | tuple[dict[str, Any], Any
             continue
         out.built.extend(made)
         parts.append((card.card_id, made[0].op.name if made else None))
-    out.built.sort(key=lambda bp: -len(bp.outputs))  # most outputs first, over all cards
+    # Larger chains first (a module card's chain can lie inside a pattern card's: an RMSNorm inside
+    # add + RMSNorm; the inner one must not take the nodes the outer one needs), then most outputs first.
+    out.built.sort(key=lambda bp: (-len(bp.op.signature["chain"]["nodes"]), -len(bp.outputs)))
     out.digest = hashlib.sha256(repr(sorted(map(str, parts))).encode()).hexdigest()[:20]
     return out
 
