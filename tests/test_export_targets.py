@@ -167,3 +167,40 @@ def test_export_prints_each_targets_check_and_json_carries_them(tmp_path, monkey
     assert engine.cli.main(base + ["--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["model_checks"]["eager"]["rel_l2_err"] == 2e-4 and doc["included"][0]["targets"] == ["eager", "compile"]
+
+
+def test_pattern_cards_are_checked_and_kept_only_under_compile(monkeypatch):
+    """A pattern card replaces a chain inside compiled graphs and nowhere else: the eager and CUDA-graph
+    checks leave it out, saying why (the H200's Gemma cast had carried its GeGLU patterns as 'eager')."""
+    checked = {}
+
+    def run(cand, sets, config, small, graphs, tmp, target):
+        checked[target] = sets[0]
+        return {"mode": target, "tried": [], "chosen": {"variants": sets[0], "speedup": 1.1,
+                                                         "speedup_ci": [1.05, 1.15]}}
+
+    monkeypatch.setattr(pkg, "run_model_check", run)
+    monkeypatch.setattr(pkg, "package", lambda *a, **k: ({}, {}, ""))
+    monkeypatch.setattr(pkg, "write_cast", lambda *a, **k: b"")
+
+    class C(V):
+        def __init__(self, vid, kind):
+            super().__init__(vid)
+            self.card = {"card_id": vid, "op": "kforge::chain", "signature_text": "chain[gelu mul] in0",
+                         "chain": {"kind": kind, "class": "RMS", "paths": ["n"], "args": [{"input": 0}]}}
+            self.confirmed = {"net_us": 1.0}
+
+    op = V("op")
+    op.confirmed = {"net_us": 2.0}
+    for target in ("eager", "cuda-graphs", "compile"):
+        excluded = []
+        kept = pkg._model_check([C("mod", "module"), C("pat", "pattern"), op], {}, {}, excluded, "cfg",
+                                True, target, lambda m: None)
+        ids = {v.vid for v in kept}
+        if target == "compile":
+            assert ids == {"mod", "pat", "op"} and not excluded
+        else:
+            assert ids == {"mod", "op"} and [e["card_id"] for e in excluded] == ["pat"]
+            assert "only inside torch.compile" in excluded[0]["reason"]
+    with pytest.raises(JobError, match="--target compile"):
+        pkg._model_check([C("pat", "pattern")], {}, {}, [], "cfg", True, "eager", lambda m: None)

@@ -88,6 +88,11 @@ def _chain_of(card: Any) -> dict[str, Any] | None:
     return chain if isinstance(chain, dict) else None
 
 
+def _only_compiled(card: dict[str, Any]) -> bool:
+    """A pattern card's variant: it runs only where torch.compile replaces its chain (never in eager)."""
+    return card["op"] == CHAIN_OP and "pattern" in _chain_entries(card)
+
+
 def _chain_entries(card: dict[str, Any]) -> dict[str, Any]:
     """The manifest keys a chain card's variant adds: `chain` (its kind) and, for a module card, the
     `module` entry the loader patches the module's forward by."""
@@ -547,6 +552,17 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
     from engine.errors import JobError
     from engine.export.e2e import subsets
 
+    if not target.startswith("compile"):  # eager and CUDA graphs: a pattern card has nothing to replace
+        runs = [v for v in kept if not _only_compiled(v.card)]
+        for v in kept:
+            if v not in runs:
+                excluded.append({"card_id": v.card["card_id"], "op": v.card["op"],
+                                 "reason": f"a pattern card runs only inside torch.compile graphs, not under "
+                                           f"{target} (export --target compile)"})
+        if not runs:
+            raise JobError(f"export: every variant is a pattern card, which runs only under torch.compile; "
+                           f"export with --target compile (asked: {target})")
+        kept = runs
     sets = subsets([(v.vid, (v.confirmed or {}).get("net_us")) for v in kept])
     graphs = target == "cuda-graphs"
     mode = {"eager": "eager forwards", "cuda-graphs": "CUDA-graph replays"}.get(
