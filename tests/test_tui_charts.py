@@ -150,3 +150,4 @@ async def test_charts_of_the_demo():
         await settle(pilot, "c", "l")
         text = screen_text(app)
         assert "evaluation" in text and "eager" in text
+        assert "torch.compile" in text  # the demo's cards carry their H200 torch.compile references
