@@ -124,7 +124,7 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     if wide_compute is None:
         wide_compute = widens(device, dtype)
     # Entered before (below) the capture's modes: they see each call as the model makes it.
-    wide = WideCompute() if wide_compute else None
+    wide = WideCompute(target.module.parameters()) if wide_compute else None
     below = wide if wide is not None else contextlib.nullcontext()
     if wide is not None:
         progress(f"{dtype_name(dtype)} convolutions and large matmuls computed in float32 on this CPU "

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -101,13 +103,14 @@ async def save_capture(store: Store, workspace: Path, config: ModelConfig, resul
     """One transaction: the capture row, its cards and their sample files (with digests)."""
     import torch
 
-    sample_rows = []
     root = workspace / result.sample_dir
-    for card in [*result.cards, *result.chains]:
-        for idx in range(card.samples):
-            f = root / f"{card.card_id}.{idx}.safetensors"
-            sample_rows.append({"card_id": card.card_id, "idx": idx, "path": str(f.relative_to(workspace)),
-                                "sha256": _sha256(f), "nbytes": f.stat().st_size})
+    files = [(card.card_id, idx, root / f"{card.card_id}.{idx}.safetensors")
+             for card in [*result.cards, *result.chains] for idx in range(card.samples)]
+    # hashlib releases the GIL on large buffers: a thread per core hashes gigabytes of samples that much sooner.
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        digests = list(pool.map(_sha256, [f for _, _, f in files]))
+    sample_rows = [{"card_id": cid, "idx": idx, "path": str(f.relative_to(workspace)), "sha256": digest,
+                    "nbytes": f.stat().st_size} for (cid, idx, f), digest in zip(files, digests)]
     capture: dict[str, Any] = {
         "id": result.capture_id, "model": result.model, "config_path": str(config.path.resolve()),
         "config_sha256": config.sha256, "device": result.device, "dtype": result.dtype,
