@@ -21,6 +21,7 @@ def capture_and_store(config: ModelConfig, device_arg: str | None, workspace: Pa
                       progress: Callable[[str], None] = lambda msg: None) -> CaptureResult:
     """Capture a config and store cards and samples in the workspace (no running event loop)."""
     result = _capture(config, device_arg, workspace, samples, progress)
+    progress(_storing(workspace, result))
     try:
         asyncio.run(_store_in_workspace(workspace, config, result))
     except BaseException:
@@ -78,12 +79,21 @@ async def capture_into(store: Store, config: ModelConfig, device_arg: str | None
             raise asyncio.CancelledError() from None
         discard_samples(workspace, done)
         raise
+    progress(_storing(workspace, result))
     try:
         await save_capture(store, workspace, config, result)
     except BaseException:
         discard_samples(workspace, result)
         raise
     return result
+
+
+def _storing(workspace: Path, result: CaptureResult) -> str:
+    """The progress line before storing: hashing gigabytes of samples takes seconds."""
+    files = [f for f in (workspace / result.sample_dir).iterdir() if f.is_file()]
+    size = sum(f.stat().st_size for f in files)
+    return (f"storing {len(result.cards)} cards and {len(result.chains)} chain cards, "
+            f"{len(files)} sample files ({size / 1e6:.0f} MB, sha256)")
 
 
 def _capture(config: ModelConfig, device_arg: str | None, workspace: Path, samples: int | None,
