@@ -125,3 +125,25 @@ def test_inputs_the_call_does_not_write_are_saved_as_they_were(tmp_path):
     assert torch.equal(add.mutated["self"], before[:32] + before[32:])
     mul = load_sample(next(f for f in files if "mul" in load_sample(f).meta["op"]))
     assert torch.equal(mul.args[0][1], w) and torch.equal(mul.outputs, w * 3.0)
+
+
+def test_sample_files_are_the_bytes_safetensors_writes(tmp_path, monkeypatch):
+    """Samples are written in chunks by our own writer; the file must be the one `save_file` makes."""
+    from engine.capture import samples
+
+    g = torch.Generator().manual_seed(0)
+    slabs = {f"in.{i}": torch.randint(0, 256, (n,), generator=g, dtype=torch.uint8)
+             for i, n in enumerate([5, 0, 17, 1, 64, 3, 8, 9, 2, 4, 1000, 7])}  # in.10 sorts before in.2
+    slabs["out.0"] = torch.randint(0, 256, (4099,), generator=g, dtype=torch.uint8)
+    slabs["in.3"] = torch.arange(256, dtype=torch.uint8).repeat(8)[5:300]  # a borrowed slab: a view
+    # one key, as a sample has (safetensors orders several by a hash map)
+    meta = {"kforge": '{"a":"q\\"uote \\\\ back / \\u00e9","n":[1,2.5e-07,null]} é\n\t\x01\x7f'}
+    monkeypatch.setattr(samples, "_WRITE_CHUNK", 100)  # several chunks per slab
+    samples.write_byte_slabs(tmp_path / "ours.safetensors", slabs, meta)
+    samples.save_file(slabs, str(tmp_path / "theirs.safetensors"), metadata=meta)
+    assert (tmp_path / "ours.safetensors").read_bytes() == (tmp_path / "theirs.safetensors").read_bytes()
+    for k in range(1, 9):  # header padding: every remainder mod 8
+        small = {"x": torch.zeros(k, dtype=torch.uint8)}
+        samples.write_byte_slabs(tmp_path / "a", small, {"kforge": "y" * k})
+        samples.save_file(small, str(tmp_path / "b"), metadata={"kforge": "y" * k})
+        assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes()

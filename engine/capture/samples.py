@@ -125,8 +125,43 @@ def save_sample(path: Path, snap: Snapshot, meta: dict[str, Any]) -> int:
     """Write one sample file; returns its size in bytes."""
     header = {"kforge": json.dumps({"format": FORMAT, **meta}, separators=(",", ":"))}
     tensors = snap.tensors or {"empty": torch.empty(0, dtype=torch.uint8)}
-    save_file(tensors, str(path), metadata=header)
+    if all(t.dtype == torch.uint8 and t.dim() == 1 and t.is_contiguous() and t.device.type == "cpu"
+           for t in tensors.values()):
+        write_byte_slabs(path, tensors, header)
+    else:
+        save_file(tensors, str(path), metadata=header)
     return path.stat().st_size
+
+
+_WRITE_CHUNK = 64 << 20
+
+
+def write_byte_slabs(path: Path, slabs: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """Write 1-D uint8 CPU tensors as the safetensors file `save_file` writes, byte for byte (its header:
+    compact JSON, `__metadata__` first, tensors by name, padded with spaces to 8 bytes; the data in that
+    order; with one metadata key, as a sample has: safetensors orders several by a hash map), in 64 MB writes: one write of a gigabyte slab runs at half the speed here, and samples hold
+    whole weight matrices."""
+    names = sorted(slabs)
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for name in names:
+        n = slabs[name].numel()
+        header[name] = {"dtype": "U8", "shape": [n], "data_offsets": [offset, offset + n]}
+        offset += n
+    blob = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    blob += b" " * (-len(blob) % 8)
+    with open(path, "wb", buffering=0) as f:
+        _write_all(f, len(blob).to_bytes(8, "little") + blob)
+        for name in names:
+            data = memoryview(slabs[name].numpy())
+            for i in range(0, len(data), _WRITE_CHUNK):
+                _write_all(f, data[i:i + _WRITE_CHUNK])
+
+
+def _write_all(f: Any, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[f.write(view):]  # an unbuffered write may take less than all of it
 
 
 def _rebuild(ref: dict[str, Any], slabs: dict[str, torch.Tensor]) -> torch.Tensor:
