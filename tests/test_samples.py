@@ -147,3 +147,70 @@ def test_sample_files_are_the_bytes_safetensors_writes(tmp_path, monkeypatch):
         samples.write_byte_slabs(tmp_path / "a", small, {"kforge": "y" * k})
         samples.save_file(small, str(tmp_path / "b"), metadata={"kforge": "y" * k})
         assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes()
+
+
+def _slow_writes(monkeypatch, seconds=0.3):
+    import time
+
+    from engine.capture import samples
+
+    write = samples.write_byte_slabs
+
+    def slow(*a, **k):
+        time.sleep(seconds)
+        return write(*a, **k)
+
+    monkeypatch.setattr(samples, "write_byte_slabs", slow)
+
+
+def _captured_with_writer(tmp_path, fn, stable=frozenset()):
+    from engine.capture.samples import SampleWriter
+
+    writer = SampleWriter(stable)
+    files = []
+
+    def sink(tally, idx, snap, meta):
+        files.append(tmp_path / f"{tally.id}.{idx}.safetensors")
+        return writer.submit(files[-1], snap, meta)
+
+    mode = CaptureMode(path_of=lambda: "m", weight_of=lambda p: 1, samples=1, sample_budget_bytes=1 << 30,
+                       sink=sink, use_cuda_events=False, before_write=writer.before_write)
+    with torch.no_grad(), mode:
+        fn()
+    writer.close()
+    return writer, files
+
+
+def test_background_writes_keep_what_the_call_read_though_the_forward_writes_it_later(tmp_path, monkeypatch):
+    import hashlib
+
+    from engine.capture.samples import storage_key
+
+    _slow_writes(monkeypatch)
+    x, w = torch.randn(8, 16), torch.randn(16, 4)
+    x0, w0 = x.clone(), w.clone()
+
+    def forward():
+        torch.mm(x, w)
+        x.numpy()[:] += 1  # an activation, written where no dispatch sees it: copied when its sample was queued
+        w.mul_(2)  # a parameter, referenced by the queued file: the write waits for it
+
+    writer, files = _captured_with_writer(tmp_path, forward, stable=frozenset({storage_key(w)}))
+    mm = next(load_sample(f) for f in files if load_sample(f).meta["op"] == "aten::mm")
+    got = dict(mm.args)
+    assert torch.equal(got["self"], x0) and torch.equal(got["mat2"], w0)
+    assert torch.equal(w, 2 * w0)
+    for f in files:  # the digests are the files'
+        assert writer.digests[f.name] == (hashlib.sha256(f.read_bytes()).hexdigest(), f.stat().st_size)
+
+
+def test_a_failed_background_write_fails_the_capture(tmp_path):
+    import pytest
+
+    from engine.capture.samples import SampleWriter, snapshot_inputs
+
+    writer = SampleWriter()
+    snap, layout = snapshot_inputs([("self", torch.randn(4))])
+    writer.submit(tmp_path / "missing" / "x.safetensors", snap, {"inputs": layout})
+    with pytest.raises(FileNotFoundError):
+        writer.close()

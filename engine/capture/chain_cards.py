@@ -50,7 +50,7 @@ from engine.capture.chains import (
     patterns,
 )
 from engine.capture.recorder import CaptureMode
-from engine.capture.samples import Snapshot, save_sample
+from engine.capture.samples import SampleWriter, Snapshot, save_sample
 from engine.capture.signature import _tensor_text, bind_arguments, describe_tensor
 from engine.cards import OperatorCard
 
@@ -327,8 +327,10 @@ class ChainSampling:
     `folder` as `<card id>.<idx>.safetensors`, and (with `model`, the module the forward runs) how each
     module card's instances are bound (engine.capture.module_binding)."""
 
-    def __init__(self, found: ChainCards, reference: list, folder: Path, model: torch.nn.Module | None):
+    def __init__(self, found: ChainCards, reference: list, folder: Path, model: torch.nn.Module | None,
+                 writer: SampleWriter | None = None):
         self.found = found
+        self.writer = writer  # writes the files in the background (else: before the call returns)
         self.reference = reference
         self.folder = folder
         self.model = model
@@ -354,7 +356,10 @@ class ChainSampling:
         idx = self.written.get(p.card_id, 0)  # numbered as written: a skipped instance leaves no gap
         f = self.folder / f"{p.card_id}.{idx}.safetensors"
         t0 = time.perf_counter()
-        save_sample(f, p.snap, meta)
+        if self.writer is not None:
+            self.writer.submit(f, p.snap, meta)
+        else:
+            save_sample(f, p.snap, meta)
         self.write_s += time.perf_counter() - t0
         self.files.append(f)
         self.written[p.card_id] = idx + 1
@@ -381,6 +386,9 @@ class ChainSampling:
 
     def discard(self) -> None:
         """Remove the sample files written so far."""
+        if self.writer is not None:
+            self.writer.flush()
+            self.writer.forget(self.files)
         for f in self.files:
             f.unlink(missing_ok=True)
         self.files.clear()

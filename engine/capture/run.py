@@ -22,7 +22,7 @@ from engine.capture.chain_cards import (
     sample_chains,
 )
 from engine.capture.recorder import CaptureMode, CardTally, ModulePaths
-from engine.capture.samples import Snapshot, save_sample
+from engine.capture.samples import SampleWriter, Snapshot, storage_key
 from engine.capture.signature import dtype_name, signature_text
 from engine.capture.wide_compute import WideCompute, widens
 from engine.cards import OperatorCard
@@ -46,12 +46,15 @@ class CaptureResult:
     skipped: dict[str, int]
     notes: dict[str, str]
     sample_dir: str  # relative to the workspace
-    # Wall seconds per phase: build, warm-up, captured forward (without sample writing), writing samples,
-    # chain samples (finding the chains, and one more forward where the warm-up could not plan them).
+    # Wall seconds per phase: build, warm-up, captured forward (without queueing samples), writing samples
+    # (queueing them, and waiting at the end for the background writer), chain samples (finding the chains,
+    # and one more forward where the warm-up could not plan them).
     phases: dict[str, float] = field(default_factory=dict)
     # Chain cards (op `kforge::chain`): chains of memory-bound calls, by share; they overlap the op cards
     # (a chain's calls are also its members' op cards' calls), so `total_calls` does not count them.
     chains: list[OperatorCard] = field(default_factory=list)
+    # sample file name -> (sha256, bytes), hashed as written; a file not listed here is hashed when stored
+    sample_digests: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     @property
     def total_calls(self) -> int:
@@ -152,6 +155,8 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     partial = samples_root / f".partial-{capture_id}"
     final = samples_root / capture_id
     partial.mkdir(parents=True)
+    # Sample files are written (and hashed) on a background thread while the forward computes.
+    writer = SampleWriter(frozenset(storage_key(t) for t in (*target.module.parameters(), *target.module.buffers())))
     try:
         def sink(tally: CardTally, idx: int, snap: Snapshot, meta: dict[str, Any]) -> int:
             nonlocal write_s
@@ -159,7 +164,7 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
             if wide is not None and wide.widened_last(meta["op"]):
                 meta = {**meta, "compute": "float32"}  # its outputs are float32 results, rounded
             try:
-                return save_sample(partial / f"{tally.id}.{idx}.safetensors", snap, meta)
+                return writer.submit(partial / f"{tally.id}.{idx}.safetensors", snap, meta)
             finally:
                 write_s += time.perf_counter() - t0
 
@@ -168,13 +173,13 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
             planned = chain_cards(warm_trace, target.module, paths.weight, 0.0, samples=k,
                                   sample_budget_bytes=budget, total_budget_bytes=total_budget)
             if planned.planned:
-                early = ChainSampling(planned, warm_trace.calls, partial, target.module)
+                early = ChainSampling(planned, warm_trace.calls, partial, target.module, writer)
             del warm_trace, planned
         progress(f"capturing one forward (up to {k} samples per card"
                  + (f"; {len(early.found.planned)} chain instances" if early is not None else "") + ")")
         mode = CaptureMode(path_of=paths.current, weight_of=paths.weight, samples=k,
                            sample_budget_bytes=budget, sink=sink, use_cuda_events=device.type == "cuda",
-                           total_budget_bytes=total_budget, progress=progress)
+                           total_budget_bytes=total_budget, progress=progress, before_write=writer.before_write)
         # The trace is entered after the capture, so it sees each call first and the capture's timed
         # region around the op holds none of the trace's bookkeeping.
         trace = None
@@ -192,6 +197,7 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         t_captured = time.perf_counter()
         if early is not None:
             write_s += early.write_s
+        queue_s = write_s  # queueing samples during the captured forward (copies of what it may change)
         progress(f"captured {mode.ops} ops into {len(mode.cards)} cards, "
                  f"{mode.total_sample_bytes / 1e6:.0f} MB of samples")
         total_us = sum(t.weighted_us() for t in mode.cards.values())
@@ -224,8 +230,13 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
             chain_notes = found.notes
             del trace  # the trace holds weak references only, but its call list is large
         t_chains = time.perf_counter() - t_chains
+        t0 = time.perf_counter()
+        writer.close()
+        write_s += time.perf_counter() - t0
         partial.rename(final)
     except BaseException:
+        with contextlib.suppress(BaseException):  # what the writer raised, if anything, comes second
+            writer.close()
         shutil.rmtree(partial, ignore_errors=True)
         raise
     notes = {**{k: str(v) for k, v in target.notes.items()}, **chain_notes}
@@ -242,9 +253,9 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         capture_id=capture_id, model=config.name, device=device.type,
         dtype=dtype_name(config.dtype_for(device.type)), small=config.small,
         wall_s=time.perf_counter() - t_start, cards=cards, skipped=dict(mode.skipped), notes=notes,
-        sample_dir=str(final.relative_to(workspace)), chains=chain_list,
+        sample_dir=str(final.relative_to(workspace)), chains=chain_list, sample_digests=dict(writer.digests),
         phases={"build": t_built - t_start, "warm-up": t_warm - t_built,
-                "captured forward": t_captured - t_warm - write_s, "writing samples": write_s,
+                "captured forward": t_captured - t_warm - queue_s, "writing samples": write_s,
                 "chain samples": t_chains},
     )
 

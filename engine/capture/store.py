@@ -116,9 +116,14 @@ async def save_capture(store: Store, workspace: Path, config: ModelConfig, resul
     root = workspace / result.sample_dir
     files = [(card.card_id, idx, root / f"{card.card_id}.{idx}.safetensors")
              for card in [*result.cards, *result.chains] for idx in range(card.samples)]
-    # hashlib releases the GIL on large buffers: a thread per core hashes gigabytes of samples that much sooner.
+    # Files the capture hashed as it wrote them keep that digest (if their size is still the one written);
+    # the rest are hashed here, a thread per core (hashlib releases the GIL on large buffers).
+    def digest(f: Path) -> str:
+        known = result.sample_digests.get(f.name)
+        return known[0] if known is not None and known[1] == f.stat().st_size else _sha256(f)
+
     with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
-        digests = list(pool.map(_sha256, [f for _, _, f in files]))
+        digests = list(pool.map(digest, [f for _, _, f in files]))
     sample_rows = [{"card_id": cid, "idx": idx, "path": str(f.relative_to(workspace)), "sha256": digest,
                     "nbytes": f.stat().st_size} for (cid, idx, f), digest in zip(files, digests)]
     capture: dict[str, Any] = {
