@@ -474,3 +474,42 @@ def test_the_binding_records_the_autocast_state_the_module_ran_under():
     found, _ = _found(model, x)
     (card,) = [c for c in found.cards if c.chain["kind"] == "module"]
     assert card.chain["autocast"] == []
+
+
+WRITES_ITS_WEIGHT = '''
+import torch
+
+
+class Scale(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(32, 32)
+        self.w = torch.nn.Parameter(torch.randn(32))
+
+    def forward(self, x):
+        y = self.lin(x) * self.w
+        self.w.add_(1)  # between the chain's members: its sample must hold the weight as the chain read it
+        return torch.relu(y + 1)
+
+
+def build(device, dtype):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(Scale(), Scale()).to(device=device, dtype=dtype).eval().requires_grad_(False)
+    return model, (torch.randn(2, 5, 32, device=device, dtype=dtype),)
+'''
+
+
+def test_a_chain_sample_keeps_a_parameter_as_read_when_the_forward_writes_it_before_the_chain_ends(tmp_path):
+    (tmp_path / "scale.py").write_text(WRITES_ITS_WEIGHT)
+    cfg = tmp_path / "scale.toml"
+    cfg.write_text('name = "scale"\nbuilder = "scale.py:build"\n[dtype]\ncpu = "bfloat16"\ncuda = "bfloat16"\n'
+                   '[capture]\nsamples = 2\n')
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    result = capture_model(load_config(cfg), torch.device("cpu"), ws)
+    chain = next(c for c in result.chains if "mul" in c.chain["ops"])
+    assert chain.samples == 2 and "chain samples" not in result.notes
+    for i in range(2):
+        sample = load_sample(ws / result.sample_dir / f"{chain.card_id}.{i}.safetensors")
+        got = run_chain(chain.signature, [t for _, t in sample.args])
+        assert all(torch.equal(g, want) for g, want in zip(got, sample.outputs))

@@ -50,7 +50,7 @@ from engine.capture.chains import (
     patterns,
 )
 from engine.capture.recorder import CaptureMode
-from engine.capture.samples import SampleWriter, Snapshot, save_sample
+from engine.capture.samples import SampleWriter, Snapshot, save_sample, storage_key
 from engine.capture.signature import _tensor_text, bind_arguments, describe_tensor
 from engine.cards import OperatorCard
 
@@ -146,8 +146,13 @@ class ChainSampler(_Trace):
     """A forward traced like the `reference` one, copying the planned instances' inputs and outputs."""
 
     def __init__(self, reference: list, planned: list[_Planned], sink: Callable[[_Planned], None],
-                 bound: Callable[[_Planned], None] = lambda p: None, *, path_of: Callable[[], str] | None = None):
+                 bound: Callable[[_Planned], None] = lambda p: None, *, path_of: Callable[[], str] | None = None,
+                 stable: frozenset[tuple] = frozenset()):
         super().__init__(*(() if path_of is None else (path_of,)))
+        # Storages (the model's parameters) whose slabs a snapshot references instead of copying; a call
+        # that writes one first makes each snapshot still referencing it copy it.
+        self.stable = stable
+        self._borrowing: dict[int, _Planned] = {}  # id -> instance whose snapshot references a stable slab
         self.reference = reference  # the first forward's TraceCalls
         self.sink = sink
         self.bound = bound  # called after a bind instance's last member, with its inputs and entry
@@ -167,6 +172,12 @@ class ChainSampler(_Trace):
             self.mismatch = f"call {i} is {func.name()}" + (
                 f", was {self.reference[i].op}" if i < len(self.reference) else ", beyond the first forward's")
         here = self._at.get(i, []) if self.mismatch is None else []
+        if self._borrowing and _mutated(func):
+            writes = {storage_key(t) for name, v in bind_arguments(func, args, kwargs or {})
+                      if name in _mutated(func) for t in _tensors(v)}
+            with _disable_current_modes():
+                for p in self._borrowing.values():
+                    p.snap.own(frozenset(p.snap.borrowed.values()) - writes)
         if here:
             reads = [t for _, v in bind_arguments(func, args, kwargs or {}) for t in _tensors(v)]
             for p in here:
@@ -183,7 +194,9 @@ class ChainSampler(_Trace):
                     if not p.sample:
                         continue
                     with _disable_current_modes():  # the copies are no calls of the forward's
-                        p.snap.add_group(f"in{i}.", tensors)
+                        p.snap.add_group(f"in{i}.", tensors, self.stable)
+                    if p.snap.borrowed:
+                        self._borrowing[id(p)] = p
                     for (k, _), t in zip(p.inputs[i], tensors):
                         p.in_refs[k] = p.snap.ref(t, f"in{i}.")
         out = super().__torch_dispatch__(func, types, args, kwargs)
@@ -198,6 +211,7 @@ class ChainSampler(_Trace):
             # Modes below this one (a capture, when the captured forward samples) must not see the copies.
             with _disable_current_modes():
                 for p in self._last[i]:
+                    self._borrowing.pop(id(p), None)
                     if p.sample:
                         self.sink(p)
                     if p.bind:
@@ -226,7 +240,8 @@ class CapturingSampler(MemberTrace, ChainSampler):
 
     def __init__(self, path_of: Callable[[], str], capture: CaptureMode, sampling: ChainSampling):
         ChainSampler.__init__(self, sampling.reference, sampling.sampled, sampling.sink, sampling.bound,
-                              path_of=path_of)
+                              path_of=path_of,
+                              stable=sampling.writer.stable if sampling.writer is not None else frozenset())
         self.capture = capture
         self.timings = []
         self.write_descs = []
