@@ -172,26 +172,36 @@ def _safetensors_header(slabs: dict[str, torch.Tensor], metadata: dict[str, str]
     return names, len(blob).to_bytes(8, "little") + blob
 
 
-def write_byte_slabs(path: Path, slabs: dict[str, torch.Tensor], metadata: dict[str, str],
-                     digest: Any = None) -> None:
+def write_byte_slabs(path: Path, slabs: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
     """Write 1-D uint8 CPU tensors as the safetensors file `save_file` writes, byte for byte (its header:
     compact JSON, `__metadata__` first, tensors by name, padded with spaces to 8 bytes; the data in that
     order; with one metadata key, as a sample has: safetensors orders several by a hash map), in 64 MB writes:
-    one write of a gigabyte slab runs at half the speed here, and samples hold whole weight matrices.
-    `digest` (a hashlib object) is fed every byte written."""
+    one write of a gigabyte slab runs at half the speed here, and samples hold whole weight matrices."""
     names, head = _safetensors_header(slabs, metadata)
     with open(path, "wb", buffering=0) as f:
-        _write_all(f, head, digest)
+        _write_all(f, head)
         for name in names:
             data = memoryview(slabs[name].numpy())
             for i in range(0, len(data), _WRITE_CHUNK):
-                _write_all(f, data[i:i + _WRITE_CHUNK], digest)
+                _write_all(f, data[i:i + _WRITE_CHUNK])
 
 
-def _write_all(f: Any, data: bytes | memoryview, digest: Any = None) -> None:
+def _sha256_of(slabs: dict[str, torch.Tensor], metadata: dict[str, str]) -> str:
+    """The sha256 of the file `write_byte_slabs` writes for these slabs, without writing it."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    names, head = _safetensors_header(slabs, metadata)
+    digest.update(head)
+    for name in names:
+        data = memoryview(slabs[name].numpy())
+        for i in range(0, len(data), _WRITE_CHUNK):
+            digest.update(data[i:i + _WRITE_CHUNK])
+    return digest.hexdigest()
+
+
+def _write_all(f: Any, data: bytes | memoryview) -> None:
     view = memoryview(data)
-    if digest is not None:
-        digest.update(view)
     while view:
         view = view[f.write(view):]  # an unbuffered write may take less than all of it
 
@@ -262,8 +272,14 @@ class SampleWriter:
             raise error
 
     def _run(self) -> None:
-        import hashlib
+        from concurrent.futures import ThreadPoolExecutor
 
+        # A file is hashed on a second thread while it is written: past the page cache's dirty limit, writes
+        # wait for the disk, and the hash then costs no time of its own.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kforge-sample-hash") as hasher:
+            self._serve(hasher)
+
+    def _serve(self, hasher: Any) -> None:
         while True:
             job = self._queue.get()
             try:
@@ -271,9 +287,9 @@ class SampleWriter:
                     return
                 path, tensors, header, keys = job
                 if self._error is None:  # after a failed write, the capture fails: nothing more is written
-                    digest = hashlib.sha256()
-                    write_byte_slabs(path, tensors, header, digest)
-                    self.digests[path.name] = (digest.hexdigest(), path.stat().st_size)
+                    digest = hasher.submit(_sha256_of, tensors, header)
+                    write_byte_slabs(path, tensors, header)
+                    self.digests[path.name] = (digest.result(), path.stat().st_size)
             except BaseException as e:  # noqa: BLE001 - raised on the capture's thread
                 self._error = e
             finally:
