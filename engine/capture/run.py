@@ -217,6 +217,7 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
             if found.planned and written is None:
                 progress(f"sampling {len(found.planned)} chain instances of {len(chain_list)} chain cards "
                          "(one more forward)")
+                writer.flush()  # no capture below this forward waits for the queued files before a write
                 try:
                     with below:
                         written = sample_chains(target.forward, found, trace.calls, partial, model=target.module)
