@@ -2,8 +2,10 @@
 
 Each config runs in its own child process, in a fresh temporary workspace, through the code path of
 `kforge-tui capture CONFIG --small --device cpu` (`engine.capture.store.capture_and_store`). Prints a
-table: wall seconds split into build / warm-up / captured forward / writing samples / chain samples (one more
-forward), cards, sample bytes, and the load average before and after each config (the machine may be shared).
+table: wall seconds split into build / warm-up / captured forward / writing samples (queueing them during the
+forward, and waiting for the background writer at its end) / chain samples (finding the chains, and one more
+forward where the warm-up could not plan their samples), cards, sample bytes, and the load average before and
+after each config (the machine may be shared).
 
     python scripts/time_small_captures.py [CONFIG ...] [--timeout S] [--markdown]
 """

@@ -27,20 +27,34 @@ from test_chains import Model
 
 
 class Drifting(Model):
-    """A model whose second forward makes other calls than its first (a data-dependent branch)."""
+    """A model whose forwards make other calls than the ones before (a data-dependent branch): from its
+    second forward on (`after_warmup`) or on every forward (`every`)."""
 
+    def __init__(self, *a, drift: str, **k):
+        super().__init__(*a, **k)
+        self.drift = drift
+        self.forwards = 0
+
+    def forward(self, x):
+        self.forwards += 1
+        if self.forwards > 1:
+            x = x * (self.forwards if self.drift == "every" else 2)
+        return super().forward(x)
+
+
+class Counted(Model):
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
         self.forwards = 0
 
     def forward(self, x):
         self.forwards += 1
-        return super().forward(x * 2 if self.forwards > 2 else x)
+        return super().forward(x)
 
 
-def build(device, dtype, d: int = 32, n: int = 3, drifting: bool = False):
+def build(device, dtype, d: int = 32, n: int = 3, drift: str = ""):
     torch.manual_seed(0)
-    model = (Drifting if drifting else Model)(d, n).to(device=device, dtype=dtype).eval()
+    model = (Drifting(d, n, drift=drift) if drift else Counted(d, n)).to(device=device, dtype=dtype).eval()
     return model, (torch.randn(2, 5, d, device=device, dtype=dtype),)
 '''
 
@@ -124,13 +138,52 @@ def test_tracing_chains_changes_no_op_card(tmp_path):
     assert plain.skipped == traced.skipped
 
 
+def _forwards(tmp_path, params: str = "") -> tuple:
+    """A capture of the toy model, and how many forwards it ran."""
+    from engine.capture import run
+
+    built = []
+    build_target = run.build_target
+
+    def keep(*a, **k):
+        built.append(build_target(*a, **k))
+        return built[-1]
+
+    ws = tmp_path / "ws"
+    ws.mkdir(parents=True, exist_ok=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(run, "build_target", keep)
+        result = capture_model(load_config(_config(tmp_path, params=params)), torch.device("cpu"), ws)
+    return result, built[0].module.forwards
+
+
+def test_chain_samples_come_from_the_captured_forward_when_the_warm_up_made_the_same_calls(tmp_path):
+    result, forwards = _forwards(tmp_path)
+    assert forwards == 2, "warm-up and captured forward; no third forward for the chain samples"
+    assert result.chains and all(c.samples == 2 for c in result.chains)
+    assert "chain samples" not in result.notes
+    assert all("args" in c.chain for c in _rms(result)), "module cards are bound in the captured forward"
+
+
+def test_chain_samples_take_one_more_forward_when_the_warm_up_made_other_calls(tmp_path):
+    result, forwards = _forwards(tmp_path, 'drift = "after_warmup"')
+    assert forwards == 3
+    assert result.chains and all(c.samples == 2 for c in result.chains)
+    assert "chain samples" not in result.notes
+    same, _ = _forwards(tmp_path / "plain")
+    assert sorted((c.card_id, c.calls, c.samples) for c in result.chains) == \
+        sorted((c.card_id, c.calls, c.samples) for c in same.chains)
+    assert {c.card_id: c.chain for c in result.chains} == {c.card_id: c.chain for c in same.chains}
+
+
 def test_a_second_forward_with_other_calls_gives_no_chain_samples_and_says_so(tmp_path):
-    result, ws = _capture(tmp_path, params="drifting = true")
+    result, ws = _capture(tmp_path, params='drift = "every"')
     assert result.chains and all(c.samples == 0 for c in result.chains)
     assert "differs from the captured one" in result.notes["chain samples"]
     assert all("args" not in c.chain for c in _rms(result)) and "pattern cards" in result.notes["module cards"]
     assert not list((ws / result.sample_dir).glob(f"{result.chains[0].card_id}.*"))
-    assert all(c.samples == 2 for c in result.cards)  # the op cards' samples are the captured forward's
+    # the op cards' samples are the captured forward's (its `x * 2` is called once)
+    assert all(c.samples == min(2, c.captured_calls) for c in result.cards)
 
 
 def test_stored_chain_cards_come_back_with_kind_and_samples(tmp_path):
@@ -425,3 +478,42 @@ def test_the_binding_records_the_autocast_state_the_module_ran_under():
     found, _ = _found(model, x)
     (card,) = [c for c in found.cards if c.chain["kind"] == "module"]
     assert card.chain["autocast"] == []
+
+
+WRITES_ITS_WEIGHT = '''
+import torch
+
+
+class Scale(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(32, 32)
+        self.w = torch.nn.Parameter(torch.randn(32))
+
+    def forward(self, x):
+        y = self.lin(x) * self.w
+        self.w.add_(1)  # between the chain's members: its sample must hold the weight as the chain read it
+        return torch.relu(y + 1)
+
+
+def build(device, dtype):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(Scale(), Scale()).to(device=device, dtype=dtype).eval().requires_grad_(False)
+    return model, (torch.randn(2, 5, 32, device=device, dtype=dtype),)
+'''
+
+
+def test_a_chain_sample_keeps_a_parameter_as_read_when_the_forward_writes_it_before_the_chain_ends(tmp_path):
+    (tmp_path / "scale.py").write_text(WRITES_ITS_WEIGHT)
+    cfg = tmp_path / "scale.toml"
+    cfg.write_text('name = "scale"\nbuilder = "scale.py:build"\n[dtype]\ncpu = "bfloat16"\ncuda = "bfloat16"\n'
+                   '[capture]\nsamples = 2\n')
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    result = capture_model(load_config(cfg), torch.device("cpu"), ws)
+    chain = next(c for c in result.chains if "mul" in c.chain["ops"])
+    assert chain.samples == 2 and "chain samples" not in result.notes
+    for i in range(2):
+        sample = load_sample(ws / result.sample_dir / f"{chain.card_id}.{i}.safetensors")
+        got = run_chain(chain.signature, [t for _, t in sample.args])
+        assert all(torch.equal(g, want) for g, want in zip(got, sample.outputs))

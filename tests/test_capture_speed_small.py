@@ -60,3 +60,18 @@ def test_capture_reports_progress_per_block():
     assert mode.ops >= 6
     assert messages and all(m.startswith("capturing: ") and " ops, " in m for m in messages)
     assert {m.rsplit("in ", 1)[1].split(".")[0] for m in messages} >= {"0", "1", "2"}
+
+
+def test_capture_says_so_before_it_stores_and_hashes_the_samples(tmp_path):
+    from test_capture_chains import _config
+
+    from engine.capture.store import capture_and_store
+    from engine.config import load_config
+
+    messages: list[str] = []
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    result = capture_and_store(load_config(_config(tmp_path)), "cpu", ws, samples=1, progress=messages.append)
+    files = len(list((ws / result.sample_dir).iterdir()))
+    assert messages[-1].startswith(f"storing {len(result.cards)} cards and {len(result.chains)} chain cards, "
+                                   f"{files} sample files")

@@ -121,3 +121,28 @@ def test_captured_cards_are_unchanged_by_wide_compute():
     wide, mode = _cards(model, x, wide=True)
     assert mode.widened >= 8 and mode.kept == 0
     assert wide == real
+
+
+def test_a_parameter_is_widened_once_over_forwards_until_it_is_written():
+    lin = torch.nn.Linear(48, 40, bias=False).to(bf16).requires_grad_(False)
+    x = _r(130, 48)
+    wide = WideCompute(lin.parameters())
+    with torch.no_grad(), wide:
+        first, second = lin(x), lin(x)
+    assert wide.widened == 2 and wide.converted == 3, "the activation twice, the weight once"
+    assert torch.equal(first, second)
+    with torch.no_grad():
+        lin.weight.mul_(2)  # a written parameter is converted again, not read stale
+        with wide:
+            third = lin(x)
+    assert wide.converted == 5
+    assert torch.allclose(third.float(), 2 * first.float(), rtol=0.02, atol=0.02)
+
+
+def test_no_cache_beyond_its_budget_and_none_for_activations():
+    lin = torch.nn.Linear(48, 40, bias=False).to(bf16).requires_grad_(False)
+    x = _r(130, 48)
+    wide = WideCompute(lin.parameters(), cache_bytes=100)  # a float32 weight needs 7680 bytes
+    with torch.no_grad(), wide:
+        lin(x), lin(x)
+    assert wide.widened == 2 and wide.converted == 4

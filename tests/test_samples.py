@@ -125,3 +125,92 @@ def test_inputs_the_call_does_not_write_are_saved_as_they_were(tmp_path):
     assert torch.equal(add.mutated["self"], before[:32] + before[32:])
     mul = load_sample(next(f for f in files if "mul" in load_sample(f).meta["op"]))
     assert torch.equal(mul.args[0][1], w) and torch.equal(mul.outputs, w * 3.0)
+
+
+def test_sample_files_are_the_bytes_safetensors_writes(tmp_path, monkeypatch):
+    """Samples are written in chunks by our own writer; the file must be the one `save_file` makes."""
+    from engine.capture import samples
+
+    g = torch.Generator().manual_seed(0)
+    slabs = {f"in.{i}": torch.randint(0, 256, (n,), generator=g, dtype=torch.uint8)
+             for i, n in enumerate([5, 0, 17, 1, 64, 3, 8, 9, 2, 4, 1000, 7])}  # in.10 sorts before in.2
+    slabs["out.0"] = torch.randint(0, 256, (4099,), generator=g, dtype=torch.uint8)
+    slabs["in.3"] = torch.arange(256, dtype=torch.uint8).repeat(8)[5:300]  # a borrowed slab: a view
+    # one key, as a sample has (safetensors orders several by a hash map)
+    meta = {"kforge": '{"a":"q\\"uote \\\\ back / \\u00e9","n":[1,2.5e-07,null]} é\n\t\x01\x7f'}
+    monkeypatch.setattr(samples, "_WRITE_CHUNK", 100)  # several chunks per slab
+    samples.write_byte_slabs(tmp_path / "ours.safetensors", slabs, meta)
+    samples.save_file(slabs, str(tmp_path / "theirs.safetensors"), metadata=meta)
+    assert (tmp_path / "ours.safetensors").read_bytes() == (tmp_path / "theirs.safetensors").read_bytes()
+    for k in range(1, 9):  # header padding: every remainder mod 8
+        small = {"x": torch.zeros(k, dtype=torch.uint8)}
+        samples.write_byte_slabs(tmp_path / "a", small, {"kforge": "y" * k})
+        samples.save_file(small, str(tmp_path / "b"), metadata={"kforge": "y" * k})
+        assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes()
+
+
+def _slow_writes(monkeypatch, seconds=0.3):
+    import time
+
+    from engine.capture import samples
+
+    write = samples.write_byte_slabs
+
+    def slow(*a, **k):
+        time.sleep(seconds)
+        return write(*a, **k)
+
+    monkeypatch.setattr(samples, "write_byte_slabs", slow)
+
+
+def _captured_with_writer(tmp_path, fn, stable=frozenset()):
+    from engine.capture.samples import SampleWriter
+
+    writer = SampleWriter(stable)
+    files = []
+
+    def sink(tally, idx, snap, meta):
+        files.append(tmp_path / f"{tally.id}.{idx}.safetensors")
+        return writer.submit(files[-1], snap, meta)
+
+    mode = CaptureMode(path_of=lambda: "m", weight_of=lambda p: 1, samples=1, sample_budget_bytes=1 << 30,
+                       sink=sink, use_cuda_events=False, before_write=writer.before_write)
+    with torch.no_grad(), mode:
+        fn()
+    writer.close()
+    return writer, files
+
+
+def test_background_writes_keep_what_the_call_read_though_the_forward_writes_it_later(tmp_path, monkeypatch):
+    import hashlib
+
+    from engine.capture.samples import storage_key
+
+    _slow_writes(monkeypatch)
+    x, w = torch.randn(8, 16), torch.randn(16, 4)
+    x0, w0 = x.clone(), w.clone()
+
+    def forward():
+        torch.mm(x, w)
+        x.numpy()[:] += 1  # an activation, written where no dispatch sees it: copied when its sample was queued
+        w.mul_(2)  # a parameter, referenced by the queued file: the write waits for it
+
+    writer, files = _captured_with_writer(tmp_path, forward, stable=frozenset({storage_key(w)}))
+    mm = next(load_sample(f) for f in files if load_sample(f).meta["op"] == "aten::mm")
+    got = dict(mm.args)
+    assert torch.equal(got["self"], x0) and torch.equal(got["mat2"], w0)
+    assert torch.equal(w, 2 * w0)
+    for f in files:  # the digests are the files'
+        assert writer.digests[f.name] == (hashlib.sha256(f.read_bytes()).hexdigest(), f.stat().st_size)
+
+
+def test_a_failed_background_write_fails_the_capture(tmp_path):
+    import pytest
+
+    from engine.capture.samples import SampleWriter, snapshot_inputs
+
+    writer = SampleWriter()
+    snap, layout = snapshot_inputs([("self", torch.randn(4))])
+    writer.submit(tmp_path / "missing" / "x.safetensors", snap, {"inputs": layout})
+    with pytest.raises(FileNotFoundError):
+        writer.close()

@@ -6,12 +6,15 @@ How the capture takes them (engine.capture.run.capture_model):
   last, so it sees each call first and hands it on to the CaptureMode below it: CaptureMode's timed
   region still holds only the op (the trace's bookkeeping runs outside it), and the trace reads that
   one measurement (`CaptureMode.last_timing`) for the chain members instead of timing them again.
-- Samples. Chains are known only once the forward has ended, so their samples come from a second
-  forward under `ChainSampler`, which copies the chosen instances' external inputs (before the member
-  that first reads each) and their outputs (after the chain's last member) at the call indices the first
-  forward found. Forwards are deterministic for a fixed input; the sampler checks that the second
-  forward makes the same calls in order (op and exact signature) and, where it does not, the chain
-  samples are dropped with a note. This costs one more forward but keeps no tensor alive between them.
+- Samples. Chains are known only once a forward has ended, so their samples are taken in a forward
+  whose calls are known beforehand, under a `ChainSampler`, which copies the chosen instances' external
+  inputs (before the member that first reads each) and their outputs (after the chain's last member) at
+  the call indices a traced forward found; no tensor is kept alive between forwards. The warm-up forward
+  is traced (`MemberTrace` without a capture) and plans the instances; the captured forward runs under a
+  `CapturingSampler` (its MemberTrace, sampling that plan). The captured forward's own trace then decides
+  (`ChainSampling.finish`): where its calls (op and exact signature, in order) or its plan differ from the
+  warm-up's, those samples are dropped and `sample_chains` runs one more forward for the captured
+  forward's plan; where that forward's calls differ too, the chain samples are dropped with a note.
 - Module bindings. The same forward records, for a module card, how each instance's module forward feeds
   the chain (engine.capture.module_binding): a forward pre-hook on each of the card's modules keeps
   that invocation's arguments and the autocast state, and the sampler keeps the instance's chain inputs
@@ -24,13 +27,16 @@ How the capture takes them (engine.capture.run.capture_model):
 
 from __future__ import annotations
 
+import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from engine.capture.chains import (
     CHAIN_OP,
@@ -44,7 +50,7 @@ from engine.capture.chains import (
     patterns,
 )
 from engine.capture.recorder import CaptureMode
-from engine.capture.samples import Snapshot, save_sample
+from engine.capture.samples import SampleWriter, Snapshot, save_sample, storage_key
 from engine.capture.signature import _tensor_text, bind_arguments, describe_tensor
 from engine.cards import OperatorCard
 
@@ -76,18 +82,20 @@ class _Trace(ChainTrace):
 
 class MemberTrace(_Trace):
     """The captured forward's trace, nested inside `capture` (entered after it): per call, the
-    capture's own timing of it and the descriptions of the tensors it wrote."""
+    capture's own timing of it and the descriptions of the tensors it wrote. Without `capture` (a
+    forward that is not captured, such as the warm-up) calls are untimed."""
 
-    def __init__(self, path_of: Callable[[], str], capture: CaptureMode):
+    def __init__(self, path_of: Callable[[], str], capture: CaptureMode | None):
         super().__init__(path_of, time_calls=False)
         self.capture = capture
         self.timings: list[Any] = []
         self.write_descs: list[list[dict[str, Any] | None]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.capture.last_timing = None
+        if self.capture is not None:
+            self.capture.last_timing = None
         out = super().__torch_dispatch__(func, types, args, kwargs)
-        self.timings.append(self.capture.last_timing)
+        self.timings.append(None if self.capture is None else self.capture.last_timing)
         self.write_descs.append([None if t is None else describe_tensor(t)
                                  for t in self._written(func, args, kwargs, out)])
         return out
@@ -135,11 +143,16 @@ def _plan(card_id: str, idx: int, ch: Chain, *, sample: bool = True, bind: bool 
 
 
 class ChainSampler(_Trace):
-    """The second forward: the same trace, copying the planned instances' inputs and outputs."""
+    """A forward traced like the `reference` one, copying the planned instances' inputs and outputs."""
 
     def __init__(self, reference: list, planned: list[_Planned], sink: Callable[[_Planned], None],
-                 bound: Callable[[_Planned], None] = lambda p: None):
-        super().__init__()
+                 bound: Callable[[_Planned], None] = lambda p: None, *, path_of: Callable[[], str] | None = None,
+                 stable: frozenset[tuple] = frozenset()):
+        super().__init__(*(() if path_of is None else (path_of,)))
+        # Storages (the model's parameters) whose slabs a snapshot references instead of copying; a call
+        # that writes one first makes each snapshot still referencing it copy it.
+        self.stable = stable
+        self._borrowing: dict[int, _Planned] = {}  # id -> instance whose snapshot references a stable slab
         self.reference = reference  # the first forward's TraceCalls
         self.sink = sink
         self.bound = bound  # called after a bind instance's last member, with its inputs and entry
@@ -159,6 +172,12 @@ class ChainSampler(_Trace):
             self.mismatch = f"call {i} is {func.name()}" + (
                 f", was {self.reference[i].op}" if i < len(self.reference) else ", beyond the first forward's")
         here = self._at.get(i, []) if self.mismatch is None else []
+        if self._borrowing and _mutated(func):
+            writes = {storage_key(t) for name, v in bind_arguments(func, args, kwargs or {})
+                      if name in _mutated(func) for t in _tensors(v)}
+            with _disable_current_modes():
+                for p in self._borrowing.values():
+                    p.snap.own(frozenset(p.snap.borrowed.values()) - writes)
         if here:
             reads = [t for _, v in bind_arguments(func, args, kwargs or {}) for t in _tensors(v)]
             for p in here:
@@ -174,7 +193,10 @@ class ChainSampler(_Trace):
                             p.in_tensors[k] = t
                     if not p.sample:
                         continue
-                    p.snap.add_group(f"in{i}.", tensors)
+                    with _disable_current_modes():  # the copies are no calls of the forward's
+                        p.snap.add_group(f"in{i}.", tensors, self.stable)
+                    if p.snap.borrowed:
+                        self._borrowing[id(p)] = p
                     for (k, _), t in zip(p.inputs[i], tensors):
                         p.in_refs[k] = p.snap.ref(t, f"in{i}.")
         out = super().__torch_dispatch__(func, types, args, kwargs)
@@ -185,13 +207,16 @@ class ChainSampler(_Trace):
             for p in here:
                 for o, k in p.outputs.get(i, []) if p.sample else ():
                     p.out_tensors[o] = written[k]
-        if self.mismatch is None:
-            for p in self._last.get(i, []):
-                if p.sample:
-                    self.sink(p)
-                if p.bind:
-                    self.bound(p)
-                    p.in_tensors, p.entry = {}, None  # no tensor of the forward outlives its chain
+        if self.mismatch is None and self._last.get(i):
+            # Modes below this one (a capture, when the captured forward samples) must not see the copies.
+            with _disable_current_modes():
+                for p in self._last[i]:
+                    self._borrowing.pop(id(p), None)
+                    if p.sample:
+                        self.sink(p)
+                    if p.bind:
+                        self.bound(p)
+                        p.in_tensors, p.entry = {}, None  # no tensor of the forward outlives its chain
         return out
 
     def enter(self, path: str) -> Callable:
@@ -206,6 +231,20 @@ class ChainSampler(_Trace):
     def finish(self) -> None:
         if self.mismatch is None and len(self.calls) != len(self.reference):
             self.mismatch = f"it made {len(self.calls)} calls, the first forward {len(self.reference)}"
+
+
+class CapturingSampler(MemberTrace, ChainSampler):
+    """The captured forward's MemberTrace that also samples chains planned from an earlier forward's trace
+    (the warm-up's): when both forwards made the same calls and the captured one plans the same instances,
+    no further forward is needed for the chain samples (`ChainSampling.finish`)."""
+
+    def __init__(self, path_of: Callable[[], str], capture: CaptureMode, sampling: ChainSampling):
+        ChainSampler.__init__(self, sampling.reference, sampling.sampled, sampling.sink, sampling.bound,
+                              path_of=path_of,
+                              stable=sampling.writer.stable if sampling.writer is not None else frozenset())
+        self.capture = capture
+        self.timings = []
+        self.write_descs = []
 
 
 def _extent_bytes(d: dict[str, Any]) -> int:
@@ -291,6 +330,102 @@ def chain_text(ops: list[str], signature: dict[str, Any]) -> str:
     return f"chain[{' '.join(ops)}] " + " ".join(f"{a['name']} {_tensor_text(a)}" for a in signature["args"])
 
 
+def _plan_keys(planned: list[_Planned]) -> list[tuple]:
+    """The instances a plan samples or binds, in a fixed order (a plan lists cards by share, which timing moves)."""
+    keys = [(p.card_id, p.idx, tuple(c.index for c in p.chain.calls), p.sample, p.bind, p.chain.key())
+            for p in planned]
+    return sorted(keys, key=lambda k: k[:3])
+
+
+class ChainSampling:
+    """One forward's sampling of the planned chain instances: each instance's inputs and outputs written to
+    `folder` as `<card id>.<idx>.safetensors`, and (with `model`, the module the forward runs) how each
+    module card's instances are bound (engine.capture.module_binding)."""
+
+    def __init__(self, found: ChainCards, reference: list, folder: Path, model: torch.nn.Module | None,
+                 writer: SampleWriter | None = None):
+        self.found = found
+        self.writer = writer  # writes the files in the background (else: before the call returns)
+        self.reference = reference
+        self.folder = folder
+        self.model = model
+        self.written: dict[str, int] = {}
+        self.files: list[Path] = []
+        self.write_s = 0.0  # seconds spent writing sample files
+        self.bindings: dict[str, list[dict[str, Any] | str]] = {}  # card id -> per instance: binding or why not
+        self.binds = [p for p in (*found.planned, *found.bound) if p.bind] if model is not None else []
+        for p in found.planned:
+            p.bind = p.bind and model is not None
+        # what the sampler watches: the planned instances, then the bound-only ones
+        self.sampled = [*found.planned, *(p for p in self.binds if not p.sample)]
+
+    def sink(self, p: _Planned) -> None:
+        out_list = [p.out_tensors.get(o) for o in range(len(p.chain.outputs))]
+        if any(t is None for t in out_list):
+            return  # an output the trace could not name a tensor for: no sample rather than a wrong one
+        p.snap.add_group("out.", out_list)
+        meta = {"op": CHAIN_OP, "card": p.card_id, "module_path": p.chain.module or p.chain.scope,
+                "inputs": [{"name": f"in{i}", "tensor": p.in_refs[i]} for i in range(len(p.chain.inputs))],
+                "outputs": {"list": [{"tensor": p.snap.ref(t, "out.")} for t in out_list]},
+                "mutated": {}, "kwarg_only": []}
+        idx = self.written.get(p.card_id, 0)  # numbered as written: a skipped instance leaves no gap
+        f = self.folder / f"{p.card_id}.{idx}.safetensors"
+        t0 = time.perf_counter()
+        if self.writer is not None:
+            self.writer.submit(f, p.snap, meta)
+        else:
+            save_sample(f, p.snap, meta)
+        self.write_s += time.perf_counter() - t0
+        self.files.append(f)
+        self.written[p.card_id] = idx + 1
+        p.snap = Snapshot()  # the host copies are on disk now
+
+    def bound(self, p: _Planned) -> None:
+        self.bindings.setdefault(p.card_id, []).append(_binding(self.model, p))
+
+    @contextmanager
+    def hooks(self, sampler: ChainSampler) -> Iterator[None]:
+        """The module pre-hooks that give `sampler` each bound module's invocations, while the forward runs."""
+        handles = []
+        try:
+            for path in sorted({p.chain.module for p in self.binds}):
+                handles.append(self.model.get_submodule(path).register_forward_pre_hook(
+                    sampler.enter(path), with_kwargs=True))
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+            for p in self.binds:  # what an instance cut short by an error or a mismatch still holds
+                p.in_tensors, p.entry = {}, None
+            sampler.entered.clear()
+
+    def discard(self) -> None:
+        """Remove the sample files written so far."""
+        if self.writer is not None:
+            self.writer.flush()
+            self.writer.forget(self.files)
+        for f in self.files:
+            f.unlink(missing_ok=True)
+        self.files.clear()
+        self.written.clear()
+
+    def finish(self, sampler: ChainSampler, found: ChainCards | None = None) -> dict[str, int] | None:
+        """After the forward: the samples written per card id, with the module bindings put on `found`'s
+        cards (default: the planned ones). Where the sampled forward's calls differ from the reference,
+        or (given `found`, the captured forward's own plan) it plans other instances than were sampled,
+        the files are removed and None is returned."""
+        sampler.finish()
+        target = found if found is not None else self.found
+        if sampler.mismatch is not None or (found is not None and (
+                _plan_keys(found.planned) != _plan_keys(self.found.planned)
+                or _plan_keys(found.bound) != _plan_keys(self.found.bound))):
+            self.discard()
+            return None
+        if self.binds:
+            _bind_cards(target, self.bindings, Counter(p.card_id for p in self.binds))
+        return dict(self.written)
+
+
 def sample_chains(forward: Callable[[], Any], found: ChainCards, reference: list, folder: Path,
                   model: torch.nn.Module | None = None) -> dict[str, int]:
     """Run `forward()` once more under a ChainSampler and write the planned chain samples to `folder`
@@ -300,58 +435,18 @@ def sample_chains(forward: Callable[[], Any], found: ChainCards, reference: list
     With `model` (the module `forward` runs), each module card's instances are bound too: the card's
     `chain` facts get the module entry (`class`, `paths`, `args`, `params`, `autocast`) or the notes say
     why not."""
-    written: dict[str, int] = {}
-    files: list[Path] = []
-    bindings: dict[str, list[dict[str, Any] | str]] = {}  # card id -> per instance: binding or why not
-
-    def sink(p: _Planned) -> None:
-        out_list = [p.out_tensors.get(o) for o in range(len(p.chain.outputs))]
-        if any(t is None for t in out_list):
-            return  # an output the trace could not name a tensor for: no sample rather than a wrong one
-        p.snap.add_group("out.", out_list)
-        meta = {"op": CHAIN_OP, "card": p.card_id, "module_path": p.chain.module or p.chain.scope,
-                "inputs": [{"name": f"in{i}", "tensor": p.in_refs[i]} for i in range(len(p.chain.inputs))],
-                "outputs": {"list": [{"tensor": p.snap.ref(t, "out.")} for t in out_list]},
-                "mutated": {}, "kwarg_only": []}
-        idx = written.get(p.card_id, 0)  # numbered as written: a skipped instance leaves no gap
-        f = folder / f"{p.card_id}.{idx}.safetensors"
-        save_sample(f, p.snap, meta)
-        files.append(f)
-        written[p.card_id] = idx + 1
-        p.snap = Snapshot()  # the host copies are on disk now
-
-    def bound(p: _Planned) -> None:
-        bindings.setdefault(p.card_id, []).append(_binding(model, p))
-
-    binds = [p for p in (*found.planned, *found.bound) if p.bind] if model is not None else []
-    for p in found.planned:
-        p.bind = p.bind and model is not None
-    sampler = ChainSampler(reference, [*found.planned, *(p for p in binds if not p.sample)], sink, bound)
-    handles = []
-    try:
-        for path in sorted({p.chain.module for p in binds}):
-            handles.append(model.get_submodule(path).register_forward_pre_hook(sampler.enter(path),
-                                                                               with_kwargs=True))
-        with torch.no_grad(), sampler:
-            forward()
-    finally:
-        for h in handles:
-            h.remove()
-        for p in binds:  # what an instance cut short by an error or a mismatch still holds
-            p.in_tensors, p.entry = {}, None
-        sampler.entered.clear()
-    sampler.finish()
-    if sampler.mismatch is not None:
-        for f in files:
-            f.unlink(missing_ok=True)
+    sampling = ChainSampling(found, reference, folder, model)
+    sampler = ChainSampler(reference, sampling.sampled, sampling.sink, sampling.bound)
+    with sampling.hooks(sampler), torch.no_grad(), sampler:
+        forward()
+    written = sampling.finish(sampler)
+    if written is None:
         found.notes["chain samples"] = (f"none: a second forward (for the chain samples) differs from the "
                                         f"captured one ({sampler.mismatch}); is the model deterministic?")
-        if binds:
+        if sampling.binds:
             found.notes["module cards"] = ("no module bindings (they come from the same second forward): the "
                                            "module cards ship as pattern cards")
         return {}
-    if binds:
-        _bind_cards(found, bindings, Counter(p.card_id for p in binds))
     return written
 
 

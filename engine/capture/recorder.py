@@ -56,7 +56,8 @@ class CardTally:
         return sum(sec for sec, _ in self.cpu_seconds) / max(1, len(self.cpu_seconds)) * 1e6
 
 
-# Saves one sample before it returns (the snapshot references the inputs the call does not write).
+# Saves one sample, or copies what the snapshot references, before it returns (the snapshot references the
+# inputs the call does not write).
 SampleSink = Callable[[CardTally, int, Snapshot, dict[str, Any]], int]
 
 
@@ -117,8 +118,12 @@ class CaptureMode(TorchDispatchMode):
     def __init__(self, *, path_of: Callable[[], str], weight_of: Callable[[str], int], samples: int,
                  sample_budget_bytes: int, sink: SampleSink | None, use_cuda_events: bool,
                  total_budget_bytes: int = 1 << 62, progress: Callable[[str], None] | None = None,
-                 progress_every_s: float = 0.5):
+                 progress_every_s: float = 0.5,
+                 before_write: Callable[[list[torch.Tensor]], None] | None = None):
         super().__init__()
+        # Called with the tensors a call writes, before it runs (a background sample writer waits there
+        # for the files that still hold those tensors' storages).
+        self.before_write = before_write
         self.progress = progress
         self.progress_every_s = progress_every_s
         self.ops = 0  # recorded calls so far
@@ -151,8 +156,10 @@ class CaptureMode(TorchDispatchMode):
         tally = self.cards.get(cid)
         snap = layout = None
         if self.sink is not None and self._wants_sample(tally, bound):
-            # The sink saves the sample before this returns: only what the call writes needs a copy.
+            # The sink saves (or copies) the sample before this returns: only what the call writes needs a copy.
             snap, layout = snapshot_inputs(bound, written=_written_names(func))
+        if self.before_write is not None and _written_names(func):
+            self.before_write(list(_written_args(func, bound).values()))
         # Timed region holds only the op itself; sample copies happen outside it.
         if self.use_cuda_events:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

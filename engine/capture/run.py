@@ -14,9 +14,15 @@ from typing import Any
 
 import torch
 
-from engine.capture.chain_cards import MemberTrace, chain_cards, sample_chains
+from engine.capture.chain_cards import (
+    CapturingSampler,
+    ChainSampling,
+    MemberTrace,
+    chain_cards,
+    sample_chains,
+)
 from engine.capture.recorder import CaptureMode, CardTally, ModulePaths
-from engine.capture.samples import Snapshot, save_sample
+from engine.capture.samples import SampleWriter, Snapshot, storage_key
 from engine.capture.signature import dtype_name, signature_text
 from engine.capture.wide_compute import WideCompute, widens
 from engine.cards import OperatorCard
@@ -40,12 +46,15 @@ class CaptureResult:
     skipped: dict[str, int]
     notes: dict[str, str]
     sample_dir: str  # relative to the workspace
-    # Wall seconds per phase: build, warm-up, captured forward (without sample writing), writing samples,
-    # chain samples (a second forward).
+    # Wall seconds per phase: build, warm-up, captured forward (without queueing samples), writing samples
+    # (queueing them, and waiting at the end for the background writer), chain samples (finding the chains,
+    # and one more forward where the warm-up could not plan them).
     phases: dict[str, float] = field(default_factory=dict)
     # Chain cards (op `kforge::chain`): chains of memory-bound calls, by share; they overlap the op cards
     # (a chain's calls are also its members' op cards' calls), so `total_calls` does not count them.
     chains: list[OperatorCard] = field(default_factory=list)
+    # sample file name -> (sha256, bytes), hashed as written; a file not listed here is hashed when stored
+    sample_digests: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     @property
     def total_calls(self) -> int:
@@ -106,7 +115,8 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     """Build the model, warm it up, capture one forward, and write samples under the workspace.
 
     With `chains`, the captured forward is also traced for chains of memory-bound calls, which become
-    chain cards; their samples come from one more forward (engine.capture.chain_cards says why).
+    chain cards; their samples are taken in the captured forward as planned from the traced warm-up, or
+    where the two forwards differ, in one more forward (engine.capture.chain_cards says how).
     Samples go to a `.partial-*` folder that is renamed only when the capture succeeded, so a failed
     or interrupted capture leaves nothing that looks complete. The caller stores the cards.
     `wide_compute` (default: on a CPU without native instructions for the model's half-precision dtype)
@@ -124,13 +134,18 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     if wide_compute is None:
         wide_compute = widens(device, dtype)
     # Entered before (below) the capture's modes: they see each call as the model makes it.
-    wide = WideCompute() if wide_compute else None
+    wide = WideCompute(target.module.parameters()) if wide_compute else None
     below = wide if wide is not None else contextlib.nullcontext()
     if wide is not None:
         progress(f"{dtype_name(dtype)} convolutions and large matmuls computed in float32 on this CPU "
                  "(the cards are those of the real calls)")
-    progress("warm-up forward")
-    with below:
+    k = config.samples if samples is None else samples
+    budget, total_budget = config.sample_budget_mb << 20, config.total_sample_budget_mb << 20
+    paths = ModulePaths(target.module, target.multiplicity)
+    progress("warm-up forward" + (" (traced for chains)" if chains else ""))
+    # The warm-up's trace plans the chain samples, so the captured forward can take them (chain_cards says how).
+    warm_trace = MemberTrace(paths.current, None) if chains else None
+    with paths, below, (warm_trace if warm_trace is not None else contextlib.nullcontext()):
         _run_forward(config, target.forward, "warm-up")
     _sync(device)
     t_warm = time.perf_counter()
@@ -140,6 +155,8 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     partial = samples_root / f".partial-{capture_id}"
     final = samples_root / capture_id
     partial.mkdir(parents=True)
+    # Sample files are written (and hashed) on a background thread while the forward computes.
+    writer = SampleWriter(frozenset(storage_key(t) for t in (*target.module.parameters(), *target.module.buffers())))
     try:
         def sink(tally: CardTally, idx: int, snap: Snapshot, meta: dict[str, Any]) -> int:
             nonlocal write_s
@@ -147,21 +164,28 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
             if wide is not None and wide.widened_last(meta["op"]):
                 meta = {**meta, "compute": "float32"}  # its outputs are float32 results, rounded
             try:
-                return save_sample(partial / f"{tally.id}.{idx}.safetensors", snap, meta)
+                return writer.submit(partial / f"{tally.id}.{idx}.safetensors", snap, meta)
             finally:
                 write_s += time.perf_counter() - t0
 
-        k = config.samples if samples is None else samples
-        progress(f"capturing one forward (up to {k} samples per card)")
-        paths = ModulePaths(target.module, target.multiplicity)
+        early = None  # the chain samples planned from the warm-up, taken during the captured forward
+        if warm_trace is not None:
+            planned = chain_cards(warm_trace, target.module, paths.weight, 0.0, samples=k,
+                                  sample_budget_bytes=budget, total_budget_bytes=total_budget)
+            if planned.planned:
+                early = ChainSampling(planned, warm_trace.calls, partial, target.module, writer)
+            del warm_trace, planned
+        progress(f"capturing one forward (up to {k} samples per card"
+                 + (f"; {len(early.found.planned)} chain instances" if early is not None else "") + ")")
         mode = CaptureMode(path_of=paths.current, weight_of=paths.weight, samples=k,
-                           sample_budget_bytes=config.sample_budget_mb << 20, sink=sink,
-                           use_cuda_events=device.type == "cuda",
-                           total_budget_bytes=config.total_sample_budget_mb << 20, progress=progress)
+                           sample_budget_bytes=budget, sink=sink, use_cuda_events=device.type == "cuda",
+                           total_budget_bytes=total_budget, progress=progress, before_write=writer.before_write)
         # The trace is entered after the capture, so it sees each call first and the capture's timed
         # region around the op holds none of the trace's bookkeeping.
-        trace = MemberTrace(paths.current, mode) if chains else None
-        with paths:
+        trace = None
+        if chains:
+            trace = MemberTrace(paths.current, mode) if early is None else CapturingSampler(paths.current, mode, early)
+        with paths, (early.hooks(trace) if early is not None else contextlib.nullcontext()):
             try:
                 with torch.no_grad(), below, mode, (trace if trace is not None else contextlib.nullcontext()):
                     target.forward()
@@ -171,6 +195,9 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
                                  f"Forge bug: please report it with --debug output") from e
         _sync(device)
         t_captured = time.perf_counter()
+        if early is not None:
+            write_s += early.write_s
+        queue_s = write_s  # queueing samples during the captured forward (copies of what it may change)
         progress(f"captured {mode.ops} ops into {len(mode.cards)} cards, "
                  f"{mode.total_sample_bytes / 1e6:.0f} MB of samples")
         total_us = sum(t.weighted_us() for t in mode.cards.values())
@@ -180,13 +207,17 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         if trace is not None:
             trace.resolve_times()
             found = chain_cards(trace, target.module, paths.weight, total_us, samples=k,
-                                sample_budget_bytes=config.sample_budget_mb << 20,
-                                total_budget_bytes=max(0, (config.total_sample_budget_mb << 20)
-                                                       - mode.total_sample_bytes))
+                                sample_budget_bytes=budget,
+                                total_budget_bytes=max(0, total_budget - mode.total_sample_bytes))
             chain_list = found.cards
-            if found.planned:
+            written = None
+            if early is not None:
+                # The captured forward's own plan decides; the early samples stand only where they are its.
+                written = early.finish(trace, found) if found.planned else early.discard()
+            if found.planned and written is None:
                 progress(f"sampling {len(found.planned)} chain instances of {len(chain_list)} chain cards "
                          "(one more forward)")
+                writer.flush()  # no capture below this forward waits for the queued files before a write
                 try:
                     with below:
                         written = sample_chains(target.forward, found, trace.calls, partial, model=target.module)
@@ -195,12 +226,18 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
                                      f"{_one_line(e)}; it ran without capture, so this is likely a Kernel "
                                      f"Forge bug: please report it with --debug output") from e
                 _sync(device)
+            if found.planned:
                 chain_list = [dataclasses.replace(c, samples=written.get(c.card_id, 0)) for c in chain_list]
             chain_notes = found.notes
             del trace  # the trace holds weak references only, but its call list is large
         t_chains = time.perf_counter() - t_chains
+        t0 = time.perf_counter()
+        writer.close()
+        write_s += time.perf_counter() - t0
         partial.rename(final)
     except BaseException:
+        with contextlib.suppress(BaseException):  # what the writer raised, if anything, comes second
+            writer.close()
         shutil.rmtree(partial, ignore_errors=True)
         raise
     notes = {**{k: str(v) for k, v in target.notes.items()}, **chain_notes}
@@ -217,9 +254,9 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         capture_id=capture_id, model=config.name, device=device.type,
         dtype=dtype_name(config.dtype_for(device.type)), small=config.small,
         wall_s=time.perf_counter() - t_start, cards=cards, skipped=dict(mode.skipped), notes=notes,
-        sample_dir=str(final.relative_to(workspace)), chains=chain_list,
+        sample_dir=str(final.relative_to(workspace)), chains=chain_list, sample_digests=dict(writer.digests),
         phases={"build": t_built - t_start, "warm-up": t_warm - t_built,
-                "captured forward": t_captured - t_warm - write_s, "writing samples": write_s,
+                "captured forward": t_captured - t_warm - queue_s, "writing samples": write_s,
                 "chain samples": t_chains},
     )
 

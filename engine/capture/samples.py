@@ -29,6 +29,7 @@ class Snapshot:
     # group prefix -> storage key -> (slab name, byte start); groups never share slabs, so an in-place
     # op's output (same storage as its input) gets its own post-call copy.
     _slabs: dict[str, dict[tuple, tuple[str, int]]] = field(default_factory=dict)
+    borrowed: dict[str, tuple] = field(default_factory=dict)  # slab name -> storage key it references
 
     @property
     def nbytes(self) -> int:
@@ -54,12 +55,26 @@ class Snapshot:
             name = f"{prefix}{len(group)}"
             borrowed = key in borrow and owner.device.type == "cpu"
             self.tensors[name] = raw[start:hi] if borrowed else raw[start:hi].to("cpu", copy=True).contiguous()
+            if borrowed:
+                self.borrowed[name] = key
             group[key] = (name, start)
+
+    def own(self, keep: frozenset[tuple] = frozenset()) -> None:
+        """Copy every borrowed slab whose storage is not in `keep`: the snapshot then outlives the call."""
+        for name, key in list(self.borrowed.items()):
+            if key not in keep:
+                self.tensors[name] = self.tensors[name].clone()
+                del self.borrowed[name]
 
     def ref(self, t: torch.Tensor, prefix: str) -> dict[str, Any]:
         name, start = self._slabs[prefix][_storage_key(t)]
         return {"slab": name, "dtype": dtype_name(t.dtype), "shape": list(t.shape),
                 "stride": list(t.stride()), "offset": t.storage_offset() * t.element_size() - start}
+
+
+def storage_key(t: torch.Tensor) -> tuple:
+    """What names a tensor's storage while it lives (device, address, size)."""
+    return _storage_key(t)
 
 
 def _storage_key(t: torch.Tensor) -> tuple:
@@ -123,10 +138,166 @@ class Sample:
 
 def save_sample(path: Path, snap: Snapshot, meta: dict[str, Any]) -> int:
     """Write one sample file; returns its size in bytes."""
-    header = {"kforge": json.dumps({"format": FORMAT, **meta}, separators=(",", ":"))}
-    tensors = snap.tensors or {"empty": torch.empty(0, dtype=torch.uint8)}
-    save_file(tensors, str(path), metadata=header)
+    header, tensors = _file_parts(snap, meta)
+    if _byte_slabs(tensors):
+        write_byte_slabs(path, tensors, header)
+    else:
+        save_file(tensors, str(path), metadata=header)
     return path.stat().st_size
+
+
+def _file_parts(snap: Snapshot, meta: dict[str, Any]) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    header = {"kforge": json.dumps({"format": FORMAT, **meta}, separators=(",", ":"))}
+    return header, snap.tensors or {"empty": torch.empty(0, dtype=torch.uint8)}
+
+
+def _byte_slabs(tensors: dict[str, torch.Tensor]) -> bool:
+    return all(t.dtype == torch.uint8 and t.dim() == 1 and t.is_contiguous() and t.device.type == "cpu"
+               for t in tensors.values())
+
+
+_WRITE_CHUNK = 64 << 20
+
+
+def _safetensors_header(slabs: dict[str, torch.Tensor], metadata: dict[str, str]) -> tuple[list[str], bytes]:
+    names = sorted(slabs)
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for name in names:
+        n = slabs[name].numel()
+        header[name] = {"dtype": "U8", "shape": [n], "data_offsets": [offset, offset + n]}
+        offset += n
+    blob = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    blob += b" " * (-len(blob) % 8)
+    return names, len(blob).to_bytes(8, "little") + blob
+
+
+def write_byte_slabs(path: Path, slabs: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """Write 1-D uint8 CPU tensors as the safetensors file `save_file` writes, byte for byte (its header:
+    compact JSON, `__metadata__` first, tensors by name, padded with spaces to 8 bytes; the data in that
+    order; with one metadata key, as a sample has: safetensors orders several by a hash map), in 64 MB writes:
+    one write of a gigabyte slab runs at half the speed here, and samples hold whole weight matrices."""
+    names, head = _safetensors_header(slabs, metadata)
+    with open(path, "wb", buffering=0) as f:
+        _write_all(f, head)
+        for name in names:
+            data = memoryview(slabs[name].numpy())
+            for i in range(0, len(data), _WRITE_CHUNK):
+                _write_all(f, data[i:i + _WRITE_CHUNK])
+
+
+def _sha256_of(slabs: dict[str, torch.Tensor], metadata: dict[str, str]) -> str:
+    """The sha256 of the file `write_byte_slabs` writes for these slabs, without writing it."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    names, head = _safetensors_header(slabs, metadata)
+    digest.update(head)
+    for name in names:
+        data = memoryview(slabs[name].numpy())
+        for i in range(0, len(data), _WRITE_CHUNK):
+            digest.update(data[i:i + _WRITE_CHUNK])
+    return digest.hexdigest()
+
+
+def _write_all(f: Any, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[f.write(view):]  # an unbuffered write may take less than all of it
+
+
+class SampleWriter:
+    """Writes sample files on one background thread, each hashed (sha256) as it is written, so a capture's
+    forward computes while gigabytes of samples go to disk.
+
+    A submitted snapshot must not change until written: `submit` copies its borrowed slabs except those of
+    `stable` storages (the model's parameters and buffers, which a forward does not write); the capture
+    calls `before_write` before each call that writes a tensor, which waits for the files still holding a
+    stable storage it writes."""
+
+    def __init__(self, stable: frozenset[tuple] = frozenset()):
+        import queue
+        import threading
+
+        self.stable = stable
+        self.digests: dict[str, tuple[str, int]] = {}  # file name -> (sha256, bytes)
+        self._queue: queue.Queue = queue.Queue()
+        self._pending: dict[tuple, int] = {}  # stable storage key -> files not yet written that hold it
+        self._lock = threading.Lock()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="kforge-sample-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, path: Path, snap: Snapshot, meta: dict[str, Any]) -> int:
+        """Queue one sample file; returns the size it will have."""
+        self._raise()
+        snap.own(self.stable)
+        header, tensors = _file_parts(snap, meta)
+        if not _byte_slabs(tensors):  # not our slabs: written now, by safetensors
+            return save_sample(path, snap, meta)
+        _, head = _safetensors_header(tensors, header)
+        keys = list(snap.borrowed.values())
+        with self._lock:
+            for k in keys:
+                self._pending[k] = self._pending.get(k, 0) + 1
+        self._queue.put((path, tensors, header, keys))
+        return len(head) + sum(t.numel() for t in tensors.values())
+
+    def before_write(self, tensors: list[torch.Tensor]) -> None:
+        """Called before a call writes `tensors`: waits for queued files that hold one of their storages."""
+        with self._lock:
+            busy = any(self._pending.get(_storage_key(t)) for t in tensors)
+        if busy:
+            self.flush()
+
+    def flush(self) -> None:
+        """Wait until every queued file is written; raises what a write raised."""
+        self._queue.join()
+        self._raise()
+
+    def forget(self, paths: list[Path]) -> None:
+        """Drop the digests of files removed after they were written."""
+        for path in paths:
+            self.digests.pop(path.name, None)
+
+    def close(self) -> None:
+        """Write what is queued and stop the thread."""
+        self._queue.put(None)
+        self._thread.join()
+        self._raise()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _run(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        # A file is hashed on a second thread while it is written: past the page cache's dirty limit, writes
+        # wait for the disk, and the hash then costs no time of its own.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kforge-sample-hash") as hasher:
+            self._serve(hasher)
+
+    def _serve(self, hasher: Any) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                if job is None:
+                    return
+                path, tensors, header, keys = job
+                if self._error is None:  # after a failed write, the capture fails: nothing more is written
+                    digest = hasher.submit(_sha256_of, tensors, header)
+                    write_byte_slabs(path, tensors, header)
+                    self.digests[path.name] = (digest.result(), path.stat().st_size)
+            except BaseException as e:  # noqa: BLE001 - raised on the capture's thread
+                self._error = e
+            finally:
+                if job is not None:
+                    with self._lock:
+                        for k in job[3]:
+                            self._pending[k] -= 1
+                self._queue.task_done()
 
 
 def _rebuild(ref: dict[str, Any], slabs: dict[str, torch.Tensor]) -> torch.Tensor:

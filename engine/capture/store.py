@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ def capture_and_store(config: ModelConfig, device_arg: str | None, workspace: Pa
                       progress: Callable[[str], None] = lambda msg: None) -> CaptureResult:
     """Capture a config and store cards and samples in the workspace (no running event loop)."""
     result = _capture(config, device_arg, workspace, samples, progress)
+    progress(_storing(workspace, result))
     try:
         asyncio.run(_store_in_workspace(workspace, config, result))
     except BaseException:
@@ -76,12 +79,21 @@ async def capture_into(store: Store, config: ModelConfig, device_arg: str | None
             raise asyncio.CancelledError() from None
         discard_samples(workspace, done)
         raise
+    progress(_storing(workspace, result))
     try:
         await save_capture(store, workspace, config, result)
     except BaseException:
         discard_samples(workspace, result)
         raise
     return result
+
+
+def _storing(workspace: Path, result: CaptureResult) -> str:
+    """The progress line before storing: hashing gigabytes of samples takes seconds."""
+    files = [f for f in (workspace / result.sample_dir).iterdir() if f.is_file()]
+    size = sum(f.stat().st_size for f in files)
+    return (f"storing {len(result.cards)} cards and {len(result.chains)} chain cards, "
+            f"{len(files)} sample files ({size / 1e6:.0f} MB, sha256)")
 
 
 def _capture(config: ModelConfig, device_arg: str | None, workspace: Path, samples: int | None,
@@ -101,13 +113,19 @@ async def save_capture(store: Store, workspace: Path, config: ModelConfig, resul
     """One transaction: the capture row, its cards and their sample files (with digests)."""
     import torch
 
-    sample_rows = []
     root = workspace / result.sample_dir
-    for card in [*result.cards, *result.chains]:
-        for idx in range(card.samples):
-            f = root / f"{card.card_id}.{idx}.safetensors"
-            sample_rows.append({"card_id": card.card_id, "idx": idx, "path": str(f.relative_to(workspace)),
-                                "sha256": _sha256(f), "nbytes": f.stat().st_size})
+    files = [(card.card_id, idx, root / f"{card.card_id}.{idx}.safetensors")
+             for card in [*result.cards, *result.chains] for idx in range(card.samples)]
+    # Files the capture hashed as it wrote them keep that digest (if their size is still the one written);
+    # the rest are hashed here, a thread per core (hashlib releases the GIL on large buffers).
+    def digest(f: Path) -> str:
+        known = result.sample_digests.get(f.name)
+        return known[0] if known is not None and known[1] == f.stat().st_size else _sha256(f)
+
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        digests = list(pool.map(digest, [f for _, _, f in files]))
+    sample_rows = [{"card_id": cid, "idx": idx, "path": str(f.relative_to(workspace)), "sha256": digest,
+                    "nbytes": f.stat().st_size} for (cid, idx, f), digest in zip(files, digests)]
     capture: dict[str, Any] = {
         "id": result.capture_id, "model": result.model, "config_path": str(config.path.resolve()),
         "config_sha256": config.sha256, "device": result.device, "dtype": result.dtype,

@@ -16,6 +16,7 @@ differ, or the fake kernel cannot answer, the call runs as it is (slow, exact).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -51,10 +52,6 @@ def widens(device: torch.device, dtype: torch.dtype) -> bool:
         return True
 
 
-def _widen(x: Any) -> Any:
-    return x.float() if isinstance(x, torch.Tensor) and x.dtype in HALF else x
-
-
 def _layout(t: torch.Tensor) -> tuple:
     return tuple(t.shape), tuple(t.stride()), t.storage_offset()
 
@@ -63,11 +60,18 @@ class WideCompute(TorchDispatchMode):
     """Runs `WIDENED` calls with half-precision CPU inputs in float32; results in the call's own dtype
     and layout. `widened` and `kept` count the half-precision calls of those ops computed each way."""
 
-    def __init__(self) -> None:
+    def __init__(self, params: Iterable[torch.Tensor] = (), cache_bytes: int = 4 << 30) -> None:
+        """`params`: tensors (the model's parameters) whose float32 copies may be kept for later calls, up to
+        `cache_bytes`; each forward then converts a weight once, not once per forward."""
         super().__init__()
         self.widened = 0
         self.kept = 0
+        self.converted = 0  # half-precision tensors converted to float32 (cache misses)
         self._last_widened = False
+        # Only parameters' storages: they live as long as the model, so an address names one tensor's data.
+        self._params = {p.untyped_storage().data_ptr() for p in params if p.dtype in HALF and p.device.type == "cpu"}
+        self._cache: dict[tuple, tuple[int, torch.Tensor]] = {}
+        self._cache_left = cache_bytes
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -93,11 +97,11 @@ class WideCompute(TorchDispatchMode):
         expected = _fake_outputs(func, args, kwargs)
         if expected is None:
             return None
-        wide_kwargs = tree_map(_widen, kwargs)
+        wide_kwargs = tree_map(self._widen, kwargs)
         if func is aten._grouped_mm.default:
             wide_kwargs.pop("out_dtype", None)
             args = args[:4]
-        result = func(*tree_map(_widen, args), **wide_kwargs)
+        result = func(*tree_map(self._widen, args), **wide_kwargs)
         flat_result, spec = tree_flatten(result)
         if len(flat_result) != len(expected):
             return None
@@ -108,6 +112,30 @@ class WideCompute(TorchDispatchMode):
             shape, stride, _ = layout
             outs.append(torch.empty_strided(shape, stride, dtype=dtype).copy_(got))
         return spec.unflatten(outs)
+
+
+    def _widen(self, x: Any) -> Any:
+        """A float32 copy of a half-precision tensor; a parameter's is kept until the parameter is written."""
+        if not isinstance(x, torch.Tensor) or x.dtype not in HALF:
+            return x
+        ptr = x.untyped_storage().data_ptr()
+        if ptr not in self._params:
+            self.converted += 1
+            return x.float()
+        key = (ptr, x.storage_offset(), tuple(x.shape), tuple(x.stride()), x.dtype)
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] == x._version:  # a view shares its base's version counter
+            return hit[1]
+        self.converted += 1
+        wide = x.float()
+        nbytes = wide.untyped_storage().nbytes()
+        if hit is not None:
+            self._cache_left += hit[1].untyped_storage().nbytes()
+            del self._cache[key]
+        if nbytes <= self._cache_left:
+            self._cache[key] = (x._version, wide)
+            self._cache_left -= nbytes
+        return wide
 
 
 def _rows_per_weight(func, args: tuple) -> float:
