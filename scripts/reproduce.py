@@ -1,20 +1,22 @@
 #!/usr/bin/env python3
-"""Reproduce Kernel Forge's headline numbers on one GPU: for each reference config, capture → run (builtin
-proposer, default budget) → export → end-to-end benchmark → torch.compile beside it; then the issue-4 target
-cards, the search ablation, and one Markdown report.
+"""Reproduce Kernel Forge's headline numbers, one model per sitting (one 10-minute device command each), then
+one report assembled from those sittings. A model's sitting: run (builtin proposer, --wall-time) → export
+--target eager,compile → bench_e2e (eager, CUDA graphs, host time per forward) → bench_compose (torch.compile
+default and reduce-overhead, alone vs + cast); the record beside them names the commit, source digest, host,
+GPU clocks and an eager control, and every step's outcome.
 
-    python scripts/reproduce.py --out docs/results/reproduce [--models resnet50,sd35_medium,gemma4_e2b,qwen35_a3b]
-    python scripts/reproduce.py --out docs/results/reproduce --report-only     # (re)write report.md only
-    python scripts/reproduce.py --out OUT --gpus 0,1          # models shared out over two GPUs, one process each
-    CUDA_VISIBLE_DEVICES=1 python scripts/reproduce.py --out OUT --models resnet50 --models-only  # by hand
+    python scripts/reproduce.py --out /tmp/r --models vit_b16 --deadline 540 --pack OUT   # one model, one sitting
+    python scripts/reproduce.py --out docs/results/reproduce --report-only               # assemble report.md
+    python scripts/reproduce.py --out OUT --extras        # the issue-4 target cards and the search ablation
+    python scripts/reproduce.py --out OUT --gpus 0,1      # models shared out over two GPUs, one process each
 
-Every step writes its own files under OUT and is skipped when they exist, so the script can be run in
-several sittings (a run cut short resumes with `kforge-tui run --resume`). Workspaces (with their
-samples, tens of GB for SD3.5) live under --workspaces (default /tmp/kforge-reproduce), not in OUT.
-
-With --gpus, each GPU's process takes the next model when it is done with one. The end-to-end and
-torch.compile steps take turns through a lock in OUT: they time whole forwards, often host-bound, and two at
-once on one host would slow each other.
+Models: resnet50, sd35_medium, gemma4_e2b, qwen35_a3b (configs/models) and sd35_vae, vit_b16, convnext_tiny,
+whisper_encoder, deeplabv3 (configs/examples). Every step writes its own files under OUT/MODEL and is skipped
+when they exist, so a model can take several sittings (a run cut short resumes with `kforge-tui run
+--resume`). Workspaces (with their samples, tens of GB for SD3.5) live under --workspaces (default
+/tmp/kforge-reproduce), not in OUT. --report-only refuses results of different code (their source digests
+differ) unless --allow-mixed-commits, which flags them. The end-to-end and compose steps take turns through a
+lock in OUT: they time whole forwards, often host-bound, and two at once on one host would slow each other.
 """
 
 from __future__ import annotations
