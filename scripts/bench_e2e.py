@@ -199,7 +199,8 @@ def main() -> int:
     ap.add_argument("--casts", help="folder with <model>.cast files to use (built there when missing); "
                                     "sd35_vae uses sd35_medium.cast")
     ap.add_argument("--iters", type=int, default=0, help="forwards per arm (default: 30 ResNet-50, 10 SD3.5, else about 2 s per arm)")
-    ap.add_argument("--models", default="resnet50,sd35_vae,sd35_medium")
+    ap.add_argument("--models", default="resnet50,sd35_vae,sd35_medium",
+                    help="comma-separated: resnet50, sd35_vae, sd35_medium, a shipped config's name or a config file")
     ap.add_argument("--no-host-cost", action="store_true", help="skip the per-call host cost probe")
     ap.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph arm")
     ap.add_argument("--routers", default=os.environ.get("KFORGE_CAST_ROUTER") or "auto",
@@ -222,14 +223,16 @@ def main() -> int:
         if name not in MODELS:
             from engine.config import shipped_configs
 
-            if name not in shipped_configs():
-                print(f"error: --models: unknown model {name!r}; use {', '.join(MODELS)} or a shipped config "
-                      f"({', '.join(shipped_configs())})", file=sys.stderr)
+            if name not in shipped_configs() and not Path(name).is_file():
+                print(f"error: --models: unknown model {name!r}; use {', '.join(MODELS)}, a shipped config "
+                      f"({', '.join(shipped_configs())}) or a config file", file=sys.stderr)
                 return 2
-        make, keep, iters, stem = MODELS.get(name) or (lambda n=name: config_model(n), lambda op: True, 0, name)
+        # A config file (e.g. configs/examples/vit_b16.toml) is named by its stem, and so is its cast.
+        short = name if name in MODELS else Path(name).stem
+        make, keep, iters, stem = MODELS.get(name) or (lambda n=name: config_model(n), lambda op: True, 0, short)
         for router in routers:
             os.environ["KFORGE_CAST_ROUTER"] = router  # read by cast.install()
-            label = name if len(routers) == 1 else f"{name} [{router} router]"
+            label = short if len(routers) == 1 else f"{short} [{router} router]"
             try:
                 r = bench_model(label, make, keep, casts / f"{stem}.cast", out / "work", args.iters or iters,
                                 graphs=not args.no_graphs)

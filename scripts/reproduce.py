@@ -1,20 +1,22 @@
 #!/usr/bin/env python3
-"""Reproduce Kernel Forge's headline numbers on one GPU: for each reference config, capture → run (builtin
-proposer, default budget) → export → end-to-end benchmark → torch.compile beside it; then the issue-4 target
-cards, the search ablation, and one Markdown report.
+"""Reproduce Kernel Forge's headline numbers, one model per sitting (one 10-minute device command each), then
+one report assembled from those sittings. A model's sitting: run (builtin proposer, --wall-time) → export
+--target eager,compile → bench_e2e (eager, CUDA graphs, host time per forward) → bench_compose (torch.compile
+default and reduce-overhead, alone vs + cast); the record beside them names the commit, source digest, host,
+GPU clocks and an eager control, and every step's outcome.
 
-    python scripts/reproduce.py --out docs/results/reproduce [--models resnet50,sd35_medium,gemma4_e2b,qwen35_a3b]
-    python scripts/reproduce.py --out docs/results/reproduce --report-only     # (re)write report.md only
-    python scripts/reproduce.py --out OUT --gpus 0,1          # models shared out over two GPUs, one process each
-    CUDA_VISIBLE_DEVICES=1 python scripts/reproduce.py --out OUT --models resnet50 --models-only  # by hand
+    python scripts/reproduce.py --out /tmp/r --models vit_b16 --deadline 540 --pack OUT   # one model, one sitting
+    python scripts/reproduce.py --out docs/results/reproduce --report-only               # assemble report.md
+    python scripts/reproduce.py --out OUT --extras        # the issue-4 target cards and the search ablation
+    python scripts/reproduce.py --out OUT --gpus 0,1      # models shared out over two GPUs, one process each
 
-Every step writes its own files under OUT and is skipped when they exist, so the script can be run in
-several sittings (a run cut short resumes with `kforge-tui run --resume`). Workspaces (with their
-samples, tens of GB for SD3.5) live under --workspaces (default /tmp/kforge-reproduce), not in OUT.
-
-With --gpus, each GPU's process takes the next model when it is done with one. The end-to-end and
-torch.compile steps take turns through a lock in OUT: they time whole forwards, often host-bound, and two at
-once on one host would slow each other.
+Models: resnet50, sd35_medium, gemma4_e2b, qwen35_a3b (configs/models) and sd35_vae, vit_b16, convnext_tiny,
+whisper_encoder, deeplabv3 (configs/examples). Every step writes its own files under OUT/MODEL and is skipped
+when they exist, so a model can take several sittings (a run cut short resumes with `kforge-tui run
+--resume`). Workspaces (with their samples, tens of GB for SD3.5) live under --workspaces (default
+/tmp/kforge-reproduce), not in OUT. --report-only refuses results of different code (their source digests
+differ) unless --allow-mixed-commits, which flags them. The end-to-end and compose steps take turns through a
+lock in OUT: they time whole forwards, often host-bound, and two at once on one host would slow each other.
 """
 
 from __future__ import annotations
@@ -34,7 +36,28 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-MODELS = ("resnet50", "sd35_medium", "gemma4_e2b", "qwen35_a3b")
+MODELS = ("resnet50", "sd35_medium", "gemma4_e2b", "qwen35_a3b")  # the reference configs
+EXAMPLES = ("sd35_vae", "vit_b16", "convnext_tiny", "whisper_encoder", "deeplabv3")  # configs/examples/
+ALL_MODELS = MODELS + EXAMPLES
+# Seconds of `run --wall-time` (capture and eager timing count) when --wall-time is not given: what leaves
+# export, bench_e2e and bench_compose room in one 10-minute device command. The reference models' captures
+# alone take minutes at full size; restrict their search with --ops to fit.
+WALL_S = {"resnet50": 150, "sd35_medium": 150, "gemma4_e2b": 150, "qwen35_a3b": 150, "sd35_vae": 120,
+          "vit_b16": 120, "convnext_tiny": 120, "whisper_encoder": 120, "deeplabv3": 120}
+# Each step's time limit (seconds; the run's is its wall time plus this), all inside --deadline.
+STEP_LIMIT_S = {"run": 90, "export": 180, "e2e": 150, "compose": 240, "torch.compile": 540}
+COMPOSE_MODES = ("default", "reduce-overhead")
+RECORD = "record.json"  # per model: the sitting (commit, host, GPU clocks, eager control) and each step's outcome
+# What a per-model sitting hands back with --pack (a device command returns at most 8 files): the report's inputs.
+PACKED = (RECORD, "facts.json", "export.json", "run.json", "steps.log", "e2e/bench_e2e.json",
+          "compose/bench_compose.json")
+
+
+def config_path(model: str) -> str:
+    """The config a model name stands for: configs/models/NAME.toml or configs/examples/NAME.toml."""
+    return f"configs/{'models' if model in MODELS else 'examples'}/{model}.toml"
+
+
 # The original Kernel Forge study (a GB10, not an H200): per-op speedups on the same operators.
 ORIGINAL = [("aten::mean.dim", "resnet50", "adaptive_avg_pool2d", 1.52),
             ("aten::native_group_norm", "sd35_medium", "group_norm", 1.70),
@@ -89,20 +112,32 @@ def on_gpus(models: list[str], gpus: list[str], argv_for: Any, log_dir: Path) ->
     return codes
 
 
-def step(name: str, done: Path, argv: list[str], log_file: Path, stdout: Path | None = None) -> int:
+TIMED_OUT = 124  # a step's exit code when its time limit ended it (as timeout(1) has it)
+
+
+def step(name: str, done: Path, argv: list[str], log_file: Path, stdout: Path | None = None,
+         timeout: float | None = None) -> int:
     """Run one step unless `done` exists (non-empty); its stderr (and stdout unless captured to a file) go to
     log_file. A captured stdout is written beside the file and renamed into place only when the step
-    succeeds, so a step killed with its sitting (a time limit, a lost machine) is run again next time."""
+    succeeds, so a step killed with its sitting (a time limit, a lost machine) is run again next time. Past
+    `timeout` seconds the step's process group gets SIGINT, then SIGKILL 30 s later; it returns TIMED_OUT."""
     if done.exists() and done.stat().st_size > 0:
         log(f"{name}: done already ({done})")
         return 0
-    log(f"{name}: {' '.join(argv)}")
+    log(f"{name}: {' '.join(argv)}" + (f" (limit {timeout:.0f} s)" if timeout else ""))
     t0 = time.perf_counter()
     partial = stdout.with_name(stdout.name + ".partial") if stdout else None
     with open(log_file, "a") as err:
         out = open(partial, "w") if partial else err
         try:
-            rc = subprocess.call(argv, stdout=out, stderr=err, cwd=ROOT)
+            # Its own process group, so a time limit ends the step's children (lanes, compile workers) too.
+            proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=ROOT, start_new_session=True)
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _end_group(proc)
+                rc = TIMED_OUT
+                err.write(f"error: {name}: time limit of {timeout:.0f} s reached; stopped\n")
         finally:
             if partial:
                 out.close()
@@ -110,6 +145,20 @@ def step(name: str, done: Path, argv: list[str], log_file: Path, stdout: Path | 
     if partial and rc == 0:
         partial.replace(stdout)
     return rc
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """Stop a step we started, and its children: SIGINT to its process group, SIGKILL if it outlives 30 s."""
+    import signal
+
+    for sig, wait_s in ((signal.SIGINT, 30), (signal.SIGKILL, 10)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def latest_run(ws: Path) -> dict | None:
@@ -126,44 +175,212 @@ def latest_run(ws: Path) -> dict | None:
         conn.close()
 
 
-def model_steps(model: str, out: Path, ws_root: Path, wall: float | None,
-                compile_mode: str = COMPILE_MODE) -> None:
+def source_digest() -> str:
+    """sha256 over the code a sitting runs (engine/, kforge_tui/, scripts/, configs/): equal digests, equal code,
+    also where the working tree travels without its git history (a device machine)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for sub in ("engine", "kforge_tui", "scripts", "configs"):
+        for f in sorted((ROOT / sub).rglob("*")):
+            if f.is_file() and f.suffix in (".py", ".toml", ".cu", ".cuh", ".cpp", ".h") and "__pycache__" not in f.parts:
+                h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def git_commit() -> tuple[str | None, bool | None]:
+    """(HEAD's commit, whether the code differs from it), or the KFORGE_COMMIT variable and None without git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "engine", "kforge_tui", "scripts", "configs"],
+                               cwd=ROOT, capture_output=True, text=True, timeout=10)
+        if head.returncode == 0 and dirty.returncode == 0:
+            return head.stdout.strip(), bool(dirty.stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("KFORGE_COMMIT") or None, None
+
+
+def gpu_clocks() -> dict[str, str]:
+    """The GPU's clocks, power limit and temperature as nvidia-smi reads them now (empty without it)."""
+    fields = ("name", "driver_version", "clocks.sm", "clocks.max.sm", "clocks.mem", "clocks.max.mem",
+              "clocks.applications.graphics", "power.limit", "temperature.gpu")
+    first = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
+    try:
+        p = subprocess.run(["nvidia-smi", "-i", first if first.isdigit() else "0",
+                            f"--query-gpu={','.join(fields)}", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    values = [v.strip() for v in p.stdout.strip().split(",")]
+    return dict(zip(fields, values)) if p.returncode == 0 and len(values) == len(fields) else {}
+
+
+def eager_control() -> dict[str, float]:
+    """The same few eager calls in every sitting, so sittings on different hosts can be compared: a bf16
+    8192² matmul (GPU-bound), a 1 GiB copy, and the host's µs to issue one tiny kernel."""
+    import torch
+
+    from engine.bench.forward import time_forward
+    from engine.bench.host import per_call_us
+    from engine.bench.timing import copy_bandwidth
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ a
+    mm_ms = sorted(time_forward(lambda: a @ a) for _ in range(21))[10] / 1e3
+    x = torch.zeros(1, device="cuda")
+    launch_us = per_call_us(lambda: x.add_(1), n=2000, rounds=5)
+    copy = copy_bandwidth(torch.device("cuda"))
+    a = x = None  # freed before the model steps
+    torch.cuda.empty_cache()
+    return {"matmul_ms": mm_ms, "matmul_tflops": 2 * 8192 ** 3 / (mm_ms / 1e3) / 1e12,
+            "copy_gbps": copy / 1e9, "host_us_per_launch": launch_us}
+
+
+def sitting() -> dict[str, Any]:
+    """Where and on what code this sitting runs: commit, source digest, host, GPU, clocks, eager control."""
+    import socket
+
+    import torch
+
+    commit, dirty = git_commit()
+    rec: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": commit, "dirty": dirty,
+                           "source_digest": source_digest(), "host": socket.gethostname(),
+                           "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "clocks": gpu_clocks()}
+    try:
+        rec["control"] = eager_control()
+    except Exception as e:  # the control is context, not a step: its failure is recorded, not fatal
+        rec["control"] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+    return rec
+
+
+def last_error(log_file: Path, offset: int) -> str:
+    """The line that says why a step failed: the last `error`/exception line it wrote to the log, else its last."""
+    try:
+        with open(log_file, errors="replace") as f:
+            f.seek(offset)
+            lines = [ln.strip() for ln in f.read().splitlines() if ln.strip() and not ln.startswith("[")]
+    except OSError:
+        return "no log"
+    errors = [ln for ln in lines if ln.lower().startswith("error") or "Error:" in ln or "Exception:" in ln]
+    why = (errors or lines or ["no output"])[-1]
+    return (why if len(why) <= 300 else why[:297] + "…").replace("|", "/")
+
+
+def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compile_mode: str = COMPILE_MODE, *,
+                ops: str | None = None, targets: str = "eager,compile", deadline: float | None = None,
+                compile_ops: bool = False) -> None:
+    """One model's sitting: run → export → bench_e2e → bench_compose (→ bench_compile_ops with compile_ops), each
+    step skipped when its file is there, each outcome (ok, failed with its error, timed out, skipped, not run and
+    why) kept in OUT/MODEL/record.json beside the sitting (commit, host, GPU clocks, eager control)."""
     py = sys.executable
     d, ws = out / model, ws_root / model
     d.mkdir(parents=True, exist_ok=True)
     logf = d / "steps.log"
+    rec = _load(d / RECORD) or {"model": model, "sittings": [], "steps": {}}
+    rec["sittings"].append(sitting())
+    now = len(rec["sittings"]) - 1
+
+    def save() -> None:
+        (d / RECORD).write_text(json.dumps(rec, indent=1, default=str) + "\n")
+
+    save()
+
+    def do(name: str, done: Path, argv: list[str], limit: float, stdout: Path | None = None) -> int | None:
+        if done.exists() and done.stat().st_size > 0:  # an earlier sitting's step: its outcome stands
+            rec["steps"].setdefault(name, {"status": "ok", "sitting": None})
+            return 0
+        if deadline is not None:
+            left = deadline - time.time() - 45  # room for a stopped step to end (SIGINT, 30 s, SIGKILL)
+            if left < 20:
+                rec["steps"][name] = {"status": "skipped", "why": "the sitting's --deadline was spent", "sitting": now}
+                save()
+                return None
+            limit = min(limit, left)
+        offset = logf.stat().st_size if logf.exists() else 0
+        t0 = time.time()
+        rc = step(f"{model} {name}", done, argv, logf, stdout=stdout, timeout=limit)
+        entry = {"status": "ok" if rc == 0 else "timed out" if rc == TIMED_OUT else "failed", "rc": rc,
+                 "seconds": round(time.time() - t0, 1), "sitting": now}
+        if rc == TIMED_OUT:
+            entry["why"] = f"stopped at its time limit of {limit:.0f} s"
+        elif rc:
+            entry["error"] = last_error(logf, offset)
+        rec["steps"][name] = entry
+        save()
+        return rc
+
+    def not_run(name: str, why: str) -> None:
+        if name not in rec["steps"] or rec["steps"][name]["status"] != "ok":
+            rec["steps"][name] = {"status": "not run", "why": why, "sitting": now}
+            save()
+
     run = latest_run(ws)
+    wall = wall or WALL_S.get(model)
     run_argv = [py, "-m", "kforge_tui", "run", "--no-tui", "--json", "--workspace", str(ws)]
-    run_argv += ["--resume", run["id"]] if run and run["status"] != "done" else [f"configs/models/{model}.toml"]
-    if wall:
-        run_argv += ["--wall-time", str(wall)]
-    if step(f"{model} run", d / "run.json", run_argv, logf, stdout=d / "run.json") != 0:
+    run_argv += ["--resume", run["id"]] if run and run["status"] != "done" else [config_path(model)]
+    run_argv += (["--wall-time", str(wall)] if wall else []) + (["--ops", ops] if ops else [])
+    rc = do("run", d / "run.json", run_argv, (wall or 3600) + STEP_LIMIT_S["run"], stdout=d / "run.json")
+    if rc != 0:
         log(f"{model}: the run did not finish; the next sitting resumes it")
-        return
-    step(f"{model} export", d / "export.json",
-         [py, "-m", "kforge_tui", "export", "--workspace", str(ws), "--out", str(d / f"{model}.cast"), "--json"],
-         logf, stdout=d / "export.json")
-    if (d / f"{model}.cast").exists():
-        models = "sd35_vae,sd35_medium" if model == "sd35_medium" else model
+        for name in ("export", "e2e", "compose"):
+            not_run(name, "the run did not finish")
+    else:
+        do("export", d / "export.json",
+           [py, "-m", "kforge_tui", "export", "--workspace", str(ws), "--out", str(d / f"{model}.cast"), "--json",
+            "--target", targets], STEP_LIMIT_S["export"], stdout=d / "export.json")
+        cast = d / f"{model}.cast"
+        if cast.exists():
+            with host_bench_turn(out):
+                do("e2e", d / "e2e" / "bench_e2e.md",
+                   [py, "scripts/bench_e2e.py", "--out", str(d / "e2e"), "--casts", str(d), "--models",
+                    config_path(model), "--no-host-cost"], STEP_LIMIT_S["e2e"])
+            compose = _load(d / "compose" / "bench_compose.json")
+            if compose is not None and not all(m in compose.get("modes", {}) for m in COMPOSE_MODES):
+                (d / "compose" / "bench_compose.json").unlink()  # cut short before its last mode: run it again
+            with host_bench_turn(out):
+                do("compose", d / "compose" / "bench_compose.json",
+                   [py, "scripts/bench_compose.py", "--out", str(d / "compose"), "--model", config_path(model),
+                    "--cast", str(cast), "--modes", ",".join(COMPOSE_MODES)], STEP_LIMIT_S["compose"])
+        else:
+            why = _export_error(logf) or f"no cast ({_why(rec, 'export')}; see steps.log)"
+            not_run("e2e", why)
+            not_run("compose", why)
+    if compile_ops:
+        comp = _load(d / "compile.json")
+        if comp is not None and "whole_model" not in comp:  # cut short after its per-op part: run it again
+            (d / "compile.json").unlink()
         with host_bench_turn(out):
-            step(f"{model} e2e", d / "e2e" / "bench_e2e.md",
-                 [py, "scripts/bench_e2e.py", "--out", str(d / "e2e"), "--casts", str(d), "--models", models], logf)
-    comp = _load(d / "compile.json")
-    if comp is not None and "whole_model" not in comp:  # cut short after its per-op part: run it again
-        (d / "compile.json").unlink()
-    with host_bench_turn(out):
-        step(f"{model} torch.compile", d / "compile.json",
-             [py, "scripts/bench_compile_ops.py", "--workspace", str(ws), "--out", str(d / "compile.json"),
-              "--model-mode", compile_mode], logf)
-    step(f"{model} run table", d / "run.md", [py, "scripts/run_table.py", str(ws / "kforge.db"),
-                                               "--out", str(d / "run.md")], logf, stdout=Path("/dev/null"))
-    if (ws / "kforge.db").exists() and not (d / "kforge.db").exists():
+            do("torch.compile", d / "compile.json",
+               [py, "scripts/bench_compile_ops.py", "--workspace", str(ws), "--out", str(d / "compile.json"),
+                "--model-mode", compile_mode], STEP_LIMIT_S["torch.compile"])
+    if (ws / "kforge.db").exists():
+        step(f"{model} run table", d / "run.md", [py, "scripts/run_table.py", str(ws / "kforge.db"),
+                                                   "--out", str(d / "run.md")], logf, stdout=Path("/dev/null"))
+        # A fresh copy each sitting: a resumed run adds to the database.
         src, dst = sqlite3.connect(ws / "kforge.db"), sqlite3.connect(d / "kforge.db")
         src.backup(dst)
         dst.close()
     if (d / "kforge.db").exists():
         # The report is made from this file: workspace databases stay out of git, their facts go in.
         write_facts(d / "kforge.db", d / FACTS)
+    rec["sittings"][now]["ended"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    save()
+
+
+def pack(out: Path, model: str, dest: Path) -> list[str]:
+    """Copy the report's inputs of one model (PACKED, and the cast where it is under 16 MiB) to dest/MODEL."""
+    import shutil
+
+    copied = []
+    for rel in PACKED + (f"{model}.cast",):
+        src = out / model / rel
+        if src.is_file() and (not rel.endswith(".cast") or src.stat().st_size < 16 << 20):
+            (dest / model / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dest / model / rel)
+            copied.append(rel)
+    return copied
 
 
 # ------------------------------------------------------------------------------------------- report
@@ -260,27 +477,219 @@ def _export_error(log: Path) -> str | None:
     return f"no cast: {errors[-1].removeprefix('error: export: ').replace('|', '/')}" if errors else None
 
 
-def report(out: Path, models: list[str]) -> str:
+class MixedRuns(Exception):
+    """The per-model results in one folder come from different code (their source digests differ)."""
+
+
+def sittings_code(out: Path, models: list[str]) -> dict[str, list[tuple[str | None, str | None]]]:
+    """Per model with a record: the (commit, source digest) of each of its sittings."""
+    code = {}
+    for m in models:
+        rec = _load(out / m / RECORD)
+        if rec:
+            code[m] = [(s.get("commit"), s.get("source_digest")) for s in rec.get("sittings", [])]
+    return code
+
+
+def mixed_code(out: Path, models: list[str]) -> str | None:
+    """Why the models' sittings are not of one code (which model ran which), or None when they are."""
+    code = sittings_code(out, models)
+    digests = {dg for sits in code.values() for _, dg in sits}
+    if len(digests) <= 1:
+        return None
+    by = {}
+    for m, sits in code.items():
+        for commit, dg in sits:
+            by.setdefault(f"commit {(commit or 'unknown')[:10]} (source {(dg or '?')[:10]})", []).append(m)
+    return "; ".join(f"{k}: {', '.join(sorted(set(v)))}" for k, v in sorted(by.items()))
+
+
+def _why(rec: dict | None, name: str) -> str:
+    """Why a step left no number, from the model's record (never a guess: 'not run' when nothing says more)."""
+    st = ((rec or {}).get("steps") or {}).get(name)
+    if not st:
+        return "not run"
+    reason = st.get("error") or st.get("why")
+    return {"ok": "no result (the step ended without one)", "failed": "failed",
+            "timed out": "timed out"}.get(st["status"], st["status"]) + (f": {reason}" if reason else "")
+
+
+def _speed(r: dict, base: str, mine: str) -> str:
+    lo, hi = r["speedup_ci"]
+    return f"{r[base]:.2f} | {r[mine]:.2f} | {r['speedup']:.3f}× ({lo:.3f}–{hi:.3f})"
+
+
+def model_arms(d: Path, model: str) -> list[dict[str, Any]]:
+    """The model's arms, each {arm, target, row (the timing dict, base/mine keys) or why (no number)}."""
+    rec = _load(d / RECORD)
+    e2e = _load(d / "e2e" / "bench_e2e.json")
+    compose = _load(d / "compose" / "bench_compose.json")
+    arms: list[dict[str, Any]] = []
+    row = next((r for r in (e2e or {}).get("models", []) if r["model"] == model), None)
+    if row is None:
+        fail = ((e2e or {}).get("failures") or {}).get(model)
+        recorded = "e2e" in ((rec or {}).get("steps") or {})
+        why = (f"failed: {fail[:300]}" if fail else _why(rec, "e2e") if recorded
+               else _export_error(d / "steps.log")
+               or ("not run" if (d / f"{model}.cast").exists() else "not run (no cast in this folder)"))
+        arms += [{"arm": "eager", "target": "eager", "why": why},
+                 {"arm": "CUDA graphs (eager graphs vs cast graphs)", "target": "cuda-graphs", "why": why}]
+    else:
+        arms.append({"arm": "eager", "target": "eager", "row": row, "base": "eager_ms", "mine": "cast_ms"})
+        g = row.get("cuda_graphs")
+        arms.append({"arm": "CUDA graphs (eager graphs vs cast graphs)", "target": "cuda-graphs",
+                     **({"row": g, "base": "eager_ms", "mine": "cast_ms"} if g and "speedup" in g else
+                        {"why": f"failed: {g['error']}" if g else "not run (bench_e2e --no-graphs)"})})
+    modes = (compose or {}).get("modes", {})
+    for mode, label, target in (("default", "torch.compile (default mode)", "compile"),
+                                ("reduce-overhead", "torch.compile reduce-overhead", "compile:reduce-overhead")):
+        r = modes.get(mode)
+        if r and "speedup" in r:
+            arms.append({"arm": label, "target": target, "row": r, "base": "base_ms", "mine": "with_cast_ms"})
+        elif r:
+            arms.append({"arm": label, "target": target, "why": f"failed: {r.get('error', '?')[:300]}"})
+        else:
+            arms.append({"arm": label, "target": target, "why": _why(rec, "compose") if compose is None or
+                         (rec or {}).get("steps", {}).get("compose", {}).get("status") != "ok"
+                         else "not run (not among bench_compose's --modes)"})
+    e = (compose or {}).get("eager")
+    arms.append({"arm": "eager, bench_compose's own pair (the control of its compiled arms)", "target": "eager",
+                 **({"row": e, "base": "base_ms", "mine": "with_cast_ms"} if e else {"why": _why(rec, "compose")})})
+    return arms
+
+
+def _targets_note(export: dict | None, target: str) -> str:
+    """How many of the cast's variants serve `target` (a variant runs only under the targets it was kept for)."""
+    inc = (export or {}).get("included")
+    if not inc or not any("targets" in v for v in inc):
+        return "?"
+    n = sum(1 for v in inc if target in (v.get("targets") or ()))
+    return f"{n} of {len(inc)}" if n else f"none of {len(inc)}: PyTorch runs"
+
+
+def _sitting_line(s: dict) -> str:
+    c, k = s.get("clocks") or {}, s.get("control") or {}
+    clocks = (f"SM {c.get('clocks.sm', '?')} of {c.get('clocks.max.sm', '?')}, memory {c.get('clocks.mem', '?')}, "
+              f"application {c.get('clocks.applications.graphics', '?')}, {c.get('temperature.gpu', '?')} °C, "
+              f"driver {c.get('driver_version', '?')}" if c else "clocks not read (no nvidia-smi)")
+    control = (f"bf16 8192² matmul {k['matmul_ms']:.3f} ms ({k['matmul_tflops']:.0f} TFLOP/s), copy "
+               f"{k['copy_gbps']:.0f} GB/s, {k['host_us_per_launch']:.2f} µs to issue a tiny kernel"
+               if "matmul_ms" in k else f"not measured ({k.get('error', 'no control in the record')})")
+    commit = (s.get("commit") or "unknown")[:10] + (" + uncommitted changes" if s.get("dirty") else "")
+    return (f"{s.get('started', '?')} on {s.get('host', '?')}, {s.get('gpu', '?')} ({clocks}); eager control: "
+            f"{control}; code {commit} (source {(s.get('source_digest') or '?')[:10]})")
+
+
+def per_model_section(out: Path, models: list[str], covered: dict[str, float]) -> list[str]:
+    """The whole-forward arms of every model: a summary, where we lose, then per model its arms, host time per
+    forward and its sittings. A number that is not there says why."""
+    summary, lose, detail = [], [], []
+    short = lambda why: why.split(":")[0]  # noqa: E731  (the summary's cell; the model's table has the rest)
+    for model in models:
+        d = out / model
+        rec, export = _load(d / RECORD), _load(d / "export.json")
+        arms = model_arms(d, model)
+        if rec is None and all("why" in a for a in arms) and model_facts(d) is None:
+            summary.append(f"| {model} | – (not run) | | | | | | |")
+            continue
+        cells = []
+        for a in arms[:4]:
+            if "row" in a:
+                r = a["row"]
+                cells.append(f"{r['speedup']:.3f}× ({r['speedup_ci'][0]:.3f}–{r['speedup_ci'][1]:.3f})")
+            else:
+                cells.append(f"– ({short(a['why'])})")
+        eager = arms[0].get("row")
+        comp = next((a["row"] for a in arms if a["target"] == "compile" and "row" in a), None)
+        ctrl = arms[4].get("row")
+        alone = (f"{ctrl['base_ms'] / comp['base_ms']:.2f}×" if comp and ctrl else "–")
+        summary.append(f"| {model} | {_f(eager and eager['eager_ms'], '.2f')} | " + " | ".join(cells) +
+                       f" | {alone} | {_f(100 * covered[model] if model in covered else None, '.0f')} % |")
+        for a in arms:
+            if "row" not in a:
+                continue
+            lo, hi = a["row"]["speedup_ci"]
+            if hi < 1:
+                lose.append(f"- {model}, {a['arm']}: slower with the cast, {a['row']['speedup']:.3f}× "
+                            f"(95 % CI {lo:.3f}–{hi:.3f})")
+            elif lo <= 1:
+                lose.append(f"- {model}, {a['arm']}: no gain shown, {a['row']['speedup']:.3f}× "
+                            f"(95 % CI {lo:.3f}–{hi:.3f} holds 1)")
+        if comp and ctrl and comp["base_ms"] < ctrl["with_cast_ms"]:
+            lose.append(f"- {model}: torch.compile alone ({comp['base_ms']:.2f} ms) is faster than eager + cast "
+                        f"({ctrl['with_cast_ms']:.2f} ms, bench_compose's pairs)")
+        detail += ["", f"### {model}", "", "| arm | without cast ms | with cast ms | speedup (95 % CI) | "
+                   "rel. L2 vs eager | cast variants for this target |", "|---|---:|---:|---|---:|---|"]
+        for a in arms:
+            if "row" in a:
+                r = a["row"]
+                err = _f(r.get("rel_l2_err"), ".1e") + (f" (alone {r['rel_l2_err_plain']:.1e})"
+                                                        if r.get("rel_l2_err_plain") is not None else "")
+                detail.append(f"| {a['arm']} | {_speed(r, a['base'], a['mine'])} | {err} | "
+                              f"{_targets_note(export, a['target'])} |")
+            else:
+                detail.append(f"| {a['arm']} | – | – | {a['why']} | – | {_targets_note(export, a['target'])} |")
+        host = (eager or {}).get("host")
+        if host:
+            e, c = host["eager"], host["cast"]
+            detail += ["", f"Host time per forward (GPU idle before each): eager {e['issue_us']:.0f} µs to issue, "
+                       f"{e['kernels']} kernels + {e['copies']} copies, {e['us_per_launch']:.2f} µs per launch; "
+                       f"with the cast {c['issue_us']:.0f} µs, {c['kernels']} + {c['copies']}, "
+                       f"{c['us_per_launch']:.2f} µs per launch."]
+        else:
+            detail += ["", f"Host time per forward: – ({arms[0].get('why') or 'not in bench_e2e.json (older script)'})."]
+        cov = covered.get(model)
+        detail.append(f"Model time covered by the cast's kernels: {_f(100 * cov if cov is not None else None, '.0f')} %"
+                      + ("" if cov is not None else " (no run facts)") + " (captured shares of the cards won and "
+                      "in the cast).")
+        for i, s in enumerate((rec or {}).get("sittings", [])):
+            steps = [f"{n} {st['status']}" for n, st in (rec.get("steps") or {}).items() if st.get("sitting") == i]
+            detail.append(f"Sitting {i + 1}: {_sitting_line(s)}" + (f"; steps: {', '.join(steps)}" if steps else ""))
+        if not (rec or {}).get("sittings"):
+            detail.append("Sitting: not recorded (results from before reproduce.py kept a record).")
+    head = ["## Per model, whole forwards", "",
+            "Each model in its own sitting (`reproduce.py --models NAME`): arms alternated, medians, paired "
+            "bootstrap 95 % CI of the speedup. Speedups are without the cast ÷ with it, within each arm: eager "
+            "(bench_e2e), CUDA graphs (eager graphs vs cast graphs, bench_e2e), torch.compile default and "
+            "reduce-overhead alone vs + cast (`cast.compile`, bench_compose). \"torch.compile alone vs eager\" "
+            "divides medians of bench_compose's different pairings.", "",
+            "| model | eager ms | eager + cast | CUDA graphs: + cast | torch.compile + cast vs alone | "
+            "reduce-overhead + cast vs alone | torch.compile alone vs eager | model time covered |",
+            "|---|---:|---|---|---|---|---:|---:|"] + (summary or ["| – | | | | | | | |"])
+    head += ["", "### Where we lose", ""] + (lose or ["- nowhere among the arms measured"])
+    return head + detail
+
+
+def report(out: Path, models: list[str], allow_mixed: bool = False) -> str:
+    """The Markdown report of OUT's per-model results; raises MixedRuns when they come from different code
+    (unless allow_mixed, which flags it at the top)."""
     sys.path.insert(0, str(ROOT))
     from engine.outcomes import faster_with_confidence
 
+    mixed = mixed_code(out, models)
+    if mixed and not allow_mixed:
+        raise MixedRuns(mixed)
     lines = ["# Kernel Forge: reproduced results", "",
-             f"Written by `python scripts/reproduce.py --out {out}` "
-             f"({time.strftime('%Y-%m-%d')}). Builtin proposer, default budget, one GPU; eager, torch.compile "
-             "(`max-autotune-no-cudagraphs`) and the roofline beside every number. Timing: L2 flushed and the "
-             "GPU kept busy before each timed call, medians, paired bootstrap 95 % CI.", ""]
-    e2e_rows, harness, won_rows, compile_notes = [], [], [], []
+             f"Assembled by `python scripts/reproduce.py --out {out} --report-only` "
+             f"({time.strftime('%Y-%m-%d')}) from per-model sittings. Builtin proposer; eager, torch.compile "
+             "and the roofline beside every number. Timing: L2 flushed and the GPU kept busy before each timed "
+             "call, medians, paired bootstrap 95 % CI.", ""]
+    if mixed:
+        lines += [f"**Mixed code: these results come from different code ({mixed}); numbers of different "
+                  "rows are not one experiment.**", ""]
+    harness, won_rows, compile_notes = [], [], []
     captured_ops: dict[str, dict[str, float]] = {}
+    covered_by: dict[str, float] = {}
     for model in models:
         d = out / model
         facts = model_facts(d)
         if facts is None:
-            lines.append(f"- {model}: not run yet (no {d / FACTS} or {d / 'kforge.db'}).")
+            lines.append(f"- {model}: no run facts ({d / FACTS} or {d / 'kforge.db'}): "
+                         f"{_why(_load(d / RECORD), 'run')}.")
             continue
         for card in facts["cards"].values():
             op_share = captured_ops.setdefault(model, {})
             op_share[card["op"]] = max(op_share.get(card["op"], 0.0), card["share"] or 0.0)
-        export = _load(d / "export.json") or {}
         compile_doc = _load(d / "compile.json") or {}
         comp = {o["card_id"]: o for o in compile_doc.get("ops", [])}
         in_cast_ids = _cast_cards(d / f"{model}.cast")
@@ -299,35 +708,22 @@ def report(out: Path, models: list[str]) -> str:
             roof = card.get("roofline_us")
             won_rows.append((model, card, best, comp.get(cid, {}), len(cands), in_cast_ids.get(cid),
                              100 * roof / best["best_us"] if roof else None))
-        e2e = _load(d / "e2e" / "bench_e2e.json") or {}
+        covered_by[model] = covered
+        # bench_compile_ops' whole-model torch.compile (--compile-ops, or results from before bench_compose),
+        # beside the eager time of its own measurement.
         whole = compile_doc.get("whole_model") or {}
-        # torch.compile's time beside the eager time of its own measurement: the end-to-end eager column may
-        # come from another sitting (another load on the host), and host-bound models differ between them.
-        compiled = (f"{whole['compile_ms']:.2f} (eager {whole['eager_ms']:.2f})"
-                    if whole.get("compile_ms") is not None and whole.get("eager_ms") is not None
-                    else _f(whole.get("compile_ms"), ".2f"))
-        for r in e2e.get("models", []):
-            g = r.get("cuda_graphs") or {}
-            router = {"c++": "cpp"}.get(r.get("dispatched_by"), r.get("dispatched_by")) or r.get("router")
-            label = r["model"] if "[" in r["model"] or not router else f"{r['model']} [{router} router]"
-            graphs = "–" if g.get("speedup") is None else f"{g['speedup']:.3f}×"
-            own = compiled if r["model"] == model else "–"  # the config's compile time, not a part's
-            e2e_rows.append(f"| {label} | {r['eager_ms']:.2f} | {r['cast_ms']:.2f} | {r['speedup']:.3f}× "
-                            f"({r['speedup_ci'][0]:.3f}–{r['speedup_ci'][1]:.3f}) | {graphs} | {own} | "
-                            f"{r['rel_l2_err']:.1e} | {100 * covered:.0f} % |")
+        same = f" (eager {whole['eager_ms']:.2f} ms in the same measurement)" if whole.get("eager_ms") else ""
         if whole.get("error"):
             compile_notes.append(f"- {model}: {whole['error']}")
         elif whole.get("instead_of"):
             compile_notes.append(f"- {model}: torch.compile's {whole.get('mode')} mode, "
-                                 f"{_f(whole.get('compile_ms'), '.2f')} ms: {whole['instead_of']}")
+                                 f"{_f(whole.get('compile_ms'), '.2f')} ms: {whole['instead_of']}{same}")
         elif whole.get("asked_mode"):
             compile_notes.append(f"- {model}: torch.compile's {whole['asked_mode']} mode (asked for with "
-                                 f"`--compile-mode`), {_f(whole.get('compile_ms'), '.2f')} ms")
-        elif not whole:
-            compile_notes.append(f"- {model}: not measured here (`compile.json` has no whole-model result)")
-        if not e2e.get("models"):
-            why = export.get("error") or _export_error(d / "steps.log") or "no cast exported (see steps.log)"
-            e2e_rows.append(f"| {model} | – | – | {why} | – | {compiled} | – | – |")
+                                 f"`--compile-mode`), {_f(whole.get('compile_ms'), '.2f')} ms{same}")
+        elif whole.get("compile_ms") is not None:
+            compile_notes.append(f"- {model}: torch.compile's {whole.get('mode') or COMPILE_MODE} mode, "
+                                 f"{whole['compile_ms']:.2f} ms{same}")
         first = sorted(facts["first_verified_s"].values())
 
         run = facts["run"]
@@ -340,14 +736,11 @@ def report(out: Path, models: list[str]) -> str:
     won_rows.sort(key=lambda r: (models.index(r[0]), -(r[1]["share"] or 0.0)))
     missing = [ln for ln in lines if ln.startswith("- ")]
     lines = [ln for ln in lines if not ln.startswith("- ")]
-    lines += ["## Per model, end to end", "",
-              "| model | eager ms | with cast ms | speedup (95 % CI) | under CUDA graphs | torch.compile ms (its own eager) | "
-              "output rel. L2 vs eager | model time covered by the cast |", "|---|---:|---:|---|---:|---:|---:|---:|"]
-    lines += e2e_rows or ["| – | | | | | | | |"]
+    lines += per_model_section(out, models, covered_by)
     if compile_notes:
-        lines += ["", "torch.compile of the whole model:"] + compile_notes
+        lines += ["", "torch.compile of the whole model by `bench_compile_ops.py` (`--compile-ops`):"] + compile_notes
     if missing:
-        lines += [""] + missing
+        lines += ["", "Without run facts (no per-card tables):"] + missing
     lines += ["", "## Every card a kernel won (CI lower bound > 1 in the run)", "",
               "| model | op | signature | calls | share | eager µs | torch.compile µs | Kernel Forge µs (95 % CI of "
               "speedup) | % of roofline | % of copy | in cast (category) | candidates |",
@@ -377,7 +770,7 @@ def report(out: Path, models: list[str]) -> str:
               "|---|---:|---:|---:|---:|---|---|"] + harness
     builtin = out / "builtin" / "bench_builtin.md"
     search = out / "search" / "bench_search.md"
-    missing = "not run into this folder (`reproduce.py` without `--models-only` runs it)"
+    missing = "not run into this folder (`reproduce.py --extras` runs it)"
     lines += ["", "## Issue-4 target cards", ""]
     lines += [builtin.read_text().split("\n", 2)[2] if builtin.exists() else missing + "."]
     lines += ["", "## Search ablation", ""]
@@ -404,53 +797,80 @@ def report(out: Path, models: list[str]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--models", default=",".join(ALL_MODELS),
+                    help="comma-separated (default: all); one per sitting fits a 10-minute device command")
     ap.add_argument("--workspaces", type=Path, default=Path("/tmp/kforge-reproduce"))
-    ap.add_argument("--wall-time", type=float, help="cap each run's search (seconds); resume later for the rest")
+    ap.add_argument("--wall-time", type=float,
+                    help="each run's wall time in seconds, capture and eager timing included (default: per model, "
+                         "WALL_S); resume later for the rest")
+    ap.add_argument("--ops", help="search only the cards whose op matches REGEX (`run --ops`)")
+    ap.add_argument("--targets", default="eager,compile",
+                    help="`export --target`: what the cast's variants are proven for (default eager,compile; "
+                         "an arm whose target is not among them runs PyTorch's kernels, and the report says so)")
+    ap.add_argument("--deadline", type=float, metavar="S",
+                    help="end this sitting's steps within S seconds (a step that would run past it is stopped or "
+                         "skipped, and the record says so); e.g. 540 in a 10-minute device command")
+    ap.add_argument("--pack", type=Path, metavar="DIR",
+                    help="after the steps, copy each model's report inputs (at most 8 files) to DIR/MODEL")
+    ap.add_argument("--compile-ops", action="store_true",
+                    help="also bench_compile_ops.py: per-card torch.compile and the whole model in --compile-mode")
     ap.add_argument("--compile-mode", choices=(COMPILE_MODE, "default"), default=COMPILE_MODE,
-                    help="torch.compile mode of the whole-model comparison (max-autotune falls back to the default "
-                         "mode when it outlasts 480 s; 'default' skips that wait)")
-    ap.add_argument("--report-only", action="store_true")
-    ap.add_argument("--models-only", action="store_true",
-                    help="only the per-model steps (e.g. one process per GPU); no target cards, ablation or report")
+                    help="with --compile-ops: torch.compile mode of bench_compile_ops' whole-model comparison")
+    ap.add_argument("--extras", action="store_true",
+                    help="the issue-4 target cards and the search ablation (a sitting of their own)")
+    ap.add_argument("--report-only", action="store_true", help="assemble OUT/report.md from the per-model results")
+    ap.add_argument("--allow-mixed-commits", action="store_true",
+                    help="with --report-only: write the report of results from different code, flagged at its top")
+    ap.add_argument("--models-only", action="store_true", help=argparse.SUPPRESS)  # the default now
     ap.add_argument("--gpus", help="GPU indices to share the models out over, one process each (e.g. 0,1)")
     args = ap.parse_args()
     models = [m for m in args.models.split(",") if m]
-    bad = [m for m in models if m not in MODELS]
+    bad = [m for m in models if m not in ALL_MODELS]
     if bad:
-        print(f"error: --models: unknown {bad[0]!r}; use {', '.join(MODELS)}", file=sys.stderr)
+        print(f"error: --models: unknown {bad[0]!r}; use {', '.join(ALL_MODELS)}", file=sys.stderr)
         return 2
     gpus = [g.strip() for g in (args.gpus or "").split(",") if g.strip()]
     if args.gpus is not None and (not gpus or not all(g.isdigit() for g in gpus) or len(set(gpus)) != len(gpus)):
         print(f"error: --gpus {args.gpus!r}: use distinct GPU indices separated by commas, e.g. 0,1", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    if not args.report_only:
-        import torch
-
-        if not torch.cuda.is_available():
-            print("error: reproduce needs a CUDA GPU (use --report-only to rewrite the report)", file=sys.stderr)
+    if args.report_only:
+        try:
+            text = report(args.out, models, allow_mixed=args.allow_mixed_commits)
+        except MixedRuns as e:
+            print(f"error: {args.out}: the models' results come from different code ({e}); run them again on one "
+                  "commit, or pass --allow-mixed-commits to write a report that says so", file=sys.stderr)
             return 2
-        if len(gpus) > 1:
-            def argv_for(m: str) -> list[str]:
-                argv = [sys.executable, str(Path(__file__).resolve()), "--out", str(args.out.resolve()),
-                        "--workspaces", str(args.workspaces.resolve()), "--models", m, "--models-only"]
-                return argv + (["--wall-time", str(args.wall_time)] if args.wall_time else []) + [
-                    "--compile-mode", args.compile_mode]
+        (args.out / "report.md").write_text(text)
+        log(f"wrote {args.out / 'report.md'}")
+        return 0
+    import torch
 
-            codes = on_gpus(models, gpus, argv_for, args.out)
-            failed = {m: c for m, c in codes.items() if c != 0}
-            if failed:
-                log(f"per-model steps that exited non-zero: {failed} (their logs: {args.out}/<model>.gpu<N>.log)")
-            if gpus:
-                os.environ["CUDA_VISIBLE_DEVICES"] = gpus[0]  # the steps after the models: the first GPU
-        else:
-            if gpus:
-                os.environ["CUDA_VISIBLE_DEVICES"] = gpus[0]
-            for m in models:
-                model_steps(m, args.out, args.workspaces, args.wall_time, args.compile_mode)
-        if args.models_only:
-            return 0
+    if not torch.cuda.is_available():
+        print("error: reproduce needs a CUDA GPU (use --report-only to assemble the report)", file=sys.stderr)
+        return 2
+    deadline = time.time() + args.deadline if args.deadline else None
+    if len(gpus) > 1:
+        def argv_for(m: str) -> list[str]:
+            argv = [sys.executable, str(Path(__file__).resolve()), "--out", str(args.out.resolve()),
+                    "--workspaces", str(args.workspaces.resolve()), "--models", m, "--targets", args.targets,
+                    "--compile-mode", args.compile_mode]
+            argv += ["--wall-time", str(args.wall_time)] if args.wall_time else []
+            argv += ["--ops", args.ops] if args.ops else []
+            return argv + (["--compile-ops"] if args.compile_ops else [])
+
+        codes = on_gpus(models, gpus, argv_for, args.out)
+        failed = {m: c for m, c in codes.items() if c != 0}
+        if failed:
+            log(f"per-model steps that exited non-zero: {failed} (their logs: {args.out}/<model>.gpu<N>.log)")
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[0]  # the steps after the models: the first GPU
+    else:
+        if gpus:
+            os.environ["CUDA_VISIBLE_DEVICES"] = gpus[0]
+        for m in models:
+            model_steps(m, args.out, args.workspaces, args.wall_time, args.compile_mode, ops=args.ops,
+                        targets=args.targets, deadline=deadline, compile_ops=args.compile_ops)
+    if args.extras:
         py = sys.executable
         step("target cards", args.out / "builtin" / "bench_builtin.md",
              [py, "scripts/bench_builtin.py", "--out", str(args.out / "builtin")], args.out / "steps.log")
@@ -460,8 +880,10 @@ def main() -> int:
         step("search ablation", args.out / "search" / "bench_search.md",
              [py, "scripts/bench_search.py", "--model", "targets", "--only", *ABLATION_CARDS, "--budget", "12",
               "--seeds", "2", "--timing-s", "0.3", "--out", str(args.out / "search")], args.out / "steps.log")
-    (args.out / "report.md").write_text(report(args.out, models))
-    log(f"wrote {args.out / 'report.md'}")
+    if args.pack:
+        for m in models:
+            log(f"{m}: packed {', '.join(pack(args.out, m, args.pack)) or 'nothing'} into {args.pack / m}")
+    log(f"assemble the report with: python scripts/reproduce.py --out {args.out} --report-only")
     return 0
 
 

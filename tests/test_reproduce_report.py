@@ -23,15 +23,14 @@ def test_report_from_a_recorded_run(tmp_path):
     p = _report(tmp_path, "--report-only", "--models", "resnet50,sd35_medium")
     assert p.returncode == 0, p.stderr
     text = (tmp_path / "report.md").read_text()
-    assert "- sd35_medium: not run yet" in text
+    assert "- sd35_medium: no run facts" in text and "| sd35_medium | – (not run) |" in text
     won = [ln for ln in text.splitlines() if ln.startswith("| resnet50 | `aten::")]
     assert any("`aten::native_batch_norm`" in ln for ln in won) and any("`aten::mean.dim`" in ln for ln in won)
-    # No cast file next to the run: the end-to-end row says why instead of inventing numbers.
-    assert "| resnet50 | – | – | no cast exported" in text
+    # No cast file next to the run: every arm says why instead of inventing numbers.
+    assert "| eager | – | – | not run (no cast in this folder) | – |" in text
     # The original study's numbers sit beside ours, with the GPUs named.
     assert "| adaptive_avg_pool2d (resnet50) | 1.52× | 2.48× |" in text and "GB10" in text
-    # Parts that did not run say so rather than vanish: no torch.compile of the model, no target cards or ablation.
-    assert "- resnet50: not measured here (`compile.json` has no whole-model result)" in text
+    # Parts that did not run say so rather than vanish: no target cards or ablation.
     for part in ("## Issue-4 target cards", "## Search ablation"):
         assert text.split(part, 1)[1].lstrip().startswith("not run into this folder"), part
 
@@ -45,7 +44,7 @@ def test_an_export_that_refused_says_why_in_the_end_to_end_row(tmp_path):
         "0.899-0.964)); nothing written\n[reproduce 08:35:00] resnet50 export: exit 1 in 8 s\n")
     p = _report(tmp_path, "--report-only", "--models", "resnet50")
     assert p.returncode == 0, p.stderr
-    row = next(ln for ln in (tmp_path / "report.md").read_text().splitlines() if ln.startswith("| resnet50 | – |"))
+    row = next(ln for ln in (tmp_path / "report.md").read_text().splitlines() if ln.startswith("| eager | – |"))
     assert "no cast: resnet50 is slower with the cast in eager forwards (2 variant(s): 0.920x" in row
 
 
@@ -96,7 +95,8 @@ def test_a_whole_model_max_autotune_that_outlasts_its_limit_is_measured_in_the_d
     assert ("- resnet50: torch.compile's default mode, 7.50 ms: torch.compile (max-autotune-no-cudagraphs) of the "
             "whole model did not finish in 480 s") in text
     # The compiled model's time stands beside the eager time of the same measurement.
-    assert "| 7.50 (eager 10.00) |" in text
+    assert "7.50 ms: torch.compile (max-autotune-no-cudagraphs) of the whole model did not finish in 480 s " \
+           "(eager 10.00 ms in the same measurement)" in text
     # Both modes outlasting it: one error naming both.
     r = mod.whole_model_compiled("x.toml", False, 480, child=lambda c, s, t, m: {
         "error": f"torch.compile ({m}) of the whole model did not finish in 480 s", "timed_out": True})
@@ -114,17 +114,17 @@ def test_a_whole_model_compile_asked_for_in_the_default_mode_says_so(tmp_path):
     assert p.returncode == 0, p.stderr
     text = (tmp_path / "report.md").read_text()
     assert "- resnet50: torch.compile's default mode (asked for with `--compile-mode`), 9.25 ms" in text
-    assert "| 9.25 (eager 12.00) |" in text
-    # A part of the config benchmarked on its own (SD3.5's VAE beside the whole sd35_medium) does not get the
-    # whole config's compiled time.
+    assert "9.25 ms (eager 12.00 ms in the same measurement)" in text
+    # A part of the config benchmarked on its own (SD3.5's VAE beside the whole sd35_medium) is not the model's
+    # eager arm.
     e2e = {"models": [dict(model=m, eager_ms=e, cast_ms=c, speedup=e / c, speedup_ci=[1.0, 1.1], rel_l2_err=0.0)
                       for m, e, c in (("resnet50_head", 3.0, 2.0), ("resnet50", 12.0, 10.0))]}
     (tmp_path / "resnet50" / "e2e").mkdir()
     (tmp_path / "resnet50" / "e2e" / "bench_e2e.json").write_text(json.dumps(e2e))
     assert _report(tmp_path, "--report-only", "--models", "resnet50").returncode == 0
-    rows = [ln for ln in (tmp_path / "report.md").read_text().splitlines() if ln.startswith("| resnet50")]
-    assert rows[0].startswith("| resnet50_head | 3.00 | 2.00 | 1.500× (1.000–1.100) | – | – |"), rows
-    assert rows[1].startswith("| resnet50 | 12.00 | 10.00 | 1.200× (1.000–1.100) | – | 9.25 (eager 12.00) |"), rows
+    text = (tmp_path / "report.md").read_text()
+    assert "| eager | 12.00 | 10.00 | 1.200× (1.000–1.100) | 0.0e+00 |" in text
+    assert "| resnet50 | 12.00 | 1.200× (1.000–1.100) |" in text and "3.00" not in text.split("## Every card")[0]
     bad = _report(tmp_path, "--report-only", "--compile-mode", "fastest")
     assert bad.returncode == 2 and "--compile-mode" in bad.stderr
 
@@ -210,3 +210,125 @@ def test_the_report_needs_only_the_facts_file_not_the_database(tmp_path):
     facts_only = reproduce.report(tmp_path / "facts_only", ["resnet50"])
     assert facts_only.replace("facts_only", "with_db") == with_db
     assert "not run yet" not in facts_only and "| resnet50 | `aten::" in facts_only
+
+
+# Per-model sittings assembled into one report. Everything below is written by the tests: clearly fake
+# numbers on a host named "fake-host", never shipped as results.
+FAKE_SITTING = {"started": "2000-01-01 00:00:00", "commit": "f" * 40, "dirty": False, "source_digest": "fake" * 16,
+                "host": "fake-host", "gpu": "FAKE GPU", "torch": "0.0",
+                "clocks": {"clocks.sm": "1980 MHz", "clocks.max.sm": "1980 MHz", "clocks.mem": "3201 MHz",
+                           "clocks.applications.graphics": "1980 MHz", "temperature.gpu": "40",
+                           "driver_version": "0.0"},
+                "control": {"matmul_ms": 1.0, "matmul_tflops": 1099.5, "copy_gbps": 4000.0,
+                            "host_us_per_launch": 2.5}}
+
+
+def _ci(base, mine, lo, hi, **extra):
+    return {"base_ms": base, "with_cast_ms": mine, "speedup": base / mine, "speedup_ci": [lo, hi], **extra}
+
+
+def _fake_model(out: Path, model: str, *, digest: str = "fake" * 16, whole: bool = True) -> None:
+    d = out / model
+    (d / "e2e").mkdir(parents=True)
+    (d / "compose").mkdir()
+    steps = {"run": {"status": "ok", "sitting": 0}, "export": {"status": "ok", "sitting": 0}}
+    if whole:
+        steps |= {"e2e": {"status": "ok", "sitting": 0}, "compose": {"status": "ok", "sitting": 0}}
+        (d / "e2e" / "bench_e2e.json").write_text(json.dumps({"models": [{
+            "model": model, "eager_ms": 10.0, "cast_ms": 8.0, "speedup": 1.25, "speedup_ci": [1.2, 1.3],
+            "rel_l2_err": 1e-3,
+            "cuda_graphs": {"eager_ms": 6.0, "cast_ms": 6.3, "speedup": 0.952, "speedup_ci": [0.94, 0.96],
+                            "rel_l2_err": 2e-3},
+            "host": {"eager": {"issue_us": 4000, "kernels": 300, "copies": 2, "us_per_launch": 13.2},
+                     "cast": {"issue_us": 3500, "kernels": 250, "copies": 2, "us_per_launch": 13.9}}}]}))
+        (d / "compose" / "bench_compose.json").write_text(json.dumps({
+            "eager": _ci(10.0, 8.1, 1.2, 1.3, rel_l2_err=1e-3),
+            "modes": {"default": _ci(5.0, 4.9, 0.99, 1.05, rel_l2_err=3e-3, rel_l2_err_plain=1e-3),
+                      "reduce-overhead": {"error": "RuntimeError: fake failure for the test"}}}))
+    else:  # bench_e2e stopped at its time limit; bench_compose never got its turn
+        steps |= {"e2e": {"status": "timed out", "why": "stopped at its time limit of 150 s", "sitting": 0},
+                  "compose": {"status": "skipped", "why": "the sitting's --deadline was spent", "sitting": 0}}
+    (d / "export.json").write_text(json.dumps({"included": [
+        {"id": "v1", "op": "aten::x", "targets": ["eager", "compile"]},
+        {"id": "v2", "op": "aten::y", "targets": ["eager"]}]}))
+    (d / "record.json").write_text(json.dumps({"model": model, "steps": steps,
+                                               "sittings": [dict(FAKE_SITTING, source_digest=digest)]}))
+
+
+def test_the_report_shows_every_arm_of_every_sitting_and_says_why_a_number_is_missing(tmp_path):
+    _fake_model(tmp_path, "vit_b16")
+    _fake_model(tmp_path, "convnext_tiny", whole=False)
+    p = _report(tmp_path, "--report-only", "--models", "vit_b16,convnext_tiny,deeplabv3")
+    assert p.returncode == 0, p.stderr
+    text = (tmp_path / "report.md").read_text()
+    vit = text.split("### vit_b16", 1)[1].split("###", 1)[0]
+    # Every arm, with its medians and CI, and how many of the cast's variants serve its target.
+    assert "| eager | 10.00 | 8.00 | 1.250× (1.200–1.300) | 1.0e-03 | 2 of 2 |" in vit
+    assert "| CUDA graphs (eager graphs vs cast graphs) | 6.00 | 6.30 | 0.952× (0.940–0.960) | 2.0e-03 | " \
+           "none of 2: PyTorch runs |" in vit
+    assert "| torch.compile (default mode) | 5.00 | 4.90 | 1.020× (0.990–1.050) | 3.0e-03 (alone 1.0e-03) | 1 of 2 |" in vit
+    assert "| torch.compile reduce-overhead | – | – | failed: RuntimeError: fake failure for the test |" in vit
+    assert "| eager, bench_compose's own pair (the control of its compiled arms) | 10.00 | 8.10 |" in vit
+    assert "eager 4000 µs to issue, 300 kernels + 2 copies, 13.20 µs per launch" in vit
+    # The sitting: host, GPU clocks, eager control, code.
+    assert "fake-host, FAKE GPU (SM 1980 MHz of 1980 MHz" in vit and "bf16 8192² matmul 1.000 ms" in vit
+    assert "code ffffffffff" in vit
+    # Where we lose: slower under CUDA graphs, no gain shown under torch.compile, compile alone beats eager + cast.
+    lose = text.split("### Where we lose", 1)[1].split("###", 1)[0]
+    assert "- vit_b16, CUDA graphs (eager graphs vs cast graphs): slower with the cast, 0.952×" in lose
+    assert "- vit_b16, torch.compile (default mode): no gain shown" in lose
+    assert "- vit_b16: torch.compile alone (5.00 ms) is faster than eager + cast (8.10 ms" in lose
+    # A model cut short: each missing number says why, none is made up.
+    conv = text.split("### convnext_tiny", 1)[1].split("###", 1)[0]
+    assert "| eager | – | – | timed out: stopped at its time limit of 150 s |" in conv
+    assert "| torch.compile (default mode) | – | – | skipped: the sitting's --deadline was spent |" in conv
+    assert "| convnext_tiny | – | – (timed out) | – (timed out) | – (skipped) | – (skipped) | – |" in text
+    # A model never run is a row that says so.
+    assert "| deeplabv3 | – (not run) |" in text
+
+
+def test_the_report_refuses_results_of_different_code_unless_told_and_then_flags_them(tmp_path):
+    _fake_model(tmp_path, "vit_b16")
+    _fake_model(tmp_path, "deeplabv3", digest="other" * 12)
+    p = _report(tmp_path, "--report-only", "--models", "vit_b16,deeplabv3")
+    assert p.returncode == 2 and "different code" in p.stderr and p.stderr.count("\n") == 1
+    assert "vit_b16" in p.stderr and "deeplabv3" in p.stderr and not (tmp_path / "report.md").exists()
+    p = _report(tmp_path, "--report-only", "--models", "vit_b16,deeplabv3", "--allow-mixed-commits")
+    assert p.returncode == 0, p.stderr
+    assert "**Mixed code:" in (tmp_path / "report.md").read_text()
+    # One code: no flag.
+    p = _report(tmp_path, "--report-only", "--models", "vit_b16")
+    assert p.returncode == 0 and "Mixed code" not in (tmp_path / "report.md").read_text()
+
+
+def test_a_step_past_its_time_limit_is_stopped_with_its_children(tmp_path):
+    rp = _reproduce_module()
+    out, log = tmp_path / "e2e.md", tmp_path / "steps.log"
+    child = tmp_path / "child.pid"
+    script = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; "
+              f"time.sleep(60)']); open({str(child)!r}, 'w').write(str(p.pid)); time.sleep(60)")
+    assert rp.step("e2e", out, [sys.executable, "-c", script], log, timeout=1.5) == rp.TIMED_OUT
+    assert "time limit of 2 s reached" in log.read_text() and not out.exists()
+    import os
+    import time
+
+    pid = int(child.read_text())
+    for _ in range(50):  # the grandchild got the group's SIGINT
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the step's child outlived its time limit")
+
+
+def test_the_packed_files_are_what_the_report_reads_and_fit_a_device_command(tmp_path):
+    rp = _reproduce_module()
+    _fake_model(tmp_path / "out", "vit_b16")
+    (tmp_path / "out" / "vit_b16" / "run.md").write_text("not an input of the report: left behind")
+    copied = rp.pack(tmp_path / "out", "vit_b16", tmp_path / "back")
+    assert len(rp.PACKED) + 1 <= 8 and "run.md" not in copied  # a device command returns at most 8 files
+    back, there = rp.report(tmp_path / "back", ["vit_b16"]), rp.report(tmp_path / "out", ["vit_b16"])
+    assert back.replace(str(tmp_path / "back"), "OUT") == there.replace(str(tmp_path / "out"), "OUT")
+    assert {"record.json", "e2e/bench_e2e.json", "compose/bench_compose.json", "export.json"} <= set(copied)
