@@ -12,6 +12,10 @@ How the capture takes them (engine.capture.run.capture_model):
   forward found. Forwards are deterministic for a fixed input; the sampler checks that the second
   forward makes the same calls in order (op and exact signature) and, where it does not, the chain
   samples are dropped with a note. This costs one more forward but keeps no tensor alive between them.
+  Until the chain's last member the sampler holds an output through an alias (`detach()`: its own
+  tensor on the same storage), never the model's tensor: PyTorch detaches a factory's result
+  (`torch.arange`, `empty_like`: `make_variable` shallow-copies a tensor it does not hold alone) when a
+  mode still holds it as the call returns, an `aten::detach` the captured forward never made.
 - Module bindings. The same forward records, for a module card, how each instance's module forward feeds
   the chain (engine.capture.module_binding): a forward pre-hook on each of the card's modules keeps
   that invocation's arguments and the autocast state, and the sampler keeps the instance's chain inputs
@@ -184,11 +188,13 @@ class ChainSampler(_Trace):
             written = self._written(func, args, kwargs, out)
             for p in here:
                 for o, k in p.outputs.get(i, []) if p.sample else ():
-                    p.out_tensors[o] = written[k]
+                    if written[k] is not None:
+                        p.out_tensors[o] = written[k].detach()  # an alias: see the module's docstring
         if self.mismatch is None:
             for p in self._last.get(i, []):
                 if p.sample:
                     self.sink(p)
+                    p.out_tensors = {}
                 if p.bind:
                     self.bound(p)
                     p.in_tensors, p.entry = {}, None  # no tensor of the forward outlives its chain
@@ -339,6 +345,8 @@ def sample_chains(forward: Callable[[], Any], found: ChainCards, reference: list
             h.remove()
         for p in binds:  # what an instance cut short by an error or a mismatch still holds
             p.in_tensors, p.entry = {}, None
+        for p in found.planned:
+            p.out_tensors = {}
         sampler.entered.clear()
     sampler.finish()
     if sampler.mismatch is not None:
