@@ -418,7 +418,7 @@ class _TaggedLayer(torch.nn.Module):
         return self.proj(self.norm(x, self.tag))
 
 
-def _found(model, x, forward=None):
+def _found(model, x, forward=None, folder=None):
     from engine.capture.chain_cards import MemberTrace, chain_cards, sample_chains
     from engine.capture.recorder import CaptureMode, ModulePaths
 
@@ -432,7 +432,7 @@ def _found(model, x, forward=None):
     trace.resolve_times()
     found = chain_cards(trace, model, paths.weight, 1.0, samples=1, sample_budget_bytes=1 << 30,
                         total_budget_bytes=1 << 30)
-    return found, sample_chains(forward, found, trace.calls, Path(tempfile.mkdtemp()), model=model)
+    return found, sample_chains(forward, found, trace.calls, folder or Path(tempfile.mkdtemp()), model=model)
 
 
 def test_a_module_called_with_keyword_arguments_gets_no_binding_and_the_notes_say_why():
@@ -517,3 +517,30 @@ def test_a_chain_sample_keeps_a_parameter_as_read_when_the_forward_writes_it_bef
         sample = load_sample(ws / result.sample_dir / f"{chain.card_id}.{i}.safetensors")
         got = run_chain(chain.signature, [t for _, t in sample.args])
         assert all(torch.equal(g, want) for g, want in zip(got, sample.outputs))
+
+
+class _Positions(torch.nn.Module):
+    """A layer whose chain starts at a factory call (`torch.arange`) and outputs its result too."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.proj = torch.nn.Linear(d, d)
+
+    def forward(self, x):
+        pos = torch.arange(x.shape[-1], dtype=x.dtype)
+        return self.proj(x * 2 + pos) + self.proj(pos)
+
+
+def test_a_chain_output_made_by_a_factory_call_is_sampled(tmp_path):
+    # Holding a factory's result strongly when its call returns makes PyTorch detach it: the sampling
+    # forward made an `aten::detach` the captured one did not, and Qwen3.5's chains got no samples.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_Positions(32), _Positions(32)).to(torch.bfloat16).eval()
+    found, written = _found(model, torch.randn(2, 5, 32, dtype=torch.bfloat16), folder=tmp_path)
+    (card,) = found.cards
+    assert card.chain["ops"][0] == "arange" and "chain samples" not in found.notes
+    assert written == {card.card_id: 1}
+    sample = load_sample(tmp_path / f"{card.card_id}.0.safetensors")
+    got = run_chain(card.signature, [t for _, t in sample.args])
+    assert len(got) == len(sample.outputs) == 2
+    assert all(torch.equal(g, want) for g, want in zip(got, sample.outputs))

@@ -15,6 +15,10 @@ How the capture takes them (engine.capture.run.capture_model):
   (`ChainSampling.finish`): where its calls (op and exact signature, in order) or its plan differ from the
   warm-up's, those samples are dropped and `sample_chains` runs one more forward for the captured
   forward's plan; where that forward's calls differ too, the chain samples are dropped with a note.
+  Until the chain's last member the sampler holds an output through an alias (`detach()`: its own
+  tensor on the same storage), never the model's tensor: PyTorch detaches a factory's result
+  (`torch.arange`, `empty_like`: `make_variable` shallow-copies a tensor it does not hold alone) when a
+  mode still holds it as the call returns, an `aten::detach` the captured forward never made.
 - Module bindings. The same forward records, for a module card, how each instance's module forward feeds
   the chain (engine.capture.module_binding): a forward pre-hook on each of the card's modules keeps
   that invocation's arguments and the autocast state, and the sampler keeps the instance's chain inputs
@@ -204,9 +208,11 @@ class ChainSampler(_Trace):
             self.mismatch = f"call {i} ({func.name()}) has another signature than in the first forward"
         if any(p.sample for p in here):
             written = self._written(func, args, kwargs, out)
-            for p in here:
-                for o, k in p.outputs.get(i, []) if p.sample else ():
-                    p.out_tensors[o] = written[k]
+            with _disable_current_modes():  # the alias is no call of the forward's (nor of a capture below)
+                for p in here:
+                    for o, k in p.outputs.get(i, []) if p.sample else ():
+                        if written[k] is not None:
+                            p.out_tensors[o] = written[k].detach()  # an alias: see the module's docstring
         if self.mismatch is None and self._last.get(i):
             # Modes below this one (a capture, when the captured forward samples) must not see the copies.
             with _disable_current_modes():
@@ -214,6 +220,7 @@ class ChainSampler(_Trace):
                     self._borrowing.pop(id(p), None)
                     if p.sample:
                         self.sink(p)
+                        p.out_tensors = {}
                     if p.bind:
                         self.bound(p)
                         p.in_tensors, p.entry = {}, None  # no tensor of the forward outlives its chain
