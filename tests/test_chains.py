@@ -327,3 +327,12 @@ def test_a_copy_to_another_device_ends_a_chain():
     assert chains  # the norm itself is still one
     for ch in chains:
         assert not any(c.op == "aten::_to_copy" and "meta" in str(c.signature) for c in ch.calls)
+
+
+def test_a_batch_norm_module_alone_is_no_module_chain():
+    """BatchNorm's module runs `empty` (its reserve) and one `native_batch_norm`: one op of traffic, which
+    its op card already is; it must not become a chain card of its own."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Conv2d(8, 8, 3)).eval()
+    trace, pats = _patterns(model, torch.randn(1, 3, 16, 16))
+    assert any(c.op.startswith("aten::native_batch_norm") or "batch_norm" in c.op for c in trace.calls)
+    assert not [p for p in pats if p.kind == "module"], [(_heavy_ops(p), p.kind) for p in pats]

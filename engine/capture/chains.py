@@ -322,7 +322,8 @@ def module_subchains(calls: list[TraceCall], chains: list[Chain], readers: dict[
         ms = [calls[i] for i in members]
         if (path, members[0]) in have or any(c.compute for c in ms) or len(ms) > MAX_CHAIN_CALLS:
             continue
-        if sum(not c.view for c in ms) < min_heavy or _module_of(calls, members, path) != path:
+        if sum(not c.view and not _allocation(c.op) for c in ms) < min_heavy or \
+                _module_of(calls, members, path) != path:
             continue  # too small, or the module has children or calls around it (not one invocation's run)
         made = {v for c in ms for v in c.writes}
         if any(_in_place(c.op) for c in ms):
@@ -339,6 +340,12 @@ def module_subchains(calls: list[TraceCall], chains: list[Chain], readers: dict[
             continue
         out.append(Chain(ms, inputs, outputs, path, path))
     return out
+
+
+def _allocation(op: str) -> bool:
+    """`aten::empty`, `empty_like`, …: memory handed out, no traffic (a BatchNorm module's reserve buffer
+    beside its one op is no chain)."""
+    return op.split("::", 1)[-1].split(".")[0] in ("empty", "empty_like", "empty_strided", "new_empty")
 
 
 def _in_place(op: str) -> bool:
