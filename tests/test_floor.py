@@ -16,6 +16,7 @@ from engine.bench.floor import (
     Floor,
     GpuCompute,
     card_flops,
+    is_compute_op,
     launch_floor_us,
     operand_dtypes,
     peak_flops,
@@ -282,3 +283,15 @@ def test_launch_floor_is_below_the_fastest_small_kernels():
     torch.cuda.synchronize()
     fastest = min(s.elapsed_time(e) for s, e in times) * 1e3
     assert 0 < us < fastest, (us, fastest)
+
+
+def test_fused_multi_head_attention_is_compute():
+    """nn.MultiheadAttention in inference runs one `_native_multi_head_attention` call (ViT): a compute op,
+    where chains stop (a chain spanned LayerNorm → attention → add → LayerNorm before), with its FLOPs."""
+    mha = torch.nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    x = r(2, 10, 32)
+    with torch.no_grad():
+        op, sig = card(lambda: mha(x, x, x, need_weights=False))
+    assert op == "aten::_native_multi_head_attention" and is_compute_op(op)
+    e, b, n = 32, 2, 10
+    assert card_flops(op, sig) == 2 * b * 3 * n * e * e + 2 * b * n * e * e + 4 * b * n * n * e

@@ -349,6 +349,18 @@ def _attention(a: _Args, mask: str | None) -> int:
     return 2 * math.prod(q[:-2]) * pairs * per_pair
 
 
+def _mha(a: _Args) -> int:
+    """nn.MultiheadAttention's fused inference path: the q/k/v and output projections, and the attention
+    between them (only the projections where a mask may leave the scores almost empty)."""
+    q, k = a.shape("query"), a.shape("key")
+    e = a.value("embed_dim")
+    if len(q) != 3 or len(k) != 3 or not isinstance(e, int) or isinstance(e, bool) or e <= 0:
+        raise _Unreadable
+    b, lq, lk = q[0], q[1], k[1]
+    proj = 2 * b * (lq + 2 * lk) * e * e + 2 * b * lq * e * e
+    return proj + (0 if a.present("mask") else 2 * 2 * b * lq * lk * e)
+
+
 def _grouped(a: _Args) -> int:
     if a.present("offs"):
         return 0  # group sizes are tensor data, not in the signature: no safe count
@@ -393,6 +405,7 @@ _OPS: dict[str, tuple[Any, tuple[str, ...]]] = {
     "_scaled_dot_product_cudnn_attention": (lambda a: _attention(a, "attn_bias"), ("query", "key")),
     "_scaled_dot_product_fused_attention_overrideable": (lambda a: _attention(a, "attn_bias"),
                                                          ("query", "key")),
+    "_native_multi_head_attention": (_mha, ("query", "qkv_weight")),
     "_grouped_mm": (_grouped, ("self", "mat2")),
     "_scaled_grouped_mm": (_grouped, ("self", "mat2")),
 }
