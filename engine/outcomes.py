@@ -101,6 +101,7 @@ CARD_DONE_REASONS: dict[str, str] = {
     "declined": "the proposer has nothing for this op",
     "noise": "too small to matter (below the noise floor or share)",
     "no-samples": "no captured inputs to verify against",
+    "not-selected": "left out by run --ops (the run searches only the cards it matches)",
 }
 # Reasons a card is never searched at all (decided before any work).
 CARD_SKIP_REASONS = frozenset({"noise", "declined", "no-samples", "not-selected"})

@@ -55,7 +55,9 @@ async def test_cards_tick_updates_cells_in_place_and_resorts_only_on_key_change(
         assert "4.25×" in screen_text(app) and "96.00" in screen_text(app)
 
         # Sorted by speedup, the card that just got faster moves to the top on the next tick.
-        while screen.sort_col != 6:
+        from kforge_tui.screens.cards import SORTS
+
+        while SORTS[screen.sort_col][0] != "speedup":
             await pilot.press("s")
         await pilot.pause(0.1)
         other = next(c for c in screen._shown[3:] if c != target)
