@@ -288,15 +288,7 @@ def find_chains(calls: list[TraceCall], containers: set[str] = frozenset({ROOT, 
         ms = [calls[i] for i in members]
         if sum(not c.view for c in ms) < min_heavy or len(ms) > MAX_CHAIN_CALLS:
             continue
-        inside = set(members)
-        made = {v for c in ms for v in c.writes}
-        inputs: list[int] = []
-        for c in ms:
-            for _, v in c.reads:
-                if v not in made and v not in inputs:
-                    inputs.append(v)
-        outputs = [v for c in ms for v in c.writes
-                   if not readers.get(v) or any(r not in inside for r in readers[v])]
+        inputs, outputs = _boundary(ms, readers)
         scope = _scope(ms)
         chains.append(Chain(ms, inputs, outputs, scope, _module_of(calls, members, scope)))
     chains += module_subchains(calls, chains, readers, min_heavy)
@@ -325,21 +317,28 @@ def module_subchains(calls: list[TraceCall], chains: list[Chain], readers: dict[
         if sum(not c.view and not _allocation(c.op) for c in ms) < min_heavy or \
                 _module_of(calls, members, path) != path:
             continue  # too small, or the module has children or calls around it (not one invocation's run)
-        made = {v for c in ms for v in c.writes}
         if any(_in_place(c.op) for c in ms):
             continue  # it writes in place (maybe through a view): its values cannot all be followed
-        inside = set(members)
-        inputs: list[int] = []
-        for c in ms:
-            for _, v in c.reads:
-                if v not in made and v not in inputs:
-                    inputs.append(v)
-        outputs = [v for c in ms for v in c.writes
-                   if not readers.get(v) or any(r not in inside for r in readers[v])]
+        inputs, outputs = _boundary(ms, readers)
         if not outputs:
             continue
         out.append(Chain(ms, inputs, outputs, path, path))
     return out
+
+
+def _boundary(ms: list[TraceCall], readers: dict[int, list[int]]) -> tuple[list[int], list[int]]:
+    """A chain's inputs (values its members read and did not make, in first-use order) and outputs
+    (values they made that something outside reads, or nothing does)."""
+    inside = {c.index for c in ms}
+    made = {v for c in ms for v in c.writes}
+    inputs: list[int] = []
+    for c in ms:
+        for _, v in c.reads:
+            if v not in made and v not in inputs:
+                inputs.append(v)
+    outputs = [v for c in ms for v in c.writes
+               if not readers.get(v) or any(r not in inside for r in readers[v])]
+    return inputs, outputs
 
 
 def _allocation(op: str) -> bool:

@@ -14,13 +14,18 @@ async def measure_eager(lane: GpuLane, cards: Iterable[CardRef]) -> dict[str, di
 
     A payload has 'eager' (TimingStats fields), 'throttled' and 'roofline_us'. Cards without samples are skipped.
     """
+    return await _per_card(lane, cards, "time_eager")
+
+
+async def _per_card(lane: GpuLane, cards: Iterable[CardRef], request: str) -> dict[str, dict]:
+    """One lane request per card with samples (loaded first): {card_id: payload or {'error': …}}."""
     results: dict[str, dict] = {}
     for card in cards:
         if not card.samples:
             results[card.card_id] = {"error": "no samples"}
             continue
         await ensure_loaded(lane, card)
-        r = await lane.request("time_eager", {"card_id": card.card_id})
+        r = await lane.request(request, {"card_id": card.card_id})
         results[card.card_id] = r.payload if r.ok else {"error": f"{r.category}: {r.message}"}
     return results
 
@@ -29,15 +34,7 @@ async def measure_copy(lane: GpuLane, cards: Iterable[CardRef]) -> dict[str, dic
     """Time the lane's own copy of each card's floor bytes: {card_id: lane payload or {'error': …}}.
 
     A payload has 'copy' (TimingStats fields), 'bytes' and 'throttled'."""
-    results: dict[str, dict] = {}
-    for card in cards:
-        if not card.samples:
-            results[card.card_id] = {"error": "no samples"}
-            continue
-        await ensure_loaded(lane, card)
-        r = await lane.request("time_copy", {"card_id": card.card_id})
-        results[card.card_id] = r.payload if r.ok else {"error": f"{r.category}: {r.message}"}
-    return results
+    return await _per_card(lane, cards, "time_copy")
 
 
 async def measure_compiled(lane: GpuLane, card: CardRef, *, mode: str | None = None,
