@@ -4,10 +4,10 @@ modules patched (eager target) and as a pattern inside compiled graphs (compile 
 cast runs it: through the module's forward in eager, through the pattern op under `cast.compile`. A few
 minutes (one torch.compile of a four-layer model per export target)."""
 
-import json
 import textwrap
 
 import pytest
+from test_run_gpu import _document
 
 pytestmark = pytest.mark.gpu
 
@@ -63,14 +63,6 @@ MODEL_TOML = textwrap.dedent('''
     [capture]
     samples = 2
 ''')
-
-
-def _document(out: str, err: str, what: str) -> dict:
-    try:
-        return json.loads(out)
-    except ValueError:
-        raise AssertionError(f"{what} --json: stdout is not one JSON document: {out[:800]!r}; "
-                             f"stderr ends {err[-800:]!r}") from None
 
 
 def test_module_card_runs_in_eager_and_as_a_pattern_under_compile(cli, capsys, tmp_path):
