@@ -57,14 +57,39 @@ def on_exit_now(hook: Callable[[], None] | None) -> None:
     _LAST_WORDS[:] = [hook] if hook is not None else []
 
 
+_LAST_WORDS_S = 3.0  # the longest the second Ctrl-C waits for its last words before exiting anyway
+_exiting = threading.Event()
+
+
 def exit_now(*_: Any) -> None:
-    """The second Ctrl-C: no cleanup and no traceback, only the registered last words (best effort)."""
-    for hook in list(_LAST_WORDS):
-        try:
-            hook()
-        except Exception:  # noqa: BLE001 - exiting anyway; a resume works as after a crash
-            pass
-    os._exit(EXIT_INTERRUPTED)
+    """The second Ctrl-C: no cleanup and no traceback, only the registered last words (best effort).
+
+    The last words run on their own thread and the handler returns: it may have landed inside a store
+    transaction that holds the write lock across awaits, and only the loop it interrupted can finish that
+    transaction (blocking here would block the lock's release, and the row would stay 'running'). The
+    thread ends the process as soon as the words are written, or after _LAST_WORDS_S whatever happens."""
+    if _exiting.is_set():  # a third Ctrl-C: no more waiting
+        os._exit(EXIT_INTERRUPTED)
+    _exiting.set()
+    hooks = list(_LAST_WORDS)
+
+    def last_words() -> None:
+        for hook in hooks:
+            try:
+                hook()
+            except Exception:  # noqa: BLE001 - exiting anyway; a resume works as after a crash
+                pass
+        os._exit(EXIT_INTERRUPTED)
+
+    def deadline() -> None:
+        os._exit(EXIT_INTERRUPTED)
+
+    timer = threading.Timer(_LAST_WORDS_S, deadline)
+    timer.daemon = True
+    timer.start()
+    if not hooks:
+        os._exit(EXIT_INTERRUPTED)
+    threading.Thread(target=last_words, name="kforge-last-words", daemon=True).start()
 
 
 def exit_on_next_sigint() -> None:
@@ -85,6 +110,7 @@ def run_interruptible(make: Callable[[StopFlag], Coroutine[Any, Any, T]], *,
     def on_sigint() -> None:
         if stop.hit:
             exit_now()
+            return
         stop.event.set()
         exit_on_next_sigint()  # also while the loop is not running (its shutdown below)
         if stop._hooks:
