@@ -179,3 +179,31 @@ def test_card_selected_by_op_member_or_kind():
     assert card_selected("kforge::chain", rms, "chain[_to_copy pow] in0", "^rsqrt$")
     assert card_selected("kforge::chain", rms, "chain[_to_copy pow] in0", "module")
     assert not card_selected("kforge::chain", rms, "chain[_to_copy pow] in0", "^pattern$")
+
+
+def test_ops_searches_a_chosen_card_below_the_share_floor(cli, tmp_path):
+    # A wide matmul and a GELU of 8 numbers: the GELU holds far less than the 0.1 % share floor. Unchosen,
+    # it is skipped as noise; chosen by --ops, it is searched (the user named it).
+    (tmp_path / "tiny.py").write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(2048, 2048)\n"
+        "    def forward(self, x, y):\n"
+        "        return self.fc(x), torch.nn.functional.gelu(y)\n"
+        "def build(device, dtype, small=False, **_):\n"
+        "    m = M().to(device=device, dtype=dtype)\n"
+        "    return m, (torch.randn(512, 2048, device=device, dtype=dtype), torch.randn(8, device=device, dtype=dtype))\n")
+    (tmp_path / "tiny.toml").write_text('name = "tiny"\nbuilder = "tiny.py:build"\n[dtype]\ncpu = "float32"\n')
+
+    def gelu_card(*extra):
+        code, out, err = cli("run", tmp_path / "tiny.toml", "--dry-run", "--no-tui", "--iterations", "1", "--json",
+                             "--workspace", tmp_path / "ws", *extra)
+        assert code == 0, err
+        (card,) = [c for c in json.loads(out)["cards"] if c["op"] == "aten::gelu"]
+        return card
+
+    unchosen = gelu_card()
+    assert unchosen["share"] < 0.001 and unchosen["candidates"] == 0 and unchosen["stopped"] == "noise", unchosen
+    assert gelu_card("--ops", "gelu")["candidates"] >= 1

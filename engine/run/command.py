@@ -338,7 +338,9 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
             if c.note:  # in the run's events, so that a viewer shows why this card is never proposed
                 await recorder.event("card_skipped", {"reason": c.done_reason, "detail": c.note}, c.card_id)
     lanes, pool, ray_lanes = [], None, None
-    policy = SchedulePolicy()
+    # Cards named by --ops are searched whatever their share: the user chose them (a module card's share is
+    # its GPU time; in a host-bound model its gain is mostly the launches it saves).
+    policy = SchedulePolicy(min_share=0.0) if cfg.get("ops") else SchedulePolicy()
     ray = _ray_of(args) or cfg.get("ray")
     ray_address = None if ray in (None, "local") else ray
     try:
