@@ -65,6 +65,32 @@ class LlamaRMS(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
+class DiffusersRMS(nn.Module):
+    """diffusers' RMSNorm: fp32 statistics, x * rsqrt in fp32 (bf16 x promotes), downcast, then the weight."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.weight = nn.Parameter(1 + torch.randn(d) * 0.1)
+
+    def forward(self, h):
+        var = h.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        h = h * torch.rsqrt(var + 1e-6)
+        return h.to(self.weight.dtype) * self.weight
+
+
+class HeadsNorm(nn.Module):
+    """SD3.5's q/k norm: the projection split into heads and transposed to [B, H, S, D] (a permuted view,
+    not a copy), then an RMSNorm over D; eager's output keeps the permuted layout."""
+
+    def __init__(self, heads: int, d: int):
+        super().__init__()
+        self.heads, self.lin, self.norm = heads, nn.Linear(heads * d, heads * d), DiffusersRMS(d)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        return self.norm(self.lin(x).view(b, s, self.heads, -1).transpose(1, 2))
+
+
 class GatedMLP(nn.Module):
     def __init__(self, d: int, act):
         super().__init__()
@@ -156,13 +182,14 @@ def _cases() -> dict[str, OperatorCard]:
         "gn_silu": chain_cards(GroupNormSilu(), torch.randn(2, 8, 6, 6, dtype=BF))[0],
         "adaln": chain_cards(AdaLN(32), x, torch.randn(2, 32, dtype=BF))[0],
         "softclip": chain_cards(SoftClip(), x)[0],
+        "heads_rms": chain_cards(HeadsNorm(4, 16), torch.randn(2, 6, 64, dtype=BF))[0],
     }
 
 
 EXPECTED = {"toy_rms": "chain_rms_norm", "toy_add_rms": "chain_rms_norm", "toy_swiglu": "chain_glu",
             "gemma_rms": "chain_rms_norm", "llama_rms": "chain_rms_norm", "swiglu": "chain_glu", "geglu": "chain_glu",
             "gelu_glu": "chain_glu", "gn_silu": "chain_group_norm_silu", "adaln": "chain_modulate",
-            "softclip": "chain_pointwise"}
+            "softclip": "chain_pointwise", "heads_rms": "chain_rms_norm"}
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import cuda_emulator as emu
 import pytest
 import torch
-from test_builtin_chains import BF, GemmaRMS, GroupNormSilu, LlamaRMS, _toy, chain_cards
+from test_builtin_chains import BF, GemmaRMS, GroupNormSilu, HeadsNorm, LlamaRMS, _toy, chain_cards
 
 from engine.capture.chains import CHAIN_OP
 from engine.launch import parse_spec, resolve
@@ -26,13 +26,17 @@ SEEDS = (0, 1, 2)
 
 
 def _samples(card, seeds=SEEDS):
-    """Random input sets for a chain card: unit-normal activations, its own weight's scale for the rest."""
+    """Random input sets for a chain card: unit-normal activations, its own weight's scale for the rest, each
+    in its signature's layout (a permuted view stays one)."""
     out = []
     for seed in seeds:
         g = torch.Generator().manual_seed(seed)
-        out.append([(a["name"], (torch.randn(a["shape"], generator=g) * (1.0 if i == 0 else 0.1)
-                                 + (0.0 if i == 0 else 1.0)).to(getattr(torch, a["dtype"])))
-                    for i, a in enumerate(card.signature["args"])])
+        args = []
+        for i, a in enumerate(card.signature["args"]):
+            extent = sum((n - 1) * s for n, s in zip(a["shape"], a["stride"])) + 1
+            base = (torch.randn(extent, generator=g) * (1.0 if i == 0 else 0.1) + (0.0 if i == 0 else 1.0))
+            args.append((a["name"], base.to(getattr(torch, a["dtype"])).as_strided(a["shape"], a["stride"])))
+        out.append(args)
     return out
 
 
@@ -42,6 +46,8 @@ def _cards():
     for d in SIZES:
         out.append((f"gemma {d}", chain_cards(GemmaRMS(d), torch.randn(2, 5, d, dtype=BF))[0], RmsNormChainTemplate()))
         out.append((f"llama {d}", chain_cards(LlamaRMS(d), torch.randn(2, 5, d, dtype=BF))[0], RmsNormChainTemplate()))
+    # SD3.5's q/k norm: a [B, H, S, D] permuted view in, eager's permuted layout out (stored through strides)
+    out.append(("heads", chain_cards(HeadsNorm(4, 64), torch.randn(2, 6, 256, dtype=BF))[0], RmsNormChainTemplate()))
     out.append(("gn_silu", chain_cards(GroupNormSilu(), torch.randn(2, 8, 6, 6, dtype=BF))[0],
                 GroupNormSiluChainTemplate()))
     return out

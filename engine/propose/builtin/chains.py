@@ -310,7 +310,8 @@ def _spec_args(g: ChainGraph) -> list[tuple[str, str]]:
 
 
 def _check_outputs(g: ChainGraph, shape: Sequence[int]) -> None:
-    """Every output is a contiguous tensor of `shape` with the dtype eager gives it."""
+    """Every output is a dense tensor of `shape` (contiguous, or eager's permutation of it) with the dtype
+    eager gives it."""
     card = g.card
     if len(card.outputs) != len(g.outputs):
         raise cc.Decline(f"the card lists {len(card.outputs)} outputs, the chain {len(g.outputs)}")
@@ -318,7 +319,7 @@ def _check_outputs(g: ChainGraph, shape: Sequence[int]) -> None:
         v, d = g.vals[r], card.outputs[k]
         if list(v.shape) != list(shape):
             raise cc.Decline(f"output {k} has shape {list(v.shape)}, not the iteration shape {list(shape)}")
-        why = cc.output_problem(card, k, v.dtype, shape)
+        why = cc.output_problem(card, k, v.dtype, shape, dense=True)
         if why:
             raise cc.Decline(why)
         if [int(s) for s in d["shape"]] != list(v.shape):
@@ -330,10 +331,21 @@ def _out_align(g: ChainGraph, k: int) -> int:
 
 
 def _store_code(g: ChainGraph, k: int, val: str, index: str, vec: int) -> str:
+    """C lines storing `float val[vec]` at flat indices index + 0..vec-1 of output k's shape, through its
+    strides (a permuted dense output: eager's layout for a permuted input)."""
     e = cc.ctype(g.vals[g.outputs[k]].dtype)
-    if vec > 1 and _out_align(g, k) >= min(16, vec * cc.itemsize(g.vals[g.outputs[k]].dtype)):
-        return f"kf_store<{e}, {vec}, 1>(out{k} + ({index}), {val});"
-    return f"for (int j = 0; j < {vec}; ++j) out{k}[({index}) + j] = kf_from_float<{e}>({val}[j]);"
+    d = g.card.outputs[k]
+    shape, stride = [int(n) for n in d["shape"]], [int(s) for s in d["stride"]]
+    aligned = _out_align(g, k) >= min(16, vec * cc.itemsize(g.vals[g.outputs[k]].dtype))
+    if cc.is_contiguous(shape, stride):
+        if vec > 1 and aligned:
+            return f"kf_store<{e}, {vec}, 1>(out{k} + ({index}), {val});"
+        return f"for (int j = 0; j < {vec}; ++j) out{k}[({index}) + j] = kf_from_float<{e}>({val}[j]);"
+    it = cc.int_type(sum((n - 1) * s for n, s in zip(shape, stride)) + 1)
+    if vec > 1 and aligned and stride[-1] == 1 and all(s % vec == 0 for n, s in zip(shape[:-1], stride[:-1]) if n > 1):
+        return f"kf_store<{e}, {vec}, 1>(out{k} + ({cc.offset_code(index, shape, stride, it)}), {val});"
+    return (f"for (int j = 0; j < {vec}; ++j) out{k}[{cc.offset_code(f'({index}) + j', shape, stride, it)}] = "
+            f"kf_from_float<{e}>({val}[j]);")
 
 
 def _dtypes(g: ChainGraph) -> list[str]:

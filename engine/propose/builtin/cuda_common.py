@@ -477,8 +477,10 @@ def affine_problem(card: OperatorCard, shape: Sequence[int]) -> str | None:
 
 
 def output_problem(card: OperatorCard, k: int, dtype: str | None, shape: Sequence[int] | None,
-                   numel: int | None = None) -> str | None:
-    """Why output `k` is not a contiguous float tensor (of `dtype`, `shape` or `numel` elements when given)."""
+                   numel: int | None = None, *, dense: bool = False) -> str | None:
+    """Why output `k` is not a contiguous float tensor (of `dtype`, `shape` or `numel` elements when given).
+    With `dense`, any dense non-overlapping layout will do (eager's output of a permuted input keeps the
+    permutation; the template then stores through the output's strides)."""
     if k >= len(card.outputs):
         return f"output {k} missing"
     d = card.outputs[k]
@@ -490,7 +492,9 @@ def output_problem(card: OperatorCard, k: int, dtype: str | None, shape: Sequenc
         return f"output {k} shape {d['shape']}, expected {list(shape)}"
     if numel is not None and math.prod(d["shape"]) != numel:
         return f"output {k} has {math.prod(d['shape'])} elements, expected {numel}"
-    if not is_contiguous(d["shape"], d["stride"]):
+    if dense and dense_order(d["shape"], d["stride"]) is None:
+        return f"output {k} is not dense (strides {d['stride']} for shape {d['shape']})"
+    if not dense and not is_contiguous(d["shape"], d["stride"]):
         return f"output {k} is not contiguous"
     return None
 
