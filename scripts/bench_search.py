@@ -12,23 +12,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import statistics
 import sys
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from engine.cards import OperatorCard  # noqa: E402
 from engine.compile import CompilePool, Compiler  # noqa: E402
 from engine.lane.client import GpuLane, worker_argv  # noqa: E402
 from engine.propose.base import Hardware  # noqa: E402
 from engine.propose.builtin import BuiltinProposer  # noqa: E402
 from engine.run.evaluators import LaneEvaluator  # noqa: E402
-from engine.run.orchestrator import Budgets, NullRecorder, Orchestrator  # noqa: E402
+from engine.run.orchestrator import Budgets, NullRecorder, Orchestrator, Recorder  # noqa: E402
 from engine.run.plan import CardState, SchedulePolicy  # noqa: E402
 from engine.search.tree import SearchParams  # noqa: E402
 
@@ -47,7 +51,11 @@ class CurveRecorder(NullRecorder):
         self.curve.setdefault(rec.card_id, []).append(self.best.get(rec.card_id, 0.0))
 
 
-async def main_async(args) -> dict:
+@contextlib.asynccontextmanager
+async def lane_session(args) -> AsyncIterator[tuple[list[tuple[str, OperatorCard, list[str]]], dict, Hardware,
+                                                    LaneEvaluator]]:
+    """Capture the cards (`--model`, `--only`), start a lane; yields the first `--cards` the builtin proposer
+    supports as (label, card, sample paths), the lane's hello, its GPU and the evaluator a search uses."""
     if args.model == "targets":  # the issue-4 target cards of bench_builtin.py (real-shaped single calls)
         from bench_builtin import _cases
 
@@ -56,48 +64,58 @@ async def main_async(args) -> dict:
         refs = []
         for i, case in enumerate(c for c in _cases() if not args.only or any(s in c.label for s in args.only)):
             fn, x = case.make()
-            refs.append(capture_card(Path(args.workspace) / f"card{i}", fn, samples=2))
+            refs.append((case.label, capture_card(Path(args.workspace) / f"card{i}", fn, samples=2)))
             del fn, x
     else:
         from bench_lane import model_cards  # the same capture path as the lane benchmark
 
-        refs = model_cards(args.model, Path(args.workspace))
+        refs = [(f"{r.op} {r.card_id}", r) for r in model_cards(args.model, Path(args.workspace))]
     proposer = BuiltinProposer()
     arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
     lane = GpuLane(worker_argv(0), timeout_s=120)
     await lane.start()
-    hello = (await lane.request("hello")).payload
-    hw = Hardware(hello["name"], hello["arch"], hello["sms"], hello["l2_bytes"], hello["copy_bw"],
-                  hello["max_shared_per_block"])
-    compiler = Compiler(Path(args.workspace) / "cache", "nvrtc", arch=arch)
-    results: dict = {"model": args.model, "budget": args.budget, "seeds": args.seeds, "runs": []}
     try:
+        hello = (await lane.request("hello")).payload
+        compiler = Compiler(Path(args.workspace) / "cache", "nvrtc", arch=arch)
         from engine.capture.signature import signature_text
-        from engine.cards import OperatorCard
 
-        briefs = [(r, OperatorCard(r.card_id, r.op, r.signature, signature_text(r.signature), r.outputs,
-                                   bytes=r.bytes, roofline_us=r.bytes / hello["copy_bw"] * 1e6)) for r in refs]
-        briefs = [(r, b) for r, b in briefs if proposer.supports(b)][: args.cards]
-        results["cards"] = [{"id": r.card_id, "op": r.op, "signature": b.signature_text} for r, b in briefs]
+        briefs = [(label, OperatorCard(r.card_id, r.op, r.signature, signature_text(r.signature), r.outputs,
+                                       bytes=r.bytes, roofline_us=r.bytes / hello["copy_bw"] * 1e6), r.samples)
+                  for label, r in refs]
+        briefs = [b for b in briefs if proposer.supports(b[1])][: args.cards]
         async with CompilePool() as pool:
-            evaluate = LaneEvaluator([lane], compiler, pool, timing={"max_seconds": args.timing_s})
-            for strategy in args.strategies.split(","):
-                for seed in range(args.seeds):
-                    cards = [CardState(dataclasses.replace(b, share=1.0 / len(briefs)), r.samples)
-                             for r, b in briefs]
-                    rec = CurveRecorder()
-                    ids = iter(range(10**9))
-                    # A fresh proposer per run: it remembers the kernels it proposed, which must not
-                    # carry over from one strategy or seed to the next.
-                    o = Orchestrator(cards=cards, proposer=_Seeded(BuiltinProposer(), seed), evaluate=evaluate,
-                                     recorder=rec, new_id=lambda ids=ids: f"n{next(ids)}", hardware=hw, strategy=strategy,
-                                     params=SearchParams(), budgets=Budgets(iterations_per_card=args.budget),
-                                     policy=SchedulePolicy(patience=10**9, near_roofline=0.0), max_proposals=2)
-                    await o.run()
-                    results["runs"].append({"strategy": strategy, "seed": seed, "curves": rec.curve})
-                    print(strategy, seed, {k: round(v, 3) for k, v in rec.best.items()}, flush=True)
+            yield briefs, hello, Hardware.from_hello(hello), LaneEvaluator([lane], compiler, pool,
+                                                                           timing={"max_seconds": args.timing_s})
     finally:
         await lane.close()
+
+
+async def search_once(cards: Sequence[tuple[OperatorCard, Sequence[str]]], evaluate: Any, hw: Hardware,
+                      strategy: str, seed: int, budget: int, recorder: Recorder) -> str:
+    """One search of the ablation: the real orchestrator over the cards (equal shares), a fresh builtin
+    proposer with this seed, `budget` evaluations a card, no early stopping."""
+    states = [CardState(dataclasses.replace(c, share=1.0 / len(cards)), list(samples)) for c, samples in cards]
+    ids = iter(range(10**9))
+    # A fresh proposer per run: it remembers the kernels it proposed, which must not carry over from one
+    # strategy or seed to the next.
+    o = Orchestrator(cards=states, proposer=_Seeded(BuiltinProposer(), seed), evaluate=evaluate, recorder=recorder,
+                     new_id=lambda: f"n{next(ids)}", hardware=hw, strategy=strategy, params=SearchParams(),
+                     budgets=Budgets(iterations_per_card=budget),
+                     policy=SchedulePolicy(patience=10**9, near_roofline=0.0), max_proposals=2)
+    return await o.run()
+
+
+async def main_async(args) -> dict:
+    results: dict = {"model": args.model, "budget": args.budget, "seeds": args.seeds, "runs": []}
+    async with lane_session(args) as (briefs, _hello, hw, evaluate):
+        results["cards"] = [{"id": b.card_id, "op": b.op, "signature": b.signature_text} for _, b, _ in briefs]
+        for strategy in args.strategies.split(","):
+            for seed in range(args.seeds):
+                rec = CurveRecorder()
+                await search_once([(b, samples) for _, b, samples in briefs], evaluate, hw, strategy, seed,
+                                  args.budget, rec)
+                results["runs"].append({"strategy": strategy, "seed": seed, "curves": rec.curve})
+                print(strategy, seed, {k: round(v, 3) for k, v in rec.best.items()}, flush=True)
     return results
 
 
