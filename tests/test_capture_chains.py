@@ -353,6 +353,9 @@ def test_a_captured_module_card_carries_its_binding_and_is_served_in_eager(tmp_p
     assert {k: card.chain[k] for k in ("class", "paths", "args", "params", "autocast")} == {
         "class": "RMS", "paths": paths, "args": [{"input": 0}], "params": [{"name": "weight", "input": 1}],
         "autocast": []}
+    # Which other instances it may serve: the class by its dotted name, and the instances' own attributes
+    # (RMS keeps none besides its parameter).
+    assert card.chain["class_path"] == "test_chains.RMS" and card.chain["states"] == [{}], card.chain
     assert not [k for k in result.notes if k.startswith("module card")]
 
     # Exported, it is a module card the cast format accepts (from the card as the store gives it back).
@@ -363,8 +366,9 @@ def test_a_captured_module_card_carries_its_binding_and_is_served_in_eager(tmp_p
     check_manifest(manifest)
     (entry,) = manifest["variants"]
     assert entry["chain"]["kind"] == "module" and "pattern" not in entry
-    assert entry["module"] == {"class": "RMS", "paths": paths, "args": [{"input": 0}],
-                               "params": [{"name": "weight", "input": 1}], "autocast": []}
+    assert entry["module"] == {"class": "RMS", "class_path": "test_chains.RMS", "paths": paths,
+                               "args": [{"input": 0}], "params": [{"name": "weight", "input": 1}], "autocast": [],
+                               "states": card.chain["states"]}
 
     # The toy model as the config builds it: the entry binds to each of its norms, and a cast serves them.
     torch.manual_seed(0)

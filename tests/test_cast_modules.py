@@ -320,3 +320,54 @@ def test_under_torch_compile_the_module_card_is_a_pattern(model, cast):
     st = c.stats()
     assert st["patterns"] == {"rms": 6} and st["pattern_problems"] == {}
     assert all(st["modules"][p]["hits"] == 0 for p in PATHS)  # eager routes stayed out of the trace
+
+
+# ---------------------------------------------------------------------- instances the capture did not see
+
+
+def _proven_on_layer0(model, **extra):
+    from engine.capture.module_binding import module_state
+
+    norm = model.layers[0].norm1
+    cls = type(norm)
+    return _variant(paths=["layers.0.norm1"], module={
+        "class": "RMS", "class_path": f"{cls.__module__}.{cls.__qualname__}", "paths": ["layers.0.norm1"],
+        "args": [{"input": 0}], "params": [{"name": "weight", "input": 1}], "states": [module_state(norm)], **extra})
+
+
+def test_a_card_proven_on_one_instance_serves_the_others_alike(model, cast):
+    # A model captured shrunk (one layer) and run at its real depth: the other norms are the same class with
+    # the same attributes and tensors, so the card serves them too (every layer's norm1 and norm2), exactly.
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    want = _eager(model, x)
+    c = cast(variants=[_proven_on_layer0(model)])
+    with c.enabled(model):
+        got = _eager(model, x)
+    assert torch.equal(got, want)
+    assert sorted(c.stats()["modules"]) == sorted(f"layers.{i}.norm{j}" for i in range(3) for j in (1, 2))
+    assert c.counting.calls == 6
+
+
+def test_an_instance_with_other_attributes_is_not_served(model, cast):
+    model.layers[2].norm1.eps = 1e-5  # an attribute the proven instance does not have: maybe another forward
+    c = cast(variants=[_proven_on_layer0(model)])
+    c.install(model)
+    assert "layers.2.norm1" not in c.stats()["modules"] and "layers.1.norm1" in c.stats()["modules"]
+
+
+def test_a_card_without_states_serves_only_its_paths(model, cast):
+    variant = _proven_on_layer0(model)
+    del variant["module"]["states"]
+    c = cast(variants=[variant])
+    c.install(model)
+    assert list(c.stats()["modules"]) == ["layers.0.norm1"]
+
+
+def test_an_instance_with_an_opaque_attribute_is_not_served(model, cast):
+    from engine.capture.module_binding import module_state
+
+    model.layers[1].norm1.helper = lambda t: t  # not a plain value: cannot be compared
+    assert module_state(model.layers[1].norm1) is None
+    c = cast(variants=[_proven_on_layer0(model)])
+    c.install(model)
+    assert "layers.1.norm1" not in c.stats()["modules"] and "layers.2.norm1" in c.stats()["modules"]

@@ -460,7 +460,7 @@ def sample_chains(forward: Callable[[], Any], found: ChainCards, reference: list
 def _binding(model: torch.nn.Module, p: _Planned) -> dict[str, Any] | str:
     """How instance `p`'s module invocation fed its chain (the module entry's `class`, `args`, `params`,
     `autocast`), or why that cannot be said."""
-    from engine.capture.module_binding import ModuleCardError, module_binding
+    from engine.capture.module_binding import ModuleCardError, module_binding, module_state
 
     if p.entry is None:
         return "its module's forward was not seen"
@@ -475,7 +475,9 @@ def _binding(model: torch.nn.Module, p: _Planned) -> dict[str, Any] | str:
         b = module_binding(module, args, inputs)
     except ModuleCardError as e:
         return str(e)
-    return {"class": type(module).__name__, **b, "autocast": [list(x) for x in autocast]}
+    cls = type(module)
+    return {"class": cls.__name__, "class_path": f"{cls.__module__}.{cls.__qualname__}", **b,
+            "autocast": [list(x) for x in autocast], "state": module_state(module)}
 
 
 def _bind_cards(found: ChainCards, bindings: dict[str, list[dict[str, Any] | str]], expected: dict[str, int]
@@ -486,6 +488,9 @@ def _bind_cards(found: ChainCards, bindings: dict[str, list[dict[str, Any] | str
             continue
         got = bindings.get(card.card_id, [])
         why = next((b for b in got if isinstance(b, str)), None)
+        # The instances' own attributes need not be alike (a layer index the forward never reads); they
+        # say which other instances of the class the card may serve (engine.cast.loader).
+        states = [b.pop("state", None) for b in got if not isinstance(b, str)]
         if why is None and len(got) != expected[card.card_id]:
             why = f"{expected[card.card_id] - len(got)} of its instances were not seen"
         if why is None and any(b != got[0] for b in got[1:]):
@@ -495,6 +500,8 @@ def _bind_cards(found: ChainCards, bindings: dict[str, list[dict[str, Any] | str
                 f"no module binding, ships as a pattern card: {why}")
             continue
         card.chain.update(got[0], paths=list(card.chain["modules"]))
+        if states and all(x is not None for x in states):
+            card.chain["states"] = [x for i, x in enumerate(states) if x not in states[:i]]
 
 
 def synthetic_chain_card(folder: Path, signature: dict[str, Any], samples: int = 2, *, device: str = "cuda",

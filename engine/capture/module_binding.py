@@ -24,6 +24,41 @@ def autocast_state() -> tuple:
     return tuple(state)
 
 
+_MODULE_INTERNALS = frozenset(torch.nn.Module().__dict__) | {"forward"}
+_PLAIN = (type(None), bool, int, float, str)
+
+
+def _plain(v: Any) -> Any:
+    """`v` as JSON when it is a plain value (None, bool, int, float, str, dtype, device, tuples and lists
+    of them); raises TypeError otherwise."""
+    if isinstance(v, _PLAIN):
+        return v
+    if isinstance(v, (torch.dtype, torch.device)):
+        return {"torch": str(v)}
+    if isinstance(v, (tuple, list)):  # torch.Size too
+        return [_plain(x) for x in v]
+    raise TypeError(type(v).__name__)
+
+
+def module_state(module: torch.nn.Module) -> dict[str, Any] | None:
+    """The instance's own attributes besides its parameters, buffers, submodules and nn.Module's
+    bookkeeping (eps, with_scale, normalized_shape…), as JSON; None when one is not a plain value (a
+    config object, a function, an unregistered tensor), which then cannot be compared.
+
+    Two instances of one class with equal states and equally shaped tensors run the same forward: what
+    lets a module card proven on some instances of a class serve the others (a model captured shrunk,
+    then run at its real depth)."""
+    out = {}
+    for name, v in sorted(vars(module).items()):
+        if name in _MODULE_INTERNALS:
+            continue
+        try:
+            out[name] = _plain(v)
+        except TypeError:
+            return None
+    return out
+
+
 def module_binding(module: torch.nn.Module, args: tuple, inputs: list[torch.Tensor]) -> dict[str, Any]:
     """The `args`/`params` of a module entry for a proven call: each chain input (the tensors `in0..inN`
     were) found by identity among the forward's positional `args`, then the module's parameters and buffers."""

@@ -158,6 +158,11 @@ def _module_problem(v: dict[str, Any]) -> str | None:
             return f"module entry: {key!r} is malformed"
     if not isinstance(m.get("autocast", []), list):
         return "module entry: 'autocast' is not a list"
+    states = m.get("states", [])
+    if not isinstance(states, list) or not all(isinstance(x, dict) for x in states):
+        return "module entry: 'states' is not a list of attribute tables"
+    if "class_path" in m and not isinstance(m["class_path"], str):
+        return "module entry: 'class_path' is not a dotted class name"
     sig = v.get("signature")
     if not isinstance(sig, dict) or not isinstance(sig.get("chain"), dict) or sig.get("op") != CHAIN_OP:
         return "a chain variant's signature is not a chain card's"

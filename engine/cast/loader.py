@@ -366,6 +366,7 @@ class Cast:
                     skipped.append(f"{path} ({st.id}: {e})")
                     continue
                 wanted.setdefault(path, (mod, []))[1].append(bound)
+            self._extend(model, st, v, wanted)
         for path, (mod, variants) in wanted.items():
             why = modules.claim(self, mod, path, variants)
             if why is not None:
@@ -373,6 +374,34 @@ class Cast:
         self._module_skipped = skipped
         if skipped:
             _warn(f"{self.path}: {len(skipped)} module path(s) stay on PyTorch: " + "; ".join(skipped))
+
+    def _extend(self, model: Any, st: VariantState, v: dict[str, Any], wanted: dict[str, tuple[Any, list[Any]]]
+                ) -> None:
+        """The card's other instances: modules of the same class (by its dotted name) at paths the capture
+        did not see, whose own attributes equal those of an instance it proved (`states`) and whose tensors
+        bind as the proof's did. A model captured shrunk and run at its real depth has its other layers'
+        modules served too. A card recorded without states extends to none; a module that does not fit is
+        left alone silently (it was never the card's)."""
+        from engine.capture.module_binding import module_state
+        from engine.cast import modules
+
+        states, class_path = st.module.get("states"), st.module.get("class_path")
+        if not states or not class_path:
+            return
+        proven = set(st.module["paths"])
+        for path, mod in model.named_modules():
+            cls = type(mod)
+            if path in proven or f"{cls.__module__}.{cls.__qualname__}" != class_path:
+                continue
+            if "forward" in mod.__dict__ and not isinstance(mod.__dict__["forward"], modules.ModuleRoute):
+                continue
+            if module_state(mod) not in states:
+                continue
+            try:
+                bound = modules.bind_variant(st.id, mod, v["signature"], st.module, st.plan)
+            except modules.ModuleCardError:
+                continue
+            wanted.setdefault(path, (mod, []))[1].append(bound)
 
     def _install_cpp(self, usable: list[VariantState]) -> list[VariantState]:
         """Route what the C++ router supports through it; returns the variants left for the Python router."""
