@@ -10,7 +10,14 @@ import pytest
 import torch
 from conftest import CONFIGS, ROOT, load_script
 
-from engine.config import ModelSpec, config_model, load_config, override_params, parse_model_list, parse_model_spec
+from engine.config import (
+    ModelSpec,
+    config_model,
+    load_config,
+    override_params,
+    parse_model_list,
+    parse_model_spec,
+)
 from engine.errors import UsageError
 
 MY_MODEL = CONFIGS / "examples" / "my_model.toml"
