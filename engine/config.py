@@ -7,9 +7,11 @@ import importlib
 import importlib.machinery
 import importlib.util
 import inspect
+import json
+import re
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -132,8 +134,6 @@ def load_config(path: str | Path, *, small: bool = False) -> ModelConfig:
     builder_file = _builder_file(p, builder)
     identity_bytes = data
     if "run" in raw:  # the same model with other run settings is the same capture
-        import json
-
         rest = {k: v for k, v in raw.items() if k != "run"}
         identity_bytes = b"kforge-config-without-run\0" + json.dumps(rest, sort_keys=True, default=str).encode()
     return ModelConfig(
@@ -157,8 +157,6 @@ def _run_table(t: Mapping[str, Any], bad: Callable[[str, str], UsageError]) -> d
             if not isinstance(v, str) or not v.strip():
                 raise bad(f"run.{k}", "must be a non-empty string")
             if k == "ops":
-                import re
-
                 try:
                     re.compile(v)
                 except re.error as e:
@@ -262,10 +260,7 @@ def build_target(config: ModelConfig, device: torch.device) -> CaptureTarget:
     for name, value in (("device", device), ("dtype", config.dtype_for(device.type)), ("small", config.small)):
         if accepts_any or name in sig.parameters:
             kwargs.setdefault(name, value)
-    unknown = [k for k in kwargs if not accepts_any and k not in sig.parameters]
-    if unknown:
-        raise UsageError(f"{config.path}: key 'params.{unknown[0]}': builder {config.builder} "
-                         f"takes no such argument")
+    _check_params(config, fn, kwargs)
     try:
         result = fn(**kwargs)
     except UsageError:
@@ -281,9 +276,9 @@ def build_target(config: ModelConfig, device: torch.device) -> CaptureTarget:
     else:
         raise UsageError(f"{config.path}: builder {config.builder} must return (model, example_inputs) "
                          f"or a CaptureTarget, got {type(result).__name__}")
-    if config.multiplicity:
-        merged = {**target.multiplicity, **config.multiplicity}
-        target = CaptureTarget(target.module, target.forward, merged, target.notes)
+    # A config's [multiplicity] describes its shrunk build; a builder asked for the real depth built every layer.
+    if config.multiplicity and not target.full_depth:
+        target = replace(target, multiplicity={**target.multiplicity, **config.multiplicity})
     known = {name for name, _ in target.module.named_modules()}
     for prefix in target.multiplicity:
         if prefix not in known:
@@ -292,11 +287,114 @@ def build_target(config: ModelConfig, device: torch.device) -> CaptureTarget:
     return target
 
 
-def config_model(config: str, device: str = "cuda") -> tuple[torch.nn.Module, Callable[[], Any]]:
+def _check_params(config: ModelConfig, fn: Callable, keys: Mapping[str, Any]) -> None:
+    """A UsageError naming the first of `keys` that the builder `fn` takes no argument of."""
+    sig = inspect.signature(fn)
+    if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        return
+    unknown = [k for k in keys if k not in sig.parameters]
+    if unknown:
+        raise UsageError(f"{config.path}: key 'params.{unknown[0]}': builder {config.builder} "
+                         f"takes no such argument")
+
+
+def override_params(config: ModelConfig, params: Mapping[str, Any]) -> ModelConfig:
+    """`config` with some of its [params] replaced (a script's `NAME@key=value`); a key its builder does not take
+    is the UsageError `build_target` gives. The overrides are part of the config's identity."""
+    if not params:
+        return config
+    _check_params(config, resolve_builder(config), params)
+    h = hashlib.sha256(b"kforge-config-params-override\0" + config.sha256.encode())
+    h.update(json.dumps(dict(params), sort_keys=True).encode())
+    return replace(config, params={**config.params, **params}, sha256=h.hexdigest())
+
+
+def config_model(config: str, device: str = "cuda",
+                 params: Mapping[str, Any] | None = None) -> tuple[torch.nn.Module, Callable[[], Any]]:
     """(module, forward) of a config (a shipped name like "resnet50" or a path), exactly as `capture` and `run`
-    build it, so an end-to-end check runs the calls a run's cast was made for."""
-    target = build_target(load_config(config), torch.device(device))
+    build it, so an end-to-end check runs the calls a run's cast was made for; `params` overrides its [params]
+    (e.g. {"full_depth": True})."""
+    target = build_target(override_params(load_config(config), params or {}), torch.device(device))
     return target.module, target.forward
+
+
+# ------------------------------------------------------------------ models named in scripts: NAME@key=value
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model as the whole-model scripts name it: a config (a shipped name, a file, or a script's own model
+    such as bench_e2e's sd35_vae) and overrides of its [params], written `NAME@key=value[,key=value]`."""
+
+    name: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def overrides(self) -> str:
+        """The overrides as written after '@' (`full_depth=true`); '' without any."""
+        return ",".join(f"{k}={_toml_scalar(v)}" for k, v in self.params.items())
+
+    @property
+    def label(self) -> str:
+        """How reports name the model: the config's stem, then its overrides (`gemma4_e2b@full_depth=true`)."""
+        stem = Path(self.name).stem
+        return f"{stem}@{self.overrides}" if self.params else stem
+
+
+def _toml_scalar(v: Any) -> str:
+    """`v` as TOML writes it (true, 3, 0.5, "a string")."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return json.dumps(v) if isinstance(v, str) else repr(v)
+
+
+def _parse_scalar(text: str) -> Any:
+    """One TOML scalar (true, false, 3, 0.5, "a string"); ValueError otherwise."""
+    try:
+        doc = tomllib.loads(f"v = {text}")
+    except tomllib.TOMLDecodeError:
+        doc = {}
+    value = doc.get("v")
+    if len(doc) != 1 or not isinstance(value, (bool, int, float, str)):
+        raise ValueError
+    return value
+
+
+def parse_model_spec(text: str) -> ModelSpec:
+    """`NAME` or `NAME@key=value[,key=value]` as a ModelSpec; a UsageError naming `text` when it is malformed."""
+    name, at, rest = text.partition("@")
+    name = name.strip()
+    if not name:
+        raise UsageError(f"{text!r}: no model name before '@'; write NAME@key=value, e.g. gemma4_e2b@full_depth=true")
+    params: dict[str, Any] = {}
+    if at:
+        for item in rest.split(","):
+            key, eq, value = (part.strip() for part in item.partition("="))
+            if not eq or not key.isidentifier() or not value:
+                raise UsageError(f"{text!r}: {item!r} is not key=value; write NAME@key=value[,key=value]")
+            if key in params:
+                raise UsageError(f"{text!r}: {key!r} is given twice")
+            try:
+                params[key] = _parse_scalar(value)
+            except ValueError:
+                raise UsageError(f"{text!r}: {value!r} is not a TOML value; write true, false, a number or a quoted "
+                                 f"string ({key}=\"...\")") from None
+    return ModelSpec(name, params)
+
+
+def parse_model_list(text: str) -> list[ModelSpec]:
+    """A comma-separated list of models, each `NAME` or `NAME@key=value[,key=value]`: a `key=value` after
+    `NAME@...` is one more override of that model (so `a@x=1,y=2,b` is two models)."""
+    items: list[str] = []
+    for piece in (p.strip() for p in text.split(",")):
+        if not piece:
+            continue
+        if "=" in piece and "@" not in piece:
+            if not items or "@" not in items[-1]:
+                raise UsageError(f"{text!r}: {piece!r} follows no NAME@; write NAME@key=value[,key=value]")
+            items[-1] += "," + piece
+        else:
+            items.append(piece)
+    return [parse_model_spec(item) for item in items]
 
 
 def sd35_vae(device: str = "cuda") -> tuple[torch.nn.Module, Callable[[], Any]]:

@@ -2,13 +2,16 @@
 torch.compile alone against torch.compile + cast (`Cast.compile`), alternating, medians with paired 95 % CIs;
 output agreement with eager; the cast's hits per forward; compile time of each compiled arm.
 
-    python scripts/bench_compose.py --out DIR [--model sd35_vae|CONFIG] [--cast FILE] [--keep REGEX]
-                                    [--modes default,reduce-overhead] [--iters N]
+    python scripts/bench_compose.py --out DIR [--model sd35_vae|CONFIG[@key=value,...]] [--cast FILE]
+                                    [--keep REGEX] [--modes default,reduce-overhead] [--iters N]
 
 Without --cast the cast is built here with the builtin proposer (`engine.export.direct.build_cast`: capture,
 a small search, confirmation in a fresh process) for the ops matching --keep. Compile time: each compiled arm's
 first call, from fresh Inductor and Triton cache folders, the cast's arm first (so any in-process warmth
 favours torch.compile alone, not us). Writes DIR/bench_compose.json and DIR/bench_compose.md.
+
+A config written CONFIG@key=value[,key=value] is built with those [params] overridden (TOML values), e.g.
+gemma4_e2b@full_depth=true for the real depth; the report names the model as written.
 """
 
 from __future__ import annotations
@@ -67,7 +70,9 @@ def pair(a, b, iters: int, around_b=None) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--model", default="sd35_vae", help="sd35_vae (the default) or a config name/path")
+    ap.add_argument("--model", default="sd35_vae",
+                    help="sd35_vae (the default) or a config name/path, optionally CONFIG@key=value[,key=value] to "
+                         "override its [params] (e.g. gemma4_e2b@full_depth=true)")
     ap.add_argument("--small", action="store_true", help="the config's [small] size")
     ap.add_argument("--cast", type=Path, help="an existing cast (else one is built here)")
     ap.add_argument("--keep", default="", help="regex of ops to build variants for (default: every op)")
@@ -75,6 +80,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="compile modes, comma-separated: default, max-autotune-no-cudagraphs, reduce-overhead")
     ap.add_argument("--iters", type=int, default=0, help="forwards per arm (0: about 3 s per arm, 10 to 60)")
     args = ap.parse_args(argv)
+
+    from engine.config import load_config, override_params, parse_model_spec
+    from engine.errors import UsageError
+
+    try:
+        spec = parse_model_spec(args.model)
+        if spec.name == "sd35_vae" and spec.params:
+            raise UsageError(f"{args.model!r}: sd35_vae takes no overrides; use configs/examples/sd35_vae.toml@...")
+        config = None if spec.name == "sd35_vae" else override_params(load_config(spec.name, small=args.small),
+                                                                       spec.params)
+    except UsageError as e:
+        print(f"error: --model: {e}", file=sys.stderr)
+        return 2
 
     import torch
 
@@ -97,11 +115,11 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "bench_compose.md").write_text(report(doc))
 
     log(f"building {args.model}")
-    if args.model == "sd35_vae":
+    if config is None:
         model, forward = sd35_vae()
     else:
-        from engine.config import build_target, load_config
-        target = build_target(load_config(args.model, small=args.small), torch.device("cuda"))
+        from engine.config import build_target
+        target = build_target(config, torch.device("cuda"))
         model, forward = target.module, target.forward
     enabled = lambda: cast.enabled(model)  # noqa: E731  (the model too: module cards patch its modules)
     cast_path = args.cast

@@ -1,12 +1,17 @@
 """End-to-end benchmark of casts on reference models (run on the GPU the casts are for).
 
-    python scripts/bench_e2e.py --out DIR [--casts DIR] [--iters N]
+    python scripts/bench_e2e.py --out DIR [--casts DIR] [--iters N] [--models NAME[@key=value,...],...]
 
 For each model (ResNet-50 batch 32 fp16 channels_last; SD3.5-Medium VAE decode 1024x1024 bf16):
 build a cast (or take DIR/<model>.cast from --casts), then time whole forwards with and without it,
 alternating, each timed with CUDA events after a sync; compare the final outputs with eager; count
 hits per variant and misses per op over one forward. Also the host cost per call of eager, a guard
 miss and a guard hit. Writes DIR/bench_e2e.json and DIR/bench_e2e.md; progress on stderr.
+
+A model written NAME@key=value[,key=value] is built with those [params] overridden (TOML values: true,
+false, numbers, strings), e.g. gemma4_e2b@full_depth=true for all 35 layers instead of the captured four;
+it uses NAME.cast (a cast's guards are per call signature, which every layer of a kind shares) and is its
+own row, named with its overrides.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -25,7 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from engine.bench.forward import auto_iters, capture_graph, time_forward  # noqa: E402
-from engine.config import config_model, sd35_vae  # noqa: E402
+from engine.config import ModelSpec, config_model, override_params, parse_model_list, sd35_vae  # noqa: E402
+from engine.errors import UsageError  # noqa: E402
 from engine.models.forwards import output_tensor  # noqa: E402
 
 
@@ -93,7 +100,8 @@ def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int, 
         log(f"{name}: building a cast (capture, builtin search, fresh-process confirmation)")
         t0 = time.perf_counter()
         with torch.no_grad():
-            build = build_cast(forward, cast_path, work=work / name, keep=keep, model=name, progress=log)
+            build = build_cast(forward, cast_path, work=work / work_name(name), keep=keep, model=name,
+                               progress=log)
         build["seconds"] = time.perf_counter() - t0
     cast = engine.cast.load(cast_path)
     with torch.no_grad():
@@ -186,11 +194,49 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-MODELS = {  # name -> (builder, ops kept when building a cast directly, iterations per arm, cast file stem)
-    "resnet50": (lambda: config_model("resnet50"), lambda op: True, 30, "resnet50"),
-    "sd35_medium": (lambda: config_model("sd35_medium"), lambda op: True, 10, "sd35_medium"),
-    "sd35_vae": (sd35_vae, lambda op: "group_norm" in op, 10, "sd35_medium"),
+MODELS = {  # name -> (builder of (params), ops kept when building a cast directly, iterations per arm, cast stem)
+    "resnet50": (lambda p: config_model("resnet50", params=p), lambda op: True, 30, "resnet50"),
+    "sd35_medium": (lambda p: config_model("sd35_medium", params=p), lambda op: True, 10, "sd35_medium"),
+    "sd35_vae": (lambda p: sd35_vae(), lambda op: "group_norm" in op, 10, "sd35_medium"),
 }
+
+
+def check_models(specs: list[ModelSpec]) -> None:
+    """A UsageError for the first model that is neither in MODELS nor a config, or whose overrides its config's
+    builder does not take (before any model is built)."""
+    from engine.config import load_config, shipped_configs
+
+    for spec in specs:
+        if spec.name not in MODELS and spec.name not in shipped_configs() and not Path(spec.name).is_file():
+            raise UsageError(f"unknown model {spec.name!r}; use {', '.join(MODELS)}, a shipped config "
+                             f"({', '.join(shipped_configs())}) or a config file")
+        if spec.params and spec.name == "sd35_vae":
+            raise UsageError(f"{spec.label!r}: sd35_vae takes no overrides; use configs/examples/sd35_vae.toml@...")
+        if spec.params:
+            override_params(load_config(spec.name), spec.params)
+
+
+def row_label(spec: ModelSpec, router: str, routers: list[str]) -> str:
+    """The `model` of a row: the model's label, and the router where several are compared."""
+    return spec.label if len(routers) == 1 else f"{spec.label} [{router} router]"
+
+
+def earlier_rows(earlier: dict, doc: dict, specs: list[ModelSpec], routers: list[str]) -> dict:
+    """`doc` holding an earlier bench_e2e.json's rows, failures and host costs, less the rows these models
+    will write again; a UsageError when that file is of another GPU."""
+    if earlier.get("gpu") != doc["gpu"]:
+        raise UsageError(f"its rows were measured on {earlier.get('gpu')!r}, not this {doc['gpu']!r}; "
+                         "write to another --out")
+    again = {row_label(s, r, routers) for s in specs for r in routers}
+    kept = {k: v for k, v in earlier.items() if k.startswith("host_cost")}
+    failures = {k: v for k, v in (earlier.get("failures") or {}).items() if k not in again}
+    return {**doc, **kept, "models": [r for r in earlier.get("models", []) if r.get("model") not in again],
+            **({"failures": failures} if failures else {})}
+
+
+def work_name(label: str) -> str:
+    """A model's label as a folder name (overrides may hold quotes or slashes)."""
+    return re.sub(r"[^\w.@=,+-]", "_", label)
 
 
 def main() -> int:
@@ -200,13 +246,23 @@ def main() -> int:
                                     "sd35_vae uses sd35_medium.cast")
     ap.add_argument("--iters", type=int, default=0, help="forwards per arm (default: 30 ResNet-50, 10 SD3.5, else about 2 s per arm)")
     ap.add_argument("--models", default="resnet50,sd35_vae,sd35_medium",
-                    help="comma-separated: resnet50, sd35_vae, sd35_medium, a shipped config's name or a config file")
+                    help="comma-separated: resnet50, sd35_vae, sd35_medium, a shipped config's name or a config file, "
+                         "each optionally NAME@key=value[,key=value] to override its [params] (e.g. "
+                         "gemma4_e2b@full_depth=true: the real depth, with gemma4_e2b.cast)")
+    ap.add_argument("--append", action="store_true",
+                    help="keep the other models' rows of an earlier DIR/bench_e2e.json (same GPU) and add these")
     ap.add_argument("--no-host-cost", action="store_true", help="skip the per-call host cost probe")
     ap.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph arm")
     ap.add_argument("--routers", default=os.environ.get("KFORGE_CAST_ROUTER") or "auto",
                     help="auto (what cast.install() picks: C++ where it passed its self-test on this GPU), "
                          "python, cpp, or e.g. python,cpp to compare the dispatch routers")
     args = ap.parse_args()
+    try:
+        specs = parse_model_list(args.models)
+        check_models(specs)
+    except UsageError as e:
+        print(f"error: --models: {e}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("error: bench_e2e: no CUDA GPU is visible", file=sys.stderr)
         return 2
@@ -219,20 +275,22 @@ def main() -> int:
     if not routers or any(r not in ("auto", "python", "cpp") for r in routers):
         print(f"error: --routers {args.routers}: use auto, python, cpp or a list such as python,cpp", file=sys.stderr)
         return 2
-    for name in args.models.split(","):
-        if name not in MODELS:
-            from engine.config import shipped_configs
-
-            if name not in shipped_configs() and not Path(name).is_file():
-                print(f"error: --models: unknown model {name!r}; use {', '.join(MODELS)}, a shipped config "
-                      f"({', '.join(shipped_configs())}) or a config file", file=sys.stderr)
-                return 2
-        # A config file (e.g. configs/examples/vit_b16.toml) is named by its stem, and so is its cast.
-        short = name if name in MODELS else Path(name).stem
-        make, keep, iters, stem = MODELS.get(name) or (lambda n=name: config_model(n), lambda op: True, 0, short)
+    if args.append and (out / "bench_e2e.json").is_file():
+        try:
+            doc = earlier_rows(json.loads((out / "bench_e2e.json").read_text()), doc, specs, routers)
+        except UsageError as e:
+            print(f"error: --append: {out / 'bench_e2e.json'}: {e}", file=sys.stderr)
+            return 2
+    failed = False  # a model of this invocation (not an --append'ed earlier one) failed
+    for spec in specs:
+        # A config file (e.g. configs/examples/vit_b16.toml) is named by its stem, and so is its cast; overrides
+        # (gemma4_e2b@full_depth=true) name the row but not the cast.
+        build, keep, iters, stem = MODELS.get(spec.name) or (
+            lambda p, n=spec.name: config_model(n, params=p), lambda op: True, 0, Path(spec.name).stem)
+        make = lambda build=build, params=dict(spec.params): build(params)  # noqa: E731
         for router in routers:
             os.environ["KFORGE_CAST_ROUTER"] = router  # read by cast.install()
-            label = short if len(routers) == 1 else f"{short} [{router} router]"
+            label = row_label(spec, router, routers)
             try:
                 r = bench_model(label, make, keep, casts / f"{stem}.cast", out / "work", args.iters or iters,
                                 graphs=not args.no_graphs)
@@ -241,6 +299,7 @@ def main() -> int:
             except Exception as e:  # one model failing must not lose the others' results
                 log(f"{label}: FAILED: {type(e).__name__}: {e}")
                 doc.setdefault("failures", {})[label] = f"{type(e).__name__}: {e}"
+                failed = True
             (out / "bench_e2e.json").write_text(json.dumps(doc, indent=1, default=str))
     if not args.no_host_cost:
         from engine.export.hostcost import measure
@@ -254,7 +313,7 @@ def main() -> int:
     (out / "bench_e2e.json").write_text(json.dumps(doc, indent=1, default=str))
     (out / "bench_e2e.md").write_text(markdown(doc))
     log(f"wrote {out / 'bench_e2e.json'} and {out / 'bench_e2e.md'}")
-    return 1 if doc.get("failures") else 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ GPU clocks and an eager control, and every step's outcome.
     python scripts/reproduce.py --out docs/results/reproduce --report-only               # assemble report.md
     python scripts/reproduce.py --out OUT --extras        # the issue-4 target cards and the search ablation
     python scripts/reproduce.py --out OUT --gpus 0,1      # models shared out over two GPUs, one process each
+    python scripts/reproduce.py --out OUT --models gemma4_e2b --full-depth   # + bench_e2e of all 35 layers
 
 Models: resnet50, sd35_medium, gemma4_e2b, qwen35_a3b (configs/models) and sd35_vae, vit_b16, convnext_tiny,
 whisper_encoder, deeplabv3 (configs/examples). Every step writes its own files under OUT/MODEL and is skipped
@@ -17,6 +18,12 @@ when they exist, so a model can take several sittings (a run cut short resumes w
 /tmp/kforge-reproduce), not in OUT. --report-only refuses results of different code (their source digests
 differ) unless --allow-mixed-commits, which flags them. The end-to-end and compose steps take turns through a
 lock in OUT: they time whole forwards, often host-bound, and two at once on one host would slow each other.
+
+Runs and casts use the shrunk reference models (one layer of each kind, call counts scaled); their end-to-end
+numbers over-weight what runs once per forward (Gemma's LM head and logit soft-cap). --full-depth adds, after a
+model's steps, bench_e2e of the same cast on the model at its real depth (`NAME@full_depth=true`, for the
+models whose builder takes it: gemma4_e2b, qwen35_a3b, sd35_medium); the report puts that row beside the
+shrunk one and names each row's depth.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +53,9 @@ ALL_MODELS = MODELS + EXAMPLES
 WALL_S = {"resnet50": 150, "sd35_medium": 150, "gemma4_e2b": 150, "qwen35_a3b": 150, "sd35_vae": 120,
           "vit_b16": 120, "convnext_tiny": 120, "whisper_encoder": 120, "deeplabv3": 120}
 # Each step's time limit (seconds; the run's is its wall time plus this), all inside --deadline.
-STEP_LIMIT_S = {"run": 90, "export": 180, "e2e": 150, "compose": 240, "torch.compile": 540}
+STEP_LIMIT_S = {"run": 90, "export": 180, "e2e": 150, "compose": 240, "torch.compile": 540, "e2e full depth": 300}
+FULL_DEPTH = {"full_depth": True}  # the builder argument that builds a reference model's every layer
+FULL_DEPTH_STEP = "e2e full depth"  # bench_e2e --append of NAME@full_depth=true into the model's e2e/
 COMPOSE_MODES = ("default", "reduce-overhead")
 RECORD = "record.json"  # per model: the sitting (commit, host, GPU clocks, eager control) and each step's outcome
 # What a per-model sitting hands back with --pack (a device command returns at most 8 files): the report's inputs.
@@ -56,6 +66,35 @@ PACKED = (RECORD, "facts.json", "export.json", "run.json", "steps.log", "e2e/ben
 def config_path(model: str) -> str:
     """The config a model name stands for: configs/models/NAME.toml or configs/examples/NAME.toml."""
     return f"configs/{'models' if model in MODELS else 'examples'}/{model}.toml"
+
+
+def takes_full_depth(model: str) -> bool:
+    """Whether the model's builder can build every layer of the real model (a `full_depth` argument)."""
+    import inspect
+
+    sys.path.insert(0, str(ROOT))
+    from engine.config import load_config, resolve_builder
+
+    return "full_depth" in inspect.signature(resolve_builder(load_config(ROOT / config_path(model)))).parameters
+
+
+def full_depth_spec(model: str) -> Any:
+    """The model at its real depth as bench_e2e takes it (`configs/models/NAME.toml@full_depth=true`); its
+    `label` names the row bench_e2e writes (`NAME@full_depth=true`)."""
+    sys.path.insert(0, str(ROOT))
+    from engine.config import ModelSpec
+
+    return ModelSpec(config_path(model), FULL_DEPTH)
+
+
+def shrunk_depth(model: str) -> tuple[int, int] | None:
+    """(layers built, layers of the real model) of a config that keeps one layer per kind ([multiplicity]);
+    None where the config builds the whole model."""
+    sys.path.insert(0, str(ROOT))
+    from engine.config import load_config
+
+    mult = load_config(ROOT / config_path(model)).multiplicity
+    return (len(mult), sum(mult.values())) if mult else None
 
 
 # The original Kernel Forge study (a GB10, not an H200): per-op speedups on the same operators.
@@ -115,13 +154,14 @@ def on_gpus(models: list[str], gpus: list[str], argv_for: Any, log_dir: Path) ->
 TIMED_OUT = 124  # a step's exit code when its time limit ended it (as timeout(1) has it)
 
 
-def step(name: str, done: Path, argv: list[str], log_file: Path, stdout: Path | None = None,
+def step(name: str, done: Path | None, argv: list[str], log_file: Path, stdout: Path | None = None,
          timeout: float | None = None) -> int:
-    """Run one step unless `done` exists (non-empty); its stderr (and stdout unless captured to a file) go to
-    log_file. A captured stdout is written beside the file and renamed into place only when the step
-    succeeds, so a step killed with its sitting (a time limit, a lost machine) is run again next time. Past
-    `timeout` seconds the step's process group gets SIGINT, then SIGKILL 30 s later; it returns TIMED_OUT."""
-    if done.exists() and done.stat().st_size > 0:
+    """Run one step unless `done` exists (non-empty; None: no file says whether it is done); its stderr (and
+    stdout unless captured to a file) go to log_file. A captured stdout is written beside the file and renamed
+    into place only when the step succeeds, so a step killed with its sitting (a time limit, a lost machine) is
+    run again next time. Past `timeout` seconds the step's process group gets SIGINT, then SIGKILL 30 s later;
+    it returns TIMED_OUT."""
+    if done is not None and done.exists() and done.stat().st_size > 0:
         log(f"{name}: done already ({done})")
         return 0
     log(f"{name}: {' '.join(argv)}" + (f" (limit {timeout:.0f} s)" if timeout else ""))
@@ -270,10 +310,11 @@ def last_error(log_file: Path, offset: int) -> str:
 
 def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compile_mode: str = COMPILE_MODE, *,
                 ops: str | None = None, targets: str = "eager,compile", deadline: float | None = None,
-                compile_ops: bool = False) -> None:
-    """One model's sitting: run → export → bench_e2e → bench_compose (→ bench_compile_ops with compile_ops), each
-    step skipped when its file is there, each outcome (ok, failed with its error, timed out, skipped, not run and
-    why) kept in OUT/MODEL/record.json beside the sitting (commit, host, GPU clocks, eager control)."""
+                compile_ops: bool = False, full_depth: bool = False) -> None:
+    """One model's sitting: run → export → bench_e2e → bench_compose (→ bench_compile_ops with compile_ops; →
+    bench_e2e at the real depth with full_depth), each step skipped when its result is there, each outcome (ok,
+    failed with its error, timed out, skipped, not run and why) kept in OUT/MODEL/record.json beside the sitting
+    (commit, host, GPU clocks, eager control)."""
     py = sys.executable
     d, ws = out / model, ws_root / model
     d.mkdir(parents=True, exist_ok=True)
@@ -287,8 +328,11 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compil
 
     save()
 
-    def do(name: str, done: Path, argv: list[str], limit: float, stdout: Path | None = None) -> int | None:
-        if done.exists() and done.stat().st_size > 0:  # an earlier sitting's step: its outcome stands
+    def do(name: str, done: Path | Callable[[], bool], argv: list[str], limit: float,
+           stdout: Path | None = None) -> int | None:
+        """Run step `name` unless `done` (its result file, or a function saying whether its result is there)."""
+        finished = done() if callable(done) else done.exists() and done.stat().st_size > 0
+        if finished:  # an earlier sitting's step: its outcome stands
             rec["steps"].setdefault(name, {"status": "ok", "sitting": None})
             return 0
         if deadline is not None:
@@ -300,7 +344,7 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compil
             limit = min(limit, left)
         offset = logf.stat().st_size if logf.exists() else 0
         t0 = time.time()
-        rc = step(f"{model} {name}", done, argv, logf, stdout=stdout, timeout=limit)
+        rc = step(f"{model} {name}", None if callable(done) else done, argv, logf, stdout=stdout, timeout=limit)
         entry = {"status": "ok" if rc == 0 else "timed out" if rc == TIMED_OUT else "failed", "rc": rc,
                  "seconds": round(time.time() - t0, 1), "sitting": now}
         if rc == TIMED_OUT:
@@ -316,6 +360,8 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compil
             rec["steps"][name] = {"status": "not run", "why": why, "sitting": now}
             save()
 
+    full_depth = full_depth and takes_full_depth(model)
+    later = ("export", "e2e", "compose") + ((FULL_DEPTH_STEP,) if full_depth else ())
     run = latest_run(ws)
     wall = wall or WALL_S.get(model)
     run_argv = [py, "-m", "kforge_tui", "run", "--no-tui", "--json", "--workspace", str(ws)]
@@ -324,7 +370,7 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compil
     rc = do("run", d / "run.json", run_argv, (wall or 3600) + STEP_LIMIT_S["run"], stdout=d / "run.json")
     if rc != 0:
         log(f"{model}: the run did not finish; the next sitting resumes it")
-        for name in ("export", "e2e", "compose"):
+        for name in later:
             not_run(name, "the run did not finish")
     else:
         do("export", d / "export.json",
@@ -345,8 +391,8 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compil
                     "--cast", str(cast), "--modes", ",".join(COMPOSE_MODES)], STEP_LIMIT_S["compose"])
         else:
             why = _export_error(logf) or f"no cast ({_why(rec, 'export')}; see steps.log)"
-            not_run("e2e", why)
-            not_run("compose", why)
+            for name in later[1:]:
+                not_run(name, why)
     if compile_ops:
         comp = _load(d / "compile.json")
         if comp is not None and "whole_model" not in comp:  # cut short after its per-op part: run it again
@@ -355,6 +401,19 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compil
             do("torch.compile", d / "compile.json",
                [py, "scripts/bench_compile_ops.py", "--workspace", str(ws), "--out", str(d / "compile.json"),
                 "--model-mode", compile_mode], STEP_LIMIT_S["torch.compile"])
+    if full_depth and (d / f"{model}.cast").exists():
+        e2e = d / "e2e"
+        if (e2e / "bench_e2e.md").exists():
+            # The same cast on every layer of the real model: its guards are per call signature, and every layer
+            # of a kind has the shrunk one's. A row of its own in the e2e step's file (one file fewer to pack).
+            spec = full_depth_spec(model)
+            with host_bench_turn(out):
+                do(FULL_DEPTH_STEP, lambda: any(r.get("model") == spec.label for r in
+                                                (_load(e2e / "bench_e2e.json") or {}).get("models", [])),
+                   [py, "scripts/bench_e2e.py", "--out", str(e2e), "--append", "--casts", str(d), "--models",
+                    f"{spec.name}@{spec.overrides}", "--no-host-cost"], STEP_LIMIT_S[FULL_DEPTH_STEP])
+        else:
+            not_run(FULL_DEPTH_STEP, f"the e2e step did not finish ({_why(rec, 'e2e')})")
     if (ws / "kforge.db").exists():
         step(f"{model} run table", d / "run.md", [py, "scripts/run_table.py", str(ws / "kforge.db"),
                                                    "--out", str(d / "run.md")], logf, stdout=Path("/dev/null"))
@@ -519,27 +578,36 @@ def _speed(r: dict, base: str, mine: str) -> str:
     return f"{r[base]:.2f} | {r[mine]:.2f} | {r['speedup']:.3f}× ({lo:.3f}–{hi:.3f})"
 
 
+def _e2e_arms(row: dict | None, why: str, suffix: str = "", **extra: Any) -> list[dict[str, Any]]:
+    """bench_e2e's two arms of one row (eager; CUDA graphs), or both with why there is no number."""
+    eager, graphs = f"eager{suffix}", f"CUDA graphs (eager graphs vs cast graphs){suffix}"
+    if row is None:
+        return [{"arm": eager, "target": "eager", "why": why, **extra},
+                {"arm": graphs, "target": "cuda-graphs", "why": why, **extra}]
+    g = row.get("cuda_graphs")
+    return [{"arm": eager, "target": "eager", "row": row, "base": "eager_ms", "mine": "cast_ms", **extra},
+            {"arm": graphs, "target": "cuda-graphs", **extra,
+             **({"row": g, "base": "eager_ms", "mine": "cast_ms"} if g and "speedup" in g else
+                {"why": f"failed: {g['error']}" if g else "not run (bench_e2e --no-graphs)"})}]
+
+
 def model_arms(d: Path, model: str) -> list[dict[str, Any]]:
-    """The model's arms, each {arm, target, row (the timing dict, base/mine keys) or why (no number)}."""
+    """The model's arms, each {arm, target, row (the timing dict, base/mine keys) or why (no number)}; the arms
+    of the model at its real depth (`full_depth`: True) last, where reproduce --full-depth measured or tried them."""
     rec = _load(d / RECORD)
     e2e = _load(d / "e2e" / "bench_e2e.json")
     compose = _load(d / "compose" / "bench_compose.json")
-    arms: list[dict[str, Any]] = []
-    row = next((r for r in (e2e or {}).get("models", []) if r["model"] == model), None)
+    rows = {r["model"]: r for r in (e2e or {}).get("models", [])}
+    failures = (e2e or {}).get("failures") or {}
+    steps = (rec or {}).get("steps") or {}
+    row = rows.get(model)
+    why = ""
     if row is None:
-        fail = ((e2e or {}).get("failures") or {}).get(model)
-        recorded = "e2e" in ((rec or {}).get("steps") or {})
-        why = (f"failed: {fail[:300]}" if fail else _why(rec, "e2e") if recorded
+        fail = failures.get(model)
+        why = (f"failed: {fail[:300]}" if fail else _why(rec, "e2e") if "e2e" in steps
                else _export_error(d / "steps.log")
                or ("not run" if (d / f"{model}.cast").exists() else "not run (no cast in this folder)"))
-        arms += [{"arm": "eager", "target": "eager", "why": why},
-                 {"arm": "CUDA graphs (eager graphs vs cast graphs)", "target": "cuda-graphs", "why": why}]
-    else:
-        arms.append({"arm": "eager", "target": "eager", "row": row, "base": "eager_ms", "mine": "cast_ms"})
-        g = row.get("cuda_graphs")
-        arms.append({"arm": "CUDA graphs (eager graphs vs cast graphs)", "target": "cuda-graphs",
-                     **({"row": g, "base": "eager_ms", "mine": "cast_ms"} if g and "speedup" in g else
-                        {"why": f"failed: {g['error']}" if g else "not run (bench_e2e --no-graphs)"})})
+    arms = _e2e_arms(row, why)
     modes = (compose or {}).get("modes", {})
     for mode, label, target in (("default", "torch.compile (default mode)", "compile"),
                                 ("reduce-overhead", "torch.compile reduce-overhead", "compile:reduce-overhead")):
@@ -555,6 +623,11 @@ def model_arms(d: Path, model: str) -> list[dict[str, Any]]:
     e = (compose or {}).get("eager")
     arms.append({"arm": "eager, bench_compose's own pair (the control of its compiled arms)", "target": "eager",
                  **({"row": e, "base": "base_ms", "mine": "with_cast_ms"} if e else {"why": _why(rec, "compose")})})
+    full = full_depth_spec(model).label
+    if full in rows or full in failures or FULL_DEPTH_STEP in steps:
+        fail = failures.get(full)
+        arms += _e2e_arms(rows.get(full), f"failed: {fail[:300]}" if fail else _why(rec, FULL_DEPTH_STEP),
+                          ", full depth", full_depth=True)
     return arms
 
 
@@ -580,6 +653,17 @@ def _sitting_line(s: dict) -> str:
             f"{control}; code {commit} (source {(s.get('source_digest') or '?')[:10]})")
 
 
+def _host_line(what: str, row: dict | None, why: str | None) -> str:
+    """bench_e2e's host time per forward of one row, eager and with the cast, or why it is missing."""
+    host = (row or {}).get("host")
+    if not host:
+        return f"{what}: – ({why or 'not in bench_e2e.json (older script)'})."
+    e, c = host["eager"], host["cast"]
+    return (f"{what} (GPU idle before each): eager {e['issue_us']:.0f} µs to issue, {e['kernels']} kernels + "
+            f"{e['copies']} copies, {e['us_per_launch']:.2f} µs per launch; with the cast {c['issue_us']:.0f} µs, "
+            f"{c['kernels']} + {c['copies']}, {c['us_per_launch']:.2f} µs per launch.")
+
+
 def per_model_section(out: Path, models: list[str], covered: dict[str, float]) -> list[str]:
     """The whole-forward arms of every model: a summary, where we lose, then per model its arms, host time per
     forward and its sittings. A number that is not there says why."""
@@ -592,19 +676,26 @@ def per_model_section(out: Path, models: list[str], covered: dict[str, float]) -
         if rec is None and all("why" in a for a in arms) and model_facts(d) is None:
             summary.append(f"| {model} | – (not run) | | | | | | |")
             continue
-        cells = []
-        for a in arms[:4]:
-            if "row" in a:
-                r = a["row"]
-                cells.append(f"{r['speedup']:.3f}× ({r['speedup_ci'][0]:.3f}–{r['speedup_ci'][1]:.3f})")
-            else:
-                cells.append(f"– ({short(a['why'])})")
+        def cell(a: dict[str, Any]) -> str:
+            if "row" not in a:
+                return f"– ({short(a['why'])})"
+            r = a["row"]
+            return f"{r['speedup']:.3f}× ({r['speedup_ci'][0]:.3f}–{r['speedup_ci'][1]:.3f})"
+
+        full = [a for a in arms if a.get("full_depth")]
+        depth = shrunk_depth(model)
         eager = arms[0].get("row")
         comp = next((a["row"] for a in arms if a["target"] == "compile" and "row" in a), None)
         ctrl = arms[4].get("row")
         alone = (f"{ctrl['base_ms'] / comp['base_ms']:.2f}×" if comp and ctrl else "–")
-        summary.append(f"| {model} | {_f(eager and eager['eager_ms'], '.2f')} | " + " | ".join(cells) +
+        name = f"{model} ({depth[0]} of {depth[1]} layers)" if depth else model
+        summary.append(f"| {name} | {_f(eager and eager['eager_ms'], '.2f')} | " + " | ".join(map(cell, arms[:4])) +
                        f" | {alone} | {_f(100 * covered[model] if model in covered else None, '.0f')} % |")
+        if full:  # bench_e2e alone runs the real depth: its two arms, the compiled ones not measured
+            layers = f", {depth[1]} layers" if depth else ""
+            summary.append(f"| {full_depth_spec(model).label} (full depth{layers}) | "
+                           f"{_f(full[0].get('row') and full[0]['row']['eager_ms'], '.2f')} | "
+                           + " | ".join(map(cell, full)) + " | – (not run at full depth) | – | – | – |")
         for a in arms:
             if "row" not in a:
                 continue
@@ -629,15 +720,14 @@ def per_model_section(out: Path, models: list[str], covered: dict[str, float]) -
                               f"{_targets_note(export, a['target'])} |")
             else:
                 detail.append(f"| {a['arm']} | – | – | {a['why']} | – | {_targets_note(export, a['target'])} |")
-        host = (eager or {}).get("host")
-        if host:
-            e, c = host["eager"], host["cast"]
-            detail += ["", f"Host time per forward (GPU idle before each): eager {e['issue_us']:.0f} µs to issue, "
-                       f"{e['kernels']} kernels + {e['copies']} copies, {e['us_per_launch']:.2f} µs per launch; "
-                       f"with the cast {c['issue_us']:.0f} µs, {c['kernels']} + {c['copies']}, "
-                       f"{c['us_per_launch']:.2f} µs per launch."]
-        else:
-            detail += ["", f"Host time per forward: – ({arms[0].get('why') or 'not in bench_e2e.json (older script)'})."]
+        if depth:
+            then = (f"the full-depth arms run the same cast on every layer (`{full_depth_spec(model).label}`)."
+                    if full else "`reproduce.py --full-depth` adds bench_e2e of every layer.")
+            detail += ["", f"Depth: the arms without \"full depth\" run the model as captured, {depth[0]} of its "
+                       f"{depth[1]} layers, which over-weights what runs once per forward (an LM head, a VAE); {then}"]
+        detail += ["", _host_line("Host time per forward", eager, arms[0].get("why"))]
+        if full:
+            detail.append(_host_line("At full depth", full[0].get("row"), full[0].get("why")))
         cov = covered.get(model)
         detail.append(f"Model time covered by the cast's kernels: {_f(100 * cov if cov is not None else None, '.0f')} %"
                       + ("" if cov is not None else " (no run facts)") + " (captured shares of the cards won and "
@@ -816,6 +906,9 @@ def main() -> int:
                     help="also bench_compile_ops.py: per-card torch.compile and the whole model in --compile-mode")
     ap.add_argument("--compile-mode", choices=(COMPILE_MODE, "default"), default=COMPILE_MODE,
                     help="with --compile-ops: torch.compile mode of bench_compile_ops' whole-model comparison")
+    ap.add_argument("--full-depth", action="store_true",
+                    help="after a model's steps, also bench_e2e of its cast on the model at its real depth "
+                         "(NAME@full_depth=true: gemma4_e2b, qwen35_a3b, sd35_medium), a row beside the shrunk one")
     ap.add_argument("--extras", action="store_true",
                     help="the issue-4 target cards and the search ablation (a sitting of their own)")
     ap.add_argument("--report-only", action="store_true", help="assemble OUT/report.md from the per-model results")
@@ -857,6 +950,7 @@ def main() -> int:
                     "--compile-mode", args.compile_mode]
             argv += ["--wall-time", str(args.wall_time)] if args.wall_time else []
             argv += ["--ops", args.ops] if args.ops else []
+            argv += ["--full-depth"] if args.full_depth else []
             return argv + (["--compile-ops"] if args.compile_ops else [])
 
         codes = on_gpus(models, gpus, argv_for, args.out)
@@ -869,7 +963,8 @@ def main() -> int:
             os.environ["CUDA_VISIBLE_DEVICES"] = gpus[0]
         for m in models:
             model_steps(m, args.out, args.workspaces, args.wall_time, args.compile_mode, ops=args.ops,
-                        targets=args.targets, deadline=deadline, compile_ops=args.compile_ops)
+                        targets=args.targets, deadline=deadline, compile_ops=args.compile_ops,
+                        full_depth=args.full_depth)
     if args.extras:
         py = sys.executable
         step("target cards", args.out / "builtin" / "bench_builtin.md",

@@ -332,3 +332,105 @@ def test_the_packed_files_are_what_the_report_reads_and_fit_a_device_command(tmp
     back, there = rp.report(tmp_path / "back", ["vit_b16"]), rp.report(tmp_path / "out", ["vit_b16"])
     assert back.replace(str(tmp_path / "back"), "OUT") == there.replace(str(tmp_path / "out"), "OUT")
     assert {"record.json", "e2e/bench_e2e.json", "compose/bench_compose.json", "export.json"} <= set(copied)
+
+
+def _full_depth_row(out: Path, model: str, **row) -> None:
+    """Add bench_e2e's row of `model` at its real depth (as `reproduce --full-depth` appends it) to e2e/."""
+    f = out / model / "e2e" / "bench_e2e.json"
+    doc = json.loads(f.read_text())
+    doc["models"].append({"model": f"{model}@full_depth=true", "eager_ms": 30.0, "cast_ms": 29.0,
+                          "speedup": 30 / 29, "speedup_ci": [1.02, 1.05], "rel_l2_err": 4e-3,
+                          "cuda_graphs": {"eager_ms": 25.0, "cast_ms": 25.5, "speedup": 0.98,
+                                          "speedup_ci": [0.97, 0.99], "rel_l2_err": 4e-3},
+                          "host": {"eager": {"issue_us": 9000, "kernels": 1900, "copies": 2, "us_per_launch": 4.7},
+                                   "cast": {"issue_us": 8800, "kernels": 1700, "copies": 2, "us_per_launch": 5.2}},
+                          **row})
+    f.write_text(json.dumps(doc))
+
+
+def _record_step(out: Path, model: str, name: str, entry: dict) -> None:
+    f = out / model / "record.json"
+    rec = json.loads(f.read_text())
+    rec["steps"][name] = entry
+    f.write_text(json.dumps(rec))
+
+
+def test_the_report_puts_the_full_depth_row_beside_the_shrunk_one_and_names_each_depth(tmp_path):
+    _fake_model(tmp_path, "gemma4_e2b")
+    _full_depth_row(tmp_path, "gemma4_e2b")
+    _record_step(tmp_path, "gemma4_e2b", "e2e full depth", {"status": "ok", "sitting": 0})
+    _fake_model(tmp_path, "sd35_medium")  # shrunk, no full-depth run
+    p = _report(tmp_path, "--report-only", "--models", "gemma4_e2b,sd35_medium,resnet50")
+    assert p.returncode == 0, p.stderr
+    text = (tmp_path / "report.md").read_text()
+    summary = text.split("### Where we lose", 1)[0].splitlines()
+    shrunk = next(i for i, ln in enumerate(summary) if ln.startswith("| gemma4_e2b (4 of 35 layers) | 10.00 |"))
+    assert summary[shrunk + 1] == ("| gemma4_e2b@full_depth=true (full depth, 35 layers) | 30.00 | 1.034× "
+                                   "(1.020–1.050) | 0.980× (0.970–0.990) | – (not run at full depth) | – | – | – |")
+    assert any(ln.startswith("| sd35_medium (3 of 24 layers) | 10.00 |") for ln in summary)
+    assert "| resnet50 | – (not run) | | | | | | |" in summary  # not run: no depth to name
+    gemma = text.split("### gemma4_e2b", 1)[1].split("###", 1)[0]
+    assert "| eager, full depth | 30.00 | 29.00 | 1.034× (1.020–1.050) | 4.0e-03 | 2 of 2 |" in gemma
+    assert "| CUDA graphs (eager graphs vs cast graphs), full depth | 25.00 | 25.50 | 0.980× (0.970–0.990) |" in gemma
+    assert "| eager | 10.00 | 8.00 | 1.250× (1.200–1.300) |" in gemma  # the shrunk arms as before
+    assert "run the model as captured, 4 of its 35 layers" in gemma and "`gemma4_e2b@full_depth=true`" in gemma
+    assert "At full depth (GPU idle before each): eager 9000 µs to issue, 1900 kernels" in gemma
+    sd35 = text.split("### sd35_medium", 1)[1].split("###", 1)[0]
+    assert "3 of its 24 layers" in sd35 and "`reproduce.py --full-depth` adds" in sd35 and "full depth |" not in sd35
+    lose = text.split("### Where we lose", 1)[1].split("###", 1)[0]
+    assert "- gemma4_e2b, CUDA graphs (eager graphs vs cast graphs), full depth: slower with the cast, 0.980×" in lose
+
+
+def test_a_full_depth_run_that_failed_says_why_in_its_row(tmp_path):
+    _fake_model(tmp_path, "qwen35_a3b")
+    _record_step(tmp_path, "qwen35_a3b", "e2e full depth",
+                 {"status": "timed out", "why": "stopped at its time limit of 300 s", "sitting": 0})
+    assert _report(tmp_path, "--report-only", "--models", "qwen35_a3b").returncode == 0
+    text = (tmp_path / "report.md").read_text()
+    assert ("| qwen35_a3b@full_depth=true (full depth, 40 layers) | – | – (timed out) | – (timed out) | "
+            "– (not run at full depth) |") in text
+    assert "| eager, full depth | – | – | timed out: stopped at its time limit of 300 s |" in text
+
+
+def test_full_depth_runs_bench_e2e_on_the_real_depth_after_the_models_steps(tmp_path, monkeypatch):
+    rp = _reproduce_module()
+    out, calls = tmp_path / "out", []
+
+    def fake_step(name, done, argv, log_file, stdout=None, timeout=None):
+        """Each step writes what the real one would (no GPU here)."""
+        model, what = name.split(" ", 1)
+        calls.append((model, what, argv))
+        d = out / model
+        if stdout is not None:  # run and export: their JSON on stdout marks them done
+            stdout.write_text('{"status": "done"}')
+        if what == "export":
+            (d / f"{model}.cast").write_bytes(b"cast")
+        elif what == "e2e":
+            (d / "e2e").mkdir()
+            (d / "e2e" / "bench_e2e.json").write_text(json.dumps({"models": [{"model": model}]}))
+            (d / "e2e" / "bench_e2e.md").write_text("# bench_e2e\n")
+        elif what == "compose":
+            (d / "compose").mkdir()
+            (d / "compose" / "bench_compose.json").write_text(json.dumps({"modes": dict.fromkeys(rp.COMPOSE_MODES, {})}))
+        elif what == "e2e full depth":
+            f = d / "e2e" / "bench_e2e.json"
+            f.write_text(json.dumps({"models": json.loads(f.read_text())["models"] + [{"model": f"{model}@full_depth=true"}]}))
+        return 0
+
+    monkeypatch.setattr(rp, "step", fake_step)
+    monkeypatch.setattr(rp, "sitting", lambda: dict(FAKE_SITTING))
+    for model in ("gemma4_e2b", "resnet50"):
+        rp.model_steps(model, out, tmp_path / "ws", 60, full_depth=True)
+    assert [(m, w) for m, w, _ in calls] == [
+        ("gemma4_e2b", "run"), ("gemma4_e2b", "export"), ("gemma4_e2b", "e2e"), ("gemma4_e2b", "compose"),
+        ("gemma4_e2b", "e2e full depth"),  # last, after the steps it always takes
+        ("resnet50", "run"), ("resnet50", "export"), ("resnet50", "e2e"), ("resnet50", "compose")]  # whole already
+    argv = calls[4][2]
+    assert argv[argv.index("--models") + 1] == "configs/models/gemma4_e2b.toml@full_depth=true"
+    assert "--append" in argv and argv[argv.index("--out") + 1] == str(out / "gemma4_e2b" / "e2e")
+    assert argv[argv.index("--casts") + 1] == str(out / "gemma4_e2b")  # gemma4_e2b.cast, made from the shrunk run
+    rec = json.loads((out / "gemma4_e2b" / "record.json").read_text())
+    assert rec["steps"]["e2e full depth"]["status"] == "ok"
+    calls.clear()
+    rp.model_steps("gemma4_e2b", out, tmp_path / "ws", 60, full_depth=True)
+    assert calls == []  # every result there: nothing runs again, the full-depth row included

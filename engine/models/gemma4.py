@@ -3,7 +3,8 @@
 The real E2B text model has 35 decoder layers of four kinds: sliding-window or full attention, each
 either computing its own K/V or reusing the K/V of the last earlier layer of its type ("KV-shared",
 the last 20 layers, whose MLP is double width). The builder keeps one layer of each kind at full
-width and returns `multiplicity` so call counts describe all 35 layers.
+width and returns `multiplicity` so call counts describe all 35 layers; with `full_depth=True` it builds
+all 35 (for whole-model benchmarks: a shrunk model over-weights the LM head and logit soft-cap).
 """
 
 from __future__ import annotations
@@ -53,7 +54,6 @@ SMALL_LAYER_TYPES = ["sliding_attention", "full_attention"] * 2
 SMALL_NUM_KV_SHARED_LAYERS = 2
 
 
-
 def real_layer_kinds() -> Counter:
     """(attention type, kv_shared) -> number of such layers in the real E2B text model."""
     first_shared = REAL_NUM_LAYERS - REAL_NUM_KV_SHARED_LAYERS
@@ -65,26 +65,39 @@ def layer_kind(layer: torch.nn.Module) -> tuple[str, bool]:
     return layer.self_attn.layer_type, bool(layer.self_attn.is_kv_shared_layer)
 
 
-def build(*, device: torch.device, dtype: torch.dtype, seq_len: int = 2048, batch: int = 1,
-          attn_implementation: str = "sdpa", use_cache: bool = False, logits_to_keep: int = 0,
-          seed: int = 0) -> CaptureTarget:
-    """Gemma 4 E2B text model, 4 of 35 layers (one per kind), one prefill of `batch` x `seq_len` tokens."""
-    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+def text_config(full_depth: bool = False, attn_implementation: str = "sdpa"):
+    """The `Gemma4TextConfig` the builder uses: all 35 layers with `full_depth`, else one of each kind."""
+    from transformers import Gemma4TextConfig
 
-    config = Gemma4TextConfig(
+    return Gemma4TextConfig(
         **E2B_CONFIG,
-        num_hidden_layers=SMALL_NUM_LAYERS,
-        layer_types=list(SMALL_LAYER_TYPES),
-        num_kv_shared_layers=SMALL_NUM_KV_SHARED_LAYERS,
+        num_hidden_layers=REAL_NUM_LAYERS if full_depth else SMALL_NUM_LAYERS,
+        layer_types=list(REAL_LAYER_TYPES if full_depth else SMALL_LAYER_TYPES),
+        num_kv_shared_layers=REAL_NUM_KV_SHARED_LAYERS if full_depth else SMALL_NUM_KV_SHARED_LAYERS,
         attn_implementation=attn_implementation,
     )
+
+
+def build(*, device: torch.device, dtype: torch.dtype, seq_len: int = 2048, batch: int = 1,
+          attn_implementation: str = "sdpa", use_cache: bool = False, logits_to_keep: int = 0,
+          seed: int = 0, full_depth: bool = False) -> CaptureTarget:
+    """Gemma 4 E2B text model, 4 of 35 layers (one per kind; all 35 with `full_depth`), one prefill of
+    `batch` x `seq_len` tokens."""
+    from transformers import Gemma4ForCausalLM
+
+    config = text_config(full_depth, attn_implementation)
     model = random_model(Gemma4ForCausalLM, config, device=device, dtype=dtype, seed=seed)
 
     real = real_layer_kinds()
     kinds = [layer_kind(layer) for layer in model.model.layers]
-    if sorted(kinds) != sorted(real):
-        raise RuntimeError(f"shrunk Gemma 4 layers {kinds} do not cover the real kinds {sorted(real)} once each")
-    multiplicity = {f"model.layers.{i}": real[kind] for i, kind in enumerate(kinds)}
+    if full_depth:
+        if Counter(kinds) != real:
+            raise RuntimeError(f"full-depth Gemma 4 layers {Counter(kinds)} are not the real kinds {real}")
+        multiplicity = {}
+    else:
+        if sorted(kinds) != sorted(real):
+            raise RuntimeError(f"shrunk Gemma 4 layers {kinds} do not cover the real kinds {sorted(real)} once each")
+        multiplicity = {f"model.layers.{i}": real[kind] for i, kind in enumerate(kinds)}
 
     gen = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(3, config.vocab_size, (batch, seq_len), generator=gen).to(device)
@@ -95,6 +108,26 @@ def build(*, device: torch.device, dtype: torch.dtype, seq_len: int = 2048, batc
 
     ple = config.num_hidden_layers * config.hidden_size_per_layer_input
     real_ple = REAL_NUM_LAYERS * config.hidden_size_per_layer_input
+    kv_shared = ("; KV-shared layers have no k/v projections and read the K/V of the last unshared layer of "
+                 "their type")
+    if full_depth:
+        depth = {
+            "layers": "full depth: all 35 layers built (no multiplicity): "
+            + ", ".join(f"{n} {t}{' KV-shared' if s else ''}" for (t, s), n in real.items()) + kv_shared,
+            "depth": "the full-depth model: every width is the real one, the per-layer-embedding (PLE) tables "
+            f"included (width num_hidden_layers x 256 = {ple}): embed_tokens_per_layer "
+            f"{config.vocab_size_per_layer_input}x{ple}, per_layer_model_projection {config.hidden_size}->{ple}",
+        }
+    else:
+        depth = {
+            "layers": "4 of 35 kept: "
+            + ", ".join(f"model.layers.{i} = {t}{' KV-shared' if s else ''} x{real[(t, s)]}"
+                        for i, (t, s) in enumerate(kinds)) + kv_shared,
+            "shrink": f"widths are the real model's except the per-layer-embedding (PLE) tables, whose width is "
+            f"num_hidden_layers x 256: embed_tokens_per_layer {config.vocab_size_per_layer_input}x{ple} "
+            f"(real x{real_ple}) and per_layer_model_projection {config.hidden_size}->{ple} (real ->{real_ple}); "
+            "these run once per forward (multiplicity 1)",
+        }
     notes = {
         "model": "Gemma4ForCausalLM (text only), google/gemma-4-E2B text_config, random weights",
         "transformers": importlib.metadata.version("transformers"),
@@ -106,16 +139,9 @@ def build(*, device: torch.device, dtype: torch.dtype, seq_len: int = 2048, batc
         + (" (logits for every position)" if logits_to_keep == 0 else "")
         + "; generate() would use a cache and logits_to_keep=1, and with that transformers 5.24 (not 5.17) "
         "runs the KV-shared layers on the last token only",
-        "layers": "4 of 35 kept: "
-        + ", ".join(f"model.layers.{i} = {t}{' KV-shared' if s else ''} x{real[(t, s)]}"
-                    for i, (t, s) in enumerate(kinds))
-        + "; KV-shared layers have no k/v projections and read the K/V of the last unshared layer of "
-        "their type",
-        "shrink": f"widths are the real model's except the per-layer-embedding (PLE) tables, whose width is "
-        f"num_hidden_layers x 256: embed_tokens_per_layer {config.vocab_size_per_layer_input}x{ple} "
-        f"(real x{real_ple}) and per_layer_model_projection {config.hidden_size}->{ple} (real ->{real_ple}); "
-        "these run once per forward (multiplicity 1)",
+        **depth,
         "weights": f"{dtype} built directly on {device}; matrices from a tiled N(0, 0.02) block, norms/buffers "
         "from the model's own init; lm_head tied to embed_tokens",
     }
-    return CaptureTarget(module=model, forward=forward, multiplicity=multiplicity, notes=notes)
+    return CaptureTarget(module=model, forward=forward, multiplicity=multiplicity, notes=notes,
+                         full_depth=full_depth)

@@ -3,6 +3,7 @@
 The real model has 40 decoder layers, 3 Gated-DeltaNet (linear attention) : 1 gated full attention,
 each followed by a 256-expert top-8 MoE with a shared expert. The builder keeps 4 layers
 [linear, linear, linear, full] at full width with all 256 experts; each stands for 10 real layers.
+With `full_depth=True` it builds all 40 (~35B parameters, ~70 GB in bf16), for whole-model benchmarks.
 """
 
 from __future__ import annotations
@@ -65,27 +66,42 @@ def _bound_implementation(fn, package: str) -> str:
     return f"{package} {'installed' if found else 'not installed'} (dispatch not introspectable)"
 
 
-def build(*, device: torch.device, dtype: torch.dtype, seq_len: int = 2048, batch: int = 1,
-          attn_implementation: str = "sdpa", experts_implementation: str = "grouped_mm",
-          use_cache: bool = False, logits_to_keep: int = 0, seed: int = 0) -> CaptureTarget:
-    """Qwen3.5-35B-A3B text model, 4 of 40 layers (3 linear + 1 full), one prefill of `batch` x `seq_len`."""
-    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
-    from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as mod
+def text_config(full_depth: bool = False, attn_implementation: str = "sdpa",
+                experts_implementation: str = "grouped_mm"):
+    """The `Qwen3_5MoeTextConfig` the builder uses: all 40 layers with `full_depth`, else [linear x3, full]."""
+    from transformers import Qwen3_5MoeTextConfig
 
-    config = Qwen3_5MoeTextConfig(
+    return Qwen3_5MoeTextConfig(
         **A3B_CONFIG,
-        num_hidden_layers=SMALL_NUM_LAYERS,
-        layer_types=list(SMALL_LAYER_TYPES),
+        num_hidden_layers=REAL_NUM_LAYERS if full_depth else SMALL_NUM_LAYERS,
+        layer_types=list(REAL_LAYER_TYPES if full_depth else SMALL_LAYER_TYPES),
         attn_implementation=attn_implementation,
         experts_implementation=experts_implementation,
     )
+
+
+def build(*, device: torch.device, dtype: torch.dtype, seq_len: int = 2048, batch: int = 1,
+          attn_implementation: str = "sdpa", experts_implementation: str = "grouped_mm",
+          use_cache: bool = False, logits_to_keep: int = 0, seed: int = 0,
+          full_depth: bool = False) -> CaptureTarget:
+    """Qwen3.5-35B-A3B text model, 4 of 40 layers (3 linear + 1 full; all 40 with `full_depth`), one prefill
+    of `batch` x `seq_len`."""
+    from transformers import Qwen3_5MoeForCausalLM
+    from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as mod
+
+    config = text_config(full_depth, attn_implementation, experts_implementation)
     model = random_model(Qwen3_5MoeForCausalLM, config, device=device, dtype=dtype, seed=seed)
 
     kinds = ["linear_attention" if hasattr(layer, "linear_attn") else "full_attention" for layer in model.model.layers]
-    per_kind = {t: REAL_LAYER_TYPES.count(t) // SMALL_LAYER_TYPES.count(t) for t in set(SMALL_LAYER_TYPES)}
-    if kinds != SMALL_LAYER_TYPES or sum(per_kind[t] for t in kinds) != REAL_NUM_LAYERS:
-        raise RuntimeError(f"shrunk Qwen3.5 layers {kinds} are not {SMALL_LAYER_TYPES}")
-    multiplicity = {f"model.layers.{i}": per_kind[t] for i, t in enumerate(kinds)}
+    if full_depth:
+        if kinds != REAL_LAYER_TYPES:
+            raise RuntimeError(f"full-depth Qwen3.5 layers {kinds} are not the real {REAL_LAYER_TYPES}")
+        multiplicity = {}
+    else:
+        per_kind = {t: REAL_LAYER_TYPES.count(t) // SMALL_LAYER_TYPES.count(t) for t in set(SMALL_LAYER_TYPES)}
+        if kinds != SMALL_LAYER_TYPES or sum(per_kind[t] for t in kinds) != REAL_NUM_LAYERS:
+            raise RuntimeError(f"shrunk Qwen3.5 layers {kinds} are not {SMALL_LAYER_TYPES}")
+        multiplicity = {f"model.layers.{i}": per_kind[t] for i, t in enumerate(kinds)}
 
     gen = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(0, config.vocab_size, (batch, seq_len), generator=gen).to(device)
@@ -112,9 +128,12 @@ def build(*, device: torch.device, dtype: torch.dtype, seq_len: int = 2048, batc
         "forward": f"one prefill of {batch}x{seq_len} random token ids, no attention mask, "
         f"use_cache={use_cache}, logits_to_keep={logits_to_keep}"
         + (" (logits for every position)" if logits_to_keep == 0 else ""),
-        "layers": "4 of 40 kept: model.layers.0-2 = linear_attention x10 each, model.layers.3 = "
-        "full_attention x10; all 256 experts kept; no widths changed",
+        "layers": ("full depth: all 40 layers built (no multiplicity), 10 x [linear_attention x3, "
+                   "full_attention]; all 256 experts; no widths changed" if full_depth else
+                   "4 of 40 kept: model.layers.0-2 = linear_attention x10 each, model.layers.3 = "
+                   "full_attention x10; all 256 experts kept; no widths changed"),
         "weights": f"{dtype} built directly on {device}; matrices and experts from a tiled N(0, 0.02) "
         "block, norms/A_log/dt_bias/buffers from the model's own init",
     }
-    return CaptureTarget(module=model, forward=forward, multiplicity=multiplicity, notes=notes)
+    return CaptureTarget(module=model, forward=forward, multiplicity=multiplicity, notes=notes,
+                         full_depth=full_depth)

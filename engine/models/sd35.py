@@ -6,8 +6,9 @@ image-only self-attention `attn2` and `SD35AdaLayerNormZeroX`), blocks 13-22 are
 block 23 is `context_pre_only` (no context feed-forward; its context branch ends after the attention).
 All blocks of one kind have identical shapes, so the model is built with `num_layers=3,
 dual_attention_layers=(0,)`, which keeps exactly one block of each kind, and `multiplicity` scales
-their calls back to 13, 10 and 1. Every per-layer width is the real one. The VAE (`AutoencoderKL`
-with the SD3 config) is built whole; only its decoder runs, so the encoder is dropped after init.
+their calls back to 13, 10 and 1. Every per-layer width is the real one. With `full_depth=True` all
+24 blocks are built (for whole-model benchmarks). The VAE (`AutoencoderKL` with the SD3 config) is
+built whole; only its decoder runs, so the encoder is dropped after init.
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ VAE_SCALE = 8  # three 2x upsamplers in the decoder
 def block_kinds(num_layers: int, dual_attention_layers: tuple[int, ...]) -> list[tuple[bool, bool]]:
     """(use_dual_attention, context_pre_only) per block, as SD3Transformer2DModel.__init__ assigns them."""
     return [(i in dual_attention_layers, i == num_layers - 1) for i in range(num_layers)]
+
+
+def mmdit_config(full_depth: bool = False) -> dict:
+    """The `SD3Transformer2DModel` arguments the builder uses: the real 24 blocks with `full_depth`, else one
+    block of each kind."""
+    return dict(MMDIT_CONFIG) if full_depth else {**MMDIT_CONFIG, **SHRUNK_LAYERS}
 
 
 def full_multiplicity() -> dict[str, int]:
@@ -115,11 +122,12 @@ def _center_pos_embed(used: int):
 
 def build(*, device: torch.device, dtype: torch.dtype, image_size: int = 1024, text_tokens: int = 333,
           cfg_batch: int = 2, vae_latent_size: int = 128, timestep: float = 500.0,
-          seed: int = 0) -> CaptureTarget:
+          seed: int = 0, full_depth: bool = False) -> CaptureTarget:
     """SD3.5 Medium: MMDiT on (cfg_batch, 16, image_size/8, image_size/8) + VAE decode to an image.
 
     `text_tokens` is the joint text sequence (77 CLIP-L/G + 256 T5 = 333 in the pipeline);
-    `vae_latent_size` is the side of the (1, 16, s, s) latent decoded to a (1, 3, 8s, 8s) image.
+    `vae_latent_size` is the side of the (1, 16, s, s) latent decoded to a (1, 3, 8s, 8s) image;
+    `full_depth` builds all 24 MMDiT blocks instead of one of each kind.
     `forward()` returns `(noise_pred, image)`.
     """
     from diffusers import AutoencoderKL, SD3Transformer2DModel
@@ -137,7 +145,7 @@ def build(*, device: torch.device, dtype: torch.dtype, image_size: int = 1024, t
     used = latent // MMDIT_CONFIG["patch_size"]
     pos_table = _center_pos_embed(used) if device.type == "cpu" else contextlib.nullcontext()
     with torch.device(device), default_dtype(dtype), tiled_random_init(seed), pos_table:
-        transformer = SD3Transformer2DModel(**{**MMDIT_CONFIG, **SHRUNK_LAYERS})
+        transformer = SD3Transformer2DModel(**mmdit_config(full_depth))
         vae = AutoencoderKL(**VAE_CONFIG)
     vae.encoder = None  # only decode() runs; AutoencoderKL.decode never touches the encoder
     model = SD35Medium(transformer, vae).to(device=device, dtype=dtype).eval()
@@ -159,10 +167,17 @@ def build(*, device: torch.device, dtype: torch.dtype, image_size: int = 1024, t
 
     processors = sorted({type(p).__name__ for p in transformer.attn_processors.values()})
     vae_processors = sorted({type(p).__name__ for p in vae.attn_processors.values()})
+    if full_depth:
+        kinds = block_kinds(c["num_layers"], c["dual_attention_layers"])
+        depth = {"depth": f"the full-depth model: MMDiT built with all {len(kinds)} blocks (no multiplicity): "
+                          f"{kinds.count((True, False))} dual-attention, {kinds.count((False, False))} plain "
+                          f"joint, {kinds.count((False, True))} context_pre_only; all widths real"}
+    else:
+        depth = {"shrinking": "MMDiT built with num_layers=3, dual_attention_layers=(0,): block 0 = dual-attention "
+                              "(x13 in the real model), block 1 = plain joint (x10), block 2 = context_pre_only "
+                              "(x1); all widths real"}
     notes = {
-        "shrinking": "MMDiT built with num_layers=3, dual_attention_layers=(0,): block 0 = dual-attention "
-                     "(x13 in the real model), block 1 = plain joint (x10), block 2 = context_pre_only (x1); "
-                     "all widths real",
+        **depth,
         "inputs": f"CFG batch {cfg_batch}, image {image_size}x{image_size} (latent {latent}x{latent}, "
                   f"{(latent // c['patch_size']) ** 2} image tokens), {text_tokens} text tokens; "
                   f"VAE decodes a 1x16x{vae_latent_size}x{vae_latent_size} latent",
@@ -179,7 +194,8 @@ def build(*, device: torch.device, dtype: torch.dtype, image_size: int = 1024, t
         "timestep": "float32, as from FlowMatchEulerDiscreteScheduler; sinusoidal embedding cast to model dtype",
     }
     return CaptureTarget(module=model, forward=lambda: model(**inputs),
-                         multiplicity=full_multiplicity(), notes=notes)
+                         multiplicity={} if full_depth else full_multiplicity(), notes=notes,
+                         full_depth=full_depth)
 
 
 class SD35VaeDecode(nn.Module):

@@ -17,13 +17,16 @@ class CaptureTarget:
     model forward on the example inputs and returns its output. `multiplicity` maps a module path
     prefix of a shrunk model to how many layers of that kind the full model has, so card call counts
     describe the real model. `notes` records choices that change which ops run (attention backend,
-    experts implementation, shrinking) for the user to see next to the cards.
+    experts implementation, shrinking) for the user to see next to the cards. `full_depth` says a
+    reference builder built every layer of the real model: no call needs scaling, and a config's
+    [multiplicity] (written for the shrunk build) does not apply.
     """
 
     module: torch.nn.Module
     forward: Callable[[], Any]
     multiplicity: Mapping[str, int] = field(default_factory=dict)
     notes: Mapping[str, str] = field(default_factory=dict)
+    full_depth: bool = False
 
 
 def target_from_inputs(model: torch.nn.Module, inputs: Any) -> CaptureTarget:
