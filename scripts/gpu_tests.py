@@ -36,7 +36,7 @@ def base_of(paths: list[str]) -> Path:
 
 
 def collect(paths: list[str], base: Path) -> list[str]:
-    r = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "--collect-only", "-q", "-p", "no:cacheprovider",
+    r = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider",
                         "--rootdir", str(base), *(str(Path(p).resolve()) for p in paths)],
                        capture_output=True, text=True, cwd=base)
     return [ln.strip() for ln in r.stdout.splitlines() if "::" in ln and not ln.startswith(" ")]
@@ -80,7 +80,7 @@ def main() -> int:
     rows = []
     for i, node in enumerate(nodes, 1):
         t0 = time.perf_counter()
-        cmd = [sys.executable, "-X", "faulthandler", "-m", "pytest", "-m", "gpu", "-q", "-rA", "-p", "no:cacheprovider",
+        cmd = [sys.executable, "-X", "faulthandler", "-m", "pytest", "-m", "gpu", "-q", "-rA", "-n", "0", "-p", "no:cacheprovider",
                "--rootdir", str(base), node]
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, cwd=base, timeout=args.timeout)

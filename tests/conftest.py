@@ -24,6 +24,10 @@ def load_script(name: str):
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
+        # One GPU: its tests run one after another on one xdist worker (addopts: --dist loadgroup).
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(pytest.mark.xdist_group("gpu"))
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the H200)")
     for item in items:

@@ -37,7 +37,10 @@ def test_a_crashing_test_is_one_row_and_the_next_test_still_runs(tmp_path):
 
 
 def test_nothing_to_run_is_a_usage_error(tmp_path):
-    r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "-k", "no_such_test"],
+    tests = tmp_path / "suite"  # a one-file suite: collecting the project's whole suite takes a minute
+    tests.mkdir()
+    (tests / "test_probe.py").write_text("import pytest\n\n@pytest.mark.gpu\ndef test_gpu():\n    pass\n")
+    r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "out"), "-k", "no_such_test", str(tests)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "matches -k 'no_such_test'" in r.stderr
 
