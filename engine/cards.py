@@ -164,6 +164,28 @@ def chain_cover(cards: Iterable[SharedCard]) -> dict[str, dict[str, float]]:
     return cover
 
 
+def compile_in_context(cards: Iterable[Any]) -> dict[str, list[dict[str, Any]]]:
+    """Inductor's code for an op card in its context: torch.compile fuses an op with the memory-bound ops
+    around it, and those are the chain cards that hold its calls. Per op card, each such chain whose
+    compile reference was measured: {"chain": id, "ops": [...], "compile_us": µs of the whole chain under
+    torch.compile, "held": the fraction of the op card's calls in it}, largest fraction first."""
+    cards = list(cards)
+    by_id = {c.card_id: c for c in cards}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for cid, held in chain_cover(cards).items():
+        op = by_id[cid]
+        rows = []
+        for chain_id, share in held.items():
+            chain = by_id[chain_id]
+            if getattr(chain, "compile_us", None) and op.share > 0:
+                rows.append({"chain": chain_id, "ops": chain_ops(chain.chain, getattr(chain, "signature_text", "")
+                                                                 or getattr(chain, "signature", "")),
+                             "compile_us": chain.compile_us, "held": min(1.0, share / op.share)})
+        if rows:
+            out[cid] = sorted(rows, key=lambda r: -r["held"])
+    return out
+
+
 def model_speedup(cards: Iterable[SharedCard], speedups: Mapping[str, float]) -> float:
     """Amdahl's law over the op cards' shares with every call counted once: a chain's calls run at the
     better of the chain card's speedup and their own cards' (`speedups`, by card id; 1 where absent)."""

@@ -367,6 +367,13 @@ class ReadModel:
 
     # ---- views over the cache ----------------------------------------------------------------------------
 
+    def compile_context(self, card_id: str) -> list[dict[str, Any]]:
+        """The chains torch.compile fuses this op card into, with each chain's compiled time
+        (engine.cards.compile_in_context); [] for a chain card or an op no measured chain holds."""
+        from engine.cards import compile_in_context
+
+        return compile_in_context(list(self.cards.values())).get(card_id, [])
+
     def nodes_of(self, card_id: str) -> list[CandidateHead]:
         """A card's candidates in proposal order."""
         with self._lock:

@@ -197,7 +197,48 @@ def test_run_json_cards_carry_the_references():
     doc = {c["id"]: c for c in card_summaries(o)}
     assert (doc["c1"]["compile_us"], doc["c1"]["copy_us"]) == (9.5, 4.0)
     assert doc["c2"]["compile_us"] is None and doc["c2"]["copy_us"] is None
+    assert doc["c1"]["compile_in_context"] == []  # no chain holds its calls
     json.dumps(doc)
+
+
+def _rms_cards(chain_compile_us=None):
+    """An RMSNorm's `mul` op card (48 calls: 2 per norm, 24 norms) and the norm's chain card (24 calls)."""
+    mul = OperatorCard("mul", "aten::mul.Tensor", {"op": "aten::mul.Tensor", "args": [], "aliases": []}, calls=48,
+                       share=0.2, eager_us=8.0, compile_us=7.5)
+    pow_ = OperatorCard("pow", "aten::pow.Tensor_Scalar", {"op": "aten::pow.Tensor_Scalar", "args": [], "aliases": []},
+                        calls=24, share=0.1)
+    chain = OperatorCard("rms", "kforge::chain", {"op": "kforge::chain", "args": [], "aliases": []}, calls=24,
+                         share=0.4, signature_text="chain[_to_copy pow mean add rsqrt mul mul _to_copy] in0 bf16[8]",
+                         chain={"kind": "module", "members": ["cp", "pow", "mean", "add", "rsqrt", "mul", "mul", "cp"]},
+                         compile_us=chain_compile_us)
+    return mul, pow_, chain
+
+
+def test_an_op_card_is_shown_beside_the_chain_torch_compile_fuses_it_into():
+    # Issue 19: the reference to beat both ways: the op under torch.compile alone, and in its context (the
+    # chain Inductor fuses it into, timed compiled as a whole).
+    from engine.cards import compile_in_context
+    from engine.run.plan import CardState
+    from engine.run.report import card_summaries
+
+    mul, pow_, chain = _rms_cards(chain_compile_us=11.0)
+    got = compile_in_context([mul, pow_, chain])
+    assert got["mul"] == [{"chain": "rms", "ops": ["_to_copy", "pow", "mean", "add", "rsqrt", "mul", "mul", "_to_copy"],
+                           "compile_us": 11.0, "held": 1.0}]
+    assert got["pow"][0]["held"] == 1.0 and "rms" not in got
+    # A chain whose compile reference was not measured says nothing.
+    assert compile_in_context(list(_rms_cards())) == {}
+    o = SimpleNamespace(cards={c.card_id: CardState(c, []) for c in (mul, pow_, chain)}, records={})
+    doc = {c["id"]: c for c in card_summaries(o)}
+    assert doc["mul"]["compile_in_context"][0]["compile_us"] == 11.0 and doc["mul"]["compile_us"] == 7.5
+
+    from kforge_tui.readmodel import CardRow
+    from kforge_tui.screens.latency import references
+
+    row = CardRow("mul", "aten::mul.Tensor", "bf16[8]", 48, 0.2, 8.0, None, None, None, None, "queued", 0, 0, {},
+                  None, compile_us=7.5)
+    assert references(row, got["mul"]) == (" · torch.compile 7.50 µs alone · in context fused into chain _to_copy → "
+                                           "pow → mean → add … (100% of its calls): torch.compile 11.00 µs for the chain")
 
 
 # ---- shown: the TUI, the export's report, reproduce.py --------------------------------------------------
@@ -259,7 +300,7 @@ def test_card_view_shows_compile_and_the_kernel_over_copy_fraction():
     row = CardRow("c", "aten::relu", "f16[8]", 1, 0.5, 120.0, 40.0, 60.0, 2.0, 66.0, "finished", 3, 0, {}, "k",
                   compile_us=90.0, copy_us=50.0)
     assert row.copy_pct == pytest.approx(120.0)
-    assert references(row) == " · torch.compile 90.00 µs · copy 50.00 µs (best 120% of it)"
+    assert references(row) == " · torch.compile 90.00 µs alone · copy 50.00 µs (best 120% of it)"
     failed = CardRow("c", "aten::relu", "f16[8]", 1, 0.5, 120.0, 40.0, None, None, None, "queued", 0, 0, {}, None,
                      compile_note="no compile reference (torch.compile did not finish in 120 s)")
     assert references(failed) == " · no compile reference (torch.compile did not finish in 120 s)"

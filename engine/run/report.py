@@ -20,6 +20,9 @@ UNCOMPILED = frozenset({"compile", *PROPOSAL_FAILURES})
 
 def card_summaries(o: Orchestrator) -> list[dict[str, Any]]:
     """One entry per card, in DESIGN.md's `run --json` shape."""
+    from engine.cards import compile_in_context
+
+    context = compile_in_context([c.card for c in o.cards.values()])
     out = []
     for cid, card in o.cards.items():
         recs: list[CandidateRecord] = [r for r in o.records.values() if r.card_id == cid]
@@ -38,6 +41,8 @@ def card_summaries(o: Orchestrator) -> list[dict[str, Any]]:
             # lane's copy of the card's bytes (best_us / copy_us: how near the kernel is to a copy).
             "compile_us": card.card.compile_us, "copy_us": card.card.copy_us,
             "compile_note": card.card.compile_note,
+            # In context: the chains torch.compile fuses this op into, with the chain's compiled time.
+            "compile_in_context": context.get(cid, []),
             "speedup_ci": list(best.speedup_ci) if best and best.speedup_ci else None,
             "candidates": len(recs),
             "compiled": sum(1 for r in recs if r.status in ("verified", "compiled") or

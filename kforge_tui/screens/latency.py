@@ -3,6 +3,8 @@ where the card has one, the torch.compile line."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Footer, Header, Static
@@ -50,7 +52,7 @@ class LatencyScreen(KforgeScreen):
         self.query_one("#chart-us", Chart).set_draw(draw_card_us(s, eager, compiled))
         self.query_one("#chart-speedup", Chart).set_draw(
             draw_card_speedup(s, eager / compiled if eager and compiled else None))
-        refs = references(card)
+        refs = references(card, self.app.model.compile_context(self.card_id) if card else ())
         if not s.evaluation:
             self.query_one("#lat-summary", Static).update(
                 f"no verified candidate yet ({s.finished} finished) · eager {fmt.us(eager)} µs{refs}")
@@ -63,15 +65,20 @@ class LatencyScreen(KforgeScreen):
         self.app.pop_screen()
 
 
-def references(card: CardRow | None) -> str:
-    """` · torch.compile 9.80 µs · copy 4.10 µs (best 120% of it)`: a card's references, where measured."""
+def references(card: CardRow | None, context: Sequence[dict] = ()) -> str:
+    """` · torch.compile 9.80 µs · copy 4.10 µs (best 120% of it)`: a card's references, where measured; with
+    `context` (engine.cards.compile_in_context), also the chain torch.compile fuses the op into."""
     if card is None:
         return ""
     out = ""
     if card.compile_us:
-        out += f" · torch.compile {fmt.us(card.compile_us)} µs"
+        out += f" · torch.compile {fmt.us(card.compile_us)} µs alone"
     elif card.compile_note:
         out += f" · {card.compile_note}"
+    if context:
+        c = context[0]
+        out += (f" · in context fused into chain {' → '.join(c['ops'][:4])}{' …' if len(c['ops']) > 4 else ''}"
+                f" ({fmt.pct(100 * c['held'])} of its calls): torch.compile {fmt.us(c['compile_us'])} µs for the chain")
     if card.copy_us:
         who = "best" if card.best_us else "eager"
         out += f" · copy {fmt.us(card.copy_us)} µs ({who} {fmt.pct(card.copy_pct)} of it)"
