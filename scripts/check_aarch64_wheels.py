@@ -65,6 +65,7 @@ KNOWN_AARCH64: dict[str, str] = {
     "diffusers": "diffusers-0.42.1-py3-none-any.whl",
     "pytest": "pytest-9.2.0-py3-none-any.whl",
     "pytest-asyncio": "pytest_asyncio-1.5.0-py3-none-any.whl",
+    "pytest-xdist": "pytest_xdist-3.8.0-py3-none-any.whl",  # added 2026-12-02 (pure Python; with execnet-2.1.2)
     "ruff": "ruff-0.17.6-py3-none-manylinux_2_17_aarch64.manylinux2014_aarch64.whl",
 }
 

@@ -40,6 +40,22 @@ class Proposer:
                         spec="[[launch]]", provider="scripted")
 
 
+async def _recorded(db: Path, n: int, limit_s: float = 60.0) -> None:
+    """Wait until `n` candidates are verified in the store at `db`."""
+    import sqlite3
+    import time
+
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        try:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1.0) as conn:
+                if conn.execute("SELECT COUNT(*) FROM candidates WHERE status = 'verified'").fetchone()[0] >= n:
+                    return
+        except sqlite3.OperationalError:
+            pass
+        await asyncio.sleep(0.02)
+
+
 class StandInLane:
     def __init__(self, log: Path, hang_at: int | None):
         self.log, self.hang_at, self.count, self.lock = log, hang_at, 0, asyncio.Lock()
@@ -48,6 +64,10 @@ class StandInLane:
         async with self.lock:
             self.count += 1
             if self.hang_at is not None and self.count == self.hang_at:
+                # Say "hanging" (the test kills us then) only once the earlier evaluations are in the store:
+                # an evaluation finished but not yet recorded is one a kill makes the resume repeat, and on a
+                # loaded machine the kill could land in that window (CI saw a candidate evaluated twice).
+                await _recorded(self.log.parent / "kforge.db", self.hang_at - 1)
                 (self.log.parent / "hanging").write_text("1")
                 await asyncio.sleep(3600)
             await asyncio.sleep(0.01)

@@ -265,18 +265,28 @@ async def run_async(args: argparse.Namespace, workspace: Path,
         return code, doc
 
 
-def mark_stopped_now(db: Path, run_id: str, timeout_s: float = 2.0) -> None:
+def mark_stopped_now(db: Path, run_id: str, timeout_s: float = 6.0) -> None:
     """The run row as 'stopped' (interrupted), written synchronously: what the second Ctrl-C does before it
-    exits without cleanup, so the run is not left 'running' with a dead pid (it stays resumable)."""
+    exits without cleanup, so the run is not left 'running' with a dead pid (it stays resumable). The write
+    lock is taken up front (BEGIN IMMEDIATE, so the busy timeout applies) and a busy database is tried
+    again until `timeout_s`: the run's own store may be writing at that moment."""
     import sqlite3
 
-    conn = sqlite3.connect(db, timeout=timeout_s)
-    try:
-        conn.execute("UPDATE runs SET status = 'stopped', stopped_by = 'interrupted', updated_at = ? WHERE id = ? "
-                     "AND status IN ('created', 'running', 'paused')", (time.time(), run_id))
-        conn.commit()
-    finally:
-        conn.close()
+    end = time.monotonic() + timeout_s
+    while True:
+        conn = sqlite3.connect(db, timeout=max(0.1, end - time.monotonic()), isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("UPDATE runs SET status = 'stopped', stopped_by = 'interrupted', updated_at = ? "
+                         "WHERE id = ? AND status IN ('created', 'running', 'paused')", (time.time(), run_id))
+            conn.execute("COMMIT")
+            return
+        except sqlite3.OperationalError:
+            if time.monotonic() >= end:
+                raise
+            time.sleep(0.05)
+        finally:
+            conn.close()
 
 
 async def _mark_interrupted(store: Store, run_id: str) -> None:

@@ -57,7 +57,7 @@ def on_exit_now(hook: Callable[[], None] | None) -> None:
     _LAST_WORDS[:] = [hook] if hook is not None else []
 
 
-_LAST_WORDS_S = 3.0  # the longest the second Ctrl-C waits for its last words before exiting anyway
+_LAST_WORDS_S = 8.0  # the longest the second Ctrl-C waits for its last words before exiting anyway
 _exiting = threading.Event()
 
 
@@ -77,8 +77,11 @@ def exit_now(*_: Any) -> None:
         for hook in hooks:
             try:
                 hook()
-            except Exception:  # noqa: BLE001 - exiting anyway; a resume works as after a crash
-                pass
+            except Exception as e:  # noqa: BLE001 - exiting anyway; a resume works as after a crash
+                try:
+                    os.write(2, f"interrupted: last words not written ({type(e).__name__}: {e})\n".encode())
+                except OSError:
+                    pass
         os._exit(EXIT_INTERRUPTED)
 
     def deadline() -> None:
