@@ -78,6 +78,8 @@ struct alignas(16) uint4 { unsigned x, y, z, w; };
 struct alignas(8) float2 { float x, y; };
 struct alignas(16) float4 { float x, y, z, w; };
 inline float2 make_float2(float x, float y) { return {x, y}; }
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 template <class R> inline R __ldcs(const R* p) { return *p; }
 template <class R> inline R __ldg(const R* p) { return *p; }
@@ -85,6 +87,9 @@ template <class R> inline R __ldcg(const R* p) { return *p; }
 template <class R> inline void __stcs(R* p, R v) { *p = v; }
 template <class R> inline void __stcg(R* p, R v) { *p = v; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
+inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float __expf(float x) { return std::exp(x); }
@@ -116,6 +121,13 @@ inline __half __float2half_rn(float f) {
   if (q >= 2048.0f) { q /= 2; e += 1; }
   return {uint16_t(sign | ((e + 14) << 10) | (int(q) - 1024))};
 }
+// Paired types as the CUDA headers lay them out (x in the low half), for kernels that move two at once.
+struct alignas(4) __nv_bfloat162 { __nv_bfloat16 x, y; };
+struct alignas(4) __half2 { __half x, y; };
+inline float2 __bfloat1622float2(__nv_bfloat162 h) { return {__bfloat162float(h.x), __bfloat162float(h.y)}; }
+inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {__float2bfloat16_rn(a), __float2bfloat16_rn(b)}; }
+inline float2 __half22float2(__half2 h) { return {__half2float(h.x), __half2float(h.y)}; }
+inline __half2 __floats2half2_rn(float a, float b) { return {__float2half_rn(a), __float2half_rn(b)}; }
 struct emu_ptr { void* p; template <class T> operator T*() const { return static_cast<T*>(p); } };
 // Blocks run one cluster at a time; the `cluster` blocks of a cluster run together, block q of it
 // calling kernel(q) (a separate copy of the code, so each has its own __shared__ statics). The threads
