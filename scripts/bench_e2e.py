@@ -65,7 +65,9 @@ def graph_arm(name: str, forward, cast, iters: int, module=None) -> dict:
     try:
         g_eager, out_eager = graph_of(forward)
         with cast.enabled(module):
+            cast.reset_stats()
             g_cast, out_cast = graph_of(forward)
+            in_graph = sum(v["hits"] for v in cast.stats()["variants"])
     except Exception as e:  # a model that cannot be captured is reported, not fatal
         log(f"{name}: CUDA-graph arm not possible: {type(e).__name__}: {e}")
         return {"error": f"{type(e).__name__}: {str(e)[:300]}"}
@@ -82,10 +84,29 @@ def graph_arm(name: str, forward, cast, iters: int, module=None) -> dict:
     diff = out_cast.double() - out_eager.double()
     r = {"eager_ms": statistics.median(eager_us) / 1e3, "cast_ms": statistics.median(cast_us) / 1e3,
          "speedup": est.speedup, "speedup_ci": [est.low, est.high], "iters": iters,
-         "rel_l2_err": float(diff.norm() / out_eager.double().norm())}
+         "rel_l2_err": float(diff.norm() / out_eager.double().norm()), "cast_calls_captured": in_graph}
     log(f"{name}: CUDA graphs: eager {r['eager_ms']:.2f} ms, cast {r['cast_ms']:.2f} ms, {est.speedup:.3f}x "
-        f"(95% CI {est.low:.3f}-{est.high:.3f}); rel err {r['rel_l2_err']:.2e}")
+        f"(95% CI {est.low:.3f}-{est.high:.3f}); rel err {r['rel_l2_err']:.2e}; cast calls captured {in_graph}")
     del g_eager, g_cast
+    return r
+
+
+def float32_control(name: str, module, forward, eager_out, cast_out) -> dict:
+    """Eager's and the cast's outputs against the model run in float32: whether the cast is as accurate as eager
+    when the two low-precision outputs differ (rounding differences grow through a deep random-weight model)."""
+    from engine.bench.accuracy import float32_output, rel_l2
+
+    if eager_out.dtype not in (torch.bfloat16, torch.float16):
+        return {"skipped": f"the output is {eager_out.dtype}"}
+    try:
+        ref = float32_output(module, forward, output_tensor)
+    except Exception as e:  # a model whose code insists on its dtype has no float32 reference
+        log(f"{name}: no float32 reference: {type(e).__name__}: {e}")
+        return {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    r = {"eager": rel_l2(eager_out, ref), "cast": rel_l2(cast_out, ref)}
+    del ref
+    torch.cuda.empty_cache()
+    log(f"{name}: rel L2 err against the model in float32: eager {r['eager']:.2e}, cast {r['cast']:.2e}")
     return r
 
 
@@ -130,6 +151,7 @@ def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int, 
         restored = output_tensor(forward())
         graph = graph_arm(name, forward, cast, iters, module) if graphs else None
         host = host_arms(forward, cast, module)
+        vs32 = float32_control(name, module, forward, eager_out, cast_out)
     est = speedup_ci(eager_us, cast_us, paired=True)
     diff = (cast_out.double() - eager_out.double())
     result = {
@@ -143,7 +165,7 @@ def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int, 
         "every_variant_hit": all(v["hits"] > 0 for v in stats["variants"]),
         "dispatched_by": ", ".join(sorted({v["router"] for v in stats["variants"]})) or "-",
         "variants_hit": sum(1 for v in stats["variants"] if v["hits"] > 0),
-        "build": build, "cuda_graphs": graph, "host": host,
+        "build": build, "cuda_graphs": graph, "host": host, "vs_float32": vs32,
     }
     log(f"{name}: eager {result['eager_ms']:.2f} ms, cast {result['cast_ms']:.2f} ms, {est.speedup:.3f}x "
         f"(95% CI {est.low:.3f}-{est.high:.3f}); rel err {result['rel_l2_err']:.2e}; "
@@ -164,13 +186,16 @@ def markdown(doc: dict) -> str:
                      f"{r['restored_bit_exact']} |")
     graphs = [r for r in doc["models"] if r.get("cuda_graphs") and "speedup" in r["cuda_graphs"]]
     if graphs:
-        lines += ["", "Both arms replayed from CUDA graphs (no per-call host cost; the cast's kernels are "
-                  "captured like any other):", "", "| model | eager ms | cast ms | speedup (95% CI) | rel L2 err |",
-                  "|---|---:|---:|---:|---:|"]
+        lines += ["", "Both arms replayed from CUDA graphs (no per-call host cost). A variant runs under capture only "
+                  "where the cast was proven for the cuda-graphs target; 'cast calls captured' counts them (0: the "
+                  "cast arm is eager's graph):", "",
+                  "| model | eager ms | cast ms | speedup (95% CI) | rel L2 err | cast calls captured |",
+                  "|---|---:|---:|---:|---:|---:|"]
         for r in graphs:
             g = r["cuda_graphs"]
             lines.append(f"| {r['model']} | {g['eager_ms']:.2f} | {g['cast_ms']:.2f} | {g['speedup']:.3f}× "
-                         f"({g['speedup_ci'][0]:.3f}–{g['speedup_ci'][1]:.3f}) | {g['rel_l2_err']:.1e} |")
+                         f"({g['speedup_ci'][0]:.3f}–{g['speedup_ci'][1]:.3f}) | {g['rel_l2_err']:.1e} | "
+                         f"{g.get('cast_calls_captured', '?')} |")
     hosts = [r for r in doc["models"] if r.get("host")]
     if hosts:
         lines += ["", "Host time per forward (issued with the GPU idle; launches counted by the profiler):", "",
@@ -181,6 +206,14 @@ def markdown(doc: dict) -> str:
             lines.append(f"| {r['model']} | {e['issue_us']:.0f} | {e['kernels']} + {e['copies']} | "
                          f"{e['us_per_launch']:.2f} | {c['issue_us']:.0f} | {c['kernels']} + {c['copies']} | "
                          f"{c['us_per_launch']:.2f} |")
+    accs = [r for r in doc["models"] if "eager" in (r.get("vs_float32") or {})]
+    if accs:
+        lines += ["", "Accuracy: each bf16/fp16 output against the same model run in float32 (a cast as accurate as "
+                  "eager is as far from it as eager is, even where the two low-precision outputs differ):", "",
+                  "| model | eager vs float32 | cast vs float32 | cast vs eager |", "|---|---:|---:|---:|"]
+        for r in accs:
+            a = r["vs_float32"]
+            lines.append(f"| {r['model']} | {a['eager']:.1e} | {a['cast']:.1e} | {r['rel_l2_err']:.1e} |")
     for key in sorted(k for k in doc if k.startswith("host_cost")):
         h = doc[key]
         which = f", {h['router']} router" if h.get("router") else ""
