@@ -70,3 +70,30 @@ def test_bench_e2e_reports_both_outputs_against_float32_and_what_ran_in_the_grap
     md = bench.markdown({"gpu": "H200", "torch": "2.11", "models": [row]})
     assert "| gemma4_e2b@full_depth=true | 7.9e-01 | 8.0e-01 | 8.2e-01 |" in md
     assert "| 1.0e+00" not in md and "| 0.0e+00 | 0 |" in md
+
+
+def test_the_graph_arm_counts_only_the_cast_calls_made_while_capturing(monkeypatch):
+    bench = load_script("bench_e2e")
+
+    class Cast:
+        hits = 0
+
+        def reset_stats(self):
+            self.hits = 0
+
+        def stats(self):
+            return {"variants": [{"hits": self.hits}]}
+
+    cast, captured = Cast(), {"calls": 0}
+
+    def forward():
+        cast.hits += 2
+        return "out"
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    for _ in range(2):  # the warm-up forwards before capture
+        assert bench.counted(forward, cast, captured) == "out"
+    assert captured["calls"] == 0
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    bench.counted(forward, cast, captured)
+    assert captured["calls"] == 2

