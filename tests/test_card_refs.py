@@ -105,15 +105,18 @@ async def test_references_round_trip_through_the_store_onto_the_card(tmp_path):
 
 
 def test_the_demo_carries_references_from_its_h200_recording():
-    """The demo (recorded on the H200 after the references landed) has both for every card it timed: its
-    charts draw the torch.compile line."""
+    """The demo (recorded on the H200 after the references landed) has the copy reference for every card it
+    timed and torch.compile's for all but addmm, whose cold max-autotune compile ran past the recording's
+    --compile-ref-timeout 20 (run-ffa89ddf07d3: "torch.compile for 3" of 4): its charts draw the line for the
+    other three."""
     conn = open_readonly(DEMO_DB)
     try:
         cards = [card_from_row(r) for r in read.cards_of_capture(conn, read.latest_run(conn)["capture_id"])]
     finally:
         conn.close()
     timed = [c for c in cards if c.eager_us is not None]
-    assert timed and all(c.compile_us and c.copy_us for c in timed)
+    assert len(timed) == 4 and all(c.copy_us for c in timed)
+    assert sorted(c.op for c in timed if not c.compile_us) == ["aten::addmm"]
 
 
 @pytest.mark.parametrize("db", [OLD_RUN_DB], ids=["resnet50-run"])

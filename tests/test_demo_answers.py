@@ -163,13 +163,7 @@ def test_the_shipped_demo_recorded_what_the_answers_expect() -> None:
     record = load_script("record_demo")
     db = ROOT / "kforge_tui" / "demo" / "kforge.db"
     outcomes = record.answer_outcomes(db, FIXTURE)
-    # The one known difference of the recording (run-92a183c04da6, 2026-12-01): the lane caught ln-cheat in
-    # its first timed batch, dropped every round of it as late, and the speedup CI of no timings raised
-    # ("no eager samples"), so the cheat is filed as 'internal'. Fixed since (engine.bench.timing.ab_time,
-    # tests/test_bench_stats.py); the next recording must show 'cheating' and then this exception goes.
-    known = {("ln-cheat", "cheating", "internal")}
-    assert [(a, expected, got) for _, a, expected, got in outcomes if got != expected
-            and (a, expected, got) not in known] == []
+    assert [(a, expected, got) for _, a, expected, got in outcomes if got != expected] == []
     conn = sqlite3.connect(db)
     try:
         runs = conn.execute("SELECT status, json_extract(config, '$.model') FROM runs").fetchall()

@@ -119,10 +119,10 @@ async def test_an_old_workspace_opens_on_the_empty_exports_view(tmp_path):
     """The demo was recorded before exports were: the viewer does not migrate it and shows none."""
     db = tmp_path / "kforge.db"
     shutil.copy(ROOT / "kforge_tui/demo/kforge.db", db)
-    app = KforgeApp(db, "run-92a183c04da6", refresh_s=0, clock=lambda: T0, read_only=True)
+    app = KforgeApp(db, "run-ffa89ddf07d3", refresh_s=0, clock=lambda: T0, read_only=True)
     async with app.run_test(size=(80, 24)) as pilot:
         await open_exports(app, pilot)
-        assert "No export of run-92a183c04da6 is recorded" in screen_text(app)
+        assert "No export of run-ffa89ddf07d3 is recorded" in screen_text(app)
 
 
 async def test_the_overview_footer_keeps_charts_at_80_and_help_lists_exports(store):
