@@ -434,3 +434,29 @@ def test_full_depth_runs_bench_e2e_on_the_real_depth_after_the_models_steps(tmp_
     calls.clear()
     rp.model_steps("gemma4_e2b", out, tmp_path / "ws", 60, full_depth=True)
     assert calls == []  # every result there: nothing runs again, the full-depth row included
+
+
+def test_the_llms_search_their_module_cards_and_every_cast_is_proven_for_cuda_graphs(tmp_path, monkeypatch):
+    """Gemma's and Qwen's sittings search their RMSNorm module cards (each under the share floor: an
+    unrestricted 150 s run spends itself on the LM head), and the export proves for CUDA graphs too (without
+    it bench_e2e's CUDA-graph arm replays eager's own graph); an explicit --ops wins."""
+    rp = _reproduce_module()
+    out, calls = tmp_path / "out", []
+
+    def fake_step(name, done, argv, log_file, stdout=None, timeout=None):
+        calls.append((name, argv))
+        return 1  # stop after each model's first step
+
+    monkeypatch.setattr(rp, "step", fake_step)
+    monkeypatch.setattr(rp, "sitting", lambda: dict(FAKE_SITTING))
+    for model in ("gemma4_e2b", "qwen35_a3b", "resnet50"):
+        rp.model_steps(model, out, tmp_path / "ws", 60)
+    rp.model_steps("gemma4_e2b", tmp_path / "other", tmp_path / "ws2", 60, ops="mm")
+    ops = [argv[argv.index("--ops") + 1] if "--ops" in argv else None for _, argv in calls]
+    assert ops == ["module", "module", None, "mm"]
+    calls.clear()
+    (out / "resnet50" / "run.json").write_text('{"status": "done"}')
+    monkeypatch.setattr(rp, "step", lambda name, done, argv, *a, **k: calls.append((name, argv)) or 1)
+    rp.model_steps("resnet50", out, tmp_path / "ws", 60)
+    export = next(argv for name, argv in calls if name.endswith("export"))
+    assert export[export.index("--target") + 1] == "eager,cuda-graphs,compile"
