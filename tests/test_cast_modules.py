@@ -371,3 +371,55 @@ def test_an_instance_with_an_opaque_attribute_is_not_served(model, cast):
     c = cast(variants=[_proven_on_layer0(model)])
     c.install(model)
     assert "layers.1.norm1" not in c.stats()["modules"] and "layers.2.norm1" in c.stats()["modules"]
+
+
+def test_a_proven_path_whose_module_is_configured_otherwise_stays_on_pytorch(model, cast):
+    # The cast's kernel bakes in what the proof's module did (its eps…): the same path in a model built with
+    # another setting is not the card's, and the warning says which attribute differs.
+    variant = _proven_on_layer0(model)
+    model.layers[0].norm1.eps = 1e-5
+    c = cast(variants=[variant])
+    with pytest.warns(CastWarning, match=r"layers\.0\.norm1 \(rms: its attributes differ .*eps 1e-05 \(proven"):
+        c.install(model)
+    assert "layers.0.norm1" not in c.stats()["modules"]
+
+
+def test_an_attribute_changed_after_install_declines(model, cast):
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    for layer in model.layers:
+        layer.norm1.eps = layer.norm2.eps = 1e-6  # a plain attribute, as RMSNorms hold (this one unread)
+    c = cast(variants=[_proven_on_layer0(model)])
+    with c.enabled(model):
+        model.layers[1].norm2.eps = 1e-3  # set after install: the next call is not the proof's module any more
+        got = _eager(model, x)
+    assert torch.equal(got, _eager(model, x))
+    assert c.counting.calls == 5
+    assert c.stats()["modules"]["layers.1.norm2"]["declines"] == {"attributes changed": 1}
+
+
+def test_training_mode_declines(model, cast):
+    # Captures run in eval; a forward may take another path in training mode (dropout…), so the card's
+    # proof does not cover it, grad or not.
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    model.eval()
+    c = cast(variants=[_proven_on_layer0(model, training=False)])
+    model.train()
+    with c.enabled(model):
+        got = _eager(model, x)
+    assert c.counting.calls == 0 and torch.equal(got, _eager(model, x))
+    assert c.stats()["modules"]["layers.0.norm1"]["declines"] == {"training mode": 1}
+    model.eval()
+    with c.enabled(model):
+        _eager(model, x)
+    assert c.counting.calls == 6
+
+
+def test_transformers_bookkeeping_flag_does_not_decide_what_is_served(model, cast):
+    # A model built from random weights carries `_is_hf_initialized` on its modules, one loaded from a
+    # checkpoint may not; casts written before the flag was ignored hold it in their states.
+    old = _proven_on_layer0(model)
+    old["module"]["states"] = [{**s, "_is_hf_initialized": True} for s in old["module"]["states"]]
+    model.layers[2].norm2._is_hf_initialized = False
+    c = cast(variants=[old])
+    c.install(model)
+    assert sorted(c.stats()["modules"]) == sorted(f"layers.{i}.norm{j}" for i in range(3) for j in (1, 2))

@@ -477,7 +477,7 @@ def _binding(model: torch.nn.Module, p: _Planned) -> dict[str, Any] | str:
         return str(e)
     cls = type(module)
     return {"class": cls.__name__, "class_path": f"{cls.__module__}.{cls.__qualname__}", **b,
-            "autocast": [list(x) for x in autocast], "state": module_state(module)}
+            "autocast": [list(x) for x in autocast], "training": bool(module.training), "state": module_state(module)}
 
 
 def _bind_cards(found: ChainCards, bindings: dict[str, list[dict[str, Any] | str]], expected: dict[str, int]

@@ -25,6 +25,9 @@ def autocast_state() -> tuple:
 
 
 _MODULE_INTERNALS = frozenset(torch.nn.Module().__dict__) | {"forward"}
+# Bookkeeping flags frameworks set on modules, which no forward reads: transformers marks initialised modules
+# `_is_hf_initialized` (a model built from random weights has it, one loaded by from_pretrained may not).
+IGNORED_STATE = frozenset({"_is_hf_initialized"})
 _PLAIN = (type(None), bool, int, float, str)
 
 
@@ -50,13 +53,32 @@ def module_state(module: torch.nn.Module) -> dict[str, Any] | None:
     then run at its real depth)."""
     out = {}
     for name, v in sorted(vars(module).items()):
-        if name in _MODULE_INTERNALS:
+        if name in _MODULE_INTERNALS or name in IGNORED_STATE:
             continue
         try:
             out[name] = _plain(v)
         except TypeError:
             return None
     return out
+
+
+def state_matches(state: dict[str, Any] | None, states: list[dict[str, Any]]) -> bool:
+    """Whether an instance's `module_state` equals one of a card's proven `states` (bookkeeping flags aside,
+    which casts written before they were ignored still hold)."""
+    if state is None:
+        return False
+    return any({k: v for k, v in s.items() if k not in IGNORED_STATE} == state for s in states)
+
+
+def state_difference(state: dict[str, Any] | None, states: list[dict[str, Any]]) -> str:
+    """What differs between an instance's state and the first proven one, for a message: `eps 1e-05 (proven
+    1e-06)`, or that the instance holds an attribute that cannot be compared."""
+    if state is None:
+        return "an attribute that is not a plain value (it cannot be compared with the proof's)"
+    proven = {k: v for k, v in (states[0] if states else {}).items() if k not in IGNORED_STATE}
+    diffs = [f"{k} {state.get(k, '(none)')!r} (proven {proven.get(k, '(none)')!r})"
+             for k in sorted(set(state) | set(proven)) if state.get(k) != proven.get(k)]
+    return ", ".join(diffs[:3]) or "its attributes"
 
 
 def module_binding(module: torch.nn.Module, args: tuple, inputs: list[torch.Tensor]) -> dict[str, Any]:

@@ -382,7 +382,7 @@ class Cast:
         bind as the proof's did. A model captured shrunk and run at its real depth has its other layers'
         modules served too. A card recorded without states extends to none; a module that does not fit is
         left alone silently (it was never the card's)."""
-        from engine.capture.module_binding import module_state
+        from engine.capture.module_binding import module_state, state_matches
         from engine.cast import modules
 
         states, class_path = st.module.get("states"), st.module.get("class_path")
@@ -395,7 +395,7 @@ class Cast:
                 continue
             if "forward" in mod.__dict__ and not isinstance(mod.__dict__["forward"], modules.ModuleRoute):
                 continue
-            if module_state(mod) not in states:
+            if not state_matches(module_state(mod), states):
                 continue
             try:
                 bound = modules.bind_variant(st.id, mod, v["signature"], st.module, st.plan)

@@ -15,7 +15,8 @@ The guard, per call, all O(1) in the number of variants (one dict lookup on the 
 the exact positional-argument signature (per tensor dtype, shape, strides, alignment, device, neg/conj;
 per other argument its value) and no keyword arguments; every parameter the chain reads still the object
 held at install, with the same `_version` and data pointer; no hooks on the module or its submodules and
-no global module hooks; autocast as at proof; no grad needed (grad enabled and an input or parameter
+no global module hooks; the module's own attributes (eps…) as at install, where they equal a proven
+instance's, and its training flag as at proof (where the cast records it); autocast as at proof; no grad needed (grad enabled and an input or parameter
 requiring grad); not while Dynamo or the JIT traces, or a dispatch mode is active (a capture must see
 the ATen calls).
 Anything else runs the original forward. Coverage is never wider than what was proven; a decline costs
@@ -41,7 +42,14 @@ from typing import Any
 import torch
 import torch.nn.modules.module as _mm
 
-from engine.capture.module_binding import ModuleCardError, autocast_state, module_binding  # noqa: F401 - re-exported
+from engine.capture.module_binding import (  # noqa: F401 - ModuleCardError and module_binding re-exported
+    ModuleCardError,
+    autocast_state,
+    module_binding,
+    module_state,
+    state_difference,
+    state_matches,
+)
 from engine.cast.guard import descriptor_key, tensor_key, value_key
 from engine.cast.runtime import allowed
 
@@ -50,6 +58,7 @@ _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_
                  "_global_backward_pre_hooks", "_global_forward_hooks_always_called")
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+_MISSING = object()
 _in_dispatch_mode = torch._C._len_torch_dispatch_stack
 _any_autocast = torch._C._is_any_autocast_enabled
 _grad_enabled = torch.is_grad_enabled
@@ -69,6 +78,15 @@ class ModuleVariant:
     n_inputs: int
     autocast: tuple                          # autocast state at proof (() = off everywhere)
     plan: Callable[[list[Any]], Any]         # plan(in0..inN) -> the chain's outputs (or its one output)
+    attrs: tuple[tuple[str, Any], ...] = ()  # the module's own attributes (eps…) as at install, equal to a proof's
+    training: bool | None = None             # the module's training flag at proof (None: not recorded, not checked)
+
+    def attrs_unchanged(self, module: torch.nn.Module) -> bool:
+        d = module.__dict__
+        for name, value in self.attrs:
+            if d.get(name, _MISSING) != value:
+                return False
+        return True
 
     def params_unchanged(self) -> bool:
         for holder, leaf, where, t, version, ptr, _ in self.params:
@@ -100,6 +118,7 @@ class ModuleRoute:
         self.table: dict[tuple, ModuleVariant] = {}
         self.stats = PathStats()
         self.hooked = [weakref.ref(m) for m in module.modules()]
+        self.module = self.hooked[0]  # the module itself
         self.active = True
 
     def _hooks(self) -> bool:
@@ -134,6 +153,13 @@ class ModuleRoute:
             return self.original(*args, **kwargs)
         if not v.params_unchanged():
             st.decline("parameters changed")
+            return self.original(*args, **kwargs)
+        m = self.module()
+        if m is None or (v.training is not None and m.training != v.training):
+            st.decline("training mode")
+            return self.original(*args, **kwargs)
+        if not v.attrs_unchanged(m):
+            st.decline("attributes changed")
             return self.original(*args, **kwargs)
         if (_any_autocast() or v.autocast) and autocast_state() != v.autocast:
             st.decline("autocast")
@@ -236,8 +262,16 @@ def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], c
     missing = [i for i in range(len(inputs)) if i not in fed]
     if missing:
         raise ModuleCardError(f"chain input in{missing[0]} is fed neither by an argument nor by a parameter")
+    attrs: tuple[tuple[str, Any], ...] = ()
+    states = card.get("states")
+    if states:  # the proof's own attributes (eps, with_scale…): a module configured otherwise is not the card's
+        state = module_state(module)
+        if not state_matches(state, states):
+            raise ModuleCardError(f"its attributes differ from the proven module's: {state_difference(state, states)}")
+        attrs = tuple((name, module.__dict__[name]) for name in state)
     autocast = tuple(tuple(x) for x in card.get("autocast", []))
-    return ModuleVariant(vid, tuple(key), tuple(arg_inputs), tuple(bound), len(inputs), autocast, plan)
+    return ModuleVariant(vid, tuple(key), tuple(arg_inputs), tuple(bound), len(inputs), autocast, plan,
+                         attrs=attrs, training=card.get("training"))
 
 
 # ------------------------------------------------------------------------------------- install / remove
