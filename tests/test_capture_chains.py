@@ -23,7 +23,7 @@ from engine.store import Store, db_path
 
 TOY = '''
 import torch
-from test_chains import Model
+from test_chains import RMS, Model
 
 
 class Drifting(Model):
@@ -52,9 +52,37 @@ class Counted(Model):
         return super().forward(x)
 
 
-def build(device, dtype, d: int = 32, n: int = 3, drift: str = ""):
+class BranchyRMS(RMS):
+    """Takes another path for large values, decided on the host."""
+
+    def forward(self, x):
+        if x.float().abs().amax() > 100:
+            x = x.clamp(-100, 100)
+        return super().forward(x)
+
+
+class CountingRMS(RMS):
+    """Counts its own calls: a forward with a side effect on the module."""
+
+    def __init__(self, d):
+        super().__init__(d)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return super().forward(x)
+
+
+def build(device, dtype, d: int = 32, n: int = 3, drift: str = "", norm: str = ""):
     torch.manual_seed(0)
     model = (Drifting(d, n, drift=drift) if drift else Counted(d, n)).to(device=device, dtype=dtype).eval()
+    if norm:
+        for layer in model.layers:
+            for name in ("norm1", "norm2"):
+                old = getattr(layer, name)
+                new = {"branchy": BranchyRMS, "counting": CountingRMS}[norm](d).to(device=device, dtype=dtype)
+                new.load_state_dict(old.state_dict())
+                setattr(layer, name, new)
     return model, (torch.randn(2, 5, d, device=device, dtype=dtype),)
 '''
 
@@ -548,3 +576,19 @@ def test_a_chain_output_made_by_a_factory_call_is_sampled(tmp_path):
     got = run_chain(card.signature, [t for _, t in sample.args])
     assert len(got) == len(sample.outputs) == 2
     assert all(torch.equal(g, want) for g, want in zip(got, sample.outputs))
+
+
+@pytest.mark.parametrize("norm, why", [
+    ("branchy", "reads tensor values on the host (aten::_local_scalar_dense)"),
+    ("counting", "changes the module's own attributes (layers.0.norm1: calls"),
+])
+def test_a_module_whose_forward_is_not_a_function_of_its_tensors_is_no_module_card(tmp_path, norm, why):
+    # A module card runs a kernel instead of the forward: a forward that decides its path from values on the
+    # host (a clamp for large inputs) or changes the module's own state (a call counter) is not what its
+    # chain replays, so it ships as a pattern card (inside compiled graphs, where its ops are what ran).
+    result, _ = _capture(tmp_path, params=f'norm = "{norm}"')
+    norms = [c for c in result.chains if "RMS" in str(c.chain.get("module_class"))]
+    assert norms and all(c.chain["kind"] == "pattern" or "args" not in c.chain for c in norms), \
+        [(c.chain["kind"], sorted(c.chain)) for c in norms]
+    notes = [v for k, v in result.notes.items() if k.startswith("module card")]
+    assert any(why in v for v in notes), result.notes

@@ -163,6 +163,8 @@ class ChainSampler(_Trace):
         self.mismatch: str | None = None
         # module path -> (calls so far, args, kwargs, autocast) of its latest forward invocation (`enter`)
         self.entered: dict[str, tuple] = {}
+        self._state_in: dict[str, Any] = {}  # module path -> its own attributes when its forward began
+        self.mutated: dict[str, str] = {}    # module path -> which of its attributes its forward changed
         self._at: dict[int, list[_Planned]] = {}
         self._last: dict[int, list[_Planned]] = {}
         for p in planned:
@@ -229,10 +231,22 @@ class ChainSampler(_Trace):
     def enter(self, path: str) -> Callable:
         """A forward pre-hook (with_kwargs) for the module at `path`: keeps its latest invocation's
         arguments and the autocast state it runs under."""
-        from engine.capture.module_binding import autocast_state
+        from engine.capture.module_binding import autocast_state, module_state
 
         def hook(module, args, kwargs):
             self.entered[path] = (len(self.calls), args, dict(kwargs or {}), autocast_state())
+            self._state_in[path] = module_state(module)
+        return hook
+
+    def leave(self, path: str) -> Callable:
+        """A forward hook for the module at `path`: notes a forward that changed the module's own attributes
+        (a call counter, a cache): a cast that runs its plan instead would skip that change."""
+        from engine.capture.module_binding import module_state, state_difference
+
+        def hook(module, args, out):
+            before, after = self._state_in.pop(path, None), module_state(module)
+            if before != after and path not in self.mutated:
+                self.mutated[path] = state_difference(after, [before] if before is not None else [])
         return hook
 
     def finish(self) -> None:
@@ -396,8 +410,9 @@ class ChainSampling:
         handles = []
         try:
             for path in sorted({p.chain.module for p in self.binds}):
-                handles.append(self.model.get_submodule(path).register_forward_pre_hook(
-                    sampler.enter(path), with_kwargs=True))
+                module = self.model.get_submodule(path)
+                handles.append(module.register_forward_pre_hook(sampler.enter(path), with_kwargs=True))
+                handles.append(module.register_forward_hook(sampler.leave(path)))
             yield
         finally:
             for h in handles:
@@ -429,7 +444,7 @@ class ChainSampling:
             self.discard()
             return None
         if self.binds:
-            _bind_cards(target, self.bindings, Counter(p.card_id for p in self.binds))
+            _bind_cards(target, self.bindings, Counter(p.card_id for p in self.binds), sampler.mutated)
         return dict(self.written)
 
 
@@ -480,14 +495,29 @@ def _binding(model: torch.nn.Module, p: _Planned) -> dict[str, Any] | str:
             "autocast": [list(x) for x in autocast], "training": bool(module.training), "state": module_state(module)}
 
 
-def _bind_cards(found: ChainCards, bindings: dict[str, list[dict[str, Any] | str]], expected: dict[str, int]
-                ) -> None:
-    """Put each module card's binding on its chain facts where all its instances bound alike; else a note."""
+# Calls that hand a tensor's value to the host: a forward that makes one may take another path for other values
+# (`if x.abs().max() > 100: …`), which no guard on signatures can see.
+HOST_READS = frozenset({"aten::_local_scalar_dense", "aten::item", "aten::is_nonzero", "aten::equal",
+                        "aten::allclose", "aten::nonzero", "aten::nonzero_static", "aten::_assert_async.msg"})
+
+
+def _bind_cards(found: ChainCards, bindings: dict[str, list[dict[str, Any] | str]], expected: dict[str, int],
+                mutated: dict[str, str] | None = None) -> None:
+    """Put each module card's binding on its chain facts where all its instances bound alike and its forward
+    is a function of its arguments and tensors; else a note (the card ships as a pattern card)."""
     for card in found.cards:
         if card.card_id not in expected:
             continue
         got = bindings.get(card.card_id, [])
         why = next((b for b in got if isinstance(b, str)), None)
+        reads = sorted({n.get("op") for n in card.signature.get("chain", {}).get("nodes", [])} & HOST_READS)
+        if why is None and reads:
+            why = (f"its forward reads tensor values on the host ({', '.join(reads)}): the path it takes may "
+                   "depend on values, which a guard cannot see")
+        changed = next((f"{path}: {what}" for path, what in (mutated or {}).items()
+                        if path in card.chain.get("modules", [])), None)
+        if why is None and changed:
+            why = f"its forward changes the module's own attributes ({changed}), which the cast's kernel would skip"
         # The instances' own attributes need not be alike (a layer index the forward never reads); they
         # say which other instances of the class the card may serve (engine.cast.loader).
         states = [b.pop("state", None) for b in got if not isinstance(b, str)]
