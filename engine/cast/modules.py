@@ -56,7 +56,8 @@ from engine.cast.runtime import allowed
 _LOCK = threading.RLock()
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
                  "_global_backward_pre_hooks", "_global_forward_hooks_always_called")
-_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")  # checked in _hooks
+_MM_GLOBALS = _mm.__dict__  # torch.nn.modules.module's namespace: its global hook tables, read live
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _MISSING = object()
 _in_dispatch_mode = torch._C._len_torch_dispatch_stack
@@ -90,7 +91,7 @@ class ModuleVariant:
 
     def params_unchanged(self) -> bool:
         for holder, leaf, where, t, version, ptr, _ in self.params:
-            if getattr(holder, where).get(leaf) is not t or t._version != version or t.data_ptr() != ptr:
+            if holder.__dict__[where].get(leaf) is not t or t._version != version or t.data_ptr() != ptr:
                 return False
         return True
 
@@ -122,12 +123,14 @@ class ModuleRoute:
         self.active = True
 
     def _hooks(self) -> bool:
+        g = _MM_GLOBALS
         for name in _GLOBAL_HOOKS:
-            if getattr(_mm, name, None):
+            if g.get(name):
                 return True
         for ref in self.hooked:
             m = ref()
-            if m is not None and any(getattr(m, h, None) for h in _HOOKS):
+            if m is not None and (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+                                  or m._backward_pre_hooks):
                 return True
         return False
 
@@ -139,9 +142,12 @@ class ModuleRoute:
             st.misses += 1
             return self.original(*args, **kwargs)
         try:
-            key = tuple(tensor_key(a) if type(a) in _TENSOR_TYPES else
-                        ("tensor-subclass", id(a)) if isinstance(a, torch.Tensor) else ("value", value_key(a))
-                        for a in args)
+            if len(args) == 1 and type(args[0]) in _TENSOR_TYPES:  # most module forwards: one tensor
+                key = (tensor_key(args[0]),)
+            else:
+                key = tuple(tensor_key(a) if type(a) in _TENSOR_TYPES else
+                            ("tensor-subclass", id(a)) if isinstance(a, torch.Tensor) else ("value", value_key(a))
+                            for a in args)
         except (TypeError, RuntimeError):  # an argument without a data pointer (meta), or unhashable
             key = None
         v = self.table.get(key) if key is not None else None
