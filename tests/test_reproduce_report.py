@@ -449,11 +449,11 @@ def test_the_llms_search_their_module_cards_and_every_cast_is_proven_for_cuda_gr
 
     monkeypatch.setattr(rp, "step", fake_step)
     monkeypatch.setattr(rp, "sitting", lambda: dict(FAKE_SITTING))
-    for model in ("gemma4_e2b", "qwen35_a3b", "resnet50"):
+    for model in ("gemma4_e2b", "qwen35_a3b", "sd35_vae", "resnet50"):
         rp.model_steps(model, out, tmp_path / "ws", 60)
     rp.model_steps("gemma4_e2b", tmp_path / "other", tmp_path / "ws2", 60, ops="mm")
     ops = [argv[argv.index("--ops") + 1] if "--ops" in argv else None for _, argv in calls]
-    assert ops == ["module", "module", None, "mm"]
+    assert ops == ["module", "module", "group_norm", None, "mm"]
     calls.clear()
     (out / "resnet50" / "run.json").write_text('{"status": "done"}')
     monkeypatch.setattr(rp, "step", lambda name, done, argv, *a, **k: calls.append((name, argv)) or 1)
