@@ -254,6 +254,18 @@ def test_paths_that_do_not_fit_are_skipped_with_one_warning(model, cast):
     assert list(c.stats()["modules"]) == ["layers.0.norm1"]
 
 
+def test_many_paths_the_model_lacks_are_counted_not_listed(model, cast):
+    # A cast of a whole pipeline loaded into one of its parts (SD3.5's cast on the VAE alone): one short line.
+    absent = [f"transformer.blocks.{i}.norm" for i in range(14)]
+    c = cast(variants=[_variant(paths=["layers.0.norm1", "layers.0.attn", *absent])])
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        c.install(model)
+    (line,) = [str(x.message) for x in w if issubclass(x.category, CastWarning)]
+    assert "15 module path(s) stay on PyTorch: 14 not in this model (transformer.blocks.0.norm, " in line
+    assert "transformer.blocks.13" not in line and "layers.0.attn (a Linear, not RMS)" in line
+
+
 def test_chain_with_two_outputs_is_declined_at_install(model, cast):
     _, pats = _patterns(model, torch.randn(*X, dtype=torch.bfloat16))
     add_norm = next(p for p in pats if len(p.instances[0].outputs) == 2)

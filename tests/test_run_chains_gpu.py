@@ -93,7 +93,7 @@ def test_module_card_runs_in_eager_and_as_a_pattern_under_compile(cli, capsys, t
     for target in ("eager", "compile"):
         cast_file = tmp_path / f"{target}.cast"
         code, out, err = cli("export", "--out", cast_file, "--workspace", ws, "--json", "--target", target)
-        if target == "compile" and code == 1 and "is slower with the cast in torch.compile" in err:
+        if target == "compile" and code == 1 and "is slower with the cast in compiled forwards" in err:
             # Inductor fuses this RMSNorm into its neighbours, and on the H200 at 3893e9a the model compiled with
             # the pattern op measured 0.66-0.70x of the model compiled without: the whole-model check refuses it,
             # as it must. The pattern path itself is still exercised below, with the eager cast's proof.

@@ -373,7 +373,13 @@ class Cast:
                 skipped.append(f"{path} ({why})")
         self._module_skipped = skipped
         if skipped:
-            _warn(f"{self.path}: {len(skipped)} module path(s) stay on PyTorch: " + "; ".join(skipped))
+            # Paths the model lacks (a cast of a whole pipeline on one of its parts) are many and alike: the
+            # warning names a few and counts them, and lists every other reason in full.
+            absent = [x[:-len(" (no such module)")] for x in skipped if x.endswith(" (no such module)")]
+            others = [x for x in skipped if not x.endswith(" (no such module)")]
+            parts = ([f"{len(absent)} not in this model ({', '.join(absent[:3])}{', …' if len(absent) > 3 else ''})"]
+                     if len(absent) > 3 else [f"{a} (no such module)" for a in absent]) + others
+            _warn(f"{self.path}: {len(skipped)} module path(s) stay on PyTorch: " + "; ".join(parts))
 
     def _extend(self, model: Any, st: VariantState, v: dict[str, Any], wanted: dict[str, tuple[Any, list[Any]]]
                 ) -> None:

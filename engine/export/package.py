@@ -566,7 +566,7 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
     sets = subsets([(v.vid, (v.confirmed or {}).get("net_us")) for v in kept])
     graphs = target == "cuda-graphs"
     mode = {"eager": "eager forwards", "cuda-graphs": "CUDA-graph replays"}.get(
-        target, f"torch.compile ({target.partition(':')[2] or 'default'}) without and with the cast")
+        target, f"compiled forwards (torch.compile, {target.partition(':')[2] or 'default'} mode)")
     progress(f"whole-model check: {source.get('model')} with and without the cast ({mode}), "
              f"up to {len(sets)} variant set(s)")
     with tempfile.TemporaryDirectory(prefix="kforge-e2e-") as tmp:
