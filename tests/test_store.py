@@ -515,3 +515,18 @@ async def test_a_write_cancelled_while_it_begins_leaves_no_transaction_open(stor
         assert not store._conn.in_transaction
         async with store._transaction() as conn:  # the next write still works
             await conn.execute("SELECT 1")
+
+
+async def test_a_finished_candidate_and_its_event_are_written_together(store: Store, run_id: str) -> None:
+    # kill -9 between the two writes left a finished candidate without its 'evaluated' event (a resumed run's
+    # record then missed it): one transaction now, so an event that cannot be written undoes the result too.
+    cand, _ = await store.add_candidate(run_id, "c0", parent_id=None, source="k1", launch_spec=None,
+                                        proposer="builtin", status="evaluating")
+    with pytest.raises(TypeError):
+        await store.finish_candidate(cand, {"status": "compiled"}, run_id, "evaluated", {"bad": object()}, "c0")
+    assert (await store.get_candidate(cand))["status"] != "compiled"
+    assert [e for e in await store.events_since(run_id, 0) if e["kind"] == "evaluated"] == []
+    await store.finish_candidate(cand, {"status": "compiled"}, run_id, "evaluated", {"candidate": cand}, "c0")
+    assert (await store.get_candidate(cand))["status"] == "compiled"
+    (ev,) = [e for e in await store.events_since(run_id, 0) if e["kind"] == "evaluated"]
+    assert ev["payload"] == {"candidate": cand} and ev["card_id"] == "c0"

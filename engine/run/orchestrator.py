@@ -451,14 +451,19 @@ class Orchestrator:
             rec.eager_us = timing["eager"]["median"]
             rec.speedup = timing["speedup"]
             rec.speedup_ci = tuple(timing.get("speedup_ci") or (rec.speedup, rec.speedup))
-        await self.recorder.candidate_finished(rec)
+        evaluated = {"candidate": rec.id, "status": rec.status, "category": rec.category, "best_us": rec.best_us,
+                     "speedup": rec.speedup, "compile_ms": round(ev.compile_seconds * 1e3, 2),
+                     "compile_cached": ev.cached_compile}
+        together = getattr(self.recorder, "candidate_evaluated", None)  # result and event in one write
+        if together is not None:
+            await together(rec, evaluated, card.ref.card_id)
+        else:
+            await self.recorder.candidate_finished(rec)
         card.in_flight -= 1
         self._account(card, tree, rec)
         await self._save_path(card, tree, rec.id)
-        await self.recorder.event("evaluated", {"candidate": rec.id, "status": rec.status, "category": rec.category,
-                                                "best_us": rec.best_us, "speedup": rec.speedup,
-                                                "compile_ms": round(ev.compile_seconds * 1e3, 2),
-                                                "compile_cached": ev.cached_compile}, card.ref.card_id)
+        if together is None:
+            await self.recorder.event("evaluated", evaluated, card.ref.card_id)
         why = stop_reason(card, self.policy, self.budgets.iterations_per_card)
         if why and why != "budget" and not card.done_reason:
             card.done_reason = why

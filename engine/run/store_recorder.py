@@ -39,6 +39,17 @@ class StoreRecorder:
         await self.store.update_candidate(rec.id, status="evaluating")
 
     async def candidate_finished(self, rec: CandidateRecord) -> None:
+        await self.store.update_candidate(rec.id, **self._finished_fields(rec))
+
+    async def candidate_evaluated(self, rec: CandidateRecord, payload: dict[str, Any], card_id: str) -> None:
+        """The candidate's result and its `evaluated` event, written together (one transaction)."""
+        await self.store.finish_candidate(rec.id, self._finished_fields(rec), self.run_id, "evaluated", payload,
+                                          card_id)
+        if self.progress:
+            self.progress("evaluated", payload, card_id, self.orchestrator)
+
+    @staticmethod
+    def _finished_fields(rec: CandidateRecord) -> dict[str, Any]:
         fields: dict[str, Any] = {"status": rec.status, "category": rec.category, "error": rec.message or None}
         if rec.compile_log:
             fields["compile_log"] = rec.compile_log
@@ -51,7 +62,7 @@ class StoreRecorder:
             fields.update(best_us=rec.best_us, eager_us=rec.eager_us, speedup=rec.speedup)
             if rec.speedup_ci:
                 fields.update(speedup_low=rec.speedup_ci[0], speedup_high=rec.speedup_ci[1])
-        await self.store.update_candidate(rec.id, **fields)
+        return fields
 
     async def lane_busy(self, candidate_id: str, lane: str) -> int:
         return await self.store.start_evaluation(self.run_id, candidate_id, lane)

@@ -463,8 +463,9 @@ class Store:
         await self._update_row("runs", "run", RUN_UPDATABLE, run_id, fields)
 
     async def _update_row(self, table: str, what: str, allowed: frozenset[str] | set[str], row_id: str,
-                          fields: dict[str, Any]) -> None:
-        """UPDATE one row by id: only whitelisted columns, updated_at bumped; KeyError when no such row."""
+                          fields: dict[str, Any], event: dict[str, Any] | None = None) -> None:
+        """UPDATE one row by id: only whitelisted columns, updated_at bumped; KeyError when no such row.
+        `event` (an events row): inserted in the same transaction, so both are on disk or neither."""
         unknown = set(fields) - allowed
         if unknown:
             raise ValueError(f"update_{what} cannot set {', '.join(sorted(unknown))}; "
@@ -476,6 +477,8 @@ class Store:
             cursor = await conn.execute(f"UPDATE {table} SET {assignments} WHERE id = ?", [*values.values(), row_id])
             changed = cursor.rowcount
             await cursor.close()
+            if changed and event is not None:
+                await self._insert(conn, "events", event)
         if changed == 0:
             raise KeyError(f"no {what} {row_id!r}")
 
@@ -605,6 +608,13 @@ class Store:
     async def update_candidate(self, candidate_id: str, **fields: Any) -> None:
         """Set whitelisted candidate columns (CANDIDATE_UPDATABLE) and bump updated_at; ValueError on others."""
         await self._update_row("candidates", "candidate", CANDIDATE_UPDATABLE, candidate_id, fields)
+
+    async def finish_candidate(self, candidate_id: str, fields: dict[str, Any], run_id: str, kind: str,
+                               payload: Mapping[str, Any], card_id: str | None = None) -> None:
+        """`update_candidate(candidate_id, **fields)` and `add_event(run_id, kind, payload, card_id)` in one
+        transaction: a process killed in between leaves neither (a finished candidate always has its event)."""
+        event = {"run_id": run_id, "ts": time.time(), "kind": kind, "card_id": card_id, "payload": dict(payload)}
+        await self._update_row("candidates", "candidate", CANDIDATE_UPDATABLE, candidate_id, fields, event=event)
 
     async def get_candidate(self, candidate_id: str) -> dict[str, Any] | None:
         """One candidate by id, or None."""
