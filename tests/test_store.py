@@ -530,3 +530,29 @@ async def test_a_finished_candidate_and_its_event_are_written_together(store: St
     assert (await store.get_candidate(cand))["status"] == "compiled"
     (ev,) = [e for e in await store.events_since(run_id, 0) if e["kind"] == "evaluated"]
     assert ev["payload"] == {"candidate": cand} and ev["card_id"] == "c0"
+
+
+async def test_a_write_cancelled_while_it_commits_ends_quietly(store: Store) -> None:
+    """A cancellation that lands while the COMMIT is queued: the COMMIT still runs on aiosqlite's thread, so a
+    ROLLBACK queued behind it found no transaction and raised 'cannot rollback' (seen once in CI). The write is
+    either committed or rolled back, the only error is the cancellation, and the next write works."""
+    import asyncio
+
+    await store._conn.execute("CREATE TABLE IF NOT EXISTS t (x INTEGER)")
+    for i in range(120):
+        async def write(i=i) -> None:
+            async with store._transaction() as conn:
+                await conn.execute("INSERT INTO t VALUES (?)", (i,))
+
+        task = asyncio.ensure_future(write())
+        for _ in range(i % 12):  # land the cancel at a different point of BEGIN / INSERT / COMMIT each time
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.0001 * (i // 12))
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        assert not store._conn.in_transaction
+    async with store._transaction() as conn:
+        await conn.execute("INSERT INTO t VALUES (-1)")

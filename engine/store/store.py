@@ -278,9 +278,20 @@ class Store:
                 raise
             try:
                 yield self._conn
-                await self._conn.execute("COMMIT")
             except BaseException:
-                # Also covers a failed COMMIT, which would otherwise leave the transaction open.
+                # Statements of the body still queued run first (one queue, in order), then this.
+                if self._conn.in_transaction:
+                    await asyncio.shield(self._conn.execute("ROLLBACK"))
+                raise
+            # The COMMIT runs on aiosqlite's thread whatever happens to this await: a cancellation (Ctrl-C)
+            # while it is queued waits for it, then ends the transaction only if the COMMIT failed (a ROLLBACK
+            # queued behind a COMMIT that succeeds finds no transaction, and raises).
+            commit = asyncio.ensure_future(self._conn.execute("COMMIT"))
+            try:
+                await asyncio.shield(commit)
+            except BaseException:
+                with contextlib.suppress(BaseException):
+                    await commit
                 if self._conn.in_transaction:
                     await asyncio.shield(self._conn.execute("ROLLBACK"))
                 raise
