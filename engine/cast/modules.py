@@ -56,7 +56,6 @@ from engine.cast.runtime import allowed
 _LOCK = threading.RLock()
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
                  "_global_backward_pre_hooks", "_global_forward_hooks_always_called")
-_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")  # checked in _hooks
 _MM_GLOBALS = _mm.__dict__  # torch.nn.modules.module's namespace: its global hook tables, read live
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _MISSING = object()

@@ -265,17 +265,7 @@ class Store:
         async with self._lock:
             # IMMEDIATE takes the write lock up front, so busy_timeout applies here rather than a
             # SQLITE_BUSY surfacing mid-transaction when a read lock cannot be upgraded.
-            # A cancellation (Ctrl-C) while BEGIN is queued must not leave the connection inside a
-            # transaction nobody ends: BEGIN runs on aiosqlite's thread whatever happens to the await.
-            begin = asyncio.ensure_future(self._conn.execute("BEGIN IMMEDIATE"))
-            try:
-                await asyncio.shield(begin)
-            except BaseException:
-                with contextlib.suppress(BaseException):
-                    await begin
-                    if self._conn.in_transaction:
-                        await asyncio.shield(self._conn.execute("ROLLBACK"))
-                raise
+            await self._to_the_end("BEGIN IMMEDIATE")
             try:
                 yield self._conn
             except BaseException:
@@ -283,18 +273,23 @@ class Store:
                 if self._conn.in_transaction:
                     await asyncio.shield(self._conn.execute("ROLLBACK"))
                 raise
-            # The COMMIT runs on aiosqlite's thread whatever happens to this await: a cancellation (Ctrl-C)
-            # while it is queued waits for it, then ends the transaction only if the COMMIT failed (a ROLLBACK
-            # queued behind a COMMIT that succeeds finds no transaction, and raises).
-            commit = asyncio.ensure_future(self._conn.execute("COMMIT"))
-            try:
-                await asyncio.shield(commit)
-            except BaseException:
-                with contextlib.suppress(BaseException):
-                    await commit
+            await self._to_the_end("COMMIT")
+
+    async def _to_the_end(self, sql: str) -> None:
+        """Run BEGIN or COMMIT. It runs on aiosqlite's thread whatever happens to this await, so a cancellation
+        (Ctrl-C) while it is queued waits for it, then ends a transaction it leaves open (a BEGIN that ran, a
+        COMMIT that failed) and re-raises. A ROLLBACK queued behind a COMMIT that succeeded would find no
+        transaction and raise; one behind a BEGIN nobody ends would leave the next write inside it."""
+        step = asyncio.ensure_future(self._conn.execute(sql))
+        try:
+            await asyncio.shield(step)
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                await step  # its own error (a failed COMMIT) is the one raised below
+            with contextlib.suppress(BaseException):
                 if self._conn.in_transaction:
                     await asyncio.shield(self._conn.execute("ROLLBACK"))
-                raise
+            raise
 
     async def _fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
         async with self._lock:
