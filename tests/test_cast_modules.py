@@ -435,3 +435,62 @@ def test_transformers_bookkeeping_flag_does_not_decide_what_is_served(model, cas
     c = cast(variants=[old])
     c.install(model)
     assert sorted(c.stats()["modules"]) == sorted(f"layers.{i}.norm{j}" for i in range(3) for j in (1, 2))
+
+
+# ---------------------------------------------------------------------- enabling a cast around compiled calls
+
+
+def test_enabling_the_cast_around_each_compiled_call_does_not_recompile(model, cast):
+    """Dynamo guards on the object in a patched module's `forward`. A new route at every install made each
+    `with cast.enabled(model)` invalidate the compiled graph; after 8 recompiles Dynamo ran the forward
+    uncompiled (Gemma under torch.compile + cast: 0.52x of torch.compile alone on the H200). One route per
+    module and cast, reused at every install, keeps one graph per state."""
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    c = cast()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    fast = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        expected = model(x)
+        for _ in range(12):
+            with c.enabled(model):
+                got = fast(x)
+            plain = fast(x)
+    assert len(graphs) == 2, f"{len(graphs)} compiles for two states (cast on, cast off)"
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    torch.testing.assert_close(plain, expected, rtol=0, atol=0)
+    torch._dynamo.reset()
+
+
+def test_routes_kept_for_reuse_hold_neither_the_model_nor_the_cast(tmp_path):
+    import gc
+    import weakref
+
+    path = _write(tmp_path)
+
+    def fresh():
+        torch.manual_seed(1)
+        return Model().to(torch.bfloat16), engine.cast.load(path, env=ENV, plans={"rms": Counting()})
+
+    m, c = fresh()
+    with c.enabled(m):
+        pass
+    assert modules._ROUTES.get(m.layers[0].norm1), "no route kept for the next install"
+    gone = weakref.ref(m.layers[0].norm1)
+    del m
+    gc.collect()
+    assert gone() is None, "a route kept for reuse holds its module alive"
+
+    m, c = fresh()
+    with c.enabled(m):
+        pass
+    gone = weakref.ref(c)
+    del c
+    gc.collect()
+    assert gone() is None, "a route kept for reuse holds its cast alive"
+    assert all(r.owner is None for r in modules._ROUTES.get(m.layers[0].norm1, []))

@@ -113,13 +113,21 @@ class ModuleRoute:
 
     def __init__(self, module: torch.nn.Module, path: str, owner: object):
         self.path = path
-        self.owner = owner
-        self.original = type(module).forward.__get__(module)  # the class's forward, bound
+        self._owner = weakref.ref(owner)
+        self._forward = type(module).forward  # the class's forward, called with the module (held weakly)
         self.table: dict[tuple, ModuleVariant] = {}
         self.stats = PathStats()
         self.hooked = [weakref.ref(m) for m in module.modules()]
         self.module = self.hooked[0]  # the module itself
         self.active = True
+
+    @property
+    def owner(self) -> object:
+        return self._owner()
+
+    def original(self, *args: Any, **kwargs: Any) -> Any:
+        """The class's forward on the module: what runs whenever the guard declines."""
+        return self._forward(self.module(), *args, **kwargs)
 
     def _hooks(self) -> bool:
         g = _MM_GLOBALS
@@ -285,6 +293,28 @@ def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], c
 # while a cast is installed is freed with its route).
 _PATCHED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 _LIVE: weakref.WeakSet[ModuleRoute] = weakref.WeakSet()  # every route made (one wrapped by other code too)
+# Every route made, by module, kept while the module lives and reused when its owner claims the module again.
+# torch.compile guards on the identity of the object it finds in the module's `forward`: a new route at every
+# install would invalidate the compiled graph each time a cast is enabled, and after the recompile limit
+# (8) Dynamo runs the forward uncompiled. One route per module and owner keeps both states' graphs valid.
+# Routes hold their module and owner weakly, so this keeps neither alive.
+_ROUTES: weakref.WeakKeyDictionary[torch.nn.Module, list[ModuleRoute]] = weakref.WeakKeyDictionary()
+
+
+def _route_for(owner: object, module: torch.nn.Module, path: str) -> ModuleRoute:
+    routes = [r for r in _ROUTES.get(module, ()) if r.owner is not None]  # routes of dead owners go
+    route = next((r for r in routes if r.owner is owner and r.path == path), None)
+    if route is None:
+        route = ModuleRoute(module, path, owner)
+        routes.append(route)
+    else:  # a fresh install: this install's variants and counters, the module's submodules as they are now
+        route.table = {}
+        route.stats = PathStats()
+        route.hooked = [weakref.ref(m) for m in module.modules()]
+        route.module = route.hooked[0]
+        route.active = True
+    _ROUTES[module] = routes
+    return route
 
 
 def claim(owner: object, module: torch.nn.Module, path: str, variants: list[ModuleVariant]) -> str | None:
@@ -299,7 +329,7 @@ def claim(owner: object, module: torch.nn.Module, path: str, variants: list[Modu
         elif current is not None:
             return "the instance has its own forward (patched by other code); it keeps it"
         else:
-            route = ModuleRoute(module, path, owner)
+            route = _route_for(owner, module, path)
         for v in variants:
             route.table.setdefault(v.args_key, v)  # a signature proven twice: the first variant keeps it
         if current is None:
@@ -316,6 +346,7 @@ def release(owner: object) -> dict[str, PathStats]:
         for route in list(_LIVE):  # a route other code wrapped in its own forward passes calls through now
             if route.owner is owner:
                 route.active = False
+                route.table = {}  # its variants hold the module's parameters and their holders
                 kept[route.path] = route.stats
         for module in list(_PATCHED):
             route = module.__dict__.get("forward")
