@@ -184,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
                     step()
                     r["rel_l2_err"] = rel_l2_err(output_tensor(fast()).double(), eager_out)
                 r["hits_per_forward"] = hits(cast)  # under reduce-overhead: 0 on a replay (the graph runs)
+                st = cast.stats()
+                r["pattern_misses"] = st.get("pattern_misses", {})  # matched calls that no variant fitted
+                r["pattern_problems"] = st.get("pattern_problems", {})
+                r["pattern_matches"] = st.get("pattern_matches", {})  # per pattern op, over the graphs compiled
 
                 def run_base(step=step, base=base):
                     step()
@@ -230,6 +234,17 @@ def report(doc: dict[str, Any]) -> str:
                      f"({r['speedup_ci'][0]:.3f}–{r['speedup_ci'][1]:.3f}) | {r['rel_l2_err']:.2e} "
                      f"(alone {r['rel_l2_err_plain']:.2e}) | {r['hits_per_forward']} | "
                      f"{r['compile_s']:.1f} → {r['compile_s_with_cast']:.1f} ({r['compile_time_ratio']:.2f}×) |")
+    for mode, r in doc.get("modes", {}).items():
+        if r.get("pattern_matches"):
+            lines.append(f"\n{mode}: pattern matches in the compiled graphs: "
+                         + ", ".join(f"{k} {v}" for k, v in r["pattern_matches"].items()))
+        for name, why in (r.get("pattern_misses") or {}).items():
+            lines.append(f"\n{mode}: pattern op {name} missed {why['misses']} call(s)"
+                         f"{' and declined ' + str(why['target_declines']) + ' for their target' if why['target_declines'] else ''}"
+                         f"; the calls brought {' | '.join(why['calls_brought']) or '–'}; proven for "
+                         f"{' | '.join(why['proven_for']) or 'nothing'}")
+        for card, why in (r.get("pattern_problems") or {}).items():
+            lines.append(f"\n{mode}: chain card {card} is no pattern: {why}")
     if e:
         for mode, r in doc.get("modes", {}).items():
             if "error" not in r:

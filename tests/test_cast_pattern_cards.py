@@ -45,7 +45,8 @@ class Counting:
         return run_chain(self.signature, inputs)
 
 
-def test_a_pattern_card_runs_inside_the_compiled_graph(tmp_path):
+def test_a_pattern_card_runs_inside_the_compiled_graph(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # compiled here, not cached
     sig = _glu_signature()
     plan = Counting(sig)
     cast = engine.cast.load(_cast(tmp_path, _variant(sig, pattern={})), env=ENV, plans={"glu": plan})
@@ -63,6 +64,8 @@ def test_a_pattern_card_runs_inside_the_compiled_graph(tmp_path):
     torch.testing.assert_close(again, want)
     st = cast.stats()
     assert st["patterns"] == {"glu": 2} and st["pattern_problems"] == {}
+    # Matches counted in the graphs compiled in this process (a graph served from Inductor's cache is not)
+    assert list(st["pattern_matches"].values()) == [1] and st["pattern_misses"] == {}
     cast.remove()
 
 
@@ -71,3 +74,31 @@ def test_a_chain_variant_names_module_or_pattern(tmp_path):
     with pytest.raises(CastError, match="'module' entry .* or its 'pattern' entry"):
         cast_format.check_manifest({"format": cast_format.FORMAT, "format_version": cast_format.FORMAT_VERSION,
                                     "env": ENV, "variants": [_variant(sig)]})
+
+
+def test_a_graph_compiled_with_the_cast_calls_it_again_each_time_it_is_enabled(tmp_path):
+    """Removing the cast took its pattern variants out of their ops' tables for good: a graph compiled in
+    one `with cast.enabled()` block missed in every later one (the SD3.5 VAE's GroupNorm → SiLU cards: 0
+    hits under torch.compile on the H200, where bench_compose and the export enable the cast per call)."""
+    sig = _glu_signature()
+    plan = Counting(sig)
+    cast = engine.cast.load(_cast(tmp_path, _variant(sig, pattern={})), env=ENV, plans={"glu": plan})
+    torch.manual_seed(3)
+    mlp = MLP(32)
+    x = torch.randn(2, 5, 32)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = mlp(x)
+        with cast.enabled():
+            fast = cast.compile(mlp)
+            fast(x)
+        for _ in range(3):
+            with cast.enabled():
+                torch.testing.assert_close(fast(x), want)
+        off = fast(x)  # the cast removed: the graph's op misses and computes what the graph would have
+    torch.testing.assert_close(off, want)
+    assert plan.calls == 4
+    st = cast.stats()
+    assert st["patterns"] == {"glu": 4}
+    (why,) = st["pattern_misses"].values()
+    assert why["misses"] == 1 and why["proven_for"] and why["calls_brought"] == why["proven_for"]

@@ -187,6 +187,9 @@ def test_an_uncovered_shape_matches_the_pattern_and_falls_back(fresh_dynamo):
     torch.testing.assert_close(got3, F.silu(a) * t)
     op = P._TABLES[next(iter(backend.pattern_matches[0]))]
     assert op.misses >= 2
+    why = op.why_missed()  # what a user reads in stats()["pattern_misses"] when a pattern never hits
+    assert why["proven_for"] == ["float32[4, 8] s=[8, 1] a=16 d=-1; float32[4, 8] s=[8, 1] a=16 d=-1"]
+    assert "float32[4, 8] s=[8, 1] a=16 d=-1; float32[4, 8] s=[1, 4] a=16 d=-1" in why["calls_brought"]
 
 
 def test_under_grad_no_pattern_is_applied(fresh_dynamo):
@@ -257,3 +260,35 @@ def test_caches_are_keyed_by_the_patterns(fresh_dynamo, tmp_path, monkeypatch):
     hits = _cache_hits()
     run(compose.backend(cast))                               # without: the graph without the op
     assert plan.hits == 2 and _cache_hits() > hits
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "transposed"])
+def test_a_miss_on_other_strides_returns_what_the_fake_promised(fresh_dynamo, layout):
+    """Inductor lays out the op's inputs by the graph's fake strides, which need not be eager's (in the SD3.5
+    VAE's mid-block, a reshaped attention output reaches GroupNorm → SiLU as (2048, 1, 1024, 512) where
+    eager had it contiguous). The miss then computes with the traced graph; its outputs must have the
+    strides the fake implementation gave the compiled code, or the graph's stride assert fails (as it did
+    for the small VAE compiled on a CPU)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    torch.manual_seed(0)
+    model = Wrapped(Block()).eval()
+    sig, plan = _card(model, (torch.randn(2, 8, 4, 4),), ["native_group_norm", "silu"])
+    cast = Cast("strides")
+    fresh_dynamo.append(cast)
+    built = P.build(cast, [(sig, plan)])
+    op = P.chain_op(built.built[0].op.name)
+    x = torch.randn(2, 8, 4, 4)
+    x = (x.contiguous(memory_format=torch.channels_last) if layout == "channels_last"
+         else x.transpose(2, 3).contiguous().transpose(2, 3))
+    w, b = model.inner.norm.weight.detach(), model.inner.norm.bias.detach()
+    with torch.no_grad():
+        real = op(x, w, b)
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fake = op(mode.from_tensor(x), mode.from_tensor(w), mode.from_tensor(b))
+    real = real if isinstance(real, tuple) else (real,)
+    fake = fake if isinstance(fake, tuple) else (fake,)
+    assert [t.stride() for t in real] == [t.stride() for t in fake]
+    assert plan.hits == 0
+    y = next(t for t in real if t.shape == x.shape)
+    torch.testing.assert_close(y, F.silu(model.inner.norm(x)))

@@ -194,7 +194,29 @@ class Cast:
                 "patterns": {v.id: v.plan.hits for v in self.variants
                              if (v.pattern is not None or v.module is not None) and v.plan is not None
                              and hasattr(v.plan, "hits")},
-                "pattern_problems": dict(self._patterns.problems) if self._patterns is not None else {}}
+                "pattern_problems": dict(self._patterns.problems) if self._patterns is not None else {},
+                "pattern_misses": self._pattern_misses(),
+                "pattern_matches": self._pattern_matches()}
+
+    def _pattern_misses(self) -> dict[str, Any]:
+        """Per pattern op of this cast whose compiled calls missed: what they brought, what was proven."""
+        if self._patterns is None:
+            return {}
+        from engine.cast.patterns import describe_key
+
+        ops = {bp.op.name: bp.op for bp in self._patterns.built}
+        mine: dict[str, list[str]] = {}
+        for bp in self._patterns.built:  # this cast's own variants, in the table or not (removed)
+            d = describe_key(bp.key)
+            if d not in mine.setdefault(bp.op.name, []):
+                mine[bp.op.name].append(d)
+        return {name: {**op.why_missed(), "proven_for": mine[name]} for name, op in ops.items()
+                if op.misses or op.target_declines}
+
+    def _pattern_matches(self) -> dict[str, int]:
+        """Per pattern op: matches in the graphs compiled in this process (a graph from Inductor's cache is
+        not rewritten again, so not counted)."""
+        return dict(self._patterns.matched) if self._patterns is not None else {}
 
     def active_by_target(self) -> dict[str, list[str]]:
         """Per target (eager, cuda-graphs, compile[:MODE]): the usable variants that run under it. A variant
@@ -252,6 +274,10 @@ class Cast:
                 route.misses = route.near_misses = route.fallthrough = route.grad_declines = 0
                 route.target_declines = 0
                 route.near_keys = []
+        if self._patterns is not None:
+            for bp in self._patterns.built:
+                bp.op.hits = bp.op.misses = bp.op.target_declines = 0
+                bp.op.miss_keys = []
 
     # ---- install / remove --------------------------------------------------------------------------
 
@@ -270,6 +296,8 @@ class Cast:
             self._prepare()
             if model is not None:
                 self._install_modules(model)
+            if self._patterns is not None:  # compiled with this cast before: its graphs' ops serve it again
+                self._patterns.enter()
             usable = [v for v in self.usable() if v.plan is not None and v.module is None and v.pattern is None]
             if usable and _cpp_wanted():
                 usable = self._install_cpp(usable)
@@ -298,8 +326,9 @@ class Cast:
             if self._patterns is not None:
                 from engine.cast import patterns
 
+                # The set stays built: graphs compiled with it still call its ops, and install puts its
+                # variants back in their tables (dropping it left every later call a miss).
                 patterns.remove_owner(self)
-                self._patterns = None
             if self._cpp_ops:
                 from engine.cast import cpp_router
 

@@ -44,6 +44,7 @@ from engine.ops import resolve_op
 _OPS: dict[str, Any] = {}          # op name -> the custom op (registered once per process)
 _TABLES: dict[str, PatternOp] = {}
 _LOCK = threading.Lock()
+MISS_KEYS = 4                      # distinct inputs of missed calls kept per pattern op, to explain misses
 MAX_OUTPUT_SUBSETS = 8             # a chain with more outputs gets patterns for its full set and singles only
 _RANDOM_OPS = ("rand", "dropout", "bernoulli", "normal", "multinomial", "uniform", "exponential")
 
@@ -71,6 +72,14 @@ class PatternOp:
         self.table: dict[tuple, Any] = {}
         self.owners: dict[tuple, object] = {}
         self.hits = self.misses = self.target_declines = 0
+        self._strides: dict[tuple, list[tuple[int, ...]]] = {}  # input layouts -> the fake's output strides
+        self.miss_keys: list[str] = []  # the first distinct inputs a matched call brought that no variant fits
+
+    def why_missed(self) -> dict[str, Any]:
+        """What the compiled graph's calls brought against what the variants were proven for (a pattern that
+        matches but never hits: Inductor laid the inputs out otherwise than eager, say)."""
+        return {"misses": self.misses, "target_declines": self.target_declines, "calls_brought": list(self.miss_keys),
+                "proven_for": [describe_key(k) for k in self.table]}
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         key = tuple(tensor_key(t) for t in inputs)
@@ -82,11 +91,32 @@ class PatternOp:
         if plan is not None and not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
             self.hits += 1
             plan.hits = getattr(plan, "hits", 0) + 1
-            outs = list(plan(list(inputs)))
-        else:
-            self.misses += 1
-            outs = self.fallback(inputs)
-        return _unaliased(outs, inputs)
+            return _unaliased(list(plan(list(inputs))), inputs)  # the card's layouts: eager's strides, proven
+        self.misses += 1
+        if len(self.miss_keys) < MISS_KEYS:
+            seen = describe_key(key)
+            if seen not in self.miss_keys:
+                self.miss_keys.append(seen)
+        return self._as_promised(_unaliased(self.fallback(inputs), inputs), inputs)
+
+    def _as_promised(self, outs: list[torch.Tensor], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The outputs with the strides the fake implementation gave the compiled code for these inputs.
+        Inductor lays out the op's inputs by the graph's fake strides, which need not be eager's; the traced
+        graph a miss runs then returns other strides than the fake did (the graph asserts them)."""
+        if any(t.device.type == "meta" or torch._subclasses.fake_tensor.is_fake(t) for t in inputs):
+            return outs
+        key = tuple((t.dtype, t.device, tuple(t.shape), t.stride()) for t in inputs)
+        want = self._strides.get(key)
+        if want is None:
+            from torch._subclasses.fake_tensor import FakeTensorMode
+
+            with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+                fakes = [mode.from_tensor(t) for t in inputs]
+                want = [tuple(o.stride()) for o in _unaliased(run_chain(self.signature, fakes), fakes)]
+            self._strides[key] = want
+        return [o if tuple(o.stride()) == w or o.numel() == 0 else
+                torch.empty_strided(o.shape, w, dtype=o.dtype, device=o.device).copy_(o)
+                for o, w in zip(outs, want)]
 
     def fallback(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Eager for the card where the inputs are laid out as captured (its views are valid there), else
@@ -94,6 +124,15 @@ class PatternOp:
         if tuple((tuple(t.shape), tuple(t.stride())) for t in inputs) == self.layouts:
             return list(run_chain(self.signature, list(inputs)))
         return list(self.graph(*inputs))
+
+
+def describe_key(key: tuple) -> str:
+    """One line per call: each input's dtype, shape, strides, pointer alignment and device index."""
+    parts = []
+    for k in key:
+        dtype, shape, stride, align, dev = k[0], tuple(k[1]), tuple(k[2]), k[3], k[4]
+        parts.append(f"{str(dtype).replace('torch.', '')}{list(shape)} s={list(stride)} a={align} d={dev}")
+    return "; ".join(parts)
 
 
 def _unaliased(outs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -115,6 +154,8 @@ class BuiltPattern:
     outputs: tuple[int, ...]           # which of the chain's outputs this pattern's anchors are
     expr: Any                          # the PatternExpr
     devices: tuple[tuple[str, torch.dtype], ...]
+    key: tuple = ()                    # the variant's entry in the op's guard table, and its plan
+    plan: Any = None
 
 
 @dataclass
@@ -126,6 +167,7 @@ class PatternSet:
     built: list[BuiltPattern] = field(default_factory=list)
     problems: dict[str, str] = field(default_factory=dict)
     digest: str = ""
+    matched: dict[str, int] = field(default_factory=dict)  # pattern op → matches over every graph rewritten
 
     def apply(self, graph: torch.fx.Graph) -> dict[str, int]:
         """Replace every match in `graph`; returns matches per op name (0 for a pattern that found none)."""
@@ -139,6 +181,8 @@ class PatternSet:
             counts[bp.op.name] += pm.apply(graph)
         if counts:
             graph.eliminate_dead_code()
+        for name, n in counts.items():
+            self.matched[name] = self.matched.get(name, 0) + n
         return counts
 
     def ops(self) -> list[Any]:
@@ -151,6 +195,15 @@ class PatternSet:
     def remove(self) -> None:
         """Drop this owner's variants (the ops stay registered; compiled graphs calling them then miss)."""
         remove_owner(self.owner)
+
+    def enter(self) -> None:
+        """Put this owner's variants (back) in their ops' guard tables: graphs compiled with the cast call
+        its kernels again once it is installed again."""
+        with _LOCK:
+            for bp in self.built:
+                if bp.plan is not None:
+                    bp.op.table[bp.key] = bp.plan
+                    bp.op.owners[bp.key] = self.owner
 
 
 def remove_owner(owner: object) -> int:
@@ -304,7 +357,7 @@ def _build_one(owner: object, card: PatternCard) -> list[BuiltPattern]:
         pop.table[key] = card.plan
         pop.owners[key] = owner
     devices = tuple((a["device"], getattr(torch, a["dtype"])) for a in sig["args"])
-    return [BuiltPattern(pop, s, x, devices) for s, _, x in exprs]
+    return [BuiltPattern(pop, s, x, devices, key, card.plan) for s, _, x in exprs]
 
 
 def _register_op(name: str, pop: PatternOp, n_in: int, n_out: int) -> None:
