@@ -102,3 +102,27 @@ def test_a_graph_compiled_with_the_cast_calls_it_again_each_time_it_is_enabled(t
     assert st["patterns"] == {"glu": 4}
     (why,) = st["pattern_misses"].values()
     assert why["misses"] == 1 and why["proven_for"] and why["calls_brought"] == why["proven_for"]
+
+
+def test_a_pattern_not_proven_for_compile_leaves_inductor_its_own_code(tmp_path, monkeypatch):
+    """A chain variant proven for eager only (a module card whose export found it slower under compile) is
+    not put into compiled graphs: there its op would decline every call and run the chain eagerly, slower
+    than Inductor's fused code (Gemma's module cards under torch.compile on the H200)."""
+    sig = _glu_signature()
+    plan = Counting(sig)
+    cast = engine.cast.load(_cast(tmp_path, _variant(sig, pattern={}, targets=["eager"])), env=ENV,
+                            plans={"glu": plan})
+    torch.manual_seed(3)
+    mlp = MLP(32)
+    x = torch.randn(2, 5, 32)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # compiled here, not cached
+    torch._dynamo.reset()
+    cast.pattern_set()
+    cast.reset_stats()  # the op is shared by structure with the other tests' casts: count this test's calls
+    with torch.no_grad(), cast.enabled():
+        want = mlp(x)
+        got = cast.compile(mlp)(x)
+    torch.testing.assert_close(got, want)
+    st = cast.stats()
+    assert plan.calls == 0 and st["pattern_misses"] == {}
+    assert sum(st["pattern_matches"].values()) == 0  # built, never put in a graph

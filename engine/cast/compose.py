@@ -169,28 +169,30 @@ class CastCacheKey:
     `previous`; its `uuid()` puts the cast, what it vetoed and its patterns into Inductor's cache keys."""
 
     def __init__(self, digest: str, vetoed: tuple, previous: Any = None,
-                 patterns: chain_patterns.PatternSet | None = None, apply_patterns: bool = True):
+                 patterns: chain_patterns.PatternSet | None = None, apply_patterns: bool = True,
+                 target: str | None = None):
         self.digest, self.vetoed, self.previous = digest, vetoed, previous
-        self.patterns, self.apply_patterns = patterns, apply_patterns
+        self.patterns, self.apply_patterns, self.target = patterns, apply_patterns, target
         self.matches: list[dict[str, int]] = []   # per graph this pass ran on: matches per pattern op
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         if self.patterns is not None and self.patterns.built and self.apply_patterns:
-            self.matches.append(self.patterns.apply(graph))
+            self.matches.append(self.patterns.apply(graph, self.target))
         if self.previous is not None:
             self.previous(graph)
 
     def uuid(self) -> Any:
         prev = self.previous.uuid() if hasattr(self.previous, "uuid") else None
         pats = (self.patterns.uuid(), self.apply_patterns) if self.patterns is not None else None
-        return ("kforge-cast", self.digest, self.vetoed, pats, prev)
+        return ("kforge-cast", self.digest, self.vetoed, pats, self.target, prev)
 
 
-def _key_pass(digest: str, vetoed: tuple, previous: Any, patterns: Any = None, apply_patterns: bool = True) -> Any:
+def _key_pass(digest: str, vetoed: tuple, previous: Any, patterns: Any = None, apply_patterns: bool = True,
+              target: str | None = None) -> Any:
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
     cls = type("KforgeCastCacheKey", (CastCacheKey, CustomGraphPass), {})
-    return cls(digest, vetoed, previous, patterns, apply_patterns)
+    return cls(digest, vetoed, previous, patterns, apply_patterns, target)
 
 
 @contextmanager
@@ -226,7 +228,7 @@ def inductor_state(owner: object, digest: str, previous_pass: Any = None,
             for op in chain_ops:
                 L.make_fallback(op, layout_constraint=L.constrain_to_fx_strides, warn=False)
             D.fast_random_decomps.cache_clear()  # functools.cache over `decompositions`
-            key = _key_pass(digest, vetoed, prev, patterns, apply_patterns)
+            key = _key_pass(digest, vetoed, prev, patterns, apply_patterns, target)
             with config.patch(post_grad_custom_post_pass=key):
                 try:
                     yield vetoed

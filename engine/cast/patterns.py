@@ -169,12 +169,18 @@ class PatternSet:
     digest: str = ""
     matched: dict[str, int] = field(default_factory=dict)  # pattern op → matches over every graph rewritten
 
-    def apply(self, graph: torch.fx.Graph) -> dict[str, int]:
-        """Replace every match in `graph`; returns matches per op name (0 for a pattern that found none)."""
+    def apply(self, graph: torch.fx.Graph, target: str | None = None) -> dict[str, int]:
+        """Replace every match in `graph`; returns matches per op name (0 for a pattern that found none).
+        `target` (the compile mode's, runtime.compile_target): only the patterns whose variant was proven
+        for it (or records no targets); the others keep Inductor's own code, which their op would only
+        have run more slowly (each call declined, the chain run eagerly)."""
         from torch._inductor.pattern_matcher import PatternMatcherPass
 
         counts: dict[str, int] = {}
         for bp in self.built:
+            targets = getattr(bp.plan, "targets", None)
+            if target is not None and targets is not None and target not in targets:
+                continue
             counts.setdefault(bp.op.name, 0)
             pm = PatternMatcherPass(pass_name=f"kforge-{bp.op.name}")
             _register(bp, pm)
