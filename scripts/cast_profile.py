@@ -3,8 +3,12 @@
 with and without the cast (torch.profiler), on a model config.
 
     python scripts/cast_profile.py --config resnet50 --cast resnet50.cast --out DIR
+    python scripts/cast_profile.py --config gemma4_e2b@full_depth=true --cast gemma4_e2b.cast --out DIR
 
-Writes DIR/cast_profile_<config>.json and .md. Needs the GPU the cast is for.
+A config written CONFIG@key=value[,key=value] is built with those [params] overridden (as bench_e2e does).
+The cast is installed on the model, so its module cards run too. Writes DIR/cast_profile_<config>.json and
+.md, with a cProfile of the host for both arms (where the host's time goes per forward). Needs the GPU the
+cast is for.
 """
 
 from __future__ import annotations
@@ -62,29 +66,39 @@ def main() -> int:
     ap.add_argument("--cast", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    import engine.cast
+    from engine.bench.host import python_profile
+    from engine.config import build_target, load_config, override_params, parse_model_spec
+    from engine.errors import UsageError
+
+    try:
+        spec = parse_model_spec(args.config)
+        config = override_params(load_config(spec.name), spec.params)
+    except UsageError as e:
+        print(f"error: --config: {e}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("error: cast_profile needs a CUDA GPU", file=sys.stderr)
         return 2
-    import engine.cast
-    from engine.config import build_target, load_config
-
-    target = build_target(load_config(args.config), torch.device("cuda"))
-    forward = target.forward
+    target = build_target(config, torch.device("cuda"))
+    forward, model = target.forward, target.module
     cast = engine.cast.load(args.cast)
     doc: dict = {"config": args.config, "cast": args.cast, "variants": len(cast.usable())}
     with torch.no_grad():
         for _ in range(3):
             forward()
-        with cast.enabled():
+        with cast.enabled(model):
             for _ in range(3):
                 forward()
         from engine.cast import runtime
 
         for arm in ("eager", "cast"):
             if arm == "cast":
-                cast.install()
+                cast.install(model)
             issue, wall = _host_us(forward)
             doc[arm] = {"host_issue_us": issue, "wall_us": wall, **_kernels(forward)}
+            if arm == "eager":
+                doc["cprofile_eager"] = python_profile(forward, calls=10, top=30)
             if arm == "cast":
                 doc["stats"] = cast.stats()
                 # The override's own tax: installed but suspended, every call passes to the original.
@@ -92,13 +106,11 @@ def main() -> int:
                     issue_s, wall_s = _host_us(forward)
                 doc["override_only"] = {"host_issue_us": issue_s, "wall_us": wall_s}
 
-                from engine.bench.host import python_profile
-
                 doc["cprofile_cast"] = python_profile(forward, calls=10, top=30)
                 cast.remove()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = Path(args.config).stem
+    name = Path(spec.name).stem + "".join(f"_{k}-{v}" for k, v in sorted(spec.params.items()))
     (out / f"cast_profile_{name}.json").write_text(json.dumps(doc, indent=1, default=str))
     lines = [f"# Cast profile: {name} ({doc['variants']} variants)", ""]
     for arm in ("eager", "cast"):
@@ -111,7 +123,8 @@ def main() -> int:
     o = doc["override_only"]
     lines += [f"## override installed but suspended (every call passes to the original): host issues a forward "
               f"in {o['host_issue_us']:.0f} µs; wall {o['wall_us']:.0f} µs", "", "## cProfile of 10 forwards "
-              "with the cast (host)", "", "```", doc["cprofile_cast"], "```"]
+              "without the cast (host)", "", "```", doc["cprofile_eager"], "```", "",
+              "## cProfile of 10 forwards with the cast (host)", "", "```", doc["cprofile_cast"], "```"]
     (out / f"cast_profile_{name}.md").write_text("\n".join(lines))
     print("\n".join(lines))
     return 0

@@ -99,6 +99,8 @@ def _script(*argv: str) -> subprocess.CompletedProcess:
      ["sd35_vae takes no overrides"]),
     (["scripts/bench_compose.py", "--out", "{tmp}", "--model", "gemma4_e2b@full_depth=yes"],
      ["--model", "gemma4_e2b@full_depth=yes", "'yes' is not a TOML value"]),
+    (["scripts/cast_profile.py", "--out", "{tmp}", "--cast", "x.cast", "--config", "gemma4_e2b@nokey=true"],
+     ["--config", "params.nokey", "gemma4_e2b"]),
 ])
 def test_whole_model_scripts_refuse_a_bad_model_with_exit_2_before_needing_a_gpu(tmp_path, argv, needles):
     p = _script(*(a.format(tmp=tmp_path) for a in argv))
