@@ -292,3 +292,34 @@ def test_a_miss_on_other_strides_returns_what_the_fake_promised(fresh_dynamo, la
     assert plan.hits == 0
     y = next(t for t in real if t.shape == x.shape)
     torch.testing.assert_close(y, F.silu(model.inner.norm(x)))
+
+
+def test_a_card_larger_than_this_machine_becomes_a_pattern_without_its_memory():
+    """Patterns are traced on fake tensors: the SD3.5 VAE's GroupNorm → SiLU cards (up to 1 GB inputs, four
+    output subsets each) took 155 s to build on a CPU traced for real, 5 s fake. A 128 GB card must build."""
+    sig = {"op": "kforge::chain", "chain": {"nodes": [
+        {"op": "aten::silu", "args": [{"name": "self", "tensor": ["in", 0]}], "results": 1},
+        {"op": "aten::mul.Tensor", "args": [{"name": "self", "tensor": ["node", 0, 0]},
+                                            {"name": "other", "tensor": ["in", 1]}], "results": 1}],
+        "outputs": [[1, 0]]},
+        "args": [{"name": f"in{i}", "kind": "tensor", "dtype": "float32", "shape": [2 ** 20, 2 ** 14],
+                  "stride": [2 ** 14, 1], "align": 16, "device": "cpu", "neg": False, "conj": False}
+                 for i in range(2)]}
+    cast = Cast("huge")
+    built = P.build(cast, [(sig, runtime.Plan("huge", lambda ins: None))])
+    P.remove_owner(cast)
+    assert built.problems == {} and len(built.built) == 1
+
+
+def test_output_subsets_are_what_tracing_them_alone_gives():
+    """Each subset of a chain's outputs is cut from the one full trace (no trace per subset); its pattern is
+    the one a trace of those outputs alone gives (GroupNorm's y alone, y with mean, …)."""
+    torch.manual_seed(0)
+    model = Wrapped(Block()).eval()
+    sig, _ = _card(model, (torch.randn(2, 8, 4, 4),), ["native_group_norm", "silu"])
+    full = P._trace(sig, (0, 1, 2))
+    for outputs in [(0,), (1,), (2,), (0, 1), (0, 2), (1, 2)]:
+        cut, alone = P._subset(full, outputs), P._trace(sig, outputs)
+        assert P._reads_all(cut, 3) == P._reads_all(alone, 3)
+        if P._reads_all(alone, 3):
+            assert repr(P._pattern_of(cut, 3)) == repr(P._pattern_of(alone, 3))

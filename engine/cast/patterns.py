@@ -27,6 +27,7 @@ Inference only: `PatternSet.apply` is not called for a graph traced with grad en
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import itertools
 import threading
@@ -292,21 +293,45 @@ def _trace_device(signature: dict[str, Any]) -> str:
 
 
 def _trace(signature: dict[str, Any], outputs: tuple[int, ...]) -> torch.fx.GraphModule:
-    """The chain (the chosen outputs) as Inductor's post-grad graphs spell it."""
+    """The chain (the chosen outputs) as Inductor's post-grad graphs spell it.
+
+    Traced on fake tensors of the card's device (no memory, no kernels: the trace of a GroupNorm over 1 GB
+    took 5 s on a CPU and 0.13 s fake, with the same graph), else, for a chain some op of which has no fake
+    implementation, on real tensors."""
     from torch._inductor.fx_passes.post_grad import view_to_reshape
     from torch._inductor.pattern_matcher import fwd_only
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
-    device = _trace_device(signature)
-    args = [_example(a, device) for a in signature["args"]]
-    n = len(args)
+    n = len(signature["args"])
 
     def chain(*ins: torch.Tensor) -> tuple:
         outs = run_chain(signature, list(ins[:n]))
         return tuple(outs[k] for k in outputs)
 
-    with torch.no_grad():
-        gm = fwd_only(chain, args)
+    try:
+        with FakeTensorMode():
+            args = [torch.empty_strided(a["shape"], a["stride"], dtype=getattr(torch, a["dtype"]),
+                                        device=a.get("device", "cpu")) for a in signature["args"]]
+        with torch.no_grad():
+            gm = fwd_only(chain, args)
+    except Exception:  # an op without a fake implementation: trace it for real
+        device = _trace_device(signature)
+        args = [_example(a, device) for a in signature["args"]]
+        with torch.no_grad():
+            gm = fwd_only(chain, args)
     view_to_reshape(gm)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+def _subset(full: torch.fx.GraphModule, outputs: tuple[int, ...]) -> torch.fx.GraphModule:
+    """The full trace with only `outputs` returned and what no longer feeds them removed: what a trace of
+    those outputs alone gives (fwd_only's own last step is this dead-code elimination), without tracing."""
+    gm = copy.deepcopy(full)
+    out = next(node for node in gm.graph.nodes if node.op == "output")
+    every = out.args[0]
+    out.args = (tuple(every[k] for k in outputs),)
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return gm
@@ -345,7 +370,7 @@ def _build_one(owner: object, card: PatternCard) -> list[BuiltPattern]:
     subsets = subsets[:MAX_OUTPUT_SUBSETS]
     try:
         full = _trace(sig, tuple(range(n_out)))
-        traced = [(s, full if len(s) == n_out else _trace(sig, s)) for s in subsets]
+        traced = [(s, full if len(s) == n_out else _subset(full, s)) for s in subsets]
     except Exception as e:  # the decomposition or tracing refuses the chain: say so
         raise PatternError(f"cannot trace the chain as Inductor would ({type(e).__name__}: {e})") from e
     if not _reads_all(full, n_in):
