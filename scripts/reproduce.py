@@ -736,6 +736,14 @@ def per_model_section(out: Path, models: list[str], covered: dict[str, float]) -
                     if full else "`reproduce.py --full-depth` adds bench_e2e of every layer.")
             detail += ["", f"Depth: the arms without \"full depth\" run the model as captured, {depth[0]} of its "
                        f"{depth[1]} layers, which over-weights what runs once per forward (an LM head, a VAE); {then}"]
+        for mode, r in ((_load(d / "compose" / "bench_compose.json") or {}).get("modes") or {}).items():
+            if r.get("pattern_matches") or r.get("pattern_misses"):  # a pattern card that matched but missed
+                missed = "; ".join(f"{name} missed {w['misses']} call(s), which brought {' | '.join(w['calls_brought'])}"
+                                   f" (proven for {' | '.join(w['proven_for'])})"
+                                   for name, w in (r.get("pattern_misses") or {}).items())
+                detail += ["", f"Pattern cards under torch.compile {mode}: "
+                           f"{sum((r.get('pattern_matches') or {}).values())} match(es) in the compiled graphs, "
+                           f"{r.get('hits_per_forward', 0)} hit(s) per forward" + (f"; {missed}" if missed else "")]
         detail += ["", _host_line("Host time per forward", eager, arms[0].get("why"))]
         if full:
             detail.append(_host_line("At full depth", full[0].get("row"), full[0].get("why")))

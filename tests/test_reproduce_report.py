@@ -243,7 +243,12 @@ def _fake_model(out: Path, model: str, *, digest: str = "fake" * 16, whole: bool
                      "cast": {"issue_us": 3500, "kernels": 250, "copies": 2, "us_per_launch": 13.9}}}]}))
         (d / "compose" / "bench_compose.json").write_text(json.dumps({
             "eager": _ci(10.0, 8.1, 1.2, 1.3, rel_l2_err=1e-3),
-            "modes": {"default": _ci(5.0, 4.9, 0.99, 1.05, rel_l2_err=3e-3, rel_l2_err_plain=1e-3),
+            "modes": {"default": _ci(5.0, 4.9, 0.99, 1.05, rel_l2_err=3e-3, rel_l2_err_plain=1e-3, hits_per_forward=2,
+                                     pattern_matches={"chain_ab": 3},
+                                     pattern_misses={"chain_ab": {
+                                         "misses": 1, "target_declines": 0,
+                                         "calls_brought": ["bfloat16[8, 4] s=[1, 8] a=16 d=0"],
+                                         "proven_for": ["bfloat16[8, 4] s=[4, 1] a=16 d=0"]}}),
                       "reduce-overhead": {"error": "RuntimeError: fake failure for the test"}}}))
     else:  # bench_e2e stopped at its time limit; bench_compose never got its turn
         steps |= {"e2e": {"status": "timed out", "why": "stopped at its time limit of 150 s", "sitting": 0},
@@ -262,6 +267,10 @@ def test_the_report_shows_every_arm_of_every_sitting_and_says_why_a_number_is_mi
     assert p.returncode == 0, p.stderr
     text = (tmp_path / "report.md").read_text()
     vit = text.split("### vit_b16", 1)[1].split("###", 1)[0]
+    # A pattern card that matched in the compiled graphs and still missed says what the calls brought.
+    assert ("Pattern cards under torch.compile default: 3 match(es) in the compiled graphs, 2 hit(s) per forward; "
+            "chain_ab missed 1 call(s), which brought bfloat16[8, 4] s=[1, 8] a=16 d=0 (proven for bfloat16[8, 4] "
+            "s=[4, 1] a=16 d=0)") in vit
     # Every arm, with its medians and CI, and how many of the cast's variants serve its target.
     assert "| eager | 10.00 | 8.00 | 1.250× (1.200–1.300) | 1.0e-03 | 2 of 2 |" in vit
     assert "| CUDA graphs (eager graphs vs cast graphs) | 6.00 | 6.30 | 0.952× (0.940–0.960) | 2.0e-03 | " \
