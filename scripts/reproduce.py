@@ -62,8 +62,15 @@ WALL_S = {"resnet50": 150, "sd35_medium": 360, "gemma4_e2b": 150, "qwen35_a3b": 
 # GroupNorm -> SiLU chain cards (patterns, under torch.compile).
 OPS = {"gemma4_e2b": "module", "qwen35_a3b": "module", "sd35_medium": "module|group_norm",
        "sd35_vae": "group_norm"}
-# Each step's time limit (seconds; the run's is its wall time plus this), all inside --deadline.
+# `export --target` when --targets is not given. The VAE's cast is mostly GroupNorm -> SiLU pattern cards, which
+# run only under torch.compile: its export also proves them for reduce-overhead (CUDA graphs), so that compose
+# arm runs them (a variant runs only under the targets it was proven for).
+TARGETS = "eager,cuda-graphs,compile"
+MODEL_TARGETS = {"sd35_vae": "eager,cuda-graphs,compile,compile:reduce-overhead"}
+# Each step's time limit (seconds; the run's is its wall time plus this), all inside --deadline; the export's is
+# per target proven (each compile target compiles the model at least twice).
 STEP_LIMIT_S = {"run": 90, "export": 180, "e2e": 150, "compose": 240, "torch.compile": 540, "e2e full depth": 300}
+EXPORT_S_PER_COMPILE_TARGET = 90
 FULL_DEPTH = {"full_depth": True}  # the builder argument that builds a reference model's every layer
 FULL_DEPTH_STEP = "e2e full depth"  # bench_e2e --append of NAME@full_depth=true into the model's e2e/
 COMPOSE_MODES = ("default", "reduce-overhead")
@@ -319,7 +326,7 @@ def last_error(log_file: Path, offset: int) -> str:
 
 
 def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compile_mode: str = COMPILE_MODE, *,
-                ops: str | None = None, targets: str = "eager,cuda-graphs,compile", deadline: float | None = None,
+                ops: str | None = None, targets: str | None = None, deadline: float | None = None,
                 compile_ops: bool = False, full_depth: bool = False) -> None:
     """One model's sitting: run → export → bench_e2e → bench_compose (→ bench_compile_ops with compile_ops; →
     bench_e2e at the real depth with full_depth), each step skipped when its result is there, each outcome (ok,
@@ -375,6 +382,9 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compil
     run = latest_run(ws)
     wall = wall or WALL_S.get(model)
     ops = ops or OPS.get(model)
+    targets = targets or MODEL_TARGETS.get(model, TARGETS)
+    export_limit = STEP_LIMIT_S["export"] + EXPORT_S_PER_COMPILE_TARGET * max(
+        0, sum(t.startswith("compile") for t in targets.split(",")) - 1)
     run_argv = [py, "-m", "kforge_tui", "run", "--no-tui", "--json", "--workspace", str(ws)]
     run_argv += ["--resume", run["id"]] if run and run["status"] != "done" else [config_path(model)]
     run_argv += (["--wall-time", str(wall)] if wall else []) + (["--ops", ops] if ops else [])
@@ -386,7 +396,7 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compil
     else:
         do("export", d / "export.json",
            [py, "-m", "kforge_tui", "export", "--workspace", str(ws), "--out", str(d / f"{model}.cast"), "--json",
-            "--target", targets], STEP_LIMIT_S["export"], stdout=d / "export.json")
+            "--target", targets], export_limit, stdout=d / "export.json")
         cast = d / f"{model}.cast"
         if cast.exists():
             with host_bench_turn(out):
@@ -913,9 +923,10 @@ def main() -> int:
                     help="each run's wall time in seconds, capture and eager timing included (default: per model, "
                          "WALL_S); resume later for the rest")
     ap.add_argument("--ops", help="search only the cards whose op matches REGEX (`run --ops`)")
-    ap.add_argument("--targets", default="eager,cuda-graphs,compile",
-                    help="`export --target`: what the cast's variants are proven for (default eager,cuda-graphs,compile; "
-                         "an arm whose target is not among them runs PyTorch's kernels, and the report says so)")
+    ap.add_argument("--targets",
+                    help="`export --target`: what the cast's variants are proven for (default: per model, "
+                         f"{TARGETS}, and for sd35_vae also compile:reduce-overhead; an arm whose target is not "
+                         "among them runs PyTorch's kernels, and the report says so)")
     ap.add_argument("--deadline", type=float, metavar="S",
                     help="end this sitting's steps within S seconds (a step that would run past it is stopped or "
                          "skipped, and the record says so); e.g. 540 in a 10-minute device command")
@@ -965,8 +976,8 @@ def main() -> int:
     if len(gpus) > 1:
         def argv_for(m: str) -> list[str]:
             argv = [sys.executable, str(Path(__file__).resolve()), "--out", str(args.out.resolve()),
-                    "--workspaces", str(args.workspaces.resolve()), "--models", m, "--targets", args.targets,
-                    "--compile-mode", args.compile_mode]
+                    "--workspaces", str(args.workspaces.resolve()), "--models", m, "--compile-mode", args.compile_mode]
+            argv += ["--targets", args.targets] if args.targets else []
             argv += ["--wall-time", str(args.wall_time)] if args.wall_time else []
             argv += ["--ops", args.ops] if args.ops else []
             argv += ["--full-depth"] if args.full_depth else []

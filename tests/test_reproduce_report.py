@@ -469,3 +469,28 @@ def test_the_llms_search_their_module_cards_and_every_cast_is_proven_for_cuda_gr
     rp.model_steps("resnet50", out, tmp_path / "ws", 60)
     export = next(argv for name, argv in calls if name.endswith("export"))
     assert export[export.index("--target") + 1] == "eager,cuda-graphs,compile"
+
+
+def test_the_vae_export_also_proves_its_patterns_for_reduce_overhead_with_time_for_it(tmp_path, monkeypatch):
+    """The VAE's cast is GroupNorm -> SiLU pattern cards, which run only under torch.compile; without a proof
+    for compile:reduce-overhead the compose step's reduce-overhead arm would run none of them. Each compile
+    target adds to the export's time limit; an explicit --targets wins."""
+    rp = _reproduce_module()
+    out, calls = tmp_path / "out", []
+    monkeypatch.setattr(rp, "step", lambda name, done, argv, log_file, stdout=None, timeout=None:
+                        calls.append((name, argv, timeout)) or 1)
+    monkeypatch.setattr(rp, "sitting", lambda: dict(FAKE_SITTING))
+    for model, targets in (("sd35_vae", None), ("resnet50", None), ("sd35_vae", "eager")):
+        (out / model).mkdir(parents=True, exist_ok=True)
+        (out / model / "run.json").write_text('{"status": "done"}')
+        calls.clear()
+        rp.model_steps(model, out, tmp_path / "ws", 60, targets=targets)
+        name, argv, limit = next(c for c in calls if c[0].endswith("export"))
+        got = argv[argv.index("--target") + 1]
+        if targets:
+            assert got == "eager" and limit == rp.STEP_LIMIT_S["export"]
+        elif model == "sd35_vae":
+            assert got == "eager,cuda-graphs,compile,compile:reduce-overhead"
+            assert limit == rp.STEP_LIMIT_S["export"] + rp.EXPORT_S_PER_COMPILE_TARGET
+        else:
+            assert got == "eager,cuda-graphs,compile" and limit == rp.STEP_LIMIT_S["export"]
