@@ -169,6 +169,7 @@ class PatternSet:
     problems: dict[str, str] = field(default_factory=dict)
     digest: str = ""
     matched: dict[str, int] = field(default_factory=dict)  # pattern op → matches over every graph rewritten
+    _passes: dict[int, Any] = field(default_factory=dict, repr=False)  # id(BuiltPattern) → its matcher pass
 
     def apply(self, graph: torch.fx.Graph, target: str | None = None) -> dict[str, int]:
         """Replace every match in `graph`; returns matches per op name (0 for a pattern that found none).
@@ -183,8 +184,10 @@ class PatternSet:
             if target is not None and targets is not None and target not in targets:
                 continue
             counts.setdefault(bp.op.name, 0)
-            pm = PatternMatcherPass(pass_name=f"kforge-{bp.op.name}")
-            _register(bp, pm)
+            pm = self._passes.get(id(bp))
+            if pm is None:  # registered once, applied to every graph compiled with the set
+                pm = self._passes[id(bp)] = PatternMatcherPass(pass_name=f"kforge-{bp.op.name}")
+                _register(bp, pm)
             counts[bp.op.name] += pm.apply(graph)
         if counts:
             graph.eliminate_dead_code()
