@@ -45,15 +45,19 @@ class Counting:
         return run_chain(self.signature, inputs)
 
 
-def test_a_pattern_card_runs_inside_the_compiled_graph(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # compiled here, not cached
+def _glu_cast(tmp_path, **extra):
+    """The toy MLP's silu(gate) * up as a cast's pattern card with a counting plan; (cast, plan, mlp, x)."""
     sig = _glu_signature()
     plan = Counting(sig)
-    cast = engine.cast.load(_cast(tmp_path, _variant(sig, pattern={})), env=ENV, plans={"glu": plan})
+    cast = engine.cast.load(_cast(tmp_path, _variant(sig, pattern={}, **extra)), env=ENV, plans={"glu": plan})
     torch.manual_seed(3)
-    mlp = MLP(32)
-    x = torch.randn(2, 5, 32)
     torch._dynamo.reset()
+    return cast, plan, MLP(32), torch.randn(2, 5, 32)
+
+
+def test_a_pattern_card_runs_inside_the_compiled_graph(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # compiled here, not cached
+    cast, plan, mlp, x = _glu_cast(tmp_path)
     with torch.no_grad(), cast.enabled():
         want = mlp(x)
         fast = cast.compile(mlp)
@@ -80,13 +84,7 @@ def test_a_graph_compiled_with_the_cast_calls_it_again_each_time_it_is_enabled(t
     """Removing the cast took its pattern variants out of their ops' tables for good: a graph compiled in
     one `with cast.enabled()` block missed in every later one (the SD3.5 VAE's GroupNorm → SiLU cards: 0
     hits under torch.compile on the H200, where bench_compose and the export enable the cast per call)."""
-    sig = _glu_signature()
-    plan = Counting(sig)
-    cast = engine.cast.load(_cast(tmp_path, _variant(sig, pattern={})), env=ENV, plans={"glu": plan})
-    torch.manual_seed(3)
-    mlp = MLP(32)
-    x = torch.randn(2, 5, 32)
-    torch._dynamo.reset()
+    cast, plan, mlp, x = _glu_cast(tmp_path)
     with torch.no_grad():
         want = mlp(x)
         with cast.enabled():
@@ -108,15 +106,8 @@ def test_a_pattern_not_proven_for_compile_leaves_inductor_its_own_code(tmp_path,
     """A chain variant proven for eager only (a module card whose export found it slower under compile) is
     not put into compiled graphs: there its op would decline every call and run the chain eagerly, slower
     than Inductor's fused code (Gemma's module cards under torch.compile on the H200)."""
-    sig = _glu_signature()
-    plan = Counting(sig)
-    cast = engine.cast.load(_cast(tmp_path, _variant(sig, pattern={}, targets=["eager"])), env=ENV,
-                            plans={"glu": plan})
-    torch.manual_seed(3)
-    mlp = MLP(32)
-    x = torch.randn(2, 5, 32)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # compiled here, not cached
-    torch._dynamo.reset()
+    cast, plan, mlp, x = _glu_cast(tmp_path, targets=["eager"])
     cast.pattern_set()
     cast.reset_stats()  # the op is shared by structure with the other tests' casts: count this test's calls
     with torch.no_grad(), cast.enabled():
