@@ -244,7 +244,7 @@ def build(owner: object, cards: Sequence[PatternCard | tuple[dict[str, Any], Any
         if not isinstance(card, PatternCard):
             card = PatternCard(*card)
         try:
-            made = _build_one(owner, card)
+            made = _build_one(card)
         except PatternError as e:
             out.problems[card.card_id] = str(e)
             parts.append(("problem", card.card_id))
@@ -255,6 +255,7 @@ def build(owner: object, cards: Sequence[PatternCard | tuple[dict[str, Any], Any
     # add + RMSNorm; the inner one must not take the nodes the outer one needs), then most outputs first.
     out.built.sort(key=lambda bp: (-len(bp.op.signature["chain"]["nodes"]), -len(bp.outputs)))
     out.digest = hashlib.sha256(repr(sorted(map(str, parts))).encode()).hexdigest()[:20]
+    out.enter()
     return out
 
 
@@ -358,7 +359,7 @@ def _op_name(signature: dict[str, Any], exprs: list[str]) -> str:
     return "chain_" + hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _build_one(owner: object, card: PatternCard) -> list[BuiltPattern]:
+def _build_one(card: PatternCard) -> list[BuiltPattern]:
     sig = card.signature
     why = _why_not(sig)
     if why:
@@ -387,9 +388,7 @@ def _build_one(owner: object, card: PatternCard) -> list[BuiltPattern]:
         if pop is None:
             pop = _TABLES[name] = PatternOp(name, sig, full)
             _register_op(name, pop, n_in, n_out)
-        key = tuple(descriptor_key(a, 0) for a in sig["args"])
-        pop.table[key] = card.plan
-        pop.owners[key] = owner
+    key = tuple(descriptor_key(a, 0) for a in sig["args"])
     devices = tuple((a["device"], getattr(torch, a["dtype"])) for a in sig["args"])
     return [BuiltPattern(pop, s, x, devices, key, card.plan) for s, _, x in exprs]
 
