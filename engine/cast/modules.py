@@ -115,6 +115,10 @@ class ModuleRoute:
         self.path = path
         self._owner = weakref.ref(owner)
         self._forward = type(module).forward  # the class's forward, called with the module (held weakly)
+        self.fresh(module)
+
+    def fresh(self, module: torch.nn.Module) -> None:
+        """As at an install: no variants or counts yet, the module's submodules as they are now, active."""
         self.table: dict[tuple, ModuleVariant] = {}
         self.stats = PathStats()
         self.hooked = [weakref.ref(m) for m in module.modules()]
@@ -307,12 +311,8 @@ def _route_for(owner: object, module: torch.nn.Module, path: str) -> ModuleRoute
     if route is None:
         route = ModuleRoute(module, path, owner)
         routes.append(route)
-    else:  # a fresh install: this install's variants and counters, the module's submodules as they are now
-        route.table = {}
-        route.stats = PathStats()
-        route.hooked = [weakref.ref(m) for m in module.modules()]
-        route.module = route.hooked[0]
-        route.active = True
+    else:
+        route.fresh(module)
     _ROUTES[module] = routes
     return route
 
