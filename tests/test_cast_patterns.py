@@ -323,3 +323,48 @@ def test_output_subsets_are_what_tracing_them_alone_gives():
         assert P._reads_all(cut, 3) == P._reads_all(alone, 3)
         if P._reads_all(alone, 3):
             assert repr(P._pattern_of(cut, 3)) == repr(P._pattern_of(alone, 3))
+
+
+class _DropRoundTrips:
+    """A joint-graph pass doing what torch 2.11's `pointless_convert` does and 2.14's no longer does:
+    `convert(convert(x, bf16), f32)` becomes `convert(x, f32)` (the bf16 rounding between two ops dropped)."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        cv = torch.ops.prims.convert_element_type.default
+        for node in list(graph.nodes):
+            inner = node.args[0] if node.target is cv else None
+            if isinstance(inner, torch.fx.Node) and inner.target is cv:
+                with graph.inserting_before(node):
+                    repl = graph.call_function(cv, (inner.args[0], node.args[1]))
+                repl.meta.update(node.meta)
+                node.replace_all_uses_with(repl)
+                graph.erase_node(node)
+                if not inner.users:
+                    graph.erase_node(inner)
+
+    def uuid(self) -> str:
+        return "kforge-test-drop-round-trips"
+
+
+def test_the_pattern_is_spelled_as_inductors_passes_leave_the_chain(fresh_dynamo):
+    # bf16 GroupNorm -> SiLU: the traced chain rounds GroupNorm's output to bf16 and SiLU upcasts it again.
+    # Inductor's joint-graph passes of torch 2.11 drop that round trip in the model's graph, so a pattern
+    # traced without those passes never matched on the H200 (VAE under compile: 0 matches, 1.00x). The
+    # pattern now goes through the installed torch's passes (here a pass doing what 2.11's did).
+    from torch._inductor import config
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    drop = type("DropRoundTrips", (_DropRoundTrips, CustomGraphPass), {})()
+    torch.manual_seed(0)
+    model = Wrapped(Block(c=16, groups=4)).to(torch.bfloat16).eval()
+    x = torch.randn(2, 16, 4, 4, dtype=torch.bfloat16)
+    sig, plan = _card(model, (x,), ["native_group_norm", "silu"])
+    cast = Cast("gn-bf16")
+    fresh_dynamo.append(cast)
+    with config.patch(joint_custom_pre_pass=drop):
+        backend = compose.backend(cast, patterns=[(sig, plan)])
+        with torch.no_grad():
+            got = torch.compile(model, backend=backend)(x)
+            expected = model(x)
+    assert _ops_in(backend) == 1 and plan.hits == 1
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)  # the plan is eager: the bf16 rounding is kept

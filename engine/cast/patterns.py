@@ -5,8 +5,9 @@ registered op inside the graphs Inductor compiles.
 From a chain signature (`engine.capture.chains.chain_signature`) this module builds:
 
 - the **pattern**: the chain's members as Inductor's post-grad graph spells them. The chain is run
-  (`run_chain`) under `make_fx` with Inductor's decomposition table and normalized as post-grad graphs are
-  (no-op removal, dead code, `view` → `reshape`), so `_to_copy` appears as `prims.convert_element_type`,
+  (`run_chain`) under `make_fx` with Inductor's decomposition table, then put through the graph passes
+  the installed torch's Inductor runs before ours (joint-graph and post-grad passes: no-op removal, dead
+  code, `view` → `reshape`, dtype round trips some versions drop), so `_to_copy` appears as `prims.convert_element_type`,
   `native_group_norm` as its `var_mean`/`rsqrt`/… decomposition, `silu` as `x / (1 + exp(-x))`. Every
   non-tensor argument is literal (sizes included): a match computes exactly what the card computes. One
   pattern per non-empty subset of the chain's outputs, most outputs first, because the compiled graph
@@ -324,6 +325,29 @@ def _trace(signature: dict[str, Any], outputs: tuple[int, ...]) -> torch.fx.Grap
         with torch.no_grad():
             gm = fwd_only(chain, args)
     view_to_reshape(gm)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return _as_inductor_spells_it(gm)
+
+
+def _as_inductor_spells_it(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """The traced chain after the graph passes Inductor runs on an inference graph before the cast's pass
+    (`joint_graph_passes`, then `post_grad_passes` up to its custom post pass), of the installed torch and
+    with the user's own custom passes: what the compiled graph holds where the chain sits. A pass can
+    rewrite the chain's own ops (torch 2.11 drops a bf16 round trip `convert(convert(x, bf16), f32)`
+    that later versions keep; GroupNorm → SiLU in bf16 then never matched a pattern traced without it)."""
+    import inspect
+
+    from torch._inductor import config
+    from torch._inductor.fx_passes.joint_graph import joint_graph_passes
+    from torch._inductor.fx_passes.post_grad import post_grad_passes
+
+    with config.patch(post_grad_custom_post_pass=None):
+        if "input_device" in inspect.signature(joint_graph_passes).parameters:
+            gm = joint_graph_passes(gm, input_device=None) or gm
+        else:
+            gm = joint_graph_passes(gm) or gm
+        post_grad_passes(gm, is_inference=True)
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return gm
