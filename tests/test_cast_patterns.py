@@ -326,7 +326,7 @@ def test_output_subsets_are_what_tracing_them_alone_gives():
 
 
 class _DropRoundTrips:
-    """A joint-graph pass doing what torch 2.11's `pointless_convert` does and 2.14's no longer does:
+    """A joint-graph pass doing what older Inductors' `pointless_convert` did and 2.14's no longer does:
     `convert(convert(x, bf16), f32)` becomes `convert(x, f32)` (the bf16 rounding between two ops dropped)."""
 
     def __call__(self, graph: torch.fx.Graph) -> None:
@@ -348,9 +348,10 @@ class _DropRoundTrips:
 
 def test_the_pattern_is_spelled_as_inductors_passes_leave_the_chain(fresh_dynamo):
     # bf16 GroupNorm -> SiLU: the traced chain rounds GroupNorm's output to bf16 and SiLU upcasts it again.
-    # Inductor's joint-graph passes of torch 2.11 drop that round trip in the model's graph, so a pattern
-    # traced without those passes never matched on the H200 (VAE under compile: 0 matches, 1.00x). The
-    # pattern now goes through the installed torch's passes (here a pass doing what 2.11's did).
+    # Older Inductors' joint-graph pass (pointless_convert) drops that round trip in the model's graph, so a
+    # pattern traced without those passes cannot match there (on the H200's torch 2.11 the VAE's patterns
+    # matched nothing under compile, 1.00x; likely this). The pattern now goes through the installed torch's
+    # passes (here a user pass doing what the older one did).
     from torch._inductor import config
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
