@@ -33,7 +33,8 @@ class KforgeApp(App):
         super().__init__()
         self.model = ReadModel(db_file)
         self.run_id = run_id
-        self.controls = ControlWriter(None if read_only else Path(db_file))
+        self.controls = ControlWriter(None if read_only else Path(db_file),
+                                      note.removesuffix(" (read-only)") or "demo")
         self.refresh_s = refresh_s
         self.clock = clock
         self.compare_runs = list(compare_runs)
