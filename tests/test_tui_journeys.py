@@ -282,6 +282,33 @@ async def test_question_mark_lists_every_key_of_the_screen_at_80(store):
         assert type(app.screen).__name__ == "TreeScreen"
 
 
+@pytest.mark.parametrize("keys", [(), ("c",), ("c", "enter"), ("candidate",), ("f",), ("g",), ("m",), ("e",)],
+                         ids=["overview", "cards", "tree", "candidate", "failures", "charts", "compare", "exports"])
+async def test_question_mark_shows_every_key_of_each_screen_without_scrolling_at_80(store, keys):
+    from kforge_tui.screens.help import HelpScreen, key_rows
+
+    db, ids = store
+    app = make_app(db, ids["runs"][-1], compare_runs=ids["runs"])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        if keys == ("candidate",):
+            app.open_candidate(ids["failed"]["mismatch"])
+            assert await until(pilot, lambda: type(app.screen).__name__ == "CandidateScreen")
+        else:
+            await settle(pilot, *keys)
+        under = app.screen
+        await settle(pilot, "question_mark")
+        assert await until(pilot, lambda: isinstance(app.screen, HelpScreen))
+        await pilot.pause(0.2)
+        text = " ".join(screen_text(app).split())
+        words = set(text.split())
+        for key, what, _ in key_rows(under):  # each key and what it does, on screen at once
+            assert key in text, (key, screen_text(app))
+            # Words, not the phrase: a phrase wraps inside its column of a two-column help.
+            assert set(what.split()) <= words, (what, screen_text(app))
+        assert app.screen.query_one("#help").max_scroll_y == 0  # nothing below the box's edge
+
+
 async def test_palette_lists_each_command_once(store):
     db, ids = store
     app = make_app(db, ids["runs"][-1])
