@@ -352,3 +352,19 @@ async def test_candidate_shows_the_full_signature_at_80(store):
         await until(pilot, lambda: want in " ".join(screen_text(app).split()))
         flat = " ".join(screen_text(app).split())
         assert want in flat
+
+
+@pytest.mark.parametrize("keys", [("c",), ("c", "enter"), ("f",)])
+async def test_header_shows_the_runs_status_and_read_only_at_80(store, keys):
+    # The run's status and that this session sends no controls, on screens other than the overview too
+    # (the header used to end '… · sd35_medium · builtin · runn…' at 80 columns).
+    db, ids = store
+    conn = sqlite3.connect(db)  # a real run has no label (the fixture's says it is synthetic)
+    conn.execute("UPDATE runs SET config = '{\"iterations\": 14}' WHERE id = ?", (ids["runs"][-1],))
+    conn.commit()
+    conn.close()
+    app = make_app(db, ids["runs"][-1], read_only=True, note="demo (read-only)")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, *keys)
+        header = screen_text(app).splitlines()[0]
+        assert "running" in header and "demo (read-only)" in header, header
