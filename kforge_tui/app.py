@@ -33,7 +33,8 @@ class KforgeApp(App):
         super().__init__()
         self.model = ReadModel(db_file)
         self.run_id = run_id
-        self.controls = ControlWriter(None if read_only else Path(db_file))
+        self.controls = ControlWriter(None if read_only else Path(db_file),
+                                      note.removesuffix(" (read-only)") or "demo")
         self.refresh_s = refresh_s
         self.clock = clock
         self.compare_runs = list(compare_runs)
@@ -210,9 +211,11 @@ def _screen(module: str, name: str) -> Screen:
 
 
 def _subtitle(run: RunInfo, note: str) -> str:
-    parts = [run.id, run.model, run.provider, run.status]
-    if run.label:
+    """What every screen's header says of the run, most telling first: an 80-column header cuts the end
+    (the run id, model and provider are also on the overview's first line)."""
+    parts = [run.status]
+    if run.label:  # e.g. a stand-in run must never pass for a measurement
         parts.append(run.label)
-    if note:
+    if note:  # 'demo (read-only)', 'read-only workspace'
         parts.append(note)
-    return " · ".join(parts)
+    return " · ".join([*parts, run.id, run.model, run.provider])

@@ -17,8 +17,9 @@ class ReadOnlyWorkspace(RuntimeError):
 class ControlWriter:
     """Appends one row to `controls` per command, in its own short transaction."""
 
-    def __init__(self, db_file: Path | None) -> None:
-        self.db_file = db_file  # None: read-only session (demo)
+    def __init__(self, db_file: Path | None, why_read_only: str = "demo") -> None:
+        self.db_file = db_file  # None: read-only session (the demo, a read-only workspace)
+        self.why_read_only = why_read_only
 
     @property
     def enabled(self) -> bool:
@@ -30,7 +31,7 @@ class ControlWriter:
         if command not in CONTROL_COMMANDS:
             raise ValueError(f"unknown control command {command!r}")
         if self.db_file is None:
-            raise ReadOnlyWorkspace("this session is read-only (demo): controls are not sent")
+            raise ReadOnlyWorkspace(f"this session is read-only ({self.why_read_only}): controls are not sent")
         try:
             return read.add_control(self.db_file, run_id, command, card_id, args)
         except sqlite3.OperationalError as e:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from engine.cli import terminal_attached
 from engine.errors import JobError, UsageError
-from engine.store import is_corruption, unusable_database
+from engine.store import is_corruption, unusable_database, writable
 from engine.store.workspace import db_path, resolve_workspace
 
 DEMO_DB = Path(__file__).resolve().parent / "demo" / "kforge.db"
@@ -40,6 +40,8 @@ def open_tui(args: argparse.Namespace) -> int:
     else:
         workspace = resolve_workspace(args.workspace)
         db, read_only, note = db_path(workspace), False, ""
+        if command != "run" and db.is_file() and not writable(db):  # pause/resume/stop cannot be sent
+            read_only, note = True, "read-only workspace"
         if command != "run" and not db.is_file():
             raise UsageError(f"no Kernel Forge workspace at {workspace}: start a run with "
                              "'kforge-tui run CONFIG' (or look around with 'kforge-tui demo')")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.cards import chain_card_dispatch, chain_inputs, chain_label, compile_note, copy_fraction
-from engine.outcomes import IN_FLIGHT, LIVE_RUN_STATUSES, UNKNOWN_CATEGORY
+from engine.outcomes import CARD_SKIP_REASONS, IN_FLIGHT, LIVE_RUN_STATUSES, UNKNOWN_CATEGORY
 from engine.store import open_readonly, read
 from engine.store.read import CandidateHead
 
@@ -353,11 +353,25 @@ class ReadModel:
             if str(name) not in self._lane_names:
                 self._lane_names.append(str(name))
 
+    def _budget(self, iterations: int, live: bool) -> int:
+        """The evaluations this run will make: `iterations` for each card still searched, what it made
+        for each card that is done, none for a card skipped (noise, declined ...). (Iterations times every
+        card read 1% for a finished run whose skipped cards and exhausted templates never used theirs.)"""
+        total = 0
+        for card_id in self._card_static:
+            reason = self._card_reason.get(card_id)
+            if reason in CARD_SKIP_REASONS:
+                continue
+            made = len(self.by_card.get(card_id, ()))
+            # A card done, or left untouched by a run that ended, makes no more evaluations.
+            total += made if reason or not live else iterations
+        return total
+
     def _stats(self, run: RunInfo, lanes: tuple[LaneState, ...], llm_calls: int, llm_errors: int,
                proposing: int) -> RunStats:
         counts = self._status_counts
         iters = run.config.get("iterations")
-        budget = int(iters) * len(self._card_static) if isinstance(iters, int) else None
+        budget = self._budget(int(iters), run.live) if isinstance(iters, int) else None
         if not run.live:  # an ended run has nothing in flight, whatever a killed engine left behind
             lanes, proposing = tuple(LaneState(lane.name) for lane in lanes), 0
         return RunStats(len(self.nodes), counts.get("verified", 0) + counts.get("compiled", 0),

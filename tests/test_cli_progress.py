@@ -71,3 +71,53 @@ def test_help_says_what_wall_time_counts():
     sub = next(a for a in build_parser()._actions if getattr(a, "choices", None) and "run" in a.choices)
     text = " ".join(sub.choices["run"].format_help().split())
     assert "whole run" in text and "capture and eager timing count" in text
+
+
+# ---- the final table on an 80-column terminal ---------------------------------------------------------------
+
+
+def _final_table(doc: dict, width: int) -> str:
+    from rich.console import Console
+
+    from engine.run.report import print_final_table
+
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    print_final_table(doc, console)
+    return console.export_text()
+
+
+def _timed_doc() -> dict:
+    card = {"op": "aten::native_layer_norm", "id": "0cb9f661090757de", "calls": 1200, "eager_us": 1234.5,
+            "best_us": 876.25, "speedup": 1.41, "speedup_ci": [1.38, 1.44], "candidates": 14, "compiled": 13,
+            "verified": 12, "failures": {"cheating": 1, "nan": 1}, "stopped": "iterations"}
+    other = {**card, "op": "aten::convolution_backward", "id": "1111e29faa46b29a", "best_us": None,
+             "speedup": None, "speedup_ci": None, "verified": 0, "failures": {"compile": 1}}
+    return {"run": "run-0123456789ab", "status": "done", "stopped_by": "iterations", "cards": [card, other],
+            "tokens": 0, "cost_usd": 0.0, "proposals": 28, "evaluations": 28}
+
+
+def test_the_final_table_shows_every_number_whole_at_80_columns():
+    text = _final_table(_timed_doc(), 80)
+    assert max(len(line) for line in text.splitlines()) <= 80
+    header = next(line for line in text.splitlines() if line.startswith("op "))
+    for col in ("card", "calls", "eager", "best", "speedup (95% CI)", "cand", "comp", "ver"):
+        assert col in header, header
+    row = next(line for line in text.splitlines() if line.startswith("native_layer_norm"))
+    for cell in ("0cb9f661", "1200", "1234.5", "876.2", "1.41× (1.38–1.44)", "14", "13", "12"):
+        assert cell in row, row
+    assert "…" not in text
+    assert "native_layer_norm 0cb9f661: cheating 1, nan 1" in text  # failures by category, below the table
+    assert "convolution_backward 1111e29f: compile 1" in text
+
+
+def test_a_dry_runs_final_table_says_compiled_at_80_columns(cli, tmp_path):
+    code, out, err = cli("run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--device", "cpu",
+                         "--iterations", "2", "--json", "--workspace", tmp_path)
+    assert code == 0, err
+    text = _final_table(json.loads(out), 80)
+    header = next(line for line in text.splitlines() if line.startswith("op "))
+    # Nothing was timed: no columns of dashes; what a dry run did is in words a user reads.
+    assert header.split() == ["op", "card", "calls", "cand", "compiled"], header
+    row = next(line for line in text.splitlines() if line.startswith("gelu "))
+    assert row.split()[-1] == "2", row
+    assert "…" not in text

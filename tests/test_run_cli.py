@@ -207,3 +207,22 @@ def test_ops_searches_a_chosen_card_below_the_share_floor(cli, tmp_path):
     unchosen = gelu_card()
     assert unchosen["share"] < 0.001 and unchosen["candidates"] == 0 and unchosen["stopped"] == "noise", unchosen
     assert gelu_card("--ops", "gelu")["candidates"] >= 1
+
+
+def test_a_provider_that_never_answers_is_an_error_not_a_finished_run(cli, tmp_path, monkeypatch):
+    # A wrong --base-url: every proposal failed in the provider call, and the run said 'done', exit 0.
+    import socket
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, out, err = cli("run", CONFIGS / "examples" / "my_model.toml", "--small", "--dry-run", "--no-tui",
+                         "--device", "cpu", "--iterations", "1", "--provider", "openai", "--base-url",
+                         f"http://127.0.0.1:{port}/v1", "--model", "m", "--workspace", tmp_path)
+    assert code == 1, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: run run-") and "every proposal failed in the provider call" in last, last
+    assert "connection" in last and "base URL" in last, last
+    assert "provider" in out  # the table still shows what was tried
+

@@ -143,3 +143,30 @@ async def test_dry_run_candidates_are_not_marked_failed(store):
         await settle(pilot, "5")
         text = screen_text(app)
         assert "Not an error" in text and "✗" not in text
+
+
+async def test_each_failure_of_the_demo_opens_on_the_tab_that_explains_it():
+    # The demo's cheat passed verification and was caught while timed: it opened on a Verify tab that
+    # read 'passed', with no word of why it was rejected.
+    from kforge_tui.launcher import demo_copy
+
+    db = demo_copy()
+    app = KforgeApp(db, "run-ffa89ddf07d3", refresh_s=0, read_only=True)
+    app.animation_level = "none"
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        failed = [n for n in app.model.nodes.values() if n.status == "rejected"]
+        assert {n.category for n in failed} >= {"cheating", "mismatch", "compile", "nan", "overrun"}
+        for n in failed:
+            app.open_candidate(n.id)
+            await opened(pilot, app, "CandidateScreen")
+            body = screen_text(app).splitlines()[4:]  # below the header, summary, tab names and rule
+            first = next(line for line in body if line.strip())
+            assert not first.strip().startswith("passed"), (n.category, screen_text(app))
+            if n.category != "compile":  # a compile error's log is in the compiler's own words
+                assert n.category in " ".join(body), (n.category, screen_text(app))
+            if n.category == "cheating":
+                await settle(pilot, "6")  # its report, which passed, says where the reason is
+                assert "Verification passed; the candidate was rejected after it (cheating)" in \
+                    " ".join(screen_text(app).split()), screen_text(app)
+            await settle(pilot, "escape")

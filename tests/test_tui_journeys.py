@@ -282,6 +282,33 @@ async def test_question_mark_lists_every_key_of_the_screen_at_80(store):
         assert type(app.screen).__name__ == "TreeScreen"
 
 
+@pytest.mark.parametrize("keys", [(), ("c",), ("c", "enter"), ("candidate",), ("f",), ("g",), ("m",), ("e",)],
+                         ids=["overview", "cards", "tree", "candidate", "failures", "charts", "compare", "exports"])
+async def test_question_mark_shows_every_key_of_each_screen_without_scrolling_at_80(store, keys):
+    from kforge_tui.screens.help import HelpScreen, key_rows
+
+    db, ids = store
+    app = make_app(db, ids["runs"][-1], compare_runs=ids["runs"])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        if keys == ("candidate",):
+            app.open_candidate(ids["failed"]["mismatch"])
+            assert await until(pilot, lambda: type(app.screen).__name__ == "CandidateScreen")
+        else:
+            await settle(pilot, *keys)
+        under = app.screen
+        await settle(pilot, "question_mark")
+        assert await until(pilot, lambda: isinstance(app.screen, HelpScreen))
+        await pilot.pause(0.2)
+        text = " ".join(screen_text(app).split())
+        words = set(text.split())
+        for key, what, _ in key_rows(under):  # each key and what it does, on screen at once
+            assert key in text, (key, screen_text(app))
+            # Words, not the phrase: a phrase wraps inside its column of a two-column help.
+            assert set(what.split()) <= words, (what, screen_text(app))
+        assert app.screen.query_one("#help").max_scroll_y == 0  # nothing below the box's edge
+
+
 async def test_palette_lists_each_command_once(store):
     db, ids = store
     app = make_app(db, ids["runs"][-1])
@@ -325,3 +352,19 @@ async def test_candidate_shows_the_full_signature_at_80(store):
         await until(pilot, lambda: want in " ".join(screen_text(app).split()))
         flat = " ".join(screen_text(app).split())
         assert want in flat
+
+
+@pytest.mark.parametrize("keys", [("c",), ("c", "enter"), ("f",)])
+async def test_header_shows_the_runs_status_and_read_only_at_80(store, keys):
+    # The run's status and that this session sends no controls, on screens other than the overview too
+    # (the header used to end '… · sd35_medium · builtin · runn…' at 80 columns).
+    db, ids = store
+    conn = sqlite3.connect(db)  # a real run has no label (the fixture's says it is synthetic)
+    conn.execute("UPDATE runs SET config = '{\"iterations\": 14}' WHERE id = ?", (ids["runs"][-1],))
+    conn.commit()
+    conn.close()
+    app = make_app(db, ids["runs"][-1], read_only=True, note="demo (read-only)")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, *keys)
+        header = screen_text(app).splitlines()[0]
+        assert "running" in header and "demo (read-only)" in header, header

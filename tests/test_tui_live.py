@@ -99,3 +99,40 @@ async def test_resume_from_the_tui_shows_the_run_running_again(tmp_path):
         finally:
             engine.cancel()
             model.close()
+
+
+def test_a_finished_dry_run_reads_done_on_the_progress_bar(tmp_path):
+    # my_model: 7 cards, of which the builtin skips 4 (noise, declined) and exhausts its templates on the
+    # others long before 300 iterations. The bar said 1% ('done 23/2100') for the finished run.
+    import asyncio
+    import json
+
+    from engine.store import db_path
+
+    r = subprocess.run([sys.executable, "-m", "kforge_tui", "run", str(ROOT / "configs/examples/my_model.toml"),
+                        "--small", "--dry-run", "--no-tui", "--device", "cpu", "--iterations", "300", "--json",
+                        "--workspace", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "done" and 0 < doc["evaluations"] < 300
+
+    async def overview_and_cards() -> tuple[str, str, int | None]:
+        app = KforgeApp(db_path(tmp_path), doc["run"], refresh_s=0)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause(0.5)
+            overview = screen_text(app)
+            await pilot.press("c")
+            await pilot.pause(0.3)
+            # What a live run's bar counts: the same run as if still running, its skipped cards known.
+            live = app.model._budget(300, True)
+            return overview, screen_text(app), live
+
+    overview, cards, live_budget = asyncio.run(overview_and_cards())
+    assert "100%" in overview, overview
+    n = doc["evaluations"]
+    assert f"done {n}/{n}:" in overview, overview
+    skipped = {c["id"]: c["stopped"] for c in doc["cards"] if not c["candidates"]}
+    assert sorted(skipped.values()) == ["declined"] * 3 + ["noise"], skipped
+    # The cards the builtin declined say so, as the noise card does (they read 'untouched' before).
+    assert cards.count("declined") == 3 and "untouched" not in cards, cards
+    assert live_budget == n  # every card is done or skipped: nothing is left to count on

@@ -545,6 +545,35 @@ def cmd_run(args: argparse.Namespace, workspace: Path) -> int:
         print(json.dumps(doc, separators=(",", ":"), default=str))
     else:
         print_final_table(doc)
+    failed_at_provider = provider_never_answered(doc, workspace)
+    if failed_at_provider and code == 0:
+        # Not a finished search: the run never got one answer (a wrong --base-url or model, a server down).
+        print(f"error: run {doc['run']}: every proposal failed in the provider call, none was answered "
+              f"({failed_at_provider}); check the provider's base URL, model and key, then start the run "
+              "again", file=sys.stderr)
+        return 1
     return code
+
+
+def provider_never_answered(doc: dict[str, Any], workspace: Path) -> str | None:
+    """The first provider error of a run whose every candidate failed in the provider call (None
+    otherwise, and for a run that made no proposal)."""
+    cards = doc.get("cards") or []
+    made = sum(c.get("candidates") or 0 for c in cards)
+    at_provider = sum((c.get("failures") or {}).get("provider", 0) for c in cards)
+    if not made or at_provider != made:
+        return None
+    from engine.store import open_readonly
+
+    try:
+        conn = open_readonly(db_path(workspace))
+        try:
+            row = conn.execute("SELECT error FROM candidates WHERE run_id = ? AND category = 'provider' "
+                               "ORDER BY created_at LIMIT 1", (doc["run"],)).fetchone()
+        finally:
+            conn.close()
+    except Exception:  # noqa: BLE001 - the line is said without the example
+        row = None
+    return (row[0] if row and row[0] else "no error recorded").splitlines()[0]
 
 

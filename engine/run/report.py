@@ -95,26 +95,77 @@ class Progress:
             self.stages.update("search", completed=o.totals.evaluations, total=total, message=message)
 
 
+NARROW_BELOW = 120  # columns: under this the final table takes its narrow form (a terminal of 80 columns)
+
+
 def print_final_table(doc: dict[str, Any], console: Console | None = None) -> None:
-    """Card, eager µs, best µs, speedup with CI, candidates, failures by category, tokens, cost."""
+    """Card, eager µs, best µs, speedup with CI, candidates, failures by category, tokens, cost.
+
+    A run that timed nothing (a dry run) has no eager, best or speedup columns: they would be dashes.
+    Under NARROW_BELOW columns the table has no borders, ops lose their `aten::` prefix and the failures
+    by category go below it, one card a line, so every column is read whole on an 80-column terminal."""
     if console is None:
         console = Console()
         if not console.is_terminal:
             console = Console(width=160)  # a log file is not an 80-column screen
-    table = Table(title=f"run {doc['run']}: {doc['status']} (stopped by {doc['stopped_by']})", pad_edge=False)
-    for col, just in (("op", "left"), ("card", "left"), ("calls", "right"), ("eager µs", "right"),
-                      ("best µs", "right"), ("speedup (95% CI)", "right"), ("cand", "right"),
-                      ("compiled", "right"), ("verified", "right"), ("failures", "left")):
-        table.add_column(col, justify=just, no_wrap=col != "failures")
-    for c in doc["cards"]:
-        if not c["candidates"] and c["stopped"] in CARD_SKIP_REASONS:
-            continue
+    narrow = console.width < NARROW_BELOW
+    rows = [c for c in doc["cards"] if c["candidates"] or c["stopped"] not in CARD_SKIP_REASONS]
+    timed = any(c.get("eager_us") is not None or c.get("best_us") is not None for c in doc["cards"])
+    title = f"run {doc['run']}: {doc['status']} (stopped by {doc['stopped_by']})"
+    if narrow:
+        from rich import box
+
+        console.print(title, highlight=False)
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0)
+    else:
+        table = Table(title=title, pad_edge=False)
+    cols: list[tuple[str, str]] = [("op", "left"), ("card", "left"), ("calls", "right")]
+    if timed:
+        cols += [("eager µs", "right"), ("best µs", "right"), ("speedup (95% CI)", "right")]
+    cols += [("cand", "right"), ("compiled", "right")]
+    if timed:
+        cols += [("verified", "right")]
+    if not narrow:
+        cols += [("failures", "left")]
+    short = {"eager µs": "eager", "best µs": "best", "compiled": "comp", "verified": "ver"} \
+        if narrow and timed else {}
+    if short:
+        table.caption = "µs per call · cand candidates · comp compiled · ver verified"
+        table.caption_justify = "left"
+    failed: list[str] = []
+    body: list[list[str]] = []
+    for c in rows:
         ci = c["speedup_ci"]
         sp = f"{c['speedup']:.2f}× ({ci[0]:.2f}–{ci[1]:.2f})" if c["speedup"] and ci else "–"
-        fails = ", ".join(f"{k} {v}" for k, v in sorted(c["failures"].items())) or "–"
-        table.add_row(c["op"], c["id"][:8], str(c["calls"]), _us(c["eager_us"]), _us(c["best_us"]), sp,
-                      str(c["candidates"]), str(c["compiled"]), str(c["verified"]), fails)
+        fails = ", ".join(f"{k} {v}" for k, v in sorted(c["failures"].items()))
+        op = c["op"].removeprefix("aten::") if narrow else c["op"]
+        cells = [op, c["id"][:8], str(c["calls"])]
+        if timed:
+            cells += [_us(c["eager_us"]), _us(c["best_us"]), sp]
+        cells += [str(c["candidates"]), str(c["compiled"])]
+        if timed:
+            cells += [str(c["verified"])]
+        if not narrow:
+            cells += [fails or "–"]
+        elif fails:
+            failed.append(f"  {op} {c['id'][:8]}: {fails}")
+        body.append(cells)
+    heads = [short.get(col, col) for col, _ in cols]
+    # The op column gives way (ending in …) so that every number is shown whole.
+    widths = [max([len(h), *(len(r[i]) for r in body)]) for i, h in enumerate(heads)]
+    op_room = max(8, console.width - sum(widths[1:]) - (len(widths) - 1)) if narrow else None
+    for (col, just), head in zip(cols, heads):
+        if col == "op":
+            table.add_column(head, justify=just, no_wrap=True, overflow="ellipsis", max_width=op_room)
+        else:
+            table.add_column(head, justify=just, no_wrap=col != "failures")
+    for cells in body:
+        table.add_row(*cells)
     console.print(table)
+    if failed:
+        console.print("failures by category:", highlight=False)
+        for line in failed:
+            console.print(line, highlight=False)
     skipped = [c for c in doc["cards"] if not c["candidates"]]
     if skipped:
         reasons: dict[str, int] = {}

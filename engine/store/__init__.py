@@ -15,6 +15,7 @@ from engine.store.store import (
     row_from_dict,
     row_to_dict,
     unusable_database,
+    writable,
 )
 from engine.store.workspace import (
     DB_FILENAME,
@@ -48,4 +49,5 @@ __all__ = [
     "row_to_dict",
     "samples_dir",
     "unusable_database",
+    "writable",
 ]

@@ -145,9 +145,30 @@ def open_readonly(db_path: str | os.PathLike[str], *, threads: bool = False) -> 
     path = Path(db_path).absolute()
     if not path.is_file():
         raise StoreError(f"no Kernel Forge database at {path}; run `kforge capture` in that workspace first")
+    try:
+        return _open_readonly(path, threads, immutable=False)
+    except sqlite3.OperationalError as e:
+        # A WAL database in a folder this user cannot write (another user's workspace, a read-only
+        # mount, an archived run): SQLite cannot create the -shm file readers need. No writer has the
+        # database open then (it would have created that file), so the file as it is holds every
+        # committed row: read it as immutable.
+        if "unable to open" not in str(e) or Path(f"{path}-shm").exists() or writable(path):
+            raise StoreError(f"cannot read the workspace database {path} ({e})") from None
+        try:
+            return _open_readonly(path, threads, immutable=True)
+        except sqlite3.OperationalError as e2:
+            raise StoreError(f"cannot read the workspace database {path} ({e2})") from None
+
+
+def writable(path: Path) -> bool:
+    """Whether this process may write the database file and create files beside it (its -wal, -shm)."""
+    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
+
+
+def _open_readonly(path: Path, threads: bool, *, immutable: bool) -> sqlite3.Connection:
     # as_uri() percent-encodes, so spaces, '?' or '#' in the path cannot break the URI.
-    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=_BUSY_TIMEOUT_MS / 1000,
-                           check_same_thread=not threads)
+    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro{'&immutable=1' if immutable else ''}", uri=True,
+                           timeout=_BUSY_TIMEOUT_MS / 1000, check_same_thread=not threads)
     try:
         conn.row_factory = sqlite3.Row
         _check_version(conn.execute("PRAGMA user_version").fetchone()[0], path)

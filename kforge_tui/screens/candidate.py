@@ -70,7 +70,10 @@ class CandidateScreen(KforgeScreen):
         cat = d.row.get("category")
         if cat == "compile":
             return "compile"
-        if cat in NUMERIC_REJECTIONS and d.row.get("verification"):
+        v = d.row.get("verification")
+        # The report explains a failed verification; a kernel that passed it and was caught later (a
+        # cheat found while timing) is explained by its error, not by a report that reads 'passed'.
+        if cat in NUMERIC_REJECTIONS and v and not (isinstance(v, dict) and v.get("ok")):
             return "verify"
         return "error"
 
@@ -146,7 +149,13 @@ class CandidateScreen(KforgeScreen):
                 return text
             return Text("(no error)", style="italic")
         if tab == "verify":
-            return _verification(r.get("verification"), r["status"])
+            report = _verification(r.get("verification"), r["status"])
+            v = r.get("verification")
+            if r["status"] == "rejected" and isinstance(v, dict) and v.get("ok"):
+                return Group(Text(f"Verification passed; the candidate was rejected after it "
+                                  f"({r.get('category') or 'unknown'}): why is on 5 Error.", style="bold yellow"),
+                             report)
+            return report
         if tab == "timing":
             return _timing(r.get("timing"), r)
         if tab == "proposer":
