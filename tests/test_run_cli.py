@@ -226,3 +226,27 @@ def test_a_provider_that_never_answers_is_an_error_not_a_finished_run(cli, tmp_p
     assert "connection" in last and "base URL" in last, last
     assert "provider" in out  # the table still shows what was tried
 
+
+
+def test_a_provider_that_never_answers_stops_the_run_early_and_resumable(cli, tmp_path, monkeypatch):
+    # With a budget of many proposals the run spent every one of them failing at the closed port: now it stops
+    # after PROVIDER_GIVE_UP failures in a row before any answer, says so, and the run can be resumed.
+    import socket
+    import sqlite3
+
+    from engine.run.orchestrator import PROVIDER_GIVE_UP
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, out, err = cli("run", CONFIGS / "examples" / "my_model.toml", "--small", "--dry-run", "--no-tui",
+                         "--device", "cpu", "--iterations", "50", "--max-proposals", "1", "--provider", "openai",
+                         "--base-url", f"http://127.0.0.1:{port}/v1", "--model", "m", "--workspace", tmp_path)
+    assert code == 1, err[-2000:]
+    assert "every proposal failed in the provider call" in err.strip().splitlines()[-1]
+    db = sqlite3.connect(tmp_path / "kforge.db")
+    status, stopped_by = db.execute("SELECT status, stopped_by FROM runs").fetchone()
+    made = db.execute("SELECT COUNT(*) FROM candidates").fetchone()[0]
+    assert (status, stopped_by) == ("stopped", "provider")
+    assert made == PROVIDER_GIVE_UP, made  # one at a time: exactly the failures it allows

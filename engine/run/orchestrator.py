@@ -22,6 +22,10 @@ from engine.propose.repair import MAX_ATTEMPTS, next_step, repair_request
 from engine.run.plan import CardState, SchedulePolicy, count_chains_once, next_card, skip_reason, stop_reason
 from engine.search.tree import ROOT, STRATEGIES, SearchParams, Tree, backup
 
+# Proposals failing in the provider call, before any has come back, after which a run stops ("provider"): a
+# wrong base URL, model or key, or a server down, fails every later call alike and would spend the budget.
+PROVIDER_GIVE_UP = 6
+
 Evaluate = Callable[[CardState, Proposal], Awaitable[Evaluation]]
 
 
@@ -166,6 +170,8 @@ class Orchestrator:
         self.focus: dict[str, str | None] = {}
         self.paused = False
         self.stopped_by: str | None = None
+        self._answered = False      # some proposal came back from the provider (answered or declined)
+        self._provider_failures = 0  # proposals that failed in the provider call
         self._tasks: set[asyncio.Task] = set()
         self._work: set[asyncio.Future] = set()  # proposer calls and evaluations in flight
         self._wake = asyncio.Event()
@@ -276,7 +282,7 @@ class Orchestrator:
                     card.done_reason = ("iterations" if card.iterations >= self.budgets.iterations_per_card
                                         else "exhausted")  # every revision the proposer can make was tried
                     await self.recorder.event("card_done", {"reason": card.done_reason}, card.ref.card_id)
-        status = "stopped" if self.stopped_by in ("user", "interrupted") else "done"
+        status = "stopped" if self.stopped_by in ("user", "interrupted", "provider") else "done"
         await self.recorder.status(status, self.stopped_by)
         await self.recorder.event("run_finished", {"stopped_by": self.stopped_by, **self.totals.__dict__})
         return self.stopped_by
@@ -394,6 +400,13 @@ class Orchestrator:
         finally:
             await self.recorder.event("proposer_done", {"node": node_id}, card.ref.card_id)
         self.totals.proposals += 1
+        if proposal.category == "provider":
+            self._provider_failures += 1
+            if not self._answered and self._provider_failures >= PROVIDER_GIVE_UP and not self.stopped_by:
+                self.stopped_by = "provider"  # nothing has answered yet: the rest would fail alike
+                self._wake.set()
+        else:
+            self._answered = True
         u = proposal.usage
         if u.tokens_in or u.tokens_out or u.cost_usd:
             self.totals.tokens_in += u.tokens_in
