@@ -80,7 +80,8 @@ RUN_STOP_REASONS: dict[str, str] = {
     "user": "stopped from the TUI",
     # Before any answer, PROVIDER_GIVE_UP proposals in a row failed in the provider call (a wrong base URL or
     # model, a server down): the rest of the budget would fail alike. `run` exits 1 and names the first error.
-    "provider": "the provider never answered (the first proposals all failed in its call); --resume after fixing it",
+    "provider": "the provider never answered (the first proposals all failed in its call); --resume once it is up, or start "
+                "again with the right base URL or model",
     # The one reason `run` does not exit 0 after: 130, as after any Ctrl-C; the run can be resumed.
     "interrupted": "stopped by Ctrl-C (SIGINT) in the terminal; --resume continues it",
 }
