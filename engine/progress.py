@@ -57,14 +57,30 @@ class StageProgress:
                 BarColumn,
                 MofNCompleteColumn,
                 Progress,
+                ProgressColumn,
                 SpinnerColumn,
                 TextColumn,
                 TimeElapsedColumn,
             )
+            from rich.table import Column
+            from rich.text import Text
 
-            self._rich = Progress(SpinnerColumn(finished_text="[green]✓[/]"),
-                                  TextColumn("[bold]{task.fields[stage]:<8}[/]"), BarColumn(bar_width=24),
-                                  MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"),
+            class Message(ProgressColumn):
+                """What the stage does now, on one line, cut with an ellipsis where the line ends."""
+
+                def render(self, task: Any) -> Text:
+                    return Text(task.description, no_wrap=True, overflow="ellipsis")
+
+            # The stage, bar, counts and clock keep their widths; the message takes what is left of the line
+            # (at 80 columns a long message squeezed out the stage's name, the bar and the counts).
+            def fixed(width: int) -> Column:
+                return Column(min_width=width, no_wrap=True)
+
+            self._rich = Progress(SpinnerColumn(finished_text="[green]✓[/]", table_column=fixed(1)),
+                                  TextColumn("[bold]{task.fields[stage]:<8}[/]", table_column=fixed(8)),
+                                  BarColumn(bar_width=24, table_column=fixed(24)),
+                                  MofNCompleteColumn(table_column=fixed(9)), TimeElapsedColumn(table_column=fixed(7)),
+                                  Message(table_column=Column(ratio=1, overflow="ellipsis")),
                                   console=Console(file=self.stream), refresh_per_second=4, transient=False)
             self._rich.start()
         return self._rich

@@ -121,3 +121,19 @@ def test_a_dry_runs_final_table_says_compiled_at_80_columns(cli, tmp_path):
     row = next(line for line in text.splitlines() if line.startswith("gelu "))
     assert row.split()[-1] == "2", row
     assert "…" not in text
+
+
+def test_at_80_columns_a_long_message_leaves_the_stage_bar_and_counts(monkeypatch):
+    # The message took the line: 'sea… 12 evaluated, …' with the stage's name cut and no bar or counts.
+    import re
+
+    monkeypatch.setenv("COLUMNS", "80")
+    out = _Terminal()
+    p = StageProgress(out)
+    p.update("search", completed=12, total=120, message="12 evaluated, 3 verified, best 14.1x on kforge::chain "
+             "bf16[1,128,1024,1024] (group_norm + silu), 2 in flight")
+    p.close()
+    frame = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue().split("\r")[-1])
+    line = next(x for x in frame.splitlines() if "evaluated" in x)
+    assert "search" in line and "12/120" in line and "━" in line, line
+    assert line.rstrip().endswith("…") and len(line.rstrip()) <= 80, line
