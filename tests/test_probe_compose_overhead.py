@@ -15,10 +15,21 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_arms_cross_the_backend_with_the_routes():
-    arms = load_script("probe_compose_overhead").ARMS
-    assert arms[0] == ("torch.compile", False, False)  # the base every arm is divided by
-    assert sorted((backend, routes) for _, backend, routes in arms) == [(False, False), (False, True),
-                                                                        (True, False), (True, True)]
+    probe = load_script("probe_compose_overhead")
+    arms = probe.ARMS
+    assert arms[0] == ("torch.compile", False, False, True)  # the base every arm is divided by
+    assert sorted((backend, routes) for _, backend, routes, own in arms if own) == [
+        (False, False), (False, True), (True, False), (True, True)]
+    # bench_compose's pair, on one function as it compiles them
+    assert sorted((backend, routes) for _, backend, routes, own in arms if not own) == [(False, False), (True, True)]
+
+
+def test_each_arm_of_its_own_gets_its_own_code_object():
+    probe = load_script("probe_compose_overhead")
+    calls = []
+    a, b = probe.own_code(lambda: calls.append(1), "a"), probe.own_code(lambda: calls.append(2), "b")
+    a(), b()
+    assert calls == [1, 2] and a.__code__ is not b.__code__
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
