@@ -141,14 +141,15 @@ def test_a_chain_candidate_computing_in_bf16_is_caught_by_the_float64_reference(
     # Eager's chain upcasts, so its error against the exact answer is one final rounding. On rows of 32,
     # bf16 arithmetic errs 2-4x that, inside the bf16 reduction tolerance (two ulp): only the precision
     # check tells, within the chain factor (1.5x; tests/test_chain_precision.py sweeps row sizes and
-    # seeds). This sample (seed 5, 8 rows) errs 4.3x.
+    # seeds). This sample (seed 5, 8 rows) errs 4.3x under torch 2.14 and 2.6x under 2.11 (other random
+    # draws): either way past the chain factor.
     sig, _, sample, _ = rms_chain(rows=(8,))
     torch.manual_seed(5)
     sample = [("in0", torch.randn(8, D, dtype=torch.bfloat16)), sample[1]]
     check = card_check(CHAIN_OP, sig, [sample])
     v = check.check(_rms_in_bf16)
     assert not v.ok and v.input_set == "sample 0", v.message
-    assert "float64 reference" in v.message and v.details["precision"]["ratio"] > 3
+    assert "float64 reference" in v.message and v.details["precision"]["ratio"] > 1.5
 
 
 def test_the_float64_reference_of_a_chain_runs_its_casts_in_float64():
