@@ -28,6 +28,7 @@ from engine.capture.wide_compute import WideCompute, widens
 from engine.cards import OperatorCard
 from engine.config import ModelConfig, build_target
 from engine.errors import UsageError
+from engine.models.random_init import fill_period
 
 Progress = Callable[[str], None]
 
@@ -156,7 +157,12 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     final = samples_root / capture_id
     partial.mkdir(parents=True)
     # Sample files are written (and hashed) on a background thread while the forward computes.
-    writer = SampleWriter(frozenset(storage_key(t) for t in (*target.module.parameters(), *target.module.buffers())))
+    # The model's parameters and buffers are referenced, not copied, until written; those a tiled random fill
+    # made (a reference model's weights) are stored as one period where their bytes still repeat.
+    state = [*target.module.parameters(), *target.module.buffers()]
+    writer = SampleWriter(frozenset(storage_key(t) for t in state),
+                          periods={storage_key(t): p for t in state if (p := fill_period(t)) is not None})
+    del state
     try:
         def sink(tally: CardTally, idx: int, snap: Snapshot, meta: dict[str, Any]) -> int:
             nonlocal write_s
@@ -199,7 +205,7 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
             write_s += early.write_s
         queue_s = write_s  # queueing samples during the captured forward (copies of what it may change)
         progress(f"captured {mode.ops} ops into {len(mode.cards)} cards, "
-                 f"{mode.total_sample_bytes / 1e6:.0f} MB of samples")
+                 f"{mode.total_sample_bytes / 1e6:.0f} MB of samples ({writer.file_bytes / 1e6:.0f} MB of files so far)")
         total_us = sum(t.weighted_us() for t in mode.cards.values())
         cards = sorted((_to_card(t, total_us) for t in mode.cards.values()),
                        key=lambda c: (-c.share, c.op, c.card_id))

@@ -54,6 +54,20 @@ class _TiledFill:
         rest = flat.numel() - whole * _FILL_BLOCK
         if rest:
             flat[whole * _FILL_BLOCK :].copy_(src[:rest])
+        if whole >= 2:
+            setattr(p, _PERIOD_ATTR, _FILL_BLOCK * p.element_size())
+
+
+_PERIOD_ATTR = "_kforge_fill_period"
+
+
+def fill_period(t: torch.Tensor) -> int | None:
+    """The period in bytes with which a tensor filled here repeats from its first byte, or None.
+
+    A tiled fill repeats one block; anything that writes the tensor afterwards (a scale, a model's own init)
+    may keep or break the repetition, so whoever relies on it checks the bytes (engine.capture.samples)."""
+    period = getattr(t, _PERIOD_ATTR, None)
+    return period if isinstance(period, int) and t.storage_offset() == 0 else None
 
 
 def random_model(model_cls, config, *, device: torch.device, dtype: torch.dtype, seed: int) -> torch.nn.Module:
