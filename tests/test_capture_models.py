@@ -104,3 +104,15 @@ def test_qwen_experts_shared_before_any_weight_is_filled(monkeypatch):
     ids = torch.tensor([[1, 2, 3]])
     with torch.no_grad():
         assert model(input_ids=ids).logits.shape == (1, 3, 64)
+
+
+def test_gemma_rotary_tables_in_one_order_whatever_the_hash_seed():
+    """transformers iterates a set of layer-type strings to make Gemma's rotary tables; the set's order (and
+    so the capture's rotary chain cards) followed PYTHONHASHSEED until the builder fixed one order."""
+    import torch
+
+    from engine.config import build_target, load_config
+
+    model = build_target(load_config(CONFIGS / "models" / "gemma4_e2b.toml", small=True),
+                         torch.device("meta")).module
+    assert model.model.unique_layer_types == ["full_attention", "sliding_attention"]
