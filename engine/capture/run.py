@@ -212,9 +212,13 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         chain_list, chain_notes, t_chains = [], {}, time.perf_counter()
         if trace is not None:
             trace.resolve_times()
+            # Chain samples have a total budget of their own, the one the warm-up planned them with: were it
+            # what the op samples left, the captured forward's plan would be smaller than the warm-up's whenever
+            # the op samples took much of it (Gemma's), those samples would be dropped and one more forward
+            # taken; and as the plan spends it in order of measured time, which instances were kept varied
+            # from run to run.
             found = chain_cards(trace, target.module, paths.weight, total_us, samples=k,
-                                sample_budget_bytes=budget,
-                                total_budget_bytes=max(0, total_budget - mode.total_sample_bytes))
+                                sample_budget_bytes=budget, total_budget_bytes=total_budget)
             chain_list = found.cards
             written = None
             if early is not None:
