@@ -393,12 +393,22 @@ def cmd_capture(args: argparse.Namespace) -> int:
     from engine.capture.store import capture_and_store
     from engine.run.interrupt import Interrupted, exit_on_next_sigint
 
+    # On a terminal the capture is a stage updated in place, whose spinner and elapsed time move also while
+    # one step says nothing for seconds (importing the model's library, filling gigabytes of weights);
+    # redirected, stderr keeps only errors and warnings.
+    stages = StageProgress() if sys.stderr.isatty() else None
     try:
         result = capture_and_store(config, args.device, workspace, samples=args.samples,
-                                   progress=stderr_progress())
+                                   progress=stages.sink("capture") if stages else stderr_progress())
+        if stages is not None:
+            stages.done("capture", f"{config.name}: {len(result.cards)} cards and {len(result.chains)} chain "
+                                   f"cards, captured in {result.wall_s:.1f} s")
     except KeyboardInterrupt:  # its samples were in a .partial-* folder, removed on the way out
         exit_on_next_sigint()
         raise Interrupted("interrupted: capture stopped; nothing was kept") from None
+    finally:
+        if stages is not None:
+            stages.close()
     if args.json:
         print(json.dumps(result.to_json(), indent=None, separators=(",", ":")))
     else:
