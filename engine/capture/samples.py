@@ -114,10 +114,8 @@ def _memcmp() -> Any:
         fn = None
         try:
             import ctypes
-            import ctypes.util
 
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
-            fn = libc.memcmp
+            fn = ctypes.CDLL(None).memcmp  # the process's own libc (Linux, macOS)
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
         except (OSError, AttributeError, TypeError):
