@@ -116,3 +116,20 @@ def test_weights_of_a_tiled_fill_are_sampled_as_one_period(tmp_path):
     assert torch.equal(bits(weight.t()), bits(model[0].weight))
     assert sum(f.stat().st_size for f in files) < 2048 * 1024 * 2  # less than the one weight, whole
     assert any("MB of samples (" in m and "MB of files so far)" in m for m in messages)
+
+
+def test_the_cli_leaves_its_objects_out_of_the_collector_at_exit():
+    """The interpreter's teardown of torch's and the model libraries' modules ran cyclic collections over
+    them (1.3-1.7 s of a `capture --small`); the CLI freezes what is alive when the process exits."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    # Registered before main(), this handler runs after the CLI's own (atexit runs last-in first-out).
+    code = ("import atexit, gc; atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0)); "
+            "from engine.cli import main; main(['--version']); main(['--version'])")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
+    assert out.splitlines()[-1] == "frozen True" and out.count("kforge-tui") == 2
