@@ -133,3 +133,18 @@ def test_the_cli_leaves_its_objects_out_of_the_collector_at_exit():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
     assert out.splitlines()[-1] == "frozen True" and out.count("kforge-tui") == 2
+
+
+def test_timing_script_times_the_whole_command_too(tmp_path):
+    import os
+
+    from conftest import ROOT, load_script
+
+    script = load_script("time_small_captures")
+    got = script.time_command(str(CONFIGS / "examples" / "my_model.toml"), {**os.environ, "PYTHONPATH": str(ROOT)},
+                              timeout=300)
+    assert float(got) > 0  # seconds, as the table prints them
+    row = {"model": "m", "total_s": 1.0, "phases": {}, "cards": 2, "sample_bytes": 0, "progress_messages": 3,
+           "load": "0.1 → 0.2", "command": got}
+    assert script._row(row)[-1] == got and len(script._row(row)) == len(script.PHASES) + 7
+    assert script._row({"model": "m", "error": "exit 1", "load": "x", "command": got})[-1] == got
