@@ -53,7 +53,7 @@ class ModelConfig:
     multiplicity: Mapping[str, int]
     samples: int = 3
     sample_budget_mb: int = 256  # per card; its first sample is always kept
-    total_sample_budget_mb: int = 8192  # per capture
+    total_sample_budget_mb: int = 8192  # per capture for op samples, and as much again for chain samples
     raw: Mapping[str, Any] = field(default_factory=dict)
     run: Mapping[str, Any] = field(default_factory=dict)  # the [run] table, validated (RUN_KEYS)
     builder_file: Path | None = None  # the builder's module source, part of `sha256`; None if not a file

@@ -66,9 +66,12 @@ class StageProgress:
             from rich.text import Text
 
             class Message(ProgressColumn):
-                """What the stage does now, on one line, cut with an ellipsis where the line ends."""
+                """What a running stage does now, on one line cut with an ellipsis where the line ends; a
+                finished stage's last word whole (wrapped onto more lines where it must)."""
 
                 def render(self, task: Any) -> Text:
+                    if task.finished:
+                        return Text(task.description)
                     return Text(task.description, no_wrap=True, overflow="ellipsis")
 
             # The stage, bar, counts and clock keep their widths; the message takes what is left of the line

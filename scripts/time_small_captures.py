@@ -5,9 +5,11 @@ Each config runs in its own child process, in a fresh temporary workspace, throu
 table: wall seconds split into build / warm-up / captured forward / writing samples (queueing them during the
 forward, and waiting for the background writer at its end) / chain samples (finding the chains, and one more
 forward where the warm-up could not plan their samples), cards, sample bytes, and the load average before and
-after each config (the machine may be shared).
+after each config (the machine may be shared). With `--command`, each config is then also captured as a user
+types it (`kforge-tui capture CONFIG --small --device cpu`, in a fresh workspace): "command s" is that
+process's whole wall time, interpreter start, imports, printing the cards and exit included.
 
-    python scripts/time_small_captures.py [CONFIG ...] [--timeout S] [--markdown]
+    python scripts/time_small_captures.py [CONFIG ...] [--timeout S] [--markdown] [--command]
 """
 
 from __future__ import annotations
@@ -51,6 +53,20 @@ def capture_one(config_path: str) -> dict:
             "chain_samples_note": result.notes.get("chain samples")}
 
 
+def time_command(config_path: str, env: dict, timeout: float) -> str:
+    """Wall seconds of `kforge-tui capture CONFIG --small --device cpu` in a fresh workspace, as a string."""
+    with tempfile.TemporaryDirectory(prefix="kforge-time-cmd-") as tmp:
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run([sys.executable, "-m", "kforge_tui.cli", "capture", config_path, "--small",
+                                   "--device", "cpu", "--workspace", tmp], env=env, timeout=timeout,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return f"not done after {timeout:.0f} s"
+        wall = time.perf_counter() - t0
+    return f"{wall:.1f}" if proc.returncode == 0 else f"exit {proc.returncode}"
+
+
 def _load() -> str:
     """The 1-minute load average (Linux), or '?'."""
     try:
@@ -60,10 +76,12 @@ def _load() -> str:
 
 
 def _row(r: dict) -> list[str]:
+    command = [r["command"]] if "command" in r else []
     if "error" in r:
-        return [r["model"], r["error"]] + [""] * (len(PHASES) + 3) + [r["load"]]
+        return [r["model"], r["error"]] + [""] * (len(PHASES) + 3) + [r["load"]] + command
     return ([r["model"], f"{r['total_s']:.1f}"] + [f"{r['phases'].get(p, 0.0):.1f}" for p in PHASES]
-            + [str(r["cards"]), f"{r['sample_bytes'] / 1e6:.1f} MB", str(r["progress_messages"]), r["load"]])
+            + [str(r["cards"]), f"{r['sample_bytes'] / 1e6:.1f} MB", str(r["progress_messages"]), r["load"]]
+            + command)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("configs", nargs="*", default=[str(p) for p in REFERENCE])
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per config before giving up")
     ap.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    ap.add_argument("--command", action="store_true",
+                    help="also time each config's whole `kforge-tui capture CONFIG --small` process")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # child mode: capture one config, JSON on stdout
     args = ap.parse_args(argv)
     if args.one:
@@ -91,9 +111,13 @@ def main(argv: list[str] | None = None) -> int:
         except subprocess.TimeoutExpired:
             r = {"model": name, "error": f"not done after {time.perf_counter() - t0:.0f} s"}
         r["load"] = f"{load} → {_load()}"
+        if args.command:
+            r["command"] = time_command(cfg, env, args.timeout)
+            r["load"] += f" → {_load()}"
         rows.append(r)
 
     head = ["model", "wall s", *PHASES, "cards", "sample bytes", "progress msgs", "load avg"]
+    head += ["command s"] if args.command else []
     table = [head] + [_row(r) for r in rows]
     if args.markdown:
         print("| " + " | ".join(head) + " |")

@@ -592,3 +592,24 @@ def test_a_module_whose_forward_is_not_a_function_of_its_tensors_is_no_module_ca
         [(c.chain["kind"], sorted(c.chain)) for c in norms]
     notes = [v for k, v in result.notes.items() if k.startswith("module card")]
     assert any(why in v for v in notes), result.notes
+
+
+def test_op_samples_that_take_the_total_budget_leave_the_chain_samples_as_planned(tmp_path):
+    """Chain samples have a total budget of their own: the op samples (here 2 MB weights, over the 1 MB total)
+    no longer shrink the captured forward's chain plan below the warm-up's, which dropped the samples taken
+    in the captured forward and sampled again in one more forward (and, with the plan spending the budget in
+    order of measured time, kept other instances from run to run)."""
+    cfg = _config(tmp_path, extra="total_sample_budget_mb = 1", params="d = 1024")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    messages: list[str] = []
+    result = capture_model(load_config(cfg), torch.device("cpu"), ws, progress=messages.append)
+    assert not [m for m in messages if "one more forward" in m]
+    op_bytes = sum(f.stat().st_size for c in result.cards for f in (ws / result.sample_dir).glob(f"{c.card_id}.*"))
+    assert op_bytes > 1 << 20
+    multi = [c for c in result.chains if c.captured_calls >= 2]
+    assert multi and all(c.samples == 2 for c in multi)
+    for c in multi:
+        for i in range(2):
+            s = load_sample(ws / result.sample_dir / f"{c.card_id}.{i}.safetensors")
+            assert [o.shape for o in s.outputs] == [torch.Size(d["shape"]) for d in c.outputs]

@@ -67,3 +67,52 @@ def test_qwen35_a3b_moe(tmp_path, capsys):
     # Gated DeltaNet's depthwise causal conv1d (kernel 4) in the 30 linear-attention layers.
     convs = [c for c in doc["cards"] if c["op"] == "aten::convolution" and "groups=" in c["signature"]]
     assert sum(c["calls"] for c in convs) == 30
+    # --small: the 4 layers' experts read one set of weights (same calls and shapes as with 4 sets)
+    assert "every layer's experts read model.layers.0's expert weights" in doc["notes"]["weights"]
+
+
+def test_qwen_experts_shared_before_any_weight_is_filled(monkeypatch):
+    import torch
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    from engine.models import random_init
+    from engine.models.qwen35 import share_experts
+    from engine.models.random_init import random_model
+
+    order = []
+    fill = random_init._fill_random_
+    monkeypatch.setattr(random_init, "_fill_random_",
+                        lambda params, **k: (order.append(len(params)), fill(params, **k)))
+
+    config = Qwen3_5MoeTextConfig(vocab_size=64, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
+                                  head_dim=16, linear_key_head_dim=8, linear_value_head_dim=8,
+                                  linear_num_key_heads=2, linear_num_value_heads=2, num_experts=4,
+                                  num_experts_per_tok=2, moe_intermediate_size=8, shared_expert_intermediate_size=8,
+                                  num_hidden_layers=2, layer_types=["linear_attention", "full_attention"])
+    def before_fill(model):
+        experts = model.model.layers[1].mlp.experts
+        assert not order  # nothing filled yet: the dropped experts' memory is never written
+        assert share_experts(model) == experts.gate_up_proj.nbytes + experts.down_proj.nbytes
+        order.append("shared")
+
+    model = random_model(Qwen3_5MoeForCausalLM, config, device=torch.device("cpu"), dtype=torch.float32, seed=0,
+                         before_fill=before_fill)
+    assert order[0] == "shared" and len(order) == 2
+    a, b = (layer.mlp.experts for layer in model.model.layers)
+    assert a.gate_up_proj is b.gate_up_proj and a.down_proj is b.down_proj
+    assert a.gate_up_proj.std().item() > 0  # filled once, as the shared weight it is
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        assert model(input_ids=ids).logits.shape == (1, 3, 64)
+
+
+def test_gemma_rotary_tables_in_one_order_whatever_the_hash_seed():
+    """transformers iterates a set of layer-type strings to make Gemma's rotary tables; the set's order (and
+    so the capture's rotary chain cards) followed PYTHONHASHSEED until the builder fixed one order."""
+    import torch
+
+    from engine.config import build_target, load_config
+
+    model = build_target(load_config(CONFIGS / "models" / "gemma4_e2b.toml", small=True),
+                         torch.device("meta")).module
+    assert model.model.unique_layer_types == ["full_attention", "sliding_attention"]

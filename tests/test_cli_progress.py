@@ -137,3 +137,40 @@ def test_at_80_columns_a_long_message_leaves_the_stage_bar_and_counts(monkeypatc
     line = next(x for x in frame.splitlines() if "evaluated" in x)
     assert "search" in line and "12/120" in line and "━" in line, line
     assert line.rstrip().endswith("…") and len(line.rstrip()) <= 80, line
+
+SLOW_BUILD = '''
+import time
+import torch
+
+
+def build(device, dtype):
+    time.sleep(1.5)  # a builder that says nothing for a while (importing a library, filling weights)
+    return torch.nn.Linear(8, 8).to(dtype), (torch.randn(2, 8, dtype=dtype),)
+'''
+
+
+def test_capture_on_a_terminal_moves_while_a_step_is_silent(tmp_path, monkeypatch, capsys):
+    """`kforge-tui capture` on a terminal is a stage redrawn in place (spinner, elapsed time) several times a
+    second, so a user sees it move while a step says nothing; the last line says what was captured."""
+    import sys
+
+    from engine.cli import main
+
+    (tmp_path / "slow.py").write_text(SLOW_BUILD)
+    (tmp_path / "slow.toml").write_text('name = "slow"\nbuilder = "slow.py:build"\n')
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    assert main(["capture", str(tmp_path / "slow.toml"), "--device", "cpu", "--workspace", str(tmp_path)]) == 0
+    text = term.getvalue()
+    assert text.count("building slow on cpu") >= 2  # redrawn during the silent build
+    import re
+
+    last = " ".join(re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text).split("\r")[-1].split())  # the last frame
+    # whole, though an 80-column line wraps it
+    assert "slow: 1 cards and 0 chain cards, captured in" in last and '"event"' not in text
+    assert "aten::addmm" in capsys.readouterr().out  # the cards table, on stdout as before
+
+
+def test_capture_off_a_terminal_keeps_stderr_for_errors(cli, tmp_path):
+    code, out, err = cli("capture", MY_MODEL, "--small", "--device", "cpu", "--workspace", tmp_path)
+    assert code == 0 and err == "" and "aten::" in out

@@ -214,3 +214,96 @@ def test_a_failed_background_write_fails_the_capture(tmp_path):
     writer.submit(tmp_path / "missing" / "x.safetensors", snap, {"inputs": layout})
     with pytest.raises(FileNotFoundError):
         writer.close()
+
+
+def _tiled_weight(rows=3, extra=5, dtype=torch.bfloat16):
+    """A weight filled as a reference model's are (engine.models.random_init): one block repeated."""
+    from engine.models.random_init import _FILL_BLOCK, _TiledFill
+
+    w = torch.empty(rows * _FILL_BLOCK + extra, dtype=dtype)
+    _TiledFill(seed=0, std=0.02).fill(w)
+    return w
+
+
+def _sample_of(files, op):
+    return next(load_sample(f) for f in files if load_sample(f).meta["op"] == op)
+
+
+def _tiled_capture(tmp_path, w, x):
+    from engine.capture.samples import SampleWriter, storage_key
+    from engine.models.random_init import fill_period
+
+    periods = {storage_key(w): p} if (p := fill_period(w)) else {}
+    writer = SampleWriter(frozenset({storage_key(w)}), periods)
+    files, budgeted = [], []
+
+    def sink(tally, idx, snap, meta):
+        files.append(tmp_path / f"{tally.id}.{idx}.safetensors")
+        budgeted.append(writer.submit(files[-1], snap, meta))
+        return budgeted[-1]
+
+    mode = CaptureMode(path_of=lambda: "m", weight_of=lambda p: 1, samples=1, sample_budget_bytes=1 << 40,
+                       sink=sink, use_cuda_events=False, before_write=writer.before_write)
+    with torch.no_grad(), mode:
+        torch.mul(w, x)
+    writer.close()
+    return files, budgeted
+
+
+def test_a_tiled_weight_is_stored_as_one_period_and_loads_back_bit_exactly(tmp_path):
+    from engine.capture.samples import FORMAT_TILED, read_sample_meta
+    from engine.models.random_init import _FILL_BLOCK, fill_period
+
+    w = _tiled_weight()
+    assert fill_period(w) == _FILL_BLOCK * 2
+    x = torch.tensor(3.0, dtype=torch.bfloat16)
+    files, budgeted = _tiled_capture(tmp_path, w, x)
+    f = files[0]
+    meta = read_sample_meta(f)
+    assert meta["format"] == FORMAT_TILED and list(meta["tiled"].values()) == [w.numel() * 2]
+    # one period of the weight and the whole output: not the weight's 6 MB again
+    assert f.stat().st_size < fill_period(w) + w.numel() * 2 + 4096
+    s = load_sample(f)
+    assert torch.equal(bits(dict(s.args)["self"]), bits(w)) and torch.equal(s.outputs, w * x)
+    # the capture's budgets count the sample as if it held the weight whole (as they did before)
+    assert budgeted[0] > 2 * w.numel() * 2
+
+
+def test_a_tiled_weight_written_since_its_fill_is_stored_whole(tmp_path):
+    from engine.capture.samples import FORMAT, read_sample_meta
+
+    w = _tiled_weight()
+    w[1_000_007] += 1  # one element no longer repeats: the check sees it
+    files, _ = _tiled_capture(tmp_path, w, torch.tensor(3.0, dtype=torch.bfloat16))
+    assert read_sample_meta(files[0])["format"] == FORMAT
+    assert files[0].stat().st_size > 2 * w.numel() * 2
+    assert torch.equal(bits(dict(load_sample(files[0]).args)["self"]), bits(w))
+
+
+def test_whole_size_is_the_size_of_the_file_with_every_slab_whole(tmp_path):
+    from engine.capture.samples import snapshot_inputs, snapshot_outputs, storage_key, whole_size
+    from engine.models.random_init import fill_period
+
+    w = _tiled_weight(rows=2, extra=1000)
+    snap, layout = snapshot_inputs([("self", w[10:]), ("other", torch.ones(3))])
+    out_layout, mutated = snapshot_outputs(snap, torch.ones(2), {})
+    meta = {"op": "x", "inputs": layout, "outputs": out_layout, "mutated": mutated}
+    whole = save_sample(tmp_path / "whole.safetensors", snap, meta)
+    assert whole_size(snap, meta) == whole
+    snap.fold({storage_key(w): fill_period(w)})
+    assert snap.tiled and whole_size(snap, meta) == whole
+    assert save_sample(tmp_path / "tiled.safetensors", snap, meta) < whole / 2
+    got = load_sample(tmp_path / "tiled.safetensors")
+    assert torch.equal(bits(dict(got.args)["self"]), bits(w[10:]))
+
+
+def test_repeats_is_a_bytewise_check(monkeypatch):
+    from engine.capture import samples
+
+    t = torch.arange(7, dtype=torch.uint8).repeat(50)
+    for memcmp in (samples._memcmp(), None):  # libc's memcmp, and torch's fallback
+        monkeypatch.setattr(samples, "_memcmp", lambda m=memcmp: m)
+        assert samples.repeats(t, 7) and not samples.repeats(t, 6) and samples.repeats(t[:5], 7)
+        u = t.clone()
+        u[-1] += 1
+        assert not samples.repeats(u, 7)

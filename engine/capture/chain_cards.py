@@ -294,7 +294,7 @@ def chain_cards(trace: MemberTrace, model: torch.nn.Module, weight_of: Callable[
     """Find the trace's chains and make one card per chain signature (after `trace.resolve_times()`).
 
     `total_us` is the op cards' weighted measured time (a chain's share is of the same total);
-    `total_budget_bytes` is what is left of the capture's sample budget. Each card's first `samples`
+    `total_budget_bytes` is the chain samples' total budget. Each card's first `samples`
     instances (within the budgets; the first always) are planned for the sampling forward."""
     pats = patterns(find_chains(trace.calls, container_paths(model), unknown=trace.unknown))
     by_id: dict[str, tuple[dict[str, Any], list[ChainPattern]]] = {}

@@ -28,6 +28,7 @@ from engine.capture.wide_compute import WideCompute, widens
 from engine.cards import OperatorCard
 from engine.config import ModelConfig, build_target
 from engine.errors import UsageError
+from engine.models.random_init import fill_period
 
 Progress = Callable[[str], None]
 
@@ -156,7 +157,12 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     final = samples_root / capture_id
     partial.mkdir(parents=True)
     # Sample files are written (and hashed) on a background thread while the forward computes.
-    writer = SampleWriter(frozenset(storage_key(t) for t in (*target.module.parameters(), *target.module.buffers())))
+    # The model's parameters and buffers are referenced, not copied, until written; those a tiled random fill
+    # made (a reference model's weights) are stored as one period where their bytes still repeat.
+    state = [*target.module.parameters(), *target.module.buffers()]
+    writer = SampleWriter(frozenset(storage_key(t) for t in state),
+                          periods={storage_key(t): p for t in state if (p := fill_period(t)) is not None})
+    del state
     try:
         def sink(tally: CardTally, idx: int, snap: Snapshot, meta: dict[str, Any]) -> int:
             nonlocal write_s
@@ -199,16 +205,20 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
             write_s += early.write_s
         queue_s = write_s  # queueing samples during the captured forward (copies of what it may change)
         progress(f"captured {mode.ops} ops into {len(mode.cards)} cards, "
-                 f"{mode.total_sample_bytes / 1e6:.0f} MB of samples")
+                 f"{mode.total_sample_bytes / 1e6:.0f} MB of samples ({writer.file_bytes / 1e6:.0f} MB of files so far)")
         total_us = sum(t.weighted_us() for t in mode.cards.values())
         cards = sorted((_to_card(t, total_us) for t in mode.cards.values()),
                        key=lambda c: (-c.share, c.op, c.card_id))
         chain_list, chain_notes, t_chains = [], {}, time.perf_counter()
         if trace is not None:
             trace.resolve_times()
+            # Chain samples have a total budget of their own, the one the warm-up planned them with: were it
+            # what the op samples left, the captured forward's plan would be smaller than the warm-up's whenever
+            # the op samples took much of it (Gemma's), those samples would be dropped and one more forward
+            # taken; and as the plan spends it in order of measured time, which instances were kept varied
+            # from run to run.
             found = chain_cards(trace, target.module, paths.weight, total_us, samples=k,
-                                sample_budget_bytes=budget,
-                                total_budget_bytes=max(0, total_budget - mode.total_sample_bytes))
+                                sample_budget_bytes=budget, total_budget_bytes=total_budget)
             chain_list = found.cards
             written = None
             if early is not None:

@@ -87,6 +87,10 @@ def build(*, device: torch.device, dtype: torch.dtype, seq_len: int = 2048, batc
 
     config = text_config(full_depth, attn_implementation)
     model = random_model(Gemma4ForCausalLM, config, device=device, dtype=dtype, seed=seed)
+    # transformers computes the rotary tables per layer type in the order of a set of strings, which the
+    # process's hash seed decides: two captures of one config made different rotary chain cards. One order.
+    if isinstance(getattr(model.model, "unique_layer_types", None), (set, frozenset)):
+        model.model.unique_layer_types = sorted(model.model.unique_layer_types)
 
     real = real_layer_kinds()
     kinds = [layer_kind(layer) for layer in model.model.layers]

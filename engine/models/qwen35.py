@@ -80,17 +80,32 @@ def text_config(full_depth: bool = False, attn_implementation: str = "sdpa",
     )
 
 
+def share_experts(model: torch.nn.Module) -> int:
+    """Make every MoE layer's experts read the first layer's expert weights (the same Parameter objects);
+    returns the bytes of expert weights no longer held. Shapes, strides and calls are unchanged."""
+    layers = [layer.mlp.experts for layer in model.model.layers]
+    freed = 0
+    for experts in layers[1:]:
+        for name in ("gate_up_proj", "down_proj"):
+            freed += getattr(experts, name).nbytes
+            setattr(experts, name, getattr(layers[0], name))
+    return freed
+
+
 def build(*, device: torch.device, dtype: torch.dtype, seq_len: int = 2048, batch: int = 1,
           attn_implementation: str = "sdpa", experts_implementation: str = "grouped_mm",
           use_cache: bool = False, logits_to_keep: int = 0, seed: int = 0,
-          full_depth: bool = False) -> CaptureTarget:
+          full_depth: bool = False, share_expert_weights: bool = False) -> CaptureTarget:
     """Qwen3.5-35B-A3B text model, 4 of 40 layers (3 linear + 1 full; all 40 with `full_depth`), one prefill
-    of `batch` x `seq_len`."""
+    of `batch` x `seq_len`. With `share_expert_weights` (the config's --small) all layers' experts read one
+    set of expert weights: 1.6 GB instead of 6.4 GB to fill and hold, for the same calls."""
     from transformers import Qwen3_5MoeForCausalLM
     from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as mod
 
     config = text_config(full_depth, attn_implementation, experts_implementation)
-    model = random_model(Qwen3_5MoeForCausalLM, config, device=device, dtype=dtype, seed=seed)
+    shared = []
+    model = random_model(Qwen3_5MoeForCausalLM, config, device=device, dtype=dtype, seed=seed,
+                         before_fill=(lambda m: shared.append(share_experts(m))) if share_expert_weights else None)
 
     kinds = ["linear_attention" if hasattr(layer, "linear_attn") else "full_attention" for layer in model.model.layers]
     if full_depth:
@@ -133,7 +148,9 @@ def build(*, device: torch.device, dtype: torch.dtype, seq_len: int = 2048, batc
                    "4 of 40 kept: model.layers.0-2 = linear_attention x10 each, model.layers.3 = "
                    "full_attention x10; all 256 experts kept; no widths changed"),
         "weights": f"{dtype} built directly on {device}; matrices and experts from a tiled N(0, 0.02) "
-        "block, norms/A_log/dt_bias/buffers from the model's own init",
+        "block, norms/A_log/dt_bias/buffers from the model's own init"
+        + (f"; every layer's experts read model.layers.0's expert weights ({shared[0] / 1e9:.1f} GB not "
+           "built; same shapes and calls)" if shared else ""),
     }
     return CaptureTarget(module=model, forward=forward, multiplicity=multiplicity, notes=notes,
                          full_depth=full_depth)

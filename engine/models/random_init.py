@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
@@ -54,21 +55,39 @@ class _TiledFill:
         rest = flat.numel() - whole * _FILL_BLOCK
         if rest:
             flat[whole * _FILL_BLOCK :].copy_(src[:rest])
+        if whole >= 2:
+            setattr(p, _PERIOD_ATTR, _FILL_BLOCK * p.element_size())
 
 
-def random_model(model_cls, config, *, device: torch.device, dtype: torch.dtype, seed: int) -> torch.nn.Module:
+_PERIOD_ATTR = "_kforge_fill_period"
+
+
+def fill_period(t: torch.Tensor) -> int | None:
+    """The period in bytes with which a tensor filled here repeats from its first byte, or None.
+
+    A tiled fill repeats one block; anything that writes the tensor afterwards (a scale, a model's own init)
+    may keep or break the repetition, so whoever relies on it checks the bytes (engine.capture.samples)."""
+    period = getattr(t, _PERIOD_ATTR, None)
+    return period if isinstance(period, int) and t.storage_offset() == 0 else None
+
+
+def random_model(model_cls, config, *, device: torch.device, dtype: torch.dtype, seed: int,
+                 before_fill: Callable[[torch.nn.Module], None] | None = None) -> torch.nn.Module:
     """Instantiate `model_cls(config)` directly on `device` in `dtype` with cheap random weights.
 
     Parameters are allocated uninitialised (transformers' `no_init_weights`), every matrix / embedding /
     expert / conv weight (ndim >= 2) is filled from a tiled random block of std `initializer_range`, and
     the model's own `_init_weights` then sets the rest (norm scales, rotary buffers, gates, ...) as a
-    fresh model would have them, and ties weights.
+    fresh model would have them, and ties weights. `before_fill(model)` runs before any weight is written
+    (a builder that makes modules share a parameter there never touches the memory of the ones it drops).
     """
     from transformers.initialization import no_init_weights
 
     with torch.device(device), default_dtype(dtype), no_init_weights():
         model = model_cls(config)
     model.tie_weights()
+    if before_fill is not None:
+        before_fill(model)
     big = [p for p in model.parameters() if p.ndim >= 2]
     _fill_random_(big, std=config.initializer_range, seed=seed)
     for p in big:
