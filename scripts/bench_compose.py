@@ -156,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
             torch._dynamo.reset()
             r: dict[str, Any] = {}
             try:
+                from torch._dynamo.utils import counters
+
+                def graphs() -> int:
+                    return int(counters["stats"]["unique_graphs"])
+
+                g0, breaks0 = graphs(), dict(counters["graph_break"])
                 fresh_caches(caches, f"{mode}-cast")
                 with enabled():
                     fast = cast.compile(forward, **kw)
@@ -164,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                     fast()
                     torch.cuda.synchronize()
                     r["compile_s_with_cast"] = time.perf_counter() - t0
+                g1 = graphs()
                 fresh_caches(caches, f"{mode}-plain")
                 base = torch.compile(forward, **kw)
                 t0 = time.perf_counter()
@@ -171,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                 base()
                 torch.cuda.synchronize()
                 r["compile_s"] = time.perf_counter() - t0
+                g2 = graphs()
                 for _ in range(3):
                     step()
                     base()
@@ -197,7 +205,14 @@ def main(argv: list[str] | None = None) -> int:
                     step()
                     fast()
 
+                g3 = graphs()
                 r.update(pair(run_base, run_fast, iters, around_b=enabled))
+                # Dynamo's view of the two arms: graphs each compiled, breaks, and graphs compiled while timed
+                # (a recompile there means an arm ran changed code, or eager's, during the measurement).
+                r["dynamo"] = {"graphs_with_cast": g1 - g0, "graphs_alone": g2 - g1,
+                               "graphs_in_warm_up": g3 - g2, "graphs_while_timed": graphs() - g3,
+                               "graph_breaks": {str(k): v - breaks0.get(k, 0) for k, v in counters["graph_break"].items()
+                                                if v - breaks0.get(k, 0)}}
                 r["compile_time_ratio"] = r["compile_s_with_cast"] / r["compile_s"]
                 log(f"{mode}: torch.compile {r['base_ms']:.2f} ms, + cast {r['with_cast_ms']:.2f} ms "
                     f"({r['speedup']:.3f}x, CI {r['speedup_ci'][0]:.3f}-{r['speedup_ci'][1]:.3f}); compile "
@@ -243,6 +258,13 @@ def report(doc: dict[str, Any]) -> str:
                          f"{' and declined ' + str(why['target_declines']) + ' for their target' if why['target_declines'] else ''}"
                          f"; the calls brought {' | '.join(why['calls_brought']) or '–'}; proven for "
                          f"{' | '.join(why['proven_for']) or 'nothing'}")
+        dyn = r.get("dynamo")
+        if dyn:
+            breaks = "; ".join(f"{k} ×{v}" for k, v in dyn["graph_breaks"].items()) or "none"
+            lines.append(f"\n{mode}: Dynamo compiled {dyn['graphs_with_cast']} graph(s) with the cast and "
+                         f"{dyn['graphs_alone']} alone; {dyn.get('graphs_in_warm_up', 0)} more in the warm-up and "
+                         f"{dyn['graphs_while_timed']} while timed; graph breaks: "
+                         f"{breaks}")
         for card, why in (r.get("pattern_problems") or {}).items():
             lines.append(f"\n{mode}: chain card {card} is no pattern: {why}")
     if e:
