@@ -325,9 +325,7 @@ def _trace(signature: dict[str, Any], outputs: tuple[int, ...]) -> torch.fx.Grap
         with torch.no_grad():
             gm = fwd_only(chain, args)
     view_to_reshape(gm)
-    gm.graph.eliminate_dead_code()
-    gm.recompile()
-    return _as_inductor_spells_it(gm)
+    return _as_inductor_spells_it(gm)  # which ends with dead-code removal and a recompile
 
 
 def _as_inductor_spells_it(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
