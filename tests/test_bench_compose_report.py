@@ -21,3 +21,15 @@ def test_the_report_says_how_many_graphs_each_arm_compiled_and_any_while_timed()
     assert ("default: Dynamo compiled 1 graph(s) with the cast and 1 alone; 0 more in the warm-up and 2 while "
             "timed; graph breaks: data-dependent ×3") in text
     assert "reduce-overhead: Dynamo" not in text  # a result written before the counters says nothing of them
+
+
+def test_the_report_says_which_arm_compiled_first_and_what_the_pattern_pass_and_inductors_start_cost():
+    report = load_script("bench_compose").report
+    doc = {"gpu": "NVIDIA H200", "torch": "2.11", "date": "2026-12-02", "model": "sd35_vae", "variants": [],
+           "inductor_start_s": 6.04,
+           "modes": {"default": _mode(compiled_first="with cast", pattern_pass_s=0.41),
+                     "reduce-overhead": _mode(compiled_first="alone", pattern_pass_s=0.38)}}
+    text = report(doc)
+    assert "default: compiled with cast first; the cast's pattern pass took 0.41 s of its compile" in text
+    assert "reduce-overhead: compiled alone first; the cast's pattern pass took 0.38 s of its compile" in text
+    assert "Inductor's start in this process" in text and "6.0 s" in text

@@ -170,6 +170,7 @@ class PatternSet:
     problems: dict[str, str] = field(default_factory=dict)
     digest: str = ""
     matched: dict[str, int] = field(default_factory=dict)  # pattern op → matches over every graph rewritten
+    seconds: float = 0.0  # spent in `apply`, over every graph rewritten (its share of compile time)
     _passes: dict[int, Any] = field(default_factory=dict, repr=False)  # id(BuiltPattern) → its matcher pass
 
     def apply(self, graph: torch.fx.Graph, target: str | None = None) -> dict[str, int]:
@@ -177,8 +178,11 @@ class PatternSet:
         `target` (the compile mode's, runtime.compile_target): only the patterns whose variant was proven
         for it (or records no targets); the others keep Inductor's own code, which their op would only
         have run more slowly (each call declined, the chain run eagerly)."""
+        import time
+
         from torch._inductor.pattern_matcher import PatternMatcherPass
 
+        t0 = time.perf_counter()
         counts: dict[str, int] = {}
         for bp in self.built:
             targets = getattr(bp.plan, "targets", None)
@@ -194,6 +198,7 @@ class PatternSet:
             graph.eliminate_dead_code()
         for name, n in counts.items():
             self.matched[name] = self.matched.get(name, 0) + n
+        self.seconds += time.perf_counter() - t0
         return counts
 
     def ops(self) -> list[Any]:
