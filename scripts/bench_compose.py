@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                 g0, breaks0 = graphs(), dict(counters["graph_break"])
                 pass_s0 = pattern_set.seconds if pattern_set is not None else 0.0
 
-                def compile_with_cast() -> Any:
+                def compile_with_cast(mode=mode, kw=kw, step=step, r=r) -> Any:
                     fresh_caches(caches, f"{mode}-cast")
                     with enabled():
                         fast = cast.compile(forward, **kw)
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                         r["compile_s_with_cast"] = time.perf_counter() - t0
                     return fast
 
-                def compile_alone() -> Any:
+                def compile_alone(mode=mode, kw=kw, step=step, r=r) -> Any:
                     fresh_caches(caches, f"{mode}-plain")
                     base = torch.compile(forward, **kw)
                     t0 = time.perf_counter()
