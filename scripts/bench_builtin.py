@@ -28,6 +28,10 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+# Issue 21: a memory-bound kernel moving >= 32 MB reaches this fraction of the bandwidth of the lane's own copy
+# of the same bytes (PyTorch's clone of the card's main input, timed in the lane as the kernel is).
+COPY_TARGET = 0.90
+
 from engine.run.orchestrator import NullRecorder  # noqa: E402
 
 COPY_BW = 4.25e12  # bytes/s, device-to-device copy on the H200 (../shared/reference/h200-baselines.md)
@@ -86,7 +90,7 @@ def _cases() -> list[Case]:
         x = torch.randn(1, 2048, 8192, device=dev, dtype=torch.bfloat16)
         return (lambda: F.gelu(x, approximate="tanh")), x
 
-    bw = "≥ 75 % of copy bandwidth (moves ≥ 32 MB)"
+    bw = f"≥ {100 * COPY_TARGET:.0f} % of the copy's bandwidth (moves ≥ 32 MB)"
     return [
         Case("group_norm fp16 [1,512,128,128] g32 (SD3.5 VAE)", gn((1, 512, 128, 128), torch.float16),
              "≥ 8× eager, faster than torch.compile", 8.0, 87.9),
@@ -199,10 +203,28 @@ async def main_async(args) -> dict:
                         "speedup_ci": list(best.speedup_ci) if best.speedup_ci else None,
                         "intent": best.proposal.intent, "params": best.proposal.params,
                         "bandwidth_frac": st.ref.bytes / (best.best_us * 1e-6) / COPY_BW})
+            row["of_copy"] = of_copy(row)
         rows.append(row)
     return {"gpu": hello["name"], "torch": torch.__version__, "strategy": args.strategy, "budget": args.budget,
             "stopped_by": stopped_by, "wall_s": wall, "launch_floor_us": floor_us.get(launch_floor.card_id), "evaluations": sum(r["evaluations"] for r in rows),
             "cards": rows}
+
+
+def of_copy(r: dict) -> float | None:
+    """The kernel's bandwidth (the card's bytes over its time) as a fraction of the lane's copy of the same bytes
+    (the clone's bytes over the clone's time): 1.0 moves its bytes as fast as PyTorch's own copy does, on this
+    GPU, under this timing protocol. None without a clone timing or a verified kernel."""
+    if not r.get("best_us") or not r.get("clone_us") or not r.get("clone_bytes") or not r.get("bytes"):
+        return None
+    return (r["bytes"] / r["best_us"]) / (r["clone_bytes"] / r["clone_us"])
+
+
+def current_target(target: str) -> str:
+    """A recorded target with its bandwidth clause as this version states it (older records said ≥ 75 % of a
+    fixed copy bandwidth): --report-only then judges an old measurement by today's target, and says so."""
+    import re
+
+    return re.sub(r"≥ \d+ % of (the )?copy('s)? bandwidth", f"≥ {100 * COPY_TARGET:.0f} % of the copy's bandwidth", target)
 
 
 def verdict(r: dict) -> str:
@@ -211,11 +233,17 @@ def verdict(r: dict) -> str:
     notes = []
     if r["min_speedup"]:
         notes.append("met" if r["speedup"] >= r["min_speedup"] else "MISSED")
-    if "copy bandwidth" in r["target"]:
-        notes.append(f"bw {'met' if r['bandwidth_frac'] >= 0.75 else 'MISSED'}")
+    if "copy" in r["target"] and "bandwidth" in r["target"]:  # either wording: judged at COPY_TARGET
+        frac = of_copy(r)
+        notes.append("bw unknown (no clone timing)" if frac is None else
+                     f"bw {'met' if frac >= COPY_TARGET else 'MISSED'}")
     if r["compile_us_baseline"] and "torch.compile" in r["target"]:
         notes.append("beats compile" if r["best_us"] < r["compile_us_baseline"] else "SLOWER than compile")
     return ", ".join(notes) or "–"
+
+
+def _pct(v: float | None) -> str:
+    return "–" if v is None else f"{100 * v:.0f} %"
 
 
 def _us(v: float | None) -> str:
@@ -232,17 +260,21 @@ def report(d: dict) -> str:
              "(L2 flushed, GPU kept busy before the call): what merely reading and writing those bytes costs "
              f"here. A 4-byte clone took {d['launch_floor_us'] or float('nan'):.1f} µs: the floor of any "
              "kernel under this protocol.", "",
-             "| card | eager µs | best µs | speedup (95 % CI) | % of copy bw | clone µs | torch.compile µs* | "
-             "evals | target | verdict |", "|---|---:|---:|---|---:|---:|---:|---:|---|---|"]
+             "% of copy bw: the kernel's bytes per second against the clone's (the card's bytes over its time, the "
+             "clone's over the clone's): how close it comes to moving its bytes as fast as PyTorch's copy does here. "
+             "% of spec: against a fixed copy bandwidth measured once per lane (an earlier report's column).", "",
+             "| card | eager µs | best µs | speedup (95 % CI) | % of copy bw | % of spec | clone µs | torch.compile µs* | "
+             "evals | target | verdict |", "|---|---:|---:|---|---:|---:|---:|---:|---:|---|---|"]
     for r in d["cards"]:
         if "speedup" in r:
             ci = r["speedup_ci"] or [r["speedup"], r["speedup"]]
             lines.append(f"| {r['label']} | {r['eager_us']:.1f} | {r['best_us']:.1f} | {r['speedup']:.2f}× "
-                         f"({ci[0]:.2f}–{ci[1]:.2f}) | {100 * r['bandwidth_frac']:.0f} % | {_us(r['clone_us'])} | "
-                         f"{r['compile_us_baseline'] or '–'} | {r['evaluations']} | {r['target']} | {verdict(r)} |")
+                         f"({ci[0]:.2f}–{ci[1]:.2f}) | {_pct(of_copy(r))} | {100 * r['bandwidth_frac']:.0f} % | "
+                         f"{_us(r['clone_us'])} | "
+                         f"{r['compile_us_baseline'] or '–'} | {r['evaluations']} | {current_target(r['target'])} | {verdict(r)} |")
         else:
-            lines.append(f"| {r['label']} | – | – | – | – | {_us(r['clone_us'])} | {r['compile_us_baseline'] or '–'} | "
-                         f"{r['evaluations']} | {r['target']} | {verdict(r)} |")
+            lines.append(f"| {r['label']} | – | – | – | – | – | {_us(r['clone_us'])} | {r['compile_us_baseline'] or '–'} | "
+                         f"{r['evaluations']} | {current_target(r['target'])} | {verdict(r)} |")
     lines += ["", "\\* torch.compile (max-autotune-no-cudagraphs) from `../shared/reference/h200-baselines.md`, "
               "not re-measured here.", "", "Best kernels:", ""]
     for r in d["cards"]:
@@ -261,7 +293,20 @@ def main() -> int:
     ap.add_argument("--timing-s", type=float, default=0.5, help="timing cap per evaluation (s)")
     ap.add_argument("--only", nargs="*", help="only cases whose label contains one of these strings")
     ap.add_argument("--workspace", default="/tmp/kforge-bench-builtin")
+    ap.add_argument("--report-only", action="store_true",
+                    help="rewrite OUT/bench_builtin.md from OUT/bench_builtin.json (no GPU): the same measurement, "
+                         "this version's columns and verdicts")
     args = ap.parse_args()
+    if args.report_only:
+        src = args.out / "bench_builtin.json"
+        if not src.is_file():
+            print(f"error: --report-only: {src} does not exist; run bench_builtin.py --out {args.out} on a GPU first",
+                  file=sys.stderr)
+            return 2
+        d = json.loads(src.read_text())
+        (args.out / "bench_builtin.md").write_text(report(d))
+        print(report(d))
+        return 0
     if not torch.cuda.is_available():
         print("error: bench_builtin needs a CUDA GPU", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ def load_script(name: str):
 
     spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # a script's dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
