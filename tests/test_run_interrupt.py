@@ -20,7 +20,9 @@ MY_MODEL = str(ROOT / "configs/examples/my_model.toml")
 
 
 def _start(args: list[str], err: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # The repository first, then what the caller's PYTHONPATH held (on a GPU box the dependencies may live
+    # there: with the repository alone the child could not import them and exited 1 before any work).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     return subprocess.Popen([sys.executable, "-m", "kforge_tui", *args], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=err.open("w"))
 

@@ -43,7 +43,7 @@ def test_ctrl_c_while_eager_is_timed_on_the_gpu(tmp_path):
 def test_ctrl_c_during_export_on_the_gpu_writes_no_cast(tmp_path):
     ws, err = tmp_path / "ws", tmp_path / "run.err"
     proc = _start(["run", RESNET, "--small", "--no-tui", "--device", "cuda", "--workspace", str(ws),
-                   "--wall-time", "60"], err)
+                   "--wall-time", "120"], err)
     code = proc.wait(timeout=400)
     assert code == 0, err.read_text()[-2000:]
     out, err2 = tmp_path / "r.cast", tmp_path / "export.err"
