@@ -9,15 +9,16 @@
 #
 #   bash scripts/run_examples_gpu.sh OUT [WALL_S] [NAME ...]
 #
-# WALL_S defaults to 45: the four examples take about 8 minutes in all (each run about a minute, each export
-# about one). NAME picks examples (default: vit_b16 convnext_tiny whisper_encoder deeplabv3); calls with
+# WALL_S defaults to 150: a run's wall time holds its capture, eager timing and reference timings (ConvNeXt's
+# took 80 s on an H200) before any search; at 45 s three of four examples searched nothing. Each example takes
+# about 3-4 minutes (run, then an export of about 30 s), so two fit one 10-minute call. NAME picks examples (default: vit_b16 convnext_tiny whisper_encoder deeplabv3); calls with
 # other names may share one OUT. Workspaces (samples, gigabytes) stay out of OUT, in $KFORGE_EXAMPLES_WS
 # (default /tmp/kforge-examples)/NAME, fresh each time. Each step has a time limit, and no step runs past
 # $KFORGE_EXAMPLES_DEADLINE_S (default 540) seconds from the start: a step that would is cut short or
 # skipped (rc=124 or "skipped" in steps.txt), so the script ends inside a 10-minute allowance.
 set -u
 out=${1:?usage: run_examples_gpu.sh OUT [WALL_S] [NAME ...]}
-wall=${2:-45}
+wall=${2:-150}
 shift; [ $# -gt 0 ] && shift
 names=${*:-vit_b16 convnext_tiny whisper_encoder deeplabv3}
 ws_root=${KFORGE_EXAMPLES_WS:-/tmp/kforge-examples}
