@@ -118,3 +118,45 @@ def test_a_pattern_not_proven_for_compile_leaves_inductor_its_own_code(tmp_path,
     st = cast.stats()
     assert plan.calls == 0 and st["pattern_misses"] == {}
     assert sum(st["pattern_matches"].values()) == 0  # built, never put in a graph
+
+
+class _GnSiluBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm, self.conv = torch.nn.GroupNorm(4, 8), torch.nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(torch.nn.functional.silu(self.norm(x)))
+
+
+def test_a_pattern_holding_an_op_the_cast_also_serves_alone_still_matches(tmp_path, monkeypatch):
+    """A cast with a group_norm op variant keeps native_group_norm whole in the compiled graph (its veto);
+    its GroupNorm -> SiLU pattern card, traced with GroupNorm decomposed, then matched nothing (the SD3.5
+    VAE's casts have both kinds). The pattern is traced again under the veto and matches."""
+    from test_cast_compile import CpuCast
+
+    from engine.cast import compose
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_GnSiluBlock(), _GnSiluBlock()).eval()
+    x = torch.randn(2, 8, 4, 4)
+    _, pats = _patterns(model, x)
+    gn_silu = next(p for p in pats if _heavy_ops(p)[:2] == ["native_group_norm", "silu"])
+    sig = chain_signature(gn_silu.instances[0])
+    plan = Counting(sig)
+    norm = model[0].norm
+    owner = CpuCast("gn").install([x, norm.weight.detach(), norm.bias.detach(), 2, 8, 16, 4, 1e-5])
+    try:
+        backend = compose.backend(owner, patterns=[(sig, plan)])
+        torch._dynamo.reset()
+        with torch.no_grad():
+            want = model(x)
+            got = torch.compile(model, backend=backend)(x)
+        torch.testing.assert_close(got, want)
+        assert backend.vetoed == [(("aten.native_group_norm.default", (("cpu", "torch.float32"),)),)]
+        assert sum(sum(m.values()) for m in backend.pattern_matches) == 2, backend.pattern_matches
+        assert plan.calls == 2  # both blocks' GroupNorm -> SiLU ran as the card's one call
+    finally:
+        owner.remove()
+        torch._dynamo.reset()

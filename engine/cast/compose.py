@@ -177,13 +177,13 @@ class CastCacheKey:
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         if self.patterns is not None and self.patterns.built and self.apply_patterns:
-            self.matches.append(self.patterns.apply(graph, self.target))
+            self.matches.append(self.patterns.apply(graph, self.target, self.vetoed))
         if self.previous is not None:
             self.previous(graph)
 
     def uuid(self) -> Any:
         prev = self.previous.uuid() if hasattr(self.previous, "uuid") else None
-        pats = (self.patterns.uuid(), self.apply_patterns) if self.patterns is not None else None
+        pats = (self.patterns.uuid(self.vetoed), self.apply_patterns) if self.patterns is not None else None
         return ("kforge-cast", self.digest, self.vetoed, pats, self.target, prev)
 
 
@@ -215,19 +215,23 @@ def inductor_state(owner: object, digest: str, previous_pass: Any = None,
                       op in L.needs_realized_inputs, L._maybe_layout_constraints.get(op, _MISSING))
                  for op in ops}
         vetoed = tuple(sorted((str(op), tuple(sorted((d, str(t)) for d, t in cov[op]))) for op in ops))
-        # The pattern ops are fallbacks passed eager's strides (their guard keys on strides); registered
-        # here and removed after, like the vetoed ops (Inductor would otherwise add them for good).
-        chain_ops = [op for op in (patterns.ops() if patterns is not None else []) if op not in D.decompositions]
-        kept = {op: (L.lowerings.get(op, _MISSING), op in L.fallbacks, op in L.needs_realized_inputs,
-                     L._maybe_layout_constraints.get(op, _MISSING)) for op in chain_ops}
+        kept: dict = {}
         prev = previous_pass if previous_pass is not None else config.post_grad_custom_post_pass
         try:
             for op in ops:
                 D.decompositions[op] = _veto(saved[op][0], frozenset(cov[op]))
                 L.make_fallback(op, layout_constraint=L.constrain_to_fx_strides, override_decomp=True)
+            D.fast_random_decomps.cache_clear()  # functools.cache over `decompositions`
+            # A chain holding a vetoed op is matched by a pattern traced with the op kept: traced here, under
+            # the veto (patterns.PatternSet.prepare), once per set of vetoed ops.
+            active = patterns.prepare(vetoed, ops) if patterns is not None and apply_patterns else patterns
+            # The pattern ops are fallbacks passed eager's strides (their guard keys on strides); registered
+            # here and removed after, like the vetoed ops (Inductor would otherwise add them for good).
+            chain_ops = [op for op in (active.ops() if active is not None else []) if op not in D.decompositions]
+            kept.update({op: (L.lowerings.get(op, _MISSING), op in L.fallbacks, op in L.needs_realized_inputs,
+                              L._maybe_layout_constraints.get(op, _MISSING)) for op in chain_ops})
             for op in chain_ops:
                 L.make_fallback(op, layout_constraint=L.constrain_to_fx_strides, warn=False)
-            D.fast_random_decomps.cache_clear()  # functools.cache over `decompositions`
             key = _key_pass(digest, vetoed, prev, patterns, apply_patterns, target)
             with config.patch(post_grad_custom_post_pass=key):
                 try:

@@ -204,9 +204,9 @@ class Cast:
             return {}
         from engine.cast.patterns import describe_key
 
-        ops = {bp.op.name: bp.op for bp in self._patterns.built}
+        ops = {bp.op.name: bp.op for bp in self._patterns.everything_built()}
         mine: dict[str, list[str]] = {}
-        for bp in self._patterns.built:  # this cast's own variants, in the table or not (removed)
+        for bp in self._patterns.everything_built():  # this cast's own variants, in the table or not (removed)
             d = describe_key(bp.key)
             if d not in mine.setdefault(bp.op.name, []):
                 mine[bp.op.name].append(d)
@@ -275,7 +275,7 @@ class Cast:
                 route.target_declines = 0
                 route.near_keys = []
         if self._patterns is not None:
-            for bp in self._patterns.built:
+            for bp in self._patterns.everything_built():
                 bp.op.hits = bp.op.misses = bp.op.target_declines = 0
                 bp.op.miss_keys = []
 

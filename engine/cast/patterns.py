@@ -46,6 +46,9 @@ from engine.ops import resolve_op
 _OPS: dict[str, Any] = {}          # op name -> the custom op (registered once per process)
 _TABLES: dict[str, PatternOp] = {}
 _LOCK = threading.Lock()
+# How patterns are traced; part of Inductor's cache keys, so a graph rewritten by an older tracing is never
+# served again (2: chains holding an op the cast keeps out of the decompositions are traced with it kept).
+PATTERN_TRACE = 2
 MISS_KEYS = 4                      # distinct inputs of missed calls kept per pattern op, to explain misses
 MAX_OUTPUT_SUBSETS = 8             # a chain with more outputs gets patterns for its full set and singles only
 _RANDOM_OPS = ("rand", "dropout", "bernoulli", "normal", "multinomial", "uniform", "exponential")
@@ -171,18 +174,51 @@ class PatternSet:
     digest: str = ""
     matched: dict[str, int] = field(default_factory=dict)  # pattern op → matches over every graph rewritten
     seconds: float = 0.0  # spent in `apply`, over every graph rewritten (its share of compile time)
+    cards: list[PatternCard] = field(default_factory=list, repr=False)
     _passes: dict[int, Any] = field(default_factory=dict, repr=False)  # id(BuiltPattern) → its matcher pass
+    # Per set of ops the cast's backend keeps out of Inductor's decompositions (compose.inductor_state): the
+    # patterns of the chains holding one of them, traced with that op kept, as the compiled graph then holds it.
+    _under_vetoes: dict[tuple, PatternSet] = field(default_factory=dict, repr=False)
 
-    def apply(self, graph: torch.fx.Graph, target: str | None = None) -> dict[str, int]:
+    def prepare(self, vetoed: tuple, kept_ops: Sequence[Any]) -> PatternSet:
+        """The patterns to apply while the ops `kept_ops` are kept whole in the graph (the cast serves them as
+        op variants; `vetoed` is compose's record of them). A chain holding such an op is traced again, now,
+        inside compose.inductor_state, whose decomposition table keeps the op: the pattern then holds the op
+        itself where the default trace holds its decomposition, which a graph with the op kept never matches
+        (a cast with group_norm op variants and GroupNorm → SiLU pattern cards matched none on the CPU).
+        Chains without such an op keep their patterns. Built once per `vetoed`; returns this set when none
+        is affected."""
+        kept = {str(op) for op in kept_ops}
+        if not kept or not any(str(resolve_op(n["op"])) in kept for c in self.cards
+                               for n in c.signature["chain"]["nodes"]):
+            return self
+        got = self._under_vetoes.get(vetoed)
+        if got is None:
+            got = build(self.owner, self.cards)
+            got.matched = self.matched  # one count per pattern op, whichever trace it came from
+            self._under_vetoes[vetoed] = got
+        return got
+
+    def everything_built(self) -> list[BuiltPattern]:
+        """Its patterns and those of its traces under vetoes (`prepare`)."""
+        return [*self.built, *(bp for v in self._under_vetoes.values() for bp in v.built)]
+
+    def apply(self, graph: torch.fx.Graph, target: str | None = None, vetoed: tuple = ()) -> dict[str, int]:
         """Replace every match in `graph`; returns matches per op name (0 for a pattern that found none).
         `target` (the compile mode's, runtime.compile_target): only the patterns whose variant was proven
         for it (or records no targets); the others keep Inductor's own code, which their op would only
-        have run more slowly (each call declined, the chain run eagerly)."""
+        have run more slowly (each call declined, the chain run eagerly). `vetoed`: what the backend kept
+        out of the decompositions for this graph; the patterns `prepare` traced for it are applied."""
         import time
 
+        t0 = time.perf_counter()
+        counts = self._under_vetoes.get(vetoed, self)._apply(graph, target)
+        self.seconds += time.perf_counter() - t0
+        return counts
+
+    def _apply(self, graph: torch.fx.Graph, target: str | None) -> dict[str, int]:
         from torch._inductor.pattern_matcher import PatternMatcherPass
 
-        t0 = time.perf_counter()
         counts: dict[str, int] = {}
         for bp in self.built:
             targets = getattr(bp.plan, "targets", None)
@@ -198,15 +234,15 @@ class PatternSet:
             graph.eliminate_dead_code()
         for name, n in counts.items():
             self.matched[name] = self.matched.get(name, 0) + n
-        self.seconds += time.perf_counter() - t0
         return counts
 
     def ops(self) -> list[Any]:
         """The registered ops its matches become, once each."""
         return list(dict.fromkeys(chain_op(bp.op.name) for bp in self.built))
 
-    def uuid(self) -> tuple:
-        return ("kforge-patterns", self.digest)
+    def uuid(self, vetoed: tuple = ()) -> tuple:
+        """For Inductor's cache keys: the set, how its patterns are traced, and the trace under `vetoed`."""
+        return ("kforge-patterns", PATTERN_TRACE, self.digest, self._under_vetoes.get(vetoed, self).digest)
 
     def remove(self) -> None:
         """Drop this owner's variants (the ops stay registered; compiled graphs calling them then miss)."""
@@ -216,7 +252,7 @@ class PatternSet:
         """Put this owner's variants (back) in their ops' guard tables: graphs compiled with the cast call
         its kernels again once it is installed again."""
         with _LOCK:
-            for bp in self.built:
+            for bp in self.everything_built():
                 if bp.plan is not None:
                     bp.op.table[bp.key] = bp.plan
                     bp.op.owners[bp.key] = self.owner
@@ -249,6 +285,7 @@ def build(owner: object, cards: Sequence[PatternCard | tuple[dict[str, Any], Any
     for card in cards:
         if not isinstance(card, PatternCard):
             card = PatternCard(*card)
+        out.cards.append(card)
         try:
             made = _build_one(card)
         except PatternError as e:
