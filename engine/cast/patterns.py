@@ -196,6 +196,8 @@ class PatternSet:
         if got is None:
             got = build(self.owner, self.cards)
             got.matched = self.matched  # one count per pattern op, whichever trace it came from
+            for card_id, why in got.problems.items():  # a chain that cannot be traced with the op kept
+                self.problems.setdefault(card_id, f"{why} (traced with {', '.join(sorted(kept))} kept whole)")
             self._under_vetoes[vetoed] = got
         return got
 
