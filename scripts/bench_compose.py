@@ -17,6 +17,7 @@ gemma4_e2b@full_depth=true for the real depth; the report names the model as wri
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -169,45 +170,32 @@ def main(argv: list[str] | None = None) -> int:
                 def graphs() -> int:
                     return int(counters["stats"]["unique_graphs"])
 
-                g0, breaks0 = graphs(), dict(counters["graph_break"])
+                breaks0 = dict(counters["graph_break"])
                 pass_s0 = pattern_set.seconds if pattern_set is not None else 0.0
 
-                def compile_with_cast(mode=mode, kw=kw, step=step, r=r) -> Any:
-                    fresh_caches(caches, f"{mode}-cast")
-                    with enabled():
-                        fast = cast.compile(forward, **kw)
+                def first_call(arm: str, with_cast: bool, mode=mode, kw=kw, step=step, r=r) -> tuple[Any, int]:
+                    """Compile the arm (fresh on-disk caches), time its first call; (callable, graphs compiled)."""
+                    fresh_caches(caches, f"{mode}-{arm}")
+                    g = graphs()
+                    with enabled() if with_cast else contextlib.nullcontext():
+                        fn = cast.compile(forward, **kw) if with_cast else torch.compile(forward, **kw)
                         t0 = time.perf_counter()
                         step()
-                        fast()
+                        fn()
                         torch.cuda.synchronize()
-                        r["compile_s_with_cast"] = time.perf_counter() - t0
-                    return fast
-
-                def compile_alone(mode=mode, kw=kw, step=step, r=r) -> Any:
-                    fresh_caches(caches, f"{mode}-plain")
-                    base = torch.compile(forward, **kw)
-                    t0 = time.perf_counter()
-                    step()
-                    base()
-                    torch.cuda.synchronize()
-                    r["compile_s"] = time.perf_counter() - t0
-                    return base
+                        r["compile_s_with_cast" if with_cast else "compile_s"] = time.perf_counter() - t0
+                    return fn, graphs() - g
 
                 # Which arm compiles first alternates by mode (what one compile leaves warm in the process
                 # favours the next), and the record says which it was.
-                r["compiled_first"] = "with cast" if mode_index % 2 == 0 else "alone"
-                if mode_index % 2 == 0:
-                    fast = compile_with_cast()
-                    g1 = graphs()
-                    base = compile_alone()
-                    g2 = graphs()
-                    graphs_with_cast, graphs_alone = g1 - g0, g2 - g1
-                else:
-                    base = compile_alone()
-                    g1 = graphs()
-                    fast = compile_with_cast()
-                    g2 = graphs()
-                    graphs_with_cast, graphs_alone = g2 - g1, g1 - g0
+                cast_first = mode_index % 2 == 0
+                r["compiled_first"] = "with cast" if cast_first else "alone"
+                for with_cast in ((True, False) if cast_first else (False, True)):
+                    if with_cast:
+                        fast, graphs_with_cast = first_call("cast", True)
+                    else:
+                        base, graphs_alone = first_call("plain", False)
+                g2 = graphs()
                 r["pattern_pass_s"] = (pattern_set.seconds - pass_s0) if pattern_set is not None else 0.0
                 for _ in range(3):
                     step()
