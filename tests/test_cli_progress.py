@@ -63,6 +63,11 @@ def test_wall_time_counts_the_capture_too(cli, tmp_path):
     assert code == 0, err
     doc = json.loads(out)
     assert doc["stopped_by"] == "wall_time" and doc["proposals"] == 0
+    # ... and the run says so, with a wall time that would leave a search (run_examples_gpu.sh's 45 s default
+    # searched nothing on an H200 and said only "nothing proposed: of 41 card(s), 23 declined, 18 open").
+    said = doc["nothing_proposed"]
+    assert "the --wall-time of 0.001 s was spent before the search began" in said, said
+    assert "give it more, e.g. --wall-time " in said and f"kforge: {said}" in err
 
 
 def test_help_says_what_wall_time_counts():

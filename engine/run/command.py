@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import sys
 import time
@@ -428,7 +429,8 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
         totals = RunTotals(run.get("tokens_in", 0), run.get("tokens_out", 0), run.get("cost_usd", 0.0))
         # --wall-time counts the whole run: the search gets what capture and eager timing left of it.
         wall_s = cfg.get("wall_s")
-        left = None if wall_s is None else max(0.0, wall_s - (time.monotonic() - started))
+        before_search_s = time.monotonic() - started
+        left = None if wall_s is None else max(0.0, wall_s - before_search_s)
         budgets = Budgets(iterations_per_card=cfg.get("iterations") or 50, wall_s=left,
                           tokens=cfg.get("max_tokens"), cost_usd=cfg.get("max_cost_usd"))
         o = Orchestrator(cards=cards, proposer=proposer, evaluate=evaluate, recorder=recorder,
@@ -472,6 +474,11 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
             entry["note"] = notes[entry["id"]]
     if o.totals.proposals == 0 and not o.records:
         doc["nothing_proposed"] = nothing_proposed(list(o.cards.values()))
+        if stopped_by == "wall_time" and wall_s is not None and left is not None and left < 1.0:
+            # The whole --wall-time went to capture and timing: say so, and how much would leave a search.
+            doc["nothing_proposed"] += (f"; the --wall-time of {wall_s:g} s was spent before the search began "
+                                        f"({before_search_s:.0f} s on capture, eager and reference timing): "
+                                        f"give it more, e.g. --wall-time {math.ceil(before_search_s) + 120}")
         print(f"kforge: {doc['nothing_proposed']}", file=sys.stderr)
     return (0 if stopped_by in RUN_STOP_REASONS else 1), doc
 
