@@ -724,12 +724,17 @@ def per_model_section(out: Path, models: list[str], covered: dict[str, float]) -
             if "row" not in a:
                 continue
             lo, hi = a["row"]["speedup_ci"]
+            x = a["row"]["speedup"]
+            # Enough digits that a CI wholly below 1 does not print as "1.000": 0.9996× (0.9993–0.9998).
+            fmt = ".3f" if hi < 1 and round(hi, 3) < 1 or hi >= 1 and round(lo, 3) <= 1 else ".4f"
+            idle = ("; none of the cast's variants serves this target, so both arms run PyTorch's kernels"
+                    if _targets_note(export, a["target"]).startswith("none of") else "")
             if hi < 1:
-                lose.append(f"- {model}, {a['arm']}: slower with the cast, {a['row']['speedup']:.3f}× "
-                            f"(95 % CI {lo:.3f}–{hi:.3f})")
+                lose.append(f"- {model}, {a['arm']}: slower with the cast, {x:{fmt}}× "
+                            f"(95 % CI {lo:{fmt}}–{hi:{fmt}}){idle}")
             elif lo <= 1:
-                lose.append(f"- {model}, {a['arm']}: no gain shown, {a['row']['speedup']:.3f}× "
-                            f"(95 % CI {lo:.3f}–{hi:.3f} holds 1)")
+                lose.append(f"- {model}, {a['arm']}: no gain shown, {x:{fmt}}× "
+                            f"(95 % CI {lo:{fmt}}–{hi:{fmt}} holds 1){idle}")
         if comp and ctrl and comp["base_ms"] < ctrl["with_cast_ms"]:
             lose.append(f"- {model}: torch.compile alone ({comp['base_ms']:.2f} ms) is faster than eager + cast "
                         f"({ctrl['with_cast_ms']:.2f} ms, bench_compose's pairs)")

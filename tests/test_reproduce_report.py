@@ -284,7 +284,8 @@ def test_the_report_shows_every_arm_of_every_sitting_and_says_why_a_number_is_mi
     assert "code ffffffffff" in vit
     # Where we lose: slower under CUDA graphs, no gain shown under torch.compile, compile alone beats eager + cast.
     lose = text.split("### Where we lose", 1)[1].split("###", 1)[0]
-    assert "- vit_b16, CUDA graphs (eager graphs vs cast graphs): slower with the cast, 0.952×" in lose
+    assert ("- vit_b16, CUDA graphs (eager graphs vs cast graphs): slower with the cast, 0.952× (95 % CI 0.940–0.960); "
+            "none of the cast's variants serves this target, so both arms run PyTorch's kernels") in lose
     assert "- vit_b16, torch.compile (default mode): no gain shown" in lose
     assert "- vit_b16: torch.compile alone (5.00 ms) is faster than eager + cast (8.10 ms" in lose
     # A model cut short: each missing number says why, none is made up.
@@ -294,6 +295,19 @@ def test_the_report_shows_every_arm_of_every_sitting_and_says_why_a_number_is_mi
     assert "| convnext_tiny | – | – (timed out) | – (timed out) | – (skipped) | – (skipped) | – |" in text
     # A model never run is a row that says so.
     assert "| deeplabv3 | – (not run) |" in text
+
+
+def test_a_loss_that_rounds_to_one_is_printed_with_the_digits_that_show_it(tmp_path):
+    # The VAE's CUDA-graph arms on the H200: 0.9995x (0.9992-0.9999), which three digits printed as a loss of 1.000x.
+    _fake_model(tmp_path, "vit_b16")
+    e2e = tmp_path / "vit_b16" / "e2e" / "bench_e2e.json"
+    doc = json.loads(e2e.read_text())
+    doc["models"][0]["cuda_graphs"] |= {"speedup": 0.99953, "speedup_ci": [0.99921, 0.99987]}
+    e2e.write_text(json.dumps(doc))
+    p = _report(tmp_path, "--report-only", "--models", "vit_b16")
+    assert p.returncode == 0, p.stderr
+    lose = (tmp_path / "report.md").read_text().split("### Where we lose", 1)[1].split("###", 1)[0]
+    assert "slower with the cast, 0.9995× (95 % CI 0.9992–0.9999)" in lose, lose
 
 
 def test_the_report_refuses_results_of_different_code_unless_told_and_then_flags_them(tmp_path):
