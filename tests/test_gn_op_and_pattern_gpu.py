@@ -1,0 +1,108 @@
+"""H200: a cast holding both a group_norm op variant and GroupNorm -> SiLU pattern cards, under torch.compile.
+
+The SD3.5 VAE has both kinds of card: 29 of its 30 GroupNorms feed a SiLU (chain cards, patterns under compile)
+and one does not (its op card). A cast serving the op keeps `native_group_norm` whole in the compiled graph,
+so a pattern traced with GroupNorm decomposed never matched there; patterns holding a vetoed op are now traced
+under the veto (engine.cast.patterns.PatternSet.prepare; the CPU test is in test_cast_pattern_cards.py). Here,
+through the user's path on the GPU: `run --ops group_norm` on a small VAE-like stack, `export`, and the loaded
+cast under `cast.compile`: every GroupNorm -> SiLU is one pattern op call and the lone GroupNorm is the op
+variant's."""
+
+import textwrap
+
+import pytest
+from test_run_gpu import _document
+
+pytestmark = pytest.mark.gpu
+
+MODEL_PY = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):  # a VAE resnet half: GroupNorm -> SiLU -> conv
+        def __init__(self, c):
+            super().__init__()
+            self.norm = nn.GroupNorm(32, c, eps=1e-6)
+            self.conv = nn.Conv2d(c, c, 3, padding=1)
+
+        def forward(self, x):
+            return x + self.conv(torch.nn.functional.silu(self.norm(x)))
+
+    class Stack(nn.Module):
+        def __init__(self, c=128, n=3):
+            super().__init__()
+            self.blocks = nn.ModuleList([Block(c) for _ in range(n)])
+            self.out_norm = nn.GroupNorm(32, c, eps=1e-6)  # a GroupNorm no SiLU follows (the VAE's attention norm)
+
+        def forward(self, x):
+            for b in self.blocks:
+                x = b(x)
+            return self.out_norm(x)
+
+    def build(device, dtype):
+        torch.manual_seed(0)
+        model = Stack().to(device=device, dtype=dtype).eval()
+        with torch.no_grad():
+            for b in model.blocks:
+                b.conv.weight.mul_(0.1)
+        return model, (torch.randn(1, 128, 512, 512, device=device, dtype=dtype),)
+''')
+MODEL_TOML = textwrap.dedent('''
+    name = "gn_stack"
+    builder = "gn_stack.py:build"
+    [dtype]
+    cuda = "bfloat16"
+    cpu = "bfloat16"
+    [capture]
+    samples = 1
+''')
+
+
+def test_op_variant_and_pattern_cards_of_one_op_both_run_under_compile(cli, capsys, tmp_path):
+    import importlib.util
+
+    import torch
+
+    import engine.cast
+    from engine.cast.format import read_cast
+
+    (tmp_path / "gn_stack.py").write_text(MODEL_PY)
+    (tmp_path / "gn_stack.toml").write_text(MODEL_TOML)
+    ws = tmp_path / "ws"
+    code, out, err = cli("run", tmp_path / "gn_stack.toml", "--no-tui", "--iterations", "4", "--json",
+                         "--no-compile-ref", "--ops", "group_norm", "--workspace", ws)
+    assert code == 0, err
+    doc = _document(out, err, "run")
+    won = {c["op"] for c in doc["cards"] if c["speedup_ci"] and c["speedup_ci"][0] > 1.2}
+    assert {"aten::native_group_norm", "kforge::chain"} <= won, doc["cards"]
+
+    cast_file = tmp_path / "gn.cast"
+    code, out, err = cli("export", "--out", cast_file, "--workspace", ws, "--json", "--target", "eager,compile")
+    assert code == 0, err
+    variants = read_cast(cast_file).manifest["variants"]
+    with capsys.disabled():
+        print(f"\nexport: {[(v['op'], v.get('targets')) for v in variants]}")
+    assert {v["op"] for v in variants} >= {"aten::native_group_norm", "kforge::chain"}, variants
+
+    spec = importlib.util.spec_from_file_location("gn_stack", tmp_path / "gn_stack.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model, (x,) = mod.build(torch.device("cuda"), torch.bfloat16)
+    torch._dynamo.reset()
+    # Every variant, whatever the export's whole-model check kept it for: this test is about the mechanism.
+    cast = engine.cast.load(cast_file, any_target=True)
+    with torch.no_grad():
+        eager = model(x)
+        with cast.enabled(model):
+            fast = cast.compile(model)
+            fast(x)
+            cast.reset_stats()
+            got = fast(x)
+            st = cast.stats()
+    with capsys.disabled():
+        print(f"pattern matches {st['pattern_matches']}, pattern hits {st['patterns']}, "
+              f"op hits {[(v['op'], v['hits']) for v in st['variants']]}, problems {st['pattern_problems']}")
+    assert sum(st["pattern_matches"].values()) >= 3, st["pattern_matches"]  # each block's GroupNorm -> SiLU
+    assert sum(st["patterns"].values()) >= 3, st["patterns"]
+    assert any(v["op"] == "aten::native_group_norm" and v["hits"] >= 1 for v in st["variants"]), st["variants"]
+    torch.testing.assert_close(got, eager, atol=5e-2, rtol=2e-2)
