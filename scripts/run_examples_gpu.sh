@@ -82,8 +82,14 @@ for name in sorted(d.name for d in out.iterdir() if (d / "run.json").is_file()):
     cards = run.get("cards") or []
     verified = sum(1 for c in cards if c.get("verified"))
     mc = exp.get("model_check") or {}
-    check = (f"whole model {mc.get('speedup', float('nan')):.3f}x CI {mc.get('speedup_ci')} "
-             f"rel_l2 {mc.get('rel_l2_err')}" if mc else "no model check")
+    if mc:
+        check = f"whole model {mc.get('speedup', float('nan')):.3f}x CI {mc.get('speedup_ci')} rel_l2 {mc.get('rel_l2_err')}"
+    else:  # no cast: the export's own one-line reason (slower with the cast, nothing verified, ...)
+        try:
+            errors = [ln for ln in (out / name / "export.log").read_text().splitlines() if ln.startswith("error:")]
+        except OSError:
+            errors = []
+        check = "no model check" + (f" ({errors[-1][len('error: '):]})" if errors else "")
     print(f"{name}: run {run.get('status')} ({run.get('stopped_by')}), {len(cards)} cards, "
           f"{run.get('evaluations')} evaluations, {verified} cards with a verified kernel; "
           f"cast {len(exp.get('included') or [])} variants, {len(exp.get('excluded') or [])} left on PyTorch; "

@@ -4,7 +4,10 @@ whole-model check can compare (not all zeros, not NaN). `capture --small` and th
 recorded in docs/examples.md; they take a minute each on two cores, so they are not repeated here."""
 
 import dataclasses
+import json
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -48,3 +51,21 @@ def test_the_gpu_script_runs_every_family_example():
     script = (ROOT / "scripts" / "run_examples_gpu.sh").read_text()
     names = re.search(r"names=\$\{\*:-([^}]*)\}", script).group(1).split()
     assert sorted(names) == sorted(FAMILIES)
+
+
+def test_the_gpu_scripts_summary_gives_the_exports_reason_when_no_cast_was_written(tmp_path):
+    # ViT-B/16 on the H200: the export refused its kernels by measurement; the summary said only "no model check".
+    script = (ROOT / "scripts" / "run_examples_gpu.sh").read_text()
+    summary = script.split("<<'PY' | tee \"$out/summary.txt\"\n", 1)[1].split("\nPY\n", 1)[0]
+    d = tmp_path / "vit_b16"
+    d.mkdir()
+    (d / "run.json").write_text(json.dumps({"status": "done", "stopped_by": "wall_time", "evaluations": 15,
+                                            "cards": [{"verified": 2}, {"verified": 0}]}))
+    (d / "export.json").write_text("")
+    (d / "export.log").write_text("error: export: vit_b16 is slower with the cast in eager forwards (0.947x); "
+                                  "nothing written\n")
+    r = subprocess.run([sys.executable, "-c", summary, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == ("vit_b16: run done (wall_time), 2 cards, 15 evaluations, 1 cards with a verified "
+                                "kernel; cast 0 variants, 0 left on PyTorch; no model check (export: vit_b16 is "
+                                "slower with the cast in eager forwards (0.947x); nothing written)")
