@@ -68,6 +68,29 @@ def test_wall_time_counts_the_capture_too(cli, tmp_path):
     said = doc["nothing_proposed"]
     assert "the --wall-time of 0.001 s was spent before the search began" in said, said
     assert "give it more, e.g. --wall-time " in said and f"kforge: {said}" in err
+    # The same sentence is a run event, which the TUI's overview shows (an attached user sees no stderr).
+    import sqlite3
+
+    from engine.store import db_path
+
+    conn = sqlite3.connect(db_path(tmp_path))
+    try:
+        notes = [json.loads(p)["message"] for (p,) in conn.execute("SELECT payload FROM events WHERE kind = 'run_note'")]
+    finally:
+        conn.close()
+    assert notes == [said]
+
+
+def test_the_overview_shows_a_run_note_whole_in_lines_that_fit():
+    from kforge_tui.readmodel import EventRow
+    from kforge_tui.screens.overview import _note_lines
+
+    said = ("nothing proposed: of 41 card(s), 23 declined, 18 open; the --wall-time of 45 s was spent before the "
+            "search began (80 s on capture, eager and reference timing): give it more, e.g. --wall-time 200")
+    e = EventRow(7, 1796218861.0, "run_note", None, {"message": said})
+    lines = [ln.plain for ln in _note_lines(e, 76)]
+    assert len(lines) > 1 and all(len(ln) <= 76 for ln in lines)
+    assert " ".join(ln[9:].strip() for ln in lines) == said and lines[0].startswith("13:41:01 ")
 
 
 def test_help_says_what_wall_time_counts():

@@ -480,6 +480,8 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
                                         f"({before_search_s:.0f} s on capture, eager and reference timing): "
                                         f"give it more, e.g. --wall-time {math.ceil(before_search_s) + 120}")
         print(f"kforge: {doc['nothing_proposed']}", file=sys.stderr)
+        # The TUI's overview shows it in its event log (a run attached to sees no stderr).
+        await store.add_event(run_id, "run_note", {"message": doc["nothing_proposed"]})
     return (0 if stopped_by in RUN_STOP_REASONS else 1), doc
 
 

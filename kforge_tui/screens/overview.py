@@ -77,7 +77,10 @@ class OverviewScreen(KforgeScreen):
         log = self.query_one("#events", RichLog)
         new = [e for e in self.app.events if e.seq > self._last_seq]
         for e in new:
-            if e.kind not in QUIET_EVENTS:
+            if e.kind == "run_note":  # a sentence for the user, wrapped to the log (it does not wrap lines)
+                for ln in _note_lines(e, max(40, log.size.width - 2)):
+                    log.write(ln)
+            elif e.kind not in QUIET_EVENTS:
                 log.write(_event_line(e))
         if new:
             self._last_seq = new[-1].seq
@@ -109,6 +112,17 @@ def _lane_list(lanes, now: float, strip: str) -> str:
             for lane in lanes if lane.busy]
     idle = [short(lane.name) for lane in lanes if not lane.busy]
     return ", ".join(busy + ([f"idle {' '.join(idle)}"] if idle else []))
+
+
+def _note_lines(e: EventRow, width: int) -> list[Text]:
+    """A run's note (why it proposed nothing, say) as whole lines of at most `width` columns."""
+    import textwrap
+    import time
+
+    stamp = time.strftime("%H:%M:%S", time.gmtime(e.ts))
+    lines = textwrap.wrap(str(e.payload.get("message") or ""), width=width - len(stamp) - 1,
+                          break_on_hyphens=False) or [""]
+    return [Text(f"{stamp if i == 0 else ' ' * len(stamp)} {ln}", style="yellow") for i, ln in enumerate(lines)]
 
 
 def _event_line(e: EventRow) -> Text:
