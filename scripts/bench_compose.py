@@ -31,6 +31,29 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+# Where the model runs: "cuda" for every measurement. A test sets "cpu" to drive this script's control flow (arms,
+# compile order, Dynamo record, report) without a GPU; what it times there is not a measurement of anything.
+DEVICE = "cuda"
+
+
+def sync() -> None:
+    import torch
+
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(run) -> float:
+    """µs of one call: CUDA events on the GPU (engine.bench.forward.time_forward), the wall clock elsewhere."""
+    if DEVICE == "cuda":
+        from engine.bench.forward import time_forward
+
+        return time_forward(run)
+    t0 = time.perf_counter()
+    run()
+    return (time.perf_counter() - t0) * 1e6
+
+
 def log(msg: str) -> None:
     print(f"[bench_compose {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -51,17 +74,16 @@ def pair(a, b, iters: int, around_b=None) -> dict[str, Any]:
     """Alternate `a` and `b` forwards `iters` times each; medians and the paired CI of median(a)/median(b)."""
     import contextlib
 
-    from engine.bench.forward import time_forward
     from engine.bench.stats import speedup_ci
 
     ta, tb = [], []
     for i in range(iters):
         for arm in (("a", "b") if i % 2 == 0 else ("b", "a")):
             if arm == "a":
-                ta.append(time_forward(a))
+                ta.append(timed(a))
             else:
                 with (around_b() if around_b else contextlib.nullcontext()):
-                    tb.append(time_forward(b))
+                    tb.append(timed(b))
     est = speedup_ci(ta, tb, paired=True)
     med = lambda xs: sorted(xs)[len(xs) // 2] / 1e3  # noqa: E731
     return {"base_ms": med(ta), "with_cast_ms": med(tb), "speedup": est.speedup,
@@ -97,10 +119,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    if not torch.cuda.is_available():
+    if DEVICE == "cuda" and not torch.cuda.is_available():
         print("error: bench_compose: no CUDA GPU is visible; run it on the GPU the cast is for", file=sys.stderr)
         return 2
-    from engine.bench.forward import auto_iters, time_forward
+    from engine.bench.forward import auto_iters
     from engine.cast.loader import load
     from engine.config import sd35_vae
     from engine.export.e2e import rel_l2_err
@@ -108,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     caches = Path(tempfile.mkdtemp(prefix="kforge-compose-"))
-    doc: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
+    gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else f"{DEVICE} (a control-flow test, not a measurement)"
+    doc: dict[str, Any] = {"gpu": gpu, "torch": torch.__version__, "model": args.model,
                            "date": time.strftime("%Y-%m-%d %H:%M"), "modes": {}}
 
     def save() -> None:
@@ -120,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         model, forward = sd35_vae()
     else:
         from engine.config import build_target
-        target = build_target(config, torch.device("cuda"))
+        target = build_target(config, torch.device(DEVICE))
         model, forward = target.module, target.forward
     enabled = lambda: cast.enabled(model)  # noqa: E731  (the model too: module cards patch its modules)
     cast_path = args.cast
@@ -140,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(3):
             forward()
         eager_out = output_tensor(forward()).double()
-        iters = args.iters or max(10, min(60, auto_iters(sorted(time_forward(forward) for _ in range(3))[1], 3.0)))
+        iters = args.iters or max(10, min(60, auto_iters(sorted(timed(forward) for _ in range(3))[1], 3.0)))
 
         cast.reset_stats()
         with enabled():
@@ -155,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         # compile workers started): paid here, on a small function, so neither arm's compile time holds it.
         fresh_caches(caches, "process-warm-up")
         t0 = time.perf_counter()
-        torch.compile(lambda x: torch.nn.functional.silu(x * 2.0).sum(-1))(torch.randn(64, 64, device="cuda"))
-        torch.cuda.synchronize()
+        torch.compile(lambda x: torch.nn.functional.silu(x * 2.0).sum(-1))(torch.randn(64, 64, device=DEVICE))
+        sync()
         doc["inductor_start_s"] = time.perf_counter() - t0
         pattern_set = cast.pattern_set() if hasattr(cast, "pattern_set") else None
         for mode_index, mode in enumerate(m for m in args.modes.split(",") if m):
@@ -182,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                         t0 = time.perf_counter()
                         step()
                         fn()
-                        torch.cuda.synchronize()
+                        sync()
                         r["compile_s_with_cast" if with_cast else "compile_s"] = time.perf_counter() - t0
                     return fn, graphs() - g
 

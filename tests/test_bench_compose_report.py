@@ -33,3 +33,31 @@ def test_the_report_says_which_arm_compiled_first_and_what_the_pattern_pass_and_
     assert "default: compiled with cast first; the cast's pattern pass took 0.41 s of its compile" in text
     assert "reduce-overhead: compiled alone first; the cast's pattern pass took 0.38 s of its compile" in text
     assert "Inductor's start in this process" in text and "6.0 s" in text
+
+
+def test_the_scripts_control_flow_on_a_cpu(tmp_path, monkeypatch):
+    """bench_compose end to end on the CPU, with a cast none of whose variants can run here: both arms compile
+    (the cast's first), each once, nothing recompiles while timed, and the record and report say so. Not a
+    measurement (DEVICE "cpu" times with the wall clock); it guards the script's flow, which otherwise runs only
+    on a GPU."""
+    import json
+
+    from test_cast_modules import _write
+
+    bench = load_script("bench_compose")
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    cast = _write(tmp_path)  # a module card for another model: installed on none of my_model's modules
+    out = tmp_path / "out"
+    code = bench.main(["--out", str(out), "--model", "configs/examples/my_model.toml", "--small", "--cast", str(cast),
+                       "--modes", "default", "--iters", "3"])
+    assert code == 0
+    doc = json.loads((out / "bench_compose.json").read_text())
+    r = doc["modes"]["default"]
+    assert "error" not in r, r.get("traceback")
+    assert r["compiled_first"] == "with cast" and r["hits_per_forward"] == 0 and r["pattern_pass_s"] == 0.0
+    assert r["dynamo"]["graphs_with_cast"] >= 1 and r["dynamo"]["graphs_alone"] >= 1
+    assert r["dynamo"]["graphs_while_timed"] == 0, r["dynamo"]
+    assert r["iters"] == 3 and r["compile_s"] > 0 and r["compile_s_with_cast"] > 0
+    md = (out / "bench_compose.md").read_text()
+    assert "a control-flow test, not a measurement" in md and "default: compiled with cast first" in md
