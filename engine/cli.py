@@ -160,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", help="mcts (default), greedy or beam")
     p.add_argument("--wall-time", type=_positive_float, metavar="S",
                    help="stop after S seconds of the whole run: capture and eager timing count, and the "
-                        "search stops when the time is spent (a capture in progress is finished first)")
+                        "timing of each card's references (its copy, its torch.compile); the search gets the rest "
+                        "and stops when the time is spent (a capture in progress is finished first)")
     p.add_argument("--max-cost", type=_positive_usd, metavar="USD",
                    help="stop the search once the provider's cost reaches USD (tokens at the config's prices)")
     p.add_argument("--max-tokens", type=_positive_int, metavar="N",

@@ -98,7 +98,7 @@ def test_help_says_what_wall_time_counts():
 
     sub = next(a for a in build_parser()._actions if getattr(a, "choices", None) and "run" in a.choices)
     text = " ".join(sub.choices["run"].format_help().split())
-    assert "whole run" in text and "capture and eager timing count" in text
+    assert "whole run" in text and "capture and eager timing count" in text and "references" in text
 
 
 # ---- the final table on an 80-column terminal ---------------------------------------------------------------
