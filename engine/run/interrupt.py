@@ -95,9 +95,29 @@ def exit_now(*_: Any) -> None:
     threading.Thread(target=last_words, name="kforge-last-words", daemon=True).start()
 
 
+# SIGINTs the Python-level handler (exit_on_next_sigint) took. asyncio's wakeup fd stays set after that handler
+# replaces the loop's, so each such signal also reaches the loop's handler (run_interruptible's on_sigint),
+# which must not take it a second time: two exit_now calls for one Ctrl-C made the second "a third Ctrl-C" and
+# exited before the last words were written (the run left 'running', about one try in three).
+_taken_by_handler = [0]
+
+
+def _sigint_handler(*_: Any) -> None:
+    _taken_by_handler[0] += 1
+    exit_now()
+
+
+def _duplicate_of_handled() -> bool:
+    """Whether a SIGINT the loop reports now was already taken by the Python-level handler (consumes it)."""
+    if _taken_by_handler[0] > 0:
+        _taken_by_handler[0] -= 1
+        return True
+    return False
+
+
 def exit_on_next_sigint() -> None:
     try:
-        signal.signal(signal.SIGINT, exit_now)
+        signal.signal(signal.SIGINT, _sigint_handler)
     except ValueError:  # not the main thread: nothing to install
         pass
 
@@ -112,7 +132,8 @@ def run_interruptible(make: Callable[[StopFlag], Coroutine[Any, Any, T]], *,
 
     def on_sigint() -> None:
         if stop.hit:
-            exit_now()
+            if not _duplicate_of_handled():
+                exit_now()
             return
         stop.event.set()
         exit_on_next_sigint()  # also while the loop is not running (its shutdown below)
