@@ -11,7 +11,7 @@ variant's."""
 import textwrap
 
 import pytest
-from test_run_gpu import _document
+from test_run_gpu import _document, build_user_model, user_model
 
 pytestmark = pytest.mark.gpu
 
@@ -47,29 +47,17 @@ MODEL_PY = textwrap.dedent('''
                 b.conv.weight.mul_(0.1)
         return model, (torch.randn(1, 128, 512, 512, device=device, dtype=dtype),)
 ''')
-MODEL_TOML = textwrap.dedent('''
-    name = "gn_stack"
-    builder = "gn_stack.py:build"
-    [dtype]
-    cuda = "bfloat16"
-    cpu = "bfloat16"
-    [capture]
-    samples = 1
-''')
 
 
 def test_op_variant_and_pattern_cards_of_one_op_both_run_under_compile(cli, capsys, tmp_path):
-    import importlib.util
-
     import torch
 
     import engine.cast
     from engine.cast.format import read_cast
 
-    (tmp_path / "gn_stack.py").write_text(MODEL_PY)
-    (tmp_path / "gn_stack.toml").write_text(MODEL_TOML)
+    config = user_model(tmp_path, "gn_stack", MODEL_PY, samples=1)
     ws = tmp_path / "ws"
-    code, out, err = cli("run", tmp_path / "gn_stack.toml", "--no-tui", "--iterations", "4", "--json",
+    code, out, err = cli("run", config, "--no-tui", "--iterations", "4", "--json",
                          "--no-compile-ref", "--ops", "group_norm", "--workspace", ws)
     assert code == 0, err
     doc = _document(out, err, "run")
@@ -84,10 +72,7 @@ def test_op_variant_and_pattern_cards_of_one_op_both_run_under_compile(cli, caps
         print(f"\nexport: {[(v['op'], v.get('targets')) for v in variants]}")
     assert {v["op"] for v in variants} >= {"aten::native_group_norm", "kforge::chain"}, variants
 
-    spec = importlib.util.spec_from_file_location("gn_stack", tmp_path / "gn_stack.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    model, (x,) = mod.build(torch.device("cuda"), torch.bfloat16)
+    model, (x,) = build_user_model(tmp_path, "gn_stack")
     torch._dynamo.reset()
     # Every variant, whatever the export's whole-model check kept it for: this test is about the mechanism.
     cast = engine.cast.load(cast_file, any_target=True)

@@ -8,7 +8,7 @@ minutes (one torch.compile of a four-layer model per export target)."""
 import textwrap
 
 import pytest
-from test_run_gpu import _document
+from test_run_gpu import _document, build_user_model, user_model
 
 pytestmark = pytest.mark.gpu
 
@@ -55,29 +55,17 @@ MODEL_PY = textwrap.dedent('''
         x = torch.randn(1, 2048, 2048, device=device, dtype=dtype)
         return model, (x,)
 ''')
-MODEL_TOML = textwrap.dedent('''
-    name = "rms_stack"
-    builder = "rms_stack.py:build"
-    [dtype]
-    cuda = "bfloat16"
-    cpu = "bfloat16"
-    [capture]
-    samples = 2
-''')
 
 
 def test_module_card_runs_in_eager_and_as_a_pattern_under_compile(cli, capsys, tmp_path):
-    import importlib.util
-
     import torch
 
     import engine.cast
     from engine.cast.format import read_cast
 
-    (tmp_path / "rms_stack.py").write_text(MODEL_PY)
-    (tmp_path / "rms_stack.toml").write_text(MODEL_TOML)
+    config = user_model(tmp_path, "rms_stack", MODEL_PY, samples=2)
     ws = tmp_path / "ws"
-    code, out, err = cli("run", tmp_path / "rms_stack.toml", "--no-tui", "--iterations", "6", "--json", "--no-compile-ref",
+    code, out, err = cli("run", config, "--no-tui", "--iterations", "6", "--json", "--no-compile-ref",
                          "--workspace", ws)
     assert code == 0, err
     doc = _document(out, err, "run")
@@ -113,10 +101,7 @@ def test_module_card_runs_in_eager_and_as_a_pattern_under_compile(cli, capsys, t
         # to import its module by name, and the cast was written unchecked).
         assert not [w for w in results[target]["warnings"] if "check failed" in w], results[target]["warnings"]
 
-    spec = importlib.util.spec_from_file_location("rms_stack", tmp_path / "rms_stack.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    model, (x,) = mod.build(torch.device("cuda"), torch.bfloat16)
+    model, (x,) = build_user_model(tmp_path, "rms_stack")
     with torch.no_grad():
         eager = model(x)
         cast = engine.cast.load(tmp_path / "eager.cast")

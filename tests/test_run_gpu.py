@@ -39,6 +39,34 @@ def _document(out: str, err: str, what: str) -> dict:
                              f"stderr ends {err[-800:]!r}") from None
 
 
+def user_model(folder, name: str, source: str, samples: int):
+    """A user's model in `folder` as `run` takes it: NAME.py (its `build`) and NAME.toml, bfloat16 on both
+    devices, `samples` per card. Returns the TOML's path."""
+    (folder / f"{name}.py").write_text(source)
+    (folder / f"{name}.toml").write_text(textwrap.dedent(f'''
+        name = "{name}"
+        builder = "{name}.py:build"
+        [dtype]
+        cuda = "bfloat16"
+        cpu = "bfloat16"
+        [capture]
+        samples = {samples}
+    '''))
+    return folder / f"{name}.toml"
+
+
+def build_user_model(folder, name: str):
+    """(model, inputs) from the `build` of the NAME.py that user_model wrote, on the GPU in bfloat16."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.build(torch.device("cuda"), torch.bfloat16)
+
+
 def test_run_export_audit_load_on_the_gpu(cli, capsys, tmp_path):
     import torch
 
