@@ -121,3 +121,26 @@ def test_a_dry_runs_gpu_shares_leave_chain_cards_out_of_the_models_time():
     by_id = {c.card_id: c for c in ops}
     expected = sum(by_id[m].share for m in ("to", "pow", "mean", "add", "rsqrt")) + by_id["mul"].share * 2 / 3
     assert chain.share == pytest.approx(expected)
+
+
+def test_a_card_with_a_large_win_gives_way_to_cards_nobody_has_tried():
+    """The H200 VAE run of 2026-12-02: the GroupNorm → SiLU chain at 1024² (20 % of eager's time) went from
+    3,884 µs to 259 µs on its first candidates and then took 21 candidates in all, while GroupNorms of other
+    shapes (a few % each, ~17× to win) were never searched before the wall time ran out."""
+    policy = SchedulePolicy()
+    big = CardState(op("big", "aten::native_group_norm", 5, 0.20, eager_us=3884.0, roofline_us=128.0), ["s0"])
+    fresh = CardState(op("fresh", "aten::native_group_norm", 11, 0.02, eager_us=200.0, roofline_us=12.0), ["s0"])
+    cards = [big, fresh]
+    count_chains_once(cards)
+    assert next_card(cards, policy, 50) is big  # untried, the bigger card goes first
+    big.record(259.0, policy)
+    # What is left of the big card: 20 % × (259 − 128) / 3884 ≈ 0.7 % of the model; the fresh one ≈ 1.9 %.
+    assert expected_gain(big) == pytest.approx(0.20 * (259.0 - 128.0) / 3884.0)
+    assert next_card(cards, policy, 50) is fresh
+    # A card that has not won anything yet keeps the whole of its headroom.
+    big2 = CardState(op("big2", "aten::native_group_norm", 5, 0.20, eager_us=3884.0, roofline_us=128.0), ["s0"])
+    big2.record(None, policy)
+    assert expected_gain(big2) == pytest.approx(0.20 * (1 - 128.0 / 3884.0) / 2 ** 0.5)
+    # A kernel slower than eager does not raise the card's claim above its untried one.
+    big2.record(5000.0, policy)
+    assert expected_gain(big2) <= 0.20 * (1 - 128.0 / 3884.0)

@@ -116,20 +116,26 @@ def count_chains_once(cards: list[CardState]) -> None:
 
 
 def expected_gain(card: CardState) -> float:
-    """Runtime share × headroom to the roofline, discounted by the iterations already spent.
+    """The part of the model's time this card may still win, discounted by the iterations already spent.
 
-    Headroom is the fraction of the card's current time that the roofline says could still go:
-    1 − roofline / current. Without a roofline, assume half. The share is the card's own
-    (`count_chains_once`): calls a chain card holds are counted for the chain only.
+    The card's own share (`count_chains_once`: calls a chain card holds count for the chain only) is of the
+    model's time at eager's speed; what is left to win is the distance from its current best to its roofline,
+    as a fraction of eager's time: share × (current − roofline) / eager. Without a roofline, assume half of
+    the current time could still go. A card already 15× faster than eager has little left to give, whatever
+    its share was, and gives way to cards nobody has tried (before, the headroom was taken relative to the
+    current time but weighed by eager's share, so a 20 % card with a 15× kernel still outranked every fresh
+    2 % card and kept the search to itself).
     """
-    current = card.best_us or card.eager_us
-    if current and card.roofline_us:
-        headroom = max(0.0, 1.0 - card.roofline_us / current)
+    current = min(t for t in (card.best_us, card.eager_us, math.inf) if t)  # a slower kernel: eager still serves
+    if current < math.inf and card.roofline_us:
+        left = max(0.0, 1.0 - card.roofline_us / current)
     else:
-        headroom = 0.5
+        left = 0.5
+    if card.best_us and card.eager_us:
+        left *= current / card.eager_us
     # Diminishing returns: a card tried many times without progress gives way to fresh ones.
     fatigue = 1.0 / math.sqrt(1.0 + card.since_improvement)
-    return card.own_share * headroom * fatigue * card.priority_boost
+    return card.own_share * left * fatigue * card.priority_boost
 
 
 def next_card(cards: list[CardState], policy: SchedulePolicy, iterations_per_card: int) -> CardState | None:
