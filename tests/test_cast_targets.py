@@ -1,7 +1,8 @@
 """The loader runs a variant only under the targets its export kept it for (eager, CUDA graphs, a
 torch.compile mode), on the CPU: a hand-written cast of three native_group_norm variants (one per shape)
 whose plans are PyTorch's own kernel at the CPU key, so results are exact and the hit counters tell who
-ran. A variant without recorded targets (a cast written before targets) runs everywhere, as before."""
+ran. A variant without recorded targets runs where the cast's one whole-model check measured it (a cast
+exported before targets), or everywhere where no whole-model check is recorded (a script's cast)."""
 
 from __future__ import annotations
 
@@ -140,7 +141,7 @@ def test_stats_say_which_variants_run_under_which_target(cast):
     assert {v["id"]: v["targets"] for v in st["variants"]} == {
         "eager-only": ["cuda-graphs", "eager"], "compile-only": ["compile"], "legacy": None}
     text = cast.summary()
-    assert "1 without recorded targets (run under every target)" in text
+    assert "1 without recorded targets (no whole-model check recorded: run under every target)" in text
     assert "  compile: 2 variant(s)" in text and "  compile:reduce-overhead: 1 variant(s)" in text
 
 
@@ -154,3 +155,42 @@ def test_any_target_runs_every_variant_in_eager_for_its_own_checks(cast_file):
         assert c.stats()["targets"]["compile:reduce-overhead"] == list(SIDES)
     finally:
         c.remove()
+
+
+@pytest.fixture
+def old_export(tmp_path, monkeypatch):
+    """A cast as exports wrote them before targets were recorded: no targets per variant, one whole-model
+    check in eager under `source.model_check` (the H200's sd35_medium cast of 2026-11-30 is one)."""
+    monkeypatch.setenv("KFORGE_CAST_ROUTER", "python")
+    monkeypatch.setattr(runtime, "add_entries", functools.partial(runtime.add_entries, dispatch_key="CPU"))
+    manifest = {"format": cast_format.FORMAT, "format_version": cast_format.FORMAT_VERSION, "env": ENV,
+                "source": {"model": "m", "model_check": {"mode": "eager", "speedup": 1.97,
+                                                         "speedup_ci": [1.95, 1.99], "eager_ms": 97.9,
+                                                         "cast_ms": 49.8}},
+                "variants": [_variant("legacy")]}
+    write_cast(tmp_path / "old.cast", manifest, {}, "# test\n")
+    c = engine.cast.load(tmp_path / "old.cast", env=ENV, plans={"legacy": _pytorch})
+    torch._dynamo.reset()
+    yield c
+    c.remove()
+    torch._dynamo.reset()
+
+
+def test_a_cast_exported_before_targets_runs_only_where_its_one_check_measured_it(old_export):
+    """Such a cast used to run everywhere; under torch.compile the H200 sd35_medium one made the model
+    0.827× (0.823–0.829) as fast as torch.compile alone. It was proven in eager only: it now runs there."""
+    c = old_export
+    x, w, b = _args(SIDES["legacy"])[:3]
+    with runtime.suspended():
+        expected = f(x, w, b)
+    with c.enabled(), torch.no_grad():
+        torch.testing.assert_close(f(x, w, b), expected, rtol=0, atol=1e-5)
+        assert _hits(c) == {"legacy": 1}
+        assert not compose.coverage(c, "compile")  # nothing of it for Inductor to call: it decomposes as usual
+        torch.testing.assert_close(c.compile(f)(x, w, b), expected, rtol=0, atol=1e-5)
+    assert _hits(c) == {"legacy": 1}  # the compiled call ran Inductor's code
+    st = c.stats()
+    assert st["targets"]["eager"] == ["legacy"] and st["targets"]["compile"] == []
+    assert st["targets"]["cuda-graphs"] == []
+    assert {v["id"]: v["targets"] for v in st["variants"]} == {"legacy": ["eager"]}
+    assert "1 without recorded targets (held to the cast's one whole-model check: eager)" in c.summary()

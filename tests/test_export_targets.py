@@ -130,14 +130,22 @@ def test_audit_shows_each_targets_whole_model_numbers_and_output_agreement(tmp_p
     assert doc["variants"][0]["targets"] == ["eager", "compile"]
 
 
-def test_a_cast_without_targets_says_its_variants_run_everywhere():
+def test_a_cast_without_targets_says_where_its_variants_run():
+    from engine.cast.cpp_router import TARGET_BITS
+    from engine.cast.format import TARGET_NAMES
     from engine.export.report import audit_document, markdown_report
 
-    m = _manifest(targets=False)
+    assert TARGET_NAMES == TARGET_BITS
+    m = _manifest(targets=False)  # exported before targets: its one whole-model check ran in eager
     text = audit_text(audit_document(m, {}), "old.cast")
     assert "whole model, eager: 4.00 -> 3.70 ms, 1.080×" in text
-    assert "no targets recorded: every variant runs wherever the cast is installed" in text
-    assert "records no targets per variant: the loader runs every variant wherever" in markdown_report(m)
+    assert "no targets recorded: every variant runs only under eager, the mode of the cast's one whole-model " \
+           "check" in text
+    assert "This cast records no targets per variant: every variant runs only under eager" in markdown_report(m)
+    del m["source"]["model_check"]  # a script's cast: no whole-model check at all
+    text = audit_text(audit_document(m, {}), "script.cast")
+    assert "no targets recorded and no whole-model check: every variant runs wherever the cast is installed" \
+        in text
 
 
 def test_the_report_has_one_row_per_target():

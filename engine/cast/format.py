@@ -222,3 +222,27 @@ def _read(z: zipfile.ZipFile, name: str) -> bytes:
     if info.file_size > MAX_MEMBER_BYTES:
         raise ValueError(f"{name} is {info.file_size} bytes, more than a cast member may be")
     return z.read(name)  # zipfile checks the CRC-32 on read: a flipped byte raises BadZipFile
+
+
+# The targets a variant can be proven for (engine.cast.cpp_router.TARGET_BITS holds them in this order).
+TARGET_NAMES = ("eager", "cuda-graphs", "compile", "compile:max-autotune-no-cudagraphs", "compile:reduce-overhead")
+
+
+def legacy_targets(manifest: dict[str, Any]) -> frozenset[str] | None:
+    """What a variant without recorded targets runs under: the mode of the cast's one whole-model check,
+    where the manifest records one that measured (`source.model_check.mode`: a cast exported before targets
+    were recorded has that check as its only whole-model proof), else None: no whole-model check at all
+    (a script's cast, `export --no-model-check`), and the variant runs wherever the cast is installed."""
+    check = (manifest.get("source") or {}).get("model_check") or {}
+    mode = check.get("mode")
+    return frozenset({mode}) if mode in TARGET_NAMES and check.get("speedup") is not None else None
+
+
+def legacy_targets_text(manifest: dict[str, Any]) -> str:
+    """One sentence: where the variants of a cast without recorded targets run (audit, report.md)."""
+    held = legacy_targets(manifest)
+    if held is None:
+        return ("no targets recorded and no whole-model check: every variant runs wherever the cast is installed "
+                "(eager, CUDA graphs, torch.compile)")
+    return (f"no targets recorded: every variant runs only under {', '.join(sorted(held))}, the mode of the "
+            "cast's one whole-model check (its only proof for the whole model)")

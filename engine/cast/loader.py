@@ -9,8 +9,10 @@
     compiled = cast.compile(model)   # torch.compile whose graphs call the cast's ops (docs/compile.md)
     cast.stats()["targets"]   # per target (eager, cuda-graphs, compile[:MODE]): the variants that run there
 
-A variant runs only under the targets its export kept it for (docs/cast.md, "Targets"); a cast written
-before targets were recorded runs every variant wherever it is installed.
+A variant runs only under the targets its export kept it for (docs/cast.md, "Targets"). A cast written
+before targets were recorded is held to the mode of its one whole-model check (eager, for most: under
+torch.compile an H200 sd35_medium cast of that kind made the model 0.83× as fast); only a cast that records
+no whole-model check at all (built by a script, or `export --no-model-check`) runs wherever it is installed.
 
 Loading never raises for a bad file: a damaged zip, a digest mismatch, an unknown format version,
 another GPU arch or torch minor version, or no GPU at all leave the affected variants (or all of them)
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.cast import runtime
+from engine.cast.format import legacy_targets
 from engine.cast.compat import current_env, incompatibility
 from engine.cast.format import CastError, CastFile, CastWarning, module_card, pattern_card, read_cast
 
@@ -44,9 +47,10 @@ class VariantState:
     cpp: tuple[str, int] | None = None  # (op, index of its plan) while the C++ router dispatches it
     module: dict[str, Any] | None = None  # a module card's entry (class, paths, binding), else None
     pattern: dict[str, Any] | None = None  # a pattern card's entry (replaced inside compiled graphs), else None
-    # The targets (eager, cuda-graphs, compile[:MODE]) whose whole-model check kept it; None: the cast was
-    # written before targets were recorded, and the variant runs wherever the cast is installed.
+    # The targets (eager, cuda-graphs, compile[:MODE]) whose whole-model check kept it, or for a variant
+    # without recorded ones those of `legacy_targets`; None: no whole-model check at all, runs anywhere.
     targets: frozenset[str] | None = None
+    recorded: bool = True  # the manifest records its targets (False: derived by legacy_targets, or None)
 
     @property
     def hits(self) -> int:
@@ -70,6 +74,7 @@ class Cast:
         self.env = env
         self.variants: list[VariantState] = []
         if file is not None:
+            held = legacy_targets(file.manifest)
             for v in file.variants:
                 why = problem or file.problems.get(v["id"])
                 if why is None and only is not None and v["id"] not in only:
@@ -77,7 +82,8 @@ class Cast:
                 targets = v.get("targets")
                 self.variants.append(VariantState(v["id"], v["op"], v.get("signature_text", ""), why,
                                                   module=module_card(v), pattern=pattern_card(v),
-                                                  targets=None if targets is None else frozenset(targets)))
+                                                  targets=held if targets is None else frozenset(targets),
+                                                  recorded=targets is not None))
         self._plans = dict(plans or {})  # variant id -> Python plan used instead of its kernels
         self._any_target = any_target  # load(any_target=True): recorded targets are not enforced
         self._module_kept: dict[str, Any] = {}  # module-route counters by path, since removed
@@ -220,7 +226,7 @@ class Cast:
 
     def active_by_target(self) -> dict[str, list[str]]:
         """Per target (eager, cuda-graphs, compile[:MODE]): the usable variants that run under it. A variant
-        without recorded targets (a cast written before them) is under every target, as it always was."""
+        without recorded targets is under those of `legacy_targets` (every target when that is None)."""
         from engine.cast.cpp_router import TARGET_BITS
 
         usable = self.usable()
@@ -230,9 +236,14 @@ class Cast:
     def summary(self) -> str:
         """One line per target: how many variants run under it (what `stats()["targets"]` lists)."""
         n = len(self.usable())
-        legacy = sum(1 for v in self.usable() if v.targets is None)
+        legacy = [v for v in self.usable() if not v.recorded]
+        held = legacy[0].targets if legacy else None
         head = f"{self.path}: {n} usable variant(s)" + (
-            f", {legacy} without recorded targets (run under every target)" if legacy else "")
+            "" if not legacy else
+            f", {len(legacy)} without recorded targets (no whole-model check recorded: run under every target)"
+            if held is None else
+            f", {len(legacy)} without recorded targets (held to the cast's one whole-model check: "
+            f"{', '.join(sorted(held))})")
         return "\n".join([head] + [f"  {t}: {len(ids)} variant(s)" for t, ids in self.active_by_target().items()])
 
     def _module_stats(self) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.cards import chain_dispatch, chain_inputs, chain_label, copy_fraction
-from engine.cast.format import CHAIN_OP
+from engine.cast.format import CHAIN_OP, legacy_targets_text
 from engine.outcomes import faster_with_confidence
 
 
@@ -87,8 +87,8 @@ def _target_lines(manifest: dict[str, Any]) -> list[str]:
              "What the whole-model check measured per target (the run's own model without and with the cast, "
              "alternated, fresh process). The loader runs a variant only under the targets whose check kept it."
              if recorded else
-             "This cast records no targets per variant: the loader runs every variant wherever the cast is "
-             "installed (eager, CUDA graphs, torch.compile).", "",
+             f"This cast records {legacy_targets_text(manifest).replace('no targets recorded', 'no targets per variant')}.",
+             "",
              "| target | whole model | variants kept |", "|---|---|---:|"]
     for t, c in checks.items():
         kept = sum(1 for v in manifest["variants"] if t in (v.get("targets") or []))
@@ -207,7 +207,7 @@ def audit_text(doc: dict[str, Any], path: str) -> str:
     for target, mc in model_checks_of(doc.get("source") or {}).items():
         lines.append(f"  whole model, {target}: {target_check_text(mc)}")
     if doc["variants"] and all(v.get("targets") is None for v in doc["variants"]):
-        lines.append("  no targets recorded: every variant runs wherever the cast is installed")
+        lines.append(f"  {legacy_targets_text(doc)}")
     for v in doc["variants"]:
         sp = _ci({"speedup": v["speedup"], "speedup_ci": v["speedup_ci"]})
         cv = v.get("chain_view")
