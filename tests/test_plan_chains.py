@@ -144,3 +144,27 @@ def test_a_card_with_a_large_win_gives_way_to_cards_nobody_has_tried():
     # A kernel slower than eager does not raise the card's claim above its untried one.
     big2.record(5000.0, policy)
     assert expected_gain(big2) <= 0.20 * (1 - 128.0 / 3884.0)
+
+
+def test_a_pattern_chain_leaves_its_members_calls_to_their_op_cards():
+    """The H200 VAE run of 2026-12-02: GroupNorm → SiLU chains inside ResNet blocks (pattern cards, which
+    run only under torch.compile) held all the calls of the group_norm op cards of their shapes, so those had
+    no share of their own and were never searched, and in eager nothing served those GroupNorms."""
+    policy = SchedulePolicy()
+    gn = op("gn", "aten::native_group_norm", 5, 0.10, eager_us=1900.0, roofline_us=120.0)
+    silu = op("silu", "aten::silu", 5, 0.05, eager_us=300.0, roofline_us=120.0)
+    pattern = OperatorCard("gn_silu", CHAIN, {"op": CHAIN, "args": [], "aliases": []}, calls=5, share=0.15,
+                           bytes=4096, eager_us=2200.0, roofline_us=120.0,
+                           chain={"kind": "pattern", "module_class": "ResnetBlock2D", "members": ["gn", "silu"],
+                                  "ops": ["native_group_norm", "silu"]})
+    cards = states([gn, silu, pattern])
+    by_id = {c.card_id: c for c in cards}
+    count_chains_once(cards)
+    assert by_id["gn"].own_share == 0.10 and by_id["silu"].own_share == 0.05
+    by_id["gn_silu"].record(140.0, policy)  # the chain won 15x: the GroupNorm op card comes next
+    count_chains_once(cards)
+    assert next_card(cards, policy, 50).card_id == "gn"
+    # The same chain as a module card (the whole forward of a module, served in eager) holds them.
+    by_id["gn_silu"].card = dataclasses.replace(pattern, chain={**pattern.chain, "kind": "module"})
+    count_chains_once(cards)
+    assert by_id["gn"].own_share == 0.0 and by_id["silu"].own_share == 0.0

@@ -105,14 +105,24 @@ def in_play(chain: CardState) -> bool:
 
 
 def count_chains_once(cards: list[CardState]) -> None:
-    """Count each call once: an op card's calls that a chain card in play holds are that chain's share, not
-    the op card's (its `covered`); a chain declined, skipped or finished without a win gives them back."""
+    """Count each call once: an op card's calls that a module chain card in play holds are that chain's
+    share, not the op card's (its `covered`); a chain declined, skipped or finished without a win gives them
+    back. A pattern chain card (its calls inside a module's forward, not the whole of it) holds nothing here:
+    it runs only inside torch.compile's graphs, while the shares are of eager's time, where only its member's
+    op card can serve those calls (the SD3.5 VAE's GroupNorm → SiLU chains kept every GroupNorm op card of
+    their shapes at no share, and none was searched)."""
     states = {c.card_id: c for c in cards}
     for c in cards:
         c.covered = 0.0
     for op_id, held in chain_cover(c.card for c in cards).items():
         states[op_id].covered = min(states[op_id].card.share,
-                                    sum(s for chain_id, s in held.items() if in_play(states[chain_id])))
+                                    sum(s for chain_id, s in held.items()
+                                        if serves_eager(states[chain_id]) and in_play(states[chain_id])))
+
+
+def serves_eager(chain: CardState) -> bool:
+    """A chain card whose kernel can serve its calls in eager: a module card (a pattern card cannot)."""
+    return (chain.card.chain or {}).get("kind") == "module"
 
 
 def expected_gain(card: CardState) -> float:
