@@ -212,3 +212,52 @@ def test_pattern_cards_are_checked_and_kept_only_under_compile(monkeypatch):
             assert "only inside torch.compile" in excluded[0]["reason"]
     with pytest.raises(JobError, match="--target compile"):
         pkg._model_check([C("pat", "pattern")], {}, {}, [], "cfg", True, "eager", lambda m: None)
+
+
+def test_under_compile_a_set_must_make_the_compiled_model_faster_with_confidence():
+    """Issue 19: under compile a variant is kept only where the compiled model is faster with it. A set
+    that is merely not slower (its CI straddles 1) keeps Inductor away from its ops for nothing; in eager
+    and CUDA graphs the first set that is not slower is kept, as before."""
+    import torch
+
+    from engine.export.e2e import choose_set, not_slower
+    from engine.outcomes import faster_with_confidence
+
+    out = torch.ones(4, dtype=torch.float64)
+    cis = {("a", "b"): [0.99, 1.02], ("a",): [1.01, 1.04]}
+
+    def run_set(ids):
+        return out.clone(), lambda: {"speedup": sum(cis[tuple(ids)]) / 2, "speedup_ci": cis[tuple(ids)]}
+
+    _, chosen = choose_set([["a", "b"], ["a"]], out, run_set, faster_with_confidence)
+    assert chosen["variants"] == ["a"]
+    _, chosen = choose_set([["a", "b"], ["a"]], out, run_set, not_slower)
+    assert chosen["variants"] == ["a", "b"]
+    cis[("a",)] = [0.995, 1.03]
+    _, chosen = choose_set([["a", "b"], ["a"]], out, run_set, faster_with_confidence)
+    assert chosen is None
+
+
+def test_a_compile_check_that_finds_no_faster_set_says_so(monkeypatch):
+    def run(cand, sets, config, small, graphs, tmp, target):
+        return {"mode": target, "chosen": None,
+                "tried": [{"variants": sets[0], "speedup": 1.004, "speedup_ci": [0.99, 1.02]}]}
+
+    monkeypatch.setattr(pkg, "run_model_check", run)
+    monkeypatch.setattr(pkg, "package", lambda *a, **k: ({}, {}, ""))
+    monkeypatch.setattr(pkg, "write_cast", lambda *a, **k: b"")
+    v = V("op")
+    v.confirmed = {"net_us": 2.0}
+    with pytest.raises(JobError, match="not faster with the cast with confidence in compiled forwards .*"
+                                       "kept only where the compiled model is faster with it"):
+        pkg._model_check([v], {}, {"model": "m"}, [], "cfg", True, "compile", lambda m: None)
+    with pytest.raises(JobError, match="is slower with the cast in eager forwards"):
+        pkg._model_check([v], {}, {"model": "m"}, [], "cfg", True, "eager", lambda m: None)
+
+
+def test_the_child_check_picks_its_rule_by_mode():
+    from engine.export.e2e import acceptance
+
+    for mode in ("default", "reduce-overhead", "max-autotune-no-cudagraphs"):
+        assert not acceptance(mode)([0.99, 1.02]) and acceptance(mode)([1.01, 1.02])
+    assert acceptance(None)([0.99, 1.02]) and not acceptance(None)([0.97, 0.99])

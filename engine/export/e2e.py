@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from engine.outcomes import faster_with_confidence
+
 
 def subsets(net_us: Sequence[tuple[str, float]], rounds: int = 3) -> list[list[str]]:
     """Variant sets to try, largest first: all of them, then repeatedly the better half by net gain per
@@ -106,11 +108,12 @@ def eager_caveat(reason: str) -> str:
 
 
 def choose_set(sets: Sequence[Sequence[str]], eager_out: Any,
-               run_set: Callable[[list[str]], tuple[Any, Callable[[], dict[str, Any]]]]) -> tuple[list, Any]:
+               run_set: Callable[[list[str]], tuple[Any, Callable[[], dict[str, Any]]]],
+               accept: Callable[[Sequence[float]], bool] = not_slower) -> tuple[list, Any]:
     """Try each set in order: `run_set(ids)` gives the model's output with that set and a function that
     times it (called only when the output may stand). A set whose output is rejected is recorded with
-    `rejected` (why) and the next, smaller set is tried; the first set that is not slower is chosen.
-    Returns (tried, chosen or None)."""
+    `rejected` (why) and the next, smaller set is tried; the first set whose speedup CI `accept`s (default:
+    not slower) is chosen. Returns (tried, chosen or None)."""
     tried: list[dict[str, Any]] = []
     for ids in sets:
         cast_out, time_it = run_set(list(ids))
@@ -124,9 +127,16 @@ def choose_set(sets: Sequence[Sequence[str]], eager_out: Any,
             r["rejected"] = note
         del cast_out, time_it  # a set's CUDA graph goes before the next set captures its own
         tried.append(r)
-        if ok and not_slower(r["speedup_ci"]):
+        if ok and accept(r["speedup_ci"]):
             return tried, r
     return tried, None
+
+
+def acceptance(compile_mode: str | None) -> Callable[[Sequence[float]], bool]:
+    """What a variant set's speedup CI must show to be kept. Under torch.compile the alternative is
+    Inductor's own code for those ops, and a kept variant costs a veto on its decomposition: the compiled
+    model must be faster with confidence (issue 19). In eager and CUDA graphs: not slower (docs/cast.md)."""
+    return faster_with_confidence if compile_mode is not None else not_slower
 
 
 def settled(speedup_ci: Sequence[float], precision: float = PRECISION) -> bool:
@@ -149,7 +159,7 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
           graphs: bool = False, precision: float = PRECISION, max_s: float = MAX_S,
           compile_mode: str | None = None) -> dict[str, Any]:
     """Try each variant set in order (`choose_set`): a set whose model output is degenerate where eager's
-    is not is rejected; the first whose model is not slower is chosen ({'chosen': None} when none is);
+    is not is rejected; the first whose model is not slower (under torch.compile: faster with confidence) is chosen ({'chosen': None} when none is);
     `degenerate_eager` says why eager's own output cannot vouch for the cast (None when it can).
     `iters` forwards per arm per round, 0: about two seconds of forwards per arm (10 to 100); more rounds
     follow while the CI is wider than `precision` and less than `max_s` has passed for the set (a noisy host gave 0.886-1.139 from one round, where a 3 % loss was there to find)."""
@@ -214,7 +224,7 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
 
             return cast_out, time_it
 
-        tried, chosen = choose_set(sets, eager_out, run_set)
+        tried, chosen = choose_set(sets, eager_out, run_set, acceptance(compile_mode))
     return {"mode": mode_name(graphs, compile_mode), "tried": tried, "chosen": chosen,
             "degenerate_eager": degenerate(eager_out)}
 

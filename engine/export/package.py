@@ -593,6 +593,10 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
         if any(t.get("rejected") for t in tried):
             raise JobError(f"export: no variant set passed the whole-model check of {source.get('model')} in "
                            f"{mode} ({'; '.join(summary)}); nothing written")
+        if target.startswith("compile"):  # there a set must be faster with confidence (e2e.check)
+            raise JobError(f"export: {source.get('model')} is not faster with the cast with confidence in {mode} "
+                           f"({'; '.join(summary)}): under torch.compile a variant is kept only where the "
+                           "compiled model is faster with it; nothing written")
         raise JobError(f"export: {source.get('model')} is slower with the cast in {mode} "
                        f"({'; '.join(summary)}){hint}; nothing written")
     if eager_bad:
@@ -603,7 +607,9 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
     keep_ids = set(chosen["variants"])
     for v in kept:
         if v.vid not in keep_ids:
-            first = "the set with it was rejected" if tried[0].get("rejected") else "the model was slower with it"
+            first = ("the set with it was rejected" if tried[0].get("rejected") else
+                     "the compiled model was not faster with it with confidence" if target.startswith("compile")
+                     else "the model was slower with it")
             excluded.append({"card_id": v.card["card_id"], "op": v.card["op"],
                              "reason": f"whole-model check: {first} ({summary[0]}); "
                                        f"kept the {len(keep_ids)} with the most net gain "
