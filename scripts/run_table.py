@@ -29,6 +29,7 @@ def render(db_path: Path, run_id: str | None = None) -> str:
     finally:
         db.close()
     stopped = {e["card_id"]: (e["payload"] or {}).get("reason") for e in events if e["kind"] == "card_done"}
+    skipped = {e["card_id"]: (e["payload"] or {}).get("reason") for e in events if e["kind"] == "card_skipped"}
     evaluated = [e["ts"] for e in events if e["kind"] == "evaluated"]
     proposals = sum(1 for e in events if e["kind"] in ("declined", "duplicate")) + len(cands)
     per: dict[str, list] = {}
@@ -51,7 +52,7 @@ def render(db_path: Path, run_id: str | None = None) -> str:
            and faster_with_confidence((r[3]["speedup_low"], r[3]["speedup_high"]))]
     lines = [f"# Run {run['id']}: {run['model']}, provider {run['provider']}", "",
              f"Status {run['status']}, stopped by {run['stopped_by']}. {len(cards)} cards captured, "
-             f"{len(per)} searched (the rest: no builtin template, or below the noise floor), "
+             f"{len(per)} searched ({_unsearched(cards, per, skipped, run['stopped_by'])}), "
              f"{len(won)} with a verified kernel faster than eager with confidence. {len(cands)} candidates "
              f"evaluated from {proposals} proposals (the rest were duplicates or declines, never evaluated); "
              f"{60 * len(cands) / span:.0f} candidates per minute while the search ran ({span:.0f} s)."
@@ -70,6 +71,25 @@ def render(db_path: Path, run_id: str | None = None) -> str:
         lines.append(f"| `{card['op']}` | {sig} | {card['calls']:g} | {100 * (card['share'] or 0):.1f} % | {eager} | "
                      f"{b} | {sp} | {len(cs)} | {len(ok)} | {fail} | {stopped.get(card['card_id'], '–')} |")
     return "\n".join(lines) + "\n"
+
+
+SKIP_WORDS = {"not-selected": "not selected by --ops", "declined": "no template (declined)",
+              "noise": "below the noise floor", "no-samples": "without samples"}
+
+
+def _unsearched(cards: dict, searched: dict, skipped: dict, stopped_by: str | None) -> str:
+    """Why the cards not searched were not, counted by reason; a card that was neither skipped nor searched
+    was still waiting its turn when the run stopped (the planner had better cards, or the time ran out)."""
+    by: dict[str, int] = {}
+    for cid in cards:
+        if cid in searched:
+            continue
+        why = skipped.get(cid)
+        text = SKIP_WORDS.get(why, why) if why else f"still waiting when the run stopped ({stopped_by or 'ended'})"
+        by[text] = by.get(text, 0) + 1
+    if not by:
+        return "every card"
+    return "the rest: " + ", ".join(f"{n} {text}" for text, n in sorted(by.items(), key=lambda kv: -kv[1]))
 
 
 def _signature_text(card) -> str:
