@@ -15,3 +15,27 @@ def test_unsearched_cards_are_counted_by_why():
         "the rest: 2 not selected by --ops, 1 no template (declined), 1 below the noise floor, "
         "1 still waiting when the run stopped (wall_time)")
     assert rt._unsearched({"a": {}}, searched, {}, "iterations") == "every card"
+
+
+def test_replay_planner_refuses_a_missing_store_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    r = subprocess.run([sys.executable, "scripts/replay_planner.py", str(tmp_path / "none.db")],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "none.db" in r.stderr
+
+
+def test_the_vae_runs_outcomes_replayed_give_every_group_norm_card_a_turn():
+    """The H200 VAE run of 2026-12-02 (its store is kept with its results): replayed through today's planner,
+    its 47 evaluations reach all 7 group_norm op cards (the run itself reached 1) and still every chain."""
+    from conftest import ROOT
+
+    rp = load_script("replay_planner")
+    db = ROOT / "docs/results/reproduce-h200/2026-12-02e/sd35_vae/kforge.db"
+    text = rp.replay(db, None, None, "group_norm")
+    assert "47 evaluations" in text and "Op cards with a kernel after the replay: 7 of 7." in text
+    rows = [line.split("|") for line in text.splitlines() if line.startswith("| `kforge::chain`")]
+    assert rows and all(int(r[-2]) > 0 for r in rows if float(r[4].strip(" %")) >= 4.0)
