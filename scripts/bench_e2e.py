@@ -48,11 +48,9 @@ def graph_of(forward):
 
 def host_arms(forward, cast, module) -> dict:
     """Host time per forward, eager and with the cast: µs to issue one, launches on the GPU, µs per launch."""
-    from engine.bench.host import host_per_forward
+    from engine.bench.host import host_pair
 
-    eager = host_per_forward(forward)
-    with cast.enabled(module):
-        mine = host_per_forward(forward)
+    eager, mine = host_pair(forward, lambda: cast.enabled(module))
     log(f"host per forward: eager {eager['issue_us']:.0f} us to issue, {eager['kernels']} kernels + "
         f"{eager['copies']} copies; with the cast {mine['issue_us']:.0f} us, {mine['kernels']} + {mine['copies']}")
     return {"eager": eager, "cast": mine}
@@ -209,7 +207,7 @@ def markdown(doc: dict) -> str:
                          f"{g.get('cast_calls_captured', '?')} |")
     hosts = [r for r in doc["models"] if r.get("host")]
     if hosts:
-        lines += ["", "Host time per forward (issued with the GPU idle; launches counted by the profiler):", "",
+        lines += ["", "Host time per forward (issued with the GPU idle, eager and cast in alternating rounds; launches counted by the profiler):", "",
                   "| model | eager: issue µs | kernels + copies | µs per launch | cast: issue µs | kernels + copies | "
                   "µs per launch |", "|---|---:|---:|---:|---:|---:|---:|"]
         for r in hosts:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -88,3 +90,35 @@ def host_per_forward(forward: Any, n: int = 20) -> dict[str, float]:
     launches = gpu_launches(forward)
     total = launches["kernels"] + launches["copies"]
     return {"issue_us": issue, "wall_us": wall, **launches, "us_per_launch": issue / total if total else float("nan")}
+
+
+def host_pair(forward: Any, arm: Callable[[], contextlib.AbstractContextManager], n: int = 20
+              ) -> tuple[dict[str, float], dict[str, float]]:
+    """`host_per_forward` of the plain forward and of the forward inside `arm()` (e.g. `lambda:
+    cast.enabled(model)`), their issue times taken in alternating rounds (which arm goes first alternates
+    too), so that a drift of the host or of the GPU's clocks over the measurement falls on both alike.
+    Entering and leaving `arm()` happen outside the timed forward. Returns (plain, in arm)."""
+    times: dict[bool, list[float]] = {False: [], True: []}
+    walls: dict[bool, float] = {False: 0.0, True: 0.0}
+    for i in range(n):
+        for inside in ((False, True) if i % 2 == 0 else (True, False)):
+            with arm() if inside else contextlib.nullcontext():
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                forward()
+                t1 = time.perf_counter()
+                torch.cuda.synchronize()
+                times[inside].append(t1 - t0)
+                walls[inside] += time.perf_counter() - t0
+    out = []
+    for inside in (False, True):
+        if inside:
+            with arm():
+                launches = gpu_launches(forward)
+        else:
+            launches = gpu_launches(forward)
+        issue = sorted(times[inside])[n // 2] * 1e6
+        total = launches["kernels"] + launches["copies"]
+        out.append({"issue_us": issue, "wall_us": walls[inside] / n * 1e6, **launches,
+                    "us_per_launch": issue / total if total else float("nan"), "alternated": True})
+    return out[0], out[1]
