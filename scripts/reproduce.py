@@ -76,6 +76,10 @@ MODEL_TARGETS = {"sd35_vae": "eager,cuda-graphs,compile,compile:reduce-overhead"
 # per target proven (each compile target compiles the model at least twice).
 STEP_LIMIT_S = {"run": 90, "export": 180, "e2e": 150, "compose": 240, "torch.compile": 540, "e2e full depth": 300}
 EXPORT_S_PER_COMPILE_TARGET = 90
+# Exports that take longer than that formula: sd35_medium under torch.compile compiles its MMDiT step + VAE in
+# 42 s alone and 27 s with a cast (H200, 2026-12-02), and each variant set tried compiles again and is timed
+# for up to 30 s; its compile target alone can take 3-5 minutes. Its export then has a sitting of its own.
+MODEL_EXPORT_S = {"sd35_medium": 480}
 FULL_DEPTH = {"full_depth": True}  # the builder argument that builds a reference model's every layer
 FULL_DEPTH_STEP = "e2e full depth"  # bench_e2e --append of NAME@full_depth=true into the model's e2e/
 COMPOSE_MODES = ("default", "reduce-overhead")
@@ -351,16 +355,20 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compil
     save()
 
     def do(name: str, done: Path | Callable[[], bool], argv: list[str], limit: float,
-           stdout: Path | None = None) -> int | None:
-        """Run step `name` unless `done` (its result file, or a function saying whether its result is there)."""
+           stdout: Path | None = None, need: float = 20) -> int | None:
+        """Run step `name` unless `done` (its result file, or a function saying whether its result is there);
+        skipped to the next sitting when less than `need` seconds of the deadline are left (a step that
+        cannot resume, started short of its time, would spend the device time and keep nothing)."""
         finished = done() if callable(done) else done.exists() and done.stat().st_size > 0
         if finished:  # an earlier sitting's step: its outcome stands
             rec["steps"].setdefault(name, {"status": "ok", "sitting": None})
             return 0
         if deadline is not None:
             left = deadline - time.time() - 45  # room for a stopped step to end (SIGINT, 30 s, SIGKILL)
-            if left < 20:
-                rec["steps"][name] = {"status": "skipped", "why": "the sitting's --deadline was spent", "sitting": now}
+            if left < need:
+                why = ("the sitting's --deadline was spent" if left < 20 else
+                       f"it needs about {need:.0f} s and the sitting's --deadline left {left:.0f} s")
+                rec["steps"][name] = {"status": "skipped", "why": why, "sitting": now}
                 save()
                 return None
             limit = min(limit, left)
@@ -388,7 +396,7 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compil
     wall = wall or WALL_S.get(model)
     ops = ops or OPS.get(model)
     targets = targets or MODEL_TARGETS.get(model, TARGETS)
-    export_limit = STEP_LIMIT_S["export"] + EXPORT_S_PER_COMPILE_TARGET * max(
+    export_limit = MODEL_EXPORT_S.get(model) or STEP_LIMIT_S["export"] + EXPORT_S_PER_COMPILE_TARGET * max(
         0, sum(t.startswith("compile") for t in targets.split(",")) - 1)
     run_argv = [py, "-m", "kforge_tui", "run", "--no-tui", "--json", "--workspace", str(ws)]
     run_argv += ["--resume", run["id"]] if run and run["status"] != "done" else [config_path(model)]
@@ -401,7 +409,8 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compil
     else:
         do("export", d / "export.json",
            [py, "-m", "kforge_tui", "export", "--workspace", str(ws), "--out", str(d / f"{model}.cast"), "--json",
-            "--target", targets], export_limit, stdout=d / "export.json")
+            "--target", targets], export_limit, stdout=d / "export.json",
+           need=MODEL_EXPORT_S[model] / 2 if model in MODEL_EXPORT_S else 20)
         cast = d / f"{model}.cast"
         if cast.exists():
             with host_bench_turn(out):

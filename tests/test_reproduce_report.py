@@ -508,3 +508,27 @@ def test_the_vae_export_also_proves_its_patterns_for_reduce_overhead_with_time_f
             assert limit == rp.STEP_LIMIT_S["export"] + rp.EXPORT_S_PER_COMPILE_TARGET
         else:
             assert got == "eager,cuda-graphs,compile" and limit == rp.STEP_LIMIT_S["export"]
+
+
+def test_sd35_mediums_long_export_waits_for_a_sitting_with_time_for_it(tmp_path, monkeypatch):
+    """sd35_medium's export with a compile target compiles its MMDiT + VAE per variant set tried: it gets
+    480 s, and a sitting with less than half of that left skips it (the next sitting starts with it) instead
+    of starting an export that cannot resume and would be stopped with nothing kept."""
+    import time
+
+    rp = _reproduce_module()
+    out, calls = tmp_path / "out", []
+    monkeypatch.setattr(rp, "step", lambda name, done, argv, log_file, stdout=None, timeout=None:
+                        calls.append((name, argv, timeout)) or 1)
+    monkeypatch.setattr(rp, "sitting", lambda: dict(FAKE_SITTING))
+    (out / "sd35_medium").mkdir(parents=True)
+    (out / "sd35_medium" / "run.json").write_text('{"status": "done"}')
+    rp.model_steps("sd35_medium", out, tmp_path / "ws", 60, deadline=time.time() + 600)
+    name, argv, limit = next(c for c in calls if c[0].endswith("export"))
+    assert limit == rp.MODEL_EXPORT_S["sd35_medium"] == 480
+    calls.clear()
+    rp.model_steps("sd35_medium", out, tmp_path / "ws", 60, deadline=time.time() + 200)
+    assert not [c for c in calls if c[0].endswith("export")]
+    rec = json.loads((out / "sd35_medium" / rp.RECORD).read_text())
+    assert rec["steps"]["export"]["status"] == "skipped"
+    assert rec["steps"]["export"]["why"].startswith("it needs about 240 s and the sitting's --deadline left 1")
