@@ -26,7 +26,8 @@ options=…)` otherwise):
 2. The op is registered with `make_fallback(op, layout_constraint=constrain_to_fx_strides,
    override_decomp=True)`, so Inductor passes the strides eager would (the guard keys on strides).
 3. Only variants proven for the mode's target (`compile`, `compile:MODE`; a variant without recorded targets:
-   where its cast's one whole-model check ran, `format.legacy_targets`, or every mode when it has none) are kept, and the compiled graph runs inside `runtime.target_scope(target)`, so the routers decline
+   where its cast's one whole-model check ran, `format.legacy_targets`, or every mode when it has none) are
+   kept, and the compiled graph runs inside `runtime.target_scope(target)`, so the routers decline
    at run time any variant the export did not keep for this mode (docs/cast.md, "Targets").
 4. `post_grad_custom_post_pass` becomes a no-op pass (chaining any pass already configured) whose `uuid()`
    names the cast's digest and what it vetoed: Inductor's FX-graph and AOTAutograd caches can never serve

@@ -30,9 +30,16 @@ from pathlib import Path
 from typing import Any
 
 from engine.cast import runtime
-from engine.cast.format import legacy_targets
 from engine.cast.compat import current_env, incompatibility
-from engine.cast.format import CastError, CastFile, CastWarning, module_card, pattern_card, read_cast
+from engine.cast.format import (
+    CastError,
+    CastFile,
+    CastWarning,
+    legacy_targets,
+    module_card,
+    pattern_card,
+    read_cast,
+)
 
 
 @dataclass

@@ -159,7 +159,8 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
           graphs: bool = False, precision: float = PRECISION, max_s: float = MAX_S,
           compile_mode: str | None = None) -> dict[str, Any]:
     """Try each variant set in order (`choose_set`): a set whose model output is degenerate where eager's
-    is not is rejected; the first whose model is not slower (under torch.compile: faster with confidence) is chosen ({'chosen': None} when none is);
+    is not is rejected; the first whose model is not slower (under torch.compile: faster with confidence) is
+    chosen ({'chosen': None} when none is);
     `degenerate_eager` says why eager's own output cannot vouch for the cast (None when it can).
     `iters` forwards per arm per round, 0: about two seconds of forwards per arm (10 to 100); more rounds
     follow while the CI is wider than `precision` and less than `max_s` has passed for the set (a noisy host gave 0.886-1.139 from one round, where a 3 % loss was there to find)."""

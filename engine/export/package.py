@@ -594,9 +594,9 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
             raise JobError(f"export: no variant set passed the whole-model check of {source.get('model')} in "
                            f"{mode} ({'; '.join(summary)}); nothing written")
         if target.startswith("compile"):  # there a set must be faster with confidence (e2e.check)
-            raise JobError(f"export: {source.get('model')} is not faster with the cast with confidence in {mode} "
-                           f"({'; '.join(summary)}): under torch.compile a variant is kept only where the "
-                           "compiled model is faster with it; nothing written")
+            raise JobError(f"export: {source.get('model')} is not faster with the cast with confidence in "
+                           f"{mode} ({'; '.join(summary)}): under torch.compile a variant is kept only where "
+                           "the compiled model is faster with it; nothing written")
         raise JobError(f"export: {source.get('model')} is slower with the cast in {mode} "
                        f"({'; '.join(summary)}){hint}; nothing written")
     if eager_bad:
