@@ -12,9 +12,9 @@ the original kernel exactly.
 Targets: a plan may carry the targets its variant was proven for (`Plan.targets`, from `export --target`;
 None: no targets recorded and no whole-model check, runs wherever it is installed). A hit runs such a plan
 only where the call is made under one of them (`current_target()`): inside compiled code of
-`cast.compile(mode=M)` the target is `compile` / `compile:M` (set by the backend around its compiled graphs, `target_scope`); elsewhere it is
-`cuda-graphs` while the current CUDA stream is being captured and `eager` otherwise. Otherwise the hit is
-declined (`target_declines`) and PyTorch's kernel runs.
+`cast.compile(mode=M)` the target is `compile` / `compile:M` (set by the backend around its compiled
+graphs, `target_scope`); elsewhere it is `cuda-graphs` while the current CUDA stream is being captured and
+`eager` otherwise. Otherwise the hit is declined (`target_declines`) and PyTorch's kernel runs.
 """
 
 from __future__ import annotations
