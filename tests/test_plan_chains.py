@@ -168,3 +168,24 @@ def test_a_pattern_chain_leaves_its_members_calls_to_their_op_cards():
     by_id["gn_silu"].card = dataclasses.replace(pattern, chain={**pattern.chain, "kind": "module"})
     count_chains_once(cards)
     assert by_id["gn"].own_share == 0.0 and by_id["silu"].own_share == 0.0
+
+
+def test_a_run_cut_short_by_its_wall_time_names_the_cards_it_never_reached(tmp_path):
+    """The H200 VAE run of 2026-12-02 stopped with 7 group_norm cards never searched and said nothing of
+    them; the run now says how many, how much of eager's time they hold, and the command that searches them."""
+    from engine.run.command import still_waiting
+
+    cards = states(capture())
+    by_id = {c.card_id: c for c in cards}
+    for c in cards:
+        c.done_reason = "declined"
+    by_id["mm"].done_reason = None  # searched: not waiting
+    by_id["mm"].iterations = 3
+    by_id["rms"].done_reason = None  # never reached
+    by_id["mul"].done_reason = None  # never reached; 2/3 of its calls are the chain's
+    line = still_waiting(cards, "run-1", tmp_path, 480.0)
+    assert line == (f"the wall time ran out with 2 card(s) never searched (60 % of eager's time): kforge-tui run "
+                    f"--resume run-1 --workspace {tmp_path} --wall-time 480 searches them")
+    by_id["rms"].in_flight = 1
+    by_id["mul"].iterations = 1
+    assert still_waiting(cards, "run-1", tmp_path, 480.0) is None

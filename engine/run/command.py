@@ -79,6 +79,21 @@ async def _references(lane, store: Store, capture_id: str, cards: list[CardState
                 (f", torch.compile for {compiled}" if compile_ref else ", torch.compile skipped"))
 
 
+def still_waiting(cards: list[CardState], run_id: str, workspace: Path, wall_s: float | None) -> str | None:
+    """When the run's wall time left cards that a search would take unsearched: one line saying how many,
+    how much of eager's time they hold (each call counted once) and how to search them (None when none)."""
+    from engine.run.plan import count_chains_once
+
+    waiting = [c for c in cards if c.done_reason is None and c.iterations == 0 and c.in_flight == 0]
+    if not waiting:
+        return None
+    count_chains_once(cards)
+    share = sum(c.own_share for c in waiting)
+    more = f" --wall-time {wall_s:g}" if wall_s else ""
+    return (f"the wall time ran out with {len(waiting)} card(s) never searched ({100 * share:.0f} % of eager's "
+            f"time): {resume_hint(run_id, workspace)}{more} searches them")
+
+
 def nothing_proposed(cards: list[CardState]) -> str:
     """One line saying why a run proposed nothing: how many cards stopped for each reason."""
     by: dict[str, int] = {}
@@ -482,6 +497,12 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
         print(f"kforge: {doc['nothing_proposed']}", file=sys.stderr)
         # The TUI's overview shows it in its event log (a run attached to sees no stderr).
         await store.add_event(run_id, "run_note", {"message": doc["nothing_proposed"]})
+    elif stopped_by == "wall_time":
+        waiting = still_waiting(list(o.cards.values()), run_id, workspace, wall_s)
+        if waiting:
+            doc["still_waiting"] = waiting
+            print(f"kforge: {waiting}", file=sys.stderr)
+            await store.add_event(run_id, "run_note", {"message": waiting})
     return (0 if stopped_by in RUN_STOP_REASONS else 1), doc
 
 
