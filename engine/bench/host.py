@@ -25,17 +25,23 @@ def per_call_us(fn: Any, n: int = 3000, rounds: int = 5) -> float:
     return best
 
 
+def _issue_once(forward: Any) -> tuple[float, float]:
+    """One forward with the GPU idle before it: (seconds to issue it, seconds until the GPU finished it)."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    forward()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return t1 - t0, time.perf_counter() - t0
+
+
 def issue_us(forward: Any, n: int = 20) -> tuple[float, float]:
     """A model forward's (median host µs to issue it, GPU idle before each; wall µs per forward)."""
     issue, wall = [], 0.0
     for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        forward()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        issue.append(t1 - t0)
-        wall += time.perf_counter() - t0
+        i, w = _issue_once(forward)
+        issue.append(i)
+        wall += w
     return sorted(issue)[n // 2] * 1e6, wall / n * 1e6
 
 
@@ -103,13 +109,9 @@ def host_pair(forward: Any, arm: Callable[[], contextlib.AbstractContextManager]
     for i in range(n):
         for inside in ((False, True) if i % 2 == 0 else (True, False)):
             with arm() if inside else contextlib.nullcontext():
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                forward()
-                t1 = time.perf_counter()
-                torch.cuda.synchronize()
-                times[inside].append(t1 - t0)
-                walls[inside] += time.perf_counter() - t0
+                i, w = _issue_once(forward)
+            times[inside].append(i)
+            walls[inside] += w
     out = []
     for inside in (False, True):
         if inside:
