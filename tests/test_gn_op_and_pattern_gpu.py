@@ -11,7 +11,7 @@ variant's."""
 import textwrap
 
 import pytest
-from test_run_gpu import _document, build_user_model, user_model
+from test_run_gpu import _document, build_user_model, compiled_call, user_model
 
 pytestmark = pytest.mark.gpu
 
@@ -79,11 +79,7 @@ def test_op_variant_and_pattern_cards_of_one_op_both_run_under_compile(cli, caps
     with torch.no_grad():
         eager = model(x)
         with cast.enabled(model):
-            fast = cast.compile(model)
-            fast(x)
-            cast.reset_stats()
-            got = fast(x)
-            st = cast.stats()
+            got, st = compiled_call(cast, model, x)
     with capsys.disabled():
         print(f"pattern matches {st['pattern_matches']}, pattern hits {st['patterns']}, "
               f"op hits {[(v['op'], v['hits']) for v in st['variants']]}, problems {st['pattern_problems']}")

@@ -8,7 +8,7 @@ minutes (one torch.compile of a four-layer model per export target)."""
 import textwrap
 
 import pytest
-from test_run_gpu import _document, build_user_model, user_model
+from test_run_gpu import _document, build_user_model, compiled_call, user_model
 
 pytestmark = pytest.mark.gpu
 
@@ -120,11 +120,7 @@ def test_module_card_runs_in_eager_and_as_a_pattern_under_compile(cli, capsys, t
         else:  # no compile-proven cast: the same kernels, made to run under compile too
             cast = engine.cast.load(tmp_path / "eager.cast", any_target=True)
         with cast.enabled(model):
-            fast = cast.compile(model)
-            fast(x)
-            cast.reset_stats()
-            got = fast(x)
-            st = cast.stats()
+            got, st = compiled_call(cast, model, x)
         assert sum(st["patterns"].values()) >= 4, st["patterns"]  # one RMSNorm per layer, in the graph
         assert st["pattern_problems"] == {}
         torch.testing.assert_close(got, eager, atol=5e-2, rtol=2e-2)

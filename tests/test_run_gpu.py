@@ -67,6 +67,16 @@ def build_user_model(folder, name: str):
     return mod.build(torch.device("cuda"), torch.bfloat16)
 
 
+def compiled_call(cast, model, x):
+    """`cast.compile(model)` called once to compile, then once counted: (its output, the cast's stats of
+    that second call). Call it inside `cast.enabled(model)`."""
+    fast = cast.compile(model)
+    fast(x)
+    cast.reset_stats()
+    got = fast(x)
+    return got, cast.stats()
+
+
 def test_run_export_audit_load_on_the_gpu(cli, capsys, tmp_path):
     import torch
 
