@@ -2,7 +2,7 @@
 """Replay a run's recorded candidate outcomes through the planner (`engine.run.plan`), on the CPU: which cards
 would get the run's evaluations, in what number, with today's planner.
 
-    python scripts/replay_planner.py WORKSPACE/kforge.db [--run RUN] [--evaluations N] [--ops REGEX]
+    python scripts/replay_planner.py WORKSPACE/kforge.db [--run RUN] [--evaluations N] [--ops REGEX]   # as run --ops
 
 Each card's i-th evaluation returns the i-th recorded candidate time of that card (cycled); a card the run
 never searched returns, on every evaluation, its eager time over the median first-candidate speedup of the
@@ -13,15 +13,13 @@ out). Evaluations are one at a time (the run's lane did them one at a time too).
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.cards import OperatorCard  # noqa: E402
+from engine.cards import card_from_row, card_selected  # noqa: E402
 from engine.run.plan import CardState, SchedulePolicy, count_chains_once, next_card  # noqa: E402
 from engine.store import open_readonly, read  # noqa: E402
 
@@ -47,14 +45,11 @@ def replay(db_path: Path, run_id: str | None, evaluations: int | None, ops: str 
     stand_in = {op: statistics.median(v) for op, v in first.items()}
     cards, notes = [], []
     for r in rows:
-        if not r["eager_us"] or (ops and not re.search(ops, r["op"] + " " + json.dumps(r["chain"] or {}))):
+        card = card_from_row(r)
+        if not card.eager_us or not card_selected(card.op, card.chain, card.signature_text, ops):
             continue
-        if r["card_id"] not in times and r["op"] not in stand_in:
-            continue
-        chain = r["chain"] if isinstance(r["chain"], dict) or r["chain"] is None else json.loads(r["chain"])
-        cards.append(OperatorCard(r["card_id"], r["op"], {"op": r["op"], "args": [], "aliases": []},
-                                  calls=r["calls"], share=r["share"] or 0.0, bytes=r["bytes"] or 0,
-                                  eager_us=r["eager_us"], roofline_us=r["roofline_us"], chain=chain))
+        if card.card_id in times or card.op in stand_in:
+            cards.append(card)
     policy = SchedulePolicy()
     states = [CardState(c, ["replay"]) for c in cards]
     turns: dict[str, int] = {}
@@ -88,7 +83,7 @@ def main() -> int:
     ap.add_argument("db", type=Path)
     ap.add_argument("--run")
     ap.add_argument("--evaluations", type=int, help="default: as many as the run evaluated")
-    ap.add_argument("--ops", help="only cards whose op (or chain facts) match this regular expression")
+    ap.add_argument("--ops", help="only the cards `run --ops` would take with this regular expression")
     args = ap.parse_args()
     if not args.db.is_file():
         print(f"error: {args.db}: no such workspace store; give a workspace's kforge.db", file=sys.stderr)
