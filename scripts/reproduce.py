@@ -79,7 +79,7 @@ EXPORT_S_PER_COMPILE_TARGET = 90
 # Exports that take longer than that formula: sd35_medium under torch.compile compiles its MMDiT step + VAE in
 # 42 s alone and 27 s with a cast (H200, 2026-12-02), and each variant set tried compiles again and is timed
 # for up to 30 s; its compile target alone can take 3-5 minutes. Its export then has a sitting of its own.
-MODEL_EXPORT_S = {"sd35_medium": 480}
+MODEL_EXPORT_S = {"sd35_medium": 480, "sd35_vae": 500}
 FULL_DEPTH = {"full_depth": True}  # the builder argument that builds a reference model's every layer
 FULL_DEPTH_STEP = "e2e full depth"  # bench_e2e --append of NAME@full_depth=true into the model's e2e/
 COMPOSE_MODES = ("default", "reduce-overhead")
