@@ -96,6 +96,8 @@ def _cases() -> list[Case]:
              "≥ 8× eager, faster than torch.compile", 8.0, 87.9),
         Case("group_norm fp16 [1,256,512,512] g32 (SD3.5 VAE)", gn((1, 256, 512, 512), torch.float16),
              "≥ 8× eager, faster than torch.compile; " + bw, 8.0, 172.6),
+        Case("group_norm bf16 [1,128,1024,1024] g32 (SD3.5 VAE, largest)", gn((1, 128, 1024, 1024), torch.bfloat16),
+             "≥ 8× eager; " + bw, 8.0),
         Case("softmax fp32 [4,262144]", softmax((4, 262144)), "≥ 10× eager", 10.0, 252.4),
         Case("layer_norm bf16 [2,4250,1536] (SD3.5 MMDiT)", layer_norm, "≥ 2× eager; " + bw, 2.0, 27.9),
         Case("rms_norm bf16 [1,2048,1536] (Gemma-sized)", rms_norm, "≥ 2× eager", 2.0, 38.1),

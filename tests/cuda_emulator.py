@@ -25,6 +25,7 @@ from engine.capture.signature import storage_extent
 
 SHIM = r"""
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -81,6 +82,14 @@ inline float2 make_float2(float x, float y) { return {x, y}; }
 inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+// Atomics and fences (the stream kernels draw tickets and count finished tiles); blocks run one after
+// another here, so a block never waits for one that has not run.
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+  return std::atomic_ref<unsigned long long>(*p).fetch_add(v);
+}
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __nanosleep(unsigned) { std::this_thread::yield(); }
 template <class R> inline R __ldcs(const R* p) { return *p; }
 template <class R> inline R __ldg(const R* p) { return *p; }
 template <class R> inline R __ldcg(const R* p) { return *p; }

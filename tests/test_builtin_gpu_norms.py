@@ -50,7 +50,23 @@ def test_group_norm_sd35_vae_bf16_512(tmp_path):
     b = torch.randn(256, device="cuda", dtype=torch.bfloat16) * 0.1
     _evaluate(tmp_path, "group_norm", lambda: F.group_norm(x, 32, w, b, 1e-6), "group_norm [1,256,512,512]",
               mutations=2, extra=({"strategy": "split", "blocks_per_group": 64, "order": "forward"},
-                                  {"strategy": "cluster"}, {"strategy": "cluster", "cluster": 8, "block": 1024}))
+                                  {"strategy": "cluster"}, {"strategy": "cluster", "cluster": 8, "block": 1024},
+                                  {"strategy": "stream", "lookahead": 0}, {"strategy": "stream", "tile_kb": 32}))
+
+
+@pytest.mark.gpu
+def test_group_norm_sd35_vae_bf16_1024(tmp_path):
+    """The VAE's largest GroupNorm (268 MB in, 268 MB out): the stream kernel (the default: blocks draw
+    tickets, apply tiles wait on their group's statistics tiles) at each lookahead and tile size, under the
+    lane's repeated runs; split beside it for comparison."""
+    torch.manual_seed(3)
+    x = torch.randn(1, 128, 1024, 1024, device="cuda", dtype=torch.bfloat16) * 0.7 + 0.2
+    w = torch.randn(128, device="cuda", dtype=torch.bfloat16) * 0.2 + 1
+    b = torch.randn(128, device="cuda", dtype=torch.bfloat16) * 0.1
+    _evaluate(tmp_path, "group_norm", lambda: F.group_norm(x, 32, w, b, 1e-6), "group_norm [1,128,1024,1024]",
+              mutations=1, extra=({"strategy": "stream", "lookahead": 0}, {"strategy": "stream", "lookahead": 2},
+                                  {"strategy": "stream", "tile_kb": 32}, {"strategy": "stream", "tile_kb": 256},
+                                  {"strategy": "split"}))
 
 
 @pytest.mark.gpu

@@ -143,7 +143,12 @@ def test_h200_defaults_pick_the_expected_strategy():
     by_sig = {c.signature_text: c for c in _h200_cards()}
     vae = next(c for s, c in by_sig.items() if s.startswith("bf16[1,256,512,512]"))
     p = BY_NAME["group_norm"].default(vae)
-    assert p["strategy"] == "split" and p["vec"] == 8 and p["blocks_per_group"] >= 16
+    # 64 MB, more than half the H200's L2: one launch that reads each group once from memory
+    assert (p["strategy"], p["vec"], p["tile_kb"], p["lookahead"]) == ("stream", 8, 64, 1)
+    vae_res = _resolved(BY_NAME["group_norm"], vae, p, Hardware())
+    assert [x.kernel for x in vae_res.launches] == ["gn_stream"]
+    assert vae_res.launches[0].grid[0] == 32 * 2 * 64  # statistics and apply tiles of 64 KB, 64 per 4 MB group
+    assert [(n, z) for n, _, z in vae_res.workspaces] == [("part", False), ("ctr", True)]  # counters start at 0
     # 512 KB groups fit a cluster of 8 blocks' shared memory: one launch, one pass over memory
     mid = next(c for s, c in by_sig.items() if s.startswith("bf16[1,512,128,128]"))
     p = BY_NAME["group_norm"].default(mid)
@@ -378,7 +383,7 @@ def test_group_norm_cluster_strategy_on_large_groups_only():
         t.render(small, {**t.default(small), "strategy": "cluster", "cluster": 4, "stash": "all"})
     jobs = _cluster_jobs()
     vae = group_norm_card([1, 256, 512, 512], 32, torch.float16)  # 4 MB groups: split first, 8 x 512 KB chunks
-    assert t.space(vae)["strategy"][0] == "split" and t.space(vae)["cluster"][0] == 8
+    assert t.space(vae)["strategy"][:2] == ["stream", "split"] and t.space(vae)["cluster"][0] == 8
     r = resolve(parse_spec(t.render(vae, {**t.default(vae), "strategy": "cluster", "block": 1024}).spec),
                 Env.from_card(vae.signature, vae.outputs))
     assert r.launches[0].shared == 96 * 1024 * 2 and r.launches[0].grid[0] == 32 * 8  # 12 batches of 1024 x 8
@@ -386,6 +391,24 @@ def test_group_norm_cluster_strategy_on_large_groups_only():
 
 
 @pytest.mark.slow
+def test_group_norm_stream_instances_compile_for_sm_90():
+    """The stream kernel in each dtype, with and without affine, every lookahead and two tile sizes, on the
+    SD3.5 VAE's largest tensor (32 groups of 8 MB): rendered, resolved and compiled for the H200."""
+    t = BY_NAME["group_norm"]
+    jobs: dict[str, tuple[Any, set[str]]] = {}
+    for dtype in DTYPES:
+        for affine in (True, False):
+            card = group_norm_card([1, 128, 1024, 1024], 32, dtype, affine=affine)
+            space = t.space(card)
+            assert space["strategy"][0] == "stream" and set(space["lookahead"]) == {0, 1, 2}
+            for la, tile in itertools.product(space["lookahead"], (64, 256)):
+                src, launched = _check_rendered("group_norm", card, {**t.default(card), "lookahead": la,
+                                                                     "tile_kb": tile})
+                assert launched == ["gn_stream"]
+                jobs[src] = ((dtype, affine, la, tile), {"gn_stream"})
+    _compile_all(jobs)
+
+
 def test_every_group_norm_cluster_instance_compiles_for_sm_90():
     _compile_all(_cluster_jobs())
 
@@ -405,12 +428,15 @@ def test_a_gb10_gets_its_own_grid_and_never_a_cluster_launch():
     card = group_norm_card([1, 512, 128, 128], 32, torch.bfloat16)  # 32 groups of 512 KB
     h200, gb10 = _resolved(t, card, t.default(card), Hardware()), _resolved(t, card, t.default(card, hw=GB10), GB10)
     assert h200.launches[0].kernel == "gn_cluster" and h200.launches[0].shared > 0
-    assert [ln.kernel for ln in gb10.launches] == ["gn_partial", "gn_apply"]
+    # 16 MB is more than half the GB10's 24 MB L2 (not the H200's 60 MB): the one-launch stream kernel first
+    assert [ln.kernel for ln in gb10.launches] == ["gn_stream"]
+    assert "stream" not in t.space(card)["strategy"]
     space = t.space(card, hw=GB10)
     assert "cluster" not in space["strategy"] and "cluster" not in space
     split = {**t.default(card), "strategy": "split"}
     split_h200 = _resolved(t, card, {**split, "blocks_per_group": t.space(card)["blocks_per_group"][0]}, Hardware())
-    split_gb10 = _resolved(t, card, t.default(card, hw=GB10), GB10)
+    split_gb10 = _resolved(t, card, {**t.default(card, hw=GB10), "strategy": "split"}, GB10)
+    assert [ln.kernel for ln in split_gb10.launches] == ["gn_partial", "gn_apply"]
     assert split_gb10.launches[0].grid[0] < split_h200.launches[0].grid[0]  # ~4 blocks per SM on each
     for name, c in [*_cards_for(torch.bfloat16), ("group_norm", card)]:
         tt = BY_NAME[name]
@@ -459,11 +485,11 @@ def test_kernels_run_correctly_in_the_cpu_emulation(tmp_path):
     if not emu.available():
         pytest.skip("g++ is needed for the CUDA-on-CPU emulation")
     prepared = []
-    for name, card, bound, params, expected in _emulation_cases():
-        t = BY_NAME[name]
-        full = {**t.default(card), **params}
+    for name, card, bound, params, expected, *on in _emulation_cases():
+        t, hw = BY_NAME[name], on[0] if on else Hardware()
+        full = {**t.default(card, hw=hw), **params}
         assert t.accepts(card) is None, f"{card.signature_text}: declined: {t.accepts(card)}"
-        r = t.render(card, full)
+        r = t.render(card, full, hw=hw)
         res = resolve(parse_spec(r.spec), Env.from_card(card.signature, card.outputs))
         prepared.append((f"{card.op} {card.signature_text} {full}", card, bound, res, expected, r.source))
     program = emu.build([(p[5], p[3]) for p in prepared], tmp_path)
@@ -529,7 +555,11 @@ def _ref_batch_norm(x, w, b, rm, rv, eps):
     return y.to(x.dtype), rm.double(), inv
 
 
-def _case_group_norm(shape, groups, dtype, affine, params):
+# A GPU whose L2 is small enough (and no clusters) that the emulation's small tensors get the stream strategy.
+SMALL_L2 = Hardware(l2_bytes=128 * 1024, clusters=False)
+
+
+def _case_group_norm(shape, groups, dtype, affine, params, hw=None):
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(shape, generator=g) * 0.5 + 3.0).to(dtype)  # mean >> std: cancellation would show
     c = shape[1]
@@ -539,7 +569,7 @@ def _case_group_norm(shape, groups, dtype, affine, params):
     card = _brief(t.op, t.signature, t.outputs)
     op = torch.ops.aten.native_group_norm.default
     bound = dict(bind_arguments(op, (x, w, b, shape[0], c, x[0, 0].numel(), groups, 1e-6), {}))
-    return "group_norm", card, bound, params, _ref_group_norm(x, w, b, groups, 1e-6, dtype)
+    return "group_norm", card, bound, params, _ref_group_norm(x, w, b, groups, 1e-6, dtype), *([hw] if hw else [])
 
 
 def _case_rows(name, shape, ns, dtype, affine, params, op="aten::native_layer_norm", eps=1e-5):
@@ -602,6 +632,15 @@ def _emulation_cases() -> list[tuple]:
                                                            "stash": "none", "unroll": 2}),
         _case_group_norm([2, 8, 128, 128], 2, f16, True, {"strategy": "cluster", "cluster": 4, "block": 128,
                                                           "unroll": 1}),
+        # Stream (tickets drawn in launch order here): 80 KB groups in three tiles (the last one shorter),
+        # statistics one group ahead; four groups two ahead, no affine; one group of two tiles, statistics
+        # then apply.
+        _case_group_norm([1, 4, 128, 160], 2, bf, True, {"strategy": "stream", "tile_kb": 32, "lookahead": 1,
+                                                        "block": 128}, hw=SMALL_L2),
+        _case_group_norm([2, 4, 128, 160], 2, f16, False, {"strategy": "stream", "tile_kb": 32, "lookahead": 2,
+                                                          "block": 128, "unroll": 1}, hw=SMALL_L2),
+        _case_group_norm([1, 2, 100, 100], 1, f32, True, {"strategy": "stream", "tile_kb": 64, "lookahead": 0,
+                                                         "block": 256}, hw=SMALL_L2),
         _case_rows("layer_norm", [3, 5, 40], [40], bf, True, {}),
         _case_rows("layer_norm", [2, 3, 1536], [1536], bf, False, {"block": 512, "rows_per_block": 1}),
         _case_rows("layer_norm", [2, 3, 12, 20], [12, 20], f16, True, {"vec": 2}),

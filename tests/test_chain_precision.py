@@ -12,6 +12,7 @@ from test_builtin_chains import BF, GemmaRMS, GroupNormSilu, HeadsNorm, LlamaRMS
 from engine.capture.chains import CHAIN_OP
 from engine.launch import parse_spec, resolve
 from engine.launch.expr import Env
+from engine.propose.base import Hardware
 from engine.propose.builtin.chains import GroupNormSiluChainTemplate, RmsNormChainTemplate
 from engine.verify.pipeline import (
     CHAIN_PRECISION_FACTOR,
@@ -73,12 +74,14 @@ def _cuda_group_norm_silu(bound):
     return [mq, rq, torch.nn.functional.silu(y.float()).to(x.dtype)]
 
 
-def _emulated(cards, tmp_path):
-    """Each card's template kernel (defaults), run on the CPU: a CardCheck candidate per card."""
+def _emulated(cards, tmp_path, hw=None):
+    """Each card's template kernel (defaults for `hw`, else the H200), run on the CPU: a CardCheck candidate
+    per card."""
+    hw = hw or Hardware()
     prepared = []
     for name, card, t in cards:
         assert t.accepts(card) is None, f"{name}: {t.accepts(card)}"
-        r = t.render(card, t.default(card))
+        r = t.render(card, t.default(card, hw=hw), hw=hw)
         prepared.append((card, resolve(parse_spec(r.spec), Env.from_card(card.signature, card.outputs)), r.source))
     program = emu.build([(p[2], p[1]) for p in prepared], tmp_path)
 
@@ -100,14 +103,39 @@ def test_the_builtin_chain_templates_pass_the_chain_precision_check(cards, tmp_p
     if not emu.available():
         pytest.skip("g++ is needed for the CUDA-on-CPU emulation")
     for (name, card, _), kernel in zip(cards, _emulated(cards, tmp_path)):
-        check = card_check(CHAIN_OP, card.signature, _samples(card), fresh=1, edges=False, race_reps=0)
-        if name == "gn_silu":
-            check = CardCheck(CHAIN_OP, _samples(card), _cuda_group_norm_silu, fresh=1, edges=False,
-                              race_reps=0, family=check.family, reference64=check.reference64,
-                              precision_factor=CHAIN_PRECISION_FACTOR)
+        check = _gn_silu_check(card) if name == "gn_silu" else \
+            card_check(CHAIN_OP, card.signature, _samples(card), fresh=1, edges=False, race_reps=0)
         assert check.precision_factor == CHAIN_PRECISION_FACTOR and check.family in PRECISION_FAMILIES
         v = check.check(kernel)
         assert v.ok, f"{name}: {v.message}"
+
+
+def _gn_silu_check(card) -> CardCheck:
+    """The chain check of a GroupNorm + SiLU card against eager CUDA's arithmetic (_cuda_group_norm_silu)."""
+    check = card_check(CHAIN_OP, card.signature, _samples(card), fresh=1, edges=False, race_reps=0)
+    return CardCheck(CHAIN_OP, _samples(card), _cuda_group_norm_silu, fresh=1, edges=False, race_reps=0,
+                     family=check.family, reference64=check.reference64, precision_factor=CHAIN_PRECISION_FACTOR)
+
+
+def test_the_group_norm_silu_stream_kernel_passes_it_too(tmp_path):
+    # The one-launch stream kernel (tensors of more than half the L2: here a GPU with a 128 KB L2, and 80 KB
+    # groups in three tiles) with SiLU in its apply step, under the same check as the default kernels.
+    if not emu.available():
+        pytest.skip("g++ is needed for the CUDA-on-CPU emulation")
+    card = chain_cards(GroupNormSilu(), torch.randn(1, 8, 128, 160, dtype=BF))[0]
+    t, hw = GroupNormSiluChainTemplate(), Hardware(l2_bytes=128 * 1024, clusters=False)
+    params = t.default(card, hw=hw)
+    assert params["strategy"] == "stream"
+    source = t.render(card, params, hw=hw).source
+    assert "gn_stream" in source and "kf_silu" in source
+    from engine.compile import compile_nvrtc
+
+    for arch in ("sm_90", "sm_121"):  # the H200, the DGX Spark
+        res = compile_nvrtc(source, arch=arch)
+        assert res.ok and not res.warnings, (arch, res.summary())
+    (kernel,) = _emulated([("gn_silu stream", card, t)], tmp_path, hw=hw)
+    v = _gn_silu_check(card).check(kernel)
+    assert v.ok, v.message
 
 
 def _rms_in_bf16(card, eps: float):

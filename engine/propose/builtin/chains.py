@@ -740,13 +740,16 @@ class RmsNormChainTemplate(Template):
 _ROUND = r"""
 template <typename T> __device__ __forceinline__ float kf_round(float x) { return kf_to_float(kf_from_float<T>(x)); }
 """
+# The group_norm strategies whose kernels apply through gn_apply_range alone (the cluster kernel applies to its
+# stash in a loop of its own).
+GN_CHAIN_STRATEGIES = ("stream", "fused", "split")
 _GN_APPLY = "for (int j = 0; j < V; ++j) f[u][j] = fmaf(f[u][j], k.x, k.y);"
 _GN_APPLY_SILU = ("for (int j = 0; j < V; ++j) { const float g_ = kf_round<T>(fmaf(f[u][j], k.x, k.y)); "
                   "f[u][j] = kf_silu(g_); }")
 
 
 class GroupNormSiluChainTemplate(Template):
-    """`native_group_norm` then `silu` (a VAE / UNet block): the group_norm template's fused and split
+    """`native_group_norm` then `silu` (a VAE / UNet block): the group_norm template's stream, fused and split
     kernels, SiLU applied to the normalised value rounded as eager stores it; mean and rstd written
     where the chain returns them."""
 
@@ -815,7 +818,7 @@ class GroupNormSiluChainTemplate(Template):
     def space(self, card: OperatorCard, *, hw: Hardware = H200) -> Mapping[str, Sequence[Any]]:
         _, sub, _ = self.analyse(card)
         space = dict(self._inner().space(sub, hw=hw))
-        space["strategy"] = [s for s in space["strategy"] if s in ("fused", "split")]
+        space["strategy"] = [s for s in space["strategy"] if s in GN_CHAIN_STRATEGIES]
         return space
 
     def mutate(self, card: OperatorCard, params: Mapping[str, Any], rng: random.Random,
@@ -823,14 +826,14 @@ class GroupNormSiluChainTemplate(Template):
         _, sub, _ = self.analyse(card)
         for _ in range(16):
             p = self._inner().mutate(sub, params, rng, intent, hw=hw)
-            if p.get("strategy") in ("fused", "split"):
+            if p.get("strategy") in GN_CHAIN_STRATEGIES:
                 return p
         return dict(params)
 
     def render(self, card: OperatorCard, params: Mapping[str, Any], *, hw: Hardware = H200) -> Rendered:
         g, sub, where = self.analyse(card)
-        if params.get("strategy") not in ("fused", "split"):
-            raise ValueError(f"strategy {params.get('strategy')!r} is not fused or split")
+        if params.get("strategy") not in GN_CHAIN_STRATEGIES:
+            raise ValueError(f"strategy {params.get('strategy')!r} is not one of {', '.join(GN_CHAIN_STRATEGIES)}")
         r = self._inner().render(sub, params, hw=hw)
         if r.source.count(_GN_APPLY) != 1:
             raise ValueError("the group_norm kernel's apply step is not where this template expects it")

@@ -10,6 +10,9 @@ output is normalised with the ROUNDED mean/rstd, as eager's ComputeFusedParams d
   cluster  one launch, a thread-block cluster per group (GPUs with clusters only, see
            cuda_common.has_clusters); each block keeps as much of its chunk in shared memory as the GPU's
            per-block limit allows between the passes.
+  stream   one launch for tensors larger than half the L2: each block takes the next ticket of a fixed
+           order (statistics tiles of a group, LA groups ahead of that group's apply tiles), so a group is
+           read from memory once for its statistics and again, soon after, mostly from L2.
 """
 
 from __future__ import annotations
@@ -187,6 +190,88 @@ $WB_LOCALS
 """
 
 
+_GN_STREAM = r"""
+constexpr int P = $P;                // tiles per group
+constexpr int CHUNK = $CHUNK;        // elements per tile, a multiple of V
+constexpr long long LA = $LA;        // groups whose statistics tiles come before a group's apply tiles
+constexpr long long TICKETS = 2 * R * P;
+
+// Ticket t -> (apply?, group r, tile p), in this order: the statistics tiles of groups 0..LA-1; then per
+// group k >= LA the statistics tiles of k and the apply tiles of k - LA; then the apply tiles of the last
+// LA groups. Every statistics tile of a group has a smaller ticket than any of its apply tiles.
+__device__ __forceinline__ void gn_ticket(long long t, bool& apply, long long& r, int& p) {
+  constexpr long long HEAD = LA * P, BODY = 2LL * P * (R - LA);
+  if (t < HEAD) { apply = false; r = t / P; p = (int)(t % P); return; }
+  t -= HEAD;
+  if (t < BODY) {
+    const long long k = LA + t / (2 * P);
+    const int j = (int)(t % (2 * P));
+    apply = j >= P;
+    r = apply ? k - LA : k;
+    p = apply ? j - P : j;
+    return;
+  }
+  t -= BODY;
+  apply = true;
+  r = R - LA + t / P;
+  p = (int)(t % P);
+}
+
+// One launch of 2 * R * P blocks; a block works on the tile of the ticket it draws (not of its blockIdx:
+// the hardware may start blocks in any order). An apply tile waits until its group's P statistics tiles
+// are written. It never waits on a block that has not started: those tiles' tickets are smaller, and a
+// ticket is drawn only by a running block, which finishes its statistics tile without waiting. `ctr` is
+// zeroed before the launch: ctr[0..1] the ticket counter, ctr[2 + r] the tiles of group r done.
+extern "C" __global__ void __launch_bounds__(BLOCK)
+gn_stream(const T* __restrict__ x, $WB_PARAMS float* __restrict__ part, unsigned int* __restrict__ ctr,
+          T* __restrict__ y, TS* __restrict__ mean_out, TS* __restrict__ rstd_out, float eps) {
+$WB_LOCALS
+  __shared__ float red[3 * NWARP + 3];
+  __shared__ float2 ab[CG];
+  __shared__ unsigned long long ticket;
+  if (threadIdx.x == 0) ticket = atomicAdd(reinterpret_cast<unsigned long long*>(ctr), 1ULL);
+  __syncthreads();
+  const long long t = (long long)ticket;
+  if (t >= TICKETS) return;
+  bool apply;
+  long long r;
+  int p;
+  gn_ticket(t, apply, r, p);
+  const int lo = min(p * CHUNK, D), hi = min(D, p * CHUNK + CHUNK);
+  const T* __restrict__ xg = x + r * D;
+  unsigned int* done = ctr + 2;
+  if (!apply) {
+    const KfWf s = kf_wf_block<NWARP>(gn_stats(xg, lo, hi), red);
+    if (threadIdx.x == 0) {
+      __stcg(&part[3 * (r * P + p)], s.n);
+      __stcg(&part[3 * (r * P + p) + 1], s.mean);
+      __stcg(&part[3 * (r * P + p) + 2], s.m2);
+      __threadfence();  // the partial is visible before the count that announces it
+      atomicAdd(&done[r], 1u);
+    }
+    return;
+  }
+  float f[U][V];
+  gn_load(xg, lo + (int)threadIdx.x * V, hi, f);  // in flight while the statistics are awaited
+  if (threadIdx.x == 0) {
+    const volatile unsigned int* count = done + r;
+    while (*count < (unsigned int)P) __nanosleep(100);
+    __threadfence();  // what the statistics tiles wrote before their counts is read after this
+  }
+  __syncthreads();
+  KfWf s = {0.f, 0.f, 0.f};
+  for (int k = threadIdx.x; k < P; k += BLOCK) {  // every block of the group merges in the same order
+    const float* q = part + 3 * (r * P + k);
+    kf_wf_merge(s, __ldcg(q), __ldcg(q + 1), __ldcg(q + 2));
+  }
+  s = kf_wf_block<NWARP>(s, red);
+  gn_params(s, r, p == 0, eps, w, bias, mean_out, rstd_out, ab);
+  __syncthreads();
+  gn_apply_range(xg, y + r * D, lo, hi, ab, f);
+}
+"""
+
+
 _GN_CLUSTER = r"""
 constexpr int K = $K;                // blocks per group: one thread block cluster
 constexpr int CHUNK = $CHUNK;        // elements per block, a multiple of V
@@ -248,6 +333,29 @@ $WB_LOCALS
 GN_CLUSTERS = (16, 8, 4, 2)
 GN_CLUSTERS_FIRST = 8  # the default: portable; on the H200, 16 was slower at every setting on 512 KB groups
 STASH_BYTES = 200 * 1024  # at most (on the H200, more left too few blocks resident per SM)
+
+
+# Stream strategy: tile sizes (KB of input per block) and how many groups' statistics come ahead of a
+# group's apply tiles. Between a tile's two reads pass about (LA + 1) groups of reads and one of writes,
+# which the L2 must hold for the second read to hit it.
+STREAM_TILES_KB = (64, 32, 128, 256)
+STREAM_LOOKAHEAD = (1, 0, 2)
+
+
+def _stream_offered(x: Mapping[str, Any], group_bytes: int, hw: Hardware) -> bool:
+    """The stream strategy for tensors of more than half the L2 (a second pass over them misses it) in
+    groups of more than 64 KB, on GPUs with acquire loads and __nanosleep (sm_70 on)."""
+    cap = hw.capability
+    nbytes = math.prod(int(d) for d in x["shape"]) * cc.itemsize(x["dtype"])
+    return group_bytes > 64 * 1024 and nbytes * 2 > hw.l2_bytes and cap is not None and cap >= (7, 0)
+
+
+def _stream_tiles(d: int, isz: int, v: int, tile_kb: int) -> tuple[int, int]:
+    """(tiles per group, elements per tile): tiles of about tile_kb KB, a multiple of V elements each."""
+    p = max(1, -(-d * isz // (tile_kb * 1024)))
+    per_tile = -(-d // p)
+    chunk = -(-per_tile // v) * v
+    return -(-d // chunk), chunk
 
 
 def _stash_budget(hw: Hardware, cg: int) -> int:
@@ -350,6 +458,12 @@ class GroupNormTemplate(Template):
         if cluster_first:
             strategies = ["cluster", "split", "fused"]
             block, unroll = 256, [1, 2, 4]
+        group_bytes = d * cc.itemsize(x["dtype"])
+        stream = _stream_offered(x, group_bytes, hw) and not cluster_first
+        if stream:  # a second pass over a tensor this large reads it from memory again, not from L2
+            strategies = ["stream", *strategies]
+            lookahead = list(STREAM_LOOKAHEAD) if 3 * group_bytes <= hw.l2_bytes // 2 else \
+                cc.ordered(0, STREAM_LOOKAHEAD)
         return {
             "strategy": strategies,
             "block": cc.ordered(block, [512, 256, 1024, 128]),
@@ -359,6 +473,7 @@ class GroupNormTemplate(Template):
             "order": ["reverse", "forward"],
             **({"cluster": cc.ordered(GN_CLUSTERS_FIRST, GN_CLUSTERS), "stash": ["all", "none"]}
                if clusters else {}),
+            **({"tile_kb": list(STREAM_TILES_KB), "lookahead": lookahead} if stream else {}),
         }
 
     @staticmethod
@@ -368,6 +483,8 @@ class GroupNormTemplate(Template):
             keys |= {"blocks_per_group", "order"}
         if params["strategy"] == "cluster":
             keys |= {"cluster", "stash"}
+        if params["strategy"] == "stream":
+            keys |= {"tile_kb", "lookahead"}
         return keys
 
     def mutate(self, card: OperatorCard, params: Mapping[str, Any], rng: random.Random,
@@ -398,7 +515,22 @@ class GroupNormTemplate(Template):
         wb_args = [("ptr", "weight")] * has_w + [("ptr", "bias")] * has_b
         outs = [("ptr", "out0"), ("ptr", "out1"), ("ptr", "out2"), ("f32", "eps")]
         how = ""
-        if strategy == "cluster":
+        if strategy == "stream":
+            p, chunk = _stream_tiles(geo["D"], cc.itemsize(x["dtype"]), v, int(params["tile_kb"]))
+            la = min(int(params["lookahead"]), geo["R"])
+            if 2 * geo["R"] * p > cc.MAX_I32:
+                raise ValueError(f"{2 * geo['R'] * p} tiles do not fit one grid")
+            kernels = cc.substitute(_GN_STREAM, WB_PARAMS=wb_p, WB_LOCALS=wb_locals, P=p, CHUNK=chunk, LA=la)
+            spec = "\n".join([
+                f"# group_norm stream: {p} tiles per group, statistics {la} group(s) ahead of apply; "
+                "blocks take tiles in ticket order",
+                "[[workspace]]", 'name = "part"', f'bytes = "N * group * {p} * 12"', "",
+                "[[workspace]]", 'name = "ctr"', 'bytes = "8 + N * group * 4"', "zero = true", "",
+                "[[launch]]", 'kernel = "gn_stream"', f'grid = ["N * group * {2 * p}"]', f"block = [{block}]",
+                "args = " + cc.spec_args([("ptr", "input"), *wb_args, ("ptr", "ws.part"), ("ptr", "ws.ctr"),
+                                          *outs]), ""])
+            how = f", {p} tiles of {chunk} elements per group, statistics {la} group(s) ahead"
+        elif strategy == "cluster":
             k = int(params["cluster"])
             chunk, stash = _gn_stash(geo["D"], k, v, block, cc.itemsize(x["dtype"]), geo["CG"], params["stash"],
                                      hw)
