@@ -99,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--small", action="store_true", help="the config's [small] size")
     ap.add_argument("--cast", type=Path, help="an existing cast (else one is built here)")
     ap.add_argument("--keep", default="", help="regex of ops to build variants for (default: every op)")
+    ap.add_argument("--only", default="", help="regex: install just the cast's variants whose id or op matches it "
+                                               "(e.g. native_group_norm: a cast's op variants without its pattern "
+                                               "cards), to measure a part of a cast against the whole")
     ap.add_argument("--modes", default="default,reduce-overhead",
                     help="compile modes, comma-separated: default, max-autotune-no-cudagraphs, reduce-overhead")
     ap.add_argument("--iters", type=int, default=0, help="forwards per arm (0: about 3 s per arm, 10 to 60)")
@@ -107,6 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     from engine.config import load_config, override_params, parse_model_spec
     from engine.errors import UsageError
 
+    try:
+        only_re = re.compile(args.only) if args.only else None
+    except re.error as e:
+        print(f"error: --only {args.only!r} is not a regular expression ({e}); e.g. --only native_group_norm",
+              file=sys.stderr)
+        return 2
     try:
         spec = parse_model_spec(args.model)
         if spec.name == "sd35_vae" and spec.params:
@@ -158,7 +167,16 @@ def main(argv: list[str] | None = None) -> int:
             doc["build"] = build
             save()
         cast = load(cast_path)
-        doc["variants"] = [{"id": v["id"], "op": v["op"]} for v in cast.stats()["variants"]]
+        if only_re is not None:
+            ids = {v["id"] for v in cast.stats()["variants"] if only_re.search(v["id"]) or only_re.search(v["op"])}
+            if not ids:
+                print(f"error: --only {args.only!r} matches none of the cast's variants "
+                      f"({', '.join(v['id'] for v in cast.stats()['variants'])})", file=sys.stderr)
+                return 2
+            cast = load(cast_path, only=ids)
+            doc["only"] = args.only
+        doc["variants"] = [{"id": v["id"], "op": v["op"]} for v in cast.stats()["variants"]
+                           if only_re is None or v["id"] in ids]
         log(f"cast {cast_path}: {len(doc['variants'])} variant(s)")
         for _ in range(3):
             forward()
@@ -274,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
 def report(doc: dict[str, Any]) -> str:
     f = lambda x, s=".2f": "–" if x is None else format(x, s)  # noqa: E731
     lines = [f"# bench_compose: {doc['model']}", "", f"{doc['gpu']}, torch {doc['torch']}, {doc['date']}; "
-             f"{len(doc.get('variants', []))} variant(s) in the cast", "",
+             f"{len(doc.get('variants', []))} variant(s) in the cast"
+             + (f" (those matching --only {doc['only']!r})" if doc.get("only") else ""), "",
              "| arm | base ms | with cast ms | speedup (95 % CI) | rel. L2 vs eager | hits/forward | compile s "
              "(alone → with cast) |", "|---|---:|---:|---|---:|---:|---|"]
     e = doc.get("eager")

@@ -61,3 +61,21 @@ def test_the_scripts_control_flow_on_a_cpu(tmp_path, monkeypatch):
     assert r["iters"] == 3 and r["compile_s"] > 0 and r["compile_s_with_cast"] > 0
     md = (out / "bench_compose.md").read_text()
     assert "a control-flow test, not a measurement" in md and "default: compiled with cast first" in md
+
+
+def test_only_names_the_variants_it_keeps_or_refuses_in_one_line(tmp_path, monkeypatch, capsys):
+    """--only REGEX measures part of a cast; a pattern that is no regex, or matches none of the cast's
+    variants, stops before any timing with exit 2 and one line naming the input (and the variants there are)."""
+    from test_cast_modules import _write
+
+    bench = load_script("bench_compose")
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    cast = _write(tmp_path)
+    base = ["--out", str(tmp_path / "out"), "--model", "configs/examples/my_model.toml", "--small", "--cast", str(cast),
+            "--modes", "default", "--iters", "3"]
+    assert bench.main([*base, "--only", "("]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --only '(' is not a regular expression") and "\n" not in err
+    assert bench.main([*base, "--only", "no_such_op"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress line of the model's build
+    assert err == "error: --only 'no_such_op' matches none of the cast's variants (rms)"
