@@ -212,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "samples and leave out any it finds a fault in")
     p.add_argument("--sanitize-timeout", type=_positive_float, metavar="S",
                    help="seconds per variant and sanitizer tool at most (default 300)")
+    p.add_argument("--fresh", action="store_true",
+                   help="confirm and check everything again: reuse none of the checkpoints that earlier exports "
+                        "left in the workspace (export-checkpoints/)")
     _add_common(p)
 
     p = sub.add_parser("audit", help="show what a .cast file holds; --verify re-checks it on this GPU")
@@ -285,10 +288,17 @@ def cmd_export(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if not out.parent.is_dir():
         raise UsageError(f"export --out {args.out}: folder {out.parent} does not exist")
+    from engine.export.package import ExportPartial
+    from engine.run.interrupt import sigterm_raises
+
     # On a terminal the export is a stage updated in place; redirected, stderr keeps only errors and warnings.
     stages = StageProgress() if sys.stderr.isatty() else None
+    partial = None
     try:
-        result = _export(args, out, stages.sink("export") if stages else stderr_progress())
+        with sigterm_raises():  # `timeout` and job schedulers stop it as Ctrl-C does: finished targets are kept
+            result = _export(args, out, stages.sink("export") if stages else stderr_progress())
+    except ExportPartial as e:  # the cast of the finished targets is written: shown as any cast, then why partial
+        partial, result = e, e.result
     finally:
         if stages is not None:
             stages.close()
@@ -297,7 +307,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"out": str(out), "included": result.included, "excluded": result.excluded,
                           "model_check": result.model_check, "model_checks": result.model_checks,
-                          "warnings": result.warnings},
+                          "warnings": result.warnings, "unchecked": result.unchecked},
                          separators=(",", ":"), default=str))
     else:
         print(f"wrote {out}: {len(result.included)} variant(s)")
@@ -319,7 +329,23 @@ def cmd_export(args: argparse.Namespace) -> int:
             err = check.get("rel_l2_err")
             print(f"whole model ({check.get('mode')}): {check['speedup']:.3f}x (95% CI {ci[0]:.3f}-{ci[1]:.3f})"
                   + ("" if err is None else f"; output moved {err:.1e} (relative L2)"))
+    if partial is not None:
+        print(f"{partial}: {_export_again(args, partial.run_id, out, partial.targets)}", file=sys.stderr, flush=True)
+        return partial.exit_code
     return 0
+
+
+def _export_again(args: argparse.Namespace, run_id: str, out: Path, targets: list[str]) -> str:
+    """The command that finishes a partial export: the same export, its run named (a newer run in the workspace
+    must not change what it exports), which reuses the checks that finished."""
+    import shlex
+
+    argv = ["kforge-tui", "export", run_id, "--workspace", str(_workspace(args)), "--out", str(out),
+            "--target", ",".join(targets)]
+    argv += ["--also-arch", args.also_arch] if args.also_arch else []
+    argv += ["--sanitize"] if args.sanitize else []
+    argv += ["--sanitize-timeout", f"{args.sanitize_timeout:g}"] if args.sanitize_timeout else []
+    return shlex.join(argv + (["--json"] if args.json else []))
 
 
 def _export(args: argparse.Namespace, out: Path, progress: Callable[[str], None]):  # noqa: ANN202
@@ -333,7 +359,7 @@ def _export(args: argparse.Namespace, out: Path, progress: Callable[[str], None]
     return export_run(_workspace(args), args.run, out, progress=progress,
                       model_check=not args.no_model_check, cuda_graphs=args.cuda_graphs,
                       sanitize=args.sanitize, sanitize_timeout_s=args.sanitize_timeout, targets=targets,
-                      also_archs=archs)
+                      also_archs=archs, fresh=args.fresh)
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
@@ -528,10 +554,13 @@ def _dispatch(argv: list[str], open_tui: TuiLauncher | None) -> int:
         # Ctrl-C (engine.run.interrupt.Interrupted, exit 130) is not an error: its line says what was kept.
         print(str(e) if e.exit_code == 130 else f"error: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        from engine.run.interrupt import exit_on_next_sigint
+    except KeyboardInterrupt as e:
+        from engine.run.interrupt import EXIT_TERMINATED, Terminated, exit_on_next_sigint
 
         exit_on_next_sigint()
+        if isinstance(e, Terminated):
+            print("terminated (SIGTERM); nothing half-written was kept", file=sys.stderr)
+            return EXIT_TERMINATED
         print("interrupted; nothing half-written was kept", file=sys.stderr)
         return 130
     except BrokenPipeError:

@@ -60,14 +60,14 @@ def test_each_variant_keeps_the_targets_that_kept_it(monkeypatch):
 def test_the_child_is_asked_for_the_target(monkeypatch, tmp_path):
     seen = []
 
-    def run(argv, **kw):
+    def run(argv, timeout_s):
         seen.append(argv)
         out = argv[argv.index("--out") + 1]
         with open(out, "w") as f:
             json.dump({"tried": [], "chosen": None}, f)
         return subprocess.CompletedProcess(argv, 0, "", "")
 
-    monkeypatch.setattr(pkg.subprocess, "run", run)
+    monkeypatch.setattr(pkg, "_run_child", run)
     for target, want in (("compile:reduce-overhead", ["--compile", "reduce-overhead"]),
                          ("compile", ["--compile", "default"]), ("cuda-graphs", ["--graphs"]), ("eager", [])):
         pkg.run_model_check(tmp_path / "c.cast", [["a"]], "cfg.toml", False, target == "cuda-graphs", tmp_path,

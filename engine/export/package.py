@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,6 +31,8 @@ from engine.cast.format import (
     file_entry,
     write_cast,
 )
+from engine.errors import KforgeError
+from engine.export.checkpoint import FOLDER, Checkpoints, digest, file_digest, source_digest
 from engine.export.confirm import CONFIRMED_KEYS
 from engine.export.report import markdown_report
 from engine.outcomes import faster_with_confidence
@@ -191,6 +195,25 @@ class ExportResult:
     model_check: dict[str, Any] | None = None
     # The whole-model check per target (`--target`), as the manifest's `source.model_checks`.
     model_checks: dict[str, Any] | None = None
+    # The targets asked but not checked (the export was interrupted after others finished): the cast is partial.
+    unchecked: list[str] = field(default_factory=list)
+
+
+EXIT_PARTIAL = 75  # a partial cast was written (sysexits' EX_TEMPFAIL: the same command again finishes it)
+
+
+class ExportPartial(KforgeError):
+    """The export was interrupted during its whole-model checks after some target kept variants: the cast is
+    written with the finished targets only (`result`); the same export again checks only the others."""
+
+    exit_code = EXIT_PARTIAL
+
+    def __init__(self, result: ExportResult, run_id: str, targets: list[str], checkpoints: Path) -> None:
+        self.result, self.run_id, self.targets = result, run_id, targets
+        done = [t for t in targets if t not in result.unchecked]
+        super().__init__(f"interrupted: wrote a partial cast {result.out}, proven for {', '.join(done)} only; "
+                         f"not checked: {', '.join(result.unchecked)}; the same export again checks only those "
+                         f"(the finished checks are kept in {checkpoints})")
 
 
 def select_winners(cards: list[dict[str, Any]], candidates: list[dict[str, Any]]
@@ -266,13 +289,14 @@ class ExportLog:
     checked: list[str] = field(default_factory=list)  # ids of the variants the whole-model check started from
     kept: list[ExportVariant] = field(default_factory=list)  # the variants in the written cast
     cast_sha256: str | None = None  # set only once the cast is on disk
+    unchecked: list[str] = field(default_factory=list)  # targets an interruption left unchecked (a partial cast)
 
 
 def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[str, Any] | None = None,
                progress: Callable[[str], None] = lambda m: None, model_check: bool = True,
                cuda_graphs: bool = False, sanitize: bool = False,
                sanitize_timeout_s: float | None = None, targets: list[str] | None = None,
-               also_archs: list[str] | None = None) -> ExportResult:
+               also_archs: list[str] | None = None, fresh: bool = False) -> ExportResult:
     """The whole export; raises engine.errors.UsageError / JobError with a one-line reason. `sanitize`: run
     compute-sanitizer (memcheck, racecheck, synccheck) on each confirmed variant and drop any it faults,
     `sanitize_timeout_s` per variant and tool (default 300). `targets` (TARGETS; default eager, or
@@ -281,19 +305,24 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
     `also_archs` (e.g. ['sm_121']): each kept kernel is also compiled for these GPUs and shipped as an
     unproven cubin, which a loader there uses only after `audit --verify` and `load(…, unproven_ok=True)`.
 
+    The confirmation and each target's whole-model check are checkpointed in the workspace (engine.export.
+    checkpoint) and reused by a later export with the same inputs, unless `fresh`. Interrupted (Ctrl-C, or
+    SIGTERM where the caller raises it as KeyboardInterrupt) during the checks of several targets after one
+    kept variants, it writes the cast of the finished targets and raises ExportPartial.
+
     Once the run is resolved, the export is recorded in the workspace when it ends (`exports`): written,
     failed (with why) or interrupted, in one row written in one transaction."""
     targets = list(targets or ["cuda-graphs" if cuda_graphs else "eager"])
     log = ExportLog(out, targets, {"model_check": model_check, "sanitize": sanitize,
-                                   "also_archs": list(also_archs or [])})
+                                   "also_archs": list(also_archs or []), "fresh": fresh})
     try:
         result = _export_run(workspace, run_id, out, log, timing=timing, progress=progress,
                              model_check=model_check, sanitize=sanitize, sanitize_timeout_s=sanitize_timeout_s,
-                             also_archs=also_archs)
+                             also_archs=also_archs, fresh=fresh)
     except KeyboardInterrupt:
         # Written means written: a Ctrl-C after the cast was on disk does not undo it.
         _record(workspace, log, "written" if log.cast_sha256 else "interrupted",
-                None if log.cast_sha256 else "interrupted (Ctrl-C) before the cast was written")
+                None if log.cast_sha256 else "interrupted (Ctrl-C or SIGTERM) before the cast was written")
         raise
     except BaseException as e:
         _record(workspace, log, "written" if log.cast_sha256 else "failed", None if log.cast_sha256 else
@@ -302,6 +331,8 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
     why = _record(workspace, log, "written", None)
     if why:
         result.warnings.append(why)
+    if result.unchecked:
+        raise ExportPartial(result, str(log.run_id), targets, workspace / FOLDER)
     return result
 
 
@@ -364,7 +395,7 @@ def _record(workspace: Path, log: ExportLog, status: str, error: str | None) -> 
 
 def _export_run(workspace: Path, run_id: str | None, out: Path, log: ExportLog, *, timing: dict[str, Any] | None,
                 progress: Callable[[str], None], model_check: bool, sanitize: bool,
-                sanitize_timeout_s: float | None, also_archs: list[str] | None) -> ExportResult:
+                sanitize_timeout_s: float | None, also_archs: list[str] | None, fresh: bool) -> ExportResult:
     import torch
 
     from engine.cast.compat import current_env
@@ -412,15 +443,27 @@ def _export_run(workspace: Path, run_id: str | None, out: Path, log: ExportLog, 
             excluded.append({"card_id": card["card_id"], "op": card["op"], "reason": f"the cast format: {why}"})
             continue
         variants.append(v)
-    progress(f"confirming {len(variants)} variant(s) in a fresh process")
+    checkpoints = Checkpoints(workspace / FOLDER, {"run": run["id"], "env": {
+        k: env.get(k) for k in ("gpu", "arch", "torch", "cuda", "driver", "nvrtc")}, "kforge": source_digest()},
+        fresh=fresh)
     source = log.source
     source.update({"run": run["id"], "model": run["model"], "provider": run["provider"],
                    "capture": run["capture_id"]})
-    with tempfile.TemporaryDirectory(prefix="kforge-export-") as tmp:
-        cand_path = Path(tmp) / "candidate.cast"
-        manifest, files, report = package(variants, env, source)
-        write_cast(cand_path, manifest, files, report)
-        results = run_confirm(cand_path, {v.vid: v.samples for v in variants}, timing or {}, Path(tmp))
+    confirm_key = checkpoints.key(timing=timing or {}, variants=[
+        {**_variant_key(v), "samples": [[s, _size(s)] for s in v.samples]} for v in variants])
+    done = checkpoints.load("confirm", confirm_key)
+    if done is not None:
+        results = done["result"]
+        progress(f"the fresh-process confirmation of {done['at']} reused "
+                 f"(checkpoint {checkpoints.shown(done['path'])})")
+    else:
+        progress(f"confirming {len(variants)} variant(s) in a fresh process")
+        with tempfile.TemporaryDirectory(prefix="kforge-export-") as tmp:
+            cand_path = Path(tmp) / "candidate.cast"
+            manifest, files, report = package(variants, env, source)
+            write_cast(cand_path, manifest, files, report)
+            results = run_confirm(cand_path, {v.vid: v.samples for v in variants}, timing or {}, Path(tmp))
+        checkpoints.save("confirm", confirm_key, results)
     kept = []
     for v in variants:
         r = results.get("variants", {}).get(v.vid, {})
@@ -450,8 +493,8 @@ def _export_run(workspace: Path, run_id: str | None, out: Path, log: ExportLog, 
         log.checked = [v.vid for v in kept]
     if model_check and config and Path(config).is_file() and len(targets) == 1:
         try:
-            kept = _model_check(kept, env, source, excluded, config, bool(cap.get("small")), targets[0], progress,
-                                warnings.append)
+            kept = _target_check(kept, env, source, excluded, config, bool(cap.get("small")), targets[0], progress,
+                                 warnings.append, checkpoints)
         except JobError as e:  # the check refused every set: the record says so for its target
             source["model_checks"] = {targets[0]: {**(source.get("model_check") or {"mode": targets[0]}),
                                                    "refused": str(e)}}
@@ -461,17 +504,35 @@ def _export_run(workspace: Path, run_id: str | None, out: Path, log: ExportLog, 
         source["model_checks"] = {targets[0]: source.get("model_check")}
     elif model_check and config and Path(config).is_file():
         kept = _model_checks(kept, env, source, excluded, config, bool(cap.get("small")), targets, progress,
-                             warnings.append)
+                             warnings.append, checkpoints=checkpoints, unchecked=log.unchecked)
     elif model_check:
         warnings.append(f"no whole-model check: the run's config {config!r} is not readable here")
         source["model_check"] = {"mode": "none", "reason": f"config {config!r} not readable at export"}
+    if checkpoints.not_written:
+        warnings.append(checkpoints.not_written)
     manifest, files, report = package(kept, env, source, excluded)
     log.kept = kept
     data = write_cast(out, manifest, files, report)
     log.cast_sha256 = hashlib.sha256(data).hexdigest()
     return ExportResult(out, [{"id": v.vid, "op": v.card["op"], **(v.confirmed or {}), "targets": v.targets}
                               for v in kept], excluded, warnings, source.get("model_check"),
-                        source.get("model_checks"))
+                        source.get("model_checks"), list(log.unchecked))
+
+
+def _variant_key(v: ExportVariant) -> dict[str, Any]:
+    """A variant as a checkpoint's key holds it: its id, card and candidate, and digests of its code."""
+    c = v.candidate
+    return {"id": v.vid, "card_id": v.card["card_id"], "op": v.card["op"], "candidate_id": c.get("id"),
+            "source": digest(c["source"]), "launch_spec": digest(json.dumps(c["launch_spec"], sort_keys=True,
+                                                                            default=str)),
+            "cubin": digest(v.cubin) if v.cubin else None, "ptx": digest(v.ptx) if v.ptx else None}
+
+
+def _size(path: str) -> int | None:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return None
 
 
 def sanitize_kept(kept: list[ExportVariant], env: dict[str, Any], source: dict[str, Any], excluded: list[dict],
@@ -507,39 +568,98 @@ def sanitize_kept(kept: list[ExportVariant], env: dict[str, Any], source: dict[s
 
 def _model_checks(kept: list[ExportVariant], env: dict[str, Any], source: dict[str, Any], excluded: list[dict],
                   config: str, small: bool, targets: list[str], progress: Callable[[str], None],
-                  warn: Callable[[str], None] = lambda m: None) -> list[ExportVariant]:
+                  warn: Callable[[str], None] = lambda m: None, *, checkpoints: Checkpoints | None = None,
+                  unchecked: list[str] | None = None) -> list[ExportVariant]:
     """One whole-model check per target over the same confirmed variants: each variant is kept where some
     target keeps it, with the list of those targets; a target none of them helps is reported, and only
-    when no target keeps anything is the export refused."""
+    when no target keeps anything is the export refused. Interrupted (KeyboardInterrupt) after a finished
+    target kept variants, with `unchecked` given: the finished targets stand alone and `unchecked` gets
+    the others (a partial cast); otherwise the interruption goes on up."""
     from engine.errors import JobError
 
     per: dict[str, set[str]] = {}
     checks: dict[str, Any] = {}
-    for t in targets:
-        src, excl = dict(source), []
-        try:
-            chosen = _model_check(list(kept), env, src, excl, config, small, t, progress, warn)
-            per[t] = {v.vid for v in chosen}
-        except JobError as e:
-            per[t] = set()
-            src.setdefault("model_check", {"mode": t})
-            src["model_check"] = {**src["model_check"], "refused": str(e)}
-            warn(f"target {t}: {e}")
-        checks[t] = src.get("model_check")
+    try:
+        for t in targets:
+            src, excl = dict(source), []
+            try:
+                chosen = _target_check(list(kept), env, src, excl, config, small, t, progress, warn, checkpoints)
+                per[t] = {v.vid for v in chosen}
+            except JobError as e:
+                per[t] = set()
+                src.setdefault("model_check", {"mode": t})
+                src["model_check"] = {**src["model_check"], "refused": str(e)}
+                warn(f"target {t}: {e}")
+            checks[t] = src.get("model_check")
+    except KeyboardInterrupt:
+        if unchecked is None or not any(per.get(t) for t in checks):
+            raise
+        unchecked[:] = [t for t in targets if t not in checks]  # the record shows them as 'not reached'
+    done = list(checks)
     source["model_checks"] = checks
-    source["model_check"] = checks[targets[0]]
+    source["model_check"] = checks[done[0]]
     out = []
     for v in kept:
-        v.targets = [t for t in targets if v.vid in per[t]]
+        v.targets = [t for t in done if v.vid in per[t]]
         if v.targets:
             out.append(v)
         else:
             excluded.append({"card_id": v.card["card_id"], "op": v.card["op"],
-                             "reason": f"whole-model check: kept for none of {', '.join(targets)}"})
+                             "reason": f"whole-model check: kept for none of {', '.join(done)}"})
     if not out:
         raise JobError(f"export: no variant passed the whole-model check for any of {', '.join(targets)}; "
                        "nothing written")
     return out
+
+
+def _target_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[str, Any], excluded: list[dict],
+                  config: str, small: bool, target: str, progress: Callable[[str], None],
+                  warn: Callable[[str], None], checkpoints: Checkpoints | None) -> list[ExportVariant]:
+    """`_model_check` of one target, reused from its checkpoint where one holds the same inputs, else run and
+    checkpointed once it finishes (a set kept, or refused; not a check that broke, which runs again)."""
+    from engine.errors import JobError
+
+    if checkpoints is None:
+        return _model_check(kept, env, source, excluded, config, small, target, progress, warn)
+    key = checkpoints.key(target=target, config=str(config), config_sha256=file_digest(config), small=small,
+                          variants=[{**_variant_key(v), "net_us": (v.confirmed or {}).get("net_us")}
+                                    for v in kept])
+    done = checkpoints.load(f"check-{target}", key)
+    if done is not None:
+        r = done["result"]
+        mc = r["model_check"] or {}
+        outcome = (f"refused ({r['refused']})" if r["refused"] else f"kept {len(r['kept'])} variant(s)" + (
+            f": {mc['speedup']:.3f}x (95% CI {mc['speedup_ci'][0]:.3f}-{mc['speedup_ci'][1]:.3f})"
+            if mc.get("speedup") is not None and mc.get("speedup_ci") else ""))
+        progress(f"target {target}: the whole-model check of {done['at']} reused "
+                 f"(checkpoint {checkpoints.shown(done['path'])}): {outcome}")
+        if r["model_check"] is not None:
+            source["model_check"] = r["model_check"]
+        excluded.extend(r["excluded"])
+        for w in r["warnings"]:
+            warn(w)
+        if r["refused"]:
+            raise JobError(r["refused"])
+        return [v for v in kept if v.vid in r["kept"]]
+    excl: list[dict] = []
+    said: list[str] = []
+
+    def tell(msg: str) -> None:
+        said.append(msg)
+        warn(msg)
+    try:
+        chosen = _model_check(kept, env, source, excl, config, small, target, progress, tell)
+    except JobError as e:
+        excluded.extend(excl)
+        checkpoints.save(f"check-{target}", key, {"model_check": source.get("model_check"), "kept": None,
+                                                  "refused": str(e), "excluded": excl, "warnings": said})
+        raise
+    excluded.extend(excl)
+    if (source.get("model_check") or {}).get("mode") != "failed":  # the check itself broke: not a result
+        checkpoints.save(f"check-{target}", key, {"model_check": source.get("model_check"),
+                                                  "kept": [v.vid for v in chosen], "refused": None,
+                                                  "excluded": excl, "warnings": said})
+    return chosen
 
 
 def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[str, Any], excluded: list[dict],
@@ -656,7 +776,7 @@ def run_model_check(cast_path: Path, sets: list[list[str]], config: str, small: 
             "--subsets", str(job), "--out", str(out)] + (["--small"] if small else []) + \
         (["--graphs"] if graphs and not (target or "").startswith("compile") else []) + \
         (["--compile", target.partition(":")[2] or "default"] if (target or "").startswith("compile") else [])
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=_child_env())
+    proc = _run_child(argv, timeout_s)
     if not out.exists():
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         raise JobError(f"export: the whole-model check failed (exit {proc.returncode}): {tail[0]}")
@@ -666,10 +786,26 @@ def run_model_check(cast_path: Path, sets: list[list[str]], config: str, small: 
     return result
 
 
+def _run_child(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess:
+    """`argv` in a fresh process (importing the same engine as this one) in a process group of its own, its
+    output captured. Whatever ends the wait (Ctrl-C, SIGTERM raised as KeyboardInterrupt, `timeout_s`) kills
+    the group first, so that neither the child nor what it started (torch.compile's workers) outlives it."""
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_child_env(),
+                          start_new_session=True) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except BaseException:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):  # the group is gone already
+                pass
+            proc.wait()
+            raise
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+
 def _child_env() -> dict[str, str]:
     """This process's environment, with the engine it imported first on the child's path."""
-    import os
-
     import engine
 
     root = str(Path(engine.__file__).resolve().parent.parent)
@@ -683,9 +819,8 @@ def run_confirm(cast_path: Path, samples: dict[str, list[str]], timing: dict[str
 
     job, out = tmp / "job.json", tmp / "result.json"
     job.write_text(json.dumps({"samples": samples, "timing": timing}))
-    env = _child_env()  # the child imports the same engine as this process
-    proc = subprocess.run([sys.executable, "-m", "engine.export.confirm", "--cast", str(cast_path), "--job", str(job),
-                           "--out", str(out)], capture_output=True, text=True, timeout=timeout_s, env=env)
+    proc = _run_child([sys.executable, "-m", "engine.export.confirm", "--cast", str(cast_path), "--job", str(job),
+                       "--out", str(out)], timeout_s)
     if not out.exists():
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         raise JobError(f"export: the confirmation process failed (exit {proc.returncode}): {tail[0]}")

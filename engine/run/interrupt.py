@@ -4,22 +4,48 @@ stays resumable, one line says how), a second one exits at once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from engine.errors import KforgeError
 
 T = TypeVar("T")
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM (`timeout`, a job scheduler, `kill`)
 
 
 class Interrupted(KforgeError):
     """The user pressed Ctrl-C; the message is the one line to show (what was kept, how to go on)."""
 
     exit_code = EXIT_INTERRUPTED
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt (inside `sigterm_raises`), so that the same
+    cleanup runs: what is finished is kept, child processes are stopped."""
+
+
+def _raise_terminated(*_: Any) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Inside, SIGTERM raises Terminated in the main thread instead of ending the process at once (Python's
+    default, which runs no cleanup); outside, the previous handler again. Off the main thread: no change."""
+    try:
+        before = signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
 
 
 class StopFlag:
