@@ -178,6 +178,7 @@ def on_gpus(models: list[str], gpus: list[str], argv_for: Any, log_dir: Path) ->
 
 
 TIMED_OUT = 124  # a step's exit code when its time limit ended it (as timeout(1) has it)
+PARTIAL = 75  # export's exit code when interrupted after some targets: a partial cast (engine.export.package)
 
 
 def step(name: str, done: Path | None, argv: list[str], log_file: Path, stdout: Path | None = None,
@@ -375,10 +376,12 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compil
         offset = logf.stat().st_size if logf.exists() else 0
         t0 = time.time()
         rc = step(f"{model} {name}", None if callable(done) else done, argv, logf, stdout=stdout, timeout=limit)
-        entry = {"status": "ok" if rc == 0 else "timed out" if rc == TIMED_OUT else "failed", "rc": rc,
-                 "seconds": round(time.time() - t0, 1), "sitting": now}
+        entry = {"status": "ok" if rc == 0 else "timed out" if rc == TIMED_OUT else "partial" if rc == PARTIAL
+                 else "failed", "rc": rc, "seconds": round(time.time() - t0, 1), "sitting": now}
         if rc == TIMED_OUT:
             entry["why"] = f"stopped at its time limit of {limit:.0f} s"
+        elif rc == PARTIAL:
+            entry["why"] = "interrupted after some of its targets"
         elif rc:
             entry["error"] = last_error(logf, offset)
         rec["steps"][name] = entry
@@ -407,11 +410,22 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compil
         for name in later:
             not_run(name, "the run did not finish")
     else:
-        do("export", d / "export.json",
-           [py, "-m", "kforge_tui", "export", "--workspace", str(ws), "--out", str(d / f"{model}.cast"), "--json",
-            "--target", targets], export_limit, stdout=d / "export.json",
-           need=MODEL_EXPORT_S[model] / 2 if model in MODEL_EXPORT_S else 20)
+        rc = do("export", d / "export.json",
+                [py, "-m", "kforge_tui", "export", "--workspace", str(ws), "--out", str(d / f"{model}.cast"),
+                 "--json", "--target", targets], export_limit, stdout=d / "export.json",
+                need=MODEL_EXPORT_S[model] / 2 if model in MODEL_EXPORT_S else 20)
         cast = d / f"{model}.cast"
+        unfinished = rc in (TIMED_OUT, PARTIAL)
+        if unfinished:
+            # Stopped part-way, it keeps its finished targets as checkpoints in the workspace, and the same
+            # command resumes from them: not done (no export.json), and not a failure. A partial cast it wrote
+            # (the finished targets only) is set aside so that no later step measures it as the model's cast.
+            rec["steps"]["export"]["why"] += "; the next sitting resumes it from its checkpoints"
+            save()
+            if cast.exists():
+                cast.replace(d / f"{model}.partial.cast")
+        elif rc == 0:
+            (d / f"{model}.partial.cast").unlink(missing_ok=True)  # an earlier sitting's, finished now
         if cast.exists():
             with host_bench_turn(out):
                 do("e2e", d / "e2e" / "bench_e2e.md",
@@ -425,7 +439,8 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compil
                    [py, "scripts/bench_compose.py", "--out", str(d / "compose"), "--model", config_path(model),
                     "--cast", str(cast), "--modes", ",".join(COMPOSE_MODES)], STEP_LIMIT_S["compose"])
         else:
-            why = _export_error(logf) or f"no cast ({_why(rec, 'export')}; see steps.log)"
+            why = (f"the export did not finish ({_why(rec, 'export')})" if unfinished else
+                   _export_error(logf) or f"no cast ({_why(rec, 'export')}; see steps.log)")
             for name in later[1:]:
                 not_run(name, why)
     if compile_ops:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -534,3 +535,57 @@ def test_sd35_mediums_long_export_waits_for_a_sitting_with_time_for_it(tmp_path,
     rec = json.loads((out / "sd35_medium" / rp.RECORD).read_text())
     assert rec["steps"]["export"]["status"] == "skipped"
     assert re.fullmatch(r"it needs about 240 s and the sitting's --deadline left \d+ s", rec["steps"]["export"]["why"])
+
+
+@pytest.mark.parametrize("stopped", ["timed out", "partial"])
+def test_an_export_stopped_part_way_is_resumed_by_the_next_sitting_not_taken_as_done(tmp_path, monkeypatch, stopped):
+    """The VAE's four-target export was cut by its 270 s limit after some targets and kept nothing (H200,
+    2026-12-02). An export now keeps its finished targets as checkpoints and may write a partial cast: the
+    sitting records it as unfinished and resumable, measures nothing on the partial cast, and the next sitting
+    runs the same export command again, which resumes; once it finishes, the steps after it run."""
+    rp = _reproduce_module()
+    out, calls = tmp_path / "out", []
+    d = out / "sd35_vae"
+    export_rc = [rp.TIMED_OUT if stopped == "timed out" else rp.PARTIAL]
+
+    def fake_step(name, done, argv, log_file, stdout=None, timeout=None):
+        what = name.split(" ", 1)[1]
+        calls.append((what, argv))
+        if what == "export":  # the finished targets' cast, also when stopped part-way
+            (d / "sd35_vae.cast").write_bytes(b"cast")
+            if export_rc[0]:
+                return export_rc[0]
+            stdout.write_text('{"out": "sd35_vae.cast"}')
+        elif what == "e2e":
+            (d / "e2e").mkdir()
+            (d / "e2e" / "bench_e2e.md").write_text("# bench_e2e\n")
+        elif what == "compose":
+            (d / "compose").mkdir()
+            (d / "compose" / "bench_compose.json").write_text(json.dumps({"modes": dict.fromkeys(rp.COMPOSE_MODES, {})}))
+        return 0
+
+    monkeypatch.setattr(rp, "step", fake_step)
+    monkeypatch.setattr(rp, "sitting", lambda: dict(FAKE_SITTING))
+    d.mkdir(parents=True)
+    (d / "run.json").write_text('{"status": "done"}')
+    rp.model_steps("sd35_vae", out, tmp_path / "ws", 60)
+    assert [what for what, _ in calls] == ["export"]  # nothing measured on a partial cast
+    first = calls[0][1]
+    rec = json.loads((d / rp.RECORD).read_text())
+    export = rec["steps"]["export"]
+    assert export["status"] == stopped and export["why"].endswith("; the next sitting resumes it from its checkpoints")
+    for name in ("e2e", "compose"):
+        assert rec["steps"][name]["status"] == "not run"
+        assert rec["steps"][name]["why"].startswith(f"the export did not finish ({stopped}: ")
+    assert not (d / "sd35_vae.cast").exists() and (d / "sd35_vae.partial.cast").exists()
+    assert not (d / "export.json").exists()
+    eager = rp.model_arms(d, "sd35_vae")[0]  # what the report's eager row says
+    assert eager["why"].startswith(f"not run: the export did not finish ({stopped}: ")
+
+    calls.clear()
+    export_rc[0] = 0
+    rp.model_steps("sd35_vae", out, tmp_path / "ws", 60)
+    assert [what for what, _ in calls] == ["export", "e2e", "compose"]
+    assert calls[0][1] == first  # the same command: it resumes from the workspace's checkpoints
+    assert json.loads((d / rp.RECORD).read_text())["steps"]["export"]["status"] == "ok"
+    assert (d / "sd35_vae.cast").exists() and not (d / "sd35_vae.partial.cast").exists()
