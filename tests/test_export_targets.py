@@ -261,3 +261,52 @@ def test_the_child_check_picks_its_rule_by_mode():
     for mode in ("default", "reduce-overhead", "max-autotune-no-cudagraphs"):
         assert not acceptance(mode)([0.99, 1.02]) and acceptance(mode)([1.01, 1.02])
     assert acceptance(None)([0.99, 1.02]) and not acceptance(None)([0.97, 0.99])
+
+
+def test_under_compile_a_pattern_card_and_the_op_variant_of_its_member_are_weighed_against_each_other(monkeypatch):
+    """Either can serve a GroupNorm followed by SiLU under torch.compile: the pattern card's fused kernel for
+    the chain, or the group_norm op variant with Inductor's code for the SiLU. The child measures the chosen
+    set without such pattern cards too, and the faster composition is kept (the hand-built group_norm cast of
+    the SD3.5 VAE gave 1.30x over torch.compile, the run's op variants and patterns together 1.257x)."""
+    from engine.export.e2e import composition_alternative, prefer_alternative
+    from engine.outcomes import faster_with_confidence
+
+    class C(V):
+        def __init__(self, vid, members):
+            super().__init__(vid)
+            self.card = {"card_id": vid, "op": "kforge::chain", "signature_text": "chain[native_group_norm silu]",
+                         "chain": {"kind": "pattern", "members": members, "ops": ["native_group_norm", "silu"]}}
+            self.confirmed = {"net_us": 1.0}
+
+    gn, other = V("gn"), V("other")
+    gn.card["card_id"], other.card["card_id"] = "card-gn", "card-other"
+    gn.confirmed, other.confirmed = {"net_us": 3.0}, {"net_us": 2.0}
+    kept = [C("pat", ["card-gn", "card-silu"]), C("lone", ["card-x", "card-silu"]), gn, other]
+    assert pkg.pattern_overlaps(kept) == {"pat": ["gn"]}
+    assert composition_alternative(["pat", "lone", "gn", "other"], {"pat": ["gn"]}) == ["lone", "gn", "other"]
+    assert composition_alternative(["pat", "lone", "other"], {"pat": ["gn"]}) is None  # its op variant is not in
+    chosen = {"variants": ["pat", "gn"], "speedup": 1.257, "speedup_ci": [1.249, 1.262]}
+    assert prefer_alternative(chosen, {"speedup": 1.30, "speedup_ci": [1.29, 1.31]}, faster_with_confidence)
+    assert not prefer_alternative(chosen, {"speedup": 1.26, "speedup_ci": [1.25, 1.27]}, faster_with_confidence)
+    assert not prefer_alternative(chosen, {"rejected": "all zeros", "speedup_ci": [1.3, 1.4]}, faster_with_confidence)
+
+    asked = {}
+
+    def run(cand, sets, config, small, graphs, tmp, target, overlaps=None):
+        asked[target] = overlaps
+        full = {"variants": sets[0], "speedup": 1.257, "speedup_ci": [1.249, 1.262]}
+        alt = {"variants": composition_alternative(sets[0], overlaps or {}), "speedup": 1.30,
+               "speedup_ci": [1.29, 1.31], "alternative": "without the pattern cards whose ops have op variants"}
+        return {"mode": target, "tried": [full, alt], "chosen": alt}
+
+    monkeypatch.setattr(pkg, "run_model_check", run)
+    monkeypatch.setattr(pkg, "package", lambda *a, **k: ({}, {}, ""))
+    monkeypatch.setattr(pkg, "write_cast", lambda *a, **k: b"")
+    lines, excluded = [], []
+    out = pkg._model_check(kept, {}, {"model": "vae"}, excluded, "cfg", True, "compile", lines.append)
+    assert asked == {"compile": {"pat": ["gn"]}}
+    assert {v.vid for v in out} == {"lone", "gn", "other"}
+    assert [e["card_id"] for e in excluded] == ["pat"]
+    assert excluded[0]["reason"] == ("whole-model check: the compiled model was faster without this pattern card, "
+                                     "its ops served by their op variants (1.300x against 1.257x with it)")
+    assert "(without the pattern cards whose ops have op variants): 1.300x" in lines[-1]

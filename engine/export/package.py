@@ -693,8 +693,10 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
         cand = Path(tmp) / "candidate.cast"
         manifest, files, report = package(kept, env, source)
         write_cast(cand, manifest, files, report)
+        overlaps = pattern_overlaps(kept) if target.startswith("compile") else {}
         try:
-            result = run_model_check(cand, sets, config, small, graphs, Path(tmp), target=target)
+            result = run_model_check(cand, sets, config, small, graphs, Path(tmp), target=target,
+                                     **({"overlaps": overlaps} if overlaps else {}))
         except JobError as e:  # the check itself broke (not: the model was slower): say so, keep the variants
             warn(f"{e}; the cast is written without a whole-model check")
             source["model_check"] = {"mode": "failed", "reason": str(e)}
@@ -726,7 +728,14 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
              "confirmation still holds)")
     keep_ids = set(chosen["variants"])
     for v in kept:
-        if v.vid not in keep_ids:
+        if v.vid not in keep_ids and chosen.get("alternative"):
+            full = next(t for t in tried if not t.get("alternative") and not t.get("rejected")
+                        and faster_with_confidence(t["speedup_ci"]))
+            excluded.append({"card_id": v.card["card_id"], "op": v.card["op"],
+                             "reason": f"whole-model check: the compiled model was faster without this pattern "
+                                       f"card, its ops served by their op variants ({chosen['speedup']:.3f}x "
+                                       f"against {full['speedup']:.3f}x with it)"})
+        elif v.vid not in keep_ids:
             first = ("the set with it was rejected" if tried[0].get("rejected") else
                      "the compiled model was not faster with it with confidence" if target.startswith("compile")
                      else "the model was slower with it")
@@ -734,7 +743,8 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
                              "reason": f"whole-model check: {first} ({summary[0]}); "
                                        f"kept the {len(keep_ids)} with the most net gain "
                                        f"({chosen['speedup']:.3f}x)"})
-    progress(f"whole-model check: kept {len(keep_ids)} of {len(kept)} variant(s): {chosen['speedup']:.3f}x "
+    progress(f"whole-model check: kept {len(keep_ids)} of {len(kept)} variant(s)"
+             + (f" ({chosen['alternative']})" if chosen.get("alternative") else "") + f": {chosen['speedup']:.3f}x "
              f"(95% CI {chosen['speedup_ci'][0]:.3f}-{chosen['speedup_ci'][1]:.3f})"
              + ("" if eager_bad else f"; output moved {chosen['rel_l2_err']:.1e} (relative L2)"
                 if chosen.get("rel_l2_err") is not None else ""))
@@ -742,6 +752,22 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
     if caveat:
         warn(caveat)
     return [v for v in kept if v.vid in keep_ids]
+
+
+def pattern_overlaps(kept: list[ExportVariant]) -> dict[str, list[str]]:
+    """Pattern variant -> the op variants (in `kept`) of its chain's member op cards: under torch.compile
+    either can serve those ops, and which composition is faster is measured (e2e.composition_alternative)."""
+    by_card: dict[str, list[str]] = {}
+    for v in kept:
+        if v.card["op"] != CHAIN_OP:
+            by_card.setdefault(v.card["card_id"], []).append(v.vid)
+    out = {}
+    for v in kept:
+        if _only_compiled(v.card):
+            ops = [vid for m in (_chain_of(v.card) or {}).get("members", []) for vid in by_card.get(m, [])]
+            if ops:
+                out[v.vid] = ops
+    return out
 
 
 def tried_summary(t: dict[str, Any]) -> str:
@@ -765,13 +791,15 @@ def not_faster_caveat(chosen: dict[str, Any], graphs: bool) -> str | None:
 
 
 def run_model_check(cast_path: Path, sets: list[list[str]], config: str, small: bool, graphs: bool, tmp: Path,
-                    timeout_s: float = 1800, target: str | None = None) -> dict[str, Any]:
+                    timeout_s: float = 1800, target: str | None = None,
+                    overlaps: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """`python -m engine.export.e2e` in a fresh process; its JSON result. `target` 'compile[:MODE]' checks
-    the model under torch.compile (`graphs` is then ignored)."""
+    the model under torch.compile (`graphs` is then ignored); `overlaps` (pattern variant -> op variants of
+    its member ops) lets it measure the chosen set without such pattern cards too (e2e.check)."""
     from engine.errors import JobError
 
     job, out = tmp / "subsets.json", tmp / "model_check.json"
-    job.write_text(json.dumps(sets))
+    job.write_text(json.dumps({"sets": sets, "overlaps": overlaps} if overlaps else sets))
     argv = [sys.executable, "-m", "engine.export.e2e", "--config", config, "--cast", str(cast_path),
             "--subsets", str(job), "--out", str(out)] + (["--small"] if small else []) + \
         (["--graphs"] if graphs and not (target or "").startswith("compile") else []) + \
