@@ -9,7 +9,6 @@ none is a measurement."""
 
 from __future__ import annotations
 
-import asyncio
 import shlex
 import signal
 import sqlite3
@@ -18,9 +17,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from cast_helpers import H200_ENV, group_norm_card, relu_card
+from cast_helpers import H200_ENV, relu_card
 from conftest import ROOT
-from test_export_record import EAGER, GRAPHS, RUN, SLOWER, _candidate, exports
+from test_export_record import (
+    EAGER,
+    GRAPHS,
+    RUN,
+    SLOWER,
+    build_workspace,
+    exports,
+    injected_check,
+    injected_confirm,
+)
 
 import engine.cast.compat
 import engine.cli
@@ -28,32 +36,12 @@ from engine.cast.format import read_cast
 from engine.errors import JobError
 from engine.export import package as pkg
 from engine.export.checkpoint import FOLDER
-from engine.store import Store, db_path
-
-
-def _build(ws: Path, config: Path) -> None:
-    """A workspace with one run of two cards (group norm, relu), each with a verified candidate faster with
-    confidence (the lane's numbers are made up)."""
-    ws.mkdir()
-    config.write_text("# the whole-model check is a stand-in; the exporter only needs the file to exist\n")
-    cards = [group_norm_card(), relu_card()]
-
-    async def build():
-        async with await Store.open(db_path(ws)) as s:
-            await s.save_capture({"id": "cap-x", "model": "toy", "device": "cuda", "dtype": "float16",
-                                  "config_path": str(config)}, cards, [])
-            await s.create_run("cap-x", "toy", "builtin", run_id=RUN, status="done")
-            for card in cards:
-                cid, _ = await s.add_candidate(RUN, card["card_id"], parent_id=None, proposer="builtin",
-                                               status="verified", best_us=5.0, speedup=1.5, **_candidate(card))
-                await s.update_candidate(cid, speedup_low=1.4, speedup_high=1.6, eager_us=7.5)
-    asyncio.run(build())
+from engine.store import db_path
 
 
 @pytest.fixture
 def ws(tmp_path):
-    _build(tmp_path / "ws", tmp_path / "toy.toml")
-    return tmp_path / "ws"
+    return build_workspace(tmp_path / "ws", tmp_path / "toy.toml")
 
 
 class Gpu:
@@ -67,22 +55,11 @@ class Gpu:
 
     def confirm(self, cast_path, samples, timing, tmp, timeout_s=1800):
         self.confirms += 1
-        return {"env": {"gpu": "stand-in (injected)"},
-                "variants": {v: {"ok": True, "speedup": 1.5, "speedup_ci": [1.4, 1.6], "net_us": 2.0 - i}
-                             for i, v in enumerate(samples)}}
+        return injected_confirm(samples)
 
     def check(self, cast_path, sets, config, small, graphs, tmp, timeout_s=1800, target=None):
         self.checks[target] = self.checks.get(target, 0) + 1
-        answer = self.model[target]
-        if isinstance(answer, BaseException):
-            raise answer
-        tried = []
-        for s in sets:
-            result = answer(s)
-            tried.append({"variants": s, **result})
-            if result["speedup_ci"][1] >= 1.0:
-                return {"mode": target, "tried": tried, "chosen": {"variants": s, **result}}
-        return {"mode": target, "tried": tried, "chosen": None}
+        return injected_check(self.model[target], target, sets)
 
 
 @pytest.fixture

@@ -41,11 +41,13 @@ def _candidate(card: dict) -> dict:
 
 @pytest.fixture
 def workspace(tmp_path):
-    """A workspace with one run of two cards, each with a verified candidate faster with confidence
-    (the lane's numbers are made up)."""
-    ws = tmp_path / "ws"
+    return build_workspace(tmp_path / "ws", tmp_path / "toy.toml")
+
+
+def build_workspace(ws: Path, config: Path) -> Path:
+    """A workspace with one run of two cards (group norm, relu), each with a verified candidate faster with
+    confidence (the lane's numbers are made up); `config` is the run's config (a stand-in file)."""
     ws.mkdir()
-    config = tmp_path / "toy.toml"
     config.write_text("# the whole-model check is injected; the exporter only needs the file to exist\n")
     cards = [group_norm_card(), relu_card()]
 
@@ -66,6 +68,27 @@ def vid(card: dict) -> str:
     return f"{pkg._short_op(card['op'])}-{card['card_id'][:8]}"
 
 
+def injected_confirm(samples: dict) -> dict:
+    """The fresh-process confirmation, injected: every variant kept, net gains in the order given."""
+    return {"env": {"gpu": "stand-in (injected)"},
+            "variants": {v: {"ok": True, "speedup": 1.5, "speedup_ci": [1.4, 1.6], "net_us": 2.0 - i}
+                         for i, v in enumerate(samples)}}
+
+
+def injected_check(answer, target: str, sets: list) -> dict:
+    """The whole-model check, injected: `answer(set)` is each set's result (or `answer` an exception to
+    raise); the first set that is not slower is chosen, as the check does."""
+    if isinstance(answer, BaseException):
+        raise answer
+    tried = []
+    for s in sets:
+        result = answer(s)
+        tried.append({"variants": s, **result})
+        if result["speedup_ci"][1] >= 1.0:
+            return {"mode": target, "tried": tried, "chosen": {"variants": s, **result}}
+    return {"mode": target, "tried": tried, "chosen": None}
+
+
 @pytest.fixture
 def no_gpu_steps(monkeypatch):
     """The two steps that need a GPU answer with injected results; `model` maps a target to what its
@@ -75,21 +98,10 @@ def no_gpu_steps(monkeypatch):
     monkeypatch.setattr(engine.cast.compat, "current_env", lambda: dict(H200_ENV))
 
     def confirm(cast_path, samples, timing, tmp, timeout_s=1800):
-        return {"env": {"gpu": "stand-in (injected)"},
-                "variants": {v: {"ok": True, "speedup": 1.5, "speedup_ci": [1.4, 1.6], "net_us": 2.0 - i}
-                             for i, v in enumerate(samples)}}
+        return injected_confirm(samples)
 
     def check(cast_path, sets, config, small, graphs, tmp, timeout_s=1800, target=None):
-        answer = model[target]
-        if isinstance(answer, BaseException):
-            raise answer
-        tried = []
-        for s in sets:
-            result = answer(s)
-            tried.append({"variants": s, **result})
-            if result["speedup_ci"][1] >= 1.0:
-                return {"mode": target, "tried": tried, "chosen": {"variants": s, **result}}
-        return {"mode": target, "tried": tried, "chosen": None}
+        return injected_check(model[target], target, sets)
 
     monkeypatch.setattr(pkg, "run_confirm", confirm)
     monkeypatch.setattr(pkg, "run_model_check", check)
