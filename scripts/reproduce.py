@@ -80,6 +80,9 @@ EXPORT_S_PER_COMPILE_TARGET = 90
 # 42 s alone and 27 s with a cast (H200, 2026-12-02), and each variant set tried compiles again and is timed
 # for up to 30 s; its compile target alone can take 3-5 minutes. Its export then has a sitting of its own.
 MODEL_EXPORT_S = {"sd35_medium": 480, "sd35_vae": 500}
+# An export keeps what it finished (its confirmation, each target's check) as checkpoints, and the same command
+# resumes from them: a sitting starts it when this much is left, enough for the confirmation and a first check.
+EXPORT_NEED_S = 150
 FULL_DEPTH = {"full_depth": True}  # the builder argument that builds a reference model's every layer
 FULL_DEPTH_STEP = "e2e full depth"  # bench_e2e --append of NAME@full_depth=true into the model's e2e/
 COMPOSE_MODES = ("default", "reduce-overhead")
@@ -413,7 +416,7 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compil
         rc = do("export", d / "export.json",
                 [py, "-m", "kforge_tui", "export", "--workspace", str(ws), "--out", str(d / f"{model}.cast"),
                  "--json", "--target", targets], export_limit, stdout=d / "export.json",
-                need=MODEL_EXPORT_S[model] / 2 if model in MODEL_EXPORT_S else 20)
+                need=min(EXPORT_NEED_S, export_limit))
         cast = d / f"{model}.cast"
         unfinished = rc in (TIMED_OUT, PARTIAL)
         if unfinished:
