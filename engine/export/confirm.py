@@ -92,6 +92,16 @@ def _check_and_time(check: Any, candidate: Any, timed_call: Any, flush: Any, cfg
     return timed
 
 
+def _suspended(run: Any) -> Any:
+    """`run` with every installed override passing its calls to the original kernels (eager's arm)."""
+    from engine.cast import runtime
+
+    def eager(b: Any) -> Any:
+        with runtime.suspended():
+            return run(b)
+    return eager
+
+
 def _confirm_chain(state: Any, v: dict[str, Any], paths: list[str], device: Any, flush: Any, cfg: Any,
                    gate_host: bool) -> dict[str, Any]:
     """A chain card's variant (module or pattern card): it has no public op, so its plan is called on the
@@ -102,6 +112,7 @@ def _confirm_chain(state: Any, v: dict[str, Any], paths: list[str], device: Any,
     from engine.bench.host import per_call_us
     from engine.capture.chains import run_chain
     from engine.capture.samples import load_sample
+    from engine.cast import runtime
     from engine.verify.pipeline import as_list, card_check
 
     r: dict[str, Any] = {"ok": False}
@@ -110,6 +121,10 @@ def _confirm_chain(state: Any, v: dict[str, Any], paths: list[str], device: Any,
     bound_sets = [load_sample(p, device).args for p in paths] or [synth_inputs(sig, device)]
     r["inputs"] = "captured samples" if paths else "synthesised from the signature"
     check = card_check(CHAIN_OP, sig, bound_sets, sync=torch.cuda.synchronize, fresh=1, edges=True)
+    # Eager for the card is the chain's ATen ops with no override: the cast under confirmation is installed,
+    # and its op variants would otherwise serve the chain's members (a GroupNorm -> SiLU card was checked and
+    # timed against the cast's own group_norm kernel plus eager's SiLU, 350 us where eager takes 3,787).
+    check.eager, check.reference64 = _suspended(check.eager), _suspended(check.reference64)
 
     def args_of(b: Any) -> list[Any]:
         d = dict(b)
@@ -133,7 +148,8 @@ def _confirm_chain(state: Any, v: dict[str, Any], paths: list[str], device: Any,
         return r
     inputs = args_of(timed.slot)
     cast_host = per_call_us(lambda: plan(inputs), n=200, rounds=3)
-    eager_host = per_call_us(lambda: run_chain(sig, inputs), n=200, rounds=3)
+    with runtime.suspended():
+        eager_host = per_call_us(lambda: run_chain(sig, inputs), n=200, rounds=3)
     saved, added = eager_us - ab.candidate.median, max(0.0, cast_host - eager_host)
     r.update(host_eager_us=eager_host, host_cast_us=cast_host, gpu_saved_us=saved, host_added_us=added,
              net_us=saved - added, router="python")
