@@ -32,7 +32,7 @@ def test_bad_target_is_one_line_exit_2(tmp_path):
 
 class V:
     def __init__(self, vid):
-        self.vid, self.card, self.targets = vid, {"card_id": vid, "op": "aten::relu"}, None
+        self.vid, self.card, self.targets, self.inductor = vid, {"card_id": vid, "op": "aten::relu"}, None, None
 
 
 def test_each_variant_keeps_the_targets_that_kept_it(monkeypatch):
@@ -310,3 +310,69 @@ def test_under_compile_a_pattern_card_and_the_op_variant_of_its_member_are_weigh
     assert excluded[0]["reason"] == ("whole-model check: the compiled model was faster without this pattern card, "
                                      "its ops served by their op variants (1.300x against 1.257x with it)")
     assert "(without the pattern cards whose ops have op variants): 1.300x" in lines[-1]
+
+
+def _vae_like_variants():
+    """Op and GroupNorm -> SiLU pattern variants with the run's references as the H200 measured them on the
+    SD3.5 VAE (2026-12-02f): torch.compile's fused chain was slower than our chain kernel on some shapes
+    (a: 308 vs 255 µs) and faster on others (b: 473 vs 496 µs, c: 26.0 vs 28.2 µs)."""
+    import json
+
+    def row(cid, calls, share, compile_us, members=None):
+        chain = json.dumps({"kind": "pattern", "members": members, "ops": ["native_group_norm", "silu"]}) \
+            if members else None
+        return {"card_id": cid, "op": "kforge::chain" if members else "aten::native_group_norm", "calls": calls,
+                "share": share, "compile_us": compile_us, "chain": chain, "signature_text": cid}
+
+    rows = [row("gn-a", 6, 0.23, 305.1), row("ch-a", 5, 0.20, 307.8, ["gn-a", "silu-a"]),
+            row("gn-b", 1, 0.078, 466.9), row("ch-b", 1, 0.082, 472.8, ["gn-b", "silu-b"]),
+            row("gn-c", 10, 0.022, 25.6), row("ch-c", 6, 0.015, 26.0, ["gn-c", "silu-c"])]
+    best = {"gn-a": 214.1, "ch-a": 255.1, "gn-b": 414.4, "ch-b": 496.0, "gn-c": 19.2, "ch-c": 28.2}
+    variants = []
+    for i, r in enumerate(rows):
+        v = pkg.ExportVariant(r, {"best_us": best[r["card_id"]]}, None, None, "sm_90")
+        v.confirmed = {"net_us": 100.0 - i}
+        variants.append(v)
+    return rows, variants
+
+
+def test_what_the_run_measured_says_which_variants_torch_compile_does_as_well():
+    rows, variants = _vae_like_variants()
+    got = pkg.inductor_as_fast(variants, rows)
+    assert got == {
+        "chain-ch-b": "torch.compile's code for the chain took 472.8 µs alone, the kernel 496.0 µs",
+        # all of its one call sits in that chain: Inductor's fused chain beats our op kernel + a separate SiLU
+        "native_group_norm-gn-b": "every call of it sits in a chain whose torch.compile code was as fast as our "
+                                  "fused kernel (torch.compile's code for the chain took 472.8 µs alone, the "
+                                  "kernel 496.0 µs)",
+        "chain-ch-c": "torch.compile's code for the chain took 26.0 µs alone, the kernel 28.2 µs",
+        # gn-c: 4 of its 10 calls are outside the chain, where our op kernel is the faster: it stays
+    }
+
+
+def test_under_compile_the_set_without_them_is_tried_first_and_says_why_it_left_them(monkeypatch):
+    rows, variants = _vae_like_variants()
+    for v, why in ((v, pkg.inductor_as_fast(variants, rows).get(v.vid)) for v in variants):
+        v.inductor = why
+    asked = {}
+
+    def run(cand, sets, config, small, graphs, tmp, target, overlaps=None):
+        asked[target] = sets
+        return {"mode": target, "tried": [{"variants": sets[0], "speedup": 1.31, "speedup_ci": [1.30, 1.32]}],
+                "chosen": {"variants": sets[0], "speedup": 1.31, "speedup_ci": [1.30, 1.32]}}
+
+    monkeypatch.setattr(pkg, "run_model_check", run)
+    monkeypatch.setattr(pkg, "package", lambda *a, **k: ({}, {}, ""))
+    monkeypatch.setattr(pkg, "write_cast", lambda *a, **k: b"")
+    excluded = []
+    kept = pkg._model_check(list(variants), {}, {"model": "vae"}, excluded, "cfg", True, "compile", lambda m: None)
+    first = ["chain-ch-a", "native_group_norm-gn-a", "native_group_norm-gn-c"]
+    assert sorted(asked["compile"][0]) == first and len(asked["compile"][1]) == 6  # then all of them
+    assert sorted(v.vid for v in kept) == first
+    assert {e["card_id"]: e["reason"] for e in excluded}["ch-b"] == (
+        "whole-model check: left to torch.compile's own code (torch.compile's code for the chain took 472.8 µs "
+        "alone, the kernel 496.0 µs); the compiled model was faster with confidence without it (1.310x)")
+    assert len(excluded) == 3
+    pkg._model_check(list(variants), {}, {"model": "vae"}, [], "cfg", True, "eager", lambda m: None)
+    assert sorted(asked["eager"][0]) == ["native_group_norm-gn-a", "native_group_norm-gn-b",
+                                         "native_group_norm-gn-c"]  # in eager torch.compile's code is not there

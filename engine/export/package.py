@@ -52,6 +52,7 @@ class ExportVariant:
     sanitizer: dict[str, Any] | None = None  # `export --sanitize`: the compute-sanitizer tools it passed
     targets: list[str] | None = None  # the targets (eager, cuda-graphs, compile…) whose whole-model check kept it
     extra_cubins: dict[str, bytes] = field(default_factory=dict)  # `export --also-arch`: compiled, not proven
+    inductor: str | None = None  # why the run's references say Inductor's own code is as fast in context
 
     @property
     def vid(self) -> str:
@@ -443,6 +444,9 @@ def _export_run(workspace: Path, run_id: str | None, out: Path, log: ExportLog, 
             excluded.append({"card_id": card["card_id"], "op": card["op"], "reason": f"the cast format: {why}"})
             continue
         variants.append(v)
+    as_fast = inductor_as_fast(variants, cards)
+    for v in variants:
+        v.inductor = as_fast.get(v.vid)
     checkpoints = Checkpoints(workspace / FOLDER, {"run": run["id"], "env": {
         k: env.get(k) for k in ("gpu", "arch", "torch", "cuda", "driver", "nvrtc")}, "kforge": source_digest()},
         fresh=fresh)
@@ -684,6 +688,11 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
                            f"export with --target compile (asked: {target})")
         kept = runs
     sets = subsets([(v.vid, (v.confirmed or {}).get("net_us")) for v in kept])
+    lead = [v.vid for v in kept if v.inductor is None]
+    if target.startswith("compile") and lead and len(lead) < len(kept):
+        # What the run measured says Inductor's own code is as fast for some variants in their context:
+        # the set without them is tried first (all of them after it, should it not be faster).
+        sets = [[vid for vid in sets[0] if vid in lead]] + sets
     graphs = target == "cuda-graphs"
     mode = {"eager": "eager forwards", "cuda-graphs": "CUDA-graph replays"}.get(
         target, f"compiled forwards (torch.compile, {target.partition(':')[2] or 'default'} mode)")
@@ -735,6 +744,12 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
                              "reason": f"whole-model check: the compiled model was faster without this pattern "
                                        f"card, its ops served by their op variants ({chosen['speedup']:.3f}x "
                                        f"against {full['speedup']:.3f}x with it)"})
+        elif v.vid not in keep_ids and v.inductor and chosen["variants"] == tried[0]["variants"] \
+                and target.startswith("compile"):
+            excluded.append({"card_id": v.card["card_id"], "op": v.card["op"],
+                             "reason": f"whole-model check: left to torch.compile's own code ({v.inductor}); "
+                                       f"the compiled model was faster with confidence without it "
+                                       f"({chosen['speedup']:.3f}x)"})
         elif v.vid not in keep_ids:
             first = ("the set with it was rejected" if tried[0].get("rejected") else
                      "the compiled model was not faster with it with confidence" if target.startswith("compile")
@@ -752,6 +767,41 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
     if caveat:
         warn(caveat)
     return [v for v in kept if v.vid in keep_ids]
+
+
+def inductor_as_fast(variants: list[ExportVariant], cards: list[dict[str, Any]]) -> dict[str, str]:
+    """The variants whose run measured Inductor's own code as fast in their context: {variant id: why}.
+    A pattern card whose chain, compiled alone by torch.compile (the run's `compile_us`), took no longer
+    than its kernel (the run's `best_us`); and an op variant every call of which sits in such chains (our
+    fused kernel moves less memory than our op kernel plus Inductor's separate pass for the rest of the
+    chain, so Inductor's fused chain is faster than that too). Under a torch.compile target the export
+    tries the set without them first (`_model_check`)."""
+    from types import SimpleNamespace
+
+    from engine.cards import chain_cover
+
+    rows = {c["card_id"]: c for c in cards}
+    as_fast: dict[str, str] = {}  # chain card id -> why
+    out: dict[str, str] = {}
+    for v in variants:
+        ref, mine = v.card.get("compile_us"), v.candidate.get("best_us")
+        if _only_compiled(v.card) and ref and mine and ref <= mine:
+            as_fast[v.card["card_id"]] = out[v.vid] = (
+                f"torch.compile's code for the chain took {ref:.1f} µs alone, the kernel {mine:.1f} µs")
+    if not as_fast:
+        return out
+    shared = [SimpleNamespace(card_id=c["card_id"], calls=c.get("calls") or 0, share=c.get("share") or 0.0,
+                              chain=_chain_of(c)) for c in rows.values()]
+    cover = chain_cover(shared)
+    for v in variants:
+        held = cover.get(v.card["card_id"], {})
+        share = rows.get(v.card["card_id"], {}).get("share") or 0.0
+        if v.card["op"] == CHAIN_OP or not held or share <= 0:
+            continue
+        if set(held) <= set(as_fast) and sum(held.values()) >= 0.999 * share:
+            out[v.vid] = ("every call of it sits in a chain whose torch.compile code was as fast as our fused "
+                          f"kernel ({as_fast[next(iter(held))]})")
+    return out
 
 
 def pattern_overlaps(kept: list[ExportVariant]) -> dict[str, list[str]]:
