@@ -189,3 +189,26 @@ def test_a_run_cut_short_by_its_wall_time_names_the_cards_it_never_reached(tmp_p
     by_id["rms"].in_flight = 1
     by_id["mul"].iterations = 1
     assert still_waiting(cards, "run-1", tmp_path, 480.0) is None
+
+
+def test_a_pattern_card_is_weighed_against_torch_compiles_code_for_its_chain():
+    """A pattern card serves only inside compiled graphs, where torch.compile's own code for its chain is the
+    alternative: on the H200 VAE (2026-12-02f) Inductor fused the 1024² GroupNorm → SiLU to 308 µs against
+    eager's 3,787 µs, so untried, that chain has about a tenth of the gain its eager time suggests and gives
+    way to a group_norm op card of a few % (which serves eager too). A module card keeps eager's measure."""
+    policy = SchedulePolicy()
+    chain = {"kind": "pattern", "members": ["gn", "silu"], "ops": ["native_group_norm", "silu"]}
+    pattern = OperatorCard("gn_silu", CHAIN, {"op": CHAIN, "args": [], "aliases": []}, calls=5, share=0.20,
+                           bytes=4096, eager_us=3787.0, roofline_us=132.5, compile_us=307.8, chain=chain)
+    gn = op("gn", "aten::native_group_norm", 6, 0.06, eager_us=932.8, roofline_us=39.2, compile_us=71.8)
+    cards = states([pattern, gn])
+    count_chains_once(cards)
+    by_id = {c.card_id: c for c in cards}
+    assert expected_gain(by_id["gn_silu"]) == pytest.approx(0.20 * (307.8 - 132.5) / 3787.0)
+    assert next_card(cards, policy, 50).card_id == "gn"
+    # Once our kernel beats torch.compile's, its own time is what is left to improve.
+    by_id["gn_silu"].record(255.1, policy)
+    assert expected_gain(by_id["gn_silu"]) == pytest.approx(0.20 * (255.1 - 132.5) / 3787.0)
+    # The same chain as a module card serves eager: eager's time is its measure.
+    module = CardState(dataclasses.replace(pattern, chain={**chain, "kind": "module"}), ["s0"])
+    assert expected_gain(module) == pytest.approx(0.20 * (1 - 132.5 / 3787.0))
