@@ -7,18 +7,22 @@ rich. Elsewhere (a log, a pipe, CI): one JSON line per progress event, never a r
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+PROGRESS_ENV = "KFORGE_PROGRESS"  # "1": progress lines on stderr even where it is not a terminal (a log)
+
 
 def stderr_progress() -> Callable[[str], None]:
-    """Progress lines on stderr when it is a terminal.
+    """Progress lines on stderr when it is a terminal, or when KFORGE_PROGRESS=1 asks for them in a log
+    (scripts/reproduce.py does: an export stopped by its time limit then says how far it got).
 
-    Redirected stderr gets only errors and warnings, so a failure is exactly one line there.
+    Otherwise redirected stderr gets only errors and warnings, so a failure is exactly one line there.
     """
-    if not sys.stderr.isatty():
+    if not sys.stderr.isatty() and os.environ.get(PROGRESS_ENV) != "1":
         return lambda msg: None
 
     def show(msg: str) -> None:

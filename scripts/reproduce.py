@@ -201,7 +201,9 @@ def step(name: str, done: Path | None, argv: list[str], log_file: Path, stdout: 
         out = open(partial, "w") if partial else err
         try:
             # Its own process group, so a time limit ends the step's children (lanes, compile workers) too.
-            proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=ROOT, start_new_session=True)
+            # KFORGE_PROGRESS: the steps' progress lines go to the log too (where an export spent its time).
+            proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=ROOT, start_new_session=True,
+                                    env={**os.environ, "KFORGE_PROGRESS": "1"})
             try:
                 rc = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:

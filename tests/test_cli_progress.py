@@ -202,3 +202,37 @@ def test_capture_on_a_terminal_moves_while_a_step_is_silent(tmp_path, monkeypatc
 def test_capture_off_a_terminal_keeps_stderr_for_errors(cli, tmp_path):
     code, out, err = cli("capture", MY_MODEL, "--small", "--device", "cpu", "--workspace", tmp_path)
     assert code == 0 and err == "" and "aten::" in out
+
+
+def test_progress_lines_reach_a_log_only_when_asked(monkeypatch, capsys):
+    """Off a terminal stderr keeps to errors (a failure is one line there), unless KFORGE_PROGRESS=1 asks
+    for progress lines in the log: reproduce.py does, so an export its time limit stopped (the SD3.5 VAE's,
+    H200 2026-12-02, after 270 s with nothing in its log) says how far it got."""
+    from engine.progress import PROGRESS_ENV, stderr_progress
+
+    monkeypatch.delenv(PROGRESS_ENV, raising=False)
+    stderr_progress()("confirming 13 variant(s) in a fresh process")
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv(PROGRESS_ENV, "1")
+    stderr_progress()("confirming 13 variant(s) in a fresh process")
+    assert capsys.readouterr().err == "kforge: confirming 13 variant(s) in a fresh process\n"
+
+
+def test_reproduce_asks_its_steps_for_progress_lines(tmp_path, monkeypatch):
+    import subprocess
+
+    from conftest import load_script
+
+    rp = load_script("reproduce")
+    seen = {}
+
+    class Proc:
+        def __init__(self, argv, **kw):
+            seen.update(kw.get("env") or {})
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", Proc)
+    assert rp.step("export", None, ["true"], tmp_path / "log") == 0
+    assert seen.get("KFORGE_PROGRESS") == "1"
