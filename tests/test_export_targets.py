@@ -376,3 +376,34 @@ def test_under_compile_the_set_without_them_is_tried_first_and_says_why_it_left_
     pkg._model_check(list(variants), {}, {"model": "vae"}, [], "cfg", True, "eager", lambda m: None)
     assert sorted(asked["eager"][0]) == ["native_group_norm-gn-a", "native_group_norm-gn-b",
                                          "native_group_norm-gn-c"]  # in eager torch.compile's code is not there
+
+
+def test_each_variant_left_out_is_told_by_the_step_that_left_it_out(monkeypatch):
+    """The set without the variants torch.compile does as well came first and was kept, then the set without
+    the pattern card overlapping an op variant was faster still: the first variants say they were left to
+    torch.compile's code, the pattern card that it was faster without it (before, every variant outside
+    the final set was told the second reason)."""
+    from engine.export.e2e import composition_alternative
+
+    rows, variants = _vae_like_variants()
+    for v, why in ((v, pkg.inductor_as_fast(variants, rows).get(v.vid)) for v in variants):
+        v.inductor = why
+
+    def run(cand, sets, config, small, graphs, tmp, target, overlaps=None):
+        lead = {"variants": sets[0], "speedup": 1.28, "speedup_ci": [1.27, 1.29]}
+        alt = {"variants": composition_alternative(sets[0], overlaps), "speedup": 1.31, "speedup_ci": [1.30, 1.32],
+               "alternative": "without the pattern cards whose ops have op variants in the set"}
+        return {"mode": target, "tried": [lead, alt], "chosen": alt}
+
+    monkeypatch.setattr(pkg, "run_model_check", run)
+    monkeypatch.setattr(pkg, "package", lambda *a, **k: ({}, {}, ""))
+    monkeypatch.setattr(pkg, "write_cast", lambda *a, **k: b"")
+    excluded = []
+    kept = pkg._model_check(list(variants), {}, {"model": "vae"}, excluded, "cfg", True, "compile", lambda m: None)
+    assert sorted(v.vid for v in kept) == ["native_group_norm-gn-a", "native_group_norm-gn-c"]
+    why = {e["card_id"]: e["reason"] for e in excluded}
+    assert why["ch-a"] == ("whole-model check: the compiled model was faster without this pattern card, its ops "
+                           "served by their op variants (1.310x against 1.280x with it)")
+    for cid in ("ch-b", "gn-b", "ch-c"):
+        assert why[cid].startswith("whole-model check: left to torch.compile's own code (")
+        assert why[cid].endswith("the compiled model was faster with confidence without it (1.280x)")

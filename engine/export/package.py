@@ -736,20 +736,22 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
         warn(f"whole-model check: {eager_caveat(eager_bad)} about the cast's correctness (each variant's own "
              "confirmation still holds)")
     keep_ids = set(chosen["variants"])
+    # The set the check chose before weighing pattern cards against op variants (e2e.check's alternative).
+    base = next(t for t in tried if not t.get("alternative") and not t.get("rejected")
+                and t["variants"] != chosen["variants"] and faster_with_confidence(t["speedup_ci"])) \
+        if chosen.get("alternative") else chosen
     for v in kept:
-        if v.vid not in keep_ids and chosen.get("alternative"):
-            full = next(t for t in tried if not t.get("alternative") and not t.get("rejected")
-                        and faster_with_confidence(t["speedup_ci"]))
+        if v.vid not in keep_ids and v.vid in base["variants"]:
             excluded.append({"card_id": v.card["card_id"], "op": v.card["op"],
                              "reason": f"whole-model check: the compiled model was faster without this pattern "
                                        f"card, its ops served by their op variants ({chosen['speedup']:.3f}x "
-                                       f"against {full['speedup']:.3f}x with it)"})
-        elif v.vid not in keep_ids and v.inductor and chosen["variants"] == tried[0]["variants"] \
+                                       f"against {base['speedup']:.3f}x with it)"})
+        elif v.vid not in keep_ids and v.inductor and base["variants"] == tried[0]["variants"] \
                 and target.startswith("compile"):
             excluded.append({"card_id": v.card["card_id"], "op": v.card["op"],
                              "reason": f"whole-model check: left to torch.compile's own code ({v.inductor}); "
                                        f"the compiled model was faster with confidence without it "
-                                       f"({chosen['speedup']:.3f}x)"})
+                                       f"({base['speedup']:.3f}x)"})
         elif v.vid not in keep_ids:
             first = ("the set with it was rejected" if tried[0].get("rejected") else
                      "the compiled model was not faster with it with confidence" if target.startswith("compile")
