@@ -100,8 +100,15 @@ inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); retu
 inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
 inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
-inline float __fdividef(float a, float b) { return a / b; }
-inline float __expf(float x) { return std::exp(x); }
+// The fast intrinsics as the hardware computes them (PTX ISA): __fdividef is a * rcp.approx(b), 0 for
+// 2^126 < |b| < 2^128; __expf is ex2.approx(x * log2 e), the product rounded to float first (its error grows
+// with |x|). rcp.approx and ex2.approx themselves err ~1 ulp; the exact functions stand in for them.
+inline float __fdividef(float a, float b) {
+  const float m = std::fabs(b);
+  if (m > 0x1p126f && m < INFINITY) return std::isinf(a) ? NAN : 0.0f * a;
+  return a * (1.0f / b);
+}
+inline float __expf(float x) { return std::exp2(float(x * 1.44269504088896341f)); }
 inline float emu_u2f(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline uint32_t emu_f2u(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 struct __half { uint16_t x; };

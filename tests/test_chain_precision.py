@@ -74,14 +74,14 @@ def _cuda_group_norm_silu(bound):
     return [mq, rq, torch.nn.functional.silu(y.float()).to(x.dtype)]
 
 
-def _emulated(cards, tmp_path, hw=None):
-    """Each card's template kernel (defaults for `hw`, else the H200), run on the CPU: a CardCheck candidate
-    per card."""
+def _emulated(cards, tmp_path, hw=None, params=None):
+    """Each card's template kernel (defaults for `hw`, else the H200, updated by `params`), run on the CPU:
+    a CardCheck candidate per card."""
     hw = hw or Hardware()
     prepared = []
     for name, card, t in cards:
         assert t.accepts(card) is None, f"{name}: {t.accepts(card)}"
-        r = t.render(card, t.default(card, hw=hw), hw=hw)
+        r = t.render(card, {**t.default(card, hw=hw), **(params or {})}, hw=hw)
         prepared.append((card, resolve(parse_spec(r.spec), Env.from_card(card.signature, card.outputs)), r.source))
     program = emu.build([(p[2], p[1]) for p in prepared], tmp_path)
 
@@ -117,23 +117,25 @@ def _gn_silu_check(card) -> CardCheck:
                      family=check.family, reference64=check.reference64, precision_factor=CHAIN_PRECISION_FACTOR)
 
 
-def test_the_group_norm_silu_stream_kernel_passes_it_too(tmp_path):
+@pytest.mark.parametrize("fn", ["fast", "precise"])
+def test_the_group_norm_silu_stream_kernel_passes_it_too(tmp_path, fn):
     # The one-launch stream kernel (tensors of more than half the L2: here a GPU with a 128 KB L2, and 80 KB
-    # groups in three tiles) with SiLU in its apply step, under the same check as the default kernels.
+    # groups in three tiles) with SiLU in its apply step, under the same check as the default kernels: with
+    # eager's formula and with the hardware exponential and division (emulated as the hardware rounds them).
     if not emu.available():
         pytest.skip("g++ is needed for the CUDA-on-CPU emulation")
     card = chain_cards(GroupNormSilu(), torch.randn(1, 8, 128, 160, dtype=BF))[0]
     t, hw = GroupNormSiluChainTemplate(), Hardware(l2_bytes=128 * 1024, clusters=False)
-    params = t.default(card, hw=hw)
+    params = {**t.default(card, hw=hw), "math": fn}
     assert params["strategy"] == "stream"
     source = t.render(card, params, hw=hw).source
-    assert "gn_stream" in source and "kf_silu" in source
+    assert "gn_stream" in source and ("kf_silu_fast(g_)" in source) == (fn == "fast")
     from engine.compile import compile_nvrtc
 
     for arch in ("sm_90", "sm_121"):  # the H200, the DGX Spark
         res = compile_nvrtc(source, arch=arch)
         assert res.ok and not res.warnings, (arch, res.summary())
-    (kernel,) = _emulated([("gn_silu stream", card, t)], tmp_path, hw=hw)
+    (kernel,) = _emulated([("gn_silu stream", card, t)], tmp_path, hw=hw, params={"math": fn})
     v = _gn_silu_check(card).check(kernel)
     assert v.ok, v.message
 
