@@ -160,3 +160,41 @@ def test_a_pattern_holding_an_op_the_cast_also_serves_alone_still_matches(tmp_pa
     finally:
         owner.remove()
         torch._dynamo.reset()
+
+
+def test_an_op_kept_for_a_pattern_card_of_a_size_no_op_variant_has(tmp_path, monkeypatch):
+    """Under static shapes the veto keeps an op whole only for the sizes the cast can serve: its op variants'
+    and its pattern cards' inputs. The op variant here is for 6 x 6 images, the GroupNorm -> SiLU card for
+    4 x 4: GroupNorm stays whole at 4 x 4 (for the pattern to match) and, with no pattern card, a size
+    nobody serves is decomposed by Inductor instead of running PyTorch's kernel through a guard miss."""
+    from test_cast_compile import ROUTE, CpuCast
+
+    from engine.cast import compose, runtime
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_GnSiluBlock(), _GnSiluBlock()).eval()
+    x = torch.randn(2, 8, 4, 4)
+    _, pats = _patterns(model, x)
+    gn_silu = next(p for p in pats if _heavy_ops(p)[:2] == ["native_group_norm", "silu"])
+    sig = chain_signature(gn_silu.instances[0])
+    norm = model[0].norm
+    owner = CpuCast("gn6").install([torch.randn(2, 8, 6, 6), norm.weight.detach(), norm.bias.detach(),
+                                    2, 8, 36, 4, 1e-5])
+    try:
+        for patterns, matches in (([(sig, Counting(sig))], 2), (None, 0)):
+            backend = compose.backend(owner, patterns=patterns)
+            torch._dynamo.reset()
+            with torch.no_grad():
+                want = model(x)  # eager: two guard misses
+                misses = runtime.routes()[ROUTE].misses
+                got = torch.compile(model, backend=backend, dynamic=False)(x)
+            torch.testing.assert_close(got, want)
+            assert sum(sum(m.values()) for m in backend.pattern_matches) == matches, backend.pattern_matches
+            assert patterns is not None or runtime.routes()[ROUTE].misses == misses  # no GroupNorm left in it
+            assert owner.hits == 0
+            if patterns is not None:
+                assert patterns[0][1].calls == 2
+    finally:
+        owner.remove()
+        torch._dynamo.reset()

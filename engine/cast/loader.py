@@ -99,6 +99,8 @@ class Cast:
         self._lock = threading.RLock()
         self._cpp_ops: list[str] = []  # ops this cast routes through the C++ router while installed
         self._cpp_targets: dict[str, list[frozenset[str] | None]] = {}  # per C++-routed op: its plans' targets
+        # per C++-routed op: its plans' first tensors (dtype, shape), for compose.covered_shapes
+        self._cpp_shapes: dict[str, list[tuple[Any, tuple | None]]] = {}
         self._cpp_kept: dict[str, dict[str, Any]] = {}  # C++ counters of routes since removed
         self._installed = False
         self._prepared = False
@@ -365,6 +367,7 @@ class Cast:
                     cpp_router.uninstall(ext, op, "CUDA")
                 self._cpp_ops = []
                 self._cpp_targets = {}
+                self._cpp_shapes = {}
                 for v in self.variants:
                     v.cpp = None
             self._installed = False
@@ -492,6 +495,7 @@ class Cast:
                 continue
             self._cpp_ops.append(op)
             self._cpp_targets[op] = [st.targets for st in states]
+            self._cpp_shapes[op] = [_first_tensor_desc(by_id[st.id]["signature"]) for st in states]
             for i, st in enumerate(states):
                 st.cpp = (op, i)
         return rest
@@ -566,6 +570,16 @@ def _chain_kernel_plan(v: dict[str, Any], image: bytes, device: Any, max_shared:
     n = len(names)
     layout = OpLayout(v["op"], names, ("tensor",) * n, (False,) * n, (None,) * n, (), False, n > 0, (False,) * n)
     return make_plan(v["id"], v, image, layout, device, max_shared)
+
+
+def _first_tensor_desc(signature: dict[str, Any]) -> tuple[Any, tuple | None]:
+    """(torch dtype, shape) of a variant signature's first argument, shape None when it is no tensor."""
+    import torch
+
+    from engine.cast.guard import first_shape
+
+    shape = first_shape(signature)
+    return (getattr(torch, signature["args"][0]["dtype"]) if shape is not None else None), shape
 
 
 def other_arch_only(cast_env: dict[str, Any], here: dict[str, Any]) -> bool:
