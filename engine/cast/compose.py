@@ -76,12 +76,9 @@ _MISSING = object()
 _DEVICE_OF_KEY = {"CPU": "cpu", "CUDA": "cuda"}
 
 
-def coverage(owner: object, target: str | None = None
-             ) -> dict[torch._ops.OpOverload, set[tuple[str, torch.dtype | None]]]:
-    """Per ATen overload that `owner` routes: the (device type, dtype) pairs of its variants (dtype None
-    where the key does not start with a tensor). Read from the installed routes, now. With `target`, only
-    variants that may run under it (no recorded targets, or `target` among them)."""
-    out: dict[torch._ops.OpOverload, set[tuple[str, torch.dtype | None]]] = {}
+def _owned_keys(owner: object, target: str | None) -> Iterator[tuple[Any, str, tuple | None]]:
+    """(op, device type, first tensor's key or None) of each installed guard-table entry of `owner` that may
+    run under `target` (no recorded targets, or `target` among them)."""
     for (_op, dispatch_key), route in runtime.routes().items():
         device = _DEVICE_OF_KEY.get(dispatch_key)
         if device is None:
@@ -93,8 +90,18 @@ def coverage(owner: object, target: str | None = None
             if target is not None and targets is not None and target not in targets:
                 continue
             first = key[0] if key else None
-            dtype = first[0] if isinstance(first, tuple) and len(first) == 7 else None
-            out.setdefault(route.op, set()).add((device, dtype))
+            ok = isinstance(first, tuple) and len(first) == 7 and isinstance(first[0], torch.dtype)
+            yield route.op, device, (first if ok else None)
+
+
+def coverage(owner: object, target: str | None = None
+             ) -> dict[torch._ops.OpOverload, set[tuple[str, torch.dtype | None]]]:
+    """Per ATen overload that `owner` routes: the (device type, dtype) pairs of its variants (dtype None
+    where the key does not start with a tensor). Read from the installed routes, now. With `target`, only
+    variants that may run under it (no recorded targets, or `target` among them)."""
+    out: dict[torch._ops.OpOverload, set[tuple[str, torch.dtype | None]]] = {}
+    for op, device, first in _owned_keys(owner, target):
+        out.setdefault(op, set()).add((device, first[0] if first is not None else None))
     cpp_targets = getattr(owner, "_cpp_targets", None) or {}
     for op_name in _cpp_ops(owner):  # routed by the C++ router at the CUDA key: any dtype it was given
         plans = cpp_targets.get(op_name, [None])
@@ -119,19 +126,8 @@ def covered_shapes(owner: object, target: str | None = None, patterns: Any = Non
         elif out.setdefault(op, set()) is not None:
             out[op].add(item)
 
-    for (_op, dispatch_key), route in runtime.routes().items():
-        device = _DEVICE_OF_KEY.get(dispatch_key)
-        if device is None:
-            continue
-        for key, who in list(route.owners.items()):
-            if who is not owner:
-                continue
-            targets = getattr(route.table.get(key), "targets", None)
-            if target is not None and targets is not None and target not in targets:
-                continue
-            first = key[0] if key else None
-            ok = isinstance(first, tuple) and len(first) == 7 and isinstance(first[0], torch.dtype)
-            add(route.op, (device, first[0], tuple(first[1])) if ok else None)
+    for op, device, first in _owned_keys(owner, target):
+        add(op, (device, first[0], tuple(first[1])) if first is not None else None)
     cpp_shapes = getattr(owner, "_cpp_shapes", None) or {}
     cpp_targets = getattr(owner, "_cpp_targets", None) or {}
     for op_name in _cpp_ops(owner):
