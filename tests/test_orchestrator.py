@@ -155,6 +155,28 @@ async def test_wall_time_and_token_budgets_stop_the_run_cleanly():
     assert o2.totals.tokens_in + o2.totals.tokens_out >= 10_000
 
 
+async def test_a_wall_time_run_starts_no_task_it_cannot_finish_in_time():
+    """Four tasks in flight queue on one lane: started up to the last moment, they ran past the wall time by up to
+    four evaluations (the SD3.5 VAE's 480 s run was still evaluating at 494 s and was killed). Virtual time: each
+    evaluation takes 5 units of the orchestrator's clock."""
+    t = [0.0]
+
+    class VirtualLane(StandInLane):
+        async def __call__(self, card, proposal):
+            async with self.busy:
+                await asyncio.sleep(0)
+                t[0] += 5.0
+            return await StandInLane(0.0)(card, proposal)
+
+    rec = MemoryRecorder()
+    o = orchestrator([card("a"), card("b", 0.2)], ScriptedProposer(0.0), VirtualLane(), rec, max_proposals=4,
+                     budgets=Budgets(iterations_per_card=1000, wall_s=100.0), clock=lambda: t[0])
+    assert await o.run() == "wall_time"
+    assert 15 <= o.totals.evaluations <= 20, o.totals.evaluations  # the lane was kept busy to the end
+    assert t[0] <= 100.0 + 5.0, f"the search ended at {t[0]} for a wall time of 100"
+    assert all(s in ("verified", "rejected") for s in rec.candidates.values()), "in-flight work was finished"
+
+
 async def test_control_rows_pause_resume_stop_and_prioritize():
     rec = MemoryRecorder()
     cards = [card("big", share=0.5), card("small", share=0.05)]

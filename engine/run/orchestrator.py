@@ -173,6 +173,9 @@ class Orchestrator:
         self._answered = False      # some proposal came back from the provider (answered or declined)
         self._provider_failures = 0  # proposals that failed in the provider call
         self._tasks: set[asyncio.Task] = set()
+        # How long the search's tasks (a proposal and its evaluation, queueing for a lane included) took:
+        # under a wall time, a task is started only while the time left could hold one more.
+        self._task_s: list[float] = []
         self._work: set[asyncio.Future] = set()  # proposer calls and evaluations in flight
         self._wake = asyncio.Event()
 
@@ -254,9 +257,12 @@ class Orchestrator:
             self.stopped_by = self.stopped_by or self._budget_exhausted(start)
             if self.stopped_by:
                 break
-            launched = False
+            launched = held = False
             if not self.paused:
                 while len(self._tasks) < self.max_proposals:
+                    if self._no_time_for_another(start):
+                        held = True  # what is in flight finishes by the wall time; nothing new would
+                        break
                     job = self._next_job()
                     if job is None:
                         break
@@ -264,10 +270,11 @@ class Orchestrator:
                     node_id = self.new_id()
                     self.trees[card.ref.card_id].add(node_id, parent)
                     card.in_flight += 1
-                    self._spawn(self._propose_and_evaluate(card, node_id, parent))
+                    self._spawn(self._propose_and_evaluate(card, node_id, parent), timed=True)
                     launched = True
             if not self._tasks and not launched and not self.paused:
-                self.stopped_by = "iterations"  # nothing in flight and nothing left to start
+                # Nothing in flight and nothing left to start (or no time left to start it).
+                self.stopped_by = "wall_time" if held else "iterations"
                 break
             self._wake.clear()
             try:
@@ -287,12 +294,15 @@ class Orchestrator:
         await self.recorder.event("run_finished", {"stopped_by": self.stopped_by, **self.totals.__dict__})
         return self.stopped_by
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro, timed: bool = False) -> None:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
+        t0 = self.clock()
 
         def done(t: asyncio.Task) -> None:
             self._tasks.discard(t)
+            if timed and not t.cancelled():
+                self._task_s.append(self.clock() - t0)
             self._wake.set()
         task.add_done_callback(done)
 
@@ -308,6 +318,18 @@ class Orchestrator:
             if parent is not None:
                 return card, parent
             blocked.append(card)  # waiting on its in-flight work; try the next card
+
+    def _no_time_for_another(self, start: float) -> bool:
+        """Under a wall time: True when a task started now would likely end after it.
+
+        A task's time is the median of the last few (they include the wait for a lane behind the other tasks
+        in flight, so the estimate holds at the concurrency the search runs at). Without this, the search
+        started work up to the last second and its in-flight tasks, queued on one lane, ran past the wall time
+        by up to max_proposals evaluations (the SD3.5 VAE: 4 x ~6 s past a 480 s limit)."""
+        if self.budgets.wall_s is None or not self._task_s:
+            return False
+        recent = sorted(self._task_s[-8:])
+        return self.budgets.wall_s - (self.clock() - start) < recent[len(recent) // 2]
 
     def _budget_exhausted(self, start: float) -> str | None:
         b = self.budgets
