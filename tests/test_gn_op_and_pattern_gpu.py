@@ -65,7 +65,11 @@ def test_op_variant_and_pattern_cards_of_one_op_both_run_under_compile(cli, caps
     assert {"aten::native_group_norm", "kforge::chain"} <= won, doc["cards"]
 
     cast_file = tmp_path / "gn.cast"
-    code, out, err = cli("export", "--out", cast_file, "--workspace", ws, "--json", "--target", "eager,compile")
+    # Without the whole-model check: it measures which set serves the model best, and on this stack it may keep
+    # the op variant alone (the composition alternative); this test is about the mechanism, so every
+    # confirmed variant goes in.
+    code, out, err = cli("export", "--out", cast_file, "--workspace", ws, "--json", "--target", "eager,compile",
+                         "--no-model-check")
     assert code == 0, err
     variants = read_cast(cast_file).manifest["variants"]
     with capsys.disabled():
