@@ -494,3 +494,25 @@ def test_routes_kept_for_reuse_hold_neither_the_model_nor_the_cast(tmp_path):
     gc.collect()
     assert gone() is None, "a route kept for reuse holds its cast alive"
     assert all(r.owner is None for r in modules._ROUTES.get(m.layers[0].norm1, []))
+
+
+def test_the_model_check_names_the_variants_that_never_ran_in_the_forward(model, cast):
+    """export's whole-model check records, per variant set, what ran in one forward: a set no faster than a
+    smaller one often holds variants whose guard never matched (here: proven for a shape the model never
+    runs), and the check's summary says which instead of leaving it to guesswork."""
+    import copy
+
+    from engine.export.e2e import ran_in_forward
+    from engine.export.package import tried_summary
+
+    wide = copy.deepcopy(SIG)
+    wide["args"][0].update(shape=[2, 7, 32], stride=[224, 32, 1])
+    c = cast(variants=[_variant(), _variant("rms_7", signature=wide)],
+             plans={"rms": Counting(), "rms_7": Counting(wide)})
+    with c.enabled(model), torch.no_grad():
+        c.reset_stats()
+        model(torch.randn(*X, dtype=torch.bfloat16))
+    ran = ran_in_forward(c.stats(), ["rms", "rms_7"])
+    assert ran == {"hits_per_forward": {"rms": 3}, "never_ran": ["rms_7"]}
+    line = tried_summary({"variants": ["rms", "rms_7"], "speedup": 1.02, "speedup_ci": [1.01, 1.03], **ran})
+    assert line == "2 variant(s): 1.020x (95% CI 1.010-1.030); 1 never ran in the forward (rms_7)"

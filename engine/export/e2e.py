@@ -108,7 +108,7 @@ def eager_caveat(reason: str) -> str:
 
 
 def choose_set(sets: Sequence[Sequence[str]], eager_out: Any,
-               run_set: Callable[[list[str]], tuple[Any, Callable[[], dict[str, Any]]]],
+               run_set: Callable[[list[str]], tuple],
                accept: Callable[[Sequence[float]], bool] = not_slower) -> tuple[list, Any]:
     """Try each set in order: `run_set(ids)` gives the model's output with that set and a function that
     times it (called only when the output may stand). A set whose output is rejected is recorded with
@@ -116,20 +116,34 @@ def choose_set(sets: Sequence[Sequence[str]], eager_out: Any,
     not slower) is chosen. Returns (tried, chosen or None)."""
     tried: list[dict[str, Any]] = []
     for ids in sets:
-        cast_out, time_it = run_set(list(ids))
+        got = run_set(list(ids))  # (output, timer) or (output, timer, facts to record: which variants ran)
+        cast_out, time_it = got[0], got[1]
         ok, note = judge_output(eager_out, cast_out)
         # How far the model's output moves with the cast (each kernel passed its op's tolerance; the
         # drift through the whole model is recorded for the report, not judged here).
-        r: dict[str, Any] = {"variants": list(ids), "rel_l2_err": rel_l2_err(cast_out, eager_out)}
+        r: dict[str, Any] = {"variants": list(ids), "rel_l2_err": rel_l2_err(cast_out, eager_out),
+                             **(got[2] if len(got) > 2 else {})}
         if ok:
             r.update(time_it(), **({"output_note": note} if note else {}))
         else:
             r["rejected"] = note
-        del cast_out, time_it  # a set's CUDA graph goes before the next set captures its own
+        del cast_out, time_it, got  # a set's CUDA graph goes before the next set captures its own
         tried.append(r)
         if ok and accept(r["speedup_ci"]):
             return tried, r
     return tried, None
+
+
+def ran_in_forward(stats: dict[str, Any], ids: Sequence[str]) -> dict[str, Any]:
+    """From a cast's stats over one forward: hits per variant of the set, and the variants that never ran in it
+    (a guard that never matched, a pattern Inductor's graph never held). A set whose speedup is no better than
+    a smaller one's often has variants that never ran: this says so instead of leaving it to guesswork."""
+    hits = {v["id"]: int(v.get("hits") or 0) for v in stats.get("variants", []) if v["id"] in set(ids)}
+    out: dict[str, Any] = {"hits_per_forward": {k: n for k, n in hits.items() if n},
+                           "never_ran": [i for i in ids if not hits.get(i)]}
+    if stats.get("pattern_matches"):
+        out["pattern_matches"] = dict(stats["pattern_matches"])
+    return out
 
 
 def composition_alternative(ids: Sequence[str], overlaps: dict[str, Sequence[str]]) -> list[str] | None:
@@ -210,13 +224,15 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
             iters = auto_iters(sorted(time_forward(base) for _ in range(3))[1])
         eager_graph = capture_graph(forward)[0] if graphs else None
 
-        def run_set(ids: list[str]) -> tuple[Any, Callable[[], dict[str, Any]]]:
+        def run_set(ids: list[str]) -> tuple[Any, Callable[[], dict[str, Any]], dict[str, Any]]:
             cast = load(cast_path, only=set(ids))
             with cast.enabled(model):  # the model too: its module cards are patched only when it is named
                 fast = cast.compile(forward, **compile_kw) if compile_mode is not None else forward
                 for _ in range(3):
                     fast()
+                cast.reset_stats()
                 cast_out = output_tensor(fast()).double()
+                ran = ran_in_forward(cast.stats(), ids)
                 cast_graph = capture_graph(forward)[0] if graphs else None
 
             def time_it() -> dict[str, Any]:
@@ -242,7 +258,7 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
                         "base": "torch.compile" if compile_mode is not None else "eager",
                         "precise": settled((est.low, est.high), precision)}
 
-            return cast_out, time_it
+            return cast_out, time_it, ran
 
         accept = acceptance(compile_mode)
         tried, chosen = choose_set(sets, eager_out, run_set, accept)

@@ -826,8 +826,11 @@ def tried_summary(t: dict[str, Any]) -> str:
     """One variant set's outcome in the whole-model check, for messages and exclusion reasons."""
     if t.get("rejected"):
         return f"{len(t['variants'])} variant(s): {t['rejected']}"
+    idle = t.get("never_ran") or []
     return (f"{len(t['variants'])} variant(s): {t['speedup']:.3f}x "
-            f"(95% CI {t['speedup_ci'][0]:.3f}-{t['speedup_ci'][1]:.3f})")
+            f"(95% CI {t['speedup_ci'][0]:.3f}-{t['speedup_ci'][1]:.3f})"
+            + (f"; {len(idle)} never ran in the forward ({', '.join(idle[:4])}{', …' if len(idle) > 4 else ''})"
+               if idle else ""))
 
 
 def not_faster_caveat(chosen: dict[str, Any], graphs: bool) -> str | None:
