@@ -163,10 +163,10 @@ def test_a_pattern_holding_an_op_the_cast_also_serves_alone_still_matches(tmp_pa
 
 
 def test_an_op_kept_for_a_pattern_card_of_a_size_no_op_variant_has(tmp_path, monkeypatch):
-    """Under static shapes the veto keeps an op whole only for the sizes the cast can serve: its op variants'
-    and its pattern cards' inputs. The op variant here is for 6 x 6 images, the GroupNorm -> SiLU card for
-    4 x 4: GroupNorm stays whole at 4 x 4 (for the pattern to match) and, with no pattern card, a size
-    nobody serves is decomposed by Inductor instead of running PyTorch's kernel through a guard miss."""
+    """Under static shapes the veto keeps an op whole only for the sizes its op variants serve. The op variant
+    here is for 6 x 6 images, the GroupNorm -> SiLU card for 4 x 4: GroupNorm is decomposed at 4 x 4 and the
+    pattern, traced under the same veto, matches the decomposition; with no pattern card, a size nobody
+    serves is decomposed by Inductor instead of running PyTorch's kernel through a guard miss."""
     from test_cast_compile import ROUTE, CpuCast
 
     from engine.cast import compose, runtime
@@ -195,6 +195,57 @@ def test_an_op_kept_for_a_pattern_card_of_a_size_no_op_variant_has(tmp_path, mon
             assert owner.hits == 0
             if patterns is not None:
                 assert patterns[0][1].calls == 2
+    finally:
+        owner.remove()
+        torch._dynamo.reset()
+
+
+class _LoneNorm(torch.nn.Module):
+    """A GroupNorm no SiLU follows (the VAE's attention norm): the GroupNorm -> SiLU pattern never matches it."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.GroupNorm(4, 8)
+
+    def forward(self, x):
+        return self.norm(x) * 2
+
+
+def test_a_size_only_a_pattern_card_has_is_left_to_inductor_where_the_pattern_does_not_match(tmp_path, monkeypatch):
+    """The op variant is for 6 x 6, the GroupNorm -> SiLU card for 4 x 4, and the model also has a GroupNorm at
+    4 x 4 that no SiLU follows. Kept whole at 4 x 4 for the pattern's sake, that lone GroupNorm could only miss
+    the guard and run PyTorch's kernel inside the compiled graph (on the GPU, 10-20x slower than Inductor's
+    code). A size only pattern cards have is decomposed like any other: the pattern, traced under the same veto,
+    matches the decomposed chain, and the lone GroupNorm is Inductor's."""
+    from test_cast_compile import ROUTE, CpuCast
+
+    from engine.cast import compose, runtime
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_GnSiluBlock(), _LoneNorm(), _GnSiluBlock()).eval()
+    x = torch.randn(2, 8, 4, 4)
+    _, pats = _patterns(model, x)
+    gn_silu = next(p for p in pats if _heavy_ops(p)[:2] == ["native_group_norm", "silu"])
+    sig = chain_signature(gn_silu.instances[0])
+    norm = model[0].norm
+    owner = CpuCast("gn6").install([torch.randn(2, 8, 6, 6), norm.weight.detach(), norm.bias.detach(),
+                                    2, 8, 36, 4, 1e-5])
+    plan = Counting(sig)
+    try:
+        backend = compose.backend(owner, patterns=[(sig, plan)])
+        torch._dynamo.reset()
+        with torch.no_grad():
+            want = model(x)
+            misses = runtime.routes()[ROUTE].misses
+            got = torch.compile(model, backend=backend, dynamic=False)(x)
+        torch.testing.assert_close(got, want)
+        assert sum(sum(m.values()) for m in backend.pattern_matches) == 2, backend.pattern_matches
+        assert plan.calls == 2  # both GroupNorm -> SiLU ran the card's variant
+        # The counting plan computes with eager ops, its GroupNorm a guard miss each; any other miss is a
+        # GroupNorm the compiled graph kept whole (before the fix: the lone one, once per forward).
+        assert runtime.routes()[ROUTE].misses - misses == plan.calls, "a GroupNorm was kept whole and missed"
+        assert owner.hits == 0
     finally:
         owner.remove()
         torch._dynamo.reset()

@@ -25,7 +25,10 @@ options=…)` otherwise):
    decides per call (a miss runs PyTorch's kernel). Sizes: where the first tensor's sizes are concrete
    (static shapes) and no variant or pattern card of the cast has them (`covered_shapes`), the call is
    decomposed as Inductor would: kept, it could only miss, and PyTorch's kernel can be many times slower
-   than Inductor's code. Symbolic sizes (dynamic shapes) are never compared: the op is kept.
+   than Inductor's code. Symbolic sizes (dynamic shapes) are never compared: the op is kept. Only op
+   variants count: a size that only pattern cards have is decomposed too, and their patterns, traced under
+   the same veto, hold the decomposition there (a call the pattern does not match, such as a GroupNorm no
+   SiLU follows, is then Inductor's code, not a guard miss).
 2. The op is registered with `make_fallback(op, layout_constraint=constrain_to_fx_strides,
    override_decomp=True)`, so Inductor passes the strides eager would (the guard keys on strides).
 3. Only variants proven for the mode's target (`compile`, `compile:MODE`; a variant without recorded targets:
@@ -113,11 +116,15 @@ def coverage(owner: object, target: str | None = None
 Shapes = "dict[torch._ops.OpOverload, frozenset[tuple[str, torch.dtype, tuple[int, ...]]] | None]"
 
 
-def covered_shapes(owner: object, target: str | None = None, patterns: Any = None) -> Shapes:
+def covered_shapes(owner: object, target: str | None = None) -> Shapes:
     """Per ATen overload `owner` routes: every (device type, dtype, shape) its first tensor has in a variant
-    that may run under `target` (as `coverage`), and in the inputs of a pattern card whose chain holds the
-    op (the pattern is traced with the op kept, and matches only where the graph keeps it); None where
-    some variant's key has no first-tensor shape or its router does not say (then no shape is ruled out)."""
+    that may run under `target` (as `coverage`); None where some variant's key has no first-tensor shape or
+    its router does not say (then no shape is ruled out).
+
+    Pattern cards add no sizes. They once did (their patterns were traced with the op kept, so the graph had
+    to keep it): the SD3.5 VAE's GroupNorms that no SiLU follows then ran PyTorch's kernel through a guard
+    miss wherever only a GroupNorm -> SiLU card had their size. Patterns are traced under the veto itself
+    (`PatternSet.prepare`), so they hold the op exactly where the graph does."""
     out: dict[Any, set | None] = {}
 
     def add(op: Any, item: tuple | None) -> None:
@@ -139,17 +146,6 @@ def covered_shapes(owner: object, target: str | None = None, patterns: Any = Non
         for (dtype, shape), t in zip(shapes, cpp_targets.get(op_name, [None] * len(shapes))):
             if target is None or t is None or target in t:
                 add(op, None if shape is None else ("cuda", dtype, tuple(shape)))
-    for card in getattr(patterns, "cards", None) or []:
-        sig = card.signature
-        items = [(a.get("device", "cuda"), getattr(torch, a["dtype"]), tuple(a["shape"])) for a in sig["args"]
-                 if a.get("kind") == "tensor" and not a.get("absent") and a.get("shape") is not None]
-        for n in sig.get("chain", {}).get("nodes", []):
-            try:
-                op = resolve_op(n["op"])
-            except Exception:  # noqa: BLE001 - a member op this torch lacks: its pattern cannot match either
-                continue
-            for item in items:
-                add(op, item)
     return {op: (None if v is None else frozenset(v)) for op, v in out.items()}
 
 
@@ -248,13 +244,14 @@ class CastCacheKey:
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         if self.patterns is not None and self.patterns.built and self.apply_patterns:
-            self.matches.append(self.patterns.apply(graph, self.target, self.vetoed))
+            self.matches.append(self.patterns.apply(graph, self.target, (self.vetoed, self.shapes)))
         if self.previous is not None:
             self.previous(graph)
 
     def uuid(self) -> Any:
         prev = self.previous.uuid() if hasattr(self.previous, "uuid") else None
-        pats = (self.patterns.uuid(self.vetoed), self.apply_patterns) if self.patterns is not None else None
+        pats = (self.patterns.uuid((self.vetoed, self.shapes)), self.apply_patterns) \
+            if self.patterns is not None else None
         return ("kforge-cast", self.digest, self.vetoed, self.shapes, pats, self.target, prev)
 
 
@@ -281,7 +278,7 @@ def inductor_state(owner: object, digest: str, previous_pass: Any = None,
 
     with _COMPILE_LOCK:
         cov = coverage(owner, target)
-        shapes = covered_shapes(owner, target, patterns if apply_patterns else None)
+        shapes = covered_shapes(owner, target)
         ops = [op for op in cov if op in D.decompositions]
         saved = {op: (D.decompositions[op], L.lowerings.get(op, _MISSING), op in L.fallbacks,
                       op in L.needs_realized_inputs, L._maybe_layout_constraints.get(op, _MISSING))
@@ -294,9 +291,12 @@ def inductor_state(owner: object, digest: str, previous_pass: Any = None,
                 D.decompositions[op] = _veto(saved[op][0], frozenset(cov[op]), shapes.get(op))
                 L.make_fallback(op, layout_constraint=L.constrain_to_fx_strides, override_decomp=True)
             D.fast_random_decomps.cache_clear()  # functools.cache over `decompositions`
-            # A chain holding a vetoed op is matched by a pattern traced with the op kept: traced here, under
-            # the veto (patterns.PatternSet.prepare), once per set of vetoed ops.
-            active = patterns.prepare(vetoed, ops) if patterns is not None and apply_patterns else patterns
+            # A chain holding a vetoed op is traced again here, under the veto (patterns.PatternSet.prepare),
+            # once per set of vetoed ops and sizes: its pattern holds the op where the veto keeps it (a size an
+            # op variant has) and its decomposition elsewhere, as the compiled graph will.
+            skey = _shapes_key({op: shapes.get(op) for op in ops})
+            active = patterns.prepare((vetoed, skey), ops) if patterns is not None and apply_patterns \
+                else patterns
             # The pattern ops are fallbacks passed eager's strides (their guard keys on strides); registered
             # here and removed after, like the vetoed ops (Inductor would otherwise add them for good).
             chain_ops = [op for op in (active.ops() if active is not None else []) if op not in D.decompositions]
@@ -304,8 +304,7 @@ def inductor_state(owner: object, digest: str, previous_pass: Any = None,
                               L._maybe_layout_constraints.get(op, _MISSING)) for op in chain_ops})
             for op in chain_ops:
                 L.make_fallback(op, layout_constraint=L.constrain_to_fx_strides, warn=False)
-            key = _key_pass(digest, vetoed, prev, patterns, apply_patterns, target,
-                            _shapes_key({op: shapes.get(op) for op in ops}))
+            key = _key_pass(digest, vetoed, prev, patterns, apply_patterns, target, skey)
             with config.patch(post_grad_custom_post_pass=key):
                 try:
                     yield vetoed

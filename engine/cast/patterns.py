@@ -47,8 +47,9 @@ _OPS: dict[str, Any] = {}          # op name -> the custom op (registered once p
 _TABLES: dict[str, PatternOp] = {}
 _LOCK = threading.Lock()
 # How patterns are traced; part of Inductor's cache keys, so a graph rewritten by an older tracing is never
-# served again (2: chains holding an op the cast keeps out of the decompositions are traced with it kept).
-PATTERN_TRACE = 2
+# served again (2: chains holding an op the cast keeps out of the decompositions are traced with it kept;
+# 3: kept only at the sizes the veto keeps it, those of the cast's op variants).
+PATTERN_TRACE = 3
 MISS_KEYS = 4                      # distinct inputs of missed calls kept per pattern op, to explain misses
 MAX_OUTPUT_SUBSETS = 8             # a chain with more outputs gets patterns for its full set and singles only
 _RANDOM_OPS = ("rand", "dropout", "bernoulli", "normal", "multinomial", "uniform", "exponential")
@@ -182,11 +183,14 @@ class PatternSet:
 
     def prepare(self, vetoed: tuple, kept_ops: Sequence[Any]) -> PatternSet:
         """The patterns to apply while the ops `kept_ops` are kept whole in the graph (the cast serves them as
-        op variants; `vetoed` is compose's record of them). A chain holding such an op is traced again, now,
+        op variants; `vetoed` is compose's record of them and of the sizes they are kept at). The trace runs
+        the veto itself, so a pattern holds the op at the sizes the graph keeps it and its decomposition at
+        the others. A chain holding such an op is traced again, now,
         inside compose.inductor_state, whose decomposition table keeps the op: the pattern then holds the op
         itself where the default trace holds its decomposition, which a graph with the op kept never matches
         (a cast with group_norm op variants and GroupNorm → SiLU pattern cards matched none on the CPU).
-        Chains without such an op keep their patterns. Built once per `vetoed`; returns this set when none
+        Chains without such an op keep their patterns. Built once per `vetoed` (it must name the sizes: the
+        same ops kept at other sizes trace differently); returns this set when none
         is affected."""
         kept = {str(op) for op in kept_ops}
         if not kept or not any(str(resolve_op(n["op"])) in kept for c in self.cards
