@@ -168,6 +168,32 @@ async def test_the_run_stores_each_cards_references_and_why_one_has_no_compile(l
     assert rows["nobytes"]["ref_stats"]["copy"] == {"error": "protocol: card nobytes: no floor bytes to copy"}
 
 
+async def test_eager_and_references_report_each_card_with_what_its_parts_took(lane, tmp_path):
+    """The SD3.5 VAE's run spent 77 s timing eager and 75 s on references for 13 cards before its search,
+    with one line for each stage the whole time: each card now moves the stage's count, and the seconds of
+    its parts (loading its samples, timing, compiling) are stored with its stats."""
+    from engine.run.eager import measure_and_store_eager, measure_and_store_references
+
+    heard: list[tuple] = []
+    async with await Store.open(tmp_path / "kforge.db") as store:
+        await store.save_capture({"id": "cap-1", "model": "m", "device": "cuda", "dtype": "float16"},
+                                 [_row("a"), _row("b"), _row("unmeasurable")], [])
+        refs = [card_from_row(r).ref([str(tmp_path / f"{r['card_id']}.st")]) for r in await store.get_cards("cap-1")]
+        await measure_and_store_eager(lane, store, "cap-1", refs,
+                                      progress=lambda *a: heard.append(("eager", a[0], a[1], a[2].card_id, a[3])))
+        await measure_and_store_references(lane, store, "cap-1", refs[:2], timeout_s=5.0,
+                                           progress=lambda *a: heard.append(("refs", a[0], a[1], a[2].card_id, a[3])))
+        rows = {c["card_id"]: c for c in await store.get_cards("cap-1")}
+    assert [h[:4] for h in heard] == [("eager", 1, 3, "a"), ("eager", 2, 3, "b"), ("eager", 3, 3, "unmeasurable"),
+                                     ("refs", 1, 2, "a"), ("refs", 2, 2, "b")]
+    assert all(set(h[4]) == {"load", "measure"} for h in heard[:3])
+    assert all(set(h[4]) == {"copy", "compile"} and min(h[4].values()) >= 0 for h in heard[3:])
+    assert set(rows["a"]["eager_stats"]["seconds"]) == {"load", "measure"}
+    assert rows["unmeasurable"]["eager_us"] is None  # its error is not stored as a time
+    assert set(rows["a"]["ref_stats"]["copy"]["seconds"]) == {"load", "measure"}
+    assert rows["a"]["ref_stats"]["compile"]["seconds"] >= 0
+
+
 async def test_compile_can_be_skipped_and_the_copy_is_still_timed(lane, tmp_path):
     from engine.run.eager import measure_and_store_references
 

@@ -2,39 +2,58 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from engine.cards import CardRef
 from engine.lane.client import GpuLane
 from engine.lane.evaluate import ensure_loaded
 
+# Called after each card of a per-card request: (cards done, cards in all, the card, its seconds: 'load' for
+# loading its samples into the worker, 'measure' for the request itself).
+CardProgress = Callable[[int, int, CardRef, dict[str, float]], Any]
 
-async def measure_eager(lane: GpuLane, cards: Iterable[CardRef]) -> dict[str, dict]:
+
+async def measure_eager(lane: GpuLane, cards: Iterable[CardRef],
+                        progress: CardProgress | None = None) -> dict[str, dict]:
     """Time eager for each card (L2 flushed, adaptive repetitions): {card_id: lane payload or {'error': …}}.
 
-    A payload has 'eager' (TimingStats fields), 'throttled' and 'roofline_us'. Cards without samples are skipped.
+    A payload has 'eager' (TimingStats fields), 'throttled', 'roofline_us' and 'seconds' (what loading the
+    card and timing it took). Cards without samples are skipped.
     """
-    return await _per_card(lane, cards, "time_eager")
+    return await _per_card(lane, cards, "time_eager", progress)
 
 
-async def _per_card(lane: GpuLane, cards: Iterable[CardRef], request: str) -> dict[str, dict]:
-    """One lane request per card with samples (loaded first): {card_id: payload or {'error': …}}."""
+async def _per_card(lane: GpuLane, cards: Iterable[CardRef], request: str,
+                    progress: CardProgress | None = None) -> dict[str, dict]:
+    """One lane request per card with samples (loaded first): {card_id: payload or {'error': …}}; a payload
+    also has 'seconds': {'load', 'measure'} (a card's samples can be gigabytes: where a run's time before
+    its search goes)."""
     results: dict[str, dict] = {}
-    for card in cards:
+    cards = list(cards)
+    for i, card in enumerate(cards, 1):
         if not card.samples:
             results[card.card_id] = {"error": "no samples"}
             continue
+        t0 = time.monotonic()
         await ensure_loaded(lane, card)
+        t1 = time.monotonic()
         r = await lane.request(request, {"card_id": card.card_id})
-        results[card.card_id] = r.payload if r.ok else {"error": f"{r.category}: {r.message}"}
+        seconds = {"load": round(t1 - t0, 3), "measure": round(time.monotonic() - t1, 3)}
+        results[card.card_id] = ({**r.payload, "seconds": seconds} if r.ok
+                                 else {"error": f"{r.category}: {r.message}"})
+        if progress is not None:
+            progress(i, len(cards), card, seconds)
     return results
 
 
-async def measure_copy(lane: GpuLane, cards: Iterable[CardRef]) -> dict[str, dict]:
+async def measure_copy(lane: GpuLane, cards: Iterable[CardRef],
+                       progress: CardProgress | None = None) -> dict[str, dict]:
     """Time the lane's own copy of each card's floor bytes: {card_id: lane payload or {'error': …}}.
 
-    A payload has 'copy' (TimingStats fields), 'bytes' and 'throttled'."""
-    return await _per_card(lane, cards, "time_copy")
+    A payload has 'copy' (TimingStats fields), 'bytes', 'throttled' and 'seconds'."""
+    return await _per_card(lane, cards, "time_copy", progress)
 
 
 async def measure_compiled(lane: GpuLane, card: CardRef, *, mode: str | None = None,

@@ -73,10 +73,23 @@ async def _references(lane, store: Store, capture_id: str, cards: list[CardState
     what = "the copy of its bytes" + (" and torch.compile" if compile_ref else "")
     stages.stage("references", f"timing {what} for {len(todo)} card(s)")
     got = await measure_and_store_references(lane, store, capture_id, todo, compile=compile_ref,
-                                             timeout_s=cfg.get("compile_ref_timeout") or COMPILE_TIMEOUT_S)
+                                             timeout_s=cfg.get("compile_ref_timeout") or COMPILE_TIMEOUT_S,
+                                             progress=_card_progress(stages, "references", "references timed"))
     compiled = sum(1 for r in got.values() if "median" in (r.get("compile") or {}))
     stages.done("references", f"references timed for {len(todo)} card(s)" +
                 (f", torch.compile for {compiled}" if compile_ref else ", torch.compile skipped"))
+
+
+def _card_progress(stages: StageProgress, stage: str, what: str):
+    """A per-card progress callback for the eager and reference stages: counts, and what the last card's
+    parts took (its samples can be gigabytes; torch.compile of one op can take seconds)."""
+
+    def report(done: int, total: int, card: Any, seconds: dict[str, float]) -> None:
+        parts = ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
+        stages.update(stage, completed=done, total=total,
+                      message=f"{what} for {done}/{total} card(s); {card.op.split('::')[-1]}: {parts}")
+
+    return report
 
 
 def still_waiting(cards: list[CardState], run_id: str, workspace: Path, wall_s: float | None) -> str | None:
@@ -429,8 +442,9 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
             todo = [c.ref for c in cards if c.eager_us is None and c.ref.samples and selected(c.card)
                     and c.share >= policy.min_share and proposer.supports(c.card)]
             if todo:
-                stages.stage("eager", f"timing eager PyTorch for {len(todo)} card(s)")
-                await measure_and_store_eager(eager_lane, store, capture_id, todo)
+                stages.stage("eager", f"timing eager PyTorch for {len(todo)} card(s)", total=len(todo))
+                await measure_and_store_eager(eager_lane, store, capture_id, todo,
+                                              progress=_card_progress(stages, "eager", "eager timed"))
                 stages.done("eager", f"eager timed for {len(todo)} card(s)")
                 cards = await _cards_of(store, workspace, capture_id)
             await _references(eager_lane, store, capture_id, cards, policy, proposer, cfg, stages)
