@@ -86,6 +86,8 @@ async def test_eager_is_measured_per_card_and_returned(lane):
     cards = [OperatorCard(cid, "aten::relu", {}, bytes=32).ref(samples)
              for cid, samples in (("c1", ["c1.0.safetensors"]), ("c2", []), ("unmeasurable", ["u.0.safetensors"]))]
     results = await measure_eager(lane, cards)
+    seconds = results["c1"].pop("seconds")  # what loading and timing the card took, here
+    assert set(seconds) == {"load", "measure"} and min(seconds.values()) >= 0
     assert results["c1"] == {"eager": {"median": 12.5, "iqr": 0.25, "n": 40}, "throttled": 0, "roofline_us": 3.0}
     assert results["c2"] == {"error": "no samples"}
     assert results["unmeasurable"] == {"error": "internal: RuntimeError: the op raised"}
