@@ -166,3 +166,30 @@ def test_a_chain_kernel_computing_in_bf16_fails_the_chain_precision_check(cards,
         passed_before += card_check(CHAIN_OP, card.signature, [sample], fresh=0, edges=False, race_reps=0,
                                     precision_factor=PRECISION_FACTOR).check(cheat).ok
     assert passed_before, "the old factor caught it on every draw here: this test no longer shows the hole"
+
+
+@pytest.mark.parametrize("fn", ["fast", "precise"])
+def test_the_glu_chains_pass_it_with_fast_and_precise_math(tmp_path, fn):
+    # SwiGLU and tanh-GeGLU (Gemma's MLP) with the hardware exponential and division (emulated as the hardware
+    # rounds them) or eager's formulas: both within the chain check against the float64 chain. The fast form is
+    # tried first; an erf-GELU has none (no fast erf), so its space has no `math`.
+    if not emu.available():
+        pytest.skip("g++ is needed for the CUDA-on-CPU emulation")
+    from test_builtin_chains import GatedMLP
+
+    from engine.propose.builtin.chains import GluChainTemplate
+
+    t = GluChainTemplate()
+    x = torch.randn(2, 5, 256, dtype=BF)
+    cards = [("swiglu", chain_cards(GatedMLP(256, torch.nn.functional.silu), x)[0], t),
+             ("geglu", chain_cards(GatedMLP(256, lambda v: torch.nn.functional.gelu(v, approximate="tanh")), x)[0], t)]
+    erf = chain_cards(GatedMLP(256, torch.nn.functional.gelu), x)[0]
+    assert "math" not in t.space(erf)
+    for name, card, _ in cards:
+        assert t.space(card)["math"] == ["fast", "precise"] and t.default(card)["math"] == "fast", name
+        src = t.render(card, {**t.default(card), "math": fn}).source
+        assert ("__expf" in src) == (fn == "fast"), name
+    for (name, card, _), kernel in zip(cards, _emulated(cards, tmp_path, params={"math": fn})):
+        check = card_check(CHAIN_OP, card.signature, _samples(card), fresh=1, edges=False, race_reps=0)
+        v = check.check(kernel)
+        assert v.ok, f"{name} ({fn}): {v.message}"

@@ -258,6 +258,19 @@ __device__ __forceinline__ float kf_gelu_tanh(float x) {
 """
 
 
+# `math = "fast"` for pointwise chains: the same formulas through the hardware exponential and an approximate
+# division (tanh(u) = 1 - 2 / (e^2u + 1)), as the GroupNorm -> SiLU chain's (see _SILU_FAST): fewer
+# instructions where a bf16 GLU's activation, not memory, can set the time. Verification decides per card.
+MATH_FAST = r"""
+__device__ __forceinline__ float kf_silu_fast(float x) { return __fdividef(x, 1.f + __expf(-x)); }
+__device__ __forceinline__ float kf_gelu_tanh_fast(float x) {
+  const float k = 0.79788456080286535588f * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (2.f - __fdividef(2.f, __expf(2.f * k) + 1.f));
+}
+"""
+_FAST_CALLS = (("kf_silu(", "kf_silu_fast("), ("kf_gelu_tanh(", "kf_gelu_tanh_fast("))
+
+
 def _bstrides(v: Value, shape: Sequence[int]) -> list[int]:
     """`v`'s strides broadcast to `shape` (right-aligned; a size-1 or missing dim walks with stride 0)."""
     pad = len(shape) - len(v.shape)
@@ -423,11 +436,25 @@ class _PointwiseChainTemplate(Template):
         isz = min(cc.itemsize(v.dtype) for v in (g.vals[r] for r in g.outputs))
         vecs = [v for v in (16 // isz, 8 // isz, 4 // isz, 2 // isz, 1) if v >= 1 and plan.shape[-1] % v == 0]
         vecs = list(dict.fromkeys(vecs))
-        return {"vec": vecs, "block": [256, 128, 512], "waves": [0, 4, 8]}
+        space: dict[str, list[Any]] = {"vec": vecs, "block": [256, 128, 512], "waves": [0, 4, 8]}
+        if self._has_fast_form(g, plan):
+            space["math"] = ["fast", "precise"]
+        return space
+
+    @staticmethod
+    def _has_fast_form(g: ChainGraph, plan: PointwisePlan) -> bool:
+        """Whether a member's formula has a fast form (SiLU, tanh-GELU)."""
+        return any(g.nodes[j]["op"] == "aten::silu" or (g.nodes[j]["op"] == "aten::gelu"
+                                                        and g.args(j).get("approximate") == "tanh")
+                   for j in plan.members)
 
     def render(self, card: OperatorCard, params: Mapping[str, Any], *, hw: Hardware = H200) -> Rendered:
         g, plan = self.analyse(card)
         v, block, waves = int(params["vec"]), int(params["block"]), int(params["waves"])
+        fn = params.get("math", "precise")  # a candidate from before the parameter existed: eager's formulas
+        if fn not in ("fast", "precise"):
+            raise ValueError(f"math={fn!r} is not fast or precise")
+        fast = fn == "fast" and self._has_fast_form(g, plan)
         numel = math.prod(plan.shape)
         loads, names = [], {}
         for j in plan.members:
@@ -442,6 +469,9 @@ class _PointwiseChainTemplate(Template):
             return f"{names[r]}[j]" if r in names else f"v{g.producer(r)}"
 
         body = [f"      const float v{j} = {_node_code(g, j, operand)};" for j in plan.members]
+        if fast:
+            for old, new in _FAST_CALLS:
+                body = [line.replace(old, new) for line in body]
         body += [f"      o{k}[j] = v{g.producer(r)};" for k, r in enumerate(g.outputs)]
         stores = ["    " + _store_code(g, k, f"o{k}", "base", v) for k in range(len(g.outputs))]
         full = -(-numel // (block * v))
@@ -452,13 +482,14 @@ class _PointwiseChainTemplate(Template):
                             OUTS=", ".join(f"o{k}[V]" for k in range(len(g.outputs))), BODY="\n".join(body),
                             STORES="\n".join(stores))
         source = (f"// {CHAIN_OP} {self.name}: {', '.join(g.ops())}\n"
-                  + cc.prelude(_dtypes(g), round_=True, hinted=True) + MATH + src)
+                  + cc.prelude(_dtypes(g), round_=True, hinted=True) + MATH + (MATH_FAST if fast else "") + src)
         spec = "\n".join([
             f"# {self.name}: {numel} elements, {v} per thread, block {block}, {grid} blocks",
             "[[launch]]", f'kernel = "{kernel}"', f"grid = [{grid}]", f"block = [{block}]",
             "args = " + cc.spec_args(_spec_args(g)), ""])
         intent = (f"{self.name}: {' -> '.join(o.split('::')[1] for o in g.ops())} fused over {list(plan.shape)}, "
-                  f"vec {v}, block {block}, " + ("one vector per thread" if waves == 0 else f"{grid} blocks looping"))
+                  f"vec {v}, block {block}, " + ("one vector per thread" if waves == 0 else f"{grid} blocks looping")
+                  + (", fast math" if fast else ""))
         return Rendered(source=source, spec=spec, params=dict(params), intent=intent)
 
 
