@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """A run of a workspace store as Markdown: every card the search worked on (eager µs, best µs, speedup with
-its 95 % CI, candidates, verified, failures by category, why it stopped) and the run's totals.
+its 95 % CI, the best kernel against the lane's copy of the card's bytes and against torch.compile of the card,
+candidates, verified, failures by category, why it stopped) and the run's totals.
 
     python scripts/run_table.py WORKSPACE/kforge.db [--run RUN] [--out FILE.md]
 """
@@ -57,8 +58,9 @@ def render(db_path: Path, run_id: str | None = None) -> str:
              f"evaluated from {proposals} proposals (the rest were duplicates or declines, never evaluated); "
              f"{60 * len(cands) / span:.0f} candidates per minute while the search ran ({span:.0f} s)."
              if span else f"Status {run['status']}.", "",
-             "| op | signature | calls | share | eager µs | best µs | speedup (95 % CI) | candidates | verified | "
-             "failures | stopped |", "|---|---|---:|---:|---:|---:|---|---:|---:|---|---|"]
+             "| op | signature | calls | share | eager µs | best µs | speedup (95 % CI) | copy µs | best at % of copy "
+             "| torch.compile µs | best vs compile | candidates | verified | failures | stopped |",
+             "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for card, cs, ok, best, fails in rows:
         sig = _signature_text(card)
         if best is not None:
@@ -68,9 +70,46 @@ def render(db_path: Path, run_id: str | None = None) -> str:
             sp, b = "–", "–"
         eager = f"{card['eager_us']:.1f}" if card["eager_us"] else "–"
         fail = ", ".join(f"{k} {v}" for k, v in fails.items()) or "–"
+        refs = _references(card, best["best_us"] if best is not None else None)
         lines.append(f"| `{card['op']}` | {sig} | {card['calls']:g} | {100 * (card['share'] or 0):.1f} % | {eager} | "
-                     f"{b} | {sp} | {len(cs)} | {len(ok)} | {fail} | {stopped.get(card['card_id'], '–')} |")
-    return "\n".join(lines) + "\n"
+                     f"{b} | {sp} | {refs} | {len(cs)} | {len(ok)} | {fail} | {stopped.get(card['card_id'], '–')} |")
+    before = _before_search(cards.values())
+    return "\n".join(lines + ([""] + before if before else [])) + "\n"
+
+
+def _references(card: dict, best_us: float | None) -> str:
+    """Four cells: the lane's copy of the card's bytes, the best kernel's time as a share of it (a memory-bound
+    kernel cannot beat 100 %), torch.compile of the card, and the best kernel's speedup over that."""
+    copy, comp = card.get("copy_us"), card.get("compile_us")
+    cells = [f"{copy:.1f}" if copy else "–",
+             f"{100 * copy / best_us:.0f} %" if copy and best_us else "–",
+             f"{comp:.1f}" if comp else "–",
+             f"{comp / best_us:.2f}×" if comp and best_us else "–"]
+    return " | ".join(cells)
+
+
+def _before_search(cards) -> list[str]:
+    """Where the run's time before its search went, from the seconds stored with each card's eager and
+    reference stats (runs from before they were stored: nothing)."""
+    load = measure = copy = comp = 0.0
+    n_eager = n_refs = 0
+    for c in cards:
+        es = c.get("eager_stats") or {}
+        rs = c.get("ref_stats") or {}
+        sec = es.get("seconds") if isinstance(es, dict) else None
+        if sec:
+            n_eager += 1
+            load += sec.get("load", 0.0)
+            measure += sec.get("measure", 0.0)
+        if isinstance(rs, dict) and ((rs.get("copy") or {}).get("seconds") or "seconds" in (rs.get("compile") or {})):
+            n_refs += 1
+            copy += ((rs.get("copy") or {}).get("seconds") or {}).get("measure", 0.0)
+            comp += (rs.get("compile") or {}).get("seconds", 0.0)
+    if not n_eager and not n_refs:
+        return []
+    return [f"Before the search: eager timed for {n_eager} card(s) in {load + measure:.0f} s (loading their "
+            f"samples {load:.0f} s, timing {measure:.0f} s); references for {n_refs} card(s): the copy "
+            f"{copy:.0f} s, torch.compile {comp:.0f} s."]
 
 
 SKIP_WORDS = {"not-selected": "not selected by --ops", "declined": "no template (declined)",

@@ -39,3 +39,32 @@ def test_the_vae_runs_outcomes_replayed_give_every_group_norm_card_a_turn():
     assert "47 evaluations" in text and "Op cards with a kernel after the replay: 7 of 7." in text
     rows = [line.split("|") for line in text.splitlines() if line.startswith("| `kforge::chain`")]
     assert rows and all(int(r[-2]) > 0 for r in rows if float(r[4].strip(" %")) >= 4.0)
+
+
+def test_each_card_is_set_against_the_copy_of_its_bytes_and_torch_compile():
+    """The run table shows what the hardware allows (the lane's copy of the card's bytes) and what
+    torch.compile does with the same op beside each best kernel (issue 21's per-card tables); the demo store
+    was recorded on the H200 with both references (addmm's compile timed out)."""
+    from conftest import ROOT
+
+    rt = load_script("run_table")
+    table = rt.render(ROOT / "kforge_tui" / "demo" / "kforge.db")
+    assert "| copy µs | best at % of copy | torch.compile µs | best vs compile |" in table
+    gelu = next(line for line in table.splitlines() if line.startswith("| `aten::gelu`"))
+    assert "| 6.4 | 1.03× (1.00–1.05) | 6.3 | 98 % | 7.5 | 1.16× |" in gelu
+    addmm = next(line for line in table.splitlines() if line.startswith("| `aten::addmm`"))
+    assert "| 10.1 | 33 % | – | – |" in addmm
+    assert "Before the search" not in table  # recorded before the stages' seconds were stored
+
+
+def test_the_time_before_the_search_is_summed_from_the_cards_stats():
+    rt = load_script("run_table")
+    cards = [{"eager_stats": {"median": 1.0, "seconds": {"load": 2.5, "measure": 1.0}},
+              "ref_stats": {"copy": {"median": 1.0, "seconds": {"load": 0.0, "measure": 0.5}},
+                            "compile": {"median": 1.0, "seconds": 4.0}}},
+             {"eager_stats": {"median": 1.0, "seconds": {"load": 3.5, "measure": 1.0}},
+              "ref_stats": {"copy": {"error": "no bytes"}, "compile": {"error": "failed", "seconds": 2.0}}},
+             {"eager_stats": None, "ref_stats": None}]
+    assert rt._before_search(cards) == [
+        "Before the search: eager timed for 2 card(s) in 8 s (loading their samples 6 s, timing 2 s); "
+        "references for 2 card(s): the copy 0 s, torch.compile 6 s."]

@@ -64,7 +64,7 @@ async def measure_and_store_references(lane: GpuLane, store: Store, capture_id: 
             seconds["compile"] = round(time.monotonic() - t1, 3)
             stats["compile"] = ({**got["compiled"], "mode": got.get("mode"), "compile_s": got.get("compile_s"),
                                  "throttled": got.get("throttled", 0), "seconds": seconds["compile"]}
-                                if "compiled" in got else {"error": got["error"]})
+                                if "compiled" in got else {"error": got["error"], "seconds": seconds["compile"]})
         if progress is not None:
             progress(i, len(cards), card, seconds)
         out[card.card_id] = stats
