@@ -39,6 +39,8 @@ async def test_eager_latency_lands_on_the_card(lane, tmp_path):
         results = await measure_and_store_eager(lane, store, "cap-1", refs)
         cards = {c["card_id"]: c for c in await store.get_cards("cap-1")}
     assert cards["c1"]["eager_us"] == 12.5 and cards["c1"]["roofline_us"] == 3.0
+    seconds = cards["c1"]["eager_stats"].pop("seconds")  # loading the card and timing it, here
+    assert set(seconds) == {"load", "measure"}
     assert cards["c1"]["eager_stats"] == {"median": 12.5, "iqr": 0.25, "n": 40, "throttled": 0}
     assert cards["c2"]["eager_us"] is None and results["c2"] == {"error": "no samples"}
     assert cards["unmeasurable"]["eager_us"] is None and results["unmeasurable"]["error"].startswith("internal")
