@@ -162,25 +162,33 @@ def test_a_pattern_holding_an_op_the_cast_also_serves_alone_still_matches(tmp_pa
         torch._dynamo.reset()
 
 
+def _gn_silu_at_4_op_variant_at_6(*blocks):
+    """A model of `blocks` on 2 x 8 x 4 x 4 inputs, its GroupNorm -> SiLU chain signature, and a CPU cast
+    with one group_norm op variant, for 6 x 6 images: (model, x, signature, cast)."""
+    from test_cast_compile import CpuCast
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*blocks).eval()
+    x = torch.randn(2, 8, 4, 4)
+    _, pats = _patterns(model, x)
+    gn_silu = next(p for p in pats if _heavy_ops(p)[:2] == ["native_group_norm", "silu"])
+    norm = model[0].norm
+    owner = CpuCast("gn6").install([torch.randn(2, 8, 6, 6), norm.weight.detach(), norm.bias.detach(),
+                                    2, 8, 36, 4, 1e-5])
+    return model, x, chain_signature(gn_silu.instances[0]), owner
+
+
 def test_an_op_kept_for_a_pattern_card_of_a_size_no_op_variant_has(tmp_path, monkeypatch):
     """Under static shapes the veto keeps an op whole only for the sizes its op variants serve. The op variant
     here is for 6 x 6 images, the GroupNorm -> SiLU card for 4 x 4: GroupNorm is decomposed at 4 x 4 and the
     pattern, traced under the same veto, matches the decomposition; with no pattern card, a size nobody
     serves is decomposed by Inductor instead of running PyTorch's kernel through a guard miss."""
-    from test_cast_compile import ROUTE, CpuCast
+    from test_cast_compile import ROUTE
 
     from engine.cast import compose, runtime
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(_GnSiluBlock(), _GnSiluBlock()).eval()
-    x = torch.randn(2, 8, 4, 4)
-    _, pats = _patterns(model, x)
-    gn_silu = next(p for p in pats if _heavy_ops(p)[:2] == ["native_group_norm", "silu"])
-    sig = chain_signature(gn_silu.instances[0])
-    norm = model[0].norm
-    owner = CpuCast("gn6").install([torch.randn(2, 8, 6, 6), norm.weight.detach(), norm.bias.detach(),
-                                    2, 8, 36, 4, 1e-5])
+    model, x, sig, owner = _gn_silu_at_4_op_variant_at_6(_GnSiluBlock(), _GnSiluBlock())
     try:
         for patterns, matches in (([(sig, Counting(sig))], 2), (None, 0)):
             backend = compose.backend(owner, patterns=patterns)
@@ -217,20 +225,12 @@ def test_a_size_only_a_pattern_card_has_is_left_to_inductor_where_the_pattern_do
     the guard and run PyTorch's kernel inside the compiled graph (on the GPU, 10-20x slower than Inductor's
     code). A size only pattern cards have is decomposed like any other: the pattern, traced under the same veto,
     matches the decomposed chain, and the lone GroupNorm is Inductor's."""
-    from test_cast_compile import ROUTE, CpuCast
+    from test_cast_compile import ROUTE
 
     from engine.cast import compose, runtime
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(_GnSiluBlock(), _LoneNorm(), _GnSiluBlock()).eval()
-    x = torch.randn(2, 8, 4, 4)
-    _, pats = _patterns(model, x)
-    gn_silu = next(p for p in pats if _heavy_ops(p)[:2] == ["native_group_norm", "silu"])
-    sig = chain_signature(gn_silu.instances[0])
-    norm = model[0].norm
-    owner = CpuCast("gn6").install([torch.randn(2, 8, 6, 6), norm.weight.detach(), norm.bias.detach(),
-                                    2, 8, 36, 4, 1e-5])
+    model, x, sig, owner = _gn_silu_at_4_op_variant_at_6(_GnSiluBlock(), _LoneNorm(), _GnSiluBlock())
     plan = Counting(sig)
     try:
         backend = compose.backend(owner, patterns=[(sig, plan)])
