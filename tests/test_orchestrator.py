@@ -155,26 +155,54 @@ async def test_wall_time_and_token_budgets_stop_the_run_cleanly():
     assert o2.totals.tokens_in + o2.totals.tokens_out >= 10_000
 
 
+class VirtualLane(StandInLane):
+    """A lane whose evaluations each take 5 units of a virtual clock `t` (a one-element list), one at a time."""
+
+    def __init__(self, t):
+        super().__init__(0.0)
+        self.t = t
+
+    async def __call__(self, card, proposal):
+        async with self.busy:
+            await asyncio.sleep(0)
+            self.t[0] += 5.0
+        return await StandInLane(0.0)(card, proposal)
+
+
 async def test_a_wall_time_run_starts_no_task_it_cannot_finish_in_time():
     """Four tasks in flight queue on one lane: started up to the last moment, they ran past the wall time by up to
     four evaluations (the SD3.5 VAE's 480 s run was still evaluating at 494 s and was killed). Virtual time: each
     evaluation takes 5 units of the orchestrator's clock."""
     t = [0.0]
-
-    class VirtualLane(StandInLane):
-        async def __call__(self, card, proposal):
-            async with self.busy:
-                await asyncio.sleep(0)
-                t[0] += 5.0
-            return await StandInLane(0.0)(card, proposal)
-
     rec = MemoryRecorder()
-    o = orchestrator([card("a"), card("b", 0.2)], ScriptedProposer(0.0), VirtualLane(), rec, max_proposals=4,
+    o = orchestrator([card("a"), card("b", 0.2)], ScriptedProposer(0.0), VirtualLane(t), rec, max_proposals=4,
                      budgets=Budgets(iterations_per_card=1000, wall_s=100.0), clock=lambda: t[0])
     assert await o.run() == "wall_time"
     assert 15 <= o.totals.evaluations <= 20, o.totals.evaluations  # the lane was kept busy to the end
     assert t[0] <= 100.0 + 5.0, f"the search ended at {t[0]} for a wall time of 100"
     assert all(s in ("verified", "rejected") for s in rec.candidates.values()), "in-flight work was finished"
+
+
+async def test_the_wall_time_guard_times_only_tasks_that_evaluated():
+    """Declines and duplicates end at once without an evaluation. Late in a run, when the builtin spaces run
+    dry, they are most tasks: timed too, they would pull the estimate of a task's time to zero and the guard
+    would start evaluations it cannot finish by the wall time."""
+    t = [0.0]
+    o = orchestrator([card("a")], ScriptedProposer(0.0), StandInLane(0.0), MemoryRecorder(),
+                     budgets=Budgets(iterations_per_card=100, wall_s=100.0), clock=lambda: t[0])
+
+    async def task(evaluated: bool, seconds: float) -> bool:
+        t[0] += seconds
+        return evaluated
+
+    await o._timed(task(True, 20.0))
+    for _ in range(8):
+        await o._timed(task(False, 0.0))
+    assert o._task_s == [20.0]
+    t[0] = 85.0
+    assert o._no_time_for_another(start=0.0)  # 15 s left; a task that evaluates takes 20
+    t[0] = 70.0
+    assert not o._no_time_for_another(start=0.0)
 
 
 async def test_control_rows_pause_resume_stop_and_prioritize():

@@ -173,9 +173,12 @@ class Orchestrator:
         self._answered = False      # some proposal came back from the provider (answered or declined)
         self._provider_failures = 0  # proposals that failed in the provider call
         self._tasks: set[asyncio.Task] = set()
-        # How long the search's tasks (a proposal and its evaluation, queueing for a lane included) took:
-        # under a wall time, a task is started only while the time left could hold one more.
+        # How long the search's tasks that evaluated something (a proposal and its evaluation, queueing for a
+        # lane included) took: under a wall time, a task is started only while the time left could hold one
+        # more. Declines and duplicates end at once and are left out: late in a run, when the builtin spaces
+        # run dry, they would pull the estimate to zero.
         self._task_s: list[float] = []
+        self._evaluated: set[str] = set()  # candidates `_evaluate` ran
         self._work: set[asyncio.Future] = set()  # proposer calls and evaluations in flight
         self._wake = asyncio.Event()
 
@@ -270,7 +273,7 @@ class Orchestrator:
                     node_id = self.new_id()
                     self.trees[card.ref.card_id].add(node_id, parent)
                     card.in_flight += 1
-                    self._spawn(self._propose_and_evaluate(card, node_id, parent), timed=True)
+                    self._spawn(self._timed(self._propose_and_evaluate(card, node_id, parent)))
                     launched = True
             if not self._tasks and not launched and not self.paused:
                 # Nothing in flight and nothing left to start (or no time left to start it).
@@ -294,15 +297,18 @@ class Orchestrator:
         await self.recorder.event("run_finished", {"stopped_by": self.stopped_by, **self.totals.__dict__})
         return self.stopped_by
 
-    def _spawn(self, coro, timed: bool = False) -> None:
+    async def _timed(self, work: Awaitable[bool]) -> None:
+        """Run one search task; when it evaluated a candidate, record how long it took (`_task_s`)."""
+        t0 = self.clock()
+        if await work:
+            self._task_s.append(self.clock() - t0)
+
+    def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
-        t0 = self.clock()
 
         def done(t: asyncio.Task) -> None:
             self._tasks.discard(t)
-            if timed and not t.cancelled():
-                self._task_s.append(self.clock() - t0)
             self._wake.set()
         task.add_done_callback(done)
 
@@ -384,13 +390,15 @@ class Orchestrator:
         return Attempt(r.id, r.proposal.source, r.proposal.spec, r.proposal.intent, r.status, r.category,
                        r.message, best_us=r.best_us, speedup=r.speedup, params=r.proposal.params)
 
-    async def _propose_and_evaluate(self, card: CardState, node_id: str, parent: str) -> None:
+    async def _propose_and_evaluate(self, card: CardState, node_id: str, parent: str) -> bool:
         """One request and its bounded repair loop (engine.propose.repair's rules), for proposers that repair.
+        Returns whether any candidate of it was evaluated.
 
         A repair is the failed candidate's child, so lineage is kept; a retry of an unusable answer is
         its sibling (the same request again)."""
         first = self._request(card, parent, node_id)
         request, node, tree_parent = first, node_id, parent
+        evaluated = False
         for k in range(max(1, self.max_attempts)):
             if k:
                 node = self.new_id()
@@ -398,16 +406,18 @@ class Orchestrator:
                 self.focus[node] = request.intent
                 card.in_flight += 1
             rec = await self._iteration(card, node, tree_parent, request)
+            evaluated = evaluated or (rec is not None and rec.id in self._evaluated)
             if rec is None or not getattr(self.proposer, "repairs", False):
-                return
+                return evaluated
             attempt = self._attempt(rec.id)
             step = next_step(attempt)
             if step == "repair":
                 request, tree_parent = repair_request(first, attempt, k + 1), rec.id
             elif step != "retry":
-                return
+                return evaluated
             if self.stopped_by or card.iterations + card.in_flight >= self.budgets.iterations_per_card:
-                return
+                return evaluated
+        return evaluated
 
     async def _iteration(self, card: CardState, node_id: str, parent: str,
                          request: ProposalRequest) -> CandidateRecord | None:
@@ -482,6 +492,7 @@ class Orchestrator:
         finally:
             CURRENT_LANE_USE.reset(scope)
         self.totals.evaluations += 1
+        self._evaluated.add(rec.id)
         timing = ev.payload.get("timing") or {}
         rec.status, rec.category, rec.message, rec.payload = ev.status, ev.category, ev.message, ev.payload
         rec.compile_log = ev.compile_log or ""
