@@ -236,3 +236,32 @@ def test_reproduce_asks_its_steps_for_progress_lines(tmp_path, monkeypatch):
     monkeypatch.setattr(subprocess, "Popen", Proc)
     assert rp.step("export", None, ["true"], tmp_path / "log") == 0
     assert seen.get("KFORGE_PROGRESS") == "1"
+
+
+async def test_the_steps_before_the_search_reach_the_runs_log_card_by_card(tmp_path):
+    """Eager timing and the references take minutes on a large model (the SD3.5 VAE: 152 s for 13 cards) with
+    no candidate to show yet: each card's progress is a 'stage' event of the run, which the TUI's log shows."""
+    from types import SimpleNamespace
+
+    from engine.progress import StageProgress
+    from engine.run.command import _card_progress, _stage
+    from engine.store import Store
+    from kforge_tui.readmodel import EventRow
+    from kforge_tui.screens.overview import _event_line
+
+    out = io.StringIO()
+    stages = StageProgress(out, json_lines=True)
+    async with await Store.open(tmp_path / "kforge.db") as store:
+        await store.save_capture({"id": "cap-1", "model": "m", "device": "cuda", "dtype": "bfloat16"}, [], [])
+        run = await store.create_run("cap-1", "m", "builtin", {})
+        await _stage(stages, store, run["id"], "eager", "timing eager PyTorch for 13 card(s)")
+        report = _card_progress(stages, "eager", "eager timed", store, run["id"])
+        await report(2, 13, SimpleNamespace(op="aten::native_group_norm"), {"load": 1.25, "measure": 4.5})
+        events = [e for e in await store.events_since(run["id"], 0) if e["kind"] == "stage"]
+    assert [e["payload"]["message"] for e in events] == [
+        "timing eager PyTorch for 13 card(s)",
+        "eager timed for 2/13 card(s); native_group_norm: load 1.2 s, measure 4.5 s"]
+    assert events[1]["payload"]["completed"] == 2 and events[1]["payload"]["total"] == 13
+    line = _event_line(EventRow(9, 1796218861.0, "stage", None, events[1]["payload"])).plain
+    assert line == "13:41:01 eager: eager timed for 2/13 card(s); native_group_norm: load 1.2 s, measure 4.5 s"
+    assert '"completed": 2' in out.getvalue()  # the terminal's JSON lines carry the counts too

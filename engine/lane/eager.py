@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -12,7 +13,7 @@ from engine.lane.evaluate import ensure_loaded
 
 # Called after each card of a per-card request: (cards done, cards in all, the card, its seconds: 'load' for
 # loading its samples into the worker, 'measure' for the request itself).
-CardProgress = Callable[[int, int, CardRef, dict[str, float]], Any]
+CardProgress = Callable[[int, int, CardRef, dict[str, float]], Any]  # may return an awaitable
 
 
 async def measure_eager(lane: GpuLane, cards: Iterable[CardRef],
@@ -44,7 +45,9 @@ async def _per_card(lane: GpuLane, cards: Iterable[CardRef], request: str,
         results[card.card_id] = ({**r.payload, "seconds": seconds} if r.ok
                                  else {"error": f"{r.category}: {r.message}"})
         if progress is not None:
-            progress(i, len(cards), card, seconds)
+            said = progress(i, len(cards), card, seconds)
+            if inspect.isawaitable(said):
+                await said
     return results
 
 

@@ -59,7 +59,7 @@ async def _cards_of(store: Store, workspace: Path, capture_id: str, *,
 
 
 async def _references(lane, store: Store, capture_id: str, cards: list[CardState], policy: SchedulePolicy,
-                      proposer, cfg: dict[str, Any], stages: StageProgress) -> None:
+                      proposer, cfg: dict[str, Any], stages: StageProgress, run_id: str) -> None:
     """After eager, each card's references, timed as eager is: the lane's copy of its bytes and (unless the
     run says compile_ref false) its eager under torch.compile; only for cards eager was timed for."""
     from engine.run.eager import COMPILE_TIMEOUT_S, measure_and_store_references
@@ -71,23 +71,36 @@ async def _references(lane, store: Store, capture_id: str, cards: list[CardState
         return
     compile_ref = cfg.get("compile_ref", True)
     what = "the copy of its bytes" + (" and torch.compile" if compile_ref else "")
-    stages.stage("references", f"timing {what} for {len(todo)} card(s)")
+    await _stage(stages, store, run_id, "references", f"timing {what} for {len(todo)} card(s)")
     got = await measure_and_store_references(lane, store, capture_id, todo, compile=compile_ref,
                                              timeout_s=cfg.get("compile_ref_timeout") or COMPILE_TIMEOUT_S,
-                                             progress=_card_progress(stages, "references", "references timed"))
+                                             progress=_card_progress(stages, "references", "references timed",
+                                                                     store, run_id))
     compiled = sum(1 for r in got.values() if "median" in (r.get("compile") or {}))
     stages.done("references", f"references timed for {len(todo)} card(s)" +
                 (f", torch.compile for {compiled}" if compile_ref else ", torch.compile skipped"))
 
 
-def _card_progress(stages: StageProgress, stage: str, what: str):
+async def _stage(stages: StageProgress, store: Store, run_id: str, stage: str, message: str,
+                 **counts: int) -> None:
+    """A step of the run before its search, on the terminal and as a 'stage' event in the run (the TUI's log
+    shows it: eager timing and the references take minutes on a large model, with no candidate yet)."""
+    if counts:
+        stages.update(stage, message=message, **counts)
+    else:
+        stages.stage(stage, message)
+    await store.add_event(run_id, "stage", {"stage": stage, "message": message, **counts})
+
+
+def _card_progress(stages: StageProgress, stage: str, what: str, store: Store, run_id: str):
     """A per-card progress callback for the eager and reference stages: counts, and what the last card's
     parts took (its samples can be gigabytes; torch.compile of one op can take seconds)."""
 
-    def report(done: int, total: int, card: Any, seconds: dict[str, float]) -> None:
+    async def report(done: int, total: int, card: Any, seconds: dict[str, float]) -> None:
         parts = ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
-        stages.update(stage, completed=done, total=total,
-                      message=f"{what} for {done}/{total} card(s); {card.op.split('::')[-1]}: {parts}")
+        await _stage(stages, store, run_id, stage,
+                     f"{what} for {done}/{total} card(s); {card.op.split('::')[-1]}: {parts}",
+                     completed=done, total=total)
 
     return report
 
@@ -442,12 +455,12 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
             todo = [c.ref for c in cards if c.eager_us is None and c.ref.samples and selected(c.card)
                     and c.share >= policy.min_share and proposer.supports(c.card)]
             if todo:
-                stages.stage("eager", f"timing eager PyTorch for {len(todo)} card(s)", total=len(todo))
+                await _stage(stages, store, run_id, "eager", f"timing eager PyTorch for {len(todo)} card(s)")
                 await measure_and_store_eager(eager_lane, store, capture_id, todo,
-                                              progress=_card_progress(stages, "eager", "eager timed"))
+                                              progress=_card_progress(stages, "eager", "eager timed", store, run_id))
                 stages.done("eager", f"eager timed for {len(todo)} card(s)")
                 cards = await _cards_of(store, workspace, capture_id)
-            await _references(eager_lane, store, capture_id, cards, policy, proposer, cfg, stages)
+            await _references(eager_lane, store, capture_id, cards, policy, proposer, cfg, stages, run_id)
             cards = await _cards_of(store, workspace, capture_id)
         for c in cards:
             if not selected(c.card):

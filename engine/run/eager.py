@@ -4,6 +4,7 @@ eager under torch.compile."""
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -66,7 +67,9 @@ async def measure_and_store_references(lane: GpuLane, store: Store, capture_id: 
                                  "throttled": got.get("throttled", 0), "seconds": seconds["compile"]}
                                 if "compiled" in got else {"error": got["error"], "seconds": seconds["compile"]})
         if progress is not None:
-            progress(i, len(cards), card, seconds)
+            said = progress(i, len(cards), card, seconds)
+            if inspect.isawaitable(said):
+                await said
         out[card.card_id] = stats
         await store.update_card_refs(capture_id, card.card_id,
                                      compile_us=(stats.get("compile") or {}).get("median"),

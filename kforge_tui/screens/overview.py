@@ -130,6 +130,8 @@ def _event_line(e: EventRow) -> Text:
 
     stamp = time.strftime("%H:%M:%S", time.gmtime(e.ts))
     p = e.payload
+    if e.kind == "stage":  # a step before the search (eager timing, references), said as the engine says it
+        return Text(f"{stamp} {p.get('stage') or ''}: {p.get('message') or ''}", style="cyan")
     if e.kind == "evaluated":
         status = str(p.get("status") or "")
         ok = status == "verified"
