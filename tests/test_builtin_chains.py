@@ -334,3 +334,12 @@ def test_group_norm_silu_tries_the_fast_silu_first_and_keeps_eager_formula_as_a_
     assert seen == {"fast", "precise"}
     focused = [t.mutate(card, params, rng, "instruction-efficiency")["math"] for _ in range(64)]
     assert 16 < focused.count("precise") < 48  # an intent on instructions flips it half the time
+    # A float32 GroupNorm + SiLU is held to fp32 tolerances: eager's formula first there.
+    import dataclasses
+    import json
+
+    def widened(d):
+        return json.loads(json.dumps(d).replace('"bfloat16"', '"float32"'))
+
+    fp32 = dataclasses.replace(card, signature=widened(card.signature), outputs=widened(card.outputs))
+    assert t.space(fp32)["math"] == ["precise", "fast"] and t.default(fp32)["math"] == "precise"
