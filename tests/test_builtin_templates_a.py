@@ -296,6 +296,10 @@ def test_sources_use_eager_formulas_and_constants():
     assert "tanhf(inner)" in _source(gelu_tanh) and "__expf" not in _source(gelu_tanh)
     assert "__fdividef(2.0f, __expf(2.0f * inner) + 1.0f)" in _source(gelu_tanh, math="fast")
     assert "math" not in _template(capture(lambda: F.gelu(x))).space(capture(lambda: F.gelu(x)))
+    # half-precision outputs try it first (their rounding hides it); fp32 keeps eager's tanhf first
+    gelu_bf16 = capture(lambda: F.gelu(x.bfloat16(), approximate="tanh"))
+    assert _template(gelu_bf16).default(gelu_bf16)["math"] == "fast" and "__expf" in _source(gelu_bf16)
+    assert _template(gelu_tanh).default(gelu_tanh)["math"] == "precise"
     # pow 3 on a half dtype rounds the square to the dtype first, as ATen's Half arithmetic does
     assert "kf_round<__half>(a * a) * a" in _source(capture(lambda: x.half().pow(3)))
     assert "rsqrtf(a)" in _source(capture(lambda: x.pow(-0.5)))
@@ -546,6 +550,8 @@ EMU_CASES: list[tuple[str, Callable[[], Any], dict[str, Any]]] = [
      {"strategy": "row", "vec": 8, "block": 128}),
     ("gelu tanh via exp f32", lambda: F.gelu(torch.randn(3, 1000), approximate="tanh"),
      {"math": "fast", "block": 128}),
+    ("gelu tanh bf16, its default (fast)", lambda: F.gelu(torch.randn(3, 1000).bfloat16() * 3, approximate="tanh"),
+     {"block": 128}),
 ]
 
 
