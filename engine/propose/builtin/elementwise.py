@@ -456,9 +456,10 @@ class ElementwiseTemplate(Template):
         if _FAST_TANH[0] in plan.body:
             # tanh through exp: fewer instructions than tanhf, accurate to a few 1e-7 absolute in 1 + tanh;
             # verification decides whether the card's tolerance takes it. First for half-precision outputs,
-            # whose rounding hides it: at ~3 elements per clock per SM (bf16 [1,2048,8192] in 20.9 us on the
-            # H200, 76 % of copy) tanhf's ~40 instructions an element fill the SMs' issue slots, as eager's
-            # SiLU formula did in the GroupNorm -> SiLU chain (252 us precise against 217 us fast).
+            # whose rounding hides it. An estimate, not yet a measurement: at ~3 elements per clock per SM
+            # (bf16 [1,2048,8192] in 20.9 us on the H200, 76 % of copy), tanhf's ~40 instructions an element
+            # would fill the SMs' issue slots, as eager's SiLU formula did in the GroupNorm -> SiLU chain
+            # (measured there: 252 us precise against 217 us fast).
             space["math"] = ["fast", "precise"] if cc.itemsize(plan.out_dtype) == 2 else ["precise", "fast"]
         return space
 
