@@ -86,9 +86,12 @@ def test_a_second_export_reuses_the_finished_targets_and_checks_only_the_missing
     second, lines = export(ws, "eager,cuda-graphs")
     assert (gpu.confirms, gpu.checks) == (1, {"eager": 1, "cuda-graphs": 1})  # only the new target ran
     said = "\n".join(lines)
-    assert f"the fresh-process confirmation of {_stamp(said)} reused (checkpoint {FOLDER}/confirm-" in said
-    assert (f"target eager: the whole-model check of {_stamp(said)} reused (checkpoint {FOLDER}/check-eager-"
-            in said and "): kept 2 variant(s): 1.080x (95% CI 1.050-1.120)" in said)
+    # Each line names when its own checkpoint was written: the confirmation and the check can fall in
+    # different seconds (on a loaded CI machine they did), so each stamp is read from its own line.
+    assert f"the fresh-process confirmation of {_stamp(said, 'the fresh-process confirmation')} reused " \
+           f"(checkpoint {FOLDER}/confirm-" in said
+    assert (f"target eager: the whole-model check of {_stamp(said, 'target eager: the whole-model check')} reused "
+            f"(checkpoint {FOLDER}/check-eager-" in said and "): kept 2 variant(s): 1.080x (95% CI 1.050-1.120)" in said)
     assert "confirming 2 variant(s) in a fresh process" not in said
     # The reused check is the one measured before: the same numbers in the cast, the same variants kept.
     assert second.model_checks["eager"] == first.model_check
@@ -194,11 +197,13 @@ def test_a_workspace_that_cannot_take_checkpoints_still_exports_and_warns(ws, gp
     assert any(w.startswith(f"checkpoints not written to {ws / FOLDER}") for w in result.warnings)
 
 
-def _stamp(text: str) -> str:
-    """The UTC time a progress line gives its checkpoint (the first one in `text`)."""
+def _stamp(text: str, line_start: str) -> str:
+    """The UTC time the progress line starting with `line_start` gives its checkpoint."""
     import re
 
-    return re.search(r"of (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC) reused", text).group(1)
+    found = re.search(re.escape(line_start) + r" of (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC) reused", text)
+    assert found, f"no line {line_start!r} … reused in:\n{text}"
+    return found.group(1)
 
 
 # A separate process, since the signal is real: the whole-model check of cuda-graphs starts a child that starts
