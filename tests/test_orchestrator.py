@@ -183,6 +183,17 @@ async def test_a_wall_time_run_starts_no_task_it_cannot_finish_in_time():
     assert all(s in ("verified", "rejected") for s in rec.candidates.values()), "in-flight work was finished"
 
 
+async def test_a_run_whose_every_card_finished_says_so_even_near_its_wall_time():
+    """Four evaluations of 5 units, all four of the card's budget in flight from the start, a wall time of 22:
+    the guard would hold back a fifth task at 15, but there is none to start. The run ends by its iterations,
+    not its wall time."""
+    t = [0.0]
+    o = orchestrator([card("a")], ScriptedProposer(0.0), VirtualLane(t), MemoryRecorder(), max_proposals=4,
+                     budgets=Budgets(iterations_per_card=4, wall_s=22.0), clock=lambda: t[0])
+    assert await o.run() == "iterations"
+    assert o.totals.evaluations == 4 and t[0] == 20.0
+
+
 async def test_the_wall_time_guard_times_only_tasks_that_evaluated():
     """Declines and duplicates end at once without an evaluation. Late in a run, when the builtin spaces run
     dry, they are most tasks: timed too, they would pull the estimate of a task's time to zero and the guard

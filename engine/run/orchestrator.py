@@ -263,11 +263,11 @@ class Orchestrator:
             launched = held = False
             if not self.paused:
                 while len(self._tasks) < self.max_proposals:
+                    job = self._next_job()  # (selection only reads the trees: a job not taken costs nothing)
+                    if job is None:
+                        break
                     if self._no_time_for_another(start):
                         held = True  # what is in flight finishes by the wall time; nothing new would
-                        break
-                    job = self._next_job()
-                    if job is None:
                         break
                     card, parent = job
                     node_id = self.new_id()
