@@ -23,7 +23,7 @@ options=…)` otherwise):
    dtype are ones the cast has variants for. The kept op is compiled as a fallback call
    `torch.ops.aten.<op>(...)`, which goes through the dispatcher to the cast's override, whose runtime guard
    decides per call (a miss runs PyTorch's kernel). Sizes: where the first tensor's sizes are concrete
-   (static shapes) and no variant or pattern card of the cast has them (`covered_shapes`), the call is
+   (static shapes) and no op variant of the cast has them (`covered_shapes`), the call is
    decomposed as Inductor would: kept, it could only miss, and PyTorch's kernel can be many times slower
    than Inductor's code. Symbolic sizes (dynamic shapes) are never compared: the op is kept. Only op
    variants count: a size that only pattern cards have is decomposed too, and their patterns, traced under

@@ -138,7 +138,8 @@ def ran_in_forward(stats: dict[str, Any], ids: Sequence[str]) -> dict[str, Any]:
     """From a cast's stats over one forward: hits per variant of the set, and the variants that never ran in it
     (a guard that never matched, a pattern Inductor's graph never held). A set whose speedup is no better than
     a smaller one's often has variants that never ran: this says so instead of leaving it to guesswork."""
-    hits = {v["id"]: int(v.get("hits") or 0) for v in stats.get("variants", []) if v["id"] in set(ids)}
+    wanted = set(ids)
+    hits = {v["id"]: int(v.get("hits") or 0) for v in stats.get("variants", []) if v["id"] in wanted}
     out: dict[str, Any] = {"hits_per_forward": {k: n for k, n in hits.items() if n},
                            "never_ran": [i for i in ids if not hits.get(i)]}
     if stats.get("pattern_matches"):

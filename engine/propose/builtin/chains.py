@@ -259,7 +259,7 @@ __device__ __forceinline__ float kf_gelu_tanh(float x) {
 
 
 # `math = "fast"` for pointwise chains: the same formulas through the hardware exponential and an approximate
-# division (tanh(u) = 1 - 2 / (e^2u + 1)), as the GroupNorm -> SiLU chain's (see _SILU_FAST): fewer
+# division (tanh(u) = 1 - 2 / (e^2u + 1)), as the GroupNorm -> SiLU chain's: fewer
 # instructions where a bf16 GLU's activation, not memory, can set the time. Verification decides per card.
 MATH_FAST = r"""
 __device__ __forceinline__ float kf_silu_fast(float x) { return __fdividef(x, 1.f + __expf(-x)); }
@@ -433,14 +433,13 @@ class _PointwiseChainTemplate(Template):
 
     def space(self, card: OperatorCard, *, hw: Hardware = H200) -> Mapping[str, Sequence[Any]]:
         g, plan = self.analyse(card)
-        isz = min(cc.itemsize(v.dtype) for v in (g.vals[r] for r in g.outputs))
+        narrowest = min((g.vals[r] for r in g.outputs), key=lambda v: cc.itemsize(v.dtype))
+        isz = cc.itemsize(narrowest.dtype)
         vecs = [v for v in (16 // isz, 8 // isz, 4 // isz, 2 // isz, 1) if v >= 1 and plan.shape[-1] % v == 0]
         vecs = list(dict.fromkeys(vecs))
         space: dict[str, list[Any]] = {"vec": vecs, "block": [256, 128, 512], "waves": [0, 4, 8]}
-        if self._has_fast_form(g, plan):
-            # Fast first where every output is half precision (its rounding hides a few fp32 ulps); an fp32
-            # output is held to fp32 tolerances, so eager's formulas go first there.
-            space["math"] = ["fast", "precise"] if isz == 2 else ["precise", "fast"]
+        if self._has_fast_form(g, plan):  # fast first where the (narrowest) output is half precision
+            space["math"] = cc.math_choices(narrowest.dtype)
         return space
 
     @staticmethod
@@ -783,10 +782,8 @@ _GN_APPLY_SILU = ("for (int j = 0; j < V; ++j) { const float g_ = kf_round<T>(fm
 # instructions, no IEEE division's refinement or expf's range reduction). On the VAE's largest tensors the
 # precise form's instructions, not memory, set the time of the apply step: the chain took 252 us where the
 # same kernel without SiLU took 189 us (H200, 2026-12-03). Either rounds to the same bf16/fp16 value except
-# where the fp32 result lies within a few ulp of a rounding boundary; verification decides per card.
-_SILU_FAST = r"""
-__device__ __forceinline__ float kf_silu_fast(float x) { return __fdividef(x, 1.f + __expf(-x)); }
-"""
+# where the fp32 result lies within a few ulp of a rounding boundary; verification decides per card. Its
+# kf_silu_fast is MATH_FAST's, shared with the pointwise chains.
 
 
 class GroupNormSiluChainTemplate(Template):
@@ -860,9 +857,7 @@ class GroupNormSiluChainTemplate(Template):
         _, sub, _ = self.analyse(card)
         space = dict(self._inner().space(sub, hw=hw))
         space["strategy"] = [s for s in space["strategy"] if s in GN_CHAIN_STRATEGIES]
-        # Fast first for half-precision tensors (as the pointwise chains): fp32 is held to fp32 tolerances.
-        half = cc.itemsize(sub.signature["args"][0]["dtype"]) == 2
-        space["math"] = ["fast", "precise"] if half else ["precise", "fast"]
+        space["math"] = cc.math_choices(sub.signature["args"][0]["dtype"])
         return space
 
     def mutate(self, card: OperatorCard, params: Mapping[str, Any], rng: random.Random,
@@ -890,7 +885,7 @@ class GroupNormSiluChainTemplate(Template):
         extra = ("" if "kf_round" in r.source else _ROUND) + ("" if "kf_silu" in r.source else MATH)
         apply = _GN_APPLY_SILU
         if fn == "fast":
-            extra += _SILU_FAST
+            extra += MATH_FAST
             apply = apply.replace("kf_silu(", "kf_silu_fast(")
         at = r.source.index(f"\ntypedef {cc.ctype(sub.signature['args'][0]['dtype'])} T;")  # the kernel body, after the prelude
         source = r.source[:at] + extra + r.source[at:].replace(_GN_APPLY, apply)

@@ -84,6 +84,13 @@ def itemsize(dtype: str) -> int:
     return DTYPES[dtype].itemsize
 
 
+def math_choices(dtype: str) -> list[str]:
+    """A template's `math` parameter values, the first tried first: the fast forms (hardware exponential,
+    approximate division) first where the output is half precision, whose rounding hides their few fp32 ulps;
+    eager's formulas first for fp32, held to fp32 tolerances. Verification decides per card either way."""
+    return ["fast", "precise"] if itemsize(dtype) == 2 else ["precise", "fast"]
+
+
 # -------------------------------------------------------------------------------------- CUDA snippets
 
 _CONVERT_F32 = r"""

@@ -460,7 +460,7 @@ class ElementwiseTemplate(Template):
             # (bf16 [1,2048,8192] in 20.9 us on the H200, 76 % of copy), tanhf's ~40 instructions an element
             # would fill the SMs' issue slots, as eager's SiLU formula did in the GroupNorm -> SiLU chain
             # (measured there: 252 us precise against 217 us fast).
-            space["math"] = ["fast", "precise"] if cc.itemsize(plan.out_dtype) == 2 else ["precise", "fast"]
+            space["math"] = cc.math_choices(plan.out_dtype)
         return space
 
     def render(self, card: OperatorCard, params: Mapping[str, Any], *, hw: Hardware = H200) -> Rendered:
