@@ -255,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                 r["pattern_misses"] = st.get("pattern_misses", {})  # matched calls that no variant fitted
                 r["pattern_problems"] = st.get("pattern_problems", {})
                 r["pattern_matches"] = st.get("pattern_matches", {})  # per pattern op, over the graphs compiled
+                r["layout_copies"] = st.get("layout_copies", {})  # Inductor's copies around the cast's ops
 
                 def run_base(step=step, base=base):
                     step()
@@ -290,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(doc: dict[str, Any]) -> str:
+    from engine.cast.compose import describe_layout_copies
+
     f = lambda x, s=".2f": "–" if x is None else format(x, s)  # noqa: E731
     lines = [f"# bench_compose: {doc['model']}", "", f"{doc['gpu']}, torch {doc['torch']}, {doc['date']}; "
              f"{len(doc.get('variants', []))} variant(s) in the cast"
@@ -321,6 +324,11 @@ def report(doc: dict[str, Any]) -> str:
                          f"{' and declined ' + str(why['target_declines']) + ' for their target' if why['target_declines'] else ''}"
                          f"; the calls brought {' | '.join(why['calls_brought']) or '–'}; proven for "
                          f"{' | '.join(why['proven_for']) or 'nothing'}")
+        copies = describe_layout_copies(r.get("layout_copies"))
+        if copies:
+            lines.append(f"\n{mode}: {copies}. Per op: " + "; ".join(
+                f"{k} {v['calls']} call(s), {v['inputs_copied']} in, {v['outputs_copied']} out"
+                for k, v in r["layout_copies"].items()))
         if "compiled_first" in r:
             lines.append(f"\n{mode}: compiled {r['compiled_first']} first; the cast's pattern pass took "
                          f"{r.get('pattern_pass_s', 0.0):.2f} s of its compile")

@@ -722,6 +722,8 @@ def _host_line(what: str, row: dict | None, why: str | None) -> str:
 def per_model_section(out: Path, models: list[str], covered: dict[str, float]) -> list[str]:
     """The whole-forward arms of every model: a summary, where we lose, then per model its arms, host time per
     forward and its sittings. A number that is not there says why."""
+    from engine.cast.compose import describe_layout_copies
+
     summary, lose, detail = [], [], []
     short = lambda why: why.split(":")[0]  # noqa: E731  (the summary's cell; the model's table has the rest)
     for model in models:
@@ -786,6 +788,9 @@ def per_model_section(out: Path, models: list[str], covered: dict[str, float]) -
             detail += ["", f"Depth: the arms without \"full depth\" run the model as captured, {depth[0]} of its "
                        f"{depth[1]} layers, which over-weights what runs once per forward (an LM head, a VAE); {then}"]
         for mode, r in ((_load(d / "compose" / "bench_compose.json") or {}).get("modes") or {}).items():
+            copies = describe_layout_copies(r.get("layout_copies"))
+            if copies:
+                detail += ["", f"Layouts under torch.compile {mode}: {copies}."]
             if r.get("pattern_matches") or r.get("pattern_misses"):  # a pattern card that matched but missed
                 missed = "; ".join(f"{name} missed {w['misses']} call(s), which brought {' | '.join(w['calls_brought'])}"
                                    f" (proven for {' | '.join(w['proven_for'])})"

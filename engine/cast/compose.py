@@ -30,7 +30,10 @@ options=…)` otherwise):
    the same veto, hold the decomposition there (a call the pattern does not match, such as a GroupNorm no
    SiLU follows, is then Inductor's code, not a guard miss).
 2. The op is registered with `make_fallback(op, layout_constraint=constrain_to_fx_strides,
-   override_decomp=True)`, so Inductor passes the strides eager would (the guard keys on strides).
+   override_decomp=True)`, so Inductor passes the strides eager would (the guard keys on strides). Where
+   Inductor holds an input in another layout (a convolution's output under its layout optimization is
+   channels-last) it copies it first, and where the op's output goes to a consumer that wants another layout
+   it copies that too: each copy is a pass over the tensor. `layout_copies` records both, per op (below).
 3. Only variants proven for the mode's target (`compile`, `compile:MODE`; a variant without recorded targets:
    where its cast's one whole-model check ran, `format.legacy_targets`, or every mode when it has none) are
    kept, and the compiled graph runs inside `runtime.target_scope(target)`, so the routers decline
@@ -54,6 +57,12 @@ found in the post-grad graph by the same pass (before any user pass), and each m
 registered `kforge::chain_<digest>` op whose runtime guard picks the cast's variant or eager for the card.
 The pass's `uuid()` includes the patterns, so a cached graph compiled without them is never served. Only
 graphs traced with grad disabled are rewritten.
+
+Layout copies (`CastBackend.layout_copies`, also a cast's `stats()["layout_copies"]`): per op of the cast
+that compiled graphs call, how many calls were compiled, how many of their inputs Inductor copied into the
+layout the variants were proven for, how many of their outputs it copied into another layout for a consumer,
+and the first strides it had to convert. On a convolutional model Inductor runs channels-last, and a
+GroupNorm → SiLU pattern card whose output feeds a convolution gains the SiLU pass and pays a copy back.
 
 Compiles through this backend are serialized by one lock (the tables patched are process-wide).
 """
@@ -196,6 +205,7 @@ def inductor_snapshot(ops: list[torch._ops.OpOverload] | None = None) -> dict[st
     comparable snapshot (identity of each entry), so a test can check that it is restored exactly."""
     from torch._inductor import config
     from torch._inductor import decomposition as D
+    from torch._inductor import ir
     from torch._inductor import lowering as L
 
     def ident(d: dict, keys: Any) -> dict:
@@ -213,7 +223,8 @@ def inductor_snapshot(ops: list[torch._ops.OpOverload] | None = None) -> dict[st
             "joint_custom_passes": (id(config.joint_custom_pre_pass), id(config.joint_custom_post_pass)),
             "pattern_matcher": config.pattern_matcher,
             "inductor_patterns": _inductor_pattern_counts(),
-            "fast_random_decomps": {str(k): id(v) for k, v in D.fast_random_decomps().items()}}
+            "fast_random_decomps": {str(k): id(v) for k, v in D.fast_random_decomps().items()},
+            "copy_input": id(ir.ExternKernel.__dict__["copy_input"])}  # wrapped while compiling (layout copies)
 
 
 def _inductor_pattern_counts() -> dict[str, int]:
@@ -266,12 +277,14 @@ def _key_pass(digest: str, vetoed: tuple, previous: Any, patterns: Any = None, a
 @contextmanager
 def inductor_state(owner: object, digest: str, previous_pass: Any = None,
                    patterns: chain_patterns.PatternSet | None = None, apply_patterns: bool = True,
-                   record: list | None = None, target: str | None = None) -> Iterator[tuple]:
+                   record: list | None = None, target: str | None = None,
+                   copies: dict | None = None) -> Iterator[tuple]:
     """Inside the block, Inductor keeps the ops `owner` routes (see the module docstring), replaces the
     matches of `patterns` (when `apply_patterns`) and its caches are keyed by `digest` and the patterns;
     every table and config entry touched is put back on exit. Yields what was vetoed; per graph the
     post-grad pass rewrote, its matches are appended to `record`. `target`: keep only the ops of variants
-    that may run under it (runtime.compile_target of the mode)."""
+    that may run under it (runtime.compile_target of the mode). `copies`: filled with the layout copies
+    Inductor made around the cast's ops (see the module docstring)."""
     from torch._inductor import config
     from torch._inductor import decomposition as D
     from torch._inductor import lowering as L
@@ -285,11 +298,14 @@ def inductor_state(owner: object, digest: str, previous_pass: Any = None,
                  for op in ops}
         vetoed = tuple(sorted((str(op), tuple(sorted((d, str(t)) for d, t in cov[op]))) for op in ops))
         kept: dict = {}
+        copies = {} if copies is None else copies
+        names: dict[Any, str] = {}
         prev = previous_pass if previous_pass is not None else config.post_grad_custom_post_pass
         try:
             for op in ops:
                 D.decompositions[op] = _veto(saved[op][0], frozenset(cov[op]), shapes.get(op))
-                L.make_fallback(op, layout_constraint=L.constrain_to_fx_strides, override_decomp=True)
+                names[op] = str(op)
+                L.make_fallback(op, layout_constraint=_recording_constraint(str(op), copies), override_decomp=True)
             D.fast_random_decomps.cache_clear()  # functools.cache over `decompositions`
             # A chain holding a vetoed op is traced again here, under the veto (patterns.PatternSet.prepare),
             # once per set of vetoed ops and sizes: its pattern holds the op where the veto keeps it (a size an
@@ -303,9 +319,13 @@ def inductor_state(owner: object, digest: str, previous_pass: Any = None,
             kept.update({op: (L.lowerings.get(op, _MISSING), op in L.fallbacks, op in L.needs_realized_inputs,
                               L._maybe_layout_constraints.get(op, _MISSING)) for op in chain_ops})
             for op in chain_ops:
-                L.make_fallback(op, layout_constraint=L.constrain_to_fx_strides, warn=False)
+                names[op] = str(op)
+                L.make_fallback(op, layout_constraint=_recording_constraint(str(op), copies), warn=False)
+            # Ops that are fallbacks already (not decomposed) reach the override as they are: their outputs
+            # are counted too, their inputs keep Inductor's own constraint.
+            names.update({op: str(op) for op in cov if op not in names})
             key = _key_pass(digest, vetoed, prev, patterns, apply_patterns, target, skey)
-            with config.patch(post_grad_custom_post_pass=key):
+            with config.patch(post_grad_custom_post_pass=key), _counting_output_copies(names, copies):
                 try:
                     yield vetoed
                 finally:
@@ -328,6 +348,111 @@ def inductor_state(owner: object, digest: str, previous_pass: Any = None,
                 if not realized:
                     L.needs_realized_inputs.discard(op)
             D.fast_random_decomps.cache_clear()
+
+
+LAYOUTS_KEPT = 4  # distinct conversions kept per op, to say what Inductor had and what the op wanted
+
+
+def _copy_row(copies: dict, name: str) -> dict[str, Any]:
+    return copies.setdefault(name, {"calls": 0, "inputs_copied": 0, "outputs_copied": 0, "conversions": []})
+
+
+def _note_conversion(row: dict[str, Any], what: str, had: Any, wanted: Any) -> None:
+    def strides(x: Any) -> str:
+        if x is None or isinstance(x, str):
+            return x or "?"
+        try:
+            return "(" + ", ".join(str(int(v)) if str(v).lstrip("-").isdigit() else str(v) for v in x) + ")"
+        except TypeError:
+            return str(x)
+
+    seen = f"{what}: {strides(had)} -> {strides(wanted)}"
+    if seen not in row["conversions"] and len(row["conversions"]) < LAYOUTS_KEPT:
+        row["conversions"].append(seen)
+
+
+def _recording_constraint(name: str, copies: dict) -> Callable[..., Any]:
+    """`constrain_to_fx_strides` that counts, for the op `name`, the compiled calls and the inputs Inductor
+    had to copy to give them eager's strides (`require_stride_order` returns a new node only when it copies)."""
+    from torch._inductor import lowering as L
+
+    def constrain_and_count(fx_node: Any, *args: Any, **kwargs: Any) -> Any:
+        new_args, new_kwargs = L.constrain_to_fx_strides(fx_node, *args, **kwargs)
+        row = _copy_row(copies, name)
+        row["calls"] += 1
+        fx_args = list(fx_node.args) + [fx_node.kwargs.get(k) for k in kwargs]
+        for old, new, fx_arg in zip([*args, *kwargs.values()], [*new_args, *new_kwargs.values()], fx_args):
+            if new is not old and L._is_tensor_irnode(old):
+                row["inputs_copied"] += 1
+                val = fx_arg.meta.get("val") if isinstance(fx_arg, torch.fx.Node) else None
+                _note_conversion(row, "input", _strides_of(old),
+                                 val.stride() if isinstance(val, torch.Tensor) else "?")
+        return new_args, new_kwargs
+
+    return constrain_and_count
+
+
+def _strides_of(x: Any) -> Any:
+    """The strides of an IR node's layout, where it has one now (else None)."""
+    try:
+        return x.maybe_get_stride()
+    except Exception:  # noqa: BLE001 - a node whose layout is not decided: no strides to name
+        return None
+
+
+def _producer_op(x: Any) -> Any:
+    """The op overload of the fallback kernel whose output the IR node `x` is (through boxes, views and the
+    outputs of a multi-output kernel), or None."""
+    from torch._inductor import ir
+
+    node = x
+    for _ in range(16):
+        if isinstance(node, ir.MultiOutput):
+            node = node.inputs[0] if getattr(node, "inputs", None) else None
+        elif isinstance(node, ir.ExternKernel):
+            return getattr(node, "op_overload", None)
+        else:
+            node = getattr(node, "data", None)
+        if node is None:
+            return None
+    return None
+
+
+@contextmanager
+def _counting_output_copies(names: dict[Any, str], copies: dict) -> Iterator[None]:
+    """While Inductor lowers, count the copies it makes of the outputs of the ops in `names` (op → name):
+    a consumer (a convolution under layout optimization) that wants other strides than the op returned."""
+    from torch._inductor import ir
+
+    original = ir.ExternKernel.__dict__["copy_input"]
+    inner = original.__func__ if isinstance(original, staticmethod) else original
+
+    def copy_input(x: Any) -> Any:
+        name = names.get(_producer_op(x))
+        if name is not None:
+            row = _copy_row(copies, name)
+            row["outputs_copied"] += 1
+            _note_conversion(row, "output", _strides_of(x), "a consumer's")
+        return inner(x)
+
+    ir.ExternKernel.copy_input = staticmethod(copy_input)
+    try:
+        yield
+    finally:
+        ir.ExternKernel.copy_input = original
+
+
+def describe_layout_copies(copies: dict[str, dict[str, Any]] | None) -> str | None:
+    """One sentence on the layout copies Inductor made around a cast's ops (None when it made none)."""
+    rows = {k: v for k, v in (copies or {}).items() if v.get("inputs_copied") or v.get("outputs_copied")}
+    if not rows:
+        return None
+    ins = sum(v["inputs_copied"] for v in rows.values())
+    outs = sum(v["outputs_copied"] for v in rows.values())
+    calls = sum(v["calls"] for v in (copies or {}).values())
+    first = next(c for v in rows.values() for c in v["conversions"] or ["?"])
+    return (f"Inductor copied {ins} input(s) and {outs} output(s) of the cast's ops into another layout "
+            f"({calls} call(s) compiled; e.g. {first}): each copy is one more pass over its tensor")
 
 
 def _put(d: dict, key: Any, value: Any) -> None:
@@ -357,6 +482,10 @@ class CastBackend:
         self.patterns = (patterns if isinstance(patterns, chain_patterns.PatternSet) or patterns is None
                          else chain_patterns.build(cast, list(patterns)))
         self.pattern_matches: list[dict[str, int]] = []   # per graph rewritten: matches per pattern op
+        # Per op the graphs call: calls compiled and the layout copies Inductor made around them (shared with
+        # the cast's own record where it keeps one, so `cast.stats()` reports every backend's compiles).
+        shared = getattr(cast, "layout_copies", None)
+        self.layout_copies: dict[str, dict[str, Any]] = shared if isinstance(shared, dict) else {}
 
     @property
     def pattern_problems(self) -> dict[str, str]:
@@ -367,7 +496,7 @@ class CastBackend:
         # Inference only: a graph traced with grad enabled keeps Inductor's own code (and its backward).
         apply = not torch.is_grad_enabled()
         with inductor_state(self.cast, cast_digest(self.cast), self._user_pass, self.patterns, apply,
-                            self.pattern_matches, self.target) as vetoed:
+                            self.pattern_matches, self.target, self.layout_copies) as vetoed:
             self.vetoed.append(vetoed)
             compiled = self.inner(gm, example_inputs)
         target = self.target

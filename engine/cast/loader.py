@@ -96,6 +96,8 @@ class Cast:
         self._module_kept: dict[str, Any] = {}  # module-route counters by path, since removed
         self._module_skipped: list[str] = []  # module paths not patched at the last install, and why
         self._patterns: Any = None  # the pattern cards as a PatternSet, once built
+        # Per op compiled graphs call: the layout copies Inductor made around it (engine.cast.compose)
+        self.layout_copies: dict[str, dict[str, Any]] = {}
         self._lock = threading.RLock()
         self._cpp_ops: list[str] = []  # ops this cast routes through the C++ router while installed
         self._cpp_targets: dict[str, list[frozenset[str] | None]] = {}  # per C++-routed op: its plans' targets
@@ -211,7 +213,8 @@ class Cast:
                              and hasattr(v.plan, "hits")},
                 "pattern_problems": dict(self._patterns.problems) if self._patterns is not None else {},
                 "pattern_misses": self._pattern_misses(),
-                "pattern_matches": self._pattern_matches()}
+                "pattern_matches": self._pattern_matches(),
+                "layout_copies": {k: dict(v, conversions=list(v["conversions"])) for k, v in self.layout_copies.items()}}
 
     def _pattern_misses(self) -> dict[str, Any]:
         """Per pattern op of this cast whose compiled calls missed: what they brought, what was proven."""

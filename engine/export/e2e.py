@@ -144,6 +144,10 @@ def ran_in_forward(stats: dict[str, Any], ids: Sequence[str]) -> dict[str, Any]:
                            "never_ran": [i for i in ids if not hits.get(i)]}
     if stats.get("pattern_matches"):
         out["pattern_matches"] = dict(stats["pattern_matches"])
+    copies = {k: v for k, v in (stats.get("layout_copies") or {}).items()
+              if v.get("inputs_copied") or v.get("outputs_copied")}
+    if copies:  # a kernel that pays a layout copy in the compiled graph can gain less than its card said
+        out["layout_copies"] = copies
     return out
 
 

@@ -826,11 +826,14 @@ def tried_summary(t: dict[str, Any]) -> str:
     """One variant set's outcome in the whole-model check, for messages and exclusion reasons."""
     if t.get("rejected"):
         return f"{len(t['variants'])} variant(s): {t['rejected']}"
+    from engine.cast.compose import describe_layout_copies
+
     idle = t.get("never_ran") or []
+    copies = describe_layout_copies(t.get("layout_copies"))
     return (f"{len(t['variants'])} variant(s): {t['speedup']:.3f}x "
             f"(95% CI {t['speedup_ci'][0]:.3f}-{t['speedup_ci'][1]:.3f})"
             + (f"; {len(idle)} never ran in the forward ({', '.join(idle[:4])}{', …' if len(idle) > 4 else ''})"
-               if idle else ""))
+               if idle else "") + (f"; {copies}" if copies else ""))
 
 
 def not_faster_caveat(chosen: dict[str, Any], graphs: bool) -> str | None:

@@ -1,0 +1,111 @@
+"""The layout copies Inductor makes around a cast's ops (engine.cast.compose `layout_copies`), on the CPU.
+
+Under its layout optimization Inductor runs a convolutional model channels-last. A cast's op is passed
+eager's strides (its variants were proven for them): after a convolution, Inductor copies the input first.
+A pattern card's output has eager's strides too, and the convolution after it copies it back. Each copy is a
+pass over the tensor; on the SD3.5 VAE a GroupNorm -> SiLU card gained the SiLU pass and paid one back, and
+measured no faster than the GroupNorm op variant alone (docs/results/reproduce-h200/2026-12-03c). The record
+says so instead of leaving it to guesswork."""
+
+from __future__ import annotations
+
+import torch
+from test_cast_compile import CpuCast
+from test_cast_pattern_cards import Counting, _GnSiluBlock
+from test_chains import _heavy_ops, _patterns
+
+from engine.capture.chains import chain_signature
+from engine.cast import compose
+
+
+class _ConvNorm(torch.nn.Module):
+    """conv -> GroupNorm -> SiLU -> conv, or the same without the first conv (`conv_first=False`)."""
+
+    def __init__(self, conv_first: bool = True):
+        super().__init__()
+        self.first = torch.nn.Conv2d(8, 8, 3, padding=1) if conv_first else torch.nn.Identity()
+        self.norm, self.conv = torch.nn.GroupNorm(4, 8), torch.nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(torch.nn.functional.silu(self.norm(self.first(x))))
+
+
+def _compiled_copies(model, x, owner, patterns=None):
+    backend = compose.backend(owner, patterns=patterns)
+    torch._dynamo.reset()
+    with torch.no_grad(), torch._inductor.config.patch(force_layout_optimization=True):
+        want = model(x)
+        got = torch.compile(model, backend=backend)(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    return backend.layout_copies
+
+
+def test_an_op_after_a_convolution_gets_its_input_copied_to_eagers_layout(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 6, 6)
+    for conv_first, copied in ((True, 1), (False, 0)):
+        model = _ConvNorm(conv_first).eval()
+        n = model.norm
+        owner = CpuCast("lc").install([x, n.weight.detach(), n.bias.detach(), 1, 8, 36, 4, 1e-5])
+        try:
+            copies = _compiled_copies(model, x, owner)
+            assert owner.hits == 2  # the eager forward and the compiled one
+        finally:
+            owner.remove()
+            torch._dynamo.reset()
+        row = copies["aten.native_group_norm.default"]
+        assert (row["calls"], row["inputs_copied"], row["outputs_copied"]) == (1, copied, 0), row
+        # What Inductor had (the convolution's channels-last output) and what the op was proven for
+        assert row["conversions"] == (["input: (288, 1, 48, 8) -> (288, 36, 6, 1)"] if copied else [])
+
+
+def test_a_pattern_cards_output_is_copied_for_the_convolution_after_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1), _GnSiluBlock()).eval()
+    x = torch.randn(2, 8, 4, 4)
+    _, pats = _patterns(model, x)
+    sig = chain_signature(next(p for p in pats if _heavy_ops(p)[:2] == ["native_group_norm", "silu"]).instances[0])
+    plan = Counting(sig)
+    owner = CpuCast("none")  # pattern cards only: no op routes
+    try:
+        copies = _compiled_copies(model, x, owner, patterns=[(sig, plan)])
+    finally:
+        torch._dynamo.reset()
+    assert plan.calls == 1
+    (name, row), = copies.items()
+    assert name.startswith("kforge.chain_")
+    # Eager's strides in (a copy of the convolution's output), eager's strides out (copied back for the next one)
+    assert (row["calls"], row["inputs_copied"], row["outputs_copied"]) == (1, 1, 1), row
+    assert row["conversions"] == ["input: (128, 1, 32, 8) -> (128, 16, 4, 1)",
+                                  "output: (128, 16, 4, 1) -> a consumer's"]
+
+
+COPIES = {"aten.native_group_norm.default": {"calls": 24, "inputs_copied": 11, "outputs_copied": 0,
+                                             "conversions": ["input: (1, 128, 131072, 128) -> (134217728, 1048576, 1024, 1)"]},
+          "kforge.chain_2783e3d6189ce9bf.default": {"calls": 6, "inputs_copied": 0, "outputs_copied": 6,
+                                                    "conversions": ["output: (33554432, 65536, 256, 1) -> a consumer's"]},
+          "aten.mean.dim": {"calls": 1, "inputs_copied": 0, "outputs_copied": 0, "conversions": []}}
+
+
+def test_the_export_and_bench_compose_say_what_inductor_copied():
+    from conftest import load_script
+    from test_bench_compose_report import _mode
+
+    from engine.export.e2e import ran_in_forward
+    from engine.export.package import tried_summary
+
+    ran = ran_in_forward({"variants": [{"id": "gn", "hits": 24}], "layout_copies": COPIES}, ["gn"])
+    assert set(ran["layout_copies"]) == {"aten.native_group_norm.default", "kforge.chain_2783e3d6189ce9bf.default"}
+    line = tried_summary({"variants": ["gn"], "speedup": 1.29, "speedup_ci": [1.28, 1.30], **ran})
+    assert ("Inductor copied 11 input(s) and 6 output(s) of the cast's ops into another layout (30 call(s) "
+            "compiled; e.g. input: (1, 128, 131072, 128) -> (134217728, 1048576, 1024, 1))") in line
+    # Nothing copied: nothing said
+    assert "layout_copies" not in ran_in_forward({"variants": [], "layout_copies": {"aten.mean.dim": COPIES["aten.mean.dim"]}}, [])
+    assert compose.describe_layout_copies({}) is None
+    text = load_script("bench_compose").report({"gpu": "NVIDIA H200", "torch": "2.11", "date": "2026-12-03",
+                                                "model": "sd35_vae", "variants": [],
+                                                "modes": {"default": _mode(layout_copies=COPIES)}})
+    assert "default: Inductor copied 11 input(s) and 6 output(s)" in text
+    assert "aten.native_group_norm.default 24 call(s), 11 in, 0 out" in text
