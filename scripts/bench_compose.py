@@ -12,6 +12,10 @@ favours torch.compile alone, not us). Writes DIR/bench_compose.json and DIR/benc
 
 A config written CONFIG@key=value[,key=value] is built with those [params] overridden (TOML values), e.g.
 gemma4_e2b@full_depth=true for the real depth; the report names the model as written.
+
+--inductor KEY=VALUE sets an Inductor config entry while both arms compile; --cast-inductor KEY=VALUE only
+while the cast's arm compiles (e.g. layout_optimization=false: the convolutions stay in eager's layout, so
+the cast's ops need no layout copies, against torch.compile alone as users run it). The record names both.
 """
 
 from __future__ import annotations
@@ -105,7 +109,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default="default,reduce-overhead",
                     help="compile modes, comma-separated: default, max-autotune-no-cudagraphs, reduce-overhead")
     ap.add_argument("--iters", type=int, default=0, help="forwards per arm (0: about 3 s per arm, 10 to 60)")
+    ap.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
+                    help="an Inductor config entry while both arms compile (repeatable)")
+    ap.add_argument("--cast-inductor", action="append", default=[], metavar="KEY=VALUE",
+                    help="an Inductor config entry while the cast's arm compiles (repeatable), "
+                         "e.g. layout_optimization=false")
     args = ap.parse_args(argv)
+    try:
+        both, cast_only = inductor_options(args.inductor, "--inductor"), inductor_options(args.cast_inductor,
+                                                                                          "--cast-inductor")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
     from engine.config import load_config, override_params, parse_model_spec
     from engine.errors import UsageError
@@ -141,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     caches = Path(tempfile.mkdtemp(prefix="kforge-compose-"))
     gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else f"{DEVICE} (a control-flow test, not a measurement)"
     doc: dict[str, Any] = {"gpu": gpu, "torch": torch.__version__, "model": args.model,
-                           "date": time.strftime("%Y-%m-%d %H:%M"), "modes": {}}
+                           "date": time.strftime("%Y-%m-%d %H:%M"), "modes": {},
+                           **({"inductor": both} if both else {}), **({"cast_inductor": cast_only} if cast_only else {})}
 
     def save() -> None:
         (args.out / "bench_compose.json").write_text(json.dumps(doc, indent=1, default=str))
@@ -218,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
                     """Compile the arm (fresh on-disk caches), time its first call; (callable, graphs compiled)."""
                     fresh_caches(caches, f"{mode}-{arm}")
                     g = graphs()
-                    with enabled() if with_cast else contextlib.nullcontext():
+                    opts = {**both, **(cast_only if with_cast else {})}
+                    with enabled() if with_cast else contextlib.nullcontext(), \
+                            torch._inductor.config.patch(**opts):  # read while the first call compiles
                         fn = cast.compile(forward, **kw) if with_cast else torch.compile(forward, **kw)
                         t0 = time.perf_counter()
                         step()
@@ -290,13 +308,44 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def inductor_options(items: list[str], flag: str) -> dict[str, Any]:
+    """KEY=VALUE strings as Inductor config entries (true/false, integers, floats, else text); a key Inductor
+    does not have, or an item without '=', is a ValueError naming the flag and the fix."""
+    from torch._inductor import config
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise ValueError(f"{flag} {item!r}: write KEY=VALUE, e.g. {flag} layout_optimization=false")
+        if key not in config.get_config_copy():
+            raise ValueError(f"{flag} {item!r}: Inductor has no config entry {key!r} "
+                             f"(see torch._inductor.config), e.g. {flag} layout_optimization=false")
+        v = raw.strip()
+        low = v.lower()
+        value: Any = True if low == "true" else False if low == "false" else v
+        if isinstance(value, str):
+            for conv in (int, float):
+                try:
+                    value = conv(v)
+                    break
+                except ValueError:
+                    pass
+        out[key] = value
+    return out
+
+
 def report(doc: dict[str, Any]) -> str:
     from engine.cast.compose import describe_layout_copies
 
     f = lambda x, s=".2f": "–" if x is None else format(x, s)  # noqa: E731
     lines = [f"# bench_compose: {doc['model']}", "", f"{doc['gpu']}, torch {doc['torch']}, {doc['date']}; "
              f"{len(doc.get('variants', []))} variant(s) in the cast"
-             + (f" (those matching --only {doc['only']!r})" if doc.get("only") else ""), "",
+             + (f" (those matching --only {doc['only']!r})" if doc.get("only") else "")
+             + "".join(f"; Inductor config {', '.join(f'{k}={v}' for k, v in doc[key].items())} {who}"
+                       for key, who in (("inductor", "for both arms"), ("cast_inductor", "for the cast's arm only"))
+                       if doc.get(key)), "",
              "| arm | base ms | with cast ms | speedup (95 % CI) | rel. L2 vs eager | hits/forward | compile s "
              "(alone → with cast) |", "|---|---:|---:|---|---:|---:|---|"]
     e = doc.get("eager")

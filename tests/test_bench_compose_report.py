@@ -50,9 +50,10 @@ def test_the_scripts_control_flow_on_a_cpu(tmp_path, monkeypatch):
     cast = _write(tmp_path)  # a module card for another model: installed on none of my_model's modules
     out = tmp_path / "out"
     code = bench.main(["--out", str(out), "--model", "configs/examples/my_model.toml", "--small", "--cast", str(cast),
-                       "--modes", "default", "--iters", "3"])
+                       "--modes", "default", "--iters", "3", "--cast-inductor", "layout_optimization=false"])
     assert code == 0
     doc = json.loads((out / "bench_compose.json").read_text())
+    assert doc["cast_inductor"] == {"layout_optimization": False}
     r = doc["modes"]["default"]
     assert "error" not in r, r.get("traceback")
     assert r["compiled_first"] == "with cast" and r["hits_per_forward"] == 0 and r["pattern_pass_s"] == 0.0
@@ -79,3 +80,28 @@ def test_only_names_the_variants_it_keeps_or_refuses_in_one_line(tmp_path, monke
     assert bench.main([*base, "--only", "no_such_op"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress line of the model's build
     assert err == "error: --only 'no_such_op' matches none of the cast's variants (rms)"
+
+
+def test_inductor_options_are_checked_and_named_in_the_report():
+    bench = load_script("bench_compose")
+    assert bench.inductor_options(["layout_optimization=false", "max_autotune=True", "realize_reads_threshold=4"],
+                                  "--cast-inductor") == {"layout_optimization": False, "max_autotune": True,
+                                                         "realize_reads_threshold": 4}
+    for bad, says in (("layout_optimisation=false", "Inductor has no config entry 'layout_optimisation'"),
+                      ("layout_optimization", "write KEY=VALUE")):
+        try:
+            bench.inductor_options([bad], "--cast-inductor")
+        except ValueError as e:
+            assert says in str(e) and "--cast-inductor layout_optimization=false" in str(e)
+        else:
+            raise AssertionError(f"{bad!r} was accepted")
+    doc = {"gpu": "NVIDIA H200", "torch": "2.11", "date": "2026-12-03", "model": "sd35_vae", "variants": [],
+           "cast_inductor": {"layout_optimization": False}, "modes": {"default": _mode()}}
+    assert "; Inductor config layout_optimization=False for the cast's arm only" in bench.report(doc)
+
+
+def test_a_bad_inductor_option_exits_2_with_one_line(capsys):
+    bench = load_script("bench_compose")
+    assert bench.main(["--out", "/tmp/never", "--cast-inductor", "layout_optimisation=false"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --cast-inductor 'layout_optimisation=false'")
