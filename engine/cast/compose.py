@@ -203,9 +203,8 @@ def _veto(original: Callable[..., Any], pairs: frozenset, shapes: frozenset | No
 def inductor_snapshot(ops: list[torch._ops.OpOverload] | None = None) -> dict[str, Any]:
     """What the backend touches in Inductor, for `ops` (all decomposed/lowered ops when None): a
     comparable snapshot (identity of each entry), so a test can check that it is restored exactly."""
-    from torch._inductor import config
+    from torch._inductor import config, ir
     from torch._inductor import decomposition as D
-    from torch._inductor import ir
     from torch._inductor import lowering as L
 
     def ident(d: dict, keys: Any) -> dict:
