@@ -91,8 +91,15 @@ async def lane_session(args) -> AsyncIterator[tuple[list[tuple[str, OperatorCard
         compiler = Compiler(Path(args.workspace) / "cache", "nvrtc", arch=arch)
         from engine.capture.signature import signature_text
 
+        copies: dict[str, dict] = {}
+        if getattr(args, "landscape", None):  # the lane's copy of each card's bytes: what "% of copy" is against
+            from engine.lane.eager import measure_copy
+
+            copies = await measure_copy(lane, [r for _, r in refs if r.bytes])
         briefs = [(label, OperatorCard(r.card_id, r.op, r.signature, signature_text(r.signature), r.outputs,
-                                       bytes=r.bytes, roofline_us=r.bytes / hello["copy_bw"] * 1e6), r.samples)
+                                       bytes=r.bytes, roofline_us=r.bytes / hello["copy_bw"] * 1e6,
+                                       copy_us=(copies.get(r.card_id) or {}).get("copy", {}).get("median")),
+                   r.samples)
                   for label, r in refs]
         briefs = [b for b in briefs if proposer.supports(b[1])][: args.cards]
         async with CompilePool() as pool:

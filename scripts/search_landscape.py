@@ -234,7 +234,20 @@ async def measure(doc: dict[str, Any], path: Path, cards: Sequence[tuple[str, Op
             f"{len(done)} measured already, {len(todo)} to measure")
         await _measure_card(doc, path, entry, template, CardState(card, list(samples)), todo, evaluate,
                             concurrency=concurrency, log=lambda line, where=where: log(f"{where} {line}"))
+        said = copy_line(entry)
+        if said:
+            log(f"{where} {said}")
     return doc
+
+
+def copy_line(entry: Mapping[str, Any]) -> str | None:
+    """The card's best verified kernel (by speedup) against the lane's copy of the same bytes (issue 21's measure),
+    where the landscape has both."""
+    best, copy_us = best_instance(entry), entry["card"].get("copy_us")
+    if best is None or not copy_us:
+        return None
+    return (f"best verified kernel {best['time_us']:.2f} us; the lane's copy of the same bytes {copy_us:.2f} us: "
+            f"{100 * copy_us / best['time_us']:.0f} % of copy bandwidth ({best['params']})")
 
 
 async def _measure_card(doc: dict[str, Any], path: Path, entry: dict[str, Any], template: Template,

@@ -394,3 +394,20 @@ def test_a_noiseless_replay_is_the_live_search_over_the_same_outcomes(stand_in_l
         assert (a["strategy"], a["seed"]) == (b["strategy"], b["seed"])
         for card_id, curve in a["curves"].items():
             assert [v or 1.0 for v in curve] == b["cards"][card_id]["curve"]  # live: 0 until one verifies
+
+
+def test_a_landscape_says_each_cards_best_against_the_lanes_copy_of_its_bytes(cards, tmp_path):
+    """Issue 21 measures memory-bound kernels against the lane's own copy of the same bytes: a card that has
+    its copy time gets one line with its best verified kernel's share of copy bandwidth; one without, none."""
+    import dataclasses
+
+    (label, card, samples) = cards[0]
+    lines: list[str] = []
+    doc = land.new_landscape(HELLO, torch="invented", commit="0" * 40, created="invented")
+    asyncio.run(land.measure(doc, tmp_path / "l.json", [(label, dataclasses.replace(card, copy_us=10.0), samples),
+                                                        cards[1]], HW, invented_lane(), log=lines.append))
+    best = land.best_instance(doc["cards"][0])
+    said = [line for line in lines if "copy of the same bytes" in line]
+    assert said == [f"[1/2 {label}] best verified kernel {best['time_us']:.2f} us; the lane's copy of the same "
+                    f"bytes 10.00 us: {100 * 10.0 / best['time_us']:.0f} % of copy bandwidth ({best['params']})"]
+    assert doc["cards"][0]["card"]["copy_us"] == 10.0 and land.copy_line(doc["cards"][1]) is None
