@@ -109,3 +109,88 @@ def test_the_export_and_bench_compose_say_what_inductor_copied():
                                                 "modes": {"default": _mode(layout_copies=COPIES)}})
     assert "default: Inductor copied 11 input(s) and 6 output(s)" in text
     assert "aten.native_group_norm.default 24 call(s), 11 in, 0 out" in text
+
+
+class OpCast:
+    """A CPU variant of one ATen op for the signature of `args` (running PyTorch's own kernel, so results are
+    exact; the hit counter tells who ran), like test_cast_compile.CpuCast for any op."""
+
+    def __init__(self, op, args):
+        import uuid
+
+        from engine.capture.signature import bind_arguments, signature_of
+        from engine.cast import runtime
+        from engine.cast.guard import first_shape, layout_of, signature_key
+
+        self.digest, self.route = f"op-{uuid.uuid4().hex}", None
+        lay = layout_of(op)
+        sig = signature_of(op, bind_arguments(op, args, {}))
+        route = (lay.op_name, "CPU")
+
+        def run(bound):
+            return runtime.routes()[route].original.call_boxed(torch._C._dispatch_keyset_full(), *bound)
+
+        self.plan = runtime.Plan("op", run)
+        out = op(*args)
+        self.plan.output_strides = tuple(t.stride() for t in (out if isinstance(out, tuple) else (out,)))
+        runtime.add_entries(self, [(lay.op_name, signature_key(lay, sig, 0), self.plan, first_shape(sig))], "CPU")
+        self.route = runtime.routes()[route]
+
+    def remove(self):
+        from engine.cast import runtime
+
+        runtime.remove_owner(self)
+
+
+class _ConvLse(torch.nn.Module):
+    """conv -> logsumexp over the image: its output ([N, C]) has one layout whatever the input's."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        return torch.logsumexp(self.conv(x), dim=(2, 3))
+
+
+def test_a_variant_proven_for_the_layout_inductor_holds_gets_its_input_as_it_is(tmp_path, monkeypatch):
+    """A variant whose first input is channels-last (what a convolution leaves under Inductor's layout
+    optimization) is passed the convolution's output as it is: no copy, and the compiled call hits it; eager
+    (contiguous there) misses it. A variant for eager's contiguous layout gets a copy instead (above)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 6, 6)
+    lse = torch.ops.aten.logsumexp.default
+    owner = OpCast(lse, [x.contiguous(memory_format=torch.channels_last), [2, 3], False])
+    try:
+        copies = _compiled_copies(_ConvLse().eval(), x, owner)
+        assert owner.plan.hits == 1 and owner.route.misses == 1  # compiled: a hit; eager: a miss
+    finally:
+        owner.remove()
+        torch._dynamo.reset()
+    row = copies["aten.logsumexp.default"]
+    assert (row["calls"], row["inputs_copied"], row.get("inputs_as_held")) == (1, 0, 1), row
+
+
+def test_a_held_layout_is_copied_where_the_op_would_return_other_strides_than_the_graph_has(tmp_path, monkeypatch):
+    """PyTorch's CPU GroupNorm returns channels-last output for channels-last input, where the traced graph (and
+    the compiled code's assertions) has contiguous: a variant proven to return that cannot be passed the
+    convolution's output as it is, and Inductor copies it as for any variant (the guard then misses). On CUDA,
+    GroupNorm returns contiguous output for both, and the input is passed as held."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 6, 6)
+    model = _ConvNorm().eval()
+    n = model.norm
+    cl = x.contiguous(memory_format=torch.channels_last)
+    owner = CpuCast("cl").install([cl, n.weight.detach(), n.bias.detach(), 1, 8, 36, 4, 1e-5])
+    # what the variant returns, as a cast's manifest records it: PyTorch's CPU kernel's outputs
+    owner.plan.output_strides = tuple(t.stride() for t in torch.ops.aten.native_group_norm.default(
+        cl, n.weight.detach(), n.bias.detach(), 1, 8, 36, 4, 1e-5))
+    try:
+        copies = _compiled_copies(model, x, owner)
+    finally:
+        owner.remove()
+        torch._dynamo.reset()
+    row = copies["aten.native_group_norm.default"]
+    assert (row["calls"], row["inputs_copied"], row.get("inputs_as_held", 0)) == (1, 1, 0), row

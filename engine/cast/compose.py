@@ -88,9 +88,9 @@ _MISSING = object()
 _DEVICE_OF_KEY = {"CPU": "cpu", "CUDA": "cuda"}
 
 
-def _owned_keys(owner: object, target: str | None) -> Iterator[tuple[Any, str, tuple | None]]:
+def _owned_keys(owner: object, target: str | None, with_plan: bool = False) -> Iterator[tuple[Any, str, Any]]:
     """(op, device type, first tensor's key or None) of each installed guard-table entry of `owner` that may
-    run under `target` (no recorded targets, or `target` among them)."""
+    run under `target` (no recorded targets, or `target` among them); `with_plan`: (key, plan) for the key."""
     for (_op, dispatch_key), route in runtime.routes().items():
         device = _DEVICE_OF_KEY.get(dispatch_key)
         if device is None:
@@ -103,7 +103,7 @@ def _owned_keys(owner: object, target: str | None) -> Iterator[tuple[Any, str, t
                 continue
             first = key[0] if key else None
             ok = isinstance(first, tuple) and len(first) == 7 and isinstance(first[0], torch.dtype)
-            yield route.op, device, (first if ok else None)
+            yield route.op, device, ((first, route.table.get(key)) if with_plan else first) if ok else None
 
 
 def coverage(owner: object, target: str | None = None
@@ -156,6 +156,34 @@ def covered_shapes(owner: object, target: str | None = None) -> Shapes:
             if target is None or t is None or target in t:
                 add(op, None if shape is None else ("cuda", dtype, tuple(shape)))
     return {op: (None if v is None else frozenset(v)) for op, v in out.items()}
+
+
+Layouts = "dict[torch._ops.OpOverload, dict[tuple[str, torch.dtype, tuple[int, ...], tuple[int, ...]], tuple | None]]"
+
+
+def covered_layouts(owner: object, target: str | None = None) -> Layouts:
+    """Per ATen overload `owner` routes: for every (device type, dtype, shape, strides) its first tensor has in
+    a variant that may run under `target`, the strides of the tensor outputs that variant was proven to return
+    (None: not recorded). A compiled call whose first input Inductor already holds in one of these layouts,
+    and whose traced outputs have those strides, is passed as it is (no copy to eager's strides)."""
+    out: dict[Any, dict] = {}
+    for op, device, first in _owned_keys(owner, target, with_plan=True):
+        if first is not None:
+            (first, plan) = first
+            out.setdefault(op, {})[(device, first[0], tuple(first[1]), tuple(first[2]))] = \
+                getattr(plan, "output_strides", None)
+    cpp_shapes = getattr(owner, "_cpp_shapes", None) or {}
+    cpp_strides = getattr(owner, "_cpp_strides", None) or {}
+    cpp_outputs = getattr(owner, "_cpp_outputs", None) or {}
+    cpp_targets = getattr(owner, "_cpp_targets", None) or {}
+    for op_name in _cpp_ops(owner):
+        shapes, strides = cpp_shapes.get(op_name) or [], cpp_strides.get(op_name) or []
+        outs = cpp_outputs.get(op_name) or [None] * len(shapes)
+        for (dtype, shape), stride, o, t in zip(shapes, strides, outs,
+                                                cpp_targets.get(op_name, [None] * len(shapes))):
+            if shape is not None and stride is not None and (target is None or t is None or target in t):
+                out.setdefault(resolve_op(op_name), {})[("cuda", dtype, tuple(shape), tuple(stride))] = o
+    return out
 
 
 def _shapes_key(shapes: dict) -> str:
@@ -291,6 +319,7 @@ def inductor_state(owner: object, digest: str, previous_pass: Any = None,
     with _COMPILE_LOCK:
         cov = coverage(owner, target)
         shapes = covered_shapes(owner, target)
+        layouts = covered_layouts(owner, target)
         ops = [op for op in cov if op in D.decompositions]
         saved = {op: (D.decompositions[op], L.lowerings.get(op, _MISSING), op in L.fallbacks,
                       op in L.needs_realized_inputs, L._maybe_layout_constraints.get(op, _MISSING))
@@ -304,7 +333,8 @@ def inductor_state(owner: object, digest: str, previous_pass: Any = None,
             for op in ops:
                 D.decompositions[op] = _veto(saved[op][0], frozenset(cov[op]), shapes.get(op))
                 names[op] = str(op)
-                L.make_fallback(op, layout_constraint=_recording_constraint(str(op), copies), override_decomp=True)
+                L.make_fallback(op, layout_constraint=_recording_constraint(str(op), copies, layouts.get(op)),
+                                override_decomp=True)
             D.fast_random_decomps.cache_clear()  # functools.cache over `decompositions`
             # A chain holding a vetoed op is traced again here, under the veto (patterns.PatternSet.prepare),
             # once per set of vetoed ops and sizes: its pattern holds the op where the veto keeps it (a size an
@@ -317,9 +347,11 @@ def inductor_state(owner: object, digest: str, previous_pass: Any = None,
             chain_ops = [op for op in (active.ops() if active is not None else []) if op not in D.decompositions]
             kept.update({op: (L.lowerings.get(op, _MISSING), op in L.fallbacks, op in L.needs_realized_inputs,
                               L._maybe_layout_constraints.get(op, _MISSING)) for op in chain_ops})
+            chain_layouts = active.first_layouts(target) if active is not None else {}
             for op in chain_ops:
                 names[op] = str(op)
-                L.make_fallback(op, layout_constraint=_recording_constraint(str(op), copies), warn=False)
+                L.make_fallback(op, layout_constraint=_recording_constraint(str(op), copies, chain_layouts.get(op)),
+                                warn=False)
             # Ops that are fallbacks already (not decomposed) reach the override as they are: their outputs
             # are counted too, their inputs keep Inductor's own constraint.
             names.update({op: str(op) for op in cov if op not in names})
@@ -370,15 +402,55 @@ def _note_conversion(row: dict[str, Any], what: str, had: Any, wanted: Any) -> N
         row["conversions"].append(seen)
 
 
-def _recording_constraint(name: str, copies: dict) -> Callable[..., Any]:
+def _held_layout(x: Any) -> tuple | None:
+    """(device type, dtype, shape, strides) of an IR node Inductor holds in a fixed layout with concrete sizes
+    (a convolution's output, a graph input), else None: a flexible layout is Inductor's to choose."""
+    from torch._inductor import ir
+
+    try:
+        if not ir.is_storage_and_layout(x) or not isinstance(x.get_layout(), ir.FixedLayout):
+            return None
+        size, stride = [int(v) for v in x.get_size()], [int(v) for v in x.get_stride()]
+        return (x.get_device().type, x.get_dtype(), tuple(size), tuple(stride))
+    except (TypeError, AttributeError, NotImplementedError):  # symbolic sizes, a node without a layout
+        return None
+
+
+def _traced_output_strides(fx_node: Any) -> tuple | None:
+    """The strides of the tensor outputs the traced graph has for the call (the compiled code asserts them)."""
+    val = fx_node.meta.get("val")
+    vals = list(val) if isinstance(val, (tuple, list)) else [val]
+    try:
+        return tuple(tuple(int(s) for s in v.stride()) for v in vals if isinstance(v, torch.Tensor))
+    except TypeError:  # symbolic strides: never compared
+        return None
+
+
+def _recording_constraint(name: str, copies: dict, layouts: dict | None = None) -> Callable[..., Any]:
     """`constrain_to_fx_strides` that counts, for the op `name`, the compiled calls and the inputs Inductor
-    had to copy to give them eager's strides (`require_stride_order` returns a new node only when it copies)."""
+    had to copy to give them eager's strides (`require_stride_order` returns a new node only when it copies).
+    A first input Inductor already holds in a layout of `layouts` (`covered_layouts`: a variant was proven
+    for it, e.g. channels-last, returning the outputs' strides the graph has) is passed as it is, and counted
+    in `inputs_as_held`."""
     from torch._inductor import lowering as L
 
     def constrain_and_count(fx_node: Any, *args: Any, **kwargs: Any) -> Any:
-        new_args, new_kwargs = L.constrain_to_fx_strides(fx_node, *args, **kwargs)
+        held = _held_layout(args[0]) if args and layouts and L._is_tensor_irnode(args[0]) else None
+        # Passed as held only where the variant proven for that layout returns the strides the graph was traced
+        # with: eager's CUDA GroupNorm returns contiguous output for channels-last input as for contiguous, but a
+        # kernel whose output follows its input's layout would break the compiled code's assertions.
+        outs = layouts.get(held) if held is not None else None
+        if outs is not None and outs == _traced_output_strides(fx_node):
+            # the first argument left out of eager's strides: a non-IR stand-in is passed through untouched
+            new_args, new_kwargs = L.constrain_to_fx_strides(fx_node, None, *args[1:], **kwargs)
+            new_args = (args[0], *new_args[1:])
+        else:
+            held = None
+            new_args, new_kwargs = L.constrain_to_fx_strides(fx_node, *args, **kwargs)
         row = _copy_row(copies, name)
         row["calls"] += 1
+        if held is not None:
+            row["inputs_as_held"] = row.get("inputs_as_held", 0) + 1
         fx_args = list(fx_node.args) + [fx_node.kwargs.get(k) for k in kwargs]
         for old, new, fx_arg in zip([*args, *kwargs.values()], [*new_args, *new_kwargs.values()], fx_args):
             if new is not old and L._is_tensor_irnode(old):

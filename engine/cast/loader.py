@@ -103,6 +103,8 @@ class Cast:
         self._cpp_targets: dict[str, list[frozenset[str] | None]] = {}  # per C++-routed op: its plans' targets
         # per C++-routed op: its plans' first tensors (dtype, shape), for compose.covered_shapes
         self._cpp_shapes: dict[str, list[tuple[Any, tuple | None]]] = {}
+        self._cpp_strides: dict[str, list[tuple | None]] = {}  # per C++-routed op: its plans' first-tensor strides
+        self._cpp_outputs: dict[str, list[tuple | None]] = {}  # ... and their outputs' strides
         self._cpp_kept: dict[str, dict[str, Any]] = {}  # C++ counters of routes since removed
         self._installed = False
         self._prepared = False
@@ -371,6 +373,8 @@ class Cast:
                 self._cpp_ops = []
                 self._cpp_targets = {}
                 self._cpp_shapes = {}
+                self._cpp_strides = {}
+                self._cpp_outputs = {}
                 for v in self.variants:
                     v.cpp = None
             self._installed = False
@@ -499,6 +503,8 @@ class Cast:
             self._cpp_ops.append(op)
             self._cpp_targets[op] = [st.targets for st in states]
             self._cpp_shapes[op] = [_first_tensor_desc(by_id[st.id]["signature"]) for st in states]
+            self._cpp_strides[op] = [_first_tensor_stride(by_id[st.id]["signature"]) for st in states]
+            self._cpp_outputs[op] = [_output_strides(by_id[st.id]) for st in states]
             for i, st in enumerate(states):
                 st.cpp = (op, i)
         return rest
@@ -533,6 +539,7 @@ class Cast:
                     key = signature_key(layout, v["signature"], 0)
                     state.plan.entry = (layout.op_name, key, state.plan, first_shape(v["signature"]))
         if all(s.plan is not None for s in self.usable()):
+            _note_output_strides(self.usable(), by_id)
             return
         device = torch.device("cuda", torch.cuda.current_device())
         torch.zeros(1, device=device)  # the primary context must exist before the driver API uses it
@@ -559,8 +566,24 @@ class Cast:
             except Exception as e:  # any failure here means: this variant stays on PyTorch
                 state.problem = f"cannot prepare: {type(e).__name__}: {e}"
                 failed.append(f"{state.id} ({state.problem})")
+        _note_output_strides(self.usable(), by_id)
         if failed:
             _warn(f"{self.path}: {len(failed)} variant(s) stay on PyTorch: " + "; ".join(failed))
+
+
+def _output_strides(variant: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
+    """The strides of the tensor outputs a variant was proven to return."""
+    return tuple(tuple(o["stride"]) for o in variant.get("outputs") or []
+                 if isinstance(o, dict) and o.get("kind", "tensor") == "tensor" and "stride" in o)
+
+
+def _note_output_strides(states: Any, by_id: dict[str, dict[str, Any]]) -> None:
+    """Each plan's `output_strides` (what compose compares with a compiled graph's before passing an input in
+    the layout Inductor holds it in)."""
+    for state in states:
+        v = by_id.get(state.id)
+        if state.plan is not None and v is not None:
+            state.plan.output_strides = _output_strides(v)
 
 
 def _chain_kernel_plan(v: dict[str, Any], image: bytes, device: Any, max_shared: int) -> runtime.Plan:
@@ -583,6 +606,13 @@ def _first_tensor_desc(signature: dict[str, Any]) -> tuple[Any, tuple | None]:
 
     shape = first_shape(signature)
     return (getattr(torch, signature["args"][0]["dtype"]) if shape is not None else None), shape
+
+
+def _first_tensor_stride(signature: dict[str, Any]) -> tuple | None:
+    """The strides of a variant signature's first argument, None when it is no tensor."""
+    from engine.cast.guard import first_shape
+
+    return tuple(signature["args"][0]["stride"]) if first_shape(signature) is not None else None
 
 
 def other_arch_only(cast_env: dict[str, Any], here: dict[str, Any]) -> bool:

@@ -242,6 +242,19 @@ class PatternSet:
             self.matched[name] = self.matched.get(name, 0) + n
         return counts
 
+    def first_layouts(self, target: str | None = None) -> dict[Any, dict]:
+        """Per registered op: for the (device type, dtype, shape, strides) of each first input its variants were
+        proven for (those that may run under `target`), their outputs' strides, as compose.covered_layouts."""
+        out: dict[Any, dict] = {}
+        for bp in self.everything_built():
+            targets = getattr(bp.plan, "targets", None)
+            if bp.plan is None or not bp.key or (target is not None and targets is not None and target not in targets):
+                continue
+            dtype, shape, stride, _align, index = bp.key[0][:5]
+            out.setdefault(chain_op(bp.op.name), {})[("cpu" if index < 0 else "cuda", dtype, tuple(shape),
+                                                      tuple(stride))] = getattr(bp.plan, "output_strides", None)
+        return out
+
     def ops(self) -> list[Any]:
         """The registered ops its matches become, once each."""
         return list(dict.fromkeys(chain_op(bp.op.name) for bp in self.built))

@@ -95,6 +95,8 @@ class Plan:
         self.hits = 0
         self.targets = targets
         self._fn = fn
+        # The strides of the tensor outputs it was proven to return (None: not known, e.g. a test's plan)
+        self.output_strides: tuple[tuple[int, ...], ...] | None = None
 
     def __call__(self, bound: list[Any]) -> Any:
         assert self._fn is not None
