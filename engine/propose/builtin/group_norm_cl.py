@@ -1,0 +1,364 @@
+"""group_norm_cl template: aten::native_group_norm on channels-last input ([N, C, *spatial] with C innermost),
+for one card.
+
+Where this input comes from: a convolution's output wherever the model runs channels-last, and under
+torch.compile on any convolutional model (Inductor's layout optimization). Eager CUDA GroupNorm copies such an
+input to contiguous and returns contiguous output; this template reads it where it is. Its output is
+written in the layout the card records: contiguous (CUDA eager: the tile is transposed through shared
+memory on the way out) or channels-last (a straight pass).
+
+Two launches:
+  gncl_stats  P blocks per image read chunks of pixels, all C channels of each (coalesced along C); each
+              keeps exact per-vector Welford moments for the groups its channels belong to, the block
+              merges them per group in a fixed order and writes one partial per (image, block, group). The
+              last block of an image to finish (a counter) merges the image's partials and writes mean and
+              rstd, rounded once to their dtype as eager's RowwiseMoments does.
+  gncl_apply  tiles of TP pixels x TC channels: y = x * a[c] + b[c] with a = rstd * w, b = bias - a * mean
+              from the ROUNDED mean/rstd (eager's ComputeFusedParams).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from engine.cards import OperatorCard
+from engine.propose.base import Hardware
+from engine.propose.builtin import cuda_common as cc
+from engine.propose.builtin.template import H200, Rendered, Template
+
+_BODY = r"""
+typedef $T T;
+typedef $TW TW;
+typedef $TB TB;
+typedef $TS TS;
+constexpr int V = $V;                        // channels per vector (and pixels per vector on the way out)
+constexpr int BLOCK = $BLOCK;
+constexpr int U = $U;
+constexpr int C = $C;
+constexpr int G = $G;
+constexpr int CG = C / G;
+constexpr long long HW = $HW;                // pixels per image
+constexpr bool HAS_W = $HAS_W, HAS_B = $HAS_B;
+constexpr int LANES = C / V;                 // threads across one pixel's channels
+constexpr int ROWS = BLOCK / LANES;          // pixels a block reads per step
+constexpr int VG = V >= CG ? V / CG : 1;     // groups in one vector
+constexpr int VC = V >= CG ? CG : V;         // channels of one group in one vector
+constexpr int LPG = V >= CG ? 1 : CG / V;    // lanes holding one group's channels of a pixel
+constexpr int P = $P;                        // statistics blocks per image
+constexpr long long CHUNK = $CHUNK;          // pixels per statistics block
+constexpr int TPG = $TPG;                    // threads merging one group's partials at the end
+constexpr int TP = $TP;                      // pixels per apply tile (a multiple of V)
+constexpr int TC = $TC;                      // channels per apply tile (divides C, a multiple of V)
+constexpr bool OUT_CL = $OUT_CL;             // output channels-last (else contiguous: transposed tiles)
+constexpr long long PT = (HW + TP - 1) / TP;
+constexpr int CT = C / TC;
+
+// Statistics: Welford partials per (image, block, group); the image's last block merges them.
+extern "C" __global__ void __launch_bounds__(BLOCK)
+gncl_stats(const T* __restrict__ x, float* __restrict__ part, unsigned int* __restrict__ ctr,
+           TS* __restrict__ mean_out, TS* __restrict__ rstd_out, float eps) {
+  __shared__ float sh[3 * BLOCK];
+  __shared__ unsigned int is_last;
+  const long long n = blockIdx.x / P;
+  const int p = (int)(blockIdx.x % P);
+  const int lane = (int)threadIdx.x % LANES, row = (int)threadIdx.x / LANES;
+  const long long lo = (long long)p * CHUNK;
+  const long long hi = lo + CHUNK < HW ? lo + CHUNK : HW;
+  const T* __restrict__ xn = x + n * HW * C + lane * V;
+  KfWf s[VG];
+#pragma unroll
+  for (int k = 0; k < VG; ++k) s[k] = {0.f, 0.f, 0.f};
+  if (row < ROWS) {
+    for (long long px = lo + row; px < hi; px += (long long)ROWS * U) {
+      float f[U][V];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const long long q = px + (long long)u * ROWS;
+        if (q < hi) kf_load<T, V, 0>(xn + q * C, f[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (px + (long long)u * ROWS < hi) {
+#pragma unroll
+          for (int k = 0; k < VG; ++k) kf_wf_add<VC>(s[k], f[u] + k * VC);
+        }
+      }
+    }
+  }
+  float* __restrict__ pn = part + ((long long)n * P + p) * G * 3;
+#pragma unroll
+  for (int k = 0; k < VG; ++k) {
+    if (k) __syncthreads();
+    sh[threadIdx.x] = s[k].n;
+    sh[BLOCK + threadIdx.x] = s[k].mean;
+    sh[2 * BLOCK + threadIdx.x] = s[k].m2;
+    __syncthreads();
+    for (int gl = threadIdx.x; gl < G / VG; gl += BLOCK) {
+      const int g = V >= CG ? gl * VG + k : gl;
+      KfWf t = {0.f, 0.f, 0.f};
+      for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+        for (int j = 0; j < LPG; ++j) {
+          const int i = r * LANES + (V >= CG ? gl : gl * LPG + j);
+          kf_wf_merge(t, sh[i], sh[BLOCK + i], sh[2 * BLOCK + i]);
+        }
+      }
+      pn[3 * g] = t.n;
+      pn[3 * g + 1] = t.mean;
+      pn[3 * g + 2] = t.m2;
+    }
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(ctr + n, 1u) == (unsigned int)(P - 1);
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  // The image's P partials per group: TPG threads each merge a strided share, then one of them the TPG
+  // results in order (the same bits whichever block is last).
+  constexpr int GPP = BLOCK / TPG;           // groups per pass
+  const int gi = (int)threadIdx.x / TPG, ti = (int)threadIdx.x % TPG;
+  const float* __restrict__ pimg = part + (long long)n * P * G * 3;
+  for (int g0 = 0; g0 < G; g0 += GPP) {
+    const int g = g0 + gi;
+    KfWf t = {0.f, 0.f, 0.f};
+    if (g < G) {
+      for (int q = ti; q < P; q += TPG) {
+        const float* e = pimg + ((long long)q * G + g) * 3;
+        kf_wf_merge(t, __ldcg(e), __ldcg(e + 1), __ldcg(e + 2));
+      }
+    }
+    __syncthreads();
+    sh[threadIdx.x] = t.n;
+    sh[BLOCK + threadIdx.x] = t.mean;
+    sh[2 * BLOCK + threadIdx.x] = t.m2;
+    __syncthreads();
+    if (ti == 0 && g < G) {
+      KfWf r = {0.f, 0.f, 0.f};
+      for (int j = 0; j < TPG; ++j) {
+        const int i = gi * TPG + j;
+        kf_wf_merge(r, sh[i], sh[BLOCK + i], sh[2 * BLOCK + i]);
+      }
+      const float var = r.m2 / ((float)CG * (float)HW);
+      mean_out[n * G + g] = kf_from_float<TS>(r.mean);
+      rstd_out[n * G + g] = kf_from_float<TS>(rsqrtf(var + eps));
+    }
+  }
+}
+
+// Apply: one tile of TP pixels x TC channels per block. Reads are coalesced along the channels; a
+// contiguous output is written through a transposed tile in shared memory, coalesced along the pixels.
+extern "C" __global__ void __launch_bounds__(BLOCK)
+gncl_apply(const T* __restrict__ x, $WB_PARAMS T* __restrict__ y, const TS* __restrict__ mean_in,
+           const TS* __restrict__ rstd_in) {
+$WB_LOCALS
+  __shared__ float2 ab[TC];
+  __shared__ float tile[OUT_CL ? 1 : TC][OUT_CL ? 1 : TP + 1];
+  const long long b = blockIdx.x;
+  const int ct = (int)(b % CT);
+  const long long pt = (b / CT) % PT;
+  const long long n = b / ((long long)CT * PT);
+  const int c0 = ct * TC;
+  const long long p0 = pt * TP;
+  for (int c = threadIdx.x; c < TC; c += BLOCK) {
+    const int cc = c0 + c, g = cc / CG;
+    const float m = kf_to_float(mean_in[n * G + g]), rs = kf_to_float(rstd_in[n * G + g]);
+    float a = rs;
+    if constexpr (HAS_W) a = rs * kf_to_float(w[cc]);
+    float sft = -a * m;
+    if constexpr (HAS_B) sft = fmaf(-a, m, kf_to_float(bias[cc]));
+    ab[c] = make_float2(a, sft);
+  }
+  __syncthreads();
+  constexpr int LT = TC / V;                 // threads across one pixel's tile channels
+  const T* __restrict__ xn = x + n * HW * C + c0;
+  for (int i = threadIdx.x; i < TP * LT; i += BLOCK) {
+    const int pl = i / LT, l = i % LT;
+    const long long px = p0 + pl;
+    if (px >= HW) continue;
+    float f[V];
+    kf_load<T, V, 1>(xn + px * C + l * V, f);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float2 k = ab[l * V + j];
+      f[j] = fmaf(f[j], k.x, k.y);
+    }
+    if constexpr (OUT_CL) {
+      kf_store<T, V, 1>(y + (n * HW + px) * C + c0 + l * V, f);
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) tile[l * V + j][pl] = f[j];
+    }
+  }
+  if constexpr (!OUT_CL) {
+    __syncthreads();
+    constexpr int LP = TP / V;               // threads across one channel's tile pixels
+    T* __restrict__ yn = y + (n * C + c0) * HW;
+    for (int i = threadIdx.x; i < TC * LP; i += BLOCK) {
+      const int c = i / LP, l = i % LP;
+      const long long px = p0 + (long long)l * V;
+      if (px >= HW) continue;                // HW % V == 0: a vector is in or out whole
+      float f[V];
+#pragma unroll
+      for (int j = 0; j < V; ++j) f[j] = tile[c][l * V + j];
+      kf_store<T, V, 1>(yn + (long long)c * HW + px, f);
+    }
+  }
+}
+"""
+
+TILE_P = (64, 32, 128)
+TILE_C = (64, 32, 128, 16, 8)
+SMEM_STATIC = 48 * 1024  # a block's static shared memory
+
+
+def channels_last(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    """[N, C, *spatial] laid out as [N, *spatial, C] contiguous (the channels innermost), C > 1; size-1
+    dims' strides do not matter (as torch's own check)."""
+    if len(shape) < 3 or int(shape[1]) <= 1:
+        return False
+    order = [0, *range(2, len(shape)), 1]
+    return cc.is_contiguous([int(shape[d]) for d in order], [int(stride[d]) for d in order])
+
+
+class GroupNormChannelsLastTemplate(Template):
+    """aten::native_group_norm on channels-last input: statistics over chunks of pixels (all channels of
+    each), then an apply pass over pixel x channel tiles writing the card's output layout."""
+
+    name = "group_norm_cl"
+    ops = frozenset({"aten::native_group_norm"})
+
+    def _geometry(self, card: OperatorCard) -> dict[str, Any]:
+        x = cc.raw_arg(card, "input")
+        assert x is not None
+        n, c, hw, g = (int(cc.raw_value(card, k)) for k in ("N", "C", "HxW", "group"))
+        out_cl = channels_last(card.outputs[0]["shape"], card.outputs[0]["stride"]) and not cc.is_contiguous(
+            card.outputs[0]["shape"], card.outputs[0]["stride"])
+        return {"x": x, "N": n, "C": c, "HW": hw, "G": g, "CG": c // g, "out_cl": out_cl}
+
+    def _vecs(self, card: OperatorCard, geo: Mapping[str, Any]) -> list[int]:
+        """Vector widths: dividing C (and the pixels, for a transposed write), on one group or whole groups,
+        with no more than 256 lanes across a pixel's channels, every access aligned."""
+        x = geo["x"]
+        divides = geo["C"] if geo["out_cl"] else math.gcd(geo["C"], geo["HW"])
+        return [v for v in cc.vec_choices(cc.itemsize(x["dtype"]), divides, [x, card.outputs[0]])
+                if (v % geo["CG"] == 0 or geo["CG"] % v == 0) and geo["C"] // v <= 256]
+
+    def accepts(self, card: OperatorCard, *, hw: Hardware = H200) -> str | None:
+        if card.op not in self.ops:
+            return f"op {card.op} is not group_norm"
+        x = cc.tensor_arg(card, "input")
+        why = cc.check_tensor(x, "input")
+        if why:
+            return why
+        assert x is not None
+        shape, stride = [int(s) for s in x["shape"]], [int(s) for s in x["stride"]]
+        if cc.is_contiguous(shape, stride):
+            return "input is contiguous (the group_norm template's)"
+        if not channels_last(shape, stride):
+            return f"input is not channels-last (strides {stride} for shape {shape})"
+        for k in ("N", "C", "HxW", "group"):
+            if not isinstance(cc.raw_value(card, k), int) or isinstance(cc.raw_value(card, k), bool):
+                return f"{k} is not an int"
+        if not isinstance(cc.raw_value(card, "eps"), (int, float)):
+            return "eps is not a finite number"
+        if cc.raw_value(card, "group") <= 0 or cc.raw_value(card, "C") % cc.raw_value(card, "group"):
+            return f"C={cc.raw_value(card, 'C')} is not a multiple of group={cc.raw_value(card, 'group')}"
+        if len(card.outputs) != 3:
+            return f"{len(card.outputs)} outputs, expected 3"
+        geo = self._geometry(card)
+        if shape[0] != geo["N"] or shape[1] != geo["C"] or math.prod(shape[2:]) != geo["HW"]:
+            return f"input shape {shape} does not match N={geo['N']} C={geo['C']} HxW={geo['HW']}"
+        if math.prod(shape) == 0:
+            return "empty input"
+        why = cc.affine_problem(card, [geo["C"]])
+        if why:
+            return why
+        out = card.outputs[0]
+        if out.get("dtype") != x["dtype"] or [int(s) for s in out["shape"]] != shape:
+            return f"output 0 is {out.get('dtype')} {out.get('shape')}, expected {x['dtype']} {shape}"
+        if not (cc.is_contiguous(out["shape"], out["stride"]) or geo["out_cl"]):
+            return f"output 0 is neither contiguous nor channels-last (strides {out['stride']})"
+        why = (cc.output_problem(card, 1, None, None, numel=geo["N"] * geo["G"])
+               or cc.output_problem(card, 2, None, None, numel=geo["N"] * geo["G"]))
+        if why:
+            return why
+        if card.outputs[1]["dtype"] != card.outputs[2]["dtype"]:
+            return "mean and rstd outputs differ in dtype"
+        if not self._vecs(card, geo):
+            return "no aligned access width (C and the pixels must share a vector width)"
+        return None
+
+    def space(self, card: OperatorCard, *, hw: Hardware = H200) -> Mapping[str, Sequence[Any]]:
+        geo = self._geometry(card)
+        vecs = self._vecs(card, geo)
+        n, c, pixels = geo["N"], geo["C"], geo["HW"]
+        lanes = c // vecs[-1]  # the most lanes any vector width needs
+        blocks = [b for b in (256, 512, 1024, 128) if b >= lanes] or [1024]
+        # Statistics blocks per image: about 4 per SM over the images, each reading at least one step.
+        rows = max(1, blocks[0] // (c // vecs[0]))
+        p = 1
+        while n * p < 4 * hw.sms and p < 4096 and -(-pixels // (2 * p)) >= rows:
+            p *= 2
+        ps = [q for q in (p, p * 2, p // 2, p * 4) if 1 <= q <= 4096 and n * q <= cc.MAX_I32]
+        tile_c = [t for t in cc.ordered(min(c, 64), (*TILE_C, c)) if c % t == 0 and all(t % v == 0 for v in vecs)]
+        tile_c = [t for t in tile_c if t * (max(TILE_P) + 1) * 4 + 8 * t <= SMEM_STATIC] or [min(tile_c)]
+        tile_p = [t for t in TILE_P if all(t % v == 0 for v in vecs)
+                  and (geo["out_cl"] or max(tile_c) * (t + 1) * 4 + 8 * max(tile_c) <= SMEM_STATIC)]
+        return {
+            "block": blocks,
+            "vec": vecs,
+            "unroll": [2, 4, 1],
+            "blocks_per_image": cc.ordered(ps[0], ps),
+            "tile_p": tile_p or [max(vecs)],
+            "tile_c": tile_c,
+        }
+
+    def render(self, card: OperatorCard, params: Mapping[str, Any], *, hw: Hardware = H200) -> Rendered:
+        geo = self._geometry(card)
+        x = geo["x"]
+        w, b = cc.tensor_arg(card, "weight"), cc.tensor_arg(card, "bias")
+        has_w, has_b = w is not None, b is not None
+        v, block, u = int(params["vec"]), int(params["block"]), int(params["unroll"])
+        p, tp, tc = int(params["blocks_per_image"]), int(params["tile_p"]), int(params["tile_c"])
+        n, c, g, pixels = geo["N"], geo["C"], geo["G"], geo["HW"]
+        if v not in self._vecs(card, geo) or c // v > block or c % tc or tc % v or tp % v:
+            raise ValueError(f"params {dict(params)} do not fit this card (C={c}, {pixels} pixels)")
+        chunk = -(-pixels // p)
+        tpg = 1
+        while tpg * 2 <= block // g and tpg * 2 <= p:
+            tpg *= 2
+        tw = cc.ctype(w["dtype"]) if w is not None else "float"
+        tb = cc.ctype(b["dtype"]) if b is not None else "float"
+        wb_params, wb_locals = cc.ptr_params([(has_w, "TW", "w", "const "), (has_b, "TB", "bias", "const ")])
+        body = cc.substitute(_BODY, T=cc.ctype(x["dtype"]), TW=tw, TB=tb, TS=cc.ctype(card.outputs[1]["dtype"]),
+                             V=v, BLOCK=block, U=u, C=c, G=g, HW=pixels, HAS_W=cc.cbool(has_w),
+                             HAS_B=cc.cbool(has_b), P=p, CHUNK=chunk, TPG=tpg, TP=tp, TC=tc,
+                             OUT_CL=cc.cbool(geo["out_cl"]), WB_PARAMS=wb_params + ", " if wb_params else "",
+                             WB_LOCALS=wb_locals)
+        wb_args = [("ptr", "weight")] * has_w + [("ptr", "bias")] * has_b
+        tiles = n * (-(-pixels // tp)) * (c // tc)
+        if n * p > cc.MAX_I32 or tiles > cc.MAX_I32:
+            raise ValueError(f"{max(n * p, tiles)} blocks do not fit one grid")
+        spec = "\n".join([
+            f"# group_norm channels-last: {p} statistics blocks per image, then {tp} x {tc} apply tiles"
+            + (" (transposed to contiguous output)" if not geo["out_cl"] else ""),
+            "[[workspace]]", 'name = "part"', f'bytes = "{n * p * g * 12}"', "",
+            "[[workspace]]", 'name = "ctr"', f'bytes = "{n * 4}"', "zero = true", "",
+            "[[launch]]", 'kernel = "gncl_stats"', f'grid = ["{n * p}"]', f"block = [{block}]",
+            "args = " + cc.spec_args([("ptr", "input"), ("ptr", "ws.part"), ("ptr", "ws.ctr"), ("ptr", "out1"),
+                                      ("ptr", "out2"), ("f32", "eps")]), "",
+            "[[launch]]", 'kernel = "gncl_apply"', f'grid = ["{tiles}"]', f"block = [{block}]",
+            "args = " + cc.spec_args([("ptr", "input"), *wb_args, ("ptr", "out0"), ("ptr", "out1"),
+                                      ("ptr", "out2")]), ""])
+        dtypes = [x["dtype"], card.outputs[1]["dtype"], *(t["dtype"] for t in (w, b) if t is not None)]
+        prelude = cc.prelude(dtypes, hinted=True, welford=True)
+        source = f"// aten::native_group_norm, {card.signature_text}: channels-last\n" + prelude + body
+        intent = (f"group_norm channels-last: {n} x {g} groups over {pixels} pixels, {p} statistics blocks per "
+                  f"image, {tp} x {tc} tiles, block {block}, vec {v}, unroll {u}")
+        return Rendered(source=source, spec=spec, params=dict(params), intent=intent)
+
+
+TEMPLATES: list[Template] = [GroupNormChannelsLastTemplate()]

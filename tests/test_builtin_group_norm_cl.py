@@ -1,0 +1,190 @@
+"""CPU tests of the channels-last group_norm template (engine/propose/builtin/group_norm_cl.py).
+
+Cards are captured on CPU tensors in channels-last layout. CUDA eager returns contiguous output for them
+(it copies the input first), the CPU channels-last, and the template writes whichever layout the card
+records. Every instance renders and resolves, the default and seeded mutations compile with NVRTC for sm_90,
+and instances RUN on the CPU (tests/cuda_emulator.py) against float64 references of eager CUDA's arithmetic,
+under the lane's own tolerance."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import cuda_emulator as emu
+import pytest
+import torch
+import torch.nn.functional as F
+from card_helpers import brief, captured
+from test_builtin_templates_norms import _compile_all, _ref_group_norm, group_norm_card
+
+from engine.capture.signature import bind_arguments, describe_tensor
+from engine.launch import parse_spec, resolve
+from engine.launch.expr import Env
+from engine.propose.base import Hardware
+from engine.propose.builtin.group_norm_cl import TEMPLATES, channels_last
+from engine.propose.builtin.proposer import BuiltinProposer
+
+T = TEMPLATES[0]
+CL = torch.channels_last
+
+
+def cl_card(shape, groups, dtype, *, out="contiguous", affine=True, x=None, w=None, b=None):
+    """A group_norm card on a channels-last input; output 0 as CUDA eager gives it (contiguous) or as the
+    CPU does (`out="channels_last"`)."""
+    x = torch.randn(shape, dtype=dtype) if x is None else x
+    x = x.contiguous(memory_format=CL)
+    if affine and w is None:
+        w = b = torch.ones(shape[1], dtype=dtype)
+    c = captured(lambda: F.group_norm(x, groups, w, b, 1e-6), lambda op: "norm" in op)
+    outs = list(c.outputs)
+    assert channels_last(outs[0]["shape"], outs[0]["stride"])  # the CPU's
+    if out == "contiguous":
+        outs[0] = describe_tensor(torch.empty(shape, dtype=dtype))
+    return brief(c.op, c.signature, outs)
+
+
+def test_each_layout_goes_to_its_template():
+    proposer = BuiltinProposer()
+    for dtype in (torch.bfloat16, torch.float32):
+        card = cl_card([2, 64, 8, 8], 32, dtype)
+        assert proposer.template_for(card)[0].name == "group_norm_cl"
+        assert "not contiguous" in (proposer.templates[[t.name for t in proposer.templates].index("group_norm")]
+                                    .accepts(card) or "")
+        plain = group_norm_card([2, 64, 8, 8], 32, dtype)
+        assert proposer.template_for(plain)[0].name == "group_norm"
+        assert T.accepts(plain) == "input is contiguous (the group_norm template's)"
+    # Neither contiguous nor channels-last: [N, C, H, W] with H innermost
+    x = torch.randn(1, 8, 4, 6).transpose(2, 3).contiguous().transpose(2, 3)
+    odd = captured(lambda: F.group_norm(x, 2), lambda op: "norm" in op)
+    card = brief(odd.op, odd.signature, odd.outputs)
+    assert T.accepts(card).startswith("input is not channels-last")
+    assert BuiltinProposer().template_for(card)[0] is None
+
+
+@pytest.mark.parametrize("out", ["contiguous", "channels_last"])
+def test_every_instance_renders_and_resolves(out):
+    n = 0
+    for dtype, shape, groups in ((torch.bfloat16, [1, 128, 16, 16], 32), (torch.float16, [2, 64, 6, 10], 8),
+                                 (torch.float32, [1, 6, 5, 5], 2)):
+        card = cl_card(shape, groups, dtype, out=out)
+        assert T.accepts(card) is None, T.accepts(card)
+        space = T.space(card)
+        for values in itertools.product(*space.values()):
+            r = T.render(card, dict(zip(space, values)))
+            res = resolve(parse_spec(r.spec), Env.from_card(card.signature, card.outputs))
+            assert [ln.kernel for ln in res.launches] == ["gncl_stats", "gncl_apply"]
+            assert res.workspaces[1][2] is True  # the counter is zeroed before every launch
+            n += 1
+    assert n > 100
+
+
+def test_the_default_and_mutations_compile_with_nvrtc_for_sm_90():
+    jobs = {}
+    for i, (dtype, out) in enumerate(itertools.product((torch.bfloat16, torch.float16, torch.float32),
+                                                       ("contiguous", "channels_last"))):
+        card = cl_card([2, 128, 32, 32], 32, dtype, out=out, affine=i % 2 == 0)
+        rng, params = random.Random(i), T.default(card)
+        for _ in range(4):
+            jobs[T.render(card, params).source] = ((dtype, out, dict(params)), {"gncl_stats", "gncl_apply"})
+            params = T.mutate(card, params, rng)
+    _compile_all(jobs)
+
+
+def test_the_sd35_vae_card_gets_a_grid_that_fills_the_h200():
+    """The VAE's largest GroupNorm as Inductor hands it over under torch.compile: [1, 128, 1024, 1024] bf16,
+    channels-last, contiguous output. Statistics blocks ~4 per SM, every tile in one grid."""
+    card = cl_card([1, 128, 8, 8], 32, torch.bfloat16)
+    big = dict(card.signature)
+    big["args"] = [dict(a) for a in card.signature["args"]]
+    x = big["args"][0]
+    x["shape"], x["stride"] = [1, 128, 1024, 1024], [128 * 1024 * 1024, 1, 128 * 1024, 128]
+    for a in big["args"]:
+        if a["name"] == "HxW":
+            a["value"] = 1024 * 1024
+    outs = [describe_tensor(torch.empty(0, dtype=torch.bfloat16).new_empty((1, 128, 1024, 1024), device="meta")),
+            *card.outputs[1:]]
+    outs[0] = {**outs[0], "device": "cuda"}
+    vae = brief(card.op, big, outs)
+    assert T.accepts(vae) is None, T.accepts(vae)
+    res = resolve(parse_spec(T.render(vae, T.default(vae)).spec), Env.from_card(vae.signature, vae.outputs))
+    stats, apply = res.launches
+    assert 4 * 132 <= stats.grid[0] <= 8 * 132
+    assert apply.grid[0] == (1024 * 1024 // 64) * (128 // 64)
+
+
+def _case(shape, groups, dtype, params, *, out="contiguous", affine=True):
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(shape, generator=g) * 0.5 + 3.0).to(dtype).contiguous(memory_format=CL)
+    c = shape[1]
+    w = (torch.randn(c, generator=g) * 0.3 + 1).to(dtype) if affine else None
+    b = (torch.randn(c, generator=g) * 0.2).to(dtype) if affine else None
+    card = cl_card(shape, groups, dtype, out=out, affine=affine, x=x, w=w, b=b)
+    op = torch.ops.aten.native_group_norm.default
+    hw = 1
+    for s in shape[2:]:
+        hw *= s
+    bound = dict(bind_arguments(op, (x, w, b, shape[0], c, hw, groups, 1e-6), {}))
+    y, mean, rstd = _ref_group_norm(x, w, b, groups, 1e-6, dtype)
+    y = y.contiguous(memory_format=CL if out == "channels_last" else torch.contiguous_format)  # the card's layout
+    return card, bound, params, [y, mean, rstd]
+
+
+def _cases():
+    bf, f16, f32 = torch.bfloat16, torch.float16, torch.float32
+    return [
+        # 4 channels per group, 8 per vector: two groups per vector (VG 2); two images; transposed tiles
+        _case([2, 16, 6, 8], 4, bf, {"vec": 8, "block": 128, "blocks_per_image": 4, "tile_p": 32, "tile_c": 16}),
+        # 16 channels per group, 4 per vector: four lanes per group (LPG 4); pixels not a multiple of the tile
+        _case([1, 32, 10, 10], 2, f16, {"vec": 4, "block": 128, "blocks_per_image": 8, "tile_p": 64, "tile_c": 8,
+                                        "unroll": 4}),
+        # channels-last output (the CPU's layout), no affine, uneven chunks
+        _case([1, 16, 7, 9], 4, bf, {"vec": 8, "block": 128, "blocks_per_image": 4,
+                                     "tile_p": 32, "tile_c": 16}, out="channels_last", affine=False),
+        # fp32, 3 channels per group: scalar vectors; one statistics block
+        _case([1, 6, 5, 5], 2, f32, {"vec": 1, "block": 128, "blocks_per_image": 1, "tile_p": 32, "tile_c": 6}),
+        # more statistics blocks than pixels per block row: blocks with empty chunks
+        _case([1, 8, 4, 4], 2, f32, {"vec": 4, "block": 128, "blocks_per_image": 4, "tile_p": 32, "tile_c": 8}),
+    ]
+
+
+def test_kernels_run_correctly_in_the_cpu_emulation(tmp_path):
+    from engine.verify.compare import bitwise_equal, compare_outputs
+    from engine.verify.tolerance import tolerances_for
+
+    if not emu.available():
+        pytest.skip("g++ is needed for the CUDA-on-CPU emulation")
+    prepared = []
+    for card, bound, params, expected in _cases():
+        assert T.accepts(card) is None, T.accepts(card)
+        full = {**T.default(card), **params}
+        r = T.render(card, full, hw=Hardware())
+        res = resolve(parse_spec(r.spec), Env.from_card(card.signature, card.outputs))
+        prepared.append((f"{card.signature_text} {full}", card, bound, res, expected, r.source))
+    program = emu.build([(p[5], p[3]) for p in prepared], tmp_path)
+    for fill in (float("nan"), -1234.5):
+        (tmp_path / str(fill)).mkdir()
+
+    def both_runs(k):
+        _, card, bound, res, _, _ = prepared[k]
+        inputs = {n: v for n, v in bound.items() if isinstance(v, torch.Tensor)}
+        return [emu.run(program, k, res, inputs, [emu.output_like(d, fill) for d in card.outputs],
+                        tmp_path / str(fill)) for fill in (float("nan"), -1234.5)]
+
+    with ThreadPoolExecutor(2) as pool:
+        all_runs = list(pool.map(both_runs, range(len(prepared))))
+    failures = []
+    for (label, card, bound, _, expected, _), runs in zip(prepared, all_runs):
+        inputs = {n: v for n, v in bound.items() if isinstance(v, torch.Tensor)}
+        bad = [r.error for r in runs if r.error]
+        if not bad:
+            got, again = runs[0].outputs, runs[1].outputs
+            assert got[0].stride() == tuple(card.outputs[0]["stride"])
+            bad = [x.message for x in compare_outputs(got, expected, tolerances_for(card.op, expected)) if not x.ok]
+            bad += [f"out{i} differs between runs" for i, (a, b) in enumerate(zip(got, again))
+                    if not bitwise_equal(a, b)]
+            bad += [f"input {n} was modified" for r in runs for n, v in r.inputs.items() if not torch.equal(v, inputs[n])]
+        if bad:
+            failures.append(f"{label}: {'; '.join(bad)}")
+    assert not failures, "\n".join(failures)
