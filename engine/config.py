@@ -30,7 +30,7 @@ _TOP_KEYS = {"name", "description", "builder", "params", "small", "dtype", "mult
 # config). Not part of the config's identity: changing them is no reason to capture again.
 RUN_KEYS = {"provider": str, "model": str, "base_url": str, "iterations": int, "strategy": str,
             "wall_time": float, "max_proposals": int, "max_cost": float, "max_tokens": int, "ops": str}
-_CAPTURE_KEYS = {"samples", "sample_budget_mb", "total_sample_budget_mb"}
+_CAPTURE_KEYS = {"samples", "sample_budget_mb", "total_sample_budget_mb", "layout_twins"}
 _DTYPE_KEYS = {"cuda", "cpu"}
 DTYPES = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -55,6 +55,8 @@ class ModelConfig:
     sample_budget_mb: int = 256  # per card; its first sample is always kept
     total_sample_budget_mb: int = 8192  # per capture for op samples, and as much again for chain samples
     raw: Mapping[str, Any] = field(default_factory=dict)
+    # Channels-last twins of GroupNorm cards (engine.capture.twins): "auto", True or False
+    layout_twins: Any = "auto"
     run: Mapping[str, Any] = field(default_factory=dict)  # the [run] table, validated (RUN_KEYS)
     builder_file: Path | None = None  # the builder's module source, part of `sha256`; None if not a file
 
@@ -128,6 +130,10 @@ def load_config(path: str | Path, *, small: bool = False) -> ModelConfig:
     for k, v in cap.items():
         if k not in _CAPTURE_KEYS:
             raise bad(f"capture.{k}", f"unknown key; allowed: {', '.join(sorted(_CAPTURE_KEYS))}")
+        if k == "layout_twins":
+            if v not in (True, False, "auto"):
+                raise bad(f"capture.{k}", 'must be true, false or "auto"')
+            continue
         if not isinstance(v, int) or isinstance(v, bool) or v < (0 if k == "samples" else 1):
             raise bad(f"capture.{k}", "must be a non-negative integer")
     run = _run_table(raw.get("run", {}), bad)
@@ -142,7 +148,7 @@ def load_config(path: str | Path, *, small: bool = False) -> ModelConfig:
         dtypes=dict(dtypes), multiplicity=dict(mult), samples=cap.get("samples", 3),
         sample_budget_mb=cap.get("sample_budget_mb", 256),
         total_sample_budget_mb=cap.get("total_sample_budget_mb", 8192), raw=raw, run=run,
-        builder_file=builder_file,
+        builder_file=builder_file, layout_twins=cap.get("layout_twins", "auto"),
     )
 
 

@@ -18,9 +18,10 @@ import torch.nn.functional as F
 
 from engine.propose.builtin.batch_norm import TEMPLATES as BN
 from engine.propose.builtin.group_norm import TEMPLATES as GN
+from engine.propose.builtin.group_norm_cl import TEMPLATES as GN_CL
 from engine.propose.builtin.row_norms import TEMPLATES as ROWS
 
-BY_NAME = {t.name: t for t in (*GN, *ROWS, *BN)}
+BY_NAME = {t.name: t for t in (*GN, *GN_CL, *ROWS, *BN)}
 TIMING = {"max_seconds": 0.5}
 
 
@@ -67,6 +68,22 @@ def test_group_norm_sd35_vae_bf16_1024(tmp_path):
               mutations=1, extra=({"strategy": "stream", "lookahead": 0}, {"strategy": "stream", "lookahead": 2},
                                   {"strategy": "stream", "tile_kb": 32}, {"strategy": "stream", "tile_kb": 256},
                                   {"strategy": "split"}))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 128, 1024, 1024), (1, 512, 128, 128), (2, 64, 36, 36)], ids=str)
+def test_group_norm_channels_last(tmp_path, shape):
+    """The VAE's GroupNorms as torch.compile hands them over after a convolution (channels-last input,
+    contiguous output as CUDA eager returns): the channels-last kernel against eager, which copies the input
+    first. The last shape has pixels that no tile size divides (1296) and two images."""
+    torch.manual_seed(2)
+    x = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16) * 0.7 + 0.2).contiguous(
+        memory_format=torch.channels_last)
+    w = torch.randn(shape[1], device="cuda", dtype=torch.bfloat16) * 0.2 + 1
+    b = torch.randn(shape[1], device="cuda", dtype=torch.bfloat16) * 0.1
+    _evaluate(tmp_path, "group_norm_cl", lambda: F.group_norm(x, 32, w, b, 1e-6),
+              f"group_norm channels-last {list(shape)}", mutations=4,
+              extra=({"tile_p": 32}, {"tile_c": 32, "block": 512}, {"unroll": 4, "vec": 4}))
 
 
 @pytest.mark.gpu

@@ -24,6 +24,8 @@ from engine.capture.chain_cards import (
 from engine.capture.recorder import CaptureMode, CardTally, ModulePaths
 from engine.capture.samples import SampleWriter, Snapshot, storage_key
 from engine.capture.signature import dtype_name, signature_text
+from engine.capture.twins import channels_last_twins
+from engine.capture.twins import wanted as twins_wanted
 from engine.capture.wide_compute import WideCompute, widens
 from engine.cards import OperatorCard
 from engine.config import ModelConfig, build_target
@@ -56,6 +58,8 @@ class CaptureResult:
     chains: list[OperatorCard] = field(default_factory=list)
     # sample file name -> (sha256, bytes), hashed as written; a file not listed here is hashed when stored
     sample_digests: dict[str, tuple[str, int]] = field(default_factory=dict)
+    # Channels-last twins among `cards` (engine.capture.twins): twin card id -> the card whose samples it shares
+    twins: dict[str, str] = field(default_factory=dict)
 
     @property
     def total_calls(self) -> int:
@@ -260,11 +264,21 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
             "float32 results, rounded (sample header: compute=float32)")
     if target.multiplicity:
         notes["multiplicity"] = ", ".join(f"{k}×{v}" for k, v in target.multiplicity.items())
+    twins: dict[str, str] = {}
+    if twins_wanted(getattr(config, "layout_twins", "auto"), device.type, [c.op for c in cards]):
+        found = channels_last_twins(cards)
+        if found:
+            twins = {t.card_id: orig for orig, t in found.items()}
+            cards = sorted([*cards, *found.values()], key=lambda c: (-c.share, c.op, c.card_id))
+            notes["channels-last twins"] = (
+                f"{len(found)} GroupNorm card(s) also as channels-last input, the layout torch.compile hands them "
+                "after a convolution (same values and samples; engine/capture/twins.py)")
     return CaptureResult(
         capture_id=capture_id, model=config.name, device=device.type,
         dtype=dtype_name(config.dtype_for(device.type)), small=config.small,
         wall_s=time.perf_counter() - t_start, cards=cards, skipped=dict(mode.skipped), notes=notes,
         sample_dir=str(final.relative_to(workspace)), chains=chain_list, sample_digests=dict(writer.digests),
+        twins=twins,
         phases={"build": t_built - t_start, "warm-up": t_warm - t_built,
                 "captured forward": t_captured - t_warm - queue_s, "writing samples": write_s,
                 "chain samples": t_chains},

@@ -390,6 +390,33 @@ def _decode(node: dict[str, Any], slabs: dict[str, torch.Tensor]) -> Any:
     return decode_value(node["value"])
 
 
+def laid_out_as(args: list[tuple[str, Any]], signature: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Each tensor argument copied into the strides `signature` gives it, where the shapes agree, the strides
+    differ and the signature's layout is dense (values and dtype unchanged; a fresh, aligned allocation)."""
+    want = {a["name"]: a for a in signature.get("args", []) if a.get("kind") == "tensor" and not a.get("absent")}
+    out = []
+    for name, v in args:
+        a = want.get(name)
+        if (isinstance(v, torch.Tensor) and a is not None and list(v.shape) == list(a["shape"])
+                and list(v.stride()) != list(a["stride"]) and _dense(a["shape"], a["stride"])):
+            t = torch.empty_strided(tuple(a["shape"]), tuple(a["stride"]), dtype=v.dtype, device=v.device)
+            t.copy_(v)
+            v = t
+        out.append((name, v))
+    return out
+
+
+def _dense(shape: list[int], stride: list[int]) -> bool:
+    """The strides cover exactly numel slots in some dim order (dense, non-overlapping)."""
+    dims = sorted((d for d, n in enumerate(shape) if n > 1), key=lambda d: -int(stride[d]))
+    expect = 1
+    for d in reversed(dims):
+        if int(stride[d]) != expect:
+            return False
+        expect *= int(shape[d])
+    return True
+
+
 def read_sample_meta(path: Path) -> dict[str, Any]:
     """The JSON header of a sample file, without loading its tensors."""
     from safetensors import safe_open
@@ -412,8 +439,11 @@ def _untile(period: torch.Tensor, n: int) -> torch.Tensor:
     return whole[:n]
 
 
-def load_sample(path: str | Path, device: str | torch.device = "cpu") -> Sample:
-    """Load a sample onto `device`; tensors are fresh allocations with the captured layout."""
+def load_sample(path: str | Path, device: str | torch.device = "cpu",
+                signature: dict[str, Any] | None = None) -> Sample:
+    """Load a sample onto `device`; tensors are fresh allocations with the captured layout, or, with the
+    card's `signature`, the layout the signature gives each tensor argument (a card that shares another
+    card's samples in another layout: a channels-last twin, engine.capture.twins)."""
     path = Path(path)
     meta = read_sample_meta(path)
     # A fresh allocation per slab: aligned like the original modulo 16 bytes, and never the mmap.
@@ -421,6 +451,8 @@ def load_sample(path: str | Path, device: str | torch.device = "cpu") -> Sample:
     for name, n in meta.get("tiled", {}).items():
         slabs[name] = _untile(slabs[name], int(n))
     args = [(a["name"], _decode(a, slabs)) for a in meta["inputs"]]
+    if signature is not None:
+        args = laid_out_as(args, signature)
     outputs = _decode(meta["outputs"], slabs)
     mutated = {k: _rebuild(r, slabs) for k, r in meta.get("mutated", {}).items()}
     return Sample(args=args, outputs=outputs, mutated=mutated, meta=meta)

@@ -118,7 +118,7 @@ def _confirm_chain(state: Any, v: dict[str, Any], paths: list[str], device: Any,
     r: dict[str, Any] = {"ok": False}
     sig, plan = v["signature"], state.plan
     names = [a["name"] for a in sig["args"]]
-    bound_sets = [load_sample(p, device).args for p in paths] or [synth_inputs(sig, device)]
+    bound_sets = [load_sample(p, device, sig).args for p in paths] or [synth_inputs(sig, device)]
     r["inputs"] = "captured samples" if paths else "synthesised from the signature"
     check = card_check(CHAIN_OP, sig, bound_sets, sync=torch.cuda.synchronize, fresh=1, edges=True)
     # Eager for the card is the chain's ATen ops with no override: the cast under confirmation is installed,
@@ -202,7 +202,7 @@ def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any
                 continue
             op = resolve_op(v["op"])
             paths = samples.get(state.id) or []
-            bound_sets = [load_sample(p, device).args for p in paths] or [synth_inputs(v["signature"], device)]
+            bound_sets = [load_sample(p, device, v["signature"]).args for p in paths] or [synth_inputs(v["signature"], device)]
             r["inputs"] = "captured samples" if paths else "synthesised from the signature"
 
             def eager(b, op=op):

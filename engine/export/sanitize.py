@@ -270,7 +270,7 @@ def exercise(cast_path: str, vid: str, samples: Sequence[str], calls: int = 2) -
         return {"ok": False, "reason": f"no variant {vid!r} in the cast"}
     v = next(x for x in (cast.manifest or {}).get("variants", []) if x["id"] == vid)
     op = resolve_op(v["op"])
-    bound_sets = [load_sample(p, device).args for p in samples] or [synth_inputs(v["signature"], device)]
+    bound_sets = [load_sample(p, device, v["signature"]).args for p in samples] or [synth_inputs(v["signature"], device)]
     cast.install()
     try:
         if state.problem is not None or state.plan is None:

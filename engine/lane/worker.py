@@ -134,7 +134,7 @@ class Worker:
         cid = p["card_id"]
         if cid in self.cards:
             return {"samples": len(self.cards[cid].samples), "cached": True}
-        samples = [load_sample(path, self.device).args for path in p["samples"]]
+        samples = [load_sample(path, self.device, p["signature"]).args for path in p["samples"]]
         if not samples:
             raise Rejected("protocol", f"card {cid}: no samples to verify against")
         # An ATen card's eager is its op; a chain card's, its members run in order (engine.verify.pipeline).

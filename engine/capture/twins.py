@@ -1,0 +1,87 @@
+"""Channels-last twins: cards for the layout torch.compile hands a cast's ops, which eager never shows.
+
+On a convolutional model, Inductor's layout optimization runs the convolutions channels-last, and an op after
+a convolution (a GroupNorm) is handed a channels-last input. A cast whose variant was proven for eager's
+contiguous input gets a copy of it first; one proven for the channels-last input is passed it as it is
+(engine.cast.compose, `inputs_as_held`). The capture sees eager's layout only, so for each card of an op with
+a builtin channels-last kernel (TWIN_OPS) whose input is a contiguous image batch, it adds a twin: the same
+call with a channels-last input. Its values, outputs and samples are the original's (eager CUDA GroupNorm
+copies a channels-last input to contiguous and returns contiguous output, the same bits); the samples are
+shared and laid out as the twin's signature says when loaded (`engine.capture.samples.laid_out_as`).
+
+Which captures get them: `[capture] layout_twins` in the model config, "auto" (the default: a CUDA capture
+whose forward ran a convolution), true or false.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from engine.capture.signature import card_id, signature_text
+from engine.cards import OperatorCard
+
+TWIN_OPS = ("aten::native_group_norm",)   # ops with a channels-last builtin kernel (group_norm_cl)
+CONVOLUTIONS = ("aten::convolution", "aten::cudnn_convolution", "aten::_convolution", "aten::conv2d")
+
+
+def channels_last_strides(shape: Sequence[int]) -> list[int]:
+    """[N, C, *spatial] laid out as [N, *spatial, C] contiguous."""
+    n, c, *sp = (int(s) for s in shape)
+    inner = math.prod(sp)
+    strides = [inner * c, 1]
+    acc = c
+    rest = []
+    for s in reversed(sp):
+        rest.append(acc)
+        acc *= s
+    return strides + list(reversed(rest))
+
+
+def _contiguous(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    acc = 1
+    for s, st in zip(reversed(shape), reversed(stride)):
+        if s != 1 and st != acc:
+            return False
+        acc *= s
+    return True
+
+
+def twin_of(card: OperatorCard) -> OperatorCard | None:
+    """The card's channels-last twin, or None where it has none: another op, an input that is not a
+    contiguous [N, C, H, W(, ...)] batch with C > 1 and more than one pixel, or no samples."""
+    if card.op not in TWIN_OPS or not card.samples or not card.signature.get("args"):
+        return None
+    x = card.signature["args"][0]
+    shape = [int(s) for s in x.get("shape", [])]
+    if x.get("kind") != "tensor" or len(shape) < 4 or shape[1] <= 1 or math.prod(shape[2:]) <= 1:
+        return None
+    if not _contiguous(shape, x["stride"]):
+        return None
+    args: list[dict[str, Any]] = [dict(a) for a in card.signature["args"]]
+    args[0] = {**x, "stride": channels_last_strides(shape)}
+    sig = {**card.signature, "args": args}
+    return dataclasses.replace(card, card_id=card_id(sig), signature=sig, signature_text=signature_text(sig),
+                               eager_us=None, roofline_us=None, compile_us=None, copy_us=None, compile_note=None)
+
+
+def wanted(setting: Any, device: str, ops: Sequence[str]) -> bool:
+    """Whether a capture gets twins: `setting` true/false, or "auto": on a CUDA capture whose forward ran
+    a convolution (`ops`: the ops it captured)."""
+    if setting is True or setting is False:
+        return setting
+    return device == "cuda" and any(op in CONVOLUTIONS for op in ops)
+
+
+def channels_last_twins(cards: Sequence[OperatorCard]) -> dict[str, OperatorCard]:
+    """Original card id -> its twin, for every card that has one (and whose twin is not a card already)."""
+    have = {c.card_id for c in cards}
+    out = {}
+    for c in cards:
+        t = twin_of(c)
+        if t is not None and t.card_id not in have:
+            out[c.card_id] = t
+            have.add(t.card_id)
+    return out

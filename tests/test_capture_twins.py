@@ -1,0 +1,108 @@
+"""Channels-last twins of GroupNorm cards (engine.capture.twins), captured on the CPU.
+
+A twin is the card's call with a channels-last input: the layout torch.compile hands a GroupNorm after a
+convolution. It shares the original's samples, loaded in its own layout, and the channels-last builtin
+template takes it."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.capture.run import capture_model
+from engine.capture.samples import load_sample
+from engine.capture.store import capture_and_store
+from engine.capture.twins import channels_last_strides, twin_of, wanted
+from engine.cards import card_from_row
+from engine.config import load_config
+from engine.errors import UsageError
+from engine.store import Store, db_path
+
+MODEL = '''
+import torch
+from torch import nn
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(8, 16, 3, padding=1), nn.GroupNorm(4, 16)
+
+    def forward(self, x):
+        return torch.nn.functional.silu(self.norm(self.conv(x)))
+
+def build(device, dtype):
+    torch.manual_seed(0)
+    return Block().to(device=device, dtype=dtype).eval(), (torch.randn(2, 8, 6, 6, device=device, dtype=dtype),)
+'''
+
+
+def _config(tmp_path: Path, twins: str) -> Path:
+    (tmp_path / "convgn.py").write_text(MODEL)
+    path = tmp_path / "convgn.toml"
+    path.write_text('name = "convgn"\nbuilder = "convgn.py:build"\n[dtype]\ncpu = "float32"\ncuda = "bfloat16"\n'
+                    f"[capture]\nsamples = 2\n{twins}\n")
+    return path
+
+
+def _gn(cards):
+    return [c for c in cards if c.op == "aten::native_group_norm"]
+
+
+def test_a_captured_groupnorm_gets_a_channels_last_twin_sharing_its_samples(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    result = capture_and_store(load_config(_config(tmp_path, "layout_twins = true")), "cpu", ws, samples=2)
+    (orig,) = [c for c in _gn(result.cards) if c.card_id not in result.twins]
+    (twin,) = [c for c in _gn(result.cards) if c.card_id in result.twins]
+    assert result.twins == {twin.card_id: orig.card_id}
+    assert twin.signature["args"][0]["stride"] == channels_last_strides([2, 16, 6, 6]) == [576, 1, 96, 16]
+    assert "(s=576,1,96,16)" in twin.signature_text
+    assert (twin.outputs, twin.calls, twin.samples) == (orig.outputs, orig.calls, orig.samples)
+    assert "channels-last twins" in result.notes
+
+    async def rows():
+        store = await Store.open(db_path(ws))
+        async with store:
+            cards = {r["card_id"]: card_from_row(r) for r in await store.get_cards(result.capture_id)}
+            return cards, {cid: [r["path"] for r in await store.get_samples(result.capture_id, cid)] for cid in cards}
+
+    cards, paths = asyncio.run(rows())
+    assert cards[twin.card_id].signature == twin.signature
+    assert paths[twin.card_id] == paths[orig.card_id] and len(paths[twin.card_id]) == orig.samples >= 1  # the same files
+    for p in paths[twin.card_id]:
+        plain = dict(load_sample(ws / p).args)["input"]
+        as_twin = dict(load_sample(ws / p, signature=twin.signature).args)["input"]
+        assert plain.is_contiguous() and as_twin.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(plain, as_twin)
+
+
+def test_the_channels_last_template_takes_the_twin():
+    from card_helpers import brief, captured
+
+    from engine.propose.builtin.proposer import BuiltinProposer
+
+    x = torch.randn(1, 64, 8, 8, dtype=torch.bfloat16)
+    c = captured(lambda: torch.nn.functional.group_norm(x, 32), lambda op: "norm" in op)
+    card = brief(c.op, c.signature, c.outputs)  # marked cuda, as a GPU capture records it
+    card = dataclasses.replace(card, samples=1)
+    twin = twin_of(card)
+    assert BuiltinProposer().template_for(card)[0].name == "group_norm"
+    assert BuiltinProposer().template_for(twin)[0].name == "group_norm_cl"
+    assert twin_of(twin) is None  # not contiguous: no twin of a twin
+
+
+def test_which_captures_get_twins(tmp_path):
+    assert wanted("auto", "cuda", ["aten::convolution", "aten::native_group_norm"])
+    assert not wanted("auto", "cpu", ["aten::convolution"])  # the twin is for the GPU's compiled graph
+    assert not wanted("auto", "cuda", ["aten::native_group_norm"])  # no convolution: nothing goes channels-last
+    assert wanted(True, "cpu", []) and not wanted(False, "cuda", ["aten::convolution"])
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    result = capture_model(load_config(_config(tmp_path, "")), torch.device("cpu"), ws)
+    assert result.twins == {} and len(_gn(result.cards)) == 1  # auto on a CPU capture
+    with pytest.raises(UsageError, match=r'capture.layout_twins.*must be true, false or "auto"'):
+        load_config(_config(tmp_path, 'layout_twins = "yes"'))
