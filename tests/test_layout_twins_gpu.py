@@ -1,0 +1,82 @@
+"""H200: channels-last twins through the user's path, under torch.compile.
+
+A VAE resnet half (conv -> GroupNorm -> SiLU -> conv): Inductor runs the convolutions channels-last, so the
+GroupNorm is handed a channels-last input. `run` captures the GroupNorm card and its channels-last twin
+(engine.capture.twins, auto on a CUDA capture with convolutions), searches both (group_norm and
+group_norm_cl templates), `export --target compile` packages them, and under `cast.compile` the twin's
+variant gets the convolution's output as Inductor holds it: no layout copy (`inputs_as_held`), a hit per
+forward, and the decode's output agrees with eager."""
+
+import textwrap
+
+import pytest
+from test_run_gpu import _document, build_user_model, compiled_call, user_model
+
+pytestmark = pytest.mark.gpu
+
+MODEL_PY = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+    class Half(nn.Module):  # a VAE resnet's second half: conv1 -> norm2 -> SiLU -> conv2, plus the shortcut
+        def __init__(self, c):
+            super().__init__()
+            self.conv1 = nn.Conv2d(c, c, 3, padding=1)
+            self.norm = nn.GroupNorm(32, c, eps=1e-6)
+            self.conv2 = nn.Conv2d(c, c, 3, padding=1)
+
+        def forward(self, x):
+            return x + self.conv2(torch.nn.functional.silu(self.norm(self.conv1(x))))
+
+    def build(device, dtype):
+        torch.manual_seed(0)
+        model = nn.Sequential(Half(128), Half(128)).to(device=device, dtype=dtype).eval()
+        with torch.no_grad():
+            for h in model:
+                h.conv1.weight.mul_(0.1)
+                h.conv2.weight.mul_(0.1)
+        return model, (torch.randn(1, 128, 256, 256, device=device, dtype=dtype),)
+''')
+
+
+def test_a_channels_last_twin_serves_the_groupnorm_after_a_convolution_under_compile(cli, capsys, tmp_path):
+    import torch
+
+    import engine.cast
+    from engine.cast.format import read_cast
+
+    config = user_model(tmp_path, "conv_gn", MODEL_PY, samples=1)
+    ws = tmp_path / "ws"
+    code, out, err = cli("run", config, "--no-tui", "--iterations", "6", "--json", "--no-compile-ref",
+                         "--ops", "group_norm", "--workspace", ws)
+    assert code == 0, err
+    doc = _document(out, err, "run")
+    gn = [c for c in doc["cards"] if c["op"] == "aten::native_group_norm"]
+    twins = [c for c in gn if "s=" in c["signature"]]
+    with capsys.disabled():
+        print("\n" + "\n".join(f"{c['signature']}: {c['speedup_ci']}" for c in gn))
+    assert twins, f"no channels-last twin among {[c['signature'] for c in gn]}"
+    assert all(c["speedup_ci"] and c["speedup_ci"][0] > 1.0 for c in gn), gn
+
+    cast_file = tmp_path / "twins.cast"
+    code, out, err = cli("export", "--out", cast_file, "--workspace", ws, "--json", "--target", "compile",
+                         "--no-model-check")
+    assert code == 0, err
+    variants = read_cast(cast_file).manifest["variants"]
+    cl = [v for v in variants if v["signature"]["args"][0]["stride"][1] == 1]
+    assert cl, [v["signature"]["args"][0]["stride"] for v in variants]
+
+    model, (x,) = build_user_model(tmp_path, "conv_gn")
+    torch._dynamo.reset()
+    cast = engine.cast.load(cast_file, any_target=True)
+    with torch.no_grad():
+        eager = model(x)
+        with cast.enabled(model):
+            got, st = compiled_call(cast, model, x)
+    row = st["layout_copies"].get("aten.native_group_norm.default", {})
+    hits = {v["id"]: v["hits"] for v in st["variants"]}
+    with capsys.disabled():
+        print(f"layout copies {st['layout_copies']}, hits {hits}")
+    assert row.get("inputs_as_held", 0) >= 2 and row.get("inputs_copied", 0) == 0, row  # both norms after a conv
+    assert sum(hits[v["id"]] for v in cl) >= 2, hits
+    torch.testing.assert_close(got, eager, atol=5e-2, rtol=2e-2)
