@@ -827,6 +827,7 @@ def report(out: Path, models: list[str], allow_mixed: bool = False) -> str:
     """The Markdown report of OUT's per-model results; raises MixedRuns when they come from different code
     (unless allow_mixed, which flags it at the top)."""
     sys.path.insert(0, str(ROOT))
+    from engine.capture.twins import call_key
     from engine.outcomes import faster_with_confidence
 
     mixed = mixed_code(out, models)
@@ -856,7 +857,7 @@ def report(out: Path, models: list[str], allow_mixed: bool = False) -> str:
         compile_doc = _load(d / "compile.json") or {}
         comp = {o["card_id"]: o for o in compile_doc.get("ops", [])}
         in_cast_ids = _cast_cards(d / f"{model}.cast")
-        covered = 0.0
+        covered, counted = 0.0, set()
         for cid, cands in facts["candidates"].items():
             card = facts["cards"][cid]
             ok = [c for c in cands if c["status"] == "verified" and c["best_us"]]
@@ -866,7 +867,9 @@ def report(out: Path, models: list[str], allow_mixed: bool = False) -> str:
             if not faster_with_confidence((best["speedup_low"], best["speedup_high"])):
                 continue
             in_cast = cid in in_cast_ids
-            if in_cast:
+            key = call_key(card["op"], card["signature"]) if card.get("signature") else cid
+            if in_cast and key not in counted:  # a card and its channels-last twin are the same calls
+                counted.add(key)
                 covered += card["share"] or 0.0
             roof = card.get("roofline_us")
             won_rows.append((model, card, best, comp.get(cid, {}), len(cands), in_cast_ids.get(cid),

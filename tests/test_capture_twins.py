@@ -106,3 +106,20 @@ def test_which_captures_get_twins(tmp_path):
     assert result.twins == {} and len(_gn(result.cards)) == 1  # auto on a CPU capture
     with pytest.raises(UsageError, match=r'capture.layout_twins.*must be true, false or "auto"'):
         load_config(_config(tmp_path, 'layout_twins = "yes"'))
+
+
+def test_a_card_and_its_twin_are_the_same_calls_for_the_models_time():
+    import json
+
+    from card_helpers import brief, captured
+
+    from engine.capture.twins import call_key
+
+    x = torch.randn(1, 64, 8, 8)
+    c = captured(lambda: torch.nn.functional.group_norm(x, 32), lambda op: "norm" in op)
+    card = dataclasses.replace(brief(c.op, c.signature, c.outputs), samples=1)
+    twin = twin_of(card)
+    assert call_key(card.op, card.signature) == call_key(twin.op, json.dumps(twin.signature))
+    y = torch.randn(1, 64, 8, 4)
+    other = captured(lambda: torch.nn.functional.group_norm(y, 32), lambda op: "norm" in op)
+    assert call_key(card.op, card.signature) != call_key(other.op, other.signature)

@@ -67,6 +67,19 @@ def twin_of(card: OperatorCard) -> OperatorCard | None:
                                eager_us=None, roofline_us=None, compile_us=None, copy_us=None, compile_note=None)
 
 
+def call_key(op: str, signature: dict[str, Any]) -> str:
+    """The same for a card and its twin (the first argument's strides left out for TWIN_OPS): what a share
+    of the model's time is counted once by."""
+    import json
+
+    if isinstance(signature, str):  # a store row's JSON text
+        signature = json.loads(signature)
+    args = list(signature.get("args", []))
+    if op in TWIN_OPS and args:
+        args[0] = {k: v for k, v in args[0].items() if k != "stride"}
+    return op + json.dumps({**signature, "args": args}, sort_keys=True, default=str)
+
+
 def wanted(setting: Any, device: str, ops: Sequence[str]) -> bool:
     """Whether a capture gets twins: `setting` true/false, or "auto": on a CUDA capture whose forward ran
     a convolution (`ops`: the ops it captured)."""
