@@ -194,3 +194,29 @@ def test_a_held_layout_is_copied_where_the_op_would_return_other_strides_than_th
         torch._dynamo.reset()
     row = copies["aten.native_group_norm.default"]
     assert (row["calls"], row["inputs_copied"], row.get("inputs_as_held", 0)) == (1, 1, 0), row
+
+
+def test_a_c_plus_plus_routed_casts_layouts_come_from_its_manifest():
+    """On the GPU a cast's op variants are routed in C++: compose reads their first-input layouts and the
+    output strides the manifest recorded (engine.cast.loader keeps them per plan) for the same decision."""
+    from engine.cast.loader import _output_strides
+
+    variant = {"outputs": [{"kind": "tensor", "dtype": "bfloat16", "shape": [1, 8, 6, 6], "stride": [288, 36, 6, 1]},
+                           {"kind": "tensor", "dtype": "bfloat16", "shape": [1, 4], "stride": [4, 1]},
+                           {"kind": "tensor", "dtype": "bfloat16", "shape": [1, 4], "stride": [4, 1]}]}
+    outs = _output_strides(variant)
+    assert outs == ((288, 36, 6, 1), (4, 1), (4, 1))
+
+    class Routed:  # what a loaded Cast holds for its C++-routed ops
+        _cpp_ops = ["aten::native_group_norm"]
+        _cpp_shapes = {"aten::native_group_norm": [(torch.bfloat16, (1, 8, 6, 6)), (torch.bfloat16, (1, 8, 6, 6))]}
+        _cpp_strides = {"aten::native_group_norm": [(288, 36, 6, 1), (288, 1, 48, 8)]}
+        _cpp_outputs = {"aten::native_group_norm": [outs, outs]}
+        _cpp_targets = {"aten::native_group_norm": [None, frozenset({"eager"})]}
+
+    gn = torch.ops.aten.native_group_norm.default
+    assert compose.covered_layouts(Routed())[gn] == {("cuda", torch.bfloat16, (1, 8, 6, 6), (288, 36, 6, 1)): outs,
+                                                     ("cuda", torch.bfloat16, (1, 8, 6, 6), (288, 1, 48, 8)): outs}
+    # under compile only the variant proven for it (the channels-last one was kept for eager alone)
+    assert list(compose.covered_layouts(Routed(), "compile")[gn]) == [("cuda", torch.bfloat16, (1, 8, 6, 6),
+                                                                        (288, 36, 6, 1))]
