@@ -220,3 +220,24 @@ def test_a_c_plus_plus_routed_casts_layouts_come_from_its_manifest():
     # under compile only the variant proven for it (the channels-last one was kept for eager alone)
     assert list(compose.covered_layouts(Routed(), "compile")[gn]) == [("cuda", torch.bfloat16, (1, 8, 6, 6),
                                                                         (288, 36, 6, 1))]
+
+
+def test_the_record_never_fails_a_compile(tmp_path, monkeypatch):
+    """The layout record and the as-held decision run inside Inductor's lowering: whatever goes wrong in them
+    (another torch's IR, say), the graph compiles with eager's strides and computes what eager does."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+
+    def broken(*_a, **_k):
+        raise RuntimeError("a record that cannot be written")
+
+    monkeypatch.setattr(compose, "_copy_row", broken)
+    monkeypatch.setattr(compose, "_held_layout", broken)
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 6, 6)
+    owner = OpCast(torch.ops.aten.logsumexp.default, [x.contiguous(memory_format=torch.channels_last), [2, 3], False])
+    try:
+        copies = _compiled_copies(_ConvLse().eval(), x, owner)  # compares with eager
+    finally:
+        owner.remove()
+        torch._dynamo.reset()
+    assert copies == {} and owner.plan.hits == 0  # nothing recorded; eager's strides: the variant missed

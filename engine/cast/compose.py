@@ -251,7 +251,7 @@ def inductor_snapshot(ops: list[torch._ops.OpOverload] | None = None) -> dict[st
             "pattern_matcher": config.pattern_matcher,
             "inductor_patterns": _inductor_pattern_counts(),
             "fast_random_decomps": {str(k): id(v) for k, v in D.fast_random_decomps().items()},
-            "copy_input": id(ir.ExternKernel.__dict__["copy_input"])}  # wrapped while compiling (layout copies)
+            "copy_input": id(ir.ExternKernel.__dict__.get("copy_input"))}  # wrapped while compiling (layout copies)
 
 
 def _inductor_pattern_counts() -> dict[str, int]:
@@ -402,6 +402,14 @@ def _note_conversion(row: dict[str, Any], what: str, had: Any, wanted: Any) -> N
         row["conversions"].append(seen)
 
 
+def _is_ir(x: Any) -> bool:
+    """An Inductor IR node (a tensor argument of a lowered call), by the public class rather than a private
+    helper that differs between torch releases."""
+    from torch._inductor import ir
+
+    return isinstance(x, ir.IRNode)
+
+
 def _held_layout(x: Any) -> tuple | None:
     """(device type, dtype, shape, strides) of an IR node Inductor holds in a fixed layout with concrete sizes
     (a convolution's output, a graph input), else None: a flexible layout is Inductor's to choose."""
@@ -434,30 +442,41 @@ def _recording_constraint(name: str, copies: dict, layouts: dict | None = None) 
     in `inputs_as_held`."""
     from torch._inductor import lowering as L
 
+    def pass_as_held(fx_node: Any, args: tuple) -> tuple | None:
+        """The first input's held layout where a variant was proven for it and returns the strides the graph
+        was traced with (eager's CUDA GroupNorm returns contiguous output for channels-last input as for
+        contiguous; a kernel whose output followed its input's layout would break the compiled code's
+        assertions), else None. Never raises: a doubt means eager's strides, as without a variant."""
+        try:
+            held = _held_layout(args[0]) if args and layouts and _is_ir(args[0]) else None
+            outs = layouts.get(held) if held is not None else None
+            return held if outs is not None and outs == _traced_output_strides(fx_node) else None
+        except Exception:  # noqa: BLE001
+            return None
+
     def constrain_and_count(fx_node: Any, *args: Any, **kwargs: Any) -> Any:
-        held = _held_layout(args[0]) if args and layouts and L._is_tensor_irnode(args[0]) else None
-        # Passed as held only where the variant proven for that layout returns the strides the graph was traced
-        # with: eager's CUDA GroupNorm returns contiguous output for channels-last input as for contiguous, but a
-        # kernel whose output follows its input's layout would break the compiled code's assertions.
-        outs = layouts.get(held) if held is not None else None
-        if outs is not None and outs == _traced_output_strides(fx_node):
+        held = pass_as_held(fx_node, args)
+        if held is not None:
             # the first argument left out of eager's strides: a non-IR stand-in is passed through untouched
             new_args, new_kwargs = L.constrain_to_fx_strides(fx_node, None, *args[1:], **kwargs)
             new_args = (args[0], *new_args[1:])
         else:
             held = None
             new_args, new_kwargs = L.constrain_to_fx_strides(fx_node, *args, **kwargs)
-        row = _copy_row(copies, name)
-        row["calls"] += 1
-        if held is not None:
-            row["inputs_as_held"] = row.get("inputs_as_held", 0) + 1
-        fx_args = list(fx_node.args) + [fx_node.kwargs.get(k) for k in kwargs]
-        for old, new, fx_arg in zip([*args, *kwargs.values()], [*new_args, *new_kwargs.values()], fx_args):
-            if new is not old and L._is_tensor_irnode(old):
-                row["inputs_copied"] += 1
-                val = fx_arg.meta.get("val") if isinstance(fx_arg, torch.fx.Node) else None
-                _note_conversion(row, "input", _strides_of(old),
-                                 val.stride() if isinstance(val, torch.Tensor) else "?")
+        try:  # the record: never a reason for the compile to fail
+            row = _copy_row(copies, name)
+            row["calls"] += 1
+            if held is not None:
+                row["inputs_as_held"] = row.get("inputs_as_held", 0) + 1
+            fx_args = list(fx_node.args) + [fx_node.kwargs.get(k) for k in kwargs]
+            for old, new, fx_arg in zip([*args, *kwargs.values()], [*new_args, *new_kwargs.values()], fx_args):
+                if new is not old and _is_ir(old):
+                    row["inputs_copied"] += 1
+                    val = fx_arg.meta.get("val") if isinstance(fx_arg, torch.fx.Node) else None
+                    _note_conversion(row, "input", _strides_of(old),
+                                     val.stride() if isinstance(val, torch.Tensor) else "?")
+        except Exception:  # noqa: BLE001
+            pass
         return new_args, new_kwargs
 
     return constrain_and_count
@@ -492,21 +511,39 @@ def _producer_op(x: Any) -> Any:
 @contextmanager
 def _counting_output_copies(names: dict[Any, str], copies: dict) -> Iterator[None]:
     """While Inductor lowers, count the copies it makes of the outputs of the ops in `names` (op → name):
-    a consumer (a convolution under layout optimization) that wants other strides than the op returned."""
+    a consumer (a convolution under layout optimization) that wants other strides than the op returned.
+    `ExternKernel.copy_input` is wrapped (as the static or class method this torch has) and put back; the
+    count never fails a compile."""
     from torch._inductor import ir
 
-    original = ir.ExternKernel.__dict__["copy_input"]
-    inner = original.__func__ if isinstance(original, staticmethod) else original
+    original = ir.ExternKernel.__dict__.get("copy_input")
+    if not isinstance(original, (staticmethod, classmethod)):  # another torch's shape of it: count nothing
+        yield
+        return
+    inner = original.__func__
 
-    def copy_input(x: Any) -> Any:
-        name = names.get(_producer_op(x))
-        if name is not None:
-            row = _copy_row(copies, name)
-            row["outputs_copied"] += 1
-            _note_conversion(row, "output", _strides_of(x), "a consumer's")
-        return inner(x)
+    def note(x: Any) -> None:
+        try:
+            name = names.get(_producer_op(x))
+            if name is not None:
+                row = _copy_row(copies, name)
+                row["outputs_copied"] += 1
+                _note_conversion(row, "output", _strides_of(x), "a consumer's")
+        except Exception:  # noqa: BLE001 - a record, never a reason for the compile to fail
+            pass
 
-    ir.ExternKernel.copy_input = staticmethod(copy_input)
+    if isinstance(original, classmethod):
+        def copy_input_cm(cls: Any, x: Any) -> Any:
+            note(x)
+            return inner(cls, x)
+
+        ir.ExternKernel.copy_input = classmethod(copy_input_cm)
+    else:
+        def copy_input(x: Any) -> Any:
+            note(x)
+            return inner(x)
+
+        ir.ExternKernel.copy_input = staticmethod(copy_input)
     try:
         yield
     finally:
