@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import itertools
 import random
-from concurrent.futures import ThreadPoolExecutor
 
 import cuda_emulator as emu
 import pytest
 import torch
 import torch.nn.functional as F
 from card_helpers import brief, captured
-from test_builtin_templates_norms import _compile_all, _ref_group_norm, group_norm_card
+from test_builtin_templates_norms import _compile_all, _ref_group_norm, emulate_and_compare, group_norm_card
 
 from engine.capture.signature import bind_arguments, describe_tensor
 from engine.launch import parse_spec, resolve
@@ -150,9 +149,6 @@ def _cases():
 
 
 def test_kernels_run_correctly_in_the_cpu_emulation(tmp_path):
-    from engine.verify.compare import bitwise_equal, compare_outputs
-    from engine.verify.tolerance import tolerances_for
-
     if not emu.available():
         pytest.skip("g++ is needed for the CUDA-on-CPU emulation")
     prepared = []
@@ -162,29 +158,5 @@ def test_kernels_run_correctly_in_the_cpu_emulation(tmp_path):
         r = T.render(card, full, hw=Hardware())
         res = resolve(parse_spec(r.spec), Env.from_card(card.signature, card.outputs))
         prepared.append((f"{card.signature_text} {full}", card, bound, res, expected, r.source))
-    program = emu.build([(p[5], p[3]) for p in prepared], tmp_path)
-    for fill in (float("nan"), -1234.5):
-        (tmp_path / str(fill)).mkdir()
-
-    def both_runs(k):
-        _, card, bound, res, _, _ = prepared[k]
-        inputs = {n: v for n, v in bound.items() if isinstance(v, torch.Tensor)}
-        return [emu.run(program, k, res, inputs, [emu.output_like(d, fill) for d in card.outputs],
-                        tmp_path / str(fill)) for fill in (float("nan"), -1234.5)]
-
-    with ThreadPoolExecutor(2) as pool:
-        all_runs = list(pool.map(both_runs, range(len(prepared))))
-    failures = []
-    for (label, card, bound, _, expected, _), runs in zip(prepared, all_runs):
-        inputs = {n: v for n, v in bound.items() if isinstance(v, torch.Tensor)}
-        bad = [r.error for r in runs if r.error]
-        if not bad:
-            got, again = runs[0].outputs, runs[1].outputs
-            assert got[0].stride() == tuple(card.outputs[0]["stride"])
-            bad = [x.message for x in compare_outputs(got, expected, tolerances_for(card.op, expected)) if not x.ok]
-            bad += [f"out{i} differs between runs" for i, (a, b) in enumerate(zip(got, again))
-                    if not bitwise_equal(a, b)]
-            bad += [f"input {n} was modified" for r in runs for n, v in r.inputs.items() if not torch.equal(v, inputs[n])]
-        if bad:
-            failures.append(f"{label}: {'; '.join(bad)}")
+    failures = emulate_and_compare(prepared, tmp_path)  # also: each output has the card's strides
     assert not failures, "\n".join(failures)

@@ -479,9 +479,6 @@ def test_batch_norm_reports_the_params_it_rendered():
 
 
 def test_kernels_run_correctly_in_the_cpu_emulation(tmp_path):
-    from engine.verify.compare import bitwise_equal, compare_outputs
-    from engine.verify.tolerance import tolerances_for
-
     if not emu.available():
         pytest.skip("g++ is needed for the CUDA-on-CPU emulation")
     prepared = []
@@ -492,7 +489,19 @@ def test_kernels_run_correctly_in_the_cpu_emulation(tmp_path):
         r = t.render(card, full, hw=hw)
         res = resolve(parse_spec(r.spec), Env.from_card(card.signature, card.outputs))
         prepared.append((f"{card.op} {card.signature_text} {full}", card, bound, res, expected, r.source))
+    failures = emulate_and_compare(prepared, tmp_path)
+    assert not failures, "\n".join(failures)
+
+
+def emulate_and_compare(prepared: list[tuple], tmp_path: Path) -> list[str]:
+    """Build every (label, card, bound, resolved, expected, source) in one emulation program, run each twice
+    (into a NaN and a finite prefill, so unwritten elements and run-to-run differences show) and compare
+    with `expected` under the lane's tolerance; the failures, one line each."""
+    from engine.verify.compare import bitwise_equal, compare_outputs
+    from engine.verify.tolerance import tolerances_for
+
     program = emu.build([(p[5], p[3]) for p in prepared], tmp_path)
+
     def both_runs(k: int) -> list[emu.Run]:
         _, card, bound, res, _, _ = prepared[k]
         inputs = {n: v for n, v in bound.items() if isinstance(v, torch.Tensor)}
@@ -515,7 +524,7 @@ def test_kernels_run_correctly_in_the_cpu_emulation(tmp_path):
             bad += [f"input {n} was modified" for r in runs for n, v in r.inputs.items() if not torch.equal(v, inputs[n])]
         if bad:
             failures.append(f"{label}: {'; '.join(bad)}")
-    assert not failures, "\n".join(failures)
+    return failures
 
 
 # float64 references of what eager CUDA computes (the lane compares against eager on the GPU).

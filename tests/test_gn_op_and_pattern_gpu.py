@@ -11,7 +11,7 @@ variant's."""
 import textwrap
 
 import pytest
-from test_run_gpu import _document, build_user_model, compiled_call, user_model
+from test_run_gpu import _document, eager_and_compiled, user_model
 
 pytestmark = pytest.mark.gpu
 
@@ -52,7 +52,6 @@ MODEL_PY = textwrap.dedent('''
 def test_op_variant_and_pattern_cards_of_one_op_both_run_under_compile(cli, capsys, tmp_path):
     import torch
 
-    import engine.cast
     from engine.cast.format import read_cast
 
     config = user_model(tmp_path, "gn_stack", MODEL_PY, samples=1)
@@ -76,14 +75,7 @@ def test_op_variant_and_pattern_cards_of_one_op_both_run_under_compile(cli, caps
         print(f"\nexport: {[(v['op'], v.get('targets')) for v in variants]}")
     assert {v["op"] for v in variants} >= {"aten::native_group_norm", "kforge::chain"}, variants
 
-    model, (x,) = build_user_model(tmp_path, "gn_stack")
-    torch._dynamo.reset()
-    # Every variant, whatever the export's whole-model check kept it for: this test is about the mechanism.
-    cast = engine.cast.load(cast_file, any_target=True)
-    with torch.no_grad():
-        eager = model(x)
-        with cast.enabled(model):
-            got, st = compiled_call(cast, model, x)
+    eager, got, st = eager_and_compiled(tmp_path, "gn_stack", cast_file)
     with capsys.disabled():
         print(f"pattern matches {st['pattern_matches']}, pattern hits {st['patterns']}, "
               f"op hits {[(v['op'], v['hits']) for v in st['variants']]}, problems {st['pattern_problems']}")

@@ -10,7 +10,7 @@ forward, and the decode's output agrees with eager."""
 import textwrap
 
 import pytest
-from test_run_gpu import _document, build_user_model, compiled_call, user_model
+from test_run_gpu import _document, eager_and_compiled, user_model
 
 pytestmark = pytest.mark.gpu
 
@@ -42,7 +42,6 @@ MODEL_PY = textwrap.dedent('''
 def test_a_channels_last_twin_serves_the_groupnorm_after_a_convolution_under_compile(cli, capsys, tmp_path):
     import torch
 
-    import engine.cast
     from engine.cast.format import read_cast
 
     config = user_model(tmp_path, "conv_gn", MODEL_PY, samples=1)
@@ -66,13 +65,7 @@ def test_a_channels_last_twin_serves_the_groupnorm_after_a_convolution_under_com
     cl = [v for v in variants if v["signature"]["args"][0]["stride"][1] == 1]
     assert cl, [v["signature"]["args"][0]["stride"] for v in variants]
 
-    model, (x,) = build_user_model(tmp_path, "conv_gn")
-    torch._dynamo.reset()
-    cast = engine.cast.load(cast_file, any_target=True)
-    with torch.no_grad():
-        eager = model(x)
-        with cast.enabled(model):
-            got, st = compiled_call(cast, model, x)
+    eager, got, st = eager_and_compiled(tmp_path, "conv_gn", cast_file)
     row = st["layout_copies"].get("aten.native_group_norm.default", {})
     hits = {v["id"]: v["hits"] for v in st["variants"]}
     with capsys.disabled():

@@ -67,6 +67,24 @@ def build_user_model(folder, name: str):
     return mod.build(torch.device("cuda"), torch.bfloat16)
 
 
+def eager_and_compiled(tmp_path, name: str, cast_file):
+    """The user model NAME's eager output and, with the cast file loaded (every variant, whatever targets its
+    export kept it for: these tests are about the mechanism), its compiled output and the cast's stats of a
+    counted call: (eager, compiled, stats)."""
+    import torch
+
+    import engine.cast
+
+    model, (x,) = build_user_model(tmp_path, name)
+    torch._dynamo.reset()
+    cast = engine.cast.load(cast_file, any_target=True)
+    with torch.no_grad():
+        eager = model(x)
+        with cast.enabled(model):
+            got, st = compiled_call(cast, model, x)
+    return eager, got, st
+
+
 def compiled_call(cast, model, x):
     """`cast.compile(model)` called once to compile, then once counted: (its output, the cast's stats of
     that second call). Call it inside `cast.enabled(model)`."""

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.capture.signature import decode_value, dtype_name, encode_value, storage_extent
+from engine.capture.signature import decode_value, dense_order, dtype_name, encode_value, storage_extent
 
 FORMAT = "kforge-sample/1"
 FORMAT_TILED = "kforge-sample/2"  # as /1, plus `tiled`: slab name -> its length, stored as one period
@@ -398,23 +398,12 @@ def laid_out_as(args: list[tuple[str, Any]], signature: dict[str, Any]) -> list[
     for name, v in args:
         a = want.get(name)
         if (isinstance(v, torch.Tensor) and a is not None and list(v.shape) == list(a["shape"])
-                and list(v.stride()) != list(a["stride"]) and _dense(a["shape"], a["stride"])):
+                and list(v.stride()) != list(a["stride"]) and dense_order(a["shape"], a["stride"]) is not None):
             t = torch.empty_strided(tuple(a["shape"]), tuple(a["stride"]), dtype=v.dtype, device=v.device)
             t.copy_(v)
             v = t
         out.append((name, v))
     return out
-
-
-def _dense(shape: list[int], stride: list[int]) -> bool:
-    """The strides cover exactly numel slots in some dim order (dense, non-overlapping)."""
-    dims = sorted((d for d, n in enumerate(shape) if n > 1), key=lambda d: -int(stride[d]))
-    expect = 1
-    for d in reversed(dims):
-        if int(stride[d]) != expect:
-            return False
-        expect *= int(shape[d])
-    return True
 
 
 def read_sample_meta(path: Path) -> dict[str, Any]:

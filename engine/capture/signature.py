@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -180,6 +181,18 @@ def _tensor_text(d: dict[str, Any]) -> str:
 
 def _short(dtype: str) -> str:
     return _DTYPE_SHORT.get(getattr(torch, dtype, None), dtype)
+
+
+def dense_order(shape: Sequence[int], stride: Sequence[int]) -> list[int] | None:
+    """Dims of size > 1 from outermost to innermost when the tensor is dense and non-overlapping (its
+    elements fill exactly numel consecutive slots in some dim order), else None."""
+    dims = sorted((d for d, n in enumerate(shape) if n > 1), key=lambda d: -int(stride[d]))
+    expect = 1
+    for d in reversed(dims):
+        if int(stride[d]) != expect:
+            return None
+        expect *= int(shape[d])
+    return dims
 
 
 def contiguous_strides(shape: list[int]) -> list[int]:

@@ -534,15 +534,10 @@ def is_contiguous(shape: Sequence[int], stride: Sequence[int]) -> bool:
 
 
 def dense_order(shape: Sequence[int], stride: Sequence[int]) -> list[int] | None:
-    """Dims of size > 1 from outermost to innermost when the tensor is dense and non-overlapping (its
-    elements fill exactly numel consecutive slots in some dim order), else None."""
-    dims = sorted((d for d, n in enumerate(shape) if n > 1), key=lambda d: -int(stride[d]))
-    expect = 1
-    for d in reversed(dims):
-        if int(stride[d]) != expect:
-            return None
-        expect *= int(shape[d])
-    return dims
+    """engine.capture.signature.dense_order (imported on first use, with torch)."""
+    from engine.capture.signature import dense_order as order
+
+    return order(shape, stride)
 
 
 def coalesce(sizes: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[list[int], list[list[int]]]:
