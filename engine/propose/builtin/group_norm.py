@@ -376,6 +376,27 @@ def _gn_stash(d: int, k: int, v: int, block: int, isz: int, cg: int, stash: str,
     return chunk, max(0, min(-(-chunk // batch), budget // (batch * isz))) * batch
 
 
+def gn_args_problem(card: OperatorCard, x: Mapping[str, Any]) -> str | None:
+    """Why native_group_norm's arguments are not ones a builtin kernel takes (None: N, C, HxW, group ints that
+    agree with the input's shape, a number eps, C a multiple of group, a non-empty input, three outputs)."""
+    for k in ("N", "C", "HxW", "group"):
+        if not isinstance(cc.raw_value(card, k), int) or isinstance(cc.raw_value(card, k), bool):
+            return f"{k} is not an int"
+    if not isinstance(cc.raw_value(card, "eps"), (int, float)):
+        return "eps is not a finite number"
+    n, c, hw, g = (cc.raw_value(card, k) for k in ("N", "C", "HxW", "group"))
+    if g <= 0 or c % g:
+        return f"C={c} is not a multiple of group={g}"
+    shape = [int(s) for s in x["shape"]]
+    if len(shape) < 2 or shape[0] != n or shape[1] != c or math.prod(shape[2:]) != hw:
+        return f"input shape {shape} does not match N={n} C={c} HxW={hw}"
+    if math.prod(shape) == 0:
+        return "empty input"
+    if len(card.outputs) != 3:
+        return f"{len(card.outputs)} outputs, expected 3"
+    return None
+
+
 class GroupNormTemplate(Template):
     """aten::native_group_norm on contiguous NCHW-like input: fused (block per group), split (two launches:
     partial statistics, then merge + apply) or, for large groups, cluster (one launch, a thread-block
@@ -398,19 +419,11 @@ class GroupNormTemplate(Template):
         if why:
             return why
         assert x is not None
-        for k in ("N", "C", "HxW", "group"):
-            if not isinstance(cc.raw_value(card, k), int) or isinstance(cc.raw_value(card, k), bool):
-                return f"{k} is not an int"
-        if not isinstance(cc.raw_value(card, "eps"), (int, float)):
-            return "eps is not a finite number"
-        if cc.raw_value(card, "group") <= 0 or cc.raw_value(card, "C") % cc.raw_value(card, "group"):
-            return f"C={cc.raw_value(card, 'C')} is not a multiple of group={cc.raw_value(card, 'group')}"
+        why = gn_args_problem(card, x)
+        if why:
+            return why
         geo = self._geometry(card)
         shape = [int(s) for s in x["shape"]]
-        if len(shape) < 2 or shape[0] != geo["N"] or shape[1] != geo["C"] or math.prod(shape[2:]) != geo["HW"]:
-            return f"input shape {shape} does not match N={geo['N']} C={geo['C']} HxW={geo['HW']}"
-        if math.prod(shape) == 0:
-            return "empty input"
         if geo["D"] > cc.MAX_I32 // 2:
             return "a group of 2**30 elements or more (32-bit in-group indexing)"
         if geo["CG"] > 4096:

@@ -26,6 +26,7 @@ from typing import Any
 from engine.cards import OperatorCard
 from engine.propose.base import Hardware
 from engine.propose.builtin import cuda_common as cc
+from engine.propose.builtin.group_norm import gn_args_problem
 from engine.propose.builtin.template import H200, Rendered, Template
 
 _BODY = r"""
@@ -259,20 +260,10 @@ class GroupNormChannelsLastTemplate(Template):
             return "input is contiguous (the group_norm template's)"
         if not channels_last(shape, stride):
             return f"input is not channels-last (strides {stride} for shape {shape})"
-        for k in ("N", "C", "HxW", "group"):
-            if not isinstance(cc.raw_value(card, k), int) or isinstance(cc.raw_value(card, k), bool):
-                return f"{k} is not an int"
-        if not isinstance(cc.raw_value(card, "eps"), (int, float)):
-            return "eps is not a finite number"
-        if cc.raw_value(card, "group") <= 0 or cc.raw_value(card, "C") % cc.raw_value(card, "group"):
-            return f"C={cc.raw_value(card, 'C')} is not a multiple of group={cc.raw_value(card, 'group')}"
-        if len(card.outputs) != 3:
-            return f"{len(card.outputs)} outputs, expected 3"
+        why = gn_args_problem(card, x)
+        if why:
+            return why
         geo = self._geometry(card)
-        if shape[0] != geo["N"] or shape[1] != geo["C"] or math.prod(shape[2:]) != geo["HW"]:
-            return f"input shape {shape} does not match N={geo['N']} C={geo['C']} HxW={geo['HW']}"
-        if math.prod(shape) == 0:
-            return "empty input"
         why = cc.affine_problem(card, [geo["C"]])
         if why:
             return why
