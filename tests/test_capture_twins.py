@@ -123,3 +123,22 @@ def test_a_card_and_its_twin_are_the_same_calls_for_the_models_time():
     y = torch.randn(1, 64, 8, 4)
     other = captured(lambda: torch.nn.functional.group_norm(y, 32), lambda op: "norm" in op)
     assert call_key(card.op, card.signature) != call_key(other.op, other.signature)
+
+
+def test_the_capture_listing_says_which_card_is_a_twin(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from engine.capture.report import print_cards
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    result = capture_model(load_config(_config(tmp_path, "layout_twins = true")), torch.device("cpu"), ws)
+    (twin_id, orig_id), = result.twins.items()
+    assert result.total_calls == 3  # conv, GroupNorm, SiLU: the twin's call is its original's
+    out = io.StringIO()
+    print_cards(result, ws, Console(file=out, width=300, force_terminal=False))
+    line = next(ln for ln in out.getvalue().splitlines() if twin_id in ln)
+    assert "twin" in line.split()[3] and f"(channels-last twin of {orig_id[:8]}, for torch.compile)" in line
+    assert "3 calls per forward" in out.getvalue() and result.to_json()["twins"] == {twin_id: orig_id}

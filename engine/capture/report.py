@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -18,6 +19,16 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"
+
+
+def _share(result: CaptureResult, c: Any) -> str:
+    """A card's share, or "twin" for a channels-last twin (its calls are its original's, counted there)."""
+    return "twin" if c.card_id in result.twins else f"{100 * c.share:.1f}%"
+
+
+def _twin(result: CaptureResult, c: Any) -> str:
+    orig = result.twins.get(c.card_id)
+    return f"  (channels-last twin of {orig[:8]}, for torch.compile)" if orig else ""
 
 
 def print_cards(result: CaptureResult, workspace: Path, console: Console | None = None) -> None:
@@ -37,8 +48,8 @@ def print_cards(result: CaptureResult, workspace: Path, console: Console | None 
         console.print(f"{'#':>3}  {'op':32}  {'calls':>6}  {'share':>6}  {'bytes':>10}  {'id':16}  signature",
                       highlight=False, markup=False, soft_wrap=True)
         for i, c in enumerate(result.cards, 1):
-            console.print(f"{i:>3}  {c.op:32}  {c.calls:>6}  {100 * c.share:>5.1f}%  "
-                          f"{human_bytes(c.bytes):>10}  {c.card_id:16}  {c.signature_text}",
+            console.print(f"{i:>3}  {c.op:32}  {c.calls:>6}  {_share(result, c):>6}  "
+                          f"{human_bytes(c.bytes):>10}  {c.card_id:16}  {c.signature_text}{_twin(result, c)}",
                           highlight=False, markup=False, soft_wrap=True)
     else:
         table = Table(pad_edge=False, expand=False)
@@ -50,8 +61,8 @@ def print_cards(result: CaptureResult, workspace: Path, console: Console | None 
         table.add_column("signature", overflow="fold", ratio=1, min_width=24)
         table.add_column("id", no_wrap=True, style="dim")
         for i, c in enumerate(result.cards, 1):
-            table.add_row(str(i), c.op, str(c.calls), f"{100 * c.share:.1f}%", human_bytes(c.bytes),
-                          c.signature_text, c.card_id)
+            table.add_row(str(i), c.op, str(c.calls), _share(result, c), human_bytes(c.bytes),
+                          c.signature_text + _twin(result, c), c.card_id)
         console.print(table)
     _print_chains(result, console)
     console.print("share: of the op time measured during this capture on "

@@ -63,7 +63,7 @@ class CaptureResult:
 
     @property
     def total_calls(self) -> int:
-        return sum(c.calls for c in self.cards)
+        return sum(c.calls for c in self.cards if c.card_id not in self.twins)  # a twin's calls are its original's
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -71,6 +71,7 @@ class CaptureResult:
             "small": self.small, "wall_s": round(self.wall_s, 3), "total_calls": self.total_calls,
             "skipped": self.skipped, "notes": self.notes, "cards": [c.to_json() for c in self.cards],
             "chains": [c.to_json() for c in self.chains],
+            "twins": dict(self.twins),
         }
 
 
