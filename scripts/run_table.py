@@ -14,6 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from engine.capture.twins import twins_among  # noqa: E402
 from engine.outcomes import UNKNOWN_CATEGORY, faster_with_confidence  # noqa: E402
 from engine.store import open_readonly, read  # noqa: E402
 
@@ -48,6 +49,7 @@ def render(db_path: Path, run_id: str | None = None) -> str:
                 fails[cat] = fails.get(cat, 0) + 1
         rows.append((card, cs, ok, best, fails))
     rows.sort(key=lambda r: -(r[0]["share"] or 0.0))
+    twins = twins_among([(c["card_id"], c["op"], c["signature"]) for c in cards.values()])
     span = (max(evaluated) - min(evaluated)) if len(evaluated) > 1 else 0.0
     won = [r for r in rows if r[3] is not None
            and faster_with_confidence((r[3]["speedup_low"], r[3]["speedup_high"]))]
@@ -71,7 +73,9 @@ def render(db_path: Path, run_id: str | None = None) -> str:
         eager = f"{card['eager_us']:.1f}" if card["eager_us"] else "–"
         fail = ", ".join(f"{k} {v}" for k, v in fails.items()) or "–"
         refs = _references(card, best["best_us"] if best is not None else None)
-        lines.append(f"| `{card['op']}` | {sig} | {card['calls']:g} | {100 * (card['share'] or 0):.1f} % | {eager} | "
+        share = (f"twin of {twins[card['card_id']][:8]}" if card["card_id"] in twins
+                 else f"{100 * (card['share'] or 0):.1f} %")  # a channels-last twin: its original's calls
+        lines.append(f"| `{card['op']}` | {sig} | {card['calls']:g} | {share} | {eager} | "
                      f"{b} | {sp} | {refs} | {len(cs)} | {len(ok)} | {fail} | {stopped.get(card['card_id'], '–')} |")
     before = _before_search(cards.values())
     return "\n".join(lines + ([""] + before if before else [])) + "\n"

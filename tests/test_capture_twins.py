@@ -142,3 +142,18 @@ def test_the_capture_listing_says_which_card_is_a_twin(tmp_path):
     line = next(ln for ln in out.getvalue().splitlines() if twin_id in ln)
     assert "twin" in line.split()[3] and f"(channels-last twin of {orig_id[:8]}, for torch.compile)" in line
     assert "3 calls per forward" in out.getvalue() and result.to_json()["twins"] == {twin_id: orig_id}
+
+
+def test_a_runs_card_table_finds_the_twins_among_a_captures_cards():
+    from card_helpers import brief, captured
+
+    from engine.capture.twins import twins_among
+
+    x = torch.randn(1, 64, 8, 8)
+    c = captured(lambda: torch.nn.functional.group_norm(x, 32), lambda op: "norm" in op)
+    card = dataclasses.replace(brief(c.op, c.signature, c.outputs), samples=1)
+    twin = twin_of(card)
+    rows = [(card.card_id, card.op, card.signature), (twin.card_id, twin.op, twin.signature),
+            ("conv", "aten::convolution", {"args": []})]
+    assert twins_among(rows) == {twin.card_id: card.card_id}
+    assert twins_among(rows[1:]) == {}  # a channels-last GroupNorm without its contiguous card: a card of its own

@@ -80,6 +80,21 @@ def call_key(op: str, signature: dict[str, Any]) -> str:
     return op + json.dumps({**signature, "args": args}, sort_keys=True, default=str)
 
 
+def twins_among(cards: Sequence[tuple[str, str, Any]]) -> dict[str, str]:
+    """Among (card id, op, signature) of one capture: twin id -> its original's id (a card of TWIN_OPS whose
+    first input is not contiguous, with the same call as a card whose first input is)."""
+    import json
+
+    def first_contiguous(sig: Any) -> bool:
+        sig = json.loads(sig) if isinstance(sig, str) else sig
+        a = (sig.get("args") or [{}])[0]
+        return a.get("kind") == "tensor" and _contiguous([int(v) for v in a["shape"]], [int(v) for v in a["stride"]])
+
+    plain = {call_key(op, sig): cid for cid, op, sig in cards if op in TWIN_OPS and first_contiguous(sig)}
+    return {cid: plain[call_key(op, sig)] for cid, op, sig in cards
+            if op in TWIN_OPS and not first_contiguous(sig) and call_key(op, sig) in plain}
+
+
 def wanted(setting: Any, device: str, ops: Sequence[str]) -> bool:
     """Whether a capture gets twins: `setting` true/false, or "auto": on a CUDA capture whose forward ran
     a convolution (`ops`: the ops it captured)."""
