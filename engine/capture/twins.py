@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from engine.capture.signature import card_id, signature_text
+from engine.capture.signature import card_id, dense_order, signature_text
 from engine.cards import OperatorCard
 
 TWIN_OPS = ("aten::native_group_norm",)   # ops with a channels-last builtin kernel (group_norm_cl)
@@ -41,12 +41,8 @@ def channels_last_strides(shape: Sequence[int]) -> list[int]:
 
 
 def _contiguous(shape: Sequence[int], stride: Sequence[int]) -> bool:
-    acc = 1
-    for s, st in zip(reversed(shape), reversed(stride)):
-        if s != 1 and st != acc:
-            return False
-        acc *= s
-    return True
+    """Row-major contiguous, size-1 dims' strides aside (dense, its dims in their own order)."""
+    return dense_order(shape, stride) == [d for d, n in enumerate(shape) if n > 1]
 
 
 def twin_of(card: OperatorCard) -> OperatorCard | None:

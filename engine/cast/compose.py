@@ -461,7 +461,6 @@ def _recording_constraint(name: str, copies: dict, layouts: dict | None = None) 
             new_args, new_kwargs = L.constrain_to_fx_strides(fx_node, None, *args[1:], **kwargs)
             new_args = (args[0], *new_args[1:])
         else:
-            held = None
             new_args, new_kwargs = L.constrain_to_fx_strides(fx_node, *args, **kwargs)
         try:  # the record: never a reason for the compile to fail
             row = _copy_row(copies, name)
