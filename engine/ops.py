@@ -42,3 +42,17 @@ def call_op(op: torch._ops.OpOverload, bound: Sequence[tuple[str, Any]]) -> Any:
     args = [v for n, v in bound if n not in kwarg_only]
     kwargs = {n: v for n, v in bound if n in kwarg_only}
     return op(*args, **kwargs)
+
+
+def eager_call(op: torch._ops.OpOverload, signature: dict[str, Any] | None = None) -> Any:
+    """Eager for a card: `bound -> op(...)`. A channels-last twin's (`signature["twin_of"]`,
+    engine.capture.twins) copies its first tensor to contiguous first: what torch.compile runs without the
+    cast (Inductor copies the held input to the strides the graph was traced with, then calls the op), and
+    what CUDA native_group_norm needs (it rejects channels-last input). The copy is part of eager's time."""
+    if not (signature or {}).get("twin_of"):
+        return lambda bound: call_op(op, bound)
+
+    def run(bound: Sequence[tuple[str, Any]]) -> Any:
+        (n0, v0), *rest = bound
+        return call_op(op, [(n0, v0.contiguous() if isinstance(v0, torch.Tensor) else v0), *rest])
+    return run

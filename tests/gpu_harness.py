@@ -18,6 +18,17 @@ def make_card(tmp_path: Path, fn: Callable[[], Any], samples: int = 2):
     return capture_card(tmp_path, fn, samples)
 
 
+def twin_ref(ref):
+    """The channels-last twin of a captured card (engine.capture.twins), sharing its samples."""
+    import dataclasses
+
+    from engine.capture.twins import twin_of
+
+    twin = twin_of(dataclasses.replace(brief_of(ref), samples=len(ref.samples)))
+    assert twin is not None, f"{ref.op} {ref.signature} has no channels-last twin"
+    return dataclasses.replace(ref, card_id=twin.card_id, signature=twin.signature)
+
+
 def brief_of(ref) -> Any:
     """The OperatorCard a proposer sees for a CardRef."""
     from engine.capture.signature import signature_text
@@ -78,6 +89,8 @@ def evaluate_cases(tmp_path: Path, by_name: dict[str, Any],
     jobs, labels, failures = [], [], []
     for i, (label, name, fn, opts) in enumerate(cases):
         ref = make_card(tmp_path / f"card{i}", fn, samples=opts.get("samples", 2))
+        if opts.get("twin"):
+            ref = twin_ref(ref)
         card = brief_of(ref)
         t = by_name[name]
         assert card.op in t.ops, f"{label}: captured {card.op}, which {name} does not handle"

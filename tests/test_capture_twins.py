@@ -157,3 +157,28 @@ def test_a_runs_card_table_finds_the_twins_among_a_captures_cards():
             ("conv", "aten::convolution", {"args": []})]
     assert twins_among(rows) == {twin.card_id: card.card_id}
     assert twins_among(rows[1:]) == {}  # a channels-last GroupNorm without its contiguous card: a card of its own
+
+
+def test_a_twins_eager_is_the_op_on_its_input_made_contiguous_as_compile_would_call_it():
+    """CUDA native_group_norm rejects a channels-last input; torch.compile without the cast copies the held input
+    to the strides the graph was traced with (contiguous) and calls the op. A twin's eager does the same, here
+    seen in the strides of PyTorch's CPU GroupNorm output (channels-last for channels-last input)."""
+    from engine.capture.signature import signature_text
+    from engine.cards import OperatorCard
+    from engine.verify.pipeline import card_check
+
+    x = torch.randn(2, 8, 5, 5)
+    w, b = torch.randn(8), torch.randn(8)
+    args = [("input", x), ("weight", w), ("bias", b), ("N", 2), ("C", 8), ("HxW", 25), ("group", 4), ("eps", 1e-5)]
+    from engine.capture.signature import bind_arguments, signature_of
+
+    op = torch.ops.aten.native_group_norm.default
+    sig = signature_of(op, bind_arguments(op, [v for _, v in args], {}))
+    card = OperatorCard("orig", "aten::native_group_norm", sig, signature_text(sig), [], samples=1)
+    twin = twin_of(card)
+    assert twin.signature["twin_of"] == "orig"
+    cl = [("input", x.contiguous(memory_format=torch.channels_last)), *args[1:]]
+    out = card_check("aten::native_group_norm", twin.signature, [cl]).eager(cl)
+    assert out[0].is_contiguous() and torch.equal(out[0], op(x, w, b, 2, 8, 25, 4, 1e-5)[0])
+    plain = card_check("aten::native_group_norm", card.signature, [cl]).eager(cl)
+    assert not plain[0].is_contiguous()   # the card's own eager: the op as called

@@ -241,3 +241,72 @@ def test_the_record_never_fails_a_compile(tmp_path, monkeypatch):
         owner.remove()
         torch._dynamo.reset()
     assert copies == {} and owner.plan.hits == 0  # nothing recorded; eager's strides: the variant missed
+
+
+class _Recording:
+    """Stands in for a route's original kernel: records the strides of each call's first tensor."""
+
+    def __init__(self, inner):
+        self.inner, self.strides = inner, []
+
+    def call_boxed(self, keyset, *args, **kwargs):
+        self.strides.append(tuple(args[0].stride()))
+        return self.inner.call_boxed(keyset, *args, **kwargs)
+
+
+def test_a_held_input_that_goes_to_pytorchs_kernel_gets_the_layout_the_graph_was_traced_with(tmp_path, monkeypatch):
+    """Inside compiled code, a call passed as held that the router declines (here: routes suspended, as a
+    disabled variant or a miss would) reaches PyTorch's kernel with the first input contiguous, as the graph
+    was traced: CUDA native_group_norm rejects a channels-last input. Eager calls keep their own layout."""
+    from engine.cast import runtime
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 6, 6)
+    cl = x.contiguous(memory_format=torch.channels_last)
+    lse = torch.ops.aten.logsumexp.default
+    owner = OpCast(lse, [cl, [2, 3], False])
+    model = _ConvLse().eval()
+    backend = compose.backend(owner)
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad(), torch._inductor.config.patch(force_layout_optimization=True):
+            compiled = torch.compile(model, backend=backend)
+            compiled(x)
+            assert backend.layout_copies["aten.logsumexp.default"].get("inputs_as_held") == 1
+            assert ((1, 8, 6, 6), tuple(cl.stride())) in runtime.held_keys(lse)
+            recording = owner.route.original = _Recording(owner.route.original)
+            with runtime.suspended():
+                got = compiled(x)
+                lse(cl, [2, 3])   # an eager call of the same layout: not the graph's, passed as it is
+        assert recording.strides == [tuple(x.stride()), tuple(cl.stride())]
+        torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
+    finally:
+        owner.remove()
+        torch._dynamo.reset()
+
+
+def test_a_graph_passing_inputs_as_held_runs_eagerly_once_its_cast_is_removed(tmp_path, monkeypatch):
+    """Removed, a cast's routes are gone, and PyTorch's kernel would get the held layout the graph was not
+    traced with: the compiled graph runs eagerly instead (the right answer; `eager_runs` counts it)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 6, 6)
+    owner = OpCast(torch.ops.aten.logsumexp.default, [x.contiguous(memory_format=torch.channels_last), [2, 3], False])
+    owner.installed = True
+    model = _ConvLse().eval()
+    backend = compose.backend(owner)
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad(), torch._inductor.config.patch(force_layout_optimization=True):
+            compiled = torch.compile(model, backend=backend)
+            compiled(x)
+            assert (owner.plan.hits, backend.eager_runs) == (1, 0)
+            owner.remove()
+            owner.installed = False
+            got = compiled(x)
+        assert (owner.plan.hits, backend.eager_runs) == (1, 1)
+        torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
+    finally:
+        owner.remove()
+        torch._dynamo.reset()

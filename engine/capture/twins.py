@@ -5,9 +5,11 @@ a convolution (a GroupNorm) is handed a channels-last input. A cast whose varian
 contiguous input gets a copy of it first; one proven for the channels-last input is passed it as it is
 (engine.cast.compose, `inputs_as_held`). The capture sees eager's layout only, so for each card of an op with
 a builtin channels-last kernel (TWIN_OPS) whose input is a contiguous image batch, it adds a twin: the same
-call with a channels-last input. Its values, outputs and samples are the original's (eager CUDA GroupNorm
-copies a channels-last input to contiguous and returns contiguous output, the same bits); the samples are
-shared and laid out as the twin's signature says when loaded (`engine.capture.samples.laid_out_as`).
+call with a channels-last input, its signature naming its original (`twin_of`). Its values, outputs and
+samples are the original's; the samples are shared and laid out as the twin's signature says when loaded
+(`engine.capture.samples.laid_out_as`). Its eager is what torch.compile runs without the cast: the input
+copied to contiguous (the strides the graph was traced with), then the op (`engine.ops.eager_call`; CUDA
+native_group_norm rejects a channels-last input, and returns contiguous output either way).
 
 Which captures get them: `[capture] layout_twins` in the model config, "auto" (the default: a CUDA capture
 whose forward ran a convolution), true or false.
@@ -58,7 +60,7 @@ def twin_of(card: OperatorCard) -> OperatorCard | None:
         return None
     args: list[dict[str, Any]] = [dict(a) for a in card.signature["args"]]
     args[0] = {**x, "stride": channels_last_strides(shape)}
-    sig = {**card.signature, "args": args}
+    sig = {**card.signature, "args": args, "twin_of": card.card_id}
     return dataclasses.replace(card, card_id=card_id(sig), signature=sig, signature_text=signature_text(sig),
                                eager_us=None, roofline_us=None, compile_us=None, copy_us=None, compile_note=None)
 
@@ -73,7 +75,8 @@ def call_key(op: str, signature: dict[str, Any]) -> str:
     args = list(signature.get("args", []))
     if op in TWIN_OPS and args:
         args[0] = {k: v for k, v in args[0].items() if k != "stride"}
-    return op + json.dumps({**signature, "args": args}, sort_keys=True, default=str)
+    rest = {k: v for k, v in signature.items() if k != "twin_of"}
+    return op + json.dumps({**rest, "args": args}, sort_keys=True, default=str)
 
 
 def twins_among(cards: Sequence[tuple[str, str, Any]]) -> dict[str, str]:
@@ -87,8 +90,18 @@ def twins_among(cards: Sequence[tuple[str, str, Any]]) -> dict[str, str]:
         return a.get("kind") == "tensor" and _contiguous([int(v) for v in a["shape"]], [int(v) for v in a["stride"]])
 
     plain = {call_key(op, sig): cid for cid, op, sig in cards if op in TWIN_OPS and first_contiguous(sig)}
-    return {cid: plain[call_key(op, sig)] for cid, op, sig in cards
-            if op in TWIN_OPS and not first_contiguous(sig) and call_key(op, sig) in plain}
+    ids = {cid for cid, _, _ in cards}
+    out = {}
+    for cid, op, sig in cards:
+        sig = json.loads(sig) if isinstance(sig, str) else sig
+        if op not in TWIN_OPS or first_contiguous(sig):
+            continue
+        if sig.get("twin_of"):    # named by the capture (twin_of), counted where its original is a card
+            if sig["twin_of"] in ids:
+                out[cid] = sig["twin_of"]
+        elif call_key(op, sig) in plain:   # a capture of before (a real channels-last call looks the same)
+            out[cid] = plain[call_key(op, sig)]
+    return out
 
 
 def wanted(setting: Any, device: str, ops: Sequence[str]) -> bool:

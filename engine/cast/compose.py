@@ -333,7 +333,7 @@ def inductor_state(owner: object, digest: str, previous_pass: Any = None,
             for op in ops:
                 D.decompositions[op] = _veto(saved[op][0], frozenset(cov[op]), shapes.get(op))
                 names[op] = str(op)
-                L.make_fallback(op, layout_constraint=_recording_constraint(str(op), copies, layouts.get(op)),
+                L.make_fallback(op, layout_constraint=_recording_constraint(str(op), copies, layouts.get(op), op),
                                 override_decomp=True)
             D.fast_random_decomps.cache_clear()  # functools.cache over `decompositions`
             # A chain holding a vetoed op is traced again here, under the veto (patterns.PatternSet.prepare),
@@ -434,12 +434,22 @@ def _traced_output_strides(fx_node: Any) -> tuple | None:
         return None
 
 
-def _recording_constraint(name: str, copies: dict, layouts: dict | None = None) -> Callable[..., Any]:
+def _traced_contiguous(fx_node: Any) -> bool:
+    """Whether the graph was traced with the call's first input contiguous."""
+    first = fx_node.args[0] if fx_node.args else None
+    val = first.meta.get("val") if isinstance(first, torch.fx.Node) else None
+    return isinstance(val, torch.Tensor) and bool(val.is_contiguous())
+
+
+def _recording_constraint(name: str, copies: dict, layouts: dict | None = None,
+                          op: Any = None) -> Callable[..., Any]:
     """`constrain_to_fx_strides` that counts, for the op `name`, the compiled calls and the inputs Inductor
     had to copy to give them eager's strides (`require_stride_order` returns a new node only when it copies).
     A first input Inductor already holds in a layout of `layouts` (`covered_layouts`: a variant was proven
     for it, e.g. channels-last, returning the outputs' strides the graph has) is passed as it is, and counted
-    in `inputs_as_held`."""
+    in `inputs_as_held`, only where the graph was traced with a contiguous first input: a call passed as held
+    that goes to PyTorch's kernel (a miss, a declined hit) gets it made contiguous first, as traced
+    (`runtime.mark_held` is told of `op`, the ATen overload)."""
     from torch._inductor import lowering as L
 
     def pass_as_held(fx_node: Any, args: tuple) -> tuple | None:
@@ -450,7 +460,11 @@ def _recording_constraint(name: str, copies: dict, layouts: dict | None = None) 
         try:
             held = _held_layout(args[0]) if args and layouts and _is_ir(args[0]) else None
             outs = layouts.get(held) if held is not None else None
-            return held if outs is not None and outs == _traced_output_strides(fx_node) else None
+            if outs is None or outs != _traced_output_strides(fx_node) or not _traced_contiguous(fx_node):
+                return None
+            if op is not None:
+                runtime.mark_held(op, held[2], held[3])
+            return held
         except Exception:  # noqa: BLE001
             return None
 
@@ -593,6 +607,7 @@ class CastBackend:
         # the cast's own record where it keeps one, so `cast.stats()` reports every backend's compiles).
         shared = getattr(cast, "layout_copies", None)
         self.layout_copies: dict[str, dict[str, Any]] = shared if isinstance(shared, dict) else {}
+        self.eager_runs = 0   # calls of graphs that pass inputs as held, run eagerly: the cast was not installed
 
     @property
     def pattern_problems(self) -> dict[str, str]:
@@ -602,16 +617,26 @@ class CastBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         # Inference only: a graph traced with grad enabled keeps Inductor's own code (and its backward).
         apply = not torch.is_grad_enabled()
+        held_before = _held_total(self.layout_copies)
         with inductor_state(self.cast, cast_digest(self.cast), self._user_pass, self.patterns, apply,
                             self.pattern_matches, self.target, self.layout_copies) as vetoed:
             self.vetoed.append(vetoed)
             compiled = self.inner(gm, example_inputs)
         target = self.target
+        # A graph that passes an input as Inductor holds it (channels-last) to one of the cast's ops needs the
+        # cast's routes: without them, PyTorch's kernel gets the held layout, which the graph was not traced
+        # with (and CUDA GroupNorm rejects). Run without the cast installed, it runs eagerly instead.
+        held = _held_total(self.layout_copies) > held_before
+        eager = torch.compiler.disable(gm) if held else None
+        cast = self.cast
 
         # The graph's calls are made under this compile mode's target: the routers run only the variants
         # proven for it (eager's own calls outside the graph keep theirs).
         @functools.wraps(compiled)
         def run_under_target(*args: Any, **kwargs: Any) -> Any:
+            if eager is not None and not getattr(cast, "installed", True):
+                self.eager_runs += 1
+                return eager(*args, **kwargs)
             with runtime.target_scope(target):
                 return compiled(*args, **kwargs)
 
@@ -622,6 +647,10 @@ class CastBackend:
 
     def reset(self) -> None:
         self.inner.reset()
+
+
+def _held_total(copies: dict[str, dict[str, Any]]) -> int:
+    return sum(int(v.get("inputs_as_held", 0)) for v in copies.values())
 
 
 def cast_digest(cast: object) -> str:

@@ -232,8 +232,22 @@ def make_plan(ext: Any, device: str, args: list[dict], outputs: list[dict], work
 
 
 def install(ext: Any, op_name: str, dispatch_key: str, plans: list[Any]) -> None:
+    from engine.cast.runtime import held_keys
+    from engine.ops import resolve_op
+
     name, _, overload = _split(op_name)
     ext.install(name, overload, dispatch_key, plans)
+    op = resolve_op(op_name)
+    for shape, stride in held_keys(op):
+        note_held(op, shape, stride)
+
+
+def note_held(op: Any, shape: tuple[int, ...], stride: tuple[int, ...]) -> None:
+    """Tell the built router (if any) that compiled code passes `op` (an OpOverload) this first tensor as
+    Inductor holds it (runtime.mark_held)."""
+    if _EXT is None or not hasattr(_EXT, "set_held"):
+        return
+    _EXT.set_held(op._schema.name, op._schema.overload_name, list(shape), list(stride))
 
 
 def uninstall(ext: Any, op_name: str, dispatch_key: str) -> None:

@@ -181,6 +181,8 @@ class Route:
                           stacklevel=3)
 
     def _original(self, keyset: Any, args: tuple, kwargs: dict) -> Any:
+        if _HELD and args and self.op in _HELD and _in_compiled_code():
+            args = _as_traced(self.op, args)
         slots = self.layout.scalar_slots
         if slots:
             for i in slots:
@@ -223,6 +225,42 @@ class Route:
 
 
 _grad_enabled = torch.is_grad_enabled
+
+# Inputs compiled code passes as Inductor holds them (engine.cast.compose, `inputs_as_held`): op -> the
+# (shape, strides) of first tensors a variant was proven for where the graph was traced with a contiguous one.
+# Inside compiled code, such a call that goes to PyTorch's kernel (a miss, a declined hit, routes suspended)
+# gets its first tensor made contiguous first: what the graph was traced with, and what PyTorch's kernel may
+# require (CUDA native_group_norm rejects a channels-last input). Process-wide and kept: a graph compiled
+# once may run again after its cast was removed and installed again. The C++ router keeps the same table.
+_HELD: dict[torch._ops.OpOverload, set[tuple[tuple[int, ...], tuple[int, ...]]]] = {}
+
+
+def mark_held(op: torch._ops.OpOverload, shape: tuple[int, ...], stride: tuple[int, ...]) -> None:
+    """Compiled code passes `op` a first tensor of this shape and strides as Inductor holds it."""
+    from engine.cast import cpp_router
+
+    key = (tuple(int(s) for s in shape), tuple(int(s) for s in stride))
+    with _LOCK:
+        _HELD.setdefault(op, set()).add(key)
+    cpp_router.note_held(op, *key)
+
+
+def held_keys(op: torch._ops.OpOverload) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    with _LOCK:
+        return sorted(_HELD.get(op, ()))
+
+
+def _in_compiled_code() -> bool:
+    stack = getattr(_SCOPE, "stack", None)
+    return bool(stack) and stack[-1].startswith("compile")
+
+
+def _as_traced(op: torch._ops.OpOverload, args: tuple) -> tuple:
+    first = args[0]
+    if (isinstance(first, torch.Tensor) and not first.is_contiguous()
+            and (tuple(first.shape), tuple(first.stride())) in _HELD.get(op, ())):
+        return (first.contiguous(), *args[1:])
+    return args
 
 
 def _needs_grad(bound: Any, slots: tuple[int, ...]) -> bool:

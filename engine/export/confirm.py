@@ -174,7 +174,7 @@ def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any
     from engine.cast import cpp_router, runtime
     from engine.cast.compat import current_env
     from engine.cast.loader import load
-    from engine.ops import call_op, resolve_op, return_aliases, write_only_args
+    from engine.ops import call_op, eager_call, resolve_op, return_aliases, write_only_args
     from engine.verify.inputs import clone_bound
     from engine.verify.pipeline import CardCheck, as_list
 
@@ -205,9 +205,11 @@ def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any
             bound_sets = [load_sample(p, device, v["signature"]).args for p in paths] or [synth_inputs(v["signature"], device)]
             r["inputs"] = "captured samples" if paths else "synthesised from the signature"
 
-            def eager(b, op=op):
+            eager_of = eager_call(op, v["signature"])   # a twin's copies its input to contiguous first
+
+            def eager(b, run=eager_of):
                 with runtime.suspended():
-                    return call_op(op, b)
+                    return run(b)
 
             before = state.hits
             call_op(op, clone_bound(bound_sets[0]))
@@ -246,7 +248,7 @@ def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any
             cast_host = per_call_us(lambda op=op, inputs=inputs: call_op(op, inputs), n=200, rounds=3)
             cast.remove()
             try:
-                eager_host = per_call_us(lambda op=op, inputs=inputs: call_op(op, inputs), n=200, rounds=3)
+                eager_host = per_call_us(lambda run=eager_of, inputs=inputs: run(inputs), n=200, rounds=3)
             finally:
                 cast.install()
             saved = eager_us - ab.candidate.median

@@ -379,6 +379,28 @@ std::string route_key(const c10::OperatorName& name, const std::string& key) {
 // the stack overflows and the process dies with SIGSEGV; past a depth no real op nests to, it is an error.
 thread_local int t_depth = 0;
 
+// Inputs compiled code passes as Inductor holds them (engine.cast.compose, `inputs_as_held`): per op
+// ("name.overload"), the (sizes, strides) of first tensors a variant was proven for where the graph was traced
+// with a contiguous one. Such a call that goes to PyTorch's kernel (a miss, a declined hit, the router
+// suspended) inside compiled code gets its first tensor made contiguous first: what the graph was traced
+// with, and what PyTorch's kernel may require (CUDA native_group_norm rejects channels-last input).
+std::atomic<bool> g_any_held{false};
+std::mutex g_held_mutex;
+std::unordered_map<std::string, std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>> g_held;
+
+bool held_call(const c10::OperatorHandle& op, const c10::IValue& first) {
+  if (!first.isTensor()) return false;
+  const auto& t = first.toTensor();
+  if (!t.defined() || t.is_contiguous()) return false;
+  const auto& name = op.operator_name();
+  std::lock_guard<std::mutex> g(g_held_mutex);
+  auto it = g_held.find(name.name + "." + name.overload_name);
+  if (it == g_held.end()) return false;
+  for (const auto& [sizes, strides] : it->second)
+    if (t.sizes().vec() == sizes && t.strides().vec() == strides) return true;
+  return false;
+}
+
 void call_original(Route& route, const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   TORCH_CHECK(t_depth < 16, "kforge router: a guard miss of ", op.operator_name(),
               " re-entered the router 16 times: the original kernel leads back to the router");
@@ -386,7 +408,25 @@ void call_original(Route& route, const c10::OperatorHandle& op, c10::DispatchKey
     Depth() { ++t_depth; }
     ~Depth() { --t_depth; }
   } depth;
+  if (g_any_held.load(std::memory_order_relaxed) && t_target >= 2) {  // compiled code (cpp_router.TARGET_BITS)
+    size_t nargs = op.schema().arguments().size();
+    if (nargs > 0 && nargs <= stack->size()) {
+      auto& first = (*stack)[stack->size() - nargs];
+      if (held_call(op, first)) first = first.toTensor().contiguous();
+    }
+  }
   route.original->callBoxed(op, ks, stack);
+}
+
+void set_held(const std::string& name, const std::string& overload, std::vector<int64_t> sizes,
+              std::vector<int64_t> strides) {
+  auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+  const auto& on = op.operator_name();
+  std::lock_guard<std::mutex> g(g_held_mutex);
+  auto& keys = g_held[on.name + "." + on.overload_name];
+  std::pair<std::vector<int64_t>, std::vector<int64_t>> key{std::move(sizes), std::move(strides)};
+  if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(std::move(key));
+  g_any_held = true;
 }
 
 void route_call(Route& route, const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
@@ -652,6 +692,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stats", &stats);
   m.def("reset", &reset);
   m.def("set_active", &set_active);
+  m.def("set_held", &set_held);
   m.def("set_target", &set_target);
   m.def("set_plan_targets", &set_plan_targets);
   m.def("set_prefill", &set_prefill);
