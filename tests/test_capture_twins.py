@@ -17,7 +17,7 @@ from engine.capture.run import capture_model
 from engine.capture.samples import load_sample
 from engine.capture.store import capture_and_store
 from engine.capture.twins import channels_last_strides, twin_of, wanted
-from engine.cards import card_from_row
+from engine.cards import OperatorCard, card_from_row
 from engine.config import load_config
 from engine.errors import UsageError
 from engine.store import Store, db_path
@@ -96,10 +96,18 @@ def test_the_channels_last_template_takes_the_twin():
 
 
 def test_which_captures_get_twins(tmp_path):
-    assert wanted("auto", "cuda", ["aten::convolution", "aten::native_group_norm"])
-    assert not wanted("auto", "cpu", ["aten::convolution"])  # the twin is for the GPU's compiled graph
-    assert not wanted("auto", "cuda", ["aten::native_group_norm"])  # no convolution: nothing goes channels-last
-    assert wanted(True, "cpu", []) and not wanted(False, "cuda", ["aten::convolution"])
+    def conv(bias):
+        args = [{"name": "input", "kind": "tensor"}, {"name": "weight", "kind": "tensor"},
+                {"name": "bias", "kind": "tensor", **({"shape": [8]} if bias else {"absent": True})}]
+        return OperatorCard("c", "aten::convolution", {"args": args}, "", [])
+
+    gn = OperatorCard("g", "aten::native_group_norm", {"args": []}, "", [])
+    assert wanted("auto", "cuda", [conv(False), gn])
+    # On CUDA Inductor peels a bias off into a pointwise add, computed into the GroupNorm's layout: no twin
+    assert not wanted("auto", "cuda", [conv(True), gn])
+    assert not wanted("auto", "cpu", [conv(False)])  # the twin is for the GPU's compiled graph
+    assert not wanted("auto", "cuda", [gn])  # no convolution: nothing goes channels-last
+    assert wanted(True, "cpu", []) and not wanted(False, "cuda", [conv(False)])
     ws = tmp_path / "ws"
     ws.mkdir()
     result = capture_model(load_config(_config(tmp_path, "")), torch.device("cpu"), ws)

@@ -310,3 +310,35 @@ def test_a_graph_passing_inputs_as_held_runs_eagerly_once_its_cast_is_removed(tm
     finally:
         owner.remove()
         torch._dynamo.reset()
+
+
+class _ConvAddNorm(torch.nn.Module):
+    """conv -> (+ 1) -> GroupNorm: the GroupNorm's input is a pointwise Inductor has not stored yet (as the
+    bias add it splits off a CUDA convolution, or a VAE's residual add)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.norm = torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.GroupNorm(4, 8)
+
+    def forward(self, x):
+        return self.norm(self.conv(x) + 1.0)
+
+
+def test_an_input_inductor_computes_into_the_ops_layout_is_no_copy(tmp_path, monkeypatch):
+    """On the SD3.5 VAE under torch.compile (H200, 2026-12-03d) every GroupNorm's input was such a pointwise,
+    recorded as a copy from strides '?': its kernel runs whatever the layout, so it is `inputs_computed`, and
+    the sentence on layout copies does not count it."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 6, 6)
+    model = _ConvAddNorm().eval()
+    n = model.norm
+    owner = CpuCast("ca").install([x, n.weight.detach(), n.bias.detach(), 1, 8, 36, 4, 1e-5])
+    try:
+        copies = _compiled_copies(model, x, owner)
+    finally:
+        owner.remove()
+        torch._dynamo.reset()
+    row = copies["aten.native_group_norm.default"]
+    assert (row["calls"], row["inputs_copied"], row.get("inputs_computed")) == (1, 0, 1), row
+    assert compose.describe_layout_copies(copies) is None

@@ -2,10 +2,12 @@
 
 A VAE resnet half (conv -> GroupNorm -> SiLU -> conv): Inductor runs the convolutions channels-last, so the
 GroupNorm is handed a channels-last input. `run` captures the GroupNorm card and its channels-last twin
-(engine.capture.twins, auto on a CUDA capture with convolutions), searches both (group_norm and
+(engine.capture.twins, auto on a CUDA capture with a convolution without bias), searches both (group_norm and
 group_norm_cl templates), `export --target compile` packages them, and under `cast.compile` the twin's
 variant gets the convolution's output as Inductor holds it: no layout copy (`inputs_as_held`), a hit per
-forward, and the decode's output agrees with eager."""
+forward, and the decode's output agrees with eager. The convolution before the GroupNorm has no bias: on
+CUDA Inductor peels a bias off into a pointwise add and computes that straight into the GroupNorm's layout,
+so nothing is held channels-last (and `layout_twins = "auto"` adds no twins; the SD3.5 VAE, 2026-12-03d)."""
 
 import textwrap
 
@@ -21,7 +23,7 @@ MODEL_PY = textwrap.dedent('''
     class Half(nn.Module):  # a VAE resnet's second half: conv1 -> norm2 -> SiLU -> conv2, plus the shortcut
         def __init__(self, c):
             super().__init__()
-            self.conv1 = nn.Conv2d(c, c, 3, padding=1)
+            self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)  # a bias: Inductor peels it off (below)
             self.norm = nn.GroupNorm(32, c, eps=1e-6)
             self.conv2 = nn.Conv2d(c, c, 3, padding=1)
 

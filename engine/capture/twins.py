@@ -12,7 +12,7 @@ copied to contiguous (the strides the graph was traced with), then the op (`engi
 native_group_norm rejects a channels-last input, and returns contiguous output either way).
 
 Which captures get them: `[capture] layout_twins` in the model config, "auto" (the default: a CUDA capture
-whose forward ran a convolution), true or false.
+whose forward ran a convolution without a bias, see `wanted`), true or false.
 """
 
 from __future__ import annotations
@@ -104,12 +104,21 @@ def twins_among(cards: Sequence[tuple[str, str, Any]]) -> dict[str, str]:
     return out
 
 
-def wanted(setting: Any, device: str, ops: Sequence[str]) -> bool:
-    """Whether a capture gets twins: `setting` true/false, or "auto": on a CUDA capture whose forward ran
-    a convolution (`ops`: the ops it captured)."""
+def wanted(setting: Any, device: str, cards: Sequence[OperatorCard]) -> bool:
+    """Whether a capture gets twins: `setting` true/false, or "auto": on a CUDA capture that ran a
+    convolution without a bias. On CUDA, Inductor peels a convolution's bias off into a pointwise add
+    (cudnn is slower with it), and a GroupNorm after a biased convolution is handed that add, which Inductor
+    computes straight into the layout the op wants: no held channels-last tensor, nothing for a twin to take
+    (the SD3.5 VAE, all of whose convolutions have a bias: 0 inputs held, 2026-12-03d). A convolution without
+    one stores its channels-last output as it is."""
     if setting is True or setting is False:
         return setting
-    return device == "cuda" and any(op in CONVOLUTIONS for op in ops)
+    return device == "cuda" and any(c.op in CONVOLUTIONS and _without_bias(c.signature) for c in cards)
+
+
+def _without_bias(signature: dict[str, Any]) -> bool:
+    bias = next((a for a in signature.get("args", []) if a.get("name") == "bias"), None)
+    return bias is None or bool(bias.get("absent")) or bias.get("value", 0) is None
 
 
 def channels_last_twins(cards: Sequence[OperatorCard]) -> dict[str, OperatorCard]:

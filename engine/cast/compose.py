@@ -484,10 +484,16 @@ def _recording_constraint(name: str, copies: dict, layouts: dict | None = None,
             fx_args = list(fx_node.args) + [fx_node.kwargs.get(k) for k in kwargs]
             for old, new, fx_arg in zip([*args, *kwargs.values()], [*new_args, *new_kwargs.values()], fx_args):
                 if new is not old and _is_ir(old):
+                    had = _strides_of(old)
+                    if had is None:
+                        # Not stored yet (a pointwise such as the bias add Inductor splits off a CUDA
+                        # convolution, or a residual add): its kernel writes it in the op's layout, as it
+                        # would have written it in any. A computation placed, not a copy of a stored tensor.
+                        row["inputs_computed"] = row.get("inputs_computed", 0) + 1
+                        continue
                     row["inputs_copied"] += 1
                     val = fx_arg.meta.get("val") if isinstance(fx_arg, torch.fx.Node) else None
-                    _note_conversion(row, "input", _strides_of(old),
-                                     val.stride() if isinstance(val, torch.Tensor) else "?")
+                    _note_conversion(row, "input", had, val.stride() if isinstance(val, torch.Tensor) else "?")
         except Exception:  # noqa: BLE001
             pass
         return new_args, new_kwargs
@@ -564,7 +570,9 @@ def _counting_output_copies(names: dict[Any, str], copies: dict) -> Iterator[Non
 
 
 def describe_layout_copies(copies: dict[str, dict[str, Any]] | None) -> str | None:
-    """One sentence on the layout copies Inductor made around a cast's ops (None when it made none)."""
+    """One sentence on the layout copies Inductor made around a cast's ops (None when it made none). Inputs
+    Inductor computed straight into the op's layout (`inputs_computed`: a pointwise not stored yet) are no
+    copies and are not counted here."""
     rows = {k: v for k, v in (copies or {}).items() if v.get("inputs_copied") or v.get("outputs_copied")}
     if not rows:
         return None
