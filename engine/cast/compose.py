@@ -59,10 +59,12 @@ The pass's `uuid()` includes the patterns, so a cached graph compiled without th
 graphs traced with grad disabled are rewritten.
 
 Layout copies (`CastBackend.layout_copies`, also a cast's `stats()["layout_copies"]`): per op of the cast
-that compiled graphs call, how many calls were compiled, how many of their inputs Inductor copied into the
-layout the variants were proven for, how many of their outputs it copied into another layout for a consumer,
-and the first strides it had to convert. On a convolutional model Inductor runs channels-last, and a
-GroupNorm → SiLU pattern card whose output feeds a convolution gains the SiLU pass and pays a copy back.
+that compiled graphs call, how many calls were compiled, how many of their stored inputs Inductor copied into
+the layout the variants were proven for (`inputs_copied`; a pointwise not stored yet that it computes straight
+into that layout is `inputs_computed`, no copy), how many of their outputs it copied into another layout for
+a consumer, and the first strides it had to convert. On a convolutional model Inductor runs channels-last,
+and a GroupNorm → SiLU pattern card whose output feeds a convolution gains the SiLU pass and pays a copy back
+(18 per SD3.5 VAE decode on the H200).
 
 Compiles through this backend are serialized by one lock (the tables patched are process-wide).
 """
