@@ -377,6 +377,8 @@ def report(doc: dict[str, Any]) -> str:
         if copies:
             lines.append(f"\n{mode}: {copies}. Per op: " + "; ".join(
                 f"{k} {v['calls']} call(s), {v['inputs_copied']} in, {v['outputs_copied']} out"
+                + (f", {v['inputs_computed']} computed into place" if v.get("inputs_computed") else "")
+                + (f", {v['inputs_as_held']} as held" if v.get("inputs_as_held") else "")
                 for k, v in r["layout_copies"].items()))
         if "compiled_first" in r:
             lines.append(f"\n{mode}: compiled {r['compiled_first']} first; the cast's pattern pass took "

@@ -109,6 +109,13 @@ def test_the_export_and_bench_compose_say_what_inductor_copied():
                                                 "modes": {"default": _mode(layout_copies=COPIES)}})
     assert "default: Inductor copied 11 input(s) and 6 output(s)" in text
     assert "aten.native_group_norm.default 24 call(s), 11 in, 0 out" in text
+    # Inputs computed into place are no copies; the per-op line says so beside the copies
+    computed = {**COPIES, "aten.native_group_norm.default": {**COPIES["aten.native_group_norm.default"],
+                                                             "inputs_computed": 7}}
+    text = load_script("bench_compose").report({"gpu": "NVIDIA H200", "torch": "2.11", "date": "2026-12-03",
+                                                "model": "sd35_vae", "variants": [],
+                                                "modes": {"default": _mode(layout_copies=computed)}})
+    assert "aten.native_group_norm.default 24 call(s), 11 in, 0 out, 7 computed into place" in text
 
 
 class OpCast:
