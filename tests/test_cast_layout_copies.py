@@ -9,6 +9,8 @@ says so instead of leaving it to guesswork."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from test_cast_compile import CpuCast
 from test_cast_pattern_cards import Counting, _GnSiluBlock
@@ -38,6 +40,15 @@ def _compiled_copies(model, x, owner, patterns=None):
         got = torch.compile(model, backend=backend)(x)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     return backend.layout_copies
+
+
+def _copies_then_removed(model, x, owner):
+    """_compiled_copies, then the cast removed and Dynamo reset (also when the compile fails)."""
+    try:
+        return _compiled_copies(model, x, owner)
+    finally:
+        owner.remove()
+        torch._dynamo.reset()
 
 
 def test_an_op_after_a_convolution_gets_its_input_copied_to_eagers_layout(tmp_path, monkeypatch):
@@ -194,11 +205,7 @@ def test_a_held_layout_is_copied_where_the_op_would_return_other_strides_than_th
     # what the variant returns, as a cast's manifest records it: PyTorch's CPU kernel's outputs
     owner.plan.output_strides = tuple(t.stride() for t in torch.ops.aten.native_group_norm.default(
         cl, n.weight.detach(), n.bias.detach(), 1, 8, 36, 4, 1e-5))
-    try:
-        copies = _compiled_copies(model, x, owner)
-    finally:
-        owner.remove()
-        torch._dynamo.reset()
+    copies = _copies_then_removed(model, x, owner)
     row = copies["aten.native_group_norm.default"]
     assert (row["calls"], row["inputs_copied"], row.get("inputs_as_held", 0)) == (1, 1, 0), row
 
@@ -261,62 +268,56 @@ class _Recording:
         return self.inner.call_boxed(keyset, *args, **kwargs)
 
 
+@contextlib.contextmanager
+def _lse_passed_as_held(tmp_path, monkeypatch):
+    """conv -> logsumexp compiled with a channels-last logsumexp variant (its input passed as held), run once;
+    yields (x, the channels-last layout, the cast, its backend, the compiled model) inside no_grad."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 6, 6)
+    cl = x.contiguous(memory_format=torch.channels_last)
+    owner = OpCast(torch.ops.aten.logsumexp.default, [cl, [2, 3], False])
+    owner.installed = True
+    backend = compose.backend(owner)
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad(), torch._inductor.config.patch(force_layout_optimization=True):
+            compiled = torch.compile(_ConvLse().eval(), backend=backend)
+            compiled(x)
+            assert backend.layout_copies["aten.logsumexp.default"].get("inputs_as_held") == 1
+            yield x, cl, owner, backend, compiled
+    finally:
+        owner.remove()
+        torch._dynamo.reset()
+
+
 def test_a_held_input_that_goes_to_pytorchs_kernel_gets_the_layout_the_graph_was_traced_with(tmp_path, monkeypatch):
     """Inside compiled code, a call passed as held that the router declines (here: routes suspended, as a
     disabled variant or a miss would) reaches PyTorch's kernel with the first input contiguous, as the graph
     was traced: CUDA native_group_norm rejects a channels-last input. Eager calls keep their own layout."""
     from engine.cast import runtime
 
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    torch.manual_seed(0)
-    x = torch.randn(1, 8, 6, 6)
-    cl = x.contiguous(memory_format=torch.channels_last)
     lse = torch.ops.aten.logsumexp.default
-    owner = OpCast(lse, [cl, [2, 3], False])
-    model = _ConvLse().eval()
-    backend = compose.backend(owner)
-    torch._dynamo.reset()
-    try:
-        with torch.no_grad(), torch._inductor.config.patch(force_layout_optimization=True):
-            compiled = torch.compile(model, backend=backend)
-            compiled(x)
-            assert backend.layout_copies["aten.logsumexp.default"].get("inputs_as_held") == 1
-            assert ((1, 8, 6, 6), tuple(cl.stride())) in runtime.held_keys(lse)
-            recording = owner.route.original = _Recording(owner.route.original)
-            with runtime.suspended():
-                got = compiled(x)
-                lse(cl, [2, 3])   # an eager call of the same layout: not the graph's, passed as it is
+    with _lse_passed_as_held(tmp_path, monkeypatch) as (x, cl, owner, _, compiled):
+        assert ((1, 8, 6, 6), tuple(cl.stride())) in runtime.held_keys(lse)
+        recording = owner.route.original = _Recording(owner.route.original)
+        with runtime.suspended():
+            got = compiled(x)
+            lse(cl, [2, 3])   # an eager call of the same layout: not the graph's, passed as it is
         assert recording.strides == [tuple(x.stride()), tuple(cl.stride())]
-        torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
-    finally:
-        owner.remove()
-        torch._dynamo.reset()
+        torch.testing.assert_close(got, torch.logsumexp(compiled._orig_mod.conv(x), dim=(2, 3)), rtol=1e-4, atol=1e-4)
 
 
 def test_a_graph_passing_inputs_as_held_runs_eagerly_once_its_cast_is_removed(tmp_path, monkeypatch):
     """Removed, a cast's routes are gone, and PyTorch's kernel would get the held layout the graph was not
     traced with: the compiled graph runs eagerly instead (the right answer; `eager_runs` counts it)."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    torch.manual_seed(0)
-    x = torch.randn(1, 8, 6, 6)
-    owner = OpCast(torch.ops.aten.logsumexp.default, [x.contiguous(memory_format=torch.channels_last), [2, 3], False])
-    owner.installed = True
-    model = _ConvLse().eval()
-    backend = compose.backend(owner)
-    torch._dynamo.reset()
-    try:
-        with torch.no_grad(), torch._inductor.config.patch(force_layout_optimization=True):
-            compiled = torch.compile(model, backend=backend)
-            compiled(x)
-            assert (owner.plan.hits, backend.eager_runs) == (1, 0)
-            owner.remove()
-            owner.installed = False
-            got = compiled(x)
-        assert (owner.plan.hits, backend.eager_runs) == (1, 1)
-        torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
-    finally:
+    with _lse_passed_as_held(tmp_path, monkeypatch) as (x, _, owner, backend, compiled):
+        assert (owner.plan.hits, backend.eager_runs) == (1, 0)
         owner.remove()
-        torch._dynamo.reset()
+        owner.installed = False
+        got = compiled(x)
+        assert (owner.plan.hits, backend.eager_runs) == (1, 1)
+        torch.testing.assert_close(got, torch.logsumexp(compiled._orig_mod.conv(x), dim=(2, 3)), rtol=1e-4, atol=1e-4)
 
 
 class _ConvAddNorm(torch.nn.Module):
@@ -341,11 +342,7 @@ def test_an_input_inductor_computes_into_the_ops_layout_is_no_copy(tmp_path, mon
     model = _ConvAddNorm().eval()
     n = model.norm
     owner = CpuCast("ca").install([x, n.weight.detach(), n.bias.detach(), 1, 8, 36, 4, 1e-5])
-    try:
-        copies = _compiled_copies(model, x, owner)
-    finally:
-        owner.remove()
-        torch._dynamo.reset()
+    copies = _copies_then_removed(model, x, owner)
     row = copies["aten.native_group_norm.default"]
     assert (row["calls"], row["inputs_copied"], row.get("inputs_computed")) == (1, 0, 1), row
     assert compose.describe_layout_copies(copies) is None
