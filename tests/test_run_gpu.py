@@ -85,10 +85,10 @@ def eager_and_compiled(tmp_path, name: str, cast_file):
     return eager, got, st
 
 
-def compiled_call(cast, model, x):
-    """`cast.compile(model)` called once to compile, then once counted: (its output, the cast's stats of
-    that second call). Call it inside `cast.enabled(model)`."""
-    fast = cast.compile(model)
+def compiled_call(cast, model, x, fast=None):
+    """`cast.compile(model)` (or `fast`, compiled already) called once to compile, then once counted: (its
+    output, the cast's stats of that second call). Call it inside `cast.enabled(model)`."""
+    fast = fast if fast is not None else cast.compile(model)
     fast(x)
     cast.reset_stats()
     got = fast(x)
