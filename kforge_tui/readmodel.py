@@ -53,6 +53,16 @@ class RunInfo:
         return str(self.config.get("label") or "")
 
 
+def _twin_of(signature: Any) -> str | None:
+    """The original card a channels-last twin names (engine.capture.twins), from a card row's signature."""
+    if isinstance(signature, str):
+        try:
+            signature = json.loads(signature)
+        except ValueError:
+            return None
+    return signature.get("twin_of") if isinstance(signature, dict) else None
+
+
 @dataclass(frozen=True)
 class CardRow:
     card_id: str
@@ -74,6 +84,7 @@ class CardRow:
     compile_us: float | None = None  # the op under torch.compile alone, timed as eager is (None: not measured)
     copy_us: float | None = None     # the lane's copy of the card's bytes, timed as eager is
     compile_note: str | None = None  # "no compile reference (reason)" where torch.compile was tried and failed
+    twin_of: str | None = None       # a channels-last twin's original card (its calls and share are counted there)
 
     @property
     def copy_pct(self) -> float | None:
@@ -344,7 +355,7 @@ class ReadModel:
         row = CardRow(card_id, s["op"], s["signature_text"], s["calls"], s["share"], eager, roof, best_us,
                       best.speedup if best else None, pct, status, len(nodes), sum(fails.values()), fails,
                       best.id if best else None, _chain(s.get("chain")), s.get("compile_us"), s.get("copy_us"),
-                      compile_note(s.get("ref_stats")))
+                      compile_note(s.get("ref_stats")), _twin_of(s.get("signature")))
         self.cards[card_id] = row
         return row
 

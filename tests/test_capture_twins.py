@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -190,3 +191,28 @@ def test_a_twins_eager_is_the_op_on_its_input_made_contiguous_as_compile_would_c
     assert out[0].is_contiguous() and torch.equal(out[0], op(x, w, b, 2, 8, 25, 4, 1e-5)[0])
     plain = card_check("aten::native_group_norm", card.signature, [cl]).eager(cl)
     assert not plain[0].is_contiguous()   # the card's own eager: the op as called
+
+
+def test_a_twin_says_whose_calls_it_doubles_in_the_run_json_and_the_card_table():
+    """The run's JSON names a twin's original, and the TUI's card table shows 'twin' for its share (the calls
+    are counted once, on the original) instead of the same share twice."""
+    from types import SimpleNamespace
+
+    from engine.run.plan import CardState
+    from engine.run.report import card_summaries
+    from kforge_tui.readmodel import CardRow, _twin_of
+    from kforge_tui.screens.cards import COLUMNS
+
+    x = {"name": "input", "kind": "tensor", "dtype": "bfloat16", "shape": [1, 8, 4, 4], "stride": [128, 16, 4, 1],
+         "align": 16, "neg": False, "conj": False, "device": "cuda"}
+    sig = {"op": "aten::native_group_norm", "args": [x], "aliases": []}
+    card = OperatorCard("orig", "aten::native_group_norm", sig, "", [], share=0.3, samples=1)
+    twin = twin_of(card)
+    o = SimpleNamespace(cards={c.card_id: CardState(c, []) for c in (card, twin)}, records={})
+    doc = {c["id"]: c for c in card_summaries(o)}
+    assert doc[twin.card_id]["twin_of"] == "orig" and doc["orig"]["twin_of"] is None
+
+    share_cell = next(col for col in COLUMNS if col[0] == "share")[2]
+    rows = [CardRow(c.card_id, c.op, "", 1, 0.3, None, None, None, None, None, "queued", 0, 0, {}, None,
+                    twin_of=_twin_of(json.dumps(c.signature))) for c in (card, twin)]
+    assert [str(share_cell(r)) for r in rows] == ["30.0%", "twin"]

@@ -35,6 +35,8 @@ def card_summaries(o: Orchestrator) -> list[dict[str, Any]]:
         out.append({
             "id": cid, "op": card.ref.op, "signature": card.card.signature_text,
             "signature_detail": card.card.signature, "calls": card.card.calls, "share": card.share,
+            # A channels-last twin's original (engine.capture.twins): the calls and share are counted there
+            "twin_of": card.card.signature.get("twin_of"),
             "eager_us": best.eager_us if best else card.eager_us, "best_us": best.best_us if best else None,
             "speedup": best.speedup if best else None,
             # The references beside eager (null where not measured): torch.compile of the op alone, and the

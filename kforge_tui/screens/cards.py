@@ -18,7 +18,8 @@ COLUMNS = [
     ("speedup", lambda c: c.speedup or 0, lambda c: _speedup_cell(c)),
     ("status", lambda c: c.status, lambda c: c.status),
     ("best µs", lambda c: c.best_us or 1e18, lambda c: fmt.us(c.best_us)),
-    ("share", lambda c: c.share, lambda c: fmt.share(c.share)),
+    # A channels-last twin's calls are its original's: its share is said once, there
+    ("share", lambda c: c.share, lambda c: "twin" if c.twin_of else fmt.share(c.share)),
     ("eager µs", lambda c: c.eager_us or 0, lambda c: fmt.us(c.eager_us)),
     ("compile µs", lambda c: c.compile_us or 0, lambda c: fmt.us(c.compile_us)),
     ("calls", lambda c: c.calls, lambda c: fmt.calls(c.calls)),
