@@ -303,3 +303,24 @@ def test_a_python_number_in_a_tensor_slot_is_compared_by_value(ext):
         assert [k.split("cpu), ", 1)[1] for k in keys] == ["2e-06, 1", "1, 1", "Float[](s=[], align 16, cpu), 1"]
     finally:
         cpp_router.uninstall(ext, "aten::add.Tensor", "CPU")
+
+
+def test_a_c_plus_plus_route_is_told_the_layouts_compiled_code_passes_as_held():
+    """Installed (again) after a compile passed an input as held, the C++ route gets the held layouts: a call of
+    compiled code that goes to PyTorch's kernel then gets that input made contiguous (router.cpp set_held)."""
+    from engine.cast import cpp_router
+
+    class Ext:
+        def __init__(self):
+            self.calls = []
+
+        def install(self, *a):
+            self.calls.append(("install", a[:3]))
+
+        def set_held(self, *a):
+            self.calls.append(("set_held", a))
+
+    ext = Ext()
+    cpp_router.install(ext, "aten::native_group_norm", "CUDA", [], [((1, 8, 6, 6), (288, 1, 48, 8))])
+    assert ext.calls == [("install", ("aten::native_group_norm", "", "CUDA")),
+                         ("set_held", ("aten::native_group_norm", "", [1, 8, 6, 6], [288, 1, 48, 8]))]

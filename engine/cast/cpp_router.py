@@ -231,23 +231,25 @@ def make_plan(ext: Any, device: str, args: list[dict], outputs: list[dict], work
     return ext.make_plan(device, args, outputs, workspaces, launches, writes)
 
 
-def install(ext: Any, op_name: str, dispatch_key: str, plans: list[Any]) -> None:
-    from engine.cast.runtime import held_keys
+def install(ext: Any, op_name: str, dispatch_key: str, plans: list[Any],
+            held: list[tuple[tuple[int, ...], tuple[int, ...]]] = ()) -> None:
+    """Route the op through the C++ router; `held`: the first-tensor layouts compiled code passes it as
+    Inductor holds them (runtime.held_keys), which a call that goes to PyTorch's kernel gets made contiguous."""
     from engine.ops import resolve_op
 
     name, _, overload = _split(op_name)
     ext.install(name, overload, dispatch_key, plans)
-    op = resolve_op(op_name)
-    for shape, stride in held_keys(op):
-        note_held(op, shape, stride)
+    for shape, stride in held:
+        note_held(resolve_op(op_name), shape, stride, ext)
 
 
-def note_held(op: Any, shape: tuple[int, ...], stride: tuple[int, ...]) -> None:
-    """Tell the built router (if any) that compiled code passes `op` (an OpOverload) this first tensor as
-    Inductor holds it (runtime.mark_held)."""
-    if _EXT is None or not hasattr(_EXT, "set_held"):
+def note_held(op: Any, shape: tuple[int, ...], stride: tuple[int, ...], ext: Any = None) -> None:
+    """Tell the router (`ext`, else the one built, if any) that compiled code passes `op` (an OpOverload)
+    this first tensor as Inductor holds it (runtime.mark_held)."""
+    ext = ext if ext is not None else _EXT
+    if ext is None or not hasattr(ext, "set_held"):
         return
-    _EXT.set_held(op._schema.name, op._schema.overload_name, list(shape), list(stride))
+    ext.set_held(op._schema.name, op._schema.overload_name, list(shape), list(stride))
 
 
 def uninstall(ext: Any, op_name: str, dispatch_key: str) -> None:
