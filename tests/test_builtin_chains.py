@@ -109,6 +109,21 @@ class GroupNormSilu(nn.Module):
         return self.c2(F.silu(self.norm(self.c1(x))))
 
 
+class ChannelsLastGroupNorm(nn.Module):
+    """A block run channels-last, as CUDA eager runs F.group_norm there: a copy to contiguous first (`silu`:
+    then SiLU). The convolutions keep the channels-last layout on the CPU too."""
+
+    def __init__(self, silu: bool):
+        super().__init__()
+        self.silu = silu
+        self.c1, self.norm, self.c2 = nn.Conv2d(8, 8, 3, padding=1), nn.GroupNorm(4, 8), nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        h = self.c1(x.contiguous(memory_format=torch.channels_last))
+        h = F.group_norm(h.contiguous(), 4, self.norm.weight, self.norm.bias, 1e-6)
+        return self.c2(F.silu(h) if self.silu else h)
+
+
 class SoftClip(nn.Module):
     """A pointwise chain no named template covers (the generic one takes it): 0.5 * tanh(x) + x."""
 
@@ -182,6 +197,8 @@ def _cases() -> dict[str, OperatorCard]:
         "gn_silu": chain_cards(GroupNormSilu(), torch.randn(2, 8, 6, 6, dtype=BF))[0],
         "adaln": chain_cards(AdaLN(32), x, torch.randn(2, 32, dtype=BF))[0],
         "softclip": chain_cards(SoftClip(), x)[0],
+        "cl_gn": chain_cards(ChannelsLastGroupNorm(False), torch.randn(2, 8, 6, 6, dtype=BF))[0],
+        "cl_gn_silu": chain_cards(ChannelsLastGroupNorm(True), torch.randn(2, 8, 6, 6, dtype=BF))[0],
         "heads_rms": chain_cards(HeadsNorm(4, 16), torch.randn(2, 6, 64, dtype=BF))[0],
     }
 
@@ -189,7 +206,8 @@ def _cases() -> dict[str, OperatorCard]:
 EXPECTED = {"toy_rms": "chain_rms_norm", "toy_add_rms": "chain_rms_norm", "toy_swiglu": "chain_glu",
             "gemma_rms": "chain_rms_norm", "llama_rms": "chain_rms_norm", "swiglu": "chain_glu", "geglu": "chain_glu",
             "gelu_glu": "chain_glu", "gn_silu": "chain_group_norm_silu", "adaln": "chain_modulate",
-            "softclip": "chain_pointwise", "heads_rms": "chain_rms_norm"}
+            "softclip": "chain_pointwise", "heads_rms": "chain_rms_norm", "cl_gn": "chain_clone_group_norm",
+            "cl_gn_silu": "chain_clone_group_norm"}
 
 
 @pytest.fixture(scope="module")

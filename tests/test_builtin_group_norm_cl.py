@@ -160,3 +160,39 @@ def test_kernels_run_correctly_in_the_cpu_emulation(tmp_path):
         prepared.append((f"{card.signature_text} {full}", card, bound, res, expected, r.source))
     failures = emulate_and_compare(prepared, tmp_path)  # also: each output has the card's strides
     assert not failures, "\n".join(failures)
+
+
+def test_the_clone_group_norm_chain_runs_correctly_in_the_cpu_emulation(tmp_path):
+    """F.group_norm on a channels-last CUDA tensor is a copy to contiguous, then the GroupNorm (then SiLU, in
+    a VAE block): the chain card (chain_clone_group_norm) runs the channels-last kernels with no copy, the
+    SiLU applied to the rounded normalised value, outputs in the chain's order, against float64 references
+    of eager CUDA's arithmetic."""
+    if not emu.available():
+        pytest.skip("g++ is needed for the CUDA-on-CPU emulation")
+    from test_builtin_chains import ChannelsLastGroupNorm, chain_cards
+
+    from engine.propose.builtin.chains import CloneGroupNormChainTemplate
+
+    t = CloneGroupNormChainTemplate()
+    prepared = []
+    for silu, math in ((False, None), (True, "precise"), (True, "fast")):
+        card = chain_cards(ChannelsLastGroupNorm(silu), torch.randn(2, 8, 6, 6, dtype=torch.bfloat16))[0]
+        gn = next(nd for nd in card.signature["chain"]["nodes"] if nd["op"] == "aten::native_group_norm")
+        names = {a["name"]: a["tensor"][1] for a in gn["args"] if "tensor" in a}   # weight, bias -> in k
+        g = torch.Generator().manual_seed(1)
+        x = (torch.randn(2, 8, 6, 6, generator=g) * 0.5 + 3.0).to(torch.bfloat16).contiguous(memory_format=CL)
+        w = (torch.randn(8, generator=g) * 0.3 + 1).to(torch.bfloat16)
+        b = (torch.randn(8, generator=g) * 0.2).to(torch.bfloat16)
+        bound = {"in0": x, f"in{names['weight']}": w, f"in{names['bias']}": b}
+        y, mean, rstd = _ref_group_norm(x, w, b, 4, 1e-6, torch.bfloat16)
+        y = y.contiguous()   # clone to contiguous, then GroupNorm: CUDA eager's output layout
+        results = {(1, 0): y, (1, 1): mean, (1, 2): rstd, (2, 0): F.silu(y.float()).to(torch.bfloat16)}
+        expected = [results[tuple(o)] for o in card.signature["chain"]["outputs"]]
+        params = {**t.default(card), **({"math": math} if math else {})}
+        r = t.render(card, params, hw=Hardware())
+        res = resolve(parse_spec(r.spec), Env.from_card(card.signature, card.outputs))
+        label = f"{[nd['op'] for nd in card.signature['chain']['nodes']]} {params}"
+        prepared.append((label, brief("aten::native_group_norm", card.signature, card.outputs), bound, res,
+                         expected, r.source))
+    failures = emulate_and_compare(prepared, tmp_path)
+    assert not failures, "\n".join(failures)

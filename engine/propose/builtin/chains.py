@@ -13,6 +13,8 @@ Templates, first match wins:
                         (the weight as `x * w` or Gemma's `x * (1 + w)`, the downcasts); one row per warp(s).
   chain_group_norm_silu `native_group_norm` then `silu`: the group_norm template's kernels with SiLU applied
                         to the rounded normalised value before the store.
+  chain_clone_group_norm `clone` to contiguous, `native_group_norm` (and `silu`) on a channels-last input
+                        (F.group_norm on a channels-last CUDA tensor): the group_norm_cl kernels, no copy.
   chain_glu             `act(gate) * up`, act silu (SwiGLU) or gelu, exact or tanh (GeGLU).
   chain_modulate        AdaLN `x * (1 + scale) + shift`, scale and shift broadcast over the sequence.
   chain_pointwise       any other chain of the pointwise members below, broadcasting through views.
@@ -769,6 +771,72 @@ class RmsNormChainTemplate(Template):
 # ----------------------------------------------------------------------------------- GroupNorm + SiLU
 
 
+def gn_sub_card(g: ChainGraph, j: int, where: list[int], input_from: Ref | None = None) -> OperatorCard:
+    """Member j (a native_group_norm) of the chain as a card of its own, over the chain's inputs: its input,
+    weight and bias must each be an input itself (`input_from`: the input a layout-only member before it read,
+    e.g. a clone to contiguous); outputs (y, mean, rstd) from the chain's, `where[k]` naming the group_norm
+    result the chain's output k is."""
+    args = []
+    for a in g.nodes[j]["args"]:
+        if "tensor" in a:
+            r = input_from if a["name"] == "input" and input_from is not None else tuple(a["tensor"])
+            v = g.vals[r]
+            if v.source is None or v.offset or tuple(g.inputs[v.source]["shape"]) != v.shape:
+                raise cc.Decline(f"group_norm {a['name']} is not an input itself")
+            args.append({**g.inputs[v.source], "name": a["name"]})
+        elif a["name"] in ("weight", "bias"):
+            args.append({"name": a["name"], "kind": "tensor", "absent": True})
+        else:
+            args.append({"name": a["name"], "kind": "value", "value": a.get("value")})
+    outs = [None, None, None]
+    for k, w in enumerate(where):
+        outs[w] = g.card.outputs[k] if k < len(g.card.outputs) else None
+    if any(o is None for o in outs):
+        raise cc.Decline("the card lists fewer outputs than the chain")
+    outs[0] = {**outs[0]}
+    return OperatorCard(card_id=g.card.card_id, op="aten::native_group_norm",
+                        signature={"op": "aten::native_group_norm", "args": args, "aliases": []},
+                        signature_text="native_group_norm", outputs=outs)
+
+
+def gn_chain_spec(spec: str, g: ChainGraph, j: int, where: list[int], input_from: Ref | None = None) -> str:
+    """A group_norm kernel's launch spec for the chain: it names input/weight/bias/out0..2 and N, group; a
+    chain card names in0.. and its outputs in the chain's order, and has no N, group or eps arguments."""
+    a = g.args(j)
+    names = {}
+    for argname in ("input", "weight", "bias"):
+        ref = input_from if argname == "input" and input_from is not None else a.get(argname)
+        if isinstance(ref, tuple):
+            names[argname] = f"in{g.vals[ref].source}"
+    for k in range(3):
+        spec = spec.replace(f'"out{k}"', f'"@res{k}"')
+    for k, w in enumerate(where):
+        spec = spec.replace(f'"@res{w}"', f'"out{k}"')
+    for old, new in names.items():
+        spec = spec.replace(f'"{old}"', f'"{new}"')
+    spec = spec.replace('{ f32 = "eps" }', f'{{ f32 = "{cc.f32(float(a["eps"]))!r}" }}')
+    spec = spec.replace("N * group", str(int(a["N"]) * int(a["group"])))
+    if "@res" in spec:
+        raise ValueError("an output of the group_norm kernel has no place in the chain")
+    return spec
+
+
+def with_silu(source: str, apply_line: str, dtype: str, fn: str) -> str:
+    """A group_norm kernel's source with SiLU applied where `apply_line` computes the normalised value (rounded
+    to the output dtype first, as eager stores it before silu reads it); `fn` fast or precise."""
+    if source.count(apply_line) != 1:
+        raise ValueError("the group_norm kernel's apply step is not where this template expects it")
+    if fn not in ("fast", "precise"):
+        raise ValueError(f"math={fn!r} is not fast or precise")
+    lhs, rhs = apply_line.split(" = ", 1)
+    silu = "kf_silu_fast(" if fn == "fast" else "kf_silu("
+    apply = f"{{ const float g_ = kf_round<T>({rhs.rstrip(';')}); {lhs.strip()} = {silu}g_); }}"
+    extra = ("" if "kf_round" in source else _ROUND) + ("" if "kf_silu" in source else MATH)
+    extra += MATH_FAST if fn == "fast" else ""
+    at = source.index(f"\ntypedef {cc.ctype(dtype)} T;")  # the kernel body, after the prelude
+    return source[:at] + extra + source[at:].replace(apply_line, apply)
+
+
 _ROUND = r"""
 template <typename T> __device__ __forceinline__ float kf_round(float x) { return kf_to_float(kf_from_float<T>(x)); }
 """
@@ -814,36 +882,13 @@ class GroupNormSiluChainTemplate(Template):
             raise cc.Decline("outputs other than silu(y), mean, rstd")
         if set(g.outputs) != set(order):
             raise cc.Decline("mean and rstd are not both outputs (the group_norm kernels write both)")
-        sub = self._sub_card(g, [order[r] for r in g.outputs])
+        sub = gn_sub_card(g, 0, [order[r] for r in g.outputs])
         from engine.propose.builtin.group_norm import GroupNormTemplate
 
         why = GroupNormTemplate().accepts(sub)
         if why:
             raise cc.Decline(f"group_norm: {why}")
         return g, sub, [order[r] for r in g.outputs]
-
-    @staticmethod
-    def _sub_card(g: ChainGraph, where: list[int]) -> OperatorCard:
-        args = []
-        for a in g.nodes[0]["args"]:
-            if "tensor" in a:
-                v = g.vals[tuple(a["tensor"])]
-                if v.source is None or v.offset or tuple(g.inputs[v.source]["shape"]) != v.shape:
-                    raise cc.Decline(f"group_norm {a['name']} is not an input itself")
-                args.append({**g.inputs[v.source], "name": a["name"]})
-            elif a["name"] in ("weight", "bias"):
-                args.append({"name": a["name"], "kind": "tensor", "absent": True})
-            else:
-                args.append({"name": a["name"], "kind": "value", "value": a.get("value")})
-        outs = [None, None, None]
-        for k, w in enumerate(where):
-            outs[w] = g.card.outputs[k] if k < len(g.card.outputs) else None
-        if any(o is None for o in outs):
-            raise cc.Decline("the card lists fewer outputs than the chain")
-        outs[0] = {**outs[0]}
-        return OperatorCard(card_id=g.card.card_id, op="aten::native_group_norm",
-                            signature={"op": "aten::native_group_norm", "args": args, "aliases": []},
-                            signature_text="native_group_norm", outputs=outs)
 
     def accepts(self, card: OperatorCard, *, hw: Hardware = H200) -> str | None:
         return cc.why_declined(self.analyse, card)
@@ -890,28 +935,102 @@ class GroupNormSiluChainTemplate(Template):
         at = r.source.index(f"\ntypedef {cc.ctype(sub.signature['args'][0]['dtype'])} T;")  # the kernel body, after the prelude
         source = r.source[:at] + extra + r.source[at:].replace(_GN_APPLY, apply)
         source = f"// {CHAIN_OP} {self.name}\n" + source
-        # The group_norm spec names input/weight/bias/out0..2 and N, group; a chain card names in0.. and its
-        # outputs in the chain's order, and has no N or group arguments.
-        a = g.args(0)
-        names = {}
-        for argname in ("input", "weight", "bias"):
-            ref = a.get(argname)
-            if isinstance(ref, tuple):
-                names[argname] = f"in{g.vals[ref].source}"
-        spec = r.spec
-        for k in range(3):
-            spec = spec.replace(f'"out{k}"', f'"@res{k}"')
-        for k, w in enumerate(where):
-            spec = spec.replace(f'"@res{w}"', f'"out{k}"')
-        for old, new in names.items():
-            spec = spec.replace(f'"{old}"', f'"{new}"')
-        spec = spec.replace('{ f32 = "eps" }', f'{{ f32 = "{cc.f32(float(a["eps"]))!r}" }}')
-        spec = spec.replace("N * group", str(int(a["N"]) * int(a["group"])))
-        if "@res" in spec:
-            raise ValueError("an output of the group_norm kernel has no place in the chain")
+        spec = gn_chain_spec(r.spec, g, 0, where)
         intent = r.intent.replace("group_norm", "group_norm + silu", 1) + (", fast SiLU" if fn == "fast" else "")
         return Rendered(source=source, spec=spec, params={**r.params, "math": fn}, intent=intent)
 
 
-TEMPLATES: list[Template] = [RmsNormChainTemplate(), GroupNormSiluChainTemplate(), GluChainTemplate(),
-                             ModulateChainTemplate(), _PointwiseChainTemplate()]
+_GNCL_APPLY = "f[j] = fmaf(f[j], k.x, k.y);"  # group_norm_cl's apply step, where SiLU goes
+
+
+class CloneGroupNormChainTemplate(Template):
+    """`clone` to contiguous, `native_group_norm` (and `silu`) on a channels-last input: what eager runs for
+    F.group_norm on a channels-last CUDA tensor (CUDA GroupNorm takes contiguous input only), in a model run
+    channels-last or after a permuted attention output. The group_norm_cl kernels read the input where it is
+    and write the contiguous output: no copy, and SiLU applied to the rounded normalised value before the
+    store."""
+
+    name = "chain_clone_group_norm"
+    ops = frozenset({CHAIN_OP})
+
+    def analyse(self, card: OperatorCard) -> tuple[ChainGraph, OperatorCard, list[int], bool]:
+        """The graph, the channels-last native_group_norm card it amounts to, which outputs are (y, mean,
+        rstd), and whether SiLU follows."""
+        g = ChainGraph(card)
+        ops = g.ops()
+        silu = ops == ["aten::clone", "aten::native_group_norm", "aten::silu"]
+        if ops != ["aten::clone", "aten::native_group_norm"] and not silu:
+            raise cc.Decline(f"members {[o.split('::')[1] for o in ops]} are not clone, native_group_norm(, silu)")
+        c, n = g.heavy[0], g.heavy[1]
+        copied = ("node", c, 0)
+        (src,) = g.tensor_args(c)
+        if not cc.is_contiguous(g.vals[copied].shape, g.vals[copied].stride):
+            raise cc.Decline("the clone does not make the input contiguous")
+        if g.args(n).get("input") != copied:
+            raise cc.Decline("native_group_norm does not read the clone")
+        if copied in g.outputs:
+            raise cc.Decline("the contiguous copy is an output too")
+        y = ("node", n, 0)
+        if silu:
+            s_ = g.heavy[2]
+            if g.tensor_args(s_) != [y] or g.vals[("node", s_, 0)].dtype != g.vals[y].dtype:
+                raise cc.Decline("silu does not read the normalised tensor in its dtype")
+            if y in g.outputs:
+                raise cc.Decline("the un-activated normalised tensor is an output too")
+            y = ("node", s_, 0)
+        order = {y: 0, ("node", n, 1): 1, ("node", n, 2): 2}
+        if set(g.outputs) != set(order):
+            raise cc.Decline("outputs are not the normalised tensor, mean and rstd (the kernels write all three)")
+        where = [order[r] for r in g.outputs]
+        sub = gn_sub_card(g, n, where, input_from=src)
+        from engine.propose.builtin.group_norm_cl import GroupNormChannelsLastTemplate
+
+        why = GroupNormChannelsLastTemplate().accepts(sub)
+        if why:
+            raise cc.Decline(f"group_norm_cl: {why}")
+        return g, sub, where, silu
+
+    def accepts(self, card: OperatorCard, *, hw: Hardware = H200) -> str | None:
+        return cc.why_declined(self.analyse, card)
+
+    def _inner(self):
+        from engine.propose.builtin.group_norm_cl import GroupNormChannelsLastTemplate
+
+        return GroupNormChannelsLastTemplate()
+
+    def space(self, card: OperatorCard, *, hw: Hardware = H200) -> Mapping[str, Sequence[Any]]:
+        _, sub, _, silu = self.analyse(card)
+        space = dict(self._inner().space(sub, hw=hw))
+        if silu:
+            space["math"] = cc.math_choices(sub.signature["args"][0]["dtype"])
+        return space
+
+    def mutate(self, card: OperatorCard, params: Mapping[str, Any], rng: random.Random,
+               intent: str | None = None, *, hw: Hardware = H200) -> dict[str, Any]:
+        _, sub, _, silu = self.analyse(card)
+        if silu:
+            fn = params.get("math", self.space(card, hw=hw)["math"][0])
+            if rng.random() < (0.5 if "math" in intent_params(intent) else 0.125):
+                return {**params, "math": "precise" if fn == "fast" else "fast"}
+        kept = {k: v for k, v in params.items() if k != "math"}
+        p = self._inner().mutate(sub, kept, rng, intent, hw=hw)
+        return {**p, **({"math": params.get("math", "precise")} if silu else {})}
+
+    def render(self, card: OperatorCard, params: Mapping[str, Any], *, hw: Hardware = H200) -> Rendered:
+        g, sub, where, silu = self.analyse(card)
+        c, n = g.heavy[0], g.heavy[1]
+        (src,) = g.tensor_args(c)
+        r = self._inner().render(sub, {k: v for k, v in params.items() if k != "math"}, hw=hw)
+        source, intent = r.source, r.intent.replace("group_norm", "clone + group_norm", 1)
+        fn = params.get("math", "precise")
+        if silu:
+            source = with_silu(source, _GNCL_APPLY, sub.signature["args"][0]["dtype"], fn)
+            intent = intent.replace("group_norm", "group_norm + silu", 1) + (", fast SiLU" if fn == "fast" else "")
+        spec = gn_chain_spec(r.spec, g, n, where, input_from=src)
+        out = {**r.params, **({"math": fn} if silu else {})}
+        return Rendered(source=f"// {CHAIN_OP} {self.name}\n" + source, spec=spec, params=out, intent=intent)
+
+
+TEMPLATES: list[Template] = [RmsNormChainTemplate(), GroupNormSiluChainTemplate(),
+                             CloneGroupNormChainTemplate(), GluChainTemplate(), ModulateChainTemplate(),
+                             _PointwiseChainTemplate()]
