@@ -361,3 +361,31 @@ def test_group_norm_silu_tries_the_fast_silu_first_and_keeps_eager_formula_as_a_
 
     fp32 = dataclasses.replace(card, signature=widened(card.signature), outputs=widened(card.outputs))
     assert t.space(fp32)["math"] == ["precise", "fast"] and t.default(fp32)["math"] == "precise"
+
+
+def test_the_sd35_vaes_captured_clone_group_norm_chains_get_the_channels_last_template():
+    """The SD3.5 VAE's capture on the H200 (2026-12-02e) has GroupNorms after a permuted attention output:
+    clone to contiguous, native_group_norm (4 calls per decode) and the same with SiLU (3), which no template
+    took before chain_clone_group_norm. One with a residual add in front stays without one."""
+    import sqlite3
+    from pathlib import Path
+
+    from engine.cards import card_from_row
+    from engine.propose.builtin.proposer import BuiltinProposer
+    from engine.store import read
+
+    db = Path(__file__).parent.parent / "docs/results/reproduce-h200/2026-12-02e/sd35_vae/kforge.db"
+    conn = sqlite3.connect(db)
+    conn.row_factory = sqlite3.Row
+    (capture,) = {r[0] for r in conn.execute("SELECT DISTINCT capture_id FROM cards")}
+    proposer = BuiltinProposer()
+    got = {}
+    for row in read.cards_of_capture(conn, capture):
+        card = card_from_row(row)
+        if card.op == "kforge::chain" and "clone" in card.signature_text:
+            t, _ = proposer.template_for(card)
+            ops = tuple(n["op"].split("::")[1] for n in card.signature["chain"]["nodes"])
+            got[ops] = (card.calls, t.name if t else None)
+    assert got[("clone", "native_group_norm")] == (4, "chain_clone_group_norm")
+    assert got[("clone", "native_group_norm", "silu")] == (3, "chain_clone_group_norm")
+    assert got[("add.Tensor", "div.Tensor", "clone", "native_group_norm", "silu")] == (1, None)
