@@ -346,3 +346,25 @@ def test_an_input_inductor_computes_into_the_ops_layout_is_no_copy(tmp_path, mon
     row = copies["aten.native_group_norm.default"]
     assert (row["calls"], row["inputs_copied"], row.get("inputs_computed")) == (1, 0, 1), row
     assert compose.describe_layout_copies(copies) is None
+
+
+def test_a_graph_served_from_inductors_cache_is_treated_as_passing_inputs_as_held(tmp_path, monkeypatch):
+    """Served from Inductor's FX-graph cache, a graph is not lowered again and the record sees no input passed
+    as held: a cast with a variant for a non-contiguous first input still gets the eager fallback once
+    removed, and CUDA GroupNorm's channels-last layouts are registered before any compile."""
+    from engine.cast import runtime
+
+    with _lse_passed_as_held(tmp_path, monkeypatch) as (x, _, owner, _, _):
+        torch._dynamo.reset()
+        again = compose.backend(owner)   # the same cast: Inductor's cache may serve the graph
+        compiled = torch.compile(_ConvLse().eval(), backend=again)
+        compiled(x)
+        owner.remove()
+        owner.installed = False
+        compiled(x)
+        assert again.eager_runs == 1
+    gn = torch.ops.aten.native_group_norm.default
+    key = ("cuda", torch.bfloat16, (1, 64, 8, 8), (4096, 1, 512, 64))
+    compose._register_held({gn: {key: ((4096, 64, 8, 1),)}, torch.ops.aten.logsumexp.default: {key: None}})
+    assert ((1, 64, 8, 8), (4096, 1, 512, 64)) in runtime.held_keys(gn)
+    assert ((1, 64, 8, 8), (4096, 1, 512, 64)) not in runtime.held_keys(torch.ops.aten.logsumexp.default)

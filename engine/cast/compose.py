@@ -322,6 +322,7 @@ def inductor_state(owner: object, digest: str, previous_pass: Any = None,
         cov = coverage(owner, target)
         shapes = covered_shapes(owner, target)
         layouts = covered_layouts(owner, target)
+        _register_held(layouts)
         ops = [op for op in cov if op in D.decompositions]
         saved = {op: (D.decompositions[op], L.lowerings.get(op, _MISSING), op in L.fallbacks,
                       op in L.needs_realized_inputs, L._maybe_layout_constraints.get(op, _MISSING))
@@ -635,8 +636,10 @@ class CastBackend:
         target = self.target
         # A graph that passes an input as Inductor holds it (channels-last) to one of the cast's ops needs the
         # cast's routes: without them, PyTorch's kernel gets the held layout, which the graph was not traced
-        # with (and CUDA GroupNorm rejects). Run without the cast installed, it runs eagerly instead.
-        held = _held_total(self.layout_copies) > held_before
+        # with (and CUDA GroupNorm rejects). Run without the cast installed, it runs eagerly instead. A graph
+        # served from Inductor's cache is not lowered (nothing recorded): any variant for a non-contiguous
+        # first input counts.
+        held = _held_total(self.layout_copies) > held_before or _holds(covered_layouts(self.cast, self.target))
         eager = torch.compiler.disable(gm) if held else None
         cast = self.cast
 
@@ -661,6 +664,30 @@ class CastBackend:
 
 def _held_total(copies: dict[str, dict[str, Any]]) -> int:
     return sum(int(v.get("inputs_as_held", 0)) for v in copies.values())
+
+
+def _holds(layouts: Layouts) -> bool:
+    """Whether a graph compiled with these layouts may pass an input as held: a variant's first input is
+    not contiguous. A graph served from Inductor's cache is not lowered again, so the record cannot say."""
+    from engine.propose.builtin.cuda_common import is_contiguous
+
+    return any(not is_contiguous(shape, stride) for per_op in layouts.values() for (_, _, shape, stride) in per_op)
+
+
+# Ops whose CUDA kernel takes contiguous input only (CUDA native_group_norm checks X.is_contiguous()): in
+# compiled code, a non-contiguous input of a layout a variant covers can only be one passed as held, so it is
+# registered before the compile (`runtime.mark_held`), also for a graph Inductor serves from its cache.
+CONTIGUOUS_ONLY = ("aten.native_group_norm.default",)
+
+
+def _register_held(layouts: Layouts) -> None:
+    from engine.propose.builtin.cuda_common import is_contiguous
+
+    for op, per_op in layouts.items():
+        if str(op) in CONTIGUOUS_ONLY:
+            for device, _, shape, stride in per_op:
+                if device == "cuda" and not is_contiguous(shape, stride):
+                    runtime.mark_held(op, shape, stride)
 
 
 def cast_digest(cast: object) -> str:
