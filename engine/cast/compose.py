@@ -669,9 +669,12 @@ def _held_total(copies: dict[str, dict[str, Any]]) -> int:
 def _holds(layouts: Layouts) -> bool:
     """Whether a graph compiled with these layouts may pass an input as held: a variant's first input is
     not contiguous. A graph served from Inductor's cache is not lowered again, so the record cannot say."""
-    from engine.propose.builtin.cuda_common import is_contiguous
+    return any(not _contiguous(shape, stride) for per_op in layouts.values() for (_, _, shape, stride) in per_op)
 
-    return any(not is_contiguous(shape, stride) for per_op in layouts.values() for (_, _, shape, stride) in per_op)
+
+def _contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Row-major contiguous, as torch tells (size-1 dims' strides aside)."""
+    return torch.empty_strided(shape, stride, device="meta").is_contiguous()
 
 
 # Ops whose CUDA kernel takes contiguous input only (CUDA native_group_norm checks X.is_contiguous()): in
@@ -681,12 +684,10 @@ CONTIGUOUS_ONLY = ("aten.native_group_norm.default",)
 
 
 def _register_held(layouts: Layouts) -> None:
-    from engine.propose.builtin.cuda_common import is_contiguous
-
     for op, per_op in layouts.items():
         if str(op) in CONTIGUOUS_ONLY:
             for device, _, shape, stride in per_op:
-                if device == "cuda" and not is_contiguous(shape, stride):
+                if device == "cuda" and not _contiguous(shape, stride):
                     runtime.mark_held(op, shape, stride)
 
 

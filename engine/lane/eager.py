@@ -44,11 +44,16 @@ async def _per_card(lane: GpuLane, cards: Iterable[CardRef], request: str,
         seconds = {"load": round(t1 - t0, 3), "measure": round(time.monotonic() - t1, 3)}
         results[card.card_id] = ({**r.payload, "seconds": seconds} if r.ok
                                  else {"error": f"{r.category}: {r.message}"})
-        if progress is not None:
-            said = progress(i, len(cards), card, seconds)
-            if inspect.isawaitable(said):
-                await said
+        await tell(progress, i, len(cards), card, seconds)
     return results
+
+
+async def tell(progress: CardProgress | None, i: int, n: int, card: CardRef, seconds: dict[str, float]) -> None:
+    """Call `progress` for the i-th of n cards, awaiting what it returns where that is awaitable."""
+    if progress is not None:
+        said = progress(i, n, card, seconds)
+        if inspect.isawaitable(said):
+            await said
 
 
 async def measure_copy(lane: GpuLane, cards: Iterable[CardRef],

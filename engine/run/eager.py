@@ -4,14 +4,13 @@ eager under torch.compile."""
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Iterable
 from typing import Any
 
 from engine.cards import CardRef
 from engine.lane.client import GpuLane
-from engine.lane.eager import CardProgress, measure_compiled, measure_copy, measure_eager
+from engine.lane.eager import CardProgress, measure_compiled, measure_copy, measure_eager, tell
 from engine.store import Store
 
 COMPILE_TIMEOUT_S = 120.0      # one card's torch.compile (max-autotune included), compile and timing
@@ -66,10 +65,7 @@ async def measure_and_store_references(lane: GpuLane, store: Store, capture_id: 
             stats["compile"] = ({**got["compiled"], "mode": got.get("mode"), "compile_s": got.get("compile_s"),
                                  "throttled": got.get("throttled", 0), "seconds": seconds["compile"]}
                                 if "compiled" in got else {"error": got["error"], "seconds": seconds["compile"]})
-        if progress is not None:
-            said = progress(i, len(cards), card, seconds)
-            if inspect.isawaitable(said):
-                await said
+        await tell(progress, i, len(cards), card, seconds)
         out[card.card_id] = stats
         await store.update_card_refs(capture_id, card.card_id,
                                      compile_us=(stats.get("compile") or {}).get("median"),
