@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 DASH = "–"
 STATUS_GLYPH = {"verified": "✓", "compiled": "○", "rejected": "✗", "evaluating": "◐", "proposed": "·"}
@@ -49,3 +50,28 @@ def num(v: float | None, fmt: str = ".3g") -> str:
     if v is None:
         return DASH
     return format(v, fmt)
+
+
+_STRIDED = re.compile(r"\[([\d,]+)\]\(s=([\d,]+)\)")
+
+
+def layouts(signature_text: str) -> str:
+    """A signature's raw strides named where they are a layout people know: `bf16[1,128,64,64](s=524288,1,
+    8192,128)` reads `bf16[1,128,64,64] channels-last`. Other strides stay as they are."""
+
+    def name(m: re.Match) -> str:
+        shape = [int(v) for v in m.group(1).split(",")]
+        stride = [int(v) for v in m.group(2).split(",")]
+        if len(shape) >= 4 and len(stride) == len(shape) and shape[1] > 1:
+            order = [0, *range(2, len(shape)), 1]   # [N, *spatial, C] with C innermost
+            acc, ok = 1, True
+            for d in reversed(order):
+                if shape[d] > 1 and stride[d] != acc:
+                    ok = False
+                    break
+                acc *= shape[d]
+            if ok:
+                return f"[{m.group(1)}] channels-last"
+        return m.group(0)
+
+    return _STRIDED.sub(name, signature_text)

@@ -21,6 +21,7 @@ from engine.cards import chain_card_dispatch, chain_inputs, chain_label, compile
 from engine.outcomes import CARD_SKIP_REASONS, IN_FLIGHT, LIVE_RUN_STATUSES, UNKNOWN_CATEGORY
 from engine.store import open_readonly, read
 from engine.store.read import CandidateHead
+from kforge_tui.format import layouts
 
 # A candidate's updated_at is taken before its transaction commits, so a later tick can see a row
 # stamped slightly before the newest one it already saw: re-read this window and diff.
@@ -101,8 +102,8 @@ class CardRow:
     def detail(self) -> str:
         """The rest: the op card's signature, or which dispatch serves a chain card and its inputs."""
         if self.chain is None:
-            return self.signature
-        return f"{chain_card_dispatch(self.chain)} · {chain_inputs(self.signature)}"
+            return layouts(self.signature)
+        return f"{chain_card_dispatch(self.chain)} · {layouts(chain_inputs(self.signature))}"
 
 
 @dataclass(frozen=True)

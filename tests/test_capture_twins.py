@@ -216,3 +216,18 @@ def test_a_twin_says_whose_calls_it_doubles_in_the_run_json_and_the_card_table()
     rows = [CardRow(c.card_id, c.op, "", 1, 0.3, None, None, None, None, None, "queued", 0, 0, {}, None,
                     twin_of=_twin_of(json.dumps(c.signature))) for c in (card, twin)]
     assert [str(share_cell(r)) for r in rows] == ["30.0%", "twin"]
+
+
+def test_the_card_table_names_a_channels_last_layout_instead_of_raw_strides():
+    from kforge_tui.format import layouts
+    from kforge_tui.readmodel import CardRow
+
+    text = "bf16[1,128,64,64](s=524288,1,8192,128), bf16[128], bf16[128], N=1, C=128, HxW=4096, group=32"
+    row = CardRow("t", "aten::native_group_norm", text, 1, 0.1, None, None, None, None, None, "queued", 0, 0, {},
+                  None)
+    assert row.detail.startswith("bf16[1,128,64,64] channels-last, bf16[128]")
+    # N = 1: its stride does not matter; other strides stay as they are
+    assert layouts("f32[1,8,4,4](s=8,1,32,8)") == "f32[1,8,4,4] channels-last"
+    assert layouts("bf16[2,1,1536](s=9216,1536,1)") == "bf16[2,1,1536](s=9216,1536,1)"
+    assert layouts("f32[2,8,4,4](s=128,1,32,8)") == "f32[2,8,4,4] channels-last"
+    assert layouts("f32[2,8,4,4](s=100,1,32,8)") == "f32[2,8,4,4](s=100,1,32,8)"
