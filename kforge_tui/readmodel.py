@@ -56,12 +56,7 @@ class RunInfo:
 
 def _twin_of(signature: Any) -> str | None:
     """The original card a channels-last twin names (engine.capture.twins), from a card row's signature."""
-    if isinstance(signature, str):
-        try:
-            signature = json.loads(signature)
-        except ValueError:
-            return None
-    return signature.get("twin_of") if isinstance(signature, dict) else None
+    return _as_dict(signature).get("twin_of")
 
 
 @dataclass(frozen=True)
