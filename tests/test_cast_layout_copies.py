@@ -350,15 +350,17 @@ def test_an_input_inductor_computes_into_the_ops_layout_is_no_copy(tmp_path, mon
 
 def test_a_graph_served_from_inductors_cache_is_treated_as_passing_inputs_as_held(tmp_path, monkeypatch):
     """Served from Inductor's FX-graph cache, a graph is not lowered again and the record sees no input passed
-    as held: a cast with a variant for a non-contiguous first input still gets the eager fallback once
-    removed, and CUDA GroupNorm's channels-last layouts are registered before any compile."""
+    as held (checked: its record is empty): a cast with a variant for a non-contiguous first input still
+    gets the eager fallback once removed, and CUDA GroupNorm's channels-last layouts are registered before
+    any compile."""
     from engine.cast import runtime
 
     with _lse_passed_as_held(tmp_path, monkeypatch) as (x, _, owner, _, _):
         torch._dynamo.reset()
-        again = compose.backend(owner)   # the same cast: Inductor's cache may serve the graph
+        again = compose.backend(owner)   # the same cast: Inductor's FX-graph cache serves the graph
         compiled = torch.compile(_ConvLse().eval(), backend=again)
         compiled(x)
+        assert again.layout_copies == {}   # served from the cache: not lowered, nothing recorded
         owner.remove()
         owner.installed = False
         compiled(x)
