@@ -628,7 +628,6 @@ class CastBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         # Inference only: a graph traced with grad enabled keeps Inductor's own code (and its backward).
         apply = not torch.is_grad_enabled()
-        held_before = _held_total(self.layout_copies)
         with inductor_state(self.cast, cast_digest(self.cast), self._user_pass, self.patterns, apply,
                             self.pattern_matches, self.target, self.layout_copies) as vetoed:
             self.vetoed.append(vetoed)
@@ -636,10 +635,10 @@ class CastBackend:
         target = self.target
         # A graph that passes an input as Inductor holds it (channels-last) to one of the cast's ops needs the
         # cast's routes: without them, PyTorch's kernel gets the held layout, which the graph was not traced
-        # with (and CUDA GroupNorm rejects). Run without the cast installed, it runs eagerly instead. A graph
-        # served from Inductor's cache is not lowered (nothing recorded): any variant for a non-contiguous
-        # first input counts.
-        held = _held_total(self.layout_copies) > held_before or _holds(covered_layouts(self.cast, self.target))
+        # with (and CUDA GroupNorm rejects). Run without the cast installed, it runs eagerly instead. Asked of
+        # the cast, not of this compile's record: a graph served from Inductor's cache is not lowered, and an
+        # input can be passed as held only where a variant's first input is not contiguous.
+        held = _holds(covered_layouts(self.cast, self.target))
         eager = torch.compiler.disable(gm) if held else None
         cast = self.cast
 
@@ -660,10 +659,6 @@ class CastBackend:
 
     def reset(self) -> None:
         self.inner.reset()
-
-
-def _held_total(copies: dict[str, dict[str, Any]]) -> int:
-    return sum(int(v.get("inputs_as_held", 0)) for v in copies.values())
 
 
 def _holds(layouts: Layouts) -> bool:
