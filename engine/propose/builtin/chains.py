@@ -843,9 +843,8 @@ template <typename T> __device__ __forceinline__ float kf_round(float x) { retur
 # The group_norm strategies whose kernels apply through gn_apply_range alone (the cluster kernel applies to its
 # stash in a loop of its own).
 GN_CHAIN_STRATEGIES = ("stream", "fused", "split")
-_GN_APPLY = "for (int j = 0; j < V; ++j) f[u][j] = fmaf(f[u][j], k.x, k.y);"
-_GN_APPLY_SILU = ("for (int j = 0; j < V; ++j) { const float g_ = kf_round<T>(fmaf(f[u][j], k.x, k.y)); "
-                  "f[u][j] = kf_silu(g_); }")
+_GN_APPLY_ASSIGN = "f[u][j] = fmaf(f[u][j], k.x, k.y);"  # where SiLU goes (with_silu)
+_GN_APPLY = "for (int j = 0; j < V; ++j) " + _GN_APPLY_ASSIGN
 # `math = "fast"`: SiLU through the hardware exponential and an approximate division (two multi-function-unit
 # instructions, no IEEE division's refinement or expf's range reduction). On the VAE's largest tensors the
 # precise form's instructions, not memory, set the time of the apply step: the chain took 252 us where the
@@ -922,18 +921,10 @@ class GroupNormSiluChainTemplate(Template):
         if params.get("strategy") not in GN_CHAIN_STRATEGIES:
             raise ValueError(f"strategy {params.get('strategy')!r} is not one of {', '.join(GN_CHAIN_STRATEGIES)}")
         fn = params.get("math", "precise")  # a candidate from before the parameter existed: eager's formula
-        if fn not in ("fast", "precise"):
-            raise ValueError(f"math={fn!r} is not fast or precise")
         r = self._inner().render(sub, {k: v for k, v in params.items() if k != "math"}, hw=hw)
         if r.source.count(_GN_APPLY) != 1:
             raise ValueError("the group_norm kernel's apply step is not where this template expects it")
-        extra = ("" if "kf_round" in r.source else _ROUND) + ("" if "kf_silu" in r.source else MATH)
-        apply = _GN_APPLY_SILU
-        if fn == "fast":
-            extra += MATH_FAST
-            apply = apply.replace("kf_silu(", "kf_silu_fast(")
-        at = r.source.index(f"\ntypedef {cc.ctype(sub.signature['args'][0]['dtype'])} T;")  # the kernel body, after the prelude
-        source = r.source[:at] + extra + r.source[at:].replace(_GN_APPLY, apply)
+        source = with_silu(r.source, _GN_APPLY_ASSIGN, sub.signature["args"][0]["dtype"], fn)
         source = f"// {CHAIN_OP} {self.name}\n" + source
         spec = gn_chain_spec(r.spec, g, 0, where)
         intent = r.intent.replace("group_norm", "group_norm + silu", 1) + (", fast SiLU" if fn == "fast" else "")
