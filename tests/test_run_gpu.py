@@ -57,14 +57,13 @@ def user_model(folder, name: str, source: str, samples: int):
 
 def build_user_model(folder, name: str):
     """(model, inputs) from the `build` of the NAME.py that user_model wrote, on the GPU in bfloat16."""
-    import importlib.util
-
     import torch
 
-    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.build(torch.device("cuda"), torch.bfloat16)
+    from engine.config import load_config, resolve_builder
+
+    # The builder as the product imports it: registered in sys.modules, which Dynamo needs to trace a forward
+    # that reads the module's globals (a bare spec_from_file_location failed the twin test on the H200).
+    return resolve_builder(load_config(folder / f"{name}.toml"))(torch.device("cuda"), torch.bfloat16)
 
 
 def eager_and_compiled(tmp_path, name: str, cast_file):
