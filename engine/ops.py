@@ -44,15 +44,65 @@ def call_op(op: torch._ops.OpOverload, bound: Sequence[tuple[str, Any]]) -> Any:
     return op(*args, **kwargs)
 
 
+def tensors_of(out: Any) -> list[torch.Tensor]:
+    """The tensors of an op's result, in return order (nested lists flattened)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for x in out for t in tensors_of(x)]
+    return []
+
+
+def meta_output_strides(op: torch._ops.OpOverload, bound: Sequence[tuple[str, Any]]) -> list[tuple[int, ...]]:
+    """The strides of each tensor the op returns for these arguments as PyTorch's meta kernel gives them (fake
+    tensors, nothing run): what torch.compile's code asserts of a call it hands tensors in these layouts."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    fake = [(n, mode.from_tensor(v) if isinstance(v, torch.Tensor) else v) for n, v in bound]
+    with mode:
+        out = call_op(op, fake)
+    return [tuple(t.stride()) for t in tensors_of(out)]
+
+
+def restrided(out: Any, strides: Sequence[Sequence[int] | None]) -> Any:
+    """`out` with each tensor whose strides differ from its entry in `strides` (in return order; None or a
+    missing entry: left as it is) copied into those strides. Values, shapes and dtypes unchanged."""
+    tensors = tensors_of(out)
+    if not any(i < len(strides) and strides[i] is not None and tuple(t.stride()) != tuple(strides[i])
+               for i, t in enumerate(tensors)):
+        return out
+    it = iter(range(len(tensors)))
+
+    def redo(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            i = next(it)
+            want = strides[i] if i < len(strides) else None
+            if want is None or tuple(x.stride()) == tuple(want):
+                return x
+            return torch.empty_strided(x.shape, tuple(want), dtype=x.dtype, device=x.device).copy_(x)
+        if isinstance(x, (list, tuple)):
+            return type(x)(redo(y) for y in x)
+        return x
+    return redo(out)
+
+
 def eager_call(op: torch._ops.OpOverload, signature: dict[str, Any] | None = None) -> Any:
     """Eager for a card: `bound -> op(...)`. A channels-last twin's (`signature["twin_of"]`,
-    engine.capture.twins) copies its first tensor to contiguous first: what torch.compile runs without the
-    cast (Inductor copies the held input to the strides the graph was traced with, then calls the op), and
-    what CUDA native_group_norm needs (it rejects channels-last input). The copy is part of eager's time."""
+    engine.capture.twins) is what compiled code that hands the op its input as held gets from PyTorch: the
+    input copied to contiguous (CUDA native_group_norm rejects channels-last input), the op, and its outputs
+    copied into the layouts the op's meta kernel gives for the held input, which the compiled code asserts
+    (a channels-last output for GroupNorm). Both copies are part of eager's time."""
     if not (signature or {}).get("twin_of"):
         return lambda bound: call_op(op, bound)
+    layouts: dict[tuple, list[tuple[int, ...]]] = {}
 
     def run(bound: Sequence[tuple[str, Any]]) -> Any:
         (n0, v0), *rest = bound
-        return call_op(op, [(n0, v0.contiguous() if isinstance(v0, torch.Tensor) else v0), *rest])
+        key = tuple((tuple(v.shape), tuple(v.stride()), v.dtype, v.device.type)
+                    for _, v in bound if isinstance(v, torch.Tensor))
+        if key not in layouts:
+            layouts[key] = meta_output_strides(op, bound)
+        out = call_op(op, [(n0, v0.contiguous() if isinstance(v0, torch.Tensor) else v0), *rest])
+        return restrided(out, layouts[key])
     return run

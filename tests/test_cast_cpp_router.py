@@ -321,6 +321,53 @@ def test_a_c_plus_plus_route_is_told_the_layouts_compiled_code_passes_as_held():
             self.calls.append(("set_held", a))
 
     ext = Ext()
-    cpp_router.install(ext, "aten::native_group_norm", "CUDA", [], [((1, 8, 6, 6), (288, 1, 48, 8))])
+    cpp_router.install(ext, "aten::native_group_norm", "CUDA", [],
+                       [((1, 8, 6, 6), (288, 1, 48, 8), ((288, 1, 48, 8), (4, 1), None))])
     assert ext.calls == [("install", ("aten::native_group_norm", "", "CUDA")),
-                         ("set_held", ("aten::native_group_norm", "", [1, 8, 6, 6], [288, 1, 48, 8]))]
+                         ("set_held", ("aten::native_group_norm", "", [1, 8, 6, 6], [288, 1, 48, 8],
+                                       [[288, 1, 48, 8], [4, 1], []]))]
+
+
+# An op whose kernel takes its input contiguous and returns a contiguous output while its meta kernel gives
+# the output its input's layout, as CUDA GroupNorm under torch 2.11's compile (H200, 2026-12-03e).
+_HELD_LIB = torch.library.Library("kforge_cpp_held_test", "DEF")
+_HELD_LIB.define("scale(Tensor x) -> Tensor")
+_SEEN: list[tuple[int, ...]] = []
+
+
+def _scale_kernel(x):
+    _SEEN.append(tuple(x.stride()))
+    return x.contiguous() * 2
+
+
+_HELD_LIB.impl("scale", _scale_kernel, "CPU")
+torch.library.register_fake("kforge_cpp_held_test::scale", lambda x: torch.empty_like(x), lib=_HELD_LIB)
+
+
+def test_in_compiled_code_a_held_input_reaches_pytorchs_kernel_contiguous_and_its_output_gets_the_held_strides(ext):
+    """router.cpp: a call of compiled code with a held first input that goes to PyTorch's kernel (here a miss)
+    hands the kernel that input made contiguous, and copies the kernel's output into the strides compiled code
+    asserts. Eager calls, and layouts not held, are left as they are."""
+    op = torch.ops.kforge_cpp_held_test.scale.default
+    x = torch.randn(1, 8, 6, 6)
+    cl = x.contiguous(memory_format=torch.channels_last)
+    other = torch.randn(2, 8, 6, 6)
+    plan = _plan(ext, op, (other,), [other])  # a variant for another shape: every call below misses
+    cpp_router.install(ext, "kforge_cpp_held_test::scale", "CPU", [plan],
+                       [((1, 8, 6, 6), tuple(cl.stride()), (tuple(cl.stride()),))])
+    try:
+        _SEEN.clear()
+        assert op(cl).is_contiguous() and _SEEN == [tuple(cl.stride())]  # eager: as called, as returned
+        ext.set_target(cpp_router.TARGET_BITS.index("compile"))
+        try:
+            _SEEN.clear()
+            got = op(cl)
+            plain = op(x)  # contiguous: not a held layout
+        finally:
+            ext.set_target(-1)
+        assert _SEEN == [tuple(x.stride()), tuple(x.stride())]
+        assert got.stride() == cl.stride() and torch.equal(got, x * 2)
+        assert plain.is_contiguous() and torch.equal(plain, x * 2)
+        assert cpp_router.stats(ext, "kforge_cpp_held_test::scale", "CPU")["misses"] == 3
+    finally:
+        cpp_router.uninstall(ext, "kforge_cpp_held_test::scale", "CPU")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 
+import pytest
 import torch
 from test_cast_compile import CpuCast
 from test_cast_pattern_cards import Counting, _GnSiluBlock
@@ -370,3 +371,99 @@ def test_a_graph_served_from_inductors_cache_is_treated_as_passing_inputs_as_hel
     compose._register_held({gn: {key: ((4096, 64, 8, 1),)}, torch.ops.aten.logsumexp.default: {key: None}})
     assert ((1, 64, 8, 8), (4096, 1, 512, 64)) in runtime.held_keys(gn)
     assert ((1, 64, 8, 8), (4096, 1, 512, 64)) not in runtime.held_keys(torch.ops.aten.logsumexp.default)
+
+
+# An op like CUDA GroupNorm under torch 2.11's compile: its kernel takes its input contiguous and returns a
+# contiguous output, while its meta kernel gives the output its input's layout (empty_like). Handed a held
+# channels-last input, compiled code asserts that layout of the output (H200, 2026-12-03e: the twin test's
+# `assert_size_stride` failed on a GroupNorm output). Defined once per process.
+_HELD_LIB = torch.library.Library("kforge_held_test", "DEF")
+_HELD_LIB.define("scale(Tensor x) -> Tensor")
+_HELD_LIB.impl("scale", lambda x: x.contiguous() * 2, "CPU")
+torch.library.register_fake("kforge_held_test::scale", lambda x: torch.empty_like(x), lib=_HELD_LIB)
+SCALE = torch.ops.kforge_held_test.scale.default
+
+
+@pytest.fixture
+def scale_decomposed(monkeypatch):
+    """SCALE with a decomposition in Inductor's table, as the ATen ops a cast covers have (compose takes over
+    those): the meta/kernel disagreement above, with nothing else of GroupNorm."""
+    from torch._inductor import decomposition as D
+
+    monkeypatch.setitem(D.decompositions, SCALE, lambda x: x * 2)
+
+
+class _ConvScale(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        return SCALE(self.conv(x)) + 1
+
+
+def _scale_cast(cl: torch.Tensor, channels_last_out: bool) -> OpCast:
+    """A variant of SCALE for the channels-last input `cl`, returning PyTorch's kernel's output (contiguous)
+    or that output in the meta kernel's layout (channels-last), and recorded as returning those strides."""
+    from engine.cast import runtime
+
+    owner = OpCast(SCALE, [cl])
+    if channels_last_out:
+        inner = owner.plan._fn
+
+        def run(bound):
+            out = inner(bound)
+            return torch.empty_like(bound[0]).copy_(out)
+
+        owner.plan._fn = run
+        owner.plan.output_strides = (tuple(cl.stride()),)
+    assert isinstance(owner.plan, runtime.Plan)
+    return owner
+
+
+def test_a_variant_returning_other_strides_than_compiled_code_asserts_for_a_held_input_is_not_passed_it(
+        tmp_path, monkeypatch, scale_decomposed):
+    """The variant returns what PyTorch's kernel returns (contiguous), as the traced graph has, but handed the
+    convolution's channels-last output compiled code asserts the meta kernel's channels-last output: the input
+    is copied to the traced layout instead, and the result is right (on the H200 this failed the compile's
+    assertion before the check compared with the meta kernel)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 6, 6)
+    owner = _scale_cast(x.contiguous(memory_format=torch.channels_last), channels_last_out=False)
+    copies = _copies_then_removed(_ConvScale().eval(), x, owner)
+    row = copies["kforge_held_test.scale.default"]
+    assert (row["calls"], row["inputs_copied"], row.get("inputs_as_held", 0)) == (1, 1, 0), row
+
+
+def test_a_held_input_gets_the_outputs_compiled_code_asserts_from_the_variant_and_from_pytorchs_kernel(
+        tmp_path, monkeypatch, scale_decomposed):
+    """A variant for the held channels-last input that returns the meta kernel's layout is passed it as it is
+    and hits. Declined inside the compiled graph (routes suspended), the call goes to PyTorch's kernel with its
+    input made contiguous, and the kernel's contiguous output is copied into the asserted layout: the compiled
+    code's assertions hold and the result is right."""
+    from engine.cast import runtime
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 6, 6)
+    cl = x.contiguous(memory_format=torch.channels_last)
+    owner = _scale_cast(cl, channels_last_out=True)
+    owner.installed = True
+    backend = compose.backend(owner)
+    model = _ConvScale().eval()
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad(), torch._inductor.config.patch(force_layout_optimization=True):
+            want = model(x)
+            compiled = torch.compile(model, backend=backend)
+            torch.testing.assert_close(compiled(x), want, rtol=1e-4, atol=1e-4)
+            assert backend.layout_copies["kforge_held_test.scale.default"].get("inputs_as_held") == 1
+            assert owner.plan.hits == 1
+            assert runtime.held(SCALE) == [((1, 8, 6, 6), tuple(cl.stride()), (tuple(cl.stride()),))]
+            with runtime.suspended():
+                torch.testing.assert_close(compiled(x), want, rtol=1e-4, atol=1e-4)
+            assert owner.plan.hits == 1
+    finally:
+        owner.remove()
+        torch._dynamo.reset()

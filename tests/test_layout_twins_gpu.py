@@ -7,7 +7,8 @@ group_norm_cl templates), `export --target compile` packages them, and under `ca
 variant gets the convolution's output as Inductor holds it: no layout copy (`inputs_as_held`), a hit per
 forward, and the decode's output agrees with eager. The convolution before the GroupNorm has no bias: on
 CUDA Inductor peels a bias off into a pointwise add and computes that straight into the GroupNorm's layout,
-so nothing is held channels-last (and `layout_twins = "auto"` adds no twins; the SD3.5 VAE, 2026-12-03d)."""
+so nothing is held channels-last (and `layout_twins = "auto"` adds no twins; the SD3.5 VAE, 2026-12-03d).
+Twins are off by default until this test passes on the GPU: its config asks for "auto"."""
 
 import textwrap
 
@@ -46,7 +47,7 @@ def test_a_channels_last_twin_serves_the_groupnorm_after_a_convolution_under_com
 
     from engine.cast.format import CHAIN_OP, read_cast
 
-    config = user_model(tmp_path, "conv_gn", MODEL_PY, samples=1)
+    config = user_model(tmp_path, "conv_gn", MODEL_PY, samples=1, capture='layout_twins = "auto"\n')
     ws = tmp_path / "ws"
     code, out, err = cli("run", config, "--no-tui", "--iterations", "6", "--json", "--no-compile-ref",
                          "--ops", "group_norm", "--workspace", ws)

@@ -39,9 +39,9 @@ def _document(out: str, err: str, what: str) -> dict:
                              f"stderr ends {err[-800:]!r}") from None
 
 
-def user_model(folder, name: str, source: str, samples: int):
+def user_model(folder, name: str, source: str, samples: int, capture: str = ""):
     """A user's model in `folder` as `run` takes it: NAME.py (its `build`) and NAME.toml, bfloat16 on both
-    devices, `samples` per card. Returns the TOML's path."""
+    devices, `samples` per card (and the `capture` lines given). Returns the TOML's path."""
     (folder / f"{name}.py").write_text(source)
     (folder / f"{name}.toml").write_text(textwrap.dedent(f'''
         name = "{name}"
@@ -51,7 +51,7 @@ def user_model(folder, name: str, source: str, samples: int):
         cpu = "bfloat16"
         [capture]
         samples = {samples}
-    '''))
+    ''') + capture)
     return folder / f"{name}.toml"
 
 

@@ -5,14 +5,17 @@ a convolution (a GroupNorm) is handed a channels-last input. A cast whose varian
 contiguous input gets a copy of it first; one proven for the channels-last input is passed it as it is
 (engine.cast.compose, `inputs_as_held`). The capture sees eager's layout only, so for each card of an op with
 a builtin channels-last kernel (TWIN_OPS) whose input is a contiguous image batch, it adds a twin: the same
-call with a channels-last input, its signature naming its original (`twin_of`). Its values, outputs and
-samples are the original's; the samples are shared and laid out as the twin's signature says when loaded
-(`engine.capture.samples.laid_out_as`). Its eager is what torch.compile runs without the cast: the input
-copied to contiguous (the strides the graph was traced with), then the op (`engine.ops.eager_call`; CUDA
-native_group_norm rejects a channels-last input, and returns contiguous output either way).
+call with a channels-last input, its signature naming its original (`twin_of`). Its values and samples are
+the original's; the samples are shared and laid out as the twin's signature says when loaded
+(`engine.capture.samples.laid_out_as`). Its outputs are laid out as the op's meta kernel gives them for the
+channels-last input (`engine.capture.fake_outputs`): compiled code that hands the op a held input asserts
+those strides of its outputs (torch 2.11's CUDA GroupNorm: a channels-last output; H200, 2026-12-03e). Its
+eager is what PyTorch's kernel costs there: the input copied to contiguous (CUDA native_group_norm rejects a
+channels-last input), the op, the outputs copied into those strides (`engine.ops.eager_call`).
 
-Which captures get them: `[capture] layout_twins` in the model config, "auto" (the default: a CUDA capture
-whose forward ran a convolution without a bias, see `wanted`), true or false.
+Which captures get them: `[capture] layout_twins` in the model config: false (the default, until their path
+under compile has passed on the GPU), "auto" (a CUDA capture whose forward ran a convolution without a
+bias, see `wanted`) or true.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from engine.capture.fake_outputs import fake_outputs
 from engine.capture.signature import card_id, dense_order, signature_text
 from engine.cards import OperatorCard
 
@@ -61,8 +65,16 @@ def twin_of(card: OperatorCard) -> OperatorCard | None:
     args: list[dict[str, Any]] = [dict(a) for a in card.signature["args"]]
     args[0] = {**x, "stride": channels_last_strides(shape)}
     sig = {**card.signature, "args": args, "twin_of": card.card_id}
+    outputs = fake_outputs(card.op, sig, card.outputs)
+    if outputs is None:
+        return None   # no meta kernel to tell the layouts compiled code asserts: no twin
+    if card.outputs:  # the card's, in the meta kernel's strides
+        if [(o["dtype"], o["shape"]) for o in outputs] != [(o.get("dtype"), o.get("shape")) for o in card.outputs]:
+            return None
+        outputs = [{**c, "stride": o["stride"]} for c, o in zip(card.outputs, outputs)]
     return dataclasses.replace(card, card_id=card_id(sig), signature=sig, signature_text=signature_text(sig),
-                               eager_us=None, roofline_us=None, compile_us=None, copy_us=None, compile_note=None)
+                               outputs=outputs, eager_us=None, roofline_us=None, compile_us=None, copy_us=None,
+                               compile_note=None)
 
 
 def call_key(op: str, signature: dict[str, Any]) -> str:

@@ -80,7 +80,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from engine.cast import runtime
-from engine.ops import resolve_op
+from engine.ops import resolve_op, tensors_of
 
 if TYPE_CHECKING:
     from engine.cast import patterns as chain_patterns
@@ -437,6 +437,30 @@ def _traced_output_strides(fx_node: Any) -> tuple | None:
         return None
 
 
+def _held_output_strides(fx_node: Any, held: tuple) -> tuple | None:
+    """The strides of the call's tensor outputs, by the op's meta kernel in the graph's fake mode, with its
+    first input in the `held` layout: what Inductor's fallback call for the op asserts when handed that input
+    (it asks the meta kernel, not the traced graph)."""
+    from torch._guards import detect_fake_mode
+
+    def val(a: Any) -> Any:
+        return a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+
+    args = list(torch.fx.node.map_aggregate(fx_node.args, val))
+    kwargs = dict(torch.fx.node.map_aggregate(fx_node.kwargs, val))
+    mode = detect_fake_mode([a for a in args if isinstance(a, torch.Tensor)])
+    if mode is None or not args or not isinstance(args[0], torch.Tensor):
+        return None
+    _, dtype, shape, stride = held
+    with mode:
+        args[0] = torch.empty_strided(shape, stride, dtype=dtype, device=args[0].device)
+        out = fx_node.target(*args, **kwargs)
+    try:
+        return tuple(tuple(int(s) for s in t.stride()) for t in tensors_of(out))
+    except TypeError:  # symbolic strides: never compared
+        return None
+
+
 def _traced_contiguous(fx_node: Any) -> bool:
     """Whether the graph was traced with the call's first input contiguous."""
     first = fx_node.args[0] if fx_node.args else None
@@ -456,17 +480,18 @@ def _recording_constraint(name: str, copies: dict, layouts: dict | None = None,
     from torch._inductor import lowering as L
 
     def pass_as_held(fx_node: Any, args: tuple) -> tuple | None:
-        """The first input's held layout where a variant was proven for it and returns the strides the graph
-        was traced with (eager's CUDA GroupNorm returns contiguous output for channels-last input as for
-        contiguous; a kernel whose output followed its input's layout would break the compiled code's
-        assertions), else None. Never raises: a doubt means eager's strides, as without a variant."""
+        """The first input's held layout where a variant was proven for it and returns the strides compiled
+        code asserts of the call's outputs for that input (the op's meta kernel's, `_held_output_strides`:
+        torch 2.11's CUDA GroupNorm gives a channels-last output for a channels-last input, where the graph
+        traced a contiguous one; H200, 2026-12-03e), else None. Never raises: a doubt means eager's strides,
+        as without a variant."""
         try:
             held = _held_layout(args[0]) if args and layouts and _is_ir(args[0]) else None
             outs = layouts.get(held) if held is not None else None
-            if outs is None or outs != _traced_output_strides(fx_node) or not _traced_contiguous(fx_node):
+            if outs is None or not _traced_contiguous(fx_node) or outs != _held_output_strides(fx_node, held):
                 return None
             if op is not None:
-                runtime.mark_held(op, held[2], held[3])
+                runtime.mark_held(op, held[2], held[3], outs)
             return held
         except Exception:  # noqa: BLE001
             return None
@@ -681,9 +706,9 @@ CONTIGUOUS_ONLY = ("aten.native_group_norm.default",)
 def _register_held(layouts: Layouts) -> None:
     for op, per_op in layouts.items():
         if str(op) in CONTIGUOUS_ONLY:
-            for device, _, shape, stride in per_op:
+            for (device, _, shape, stride), outs in per_op.items():
                 if device == "cuda" and not _contiguous(shape, stride):
-                    runtime.mark_held(op, shape, stride)
+                    runtime.mark_held(op, shape, stride, outs)
 
 
 def cast_digest(cast: object) -> str:

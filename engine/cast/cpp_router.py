@@ -232,24 +232,28 @@ def make_plan(ext: Any, device: str, args: list[dict], outputs: list[dict], work
 
 
 def install(ext: Any, op_name: str, dispatch_key: str, plans: list[Any],
-            held: list[tuple[tuple[int, ...], tuple[int, ...]]] = ()) -> None:
-    """Route the op through the C++ router; `held`: the first-tensor layouts compiled code passes it as
-    Inductor holds them (runtime.held_keys), which a call that goes to PyTorch's kernel gets made contiguous."""
+            held: list[tuple[tuple[int, ...], tuple[int, ...], tuple | None]] = ()) -> None:
+    """Route the op through the C++ router; `held`: (shape, strides, output strides) of the first tensors
+    compiled code passes it as Inductor holds them (runtime.held), which a call that goes to PyTorch's kernel
+    gets made contiguous, and whose outputs it gets in those strides."""
     from engine.ops import resolve_op
 
     name, _, overload = _split(op_name)
     ext.install(name, overload, dispatch_key, plans)
-    for shape, stride in held:
-        note_held(resolve_op(op_name), shape, stride, ext)
+    for shape, stride, outs in held:
+        note_held(resolve_op(op_name), shape, stride, outs, ext)
 
 
-def note_held(op: Any, shape: tuple[int, ...], stride: tuple[int, ...], ext: Any = None) -> None:
+def note_held(op: Any, shape: tuple[int, ...], stride: tuple[int, ...], outputs: tuple | None = None,
+              ext: Any = None) -> None:
     """Tell the router (`ext`, else the one built, if any) that compiled code passes `op` (an OpOverload)
-    this first tensor as Inductor holds it (runtime.mark_held)."""
+    this first tensor as Inductor holds it, and asserts `outputs` (strides per tensor output; None: not
+    known) of the result (runtime.mark_held)."""
     ext = ext if ext is not None else _EXT
     if ext is None or not hasattr(ext, "set_held"):
         return
-    ext.set_held(op._schema.name, op._schema.overload_name, list(shape), list(stride))
+    outs = [[] if o is None else [int(s) for s in o] for o in (outputs or ())]
+    ext.set_held(op._schema.name, op._schema.overload_name, list(shape), list(stride), outs)
 
 
 def uninstall(ext: Any, op_name: str, dispatch_key: str) -> None:

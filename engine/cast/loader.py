@@ -495,7 +495,7 @@ class Cast:
                 plans = [cpp_router.plan_for(ext, st.plan, layout, by_id[st.id]["signature"]) for st in states]
                 for st, plan in zip(states, plans):
                     cpp_router.set_plan_targets(ext, plan, self._enforced(st))
-                cpp_router.install(ext, op, "CUDA", plans, runtime.held_keys(resolve_op(op)))
+                cpp_router.install(ext, op, "CUDA", plans, runtime.held(resolve_op(op)))
             except Exception as e:  # another cast routes it in C++, or a plan it cannot take: Python
                 _warn(f"{self.path}: {op} stays with the Python router ({type(e).__name__}: {e})")
                 rest.extend(states)

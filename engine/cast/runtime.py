@@ -22,13 +22,13 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
 from engine.cast.guard import OpLayout, bind, key_function, layout_of
-from engine.ops import resolve_op
+from engine.ops import resolve_op, restrided
 
 _LOCK = threading.RLock()
 _ROUTES: dict[tuple[str, str], Route] = {}
@@ -126,11 +126,12 @@ class Route:
         self.target_declines = 0      # hits declined because the variant was not proven for the call's target
         self.tensor_slots = tuple(i for i, k in enumerate(self.layout.kinds) if k != "value")
         self.original = torch.library.get_kernel(self.op, dispatch_key)
-        self.lib: torch.library.Library | None = torch.library.Library("aten", "IMPL", dispatch_key)
+        ns, name = op_name.split("::", 1)
+        self.lib: torch.library.Library | None = torch.library.Library(ns, "IMPL", dispatch_key)
         with warnings.catch_warnings():
             # Registering over the backend kernel is the point; torch warns about it on every install.
             warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
-            self.lib.impl(op_name.split("::", 1)[1], self._dispatch, dispatch_key, with_keyset=True)
+            self.lib.impl(name, self._dispatch, dispatch_key, with_keyset=True)
 
     def _dispatch(self, keyset: Any, *args: Any, **kwargs: Any) -> Any:
         if not self.active or torch.compiler.is_dynamo_compiling():
@@ -181,15 +182,17 @@ class Route:
                           stacklevel=3)
 
     def _original(self, keyset: Any, args: tuple, kwargs: dict) -> Any:
+        outs = None
         if _HELD and args and self.op in _HELD and _in_compiled_code():
-            args = _as_traced(self.op, args)
+            args, outs = _as_traced(self.op, args)
         slots = self.layout.scalar_slots
         if slots:
             for i in slots:
                 if i < len(args) and isinstance(args[i], (bool, int, float, complex)):
                     args = rewrap_scalars(args, slots)
                     break
-        return self.original.call_boxed(keyset, *args, **kwargs)
+        result = self.original.call_boxed(keyset, *args, **kwargs)
+        return result if outs is None else restrided(result, outs)
 
     def add(self, key: tuple, plan: Plan, owner: object, first_shape: tuple | None) -> bool:
         """Add a guard entry; False when another cast already covers the key (first one wins)."""
@@ -226,28 +229,41 @@ class Route:
 
 _grad_enabled = torch.is_grad_enabled
 
-# Inputs compiled code passes as Inductor holds them (engine.cast.compose, `inputs_as_held`): op -> the
-# (shape, strides) of first tensors a variant was proven for where the graph was traced with a contiguous one.
-# Inside compiled code, such a call that goes to PyTorch's kernel (a miss, a declined hit, routes suspended)
-# gets its first tensor made contiguous first: what the graph was traced with, and what PyTorch's kernel may
-# require (CUDA native_group_norm rejects a channels-last input). Process-wide and kept: a graph compiled
-# once may run again after its cast was removed and installed again. The C++ router keeps the same table.
-_HELD: dict[torch._ops.OpOverload, set[tuple[tuple[int, ...], tuple[int, ...]]]] = {}
+# Inputs compiled code passes as Inductor holds them (engine.cast.compose, `inputs_as_held`): op -> (shape,
+# strides) of first tensors a variant was proven for where the graph was traced with a contiguous one -> the
+# strides compiled code asserts of the call's tensor outputs for that input (the op's meta kernel's; None:
+# not known). Inside compiled code, such a call that goes to PyTorch's kernel (a miss, a declined hit, routes
+# suspended) gets its first tensor made contiguous first, what PyTorch's kernel may require (CUDA
+# native_group_norm rejects a channels-last input), and its outputs copied into the asserted strides (torch
+# 2.11's meta kernel gives a channels-last GroupNorm output there, its CUDA kernel a contiguous one).
+# Process-wide and kept: a graph compiled once may run again after its cast was removed and installed again.
+# The C++ router keeps the same table.
+_HELD: dict[torch._ops.OpOverload, dict[tuple[tuple[int, ...], tuple[int, ...]], tuple | None]] = {}
 
 
-def mark_held(op: torch._ops.OpOverload, shape: tuple[int, ...], stride: tuple[int, ...]) -> None:
-    """Compiled code passes `op` a first tensor of this shape and strides as Inductor holds it."""
+def mark_held(op: torch._ops.OpOverload, shape: tuple[int, ...], stride: tuple[int, ...],
+              outputs: Sequence[Sequence[int] | None] | None = None) -> None:
+    """Compiled code passes `op` a first tensor of this shape and strides as Inductor holds it, and asserts
+    `outputs` (strides per tensor output, in return order) of what the call returns."""
     from engine.cast import cpp_router
 
     key = (tuple(int(s) for s in shape), tuple(int(s) for s in stride))
+    outs = None if outputs is None else tuple(None if o is None else tuple(int(s) for s in o) for o in outputs)
     with _LOCK:
-        _HELD.setdefault(op, set()).add(key)
-    cpp_router.note_held(op, *key)
+        _HELD.setdefault(op, {})[key] = outs
+    cpp_router.note_held(op, *key, outs)
 
 
 def held_keys(op: torch._ops.OpOverload) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     with _LOCK:
-        return sorted(_HELD.get(op, ()))
+        return sorted(_HELD.get(op, {}))
+
+
+def held(op: torch._ops.OpOverload) -> list[tuple[tuple[int, ...], tuple[int, ...], tuple | None]]:
+    """(shape, strides, output strides) of each first-tensor layout compiled code passes `op` as held."""
+    with _LOCK:
+        return sorted(((shape, stride, outs) for (shape, stride), outs in _HELD.get(op, {}).items()),
+                      key=lambda h: h[:2])
 
 
 def _in_compiled_code() -> bool:
@@ -255,12 +271,15 @@ def _in_compiled_code() -> bool:
     return bool(stack) and stack[-1].startswith("compile")
 
 
-def _as_traced(op: torch._ops.OpOverload, args: tuple) -> tuple:
+def _as_traced(op: torch._ops.OpOverload, args: tuple) -> tuple[tuple, tuple | None]:
+    """(args with a held first tensor made contiguous, the output strides to give the result) or (args, None)."""
     first = args[0]
-    if (isinstance(first, torch.Tensor) and not first.is_contiguous()
-            and (tuple(first.shape), tuple(first.stride())) in _HELD.get(op, ())):
-        return (first.contiguous(), *args[1:])
-    return args
+    if isinstance(first, torch.Tensor) and not first.is_contiguous():
+        per_op = _HELD.get(op, {})
+        key = (tuple(first.shape), tuple(first.stride()))
+        if key in per_op:
+            return (first.contiguous(), *args[1:]), per_op[key]
+    return args, None
 
 
 def _needs_grad(bound: Any, slots: tuple[int, ...]) -> bool:

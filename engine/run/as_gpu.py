@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.bench.floor import card_flops, operand_dtypes, peak_flops
+from engine.capture.fake_outputs import fake_outputs
 from engine.cards import OperatorCard, chain_cover
 from engine.propose.base import Hardware
 
@@ -55,62 +56,6 @@ def _on_cuda(sig: Any) -> Any:
     if isinstance(sig, list):
         return [_on_cuda(x) for x in sig]
     return sig
-
-
-def _fake(desc: dict[str, Any], mode: Any) -> Any:
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    meta = torch.empty_strided(desc["shape"], desc["stride"], dtype=getattr(torch, desc["dtype"]), device="meta")
-    return FakeTensor(mode, meta, torch.device("cuda"))
-
-
-def _value(arg: dict[str, Any], mode: Any) -> Any:
-    from engine.capture.signature import decode_value
-
-    kind = arg.get("kind")
-    if kind == "tensor":
-        return None if arg.get("absent") else _fake(arg, mode)
-    if kind == "tensor_list":
-        return [None if d is None else _fake(d, mode) for d in arg["items"]]
-    return decode_value(arg.get("value"))
-
-
-def _describe(t: Any, like: dict[str, Any] | None) -> dict[str, Any]:
-    # The alignment is the captured one where there is one (an allocation's is the widest, 16).
-    return {"kind": "tensor", "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
-            "stride": list(t.stride()), "align": (like or {}).get("align", 16), "device": "cuda",
-            "neg": False, "conj": False}
-
-
-def _tensors(out: Any) -> list[Any]:
-    import torch
-
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (list, tuple)):
-        return [t for x in out for t in _tensors(x)]
-    return []
-
-
-def fake_cuda_outputs(op_name: str, signature: dict[str, Any],
-                      captured: list[dict[str, Any]] | None = None) -> list[dict[str, Any]] | None:
-    """The op's outputs as CUDA would return them, from fake CUDA tensors; None when the op has no meta
-    kernel or the signature cannot be rebuilt (the caller keeps the captured outputs)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from engine.ops import call_op, resolve_op
-
-    try:
-        op = resolve_op(op_name)
-        mode = FakeTensorMode()
-        bound = [(a["name"], _value(a, mode)) for a in signature["args"]]
-        with mode:
-            out = call_op(op, bound)
-    except Exception:  # noqa: BLE001 - no meta kernel, an unknown op, an odd argument: keep the captured outputs
-        return None
-    captured = captured or []
-    return [_describe(t, captured[i] if i < len(captured) else None) for i, t in enumerate(_tensors(out))]
 
 
 def _cudnn_attention(signature: dict[str, Any], outs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -173,7 +118,7 @@ def gpu_row(row: dict[str, Any]) -> GpuCard:
     captured = _on_cuda(list(row.get("outputs") or []))
     if is_cpu_only(row["op"]):
         return GpuCard({**row, "signature": sig, "outputs": captured}, not_proposed=CPU_ONLY)
-    outs = fake_cuda_outputs(row["op"], sig, captured)
+    outs = fake_outputs(row["op"], sig, captured)
     if outs is not None and row["op"] in CUDA_OUTPUT_OVERRIDES:
         outs = CUDA_OUTPUT_OVERRIDES[row["op"]](sig, outs)
     if outs is None:

@@ -381,14 +381,21 @@ thread_local int t_depth = 0;
 
 // Inputs compiled code passes as Inductor holds them (engine.cast.compose, `inputs_as_held`): per op
 // ("name.overload"), the (sizes, strides) of first tensors a variant was proven for where the graph was traced
-// with a contiguous one. Such a call that goes to PyTorch's kernel (a miss, a declined hit, the router
-// suspended) inside compiled code gets its first tensor made contiguous first: what the graph was traced
-// with, and what PyTorch's kernel may require (CUDA native_group_norm rejects channels-last input).
+// with a contiguous one, and the strides compiled code asserts of the call's tensor outputs (the op's meta
+// kernel's; an empty entry: not known). Such a call that goes to PyTorch's kernel (a miss, a declined hit, the
+// router suspended) inside compiled code gets its first tensor made contiguous first, what PyTorch's kernel
+// may require (CUDA native_group_norm rejects channels-last input), and its outputs copied into the asserted
+// strides (torch 2.11's meta kernel gives a channels-last GroupNorm output there, its CUDA kernel contiguous).
+struct Held {
+  std::vector<int64_t> sizes, strides;
+  std::vector<std::vector<int64_t>> outputs;
+};
 std::atomic<bool> g_any_held{false};
 std::mutex g_held_mutex;
-std::unordered_map<std::string, std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>> g_held;
+std::unordered_map<std::string, std::vector<Held>> g_held;
 
-bool held_call(const c10::OperatorHandle& op, const c10::IValue& first) {
+// Whether `first` is a held input of `op`; if so, `outputs` gets the strides to give its outputs.
+bool held_call(const c10::OperatorHandle& op, const c10::IValue& first, std::vector<std::vector<int64_t>>* outputs) {
   if (!first.isTensor()) return false;
   const auto& t = first.toTensor();
   if (!t.defined() || t.is_contiguous()) return false;
@@ -396,9 +403,33 @@ bool held_call(const c10::OperatorHandle& op, const c10::IValue& first) {
   std::lock_guard<std::mutex> g(g_held_mutex);
   auto it = g_held.find(name.name + "." + name.overload_name);
   if (it == g_held.end()) return false;
-  for (const auto& [sizes, strides] : it->second)
-    if (t.sizes().vec() == sizes && t.strides().vec() == strides) return true;
+  for (const auto& h : it->second)
+    if (t.sizes().vec() == h.sizes && t.strides().vec() == h.strides) {
+      *outputs = h.outputs;
+      return true;
+    }
   return false;
+}
+
+// The op's returns on the stack, each tensor whose strides differ from its entry in `outputs` copied into
+// those strides. Returns that are not all tensors (a tensor list) are left as they are.
+void restride_returns(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                      const std::vector<std::vector<int64_t>>& outputs) {
+  size_t nret = op.schema().returns().size();
+  if (outputs.empty() || nret > stack->size()) return;
+  size_t base = stack->size() - nret;
+  for (size_t i = 0; i < nret; ++i)
+    if (!(*stack)[base + i].isTensor()) return;
+  for (size_t i = 0; i < nret && i < outputs.size(); ++i) {
+    if (outputs[i].empty()) continue;
+    auto& v = (*stack)[base + i];
+    const at::Tensor t = v.toTensor();
+    if (!t.defined() || t.dim() != static_cast<int64_t>(outputs[i].size()) || t.strides().vec() == outputs[i])
+      continue;
+    at::Tensor r = at::empty_strided(t.sizes(), outputs[i], t.options());
+    r.copy_(t);
+    v = c10::IValue(std::move(r));
+  }
 }
 
 void call_original(Route& route, const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
@@ -408,24 +439,33 @@ void call_original(Route& route, const c10::OperatorHandle& op, c10::DispatchKey
     Depth() { ++t_depth; }
     ~Depth() { --t_depth; }
   } depth;
+  bool held = false;
+  std::vector<std::vector<int64_t>> outputs;
   if (g_any_held.load(std::memory_order_relaxed) && t_target >= 2) {  // compiled code (cpp_router.TARGET_BITS)
     size_t nargs = op.schema().arguments().size();
     if (nargs > 0 && nargs <= stack->size()) {
       auto& first = (*stack)[stack->size() - nargs];
-      if (held_call(op, first)) first = first.toTensor().contiguous();
+      held = held_call(op, first, &outputs);
+      if (held) first = first.toTensor().contiguous();
     }
   }
   route.original->callBoxed(op, ks, stack);
+  if (held) restride_returns(op, stack, outputs);
 }
 
 void set_held(const std::string& name, const std::string& overload, std::vector<int64_t> sizes,
-              std::vector<int64_t> strides) {
+              std::vector<int64_t> strides, std::vector<std::vector<int64_t>> outputs) {
   auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
   const auto& on = op.operator_name();
   std::lock_guard<std::mutex> g(g_held_mutex);
-  auto& keys = g_held[on.name + "." + on.overload_name];
-  std::pair<std::vector<int64_t>, std::vector<int64_t>> key{std::move(sizes), std::move(strides)};
-  if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(std::move(key));
+  auto& entries = g_held[on.name + "." + on.overload_name];
+  for (auto& h : entries)
+    if (h.sizes == sizes && h.strides == strides) {
+      h.outputs = std::move(outputs);
+      g_any_held = true;
+      return;
+    }
+  entries.push_back(Held{std::move(sizes), std::move(strides), std::move(outputs)});
   g_any_held = true;
 }
 
