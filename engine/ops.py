@@ -82,7 +82,11 @@ def restrided(out: Any, strides: Sequence[Sequence[int] | None]) -> Any:
                 return x
             return torch.empty_strided(x.shape, tuple(want), dtype=x.dtype, device=x.device).copy_(x)
         if isinstance(x, (list, tuple)):
-            return type(x)(redo(y) for y in x)
+            items = [redo(y) for y in x]
+            try:
+                return type(x)(items)   # list, tuple, torch.return_types (a structseq takes a sequence)
+            except TypeError:           # a namedtuple takes fields
+                return type(x)(*items)
         return x
     return redo(out)
 
