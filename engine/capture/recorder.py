@@ -21,6 +21,7 @@ from engine.capture.signature import (
     signature_of,
     storage_extent,
 )
+from engine.ops import tensors_of
 
 TOP_LEVEL = "(top)"  # module path of calls made outside any submodule (e.g. pipeline glue code)
 
@@ -83,14 +84,6 @@ def _write_only(func: torch._ops.OpOverload) -> set[str]:
             if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write}
 
 
-def _output_tensors(out: Any) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (list, tuple)):
-        return [t for x in out for t in _output_tensors(x)]
-    return []
-
-
 def _span_bytes(tensors: list[torch.Tensor]) -> int:
     seen, total = set(), 0
     for t in tensors:
@@ -106,7 +99,7 @@ def bytes_moved(func: torch._ops.OpOverload, bound: list[tuple[str, Any]], out: 
     """Minimum bytes one call must move: every input read once, every output and mutation written once."""
     write_only = _write_only(func)
     reads = [t for path, t in iter_tensors(bound) if path.split("[")[0] not in write_only]
-    writes = _output_tensors(out)
+    writes = tensors_of(out)
     written_ids = {id(t) for t in writes}
     writes += [t for t in _written_args(func, bound).values() if id(t) not in written_ids]
     return _span_bytes(reads) + _span_bytes(writes)
@@ -170,7 +163,7 @@ class CaptureMode(TorchDispatchMode):
             t0 = time.perf_counter()
             out = func(*args, **kwargs)
             seconds = time.perf_counter() - t0
-        outputs = [describe_tensor(t) for t in _output_tensors(out)]
+        outputs = [describe_tensor(t) for t in tensors_of(out)]
         if tally is None:
             tally = CardTally(id=cid, op=func.name(), signature=signature,
                               bytes=bytes_moved(func, bound, out), outputs=outputs)

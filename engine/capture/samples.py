@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.capture.signature import decode_value, dense_order, dtype_name, encode_value, storage_extent
+from engine.ops import tensors_of
 
 FORMAT = "kforge-sample/1"
 FORMAT_TILED = "kforge-sample/2"  # as /1, plus `tiled`: slab name -> its length, stored as one period
@@ -133,14 +134,6 @@ def _storage_key(t: torch.Tensor) -> tuple:
     return (t.device.type, t.device.index, t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
 
 
-def _tensors_in(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors_in(v)]
-    return []
-
-
 def _encode(value: Any, snap: Snapshot, prefix: str) -> Any:
     if isinstance(value, torch.Tensor):
         return {"tensor": snap.ref(value, prefix)}
@@ -156,10 +149,10 @@ def snapshot_inputs(bound: list[tuple[str, Any]], written: set[str] | None = Non
     touches is referenced, not copied (a weight need not be copied to be saved): the caller saves the
     snapshot right after the call, before anything else can write it."""
     snap = Snapshot()
-    tensors = [t for _, v in bound for t in _tensors_in(v)]
+    tensors = [t for _, v in bound for t in tensors_of(v)]
     borrow: frozenset[tuple] = frozenset()
     if written is not None:
-        dirty = {_storage_key(t) for name, v in bound if name in written for t in _tensors_in(v)}
+        dirty = {_storage_key(t) for name, v in bound if name in written for t in tensors_of(v)}
         borrow = frozenset(_storage_key(t) for t in tensors) - dirty
     snap.add_group("in.", tensors, borrow)
     return snap, [{"name": name, **_encode(v, snap, "in.")} for name, v in bound]
@@ -167,7 +160,7 @@ def snapshot_inputs(bound: list[tuple[str, Any]], written: set[str] | None = Non
 
 def snapshot_outputs(snap: Snapshot, outputs: Any, mutated: dict[str, torch.Tensor]) -> tuple[Any, dict]:
     """Add the eager outputs and the post-call state of mutated arguments to `snap`."""
-    snap.add_group("out.", _tensors_in(outputs) + list(mutated.values()))
+    snap.add_group("out.", tensors_of(outputs) + list(mutated.values()))
     return _encode(outputs, snap, "out."), {k: snap.ref(t, "out.") for k, t in mutated.items()}
 
 
