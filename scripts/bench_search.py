@@ -160,13 +160,14 @@ async def landscape_async(args) -> dict:
 
 async def replay_async(args) -> dict:
     """`--replay`: every strategy and seed searched over the landscape (no GPU); the runs and their summary."""
-    doc = landscape.load_landscape(args.replay)
+    paths = list(args.replay) if isinstance(args.replay, (list, tuple)) else [args.replay]
+    doc = landscape.merge_landscapes([landscape.load_landscape(p) for p in paths], paths)
     entries = landscape.replay_cards(doc, args.only)
     hw = landscape.hardware_of(doc)
     outcomes = landscape.outcomes_of(entries)
     cards = [landscape.card_of(e["card"]) for e in entries]
     best = {e["card"]["card_id"]: landscape.best_instance(e) for e in entries}
-    d: dict = {"landscape": {"path": str(args.replay), **{k: doc.get(k) for k in
+    d: dict = {"landscape": {"path": ", ".join(map(str, paths)), **{k: doc.get(k) for k in
                                                          ("gpu", "torch", "cuda", "commit", "dirty", "created")}},
                "budget": args.budget, "seeds": args.seeds, "noise_scale": args.noise_scale, "cards": [], "runs": []}
     for e in entries:
@@ -249,9 +250,9 @@ def main() -> int:
     mode.add_argument("--landscape", type=Path, metavar="JSON",
                       help="GPU, no search: evaluate every distinct builtin kernel of each card once into JSON, "
                       "written after every kernel (progress on stderr)")
-    mode.add_argument("--replay", type=Path, metavar="JSON",
-                      help="no GPU: replay every strategy for --seeds seeds over a landscape; writes "
-                      "<out>/bench_search_replay.json and .md")
+    mode.add_argument("--replay", type=Path, nargs="+", metavar="JSON",
+                      help="no GPU: replay every strategy for --seeds seeds over a landscape (or several of one "
+                      "GPU, their cards together); writes <out>/bench_search_replay.json and .md")
     ap.add_argument("--max-instances", type=int, metavar="N",
                     help="with --landscape: at most N kernels a card (a card cut short cannot be replayed)")
     ap.add_argument("--resume", action="store_true",

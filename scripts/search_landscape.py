@@ -184,6 +184,33 @@ def load_landscape(path: Path) -> dict[str, Any]:
     return doc
 
 
+def merge_landscapes(docs: Sequence[Mapping[str, Any]], paths: Sequence[Any]) -> dict[str, Any]:
+    """Landscapes of one GPU as one, for a replay over all their cards (each file measured its own cards, on
+    its own day: their commits, torch builds and dates are kept side by side). LandscapeError where the GPUs
+    differ or a card is in two files."""
+    if len(docs) == 1:
+        return dict(docs[0])
+    gpus = {(d["hardware"]["name"], d["hardware"]["arch"]) for d in docs}
+    if len(gpus) > 1:
+        raise LandscapeError(f"{', '.join(map(str, paths))}: measured on {' and '.join(sorted(g[0] for g in gpus))}; "
+                             "a replay takes landscapes of one GPU")
+    seen: dict[str, Any] = {}
+    for d, path in zip(docs, paths):
+        for e in d["cards"]:
+            cid = e["card"]["card_id"]
+            if cid in seen:
+                raise LandscapeError(f"card {cid} ({e['label']}) is in both {seen[cid]} and {path}: "
+                                     "finish one file with --resume instead")
+            seen[cid] = path
+
+    def joined(key: str) -> str:
+        return "; ".join(dict.fromkeys(str(d.get(key)) for d in docs if d.get(key)))
+
+    return {**docs[0], "cards": [e for d in docs for e in d["cards"]], "torch": joined("torch"),
+            "cuda": joined("cuda"), "commit": joined("commit"), "created": joined("created"),
+            "dirty": any(d.get("dirty") for d in docs)}
+
+
 def hardware_of(doc: Mapping[str, Any]) -> Hardware:
     """The GPU the landscape's kernels were rendered for and measured on."""
     return Hardware.from_hello(doc["hardware"])
@@ -499,8 +526,9 @@ def replay_report(d: Mapping[str, Any]) -> str:
     """bench_search_replay.md: first line says these are replays, not fresh GPU timings."""
     lay, summ = d["landscape"], d["summary"]
     names = list(summ["strategies"])
+    commits = "; ".join(c[:12] for c in (lay.get("commit") or "?").split("; "))  # several: merged landscapes
     lines = [f"# Search ablation: replays over a landscape measured once on {lay['gpu']}, not fresh GPU timings", "",
-             f"Landscape `{lay['path']}` (torch {lay.get('torch') or '?'}, commit {(lay.get('commit') or '?')[:12]}"
+             f"Landscape `{lay['path']}` (torch {lay.get('torch') or '?'}, commit {commits}"
              f"{' + local changes' if lay.get('dirty') else ''}, {lay.get('created') or '?'}): every distinct kernel of "
              "each card's builtin template evaluated once through the lane. Each replay runs the real orchestrator and "
              f"builtin proposer: {d['budget']} evaluations a card, {d['seeds']} seeds per strategy; an evaluation returns "

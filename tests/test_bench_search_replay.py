@@ -304,6 +304,31 @@ def test_cli_replay_writes_json_and_markdown(landscape, tmp_path, monkeypatch, c
     assert (out / "bench_search_replay.md").read_text().startswith("# Search ablation: replays over a landscape")
 
 
+def test_a_replay_takes_several_landscapes_of_one_gpu_and_their_cards_together(cards, tmp_path, monkeypatch,
+                                                                                 capsys):
+    """Landscapes are measured a few cards a sitting: a replay over two files searches every card of both, the
+    same as over one file holding them all; files of two GPUs, or one card in two files, are refused."""
+    one, two, both = tmp_path / "softmax.json", tmp_path / "norm.json", tmp_path / "both.json"
+    _measure(cards[:1], one)
+    _measure(cards[1:], two)
+    _measure(cards, both)
+    merged = asyncio.run(bench.replay_async(_replay_args([one, two], seeds=2)))
+    whole = asyncio.run(bench.replay_async(_replay_args(both, seeds=2)))
+    assert [c["label"] for c in merged["cards"]] == [c["label"] for c in whole["cards"]] == [lb for lb, _, _ in cards]
+    assert merged["runs"] == whole["runs"] and merged["summary"] == whole["summary"]
+    assert merged["landscape"]["path"] == f"{one}, {two}"
+    # another GPU's file
+    other = json.loads(two.read_text())
+    other["hardware"] = {**other["hardware"], "name": "NVIDIA GB10", "arch": "sm_121"}
+    gb10 = tmp_path / "gb10.json"
+    gb10.write_text(json.dumps(other))
+    monkeypatch.setattr(sys, "argv", ["bench_search.py", "--replay", str(one), str(gb10), "--out", str(tmp_path / "o")])
+    assert bench.main() == 2
+    assert "measured on NVIDIA GB10 and NVIDIA H200; a replay takes landscapes of one GPU" in capsys.readouterr().err
+    with pytest.raises(land.LandscapeError, match="is in both"):
+        asyncio.run(bench.replay_async(_replay_args([one, both])))
+
+
 # ------------------------------------------------------------------------------------------ noise
 
 
