@@ -607,14 +607,35 @@ async def test_the_proposer_never_returns_a_kernel_it_already_proposed_for_the_c
 
     card = bound_card(torch.ops.aten._softmax.default, (torch.randn(64, 4096), -1, False), [torch.empty(64, 4096)])
     proposer = BuiltinProposer()
-    sources, declined = [], 0
+    kernels, declined = [], 0
     for seed in range(40):
         p = await proposer.propose(ProposalRequest(card, Hardware(), seed=seed))
         if p.declined:
             declined += 1
             assert p.category == "exhausted"
         else:
-            sources.append(p.source)
-    assert len(sources) > 5 and len(set(sources)) == len(sources)
+            kernels.append((p.source, p.spec))
+    assert len(kernels) > 5 and len(set(kernels)) == len(kernels)
     other = await BuiltinProposer().propose(ProposalRequest(card, Hardware(), seed=0))
-    assert other.source == sources[0]  # a new proposer (a new run) starts afresh, deterministically
+    assert (other.source, other.spec) == kernels[0]  # a new proposer (a new run) starts afresh, deterministically
+
+
+async def test_a_kernel_is_its_source_and_launch_spec_so_one_source_is_proposed_with_other_launches():
+    """The elementwise template renders one source with several block sizes and wave counts, each a different
+    kernel on the GPU. The proposer counted a source once, so a card's search never tried a second launch of
+    it: on the H200 landscapes of gelu and relu (2026-12-03c) every strategy ran out of kernels after 11–22
+    of 220–440 and never reached the best (docs/results/search-h200/)."""
+    from engine.propose.base import Hardware, ProposalRequest
+    from engine.propose.builtin.proposer import BuiltinProposer
+
+    x = torch.randn(1 << 20, dtype=torch.float16)
+    card = bound_card(torch.ops.aten.relu.default, (x,), [torch.empty_like(x)])
+    proposer = BuiltinProposer()
+    kernels = []
+    for seed in range(120):
+        p = await proposer.propose(ProposalRequest(card, Hardware(), seed=seed))
+        if not p.declined:
+            kernels.append((p.source, p.spec))
+    assert len(set(kernels)) == len(kernels)
+    sources = [s for s, _ in kernels]
+    assert len(set(sources)) < len(sources)  # some source proposed again, with another launch

@@ -22,8 +22,10 @@ _BOOKKEEPING = ("template", "plan")
 _TRIES = 32  # mutations tried for an untried neighbour whose kernel is new (as many again without the intent)
 
 
-def _digest(source: str) -> str:
-    return hashlib.sha256(source.encode()).hexdigest()
+def _kernel_digest(r: Rendered) -> str:
+    """A kernel is its source and its launch spec: an elementwise template renders one source with several
+    block sizes and wave counts, each a different kernel on the GPU (and a different candidate in the store)."""
+    return hashlib.sha256(r.source.encode() + b"\0" + r.spec.encode()).hexdigest()
 
 
 def _knobs(params: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -96,7 +98,7 @@ class BuiltinProposer:
             if params in tried:
                 return None
             r = template.render(card, params, hw=hw)
-            new = _digest(r.source) not in emitted and _runs_on(r.source, hw) and r.params not in tried
+            new = _kernel_digest(r) not in emitted and _runs_on(r.source, hw) and r.params not in tried
             return r if new else None
 
         rendered = None
@@ -118,7 +120,7 @@ class BuiltinProposer:
             if rendered is None:
                 return Proposal(declined=True, provider=self.name, model=template.name, category="exhausted",
                                 reason="every neighbour of this parent was tried already")
-        emitted.add(_digest(rendered.source))
+        emitted.add(_kernel_digest(rendered))
         params = {**rendered.params, "template": template.name}
         if request.intent is None:
             intent = rendered.intent
