@@ -473,10 +473,10 @@ def _recording_constraint(name: str, copies: dict, layouts: dict | None = None,
     """`constrain_to_fx_strides` that counts, for the op `name`, the compiled calls and the inputs Inductor
     had to copy to give them eager's strides (`require_stride_order` returns a new node only when it copies).
     A first input Inductor already holds in a layout of `layouts` (`covered_layouts`: a variant was proven
-    for it, e.g. channels-last, returning the outputs' strides the graph has) is passed as it is, and counted
-    in `inputs_as_held`, only where the graph was traced with a contiguous first input: a call passed as held
-    that goes to PyTorch's kernel (a miss, a declined hit) gets it made contiguous first, as traced
-    (`runtime.mark_held` is told of `op`, the ATen overload)."""
+    for it, e.g. channels-last, returning the output strides compiled code asserts for it) is passed as it is,
+    and counted in `inputs_as_held`, only where the graph was traced with a contiguous first input: a call
+    passed as held that goes to PyTorch's kernel (a miss, a declined hit) gets it made contiguous first, and
+    its outputs copied into the asserted strides (`runtime.mark_held` is told of `op`, the ATen overload)."""
     from torch._inductor import lowering as L
 
     def pass_as_held(fx_node: Any, args: tuple) -> tuple | None:

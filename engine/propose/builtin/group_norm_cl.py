@@ -5,7 +5,8 @@ Where this input comes from: a convolution's output wherever the model runs chan
 torch.compile on any convolutional model (Inductor's layout optimization). Eager CUDA GroupNorm copies such an
 input to contiguous and returns contiguous output; this template reads it where it is. Its output is
 written in the layout the card records: contiguous (CUDA eager: the tile is transposed through shared
-memory on the way out) or channels-last (a straight pass).
+memory on the way out) or channels-last (a straight pass; a twin's, whose outputs are what compiled code
+asserts for a held channels-last input under torch 2.11).
 
 Two launches:
   gncl_stats  P blocks per image read chunks of pixels, all C channels of each (coalesced along C); each
