@@ -427,16 +427,6 @@ def _held_layout(x: Any) -> tuple | None:
         return None
 
 
-def _traced_output_strides(fx_node: Any) -> tuple | None:
-    """The strides of the tensor outputs the traced graph has for the call (the compiled code asserts them)."""
-    val = fx_node.meta.get("val")
-    vals = list(val) if isinstance(val, (tuple, list)) else [val]
-    try:
-        return tuple(tuple(int(s) for s in v.stride()) for v in vals if isinstance(v, torch.Tensor))
-    except TypeError:  # symbolic strides: never compared
-        return None
-
-
 def _held_output_strides(fx_node: Any, held: tuple) -> tuple | None:
     """The strides of the call's tensor outputs, by the op's meta kernel in the graph's fake mode, with its
     first input in the `held` layout: what Inductor's fallback call for the op asserts when handed that input
