@@ -205,7 +205,7 @@ def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any
             bound_sets = [load_sample(p, device, v["signature"]).args for p in paths] or [synth_inputs(v["signature"], device)]
             r["inputs"] = "captured samples" if paths else "synthesised from the signature"
 
-            eager_of = eager_call(op, v["signature"])   # a twin's copies its input to contiguous first
+            eager_of = eager_call(op, v["signature"])   # a twin's: input made contiguous, outputs as asserted
 
             def eager(b, run=eager_of):
                 with runtime.suspended():
