@@ -837,14 +837,21 @@ def with_silu(source: str, apply_line: str, dtype: str, fn: str) -> str:
     return source[:at] + extra + source[at:].replace(apply_line, apply)
 
 
+def _flip_math(params: Mapping[str, Any], fn: str, rng: random.Random, intent: str | None) -> dict[str, Any] | None:
+    """A SiLU chain's mutation of `math` alone (fast <-> precise; `fn` the current one), taken half the time
+    when the intent names it and one time in eight otherwise; None: mutate the kernel's parameters instead."""
+    if rng.random() < (0.5 if "math" in intent_params(intent) else 0.125):
+        return {**params, "math": "precise" if fn == "fast" else "fast"}
+    return None
+
+
 _ROUND = r"""
 template <typename T> __device__ __forceinline__ float kf_round(float x) { return kf_to_float(kf_from_float<T>(x)); }
 """
 # The group_norm strategies whose kernels apply through gn_apply_range alone (the cluster kernel applies to its
 # stash in a loop of its own).
 GN_CHAIN_STRATEGIES = ("stream", "fused", "split")
-_GN_APPLY_ASSIGN = "f[u][j] = fmaf(f[u][j], k.x, k.y);"  # where SiLU goes (with_silu)
-_GN_APPLY = "for (int j = 0; j < V; ++j) " + _GN_APPLY_ASSIGN
+_GN_APPLY_ASSIGN = "f[u][j] = fmaf(f[u][j], k.x, k.y);"  # where SiLU goes (with_silu checks it is there once)
 # `math = "fast"`: SiLU through the hardware exponential and an approximate division (two multi-function-unit
 # instructions, no IEEE division's refinement or expf's range reduction). On the VAE's largest tensors the
 # precise form's instructions, not memory, set the time of the apply step: the chain took 252 us where the
@@ -908,8 +915,9 @@ class GroupNormSiluChainTemplate(Template):
                intent: str | None = None, *, hw: Hardware = H200) -> dict[str, Any]:
         _, sub, _ = self.analyse(card)
         fn = params.get("math", self.space(card, hw=hw)["math"][0])
-        if rng.random() < (0.5 if "math" in intent_params(intent) else 0.125):
-            return {**params, "math": "precise" if fn == "fast" else "fast"}
+        flipped = _flip_math(params, fn, rng, intent)
+        if flipped is not None:
+            return flipped
         for _ in range(16):
             p = self._inner().mutate(sub, {k: v for k, v in params.items() if k != "math"}, rng, intent, hw=hw)
             if p.get("strategy") in GN_CHAIN_STRATEGIES:
@@ -922,8 +930,6 @@ class GroupNormSiluChainTemplate(Template):
             raise ValueError(f"strategy {params.get('strategy')!r} is not one of {', '.join(GN_CHAIN_STRATEGIES)}")
         fn = params.get("math", "precise")  # a candidate from before the parameter existed: eager's formula
         r = self._inner().render(sub, {k: v for k, v in params.items() if k != "math"}, hw=hw)
-        if r.source.count(_GN_APPLY) != 1:
-            raise ValueError("the group_norm kernel's apply step is not where this template expects it")
         source = with_silu(r.source, _GN_APPLY_ASSIGN, sub.signature["args"][0]["dtype"], fn)
         source = f"// {CHAIN_OP} {self.name}\n" + source
         spec = gn_chain_spec(r.spec, g, 0, where)
@@ -1000,9 +1006,9 @@ class CloneGroupNormChainTemplate(Template):
                intent: str | None = None, *, hw: Hardware = H200) -> dict[str, Any]:
         _, sub, _, silu = self.analyse(card)
         if silu:
-            fn = params.get("math", self.space(card, hw=hw)["math"][0])
-            if rng.random() < (0.5 if "math" in intent_params(intent) else 0.125):
-                return {**params, "math": "precise" if fn == "fast" else "fast"}
+            flipped = _flip_math(params, params.get("math", self.space(card, hw=hw)["math"][0]), rng, intent)
+            if flipped is not None:
+                return flipped
         kept = {k: v for k, v in params.items() if k != "math"}
         p = self._inner().mutate(sub, kept, rng, intent, hw=hw)
         return {**p, **({"math": params.get("math", "precise")} if silu else {})}
