@@ -65,11 +65,24 @@ def meta_output_strides(op: torch._ops.OpOverload, bound: Sequence[tuple[str, An
     return [tuple(t.stride()) for t in tensors_of(out)]
 
 
+def same_strides(shape: Sequence[int], a: Sequence[int] | None, b: Sequence[int] | None) -> bool:
+    """Whether two strides lay out a tensor of `shape` alike: equal at every dim of size > 1 (a size-1 dim's
+    stride is never used, and PyTorch's meta kernels and Inductor's layouts disagree on it: torch 2.11's meta
+    GroupNorm gives (128, 1, ...) for a [1, 128, H, W] channels-last input that Inductor holds as
+    (128·H·W, 1, ...)), or the tensor is empty. What compiled code's `assert_size_stride` checks."""
+    if a is None or b is None or len(a) != len(shape) or len(b) != len(shape):
+        return a is None and b is None
+    if any(int(n) == 0 for n in shape):
+        return True
+    return all(int(n) <= 1 or int(x) == int(y) for n, x, y in zip(shape, a, b))
+
+
 def restrided(out: Any, strides: Sequence[Sequence[int] | None]) -> Any:
     """`out` with each tensor whose strides differ from its entry in `strides` (in return order; None or a
-    missing entry: left as it is) copied into those strides. Values, shapes and dtypes unchanged."""
+    missing entry: left as it is; `same_strides` decides) copied into those strides. Values, shapes and dtypes
+    unchanged."""
     tensors = tensors_of(out)
-    if not any(i < len(strides) and strides[i] is not None and tuple(t.stride()) != tuple(strides[i])
+    if not any(i < len(strides) and strides[i] is not None and not same_strides(t.shape, t.stride(), strides[i])
                for i, t in enumerate(tensors)):
         return out
     it = iter(range(len(tensors)))
@@ -78,7 +91,7 @@ def restrided(out: Any, strides: Sequence[Sequence[int] | None]) -> Any:
         if isinstance(x, torch.Tensor):
             i = next(it)
             want = strides[i] if i < len(strides) else None
-            if want is None or tuple(x.stride()) == tuple(want):
+            if want is None or same_strides(x.shape, x.stride(), want):
                 return x
             return torch.empty_strided(x.shape, tuple(want), dtype=x.dtype, device=x.device).copy_(x)
         if isinstance(x, (list, tuple)):

@@ -379,6 +379,8 @@ def report(doc: dict[str, Any]) -> str:
                 f"{k} {v['calls']} call(s), {v['inputs_copied']} in, {v['outputs_copied']} out"
                 + (f", {v['inputs_computed']} computed into place" if v.get("inputs_computed") else "")
                 + (f", {v['inputs_as_held']} as held" if v.get("inputs_as_held") else "")
+                + (" (not passed as held: " + "; ".join(f"{w} ×{n}" for w, n in v["held_declined"].items()) + ")"
+                   if v.get("held_declined") else "")
                 for k, v in r["layout_copies"].items()))
         if "compiled_first" in r:
             lines.append(f"\n{mode}: compiled {r['compiled_first']} first; the cast's pattern pass took "

@@ -371,3 +371,25 @@ def test_in_compiled_code_a_held_input_reaches_pytorchs_kernel_contiguous_and_it
         assert cpp_router.stats(ext, "kforge_cpp_held_test::scale", "CPU")["misses"] == 3
     finally:
         cpp_router.uninstall(ext, "kforge_cpp_held_test::scale", "CPU")
+
+
+def test_in_compiled_code_a_held_calls_output_differing_only_at_a_size_one_dim_is_not_copied(ext):
+    """router.cpp compares a held call's output strides as compiled code's assert_size_stride does: a size-1
+    dim's stride aside. torch 2.11's meta GroupNorm gives stride C at the batch dim of a [1, C, H, W] output
+    where the kernel's has C·H·W; that is no reason for another pass over the output."""
+    op = torch.ops.kforge_cpp_held_test.scale.default
+    x = torch.randn(1, 8, 6, 6)
+    cl = x.contiguous(memory_format=torch.channels_last)
+    other = torch.randn(2, 8, 6, 6)
+    plan = _plan(ext, op, (other,), [other])
+    cpp_router.install(ext, "kforge_cpp_held_test::scale", "CPU", [plan],
+                       [((1, 8, 6, 6), tuple(cl.stride()), ((999, 36, 6, 1), ))])  # contiguous, but dim 0
+    try:
+        ext.set_target(cpp_router.TARGET_BITS.index("compile"))
+        try:
+            got = op(cl)
+        finally:
+            ext.set_target(-1)
+        assert got.stride() == (288, 36, 6, 1) and torch.equal(got, x * 2)  # as the kernel returned it
+    finally:
+        cpp_router.uninstall(ext, "kforge_cpp_held_test::scale", "CPU")

@@ -382,32 +382,41 @@ _HELD_LIB.define("scale(Tensor x) -> Tensor")
 _HELD_LIB.impl("scale", lambda x: x.contiguous() * 2, "CPU")
 torch.library.register_fake("kforge_held_test::scale", lambda x: torch.empty_like(x), lib=_HELD_LIB)
 SCALE = torch.ops.kforge_held_test.scale.default
+# The same, with the meta kernel's output stride at a [1, C, H, W] batch dim C, not C·H·W: torch 2.11's meta
+# GroupNorm does so for a channels-last input (H200, 2026-12-03f), a size-1 dim's stride that compiled code's
+# assertions never look at.
+_HELD_LIB.define("scale_n1(Tensor x) -> Tensor")
+_HELD_LIB.impl("scale_n1", lambda x: x.contiguous() * 2, "CPU")
+torch.library.register_fake("kforge_held_test::scale_n1",
+                            lambda x: torch.empty_strided(x.shape, (x.shape[1], *x.stride()[1:])), lib=_HELD_LIB)
+SCALE_N1 = torch.ops.kforge_held_test.scale_n1.default
 
 
 @pytest.fixture
 def scale_decomposed(monkeypatch):
-    """SCALE with a decomposition in Inductor's table, as the ATen ops a cast covers have (compose takes over
-    those): the meta/kernel disagreement above, with nothing else of GroupNorm."""
+    """SCALE (and SCALE_N1) with a decomposition in Inductor's table, as the ATen ops a cast covers have
+    (compose takes over those): the meta/kernel disagreement above, with nothing else of GroupNorm."""
     from torch._inductor import decomposition as D
 
     monkeypatch.setitem(D.decompositions, SCALE, lambda x: x * 2)
+    monkeypatch.setitem(D.decompositions, SCALE_N1, lambda x: x * 2)
 
 
 class _ConvScale(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, op=SCALE):
         super().__init__()
-        self.conv = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.conv, self.op = torch.nn.Conv2d(8, 8, 3, padding=1), op
 
     def forward(self, x):
-        return SCALE(self.conv(x)) + 1
+        return self.op(self.conv(x)) + 1
 
 
-def _scale_cast(cl: torch.Tensor, channels_last_out: bool) -> OpCast:
+def _scale_cast(cl: torch.Tensor, channels_last_out: bool, op=SCALE) -> OpCast:
     """A variant of SCALE for the channels-last input `cl`, returning PyTorch's kernel's output (contiguous)
     or that output in the meta kernel's layout (channels-last), and recorded as returning those strides."""
     from engine.cast import runtime
 
-    owner = OpCast(SCALE, [cl])
+    owner = OpCast(op, [cl])
     if channels_last_out:
         inner = owner.plan._fn
 
@@ -434,6 +443,31 @@ def test_a_variant_returning_other_strides_than_compiled_code_asserts_for_a_held
     copies = _copies_then_removed(_ConvScale().eval(), x, owner)
     row = copies["kforge_held_test.scale.default"]
     assert (row["calls"], row["inputs_copied"], row.get("inputs_as_held", 0)) == (1, 1, 0), row
+    # the record says why the variant proven for the held layout was not passed it
+    (why, n), = row["held_declined"].items()
+    assert n == 1 and why == "variant returns [(288, 36, 6, 1)], compiled code asserts [(288, 1, 48, 8)]", why
+    assert "was not passed it (variant returns" in compose.describe_layout_copies(copies)
+
+
+def test_a_held_inputs_outputs_that_differ_from_the_meta_kernels_only_at_a_size_one_dim_agree(
+        tmp_path, monkeypatch, scale_decomposed):
+    """The variant returns the held channels-last layout (288, 1, 48, 8); the meta kernel gives (8, 1, 48, 8),
+    the same layout (dim 0 has size 1) and what compiled code's assertions accept: the input is passed as held
+    and the variant hits. (On the H200 the exact comparison declined the GroupNorm twin so, 2026-12-03f.)"""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 6, 6)
+    cl = x.contiguous(memory_format=torch.channels_last)
+    owner = _scale_cast(cl, channels_last_out=True, op=SCALE_N1)
+    try:
+        copies = _compiled_copies(_ConvScale(SCALE_N1).eval(), x, owner)
+        assert owner.plan.hits == 1
+    finally:
+        owner.remove()
+        torch._dynamo.reset()
+    row = copies["kforge_held_test.scale_n1.default"]
+    assert (row["calls"], row["inputs_copied"], row.get("inputs_as_held")) == (1, 0, 1), row
+    assert "held_declined" not in row
 
 
 def test_a_held_input_gets_the_outputs_compiled_code_asserts_from_the_variant_and_from_pytorchs_kernel(

@@ -5,7 +5,7 @@ import collections
 
 import torch
 
-from engine.ops import meta_output_strides, restrided
+from engine.ops import meta_output_strides, restrided, same_strides
 
 
 def test_meta_output_strides_are_the_fake_tensors_and_nothing_runs():
@@ -35,3 +35,20 @@ def test_restrided_copies_only_the_tensors_whose_strides_differ_and_keeps_the_co
     pair = collections.namedtuple("pair", "a b")
     got = restrided(pair(x, x), [cl])
     assert type(got) is pair and got.a.stride() == cl and got.b is x
+
+
+def test_strides_compare_as_compiled_codes_assertions_do_a_size_one_dims_aside():
+    """torch 2.11's meta GroupNorm gives (C, 1, W·C, C) for a [1, C, H, W] channels-last input that Inductor
+    holds as (C·H·W, 1, W·C, C): the same layout, and compiled code's assert_size_stride accepts either."""
+    from torch._C._dynamo.guards import assert_size_stride
+
+    shape = (1, 128, 4, 4)
+    held, meta = (2048, 1, 512, 128), (128, 1, 512, 128)
+    assert same_strides(shape, held, meta)
+    assert_size_stride(torch.empty_strided(shape, meta), shape, held)  # what the comparison stands for
+    assert not same_strides(shape, held, (2048, 16, 4, 1))               # channels-last vs contiguous
+    assert not same_strides((2, 128, 4, 4), (2048, 1, 512, 128), (128, 1, 512, 128))  # the batch dim counts
+    assert same_strides((0, 3), (3, 1), (1, 5))                           # an empty tensor: any layout
+    assert not same_strides(shape, held, (1, 512, 128))                  # another rank
+    t = torch.empty_strided(shape, meta)
+    assert restrided(t, [held]) is t                                       # nothing to copy

@@ -80,7 +80,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from engine.cast import runtime
-from engine.ops import resolve_op, tensors_of
+from engine.ops import resolve_op, same_strides, tensors_of
 
 if TYPE_CHECKING:
     from engine.cast import patterns as chain_patterns
@@ -427,10 +427,10 @@ def _held_layout(x: Any) -> tuple | None:
         return None
 
 
-def _held_output_strides(fx_node: Any, held: tuple) -> tuple | None:
-    """The strides of the call's tensor outputs, by the op's meta kernel in the graph's fake mode, with its
-    first input in the `held` layout: what Inductor's fallback call for the op asserts when handed that input
-    (it asks the meta kernel, not the traced graph)."""
+def _held_outputs(fx_node: Any, held: tuple) -> tuple | None:
+    """(shape, strides) of the call's tensor outputs, by the op's meta kernel in the graph's fake mode, with
+    its first input in the `held` layout: what Inductor's fallback call for the op asserts when handed that
+    input (it asks the meta kernel, not the traced graph). None where the strides are symbolic."""
     from torch._guards import detect_fake_mode
 
     def val(a: Any) -> Any:
@@ -446,9 +446,15 @@ def _held_output_strides(fx_node: Any, held: tuple) -> tuple | None:
         args[0] = torch.empty_strided(shape, stride, dtype=dtype, device=args[0].device)
         out = fx_node.target(*args, **kwargs)
     try:
-        return tuple(tuple(int(s) for s in t.stride()) for t in tensors_of(out))
-    except TypeError:  # symbolic strides: never compared
+        return tuple((tuple(int(n) for n in t.shape), tuple(int(s) for s in t.stride())) for t in tensors_of(out))
+    except TypeError:  # symbolic sizes or strides: never compared
         return None
+
+
+def _outputs_agree(proven: tuple, asserted: tuple) -> bool:
+    """Whether a variant's proven output strides lay its outputs out as compiled code asserts them
+    (`asserted`: (shape, strides) per output; `engine.ops.same_strides`, a size-1 dim's stride aside)."""
+    return len(proven) == len(asserted) and all(same_strides(shape, p, a) for p, (shape, a) in zip(proven, asserted))
 
 
 def _traced_contiguous(fx_node: Any) -> bool:
@@ -469,25 +475,32 @@ def _recording_constraint(name: str, copies: dict, layouts: dict | None = None,
     its outputs copied into the asserted strides (`runtime.mark_held` is told of `op`, the ATen overload)."""
     from torch._inductor import lowering as L
 
-    def pass_as_held(fx_node: Any, args: tuple) -> tuple | None:
-        """The first input's held layout where a variant was proven for it and returns the strides compiled
-        code asserts of the call's outputs for that input (the op's meta kernel's, `_held_output_strides`:
+    def pass_as_held(fx_node: Any, args: tuple) -> tuple[tuple | None, str | None]:
+        """(the first input's held layout, None) where a variant was proven for it and returns the strides
+        compiled code asserts of the call's outputs for that input (the op's meta kernel's, `_held_outputs`:
         torch 2.11's CUDA GroupNorm gives a channels-last output for a channels-last input, where the graph
-        traced a contiguous one; H200, 2026-12-03e), else None. Never raises: a doubt means eager's strides,
-        as without a variant."""
+        traced a contiguous one; H200, 2026-12-03e), else (None, why: None where no variant was proven for
+        the layout). Never raises: a doubt means eager's strides, as without a variant."""
         try:
             held = _held_layout(args[0]) if args and layouts and _is_ir(args[0]) else None
             outs = layouts.get(held) if held is not None else None
-            if outs is None or not _traced_contiguous(fx_node) or outs != _held_output_strides(fx_node, held):
-                return None
+            if outs is None:
+                return None, None
+            if not _traced_contiguous(fx_node):
+                return None, "traced with a non-contiguous input"
+            asserted = _held_outputs(fx_node, held)
+            if asserted is None:
+                return None, "no concrete output strides from the meta kernel"
+            if not _outputs_agree(outs, asserted):
+                return None, f"variant returns {list(outs)}, compiled code asserts {[s for _, s in asserted]}"
             if op is not None:
-                runtime.mark_held(op, held[2], held[3], outs)
-            return held
-        except Exception:  # noqa: BLE001
-            return None
+                runtime.mark_held(op, held[2], held[3], tuple(s for _, s in asserted))
+            return held, None
+        except Exception as e:  # noqa: BLE001
+            return None, f"{type(e).__name__}: {e}"[:300]
 
     def constrain_and_count(fx_node: Any, *args: Any, **kwargs: Any) -> Any:
-        held = pass_as_held(fx_node, args)
+        held, declined = pass_as_held(fx_node, args)
         if held is not None:
             # the first argument left out of eager's strides: a non-IR stand-in is passed through untouched
             new_args, new_kwargs = L.constrain_to_fx_strides(fx_node, None, *args[1:], **kwargs)
@@ -499,6 +512,10 @@ def _recording_constraint(name: str, copies: dict, layouts: dict | None = None,
             row["calls"] += 1
             if held is not None:
                 row["inputs_as_held"] = row.get("inputs_as_held", 0) + 1
+            elif declined is not None:  # a variant was proven for the held layout: why it was not passed it
+                why = row.setdefault("held_declined", {})
+                if declined in why or len(why) < LAYOUTS_KEPT:
+                    why[declined] = why.get(declined, 0) + 1
             fx_args = list(fx_node.args) + [fx_node.kwargs.get(k) for k in kwargs]
             for old, new, fx_arg in zip([*args, *kwargs.values()], [*new_args, *new_kwargs.values()], fx_args):
                 if new is not old and _is_ir(old):
@@ -598,8 +615,10 @@ def describe_layout_copies(copies: dict[str, dict[str, Any]] | None) -> str | No
     outs = sum(v["outputs_copied"] for v in rows.values())
     calls = sum(v["calls"] for v in (copies or {}).values())
     first = next(c for v in rows.values() for c in v["conversions"] or ["?"])
+    declined = next((f"; {k} has a variant for the layout Inductor held but was not passed it ({w})"
+                     for k, v in rows.items() for w in v.get("held_declined") or ()), "")
     return (f"Inductor copied {ins} input(s) and {outs} output(s) of the cast's ops into another layout "
-            f"({calls} call(s) compiled; e.g. {first}): each copy is one more pass over its tensor")
+            f"({calls} call(s) compiled; e.g. {first}): each copy is one more pass over its tensor{declined}")
 
 
 def _put(d: dict, key: Any, value: Any) -> None:

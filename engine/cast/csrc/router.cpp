@@ -411,8 +411,19 @@ bool held_call(const c10::OperatorHandle& op, const c10::IValue& first, std::vec
   return false;
 }
 
-// The op's returns on the stack, each tensor whose strides differ from its entry in `outputs` copied into
-// those strides. Returns that are not all tensors (a tensor list) are left as they are.
+// Whether `strides` lay out a tensor of `sizes` as `want` does: equal at every dim of size > 1, as compiled
+// code's assert_size_stride compares them (engine.ops.same_strides); an empty tensor has any layout.
+bool same_strides(at::IntArrayRef sizes, at::IntArrayRef strides, const std::vector<int64_t>& want) {
+  if (strides.size() != want.size() || sizes.size() != want.size()) return false;
+  for (int64_t n : sizes)
+    if (n == 0) return true;
+  for (size_t d = 0; d < want.size(); ++d)
+    if (sizes[d] > 1 && strides[d] != want[d]) return false;
+  return true;
+}
+
+// The op's returns on the stack, each tensor whose strides differ from its entry in `outputs` (same_strides)
+// copied into those strides. Returns that are not all tensors (a tensor list) are left as they are.
 void restride_returns(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                       const std::vector<std::vector<int64_t>>& outputs) {
   size_t nret = op.schema().returns().size();
@@ -424,7 +435,8 @@ void restride_returns(const c10::OperatorHandle& op, torch::jit::Stack* stack,
     if (outputs[i].empty()) continue;
     auto& v = (*stack)[base + i];
     const at::Tensor t = v.toTensor();
-    if (!t.defined() || t.dim() != static_cast<int64_t>(outputs[i].size()) || t.strides().vec() == outputs[i])
+    if (!t.defined() || t.dim() != static_cast<int64_t>(outputs[i].size()) ||
+        same_strides(t.sizes(), t.strides(), outputs[i]))
       continue;
     at::Tensor r = at::empty_strided(t.sizes(), outputs[i], t.options());
     r.copy_(t);
