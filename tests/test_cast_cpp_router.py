@@ -72,6 +72,27 @@ def test_hits_run_the_plan_and_misses_run_pytorch(ext):
     assert cpp_router.stats(ext, "aten::native_batch_norm", "CPU") == {}
 
 
+def test_a_call_whose_strides_differ_only_at_a_size_one_dim_hits(ext):
+    """router.cpp's guard leaves a size-1 dim's stride out, as engine.cast.guard does: eager gives a [1, C, H, W]
+    channels-last tensor stride C at the batch dim, Inductor C·H·W, and kernels get data pointers only."""
+    op = torch.ops.aten.native_batch_norm.default
+    x = torch.randn(1, 8, 3, 3).contiguous(memory_format=torch.channels_last)
+    eager_like = torch.empty_strided(x.shape, (8, 1, 24, 8)).copy_(x)
+    w, b, rm, rv = torch.randn(8), torch.randn(8), torch.randn(8), torch.rand(8) + 0.5
+    rest = (w, b, rm, rv, False, 0.1, 1e-5)
+    eager = op(eager_like, *rest)
+    plan = _plan(ext, op, (eager_like, *rest), [eager[0], eager[1], eager[2]])
+    cpp_router.install(ext, "aten::native_batch_norm", "CPU", [plan])
+    try:
+        assert x.stride() == (72, 1, 24, 8)
+        op(x, *rest)                                           # the batch dim's stride differs: a hit
+        op(x.contiguous(), *rest)                              # contiguous: another layout, a miss
+        st = cpp_router.stats(ext, "aten::native_batch_norm", "CPU")
+        assert st["hits"] == [1] and st["misses"] == 1
+    finally:
+        cpp_router.uninstall(ext, "aten::native_batch_norm", "CPU")
+
+
 def test_a_second_install_of_the_same_op_is_refused(ext):
     op = torch.ops.aten.relu.default
     x = torch.randn(16)

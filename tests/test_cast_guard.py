@@ -95,6 +95,22 @@ def test_anything_different_is_a_miss(what):
     assert _live(GN, *b) != key
 
 
+def test_a_size_one_dims_stride_is_not_compared():
+    """Eager gives a [1, C, H, W] channels-last tensor stride C at the batch dim, Inductor C·H·W (SD3.5-Medium
+    under compile, H200 2026-12-03f: a GroupNorm -> SiLU pattern missed every call so). No element is addressed
+    through that stride (kernels get data pointers), so the key leaves it out; every other stride counts."""
+    a = _gn_args()
+    cl = a[0].contiguous(memory_format=torch.channels_last)
+    eager_like = torch.empty_strided(cl.shape, (64, 1, 512, 64), dtype=cl.dtype).copy_(cl)
+    assert cl.stride() == (4096, 1, 512, 64) and eager_like.stride() == (64, 1, 512, 64)
+    key = signature_key(layout_of(GN), _sig(GN, eager_like, *a[1:]), 0)
+    assert _live(GN, cl, *a[1:]) == key == key_function(layout_of(GN))([cl, *a[1:]])
+    assert _live(GN, a[0], *a[1:]) != key                                  # contiguous: another layout
+    b = torch.randn(2, 64, 8, 8, dtype=a[0].dtype).contiguous(memory_format=torch.channels_last)
+    odd = torch.empty_strided(b.shape, (64, 1, 512, 64), dtype=b.dtype)    # overlapping batches: not alike
+    assert _live(GN, odd, a[1], a[2], 2, 64, 64, 32, 1e-6) != _live(GN, b, a[1], a[2], 2, 64, 64, 32, 1e-6)
+
+
 def test_in_place_ops_key_includes_aliasing():
     op = torch.ops.aten.add_.Tensor
     x = torch.randn(16)

@@ -164,6 +164,27 @@ def test_groupnorm_then_silu_becomes_one_op_and_state_is_restored(fresh_dynamo):
     assert after == before and after["post_grad_custom_post_pass"] == id(None)
 
 
+def test_a_call_whose_strides_differ_only_at_a_size_one_dim_hits(fresh_dynamo):
+    """The card was captured on inputs whose size-1 dim has another stride than the compiled graph's (eager
+    gives a [1, C, H, W] channels-last tensor stride C at the batch dim, Inductor C·H·W: SD3.5-Medium's
+    GroupNorm -> SiLU pattern matched 4 times per forward under compile and missed every call so, H200
+    2026-12-03f). The same elements at the same offsets: a hit."""
+    model = Wrapped(Gate())
+    a, b = torch.randn(1, 8), torch.randn(1, 8)
+    a1, b1 = torch.randn(8, 1).t(), torch.randn(8, 1).t()   # [1, 8], strides (1, 1)
+    sig, plan = _card(model, (a1, b1), ["silu", "mul"])
+    assert sig["args"][0]["stride"] == [1, 1] and a.stride() == (8, 1)
+    cast = Cast("gate1")
+    fresh_dynamo.append(cast)
+    backend = compose.backend(cast, patterns=[(sig, plan)])
+    with torch.no_grad():
+        got = torch.compile(model, backend=backend)(a, b)
+    assert plan.hits == 1 and _ops_in(backend) == 1
+    torch.testing.assert_close(got, F.silu(a) * b)
+    op = P._TABLES[next(iter(backend.pattern_matches[0]))]
+    assert op.why_missed()["proven_for"] == ["float32[1, 8] s=[*, 1] a=16 d=-1; float32[1, 8] s=[*, 1] a=16 d=-1"]
+
+
 def test_an_uncovered_shape_matches_the_pattern_and_falls_back(fresh_dynamo):
     model = Wrapped(Gate())
     a, b = torch.randn(4, 8), torch.randn(4, 8)

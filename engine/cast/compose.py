@@ -457,6 +457,18 @@ def _outputs_agree(proven: tuple, asserted: tuple) -> bool:
     return len(proven) == len(asserted) and all(same_strides(shape, p, a) for p, (shape, a) in zip(proven, asserted))
 
 
+def _proven_for(layouts: dict, held: tuple) -> tuple | None:
+    """The output strides of the variant proven for the `held` (device type, dtype, shape, strides), a size-1
+    dim's stride aside (eager, Inductor and the guard keys disagree on it), or None."""
+    device, dtype, shape, stride = held
+    outs = layouts.get(held)
+    if outs is not None:
+        return outs
+    return next((o for (d, t, s, st), o in layouts.items()
+                 if o is not None and (d, t, tuple(s)) == (device, dtype, shape) and same_strides(shape, st, stride)),
+                None)
+
+
 def _traced_contiguous(fx_node: Any) -> bool:
     """Whether the graph was traced with the call's first input contiguous."""
     first = fx_node.args[0] if fx_node.args else None
@@ -483,7 +495,7 @@ def _recording_constraint(name: str, copies: dict, layouts: dict | None = None,
         the layout). Never raises: a doubt means eager's strides, as without a variant."""
         try:
             held = _held_layout(args[0]) if args and layouts and _is_ir(args[0]) else None
-            outs = layouts.get(held) if held is not None else None
+            outs = _proven_for(layouts, held) if held is not None else None
             if outs is None:
                 return None, None
             if not _traced_contiguous(fx_node):

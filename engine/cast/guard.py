@@ -1,7 +1,9 @@
 """The guard: a hashable key for the exact signature of a live call, equal to the key of the captured
 signature it matches. A dict lookup on it is the whole decision (O(1) in the number of variants).
 
-Per tensor the key holds dtype, shape, strides, the byte alignment of its data pointer (capped at 16,
+Per tensor the key holds dtype, shape, strides (a size-1 dim's as 0: it is never used to address an element,
+kernels get data pointers only, and eager, Inductor and meta kernels disagree on it: a [1, C, H, W]
+channels-last tensor has C or C·H·W there), the byte alignment of its data pointer (capped at 16,
 as cards record it), device index and the negative/conjugate view bits; per value argument its value
 (lists as tuples); for ops that write an argument, which arguments share storage. Coverage is never
 wider than what was proven: anything that differs is a miss, and a miss costs only speed.
@@ -82,11 +84,16 @@ def bind(layout: OpLayout, args: Sequence[Any], kwargs: dict[str, Any]) -> list[
     return out
 
 
+def key_strides(shape: Sequence[int], stride: Sequence[int]) -> tuple[int, ...]:
+    """The strides a guard key holds: a size-1 dim's as 0 (see the module docstring)."""
+    return tuple(stride) if 1 not in shape else tuple(0 if n == 1 else s for n, s in zip(shape, stride))
+
+
 def tensor_key(t: torch.Tensor) -> tuple:
-    """dtype, shape, strides, pointer alignment (≤ 16), device index, neg and conj bits."""
-    p = t.data_ptr()
-    return (t.dtype, t.shape, t.stride(), (p & -p) if p & 15 else 16, t.get_device(), t.is_neg(),
-            t.is_conj())
+    """dtype, shape, strides (`key_strides`), pointer alignment (≤ 16), device index, neg and conj bits."""
+    p, shape = t.data_ptr(), t.shape
+    return (t.dtype, shape, t.stride() if 1 not in shape else key_strides(shape, t.stride()),
+            (p & -p) if p & 15 else 16, t.get_device(), t.is_neg(), t.is_conj())
 
 
 def value_key(v: Any) -> Any:
@@ -119,9 +126,9 @@ def call_key(layout: OpLayout, bound: Sequence[Any]) -> tuple:
 
 def _tensor_key_or_value(v: Any, _tensor=torch.Tensor) -> Any:
     if isinstance(v, _tensor):
-        p = v.data_ptr()
-        return (v.dtype, v.shape, v.stride(), (p & -p) if p & 15 else 16, v.get_device(), v.is_neg(),
-                v.is_conj())
+        p, shape = v.data_ptr(), v.shape
+        return (v.dtype, shape, v.stride() if 1 not in shape else key_strides(shape, v.stride()),
+                (p & -p) if p & 15 else 16, v.get_device(), v.is_neg(), v.is_conj())
     return None if v is None else ("scalar", value_key(v))
 
 
@@ -165,7 +172,8 @@ def live_aliases(layout: OpLayout, bound: Sequence[Any]) -> tuple:
 
 def descriptor_key(d: dict[str, Any], device_index: int) -> tuple:
     """The key a live tensor matching descriptor `d` produces on device `device_index`."""
-    return (getattr(torch, d["dtype"]), tuple(d["shape"]), tuple(d["stride"]), int(d.get("align", 16)),
+    return (getattr(torch, d["dtype"]), tuple(d["shape"]), key_strides(d["shape"], d["stride"]),
+            int(d.get("align", 16)),
             -1 if d.get("device") == "cpu" else device_index, bool(d.get("neg")), bool(d.get("conj")))
 
 

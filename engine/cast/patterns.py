@@ -133,11 +133,13 @@ class PatternOp:
 
 
 def describe_key(key: tuple) -> str:
-    """One line per call: each input's dtype, shape, strides, pointer alignment and device index."""
+    """One line per call: each input's dtype, shape, strides (`*`: a size-1 dim's, which the guard does not
+    compare), pointer alignment and device index."""
     parts = []
     for k in key:
         dtype, shape, stride, align, dev = k[0], tuple(k[1]), tuple(k[2]), k[3], k[4]
-        parts.append(f"{str(dtype).replace('torch.', '')}{list(shape)} s={list(stride)} a={align} d={dev}")
+        strides = ", ".join("*" if n == 1 else str(x) for n, x in zip(shape, stride))
+        parts.append(f"{str(dtype).replace('torch.', '')}{list(shape)} s=[{strides}] a={align} d={dev}")
     return "; ".join(parts)
 
 
@@ -162,6 +164,7 @@ class BuiltPattern:
     devices: tuple[tuple[str, torch.dtype], ...]
     key: tuple = ()                    # the variant's entry in the op's guard table, and its plan
     plan: Any = None
+    first: tuple = ()                  # (shape, strides) of the card's first input, as captured
 
 
 @dataclass
@@ -248,11 +251,13 @@ class PatternSet:
         out: dict[Any, dict] = {}
         for bp in self.everything_built():
             targets = getattr(bp.plan, "targets", None)
-            if bp.plan is None or not bp.key or (target is not None and targets is not None and target not in targets):
+            if bp.plan is None or not bp.key or not bp.first or \
+                    (target is not None and targets is not None and target not in targets):
                 continue
-            dtype, shape, stride, _align, index = bp.key[0][:5]
-            out.setdefault(chain_op(bp.op.name), {})[("cpu" if index < 0 else "cuda", dtype, tuple(shape),
-                                                      tuple(stride))] = getattr(bp.plan, "output_strides", None)
+            dtype, index = bp.key[0][0], bp.key[0][4]   # the key's strides leave a size-1 dim's out
+            shape, stride = bp.first
+            out.setdefault(chain_op(bp.op.name), {})[("cpu" if index < 0 else "cuda", dtype, shape, stride)] = \
+                getattr(bp.plan, "output_strides", None)
         return out
 
     def ops(self) -> list[Any]:
@@ -473,7 +478,8 @@ def _build_one(card: PatternCard) -> list[BuiltPattern]:
             _register_op(name, pop, n_in, n_out)
     key = tuple(descriptor_key(a, 0) for a in sig["args"])
     devices = tuple((a["device"], getattr(torch, a["dtype"])) for a in sig["args"])
-    return [BuiltPattern(pop, s, x, devices, key, card.plan) for s, _, x in exprs]
+    first = (tuple(sig["args"][0]["shape"]), tuple(sig["args"][0]["stride"])) if sig["args"] else ()
+    return [BuiltPattern(pop, s, x, devices, key, card.plan, first) for s, _, x in exprs]
 
 
 def _register_op(name: str, pop: PatternOp, n_in: int, n_out: int) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from engine.cast.guard import OpLayout, bind, key_function, layout_of
+from engine.cast.guard import OpLayout, bind, key_function, key_strides, layout_of
 from engine.ops import resolve_op, restrided
 
 _LOCK = threading.RLock()
@@ -247,7 +247,8 @@ def mark_held(op: torch._ops.OpOverload, shape: tuple[int, ...], stride: tuple[i
     `outputs` (strides per tensor output, in return order) of what the call returns."""
     from engine.cast import cpp_router
 
-    key = (tuple(int(s) for s in shape), tuple(int(s) for s in stride))
+    shape = tuple(int(s) for s in shape)
+    key = (shape, key_strides(shape, [int(s) for s in stride]))   # a size-1 dim's stride left out, as guards do
     outs = None if outputs is None else tuple(None if o is None else tuple(int(s) for s in o) for o in outputs)
     with _LOCK:
         _HELD.setdefault(op, {})[key] = outs
@@ -260,7 +261,8 @@ def held_keys(op: torch._ops.OpOverload) -> list[tuple[tuple[int, ...], tuple[in
 
 
 def held(op: torch._ops.OpOverload) -> list[tuple[tuple[int, ...], tuple[int, ...], tuple | None]]:
-    """(shape, strides, output strides) of each first-tensor layout compiled code passes `op` as held."""
+    """(shape, strides, output strides) of each first-tensor layout compiled code passes `op` as held; the
+    strides as guard keys hold them (`engine.cast.guard.key_strides`: a size-1 dim's as 0)."""
     with _LOCK:
         return sorted(((shape, stride, outs) for (shape, stride), outs in _HELD.get(op, {}).items()),
                       key=lambda h: h[:2])
@@ -276,7 +278,8 @@ def _as_traced(op: torch._ops.OpOverload, args: tuple) -> tuple[tuple, tuple | N
     first = args[0]
     if isinstance(first, torch.Tensor) and not first.is_contiguous():
         per_op = _HELD.get(op, {})
-        key = (tuple(first.shape), tuple(first.stride()))
+        shape = tuple(first.shape)
+        key = (shape, key_strides(shape, first.stride()))
         if key in per_op:
             return (first.contiguous(), *args[1:]), per_op[key]
     return args, None

@@ -1,7 +1,7 @@
 // Kernel Forge guarded-dispatch router in C++: one boxed kernel per overridden ATen overload.
 //
-// A call's arguments are compared with each variant's exact signature (dtype, sizes, strides, data
-// alignment capped at 16 bytes, device index, neg/conj bits; values of non-tensor arguments). A hit
+// A call's arguments are compared with each variant's exact signature (dtype, sizes, strides but a size-1
+// dim's, data alignment capped at 16 bytes, device index, neg/conj bits; values of non-tensor arguments). A hit
 // allocates the outputs, writes the pointers into the kernel parameters and calls cuLaunchKernel on
 // the current CUDA stream, without entering Python. A miss calls the kernel that was registered before
 // ours (SafeKernelFunction::callBoxed). An op that writes an argument is routed here only if no two of its
@@ -176,6 +176,15 @@ struct CallPrint {
   }
 };
 
+// Strides as the guard compares them (engine.cast.guard.key_strides): a size-1 dim's is never used to address
+// an element (kernels get data pointers only) and eager, Inductor and meta kernels disagree on it.
+bool key_strides_equal(at::IntArrayRef sizes, at::IntArrayRef strides, const std::vector<int64_t>& want) {
+  if (strides.size() != want.size()) return false;
+  for (size_t d = 0; d < want.size(); ++d)
+    if (sizes[d] != 1 && strides[d] != want[d]) return false;
+  return true;
+}
+
 bool matches(const Plan& plan, c10::ArrayRef<c10::IValue> args) {
   if (args.size() != plan.args.size()) return false;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -189,8 +198,8 @@ bool matches(const Plan& plan, c10::ArrayRef<c10::IValue> args) {
         if (!v.isTensor()) return false;
         const auto& t = v.toTensor();
         if (!t.defined() || t.scalar_type() != d.dtype || t.sizes() != c10::IntArrayRef(d.sizes) ||
-            t.strides() != c10::IntArrayRef(d.strides) || t.get_device() != d.device || t.is_neg() != d.neg ||
-            t.is_conj() != d.conj || alignment(t.data_ptr()) != d.align)
+            !key_strides_equal(t.sizes(), t.strides(), d.strides) || t.get_device() != d.device ||
+            t.is_neg() != d.neg || t.is_conj() != d.conj || alignment(t.data_ptr()) != d.align)
           return false;
         break;
       }
@@ -404,7 +413,7 @@ bool held_call(const c10::OperatorHandle& op, const c10::IValue& first, std::vec
   auto it = g_held.find(name.name + "." + name.overload_name);
   if (it == g_held.end()) return false;
   for (const auto& h : it->second)
-    if (t.sizes().vec() == h.sizes && t.strides().vec() == h.strides) {
+    if (t.sizes() == c10::IntArrayRef(h.sizes) && key_strides_equal(t.sizes(), t.strides(), h.strides)) {
       *outputs = h.outputs;
       return true;
     }
