@@ -13,8 +13,8 @@ GPU clocks and an eager control, and every step's outcome.
 
 Models: resnet50, sd35_medium, gemma4_e2b, qwen35_a3b (configs/models) and sd35_vae, vit_b16, convnext_tiny,
 whisper_encoder, deeplabv3 (configs/examples). Every step writes its own files under OUT/MODEL and is skipped
-when they exist, so a model can take several sittings (a run cut short resumes with `kforge-tui run
---resume`). Workspaces (with their samples, tens of GB for SD3.5) live under --workspaces (default
+when they exist, so a model can take several sittings (a run cut short, or one whose wall time went to
+its capture and eager timing before any search, resumes with `kforge-tui run --resume`). Workspaces (with their samples, tens of GB for SD3.5) live under --workspaces (default
 /tmp/kforge-reproduce), not in OUT. --report-only refuses results of different code (their source digests
 differ) unless --allow-mixed-commits, which flags them. The end-to-end and compose steps take turns through a
 lock in OUT: they time whole forwards, often host-bound, and two at once on one host would slow each other.
@@ -247,6 +247,18 @@ def latest_run(ws: Path) -> dict | None:
         conn.close()
 
 
+def search_never_began(run_json: Path) -> str | None:
+    """Why a finished run evaluated nothing because its wall time was spent before the search began (its
+    capture and eager timing took it), else None (a run that searched, or had nothing to propose)."""
+    try:
+        r = json.loads(run_json.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(r, dict) or r.get("evaluations") != 0 or r.get("stopped_by") != "wall_time":
+        return None
+    return str(r.get("nothing_proposed") or "the run's wall time was spent before its search began")
+
+
 def source_digest() -> str:
     """sha256 over the code a sitting runs (engine/, kforge_tui/, scripts/, configs/): equal digests, equal code,
     also where the working tree travels without its git history (a device machine)."""
@@ -407,10 +419,22 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compil
     export_limit = MODEL_EXPORT_S.get(model) or STEP_LIMIT_S["export"] + EXPORT_S_PER_COMPILE_TARGET * max(
         0, sum(t.startswith("compile") for t in targets.split(",")) - 1)
     run_argv = [py, "-m", "kforge_tui", "run", "--no-tui", "--json", "--workspace", str(ws)]
-    run_argv += ["--resume", run["id"]] if run and run["status"] != "done" else [config_path(model)]
+    resume = run is not None and (run["status"] != "done" or rec.get("resume_run") == run["id"])
+    run_argv += ["--resume", run["id"]] if resume else [config_path(model)]
     run_argv += (["--wall-time", str(wall)] if wall else []) + (["--ops", ops] if ops else [])
     rc = do("run", d / "run.json", run_argv, (wall or 3600) + STEP_LIMIT_S["run"], stdout=d / "run.json")
-    if rc != 0:
+    unsearched = search_never_began(d / "run.json") if rc == 0 else None
+    if unsearched:
+        # Its capture and eager timing spent the wall time (sd35_medium at 240 s, H200 2026-12-03f): done, with
+        # nothing to export. Kept aside; the next sitting resumes the run, whose capture and timing are kept.
+        (d / "run.json").replace(d / "run.unsearched.json")
+        rec["resume_run"] = (latest_run(ws) or {}).get("id")
+        rec["steps"]["run"].update(status="partial", why=f"{unsearched}; the next sitting resumes it")
+        save()
+        log(f"{model}: the run's wall time was spent before its search; the next sitting resumes it")
+        for name in later:
+            not_run(name, "the run's wall time was spent before its search began")
+    elif rc != 0:
         log(f"{model}: the run did not finish; the next sitting resumes it")
         for name in later:
             not_run(name, "the run did not finish")

@@ -594,3 +594,57 @@ def test_an_export_stopped_part_way_is_resumed_by_the_next_sitting_not_taken_as_
     assert calls[0][1] == first  # the same command: it resumes from the workspace's checkpoints
     assert json.loads((d / rp.RECORD).read_text())["steps"]["export"]["status"] == "ok"
     assert (d / "sd35_vae.cast").exists() and not (d / "sd35_vae.partial.cast").exists()
+
+
+def test_a_run_whose_wall_time_went_to_capture_is_resumed_by_the_next_sitting(tmp_path, monkeypatch):
+    """sd35_medium with --wall-time 240 (H200, 2026-12-03f): capture, eager and reference timing took 241 s, the
+    run finished with nothing evaluated, and the next sitting's export failed on an empty run. Such a run is now
+    recorded as partial, with the run's own words, nothing after it runs, and the next sitting resumes it
+    (`run --resume`: its capture and timing are kept) before the export."""
+    rp = _reproduce_module()
+    out, calls = tmp_path / "out", []
+    d = out / "sd35_medium"
+    why = ("nothing proposed: of 152 card(s), 134 not-selected, 15 open, 3 declined; the --wall-time of 240 s was "
+           "spent before the search began (241 s on capture, eager and reference timing): give it more, e.g. "
+           "--wall-time 361")
+    runs = [{"status": "done", "stopped_by": "wall_time", "evaluations": 0, "nothing_proposed": why},
+            {"status": "done", "stopped_by": "wall_time", "evaluations": 42}]
+    latest = [None]
+
+    def fake_step(name, done, argv, log_file, stdout=None, timeout=None):
+        what = name.split(" ", 1)[1]
+        calls.append((what, argv))
+        if what == "run":
+            stdout.write_text(json.dumps(runs.pop(0)))
+            latest[0] = {"id": "run-97c45de75597", "status": "done"}
+        elif what == "export":
+            (d / "sd35_medium.cast").write_bytes(b"cast")
+            stdout.write_text('{"out": "sd35_medium.cast"}')
+        elif what == "e2e":
+            (d / "e2e").mkdir()
+            (d / "e2e" / "bench_e2e.md").write_text("# bench_e2e\n")
+        elif what == "compose":
+            (d / "compose").mkdir()
+            (d / "compose" / "bench_compose.json").write_text(json.dumps({"modes": dict.fromkeys(rp.COMPOSE_MODES, {})}))
+        return 0
+
+    monkeypatch.setattr(rp, "step", fake_step)
+    monkeypatch.setattr(rp, "sitting", lambda: dict(FAKE_SITTING))
+    monkeypatch.setattr(rp, "latest_run", lambda ws: latest[0])
+    rp.model_steps("sd35_medium", out, tmp_path / "ws", 240)
+    assert [what for what, _ in calls] == ["run"]
+    assert "--resume" not in calls[0][1] and "configs/models/sd35_medium.toml" in calls[0][1]  # a new run
+    rec = json.loads((d / rp.RECORD).read_text())
+    assert rec["steps"]["run"]["status"] == "partial"
+    assert rec["steps"]["run"]["why"] == why + "; the next sitting resumes it"
+    assert rec["steps"]["export"] == {"status": "not run", "sitting": 0,
+                                      "why": "the run's wall time was spent before its search began"}
+    assert not (d / "run.json").exists() and json.loads((d / "run.unsearched.json").read_text())["evaluations"] == 0
+
+    calls.clear()
+    rp.model_steps("sd35_medium", out, tmp_path / "ws", 240)
+    assert [what for what, _ in calls] == ["run", "export", "e2e", "compose"]
+    argv = calls[0][1]
+    assert argv[argv.index("--resume") + 1] == "run-97c45de75597" and "configs/models/sd35_medium.toml" not in argv
+    rec = json.loads((d / rp.RECORD).read_text())
+    assert rec["steps"]["run"]["status"] == "ok" and rec["steps"]["export"]["status"] == "ok"
