@@ -542,6 +542,16 @@ def test_sd35_mediums_long_export_waits_for_a_sitting_with_time_for_it(tmp_path,
     assert re.fullmatch(r"it needs about 150 s and the sitting's --deadline left \d+ s", rec["steps"]["export"]["why"])
 
 
+def _measured(rp, d, what):
+    """What bench_e2e ("e2e") and bench_compose ("compose") leave in a model's folder, for a fake step."""
+    if what == "e2e":
+        (d / "e2e").mkdir()
+        (d / "e2e" / "bench_e2e.md").write_text("# bench_e2e\n")
+    elif what == "compose":
+        (d / "compose").mkdir()
+        (d / "compose" / "bench_compose.json").write_text(json.dumps({"modes": dict.fromkeys(rp.COMPOSE_MODES, {})}))
+
+
 @pytest.mark.parametrize("stopped", ["timed out", "partial"])
 def test_an_export_stopped_part_way_is_resumed_by_the_next_sitting_not_taken_as_done(tmp_path, monkeypatch, stopped):
     """The VAE's four-target export was cut by its 270 s limit after some targets and kept nothing (H200,
@@ -561,12 +571,8 @@ def test_an_export_stopped_part_way_is_resumed_by_the_next_sitting_not_taken_as_
             if export_rc[0]:
                 return export_rc[0]
             stdout.write_text('{"out": "sd35_vae.cast"}')
-        elif what == "e2e":
-            (d / "e2e").mkdir()
-            (d / "e2e" / "bench_e2e.md").write_text("# bench_e2e\n")
-        elif what == "compose":
-            (d / "compose").mkdir()
-            (d / "compose" / "bench_compose.json").write_text(json.dumps({"modes": dict.fromkeys(rp.COMPOSE_MODES, {})}))
+        else:
+            _measured(rp, d, what)
         return 0
 
     monkeypatch.setattr(rp, "step", fake_step)
@@ -620,12 +626,8 @@ def test_a_run_whose_wall_time_went_to_capture_is_resumed_by_the_next_sitting(tm
         elif what == "export":
             (d / "sd35_medium.cast").write_bytes(b"cast")
             stdout.write_text('{"out": "sd35_medium.cast"}')
-        elif what == "e2e":
-            (d / "e2e").mkdir()
-            (d / "e2e" / "bench_e2e.md").write_text("# bench_e2e\n")
-        elif what == "compose":
-            (d / "compose").mkdir()
-            (d / "compose" / "bench_compose.json").write_text(json.dumps({"modes": dict.fromkeys(rp.COMPOSE_MODES, {})}))
+        else:
+            _measured(rp, d, what)
         return 0
 
     monkeypatch.setattr(rp, "step", fake_step)
