@@ -111,6 +111,19 @@ def test_a_size_one_dims_stride_is_not_compared():
     assert _live(GN, odd, a[1], a[2], 2, 64, 64, 32, 1e-6) != _live(GN, b, a[1], a[2], 2, 64, 64, 32, 1e-6)
 
 
+def test_key_strides_are_memoised_within_a_bound():
+    """A batch of one puts a size-1 dim in most live calls of an LLM: their canonical strides are memoised
+    (the guard runs on every call), and the memo stays bounded whatever shapes a model brings."""
+    from engine.cast import guard
+
+    t = torch.empty(1, 7, 16)
+    assert guard.key_strides(t.shape, t.stride()) == (0, 16, 1) == guard.key_strides((1, 7, 16), (5, 16, 1))
+    assert guard.key_strides((2, 7), (7, 1)) == (7, 1)
+    for n in range(guard._KEY_STRIDES_KEPT + 10):
+        guard.key_strides((1, n + 2), (n + 2, 1))
+    assert 0 < len(guard._KEY_STRIDES) <= guard._KEY_STRIDES_KEPT
+
+
 def test_in_place_ops_key_includes_aliasing():
     op = torch.ops.aten.add_.Tensor
     x = torch.randn(16)

@@ -84,16 +84,29 @@ def bind(layout: OpLayout, args: Sequence[Any], kwargs: dict[str, Any]) -> list[
     return out
 
 
+_KEY_STRIDES: dict[tuple, tuple[int, ...]] = {}  # (shape, strides) with a size-1 dim -> key_strides, memoised
+_KEY_STRIDES_KEPT = 4096
+
+
 def key_strides(shape: Sequence[int], stride: Sequence[int]) -> tuple[int, ...]:
-    """The strides a guard key holds: a size-1 dim's as 0 (see the module docstring)."""
-    return tuple(stride) if 1 not in shape else tuple(0 if n == 1 else s for n, s in zip(shape, stride))
+    """The strides a guard key holds: a size-1 dim's as 0 (see the module docstring). Hashable `shape` and
+    `stride` (torch.Size, tuples); memoised, since a batch of one puts a size-1 dim in most live calls."""
+    if 1 not in shape:
+        return tuple(stride)
+    k = (shape, stride)
+    out = _KEY_STRIDES.get(k)
+    if out is None:
+        if len(_KEY_STRIDES) >= _KEY_STRIDES_KEPT:
+            _KEY_STRIDES.clear()
+        out = _KEY_STRIDES[k] = tuple([0 if n == 1 else s for n, s in zip(shape, stride)])
+    return out
 
 
 def tensor_key(t: torch.Tensor) -> tuple:
     """dtype, shape, strides (`key_strides`), pointer alignment (≤ 16), device index, neg and conj bits."""
     p, shape = t.data_ptr(), t.shape
-    return (t.dtype, shape, t.stride() if 1 not in shape else key_strides(shape, t.stride()),
-            (p & -p) if p & 15 else 16, t.get_device(), t.is_neg(), t.is_conj())
+    return (t.dtype, shape, key_strides(shape, t.stride()), (p & -p) if p & 15 else 16, t.get_device(),
+            t.is_neg(), t.is_conj())
 
 
 def value_key(v: Any) -> Any:
@@ -127,8 +140,8 @@ def call_key(layout: OpLayout, bound: Sequence[Any]) -> tuple:
 def _tensor_key_or_value(v: Any, _tensor=torch.Tensor) -> Any:
     if isinstance(v, _tensor):
         p, shape = v.data_ptr(), v.shape
-        return (v.dtype, shape, v.stride() if 1 not in shape else key_strides(shape, v.stride()),
-                (p & -p) if p & 15 else 16, v.get_device(), v.is_neg(), v.is_conj())
+        return (v.dtype, shape, key_strides(shape, v.stride()), (p & -p) if p & 15 else 16, v.get_device(),
+                v.is_neg(), v.is_conj())
     return None if v is None else ("scalar", value_key(v))
 
 
@@ -172,8 +185,8 @@ def live_aliases(layout: OpLayout, bound: Sequence[Any]) -> tuple:
 
 def descriptor_key(d: dict[str, Any], device_index: int) -> tuple:
     """The key a live tensor matching descriptor `d` produces on device `device_index`."""
-    return (getattr(torch, d["dtype"]), tuple(d["shape"]), key_strides(d["shape"], d["stride"]),
-            int(d.get("align", 16)),
+    shape = tuple(d["shape"])
+    return (getattr(torch, d["dtype"]), shape, key_strides(shape, tuple(d["stride"])), int(d.get("align", 16)),
             -1 if d.get("device") == "cpu" else device_index, bool(d.get("neg")), bool(d.get("conj")))
 
 

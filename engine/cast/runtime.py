@@ -248,7 +248,7 @@ def mark_held(op: torch._ops.OpOverload, shape: tuple[int, ...], stride: tuple[i
     from engine.cast import cpp_router
 
     shape = tuple(int(s) for s in shape)
-    key = (shape, key_strides(shape, [int(s) for s in stride]))   # a size-1 dim's stride left out, as guards do
+    key = (shape, key_strides(shape, tuple(int(s) for s in stride)))   # a size-1 dim's stride as guards keep it
     outs = None if outputs is None else tuple(None if o is None else tuple(int(s) for s in o) for o in outputs)
     with _LOCK:
         _HELD.setdefault(op, {})[key] = outs

@@ -423,12 +423,10 @@ bool held_call(const c10::OperatorHandle& op, const c10::IValue& first, std::vec
 // Whether `strides` lay out a tensor of `sizes` as `want` does: equal at every dim of size > 1, as compiled
 // code's assert_size_stride compares them (engine.ops.same_strides); an empty tensor has any layout.
 bool same_strides(at::IntArrayRef sizes, at::IntArrayRef strides, const std::vector<int64_t>& want) {
-  if (strides.size() != want.size() || sizes.size() != want.size()) return false;
+  if (sizes.size() != want.size()) return false;
   for (int64_t n : sizes)
     if (n == 0) return true;
-  for (size_t d = 0; d < want.size(); ++d)
-    if (sizes[d] > 1 && strides[d] != want[d]) return false;
-  return true;
+  return key_strides_equal(sizes, strides, want);
 }
 
 // The op's returns on the stack, each tensor whose strides differ from its entry in `outputs` (same_strides)
