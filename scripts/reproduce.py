@@ -247,6 +247,39 @@ def latest_run(ws: Path) -> dict | None:
         conn.close()
 
 
+BANDWIDTH_BYTES = 32e6  # issue 21: memory-bound builtin kernels on tensors of at least 32 MB ...
+BANDWIDTH_TARGET = 0.90  # ... reach 90 % of the bandwidth of the lane's own copy of the same bytes
+
+
+def matmul_tflops(rec: dict | None) -> float | None:
+    """The median bf16 8192² matmul rate (TFLOP/s) of a model's sittings (their control), None if none."""
+    rates = sorted(s["control"]["matmul_tflops"] for s in (rec or {}).get("sittings", [])
+                   if isinstance(s.get("control"), dict) and s["control"].get("matmul_tflops"))
+    return rates[len(rates) // 2] if rates else None
+
+
+def bandwidth_target(won_rows: list[tuple], is_compute_op: Callable[[str], bool]) -> list[str]:
+    """The report's section on issue 21's bandwidth target: every memory-bound card won by a builtin kernel
+    whose bytes are at least BANDWIDTH_BYTES, with its kernel's bandwidth as a fraction of the lane's copy of
+    the same bytes (copy µs / kernel µs)."""
+    rows = [(model, card, best) for model, card, best, *_ in won_rows
+            if best.get("proposer") == "builtin" and not is_compute_op(card["op"])
+            and (card.get("bytes") or 0) >= BANDWIDTH_BYTES and card.get("copy_us")]
+    head = [f"## Memory-bound builtin kernels on ≥ {BANDWIDTH_BYTES / 1e6:.0f} MB (target: ≥ "
+            f"{100 * BANDWIDTH_TARGET:.0f} % of the lane's copy bandwidth)", ""]
+    if not rows:
+        return ["", *head, "No card qualifies (a won card of a builtin kernel with its bytes and the lane's copy "
+                "of them timed)."]
+    met = sum(card["copy_us"] / best["best_us"] >= BANDWIDTH_TARGET for _, card, best in rows)
+    lines = ["", *head, f"{met} of {len(rows)} reach it.", "",
+             "| model | op | signature | MB | copy µs | kernel µs | of copy bandwidth |", "|---|---|---|---:|---:|---:|---:|"]
+    for model, card, best in sorted(rows, key=lambda r: r[2]["best_us"] and -r[1]["copy_us"] / r[2]["best_us"]):
+        sig = (card.get("signature_text") or card["card_id"])[:60]
+        lines.append(f"| {model} | `{card['op']}` | {sig} | {card['bytes'] / 1e6:.0f} | {card['copy_us']:.1f} | "
+                     f"{best['best_us']:.1f} | {100 * card['copy_us'] / best['best_us']:.0f} % |")
+    return lines
+
+
 def search_never_began(run_json: Path) -> str | None:
     """Why a finished run evaluated nothing because its wall time was spent before the search began (its
     capture and eager timing took it), else None (a run that searched, or had nothing to propose)."""
@@ -851,6 +884,7 @@ def report(out: Path, models: list[str], allow_mixed: bool = False) -> str:
     """The Markdown report of OUT's per-model results; raises MixedRuns when they come from different code
     (unless allow_mixed, which flags it at the top)."""
     sys.path.insert(0, str(ROOT))
+    from engine.bench.floor import card_flops, is_compute_op
     from engine.capture.twins import call_key
     from engine.outcomes import faster_with_confidence
 
@@ -881,6 +915,7 @@ def report(out: Path, models: list[str], allow_mixed: bool = False) -> str:
         compile_doc = _load(d / "compile.json") or {}
         comp = {o["card_id"]: o for o in compile_doc.get("ops", [])}
         in_cast_ids = _cast_cards(d / f"{model}.cast")
+        tflops = matmul_tflops(_load(d / RECORD))
         covered, counted = 0.0, set()
         for cid, cands in facts["candidates"].items():
             card = facts["cards"][cid]
@@ -896,8 +931,12 @@ def report(out: Path, models: list[str], allow_mixed: bool = False) -> str:
                 counted.add(key)
                 covered += card["share"] or 0.0
             roof = card.get("roofline_us")
+            sig = card.get("signature")
+            sig = json.loads(sig) if isinstance(sig, str) else sig
+            flops = card_flops(card["op"], sig) if is_compute_op(card["op"]) and isinstance(sig, dict) else None
+            of_peak = 100 * flops / (best["best_us"] * 1e-6) / (tflops * 1e12) if flops and tflops else None
             won_rows.append((model, card, best, comp.get(cid, {}), len(cands), in_cast_ids.get(cid),
-                             100 * roof / best["best_us"] if roof else None))
+                             100 * roof / best["best_us"] if roof else None, of_peak))
         covered_by[model] = covered
         # bench_compile_ops' whole-model torch.compile (--compile-ops, or results from before bench_compose),
         # beside the eager time of its own measurement.
@@ -933,9 +972,9 @@ def report(out: Path, models: list[str], allow_mixed: bool = False) -> str:
         lines += ["", "Without run facts (no per-card tables):"] + missing
     lines += ["", "## Every card a kernel won (CI lower bound > 1 in the run)", "",
               "| model | op | signature | calls | share | eager µs | torch.compile µs | Kernel Forge µs (95 % CI of "
-              "speedup) | % of roofline | % of copy | in cast (category) | candidates |",
-              "|---|---|---|---:|---:|---:|---:|---|---:|---:|---|---:|"]
-    for model, card, best, comp, n, in_cast, roof in won_rows:
+              "speedup) | % of roofline | % of copy | % of matmul peak | in cast (category) | candidates |",
+              "|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|---:|"]
+    for model, card, best, comp, n, in_cast, roof, of_peak in won_rows:
         sig = card.get("signature_text") or ""
         if not sig:
             try:
@@ -954,7 +993,11 @@ def report(out: Path, models: list[str], allow_mixed: bool = False) -> str:
         lines.append(f"| {model} | `{card['op']}` | {sig} | {card['calls']:g} | {100 * (card['share'] or 0):.1f} % | "
                      f"{_f(card.get('eager_us'))} | {_f(compiled)} | {best['best_us']:.1f} "
                      f"({best['speedup']:.2f}×, {best['speedup_low']:.2f}–{best['speedup_high']:.2f}) | "
-                     f"{_f(roof, '.0f')} | {of_copy} | {in_cast or 'no'} | {n} |")
+                     f"{_f(roof, '.0f')} | {of_copy} | {_f(of_peak, '.0f')} | {in_cast or 'no'} | {n} |")
+    lines += ["", "% of roofline: the card's bytes at the lane's copy bandwidth, over the kernel's time; % of copy: the "
+              "kernel's time over the lane's own copy of the same bytes (100: as fast as that copy); % of matmul peak "
+              "(compute-bound ops): the kernel's FLOP rate over the sitting's bf16 8192² matmul (its control)."]
+    lines += bandwidth_target(won_rows, is_compute_op)
     lines += ["", "## Harness", "", "| model | evaluations | candidates / min | median compile ms (uncached) | "
               "median time to first verified kernel per card | LLM tokens and cost | run stopped by |",
               "|---|---:|---:|---:|---:|---|---|"] + harness

@@ -650,3 +650,40 @@ def test_a_run_whose_wall_time_went_to_capture_is_resumed_by_the_next_sitting(tm
     assert argv[argv.index("--resume") + 1] == "run-97c45de75597" and "configs/models/sd35_medium.toml" not in argv
     rec = json.loads((d / rp.RECORD).read_text())
     assert rec["steps"]["run"]["status"] == "ok" and rec["steps"]["export"]["status"] == "ok"
+
+
+def test_the_report_rates_compute_bound_cards_against_the_matmul_and_checks_the_bandwidth_target(tmp_path):
+    """Issue 21: a compute-bound card's kernel against the sitting's own bf16 matmul (its control), and every
+    memory-bound builtin kernel on at least 32 MB against 90 % of the lane's copy of the same bytes, with the
+    count that reach it. Fake numbers written by the test."""
+    reproduce = load_script("reproduce")
+    d = tmp_path / "resnet50"
+    d.mkdir()
+    reproduce.write_facts(DEMO_DB, d / reproduce.FACTS)
+    facts = json.loads((d / reproduce.FACTS).read_text())
+    mm_sig = {"op": "aten::mm", "args": [
+        {"name": n, "kind": "tensor", "dtype": "bfloat16", "shape": [4096, 4096], "stride": [4096, 1]}
+        for n in ("self", "mat2")]}   # 2·4096³ = 137.4 GFLOP
+    cards = {"mm": ("aten::mm", mm_sig, 1e6, None, 250.0),                 # 550 TFLOP/s: 50 % of 1099.5
+             "big": ("aten::add.Tensor", {}, 100e6, 30.0, 32.0),            # 94 % of copy bandwidth
+             "slow": ("aten::mul.Tensor", {}, 64e6, 20.0, 25.0),            # 80 %
+             "small": ("aten::relu", {}, 1e6, 1.0, 2.0)}                    # under 32 MB: not counted
+    for cid, (op, sig, nbytes, copy_us, best_us) in cards.items():
+        facts["cards"][cid] = {"card_id": cid, "op": op, "signature": sig, "signature_text": cid, "calls": 1,
+                               "share": 0.01, "bytes": nbytes, "copy_us": copy_us, "eager_us": 4 * best_us}
+        facts["candidates"][cid] = [{"id": f"c-{cid}", "card_id": cid, "status": "verified", "proposer": "builtin",
+                                     "best_us": best_us, "eager_us": 4 * best_us, "speedup": 4.0,
+                                     "speedup_low": 3.9, "speedup_high": 4.1}]
+    (d / reproduce.FACTS).write_text(json.dumps(facts))
+    (d / reproduce.RECORD).write_text(json.dumps({"model": "resnet50", "steps": {}, "sittings": [FAKE_SITTING]}))
+    text = reproduce.report(tmp_path, ["resnet50"])
+    table = text.split("## Every card a kernel won", 1)[1].split("\n## ", 1)[0]
+    rows = {ln.split(" | ")[1].strip("`"): ln for ln in table.splitlines() if ln.startswith("| resnet50 | `aten::")}
+    assert rows["aten::mm"].split(" | ")[10] == "50"        # % of matmul peak
+    assert rows["aten::add.Tensor"].split(" | ")[10] == "–"  # memory-bound: no FLOP rate
+    section = text.split("## Memory-bound builtin kernels on ≥ 32 MB (target: ≥ 90 % of the lane's copy "
+                         "bandwidth)", 1)[1]
+    assert section.lstrip().startswith("1 of 2 reach it.")
+    assert "| resnet50 | `aten::add.Tensor` | big | 100 | 30.0 | 32.0 | 94 % |" in section
+    assert "| resnet50 | `aten::mul.Tensor` | slow | 64 | 20.0 | 25.0 | 80 % |" in section
+    assert "small" not in section.split("##", 1)[0]
