@@ -365,17 +365,25 @@ _HELD_LIB.impl("scale", _scale_kernel, "CPU")
 torch.library.register_fake("kforge_cpp_held_test::scale", lambda x: torch.empty_like(x), lib=_HELD_LIB)
 
 
-def test_in_compiled_code_a_held_input_reaches_pytorchs_kernel_contiguous_and_its_output_gets_the_held_strides(ext):
+# The router's held table outlives an uninstall (as runtime's does): the key-stride form goes first, alone.
+@pytest.mark.parametrize("held_as", ["as runtime.held gives it", "exact"])
+def test_in_compiled_code_a_held_input_reaches_pytorchs_kernel_contiguous_and_its_output_gets_the_held_strides(
+        ext, held_as):
     """router.cpp: a call of compiled code with a held first input that goes to PyTorch's kernel (here a miss)
     hands the kernel that input made contiguous, and copies the kernel's output into the strides compiled code
-    asserts. Eager calls, and layouts not held, are left as they are."""
+    asserts. Eager calls, and layouts not held, are left as they are. The held layout is matched a size-1 dim's
+    stride aside: runtime.held gives it as guard keys hold it (0 there), the call brings C·H·W."""
+    from engine.cast.guard import key_strides
+
     op = torch.ops.kforge_cpp_held_test.scale.default
     x = torch.randn(1, 8, 6, 6)
     cl = x.contiguous(memory_format=torch.channels_last)
     other = torch.randn(2, 8, 6, 6)
     plan = _plan(ext, op, (other,), [other])  # a variant for another shape: every call below misses
+    held = tuple(cl.stride()) if held_as == "exact" else key_strides((1, 8, 6, 6), cl.stride())
+    assert held_as == "exact" or held == (0, 1, 48, 8)
     cpp_router.install(ext, "kforge_cpp_held_test::scale", "CPU", [plan],
-                       [((1, 8, 6, 6), tuple(cl.stride()), (tuple(cl.stride()),))])
+                       [((1, 8, 6, 6), held, (tuple(cl.stride()),))])
     try:
         _SEEN.clear()
         assert op(cl).is_contiguous() and _SEEN == [tuple(cl.stride())]  # eager: as called, as returned
