@@ -478,8 +478,8 @@ void set_held(const std::string& name, const std::string& overload, std::vector<
   const auto& on = op.operator_name();
   std::lock_guard<std::mutex> g(g_held_mutex);
   auto& entries = g_held[on.name + "." + on.overload_name];
-  for (auto& h : entries)
-    if (h.sizes == sizes && h.strides == strides) {
+  for (auto& h : entries)  // one entry per layout, a size-1 dim's stride aside (as held_call matches them)
+    if (h.sizes == sizes && key_strides_equal(sizes, strides, h.strides)) {
       h.outputs = std::move(outputs);
       g_any_held = true;
       return;
