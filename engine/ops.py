@@ -65,16 +65,36 @@ def meta_output_strides(op: torch._ops.OpOverload, bound: Sequence[tuple[str, An
     return [tuple(t.stride()) for t in tensors_of(out)]
 
 
+_KEY_STRIDES: dict[tuple, tuple[int, ...]] = {}  # (shape, strides) with a size-1 dim -> key_strides, memoised
+_KEY_STRIDES_KEPT = 4096
+
+
+def key_strides(shape: Sequence[int], stride: Sequence[int]) -> tuple[int, ...]:
+    """The strides with a size-1 dim's as 0: no element is addressed through it, and eager, Inductor and meta
+    kernels disagree on it (a [1, C, H, W] channels-last tensor has C or C·H·W there). What guard keys hold
+    (engine.cast.guard) and what `same_strides` compares. Hashable `shape` and `stride` (torch.Size,
+    tuples); memoised, since a batch of one puts a size-1 dim in most live calls a guard sees."""
+    if 1 not in shape:
+        return tuple(stride)
+    k = (shape, stride)
+    out = _KEY_STRIDES.get(k)
+    if out is None:
+        if len(_KEY_STRIDES) >= _KEY_STRIDES_KEPT:
+            _KEY_STRIDES.clear()
+        out = _KEY_STRIDES[k] = tuple([0 if n == 1 else s for n, s in zip(shape, stride)])
+    return out
+
+
 def same_strides(shape: Sequence[int], a: Sequence[int] | None, b: Sequence[int] | None) -> bool:
-    """Whether two strides lay out a tensor of `shape` alike: equal at every dim of size > 1 (a size-1 dim's
-    stride is never used, and PyTorch's meta kernels and Inductor's layouts disagree on it: torch 2.11's meta
-    GroupNorm gives (128, 1, ...) for a [1, 128, H, W] channels-last input that Inductor holds as
-    (128·H·W, 1, ...)), or the tensor is empty. What compiled code's `assert_size_stride` checks."""
+    """Whether two strides lay out a tensor of `shape` alike: equal `key_strides` (torch 2.11's meta GroupNorm
+    gives (128, 1, ...) for a [1, 128, H, W] channels-last input that Inductor holds as (128·H·W, 1, ...)), or
+    the tensor is empty. What compiled code's `assert_size_stride` checks."""
     if a is None or b is None or len(a) != len(shape) or len(b) != len(shape):
         return a is None and b is None
-    if any(int(n) == 0 for n in shape):
+    shape = tuple(int(n) for n in shape)
+    if 0 in shape:
         return True
-    return all(int(n) <= 1 or int(x) == int(y) for n, x, y in zip(shape, a, b))
+    return key_strides(shape, tuple(int(x) for x in a)) == key_strides(shape, tuple(int(y) for y in b))
 
 
 def restrided(out: Any, strides: Sequence[Sequence[int] | None]) -> Any:

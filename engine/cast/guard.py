@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from engine.ops import key_strides
+
 _MISSING = object()
 
 
@@ -81,24 +83,6 @@ def bind(layout: OpLayout, args: Sequence[Any], kwargs: dict[str, Any]) -> list[
             if v is _MISSING:
                 v = None
         out.append(v)
-    return out
-
-
-_KEY_STRIDES: dict[tuple, tuple[int, ...]] = {}  # (shape, strides) with a size-1 dim -> key_strides, memoised
-_KEY_STRIDES_KEPT = 4096
-
-
-def key_strides(shape: Sequence[int], stride: Sequence[int]) -> tuple[int, ...]:
-    """The strides a guard key holds: a size-1 dim's as 0 (see the module docstring). Hashable `shape` and
-    `stride` (torch.Size, tuples); memoised, since a batch of one puts a size-1 dim in most live calls."""
-    if 1 not in shape:
-        return tuple(stride)
-    k = (shape, stride)
-    out = _KEY_STRIDES.get(k)
-    if out is None:
-        if len(_KEY_STRIDES) >= _KEY_STRIDES_KEPT:
-            _KEY_STRIDES.clear()
-        out = _KEY_STRIDES[k] = tuple([0 if n == 1 else s for n, s in zip(shape, stride)])
     return out
 
 
