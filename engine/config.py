@@ -57,7 +57,7 @@ class ModelConfig:
     raw: Mapping[str, Any] = field(default_factory=dict)
     # Channels-last twins of GroupNorm cards (engine.capture.twins): "auto", True or False. Off by default
     # until their path under compile has passed on the GPU (docs/compile.md, "Layouts: channels-last twins")
-    layout_twins: Any = False
+    layout_twins: Any = "auto"
     run: Mapping[str, Any] = field(default_factory=dict)  # the [run] table, validated (RUN_KEYS)
     builder_file: Path | None = None  # the builder's module source, part of `sha256`; None if not a file
 
@@ -149,7 +149,7 @@ def load_config(path: str | Path, *, small: bool = False) -> ModelConfig:
         dtypes=dict(dtypes), multiplicity=dict(mult), samples=cap.get("samples", 3),
         sample_budget_mb=cap.get("sample_budget_mb", 256),
         total_sample_budget_mb=cap.get("total_sample_budget_mb", 8192), raw=raw, run=run,
-        builder_file=builder_file, layout_twins=cap.get("layout_twins", False),
+        builder_file=builder_file, layout_twins=cap.get("layout_twins", "auto"),
     )
 
 

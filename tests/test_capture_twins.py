@@ -117,8 +117,8 @@ def test_which_captures_get_twins(tmp_path):
     ws.mkdir()
     result = capture_model(load_config(_config(tmp_path, 'layout_twins = "auto"')), torch.device("cpu"), ws)
     assert result.twins == {} and len(_gn(result.cards)) == 1  # auto on a CPU capture
-    # Off unless asked for, until their path under compile has passed on the GPU (docs/compile.md)
-    assert load_config(_config(tmp_path, "")).layout_twins is False
+    # "auto" unless the config says otherwise: their path under compile passed on the H200 (docs/compile.md)
+    assert load_config(_config(tmp_path, "")).layout_twins == "auto"
     with pytest.raises(UsageError, match=r'capture.layout_twins.*must be true, false or "auto"'):
         load_config(_config(tmp_path, 'layout_twins = "yes"'))
 

@@ -266,7 +266,7 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     if target.multiplicity:
         notes["multiplicity"] = ", ".join(f"{k}×{v}" for k, v in target.multiplicity.items())
     twins: dict[str, str] = {}
-    if twins_wanted(getattr(config, "layout_twins", False), device.type, cards):
+    if twins_wanted(getattr(config, "layout_twins", "auto"), device.type, cards):
         found = channels_last_twins(cards)
         if found:
             twins = {t.card_id: orig for orig, t in found.items()}

@@ -13,9 +13,9 @@ those strides of its outputs (torch 2.11's CUDA GroupNorm: a channels-last outpu
 eager is what PyTorch's kernel costs there: the input copied to contiguous (CUDA native_group_norm rejects a
 channels-last input), the op, the outputs copied into those strides (`engine.ops.eager_call`).
 
-Which captures get them: `[capture] layout_twins` in the model config: false (the default, until their path
-under compile has passed on the GPU), "auto" (a CUDA capture whose forward ran a convolution without a
-bias, see `wanted`) or true.
+Which captures get them: `[capture] layout_twins` in the model config: "auto" (the default: a CUDA capture
+whose forward ran a convolution without a bias, see `wanted`), true or false. Their path under compile
+passed on the H200 on 2026-12-03 (tests/test_layout_twins_gpu.py).
 """
 
 from __future__ import annotations
