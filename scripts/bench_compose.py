@@ -372,7 +372,9 @@ def report(doc: dict[str, Any]) -> str:
             lines.append(f"\n{mode}: pattern op {name} missed {why['misses']} call(s)"
                          f"{' and declined ' + str(why['target_declines']) + ' for their target' if why['target_declines'] else ''}"
                          f"; the calls brought {' | '.join(why['calls_brought']) or '–'}; proven for "
-                         f"{' | '.join(why['proven_for']) or 'nothing'}")
+                         f"{' | '.join(why['proven_for']) or 'nothing'}"
+                         + (f"; {why['size_declines']} match(es) of other sizes kept Inductor's code"
+                            if why.get("size_declines") else ""))
         copies = describe_layout_copies(r.get("layout_copies"))
         if copies:
             lines.append(f"\n{mode}: {copies}. Per op: " + "; ".join(

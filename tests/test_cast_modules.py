@@ -90,9 +90,9 @@ def cast(tmp_path):
         c.remove()
 
 
-def _eager(model, x):
+def _eager(model, *x):
     with torch.no_grad():
-        return model(x)
+        return model(*x)
 
 
 def test_chain_op_is_the_captures():
@@ -332,6 +332,42 @@ def test_under_torch_compile_the_module_card_is_a_pattern(model, cast):
     st = c.stats()
     assert st["patterns"] == {"rms": 6} and st["pattern_problems"] == {}
     assert all(st["modules"][p]["hits"] == 0 for p in PATHS)  # eager routes stayed out of the trace
+
+
+class _NormTwice(nn.Module):
+    """One RMSNorm on the card's sizes and on others: the chain's op graph twice in one compiled graph."""
+
+    def __init__(self, norm):
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, x, wide):
+        return self.norm(x), self.norm(wide)
+
+
+def test_a_match_of_sizes_no_variant_has_keeps_inductors_code(model, cast, tmp_path, monkeypatch):
+    """A chain's op graph recurs at other sizes (Gemma's RMSNorm: its q/k norms and its hidden-state norms).
+    A match no variant can serve ran the chain eagerly on every call instead of Inductor's fused code: Gemma
+    under torch.compile with one chain variant (2 of 28 matches its sizes) ran at 0.24x of torch.compile
+    alone on the H200. Only the card's sizes become its op; the other match is counted, left to Inductor."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # compiled here, not cached
+    x, wide = torch.randn(*X, dtype=torch.bfloat16), torch.randn(4, 5, 32, dtype=torch.bfloat16)
+    twice = _NormTwice(model.layers[0].norm1)
+    want = _eager(twice, x, wide)
+    c = cast()
+    c.pattern_set()
+    c.reset_stats()  # the op is shared by structure with the other tests' casts: count this test's calls
+    torch._dynamo.reset()
+    with torch.no_grad(), c.enabled(model):
+        got = c.compile(twice, dynamic=False)(x, wide)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=2e-2, atol=5e-2)  # Inductor's bf16 rounds elsewhere than eager
+    st = c.stats()
+    assert c.counting.calls == 1, "the card's own sizes no longer reach its plan"
+    assert sum(st["pattern_matches"].values()) == 1
+    (why,) = st["pattern_misses"].values()
+    assert why["misses"] == 0, f"a match of other sizes was replaced and missed at run time: {why}"
+    assert why["size_declines"] == 1
 
 
 # ---------------------------------------------------------------------- instances the capture did not see

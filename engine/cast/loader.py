@@ -231,7 +231,7 @@ class Cast:
             if d not in mine.setdefault(bp.op.name, []):
                 mine[bp.op.name].append(d)
         return {name: {**op.why_missed(), "proven_for": mine[name]} for name, op in ops.items()
-                if op.misses or op.target_declines}
+                if op.misses or op.target_declines or op.size_declines}
 
     def _pattern_matches(self) -> dict[str, int]:
         """Per pattern op: matches in the graphs compiled in this process (a graph from Inductor's cache is
@@ -301,7 +301,7 @@ class Cast:
                 route.near_keys = []
         if self._patterns is not None:
             for bp in self._patterns.everything_built():
-                bp.op.hits = bp.op.misses = bp.op.target_declines = 0
+                bp.op.hits = bp.op.misses = bp.op.target_declines = bp.op.size_declines = 0
                 bp.op.miss_keys = []
 
     # ---- install / remove --------------------------------------------------------------------------

@@ -17,9 +17,14 @@ From a chain signature (`engine.capture.chains.chain_signature`) this module bui
   its inputs (`engine.cast.guard.tensor_key`: dtype, shape, strides, alignment, device) in the table of
   the cast's variants for that pattern: a hit runs the variant, a miss runs `run_chain` (eager for the
   card) when the inputs have the card's shapes, else the pattern's own traced graph (exactly what the
-  compiled graph would have computed). The guard runs per call; the compile compares no sizes beyond the
-  pattern's literals.
-- the **check at compile time** (`extra_check`): the matched inputs' devices and dtypes are the card's.
+  compiled graph would have computed). The guard runs per call.
+- the **check at compile time** (`extra_check`): the matched inputs' devices and dtypes are the card's, and
+  where their sizes are concrete, some variant that may run under the compile's target was proven for
+  exactly those sizes. A chain's op graph recurs at other sizes (Gemma's RMSNorm: one structure for the
+  q/k norms and the hidden-state norms); a match no variant can serve would run the chain eagerly on every
+  call, in place of Inductor's fused code (Gemma under torch.compile: 0.24x with one variant covering 2 of
+  28 matches). Such a match keeps Inductor's code and is counted (`PatternOp.size_declines`). Symbolic
+  sizes are left to the runtime guard.
 
 A chain that cannot become a pattern (an in-place member, a random op, a trace that fails) is reported
 in `PatternSet.problems`, and each compile records how many times each pattern matched.
@@ -46,6 +51,7 @@ from engine.ops import resolve_op
 _OPS: dict[str, Any] = {}          # op name -> the custom op (registered once per process)
 _TABLES: dict[str, PatternOp] = {}
 _LOCK = threading.Lock()
+_APPLYING = threading.local()      # .target: the compile target of the graph `PatternSet._apply` rewrites now
 # How patterns are traced; part of Inductor's cache keys, so a graph rewritten by an older tracing is never
 # served again (2: chains holding an op the cast keeps out of the decompositions are traced with it kept;
 # 3: kept only at the sizes the veto keeps it, those of the cast's op variants).
@@ -78,6 +84,7 @@ class PatternOp:
         self.table: dict[tuple, Any] = {}
         self.owners: dict[tuple, object] = {}
         self.hits = self.misses = self.target_declines = 0
+        self.size_declines = 0  # matches left to Inductor at compile time: no variant has their sizes
         self._strides: dict[tuple, list[tuple[int, ...]]] = {}  # input layouts -> the fake's output strides
         self.miss_keys: list[str] = []  # the first distinct inputs a matched call brought that no variant fits
 
@@ -85,7 +92,19 @@ class PatternOp:
         """What the compiled graph's calls brought against what the variants were proven for (a pattern that
         matches but never hits: Inductor laid the inputs out otherwise than eager, say)."""
         return {"misses": self.misses, "target_declines": self.target_declines, "calls_brought": list(self.miss_keys),
-                "proven_for": [describe_key(k) for k in self.table]}
+                "proven_for": [describe_key(k) for k in self.table], "size_declines": self.size_declines}
+
+    def serves_sizes(self, shapes: tuple[tuple[int, ...], ...], target: str | None) -> bool:
+        """Whether a variant in the table that may run under `target` was proven for inputs of `shapes`."""
+        with _LOCK:
+            entries = list(self.table.items())
+        for key, plan in entries:
+            targets = getattr(plan, "targets", None)
+            if target is not None and targets is not None and target not in targets:
+                continue
+            if tuple(tuple(k[1]) for k in key) == shapes:
+                return True
+        return False
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         key = tuple(tensor_key(t) for t in inputs)
@@ -229,6 +248,7 @@ class PatternSet:
         from torch._inductor.pattern_matcher import PatternMatcherPass
 
         counts: dict[str, int] = {}
+        _APPLYING.target, _APPLYING.declined = target, set()
         for bp in self.built:
             targets = getattr(bp.plan, "targets", None)
             if target is not None and targets is not None and target not in targets:
@@ -243,6 +263,9 @@ class PatternSet:
             graph.eliminate_dead_code()
         for name, n in counts.items():
             self.matched[name] = self.matched.get(name, 0) + n
+        for name, _ in _APPLYING.declined:
+            _TABLES[name].size_declines += 1
+        _APPLYING.declined = None
         return counts
 
     def first_layouts(self, target: str | None = None) -> dict[Any, dict]:
@@ -514,10 +537,18 @@ def _register(bp: BuiltPattern, pm: Any) -> None:
     outputs = bp.outputs
 
     def check(match: Any) -> bool:
+        shapes = []
         for i, (device, dtype) in enumerate(bp.devices):
             v = match.kwargs[f"in{i}"].meta.get("val")
             if not isinstance(v, torch.Tensor) or v.device.type != device or v.dtype != dtype:
                 return False
+            shapes.append(tuple(v.shape))
+        concrete = all(type(n) is int for shape in shapes for n in shape)
+        if concrete and not bp.op.serves_sizes(tuple(shapes), getattr(_APPLYING, "target", None)):
+            declined = getattr(_APPLYING, "declined", None)
+            if declined is not None:  # once per place in the graph, whichever output subset tried it
+                declined.add((bp.op.name, tuple(id(match.kwargs[f"in{i}"]) for i in range(n_in))))
+            return False
         return True
 
     @register_graph_pattern(bp.expr, extra_check=check, pass_dict=pm)
