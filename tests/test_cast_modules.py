@@ -552,3 +552,12 @@ def test_the_model_check_names_the_variants_that_never_ran_in_the_forward(model,
     assert ran == {"hits_per_forward": {"rms": 3}, "never_ran": ["rms_7"]}
     line = tried_summary({"variants": ["rms", "rms_7"], "speedup": 1.02, "speedup_ci": [1.01, 1.03], **ran})
     assert line == "2 variant(s): 1.020x (95% CI 1.010-1.030); 1 never ran in the forward (rms_7)"
+    # Under reduce-overhead only the warm-up and the capture run Python (a replay counts no hit): the check
+    # counts over those calls, per forward, and says so; Gemma's chain variants were reported as never run.
+    with c.enabled(model), torch.no_grad():
+        c.reset_stats()
+        for _ in range(2):
+            model(torch.randn(*X, dtype=torch.bfloat16))
+    ran = ran_in_forward(c.stats(), ["rms", "rms_7"], forwards=2)
+    assert ran["hits_per_forward"] == {"rms": 3} and ran["never_ran"] == ["rms_7"]
+    assert "replays run none" in ran["hits_counted_over"]

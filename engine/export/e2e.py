@@ -134,14 +134,22 @@ def choose_set(sets: Sequence[Sequence[str]], eager_out: Any,
     return tried, None
 
 
-def ran_in_forward(stats: dict[str, Any], ids: Sequence[str]) -> dict[str, Any]:
-    """From a cast's stats over one forward: hits per variant of the set, and the variants that never ran in it
-    (a guard that never matched, a pattern Inductor's graph never held). A set whose speedup is no better than
-    a smaller one's often has variants that never ran: this says so instead of leaving it to guesswork."""
+# Calls of a reduce-overhead graph that run its Python (cudagraph trees: a warm-up run, then the recording);
+# later calls replay the graph.
+REPLAY_WARM_CALLS = 2
+
+
+def ran_in_forward(stats: dict[str, Any], ids: Sequence[str], forwards: int = 1) -> dict[str, Any]:
+    """From a cast's stats over `forwards` forwards: hits per variant of the set and forward, and the variants
+    that never ran (a guard that never matched, a pattern Inductor's graph never held). A set whose speedup is
+    no better than a smaller one's often has variants that never ran: this says so instead of leaving it to
+    guesswork. Under CUDA graphs only the calls that run Python count (`forwards` of them)."""
     wanted = set(ids)
     hits = {v["id"]: int(v.get("hits") or 0) for v in stats.get("variants", []) if v["id"] in wanted}
-    out: dict[str, Any] = {"hits_per_forward": {k: n for k, n in hits.items() if n},
+    out: dict[str, Any] = {"hits_per_forward": {k: n // forwards or 1 for k, n in hits.items() if n},
                            "never_ran": [i for i in ids if not hits.get(i)]}
+    if forwards != 1:
+        out["hits_counted_over"] = f"{forwards} forwards that ran Python (warm-up and capture; replays run none)"
     if stats.get("pattern_matches"):
         out["pattern_matches"] = dict(stats["pattern_matches"])
     copies = {k: v for k, v in (stats.get("layout_copies") or {}).items()
@@ -233,11 +241,19 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
             cast = load(cast_path, only=set(ids))
             with cast.enabled(model):  # the model too: its module cards are patched only when it is named
                 fast = cast.compile(forward, **compile_kw) if compile_mode is not None else forward
+                # A CUDA graph's replay runs no Python, so no plan counts a hit there: under reduce-overhead
+                # what ran is counted over the warm-up and the capture (the first calls), per forward.
+                replayed = compile_mode == "reduce-overhead"
+                if replayed:
+                    cast.reset_stats()
                 for _ in range(3):
                     fast()
+                if replayed:
+                    ran = ran_in_forward(cast.stats(), ids, forwards=REPLAY_WARM_CALLS)
                 cast.reset_stats()
                 cast_out = output_tensor(fast()).double()
-                ran = ran_in_forward(cast.stats(), ids)
+                if not replayed:
+                    ran = ran_in_forward(cast.stats(), ids)
                 cast_graph = capture_graph(forward)[0] if graphs else None
 
             def time_it() -> dict[str, Any]:
