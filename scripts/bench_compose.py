@@ -16,6 +16,12 @@ gemma4_e2b@full_depth=true for the real depth; the report names the model as wri
 --inductor KEY=VALUE sets an Inductor config entry while both arms compile; --cast-inductor KEY=VALUE only
 while the cast's arm compiles (e.g. layout_optimization=false: the convolutions stay in eager's layout, so
 the cast's ops need no layout copies, against torch.compile alone as users run it). The record names both.
+
+--control adds, per compile mode, an A/A arm: torch.compile alone compiled a second time (fresh caches) and
+timed against the first the same way. Two compiles of one graph need not run equally fast (Triton's
+runtime autotuning picks among configs by timing them once), so a cast that serves nothing in a mode can
+still measure "slower with confidence" (ResNet-50, 2026-12-03g: 0.964x and 0.977x with 0 hits); the control
+says how far two compiles of the same code differ on this host.
 """
 
 from __future__ import annotations
@@ -108,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                                                "cards), to measure a part of a cast against the whole")
     ap.add_argument("--modes", default="default,reduce-overhead",
                     help="compile modes, comma-separated: default, max-autotune-no-cudagraphs, reduce-overhead")
+    ap.add_argument("--control", action="store_true",
+                    help="per mode, also time torch.compile alone against a second compile of itself (A/A)")
     ap.add_argument("--iters", type=int, default=0, help="forwards per arm (0: about 3 s per arm, 10 to 60)")
     ap.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
                     help="an Inductor config entry while both arms compile (repeatable)")
@@ -230,8 +238,10 @@ def main(argv: list[str] | None = None) -> int:
                 breaks0 = dict(counters["graph_break"])
                 pass_s0 = pattern_set.seconds if pattern_set is not None else 0.0
 
-                def first_call(arm: str, with_cast: bool, mode=mode, kw=kw, step=step, r=r) -> tuple[Any, int]:
-                    """Compile the arm (fresh on-disk caches), time its first call; (callable, graphs compiled)."""
+                def first_call(arm: str, with_cast: bool, mode=mode, kw=kw, step=step, r=r,
+                               key: str = "") -> tuple[Any, int]:
+                    """Compile the arm (fresh on-disk caches), time its first call into r[key] (default: the
+                    arm's compile_s key); (callable, graphs compiled)."""
                     fresh_caches(caches, f"{mode}-{arm}")
                     g = graphs()
                     opts = {**both, **(cast_only if with_cast else {})}
@@ -242,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                         step()
                         fn()
                         sync()
-                        r["compile_s_with_cast" if with_cast else "compile_s"] = time.perf_counter() - t0
+                        r[key or ("compile_s_with_cast" if with_cast else "compile_s")] = time.perf_counter() - t0
                     return fn, graphs() - g
 
                 # Which arm compiles first alternates by mode (what one compile leaves warm in the process
@@ -292,6 +302,20 @@ def main(argv: list[str] | None = None) -> int:
                                "graph_breaks": {str(k): v - breaks0.get(k, 0) for k, v in counters["graph_break"].items()
                                                 if v - breaks0.get(k, 0)}}
                 r["compile_time_ratio"] = r["compile_s_with_cast"] / r["compile_s"]
+                if args.control:  # A/A: the same code compiled twice, timed as the arms were
+                    again, _ = first_call("plain-again", False, key="control_compile_s")
+
+                    def run_again(step=step, again=again):
+                        step()
+                        again()
+
+                    for _ in range(3):
+                        run_again()
+                    c = pair(run_base, run_again, iters)
+                    r["control"] = {"base_ms": c["base_ms"], "again_ms": c["with_cast_ms"], "speedup": c["speedup"],
+                                    "speedup_ci": c["speedup_ci"], "iters": c["iters"]}
+                    log(f"{mode}: A/A control, torch.compile alone against its second compile: "
+                        f"{c['speedup']:.3f}x (CI {c['speedup_ci'][0]:.3f}-{c['speedup_ci'][1]:.3f})")
                 log(f"{mode}: torch.compile {r['base_ms']:.2f} ms, + cast {r['with_cast_ms']:.2f} ms "
                     f"({r['speedup']:.3f}x, CI {r['speedup_ci'][0]:.3f}-{r['speedup_ci'][1]:.3f}); compile "
                     f"{r['compile_s']:.1f} s vs {r['compile_s_with_cast']:.1f} s with the cast")
@@ -384,6 +408,12 @@ def report(doc: dict[str, Any]) -> str:
                 + (" (not passed as held: " + "; ".join(f"{w} ×{n}" for w, n in v["held_declined"].items()) + ")"
                    if v.get("held_declined") else "")
                 for k, v in r["layout_copies"].items()))
+        c = r.get("control")
+        if c:
+            lines.append(f"\n{mode}: A/A control, torch.compile alone against a second compile of itself: "
+                         f"{f(c['base_ms'])} vs {f(c['again_ms'])} ms, {c['speedup']:.3f} "
+                         f"({c['speedup_ci'][0]:.3f}–{c['speedup_ci'][1]:.3f}): how far two compiles of the same "
+                         "code differ here")
         if "compiled_first" in r:
             lines.append(f"\n{mode}: compiled {r['compiled_first']} first; the cast's pattern pass took "
                          f"{r.get('pattern_pass_s', 0.0):.2f} s of its compile")
