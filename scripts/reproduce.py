@@ -79,7 +79,10 @@ EXPORT_S_PER_COMPILE_TARGET = 90
 # Exports that take longer than that formula: sd35_medium under torch.compile compiles its MMDiT step + VAE in
 # 42 s alone and 27 s with a cast (H200, 2026-12-02), and each variant set tried compiles again and is timed
 # for up to 30 s; its compile target alone can take 3-5 minutes. Its export then has a sitting of its own.
-MODEL_EXPORT_S = {"sd35_medium": 480, "sd35_vae": 500}
+# Gemma's 4-layer build: confirmation 21 s, eager check 55 s, compile check 127 s, reduce-overhead check about
+# 90 s (H200, 2026-12-03g: `--target eager,compile,compile:reduce-overhead` was cut at 270 s and finished on a
+# resume). Qwen compiles a larger graph than Gemma: the same, with room.
+MODEL_EXPORT_S = {"sd35_medium": 480, "sd35_vae": 500, "gemma4_e2b": 420, "qwen35_a3b": 480}
 # An export keeps what it finished (its confirmation, each target's check) as checkpoints, and the same command
 # resumes from them: a sitting starts it when this much is left, enough for the confirmation and a first check.
 EXPORT_NEED_S = 150
