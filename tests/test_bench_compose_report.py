@@ -50,7 +50,7 @@ def test_the_scripts_control_flow_on_a_cpu(tmp_path, monkeypatch):
     cast = _write(tmp_path)  # a module card for another model: installed on none of my_model's modules
     out = tmp_path / "out"
     code = bench.main(["--out", str(out), "--model", "configs/examples/my_model.toml", "--small", "--cast", str(cast),
-                       "--modes", "default", "--iters", "3", "--cast-inductor", "layout_optimization=false",
+                       "--modes", "default,reduce-overhead", "--iters", "3", "--cast-inductor", "layout_optimization=false",
                        "--control"])
     assert code == 0
     doc = json.loads((out / "bench_compose.json").read_text())
@@ -61,11 +61,17 @@ def test_the_scripts_control_flow_on_a_cpu(tmp_path, monkeypatch):
     assert r["dynamo"]["graphs_with_cast"] >= 1 and r["dynamo"]["graphs_alone"] >= 1
     assert r["dynamo"]["graphs_while_timed"] == 0, r["dynamo"]
     assert r["iters"] == 3 and r["compile_s"] > 0 and r["compile_s_with_cast"] > 0
+    # Under reduce-overhead a replay runs no Python: the record says over which calls hits were counted
+    ro = doc["modes"]["reduce-overhead"]
+    assert "error" not in ro, ro.get("traceback")
+    assert ro["compiled_first"] == "alone" and "replay runs no Python" in ro["hits_counted_over"]
+    assert "hits_counted_over" not in r
     # --control: torch.compile alone compiled a second time and timed against the first (A/A)
     assert r["control"]["iters"] == 3 and r["control_compile_s"] > 0
     md = (out / "bench_compose.md").read_text()
     assert "a control-flow test, not a measurement" in md and "default: compiled with cast first" in md
     assert "default: A/A control, torch.compile alone against a second compile of itself" in md
+    assert "reduce-overhead: hits per forward counted over the warm-up and the recording" in md
 
 
 def test_only_names_the_variants_it_keeps_or_refuses_in_one_line(tmp_path, monkeypatch, capsys):
