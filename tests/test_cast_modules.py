@@ -368,6 +368,20 @@ def test_a_match_of_sizes_no_variant_has_keeps_inductors_code(model, cast, tmp_p
     (why,) = st["pattern_misses"].values()
     assert why["misses"] == 0, f"a match of other sizes was replaced and missed at run time: {why}"
     assert why["size_declines"] == 1
+    # Another cast's variant for the other sizes, in the op's shared table, does not change what this cast's
+    # compile replaces: a graph gets what its cache key (this cast's patterns) names.
+    import copy
+
+    wide_sig = copy.deepcopy(SIG)
+    wide_sig["args"][0].update(shape=[4, 5, 32], stride=[160, 32, 1])
+    wide_plan = Counting(wide_sig)
+    other = cast("other.cast", variants=[_variant("rms_w", signature=wide_sig)], plans={"rms_w": wide_plan})
+    other.pattern_set()
+    c.reset_stats()
+    torch._dynamo.reset()
+    with torch.no_grad(), c.enabled(model):
+        c.compile(twice, dynamic=False)(x, wide)
+    assert c.counting.calls == 2 and wide_plan.calls == 0
 
 
 # ---------------------------------------------------------------------- instances the capture did not see

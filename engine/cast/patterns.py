@@ -51,7 +51,9 @@ from engine.ops import resolve_op
 _OPS: dict[str, Any] = {}          # op name -> the custom op (registered once per process)
 _TABLES: dict[str, PatternOp] = {}
 _LOCK = threading.Lock()
-_APPLYING = threading.local()      # .target: the compile target of the graph `PatternSet._apply` rewrites now
+# While `PatternSet._apply` rewrites a graph: .sizes, per pattern op, the input sizes its set's variants for the
+# compile's target were proven for; .declined, the places a match was left to Inductor for its sizes.
+_APPLYING = threading.local()
 # How patterns are traced; part of Inductor's cache keys, so a graph rewritten by an older tracing is never
 # served again (2: chains holding an op the cast keeps out of the decompositions are traced with it kept;
 # 3: kept only at the sizes the veto keeps it, those of the cast's op variants).
@@ -94,17 +96,6 @@ class PatternOp:
         return {"misses": self.misses, "target_declines": self.target_declines, "calls_brought": list(self.miss_keys),
                 "proven_for": [describe_key(k) for k in self.table], "size_declines": self.size_declines}
 
-    def serves_sizes(self, shapes: tuple[tuple[int, ...], ...], target: str | None) -> bool:
-        """Whether a variant in the table that may run under `target` was proven for inputs of `shapes`."""
-        with _LOCK:
-            entries = list(self.table.items())
-        for key, plan in entries:
-            targets = getattr(plan, "targets", None)
-            if target is not None and targets is not None and target not in targets:
-                continue
-            if tuple(tuple(k[1]) for k in key) == shapes:
-                return True
-        return False
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         key = tuple(tensor_key(t) for t in inputs)
@@ -248,7 +239,7 @@ class PatternSet:
         from torch._inductor.pattern_matcher import PatternMatcherPass
 
         counts: dict[str, int] = {}
-        _APPLYING.target, _APPLYING.declined = target, set()
+        _APPLYING.sizes, _APPLYING.declined = self._sizes(target), set()
         for bp in self.built:
             targets = getattr(bp.plan, "targets", None)
             if target is not None and targets is not None and target not in targets:
@@ -265,8 +256,19 @@ class PatternSet:
             self.matched[name] = self.matched.get(name, 0) + n
         for name, _ in _APPLYING.declined:
             _TABLES[name].size_declines += 1
-        _APPLYING.declined = None
+        _APPLYING.sizes = _APPLYING.declined = None
         return counts
+
+    def _sizes(self, target: str | None) -> dict[str, set[tuple]]:
+        """Per pattern op: the input sizes of this set's variants that may run under `target`. This set's own,
+        not the op's shared table (which other casts fill): what a graph gets is what its cache key names."""
+        out: dict[str, set[tuple]] = {}
+        for bp in self.built:
+            targets = getattr(bp.plan, "targets", None)
+            if bp.plan is None or (target is not None and targets is not None and target not in targets):
+                continue
+            out.setdefault(bp.op.name, set()).add(tuple(tuple(k[1]) for k in bp.key))
+        return out
 
     def first_layouts(self, target: str | None = None) -> dict[Any, dict]:
         """Per registered op: for the (device type, dtype, shape, strides) of each first input its variants were
@@ -543,11 +545,11 @@ def _register(bp: BuiltPattern, pm: Any) -> None:
             if not isinstance(v, torch.Tensor) or v.device.type != device or v.dtype != dtype:
                 return False
             shapes.append(tuple(v.shape))
+        sizes = getattr(_APPLYING, "sizes", None)
         concrete = all(type(n) is int for shape in shapes for n in shape)
-        if concrete and not bp.op.serves_sizes(tuple(shapes), getattr(_APPLYING, "target", None)):
-            declined = getattr(_APPLYING, "declined", None)
-            if declined is not None:  # once per place in the graph, whichever output subset tried it
-                declined.add((bp.op.name, tuple(id(match.kwargs[f"in{i}"]) for i in range(n_in))))
+        if sizes is not None and concrete and tuple(shapes) not in sizes.get(bp.op.name, ()):
+            # once per place in the graph, whichever output subset tried it
+            _APPLYING.declined.add((bp.op.name, tuple(id(match.kwargs[f"in{i}"]) for i in range(n_in))))
             return False
         return True
 
