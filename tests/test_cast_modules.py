@@ -379,6 +379,7 @@ def test_a_match_of_sizes_no_variant_has_keeps_inductors_code(model, cast, tmp_p
     other.pattern_set()
     c.reset_stats()
     torch._dynamo.reset()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-2"))  # compiled again, not served
     with torch.no_grad(), c.enabled(model):
         c.compile(twice, dynamic=False)(x, wide)
     assert c.counting.calls == 2 and wide_plan.calls == 0
