@@ -86,6 +86,9 @@ MODEL_EXPORT_S = {"sd35_medium": 480, "sd35_vae": 500, "gemma4_e2b": 420, "qwen3
 # An export keeps what it finished (its confirmation, each target's check) as checkpoints, and the same command
 # resumes from them: a sitting starts it when this much is left, enough for the confirmation and a first check.
 EXPORT_NEED_S = 150
+# An export that was stopped part way has its confirmation and finished checks kept: the next sitting starts it
+# with less left (Gemma's resume finished in 98 s, H200 2026-12-03g; it had been skipped with 133 s left).
+EXPORT_RESUME_NEED_S = 60
 FULL_DEPTH = {"full_depth": True}  # the builder argument that builds a reference model's every layer
 FULL_DEPTH_STEP = "e2e full depth"  # bench_e2e --append of NAME@full_depth=true into the model's e2e/
 COMPOSE_MODES = ("default", "reduce-overhead")
@@ -475,10 +478,14 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compil
         for name in later:
             not_run(name, "the run did not finish")
     else:
+        need = EXPORT_RESUME_NEED_S if rec.get("export_stopped") else EXPORT_NEED_S
         rc = do("export", d / "export.json",
                 [py, "-m", "kforge_tui", "export", "--workspace", str(ws), "--out", str(d / f"{model}.cast"),
                  "--json", "--target", targets], export_limit, stdout=d / "export.json",
-                need=min(EXPORT_NEED_S, export_limit))
+                need=min(need, export_limit))
+        if rc is not None:  # started: stopped part way (its checkpoints kept), or ended
+            rec["export_stopped"] = rc in (TIMED_OUT, PARTIAL)
+            save()
         cast = d / f"{model}.cast"
         unfinished = rc in (TIMED_OUT, PARTIAL)
         if unfinished:

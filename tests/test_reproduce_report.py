@@ -542,6 +542,30 @@ def test_sd35_mediums_long_export_waits_for_a_sitting_with_time_for_it(tmp_path,
     assert re.fullmatch(r"it needs about 150 s and the sitting's --deadline left \d+ s", rec["steps"]["export"]["why"])
 
 
+def test_an_export_stopped_part_way_starts_again_with_less_time_left(tmp_path, monkeypatch):
+    """An export cut at its limit kept its confirmation and finished checks: the next sitting starts it with
+    EXPORT_RESUME_NEED_S left, not the 150 s a fresh one needs (Gemma's resume took 98 s on the H200 after a
+    sitting had skipped it with 133 s left). One that has not been stopped still waits for 150 s."""
+    import time
+
+    rp = _reproduce_module()
+    out, calls = tmp_path / "out", []
+    monkeypatch.setattr(rp, "step", lambda name, done, argv, log_file, stdout=None, timeout=None:
+                        calls.append((name, argv, timeout)) or (rp.TIMED_OUT if name.endswith("export") else 1))
+    monkeypatch.setattr(rp, "sitting", lambda: dict(FAKE_SITTING))
+    (out / "gemma4_e2b").mkdir(parents=True)
+    (out / "gemma4_e2b" / "run.json").write_text('{"status": "done"}')
+    rp.model_steps("gemma4_e2b", out, tmp_path / "ws", 60, deadline=time.time() + 130)
+    assert not [c for c in calls if c[0].endswith("export")]  # fresh: needs 150 s, 85 left
+    rp.model_steps("gemma4_e2b", out, tmp_path / "ws", 60, deadline=time.time() + 600)
+    assert [c for c in calls if c[0].endswith("export")]  # started, and stopped at its limit
+    calls.clear()
+    rp.model_steps("gemma4_e2b", out, tmp_path / "ws", 60, deadline=time.time() + 90)  # 45 s left: skipped
+    assert not calls
+    rp.model_steps("gemma4_e2b", out, tmp_path / "ws", 60, deadline=time.time() + 130)  # the skip forgot nothing
+    assert len([c for c in calls if c[0].endswith("export")]) == 1
+
+
 def _measured(rp, d, what):
     """What bench_e2e ("e2e") and bench_compose ("compose") leave in a model's folder, for a fake step."""
     if what == "e2e":
