@@ -17,11 +17,12 @@ gemma4_e2b@full_depth=true for the real depth; the report names the model as wri
 while the cast's arm compiles (e.g. layout_optimization=false: the convolutions stay in eager's layout, so
 the cast's ops need no layout copies, against torch.compile alone as users run it). The record names both.
 
---control adds, per compile mode, an A/A arm: torch.compile alone compiled a second time (fresh caches) and
-timed against the first the same way. Two compiles of one graph need not run equally fast (Triton's
-runtime autotuning picks among configs by timing them once), so a cast that serves nothing in a mode can
-still measure "slower with confidence" (ResNet-50, 2026-12-03g: 0.964x and 0.977x with 0 hits); the control
-says how far two compiles of the same code differ on this host.
+--control adds, per compile mode, arms timed in rotation against torch.compile alone, to tell where a
+difference comes from: torch.compile alone compiled a second time (fresh caches: how far two compiles of the
+same code differ; Triton's runtime autotuning picks a config by timing each once), the graph compiled through
+the cast's backend run with the cast not installed (the backend and its wrapper), torch.compile alone run
+with the cast installed (the installed routes), and both. ResNet-50 with a cast that serves nothing under
+compile measured 0.964x and 0.977x of torch.compile alone, with confidence (2026-12-03g).
 """
 
 from __future__ import annotations
@@ -80,6 +81,29 @@ def hits(cast: Any) -> int:
     return sum(v["hits"] for v in cast.stats()["variants"])
 
 
+def rotate(arms: list[tuple[str, Any, Any]], iters: int) -> dict[str, dict[str, Any]]:
+    """Time `arms` ((name, run, around or None), the first the reference) `iters` times each, the order rotating
+    by one each round; per arm after the first, its median and the paired CI of median(first)/median(arm)."""
+    import contextlib
+
+    from engine.bench.stats import speedup_ci
+
+    times: dict[str, list[float]] = {name: [] for name, _, _ in arms}
+    for i in range(iters):
+        k = i % len(arms)
+        for name, run, around in arms[k:] + arms[:k]:
+            with (around() if around else contextlib.nullcontext()):
+                times[name].append(timed(run))
+    med = lambda xs: sorted(xs)[len(xs) // 2] / 1e3  # noqa: E731
+    base = times[arms[0][0]]
+    out = {}
+    for name, _, _ in arms[1:]:
+        est = speedup_ci(base, times[name], paired=True)
+        out[name] = {"ms": med(times[name]), "base_ms": med(base), "speedup": est.speedup,
+                     "speedup_ci": [est.low, est.high], "iters": iters}
+    return out
+
+
 def pair(a, b, iters: int, around_b=None) -> dict[str, Any]:
     """Alternate `a` and `b` forwards `iters` times each; medians and the paired CI of median(a)/median(b)."""
     import contextlib
@@ -115,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default="default,reduce-overhead",
                     help="compile modes, comma-separated: default, max-autotune-no-cudagraphs, reduce-overhead")
     ap.add_argument("--control", action="store_true",
-                    help="per mode, also time torch.compile alone against a second compile of itself (A/A)")
+                    help="per mode, also time against torch.compile alone: a second compile of it, the cast's "
+                         "backend with the cast not installed, torch.compile alone with the cast installed")
     ap.add_argument("--iters", type=int, default=0, help="forwards per arm (0: about 3 s per arm, 10 to 60)")
     ap.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
                     help="an Inductor config entry while both arms compile (repeatable)")
@@ -313,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                                "graph_breaks": {str(k): v - breaks0.get(k, 0) for k, v in counters["graph_break"].items()
                                                 if v - breaks0.get(k, 0)}}
                 r["compile_time_ratio"] = r["compile_s_with_cast"] / r["compile_s"]
-                if args.control:  # A/A: the same code compiled twice, timed as the arms were
+                if args.control:  # which part of "with the cast" costs what, each arm against torch.compile alone
                     again, _ = first_call("plain-again", False, key="control_compile_s")
 
                     def run_again(step=step, again=again):
@@ -322,11 +347,15 @@ def main(argv: list[str] | None = None) -> int:
 
                     for _ in range(3):
                         run_again()
-                    c = pair(run_base, run_again, iters)
-                    r["control"] = {"base_ms": c["base_ms"], "again_ms": c["with_cast_ms"], "speedup": c["speedup"],
-                                    "speedup_ci": c["speedup_ci"], "iters": c["iters"]}
-                    log(f"{mode}: A/A control, torch.compile alone against its second compile: "
-                        f"{c['speedup']:.3f}x (CI {c['speedup_ci'][0]:.3f}-{c['speedup_ci'][1]:.3f})")
+                    r["control"] = rotate([("alone", run_base, None), *(
+                        (name, fn, around) for name, fn, around in (
+                            ("alone, compiled again", run_again, None),        # compile-to-compile variance
+                            ("the cast's backend, cast not installed", run_fast, None),  # backend and wrapper
+                            ("alone, cast installed", run_base, enabled),      # the installed routes
+                            ("the cast's backend, cast installed", run_fast, enabled)))], iters)
+                    for name, c in r["control"].items():
+                        log(f"{mode}: control, {name}: {c['ms']:.3f} ms, {c['speedup']:.3f}x of torch.compile alone "
+                            f"(CI {c['speedup_ci'][0]:.3f}-{c['speedup_ci'][1]:.3f})")
                 log(f"{mode}: torch.compile {r['base_ms']:.2f} ms, + cast {r['with_cast_ms']:.2f} ms "
                     f"({r['speedup']:.3f}x, CI {r['speedup_ci'][0]:.3f}-{r['speedup_ci'][1]:.3f}); compile "
                     f"{r['compile_s']:.1f} s vs {r['compile_s_with_cast']:.1f} s with the cast")
@@ -421,12 +450,10 @@ def report(doc: dict[str, Any]) -> str:
                 for k, v in r["layout_copies"].items()))
         if r.get("hits_counted_over"):
             lines.append(f"\n{mode}: hits per forward counted over {r['hits_counted_over']}")
-        c = r.get("control")
-        if c:
-            lines.append(f"\n{mode}: A/A control, torch.compile alone against a second compile of itself: "
-                         f"{f(c['base_ms'])} vs {f(c['again_ms'])} ms, {c['speedup']:.3f} "
-                         f"({c['speedup_ci'][0]:.3f}–{c['speedup_ci'][1]:.3f}): how far two compiles of the same "
-                         "code differ here")
+        if r.get("control"):
+            lines.append(f"\n{mode}: control arms, each against torch.compile alone, in rotation: " + "; ".join(
+                f"{name} {f(c['ms'], '.3f')} ms, {c['speedup']:.3f} ({c['speedup_ci'][0]:.3f}–{c['speedup_ci'][1]:.3f})"
+                for name, c in r["control"].items()))
         if "compiled_first" in r:
             lines.append(f"\n{mode}: compiled {r['compiled_first']} first; the cast's pattern pass took "
                          f"{r.get('pattern_pass_s', 0.0):.2f} s of its compile")

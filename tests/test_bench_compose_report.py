@@ -66,11 +66,13 @@ def test_the_scripts_control_flow_on_a_cpu(tmp_path, monkeypatch):
     assert "error" not in ro, ro.get("traceback")
     assert ro["compiled_first"] == "alone" and "replay runs no Python" in ro["hits_counted_over"]
     assert "hits_counted_over" not in r
-    # --control: torch.compile alone compiled a second time and timed against the first (A/A)
-    assert r["control"]["iters"] == 3 and r["control_compile_s"] > 0
+    # --control: arms against torch.compile alone, in rotation, to tell compile variance, backend and routes apart
+    assert list(r["control"]) == ["alone, compiled again", "the cast's backend, cast not installed",
+                                  "alone, cast installed", "the cast's backend, cast installed"]
+    assert all(c["iters"] == 3 and c["ms"] > 0 for c in r["control"].values()) and r["control_compile_s"] > 0
     md = (out / "bench_compose.md").read_text()
     assert "a control-flow test, not a measurement" in md and "default: compiled with cast first" in md
-    assert "default: A/A control, torch.compile alone against a second compile of itself" in md
+    assert "default: control arms, each against torch.compile alone, in rotation: alone, compiled again" in md
     assert "reduce-overhead: hits per forward counted over the warm-up and the recording" in md
 
 
