@@ -49,6 +49,15 @@ def test_the_scripts_control_flow_on_a_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     cast = _write(tmp_path)  # a module card for another model: installed on none of my_model's modules
     out = tmp_path / "out"
+    import torch
+
+    compiled, real_compile = [], torch.compile  # what is compiled, in order, and through which backend
+
+    def recording(model=None, **kw):
+        compiled.append((id(model), "backend" in kw))
+        return real_compile(model, **kw)
+
+    monkeypatch.setattr(torch, "compile", recording)
     code = bench.main(["--out", str(out), "--model", "configs/examples/my_model.toml", "--small", "--cast", str(cast),
                        "--modes", "default,reduce-overhead", "--iters", "3", "--cast-inductor", "layout_optimization=false",
                        "--control"])
@@ -61,6 +70,11 @@ def test_the_scripts_control_flow_on_a_cpu(tmp_path, monkeypatch):
     assert r["dynamo"]["graphs_with_cast"] >= 1 and r["dynamo"]["graphs_alone"] >= 1
     assert r["dynamo"]["graphs_while_timed"] == 0, r["dynamo"]
     assert r["iters"] == 3 and r["compile_s"] > 0 and r["compile_s_with_cast"] > 0
+    # Inductor's start is paid before either arm: a small function, then the model itself, thrown away (the
+    # first compile of the model in a process was charged to whichever arm compiled first)
+    warm_fn, warm_model, first_arm = compiled[:3]
+    assert not warm_fn[1] and not warm_model[1] and warm_fn[0] != warm_model[0]
+    assert first_arm == (warm_model[0], True)  # then the model through the cast's backend (default mode: cast first)
     # Under reduce-overhead a replay runs no Python: the record says over which calls hits were counted
     ro = doc["modes"]["reduce-overhead"]
     assert "error" not in ro, ro.get("traceback")
