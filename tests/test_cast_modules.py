@@ -385,6 +385,31 @@ def test_a_match_of_sizes_no_variant_has_keeps_inductors_code(model, cast, tmp_p
     assert c.counting.calls == 2 and wide_plan.calls == 0
 
 
+def test_a_symbolic_size_is_left_to_the_guard_but_a_concrete_one_that_differs_is_not(model, cast, tmp_path,
+                                                                                    monkeypatch):
+    """With the batch dim dynamic, the norm of [s0, 5, 32] can have the card's sizes (the runtime guard decides
+    per call) but that of [s0, 7, 32] cannot: its concrete 7 differs from every variant's 5, so it keeps
+    Inductor's code rather than a pattern op that would miss every call."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # compiled here, not cached
+    x, other = torch.randn(*X, dtype=torch.bfloat16), torch.randn(2, 7, 32, dtype=torch.bfloat16)
+    twice = _NormTwice(model.layers[0].norm1)
+    want = _eager(twice, x, other)
+    c = cast()
+    c.pattern_set()
+    c.reset_stats()
+    torch._dynamo.reset()
+    torch._dynamo.mark_dynamic(x, 0)
+    torch._dynamo.mark_dynamic(other, 0)
+    with torch.no_grad(), c.enabled(model):
+        got = c.compile(twice)(x, other)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=2e-2, atol=5e-2)
+    st = c.stats()
+    assert c.counting.calls == 1 and sum(st["pattern_matches"].values()) == 1
+    (why,) = st["pattern_misses"].values()
+    assert why["misses"] == 0 and why["size_declines"] == 1
+
+
 # ---------------------------------------------------------------------- instances the capture did not see
 
 

@@ -19,12 +19,12 @@ From a chain signature (`engine.capture.chains.chain_signature`) this module bui
   card) when the inputs have the card's shapes, else the pattern's own traced graph (exactly what the
   compiled graph would have computed). The guard runs per call.
 - the **check at compile time** (`extra_check`): the matched inputs' devices and dtypes are the card's, and
-  where their sizes are concrete, some variant that may run under the compile's target was proven for
-  exactly those sizes. A chain's op graph recurs at other sizes (Gemma's RMSNorm: one structure for the
-  q/k norms and the hidden-state norms); a match no variant can serve would run the chain eagerly on every
-  call, in place of Inductor's fused code (Gemma under torch.compile: 0.24x with one variant covering 2 of
-  28 matches). Such a match keeps Inductor's code and is counted (`PatternOp.size_declines`). Symbolic
-  sizes are left to the runtime guard.
+  some variant that may run under the compile's target was proven for sizes they can have (equal at every
+  concrete size; a symbolic one is left to the runtime guard). A chain's op graph recurs at other sizes
+  (Gemma's RMSNorm: one structure for the q/k norms and the hidden-state norms); a match no variant can
+  serve would run the chain eagerly on every call, in place of Inductor's fused code (Gemma under
+  torch.compile: 0.24x with one variant covering 2 of 28 matches). Such a match keeps Inductor's code and
+  is counted (`PatternOp.size_declines`).
 
 A chain that cannot become a pattern (an in-place member, a random op, a trace that fails) is reported
 in `PatternSet.problems`, and each compile records how many times each pattern matched.
@@ -531,6 +531,12 @@ def chain_op(name: str) -> Any:
     return getattr(torch.ops.kforge, name).default
 
 
+def _could_be(shapes: Sequence[tuple], proven: tuple) -> bool:
+    """Whether inputs of `shapes` (a symbolic size matches anything) can have the sizes `proven`."""
+    return len(shapes) == len(proven) and all(
+        len(s) == len(p) and all(type(n) is not int or n == m for n, m in zip(s, p)) for s, p in zip(shapes, proven))
+
+
 def _register(bp: BuiltPattern, pm: Any) -> None:
     from torch._inductor.pattern_matcher import register_graph_pattern
 
@@ -546,8 +552,7 @@ def _register(bp: BuiltPattern, pm: Any) -> None:
                 return False
             shapes.append(tuple(v.shape))
         sizes = getattr(_APPLYING, "sizes", None)
-        concrete = all(type(n) is int for shape in shapes for n in shape)
-        if sizes is not None and concrete and tuple(shapes) not in sizes.get(bp.op.name, ()):
+        if sizes is not None and not any(_could_be(shapes, proven) for proven in sizes.get(bp.op.name, ())):
             # once per place in the graph, whichever output subset tried it
             _APPLYING.declined.add((bp.op.name, tuple(id(match.kwargs[f"in{i}"]) for i in range(n_in))))
             return False
