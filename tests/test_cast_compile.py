@@ -101,6 +101,26 @@ def test_compiled_code_calls_the_override_for_a_covered_signature_only(casts):
     assert cast.hits == 1
 
 
+def test_a_symbolic_size_keeps_the_op_only_where_the_concrete_sizes_can_be_a_variants(casts):
+    """The batch dim dynamic: a GroupNorm of [s0, 8, 4, 4] may have the variant's sizes, so the op stays and the
+    guard decides per call; one of [s0, 8, 6, 6] cannot (6 is no variant's), so Inductor decomposes it rather
+    than keep an op whose every call would miss the guard and run PyTorch's kernel."""
+    args = _gn_args()
+    x, w, b = args[:3]
+    other = torch.randn(2, 8, 6, 6)
+    cast = casts("A").install(args)
+    for t, hits in ((x, 1), (other, 0)):
+        torch._dynamo.reset()
+        t = t.clone()
+        torch._dynamo.mark_dynamic(t, 0)
+        want = f(t, w, b)  # eager, with the cast installed: its own hit or miss, counted before
+        hits0, misses0 = cast.hits, runtime.routes()[ROUTE].misses
+        with torch.no_grad():
+            got = compose.compile(cast, f)(t, w, b)
+        assert torch.allclose(got, want, atol=1e-5)
+        assert cast.hits - hits0 == hits and runtime.routes()[ROUTE].misses == misses0, "a kept op missed the guard"
+
+
 def test_under_grad_the_cast_declines_in_eager_and_in_compiled_code(casts):
     args = _gn_args()
     x, w, b = args[:3]
