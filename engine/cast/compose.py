@@ -276,6 +276,11 @@ def _inductor_pattern_counts() -> dict[str, int]:
     return {k: sum(ours(e) for v in p.patterns.values() for e in v) for k, p in passes.items()}
 
 
+# Which calls the veto keeps whole, in Inductor's cache keys: a graph compiled under an older rule is never
+# served again (2: under dynamic shapes, only where the concrete sizes can be a variant's).
+VETO_RULE = 2
+
+
 class CastCacheKey:
     """The cast's post-grad pass: replaces its pattern cards' matches (when `patterns` is given), then runs
     `previous`; its `uuid()` puts the cast, what it vetoed and its patterns into Inductor's cache keys."""
@@ -298,7 +303,7 @@ class CastCacheKey:
         prev = self.previous.uuid() if hasattr(self.previous, "uuid") else None
         pats = (self.patterns.uuid((self.vetoed, self.shapes)), self.apply_patterns) \
             if self.patterns is not None else None
-        return ("kforge-cast", self.digest, self.vetoed, self.shapes, pats, self.target, prev)
+        return ("kforge-cast", VETO_RULE, self.digest, self.vetoed, self.shapes, pats, self.target, prev)
 
 
 def _key_pass(digest: str, vetoed: tuple, previous: Any, patterns: Any = None, apply_patterns: bool = True,

@@ -54,10 +54,11 @@ _LOCK = threading.Lock()
 # While `PatternSet._apply` rewrites a graph: .sizes, per pattern op, the input sizes its set's variants for the
 # compile's target were proven for; .declined, the places a match was left to Inductor for its sizes.
 _APPLYING = threading.local()
-# How patterns are traced; part of Inductor's cache keys, so a graph rewritten by an older tracing is never
-# served again (2: chains holding an op the cast keeps out of the decompositions are traced with it kept;
-# 3: kept only at the sizes the veto keeps it, those of the cast's op variants).
-PATTERN_TRACE = 3
+# How patterns are traced and matched; part of Inductor's cache keys, so a graph rewritten by an older rule is
+# never served again (2: chains holding an op the cast keeps out of the decompositions are traced with it kept;
+# 3: kept only at the sizes the veto keeps it, those of the cast's op variants; 4: a match is replaced only
+# where its sizes can be a variant's).
+PATTERN_TRACE = 4
 MISS_KEYS = 4                      # distinct inputs of missed calls kept per pattern op, to explain misses
 MAX_OUTPUT_SUBSETS = 8             # a chain with more outputs gets patterns for its full set and singles only
 _RANDOM_OPS = ("rand", "dropout", "bernoulli", "normal", "multinomial", "uniform", "exponential")
