@@ -345,23 +345,33 @@ class _NormTwice(nn.Module):
         return self.norm(x), self.norm(wide)
 
 
+def _norm_at_two_sizes(model, cast, other_shape, dynamic_batch=False):
+    """One RMSNorm at the card's sizes and at `other_shape`, compiled through a fresh cast (its pattern op's
+    counts reset: the op is shared by structure with the other tests' casts); (cast, module, x, other)."""
+    x, other = torch.randn(*X, dtype=torch.bfloat16), torch.randn(*other_shape, dtype=torch.bfloat16)
+    twice = _NormTwice(model.layers[0].norm1)
+    want = _eager(twice, x, other)
+    c = cast()
+    c.pattern_set()
+    c.reset_stats()
+    torch._dynamo.reset()
+    if dynamic_batch:
+        torch._dynamo.mark_dynamic(x, 0)
+        torch._dynamo.mark_dynamic(other, 0)
+    with torch.no_grad(), c.enabled(model):
+        got = c.compile(twice, dynamic=None if dynamic_batch else False)(x, other)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=2e-2, atol=5e-2)  # Inductor's bf16 rounds elsewhere than eager
+    return c, twice, x, other
+
+
 def test_a_match_of_sizes_no_variant_has_keeps_inductors_code(model, cast, tmp_path, monkeypatch):
     """A chain's op graph recurs at other sizes (Gemma's RMSNorm: its q/k norms and its hidden-state norms).
     A match no variant can serve ran the chain eagerly on every call instead of Inductor's fused code: Gemma
     under torch.compile with one chain variant (2 of 28 matches its sizes) ran at 0.24x of torch.compile
     alone on the H200. Only the card's sizes become its op; the other match is counted, left to Inductor."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # compiled here, not cached
-    x, wide = torch.randn(*X, dtype=torch.bfloat16), torch.randn(4, 5, 32, dtype=torch.bfloat16)
-    twice = _NormTwice(model.layers[0].norm1)
-    want = _eager(twice, x, wide)
-    c = cast()
-    c.pattern_set()
-    c.reset_stats()  # the op is shared by structure with the other tests' casts: count this test's calls
-    torch._dynamo.reset()
-    with torch.no_grad(), c.enabled(model):
-        got = c.compile(twice, dynamic=False)(x, wide)
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=2e-2, atol=5e-2)  # Inductor's bf16 rounds elsewhere than eager
+    c, twice, x, wide = _norm_at_two_sizes(model, cast, (4, 5, 32))
     st = c.stats()
     assert c.counting.calls == 1, "the card's own sizes no longer reach its plan"
     assert sum(st["pattern_matches"].values()) == 1
@@ -391,19 +401,7 @@ def test_a_symbolic_size_is_left_to_the_guard_but_a_concrete_one_that_differs_is
     per call) but that of [s0, 7, 32] cannot: its concrete 7 differs from every variant's 5, so it keeps
     Inductor's code rather than a pattern op that would miss every call."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # compiled here, not cached
-    x, other = torch.randn(*X, dtype=torch.bfloat16), torch.randn(2, 7, 32, dtype=torch.bfloat16)
-    twice = _NormTwice(model.layers[0].norm1)
-    want = _eager(twice, x, other)
-    c = cast()
-    c.pattern_set()
-    c.reset_stats()
-    torch._dynamo.reset()
-    torch._dynamo.mark_dynamic(x, 0)
-    torch._dynamo.mark_dynamic(other, 0)
-    with torch.no_grad(), c.enabled(model):
-        got = c.compile(twice)(x, other)
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=2e-2, atol=5e-2)
+    c, *_ = _norm_at_two_sizes(model, cast, (2, 7, 32), dynamic_batch=True)
     st = c.stats()
     assert c.counting.calls == 1 and sum(st["pattern_matches"].values()) == 1
     (why,) = st["pattern_misses"].values()
