@@ -555,14 +555,14 @@ def test_an_export_stopped_part_way_starts_again_with_less_time_left(tmp_path, m
     monkeypatch.setattr(rp, "sitting", lambda: dict(FAKE_SITTING))
     (out / "gemma4_e2b").mkdir(parents=True)
     (out / "gemma4_e2b" / "run.json").write_text('{"status": "done"}')
-    rp.model_steps("gemma4_e2b", out, tmp_path / "ws", 60, deadline=time.time() + 130)
-    assert not [c for c in calls if c[0].endswith("export")]  # fresh: needs 150 s, 85 left
+    rp.model_steps("gemma4_e2b", out, tmp_path / "ws", 60, deadline=time.time() + 150)
+    assert not [c for c in calls if c[0].endswith("export")]  # fresh: needs 150 s, 105 left
     rp.model_steps("gemma4_e2b", out, tmp_path / "ws", 60, deadline=time.time() + 600)
     assert [c for c in calls if c[0].endswith("export")]  # started, and stopped at its limit
     calls.clear()
     rp.model_steps("gemma4_e2b", out, tmp_path / "ws", 60, deadline=time.time() + 90)  # 45 s left: skipped
     assert not calls
-    rp.model_steps("gemma4_e2b", out, tmp_path / "ws", 60, deadline=time.time() + 130)  # the skip forgot nothing
+    rp.model_steps("gemma4_e2b", out, tmp_path / "ws", 60, deadline=time.time() + 150)  # the skip forgot nothing
     assert len([c for c in calls if c[0].endswith("export")]) == 1
 
 
