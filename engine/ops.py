@@ -85,6 +85,12 @@ def key_strides(shape: Sequence[int], stride: Sequence[int]) -> tuple[int, ...]:
     return out
 
 
+def may_have_sizes(shape: Sequence[Any], proven: Sequence[int]) -> bool:
+    """Whether a tensor of `shape` can have the sizes `proven`: equal at every concrete size, a symbolic one
+    (dynamic shapes, a SymInt) matching any. What compiled code may keep for a variant proven at `proven`."""
+    return len(shape) == len(proven) and all(type(n) is not int or n == p for n, p in zip(shape, proven))
+
+
 def same_strides(shape: Sequence[int], a: Sequence[int] | None, b: Sequence[int] | None) -> bool:
     """Whether two strides lay out a tensor of `shape` alike: equal `key_strides` (torch 2.11's meta GroupNorm
     gives (128, 1, ...) for a [1, 128, H, W] channels-last input that Inductor holds as (128·H·W, 1, ...)), or

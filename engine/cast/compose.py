@@ -73,14 +73,14 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from engine.cast import runtime
-from engine.ops import resolve_op, same_strides, tensors_of
+from engine.ops import may_have_sizes, resolve_op, same_strides, tensors_of
 
 if TYPE_CHECKING:
     from engine.cast import patterns as chain_patterns
@@ -222,18 +222,13 @@ def _veto(original: Callable[..., Any], pairs: frozenset, shapes: frozenset | No
         if not torch.is_grad_enabled():
             t = _first_tensor(args, kwargs)
             if t is not None and ((t.device.type, t.dtype) in pairs or (t.device.type, None) in pairs):
-                if shapes is None or any(d == t.device.type and dt == t.dtype and _may_be(t.shape, shape)
+                if shapes is None or any(d == t.device.type and dt == t.dtype and may_have_sizes(t.shape, shape)
                                          for d, dt, shape in shapes):
                     return NotImplemented
         return original(*args, **kwargs)
 
     decompose_unless_covered.kforge_veto = True  # type: ignore[attr-defined]
     return decompose_unless_covered
-
-
-def _may_be(shape: Sequence[Any], proven: tuple[int, ...]) -> bool:
-    """Whether a tensor of `shape` (a symbolic size matches anything) can have the sizes `proven`."""
-    return len(shape) == len(proven) and all(type(n) is not int or n == p for n, p in zip(shape, proven))
 
 
 def inductor_snapshot(ops: list[torch._ops.OpOverload] | None = None) -> dict[str, Any]:

@@ -46,7 +46,7 @@ import torch
 from engine.capture.chains import CHAIN_OP, chain_card_id, run_chain
 from engine.cast.guard import descriptor_key, tensor_key
 from engine.cast.runtime import allowed
-from engine.ops import resolve_op
+from engine.ops import may_have_sizes, resolve_op
 
 _OPS: dict[str, Any] = {}          # op name -> the custom op (registered once per process)
 _TABLES: dict[str, PatternOp] = {}
@@ -533,9 +533,8 @@ def chain_op(name: str) -> Any:
 
 
 def _could_be(shapes: Sequence[tuple], proven: tuple) -> bool:
-    """Whether inputs of `shapes` (a symbolic size matches anything) can have the sizes `proven`."""
-    return len(shapes) == len(proven) and all(
-        len(s) == len(p) and all(type(n) is not int or n == m for n, m in zip(s, p)) for s, p in zip(shapes, proven))
+    """Whether inputs of `shapes` can have the sizes `proven`, input by input (engine.ops.may_have_sizes)."""
+    return len(shapes) == len(proven) and all(may_have_sizes(s, p) for s, p in zip(shapes, proven))
 
 
 def _register(bp: BuiltPattern, pm: Any) -> None:
