@@ -107,22 +107,9 @@ def rotate(arms: list[tuple[str, Any, Any]], iters: int) -> dict[str, dict[str, 
 
 def pair(a, b, iters: int, around_b=None) -> dict[str, Any]:
     """Alternate `a` and `b` forwards `iters` times each; medians and the paired CI of median(a)/median(b)."""
-    import contextlib
-
-    from engine.bench.stats import speedup_ci
-
-    ta, tb = [], []
-    for i in range(iters):
-        for arm in (("a", "b") if i % 2 == 0 else ("b", "a")):
-            if arm == "a":
-                ta.append(timed(a))
-            else:
-                with (around_b() if around_b else contextlib.nullcontext()):
-                    tb.append(timed(b))
-    est = speedup_ci(ta, tb, paired=True)
-    med = lambda xs: sorted(xs)[len(xs) // 2] / 1e3  # noqa: E731
-    return {"base_ms": med(ta), "with_cast_ms": med(tb), "speedup": est.speedup,
-            "speedup_ci": [est.low, est.high], "iters": iters}
+    r = rotate([("a", a, None), ("b", b, around_b)], iters)["b"]
+    return {"base_ms": r["base_ms"], "with_cast_ms": r["ms"], "speedup": r["speedup"],
+            "speedup_ci": r["speedup_ci"], "iters": iters}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -354,12 +341,12 @@ def main(argv: list[str] | None = None) -> int:
 
                     for _ in range(3):
                         run_again()
-                    r["control"] = rotate([("alone", run_base, None), *(
-                        (name, fn, around) for name, fn, around in (
-                            ("alone, compiled again", run_again, None),        # compile-to-compile variance
-                            ("the cast's backend, cast not installed", run_fast, None),  # backend and wrapper
-                            ("alone, cast installed", run_base, enabled),      # the installed routes
-                            ("the cast's backend, cast installed", run_fast, enabled)))], iters)
+                    r["control"] = rotate([
+                        ("alone", run_base, None),
+                        ("alone, compiled again", run_again, None),                   # compile-to-compile variance
+                        ("the cast's backend, cast not installed", run_fast, None),  # the backend and its wrapper
+                        ("alone, cast installed", run_base, enabled),                 # the installed routes
+                        ("the cast's backend, cast installed", run_fast, enabled)], iters)
                     for name, c in r["control"].items():
                         log(f"{mode}: control, {name}: {c['ms']:.3f} ms, {c['speedup']:.3f}x of torch.compile alone "
                             f"(CI {c['speedup_ci'][0]:.3f}-{c['speedup_ci'][1]:.3f})")
