@@ -175,3 +175,89 @@ def test_caches_are_keyed_by_the_cast(casts, tmp_path, monkeypatch):
     hits = _cache_hits()
     run(compose.compile(b_cast, f))                # cast B: neither A's graph nor the no-cast one
     assert b_cast.hits == 1 and a.hits == 2 and _cache_hits() == hits
+
+
+def _relu2(x):
+    return torch.relu(x) * 2
+
+
+def _entered_targets(monkeypatch) -> list:
+    """Every runtime.target_scope a compiled call enters, in order (the target its routes are told)."""
+    entered: list = []
+    inner = runtime.target_scope
+
+    def counting(target):
+        entered.append(target)
+        return inner(target)
+
+    monkeypatch.setattr(runtime, "target_scope", counting)
+    return entered
+
+
+def test_a_graph_that_calls_nothing_the_cast_routes_runs_as_inductor_compiled_it(casts, tmp_path, monkeypatch):
+    """Under reduce-overhead on the H200, ResNet-50 compiled through a cast's backend ran ~1.5 % slower than
+    torch.compile alone with nothing of the cast in its graph (the cast not even installed). Such a graph is
+    now Inductor's own function: no target set around its calls. One that calls a routed op keeps it."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # lowered here, not served from a cache
+    args = _gn_args()
+    x, w, b = args[:3]
+    cast = casts("A").install(args)
+    entered = _entered_targets(monkeypatch)
+    plain = compose.backend(cast)
+    with torch.no_grad():
+        got = torch.compile(_relu2, backend=plain)(x)
+        torch.compile(_relu2, backend=plain)(x)
+    assert torch.equal(got, _relu2(x))
+    assert plain.unwrapped == 1 and entered == [], "a graph without the cast's ops ran under a target scope"
+    torch._dynamo.reset()
+    routed = compose.backend(cast)
+    expected = f(x, w, b)  # eager: the cast's own hit
+    with torch.no_grad():
+        fast = torch.compile(f, backend=routed)
+        got = fast(x, w, b)
+        fast(x, w, b)
+    assert torch.allclose(got, expected, atol=1e-6) and cast.hits == 3
+    assert routed.unwrapped == 0 and entered == ["compile", "compile"]
+
+
+def test_a_graph_of_the_cast_op_that_the_cast_does_not_keep_still_runs_under_the_target(casts, tmp_path,
+                                                                                        monkeypatch):
+    """Counted by op, not by variant: a GroupNorm of sizes no variant has is decomposed (no call in the graph),
+    but one the graph holds as a fallback for any reason (here: plain Inductor, the cast's routes installed
+    after) reaches the routes. A graph compiled with the cast not installed still counts the cast's ops."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    args = _gn_args()
+    cast = casts("A")
+    cast.variants = [type("V", (), {"op": "aten::native_group_norm"})()]  # what a loaded Cast lists
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.output(graph.call_function(GN, (x, None, None, 2, 8, 16, 4, 1e-5)))
+    assert compose._routed_calls(graph, compose.routed_names(cast)) == 1
+    assert compose.routed_names(casts("B")) == frozenset()  # nothing listed, nothing installed
+    cast.install(args)
+    assert "aten::native_group_norm" in compose.routed_names(casts("C"))  # another cast's installed route
+
+
+def test_a_graph_served_from_inductors_cache_keeps_the_target(casts, tmp_path, monkeypatch):
+    """A graph from Inductor's caches is not lowered here, so what it calls is not known: it keeps the
+    target around its calls."""
+    from torch._functorch import config as fconfig
+    from torch._inductor import config
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(config, "fx_graph_cache", True)
+    monkeypatch.setattr(fconfig, "enable_autograd_cache", True)
+    args = _gn_args()
+    x = args[0]
+    cast = casts("A").install(args)
+    first = compose.backend(cast)
+    with torch.no_grad():
+        torch.compile(_relu2, backend=first)(x)
+    torch._dynamo.reset()
+    hits = _cache_hits()
+    again = compose.backend(cast)
+    entered = _entered_targets(monkeypatch)
+    with torch.no_grad():
+        assert torch.equal(torch.compile(_relu2, backend=again)(x), _relu2(x))
+    assert _cache_hits() > hits, "the second compile was not served from Inductor's cache"
+    assert first.unwrapped == 1 and again.unwrapped == 0 and entered == ["compile"]
