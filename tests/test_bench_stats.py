@@ -151,3 +151,17 @@ def test_ab_time_stopped_before_any_round_was_kept_gives_no_estimate(monkeypatch
     monkeypatch.setattr(timing, "time_calls", lambda *a, **k: timing.CallTimes([[], []], 0, 0.2, 8, 100.0))
     ab = timing.ab_time(lambda: None, lambda: None, flush=None, after_batch=lambda: True)
     assert ab.reps == 0 and math.isnan(ab.speedup) and ab.eager.n == 0
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6])
+def test_balanced_orders_put_every_arm_after_every_other_equally_often(n):
+    from collections import Counter
+
+    from engine.bench.stats import balanced_orders
+
+    rows = balanced_orders(n)
+    assert all(sorted(r) == list(range(n)) for r in rows)
+    after = Counter((r[i], r[i + 1]) for r in rows for i in range(n - 1))
+    assert set(after) == {(a, b) for a in range(n) for b in range(n) if a != b}
+    assert len(set(after.values())) == 1
+    assert balanced_orders(2) == [[0, 1], [1, 0]]  # two arms alternate as before (bench_compose's pair)

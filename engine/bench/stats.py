@@ -128,6 +128,25 @@ def _boot_medians_independent(x: np.ndarray, n_boot: int, rng: np.random.Generat
     return 0.5 * (xs[j1] + xs[j2])
 
 
+def balanced_orders(n: int) -> list[list[int]]:
+    """Orders for timing `n` arms in turn (a Williams design): over all of them, each arm comes right after
+    every other arm equally often (once for even n, twice for odd n), so what one arm leaves behind (a cast
+    installed and removed, a cache warmed) weighs on every other arm alike. Rotating one order by one each
+    round does not: every arm keeps its predecessor, and on the H200 one arm timed against itself so read
+    1.017x (1.012-1.019)."""
+    if n < 1:
+        raise ValueError(f"balanced_orders: n must be at least 1, got {n}")
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    rows = [[(a + r) % n for a in first] for r in range(n)]
+    return rows + [row[::-1] for row in rows] if n % 2 and n > 1 else rows
+
+
 def speedup_ci(eager_us: Sequence[float], cand_us: Sequence[float], *, paired: bool = True,
                confidence: float = 0.95, n_boot: int = 2000, seed: int = 0) -> SpeedupEstimate:
     """Speedup median(eager)/median(candidate) with a percentile-bootstrap confidence interval.
