@@ -1,0 +1,7 @@
+source .devrun/setup.sh
+export KFORGE_CAST_DIR=/tmp/casts
+timeout 330 python3 scripts/bench_compose.py --out /tmp/o/rc --model configs/models/resnet50.toml --cast docs/results/reproduce-h200/2026-12-03g/resnet50/resnet50.cast --modes default,reduce-overhead --control 2>&1 | tail -40
+echo "bench done at $SECONDS"
+( timeout $((585 - SECONDS)) python3 scripts/gpu_tests.py --out /tmp/o/gt34 --timeout 160 tests/test_cast_compile_gpu.py tests/test_gn_op_and_pattern_gpu.py tests/test_cast_cpp_router.py ) 2>&1 | tail -20
+echo "elapsed $SECONDS"
+bash .devrun/pack.sh
