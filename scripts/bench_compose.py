@@ -21,7 +21,8 @@ the cast's ops need no layout copies, against torch.compile alone as users run i
 --control adds, per compile mode, arms timed against torch.compile alone, to tell where a difference comes
 from: torch.compile alone timed again as an arm of its own (A/A: the timing's own bias, which should read
 1.000), the graph compiled through the cast's backend run with the cast not installed (the backend), torch.compile
-alone run with the cast installed (the installed routes), and both. The arms take turns in balanced orders
+alone run with the cast installed (the installed routes), torch.compile alone run right after the cast was
+installed and removed (what the cast's arm, installed around each call, leaves to the call after), and both. The arms take turns in balanced orders
 (`engine.bench.stats.balanced_orders`): each follows every other equally often. The first version rotated one
 order, so each arm kept its predecessor, and its "compiled again" arm was the same compiled function (Dynamo
 reuses its code for the same frame and backend): that A/A arm read 1.017x (1.012-1.019) on ResNet-50 under
@@ -337,11 +338,18 @@ def main(argv: list[str] | None = None) -> int:
                                                 if v - breaks0.get(k, 0)}}
                 r["compile_time_ratio"] = r["compile_s_with_cast"] / r["compile_s"]
                 if args.control:  # which part of "with the cast" costs what, each arm against torch.compile alone
+                    @contextlib.contextmanager
+                    def toggled():  # the cast installed and removed just before the call, as the cast's arm has it
+                        with enabled():
+                            pass
+                        yield
+
                     r["control"] = rotate([
                         ("alone", run_base, None),
                         ("alone, timed again (A/A)", run_base, None),                 # the timing's own bias
                         ("the cast's backend, cast not installed", run_fast, None),  # the backend and its wrapper
                         ("alone, cast installed", run_base, enabled),                 # the installed routes
+                        ("alone, right after the cast was installed and removed", run_base, toggled),  # its wake
                         ("the cast's backend, cast installed", run_fast, enabled)], iters)
                     for name, c in r["control"].items():
                         log(f"{mode}: control, {name}: {c['ms']:.3f} ms, {c['speedup']:.3f}x of torch.compile alone "
