@@ -233,6 +233,11 @@ def test_a_graph_of_the_cast_op_that_the_cast_does_not_keep_still_runs_under_the
     x = graph.placeholder("x")
     graph.output(graph.call_function(GN, (x, None, None, 2, 8, 16, 4, 1e-5)))
     assert compose._routed_calls(graph, compose.routed_names(cast)) == 1
+    # a higher-order op's subgraphs are not read: it counts as a call that may reach a route
+    hop = torch.fx.Graph()
+    y = hop.placeholder("y")
+    hop.output(hop.call_function(torch.ops.higher_order.cond, (y, None, None, (y,))))
+    assert compose._routed_calls(hop, frozenset()) == 1
     assert compose.routed_names(casts("B")) == frozenset()  # nothing listed, nothing installed
     cast.install(args)
     assert "aten::native_group_norm" in compose.routed_names(casts("C"))  # another cast's installed route

@@ -329,10 +329,14 @@ def routed_names(owner: object) -> frozenset[str]:
 
 
 def _routed_calls(graph: torch.fx.Graph, routed: frozenset[str]) -> int:
-    """Calls in a post-grad graph of an op named in `routed`, or of any op in the `kforge` namespace."""
+    """Calls in a post-grad graph of an op named in `routed`, or of any op in the `kforge` namespace. A
+    higher-order op (cond, while_loop, a subgraph call…) counts as one: what its subgraphs call is not read."""
     n = 0
     for node in graph.nodes:
         if node.op == "call_function":
+            if isinstance(node.target, torch._ops.HigherOrderOperator):
+                n += 1
+                continue
             name = _schema_name(node.target)
             if name is not None and (name in routed or name.startswith("kforge::")):
                 n += 1
