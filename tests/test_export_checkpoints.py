@@ -269,3 +269,17 @@ def test_sigterm_outside_an_export_is_left_as_it_was():
     with sigterm_raises(), pytest.raises(Terminated):
         signal.raise_signal(signal.SIGTERM)
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_check_made_under_an_earlier_rule_is_made_again(ws, gpu, monkeypatch):
+    """A compile target's check kept a set measured in one process before ab162f2; such a checkpoint must not
+    stand in for the check that now measures it in two."""
+    gpu.model.update(eager=lambda s: EAGER)
+    monkeypatch.setattr(pkg, "MODEL_CHECK_RULE", 1)
+    export(ws, "eager")
+    monkeypatch.setattr(pkg, "MODEL_CHECK_RULE", 2)
+    _, lines = export(ws, "eager")
+    assert gpu.checks == {"eager": 2}
+    assert not any("the whole-model check of" in ln and "reused" in ln for ln in lines)
+    export(ws, "eager")
+    assert gpu.checks == {"eager": 2}  # the same rule: reused

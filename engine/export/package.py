@@ -616,6 +616,11 @@ def _model_checks(kept: list[ExportVariant], env: dict[str, Any], source: dict[s
     return out
 
 
+# How a target's whole-model check decides, in its checkpoints' key: a check made under an earlier rule is
+# made again, not reused. 2: under a compile target the chosen set is measured again in a second process.
+MODEL_CHECK_RULE = 2
+
+
 def _target_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[str, Any], excluded: list[dict],
                   config: str, small: bool, target: str, progress: Callable[[str], None],
                   warn: Callable[[str], None], checkpoints: Checkpoints | None) -> list[ExportVariant]:
@@ -625,7 +630,8 @@ def _target_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[s
 
     if checkpoints is None:
         return _model_check(kept, env, source, excluded, config, small, target, progress, warn)
-    key = checkpoints.key(target=target, config=str(config), config_sha256=file_digest(config), small=small,
+    key = checkpoints.key(target=target, rule=MODEL_CHECK_RULE, config=str(config), config_sha256=file_digest(config),
+                          small=small,
                           variants=[{**_variant_key(v), "net_us": (v.confirmed or {}).get("net_us")}
                                     for v in kept])
     done = checkpoints.load(f"check-{target}", key)
