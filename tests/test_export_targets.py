@@ -460,6 +460,10 @@ def test_the_figure_kept_under_compile_is_the_less_lucky_process(monkeypatch):
     mc = source["model_check"]
     assert (mc["speedup"], mc["speedup_ci"], mc["cast_ms"]) == (1.012, [1.006, 1.018], 6.32)
     assert mc["tried"][0]["speedup"] == 1.021 and mc["replicate"][0]["speedup"] == 1.012
+    from engine.export.report import target_check_text
+
+    assert target_check_text(mc) == ("6.40 -> 6.32 ms, 1.012× (95% CI 1.006–1.018); the lower of two processes' "
+                                     "checks, each compiled afresh")
     calls.clear()
     pkg._model_check([v], {}, {"model": "m"}, [], "cfg", True, "eager", lambda m: None)
     assert len(calls) == 1 and calls[0]["caches"] is None  # eager: one check, the usual caches

@@ -74,6 +74,8 @@ def target_check_text(check: dict[str, Any]) -> str:
         text += f"; output vs eager {check['rel_l2_err']:.1e} (relative L2)"
     if ci[0] is not None and not faster_with_confidence(ci):
         text += "; not faster with confidence"
+    if check.get("replicate"):
+        text += "; the lower of two processes' checks, each compiled afresh"
     return text
 
 
