@@ -75,6 +75,9 @@ MODEL_TARGETS = {"sd35_vae": "eager,cuda-graphs,compile,compile:reduce-overhead"
 # Each step's time limit (seconds; the run's is its wall time plus this), all inside --deadline; the export's is
 # per target proven (each compile target compiles the model at least twice).
 # (compose: both arms of each mode compile, after one compile of the model that neither arm is charged for.)
+# bench_compose times each comparison in rounds until its CI is 0.02 wide, for at most this long (three
+# comparisons per model: eager and two compile modes), within the compose step's limit.
+COMPOSE_MAX_S = 20
 STEP_LIMIT_S = {"run": 90, "export": 180, "e2e": 150, "compose": 300, "torch.compile": 540, "e2e full depth": 300}
 EXPORT_S_PER_COMPILE_TARGET = 90
 # Exports that take longer than that formula: sd35_medium under torch.compile compiles its MMDiT step + VAE in
@@ -510,7 +513,8 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compil
             with host_bench_turn(out):
                 do("compose", d / "compose" / "bench_compose.json",
                    [py, "scripts/bench_compose.py", "--out", str(d / "compose"), "--model", config_path(model),
-                    "--cast", str(cast), "--modes", ",".join(COMPOSE_MODES)], STEP_LIMIT_S["compose"])
+                    "--cast", str(cast), "--modes", ",".join(COMPOSE_MODES), "--max-s", str(COMPOSE_MAX_S)],
+                   STEP_LIMIT_S["compose"])
         else:
             why = (f"the export did not finish ({_why(rec, 'export')})" if unfinished else
                    _export_error(logf) or f"no cast ({_why(rec, 'export')}; see steps.log)")

@@ -148,3 +148,29 @@ def test_control_arms_take_turns_so_each_follows_every_other_alike(monkeypatch):
     rounds = [ran[k:k + 4] for k in range(0, len(ran), 4)]
     after = Counter((r[j], r[j + 1]) for r in rounds for j in range(3))
     assert len(after) == 12 and set(after.values()) == {2}
+
+
+def test_comparisons_take_more_rounds_until_their_ci_is_narrow_or_the_time_is_up(monkeypatch):
+    """bench_compose with --iters 0 times rounds until the CI is 0.02 wide or --max-s has passed (ResNet-50 in
+    default mode on the H200 gave CIs 0.18 wide from one round of 60); --iters N is exactly N."""
+    import itertools
+
+    bc = load_script("bench_compose")
+    noisy = itertools.cycle([90.0, 110.0, 100.0, 95.0, 105.0])
+    calls = {"n": 0}
+
+    def timed(run):
+        calls["n"] += 1
+        return next(noisy) if calls["n"] <= 8 else 100.0  # the first round noisy, the rest steady
+
+    monkeypatch.setattr(bc, "timed", timed)
+    arms = [("a", lambda: None, None), ("b", lambda: None, None)]
+    r = bc.rotate(arms, 4, precision=0.02, max_s=600)["b"]
+    assert r["iters"] > 4 and r["iters"] % 4 == 0 and r["precise"]
+    assert r["speedup_ci"][1] - r["speedup_ci"][0] <= 0.02
+    calls["n"] = 0
+    r = bc.rotate(arms, 4)["b"]  # --iters N: one round, however wide
+    assert r["iters"] == 4 and "precise" not in r and r["speedup_ci"][1] - r["speedup_ci"][0] > 0.02
+    calls["n"] = -10**9  # noisy for good: the time limit ends it after the first round
+    r = bc.rotate(arms, 4, precision=0.02, max_s=0.0)["b"]
+    assert r["iters"] == 4 and r["precise"] is False
