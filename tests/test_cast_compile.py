@@ -266,3 +266,31 @@ def test_a_graph_served_from_inductors_cache_keeps_the_target(casts, tmp_path, m
         assert torch.equal(torch.compile(_relu2, backend=again)(x), _relu2(x))
     assert _cache_hits() > hits, "the second compile was not served from Inductor's cache"
     assert first.unwrapped == 1 and again.unwrapped == 0 and entered == ["compile"]
+
+
+def test_an_op_another_cast_routes_through_the_cpp_router_counts_as_routed(casts):
+    """A graph that calls an op some installed C++ route takes keeps the target scope too (another cast's route
+    must see the compile's target, not eager's)."""
+    from engine.cast import cpp_router
+
+    class Ext:  # the extension's install/uninstall, recorded
+        def __init__(self):
+            self.calls = []
+
+        def install(self, *a):
+            self.calls.append(("install", *a[:3]))
+
+        def uninstall(self, *a):
+            self.calls.append(("uninstall", *a))
+
+    ext, other = Ext(), casts("O")
+    assert "aten::native_batch_norm" not in compose.routed_names(other)
+    cpp_router.install(ext, "aten::native_batch_norm", "CUDA", [])
+    try:
+        assert "aten::native_batch_norm" in cpp_router.installed_ops()
+        assert "aten::native_batch_norm" in compose.routed_names(other)
+    finally:
+        cpp_router.uninstall(ext, "aten::native_batch_norm", "CUDA")
+    assert "aten::native_batch_norm" not in compose.routed_names(other)
+    assert ext.calls == [("install", "aten::native_batch_norm", "", "CUDA"),
+                         ("uninstall", "aten::native_batch_norm", "", "CUDA")]

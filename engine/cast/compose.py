@@ -319,10 +319,13 @@ def _schema_name(op: Any) -> str | None:
 def routed_names(owner: object) -> frozenset[str]:
     """The ops (schema names, any overload) a route may serve in a graph compiled for `owner`: every
     variant's op of `owner` whatever its targets (installed or not: it may be installed after the compile),
-    the ops its C++ router takes, and every Python route installed now (another cast's). The `kforge`
+    the ops its C++ router takes, and every route installed now, Python or C++ (another cast's). The `kforge`
     namespace (pattern ops) is always counted (`_routed_calls`)."""
     names = {_schema_name(getattr(v, "op", None) or "") for v in getattr(owner, "variants", None) or ()}
+    from engine.cast import cpp_router
+
     names.update(_schema_name(op) for op in _cpp_ops(owner))
+    names.update(_schema_name(op) for op in cpp_router.installed_ops())  # another cast's, through C++
     names.update(_schema_name(op) for op, _key in runtime.routes())
     names.discard(None)
     return frozenset(names)

@@ -240,6 +240,8 @@ def install(ext: Any, op_name: str, dispatch_key: str, plans: list[Any],
 
     name, _, overload = _split(op_name)
     ext.install(name, overload, dispatch_key, plans)
+    with _LOCK:
+        _INSTALLED[(op_name, dispatch_key)] = _INSTALLED.get((op_name, dispatch_key), 0) + 1
     for shape, stride, outs in held:
         note_held(resolve_op(op_name), shape, stride, outs, ext)
 
@@ -259,6 +261,20 @@ def note_held(op: Any, shape: tuple[int, ...], stride: tuple[int, ...], outputs:
 def uninstall(ext: Any, op_name: str, dispatch_key: str) -> None:
     name, _, overload = _split(op_name)
     ext.uninstall(name, overload, dispatch_key)
+    with _LOCK:
+        left = _INSTALLED.pop((op_name, dispatch_key), 0) - 1
+        if left > 0:
+            _INSTALLED[(op_name, dispatch_key)] = left
+
+
+# (op name, dispatch key) -> installs not yet undone: what the router takes now, whichever cast installed it
+_INSTALLED: dict[tuple[str, str], int] = {}
+
+
+def installed_ops() -> list[str]:
+    """The ops the C++ router takes now (any cast's), as 'aten::op.overload' names."""
+    with _LOCK:
+        return sorted({op for op, _key in _INSTALLED})
 
 
 def stats(ext: Any, op_name: str, dispatch_key: str) -> dict[str, Any]:
