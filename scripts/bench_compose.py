@@ -472,6 +472,14 @@ def report(doc: dict[str, Any]) -> str:
             lines.append(f"\n{mode}: control arms, each against torch.compile alone, in balanced orders: " + "; ".join(
                 f"{name} {f(c['ms'], '.3f')} ms, {c['speedup']:.3f} ({c['speedup_ci'][0]:.3f}–{c['speedup_ci'][1]:.3f})"
                 for name, c in r["control"].items()))
+            aa = r["control"].get("alone, timed again (A/A)")
+            if aa:
+                lo, hi = aa["speedup_ci"]
+                reach = max(abs(hi - 1.0), abs(1.0 - lo))  # how far from 1 a comparison of a thing with itself read
+                lines.append(f"\n{mode}: the A/A arm (torch.compile alone against itself) read {aa['speedup']:.3f} "
+                             f"({lo:.3f}–{hi:.3f}): " + ("a bias in the timing; differences within "
+                                                         f"±{reach:.3f} of 1 are not resolved in this run"
+                                                         if lo > 1.0 or hi < 1.0 else "no bias shown"))
         if "compiled_first" in r:
             lines.append(f"\n{mode}: compiled {r['compiled_first']} first; the cast's pattern pass took "
                          f"{r.get('pattern_pass_s', 0.0):.2f} s of its compile")

@@ -35,6 +35,23 @@ def test_the_report_says_which_arm_compiled_first_and_what_the_pattern_pass_and_
     assert "Inductor's start in this process" in text and "6.0 s" in text
 
 
+def test_the_report_reads_the_a_a_arm_as_the_timings_own_bias():
+    """ResNet-50 under reduce-overhead (H200, 2026-12-03h): torch.compile alone timed against itself read 1.017x
+    (1.012-1.019). The report says what such a reading means for the other numbers of that run."""
+    report = load_script("bench_compose").report
+
+    def arm(s, lo, hi):
+        return {"ms": 1.6, "base_ms": 1.6, "speedup": s, "speedup_ci": [lo, hi], "iters": 60}
+
+    doc = {"gpu": "NVIDIA H200", "torch": "2.11", "date": "2026-12-03", "model": "resnet50", "variants": [],
+           "modes": {"reduce-overhead": _mode(control={"alone, timed again (A/A)": arm(1.017, 1.012, 1.019)}),
+                     "default": _mode(control={"alone, timed again (A/A)": arm(1.001, 0.995, 1.006)})}}
+    text = report(doc)
+    assert ("reduce-overhead: the A/A arm (torch.compile alone against itself) read 1.017 (1.012–1.019): a bias in "
+            "the timing; differences within ±0.019 of 1 are not resolved in this run") in text
+    assert "default: the A/A arm (torch.compile alone against itself) read 1.001 (0.995–1.006): no bias shown" in text
+
+
 def test_the_scripts_control_flow_on_a_cpu(tmp_path, monkeypatch):
     """bench_compose end to end on the CPU, with a cast none of whose variants can run here: both arms compile
     (the cast's first), each once, nothing recompiles while timed, and the record and report say so. Not a
