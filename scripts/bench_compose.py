@@ -60,11 +60,13 @@ def sync() -> None:
 
 
 def timed(run) -> float:
-    """µs of one call: CUDA events on the GPU (engine.bench.forward.time_forward), the wall clock elsewhere."""
+    """µs of a call made right after an untimed call of it, in the arm's state (its steady state, as a model in
+    use runs; engine.bench.forward.time_steady says why): CUDA events on the GPU, the wall clock elsewhere."""
     if DEVICE == "cuda":
-        from engine.bench.forward import time_forward
+        from engine.bench.forward import time_steady
 
-        return time_forward(run)
+        return time_steady(run)
+    run()
     t0 = time.perf_counter()
     run()
     return (time.perf_counter() - t0) * 1e6

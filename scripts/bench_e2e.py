@@ -30,7 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.bench.forward import auto_iters, capture_graph, time_forward  # noqa: E402
+from engine.bench.forward import auto_iters, capture_graph, time_forward, time_steady  # noqa: E402
 from engine.config import ModelSpec, config_model, override_params, parse_model_list, sd35_vae  # noqa: E402
 from engine.errors import UsageError  # noqa: E402
 from engine.models.forwards import output_tensor  # noqa: E402
@@ -87,7 +87,7 @@ def graph_arm(name: str, forward, cast, iters: int, module=None) -> dict:
     for i in range(iters):
         for arm in (("eager", "cast") if i % 2 == 0 else ("cast", "eager")):
             g = g_eager if arm == "eager" else g_cast
-            (eager_us if arm == "eager" else cast_us).append(time_forward(g.replay))
+            (eager_us if arm == "eager" else cast_us).append(time_steady(g.replay))
     torch.cuda.synchronize()
     est = speedup_ci(eager_us, cast_us, paired=True)
     diff = out_cast.double() - out_eager.double()
@@ -153,10 +153,10 @@ def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int, 
             for arm in arms:
                 if arm == "cast":
                     cast.install(module)
-                    cast_us.append(time_forward(forward))
+                    cast_us.append(time_steady(forward))
                     cast.remove()
                 else:
-                    eager_us.append(time_forward(forward))
+                    eager_us.append(time_steady(forward))
         restored = output_tensor(forward())
         graph = graph_arm(name, forward, cast, iters, module) if graphs else None
         host = host_arms(forward, cast, module)

@@ -23,6 +23,19 @@ def time_forward(run: Callable[[], Any]) -> float:
     return s.elapsed_time(e) * 1e3
 
 
+def time_steady(run: Callable[[], Any]) -> float:
+    """Device µs of a call of `run` made right after an untimed call of it (time_forward of the second).
+
+    Whatever ran on the host just before a timed forward weighs on it: on the H200 (ResNet-50 under
+    torch.compile, 2026-12-04, docs/results/reproduce-h200/2026-12-04/) a forward right after installing and
+    removing a cast (2 ms of Python), after 2 ms of other Python, or after a 2 ms sleep read 2.5-4 % slower
+    than one right after another forward, and a forward after those and one untimed call read as fast as
+    any (1.003x). An arm that installs a cast around its calls paid that every time. A model in use runs its
+    forwards back to back: that steady state is what both arms of a comparison are timed in."""
+    run()
+    return time_forward(run)
+
+
 def capture_graph(forward: Callable[[], Any]) -> tuple[Any, Any]:
     """The forward captured in a CUDA graph after warm-up on a side stream: (graph, its static output)."""
     import torch

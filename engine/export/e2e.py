@@ -212,7 +212,7 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
     follow while the CI is wider than `precision` and less than `max_s` has passed for the set (a noisy host gave 0.886-1.139 from one round, where a 3 % loss was there to find)."""
     import torch
 
-    from engine.bench.forward import auto_iters, capture_graph, time_forward
+    from engine.bench.forward import auto_iters, capture_graph, time_forward, time_steady
     from engine.bench.stats import speedup_ci
     from engine.cast.loader import load
     from engine.config import build_target, load_config
@@ -262,14 +262,15 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
                 while True:  # rounds of `iters` pairs until the CI is narrow enough or the time is up
                     for i in range(iters):
                         for arm in (("eager", "cast") if i % 2 == 0 else ("cast", "eager")):
+                            # each arm in its steady state: right after an untimed call of itself
                             if graphs:
                                 g = eager_graph if arm == "eager" else cast_graph
-                                (eager_us if arm == "eager" else cast_us).append(time_forward(g.replay))
+                                (eager_us if arm == "eager" else cast_us).append(time_steady(g.replay))
                             elif arm == "cast":
                                 with cast.enabled(model):
-                                    cast_us.append(time_forward(fast))
+                                    cast_us.append(time_steady(fast))
                             else:
-                                eager_us.append(time_forward(base))
+                                eager_us.append(time_steady(base))
                     est = speedup_ci(eager_us, cast_us, paired=True)
                     if settled((est.low, est.high), precision) or time.perf_counter() - t0 >= max_s:
                         break
