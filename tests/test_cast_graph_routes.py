@@ -1,0 +1,277 @@
+"""Graph routes (engine/cast/graphs.py): the guard, the static copies in and out, and what a capture refuses.
+
+On the CPU with a stand-in for torch.cuda.graph whose replay reruns the captured function into the static
+output, so every guard decision and copy runs as on the GPU; the CUDA capture itself is tested in
+tests/test_cast_graph_routes_gpu.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from engine.cast.graphs import GraphSet
+
+
+class StandIn:
+    device_type = "cpu"
+
+    def __init__(self, fail: bool = False):
+        self.captures = self.replays = 0
+        self.fail = fail
+
+    def stream(self):
+        return 0
+
+    def capturing(self):
+        return False
+
+    def capture(self, fn):
+        if self.fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        out = fn()
+        self.captures += 1
+
+        def replay():
+            self.replays += 1
+            for a, b in zip(tree_flatten(out)[0], tree_flatten(fn())[0]):
+                if isinstance(a, torch.Tensor):
+                    a.copy_(b)
+        return replay, out
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.norm = nn.LayerNorm(8)
+        self.scale = 0.5
+
+    def forward(self, x, gate=None, *, bias: float = 0.0):
+        h = self.norm(self.lin(x)) * self.scale + bias
+        return (h + x, {"gate": h if gate is None else h * gate})
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(), Block()])
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)[0]
+        return x
+
+
+def _x(*shape):
+    return torch.randn(*shape or (2, 8))
+
+
+def _routed(model=None, **kw):
+    model = model or Block().eval()
+    backend = StandIn(**kw)
+    gs = GraphSet(model, lambda path, m: isinstance(m, Block), backend, max_graphs=2)
+    return model, gs, backend
+
+
+def _equal(a, b):
+    fa, sa = tree_flatten(a)
+    fb, sb = tree_flatten(b)
+    return sa == sb and all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(fa, fb))
+
+
+def test_a_signature_is_captured_on_its_first_call_and_replayed_after_with_the_calls_values():
+    model = Net().eval()
+    backend = StandIn()
+    gs = GraphSet(model, lambda path, m: isinstance(m, Block), backend)
+    assert list(gs.paths()) == ["blocks.0", "blocks.1"]
+    keys = set(model.state_dict())
+    with torch.no_grad(), gs:
+        x = _x()
+        first = model(x)
+        assert backend.captures == 2 and backend.replays == 2  # each capture is checked by one replay
+        for _ in range(3):
+            x = _x()
+            got = model(x)
+            gs.remove()
+            want = model(x)
+            gs.install()
+            assert torch.equal(got, want)
+    assert backend.replays == 2 + 3 * 2
+    st = gs.stats()
+    assert st["blocks.0"]["captured"] == 1 and st["blocks.0"]["replays"] == 3
+    assert not any("forward" in m.__dict__ for m in model.modules())  # removed: the attribute state as before
+    assert set(model.state_dict()) == keys and first.shape == (2, 8)
+
+
+def test_outputs_are_fresh_tensors_in_the_forwards_structure_and_keyword_arguments_are_in_the_signature():
+    model, gs, backend = _routed()
+    x, gate = _x(), _x()
+    with torch.no_grad():
+        want = model(x, gate, bias=1.0)
+        with gs:
+            model(x, gate, bias=1.0)
+            a = model(x, gate, bias=1.0)
+            a[0].add_(100)  # the caller owns what it got: the next replay's output is not that tensor
+            b = model(x, gate, bias=1.0)
+            assert _equal(b, want) and a[0].data_ptr() != b[0].data_ptr()
+            model(x, gate, bias=2.0)  # another value of a keyword: another signature, captured
+    st = next(iter(gs.stats().values()))
+    assert st["captured"] == 2 and st["replays"] == 2
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda m: m.lin.weight.add_(1.0), "parameters changed"),
+    (lambda m: setattr(m.lin.weight, "data", torch.randn(8, 8)), "parameters changed"),
+    (lambda m: setattr(m.lin, "weight", nn.Parameter(m.lin.weight.detach().clone())), "parameters changed"),
+    (lambda m: setattr(m.norm, "eps", 1e-3), "attributes changed"),
+    (lambda m: setattr(m, "scale", 2.0), "attributes changed"),
+    (lambda m: m.norm.register_forward_hook(lambda *a: None), "hooks"),
+    (lambda m: setattr(torch.backends.cudnn, "deterministic", not torch.backends.cudnn.deterministic),
+     "kernel switches changed"),
+])
+def test_after_a_change_the_guard_runs_the_original_forward(change, why):
+    model, gs, backend = _routed()
+    x = _x()
+    det = torch.backends.cudnn.deterministic
+    try:
+        with torch.no_grad(), gs:
+            model(x)
+            model(x)
+            change(model)
+            replays = backend.replays
+            got = model(x)
+            gs.remove()
+            want = model(x)
+        assert backend.replays == replays and _equal(got, want)
+        assert next(iter(gs.stats().values()))["declines"] == {why: 1}
+    finally:
+        torch.backends.cudnn.deterministic = det
+
+
+def test_grad_needed_declines_and_no_grad_replays():
+    model, gs, backend = _routed()
+    x = _x()
+    with gs:
+        with torch.no_grad():
+            model(x)
+        out = model(x)  # grad enabled, parameters require grad
+        assert out[0].requires_grad
+    assert next(iter(gs.stats().values()))["declines"] == {"grad": 1}
+
+
+def test_a_new_shape_is_its_own_graph_up_to_the_limit():
+    model, gs, backend = _routed()
+    with torch.no_grad(), gs:
+        for rows in (2, 3, 4, 4):
+            model(_x(rows, 8))
+    st = next(iter(gs.stats().values()))
+    assert st["captured"] == 2 and st["declines"] == {"graphs per module used up": 2}
+
+
+class Writes(Block):
+    def forward(self, x):
+        x.mul_(2)
+        return self.lin(x)
+
+
+class Identity(Block):
+    def forward(self, x):
+        return x
+
+
+class Counts(Block):
+    def forward(self, x):
+        self.scale = self.scale + 1
+        return self.lin(x)
+
+
+class Noisy(Block):
+    def forward(self, x):
+        return self.lin(x) + torch.rand_like(x)
+
+
+@pytest.mark.parametrize("cls, why", [
+    (Writes, "the forward writes an argument"),
+    (Identity, "an output shares storage with an argument or a parameter"),
+    (Counts, "the forward changes its module's parameters, buffers or attributes"),
+    (Noisy, "the replay differs from the eager call"),
+])
+def test_forwards_a_replay_cannot_stand_for_are_refused_and_run_eagerly(cls, why):
+    model, gs, backend = _routed(cls().eval())
+    with torch.no_grad(), gs:
+        for _ in range(3):
+            model(_x())
+    st = next(iter(gs.stats().values()))
+    assert st["refused"] == {"#1": why} and st["replays"] == 0 and st["captured"] == 0
+    assert st["eager_calls"] == 3
+
+
+def test_a_forward_that_cannot_be_captured_is_refused_and_its_output_is_the_eager_one():
+    model, gs, backend = _routed(fail=True)
+    x = _x()
+    with torch.no_grad():
+        want = model(x)
+        with gs:
+            got = [model(x) for _ in range(2)]
+    assert all(_equal(g, want) for g in got)
+    st = next(iter(gs.stats().values()))
+    assert st["refused"]["#1"].startswith("not capturable: RuntimeError: operation not permitted")
+    assert st["declines"] == {"signature refused": 1}
+
+
+def test_arguments_the_guard_cannot_key_decline():
+    class Cache:
+        pass
+
+    class TakesObject(Block):
+        def forward(self, x, cache=None):
+            return self.lin(x)
+
+    model, gs, backend = _routed(TakesObject().eval())
+    with torch.no_grad(), gs:
+        model(_x(), Cache())
+        model(_x().to(torch.float64).float().to_sparse().to_dense(), None)
+    st = next(iter(gs.stats().values()))
+    assert st["declines"] == {"a Cache argument": 1} and st["captured"] == 1
+
+
+def test_the_outermost_selected_module_is_routed_and_module_cards_are_left_alone():
+    model = Net().eval()
+    model.blocks[1].__dict__["forward"] = model.blocks[1].forward  # an instance forward: a module card, say
+    gs = GraphSet(model, lambda path, m: isinstance(m, (nn.ModuleList, Block, nn.Linear)), StandIn())
+    assert list(gs.paths()) == ["blocks"] or list(gs.paths()) == []
+    gs = GraphSet(model, lambda path, m: isinstance(m, (Block, nn.Linear)), StandIn())
+    assert list(gs.paths()) == ["blocks.0", "blocks.1.lin"]
+    assert "blocks.1" in gs.skipped
+
+
+def test_a_replay_reads_the_parameters_values_as_they_are_at_the_call():
+    """A write through `.data` keeps the tensor, its version and its address: the graph reads the new values
+    there, as the eager forward would."""
+    model, gs, backend = _routed()
+    x = _x()
+    with torch.no_grad(), gs:
+        model(x)
+        model.lin.weight.data.mul_(3.0)
+        got = model(x)
+        gs.remove()
+        want = model(x)
+    assert backend.replays == 2 and _equal(got, want)
+
+
+def test_bench_graph_routes_names_a_bad_input_in_one_line_and_exits_2(tmp_path, capsys):
+    from conftest import load_script
+
+    bench = load_script("bench_graph_routes")
+    assert bench.main(["--out", str(tmp_path), "--model", "configs/models/gemma4_e2b.toml", "--modules", "(("]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --modules '((': not a regular expression")
+    assert bench.main(["--out", str(tmp_path), "--model", "configs/models/gemma4_e2b.toml", "--modules", "Layer",
+                       "--cast", str(tmp_path / "none.cast")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "none.cast: no such file" in err[0]
+    assert bench.main(["--out", str(tmp_path), "--model", str(tmp_path / "nope.toml"), "--modules", "Layer"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --model")
