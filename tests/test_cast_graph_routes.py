@@ -6,6 +6,8 @@ tests/test_cast_graph_routes_gpu.py."""
 
 from __future__ import annotations
 
+from collections import UserDict
+
 import pytest
 import torch
 from torch import nn
@@ -275,3 +277,79 @@ def test_bench_graph_routes_names_a_bad_input_in_one_line_and_exits_2(tmp_path, 
     assert bench.main(["--out", str(tmp_path), "--model", str(tmp_path / "nope.toml"), "--modules", "Layer"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --model")
+
+
+class Shared(UserDict):  # as transformers' KVSharingDict: layers write their keys and values for later layers
+    pass
+
+
+class Writer(Block):
+    def forward(self, x, shared):
+        k = self.lin(x)
+        shared["full"] = (k, k * 2)
+        return x + self.norm(k)
+
+
+class Reader(Block):
+    def forward(self, x, shared):
+        k, v = shared["full"]
+        return x + self.lin(k) * v
+
+
+class SharingNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([Writer(), Reader(), Reader()])
+
+    def forward(self, x, shared=None):
+        shared = Shared() if shared is None else shared
+        for layer in self.layers:
+            x = layer(x, shared)
+        return x, shared
+
+
+def test_entries_a_forward_puts_into_a_mapping_argument_are_put_there_by_a_replay_too():
+    """Gemma 4's layers take a KVSharingDict that one layer writes its keys and values into and later layers
+    read: a replay writes fresh copies of what the capture wrote, and readers copy them in as inputs."""
+    model = SharingNet().eval()
+    backend = StandIn()
+    gs = GraphSet(model, lambda path, m: isinstance(m, Block), backend)
+    reused = Shared()
+    with torch.no_grad():
+        for _ in range(4):
+            x = _x()
+            with gs:
+                got, got_shared = model(x, reused)  # one mapping object across forwards: no stale entry
+            want, want_shared = model(x)
+            assert torch.equal(got, want)
+            assert all(torch.equal(a, b) for a, b in zip(got_shared["full"], want_shared["full"]))
+    st = gs.stats()
+    # the writer's first call found the mapping empty, its second held the last forward's entry: two signatures
+    assert st["layers.0"]["captured"] == 2 and st["layers.0"]["replays"] == 2
+    assert all(st[p]["captured"] == 1 and st[p]["replays"] == 3 for p in ("layers.1", "layers.2")), st
+
+
+class Appends(Block):
+    def forward(self, x, seen):
+        seen.append(x)
+        return self.lin(x)
+
+
+class Removes(Block):
+    def forward(self, x, shared):
+        shared.pop("old")
+        return self.lin(x)
+
+
+def test_a_forward_that_changes_a_list_or_removes_a_mapping_entry_is_refused():
+    model, gs, _ = _routed(Appends().eval())
+    with torch.no_grad(), gs:
+        seen: list = []
+        for _ in range(2):
+            model(_x(), [seen])
+    assert next(iter(gs.stats().values()))["refused"] == {"#1": "the forward changes a list or dict inside its arguments"}
+    model, gs, _ = _routed(Removes().eval())
+    with torch.no_grad(), gs:
+        for _ in range(2):
+            model(_x(), {"old": _x()})
+    assert next(iter(gs.stats().values()))["refused"] == {"#1": "the forward removes an entry of a mapping argument"}

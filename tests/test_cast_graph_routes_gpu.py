@@ -99,3 +99,40 @@ def test_graphs_sharing_a_pool_keep_each_others_outputs_intact():
         for blk, got in zip(model, outs):
             h = blk(h)
             assert torch.equal(got, h)
+
+
+class Writer(Block):  # as Gemma 4's layers: one puts its keys and values into a mapping for later layers
+    def forward(self, x, shared):
+        k = self.qkv(self.norm(x))[..., :256]
+        shared["full"] = (k, k * 2)
+        return super().forward(x)
+
+
+class Reader(Block):
+    def forward(self, x, shared):
+        k, v = shared["full"]
+        return super().forward(x) + k * v
+
+
+def test_a_mapping_argument_gets_the_entries_a_replay_writes_and_readers_read_them():
+    from collections import UserDict
+
+    torch.manual_seed(0)
+    layers = nn.ModuleList([Writer(), Reader(), Reader()]).cuda().to(torch.bfloat16).eval()
+    gs = GraphSet(layers, lambda path, m: isinstance(m, Block))
+
+    def run(x):
+        shared = UserDict()
+        for layer in layers:
+            x = layer(x, shared)
+        return x, shared["full"]
+
+    with torch.no_grad():
+        for _ in range(4):
+            x = torch.randn(2, 64, 256, device="cuda", dtype=torch.bfloat16)
+            want, want_kv = run(x)
+            with gs:
+                got, got_kv = run(x)
+            assert torch.equal(got, want) and all(torch.equal(a, b) for a, b in zip(got_kv, want_kv))
+    st = gs.stats()
+    assert all(s["captured"] == 1 and s["replays"] == 3 for s in st.values()), st

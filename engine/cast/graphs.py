@@ -15,9 +15,9 @@ The guard, per call (anything else runs the original forward, and a decline cost
   (an enclosing capture records the forward's own kernels);
 - no grad needed (grad enabled and an argument or parameter requiring grad); no hooks on the module, its
   submodules, or global module hooks;
-- the exact signature of every argument, positional and keyword: per tensor (CUDA only) dtype, shape,
-  strides, alignment, device, neg/conj bits and requires_grad; per plain value its value; any other
-  object (a cache, a dataclass) declines;
+- the exact signature of every argument, positional and keyword, through tuples, lists, dicts and
+  UserDicts: per tensor (CUDA only) dtype, shape, strides and device; per plain value its type and value;
+  per mapping its type and keys; any other object (a cache, a dataclass) declines;
 - every parameter and buffer in the module's tree the same object, with the same `_version` and data
   pointer as at capture (a graph reads them at fixed addresses), and every submodule's plain attributes
   (eps, training, ...) as at capture;
@@ -26,11 +26,14 @@ The guard, per call (anything else runs the original forward, and a decline cost
 
 A signature's first call runs the forward eagerly and returns that output; then the forward is captured
 (warm-up on a side stream, then `torch.cuda.graph`) on static copies of the arguments, and replayed once on
-the same arguments: the replay must equal the eager call bit for bit. A forward that writes an argument,
-returns a tensor sharing storage with an argument, a parameter or another output, returns a tensor that is
-not dense, or cannot be captured (a host sync, a CPU tensor) is declined for that signature, with the reason
+the same arguments: the replay must equal the eager call bit for bit. A forward that writes an argument or
+its module's state, changes a list or dict inside its arguments, removes a mapping argument's entry, returns
+a tensor sharing storage with an argument, a parameter or another output, returns a tensor that is not
+dense, or cannot be captured (a host sync, a CPU tensor) is refused for that signature, with the reason
 (`stats()`). A replay copies the tensor arguments into the static inputs, replays, and returns fresh copies
-of the static outputs in the forward's output structure. Replays of one route are serialized; every graph of
+of the static outputs in the forward's output structure. Entries the forward puts into a mapping argument
+(Gemma 4's layers put their keys and values into a `KVSharingDict` for later layers) are outputs too: a
+replay puts fresh copies of the captured ones there. Replays of one route are serialized; every graph of
 a set shares one memory pool, which is safe because a graph's outputs are copied out before the next runs.
 """
 
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections import UserDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,40 +51,103 @@ import torch.nn.modules.module as _mm
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from engine.capture.module_binding import autocast_state
-from engine.cast.guard import tensor_key, value_key
 
 _MM_GLOBALS = _mm.__dict__
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
                  "_global_backward_pre_hooks", "_global_forward_hooks_always_called")
 _PLAIN = (int, float, bool, str, type(None))
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
+_grad_enabled = torch.is_grad_enabled
 _in_dispatch_mode = torch._C._len_torch_dispatch_stack
 _jit_tracing = torch._C._get_tracing_state
 
 
+_C = torch._C
+_SWITCHES = tuple(getattr(_C, n) for n in (
+    "_get_cublas_allow_tf32", "_get_cudnn_allow_tf32", "_get_cublas_allow_fp16_reduced_precision_reduction",
+    "_get_cublas_allow_bf16_reduced_precision_reduction", "_get_float32_matmul_precision",
+    "_get_deterministic_algorithms", "_get_cudnn_enabled", "_get_cudnn_deterministic", "_get_cudnn_benchmark",
+    "_get_flash_sdp_enabled", "_get_mem_efficient_sdp_enabled", "_get_math_sdp_enabled", "_get_cudnn_sdp_enabled")
+    if hasattr(_C, n))
+_any_autocast = _C._is_any_autocast_enabled
+
+
 def kernel_switches() -> tuple:
     """The global settings that choose which kernels an op launches (a graph keeps the ones captured)."""
-    b = torch.backends
-    sdp = tuple(f() for f in (getattr(b.cuda, n, None) for n in ("flash_sdp_enabled", "mem_efficient_sdp_enabled",
-                                                                  "math_sdp_enabled", "cudnn_sdp_enabled")) if f)
-    return (autocast_state(), b.cuda.matmul.allow_tf32, b.cuda.matmul.allow_fp16_reduced_precision_reduction,
-            b.cuda.matmul.allow_bf16_reduced_precision_reduction, torch.get_float32_matmul_precision(),
-            torch.are_deterministic_algorithms_enabled(), b.cudnn.enabled, b.cudnn.allow_tf32,
-            b.cudnn.deterministic, b.cudnn.benchmark, sdp)
+    return tuple(f() for f in _SWITCHES) + ((autocast_state(),) if _any_autocast() else ())
 
 
 def _plain(v: Any) -> bool:
     return isinstance(v, _PLAIN) or (isinstance(v, tuple) and all(_plain(x) for x in v))
 
 
-def _arg_key(x: Any, device_type: str) -> Any:
-    if isinstance(x, torch.Tensor):
-        if type(x) not in (torch.Tensor, torch.nn.Parameter) or x.device.type != device_type:
-            raise TypeError("a tensor subclass or a tensor off the GPU")
-        return ("t", tensor_key(x), x.requires_grad)
-    if _plain(x) or isinstance(x, (list, torch.device, torch.dtype)):
-        return ("v", value_key(x))
-    raise TypeError(f"a {type(x).__name__} argument")
+_VALUE_TYPES = frozenset({int, float, bool, str, type(None), torch.device, torch.dtype})
+_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+class _Signature:
+    """One call's arguments in one pass: the key (structure, per tensor dtype/shape/strides/device, per plain
+    value its type and value, per mapping its type and keys), the tensors in order, the mappings in order
+    (dicts and UserDicts, which a forward may put entries into), and whether any tensor requires grad."""
+
+    __slots__ = ("key", "tensors", "maps", "grad")
+
+    def __init__(self, args: tuple, kwargs: dict, device_type: str):
+        key: list[Any] = []
+        self.tensors: list[torch.Tensor] = []
+        self.maps: list[Any] = []
+        self.grad = False
+        walk = self._walk
+        for a in args:
+            walk(a, key, device_type)
+        if kwargs:
+            key.append(tuple(kwargs))
+            for v in kwargs.values():
+                walk(v, key, device_type)
+        self.key = tuple(key)
+
+    def _walk(self, x: Any, key: list[Any], device_type: str) -> None:
+        t = type(x)
+        if t is torch.Tensor or t is torch.nn.Parameter:
+            d = x.get_device()  # -1 on the CPU
+            if (d < 0) != (device_type == "cpu"):
+                raise TypeError("a tensor off the GPU")
+            key.append((x.dtype, x.shape, x.stride(), d))
+            self.tensors.append(x)
+            if x.requires_grad:
+                self.grad = True
+        elif t in _VALUE_TYPES:
+            key.append((t, x))
+        elif t is tuple or t is list:
+            key.append((t, len(x)))
+            for y in x:
+                self._walk(y, key, device_type)
+        elif isinstance(x, (dict, UserDict)):
+            self.maps.append(x)
+            key.append((t, tuple(x)))
+            for y in x.values():
+                self._walk(y, key, device_type)
+        elif isinstance(x, torch.Tensor):
+            raise TypeError("a tensor subclass argument")
+        else:
+            raise TypeError(f"a {t.__name__} argument")
+
+
+def _rebuild(x: Any, tensors: Iterator[torch.Tensor], maps: list[Any]) -> Any:
+    """`x` (an argument) over other tensors, in the order _Signature walked them; its mappings are new
+    objects of the same types, appended to `maps` in walk order."""
+    t = type(x)
+    if t is torch.Tensor or t is torch.nn.Parameter:
+        return next(tensors)
+    if t in _VALUE_TYPES:
+        return x
+    if t is tuple or t is list:
+        return t(_rebuild(y, tensors, maps) for y in x)
+    m = t()  # a dict or UserDict (others never reach here): a type that needs arguments raises TypeError
+    maps.append(m)
+    for k, v in list(x.items()):
+        m[k] = _rebuild(v, tensors, maps)
+    return m
 
 
 class CudaGraphs:
@@ -92,7 +159,7 @@ class CudaGraphs:
         self.pool = None
 
     def stream(self) -> Any:
-        return torch.cuda.current_stream().cuda_stream
+        return _C._cuda_getCurrentRawStream(torch.cuda.current_device())
 
     def capturing(self) -> bool:
         return torch.cuda.is_current_stream_capturing()
@@ -116,11 +183,12 @@ class CudaGraphs:
 @dataclass
 class _Graph:
     replay: Callable[[], None]
-    static: list[Any]                 # the flattened arguments: static tensors where the call had tensors
-    tensor_at: list[int]              # positions in `static` holding tensors
+    static: list[torch.Tensor]        # the static copies of the call's tensors, in _Signature's order
     out: list[Any]                    # the flattened static output
     out_spec: Any
     stream: Any
+    writes: list[tuple[int, Any, Any]] = field(default_factory=list)  # (mapping argument, key, its static mapping)
+    single: bool = False              # the output is one tensor
     replays: int = 0
 
 
@@ -164,21 +232,22 @@ class GraphRoute:
     def original(self, *args: Any, **kwargs: Any) -> Any:
         return self._forward(self.module(), *args, **kwargs)
 
-    def _why_not(self, flat: list[Any]) -> str | None:
-        """Why this call may not replay a graph (None: it may), the signature aside."""
+    def _why_not(self, grad: bool) -> str | None:
+        """Why this call may not replay a graph (None: it may), its arguments' signature aside; `grad`: an
+        argument requires grad."""
         if not self.active or _dynamo_compiling() or _in_dispatch_mode() or _jit_tracing():
             return "tracing or inactive"
         if self.backend.capturing():
             return "inside another capture"
         g = _MM_GLOBALS
-        if any(g.get(n) for n in _GLOBAL_HOOKS):
-            return "hooks"
+        for n in _GLOBAL_HOOKS:
+            if g.get(n):
+                return "hooks"
         for ref in self.hooked:
             m = ref()
             if m is None or m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
                 return "hooks"
-        if torch.is_grad_enabled() and (any(isinstance(x, torch.Tensor) and x.requires_grad for x in flat)
-                                        or any(t.requires_grad for _, _, t, _, _ in self.tensors)):
+        if _grad_enabled() and (grad or any(t.requires_grad for _, _, t, _, _ in self.tensors)):
             return "grad"
         for d, name, t, version, ptr in self.tensors:
             if d.get(name) is not t or t._version != version or t.data_ptr() != ptr:
@@ -191,16 +260,16 @@ class GraphRoute:
         return None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        flat, spec = tree_flatten((args, kwargs))
-        why = self._why_not(flat)
+        try:
+            sig = _Signature(args, kwargs, self.backend.device_type)
+        except TypeError as e:
+            self.stats.decline(str(e))
+            return self.original(*args, **kwargs)
+        why = self._why_not(sig.grad)
         if why is not None:
             self.stats.decline(why)
             return self.original(*args, **kwargs)
-        try:
-            key = (spec, tuple(_arg_key(x, self.backend.device_type) for x in flat), self.backend.stream())
-        except TypeError as e:
-            self.stats.decline(str(e).split(" (")[0])
-            return self.original(*args, **kwargs)
+        key = (sig.key, self.backend.stream())
         with self._lock:
             g = self.graphs.get(key)
             if g is None:
@@ -210,65 +279,127 @@ class GraphRoute:
                 if len(self.graphs) >= self.max_graphs:
                     self.stats.decline("graphs per module used up")
                     return self.original(*args, **kwargs)
-                return self._capture(key, flat, spec, args, kwargs)
-            for i in g.tensor_at:
-                g.static[i].copy_(flat[i])
+                return self._capture(key, sig, args, kwargs)
+            if sig.tensors:
+                torch._foreach_copy_(g.static, sig.tensors)
             g.replay()
             g.replays += 1
             self.stats.replays += 1
-            out = [_fresh(x) if isinstance(x, torch.Tensor) else x for x in g.out]
-            return tree_unflatten(out, g.out_spec)
+            for m, name, smap in g.writes:  # what the forward put into a mapping argument: the capture's tensors
+                written, spec = tree_flatten(smap[name])
+                sig.maps[m][name] = tree_unflatten(_fresh_all(written), spec)
+            if g.single:
+                return _fresh_all(g.out)[0]
+            return tree_unflatten(_fresh_all(g.out), g.out_spec)
 
     def _refuse(self, key: tuple, why: str) -> None:
         self.refused.add(key)
         self.stats.refused[f"#{len(self.stats.refused) + 1}"] = why
         self.stats.eager_calls += 1
 
-    def _capture(self, key: tuple, flat: list[Any], spec: Any, args: tuple, kwargs: dict) -> Any:
+    def _capture(self, key: tuple, sig: _Signature, args: tuple, kwargs: dict) -> Any:
         """The first call of a signature: eager, then capture and check; returns the eager output."""
-        at = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
-        versions = [flat[i]._version for i in at]
+        inputs = sig.tensors
+        versions = [x._version for x in inputs]
+        before = [dict(m.items()) for m in sig.maps]
+        containers = _containers((args, kwargs), skip={id(m) for m in sig.maps})
+        # the static arguments, rebuilt before the call (which may put entries into a mapping argument)
+        static = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x) for x in inputs]
+        smaps: list[Any] = []
+        try:
+            it = iter(static)
+            sargs = tuple(_rebuild(a, it, smaps) for a in args)
+            skw = {k: _rebuild(v, it, smaps) for k, v in kwargs.items()}
+            problem = None
+        except TypeError as e:
+            problem = f"a mapping argument that cannot be rebuilt: {e}"
+        entries = [dict(m.items()) for m in smaps]
         ref = self.original(*args, **kwargs)
-        if any(flat[i]._version != v for i, v in zip(at, versions)):
+        if problem is not None:
+            self._refuse(key, problem)
+            return ref
+        if any(x._version != v for x, v in zip(inputs, versions)):
             self._refuse(key, "the forward writes an argument")
             return ref
-        if self._why_not(flat) is not None:  # the state the guard holds, as it was before this call
+        if self._why_not(False) is not None:  # the state the guard holds, as it was before this call
             self._refuse(key, "the forward changes its module's parameters, buffers or attributes")
             return ref
+        if any(_snapshot(c) != snap for c, snap in containers):
+            self._refuse(key, "the forward changes a list or dict inside its arguments")
+            return ref
+        written: list[tuple[int, Any]] = []
+        for n, (m, old) in enumerate(zip(sig.maps, before)):
+            if any(k not in m for k in old):
+                self._refuse(key, "the forward removes an entry of a mapping argument")
+                return ref
+            written += [(n, k) for k, v in m.items() if k not in old or old[k] is not v]
         ref_flat, ref_spec = tree_flatten(ref)
-        why = _outputs_problem(ref_flat, [flat[i] for i in at], [t for _, _, t, _, _ in self.tensors],
-                               self.backend.device_type)
+        ref_written = [tree_flatten(sig.maps[n][k]) for n, k in written]
+        why = _outputs_problem(ref_flat + [x for w, _ in ref_written for x in w], inputs,
+                               [t for _, _, t, _, _ in self.tensors], self.backend.device_type)
         if why is not None:
             self._refuse(key, why)
             return ref
-        static = list(flat)
-        for i in at:
-            x = flat[i]
-            static[i] = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x)
-        sargs, skw = tree_unflatten(static, spec)
+
+        def forward() -> Any:
+            for m, e in zip(smaps, entries):  # each call starts from the mappings' entries as passed
+                m.clear()
+                m.update(e)
+            return self.original(*sargs, **skw)
+
         try:
-            replay, sout = self.backend.capture(lambda: self.original(*sargs, **skw))
-            for i in at:
-                static[i].copy_(flat[i])
+            replay, sout = self.backend.capture(forward)
+            for x, y in zip(static, inputs):
+                x.copy_(y)
             replay()
+            swritten = [tree_flatten(smaps[n][k]) for n, k in written]  # the capture's own output tensors
         except Exception as e:  # a host sync, a CPU tensor, an op capture does not allow
             self._refuse(key, f"not capturable: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
             return ref
         out_flat, out_spec = tree_flatten(sout)
-        if out_spec != ref_spec or not all(_same(a, b) for a, b in zip(out_flat, ref_flat)):
+        same = out_spec == ref_spec and all(_same(a, b) for a, b in zip(out_flat, ref_flat)) and all(
+            s == r and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+            for (a, s), (b, r) in zip(swritten, ref_written))
+        if not same:
             self._refuse(key, "the replay differs from the eager call")
             return ref
-        self.graphs[key] = _Graph(replay, static, at, out_flat, out_spec, key[-1])
+        writes = [(n, k, smaps[n]) for n, k in written]
+        single = len(out_flat) == 1 and isinstance(out_flat[0], torch.Tensor) and out_spec.is_leaf()
+        self.graphs[key] = _Graph(replay, static, out_flat, out_spec, key[-1], writes, single)
         self.stats.captured += 1
         self.stats.eager_calls += 1
         return ref
 
 
+def _snapshot(c: Any) -> tuple:
+    return tuple((k, id(v)) for k, v in c.items()) if isinstance(c, (dict, UserDict)) else tuple(map(id, c))
+
+
+def _containers(tree: Any, skip: set[int], out: list | None = None) -> list[tuple[Any, tuple]]:
+    """Every list and dict reachable through the arguments' lists, tuples and dicts, with its items' identities."""
+    out = [] if out is None else out
+    if isinstance(tree, (list, tuple, dict, UserDict)):
+        if not isinstance(tree, tuple) and id(tree) not in skip:
+            out.append((tree, _snapshot(tree)))
+        for v in (tree.values() if isinstance(tree, (dict, UserDict)) else tree):
+            _containers(v, skip, out)
+    return out
+
+
 _MISSING = object()
 
 
-def _fresh(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+def _fresh_all(xs: list[Any]) -> list[Any]:
+    """Copies of the tensors among `xs` (one foreach copy for all), the other items as they are."""
+    at = [i for i, x in enumerate(xs) if isinstance(x, torch.Tensor)]
+    if not at:
+        return list(xs)
+    new = [torch.empty_strided(xs[i].shape, xs[i].stride(), dtype=xs[i].dtype, device=xs[i].device) for i in at]
+    torch._foreach_copy_(new, [xs[i] for i in at])
+    out = list(xs)
+    for i, t in zip(at, new):
+        out[i] = t
+    return out
 
 
 def _same(a: Any, b: Any) -> bool:
