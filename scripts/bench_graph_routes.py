@@ -4,7 +4,8 @@
         --modules 'DecoderLayer$' [--cast CAST] [--small]
 
 `--modules`: a regular expression searched in each module's class name and path; the outermost matching
-modules are routed. `--cast`: a cast installed in both arms (its module and op cards then run inside the
+modules are routed. `--modules auto`: the model's repeated classes that hold submodules (decoder layers,
+blocks, attention), largest first, each its own trial (`--tries`, default 3). `--cast`: a cast installed in both arms (its module and op cards then run inside the
 captured graphs where they are proven for CUDA graphs, and in eager's arm as usual), so the comparison is
 the graph routes' own gain. Both arms are timed in their steady state (engine.bench.forward.time_steady),
 alternating, until the CI is 0.02 wide or --max-s. The output must equal eager's bit for bit (a replay runs
@@ -25,37 +26,62 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+# Where the model runs: "cuda" for every measurement. A test sets "cpu" and a stand-in for torch.cuda.graph
+# (BACKEND) to drive the script's flow (trials, report) without a GPU; what it times there measures nothing.
+DEVICE = "cuda"
+BACKEND: Any = None
+
+
+def timed(run: Any) -> float:
+    """µs of a call right after an untimed one (engine.bench.forward.time_steady; the wall clock off the GPU)."""
+    if DEVICE == "cuda":
+        from engine.bench.forward import time_steady
+
+        return time_steady(run)
+    run()
+    t0 = time.perf_counter()
+    run()
+    return (time.perf_counter() - t0) * 1e6
+
+
 def log(msg: str) -> None:
     print(f"[bench_graph_routes {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def _class_is(name: str) -> Any:
+    return lambda path, m: type(m).__name__ == name
+
+
 def report(doc: dict[str, Any]) -> str:
-    r = doc.get("result", {})
     lines = [f"# bench_graph_routes: {doc['model']}", "",
              f"{doc.get('gpu', '?')}, torch {doc.get('torch', '?')}, {doc.get('date', '')}; modules /{doc['modules']}/"
              + (f"; cast {doc['cast']} in both arms" if doc.get("cast") else ""), ""]
     if "error" in doc:
-        return "\n".join(lines + [f"error: {doc['error']}", ""])
-    if r:
-        agree = "bit for bit equal" if r["equal"] else f"DIFFERENT, max abs {r['max_abs']:.3g}"
-        lines += ["| arm | ms | speedup (95 % CI) |", "|---|---:|---|",
-                  f"| eager{' + cast' if doc.get('cast') else ''} | {r['base_ms']:.2f} | 1 |",
-                  f"| + graph routes | {r['routed_ms']:.2f} | {r['speedup']:.3f} ({r['speedup_ci'][0]:.3f}–"
-                  f"{r['speedup_ci'][1]:.3f}) |", "",
-                  f"Output against eager's: {agree}; "
-                  f"{r['forwards']} forwards per arm.", ""]
-    st = doc.get("routes", {})
-    if st:
-        replaying = sum(1 for s in st.values() if s["replays"])
-        lines += [f"{len(st)} module(s) routed, {replaying} replaying.", "",
-                  "| module | captured | replays | eager calls | declines | refused |", "|---|---:|---:|---:|---|---|"]
-        for path, s in st.items():
-            dec = ", ".join(f"{k} ×{v}" for k, v in s["declines"].items()) or "–"
-            ref = "; ".join(s["refused"].values()) or "–"
-            lines.append(f"| {path} | {s['captured']} | {s['replays']} | {s['eager_calls']} | {dec} | {ref} |")
-        lines.append("")
-    if doc.get("skipped"):
-        lines += ["Skipped: " + "; ".join(f"{p} ({w})" for p, w in doc["skipped"].items()), ""]
+        lines += [f"error: {doc['error']}", ""]
+    for t in doc.get("trials", []):
+        lines += [f"## /{t['modules']}/", ""]
+        r = t.get("result")
+        if "error" in t:
+            lines += [f"error: {t['error']}", ""]
+        if r:
+            agree = "bit for bit equal" if r["equal"] else f"DIFFERENT, max abs {r['max_abs']:.3g}"
+            lines += ["| arm | ms | speedup (95 % CI) |", "|---|---:|---|",
+                      f"| eager{' + cast' if doc.get('cast') else ''} | {r['base_ms']:.2f} | 1 |",
+                      f"| + graph routes | {r['routed_ms']:.2f} | {r['speedup']:.3f} ({r['speedup_ci'][0]:.3f}–"
+                      f"{r['speedup_ci'][1]:.3f}) |", "",
+                      f"Output against eager's: {agree}; {r['forwards']} forwards per arm.", ""]
+        st = t.get("routes", {})
+        if st:
+            replaying = sum(1 for v in st.values() if v["replays"])
+            lines += [f"{len(st)} module(s) routed, {replaying} replaying.", "",
+                      "| module | captured | replays | eager calls | declines | refused |", "|---|---:|---:|---:|---|---|"]
+            for path, v in st.items():
+                dec = ", ".join(f"{k} ×{n}" for k, n in v["declines"].items()) or "–"
+                ref = "; ".join(v["refused"].values()) or "–"
+                lines.append(f"| {path} | {v['captured']} | {v['replays']} | {v['eager_calls']} | {dec} | {ref} |")
+            lines.append("")
+        if t.get("skipped"):
+            lines += ["Skipped: " + "; ".join(f"{p} ({w})" for p, w in t["skipped"].items()), ""]
     return "\n".join(lines)
 
 
@@ -63,14 +89,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--model", required=True, help="a model config (configs/models/*.toml or a user config)")
-    ap.add_argument("--modules", required=True, help="regex searched in class names and paths")
+    ap.add_argument("--modules", required=True,
+                    help="regex searched in class names and paths, or 'auto': the model's repeated classes with "
+                         "submodules, largest first, one trial each (--tries)")
+    ap.add_argument("--tries", type=int, default=3, help="with --modules auto: classes tried at most (default 3)")
     ap.add_argument("--cast", type=Path, help="a cast installed in both arms")
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--precision", type=float, default=0.02)
     ap.add_argument("--max-s", type=float, default=30.0)
     args = ap.parse_args(argv)
     try:
-        pat = re.compile(args.modules)
+        pat = re.compile(args.modules) if args.modules != "auto" else None
     except re.error as e:
         print(f"error: --modules {args.modules!r}: not a regular expression ({e}); pass e.g. 'DecoderLayer$'",
               file=sys.stderr)
@@ -88,16 +117,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import torch
 
-    if not torch.cuda.is_available():
+    if DEVICE == "cuda" and not torch.cuda.is_available():
         print("error: bench_graph_routes: no CUDA GPU is visible; run it on the GPU", file=sys.stderr)
         return 2
-    from engine.bench.forward import time_steady
     from engine.bench.stats import speedup_ci
     from engine.cast.graphs import GraphSet
     from engine.models.forwards import output_tensor
 
     args.out.mkdir(parents=True, exist_ok=True)
-    doc: dict[str, Any] = {"model": args.model, "modules": args.modules, "gpu": torch.cuda.get_device_name(),
+    gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else f"{DEVICE} (a control-flow test, not a measurement)"
+    doc: dict[str, Any] = {"model": args.model, "modules": args.modules, "gpu": gpu,
                            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M"),
                            **({"cast": str(args.cast)} if args.cast else {})}
 
@@ -106,50 +135,68 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "bench_graph_routes.md").write_text(report(doc))
 
     log(f"building {args.model}")
-    target = build_target(config, torch.device("cuda"))
+    target = build_target(config, torch.device(DEVICE))
     model, forward = target.module, target.forward
-    gs = GraphSet(model, lambda path, m: bool(pat.search(type(m).__name__) or pat.search(path)))
-    doc["skipped"] = gs.skipped
-    if not gs.routes:
+    if pat is None:
+        from engine.cast.graphs import repeated_classes
+
+        names = repeated_classes(model)[:max(1, args.tries)]
+        selects = [(f"^{n}$", _class_is(n)) for n in names]
+        doc["candidates"] = names
+    else:
+        selects = [(args.modules, lambda path, m: bool(pat.search(type(m).__name__) or pat.search(path)))]
+    if not selects or not GraphSet(model, selects[0][1], BACKEND).routes:
         doc["error"] = f"no module's class name or path matches /{args.modules}/"
         save()
         print(f"error: --modules {args.modules!r}: no module of the model matches; classes are e.g. "
               f"{', '.join(sorted({type(m).__name__ for m in model.modules()})[:12])}", file=sys.stderr)
         return 2
-    log(f"{len(gs.routes)} module(s) routed: {', '.join(list(gs.routes)[:6])}{' ...' if len(gs.routes) > 6 else ''}")
     cast_cm: Any = contextlib.nullcontext()
     if args.cast is not None:
         from engine.cast.loader import load
 
         cast = load(args.cast)
         cast_cm = cast.enabled(model)
+    med = lambda xs: sorted(xs)[len(xs) // 2] / 1e3  # noqa: E731
+    doc["trials"] = []
     with torch.no_grad(), cast_cm:
         for _ in range(3):
             forward()
         want = output_tensor(forward()).clone()
-        with gs:
-            for _ in range(3):
-                forward()  # the first call of each signature captures
-            got = output_tensor(forward()).clone()
-        base, routed = [], []
-        t0 = time.perf_counter()
-        while True:
-            for i in range(10):
-                for arm in (("base", "routed") if i % 2 == 0 else ("routed", "base")):
-                    if arm == "routed":
-                        with gs:
-                            routed.append(time_steady(forward))
-                    else:
-                        base.append(time_steady(forward))
-            est = speedup_ci(base, routed, paired=True)
-            if est.high - est.low <= args.precision or time.perf_counter() - t0 >= args.max_s:
-                break
-    med = lambda xs: sorted(xs)[len(xs) // 2] / 1e3  # noqa: E731
-    doc["result"] = {"base_ms": med(base), "routed_ms": med(routed), "speedup": est.speedup,
-                     "speedup_ci": [est.low, est.high], "forwards": len(base),
-                     "equal": bool(torch.equal(got, want)),
-                     "max_abs": float((got.double() - want.double()).abs().max())}
-    doc["routes"] = gs.stats()
+        for name, select in selects:
+            gs = GraphSet(model, select, BACKEND)
+            trial: dict[str, Any] = {"modules": name, "skipped": gs.skipped}
+            doc["trials"].append(trial)
+            log(f"/{name}/: {len(gs.routes)} module(s) routed: {', '.join(list(gs.routes)[:4])}"
+                f"{' ...' if len(gs.routes) > 4 else ''}")
+            try:
+                with gs:
+                    for _ in range(3):
+                        forward()  # the first call of each signature captures
+                    got = output_tensor(forward()).clone()
+                base, routed = [], []
+                t0 = time.perf_counter()
+                while True:
+                    for i in range(10):
+                        for arm in (("base", "routed") if i % 2 == 0 else ("routed", "base")):
+                            if arm == "routed":
+                                with gs:
+                                    routed.append(timed(forward))
+                            else:
+                                base.append(timed(forward))
+                    est = speedup_ci(base, routed, paired=True)
+                    if est.high - est.low <= args.precision or time.perf_counter() - t0 >= args.max_s:
+                        break
+                trial["result"] = {"base_ms": med(base), "routed_ms": med(routed), "speedup": est.speedup,
+                                   "speedup_ci": [est.low, est.high], "forwards": len(base),
+                                   "equal": bool(torch.equal(got, want)),
+                                   "max_abs": float((got.double() - want.double()).abs().max())}
+                log(f"/{name}/: {est.speedup:.3f}x ({est.low:.3f}-{est.high:.3f})")
+            except Exception as e:  # one trial failing is reported, the others still run
+                trial["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                log(f"/{name}/: {trial['error']}")
+            trial["routes"] = gs.stats()
+            save()
     save()
     print(report(doc))
     return 0

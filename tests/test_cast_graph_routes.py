@@ -355,3 +355,71 @@ def test_a_forward_that_changes_a_list_or_removes_a_mapping_entry_is_refused():
         for _ in range(2):
             model(_x(), {"old": _x()})
     assert next(iter(gs.stats().values()))["refused"] == {"#1": "the forward removes an entry of a mapping argument"}
+
+
+def test_a_graph_captured_with_other_casts_installed_is_not_replayed_for_this_set():
+    """A graph holds the kernels whichever casts served while it was captured: installing or removing a cast
+    makes the next call another signature, captured afresh, and putting the set back finds the first graph."""
+    from engine.cast import runtime
+
+    model, gs, backend = _routed()
+    cast = object()
+    x = _x()
+    with torch.no_grad(), gs:
+        model(x)
+        model(x)
+        runtime.note_serving(cast, True)
+        try:
+            model(x)
+            model(x)
+        finally:
+            runtime.note_serving(cast, False)
+        model(x)
+    st = next(iter(gs.stats().values()))
+    assert st["captured"] == 2 and st["replays"] == 3
+    assert runtime.serving() == frozenset()
+
+
+
+def test_the_classes_worth_routing_are_the_repeated_ones_outermost_first():
+    from engine.cast.graphs import repeated_classes
+
+    class Inner(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = Inner(), Inner()
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([Layer(), Layer(), Layer()])
+            self.head = Inner()  # one more Inner, not inside a layer
+
+    assert repeated_classes(Model()) == ["Layer", "Inner"]  # Linear has no submodules; containers and root out
+
+
+def test_bench_graph_routes_tries_the_repeated_classes_and_reports_each(tmp_path, monkeypatch):
+    """The script's flow on the CPU with the stand-in (not a measurement): --modules auto tries the model's
+    repeated classes, largest first, and the report has a table per trial with the routes' counts."""
+    import json
+
+    from conftest import load_script
+
+    bench = load_script("bench_graph_routes")
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "BACKEND", StandIn())
+    out = tmp_path / "out"
+    assert bench.main(["--out", str(out), "--model", "configs/examples/my_model.toml", "--small", "--modules", "auto",
+                       "--max-s", "0"]) == 0
+    doc = json.loads((out / "bench_graph_routes.json").read_text())
+    assert doc["candidates"] == ["TinyMLPBlock"] and len(doc["trials"]) == 1
+    t = doc["trials"][0]
+    assert t["result"]["equal"] and t["result"]["forwards"] == 10
+    assert all(r["captured"] == 1 and r["replays"] > 0 and not r["refused"] for r in t["routes"].values())
+    md = (out / "bench_graph_routes.md").read_text()
+    assert "## /^TinyMLPBlock$/" in md and "module(s) routed" in md and "bit for bit equal" in md

@@ -51,6 +51,7 @@ import torch.nn.modules.module as _mm
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from engine.capture.module_binding import autocast_state
+from engine.cast import runtime
 
 _MM_GLOBALS = _mm.__dict__
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
@@ -186,7 +187,6 @@ class _Graph:
     static: list[torch.Tensor]        # the static copies of the call's tensors, in _Signature's order
     out: list[Any]                    # the flattened static output
     out_spec: Any
-    stream: Any
     writes: list[tuple[int, Any, Any]] = field(default_factory=list)  # (mapping argument, key, its static mapping)
     single: bool = False              # the output is one tensor
     replays: int = 0
@@ -269,7 +269,7 @@ class GraphRoute:
         if why is not None:
             self.stats.decline(why)
             return self.original(*args, **kwargs)
-        key = (sig.key, self.backend.stream())
+        key = (sig.key, self.backend.stream(), runtime.serving(), runtime.current_target())
         with self._lock:
             g = self.graphs.get(key)
             if g is None:
@@ -348,7 +348,13 @@ class GraphRoute:
             return self.original(*sargs, **skw)
 
         try:
-            replay, sout = self.backend.capture(forward)
+            # Captured under the target the eager call ran under (where no scope is open, eager's, not
+            # "cuda-graphs"), so that the cast's kernels which served that call are the ones captured. Their
+            # guards are evaluated once, here; this route's guard holds what they depend on at every replay
+            # (the signature, the subtree's parameters and attributes, hooks, grad, autocast) and the key holds
+            # which casts are installed.
+            with runtime.target_scope(key[-1]):
+                replay, sout = self.backend.capture(forward)
             for x, y in zip(static, inputs):
                 x.copy_(y)
             replay()
@@ -365,7 +371,7 @@ class GraphRoute:
             return ref
         writes = [(n, k, smaps[n]) for n, k in written]
         single = len(out_flat) == 1 and isinstance(out_flat[0], torch.Tensor) and out_spec.is_leaf()
-        self.graphs[key] = _Graph(replay, static, out_flat, out_spec, key[-1], writes, single)
+        self.graphs[key] = _Graph(replay, static, out_flat, out_spec, writes, single)
         self.stats.captured += 1
         self.stats.eager_calls += 1
         return ref
@@ -443,6 +449,24 @@ def _outputs_problem(outs: list[Any], inputs: list[torch.Tensor], params: list[t
 def _dense(t: torch.Tensor) -> bool:
     return t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last) or (
         t.numel() == torch.empty_strided(t.shape, t.stride(), device="meta").untyped_storage().nbytes() // t.element_size())
+
+
+_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)
+
+
+def repeated_classes(model: torch.nn.Module, least: int = 2) -> list[str]:
+    """Classes of the model's modules worth routing, the largest first: a class with at least `least` instances
+    that have submodules of their own (decoder layers, blocks, attention modules), the root and containers
+    (ModuleList, Sequential, ModuleDict) left out; ordered by the most modules one instance holds."""
+    size: dict[str, int] = {}
+    count: dict[str, int] = {}
+    for path, m in model.named_modules():
+        if not path or isinstance(m, _CONTAINERS) or not any(True for _ in m.children()):
+            continue
+        name = type(m).__name__
+        count[name] = count.get(name, 0) + 1
+        size[name] = max(size.get(name, 0), sum(1 for _ in m.modules()))
+    return sorted((n for n, c in count.items() if c >= least), key=lambda n: (-size[n], n))
 
 
 class GraphSet:

@@ -332,6 +332,7 @@ class Cast:
                 _warn(f"{self.path}: {len(shadowed)} variant(s) already covered by another installed cast "
                       f"({', '.join(shadowed)}); those stay with it")
             self._installed = True
+            runtime.note_serving(self, True)
             return self
 
     def remove(self) -> None:
@@ -378,6 +379,7 @@ class Cast:
                 for v in self.variants:
                     v.cpp = None
             self._installed = False
+            runtime.note_serving(self, False)
 
     @contextlib.contextmanager
     def enabled(self, model: Any = None) -> Iterator[Cast]:

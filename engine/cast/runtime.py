@@ -350,6 +350,28 @@ def add_entries(owner: object, entries: list[tuple[str, tuple, Plan, tuple | Non
     return shadowed
 
 
+# Casts installed now (by id, with their install counts): what graph routes key their graphs by, since a graph
+# holds the kernels whichever casts served while it was captured (engine.cast.graphs).
+_SERVING: dict[int, int] = {}
+_SERVING_TOKEN: frozenset[int] = frozenset()
+
+
+def note_serving(owner: object, installed: bool) -> None:
+    """Record that `owner` (a cast) was installed or removed."""
+    global _SERVING_TOKEN
+    with _LOCK:
+        k = id(owner)
+        _SERVING[k] = _SERVING.get(k, 0) + (1 if installed else -1)
+        if _SERVING[k] <= 0:
+            del _SERVING[k]
+        _SERVING_TOKEN = frozenset(_SERVING)
+
+
+def serving() -> frozenset[int]:
+    """The ids of the casts installed now (one object, rebuilt only when one is installed or removed)."""
+    return _SERVING_TOKEN
+
+
 def remove_owner(owner: object) -> None:
     """Take `owner`'s entries out; an op left with none gets its original kernel back."""
     with _LOCK:
