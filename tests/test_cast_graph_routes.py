@@ -43,12 +43,18 @@ class StandIn:
         return replay, out
 
 
+class Config:
+    def __init__(self):
+        self.attn_implementation = "sdpa"
+
+
 class Block(nn.Module):
     def __init__(self):
         super().__init__()
         self.lin = nn.Linear(8, 8)
         self.norm = nn.LayerNorm(8)
         self.scale = 0.5
+        self.config = Config()  # as transformers' modules hold their model's config
 
     def forward(self, x, gate=None, *, bias: float = 0.0):
         h = self.norm(self.lin(x)) * self.scale + bias
@@ -129,6 +135,7 @@ def test_outputs_are_fresh_tensors_in_the_forwards_structure_and_keyword_argumen
     (lambda m: setattr(m.lin, "weight", nn.Parameter(m.lin.weight.detach().clone())), "parameters changed"),
     (lambda m: setattr(m.norm, "eps", 1e-3), "attributes changed"),
     (lambda m: setattr(m, "scale", 2.0), "attributes changed"),
+    (lambda m: setattr(m.config, "attn_implementation", "eager"), "attributes changed"),
     (lambda m: m.norm.register_forward_hook(lambda *a: None), "hooks"),
     (lambda m: setattr(torch.backends.cudnn, "deterministic", not torch.backends.cudnn.deterministic),
      "kernel switches changed"),
@@ -423,3 +430,21 @@ def test_bench_graph_routes_tries_the_repeated_classes_and_reports_each(tmp_path
     assert all(r["captured"] == 1 and r["replays"] > 0 and not r["refused"] for r in t["routes"].values())
     md = (out / "bench_graph_routes.md").read_text()
     assert "## /^TinyMLPBlock$/" in md and "module(s) routed" in md and "bit for bit equal" in md
+
+
+def test_inference_mode_and_no_grad_calls_are_different_signatures():
+    """A graph captured under inference_mode holds inference tensors, which a call outside it cannot copy into."""
+    model, gs, backend = _routed()
+    x = _x()
+    with gs:
+        with torch.inference_mode():
+            model(x)
+            model(x)
+        with torch.no_grad():
+            model(x)
+            got = model(x)
+    gs.remove()
+    with torch.no_grad():
+        assert _equal(got, model(x))
+    st = next(iter(gs.stats().values()))
+    assert st["captured"] == 2 and st["replays"] == 2

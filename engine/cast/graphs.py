@@ -20,9 +20,11 @@ The guard, per call (anything else runs the original forward, and a decline cost
   per mapping its type and keys; any other object (a cache, a dataclass) declines;
 - every parameter and buffer in the module's tree the same object, with the same `_version` and data
   pointer as at capture (a graph reads them at fixed addresses), and every submodule's plain attributes
-  (eps, training, ...) as at capture;
+  (eps, training, ...) and those of the objects they hold, one level down (a transformers config), as at
+  capture;
 - what picks kernels as at capture: autocast, TF32 and reduced-precision switches, float32 matmul
-  precision, deterministic algorithms, cuDNN and SDPA backends; and the current device and stream.
+  precision, deterministic algorithms, cuDNN and SDPA backends; the current device and stream; inference
+  mode; the casts installed and the target calls are made under.
 
 A signature's first call runs the forward eagerly and returns that output; then the forward is captured
 (warm-up on a side stream, then `torch.cuda.graph`) on static copies of the arguments, and replayed once on
@@ -224,8 +226,7 @@ class GraphRoute:
         self.tensors = [(holder.__dict__[where], name, t, t._version, t.data_ptr())
                         for holder in mods for where in ("_parameters", "_buffers")
                         for name, t in holder.__dict__[where].items() if t is not None]
-        self.attrs = [(m.__dict__, k, v) for m in mods for k, v in m.__dict__.items()
-                      if not k.startswith("_") and k != "forward" and _plain(v)]
+        self.attrs = _plain_state(mods)
         self.switches = kernel_switches()
         self.device = next((t.device for _, _, t, _, _ in self.tensors if t.is_cuda), None)
 
@@ -269,7 +270,7 @@ class GraphRoute:
         if why is not None:
             self.stats.decline(why)
             return self.original(*args, **kwargs)
-        key = (sig.key, self.backend.stream(), runtime.serving(), runtime.current_target())
+        key = (sig.key, self.backend.stream(), runtime.serving(), _inference_mode(), runtime.current_target())
         with self._lock:
             g = self.graphs.get(key)
             if g is None:
@@ -451,6 +452,26 @@ def _dense(t: torch.Tensor) -> bool:
         t.numel() == torch.empty_strided(t.shape, t.stride(), device="meta").untyped_storage().nbytes() // t.element_size())
 
 
+def _plain_state(mods: list[torch.nn.Module]) -> list[tuple[dict, str, Any]]:
+    """(namespace, name, value) of every plain attribute a forward may read: the modules' own (eps, training,
+    ...), and those of the other objects they hold, one level down (a transformers config, whose
+    `_attn_implementation` and flags a forward reads at every call), each object once."""
+    out, seen = [], set()
+    for m in mods:
+        for k, v in m.__dict__.items():
+            if k == "forward" or k in _MODULE_TABLES:
+                continue
+            if _plain(v):
+                out.append((m.__dict__, k, v))
+            elif (not isinstance(v, (torch.nn.Module, torch.Tensor)) and id(v) not in seen
+                  and isinstance(getattr(v, "__dict__", None), dict) and not callable(v)):
+                seen.add(id(v))
+                out += [(v.__dict__, a, x) for a, x in v.__dict__.items() if _plain(x)]
+    return out
+
+
+_MODULE_TABLES = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"})
+_inference_mode = torch.is_inference_mode_enabled
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)
 
 
