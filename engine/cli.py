@@ -215,6 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh", action="store_true",
                    help="confirm and check everything again: reuse none of the checkpoints that earlier exports "
                         "left in the workspace (export-checkpoints/)")
+    p.add_argument("--graph-routes", action="store_true",
+                   help="also try replaying the model's repeated modules (decoder layers, blocks) from CUDA graphs "
+                        "in eager, and keep the first class that makes the whole model faster with an equal output "
+                        "(experimental; docs/chains.md)")
     _add_common(p)
 
     p = sub.add_parser("audit", help="show what a .cast file holds; --verify re-checks it on this GPU")
@@ -359,7 +363,7 @@ def _export(args: argparse.Namespace, out: Path, progress: Callable[[str], None]
     return export_run(_workspace(args), args.run, out, progress=progress,
                       model_check=not args.no_model_check, cuda_graphs=args.cuda_graphs,
                       sanitize=args.sanitize, sanitize_timeout_s=args.sanitize_timeout, targets=targets,
-                      also_archs=archs, fresh=args.fresh)
+                      also_archs=archs, fresh=args.fresh, graph_routes=args.graph_routes)
 
 
 def cmd_audit(args: argparse.Namespace) -> int:

@@ -59,21 +59,22 @@ def report(doc: dict[str, Any]) -> str:
     if "error" in doc:
         lines += [f"error: {doc['error']}", ""]
     for t in doc.get("trials", []):
-        lines += [f"## /{t['modules']}/", ""]
-        r = t.get("result")
+        lines += [f"## /{t['modules_re']}/", ""]
         if "error" in t:
             lines += [f"error: {t['error']}", ""]
-        if r:
-            agree = "bit for bit equal" if r["equal"] else f"DIFFERENT, max abs {r['max_abs']:.3g}"
+        if "speedup" in t:
             lines += ["| arm | ms | speedup (95 % CI) |", "|---|---:|---|",
-                      f"| eager{' + cast' if doc.get('cast') else ''} | {r['base_ms']:.2f} | 1 |",
-                      f"| + graph routes | {r['routed_ms']:.2f} | {r['speedup']:.3f} ({r['speedup_ci'][0]:.3f}–"
-                      f"{r['speedup_ci'][1]:.3f}) |", "",
-                      f"Output against eager's: {agree}; {r['forwards']} forwards per arm.", ""]
+                      f"| eager{' + cast' if doc.get('cast') else ''} | {t['base_ms']:.2f} | 1 |",
+                      f"| + graph routes | {t['routed_ms']:.2f} | {t['speedup']:.3f} ({t['speedup_ci'][0]:.3f}–"
+                      f"{t['speedup_ci'][1]:.3f}) |", ""]
+        if "equal" in t:
+            lines += [f"Output against eager's: {'bit for bit equal' if t['equal'] else 'DIFFERENT'}"
+                      + (f"; {t['forwards']} forwards per arm." if "forwards" in t else "."), ""]
+        if t.get("why"):
+            lines += [f"Not kept: {t['why']}.", ""]
         st = t.get("routes", {})
         if st:
-            replaying = sum(1 for v in st.values() if v["replays"])
-            lines += [f"{len(st)} module(s) routed, {replaying} replaying.", "",
+            lines += [f"{len(st)} module(s) routed, {t.get('replaying', 0)} replaying.", "",
                       "| module | captured | replays | eager calls | declines | refused |", "|---|---:|---:|---:|---|---|"]
             for path, v in st.items():
                 dec = ", ".join(f"{k} ×{n}" for k, n in v["declines"].items()) or "–"
@@ -120,7 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     if DEVICE == "cuda" and not torch.cuda.is_available():
         print("error: bench_graph_routes: no CUDA GPU is visible; run it on the GPU", file=sys.stderr)
         return 2
-    from engine.bench.stats import speedup_ci
     from engine.cast.graphs import GraphSet
     from engine.models.forwards import output_tensor
 
@@ -157,45 +157,22 @@ def main(argv: list[str] | None = None) -> int:
 
         cast = load(args.cast)
         cast_cm = cast.enabled(model)
-    med = lambda xs: sorted(xs)[len(xs) // 2] / 1e3  # noqa: E731
+    from engine.export.graph_check import trial
+
     doc["trials"] = []
     with torch.no_grad(), cast_cm:
         for _ in range(3):
             forward()
         want = output_tensor(forward()).clone()
         for name, select in selects:
-            gs = GraphSet(model, select, BACKEND)
-            trial: dict[str, Any] = {"modules": name, "skipped": gs.skipped}
-            doc["trials"].append(trial)
-            log(f"/{name}/: {len(gs.routes)} module(s) routed: {', '.join(list(gs.routes)[:4])}"
-                f"{' ...' if len(gs.routes) > 4 else ''}")
+            log(f"/{name}/: routing and timing")
             try:
-                with gs:
-                    for _ in range(3):
-                        forward()  # the first call of each signature captures
-                    got = output_tensor(forward()).clone()
-                base, routed = [], []
-                t0 = time.perf_counter()
-                while True:
-                    for i in range(10):
-                        for arm in (("base", "routed") if i % 2 == 0 else ("routed", "base")):
-                            if arm == "routed":
-                                with gs:
-                                    routed.append(timed(forward))
-                            else:
-                                base.append(timed(forward))
-                    est = speedup_ci(base, routed, paired=True)
-                    if est.high - est.low <= args.precision or time.perf_counter() - t0 >= args.max_s:
-                        break
-                trial["result"] = {"base_ms": med(base), "routed_ms": med(routed), "speedup": est.speedup,
-                                   "speedup_ci": [est.low, est.high], "forwards": len(base),
-                                   "equal": bool(torch.equal(got, want)),
-                                   "max_abs": float((got.double() - want.double()).abs().max())}
-                log(f"/{name}/: {est.speedup:.3f}x ({est.low:.3f}-{est.high:.3f})")
+                t = trial(model, forward, select, want, timed, args.precision, args.max_s, BACKEND)
             except Exception as e:  # one trial failing is reported, the others still run
-                trial["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                log(f"/{name}/: {trial['error']}")
-            trial["routes"] = gs.stats()
+                t = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            doc["trials"].append({"modules_re": name, **t})
+            log(f"/{name}/: " + (f"{t['speedup']:.3f}x ({t['speedup_ci'][0]:.3f}-{t['speedup_ci'][1]:.3f})"
+                                 if "speedup" in t else t.get("why") or t.get("error", "")))
             save()
     save()
     print(report(doc))

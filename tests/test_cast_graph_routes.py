@@ -426,7 +426,7 @@ def test_bench_graph_routes_tries_the_repeated_classes_and_reports_each(tmp_path
     doc = json.loads((out / "bench_graph_routes.json").read_text())
     assert doc["candidates"] == ["TinyMLPBlock"] and len(doc["trials"]) == 1
     t = doc["trials"][0]
-    assert t["result"]["equal"] and t["result"]["forwards"] == 10
+    assert t["equal"] and t["forwards"] == 10
     assert all(r["captured"] == 1 and r["replays"] > 0 and not r["refused"] for r in t["routes"].values())
     md = (out / "bench_graph_routes.md").read_text()
     assert "## /^TinyMLPBlock$/" in md and "module(s) routed" in md and "bit for bit equal" in md
@@ -448,3 +448,41 @@ def test_inference_mode_and_no_grad_calls_are_different_signatures():
         assert _equal(got, model(x))
     st = next(iter(gs.stats().values()))
     assert st["captured"] == 2 and st["replays"] == 2
+
+
+def test_a_cast_with_graph_routes_routes_its_models_modules_while_installed(tmp_path, monkeypatch):
+    """`export --graph-routes` records the class chosen; installing the cast with the model routes its modules
+    of that class (after the module cards, whose kernels then serve inside the graphs), removing it puts the
+    forwards back, and the cast's stats show the routes."""
+    from test_cast_modules import ENV, Counting, Model, _variant
+
+    import engine.cast
+    from engine.cast import format as cast_format
+    from engine.cast import graphs
+    from engine.cast.format import write_cast
+
+    monkeypatch.setattr(graphs, "CudaGraphs", StandIn)
+    manifest = {"format": cast_format.FORMAT, "format_version": cast_format.FORMAT_VERSION, "env": ENV,
+                "variants": [_variant()], "source": {"graph_routes": {"classes": ["Layer"], "targets": ["eager"]}}}
+    path = tmp_path / "g.cast"
+    write_cast(path, manifest, {}, "# test\n")
+    torch.manual_seed(1)
+    model = Model().to(torch.bfloat16)
+    x = torch.randn(2, 5, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        want = model(x)
+        cast = engine.cast.load(path, env=ENV, plans={"rms": Counting()})
+        assert cast.graph_route_classes() == ["Layer"]
+        with cast.enabled(model):
+            routed = [p for p, m in model.named_modules() if isinstance(m.__dict__.get("forward"), graphs.GraphRoute)]
+            assert routed == ["layers.0", "layers.1", "layers.2"]
+            outs = [model(x) for _ in range(3)]
+            st = cast.stats()["graph_routes"]
+        assert not any(isinstance(m.__dict__.get("forward"), graphs.GraphRoute) for m in model.modules())
+    assert all(torch.equal(o, want) for o in outs)
+    assert all(s["captured"] == 1 and s["replays"] == 2 for s in st.values()), st
+    # a cast without graph routes routes nothing
+    plain = engine.cast.load(tmp_path / "g.cast", env=ENV, plans={"rms": Counting()})
+    monkeypatch.setattr(plain, "graph_route_classes", lambda: [])
+    with torch.no_grad(), plain.enabled(model):
+        assert not any(isinstance(m.__dict__.get("forward"), graphs.GraphRoute) for m in model.modules())

@@ -511,6 +511,10 @@ class GraphSet:
             self.routes[path] = GraphRoute(m, path, self.backend, max_graphs)
         self._model = weakref.ref(model)
 
+    @property
+    def model(self) -> torch.nn.Module | None:
+        return self._model()
+
     def install(self) -> GraphSet:
         for r in self.routes.values():
             m = r.module()

@@ -109,6 +109,7 @@ class Cast:
         self._installed = False
         self._prepared = False
         self._depth = 0
+        self._graphs: Any = None  # the GraphSet of the model named at install, where the cast holds graph routes
 
     # ---- state -----------------------------------------------------------------------------------
 
@@ -210,6 +211,7 @@ class Cast:
                 "targets": self.active_by_target(), "target_declines": declined,
                 "misses": misses, "near_misses": near, "fallthrough": through, "near_miss_keys": near_keys,
                 "grad_declines": grad, "modules": mods, "modules_skipped": list(self._module_skipped),
+                "graph_routes": self._graphs.stats() if self._graphs is not None else {},
                 "patterns": {v.id: v.plan.hits for v in self.variants
                              if (v.pattern is not None or v.module is not None) and v.plan is not None
                              and hasattr(v.plan, "hits")},
@@ -317,6 +319,7 @@ class Cast:
             if self._installed:
                 if model is not None:
                     self._install_modules(model)
+                    self._install_graphs(model)
                 return self
             self._prepare()
             if model is not None:
@@ -333,6 +336,8 @@ class Cast:
                       f"({', '.join(shadowed)}); those stay with it")
             self._installed = True
             runtime.note_serving(self, True)
+            if model is not None:  # after the module cards: a graph captures the kernels that serve inside it
+                self._install_graphs(model)
             return self
 
     def remove(self) -> None:
@@ -342,6 +347,8 @@ class Cast:
                 return
             from engine.cast import modules
 
+            if self._graphs is not None:
+                self._graphs.remove()
             for path, st in modules.release(self).items():
                 kept = self._module_kept.setdefault(path, modules.PathStats())
                 kept.hits += st.hits
@@ -395,6 +402,24 @@ class Cast:
                 self._depth -= 1
                 if self._depth == 0:
                     self.remove()
+
+    def graph_route_classes(self) -> list[str]:
+        """The module classes whose instances this cast replays from CUDA graphs in eager (engine.cast.graphs),
+        as its export chose them (`export --graph-routes`); empty for most casts."""
+        g = ((self.manifest or {}).get("source") or {}).get("graph_routes") or {}
+        classes = g.get("classes") or []
+        return [c for c in classes if isinstance(c, str)] if isinstance(classes, list) else []
+
+    def _install_graphs(self, model: Any) -> None:
+        """Graph routes on the model's modules of the classes the export chose (one set per model, reused)."""
+        classes = set(self.graph_route_classes())
+        if not classes:
+            return
+        from engine.cast.graphs import GraphSet
+
+        if self._graphs is None or self._graphs.model is not model:
+            self._graphs = GraphSet(model, lambda path, m: type(m).__name__ in classes)
+        self._graphs.install()
 
     def _install_modules(self, model: Any) -> None:
         """Patch the forwards of the model's modules that this cast's module cards were proven for.

@@ -297,7 +297,8 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
                progress: Callable[[str], None] = lambda m: None, model_check: bool = True,
                cuda_graphs: bool = False, sanitize: bool = False,
                sanitize_timeout_s: float | None = None, targets: list[str] | None = None,
-               also_archs: list[str] | None = None, fresh: bool = False) -> ExportResult:
+               also_archs: list[str] | None = None, fresh: bool = False,
+               graph_routes: bool = False) -> ExportResult:
     """The whole export; raises engine.errors.UsageError / JobError with a one-line reason. `sanitize`: run
     compute-sanitizer (memcheck, racecheck, synccheck) on each confirmed variant and drop any it faults,
     `sanitize_timeout_s` per variant and tool (default 300). `targets` (TARGETS; default eager, or
@@ -305,6 +306,9 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
     where some target's check keeps it; the manifest says which targets each variant was proven for.
     `also_archs` (e.g. ['sm_121']): each kept kernel is also compiled for these GPUs and shipped as an
     unproven cubin, which a loader there uses only after `audit --verify` and `load(…, unproven_ok=True)`.
+    `graph_routes`: where the cast is kept for eager, also try graph routes on the model's repeated classes
+    (engine.export.graph_check) and record the first class whose routes make the model faster with
+    confidence, with an output equal bit for bit; a cast's install with the model then routes it.
 
     The confirmation and each target's whole-model check are checkpointed in the workspace (engine.export.
     checkpoint) and reused by a later export with the same inputs, unless `fresh`. Interrupted (Ctrl-C, or
@@ -315,11 +319,12 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
     failed (with why) or interrupted, in one row written in one transaction."""
     targets = list(targets or ["cuda-graphs" if cuda_graphs else "eager"])
     log = ExportLog(out, targets, {"model_check": model_check, "sanitize": sanitize,
-                                   "also_archs": list(also_archs or []), "fresh": fresh})
+                                   "also_archs": list(also_archs or []), "fresh": fresh,
+                                   **({"graph_routes": True} if graph_routes else {})})
     try:
         result = _export_run(workspace, run_id, out, log, timing=timing, progress=progress,
                              model_check=model_check, sanitize=sanitize, sanitize_timeout_s=sanitize_timeout_s,
-                             also_archs=also_archs, fresh=fresh)
+                             also_archs=also_archs, fresh=fresh, graph_routes=graph_routes)
     except KeyboardInterrupt:
         # Written means written: a Ctrl-C after the cast was on disk does not undo it.
         _record(workspace, log, "written" if log.cast_sha256 else "interrupted",
@@ -396,7 +401,8 @@ def _record(workspace: Path, log: ExportLog, status: str, error: str | None) -> 
 
 def _export_run(workspace: Path, run_id: str | None, out: Path, log: ExportLog, *, timing: dict[str, Any] | None,
                 progress: Callable[[str], None], model_check: bool, sanitize: bool,
-                sanitize_timeout_s: float | None, also_archs: list[str] | None, fresh: bool) -> ExportResult:
+                sanitize_timeout_s: float | None, also_archs: list[str] | None, fresh: bool,
+                graph_routes: bool = False) -> ExportResult:
     import torch
 
     from engine.cast.compat import current_env
@@ -512,6 +518,10 @@ def _export_run(workspace: Path, run_id: str | None, out: Path, log: ExportLog, 
     elif model_check:
         warnings.append(f"no whole-model check: the run's config {config!r} is not readable here")
         source["model_check"] = {"mode": "none", "reason": f"config {config!r} not readable at export"}
+    if graph_routes and model_check and config and Path(config).is_file() \
+            and any("eager" in (v.targets or []) for v in kept):
+        source["graph_routes"] = _graph_routes_check(kept, env, source, config, bool(cap.get("small")), progress,
+                                                     warnings.append)
     if checkpoints.not_written:
         warnings.append(checkpoints.not_written)
     manifest, files, report = package(kept, env, source, excluded)
@@ -932,6 +942,60 @@ def _child_env() -> dict[str, str]:
 
     root = str(Path(engine.__file__).resolve().parent.parent)
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+
+
+GRAPH_CHECK_TIMEOUT_S = 900
+
+
+def _graph_routes_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[str, Any], config: str,
+                        small: bool, progress: Callable[[str], None], warn: Callable[[str], None]) -> dict[str, Any]:
+    """Graph routes for the cast kept so far, checked in a fresh process (engine.export.graph_check): the
+    manifest's `source.graph_routes`, {"classes": [the class chosen] or [], "targets": ["eager"], the chosen
+    trial's speedup and CI, "tried": one line per class}."""
+    from engine.errors import JobError
+
+    progress("trying graph routes on the model's repeated classes (a fresh process)")
+    with tempfile.TemporaryDirectory(prefix="kforge-graphs-") as tmp:
+        path = Path(tmp) / "candidate.cast"
+        manifest, files, report = package(kept, env, source)
+        write_cast(path, manifest, files, report)
+        try:
+            result = run_graph_check(path, config, small, Path(tmp))
+        except JobError as e:
+            warn(f"graph routes: {e}")
+            return {"classes": [], "error": str(e)}
+    tried = [_trial_line(t) for t in result.get("tried", [])]
+    for line in tried:
+        progress(f"graph routes: {line}")
+    chosen = result.get("chosen")
+    if not chosen:
+        return {"classes": [], "tried": tried}
+    return {"classes": [chosen["class"]], "targets": ["eager"], "speedup": chosen["speedup"],
+            "speedup_ci": chosen["speedup_ci"], "modules": chosen["modules"], "tried": tried}
+
+
+def _trial_line(t: dict[str, Any]) -> str:
+    what = f"{t.get('class')} ({t.get('modules', 0)} module(s), {t.get('replaying', 0)} replaying)"
+    if "speedup" in t:
+        what += f": {t['speedup']:.3f}x ({t['speedup_ci'][0]:.3f}-{t['speedup_ci'][1]:.3f})"
+    return what + (f", not kept: {t['why']}" if t.get("why") else ", kept")
+
+
+def run_graph_check(cast_path: Path, config: str, small: bool, tmp: Path,
+                    timeout_s: float = GRAPH_CHECK_TIMEOUT_S) -> dict[str, Any]:
+    """`python -m engine.export.graph_check` in a fresh process; its JSON result."""
+    from engine.errors import JobError
+
+    out = tmp / "graph_check.json"
+    proc = _run_child([sys.executable, "-m", "engine.export.graph_check", "--config", config, "--cast", str(cast_path),
+                       "--out", str(out)] + (["--small"] if small else []), timeout_s)
+    if not out.exists():
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise JobError(f"the graph-route check failed (exit {proc.returncode}): {tail[0]}")
+    result = json.loads(out.read_text())
+    if "error" in result:
+        raise JobError(f"the graph-route check failed: {result['error']}")
+    return result
 
 
 def run_confirm(cast_path: Path, samples: dict[str, list[str]], timing: dict[str, Any], tmp: Path,

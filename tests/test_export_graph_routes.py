@@ -1,0 +1,86 @@
+"""`export --graph-routes`: after the eager check keeps a cast, a fresh process tries graph routes on the model's
+repeated classes (engine.export.graph_check); the class it chose goes into the manifest (`source.graph_routes`),
+each class tried is one progress line, and a failed check costs only the routes (a warning, the cast written).
+
+No GPU: the real exporter with its GPU steps replaced by stand-ins (as test_export_checkpoints.py); the
+numbers are made up, none is a measurement. The graph check itself, on the CPU with a stand-in for
+torch.cuda.graph, is in test_cast_graph_routes.py."""
+
+from __future__ import annotations
+
+from test_export_checkpoints import Gpu, gpu, ws  # noqa: F401  (fixtures)
+from test_export_record import EAGER, RUN
+
+from engine.cast.format import read_cast
+from engine.errors import JobError
+from engine.export import package as pkg
+
+TRIED = {"tried": [{"class": "Block", "modules": 2, "replaying": 2, "speedup": 0.97, "speedup_ci": [0.95, 0.99],
+                    "why": "not faster with confidence"},
+                   {"class": "Attention", "modules": 2, "replaying": 2, "speedup": 1.31, "speedup_ci": [1.25, 1.36]}]}
+
+
+def _export(ws, monkeypatch, answer, graph_routes=True):  # noqa: F811
+    calls = []
+
+    def check(cast_path, config, small, tmp, timeout_s=900):
+        calls.append(read_cast(cast_path).manifest)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(pkg, "run_graph_check", check)
+    lines: list[str] = []
+    result = pkg.export_run(ws, RUN, ws.parent / "toy.cast", targets=["eager"], progress=lines.append,
+                            graph_routes=graph_routes)
+    return result, lines, calls, read_cast(ws.parent / "toy.cast").manifest
+
+
+def test_the_class_chosen_goes_into_the_cast_and_each_class_tried_is_said(ws, gpu, monkeypatch):  # noqa: F811
+    gpu.model.update(eager=lambda s: EAGER)
+    result, lines, calls, manifest = _export(ws, monkeypatch, {**TRIED, "chosen": TRIED["tried"][1]})
+    assert len(calls) == 1 and [v["id"] for v in calls[0]["variants"]] == [v["id"] for v in result.included]
+    g = manifest["source"]["graph_routes"]
+    assert g["classes"] == ["Attention"] and g["targets"] == ["eager"] and g["speedup_ci"] == [1.25, 1.36]
+    said = "\n".join(lines)
+    assert "graph routes: Block (2 module(s), 2 replaying): 0.970x (0.950-0.990), not kept: not faster with " \
+           "confidence" in said
+    assert "graph routes: Attention (2 module(s), 2 replaying): 1.310x (1.250-1.360), kept" in said
+
+
+def test_no_class_chosen_records_what_was_tried_and_routes_nothing(ws, gpu, monkeypatch):  # noqa: F811
+    gpu.model.update(eager=lambda s: EAGER)
+    _, _, _, manifest = _export(ws, monkeypatch, {"tried": TRIED["tried"][:1], "chosen": None})
+    g = manifest["source"]["graph_routes"]
+    assert g["classes"] == [] and len(g["tried"]) == 1
+
+
+def test_a_failed_graph_check_is_a_warning_and_the_cast_is_written(ws, gpu, monkeypatch):  # noqa: F811
+    gpu.model.update(eager=lambda s: EAGER)
+    result, _, _, manifest = _export(ws, monkeypatch, JobError("the graph-route check failed (exit 1): boom"))
+    assert manifest["source"]["graph_routes"]["classes"] == []
+    assert any(w.startswith("graph routes: the graph-route check failed") for w in result.warnings)
+    assert result.included
+
+
+def test_without_the_flag_no_graph_check_runs(ws, gpu, monkeypatch):  # noqa: F811
+    gpu.model.update(eager=lambda s: EAGER)
+    _, _, calls, manifest = _export(ws, monkeypatch, TRIED, graph_routes=False)
+    assert calls == [] and "graph_routes" not in manifest["source"]
+
+
+def test_the_cli_flag_reaches_the_export(tmp_path, monkeypatch):
+    import engine.cli
+    from engine.export.package import ExportResult
+
+    seen = {}
+
+    def export_run(workspace, run_id, out, **kw):
+        seen.update(kw)
+        return ExportResult(out, [{"id": "relu-1", "op": "aten::relu", "speedup": 1.5, "speedup_ci": [1.4, 1.6],
+                                   "targets": ["eager"]}], [], [])
+
+    monkeypatch.setattr(pkg, "export_run", export_run)
+    base = ["export", "run-x", "--out", str(tmp_path / "m.cast"), "--workspace", str(tmp_path)]
+    assert engine.cli.main(base + ["--graph-routes"]) == 0 and seen["graph_routes"] is True
+    assert engine.cli.main(base) == 0 and seen["graph_routes"] is False
