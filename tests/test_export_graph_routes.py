@@ -84,3 +84,28 @@ def test_the_cli_flag_reaches_the_export(tmp_path, monkeypatch):
     base = ["export", "run-x", "--out", str(tmp_path / "m.cast"), "--workspace", str(tmp_path)]
     assert engine.cli.main(base + ["--graph-routes"]) == 0 and seen["graph_routes"] is True
     assert engine.cli.main(base) == 0 and seen["graph_routes"] is False
+
+
+def test_audit_and_the_report_say_which_class_is_routed_or_why_none(ws, gpu, monkeypatch):  # noqa: F811
+    import engine.cli
+    from engine.cast.format import read_cast as read
+    from engine.export.report import markdown_report
+
+    gpu.model.update(eager=lambda s: EAGER)
+    _export(ws, monkeypatch, {**TRIED, "chosen": TRIED["tried"][1]})
+    out = ws.parent / "toy.cast"
+    import io
+    from contextlib import redirect_stdout
+
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert engine.cli.main(["audit", str(out)]) == 0
+    assert "graph routes: Attention replayed from CUDA graphs in eager, whole model 1.31× (1.25–1.36) with them " \
+           "(2 module(s))" in buf.getvalue()
+    assert "Graph routes: Attention replayed" in markdown_report(read(out).manifest)
+    _export(ws, monkeypatch, {"tried": TRIED["tried"][:1], "chosen": None})
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        engine.cli.main(["audit", str(out)])
+    assert "graph routes: none kept (Block (2 module(s), 2 replaying): 0.970x (0.950-0.990), not kept: not faster " \
+           "with confidence)" in buf.getvalue()

@@ -711,3 +711,20 @@ def test_the_report_rates_compute_bound_cards_against_the_matmul_and_checks_the_
     assert "| resnet50 | `aten::add.Tensor` | big | 100 | 30.0 | 32.0 | 94 % |" in section
     assert "| resnet50 | `aten::mul.Tensor` | slow | 64 | 20.0 | 25.0 | 80 % |" in section
     assert "small" not in section.split("##", 1)[0]
+
+
+def test_graph_routes_reach_the_export_with_time_for_their_check(tmp_path, monkeypatch):
+    rp = _reproduce_module()
+    out, calls = tmp_path / "out", []
+    monkeypatch.setattr(rp, "step", lambda name, done, argv, log_file, stdout=None, timeout=None:
+                        calls.append((name, argv, timeout)) or 1)
+    monkeypatch.setattr(rp, "sitting", lambda: dict(FAKE_SITTING))
+    (out / "gemma4_e2b").mkdir(parents=True, exist_ok=True)
+    (out / "gemma4_e2b" / "run.json").write_text('{"status": "done"}')
+    limits = {}
+    for on in (False, True):
+        calls.clear()
+        rp.model_steps("gemma4_e2b", out, tmp_path / "ws", 60, targets="eager", graph_routes=on)
+        _, argv, limits[on] = next(c for c in calls if c[0].endswith("export"))
+        assert ("--graph-routes" in argv) is on
+    assert limits[True] == limits[False] + rp.GRAPH_ROUTES_S

@@ -79,6 +79,19 @@ def target_check_text(check: dict[str, Any]) -> str:
     return text
 
 
+def graph_routes_text(source: dict[str, Any]) -> str | None:
+    """One line on the cast's graph routes (`export --graph-routes`), or None where the export did not try them."""
+    g = source.get("graph_routes")
+    if not isinstance(g, dict):
+        return None
+    if g.get("classes"):
+        return (f"graph routes: {', '.join(g['classes'])} replayed from CUDA graphs in eager, whole model "
+                f"{_ci(g)} with them ({g.get('modules', '?')} module(s)); the cast routes them when installed with "
+                "the model")
+    why = g.get("error") or "; ".join(g.get("tried") or []) or "no class to try"
+    return f"graph routes: none kept ({why})"
+
+
 def _target_lines(manifest: dict[str, Any]) -> list[str]:
     """report.md: what the cast was proven for, one row per target, and what a cast without targets does."""
     checks = model_checks_of(manifest.get("source") or {})
@@ -95,7 +108,8 @@ def _target_lines(manifest: dict[str, Any]) -> list[str]:
     for t, c in checks.items():
         kept = sum(1 for v in manifest["variants"] if t in (v.get("targets") or []))
         lines.append(f"| {t} | {target_check_text(c)} | {kept if recorded else '–'} |")
-    return lines + [""]
+    g = graph_routes_text(manifest.get("source") or {})
+    return lines + ([""] + [g[0].upper() + g[1:] + "."] if g else []) + [""]
 
 
 def _sanitizer_lines(ev: dict[str, Any] | None) -> list[str]:
@@ -208,6 +222,8 @@ def audit_text(doc: dict[str, Any], path: str) -> str:
              f"({env.get('arch')}), torch {env.get('torch')}"]
     for target, mc in model_checks_of(doc.get("source") or {}).items():
         lines.append(f"  whole model, {target}: {target_check_text(mc)}")
+    if (g := graph_routes_text(doc.get("source") or {})) is not None:
+        lines.append(f"  {g}")
     if doc["variants"] and all(v.get("targets") is None for v in doc["variants"]):
         lines.append(f"  {legacy_targets_text(doc)}")
     for v in doc["variants"]:
