@@ -486,3 +486,24 @@ def test_a_cast_with_graph_routes_routes_its_models_modules_while_installed(tmp_
     monkeypatch.setattr(plain, "graph_route_classes", lambda: [])
     with torch.no_grad(), plain.enabled(model):
         assert not any(isinstance(m.__dict__.get("forward"), graphs.GraphRoute) for m in model.modules())
+
+
+class Branches(Block):
+    def forward(self, x, y):
+        return self.lin(x) if x is y else self.lin(x) + y
+
+
+def test_aliased_arguments_are_their_own_signature_and_a_forward_that_branches_on_them_is_refused_there():
+    model, gs, backend = _routed(Branches().eval())
+    x, y = _x(), _x()
+    with torch.no_grad(), gs:
+        model(x, y)
+        model(x, y)  # separate tensors: captured, replayed
+        got = model(x, x)  # the same tensor twice: another signature; its capture branches otherwise
+        model(x, x)
+    gs.remove()
+    with torch.no_grad():
+        assert _equal(got, model(x, x))
+    st = next(iter(gs.stats().values()))
+    assert st["captured"] == 1 and st["replays"] == 1
+    assert st["refused"] == {"#1": "the replay differs from the eager call"}

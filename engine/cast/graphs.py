@@ -89,17 +89,21 @@ _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 class _Signature:
-    """One call's arguments in one pass: the key (structure, per tensor dtype/shape/strides/device, per plain
-    value its type and value, per mapping its type and keys), the tensors in order, the mappings in order
-    (dicts and UserDicts, which a forward may put entries into), and whether any tensor requires grad."""
+    """One call's arguments in one pass: the key (structure, per tensor dtype/shape/strides/device and the
+    first argument tensor on its storage, per plain value its type and value, per mapping its type and keys),
+    the tensors in order, the mappings in order (dicts and UserDicts, which a forward may put entries into),
+    and whether any tensor requires grad. Aliasing is in the key because the capture runs on separate static
+    copies: a forward that branches on it (`x is y`) is refused for an aliased call, where the replay cannot
+    equal the eager call, and a call that aliases otherwise is another signature."""
 
-    __slots__ = ("key", "tensors", "maps", "grad")
+    __slots__ = ("key", "tensors", "maps", "grad", "_storages")
 
     def __init__(self, args: tuple, kwargs: dict, device_type: str):
         key: list[Any] = []
         self.tensors: list[torch.Tensor] = []
         self.maps: list[Any] = []
         self.grad = False
+        self._storages: dict[int, int] = {}  # storage address -> the first tensor on it (aliasing is keyed)
         walk = self._walk
         for a in args:
             walk(a, key, device_type)
@@ -115,7 +119,8 @@ class _Signature:
             d = x.get_device()  # -1 on the CPU
             if (d < 0) != (device_type == "cpu"):
                 raise TypeError("a tensor off the GPU")
-            key.append((x.dtype, x.shape, x.stride(), d))
+            p = x.untyped_storage().data_ptr()
+            key.append((x.dtype, x.shape, x.stride(), d, self._storages.setdefault(p, len(self.tensors))))
             self.tensors.append(x)
             if x.requires_grad:
                 self.grad = True
@@ -159,7 +164,7 @@ class CudaGraphs:
     device_type = "cuda"
 
     def __init__(self) -> None:
-        self.pool = None
+        self.pools: dict[int, Any] = {}  # per device: one pool for every graph of the set
 
     def stream(self) -> Any:
         return _C._cuda_getCurrentRawStream(torch.cuda.current_device())
@@ -169,8 +174,9 @@ class CudaGraphs:
 
     def capture(self, fn: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
         """(replay, static output) of `fn`, which reads and writes only static buffers."""
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
+        dev = torch.cuda.current_device()
+        if dev not in self.pools:
+            self.pools[dev] = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -178,7 +184,7 @@ class CudaGraphs:
                 fn()
         torch.cuda.current_stream().wait_stream(side)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self.pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(g, pool=self.pools[dev], capture_error_mode="thread_local"):
             out = fn()
         return g.replay, out
 
