@@ -62,14 +62,9 @@ def sync() -> None:
 def timed(run) -> float:
     """µs of a call made right after an untimed call of it, in the arm's state (its steady state, as a model in
     use runs; engine.bench.forward.time_steady says why): CUDA events on the GPU, the wall clock elsewhere."""
-    if DEVICE == "cuda":
-        from engine.bench.forward import time_steady
+    from engine.bench.forward import time_steady
 
-        return time_steady(run)
-    run()
-    t0 = time.perf_counter()
-    run()
-    return (time.perf_counter() - t0) * 1e6
+    return time_steady(run, DEVICE)
 
 
 def log(msg: str) -> None:

@@ -45,3 +45,10 @@ def test_bench_compose_times_each_arm_right_after_an_untimed_call_in_the_arms_st
     assert all(calls[i] == calls[i + 1] for i in range(0, 8, 2))
     assert set(calls) == {("base", False), ("fast", True)}
     assert log.count("install") == 2 and log.count("remove") == 2
+
+
+def test_off_the_gpu_the_steady_call_is_timed_with_the_wall_clock_after_an_untimed_one(monkeypatch):
+    calls = []
+    monkeypatch.setattr(fwd, "time_forward", lambda run: (_ for _ in ()).throw(AssertionError("CUDA events")))
+    us = fwd.time_steady(lambda: calls.append(1), device="cpu")
+    assert calls == [1, 1] and us >= 0.0

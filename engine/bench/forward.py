@@ -23,8 +23,9 @@ def time_forward(run: Callable[[], Any]) -> float:
     return s.elapsed_time(e) * 1e3
 
 
-def time_steady(run: Callable[[], Any]) -> float:
-    """Device µs of a call of `run` made right after an untimed call of it (time_forward of the second).
+def time_steady(run: Callable[[], Any], device: str = "cuda") -> float:
+    """Device µs of a call of `run` made right after an untimed call of it (time_forward of the second; off
+    the GPU, `device` other than "cuda", the wall clock: a script's control flow on the CPU, no measurement).
 
     Whatever ran on the host just before a timed forward weighs on it: on the H200 (ResNet-50 under
     torch.compile, 2026-12-04, docs/results/reproduce-h200/2026-12-04/) a forward right after installing and
@@ -33,6 +34,12 @@ def time_steady(run: Callable[[], Any]) -> float:
     any (1.003x). An arm that installs a cast around its calls paid that every time. A model in use runs its
     forwards back to back: that steady state is what both arms of a comparison are timed in."""
     run()
+    if device != "cuda":
+        import time
+
+        t0 = time.perf_counter()
+        run()
+        return (time.perf_counter() - t0) * 1e6
     return time_forward(run)
 
 
