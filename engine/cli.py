@@ -311,7 +311,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"out": str(out), "included": result.included, "excluded": result.excluded,
                           "model_check": result.model_check, "model_checks": result.model_checks,
-                          "warnings": result.warnings, "unchecked": result.unchecked},
+                          "warnings": result.warnings, "unchecked": result.unchecked,
+                          **({"graph_routes": result.graph_routes} if result.graph_routes is not None else {})},
                          separators=(",", ":"), default=str))
     else:
         print(f"wrote {out}: {len(result.included)} variant(s)")
@@ -333,6 +334,10 @@ def cmd_export(args: argparse.Namespace) -> int:
             err = check.get("rel_l2_err")
             print(f"whole model ({check.get('mode')}): {check['speedup']:.3f}x (95% CI {ci[0]:.3f}-{ci[1]:.3f})"
                   + ("" if err is None else f"; output moved {err:.1e} (relative L2)"))
+        if result.graph_routes is not None:
+            from engine.export.report import graph_routes_text
+
+            print(graph_routes_text({"graph_routes": result.graph_routes}))
     if partial is not None:
         print(f"{partial}: {_export_again(args, partial.run_id, out, partial.targets)}", file=sys.stderr, flush=True)
         return partial.exit_code

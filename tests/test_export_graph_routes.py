@@ -42,6 +42,7 @@ def test_the_class_chosen_goes_into_the_cast_and_each_class_tried_is_said(ws, gp
     assert len(calls) == 1 and [v["id"] for v in calls[0]["variants"]] == [v["id"] for v in result.included]
     g = manifest["source"]["graph_routes"]
     assert g["classes"] == ["Attention"] and g["targets"] == ["eager"] and g["speedup_ci"] == [1.25, 1.36]
+    assert result.graph_routes == g
     said = "\n".join(lines)
     assert "graph routes: Block (2 module(s), 2 replaying): 0.970x (0.950-0.990), not kept: not faster with " \
            "confidence" in said
@@ -84,6 +85,25 @@ def test_the_cli_flag_reaches_the_export(tmp_path, monkeypatch):
     base = ["export", "run-x", "--out", str(tmp_path / "m.cast"), "--workspace", str(tmp_path)]
     assert engine.cli.main(base + ["--graph-routes"]) == 0 and seen["graph_routes"] is True
     assert engine.cli.main(base) == 0 and seen["graph_routes"] is False
+
+
+def test_the_export_says_what_it_routed_in_text_and_json(tmp_path, monkeypatch, capsys):
+    import json
+
+    import engine.cli
+    from engine.export.package import ExportResult
+
+    routes = {"classes": ["Attention"], "targets": ["eager"], "speedup": 1.31, "speedup_ci": [1.25, 1.36],
+              "modules": 4, "tried": []}
+    monkeypatch.setattr(engine.cli, "_export", lambda args, out, progress: ExportResult(
+        out, [{"id": "relu-1", "op": "aten::relu", "speedup": 1.5, "speedup_ci": [1.4, 1.6], "targets": ["eager"]}],
+        [], [], graph_routes=routes))
+    base = ["export", "run-x", "--out", str(tmp_path / "m.cast"), "--workspace", str(tmp_path), "--graph-routes"]
+    assert engine.cli.main(base) == 0
+    assert "graph routes: Attention replayed from CUDA graphs in eager, whole model 1.31× (1.25–1.36) with them " \
+           "(4 module(s))" in capsys.readouterr().out
+    assert engine.cli.main(base + ["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["graph_routes"]["classes"] == ["Attention"]
 
 
 def test_audit_and_the_report_say_which_class_is_routed_or_why_none(ws, gpu, monkeypatch):  # noqa: F811

@@ -198,6 +198,8 @@ class ExportResult:
     model_checks: dict[str, Any] | None = None
     # The targets asked but not checked (the export was interrupted after others finished): the cast is partial.
     unchecked: list[str] = field(default_factory=list)
+    # `export --graph-routes`: the manifest's `source.graph_routes` (the class chosen, or what was tried).
+    graph_routes: dict[str, Any] | None = None
 
 
 EXIT_PARTIAL = 75  # a partial cast was written (sysexits' EX_TEMPFAIL: the same command again finishes it)
@@ -530,7 +532,7 @@ def _export_run(workspace: Path, run_id: str | None, out: Path, log: ExportLog, 
     log.cast_sha256 = hashlib.sha256(data).hexdigest()
     return ExportResult(out, [{"id": v.vid, "op": v.card["op"], **(v.confirmed or {}), "targets": v.targets}
                               for v in kept], excluded, warnings, source.get("model_check"),
-                        source.get("model_checks"), list(log.unchecked))
+                        source.get("model_checks"), list(log.unchecked), source.get("graph_routes"))
 
 
 def _variant_key(v: ExportVariant) -> dict[str, Any]:
