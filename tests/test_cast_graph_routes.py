@@ -548,3 +548,20 @@ def test_the_graph_check_passes_over_classes_that_cannot_replay_and_stops_after_
     assert [t["class"] for t in out["tried"]] == ["Syncs", "Block"] and out["chosen"] is None
     assert out["tried"][0]["why"] == "no route replays a graph" and "speedup" not in out["tried"][0]
     assert out["tried"][1]["why"] == "not faster with confidence"
+
+
+def test_under_torch_compile_the_route_hands_dynamo_the_original_forward_without_a_graph_break(tmp_path,
+                                                                                             monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    from torch._dynamo.utils import counters
+
+    model, gs, backend = _routed(Net().eval())
+    x = _x()
+    torch._dynamo.reset()
+    breaks = sum(counters["graph_break"].values())
+    with torch.no_grad(), gs:
+        got = torch.compile(model, backend="eager")(x)
+    gs.remove()
+    with torch.no_grad():
+        assert torch.allclose(got, model(x))
+    assert sum(counters["graph_break"].values()) == breaks and backend.captures == 0

@@ -271,6 +271,13 @@ class GraphRoute:
         return None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # First, before anything reads the arguments: Dynamo tracing this call sees only the original forward
+        # (reading a tensor's storage address here would break its graph).
+        if _dynamo_compiling():
+            return self.original(*args, **kwargs)
+        if not self.active or _in_dispatch_mode() or _jit_tracing():
+            self.stats.decline("tracing or inactive")
+            return self.original(*args, **kwargs)
         try:
             sig = _Signature(args, kwargs, self.backend.device_type)
         except TypeError as e:
