@@ -565,3 +565,26 @@ def test_under_torch_compile_the_route_hands_dynamo_the_original_forward_without
     with torch.no_grad():
         assert torch.allclose(got, model(x))
     assert sum(counters["graph_break"].values()) == breaks and backend.captures == 0
+
+
+def test_inference_tensors_which_keep_no_version_counter_are_routed_and_a_write_to_one_is_still_seen():
+    """Under inference_mode activations (and a model built there, its parameters too) are inference tensors,
+    whose `_version` raises: the route read it and failed in the user's forward."""
+    with torch.inference_mode():
+        torch.manual_seed(0)
+        model = Block().eval()
+        model_w = Writes().eval()
+        x = _x()
+    gs = GraphSet(model, lambda path, m: isinstance(m, Block), StandIn())
+    gw = GraphSet(model_w, lambda path, m: isinstance(m, Block), StandIn())
+    with torch.inference_mode():
+        want = model(x)
+        with gs:
+            got = [model(x) for _ in range(3)]
+        with gw:
+            for _ in range(2):
+                model_w(_x())
+    assert all(_equal(g, want) for g in got)
+    st = next(iter(gs.stats().values()))
+    assert st["captured"] == 1 and st["replays"] == 2
+    assert next(iter(gw.stats().values()))["refused"] == {"#1": "the forward writes an argument"}

@@ -230,7 +230,7 @@ class GraphRoute:
         self._lock = threading.RLock()
         mods = list(module.modules())
         self.hooked = [weakref.ref(m) for m in mods]
-        self.tensors = [(holder.__dict__[where], name, t, t._version, t.data_ptr())
+        self.tensors = [(holder.__dict__[where], name, t, _version_of(t), t.data_ptr())
                         for holder in mods for where in ("_parameters", "_buffers")
                         for name, t in holder.__dict__[where].items() if t is not None]
         self.attrs = _grouped(_plain_state(mods))
@@ -258,7 +258,7 @@ class GraphRoute:
         if _grad_enabled() and (grad or any(t.requires_grad for _, _, t, _, _ in self.tensors)):
             return "grad"
         for d, name, t, version, ptr in self.tensors:
-            if d.get(name) is not t or t._version != version or t.data_ptr() != ptr:
+            if d.get(name) is not t or (version >= 0 and t._version != version) or t.data_ptr() != ptr:
                 return "parameters changed"
         try:
             for d, get, values in self.attrs:
@@ -318,7 +318,7 @@ class GraphRoute:
     def _capture(self, key: tuple, sig: _Signature, args: tuple, kwargs: dict) -> Any:
         """The first call of a signature: eager, then capture and check; returns the eager output."""
         inputs = sig.tensors
-        versions = [x._version for x in inputs]
+        versions = [_written_mark(x) for x in inputs]
         before = [dict(m.items()) for m in sig.maps]
         containers = _containers((args, kwargs), skip={id(m) for m in sig.maps})
         # the static arguments, rebuilt before the call (which may put entries into a mapping argument)
@@ -336,7 +336,7 @@ class GraphRoute:
         if problem is not None:
             self._refuse(key, problem)
             return ref
-        if any(x._version != v for x, v in zip(inputs, versions)):
+        if any(_written(x, v) for x, v in zip(inputs, versions)):
             self._refuse(key, "the forward writes an argument")
             return ref
         if self._why_not(False) is not None:  # the state the guard holds, as it was before this call
@@ -393,6 +393,25 @@ class GraphRoute:
         self.stats.captured += 1
         self.stats.eager_calls += 1
         return ref
+
+
+def _version_of(t: torch.Tensor) -> int:
+    """The version counter, or -1 for an inference tensor (a model built under inference_mode), which keeps
+    none: a graph reads its values at replay, so an in-place change is still what the replay computes with."""
+    return -1 if t.is_inference() else t._version
+
+
+def _written_mark(x: torch.Tensor) -> Any:
+    """What tells whether a call wrote `x`: its version counter, or for an inference tensor (which keeps
+    none) a copy of its values."""
+    return x.clone() if x.is_inference() else x._version
+
+
+def _written(x: torch.Tensor, mark: Any) -> bool:
+    if isinstance(mark, torch.Tensor):
+        return not (torch.equal(x, mark) or (x.is_floating_point() and torch.equal(x.isnan(), mark.isnan())
+                                              and torch.equal(x.nan_to_num(), mark.nan_to_num())))
+    return x._version != mark
 
 
 def _snapshot(c: Any) -> tuple:
