@@ -599,3 +599,17 @@ def test_the_model_check_names_the_variants_that_never_ran_in_the_forward(model,
     ran = ran_in_forward(c.stats(), ["rms", "rms_7"], forwards=2)
     assert ran["hits_per_forward"] == {"rms": 3} and ran["never_ran"] == ["rms_7"]
     assert "replays run none" in ran["hits_counted_over"]
+
+
+def test_a_model_built_under_inference_mode_is_served(cast):
+    """Its parameters are inference tensors, which keep no version counter: binding read `_version` and
+    `cast.enabled(model)` raised."""
+    with torch.inference_mode():
+        torch.manual_seed(1)
+        m = Model().to(torch.bfloat16)
+        x = torch.randn(*X, dtype=torch.bfloat16)
+        want = m(x)
+    c = cast()
+    with torch.inference_mode(), c.enabled(m):
+        got = m(x)
+    assert c.counting.calls == len(PATHS) and torch.equal(got, want)

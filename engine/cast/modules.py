@@ -90,7 +90,8 @@ class ModuleVariant:
 
     def params_unchanged(self) -> bool:
         for holder, leaf, where, t, version, ptr, _ in self.params:
-            if holder.__dict__[where].get(leaf) is not t or t._version != version or t.data_ptr() != ptr:
+            if holder.__dict__[where].get(leaf) is not t or (version >= 0 and t._version != version) \
+                    or t.data_ptr() != ptr:
                 return False
         return True
 
@@ -275,7 +276,9 @@ def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], c
             raise ModuleCardError(f"{name} is not the tensor in{i} was proven for (shape, strides, dtype, "
                                   "alignment or device differ)")
         fed[i] = name
-        bound.append((holder, leaf, where, t, t._version, t.data_ptr(), i))
+        # an inference tensor (a model built under inference_mode) keeps no version counter: -1, held by
+        # identity and address alone; the plan reads its values at each call as the forward would
+        bound.append((holder, leaf, where, t, -1 if t.is_inference() else t._version, t.data_ptr(), i))
     missing = [i for i in range(len(inputs)) if i not in fed]
     if missing:
         raise ModuleCardError(f"chain input in{missing[0]} is fed neither by an argument nor by a parameter")
