@@ -139,6 +139,17 @@ def test_a_parameter_is_widened_once_over_forwards_until_it_is_written():
     assert torch.allclose(third.float(), 2 * first.float(), rtol=0.02, atol=0.02)
 
 
+def test_a_model_built_under_inference_mode_is_widened_without_a_cache():
+    """Its parameters are inference tensors, which keep no version counter to tell a written one by."""
+    with torch.inference_mode():
+        lin = torch.nn.Linear(48, 40, bias=False).to(bf16)
+    x = _r(130, 48)
+    wide = WideCompute(lin.parameters())
+    with torch.no_grad(), wide:
+        first, second = lin(x), lin(x)
+    assert wide.widened == 2 and wide.converted == 4 and torch.equal(first, second)
+
+
 def test_no_cache_beyond_its_budget_and_none_for_activations():
     lin = torch.nn.Linear(48, 40, bias=False).to(bf16).requires_grad_(False)
     x = _r(130, 48)

@@ -119,7 +119,7 @@ class WideCompute(TorchDispatchMode):
         if not isinstance(x, torch.Tensor) or x.dtype not in HALF:
             return x
         ptr = x.untyped_storage().data_ptr()
-        if ptr not in self._params:
+        if ptr not in self._params or x.is_inference():  # an inference tensor keeps no version counter
             self.converted += 1
             return x.float()
         key = (ptr, x.storage_offset(), tuple(x.shape), tuple(x.stride()), x.dtype)
