@@ -856,6 +856,11 @@ def per_model_section(out: Path, models: list[str], covered: dict[str, float]) -
                               f"{_targets_note(export, a['target'])} |")
             else:
                 detail.append(f"| {a['arm']} | – | – | {a['why']} | – | {_targets_note(export, a['target'])} |")
+        if isinstance((export or {}).get("graph_routes"), dict):  # export --graph-routes
+            from engine.export.report import graph_routes_text
+
+            g = graph_routes_text({"graph_routes": export["graph_routes"]})
+            detail += ["", g[0].upper() + g[1:] + "."]
         if depth:
             then = (f"the full-depth arms run the same cast on every layer (`{full_depth_spec(model).label}`)."
                     if full else "`reproduce.py --full-depth` adds bench_e2e of every layer.")

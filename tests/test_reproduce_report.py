@@ -728,3 +728,16 @@ def test_graph_routes_reach_the_export_with_time_for_their_check(tmp_path, monke
         _, argv, limits[on] = next(c for c in calls if c[0].endswith("export"))
         assert ("--graph-routes" in argv) is on
     assert limits[True] == limits[False] + rp.GRAPH_ROUTES_S
+
+
+def test_the_report_says_what_the_export_routed_from_cuda_graphs(tmp_path):
+    (tmp_path / "resnet50").mkdir()
+    shutil.copy(DEMO_DB, tmp_path / "resnet50" / "kforge.db")
+    (tmp_path / "resnet50" / "export.json").write_text(json.dumps({
+        "included": [], "excluded": [], "graph_routes": {"classes": ["Bottleneck"], "targets": ["eager"],
+                                                         "speedup": 1.42, "speedup_ci": [1.38, 1.47], "modules": 16}}))
+    p = _report(tmp_path, "--report-only", "--models", "resnet50")
+    assert p.returncode == 0, p.stderr
+    assert ("Graph routes: bottleneck replayed" not in (tmp_path / "report.md").read_text())
+    assert "Graph routes: Bottleneck replayed from CUDA graphs in eager, whole model 1.42× (1.38–1.47) with them " \
+           "(16 module(s))" in (tmp_path / "report.md").read_text()
