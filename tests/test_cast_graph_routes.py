@@ -136,6 +136,8 @@ def test_outputs_are_fresh_tensors_in_the_forwards_structure_and_keyword_argumen
     (lambda m: setattr(m.norm, "eps", 1e-3), "attributes changed"),
     (lambda m: setattr(m, "scale", 2.0), "attributes changed"),
     (lambda m: setattr(m.config, "attn_implementation", "eager"), "attributes changed"),
+    (lambda m: setattr(m, "norm", nn.LayerNorm(8)), "attributes changed"),    # a submodule swapped
+    (lambda m: m.register_buffer("extra", torch.zeros(1)), "modules changed"),  # the tree grew
     (lambda m: m.norm.register_forward_hook(lambda *a: None), "hooks"),
     (lambda m: setattr(torch.backends.cudnn, "deterministic", not torch.backends.cudnn.deterministic),
      "kernel switches changed"),

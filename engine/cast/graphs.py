@@ -21,7 +21,7 @@ The guard, per call (anything else runs the original forward, and a decline cost
 - every parameter and buffer in the module's tree the same object, with the same `_version` and data
   pointer as at capture (a graph reads them at fixed addresses), and every submodule's plain attributes
   (eps, training, ...) and those of the objects they hold, one level down (a transformers config), as at
-  capture;
+  capture; the tree as at capture (each submodule the same object, no module, parameter or buffer added);
 - what picks kernels as at capture: autocast, TF32 and reduced-precision switches, float32 matmul
   precision, deterministic algorithms, cuDNN and SDPA backends; the current device and stream; inference
   mode; the casts installed and the target calls are made under.
@@ -233,7 +233,10 @@ class GraphRoute:
         self.tensors = [(holder.__dict__[where], name, t, _version_of(t), t.data_ptr())
                         for holder in mods for where in ("_parameters", "_buffers")
                         for name, t in holder.__dict__[where].items() if t is not None]
-        self.attrs = _grouped(_plain_state(mods))
+        # the tree itself: each module's submodules by identity, and how many submodules, parameters and
+        # buffers each holds (a module swapped or added after the capture is not in its graph)
+        self.attrs = _grouped(_plain_state(mods) + [(m._modules, k, v) for m in mods for k, v in m._modules.items()])
+        self.counts = [(m.__dict__[t], len(m.__dict__[t])) for m in mods for t in _MODULE_TABLES_COUNTED]
         self.switches = kernel_switches()
         self.device = next((t.device for _, _, t, _, _ in self.tensors if t.is_cuda), None)
 
@@ -260,6 +263,9 @@ class GraphRoute:
         for d, name, t, version, ptr in self.tensors:
             if d.get(name) is not t or (version >= 0 and t._version != version) or t.data_ptr() != ptr:
                 return "parameters changed"
+        for d, n in self.counts:
+            if len(d) != n:
+                return "modules changed"
         try:
             for d, get, values in self.attrs:
                 if get(d) != values:
@@ -520,6 +526,7 @@ def _grouped(state: list[tuple[dict, str, Any]]) -> list[tuple[dict, Any, Any]]:
 
 
 _MODULE_TABLES = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"})
+_MODULE_TABLES_COUNTED = ("_modules", "_parameters", "_buffers")
 _inference_mode = torch.is_inference_mode_enabled
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)
 
