@@ -50,20 +50,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.modules.module as _mm
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from engine.capture.module_binding import autocast_state
 from engine.cast import runtime
+from engine.cast.modules import _dynamo_compiling, _in_dispatch_mode, _jit_tracing, hooks_on
 
-_MM_GLOBALS = _mm.__dict__
-_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
-                 "_global_backward_pre_hooks", "_global_forward_hooks_always_called")
 _PLAIN = (int, float, bool, str, type(None))
-_dynamo_compiling = torch.compiler.is_dynamo_compiling
 _grad_enabled = torch.is_grad_enabled
-_in_dispatch_mode = torch._C._len_torch_dispatch_stack
-_jit_tracing = torch._C._get_tracing_state
 
 
 _C = torch._C
@@ -86,7 +80,6 @@ def _plain(v: Any) -> bool:
 
 
 _VALUE_TYPES = frozenset({int, float, bool, str, type(None), torch.device, torch.dtype})
-_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 class _Signature:
@@ -238,26 +231,17 @@ class GraphRoute:
         self.attrs = _grouped(_plain_state(mods) + [(m._modules, k, v) for m in mods for k, v in m._modules.items()])
         self.counts = [(m.__dict__[t], len(m.__dict__[t])) for m in mods for t in _MODULE_TABLES_COUNTED]
         self.switches = kernel_switches()
-        self.device = next((t.device for _, _, t, _, _ in self.tensors if t.is_cuda), None)
 
     def original(self, *args: Any, **kwargs: Any) -> Any:
         return self._forward(self.module(), *args, **kwargs)
 
     def _why_not(self, grad: bool) -> str | None:
-        """Why this call may not replay a graph (None: it may), its arguments' signature aside; `grad`: an
-        argument requires grad."""
-        if not self.active or _dynamo_compiling() or _in_dispatch_mode() or _jit_tracing():
-            return "tracing or inactive"
+        """Why this call may not replay a graph (None: it may), its arguments' signature and tracing (checked
+        first, in __call__) aside; `grad`: an argument requires grad."""
         if self.backend.capturing():
             return "inside another capture"
-        g = _MM_GLOBALS
-        for n in _GLOBAL_HOOKS:
-            if g.get(n):
-                return "hooks"
-        for ref in self.hooked:
-            m = ref()
-            if m is None or m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
-                return "hooks"
+        if hooks_on(self.hooked):
+            return "hooks"
         if _grad_enabled() and (grad or any(t.requires_grad for _, _, t, _, _ in self.tensors)):
             return "grad"
         for d, name, t, version, ptr in self.tensors:
@@ -414,10 +398,7 @@ def _written_mark(x: torch.Tensor) -> Any:
 
 
 def _written(x: torch.Tensor, mark: Any) -> bool:
-    if isinstance(mark, torch.Tensor):
-        return not (torch.equal(x, mark) or (x.is_floating_point() and torch.equal(x.isnan(), mark.isnan())
-                                              and torch.equal(x.nan_to_num(), mark.nan_to_num())))
-    return x._version != mark
+    return not _values_equal(x, mark) if isinstance(mark, torch.Tensor) else x._version != mark
 
 
 def _snapshot(c: Any) -> tuple:
@@ -433,9 +414,6 @@ def _containers(tree: Any, skip: set[int], out: list | None = None) -> list[tupl
         for v in (tree.values() if isinstance(tree, (dict, UserDict)) else tree):
             _containers(v, skip, out)
     return out
-
-
-_MISSING = object()
 
 
 def _fresh_all(xs: list[Any]) -> list[Any]:
@@ -456,9 +434,13 @@ def _same(a: Any, b: Any) -> bool:
         return False
     if not isinstance(a, torch.Tensor):
         return a == b if _plain(a) else a is b
-    return (a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
-            and bool(torch.equal(a, b) or (a.is_floating_point() and torch.equal(a.isnan(), b.isnan())
-                                           and torch.equal(a.nan_to_num(), b.nan_to_num()))))
+    return a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype and _values_equal(a, b)
+
+
+def _values_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, NaN where the other has NaN (bit for bit up to NaN payloads)."""
+    return bool(torch.equal(a, b) or (a.is_floating_point() and torch.equal(a.isnan(), b.isnan())
+                                      and torch.equal(a.nan_to_num(), b.nan_to_num())))
 
 
 def _storage(t: torch.Tensor) -> int:

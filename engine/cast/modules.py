@@ -96,6 +96,20 @@ class ModuleVariant:
         return True
 
 
+def hooks_on(hooked: list[weakref.ref]) -> bool:
+    """Whether a global module hook, or a hook on any of these modules (held weakly), is registered now."""
+    g = _MM_GLOBALS
+    for name in _GLOBAL_HOOKS:
+        if g.get(name):
+            return True
+    for ref in hooked:
+        m = ref()
+        if m is not None and (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+                              or m._backward_pre_hooks):
+            return True
+    return False
+
+
 @dataclass
 class PathStats:
     hits: int = 0
@@ -135,16 +149,7 @@ class ModuleRoute:
         return self._forward(self.module(), *args, **kwargs)
 
     def _hooks(self) -> bool:
-        g = _MM_GLOBALS
-        for name in _GLOBAL_HOOKS:
-            if g.get(name):
-                return True
-        for ref in self.hooked:
-            m = ref()
-            if m is not None and (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
-                                  or m._backward_pre_hooks):
-                return True
-        return False
+        return hooks_on(self.hooked)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not self.active or _dynamo_compiling() or _in_dispatch_mode() or _jit_tracing():

@@ -896,7 +896,6 @@ def run_model_check(cast_path: Path, sets: list[list[str]], config: str, small: 
     the model under torch.compile (`graphs` is then ignored); `overlaps` (pattern variant -> op variants of
     its member ops) lets it measure the chosen set without such pattern cards too (e2e.check); `caches`: a
     folder for Inductor's and Triton's on-disk caches (empty: every graph compiled and tuned afresh)."""
-    from engine.errors import JobError
 
     job, out = tmp / "subsets.json", tmp / "model_check.json"
     job.write_text(json.dumps({"sets": sets, "overlaps": overlaps} if overlaps else sets))
@@ -909,12 +908,20 @@ def run_model_check(cast_path: Path, sets: list[list[str]], config: str, small: 
         (caches / "triton").mkdir(parents=True, exist_ok=True)
         env = {"TORCHINDUCTOR_CACHE_DIR": str(caches), "TRITON_CACHE_DIR": str(caches / "triton")}
     proc = _run_child(argv, timeout_s, env)
+    return _child_result(proc, out, "export: the whole-model check failed")
+
+
+def _child_result(proc: subprocess.CompletedProcess, out: Path, what: str) -> dict[str, Any]:
+    """A fresh-process job's JSON result (engine.export.confirm.run_job), or JobError naming `what` failed and
+    why: the job's own error, else the last line the process printed."""
+    from engine.errors import JobError
+
     if not out.exists():
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise JobError(f"export: the whole-model check failed (exit {proc.returncode}): {tail[0]}")
+        raise JobError(f"{what} (exit {proc.returncode}): {tail[0]}")
     result = json.loads(out.read_text())
     if "error" in result:
-        raise JobError(f"export: the whole-model check failed: {result['error']}")
+        raise JobError(f"{what}: {result['error']}")
     return result
 
 
@@ -986,33 +993,19 @@ def _trial_line(t: dict[str, Any]) -> str:
 def run_graph_check(cast_path: Path, config: str, small: bool, tmp: Path,
                     timeout_s: float = GRAPH_CHECK_TIMEOUT_S) -> dict[str, Any]:
     """`python -m engine.export.graph_check` in a fresh process; its JSON result."""
-    from engine.errors import JobError
 
     out = tmp / "graph_check.json"
     proc = _run_child([sys.executable, "-m", "engine.export.graph_check", "--config", config, "--cast", str(cast_path),
                        "--out", str(out)] + (["--small"] if small else []), timeout_s)
-    if not out.exists():
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise JobError(f"the graph-route check failed (exit {proc.returncode}): {tail[0]}")
-    result = json.loads(out.read_text())
-    if "error" in result:
-        raise JobError(f"the graph-route check failed: {result['error']}")
-    return result
+    return _child_result(proc, out, "the graph-route check failed")
 
 
 def run_confirm(cast_path: Path, samples: dict[str, list[str]], timing: dict[str, Any], tmp: Path,
                 timeout_s: float = 1800) -> dict[str, Any]:
     """`python -m engine.export.confirm` in a fresh process; its JSON result."""
-    from engine.errors import JobError
 
     job, out = tmp / "job.json", tmp / "result.json"
     job.write_text(json.dumps({"samples": samples, "timing": timing}))
     proc = _run_child([sys.executable, "-m", "engine.export.confirm", "--cast", str(cast_path), "--job", str(job),
                        "--out", str(out)], timeout_s)
-    if not out.exists():
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise JobError(f"export: the confirmation process failed (exit {proc.returncode}): {tail[0]}")
-    result = json.loads(out.read_text())
-    if "error" in result:
-        raise JobError(f"export: the confirmation process failed: {result['error']}")
-    return result
+    return _child_result(proc, out, "export: the confirmation process failed")
