@@ -372,7 +372,7 @@ def test_a_graph_captured_with_other_casts_installed_is_not_replayed_for_this_se
     from engine.cast import runtime
 
     model, gs, backend = _routed()
-    cast = object()
+    cast = type("Cast", (), {})()  # any cast object
     x = _x()
     with torch.no_grad(), gs:
         model(x)
@@ -590,3 +590,24 @@ def test_inference_tensors_which_keep_no_version_counter_are_routed_and_a_write_
     st = next(iter(gs.stats().values()))
     assert st["captured"] == 1 and st["replays"] == 2
     assert next(iter(gw.stats().values()))["refused"] == {"#1": "the forward writes an argument"}
+
+
+def test_a_new_cast_never_shares_the_serving_token_of_a_collected_one():
+    """Graph routes key their graphs by the casts installed: keyed by id(), a cast collected and a new one at
+    the same address would have replayed the old one's graphs."""
+    import gc
+
+    from engine.cast import runtime
+
+    class Owner:  # as a Cast: one object per loaded file
+        pass
+
+    tokens = []
+    for _ in range(20):
+        o = Owner()
+        runtime.note_serving(o, True)
+        tokens.append(runtime.serving())
+        runtime.note_serving(o, False)
+        del o
+        gc.collect()
+    assert len(set(tokens)) == 20 and runtime.serving() == frozenset()

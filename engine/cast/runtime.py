@@ -20,8 +20,10 @@ graphs, `target_scope`); elsewhere it is `cuda-graphs` while the current CUDA st
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -350,9 +352,12 @@ def add_entries(owner: object, entries: list[tuple[str, tuple, Plan, tuple | Non
     return shadowed
 
 
-# Casts installed now (by id, with their install counts): what graph routes key their graphs by, since a graph
-# holds the kernels whichever casts served while it was captured (engine.cast.graphs).
-_SERVING: dict[int, int] = {}
+# Casts installed now, each by a serial number of its own: what graph routes key their graphs by, since a graph
+# holds the kernels whichever casts served while it was captured (engine.cast.graphs). Not by id(): a cast
+# collected and a new one at the same address would have found the old one's graphs.
+_SERIALS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+_NEXT_SERIAL = itertools.count(1)
+_SERVING: set[int] = set()
 _SERVING_TOKEN: frozenset[int] = frozenset()
 
 
@@ -360,15 +365,16 @@ def note_serving(owner: object, installed: bool) -> None:
     """Record that `owner` (a cast) was installed or removed."""
     global _SERVING_TOKEN
     with _LOCK:
-        k = id(owner)
-        _SERVING[k] = _SERVING.get(k, 0) + (1 if installed else -1)
-        if _SERVING[k] <= 0:
-            del _SERVING[k]
+        serial = _SERIALS.get(owner)
+        if serial is None:
+            serial = _SERIALS[owner] = next(_NEXT_SERIAL)
+        (_SERVING.add if installed else _SERVING.discard)(serial)
         _SERVING_TOKEN = frozenset(_SERVING)
 
 
 def serving() -> frozenset[int]:
-    """The ids of the casts installed now (one object, rebuilt only when one is installed or removed)."""
+    """The serial numbers of the casts installed now (one object, rebuilt only when one is installed or
+    removed)."""
     return _SERVING_TOKEN
 
 
