@@ -44,10 +44,6 @@ def log(msg: str) -> None:
     print(f"[bench_graph_routes {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _class_is(name: str) -> Any:
-    return lambda path, m: type(m).__name__ == name
-
-
 def report(doc: dict[str, Any]) -> str:
     lines = [f"# bench_graph_routes: {doc['model']}", "",
              f"{doc.get('gpu', '?')}, torch {doc.get('torch', '?')}, {doc.get('date', '')}; modules /{doc['modules']}/"
@@ -137,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         from engine.cast.graphs import repeated_classes
 
         names = repeated_classes(model)[:max(1, args.tries)]
-        selects = [(f"^{n}$", _class_is(n)) for n in names]
+        from engine.export.graph_check import class_is
+
+        selects = [(f"^{n}$", class_is(n)) for n in names]
         doc["candidates"] = names
     else:
         selects = [(args.modules, lambda path, m: bool(pat.search(type(m).__name__) or pat.search(path)))]

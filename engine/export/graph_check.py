@@ -90,7 +90,7 @@ def check(model: Any, forward: Callable[[], Any], classes: list[str], timed: Cal
             forward()
         want = output_tensor(forward()).clone()
         for name in classes:
-            r = {"class": name, **trial(model, forward, _class_is(name), want, timed, precision, max_s, backend)}
+            r = {"class": name, **trial(model, forward, class_is(name), want, timed, precision, max_s, backend)}
             tried.append(r)
             if "why" not in r:
                 return {"tried": tried, "chosen": r}
@@ -99,7 +99,8 @@ def check(model: Any, forward: Callable[[], Any], classes: list[str], timed: Cal
     return {"tried": tried, "chosen": None}
 
 
-def _class_is(name: str) -> Callable[[str, Any], bool]:
+def class_is(name: str) -> Callable[[str, Any], bool]:
+    """A GraphSet selector: the modules of that class name."""
     return lambda path, m: type(m).__name__ == name
 
 
