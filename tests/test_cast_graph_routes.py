@@ -203,7 +203,30 @@ class Noisy(Block):
         return self.lin(x) + torch.rand_like(x)
 
 
+class Expands(Block):
+    def forward(self, x):
+        return self.lin(x)[:, :1].expand(-1, 8)
+
+
+class Slices(Block):  # a slice of a wider projection, with gaps between its rows (as keys cut from a qkv)
+    def forward(self, x):
+        return torch.cat([self.lin(x), x], -1)[:, 2:6], self.lin(x).t()
+
+
+def test_an_output_with_gaps_or_transposed_is_replayed_with_eagers_strides():
+    model, gs, backend = _routed(Slices().eval())
+    with torch.no_grad(), gs:
+        for _ in range(3):
+            x = _x()
+            want = Slices.forward(model, x)  # the class forward: eager, not the route
+            got = model(x)
+            assert _equal(got, want) and [g.stride() for g in got] == [w.stride() for w in want]
+    st = next(iter(gs.stats().values()))
+    assert st["captured"] == 1 and st["replays"] == 2 and not st["refused"], st
+
+
 @pytest.mark.parametrize("cls, why", [
+    (Expands, "an output whose elements overlap in memory (an expanded view)"),
     (Writes, "the forward writes an argument"),
     (Identity, "an output shares storage with an argument or a parameter"),
     (Counts, "the forward changes its module's parameters, buffers or attributes"),

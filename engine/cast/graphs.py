@@ -30,8 +30,8 @@ A signature's first call runs the forward eagerly and returns that output; then 
 (warm-up on a side stream, then `torch.cuda.graph`) on static copies of the arguments, and replayed once on
 the same arguments: the replay must equal the eager call bit for bit. A forward that writes an argument or
 its module's state, changes a list or dict inside its arguments, removes a mapping argument's entry, returns
-a tensor sharing storage with an argument, a parameter or another output, returns a tensor that is not
-dense, or cannot be captured (a host sync, a CPU tensor) is refused for that signature, with the reason
+a tensor sharing storage with an argument, a parameter or another output, returns a tensor whose elements
+overlap in memory (an expanded view; a slice with gaps is fine), or cannot be captured (a host sync, a CPU tensor) is refused for that signature, with the reason
 (`stats()`). A replay copies the tensor arguments into the static inputs, replays, and returns fresh copies
 of the static outputs in the forward's output structure. Entries the forward puts into a mapping argument
 (Gemma 4's layers put their keys and values into a `KVSharingDict` for later layers) are outputs too: a
@@ -457,8 +457,8 @@ def _outputs_problem(outs: list[Any], inputs: list[torch.Tensor], params: list[t
     for t in tensors:
         if t.device.type != device_type:
             return "an output off the GPU"
-        if not _dense(t):
-            return "an output that is not dense"
+        if _overlaps(t):
+            return "an output whose elements overlap in memory (an expanded view)"
         s = _storage(t)
         if s in held:
             return "an output shares storage with an argument or a parameter"
@@ -471,9 +471,17 @@ def _outputs_problem(outs: list[Any], inputs: list[torch.Tensor], params: list[t
     return None
 
 
-def _dense(t: torch.Tensor) -> bool:
-    return t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last) or (
-        t.numel() == torch.empty_strided(t.shape, t.stride(), device="meta").untyped_storage().nbytes() // t.element_size())
+def _overlaps(t: torch.Tensor) -> bool:
+    """Whether two elements of `t` may share memory (a stride 0, an expand): a replay's fresh copy of such an
+    output (empty_strided with its strides) could not be written. Views with gaps (a slice, a chunk of a
+    wider projection) are fine: the copy keeps their strides, as eager's output has them."""
+    dims = sorted((st, n) for n, st in zip(t.shape, t.stride()) if n > 1)
+    extent = 1
+    for st, n in dims:
+        if st < extent:
+            return True
+        extent = st * (n - 1) + extent
+    return False
 
 
 def _plain_state(mods: list[torch.nn.Module]) -> list[tuple[dict, str, Any]]:
