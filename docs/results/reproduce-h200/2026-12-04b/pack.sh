@@ -1,0 +1,1 @@
+cp -r /tmp/o/. $OUT/ 2>/dev/null; du -sh $OUT
