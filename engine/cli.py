@@ -215,10 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh", action="store_true",
                    help="confirm and check everything again: reuse none of the checkpoints that earlier exports "
                         "left in the workspace (export-checkpoints/)")
-    p.add_argument("--graph-routes", action="store_true",
-                   help="also try replaying the model's repeated modules (decoder layers, blocks) from CUDA graphs "
-                        "in eager, and keep the first class that makes the whole model faster with an equal output "
-                        "(experimental; docs/chains.md)")
+    p.add_argument("--graph-routes", action=argparse.BooleanOptionalAction, default=True,
+                   help="after the eager check, try replaying the model's repeated modules (decoder layers, "
+                        "blocks) from CUDA graphs and keep the first class that makes the whole model faster with "
+                        "an output equal bit for bit (default: on; it takes up to two minutes; docs/chains.md)")
     _add_common(p)
 
     p = sub.add_parser("audit", help="show what a .cast file holds; --verify re-checks it on this GPU")

@@ -398,7 +398,7 @@ def last_error(log_file: Path, offset: int) -> str:
 
 def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compile_mode: str = COMPILE_MODE, *,
                 ops: str | None = None, targets: str | None = None, deadline: float | None = None,
-                compile_ops: bool = False, full_depth: bool = False, graph_routes: bool = False) -> None:
+                compile_ops: bool = False, full_depth: bool = False, graph_routes: bool = True) -> None:
     """One model's sitting: run → export → bench_e2e → bench_compose (→ bench_compile_ops with compile_ops; →
     bench_e2e at the real depth with full_depth), each step skipped when its result is there, each outcome (ok,
     failed with its error, timed out, skipped, not run and why) kept in OUT/MODEL/record.json beside the sitting
@@ -461,7 +461,8 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compil
     ops = ops or OPS.get(model)
     targets = targets or MODEL_TARGETS.get(model, TARGETS)
     export_limit = (MODEL_EXPORT_S.get(model) or STEP_LIMIT_S["export"] + EXPORT_S_PER_COMPILE_TARGET * max(
-        0, sum(t.startswith("compile") for t in targets.split(",")) - 1)) + (GRAPH_ROUTES_S if graph_routes else 0)
+        0, sum(t.startswith("compile") for t in targets.split(",")) - 1)) + (
+        GRAPH_ROUTES_S if graph_routes and "eager" in targets.split(",") else 0)  # routes are tried for eager
     run_argv = [py, "-m", "kforge_tui", "run", "--no-tui", "--json", "--workspace", str(ws)]
     resume = run is not None and (run["status"] != "done" or rec.get("resume_run") == run["id"])
     run_argv += ["--resume", run["id"]] if resume else [config_path(model)]
@@ -486,7 +487,8 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compil
         need = EXPORT_RESUME_NEED_S if rec.get("export_stopped") else EXPORT_NEED_S
         rc = do("export", d / "export.json",
                 [py, "-m", "kforge_tui", "export", "--workspace", str(ws), "--out", str(d / f"{model}.cast"),
-                 "--json", "--target", targets] + (["--graph-routes"] if graph_routes else []), export_limit,
+                 "--json", "--target", targets] + (["--graph-routes"] if graph_routes else ["--no-graph-routes"]),
+                 export_limit,
                 stdout=d / "export.json",
                 need=min(need, export_limit))
         if rc is not None:  # started: stopped part way (its checkpoints kept), or ended
@@ -1077,8 +1079,9 @@ def main() -> int:
                          "(NAME@full_depth=true: gemma4_e2b, qwen35_a3b, sd35_medium), a row beside the shrunk one")
     ap.add_argument("--extras", action="store_true",
                     help="the issue-4 target cards and the search ablation (a sitting of their own)")
-    ap.add_argument("--graph-routes", action="store_true",
-                    help="export with --graph-routes: also try replaying the model's repeated modules from CUDA graphs")
+    ap.add_argument("--graph-routes", action=argparse.BooleanOptionalAction, default=True,
+                    help="export with graph routes tried (replaying the model's repeated modules from CUDA graphs; "
+                         "the export's default); --no-graph-routes exports without")
     ap.add_argument("--report-only", action="store_true", help="assemble OUT/report.md from the per-model results")
     ap.add_argument("--allow-mixed-commits", action="store_true",
                     help="with --report-only: write the report of results from different code, flagged at its top")
@@ -1119,7 +1122,7 @@ def main() -> int:
             argv += ["--wall-time", str(args.wall_time)] if args.wall_time else []
             argv += ["--ops", args.ops] if args.ops else []
             argv += ["--full-depth"] if args.full_depth else []
-            argv += ["--graph-routes"] if args.graph_routes else []
+            argv += ["--graph-routes" if args.graph_routes else "--no-graph-routes"]
             return argv + (["--compile-ops"] if args.compile_ops else [])
 
         codes = on_gpus(models, gpus, argv_for, args.out)

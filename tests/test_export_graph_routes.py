@@ -70,7 +70,7 @@ def test_without_the_flag_no_graph_check_runs(ws, gpu, monkeypatch):  # noqa: F8
     assert calls == [] and "graph_routes" not in manifest["source"]
 
 
-def test_the_cli_flag_reaches_the_export(tmp_path, monkeypatch):
+def test_graph_routes_are_tried_by_default_and_the_cli_can_turn_them_off(tmp_path, monkeypatch):
     import engine.cli
     from engine.export.package import ExportResult
 
@@ -83,8 +83,9 @@ def test_the_cli_flag_reaches_the_export(tmp_path, monkeypatch):
 
     monkeypatch.setattr(pkg, "export_run", export_run)
     base = ["export", "run-x", "--out", str(tmp_path / "m.cast"), "--workspace", str(tmp_path)]
+    assert engine.cli.main(base) == 0 and seen["graph_routes"] is True
+    assert engine.cli.main(base + ["--no-graph-routes"]) == 0 and seen["graph_routes"] is False
     assert engine.cli.main(base + ["--graph-routes"]) == 0 and seen["graph_routes"] is True
-    assert engine.cli.main(base) == 0 and seen["graph_routes"] is False
 
 
 def test_the_export_says_what_it_routed_in_text_and_json(tmp_path, monkeypatch, capsys):

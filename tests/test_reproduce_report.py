@@ -501,7 +501,7 @@ def test_the_vae_export_also_proves_its_patterns_for_reduce_overhead_with_time_f
         (out / model).mkdir(parents=True, exist_ok=True)
         (out / model / "run.json").write_text('{"status": "done"}')
         calls.clear()
-        rp.model_steps(model, out, tmp_path / "ws", 60, targets=targets)
+        rp.model_steps(model, out, tmp_path / "ws", 60, targets=targets, graph_routes=False)  # routes: their own test
         name, argv, limit = next(c for c in calls if c[0].endswith("export"))
         got = argv[argv.index("--target") + 1]
         if targets:
@@ -527,15 +527,15 @@ def test_sd35_mediums_long_export_waits_for_a_sitting_with_time_for_it(tmp_path,
     monkeypatch.setattr(rp, "sitting", lambda: dict(FAKE_SITTING))
     (out / "sd35_medium").mkdir(parents=True)
     (out / "sd35_medium" / "run.json").write_text('{"status": "done"}')
-    rp.model_steps("sd35_medium", out, tmp_path / "ws", 60, deadline=time.time() + 600)
+    rp.model_steps("sd35_medium", out, tmp_path / "ws", 60, deadline=time.time() + 600, graph_routes=False)
     name, argv, limit = next(c for c in calls if c[0].endswith("export"))
     assert limit == rp.MODEL_EXPORT_S["sd35_medium"] == 480
     calls.clear()
-    rp.model_steps("sd35_medium", out, tmp_path / "ws", 60, deadline=time.time() + 200)
+    rp.model_steps("sd35_medium", out, tmp_path / "ws", 60, deadline=time.time() + 200, graph_routes=False)
     name, argv, limit = next(c for c in calls if c[0].endswith("export"))
     assert 150 <= limit <= 200  # what the deadline left
     calls.clear()
-    rp.model_steps("sd35_medium", out, tmp_path / "ws", 60, deadline=time.time() + 100)
+    rp.model_steps("sd35_medium", out, tmp_path / "ws", 60, deadline=time.time() + 100, graph_routes=False)
     assert not [c for c in calls if c[0].endswith("export")]
     rec = json.loads((out / "sd35_medium" / rp.RECORD).read_text())
     assert rec["steps"]["export"]["status"] == "skipped"
@@ -726,7 +726,7 @@ def test_graph_routes_reach_the_export_with_time_for_their_check(tmp_path, monke
         calls.clear()
         rp.model_steps("gemma4_e2b", out, tmp_path / "ws", 60, targets="eager", graph_routes=on)
         _, argv, limits[on] = next(c for c in calls if c[0].endswith("export"))
-        assert ("--graph-routes" in argv) is on
+        assert ("--graph-routes" in argv) is on and ("--no-graph-routes" in argv) is not on
     assert limits[True] == limits[False] + rp.GRAPH_ROUTES_S
 
 
