@@ -4,9 +4,9 @@
         --modules 'DecoderLayer$' [--cast CAST] [--small]
 
 `--modules`: a regular expression searched in each module's class name and path; the outermost matching
-modules are routed. `--modules auto`: the model's repeated classes that hold submodules (decoder layers,
-blocks, attention), largest first, each its own trial (`--tries`, default 3). `--cast`: a cast installed in both arms (its module and op cards then run inside the
-captured graphs where they are proven for CUDA graphs, and in eager's arm as usual), so the comparison is
+modules are routed. `--modules auto`: the model's own class (its whole forward), then its repeated classes
+that hold submodules (decoder layers, blocks, attention), largest first, each its own trial (`--tries`,
+default 3). `--cast`: a cast installed in both arms (its module and op cards then run inside the captured graphs where they are proven for CUDA graphs, and in eager's arm as usual), so the comparison is
 the graph routes' own gain. Both arms are timed in their steady state (engine.bench.forward.time_steady),
 alternating, until the CI is 0.02 wide or --max-s. The output must equal eager's bit for bit (a replay runs
 eager's own kernels); the report says where it does not. Writes OUT/bench_graph_routes.json and .md.
@@ -71,7 +71,7 @@ def report(doc: dict[str, Any]) -> str:
             for path, v in st.items():
                 dec = ", ".join(f"{k} ×{n}" for k, n in v["declines"].items()) or "–"
                 ref = "; ".join(v["refused"].values()) or "–"
-                lines.append(f"| {path} | {v['captured']} | {v['replays']} | {v['eager_calls']} | {dec} | {ref} |")
+                lines.append(f"| {path or '(the whole model)'} | {v['captured']} | {v['replays']} | {v['eager_calls']} | {dec} | {ref} |")
             lines.append("")
         if t.get("skipped"):
             lines += ["Skipped: " + "; ".join(f"{p} ({w})" for p, w in t["skipped"].items()), ""]
@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--model", required=True, help="a model config (configs/models/*.toml or a user config)")
     ap.add_argument("--modules", required=True,
-                    help="regex searched in class names and paths, or 'auto': the model's repeated classes with "
-                         "submodules, largest first, one trial each (--tries)")
+                    help="regex searched in class names and paths, or 'auto': the model's own class, then its "
+                         "repeated classes with submodules, largest first, one trial each (--tries)")
     ap.add_argument("--tries", type=int, default=3, help="with --modules auto: classes tried at most (default 3)")
     ap.add_argument("--cast", type=Path, help="a cast installed in both arms")
     ap.add_argument("--small", action="store_true")
@@ -130,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     target = build_target(config, torch.device(DEVICE))
     model, forward = target.module, target.forward
     if pat is None:
-        from engine.cast.graphs import repeated_classes
+        from engine.cast.graphs import route_candidates
 
-        names = repeated_classes(model)[:max(1, args.tries)]
+        names = route_candidates(model)[:max(1, args.tries)]
         from engine.export.graph_check import class_is
 
         selects = [(f"^{n}$", class_is(n)) for n in names]

@@ -413,8 +413,8 @@ def test_a_graph_captured_with_other_casts_installed_is_not_replayed_for_this_se
 
 
 
-def test_the_classes_worth_routing_are_the_repeated_ones_outermost_first():
-    from engine.cast.graphs import repeated_classes
+def test_the_classes_worth_routing_are_the_model_itself_then_the_repeated_ones_outermost_first():
+    from engine.cast.graphs import repeated_classes, route_candidates
 
     class Inner(nn.Module):
         def __init__(self):
@@ -433,11 +433,26 @@ def test_the_classes_worth_routing_are_the_repeated_ones_outermost_first():
             self.head = Inner()  # one more Inner, not inside a layer
 
     assert repeated_classes(Model()) == ["Layer", "Inner"]  # Linear has no submodules; containers and root out
+    assert route_candidates(Model()) == ["Model", "Layer", "Inner"]
+
+
+def test_the_whole_model_is_routed_as_one_graph_and_nothing_inside_it_is_routed_again():
+    model = Net().eval()
+    gs = GraphSet(model, lambda path, m: type(m).__name__ in ("Net", "Block"), StandIn())
+    assert list(gs.routes) == [""]  # the root: its blocks' kernels are in its graph
+    with torch.no_grad():
+        for _ in range(3):
+            x = _x()
+            want = Net.forward(model, x)
+            with gs:
+                assert torch.equal(model(x), want)
+    assert gs.stats()[""]["captured"] == 1 and gs.stats()[""]["replays"] == 2
 
 
 def test_bench_graph_routes_tries_the_repeated_classes_and_reports_each(tmp_path, monkeypatch):
-    """The script's flow on the CPU with the stand-in (not a measurement): --modules auto tries the model's
-    repeated classes, largest first, and the report has a table per trial with the routes' counts."""
+    """The script's flow on the CPU with the stand-in (not a measurement): --modules auto tries the model's own
+    class, then its repeated classes, largest first, and the report has a table per trial with the routes'
+    counts."""
     import json
 
     from conftest import load_script
@@ -449,12 +464,14 @@ def test_bench_graph_routes_tries_the_repeated_classes_and_reports_each(tmp_path
     assert bench.main(["--out", str(out), "--model", "configs/examples/my_model.toml", "--small", "--modules", "auto",
                        "--max-s", "0"]) == 0
     doc = json.loads((out / "bench_graph_routes.json").read_text())
-    assert doc["candidates"] == ["TinyMLPBlock"] and len(doc["trials"]) == 1
-    t = doc["trials"][0]
-    assert t["equal"] and t["forwards"] == 10
-    assert all(r["captured"] == 1 and r["replays"] > 0 and not r["refused"] for r in t["routes"].values())
+    assert doc["candidates"] == ["TinyModel", "TinyMLPBlock"] and len(doc["trials"]) == 2
+    for t in doc["trials"]:
+        assert t["equal"] and t["forwards"] == 10
+        assert all(r["captured"] == 1 and r["replays"] > 0 and not r["refused"] for r in t["routes"].values())
+    assert list(doc["trials"][0]["routes"]) == [""]  # the whole model as one route
     md = (out / "bench_graph_routes.md").read_text()
-    assert "## /^TinyMLPBlock$/" in md and "module(s) routed" in md and "bit for bit equal" in md
+    assert "## /^TinyModel$/" in md and "## /^TinyMLPBlock$/" in md and "module(s) routed" in md
+    assert "bit for bit equal" in md
 
 
 def test_inference_mode_and_no_grad_calls_are_different_signatures():

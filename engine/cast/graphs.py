@@ -536,6 +536,14 @@ def repeated_classes(model: torch.nn.Module, least: int = 2) -> list[str]:
     return sorted((n for n, c in count.items() if c >= least), key=lambda n: (-size[n], n))
 
 
+def route_candidates(model: torch.nn.Module) -> list[str]:
+    """Classes to try routing, in order: the model's own class (its whole forward as one graph, where the host's
+    cost of every op goes at once), then its repeated classes (repeated_classes), for a forward the whole
+    model's route cannot take (a cache object among its arguments, a host sync outside the layers)."""
+    root = type(model).__name__
+    return [root] + [c for c in repeated_classes(model) if c != root]
+
+
 class GraphSet:
     """Graph routes installed on a model's modules (the outermost of those `select` picks), sharing one pool."""
 

@@ -1,10 +1,11 @@
 """Whole-model check of graph routes (engine/cast/graphs.py), in a fresh process: the model with its cast
-installed, eager forwards with and without routes on one of its repeated classes.
+installed, eager forwards with and without routes on the whole model or one of its repeated classes.
 
 A class is tried as one trial: its modules routed (the outermost instances), a few forwards to capture, then
 the output must equal the output without routes bit for bit (a replay launches the kernels the eager call
 launched), and the model with routes must be faster with confidence (the CI of without/with above 1).
-Classes are tried largest first (`graphs.repeated_classes`) until `tries` of them were timed (a class none of
+Classes are tried in `graphs.route_candidates`' order (the model's own class, then its repeated classes
+largest first) until `tries` of them were timed (a class none of
 whose modules replays is not timed and not counted); the first that passes is chosen.
 Both arms are timed in their steady state (engine.bench.forward.time_steady), alternating, in rounds until
 the CI is `precision` wide or `max_s` has passed.
@@ -120,14 +121,14 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         from engine.bench.forward import time_steady
-        from engine.cast.graphs import repeated_classes
+        from engine.cast.graphs import route_candidates
         from engine.cast.loader import load
         from engine.config import build_target, load_config
 
         target = build_target(load_config(args.config, small=args.small), torch.device("cuda"))
         model, forward = target.module, target.forward
         cast = load(args.cast)
-        classes = repeated_classes(model)
+        classes = route_candidates(model)
         with cast.enabled(model):
             out = check(model, forward, classes, time_steady, args.precision, args.max_s, tries=max(1, args.tries))
         return {**out, "candidates": classes}

@@ -80,7 +80,7 @@ def target_check_text(check: dict[str, Any]) -> str:
 
 
 def graph_routes_text(source: dict[str, Any]) -> str | None:
-    """One line on the cast's graph routes (`export --graph-routes`), or None where the export did not try them."""
+    """One line on the cast's graph routes (the export's graph-route check), or None where it did not run."""
     g = source.get("graph_routes")
     if not isinstance(g, dict):
         return None
