@@ -12,10 +12,12 @@ turn. The lines are microseconds per call (medians) and the difference to the pl
 
 - plain: nothing hooked;
 - instance method: `forward` in the instance's __dict__, PyTorch's own bound method;
-- module route: engine.cast.modules.ModuleRoute in the instance's __dict__ (as a cast installs module cards);
+- module route: engine.cast.modules.ModuleRoute in the instance's __dict__ as its `forward` (how a cast hooked
+  module cards in until the class dispatcher replaced it);
 - class swap: each instance given its own subclass whose `forward` is the route;
 - class dispatcher: the class's `forward` replaced once by a function that, when Dynamo is tracing, calls the
-  original at once. In eager it finds the instance's route in its __dict__ under another name.
+  original at once. In eager it finds the instance's route in its __dict__ under another name. This is how
+  a cast hooks in module cards and graph routes now (engine.cast.modules.attach).
 
 This measures the host's guard work on this machine's CPU, not a model's speed.
 """

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from engine.cast import modules
 from engine.cast.graphs import GraphSet
 
 
@@ -109,7 +110,8 @@ def test_a_signature_is_captured_on_its_first_call_and_replayed_after_with_the_c
     assert backend.replays == 2 + 3 * 2
     st = gs.stats()
     assert st["blocks.0"]["captured"] == 1 and st["blocks.0"]["replays"] == 3
-    assert not any("forward" in m.__dict__ for m in model.modules())  # removed: the attribute state as before
+    assert not any("forward" in m.__dict__ or modules.route_of(m) for m in model.modules())  # removed: as before
+    assert not hasattr(Block.__dict__["forward"], "__kforge_original__")  # the class's own forward back
     assert set(model.state_dict()) == keys and first.shape == (2, 8)
 
 
@@ -215,11 +217,12 @@ class Slices(Block):  # a slice of a wider projection, with gaps between its row
 
 def test_an_output_with_gaps_or_transposed_is_replayed_with_eagers_strides():
     model, gs, backend = _routed(Slices().eval())
-    with torch.no_grad(), gs:
+    with torch.no_grad():
         for _ in range(3):
             x = _x()
-            want = Slices.forward(model, x)  # the class forward: eager, not the route
-            got = model(x)
+            want = model(x)  # eager: no route installed
+            with gs:
+                got = model(x)
             assert _equal(got, want) and [g.stride() for g in got] == [w.stride() for w in want]
     st = next(iter(gs.stats().values()))
     assert st["captured"] == 1 and st["replays"] == 2 and not st["refused"], st
@@ -516,18 +519,18 @@ def test_a_cast_with_graph_routes_routes_its_models_modules_while_installed(tmp_
         cast = engine.cast.load(path, env=ENV, plans={"rms": Counting()})
         assert cast.graph_route_classes() == ["Layer"]
         with cast.enabled(model):
-            routed = [p for p, m in model.named_modules() if isinstance(m.__dict__.get("forward"), graphs.GraphRoute)]
+            routed = [p for p, m in model.named_modules() if isinstance(modules.route_of(m), graphs.GraphRoute)]
             assert routed == ["layers.0", "layers.1", "layers.2"]
             outs = [model(x) for _ in range(3)]
             st = cast.stats()["graph_routes"]
-        assert not any(isinstance(m.__dict__.get("forward"), graphs.GraphRoute) for m in model.modules())
+        assert not any(isinstance(modules.route_of(m), graphs.GraphRoute) for m in model.modules())
     assert all(torch.equal(o, want) for o in outs)
     assert all(s["captured"] == 1 and s["replays"] == 2 for s in st.values()), st
     # a cast without graph routes routes nothing
     plain = engine.cast.load(tmp_path / "g.cast", env=ENV, plans={"rms": Counting()})
     monkeypatch.setattr(plain, "graph_route_classes", lambda: [])
     with torch.no_grad(), plain.enabled(model):
-        assert not any(isinstance(m.__dict__.get("forward"), graphs.GraphRoute) for m in model.modules())
+        assert not any(isinstance(modules.route_of(m), graphs.GraphRoute) for m in model.modules())
 
 
 class Branches(Block):

@@ -191,11 +191,13 @@ def test_removal_restores_forward_and_the_tree_is_untouched(model, cast):
     tree = [(n, m) for n, m in model.named_modules()]
     state = {k: v.clone() for k, v in model.state_dict().items()}
     attrs = {n: dict(m.__dict__) for n, m in tree}
+    own = {type(m): type(m).__dict__.get("forward") for _, m in tree}  # each class's own forward, or None
     c = cast()
     c.install(model)
     try:
         norm = model.layers[0].norm1
-        assert "forward" in norm.__dict__
+        assert isinstance(modules.route_of(norm), modules.ModuleRoute) and "forward" not in norm.__dict__
+        assert type(norm).forward is not own[type(norm)]  # the class's dispatcher while a route is attached
         assert [(n, m) for n, m in model.named_modules()] == tree
         sd = model.state_dict()
         assert list(sd) == list(state) and all(torch.equal(sd[k], state[k]) for k in state)
@@ -205,8 +207,9 @@ def test_removal_restores_forward_and_the_tree_is_untouched(model, cast):
     finally:
         c.remove()
     for n, m in model.named_modules():
-        assert "forward" not in m.__dict__
+        assert "forward" not in m.__dict__ and modules.route_of(m) is None
         assert m.forward.__func__ is type(m).forward
+        assert type(m).__dict__.get("forward") is own[type(m)]  # the class's own forward back, or none again
         assert m.__dict__.keys() == attrs[n].keys()
     assert [(n, m) for n, m in model.named_modules()] == tree
     with torch.no_grad():
@@ -613,3 +616,85 @@ def test_a_model_built_under_inference_mode_is_served(cast):
     with torch.inference_mode(), c.enabled(m):
         got = m(x)
     assert c.counting.calls == len(PATHS) and torch.equal(got, want)
+
+
+def test_under_torch_compile_nothing_of_an_installed_route_is_guarded(model, cast):
+    """An eager-only cast installed while the user runs torch.compile ran Gemma 4 at 0.986x of compile alone
+    on the H200: Dynamo guarded every module whose instance `forward` was our route, at every call (about 1 us
+    each; scripts/probe_route_guards.py). Hooked in through the class's dispatcher, Dynamo traces the class's
+    own forward and guards nothing of the route."""
+    import logging
+
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    texts = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            texts.append(record.getMessage())
+
+    log = logging.getLogger("torch._dynamo.guards")
+    keep = Keep()
+    torch._logging.set_logs(guards=True)
+    log.addHandler(keep)
+    c = cast()
+    try:
+        torch._dynamo.reset()
+        with torch.no_grad(), c.enabled(model):
+            expected = model(x)
+            assert c.counting.calls == 3
+            got = torch.compile(model, backend="eager")(x)
+    finally:
+        log.removeHandler(keep)
+        torch._logging.set_logs()
+        torch._dynamo.reset()
+    guards = "\n".join(texts)
+    assert "norm1" in guards  # the modules are guarded as any module is
+    assert "ModuleRoute" not in guards and modules.ROUTE_ATTR not in guards
+    assert c.counting.calls == 3  # the compiled model ran the class's forward, traced
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+class _Route:
+    def __init__(self, cls, calls):
+        self.cls, self.calls = cls, calls
+
+    def __call__(self, x):
+        self.calls.append(self.cls.__name__)
+        return x * 0
+
+
+def test_a_route_serves_only_instances_of_its_own_class_and_each_class_gets_its_forward_back():
+    class Base(nn.Module):
+        def forward(self, x):
+            return x + 1
+
+    class Sub(Base):  # its own forward calls the parent's: that must reach Base's forward, not Sub's route
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    class Heir(Base):  # inherits Base's forward
+        pass
+
+    own = Base.__dict__["forward"], Sub.__dict__["forward"]
+    x = torch.ones(2)
+    calls = []
+    b1, b2, s, h = Base(), Base(), Sub(), Heir()
+    routes = {m: _Route(type(m), calls) for m in (b1, s, h)}
+    for m, r in routes.items():
+        assert modules.attach(m, r) is None
+    assert modules.attach(b1, _Route(Base, calls)) == "another route is attached"
+    assert torch.equal(b1(x), x * 0) and torch.equal(s(x), x * 0) and torch.equal(h(x), x * 0)
+    assert calls == ["Base", "Sub", "Heir"]
+    assert torch.equal(b2(x), x + 1)  # no route: the class's forward
+    assert torch.equal(modules.class_forward(Sub)(s, x), (x + 1) * 2) and calls == ["Base", "Sub", "Heir"]
+    assert "forward" in Heir.__dict__  # the dispatcher is put on the instance's own class
+
+    modules.detach(h, routes[h])
+    assert "forward" not in Heir.__dict__ and torch.equal(h(x), x + 1)
+    modules.detach(s, routes[s])
+    assert Sub.__dict__["forward"] is own[1]
+    assert modules.detach(b1, _Route(Base, calls)) is False  # not the one attached: left in place
+    assert Base.__dict__["forward"] is not own[0]
+    modules.detach(b1, routes[b1])
+    assert Base.__dict__["forward"] is own[0] and torch.equal(b1(x), x + 1)
+    assert not any(modules.ROUTE_ATTR in m.__dict__ for m in (b1, b2, s, h))

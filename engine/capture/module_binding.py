@@ -24,7 +24,9 @@ def autocast_state() -> tuple:
     return tuple(state)
 
 
-_MODULE_INTERNALS = frozenset(torch.nn.Module().__dict__) | {"forward"}
+# Where an installed cast keeps a module instance's route (engine.cast.modules.attach): not state a forward reads.
+ROUTE_ATTR = "_kforge_route"
+_MODULE_INTERNALS = frozenset(torch.nn.Module().__dict__) | {"forward", ROUTE_ATTR}
 # Bookkeeping flags frameworks set on modules, which no forward reads: transformers marks initialised modules
 # `_is_hf_initialized` (a model built from random weights has it, one loaded by from_pretrained may not).
 IGNORED_STATE = frozenset({"_is_hf_initialized"})

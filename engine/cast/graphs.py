@@ -53,7 +53,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from engine.capture.module_binding import autocast_state
-from engine.cast import runtime
+from engine.cast import modules, runtime
 from engine.cast.modules import _dynamo_compiling, _in_dispatch_mode, _jit_tracing, hooks_on
 
 _PLAIN = (int, float, bool, str, type(None))
@@ -208,12 +208,13 @@ class RouteStats:
 
 
 class GraphRoute:
-    """The instance `forward` of one module: the guard, then a replay of the graph for the call's signature."""
+    """The route of one module (engine.cast.modules.attach): the guard, then a replay of the graph for the call's signature."""
 
     def __init__(self, module: torch.nn.Module, path: str, backend: Any, max_graphs: int = 4):
         self.path = path
         self.module = weakref.ref(module)
-        self._forward = type(module).forward
+        self.cls = type(module)
+        self._forward = modules.class_forward(self.cls)
         self.backend = backend
         self.max_graphs = max_graphs
         self.graphs: dict[tuple, _Graph] = {}
@@ -491,7 +492,7 @@ def _plain_state(mods: list[torch.nn.Module]) -> list[tuple[dict, str, Any]]:
     out, seen = [], set()
     for m in mods:
         for k, v in m.__dict__.items():
-            if k == "forward" or k in _MODULE_TABLES:
+            if k == "forward" or k == modules.ROUTE_ATTR or k in _MODULE_TABLES:
                 continue
             if _plain(v):
                 out.append((m.__dict__, k, v))
@@ -558,7 +559,7 @@ class GraphSet:
                 continue
             if any(p == "" or path.startswith(p + ".") for p in taken):
                 continue  # inside a module already routed: its kernels are in that graph
-            if "forward" in m.__dict__:
+            if "forward" in m.__dict__ or modules.route_of(m) is not None:
                 self.skipped[path] = "the instance has its own forward (a module card, or other code's)"
                 continue
             taken.append(path)
@@ -572,8 +573,7 @@ class GraphSet:
     def install(self) -> GraphSet:
         for r in self.routes.values():
             m = r.module()
-            if m is not None and "forward" not in m.__dict__:
-                m.__dict__["forward"] = r
+            if m is not None and modules.attach(m, r) is None:
                 r.active = True
         return self
 
@@ -581,8 +581,8 @@ class GraphSet:
         for r in self.routes.values():
             r.active = False
             m = r.module()
-            if m is not None and m.__dict__.get("forward") is r:
-                del m.__dict__["forward"]
+            if m is not None:
+                modules.detach(m, r)
 
     def __enter__(self) -> GraphSet:
         return self.install()

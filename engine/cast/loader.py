@@ -483,7 +483,7 @@ class Cast:
             cls = type(mod)
             if path in proven or f"{cls.__module__}.{cls.__qualname__}" != class_path:
                 continue
-            if "forward" in mod.__dict__ and not isinstance(mod.__dict__["forward"], modules.ModuleRoute):
+            if "forward" in mod.__dict__ or not isinstance(modules.route_of(mod), (modules.ModuleRoute, type(None))):
                 continue
             if not state_matches(module_state(mod), states):
                 continue

@@ -1,15 +1,22 @@
 """Module cards in eager: a module instance whose forward is exactly a chain card runs the cast's plan.
 
-The patch is an instance attribute `forward` that shadows the class's method (what `nn.Module.__call__`
-calls), holding a `ModuleRoute`. Why this and not the alternatives:
+How a route is hooked in (`attach`): the instance holds its route under `_kforge_route` in its __dict__, and its
+class's `forward` is replaced, while any instance of that class (exactly) holds a route, by one dispatcher per
+class. The dispatcher calls the class's own forward at once when Dynamo traces, and otherwise calls the
+instance's route if it has one. Why this and not the alternatives:
 
 - a wrapper module would change `named_modules()`, `state_dict()` keys and whatever code walks the tree;
-- patching the class would change every instance, proven or not;
+- an instance attribute `forward` (what this module did before) makes torch.compile guard on every patched
+  module at every call: about 1 us per module on a CPU (scripts/probe_route_guards.py), 1.4 % of Gemma 4 compiled
+  on the H200 with an eager-only cast installed (docs/results/reproduce-h200/2026-12-04b). Dynamo tracing the
+  dispatcher sees the class's forward and guards nothing of ours;
 - hooks cannot skip a forward.
 
-The instance attribute touches nothing else: hooks still run in `__call__` around it, `state_dict` has
-no entry for it, and removing it (or putting back the instance `forward` that was there, never ours to
-install over) gives the module exactly the attribute state it had.
+An instance without a route, and an instance of a subclass (a route is used only by the dispatcher of the class
+it was made for, so `super().forward` inside a subclass's own forward reaches the original), run the class's
+forward as before. Hooks still run in `__call__` around the dispatcher, `state_dict` has no entry for the route,
+and removing the last route of a class gives the class back its own `forward` (or none, where it inherited one).
+An instance `forward` set by other code is never installed over.
 
 The guard, per call, all O(1) in the number of variants (one dict lookup on the arguments' key):
 the exact positional-argument signature (per tensor dtype, shape, strides, alignment, device, neg/conj;
@@ -32,6 +39,7 @@ install.
 
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 import weakref
@@ -43,6 +51,7 @@ import torch
 import torch.nn.modules.module as _mm
 
 from engine.capture.module_binding import (  # noqa: F401 - ModuleCardError and module_binding re-exported
+    ROUTE_ATTR,
     ModuleCardError,
     autocast_state,
     module_binding,
@@ -124,12 +133,13 @@ class PathStats:
 
 
 class ModuleRoute:
-    """The instance `forward` of one module while a cast covers it: the guard, then the plan or the original."""
+    """The route of one module while a cast covers it (see `attach`): the guard, then the plan or the original."""
 
     def __init__(self, module: torch.nn.Module, path: str, owner: object):
         self.path = path
         self._owner = weakref.ref(owner)
-        self._forward = type(module).forward  # the class's forward, called with the module (held weakly)
+        self.cls = type(module)
+        self._forward = class_forward(self.cls)  # the class's own forward, called with the module (held weakly)
         self.fresh(module)
 
     def fresh(self, module: torch.nn.Module) -> None:
@@ -301,16 +311,94 @@ def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], c
 
 # ------------------------------------------------------------------------------------- install / remove
 
-# The patched modules (weakly: the route lives in the module's own __dict__, so a model that is dropped
+# The modules holding a route (weakly: the route lives in the module's own __dict__, so a model that is dropped
 # while a cast is installed is freed with its route).
 _PATCHED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 _LIVE: weakref.WeakSet[ModuleRoute] = weakref.WeakSet()  # every route made (one wrapped by other code too)
-# Every route made, by module, kept while the module lives and reused when its owner claims the module again.
-# torch.compile guards on the identity of the object it finds in the module's `forward`: a new route at every
-# install would invalidate the compiled graph each time a cast is enabled, and after the recompile limit
-# (8) Dynamo runs the forward uncompiled. One route per module and owner keeps both states' graphs valid.
+# Every route made, by module, kept while the module lives and reused when its owner claims the module again
+# (one route object per module and owner: its counters and table are refreshed, not rebuilt).
 # Routes hold their module and owner weakly, so this keeps neither alive.
 _ROUTES: weakref.WeakKeyDictionary[torch.nn.Module, list[ModuleRoute]] = weakref.WeakKeyDictionary()
+# Per class whose `forward` is the dispatcher now: (instances attached, the class's own `forward` or _MISSING).
+_CLASSES: dict[type, tuple[int, Any]] = {}
+# One dispatcher per class, reused at every install (while its original is the class's forward): torch.compile
+# guards on the function it traces, and a new one at each install would recompile each time a cast is enabled.
+_DISPATCHERS: weakref.WeakKeyDictionary[type, Callable[..., Any]] = weakref.WeakKeyDictionary()
+
+
+def class_forward(cls: type) -> Callable[..., Any]:
+    """The forward `cls` has without any cast: its own or inherited, with a dispatcher seen through."""
+    f = cls.forward
+    return getattr(f, "__kforge_original__", f)
+
+
+def _dispatcher(cls: type) -> Callable[..., Any]:
+    original = class_forward(cls)
+    d = _DISPATCHERS.get(cls)
+    if d is not None and d.__kforge_original__ is original:
+        return d
+
+    for_cls = weakref.ref(cls)  # not the class itself: _DISPATCHERS would then keep its key alive
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _dynamo_compiling():  # what torch.compile traces: the class's own forward, nothing of ours guarded
+            return original(self, *args, **kwargs)
+        route = self.__dict__.get(ROUTE_ATTR)
+        if route is None or route.cls is not for_cls():  # none, or a subclass's (super().forward in its forward)
+            return original(self, *args, **kwargs)
+        return route(*args, **kwargs)
+
+    functools.update_wrapper(forward, original)
+    forward.__kforge_original__ = original  # type: ignore[attr-defined]
+    _DISPATCHERS[cls] = forward
+    return forward
+
+
+def route_of(module: torch.nn.Module) -> Any:
+    """The route attached to `module` (a ModuleRoute or a graph route), or None."""
+    return module.__dict__.get(ROUTE_ATTR)
+
+
+def attach(module: torch.nn.Module, route: Any) -> str | None:
+    """Hook `route` (callable with the forward's arguments; `route.cls` the class it is for) into `module`.
+    Returns why not (None when attached): another route is there, or the instance has its own `forward`."""
+    with _LOCK:
+        d = module.__dict__
+        if ROUTE_ATTR in d:
+            return "another route is attached"
+        if "forward" in d:
+            return "the instance has its own forward (patched by other code); it keeps it"
+        cls = type(module)
+        n, own = _CLASSES.get(cls, (0, _MISSING))
+        if n == 0:
+            own = cls.__dict__.get("forward", _MISSING)
+            cls.forward = _dispatcher(cls)
+        _CLASSES[cls] = (n + 1, own)
+        d[ROUTE_ATTR] = route  # bypasses nn.Module.__setattr__: not a submodule or parameter
+        _PATCHED.add(module)
+        return None
+
+
+def detach(module: torch.nn.Module, route: Any) -> bool:
+    """Unhook `route` from `module` if it is the one attached; the class gets its own forward back with its last."""
+    with _LOCK:
+        d = module.__dict__
+        if d.get(ROUTE_ATTR) is not route:
+            return False
+        del d[ROUTE_ATTR]
+        _PATCHED.discard(module)
+        cls = type(module)
+        n, own = _CLASSES.get(cls, (1, _MISSING))
+        if n > 1:
+            _CLASSES[cls] = (n - 1, own)
+            return True
+        _CLASSES.pop(cls, None)
+        if cls.__dict__.get("forward") is _DISPATCHERS.get(cls):  # leave a forward other code put there since
+            if own is _MISSING:
+                del cls.forward
+            else:
+                cls.forward = own
+        return True
 
 
 def _route_for(owner: object, module: torch.nn.Module, path: str) -> ModuleRoute:
@@ -326,50 +414,46 @@ def _route_for(owner: object, module: torch.nn.Module, path: str) -> ModuleRoute
 
 
 def claim(owner: object, module: torch.nn.Module, path: str, variants: list[ModuleVariant]) -> str | None:
-    """Patch `module`'s forward for `owner` with these variants. Returns why not (None when installed):
+    """Route `module`'s forward for `owner` with these variants. Returns why not (None when installed):
     another cast claims the module (first wins), or the instance already has its own `forward`."""
     with _LOCK:
-        current = module.__dict__.get("forward")
-        if isinstance(current, ModuleRoute):
-            if current.owner is not owner:
-                return "claimed by another installed cast"
+        current = route_of(module)
+        if isinstance(current, ModuleRoute) and current.owner is owner:
             route = current
         elif current is not None:
+            return "claimed by another installed cast"
+        elif "forward" in module.__dict__:
             return "the instance has its own forward (patched by other code); it keeps it"
         else:
             route = _route_for(owner, module, path)
         for v in variants:
             route.table.setdefault(v.args_key, v)  # a signature proven twice: the first variant keeps it
         if current is None:
-            module.__dict__["forward"] = route  # bypasses nn.Module.__setattr__: not a submodule or parameter
-            _PATCHED.add(module)
+            why = attach(module, route)
+            if why is not None:
+                return why
             _LIVE.add(route)
         return None
 
 
 def release(owner: object) -> dict[str, PathStats]:
-    """Take `owner`'s patches out (each module's attribute state as before); returns their counters by path."""
+    """Take `owner`'s routes out (each module's and class's attribute state as before); their counters by path."""
     kept = {}
     with _LOCK:
-        for route in list(_LIVE):  # a route other code wrapped in its own forward passes calls through now
+        for route in list(_LIVE):  # a route other code holds on to passes calls through now
             if route.owner is owner:
                 route.active = False
                 route.table = {}  # its variants hold the module's parameters and their holders
                 kept[route.path] = route.stats
         for module in list(_PATCHED):
-            route = module.__dict__.get("forward")
-            if not isinstance(route, ModuleRoute):  # other code replaced our patch: leave theirs alone
-                _PATCHED.discard(module)
-                continue
-            if route.owner is not owner:
-                continue
-            _PATCHED.discard(module)
-            del module.__dict__["forward"]
+            route = route_of(module)
+            if isinstance(route, ModuleRoute) and route.owner is owner:
+                detach(module, route)
     return kept
 
 
 def routes_of(owner: object) -> dict[str, ModuleRoute]:
     """`owner`'s installed module routes by path."""
     with _LOCK:
-        found = (m.__dict__.get("forward") for m in list(_PATCHED))
+        found = (route_of(m) for m in list(_PATCHED))
         return {r.path: r for r in found if isinstance(r, ModuleRoute) and r.owner is owner}
