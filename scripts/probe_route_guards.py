@@ -15,9 +15,9 @@ turn. The lines are microseconds per call (medians) and the difference to the pl
 - module route: engine.cast.modules.ModuleRoute in the instance's __dict__ as its `forward` (how a cast hooked
   module cards in until the class dispatcher replaced it);
 - class swap: each instance given its own subclass whose `forward` is the route;
-- class dispatcher: the class's `forward` replaced once by a function that, when Dynamo is tracing, calls the
-  original at once. In eager it finds the instance's route in its __dict__ under another name. This is how
-  a cast hooks in module cards and graph routes now (engine.cast.modules.attach).
+- class dispatcher: engine.cast.modules.attach, how a cast hooks in module cards and graph routes now. The class's
+  `forward` is replaced once by a function that, when Dynamo is tracing, calls the original at once. In eager it
+  finds the instance's route in its __dict__ under another name.
 
 This measures the host's guard work on this machine's CPU, not a model's speed.
 """
@@ -71,7 +71,7 @@ class _Owner:  # stands in for a Cast: a ModuleRoute holds its owner weakly
 def hook(model: Any, how: str, norm_cls: type, owner: object) -> None:
     import torch
 
-    from engine.cast.modules import ModuleRoute
+    from engine.cast.modules import ModuleRoute, attach
 
     for path, m in model.named_modules():
         if not isinstance(m, norm_cls):
@@ -89,18 +89,8 @@ def hook(model: Any, how: str, norm_cls: type, owner: object) -> None:
                 return _route(*args)
 
             m.__class__ = type(f"Routed{norm_cls.__name__}", (norm_cls,), {"forward": fwd})
-        elif how == "class dispatcher":
-            m.__dict__["_route"] = ModuleRoute(m, path, owner)  # made first: it calls the class's own forward
-    if how == "class dispatcher":
-        original = norm_cls.forward
-
-        def forward(self: Any, *args: Any) -> Any:
-            if torch.compiler.is_compiling():
-                return original(self, *args)
-            route = self.__dict__.get("_route")
-            return original(self, *args) if route is None else route(*args)
-
-        norm_cls.forward = forward
+        elif how == "class dispatcher":  # the shipped hook
+            attach(m, ModuleRoute(m, path, owner))
 
 
 WAYS = ("plain", "instance method", "module route", "class swap", "class dispatcher")

@@ -27,9 +27,19 @@ def test_a_route_hooked_by_the_class_dispatcher_still_serves_eager_calls():
     model = probe.build(1, cls)
     owner = probe._Owner()
     probe.hook(model, "class dispatcher", cls, owner)
+    from engine.cast.modules import ROUTE_ATTR
+
     served = []
-    route = model[0].n1.__dict__["_route"]
-    model[0].n1.__dict__["_route"] = lambda *a: served.append(1) or route(*a)
+    route = model[0].n1.__dict__[ROUTE_ATTR]
+
+    class Counted:
+        cls = route.cls
+
+        def __call__(self, *a):
+            served.append(1)
+            return route(*a)
+
+    model[0].n1.__dict__[ROUTE_ATTR] = Counted()
     with torch.no_grad():
         model(torch.randn(2, 16))
     assert served == [1]
