@@ -533,6 +533,37 @@ def test_a_cast_with_graph_routes_routes_its_models_modules_while_installed(tmp_
         assert not any(isinstance(modules.route_of(m), graphs.GraphRoute) for m in model.modules())
 
 
+def test_a_cast_of_graph_routes_alone_routes_the_whole_model_while_installed(tmp_path, monkeypatch):
+    """The export writes a cast with no variant where only graph routes were kept (here the whole model's
+    class): loaded, it installs the routes alone, and removing it gives the model back its own forward."""
+    from test_cast_modules import ENV, Model
+
+    import engine.cast
+    from engine.cast import format as cast_format
+    from engine.cast import graphs
+    from engine.cast.format import write_cast
+
+    monkeypatch.setattr(graphs, "CudaGraphs", StandIn)
+    manifest = {"format": cast_format.FORMAT, "format_version": cast_format.FORMAT_VERSION, "env": ENV,
+                "variants": [], "source": {"graph_routes": {"classes": ["Model"], "targets": ["eager"]}}}
+    write_cast(tmp_path / "r.cast", manifest, {}, "# test\n")
+    torch.manual_seed(1)
+    model = Model().to(torch.bfloat16)
+    x = torch.randn(2, 5, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        want = model(x)
+        cast = engine.cast.load(tmp_path / "r.cast", env=ENV)
+        assert cast.problem is None and cast.usable() == []
+        with cast.enabled(model):
+            assert isinstance(modules.route_of(model), graphs.GraphRoute)
+            outs = [model(x) for _ in range(3)]
+            st = cast.stats()["graph_routes"]
+        assert modules.route_of(model) is None
+        assert not hasattr(type(model).__dict__.get("forward"), "__kforge_original__")  # its own forward back
+    assert all(torch.equal(o, want) for o in outs)
+    assert st[""]["captured"] == 1 and st[""]["replays"] == 2, st
+
+
 class Branches(Block):
     def forward(self, x, y):
         return self.lin(x) if x is y else self.lin(x) + y

@@ -8,8 +8,9 @@ torch.cuda.graph, is in test_cast_graph_routes.py."""
 
 from __future__ import annotations
 
+import pytest
 from test_export_checkpoints import Gpu, gpu, ws  # noqa: F401  (fixtures)
-from test_export_record import EAGER, RUN
+from test_export_record import EAGER, RUN, SLOWER
 
 from engine.cast.format import read_cast
 from engine.errors import JobError
@@ -130,3 +131,31 @@ def test_audit_and_the_report_say_which_class_is_routed_or_why_none(ws, gpu, mon
         engine.cli.main(["audit", str(out)])
     assert "graph routes: none kept (Block (2 module(s), 2 replaying): 0.970x (0.950-0.990), not kept: not faster " \
            "with confidence)" in buf.getvalue()
+
+
+def test_where_no_variant_is_kept_a_cast_of_graph_routes_alone_is_written(ws, gpu, monkeypatch):  # noqa: F811
+    """A host-bound model whose kernels do not win (the whole-model check refuses every set) may still gain
+    from graph routes: the export tries them with no variant, and writes a cast holding only the routes."""
+    gpu.model.update(eager=lambda s: SLOWER)
+    result, lines, calls, manifest = _export(ws, monkeypatch, {**TRIED, "chosen": TRIED["tried"][1]})
+    assert len(calls) == 1 and calls[0]["variants"] == []  # the graph check ran a cast of no variant
+    assert manifest["variants"] == [] and result.included == []
+    assert manifest["source"]["graph_routes"]["classes"] == ["Attention"]
+    assert manifest["source"]["model"] and manifest["source"]["run"] == RUN
+    said = "\n".join(lines)
+    assert "is slower with the cast" in said and "trying graph routes alone" in said
+
+
+def test_where_neither_variants_nor_routes_are_kept_nothing_is_written_and_both_are_said(ws, gpu,  # noqa: F811
+                                                                                       monkeypatch):
+    gpu.model.update(eager=lambda s: SLOWER)
+    with pytest.raises(pkg.NothingKept) as e:
+        _export(ws, monkeypatch, {"tried": TRIED["tried"][:1], "chosen": None})
+    assert "is slower with the cast" in str(e.value) and "graph routes: none kept (Block" in str(e.value)
+    assert not (ws.parent / "toy.cast").exists()
+
+
+def test_without_graph_routes_an_export_that_keeps_nothing_fails_as_before(ws, gpu, monkeypatch):  # noqa: F811
+    gpu.model.update(eager=lambda s: SLOWER)
+    with pytest.raises(JobError, match="is slower with the cast"):
+        _export(ws, monkeypatch, TRIED, graph_routes=False)

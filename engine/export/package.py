@@ -31,7 +31,7 @@ from engine.cast.format import (
     file_entry,
     write_cast,
 )
-from engine.errors import KforgeError
+from engine.errors import JobError, KforgeError
 from engine.export.checkpoint import FOLDER, Checkpoints, digest, file_digest, source_digest
 from engine.export.confirm import CONFIRMED_KEYS
 from engine.export.report import markdown_report
@@ -205,6 +205,11 @@ class ExportResult:
 EXIT_PARTIAL = 75  # a partial cast was written (sysexits' EX_TEMPFAIL: the same command again finishes it)
 
 
+class NothingKept(JobError):
+    """No variant made it into the cast (none faster, none confirmed, none kept by a whole-model check): where
+    graph routes may be tried, the export tries them alone before it gives up (`_routes_only`)."""
+
+
 class ExportPartial(KforgeError):
     """The export was interrupted during its whole-model checks after some target kept variants: the cast is
     written with the finished targets only (`result`); the same export again checks only the others."""
@@ -293,6 +298,8 @@ class ExportLog:
     kept: list[ExportVariant] = field(default_factory=list)  # the variants in the written cast
     cast_sha256: str | None = None  # set only once the cast is on disk
     unchecked: list[str] = field(default_factory=list)  # targets an interruption left unchecked (a partial cast)
+    config: str | None = None  # the run's model config (its path), once the run is resolved
+    small: bool = False        # the run's capture was of the --small build
 
 
 def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[str, Any] | None = None,
@@ -405,6 +412,41 @@ def _export_run(workspace: Path, run_id: str | None, out: Path, log: ExportLog, 
                 progress: Callable[[str], None], model_check: bool, sanitize: bool,
                 sanitize_timeout_s: float | None, also_archs: list[str] | None, fresh: bool,
                 graph_routes: bool = False) -> ExportResult:
+    try:
+        return _export_variants(workspace, run_id, out, log, timing=timing, progress=progress,
+                                model_check=model_check, sanitize=sanitize, sanitize_timeout_s=sanitize_timeout_s,
+                                also_archs=also_archs, fresh=fresh, graph_routes=graph_routes)
+    except NothingKept as e:
+        if not (graph_routes and model_check and "eager" in log.targets and log.config
+                and Path(log.config).is_file()):
+            raise
+        return _routes_only(out, log, e, progress)
+
+
+def _routes_only(out: Path, log: ExportLog, why: NothingKept, progress: Callable[[str], None]) -> ExportResult:
+    """A cast of graph routes alone, where no variant was kept: a host-bound model may still gain from having
+    its layers (or its whole forward) replayed from CUDA graphs. Written only where the graph check keeps a
+    class (faster with confidence, output equal bit for bit); otherwise `why` is raised, with what was tried."""
+    from engine.export.report import graph_routes_text
+
+    progress(f"{why}: trying graph routes alone")
+    source, warnings = log.source, log.warnings
+    routes = _graph_routes_check([], log.env, source, log.config, log.small, progress, warnings.append)
+    if not routes.get("classes"):
+        raise NothingKept(f"{why}; {graph_routes_text({'graph_routes': routes})}") from why
+    source["graph_routes"] = routes
+    manifest, files, report = package([], log.env, source, log.excluded)
+    log.kept = []
+    data = write_cast(out, manifest, files, report)
+    log.cast_sha256 = hashlib.sha256(data).hexdigest()
+    return ExportResult(out, [], log.excluded, warnings, source.get("model_check"), source.get("model_checks"),
+                        list(log.unchecked), routes)
+
+
+def _export_variants(workspace: Path, run_id: str | None, out: Path, log: ExportLog, *,
+                     timing: dict[str, Any] | None, progress: Callable[[str], None], model_check: bool,
+                     sanitize: bool, sanitize_timeout_s: float | None, also_archs: list[str] | None, fresh: bool,
+                     graph_routes: bool = False) -> ExportResult:
     import torch
 
     from engine.cast.compat import current_env
@@ -423,10 +465,14 @@ def _export_run(workspace: Path, run_id: str | None, out: Path, log: ExportLog, 
         raise UsageError(f"export: {'no run ' + repr(run_id) if run_id else 'no runs'} in {workspace}")
     log.run_id = run["id"]
     env = log.env = current_env()
+    cap = run.get("capture_row") or {}
+    log.config, log.small = cap.get("config_path"), bool(cap.get("small"))
+    log.source.update({"run": run["id"], "model": run["model"], "provider": run["provider"],
+                       "capture": run["capture_id"]})
     chosen, excluded = select_winners(cards, cands)
     log.excluded = excluded
     if not chosen:
-        raise JobError(f"export: run {run['id']} has no verified candidate faster than eager with confidence; "
+        raise NothingKept(f"export: run {run['id']} has no verified candidate faster than eager with confidence; "
                        "nothing to export")
     compiler = Compiler(default_cache_dir(workspace), "nvrtc", arch=env["arch"])
     variants = []
@@ -459,8 +505,6 @@ def _export_run(workspace: Path, run_id: str | None, out: Path, log: ExportLog, 
         k: env.get(k) for k in ("gpu", "arch", "torch", "cuda", "driver", "nvrtc")}, "kforge": source_digest()},
         fresh=fresh)
     source = log.source
-    source.update({"run": run["id"], "model": run["model"], "provider": run["provider"],
-                   "capture": run["capture_id"]})
     confirm_key = checkpoints.key(timing=timing or {}, variants=[
         {**_variant_key(v), "samples": [[s, _size(s)] for s in v.samples]} for v in variants])
     done = checkpoints.load("confirm", confirm_key)
@@ -489,14 +533,14 @@ def _export_run(workspace: Path, run_id: str | None, out: Path, log: ExportLog, 
         progress(f"{v.vid}: {'kept' if r.get('ok') else 'left out'} "
                  f"({r.get('speedup', float('nan')):.2f}x)" if r.get("speedup") else f"{v.vid}: {r.get('reason')}")
     if not kept:
-        raise JobError(f"export: no variant kept its speedup through the public op in a fresh process "
+        raise NothingKept(f"export: no variant kept its speedup through the public op in a fresh process "
                        f"({len(variants)} tried); nothing written")
     if sanitizer is not None:
         n, before = len(kept), len(excluded)
         kept = sanitize_kept(kept, env, source, excluded, sanitizer, sanitize_timeout_s, progress, warnings.append)
         if not kept:
             why = "; ".join(e["reason"] for e in excluded[before:][:3])
-            raise JobError(f"export: compute-sanitizer left out every confirmed variant ({n} tried: {why}); "
+            raise NothingKept(f"export: compute-sanitizer left out every confirmed variant ({n} tried: {why}); "
                            "nothing written")
     cap = run.get("capture_row") or {}
     config = cap.get("config_path")
@@ -623,7 +667,7 @@ def _model_checks(kept: list[ExportVariant], env: dict[str, Any], source: dict[s
             excluded.append({"card_id": v.card["card_id"], "op": v.card["op"],
                              "reason": f"whole-model check: kept for none of {', '.join(done)}"})
     if not out:
-        raise JobError(f"export: no variant passed the whole-model check for any of {', '.join(targets)}; "
+        raise NothingKept(f"export: no variant passed the whole-model check for any of {', '.join(targets)}; "
                        "nothing written")
     return out
 
@@ -746,7 +790,7 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
         if again.get("chosen") is None:
             told = tried_summary(second) if second else "no result"
             source["model_check"] = {"mode": result.get("mode"), "tried": tried, "replicate": again.get("tried")}
-            raise JobError(f"export: {source.get('model')} was faster with the cast in one process "
+            raise NothingKept(f"export: {source.get('model')} was faster with the cast in one process "
                            f"({tried_summary(chosen)}) but not in a second one, compiled afresh ({told}): two "
                            "processes' compiles of one model differ by a few per cent (Gemma under reduce-overhead "
                            "on the H200: 1.021x in one, 0.977x in another), so under torch.compile a set is kept "
@@ -763,13 +807,13 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
         hint = "" if target != "eager" else ("; its kernels may still pay off under CUDA graphs: export again "
                                              "with --target cuda-graphs to check that instead")
         if any(t.get("rejected") for t in tried):
-            raise JobError(f"export: no variant set passed the whole-model check of {source.get('model')} in "
+            raise NothingKept(f"export: no variant set passed the whole-model check of {source.get('model')} in "
                            f"{mode} ({'; '.join(summary)}); nothing written")
         if target.startswith("compile"):  # there a set must be faster with confidence (e2e.check)
-            raise JobError(f"export: {source.get('model')} is not faster with the cast with confidence in "
+            raise NothingKept(f"export: {source.get('model')} is not faster with the cast with confidence in "
                            f"{mode} ({'; '.join(summary)}): under torch.compile a variant is kept only where "
                            "the compiled model is faster with it; nothing written")
-        raise JobError(f"export: {source.get('model')} is slower with the cast in {mode} "
+        raise NothingKept(f"export: {source.get('model')} is slower with the cast in {mode} "
                        f"({'; '.join(summary)}){hint}; nothing written")
     if eager_bad:
         from engine.export.e2e import eager_caveat
