@@ -698,3 +698,18 @@ def test_a_route_serves_only_instances_of_its_own_class_and_each_class_gets_its_
     modules.detach(b1, routes[b1])
     assert Base.__dict__["forward"] is own[0] and torch.equal(b1(x), x + 1)
     assert not any(modules.ROUTE_ATTR in m.__dict__ for m in (b1, b2, s, h))
+
+
+def test_a_class_whose_forward_cannot_be_replaced_is_not_routed_and_says_why():
+    class Frozen(type):
+        def __setattr__(cls, name, value):
+            raise TypeError(f"{cls.__name__} is frozen")
+
+    class Locked(nn.Module, metaclass=type("FrozenModuleMeta", (Frozen, type(nn.Module)), {})):
+        def forward(self, x):
+            return x + 1
+
+    m = Locked()
+    why = modules.attach(m, _Route(Locked, []))
+    assert why == "its class's forward cannot be replaced (TypeError: Locked is frozen)"
+    assert modules.route_of(m) is None and torch.equal(m(torch.ones(1)), torch.full((1,), 2.0))

@@ -372,7 +372,10 @@ def attach(module: torch.nn.Module, route: Any) -> str | None:
         n, own = _CLASSES.get(cls, (0, _MISSING))
         if n == 0:
             own = cls.__dict__.get("forward", _MISSING)
-            cls.forward = _dispatcher(cls)
+            try:
+                cls.forward = _dispatcher(cls)
+            except (TypeError, AttributeError) as e:  # a class that does not let its attributes be set
+                return f"its class's forward cannot be replaced ({type(e).__name__}: {e})"
         _CLASSES[cls] = (n + 1, own)
         d[ROUTE_ATTR] = route  # bypasses nn.Module.__setattr__: not a submodule or parameter
         _PATCHED.add(module)
