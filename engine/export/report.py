@@ -95,8 +95,9 @@ def graph_routes_text(source: dict[str, Any]) -> str | None:
 def _target_lines(manifest: dict[str, Any]) -> list[str]:
     """report.md: what the cast was proven for, one row per target, and what a cast without targets does."""
     checks = model_checks_of(manifest.get("source") or {})
-    if not checks:
-        return []
+    g = graph_routes_text(manifest.get("source") or {})
+    if not checks:  # a cast of graph routes alone, where no variant reached a whole-model check
+        return ["## Graph routes", "", g[0].upper() + g[1:] + ".", ""] if g else []
     recorded = any("targets" in v for v in manifest["variants"])
     lines = ["## Targets", "",
              "What the whole-model check measured per target (the run's own model without and with the cast, "
@@ -108,7 +109,6 @@ def _target_lines(manifest: dict[str, Any]) -> list[str]:
     for t, c in checks.items():
         kept = sum(1 for v in manifest["variants"] if t in (v.get("targets") or []))
         lines.append(f"| {t} | {target_check_text(c)} | {kept if recorded else '–'} |")
-    g = graph_routes_text(manifest.get("source") or {})
     return lines + ([""] + [g[0].upper() + g[1:] + "."] if g else []) + [""]
 
 
