@@ -713,3 +713,26 @@ def test_a_class_whose_forward_cannot_be_replaced_is_not_routed_and_says_why():
     why = modules.attach(m, _Route(Locked, []))
     assert why == "its class's forward cannot be replaced (TypeError: Locked is frozen)"
     assert modules.route_of(m) is None and torch.equal(m(torch.ones(1)), torch.full((1,), 2.0))
+
+
+def test_a_module_collected_with_its_route_attached_gives_its_class_its_forward_back():
+    import gc
+
+    class Dropped(nn.Module):
+        def forward(self, x):
+            return x + 1
+
+    own = Dropped.__dict__["forward"]
+    kept, dropped = Dropped(), Dropped()
+    modules.attach(kept, _Route(Dropped, []))
+    modules.attach(dropped, _Route(Dropped, []))
+    del dropped
+    gc.collect()
+    assert Dropped.__dict__["forward"] is not own  # one instance still holds a route
+    modules.detach(kept, modules.route_of(kept))
+    assert Dropped.__dict__["forward"] is own
+    again = Dropped()
+    modules.attach(again, _Route(Dropped, []))
+    del again  # the last one goes without a detach
+    gc.collect()
+    assert Dropped.__dict__["forward"] is own

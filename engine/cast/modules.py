@@ -324,6 +324,7 @@ _CLASSES: dict[type, tuple[int, Any]] = {}
 # One dispatcher per class, reused at every install (while its original is the class's forward): torch.compile
 # guards on the function it traces, and a new one at each install would recompile each time a cast is enabled.
 _DISPATCHERS: weakref.WeakKeyDictionary[type, Callable[..., Any]] = weakref.WeakKeyDictionary()
+_FINALIZERS: weakref.WeakKeyDictionary[torch.nn.Module, weakref.finalize] = weakref.WeakKeyDictionary()
 
 
 def class_forward(cls: type) -> Callable[..., Any]:
@@ -379,6 +380,8 @@ def attach(module: torch.nn.Module, route: Any) -> str | None:
         _CLASSES[cls] = (n + 1, own)
         d[ROUTE_ATTR] = route  # bypasses nn.Module.__setattr__: not a submodule or parameter
         _PATCHED.add(module)
+        # a model dropped with the cast still installed: its class is released when the module is collected
+        _FINALIZERS[module] = weakref.finalize(module, _class_released, cls)
         return None
 
 
@@ -390,18 +393,27 @@ def detach(module: torch.nn.Module, route: Any) -> bool:
             return False
         del d[ROUTE_ATTR]
         _PATCHED.discard(module)
-        cls = type(module)
+        fin = _FINALIZERS.pop(module, None)
+        if fin is not None:
+            fin.detach()
+        _class_released(type(module))
+        return True
+
+
+def _class_released(cls: type) -> None:
+    """One route of `cls` gone (detached, or its module collected while attached): with the last, the class
+    gets its own forward back (unless other code has put another there since)."""
+    with _LOCK:
         n, own = _CLASSES.get(cls, (1, _MISSING))
         if n > 1:
             _CLASSES[cls] = (n - 1, own)
-            return True
+            return
         _CLASSES.pop(cls, None)
-        if cls.__dict__.get("forward") is _DISPATCHERS.get(cls):  # leave a forward other code put there since
+        if cls.__dict__.get("forward") is _DISPATCHERS.get(cls):
             if own is _MISSING:
                 del cls.forward
             else:
                 cls.forward = own
-        return True
 
 
 def _route_for(owner: object, module: torch.nn.Module, path: str) -> ModuleRoute:
