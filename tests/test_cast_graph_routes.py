@@ -163,6 +163,29 @@ def test_after_a_change_the_guard_runs_the_original_forward(change, why):
         torch.backends.cudnn.deterministic = det
 
 
+def test_a_list_or_dict_attribute_changed_in_place_declines_and_a_large_one_is_not_compared():
+    from engine.cast import graphs
+
+    block = Block().eval()
+    block.sizes = [1, 2]                                   # a module's small list
+    block.config.rope_scaling = {"type": "linear", "factor": 2.0}  # a config's small dict, one level down
+    block.config.id2label = {i: str(i) for i in range(graphs._SMALL + 1)}  # too large to compare at each call
+    model, gs, backend = _routed(block)
+    with torch.no_grad(), gs:
+        x = _x()
+        model(x)
+        model(x)
+        model.config.id2label[0] = "changed"  # not compared: replayed as captured
+        model(x)
+        model.sizes.append(3)
+        model(x)
+        model.sizes.pop()
+        model.config.rope_scaling["factor"] = 4.0
+        model(x)
+    st = next(iter(gs.stats().values()))
+    assert st["replays"] == 2 and st["declines"] == {"attributes changed": 2}, st
+
+
 def test_grad_needed_declines_and_no_grad_replays():
     model, gs, backend = _routed()
     x = _x()

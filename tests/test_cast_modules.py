@@ -486,6 +486,19 @@ def test_an_attribute_changed_after_install_declines(model, cast):
     assert c.stats()["modules"]["layers.1.norm2"]["declines"] == {"attributes changed": 1}
 
 
+def test_a_list_attribute_changed_in_place_after_install_declines(model, cast):
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    for layer in model.layers:
+        layer.norm1.window = [4, 4]  # a list attribute, as some modules hold (unread here)
+        layer.norm2.window = [4, 4]
+    c = cast(variants=[_proven_on_layer0(model)])
+    with c.enabled(model):
+        model.layers[1].norm2.window[0] = 8  # the same list object, changed in place
+        got = _eager(model, x)
+    assert torch.equal(got, _eager(model, x))
+    assert c.stats()["modules"]["layers.1.norm2"]["declines"] == {"attributes changed": 1}
+
+
 def test_training_mode_declines(model, cast):
     # Captures run in eval; a forward may take another path in training mode (dropout…), so the card's
     # proof does not cover it, grad or not.

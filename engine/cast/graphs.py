@@ -7,8 +7,8 @@ most of those calls sit in forwards that are not. A graph route takes a whole mo
 layer, an attention block) at one input signature and replays the kernels it launched, the cast's own
 kernels among them where its module and op cards served during the capture, with one graph launch.
 
-This is the mechanism and its guard, for measuring the lever (`scripts/bench_graph_routes.py`); the export
-does not yet prove or ship graph routes as cards.
+The export proves them per model class (engine/export/graph_check.py) and ships the chosen class in the cast;
+`scripts/bench_graph_routes.py` measures them on their own.
 
 The guard, per call (anything else runs the original forward, and a decline costs only speed):
 - not while Dynamo or the JIT traces, a dispatch mode is active, or the current stream is being captured
@@ -20,8 +20,10 @@ The guard, per call (anything else runs the original forward, and a decline cost
   per mapping its type and keys; any other object (a cache, a dataclass) declines;
 - every parameter and buffer in the module's tree the same object, with the same `_version` and data
   pointer as at capture (a graph reads them at fixed addresses), and every submodule's plain attributes
-  (eps, training, ...) and those of the objects they hold, one level down (a transformers config), as at
-  capture; the tree as at capture (each submodule the same object, no module, parameter or buffer added);
+  (eps, training, ...; small lists and dicts of plain values too, compared by value, so a change in place
+  counts) and those of the objects they hold, one level down (a transformers config), as at capture. Not
+  guarded: module-level globals and closure variables a forward reads, objects two levels down, and lists
+  or dicts of more than 32 items: a forward that branches on those replays what it did at capture; the tree as at capture (each submodule the same object, no module, parameter or buffer added);
 - what picks kernels as at capture: autocast, TF32 and reduced-precision switches, float32 matmul
   precision, deterministic algorithms, cuDNN and SDPA backends; the current device and stream; inference
   mode; the casts installed and the target calls are made under.
@@ -41,6 +43,7 @@ a set shares one memory pool, which is safe because a graph's outputs are copied
 
 from __future__ import annotations
 
+import copy
 import operator
 import threading
 import weakref
@@ -485,6 +488,22 @@ def _overlaps(t: torch.Tensor) -> bool:
     return False
 
 
+_SMALL = 32  # lists and dicts of plain values up to this many items are guarded (compared at each call)
+
+
+def _plain_attr(v: Any) -> bool:
+    """An attribute value the guard compares: a plain value, or a small list, tuple or dict of them (a
+    config's `rope_scaling`, a module's list of window sizes). Larger containers are not compared (a
+    config's `id2label` of 1,000 classes would cost microseconds per call)."""
+    if _plain(v):
+        return True
+    if isinstance(v, (list, tuple)):
+        return len(v) <= _SMALL and all(_plain_attr(x) for x in v)
+    if type(v) is dict:
+        return len(v) <= _SMALL and all(_plain(k) and _plain_attr(x) for k, x in v.items())
+    return False
+
+
 def _plain_state(mods: list[torch.nn.Module]) -> list[tuple[dict, str, Any]]:
     """(namespace, name, value) of every plain attribute a forward may read: the modules' own (eps, training,
     ...), and those of the other objects they hold, one level down (a transformers config, whose
@@ -494,12 +513,12 @@ def _plain_state(mods: list[torch.nn.Module]) -> list[tuple[dict, str, Any]]:
         for k, v in m.__dict__.items():
             if k == "forward" or k == modules.ROUTE_ATTR or k in _MODULE_TABLES:
                 continue
-            if _plain(v):
+            if _plain_attr(v):
                 out.append((m.__dict__, k, v))
             elif (not isinstance(v, (torch.nn.Module, torch.Tensor)) and id(v) not in seen
                   and isinstance(getattr(v, "__dict__", None), dict) and not callable(v)):
                 seen.add(id(v))
-                out += [(v.__dict__, a, x) for a, x in v.__dict__.items() if _plain(x)]
+                out += [(v.__dict__, a, x) for a, x in v.__dict__.items() if _plain_attr(x)]
     return out
 
 
@@ -512,7 +531,8 @@ def _grouped(state: list[tuple[dict, str, Any]]) -> list[tuple[dict, Any, Any]]:
     out = []
     for d, keys in names.values():
         get = operator.itemgetter(*keys) if len(keys) > 1 else (lambda d, k=keys[0]: (d[k],))
-        out.append((d, get, get(d)))
+        # copies of the containers: a list changed in place must read as changed (submodules are held as they are)
+        out.append((d, get, tuple(copy.deepcopy(x) if type(x) in (list, dict, tuple) else x for x in get(d))))
     return out
 
 

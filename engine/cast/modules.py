@@ -39,6 +39,7 @@ install.
 
 from __future__ import annotations
 
+import copy
 import functools
 import threading
 import warnings
@@ -303,7 +304,8 @@ def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], c
         state = module_state(module)
         if not state_matches(state, states):
             raise ModuleCardError(f"its attributes differ from the proven module's: {state_difference(state, states)}")
-        attrs = tuple((name, module.__dict__[name]) for name in state)
+        # copies: a list attribute changed in place is then a changed attribute (the live list would equal itself)
+        attrs = tuple((name, copy.deepcopy(module.__dict__[name])) for name in state)
     autocast = tuple(tuple(x) for x in card.get("autocast", []))
     return ModuleVariant(vid, tuple(key), tuple(arg_inputs), tuple(bound), len(inputs), autocast, plan,
                          attrs=attrs, training=card.get("training"))
