@@ -164,12 +164,10 @@ def test_after_a_change_the_guard_runs_the_original_forward(change, why):
 
 
 def test_a_list_or_dict_attribute_changed_in_place_declines_and_a_large_one_is_not_compared():
-    from engine.cast import graphs
-
     block = Block().eval()
     block.sizes = [1, 2]                                   # a module's small list
     block.config.rope_scaling = {"type": "linear", "factor": 2.0}  # a config's small dict, one level down
-    block.config.id2label = {i: str(i) for i in range(graphs._SMALL + 1)}  # too large to compare at each call
+    block.config.id2label = {i: str(i) for i in range(modules._SMALL + 1)}  # too large to compare at each call
     model, gs, backend = _routed(block)
     with torch.no_grad(), gs:
         x = _x()
@@ -184,6 +182,31 @@ def test_a_list_or_dict_attribute_changed_in_place_declines_and_a_large_one_is_n
         model(x)
     st = next(iter(gs.stats().values()))
     assert st["replays"] == 2 and st["declines"] == {"attributes changed": 2}, st
+
+
+DOUBLE = True  # a module-level flag a forward branches on
+
+
+def _scale(h):  # a helper the forward calls, which reads the flag itself
+    return h * 2 if DOUBLE else h
+
+
+class ReadsAFlag(Block):
+    def forward(self, x):
+        return _scale(self.lin(x))
+
+
+def test_a_module_level_flag_a_forward_reads_is_guarded(monkeypatch):
+    model, gs, backend = _routed(ReadsAFlag().eval())
+    x = _x()
+    with torch.no_grad(), gs:
+        model(x)
+        model(x)
+        monkeypatch.setitem(globals(), "DOUBLE", False)
+        got = model(x)
+    assert torch.equal(got, model.lin(x))  # the flag's new branch, not the captured one
+    st = next(iter(gs.stats().values()))
+    assert st["replays"] == 1 and st["declines"] == {"attributes changed": 1}, st
 
 
 def test_grad_needed_declines_and_no_grad_replays():

@@ -499,6 +499,25 @@ def test_a_list_attribute_changed_in_place_after_install_declines(model, cast):
     assert c.stats()["modules"]["layers.1.norm2"]["declines"] == {"attributes changed": 1}
 
 
+def test_a_module_level_value_the_forward_reads_is_guarded(model, cast, monkeypatch):
+    """A value in the module's file that its forward reads (a flag it branches on) is not in its arguments or
+    attributes: the route holds it as at install, and a call after it changed runs the original forward."""
+    import sys
+
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    mod = sys.modules[type(model.layers[0].norm1).__module__]
+    monkeypatch.setattr(mod, "rsqrt", 1, raising=False)  # a module-level value under a name its code reads
+    assert (mod.__dict__, "rsqrt") in modules.forward_globals([type(model.layers[0].norm1)])
+    c = cast()
+    with c.enabled(model):
+        _eager(model, x)
+        calls = c.counting.calls
+        monkeypatch.setattr(mod, "rsqrt", 2)
+        _eager(model, x)
+    assert calls and c.counting.calls == calls
+    assert c.stats()["modules"]["layers.0.norm1"]["declines"] == {"globals changed": 1}
+
+
 def test_training_mode_declines(model, cast):
     # Captures run in eval; a forward may take another path in training mode (dropout…), so the card's
     # proof does not cover it, grad or not.

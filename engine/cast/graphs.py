@@ -21,9 +21,11 @@ The guard, per call (anything else runs the original forward, and a decline cost
 - every parameter and buffer in the module's tree the same object, with the same `_version` and data
   pointer as at capture (a graph reads them at fixed addresses), and every submodule's plain attributes
   (eps, training, ...; small lists and dicts of plain values too, compared by value, so a change in place
-  counts) and those of the objects they hold, one level down (a transformers config), as at capture. Not
-  guarded: module-level globals and closure variables a forward reads, objects two levels down, and lists
-  or dicts of more than 32 items: a forward that branches on those replays what it did at capture; the tree as at capture (each submodule the same object, no module, parameter or buffer added);
+  counts) and those of the objects they hold, one level down (a transformers config), and the plain
+  module-level values the subtree's forwards read, and the functions they call, two calls deep
+  (modules.forward_globals: a flag a forward branches on), as at capture. Not guarded: closure variables,
+  objects two levels down, values reached only deeper in the call tree, and lists or dicts of more than 32
+  items: a forward that branches on those replays what it did at capture; the tree as at capture (each submodule the same object, no module, parameter or buffer added);
 - what picks kernels as at capture: autocast, TF32 and reduced-precision switches, float32 matmul
   precision, deterministic algorithms, cuDNN and SDPA backends; the current device and stream; inference
   mode; the casts installed and the target calls are made under.
@@ -43,8 +45,6 @@ a set shares one memory pool, which is safe because a graph's outputs are copied
 
 from __future__ import annotations
 
-import copy
-import operator
 import threading
 import weakref
 from collections import UserDict
@@ -232,7 +232,10 @@ class GraphRoute:
                         for name, t in holder.__dict__[where].items() if t is not None]
         # the tree itself: each module's submodules by identity, and how many submodules, parameters and
         # buffers each holds (a module swapped or added after the capture is not in its graph)
-        self.attrs = _grouped(_plain_state(mods) + [(m._modules, k, v) for m in mods for k, v in m._modules.items()])
+        # the module-level values the subtree's forwards read (a flag a forward branches on), as at capture
+        reads = [(g, k, g[k]) for g, k in modules.forward_globals({type(m) for m in mods})]
+        self.attrs = modules.grouped(_plain_state(mods) + reads
+                                     + [(m._modules, k, v) for m in mods for k, v in m._modules.items()])
         self.counts = [(m.__dict__[t], len(m.__dict__[t])) for m in mods for t in _MODULE_TABLES_COUNTED]
         self.switches = kernel_switches()
 
@@ -488,22 +491,6 @@ def _overlaps(t: torch.Tensor) -> bool:
     return False
 
 
-_SMALL = 32  # lists and dicts of plain values up to this many items are guarded (compared at each call)
-
-
-def _plain_attr(v: Any) -> bool:
-    """An attribute value the guard compares: a plain value, or a small list, tuple or dict of them (a
-    config's `rope_scaling`, a module's list of window sizes). Larger containers are not compared (a
-    config's `id2label` of 1,000 classes would cost microseconds per call)."""
-    if _plain(v):
-        return True
-    if isinstance(v, (list, tuple)):
-        return len(v) <= _SMALL and all(_plain_attr(x) for x in v)
-    if type(v) is dict:
-        return len(v) <= _SMALL and all(_plain(k) and _plain_attr(x) for k, x in v.items())
-    return False
-
-
 def _plain_state(mods: list[torch.nn.Module]) -> list[tuple[dict, str, Any]]:
     """(namespace, name, value) of every plain attribute a forward may read: the modules' own (eps, training,
     ...), and those of the other objects they hold, one level down (a transformers config, whose
@@ -513,26 +500,12 @@ def _plain_state(mods: list[torch.nn.Module]) -> list[tuple[dict, str, Any]]:
         for k, v in m.__dict__.items():
             if k == "forward" or k == modules.ROUTE_ATTR or k in _MODULE_TABLES:
                 continue
-            if _plain_attr(v):
+            if modules.plain_value(v):
                 out.append((m.__dict__, k, v))
             elif (not isinstance(v, (torch.nn.Module, torch.Tensor)) and id(v) not in seen
                   and isinstance(getattr(v, "__dict__", None), dict) and not callable(v)):
                 seen.add(id(v))
-                out += [(v.__dict__, a, x) for a, x in v.__dict__.items() if _plain_attr(x)]
-    return out
-
-
-def _grouped(state: list[tuple[dict, str, Any]]) -> list[tuple[dict, Any, Any]]:
-    """(namespace, an itemgetter of its names, their values now) per namespace: one C-level read per namespace at
-    each call (a Gemma layer and its config, 161 attributes: the whole guard 20 -> 14 µs on this CPU)."""
-    names: dict[int, tuple[dict, list[str]]] = {}
-    for d, k, _ in state:
-        names.setdefault(id(d), (d, []))[1].append(k)
-    out = []
-    for d, keys in names.values():
-        get = operator.itemgetter(*keys) if len(keys) > 1 else (lambda d, k=keys[0]: (d[k],))
-        # copies of the containers: a list changed in place must read as changed (submodules are held as they are)
-        out.append((d, get, tuple(copy.deepcopy(x) if type(x) in (list, dict, tuple) else x for x in get(d))))
+                out += [(v.__dict__, a, x) for a, x in v.__dict__.items() if modules.plain_value(x)]
     return out
 
 
