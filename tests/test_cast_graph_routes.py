@@ -196,8 +196,25 @@ class ReadsAFlag(Block):
         return _scale(self.lin(x))
 
 
-def test_a_module_level_flag_a_forward_reads_is_guarded(monkeypatch):
-    model, gs, backend = _routed(ReadsAFlag().eval())
+def _logged(fn):  # a decorator as transformers' deprecation wrappers are: the forward is the function it wraps
+    import functools
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    return call
+
+
+class ReadsAFlagDecorated(Block):
+    @_logged
+    def forward(self, x):
+        return _scale(self.lin(x))
+
+
+@pytest.mark.parametrize("cls", [ReadsAFlag, ReadsAFlagDecorated])
+def test_a_module_level_flag_a_forward_reads_is_guarded(monkeypatch, cls):
+    model, gs, backend = _routed(cls().eval())
     x = _x()
     with torch.no_grad(), gs:
         model(x)

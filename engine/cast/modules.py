@@ -118,6 +118,13 @@ def _code_names(code: types.CodeType) -> set[str]:
     return names
 
 
+def _cell_function(cell: Any) -> bool:
+    try:
+        return isinstance(cell.cell_contents, types.FunctionType)
+    except ValueError:  # an empty cell
+        return False
+
+
 def forward_globals(classes: Any, depth: int = 2, every: bool = False) -> list[tuple[dict, str]]:
     """(module namespace, name) of every plain module-level value (`plain_value`) the forwards of these classes
     read, and the functions they call read, `depth` calls deep: a flag a forward branches on (`if USE_FAST:`),
@@ -132,6 +139,12 @@ def forward_globals(classes: Any, depth: int = 2, every: bool = False) -> list[t
         if not isinstance(code, types.CodeType) or not isinstance(g, dict) or id(fn) in seen:
             return
         seen.add(id(fn))
+        # a decorated forward (transformers' deprecation wrappers): the function it wraps is the forward
+        inner = [getattr(fn, "__wrapped__", None)] + [c.cell_contents for c in fn.__closure__ or ()
+                                                       if _cell_function(c)]
+        for f in inner:
+            if isinstance(f, types.FunctionType):
+                visit(f, left)
         for name in sorted(_code_names(code)):
             v = g.get(name, _MISSING)
             if every or (v is not _MISSING and plain_value(v)):
