@@ -25,7 +25,8 @@ The guard, per call (anything else runs the original forward, and a decline cost
   module-level values the subtree's forwards read, and the functions they call, two calls deep
   (modules.forward_globals: a flag a forward branches on), as at capture. Not guarded: closure variables,
   objects two levels down, values reached only deeper in the call tree, and lists or dicts of more than 32
-  items: a forward that branches on those replays what it did at capture; the tree as at capture (each submodule the same object, no module, parameter or buffer added);
+  items: a forward that branches on those replays what it did at capture;
+- the tree as at capture (each submodule the same object, no module, parameter or buffer added);
 - what picks kernels as at capture: autocast, TF32 and reduced-precision switches, float32 matmul
   precision, deterministic algorithms, cuDNN and SDPA backends; the current device and stream; inference
   mode; the casts installed and the target calls are made under.
@@ -35,10 +36,10 @@ A signature's first call runs the forward eagerly and returns that output; then 
 the same arguments: the replay must equal the eager call bit for bit. A forward that writes an argument or
 its module's state, changes a list or dict inside its arguments, removes a mapping argument's entry, returns
 a tensor sharing storage with an argument, a parameter or another output, returns a tensor whose elements
-overlap in memory (an expanded view; a slice with gaps is fine), or cannot be captured (a host sync, a CPU tensor) is refused for that signature, with the reason
-(`stats()`). A replay copies the tensor arguments into the static inputs, replays, and returns fresh copies
-of the static outputs in the forward's output structure. Entries the forward puts into a mapping argument
-(Gemma 4's layers put their keys and values into a `KVSharingDict` for later layers) are outputs too: a
+overlap in memory (an expanded view; a slice with gaps is fine), or cannot be captured (a host sync, a CPU
+tensor) is refused for that signature, with the reason (`stats()`). A replay copies the tensor arguments into
+the static inputs, replays, and returns fresh copies of the static outputs in the forward's output structure.
+Entries the forward puts into a mapping argument (Gemma 4's layers put their keys and values into a `KVSharingDict` for later layers) are outputs too: a
 replay puts fresh copies of the captured ones there. Replays of one route are serialized; every graph of
 a set shares one memory pool, which is safe because a graph's outputs are copied out before the next runs.
 """
@@ -211,7 +212,8 @@ class RouteStats:
 
 
 class GraphRoute:
-    """The route of one module (engine.cast.modules.attach): the guard, then a replay of the graph for the call's signature."""
+    """The route of one module (engine.cast.modules.attach): the guard, then a replay of the graph for the
+    call's signature."""
 
     def __init__(self, module: torch.nn.Module, path: str, backend: Any, max_graphs: int = 4):
         self.path = path
@@ -233,7 +235,7 @@ class GraphRoute:
         # the tree itself: each module's submodules by identity, and how many submodules, parameters and
         # buffers each holds (a module swapped or added after the capture is not in its graph)
         # the module-level values the subtree's forwards read (a flag a forward branches on), as at capture
-        reads = [(g, k, g[k]) for g, k in modules.forward_globals({type(m) for m in mods})]
+        reads = [(g, k, g[k]) for cls in {type(m) for m in mods} for g, k in modules.forward_reads(cls)]
         self.attrs = modules.grouped(_plain_state(mods) + reads
                                      + [(m._modules, k, v) for m in mods for k, v in m._modules.items()])
         self.counts = [(m.__dict__[t], len(m.__dict__[t])) for m in mods for t in _MODULE_TABLES_COUNTED]

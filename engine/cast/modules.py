@@ -23,8 +23,9 @@ the exact positional-argument signature (per tensor dtype, shape, strides, align
 per other argument its value) and no keyword arguments; every parameter the chain reads still the object
 held at install, with the same `_version` and data pointer; no hooks on the module or its submodules and
 no global module hooks; the module's own attributes (eps…) as at install, where they equal a proven
-instance's, and its training flag as at proof (where the cast records it); autocast as at proof; no grad needed (grad enabled and an input or parameter
-requiring grad); not while Dynamo or the JIT traces, or a dispatch mode is active (a capture must see
+instance's, and its training flag as at proof (where the cast records it); the plain module-level values
+its forward reads as at install (forward_reads); autocast as at proof; no grad needed (grad enabled and an
+input or parameter requiring grad); not while Dynamo or the JIT traces, or a dispatch mode is active (a capture must see
 the ATen calls).
 Anything else runs the original forward. Coverage is never wider than what was proven; a decline costs
 only speed.
@@ -160,7 +161,7 @@ def forward_globals(classes: Any, depth: int = 2, every: bool = False) -> list[t
 _READS: weakref.WeakKeyDictionary[type, list[tuple[dict, str]]] = weakref.WeakKeyDictionary()
 
 
-def _forward_reads(cls: type) -> list[tuple[dict, str]]:
+def forward_reads(cls: type) -> list[tuple[dict, str]]:
     """The plain module-level values the forward of `cls` reads now (forward_globals): the names its code reads
     are found once per class, which of them hold plain values is asked at each install."""
     names = _READS.get(cls)
@@ -243,7 +244,7 @@ class ModuleRoute:
         self.hooked = [weakref.ref(m) for m in module.modules()]
         self.module = self.hooked[0]  # the module itself
         # the module-level values its forward reads, as at install (a flag it branches on)
-        self.reads = grouped([(g, k, g[k]) for g, k in _forward_reads(self.cls)])
+        self.reads = grouped([(g, k, g[k]) for g, k in forward_reads(self.cls)])
         self.active = True
 
     @property

@@ -473,7 +473,7 @@ def _export_variants(workspace: Path, run_id: str | None, out: Path, log: Export
     log.excluded = excluded
     if not chosen:
         raise NothingKept(f"export: run {run['id']} has no verified candidate faster than eager with confidence; "
-                       "nothing to export")
+                          "nothing to export")
     compiler = Compiler(default_cache_dir(workspace), "nvrtc", arch=env["arch"])
     variants = []
     warnings = log.warnings
@@ -534,16 +534,15 @@ def _export_variants(workspace: Path, run_id: str | None, out: Path, log: Export
                  f"({r.get('speedup', float('nan')):.2f}x)" if r.get("speedup") else f"{v.vid}: {r.get('reason')}")
     if not kept:
         raise NothingKept(f"export: no variant kept its speedup through the public op in a fresh process "
-                       f"({len(variants)} tried); nothing written")
+                          f"({len(variants)} tried); nothing written")
     if sanitizer is not None:
         n, before = len(kept), len(excluded)
         kept = sanitize_kept(kept, env, source, excluded, sanitizer, sanitize_timeout_s, progress, warnings.append)
         if not kept:
             why = "; ".join(e["reason"] for e in excluded[before:][:3])
             raise NothingKept(f"export: compute-sanitizer left out every confirmed variant ({n} tried: {why}); "
-                           "nothing written")
-    cap = run.get("capture_row") or {}
-    config = cap.get("config_path")
+                              "nothing written")
+    config = log.config
     targets = log.targets
     if model_check and config and Path(config).is_file():
         log.checked = [v.vid for v in kept]
@@ -668,7 +667,7 @@ def _model_checks(kept: list[ExportVariant], env: dict[str, Any], source: dict[s
                              "reason": f"whole-model check: kept for none of {', '.join(done)}"})
     if not out:
         raise NothingKept(f"export: no variant passed the whole-model check for any of {', '.join(targets)}; "
-                       "nothing written")
+                          "nothing written")
     return out
 
 
@@ -791,10 +790,10 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
             told = tried_summary(second) if second else "no result"
             source["model_check"] = {"mode": result.get("mode"), "tried": tried, "replicate": again.get("tried")}
             raise NothingKept(f"export: {source.get('model')} was faster with the cast in one process "
-                           f"({tried_summary(chosen)}) but not in a second one, compiled afresh ({told}): two "
-                           "processes' compiles of one model differ by a few per cent (Gemma under reduce-overhead "
-                           "on the H200: 1.021x in one, 0.977x in another), so under torch.compile a set is kept "
-                           f"only where both show it faster with confidence; nothing written for {target}")
+                              f"({tried_summary(chosen)}) but not in a second one, compiled afresh ({told}): two "
+                              "processes' compiles of one model differ by a few per cent (Gemma under reduce-overhead "
+                              "on the H200: 1.021x in one, 0.977x in another), so under torch.compile a set is kept "
+                              f"only where both show it faster with confidence; nothing written for {target}")
         # The figure reported is the lower of the two: what the cast gives in the less lucky process.
         chosen = min(chosen, {**chosen, **again["chosen"], "variants": chosen["variants"]},
                      key=lambda t: t["speedup_ci"][0])
@@ -808,13 +807,13 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
                                              "with --target cuda-graphs to check that instead")
         if any(t.get("rejected") for t in tried):
             raise NothingKept(f"export: no variant set passed the whole-model check of {source.get('model')} in "
-                           f"{mode} ({'; '.join(summary)}); nothing written")
+                              f"{mode} ({'; '.join(summary)}); nothing written")
         if target.startswith("compile"):  # there a set must be faster with confidence (e2e.check)
             raise NothingKept(f"export: {source.get('model')} is not faster with the cast with confidence in "
-                           f"{mode} ({'; '.join(summary)}): under torch.compile a variant is kept only where "
-                           "the compiled model is faster with it; nothing written")
+                              f"{mode} ({'; '.join(summary)}): under torch.compile a variant is kept only where "
+                              "the compiled model is faster with it; nothing written")
         raise NothingKept(f"export: {source.get('model')} is slower with the cast in {mode} "
-                       f"({'; '.join(summary)}){hint}; nothing written")
+                          f"({'; '.join(summary)}){hint}; nothing written")
     if eager_bad:
         from engine.export.e2e import eager_caveat
 
