@@ -39,9 +39,9 @@ a tensor sharing storage with an argument, a parameter or another output, return
 overlap in memory (an expanded view; a slice with gaps is fine), or cannot be captured (a host sync, a CPU
 tensor) is refused for that signature, with the reason (`stats()`). A replay copies the tensor arguments into
 the static inputs, replays, and returns fresh copies of the static outputs in the forward's output structure.
-Entries the forward puts into a mapping argument (Gemma 4's layers put their keys and values into a `KVSharingDict` for later layers) are outputs too: a
-replay puts fresh copies of the captured ones there. Replays of one route are serialized; every graph of
-a set shares one memory pool, which is safe because a graph's outputs are copied out before the next runs.
+Entries the forward puts into a mapping argument (Gemma 4's layers put their keys and values into a
+`KVSharingDict` for later layers) are outputs too: a replay puts fresh copies of the captured ones there.
+Replays of one route are serialized; every graph of a set shares one memory pool, which is safe because a graph's outputs are copied out before the next runs.
 """
 
 from __future__ import annotations
