@@ -41,7 +41,8 @@ tensor) is refused for that signature, with the reason (`stats()`). A replay cop
 the static inputs, replays, and returns fresh copies of the static outputs in the forward's output structure.
 Entries the forward puts into a mapping argument (Gemma 4's layers put their keys and values into a
 `KVSharingDict` for later layers) are outputs too: a replay puts fresh copies of the captured ones there.
-Replays of one route are serialized; every graph of a set shares one memory pool, which is safe because a graph's outputs are copied out before the next runs.
+Replays of one route are serialized; every graph of a set shares one memory pool, which is safe because a
+graph's outputs are copied out before the next runs.
 """
 
 from __future__ import annotations
