@@ -689,6 +689,59 @@ def test_the_graph_check_passes_over_classes_that_cannot_replay_and_stops_after_
     assert out["tried"][1]["why"] == "not faster with confidence"
 
 
+def test_a_forward_that_takes_another_path_under_capture_is_refused_and_the_layers_inside_it_route():
+    """Gemma 4 on the H200 (2026-12-04c): transformers' is_tracing() counts a CUDA stream capture as tracing,
+    so under capture its mask code skips a data-dependent check and builds another mask; the graph of the
+    whole model computes something else (another SDPA kernel, and for packed positions another mask). The
+    whole-model route must refuse it, and the check must go on to the layers, which take the mask as an
+    argument computed in eager."""
+    from engine.cast.graphs import route_candidates
+    from engine.export.graph_check import check
+
+    capturing = {"now": False}  # what torch.cuda.is_current_stream_capturing() says on a GPU
+
+    class Capturing(StandIn):
+        def capture(self, fn):
+            def recorded():  # a replay runs what was recorded under capture
+                capturing["now"] = True
+                try:
+                    return fn()
+                finally:
+                    capturing["now"] = False
+            return super().capture(recorded)
+
+    def is_tracing():  # transformers.utils.import_utils.is_tracing, in short
+        return torch.jit.is_tracing() or capturing["now"]
+
+    class MaskedNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList([Block(), Block()])
+
+        def forward(self, x):
+            if is_tracing():
+                x = (x * 0.1) * 10.0  # the same value in exact arithmetic, another in its last bits
+            for b in self.blocks:
+                x = b(x)[0]
+            return x
+
+    model = MaskedNet().eval()
+    x = torch.randn(2, 8, generator=torch.Generator().manual_seed(0))
+    assert not torch.equal((x * 0.1) * 10.0, x)
+    with torch.no_grad():
+        want = model(x)
+    classes = route_candidates(model)
+    assert classes[0] == "MaskedNet" and "Block" in classes
+    timed = lambda run: (run(), 100.0)[1]  # noqa: E731  (both arms alike: a timed trial, never a speedup)
+    out = check(model, lambda: model(x), classes, timed, max_s=0.0, backend=Capturing(), tries=1)
+    whole, layers = out["tried"][0], out["tried"][1]
+    assert whole["class"] == "MaskedNet" and whole["why"] == "no route replays a graph"
+    assert whole["refused"] == ["the replay differs from the eager call"] and whole["equal"]
+    assert layers["class"] == "Block" and layers["replaying"] == 2 and layers["equal"] and "speedup" in layers
+    with torch.no_grad():
+        assert torch.equal(model(x), want)  # nothing left routed
+
+
 def test_under_torch_compile_the_route_hands_dynamo_the_original_forward_without_a_graph_break(tmp_path,
                                                                                              monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
