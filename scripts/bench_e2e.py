@@ -5,8 +5,9 @@
 For each model (ResNet-50 batch 32 fp16 channels_last; SD3.5-Medium VAE decode 1024x1024 bf16):
 build a cast (or take DIR/<model>.cast from --casts), then time whole forwards with and without it,
 alternating, each timed with CUDA events after a sync; compare the final outputs with eager; count
-hits per variant and misses per op over one forward. Also the host cost per call of eager, a guard
-miss and a guard hit. Writes DIR/bench_e2e.json and DIR/bench_e2e.md; progress on stderr.
+hits per variant and misses per op over one forward; where the cast holds graph routes, their replays, eager
+calls and declines over the timed forwards. Also the host cost per call of eager, a guard miss and a guard
+hit. Writes DIR/bench_e2e.json and DIR/bench_e2e.md; progress on stderr.
 
 A model written NAME@key=value[,key=value] is built with those [params] overridden (TOML values: true,
 false, numbers, strings), e.g. gemma4_e2b@full_depth=true for all 35 layers instead of the captured four;
@@ -148,6 +149,7 @@ def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int, 
         if iters <= 0:
             iters = auto_iters(sorted(time_forward(forward) for _ in range(3))[1])
         log(f"{name}: timing {iters} forwards per arm, alternating")
+        cast.reset_stats()  # what the graph routes did while timed (their graphs stay)
         for i in range(iters):
             arms = ("eager", "cast") if i % 2 == 0 else ("cast", "eager")
             for arm in arms:
@@ -157,6 +159,7 @@ def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int, 
                     cast.remove()
                 else:
                     eager_us.append(time_steady(forward))
+        routes = cast.stats().get("graph_routes_summary")
         restored = output_tensor(forward())
         graph = graph_arm(name, forward, cast, iters, module) if graphs else None
         host = host_arms(forward, cast, module)
@@ -174,7 +177,7 @@ def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int, 
         "every_variant_hit": all(v["hits"] > 0 for v in stats["variants"]),
         "dispatched_by": ", ".join(sorted({v["router"] for v in stats["variants"]})) or "-",
         "variants_hit": sum(1 for v in stats["variants"] if v["hits"] > 0),
-        "build": build, "cuda_graphs": graph, "host": host, "vs_float32": vs32,
+        "build": build, "cuda_graphs": graph, "host": host, "vs_float32": vs32, "graph_routes": routes,
     }
     log(f"{name}: eager {result['eager_ms']:.2f} ms, cast {result['cast_ms']:.2f} ms, {est.speedup:.3f}x "
         f"(95% CI {est.low:.3f}-{est.high:.3f}); rel err {result['rel_l2_err']:.2e}; "
@@ -193,6 +196,17 @@ def markdown(doc: dict) -> str:
                      f"{r['speedup']:.3f}× ({r['speedup_ci'][0]:.3f}–{r['speedup_ci'][1]:.3f}) | "
                      f"{r['rel_l2_err']:.1e} | {r['variants_hit']}/{r['variants']} | {sum(r['near_misses'].values())} | "
                      f"{r['restored_bit_exact']} |")
+    routed = [r for r in doc["models"] if r.get("graph_routes")]
+    if routed:
+        lines += ["", "Graph routes of the cast (its modules' forwards replayed from CUDA graphs in eager), over the "
+                  "timed forwards with the cast:", "",
+                  "| model | class | modules | replaying | replays | eager calls | declines | refused |",
+                  "|---|---|---:|---:|---:|---:|---|---|"]
+        for r in routed:
+            g = r["graph_routes"]
+            declines = ", ".join(f"{k} ×{n}" for k, n in g["declines"].items()) or "–"
+            lines.append(f"| {r['model']} | {', '.join(g['classes'])} | {g['modules']} | {g['replaying']} | "
+                         f"{g['replays']} | {g['eager_calls']} | {declines} | {'; '.join(g['refused']) or '–'} |")
     graphs = [r for r in doc["models"] if r.get("cuda_graphs") and "speedup" in r["cuda_graphs"]]
     if graphs:
         lines += ["", "Both arms replayed from CUDA graphs (no per-call host cost). A variant runs under capture only "

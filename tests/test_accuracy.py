@@ -97,3 +97,16 @@ def test_the_graph_arm_counts_only_the_cast_calls_made_while_capturing(monkeypat
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     bench.counted(forward, cast, captured)
     assert captured["calls"] == 2
+
+
+def test_bench_e2e_says_whether_the_casts_graph_routes_replayed_while_timed():
+    bench = load_script("bench_e2e")
+    row = {"model": "gemma4_e2b", "dispatched_by": "python", "variants": 8, "eager_ms": 10.5, "cast_ms": 8.4,
+           "speedup": 1.24, "speedup_ci": [1.23, 1.25], "rel_l2_err": 0.026, "variants_hit": 8, "near_misses": {},
+           "restored_bit_exact": True, "hits": {}, "misses": {},
+           "graph_routes": {"classes": ["Gemma4TextDecoderLayer"], "modules": 4, "replaying": 3, "replays": 120,
+                            "eager_calls": 41, "declines": {"hooks": 40}, "refused": ["a host sync"]}}
+    md = bench.markdown({"gpu": "H200", "torch": "2.11", "models": [row]})
+    assert "| gemma4_e2b | Gemma4TextDecoderLayer | 4 | 3 | 120 | 41 | hooks ×40 | a host sync |" in md
+    del row["graph_routes"]
+    assert "Graph routes of the cast" not in bench.markdown({"gpu": "H200", "torch": "2.11", "models": [row]})

@@ -586,9 +586,16 @@ def test_a_cast_with_graph_routes_routes_its_models_modules_while_installed(tmp_
             assert routed == ["layers.0", "layers.1", "layers.2"]
             outs = [model(x) for _ in range(3)]
             st = cast.stats()["graph_routes"]
+            summary = cast.stats()["graph_routes_summary"]
+            cast.reset_stats()  # counters from now on; the graphs stay and replay at once
+            outs.append(model(x))
+            again = cast.stats()["graph_routes_summary"]
         assert not any(isinstance(modules.route_of(m), graphs.GraphRoute) for m in model.modules())
     assert all(torch.equal(o, want) for o in outs)
     assert all(s["captured"] == 1 and s["replays"] == 2 for s in st.values()), st
+    assert summary == {"classes": ["Layer"], "modules": 3, "replaying": 3, "replays": 6, "eager_calls": 3,
+                       "declines": {}, "refused": []}
+    assert again["replays"] == 3 and again["eager_calls"] == 0 and again["replaying"] == 3
     # a cast without graph routes routes nothing
     plain = engine.cast.load(tmp_path / "g.cast", env=ENV, plans={"rms": Counting()})
     monkeypatch.setattr(plain, "graph_route_classes", lambda: [])

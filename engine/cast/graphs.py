@@ -586,6 +586,25 @@ class GraphSet:
     def __exit__(self, *exc: Any) -> None:
         self.remove()
 
+    def reset_counters(self) -> None:
+        """Replays, eager calls and declines from now on; the graphs held and why a signature was refused stay
+        (they are state, not counts)."""
+        for r in self.routes.values():
+            r.stats.replays = r.stats.eager_calls = 0
+            r.stats.declines = {}
+
+    def summary(self) -> dict[str, Any]:
+        """The routes' counters summed over the modules: modules routed, those that replayed, replays, eager
+        calls, declines by reason, and the distinct reasons a signature was refused."""
+        st = self.stats().values()
+        declines: dict[str, int] = {}
+        for s in st:
+            for why, n in s["declines"].items():
+                declines[why] = declines.get(why, 0) + n
+        return {"modules": len(self.routes), "replaying": sum(1 for s in st if s["replays"]),
+                "replays": sum(s["replays"] for s in st), "eager_calls": sum(s["eager_calls"] for s in st),
+                "declines": declines, "refused": sorted({w for s in st for w in s["refused"].values()})}
+
     def stats(self) -> dict[str, Any]:
         out = {}
         for path, r in self.routes.items():

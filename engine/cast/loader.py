@@ -212,6 +212,8 @@ class Cast:
                 "misses": misses, "near_misses": near, "fallthrough": through, "near_miss_keys": near_keys,
                 "grad_declines": grad, "modules": mods, "modules_skipped": list(self._module_skipped),
                 "graph_routes": self._graphs.stats() if self._graphs is not None else {},
+                "graph_routes_summary": ({"classes": self.graph_route_classes(), **self._graphs.summary()}
+                                         if self._graphs is not None else None),
                 "patterns": {v.id: v.plan.hits for v in self.variants
                              if (v.pattern is not None or v.module is not None) and v.plan is not None
                              and hasattr(v.plan, "hits")},
@@ -287,6 +289,8 @@ class Cast:
         self._module_kept = {}
         for route in modules.routes_of(self).values():
             route.stats = modules.PathStats()
+        if self._graphs is not None:
+            self._graphs.reset_counters()
         if self._cpp_ops:
             from engine.cast import cpp_router
 
