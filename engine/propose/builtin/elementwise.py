@@ -10,6 +10,11 @@ trip (vec * unroll capped at 16; kernels are bounded for 1024-thread blocks). Pe
 splatted (inner stride 0: broadcast) or `vec` scalar accesses (anything else): misalignment costs speed,
 never coverage. Values are computed in fp32 with eager's formulas and rounded once to the output dtype
 (eager's "opmath"), so half types match eager to the last bit in most cases.
+
+Mixed layouts (`strategy` "tile"): where an input runs along another dim than the output does (the
+permuted residual stream of an audio or vision encoder added to a contiguous projection: eager walks one
+of them element by element), a 32 x 32 tile of it goes through shared memory. The block reads the tile
+along that input's unit-stride dim and writes the output along its own, so every access is coalesced.
 """
 
 from __future__ import annotations
@@ -421,6 +426,116 @@ extern "C" __global__ void __launch_bounds__(1024) {_kernel_name(plan)}({', '.jo
 """
 
 
+# ------------------------------------------------------------------------------------------ mixed layouts
+
+TILE = 32
+
+
+def _tile_dims(plan: _Plan) -> tuple[int, tuple[int, ...]] | None:
+    """(p, tiled): the dim along which the tiled operands run with stride 1 and their indices, where some
+    operand walks the output's innermost dim with a stride other than 0 or 1 but another dim with stride 1
+    (all such operands the same dim); None where no operand needs it (or they disagree)."""
+    if len(plan.sizes) < 2:
+        return None
+    last = len(plan.sizes) - 1
+    dims: set[int] = set()
+    tiled = []
+    for k, op in enumerate(plan.operands):
+        if op.via_out or op.strides[last] in (0, 1):
+            continue
+        unit = [d for d in range(last) if op.strides[d] == 1]
+        if not unit:
+            return None  # no dim to read it along contiguously: a tile gains nothing over a gather
+        dims.add(unit[0])
+        tiled.append(k)
+    if len(dims) != 1 or -(-plan.sizes[next(iter(dims))] // TILE) > 65535:
+        return None
+    return next(iter(dims)), tuple(tiled)
+
+
+def _tile_count(plan: _Plan, p: int) -> int:
+    """Tiles of the output: 32 x 32 over (p, q = innermost), times every other dim."""
+    last = len(plan.sizes) - 1
+    batch = math.prod(n for d, n in enumerate(plan.sizes[:last]) if d != p)
+    return -(-plan.sizes[last] // TILE) * -(-plan.sizes[p] // TILE) * batch
+
+
+def _tile_source(plan: _Plan, p: int, tiled: tuple[int, ...]) -> str:
+    """The tiled kernel: one 32 x 32 tile of dims (p, q = innermost) per block and loop trip (grid-stride over
+    the tiles, the other dims outermost); the block's threads are 32 lanes x rows."""
+    last = len(plan.sizes) - 1
+    P, Q = plan.sizes[p], plan.sizes[last]
+    rest = [d for d in range(last) if d != p]
+    bsizes = [plan.sizes[d] for d in rest]
+    nq, np_ = -(-Q // TILE), -(-P // TILE)
+    tiles = _tile_count(plan, p)
+    ostrides = [math.prod(plan.sizes[d + 1:]) for d in range(len(plan.sizes))]
+    extent = max([plan.numel, tiles] + [sum((n - 1) * s for n, s in zip(plan.sizes, o.strides)) + 1
+                                        for o in plan.operands])
+    itype = cc.int_type(extent + plan.numel)
+    tout = cc.ctype(plan.out_dtype)
+    names = "ab"
+
+    def at(strides: Sequence[int], pp: str, qq: str) -> str:
+        boff = cc.offset_code("z", bsizes, [strides[d] for d in rest], itype)
+        sp, sq = strides[p], strides[last]
+        terms = [f"({boff})" if boff != "0" else "", f"{pp} * ({itype}){sp}" if sp else "",
+                 (qq if sq == 1 else f"{qq} * ({itype}){sq}") if sq else ""]
+        return " + ".join(x for x in terms if x) or "0"
+
+    params, shared, loads, reads = [], [], [], []
+    for k, op in enumerate(plan.operands):
+        ptr = "out" if op.via_out else f"in{k}"
+        t = cc.ctype(op.dtype)
+        if not op.via_out:
+            params.append(f"const {t}* __restrict__ in{k}")
+        strides = op.strides if not op.via_out else tuple(ostrides)
+        if k in tiled:
+            shared.append(f"__shared__ float t{names[k]}[{TILE}][{TILE + 1}];")
+            loads.append(f"if (qq < {Q} && pp < {P}) t{names[k]}[r][lane] = kf_to_float({ptr}[{at(strides, 'pp', 'qq')}]);")
+            reads.append(f"const float {names[k]} = t{names[k]}[lane][r];")
+        else:
+            reads.append(f"const float {names[k]} = kf_to_float({ptr}[{at(strides, 'pp', 'qq')}]);")
+    if len(plan.operands) == 1:
+        reads.append(f"const float b = {plan.b_literal or '0.f'};")
+    params.append(f"{tout}* __restrict__ out")
+    dtypes = {plan.out_dtype} | {o.dtype for o in plan.operands}
+    desc = ", ".join(f"{o.arg} {o.dtype} strides {list(o.strides)}" + (" (tiled)" if k in tiled else "")
+                     for k, o in enumerate(plan.operands))
+    return f"""// aten {plan.fn}{'_ (in place)' if plan.inplace else ''}: fp32 math, one rounding to {plan.out_dtype}.
+// dims (output order, merged) {list(plan.sizes)}; {desc}. Mixed layouts: {TILE} x {TILE} tiles of dim
+// p = {p} ({P}) and q = {last} ({Q}, the output's innermost), {tiles} tiles in all.
+{cc.prelude(dtypes, round_='kf_round' in plan.body)}
+__device__ __forceinline__ float kf_op(float a, float b) {{
+  (void)b;
+  {plan.body}
+}}
+
+extern "C" __global__ void __launch_bounds__(1024) {_kernel_name(plan)}_tile({', '.join(params)}) {{
+  {' '.join(shared)}
+  const unsigned lane = threadIdx.x % {TILE}, rows = blockDim.x / {TILE};
+  for ({itype} tile = blockIdx.x; tile < ({itype}){tiles}; tile += gridDim.x) {{
+    const {itype} q0 = (tile % {nq}) * {TILE}, p0 = ((tile / {nq}) % {np_}) * {TILE}, z = tile / {nq * np_};
+    // Read each tiled input along its own unit-stride dim (p): the lanes walk p.
+    for (unsigned r = threadIdx.x / {TILE}; r < {TILE}; r += rows) {{
+      const {itype} pp = p0 + lane, qq = q0 + r;
+      {(chr(10) + '      ').join(loads)}
+    }}
+    __syncthreads();
+    // Write the output along its innermost dim (q): the lanes walk q.
+    for (unsigned r = threadIdx.x / {TILE}; r < {TILE}; r += rows) {{
+      const {itype} pp = p0 + r, qq = q0 + lane;
+      if (pp < {P} && qq < {Q}) {{
+        {(chr(10) + '        ').join(reads)}
+        out[{at(ostrides, 'pp', 'qq')}] = kf_from_float<{tout}>(kf_op(a, b));
+      }}
+    }}
+    __syncthreads();  // the tiles are refilled in the next trip
+  }}
+}}
+"""
+
+
 # ------------------------------------------------------------------------------------------ template
 
 
@@ -453,6 +568,10 @@ class ElementwiseTemplate(Template):
         best = max(v for v in vecs if v * isz <= 16)
         space: dict[str, list[Any]] = {"vec": [best] + [v for v in vecs if v != best], "block": list(BLOCKS),
                                        "unroll": list(UNROLLS), "waves": list(WAVES)}
+        if _tile_dims(plan) is not None:
+            # "tile" (mixed layouts through shared memory) first; "direct" is the one-pass kernel, which
+            # reads the tiled operand element by element. `block` is then the tile's threads (32 x rows).
+            space["strategy"] = ["tile", "direct"]
         if _FAST_TANH[0] in plan.body:
             # tanh through exp: fewer instructions than tanhf, accurate to a few 1e-7 absolute in 1 + tanh;
             # verification decides whether the card's tolerance takes it. First for half-precision outputs,
@@ -467,7 +586,7 @@ class ElementwiseTemplate(Template):
         plan = self._plan(card)
         space = self.space(card, hw=hw)
         for k, vals in space.items():
-            if params.get(k, vals[0] if k == "math" else None) not in vals:
+            if params.get(k, vals[0] if k in ("math", "strategy") else None) not in vals:
                 raise ValueError(f"{k}={params.get(k)!r} is outside {list(vals)}")
         vec, block, unroll, waves = (int(params[k]) for k in ("vec", "block", "unroll", "waves"))
         fast = params.get("math") == "fast"
@@ -480,9 +599,23 @@ class ElementwiseTemplate(Template):
         blocks = max(1, -(-nv // (block * unroll)))
         if waves:
             blocks = min(blocks, hw.sms * max(1, hw.max_threads_per_sm // block) * waves)  # a wave: all resident
-        source = _source(plan, vec, unroll)
         args = [f'{{ ptr = "{o.arg}" }}' for o in plan.operands if not o.via_out]
         args.append('{ ptr = "self" }' if plan.inplace else '{ ptr = "out0" }')
+        tile = _tile_dims(plan) if params.get("strategy", "direct") == "tile" else None
+        if tile is not None:
+            p, tiled = tile
+            tiles = _tile_count(plan, p)
+            grid = min(tiles, hw.sms * max(1, hw.max_threads_per_sm // block) * waves) if waves else tiles
+            spec = (f"# {plan.numel} elements in {tiles} tiles of {TILE} x {TILE} over dims {p} and "
+                    f"{len(plan.sizes) - 1}; grid {'capped at ' + str(waves) + ' wave(s)' if waves else 'a block per tile'}\n"
+                    f"[[launch]]\nkernel = \"{_kernel_name(plan)}_tile\"\ngrid = [{grid}]\n"
+                    f"block = [{block}]\nargs = [{', '.join(args)}]\n")
+            intent = (f"{plan.fn}: mixed layouts, {TILE}x{TILE} tiles through shared memory, "
+                      f"{block // TILE} rows per block, " + (f"grid-stride over {waves} wave(s)" if waves else
+                                                               "a block per tile") + (", tanh via exp" if fast else ""))
+            return Rendered(_tile_source(plan, p, tiled), spec, {**params, "vec": space["vec"][0], "unroll": 1},
+                            intent)
+        source = _source(plan, vec, unroll)
         spec = (f"# {plan.numel} elements, {nv} groups of {vec}; grid {'capped at ' + str(waves) + ' wave(s)' if waves else 'covers every group'}\n"
                 f"[[launch]]\nkernel = \"{_kernel_name(plan)}\"\ngrid = [{blocks}]\nblock = [{block}]\n"
                 f"args = [{', '.join(args)}]\n")
