@@ -65,6 +65,20 @@ def test_elementwise_reference_shapes(tmp_path):
 
 
 @pytest.mark.gpu
+def test_elementwise_mixed_layouts(tmp_path):
+    """Whisper-small's encoder: the residual stream is the permuted conv output ([8,1500,768], strides
+    (1152000,1,1500)) and each layer adds a contiguous tensor to it. The default is the tiled kernel; the
+    one-pass kernel (which reads the contiguous operand element by element) is the extra candidate."""
+    h = torch.float16
+    x = _cuda(8, 768, 1500, dtype=h).transpose(1, 2)
+    y, pos = _cuda(8, 1500, 768, dtype=h, seed=1), _cuda(1500, 768, dtype=h, seed=2)
+    _evaluate(tmp_path, [
+        ("whisper residual add f16", "elementwise", lambda: x + y, {"extra": ({"strategy": "direct"},)}),
+        ("whisper position add f16", "elementwise", lambda: x + pos, {"extra": ({"strategy": "direct"},)}),
+    ])
+
+
+@pytest.mark.gpu
 def test_softmax_reference_shapes(tmp_path):
     long_rows = _cuda(4, 262144) * 3
     scores = _cuda(1, 8, 2048, 2048) * 2
