@@ -73,8 +73,10 @@ def test_elementwise_mixed_layouts(tmp_path):
     x = _cuda(8, 768, 1500, dtype=h).transpose(1, 2)
     y, pos = _cuda(8, 1500, 768, dtype=h, seed=1), _cuda(1500, 768, dtype=h, seed=2)
     _evaluate(tmp_path, [
-        ("whisper residual add f16", "elementwise", lambda: x + y, {"extra": ({"strategy": "direct"},)}),
-        ("whisper position add f16", "elementwise", lambda: x + pos, {"extra": ({"strategy": "direct"},)}),
+        ("whisper residual add f16", "elementwise", lambda: x + y,
+         {"extra": ({"tile": 32}, {"block": 512}, {"strategy": "direct"})}),
+        ("whisper position add f16", "elementwise", lambda: x + pos,
+         {"extra": ({"tile": 32}, {"block": 512}, {"strategy": "direct"})}),
     ])
 
 

@@ -225,8 +225,9 @@ def test_mixed_layouts_get_tiles_by_default_and_same_layouts_never_do():
         t = _template(card)
         assert t.accepts(card) is None and t.space(card)["strategy"] == ["tile", "direct"]
         r = t.render(card, t.default(card))
-        assert "kf_ew_add_tile" in r.source and "__shared__ float tb[32][33]" in r.source
-        assert "grid = [9024]" in r.spec and "mixed layouts" in r.intent  # 47 x 24 tiles x 8
+        assert "kf_ew_add_tile" in r.source and "__shared__ float tb[64][65]" in r.source
+        assert "grid = [2304]" in r.spec and "mixed layouts" in r.intent  # 24 x 12 tiles of 64 x 64, x 8
+        assert "grid = [9024]" in t.render(card, {**t.default(card), "tile": 32}).spec  # 47 x 24 x 8
         assert "_tile" not in t.render(card, {**t.default(card), "strategy": "direct"}).source
     same = bound_card(torch.ops.aten.add.Tensor, (x, x.clone()), [x.clone()])  # both permuted alike
     assert "strategy" not in _template(same).space(same)
@@ -575,6 +576,8 @@ EMU_CASES: list[tuple[str, Callable[[], Any], dict[str, Any]]] = [
      {"strategy": "row", "vec": 8, "block": 128}),
     ("ew add f16 mixed layouts, tiles", lambda: torch.randn(3, 37, 45).half().transpose(1, 2)
      + torch.randn(3, 45, 37).half(), {"strategy": "tile", "block": 128}),
+    ("ew add f16 mixed layouts, 32-wide tiles", lambda: torch.randn(3, 37, 45).half().transpose(1, 2)
+     + torch.randn(3, 45, 37).half(), {"strategy": "tile", "tile": 32, "block": 256}),
     ("ew add f16 mixed layouts, direct", lambda: torch.randn(3, 37, 45).half().transpose(1, 2)
      + torch.randn(3, 45, 37).half(), {"strategy": "direct", "vec": 1, "block": 128}),
     ("ew add bf16 mixed layouts broadcast over the batch, tiles", lambda: torch.randn(2, 40, 50).bfloat16()

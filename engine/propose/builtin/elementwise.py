@@ -428,7 +428,8 @@ extern "C" __global__ void __launch_bounds__(1024) {_kernel_name(plan)}({', '.jo
 
 # ------------------------------------------------------------------------------------------ mixed layouts
 
-TILE = 32
+TILES = (64, 32)  # tile edge: 32 lanes x 1 or 2 elements each
+WARP = 32
 
 
 def _tile_dims(plan: _Plan) -> tuple[int, tuple[int, ...]] | None:
@@ -448,27 +449,31 @@ def _tile_dims(plan: _Plan) -> tuple[int, tuple[int, ...]] | None:
             return None  # no dim to read it along contiguously: a tile gains nothing over a gather
         dims.add(unit[0])
         tiled.append(k)
-    if len(dims) != 1 or -(-plan.sizes[next(iter(dims))] // TILE) > 65535:
+    if len(dims) != 1:
         return None
     return next(iter(dims)), tuple(tiled)
 
 
-def _tile_count(plan: _Plan, p: int) -> int:
-    """Tiles of the output: 32 x 32 over (p, q = innermost), times every other dim."""
+def _tile_count(plan: _Plan, p: int, tile: int) -> int:
+    """Tiles of the output: tile x tile over (p, q = innermost), times every other dim."""
     last = len(plan.sizes) - 1
     batch = math.prod(n for d, n in enumerate(plan.sizes[:last]) if d != p)
-    return -(-plan.sizes[last] // TILE) * -(-plan.sizes[p] // TILE) * batch
+    return -(-plan.sizes[last] // tile) * -(-plan.sizes[p] // tile) * batch
 
 
-def _tile_source(plan: _Plan, p: int, tiled: tuple[int, ...]) -> str:
-    """The tiled kernel: one 32 x 32 tile of dims (p, q = innermost) per block and loop trip (grid-stride over
-    the tiles, the other dims outermost); the block's threads are 32 lanes x rows."""
+def _tile_source(plan: _Plan, p: int, tiled: tuple[int, ...], tile: int, block: int) -> str:
+    """The tiled kernel: one tile x tile square of dims (p, q = innermost) per block and loop trip
+    (grid-stride over the tiles, the other dims outermost). The block is 32 lanes x `block / 32` rows; each
+    lane takes tile / 32 neighbouring elements along the dim it walks. The direct operands' loads for the
+    write half are issued before the barrier, with the tiled operands', so both are in flight together."""
     last = len(plan.sizes) - 1
     P, Q = plan.sizes[p], plan.sizes[last]
     rest = [d for d in range(last) if d != p]
     bsizes = [plan.sizes[d] for d in rest]
-    nq, np_ = -(-Q // TILE), -(-P // TILE)
-    tiles = _tile_count(plan, p)
+    nq, np_ = -(-Q // tile), -(-P // tile)
+    tiles = _tile_count(plan, p, tile)
+    rows, per = block // WARP, tile // WARP
+    trips = -(-tile // rows)
     ostrides = [math.prod(plan.sizes[d + 1:]) for d in range(len(plan.sizes))]
     extent = max([plan.numel, tiles] + [sum((n - 1) * s for n, s in zip(plan.sizes, o.strides)) + 1
                                         for o in plan.operands])
@@ -483,51 +488,78 @@ def _tile_source(plan: _Plan, p: int, tiled: tuple[int, ...]) -> str:
                  (qq if sq == 1 else f"{qq} * ({itype}){sq}") if sq else ""]
         return " + ".join(x for x in terms if x) or "0"
 
-    params, shared, loads, reads = [], [], [], []
+    params, shared, decls, loads, prefetch, reads = [], [], [], [], [], []
     for k, op in enumerate(plan.operands):
         ptr = "out" if op.via_out else f"in{k}"
         t = cc.ctype(op.dtype)
         if not op.via_out:
             params.append(f"const {t}* __restrict__ in{k}")
         strides = op.strides if not op.via_out else tuple(ostrides)
+        x = names[k]
         if k in tiled:
-            shared.append(f"__shared__ float t{names[k]}[{TILE}][{TILE + 1}];")
-            loads.append(f"if (qq < {Q} && pp < {P}) t{names[k]}[r][lane] = kf_to_float({ptr}[{at(strides, 'pp', 'qq')}]);")
-            reads.append(f"const float {names[k]} = t{names[k]}[lane][r];")
+            shared.append(f"__shared__ float t{x}[{tile}][{tile + 1}];")
+            loads.append(f"if (qq < {Q} && pp < {P}) t{x}[r][lane * {per} + j] = "
+                         f"kf_to_float({ptr}[{at(strides, 'pp', 'qq')}]);")
+            reads.append(f"const float {x} = t{x}[lane * {per} + j][r];")
         else:
-            reads.append(f"const float {names[k]} = kf_to_float({ptr}[{at(strides, 'pp', 'qq')}]);")
+            decls.append(f"float v{x}[{trips}][{per}];")
+            prefetch.append(f"v{x}[i][j] = (pp < {P} && qq < {Q}) ? kf_to_float({ptr}[{at(strides, 'pp', 'qq')}]) : 0.f;")
+            reads.append(f"const float {x} = v{x}[i][j];")
     if len(plan.operands) == 1:
         reads.append(f"const float b = {plan.b_literal or '0.f'};")
     params.append(f"{tout}* __restrict__ out")
     dtypes = {plan.out_dtype} | {o.dtype for o in plan.operands}
     desc = ", ".join(f"{o.arg} {o.dtype} strides {list(o.strides)}" + (" (tiled)" if k in tiled else "")
                      for k, o in enumerate(plan.operands))
+    nl = chr(10)
     return f"""// aten {plan.fn}{'_ (in place)' if plan.inplace else ''}: fp32 math, one rounding to {plan.out_dtype}.
-// dims (output order, merged) {list(plan.sizes)}; {desc}. Mixed layouts: {TILE} x {TILE} tiles of dim
-// p = {p} ({P}) and q = {last} ({Q}, the output's innermost), {tiles} tiles in all.
+// dims (output order, merged) {list(plan.sizes)}; {desc}. Mixed layouts: {tile} x {tile} tiles of dim
+// p = {p} ({P}) and q = {last} ({Q}, the output's innermost), {tiles} tiles in all; {rows} rows of 32 lanes.
 {cc.prelude(dtypes, round_='kf_round' in plan.body)}
 __device__ __forceinline__ float kf_op(float a, float b) {{
   (void)b;
   {plan.body}
 }}
 
-extern "C" __global__ void __launch_bounds__(1024) {_kernel_name(plan)}_tile({', '.join(params)}) {{
+extern "C" __global__ void __launch_bounds__({block}) {_kernel_name(plan)}_tile({', '.join(params)}) {{
   {' '.join(shared)}
-  const unsigned lane = threadIdx.x % {TILE}, rows = blockDim.x / {TILE};
+  const unsigned lane = threadIdx.x % {WARP}, row = threadIdx.x / {WARP};
   for ({itype} tile = blockIdx.x; tile < ({itype}){tiles}; tile += gridDim.x) {{
-    const {itype} q0 = (tile % {nq}) * {TILE}, p0 = ((tile / {nq}) % {np_}) * {TILE}, z = tile / {nq * np_};
-    // Read each tiled input along its own unit-stride dim (p): the lanes walk p.
-    for (unsigned r = threadIdx.x / {TILE}; r < {TILE}; r += rows) {{
-      const {itype} pp = p0 + lane, qq = q0 + r;
-      {(chr(10) + '      ').join(loads)}
+    const {itype} q0 = (tile % {nq}) * {tile}, p0 = ((tile / {nq}) % {np_}) * {tile}, z = tile / {nq * np_};
+    {' '.join(decls)}
+    // The tiled inputs, read along their own unit-stride dim (p): the lanes walk p.
+    #pragma unroll
+    for (int i = 0; i < {trips}; ++i) {{
+      const unsigned r = row + i * {rows};
+      #pragma unroll
+      for (int j = 0; j < {per}; ++j) {{
+        const {itype} pp = p0 + lane * {per} + j, qq = q0 + r;
+        if (r < {tile}) {{ {(nl + '        ').join(loads)} }}
+      }}
+    }}
+    // The other inputs, read along the output's innermost dim (q), in flight with those.
+    #pragma unroll
+    for (int i = 0; i < {trips}; ++i) {{
+      const unsigned r = row + i * {rows};
+      #pragma unroll
+      for (int j = 0; j < {per}; ++j) {{
+        const {itype} pp = p0 + r, qq = q0 + lane * {per} + j;
+        (void)pp; (void)qq;
+        {(nl + '        ').join(prefetch)}
+      }}
     }}
     __syncthreads();
-    // Write the output along its innermost dim (q): the lanes walk q.
-    for (unsigned r = threadIdx.x / {TILE}; r < {TILE}; r += rows) {{
-      const {itype} pp = p0 + r, qq = q0 + lane;
-      if (pp < {P} && qq < {Q}) {{
-        {(chr(10) + '        ').join(reads)}
-        out[{at(ostrides, 'pp', 'qq')}] = kf_from_float<{tout}>(kf_op(a, b));
+    // The output, written along its innermost dim (q): the lanes walk q.
+    #pragma unroll
+    for (int i = 0; i < {trips}; ++i) {{
+      const unsigned r = row + i * {rows};
+      #pragma unroll
+      for (int j = 0; j < {per}; ++j) {{
+        const {itype} pp = p0 + r, qq = q0 + lane * {per} + j;
+        if (r < {tile} && pp < {P} && qq < {Q}) {{
+          {(nl + '          ').join(reads)}
+          out[{at(ostrides, 'pp', 'qq')}] = kf_from_float<{tout}>(kf_op(a, b));
+        }}
       }}
     }}
     __syncthreads();  // the tiles are refilled in the next trip
@@ -572,6 +604,7 @@ class ElementwiseTemplate(Template):
             # "tile" (mixed layouts through shared memory) first; "direct" is the one-pass kernel, which
             # reads the tiled operand element by element. `block` is then the tile's threads (32 x rows).
             space["strategy"] = ["tile", "direct"]
+            space["tile"] = list(TILES)
         if _FAST_TANH[0] in plan.body:
             # tanh through exp: fewer instructions than tanhf, accurate to a few 1e-7 absolute in 1 + tanh;
             # verification decides whether the card's tolerance takes it. First for half-precision outputs,
@@ -586,7 +619,7 @@ class ElementwiseTemplate(Template):
         plan = self._plan(card)
         space = self.space(card, hw=hw)
         for k, vals in space.items():
-            if params.get(k, vals[0] if k in ("math", "strategy") else None) not in vals:
+            if params.get(k, vals[0] if k in ("math", "strategy", "tile") else None) not in vals:
                 raise ValueError(f"{k}={params.get(k)!r} is outside {list(vals)}")
         vec, block, unroll, waves = (int(params[k]) for k in ("vec", "block", "unroll", "waves"))
         fast = params.get("math") == "fast"
@@ -604,17 +637,18 @@ class ElementwiseTemplate(Template):
         tile = _tile_dims(plan) if params.get("strategy", "direct") == "tile" else None
         if tile is not None:
             p, tiled = tile
-            tiles = _tile_count(plan, p)
+            edge = int(params.get("tile", TILES[0]))
+            tiles = _tile_count(plan, p, edge)
             grid = min(tiles, hw.sms * max(1, hw.max_threads_per_sm // block) * waves) if waves else tiles
-            spec = (f"# {plan.numel} elements in {tiles} tiles of {TILE} x {TILE} over dims {p} and "
+            spec = (f"# {plan.numel} elements in {tiles} tiles of {edge} x {edge} over dims {p} and "
                     f"{len(plan.sizes) - 1}; grid {'capped at ' + str(waves) + ' wave(s)' if waves else 'a block per tile'}\n"
                     f"[[launch]]\nkernel = \"{_kernel_name(plan)}_tile\"\ngrid = [{grid}]\n"
                     f"block = [{block}]\nargs = [{', '.join(args)}]\n")
-            intent = (f"{plan.fn}: mixed layouts, {TILE}x{TILE} tiles through shared memory, "
-                      f"{block // TILE} rows per block, " + (f"grid-stride over {waves} wave(s)" if waves else
+            intent = (f"{plan.fn}: mixed layouts, {edge}x{edge} tiles through shared memory, "
+                      f"{block // WARP} rows per block, " + (f"grid-stride over {waves} wave(s)" if waves else
                                                                "a block per tile") + (", tanh via exp" if fast else ""))
-            return Rendered(_tile_source(plan, p, tiled), spec, {**params, "vec": space["vec"][0], "unroll": 1},
-                            intent)
+            return Rendered(_tile_source(plan, p, tiled, edge, block), spec,
+                            {**params, "vec": space["vec"][0], "unroll": 1}, intent)
         source = _source(plan, vec, unroll)
         spec = (f"# {plan.numel} elements, {nv} groups of {vec}; grid {'capped at ' + str(waves) + ' wave(s)' if waves else 'covers every group'}\n"
                 f"[[launch]]\nkernel = \"{_kernel_name(plan)}\"\ngrid = [{blocks}]\nblock = [{block}]\n"
