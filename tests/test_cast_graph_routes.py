@@ -163,6 +163,84 @@ def test_after_a_change_the_guard_runs_the_original_forward(change, why):
         torch.backends.cudnn.deterministic = det
 
 
+class Cached(Block):
+    """A module holding tensors as plain attributes, as rotary embeddings hold their cos/sin caches."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.randn(8)
+        self.pair = [torch.randn(8), torch.randn(8)]
+
+    def forward(self, x):
+        return self.lin(x) + self.table + self.pair[1]
+
+
+class Keeps(Block):
+    """A forward that keeps a tensor it computed as an attribute (attention weights for later inspection)."""
+
+    def forward(self, x):
+        h = self.lin(x)
+        self.last = h.detach()
+        return h
+
+
+@pytest.mark.parametrize("change", [
+    lambda m: setattr(m, "table", torch.randn(8)),   # reassigned: the graph would read the old one's memory
+    lambda m: m.table.add_(1.0),                      # changed in place
+    lambda m: m.pair.__setitem__(1, torch.randn(8)),  # one of a list's tensors replaced
+])
+def test_a_tensor_held_as_a_plain_attribute_is_guarded_like_a_parameter(change):
+    model, gs, backend = _routed(Cached().eval())
+    x = _x()
+    with torch.no_grad(), gs:
+        model(x)
+        model(x)
+        change(model)
+        replays = backend.replays
+        got = model(x)
+    gs.remove()
+    with torch.no_grad():
+        assert _equal(got, model(x))
+    assert backend.replays == replays
+    assert next(iter(gs.stats().values()))["declines"] == {"tensor attributes changed": 1}
+
+
+def test_a_forward_that_keeps_a_tensor_as_an_attribute_is_refused():
+    """A replay would not assign it: code reading `module.last` afterwards would see the capture's tensor."""
+    model, gs, backend = _routed(Keeps().eval())
+    x = _x()
+    with torch.no_grad(), gs:
+        model(x)
+        model(x)
+    st = next(iter(gs.stats().values()))
+    assert st["replays"] == 0 and st["refused"] == {
+        "#1": "the forward changes its module's parameters, buffers or attributes"}
+
+
+class Lazy(Block):
+    """A cache built on the first call and read after (as rotary embeddings build theirs)."""
+
+    def forward(self, x):
+        if getattr(self, "cache", None) is None:
+            self.cache = torch.ones(8) * 2
+        return self.lin(x) * self.cache
+
+
+def test_a_tensor_attribute_made_on_the_first_call_is_guarded_from_then_on():
+    model, gs, backend = _routed(Lazy().eval())
+    x = _x()
+    with torch.no_grad(), gs:
+        model(x)
+        got = model(x)
+        model.cache = torch.ones(8) * 3  # rebuilt: the graph read the old one
+        again = model(x)
+    gs.remove()
+    st = next(iter(gs.stats().values()))
+    assert st["captured"] == 1 and st["replays"] == 1 and st["declines"] == {"tensor attributes changed": 1}
+    with torch.no_grad():
+        assert _equal(again, model(x)) and not _equal(got, again)
+
+
 def test_a_list_or_dict_attribute_changed_in_place_declines_and_a_large_one_is_not_compared():
     block = Block().eval()
     block.sizes = [1, 2]                                   # a module's small list

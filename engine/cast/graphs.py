@@ -19,7 +19,9 @@ The guard, per call (anything else runs the original forward, and a decline cost
   UserDicts: per tensor (CUDA only) dtype, shape, strides and device; per plain value its type and value;
   per mapping its type and keys; any other object (a cache, a dataclass) declines;
 - every parameter and buffer in the module's tree the same object, with the same `_version` and data
-  pointer as at capture (a graph reads them at fixed addresses), and every submodule's plain attributes
+  pointer as at capture (a graph reads them at fixed addresses), and so every tensor a module holds as a
+  plain attribute (directly or in a small list or tuple: a rotary cache reassigned for a longer sequence),
+  and every submodule's plain attributes
   (eps, training, ...; small lists and dicts of plain values too, compared by value, so a change in place
   counts) and those of the objects they hold, one level down (a transformers config), and the plain
   module-level values the subtree's forwards read, and the functions they call, two calls deep
@@ -233,6 +235,9 @@ class GraphRoute:
         self.tensors = [(holder.__dict__[where], name, t, _version_of(t), t.data_ptr())
                         for holder in mods for where in ("_parameters", "_buffers")
                         for name, t in holder.__dict__[where].items() if t is not None]
+        # tensors a module holds as plain attributes (a rotary cache some models reassign when a longer
+        # sequence comes): a graph reads them at the address they had at capture
+        self.tensor_attrs = [(d, name, t, _version_of(t), t.data_ptr()) for d, name, t in _tensor_attrs(mods)]
         # the tree itself: each module's submodules by identity, and how many submodules, parameters and
         # buffers each holds (a module swapped or added after the capture is not in its graph)
         # the module-level values the subtree's forwards read (a flag a forward branches on), as at capture
@@ -257,6 +262,9 @@ class GraphRoute:
         for d, name, t, version, ptr in self.tensors:
             if d.get(name) is not t or (version >= 0 and t._version != version) or t.data_ptr() != ptr:
                 return "parameters changed"
+        for d, name, t, version, ptr in self.tensor_attrs:
+            if _held(d, name) is not t or (version >= 0 and t._version != version) or t.data_ptr() != ptr:
+                return "tensor attributes changed"
         for d, n in self.counts:
             if len(d) != n:
                 return "modules changed"
@@ -310,6 +318,20 @@ class GraphRoute:
                 return _fresh_all(g.out)[0]
             return tree_unflatten(_fresh_all(g.out), g.out_spec)
 
+    def _restore_tensor_attrs(self, held: list[tuple[dict, Any, torch.Tensor]]) -> bool:
+        """Put back the tensor attributes the eager call left (`held`) where the captured call replaced one;
+        whether it had (or added another)."""
+        changed = False
+        for d, key, t in held:
+            if _held(d, key) is not t:
+                changed = True
+                if not isinstance(key, tuple):
+                    d[key] = t
+                elif isinstance(d.get(key[0]), list):
+                    d[key[0]][key[1]] = t
+        now = _tensor_attrs(list(self.module().modules()))
+        return changed or len(now) != len(held)
+
     def _refuse(self, key: tuple, why: str) -> None:
         self.refused.add(key)
         self.stats.refused[f"#{len(self.stats.refused) + 1}"] = why
@@ -342,6 +364,10 @@ class GraphRoute:
         if self._why_not(False) is not None:  # the state the guard holds, as it was before this call
             self._refuse(key, "the forward changes its module's parameters, buffers or attributes")
             return ref
+        # Tensors the call put into attributes for the first time (a cache built on first use) are guarded
+        # from now on; if the captured call puts others there again, the forward keeps what it computed.
+        held = _tensor_attrs(list(self.module().modules()))
+        self.tensor_attrs = [(d, name, t, _version_of(t), t.data_ptr()) for d, name, t in held]
         if any(_snapshot(c) != snap for c, snap in containers):
             self._refuse(key, "the forward changes a list or dict inside its arguments")
             return ref
@@ -378,7 +404,11 @@ class GraphRoute:
             replay()
             swritten = [tree_flatten(smaps[n][k]) for n, k in written]  # the capture's own output tensors
         except Exception as e:  # a host sync, a CPU tensor, an op capture does not allow
+            self._restore_tensor_attrs(held)
             self._refuse(key, f"not capturable: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            return ref
+        if self._restore_tensor_attrs(held):  # a replay would not assign them: readers would see stale ones
+            self._refuse(key, "the forward changes its module's parameters, buffers or attributes")
             return ref
         out_flat, out_spec = tree_flatten(sout)
         same = out_spec == ref_spec and all(_same(a, b) for a, b in zip(out_flat, ref_flat)) and all(
@@ -393,6 +423,27 @@ class GraphRoute:
         self.stats.captured += 1
         self.stats.eager_calls += 1
         return ref
+
+
+def _tensor_attrs(mods: list[torch.nn.Module]) -> list[tuple[dict, Any, torch.Tensor]]:
+    """(where, key, tensor) for each tensor the modules hold as a plain attribute, directly or in a list or
+    tuple of up to modules._SMALL items (key (name, index) then); parameters and buffers are not here."""
+    out: list[tuple[dict, Any, torch.Tensor]] = []
+    for m in mods:
+        for k, v in m.__dict__.items():
+            if isinstance(v, torch.Tensor):
+                out.append((m.__dict__, k, v))
+            elif isinstance(v, (list, tuple)) and len(v) <= modules._SMALL:
+                out += [(m.__dict__, (k, i), x) for i, x in enumerate(v) if isinstance(x, torch.Tensor)]
+    return out
+
+
+def _held(d: dict, key: Any) -> Any:
+    """What `_tensor_attrs` found at `key` in `d` now (None where it is gone)."""
+    if not isinstance(key, tuple):
+        return d.get(key)
+    seq = d.get(key[0])
+    return seq[key[1]] if isinstance(seq, (list, tuple)) and len(seq) > key[1] else None
 
 
 def _version_of(t: torch.Tensor) -> int:
