@@ -30,6 +30,13 @@ order, so each arm kept its predecessor, and its "compiled again" arm was the sa
 reuses its code for the same frame and backend): that A/A arm read 1.017x (1.012-1.019) on ResNet-50 under
 reduce-overhead (2026-12-03h). A second compile in one process loads the same generated source once (its Triton
 kernels keep their tuning), so how far two processes' compiles differ is measured by running this script again.
+
+--processes K runs the whole measurement in K fresh processes, one after another (DIR/process-1 ...; which
+arm compiles first alternates between them too), and pools each compiled pair over them
+(`engine.bench.stats.pooled_speedup`: the geometric mean and a t-interval whose error is the larger of the
+spread between processes and their own CIs). Within one process a CI tells two compiled models apart; only
+the spread between processes says whether the cast, and not the compile it happened to get, made the
+difference. Needs --cast (each process must measure the same cast).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import re
 import sys
@@ -50,8 +58,9 @@ sys.path.insert(0, str(ROOT))
 
 
 # Where the model runs: "cuda" for every measurement. A test sets "cpu" to drive this script's control flow (arms,
-# compile order, Dynamo record, report) without a GPU; what it times there is not a measurement of anything.
-DEVICE = "cuda"
+# compile order, Dynamo record, report) without a GPU; what it times there is not a measurement of anything. The
+# processes of --processes inherit it through KFORGE_COMPOSE_DEVICE.
+DEVICE = os.environ.get("KFORGE_COMPOSE_DEVICE", "cuda")
 
 
 def sync() -> None:
@@ -157,7 +166,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cast-inductor", action="append", default=[], metavar="KEY=VALUE",
                     help="an Inductor config entry while the cast's arm compiles (repeatable), "
                          "e.g. layout_optimization=false")
+    ap.add_argument("--processes", type=int, default=1,
+                    help="run everything in K fresh processes and pool each compiled pair over them (needs --cast)")
+    ap.add_argument("--cast-first", choices=("even", "odd"), default="even",
+                    help="which modes compile the cast's arm first: the even-numbered (default) or the odd")
     args = ap.parse_args(argv)
+    if args.processes < 1 or args.processes > 30:
+        print(f"error: --processes {args.processes}: use 1 to 30", file=sys.stderr)
+        return 2
+    if args.processes > 1:
+        if args.cast is None or not args.cast.is_file():
+            print("error: --processes needs --cast FILE (an existing cast): every process must measure the same one",
+                  file=sys.stderr)
+            return 2
+        return run_processes(args, list(sys.argv[1:] if argv is None else argv))
     try:
         both, cast_only = inductor_options(args.inductor, "--inductor"), inductor_options(args.cast_inductor,
                                                                                           "--cast-inductor")
@@ -305,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 # Which arm compiles first alternates by mode (what one compile leaves warm in the process
                 # favours the next), and the record says which it was.
-                cast_first = mode_index % 2 == 0
+                cast_first = mode_index % 2 == (0 if args.cast_first == "even" else 1)
                 r["compiled_first"] = "with cast" if cast_first else "alone"
                 for with_cast in ((True, False) if cast_first else (False, True)):
                     if with_cast:
@@ -434,6 +456,108 @@ def inductor_options(items: list[str], flag: str) -> dict[str, Any]:
                     pass
         out[key] = value
     return out
+
+
+def _without(argv: list[str], flag: str, takes_value: bool = True) -> list[str]:
+    """argv without `flag` (`--flag V` or `--flag=V`)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == flag:
+            skip = takes_value
+            continue
+        if a.startswith(flag + "="):
+            continue
+        out.append(a)
+    return out
+
+
+def run_processes(args: argparse.Namespace, argv: list[str]) -> int:
+    """--processes K: this script K times, each in a fresh process writing DIR/process-i (the cast's arm
+    compiled first in the even modes of odd-numbered processes, in the odd modes of the others), then each
+    compiled pair (and the eager pair) pooled over the processes into DIR/bench_compose.json and .md."""
+    import subprocess
+
+    from engine.bench.stats import SpeedupEstimate, pooled_speedup
+
+    base = _without(_without(_without(argv, "--processes"), "--out"), "--cast-first")
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for i in range(1, args.processes + 1):
+        out = args.out / f"process-{i}"
+        cmd = [sys.executable, str(Path(__file__).resolve()), *base, "--out", str(out),
+               "--cast-first", "even" if i % 2 else "odd"]
+        log(f"process {i} of {args.processes}: {' '.join(cmd[1:])}")
+        rc = subprocess.run(cmd, stdout=subprocess.DEVNULL, env={**os.environ, "KFORGE_COMPOSE_DEVICE": DEVICE}).returncode
+        doc = json.loads((out / "bench_compose.json").read_text()) if (out / "bench_compose.json").is_file() else {}
+        runs.append({"process": i, "rc": rc, "dir": out.name, "doc": doc})
+        if rc == 2:  # bad input: every process would say the same
+            return 2
+    pooled: dict[str, Any] = {}
+    arms = ["eager"] + [m for m in args.modes.split(",") if m]
+    first = next((r["doc"] for r in runs if r["doc"]), {})
+    # The record keeps the shape of one process's (the report and reproduce.py read it as they read any): the
+    # first complete process's details, and per compared pair the pooled speedup with the processes' geometric
+    # mean times (median ratios pool exactly so), each process's reading beside it.
+    merged = json.loads(json.dumps(first))
+    for arm in arms:
+        got = [(r["process"], (r["doc"].get("modes", {}).get(arm) if arm != "eager" else r["doc"].get("eager")) or {})
+               for r in runs]
+        ests = [(i, x) for i, x in got if "speedup" in x]
+        row: dict[str, Any] = {"per_process": [{"process": i, "speedup": x["speedup"], "speedup_ci": x["speedup_ci"],
+                                                "base_ms": x["base_ms"], "with_cast_ms": x["with_cast_ms"],
+                                                **({"compiled_first": x["compiled_first"]} if "compiled_first" in x
+                                                   else {})} for i, x in ests],
+                               "missing": [i for i, x in got if "speedup" not in x]}
+        if ests:
+            p = pooled_speedup([SpeedupEstimate(x["speedup"], *x["speedup_ci"]) for _, x in ests])
+            row.update({"speedup": p.speedup, "speedup_ci": [p.low, p.high], "processes": len(ests)})
+            target = merged.get("eager") if arm == "eager" else merged.get("modes", {}).get(arm)
+            if isinstance(target, dict):
+                geo = lambda key, ests=ests: math.exp(sum(math.log(x[key]) for _, x in ests) / len(ests))  # noqa: E731
+                target.update({"speedup": p.speedup, "speedup_ci": [p.low, p.high], "base_ms": geo("base_ms"),
+                               "with_cast_ms": geo("with_cast_ms"), "pooled_over": len(ests),
+                               "per_process": row["per_process"]})
+        pooled[arm] = row
+    doc = {**merged, "model": args.model, "gpu": first.get("gpu", "?"), "torch": first.get("torch", "?"),
+           "date": time.strftime("%Y-%m-%d %H:%M"), "cast": str(args.cast), "processes": args.processes,
+           "runs": [{k: v for k, v in r.items() if k != "doc"} for r in runs], "pooled": pooled}
+    (args.out / "bench_compose.json").write_text(json.dumps(doc, indent=1, default=str))
+    text = pooled_report(doc) + ("\n" + report(doc) if merged.get("modes") is not None else "")
+    (args.out / "bench_compose.md").write_text(text)
+    print(text)
+    return 0 if all(r["rc"] == 0 for r in runs) else 1
+
+
+def verdict(ci: list[float]) -> str:
+    return "faster with confidence" if ci[0] > 1 else "slower with confidence" if ci[1] < 1 else "not resolved"
+
+
+def pooled_report(doc: dict[str, Any]) -> str:
+    lines = [f"# bench_compose over {doc['processes']} processes: {doc['model']}", "",
+             f"{doc['gpu']}, torch {doc['torch']}, {doc['date']}; cast {doc['cast']}. Each process measured "
+             "everything afresh (its own compiles; `process-N/` holds its report). Pooled: the geometric mean of "
+             "the processes' speedups with a 95 % t-interval whose error is the larger of their spread and their "
+             "own CIs (engine.bench.stats.pooled_speedup).", "",
+             "| arm | per process: speedup (95 % CI) | pooled (95 % CI) | verdict |", "|---|---|---|---|"]
+    for arm, row in doc["pooled"].items():
+        per = "; ".join(f"{x['speedup']:.3f} ({x['speedup_ci'][0]:.3f}–{x['speedup_ci'][1]:.3f})"
+                        + (f", {x['compiled_first']} compiled first" if x.get("compiled_first") else "")
+                        for x in row["per_process"]) or "–"
+        name = "eager + cast vs eager" if arm == "eager" else f"torch.compile {arm} + cast vs alone"
+        if "speedup" in row:
+            lines.append(f"| {name} | {per} | **{row['speedup']:.3f}** ({row['speedup_ci'][0]:.3f}–"
+                         f"{row['speedup_ci'][1]:.3f}) | {verdict(row['speedup_ci'])} |")
+        else:
+            lines.append(f"| {name} | {per} | – | no process measured it |")
+        if row.get("missing"):
+            lines.append(f"| | missing in process(es) {', '.join(map(str, row['missing']))} | | |")
+    bad = [r for r in doc["runs"] if r["rc"] != 0]
+    if bad:
+        lines += ["", "Processes that failed: " + ", ".join(f"{r['process']} (exit {r['rc']})" for r in bad)]
+    return "\n".join(lines) + "\n"
 
 
 AGAIN = "alone, compiled a second time (A/A of compiles)"

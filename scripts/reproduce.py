@@ -398,7 +398,8 @@ def last_error(log_file: Path, offset: int) -> str:
 
 def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compile_mode: str = COMPILE_MODE, *,
                 ops: str | None = None, targets: str | None = None, deadline: float | None = None,
-                compile_ops: bool = False, full_depth: bool = False, graph_routes: bool = True) -> None:
+                compile_ops: bool = False, full_depth: bool = False, graph_routes: bool = True,
+                compose_processes: int = 1) -> None:
     """One model's sitting: run → export → bench_e2e → bench_compose (→ bench_compile_ops with compile_ops; →
     bench_e2e at the real depth with full_depth), each step skipped when its result is there, each outcome (ok,
     failed with its error, timed out, skipped, not run and why) kept in OUT/MODEL/record.json beside the sitting
@@ -517,8 +518,9 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compil
             with host_bench_turn(out):
                 do("compose", d / "compose" / "bench_compose.json",
                    [py, "scripts/bench_compose.py", "--out", str(d / "compose"), "--model", config_path(model),
-                    "--cast", str(cast), "--modes", ",".join(COMPOSE_MODES), "--max-s", str(COMPOSE_MAX_S)],
-                   STEP_LIMIT_S["compose"])
+                    "--cast", str(cast), "--modes", ",".join(COMPOSE_MODES), "--max-s", str(COMPOSE_MAX_S)]
+                   + (["--processes", str(compose_processes)] if compose_processes > 1 else []),
+                   STEP_LIMIT_S["compose"] * compose_processes)
         else:
             why = (f"the export did not finish ({_why(rec, 'export')})" if unfinished else
                    _export_error(logf) or f"no cast ({_why(rec, 'export')}; see steps.log)")
@@ -1082,6 +1084,9 @@ def main() -> int:
     ap.add_argument("--graph-routes", action=argparse.BooleanOptionalAction, default=True,
                     help="export with graph routes tried (replaying the model's repeated modules from CUDA graphs; "
                          "the export's default); --no-graph-routes exports without")
+    ap.add_argument("--compose-processes", type=int, default=1, metavar="K",
+                    help="bench_compose in K fresh processes, each compiled pair pooled over them (its --processes): "
+                         "a difference between compiles then counts only where it holds across processes")
     ap.add_argument("--report-only", action="store_true", help="assemble OUT/report.md from the per-model results")
     ap.add_argument("--allow-mixed-commits", action="store_true",
                     help="with --report-only: write the report of results from different code, flagged at its top")
@@ -1089,6 +1094,9 @@ def main() -> int:
     ap.add_argument("--gpus", help="GPU indices to share the models out over, one process each (e.g. 0,1)")
     args = ap.parse_args()
     models = [m for m in args.models.split(",") if m]
+    if not 1 <= args.compose_processes <= 10:
+        print(f"error: --compose-processes {args.compose_processes}: use 1 to 10", file=sys.stderr)
+        return 2
     bad = [m for m in models if m not in ALL_MODELS]
     if bad:
         print(f"error: --models: unknown {bad[0]!r}; use {', '.join(ALL_MODELS)}", file=sys.stderr)
@@ -1123,6 +1131,7 @@ def main() -> int:
             argv += ["--ops", args.ops] if args.ops else []
             argv += ["--full-depth"] if args.full_depth else []
             argv += ["--graph-routes" if args.graph_routes else "--no-graph-routes"]
+            argv += ["--compose-processes", str(args.compose_processes)]
             return argv + (["--compile-ops"] if args.compile_ops else [])
 
         codes = on_gpus(models, gpus, argv_for, args.out)
@@ -1136,7 +1145,8 @@ def main() -> int:
         for m in models:
             model_steps(m, args.out, args.workspaces, args.wall_time, args.compile_mode, ops=args.ops,
                         targets=args.targets, deadline=deadline, compile_ops=args.compile_ops,
-                        full_depth=args.full_depth, graph_routes=args.graph_routes)
+                        full_depth=args.full_depth, graph_routes=args.graph_routes,
+                        compose_processes=args.compose_processes)
     if args.extras:
         py = sys.executable
         step("target cards", args.out / "builtin" / "bench_builtin.md",

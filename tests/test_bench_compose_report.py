@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from conftest import load_script
 
 
@@ -210,3 +211,57 @@ def test_comparisons_take_more_rounds_until_their_ci_is_narrow_or_the_time_is_up
     calls["n"] = -10**9  # noisy for good: the time limit ends it after the first round
     r = bc.rotate(arms, 4, precision=0.02, max_s=0.0)["b"]
     assert r["iters"] == 4 and r["precise"] is False
+
+
+def test_processes_pool_each_compiled_pair_over_fresh_processes(tmp_path, monkeypatch):
+    """--processes K: the measurement again in K fresh processes (which arm compiles first alternates between
+    them), each compiled pair pooled over them. On the CPU (not a measurement) it guards the flow: the
+    processes run, write their own reports, and the pooled report says what each read and what they say
+    together."""
+    import json
+
+    from test_cast_modules import _write
+
+    bench = load_script("bench_compose")
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    cast = _write(tmp_path)
+    out = tmp_path / "out"
+    base = ["--out", str(out), "--model", "configs/examples/my_model.toml", "--small", "--modes", "default",
+            "--iters", "3"]
+    assert bench.main([*base, "--processes", "2"]) == 2  # no --cast: each process would build its own
+    assert bench.main([*base, "--cast", str(cast), "--processes", "2"]) == 0
+    doc = json.loads((out / "bench_compose.json").read_text())
+    assert [r["rc"] for r in doc["runs"]] == [0, 0] and doc["processes"] == 2
+    firsts = [json.loads((out / f"process-{i}" / "bench_compose.json").read_text())["modes"]["default"]["compiled_first"]
+              for i in (1, 2)]
+    assert firsts == ["with cast", "alone"]
+    row = doc["pooled"]["default"]
+    assert row["processes"] == 2 and len(row["per_process"]) == 2
+    assert row["speedup_ci"][0] <= row["speedup"] <= row["speedup_ci"][1]
+    per = [json.loads((out / f"process-{i}" / "bench_compose.json").read_text())["modes"]["default"] for i in (1, 2)]
+    merged = doc["modes"]["default"]  # the record keeps one process's shape, the pair pooled in it
+    assert merged["speedup"] == row["speedup"] and merged["pooled_over"] == 2
+    assert merged["base_ms"] == pytest.approx((per[0]["base_ms"] * per[1]["base_ms"]) ** 0.5)
+    assert merged["base_ms"] / merged["with_cast_ms"] == pytest.approx(row["speedup"])
+    md = (out / "bench_compose.md").read_text()
+    assert "# bench_compose over 2 processes" in md and "torch.compile default + cast vs alone" in md
+    assert "# bench_compose: configs/examples/my_model.toml" in md  # the merged record's own report after it
+    assert "a control-flow test, not a measurement" in (out / "process-1" / "bench_compose.md").read_text()
+
+
+def test_the_pooled_interval_carries_the_spread_between_processes():
+    from engine.bench.stats import SpeedupEstimate as S
+    from engine.bench.stats import pooled_speedup
+
+    bench = load_script("bench_compose")
+    # Whisper under reduce-overhead, 2026-12-04c: 0.963x in the sitting's process, 1.002x in the next
+    two = pooled_speedup([S(0.963, 0.959, 0.970), S(1.002, 0.996, 1.007)])
+    assert two.low < 1 < two.high and bench.verdict([two.low, two.high]) == "not resolved"
+    # a loss every process shows stays a loss
+    same = pooled_speedup([S(0.985, 0.979, 0.990), S(0.990, 0.980, 0.999), S(0.984, 0.978, 0.990)])
+    assert same.high < 1 and bench.verdict([same.low, same.high]) == "slower with confidence"
+    # and a gain stays a gain, no narrower than the processes' own CIs allow
+    gain = pooled_speedup([S(1.30, 1.29, 1.32), S(1.31, 1.30, 1.32), S(1.29, 1.28, 1.30)])
+    assert 1.27 < gain.low < 1.29 and gain.speedup == pytest.approx(1.30, abs=0.005)
+    assert pooled_speedup([S(1.1, 1.0, 1.2)]) == S(1.1, 1.0, 1.2)

@@ -730,6 +730,32 @@ def test_graph_routes_reach_the_export_with_time_for_their_check(tmp_path, monke
     assert limits[True] == limits[False] + rp.GRAPH_ROUTES_S
 
 
+def test_compose_processes_reach_bench_compose_with_time_for_each(tmp_path, monkeypatch):
+    rp = _reproduce_module()
+    out, calls = tmp_path / "out", []
+    d = out / "whisper_encoder"
+    d.mkdir(parents=True)
+    (d / "run.json").write_text('{"status": "done"}')
+
+    def step(name, done, argv, log_file, stdout=None, timeout=None):
+        calls.append((name, argv, timeout))
+        if name.endswith("export"):
+            (d / "whisper_encoder.cast").write_bytes(b"cast")
+        return 0
+
+    monkeypatch.setattr(rp, "step", step)
+    monkeypatch.setattr(rp, "sitting", lambda: dict(FAKE_SITTING))
+    limits = {}
+    for k in (1, 3):
+        calls.clear()
+        shutil.rmtree(d / "compose", ignore_errors=True)
+        rp.model_steps("whisper_encoder", out, tmp_path / "ws", 60, targets="eager", graph_routes=False,
+                       compose_processes=k)
+        _, argv, limits[k] = next(c for c in calls if c[0].endswith("compose"))
+        assert ("--processes" in argv) is (k > 1) and (k == 1 or argv[argv.index("--processes") + 1] == "3")
+    assert limits[3] == 3 * limits[1] == 3 * rp.STEP_LIMIT_S["compose"]
+
+
 def test_the_report_says_what_the_export_routed_from_cuda_graphs(tmp_path):
     (tmp_path / "resnet50").mkdir()
     shutil.copy(DEMO_DB, tmp_path / "resnet50" / "kforge.db")

@@ -184,6 +184,40 @@ def speedup_ci(eager_us: Sequence[float], cand_us: Sequence[float], *, paired: b
     return SpeedupEstimate(speedup=point, low=float(low), high=float(high))
 
 
+# Two-sided 95 % quantiles of Student's t by degrees of freedom (beyond 30: the normal's 1.96 is within 2 %).
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
+
+
+def pooled_speedup(estimates: Sequence[SpeedupEstimate]) -> SpeedupEstimate:
+    """One speedup from the estimates of K independent processes (each its own compile of both arms, its
+    own memory layout and clocks): their geometric mean, with a 95 % t-interval (K - 1 degrees of freedom)
+    over the K log speedups. Its standard error is the larger of the spread between the processes and their
+    own CIs' (a log-normal reading of each 95 % CI), so K processes that agree closely by chance still carry
+    their timing noise.
+
+    A single process's CI says how well that process's two compiled models were told apart; whether a cast
+    makes *compiled* code slower needs the spread between compiles too, which only other processes show
+    (two compiles in one process share Triton's tuning of the same generated source; on the H200 the same
+    arm moved ±5 % between processes, 2026-12-04b, and Whisper's reduce-overhead pair read 0.963x in one
+    process and 1.002x in the next, 2026-12-04c)."""
+    if not estimates:
+        raise ValueError("pooled_speedup needs at least one estimate")
+    if len(estimates) == 1:
+        return estimates[0]
+    for e in estimates:
+        if not 0 < e.low <= e.speedup <= e.high:
+            raise ValueError(f"not an estimate with its CI around it: {e}")
+    logs = np.log([e.speedup for e in estimates])
+    k = len(estimates)
+    within = np.array([(math.log(e.high) - math.log(e.low)) / (2 * 1.96) for e in estimates])
+    se = max(float(np.std(logs, ddof=1)) / math.sqrt(k), math.sqrt(float(np.mean(within ** 2)) / k))
+    t = _T975[k - 2] if k - 1 <= len(_T975) else 1.96
+    mid = float(np.mean(logs))
+    return SpeedupEstimate(speedup=math.exp(mid), low=math.exp(mid - t * se), high=math.exp(mid + t * se))
+
+
 def should_stop(samples_us: Sequence[float], *, target_rel_err: float = 0.01, min_samples: int = 10,
                 max_samples: int = 10_000, max_seconds: float = 30.0, elapsed_s: float = 0.0) -> bool:
     """True when enough repetitions were timed.
