@@ -587,7 +587,8 @@ def repeated_classes(model: torch.nn.Module, least: int = 2) -> list[str]:
 def route_candidates(model: torch.nn.Module) -> list[str]:
     """Classes to try routing, in order: the model's own class (its whole forward as one graph, where the host's
     cost of every op goes at once), then its repeated classes (repeated_classes), for a forward the whole
-    model's route cannot take (a cache object among its arguments, a host sync outside the layers)."""
+    model's route cannot take (a host sync or a capture-dependent path outside the layers). A forward with a
+    KV cache object (use_cache=True) declines at every level: the model passes it to each layer."""
     root = type(model).__name__
     return [root] + [c for c in repeated_classes(model) if c != root]
 
