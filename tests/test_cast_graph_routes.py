@@ -189,6 +189,35 @@ class Keeps(Block):
         return h
 
 
+MASK = torch.ones(8)
+
+
+class ReadsMask(Block):
+    def forward(self, x):
+        return self.lin(x) * MASK
+
+
+def test_a_module_level_tensor_a_forward_reads_is_guarded():
+    """A graph reads a global tensor at its capture-time address: reassigned, the route must decline."""
+    global MASK
+    model, gs, backend = _routed(ReadsMask().eval())
+    x = _x()
+    keep = MASK
+    try:
+        with torch.no_grad(), gs:
+            model(x)
+            model(x)
+            MASK = torch.full((8,), 2.0)
+            got = model(x)
+        gs.remove()
+        with torch.no_grad():
+            assert _equal(got, model(x))
+        st = next(iter(gs.stats().values()))
+        assert st["replays"] == 1 and st["declines"] == {"globals changed": 1}
+    finally:
+        MASK = keep
+
+
 def test_a_forward_that_keeps_a_tensor_as_an_attribute_is_refused():
     """A replay would not assign it: code reading `module.last` afterwards would see the capture's tensor."""
     model, gs, backend = _routed(Keeps().eval())

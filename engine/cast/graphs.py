@@ -21,7 +21,8 @@ The guard, per call (anything else runs the original forward, and a decline cost
 - every parameter and buffer in the module's tree the same object, with the same `_version` and data
   pointer as at capture (a graph reads them at fixed addresses), and so every tensor a module holds as a
   plain attribute (directly or in a small list or tuple: a rotary cache reassigned for a longer sequence),
-  and every submodule's plain attributes
+  and every module-level tensor the subtree's forwards read (by the names forward_reads finds), and every
+  submodule's plain attributes
   (eps, training, ...; small lists and dicts of plain values too, compared by value, so a change in place
   counts) and those of the objects they hold, one level down (a transformers config), and the plain
   module-level values the subtree's forwards read, and the functions they call, two calls deep
@@ -238,6 +239,9 @@ class GraphRoute:
         # tensors a module holds as plain attributes (a rotary cache some models reassign when a longer
         # sequence comes): a graph reads them at the address they had at capture
         self.tensor_attrs = [(d, name, t, _version_of(t), t.data_ptr()) for d, name, t in _tensor_attrs(mods)]
+        # and module-level tensors the subtree's forwards read (a global mask table), likewise
+        self.global_tensors = [(g, k, g[k], _version_of(g[k]), g[k].data_ptr())
+                               for cls in {type(m) for m in mods} for g, k in modules.forward_tensors(cls)]
         # the tree itself: each module's submodules by identity, and how many submodules, parameters and
         # buffers each holds (a module swapped or added after the capture is not in its graph)
         # the module-level values the subtree's forwards read (a flag a forward branches on), as at capture
@@ -265,6 +269,9 @@ class GraphRoute:
         for d, name, t, version, ptr in self.tensor_attrs:
             if _held(d, name) is not t or (version >= 0 and t._version != version) or t.data_ptr() != ptr:
                 return "tensor attributes changed"
+        for g, name, t, version, ptr in self.global_tensors:
+            if g.get(name) is not t or (version >= 0 and t._version != version) or t.data_ptr() != ptr:
+                return "globals changed"
         for d, n in self.counts:
             if len(d) != n:
                 return "modules changed"

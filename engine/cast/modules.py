@@ -170,6 +170,15 @@ def forward_reads(cls: type) -> list[tuple[dict, str]]:
     return [(g, k) for g, k in names if k in g and plain_value(g[k])]
 
 
+def forward_tensors(cls: type) -> list[tuple[dict, str]]:
+    """The module-level tensors the forward of `cls` reads now (a mask or table a module keeps as a global), by
+    the same names as forward_reads: a CUDA graph reads them at the address they had at its capture."""
+    names = _READS.get(cls)
+    if names is None:
+        names = _READS[cls] = forward_globals([cls], every=True)
+    return [(g, k) for g, k in names if isinstance(g.get(k), torch.Tensor)]
+
+
 @dataclass
 class ModuleVariant:
     """One proven signature of one module: how its forward's arguments and tensors feed the plan."""
