@@ -138,10 +138,11 @@ class Cached(Block):
         super().__init__()
         self.table = torch.randn(8)
         self.pair = [torch.randn(8), torch.randn(8)]
+        self.named = {"cos": torch.randn(8)}
 
     def forward(self, x, gate=None, *, bias: float = 0.0):
         h, extra = super().forward(x, gate, bias=bias)
-        return h + self.table + self.pair[1], extra
+        return h + self.table + self.pair[1] + self.named["cos"], extra
 
 
 @pytest.mark.parametrize("change, why", [
@@ -160,6 +161,7 @@ class Cached(Block):
     (lambda m: setattr(m, "table", torch.randn(8)), "tensor attributes changed"),   # reassigned
     (lambda m: m.table.add_(1.0), "tensor attributes changed"),                      # changed in place
     (lambda m: m.pair.__setitem__(1, torch.randn(8)), "tensor attributes changed"),  # one of a list's replaced
+    (lambda m: m.named.__setitem__("cos", torch.randn(8)), "tensor attributes changed"),  # a dict's replaced
 ])
 def test_after_a_change_the_guard_runs_the_original_forward(change, why):
     model, gs, backend = _routed(Cached().eval())

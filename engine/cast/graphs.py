@@ -334,7 +334,7 @@ class GraphRoute:
                 changed = True
                 if not isinstance(key, tuple):
                     d[key] = t
-                elif isinstance(d.get(key[0]), list):
+                elif isinstance(d.get(key[0]), (list, dict)):
                     d[key[0]][key[1]] = t
         now = _tensor_attrs(list(self.module().modules()))
         return changed or len(now) != len(held)
@@ -433,8 +433,9 @@ class GraphRoute:
 
 
 def _tensor_attrs(mods: list[torch.nn.Module]) -> list[tuple[dict, Any, torch.Tensor]]:
-    """(where, key, tensor) for each tensor the modules hold as a plain attribute, directly or in a list or
-    tuple of up to modules._SMALL items (key (name, index) then); parameters and buffers are not here."""
+    """(where, key, tensor) for each tensor the modules hold as a plain attribute, directly or in a list, tuple
+    or dict of up to modules._SMALL items (key (name, index or dict key) then); parameters and buffers are not
+    here."""
     out: list[tuple[dict, Any, torch.Tensor]] = []
     for m in mods:
         for k, v in m.__dict__.items():
@@ -442,6 +443,8 @@ def _tensor_attrs(mods: list[torch.nn.Module]) -> list[tuple[dict, Any, torch.Te
                 out.append((m.__dict__, k, v))
             elif isinstance(v, (list, tuple)) and len(v) <= modules._SMALL:
                 out += [(m.__dict__, (k, i), x) for i, x in enumerate(v) if isinstance(x, torch.Tensor)]
+            elif type(v) is dict and len(v) <= modules._SMALL:
+                out += [(m.__dict__, (k, i), x) for i, x in v.items() if isinstance(x, torch.Tensor)]
     return out
 
 
@@ -450,7 +453,9 @@ def _held(d: dict, key: Any) -> Any:
     if not isinstance(key, tuple):
         return d.get(key)
     seq = d.get(key[0])
-    return seq[key[1]] if isinstance(seq, (list, tuple)) and len(seq) > key[1] else None
+    if type(seq) is dict:
+        return seq.get(key[1])
+    return seq[key[1]] if isinstance(seq, (list, tuple)) and isinstance(key[1], int) and len(seq) > key[1] else None
 
 
 def _version_of(t: torch.Tensor) -> int:
