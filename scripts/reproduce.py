@@ -19,6 +19,11 @@ its capture and eager timing before any search, resumes with `kforge-tui run --r
 differ) unless --allow-mixed-commits, which flags them. The end-to-end and compose steps take turns through a
 lock in OUT: they time whole forwards, often host-bound, and two at once on one host would slow each other.
 
+One commit over several device sessions (the report refuses mixed code): tag the commit, extract it into an
+ignored folder (`git archive TAG | tar -x -C .pin`), carry `.pin` to the device and run the sittings there
+(`cd .pin && KFORGE_COMMIT=$(git rev-parse TAG) python3 scripts/reproduce.py ...`, the commit read where it is
+run, since the copy is no git work tree of its own); its records name that commit and its source digest.
+
 Runs and casts use the shrunk reference models (one layer of each kind, call counts scaled); their end-to-end
 numbers over-weight what runs once per forward (Gemma's LM head and logit soft-cap). --full-depth adds, after a
 model's steps, bench_e2e of the same cast on the model at its real depth (`NAME@full_depth=true`, for the
@@ -317,8 +322,14 @@ def source_digest() -> str:
 
 
 def git_commit() -> tuple[str | None, bool | None]:
-    """(HEAD's commit, whether the code differs from it), or the KFORGE_COMMIT variable and None without git."""
+    """(HEAD's commit, whether the code differs from it), or the KFORGE_COMMIT variable and None where this code
+    is not a git work tree of its own: no git (a device machine), or an extracted copy inside another
+    repository's tree (a pinned commit, `git archive TAG | tar -x -C .pin`), whose HEAD is not this code's."""
     try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=10)
+        if top.returncode != 0 or Path(top.stdout.strip()).resolve() != ROOT.resolve():
+            return os.environ.get("KFORGE_COMMIT") or None, None
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "engine", "kforge_tui", "scripts", "configs"],
                                cwd=ROOT, capture_output=True, text=True, timeout=10)

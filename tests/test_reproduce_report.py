@@ -767,3 +767,30 @@ def test_the_report_says_what_the_export_routed_from_cuda_graphs(tmp_path):
     assert ("Graph routes: bottleneck replayed" not in (tmp_path / "report.md").read_text())
     assert "Graph routes: Bottleneck replayed from CUDA graphs in eager, whole model 1.42× (1.38–1.47) with them " \
            "(16 module(s))" in (tmp_path / "report.md").read_text()
+
+
+def test_a_pinned_copy_inside_another_work_tree_names_its_commit_not_the_outer_head(tmp_path, monkeypatch):
+    """A one-commit report over several sessions runs its sittings from an extracted copy of one commit
+    (`git archive TAG | tar -x -C .pin`) inside the repository's tree: git there answers with the outer tree's
+    HEAD, which is not the code that ran. Only a work tree of its own names its HEAD; elsewhere KFORGE_COMMIT."""
+    import subprocess
+
+    rp = _reproduce_module()
+    repo = tmp_path / "repo"
+    (repo / "engine").mkdir(parents=True)
+    (repo / "engine" / "a.py").write_text("x = 1\n")
+    git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True, text=True)  # noqa: E731
+    git("init", "-q")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "--allow-empty", "-m", "x")
+    git("add", "-A")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "code")
+    head = git("rev-parse", "HEAD").stdout.strip()
+    monkeypatch.setattr(rp, "ROOT", repo)
+    monkeypatch.delenv("KFORGE_COMMIT", raising=False)
+    assert rp.git_commit() == (head, False)
+    pin = repo / ".pin"
+    (pin / "engine").mkdir(parents=True)
+    monkeypatch.setattr(rp, "ROOT", pin)
+    assert rp.git_commit() == (None, None)
+    monkeypatch.setenv("KFORGE_COMMIT", "abc123")
+    assert rp.git_commit() == ("abc123", None)
