@@ -22,8 +22,9 @@ lock in OUT: they time whole forwards, often host-bound, and two at once on one 
 One commit over several device sessions (the report refuses mixed code): tag the commit, extract its code into
 an ignored folder with its name (`mkdir .pin && git archive TAG engine kforge_tui scripts configs pyproject.toml
 | tar -x -C .pin && git rev-parse TAG > .pin/COMMIT`), carry `.pin` to the device and run the sittings there
-(`cd .pin && KFORGE_COMMIT=$(cat COMMIT) python3 scripts/reproduce.py ...`: the copy is no git work tree of its
-own, so the commit comes from the variable); its records name that commit and its source digest.
+(`cd .pin && PYTHONPATH=$PWD KFORGE_COMMIT=$(cat COMMIT) python3 scripts/reproduce.py ...`, with the
+wheelhouse's folder on PYTHONPATH too: the steps must import the copy's code, and the copy is no git work tree
+of its own, so the commit comes from the variable); its records name that commit and its source digest.
 
 Runs and casts use the shrunk reference models (one layer of each kind, call counts scaled); their end-to-end
 numbers over-weight what runs once per forward (Gemma's LM head and logit soft-cap). --full-depth adds, after a
