@@ -901,3 +901,108 @@ def test_a_new_cast_never_shares_the_serving_token_of_a_collected_one():
         del o
         gc.collect()
     assert len(set(tokens)) == 20 and runtime.serving() == frozenset()
+
+
+class StaticKV:
+    """A static KV cache as transformers' StaticLayer keeps one: preallocated, written in place, its length a
+    tensor too (`cumulative_length.add_`), so a graph replays every change it makes."""
+
+    def __init__(self, length: int = 16, dim: int = 8):
+        self.keys = torch.zeros(1, length, dim)
+        self.cumulative_length = torch.zeros((), dtype=torch.long)
+        self.max_len = length
+
+    def update(self, k):
+        pos = torch.arange(k.shape[1]) + self.cumulative_length
+        self.cumulative_length.add_(k.shape[1])
+        self.keys.index_copy_(1, pos, k)
+        return self.keys
+
+
+class Counting(StaticKV):
+    def update(self, k):
+        self.seen = getattr(self, "seen", 0) + 1  # Python state: a replay would not count
+        return super().update(k)
+
+
+class Attn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x, cache):
+        k = self.lin(x)
+        keys = cache.update(k)
+        filled = (torch.arange(cache.max_len) < cache.cumulative_length).float()
+        return (keys * filled[None, :, None]).sum(1, keepdim=True) + k
+
+
+def _decode(model, cache, xs):
+    with torch.no_grad():
+        return [model(x, cache) for x in xs]
+
+
+def test_with_states_a_static_cache_is_read_and_written_in_place_by_the_replays():
+    """Decode steps with a static KV cache (opt-in, `states=True`): the first step is captured, the next
+    replay, and outputs and cache equal eager's step by step."""
+    torch.manual_seed(0)
+    model = Attn().eval()
+    xs = [torch.randn(1, 1, 8) for _ in range(6)]
+    want_cache = StaticKV()
+    want = _decode(model, want_cache, xs)
+    gs = GraphSet(model, lambda path, m: isinstance(m, Attn), StandIn(), states=True)
+    cache = StaticKV()
+    with gs:
+        got = _decode(model, cache, xs)
+    st = next(iter(gs.stats().values()))
+    assert st["captured"] == 1 and st["replays"] == 5 and not st["refused"], st
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert torch.equal(cache.keys, want_cache.keys) and int(cache.cumulative_length) == 6
+
+
+def test_without_states_or_with_python_state_a_cache_is_not_replayed():
+    torch.manual_seed(0)
+    model = Attn().eval()
+    xs = [torch.randn(1, 1, 8) for _ in range(3)]
+    plain = GraphSet(model, lambda path, m: isinstance(m, Attn), StandIn())
+    with plain:
+        _decode(model, StaticKV(), xs)
+    assert next(iter(plain.stats().values()))["declines"] == {"a StaticKV argument": 3}
+    counting = GraphSet(model, lambda path, m: isinstance(m, Attn), StandIn(), states=True)
+    want_cache, cache = Counting(), Counting()
+    want = _decode(model, want_cache, xs)
+    with counting:
+        got = _decode(model, cache, xs)
+    st = next(iter(counting.stats().values()))
+    assert st["replays"] == 0 and "the forward changes a state object other than in place" in st["refused"].values()
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and cache.seen == 3
+    assert torch.equal(cache.keys, want_cache.keys)  # the capture's own runs left no trace in the cache
+
+
+def test_graphs_of_a_cache_that_is_gone_make_room_for_a_new_one():
+    """A real graph holds no reference to the cache it was captured with (the stand-in's replay runs the
+    forward again, so it does: the cache's death is set by hand here)."""
+    import gc
+    import weakref
+
+    class Gone:
+        pass
+
+    torch.manual_seed(0)
+    model = Attn().eval()
+    x = torch.randn(1, 1, 8)
+    gs = GraphSet(model, lambda path, m: isinstance(m, Attn), StandIn(), max_graphs=1, states=True)
+    with gs:
+        _decode(model, StaticKV(), [x, x])
+        dead = Gone()
+        ref = weakref.ref(dead)
+        del dead
+        gc.collect()
+        route = next(iter(gs.routes.values()))
+        _decode(model, StaticKV(), [x])  # the one graph's cache lives: no room
+        assert route.stats.declines == {"graphs per module used up": 1}
+        for g in route.graphs.values():
+            g.states = (ref,)  # as a real graph's cache, collected
+        _decode(model, StaticKV(), [x, x])
+    st = next(iter(gs.stats().values()))
+    assert st["captured"] == 2 and st["replays"] == 2, st

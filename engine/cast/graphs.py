@@ -88,6 +88,7 @@ def _plain(v: Any) -> bool:
 
 
 _VALUE_TYPES = frozenset({int, float, bool, str, type(None), torch.device, torch.dtype})
+_STATE_BYTES = 2 * 2**30  # state objects a capture copies (twice) to check its replay, at most
 
 
 class _Signature:
@@ -98,14 +99,19 @@ class _Signature:
     copies: a forward that branches on it (`x is y`) is refused for an aliased call, where the replay cannot
     equal the eager call, and a call that aliases otherwise is another signature."""
 
-    __slots__ = ("key", "tensors", "maps", "grad", "_storages")
+    __slots__ = ("key", "tensors", "maps", "grad", "_storages", "states", "state_keys", "state_tensors",
+                 "_allow_states")
 
-    def __init__(self, args: tuple, kwargs: dict, device_type: str):
+    def __init__(self, args: tuple, kwargs: dict, device_type: str, states: bool = False):
         key: list[Any] = []
         self.tensors: list[torch.Tensor] = []
         self.maps: list[Any] = []
         self.grad = False
         self._storages: dict[int, int] = {}  # storage address -> the first tensor on it (aliasing is keyed)
+        self.states: list[Any] = []           # state objects (with `states`): a static KV cache
+        self.state_keys: list[tuple] = []
+        self.state_tensors: list[torch.Tensor] = []
+        self._allow_states = states
         walk = self._walk
         for a in args:
             walk(a, key, device_type)
@@ -113,6 +119,10 @@ class _Signature:
             key.append(tuple(kwargs))
             for v in kwargs.values():
                 walk(v, key, device_type)
+        if self.state_tensors:
+            held = {t.untyped_storage().data_ptr() for t in self.state_tensors}
+            if any(p in held for p in self._storages):
+                raise TypeError("an argument sharing storage with a state object")
         self.key = tuple(key)
 
     def _walk(self, x: Any, key: list[Any], device_type: str) -> None:
@@ -139,24 +149,71 @@ class _Signature:
                 self._walk(y, key, device_type)
         elif isinstance(x, torch.Tensor):
             raise TypeError("a tensor subclass argument")
+        elif self._allow_states and _stateful(x):
+            # A state object (a static KV cache): the same object each call, its tensors read and written in
+            # place at their addresses by the graph; keyed by identity and by what it holds now.
+            self.states.append(x)
+            self.state_keys.append(state_key(x, device_type, self.state_tensors))
+            key.append((t, id(x), self.state_keys[-1]))
         else:
             raise TypeError(f"a {t.__name__} argument")
 
 
-def _rebuild(x: Any, tensors: Iterator[torch.Tensor], maps: list[Any]) -> Any:
+def _stateful(x: Any) -> bool:
+    return (isinstance(getattr(x, "__dict__", None), dict) and not isinstance(x, (torch.nn.Module, type))
+            and not callable(x))
+
+
+_STATE_DEPTH, _STATE_ITEMS = 4, 256
+
+
+def state_key(obj: Any, device_type: str, tensors: list[torch.Tensor] | None = None, depth: int = 0) -> tuple:
+    """What a state object holds, as a key: per tensor its address, dtype, shape, strides and device, per plain
+    value the value, through lists, tuples, dicts and the objects they hold (at most 4 levels and 256 items
+    each); `tensors` gets its tensors in that order. Anything else (a function, a module) is a TypeError."""
+    out = [] if tensors is None else tensors
+
+    def walk(x: Any, d: int) -> Any:
+        t = type(x)
+        if t is torch.Tensor or t is torch.nn.Parameter:
+            dev = x.get_device()
+            if (dev < 0) != (device_type == "cpu"):
+                raise TypeError("a tensor off the GPU in a state object")
+            out.append(x)
+            return ("T", x.data_ptr(), x.dtype, x.shape, x.stride(), dev)
+        if t in _VALUE_TYPES:
+            return x
+        if d >= _STATE_DEPTH:
+            raise TypeError("a state object nested too deep")
+        if t in (list, tuple):
+            if len(x) > _STATE_ITEMS:
+                raise TypeError("a state object with too many items")
+            return (t, tuple(walk(y, d + 1) for y in x))
+        if t is dict:
+            if len(x) > _STATE_ITEMS:
+                raise TypeError("a state object with too many items")
+            return (t, tuple((k, walk(v, d + 1)) for k, v in x.items()))
+        if _stateful(x):
+            return (t, tuple((k, walk(v, d + 1)) for k, v in sorted(vars(x).items())))
+        raise TypeError(f"a {t.__name__} inside a state object")
+
+    return walk(obj, depth)
+
+
+def _rebuild(x: Any, tensors: Iterator[torch.Tensor], maps: list[Any], states: frozenset = frozenset()) -> Any:
     """`x` (an argument) over other tensors, in the order _Signature walked them; its mappings are new
-    objects of the same types, appended to `maps` in walk order."""
+    objects of the same types, appended to `maps` in walk order; state objects (ids in `states`) as they are."""
     t = type(x)
     if t is torch.Tensor or t is torch.nn.Parameter:
         return next(tensors)
-    if t in _VALUE_TYPES:
+    if t in _VALUE_TYPES or id(x) in states:
         return x
     if t is tuple or t is list:
-        return t(_rebuild(y, tensors, maps) for y in x)
+        return t(_rebuild(y, tensors, maps, states) for y in x)
     m = t()  # a dict or UserDict (others never reach here): a type that needs arguments raises TypeError
     maps.append(m)
     for k, v in list(x.items()):
-        m[k] = _rebuild(v, tensors, maps)
+        m[k] = _rebuild(v, tensors, maps, states)
     return m
 
 
@@ -200,6 +257,7 @@ class _Graph:
     writes: list[tuple[int, Any, Any]] = field(default_factory=list)  # (mapping argument, key, its static mapping)
     single: bool = False              # the output is one tensor
     replays: int = 0
+    states: tuple = ()                # weak references to the state objects it reads and writes in place
 
 
 @dataclass
@@ -219,8 +277,10 @@ class GraphRoute:
     """The route of one module (engine.cast.modules.attach): the guard, then a replay of the graph for the
     call's signature."""
 
-    def __init__(self, module: torch.nn.Module, path: str, backend: Any, max_graphs: int = 4):
+    def __init__(self, module: torch.nn.Module, path: str, backend: Any, max_graphs: int = 4,
+                 states: bool = False):
         self.path = path
+        self.states = states  # state objects among the arguments (a static KV cache): see _capture
         self.module = weakref.ref(module)
         self.cls = type(module)
         self._forward = modules.class_forward(self.cls)
@@ -294,7 +354,7 @@ class GraphRoute:
             self.stats.decline("tracing or inactive")
             return self.original(*args, **kwargs)
         try:
-            sig = _Signature(args, kwargs, self.backend.device_type)
+            sig = _Signature(args, kwargs, self.backend.device_type, self.states)
         except TypeError as e:
             self.stats.decline(str(e))
             return self.original(*args, **kwargs)
@@ -309,6 +369,9 @@ class GraphRoute:
                 if key in self.refused:
                     self.stats.decline("signature refused")
                     return self.original(*args, **kwargs)
+                if len(self.graphs) >= self.max_graphs:  # first let go of graphs of state objects now gone
+                    for k in [k for k, g in self.graphs.items() if any(r() is None for r in g.states)]:
+                        del self.graphs[k]
                 if len(self.graphs) >= self.max_graphs:
                     self.stats.decline("graphs per module used up")
                     return self.original(*args, **kwargs)
@@ -355,13 +418,35 @@ class GraphRoute:
         smaps: list[Any] = []
         try:
             it = iter(static)
-            sargs = tuple(_rebuild(a, it, smaps) for a in args)
-            skw = {k: _rebuild(v, it, smaps) for k, v in kwargs.items()}
+            ids = frozenset(id(o) for o in sig.states)
+            sargs = tuple(_rebuild(a, it, smaps, ids) for a in args)
+            skw = {k: _rebuild(v, it, smaps, ids) for k, v in kwargs.items()}
             problem = None
         except TypeError as e:
             problem = f"a mapping argument that cannot be rebuilt: {e}"
         entries = [dict(m.items()) for m in smaps]
+        # State objects (a static KV cache): the eager call, the capture's own runs and the checking replay each
+        # write them in place. Their tensors as before the call are kept, put back before the checking replay,
+        # and after it they must hold what the eager call left, as the output must equal its output.
+        before_states = None
+        if sig.states:
+            size = sum(t.numel() * t.element_size() for t in sig.state_tensors)
+            if size > _STATE_BYTES:
+                ref = self.original(*args, **kwargs)
+                self._refuse(key, f"state objects of {size / 2**30:.1f} GiB, more than a capture may copy")
+                return ref
+            before_states = [t.clone() for t in sig.state_tensors]
         ref = self.original(*args, **kwargs)
+        after_states = None
+        if before_states is not None:
+            try:
+                now = [state_key(o, self.backend.device_type) for o in sig.states]
+            except TypeError as e:
+                now = [str(e)]
+            if now != sig.state_keys:  # a value, or which tensors it holds: a replay would not redo that
+                self._refuse(key, "the forward changes a state object other than in place")
+                return ref
+            after_states = [t.clone() for t in sig.state_tensors]
         if problem is not None:
             self._refuse(key, problem)
             return ref
@@ -386,7 +471,7 @@ class GraphRoute:
             written += [(n, k) for k, v in m.items() if k not in old or old[k] is not v]
         ref_flat, ref_spec = tree_flatten(ref)
         ref_written = [tree_flatten(sig.maps[n][k]) for n, k in written]
-        why = _outputs_problem(ref_flat + [x for w, _ in ref_written for x in w], inputs,
+        why = _outputs_problem(ref_flat + [x for w, _ in ref_written for x in w], inputs + sig.state_tensors,
                                [t for _, _, t, _, _ in self.tensors], self.backend.device_type)
         if why is not None:
             self._refuse(key, why)
@@ -406,13 +491,21 @@ class GraphRoute:
             # which casts are installed.
             with runtime.target_scope(key[-1]):
                 replay, sout = self.backend.capture(forward)
+            if before_states is not None:
+                torch._foreach_copy_(sig.state_tensors, before_states)
             for x, y in zip(static, inputs):
                 x.copy_(y)
             replay()
             swritten = [tree_flatten(smaps[n][k]) for n, k in written]  # the capture's own output tensors
         except Exception as e:  # a host sync, a CPU tensor, an op capture does not allow
             self._restore_tensor_attrs(held)
+            if after_states is not None:
+                torch._foreach_copy_(sig.state_tensors, after_states)
             self._refuse(key, f"not capturable: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            return ref
+        if after_states is not None and not all(_values_equal(t, a) for t, a in zip(sig.state_tensors, after_states)):
+            torch._foreach_copy_(sig.state_tensors, after_states)
+            self._refuse(key, "the replay leaves a state object otherwise than the eager call")
             return ref
         if self._restore_tensor_attrs(held):  # a replay would not assign them: readers would see stale ones
             self._refuse(key, "the forward changes its module's parameters, buffers or attributes")
@@ -422,11 +515,14 @@ class GraphRoute:
             s == r and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
             for (a, s), (b, r) in zip(swritten, ref_written))
         if not same:
+            if after_states is not None:
+                torch._foreach_copy_(sig.state_tensors, after_states)
             self._refuse(key, "the replay differs from the eager call")
             return ref
         writes = [(n, k, smaps[n]) for n, k in written]
         single = len(out_flat) == 1 and isinstance(out_flat[0], torch.Tensor) and out_spec.is_leaf()
-        self.graphs[key] = _Graph(replay, static, out_flat, out_spec, writes, single)
+        self.graphs[key] = _Graph(replay, static, out_flat, out_spec, writes, single,
+                                  states=tuple(weakref.ref(o) for o in sig.states))
         self.stats.captured += 1
         self.stats.eager_calls += 1
         return ref
@@ -609,7 +705,7 @@ class GraphSet:
     """Graph routes installed on a model's modules (the outermost of those `select` picks), sharing one pool."""
 
     def __init__(self, model: torch.nn.Module, select: Callable[[str, torch.nn.Module], bool],
-                 backend: Any = None, max_graphs: int = 4):
+                 backend: Any = None, max_graphs: int = 4, states: bool = False):
         self.backend = backend if backend is not None else CudaGraphs()
         self.routes: dict[str, GraphRoute] = {}
         self.skipped: dict[str, str] = {}
@@ -623,7 +719,7 @@ class GraphSet:
                 self.skipped[path] = "the instance has its own forward (a module card, or other code's)"
                 continue
             taken.append(path)
-            self.routes[path] = GraphRoute(m, path, self.backend, max_graphs)
+            self.routes[path] = GraphRoute(m, path, self.backend, max_graphs, states)
         self._model = weakref.ref(model)
 
     @property

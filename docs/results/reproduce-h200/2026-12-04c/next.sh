@@ -13,3 +13,8 @@ timeout 100 python3 scripts/gpu_tests.py --out /tmp/o/gt --timeout 60 tests/test
 timeout $((585 - SECONDS)) python3 scripts/reproduce.py --out /tmp/rep --models whisper_encoder --targets eager \
     --wall-time 100 --deadline $((560 - SECONDS)) --pack /tmp/o/rep 2>&1 | grep -v Warn | tail -6
 bash .devrun/pack.sh
+# 4. (appended) decode with a static cache through graph routes that take the cache as a state object (opt-in,
+#    CPU-tested only): Qwen3.5 4-layer, eager vs routed generate(), ms per token and the same tokens
+timeout 240 python3 scripts/bench_decode.py --out /tmp/o/decode --model configs/models/qwen35_a3b.toml \
+    --prompt 128 --tokens 32 --rounds 3 2>&1 | tail -8
+bash .devrun/pack.sh

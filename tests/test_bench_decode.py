@@ -1,0 +1,33 @@
+"""scripts/bench_decode.py on the CPU with the stand-in for torch.cuda.graph: the control flow (a class whose
+routes replay with a static cache, the same tokens, the report), not a measurement."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import load_script
+from test_cast_graph_routes import StandIn
+
+
+def test_decoding_with_a_static_cache_replays_the_decoder_layers_and_keeps_the_tokens(tmp_path, monkeypatch):
+    bench = load_script("bench_decode")
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "BACKEND", StandIn())
+    out = tmp_path / "out"
+    assert bench.main(["--out", str(out), "--model", "configs/models/qwen35_a3b.toml", "--small", "--prompt", "8",
+                       "--tokens", "4", "--rounds", "1"]) == 0
+    doc = json.loads((out / "bench_decode.json").read_text())
+    assert doc["routed_class"] == "Qwen3_5MoeDecoderLayer" and doc["same_tokens"] is True
+    r = doc["routes"]
+    assert r["modules"] == 4 and r["replaying"] == 4 and r["replays"] >= 4 * 2
+    md = (out / "bench_decode.md").read_text()
+    assert "tokens the same as eager's: True" in md and "control flow only" in md
+
+
+def test_bad_arguments_exit_2_with_one_line(tmp_path, capsys):
+    bench = load_script("bench_decode")
+    base = ["--out", str(tmp_path), "--model", "configs/models/qwen35_a3b.toml"]
+    assert bench.main([*base, "--tokens", "1"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --tokens must be at least 2, --prompt and --rounds at least 1"
+    assert bench.main([*base, "--modules", "(("]) == 2
+    assert capsys.readouterr().err.startswith("error: --modules '((': not a regular expression")
