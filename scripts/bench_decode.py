@@ -85,19 +85,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --modules {args.modules!r}: not a regular expression ({e}); e.g. 'DecoderLayer$'",
               file=sys.stderr)
         return 2
-    from engine.config import build_target, load_config
-    from engine.errors import UsageError
+    from engine.bench.cli import gpu_missing, model_config
+    from engine.config import build_target
 
-    try:
-        config = load_config(args.model, small=args.small)
-    except (UsageError, FileNotFoundError, ValueError) as e:
-        print(f"error: --model {args.model}: {e}", file=sys.stderr)
+    config, why = model_config(args.model, args.small)
+    why = why or gpu_missing("bench_decode", DEVICE)
+    if why:
+        print(why, file=sys.stderr)
         return 2
     import torch
 
-    if DEVICE == "cuda" and not torch.cuda.is_available():
-        print("error: bench_decode: no CUDA GPU is visible; run it on the GPU", file=sys.stderr)
-        return 2
     from engine.cast.graphs import GraphSet, repeated_classes
     from engine.export.graph_check import class_is
 

@@ -100,19 +100,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.cast is not None and not args.cast.is_file():
         print(f"error: --cast {args.cast}: no such file; pass a .cast written by `kforge-tui export`", file=sys.stderr)
         return 2
-    from engine.config import build_target, load_config
-    from engine.errors import UsageError
+    from engine.bench.cli import gpu_missing, model_config
+    from engine.config import build_target
 
-    try:
-        config = load_config(args.model, small=args.small)
-    except (UsageError, FileNotFoundError, ValueError) as e:
-        print(f"error: --model {args.model}: {e}", file=sys.stderr)
+    config, why = model_config(args.model, args.small)
+    why = why or gpu_missing("bench_graph_routes", DEVICE)
+    if why:
+        print(why, file=sys.stderr)
         return 2
     import torch
 
-    if DEVICE == "cuda" and not torch.cuda.is_available():
-        print("error: bench_graph_routes: no CUDA GPU is visible; run it on the GPU", file=sys.stderr)
-        return 2
     from engine.cast.graphs import GraphSet
     from engine.models.forwards import output_tensor
 
