@@ -977,6 +977,10 @@ def test_without_states_or_with_python_state_a_cache_is_not_replayed():
     assert st["replays"] == 0 and "the forward changes a state object other than in place" in st["refused"].values()
     assert all(torch.equal(a, b) for a, b in zip(got, want)) and cache.seen == 3
     assert torch.equal(cache.keys, want_cache.keys)  # the capture's own runs left no trace in the cache
+    with counting:  # its key changes at every call: after STATE_TRIES captures none is tried for it
+        _decode(model, cache, xs)
+    st = next(iter(counting.stats().values()))
+    assert st["declines"] == {"a state object that changes between calls": 3} and cache.seen == 6
 
 
 def test_graphs_of_a_cache_that_is_gone_make_room_for_a_new_one():
@@ -1006,3 +1010,53 @@ def test_graphs_of_a_cache_that_is_gone_make_room_for_a_new_one():
         _decode(model, StaticKV(), [x, x])
     st = next(iter(gs.stats().values()))
     assert st["captured"] == 2 and st["replays"] == 2, st
+
+
+class Source(nn.Module):
+    """Writes the cache and hands its keys on in a mapping, as Gemma 4's last non-shared layers do."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = Attn()
+
+    def forward(self, x, cache, shared):
+        y = self.attn(x, cache)
+        shared["kv"] = cache.keys
+        return y
+
+
+class Sharer(nn.Module):
+    """Reads the keys another layer handed on (Gemma 4's KV-shared layers), with the cache among its arguments."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x, cache, shared):
+        return self.lin(x) + shared["kv"].sum(1, keepdim=True) * cache.cumulative_length
+
+
+class Shares(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = Source(), Sharer()
+
+    def forward(self, x, cache):
+        shared: dict = {}
+        return self.b(self.a(x, cache, shared), cache, shared)
+
+
+def test_with_states_a_cache_tensor_handed_on_in_a_mapping_is_passed_by_reference():
+    torch.manual_seed(0)
+    model = Shares().eval()
+    xs = [torch.randn(1, 1, 8) for _ in range(5)]
+    want_cache = StaticKV()
+    want = _decode(model, want_cache, xs)
+    gs = GraphSet(model, lambda path, m: isinstance(m, (Source, Sharer)), StandIn(), states=True)
+    cache = StaticKV()
+    with gs:
+        got = _decode(model, cache, xs)
+    st = gs.stats()
+    assert all(s["captured"] == 1 and s["replays"] == 4 and not s["refused"] for s in st.values()), st
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert torch.equal(cache.keys, want_cache.keys)

@@ -89,6 +89,7 @@ def _plain(v: Any) -> bool:
 
 _VALUE_TYPES = frozenset({int, float, bool, str, type(None), torch.device, torch.dtype})
 _STATE_BYTES = 2 * 2**30  # state objects a capture copies (twice) to check its replay, at most
+STATE_TRIES = 3  # captures tried per state object and route
 
 
 class _Signature:
@@ -100,7 +101,7 @@ class _Signature:
     equal the eager call, and a call that aliases otherwise is another signature."""
 
     __slots__ = ("key", "tensors", "maps", "grad", "_storages", "states", "state_keys", "state_tensors",
-                 "_allow_states")
+                 "by_ref", "_allow_states")
 
     def __init__(self, args: tuple, kwargs: dict, device_type: str, states: bool = False):
         key: list[Any] = []
@@ -119,10 +120,13 @@ class _Signature:
             key.append(tuple(kwargs))
             for v in kwargs.values():
                 walk(v, key, device_type)
+        # Argument tensors on a state object's storage (a KV cache's tensors handed on in a mapping, as Gemma 4's
+        # KV-sharing layers get them) are read where they are, like the state: by reference, keyed by address.
+        self.by_ref: frozenset[int] = frozenset()
         if self.state_tensors:
             held = {t.untyped_storage().data_ptr() for t in self.state_tensors}
-            if any(p in held for p in self._storages):
-                raise TypeError("an argument sharing storage with a state object")
+            self.by_ref = frozenset(i for i, t in enumerate(self.tensors) if t.untyped_storage().data_ptr() in held)
+            key.append(tuple((i, self.tensors[i].data_ptr()) for i in sorted(self.by_ref)))
         self.key = tuple(key)
 
     def _walk(self, x: Any, key: list[Any], device_type: str) -> None:
@@ -258,6 +262,8 @@ class _Graph:
     single: bool = False              # the output is one tensor
     replays: int = 0
     states: tuple = ()                # weak references to the state objects it reads and writes in place
+    copied: tuple | None = None       # with state objects: the inputs copied in (the others are read in place)
+    kept: frozenset = frozenset()     # ids of state tensors a mapping write hands on as they are
 
 
 @dataclass
@@ -281,6 +287,9 @@ class GraphRoute:
                  states: bool = False):
         self.path = path
         self.states = states  # state objects among the arguments (a static KV cache): see _capture
+        # captures tried per state object: one whose plain values change at every call (a Python step counter,
+        # as transformers' static sliding-window layers keep) would otherwise be captured anew at every call
+        self._state_tries: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.module = weakref.ref(module)
         self.cls = type(module)
         self._forward = modules.class_forward(self.cls)
@@ -369,6 +378,9 @@ class GraphRoute:
                 if key in self.refused:
                     self.stats.decline("signature refused")
                     return self.original(*args, **kwargs)
+                if sig.states and not self._try_state(sig.states[0]):
+                    self.stats.decline("a state object that changes between calls")
+                    return self.original(*args, **kwargs)
                 if len(self.graphs) >= self.max_graphs:  # first let go of graphs of state objects now gone
                     for k in [k for k, g in self.graphs.items() if any(r() is None for r in g.states)]:
                         del self.graphs[k]
@@ -376,17 +388,30 @@ class GraphRoute:
                     self.stats.decline("graphs per module used up")
                     return self.original(*args, **kwargs)
                 return self._capture(key, sig, args, kwargs)
-            if sig.tensors:
+            if g.copied is not None:
+                if g.copied:
+                    torch._foreach_copy_([g.static[i] for i in g.copied], [sig.tensors[i] for i in g.copied])
+            elif sig.tensors:
                 torch._foreach_copy_(g.static, sig.tensors)
             g.replay()
             g.replays += 1
             self.stats.replays += 1
             for m, name, smap in g.writes:  # what the forward put into a mapping argument: the capture's tensors
                 written, spec = tree_flatten(smap[name])
-                sig.maps[m][name] = tree_unflatten(_fresh_all(written), spec)
+                sig.maps[m][name] = tree_unflatten(_fresh_all(written, g.kept), spec)
             if g.single:
                 return _fresh_all(g.out)[0]
             return tree_unflatten(_fresh_all(g.out), g.out_spec)
+
+    def _try_state(self, obj: Any) -> bool:
+        """Whether another capture may be tried for this state object (at most STATE_TRIES: a prefill, the first
+        decode step, one more shape)."""
+        try:
+            n = self._state_tries.get(obj, 0)
+            self._state_tries[obj] = n + 1
+        except TypeError:  # not weakly referable or not hashable: no count kept
+            return True
+        return n < STATE_TRIES
 
     def _restore_tensor_attrs(self, held: list[tuple[dict, Any, torch.Tensor]]) -> bool:
         """Put back the tensor attributes the eager call left (`held`) where the captured call replaced one;
@@ -414,7 +439,9 @@ class GraphRoute:
         before = [dict(m.items()) for m in sig.maps]
         containers = _containers((args, kwargs), skip={id(m) for m in sig.maps})
         # the static arguments, rebuilt before the call (which may put entries into a mapping argument)
-        static = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x) for x in inputs]
+        static = [x if i in sig.by_ref else torch.empty_strided(x.shape, x.stride(), dtype=x.dtype,
+                                                                  device=x.device).copy_(x)
+                  for i, x in enumerate(inputs)]
         smaps: list[Any] = []
         try:
             it = iter(static)
@@ -450,7 +477,7 @@ class GraphRoute:
         if problem is not None:
             self._refuse(key, problem)
             return ref
-        if any(_written(x, v) for x, v in zip(inputs, versions)):
+        if any(_written(x, v) for i, (x, v) in enumerate(zip(inputs, versions)) if i not in sig.by_ref):
             self._refuse(key, "the forward writes an argument")
             return ref
         if self._why_not(False) is not None:  # the state the guard holds, as it was before this call
@@ -471,16 +498,27 @@ class GraphRoute:
             written += [(n, k) for k, v in m.items() if k not in old or old[k] is not v]
         ref_flat, ref_spec = tree_flatten(ref)
         ref_written = [tree_flatten(sig.maps[n][k]) for n, k in written]
-        why = _outputs_problem(ref_flat + [x for w, _ in ref_written for x in w], inputs + sig.state_tensors,
+        # A mapping write that is one of the state's own tensors (a cache handing its keys on) is handed on as it
+        # is at each replay; anything else sharing the state's storage is a problem like any shared output.
+        kept = frozenset(id(t) for t in sig.state_tensors)
+        handed = [x for w, _ in ref_written for x in w if not (isinstance(x, torch.Tensor) and id(x) in kept)]
+        why = _outputs_problem(ref_flat + handed, [x for i, x in enumerate(inputs) if i not in sig.by_ref]
+                               + sig.state_tensors,
                                [t for _, _, t, _, _ in self.tensors], self.backend.device_type)
         if why is not None:
             self._refuse(key, why)
             return ref
 
+        warming = [before_states is not None]
+
         def forward() -> Any:
             for m, e in zip(smaps, entries):  # each call starts from the mappings' entries as passed
                 m.clear()
                 m.update(e)
+            if warming[0] and not self.backend.capturing():
+                # the capture's warm-up runs start from the state the eager call started from (a cache near its
+                # end would otherwise be written past it); the captured run itself is recorded, not run
+                torch._foreach_copy_(sig.state_tensors, before_states)
             return self.original(*sargs, **skw)
 
         try:
@@ -491,6 +529,7 @@ class GraphRoute:
             # which casts are installed.
             with runtime.target_scope(key[-1]):
                 replay, sout = self.backend.capture(forward)
+            warming[0] = False
             if before_states is not None:
                 torch._foreach_copy_(sig.state_tensors, before_states)
             for x, y in zip(static, inputs):
@@ -522,7 +561,9 @@ class GraphRoute:
         writes = [(n, k, smaps[n]) for n, k in written]
         single = len(out_flat) == 1 and isinstance(out_flat[0], torch.Tensor) and out_spec.is_leaf()
         self.graphs[key] = _Graph(replay, static, out_flat, out_spec, writes, single,
-                                  states=tuple(weakref.ref(o) for o in sig.states))
+                                  states=tuple(weakref.ref(o) for o in sig.states),
+                                  copied=tuple(i for i in range(len(static)) if i not in sig.by_ref)
+                                  if sig.states else None, kept=kept if sig.states else frozenset())
         self.stats.captured += 1
         self.stats.eager_calls += 1
         return ref
@@ -585,9 +626,10 @@ def _containers(tree: Any, skip: set[int], out: list | None = None) -> list[tupl
     return out
 
 
-def _fresh_all(xs: list[Any]) -> list[Any]:
-    """Copies of the tensors among `xs` (one foreach copy for all), the other items as they are."""
-    at = [i for i, x in enumerate(xs) if isinstance(x, torch.Tensor)]
+def _fresh_all(xs: list[Any], keep: frozenset = frozenset()) -> list[Any]:
+    """Copies of the tensors among `xs` (one foreach copy for all), the other items (and tensors whose id is in
+    `keep`: a state object's own) as they are."""
+    at = [i for i, x in enumerate(xs) if isinstance(x, torch.Tensor) and id(x) not in keep]
     if not at:
         return list(xs)
     new = [torch.empty_strided(xs[i].shape, xs[i].stride(), dtype=xs[i].dtype, device=xs[i].device) for i in at]
