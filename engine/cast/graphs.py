@@ -46,6 +46,15 @@ Entries the forward puts into a mapping argument (Gemma 4's layers put their key
 `KVSharingDict` for later layers) are outputs too: a replay puts fresh copies of the captured ones there.
 Replays of one route are serialized; every graph of a set shares one memory pool, which is safe because a
 graph's outputs are copied out before the next runs.
+
+Opt-in (`GraphSet(..., states=True)`; the export does not use it yet): an argument that is a plain object holding
+tensors and plain values (a transformers static KV cache) is a *state object*. It is keyed by identity, by each
+tensor's address and layout and by each plain value, and its tensors are read and written in place by the graph,
+not copied in. Argument tensors on its storage are passed by reference; a mapping write of one of its tensors is
+handed on as itself. A capture keeps its tensors as they were before the eager call and runs its warm-ups from
+there. It puts them back before the checking replay, after which output and state must both equal the eager
+call's. A forward that changes the object other than in place is refused, and one whose key changes at every call
+is tried STATE_TRIES times at most. Graphs of state objects that are gone make room for new ones.
 """
 
 from __future__ import annotations
