@@ -413,3 +413,12 @@ def sd35_vae(device: str = "cuda") -> tuple[torch.nn.Module, Callable[[], Any]]:
     latent = torch.randn(1, cfg.latent_channels, 128, 128, generator=torch.Generator().manual_seed(0)
                          ).to(device, torch.bfloat16)
     return vae, lambda: vae.decode(latent / cfg.scaling_factor + cfg.shift_factor, return_dict=False)[0]
+
+
+def config_or_error(model: str, small: bool = False) -> tuple[ModelConfig | None, str | None]:
+    """(the config at `model`, None), or (None, the one line a script prints before exiting 2) for a config that
+    does not load: the input named, and why."""
+    try:
+        return load_config(model, small=small), None
+    except (UsageError, FileNotFoundError, ValueError) as e:
+        return None, f"error: --model {model}: {e}"

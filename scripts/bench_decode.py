@@ -85,10 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --modules {args.modules!r}: not a regular expression ({e}); e.g. 'DecoderLayer$'",
               file=sys.stderr)
         return 2
-    from engine.bench.cli import gpu_missing, model_config
-    from engine.config import build_target
+    from engine.bench.cli import gpu_missing
+    from engine.config import build_target, config_or_error
 
-    config, why = model_config(args.model, args.small)
+    config, why = config_or_error(args.model, args.small)
     why = why or gpu_missing("bench_decode", DEVICE)
     if why:
         print(why, file=sys.stderr)

@@ -100,10 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.cast is not None and not args.cast.is_file():
         print(f"error: --cast {args.cast}: no such file; pass a .cast written by `kforge-tui export`", file=sys.stderr)
         return 2
-    from engine.bench.cli import gpu_missing, model_config
-    from engine.config import build_target
+    from engine.bench.cli import gpu_missing
+    from engine.config import build_target, config_or_error
 
-    config, why = model_config(args.model, args.small)
+    config, why = config_or_error(args.model, args.small)
     why = why or gpu_missing("bench_graph_routes", DEVICE)
     if why:
         print(why, file=sys.stderr)
