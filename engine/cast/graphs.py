@@ -536,9 +536,11 @@ class GraphRoute:
             # guards are evaluated once, here; this route's guard holds what they depend on at every replay
             # (the signature, the subtree's parameters and attributes, hooks, grad, autocast) and the key holds
             # which casts are installed.
-            with runtime.target_scope(key[-1]):
-                replay, sout = self.backend.capture(forward)
-            warming[0] = False
+            try:
+                with runtime.target_scope(key[-1]):
+                    replay, sout = self.backend.capture(forward)
+            finally:
+                warming[0] = False
             if before_states is not None:
                 torch._foreach_copy_(sig.state_tensors, before_states)
             for x, y in zip(static, inputs):

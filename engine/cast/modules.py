@@ -161,22 +161,24 @@ def forward_globals(classes: Any, depth: int = 2, every: bool = False) -> list[t
 _READS: weakref.WeakKeyDictionary[type, list[tuple[dict, str]]] = weakref.WeakKeyDictionary()
 
 
-def forward_reads(cls: type) -> list[tuple[dict, str]]:
-    """The plain module-level values the forward of `cls` reads now (forward_globals): the names its code reads
-    are found once per class, which of them hold plain values is asked at each install."""
+def _read_names(cls: type) -> list[tuple[dict, str]]:
+    """Every module-level name the forward of `cls` reads (forward_globals, every=True), found once per class."""
     names = _READS.get(cls)
     if names is None:
         names = _READS[cls] = forward_globals([cls], every=True)
-    return [(g, k) for g, k in names if k in g and plain_value(g[k])]
+    return names
+
+
+def forward_reads(cls: type) -> list[tuple[dict, str]]:
+    """The plain module-level values the forward of `cls` reads now (forward_globals): the names its code reads
+    are found once per class, which of them hold plain values is asked at each install."""
+    return [(g, k) for g, k in _read_names(cls) if k in g and plain_value(g[k])]
 
 
 def forward_tensors(cls: type) -> list[tuple[dict, str]]:
     """The module-level tensors the forward of `cls` reads now (a mask or table a module keeps as a global), by
     the same names as forward_reads: a CUDA graph reads them at the address they had at its capture."""
-    names = _READS.get(cls)
-    if names is None:
-        names = _READS[cls] = forward_globals([cls], every=True)
-    return [(g, k) for g, k in names if isinstance(g.get(k), torch.Tensor)]
+    return [(g, k) for g, k in _read_names(cls) if isinstance(g.get(k), torch.Tensor)]
 
 
 @dataclass
