@@ -1,18 +1,26 @@
-"""Greedy decoding with a static KV cache, eager against graph routes that take the cache as a state object
-(engine/cast/graphs.py, `states=True`, opt-in): per-token time of both, alternating whole generate() calls, and
-whether the tokens are the same.
+"""Greedy decoding with a static KV cache: eager, against graph routes that take the cache as a state object
+(engine/cast/graphs.py, `states=True`, opt-in), and on a GPU against what transformers does by default there:
+per-token time, alternating whole generate() calls, and whether the tokens are the same.
 
     python scripts/bench_decode.py --out OUT --model configs/models/qwen35_a3b.toml [--modules auto|REGEX]
-        [--prompt 128] [--tokens 64] [--rounds 5] [--small]
+        [--prompt 128] [--tokens 64] [--rounds 5] [--small] [--no-compiled]
 
-The model is the config's (random weights); the prompt is random token ids. Both arms call
-`model.generate(ids, max_new_tokens=N, do_sample=False, cache_implementation="static")`. The routed arm routes
-the model's repeated classes that hold submodules (`--modules auto`: the first of them that replays, the
-decoder layers on an LLM), with the cache a state object: keyed by identity and by the addresses of its tensors,
-which the graphs read and write in place; each capture is checked against its eager call, output and cache
-alike. Prefill runs eagerly (a lazily allocated cache changes on its first call). ms per token: the difference
-between generate() of N and of 1 new token, divided by N - 1, medians over the rounds. Writes
-OUT/bench_decode.json and .md. Not a measurement off the GPU (`DEVICE` "cpu" in tests: the control flow only).
+The model is the config's (random weights); the prompt is random token ids. Every arm calls
+`model.generate(ids, max_new_tokens=N, do_sample=False, cache_implementation="static")`:
+- eager and routed pass `disable_compile=True`. Without it, transformers compiles the decoding forward with
+  torch.compile whenever the cache is static and the model is on a GPU (`_valid_auto_compile_criteria`): Dynamo
+  then traces the layers, no route is called, and "eager" is not eager (the first run on the H200, 2026-12-04d,
+  found no class replaying for that reason);
+- compiled (on a GPU, unless --no-compiled) is that default: transformers' own compile of the decoding forward,
+  warmed up by one generate() before timing (its compile time is recorded). It is the reference a user of a
+  static cache already has.
+The routed arm routes the model's repeated classes that hold submodules (`--modules auto`: the first of them
+that replays, the decoder layers on an LLM), with the cache a state object: keyed by identity and by the
+addresses of its tensors, which the graphs read and write in place; each capture is checked against its eager
+call, output and cache alike. Prefill runs eagerly (a lazily allocated cache changes on its first call). Each
+class tried is recorded with why it did not replay. ms per token: the difference between generate() of N and of
+1 new token, divided by N - 1, medians over the rounds. Writes OUT/bench_decode.json and .md. Not a measurement
+off the GPU (`DEVICE` "cpu" in tests: the control flow only).
 """
 
 from __future__ import annotations
@@ -29,11 +37,21 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 DEVICE = "cuda"
+TRIAL_TOKENS = 4  # a class's trial: the prefill, a decode step run eagerly, one captured, one replayed
 BACKEND: Any = None  # a test's stand-in for torch.cuda.graph
 
 
 def log(msg: str) -> None:
     print(f"[bench_decode {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "not installed"
 
 
 def seconds(run: Any) -> float:
@@ -50,15 +68,28 @@ def seconds(run: Any) -> float:
 
 def report(doc: dict[str, Any]) -> str:
     lines = [f"# bench_decode: {doc['model']}", "",
-             f"{doc.get('gpu', '?')}, torch {doc.get('torch', '?')}, {doc.get('date', '')}; prompt {doc['prompt']} "
+             f"{doc.get('gpu', '?')}, torch {doc.get('torch', '?')}, transformers {doc.get('transformers', '?')}, "
+             f"{doc.get('date', '')}; prompt {doc['prompt']} "
              f"tokens, {doc['tokens']} new, static KV cache, greedy", ""]
+    trials = [f"- {name}: {t['replaying']} of {t['modules']} replaying; declines {t['declines'] or '–'}; "
+              f"refused {'; '.join(t['refused']) or '–'}; eager calls {t['eager_calls']}"
+              for name, t in doc.get("trials", {}).items() if not t["replaying"]]
+    if trials:
+        lines += ["Classes tried that did not replay:", "", *trials, ""]
     if "error" in doc:
         return "\n".join(lines + [f"error: {doc['error']}", ""])
-    lines += ["| arm | ms per token | generate() of all tokens, ms |", "|---|---:|---:|",
-              f"| eager | {doc['eager_ms_per_token']:.3f} | {doc['eager_ms']:.1f} |",
+    if "speedup" not in doc:  # saved before the timing ended (a run cut short keeps what it found)
+        return "\n".join(lines + ["Timing not finished.", ""])
+    lines += ["| arm | ms per token | generate() of all tokens, ms | tokens as eager's |", "|---|---:|---:|---|",
+              f"| eager | {doc['eager_ms_per_token']:.3f} | {doc['eager_ms']:.1f} | – |",
               f"| graph routes ({doc['routed_class'] or 'none'}) | {doc['routed_ms_per_token']:.3f} | "
-              f"{doc['routed_ms']:.1f} |", "",
-              f"Per token: **{doc['speedup']:.2f}×**; tokens the same as eager's: {doc['same_tokens']}.", "",
+              f"{doc['routed_ms']:.1f} | {doc['same_tokens']} |"]
+    if "compiled_ms" in doc:
+        lines += [f"| transformers' compiled decoding (its default here; compiled in {doc['compile_s']:.0f} s) | "
+                  f"{doc['compiled_ms_per_token']:.3f} | {doc['compiled_ms']:.1f} | {doc['compiled_same_tokens']} |"]
+    lines += ["", f"Per token, graph routes: **{doc['speedup']:.2f}×** over eager"
+              + (f", **{doc['speedup_vs_compiled']:.2f}×** over transformers' compiled decoding"
+                 if "compiled_ms" in doc else "") + ".", "",
               f"Routes: {doc['routes']['modules']} module(s), {doc['routes']['replaying']} replaying, "
               f"{doc['routes']['replays']} replays, {doc['routes']['eager_calls']} eager calls; declines "
               f"{doc['routes']['declines'] or '–'}; refused {doc['routes']['refused'] or '–'}.", ""]
@@ -75,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--small", action="store_true")
+    ap.add_argument("--no-compiled", action="store_true",
+                    help="leave out transformers' compiled decoding (its default with a static cache on a GPU)")
     args = ap.parse_args(argv)
     if args.tokens < 2 or args.prompt < 1 or args.rounds < 1:
         print("error: --tokens must be at least 2, --prompt and --rounds at least 1", file=sys.stderr)
@@ -101,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {"model": args.model, "prompt": args.prompt, "tokens": args.tokens,
                            "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else f"{DEVICE} (control flow only)",
-                           "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M")}
+                           "torch": torch.__version__, "transformers": _version("transformers"),
+                           "date": time.strftime("%Y-%m-%d %H:%M"), "trials": {}}
 
     def save() -> None:
         (args.out / "bench_decode.json").write_text(json.dumps(doc, indent=1, default=str))
@@ -116,9 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     vocab = int(getattr(getattr(model, "config", None), "vocab_size", 1000) or 1000)
     ids = torch.randint(0, min(vocab, 30000), (1, args.prompt), generator=torch.Generator().manual_seed(0)).to(DEVICE)
 
-    def generate(n: int) -> Any:
+    def generate(n: int, compiled: bool = False) -> Any:
         return model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                              cache_implementation="static")
+                              cache_implementation="static", disable_compile=not compiled)
+
+    compiled_arm = DEVICE == "cuda" and not args.no_compiled
 
     classes = ([n for n in repeated_classes(model) if pat.search(n)] if pat is not None else repeated_classes(model))
     with torch.no_grad():
@@ -127,11 +163,13 @@ def main(argv: list[str] | None = None) -> int:
         for name in classes:
             trial = GraphSet(model, class_is(name), BACKEND, states=True)
             with trial:
-                generate(3)
+                generate(TRIAL_TOKENS)
+            doc["trials"][name] = trial.summary()  # why a class does not replay is kept with the record
             if trial.summary()["replaying"]:
                 chosen, gs = name, trial
                 break
             log(f"{name}: no route replays ({trial.summary()['refused'] or trial.summary()['declines']})")
+            save()
         doc["routed_class"] = chosen
         if gs is None:
             doc["error"] = f"no class of {classes[:6]} replays with a static cache"
@@ -141,13 +179,20 @@ def main(argv: list[str] | None = None) -> int:
         with gs:
             got = generate(args.tokens)
         doc["same_tokens"] = bool(torch.equal(got, want))
-        times: dict[str, list[float]] = {"eager": [], "routed": [], "eager1": [], "routed1": []}
+        arms = ["eager", "routed"]
+        if compiled_arm:
+            log("transformers' compiled decoding: compiling (one generate() before timing)")
+            doc["compile_s"] = seconds(lambda: generate(args.tokens, compiled=True))
+            doc["compiled_same_tokens"] = bool(torch.equal(generate(args.tokens, compiled=True), want))
+            arms.append("compiled")
+        save()
+        times: dict[str, list[float]] = {k: [] for arm in arms for k in (arm, arm + "1")}
         for r in range(args.rounds):
-            for arm in (("eager", "routed") if r % 2 == 0 else ("routed", "eager")):
+            for arm in (arms if r % 2 == 0 else arms[::-1]):
                 if arm == "routed":
                     gs.install()
-                times[arm].append(seconds(lambda: generate(args.tokens)))
-                times[arm + "1"].append(seconds(lambda: generate(1)))
+                times[arm].append(seconds(lambda arm=arm: generate(args.tokens, compiled=arm == "compiled")))
+                times[arm + "1"].append(seconds(lambda arm=arm: generate(1, compiled=arm == "compiled")))
                 if arm == "routed":
                     gs.remove()
         gs.reset_counters()
@@ -155,10 +200,12 @@ def main(argv: list[str] | None = None) -> int:
             generate(args.tokens)
         doc["routes"] = gs.summary()
     med = statistics.median
-    for arm in ("eager", "routed"):
+    for arm in arms:
         doc[f"{arm}_ms"] = med(times[arm]) * 1e3
         doc[f"{arm}_ms_per_token"] = max(1e-6, med(times[arm]) - med(times[arm + "1"])) * 1e3 / (args.tokens - 1)
     doc["speedup"] = doc["eager_ms_per_token"] / doc["routed_ms_per_token"]
+    if compiled_arm:
+        doc["speedup_vs_compiled"] = doc["compiled_ms_per_token"] / doc["routed_ms_per_token"]
     save()
     print(report(doc))
     return 0
