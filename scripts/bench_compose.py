@@ -36,7 +36,8 @@ arm compiles first alternates between them too), and pools each compiled pair ov
 (`engine.bench.stats.pooled_speedup`: the geometric mean and a t-interval whose error is the larger of the
 spread between processes and their own CIs). Within one process a CI tells two compiled models apart; only
 the spread between processes says whether the cast, and not the compile it happened to get, made the
-difference. Needs --cast (each process must measure the same cast).
+difference. Needs --cast (each process must measure the same cast). The pool is written after each process,
+and --pool-only pools the DIR/process-N records already there (a run cut short by a time limit).
 """
 
 from __future__ import annotations
@@ -70,12 +71,15 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+WARM_CALLS = 1  # untimed calls of an arm, in its state, before each timed one (--warm-calls)
+
+
 def timed(run) -> float:
-    """µs of a call made right after an untimed call of it, in the arm's state (its steady state, as a model in
-    use runs; engine.bench.forward.time_steady says why): CUDA events on the GPU, the wall clock elsewhere."""
+    """µs of a call made right after WARM_CALLS untimed calls of it, in the arm's state (its steady state, as a
+    model in use runs; engine.bench.forward.time_steady says why): CUDA events on the GPU, the wall clock elsewhere."""
     from engine.bench.forward import time_steady
 
-    return time_steady(run, DEVICE)
+    return time_steady(run, DEVICE, WARM_CALLS)
 
 
 def log(msg: str) -> None:
@@ -168,9 +172,19 @@ def main(argv: list[str] | None = None) -> int:
                          "e.g. layout_optimization=false")
     ap.add_argument("--processes", type=int, default=1,
                     help="run everything in K fresh processes and pool each compiled pair over them (needs --cast)")
+    ap.add_argument("--pool-only", action="store_true",
+                    help="pool the --out DIR/process-N records already there (a --processes run cut short) and stop")
     ap.add_argument("--cast-first", choices=("even", "odd"), default="even",
                     help="which modes compile the cast's arm first: the even-numbered (default) or the odd")
+    ap.add_argument("--warm-calls", type=int, default=WARM_CALLS,
+                    help=f"untimed calls of an arm, in its state, before each timed one (default {WARM_CALLS})")
     args = ap.parse_args(argv)
+    if args.warm_calls < 1 or args.warm_calls > 20:
+        print(f"error: --warm-calls {args.warm_calls}: use 1 to 20", file=sys.stderr)
+        return 2
+    globals()["WARM_CALLS"] = args.warm_calls
+    if args.pool_only:
+        return pool_only(args)
     if args.processes < 1 or args.processes > 30:
         print(f"error: --processes {args.processes}: use 1 to 30", file=sys.stderr)
         return 2
@@ -212,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: bench_compose: no CUDA GPU is visible; run it on the GPU the cast is for", file=sys.stderr)
         return 2
     from engine.bench.forward import auto_iters
+    from engine.cast import compose
     from engine.cast.loader import load
     from engine.config import sd35_vae
     from engine.export.e2e import rel_l2_err
@@ -221,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     caches = Path(tempfile.mkdtemp(prefix="kforge-compose-"))
     gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else f"{DEVICE} (a control-flow test, not a measurement)"
     doc: dict[str, Any] = {"gpu": gpu, "torch": torch.__version__, "model": args.model,
-                           "date": time.strftime("%Y-%m-%d %H:%M"), "modes": {},
+                           "date": time.strftime("%Y-%m-%d %H:%M"), "modes": {}, "warm_calls": WARM_CALLS,
+                           **({"cast": str(args.cast)} if args.cast else {}),
                            **({"inductor": both} if both else {}), **({"cast_inductor": cast_only} if cast_only else {})}
 
     def save() -> None:
@@ -307,12 +323,12 @@ def main(argv: list[str] | None = None) -> int:
                 pass_s0 = pattern_set.seconds if pattern_set is not None else 0.0
 
                 def first_call(arm: str, with_cast: bool, mode=mode, kw=kw, step=step, r=r, replayed=replayed,
-                               key: str = "") -> tuple[Any, int]:
+                               key: str = "", own: bool = False) -> tuple[Any, int]:
                     """Compile the arm (fresh on-disk caches), time its first call into r[key] (default: the
                     arm's compile_s key); (callable, graphs compiled)."""
                     fresh_caches(caches, f"{mode}-{arm}")
                     g = graphs()
-                    opts = {**both, **(cast_only if with_cast else {})}
+                    opts = {**both, **(cast_only if with_cast and not own else {})}
                     with enabled() if with_cast else contextlib.nullcontext(), \
                             torch._inductor.config.patch(**opts):  # read while the first call compiles
                         fn = cast.compile(forward, **kw) if with_cast else torch.compile(forward, **kw)
@@ -328,10 +344,17 @@ def main(argv: list[str] | None = None) -> int:
                 # Which arm compiles first alternates by mode (what one compile leaves warm in the process
                 # favours the next), and the record says which it was.
                 cast_first = mode_index % 2 == (0 if args.cast_first == "even" else 1)
+                # Nothing of the cast may run under this mode (its export kept nothing for it): cast.compile is
+                # torch.compile itself, and Dynamo shares one compile between the two arms (compose.backend).
+                own = compose.nothing_under(cast, mode)
+                r["torch_compile_own"] = own
+                if own:
+                    log(f"{mode}: nothing of the cast runs under this mode: cast.compile is torch.compile's own code "
+                        f"(one compile for both arms{'; --cast-inductor not applied' if cast_only else ''})")
                 r["compiled_first"] = "with cast" if cast_first else "alone"
                 for with_cast in ((True, False) if cast_first else (False, True)):
                     if with_cast:
-                        fast, graphs_with_cast = first_call("cast", True)
+                        fast, graphs_with_cast = first_call("cast", True, own=own)
                     else:
                         base, graphs_alone = first_call("plain", False)
                 g2 = graphs()
@@ -377,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
                                "graphs_in_warm_up": g3 - g2, "graphs_while_timed": graphs() - g3,
                                "graph_breaks": {str(k): v - breaks0.get(k, 0) for k, v in counters["graph_break"].items()
                                                 if v - breaks0.get(k, 0)}}
-                r["compile_time_ratio"] = r["compile_s_with_cast"] / r["compile_s"]
+                # One compile served both arms where the cast has nothing for the mode: no ratio to take
+                r["compile_time_ratio"] = None if own else r["compile_s_with_cast"] / r["compile_s"]
                 if args.control:  # which part of "with the cast" costs what, each arm against torch.compile alone
                     @contextlib.contextmanager
                     def toggled():  # the cast installed and removed just before the call, as the cast's arm has it
@@ -480,8 +504,6 @@ def run_processes(args: argparse.Namespace, argv: list[str]) -> int:
     compiled pair (and the eager pair) pooled over the processes into DIR/bench_compose.json and .md."""
     import subprocess
 
-    from engine.bench.stats import SpeedupEstimate, pooled_speedup
-
     base = _without(_without(_without(argv, "--processes"), "--out"), "--cast-first")
     args.out.mkdir(parents=True, exist_ok=True)
     runs = []
@@ -495,9 +517,40 @@ def run_processes(args: argparse.Namespace, argv: list[str]) -> int:
         runs.append({"process": i, "rc": rc, "dir": out.name, "doc": doc})
         if rc == 2:  # bad input: every process would say the same
             return 2
+        pool(args, runs)  # after each process: a run cut short keeps the pool of those that finished
+    return 0 if all(r["rc"] == 0 for r in runs) else 1
+
+
+def pool_only(args: argparse.Namespace) -> int:
+    """--pool-only: pool the DIR/process-i records already there (a run whose last process was cut short)."""
+    runs = []
+    for d in sorted(args.out.glob("process-*"), key=lambda d: int(d.name.rpartition("-")[2] or 0)):
+        f = d / "bench_compose.json"
+        if d.name.rpartition("-")[2].isdigit():
+            runs.append({"process": int(d.name.rpartition("-")[2]), "rc": None, "dir": d.name,
+                         "doc": json.loads(f.read_text()) if f.is_file() else {}})
+    if not any(r["doc"] for r in runs):
+        print(f"error: --out {args.out}: no process-N/bench_compose.json to pool; run with --processes K first",
+              file=sys.stderr)
+        return 2
+    args.processes = len(runs)
+    seen: list[str] = []
+    for r in runs:
+        seen += [m for m in r["doc"].get("modes", {}) if m not in seen]
+    args.modes = ",".join(seen)  # the modes the records hold, whatever --modes says
+    pool(args, runs)
+    return 0
+
+
+def pool(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
+    """Each compiled pair (and the eager pair) pooled over the processes' records into DIR/bench_compose.json
+    and .md; a mode a process did not finish is listed as missing for it."""
+    from engine.bench.stats import SpeedupEstimate, pooled_speedup
+
     pooled: dict[str, Any] = {}
-    arms = ["eager"] + [m for m in args.modes.split(",") if m]
     first = next((r["doc"] for r in runs if r["doc"]), {})
+    modes = [m for m in args.modes.split(",") if m] if args.modes else list(first.get("modes", {}))
+    arms = ["eager"] + modes
     # The record keeps the shape of one process's (the report and reproduce.py read it as they read any): the
     # first complete process's details, and per compared pair the pooled speedup with the processes' geometric
     # mean times (median ratios pool exactly so), each process's reading beside it.
@@ -521,14 +574,16 @@ def run_processes(args: argparse.Namespace, argv: list[str]) -> int:
                                "with_cast_ms": geo("with_cast_ms"), "pooled_over": len(ests),
                                "per_process": row["per_process"]})
         pooled[arm] = row
-    doc = {**merged, "model": args.model, "gpu": first.get("gpu", "?"), "torch": first.get("torch", "?"),
-           "date": time.strftime("%Y-%m-%d %H:%M"), "cast": str(args.cast), "processes": args.processes,
+    doc = {**merged, "model": first.get("model", args.model), "gpu": first.get("gpu", "?"), "torch": first.get("torch", "?"),
+           "date": time.strftime("%Y-%m-%d %H:%M"), "cast": first.get("cast") or str(args.cast), "processes": args.processes,
            "runs": [{k: v for k, v in r.items() if k != "doc"} for r in runs], "pooled": pooled}
     (args.out / "bench_compose.json").write_text(json.dumps(doc, indent=1, default=str))
     text = pooled_report(doc) + ("\n" + report(doc) if merged.get("modes") is not None else "")
     (args.out / "bench_compose.md").write_text(text)
-    print(text)
-    return 0 if all(r["rc"] == 0 for r in runs) else 1
+    if len(runs) == args.processes:
+        print(text)
+
+
 
 
 def verdict(ci: list[float]) -> str:
@@ -554,7 +609,7 @@ def pooled_report(doc: dict[str, Any]) -> str:
             lines.append(f"| {name} | {per} | – | no process measured it |")
         if row.get("missing"):
             lines.append(f"| | missing in process(es) {', '.join(map(str, row['missing']))} | | |")
-    bad = [r for r in doc["runs"] if r["rc"] != 0]
+    bad = [r for r in doc["runs"] if r["rc"] not in (0, None)]  # None: pooled from records (--pool-only)
     if bad:
         lines += ["", "Processes that failed: " + ", ".join(f"{r['process']} (exit {r['rc']})" for r in bad)]
     return "\n".join(lines) + "\n"
@@ -601,7 +656,8 @@ def report(doc: dict[str, Any]) -> str:
         lines.append(f"| torch.compile {mode} | {f(r['base_ms'])} | {f(r['with_cast_ms'])} | {r['speedup']:.3f} "
                      f"({r['speedup_ci'][0]:.3f}–{r['speedup_ci'][1]:.3f}) | {r['rel_l2_err']:.2e} "
                      f"(alone {r['rel_l2_err_plain']:.2e}) | {r['hits_per_forward']} | "
-                     f"{r['compile_s']:.1f} → {r['compile_s_with_cast']:.1f} ({r['compile_time_ratio']:.2f}×) |")
+                     + ("one compile, torch.compile's own (nothing of the cast for this mode) |" if r.get("torch_compile_own")
+                        else f"{r['compile_s']:.1f} → {r['compile_s_with_cast']:.1f} ({r['compile_time_ratio']:.2f}×) |"))
     if "inductor_start_s" in doc:
         lines.append(f"\nInductor's start in this process (a small function and the model compiled before either "
                      f"arm and thrown away, so that neither pays it): {doc['inductor_start_s']:.1f} s")

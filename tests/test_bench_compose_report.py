@@ -72,8 +72,10 @@ def test_the_report_reads_a_second_compile_as_the_compiles_own_spread():
 
 
 def test_the_scripts_control_flow_on_a_cpu(tmp_path, monkeypatch):
-    """bench_compose end to end on the CPU, with a cast none of whose variants can run here: both arms compile
-    (the cast's first), each once, nothing recompiles while timed, and the record and report say so. Not a
+    """bench_compose end to end on the CPU, with a cast none of whose variants can run here: cast.compile is then
+    torch.compile's own code, so the cast's arm (compiled first) compiles once and the arm alone shares that
+    compile (Dynamo's code for the same function and settings), nothing recompiles while timed, and the record
+    and report say so. Not a
     measurement (DEVICE "cpu" times with the wall clock); it guards the script's flow, which otherwise runs only
     on a GPU."""
     import json
@@ -103,14 +105,15 @@ def test_the_scripts_control_flow_on_a_cpu(tmp_path, monkeypatch):
     r = doc["modes"]["default"]
     assert "error" not in r, r.get("traceback")
     assert r["compiled_first"] == "with cast" and r["hits_per_forward"] == 0 and r["pattern_pass_s"] == 0.0
-    assert r["dynamo"]["graphs_with_cast"] >= 1 and r["dynamo"]["graphs_alone"] >= 1
+    assert r["torch_compile_own"] is True and r["compile_time_ratio"] is None
+    assert r["dynamo"]["graphs_with_cast"] >= 1 and r["dynamo"]["graphs_alone"] == 0  # one compile, shared
     assert r["dynamo"]["graphs_while_timed"] == 0, r["dynamo"]
     assert r["iters"] == 3 and r["compile_s"] > 0 and r["compile_s_with_cast"] > 0
     # Inductor's start is paid before either arm: a small function, then the model itself, thrown away (the
     # first compile of the model in a process was charged to whichever arm compiled first)
     warm_fn, warm_model, first_arm = compiled[:3]
     assert not warm_fn[1] and not warm_model[1] and warm_fn[0] != warm_model[0]
-    assert first_arm == (warm_model[0], True)  # then the model through the cast's backend (default mode: cast first)
+    assert first_arm == (warm_model[0], False)  # then the model through cast.compile: torch.compile's own backend
     # Under reduce-overhead a replay runs no Python: the record says over which calls hits were counted
     ro = doc["modes"]["reduce-overhead"]
     assert "error" not in ro, ro.get("traceback")
@@ -124,6 +127,7 @@ def test_the_scripts_control_flow_on_a_cpu(tmp_path, monkeypatch):
     assert r["graphs_again"] >= 1 and ro["graphs_again"] >= 1  # a second compile, not the first one's code again
     md = (out / "bench_compose.md").read_text()
     assert "a control-flow test, not a measurement" in md and "default: compiled with cast first" in md
+    assert "one compile, torch.compile's own (nothing of the cast for this mode)" in md
     assert "default: control arms, each against torch.compile alone, in balanced orders: alone, timed again (A/A)" in md
     assert "reduce-overhead: hits per forward counted over the warm-up and the recording" in md
 
@@ -248,6 +252,17 @@ def test_processes_pool_each_compiled_pair_over_fresh_processes(tmp_path, monkey
     assert "# bench_compose over 2 processes" in md and "torch.compile default + cast vs alone" in md
     assert "# bench_compose: configs/examples/my_model.toml" in md  # the merged record's own report after it
     assert "a control-flow test, not a measurement" in (out / "process-1" / "bench_compose.md").read_text()
+    assert doc["cast"] == str(cast)
+    assert json.loads((out / "process-1" / "bench_compose.json").read_text())["cast"] == str(cast)  # each process names what it measured
+    # --pool-only: a run cut short (its second process's record lost) is pooled from what is there, naming the
+    # cast and model the records hold; no records at all is a one-line error
+    (out / "process-2" / "bench_compose.json").unlink()
+    assert bench.main(["--out", str(out), "--pool-only"]) == 0
+    cut = json.loads((out / "bench_compose.json").read_text())
+    assert cut["pooled"]["default"]["processes"] == 1 and cut["pooled"]["default"]["missing"] == [2]
+    assert cut["cast"] == str(cast) and cut["model"] == "configs/examples/my_model.toml"
+    assert "Processes that failed" not in (out / "bench_compose.md").read_text()
+    assert bench.main(["--out", str(tmp_path / "empty"), "--pool-only"]) == 2
 
 
 def test_the_pooled_interval_carries_the_spread_between_processes():

@@ -129,6 +129,39 @@ def test_a_mode_nothing_was_kept_for_decomposes_as_inductor_would(cast):
     assert _hits(cast)["eager-only"] == 0
 
 
+def test_a_cast_with_nothing_for_a_mode_compiles_as_torch_compile_itself(cast_file):
+    """An eager-only cast under torch.compile: cast.compile is torch.compile, one compile shared with a plain
+    torch.compile of the same function (Dynamo's code, not a second draw of Inductor), and its kernels never
+    run in it. A mode that has variants still gets the cast's backend."""
+    from torch._dynamo.utils import counters
+
+    eager_only = engine.cast.load(cast_file, env=ENV, plans={v: _pytorch for v in SIDES}, only={"eager-only"})
+    torch._dynamo.reset()
+    try:
+        assert compose.nothing_under(eager_only, None) and compose.nothing_under(eager_only, "reduce-overhead")
+        assert eager_only.active_by_target()["eager"] == ["eager-only"]  # it is there for eager
+        assert type(compose.backend(eager_only)) is torch._TorchCompileInductorWrapper
+        x, w, b = _args(4)[:3]
+        with eager_only.enabled(), torch.no_grad():
+            g0 = counters["stats"]["unique_graphs"]
+            out = eager_only.compile(f)(x, w, b)
+            g1 = counters["stats"]["unique_graphs"]
+            torch.compile(f)(x, w, b)
+            assert counters["stats"]["unique_graphs"] == g1 > g0  # the plain compile found the same code
+        with runtime.suspended():
+            torch.testing.assert_close(out, f(x, w, b), rtol=0, atol=1e-5)
+        assert _hits(eager_only)["eager-only"] == 0
+    finally:
+        eager_only.remove()
+        torch._dynamo.reset()
+    both = engine.cast.load(cast_file, env=ENV, plans={v: _pytorch for v in SIDES}, only={"eager-only", "compile-only"})
+    try:
+        assert not compose.nothing_under(both, None) and compose.nothing_under(both, "reduce-overhead")
+        assert isinstance(compose.backend(both), compose.CastBackend)
+    finally:
+        both.remove()
+
+
 def test_while_a_cuda_graph_is_captured_the_target_is_cuda_graphs(monkeypatch):
     assert runtime.current_target() == "eager"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

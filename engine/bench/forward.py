@@ -23,8 +23,8 @@ def time_forward(run: Callable[[], Any]) -> float:
     return s.elapsed_time(e) * 1e3
 
 
-def time_steady(run: Callable[[], Any], device: str = "cuda") -> float:
-    """Device µs of a call of `run` made right after an untimed call of it (time_forward of the second; off
+def time_steady(run: Callable[[], Any], device: str = "cuda", warm: int = 1) -> float:
+    """Device µs of a call of `run` made right after `warm` untimed calls of it (time_forward of the last; off
     the GPU, `device` other than "cuda", the wall clock: a script's control flow on the CPU, no measurement).
 
     Whatever ran on the host just before a timed forward weighs on it: on the H200 (ResNet-50 under
@@ -33,7 +33,8 @@ def time_steady(run: Callable[[], Any], device: str = "cuda") -> float:
     than one right after another forward, and a forward after those and one untimed call read as fast as
     any (1.003x). An arm that installs a cast around its calls paid that every time. A model in use runs its
     forwards back to back: that steady state is what both arms of a comparison are timed in."""
-    run()
+    for _ in range(max(1, warm)):
+        run()
     if device != "cuda":
         import time
 

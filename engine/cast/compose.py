@@ -805,16 +805,43 @@ def cast_digest(cast: object) -> str:
     return str(digest)
 
 
+def nothing_under(cast: object, mode: str | None) -> bool:
+    """Whether no variant of the cast may run under this compile mode's target (its export kept none for it:
+    an eager cast on a model whose ops Inductor fuses better, ResNet-50's batch norms). Asked of the variants'
+    recorded targets, not of the installed routes, so it holds before the cast is installed. A cast that
+    cannot say (no `active_by_target`) is taken to have something."""
+    by_target = getattr(cast, "active_by_target", None)
+    if by_target is None:
+        return False
+    return not by_target().get(runtime.compile_target(mode))
+
+
 def backend(cast: object, *, mode: str | None = None, options: dict[str, Any] | None = None,
-            dynamic: bool | None = None, patterns: Any = None) -> CastBackend:
+            dynamic: bool | None = None, patterns: Any = None) -> Any:
     """The backend to pass as `torch.compile(model, backend=...)` (mode and options go here, not there).
-    `patterns`: the cast's pattern cards, `[(chain signature, plan), ...]` (engine/cast/patterns.py)."""
+    `patterns`: the cast's pattern cards, `[(chain signature, plan), ...]` (engine/cast/patterns.py).
+
+    Where nothing of the cast may run under the mode (`nothing_under`), Inductor's own backend, as
+    `torch.compile(mode=…, options=…)` makes it: the compiled model is torch.compile's, code and all (Dynamo
+    shares it with a torch.compile of the same function and settings), so it cannot be slower for the cast.
+    On the H200 a CastBackend compiling for an eager-only ResNet-50 cast ran no kernel of ours and still read
+    0.969-0.982 of torch.compile alone in four processes, as far as a second compile of torch.compile alone
+    read in one (0.976-0.983, and 1.041 in another): a separate compile is a draw of its own
+    (docs/results/reproduce-h200/2026-12-04d/)."""
+    if nothing_under(cast, mode):
+        return torch._TorchCompileInductorWrapper(mode, options, dynamic)
     return CastBackend(cast, mode, options, dynamic, patterns)
 
 
 def compile(cast: object, model: Any = None, *, mode: str | None = None, options: dict[str, Any] | None = None,
             dynamic: bool | None = None, fullgraph: bool = False, patterns: Any = None, **kwargs: Any) -> Any:
-    """`torch.compile(model, mode=…, options=…, …)` whose graphs call the cast's ops (see the module doc)."""
+    """`torch.compile(model, mode=…, options=…, …)` whose graphs call the cast's ops (see the module doc);
+    exactly that where nothing of the cast may run under the mode (`backend`)."""
+    if nothing_under(cast, mode):
+        if model is None:
+            return functools.partial(torch.compile, mode=mode, options=options, dynamic=dynamic, fullgraph=fullgraph,
+                                     **kwargs)
+        return torch.compile(model, mode=mode, options=options, dynamic=dynamic, fullgraph=fullgraph, **kwargs)
     b = backend(cast, mode=mode, options=options, dynamic=dynamic, patterns=patterns)
     if model is None:
         return functools.partial(torch.compile, backend=b, dynamic=dynamic, fullgraph=fullgraph, **kwargs)
