@@ -140,7 +140,8 @@ def test_a_cast_with_nothing_for_a_mode_compiles_as_torch_compile_itself(cast_fi
     try:
         assert compose.nothing_under(eager_only, None) and compose.nothing_under(eager_only, "reduce-overhead")
         assert eager_only.active_by_target()["eager"] == ["eager-only"]  # it is there for eager
-        assert type(compose.backend(eager_only)) is torch._TorchCompileInductorWrapper
+        own = compose.backend(eager_only)  # Inductor's own backend, equal to the one torch.compile makes
+        assert isinstance(own, compose.InductorBackend) and own == torch._TorchCompileInductorWrapper(None, None, None)
         x, w, b = _args(4)[:3]
         with eager_only.enabled(), torch.no_grad():
             g0 = counters["stats"]["unique_graphs"]
@@ -236,3 +237,59 @@ def test_a_cast_exported_before_targets_runs_only_where_its_one_check_measured_i
     assert st["targets"]["cuda-graphs"] == []
     assert {v["id"]: v["targets"] for v in st["variants"]} == {"legacy": ["eager"]}
     assert "1 without recorded targets (held to the cast's one whole-model check: eager)" in c.summary()
+
+
+def test_torch_compile_may_hand_the_cast_backend_its_own_mode_but_no_other(cast_file):
+    """torch.compile(model, backend=b, mode=…) passes the mode on to a backend object, as transformers'
+    generate() does with CompileConfig(backend=b) (mode "reduce-overhead" unless set): the backend's own mode
+    compiles, another is a one-line error naming the fix; the same for the backend that is Inductor's own."""
+    x, w, b = _args(6)[:3]
+    for only in ({"compile-only"}, {"eager-only"}):  # the cast's backend; Inductor's own (nothing for compile)
+        c = engine.cast.load(cast_file, env=ENV, plans={v: _pytorch for v in SIDES}, only=only)
+        torch._dynamo.reset()
+        try:
+            with c.enabled(), torch.no_grad():
+                b_ro = c.backend(mode="max-autotune-no-cudagraphs")
+                out = torch.compile(f, backend=b_ro, mode="max-autotune-no-cudagraphs")(x, w, b)
+                with runtime.suspended():
+                    torch.testing.assert_close(out, f(x, w, b), rtol=0, atol=1e-5)
+                torch._dynamo.reset()
+                with pytest.raises(Exception, match=r"made for mode 'default' was asked for mode 'reduce-overhead' "
+                                                    r"by torch.compile: make it with cast.backend\(mode='reduce-overhead'\)"):
+                    torch.compile(f, backend=c.backend(), mode="reduce-overhead")(x, w, b)
+        finally:
+            c.remove()
+            torch._dynamo.reset()
+
+
+def test_transformers_generate_compiles_decoding_through_the_cast_backend(cast_file):
+    """transformers' generate() with a static cache compiles its decoding step itself (on a GPU by default;
+    `_compile_all_devices` here on the CPU) with CompileConfig's backend and mode ("reduce-overhead"). The cast's
+    backend made for that mode goes there as it is, whether it is the cast's (a variant runs under every target)
+    or Inductor's own (nothing of the cast for the mode), and the tokens are those of uncompiled decoding."""
+    from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    lm = LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 64, (1, 5))
+    with torch.no_grad():
+        want = lm.generate(ids, max_new_tokens=4, do_sample=False, cache_implementation="static", disable_compile=True)
+    for only, kind in (({"legacy"}, compose.CastBackend), ({"eager-only"}, compose.InductorBackend)):
+        c = engine.cast.load(cast_file, env=ENV, plans={v: _pytorch for v in SIDES}, only=only)
+        torch._dynamo.reset()
+        try:
+            b = c.backend(mode="reduce-overhead")
+            assert isinstance(b, kind)
+            cc = CompileConfig(backend=b)
+            cc._compile_all_devices = True  # transformers compiles only on accelerators unless told
+            with c.enabled(), torch.no_grad():
+                got = lm.generate(ids, max_new_tokens=4, do_sample=False, cache_implementation="static",
+                                  compile_config=cc)
+            assert torch.equal(got, want)
+            if kind is compose.CastBackend:
+                assert b.vetoed  # the decoding step went through the cast's backend
+        finally:
+            c.remove()
+            torch._dynamo.reset()

@@ -703,6 +703,7 @@ class CastBackend:
 
     def __init__(self, cast: object, mode: str | None = None, options: dict[str, Any] | None = None,
                  dynamic: bool | None = None, patterns: Any = None):
+        self.mode, self.options = mode, dict(options or {})  # as given: what torch.compile(mode=…) is checked against
         options = dict(options or {})
         self._user_pass = options.pop("post_grad_custom_post_pass", None)
         self.cast = cast
@@ -727,7 +728,8 @@ class CastBackend:
         """Pattern cards that cannot be matched in a post-grad graph: card id → why."""
         return dict(self.patterns.problems) if self.patterns is not None else {}
 
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any], **given: Any) -> Any:
+        _check_given(self.mode, self.options, given)
         # Inference only: a graph traced with grad enabled keeps Inductor's own code (and its backward).
         apply = not torch.is_grad_enabled()
         seen: list[int | None] = []
@@ -769,8 +771,47 @@ class CastBackend:
     def get_compiler_config(self) -> dict[str, Any]:
         return self.inner.get_compiler_config()
 
+    def __deepcopy__(self, memo: dict) -> CastBackend:
+        # A handle on the cast, not data: transformers' CompileConfig.to_dict() deep-copies its backend before
+        # generate() compiles with it, and a copy would hold a copy of the cast (or fail on its lock).
+        return self
+
+    def __copy__(self) -> CastBackend:
+        return self
+
     def reset(self) -> None:
         self.inner.reset()
+
+
+def _check_given(mode: str | None, options: dict[str, Any], given: dict[str, Any]) -> None:
+    """torch.compile(model, backend=b, mode=…, options=…) hands a backend object its mode and options as keyword
+    arguments (torch._TorchCompileWrapper), and so does transformers' generate() with
+    `CompileConfig(backend=b)`, whose mode is "reduce-overhead" unless set. The cast's backend is made for one
+    mode (the target its variants are held to): the same mode again is fine, another one is an error naming the
+    fix, as are options other than the backend's own."""
+    unknown = set(given) - {"mode", "options"}
+    if unknown:
+        raise TypeError(f"kforge cast backend: unexpected argument(s) {', '.join(sorted(unknown))} from torch.compile")
+    if "mode" in given and runtime.compile_target(given["mode"]) != runtime.compile_target(mode):
+        raise ValueError(f"kforge cast backend made for mode {mode or 'default'!r} was asked for mode "
+                         f"{given['mode']!r} by torch.compile: make it with cast.backend(mode={given['mode']!r}), "
+                         "or leave mode out of torch.compile")
+    if given.get("options") and dict(given["options"]) != options:
+        raise ValueError("kforge cast backend: torch.compile passed options other than the backend's own; pass "
+                         "them to cast.backend(options=…) instead")
+
+
+class InductorBackend(torch._TorchCompileInductorWrapper):
+    """Inductor's own backend, as `torch.compile(mode=…, options=…)` makes it (equal to that one, so Dynamo
+    shares its code), that also takes the mode and options torch.compile hands a backend object."""
+
+    def __call__(self, model_: Any, inputs_: Any, **given: Any) -> Any:
+        _check_given(self._kforge_mode, self._kforge_options, given)
+        return super().__call__(model_, inputs_)
+
+    def __init__(self, mode: str | None, options: dict[str, Any] | None, dynamic: bool | None):
+        super().__init__(mode, options, dynamic)
+        self._kforge_mode, self._kforge_options = mode, dict(options or {})
 
 
 def _holds(layouts: Layouts) -> bool:
@@ -829,7 +870,7 @@ def backend(cast: object, *, mode: str | None = None, options: dict[str, Any] | 
     read in one (0.976-0.983, and 1.041 in another): a separate compile is a draw of its own
     (docs/results/reproduce-h200/2026-12-04d/)."""
     if nothing_under(cast, mode):
-        return torch._TorchCompileInductorWrapper(mode, options, dynamic)
+        return InductorBackend(mode, options, dynamic)
     return CastBackend(cast, mode, options, dynamic, patterns)
 
 
