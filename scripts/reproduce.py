@@ -851,7 +851,10 @@ def per_model_section(out: Path, models: list[str], covered: dict[str, float]) -
             x = a["row"]["speedup"]
             # Enough digits that a CI wholly below 1 does not print as "1.000": 0.9996× (0.9993–0.9998).
             fmt = ".3f" if hi < 1 and round(hi, 3) < 1 or hi >= 1 and round(lo, 3) <= 1 else ".4f"
-            idle = ("; none of the cast's variants serves this target, so both arms run PyTorch's kernels"
+            idle = ("; the cast has nothing for this mode, so cast.compile is torch.compile itself: both arms ran "
+                    "one compiled function, and what differs is the cast being installed and the timing"
+                    if a["row"].get("torch_compile_own") else
+                    "; none of the cast's variants serves this target, so both arms run PyTorch's kernels"
                     if _targets_note(export, a["target"]).startswith("none of") else "")
             if hi < 1:
                 lose.append(f"- {model}, {a['arm']}: slower with the cast, {x:{fmt}}× "

@@ -262,6 +262,23 @@ def _fake_model(out: Path, model: str, *, digest: str = "fake" * 16, whole: bool
                                                "sittings": [dict(FAKE_SITTING, source_digest=digest)]}))
 
 
+def test_a_compiled_pair_the_cast_had_nothing_for_says_so_where_we_lose(tmp_path):
+    """An eager-only cast under torch.compile: cast.compile was torch.compile itself (bench_compose's
+    torch_compile_own), so a reading below 1 is not the cast's kernels, and the report says what it is."""
+    _fake_model(tmp_path, "vit_b16")
+    d = tmp_path / "vit_b16"
+    doc = json.loads((d / "compose" / "bench_compose.json").read_text())
+    doc["modes"]["default"] = _ci(5.0, 5.05, 0.985, 0.995, rel_l2_err=1e-3, rel_l2_err_plain=1e-3,
+                                  hits_per_forward=0, torch_compile_own=True, compile_time_ratio=None)
+    (d / "compose" / "bench_compose.json").write_text(json.dumps(doc))
+    p = _report(tmp_path, "--report-only", "--models", "vit_b16")
+    assert p.returncode == 0, p.stderr
+    lose = (tmp_path / "report.md").read_text().split("### Where we lose", 1)[1].split("###", 1)[0]
+    assert ("- vit_b16, torch.compile (default mode): slower with the cast, 0.990× (95 % CI 0.985–0.995); the cast has "
+            "nothing for this mode, so cast.compile is torch.compile itself: both arms ran one compiled function, and "
+            "what differs is the cast being installed and the timing") in lose
+
+
 def test_the_report_shows_every_arm_of_every_sitting_and_says_why_a_number_is_missing(tmp_path):
     _fake_model(tmp_path, "vit_b16")
     _fake_model(tmp_path, "convnext_tiny", whole=False)
