@@ -87,6 +87,12 @@ def test_audit_shows_what_each_variant_was_proven_for():
     assert "whole model, eager: 1.100× (95% CI 1.050–1.150)" in text
     assert "whole model, compile: refused (slower)" in text
     assert "proven for: eager" in text
+    # no variant for any compile mode: the audit says what cast.compile is then
+    assert ("under torch.compile (default, max-autotune-no-cudagraphs, reduce-overhead): no variant proven, so "
+            "cast.compile(model) is torch.compile(model) itself there") in text
+    doc["variants"][0]["targets"] = ["eager", "compile"]
+    assert "under torch.compile (max-autotune-no-cudagraphs, reduce-overhead): no variant proven" in \
+        audit_text(doc, "x.cast")
 
 
 CHECKS = {"eager": {"mode": "eager", "speedup": 1.08, "speedup_ci": [1.05, 1.12], "eager_ms": 4.0,

@@ -215,6 +215,18 @@ def audit_document(manifest: dict[str, Any], problems: dict[str, str]) -> dict[s
             "variants": out}
 
 
+def compile_modes_without_variants(variants: list[dict[str, Any]]) -> list[str]:
+    """The torch.compile modes (default, reduce-overhead, ...) no variant with recorded targets was proven for
+    (engine.cast.compose.nothing_under says the same of a loaded cast). Empty where some variant has no
+    recorded targets: that one runs wherever its cast's one whole-model check ran."""
+    from engine.cast.format import TARGET_NAMES
+
+    if any(v.get("targets") is None for v in variants):
+        return []
+    held = {t for v in variants for t in v["targets"]}
+    return [t.partition(":")[2] or "default" for t in TARGET_NAMES if t.startswith("compile") and t not in held]
+
+
 def audit_text(doc: dict[str, Any], path: str) -> str:
     """The audit as a plain table for a terminal."""
     env = doc["env"]
@@ -226,6 +238,9 @@ def audit_text(doc: dict[str, Any], path: str) -> str:
         lines.append(f"  {g}")
     if doc["variants"] and all(v.get("targets") is None for v in doc["variants"]):
         lines.append(f"  {legacy_targets_text(doc)}")
+    elif (idle := compile_modes_without_variants(doc["variants"])):
+        lines.append(f"  under torch.compile ({', '.join(idle)}): no variant proven, so cast.compile(model) is "
+                     "torch.compile(model) itself there, one compile and nothing of the cast in it")
     for v in doc["variants"]:
         sp = _ci({"speedup": v["speedup"], "speedup_ci": v["speedup_ci"]})
         cv = v.get("chain_view")
