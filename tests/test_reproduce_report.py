@@ -277,6 +277,7 @@ def test_a_compiled_pair_the_cast_had_nothing_for_says_so_where_we_lose(tmp_path
     assert ("- vit_b16, torch.compile (default mode): slower with the cast, 0.990× (95 % CI 0.985–0.995); the cast has "
             "nothing for this mode, so cast.compile is torch.compile itself: both arms ran one compiled function, and "
             "what differs is the cast being installed and the timing") in lose
+    assert "one process (see" not in lose and "measured in one process" not in (tmp_path / "report.md").read_text()
 
 
 def test_the_report_shows_every_arm_of_every_sitting_and_says_why_a_number_is_missing(tmp_path):
@@ -306,6 +307,11 @@ def test_the_report_shows_every_arm_of_every_sitting_and_says_why_a_number_is_mi
     assert ("- vit_b16, CUDA graphs (eager graphs vs cast graphs): slower with the cast, 0.952× (95 % CI 0.940–0.960); "
             "none of the cast's variants serves this target, so both arms run PyTorch's kernels") in lose
     assert "- vit_b16, torch.compile (default mode): no gain shown" in lose
+    # a compiled pair from one process says so: its CI holds that process's two compiles only
+    assert ("- vit_b16, torch.compile (default mode): no gain shown, 1.020× (95 % CI 0.990–1.050 holds 1); "
+            "one process (see the model's section)") in lose
+    assert ("torch.compile (default mode): measured in one process, so the CI holds that process's two compiles "
+            "only") in vit
     assert "- vit_b16: torch.compile alone (5.00 ms) is faster than eager + cast (8.10 ms" in lose
     # A model cut short: each missing number says why, none is made up.
     conv = text.split("### convnext_tiny", 1)[1].split("###", 1)[0]
