@@ -45,3 +45,25 @@ def test_a_class_that_does_not_replay_is_reported_with_why():
     assert ("- DecoderLayer: 0 of 4 replaying; declines {'a tensor attribute changed': 8}; refused a host sync "
             "during capture; eager calls 12") in md
     assert "transformers 5.0" in md and md.rstrip().endswith("replays with a static cache")
+
+
+def test_a_cast_arm_with_transformers_default_cache(tmp_path, monkeypatch):
+    """--cache dynamic --cast FILE: eager generate() with the cast installed against eager, with the cache
+    generate() uses by default (no routes: a growing cache declines them; no compiled arm: transformers
+    compiles only a static cache's decoding). Off the GPU the cast is not installed, and the report says so."""
+    from test_cast_modules import _write
+
+    bench = load_script("bench_decode")
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    out = tmp_path / "out"
+    cast = _write(tmp_path)
+    assert bench.main(["--out", str(out), "--model", "configs/examples/gemma4_e2b_decode.toml", "--small",
+                       "--prompt", "8", "--tokens", "3", "--rounds", "1", "--cache", "dynamic",
+                       "--cast", str(cast)]) == 0
+    doc = json.loads((out / "bench_decode.json").read_text())
+    assert doc["arms"] == ["eager", "cast"] and doc["cache"] == "dynamic" and doc["cast_same_tokens"] is True
+    assert doc["cast_installed"] is False and "routed_class" not in doc
+    md = (out / "bench_decode.md").read_text()
+    assert "dynamic KV cache" in md and "| eager + cast (NOT installed; 0 hits per generate()) |" in md
+    assert bench.main(["--out", str(out), "--model", "configs/examples/gemma4_e2b_decode.toml",
+                       "--cast", str(tmp_path / "none.cast")]) == 2

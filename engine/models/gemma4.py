@@ -80,7 +80,7 @@ def text_config(full_depth: bool = False, attn_implementation: str = "sdpa"):
 
 def build(*, device: torch.device, dtype: torch.dtype, seq_len: int = 2048, batch: int = 1,
           attn_implementation: str = "sdpa", use_cache: bool = False, logits_to_keep: int = 0,
-          seed: int = 0, full_depth: bool = False) -> CaptureTarget:
+          seed: int = 0, full_depth: bool = False, decode: bool = False) -> CaptureTarget:
     """Gemma 4 E2B text model, 4 of 35 layers (one per kind; all 35 with `full_depth`), one prefill of
     `batch` x `seq_len` tokens."""
     from transformers import Gemma4ForCausalLM
@@ -110,6 +110,12 @@ def build(*, device: torch.device, dtype: torch.dtype, seq_len: int = 2048, batc
         with torch.no_grad():
             return model(input_ids=input_ids, use_cache=use_cache, logits_to_keep=logits_to_keep)
 
+    step_note = ""
+    if decode:  # one decoding step after a prefill of seq_len tokens (engine/models/decode.py)
+        from engine.models.decode import decode_step
+
+        forward, step_note = decode_step(model, input_ids, logits_to_keep)
+
     ple = config.num_hidden_layers * config.hidden_size_per_layer_input
     real_ple = REAL_NUM_LAYERS * config.hidden_size_per_layer_input
     kv_shared = ("; KV-shared layers have no k/v projections and read the K/V of the last unshared layer of "
@@ -138,9 +144,9 @@ def build(*, device: torch.device, dtype: torch.dtype, seq_len: int = 2048, batc
         "attention": f"{model.config._attn_implementation} (requested {attn_implementation!r}); scaling 1.0, "
         "q/k RMS-norm; sliding layers head_dim 256 window 512, full layers head_dim 512 with proportional "
         "RoPE on 1/4 of it; 8 query heads, 1 KV head",
-        "forward": f"one prefill of {batch}x{seq_len} random token ids, no attention mask, "
+        "forward": step_note or (f"one prefill of {batch}x{seq_len} random token ids, no attention mask, "
         f"use_cache={use_cache}, logits_to_keep={logits_to_keep}"
-        + (" (logits for every position)" if logits_to_keep == 0 else "")
+        + (" (logits for every position)" if logits_to_keep == 0 else ""))
         + "; generate() would use a cache and logits_to_keep=1, and with that transformers 5.24 (not 5.17) "
         "runs the KV-shared layers on the last token only",
         **depth,

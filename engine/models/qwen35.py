@@ -95,7 +95,7 @@ def share_experts(model: torch.nn.Module) -> int:
 def build(*, device: torch.device, dtype: torch.dtype, seq_len: int = 2048, batch: int = 1,
           attn_implementation: str = "sdpa", experts_implementation: str = "grouped_mm",
           use_cache: bool = False, logits_to_keep: int = 0, seed: int = 0,
-          full_depth: bool = False, share_expert_weights: bool = False) -> CaptureTarget:
+          full_depth: bool = False, share_expert_weights: bool = False, decode: bool = False) -> CaptureTarget:
     """Qwen3.5-35B-A3B text model, 4 of 40 layers (3 linear + 1 full; all 40 with `full_depth`), one prefill
     of `batch` x `seq_len`. With `share_expert_weights` (the config's --small) all layers' experts read one
     set of expert weights: 1.6 GB instead of 6.4 GB to fill and hold, for the same calls."""
@@ -125,6 +125,12 @@ def build(*, device: torch.device, dtype: torch.dtype, seq_len: int = 2048, batc
         with torch.no_grad():
             return model(input_ids=input_ids, use_cache=use_cache, logits_to_keep=logits_to_keep)
 
+    step_note = ""
+    if decode:  # one decoding step after a prefill of seq_len tokens (engine/models/decode.py)
+        from engine.models.decode import decode_step
+
+        forward, step_note = decode_step(model, input_ids, logits_to_keep)
+
     experts = model.config._experts_implementation
     notes = {
         "model": "Qwen3_5MoeForCausalLM (text only), Qwen/Qwen3.5-35B-A3B text_config, random weights",
@@ -140,9 +146,9 @@ def build(*, device: torch.device, dtype: torch.dtype, seq_len: int = 2048, batc
         "shared expert 512 with a sigmoid gate. grouped_mm sorts the token-expert pairs and runs one "
         "grouped GEMM per projection with fixed total rows (tokens x 8); 'eager' loops over hit experts "
         "with a different GEMM shape per expert",
-        "forward": f"one prefill of {batch}x{seq_len} random token ids, no attention mask, "
+        "forward": step_note or (f"one prefill of {batch}x{seq_len} random token ids, no attention mask, "
         f"use_cache={use_cache}, logits_to_keep={logits_to_keep}"
-        + (" (logits for every position)" if logits_to_keep == 0 else ""),
+        + (" (logits for every position)" if logits_to_keep == 0 else "")),
         "layers": ("full depth: all 40 layers built (no multiplicity), 10 x [linear_attention x3, "
                    "full_attention]; all 256 experts; no widths changed" if full_depth else
                    "4 of 40 kept: model.layers.0-2 = linear_attention x10 each, model.layers.3 = "
