@@ -24,3 +24,58 @@ def test_a_decoding_step_is_repeatable_and_captures_decodings_shapes(tmp_path, c
     norms = [c for c in doc["chains"] if c["chain"]["kind"] == "module" and c["chain"]["module_class"] == "Gemma4RMSNorm"]
     assert norms and all("[1,1," in c["signature"] for c in norms), [c["signature"][:120] for c in norms]
     assert not any("[1,128," in s for s in sigs)
+
+
+def test_module_cards_of_a_decoding_step_serve_generate_with_its_default_cache(tmp_path, capsys):
+    """The RMSNorm module cards the decoding-step config captures are the calls eager generate() makes at
+    every decoding step with transformers' default (dynamic) cache: a cast of them (plans that compute the
+    chain exactly and count) serves those steps, and the tokens are generate()'s own."""
+    import json
+    import sqlite3
+
+    import engine.cast
+    from engine.capture.chains import CHAIN_OP, run_chain
+    from engine.cast import format as cast_format
+    from engine.cast.format import write_cast
+    from engine.store import db_path
+
+    doc = capture_json(CONFIGS / "examples" / "gemma4_e2b_decode.toml", tmp_path, capsys, "--samples", "1")
+    norms = [c for c in doc["chains"] if c["chain"]["kind"] == "module" and c["chain"]["module_class"] == "Gemma4RMSNorm"]
+    db = sqlite3.connect(db_path(tmp_path))
+    variants, plans, calls = [], {}, {}
+    for c in norms:
+        sig = json.loads(db.execute("SELECT signature FROM cards WHERE card_id = ?", (c["id"],)).fetchone()[0])
+        ch = c["chain"]
+        variants.append({"id": c["id"], "op": CHAIN_OP, "signature": sig, "signature_text": c["signature"],
+                         "outputs": [], "launch_spec": "", "kernels": [], "files": {}, "category": "custom CUDA",
+                         "evidence": {}, "provenance": {},
+                         "module": {"class": ch["class"], "paths": ch["paths"], "args": ch["args"],
+                                    "params": ch["params"]}})
+        calls[c["id"]] = 0
+
+        def plan(inputs, sig=sig, vid=c["id"]):
+            calls[vid] += 1
+            return run_chain(sig, inputs)
+        plans[c["id"]] = plan
+    env = {"torch": torch.__version__, "torch_minor": ".".join(torch.__version__.split(".")[:2]), "cuda": "13.0",
+           "gpu": "NVIDIA H200", "arch": "sm_90", "compute_capability": [9, 0], "driver": "13.0", "nvrtc": "13.0"}
+    write_cast(tmp_path / "decode.cast", {"format": cast_format.FORMAT, "format_version": cast_format.FORMAT_VERSION,
+                                          "env": env, "variants": variants}, {}, "# test\n")
+    model = build_target(load_config(CONFIGS / "examples" / "gemma4_e2b_decode.toml", small=True),
+                         torch.device("cpu")).module
+    ids = torch.randint(3, 1000, (1, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=4, do_sample=False)
+        cast = engine.cast.load(tmp_path / "decode.cast", env=env, plans=plans)
+        try:
+            with cast.enabled(model):
+                got = model.generate(ids, max_new_tokens=4, do_sample=False)
+        finally:
+            cast.remove()
+    assert torch.equal(got, want)
+    # 3 decoding steps after the prefill (whose 16-token norms are another shape): every norm card served each,
+    # in each of its modules (more where a prefill runs a layer on its last token only, as transformers 5.24 does
+    # for Gemma's KV-shared layers)
+    paths = {c["id"]: len(c["chain"]["paths"]) for c in norms}
+    assert calls and all(n >= 3 * paths[vid]
+                         for vid, n in calls.items()), (calls, paths)
