@@ -524,11 +524,11 @@ def run_processes(args: argparse.Namespace, argv: list[str]) -> int:
 def pool_only(args: argparse.Namespace) -> int:
     """--pool-only: pool the DIR/process-i records already there (a run whose last process was cut short)."""
     runs = []
-    for d in sorted(args.out.glob("process-*"), key=lambda d: int(d.name.rpartition("-")[2] or 0)):
+    numbered = [d for d in args.out.glob("process-*") if d.name.rpartition("-")[2].isdigit()]
+    for d in sorted(numbered, key=lambda d: int(d.name.rpartition("-")[2])):
         f = d / "bench_compose.json"
-        if d.name.rpartition("-")[2].isdigit():
-            runs.append({"process": int(d.name.rpartition("-")[2]), "rc": None, "dir": d.name,
-                         "doc": json.loads(f.read_text()) if f.is_file() else {}})
+        runs.append({"process": int(d.name.rpartition("-")[2]), "rc": None, "dir": d.name,
+                     "doc": json.loads(f.read_text()) if f.is_file() else {}})
     if not any(r["doc"] for r in runs):
         print(f"error: --out {args.out}: no process-N/bench_compose.json to pool; run with --processes K first",
               file=sys.stderr)

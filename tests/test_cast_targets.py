@@ -129,26 +129,57 @@ def test_a_mode_nothing_was_kept_for_decomposes_as_inductor_would(cast):
     assert _hits(cast)["eager-only"] == 0
 
 
+_SEEN_TARGETS: list[str] = []
+
+
+@torch.library.custom_op("kforge_test::target_probe", mutates_args=())
+def _target_probe(x: torch.Tensor) -> torch.Tensor:
+    """An op compiled code calls as it is (Inductor cannot look inside): records the target it runs under."""
+    _SEEN_TARGETS.append(runtime.current_target())
+    return x.clone()
+
+
+@_target_probe.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def _probed(x, w, b):
+    return _target_probe(f(x, w, b))
+
+
 def test_a_cast_with_nothing_for_a_mode_compiles_as_torch_compile_itself(cast_file):
-    """An eager-only cast under torch.compile: cast.compile is torch.compile, one compile shared with a plain
-    torch.compile of the same function (Dynamo's code, not a second draw of Inductor), and its kernels never
-    run in it. A mode that has variants still gets the cast's backend."""
+    """An eager-only cast under torch.compile: cast.compile is torch.compile's own compile, one compile shared
+    with a plain torch.compile of the same function (Dynamo's code, not a second draw of Inductor), called under
+    the mode's target, so what the compiled code calls through ATen declines the eager-only variants, graph
+    breaks included. cast.backend() is Inductor's own compile with its graphs under the target. A mode that
+    has variants, or a variant held to no target (every mode, max-autotune too), still gets the cast's backend."""
     from torch._dynamo.utils import counters
 
     eager_only = engine.cast.load(cast_file, env=ENV, plans={v: _pytorch for v in SIDES}, only={"eager-only"})
     torch._dynamo.reset()
     try:
         assert compose.nothing_under(eager_only, None) and compose.nothing_under(eager_only, "reduce-overhead")
+        assert compose.nothing_under(eager_only, "max-autotune")
         assert eager_only.active_by_target()["eager"] == ["eager-only"]  # it is there for eager
-        own = compose.backend(eager_only)  # Inductor's own backend, equal to the one torch.compile makes
+        own = compose.backend(eager_only)  # Inductor's own compile configuration
         assert isinstance(own, compose.InductorBackend) and own == torch._TorchCompileInductorWrapper(None, None, None)
         x, w, b = _args(4)[:3]
         with eager_only.enabled(), torch.no_grad():
             g0 = counters["stats"]["unique_graphs"]
-            out = eager_only.compile(f)(x, w, b)
+            _SEEN_TARGETS.clear()
+            out = eager_only.compile(_probed)(x, w, b)
             g1 = counters["stats"]["unique_graphs"]
-            torch.compile(f)(x, w, b)
+            torch.compile(_probed)(x, w, b)
             assert counters["stats"]["unique_graphs"] == g1 > g0  # the plain compile found the same code
+            assert _SEEN_TARGETS == ["compile", "eager"]  # cast.compile's call under compile, the plain one not
+            _SEEN_TARGETS.clear()
+            torch._dynamo.reset()
+            torch.compile(_probed, backend=own)(x, w, b)  # the backend object: its graphs under the target
+            assert _SEEN_TARGETS == ["compile"]
+            # mode and options together (torch.compile alone refuses both): the mode's options under the user's
+            torch._dynamo.reset()
+            eager_only.compile(_probed, mode="max-autotune-no-cudagraphs", options={"max_autotune": False})(x, w, b)
         with runtime.suspended():
             torch.testing.assert_close(out, f(x, w, b), rtol=0, atol=1e-5)
         assert _hits(eager_only)["eager-only"] == 0
@@ -161,6 +192,11 @@ def test_a_cast_with_nothing_for_a_mode_compiles_as_torch_compile_itself(cast_fi
         assert isinstance(compose.backend(both), compose.CastBackend)
     finally:
         both.remove()
+    legacy = engine.cast.load(cast_file, env=ENV, plans={v: _pytorch for v in SIDES}, only={"legacy"})
+    try:  # a variant held to no target runs under every mode, max-autotune included
+        assert not compose.nothing_under(legacy, "max-autotune") and not compose.nothing_under(legacy, None)
+    finally:
+        legacy.remove()
 
 
 def test_while_a_cuda_graph_is_captured_the_target_is_cuda_graphs(monkeypatch):
@@ -284,10 +320,14 @@ def test_transformers_generate_compiles_decoding_through_the_cast_backend(cast_f
             assert isinstance(b, kind)
             cc = CompileConfig(backend=b)
             cc._compile_all_devices = True  # transformers compiles only on accelerators unless told
+            from torch._dynamo.utils import counters
+
+            g0 = counters["stats"]["unique_graphs"]
             with c.enabled(), torch.no_grad():
                 got = lm.generate(ids, max_new_tokens=4, do_sample=False, cache_implementation="static",
                                   compile_config=cc)
             assert torch.equal(got, want)
+            assert counters["stats"]["unique_graphs"] > g0  # the decoding step was compiled (through b)
             if kind is compose.CastBackend:
                 assert b.vetoed  # the decoding step went through the cast's backend
         finally:

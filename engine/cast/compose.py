@@ -802,16 +802,18 @@ def _check_given(mode: str | None, options: dict[str, Any], given: dict[str, Any
 
 
 class InductorBackend(torch._TorchCompileInductorWrapper):
-    """Inductor's own backend, as `torch.compile(mode=…, options=…)` makes it (equal to that one, so Dynamo
-    shares its code), that also takes the mode and options torch.compile hands a backend object."""
-
-    def __call__(self, model_: Any, inputs_: Any, **given: Any) -> Any:
-        _check_given(self._kforge_mode, self._kforge_options, given)
-        return super().__call__(model_, inputs_)
+    """Inductor's own compile (the configuration `torch.compile(mode=…, options=…)` makes), for a cast with
+    nothing for the mode: it takes the mode and options torch.compile hands a backend object, and its graphs
+    run under the mode's target, so no variant of the cast runs in them."""
 
     def __init__(self, mode: str | None, options: dict[str, Any] | None, dynamic: bool | None):
         super().__init__(mode, options, dynamic)
         self._kforge_mode, self._kforge_options = mode, dict(options or {})
+        self._kforge_target = runtime.compile_target(mode)
+
+    def __call__(self, model_: Any, inputs_: Any, **given: Any) -> Any:
+        _check_given(self._kforge_mode, self._kforge_options, given)
+        return _under(self._kforge_target, super().__call__(model_, inputs_))
 
 
 def _holds(layouts: Layouts) -> bool:
@@ -849,12 +851,31 @@ def cast_digest(cast: object) -> str:
 def nothing_under(cast: object, mode: str | None) -> bool:
     """Whether no variant of the cast may run under this compile mode's target (its export kept none for it:
     an eager cast on a model whose ops Inductor fuses better, ResNet-50's batch norms). Asked of the variants'
-    recorded targets, not of the installed routes, so it holds before the cast is installed. A cast that
-    cannot say (no `active_by_target`) is taken to have something."""
-    by_target = getattr(cast, "active_by_target", None)
-    if by_target is None:
+    held targets (`Cast.runs_under`), not of the installed routes, so it holds before the cast is installed; a
+    variant with none held runs under every mode. A cast that cannot say is taken to have something."""
+    runs_under = getattr(cast, "runs_under", None)
+    if runs_under is None:
         return False
-    return not by_target().get(runtime.compile_target(mode))
+    return not runs_under(runtime.compile_target(mode))
+
+
+def _under(target: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` called under `target`: the routers run only variants proven for it (a rejected eager variant of an
+    op that compiled code calls through ATen, a convolution or an op Inductor falls back on, declines)."""
+    @functools.wraps(fn)
+    def scoped(*args: Any, **kwargs: Any) -> Any:
+        with runtime.target_scope(target):
+            return fn(*args, **kwargs)
+    return scoped
+
+
+def _scoped_compile(target: str, compiled: Any) -> Any:
+    """torch.compile's result with its calls made under `target`: an OptimizedModule stays one (its forward is
+    wrapped, so Dynamo's code is the same as for torch.compile of the module), a function is wrapped."""
+    if isinstance(compiled, torch.nn.Module):
+        compiled.forward = _under(target, compiled.forward)
+        return compiled
+    return _under(target, compiled)
 
 
 def backend(cast: object, *, mode: str | None = None, options: dict[str, Any] | None = None,
@@ -862,13 +883,10 @@ def backend(cast: object, *, mode: str | None = None, options: dict[str, Any] | 
     """The backend to pass as `torch.compile(model, backend=...)` (mode and options go here, not there).
     `patterns`: the cast's pattern cards, `[(chain signature, plan), ...]` (engine/cast/patterns.py).
 
-    Where nothing of the cast may run under the mode (`nothing_under`), Inductor's own backend, as
-    `torch.compile(mode=…, options=…)` makes it: the compiled model is torch.compile's, code and all (Dynamo
-    shares it with a torch.compile of the same function and settings), so it cannot be slower for the cast.
-    On the H200 a CastBackend compiling for an eager-only ResNet-50 cast ran no kernel of ours and still read
-    0.969-0.982 of torch.compile alone in four processes, as far as a second compile of torch.compile alone
-    read in one (0.976-0.983, and 1.041 in another): a separate compile is a draw of its own
-    (docs/results/reproduce-h200/2026-12-04d/)."""
+    Where nothing of the cast may run under the mode (`nothing_under`), an `InductorBackend`: Inductor's own
+    compile, untouched (no vetoes, no pass, no registration), whose graphs run under the mode's target so that
+    no variant of the cast runs in them. A backend object is a compile of its own (torch.compile wraps it, and
+    Dynamo shares no code with another backend); `compile` shares torch.compile's."""
     if nothing_under(cast, mode):
         return InductorBackend(mode, options, dynamic)
     return CastBackend(cast, mode, options, dynamic, patterns)
@@ -876,13 +894,28 @@ def backend(cast: object, *, mode: str | None = None, options: dict[str, Any] | 
 
 def compile(cast: object, model: Any = None, *, mode: str | None = None, options: dict[str, Any] | None = None,
             dynamic: bool | None = None, fullgraph: bool = False, patterns: Any = None, **kwargs: Any) -> Any:
-    """`torch.compile(model, mode=…, options=…, …)` whose graphs call the cast's ops (see the module doc);
-    exactly that where nothing of the cast may run under the mode (`backend`)."""
+    """`torch.compile(model, mode=…, options=…, …)` whose graphs call the cast's ops (see the module doc).
+
+    Where nothing of the cast may run under the mode (`nothing_under`), it is torch.compile's own compile of
+    the model, called under the mode's target: Dynamo shares its code with a torch.compile of the same model
+    and settings (one compile, nothing of the cast in it), and no variant runs inside, graph breaks included.
+    On the H200 a CastBackend compiling for an eager-only ResNet-50 cast ran no kernel of ours and still read
+    0.969-0.982 of torch.compile alone in four processes, while a second compile of torch.compile alone read
+    0.976-1.041 against the first (docs/results/reproduce-h200/2026-12-04d/)."""
     if nothing_under(cast, mode):
-        if model is None:
-            return functools.partial(torch.compile, mode=mode, options=options, dynamic=dynamic, fullgraph=fullgraph,
-                                     **kwargs)
-        return torch.compile(model, mode=mode, options=options, dynamic=dynamic, fullgraph=fullgraph, **kwargs)
+        target = runtime.compile_target(mode)
+        kw: dict[str, Any] = {"dynamic": dynamic, "fullgraph": fullgraph, **kwargs}
+        if options:  # torch.compile takes a mode or options, not both: the mode's options under the user's
+            from torch._inductor import list_mode_options
+
+            kw["options"] = {**(list_mode_options(mode, dynamic) if mode not in (None, "default") else {}), **options}
+        else:
+            kw["mode"] = mode
+
+        def make(m: Any) -> Any:
+            return _scoped_compile(target, torch.compile(m, **kw))
+
+        return make if model is None else make(model)
     b = backend(cast, mode=mode, options=options, dynamic=dynamic, patterns=patterns)
     if model is None:
         return functools.partial(torch.compile, backend=b, dynamic=dynamic, fullgraph=fullgraph, **kwargs)

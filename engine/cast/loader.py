@@ -251,6 +251,11 @@ class Cast:
         held = {v.id: self._enforced(v) for v in usable}
         return {t: [v.id for v in usable if held[v.id] is None or t in held[v.id]] for t in TARGET_BITS}
 
+    def runs_under(self, target: str) -> bool:
+        """Whether some usable variant may run under `target` (any name, e.g. 'compile:max-autotune' too): its
+        recorded targets include it, or it has none held (no whole-model check, or load(any_target=True))."""
+        return any(t is None or target in t for t in (self._enforced(v) for v in self.usable()))
+
     def summary(self) -> str:
         """One line per target: how many variants run under it (what `stats()["targets"]` lists)."""
         n = len(self.usable())

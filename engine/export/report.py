@@ -216,9 +216,10 @@ def audit_document(manifest: dict[str, Any], problems: dict[str, str]) -> dict[s
 
 
 def compile_modes_without_variants(variants: list[dict[str, Any]]) -> list[str]:
-    """The torch.compile modes (default, reduce-overhead, ...) no variant with recorded targets was proven for
-    (engine.cast.compose.nothing_under says the same of a loaded cast). Empty where some variant has no
-    recorded targets: that one runs wherever its cast's one whole-model check ran."""
+    """The torch.compile modes (default, reduce-overhead, ...) no variant was proven for, where every variant
+    records its targets (engine.cast.compose.nothing_under asks the same of a loaded cast, of its usable
+    variants). Empty where some variant records none: where that one runs depends on the cast's one
+    whole-model check (legacy_targets_text says it)."""
     from engine.cast.format import TARGET_NAMES
 
     if any(v.get("targets") is None for v in variants):

@@ -146,9 +146,9 @@ def build(*, device: torch.device, dtype: torch.dtype, seq_len: int = 2048, batc
         "RoPE on 1/4 of it; 8 query heads, 1 KV head",
         "forward": step_note or (f"one prefill of {batch}x{seq_len} random token ids, no attention mask, "
         f"use_cache={use_cache}, logits_to_keep={logits_to_keep}"
-        + (" (logits for every position)" if logits_to_keep == 0 else ""))
+        + (" (logits for every position)" if logits_to_keep == 0 else "")
         + "; generate() would use a cache and logits_to_keep=1, and with that transformers 5.24 (not 5.17) "
-        "runs the KV-shared layers on the last token only",
+        "runs the KV-shared layers on the last token only"),
         **depth,
         "weights": f"{dtype} built directly on {device}; matrices from a tiled N(0, 0.02) block, norms/buffers "
         "from the model's own init; lm_head tied to embed_tokens",
