@@ -417,8 +417,10 @@ def sd35_vae(device: str = "cuda") -> tuple[torch.nn.Module, Callable[[], Any]]:
 
 def config_or_error(model: str, small: bool = False) -> tuple[ModelConfig | None, str | None]:
     """(the config at `model`, None), or (None, the one line a script prints before exiting 2) for a config that
-    does not load: the input named, and why."""
+    does not load: the input named, and why. `model` may be `CONFIG@key=value[,key=value]` (parse_model_spec):
+    the config with those [params] overridden, e.g. configs/examples/gemma4_e2b_decode.toml@full_depth=true."""
     try:
-        return load_config(model, small=small), None
+        spec = parse_model_spec(model)
+        return override_params(load_config(spec.name, small=small), spec.params), None
     except (UsageError, FileNotFoundError, ValueError) as e:
         return None, f"error: --model {model}: {e}"

@@ -79,3 +79,17 @@ def test_module_cards_of_a_decoding_step_serve_generate_with_its_default_cache(t
     paths = {c["id"]: len(c["chain"]["paths"]) for c in norms}
     assert calls and all(n >= 3 * paths[vid]
                          for vid, n in calls.items()), (calls, paths)
+
+
+def test_scripts_take_a_config_with_overrides():
+    """bench_decode and bench_graph_routes read --model through config_or_error: CONFIG@key=value overrides
+    [params] (a decoding step at the real depth: gemma4_e2b_decode.toml@full_depth=true), a malformed one or a
+    key the builder lacks is one line naming the input."""
+    from engine.config import config_or_error
+
+    config, why = config_or_error(str(CONFIGS / "examples" / "gemma4_e2b_decode.toml") + "@full_depth=true")
+    assert why is None and config.params["full_depth"] is True and config.params["decode"] is True
+    _, why = config_or_error("gemma4_e2b@full_depth")
+    assert why.startswith("error: --model gemma4_e2b@full_depth: ") and "is not key=value" in why and "\n" not in why
+    _, why = config_or_error(str(CONFIGS / "examples" / "gemma4_e2b_decode.toml") + "@no_such_param=1")
+    assert why is not None and "no_such_param" in why and "\n" not in why
