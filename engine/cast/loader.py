@@ -247,14 +247,16 @@ class Cast:
         without recorded targets is under those of `legacy_targets` (every target when that is None)."""
         from engine.cast.cpp_router import TARGET_BITS
 
-        usable = self.usable()
-        held = {v.id: self._enforced(v) for v in usable}
-        return {t: [v.id for v in usable if held[v.id] is None or t in held[v.id]] for t in TARGET_BITS}
+        return {t: self.variants_under(t) for t in TARGET_BITS}
+
+    def variants_under(self, target: str) -> list[str]:
+        """The usable variants that may run under `target` (any name, e.g. 'compile:max-autotune' too): its
+        recorded targets include it, or it has none held (no whole-model check, or load(any_target=True))."""
+        return [v.id for v in self.usable() if (held := self._enforced(v)) is None or target in held]
 
     def runs_under(self, target: str) -> bool:
-        """Whether some usable variant may run under `target` (any name, e.g. 'compile:max-autotune' too): its
-        recorded targets include it, or it has none held (no whole-model check, or load(any_target=True))."""
-        return any(t is None or target in t for t in (self._enforced(v) for v in self.usable()))
+        """Whether some usable variant may run under `target` (`variants_under`)."""
+        return bool(self.variants_under(target))
 
     def summary(self) -> str:
         """One line per target: how many variants run under it (what `stats()["targets"]` lists)."""
