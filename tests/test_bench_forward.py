@@ -52,3 +52,10 @@ def test_off_the_gpu_the_steady_call_is_timed_with_the_wall_clock_after_an_untim
     monkeypatch.setattr(fwd, "time_forward", lambda run: (_ for _ in ()).throw(AssertionError("CUDA events")))
     us = fwd.time_steady(lambda: calls.append(1), device="cpu")
     assert calls == [1, 1] and us >= 0.0
+
+
+def test_warm_untimed_calls_come_before_the_timed_one(monkeypatch):
+    """bench_compose --warm-calls N: N untimed calls in the arm's state, then the timed one."""
+    calls = []
+    us = fwd.time_steady(lambda: calls.append(1), device="cpu", warm=3)
+    assert calls == [1, 1, 1, 1] and us >= 0.0
