@@ -59,3 +59,43 @@ def test_warm_untimed_calls_come_before_the_timed_one(monkeypatch):
     calls = []
     us = fwd.time_steady(lambda: calls.append(1), device="cpu", warm=3)
     assert calls == [1, 1, 1, 1] and us >= 0.0
+
+
+def test_warm_zero_times_the_very_next_call(monkeypatch):
+    calls = []
+    fwd.time_steady(lambda: calls.append(1), device="cpu", warm=0)
+    assert calls == [1]
+
+
+def test_bench_compose_block_times_several_calls_per_turn_inside_one_install(monkeypatch):
+    """--block 3: per turn of an arm, one install, the warm call, then three timed calls; the turn's sample is
+    their median, so the install's wake is paid once per turn and outside the timed calls' median."""
+    bc = load_script("bench_compose")
+    log, installed = [], [False]
+
+    @contextlib.contextmanager
+    def enabled():
+        installed[0] = True
+        log.append("install")
+        yield
+        installed[0] = False
+        log.append("remove")
+
+    monkeypatch.setattr(bc, "DEVICE", "cpu")
+    monkeypatch.setattr(bc, "BLOCK", 3)
+    us = iter([5.0, 1.0, 2.0] * 4)  # each turn's three timed calls read 5, 1 and 2 µs
+
+    def fake_steady(run, device="cuda", warm=1):
+        for _ in range(warm + 1):
+            run()
+        return next(us)
+
+    monkeypatch.setattr(fwd, "time_steady", fake_steady)
+    r = bc.pair(lambda: log.append(("base", installed[0])), lambda: log.append(("fast", installed[0])), 2,
+                around_b=enabled)
+    calls = [e for e in log if isinstance(e, tuple)]
+    assert len(calls) == 16  # 2 rounds x 2 arms x (1 warm + 3 timed)
+    assert all(len(set(calls[i:i + 4])) == 1 for i in range(0, 16, 4))
+    assert set(calls) == {("base", False), ("fast", True)}
+    assert log.count("install") == 2
+    assert r["base_ms"] == 2.0 / 1e3 and r["with_cast_ms"] == 2.0 / 1e3  # the median of 5, 1, 2 µs

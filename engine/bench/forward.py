@@ -33,7 +33,7 @@ def time_steady(run: Callable[[], Any], device: str = "cuda", warm: int = 1) -> 
     than one right after another forward, and a forward after those and one untimed call read as fast as
     any (1.003x). An arm that installs a cast around its calls paid that every time. A model in use runs its
     forwards back to back: that steady state is what both arms of a comparison are timed in."""
-    for _ in range(max(1, warm)):
+    for _ in range(warm):  # 0: timed right after whatever ran before (the previous timed call of a block)
         run()
     if device != "cuda":
         import time
