@@ -66,9 +66,14 @@ def genuine_variants() -> list[ExportVariant]:
     return list(_CACHE.values())
 
 
-def write_genuine_cast(path: Path, env: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Write a two-variant cast (group_norm, relu) and return its manifest."""
-    manifest, files, report = package(genuine_variants(), env or H200_ENV,
+def write_genuine_cast(path: Path, env: dict[str, Any] | None = None,
+                       targets: list[str] | None = None) -> dict[str, Any]:
+    """Write a two-variant cast (group_norm, relu) and return its manifest; `targets`: the targets every
+    variant is held to (None: none held, every target)."""
+    variants = genuine_variants()
+    for v in variants:
+        v.targets = targets
+    manifest, files, report = package(variants, env or H200_ENV,
                                       {"run": "run-test", "model": "test", "provider": "builtin"},
                                       created="2020-01-01T00:00:00Z")
     write_cast(path, manifest, files, report)

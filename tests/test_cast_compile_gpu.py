@@ -78,3 +78,31 @@ def test_reduce_overhead_replays_the_decision_taken_at_capture(cast):
         after = compiled(x, w, b).clone()
     torch.cuda.synchronize()
     assert torch.equal(after, got) and _gn_hits(cast) == hits_at_capture
+
+
+def test_an_eager_only_cast_compiles_as_torch_compile_itself_on_the_gpu(tmp_path):
+    """A cast held to eager (an export whose compile check kept nothing, ResNet-50's batch norms): cast.compile
+    is torch.compile's own compile, so its output is bit for bit torch.compile's, its kernels run in eager and
+    none inside the compiled calls, in default mode and under CUDA graphs."""
+    path = tmp_path / "eager-only.cast"
+    write_genuine_cast(path, env=current_env(), targets=["eager"])
+    c = engine.cast.load(path, strict=True)
+    x, w, b = _inputs()
+    torch._dynamo.reset()
+    try:
+        with c.enabled(), torch.inference_mode():
+            c.reset_stats()
+            eager = f(x, w, b)
+            assert _gn_hits(c) == 1  # the eager call is the cast's
+            for mode in (None, "reduce-overhead"):
+                plain = torch.compile(f, mode=mode)
+                ours = c.compile(f, mode=mode)
+                c.reset_stats()
+                for _ in range(3):
+                    want, got = plain(x, w, b).clone(), ours(x, w, b).clone()
+                torch.cuda.synchronize()
+                assert _gn_hits(c) == 0, mode
+                assert torch.equal(got, want), mode
+                assert torch.allclose(got.float(), eager.float(), atol=2e-2, rtol=2e-2), mode
+    finally:
+        torch._dynamo.reset()
