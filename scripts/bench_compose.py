@@ -72,7 +72,11 @@ def sync() -> None:
 
 
 WARM_CALLS = 1  # untimed calls of an arm, in its state, before each timed one (--warm-calls)
-BLOCK = 1  # timed calls per turn of an arm, back to back after its warm calls; the turn's sample is their median
+# Timed calls per turn of an arm, back to back after its warm calls; the turn's sample is their median (--block).
+# With one call per turn, eager-only casts under torch.compile (one compile for both arms, no kernel of ours
+# running) read 0.974-0.979 of torch.compile alone, slower with confidence over 3 processes; with 4, 0.984-0.997
+# and no difference shown (H200, docs/results/reproduce-h200/2026-12-04e/).
+BLOCK = 4
 
 
 def timed(run) -> float:
@@ -190,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"untimed calls of an arm, in its state, before each timed one (default {WARM_CALLS})")
     ap.add_argument("--block", type=int, default=BLOCK,
                     help="timed calls per turn of an arm, back to back after its warm calls and a garbage collection; "
-                         "the turn's sample is their median (default 1: one call per turn)")
+                         f"the turn's sample is their median (default {BLOCK}; 1: one call per turn, as before 2026-12-04e)")
     args = ap.parse_args(argv)
     if args.warm_calls < 1 or args.warm_calls > 20:
         print(f"error: --warm-calls {args.warm_calls}: use 1 to 20", file=sys.stderr)

@@ -36,6 +36,7 @@ def test_bench_compose_times_each_arm_right_after_an_untimed_call_in_the_arms_st
         log.append("remove")
 
     monkeypatch.setattr(bc, "DEVICE", "cpu")
+    monkeypatch.setattr(bc, "BLOCK", 1)  # one timed call per turn (--block 1)
     base = lambda: log.append(("base", installed[0]))  # noqa: E731
     fast = lambda: log.append(("fast", installed[0]))  # noqa: E731
     bc.pair(base, fast, 2, around_b=enabled)
