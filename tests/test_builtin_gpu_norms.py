@@ -68,7 +68,8 @@ def test_group_norm_sd35_vae_bf16_1024(tmp_path):
     _evaluate(tmp_path, "group_norm", lambda: F.group_norm(x, 32, w, b, 1e-6), "group_norm [1,128,1024,1024]",
               mutations=1, extra=({"strategy": "stream", "lookahead": 0}, {"strategy": "stream", "lookahead": 2},
                                   {"strategy": "stream", "tile_kb": 32}, {"strategy": "stream", "tile_kb": 256},
-                                  {"strategy": "split"}))
+                                  {"strategy": "stream", "l2": "keep"},
+                                  {"strategy": "stream", "l2": "keep", "lookahead": 2}, {"strategy": "split"}))
 
 
 @pytest.mark.gpu

@@ -401,11 +401,17 @@ def test_group_norm_stream_instances_compile_for_sm_90():
             card = group_norm_card([1, 128, 1024, 1024], 32, dtype, affine=affine)
             space = t.space(card)
             assert space["strategy"][0] == "stream" and set(space["lookahead"]) == {0, 1, 2}
+            assert space["l2"] == ["default", "keep"]
             for la, tile in itertools.product(space["lookahead"], (64, 256)):
                 src, launched = _check_rendered("group_norm", card, {**t.default(card), "lookahead": la,
                                                                      "tile_kb": tile})
                 assert launched == ["gn_stream"]
                 jobs[src] = ((dtype, affine, la, tile), {"gn_stream"})
+            # the statistics kept in L2: createpolicy and ld.global.L2::cache_hint in each access width
+            for v in space["vec"]:
+                src, launched = _check_rendered("group_norm", card, {**t.default(card), "l2": "keep", "vec": v})
+                assert "SH = 3, AH = 4" in src and launched == ["gn_stream"]
+                jobs[src] = ((dtype, affine, "keep", v), {"gn_stream"})
     _compile_all(jobs)
 
 
@@ -650,6 +656,9 @@ def _emulation_cases() -> list[tuple]:
                                                           "block": 128, "unroll": 1}, hw=SMALL_L2),
         _case_group_norm([1, 2, 100, 100], 1, f32, True, {"strategy": "stream", "tile_kb": 64, "lookahead": 0,
                                                          "block": 256}, hw=SMALL_L2),
+        # The same with the statistics kept in L2 (the policy is a cache hint: the emulation runs plain loads)
+        _case_group_norm([1, 4, 128, 160], 2, bf, True, {"strategy": "stream", "tile_kb": 32, "lookahead": 1,
+                                                        "block": 128, "l2": "keep"}, hw=SMALL_L2),
         _case_rows("layer_norm", [3, 5, 40], [40], bf, True, {}),
         _case_rows("layer_norm", [2, 3, 1536], [1536], bf, False, {"block": 512, "rows_per_block": 1}),
         _case_rows("layer_norm", [2, 3, 12, 20], [12, 20], f16, True, {"vec": 2}),
@@ -666,3 +675,17 @@ def _emulation_cases() -> list[tuple]:
                          op="aten::_native_batch_norm_legit_no_training"),
         _case_batch_norm([4, 16, 7, 7], f16, True, True, {"strategy": "flat", "block": 128}, pdtype=f32),
     ]
+
+
+def test_group_norm_stream_keeps_its_statistics_in_l2_only_where_the_gpu_has_eviction_policies():
+    """`l2: keep` (createpolicy, sm_80 on) is offered to the H200's stream kernel, not to a Volta's, and a
+    kernel asked for it there is refused with the reason rather than rendered without it."""
+    t = BY_NAME["group_norm"]
+    card = group_norm_card([1, 128, 1024, 1024], 32, torch.bfloat16)
+    assert t.space(card)["l2"] == ["default", "keep"]
+    assert "SH = 0, AH = 1" in t.render(card, t.default(card)).source  # the first kernel: as before
+    assert "SH = 3, AH = 4" in t.render(card, {**t.default(card), "l2": "keep"}).source
+    volta = Hardware(arch="sm_70")
+    assert t.space(card, hw=volta)["strategy"][0] == "stream" and "l2" not in t.space(card, hw=volta)
+    with pytest.raises(ValueError, match="sm_80"):
+        t.render(card, {**t.default(card, hw=volta), "l2": "keep"}, hw=volta)

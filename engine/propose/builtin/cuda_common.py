@@ -193,11 +193,49 @@ template <> struct KfRaw<4> { typedef unsigned int Word; };
 template <> struct KfRaw<8> { typedef uint2 Word; };
 template <> struct KfRaw<16> { typedef uint4 Word; };
 
+// Loads under an L2 eviction policy (sm_80 on): `pol` from createpolicy.
+__device__ __forceinline__ unsigned short kf_ld_pol(const unsigned short* p, unsigned long long pol) {
+  unsigned short r;
+  asm volatile("ld.global.L2::cache_hint.b16 %0, [%1], %2;" : "=h"(r) : "l"(p), "l"(pol));
+  return r;
+}
+__device__ __forceinline__ unsigned int kf_ld_pol(const unsigned int* p, unsigned long long pol) {
+  unsigned int r;
+  asm volatile("ld.global.L2::cache_hint.b32 %0, [%1], %2;" : "=r"(r) : "l"(p), "l"(pol));
+  return r;
+}
+__device__ __forceinline__ uint2 kf_ld_pol(const uint2* p, unsigned long long pol) {
+  uint2 r;
+  asm volatile("ld.global.L2::cache_hint.v2.b32 {%0, %1}, [%2], %3;" : "=r"(r.x), "=r"(r.y) : "l"(p), "l"(pol));
+  return r;
+}
+__device__ __forceinline__ uint4 kf_ld_pol(const uint4* p, unsigned long long pol) {
+  uint4 r;
+  asm volatile("ld.global.L2::cache_hint.v4.b32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "l"(pol));
+  return r;
+}
+
 // Cache policy. 0: default (data read again soon stays in L2), 1: streaming (last use, evict first),
-// 2: read-only path (small tensors every block reads: weights, running stats).
+// 2: read-only path (small tensors every block reads: weights, running stats), 3: read again soon, kept in
+// L2 ahead of other lines (evict_last; a pass whose data a second pass re-reads), 4: last use of data
+// loaded with 3 (evict_first, so it leaves L2 first). 3 and 4 are 0 and 1 before sm_80.
 template <int HINT, typename Word> __device__ __forceinline__ Word kf_ld(const Word* p) {
   if constexpr (HINT == 1) return __ldcs(p);
   else if constexpr (HINT == 2) return __ldg(p);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  else if constexpr (HINT == 3) {
+    unsigned long long pol;
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+    return kf_ld_pol(p, pol);
+  } else if constexpr (HINT == 4) {
+    unsigned long long pol;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    return kf_ld_pol(p, pol);
+  }
+#else
+  else if constexpr (HINT == 4) return __ldcs(p);
+#endif
   else return *p;
 }
 
