@@ -20,12 +20,9 @@ def test_the_timed_call_comes_right_after_an_untimed_call_of_the_same_function(m
     assert events == ["call", "timed", "call"]
 
 
-def test_bench_compose_times_each_arm_right_after_an_untimed_call_in_the_arms_state(monkeypatch):
-    """Both arms: the cast's arm installs the cast, calls once untimed, then the timed call, all installed."""
-    bc = load_script("bench_compose")
-
-    log = []
-    installed = [False]
+def _fake_install():
+    """(log, installed flag, a context manager standing for cast.enabled that logs install and remove)."""
+    log, installed = [], [False]
 
     @contextlib.contextmanager
     def enabled():
@@ -35,6 +32,13 @@ def test_bench_compose_times_each_arm_right_after_an_untimed_call_in_the_arms_st
         installed[0] = False
         log.append("remove")
 
+    return log, installed, enabled
+
+
+def test_bench_compose_times_each_arm_right_after_an_untimed_call_in_the_arms_state(monkeypatch):
+    """Both arms: the cast's arm installs the cast, calls once untimed, then the timed call, all installed."""
+    bc = load_script("bench_compose")
+    log, installed, enabled = _fake_install()
     monkeypatch.setattr(bc, "DEVICE", "cpu")
     monkeypatch.setattr(bc, "BLOCK", 1)  # one timed call per turn (--block 1)
     base = lambda: log.append(("base", installed[0]))  # noqa: E731
@@ -72,16 +76,7 @@ def test_bench_compose_block_times_several_calls_per_turn_inside_one_install(mon
     """--block 3: per turn of an arm, one install, the warm call, then three timed calls; the turn's sample is
     their median, so the install's wake is paid once per turn and outside the timed calls' median."""
     bc = load_script("bench_compose")
-    log, installed = [], [False]
-
-    @contextlib.contextmanager
-    def enabled():
-        installed[0] = True
-        log.append("install")
-        yield
-        installed[0] = False
-        log.append("remove")
-
+    log, installed, enabled = _fake_install()
     monkeypatch.setattr(bc, "DEVICE", "cpu")
     monkeypatch.setattr(bc, "BLOCK", 3)
     us = iter([5.0, 1.0, 2.0] * 4)  # each turn's three timed calls read 5, 1 and 2 µs
