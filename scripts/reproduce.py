@@ -777,6 +777,58 @@ def model_arms(d: Path, model: str) -> list[dict[str, Any]]:
     return arms
 
 
+CHART = "speedups.svg"
+
+
+def chart_groups(out: Path, models: list[str]) -> list[tuple[str, list[Any]]]:
+    """Per model (and its full-depth row), its whole-forward arms as speedups over eager, for the chart. Only
+    "eager + cast" is a pair timed together (its CI is drawn); the others divide medians of different pairings:
+    torch.compile's arms bench_compose's (its own eager pair's eager median over each compiled arm's), CUDA
+    graphs' bench_e2e's (its eager median over the eager graphs' and the cast graphs'), so they have none."""
+    sys.path.insert(0, str(ROOT))
+    from engine.bench.chart import Bar
+
+    groups: list[tuple[str, list[Any]]] = []
+    for model in models:
+        d = out / model
+        arms = model_arms(d, model)
+        compose = _load(d / "compose" / "bench_compose.json") or {}
+        depth = shrunk_depth(model)
+
+        def e2e_bars(row: dict | None) -> list[Any]:
+            if not row:
+                return []
+            bars = [Bar("eager + cast", row["speedup"], tuple(row["speedup_ci"]))]
+            g = row.get("cuda_graphs") or {}
+            if "speedup" in g and g.get("eager_ms") and g.get("cast_ms"):
+                bars += [Bar("CUDA graphs", row["eager_ms"] / g["eager_ms"]),
+                         Bar("CUDA graphs + cast", row["eager_ms"] / g["cast_ms"])]
+            return bars
+
+        bars = e2e_bars(arms[0].get("row"))
+        e = compose.get("eager") or {}
+        for mode, label in (("default", "torch.compile"), ("reduce-overhead", "reduce-overhead")):
+            r = (compose.get("modes") or {}).get(mode) or {}
+            if e.get("base_ms") and r.get("base_ms") and r.get("with_cast_ms"):
+                bars += [Bar(label, e["base_ms"] / r["base_ms"]), Bar(f"{label} + cast", e["base_ms"] / r["with_cast_ms"])]
+        groups.append((f"{model} ({depth[0]} of {depth[1]} layers)" if depth else model, bars))
+        full = [a for a in arms if a.get("full_depth")]
+        if full:
+            groups.append((f"{model}, full depth", e2e_bars(full[0].get("row"))))
+    return [(name, bars) for name, bars in groups if bars]
+
+
+def speedup_chart(out: Path, models: list[str]) -> str | None:
+    """The SVG of `chart_groups`, or None where no model has a number to draw."""
+    from engine.bench.chart import bars_svg
+
+    groups = chart_groups(out, models)
+    if not groups:
+        return None
+    return bars_svg(groups, title="Whole forwards: speedup over eager", axis="× faster than eager (same GPU, "
+                    "same sitting); whiskers: 95 % CI of a pair timed together", reference_label="eager")
+
+
 def _targets_note(export: dict | None, target: str) -> str:
     """How many of the cast's variants serve `target` (a variant runs only under the targets it was kept for)."""
     inc = (export or {}).get("included")
@@ -810,7 +862,7 @@ def _host_line(what: str, row: dict | None, why: str | None) -> str:
             f"{c['kernels']} + {c['copies']}, {c['us_per_launch']:.2f} µs per launch.")
 
 
-def per_model_section(out: Path, models: list[str], covered: dict[str, float]) -> list[str]:
+def per_model_section(out: Path, models: list[str], covered: dict[str, float], chart: bool = False) -> list[str]:
     """The whole-forward arms of every model: a summary, where we lose, then per model its arms, host time per
     forward and its sittings. A number that is not there says why."""
     from engine.cast.compose import describe_layout_copies
@@ -924,6 +976,11 @@ def per_model_section(out: Path, models: list[str], covered: dict[str, float]) -
             "(bench_e2e), CUDA graphs (eager graphs vs cast graphs, bench_e2e), torch.compile default and "
             "reduce-overhead alone vs + cast (`cast.compile`, bench_compose). \"torch.compile alone vs eager\" "
             "divides medians of bench_compose's different pairings.", "",
+            *([f"![Each model's whole forwards as speedups over eager]({CHART})", "",
+               "The chart: every arm against eager (the dashed line). Only eager + cast is a pair timed together, "
+               "with its 95 % CI; the other bars divide medians of different pairings (torch.compile's from "
+               "bench_compose, CUDA graphs' from bench_e2e), so they carry no interval. The table below has each "
+               "arm against its own baseline with a CI.", ""] if chart else []),
             "| model | eager ms | eager + cast | CUDA graphs: + cast | torch.compile + cast vs alone | "
             "reduce-overhead + cast vs alone | torch.compile alone vs eager | model time covered |",
             "|---|---:|---|---|---|---|---:|---:|"] + (summary or ["| – | | | | | | | |"])
@@ -931,7 +988,7 @@ def per_model_section(out: Path, models: list[str], covered: dict[str, float]) -
     return head + detail
 
 
-def report(out: Path, models: list[str], allow_mixed: bool = False) -> str:
+def report(out: Path, models: list[str], allow_mixed: bool = False, chart: bool = False) -> str:
     """The Markdown report of OUT's per-model results; raises MixedRuns when they come from different code
     (unless allow_mixed, which flags it at the top)."""
     sys.path.insert(0, str(ROOT))
@@ -1016,7 +1073,7 @@ def report(out: Path, models: list[str], allow_mixed: bool = False) -> str:
     won_rows.sort(key=lambda r: (models.index(r[0]), -(r[1]["share"] or 0.0)))
     missing = [ln for ln in lines if ln.startswith("- ")]
     lines = [ln for ln in lines if not ln.startswith("- ")]
-    lines += per_model_section(out, models, covered_by)
+    lines += per_model_section(out, models, covered_by, chart)
     if compile_notes:
         lines += ["", "torch.compile of the whole model by `bench_compile_ops.py` (`--compile-ops`):"] + compile_notes
     if missing:
@@ -1133,13 +1190,19 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
         try:
-            text = report(args.out, models, allow_mixed=args.allow_mixed_commits)
+            svg = None if mixed_code(args.out, models) and not args.allow_mixed_commits else \
+                speedup_chart(args.out, models)
+            text = report(args.out, models, allow_mixed=args.allow_mixed_commits, chart=svg is not None)
         except MixedRuns as e:
             print(f"error: {args.out}: the models' results come from different code ({e}); run them again on one "
                   "commit, or pass --allow-mixed-commits to write a report that says so", file=sys.stderr)
             return 2
         (args.out / "report.md").write_text(text)
-        log(f"wrote {args.out / 'report.md'}")
+        if svg is not None:
+            (args.out / CHART).write_text(svg)
+        else:  # a chart left from an earlier report would not be of these results
+            (args.out / CHART).unlink(missing_ok=True)
+        log(f"wrote {args.out / 'report.md'}" + (f" and {args.out / CHART}" if svg is not None else ""))
         return 0
     import torch
 

@@ -817,3 +817,27 @@ def test_a_pinned_copy_inside_another_work_tree_names_its_commit_not_the_outer_h
     assert rp.git_commit() == (None, None)
     monkeypatch.setenv("KFORGE_COMMIT", "abc123")
     assert rp.git_commit() == ("abc123", None)
+
+
+def test_the_report_draws_every_models_arms_against_eager(tmp_path):
+    """speedups.svg beside report.md: per model its arms over eager, the CI only on the pair timed together;
+    a model without numbers draws nothing, and a report with nothing to draw removes an older chart."""
+    import xml.etree.ElementTree as ET
+
+    _fake_model(tmp_path, "vit_b16")
+    _fake_model(tmp_path, "convnext_tiny", whole=False)
+    p = _report(tmp_path, "--report-only", "--models", "vit_b16,convnext_tiny")
+    assert p.returncode == 0, p.stderr
+    assert "![Each model's whole forwards as speedups over eager](speedups.svg)" in (tmp_path / "report.md").read_text()
+    root = ET.fromstring((tmp_path / "speedups.svg").read_text())
+    ns = "{http://www.w3.org/2000/svg}"
+    bars = {r.get("data-label"): float(r.get("data-value")) for r in root.iter(f"{ns}rect") if r.get("class") == "bar"}
+    # bench_e2e: eager 10 ms, cast 8 ms, eager graphs 6 ms, cast graphs 6.3 ms; bench_compose: its eager pair's
+    # eager 10 ms, torch.compile 5 ms alone and 4.9 ms with the cast; reduce-overhead failed: no bar
+    assert bars == pytest.approx({"eager + cast": 1.25, "CUDA graphs": 10 / 6, "CUDA graphs + cast": 10 / 6.3,
+                                  "torch.compile": 2.0, "torch.compile + cast": 10 / 4.9}, rel=1e-3)
+    assert len([q for q in root.iter(f"{ns}path") if q.get("class") == "ci"]) == 1
+    names = [t.text for t in root.iter(f"{ns}text")]
+    assert "vit_b16" in names and not any("convnext" in (n or "") for n in names)
+    assert _report(tmp_path, "--report-only", "--models", "convnext_tiny").returncode == 0
+    assert not (tmp_path / "speedups.svg").exists() and "speedups.svg" not in (tmp_path / "report.md").read_text()
