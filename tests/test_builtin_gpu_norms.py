@@ -69,7 +69,10 @@ def test_group_norm_sd35_vae_bf16_1024(tmp_path):
               mutations=1, extra=({"strategy": "stream", "lookahead": 0}, {"strategy": "stream", "lookahead": 2},
                                   {"strategy": "stream", "tile_kb": 32}, {"strategy": "stream", "tile_kb": 256},
                                   {"strategy": "stream", "l2": "keep"},
-                                  {"strategy": "stream", "l2": "keep", "lookahead": 2}, {"strategy": "split"}))
+                                  {"strategy": "stream", "l2": "keep", "lookahead": 2},
+                                  {"strategy": "stream", "resident": 2}, {"strategy": "stream", "resident": 1},
+                                  {"strategy": "stream", "resident": 2, "tile_kb": 32},
+                                  {"strategy": "stream", "resident": 2, "l2": "keep"}, {"strategy": "split"}))
 
 
 @pytest.mark.gpu

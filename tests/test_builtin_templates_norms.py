@@ -656,9 +656,10 @@ def _emulation_cases() -> list[tuple]:
                                                           "block": 128, "unroll": 1}, hw=SMALL_L2),
         _case_group_norm([1, 2, 100, 100], 1, f32, True, {"strategy": "stream", "tile_kb": 64, "lookahead": 0,
                                                          "block": 256}, hw=SMALL_L2),
-        # The same with the statistics kept in L2 (the policy is a cache hint: the emulation runs plain loads)
+        # The same with the statistics kept in L2 (the policy is a cache hint: the emulation runs plain loads),
+        # and with at most 2 blocks per SM (dynamic shared memory the kernel leaves unused)
         _case_group_norm([1, 4, 128, 160], 2, bf, True, {"strategy": "stream", "tile_kb": 32, "lookahead": 1,
-                                                        "block": 128, "l2": "keep"}, hw=SMALL_L2),
+                                                        "block": 128, "l2": "keep", "resident": 2}, hw=SMALL_L2),
         _case_rows("layer_norm", [3, 5, 40], [40], bf, True, {}),
         _case_rows("layer_norm", [2, 3, 1536], [1536], bf, False, {"block": 512, "rows_per_block": 1}),
         _case_rows("layer_norm", [2, 3, 12, 20], [12, 20], f16, True, {"vec": 2}),
@@ -689,3 +690,29 @@ def test_group_norm_stream_keeps_its_statistics_in_l2_only_where_the_gpu_has_evi
     assert t.space(card, hw=volta)["strategy"][0] == "stream" and "l2" not in t.space(card, hw=volta)
     with pytest.raises(ValueError, match="sm_80"):
         t.render(card, {**t.default(card, hw=volta), "l2": "keep"}, hw=volta)
+
+
+@pytest.mark.parametrize("hw", [Hardware(), GB10], ids=["h200", "gb10"])
+def test_group_norm_stream_can_hold_fewer_blocks_per_sm(hw):
+    """`resident: N` pads each stream block with dynamic shared memory so that N fit on an SM and N + 1 do not
+    (fewer tiles in flight between a group's two reads, which the L2 must hold); "all" (the first kernel) adds
+    none, and block sizes whose threads already cap an SM at N need none."""
+    t = BY_NAME["group_norm"]
+    card = group_norm_card([1, 128, 1024, 1024], 32, torch.bfloat16)
+    space = t.space(card, hw=hw)
+    assert space["resident"][0] == "all"
+    base = {**t.default(card, hw=hw), "strategy": "stream", "block": 512}
+    assert _resolved(t, card, base, hw).launches[0].shared == 0
+    # the test's GB10 has 228 KB per SM but 99 KB per block: one block per SM cannot be forced there
+    assert space["resident"][1:] == ([2, 3, 1] if hw.max_shared_per_block * 2 > hw.shared_per_sm else [2, 3])
+    if 1 not in space["resident"]:
+        with pytest.raises(ValueError, match="cannot keep 2 blocks off an SM"):
+            t.render(card, {**base, "resident": 1}, hw=hw)
+    for n in space["resident"][1:]:
+        r = _resolved(t, card, {**base, "resident": n}, hw)
+        (launch,) = r.launches
+        per_block = launch.shared + 4 * (3 * 16 + 3) + 8 * 4 + 8 + 1024  # + static + the GPU's reserve
+        assert n * per_block <= hw.shared_per_sm < (n + 1) * per_block, (n, launch.shared)
+        assert f"at most {n} block(s) per SM" in t.render(card, {**base, "resident": n}, hw=hw).intent
+    big = {**base, "block": 1024, "resident": 2}  # 2 x 1024 threads fill an SM already
+    assert _resolved(t, card, big, hw).launches[0].shared == 0

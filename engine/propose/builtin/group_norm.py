@@ -346,6 +346,13 @@ STREAM_LOOKAHEAD = (1, 0, 2)
 # apply tiles re-read it; apply loads evict_first). The largest SD3.5 VAE GroupNorm (bf16 [1,128,1024,1024])
 # moved its bytes at about 70 % of the lane's copy with "default" (H200, 2026-12-03).
 STREAM_L2 = ("default", "keep")
+# And how many of its blocks an SM may hold at once ("all": as many as fit; N: dynamic shared memory the kernel
+# does not use, sized so that no more than N fit). Every block resident draws a tile, so the bytes read between
+# a group's statistics tiles and its apply tiles grow with them: 8 blocks of 64 KB tiles on 132 SMs put 67 MB
+# in flight, more than the L2 holds, and the apply pass read its group from memory again. The default stream
+# kernel on bf16 [1,128,1024,1024] took 204-215 us against 196 us for three full passes at the lane's copy
+# bandwidth (H200, 2026-12-03): its second read hit the L2 hardly at all.
+STREAM_RESIDENT = ("all", 2, 3, 1)
 
 
 def _stream_offered(x: Mapping[str, Any], group_bytes: int, hw: Hardware) -> bool:
@@ -354,6 +361,35 @@ def _stream_offered(x: Mapping[str, Any], group_bytes: int, hw: Hardware) -> boo
     cap = hw.capability
     nbytes = math.prod(int(d) for d in x["shape"]) * cc.itemsize(x["dtype"])
     return group_bytes > 64 * 1024 and nbytes * 2 > hw.l2_bytes and cap is not None and cap >= (7, 0)
+
+
+def _resident_pad(resident: Any, block: int, cg: int, hw: Hardware) -> int:
+    """Bytes of dynamic shared memory (unused by the kernel) that let at most `resident` stream blocks share an
+    SM: each block then takes the largest share of the SM's shared memory of which `resident` fit (1 KB of it
+    reserved by the GPU per block, the kernel's static part counted, rounded down to 128 B). 0 for "all", or
+    where the threads already allow no more than that many blocks."""
+    if resident == "all":
+        return 0
+    n = int(resident)
+    if n < 1:
+        raise ValueError(f"resident {resident!r}: at least 1 block per SM")
+    if (n + 1) * block > hw.max_threads_per_sm:
+        return 0
+    static = 4 * (3 * (block // 32) + 3) + 8 * cg + 8
+    if not _resident_enforceable(n, hw):
+        raise ValueError(f"resident {n}: {hw.max_shared_per_block} B of shared memory per block cannot keep "
+                         f"{n + 1} blocks off an SM of {hw.shared_per_sm} B")
+    return max(0, _resident_share(n, hw) - static)
+
+
+def _resident_share(n: int, hw: Hardware) -> int:
+    """The shared memory per block (static and dynamic) of which n blocks fit on an SM, at most a block's."""
+    return min(hw.max_shared_per_block, hw.shared_per_sm // n - 1024) // 128 * 128
+
+
+def _resident_enforceable(n: int, hw: Hardware) -> bool:
+    """Whether a block's share of shared memory can keep n + 1 blocks off an SM."""
+    return (n + 1) * (_resident_share(n, hw) + 1024) > hw.shared_per_sm
 
 
 def _stream_tiles(d: int, isz: int, v: int, tile_kb: int) -> tuple[int, int]:
@@ -494,6 +530,8 @@ class GroupNormTemplate(Template):
                if clusters else {}),
             **({"tile_kb": list(STREAM_TILES_KB), "lookahead": lookahead} if stream else {}),
             **({"l2": list(STREAM_L2)} if stream and hw.capability >= (8, 0) else {}),
+            **({"resident": [r for r in STREAM_RESIDENT if r == "all" or _resident_enforceable(r, hw)]}
+               if stream and hw.shared_per_sm > 0 else {}),
         }
 
     @staticmethod
@@ -504,7 +542,7 @@ class GroupNormTemplate(Template):
         if params["strategy"] == "cluster":
             keys |= {"cluster", "stash"}
         if params["strategy"] == "stream":
-            keys |= {"tile_kb", "lookahead", "l2"}
+            keys |= {"tile_kb", "lookahead", "l2", "resident"}
         return keys
 
     def mutate(self, card: OperatorCard, params: Mapping[str, Any], rng: random.Random,
@@ -545,16 +583,20 @@ class GroupNormTemplate(Template):
             if 2 * geo["R"] * p > cc.MAX_I32:
                 raise ValueError(f"{2 * geo['R'] * p} tiles do not fit one grid")
             kernels = cc.substitute(_GN_STREAM, WB_PARAMS=wb_p, WB_LOCALS=wb_locals, P=p, CHUNK=chunk, LA=la)
+            resident = params.get("resident", "all")
+            pad = _resident_pad(resident, block, geo["CG"], hw)
             spec = "\n".join([
                 f"# group_norm stream: {p} tiles per group, statistics {la} group(s) ahead of apply; "
                 "blocks take tiles in ticket order",
                 "[[workspace]]", 'name = "part"', f'bytes = "N * group * {p} * 12"', "",
                 "[[workspace]]", 'name = "ctr"', 'bytes = "8 + N * group * 4"', "zero = true", "",
                 "[[launch]]", 'kernel = "gn_stream"', f'grid = ["N * group * {2 * p}"]', f"block = [{block}]",
+                *([f"shared = {pad}"] if pad else []),
                 "args = " + cc.spec_args([("ptr", "input"), *wb_args, ("ptr", "ws.part"), ("ptr", "ws.ctr"),
                                           *outs]), ""])
             how = f", {p} tiles of {chunk} elements per group, statistics {la} group(s) ahead" + \
-                (", statistics kept in L2 (evict_last)" if keep_l2 else "")
+                (", statistics kept in L2 (evict_last)" if keep_l2 else "") + \
+                (f", at most {resident} block(s) per SM" if pad else "")
         elif strategy == "cluster":
             k = int(params["cluster"])
             chunk, stash = _gn_stash(geo["D"], k, v, block, cc.itemsize(x["dtype"]), geo["CG"], params["stash"],
