@@ -299,7 +299,10 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(3):
             forward()
         eager_out = output_tensor(forward()).double()
-        iters = args.iters or max(10, min(60, auto_iters(sorted(timed(forward) for _ in range(3))[1], 3.0)))
+        # turns per arm and round: about 3 s of one arm's calls, counted as turns of one warm and one timed call
+        # (a turn of --block calls is that many more calls, and its sample a median of them)
+        per_turn = (WARM_CALLS + BLOCK) / 2
+        iters = args.iters or max(10, min(60, auto_iters(sorted(timed(forward) for _ in range(3))[1] * per_turn, 3.0)))
         # --iters 0: rounds until the CI is narrow enough or the time is up; --iters N: exactly N
         until = {} if args.iters else {"precision": args.precision, "max_s": args.max_s}
 
