@@ -12,7 +12,9 @@ output is normalised with the ROUNDED mean/rstd, as eager's ComputeFusedParams d
            per-block limit allows between the passes.
   stream   one launch for tensors larger than half the L2: each block takes the next ticket of a fixed
            order (statistics tiles of a group, LA groups ahead of that group's apply tiles), so a group is
-           read from memory once for its statistics and again, soon after, mostly from L2.
+           read from memory once for its statistics and again, soon after, from L2 where the bytes read in
+           between fit it. Searched too: the L2 policy of its loads (`l2`) and how many of its blocks an SM
+           holds (`resident`), which sets how many tiles are in flight between a group's two reads.
 """
 
 from __future__ import annotations
