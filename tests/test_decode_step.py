@@ -93,3 +93,27 @@ def test_scripts_take_a_config_with_overrides():
     assert why.startswith("error: --model gemma4_e2b@full_depth: ") and "is not key=value" in why and "\n" not in why
     _, why = config_or_error(str(CONFIGS / "examples" / "gemma4_e2b_decode.toml") + "@no_such_param=1")
     assert why is not None and "no_such_param" in why and "\n" not in why
+
+
+def test_the_cache_goes_by_the_name_the_models_forward_takes():
+    """transformers 5.2x takes and returns the cache as `cache` (`past_key_values` a deprecated alias); the
+    H200's 5.17 as `past_key_values`. A step passes it by the name its model's forward has."""
+    from types import SimpleNamespace
+
+    from engine.models.decode import decode_step
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids, past_key_values=None, use_cache=False, logits_to_keep=0):
+            seen.append(("past_key_values", past_key_values))
+            return SimpleNamespace(logits=torch.zeros(1, input_ids.shape[1], 4), past_key_values=[1, 2])
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids, cache=None, use_cache=False, logits_to_keep=0):
+            seen.append(("cache", cache))
+            return SimpleNamespace(logits=torch.zeros(1, input_ids.shape[1], 4), cache=[3])
+
+    for model, name, prefilled in ((Old(), "past_key_values", [1, 2]), (New(), "cache", [3])):
+        seen = []
+        forward, _ = decode_step(model, torch.zeros(1, 5, dtype=torch.long))
+        forward()
+        assert seen[-1] == (name, prefilled)  # a copy of the prefilled cache, by the forward's own name

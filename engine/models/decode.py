@@ -28,7 +28,8 @@ def decode_step(model: torch.nn.Module, input_ids: torch.Tensor, logits_to_keep:
     next token after them, from a fresh copy of that cache each call."""
     with torch.no_grad():
         out = model(input_ids=input_ids, use_cache=True, logits_to_keep=1)
-    prefilled = out.past_key_values
+    prefilled = _cache_of(out)
+    cache_kw = _cache_kwarg(model)
     if prefilled is None:
         raise RuntimeError(f"{type(model).__name__} returned no cache from its prefill: it cannot be stepped")
     next_ids = out.logits[:, -1:].argmax(-1)
@@ -41,7 +42,7 @@ def decode_step(model: torch.nn.Module, input_ids: torch.Tensor, logits_to_keep:
 
     def forward() -> Any:
         with torch.no_grad():
-            return model(input_ids=next_ids, past_key_values=fresh_cache(), use_cache=True,
+            return model(input_ids=next_ids, **{cache_kw: fresh_cache()}, use_cache=True,
                          logits_to_keep=logits_to_keep)
 
     batch, context = input_ids.shape
@@ -49,3 +50,24 @@ def decode_step(model: torch.nn.Module, input_ids: torch.Tensor, logits_to_keep:
             f"{type(prefilled).__name__} prefilled with {batch}x{context} random token ids, copied afresh "
             "outside capture at each call (engine/models/decode.py)")
     return forward, note
+
+
+def _cache_of(out: Any) -> Any:
+    """The cache a forward returned: `cache` since transformers 5.2x, `past_key_values` before (None: none)."""
+    for name in ("cache", "past_key_values"):
+        value = getattr(out, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _cache_kwarg(model: torch.nn.Module) -> str:
+    """The name the model's forward takes its cache by: `cache` where it has that parameter (transformers
+    5.2x, where `past_key_values` is a deprecated alias), else `past_key_values`."""
+    import inspect
+
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
