@@ -10,4 +10,7 @@ timeout 240 python3 scripts/gpu_tests.py --out /tmp/o/gt --timeout 200 tests/tes
 timeout $((560 - SECONDS)) python3 scripts/bench_compose.py --out /tmp/o/resnet50 --model configs/models/resnet50.toml \
     --cast $R/2026-12-03g/resnet50/resnet50.cast --modes default --max-s 8 --block 4 --control \
     > /tmp/o/resnet50.log 2>&1; grep -E "control arms|verdict|vs alone" /tmp/o/resnet50.log | tail -4
+# The router extension this machine built (about 90 s of the first GPU test): unpack it into .devrun/ext here,
+# and setup.sh copies it to TORCH_EXTENSIONS_DIR on the next fresh machine (same torch, same build flags).
+[ -d /tmp/ext ] && tar czf /tmp/o/ext.tgz -C /tmp ext
 cd /tmp && tar czf $OUT/o.tgz o
