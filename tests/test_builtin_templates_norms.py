@@ -407,8 +407,9 @@ def test_group_norm_stream_instances_compile_for_sm_90():
                                                                      "tile_kb": tile})
                 assert launched == ["gn_stream"]
                 jobs[src] = ((dtype, affine, la, tile), {"gn_stream"})
-            # the statistics kept in L2: createpolicy and ld.global.L2::cache_hint in each access width
-            for v in space["vec"]:
+            # the statistics kept in L2: createpolicy and ld.global.L2::cache_hint in each access width (bf16's
+            # vectors of 8, 4, 2 and 1 elements are the 16, 8, 4 and 2-byte loads)
+            for v in space["vec"] if dtype == torch.bfloat16 and affine else ():
                 src, launched = _check_rendered("group_norm", card, {**t.default(card), "l2": "keep", "vec": v})
                 assert "SH = 3, AH = 4" in src and launched == ["gn_stream"]
                 jobs[src] = ((dtype, affine, "keep", v), {"gn_stream"})
