@@ -97,7 +97,7 @@ def test_the_scripts_control_flow_on_a_cpu(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch, "compile", recording)
     code = bench.main(["--out", str(out), "--model", "configs/examples/my_model.toml", "--small", "--cast", str(cast),
-                       "--modes", "default,reduce-overhead", "--iters", "3", "--cast-inductor", "layout_optimization=false",
+                       "--modes", "default,reduce-overhead", "--iters", "3", "--block", "2", "--cast-inductor", "layout_optimization=false",
                        "--control"])
     assert code == 0
     doc = json.loads((out / "bench_compose.json").read_text())
@@ -234,7 +234,7 @@ def test_processes_pool_each_compiled_pair_over_fresh_processes(tmp_path, monkey
     cast = _write(tmp_path)
     out = tmp_path / "out"
     base = ["--out", str(out), "--model", "configs/examples/my_model.toml", "--small", "--modes", "default",
-            "--iters", "3"]
+            "--iters", "3", "--block", "2"]
     assert bench.main([*base, "--processes", "2"]) == 2  # no --cast: each process would build its own
     assert bench.main([*base, "--cast", str(cast), "--processes", "2"]) == 0
     doc = json.loads((out / "bench_compose.json").read_text())
