@@ -8,8 +8,14 @@ output agreement with eager; the cast's hits per forward; compile time of each c
 Without --cast the cast is built here with the builtin proposer (`engine.export.direct.build_cast`: capture,
 a small search, confirmation in a fresh process) for the ops matching --keep. Compile time: each compiled arm's
 first call, from fresh Inductor and Triton cache folders, after the model was compiled once and thrown away
-(Inductor's start in a process is paid by neither arm); which arm compiles first alternates by mode, and the
-record says which. Writes DIR/bench_compose.json and DIR/bench_compose.md.
+(Inductor's start in a process is paid by neither arm; not where every pair is one compile, the cast having
+nothing for any mode measured); which arm compiles first alternates by mode, and the record says which. Writes
+DIR/bench_compose.json and DIR/bench_compose.md.
+
+Timing: the arms take turns; a turn is the arm's setup (the cast's arm installs the cast), a garbage collection,
+--warm-calls untimed calls, then --block timed calls back to back (default 1 and 4), the turn's sample their
+median. One timed call per turn let the install's wake into every sample of the cast's arm: eager-only casts,
+with no kernel of theirs running, read 2-3 % slower than torch.compile alone (H200, 2026-12-04e).
 
 A config written CONFIG@key=value[,key=value] is built with those [params] overridden (TOML values), e.g.
 gemma4_e2b@full_depth=true for the real depth; the report names the model as written.
