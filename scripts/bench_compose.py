@@ -12,10 +12,11 @@ first call, from fresh Inductor and Triton cache folders, after the model was co
 nothing for any mode measured); which arm compiles first alternates by mode, and the record says which. Writes
 DIR/bench_compose.json and DIR/bench_compose.md.
 
-Timing: the arms take turns; a turn is the arm's setup (the cast's arm installs the cast), a garbage collection,
---warm-calls untimed calls, then --block timed calls back to back (default 1 and 4), the turn's sample their
-median. One timed call per turn let the install's wake into every sample of the cast's arm: eager-only casts,
-with no kernel of theirs running, read 2-3 % slower than torch.compile alone (H200, 2026-12-04e).
+Timing: the arms take turns. A turn is the arm's setup (the cast's arm installs the cast), a garbage collection
+(with --block above 1), --warm-calls untimed calls, then --block timed calls back to back (defaults 1 and 4);
+the turn's sample is their median. One timed call per turn let the install's wake into every sample of the
+cast's arm: eager-only casts, with no kernel of theirs running, read 2-3 % slower than torch.compile alone (H200,
+2026-12-04e).
 
 A config written CONFIG@key=value[,key=value] is built with those [params] overridden (TOML values), e.g.
 gemma4_e2b@full_depth=true for the real depth; the report names the model as written.
