@@ -39,10 +39,13 @@ def brief_of(ref) -> Any:
 
 
 def evaluate_many(jobs: Sequence[tuple[Any, str, str]], *, cache_dir: Path, timing: dict | None = None,
-                  timeout_s: float | None = None) -> list[Any]:
-    """Evaluate (CardRef, source, spec) jobs in one real lane; returns engine.lane.evaluate.Evaluation list."""
+                  timeout_s: float | None = None, copies: dict[str, Any] | None = None) -> list[Any]:
+    """Evaluate (CardRef, source, spec) jobs in one real lane; returns engine.lane.evaluate.Evaluation list.
+    `copies`: filled with {card_id: the lane's copy of the card's bytes, its payload or {'error'}}, timed in
+    the same lane after the jobs (the bandwidth a memory-bound kernel is held to)."""
     from engine.compile import Compiler
     from engine.lane.client import GpuLane, worker_argv
+    from engine.lane.eager import measure_copy
     from engine.lane.evaluate import evaluate
 
     compiler = Compiler(cache_dir, "nvrtc", arch="sm_{}{}".format(*torch.cuda.get_device_capability()))
@@ -51,8 +54,15 @@ def evaluate_many(jobs: Sequence[tuple[Any, str, str]], *, cache_dir: Path, timi
         lane = GpuLane(worker_argv(torch.cuda.current_device()), timeout_s=120)
         await lane.start()
         try:
-            return [await evaluate(lane, card, compiler.compile(src), spec, timing=timing or {"max_seconds": 1.0},
-                                   timeout_s=timeout_s) for card, src, spec in jobs]
+            evs = [await evaluate(lane, card, compiler.compile(src), spec, timing=timing or {"max_seconds": 1.0},
+                                  timeout_s=timeout_s) for card, src, spec in jobs]
+            if copies is not None:
+                refs = {card.card_id: card for card, _, _ in jobs}
+                try:
+                    copies.update(await measure_copy(lane, list(refs.values())))
+                except Exception as e:  # noqa: BLE001 - the copy is printed beside the kernels, never a failure
+                    copies.update({cid: {"error": f"{type(e).__name__}: {e}"} for cid in refs})
+            return evs
         finally:
             await lane.close()
 
@@ -105,11 +115,15 @@ def evaluate_cases(tmp_path: Path, by_name: dict[str, Any],
                 seen.add(r.source + r.spec)
                 jobs.append((ref, r.source, r.spec))
                 labels.append((f"{label}: {card.op} {card.signature_text}", r))
-    evs = evaluate_many(jobs, cache_dir=tmp_path / "compile", timing=timing)
+    copies: dict[str, Any] = {}
+    evs = evaluate_many(jobs, cache_dir=tmp_path / "compile", timing=timing, copies=copies)
     last = None
-    for (label, r), ev in zip(labels, evs):
+    for (label, r), ev, (ref, _, _) in zip(labels, evs, jobs):
+        copy_us = ((copies.get(ref.card_id) or {}).get("copy") or {}).get("median")
         if label != last:
-            print(f"\n{label}")
+            got = copies.get(ref.card_id) or {}
+            print(f"\n{label}" + (f" (the lane's copy of its {got.get('bytes', 0) / 1e6:.0f} MB: {copy_us:.1f} us)"
+                                   if copy_us else f" (the lane's copy: {got.get('error', 'not timed')})"))
             last = label
         tm = ev.payload.get("timing") or {}
         eager = (tm.get("eager") or {}).get("median")
@@ -119,6 +133,8 @@ def evaluate_cases(tmp_path: Path, by_name: dict[str, Any],
                  + (f", beside {beside:.1f} CORRECTED" if beside else "")
                  + f", late rounds {tm.get('starved', 0)}, lead {tm.get('lead_us', 0):.0f} us)") if eager and mine else ""
         speed = f" {ev.speedup:.2f}x" if ev.speedup else ""
+        if mine and copy_us:
+            speed += f", {100 * copy_us / mine:.0f} % of copy bandwidth"
         print(f"  {r.intent}: {ev.status}{speed}{times}" + ("" if ev.status == "verified" else
                                                            f" [{ev.category}] {ev.message[:400]}"))
         if ev.status != "verified":
