@@ -96,6 +96,13 @@ def test_the_scripts_control_flow_on_a_cpu(tmp_path, monkeypatch):
         return real_compile(model, **kw)
 
     monkeypatch.setattr(torch, "compile", recording)
+    folders, real_fresh = [], bench.fresh_caches  # the on-disk cache folder each compile starts from
+
+    def recording_folders(root, name):
+        folders.append(name)
+        return real_fresh(root, name)
+
+    monkeypatch.setattr(bench, "fresh_caches", recording_folders)
     code = bench.main(["--out", str(out), "--model", "configs/examples/my_model.toml", "--small", "--cast", str(cast),
                        "--modes", "default,reduce-overhead", "--iters", "3", "--block", "2", "--cast-inductor", "layout_optimization=false",
                        "--control"])
@@ -115,6 +122,11 @@ def test_the_scripts_control_flow_on_a_cpu(tmp_path, monkeypatch):
     assert not warm_fn[1] and warm_fn[0] != first_arm[0]
     assert not first_arm[1] and second_mode == first_arm  # the model through cast.compile: torch.compile's own
     assert doc["inductor_start_model"] is False
+    # both arms of a mode the cast has nothing for compile from one cache folder (a second Dynamo compile of the
+    # same graph loads the first's code); the control's second compile of torch.compile alone starts afresh
+    assert folders[:3] == ["process-warm-up", "default-own", "default-own"]
+    assert "reduce-overhead-own" in folders and folders.count("reduce-overhead-own") == 2
+    assert any(f.startswith("default-") and f != "default-own" for f in folders)  # the A/A of compiles
     # Under reduce-overhead a replay runs no Python: the record says over which calls hits were counted
     ro = doc["modes"]["reduce-overhead"]
     assert "error" not in ro, ro.get("traceback")
