@@ -2,7 +2,8 @@
 # next.sh. Qwen3.5-35B-A3B (4 layers) with its eager-only cast (2026-12-04b: module cards and a graph route per
 # decoder layer) under torch.compile default: issue 19's "never slower" on the last reference model not yet
 # measured. The cast has nothing for compile, so the pair is one compile (~230 s on the H200), and bench_compose
-# no longer compiles the model a second time to pay Inductor's start.
+# no longer compiles the model a second time to pay Inductor's start; the second Dynamo compile (the cast's module
+# cards give the decoder classes another forward while it is installed) loads the first's code from the shared cache.
 source .devrun/setup.sh >/dev/null 2>&1
 rm -rf /tmp/o; mkdir -p /tmp/o
 R=docs/results/reproduce-h200
