@@ -501,7 +501,7 @@ def compiles_twice(cast: Any, modes: list[str]) -> bool:
     variants for that mode's target. Otherwise every pair is one compile, torch.compile's own."""
     from engine.cast import compose
 
-    return any(not compose.nothing_under(cast, None if m == "default" else m) for m in modes)
+    return any(not compose.nothing_under(cast, m) for m in modes)
 
 
 def inductor_options(items: list[str], flag: str) -> dict[str, Any]:
@@ -632,8 +632,6 @@ def pool(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
     (args.out / "bench_compose.md").write_text(text)
     if len(runs) == args.processes:
         print(text)
-
-
 
 
 def verdict(ci: list[float]) -> str:

@@ -1190,8 +1190,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
         try:
-            svg = None if mixed_code(args.out, models) and not args.allow_mixed_commits else \
-                speedup_chart(args.out, models)
+            svg = speedup_chart(args.out, models)  # written only with the report (not where it refuses)
             text = report(args.out, models, allow_mixed=args.allow_mixed_commits, chart=svg is not None)
         except MixedRuns as e:
             print(f"error: {args.out}: the models' results come from different code ({e}); run them again on one "

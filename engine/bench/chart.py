@@ -69,7 +69,6 @@ def bars_svg(groups: Sequence[tuple[str, Sequence[Bar]]], *, title: str, axis: s
     left = 16 + 7 * max(len(name) for name, _ in groups)  # bold 11 px text: about 7 px a character
     top = max([reference] + [max(b.value, b.ci[1] if b.ci else 0.0) for _, bars in groups for b in bars]) * 1.08
     ticks = _ticks(top)
-    top = max(top, ticks[-1])
     x = lambda v: left + PLOT_W * max(0.0, v) / top  # noqa: E731
     legend_h = LEGEND_ROW * math.ceil(len(labels) / 3)
     y0 = TOP + legend_h

@@ -558,12 +558,13 @@ class GroupNormTemplate(Template):
         w, b = cc.tensor_arg(card, "weight"), cc.tensor_arg(card, "bias")
         has_w, has_b = w is not None, b is not None
         v, block, u = int(params["vec"]), int(params["block"]), int(params["unroll"])
-        strategy, offered = params["strategy"], self.space(card, hw=hw)["strategy"]
+        space = self.space(card, hw=hw)
+        strategy, offered = params["strategy"], space["strategy"]
         if strategy not in offered:
             raise ValueError(f"strategy {strategy!r} is outside {offered}")
         split = strategy == "split"
         keep_l2 = strategy == "stream" and params.get("l2", "default") == "keep"
-        if keep_l2 and "l2" not in self.space(card, hw=hw):
+        if keep_l2 and "l2" not in space:
             raise ValueError("l2 'keep' needs sm_80 or newer (L2 eviction policies)")
         p = int(params["blocks_per_group"]) if split else 1
         chunk = -(-geo["D"] // p)
