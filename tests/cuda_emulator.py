@@ -1,8 +1,8 @@
 """Runs generated CUDA on the CPU: g++ compiles the kernels against a small CUDA shim and runs them.
 
-One OS thread per CUDA thread; the blocks of a thread-block cluster run together, clusters (or single
-blocks) one after another. std::barrier stands in for __syncthreads, warp shuffles and the cluster
-barrier (kf_cluster_sync); a thread that returns drops out of them, as exited threads do on the GPU.
+One OS thread per CUDA thread; the blocks of a thread-block cluster (or of a cooperative launch's whole
+grid) run together, clusters (or single blocks) one after another. std::barrier stands in for __syncthreads, warp shuffles and the cluster
+barrier (kf_cluster_sync); cp.async (kf_async_copy16) lands when waited for; a thread that returns drops out of them, as exited threads do on the GPU.
 Every buffer is allocated at its exact size (AddressSanitizer reports any access outside it) at its
 original offset modulo 16, and UBSan's alignment check reports misaligned accesses. Each launch's scalar arguments are
 baked into the program, so a run only passes buffers. Used by the builtin template tests.
@@ -58,6 +58,19 @@ inline thread_local emu_block* emu_me = nullptr;
 inline thread_local std::barrier<>* emu_cluster_bar = nullptr;
 inline void __syncthreads() { emu_me->bar->arrive_and_wait(); }
 inline void kf_cluster_sync() { emu_cluster_bar->arrive_and_wait(); }
+// cp.async: a thread's copies land only when its kf_async_wait<N> retires their group (oldest first), so a
+// kernel that reads its shared memory before waiting reads what was there before.
+struct emu_copy { void* dst; const void* src; };
+inline thread_local std::vector<std::vector<emu_copy>> emu_groups;  // committed, oldest first
+inline thread_local std::vector<emu_copy> emu_open;
+inline void kf_async_copy16(void* smem, const void* gmem) { emu_open.push_back({smem, gmem}); }
+inline void kf_async_commit() { emu_groups.push_back(std::move(emu_open)); emu_open.clear(); }
+template <int N> inline void kf_async_wait() {
+  while (emu_groups.size() > (size_t)N) {
+    for (const auto& c : emu_groups.front()) std::memcpy(c.dst, c.src, 16);
+    emu_groups.erase(emu_groups.begin());
+  }
+}
 template <class T> inline T emu_shfl(T v, int src) {  // 32-bit shuffles within the thread's warp
   static_assert(sizeof(T) == 4, "32-bit shuffles only");
   const unsigned t = threadIdx.x, w = t / 32;
@@ -246,7 +259,7 @@ def _translate(source: str) -> str:
     dynamic shared memory)."""
     body = re.sub(r"#include <cuda_\w+\.h>\n", "", source)
     body = body.replace('extern "C" __global__', "template <int EMU_Q, int EMU_SHARED> __global__")
-    body = re.sub(r"// kf-cluster-begin.*?// kf-cluster-end\n", "", body, flags=re.S)
+    body = re.sub(r"// kf-(cluster|async)-begin.*?// kf-\1-end\n", "", body, flags=re.S)
     return re.sub(r"extern __shared__ __align__\((\d+)\) unsigned char (\w+)\[\];",
                   r"alignas(\1) static unsigned char \2[EMU_SHARED > 0 ? EMU_SHARED : 1];", body)
 
@@ -272,9 +285,10 @@ def build(cases: Sequence[tuple[str, Any]], workdir: Path) -> Program:
                         order.append(a.value)
                     args.append(f"emu_ptr{{P[{order.index(a.value)}]}}")
             call = ", ".join(args)
-            slots = " ".join(f"case {q}: c{k}::{ln.kernel}<{q}, {ln.shared}>({call}); break;" for q in range(cluster))
+            together = ln.grid[0] if getattr(ln, "cooperative", False) else cluster  # cooperative: all at once
+            slots = " ".join(f"case {q}: c{k}::{ln.kernel}<{q}, {ln.shared}>({call}); break;" for q in range(together))
             calls.append(f"emu_launch([&](unsigned q) {{ switch (q) {{ {slots} }} }}, {ln.grid[0]}, "
-                         f"{ln.block[0]}, {cluster});")
+                         f"{ln.block[0]}, {together});")
         dispatch.append(f"    case {k}: {{ {' '.join(calls)} break; }}")
         keys.append(tuple(order))
     text = "\n".join(parts) + _MAIN.replace("CASES", "\n".join(dispatch))

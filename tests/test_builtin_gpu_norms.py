@@ -59,21 +59,38 @@ def test_group_norm_sd35_vae_bf16_512(tmp_path):
 @pytest.mark.gpu
 def test_group_norm_sd35_vae_bf16_1024(tmp_path):
     """The VAE's largest GroupNorm (268 MB in, 268 MB out): the stream kernel (the default: blocks draw
-    tickets, apply tiles wait on their group's statistics tiles) at each lookahead and tile size, with its
-    statistics kept in L2 and with fewer blocks per SM (2026-12-04e: the default's second read hardly hit the
-    L2), under the lane's repeated runs; split beside it for comparison."""
+    tickets, apply tiles wait on their group's statistics tiles) beside the persist kernel (one cooperative
+    launch; each block keeps its slice of two groups in shared memory, so memory is read once), at 1 and 2
+    blocks per SM, under the lane's repeated runs; split for comparison. 2026-12-04e: the stream kernel
+    moved its bytes at 65 % of the lane's copy (three passes at copy speed); `l2: keep` and fewer blocks per SM
+    did not help (one block per SM failed to launch then: its padding was 4 B too large)."""
     torch.manual_seed(3)
     x = torch.randn(1, 128, 1024, 1024, device="cuda", dtype=torch.bfloat16) * 0.7 + 0.2
     w = torch.randn(128, device="cuda", dtype=torch.bfloat16) * 0.2 + 1
     b = torch.randn(128, device="cuda", dtype=torch.bfloat16) * 0.1
     _evaluate(tmp_path, "group_norm", lambda: F.group_norm(x, 32, w, b, 1e-6), "group_norm [1,128,1024,1024]",
-              mutations=1, extra=({"strategy": "stream", "lookahead": 0}, {"strategy": "stream", "lookahead": 2},
-                                  {"strategy": "stream", "tile_kb": 32}, {"strategy": "stream", "tile_kb": 256},
-                                  {"strategy": "stream", "l2": "keep"},
-                                  {"strategy": "stream", "l2": "keep", "lookahead": 2},
-                                  {"strategy": "stream", "resident": 2}, {"strategy": "stream", "resident": 1},
-                                  {"strategy": "stream", "resident": 2, "tile_kb": 32},
-                                  {"strategy": "stream", "resident": 2, "l2": "keep"}, {"strategy": "split"}))
+              mutations=0, extra=({"strategy": "stream", "lookahead": 0}, {"strategy": "stream", "resident": 1},
+                                  {"strategy": "persist", "per_sm": 1, "block": 1024},
+                                  {"strategy": "persist", "per_sm": 1, "block": 512},
+                                  {"strategy": "persist", "per_sm": 2, "block": 512},
+                                  {"strategy": "persist", "per_sm": 2, "block": 1024},
+                                  {"strategy": "persist", "per_sm": 1, "block": 1024, "unroll": 2},
+                                  {"strategy": "split"}))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 256, 1024, 1024), (1, 512, 512, 512), (1, 256, 512, 512), (1, 512, 256, 256)],
+                         ids=str)
+def test_group_norm_persist_on_the_sd35_vae_shapes(tmp_path, shape):
+    """The VAE's other GroupNorms larger than half the L2, bf16: the persist kernel (16 MB groups kept in part;
+    8, 4 and 2 MB groups whole) beside the stream kernel, each against eager and the lane's copy."""
+    torch.manual_seed(4)
+    x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16) * 0.7 + 0.2
+    w = torch.randn(shape[1], device="cuda", dtype=torch.bfloat16) * 0.2 + 1
+    b = torch.randn(shape[1], device="cuda", dtype=torch.bfloat16) * 0.1
+    _evaluate(tmp_path, "group_norm", lambda: F.group_norm(x, 32, w, b, 1e-6), f"group_norm {list(shape)}",
+              mutations=0, extra=({"strategy": "persist", "per_sm": 1, "block": 1024},
+                                  {"strategy": "persist", "per_sm": 2, "block": 512}))
 
 
 @pytest.mark.gpu

@@ -36,6 +36,7 @@ from engine.propose.builtin.batch_norm import TEMPLATES as BN
 from engine.propose.builtin.group_norm import TEMPLATES as GN
 from engine.propose.builtin.proposer import BuiltinProposer
 from engine.propose.builtin.row_norms import TEMPLATES as ROWS
+from engine.propose.builtin.template import H200
 
 TEMPLATES = [*GN, *ROWS, *BN]
 ROOT = Path(__file__).resolve().parent.parent
@@ -257,7 +258,7 @@ def test_intent_directed_mutation_changes_only_what_the_intent_is_about():
 
 # ------------------------------------------------------------------------------ render + resolve
 
-_KERNEL_RE = re.compile(r'extern "C" __global__ void (?:__cluster_dims__\([\w, ]+\)\s*)?(?:__launch_bounds__\(\w+\)\s*)?(\w+)\(')
+_KERNEL_RE = re.compile(r'extern "C" __global__ void (?:__cluster_dims__\([\w, ]+\)\s*)?(?:__launch_bounds__\([\w, ]+\)\s*)?(\w+)\(')
 
 
 def _kernels_in(source: str) -> set[str]:
@@ -413,6 +414,43 @@ def test_group_norm_stream_instances_compile_for_sm_90():
                 src, launched = _check_rendered("group_norm", card, {**t.default(card), "l2": "keep", "vec": v})
                 assert "SH = 3, AH = 4" in src and launched == ["gn_stream"]
                 jobs[src] = ((dtype, affine, "keep", v), {"gn_stream"})
+    _compile_all(jobs)
+
+
+def test_group_norm_persist_instances_compile_for_sm_90_as_cooperative_launches():
+    """The persist kernel in each dtype, with and without affine, 1 and 2 blocks per SM, on the SD3.5 VAE's
+    largest tensors: 8 MB groups kept whole in shared memory, 16 MB groups in part (fp32's 32 MB groups,
+    less than half kept, are not offered it). Its launch is cooperative (the blocks wait for each other), its
+    grid the GPU's SMs times the blocks per SM, and its shared memory three slots of what it keeps, within
+    what an SM holds for that many blocks; its vectors are cp.async's 16 bytes whatever `vec` asks."""
+    t = BY_NAME["group_norm"]
+    jobs: dict[str, tuple[Any, set[str]]] = {}
+    for dtype in DTYPES:
+        isz = torch.empty(0, dtype=dtype).element_size()
+        for affine in (True, False):
+            for shape in ([1, 128, 1024, 1024], [1, 256, 1024, 1024]):
+                card = group_norm_card(shape, 32, dtype, affine=affine)
+                space = t.space(card)
+                group_mb = shape[1] // 32 * 1024 * 1024 * isz / 2**20
+                if group_mb > 16:
+                    assert "persist" not in space["strategy"] and "per_sm" not in space
+                    continue
+                assert space["strategy"][:2] == ["stream", "persist"] and space["per_sm"] == [1, 2]
+                for per_sm, block in ((1, 1024), (2, 512)):
+                    params = {**t.default(card), "strategy": "persist", "per_sm": per_sm, "block": block, "vec": 2}
+                    src, launched = _check_rendered("group_norm", card, params)
+                    (ln,) = _resolved(t, card, params, H200).launches
+                    assert launched == ["gn_persist"] and ln.cooperative and ln.grid == (132 * per_sm, 1, 1)
+                    assert f"constexpr int V = {16 // isz};" in src and "cp.async.cg.shared.global" in src
+                    assert per_sm * (ln.shared + 1024) <= H200.shared_per_sm
+                    kept = int(re.search(r"KEEP = (\d+);", src).group(1))
+                    whole = int(re.search(r"int L = (\d+);", src).group(1))
+                    assert whole * 132 * per_sm >= shape[1] // 32 * 1024 * 1024 > (whole - 8) * 132 * per_sm
+                    assert ln.shared == 3 * kept * isz  # three slots: applied, counted, in flight
+                    assert (kept == whole) == (group_mb <= 8) and kept >= whole / 2
+                    jobs[src] = ((dtype, affine, shape[1], per_sm), {"gn_persist"})
+    with pytest.raises(ValueError, match="more than its 2048 threads"):
+        t.render(card, {**t.default(card), "strategy": "persist", "per_sm": 2, "block": 2048})
     _compile_all(jobs)
 
 
@@ -580,6 +618,11 @@ def _ref_batch_norm(x, w, b, rm, rv, eps):
 
 # A GPU whose L2 is small enough (and no clusters) that the emulation's small tensors get the stream strategy.
 SMALL_L2 = Hardware(l2_bytes=128 * 1024, clusters=False)
+# The same with 2 SMs (the persist strategy launches a few blocks per SM, all at once in the emulation), and
+# with 3 SMs of 64 KB of shared memory each: part of every block's slice is read again instead of kept.
+TWO_SMS = Hardware(l2_bytes=128 * 1024, clusters=False, sms=2)
+SMALL_SMEM = Hardware(l2_bytes=128 * 1024, clusters=False, sms=3, shared_per_sm=64 * 1024,
+                      max_shared_per_block=64 * 1024)
 
 
 def _case_group_norm(shape, groups, dtype, affine, params, hw=None):
@@ -668,6 +711,14 @@ def _emulation_cases() -> list[tuple]:
         # and with at most 2 blocks per SM (dynamic shared memory the kernel leaves unused)
         _case_group_norm([1, 4, 128, 160], 2, bf, True, {"strategy": "stream", "tile_kb": 32, "lookahead": 1,
                                                         "block": 128, "l2": "keep", "resident": 2}, hw=SMALL_L2),
+        # Persist (one cooperative launch, every block at once): two 80 KB groups in 2 slices kept whole; four
+        # groups in 6 slices (2 per SM) of which shared memory keeps part; one fp32 group in 3 uneven slices.
+        _case_group_norm([1, 4, 128, 160], 2, bf, True, {"strategy": "persist", "per_sm": 1, "block": 128},
+                         hw=TWO_SMS),
+        _case_group_norm([2, 4, 128, 160], 2, f16, False, {"strategy": "persist", "per_sm": 2, "block": 128,
+                                                          "unroll": 1}, hw=SMALL_SMEM),
+        _case_group_norm([1, 2, 100, 100], 1, f32, True, {"strategy": "persist", "per_sm": 1, "block": 256},
+                         hw=SMALL_SMEM),
         _case_rows("layer_norm", [3, 5, 40], [40], bf, True, {}),
         _case_rows("layer_norm", [2, 3, 1536], [1536], bf, False, {"block": 512, "rows_per_block": 1}),
         _case_rows("layer_norm", [2, 3, 12, 20], [12, 20], f16, True, {"vec": 2}),
@@ -719,7 +770,10 @@ def test_group_norm_stream_can_hold_fewer_blocks_per_sm(hw):
     for n in space["resident"][1:]:
         r = _resolved(t, card, {**base, "resident": n}, hw)
         (launch,) = r.launches
-        per_block = launch.shared + 4 * (3 * 16 + 3) + 8 * 4 + 8 + 1024  # + static + the GPU's reserve
+        # + static (red[] padded to ab's 8-byte alignment, ab, the ticket: 248 B in sm_90's build) + the reserve
+        static = 208 + 8 * 4 + 8
+        assert launch.shared + static <= hw.max_shared_per_block  # 1 per SM took 4 B too many on the H200
+        per_block = launch.shared + static + 1024
         assert n * per_block <= hw.shared_per_sm < (n + 1) * per_block, (n, launch.shared)
         assert f"at most {n} block(s) per SM" in t.render(card, {**base, "resident": n}, hw=hw).intent
     big = {**base, "block": 1024, "resident": 2}  # 2 x 1024 threads fill an SM already

@@ -374,6 +374,11 @@ def test_spec_to_toml_round_trips(gn_env):
                                   "args": [{"f32": 1e-06}, {"i32": "-3"}, {"f64": "eps"}, {"ptr": "tensors_0"}]},
                                  {"kernel": "k2", "grid": [1], "block": [1]}]})
     assert parse_spec(spec_to_toml(odd)) == odd
+    # a cooperative launch (every block resident at once) says so in TOML and keeps it when resolved
+    coop = parse_spec({"launch": [{"kernel": "k", "grid": [132], "block": [1024], "cooperative": True}]})
+    assert "cooperative = true" in spec_to_toml(coop) and parse_spec(spec_to_toml(coop)) == coop
+    assert resolve(coop, gn_env).launches[0].cooperative and not resolve(spec, gn_env).launches[0].cooperative
+    assert "cooperative" not in text
 
 
 def test_arg_and_expr_equality_is_by_text():
@@ -409,6 +414,7 @@ def _gn(**launch0):
     (_gn(grid=["N / 2"]), "launch[0].grid[0]: '/' gives a float; integer types need '//'"),
     (_gn(shared="1.5 * N"), "launch[0].shared: a float literal"),
     (_gn(args={"ptr": "input"}), "launch[0].args: must be a list"),
+    (_gn(cooperative="yes"), "launch[0].cooperative: must be true or false"),
     (_gn(args=[{"ptr": "input"}, {"int": "N"}]), "launch[0].args[1]: unknown arg type 'int'"),
     (_gn(args=[{"ptr": "input", "i32": "N"}]), "launch[0].args[0]: must be a table with exactly one"),
     (_gn(args=[{}]), "launch[0].args[0]: must be a table with exactly one"),

@@ -376,7 +376,7 @@ def plan_for(ext: Any, kernel_plan: Any, layout: Any, signature: dict[str, Any])
                          "strides": list(o[1])})
     ws_names = [name for name, _, _ in kernel_plan.launcher_workspaces]
     launches = []
-    for _head, _ptrs, _params, ln in kernel_plan.launches:
+    for _head, _ptrs, _params, ln, _how in kernel_plan.launches:
         params = []
         for v, ref in zip(ln.values, ln.refs):
             if ref is None:
@@ -392,7 +392,7 @@ def plan_for(ext: Any, kernel_plan: Any, layout: Any, signature: dict[str, Any])
             else:  # ('null',): a null pointer
                 params.append((0, bytes(8)))
         launches.append({"fn": int(ln.fn), "grid": list(ln.grid), "block": list(ln.block), "shared": int(ln.shared),
-                         "params": params})
+                         "cooperative": bool(ln.cooperative), "params": params})
     device = f"cuda:{kernel_plan.device_index}"
     return make_plan(ext, device, arg_descriptors(layout, signature, kernel_plan.device_index), outs,
                      list(kernel_plan.workspaces), launches, layout.writes)

@@ -46,6 +46,28 @@ class _Driver:
                 cls.fn = via_bindings
         return cls.fn
 
+    coop: Any = None
+
+    @classmethod
+    def cooperative_launcher(cls) -> Any:
+        """cuLaunchCooperativeKernel with cuLaunchKernel's arguments (its `extra` unused): every block of the
+        grid resident at once, or an error. Packed as `launcher()` packs (call that first)."""
+        if cls.coop is None:
+            if cls.raw:
+                f = ctypes.CDLL("libcuda.so.1").cuLaunchCooperativeKernel
+                f.restype = ctypes.c_int
+
+                def raw_coop(fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+                    return f(fn, gx, gy, gz, bx, by, bz, shared, stream, params)
+                cls.coop = raw_coop
+            else:
+                from cuda.bindings import driver as cu
+
+                def coop_bindings(fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+                    return int(cu.cuLaunchCooperativeKernel(fn, gx, gy, gz, bx, by, bz, shared, stream, params)[0])
+                cls.coop = coop_bindings
+        return cls.coop
+
 
 class KernelPlan(Plan):
     """One variant on one device: `plan(bound)` launches its kernels and returns the op's result."""
@@ -89,7 +111,8 @@ class KernelPlan(Plan):
             fn = ctypes.c_void_p(int(ln.fn)) if _Driver.raw else int(ln.fn)
             params = ctypes.addressof(ln.params)
             head = (fn, *(int(x) for x in ln.grid), *(int(x) for x in ln.block), int(ln.shared))
-            self.launches.append((head, ptrs, ctypes.c_void_p(params) if _Driver.raw else params, ln))
+            how = _Driver.cooperative_launcher() if getattr(ln, "cooperative", False) else self.launch
+            self.launches.append((head, ptrs, ctypes.c_void_p(params) if _Driver.raw else params, ln, how))
         self.n_returns = n_returns
         self.returns_list = returns_list
         self._empty: list[Any] | None = None  # made on first use (on the device, inside the caller's context)
@@ -141,7 +164,7 @@ class KernelPlan(Plan):
                 self._stream_int, self._stream_arg = stream, ctypes.c_void_p(stream)
             stream = self._stream_arg
         with self.lock:
-            for head, ptrs, params, _ in self.launches:
+            for head, ptrs, params, _, launch in self.launches:
                 for v, kind, i, j in ptrs:
                     if kind == 0:
                         t = bound[i]
@@ -153,9 +176,9 @@ class KernelPlan(Plan):
                         v.value = outs[i].data_ptr()
                     else:
                         v.value = ws[i].data_ptr()
-                err = self.launch(*head, stream, params, None)
+                err = launch(*head, stream, params, None)
                 if err:
-                    raise RuntimeError(f"kforge cast: cuLaunchKernel failed for variant {self.vid} "
+                    raise RuntimeError(f"kforge cast: the kernel launch failed for variant {self.vid} "
                                        f"(CUresult {err})")
         if self.returns_list:
             return outs

@@ -80,7 +80,11 @@ def set_function_attribute(f: Any, attr: str, value: int) -> None:
 
 
 def launch(f: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int, stream: int,
-           params_address: int) -> None:
+           params_address: int, cooperative: bool = False) -> None:
+    if cooperative:  # every block resident at once, or CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
+        check("cuLaunchCooperativeKernel",
+              cu.cuLaunchCooperativeKernel(f, *grid, *block, shared, stream, params_address))
+        return
     check("cuLaunchKernel", cu.cuLaunchKernel(f, *grid, *block, shared, stream, params_address, 0))
 
 

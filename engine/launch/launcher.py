@@ -53,6 +53,7 @@ class _Launch:
     values: list[Any]  # ctypes objects, pointer ones updated per call
     refs: list[tuple | None]  # pointer reference per value, None for scalars
     params: Any  # ctypes array of void* to `values`
+    cooperative: bool = False
 
 
 class CandidateLauncher:
@@ -108,7 +109,7 @@ class CandidateLauncher:
                     values.append(_CTYPES[a.ctype](a.value))
                     refs.append(None)
             params = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
-            self.launches.append(_Launch(fn, rl.grid, rl.block, rl.shared, values, refs, params))
+            self.launches.append(_Launch(fn, rl.grid, rl.block, rl.shared, values, refs, params, rl.cooperative))
 
     def allocate_outputs(self, args: dict[str, Any], prefill: str | None) -> list[torch.Tensor]:
         outs = []
@@ -162,11 +163,12 @@ class CandidateLauncher:
                 if ref is not None:
                     v.value = _pointer(ref, args, outs, ws)
             try:
-                drv.launch(ln.fn, ln.grid, ln.block, ln.shared, stream, ctypes.addressof(ln.params))
+                drv.launch(ln.fn, ln.grid, ln.block, ln.shared, stream, ctypes.addressof(ln.params), ln.cooperative)
             except drv.DriverError as e:
                 if e.name in drv.STICKY:
                     raise
-                raise LaunchRejected(f"cuLaunchKernel refused the launch: {e.name} ({e.text})") from None
+                how = "cuLaunchCooperativeKernel" if ln.cooperative else "cuLaunchKernel"
+                raise LaunchRejected(f"{how} refused the launch: {e.name} ({e.text})") from None
         return outs
 
     def run(self, bound: Sequence[tuple[str, Any]], prefill: str | None = None) -> list[torch.Tensor]:

@@ -45,7 +45,7 @@ THREADS_PER_CARD_ELEMENT = 64
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _TOP_KEYS = ("launch", "workspace")
-_LAUNCH_KEYS = ("kernel", "grid", "block", "shared", "args")
+_LAUNCH_KEYS = ("kernel", "grid", "block", "shared", "args", "cooperative")
 _WORKSPACE_KEYS = ("name", "bytes", "zero")
 
 
@@ -86,6 +86,10 @@ class Launch:
     block: tuple[Expr, ...]
     shared: Expr
     args: tuple[ArgSpec, ...]
+    # A cooperative launch (cuLaunchCooperativeKernel): the driver runs every block of the grid at once or
+    # refuses the launch, so blocks may wait for each other (a kernel that keeps data on chip across a
+    # grid-wide exchange). The grid must fit the GPU's resident blocks.
+    cooperative: bool = False
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,7 @@ class ResolvedLaunch:
     block: tuple[int, int, int]
     shared: int
     args: tuple[ResolvedArg, ...]
+    cooperative: bool = False
 
 
 @dataclass(frozen=True)
@@ -229,7 +234,10 @@ def _launch(raw: Any, path: str, declared: set[str]) -> Launch:
     if len(args_raw) > MAX_ARGS:
         raise SpecError(f"more than {MAX_ARGS} arguments", f"{path}.args")
     args = tuple(_arg(a, f"{path}.args[{j}]", declared) for j, a in enumerate(args_raw))
-    return Launch(kernel, grid, block, shared, args)
+    cooperative = raw.get("cooperative", False)
+    if not isinstance(cooperative, bool):
+        raise SpecError(f"must be true or false, got {cooperative!r}", f"{path}.cooperative")
+    return Launch(kernel, grid, block, shared, args, cooperative)
 
 
 def _dims(raw: Any, path: str) -> tuple[Expr, ...]:
@@ -341,7 +349,7 @@ def _resolve_launch(launch: Launch, path: str, env: Env, workspaces: set[str], m
         raise SpecError(f"{shared} bytes of dynamic shared memory; must be 0 … {max_shared}", f"{path}.shared")
     args = tuple(_resolve_arg(a, f"{path}.args[{j}] ({a.ctype})", env, workspaces)
                  for j, a in enumerate(launch.args))
-    return ResolvedLaunch(launch.kernel, grid, block, shared, args)
+    return ResolvedLaunch(launch.kernel, grid, block, shared, args, launch.cooperative)
 
 
 def _resolve_dims(dims: tuple[Expr, ...], path: str, env: Env, limits: tuple[int, int, int],
@@ -407,6 +415,8 @@ def spec_to_toml(spec: LaunchSpec) -> str:
                   f"grid = [{', '.join(_expr(d) for d in launch.grid)}]",
                   f"block = [{', '.join(_expr(d) for d in launch.block)}]",
                   f"shared = {_expr(launch.shared)}"]
+        if launch.cooperative:
+            lines.append("cooperative = true")
         if launch.args:
             lines.append("args = [")
             lines += [f"  {{ {a.ctype} = {_arg_value(a)} }}," for a in launch.args]

@@ -59,6 +59,7 @@ struct Launch {
   uintptr_t fn = 0;
   unsigned grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
   unsigned shared = 0;
+  bool cooperative = false;  // cuLaunchCooperativeKernel: every block resident at once, or an error
   std::vector<Param> params;
 };
 
@@ -103,6 +104,8 @@ std::unordered_map<std::string, std::unique_ptr<torch::Library>> g_libs;  // the
 using LaunchFn = int (*)(uintptr_t, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
                          void**, void**);
 LaunchFn g_launch = nullptr;
+using CoopFn = int (*)(uintptr_t, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**);
+CoopFn g_coop = nullptr;
 std::atomic<bool> g_active{true};  // false: every routed call goes to PyTorch (runtime.suspended())
 std::atomic<int> g_prefill{0};     // confirmation only: 1 poisons fresh outputs with NaN, 2 with a sentinel
 // The target bit set by Python around compiled code of a cast backend (runtime.target_scope); -1: none, and
@@ -125,6 +128,7 @@ LaunchFn launcher() {
     TORCH_CHECK(lib != nullptr, "kforge router: cannot open libcuda.so.1");
     g_launch = reinterpret_cast<LaunchFn>(dlsym(lib, "cuLaunchKernel"));
     TORCH_CHECK(g_launch != nullptr, "kforge router: no cuLaunchKernel in libcuda.so.1");
+    g_coop = reinterpret_cast<CoopFn>(dlsym(lib, "cuLaunchCooperativeKernel"));
   }
   return g_launch;
 }
@@ -370,9 +374,17 @@ void run(Plan& plan, torch::jit::Stack* stack, size_t nargs) {
         }
         argv[i] = &ptrs[i];
       }
-      int err = launch(l.fn, l.grid[0], l.grid[1], l.grid[2], l.block[0], l.block[1], l.block[2], l.shared,
-                       static_cast<void*>(stream), argv.data(), nullptr);
-      TORCH_CHECK(err == 0, "kforge router: cuLaunchKernel failed (CUresult ", err, ")");
+      int err;
+      if (l.cooperative) {
+        TORCH_CHECK(g_coop != nullptr, "kforge router: no cuLaunchCooperativeKernel in libcuda.so.1");
+        err = g_coop(l.fn, l.grid[0], l.grid[1], l.grid[2], l.block[0], l.block[1], l.block[2], l.shared,
+                     static_cast<void*>(stream), argv.data());
+      } else {
+        err = launch(l.fn, l.grid[0], l.grid[1], l.grid[2], l.block[0], l.block[1], l.block[2], l.shared,
+                     static_cast<void*>(stream), argv.data(), nullptr);
+      }
+      TORCH_CHECK(err == 0, "kforge router: ", l.cooperative ? "cuLaunchCooperativeKernel" : "cuLaunchKernel",
+                  " failed (CUresult ", err, ")");
     }
   }
   torch::jit::drop(*stack, nargs);
@@ -607,6 +619,7 @@ std::shared_ptr<Plan> make_plan(const std::string& device, py::list args, py::li
     auto b = t["block"].cast<std::vector<unsigned>>();
     for (int i = 0; i < 3; ++i) { L.grid[i] = g[i]; L.block[i] = b[i]; }
     L.shared = t["shared"].cast<unsigned>();
+    L.cooperative = t.contains("cooperative") && t["cooperative"].cast<bool>();
     for (auto p : t["params"].cast<py::list>()) {
       auto q = p.cast<py::tuple>();
       Param P;

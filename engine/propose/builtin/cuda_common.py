@@ -20,6 +20,8 @@ CUDA snippets (prepend `prelude(dtypes, ...)` to a kernel source; every name sta
   clusters     kf_cluster_sync(): barrier of a thread block cluster (kernel declared __cluster_dims__),
                release/acquire at cluster scope (sm_90); between `// kf-cluster-begin/end` markers so a
                CPU emulation can substitute it.
+  async        kf_async_copy16 / kf_async_commit / kf_async_wait<N>: cp.async (sm_80 on), between
+               `// kf-async-begin/end` markers likewise.
 
 Python helpers:
   dtypes       DTYPES / SUPPORTED (float32, float16, bfloat16), ctype(), itemsize(), includes(), prelude(),
@@ -185,6 +187,22 @@ __device__ __forceinline__ void kf_cluster_sync() {
 // kf-cluster-end
 """
 
+ASYNC = r"""
+// kf-async-begin: cp.async (sm_80 on): 16-byte copies from global to shared memory that land in the
+// background. kf_async_commit() closes this thread's group of copies; kf_async_wait<N>() returns once at
+// most N of its groups are still in flight (the copies are this thread's: read them back from the same
+// thread, or meet at a __syncthreads() first).
+__device__ __forceinline__ void kf_async_copy16(void* smem, const void* gmem) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void kf_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void kf_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// kf-async-end
+"""
+
 HINTED = r"""
 // A raw word of B bytes: one memory instruction moves it (B <= 16).
 template <int B> struct KfRaw;
@@ -346,9 +364,9 @@ def includes(dtypes: Iterable[str]) -> str:
 
 
 def prelude(dtypes: Iterable[str], *, vec: bool = False, reduce: bool = False, round_: bool = False,
-            cluster: bool = False, hinted: bool = False, welford: bool = False) -> str:
+            cluster: bool = False, hinted: bool = False, welford: bool = False, async_copy: bool = False) -> str:
     """Includes + conversions for `dtypes`, plus the vector / reduction / rounding / cluster / hinted
-    load-store / Welford snippets."""
+    load-store / Welford / cp.async snippets."""
     ds = set(dtypes) | {"float32"}
     parts = [includes(ds), _CONVERT_F32]
     if "float16" in ds:
@@ -367,6 +385,8 @@ def prelude(dtypes: Iterable[str], *, vec: bool = False, reduce: bool = False, r
         parts.append(HINTED)
     if welford:
         parts.append(WELFORD)
+    if async_copy:
+        parts.append(ASYNC)
     return "".join(parts)
 
 

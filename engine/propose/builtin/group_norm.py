@@ -10,6 +10,10 @@ output is normalised with the ROUNDED mean/rstd, as eager's ComputeFusedParams d
   cluster  one launch, a thread-block cluster per group (GPUs with clusters only, see
            cuda_common.has_clusters); each block keeps as much of its chunk in shared memory as the GPU's
            per-block limit allows between the passes.
+  persist  one cooperative launch of a few blocks per SM for tensors larger than half the L2: every block
+           owns a slice of every group and keeps it in shared memory between the two passes, groups one
+           after another (group r + 2 copied in by cp.async while r + 1 is counted and r applied), so
+           memory is read once and written once where three groups fit the GPU's shared memory.
   stream   one launch for tensors larger than half the L2: each block takes the next ticket of a fixed
            order (statistics tiles of a group, LA groups ahead of that group's apply tiles), so a group is
            read from memory once for its statistics and again, soon after, from L2 where the bytes read in
@@ -275,6 +279,110 @@ $WB_LOCALS
 """
 
 
+_GN_PERSIST = r"""
+constexpr int S = $S;                // blocks, every one resident at once (a cooperative launch)
+constexpr int L = $L;                // elements of each group a block owns, a multiple of V
+constexpr int KEEP = $KEEP;          // the first KEEP of them copied to shared memory (a slot per group)
+constexpr int SLOTS = 3;             // groups in shared memory at once: applied, counted, in flight
+static_assert(V * sizeof(T) == 16, "cp.async copies 16-byte vectors");
+
+// This thread's vectors of the kept part of group q, copied to slot q % SLOTS in the background (cp.async);
+// one commit group per call, empty past the last group, so the waits count the same every time.
+__device__ __forceinline__ void gn_fetch(const T* __restrict__ x, long long q, int lo, int mid, T* stash) {
+  if (q < R) {
+    const T* xg = x + q * D;
+    T* slot = stash + (q % SLOTS) * KEEP;
+    for (int i = lo + (int)threadIdx.x * V; i < mid; i += BLOCK * V) kf_async_copy16(slot + (i - lo), xg + i);
+  }
+  kf_async_commit();
+}
+
+// Welford over the slice: the kept part from this thread's own copies in shared memory, the rest from memory.
+__device__ __forceinline__ KfWf gn_stats_kept(const T* slot, const T* __restrict__ xg, int lo, int mid, int hi) {
+  KfWf s = {0.f, 0.f, 0.f};
+  for (int i = lo + (int)threadIdx.x * V; i < mid; i += BLOCK * V) {
+    float f[V];
+    kf_load<T, V, 0>(slot + (i - lo), f);
+    kf_wf_add<V>(s, f);
+  }
+  for (int i = mid + (int)threadIdx.x * V; i < hi; i += BLOCK * V) {
+    float f[V];
+    kf_load<T, V, SH>(xg + i, f);
+    kf_wf_add<V>(s, f);
+  }
+  return s;
+}
+
+// One cooperative launch of S blocks; block b owns the same slice [lo, hi) of every group. Its threads copy
+// their vectors of the slice of group r + 2 to shared memory in the background (cp.async) while they count
+// group r + 1 (Welford from their copies, the partial published and counted in) and apply group r: the
+// wait for the other blocks' partials of r was begun an iteration earlier, and memory sees reads and writes
+// all along. Every block merges the S partials of a group in the same fixed order (same bits everywhere).
+// Memory is read once and written once where three groups fit the GPU's shared memory (else the part of
+// each slice not kept is read again). `ctr` is zeroed before the launch: ctr[r] counts the partials of r.
+extern "C" __global__ void __launch_bounds__(BLOCK, $PER_SM)
+gn_persist(const T* __restrict__ x, $WB_PARAMS float* __restrict__ part, unsigned int* __restrict__ ctr,
+           T* __restrict__ y, TS* __restrict__ mean_out, TS* __restrict__ rstd_out, float eps) {
+$WB_LOCALS
+  extern __shared__ __align__(16) unsigned char gn_stash_raw[];
+  __shared__ float red[3 * NWARP + 3];
+  __shared__ float2 ab[CG];
+  T* stash = reinterpret_cast<T*>(gn_stash_raw);
+  const int b = (int)blockIdx.x;
+  const int lo = min(b * L, D), hi = min(D, b * L + L), mid = min(hi, lo + KEEP);
+  gn_fetch(x, 0, lo, mid, stash);
+  gn_fetch(x, 1, lo, mid, stash);
+  for (long long r = -1; r < R; ++r) {
+    const long long q = r + 1;  // the group counted now
+    if (r >= 0) gn_fetch(x, r + 2, lo, mid, stash);  // its slot held group r - 1, applied last iteration
+    kf_async_wait<(1)>();  // this thread's copies of group q have landed (those of q + 1 may still fly)
+    if (q < R) {
+      const KfWf s = kf_wf_block<NWARP>(gn_stats_kept(stash + (q % SLOTS) * KEEP, x + q * D, lo, mid, hi), red);
+      if (threadIdx.x == 0) {
+        __stcg(&part[3 * (q * S + b)], s.n);
+        __stcg(&part[3 * (q * S + b) + 1], s.mean);
+        __stcg(&part[3 * (q * S + b) + 2], s.m2);
+        __threadfence();  // the partial is visible before the count that announces it
+        atomicAdd(&ctr[q], 1u);
+      }
+    }
+    if (r < 0) continue;
+    if (threadIdx.x == 0) {
+      const volatile unsigned int* count = ctr + r;
+      while (*count < (unsigned int)S) __nanosleep(32);
+      __threadfence();  // what the other blocks wrote before their counts is read after this
+    }
+    __syncthreads();
+    KfWf s = {0.f, 0.f, 0.f};
+    for (int k = threadIdx.x; k < S; k += BLOCK) {
+      const float* p = part + 3 * (r * S + k);
+      kf_wf_merge(s, __ldcg(p), __ldcg(p + 1), __ldcg(p + 2));
+    }
+    s = kf_wf_block<NWARP>(s, red);
+    gn_params(s, r, b == 0, eps, w, bias, mean_out, rstd_out, ab);
+    __syncthreads();
+    const T* __restrict__ xg = x + r * D;
+    T* __restrict__ yg = y + r * D;
+    const T* kept = stash + (r % SLOTS) * KEEP;
+    for (int i = lo + (int)threadIdx.x * V; i < mid; i += BLOCK * V) {
+      float g[V];
+      kf_load<T, V, 0>(kept + (i - lo), g);
+      const float2 k = ab[i / HW];
+#pragma unroll
+      for (int j = 0; j < V; ++j) g[j] = fmaf(g[j], k.x, k.y);
+      kf_store<T, V, 1>(yg + i, g);
+    }
+    if (mid < hi) {  // the part of the slice not kept: read again
+      float f[U][V];
+      gn_load(xg, mid + (int)threadIdx.x * V, hi, f);
+      gn_apply_range(xg, yg, mid, hi, ab, f);
+    }
+    __syncthreads();  // ab and red are free for the next group
+  }
+}
+"""
+
+
 _GN_CLUSTER = r"""
 constexpr int K = $K;                // blocks per group: one thread block cluster
 constexpr int CHUNK = $CHUNK;        // elements per block, a multiple of V
@@ -377,7 +485,8 @@ def _resident_pad(resident: Any, block: int, cg: int, hw: Hardware) -> int:
         raise ValueError(f"resident {resident!r}: at least 1 block per SM")
     if (n + 1) * block > hw.max_threads_per_sm:
         return 0
-    static = 4 * (3 * (block // 32) + 3) + 8 * cg + 8
+    # the kernel's static shared memory: red[] (rounded up to ab's 8-byte alignment), ab[CG], the ticket
+    static = -(-4 * (3 * (block // 32) + 3) // 8) * 8 + 8 * cg + 8
     if not _resident_enforceable(n, hw):
         raise ValueError(f"resident {n}: {hw.max_shared_per_block} B of shared memory per block cannot keep "
                          f"{n + 1} blocks off an SM of {hw.shared_per_sm} B")
@@ -392,6 +501,42 @@ def _resident_share(n: int, hw: Hardware) -> int:
 def _resident_enforceable(n: int, hw: Hardware) -> bool:
     """Whether a block's share of shared memory can keep n + 1 blocks off an SM."""
     return (n + 1) * (_resident_share(n, hw) + 1024) > hw.shared_per_sm
+
+
+# Persist strategy: blocks per SM (S = SMs x per_sm blocks in one cooperative launch).
+PERSIST_PER_SM = (1, 2)
+PERSIST_MIN_KEPT = 0.5  # offered where at least this share of each block's slice stays in shared memory
+
+
+PERSIST_SLOTS = 3  # groups a block holds in shared memory at once (as SLOTS in the kernel)
+
+
+def _persist_geometry(d: int, isz: int, v: int, block: int, cg: int, per_sm: int, hw: Hardware
+                      ) -> tuple[int, int, int]:
+    """(blocks, slice, kept) for the persist strategy: S blocks of `per_sm` per SM, each owning `slice`
+    elements of every group (a multiple of V), `kept` of them in each of its PERSIST_SLOTS shared memory
+    slots (what a block's share of the SM allows beside its static tables)."""
+    s = hw.sms * per_sm
+    per = -(-d // s)
+    per = -(-per // v) * v
+    static = -(-4 * (3 * (block // 32) + 3) // 8) * 8 + 8 * cg
+    share = min(hw.max_shared_per_block, hw.shared_per_sm // per_sm - 1024) - static - 128
+    kept = max(0, min(per, share // (PERSIST_SLOTS * isz)) // v * v)
+    return s, per, kept
+
+
+def _persist_offered(x: Mapping[str, Any], d: int, cg: int, vecs: Sequence[int], hw: Hardware) -> bool:
+    """Where the stream strategy is (a second pass over the tensor would miss the L2), cp.async exists (sm_80
+    on) with 16-byte vectors, and shared memory keeps at least PERSIST_MIN_KEPT of every block's slice of
+    PERSIST_SLOTS groups at once (1024 threads, one block per SM)."""
+    isz = cc.itemsize(x["dtype"])
+    cap = hw.capability
+    if not _stream_offered(x, d * isz, hw) or cap is None or cap < (8, 0) or hw.sms < 1 or hw.shared_per_sm <= 0:
+        return False
+    if 16 // isz not in vecs:
+        return False
+    _, per, kept = _persist_geometry(d, isz, 16 // isz, 1024, cg, 1, hw)
+    return kept >= PERSIST_MIN_KEPT * per
 
 
 def _stream_tiles(d: int, isz: int, v: int, tile_kb: int) -> tuple[int, int]:
@@ -517,8 +662,9 @@ class GroupNormTemplate(Template):
             block, unroll = 256, [1, 2, 4]
         group_bytes = d * cc.itemsize(x["dtype"])
         stream = _stream_offered(x, group_bytes, hw) and not cluster_first
+        persist = stream and _persist_offered(x, d, geo["CG"], vecs, hw)
         if stream:  # a second pass over a tensor this large reads it from memory again, not from L2
-            strategies = ["stream", *strategies]
+            strategies = ["stream", *(["persist"] if persist else []), *strategies]
             lookahead = list(STREAM_LOOKAHEAD) if 3 * group_bytes <= hw.l2_bytes // 2 else \
                 cc.ordered(0, STREAM_LOOKAHEAD)
         return {
@@ -534,6 +680,7 @@ class GroupNormTemplate(Template):
             **({"l2": list(STREAM_L2)} if stream and hw.capability >= (8, 0) else {}),
             **({"resident": [r for r in STREAM_RESIDENT if r == "all" or _resident_enforceable(r, hw)]}
                if stream and hw.shared_per_sm > 0 else {}),
+            **({"per_sm": list(PERSIST_PER_SM)} if persist else {}),
         }
 
     @staticmethod
@@ -545,6 +692,8 @@ class GroupNormTemplate(Template):
             keys |= {"cluster", "stash"}
         if params["strategy"] == "stream":
             keys |= {"tile_kb", "lookahead", "l2", "resident"}
+        if params["strategy"] == "persist":
+            keys = (keys - {"vec"}) | {"per_sm"}  # its vectors are cp.async's 16 bytes
         return keys
 
     def mutate(self, card: OperatorCard, params: Mapping[str, Any], rng: random.Random,
@@ -557,6 +706,8 @@ class GroupNormTemplate(Template):
         x = geo["x"]
         w, b = cc.tensor_arg(card, "weight"), cc.tensor_arg(card, "bias")
         has_w, has_b = w is not None, b is not None
+        if params["strategy"] == "persist":  # cp.async copies 16-byte vectors: the width is not a choice
+            params = {**params, "vec": 16 // cc.itemsize(x["dtype"])}
         v, block, u = int(params["vec"]), int(params["block"]), int(params["unroll"])
         space = self.space(card, hw=hw)
         strategy, offered = params["strategy"], space["strategy"]
@@ -600,6 +751,26 @@ class GroupNormTemplate(Template):
             how = f", {p} tiles of {chunk} elements per group, statistics {la} group(s) ahead" + \
                 (", statistics kept in L2 (evict_last)" if keep_l2 else "") + \
                 (f", at most {resident} block(s) per SM" if pad else "")
+        elif strategy == "persist":
+            per_sm = int(params["per_sm"])
+            if per_sm * block > hw.max_threads_per_sm:
+                raise ValueError(f"{per_sm} blocks of {block} threads per SM: more than its "
+                                 f"{hw.max_threads_per_sm} threads")
+            isz = cc.itemsize(x["dtype"])
+            nb, per, kept = _persist_geometry(geo["D"], isz, v, block, geo["CG"], per_sm, hw)
+            kernels = cc.substitute(_GN_PERSIST, WB_PARAMS=wb_p, WB_LOCALS=wb_locals, S=nb, L=per, KEEP=kept,
+                                    PER_SM=per_sm)
+            spec = "\n".join([
+                f"# group_norm persist: {nb} blocks, all resident ({per_sm} per SM), each owning {per} elements "
+                f"of every group, {kept} of them copied to shared memory (cp.async) two groups ahead of its "
+                "apply",
+                "[[workspace]]", 'name = "part"', f'bytes = "N * group * {nb} * 12"', "",
+                "[[workspace]]", 'name = "ctr"', 'bytes = "N * group * 4"', "zero = true", "",
+                "[[launch]]", 'kernel = "gn_persist"', f"grid = [{nb}]", f"block = [{block}]",
+                f"shared = {PERSIST_SLOTS * kept * isz}", "cooperative = true",
+                "args = " + cc.spec_args([("ptr", "input"), *wb_args, ("ptr", "ws.part"), ("ptr", "ws.ctr"),
+                                          *outs]), ""])
+            how = f", {nb} resident blocks ({per_sm} per SM) of {per} elements per group, {kept} kept on chip"
         elif strategy == "cluster":
             k = int(params["cluster"])
             chunk, stash = _gn_stash(geo["D"], k, v, block, cc.itemsize(x["dtype"]), geo["CG"], params["stash"],
@@ -632,7 +803,8 @@ class GroupNormTemplate(Template):
                 "[[launch]]", 'kernel = "gn_fused"', 'grid = ["N * group"]', f"block = [{block}]",
                 "args = " + cc.spec_args([("ptr", "input"), *wb_args, *outs]), ""])
         dtypes = [x["dtype"], card.outputs[1]["dtype"], *(t["dtype"] for t in (w, b) if t is not None)]
-        prelude = cc.prelude(dtypes, hinted=True, welford=True, cluster=strategy == "cluster")
+        prelude = cc.prelude(dtypes, hinted=True, welford=True, cluster=strategy == "cluster",
+                             async_copy=strategy == "persist")
         source = f"// aten::native_group_norm, {card.signature_text}: {strategy}\n" + prelude + body + kernels
         intent = (f"group_norm {strategy}: {geo['R']} groups of {geo['D']} elements, block {block}, "
                   f"vec {v}, unroll {u}" + how)
