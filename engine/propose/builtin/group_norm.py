@@ -12,8 +12,8 @@ output is normalised with the ROUNDED mean/rstd, as eager's ComputeFusedParams d
            per-block limit allows between the passes.
   persist  one cooperative launch of a few blocks per SM for tensors larger than half the L2: every block
            owns a slice of every group and keeps it in shared memory between the two passes, groups one
-           after another (group r + 2 copied in by cp.async while r + 1 is counted and r applied), so
-           memory is read once and written once where three groups fit the GPU's shared memory.
+           after another (group r applied, r + 2 counted, r + 3 copied in by cp.async), so memory is read
+           once and written once where three groups fit the GPU's shared memory.
   stream   one launch for tensors larger than half the L2: each block takes the next ticket of a fixed
            order (statistics tiles of a group, LA groups ahead of that group's apply tiles), so a group is
            read from memory once for its statistics and again, soon after, from L2 where the bytes read in
@@ -283,11 +283,12 @@ _GN_PERSIST = r"""
 constexpr int S = $S;                // blocks, every one resident at once (a cooperative launch)
 constexpr int L = $L;                // elements of each group a block owns, a multiple of V
 constexpr int KEEP = $KEEP;          // the first KEEP of them copied to shared memory (a slot per group)
-constexpr int SLOTS = 3;             // groups in shared memory at once: applied, counted, in flight
+constexpr int SLOTS = 3;             // groups in shared memory at once: applied, counted ahead, landing
+constexpr int CGT = (CG + BLOCK - 1) / BLOCK;  // channels of a group per thread (weights, biases)
 static_assert(V * sizeof(T) == 16, "cp.async copies 16-byte vectors");
 
 // This thread's vectors of the kept part of group q, copied to slot q % SLOTS in the background (cp.async);
-// one commit group per call, empty past the last group, so the waits count the same every time.
+// one commit group per call, empty past the last group.
 __device__ __forceinline__ void gn_fetch(const T* __restrict__ x, long long q, int lo, int mid, T* stash) {
   if (q < R) {
     const T* xg = x + q * D;
@@ -297,29 +298,45 @@ __device__ __forceinline__ void gn_fetch(const T* __restrict__ x, long long q, i
   kf_async_commit();
 }
 
-// Welford over the slice: the kept part from this thread's own copies in shared memory, the rest from memory.
-__device__ __forceinline__ KfWf gn_stats_kept(const T* slot, const T* __restrict__ xg, int lo, int mid, int hi) {
+// Group q's Welford partial of this block's slice (the kept part from this thread's own copies, the rest
+// from memory), published in part[] and counted in ctr[q]. Its copies must have landed.
+__device__ __forceinline__ void gn_count(long long q, const T* __restrict__ x, const T* stash, int lo, int mid,
+                                         int hi, float* __restrict__ part, unsigned int* __restrict__ ctr,
+                                         float* red) {
+  if (q >= R) return;
+  const T* slot = stash + (q % SLOTS) * KEEP;
+  const T* __restrict__ xg = x + q * D;
   KfWf s = {0.f, 0.f, 0.f};
   for (int i = lo + (int)threadIdx.x * V; i < mid; i += BLOCK * V) {
     float f[V];
     kf_load<T, V, 0>(slot + (i - lo), f);
     kf_wf_add<V>(s, f);
   }
-  for (int i = mid + (int)threadIdx.x * V; i < hi; i += BLOCK * V) {
-    float f[V];
-    kf_load<T, V, SH>(xg + i, f);
-    kf_wf_add<V>(s, f);
+  if constexpr (KEEP < L) {
+    for (int i = mid + (int)threadIdx.x * V; i < hi; i += BLOCK * V) {
+      float f[V];
+      kf_load<T, V, SH>(xg + i, f);
+      kf_wf_add<V>(s, f);
+    }
   }
-  return s;
+  s = kf_wf_block<NWARP>(s, red);
+  if (threadIdx.x == 0) {
+    const long long k = q * S + blockIdx.x;
+    __stcg(&part[3 * k], s.n);
+    __stcg(&part[3 * k + 1], s.mean);
+    __stcg(&part[3 * k + 2], s.m2);
+    __threadfence();  // the partial is visible before the count that announces it
+    atomicAdd(&ctr[q], 1u);
+  }
 }
 
-// One cooperative launch of S blocks; block b owns the same slice [lo, hi) of every group. Its threads copy
-// their vectors of the slice of group r + 2 to shared memory in the background (cp.async) while they count
-// group r + 1 (Welford from their copies, the partial published and counted in) and apply group r: the
-// wait for the other blocks' partials of r was begun an iteration earlier, and memory sees reads and writes
-// all along. Every block merges the S partials of a group in the same fixed order (same bits everywhere).
-// Memory is read once and written once where three groups fit the GPU's shared memory (else the part of
-// each slice not kept is read again). `ctr` is zeroed before the launch: ctr[r] counts the partials of r.
+// One cooperative launch of S blocks; block b owns the same slice [lo, hi) of every group. Per iteration r
+// a block applies group r (its partials were counted two iterations earlier, so the wait for the other
+// blocks is mostly over before it begins; the weights are loaded while it lasts), counts group r + 2 from
+// the copies that landed meanwhile, and starts copying group r + 3 into the slot group r leaves (cp.async).
+// Every block merges the S partials of a group in the same fixed order (same bits everywhere). Memory is
+// read once and written once where three groups fit the GPU's shared memory (else the part of each slice
+// not kept is read again). `ctr` is zeroed before the launch: ctr[r] counts the partials of group r.
 extern "C" __global__ void __launch_bounds__(BLOCK, $PER_SM)
 gn_persist(const T* __restrict__ x, $WB_PARAMS float* __restrict__ part, unsigned int* __restrict__ ctr,
            T* __restrict__ y, TS* __restrict__ mean_out, TS* __restrict__ rstd_out, float eps) {
@@ -332,21 +349,24 @@ $WB_LOCALS
   const int lo = min(b * L, D), hi = min(D, b * L + L), mid = min(hi, lo + KEEP);
   gn_fetch(x, 0, lo, mid, stash);
   gn_fetch(x, 1, lo, mid, stash);
-  for (long long r = -1; r < R; ++r) {
-    const long long q = r + 1;  // the group counted now
-    if (r >= 0) gn_fetch(x, r + 2, lo, mid, stash);  // its slot held group r - 1, applied last iteration
-    kf_async_wait<(1)>();  // this thread's copies of group q have landed (those of q + 1 may still fly)
-    if (q < R) {
-      const KfWf s = kf_wf_block<NWARP>(gn_stats_kept(stash + (q % SLOTS) * KEEP, x + q * D, lo, mid, hi), red);
-      if (threadIdx.x == 0) {
-        __stcg(&part[3 * (q * S + b)], s.n);
-        __stcg(&part[3 * (q * S + b) + 1], s.mean);
-        __stcg(&part[3 * (q * S + b) + 2], s.m2);
-        __threadfence();  // the partial is visible before the count that announces it
-        atomicAdd(&ctr[q], 1u);
+  gn_fetch(x, 2, lo, mid, stash);
+  kf_async_wait<2>();
+  gn_count(0, x, stash, lo, mid, hi, part, ctr, red);
+  kf_async_wait<1>();
+  gn_count(1, x, stash, lo, mid, hi, part, ctr, red);
+  for (long long r = 0; r < R; ++r) {
+    const int g = (int)(r % G);
+    float wv[CGT], bv[CGT];  // this thread's channels' weights, in flight while the partials are awaited
+#pragma unroll
+    for (int j = 0; j < CGT; ++j) {
+      const int c = (int)threadIdx.x + j * BLOCK;
+      wv[j] = 1.f;
+      bv[j] = 0.f;
+      if (c < CG) {
+        if constexpr (HAS_W) wv[j] = kf_to_float(w[g * CG + c]);
+        if constexpr (HAS_B) bv[j] = kf_to_float(bias[g * CG + c]);
       }
     }
-    if (r < 0) continue;
     if (threadIdx.x == 0) {
       const volatile unsigned int* count = ctr + r;
       while (*count < (unsigned int)S) __nanosleep(32);
@@ -359,25 +379,45 @@ $WB_LOCALS
       kf_wf_merge(s, __ldcg(p), __ldcg(p + 1), __ldcg(p + 2));
     }
     s = kf_wf_block<NWARP>(s, red);
-    gn_params(s, r, b == 0, eps, w, bias, mean_out, rstd_out, ab);
+    // mean/rstd and the per-channel a, b exactly as gn_params (the rounded statistics), weights preloaded
+    const TS mq = kf_from_float<TS>(s.mean);
+    const TS rq = kf_from_float<TS>(rsqrtf(s.m2 / (float)D + eps));
+    if (b == 0 && threadIdx.x == 0) { mean_out[r] = mq; rstd_out[r] = rq; }
+    const float m = kf_to_float(mq), rs = kf_to_float(rq);
+#pragma unroll
+    for (int j = 0; j < CGT; ++j) {
+      const int c = (int)threadIdx.x + j * BLOCK;
+      if (c < CG) {
+        float a = rs;
+        if constexpr (HAS_W) a = rs * wv[j];
+        float bb = -a * m;
+        if constexpr (HAS_B) bb = fmaf(-a, m, bv[j]);
+        ab[c] = make_float2(a, bb);
+      }
+    }
     __syncthreads();
     const T* __restrict__ xg = x + r * D;
     T* __restrict__ yg = y + r * D;
     const T* kept = stash + (r % SLOTS) * KEEP;
     for (int i = lo + (int)threadIdx.x * V; i < mid; i += BLOCK * V) {
-      float g[V];
-      kf_load<T, V, 0>(kept + (i - lo), g);
+      float v[V];
+      kf_load<T, V, 0>(kept + (i - lo), v);
       const float2 k = ab[i / HW];
 #pragma unroll
-      for (int j = 0; j < V; ++j) g[j] = fmaf(g[j], k.x, k.y);
-      kf_store<T, V, 1>(yg + i, g);
+      for (int j = 0; j < V; ++j) v[j] = fmaf(v[j], k.x, k.y);
+      kf_store<T, V, 1>(yg + i, v);
     }
-    if (mid < hi) {  // the part of the slice not kept: read again
-      float f[U][V];
-      gn_load(xg, mid + (int)threadIdx.x * V, hi, f);
-      gn_apply_range(xg, yg, mid, hi, ab, f);
+    if constexpr (KEEP < L) {
+      if (mid < hi) {  // the part of the slice not kept: read again
+        float f[U][V];
+        gn_load(xg, mid + (int)threadIdx.x * V, hi, f);
+        gn_apply_range(xg, yg, mid, hi, ab, f);
+      }
     }
-    __syncthreads();  // ab and red are free for the next group
+    kf_async_wait<0>();  // group r + 2's copies (started an iteration ago) have landed
+    gn_count(r + 2, x, stash, lo, mid, hi, part, ctr, red);
+    __syncthreads();  // ab is free for the next group
+    gn_fetch(x, r + 3, lo, mid, stash);  // into slot r % 3: this thread's vectors of group r are applied
   }
 }
 """
@@ -762,8 +802,8 @@ class GroupNormTemplate(Template):
                                     PER_SM=per_sm)
             spec = "\n".join([
                 f"# group_norm persist: {nb} blocks, all resident ({per_sm} per SM), each owning {per} elements "
-                f"of every group, {kept} of them copied to shared memory (cp.async) two groups ahead of its "
-                "apply",
+                f"of every group, {kept} of them copied to shared memory (cp.async); a group counted two "
+                "groups ahead of its apply",
                 "[[workspace]]", 'name = "part"', f'bytes = "N * group * {nb} * 12"', "",
                 "[[workspace]]", 'name = "ctr"', 'bytes = "N * group * 4"', "zero = true", "",
                 "[[launch]]", 'kernel = "gn_persist"', f"grid = [{nb}]", f"block = [{block}]",
