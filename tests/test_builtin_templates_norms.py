@@ -418,37 +418,37 @@ def test_group_norm_stream_instances_compile_for_sm_90():
 
 
 def test_group_norm_persist_instances_compile_for_sm_90_as_cooperative_launches():
-    """The persist kernel in each dtype, with and without affine, 1 and 2 blocks per SM, on the SD3.5 VAE's
-    largest tensors: 8 MB groups kept whole in shared memory, 16 MB groups in part (fp32's 32 MB groups,
+    """The persist kernel in each dtype (bf16 and fp32 with affine, fp16 without), 1 and 2 blocks per SM, on
+    the SD3.5 VAE's largest tensors: 8 MB groups kept whole in shared memory, 16 MB groups in part (fp32's 32 MB groups,
     less than half kept, are not offered it). Its launch is cooperative (the blocks wait for each other), its
     grid the GPU's SMs times the blocks per SM, and its shared memory three slots of what it keeps, within
     what an SM holds for that many blocks; its vectors are cp.async's 16 bytes whatever `vec` asks."""
     t = BY_NAME["group_norm"]
     jobs: dict[str, tuple[Any, set[str]]] = {}
-    for dtype in DTYPES:
+    for dtype, affine in ((torch.bfloat16, True), (torch.float16, False), (torch.float32, True)):
         isz = torch.empty(0, dtype=dtype).element_size()
-        for affine in (True, False):
-            for shape in ([1, 128, 1024, 1024], [1, 256, 1024, 1024]):
-                card = group_norm_card(shape, 32, dtype, affine=affine)
-                space = t.space(card)
-                group_mb = shape[1] // 32 * 1024 * 1024 * isz / 2**20
-                if group_mb > 16:
-                    assert "persist" not in space["strategy"] and "per_sm" not in space
-                    continue
-                assert space["strategy"][:2] == ["stream", "persist"] and space["per_sm"] == [1, 2]
-                for per_sm, block in ((1, 1024), (2, 512)):
-                    params = {**t.default(card), "strategy": "persist", "per_sm": per_sm, "block": block, "vec": 2}
-                    src, launched = _check_rendered("group_norm", card, params)
-                    (ln,) = _resolved(t, card, params, H200).launches
-                    assert launched == ["gn_persist"] and ln.cooperative and ln.grid == (132 * per_sm, 1, 1)
-                    assert f"constexpr int V = {16 // isz};" in src and "cp.async.cg.shared.global" in src
-                    assert per_sm * (ln.shared + 1024) <= H200.shared_per_sm
-                    kept = int(re.search(r"KEEP = (\d+);", src).group(1))
-                    whole = int(re.search(r"int L = (\d+);", src).group(1))
-                    assert whole * 132 * per_sm >= shape[1] // 32 * 1024 * 1024 > (whole - 8) * 132 * per_sm
-                    assert ln.shared == 3 * kept * isz  # three slots: applied, counted, in flight
-                    assert (kept == whole) == (group_mb <= 8) and kept >= whole / 2
-                    jobs[src] = ((dtype, affine, shape[1], per_sm), {"gn_persist"})
+        for shape in ([1, 128, 1024, 1024], [1, 256, 1024, 1024]):
+            card = group_norm_card(shape, 32, dtype, affine=affine)
+            space = t.space(card)
+            group_mb = shape[1] // 32 * 1024 * 1024 * isz / 2**20
+            if group_mb > 16:
+                assert "persist" not in space["strategy"] and "per_sm" not in space
+                continue
+            assert space["strategy"][:2] == ["stream", "persist"] and space["per_sm"] == [1, 2]
+            for per_sm, block in ((1, 1024), (2, 512)):
+                params = {**t.default(card), "strategy": "persist", "per_sm": per_sm, "block": block, "vec": 2}
+                src, launched = _check_rendered("group_norm", card, params)
+                (ln,) = _resolved(t, card, params, H200).launches
+                assert launched == ["gn_persist"] and ln.cooperative and ln.grid == (132 * per_sm, 1, 1)
+                assert f"constexpr int V = {16 // isz};" in src and "cp.async.cg.shared.global" in src
+                assert per_sm * (ln.shared + 1024) <= H200.shared_per_sm
+                kept = int(re.search(r"KEEP = (\d+);", src).group(1))
+                whole = int(re.search(r"int L = (\d+);", src).group(1))
+                assert whole * 132 * per_sm >= shape[1] // 32 * 1024 * 1024 > (whole - 8) * 132 * per_sm
+                assert ln.shared == 3 * kept * isz  # three slots: applied, counted, in flight
+                assert (kept == whole) == (group_mb <= 8) and kept >= whole / 2
+                jobs[src] = ((dtype, affine, shape[1], per_sm), {"gn_persist"})
+    card = group_norm_card([1, 128, 1024, 1024], 32, torch.bfloat16)
     with pytest.raises(ValueError, match="more than its 2048 threads"):
         t.render(card, {**t.default(card), "strategy": "persist", "per_sm": 2, "block": 2048})
     _compile_all(jobs)
