@@ -416,8 +416,9 @@ $WB_LOCALS
     }
     kf_async_wait<0>();  // group r + 2's copies (started an iteration ago) have landed
     gn_count(r + 2, x, stash, lo, mid, hi, part, ctr, red);
-    __syncthreads();  // ab is free for the next group
     gn_fetch(x, r + 3, lo, mid, stash);  // into slot r % 3: this thread's vectors of group r are applied
+    // No barrier here: ab and red are written next after the __syncthreads that follows the wait for the
+    // next group's partials, which every thread reaches only when done with this group.
   }
 }
 """
