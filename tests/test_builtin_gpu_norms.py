@@ -166,3 +166,47 @@ def test_rms_norm_bf16(tmp_path):
     except AssertionError as e:
         pytest.skip(f"aten::_fused_rms_norm is not one CUDA op here: {e}")
     _evaluate(tmp_path, "rms_norm", lambda: op.default(x, [1536], w, 1e-6), "rms_norm [1,2048,1536]")
+
+
+@pytest.mark.gpu
+def test_a_cooperative_persist_launch_replays_from_a_cuda_graph(tmp_path):
+    """Casts run under CUDA graphs (reduce-overhead, graph routes, the decoding step): the persist kernel's
+    cooperative launch (cuLaunchCooperativeKernel) captured in a graph, with its zeroed counters, replays to the
+    same bits as a direct launch, twice (the counters start from zero each time), and matches eager."""
+    from gpu_harness import brief_of, make_card
+
+    from engine.capture.signature import bind_arguments
+    from engine.compile.toolchain import compile_source
+    from engine.launch import Env, parse_spec, resolve
+    from engine.launch import cuda_driver as drv
+    from engine.launch.launcher import CandidateLauncher
+
+    torch.manual_seed(5)
+    x = torch.randn(1, 128, 512, 512, device="cuda", dtype=torch.bfloat16) * 0.7 + 0.2  # 2 MB groups
+    w = torch.randn(128, device="cuda", dtype=torch.bfloat16) * 0.2 + 1
+    b = torch.randn(128, device="cuda", dtype=torch.bfloat16) * 0.1
+    card = brief_of(make_card(tmp_path, lambda: F.group_norm(x, 32, w, b, 1e-6), samples=1))
+    t = BY_NAME["group_norm"]
+    r = t.render(card, {**t.default(card), "strategy": "persist", "per_sm": 1, "block": 1024})
+    built = compile_source(r.source, arch="sm_90")
+    assert built.ok, built.log
+    spec = resolve(parse_spec(r.spec), Env.from_card(card.signature, card.outputs))
+    assert spec.launches[0].cooperative
+    drv.init()
+    launcher = CandidateLauncher(drv.Module(built.cubin), spec, card.op, card.outputs, x.device)
+    op = torch.ops.aten.native_group_norm.default
+    bound = list(bind_arguments(op, (x, w, b, 1, 128, 512 * 512, 32, 1e-6), {}))
+    direct = [o.clone() for o in launcher.run(bound)]
+    run = launcher.prepare(bound, None)
+    run()  # warm-up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = run()
+    for _ in range(2):
+        for o in outs:
+            o.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(a, c) for a, c in zip(direct, outs))
+    ref = F.group_norm(x.float(), 32, w.float(), b.float(), 1e-6)
+    assert (direct[0].float() - ref).abs().max().item() < 0.05
