@@ -747,8 +747,11 @@ class GroupNormTemplate(Template):
         x = geo["x"]
         w, b = cc.tensor_arg(card, "weight"), cc.tensor_arg(card, "bias")
         has_w, has_b = w is not None, b is not None
-        if params["strategy"] == "persist":  # cp.async copies 16-byte vectors: the width is not a choice
-            params = {**params, "vec": 16 // cc.itemsize(x["dtype"])}
+        if params["strategy"] == "persist":  # cp.async copies 16-byte vectors: the width is not a choice,
+            bl = int(params["block"])          # and per_sm blocks must fit an SM's threads together
+            while bl > 32 and int(params["per_sm"]) * bl > hw.max_threads_per_sm:
+                bl //= 2
+            params = {**params, "vec": 16 // cc.itemsize(x["dtype"]), "block": bl}
         v, block, u = int(params["vec"]), int(params["block"]), int(params["unroll"])
         space = self.space(card, hw=hw)
         strategy, offered = params["strategy"], space["strategy"]
@@ -794,9 +797,6 @@ class GroupNormTemplate(Template):
                 (f", at most {resident} block(s) per SM" if pad else "")
         elif strategy == "persist":
             per_sm = int(params["per_sm"])
-            if per_sm * block > hw.max_threads_per_sm:
-                raise ValueError(f"{per_sm} blocks of {block} threads per SM: more than its "
-                                 f"{hw.max_threads_per_sm} threads")
             isz = cc.itemsize(x["dtype"])
             nb, per, kept = _persist_geometry(geo["D"], isz, v, block, geo["CG"], per_sm, hw)
             kernels = cc.substitute(_GN_PERSIST, WB_PARAMS=wb_p, WB_LOCALS=wb_locals, S=nb, L=per, KEEP=kept,
