@@ -77,6 +77,36 @@ __device__ __forceinline__ KfWf gn_stats(const T* __restrict__ xg, int lo, int h
   return s;
 }
 
+// Thread 0 writes the block's Welford triple s to part[3k..3k+2] (to L2) and then counts it in *count.
+__device__ __forceinline__ void gn_publish(const KfWf& s, float* __restrict__ part, long long k,
+                                           unsigned int* count) {
+  if (threadIdx.x == 0) {
+    __stcg(&part[3 * k], s.n);
+    __stcg(&part[3 * k + 1], s.mean);
+    __stcg(&part[3 * k + 2], s.m2);
+    __threadfence();  // the partial is visible before the count that announces it
+    atomicAdd(count, 1u);
+  }
+}
+
+// Once *count reaches n (thread 0 waits), the n triples from part[3 * first] merged in a fixed order: the same
+// bits in every block that gathers them.
+__device__ __forceinline__ KfWf gn_gather(const float* __restrict__ part, long long first, int n,
+                                          const unsigned int* count, unsigned int sleep_ns, float* red) {
+  if (threadIdx.x == 0) {
+    const volatile unsigned int* c = count;
+    while (*c < (unsigned int)n) __nanosleep(sleep_ns);
+    __threadfence();  // what the others wrote before their counts is read after this
+  }
+  __syncthreads();
+  KfWf s = {0.f, 0.f, 0.f};
+  for (int k = threadIdx.x; k < n; k += BLOCK) {
+    const float* q = part + 3 * (first + k);
+    kf_wf_merge(s, __ldcg(q), __ldcg(q + 1), __ldcg(q + 2));
+  }
+  return kf_wf_block<NWARP>(s, red);
+}
+
 // mean/rstd as eager's RowwiseMoments (biased variance, rsqrt(var + eps)), rounded once to TS; the
 // per-channel a = rstd*w, b = -a*mean + bias use the ROUNDED values, like ComputeFusedParams.
 __device__ __forceinline__ void gn_params(const KfWf& s, long long r, bool write, float eps,
@@ -248,30 +278,12 @@ $WB_LOCALS
   const T* __restrict__ xg = x + r * D;
   unsigned int* done = ctr + 2;
   if (!apply) {
-    const KfWf s = kf_wf_block<NWARP>(gn_stats(xg, lo, hi), red);
-    if (threadIdx.x == 0) {
-      __stcg(&part[3 * (r * P + p)], s.n);
-      __stcg(&part[3 * (r * P + p) + 1], s.mean);
-      __stcg(&part[3 * (r * P + p) + 2], s.m2);
-      __threadfence();  // the partial is visible before the count that announces it
-      atomicAdd(&done[r], 1u);
-    }
+    gn_publish(kf_wf_block<NWARP>(gn_stats(xg, lo, hi), red), part, r * P + p, done + r);
     return;
   }
   float f[U][V];
   gn_load(xg, lo + (int)threadIdx.x * V, hi, f);  // in flight while the statistics are awaited
-  if (threadIdx.x == 0) {
-    const volatile unsigned int* count = done + r;
-    while (*count < (unsigned int)P) __nanosleep(100);
-    __threadfence();  // what the statistics tiles wrote before their counts is read after this
-  }
-  __syncthreads();
-  KfWf s = {0.f, 0.f, 0.f};
-  for (int k = threadIdx.x; k < P; k += BLOCK) {  // every block of the group merges in the same order
-    const float* q = part + 3 * (r * P + k);
-    kf_wf_merge(s, __ldcg(q), __ldcg(q + 1), __ldcg(q + 2));
-  }
-  s = kf_wf_block<NWARP>(s, red);
+  const KfWf s = gn_gather(part, r * P, P, done + r, 100, red);
   gn_params(s, r, p == 0, eps, w, bias, mean_out, rstd_out, ab);
   __syncthreads();
   gn_apply_range(xg, y + r * D, lo, hi, ab, f);
@@ -319,15 +331,7 @@ __device__ __forceinline__ void gn_count(long long q, const T* __restrict__ x, c
       kf_wf_add<V>(s, f);
     }
   }
-  s = kf_wf_block<NWARP>(s, red);
-  if (threadIdx.x == 0) {
-    const long long k = q * S + blockIdx.x;
-    __stcg(&part[3 * k], s.n);
-    __stcg(&part[3 * k + 1], s.mean);
-    __stcg(&part[3 * k + 2], s.m2);
-    __threadfence();  // the partial is visible before the count that announces it
-    atomicAdd(&ctr[q], 1u);
-  }
+  gn_publish(kf_wf_block<NWARP>(s, red), part, q * S + blockIdx.x, ctr + q);
 }
 
 // One cooperative launch of S blocks; block b owns the same slice [lo, hi) of every group. Per iteration r
@@ -367,18 +371,7 @@ $WB_LOCALS
         if constexpr (HAS_B) bv[j] = kf_to_float(bias[g * CG + c]);
       }
     }
-    if (threadIdx.x == 0) {
-      const volatile unsigned int* count = ctr + r;
-      while (*count < (unsigned int)S) __nanosleep(32);
-      __threadfence();  // what the other blocks wrote before their counts is read after this
-    }
-    __syncthreads();
-    KfWf s = {0.f, 0.f, 0.f};
-    for (int k = threadIdx.x; k < S; k += BLOCK) {
-      const float* p = part + 3 * (r * S + k);
-      kf_wf_merge(s, __ldcg(p), __ldcg(p + 1), __ldcg(p + 2));
-    }
-    s = kf_wf_block<NWARP>(s, red);
+    const KfWf s = gn_gather(part, r * S, S, ctr + r, 32, red);
     // mean/rstd and the per-channel a, b exactly as gn_params (the rounded statistics), weights preloaded
     const TS mq = kf_from_float<TS>(s.mean);
     const TS rq = kf_from_float<TS>(rsqrtf(s.m2 / (float)D + eps));
