@@ -712,10 +712,13 @@ def _emulation_cases() -> list[tuple]:
         # and with at most 2 blocks per SM (dynamic shared memory the kernel leaves unused)
         _case_group_norm([1, 4, 128, 160], 2, bf, True, {"strategy": "stream", "tile_kb": 32, "lookahead": 1,
                                                         "block": 128, "l2": "keep", "resident": 2}, hw=SMALL_L2),
-        # Persist (one cooperative launch, every block at once): two 80 KB groups in 2 slices kept whole; four
-        # groups in 6 slices (2 per SM) of which shared memory keeps part; one fp32 group in 3 uneven slices.
+        # Persist (one cooperative launch, every block at once): two 80 KB groups in 2 slices kept whole; six
+        # (each of the three slots used twice); four groups in 6 slices (2 per SM) of which shared memory keeps
+        # part; one fp32 group in 3 uneven slices.
         _case_group_norm([1, 4, 128, 160], 2, bf, True, {"strategy": "persist", "per_sm": 1, "block": 128},
                          hw=TWO_SMS),
+        _case_group_norm([2, 6, 128, 160], 3, bf, True, {"strategy": "persist", "per_sm": 1, "block": 128,
+                                                        "unroll": 2}, hw=TWO_SMS),
         _case_group_norm([2, 4, 128, 160], 2, f16, False, {"strategy": "persist", "per_sm": 2, "block": 128,
                                                           "unroll": 1}, hw=SMALL_SMEM),
         _case_group_norm([1, 2, 100, 100], 1, f32, True, {"strategy": "persist", "per_sm": 1, "block": 256},
