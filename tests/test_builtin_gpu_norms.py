@@ -84,14 +84,17 @@ def test_group_norm_sd35_vae_bf16_1024(tmp_path):
                          ids=str)
 def test_group_norm_persist_on_the_sd35_vae_shapes(tmp_path, shape):
     """The VAE's other GroupNorms larger than half the L2, bf16: the persist kernel (16 MB groups kept in part;
-    8, 4 and 2 MB groups whole) beside the stream kernel, each against eager and the lane's copy."""
+    8, 4 and 2 MB groups whole), one group per step and two or four (each step pays one wait for the other
+    blocks), beside the stream kernel, each against eager and the lane's copy."""
     torch.manual_seed(4)
     x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16) * 0.7 + 0.2
     w = torch.randn(shape[1], device="cuda", dtype=torch.bfloat16) * 0.2 + 1
     b = torch.randn(shape[1], device="cuda", dtype=torch.bfloat16) * 0.1
     _evaluate(tmp_path, "group_norm", lambda: F.group_norm(x, 32, w, b, 1e-6), f"group_norm {list(shape)}",
               mutations=0, extra=({"strategy": "persist", "per_sm": 1, "block": 1024},
-                                  {"strategy": "persist", "per_sm": 2, "block": 512}))
+                                  {"strategy": "persist", "per_sm": 2, "block": 512},
+                                  {"strategy": "persist", "per_sm": 1, "block": 1024, "gpi": 2},
+                                  {"strategy": "persist", "per_sm": 2, "block": 512, "gpi": 4}))
 
 
 @pytest.mark.gpu

@@ -448,6 +448,17 @@ def test_group_norm_persist_instances_compile_for_sm_90_as_cooperative_launches(
                 assert ln.shared == 3 * kept * isz  # three slots: applied, counted, in flight
                 assert (kept == whole) == (group_mb <= 8) and kept >= whole / 2
                 jobs[src] = ((dtype, affine, shape[1], per_sm), {"gn_persist"})
+    # small groups a few per step (2 MB groups: four per step still keep their slices whole)
+    small = group_norm_card([1, 512, 256, 256], 32, torch.bfloat16)
+    assert t.space(small)["gpi"] == [1, 2, 4]
+    for gpi in (2, 4):
+        params = {**t.default(small), "strategy": "persist", "per_sm": 1, "block": 1024, "gpi": gpi}
+        src, launched = _check_rendered("group_norm", small, params)
+        (ln,) = _resolved(t, small, params, H200).launches
+        kept = int(re.search(r"KEEP = (\d+);", src).group(1))
+        assert f"constexpr int K = {gpi};" in src and ln.shared == 3 * gpi * kept * 2
+        assert kept == int(re.search(r"int L = (\d+);", src).group(1))
+        jobs[src] = (("gpi", gpi), {"gn_persist"})
     # more threads than an SM holds for that many blocks: the block is narrowed (sm_12x SMs hold 1536)
     card, hw = group_norm_card([1, 128, 1024, 1024], 32, torch.bfloat16), Hardware(max_threads_per_sm=1536)
     narrowed = t.render(card, {**t.default(card, hw=hw), "strategy": "persist", "per_sm": 2, "block": 1024}, hw=hw)
@@ -713,14 +724,17 @@ def _emulation_cases() -> list[tuple]:
         _case_group_norm([1, 4, 128, 160], 2, bf, True, {"strategy": "stream", "tile_kb": 32, "lookahead": 1,
                                                         "block": 128, "l2": "keep", "resident": 2}, hw=SMALL_L2),
         # Persist (one cooperative launch, every block at once): two 80 KB groups in 2 slices kept whole; six
-        # (each of the three slots used twice); four groups in 6 slices (2 per SM) of which shared memory keeps
-        # part; one fp32 group in 3 uneven slices.
+        # (each of the three slots used twice); five two at a time (the last step one group); four groups in
+        # 6 slices (2 per SM) of which shared memory keeps part, two at a time; one fp32 group in 3 uneven
+        # slices.
         _case_group_norm([1, 4, 128, 160], 2, bf, True, {"strategy": "persist", "per_sm": 1, "block": 128},
                          hw=TWO_SMS),
         _case_group_norm([2, 6, 128, 160], 3, bf, True, {"strategy": "persist", "per_sm": 1, "block": 128,
                                                         "unroll": 2}, hw=TWO_SMS),
+        _case_group_norm([1, 5, 256, 160], 5, bf, True, {"strategy": "persist", "per_sm": 1, "block": 128,
+                                                        "gpi": 2}, hw=TWO_SMS),
         _case_group_norm([2, 4, 128, 160], 2, f16, False, {"strategy": "persist", "per_sm": 2, "block": 128,
-                                                          "unroll": 1}, hw=SMALL_SMEM),
+                                                          "unroll": 1, "gpi": 2}, hw=SMALL_SMEM),
         _case_group_norm([1, 2, 100, 100], 1, f32, True, {"strategy": "persist", "per_sm": 1, "block": 256},
                          hw=SMALL_SMEM),
         _case_rows("layer_norm", [3, 5, 40], [40], bf, True, {}),

@@ -77,16 +77,28 @@ __device__ __forceinline__ KfWf gn_stats(const T* __restrict__ xg, int lo, int h
   return s;
 }
 
-// Thread 0 writes the block's Welford triple s to part[3k..3k+2] (to L2) and then counts it in *count.
-__device__ __forceinline__ void gn_publish(const KfWf& s, float* __restrict__ part, long long k,
-                                           unsigned int* count) {
+// Thread 0 writes the block's Welford triple s to part[3k..3k+2] (to L2).
+__device__ __forceinline__ void gn_store(const KfWf& s, float* __restrict__ part, long long k) {
   if (threadIdx.x == 0) {
     __stcg(&part[3 * k], s.n);
     __stcg(&part[3 * k + 1], s.mean);
     __stcg(&part[3 * k + 2], s.m2);
-    __threadfence();  // the partial is visible before the count that announces it
+  }
+}
+
+// Thread 0 counts in what this block stored before (its gn_store calls).
+__device__ __forceinline__ void gn_count_in(unsigned int* count) {
+  if (threadIdx.x == 0) {
+    __threadfence();  // the partials are visible before the count that announces them
     atomicAdd(count, 1u);
   }
+}
+
+// gn_store, then gn_count_in.
+__device__ __forceinline__ void gn_publish(const KfWf& s, float* __restrict__ part, long long k,
+                                           unsigned int* count) {
+  gn_store(s, part, k);
+  gn_count_in(count);
 }
 
 // Once *count reaches n (thread 0 waits), the n triples from part[3 * first] merged in a fixed order: the same
@@ -294,60 +306,74 @@ $WB_LOCALS
 _GN_PERSIST = r"""
 constexpr int S = $S;                // blocks, every one resident at once (a cooperative launch)
 constexpr int L = $L;                // elements of each group a block owns, a multiple of V
-constexpr int KEEP = $KEEP;          // the first KEEP of them copied to shared memory (a slot per group)
-constexpr int SLOTS = 3;             // groups in shared memory at once: applied, counted ahead, landing
+constexpr int KEEP = $KEEP;          // the first KEEP of them copied to shared memory (a sub-slot per group)
+constexpr int K = $GPI;              // groups per step: fetched, counted and applied together
+constexpr long long STEPS = (R + K - 1) / K;
+constexpr int SLOTS = 3;             // steps in shared memory at once: applied, counted ahead, landing
 constexpr int CGT = (CG + BLOCK - 1) / BLOCK;  // channels of a group per thread (weights, biases)
 static_assert(V * sizeof(T) == 16, "cp.async copies 16-byte vectors");
 
-// This thread's vectors of the kept part of group q, copied to slot q % SLOTS in the background (cp.async);
-// one commit group per call, empty past the last group.
-__device__ __forceinline__ void gn_fetch(const T* __restrict__ x, long long q, int lo, int mid, T* stash) {
-  if (q < R) {
+// Group k of step t: slot t % SLOTS, sub-slot k.
+__device__ __forceinline__ T* gn_sub(T* stash, long long t, int k) {
+  return stash + ((int)(t % SLOTS) * K + k) * KEEP;
+}
+
+// This thread's vectors of the kept part of step t's groups, copied to their sub-slots in the background
+// (cp.async); one commit group per call, empty past the last step.
+__device__ __forceinline__ void gn_fetch(const T* __restrict__ x, long long t, int lo, int mid, T* stash) {
+  for (int k = 0; k < K; ++k) {
+    const long long q = t * K + k;
+    if (q >= R) break;
     const T* xg = x + q * D;
-    T* slot = stash + (q % SLOTS) * KEEP;
-    for (int i = lo + (int)threadIdx.x * V; i < mid; i += BLOCK * V) kf_async_copy16(slot + (i - lo), xg + i);
+    T* sub = gn_sub(stash, t, k);
+    for (int i = lo + (int)threadIdx.x * V; i < mid; i += BLOCK * V) kf_async_copy16(sub + (i - lo), xg + i);
   }
   kf_async_commit();
 }
 
-// Group q's Welford partial of this block's slice (the kept part from this thread's own copies, the rest
-// from memory), published in part[] and counted in ctr[q]. Its copies must have landed.
-__device__ __forceinline__ void gn_count(long long q, const T* __restrict__ x, const T* stash, int lo, int mid,
-                                         int hi, float* __restrict__ part, unsigned int* __restrict__ ctr,
-                                         float* red) {
-  if (q >= R) return;
-  const T* slot = stash + (q % SLOTS) * KEEP;
-  const T* __restrict__ xg = x + q * D;
-  KfWf s = {0.f, 0.f, 0.f};
-  for (int i = lo + (int)threadIdx.x * V; i < mid; i += BLOCK * V) {
-    float f[V];
-    kf_load<T, V, 0>(slot + (i - lo), f);
-    kf_wf_add<V>(s, f);
-  }
-  if constexpr (KEEP < L) {
-    for (int i = mid + (int)threadIdx.x * V; i < hi; i += BLOCK * V) {
+// Step t: each group's Welford partial of this block's slice (the kept part from this thread's own copies,
+// the rest from memory) published in part[], then the block counted in ctr[t]. Its copies must have landed.
+__device__ __forceinline__ void gn_count(long long t, const T* __restrict__ x, T* stash, int lo, int mid, int hi,
+                                         float* __restrict__ part, unsigned int* __restrict__ ctr, float* red) {
+  if (t >= STEPS) return;
+  for (int k = 0; k < K; ++k) {
+    const long long q = t * K + k;
+    if (q >= R) break;
+    const T* sub = gn_sub(stash, t, k);
+    const T* __restrict__ xg = x + q * D;
+    KfWf s = {0.f, 0.f, 0.f};
+    for (int i = lo + (int)threadIdx.x * V; i < mid; i += BLOCK * V) {
       float f[V];
-      kf_load<T, V, SH>(xg + i, f);
+      kf_load<T, V, 0>(sub + (i - lo), f);
       kf_wf_add<V>(s, f);
     }
+    if constexpr (KEEP < L) {
+      for (int i = mid + (int)threadIdx.x * V; i < hi; i += BLOCK * V) {
+        float f[V];
+        kf_load<T, V, SH>(xg + i, f);
+        kf_wf_add<V>(s, f);
+      }
+    }
+    gn_store(kf_wf_block<NWARP>(s, red), part, q * S + blockIdx.x);
   }
-  gn_publish(kf_wf_block<NWARP>(s, red), part, q * S + blockIdx.x, ctr + q);
+  gn_count_in(ctr + t);
 }
 
-// One cooperative launch of S blocks; block b owns the same slice [lo, hi) of every group. Per iteration r
-// a block applies group r (its partials were counted two iterations earlier, so the wait for the other
-// blocks is mostly over before it begins; the weights are loaded while it lasts), counts group r + 2 from
-// the copies that landed meanwhile, and starts copying group r + 3 into the slot group r leaves (cp.async).
-// Every block merges the S partials of a group in the same fixed order (same bits everywhere). Memory is
-// read once and written once where three groups fit the GPU's shared memory (else the part of each slice
-// not kept is read again). `ctr` is zeroed before the launch: ctr[r] counts the partials of group r.
+// One cooperative launch of S blocks; block b owns the same slice [lo, hi) of every group. Groups go in
+// steps of K. Per step t a block applies step t's groups (their partials were counted two steps earlier, so
+// the wait for the other blocks is mostly over before it begins; the weights are loaded while it lasts),
+// counts step t + 2 from the copies that landed meanwhile, and starts copying step t + 3 into the slot step
+// t leaves (cp.async). Every block merges the S partials of a group in the same fixed order (same bits
+// everywhere). Memory is read once and written once where three steps fit the GPU's shared memory (else the
+// part of each slice not kept is read again). `ctr` is zeroed before the launch: ctr[t] counts the blocks
+// that published step t.
 extern "C" __global__ void __launch_bounds__(BLOCK, $PER_SM)
 gn_persist(const T* __restrict__ x, $WB_PARAMS float* __restrict__ part, unsigned int* __restrict__ ctr,
            T* __restrict__ y, TS* __restrict__ mean_out, TS* __restrict__ rstd_out, float eps) {
 $WB_LOCALS
   extern __shared__ __align__(16) unsigned char gn_stash_raw[];
   __shared__ float red[3 * NWARP + 3];
-  __shared__ float2 ab[CG];
+  __shared__ float2 ab[K * CG];
   T* stash = reinterpret_cast<T*>(gn_stash_raw);
   const int b = (int)blockIdx.x;
   const int lo = min(b * L, D), hi = min(D, b * L + L), mid = min(hi, lo + KEEP);
@@ -358,60 +384,71 @@ $WB_LOCALS
   gn_count(0, x, stash, lo, mid, hi, part, ctr, red);
   kf_async_wait<1>();
   gn_count(1, x, stash, lo, mid, hi, part, ctr, red);
-  for (long long r = 0; r < R; ++r) {
-    const int g = (int)(r % G);
-    float wv[CGT], bv[CGT];  // this thread's channels' weights, in flight while the partials are awaited
+  for (long long t = 0; t < STEPS; ++t) {
+    const int n = (int)min((long long)K, R - t * K);  // groups in this step
+    float wv[K][CGT], bv[K][CGT];  // this thread's channels' weights, in flight while the partials are awaited
 #pragma unroll
-    for (int j = 0; j < CGT; ++j) {
-      const int c = (int)threadIdx.x + j * BLOCK;
-      wv[j] = 1.f;
-      bv[j] = 0.f;
-      if (c < CG) {
-        if constexpr (HAS_W) wv[j] = kf_to_float(w[g * CG + c]);
-        if constexpr (HAS_B) bv[j] = kf_to_float(bias[g * CG + c]);
+    for (int k = 0; k < K; ++k) {
+      const int g = (int)((t * K + k) % G);
+#pragma unroll
+      for (int j = 0; j < CGT; ++j) {
+        const int c = (int)threadIdx.x + j * BLOCK;
+        wv[k][j] = 1.f;
+        bv[k][j] = 0.f;
+        if (k < n && c < CG) {
+          if constexpr (HAS_W) wv[k][j] = kf_to_float(w[g * CG + c]);
+          if constexpr (HAS_B) bv[k][j] = kf_to_float(bias[g * CG + c]);
+        }
       }
     }
-    const KfWf s = gn_gather(part, r * S, S, ctr + r, 32, red);
-    // mean/rstd and the per-channel a, b exactly as gn_params (the rounded statistics), weights preloaded
-    const TS mq = kf_from_float<TS>(s.mean);
-    const TS rq = kf_from_float<TS>(rsqrtf(s.m2 / (float)D + eps));
-    if (b == 0 && threadIdx.x == 0) { mean_out[r] = mq; rstd_out[r] = rq; }
-    const float m = kf_to_float(mq), rs = kf_to_float(rq);
+    for (int k = 0; k < n; ++k) {
+      const long long q = t * K + k;
+      const KfWf s = gn_gather(part, q * S, S, ctr + t, 32, red);  // (the wait is over after the first)
+      // mean/rstd and the per-channel a, b exactly as gn_params (the rounded statistics), weights preloaded
+      const TS mq = kf_from_float<TS>(s.mean);
+      const TS rq = kf_from_float<TS>(rsqrtf(s.m2 / (float)D + eps));
+      if (b == 0 && threadIdx.x == 0) { mean_out[q] = mq; rstd_out[q] = rq; }
+      const float m = kf_to_float(mq), rs = kf_to_float(rq);
 #pragma unroll
-    for (int j = 0; j < CGT; ++j) {
-      const int c = (int)threadIdx.x + j * BLOCK;
-      if (c < CG) {
-        float a = rs;
-        if constexpr (HAS_W) a = rs * wv[j];
-        float bb = -a * m;
-        if constexpr (HAS_B) bb = fmaf(-a, m, bv[j]);
-        ab[c] = make_float2(a, bb);
+      for (int j = 0; j < CGT; ++j) {
+        const int c = (int)threadIdx.x + j * BLOCK;
+        if (c < CG) {
+          float a = rs;
+          if constexpr (HAS_W) a = rs * wv[k][j];
+          float bb = -a * m;
+          if constexpr (HAS_B) bb = fmaf(-a, m, bv[k][j]);
+          ab[k * CG + c] = make_float2(a, bb);
+        }
       }
     }
     __syncthreads();
-    const T* __restrict__ xg = x + r * D;
-    T* __restrict__ yg = y + r * D;
-    const T* kept = stash + (r % SLOTS) * KEEP;
-    for (int i = lo + (int)threadIdx.x * V; i < mid; i += BLOCK * V) {
-      float v[V];
-      kf_load<T, V, 0>(kept + (i - lo), v);
-      const float2 k = ab[i / HW];
+    for (int k = 0; k < n; ++k) {
+      const long long q = t * K + k;
+      const T* __restrict__ xg = x + q * D;
+      T* __restrict__ yg = y + q * D;
+      const T* kept = gn_sub(stash, t, k);
+      const float2* abk = ab + k * CG;
+      for (int i = lo + (int)threadIdx.x * V; i < mid; i += BLOCK * V) {
+        float v[V];
+        kf_load<T, V, 0>(kept + (i - lo), v);
+        const float2 c = abk[i / HW];
 #pragma unroll
-      for (int j = 0; j < V; ++j) v[j] = fmaf(v[j], k.x, k.y);
-      kf_store<T, V, 1>(yg + i, v);
-    }
-    if constexpr (KEEP < L) {
-      if (mid < hi) {  // the part of the slice not kept: read again
-        float f[U][V];
-        gn_load(xg, mid + (int)threadIdx.x * V, hi, f);
-        gn_apply_range(xg, yg, mid, hi, ab, f);
+        for (int j = 0; j < V; ++j) v[j] = fmaf(v[j], c.x, c.y);
+        kf_store<T, V, 1>(yg + i, v);
+      }
+      if constexpr (KEEP < L) {
+        if (mid < hi) {  // the part of the slice not kept: read again
+          float f[U][V];
+          gn_load(xg, mid + (int)threadIdx.x * V, hi, f);
+          gn_apply_range(xg, yg, mid, hi, abk, f);
+        }
       }
     }
-    kf_async_wait<0>();  // group r + 2's copies (started an iteration ago) have landed
-    gn_count(r + 2, x, stash, lo, mid, hi, part, ctr, red);
-    gn_fetch(x, r + 3, lo, mid, stash);  // into slot r % 3: this thread's vectors of group r are applied
-    // No barrier here: ab and red are written next after the __syncthreads that follows the wait for the
-    // next group's partials, which every thread reaches only when done with this group.
+    kf_async_wait<0>();  // step t + 2's copies (started a step ago) have landed
+    gn_count(t + 2, x, stash, lo, mid, hi, part, ctr, red);
+    gn_fetch(x, t + 3, lo, mid, stash);  // into slot t % 3: this thread's vectors of step t are applied
+    // No barrier here: ab and red are written next after the __syncthreads in the next step's first gather,
+    // which every thread reaches only when done with this step.
   }
 }
 """
@@ -542,20 +579,23 @@ PERSIST_PER_SM = (1, 2)
 PERSIST_MIN_KEPT = 0.5  # offered where at least this share of each block's slice stays in shared memory
 
 
-PERSIST_SLOTS = 3  # groups a block holds in shared memory at once (as SLOTS in the kernel)
+PERSIST_SLOTS = 3  # steps a block holds in shared memory at once (as SLOTS in the kernel)
+# Groups per step (GPI, K in the kernel): each step pays a wait for the other blocks and a merge, so small
+# groups go several at a time. Offered where the K * CG per-channel coefficients stay within 8 KB.
+PERSIST_GPI = (1, 2, 4)
 
 
-def _persist_geometry(d: int, isz: int, v: int, block: int, cg: int, per_sm: int, hw: Hardware
+def _persist_geometry(d: int, isz: int, v: int, block: int, cg: int, per_sm: int, hw: Hardware, gpi: int = 1
                       ) -> tuple[int, int, int]:
     """(blocks, slice, kept) for the persist strategy: S blocks of `per_sm` per SM, each owning `slice`
-    elements of every group (a multiple of V), `kept` of them in each of its PERSIST_SLOTS shared memory
-    slots (what a block's share of the SM allows beside its static tables)."""
+    elements of every group (a multiple of V), `kept` of them in each of its PERSIST_SLOTS x `gpi` shared
+    memory sub-slots (what a block's share of the SM allows beside its static tables)."""
     s = hw.sms * per_sm
     per = -(-d // s)
     per = -(-per // v) * v
-    static = -(-4 * (3 * (block // 32) + 3) // 8) * 8 + 8 * cg
+    static = -(-4 * (3 * (block // 32) + 3) // 8) * 8 + 8 * cg * gpi
     share = min(hw.max_shared_per_block, hw.shared_per_sm // per_sm - 1024) - static - 128
-    kept = max(0, min(per, share // (PERSIST_SLOTS * isz)) // v * v)
+    kept = max(0, min(per, share // (PERSIST_SLOTS * gpi * isz)) // v * v)
     return s, per, kept
 
 
@@ -714,7 +754,8 @@ class GroupNormTemplate(Template):
             **({"l2": list(STREAM_L2)} if stream and hw.capability >= (8, 0) else {}),
             **({"resident": [r for r in STREAM_RESIDENT if r == "all" or _resident_enforceable(r, hw)]}
                if stream and hw.shared_per_sm > 0 else {}),
-            **({"per_sm": list(PERSIST_PER_SM)} if persist else {}),
+            **({"per_sm": list(PERSIST_PER_SM), "gpi": [k for k in PERSIST_GPI if k * geo["CG"] * 8 <= 8192]}
+               if persist else {}),
         }
 
     @staticmethod
@@ -727,7 +768,7 @@ class GroupNormTemplate(Template):
         if params["strategy"] == "stream":
             keys |= {"tile_kb", "lookahead", "l2", "resident"}
         if params["strategy"] == "persist":
-            keys = (keys - {"vec"}) | {"per_sm"}  # its vectors are cp.async's 16 bytes
+            keys = (keys - {"vec"}) | {"per_sm", "gpi"}  # its vectors are cp.async's 16 bytes
         return keys
 
     def mutate(self, card: OperatorCard, params: Mapping[str, Any], rng: random.Random,
@@ -789,22 +830,25 @@ class GroupNormTemplate(Template):
                 (", statistics kept in L2 (evict_last)" if keep_l2 else "") + \
                 (f", at most {resident} block(s) per SM" if pad else "")
         elif strategy == "persist":
-            per_sm = int(params["per_sm"])
+            per_sm, gpi = int(params["per_sm"]), int(params.get("gpi", 1))
+            if gpi not in space["gpi"]:
+                raise ValueError(f"gpi {gpi} is outside {space['gpi']} ({geo['CG']} channels per group)")
             isz = cc.itemsize(x["dtype"])
-            nb, per, kept = _persist_geometry(geo["D"], isz, v, block, geo["CG"], per_sm, hw)
+            nb, per, kept = _persist_geometry(geo["D"], isz, v, block, geo["CG"], per_sm, hw, gpi)
             kernels = cc.substitute(_GN_PERSIST, WB_PARAMS=wb_p, WB_LOCALS=wb_locals, S=nb, L=per, KEEP=kept,
-                                    PER_SM=per_sm)
+                                    PER_SM=per_sm, GPI=gpi)
             spec = "\n".join([
                 f"# group_norm persist: {nb} blocks, all resident ({per_sm} per SM), each owning {per} elements "
                 f"of every group, {kept} of them copied to shared memory (cp.async); a group counted two "
                 "groups ahead of its apply",
                 "[[workspace]]", 'name = "part"', f'bytes = "N * group * {nb} * 12"', "",
-                "[[workspace]]", 'name = "ctr"', 'bytes = "N * group * 4"', "zero = true", "",
+                "[[workspace]]", 'name = "ctr"', 'bytes = "N * group * 4"', "zero = true", "",  # >= steps
                 "[[launch]]", 'kernel = "gn_persist"', f"grid = [{nb}]", f"block = [{block}]",
-                f"shared = {PERSIST_SLOTS * kept * isz}", "cooperative = true",
+                f"shared = {PERSIST_SLOTS * gpi * kept * isz}", "cooperative = true",
                 "args = " + cc.spec_args([("ptr", "input"), *wb_args, ("ptr", "ws.part"), ("ptr", "ws.ctr"),
                                           *outs]), ""])
-            how = f", {nb} resident blocks ({per_sm} per SM) of {per} elements per group, {kept} kept on chip"
+            how = (f", {nb} resident blocks ({per_sm} per SM) of {per} elements per group, {kept} kept on chip"
+                   + (f", {gpi} groups per step" if gpi > 1 else ""))
         elif strategy == "cluster":
             k = int(params["cluster"])
             chunk, stash = _gn_stash(geo["D"], k, v, block, cc.itemsize(x["dtype"]), geo["CG"], params["stash"],
