@@ -111,7 +111,7 @@ class KernelPlan(Plan):
             fn = ctypes.c_void_p(int(ln.fn)) if _Driver.raw else int(ln.fn)
             params = ctypes.addressof(ln.params)
             head = (fn, *(int(x) for x in ln.grid), *(int(x) for x in ln.block), int(ln.shared))
-            how = _Driver.cooperative_launcher() if getattr(ln, "cooperative", False) else self.launch
+            how = _Driver.cooperative_launcher() if ln.cooperative else self.launch
             self.launches.append((head, ptrs, ctypes.c_void_p(params) if _Driver.raw else params, ln, how))
         self.n_returns = n_returns
         self.returns_list = returns_list

@@ -556,17 +556,28 @@ def _resident_pad(resident: Any, block: int, cg: int, hw: Hardware) -> int:
         raise ValueError(f"resident {resident!r}: at least 1 block per SM")
     if (n + 1) * block > hw.max_threads_per_sm:
         return 0
-    # the kernel's static shared memory: red[] (rounded up to ab's 8-byte alignment), ab[CG], the ticket
-    static = -(-4 * (3 * (block // 32) + 3) // 8) * 8 + 8 * cg + 8
+    static = _static_shared(block, cg) + 8  # + the ticket
     if not _resident_enforceable(n, hw):
         raise ValueError(f"resident {n}: {hw.max_shared_per_block} B of shared memory per block cannot keep "
                          f"{n + 1} blocks off an SM of {hw.shared_per_sm} B")
     return max(0, _resident_share(n, hw) - static)
 
 
+def _static_shared(block: int, ab_entries: int) -> int:
+    """The static shared memory of the stream and persist kernels before their own extras: red[] (rounded up
+    to ab's 8-byte alignment) and ab[ab_entries] (float2)."""
+    return -(-4 * (3 * (block // 32) + 3) // 8) * 8 + 8 * ab_entries
+
+
+def _sm_share(n: int, hw: Hardware) -> int:
+    """The shared memory per block (static and dynamic) of which n blocks fit on an SM (1 KB of each reserved
+    by the GPU), at most a block's."""
+    return min(hw.max_shared_per_block, hw.shared_per_sm // n - 1024)
+
+
 def _resident_share(n: int, hw: Hardware) -> int:
-    """The shared memory per block (static and dynamic) of which n blocks fit on an SM, at most a block's."""
-    return min(hw.max_shared_per_block, hw.shared_per_sm // n - 1024) // 128 * 128
+    """_sm_share rounded down to 128 B."""
+    return _sm_share(n, hw) // 128 * 128
 
 
 def _resident_enforceable(n: int, hw: Hardware) -> bool:
@@ -577,8 +588,6 @@ def _resident_enforceable(n: int, hw: Hardware) -> bool:
 # Persist strategy: blocks per SM (S = SMs x per_sm blocks in one cooperative launch).
 PERSIST_PER_SM = (1, 2)
 PERSIST_MIN_KEPT = 0.5  # offered where at least this share of each block's slice stays in shared memory
-
-
 PERSIST_SLOTS = 3  # steps a block holds in shared memory at once (as SLOTS in the kernel)
 # Groups per step (GPI, K in the kernel): each step pays a wait for the other blocks and a merge, so small
 # groups go several at a time. Offered where the K * CG per-channel coefficients stay within 8 KB.
@@ -593,8 +602,7 @@ def _persist_geometry(d: int, isz: int, v: int, block: int, cg: int, per_sm: int
     s = hw.sms * per_sm
     per = -(-d // s)
     per = -(-per // v) * v
-    static = -(-4 * (3 * (block // 32) + 3) // 8) * 8 + 8 * cg * gpi
-    share = min(hw.max_shared_per_block, hw.shared_per_sm // per_sm - 1024) - static - 128
+    share = _sm_share(per_sm, hw) - _static_shared(block, cg * gpi) - 128
     kept = max(0, min(per, share // (PERSIST_SLOTS * gpi * isz)) // v * v)
     return s, per, kept
 
