@@ -726,11 +726,13 @@ def report(doc: dict[str, Any]) -> str:
                          + (f"; {why['size_declines']} match(es) of other sizes kept Inductor's code"
                             if why.get("size_declines") else ""))
         copies = describe_layout_copies(r.get("layout_copies"))
-        if copies:
-            lines.append(f"\n{mode}: {copies}. Per op: " + "; ".join(
+        held = any(v.get("inputs_as_held") or v.get("biases_kept") for v in (r.get("layout_copies") or {}).values())
+        if copies or held:
+            lines.append(f"\n{mode}: {copies or 'no layout copies'}. Per op: " + "; ".join(
                 f"{k} {v['calls']} call(s), {v['inputs_copied']} in, {v['outputs_copied']} out"
                 + (f", {v['inputs_computed']} computed into place" if v.get("inputs_computed") else "")
                 + (f", {v['inputs_as_held']} as held" if v.get("inputs_as_held") else "")
+                + (f", {v['biases_kept']} convolution(s) kept their bias for it" if v.get("biases_kept") else "")
                 + (" (not passed as held: " + "; ".join(f"{w} ×{n}" for w, n in v["held_declined"].items()) + ")"
                    if v.get("held_declined") else "")
                 for k, v in r["layout_copies"].items()))

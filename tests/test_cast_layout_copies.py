@@ -128,6 +128,15 @@ def test_the_export_and_bench_compose_say_what_inductor_copied():
     text = load_script("bench_compose").report({"gpu": "NVIDIA H200", "torch": "2.11", "date": "2026-12-03",
                                                 "model": "sd35_vae", "variants": [],
                                                 "modes": {"default": _mode(layout_copies=computed)}})
+    # Passed as held with the convolution's bias kept, nothing copied: the export's record and the report keep it
+    held = {"aten.native_group_norm.default": {"calls": 2, "inputs_copied": 0, "outputs_copied": 0,
+                                               "conversions": [], "inputs_as_held": 2, "biases_kept": 2}}
+    assert ran_in_forward({"variants": [], "layout_copies": held}, [])["layout_copies"] == held
+    held_text = load_script("bench_compose").report({"gpu": "NVIDIA H200", "torch": "2.11", "date": "2026-12-04",
+                                                     "model": "sd35_vae", "variants": [],
+                                                     "modes": {"default": _mode(layout_copies=held)}})
+    assert ("default: no layout copies. Per op: aten.native_group_norm.default 2 call(s), 0 in, 0 out, 2 as held, "
+            "2 convolution(s) kept their bias for it") in held_text
     assert "aten.native_group_norm.default 24 call(s), 11 in, 0 out, 7 computed into place" in text
 
 
@@ -502,3 +511,83 @@ def test_a_held_input_gets_the_outputs_compiled_code_asserts_from_the_variant_an
     finally:
         owner.remove()
         torch._dynamo.reset()
+
+
+@contextlib.contextmanager
+def _peeling_biases_as_on_cuda(monkeypatch, kept: bool):
+    """Inductor's convolution lowering as on CUDA, on the CPU: it splits the bias off into a pointwise add
+    (torch/_inductor/kernel/conv.py asks `ir.get_device_type` of the input, patched to "cuda" for that call
+    only). `kept`: whether the cast's rule that keeps a bias where only its ops read the output may apply (it
+    asks the same question, `compose._peels_bias`)."""
+    from torch._inductor import ir
+    from torch._inductor import lowering as L
+
+    conv = torch.ops.aten.convolution.default
+    original = L.lowerings[conv]
+
+    def as_on_cuda(*args, **kwargs):
+        with monkeypatch.context() as m:
+            m.setattr(ir, "get_device_type", lambda x: "cuda")
+            return original(*args, **kwargs)
+
+    monkeypatch.setattr(compose, "_peels_bias", lambda x: kept)
+    L.lowerings[conv] = as_on_cuda
+    try:
+        yield
+    finally:
+        L.lowerings[conv] = original
+
+
+class _ConvLseTwice(torch.nn.Module):
+    """conv -> logsumexp, and the convolution's output read by something else too (a sum)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return torch.logsumexp(y, dim=(2, 3)) + y.sum()
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_a_convolution_whose_output_only_the_casts_op_reads_keeps_its_bias(tmp_path, monkeypatch, kept):
+    """On CUDA Inductor splits a convolution's bias off into a pointwise add, which its own code fuses into
+    the consumer. A cast's op gets the add computed into a buffer first, in eager's layout: one pass, and the
+    channels-last variant never runs (the SD3.5 VAE's GroupNorms, 2026-12-03d; reproduced here with `kept`
+    False). Where only the cast's ops read the output, in the layout the convolution stores, the convolution
+    keeps its bias and its output is passed as held: the channels-last variant runs, and the result is the
+    biased convolution's."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 6, 6)
+    model = _ConvLse().eval()
+    with torch.no_grad():
+        model.conv.bias.add_(3.0)   # a bias the result cannot miss
+    owner = OpCast(torch.ops.aten.logsumexp.default,
+                   [x.contiguous(memory_format=torch.channels_last), [2, 3], False])
+    try:
+        with _peeling_biases_as_on_cuda(monkeypatch, kept):
+            copies = _compiled_copies(model, x, owner)
+        hits = owner.plan.hits
+    finally:
+        owner.remove()
+        torch._dynamo.reset()
+    row = copies["aten.logsumexp.default"]
+    if kept:
+        assert (row["calls"], row.get("biases_kept"), row.get("inputs_as_held"), hits) == (1, 1, 1, 1), row
+    else:
+        assert (row.get("biases_kept", 0), row.get("inputs_as_held", 0), row.get("inputs_computed")) == (0, 0, 1), row
+        assert hits == 0   # the add was computed contiguous: the channels-last variant missed
+
+
+def test_a_convolution_read_by_other_code_too_keeps_inductors_bias_add(tmp_path, monkeypatch):
+    """The other reader fuses the split-off bias add for free, so the lowering stays Inductor's."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 6, 6)
+    owner = OpCast(torch.ops.aten.logsumexp.default,
+                   [x.contiguous(memory_format=torch.channels_last), [2, 3], False])
+    with _peeling_biases_as_on_cuda(monkeypatch, True):
+        copies = _copies_then_removed(_ConvLseTwice().eval(), x, owner)
+    assert copies["aten.logsumexp.default"].get("biases_kept", 0) == 0

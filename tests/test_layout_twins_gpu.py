@@ -2,13 +2,13 @@
 
 A VAE resnet half (conv -> GroupNorm -> SiLU -> conv): Inductor runs the convolutions channels-last, so the
 GroupNorm is handed a channels-last input. `run` captures the GroupNorm card and its channels-last twin
-(engine.capture.twins, auto on a CUDA capture with a convolution without bias), searches both (group_norm and
+(engine.capture.twins, auto on a CUDA capture with a convolution), searches both (group_norm and
 group_norm_cl templates), `export --target compile` packages them, and under `cast.compile` the twin's
 variant gets the convolution's output as Inductor holds it: no layout copy (`inputs_as_held`), a hit per
-forward, and the decode's output agrees with eager. The convolution before the GroupNorm has no bias: on
-CUDA Inductor peels a bias off into a pointwise add and computes that straight into the GroupNorm's layout,
-so nothing is held channels-last (and `layout_twins = "auto"` adds no twins; the SD3.5 VAE, 2026-12-03d).
-Twins are off by default until this test passes on the GPU: its config asks for "auto"."""
+forward, and the decode's output agrees with eager. Once with the convolution before the GroupNorm
+biased, once without: on CUDA Inductor peels a bias off into a pointwise add and computes that straight into
+the GroupNorm's layout, so nothing was held channels-last (the SD3.5 VAE, 2026-12-03d); a convolution whose
+output only the cast's ops read keeps its bias under the cast's compile (compose, `biases_kept`)."""
 
 import textwrap
 
@@ -24,7 +24,7 @@ MODEL_PY = textwrap.dedent('''
     class Half(nn.Module):  # a VAE resnet's second half: conv1 -> norm2 -> SiLU -> conv2, plus the shortcut
         def __init__(self, c):
             super().__init__()
-            self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)  # a bias: Inductor peels it off (below)
+            self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=BIAS)
             self.norm = nn.GroupNorm(32, c, eps=1e-6)
             self.conv2 = nn.Conv2d(c, c, 3, padding=1)
 
@@ -42,12 +42,14 @@ MODEL_PY = textwrap.dedent('''
 ''')
 
 
-def test_a_channels_last_twin_serves_the_groupnorm_after_a_convolution_under_compile(cli, capsys, tmp_path):
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_channels_last_twin_serves_the_groupnorm_after_a_convolution_under_compile(cli, capsys, tmp_path, bias):
     import torch
 
     from engine.cast.format import CHAIN_OP, read_cast
 
-    config = user_model(tmp_path, "conv_gn", MODEL_PY, samples=1, capture='layout_twins = "auto"\n')
+    config = user_model(tmp_path, "conv_gn", MODEL_PY.replace("BIAS", str(bias)), samples=1,
+                        capture='layout_twins = "auto"\n')
     ws = tmp_path / "ws"
     code, out, err = cli("run", config, "--no-tui", "--iterations", "6", "--json", "--no-compile-ref",
                          "--ops", "group_norm", "--workspace", ws)
@@ -92,6 +94,7 @@ def test_a_channels_last_twin_serves_the_groupnorm_after_a_convolution_under_com
     with capsys.disabled():
         print(f"layout copies {st['layout_copies']}, hits {hits}, router {[v.get('router') for v in st['variants']]}")
     assert row.get("inputs_as_held", 0) >= 2 and row.get("inputs_copied", 0) == 0, row  # both norms after a conv
+    assert row.get("biases_kept", 0) == (2 if bias else 0), row
     assert sum(hits[v["id"]] for v in cl) >= 2, hits
     for out in (got, declined, removed):
         torch.testing.assert_close(out, eager, atol=5e-2, rtol=2e-2)

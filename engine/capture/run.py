@@ -273,7 +273,7 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
             cards = sorted([*cards, *found.values()], key=lambda c: (-c.share, c.op, c.card_id))
             notes["channels-last twins"] = (
                 f"{len(found)} GroupNorm card(s) also as channels-last input, the layout torch.compile hands them "
-                "after a convolution without bias (same values and samples; engine/capture/twins.py)")
+                "after a convolution (same values and samples; engine/capture/twins.py)")
     return CaptureResult(
         capture_id=capture_id, model=config.name, device=device.type,
         dtype=dtype_name(config.dtype_for(device.type)), small=config.small,

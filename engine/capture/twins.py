@@ -14,7 +14,7 @@ eager is what PyTorch's kernel costs there: the input copied to contiguous (CUDA
 channels-last input), the op, the outputs copied into those strides (`engine.ops.eager_call`).
 
 Which captures get them: `[capture] layout_twins` in the model config: "auto" (the default: a CUDA capture
-whose forward ran a convolution without a bias, see `wanted`), true or false. Their path under compile
+whose forward ran a convolution, see `wanted`), true or false. Their path under compile
 passed on the H200 on 2026-12-03 (tests/test_layout_twins_gpu.py).
 """
 
@@ -118,19 +118,14 @@ def twins_among(cards: Sequence[tuple[str, str, Any]]) -> dict[str, str]:
 
 def wanted(setting: Any, device: str, cards: Sequence[OperatorCard]) -> bool:
     """Whether a capture gets twins: `setting` true/false, or "auto": on a CUDA capture that ran a
-    convolution without a bias. On CUDA, Inductor peels a convolution's bias off into a pointwise add
-    (cudnn is slower with it), and a GroupNorm after a biased convolution is handed that add, which Inductor
-    computes straight into the layout the op wants: no held channels-last tensor, nothing for a twin to take
-    (the SD3.5 VAE, all of whose convolutions have a bias: 0 inputs held, 2026-12-03d). A convolution without
-    one stores its channels-last output as it is."""
+    convolution. Without a bias, a convolution stores its channels-last output as it is. With one, Inductor
+    peels the bias off into a pointwise add on CUDA (cudnn is slower with it) and computes that add straight
+    into the layout a cast's op asks for, so nothing is held (the SD3.5 VAE, 2026-12-03d); under a cast's
+    compile, a convolution whose output only the cast's ops read in the layout it stores keeps its bias
+    instead (engine.cast.compose, `biases_kept`), and a twin takes it as held."""
     if setting is True or setting is False:
         return setting
-    return device == "cuda" and any(c.op in CONVOLUTIONS and _without_bias(c.signature) for c in cards)
-
-
-def _without_bias(signature: dict[str, Any]) -> bool:
-    bias = next((a for a in signature.get("args", []) if a.get("name") == "bias"), None)
-    return bias is None or bool(bias.get("absent")) or bias.get("value", 0) is None
+    return device == "cuda" and any(c.op in CONVOLUTIONS for c in cards)
 
 
 def channels_last_twins(cards: Sequence[OperatorCard]) -> dict[str, OperatorCard]:

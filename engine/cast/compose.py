@@ -66,6 +66,11 @@ a consumer, and the first strides it had to convert. On a convolutional model In
 and a GroupNorm → SiLU pattern card whose output feeds a convolution gains the SiLU pass and pays a copy back
 (18 per SD3.5 VAE decode on the H200).
 
+Biases kept: on CUDA Inductor splits a convolution's bias off into a pointwise add that its own consumers fuse;
+before a cast's op that add was computed into a buffer (one pass) and nothing was held channels-last. While
+this backend compiles, a 2-D convolution whose every reader is a cast op with a variant for its channels-last
+output keeps its bias, and the output is passed as held (`_keeping_biases`, counted as `biases_kept`).
+
 Compiles through this backend are serialized by one lock (the tables patched are process-wide).
 """
 
@@ -272,8 +277,9 @@ def _inductor_pattern_counts() -> dict[str, int]:
 
 
 # Which calls the veto keeps whole, in Inductor's cache keys: a graph compiled under an older rule is never
-# served again (2: under dynamic shapes, only where the concrete sizes can be a variant's).
-VETO_RULE = 2
+# served again (2: under dynamic shapes, only where the concrete sizes can be a variant's; 3: a convolution
+# whose output only the cast's ops read, in a layout their variants take as held, keeps its bias).
+VETO_RULE = 3
 
 
 class CastCacheKey:
@@ -412,7 +418,9 @@ def inductor_state(owner: object, digest: str, previous_pass: Any = None,
             names.update({op: str(op) for op in cov if op not in names})
             key = _key_pass(digest, vetoed, prev, patterns, apply_patterns, target, skey)
             key.routed = routed_names(owner) if routed_calls is not None else None
-            with config.patch(post_grad_custom_post_pass=key), _counting_output_copies(names, copies):
+            held_by = {op: per for op, per in {**layouts, **chain_layouts}.items() if per}
+            with config.patch(post_grad_custom_post_pass=key), _counting_output_copies(names, copies), \
+                    _keeping_biases(held_by, names, copies):
                 try:
                     yield vetoed
                 finally:
@@ -601,6 +609,99 @@ def _recording_constraint(name: str, copies: dict, layouts: dict | None = None,
         return new_args, new_kwargs
 
     return constrain_and_count
+
+
+_CONVOLUTION = torch.ops.aten.convolution.default
+
+
+def _peels_bias(x: Any) -> bool:
+    """Whether Inductor's convolution lowering splits the bias off into a pointwise add for this input: on
+    every device but the CPU (torch/_inductor/kernel/conv.py: "peel off the bias, cudnn is slower with it")."""
+    from torch._inductor import ir
+
+    return ir.get_device_type(x) != "cpu"
+
+
+def _channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    n, c, h, w = shape
+    return (c * h * w, 1, w * c, c)
+
+
+def _bias_keeper(fx_node: Any, x: Any, weight: Any, bias: Any, transposed: Any,
+                 held_by: dict) -> tuple | None:
+    """(the held layout, the reading ops) where the convolution `fx_node` should keep its bias, else None.
+
+    Inductor splits a convolution's bias off into a pointwise add (CUDA), which its own consumers fuse for
+    free. A cast's op is not Inductor's code: the add is computed into a buffer first, one pass over the
+    tensor, and the op then reads that buffer in eager's layout, not the convolution's stored channels-last
+    output (the SD3.5 VAE: every GroupNorm after a convolution, 2026-12-03d). Where every reader of the
+    output is an op of the cast with a variant for the layout the convolution stores under Inductor's layout
+    optimization (channels-last 2-D, as its first input), the convolution keeps its bias (cuDNN adds it as it
+    writes) and its output is passed as held: no pass at all. A 1x1 convolution Inductor would turn into a
+    matmul (which adds the bias itself) is left to it, as is every other case."""
+    from torch._inductor import config
+    from torch._inductor.virtualized import V
+
+    if bias is None or fx_node is None or not _peels_bias(x) or not getattr(V.graph, "layout_opt", False):
+        return None
+    val = fx_node.meta.get("val")
+    wsize = [int(v) for v in weight.get_size()]
+    if not isinstance(val, torch.Tensor) or val.dim() != 4 or len(wsize) != 4 or transposed:
+        return None
+    if all(k == 1 for k in wsize[2:]) and (config.conv_1x1_as_mm or config.max_autotune or config.max_autotune_gemm):
+        return None
+    shape = tuple(int(n) for n in val.shape)
+    held = (val.device.type, val.dtype, shape, _channels_last_strides(shape))
+    readers = []
+    for user in fx_node.users:
+        per = held_by.get(user.target) if user.op == "call_function" else None
+        takes = (per is not None and user.args and user.args[0] is fx_node
+                 and fx_node not in user.args[1:] and fx_node not in user.kwargs.values())
+        if not takes or _proven_for(per, held) is None or not _traced_contiguous(user):
+            return None
+        readers.append(user.target)
+    return (held, readers) if readers else None
+
+
+@contextmanager
+def _keeping_biases(held_by: dict, names: dict[Any, str], copies: dict) -> Iterator[None]:
+    """While Inductor lowers: a convolution whose output only the cast's ops read, in the layout it stores,
+    keeps its bias (`_bias_keeper`), lowered as Inductor lowers a convolution under its layout optimization
+    (input and weight channels-last) but as one fallback call with the bias. Counted per reading op in
+    `biases_kept`. Any doubt leaves the convolution to Inductor's own lowering; the table entry is put back."""
+    from torch._inductor import ir
+    from torch._inductor import lowering as L
+    from torch._inductor.virtualized import V
+
+    original = L.lowerings.get(_CONVOLUTION)
+    if original is None or not held_by:
+        yield
+        return
+
+    def lower(x: Any, weight: Any, bias: Any, stride: Any, padding: Any, dilation: Any, transposed: Any,
+              output_padding: Any, groups: Any) -> Any:
+        args = (x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+        try:
+            keep = _bias_keeper(getattr(V.graph, "current_node", None), x, weight, bias, transposed, held_by)
+        except Exception:  # noqa: BLE001 - a doubt is Inductor's own lowering
+            keep = None
+        if keep is None:
+            return original(*args)
+        x, weight = ir.ExternKernel.require_channels_last(x), ir.ExternKernel.require_channels_last(weight)
+        out = L.fallback_handler(_CONVOLUTION, add_to_fallback_set=False)(x, weight, *args[2:])
+        try:  # the record: never a reason for the compile to fail
+            for op in keep[1]:
+                row = _copy_row(copies, names.get(op, str(op)))
+                row["biases_kept"] = row.get("biases_kept", 0) + 1
+        except Exception:  # noqa: BLE001
+            pass
+        return out
+
+    L.lowerings[_CONVOLUTION] = lower
+    try:
+        yield
+    finally:
+        L.lowerings[_CONVOLUTION] = original
 
 
 def _strides_of(x: Any) -> Any:

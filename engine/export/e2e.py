@@ -152,9 +152,11 @@ def ran_in_forward(stats: dict[str, Any], ids: Sequence[str], forwards: int = 1)
         out["hits_counted_over"] = f"{forwards} forwards that ran Python (warm-up and capture; replays run none)"
     if stats.get("pattern_matches"):
         out["pattern_matches"] = dict(stats["pattern_matches"])
+    # a kernel that pays a layout copy in the compiled graph can gain less than its card said; one passed its
+    # input as held (a convolution's bias kept for it) is the path that avoids the copy: both are kept
     copies = {k: v for k, v in (stats.get("layout_copies") or {}).items()
-              if v.get("inputs_copied") or v.get("outputs_copied")}
-    if copies:  # a kernel that pays a layout copy in the compiled graph can gain less than its card said
+              if v.get("inputs_copied") or v.get("outputs_copied") or v.get("inputs_as_held") or v.get("biases_kept")}
+    if copies:
         out["layout_copies"] = copies
     return out
 
