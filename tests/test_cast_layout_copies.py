@@ -591,3 +591,21 @@ def test_a_convolution_read_by_other_code_too_keeps_inductors_bias_add(tmp_path,
     with _peeling_biases_as_on_cuda(monkeypatch, True):
         copies = _copies_then_removed(_ConvLseTwice().eval(), x, owner)
     assert copies["aten.logsumexp.default"].get("biases_kept", 0) == 0
+
+
+def test_a_bias_that_cannot_be_kept_leaves_inductors_lowering(tmp_path, monkeypatch):
+    """Another torch's internals refusing the kept-bias lowering never fail the user's compile: the convolution
+    is lowered as without a cast (the add split off, computed into place)."""
+    def refuse(*args, **kwargs):
+        raise RuntimeError("not in this torch")
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr(compose, "_lower_with_bias", refuse)
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 6, 6)
+    owner = OpCast(torch.ops.aten.logsumexp.default,
+                   [x.contiguous(memory_format=torch.channels_last), [2, 3], False])
+    with _peeling_biases_as_on_cuda(monkeypatch, True):
+        copies = _copies_then_removed(_ConvLse().eval(), x, owner)
+    row = copies["aten.logsumexp.default"]
+    assert (row.get("biases_kept", 0), row.get("inputs_computed")) == (0, 1), row

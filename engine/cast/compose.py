@@ -663,13 +663,22 @@ def _bias_keeper(fx_node: Any, x: Any, weight: Any, bias: Any, transposed: Any,
     return (held, readers) if readers else None
 
 
+def _lower_with_bias(x: Any, weight: Any, *rest: Any) -> Any:
+    """The convolution as one fallback call with its bias, input and weight channels-last (as Inductor's own
+    lowering makes them under its layout optimization)."""
+    from torch._inductor import ir
+    from torch._inductor import lowering as L
+
+    x, weight = ir.ExternKernel.require_channels_last(x), ir.ExternKernel.require_channels_last(weight)
+    return L.fallback_handler(_CONVOLUTION, add_to_fallback_set=False)(x, weight, *rest)
+
+
 @contextmanager
 def _keeping_biases(held_by: dict, names: dict[Any, str], copies: dict) -> Iterator[None]:
     """While Inductor lowers: a convolution whose output only the cast's ops read, in the layout it stores,
     keeps its bias (`_bias_keeper`), lowered as Inductor lowers a convolution under its layout optimization
     (input and weight channels-last) but as one fallback call with the bias. Counted per reading op in
     `biases_kept`. Any doubt leaves the convolution to Inductor's own lowering; the table entry is put back."""
-    from torch._inductor import ir
     from torch._inductor import lowering as L
     from torch._inductor.virtualized import V
 
@@ -687,8 +696,10 @@ def _keeping_biases(held_by: dict, names: dict[Any, str], copies: dict) -> Itera
             keep = None
         if keep is None:
             return original(*args)
-        x, weight = ir.ExternKernel.require_channels_last(x), ir.ExternKernel.require_channels_last(weight)
-        out = L.fallback_handler(_CONVOLUTION, add_to_fallback_set=False)(x, weight, *args[2:])
+        try:
+            out = _lower_with_bias(*args)
+        except Exception:  # noqa: BLE001 - another torch's internals: Inductor's own lowering, as without a cast
+            return original(*args)
         try:  # the record: never a reason for the compile to fail
             for op in keep[1]:
                 row = _copy_row(copies, names.get(op, str(op)))
