@@ -103,14 +103,17 @@ def test_group_norm_channels_last(tmp_path, shape):
     """The VAE's GroupNorms as torch.compile hands them over after a convolution: the channels-last twin of
     the captured card (channels-last input, contiguous output as CUDA eager returns), the channels-last kernel
     against eager, which copies the input to contiguous first (CUDA native_group_norm takes no other). The
-    last shape has pixels that no tile size divides (1296) and two images."""
+    last shape has pixels that no tile size divides (1296) and two images. The twin's output is channels-last
+    (torch 2.11's meta kernel for a channels-last input), so its apply pass is the flat one by default, with
+    the tiled one beside it."""
     torch.manual_seed(2)
     x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16) * 0.7 + 0.2
     w = torch.randn(shape[1], device="cuda", dtype=torch.bfloat16) * 0.2 + 1
     b = torch.randn(shape[1], device="cuda", dtype=torch.bfloat16) * 0.1
     _evaluate(tmp_path, "group_norm_cl", lambda: F.group_norm(x, 32, w, b, 1e-6),
               f"group_norm channels-last {list(shape)}", mutations=4,
-              extra=({"tile_p": 32}, {"tile_c": 32, "block": 512}, {"unroll": 4, "vec": 4}), twin=True)
+              extra=({"apply": "tile"}, {"apply": "tile", "tile_p": 32}, {"apply": "tile", "tile_c": 32, "block": 512},
+                     {"unroll": 4, "vec": 4}, {"unroll": 4}, {"block": 512}), twin=True)
 
 
 @pytest.mark.gpu

@@ -64,7 +64,7 @@ def test_each_layout_goes_to_its_template():
 
 @pytest.mark.parametrize("out", ["contiguous", "channels_last"])
 def test_every_instance_renders_and_resolves(out):
-    n = 0
+    n, kinds = 0, set()
     for dtype, shape, groups in ((torch.bfloat16, [1, 128, 16, 16], 32), (torch.float16, [2, 64, 6, 10], 8),
                                  (torch.float32, [1, 6, 5, 5], 2)):
         card = cl_card(shape, groups, dtype, out=out)
@@ -73,10 +73,14 @@ def test_every_instance_renders_and_resolves(out):
         for values in itertools.product(*space.values()):
             r = T.render(card, dict(zip(space, values)))
             res = resolve(parse_spec(r.spec), Env.from_card(card.signature, card.outputs))
-            assert [ln.kernel for ln in res.launches] == ["gncl_stats", "gncl_apply"]
+            flat = r.params.get("apply") == "flat"
+            assert [ln.kernel for ln in res.launches] == ["gncl_stats", "gncl_apply_flat" if flat else "gncl_apply"]
+            assert "apply" not in space or out == "channels_last"   # flat: channels-last output only
+            kinds.add(r.params.get("apply", "tile"))
             assert res.workspaces[1][2] is True  # the counter is zeroed before every launch
             n += 1
     assert n > 100
+    assert kinds == ({"flat", "tile"} if out == "channels_last" else {"tile"})
 
 
 def test_the_default_and_mutations_compile_with_nvrtc_for_sm_90():
@@ -86,7 +90,8 @@ def test_the_default_and_mutations_compile_with_nvrtc_for_sm_90():
         card = cl_card([2, 128, 32, 32], 32, dtype, out=out, affine=i % 2 == 0)
         rng, params = random.Random(i), T.default(card)
         for _ in range(4):
-            jobs[T.render(card, params).source] = ((dtype, out, dict(params)), {"gncl_stats", "gncl_apply"})
+            apply = "gncl_apply_flat" if params.get("apply") == "flat" else "gncl_apply"
+            jobs[T.render(card, params).source] = ((dtype, out, dict(params)), {"gncl_stats", apply})
             params = T.mutate(card, params, rng)
     _compile_all(jobs)
 
@@ -130,6 +135,9 @@ def _case(shape, groups, dtype, params, *, out="contiguous", affine=True):
     return card, bound, params, [y, mean, rstd]
 
 
+ONE_SM = Hardware(sms=1)   # the flat apply's blocks per image are 8 per SM: few enough to stride
+
+
 def _cases():
     bf, f16, f32 = torch.bfloat16, torch.float16, torch.float32
     return [
@@ -145,6 +153,18 @@ def _cases():
         _case([1, 6, 5, 5], 2, f32, {"vec": 1, "block": 128, "blocks_per_image": 1, "tile_p": 32, "tile_c": 6}),
         # more statistics blocks than pixels per block row: blocks with empty chunks
         _case([1, 8, 4, 4], 2, f32, {"vec": 4, "block": 128, "blocks_per_image": 4, "tile_p": 32, "tile_c": 8}),
+        # flat apply (channels-last output): two images, a last step with vectors past the end, 2 in flight
+        _case([2, 16, 7, 9], 4, bf, {"vec": 8, "block": 128, "blocks_per_image": 4, "apply": "flat",
+                                     "unroll": 2}, out="channels_last"),
+        # flat apply, fp16, 4 lanes a group, no affine, 4 in flight
+        _case([1, 32, 10, 10], 2, f16, {"vec": 4, "block": 128, "blocks_per_image": 8, "apply": "flat",
+                                        "unroll": 4}, out="channels_last", affine=False),
+        # flat apply, fp32, scalar vectors, 3 channels per group
+        _case([1, 6, 5, 5], 2, f32, {"vec": 1, "block": 128, "blocks_per_image": 1, "apply": "flat"},
+              out="channels_last"),
+        # flat apply on one SM: 8 blocks per image, each striding over several steps (48 of 128 x 2 vectors)
+        _case([1, 64, 48, 32], 32, bf, {"vec": 8, "block": 128, "blocks_per_image": 8, "apply": "flat",
+                                        "unroll": 2, "hw": ONE_SM}, out="channels_last"),
     ]
 
 
@@ -154,8 +174,11 @@ def test_kernels_run_correctly_in_the_cpu_emulation(tmp_path):
     prepared = []
     for card, bound, params, expected in _cases():
         assert T.accepts(card) is None, T.accepts(card)
-        full = {**T.default(card), **params}
-        r = T.render(card, full, hw=Hardware())
+        hw = params.pop("hw", Hardware())
+        full = {**T.default(card, hw=hw), **params}
+        r = T.render(card, full, hw=hw)
+        if full.get("apply") == "flat":
+            assert "gncl_apply_flat" in r.spec
         res = resolve(parse_spec(r.spec), Env.from_card(card.signature, card.outputs))
         prepared.append((f"{card.signature_text} {full}", card, bound, res, expected, r.source))
     failures = emulate_and_compare(prepared, tmp_path)  # also: each output has the card's strides

@@ -16,6 +16,8 @@ Two launches:
               rstd, rounded once to their dtype as eager's RowwiseMoments does.
   gncl_apply  tiles of TP pixels x TC channels: y = x * a[c] + b[c] with a = rstd * w, b = bias - a * mean
               from the ROUNDED mean/rstd (eager's ComputeFusedParams).
+  gncl_apply_flat  (channels-last output, `apply = "flat"`) the same y as one elementwise pass over the
+              image's [HW * C] values, all C coefficients in shared memory, U vectors in flight per thread.
 """
 
 from __future__ import annotations
@@ -211,6 +213,55 @@ $WB_LOCALS
 }
 """
 
+_FLAT = r"""
+// Apply, flat (channels-last output only): input and output are the same [N, HW * C] array, so the pass is
+// an elementwise one with per-channel coefficients. AB blocks per image, each with the image's C
+// coefficients in shared memory, stride through its vectors U at a time (U loads in flight per thread).
+constexpr int AB = $AB;
+constexpr long long NVEC = HW * C / V;       // vectors per image
+extern "C" __global__ void __launch_bounds__(BLOCK)
+gncl_apply_flat(const T* __restrict__ x, $WB_PARAMS T* __restrict__ y, const TS* __restrict__ mean_in,
+                const TS* __restrict__ rstd_in) {
+$WB_LOCALS
+  __shared__ float2 ab[C];
+  const long long n = blockIdx.x / AB;
+  const int pb = (int)(blockIdx.x % AB);
+  for (int c = threadIdx.x; c < C; c += BLOCK) {
+    const int g = c / CG;
+    const float m = kf_to_float(mean_in[n * G + g]), rs = kf_to_float(rstd_in[n * G + g]);
+    float a = rs;
+    if constexpr (HAS_W) a = rs * kf_to_float(w[c]);
+    float sft = -a * m;
+    if constexpr (HAS_B) sft = fmaf(-a, m, kf_to_float(bias[c]));
+    ab[c] = make_float2(a, sft);
+  }
+  __syncthreads();
+  const T* __restrict__ xn = x + n * HW * C;
+  T* __restrict__ yn = y + n * HW * C;
+  for (long long i0 = (long long)pb * BLOCK * U + threadIdx.x; i0 < NVEC; i0 += (long long)AB * BLOCK * U) {
+    float f[U][V];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const long long i = i0 + (long long)u * BLOCK;
+      if (i < NVEC) kf_load<T, V, 1>(xn + i * V, f[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const long long i = i0 + (long long)u * BLOCK;
+      if (i < NVEC) {
+        const int c0 = (int)(i % LANES) * V;
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const float2 k = ab[c0 + j];
+          f[u][j] = fmaf(f[u][j], k.x, k.y);
+        }
+        kf_store<T, V, 1>(yn + i * V, f[u]);
+      }
+    }
+  }
+}
+"""
+
 TILE_P = (64, 32, 128)
 TILE_C = (64, 32, 128, 16, 8)
 SMEM_STATIC = 48 * 1024  # a block's static shared memory
@@ -299,7 +350,7 @@ class GroupNormChannelsLastTemplate(Template):
         tile_c = [t for t in tile_c if t * (max(TILE_P) + 1) * 4 + 8 * t <= SMEM_STATIC] or [min(tile_c)]
         tile_p = [t for t in TILE_P if all(t % v == 0 for v in vecs)
                   and (geo["out_cl"] or max(tile_c) * (t + 1) * 4 + 8 * max(tile_c) <= SMEM_STATIC)]
-        return {
+        space = {
             "block": blocks,
             "vec": vecs,
             "unroll": [2, 4, 1],
@@ -307,6 +358,9 @@ class GroupNormChannelsLastTemplate(Template):
             "tile_p": tile_p or [max(vecs)],
             "tile_c": tile_c,
         }
+        if geo["out_cl"] and c * 8 <= SMEM_STATIC:
+            space["apply"] = ["flat", "tile"]   # flat: the coefficients of all C channels in shared memory
+        return space
 
     def render(self, card: OperatorCard, params: Mapping[str, Any], *, hw: Hardware = H200) -> Rendered:
         geo = self._geometry(card)
@@ -314,10 +368,15 @@ class GroupNormChannelsLastTemplate(Template):
         w, b = cc.tensor_arg(card, "weight"), cc.tensor_arg(card, "bias")
         has_w, has_b = w is not None, b is not None
         v, block, u = int(params["vec"]), int(params["block"]), int(params["unroll"])
+        flat = params.get("apply", "tile") == "flat"
         p, tp, tc = int(params["blocks_per_image"]), int(params["tile_p"]), int(params["tile_c"])
         n, c, g, pixels = geo["N"], geo["C"], geo["G"], geo["HW"]
-        if v not in self._vecs(card, geo) or c // v > block or c % tc or tc % v or tp % v:
+        if v not in self._vecs(card, geo) or c // v > block or c % tc or tc % v or tp % v \
+                or (flat and (not geo["out_cl"] or c * 8 > SMEM_STATIC)):
             raise ValueError(f"params {dict(params)} do not fit this card (C={c}, {pixels} pixels)")
+        # flat apply: about 8 blocks per SM over the images, none without a full step of vectors
+        steps = -(-(pixels * c // v) // (block * u))
+        ab = max(1, min(steps, -(-8 * hw.sms // n)))
         chunk = -(-pixels // p)
         tpg = 1
         while tpg * 2 <= block // g and tpg * 2 <= p:
@@ -325,31 +384,33 @@ class GroupNormChannelsLastTemplate(Template):
         tw = cc.ctype(w["dtype"]) if w is not None else "float"
         tb = cc.ctype(b["dtype"]) if b is not None else "float"
         wb_params, wb_locals = cc.ptr_params([(has_w, "TW", "w", "const "), (has_b, "TB", "bias", "const ")])
-        body = cc.substitute(_BODY, T=cc.ctype(x["dtype"]), TW=tw, TB=tb, TS=cc.ctype(card.outputs[1]["dtype"]),
+        body = cc.substitute(_BODY + (_FLAT if flat else ""), T=cc.ctype(x["dtype"]), TW=tw, TB=tb, TS=cc.ctype(card.outputs[1]["dtype"]),
                              V=v, BLOCK=block, U=u, C=c, G=g, HW=pixels, HAS_W=cc.cbool(has_w),
                              HAS_B=cc.cbool(has_b), P=p, CHUNK=chunk, TPG=tpg, TP=tp, TC=tc,
-                             OUT_CL=cc.cbool(geo["out_cl"]), WB_PARAMS=wb_params + ", " if wb_params else "",
+                             OUT_CL=cc.cbool(geo["out_cl"]), AB=ab, WB_PARAMS=wb_params + ", " if wb_params else "",
                              WB_LOCALS=wb_locals)
         wb_args = [("ptr", "weight")] * has_w + [("ptr", "bias")] * has_b
-        tiles = n * (-(-pixels // tp)) * (c // tc)
+        tiles = n * ab if flat else n * (-(-pixels // tp)) * (c // tc)
         if n * p > cc.MAX_I32 or tiles > cc.MAX_I32:
             raise ValueError(f"{max(n * p, tiles)} blocks do not fit one grid")
         spec = "\n".join([
-            f"# group_norm channels-last: {p} statistics blocks per image, then {tp} x {tc} apply tiles"
+            f"# group_norm channels-last: {p} statistics blocks per image, then "
+            + (f"{ab} flat apply blocks per image" if flat else f"{tp} x {tc} apply tiles")
             + (" (transposed to contiguous output)" if not geo["out_cl"] else ""),
             "[[workspace]]", 'name = "part"', f'bytes = "{n * p * g * 12}"', "",
             "[[workspace]]", 'name = "ctr"', f'bytes = "{n * 4}"', "zero = true", "",
             "[[launch]]", 'kernel = "gncl_stats"', f'grid = ["{n * p}"]', f"block = [{block}]",
             "args = " + cc.spec_args([("ptr", "input"), ("ptr", "ws.part"), ("ptr", "ws.ctr"), ("ptr", "out1"),
                                       ("ptr", "out2"), ("f32", "eps")]), "",
-            "[[launch]]", 'kernel = "gncl_apply"', f'grid = ["{tiles}"]', f"block = [{block}]",
+            "[[launch]]", f'kernel = "{"gncl_apply_flat" if flat else "gncl_apply"}"', f'grid = ["{tiles}"]', f"block = [{block}]",
             "args = " + cc.spec_args([("ptr", "input"), *wb_args, ("ptr", "out0"), ("ptr", "out1"),
                                       ("ptr", "out2")]), ""])
         dtypes = [x["dtype"], card.outputs[1]["dtype"], *(t["dtype"] for t in (w, b) if t is not None)]
         prelude = cc.prelude(dtypes, hinted=True, welford=True)
         source = f"// aten::native_group_norm, {card.signature_text}: channels-last\n" + prelude + body
         intent = (f"group_norm channels-last: {n} x {g} groups over {pixels} pixels, {p} statistics blocks per "
-                  f"image, {tp} x {tc} tiles, block {block}, vec {v}, unroll {u}")
+                  f"image, " + (f"flat apply ({ab} blocks per image)" if flat else f"{tp} x {tc} tiles")
+                  + f", block {block}, vec {v}, unroll {u}")
         return Rendered(source=source, spec=spec, params=dict(params), intent=intent)
 
 
