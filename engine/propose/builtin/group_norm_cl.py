@@ -53,11 +53,6 @@ constexpr int LPG = V >= CG ? 1 : CG / V;    // lanes holding one group's channe
 constexpr int P = $P;                        // statistics blocks per image
 constexpr long long CHUNK = $CHUNK;          // pixels per statistics block
 constexpr int TPG = $TPG;                    // threads merging one group's partials at the end
-constexpr int TP = $TP;                      // pixels per apply tile (a multiple of V)
-constexpr int TC = $TC;                      // channels per apply tile (divides C, a multiple of V)
-constexpr bool OUT_CL = $OUT_CL;             // output channels-last (else contiguous: transposed tiles)
-constexpr long long PT = (HW + TP - 1) / TP;
-constexpr int CT = C / TC;
 
 // Statistics: Welford partials per (image, block, group); the image's last block merges them.
 extern "C" __global__ void __launch_bounds__(BLOCK)
@@ -152,6 +147,14 @@ gncl_stats(const T* __restrict__ x, float* __restrict__ part, unsigned int* __re
   }
 }
 
+"""
+
+_TILE = r"""
+constexpr int TP = $TP;                      // pixels per apply tile (a multiple of V)
+constexpr int TC = $TC;                      // channels per apply tile (divides C, a multiple of V)
+constexpr bool OUT_CL = $OUT_CL;             // output channels-last (else contiguous: transposed tiles)
+constexpr long long PT = (HW + TP - 1) / TP;
+constexpr int CT = C / TC;
 // Apply: one tile of TP pixels x TC channels per block. Reads are coalesced along the channels; a
 // contiguous output is written through a transposed tile in shared memory, coalesced along the pixels.
 extern "C" __global__ void __launch_bounds__(BLOCK)
@@ -239,23 +242,24 @@ $WB_LOCALS
   const T* __restrict__ xn = x + n * HW * C;
   T* __restrict__ yn = y + n * HW * C;
   for (long long i0 = (long long)pb * BLOCK * U + threadIdx.x; i0 < NVEC; i0 += (long long)AB * BLOCK * U) {
-    float f[U][V];
+    float fu[U][V];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const long long i = i0 + (long long)u * BLOCK;
-      if (i < NVEC) kf_load<T, V, 1>(xn + i * V, f[u]);
+      if (i < NVEC) kf_load<T, V, 1>(xn + i * V, fu[u]);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const long long i = i0 + (long long)u * BLOCK;
       if (i < NVEC) {
         const int c0 = (int)(i % LANES) * V;
+        float* f = fu[u];
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           const float2 k = ab[c0 + j];
-          f[u][j] = fmaf(f[u][j], k.x, k.y);
+          f[j] = fmaf(f[j], k.x, k.y);
         }
-        kf_store<T, V, 1>(yn + i * V, f[u]);
+        kf_store<T, V, 1>(yn + i * V, f);
       }
     }
   }
@@ -384,7 +388,7 @@ class GroupNormChannelsLastTemplate(Template):
         tw = cc.ctype(w["dtype"]) if w is not None else "float"
         tb = cc.ctype(b["dtype"]) if b is not None else "float"
         wb_params, wb_locals = cc.ptr_params([(has_w, "TW", "w", "const "), (has_b, "TB", "bias", "const ")])
-        body = cc.substitute(_BODY + (_FLAT if flat else ""), T=cc.ctype(x["dtype"]), TW=tw, TB=tb, TS=cc.ctype(card.outputs[1]["dtype"]),
+        body = cc.substitute(_BODY + (_FLAT if flat else _TILE), T=cc.ctype(x["dtype"]), TW=tw, TB=tb, TS=cc.ctype(card.outputs[1]["dtype"]),
                              V=v, BLOCK=block, U=u, C=c, G=g, HW=pixels, HAS_W=cc.cbool(has_w),
                              HAS_B=cc.cbool(has_b), P=p, CHUNK=chunk, TPG=tpg, TP=tp, TC=tc,
                              OUT_CL=cc.cbool(geo["out_cl"]), AB=ab, WB_PARAMS=wb_params + ", " if wb_params else "",
