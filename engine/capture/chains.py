@@ -513,7 +513,36 @@ def chain_card_id(signature: dict[str, Any]) -> str:
 
 def run_chain(signature: dict[str, Any], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Eager for a chain card: its members called in order on `inputs` (the card's `in0`, `in1`, …);
-    returns its outputs. In-place members write what they wrote when captured."""
+    returns its outputs. In-place members write what they wrote when captured.
+
+    A channels-last twin's (`signature["twin_of"]`, engine.capture.twins) is what compiled code that hands the
+    chain its first input as held gets from PyTorch, as for an op twin (`engine.ops.eager_call`): that input
+    copied to contiguous (CUDA native_group_norm rejects channels-last input), the members, and the outputs
+    copied into the strides the members' meta kernels give for the input as it came, which compiled code
+    asserts. On fake tensors it is the members' meta kernels themselves."""
+    first = inputs[0] if inputs else None
+    if (signature.get("twin_of") and isinstance(first, torch.Tensor) and not first.is_contiguous()
+            and first.device.type != "meta" and not torch._subclasses.fake_tensor.is_fake(first)):
+        from engine.ops import restrided
+
+        want = chain_output_strides(signature, inputs)
+        outs = _run_members(signature, [first.contiguous(), *inputs[1:]])
+        return list(restrided(outs, want))
+    return _run_members(signature, inputs)
+
+
+def chain_output_strides(signature: dict[str, Any], inputs: list[torch.Tensor]) -> list[tuple[int, ...]]:
+    """The strides of the chain's outputs for inputs laid out as `inputs`, by its members' meta kernels (fake
+    tensors, nothing run)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    fakes = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in inputs]
+    with mode:
+        return [tuple(t.stride()) for t in _run_members(signature, fakes)]
+
+
+def _run_members(signature: dict[str, Any], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     from engine.capture.signature import decode_value
     from engine.ops import call_op, resolve_op
 

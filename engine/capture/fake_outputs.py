@@ -54,3 +54,22 @@ def fake_outputs(op_name: str, signature: dict[str, Any],
         return None
     captured = captured or []
     return [_describe(t, captured[i] if i < len(captured) else None) for i, t in enumerate(tensors_of(out))]
+
+
+def fake_chain_outputs(signature: dict[str, Any],
+                       captured: list[dict[str, Any]] | None = None) -> list[dict[str, Any]] | None:
+    """A chain card's outputs for `signature` as its members' meta kernels give them on the signature's
+    device (engine.capture.chains.run_chain on fake tensors); None where a member has no meta kernel."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from engine.capture.chains import run_chain
+
+    try:
+        mode = FakeTensorMode()
+        ins = [_value(a, mode) for a in signature["args"]]
+        with mode:
+            outs = run_chain({k: v for k, v in signature.items() if k != "twin_of"}, ins)
+    except Exception:  # noqa: BLE001 - a member without a meta kernel: no outputs to tell
+        return None
+    captured = captured or []
+    return [_describe(t, captured[i] if i < len(captured) else None) for i, t in enumerate(outs)]

@@ -268,12 +268,15 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     twins: dict[str, str] = {}
     if twins_wanted(getattr(config, "layout_twins", "auto"), device.type, cards):
         found = channels_last_twins(cards)
-        if found:
-            twins = {t.card_id: orig for orig, t in found.items()}
+        found_chains = channels_last_twins(chain_list)
+        if found or found_chains:
+            twins = {t.card_id: orig for orig, t in [*found.items(), *found_chains.items()]}
             cards = sorted([*cards, *found.values()], key=lambda c: (-c.share, c.op, c.card_id))
+            chain_list = [*chain_list, *found_chains.values()]
             notes["channels-last twins"] = (
-                f"{len(found)} GroupNorm card(s) also as channels-last input, the layout torch.compile hands them "
-                "after a convolution (same values and samples; engine/capture/twins.py)")
+                f"{len(found)} GroupNorm card(s) and {len(found_chains)} GroupNorm -> SiLU chain card(s) also as "
+                "channels-last input, the layout torch.compile hands them after a convolution (same values and "
+                "samples; engine/capture/twins.py)")
     return CaptureResult(
         capture_id=capture_id, model=config.name, device=device.type,
         dtype=dtype_name(config.dtype_for(device.type)), small=config.small,

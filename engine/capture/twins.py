@@ -25,11 +25,17 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from engine.capture.fake_outputs import fake_outputs
+from engine.capture.chains import CHAIN_OP
+from engine.capture.fake_outputs import fake_chain_outputs, fake_outputs
 from engine.capture.signature import card_id, dense_order, signature_text
 from engine.cards import OperatorCard
 
 TWIN_OPS = ("aten::native_group_norm",)   # ops with a channels-last builtin kernel (group_norm_cl)
+# Chains (their members' ops, in order) whose first member reads the chain's first input and has a builtin
+# channels-last kernel: GroupNorm -> SiLU (chain_group_norm_silu on group_norm_cl). A VAE block's GroupNorm
+# after a convolution and the SiLU before the next one, taking the first's output as held and writing the
+# layout the second wants.
+TWIN_CHAINS = (("aten::native_group_norm", "aten::silu"),)
 CONVOLUTIONS = ("aten::convolution", "aten::cudnn_convolution", "aten::_convolution", "aten::conv2d")
 
 
@@ -52,9 +58,11 @@ def _contiguous(shape: Sequence[int], stride: Sequence[int]) -> bool:
 
 
 def twin_of(card: OperatorCard) -> OperatorCard | None:
-    """The card's channels-last twin, or None where it has none: another op, an input that is not a
-    contiguous [N, C, H, W(, ...)] batch with C > 1 and more than one pixel, or no samples."""
-    if card.op not in TWIN_OPS or not card.samples or not card.signature.get("args"):
+    """The card's channels-last twin, or None where it has none: another op (or a chain not of TWIN_CHAINS),
+    an input that is not a contiguous [N, C, H, W(, ...)] batch with C > 1 and more than one pixel, or no
+    samples. A chain's outputs are its members' meta kernels' for the channels-last input."""
+    chain = card.op == CHAIN_OP and _twin_chain(card.signature)
+    if (card.op not in TWIN_OPS and not chain) or not card.samples or not card.signature.get("args"):
         return None
     x = card.signature["args"][0]
     shape = [int(s) for s in x.get("shape", [])]
@@ -65,7 +73,7 @@ def twin_of(card: OperatorCard) -> OperatorCard | None:
     args: list[dict[str, Any]] = [dict(a) for a in card.signature["args"]]
     args[0] = {**x, "stride": channels_last_strides(shape)}
     sig = {**card.signature, "args": args, "twin_of": card.card_id}
-    outputs = fake_outputs(card.op, sig, card.outputs)
+    outputs = fake_chain_outputs(sig, card.outputs) if chain else fake_outputs(card.op, sig, card.outputs)
     if outputs is None:
         return None   # no meta kernel to tell the layouts compiled code asserts: no twin
     if card.outputs:  # the card's, in the meta kernel's strides
@@ -75,6 +83,30 @@ def twin_of(card: OperatorCard) -> OperatorCard | None:
     return dataclasses.replace(card, card_id=card_id(sig), signature=sig, signature_text=signature_text(sig),
                                outputs=outputs, eager_us=None, roofline_us=None, compile_us=None, copy_us=None,
                                compile_note=None)
+
+
+def _twin_chain(signature: dict[str, Any]) -> bool:
+    """A chain of TWIN_CHAINS whose first member's first tensor argument is the chain's first input."""
+    nodes = (signature.get("chain") or {}).get("nodes") or []
+    if tuple(n.get("op") for n in nodes) not in TWIN_CHAINS:
+        return False
+    first = next((a for a in nodes[0].get("args", []) if "tensor" in a), None)
+    return first is not None and list(first["tensor"]) == ["in", 0]
+
+
+def untwinned(signature: dict[str, Any]) -> dict[str, Any]:
+    """A twin's signature as its original's (the first input row-major contiguous, no `twin_of`): what the
+    compiled graph traced, where torch.compile hands the twin its input as held. Others: unchanged."""
+    if not signature.get("twin_of"):
+        return signature
+    args = [dict(a) for a in signature["args"]]
+    shape = [int(n) for n in args[0]["shape"]]
+    stride, acc = [], 1
+    for n in reversed(shape):
+        stride.append(acc)
+        acc *= n
+    args[0]["stride"] = list(reversed(stride))
+    return {**{k: v for k, v in signature.items() if k != "twin_of"}, "args": args}
 
 
 def call_key(op: str, signature: dict[str, Any]) -> str:

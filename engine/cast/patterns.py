@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from engine.capture.chains import CHAIN_OP, chain_card_id, run_chain
+from engine.capture.twins import untwinned
 from engine.cast.guard import descriptor_key, tensor_key
 from engine.cast.runtime import allowed
 from engine.ops import may_have_sizes, resolve_op
@@ -84,6 +85,9 @@ class PatternOp:
     def __init__(self, name: str, signature: dict[str, Any], graph: torch.fx.GraphModule):
         self.name, self.signature, self.graph = name, signature, graph
         self.layouts = tuple((tuple(a["shape"]), tuple(a["stride"])) for a in signature["args"])
+        first = untwinned(signature)["args"][0] if signature["args"] else None
+        self._traced_contiguous = first is not None and torch.empty_strided(
+            first["shape"], first["stride"], device="meta").is_contiguous()
         self.table: dict[tuple, Any] = {}
         self.owners: dict[tuple, object] = {}
         self.hits = self.misses = self.target_declines = 0
@@ -137,10 +141,16 @@ class PatternOp:
 
     def fallback(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Eager for the card where the inputs are laid out as captured (its views are valid there), else
-        the pattern's traced graph: the very ops the compiled graph held, whose views are reshapes."""
+        the pattern's traced graph: the very ops the compiled graph held, whose views are reshapes. A first
+        input passed as held (channels-last, for a twin's variant) is made contiguous for the graph, which
+        was traced with it so (CUDA native_group_norm rejects any other); `_as_promised` lays the outputs out
+        as the compiled code asserts."""
         if tuple((tuple(t.shape), tuple(t.stride())) for t in inputs) == self.layouts:
             return list(run_chain(self.signature, list(inputs)))
-        return list(self.graph(*inputs))
+        ins = list(inputs)
+        if ins and isinstance(ins[0], torch.Tensor) and not ins[0].is_contiguous() and self._traced_contiguous:
+            ins[0] = ins[0].contiguous()
+        return list(self.graph(*ins))
 
 
 def describe_key(key: tuple) -> str:
@@ -487,7 +497,10 @@ def _build_one(card: PatternCard) -> list[BuiltPattern]:
         subsets.extend(itertools.combinations(range(n_out), size))
     subsets = subsets[:MAX_OUTPUT_SUBSETS]
     try:
-        full = _trace(sig, tuple(range(n_out)))
+        # A channels-last twin's pattern is its original's: the compiled graph traced the chain with a
+        # contiguous input and hands the twin's variant the held one (compose, `inputs_as_held`), so both
+        # share one registered op, the twin's variant an entry of its own in the op's table.
+        full = _trace(untwinned(sig), tuple(range(n_out)))
         traced = [(s, full if len(s) == n_out else _subset(full, s)) for s in subsets]
     except Exception as e:  # the decomposition or tracing refuses the chain: say so
         raise PatternError(f"cannot trace the chain as Inductor would ({type(e).__name__}: {e})") from e

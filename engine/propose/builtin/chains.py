@@ -852,6 +852,7 @@ template <typename T> __device__ __forceinline__ float kf_round(float x) { retur
 # stash in a loop of its own).
 GN_CHAIN_STRATEGIES = ("stream", "fused", "split")
 _GN_APPLY_ASSIGN = "f[u][j] = fmaf(f[u][j], k.x, k.y);"  # where SiLU goes (with_silu checks it is there once)
+_GNCL_APPLY = "f[j] = fmaf(f[j], k.x, k.y);"  # group_norm_cl's apply step, where SiLU goes
 # `math = "fast"`: SiLU through the hardware exponential and an approximate division (two multi-function-unit
 # instructions, no IEEE division's refinement or expf's range reduction). On the VAE's largest tensors the
 # precise form's instructions, not memory, set the time of the apply step: the chain took 252 us where the
@@ -863,7 +864,8 @@ _GN_APPLY_ASSIGN = "f[u][j] = fmaf(f[u][j], k.x, k.y);"  # where SiLU goes (with
 class GroupNormSiluChainTemplate(Template):
     """`native_group_norm` then `silu` (a VAE / UNet block): the group_norm template's stream, fused and split
     kernels, SiLU applied to the normalised value rounded as eager stores it; mean and rstd written
-    where the chain returns them."""
+    where the chain returns them. On a channels-last input (a twin, engine.capture.twins) the group_norm_cl
+    kernels, the same SiLU in their apply step."""
 
     name = "chain_group_norm_silu"
     ops = frozenset({CHAIN_OP})
@@ -889,25 +891,37 @@ class GroupNormSiluChainTemplate(Template):
         if set(g.outputs) != set(order):
             raise cc.Decline("mean and rstd are not both outputs (the group_norm kernels write both)")
         sub = gn_sub_card(g, 0, [order[r] for r in g.outputs])
-        from engine.propose.builtin.group_norm import GroupNormTemplate
-
-        why = GroupNormTemplate().accepts(sub)
+        why = self._inner(sub).accepts(sub)
         if why:
-            raise cc.Decline(f"group_norm: {why}")
+            raise cc.Decline(f"{self._inner(sub).name}: {why}")
         return g, sub, [order[r] for r in g.outputs]
 
     def accepts(self, card: OperatorCard, *, hw: Hardware = H200) -> str | None:
         return cc.why_declined(self.analyse, card)
 
-    def _inner(self):
+    @staticmethod
+    def _channels_last(sub: OperatorCard) -> bool:
+        from engine.propose.builtin.group_norm_cl import channels_last
+
+        x = sub.signature["args"][0]
+        return channels_last(x["shape"], x["stride"]) and not cc.is_contiguous(x["shape"], x["stride"])
+
+    def _inner(self, sub: OperatorCard) -> Template:
+        """group_norm's kernels, or group_norm_cl's for a channels-last input (a twin: the input a convolution
+        leaves under torch.compile, engine.capture.twins)."""
+        if self._channels_last(sub):
+            from engine.propose.builtin.group_norm_cl import GroupNormChannelsLastTemplate
+
+            return GroupNormChannelsLastTemplate()
         from engine.propose.builtin.group_norm import GroupNormTemplate
 
         return GroupNormTemplate()
 
     def space(self, card: OperatorCard, *, hw: Hardware = H200) -> Mapping[str, Sequence[Any]]:
         _, sub, _ = self.analyse(card)
-        space = dict(self._inner().space(sub, hw=hw))
-        space["strategy"] = [s for s in space["strategy"] if s in GN_CHAIN_STRATEGIES]
+        space = dict(self._inner(sub).space(sub, hw=hw))
+        if "strategy" in space:
+            space["strategy"] = [s for s in space["strategy"] if s in GN_CHAIN_STRATEGIES]
         space["math"] = cc.math_choices(sub.signature["args"][0]["dtype"])
         return space
 
@@ -918,26 +932,25 @@ class GroupNormSiluChainTemplate(Template):
         flipped = _flip_math(params, fn, rng, intent)
         if flipped is not None:
             return flipped
+        inner = self._inner(sub)
         for _ in range(16):
-            p = self._inner().mutate(sub, {k: v for k, v in params.items() if k != "math"}, rng, intent, hw=hw)
-            if p.get("strategy") in GN_CHAIN_STRATEGIES:
+            p = inner.mutate(sub, {k: v for k, v in params.items() if k != "math"}, rng, intent, hw=hw)
+            if "strategy" not in p or p.get("strategy") in GN_CHAIN_STRATEGIES:
                 return {**p, "math": fn}
         return dict(params)
 
     def render(self, card: OperatorCard, params: Mapping[str, Any], *, hw: Hardware = H200) -> Rendered:
         g, sub, where = self.analyse(card)
-        if params.get("strategy") not in GN_CHAIN_STRATEGIES:
+        cl = self._channels_last(sub)
+        if not cl and params.get("strategy") not in GN_CHAIN_STRATEGIES:
             raise ValueError(f"strategy {params.get('strategy')!r} is not one of {', '.join(GN_CHAIN_STRATEGIES)}")
         fn = params.get("math", "precise")  # a candidate from before the parameter existed: eager's formula
-        r = self._inner().render(sub, {k: v for k, v in params.items() if k != "math"}, hw=hw)
-        source = with_silu(r.source, _GN_APPLY_ASSIGN, sub.signature["args"][0]["dtype"], fn)
+        r = self._inner(sub).render(sub, {k: v for k, v in params.items() if k != "math"}, hw=hw)
+        source = with_silu(r.source, _GNCL_APPLY if cl else _GN_APPLY_ASSIGN, sub.signature["args"][0]["dtype"], fn)
         source = f"// {CHAIN_OP} {self.name}\n" + source
         spec = gn_chain_spec(r.spec, g, 0, where)
         intent = r.intent.replace("group_norm", "group_norm + silu", 1) + (", fast SiLU" if fn == "fast" else "")
         return Rendered(source=source, spec=spec, params={**r.params, "math": fn}, intent=intent)
-
-
-_GNCL_APPLY = "f[j] = fmaf(f[j], k.x, k.y);"  # group_norm_cl's apply step, where SiLU goes
 
 
 class CloneGroupNormChainTemplate(Template):
