@@ -42,8 +42,11 @@ MODEL_PY = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.parametrize("bias", [False, True])
-def test_a_channels_last_twin_serves_the_groupnorm_after_a_convolution_under_compile(cli, capsys, tmp_path, bias):
+@pytest.mark.parametrize(("bias", "kind"), [(False, "ops"), (True, "ops"), (True, "chains")])
+def test_a_channels_last_twin_serves_the_groupnorm_after_a_convolution_under_compile(cli, capsys, tmp_path, bias,
+                                                                                      kind):
+    """`kind` "ops": the GroupNorm op variants are loaded; "chains": the GroupNorm -> SiLU chain variants,
+    whose twin also writes the channels-last output the next convolution takes (torch 2.11's meta kernel)."""
     import torch
 
     from engine.cast.format import CHAIN_OP, read_cast
@@ -51,7 +54,7 @@ def test_a_channels_last_twin_serves_the_groupnorm_after_a_convolution_under_com
     config = user_model(tmp_path, "conv_gn", MODEL_PY.replace("BIAS", str(bias)), samples=1,
                         capture='layout_twins = "auto"\n')
     ws = tmp_path / "ws"
-    code, out, err = cli("run", config, "--no-tui", "--iterations", "6", "--json", "--no-compile-ref",
+    code, out, err = cli("run", config, "--no-tui", "--iterations", "10", "--json", "--no-compile-ref",
                          "--ops", "group_norm", "--workspace", ws)
     assert code == 0, err
     doc = _document(out, err, "run")
@@ -67,7 +70,7 @@ def test_a_channels_last_twin_serves_the_groupnorm_after_a_convolution_under_com
                          "--no-model-check")
     assert code == 0, err
     variants = read_cast(cast_file).manifest["variants"]
-    cl = [v for v in variants if v["signature"]["args"][0]["stride"][1] == 1]
+    cl = [v for v in variants if v["signature"]["args"][0]["stride"][1] == 1 and v["op"] != CHAIN_OP]
     assert cl, [v["signature"]["args"][0]["stride"] for v in variants]
 
     import engine.cast
@@ -75,9 +78,9 @@ def test_a_channels_last_twin_serves_the_groupnorm_after_a_convolution_under_com
 
     model, (x,) = build_user_model(tmp_path, "conv_gn")
     torch._dynamo.reset()
-    # The run also finds the GroupNorm -> SiLU chain card (--ops group_norm selects it), and its pattern would
-    # take both sites under compile, copying in and out (H200, 2026-12-03e): the op variants are under test.
-    ops = {v["id"] for v in variants if v["op"] != CHAIN_OP}
+    # The run finds the GroupNorm -> SiLU chain card and its twin too (--ops group_norm selects them): one kind
+    # at a time is under test (a chain's pattern would take both sites from the op variants).
+    ops = {v["id"] for v in variants if (v["op"] == CHAIN_OP) == (kind == "chains")}
     cast = engine.cast.load(cast_file, any_target=True, only=ops)
     with torch.no_grad():
         eager = model(x)
@@ -89,7 +92,15 @@ def test_a_channels_last_twin_serves_the_groupnorm_after_a_convolution_under_com
             with runtime.suspended():
                 declined = fast(x)
         removed = fast(x)   # the cast removed: the graph runs eagerly
-    row = st["layout_copies"].get("aten.native_group_norm.default", {})
+    if kind == "chains":
+        (row,) = [r for k, r in st["layout_copies"].items() if k.startswith("kforge.chain_")]
+        cl = [v for v in variants if v["id"] in ops and v["signature"].get("twin_of")]
+        assert cl, [v["signature"]["args"][0]["stride"] for v in variants if v["id"] in ops]
+        # the SiLU output in the layout the next convolution wants (channels-last): nothing copied back
+        outs_cl = all(o["stride"][1] == 1 for o in cl[0]["outputs"] if len(o["shape"]) == 4)
+        assert row.get("outputs_copied", 0) == (0 if outs_cl else 2), row
+    else:
+        row = st["layout_copies"].get("aten.native_group_norm.default", {})
     hits = {v["id"]: v["hits"] for v in st["variants"]}
     with capsys.disabled():
         print(f"layout copies {st['layout_copies']}, hits {hits}, router {[v.get('router') for v in st['variants']]}")

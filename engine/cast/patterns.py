@@ -251,11 +251,15 @@ class PatternSet:
 
         counts: dict[str, int] = {}
         _APPLYING.sizes, _APPLYING.declined = self._sizes(target), set()
+        applied: set[tuple] = set()
         for bp in self.built:
             targets = getattr(bp.plan, "targets", None)
             if target is not None and targets is not None and target not in targets:
                 continue
             counts.setdefault(bp.op.name, 0)
+            if (bp.op.name, bp.outputs) in applied:
+                continue  # the same pattern and op (a chain's twin, another variant of it): matched once
+            applied.add((bp.op.name, bp.outputs))
             pm = self._passes.get(id(bp))
             if pm is None:  # registered once, applied to every graph compiled with the set
                 pm = self._passes[id(bp)] = PatternMatcherPass(pass_name=f"kforge-{bp.op.name}")
