@@ -150,6 +150,15 @@ inline __half __float2half_rn(float f) {
   if (q >= 2048.0f) { q /= 2; e += 1; }
   return {uint16_t(sign | ((e + 14) << 10) | (int(q) - 1024))};
 }
+// The raw bits, as cuda_fp16.h / cuda_bf16.h give them.
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.x; }
+inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) { return {u}; }
+inline short __bfloat16_as_short(__nv_bfloat16 h) { return short(h.x); }
+inline __nv_bfloat16 __short_as_bfloat16(short u) { return {uint16_t(u)}; }
+inline unsigned short __half_as_ushort(__half h) { return h.x; }
+inline __half __ushort_as_half(unsigned short u) { return {u}; }
+inline short __half_as_short(__half h) { return short(h.x); }
+inline __half __short_as_half(short u) { return {uint16_t(u)}; }
 // Paired types as the CUDA headers lay them out (x in the low half), for kernels that move two at once.
 struct alignas(4) __nv_bfloat162 { __nv_bfloat16 x, y; };
 struct alignas(4) __half2 { __half x, y; };
@@ -252,6 +261,98 @@ class Program:
     keys: tuple[tuple[tuple[Any, ...], ...], ...]
 
 
+_ASM_START = re.compile(r"\basm\s*(?:volatile\s*|__volatile__\s*)?\(")
+# A global load or store of 1, 2 or 4 elements of 16, 32 or 64 bits, whatever its cache qualifiers (.nc,
+# .cs, .L1::no_allocate, .L2::256B ...): to the CPU, plain memory accesses.
+_LDST = re.compile(r"^\s*(ld|st)\.global((?:\.[\w:]+)*?)(?:\.v([24]))?\.([bsuf])(16|32|64)\s+(.*?);?\s*$", re.S)
+_CTYPES = {("u", "16"): "unsigned short", ("b", "16"): "unsigned short", ("s", "16"): "short",
+           ("u", "32"): "unsigned", ("b", "32"): "unsigned", ("s", "32"): "int", ("f", "32"): "float",
+           ("u", "64"): "unsigned long long", ("b", "64"): "unsigned long long", ("s", "64"): "long long",
+           ("f", "64"): "double"}
+
+
+def _split_top(text: str, sep: str) -> list[str]:
+    """`text` split at `sep` outside parentheses, brackets, braces and string literals."""
+    parts, depth, cur, quote, i = [], 0, [], False, 0
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            cur.append(ch)
+            if ch == "\\" and i + 1 < len(text):
+                cur.append(text[i + 1])
+                i += 1
+            elif ch == '"':
+                quote = False
+        elif ch == '"':
+            quote = True
+            cur.append(ch)
+        elif ch in "([{":
+            depth += 1
+            cur.append(ch)
+        elif ch in ")]}":
+            depth -= 1
+            cur.append(ch)
+        elif ch == sep and depth == 0:   # asm's `::` (no outputs) splits twice; C++ scopes sit inside ( )
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+        i += 1
+    parts.append("".join(cur))
+    return parts
+
+
+def _operands(text: str) -> list[str]:
+    """The expressions of an asm operand list (`"=r"(a), "l"(p)` -> ["a", "p"])."""
+    out = []
+    for op in _split_top(text, ","):
+        m = re.match(r'\s*"[^"]*"\s*\((.*)\)\s*$', op, re.S)
+        if m:
+            out.append(m.group(1))
+    return out
+
+
+def _plain_asm(body: str) -> str:
+    """Inline PTX the CPU can run: a global load or store with cache qualifiers becomes plain element
+    accesses (what it computes; the hint is about caches). Any other asm is left, and fails to build."""
+    out, pos = [], 0
+    while True:
+        m = _ASM_START.search(body, pos)
+        if m is None:
+            out.append(body[pos:])
+            return "".join(out)
+        depth, j = 1, m.end()
+        while j < len(body) and depth:
+            depth += {"(": 1, ")": -1}.get(body[j], 0)
+            j += 1
+        inner = body[m.end():j - 1]
+        fields = _split_top(inner, ":")
+        template = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', fields[0]))
+        ops = [o for f in fields[1:3] for o in _operands(f)]
+        ls = _LDST.match(template)
+        code = None
+        if ls is not None:
+            kind, n, ctype = ls.group(1), int(ls.group(3) or 1), _CTYPES.get((ls.group(4), ls.group(5)))
+            regs = [int(r) for r in re.findall(r"%(\d+)", ls.group(6))]
+            addr = re.search(r"\[\s*%(\d+)\s*\]", ls.group(6))
+            if ctype is not None and addr is not None and len(regs) == n + 1:
+                a = int(addr.group(1))
+                vals = [r for r in regs if r != a]
+                ptr = f"(({'const ' if kind == 'ld' else ''}{ctype}*)({ops[a]}))"
+                if kind == "ld":
+                    code = "{ " + " ".join(f"({ops[r]}) = {ptr}[{k}];" for k, r in enumerate(vals)) + " }"
+                else:
+                    code = "{ " + " ".join(f"{ptr}[{k}] = ({ctype})({ops[r]});" for k, r in enumerate(vals)) + " }"
+        out.append(body[pos:m.start()])
+        if code is None:
+            out.append(body[m.start():j])
+            pos = j
+        else:
+            out.append(code)
+            pos = j
+            # the statement's own `;` stays after the block
+
+
 def _translate(source: str) -> str:
     """CUDA source as C++ for the shim: no CUDA headers, the shim's cluster barrier, and every kernel a
     template over the block's rank in its cluster and the launch's dynamic shared memory, so that each
@@ -260,6 +361,7 @@ def _translate(source: str) -> str:
     body = re.sub(r"#include <cuda_\w+\.h>\n", "", source)
     body = body.replace('extern "C" __global__', "template <int EMU_Q, int EMU_SHARED> __global__")
     body = re.sub(r"// kf-(cluster|async)-begin.*?// kf-\1-end\n", "", body, flags=re.S)
+    body = _plain_asm(body)
     return re.sub(r"extern __shared__ __align__\((\d+)\) unsigned char (\w+)\[\];",
                   r"alignas(\1) static unsigned char \2[EMU_SHARED > 0 ? EMU_SHARED : 1];", body)
 
