@@ -282,3 +282,30 @@ def test_a_variant_that_fails_on_a_call_falls_back_to_pytorch_for_good(owner):
     again = GN(*a)  # no second warning, no second attempt: the key is gone from the guard table
     assert all(torch.equal(x, y) for x, y in zip(again, eager))
     assert runtime.routes()[("aten::native_group_norm", "CPU")].table == {}
+
+
+def test_an_override_torch_refuses_leaves_that_variants_calls_to_pytorch(monkeypatch):
+    """torch 2.11 refuses a Python override over a kernel registered from Python (a model's own torch.library
+    op): the variant is reported refused, its calls stay PyTorch's, the cast's other variants install; with
+    no `refused` to fill, the error is raised as before."""
+    real = runtime.Route
+
+    class Refusing(real):
+        def __init__(self, op_name, dispatch_key):
+            if op_name == "aten::logsumexp":
+                raise RuntimeError("This is not allowed since there's already a kernel registered from python")
+            super().__init__(op_name, dispatch_key)
+
+    monkeypatch.setattr(runtime, "Route", Refusing)
+    owner = object()
+    entries = [("aten::logsumexp", ("k",), runtime.Plan("lse", lambda b: None), None),
+               ("aten::hardtanh", ("k",), runtime.Plan("ht", lambda b: None), None)]
+    refused: dict[str, str] = {}
+    try:
+        assert runtime.add_entries(owner, entries, "CPU", refused=refused) == []
+        assert list(refused) == ["lse"] and "torch refused the override of aten::logsumexp" in refused["lse"]
+        assert ("aten::logsumexp", "CPU") not in runtime.routes() and ("aten::hardtanh", "CPU") in runtime.routes()
+        with pytest.raises(RuntimeError, match="already a kernel registered from python"):
+            runtime.add_entries(object(), entries[:1], "CPU")
+    finally:
+        runtime.remove_owner(owner)

@@ -341,7 +341,14 @@ class Cast:
             if usable and _cpp_wanted():
                 usable = self._install_cpp(usable)
             entries = [v.plan.entry for v in usable]
-            shadowed = runtime.add_entries(self, entries) if entries else []
+            refused: dict[str, str] = {}
+            shadowed = runtime.add_entries(self, entries, refused=refused) if entries else []
+            if refused:
+                for v in usable:
+                    if v.id in refused:
+                        v.problem = refused[v.id]
+                _warn(f"{self.path}: {len(refused)} variant(s) stay on PyTorch: "
+                      + "; ".join(f"{vid} ({why})" for vid, why in refused.items()))
             if shadowed:
                 _warn(f"{self.path}: {len(shadowed)} variant(s) already covered by another installed cast "
                       f"({', '.join(shadowed)}); those stay with it")

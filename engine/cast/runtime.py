@@ -339,14 +339,24 @@ _SCALARS: dict[tuple, torch.Tensor] = {}
 
 
 def add_entries(owner: object, entries: list[tuple[str, tuple, Plan, tuple | None]],
-                dispatch_key: str = "CUDA") -> list[str]:
-    """Route (op, key) -> plan for `owner`; returns the variant ids that another owner already covered."""
+                dispatch_key: str = "CUDA", refused: dict[str, str] | None = None) -> list[str]:
+    """Route (op, key) -> plan for `owner`; returns the variant ids that another owner already covered.
+    With `refused`: where torch refuses the override itself (torch 2.11 refuses one over a kernel registered
+    from Python, a model's own `torch.library` op), the variant id -> why, and its calls stay PyTorch's;
+    without it, that error is raised."""
     shadowed = []
     with _LOCK:
         for op_name, key, plan, shape in entries:
             route = _ROUTES.get((op_name, dispatch_key))
             if route is None:
-                route = _ROUTES[(op_name, dispatch_key)] = Route(op_name, dispatch_key)
+                try:
+                    route = Route(op_name, dispatch_key)
+                except RuntimeError as e:
+                    if refused is None:
+                        raise
+                    refused[plan.vid] = f"torch refused the override of {op_name}: {e}"[:300]
+                    continue
+                _ROUTES[(op_name, dispatch_key)] = route
             if not route.add(key, plan, owner, shape):
                 shadowed.append(plan.vid)
     return shadowed
