@@ -39,27 +39,6 @@ def _host_us(forward, n: int = 10) -> tuple[float, float]:
     return sorted(issue)[n // 2] * 1e6, wall * 1e6
 
 
-def _kernels(forward, n: int = 3) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            forward()
-        torch.cuda.synchronize()
-    rows = []
-    total = 0.0
-    for e in prof.key_averages():
-        dev = getattr(e, "self_device_time_total", None)
-        if dev is None:
-            dev = getattr(e, "self_cuda_time_total", 0.0)
-        if dev and e.device_type == torch.autograd.DeviceType.CUDA:
-            rows.append({"name": e.key[:120], "us_per_forward": dev / n, "count_per_forward": e.count / n})
-            total += dev / n
-    rows.sort(key=lambda r: -r["us_per_forward"])
-    return {"gpu_kernel_us_per_forward": total, "top": rows[:25]}
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True)
@@ -67,6 +46,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     import engine.cast
+    from engine.bench.forward import kernel_times
     from engine.bench.host import python_profile
     from engine.config import build_target, load_config, override_params, parse_model_spec
     from engine.errors import UsageError
@@ -96,7 +76,7 @@ def main() -> int:
             if arm == "cast":
                 cast.install(model)
             issue, wall = _host_us(forward)
-            doc[arm] = {"host_issue_us": issue, "wall_us": wall, **_kernels(forward)}
+            doc[arm] = {"host_issue_us": issue, "wall_us": wall, **kernel_times(forward)}
             if arm == "eager":
                 doc["cprofile_eager"] = python_profile(forward, calls=10, top=30)
             if arm == "cast":

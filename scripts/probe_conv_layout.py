@@ -26,24 +26,6 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 
-def _kernels(forward, n: int = 3) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            forward()
-        torch.cuda.synchronize()
-    rows, total = [], 0.0
-    for e in prof.key_averages():
-        dev = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
-        if dev and e.device_type == torch.autograd.DeviceType.CUDA:
-            rows.append({"name": e.key[:110], "us": dev / n, "calls": e.count / n})
-            total += dev / n
-    rows.sort(key=lambda r: -r["us"])
-    return {"gpu_kernel_us": total, "top": rows[:20]}
-
-
 def _first_tensor(out):
     if isinstance(out, torch.Tensor):
         return out
@@ -61,7 +43,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    from engine.bench.forward import time_steady
+    from engine.bench.forward import kernel_times, time_steady
     from engine.config import build_target, load_config, override_params, parse_model_spec
     from engine.errors import UsageError
 
@@ -96,7 +78,8 @@ def main() -> int:
             times = [time_steady(forward) for _ in range(args.iters)]
             out = _first_tensor(forward())
             outs[arm] = out.float().clone() if out is not None else None
-            doc["arms"][arm] = {"median_us": statistics.median(times), "min_us": min(times), **_kernels(forward)}
+            doc["arms"][arm] = {"median_us": statistics.median(times), "min_us": min(times),
+                                **kernel_times(forward, top=20)}
     a, b = outs["as built"], outs["channels-last weights"]
     if a is not None and b is not None and a.shape == b.shape:
         doc["rel_l2"] = float((a - b).norm() / a.norm().clamp_min(1e-30))
@@ -113,9 +96,10 @@ def main() -> int:
              f"as built {base / 1e3:.2f} ms, channels-last weights {cl / 1e3:.2f} ms: {doc['speedup']:.3f}x; "
              f"outputs rel. L2 {doc.get('rel_l2', float('nan')):.2e}", ""]
     for arm, d in doc["arms"].items():
-        lines += [f"## {arm}: {d['median_us'] / 1e3:.2f} ms (GPU kernels {d['gpu_kernel_us'] / 1e3:.2f} ms)", "",
-                  "| kernel | µs/forward | calls |", "|---|---:|---:|"]
-        lines += [f"| {r['name']} | {r['us']:.1f} | {r['calls']:.0f} |" for r in d["top"]] + [""]
+        lines += [f"## {arm}: {d['median_us'] / 1e3:.2f} ms (GPU kernels {d['gpu_kernel_us_per_forward'] / 1e3:.2f} ms)",
+                  "", "| kernel | µs/forward | calls |", "|---|---:|---:|"]
+        lines += [f"| {r['name']} | {r['us_per_forward']:.1f} | {r['count_per_forward']:.0f} |" for r in d["top"]]
+        lines.append("")
     (out_dir / f"probe_conv_layout_{name}.md").write_text("\n".join(lines))
     print("\n".join(lines))
     return 0

@@ -63,3 +63,26 @@ def capture_graph(forward: Callable[[], Any]) -> tuple[Any, Any]:
 def auto_iters(forward_us: float, seconds: float = 2.0, lo: int = 10, hi: int = 100) -> int:
     """Forwards per arm: about `seconds` of timing per arm, at least `lo` (the CI needs pairs), at most `hi`."""
     return max(lo, min(hi, int(seconds * 1e6 / max(forward_us, 1.0))))
+
+
+def kernel_times(forward: Callable[[], Any], n: int = 3, top: int = 25) -> dict[str, Any]:
+    """GPU kernel time per forward by kernel (torch.profiler over `n` forwards): the total, and the `top`
+    kernels by time, each with its calls per forward. Needs a CUDA GPU."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            forward()
+        torch.cuda.synchronize()
+    rows, total = [], 0.0
+    for e in prof.key_averages():
+        dev = getattr(e, "self_device_time_total", None)
+        if dev is None:
+            dev = getattr(e, "self_cuda_time_total", 0.0)
+        if dev and e.device_type == torch.autograd.DeviceType.CUDA:
+            rows.append({"name": e.key[:120], "us_per_forward": dev / n, "count_per_forward": e.count / n})
+            total += dev / n
+    rows.sort(key=lambda r: -r["us_per_forward"])
+    return {"gpu_kernel_us_per_forward": total, "top": rows[:top]}

@@ -147,6 +147,19 @@ gncl_stats(const T* __restrict__ x, float* __restrict__ part, unsigned int* __re
   }
 }
 
+
+// Channel c's apply coefficients for image n: y = x * a + b with a = rstd * w, b = bias - a * mean, from the
+// ROUNDED mean/rstd (eager's ComputeFusedParams).
+__device__ __forceinline__ float2 gncl_coef(int c, long long n, const TS* __restrict__ mean_in,
+                                            const TS* __restrict__ rstd_in, const TW* w, const TB* bias) {
+  const int g = c / CG;
+  const float m = kf_to_float(mean_in[n * G + g]), rs = kf_to_float(rstd_in[n * G + g]);
+  float a = rs;
+  if constexpr (HAS_W) a = rs * kf_to_float(w[c]);
+  float sft = -a * m;
+  if constexpr (HAS_B) sft = fmaf(-a, m, kf_to_float(bias[c]));
+  return make_float2(a, sft);
+}
 """
 
 _TILE = r"""
@@ -169,15 +182,7 @@ $WB_LOCALS
   const long long n = b / ((long long)CT * PT);
   const int c0 = ct * TC;
   const long long p0 = pt * TP;
-  for (int c = threadIdx.x; c < TC; c += BLOCK) {
-    const int cc = c0 + c, g = cc / CG;
-    const float m = kf_to_float(mean_in[n * G + g]), rs = kf_to_float(rstd_in[n * G + g]);
-    float a = rs;
-    if constexpr (HAS_W) a = rs * kf_to_float(w[cc]);
-    float sft = -a * m;
-    if constexpr (HAS_B) sft = fmaf(-a, m, kf_to_float(bias[cc]));
-    ab[c] = make_float2(a, sft);
-  }
+  for (int c = threadIdx.x; c < TC; c += BLOCK) ab[c] = gncl_coef(c0 + c, n, mean_in, rstd_in, w, bias);
   __syncthreads();
   constexpr int LT = TC / V;                 // threads across one pixel's tile channels
   const T* __restrict__ xn = x + n * HW * C + c0;
@@ -229,15 +234,7 @@ $WB_LOCALS
   __shared__ float2 ab[C];
   const long long n = blockIdx.x / AB;
   const int pb = (int)(blockIdx.x % AB);
-  for (int c = threadIdx.x; c < C; c += BLOCK) {
-    const int g = c / CG;
-    const float m = kf_to_float(mean_in[n * G + g]), rs = kf_to_float(rstd_in[n * G + g]);
-    float a = rs;
-    if constexpr (HAS_W) a = rs * kf_to_float(w[c]);
-    float sft = -a * m;
-    if constexpr (HAS_B) sft = fmaf(-a, m, kf_to_float(bias[c]));
-    ab[c] = make_float2(a, sft);
-  }
+  for (int c = threadIdx.x; c < C; c += BLOCK) ab[c] = gncl_coef(c, n, mean_in, rstd_in, w, bias);
   __syncthreads();
   const T* __restrict__ xn = x + n * HW * C;
   T* __restrict__ yn = y + n * HW * C;
