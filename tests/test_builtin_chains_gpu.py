@@ -31,3 +31,64 @@ def test_template_default_verifies_in_a_lane(tmp_path, name):
     r = template.render(card, template.default(card, hw=hw), hw=hw)
     (ev,) = evaluate_many([(ref, r.source, r.spec)], cache_dir=tmp_path / "cache")
     assert ev.status == "verified", (name, ev.category, ev.message, ev.payload)
+
+
+class _VaeGnSilu(torch.nn.Module):
+    """The SD3.5 VAE's largest GroupNorm -> SiLU: 32 groups of 128 channels."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.GroupNorm(32, 128, eps=1e-6)
+
+    def forward(self, x):
+        return torch.nn.functional.silu(self.norm(x))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_group_norm_silu_chain_and_its_channels_last_twin_on_the_vae_shape(tmp_path, capsys):
+    """bf16 [1, 128, 1024, 1024]: the chain (contiguous, the stream kernel) and its channels-last twin (the
+    group_norm_cl kernels, flat and tiled apply; eager: a copy to contiguous, the chain, its outputs laid out
+    as torch.compile asserts), each verified and timed in one lane beside the lane's copy of its bytes."""
+    import dataclasses
+
+    from gpu_harness import evaluate_many
+    from test_builtin_chains import BF, chain_cards
+
+    from engine.capture.chain_cards import synthetic_chain_card
+    from engine.capture.twins import twin_of
+    from engine.propose.base import Hardware
+    from engine.propose.builtin.chains import GroupNormSiluChainTemplate
+
+    card = chain_cards(_VaeGnSilu(), torch.randn(1, 128, 1024, 1024, dtype=BF))[0]
+    twin = twin_of(dataclasses.replace(card, samples=1))
+    assert twin is not None
+    major, minor = torch.cuda.get_device_capability()
+    hw = Hardware(arch=f"sm_{major}{minor}", sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    t = GroupNormSiluChainTemplate()
+    jobs, labels = [], []
+    seen = set()
+    for name, c, extras in (("chain", card, ({}, {"math": "precise"})),
+                            ("twin", twin, ({}, {"math": "precise"}, {"apply": "tile"}, {"unroll": 4}))):
+        ref = synthetic_chain_card(tmp_path / name, c.signature, 2)
+        c = dataclasses.replace(c, outputs=[dict(o) for o in ref.outputs]) if getattr(ref, "outputs", None) else c
+        assert t.accepts(c, hw=hw) is None, t.accepts(c, hw=hw)
+        for e in extras:
+            r = t.render(c, {**t.default(c, hw=hw), **e}, hw=hw)
+            if (name, r.source, r.spec) in seen:   # the default already (e.g. tiles where the output is contiguous)
+                continue
+            seen.add((name, r.source, r.spec))
+            jobs.append((ref, r.source, r.spec))
+            labels.append(f"{name} {r.intent}")
+    copies: dict = {}
+    evs = evaluate_many(jobs, cache_dir=tmp_path / "cache", timing={"max_seconds": 0.5}, copies=copies)
+    failures = []
+    with capsys.disabled():
+        for label, ev, (ref, _, _) in zip(labels, evs, jobs):
+            tm = ev.payload.get("timing") or {}
+            mine = (tm.get("candidate") or {}).get("median")
+            copy_us = ((copies.get(ref.card_id) or {}).get("copy") or {}).get("median")
+            print(f"{label}: {ev.status} {ev.speedup or 0:.2f}x, {mine or 0:.1f} us"
+                  + (f", {100 * copy_us / mine:.0f} % of copy ({copy_us:.1f} us)" if mine and copy_us else ""))
+            if ev.status != "verified":
+                failures.append(f"{label}: {ev.category}: {ev.message[:300]}")
+    assert not failures, "\n".join(failures)
