@@ -212,3 +212,19 @@ def test_a_pattern_card_is_weighed_against_torch_compiles_code_for_its_chain():
     # The same chain as a module card serves eager: eager's time is its measure.
     module = CardState(dataclasses.replace(pattern, chain={**chain, "kind": "module"}), ["s0"])
     assert expected_gain(module) == pytest.approx(0.20 * (1 - 132.5 / 3787.0))
+
+
+def test_a_channels_last_twin_is_weighed_against_torch_compiles_code_for_its_op():
+    """A twin serves only inside compiled graphs: its eager time (PyTorch's copy to contiguous, the op, the
+    outputs laid out again: 7,133 µs for the VAE's largest GroupNorm on the H200) is not its alternative there,
+    Inductor's code for the op is (`compile_us`). Untried, it gives way to its original, which serves eager too."""
+    policy = SchedulePolicy()
+    orig = op("gn", "aten::native_group_norm", 6, 0.06, eager_us=3746.0, roofline_us=133.6, compile_us=300.0)
+    twin = dataclasses.replace(orig, card_id="gn_cl", eager_us=7133.0, compile_us=310.0,
+                               signature={**orig.signature, "twin_of": "gn"})
+    cards = states([orig, twin])
+    count_chains_once(cards)
+    by_id = {c.card_id: c for c in cards}
+    assert expected_gain(by_id["gn_cl"]) == pytest.approx(0.06 * (310.0 - 133.6) / 7133.0)
+    assert expected_gain(by_id["gn"]) == pytest.approx(0.06 * (1 - 133.6 / 3746.0))
+    assert next_card(cards, policy, 50).card_id == "gn"

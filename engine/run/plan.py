@@ -120,6 +120,15 @@ def count_chains_once(cards: list[CardState]) -> None:
                                         if serves_eager(states[chain_id]) and in_play(states[chain_id])))
 
 
+def compile_only(card: CardState) -> bool:
+    """A card whose kernel serves only inside torch.compile's graphs: a pattern chain card, or a channels-last
+    twin (engine.capture.twins: the layout compiled code hands an op, which eager never shows; its eager time
+    includes the copy to contiguous PyTorch's kernel needs, which is not the alternative there)."""
+    if card.card.signature.get("twin_of"):
+        return True
+    return card.card.chain is not None and not serves_eager(card)
+
+
 def serves_eager(chain: CardState) -> bool:
     """A chain card whose kernel can serve its calls in eager: a module card (a pattern card cannot)."""
     return (chain.card.chain or {}).get("kind") == "module"
@@ -137,10 +146,12 @@ def expected_gain(card: CardState) -> float:
     2 % card and kept the search to itself). A pattern card runs only inside torch.compile's graphs, where
     the alternative is torch.compile's code for its chain: its current time is at most that (`compile_us`,
     where the run measured it), so a GroupNorm → SiLU chain that Inductor already fuses to 308 µs from eager's
-    3,787 has a tenth of the gain left that its eager time suggests.
+    3,787 has a tenth of the gain left that its eager time suggests. A channels-last twin likewise
+    (`compile_only`): its eager time holds PyTorch's copy to contiguous (7.1 ms against Inductor's few hundred
+    µs for the VAE's largest GroupNorm), and its alternative under compile is Inductor's code for the op.
     """
     current = min(t for t in (card.best_us, card.eager_us, math.inf) if t)  # a slower kernel: eager still serves
-    inductor = card.card.compile_us if card.card.chain is not None and not serves_eager(card) else None
+    inductor = card.card.compile_us if compile_only(card) else None
     if inductor:  # a pattern card runs only in compiled graphs, where torch.compile's own code for it serves
         current = min(current, inductor)
     if current < math.inf and card.roofline_us:
