@@ -732,6 +732,8 @@ def report(doc: dict[str, Any]) -> str:
                 f"{k} {v['calls']} call(s), {v['inputs_copied']} in, {v['outputs_copied']} out"
                 + (f", {v['inputs_computed']} computed into place" if v.get("inputs_computed") else "")
                 + (f", {v['inputs_as_held']} as held" if v.get("inputs_as_held") else "")
+                + (f" ({v['inputs_computed_as_held']} of them computed into that layout)"
+                   if v.get("inputs_computed_as_held") else "")
                 + (f", {v['biases_kept']} convolution(s) kept their bias for it" if v.get("biases_kept") else "")
                 + (" (not passed as held: " + "; ".join(f"{w} ×{n}" for w, n in v["held_declined"].items()) + ")"
                    if v.get("held_declined") else "")

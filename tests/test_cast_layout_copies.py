@@ -563,11 +563,11 @@ class _ConvLseTwice(torch.nn.Module):
 @pytest.mark.parametrize("kept", [False, True])
 def test_a_convolution_whose_output_only_the_casts_op_reads_keeps_its_bias(tmp_path, monkeypatch, kept):
     """On CUDA Inductor splits a convolution's bias off into a pointwise add, which its own code fuses into
-    the consumer. A cast's op gets the add computed into a buffer first, in eager's layout: one pass, and the
-    channels-last variant never runs (the SD3.5 VAE's GroupNorms, 2026-12-03d; reproduced here with `kept`
-    False). Where only the cast's ops read the output, in the layout the convolution stores, the convolution
-    keeps its bias and its output is passed as held: the channels-last variant runs, and the result is the
-    biased convolution's."""
+    the consumer. A cast's op gets the add computed into a buffer first: one pass (in eager's layout until
+    the twins ran on it: the SD3.5 VAE's GroupNorms, 2026-12-03d; now into the channels-last variant's, with
+    `kept` False). Where only the cast's ops read the output, in the layout the convolution stores, the
+    convolution keeps its bias and its output is passed as held: no pass, the channels-last variant runs, and
+    the result is the biased convolution's."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     torch.manual_seed(0)
     x = torch.randn(1, 8, 6, 6)
@@ -586,9 +586,10 @@ def test_a_convolution_whose_output_only_the_casts_op_reads_keeps_its_bias(tmp_p
     row = copies["aten.logsumexp.default"]
     if kept:
         assert (row["calls"], row.get("biases_kept"), row.get("inputs_as_held"), hits) == (1, 1, 1, 1), row
+        assert row.get("inputs_computed_as_held", 0) == 0   # the convolution's own output: no add at all
     else:
-        assert (row.get("biases_kept", 0), row.get("inputs_as_held", 0), row.get("inputs_computed")) == (0, 0, 1), row
-        assert hits == 0   # the add was computed contiguous: the channels-last variant missed
+        # the split-off add, computed into the variant's channels-last layout: served, but one pass more
+        assert (row.get("biases_kept", 0), row.get("inputs_computed_as_held"), hits) == (0, 1, 1), row
 
 
 def test_a_convolution_read_by_other_code_too_keeps_inductors_bias_add(tmp_path, monkeypatch):
@@ -618,4 +619,39 @@ def test_a_bias_that_cannot_be_kept_leaves_inductors_lowering(tmp_path, monkeypa
     with _peeling_biases_as_on_cuda(monkeypatch, True):
         copies = _copies_then_removed(_ConvLse().eval(), x, owner)
     row = copies["aten.logsumexp.default"]
-    assert (row.get("biases_kept", 0), row.get("inputs_computed")) == (0, 1), row
+    assert (row.get("biases_kept", 0), row.get("inputs_computed_as_held")) == (0, 1), row
+
+
+class _ConvAddLse(torch.nn.Module):
+    """conv -> (+ 1) -> logsumexp: the op's input a pointwise not stored yet (as a residual add before a
+    GroupNorm), its output one layout whatever the input's."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        return torch.logsumexp(self.conv(x) + 1.0, dim=(2, 3))
+
+
+def test_an_input_not_stored_yet_is_computed_into_the_layout_a_variant_was_proven_for(tmp_path, monkeypatch):
+    """A residual add (or a split-off bias add) in front of a cast's op is computed into whatever layout the op
+    asks for. Where a variant was proven for channels-last (a twin), Inductor computes it channels-last, as the
+    convolution before it left its operand, and the twin serves it; with a variant for eager's layout only, it
+    is computed contiguous as before."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 6, 6)
+    # hits: the compiled call, and for the contiguous variant the eager call before it too
+    for layout, want in ((torch.channels_last, (1, 1, 0, 1)), (torch.contiguous_format, (0, 0, 1, 2))):
+        owner = OpCast(torch.ops.aten.logsumexp.default, [x.contiguous(memory_format=layout), [2, 3], False])
+        try:
+            copies = _compiled_copies(_ConvAddLse().eval(), x, owner)
+            hits = owner.plan.hits
+        finally:
+            owner.remove()
+            torch._dynamo.reset()
+        row = copies["aten.logsumexp.default"]
+        got = (row.get("inputs_as_held", 0), row.get("inputs_computed_as_held", 0), row.get("inputs_computed", 0),
+               hits)
+        assert got == want, (layout, row)

@@ -490,6 +490,24 @@ def _held_layout(x: Any) -> tuple | None:
         return None
 
 
+def _computable_as(x: Any, layouts: dict) -> tuple | None:
+    """For an input Inductor has not stored yet (a pointwise: a residual add, a split-off bias add), the
+    channels-last layout of its concrete 4-D sizes where a variant was proven for it: Inductor can compute it
+    straight into that layout as into eager's (a twin then serves it, and its output can stay channels-last
+    for the convolution after it). None otherwise."""
+    if _strides_of(x) is not None:
+        return None
+    try:
+        size = tuple(int(v) for v in x.get_size())
+        device, dtype = x.get_device().type, x.get_dtype()
+    except (TypeError, AttributeError, NotImplementedError):  # symbolic sizes, a node without them
+        return None
+    if len(size) != 4:
+        return None
+    cl = (device, dtype, size, _channels_last_strides(size))
+    return cl if _proven_for(layouts, cl) is not None else None
+
+
 def _held_outputs(fx_node: Any, held: tuple) -> tuple | None:
     """(shape, strides) of the call's tensor outputs, by the op's meta kernel in the graph's fake mode, with
     its first input in the `held` layout: what Inductor's fallback call for the op asserts when handed that
@@ -558,6 +576,8 @@ def _recording_constraint(name: str, copies: dict, layouts: dict | None = None,
         the layout). Never raises: a doubt means eager's strides, as without a variant."""
         try:
             held = _held_layout(args[0]) if args and layouts and _is_ir(args[0]) else None
+            if held is None and args and layouts and _is_ir(args[0]):
+                held = _computable_as(args[0], layouts)
             outs = _proven_for(layouts, held) if held is not None else None
             if outs is None:
                 return None, None
@@ -576,10 +596,23 @@ def _recording_constraint(name: str, copies: dict, layouts: dict | None = None,
 
     def constrain_and_count(fx_node: Any, *args: Any, **kwargs: Any) -> Any:
         held, declined = pass_as_held(fx_node, args)
+        first, computed = (args[0] if args else None), False
+        if held is not None and _held_layout(first) is None:
+            # not stored yet: computed straight into the layout the variant was proven for (channels-last), as
+            # it would have been into eager's; where that does not come out as the variant's, eager's strides
+            try:
+                from torch._inductor import ir
+
+                first = ir.ExternKernel.require_channels_last(first)
+                computed = _held_layout(first) == held
+            except Exception:  # noqa: BLE001 - another torch's internals: eager's strides, as without a twin
+                computed = False
+            if not computed:
+                held, first = None, args[0]
         if held is not None:
             # the first argument left out of eager's strides: a non-IR stand-in is passed through untouched
             new_args, new_kwargs = L.constrain_to_fx_strides(fx_node, None, *args[1:], **kwargs)
-            new_args = (args[0], *new_args[1:])
+            new_args = (first, *new_args[1:])
         else:
             new_args, new_kwargs = L.constrain_to_fx_strides(fx_node, *args, **kwargs)
         try:  # the record: never a reason for the compile to fail
@@ -587,12 +620,17 @@ def _recording_constraint(name: str, copies: dict, layouts: dict | None = None,
             row["calls"] += 1
             if held is not None:
                 row["inputs_as_held"] = row.get("inputs_as_held", 0) + 1
+                if computed:   # of those, computed into the variant's layout (a pointwise not stored before)
+                    row["inputs_computed_as_held"] = row.get("inputs_computed_as_held", 0) + 1
             elif declined is not None:  # a variant was proven for the held layout: why it was not passed it
                 why = row.setdefault("held_declined", {})
                 if declined in why or len(why) < LAYOUTS_KEPT:
                     why[declined] = why.get(declined, 0) + 1
             fx_args = list(fx_node.args) + [fx_node.kwargs.get(k) for k in kwargs]
-            for old, new, fx_arg in zip([*args, *kwargs.values()], [*new_args, *new_kwargs.values()], fx_args):
+            for k, (old, new, fx_arg) in enumerate(zip([*args, *kwargs.values()], [*new_args, *new_kwargs.values()],
+                                                       fx_args)):
+                if computed and k == 0:
+                    continue   # counted above, as computed into the variant's layout
                 if new is not old and _is_ir(old):
                     had = _strides_of(old)
                     if had is None:
