@@ -278,8 +278,9 @@ def _inductor_pattern_counts() -> dict[str, int]:
 
 # Which calls the veto keeps whole, in Inductor's cache keys: a graph compiled under an older rule is never
 # served again (2: under dynamic shapes, only where the concrete sizes can be a variant's; 3: a convolution
-# whose output only the cast's ops read, in a layout their variants take as held, keeps its bias).
-VETO_RULE = 3
+# whose output only the cast's ops read, in a layout their variants take as held, keeps its bias; 4: an input
+# not stored yet is computed into the channels-last layout a variant was proven for).
+VETO_RULE = 4
 
 
 class CastCacheKey:
