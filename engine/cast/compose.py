@@ -726,11 +726,14 @@ def _keeping_biases(held_by: dict, names: dict[Any, str], copies: dict) -> Itera
         yield
         return
 
-    def lower(x: Any, weight: Any, bias: Any, stride: Any, padding: Any, dilation: Any, transposed: Any,
-              output_padding: Any, groups: Any) -> Any:
-        args = (x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
-        try:
-            keep = _bias_keeper(getattr(V.graph, "current_node", None), x, weight, bias, transposed, held_by)
+    def lower(*args: Any, **kwargs: Any) -> Any:
+        if kwargs or len(args) != 9:   # not the graph's own positional call: Inductor's lowering
+            return original(*args, **kwargs)
+        x, weight, bias, _, _, _, transposed, _, _ = args
+        node = getattr(V.graph, "current_node", None)
+        try:   # the node being lowered, not another op whose lowering reached a convolution
+            keep = _bias_keeper(node, x, weight, bias, transposed, held_by) \
+                if node is not None and node.target is _CONVOLUTION else None
         except Exception:  # noqa: BLE001 - a doubt is Inductor's own lowering
             keep = None
         if keep is None:
