@@ -62,6 +62,7 @@ def test_a_group_norm_silu_chain_gets_a_twin_and_other_chains_none():
     sig = _chain_sigs(_model(), x)
     twin = twin_of(_card(sig))
     assert twin is not None and twin.signature["twin_of"] == "orig"
+    assert twin.signature_text == "chain[native_group_norm silu] in0 f32[2,8,4,4](s=128,1,32,8) in1 f32[8] in2 f32[8]"
     a0 = twin.signature["args"][0]
     assert a0["stride"] == [128, 1, 32, 8]                      # channels-last [2, 8, 4, 4]
     assert untwinned(twin.signature) == sig                     # what the compiled graph traced
@@ -224,3 +225,24 @@ def test_a_capture_adds_the_chains_twin_sharing_its_samples(tmp_path):
     assert got[twin.card_id] == got[orig.card_id]   # the same files
     x = dict(load_sample(ws / got[twin.card_id][0], signature=twin.signature).args)["in0"]
     assert x.is_contiguous(memory_format=CL) and not x.is_contiguous()
+
+
+def test_a_dry_run_of_the_sd35_vae_proposes_and_compiles_every_groupnorm_and_its_twins(cli, tmp_path):
+    """The SD3.5 VAE (small) with twins on, through `run --dry-run` on the CPU: every GroupNorm card, its
+    channels-last twin, every GroupNorm -> SiLU chain card and its twin get kernels that compile for the H200."""
+    import json
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "configs" / "examples" / "sd35_vae.toml").read_text()
+    config = tmp_path / "vae.toml"
+    config.write_text(text.replace("[capture]\n", "[capture]\nlayout_twins = true\n"))
+    code, out, err = cli("run", config, "--small", "--dry-run", "--no-tui", "--device", "cpu", "--ops",
+                         "group_norm", "--iterations", "1", "--json", "--workspace", tmp_path / "ws")
+    assert code == 0, err
+    cards = [c for c in json.loads(out)["cards"] if "group_norm" in c["signature"] or c["op"] == "aten::native_group_norm"]
+    served = [c for c in cards if c["stopped"] != "declined"]
+    twins = [c for c in served if c.get("twin_of")]
+    assert {c["op"] for c in twins} == {"aten::native_group_norm", "kforge::chain"}, [c["signature"] for c in twins]
+    assert len(twins) >= 8, len(twins)
+    failed = [(c["signature"], c["failures"]) for c in served if c["compiled"] < 1 or c["failures"]]
+    assert not failed, failed

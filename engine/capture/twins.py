@@ -80,7 +80,13 @@ def twin_of(card: OperatorCard) -> OperatorCard | None:
         if [(o["dtype"], o["shape"]) for o in outputs] != [(o.get("dtype"), o.get("shape")) for o in card.outputs]:
             return None
         outputs = [{**c, "stride": o["stride"]} for c, o in zip(card.outputs, outputs)]
-    return dataclasses.replace(card, card_id=card_id(sig), signature=sig, signature_text=signature_text(sig),
+    text = signature_text(sig)
+    if chain:  # as its original's: the members, then the inputs (the first now channels-last)
+        from engine.capture.chain_cards import chain_text
+
+        ops = (card.chain or {}).get("ops") or [n["op"].split("::")[-1].split(".")[0] for n in sig["chain"]["nodes"]]
+        text = chain_text(list(ops), sig)
+    return dataclasses.replace(card, card_id=card_id(sig), signature=sig, signature_text=text,
                                outputs=outputs, eager_us=None, roofline_us=None, compile_us=None, copy_us=None,
                                compile_note=None)
 
