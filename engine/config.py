@@ -388,6 +388,13 @@ def parse_model_spec(text: str) -> ModelSpec:
     return ModelSpec(name, params)
 
 
+def load_model_spec(text: str) -> tuple[ModelSpec, ModelConfig]:
+    """`NAME` or `NAME@key=value[,key=value]` parsed and its config loaded with those [params] overridden (as
+    bench_e2e builds a model); a UsageError naming what is wrong."""
+    spec = parse_model_spec(text)
+    return spec, override_params(load_config(spec.name), spec.params)
+
+
 def parse_model_list(text: str) -> list[ModelSpec]:
     """A comma-separated list of models, each `NAME` or `NAME@key=value[,key=value]`: a `key=value` after
     `NAME@...` is one more override of that model (so `a@x=1,y=2,b` is two models)."""

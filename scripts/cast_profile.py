@@ -48,12 +48,11 @@ def main() -> int:
     import engine.cast
     from engine.bench.forward import kernel_times
     from engine.bench.host import python_profile
-    from engine.config import build_target, load_config, override_params, parse_model_spec
+    from engine.config import build_target, load_model_spec
     from engine.errors import UsageError
 
     try:
-        spec = parse_model_spec(args.config)
-        config = override_params(load_config(spec.name), spec.params)
+        spec, config = load_model_spec(args.config)
     except UsageError as e:
         print(f"error: --config: {e}", file=sys.stderr)
         return 2
