@@ -27,7 +27,7 @@ from typing import Any
 
 from engine.capture.chains import CHAIN_OP
 from engine.capture.fake_outputs import fake_chain_outputs, fake_outputs
-from engine.capture.signature import card_id, dense_order, signature_text
+from engine.capture.signature import card_id, contiguous_strides, dense_order, signature_text
 from engine.cards import OperatorCard
 
 TWIN_OPS = ("aten::native_group_norm",)   # ops with a channels-last builtin kernel (group_norm_cl)
@@ -106,12 +106,7 @@ def untwinned(signature: dict[str, Any]) -> dict[str, Any]:
     if not signature.get("twin_of"):
         return signature
     args = [dict(a) for a in signature["args"]]
-    shape = [int(n) for n in args[0]["shape"]]
-    stride, acc = [], 1
-    for n in reversed(shape):
-        stride.append(acc)
-        acc *= n
-    args[0]["stride"] = list(reversed(stride))
+    args[0]["stride"] = contiguous_strides([int(n) for n in args[0]["shape"]])
     return {**{k: v for k, v in signature.items() if k != "twin_of"}, "args": args}
 
 

@@ -84,6 +84,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from engine.capture.twins import channels_last_strides
 from engine.cast import runtime
 from engine.ops import may_have_sizes, resolve_op, same_strides, tensors_of
 
@@ -505,7 +506,7 @@ def _computable_as(x: Any, layouts: dict) -> tuple | None:
         return None
     if len(size) != 4:
         return None
-    cl = (device, dtype, size, _channels_last_strides(size))
+    cl = (device, dtype, size, tuple(channels_last_strides(size)))
     return cl if _proven_for(layouts, cl) is not None else None
 
 
@@ -661,11 +662,6 @@ def _peels_bias(x: Any) -> bool:
     return ir.get_device_type(x) != "cpu"
 
 
-def _channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    n, c, h, w = shape
-    return (c * h * w, 1, w * c, c)
-
-
 def _bias_keeper(fx_node: Any, x: Any, weight: Any, bias: Any, transposed: Any,
                  held_by: dict) -> tuple | None:
     """(the held layout, the reading ops) where the convolution `fx_node` should keep its bias, else None.
@@ -690,7 +686,7 @@ def _bias_keeper(fx_node: Any, x: Any, weight: Any, bias: Any, transposed: Any,
     if all(k == 1 for k in wsize[2:]) and (config.conv_1x1_as_mm or config.max_autotune or config.max_autotune_gemm):
         return None
     shape = tuple(int(n) for n in val.shape)
-    held = (val.device.type, val.dtype, shape, _channels_last_strides(shape))
+    held = (val.device.type, val.dtype, shape, tuple(channels_last_strides(shape)))
     readers = []
     for user in fx_node.users:
         per = held_by.get(user.target) if user.op == "call_function" else None
