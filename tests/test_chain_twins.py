@@ -246,3 +246,23 @@ def test_a_dry_run_of_the_sd35_vae_proposes_and_compiles_every_groupnorm_and_its
     assert len(twins) >= 8, len(twins)
     failed = [(c["signature"], c["failures"]) for c in served if c["compiled"] < 1 or c["failures"]]
     assert not failed, failed
+
+
+def test_a_twins_eager_asks_the_meta_kernels_once_per_layout(monkeypatch):
+    """The lane times a twin's eager call after call: the fake run that gives its output strides is made once
+    per layout, not on every call."""
+    import engine.capture.chains as chains
+
+    x = torch.randn(2, 8, 4, 4)
+    sig = _chain_sigs(_model(), x)
+    twin = twin_of(_card(sig))
+    calls = []
+    real = chains.chain_output_strides
+    monkeypatch.setattr(chains, "chain_output_strides", lambda s, i: calls.append(1) or real(s, i))
+    monkeypatch.setattr(chains, "_TWIN_STRIDES", {})
+    xc, w, b = x.contiguous(memory_format=CL), torch.randn(8), torch.randn(8)
+    first = run_chain(twin.signature, [xc, w, b])
+    for _ in range(3):
+        again = run_chain(twin.signature, [xc, w, b])
+    assert len(calls) == 1
+    assert [t.stride() for t in again] == [t.stride() for t in first]
