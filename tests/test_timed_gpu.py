@@ -109,6 +109,36 @@ def test_values_change_every_call_and_sides_do_not_share_buffers():
     assert len(set(firsts)) > 0.9 * len(firsts)  # new values nearly every call
 
 
+def test_a_candidate_that_copies_eagers_answer_never_finds_one_when_timed():
+    # The attacker reads anything eager ever produced (device memory is not cleared when the allocator takes
+    # a block back): whenever that holds the answer to its own inputs, it copies it instead of computing.
+    from engine.verify.timed import TimedCandidate, audited_ab
+
+    check, flush, cfg = _setup()
+    produced, found = [], []
+    orig = check.eager
+
+    def eager(b):
+        out = orig(b)
+        produced.append(out.clone())
+        del produced[:-64]   # the last 64 answers: every round's (and every audit's) since long before
+        return out
+
+    check.eager = eager
+
+    def prepare(b, prefill):
+        def call():
+            honest = _add(b)
+            copy = next((t for t in produced if torch.equal(t, honest)), None)
+            found.append(copy is not None)
+            return copy.clone() if copy is not None else honest
+        return call
+
+    run = audited_ab(check, TimedCandidate(prepare), flush, cfg, seed=5)
+    assert run.category is None, run.message
+    assert found and not any(found), f"eager's answer was in memory in {sum(found)} of {len(found)} timed calls"
+
+
 def test_a_host_stall_inside_the_timed_window_is_not_timed():
     # Every third call of one arm stalls 400 µs on the host between its start event and its launch:
     # with the default 80 µs lead the GPU idles inside those calls' events. Those rounds are dropped

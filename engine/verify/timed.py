@@ -8,11 +8,15 @@ burst of calls on the same pointers. So every timed call here is made the way ve
   call by call, and regenerated with new random values before every call (the statistics of the
   captured sample: the distributions verification's fresh sets come from), so nothing repeats;
 - its outputs are fresh buffers poisoned as in verification (NaN or a finite sentinel, at random);
-- eager runs on its own copies of the same values, so neither side can disturb the other's inputs;
+- eager runs on buffers of its own, filled with values of its own (drawn alike, never the candidate's), so
+  neither side can disturb the other's inputs, and no answer to the candidate's inputs exists anywhere in
+  device memory while the candidate runs: a kernel that looks for eager's output of its values (at an
+  address it learnt) finds none, and must compute;
 - a random sample of calls (chosen on the host after the fact, so nothing on the device can know) is
-  audited: its outputs must match eager's for the same values (else `cheating`), its read-only
-  inputs must be as generated, on both sides (else `mutation`, or `overrun` when eager's copy changed),
-  and the canaries around every buffer must be intact (else `overrun`).
+  audited: after the candidate's call, eager runs untimed on a copy of the candidate's values as they
+  were generated, and the candidate's outputs must match it (else `cheating`); its read-only inputs must
+  be as generated, on both sides (else `mutation`, or `overrun` when eager's buffers changed), and the
+  canaries around every buffer must be intact (else `overrun`).
 
 `time_eager_alone` times eager by itself with the same rotation: the control that a candidate did not
 make eager slower beside it; `time_alone` times any other function of the card's inputs that way (the
@@ -66,11 +70,6 @@ def _slot_bases(check: CardCheck, slots: int) -> list[Bound]:
     return [bases[k % len(bases)] for k in range(max(1, slots))]
 
 
-def _copy_values(src: Bound, dst: Bound) -> None:
-    for (_, a), (_, b) in zip(tensors_of(src), tensors_of(dst)):
-        cover(b).copy_(cover(a))
-
-
 def _snapshot(outs: list[Any]) -> list[Any]:
     return [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
 
@@ -86,6 +85,7 @@ class _Round:
     prefill: str = "nan"
     audit: bool = False
     pristine: Bound | None = None
+    eager_pristine: Bound | None = None
     launch: Callable[[], Any] | None = None
     eager_out: list[Any] | None = None
     cand_out: list[Any] | None = None
@@ -122,31 +122,36 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
         if not st.audit or st.cand_out is None or st.eager_out is None:
             st.audit = False
             return
-        a = _Audit(st.index, st.k, _snapshot(st.eager_out), _snapshot(st.cand_out))
-        assert st.pristine is not None
-        for (path, p), (_, c), (_, e) in zip(tensors_of(st.pristine), tensors_of(cand_slots[st.k]),
-                                             tensors_of(eager_slots[st.k])):
+        assert st.pristine is not None and st.eager_pristine is not None
+        flags: list[tuple[str, str, torch.Tensor]] = []
+        for (path, p), (_, c), (_, ep), (_, e) in zip(tensors_of(st.pristine), tensors_of(cand_slots[st.k]),
+                                                      tensors_of(st.eager_pristine), tensors_of(eager_slots[st.k])):
             if path.split("[")[0] in check.written:
                 continue
-            a.flags.append(("mutation", f"input {path} was modified during a timed call "
-                            "(inputs must stay as they were)", _differs(p, c)))
-            a.flags.append(("overrun", f"eager's own copy of input {path} changed during timing: the "
-                            "candidate wrote outside its buffers", _differs(p, e)))
+            flags.append(("mutation", f"input {path} was modified during a timed call "
+                          "(inputs must stay as they were)", _differs(p, c)))
+            flags.append(("overrun", f"eager's own input {path} changed during timing: the "
+                          "candidate wrote outside its buffers", _differs(ep, e)))
+        # The reference: eager on the candidate's values, only now that the candidate's call is done (the
+        # flags above are queued before it, in stream order, so eager writing an argument changes none).
+        reference = as_list(check.eager(st.pristine))
+        a = _Audit(st.index, st.k, reference, _snapshot(st.cand_out), flags)
         hit = slot_canaries[st.k].damaged() if slot_canaries[st.k] is not None else None
         if hit is not None:
             a.flags.append(("overrun", "the canary bytes around an input slot changed: the candidate wrote "
                             "outside its input buffers", hit))
         pending.append(a)
-        st.audit, st.pristine = False, None
+        st.audit, st.pristine, st.eager_pristine = False, None, None
 
     def before_round(r: int) -> None:
         close_round()
         k = abs(r) % K
         st.k, st.index, st.eager_out, st.cand_out = k, r, None, None
         regen.refill_(cand_slots[k])
-        _copy_values(cand_slots[k], eager_slots[k])
+        regen.refill_(eager_slots[k])   # values of its own: eager never computes the candidate's answer first
         st.audit = force[0] or (r >= 0 and rng.random() < rate)
         st.pristine = clone_bound(cand_slots[k]) if st.audit else None
+        st.eager_pristine = clone_bound(eager_slots[k]) if st.audit else None
         st.prefill = rng.choice(PREFILLS)
 
     def eager_finish(out: Any) -> None:
@@ -203,7 +208,7 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
             if arm.finish is not None:
                 arm.finish(out)
         r += 1
-        torch.cuda.synchronize()
+        check.sync()
         after_batch()
     category, message = (problem[0], problem[1]) if problem else (None, "")
     return TimedRun(ab, category, message, audited[0], cand_slots[0])

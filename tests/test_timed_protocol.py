@@ -1,0 +1,128 @@
+"""The timed-call protocol of engine.verify.timed on the CPU: what a candidate could find in memory while it is
+timed, and what the audit compares it with. `ab_time` (CUDA events) is replaced by a plain alternation that
+calls the hooks as `engine.bench.timing.time_calls` does; the candidates are torch stand-ins for kernels.
+
+The attacker modelled here reads any tensor eager ever produced (device memory is not cleared when the
+caching allocator takes a block back, and eager's outputs stay alive past the candidate's call): whenever one
+of them is the answer to its own inputs, it copies it instead of computing."""
+
+import pytest
+import torch
+
+from engine.bench.stats import summarize
+from engine.bench.timing import ABResult, TimingConfig
+from engine.ops import call_op, resolve_op
+
+ADD = resolve_op("aten::add.Tensor")
+
+
+def _alternating_ab(eager, cand, flush, cfg, *, before_round=None, after_batch=None):
+    """`ab_time`'s call order without its clocks: rounds of one call per arm, which goes first alternating,
+    `after_batch` after every `cfg.batch` rounds; every call counts 1 µs."""
+    arms = [eager, cand]
+    r = 0
+    while r < cfg.min_reps:
+        for _ in range(cfg.batch):
+            before_round(r)
+            order = [0, 1] if r % 2 == 0 else [1, 0]
+            for i in order:
+                arm = arms[i]
+                if arm.prepare is not None:
+                    arm.prepare()
+                flush()
+                out = arm.call()
+                if arm.finish is not None:
+                    arm.finish(out)
+            r += 1
+        if after_batch():
+            break
+    s = summarize([1.0] * r)
+    return ABResult(s, s, 1.0, 1.0, 1.0, r, 0, 0.0, [1.0] * r, [1.0] * r, 0, 0.0)
+
+
+@pytest.fixture
+def protocol(monkeypatch):
+    from engine.verify import timed
+    from engine.verify.pipeline import CardCheck
+
+    monkeypatch.setattr(timed, "ab_time", _alternating_ab)
+    produced: list[torch.Tensor] = []     # everything eager ever wrote, as the attacker could read it
+    eager_inputs: list[list] = []         # the buffers eager was handed
+
+    def eager(b):
+        eager_inputs.append(b)
+        out = call_op(ADD, b)
+        produced.append(out.clone())
+        return out
+
+    gen = torch.Generator().manual_seed(0)
+    samples = [[("self", torch.randn(4096, generator=gen)), ("other", torch.randn(4096, generator=gen)),
+                ("alpha", 1)] for _ in range(2)]
+    check = CardCheck("aten::add.Tensor", samples, eager)
+    cfg = TimingConfig(min_reps=64, batch=16, audit_every=8, min_audits=3)
+    return timed, check, cfg, produced, eager_inputs
+
+
+def _add(b):
+    d = dict(b)
+    return torch.add(d["self"], d["other"])
+
+
+def test_no_answer_to_the_candidates_inputs_exists_while_it_is_timed(protocol):
+    timed, check, cfg, produced, _ = protocol
+    found = []
+
+    def prepare(b, prefill):
+        def call():
+            honest = _add(b)
+            copy = next((t for t in produced if t.shape == honest.shape and torch.equal(t, honest)), None)
+            found.append(copy is not None)
+            return copy.clone() if copy is not None else honest
+        return call
+
+    run = timed.audited_ab(check, timed.TimedCandidate(prepare), lambda: None, cfg, seed=3)
+    assert run.category is None, run.message
+    assert run.audited >= cfg.min_audits
+    assert len(found) >= cfg.min_reps
+    assert not any(found), f"eager's answer to the candidate's inputs was in memory in {sum(found)} timed calls"
+
+
+def test_audit_compares_with_eager_on_the_candidates_own_values(protocol):
+    timed, check, cfg, _, _ = protocol
+    calls = [0]
+
+    def prepare(b, prefill):
+        def call():
+            calls[0] += 1
+            out = _add(b)
+            if calls[0] > 8:
+                out[-1] += 1.0   # from the ninth call on, one element off: only the audit can see it
+            return out
+        return call
+
+    run = timed.audited_ab(check, timed.TimedCandidate(prepare), lambda: None, cfg, seed=4)
+    assert run.category == "cheating"
+    assert "behaves differently when timed" in run.message
+
+
+def test_honest_candidate_passes_every_audit(protocol):
+    timed, check, cfg, _, _ = protocol
+    run = timed.audited_ab(check, timed.TimedCandidate(lambda b, prefill: (lambda: _add(b))), lambda: None,
+                           cfg, seed=5)
+    assert run.category is None, run.message
+    assert run.audited >= cfg.min_audits
+
+
+def test_a_write_into_eagers_buffers_is_an_overrun(protocol):
+    timed, check, cfg, _, eager_inputs = protocol
+
+    def prepare(b, prefill):
+        def call():
+            if eager_inputs:
+                dict(eager_inputs[-1])["other"][0] = 123.0   # reaches eager's input buffer
+            return _add(b)
+        return call
+
+    run = timed.audited_ab(check, timed.TimedCandidate(prepare), lambda: None, cfg, seed=6)
+    assert run.category == "overrun"
+    assert "eager's own input other changed" in run.message
