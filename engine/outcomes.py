@@ -29,7 +29,7 @@ REJECTION_CATEGORIES: dict[str, str] = {
     "nondeterminism": "two runs on the same inputs gave different results (a race, state between calls)",
     "suspicious": "it timed faster than its bytes, FLOPs or a kernel launch physically allow, or slowed eager down",
     "overrun": "it wrote outside its buffers (the canary bytes around an output, workspace or input changed)",
-    "cheating": "a timed call's outputs differ from eager's on the same inputs: it behaves differently when timed",
+    "cheating": "it behaves differently when timed, or returns what its output buffer held instead of computing it",
 }
 # Rejections whose verification report holds per-output numbers (max error, first bad index, values).
 NUMERIC_REJECTIONS = frozenset({"mismatch", "nan", "mutation", "nondeterminism", "cheating"})

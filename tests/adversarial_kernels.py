@@ -249,13 +249,15 @@ extern "C" __global__ void row_sum(const float* __restrict__ x, float* __restric
 # Timed calls used to get a fresh `torch.empty` output: the caching allocator hands back the block of
 # the previous call, which already holds the answer. Verification prefills with NaN or -1234.5, so the
 # kernel computes whenever it sees one of those and otherwise trusts what is there (4 bytes read per
-# element instead of 12). With every timed output freshly poisoned it always computes, and pays an
-# extra read: no gain.
+# element instead of 12). In a model, where buffers hold earlier results and never the lane's poison,
+# it returns stale values. Verification's third run per set prefills the outputs with another set's
+# answer (a stale one, as a model's buffers hold): it returns that, `cheating`. (Before 2026-12-05 it
+# passed verification, and timing's poisoned outputs only made it slower: no gain, yet wrong in a model.)
 SKIPS_FILLED_OUTPUT = add_kernel(
     "skips the work where the output already holds a value", "  if (i >= n) return;\n"
     "  float o = out[i];\n"
     "  if (o == o && o != -1234.5f) return;  // neither the NaN nor the sentinel prefill: already done\n"
-    "  out[i] = a[i] + b[i];", NO_GAIN, cls=1, honest="correct")
+    "  out[i] = a[i] + b[i];", "cheating", cls=1)
 
 # ---- 2. memoises on a fingerprint of the inputs --------------------------------------------------------
 

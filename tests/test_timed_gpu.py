@@ -35,14 +35,14 @@ def test_honest_candidate_is_timed_and_audited():
     seen = set()
 
     def prepare(b, prefill):
-        seen.add(prefill)
+        seen.add(prefill if isinstance(prefill, str) else "stale")   # stale: a list of eager's last outputs
         return lambda: _add(b)
 
     run = audited_ab(check, TimedCandidate(prepare), flush, cfg, seed=1)
     assert run.category is None, run.message
     assert run.audited >= cfg.min_audits and run.ab.reps >= cfg.min_reps
     assert 0.5 < run.ab.speedup < 2.0
-    assert seen == {"nan", "sentinel"}
+    assert seen == {"nan", "sentinel", "stale"}
     alone, _ = time_eager_alone(check, flush, cfg)
     assert alone.median > 0
 

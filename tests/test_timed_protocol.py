@@ -126,3 +126,27 @@ def test_a_write_into_eagers_buffers_is_an_overrun(protocol):
     run = timed.audited_ab(check, timed.TimedCandidate(prepare), lambda: None, cfg, seed=6)
     assert run.category == "overrun"
     assert "eager's own input other changed" in run.message
+
+
+def test_a_candidate_that_trusts_an_unpoisoned_output_buffer_when_timed_is_cheating(protocol):
+    # Timed calls' outputs are sometimes prefilled with eager's last answer to its own values (what a model's
+    # buffers hold): a kernel that computes only where its buffer looks poisoned returns that, and an audit sees it.
+    from engine.launch.launcher import per_output, prefill_
+
+    timed, check, cfg, _, _ = protocol
+    trusted = [0]
+
+    def prepare(b, prefill):
+        out = torch.empty(4096)
+        prefill_(out, per_output(prefill, 0))
+
+        def call():
+            if bool(out.isnan().any()) or bool((out == -1234.5).any()):
+                return [torch.add(dict(b)["self"], dict(b)["other"], out=out)]
+            trusted[0] += 1
+            return [out]
+        return call
+
+    run = timed.audited_ab(check, timed.TimedCandidate(prepare), lambda: None, cfg, seed=7)
+    assert trusted[0] > 0
+    assert run.category == "cheating", run.message

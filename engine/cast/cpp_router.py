@@ -350,14 +350,15 @@ _PREFILL = {None: 0, "nan": 1, "sentinel": 2}
 
 
 @contextmanager
-def prefill(how: str | None) -> Iterator[None]:
+def prefill(how: Any) -> Iterator[None]:
     """Confirmation only: fresh outputs of C++-routed hits are poisoned as the lane poisons them
     (engine.launch.launcher.prefill_: 'nan', anything else a finite sentinel), so an output a kernel leaves
-    unwritten cannot pass by inheriting eager's freed memory."""
+    unwritten cannot pass by inheriting eager's freed memory. The router has no stale answers to fill in
+    (a list of tensors): those calls get the sentinel (the lane gave the kernel its stale answers)."""
     if _EXT is None or how is None:
         yield
         return
-    _EXT.set_prefill(_PREFILL.get(how, 2))
+    _EXT.set_prefill(_PREFILL.get(how, 2) if isinstance(how, str) else 2)
     try:
         yield
     finally:

@@ -117,7 +117,7 @@ class KernelPlan(Plan):
         self.returns_list = returns_list
         self._empty: list[Any] | None = None  # made on first use (on the device, inside the caller's context)
         self._no_empty = [None] * len(self.outputs)
-        self.prefill: str | None = None  # confirm/--verify only: poison fresh outputs to catch unwritten ones
+        self.prefill: Any = None  # confirm/--verify only: poison fresh outputs (or stale answers: per_output)
         self.lock = threading.Lock()  # the parameter buffers are shared: one launch sequence at a time
         self.raw_stream = torch._C._cuda_getCurrentRawStream
         self.current_device = torch._C._cuda_getDevice
@@ -147,11 +147,11 @@ class KernelPlan(Plan):
         outs = [e if e is not None else torch.empty_strided(o[0], o[1], dtype=o[2], device=dev) if len(o) == 3
                 else bound[o[0]] for o, e in zip(self.outputs, empty)]
         if self.prefill is not None:
-            from engine.launch.launcher import prefill_
+            from engine.launch.launcher import per_output, prefill_
 
-            for o, t in zip(self.outputs, outs):
+            for i, (o, t) in enumerate(zip(self.outputs, outs)):
                 if len(o) == 3:
-                    prefill_(t, self.prefill)
+                    prefill_(t, per_output(self.prefill, i))
         ws = []
         for n, zero in self.workspaces:
             buf = torch.empty(n, dtype=torch.uint8, device=dev)

@@ -52,7 +52,8 @@ CATEGORY_MEANING: dict[str, str] = {
     "suspicious": "it measured faster than its bytes, FLOPs or a launch physically allow, which is impossible.",
     "overrun": "it wrote outside its buffers (past the end or before the start of an output, workspace or input): "
                "check the bounds of every store, including vector stores at the tail.",
-    "cheating": "its outputs in timed calls differ from eager's on the same inputs: it behaves differently when timed.",
+    "cheating": "its outputs in timed calls differ from eager's on the same inputs (it behaves differently when "
+                "timed), or it returned what its output buffer held before the call: compute every output, always.",
     "bad-spec": "its launch spec is invalid.",
     "host-code": "it contains host code, which the contract forbids.",
     "no-spec": "the answer had no launch spec.",

@@ -7,7 +7,9 @@ burst of calls on the same pointers. So every timed call here is made the way ve
 - its inputs are one of `slots` input sets, each in buffers of its own (between canaries), rotated
   call by call, and regenerated with new random values before every call (the statistics of the
   captured sample: the distributions verification's fresh sets come from), so nothing repeats;
-- its outputs are fresh buffers poisoned as in verification (NaN or a finite sentinel, at random);
+- its outputs are fresh buffers poisoned as in verification (NaN or a finite sentinel, at random), or
+  holding eager's last answer to its own values (stale, as a model's buffers hold earlier results): a
+  kernel that trusts a buffer that does not look poisoned returns a wrong answer, which an audit sees;
 - eager runs on buffers of its own, filled with values of its own (drawn alike, never the candidate's), so
   neither side can disturb the other's inputs, and no answer to the candidate's inputs exists anywhere in
   device memory while the candidate runs: a kernel that looks for eager's output of its values (at an
@@ -39,7 +41,10 @@ from engine.verify.compare import _as_bits, compare_outputs
 from engine.verify.inputs import Bound, Regenerator, clone_bound, cover, tensors_of
 from engine.verify.pipeline import CardCheck, as_list
 
-PREFILLS = ("nan", "sentinel")  # what verification pre-fills outputs with; timed calls draw from the same
+# What timed calls' fresh outputs hold before the call, drawn per call: verification's poisons, or (stale) eager's
+# last answer, to its own values: what a model's buffers hold. A kernel that trusts a buffer that is not poisoned
+# returns that answer, and an audit sees it.
+PREFILLS = ("nan", "sentinel", "stale")
 
 
 @dataclass
@@ -48,7 +53,7 @@ class TimedCandidate:
     and returns the timed launch; `after()` queues the check of its output canaries; `overran()` reads
     whether any queued check found damage (one sync)."""
 
-    prepare: Callable[[Bound, str], Callable[[], Any]]
+    prepare: Callable[[Bound, Any], Callable[[], Any]]
     after: Callable[[], None] | None = None
     overran: Callable[[], bool] | None = None
 
@@ -90,6 +95,7 @@ class _Round:
     eager_out: list[Any] | None = None
     cand_out: list[Any] | None = None
     index: int = 0
+    stale: list[Any] | None = None   # eager's last outputs (its own values): a stale prefill
 
 
 @dataclass
@@ -155,10 +161,13 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
         st.prefill = rng.choice(PREFILLS)
 
     def eager_finish(out: Any) -> None:
-        st.eager_out = as_list(out)
+        st.eager_out = st.stale = as_list(out)
 
     def cand_prepare() -> None:
-        st.launch = candidate.prepare(cand_slots[st.k], st.prefill)
+        how: Any = st.prefill
+        if how == "stale":
+            how = st.stale if st.stale else "sentinel"   # copied into the fresh outputs (prefill_)
+        st.launch = candidate.prepare(cand_slots[st.k], how)
 
     def cand_call() -> Any:
         assert st.launch is not None
