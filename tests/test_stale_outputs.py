@@ -5,11 +5,11 @@ sometimes prefilled with eager's last answer (to its own values), so the trust s
 
 The kernels are the adversarial suite's CUDA source, run on the CPU by the emulation (tests/cuda_emulator.py)."""
 
+import cuda_emulator as emu
 import pytest
 import torch
 from adversarial_kernels import CORRECT_ADD, SKIPS_FILLED_OUTPUT
 
-import cuda_emulator as emu
 from engine.launch import Env, parse_spec, resolve
 from engine.launch.launcher import per_output, prefill_
 from engine.ops import call_op, resolve_op
