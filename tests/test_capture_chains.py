@@ -613,3 +613,42 @@ def test_op_samples_that_take_the_total_budget_leave_the_chain_samples_as_planne
         for i in range(2):
             s = load_sample(ws / result.sample_dir / f"{c.card_id}.{i}.safetensors")
             assert [o.shape for o in s.outputs] == [torch.Size(d["shape"]) for d in c.outputs]
+
+
+RNN = '''
+import torch
+from torch import nn
+
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(8, 8, batch_first=True)
+        self.gru = nn.GRU(8, 8, batch_first=True)
+
+    def forward(self, x):
+        return self.gru(torch.relu(self.lstm(x)[0]))[0] * 2
+
+
+def build(device, dtype):
+    torch.manual_seed(0)
+    return M().to(device=device, dtype=dtype).eval(), (torch.randn(2, 8, 8, device=device, dtype=dtype),)
+'''
+
+
+def test_recurrent_layers_are_compute_ops_that_no_chain_runs_through(tmp_path):
+    # A chain of small ops once ran through a whole LSTM (its op was not a compute op): one card "at 100 %".
+    from engine.bench.floor import is_compute_op
+
+    (tmp_path / "rnn.py").write_text(RNN)
+    path = tmp_path / "rnn.toml"
+    path.write_text('name = "rnn"\nbuilder = "rnn.py:build"\n[dtype]\ncpu = "float32"\ncuda = "float32"\n'
+                    '[capture]\nsamples = 1\n')
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    result = capture_model(load_config(path), torch.device("cpu"), ws)
+    rnn_ops = {c.op for c in result.cards if "rnn" in c.op or "lstm" in c.op or "gru" in c.op}
+    assert rnn_ops and all(is_compute_op(op) for op in rnn_ops), rnn_ops
+    for chain in result.chains:
+        members = [n["op"] for n in chain.signature["chain"]["nodes"]]
+        assert not any(op in rnn_ops for op in members), members

@@ -408,6 +408,11 @@ _OPS: dict[str, tuple[Any, tuple[str, ...]]] = {
     "_native_multi_head_attention": (_mha, ("query", "qkv_weight")),
     "_grouped_mm": (_grouped, ("self", "mat2")),
     "_scaled_grouped_mm": (_grouped, ("self", "mat2")),
+    # Recurrent layers: a matmul per time step inside one op (their weights are tensor lists; no count is
+    # claimed), compute ops all the same, so a chain of small ops never runs through one.
+    **{name: (lambda a: 0, ("input",)) for name in (
+        "_cudnn_rnn", "miopen_rnn", "mkldnn_rnn_layer", "lstm", "gru", "rnn_tanh", "rnn_relu",
+        "quantized_lstm", "quantized_gru")},
 }
 
 
