@@ -283,6 +283,15 @@ def build_target(config: ModelConfig, device: torch.device) -> CaptureTarget:
     else:
         raise UsageError(f"{config.path}: builder {config.builder} must return (model, example_inputs) "
                          f"or a CaptureTarget, got {type(result).__name__}")
+    # Inference only: capture, the lane, the whole-model check and the benchmarks all see the model in eval
+    # mode (dropout off, batch norm on its running statistics), whatever mode the builder left it in.
+    training = [name or "the model" for name, m in target.module.named_modules() if m.training]
+    target.module.eval()
+    if training:
+        target = replace(target, notes={**target.notes, "eval mode": (
+            f"the builder returned {training[0]}{f' and {len(training) - 1} more module(s)' if len(training) > 1 else ''}"
+            " in training mode; Kernel Forge runs it in eval mode (inference: dropout off, batch norm on its "
+            "running statistics)")})
     # A config's [multiplicity] describes its shrunk build; a builder asked for the real depth built every layer.
     if config.multiplicity and not target.full_depth:
         target = replace(target, multiplicity={**target.multiplicity, **config.multiplicity})

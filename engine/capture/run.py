@@ -30,6 +30,7 @@ from engine.capture.wide_compute import WideCompute, widens
 from engine.cards import OperatorCard
 from engine.config import ModelConfig, build_target
 from engine.errors import UsageError
+from engine.models.forwards import output_tensor
 from engine.models.random_init import fill_period
 
 Progress = Callable[[str], None]
@@ -199,13 +200,20 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         with paths, (early.hooks(trace) if early is not None else contextlib.nullcontext()):
             try:
                 with torch.no_grad(), below, mode, (trace if trace is not None else contextlib.nullcontext()):
-                    target.forward()
+                    output = target.forward()
             except Exception as e:
                 raise UsageError(f"{config.path}: the model raised during the captured forward: "
                                  f"{_one_line(e)}; it ran without capture, so this is likely a Kernel "
                                  f"Forge bug: please report it with --debug output") from e
         _sync(device)
         t_captured = time.perf_counter()
+        try:
+            output_tensor(output)
+            output_note = None
+        except TypeError:
+            output_note = (f"the forward returns a {type(output).__name__} with no tensor in it: export's whole-model "
+                           "check has nothing to compare (return the model's output tensor)")
+        del output
         if early is not None:
             write_s += early.write_s
         queue_s = write_s  # queueing samples during the captured forward (copies of what it may change)
@@ -256,6 +264,8 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         shutil.rmtree(partial, ignore_errors=True)
         raise
     notes = {**{k: str(v) for k, v in target.notes.items()}, **chain_notes}
+    if output_note:
+        notes["model output"] = output_note
     if wide is not None:
         half = dtype_name(dtype)
         notes["cpu compute"] = (

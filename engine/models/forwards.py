@@ -10,15 +10,26 @@ import torch
 
 
 def output_tensor(out: Any) -> torch.Tensor:
-    """A model's output tensor: the first tensor of a tuple/list output, or of a mapping such as a
-    transformers `ModelOutput` (CausalLM: the logits; fields that are None are not in it)."""
-    while not isinstance(out, torch.Tensor):
-        if isinstance(out, (tuple, list)) and out:
-            out = out[0]
-        elif isinstance(out, Mapping):
-            out = next((v for v in out.values() if v is not None), None)
-        elif hasattr(out, "sample"):  # diffusers DecoderOutput
-            out = out.sample
-        else:
-            raise TypeError(f"no output tensor in a {type(out).__name__}")
-    return out
+    """A model's output tensor: the first tensor found depth first in a tuple/list output, or in a mapping
+    such as a transformers `ModelOutput` (CausalLM: the logits; fields that are None are not in it), or a
+    diffusers output's `sample`. Entries that hold no tensor (None, a number, a string) are passed over."""
+    found = _first_tensor(out, 0)
+    if found is None:
+        raise TypeError(f"no output tensor in a {type(out).__name__}")
+    return found
+
+
+def _first_tensor(out: Any, depth: int) -> torch.Tensor | None:
+    if isinstance(out, torch.Tensor):
+        return out
+    if depth > 32:
+        return None
+    if isinstance(out, (tuple, list)):
+        items: Any = out
+    elif isinstance(out, Mapping):
+        items = out.values()
+    elif hasattr(out, "sample"):  # diffusers DecoderOutput
+        items = [out.sample]
+    else:
+        return None
+    return next((t for t in (_first_tensor(v, depth + 1) for v in items) if t is not None), None)

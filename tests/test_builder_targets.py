@@ -1,0 +1,73 @@
+"""What a user's builder hands over and how the tool takes it: eval mode, and which output tensor is compared."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.capture.run import capture_model
+from engine.config import build_target, load_config
+from engine.models.forwards import output_tensor
+
+MODEL = '''
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, returns):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.bn = nn.BatchNorm1d(8)
+        self.drop = nn.Dropout(0.5)
+        self.returns = returns
+
+    def forward(self, x):
+        y = self.drop(self.bn(torch.relu(self.lin(x))))
+        return {"tensor": y, "none_first": (None, y), "numbers": (None, 3.0, "s")}[self.returns]
+
+
+def build(returns="tensor", train=False):
+    torch.manual_seed(0)
+    net = Net(returns)
+    return (net.train() if train else net.eval()), (torch.randn(4, 8),)
+'''
+
+
+def _config(tmp_path: Path, params: str = "") -> Path:
+    (tmp_path / "net.py").write_text(MODEL)
+    path = tmp_path / "net.toml"
+    path.write_text(f'name = "net"\nbuilder = "net.py:build"\n[params]\n{params}\n'
+                    '[dtype]\ncpu = "float32"\ncuda = "float32"\n[capture]\nsamples = 1\n')
+    return path
+
+
+def test_a_model_left_in_training_mode_runs_in_eval_mode_and_is_told(tmp_path):
+    # Capture used to switch it to eval silently while export's whole-model check ran it in training mode:
+    # dropout noise was reported as the cast's output agreement.
+    target = build_target(load_config(_config(tmp_path, "train = true")), torch.device("cpu"))
+    assert not any(m.training for m in target.module.modules())
+    assert "training mode" in target.notes["eval mode"] and "dropout off" in target.notes["eval mode"]
+    with torch.no_grad():
+        assert torch.equal(target.forward(), target.forward())   # no dropout: the same output twice
+    quiet = build_target(load_config(_config(tmp_path)), torch.device("cpu"))
+    assert "eval mode" not in quiet.notes
+
+
+def test_output_tensor_is_the_first_tensor_depth_first():
+    t = torch.ones(2)
+    assert output_tensor((None, t)) is t
+    assert output_tensor({"loss": None, "rest": [1.0, ("x", t)]}) is t
+    assert output_tensor([[], t]) is t
+    with pytest.raises(TypeError, match="no output tensor in a tuple"):
+        output_tensor((None, 3.0, "s"))
+
+
+@pytest.mark.parametrize("returns, note", [("none_first", False), ("numbers", True)])
+def test_capture_says_when_the_output_holds_nothing_to_compare(tmp_path, returns, note):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    result = capture_model(load_config(_config(tmp_path, f'returns = "{returns}"')), torch.device("cpu"), ws)
+    assert ("model output" in result.notes) == note
+    if note:
+        assert "no tensor in it" in result.notes["model output"] and "whole-model check" in result.notes["model output"]
