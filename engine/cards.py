@@ -252,6 +252,21 @@ def chain_card_dispatch(chain: Mapping[str, Any] | None) -> str:
     return chain_dispatch(chain.get("kind"), chain.get("module_class"), chain.get("modules") or ())
 
 
+LANE_NAMESPACES = ("aten", "kforge")   # what a lane worker resolves without the model's own code
+
+
+def foreign_op(op: str, signature: Mapping[str, Any] | None = None) -> str | None:
+    """Why the lane cannot run a card, or None: its op (or a chain member's) is a custom op, registered by
+    the model's code or another library (`torch.library`, `torchvision::nms`), which the lane's worker does
+    not import. Such a card is shown, never searched."""
+    names = [op, *(str(n.get("op", "")) for n in ((signature or {}).get("chain") or {}).get("nodes", []))]
+    other = next((n for n in names if "::" in n and n.split("::", 1)[0] not in LANE_NAMESPACES), None)
+    if other is None:
+        return None
+    return (f"custom op {other.split('.', 1)[0]}: registered by the model's code or another library, which "
+            "the lane does not load; only PyTorch's own (aten) ops are searched")
+
+
 def card_selected(op: str, chain: Mapping[str, Any] | None, signature_text: str, pattern: str | None) -> bool:
     """Whether a card is searched under `run --ops PATTERN` (a regular expression, searched): its op
     (`aten::native_group_norm`, `kforge::chain`) or, for a chain card, one of its member ops or its kind

@@ -250,3 +250,59 @@ def test_a_provider_that_never_answers_stops_the_run_early_and_resumable(cli, tm
     made = db.execute("SELECT COUNT(*) FROM candidates").fetchone()[0]
     assert (status, stopped_by) == ("stopped", "provider")
     assert made == PROVIDER_GIVE_UP, made  # one at a time: exactly the failures it allows
+
+
+CUSTOM_OP_MODEL = '''
+import torch
+from torch import nn
+
+
+@torch.library.custom_op("kftestns::myscale", mutates_args=())
+def myscale(x: torch.Tensor, s: float) -> torch.Tensor:
+    return x * s
+
+
+@myscale.register_fake
+def _(x, s):
+    return torch.empty_like(x)
+
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.relu(myscale(self.lin(x), 3.0))
+
+
+def build(device, dtype):
+    torch.manual_seed(0)
+    return M().to(device=device, dtype=dtype).eval(), (torch.randn(2, 8, device=device, dtype=dtype),)
+'''
+
+
+def test_a_custom_op_card_is_shown_and_never_searched(cli, tmp_path):
+    # A torch.library op of the model's own code became a card that the lane's worker, which does not import
+    # the model, could not resolve: with an LLM proposer the eager timing raised on it.
+    (tmp_path / "m.py").write_text(CUSTOM_OP_MODEL)
+    cfg = tmp_path / "m.toml"
+    cfg.write_text('name = "m"\nbuilder = "m.py:build"\n[dtype]\ncpu = "float32"\ncuda = "float32"\n'
+                   '[capture]\nsamples = 1\n')
+    code, out, err = cli("run", cfg, "--dry-run", "--no-tui", "--device", "cpu", "--iterations", "1", "--json",
+                         "--workspace", tmp_path)
+    assert code == 0, err[-2000:]
+    cards = {c["op"]: c for c in json.loads(out)["cards"]}
+    assert "kftestns::myscale" in cards and cards["kftestns::myscale"]["candidates"] == 0
+    db = sqlite3.connect(tmp_path / "kforge.db")
+    skipped = [json.loads(p) for (p,) in db.execute("SELECT payload FROM events WHERE kind = 'card_skipped'")]
+    assert any("custom op kftestns::myscale" in p["detail"] and "not load" in p["detail"] for p in skipped), skipped
+
+
+def test_foreign_op_names_the_custom_op_of_a_card_or_a_chain_member():
+    from engine.cards import foreign_op
+
+    assert foreign_op("aten::add.Tensor") is None and foreign_op("kforge::chain") is None
+    assert "custom op torchvision::nms" in foreign_op("torchvision::nms")
+    chain = {"chain": {"nodes": [{"op": "aten::mul.Tensor"}, {"op": "mylib::fused.default"}]}}
+    assert "custom op mylib::fused" in foreign_op("kforge::chain", chain)

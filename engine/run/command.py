@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.cards import card_from_row
+from engine.cards import card_from_row, foreign_op
 from engine.errors import JobError, UsageError
 from engine.outcomes import RUN_STOP_REASONS
 from engine.progress import StageProgress
@@ -21,7 +21,7 @@ from engine.propose.base import Hardware
 from engine.propose.factory import make_proposer, provider_config
 from engine.propose.hardware_profiles import profile
 from engine.propose.providers.config import ProviderConfig, default_provider
-from engine.run.as_gpu import gpu_row, gpu_shares
+from engine.run.as_gpu import CPU_ONLY, gpu_row, gpu_shares
 from engine.run.interrupt import Interrupted, StopFlag, on_exit_now, run_interruptible
 from engine.run.orchestrator import Budgets, Orchestrator, RunTotals
 from engine.run.plan import CardState, SchedulePolicy
@@ -51,9 +51,10 @@ async def _cards_of(store: Store, workspace: Path, capture_id: str, *,
     for card in cards:
         samples = [str(workspace / s["path"]) for s in await store.get_samples(capture_id, card.card_id)]
         state = CardState(card, samples)
-        if card.card_id in why_not:
+        why = why_not.get(card.card_id) or foreign_op(card.op, card.signature)
+        if why:
             state.done_reason = "declined"
-            state.note = why_not[card.card_id]
+            state.note = why
         out.append(state)
     return out
 
@@ -380,7 +381,7 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
     target = profile(cfg.get("gpu") or "h200") if dry and capture["device"] == "cpu" else None
     cards = await _cards_of(store, workspace, capture_id, gpu=target)
     if target is not None:
-        cpu_only = sorted({c.ref.op for c in cards if c.note})
+        cpu_only = sorted({c.ref.op for c in cards if c.note == CPU_ONLY})
         print(f"kforge: dry run on a CPU capture: proposing for the {target.name}'s calls (CUDA's outputs, "
               f"shares from a roofline on it)" + (f"; not proposed, cpu-only op: the GPU runs a different op: "
                                                   f"{', '.join(cpu_only)}" if cpu_only else ""), file=sys.stderr)
@@ -453,7 +454,7 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
             # Eager timing only where it can matter: cards the proposer takes and above the share
             # noise floor (the rest are skipped anyway; on SD3.5 that is half the cards).
             todo = [c.ref for c in cards if c.eager_us is None and c.ref.samples and selected(c.card)
-                    and c.share >= policy.min_share and proposer.supports(c.card)]
+                    and c.share >= policy.min_share and not c.note and proposer.supports(c.card)]
             if todo:
                 await _stage(stages, store, run_id, "eager", f"timing eager PyTorch for {len(todo)} card(s)")
                 await measure_and_store_eager(eager_lane, store, capture_id, todo,
