@@ -283,8 +283,7 @@ def find_chains(calls: list[TraceCall], containers: set[str] = frozenset({ROOT, 
         if not c.compute:
             groups[find(c.index)].append(c.index)
     chains = []
-    for members in groups.values():
-        members = _drop_trailing_views(calls, _convex(calls, _trim_views(calls, sorted(members))), readers)
+    for members in (part for group in groups.values() for part in _kernels(calls, group, readers)):
         ms = [calls[i] for i in members]
         if sum(not c.view for c in ms) < min_heavy or len(ms) > MAX_CHAIN_CALLS:
             continue
@@ -385,6 +384,50 @@ def _drop_trailing_views(calls: list[TraceCall], members: list[int], readers: di
                 changed = True
                 break
     return keep
+
+
+def _components(calls: list[TraceCall], members: list[int]) -> list[list[int]]:
+    """The members split into parts that values connect (one member makes what another reads), in order."""
+    parent = {i: i for i in members}
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    made = {v: i for i in members for v in calls[i].writes}
+    for i in members:
+        for _, v in calls[i].reads:
+            j = made.get(v)
+            if j is not None:
+                parent[find(i)] = find(j)
+    parts: dict[int, list[int]] = defaultdict(list)
+    for i in sorted(members):
+        parts[find(i)].append(i)
+    return sorted(parts.values())
+
+
+def _kernels(calls: list[TraceCall], group: list[int], readers: dict[int, list[int]]) -> list[list[int]]:
+    """A data-flow group as the chains it holds: each connected part made convex (`_convex`), and what that
+    leaves out split and made convex in turn. Two add -> norm pairs of a post-norm block (or an embedding's
+    add and layer 0's pre-norm) join by data flow with a matmul between them: the second pair is a chain of
+    its own, not lost; and a member nothing connects to the rest any more (an `arange` whose reader was left
+    out) is not kept in a chain it has no part in."""
+    out: list[list[int]] = []
+    todo = [sorted(group)]
+    while todo:
+        for part in _components(calls, todo.pop()):
+            kept = _drop_trailing_views(calls, _convex(calls, _trim_views(calls, part)), readers)
+            if len(kept) == len(part):
+                out.append(part)
+                continue
+            if not kept:   # nothing of it can run as one kernel (views left by a neighbour)
+                continue
+            inside = set(kept)
+            rest = [i for i in part if i not in inside]
+            todo += [x for x in (kept, rest) if x]
+    return sorted(out)
 
 
 def _convex(calls: list[TraceCall], members: list[int]) -> list[int]:
