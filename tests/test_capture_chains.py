@@ -471,9 +471,14 @@ def test_a_module_called_with_keyword_arguments_gets_no_binding_and_the_notes_sa
     torch.manual_seed(0)
     model = torch.nn.Sequential(_KwLayer(32), _KwLayer(32)).to(torch.bfloat16).eval()
     found, written = _found(model, torch.randn(2, 5, 32, dtype=torch.bfloat16))
-    (card,) = [c for c in found.cards if c.chain["kind"] == "module"]
+    (card,) = [c for c in found.cards if c.chain.get("unbound")]
     assert written[card.card_id] == 1  # still sampled: it is searched, and ships as a pattern card
     assert not {"class", "paths", "args", "params", "autocast"} & set(card.chain)
+    # a pattern card from here on: the table, the TUI's label and the planner (no eager calls for it) say so
+    assert card.chain["kind"] == "pattern" and "keyword arguments (x)" in card.chain["unbound"]
+    from engine.cards import chain_card_dispatch
+
+    assert chain_card_dispatch(card.chain).startswith("pattern card")
     (note,) = [v for k, v in found.notes.items() if card.card_id in k]
     assert "keyword arguments (x)" in note and "pattern card" in note
 
@@ -487,8 +492,8 @@ def test_module_instances_that_bind_differently_get_no_binding():
     assert card.chain["args"] == [{"input": 0}, {"value": "a"}] and card.chain["paths"] == ["0.norm", "1.norm"]
     model = torch.nn.Sequential(_TaggedLayer(32, "a"), _TaggedLayer(32, "b")).to(torch.bfloat16).eval()
     found, _ = _found(model, x)
-    (card,) = [c for c in found.cards if c.chain["kind"] == "module"]
-    assert "args" not in card.chain and card.chain["modules"] == ["0.norm", "1.norm"]
+    (card,) = [c for c in found.cards if c.chain.get("unbound")]
+    assert "args" not in card.chain and card.chain["modules"] == ["0.norm", "1.norm"] and card.chain["kind"] == "pattern"
     (note,) = [v for k, v in found.notes.items() if card.card_id in k]
     assert "bind their forward's arguments or tensors differently" in note
 

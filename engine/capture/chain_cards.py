@@ -528,6 +528,9 @@ def _bind_cards(found: ChainCards, bindings: dict[str, list[dict[str, Any] | str
         if why is not None:
             found.notes[f"module card {card.chain['module_class']} ({card.card_id})"] = (
                 f"no module binding, ships as a pattern card: {why}")
+            # What it is from here on, for the capture's table, the TUI, audit and the planner (which gave
+            # an unbound card its members' eager calls as if a module card could serve them).
+            card.chain.update(kind="pattern", unbound=why)
             continue
         card.chain.update(got[0], paths=list(card.chain["modules"]))
         if states and all(x is not None for x in states):
