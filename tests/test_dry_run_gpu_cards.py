@@ -155,3 +155,18 @@ def test_resnet50_small_dry_run_on_the_cpu_proposes_batch_norm_and_relu(tmp_path
     proposed = {c["op"] for c in doc["cards"] if c["candidates"]}
     assert "aten::native_batch_norm" in proposed and "aten::relu_" in proposed, proposed
     assert "shares from a roofline" in r.stderr
+
+
+def test_a_meta_kernel_that_raises_prints_nothing(capfd):
+    # A float32 _grouped_mm's CUDA meta kernel raises (it takes bfloat16): FakeTensorMode logged 21 lines of
+    # traceback per card of a dry run before fake_outputs took the raise as "keep the captured outputs".
+    from engine.capture.fake_outputs import fake_outputs
+
+    sig = {"args": [
+        {"name": "self", "kind": "tensor", "dtype": "float32", "shape": [64, 64], "stride": [64, 1], "device": "cuda"},
+        {"name": "mat2", "kind": "tensor", "dtype": "float32", "shape": [4, 64, 64], "stride": [4096, 1, 64],
+         "device": "cuda"},
+        {"name": "offs", "kind": "tensor", "dtype": "int32", "shape": [4], "stride": [1], "device": "cuda"}]}
+    assert fake_outputs("aten::_grouped_mm", sig) is None
+    out, err = capfd.readouterr()
+    assert "Traceback" not in err + out and "failed while attempting to run meta" not in err + out

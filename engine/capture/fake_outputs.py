@@ -7,6 +7,9 @@ kernels follow that device's rules without its hardware: a CPU capture's cards a
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -38,6 +41,19 @@ def _describe(t: Any, like: dict[str, Any] | None) -> dict[str, Any]:
             "neg": False, "conj": False}
 
 
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """FakeTensorMode logs a traceback (logging.exception) for every meta kernel that raises, before raising:
+    here a raise is an answer (no outputs to tell), and a dry run printed 21 lines per such card."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def fake_outputs(op_name: str, signature: dict[str, Any],
                  captured: list[dict[str, Any]] | None = None) -> list[dict[str, Any]] | None:
     """The op's tensor outputs for `signature` as its meta kernel gives them on the signature's device; None
@@ -48,7 +64,7 @@ def fake_outputs(op_name: str, signature: dict[str, Any],
         op = resolve_op(op_name)
         mode = FakeTensorMode()
         bound = [(a["name"], _value(a, mode)) for a in signature["args"]]
-        with mode:
+        with _quiet(), mode:
             out = call_op(op, bound)
     except Exception:  # noqa: BLE001 - no meta kernel, an unknown op, an odd argument: keep the captured outputs
         return None
@@ -67,7 +83,7 @@ def fake_chain_outputs(signature: dict[str, Any],
     try:
         mode = FakeTensorMode()
         ins = [_value(a, mode) for a in signature["args"]]
-        with mode:
+        with _quiet(), mode:
             outs = run_chain({k: v for k, v in signature.items() if k != "twin_of"}, ins)
     except Exception:  # noqa: BLE001 - a member without a meta kernel: no outputs to tell
         return None
