@@ -122,7 +122,7 @@ def load_config(path: str | Path, *, small: bool = False) -> ModelConfig:
         if k not in _DTYPE_KEYS:
             raise bad(f"dtype.{k}", "unknown device; use 'cuda' or 'cpu'")
         if v not in DTYPES:
-            raise bad(f"dtype.{k}", f"unknown dtype '{v}'; use one of float32, float16, bfloat16")
+            raise bad(f"dtype.{k}", f"unknown dtype '{v}'; use one of {', '.join(DTYPES)}")
     mult = raw.get("multiplicity", {})
     for k, v in mult.items():
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -258,6 +258,18 @@ def resolve_builder(config: ModelConfig):
     return fn
 
 
+def _shape_of(result: Any) -> str:
+    """What a builder returned, in words: `a tuple of 3 (Module, tuple, dict)`, `a Module`."""
+    if isinstance(result, (tuple, list)):
+        kinds = ", ".join("Module" if isinstance(x, torch.nn.Module) else type(x).__name__ for x in result[:4])
+        more = ", ..." if len(result) > 4 else ""
+        swapped = (len(result) == 2 and isinstance(result[1], torch.nn.Module)
+                   and not isinstance(result[0], torch.nn.Module))
+        return (f"a {type(result).__name__} of {len(result)} ({kinds}{more})"
+                + (": the model comes first" if swapped else ""))
+    return f"a {'Module' if isinstance(result, torch.nn.Module) else type(result).__name__}"
+
+
 def build_target(config: ModelConfig, device: torch.device) -> CaptureTarget:
     """Call the builder with the config's params (plus device/dtype where it accepts them)."""
     fn = resolve_builder(config)
@@ -274,15 +286,20 @@ def build_target(config: ModelConfig, device: torch.device) -> CaptureTarget:
         raise
     except Exception as e:
         first = (str(e).strip().splitlines() or [""])[0]
+        hint = "check its [params]"
+        if any(w in first for w in ("CUDA", "cuda", "NVIDIA")) and not torch.cuda.is_available():
+            hint = ("this machine has no CUDA GPU: give the builder a `device` argument (it is passed the capture's "
+                    "device) and build the model and its inputs there")
         raise UsageError(f"{config.path}: builder {config.builder} failed ({type(e).__name__}: {first}); "
-                         f"check its [params] (--debug shows the traceback)") from e
+                         f"{hint} (--debug shows the traceback)") from e
     if isinstance(result, CaptureTarget):
         target = result
     elif isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.nn.Module):
         target = target_from_inputs(*result)
     else:
-        raise UsageError(f"{config.path}: builder {config.builder} must return (model, example_inputs) "
-                         f"or a CaptureTarget, got {type(result).__name__}")
+        raise UsageError(f"{config.path}: builder {config.builder} must return (model, example_inputs) or a "
+                         f"CaptureTarget, got {_shape_of(result)}; example_inputs is a tuple of the forward's "
+                         "positional inputs or a dict of its keyword inputs")
     # Inference only: capture, the lane, the whole-model check and the benchmarks all see the model in eval
     # mode (dropout off, batch norm on its running statistics), whatever mode the builder left it in.
     training = [name or "the model" for name, m in target.module.named_modules() if m.training]

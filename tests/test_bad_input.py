@@ -276,3 +276,40 @@ def test_capture_json_into_a_closed_pipe_ends_quietly(tmp_path):
     assert_quiet_broken_pipe(*run_into_closed_pipe(
         ["capture", CONFIGS / "examples" / "my_model.toml", "--small", "--json", "--device", "cpu",
          "--workspace", tmp_path]))
+
+
+SHAPES_MODEL = '''
+import torch
+from torch import nn
+
+
+def build(returns="swapped"):
+    net = nn.Linear(8, 8)
+    x = torch.randn(2, 8)
+    return {"swapped": (x, net), "triple": (net, (x,), {}), "args_kwargs": (net, ((x,), {})),
+            "on_cuda": None}[returns] if returns != "on_cuda" else (net, (x.to("cuda:0"),))
+'''
+
+
+@pytest.mark.parametrize("returns, needles", [
+    ("swapped", ["got a tuple of 2 (Tensor, Module): the model comes first", "dict of its keyword inputs"]),
+    ("triple", ["got a tuple of 3 (Module, tuple, dict)", "tuple of the forward's positional inputs"]),
+    ("args_kwargs", ["(args, kwargs) pair", "(model, kwargs) with a dict of keyword inputs"]),
+])
+def test_a_builder_return_of_the_wrong_shape_says_what_it_got(cli, tmp_path, returns, needles):
+    cfg = write(tmp_path, f'name = "x"\nbuilder = "net.py:build"\n[params]\nreturns = "{returns}"\n', SHAPES_MODEL)
+    code, out, err = capture(cli, cfg, tmp_path / "ws")
+    assert_one_line_error(code, out, err, "net.toml", *needles)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_builder_that_puts_inputs_on_cuda_without_one_is_told_to_use_its_device_argument(cli, tmp_path):
+    cfg = write(tmp_path, 'name = "x"\nbuilder = "net.py:build"\n[params]\nreturns = "on_cuda"\n', SHAPES_MODEL)
+    code, out, err = capture(cli, cfg, tmp_path / "ws")
+    assert_one_line_error(code, out, err, "net.toml", "`device` argument")
+
+
+def test_an_unknown_dtype_lists_every_accepted_name(cli, tmp_path):
+    cfg = write(tmp_path, 'name = "x"\nbuilder = "net.py:build"\n[dtype]\ncpu = "int8"\n')
+    code, out, err = capture(cli, cfg, tmp_path / "ws")
+    assert_one_line_error(code, out, err, "net.toml", "'dtype.cpu'", "float64", "bf16")

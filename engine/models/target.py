@@ -34,5 +34,21 @@ def target_from_inputs(model: torch.nn.Module, inputs: Any) -> CaptureTarget:
     if isinstance(inputs, Mapping):
         return CaptureTarget(module=model, forward=lambda: model(**inputs))
     if isinstance(inputs, (tuple, list)):
+        if (len(inputs) == 2 and isinstance(inputs[0], (tuple, list)) and isinstance(inputs[1], Mapping)):
+            return CaptureTarget(module=model, forward=_args_kwargs_hint(lambda: model(*inputs)))
         return CaptureTarget(module=model, forward=lambda: model(*inputs))
     return CaptureTarget(module=model, forward=lambda: model(inputs))
+
+
+def _args_kwargs_hint(forward: Callable[[], Any]) -> Callable[[], Any]:
+    """The forward of example inputs shaped like torch.export's (args, kwargs) pair, which are passed as two
+    positional inputs: where the model refuses them, the error says what the builder should return."""
+    def call() -> Any:
+        try:
+            return forward()
+        except Exception as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise TypeError(f"{first} (the example inputs look like an (args, kwargs) pair, which is passed as two "
+                            "positional inputs: return (model, args) with a tuple of positional inputs, or "
+                            "(model, kwargs) with a dict of keyword inputs)") from e
+    return call
