@@ -306,3 +306,25 @@ def test_foreign_op_names_the_custom_op_of_a_card_or_a_chain_member():
     assert "custom op torchvision::nms" in foreign_op("torchvision::nms")
     chain = {"chain": {"nodes": [{"op": "aten::mul.Tensor"}, {"op": "mylib::fused.default"}]}}
     assert "custom op mylib::fused" in foreign_op("kforge::chain", chain)
+
+
+def test_ops_that_match_no_card_is_bad_input_and_makes_no_run(cli, tmp_path):
+    # It said "done (stopped by iterations)" with exit 0 and an empty table.
+    code, out, err = cli("run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--ops", "no_such_op",
+                         "--workspace", tmp_path)
+    assert code == 2 and out == "" and "Traceback" not in err
+    last = err.strip().splitlines()[-1]   # after the capture's progress lines (stderr is not a terminal)
+    for needle in ("--ops 'no_such_op'", "matches no card", "aten::native_layer_norm"):
+        assert needle in last, last
+    db = sqlite3.connect(tmp_path / "kforge.db")
+    assert db.execute("SELECT count(*) FROM runs").fetchone() == (0,)
+    assert db.execute("SELECT count(*) FROM captures").fetchone() == (1,)   # the capture is kept for the next try
+
+
+def test_a_skipped_card_is_said_once_with_its_reason(cli, tmp_path):
+    code, out, err = cli("run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--iterations", "1",
+                         "--workspace", tmp_path)
+    assert code == 0, err
+    db = sqlite3.connect(tmp_path / "kforge.db")
+    ids = [c for (c,) in db.execute("SELECT card_id FROM events WHERE kind = 'card_skipped'")]
+    assert ids and len(ids) == len(set(ids))

@@ -341,6 +341,20 @@ async def _mark_interrupted(store: Store, run_id: str) -> None:
         pass
 
 
+async def _check_ops_match(store: Store, capture_id: str, pattern: str, config: str) -> None:
+    """`--ops` (or `[run] ops`) that selects no card of the capture is bad input, said before a run is made:
+    a run of nothing said "done (stopped by iterations)" with exit 0."""
+    from engine.cards import card_from_row, card_selected, chain_ops
+
+    cards = [card_from_row(c) for c in await store.get_cards(capture_id)]
+    if any(card_selected(c.op, c.chain, c.signature_text, pattern) for c in cards):
+        return
+    ops = sorted({c.op for c in cards if c.chain is None} | {o for c in cards for o in chain_ops(c.chain, c.signature_text)})
+    shown = ", ".join(ops[:12]) + (f" and {len(ops) - 12} more" if len(ops) > 12 else "")
+    raise UsageError(f"--ops {pattern!r}: matches no card of {Path(config).name}'s capture; its cards' ops are "
+                     f"{shown or 'none'} (and 'chain', 'module', 'pattern' for chain cards)")
+
+
 async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop: StopFlag, ids: dict[str, str],
                   dry: bool, gpus: int, stages: StageProgress, started: float) -> tuple[int, dict[str, Any]]:
     if args.resume:
@@ -360,6 +374,8 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
         if args.replay_run:
             await _check_replay(store, args)
         capture_id = await _capture_for(store, args, workspace, stop, stages)
+        if settings.ops:
+            await _check_ops_match(store, capture_id, settings.ops, args.config)
         cfg = {"config": str(Path(args.config).resolve()), "iterations": settings.iterations,
                "strategy": settings.strategy, "dry_run": dry, "wall_s": settings.wall_s,
                "max_proposals": settings.max_proposals, "model": settings.model, "base_url": settings.base_url,
@@ -386,10 +402,6 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
               f"shares from a roofline on it)" + (f"; not proposed, cpu-only op: the GPU runs a different op: "
                                                   f"{', '.join(cpu_only)}" if cpu_only else ""), file=sys.stderr)
     recorder = StoreRecorder(store, run_id, progress=stop.quiet(Progress(stages)))
-    if not args.resume:
-        for c in cards:
-            if c.note:  # in the run's events, so that a viewer shows why this card is never proposed
-                await recorder.event("card_skipped", {"reason": c.done_reason, "detail": c.note}, c.card_id)
     lanes, pool, ray_lanes = [], None, None
     # Cards named by --ops are searched whatever their share: the user chose them (a module card's share is
     # its GPU time; in a host-bound model its gain is mostly the launches it saves).

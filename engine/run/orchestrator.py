@@ -250,7 +250,10 @@ class Orchestrator:
             elif card.done_reason in ("declined", "not-selected") and not card.iterations:
                 # Set before the search (the proposer has nothing for the card, --ops left it out): said
                 # once here, so that a viewer neither counts it in the run's budget nor waits for it.
-                await self.recorder.event("card_skipped", {"reason": card.done_reason}, card.ref.card_id)
+                # with why in words where the reason alone does not say (a cpu-only or custom op)
+                await self.recorder.event("card_skipped", {"reason": card.done_reason,
+                                                           **({"detail": card.note} if card.note else {})},
+                                          card.ref.card_id)
         await self.recorder.status("running")
         await self.recorder.event("run_started", {"cards": len(self.cards), "resumed": len(resume)})
         for rec in resume:  # proposed before a crash, never evaluated: evaluate once now
