@@ -112,19 +112,46 @@ def refill_like_(t: torch.Tensor, reference: torch.Tensor, gen: torch.Generator)
     else:
         ilo, ihi = int(lo), int(hi)
         c.copy_(torch.randint(ilo, ihi + 1, c.shape, generator=gen, dtype=torch.int64).to(c.device))
+        if monotone(reference):
+            keep_monotone_(t, reference)
 
 
-def fresh_inputs(sample: Bound, seed: int) -> Bound:
-    """New values for every tensor, drawn to match the sample's statistics; same layout and aliasing."""
+def monotone(t: torch.Tensor) -> bool:
+    """An integer tensor whose rows (last dim, two or more values) never decrease: offsets, cumulative lengths,
+    sorted boundaries. Ops that take one (`embedding_bag`'s offsets must start at 0 and rise) refuse uniform
+    random values, so fresh ones are drawn sorted, with each row's first value kept (`keep_monotone_`)."""
+    if t.dtype == torch.bool or t.is_floating_point() or t.is_complex() or t.dim() == 0 or t.shape[-1] < 2:
+        return False
+    return bool((t[..., 1:] >= t[..., :-1]).all())
+
+
+def keep_monotone_(t: torch.Tensor, reference: torch.Tensor) -> None:
+    """`t`'s rows sorted in place, each starting at `reference`'s first value of that row (a tensor whose
+    elements share memory, a broadcast one, is left as drawn)."""
+    if 0 in t.stride() and t.numel() > 1:
+        return
+    t.copy_(torch.sort(t, dim=-1).values)
+    t[..., :1] = reference[..., :1].to(t.device)
+    t.copy_(torch.maximum(t, t[..., :1]))   # nothing below the first value: the rows still rise
+
+
+def fresh_inputs(sample: Bound, seed: int, *, keep_ints: bool = False) -> Bound:
+    """New values for every tensor, drawn to match the sample's statistics; same layout and aliasing. With
+    `keep_ints`, integer tensors keep the sample's values (an op that refused random ones: indices that must
+    be unique, lengths that must add up)."""
     gen = torch.Generator().manual_seed(seed)
     fresh = clone_bound(sample)
     for (_, new), (_, old) in zip(fresh, sample):
         news = new if isinstance(new, (list, tuple)) else [new]
         olds = old if isinstance(old, (list, tuple)) else [old]
         for n, o in zip(news, olds):
-            if isinstance(n, torch.Tensor):
+            if isinstance(n, torch.Tensor) and not (keep_ints and _is_int(n)):
                 refill_like_(n, o, gen)
     return fresh
+
+
+def _is_int(t: torch.Tensor) -> bool:
+    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
 
 
 def _plant_nonfinite_(c: torch.Tensor) -> None:
@@ -183,12 +210,14 @@ class Regenerator:
     already passed). No value repeats from call to call, so a result cannot be memoised.
     """
 
-    def __init__(self, sample: Bound, seed: int):
+    def __init__(self, sample: Bound, seed: int, *, keep_ints: bool = False):
         self.stats = []
         devices = set()
         for _, t in tensors_of(sample):
             devices.add(t.device)
-            if t.dtype == torch.bool:
+            if keep_ints and _is_int(t):
+                self.stats.append(("keep", None))
+            elif t.dtype == torch.bool:
                 self.stats.append(("bool", float(t.float().mean()) if t.numel() else 0.5))
             elif t.is_complex():
                 self.stats.append(("keep", None))
@@ -200,7 +229,7 @@ class Regenerator:
                 self.stats.append(("float", (mean, std, lo, hi)))
             else:
                 _, _, lo, hi = _stats(t)
-                self.stats.append(("int", (int(lo), int(hi))))
+                self.stats.append(("int", (int(lo), int(hi), t.clone() if monotone(t) else None)))
         device = next(iter(devices)) if devices else torch.device("cpu")
         self.gen = torch.Generator(device=device).manual_seed(seed)
 
@@ -212,8 +241,10 @@ class Regenerator:
             if kind == "bool":
                 c.copy_(torch.rand(c.shape, device=c.device, generator=self.gen) < p)
             elif kind == "int":
-                lo, hi = p
+                lo, hi, rising = p
                 c.random_(lo, hi + 1 if hi < torch.iinfo(c.dtype).max else hi, generator=self.gen)
+                if rising is not None:
+                    keep_monotone_(t, rising)
             else:
                 mean, std, lo, hi = p
                 if c.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):

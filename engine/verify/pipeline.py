@@ -124,6 +124,10 @@ class CardCheck:
                          else ("negated", "ties", "large", "nonfinite"))
                 sets += [(f"edge {kind}", b) for kind, b in edge_inputs(samples[0], kinds)]
         self.sets = sets
+        self._samples, self._seed = list(samples), seed
+        self.keep_ints = False   # integer inputs keep the samples' values (the op refused random ones)
+        self.notes: list[str] = []   # input sets redrawn or dropped by `validate`
+        self._validated = False
         self._ref64: dict[str, list[Any] | None] = {}
         self._stale: list[Any] | None = None   # eager's answer to the set checked last (`_stale_run`)
 
@@ -144,8 +148,46 @@ class CardCheck:
         canaries = Canaries(_device_of(inputs))
         return clone_bound(inputs, alloc=canaries.buffer), canaries
 
+    def validate(self) -> None:
+        """Eager once on every fresh and edge set (once per card). Random values can break what an op asks of its
+        integer inputs: `embedding_bag`'s offsets must start at 0 and rise (those are drawn sorted,
+        `inputs.monotone`), indices may have to be unique, lengths may have to add up. A fresh set eager refuses
+        is drawn again with the samples' integer tensors kept, and timed calls then keep them too
+        (`keep_ints`); an edge set eager refuses is dropped (`edge nonfinite` is judged where it runs). Each
+        change is in `notes`. Without this the card's every candidate failed as an engine error."""
+        if self._validated:
+            return
+        self._validated = True
+        kept: list[tuple[str, Bound]] = []
+        for label, b in self.sets:
+            why = self._refused(b)
+            if why is None or label.startswith(("sample", "edge nonfinite")):
+                kept.append((label, b))
+                continue
+            if label.startswith("fresh"):
+                k = int(label.split()[1])
+                again = fresh_inputs(self._samples[k % len(self._samples)], self._seed + k, keep_ints=True)
+                if self._refused(again) is None:
+                    kept.append((label, again))
+                    self.keep_ints = True
+                    self.notes.append(f"{label}: eager refused random integer inputs ({why}); drawn again with "
+                                      "the samples' integer tensors, as timed calls are")
+                    continue
+            self.notes.append(f"{label}: eager refuses it ({why}); not checked")
+        self.sets = kept
+
+    def _refused(self, inputs: Bound) -> str | None:
+        """Why eager raises on these inputs (its first line), or None."""
+        try:
+            self.eager(clone_bound(inputs))
+            self.sync()
+        except Exception as e:  # noqa: BLE001 - any refusal of the values; a sticky CUDA error shows later
+            return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        return None
+
     def check(self, run: RunCandidate) -> Verdict:
         """Run every input set through the candidate (twice) and eager; stop at the first failure."""
+        self.validate()
         n = 0
         try:
             for n, (label, inputs) in enumerate(self.sets, 1):

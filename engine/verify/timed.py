@@ -71,6 +71,7 @@ class TimedRun:
 
 
 def _slot_bases(check: CardCheck, slots: int) -> list[Bound]:
+    check.validate()   # input sets eager refuses are redrawn or dropped first
     bases = [b for label, b in check.sets if label.startswith(("sample", "fresh"))] or [b for _, b in check.sets]
     return [bases[k % len(bases)] for k in range(max(1, slots))]
 
@@ -115,7 +116,7 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
     bases = _slot_bases(check, cfg.slots)
     cand_slots, slot_canaries = zip(*(check.candidate_copy(b) for b in bases))
     eager_slots = [clone_bound(b) for b in bases]
-    regen = Regenerator(bases[0], seed)
+    regen = Regenerator(bases[0], seed, keep_ints=check.keep_ints)
     K = len(bases)
     rate = 1.0 / max(1, cfg.audit_every)
     st = _Round()

@@ -1,0 +1,54 @@
+"""Integer inputs with structure: random values can break what an op asks of them (offsets that start at 0 and
+rise, repeats that add up to a given size). Verification and timing must then still check the op, not fail
+every candidate as an engine error."""
+
+import torch
+
+from engine.ops import call_op, resolve_op
+from engine.verify.inputs import Regenerator, fresh_inputs, monotone
+from engine.verify.pipeline import CardCheck
+
+BAG = resolve_op("aten::_embedding_bag")
+REPEAT = resolve_op("aten::repeat_interleave.self_Tensor")
+
+
+def _bag_sample(seed):
+    g = torch.Generator().manual_seed(seed)
+    return [("weight", torch.randn(20, 8, generator=g)), ("indices", torch.randint(0, 20, (12,), generator=g)),
+            ("offsets", torch.tensor([0, 4, 8])), ("scale_grad_by_freq", False), ("mode", 1), ("sparse", False),
+            ("per_sample_weights", None), ("include_last_offset", False), ("padding_idx", -1)]
+
+
+def test_embedding_bag_offsets_are_drawn_rising_from_zero_and_eager_passes_itself():
+    # offsets were drawn uniformly ([7, 7, 1]): "offsets[0] has to be 0", raised for every candidate.
+    samples = [_bag_sample(0), _bag_sample(1)]
+    check = CardCheck("aten::_embedding_bag", samples, lambda b: call_op(BAG, b), race_reps=0)
+    v = check.check(lambda b, prefill: list(call_op(BAG, b)))
+    assert v.ok, v.message
+    assert not check.keep_ints and not check.notes
+    offsets = dict(fresh_inputs(samples[0], 5))["offsets"]
+    assert offsets[0] == 0 and bool((offsets[1:] >= offsets[:-1]).all())
+    assert monotone(torch.tensor([[0, 2, 2, 5], [1, 1, 3, 4]])) and not monotone(torch.tensor([0, 3, 1]))
+
+
+def test_an_op_that_refuses_random_integers_is_checked_with_the_samples_integers():
+    # repeat_interleave with output_size: the repeats must add up to it, which random repeats do not.
+    sample = [("self", torch.randn(3)), ("repeats", torch.tensor([1, 2, 3])), ("dim", 0), ("output_size", 6)]
+    check = CardCheck("aten::repeat_interleave.self_Tensor", [sample], lambda b: call_op(REPEAT, b), race_reps=0)
+    v = check.check(lambda b, prefill: [call_op(REPEAT, b)])
+    assert v.ok, v.message
+    assert check.keep_ints and any("drawn again with the samples' integer tensors" in n for n in check.notes)
+    fresh = dict(dict(check.sets)["fresh 0"])
+    assert fresh["repeats"].tolist() == [1, 2, 3] and not torch.equal(fresh["self"], sample[0][1])
+    # and so do timed calls' values
+    regen = Regenerator(sample, 3, keep_ints=True)
+    b = [(n, v.clone() if isinstance(v, torch.Tensor) else v) for n, v in sample]
+    regen.refill_(b)
+    assert dict(b)["repeats"].tolist() == [1, 2, 3] and not torch.equal(dict(b)["self"], sample[0][1])
+
+
+def test_a_wrong_kernel_still_fails_with_the_samples_integers():
+    sample = [("self", torch.randn(3)), ("repeats", torch.tensor([1, 2, 3])), ("dim", 0), ("output_size", 6)]
+    check = CardCheck("aten::repeat_interleave.self_Tensor", [sample], lambda b: call_op(REPEAT, b), race_reps=0)
+    v = check.check(lambda b, prefill: [call_op(REPEAT, b) * 1.5])
+    assert not v.ok and v.category == "mismatch"
