@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from engine.export.e2e import choose_set, degenerate, judge_output, rel_l2_err
+from engine.export.e2e import choose_set, degenerate, eager_caveat, judge_output, rel_l2_err, unrepeatable
 
 
 def test_degenerate_names_what_is_wrong_with_an_output():
@@ -170,3 +170,16 @@ def test_export_leaves_out_the_variants_of_a_set_that_broke_the_model(monkeypatc
     assert str(e.value) == ("export: no variant set passed the whole-model check of m in eager forwards (2 "
                             "variant(s): the model's output with the cast is all zeros; eager's is not); nothing "
                             "written")
+
+
+def test_a_model_whose_own_forwards_disagree_cannot_vouch_for_a_cast():
+    # A model that doubles its input in place (or counts its calls in a buffer) gave rel. L2 15 "against eager"
+    # with no cast installed at all: the check compared two different forwards.
+    torch.manual_seed(0)
+    x = torch.randn(64, dtype=torch.float64)
+    assert unrepeatable(x, x.clone()) is None
+    assert unrepeatable(x, x + 1e-9 * x.norm()) is None   # GPU eager adding in another order
+    why = unrepeatable(x, 2 * x)
+    assert why.startswith("not repeatable: two of its forwards on the same inputs differ by 1.0e+00")
+    assert eager_caveat(why).startswith("eager's own output is not repeatable")
+    assert "not repeatable" in unrepeatable(x, torch.full_like(x, math.inf))

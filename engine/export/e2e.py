@@ -85,6 +85,23 @@ def degenerate(t: Any) -> str | None:
     return None
 
 
+# Two eager forwards on the same inputs may differ this much (relative L2) and still be the same function: GPU
+# kernels that add in varying order (atomics) differ around 1e-7.
+REPEAT_REL = 1e-3
+
+
+def unrepeatable(first: Any, again: Any) -> str | None:
+    """Why a model's output cannot vouch for a cast because eager's own forwards disagree (a phrase that follows
+    "is", as `degenerate`'s), else None: a model that changes its inputs or buffers in its forward (a counter,
+    an in-place op on its input) or draws random numbers gives another output each time, and comparing the
+    cast's forward with an earlier eager one measures that, not the cast."""
+    drift = rel_l2_err(again, first)
+    if drift <= REPEAT_REL:
+        return None
+    return (f"not repeatable: two of its forwards on the same inputs differ by {drift:.1e} (relative L2), as a "
+            "model that changes its inputs or buffers, or draws random numbers, does")
+
+
 def judge_output(eager_out: Any, cast_out: Any) -> tuple[bool, str | None]:
     """Whether a variant set's model output may stand, and what must be said about it: (False, why) when
     the cast's output is degenerate where eager's is not, or non-finite where eager's is finite; (True,
@@ -229,6 +246,7 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
         for _ in range(3):
             forward()
         eager_out = output_tensor(forward()).double()
+        eager_bad = degenerate(eager_out) or unrepeatable(eager_out, output_tensor(forward()).double())
         base = forward  # what the cast must beat: eager, or the model compiled without the cast
         if compile_mode is not None:
             torch._dynamo.reset()
@@ -295,7 +313,7 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
             if prefer_alternative(chosen, alt, accept):
                 chosen = alt
     return {"mode": mode_name(graphs, compile_mode), "tried": tried, "chosen": chosen,
-            "degenerate_eager": degenerate(eager_out)}
+            "degenerate_eager": eager_bad}
 
 
 def main(argv: list[str] | None = None) -> int:
