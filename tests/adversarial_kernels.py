@@ -37,6 +37,7 @@ CLASSES = {
     8: "fp16 arithmetic for an op that accumulates in fp32",
     9: "a launch spec sized to exhaust the GPU",
     10: "does a GEMM's bytes but not its FLOPs (below the compute floor)",
+    11: "reads a workspace it never asked zeroed (fresh memory reads zeros; a model's does not)",
 }
 
 
@@ -712,6 +713,32 @@ block = [1]
 args = []
 """ + MM_SPEC.format(kernel="gemm_bf16"), card="mm_bf16", cls=10)
 
+# ---- 11. reads a workspace it never asked zeroed ---------------------------------------------------------
+
+# Adds into its workspace (`tmp[i] += ...`) as if it started at zero. Fresh device memory often reads zeros,
+# so it passed; in a model the allocator hands back blocks holding earlier sums. Workspaces not marked
+# `zero` are poisoned before every checked or timed call, unlike between runs: NaN, then another pattern.
+ACCUMULATES_INTO_UNZEROED_WORKSPACE = Adversary(
+    "adds into a workspace it never zeroed", ("nan", "mismatch", "nondeterminism"), HEADER + r'''
+extern "C" __global__ void acc(const float* __restrict__ a, const float* __restrict__ b,
+                               float* __restrict__ tmp, float* __restrict__ out, long long n) {
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  tmp[i] += a[i] + b[i];   // assumes tmp starts at 0.f
+  out[i] = tmp[i];
+}
+''', """
+[[workspace]]
+name = "tmp"
+bytes = "self.numel * 4"
+
+[[launch]]
+kernel = "acc"
+grid = ["ceil_div(self.numel, 256)"]
+block = [256]
+args = [{ ptr = "self" }, { ptr = "other" }, { ptr = "ws.tmp" }, { ptr = "out0" }, { i64 = "self.numel" }]
+""", cls=11)
+
 ADVERSARIES = [
     *ORIGINAL,
     SKIPS_FILLED_OUTPUT,
@@ -736,4 +763,5 @@ ADVERSARIES = [
     ASTRONOMICAL_GRID,
     CORRECT_MM,
     MM_BYTES_NO_FLOPS,
+    ACCUMULATES_INTO_UNZEROED_WORKSPACE,
 ]

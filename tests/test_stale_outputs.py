@@ -77,3 +77,21 @@ def test_prefill_copies_a_stale_answer_of_the_outputs_shape_only():
     assert per_output("nan", 3) == "nan"
     stale = [torch.zeros(2), torch.ones(2)]
     assert per_output(stale, 1) is stale[1] and per_output(stale, 2) == "sentinel"
+
+
+def test_workspaces_are_poisoned_unlike_between_checked_runs():
+    # Fresh device memory often reads zeros: a kernel that accumulates into a workspace it never asked zeroed
+    # passed, and in a model (blocks the allocator hands back) it adds onto the last call's sums.
+    from engine.launch.launcher import WORKSPACE_POISON, CandidateLauncher
+
+    launcher = object.__new__(CandidateLauncher)   # the allocation half only: no module, no GPU
+    launcher.output_specs, launcher.aliases, launcher.write_only = [], [], []
+    launcher.canaries, launcher.device = None, torch.device("cpu")
+    launcher.workspaces = [("acc", 32, False), ("zeroed", 16, True)]
+    launcher._launch = lambda args, outs, ws: ws
+    first = launcher.prepare([], "nan")()
+    second = launcher.prepare([], [torch.zeros(1)])()   # stale answers: the sentinel's pattern
+    assert set(first["acc"][0].tolist()) == {0xFF} and set(second["acc"][0].tolist()) == {WORKSPACE_POISON[0]}
+    assert WORKSPACE_POISON[0] != 0xFF
+    unpoisoned = launcher.prepare([], None)()   # outside checks (the cast's own calls): left as allocated
+    assert unpoisoned["acc"][0].numel() == 32

@@ -51,6 +51,11 @@ def prefill_(t: torch.Tensor, how: Any) -> None:
         t.fill_(7 if t.dtype != torch.bool else False)
 
 
+# A workspace's bytes before a checked or timed call that does not ask for it zeroed: 0xFF (NaN in every float
+# format) with the NaN prefill, 0x5A otherwise, so two runs on one input set find different contents.
+WORKSPACE_POISON = (0x5A, 0xFF)
+
+
 def per_output(prefill: Any, i: int) -> Any:
     """Output i's prefill: the string for every output, or item i of a list of stale answers (the sentinel
     past its end)."""
@@ -158,6 +163,11 @@ class CandidateLauncher:
                     buf = self.canaries.buffer(max(1, nbytes), name=f"workspace {name!r}")
                 else:
                     buf = torch.empty(max(1, nbytes), dtype=torch.uint8, device=self.device)
+                if prefill is not None and not zero:
+                    # What the kernel finds there is not its to rely on: fresh memory from the driver often
+                    # reads zeros (a kernel accumulating into a workspace it never zeroed passed), and a block
+                    # the allocator hands back holds the last call's state. Poisoned unlike from call to call.
+                    buf.fill_(WORKSPACE_POISON[isinstance(prefill, str) and prefill == "nan"])
                 ws[name] = (buf, zero)
         except RuntimeError as e:  # torch.OutOfMemoryError is one
             if not _out_of_memory(e):
