@@ -150,3 +150,59 @@ def test_a_candidate_that_trusts_an_unpoisoned_output_buffer_when_timed_is_cheat
     run = timed.audited_ab(check, timed.TimedCandidate(prepare), lambda: None, cfg, seed=7)
     assert trusted[0] > 0
     assert run.category == "cheating", run.message
+
+
+def test_eager_timed_alone_runs_on_values_of_its_own_not_the_verification_sets(protocol, monkeypatch):
+    # Eager's control and its first timing ran on the sample and fresh sets' own values: their answers stayed
+    # in freed device memory for a candidate's first verification run to copy.
+    from engine.bench.timing import CallTimes
+
+    timed, check, cfg, _, _ = protocol
+    seen = []
+
+    def calls(fns, flush, cfg, *, before_round=None, after_batch=None):
+        for r in range(8):
+            before_round(r)
+            fns[0]()
+        return CallTimes([[1.0] * 8], 0, 0.0, 0, 0.0)
+
+    monkeypatch.setattr(timed, "time_calls", calls)
+    timed.time_alone(check, lambda b: seen.append(dict(b)["self"].clone()), lambda: None, cfg)
+    sets = [dict(b)["self"] for _, b in check.sets if isinstance(dict(b).get("self"), torch.Tensor)]
+    assert len(seen) == 8
+    assert not any(torch.equal(x, s) for x in seen for s in sets)
+
+
+def test_verification_leaves_no_answer_for_a_later_candidates_first_run(protocol):
+    # The attacker's first run on each input set copies any answer it finds among every output eager or an
+    # earlier candidate made (device memory is not cleared when the allocator takes a block back): then its
+    # own computation would go unchecked there. Outputs are scrubbed before they are let go.
+    timed, check, cfg, _, _ = protocol
+    seen: list[torch.Tensor] = []   # references, as the freed blocks: what they hold when the attacker looks
+    orig = check.eager
+
+    def eager(b):
+        out = orig(b)
+        seen.append(out)
+        return out
+
+    check.eager = eager
+
+    def honest(b, prefill):
+        out = _add(b)
+        seen.append(out)
+        return [out]
+
+    assert check.check(honest).ok
+    found, firsts = [], set()
+
+    def attacker(b, prefill):
+        honest_answer = _add(b)
+        key = tuple(dict(b)["self"][:4].tolist())
+        if key not in firsts:   # its first run on these values (later ones follow eager's, by design)
+            firsts.add(key)
+            found.append(any(t.shape == honest_answer.shape and torch.equal(t, honest_answer) for t in seen))
+        return [honest_answer]
+
+    assert check.check(attacker).ok
+    assert found and not any(found), f"an answer was in memory in {sum(found)} of {len(found)} runs"

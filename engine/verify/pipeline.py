@@ -18,7 +18,7 @@ from engine.capture.chains import CHAIN_OP, run_chain
 from engine.ops import eager_call, resolve_op, return_aliases, write_only_args
 from engine.verify.compare import CompareReport, bitwise_equal, compare_outputs
 from engine.verify.guard import Canaries, GuardViolation
-from engine.verify.inputs import Bound, clone_bound, edge_inputs, fresh_inputs, tensors_of
+from engine.verify.inputs import Bound, clone_bound, cover, edge_inputs, fresh_inputs, tensors_of
 from engine.verify.tolerance import chain_family, op_family, tolerances_for
 
 # (arguments, prefill) -> outputs; the prefill is 'nan', 'sentinel', or a list of stale answers, one per output
@@ -179,7 +179,7 @@ class CardCheck:
     def _refused(self, inputs: Bound) -> str | None:
         """Why eager raises on these inputs (its first line), or None."""
         try:
-            self.eager(clone_bound(inputs))
+            _scrub(as_list(self.eager(clone_bound(inputs))))
             self.sync()
         except Exception as e:  # noqa: BLE001 - any refusal of the values; a sticky CUDA error shows later
             return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
@@ -188,6 +188,13 @@ class CardCheck:
     def check(self, run: RunCandidate) -> Verdict:
         """Run every input set through the candidate (twice) and eager; stop at the first failure."""
         self.validate()
+        try:
+            return self._check_sets(run)
+        finally:
+            _scrub(self._stale)   # no answer of this check outlives it (the next candidate's runs come next)
+            self._stale = None
+
+    def _check_sets(self, run: RunCandidate) -> Verdict:
         n = 0
         try:
             for n, (label, inputs) in enumerate(self.sets, 1):
@@ -204,14 +211,24 @@ class CardCheck:
         return Verdict(True, sets_checked=len(self.sets))
 
     def _check_one(self, run: RunCandidate, label: str, inputs: Bound) -> Verdict | None:
+        held: list[Any] = []   # every output of this set, the candidate's and eager's
+        try:
+            return self._check_set(run, label, inputs, held)
+        finally:
+            _scrub(held)
+
+    def _check_set(self, run: RunCandidate, label: str, inputs: Bound, held: list[Any]) -> Verdict | None:
+        """One input set (`_check_one`): every output made here is put in `held`, to be scrubbed after."""
         first_in, canaries = self.candidate_copy(inputs)
         before = [(p, t.clone()) for p, t in tensors_of(first_in)]
         got = as_list(run(first_in, "nan"))
+        held += got
         self.sync()
         if canaries is not None and (bad := canaries.violations()):
             raise GuardViolation("wrote outside an input: " + "; ".join(bad))
         try:
             expected, eager_in = self._expected(inputs)  # between the two candidate runs
+            held += expected
         except Exception:
             if label.startswith("edge nonfinite"):
                 return None  # eager refuses non-finite inputs for this op (e.g. a range check): nothing to match
@@ -246,16 +263,17 @@ class CardCheck:
         # difference; otherwise the result must repeat (bit for bit unless the op may reorder sums).
         second_in, canaries = self.candidate_copy(inputs)
         second = as_list(run(second_in, "sentinel"))
+        held += second
         self.sync()
         if canaries is not None and (bad := canaries.violations()):
             raise GuardViolation("wrote outside an input: " + "; ".join(bad))
         v = self._repeats(label, got, second, unwritten_check=True)
         if v is not None:
             return v
-        return self._stale_run(run, label, inputs, expected, tols)
+        return self._stale_run(run, label, inputs, expected, tols, held)
 
     def _stale_run(self, run: RunCandidate, label: str, inputs: Bound, expected: list[Any],
-                   tols: list[Any]) -> Verdict | None:
+                   tols: list[Any], held: list[Any]) -> Verdict | None:
         """A third run (sample and fresh sets) whose fresh outputs hold, before the call, eager's answer to the
         set checked before: what a model's output buffers hold (the caching allocator hands back blocks with
         earlier results in them, not the lane's NaN or sentinel). A kernel that computes only when its buffer
@@ -264,9 +282,11 @@ class CardCheck:
         stale = self._stale
         self._stale = [e.clone() if isinstance(e, torch.Tensor) else e for e in expected]
         if stale is None or not label.startswith(("sample", "fresh")):
+            _scrub(stale)
             return None
         third_in, canaries = self.candidate_copy(inputs)
         got = as_list(run(third_in, stale))
+        held += [*got, *stale]
         self.sync()
         if canaries is not None and (bad := canaries.violations()):
             raise GuardViolation("wrote outside an input: " + "; ".join(bad))
@@ -304,16 +324,26 @@ class CardCheck:
         pick = [(label, b) for label, b in self.sets if label.startswith(("sample", "fresh"))][:2] or self.sets[:1]
         expected: dict[str, tuple[list[Any], list[Any]]] = {}
         first: dict[str, list[Any]] = {}
+        held: list[Any] = []
+        try:
+            return self._race_runs(run, pick, expected, first, held)
+        finally:
+            _scrub(held)
+
+    def _race_runs(self, run: RunCandidate, pick: list[tuple[str, Bound]], expected: dict, first: dict,
+                   held: list[Any]) -> Verdict | None:
         for rep in range(self.race_reps):
             label, inputs = pick[rep % len(pick)]
             if label not in expected:
                 out, _ = self._expected(inputs)
+                held += out
                 expected[label] = (out, self.tolerances(out))
             exp, tols = expected[label]
             mine, canaries = self.candidate_copy(inputs)
             busy = self.contend is not None and (rep // len(pick)) % 2 == 0
             with (self.contend() if busy else nullcontext()):
                 got = as_list(run(mine, "nan" if rep % 2 else "sentinel"))
+            held += got
             self.sync()
             if canaries is not None and (bad := canaries.violations()):
                 raise GuardViolation("wrote outside an input: " + "; ".join(bad))
@@ -345,46 +375,56 @@ class CardCheck:
         ref = self._ref64[label]
         if ref is None or len(ref) != len(expected):
             return None
-        for i in halves:
-            r, e, a = ref[i], expected[i], got[i]
-            if not isinstance(r, torch.Tensor) or r.dtype != torch.float64 or r.shape != e.shape:
-                continue
-            r = r.to(e.device)
-            fin = torch.isfinite(r) & torch.isfinite(e.double()) & torch.isfinite(a.double())
-            if not bool(fin.any()):
-                continue
-            rf = r[fin]
-            scale = _rms(rf)
-            u = _UNIT_ROUNDOFF[e.dtype]
-            # Two views of the error: absolute (RMS) and per element relative to the value (in units of
-            # the format's roundoff; values below 1e-3 of the RMS count at that size). Rounding once from
-            # an exact value errs by at most 0.5 in the second; float16 arithmetic by several.
-            per = rf.abs().clamp_min(1e-3 * scale if scale > 0 else 1e-30) * u
-            e_abs, a_abs = _rms((e.double() - r)[fin]), _rms((a.double() - r)[fin])
-            e_ulp, a_ulp = _rms((e.double() - r)[fin] / per), _rms((a.double() - r)[fin] / per)
-            floor_abs, floor_ulp = 0.5 * u * scale, 0.5
-            ratio = max(a_abs / max(e_abs, floor_abs), a_ulp / max(e_ulp, floor_ulp))
-            if ratio > self.precision_factor:
-                return Verdict(False, "mismatch", f"{label}: out{i}: its error against a float64 reference is "
-                               f"{ratio:.1f}x eager's (rms {a_abs:.3g} vs {e_abs:.3g}; {a_ulp:.2f} vs {e_ulp:.2f} "
-                               f"roundoffs per element; at most {self.precision_factor:g}x allowed): it computes in lower "
-                               f"precision than eager, e.g. accumulates in {str(e.dtype).removeprefix('torch.')} "
-                               "where eager accumulates in float32",
-                               details={"precision": {"candidate_rms_err": a_abs, "eager_rms_err": e_abs,
-                                                      "candidate_roundoffs": a_ulp, "eager_roundoffs": e_ulp,
-                                                      "reference_rms": scale, "ratio": ratio,
-                                                      "factor": self.precision_factor}})
+        copies: list[Any] = []   # the reference on the device, scrubbed after
+        try:
+            for i in halves:
+                r, e, a = ref[i], expected[i], got[i]
+                if not isinstance(r, torch.Tensor) or r.dtype != torch.float64 or r.shape != e.shape:
+                    continue
+                host, r = r, r.to(e.device)
+                if r is not host:   # a copy (on the CPU `to` returns the cached tensor itself)
+                    copies.append(r)
+                fin = torch.isfinite(r) & torch.isfinite(e.double()) & torch.isfinite(a.double())
+                if not bool(fin.any()):
+                    continue
+                rf = r[fin]
+                scale = _rms(rf)
+                u = _UNIT_ROUNDOFF[e.dtype]
+                # Two views of the error: absolute (RMS) and per element relative to the value (in units of
+                # the format's roundoff; values below 1e-3 of the RMS count at that size). Rounding once from
+                # an exact value errs by at most 0.5 in the second; float16 arithmetic by several.
+                per = rf.abs().clamp_min(1e-3 * scale if scale > 0 else 1e-30) * u
+                e_abs, a_abs = _rms((e.double() - r)[fin]), _rms((a.double() - r)[fin])
+                e_ulp, a_ulp = _rms((e.double() - r)[fin] / per), _rms((a.double() - r)[fin] / per)
+                floor_abs, floor_ulp = 0.5 * u * scale, 0.5
+                ratio = max(a_abs / max(e_abs, floor_abs), a_ulp / max(e_ulp, floor_ulp))
+                if ratio > self.precision_factor:
+                    return Verdict(False, "mismatch", f"{label}: out{i}: its error against a float64 reference is "
+                                   f"{ratio:.1f}x eager's (rms {a_abs:.3g} vs {e_abs:.3g}; {a_ulp:.2f} vs {e_ulp:.2f} "
+                                   f"roundoffs per element; at most {self.precision_factor:g}x allowed): it computes in lower "
+                                   f"precision than eager, e.g. accumulates in {str(e.dtype).removeprefix('torch.')} "
+                                   "where eager accumulates in float32",
+                                   details={"precision": {"candidate_rms_err": a_abs, "eager_rms_err": e_abs,
+                                                          "candidate_roundoffs": a_ulp, "eager_roundoffs": e_ulp,
+                                                          "reference_rms": scale, "ratio": ratio,
+                                                          "factor": self.precision_factor}})
+        finally:
+            _scrub(copies)
         return None
 
     def _reference64(self, inputs: Bound) -> list[Any] | None:
-        """Eager on float64 copies of the floating inputs, or None where the op does not run in float64."""
+        """Eager on float64 copies of the floating inputs, or None where the op does not run in float64. Kept
+        on the host (and its device copy scrubbed), as it is kept from one candidate's check to the next: an
+        answer left in device memory could be copied instead of computed."""
         mine = [(n, _to64(v)) for n, v in clone_bound(inputs)]
         try:
             out = as_list(self.reference64(mine))
             self.sync()
         except Exception:
             return None
-        return out
+        host = [o.cpu() if isinstance(o, torch.Tensor) else o for o in out]
+        _scrub([o for o, h in zip(out, host) if o is not h])   # the device copies only
+        return host
 
     def recheck_in_place(self, run: RunCandidate, buffers: Bound, seed: int = 99) -> Verdict:
         """After timing: two calls on the SAME buffers, with new values written into them in between.
@@ -402,6 +442,7 @@ class CardCheck:
         got = as_list(run(buffers, "nan"))
         self.sync()
         reports = compare_outputs(got, expected, self.tolerances(expected))
+        _scrub([*got, *expected])
         bad = [r for r in reports if not r.ok]
         if bad:
             return Verdict(False, _category(bad[0]), "after timing, with new values in the same buffers: "
@@ -448,6 +489,18 @@ def chain_in_float64(signature: dict[str, Any]) -> dict[str, Any]:
     nodes = [{**n, "args": [{**a, "value": widen(a["value"])} if "value" in a else a for a in n["args"]]}
              for n in signature["chain"]["nodes"]]
     return {**signature, "chain": {**signature["chain"], "nodes": nodes}}
+
+
+def _scrub(outs: Any) -> None:
+    """Overwrite every tensor of `outs` with 0xFF bytes (NaN, -1) before it is let go: the caching allocator does
+    not clear a block it takes back, so an answer left in one (eager's, another candidate's) could be copied by
+    a later candidate's first run instead of computed, and its own computation would go unchecked."""
+    for t in outs or ():
+        if isinstance(t, torch.Tensor) and t.numel() and t.device.type != "meta":
+            try:
+                cover(t).view(torch.uint8).fill_(0xFF)
+            except RuntimeError:   # a layout cover cannot reinterpret: left as it is
+                pass
 
 
 def _unwritten(a: torch.Tensor, b: torch.Tensor) -> int:

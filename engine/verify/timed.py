@@ -232,8 +232,15 @@ def time_eager_alone(check: CardCheck, flush: L2Flusher, cfg: TimingConfig = Tim
 def time_alone(check: CardCheck, fn: Callable[[Bound], Any], flush: L2Flusher,
                cfg: TimingConfig = TimingConfig()) -> tuple[TimingStats, int]:
     """`fn` (eager, or a reference such as eager under torch.compile) by itself on the card's inputs,
-    rotating over its own input slots as eager's control does (values fixed)."""
-    slots = [clone_bound(b) for b in _slot_bases(check, cfg.slots)]
+    rotating over its own input slots as eager's control does (values fixed: drawn once, as timed calls' are,
+    not the verification sets' own, whose answers eager would otherwise leave in freed device memory for a
+    candidate's first run to find)."""
+    bases = _slot_bases(check, cfg.slots)
+    slots = [clone_bound(b) for b in bases]
+    regen = Regenerator(bases[0], int.from_bytes(os.urandom(8), "little") & ((1 << 62) - 1),
+                        keep_ints=check.keep_ints)
+    for slot in slots:
+        regen.refill_(slot)
     k = [0]
 
     def before_round(r: int) -> None:
