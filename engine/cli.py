@@ -427,18 +427,21 @@ def cmd_capture(args: argparse.Namespace) -> int:
     config = load_config(args.config, small=args.small)
     workspace = _workspace(args)
     from engine.capture.store import capture_and_store
-    from engine.run.interrupt import Interrupted, exit_on_next_sigint
+    from engine.run.interrupt import Interrupted, Terminated, TerminatedStop, exit_on_next_sigint, sigterm_raises
 
     # On a terminal the capture is a stage updated in place, whose spinner and elapsed time move also while
     # one step says nothing for seconds (importing the model's library, filling gigabytes of weights);
     # redirected, stderr keeps only errors and warnings.
     stages = StageProgress() if sys.stderr.isatty() else None
     try:
-        result = capture_and_store(config, args.device, workspace, samples=args.samples,
-                                   progress=stages.sink("capture") if stages else stderr_progress())
+        with sigterm_raises():   # `timeout`, a job scheduler: stopped as by Ctrl-C, nothing half-written
+            result = capture_and_store(config, args.device, workspace, samples=args.samples,
+                                       progress=stages.sink("capture") if stages else stderr_progress())
         if stages is not None:
             stages.done("capture", f"{config.name}: {len(result.cards)} cards and {len(result.chains)} chain "
                                    f"cards, captured in {result.wall_s:.1f} s")
+    except Terminated:
+        raise TerminatedStop("terminated: capture stopped; nothing was kept") from None
     except KeyboardInterrupt:  # its samples were in a .partial-* folder, removed on the way out
         exit_on_next_sigint()
         raise Interrupted("interrupted: capture stopped; nothing was kept") from None
@@ -560,8 +563,11 @@ def _dispatch(argv: list[str], open_tui: TuiLauncher | None) -> int:
     except KforgeError as e:
         if debug:
             traceback.print_exc()
-        # Ctrl-C (engine.run.interrupt.Interrupted, exit 130) is not an error: its line says what was kept.
-        print(str(e) if e.exit_code == 130 else f"error: {e}", file=sys.stderr)
+        # Ctrl-C or SIGTERM (engine.run.interrupt.Interrupted, exit 130 or 143) is not an error: its line says
+        # what was kept.
+        from engine.run.interrupt import Interrupted
+
+        print(str(e) if isinstance(e, Interrupted) else f"error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt as e:
         from engine.run.interrupt import EXIT_TERMINATED, Terminated, exit_on_next_sigint

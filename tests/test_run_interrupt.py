@@ -143,3 +143,39 @@ def test_a_second_ctrl_c_exits_at_once_and_the_run_is_not_left_running(tmp_path)
     with sqlite3.connect(db_path(ws)) as db:
         rows = db.execute("SELECT status, stopped_by FROM runs").fetchall()
     assert rows == [("stopped", "interrupted")], rows  # resumable, and not 'running' with a dead pid
+
+
+def _terminate(proc: subprocess.Popen, err: Path) -> list[str]:
+    """SIGTERM (as `timeout` and job schedulers send); returns the stderr lines written after it; exit 143."""
+    before = len(err.read_text().splitlines())
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("still running 20 s after SIGTERM")
+    after = err.read_text().splitlines()[before:]
+    assert code == 143, (code, after)
+    return after
+
+
+def test_sigterm_during_search_stops_the_run_resumably_as_ctrl_c_does(tmp_path):
+    # `timeout 25 kforge-tui run …` ended the process at once: the run row stayed 'running' forever.
+    ws, err = tmp_path / "ws", tmp_path / "run.err"
+    proc = _start(["run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--device", "cpu", "--iterations", "200",
+                   "--workspace", str(ws)], err)
+    _wait_for(proc, lambda: '"evaluated"' in err.read_text(), "evaluated candidate")
+    lines = _terminate(proc, err)
+    hint = next(x for x in lines if "--resume" in x)
+    assert hint.startswith("terminated: run ") and "resumable" in hint, lines
+    row = _run_row(ws, _run_id(hint))
+    assert row["status"] == "stopped" and row["stopped_by"] == "interrupted"
+
+
+def test_sigterm_of_the_capture_command_keeps_nothing(tmp_path):
+    ws, err = tmp_path / "ws", tmp_path / "capture.err"
+    proc = _start(["capture", MY_MODEL, "--device", "cpu", "--workspace", str(ws)], err)
+    _wait_for(proc, lambda: _partial(ws), "capture writing samples")
+    lines = _terminate(proc, err)
+    assert lines == ["terminated: capture stopped; nothing was kept"]
+    assert [p.name for p in (ws / "samples").iterdir() if not p.name.startswith(".partial-")] == []

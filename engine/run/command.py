@@ -22,7 +22,7 @@ from engine.propose.factory import make_proposer, provider_config
 from engine.propose.hardware_profiles import profile
 from engine.propose.providers.config import ProviderConfig, default_provider
 from engine.run.as_gpu import CPU_ONLY, gpu_row, gpu_shares
-from engine.run.interrupt import Interrupted, StopFlag, on_exit_now, run_interruptible
+from engine.run.interrupt import Interrupted, StopFlag, TerminatedStop, on_exit_now, run_interruptible
 from engine.run.orchestrator import Budgets, Orchestrator, RunTotals
 from engine.run.plan import CardState, SchedulePolicy
 from engine.run.report import Progress, print_final_table, run_document
@@ -303,6 +303,9 @@ async def run_async(args: argparse.Namespace, workspace: Path,
             stages.close()
             on_exit_now(None)
         if code == 130:
+            if stop.terminated:
+                raise TerminatedStop(f"terminated: run {ids['run']} stopped (resumable): "
+                                     f"{resume_hint(ids['run'], workspace, dry=dry)}")
             raise Interrupted(f"interrupted: run {ids['run']} stopped (resumable): "
                               f"{resume_hint(ids['run'], workspace, dry=dry)}")
         return code, doc

@@ -24,6 +24,12 @@ class Interrupted(KforgeError):
     exit_code = EXIT_INTERRUPTED
 
 
+class TerminatedStop(Interrupted):
+    """Stopped by SIGTERM: as Interrupted, with the exit code a shell reports for SIGTERM."""
+
+    exit_code = EXIT_TERMINATED
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt (inside `sigterm_raises`), so that the same
     cleanup runs: what is finished is kept, child processes are stopped."""
@@ -55,6 +61,7 @@ class StopFlag:
     def __init__(self) -> None:
         self.event = threading.Event()
         self._hooks: list[Callable[[], None]] = []
+        self.terminated = False   # stopped by SIGTERM (`timeout`, a job scheduler), not Ctrl-C
 
     @property
     def hit(self) -> bool:
@@ -168,8 +175,16 @@ def run_interruptible(make: Callable[[StopFlag], Coroutine[Any, Any, T]], *,
         else:
             task.cancel()
 
+    def on_sigterm() -> None:
+        # `timeout`, a job scheduler, `kill`: stopped as by the first Ctrl-C (what is done is kept, the run
+        # stays resumable), where Python's default ended the process with the run row left 'running'
+        if not stop.hit:
+            stop.terminated = True
+        on_sigint()
+
     try:
         loop.add_signal_handler(signal.SIGINT, on_sigint)
+        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
     except (NotImplementedError, RuntimeError, ValueError):  # Windows, or not the main thread
         pass
     try:
@@ -187,10 +202,11 @@ def run_interruptible(make: Callable[[StopFlag], Coroutine[Any, Any, T]], *,
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.run_until_complete(loop.shutdown_default_executor())
         finally:
-            try:
-                loop.remove_signal_handler(signal.SIGINT)
-            except (NotImplementedError, RuntimeError, ValueError):
-                pass
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                try:
+                    loop.remove_signal_handler(sig)
+                except (NotImplementedError, RuntimeError, ValueError):
+                    pass
             if stop.hit:
                 exit_on_next_sigint()
             loop.close()
