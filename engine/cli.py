@@ -427,7 +427,13 @@ def cmd_capture(args: argparse.Namespace) -> int:
     config = load_config(args.config, small=args.small)
     workspace = _workspace(args)
     from engine.capture.store import capture_and_store
-    from engine.run.interrupt import Interrupted, Terminated, TerminatedStop, exit_on_next_sigint, sigterm_raises
+    from engine.run.interrupt import (
+        Interrupted,
+        Terminated,
+        TerminatedStop,
+        exit_on_next_sigint,
+        sigterm_raises,
+    )
 
     # On a terminal the capture is a stage updated in place, whose spinner and elapsed time move also while
     # one step says nothing for seconds (importing the model's library, filling gigabytes of weights);

@@ -32,6 +32,8 @@ RUN_KEYS = {"provider": str, "model": str, "base_url": str, "iterations": int, "
             "wall_time": float, "max_proposals": int, "max_cost": float, "max_tokens": int, "ops": str}
 _CAPTURE_KEYS = {"samples", "sample_budget_mb", "total_sample_budget_mb", "layout_twins"}
 _DTYPE_KEYS = {"cuda", "cpu"}
+_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
+
 DTYPES = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
     "float64": torch.float64, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
@@ -104,6 +106,9 @@ def load_config(path: str | Path, *, small: bool = False) -> ModelConfig:
     for key in ("name", "builder"):
         if not isinstance(raw.get(key), str) or not raw[key].strip():
             raise bad(key, "required, a non-empty string")
+    if not _NAME.fullmatch(raw["name"]):
+        raise bad("name", f"{raw['name'][:40]!r} names the workspace's folders: use 1 to 100 letters, digits, "
+                  "'.', '_' or '-' (not starting with '.')")
     builder = raw["builder"]
     if builder.count(":") != 1 or not all(builder.split(":")):
         raise bad("builder", f"'{builder}' must be 'module:function' (or 'file.py:function')")
@@ -115,14 +120,17 @@ def load_config(path: str | Path, *, small: bool = False) -> ModelConfig:
     for k in small_over:
         if k not in params:
             raise bad(f"small.{k}", "overrides no key of [params]; add it to [params] first")
+    if small and "small" not in raw:
+        raise bad("small", "--small asks for the config's [small] sizes, and it has none: add a [small] table "
+                  "(the params to shrink for a CPU) or leave out --small")
     if small:
         params.update(small_over)
     dtypes = raw.get("dtype", {})
     for k, v in dtypes.items():
         if k not in _DTYPE_KEYS:
             raise bad(f"dtype.{k}", "unknown device; use 'cuda' or 'cpu'")
-        if v not in DTYPES:
-            raise bad(f"dtype.{k}", f"unknown dtype '{v}'; use one of {', '.join(DTYPES)}")
+        if not isinstance(v, str) or v not in DTYPES:
+            raise bad(f"dtype.{k}", f"unknown dtype {v!r}; use one of {', '.join(DTYPES)}")
     mult = raw.get("multiplicity", {})
     for k, v in mult.items():
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -284,6 +292,9 @@ def build_target(config: ModelConfig, device: torch.device) -> CaptureTarget:
         result = fn(**kwargs)
     except UsageError:
         raise
+    except SystemExit as e:   # a builder that calls sys.exit (a script's main): kforge ended silently with its code
+        raise UsageError(f"{config.path}: builder {config.builder} called sys.exit({e.code!r}); a builder returns "
+                         "(model, example_inputs)") from e
     except Exception as e:
         first = (str(e).strip().splitlines() or [""])[0]
         hint = "check its [params]"
