@@ -156,3 +156,17 @@ def _isatty(stream: Any) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError):
         return False
+
+
+def stdout_console(**kw: Any) -> Any:
+    """A rich Console for a command's output on stdout whose closed pipe (the reader quit early, `| head`) raises
+    BrokenPipeError, which the CLI ends quietly with exit 141, as its plain and JSON output do; rich's own
+    handling exits 1."""
+    from rich.console import Console
+
+    class _StdoutConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    return _StdoutConsole(**kw)

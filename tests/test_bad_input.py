@@ -278,6 +278,12 @@ def test_capture_json_into_a_closed_pipe_ends_quietly(tmp_path):
          "--workspace", tmp_path]))
 
 
+def test_capture_table_into_a_closed_pipe_ends_quietly(tmp_path):
+    # rich's own handling of the closed pipe exited 1; the JSON output already ended with 141
+    assert_quiet_broken_pipe(*run_into_closed_pipe(
+        ["capture", CONFIGS / "examples" / "my_model.toml", "--small", "--device", "cpu", "--workspace", tmp_path]))
+
+
 SHAPES_MODEL = '''
 import torch
 from torch import nn

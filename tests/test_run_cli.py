@@ -148,6 +148,9 @@ def test_run_json_into_a_closed_pipe_ends_quietly(tmp_path):
 
     assert_quiet_broken_pipe(*run_into_closed_pipe(
         ["run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--iterations", "1", "--json", "--workspace", tmp_path]))
+    # and the final table (rich's own handling exited 1)
+    assert_quiet_broken_pipe(*run_into_closed_pipe(
+        ["run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--iterations", "1", "--workspace", tmp_path]))
 
 
 def test_ops_searches_only_the_cards_it_matches(cli, tmp_path):

@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from engine.capture.run import CaptureResult
+from engine.progress import stdout_console
 
 
 def human_bytes(n: float) -> str:
@@ -33,7 +34,7 @@ def _twin(result: CaptureResult, c: Any) -> str:
 
 def print_cards(result: CaptureResult, workspace: Path, console: Console | None = None) -> None:
     """Header lines, then one row per card: op, signature, calls, share, bytes, id."""
-    console = console or Console(soft_wrap=False)
+    console = console or stdout_console(soft_wrap=False)
     skipped = ", ".join(f"{v} {k}" for k, v in sorted(result.skipped.items())) or "none"
     console.print(f"[bold]{result.model}[/] on {result.device} ({result.dtype}"
                   f"{', small' if result.small else ''}): {len(result.cards)} cards, "

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.outcomes import CARD_SKIP_REASONS, PROPOSAL_FAILURES
-from engine.progress import StageProgress
+from engine.progress import StageProgress, stdout_console
 from engine.run.orchestrator import CandidateRecord, Orchestrator
 
 # Rejections of candidates that never compiled: the compile failures and the unusable answers.
@@ -107,9 +107,9 @@ def print_final_table(doc: dict[str, Any], console: Console | None = None) -> No
     Under NARROW_BELOW columns the table has no borders, ops lose their `aten::` prefix and the failures
     by category go below it, one card a line, so every column is read whole on an 80-column terminal."""
     if console is None:
-        console = Console()
+        console = stdout_console()
         if not console.is_terminal:
-            console = Console(width=160)  # a log file is not an 80-column screen
+            console = stdout_console(width=160)  # a log file is not an 80-column screen
     narrow = console.width < NARROW_BELOW
     rows = [c for c in doc["cards"] if c["candidates"] or c["stopped"] not in CARD_SKIP_REASONS]
     timed = any(c.get("eager_us") is not None or c.get("best_us") is not None for c in doc["cards"])
