@@ -319,3 +319,29 @@ def test_an_unknown_dtype_lists_every_accepted_name(cli, tmp_path):
     cfg = write(tmp_path, 'name = "x"\nbuilder = "net.py:build"\n[dtype]\ncpu = "int8"\n')
     code, out, err = capture(cli, cfg, tmp_path / "ws")
     assert_one_line_error(code, out, err, "net.toml", "'dtype.cpu'", "float64", "bf16")
+
+
+@pytest.mark.parametrize("toml, needles", [
+    ('name = "team/r2"\nbuilder = "net.py:build"\n', ["'name'", "names the workspace's folders"]),
+    (f'name = "{"x" * 300}"\nbuilder = "net.py:build"\n', ["'name'", "1 to 100 letters"]),
+    ('name = "../up"\nbuilder = "net.py:build"\n', ["'name'"]),
+    ('name = "x"\nbuilder = "net.py:build"\n[dtype]\ncpu = ["float32"]\n', ["'dtype.cpu'", "unknown dtype ['float32']"]),
+])
+def test_config_values_that_would_crash_later_are_bad_input(cli, tmp_path, toml, needles):
+    # A name with '/' or 300 characters crashed the capture on its sample folder (and '../x' wrote outside it);
+    # a list as a dtype raised TypeError: unhashable type.
+    code, out, err = capture(cli, write(tmp_path, toml), tmp_path / "ws")
+    assert_one_line_error(code, out, err, "net.toml", *needles)
+    assert_nothing_written(tmp_path / "ws")
+
+
+def test_small_without_a_small_table_is_bad_input(cli, tmp_path):
+    # It captured the full size and labelled it "small".
+    code, out, err = capture(cli, write(tmp_path, 'name = "x"\nbuilder = "net.py:build"\n'), tmp_path / "ws", "--small")
+    assert_one_line_error(code, out, err, "net.toml", "'small'", "has none")
+
+
+def test_a_builder_that_calls_sys_exit_is_bad_input(cli, tmp_path):
+    model = "import sys\n\ndef build():\n    sys.exit(3)\n"
+    code, out, err = capture(cli, write(tmp_path, 'name = "x"\nbuilder = "net.py:build"\n', model), tmp_path / "ws")
+    assert_one_line_error(code, out, err, "net.toml", "called sys.exit(3)")
