@@ -331,3 +331,22 @@ def test_a_skipped_card_is_said_once_with_its_reason(cli, tmp_path):
     db = sqlite3.connect(tmp_path / "kforge.db")
     ids = [c for (c,) in db.execute("SELECT card_id FROM events WHERE kind = 'card_skipped'")]
     assert ids and len(ids) == len(set(ids))
+
+
+def test_a_run_does_not_reuse_a_capture_without_samples(cli, tmp_path):
+    # `capture --samples 0` then `run`: the run reused it and searched nothing ("1 no-samples"), exit 0.
+    code, _, err = cli("capture", MY_MODEL, "--small", "--device", "cpu", "--samples", "0", "--workspace", tmp_path)
+    assert code == 0, err
+    code, out, err = cli("run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--iterations", "1", "--json",
+                         "--workspace", tmp_path)
+    assert code == 0, err
+    assert any(c["candidates"] for c in json.loads(out)["cards"])
+    db = sqlite3.connect(tmp_path / "kforge.db")
+    assert db.execute("SELECT count(*) FROM captures").fetchone() == (2,)
+
+
+def test_nothing_proposed_of_no_cards_is_a_sentence():
+    from engine.run.command import nothing_proposed
+
+    assert nothing_proposed([]) == ("nothing proposed: the capture has no cards (the model's forward ran no op "
+                                    "worth a kernel)")

@@ -127,6 +127,8 @@ def nothing_proposed(cards: list[CardState]) -> str:
     for c in cards:
         why = c.note or c.done_reason or "open"
         by[why] = by.get(why, 0) + 1
+    if not cards:
+        return "nothing proposed: the capture has no cards (the model's forward ran no op worth a kernel)"
     parts = ", ".join(f"{n} {why}" for why, n in sorted(by.items(), key=lambda kv: -kv[1]))
     return f"nothing proposed: of {len(cards)} card(s), {parts}"
 
@@ -569,6 +571,8 @@ async def _capture_for(store: Store, args: argparse.Namespace, workspace: Path, 
     for cap in await store.list_captures(config.name):
         if cap["config_sha256"] == config.sha256 and bool(cap["small"]) == bool(args.small) and \
                 (args.device is None or cap["device"] == args.device):
+            if config.samples and not await store.count_samples(cap["id"]):
+                continue   # a `capture --samples 0` one: a run on it could verify nothing (every card no-samples)
             return cap["id"]
     from engine.capture.store import capture_into
 

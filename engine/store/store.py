@@ -386,6 +386,11 @@ class Store:
         )
         return [_decoded("cards", r) for r in rows]
 
+    async def count_samples(self, capture_id: str) -> int:
+        """Sample files stored for a capture, over all its cards."""
+        rows = await self._fetchall("SELECT COUNT(*) AS n FROM samples WHERE capture_id = ?", (capture_id,))
+        return int(rows[0]["n"]) if rows else 0
+
     async def get_samples(self, capture_id: str, card_id: str) -> list[dict[str, Any]]:
         """Sample rows of one card in index order (paths relative to the workspace)."""
         rows = await self._fetchall(
