@@ -350,3 +350,13 @@ def test_nothing_proposed_of_no_cards_is_a_sentence():
 
     assert nothing_proposed([]) == ("nothing proposed: the capture has no cards (the model's forward ran no op "
                                     "worth a kernel)")
+
+
+def test_a_dry_run_says_when_the_capture_is_not_the_gpus_dtype(cli, tmp_path):
+    # my_model captures float32 on a CPU and runs bfloat16 on the GPU: its dry-run kernels are for cards the
+    # GPU never calls, said nowhere before.
+    code, _, err = cli("run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--iterations", "1", "--json",
+                       "--workspace", tmp_path)
+    assert code == 0, err
+    assert "warning: the capture is float32 and the config runs the model in bfloat16 on the GPU" in err
+    assert '[dtype] cpu = "bfloat16"' in err

@@ -138,6 +138,15 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     target.module.eval()
     t_built = time.perf_counter()
     dtype = config.dtype_for(device.type)
+    # What the model is in, which the builder decides: one that takes no `dtype` argument builds float32
+    # whatever the config says, and the header said the config's dtype over float32 cards.
+    floats = [p.dtype for p in target.module.parameters() if p.is_floating_point()]
+    built = max(set(floats), key=floats.count) if floats else dtype
+    built_note = None
+    if built != dtype:
+        built_note = (f"the config asks {dtype_name(dtype)} on {device.type} ([dtype]) and the builder made the "
+                      f"model's parameters {dtype_name(built)}: does it take a `dtype` argument?")
+        dtype = built
     if wide_compute is None:
         wide_compute = widens(device, dtype)
     # Entered before (below) the capture's modes: they see each call as the model makes it.
@@ -266,6 +275,8 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     notes = {**{k: str(v) for k, v in target.notes.items()}, **chain_notes}
     if output_note:
         notes["model output"] = output_note
+    if built_note:
+        notes["dtype"] = built_note
     if wide is not None:
         half = dtype_name(dtype)
         notes["cpu compute"] = (
@@ -289,7 +300,7 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
                 "samples; engine/capture/twins.py)")
     return CaptureResult(
         capture_id=capture_id, model=config.name, device=device.type,
-        dtype=dtype_name(config.dtype_for(device.type)), small=config.small,
+        dtype=dtype_name(dtype), small=config.small,
         wall_s=time.perf_counter() - t_start, cards=cards, skipped=dict(mode.skipped), notes=notes,
         sample_dir=str(final.relative_to(workspace)), chains=chain_list, sample_digests=dict(writer.digests),
         twins=twins,

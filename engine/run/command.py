@@ -121,6 +121,17 @@ def still_waiting(cards: list[CardState], run_id: str, workspace: Path, wall_s: 
             f"time): {resume_hint(run_id, workspace)}{more} searches them")
 
 
+def _config_gpu_dtype(path: str | None) -> str | None:
+    """The dtype a run's config gives the model on CUDA (its [dtype] cuda), or None where unreadable now."""
+    from engine.capture.signature import dtype_name
+    from engine.config import load_config
+
+    try:
+        return dtype_name(load_config(path).dtype_for("cuda")) if path else None
+    except Exception:  # noqa: BLE001 - a config moved or edited since the run began: nothing to say
+        return None
+
+
 def nothing_proposed(cards: list[CardState]) -> str:
     """One line saying why a run proposed nothing: how many cards stopped for each reason."""
     by: dict[str, int] = {}
@@ -406,6 +417,11 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
         print(f"kforge: dry run on a CPU capture: proposing for the {target.name}'s calls (CUDA's outputs, "
               f"shares from a roofline on it)" + (f"; not proposed, cpu-only op: the GPU runs a different op: "
                                                   f"{', '.join(cpu_only)}" if cpu_only else ""), file=sys.stderr)
+        gpu_dtype = _config_gpu_dtype(cfg.get("config"))
+        if gpu_dtype and gpu_dtype != capture["dtype"]:
+            print(f"kforge: warning: the capture is {capture['dtype']} and the config runs the model in {gpu_dtype} "
+                  f"on the GPU ([dtype] cuda): these kernels are for {capture['dtype']} cards, which the GPU will "
+                  f"not call; set [dtype] cpu = \"{gpu_dtype}\" to prepare the GPU's own", file=sys.stderr)
     recorder = StoreRecorder(store, run_id, progress=stop.quiet(Progress(stages)))
     lanes, pool, ray_lanes = [], None, None
     # Cards named by --ops are searched whatever their share: the user chose them (a module card's share is
