@@ -345,3 +345,33 @@ def test_a_builder_that_calls_sys_exit_is_bad_input(cli, tmp_path):
     model = "import sys\n\ndef build():\n    sys.exit(3)\n"
     code, out, err = capture(cli, write(tmp_path, 'name = "x"\nbuilder = "net.py:build"\n', model), tmp_path / "ws")
     assert_one_line_error(code, out, err, "net.toml", "called sys.exit(3)")
+
+
+STATEFUL = '''
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls > 1:
+            raise RuntimeError("cache full")
+        return torch.relu(self.lin(x))
+
+
+def build():
+    return Net(), (torch.randn(2, 8),)
+'''
+
+
+def test_a_model_that_fails_on_its_second_forward_is_not_called_a_kforge_bug(cli, tmp_path):
+    code, out, err = capture(cli, write(tmp_path, 'name = "x"\nbuilder = "net.py:build"\n', STATEFUL),
+                             tmp_path / "ws")
+    assert_one_line_error(code, out, err, "net.toml", "cache full", "changes its state between forwards")
+    assert "Kernel Forge bug" not in err

@@ -101,6 +101,21 @@ def _run_forward(config: ModelConfig, forward: Callable[[], Any], what: str) -> 
                          f"{_one_line(e)}; fix the model or its [params] (--debug shows the traceback)") from e
 
 
+def _captured_forward_failed(config: ModelConfig, target: Any, what: str, e: BaseException) -> UsageError:
+    """The error for a forward that raised under capture after the model's own forward ran: a Kernel Forge bug,
+    unless the model raises again without capture (it changes its state between forwards: a cache that fills
+    up, a counter with a limit), which is the model's doing."""
+    try:
+        with torch.no_grad():
+            target.forward()
+    except Exception as again:  # noqa: BLE001 - any failure of a plain forward is the model's
+        return UsageError(f"{config.path}: the model raised during the {what} forward, and again without capture: "
+                          f"{_one_line(again)}; it changes its state between forwards, and Kernel Forge runs its "
+                          "forward several times on the same inputs: make the builder's forward repeatable")
+    return UsageError(f"{config.path}: the model raised during the {what} forward: {_one_line(e)}; it runs "
+                      "without capture, so this is likely a Kernel Forge bug: please report it with --debug output")
+
+
 def _one_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
@@ -211,9 +226,7 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
                 with torch.no_grad(), below, mode, (trace if trace is not None else contextlib.nullcontext()):
                     output = target.forward()
             except Exception as e:
-                raise UsageError(f"{config.path}: the model raised during the captured forward: "
-                                 f"{_one_line(e)}; it ran without capture, so this is likely a Kernel "
-                                 f"Forge bug: please report it with --debug output") from e
+                raise _captured_forward_failed(config, target, "captured", e) from e
         _sync(device)
         t_captured = time.perf_counter()
         try:
@@ -254,9 +267,7 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
                     with below:
                         written = sample_chains(target.forward, found, trace.calls, partial, model=target.module)
                 except Exception as e:
-                    raise UsageError(f"{config.path}: the model raised during the chain-sampling forward: "
-                                     f"{_one_line(e)}; it ran without capture, so this is likely a Kernel "
-                                     f"Forge bug: please report it with --debug output") from e
+                    raise _captured_forward_failed(config, target, "chain-sampling", e) from e
                 _sync(device)
             if found.planned:
                 chain_list = [dataclasses.replace(c, samples=written.get(c.card_id, 0)) for c in chain_list]
