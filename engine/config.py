@@ -84,6 +84,8 @@ def find_config(path: str | Path) -> Path:
     shipped = shipped_configs()
     if str(path) in shipped:
         return shipped[str(path)]
+    if p.is_dir():
+        raise UsageError(f"{p}: a folder, not a config file; pass its .toml (e.g. {p / 'model.toml'})")
     raise UsageError(f"{p}: config file not found; pass a path such as configs/models/resnet50.toml "
                      f"or a shipped name ({', '.join(shipped)})")
 

@@ -375,3 +375,8 @@ def test_a_model_that_fails_on_its_second_forward_is_not_called_a_kforge_bug(cli
                              tmp_path / "ws")
     assert_one_line_error(code, out, err, "net.toml", "cache full", "changes its state between forwards")
     assert "Kernel Forge bug" not in err
+
+
+def test_a_config_path_that_is_a_folder_says_so(cli, tmp_path):
+    code, out, err = capture(cli, tmp_path, tmp_path / "ws")
+    assert_one_line_error(code, out, err, "a folder, not a config file")

@@ -17,7 +17,7 @@ def test_every_named_gpu_has_a_profile_and_others_are_refused_by_name():
     assert profile("DGX-Spark") is PROFILES["dgx-spark"]
     with pytest.raises(UsageError) as e:
         profile("gb200")
-    assert "'gb200'" in str(e.value) and all(n in str(e.value) for n in NAMES)
+    assert "--gpu gb200" in str(e.value) and all(n in str(e.value) for n in NAMES)
 
 
 def test_the_dgx_spark_profile_is_a_gb10():

@@ -233,7 +233,9 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
             output_tensor(output)
             output_note = None
         except TypeError:
-            output_note = (f"the forward returns a {type(output).__name__} with no tensor in it: export's whole-model "
+            kind = type(output).__name__
+            output_note = (f"the forward returns {'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind} with no tensor "
+                           "in it: export's whole-model "
                            "check has nothing to compare (return the model's output tensor)")
         del output
         if early is not None:

@@ -65,5 +65,5 @@ def profile(name: str) -> Hardware:
     """The named GPU's published figures; a UsageError naming the valid names for any other name."""
     key = name.strip().lower()
     if key not in PROFILES:
-        raise UsageError(f"unknown GPU {name!r}: use one of {', '.join(PROFILES)}")
+        raise UsageError(f"--gpu {name}: unknown GPU; use one of {', '.join(PROFILES)}")
     return PROFILES[key]
