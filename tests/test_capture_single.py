@@ -20,3 +20,17 @@ def test_more_than_one_card_is_refused(tmp_path):
     x = torch.randn(4, 8)
     with pytest.raises(ValueError, match="expected one card"):
         capture_card(tmp_path, lambda: torch.relu(x) + 1)
+
+
+def test_signature_text_folds_repeated_list_items(tmp_path):
+    # Mamba's scan stacked 32 steps: the card's line listed 32 entries (about 30 kB at 2048 tokens).
+
+    from engine.capture.signature import signature_text
+    from engine.capture.single import capture_samples
+
+    xs = [torch.randn(1, 4, device="meta") for _ in range(32)]
+    (card,), _ = capture_samples(lambda: torch.stack(xs), tmp_path / "stack", 0)
+    assert signature_text(card.signature).startswith("[f32[1,4]×32]")
+    ys = [torch.randn(2, device="meta"), torch.randn(3, device="meta")]
+    (card,), _ = capture_samples(lambda: torch.cat(ys * 2), tmp_path / "cat", 0)
+    assert signature_text(card.signature).startswith("[f32[2],f32[3],f32[2],f32[3]]")   # no runs: as before

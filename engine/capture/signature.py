@@ -212,6 +212,20 @@ def _value_text(v: Any) -> str:
     return repr(v) if isinstance(v, str) else str(v)
 
 
+def _runs(items: list[str]) -> list[str]:
+    """Three or more equal items in a row as one `item×n` (a scan's `stack` of 2048 steps is one entry, not
+    a line of 30 kB)."""
+    out: list[str] = []
+    i = 0
+    while i < len(items):
+        j = i
+        while j < len(items) and items[j] == items[i]:
+            j += 1
+        out += [f"{items[i]}×{j - i}"] if j - i >= 3 else items[i:j]
+        i = j
+    return out
+
+
 def signature_text(signature: dict[str, Any]) -> str:
     """Compact human form: tensors as dtype[shape](strides when not contiguous), values as name=value."""
     parts = []
@@ -219,7 +233,7 @@ def signature_text(signature: dict[str, Any]) -> str:
         if a["kind"] == "tensor":
             parts.append("None" if a.get("absent") else _tensor_text(a))
         elif a["kind"] == "tensor_list":
-            parts.append("[" + ",".join(_tensor_text(x) if x else "None" for x in a["items"]) + "]")
+            parts.append("[" + ",".join(_runs([_tensor_text(x) if x else "None" for x in a["items"]])) + "]")
         elif a["value"] is None:
             continue
         else:
