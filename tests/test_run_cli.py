@@ -360,3 +360,29 @@ def test_a_dry_run_says_when_the_capture_is_not_the_gpus_dtype(cli, tmp_path):
     assert code == 0, err
     assert "warning: the capture is float32 and the config runs the model in bfloat16 on the GPU" in err
     assert '[dtype] cpu = "bfloat16"' in err
+
+
+def test_runs_says_when_a_running_runs_process_is_gone(cli, tmp_path):
+    # kill -9 (or a reboot) leaves the row 'running' for ever: `runs` now says its process is gone.
+    import os
+    import subprocess
+    import sys
+
+    code, out, err = cli("run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--iterations", "1", "--json",
+                         "--workspace", tmp_path)
+    assert code == 0, err
+    run_id = json.loads(out)["run"]
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    db = sqlite3.connect(tmp_path / "kforge.db")
+    db.execute("UPDATE runs SET status = 'running', pid = ? WHERE id = ?", (dead.pid, run_id))
+    db.commit()
+    code, out, _ = cli("runs", "--json", "--workspace", tmp_path)
+    (row,) = json.loads(out)["runs"]
+    assert row["status"] == "running" and row["process_gone"] is True
+    code, out, _ = cli("runs", "--workspace", tmp_path)
+    assert "running (process gone: --resume it)" in out
+    db.execute("UPDATE runs SET pid = ? WHERE id = ?", (os.getpid(), run_id))   # alive: running, as it says
+    db.commit()
+    code, out, _ = cli("runs", "--json", "--workspace", tmp_path)
+    assert json.loads(out)["runs"][0]["process_gone"] is False

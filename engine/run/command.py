@@ -7,6 +7,7 @@ import asyncio
 import json
 import math
 import os
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -381,6 +382,8 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
         run_id = ids["run"] = run["id"]
         proposer = await _proposer(provider, cfg.get("model"), cfg.get("base_url"), store=store,
                                    replay_run=cfg.get("replay_run"), resumed_run=run_id)
+        cfg = {**cfg, "host": socket.gethostname()}   # the process running it now (`runs` checks it is alive)
+        await store.update_run(run_id, pid=os.getpid(), config=cfg)
     else:
         settings = settings_of(args)
         provider = settings.provider
@@ -405,6 +408,7 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
             cfg["gpu"] = args.gpu  # so that --resume prepares for the same GPU
         if _ray_of(args):
             cfg["ray"] = _ray_of(args)  # so that --resume runs on the same lanes
+        cfg["host"] = socket.gethostname()   # with the pid: `runs` can tell a run whose process is gone
         capture = await store.get_capture(capture_id)
         run = await store.create_run(capture_id, capture["model"], provider, cfg, pid=os.getpid())
         run_id = ids["run"] = run["id"]
@@ -530,8 +534,6 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
             except Exception:  # noqa: BLE001 - a cluster gone at the end must not stop the lanes' closing
                 hosts = {}
         else:
-            import socket
-
             hosts = {socket.gethostname(): [lane.name for lane in lanes]} if lanes else {}
         for lane in lanes:
             await lane.close()

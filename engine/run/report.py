@@ -212,9 +212,10 @@ def run_summaries(db_path: Any, refs: list[str] | None = None) -> list[dict[str,
             best = store_read.best_speedups(conn, r["id"])
             speedups = [s for s, _ in best.values() if s]
             cfg = r.get("config") or {}
+            gone = process_gone(r)
             out.append({
                 "id": r["id"], "model": r["model"], "provider": r["provider"], "llm_model": cfg.get("model"),
-                "status": r["status"], "stopped_by": r.get("stopped_by"),
+                "status": r["status"], "stopped_by": r.get("stopped_by"), "process_gone": gone,
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(r["created_at"])),
                 "candidates": sum(counts.values()), "verified": counts.get("verified", 0),
                 "compiled": counts.get("compiled", 0), "failed": counts.get("rejected", 0),
@@ -233,6 +234,24 @@ def run_summaries(db_path: Any, refs: list[str] | None = None) -> list[dict[str,
         raise
     finally:
         conn.close()
+
+
+def process_gone(run: dict[str, Any]) -> bool:
+    """A run marked running whose process, on this host, no longer exists (killed with SIGKILL, the machine
+    rebooted): it is not running, and `run --resume` continues it. Unknown (another host, no pid) is False."""
+    import os
+    import socket
+
+    pid, cfg = run.get("pid"), run.get("config") or {}
+    if run.get("status") != "running" or not pid or cfg.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OSError, ValueError):   # alive under another user, or not ours to ask
+        return False
+    return False
 
 
 def export_summary(row: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -271,6 +290,8 @@ def cmd_runs(args: Any, workspace: Any) -> int:
     elif not rows:
         print(f"no runs in {workspace} yet: start one with 'kforge-tui run CONFIG'")
     else:
+        rows = [{**r, "status": f"{r['status']} (process gone: --resume it)"} if r.get("process_gone") else r
+                for r in rows]
         print(_plain_table(rows, [("run", "id"), ("model", "model"), ("provider", "provider"),
                                   ("status", "status"), ("started", "started"), ("cand", "candidates"),
                                   ("verified", "verified"), ("best", "best_speedup")]))
