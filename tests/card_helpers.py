@@ -87,3 +87,19 @@ def check_intent_directed_children(templates: list[Any], cards: list[OperatorCar
         assert changed and changed <= INTENT_PARAMS["vectorisation"], (card.op, changed)
         focused += 1
     return focused
+
+
+def capture_source(tmp_path: Path, name: str, source: str, *, dtype: str = "float32", samples: int = 1,
+                   params: str = "") -> Any:
+    """A user's model as a builder file `NAME.py` holding `source` (its `build`) and a config beside it, captured
+    on the CPU into a fresh workspace: the CaptureResult (engine.capture.run.capture_model)."""
+    from engine.capture.run import capture_model
+    from engine.config import load_config
+
+    (tmp_path / f"{name}.py").write_text(source)
+    path = tmp_path / f"{name}.toml"
+    path.write_text(f'name = "{name}"\nbuilder = "{name}.py:build"\n' + (f"[params]\n{params}\n" if params else "")
+                    + f'[dtype]\ncpu = "{dtype}"\ncuda = "{dtype}"\n[capture]\nsamples = {samples}\n')
+    ws = tmp_path / "ws"
+    ws.mkdir(exist_ok=True)
+    return capture_model(load_config(path), torch.device("cpu"), ws)

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from card_helpers import capture_source
 
 from engine.capture.run import capture_model
 from engine.config import build_target, load_config
@@ -75,12 +76,6 @@ def test_capture_says_when_the_output_holds_nothing_to_compare(tmp_path, returns
 
 def test_the_capture_says_the_dtype_the_builder_made_not_the_one_the_config_asked(tmp_path):
     # A builder that takes no dtype argument builds float32; the header said "(bfloat16)" over float32 cards.
-    (tmp_path / "net.py").write_text(MODEL)
-    path = tmp_path / "net.toml"
-    path.write_text('name = "net"\nbuilder = "net.py:build"\n[dtype]\ncpu = "bfloat16"\ncuda = "bfloat16"\n'
-                    '[capture]\nsamples = 1\n')
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    result = capture_model(load_config(path), torch.device("cpu"), ws)
+    result = capture_source(tmp_path, "net", MODEL, dtype="bfloat16")
     assert result.dtype == "float32"
     assert "asks bfloat16" in result.notes["dtype"] and "`dtype` argument" in result.notes["dtype"]

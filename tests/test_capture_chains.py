@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from card_helpers import capture_source
 from conftest import CONFIGS, capture_json
 from rich.console import Console
 
@@ -541,17 +542,11 @@ def build(device, dtype):
 
 
 def test_a_chain_sample_keeps_a_parameter_as_read_when_the_forward_writes_it_before_the_chain_ends(tmp_path):
-    (tmp_path / "scale.py").write_text(WRITES_ITS_WEIGHT)
-    cfg = tmp_path / "scale.toml"
-    cfg.write_text('name = "scale"\nbuilder = "scale.py:build"\n[dtype]\ncpu = "bfloat16"\ncuda = "bfloat16"\n'
-                   '[capture]\nsamples = 2\n')
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    result = capture_model(load_config(cfg), torch.device("cpu"), ws)
+    result = capture_source(tmp_path, "scale", WRITES_ITS_WEIGHT, dtype="bfloat16", samples=2)
     chain = next(c for c in result.chains if "mul" in c.chain["ops"])
     assert chain.samples == 2 and "chain samples" not in result.notes
     for i in range(2):
-        sample = load_sample(ws / result.sample_dir / f"{chain.card_id}.{i}.safetensors")
+        sample = load_sample(tmp_path / "ws" / result.sample_dir / f"{chain.card_id}.{i}.safetensors")
         got = run_chain(chain.signature, [t for _, t in sample.args])
         assert all(torch.equal(g, want) for g, want in zip(got, sample.outputs))
 
@@ -645,13 +640,7 @@ def test_recurrent_layers_are_compute_ops_that_no_chain_runs_through(tmp_path):
     # A chain of small ops once ran through a whole LSTM (its op was not a compute op): one card "at 100 %".
     from engine.bench.floor import is_compute_op
 
-    (tmp_path / "rnn.py").write_text(RNN)
-    path = tmp_path / "rnn.toml"
-    path.write_text('name = "rnn"\nbuilder = "rnn.py:build"\n[dtype]\ncpu = "float32"\ncuda = "float32"\n'
-                    '[capture]\nsamples = 1\n')
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    result = capture_model(load_config(path), torch.device("cpu"), ws)
+    result = capture_source(tmp_path, "rnn", RNN)
     rnn_ops = {c.op for c in result.cards if "rnn" in c.op or "lstm" in c.op or "gru" in c.op}
     assert rnn_ops and all(is_compute_op(op) for op in rnn_ops), rnn_ops
     for chain in result.chains:
@@ -711,13 +700,7 @@ def test_every_add_norm_pair_of_a_post_norm_block_is_a_chain_and_no_member_is_st
     # The two add -> norm pairs of a block join by data flow with a matmul between: the second pair was
     # dropped as not convex, and lost (BERT counted 2 of 4 calls). An arange whose reader was left out of a
     # chain stayed in it, unconnected (Mixtral's add + RMSNorm card held an int64 output and was declined).
-    (tmp_path / "post.py").write_text(POST_NORM)
-    path = tmp_path / "post.toml"
-    path.write_text('name = "post"\nbuilder = "post.py:build"\n[params]\ndepth = 3\n'
-                    '[dtype]\ncpu = "float32"\ncuda = "float32"\n[capture]\nsamples = 1\n')
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    result = capture_model(load_config(path), torch.device("cpu"), ws)
+    result = capture_source(tmp_path, "post", POST_NORM, params="depth = 3")
     by_ops = {tuple(c.chain["ops"]): c for c in result.chains}
     assert by_ops[("add", "native_layer_norm")].calls == 6     # 2 per block, 3 blocks
     assert ("relu", "mul") in by_ops
