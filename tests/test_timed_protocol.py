@@ -206,3 +206,18 @@ def test_verification_leaves_no_answer_for_a_later_candidates_first_run(protocol
 
     assert check.check(attacker).ok
     assert found and not any(found), f"an answer was in memory in {sum(found)} of {len(found)} runs"
+
+
+def test_an_audited_round_allocates_nothing_before_the_candidates_call(protocol, monkeypatch):
+    # Audited rounds cloned the inputs before the candidate's outputs were allocated: on the H200 its output
+    # then sat at another address in exactly those rounds, and a kernel that cheated while its output address
+    # repeated was never audited cheating (1.48x on an add card). The values as generated are copied every
+    # round into buffers made once.
+    timed, check, cfg, _, _ = protocol
+    clones = []
+    real = timed.clone_bound
+    monkeypatch.setattr(timed, "clone_bound", lambda *a, **k: clones.append(1) or real(*a, **k))
+    run = timed.audited_ab(check, timed.TimedCandidate(lambda b, prefill: (lambda: _add(b))), lambda: None, cfg,
+                           seed=8)
+    assert run.category is None and run.audited >= cfg.min_audits
+    assert len(clones) == 3 * cfg.slots   # eager's slots and the two sets of copies, once: none per round

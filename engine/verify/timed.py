@@ -76,6 +76,11 @@ def _slot_bases(check: CardCheck, slots: int) -> list[Bound]:
     return [bases[k % len(bases)] for k in range(max(1, slots))]
 
 
+def _copy_values(src: Bound, dst: Bound) -> None:
+    for (_, a), (_, b) in zip(tensors_of(src), tensors_of(dst)):
+        cover(b).copy_(cover(a))
+
+
 def _snapshot(outs: list[Any]) -> list[Any]:
     return [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
 
@@ -116,6 +121,13 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
     bases = _slot_bases(check, cfg.slots)
     cand_slots, slot_canaries = zip(*(check.candidate_copy(b) for b in bases))
     eager_slots = [clone_bound(b) for b in bases]
+    # The values as generated, copied every round (audited or not) into buffers made once: a round that will be
+    # audited does nothing on the device, and allocates nothing, before the candidate's call that another
+    # round does not. Cloning only for audited rounds moved the candidate's output to another address in
+    # exactly those rounds, and a kernel that cheated while its output address repeated was never audited
+    # cheating (an H200 red-team run, 1.48x on an add card).
+    cand_pristine = [clone_bound(b) for b in cand_slots]
+    eager_pristine = [clone_bound(b) for b in eager_slots]
     regen = Regenerator(bases[0], seed, keep_ints=check.keep_ints)
     K = len(bases)
     rate = 1.0 / max(1, cfg.audit_every)
@@ -156,9 +168,11 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
         st.k, st.index, st.eager_out, st.cand_out = k, r, None, None
         regen.refill_(cand_slots[k])
         regen.refill_(eager_slots[k])   # values of its own: eager never computes the candidate's answer first
+        _copy_values(cand_slots[k], cand_pristine[k])
+        _copy_values(eager_slots[k], eager_pristine[k])
         st.audit = force[0] or (r >= 0 and rng.random() < rate)
-        st.pristine = clone_bound(cand_slots[k]) if st.audit else None
-        st.eager_pristine = clone_bound(eager_slots[k]) if st.audit else None
+        st.pristine = cand_pristine[k] if st.audit else None
+        st.eager_pristine = eager_pristine[k] if st.audit else None
         st.prefill = rng.choice(PREFILLS)
 
     def eager_finish(out: Any) -> None:
