@@ -1,3 +1,4 @@
+import contextlib
 import json
 import os
 import sys
@@ -58,3 +59,13 @@ def cli(capsys):
 
 
 sys.path.insert(0, str(ROOT / "tests"))
+
+
+@pytest.fixture
+def torch_config():
+    """`torch_config(module, name=value, ...)` sets torch config values (Inductor's, functorch's, Dynamo's) for one
+    test through the module's own `patch`, undone after it. Not monkeypatch.setattr: pytest 9.2's undo deletes
+    such a setting from torch's config module, and every later compile in that worker failed (18 tests of the
+    README's test command on a fresh install)."""
+    with contextlib.ExitStack() as stack:
+        yield lambda module, **values: stack.enter_context(module.patch(**values))

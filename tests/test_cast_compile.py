@@ -144,13 +144,13 @@ def _cache_hits() -> int:
     return counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
 
 
-def test_caches_are_keyed_by_the_cast(casts, tmp_path, monkeypatch):
+def test_caches_are_keyed_by_the_cast(casts, tmp_path, monkeypatch, torch_config):
     from torch._functorch import config as fconfig
     from torch._inductor import config
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(config, "fx_graph_cache", True)
-    monkeypatch.setattr(fconfig, "enable_autograd_cache", True)
+    torch_config(config, fx_graph_cache=True)
+    torch_config(fconfig, enable_autograd_cache=True)
     args = _gn_args()
     x, w, b = args[:3]
     expected = f(x, w, b)
@@ -243,15 +243,15 @@ def test_a_graph_of_the_cast_op_that_the_cast_does_not_keep_still_runs_under_the
     assert "aten::native_group_norm" in compose.routed_names(casts("C"))  # another cast's installed route
 
 
-def test_a_graph_served_from_inductors_cache_keeps_the_target(casts, tmp_path, monkeypatch):
+def test_a_graph_served_from_inductors_cache_keeps_the_target(casts, tmp_path, monkeypatch, torch_config):
     """A graph from Inductor's caches is not lowered here, so what it calls is not known: it keeps the
     target around its calls."""
     from torch._functorch import config as fconfig
     from torch._inductor import config
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(config, "fx_graph_cache", True)
-    monkeypatch.setattr(fconfig, "enable_autograd_cache", True)
+    torch_config(config, fx_graph_cache=True)
+    torch_config(fconfig, enable_autograd_cache=True)
     args = _gn_args()
     x = args[0]
     cast = casts("A").install(args)

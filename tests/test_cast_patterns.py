@@ -253,13 +253,13 @@ def _cache_hits() -> int:
     return counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
 
 
-def test_caches_are_keyed_by_the_patterns(fresh_dynamo, tmp_path, monkeypatch):
+def test_caches_are_keyed_by_the_patterns(fresh_dynamo, tmp_path, monkeypatch, torch_config):
     from torch._functorch import config as fconfig
     from torch._inductor import config
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(config, "fx_graph_cache", True)
-    monkeypatch.setattr(fconfig, "enable_autograd_cache", True)
+    torch_config(config, fx_graph_cache=True)
+    torch_config(fconfig, enable_autograd_cache=True)
     model = Wrapped(Gate())
     a, b = torch.randn(4, 8), torch.randn(4, 8)
     sig, plan = _card(model, (a, b), ["silu", "mul"])
