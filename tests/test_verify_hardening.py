@@ -287,3 +287,21 @@ def test_speedup_is_taken_against_eager_alone_when_eager_reads_slower_beside_the
     assert fix["speedup_ci"][0] < fix["speedup"] < fix["speedup_ci"][1]
     assert fix["eager"]["median"] == 6.3 and fix["eager_beside"]["median"] == 35.6
     assert "alone" in fix["eager_note"]
+
+
+def test_canaries_differ_per_buffer_and_side_and_still_catch_a_write():
+    # One pattern for every buffer made the 64 bytes before any buffer equal the 64 after it: a kernel could
+    # tell the lane's guarded buffers from a model's and compute honestly only there (a red-team stand-in).
+    from engine.verify.guard import Canaries
+
+    c = Canaries("cpu", guard=512)
+    c.buffer(100, "a")
+    c.buffer(100, "b")
+    ra, rb = c.regions
+    assert not torch.equal(ra.before, ra.after) and not torch.equal(ra.before, rb.before)
+    assert not torch.equal(ra.raw[:512], ra.raw[612:])
+    assert c.violations() == []
+    ra.raw[612] ^= 1   # one byte past the end of "a"
+    (line,) = c.violations()
+    assert line.startswith("a: 1 of the 512 bytes after the end were overwritten")
+    assert bool(c.damaged())

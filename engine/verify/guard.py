@@ -3,8 +3,8 @@
 A kernel that writes past the end of an output (a vector store at the tail, an off-by-one grid) or
 before its start clobbers whatever the allocator put next to it: in a model, another layer's
 activations. The canaries make such a write visible: after a call, each region must still hold the
-bytes it was filled with. The bytes are random per `Canaries` (drawn from the host's entropy), so a
-kernel cannot restore them.
+bytes it was filled with. The bytes are random per buffer and side (a generator seeded from the host's
+entropy), so a kernel can neither restore them nor tell a guarded buffer by its two sides matching.
 
 Regions are checked either at once (`violations()`, one host sync) or queued on the device without a
 sync (`enqueue_check()`), for timed calls, and read later (`pending_violation()`).
@@ -29,6 +29,8 @@ class _Region:
     name: str
     raw: torch.Tensor  # uint8: [canary | payload | canary]
     payload: int  # bytes between the canaries
+    before: torch.Tensor  # the bytes of the canary before the payload, and after it: drawn for this buffer
+    after: torch.Tensor
 
 
 class Canaries:
@@ -38,8 +40,7 @@ class Canaries:
         self.device = torch.device(device)
         self.guard = guard
         seed = int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1)
-        gen = torch.Generator().manual_seed(seed)
-        self.pattern = torch.randint(0, 256, (guard,), dtype=torch.uint8, generator=gen).to(self.device)
+        self._gen = torch.Generator(device=self.device).manual_seed(seed)
         self.regions: list[_Region] = []
         self._flag: torch.Tensor | None = None
 
@@ -47,9 +48,14 @@ class Canaries:
         """`nbytes` of uninitialised uint8 memory with a canary region either side."""
         g = self.guard
         raw = torch.empty(nbytes + 2 * g, dtype=torch.uint8, device=device or self.device)
-        raw[:g].copy_(self.pattern)
-        raw[g + nbytes:].copy_(self.pattern)
-        self.regions.append(_Region(name, raw, nbytes))
+        # Each side its own random bytes, new for every buffer: with one pattern for all, the bytes just before
+        # any buffer equalled those just after it, and a kernel could tell the lane's buffers from a model's
+        # by reading both (a red-team stand-in computed honestly only there).
+        pattern = torch.randint(0, 256, (2, g), dtype=torch.uint8, device=self._gen.device, generator=self._gen)
+        pattern = pattern.to(raw.device)
+        raw[:g].copy_(pattern[0])
+        raw[g + nbytes:].copy_(pattern[1])
+        self.regions.append(_Region(name, raw, nbytes, pattern[0], pattern[1]))
         return raw[g:g + nbytes]
 
     def empty_strided(self, shape, stride, dtype: torch.dtype, name: str = "out") -> torch.Tensor:
@@ -71,8 +77,9 @@ class Canaries:
         g = self.guard
         bad = []
         for r in self.regions:
-            for side, view in (("before the start", r.raw[:g]), ("after the end", r.raw[g + r.payload:])):
-                changed = view != self.pattern
+            for side, view, pattern in (("before the start", r.raw[:g], r.before),
+                                        ("after the end", r.raw[g + r.payload:], r.after)):
+                changed = view != pattern
                 if bool(changed.any()):
                     idx = changed.nonzero().flatten()
                     count = int(idx.numel())
@@ -86,8 +93,8 @@ class Canaries:
         g = self.guard
         flag = None
         for r in self.regions:
-            for view in (r.raw[:g], r.raw[g + r.payload:]):
-                hit = torch.ne(view, self.pattern).any()
+            for view, pattern in ((r.raw[:g], r.before), (r.raw[g + r.payload:], r.after)):
+                hit = torch.ne(view, pattern).any()
                 flag = hit if flag is None else flag | hit
         return flag
 
