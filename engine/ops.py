@@ -36,6 +36,13 @@ def write_only_args(op: torch._ops.OpOverload) -> list[str]:
             if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
 
 
+def written_args(op: torch._ops.OpOverload) -> list[str]:
+    """Every argument the op's schema writes (`Tensor(a!)`): in-place and `out=` ones, and those it updates
+    without returning them (`_native_batch_norm_legit`'s running statistics in training). A candidate must leave
+    each as eager does; every other input must come back unchanged."""
+    return [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+
+
 def call_op(op: torch._ops.OpOverload, bound: Sequence[tuple[str, Any]]) -> Any:
     """Call the public op with arguments in schema order (keyword-only ones by name)."""
     kwarg_only = {a.name for a in op._schema.arguments if a.kwarg_only}

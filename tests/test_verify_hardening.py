@@ -305,3 +305,33 @@ def test_canaries_differ_per_buffer_and_side_and_still_catch_a_write():
     (line,) = c.violations()
     assert line.startswith("a: 1 of the 512 bytes after the end were overwritten")
     assert bool(c.damaged())
+
+
+def test_an_argument_the_op_updates_without_returning_it_must_end_as_eager_leaves_it():
+    # _native_batch_norm_legit in training updates running_mean/var (Tensor(a!)) and returns neither: only
+    # returned aliases and out= arguments counted as written, so the honest kernel was rejected as `mutation`
+    # and one that skipped the update passed verification.
+    from engine.ops import call_op, resolve_op
+    from engine.verify.pipeline import card_check
+
+    op = resolve_op("aten::_native_batch_norm_legit")
+    torch.manual_seed(0)
+
+    def sample():
+        return [("input", torch.randn(4, 3, 5)), ("weight", torch.rand(3) + 0.5), ("bias", torch.randn(3)),
+                ("running_mean", torch.zeros(3)), ("running_var", torch.ones(3)), ("training", True),
+                ("momentum", 0.1), ("eps", 1e-5)]
+
+    sig = {"args": [{"name": n, "kind": "tensor", "dtype": "float32", "shape": list(v.shape),
+                     "stride": list(v.stride()), "device": "cpu"} if isinstance(v, torch.Tensor)
+                    else {"name": n, "kind": "value", "value": v} for n, v in sample()], "aliases": []}
+    check = card_check("aten::_native_batch_norm_legit", sig, [sample(), sample()], race_reps=0)
+    assert {"running_mean", "running_var"} <= check.written
+    assert check.check(lambda b, prefill: list(call_op(op, b))).ok
+
+    def lazy(b, prefill):   # the right outputs, the running statistics left as they were
+        copies = [(n, v.clone() if n.startswith("running") else v) for n, v in b]
+        return list(call_op(op, copies))
+
+    v = card_check("aten::_native_batch_norm_legit", sig, [sample(), sample()], race_reps=0).check(lazy)
+    assert not v.ok and v.category == "mismatch" and "mutated argument running_" in v.message

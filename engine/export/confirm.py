@@ -174,7 +174,7 @@ def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any
     from engine.cast import cpp_router, runtime
     from engine.cast.compat import current_env
     from engine.cast.loader import load
-    from engine.ops import call_op, eager_call, resolve_op, return_aliases, write_only_args
+    from engine.ops import call_op, eager_call, resolve_op, written_args
     from engine.verify.inputs import clone_bound
     from engine.verify.pipeline import CardCheck, as_list
 
@@ -217,7 +217,7 @@ def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any
             if state.hits == before:
                 r["reason"] = "the guard did not match the variant's own inputs (no hit)"
                 continue
-            written = [a for a in return_aliases(op) if a] + write_only_args(op)
+            written = written_args(op)
             check = CardCheck(v["op"], bound_sets, eager, written_args=written, sync=torch.cuda.synchronize,
                               fresh=1, edges=True)
             def candidate(b, prefill, op=op, plan=state.plan):

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from engine.capture.chains import CHAIN_OP, run_chain
-from engine.ops import eager_call, resolve_op, return_aliases, write_only_args
+from engine.ops import eager_call, resolve_op, written_args
 from engine.verify.compare import CompareReport, bitwise_equal, compare_outputs
 from engine.verify.guard import Canaries, GuardViolation
 from engine.verify.inputs import Bound, clone_bound, cover, edge_inputs, fresh_inputs, tensors_of
@@ -461,8 +461,7 @@ def card_check(op_name: str, signature: dict[str, Any], samples: Sequence[Bound]
         return CardCheck(op_name, samples, chain_eager(signature), family=chain_family(signature),
                          reference64=chain_eager(chain_in_float64(signature)), **kw)
     op = resolve_op(op_name)
-    written = [a for a in return_aliases(op) if a] + write_only_args(op)
-    return CardCheck(op_name, samples, eager_call(op, signature), written_args=written, **kw)
+    return CardCheck(op_name, samples, eager_call(op, signature), written_args=written_args(op), **kw)
 
 
 def chain_eager(signature: dict[str, Any]) -> RunEager:
