@@ -236,6 +236,12 @@ def _identity(toml: bytes, builder: str, builder_file: Path | None) -> str:
     return h.hexdigest()
 
 
+def _importable(folder: Path) -> None:
+    """`folder` on the import path (after what is there), once."""
+    if str(folder) not in sys.path:
+        sys.path.append(str(folder))
+
+
 def resolve_builder(config: ModelConfig):
     """Import the config's builder function; a module path or a `.py` file next to the config."""
     mod_name, func_name = config.builder.split(":")
@@ -244,6 +250,7 @@ def resolve_builder(config: ModelConfig):
             file = config.builder_file or (config.path.parent / mod_name).resolve()
             if not file.is_file():
                 raise UsageError(f"{config.path}: key 'builder': file {file} not found")
+            _importable(file.parent)   # its neighbours, as `python file.py` would find them (a model split in files)
             spec = importlib.util.spec_from_file_location(f"kforge_user_model_{file.stem}", file)
             module = importlib.util.module_from_spec(spec)
             # Registered as imported: torch.compile (Dynamo) looks the model's classes up by module name,
@@ -255,13 +262,16 @@ def resolve_builder(config: ModelConfig):
                 sys.modules.pop(spec.name, None)
                 raise
         else:
+            _importable(config.path.parent.resolve())   # a module next to the config, as from that folder
             module = importlib.import_module(mod_name)
     except UsageError:
         raise
     except Exception as e:  # an import error of the user's module is bad input, not our crash
         first = (str(e).strip().splitlines() or [""])[0]
+        fix = ("install it or fix the module path" if isinstance(e, ImportError)
+               else "fix the module (--debug shows the traceback)")
         raise UsageError(f"{config.path}: key 'builder': cannot import '{mod_name}' ({type(e).__name__}: "
-                         f"{first}); install it or fix the module path") from e
+                         f"{first}); {fix}") from e
     fn = getattr(module, func_name, None)
     if not callable(fn):
         raise UsageError(f"{config.path}: key 'builder': '{mod_name}' has no function '{func_name}'")

@@ -380,3 +380,20 @@ def test_a_model_that_fails_on_its_second_forward_is_not_called_a_kforge_bug(cli
 def test_a_config_path_that_is_a_folder_says_so(cli, tmp_path):
     code, out, err = capture(cli, tmp_path, tmp_path / "ws")
     assert_one_line_error(code, out, err, "a folder, not a config file")
+
+
+def test_a_builder_imports_a_module_next_to_it(cli, tmp_path):
+    # A model split over two files: `from tinynet import Net` in the builder failed with "No module named
+    # 'tinynet'; install it".
+    (tmp_path / "tinynet.py").write_text(GOOD_MODEL)
+    (tmp_path / "net.py").write_text("from tinynet import build as _build\n\n\ndef build():\n    return _build()\n")
+    (tmp_path / "net.toml").write_text('name = "x"\nbuilder = "net.py:build"\n')
+    code, _, err = capture(cli, tmp_path / "net.toml", tmp_path / "ws")
+    assert code == 0, err
+
+
+def test_a_builder_with_a_syntax_error_is_told_to_fix_it_not_to_install_it(cli, tmp_path):
+    code, out, err = capture(cli, write(tmp_path, 'name = "x"\nbuilder = "net.py:build"\n', "def build(:\n"),
+                             tmp_path / "ws")
+    assert_one_line_error(code, out, err, "net.toml", "SyntaxError", "fix the module")
+    assert "install it" not in err
