@@ -6,6 +6,7 @@ The engine's CLI calls this only for commands that need the TUI; Textual is impo
 from __future__ import annotations
 
 import argparse
+import atexit
 import errno
 import os
 import shlex
@@ -177,6 +178,7 @@ def demo_copy() -> Path:
     if not DEMO_DB.is_file():
         raise UsageError(f"the demo run is missing from this installation ({DEMO_DB})")
     folder = Path(tempfile.mkdtemp(prefix="kforge-demo-"))
+    atexit.register(shutil.rmtree, folder, True)   # each demo left its copy behind (205 of them on one machine)
     target = folder / "kforge.db"
     shutil.copyfile(DEMO_DB, target)
     target.chmod(0o444)

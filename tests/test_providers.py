@@ -555,7 +555,7 @@ async def test_factory_knows_builtin_and_replay_and_names_the_fix(tmp_path):
     with pytest.raises(UsageError) as e:
         await make_proposer("nope")
     assert "--provider nope: unknown provider" in str(e.value) and "replay" in str(e.value)
-    assert "\n" not in str(e.value) and "providers.toml" in str(e.value)
+    assert "\n" not in str(e.value) and "kforge/config.toml" in str(e.value)
     async with await Store.open(tmp_path / "kforge.db") as store:
         await store.save_capture({"id": "cap", "model": "m", "device": "cuda:0", "dtype": "float16"}, [], [])
         run = (await store.create_run("cap", "m", "builtin"))["id"]
@@ -582,3 +582,14 @@ def test_replay_providers_take_no_path():
 
     with pytest.raises(UsageError, match="'r.path': unknown key"):
         _provider(shipped_providers_path(), "r", {"type": "replay", "path": "x"})
+
+
+def test_an_unknown_provider_points_to_the_user_config(monkeypatch):
+    # It pointed to the package's shipped providers.toml, which a user should not edit.
+    from engine.errors import UsageError
+    from engine.propose.factory import provider_config
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", "/home/u/.cfg")
+    with pytest.raises(UsageError) as e:
+        provider_config("nope")
+    assert "[providers.nope] to your user config, /home/u/.cfg/kforge/config.toml" in str(e.value)

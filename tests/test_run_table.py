@@ -68,3 +68,14 @@ def test_the_time_before_the_search_is_summed_from_the_cards_stats():
     assert rt._before_search(cards) == [
         "Before the search: eager timed for 2 card(s) in 8 s (loading their samples 6 s, timing 2 s); "
         "references for 2 card(s): the copy 0 s, torch.compile 6 s."]
+
+
+def test_a_run_whose_cards_all_finished_early_does_not_say_stopped_by_iterations():
+    from engine.run.report import _stop_words
+
+    doc = {"stopped_by": "iterations", "cards": [{"stopped": "exhausted"}, {"stopped": "exhausted"},
+                                                 {"stopped": "declined"}]}
+    assert _stop_words(doc) == "every card finished before its iterations: 2 exhausted, 1 declined"
+    doc["cards"].append({"stopped": "iterations"})
+    assert _stop_words(doc) == "stopped by iterations"
+    assert _stop_words({"stopped_by": "wall_time", "cards": []}) == "stopped by wall_time"

@@ -25,6 +25,14 @@ from engine.store.store import Store
 _BUILTIN_TYPES = ("builtin", "replay")
 
 
+def _user_config_hint() -> str:
+    """Where the user config lives (docs/cli.md, 'The user config')."""
+    import os
+
+    base = os.environ.get("XDG_CONFIG_HOME") or "~/.config"
+    return f"{base}/kforge/config.toml"
+
+
 def provider_config(name: str, path: str | Path | None = None) -> ProviderConfig:
     """The validated config of `--provider NAME` (from the shipped providers.toml unless `path` is given)."""
     where = Path(path) if path is not None else shipped_providers_path()
@@ -32,8 +40,10 @@ def provider_config(name: str, path: str | Path | None = None) -> ProviderConfig
         return ProviderConfig(name=name, type=name, path=where)
     providers = load_providers(where)
     if name not in providers:
+        add = (f"add a [{name}] table to {where}" if path is not None
+               else f"add [providers.{name}] to your user config, {_user_config_hint()}")
         raise UsageError(f"--provider {name}: unknown provider; use one of "
-                         f"{', '.join(sorted({*providers, *_BUILTIN_TYPES}))} (or add a [{name}] table to {where})")
+                         f"{', '.join(sorted({*providers, *_BUILTIN_TYPES}))} (or {add})")
     return providers[name]
 
 

@@ -100,6 +100,21 @@ class Progress:
 NARROW_BELOW = 120  # columns: under this the final table takes its narrow form (a terminal of 80 columns)
 
 
+def _stop_words(doc: dict[str, Any]) -> str:
+    """Why the run ended, in words: 'stopped by iterations' only where a card used up its iterations; a run
+    whose every card ran out of revisions to try (or was skipped) before that is 'every card finished'."""
+    why = doc.get("stopped_by")
+    if why != "iterations":
+        return f"stopped by {why}"
+    ends: dict[str, int] = {}
+    for c in doc.get("cards", []):
+        ends[c.get("stopped") or "?"] = ends.get(c.get("stopped") or "?", 0) + 1
+    if ends.get("iterations"):
+        return "stopped by iterations"
+    parts = ", ".join(f"{n} {k}" for k, n in sorted(ends.items(), key=lambda kv: -kv[1]))
+    return f"every card finished before its iterations: {parts}" if parts else "stopped by iterations"
+
+
 def print_final_table(doc: dict[str, Any], console: Console | None = None) -> None:
     """Card, eager µs, best µs, speedup with CI, candidates, failures by category, tokens, cost.
 
@@ -113,7 +128,7 @@ def print_final_table(doc: dict[str, Any], console: Console | None = None) -> No
     narrow = console.width < NARROW_BELOW
     rows = [c for c in doc["cards"] if c["candidates"] or c["stopped"] not in CARD_SKIP_REASONS]
     timed = any(c.get("eager_us") is not None or c.get("best_us") is not None for c in doc["cards"])
-    title = f"run {doc['run']}: {doc['status']} (stopped by {doc['stopped_by']})"
+    title = f"run {doc['run']}: {doc['status']} ({_stop_words(doc)})"
     if narrow:
         from rich import box
 
