@@ -64,7 +64,20 @@ def test_audit_verify_and_export_need_a_gpu(cast_file, tmp_path, capsys):
     code, out, err = run_cli(["audit", cast_file, "--verify"], capsys)
     assert code == 2 and "no CUDA GPU" in err and len(err.strip().splitlines()) == 1
     code, out, err = run_cli(["export", "--out", tmp_path / "x.cast", "--workspace", tmp_path / "ws"], capsys)
-    assert code == 2 and "no CUDA GPU" in err and len(err.strip().splitlines()) == 1
+    # a workspace without runs says so first, and no database is made there: the input to fix on any machine
+    # (it said "no CUDA GPU")
+    assert code == 2 and "no runs in" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "x.cast").exists() and not (tmp_path / "ws" / "kforge.db").exists()
+
+
+def test_export_of_a_dry_run_says_it_is_one(tmp_path, capsys):
+    from conftest import CONFIGS
+
+    code, out, err = run_cli(["run", CONFIGS / "examples" / "my_model.toml", "--small", "--dry-run", "--no-tui",
+                              "--iterations", "1", "--json", "--workspace", tmp_path / "ws"], capsys)
+    assert code == 0, err
+    code, out, err = run_cli(["export", "--out", tmp_path / "x.cast", "--workspace", tmp_path / "ws"], capsys)
+    assert code == 2 and "is a dry run" in err and "--resume" in err, err
     assert not (tmp_path / "x.cast").exists()
 
 

@@ -458,11 +458,17 @@ def _export_variants(workspace: Path, run_id: str | None, out: Path, log: Export
         from engine.export.sanitize import require_sanitizer
 
         sanitizer = require_sanitizer()
+    from engine.store import db_path
+
+    found = asyncio.run(_load_run(workspace, run_id)) if db_path(workspace).is_file() else (None, [], [], {})
+    run, cards, cands, samples = found
+    if run is None:   # said first (no workspace made): a wrong run id is the input to fix, on any machine
+        raise UsageError(f"export: {'no run ' + repr(run_id) if run_id else 'no runs'} in {workspace}")
+    if (run.get("config") or {}).get("dry_run"):
+        raise UsageError(f"export: run {run['id']} is a dry run (proposed and compiled, nothing verified or "
+                         f"timed): resume it on a GPU first (kforge-tui run --resume {run['id']})")
     if not torch.cuda.is_available():
         raise UsageError("export: no CUDA GPU is visible; a cast's speedups are confirmed on the GPU it is for")
-    run, cards, cands, samples = asyncio.run(_load_run(workspace, run_id))
-    if run is None:
-        raise UsageError(f"export: {'no run ' + repr(run_id) if run_id else 'no runs'} in {workspace}")
     log.run_id = run["id"]
     env = log.env = current_env()
     cap = run.get("capture_row") or {}
