@@ -52,3 +52,29 @@ def test_a_wrong_kernel_still_fails_with_the_samples_integers():
     check = CardCheck("aten::repeat_interleave.self_Tensor", [sample], lambda b: call_op(REPEAT, b), race_reps=0)
     v = check.check(lambda b, prefill: [call_op(REPEAT, b) * 1.5])
     assert not v.ok and v.category == "mismatch"
+
+
+EMB = resolve_op("aten::embedding")
+
+
+def test_ids_past_the_samples_largest_are_checked_up_to_the_tables_size():
+    # A red-team embedding kernel that clamps ids below 4096 passed every set (all drawn within the samples'
+    # ids) and got 472 of 512 rows wrong on a 50,000-word vocabulary.
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(50000, 8, generator=g)
+
+    def sample():
+        return [("weight", weight), ("indices", torch.randint(0, 4000, (64,), generator=g)), ("padding_idx", -1),
+                ("scale_grad_by_freq", False), ("sparse", False)]
+
+    check = CardCheck("aten::embedding", [sample(), sample()], lambda b: call_op(EMB, b), race_reps=0)
+    ranged = dict(dict(check.sets)["edge index range"])["indices"]
+    assert int(ranged.max()) == 49999
+    assert check.check(lambda b, prefill: [call_op(EMB, b)]).ok
+
+    def clamps(b, prefill):
+        d = dict(b)
+        return [d["weight"][d["indices"].clamp(max=4095)]]
+
+    v = CardCheck("aten::embedding", [sample(), sample()], lambda b: call_op(EMB, b), race_reps=0).check(clamps)
+    assert not v.ok and v.input_set == "edge index range"

@@ -252,3 +252,44 @@ class Regenerator:
                 else:  # float8 and friends: draw in float32
                     tmp = torch.empty(c.shape, dtype=torch.float32, device=c.device)
                     c.copy_(tmp.normal_(mean, std, generator=self.gen).clamp_(lo, hi))
+
+
+# Index arguments whose legal range is a size of another argument, not what the samples held: (op base name) ->
+# (index argument, the argument whose size bounds it, the dim of that size: an int, or the name of the `dim`
+# argument). A kernel that mishandles ids past the samples' largest (16-bit index arithmetic, an assumed
+# vocabulary) passed every set drawn within the samples' range.
+INDEX_BOUNDS: dict[str, tuple[str, str, int | str]] = {
+    "embedding": ("indices", "weight", 0),
+    "_embedding_bag": ("indices", "weight", 0),
+    "embedding_bag": ("indices", "weight", 0),
+    "index_select": ("index", "self", "dim"),
+    "gather": ("index", "self", "dim"),
+    "index_add": ("index", "self", "dim"),
+    "index_fill": ("index", "self", "dim"),
+}
+
+
+def index_range_inputs(op_name: str, sample: Bound, seed: int) -> Bound | None:
+    """Sample `sample` with its index argument drawn over the op's whole legal range [0, size) (INDEX_BOUNDS),
+    or None where the op has no such argument or the range adds nothing the sample did not reach."""
+    base = op_name.split("::", 1)[-1].split(".", 1)[0]
+    entry = INDEX_BOUNDS.get(base)
+    if entry is None:
+        return None
+    idx_name, of, dim = entry
+    args = dict(sample)
+    index, bounded = args.get(idx_name), args.get(of)
+    d = args.get(dim) if isinstance(dim, str) else dim
+    if not (isinstance(index, torch.Tensor) and isinstance(bounded, torch.Tensor) and isinstance(d, int)
+            and _is_int(index) and index.numel() and bounded.dim()):
+        return None
+    size = int(bounded.shape[d])
+    if size <= 1 or int(index.max()) >= size - 1:
+        return None
+    out = clone_bound(sample)
+    gen = torch.Generator().manual_seed(seed)
+    new = dict(out)[idx_name]
+    vals = torch.randint(0, size, new.shape, generator=gen, dtype=torch.int64)
+    vals.view(-1)[0] = size - 1   # the last legal id, always
+    new.copy_(vals.to(new.device))
+    return out

@@ -18,7 +18,15 @@ from engine.capture.chains import CHAIN_OP, run_chain
 from engine.ops import eager_call, resolve_op, written_args
 from engine.verify.compare import CompareReport, bitwise_equal, compare_outputs
 from engine.verify.guard import Canaries, GuardViolation
-from engine.verify.inputs import Bound, clone_bound, cover, edge_inputs, fresh_inputs, tensors_of
+from engine.verify.inputs import (
+    Bound,
+    clone_bound,
+    cover,
+    edge_inputs,
+    fresh_inputs,
+    index_range_inputs,
+    tensors_of,
+)
 from engine.verify.tolerance import chain_family, op_family, tolerances_for
 
 # (arguments, prefill) -> outputs; the prefill is 'nan', 'sentinel', or a list of stale answers, one per output
@@ -123,6 +131,9 @@ class CardCheck:
                 kinds = (("negated", "ties") if self.family in ("matmul", "attention")
                          else ("negated", "ties", "large", "nonfinite"))
                 sets += [(f"edge {kind}", b) for kind, b in edge_inputs(samples[0], kinds)]
+                ranged = index_range_inputs(op_name, samples[0], seed + 99)
+                if ranged is not None:
+                    sets.append(("edge index range", ranged))
         self.sets = sets
         self._samples, self._seed = list(samples), seed
         self.keep_ints = False   # integer inputs keep the samples' values (the op refused random ones)
