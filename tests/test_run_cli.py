@@ -380,9 +380,9 @@ def test_runs_says_when_a_running_runs_process_is_gone(cli, tmp_path):
     db.commit()
     code, out, _ = cli("runs", "--json", "--workspace", tmp_path)
     (row,) = json.loads(out)["runs"]
-    assert row["status"] == "running" and row["process_gone"] is True
+    assert row["status"] == "running" and row["process_gone"] is True and row["dry_run"] is True
     code, out, _ = cli("runs", "--workspace", tmp_path)
-    assert "running (process gone: --resume it)" in out
+    assert "running (process gone: --resume it), dry run" in out   # a dry run looked like a run that found nothing
     db.execute("UPDATE runs SET pid = ? WHERE id = ?", (os.getpid(), run_id))   # alive: running, as it says
     db.commit()
     code, out, _ = cli("runs", "--json", "--workspace", tmp_path)

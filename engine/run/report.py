@@ -231,6 +231,7 @@ def run_summaries(db_path: Any, refs: list[str] | None = None) -> list[dict[str,
             out.append({
                 "id": r["id"], "model": r["model"], "provider": r["provider"], "llm_model": cfg.get("model"),
                 "status": r["status"], "stopped_by": r.get("stopped_by"), "process_gone": gone,
+                "dry_run": bool(cfg.get("dry_run")),
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(r["created_at"])),
                 "candidates": sum(counts.values()), "verified": counts.get("verified", 0),
                 "compiled": counts.get("compiled", 0), "failed": counts.get("rejected", 0),
@@ -307,6 +308,7 @@ def cmd_runs(args: Any, workspace: Any) -> int:
     else:
         rows = [{**r, "status": f"{r['status']} (process gone: --resume it)"} if r.get("process_gone") else r
                 for r in rows]
+        rows = [{**r, "status": f"{r['status']}, dry run"} if r.get("dry_run") else r for r in rows]
         print(_plain_table(rows, [("run", "id"), ("model", "model"), ("provider", "provider"),
                                   ("status", "status"), ("started", "started"), ("cand", "candidates"),
                                   ("verified", "verified"), ("best", "best_speedup")]))
