@@ -93,5 +93,3 @@ def test_workspaces_are_poisoned_unlike_between_checked_runs():
     second = launcher.prepare([], [torch.zeros(1)])()   # stale answers: the sentinel's pattern
     assert set(first["acc"][0].tolist()) == {0xFF} and set(second["acc"][0].tolist()) == {WORKSPACE_POISON[0]}
     assert WORKSPACE_POISON[0] != 0xFF
-    unpoisoned = launcher.prepare([], None)()   # outside checks (the cast's own calls): left as allocated
-    assert unpoisoned["acc"][0].numel() == 32
