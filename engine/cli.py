@@ -219,6 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after the eager check, try replaying the model's repeated modules (decoder layers, "
                         "blocks) from CUDA graphs and keep the first class that makes the whole model faster with "
                         "an output equal bit for bit (default: on; it takes up to two minutes; docs/chains.md)")
+    p.add_argument("--layout-routes", action=argparse.BooleanOptionalAction, default=True,
+                   help="where the model ran convolutions, also try running its convolutional modules "
+                        "channels-last in eager and keep the first class that makes the whole model faster with "
+                        "an output that agrees with eager's (default: on; up to two minutes; docs/cast.md)")
     _add_common(p)
 
     p = sub.add_parser("audit", help="show what a .cast file holds; --verify re-checks it on this GPU")
@@ -312,7 +316,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(json.dumps({"out": str(out), "included": result.included, "excluded": result.excluded,
                           "model_check": result.model_check, "model_checks": result.model_checks,
                           "warnings": result.warnings, "unchecked": result.unchecked,
-                          **({"graph_routes": result.graph_routes} if result.graph_routes is not None else {})},
+                          **({"graph_routes": result.graph_routes} if result.graph_routes is not None else {}),
+                          **({"layout_routes": result.layout_routes} if result.layout_routes is not None else {})},
                          separators=(",", ":"), default=str))
     else:
         print(f"wrote {out}: {len(result.included)} variant(s)")
@@ -334,6 +339,10 @@ def cmd_export(args: argparse.Namespace) -> int:
             err = check.get("rel_l2_err")
             print(f"whole model ({check.get('mode')}): {check['speedup']:.3f}x (95% CI {ci[0]:.3f}-{ci[1]:.3f})"
                   + ("" if err is None else f"; output moved {err:.1e} (relative L2)"))
+        if result.layout_routes is not None:
+            from engine.export.report import layout_routes_text
+
+            print(layout_routes_text({"layout_routes": result.layout_routes}))
         if result.graph_routes is not None:
             from engine.export.report import graph_routes_text
 
@@ -354,6 +363,8 @@ def _export_again(args: argparse.Namespace, run_id: str, out: Path, targets: lis
     argv += ["--also-arch", args.also_arch] if args.also_arch else []
     argv += ["--sanitize"] if args.sanitize else []
     argv += ["--sanitize-timeout", f"{args.sanitize_timeout:g}"] if args.sanitize_timeout else []
+    argv += [] if args.graph_routes else ["--no-graph-routes"]
+    argv += [] if args.layout_routes else ["--no-layout-routes"]
     return shlex.join(argv + (["--json"] if args.json else []))
 
 
@@ -368,7 +379,8 @@ def _export(args: argparse.Namespace, out: Path, progress: Callable[[str], None]
     return export_run(_workspace(args), args.run, out, progress=progress,
                       model_check=not args.no_model_check, cuda_graphs=args.cuda_graphs,
                       sanitize=args.sanitize, sanitize_timeout_s=args.sanitize_timeout, targets=targets,
-                      also_archs=archs, fresh=args.fresh, graph_routes=args.graph_routes)
+                      also_archs=archs, fresh=args.fresh, graph_routes=args.graph_routes,
+                      layout_routes=args.layout_routes)
 
 
 def cmd_audit(args: argparse.Namespace) -> int:

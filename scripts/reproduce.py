@@ -88,6 +88,7 @@ COMPOSE_MAX_S = 20
 STEP_LIMIT_S = {"run": 90, "export": 180, "e2e": 150, "compose": 300, "torch.compile": 540, "e2e full depth": 300}
 EXPORT_S_PER_COMPILE_TARGET = 90
 GRAPH_ROUTES_S = 120  # the export's graph-route check (--graph-routes): two classes' captures and timing
+LAYOUT_ROUTES_S = 90  # the export's layout-route check (convolutional models): a build, two classes' timing
 # Exports that take longer than that formula: sd35_medium under torch.compile compiles its MMDiT step + VAE in
 # 42 s alone and 27 s with a cast (H200, 2026-12-02), and each variant set tried compiles again and is timed
 # for up to 30 s; its compile target alone can take 3-5 minutes. Its export then has a sitting of its own.
@@ -476,7 +477,8 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compil
     targets = targets or MODEL_TARGETS.get(model, TARGETS)
     export_limit = (MODEL_EXPORT_S.get(model) or STEP_LIMIT_S["export"] + EXPORT_S_PER_COMPILE_TARGET * max(
         0, sum(t.startswith("compile") for t in targets.split(",")) - 1)) + (
-        GRAPH_ROUTES_S if graph_routes and "eager" in targets.split(",") else 0)  # routes are tried for eager
+        (GRAPH_ROUTES_S if graph_routes else 0) + LAYOUT_ROUTES_S if "eager" in targets.split(",") else 0)
+    # ^ routes are tried for eager (layout routes only where the model ran convolutions)
     run_argv = [py, "-m", "kforge_tui", "run", "--no-tui", "--json", "--workspace", str(ws)]
     resume = run is not None and (run["status"] != "done" or rec.get("resume_run") == run["id"])
     run_argv += ["--resume", run["id"]] if resume else [config_path(model)]

@@ -110,6 +110,7 @@ class Cast:
         self._prepared = False
         self._depth = 0
         self._graphs: Any = None  # the GraphSet of the model named at install, where the cast holds graph routes
+        self._layouts: Any = None  # the LayoutSet of the model named at install, where the cast holds layout routes
 
     # ---- state -----------------------------------------------------------------------------------
 
@@ -212,6 +213,9 @@ class Cast:
                 "misses": misses, "near_misses": near, "fallthrough": through, "near_miss_keys": near_keys,
                 "grad_declines": grad, "modules": mods, "modules_skipped": list(self._module_skipped),
                 "graph_routes": self._graphs.stats() if self._graphs is not None else {},
+                "layout_routes": self._layouts.stats() if self._layouts is not None else {},
+                "layout_routes_summary": ({"classes": self.layout_routes().get("classes", []),
+                                           **self._layouts.summary()} if self._layouts is not None else None),
                 "graph_routes_summary": ({"classes": self.graph_route_classes(), **self._graphs.summary()}
                                          if self._graphs is not None else None),
                 "patterns": {v.id: v.plan.hits for v in self.variants
@@ -298,6 +302,8 @@ class Cast:
             route.stats = modules.PathStats()
         if self._graphs is not None:
             self._graphs.reset_counters()
+        if self._layouts is not None:
+            self._layouts.reset_counters()
         if self._cpp_ops:
             from engine.cast import cpp_router
 
@@ -330,11 +336,13 @@ class Cast:
             if self._installed:
                 if model is not None:
                     self._install_modules(model)
+                    self._install_layouts(model)
                     self._install_graphs(model)
                 return self
             self._prepare()
             if model is not None:
                 self._install_modules(model)
+                self._install_layouts(model)
             if self._patterns is not None:  # compiled with this cast before: its graphs' ops serve it again
                 self._patterns.enter()
             usable = [v for v in self.usable() if v.plan is not None and v.module is None and v.pattern is None]
@@ -367,6 +375,8 @@ class Cast:
 
             if self._graphs is not None:
                 self._graphs.remove()
+            if self._layouts is not None:
+                self._layouts.remove()
             for path, st in modules.release(self).items():
                 kept = self._module_kept.setdefault(path, modules.PathStats())
                 kept.hits += st.hits
@@ -427,6 +437,32 @@ class Cast:
         g = ((self.manifest or {}).get("source") or {}).get("graph_routes") or {}
         classes = g.get("classes") or []
         return [c for c in classes if isinstance(c, str)] if isinstance(classes, list) else []
+
+    def layout_routes(self) -> dict[str, Any]:
+        """The manifest's layout routes (`export --layout-routes`): {"classes", "targets", "signatures", ...};
+        empty for most casts."""
+        g = ((self.manifest or {}).get("source") or {}).get("layout_routes") or {}
+        return g if isinstance(g, dict) and isinstance(g.get("classes"), list) and g["classes"] else {}
+
+    def _install_layouts(self, model: Any) -> None:
+        """Layout routes on the model's modules of the class the export chose, for the signatures it proved
+        (one set per model, reused)."""
+        lr = self.layout_routes()
+        if not lr:
+            return
+        from engine.cast.layouts import LayoutSet
+
+        if self._layouts is None or self._layouts.model is not model:
+            classes = {c for c in lr["classes"] if isinstance(c, str)}
+            sigs = lr.get("signatures") if isinstance(lr.get("signatures"), dict) else {}
+            targets = frozenset(t for t in (lr.get("targets") or ["eager"]) if isinstance(t, str))
+            self._layouts = LayoutSet(model, lambda path, m: type(m).__name__ in classes, signatures=sigs,
+                                      targets=targets)
+            if self._layouts.skipped:
+                _warn(f"{self.path}: {len(self._layouts.skipped)} module(s) not run channels-last: "
+                      + "; ".join(f"{p or '(the model)'} ({why})" for p, why in
+                                  list(self._layouts.skipped.items())[:3]))
+        self._layouts.install()
 
     def _install_graphs(self, model: Any) -> None:
         """Graph routes on the model's modules of the classes the export chose (one set per model, reused)."""

@@ -200,6 +200,8 @@ class ExportResult:
     unchecked: list[str] = field(default_factory=list)
     # `export --graph-routes`: the manifest's `source.graph_routes` (the class chosen, or what was tried).
     graph_routes: dict[str, Any] | None = None
+    # `export --layout-routes`: the manifest's `source.layout_routes` (the class chosen, or what was tried).
+    layout_routes: dict[str, Any] | None = None
 
 
 EXIT_PARTIAL = 75  # a partial cast was written (sysexits' EX_TEMPFAIL: the same command again finishes it)
@@ -300,6 +302,7 @@ class ExportLog:
     unchecked: list[str] = field(default_factory=list)  # targets an interruption left unchecked (a partial cast)
     config: str | None = None  # the run's model config (its path), once the run is resolved
     small: bool = False        # the run's capture was of the --small build
+    convolutional: bool = False  # the run has a convolution card: layout routes are worth a check
 
 
 def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[str, Any] | None = None,
@@ -307,7 +310,7 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
                cuda_graphs: bool = False, sanitize: bool = False,
                sanitize_timeout_s: float | None = None, targets: list[str] | None = None,
                also_archs: list[str] | None = None, fresh: bool = False,
-               graph_routes: bool = False) -> ExportResult:
+               graph_routes: bool = False, layout_routes: bool = False) -> ExportResult:
     """The whole export; raises engine.errors.UsageError / JobError with a one-line reason. `sanitize`: run
     compute-sanitizer (memcheck, racecheck, synccheck) on each confirmed variant and drop any it faults,
     `sanitize_timeout_s` per variant and tool (default 300). `targets` (TARGETS; default eager, or
@@ -318,6 +321,9 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
     `graph_routes`: where the cast is kept for eager, also try graph routes on the model's repeated classes
     (engine.export.graph_check) and record the first class whose routes make the model faster with
     confidence, with an output equal bit for bit; a cast's install with the model then routes it.
+    `layout_routes`: likewise, where the run's model ran convolutions, try running its convolutional modules
+    channels-last (engine.export.layout_check) and record the first class that makes the model faster with
+    confidence with an output that agrees with eager's.
 
     The confirmation and each target's whole-model check are checkpointed in the workspace (engine.export.
     checkpoint) and reused by a later export with the same inputs, unless `fresh`. Interrupted (Ctrl-C, or
@@ -329,11 +335,13 @@ def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[s
     targets = list(targets or ["cuda-graphs" if cuda_graphs else "eager"])
     log = ExportLog(out, targets, {"model_check": model_check, "sanitize": sanitize,
                                    "also_archs": list(also_archs or []), "fresh": fresh,
-                                   **({"graph_routes": True} if graph_routes else {})})
+                                   **({"graph_routes": True} if graph_routes else {}),
+                                   **({"layout_routes": True} if layout_routes else {})})
     try:
         result = _export_run(workspace, run_id, out, log, timing=timing, progress=progress,
                              model_check=model_check, sanitize=sanitize, sanitize_timeout_s=sanitize_timeout_s,
-                             also_archs=also_archs, fresh=fresh, graph_routes=graph_routes)
+                             also_archs=also_archs, fresh=fresh, graph_routes=graph_routes,
+                             layout_routes=layout_routes)
     except KeyboardInterrupt:
         # Written means written: a Ctrl-C after the cast was on disk does not undo it.
         _record(workspace, log, "written" if log.cast_sha256 else "interrupted",
@@ -411,42 +419,56 @@ def _record(workspace: Path, log: ExportLog, status: str, error: str | None) -> 
 def _export_run(workspace: Path, run_id: str | None, out: Path, log: ExportLog, *, timing: dict[str, Any] | None,
                 progress: Callable[[str], None], model_check: bool, sanitize: bool,
                 sanitize_timeout_s: float | None, also_archs: list[str] | None, fresh: bool,
-                graph_routes: bool = False) -> ExportResult:
+                graph_routes: bool = False, layout_routes: bool = False) -> ExportResult:
     try:
         return _export_variants(workspace, run_id, out, log, timing=timing, progress=progress,
                                 model_check=model_check, sanitize=sanitize, sanitize_timeout_s=sanitize_timeout_s,
-                                also_archs=also_archs, fresh=fresh, graph_routes=graph_routes)
+                                also_archs=also_archs, fresh=fresh, graph_routes=graph_routes,
+                                layout_routes=layout_routes)
     except NothingKept as e:
-        if not (graph_routes and model_check and "eager" in log.targets and log.config
+        layouts = layout_routes and log.convolutional
+        if not ((graph_routes or layouts) and model_check and "eager" in log.targets and log.config
                 and Path(log.config).is_file()):
             raise
-        return _routes_only(out, log, e, progress)
+        return _routes_only(out, log, e, progress, graph_routes, layouts)
 
 
-def _routes_only(out: Path, log: ExportLog, why: NothingKept, progress: Callable[[str], None]) -> ExportResult:
-    """A cast of graph routes alone, where no variant was kept: a host-bound model may still gain from having
-    its layers (or its whole forward) replayed from CUDA graphs. Written only where the graph check keeps a
-    class (faster with confidence, output equal bit for bit); otherwise `why` is raised, with what was tried."""
-    from engine.export.report import graph_routes_text
+def _routes_only(out: Path, log: ExportLog, why: NothingKept, progress: Callable[[str], None],
+                 graph_routes: bool = True, layout_routes: bool = False) -> ExportResult:
+    """A cast of routes alone, where no variant was kept: a convolutional model may still gain from running its
+    convolutions channels-last, a host-bound one from having its layers (or its whole forward) replayed from
+    CUDA graphs. Written only where a check keeps a class (faster with confidence; the layout's output agreeing
+    with eager's, the graphs' equal bit for bit); otherwise `why` is raised, with what was tried."""
+    from engine.export.report import graph_routes_text, layout_routes_text
 
-    progress(f"{why}: trying graph routes alone")
+    progress(f"{why}: trying routes alone")
     source, warnings = log.source, log.warnings
-    routes = _graph_routes_check([], log.env, source, log.config, log.small, progress, warnings.append)
-    if not routes.get("classes"):
-        raise NothingKept(f"{why}; {graph_routes_text({'graph_routes': routes})}") from why
-    source["graph_routes"] = routes
+    said = []
+    if layout_routes:
+        layouts = _layout_routes_check([], log.env, source, log.config, log.small, progress, warnings.append)
+        if layouts.get("classes"):
+            source["layout_routes"] = layouts
+        said.append(layout_routes_text({"layout_routes": layouts}))
+    routes: dict[str, Any] = {}
+    if graph_routes:
+        routes = _graph_routes_check([], log.env, source, log.config, log.small, progress, warnings.append)
+        if routes.get("classes"):
+            source["graph_routes"] = routes
+        said.append(graph_routes_text({"graph_routes": routes}))
+    if not routes.get("classes") and not (source.get("layout_routes") or {}).get("classes"):
+        raise NothingKept("; ".join([str(why)] + [s for s in said if s])) from why
     manifest, files, report = package([], log.env, source, log.excluded)
     log.kept = []
     data = write_cast(out, manifest, files, report)
     log.cast_sha256 = hashlib.sha256(data).hexdigest()
     return ExportResult(out, [], log.excluded, warnings, source.get("model_check"), source.get("model_checks"),
-                        list(log.unchecked), routes)
+                        list(log.unchecked), source.get("graph_routes"), source.get("layout_routes"))
 
 
 def _export_variants(workspace: Path, run_id: str | None, out: Path, log: ExportLog, *,
                      timing: dict[str, Any] | None, progress: Callable[[str], None], model_check: bool,
                      sanitize: bool, sanitize_timeout_s: float | None, also_archs: list[str] | None, fresh: bool,
-                     graph_routes: bool = False) -> ExportResult:
+                     graph_routes: bool = False, layout_routes: bool = False) -> ExportResult:
     import torch
 
     from engine.cast.compat import current_env
@@ -473,6 +495,9 @@ def _export_variants(workspace: Path, run_id: str | None, out: Path, log: Export
     env = log.env = current_env()
     cap = run.get("capture_row") or {}
     log.config, log.small = cap.get("config_path"), bool(cap.get("small"))
+    from engine.capture.twins import CONVOLUTIONS
+
+    log.convolutional = any(c.get("op") in CONVOLUTIONS for c in cards)
     log.source.update({"run": run["id"], "model": run["model"], "provider": run["provider"],
                        "capture": run["capture_id"]})
     chosen, excluded = select_winners(cards, cands)
@@ -569,6 +594,10 @@ def _export_variants(workspace: Path, run_id: str | None, out: Path, log: Export
     elif model_check:
         warnings.append(f"no whole-model check: the run's config {config!r} is not readable here")
         source["model_check"] = {"mode": "none", "reason": f"config {config!r} not readable at export"}
+    if layout_routes and log.convolutional and model_check and config and Path(config).is_file() \
+            and any("eager" in (v.targets or []) for v in kept):
+        source["layout_routes"] = _layout_routes_check(kept, env, source, config, bool(cap.get("small")), progress,
+                                                       warnings.append)
     if graph_routes and model_check and config and Path(config).is_file() \
             and any("eager" in (v.targets or []) for v in kept):
         source["graph_routes"] = _graph_routes_check(kept, env, source, config, bool(cap.get("small")), progress,
@@ -581,7 +610,8 @@ def _export_variants(workspace: Path, run_id: str | None, out: Path, log: Export
     log.cast_sha256 = hashlib.sha256(data).hexdigest()
     return ExportResult(out, [{"id": v.vid, "op": v.card["op"], **(v.confirmed or {}), "targets": v.targets}
                               for v in kept], excluded, warnings, source.get("model_check"),
-                        source.get("model_checks"), list(log.unchecked), source.get("graph_routes"))
+                        source.get("model_checks"), list(log.unchecked), source.get("graph_routes"),
+                        source.get("layout_routes"))
 
 
 def _variant_key(v: ExportVariant) -> dict[str, Any]:
@@ -1030,6 +1060,58 @@ def _graph_routes_check(kept: list[ExportVariant], env: dict[str, Any], source: 
         return {"classes": [], "tried": tried}
     return {"classes": [chosen["class"]], "targets": ["eager"], "speedup": chosen["speedup"],
             "speedup_ci": chosen["speedup_ci"], "modules": chosen["modules"], "tried": tried}
+
+
+LAYOUT_CHECK_TIMEOUT_S = 900
+
+
+def _layout_routes_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[str, Any], config: str,
+                         small: bool, progress: Callable[[str], None], warn: Callable[[str], None]) -> dict[str, Any]:
+    """Layout routes for the cast kept so far, checked in a fresh process (engine.export.layout_check): the
+    manifest's `source.layout_routes`, {"classes": [the class chosen] or [], "targets": ["eager"],
+    "memory_format", "signatures" (by class), the chosen trial's speedup, CI and output drift, "tried": one
+    line per class}."""
+    from engine.cast.layouts import MEMORY_FORMAT
+    from engine.errors import JobError
+
+    progress("trying the model's convolutional modules channels-last (layout routes, a fresh process)")
+    with tempfile.TemporaryDirectory(prefix="kforge-layouts-") as tmp:
+        path = Path(tmp) / "candidate.cast"
+        manifest, files, report = package(kept, env, source)
+        write_cast(path, manifest, files, report)
+        try:
+            result = run_layout_check(path, config, small, Path(tmp))
+        except JobError as e:
+            warn(f"layout routes: {e}")
+            return {"classes": [], "error": str(e)}
+    tried = [_layout_line(t) for t in result.get("tried", [])]
+    for line in tried:
+        progress(f"layout routes: {line}")
+    chosen = result.get("chosen")
+    if not chosen:
+        return {"classes": [], "tried": tried}
+    return {"classes": [chosen["class"]], "targets": ["eager"], "memory_format": MEMORY_FORMAT,
+            "signatures": chosen["signatures"], "speedup": chosen["speedup"], "speedup_ci": chosen["speedup_ci"],
+            "rel_l2_err": chosen["rel_l2_err"], "modules": chosen["modules"], "tried": tried}
+
+
+def _layout_line(t: dict[str, Any]) -> str:
+    what = f"{t.get('class')} ({t.get('modules', 0)} module(s))"
+    if "speedup" in t:
+        what += f": {t['speedup']:.3f}x ({t['speedup_ci'][0]:.3f}-{t['speedup_ci'][1]:.3f})"
+    if "rel_l2_err" in t:
+        what += f", output rel. L2 {t['rel_l2_err']:.1e}"
+    return what + (f", not kept: {t['why']}" if t.get("why") else ", kept")
+
+
+def run_layout_check(cast_path: Path, config: str, small: bool, tmp: Path,
+                     timeout_s: float = LAYOUT_CHECK_TIMEOUT_S) -> dict[str, Any]:
+    """`python -m engine.export.layout_check` in a fresh process; its JSON result."""
+
+    out = tmp / "layout_check.json"
+    proc = _run_child([sys.executable, "-m", "engine.export.layout_check", "--config", config, "--cast",
+                       str(cast_path), "--out", str(out)] + (["--small"] if small else []), timeout_s)
+    return _child_result(proc, out, "the layout-route check failed")
 
 
 def _trial_line(t: dict[str, Any]) -> str:

@@ -92,12 +92,30 @@ def graph_routes_text(source: dict[str, Any]) -> str | None:
     return f"graph routes: none kept ({why})"
 
 
+def layout_routes_text(source: dict[str, Any]) -> str | None:
+    """One line on the cast's layout routes (the export's layout-route check), or None where it did not run."""
+    g = source.get("layout_routes")
+    if not isinstance(g, dict):
+        return None
+    if g.get("classes"):
+        n = sum(len(v) for v in (g.get("signatures") or {}).values())
+        drift = f", output rel. L2 {g['rel_l2_err']:.1e} from eager's" if g.get("rel_l2_err") is not None else ""
+        return (f"layout routes: {', '.join(g['classes'])} run channels-last in "
+                f"{' and '.join(g.get('targets') or ['eager'])}, whole model {_ci(g)} with them "
+                f"({g.get('modules', '?')} module(s), {n} signature(s){drift}); the cast routes them when "
+                "installed with the model")
+    why = g.get("error") or "; ".join(g.get("tried") or []) or "no class to try"
+    return f"layout routes: none kept ({why})"
+
+
 def _target_lines(manifest: dict[str, Any]) -> list[str]:
     """report.md: what the cast was proven for, one row per target, and what a cast without targets does."""
     checks = model_checks_of(manifest.get("source") or {})
-    g = graph_routes_text(manifest.get("source") or {})
-    if not checks:  # a cast of graph routes alone, where no variant reached a whole-model check
-        return ["## Graph routes", "", g[0].upper() + g[1:] + ".", ""] if g else []
+    routes = [t for t in (layout_routes_text(manifest.get("source") or {}),
+                          graph_routes_text(manifest.get("source") or {})) if t]
+    said = [t[0].upper() + t[1:] + "." for t in routes]
+    if not checks:  # a cast of routes alone, where no variant reached a whole-model check
+        return ["## Routes", "", *said, ""] if said else []
     recorded = any("targets" in v for v in manifest["variants"])
     lines = ["## Targets", "",
              "What the whole-model check measured per target (the run's own model without and with the cast, "
@@ -109,7 +127,7 @@ def _target_lines(manifest: dict[str, Any]) -> list[str]:
     for t, c in checks.items():
         kept = sum(1 for v in manifest["variants"] if t in (v.get("targets") or []))
         lines.append(f"| {t} | {target_check_text(c)} | {kept if recorded else '–'} |")
-    return lines + ([""] + [g[0].upper() + g[1:] + "."] if g else []) + [""]
+    return lines + ([""] + said if said else []) + [""]
 
 
 def _sanitizer_lines(ev: dict[str, Any] | None) -> list[str]:
@@ -235,6 +253,8 @@ def audit_text(doc: dict[str, Any], path: str) -> str:
              f"({env.get('arch')}), torch {env.get('torch')}"]
     for target, mc in model_checks_of(doc.get("source") or {}).items():
         lines.append(f"  whole model, {target}: {target_check_text(mc)}")
+    if (lt := layout_routes_text(doc.get("source") or {})) is not None:
+        lines.append(f"  {lt}")
     if (g := graph_routes_text(doc.get("source") or {})) is not None:
         lines.append(f"  {g}")
     if doc["variants"] and all(v.get("targets") is None for v in doc["variants"]):

@@ -1,0 +1,255 @@
+"""Layout routes (engine/cast/layouts.py): a convolutional module's forward run with its 4-D inputs
+channels-last, behind a guard, with eager's output strides given back; and the export's check of them
+(engine/export/layout_check.py). On the CPU: PyTorch's CPU convolutions keep a channels-last input's layout as
+CUDA's do, so the route's mechanics are the same. Where a test needs a timing, `timed` is a stand-in that
+says which arm ran; no number here is a measurement."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+
+from engine.cast import modules
+from engine.cast.format import CastWarning
+from engine.cast.layouts import LayoutSet, candidates
+from engine.export import layout_check
+
+
+class Probe(torch.nn.Module):
+    """Records the layout of what reaches it."""
+
+    def forward(self, x):
+        self.seen = "channels_last" if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous() \
+            else "contiguous"
+        return x
+
+
+class Block(torch.nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(c, c, 3, padding=1)
+        self.norm = torch.nn.GroupNorm(4, c)
+        self.c2 = torch.nn.Conv2d(c, c, 3, padding=1)
+        self.probe = Probe()
+
+    def forward(self, x):
+        return x + self.c2(self.probe(torch.nn.functional.silu(self.norm(self.c1(x)))))
+
+
+class Net(torch.nn.Module):
+    def __init__(self, c=8):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Block(c), Block(c)])
+        self.up = torch.nn.Upsample(scale_factor=2)
+        self.head = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.up(x)
+
+
+class NeedsNchw(Net):
+    """A forward that needs eager's layout: `view` across the channel and height dims."""
+
+    def forward(self, x):
+        y = super().forward(x)
+        return y.view(y.shape[0], y.shape[1] * y.shape[2], y.shape[3])
+
+
+class ReadsStrides(Net):
+    """A forward that silently computes something else channels-last (reads memory as if it were NCHW)."""
+
+    def forward(self, x):
+        y = super().forward(x)
+        return y.as_strided(y.shape, [y.shape[1] * y.shape[2] * y.shape[3], y.shape[2] * y.shape[3], y.shape[3], 1])
+
+
+def _net(cls=Net):
+    torch.manual_seed(0)
+    return cls().eval()
+
+
+def _routes(model, **kw):
+    return LayoutSet(model, lambda path, m: type(m) is type(model), **kw)
+
+
+def test_the_route_runs_the_convolutions_channels_last_and_gives_eager_strides_back():
+    m, x = _net(), torch.randn(2, 8, 16, 16)
+    with torch.no_grad():
+        ref = m(x)
+        assert m.blocks[0].probe.seen == "contiguous"
+        ls = _routes(m, learn=True)
+        with ls:
+            first = m(x)  # a signature's first call runs eagerly and records the outputs
+            assert m.blocks[0].probe.seen == "contiguous"
+            got = m(x)
+            assert m.blocks[0].probe.seen == "channels_last" and m.blocks[1].probe.seen == "channels_last"
+    assert torch.equal(first, ref)
+    assert got.stride() == ref.stride() and got.is_contiguous()
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    assert ls.summary()["hits"] == 1 and ls.stats()[""]["learned"] == 1
+    # removed: the class has its own forward back and nothing is routed
+    assert type(m).forward is Net.forward and modules.route_of(m) is None
+    with torch.no_grad():
+        m(x)
+    assert m.blocks[0].probe.seen == "contiguous"
+
+
+def test_a_route_from_recorded_signatures_serves_only_those():
+    m, x = _net(), torch.randn(2, 8, 16, 16)
+    with torch.no_grad():
+        learned = _routes(m, learn=True)
+        with learned:
+            m(x)
+        sigs = json.loads(json.dumps(learned.signatures()))  # as a manifest holds them
+        assert list(sigs) == ["Net"] and sigs["Net"][0]["outputs"][0]["shape"] == [2, 8, 32, 32]
+        ls = _routes(m, signatures=sigs)
+        with ls:
+            m(x)
+            assert m.blocks[0].probe.seen == "channels_last"
+            m(torch.randn(1, 8, 16, 16))  # another signature: PyTorch's layout
+            assert m.blocks[0].probe.seen == "contiguous"
+            m(x.half().float())
+    s = ls.summary()
+    assert s["hits"] == 2 and s["misses"] == 1
+
+
+def test_unreadable_signatures_route_nothing():
+    m = _net()
+    ls = _routes(m, signatures={"Net": [{"args": [{"tensor": {"dtype": "nope"}}]}]})
+    assert ls.routes == {} and "no readable signature" in ls.skipped[""]
+    assert _routes(m, signatures={"Other": []}).routes == {}
+
+
+@pytest.mark.parametrize("case", ["grad", "hooks", "training", "autocast", "kwargs"])
+def test_the_guard_declines_and_pytorch_runs(case):
+    m, x = _net(), torch.randn(2, 8, 16, 16)
+    with torch.no_grad():
+        ls = _routes(m, learn=True)
+        with ls:
+            m(x)
+    sigs = ls.signatures()
+    ls = _routes(m, signatures=sigs)
+    with ls:
+        if case == "grad":  # parameters require grad and grad is on: inference only
+            m(x)
+        elif case == "hooks":
+            h = m.blocks[1].c1.register_forward_hook(lambda *a: None)
+            with torch.no_grad():
+                m(x)
+            h.remove()
+        elif case == "training":
+            m.train()
+            with torch.no_grad():
+                m(x)
+        elif case == "autocast":
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+                m(x)
+        else:
+            with torch.no_grad():
+                m.forward(x=x)
+    assert m.blocks[0].probe.seen == "contiguous"
+    s = ls.summary()
+    assert s["hits"] == 0
+    if case == "kwargs":
+        assert s["misses"] == 1
+    else:
+        assert s["declines"] == {{"grad": "grad", "hooks": "hooks", "training": "training mode",
+                                  "autocast": "autocast"}[case]: 1}
+    with ls, torch.no_grad():  # and with nothing in the way, it serves
+        m.eval()
+        m(x)
+    assert m.blocks[0].probe.seen == "channels_last"
+
+
+def test_a_forward_that_needs_eager_layout_goes_back_to_pytorch_with_one_warning():
+    m, x = _net(NeedsNchw), torch.randn(2, 8, 16, 16)
+    with torch.no_grad():
+        ref = m(x)
+        ls = _routes(m, learn=True)
+        with ls:
+            m(x)
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                got = m(x)
+                again = m(x)
+    assert torch.equal(got, ref) and torch.equal(again, ref)
+    said = [str(x.message) for x in w if issubclass(x.category, CastWarning)]
+    assert len(said) == 1 and "channels-last route of NeedsNchw (the model) stays on PyTorch" in said[0]
+    assert "stays on PyTorch for this signature" in said[0] and "view" in said[0]
+    assert ls.summary()["hits"] == 0 and ls.summary()["failed"]
+
+
+def test_candidates_are_the_classes_holding_convolutions_the_largest_first():
+    m = _net()
+    assert candidates(m) == ["Net", "Block"]
+    assert candidates(torch.nn.Sequential(torch.nn.Linear(2, 2))) == []
+    assert "ModuleList" not in candidates(m)
+
+
+def test_the_outermost_module_of_a_class_is_routed_once():
+    m = _net()
+    ls = LayoutSet(m, lambda path, mod: isinstance(mod, (Net, Block)), learn=True)
+    assert list(ls.routes) == [""]
+
+
+# ------------------------------------------------------------------------- the export's check
+
+
+def _timer(faster: bool):
+    """A stand-in for time_steady: runs the forward, says 100 for the routed arm if `faster` (else 120) and
+    110 for the other (with a little spread for the CI)."""
+    n = {"i": 0}
+
+    def timed(fn):
+        fn()
+        n["i"] += 1
+        routed = modules.route_of(MODEL[0]) is not None
+        return (100.0 if faster else 120.0) + n["i"] % 3 if routed else 110.0 + n["i"] % 3
+    return timed
+
+
+MODEL: list = []
+
+
+def _check(cls=Net, faster=True, cast_drift=0.0, dtype="float32"):
+    m, x = _net(cls), torch.randn(2, 8, 16, 16)
+    MODEL[:] = [m]
+    with torch.no_grad():
+        eager = m(x).double()
+    return layout_check.check(m, lambda: m(x), candidates(m), eager, cast_drift, dtype, _timer(faster),
+                              max_s=0.0)
+
+
+def test_the_check_keeps_the_first_class_faster_with_confidence_and_its_signatures():
+    r = _check()
+    c = r["chosen"]
+    assert c["class"] == "Net" and c["speedup_ci"][0] > 1.0 and c["rel_l2_err"] < 1e-5
+    assert list(c["signatures"]) == ["Net"] and c["hits"] == 1
+
+
+def test_the_check_keeps_nothing_that_is_not_faster():
+    r = _check(faster=False)
+    assert r["chosen"] is None and [t["why"] for t in r["tried"]] == ["not faster with confidence"] * 2
+
+
+def test_the_check_rejects_a_forward_that_computes_something_else_channels_last():
+    r = _check(ReadsStrides)
+    assert r["chosen"] is None
+    t = r["tried"][0]
+    assert t["class"] == "ReadsStrides" and "moves" in t["why"] and "speedup" not in t
+
+
+def test_the_check_counts_a_forward_that_raises_as_not_run():
+    r = _check(NeedsNchw)
+    assert r["tried"][0]["why"].startswith("no module ran channels-last")
+
+
+def test_the_drift_bar_is_twice_the_casts_and_never_below_the_dtypes_floor():
+    assert layout_check.drift_bar("bfloat16", 0.0) == 1e-2
+    assert layout_check.drift_bar("bfloat16", 0.02) == 0.04
+    assert layout_check.drift_bar("float32", 0.0) == layout_check.DRIFT_FLOOR_OTHER
