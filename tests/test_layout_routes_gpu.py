@@ -1,0 +1,105 @@
+"""H200: layout routes (engine/cast/layouts.py) on CUDA.
+
+1. A VAE-like stack of resnet halves in bf16, routed channels-last: cuDNN runs its convolutions without the
+   NCHW<->NHWC transposes eager launches around each (the profile's kernel names), the output comes back in
+   eager's strides and agrees with eager within the layout check's bf16 floor. The times of both arms are
+   printed (`layout-route` lines), not asserted.
+2. The export's check in its fresh process (`python -m engine.export.layout_check`) on the SD3.5 VAE's small
+   build with a cast of no variant: it tries the decoder's classes and reports each with its drift and,
+   where the output stands, its speedup; whether one is kept is the measurement's to say."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+
+class Half(torch.nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.norm = torch.nn.GroupNorm(32, c, eps=1e-6)
+        self.conv1 = torch.nn.Conv2d(c, c, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x):
+        return x + self.conv2(torch.nn.functional.silu(self.norm(self.conv1(x))))
+
+
+class Stack(torch.nn.Module):
+    def __init__(self, c=128, n=3):
+        super().__init__()
+        self.halves = torch.nn.ModuleList([Half(c) for _ in range(n)])
+        self.out = torch.nn.Conv2d(c, 3, 3, padding=1)
+
+    def forward(self, x):
+        for h in self.halves:
+            x = h(x)
+        return self.out(x)
+
+
+def _transposes(fn) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in p.events() if "nchwToNhwc" in e.name or "nhwcToNchw" in e.name)
+
+
+def test_a_routed_stack_runs_nhwc_and_agrees_with_eager():
+    from engine.bench.forward import time_steady
+    from engine.cast.layouts import LayoutSet
+    from engine.export.layout_check import DRIFT_FLOOR
+
+    torch.manual_seed(0)
+    m = Stack().cuda().to(torch.bfloat16).eval()
+    with torch.no_grad():
+        for h in m.halves:
+            h.conv1.weight.mul_(0.1)
+            h.conv2.weight.mul_(0.1)
+    x = torch.randn(1, 128, 256, 256, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        ref = m(x)
+        eager_t = _transposes(lambda: m(x))
+        ls = LayoutSet(m, lambda path, mod: type(mod) is Stack, learn=True)
+        with ls:
+            m(x)
+            got = m(x)
+            routed_t = _transposes(lambda: m(x))
+            t_routed = sorted(time_steady(lambda: m(x)) for _ in range(7))[3]
+        t_eager = sorted(time_steady(lambda: m(x)) for _ in range(7))[3]
+    print(f"layout-route stack eager {t_eager:.0f} us ({eager_t} transposes), routed {t_routed:.0f} us "
+          f"({routed_t} transposes): {t_eager / t_routed:.3f}x")
+    assert got.stride() == ref.stride() and got.is_contiguous()
+    rel = float((got.double() - ref.double()).norm() / ref.double().norm())
+    assert rel <= DRIFT_FLOOR["bfloat16"], rel
+    assert ls.summary()["hits"] >= 2 and not ls.summary()["failed"]
+    assert routed_t < eager_t, (routed_t, eager_t)
+
+
+def test_the_export_check_tries_the_vaes_classes_in_a_fresh_process(tmp_path):
+    from engine.cast.compat import current_env
+    from engine.cast.format import write_cast
+    from engine.export.package import package
+
+    path = tmp_path / "none.cast"
+    manifest, files, report = package([], current_env(), {"run": "test", "model": "sd35_vae"})
+    write_cast(path, manifest, files, report)
+    out = tmp_path / "layout_check.json"
+    proc = subprocess.run([sys.executable, "-m", "engine.export.layout_check", "--config",
+                           "configs/examples/sd35_vae.toml", "--small", "--cast", str(path), "--out", str(out),
+                           "--max-s", "5"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["candidates"] and res["tried"], res
+    for t in res["tried"]:
+        print(f"layout-check {t['class']}: modules {t['modules']}, hits {t.get('hits')}, rel_l2 "
+              f"{t.get('rel_l2_err')}, speedup {t.get('speedup')} {t.get('speedup_ci')}, why {t.get('why')}")
+        if "rel_l2_err" in t:
+            assert t["rel_l2_err"] <= t["drift_bar"] or "moves" in t.get("why", "")
