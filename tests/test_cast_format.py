@@ -151,6 +151,29 @@ def test_other_gpu_arch_or_torch_minor(cast_file, change, expect):
     assert runtime.routes() == {}
 
 
+def test_another_torch_minor_names_both_versions_in_one_line(cast_file):
+    cast, warned = _load(cast_file, env={**H200_ENV, "torch": "2.99.0+cu130", "torch_minor": "2.99"})
+    (message,) = [str(w.message) for w in warned]
+    assert "\n" not in message and "not installed" in message and "runs on PyTorch" in message
+    assert "torch 2.99.0+cu130" in message and f"the cast's torch {torch.__version__}" in message
+    assert cast.usable() == []
+
+
+@pytest.mark.parametrize("other", ["patch", "build"])
+def test_another_torch_of_the_same_minor_installs_with_one_warning_naming_both(cast_file, other):
+    # The cast records the torch it was proven on; a patch release or another CUDA build of the same minor
+    # loaded it silently, so a user could not tell their torch was not the one its kernels were checked on.
+    minor = H200_ENV["torch_minor"]
+    base, _, build = torch.__version__.partition("+")
+    here = f"{minor}.99+{build or 'cu130'}" if other == "patch" else f"{base}+{'cu126' if build != 'cu126' else 'cu130'}"
+    cast, warned = _load(cast_file, env={**H200_ENV, "torch": here})
+    (message,) = [str(w.message) for w in warned]
+    assert "\n" not in message
+    assert f"proven on torch {torch.__version__}, loaded under torch {here} (same minor {minor})" in message
+    assert f"kforge-tui audit {cast_file} --verify" in message
+    assert cast.problem is None and len(cast.usable()) == 2   # installed, as before
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 def test_load_without_a_gpu_is_a_clean_no_op(cast_file):
     with warnings.catch_warnings(record=True) as caught:

@@ -38,6 +38,26 @@ def test_runs_compare_and_signatures(cli, tmp_path):
     assert doc["run"] in out.splitlines()[0] and any(x.startswith("candidates") for x in out.splitlines())
 
 
+def test_compare_plain_marks_a_dry_run_as_runs_does(cli, tmp_path):
+    # compare's plain table showed a dry run as 'done' with nothing verified: a run that found nothing.
+    import sqlite3
+
+    dry, real = _dry_run(cli, tmp_path)["run"], _dry_run(cli, tmp_path)["run"]
+    db = sqlite3.connect(tmp_path / "kforge.db")   # a real run needs a GPU: the same run, recorded as not dry
+    db.execute("UPDATE runs SET config = json_set(config, '$.dry_run', json('false')) WHERE id = ?", (real,))
+    db.commit()
+    db.close()
+    code, out, err = cli("compare", dry, real, "--workspace", tmp_path)
+    assert code == 0, err
+    header, *rows = out.splitlines()
+    (status,) = [line for line in rows if line.startswith("status")]
+    cells = [c for c in status.removeprefix("status").split("  ") if c.strip()]
+    assert header.split() == [dry, real]
+    assert [c.strip() for c in cells] == ["done, dry run", "done"]
+    code, out, _ = cli("runs", "--workspace", tmp_path)
+    assert "done, dry run" in out   # the same words in both tables
+
+
 def test_compare_of_an_unknown_run_is_one_line(cli, tmp_path):
     _dry_run(cli, tmp_path)
     code, out, err = cli("compare", "run-nope", "--plain", "--workspace", tmp_path)

@@ -1,7 +1,8 @@
 """The environment a cast was proven in, and whether the current one is the same where it matters.
 
 Kernels are proven on one GPU arch against one torch minor version (eager's exact output layout and
-numerics can change between torch releases). Anything else is a reason to stay on PyTorch.
+numerics can change between torch releases). Anything else is a reason to stay on PyTorch. Another
+version of the same minor (a patch release, another CUDA build) is installed, and named in a warning.
 """
 
 from __future__ import annotations
@@ -56,3 +57,15 @@ def incompatibility(cast_env: dict[str, Any], here: dict[str, Any]) -> str | Non
     if want != here["torch_minor"]:
         return f"torch {here['torch']} differs from the cast's torch {cast_env.get('torch')} (minor {want})"
     return None
+
+
+def torch_drift(cast_env: dict[str, Any], here: dict[str, Any]) -> str | None:
+    """The torch the cast was proven on and the one here, in words, where they differ but their minor is the
+    same (the loader installs such a cast); None where they are equal or either is unknown."""
+    made, now = cast_env.get("torch"), here.get("torch")
+    if not made or not now or made == now:
+        return None
+    want = cast_env.get("torch_minor") or torch_minor(str(made))
+    if want != (here.get("torch_minor") or torch_minor(str(now))):
+        return None   # another minor: incompatibility() refuses it
+    return f"proven on torch {made}, loaded under torch {now} (same minor {want}): installed"

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.cast import runtime
-from engine.cast.compat import current_env, incompatibility
+from engine.cast.compat import current_env, incompatibility, torch_drift
 from engine.cast.format import (
     CastError,
     CastFile,
@@ -778,6 +778,9 @@ def load(path: str | Path, *, strict: bool = False, env: dict[str, Any] | None =
         _warn(f"{path}: not installed: {problem}; the model runs on PyTorch")
         return Cast(path, file, problem, here)
     cast = Cast(path, file, None, here, only, plans, any_target)
+    if (drift := torch_drift(file.manifest["env"], here)) is not None:
+        # Proven against another build of eager: say so once, with the check that settles it here.
+        _warn(f"{path}: {drift}; 'kforge-tui audit {path} --verify' re-checks its kernels under this torch")
     validated = (file.manifest.get("source") or {}).get("model_check") or {}
     if validated.get("mode") == "cuda-graphs" and not strict:
         eager = validated.get("eager_speedup")

@@ -296,6 +296,11 @@ def _plain_table(rows: list[dict[str, Any]], cols: list[tuple[str, str]]) -> str
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
 
 
+def _mark_dry_run(r: dict[str, Any]) -> dict[str, Any]:
+    # A dry run compiles and stops: without the mark it reads as a run that found nothing.
+    return {**r, "status": f"{r['status']}, dry run"} if r.get("dry_run") else r
+
+
 def cmd_runs(args: Any, workspace: Any) -> int:
     """`kforge-tui runs [--json]`: the workspace's runs, newest first."""
     from engine.store import db_path
@@ -308,7 +313,7 @@ def cmd_runs(args: Any, workspace: Any) -> int:
     else:
         rows = [{**r, "status": f"{r['status']} (process gone: --resume it)"} if r.get("process_gone") else r
                 for r in rows]
-        rows = [{**r, "status": f"{r['status']}, dry run"} if r.get("dry_run") else r for r in rows]
+        rows = [_mark_dry_run(r) for r in rows]
         print(_plain_table(rows, [("run", "id"), ("model", "model"), ("provider", "provider"),
                                   ("status", "status"), ("started", "started"), ("cand", "candidates"),
                                   ("verified", "verified"), ("best", "best_speedup")]))
@@ -323,6 +328,7 @@ def cmd_compare(args: Any, workspace: Any) -> int:
     if args.json:
         print(json.dumps({"workspace": str(workspace), "runs": rows}, separators=(",", ":"), default=str))
         return 0
+    rows = [_mark_dry_run(r) for r in rows]
     fields = [("run", "id"), ("model", "model"), ("provider", "provider"), ("llm model", "llm_model"),
               ("status", "status"), ("stopped by", "stopped_by"), ("started", "started"),
               ("candidates", "candidates"), ("compiled", "compiled"), ("verified", "verified"),
