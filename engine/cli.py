@@ -235,6 +235,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     _add_common(p)
 
+    p = sub.add_parser("prune", help="what the workspace holds on disk; --delete removes the capture samples "
+                                     "no run needs (docs/cli.md)")
+    p.add_argument("--delete", action="store_true",
+                   help="remove what the listing marks 'remove' (without it, prune only shows what it would remove)")
+    p.add_argument("--run-captures", action="store_true",
+                   help="also the samples of captures that finished or stopped runs used: those runs still list, "
+                        "compare and export (on inputs synthesised from each card's signature) but cannot be resumed")
+    p.add_argument("--newest", action="store_true",
+                   help="also the samples of each model's newest capture (the next run of that config captures again)")
+    p.add_argument("--capture", metavar="ID", action="append",
+                   help="only this capture's samples (an id or unique prefix; may be given more than once)")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    _add_common(p)
+
     p = sub.add_parser("compare", help="runs or providers side by side (the TUI; text when not a terminal)")
     p.add_argument("runs", metavar="RUN", nargs="+", help="run ids (or unique prefixes)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout (no TUI)")
@@ -564,6 +578,10 @@ def _dispatch(argv: list[str], open_tui: TuiLauncher | None) -> int:
             from engine.run.report import cmd_runs
 
             return cmd_runs(args, _workspace_existing(args))
+        if args.command == "prune":
+            from engine.run.prune import cmd_prune
+
+            return cmd_prune(args, _workspace_existing(args))
         if args.command == "compare" and (args.json or args.plain or not terminal_attached()):
             from engine.run.report import cmd_compare
 

@@ -480,7 +480,7 @@ def _export_variants(workspace: Path, run_id: str | None, out: Path, log: Export
         from engine.export.sanitize import require_sanitizer
 
         sanitizer = require_sanitizer()
-    from engine.store import db_path
+    from engine.store import db_path, samples_removed
 
     found = asyncio.run(_load_run(workspace, run_id)) if db_path(workspace).is_file() else (None, [], [], {})
     run, cards, cands, samples = found
@@ -498,6 +498,10 @@ def _export_variants(workspace: Path, run_id: str | None, out: Path, log: Export
     from engine.capture.twins import CONVOLUTIONS
 
     log.convolutional = any(c.get("op") in CONVOLUTIONS for c in cards)
+    gone = samples_removed(cap)
+    if gone and not any(samples.values()):
+        log.warnings.append(f"the samples of capture {run['capture_id']} were {gone}: each variant is confirmed on "
+                            "inputs synthesised from its card's signature instead of the captured ones")
     log.source.update({"run": run["id"], "model": run["model"], "provider": run["provider"],
                        "capture": run["capture_id"]})
     chosen, excluded = select_winners(cards, cands)

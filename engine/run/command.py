@@ -7,6 +7,7 @@ import asyncio
 import json
 import math
 import os
+import shlex
 import socket
 import sys
 import time
@@ -29,7 +30,7 @@ from engine.run.plan import CardState, SchedulePolicy
 from engine.run.report import Progress, print_final_table, run_document
 from engine.run.store_recorder import StoreRecorder, load_records
 from engine.search.tree import STRATEGIES, SearchParams
-from engine.store import Store, db_path, new_id
+from engine.store import Store, db_path, new_id, samples_removed
 from engine.userconfig import UserConfig, load_user_config
 
 
@@ -379,6 +380,13 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
         if run is None:
             raise UsageError(f"--resume {args.resume}: no such run in {workspace}")
         capture_id, provider, cfg = run["capture_id"], run["provider"], run["config"]
+        capture = await store.get_capture(capture_id)
+        gone = samples_removed(capture)
+        if gone and not await store.count_samples(capture_id):   # every card would be skipped: no-samples
+            again = shlex.join(["kforge-tui", "run", cfg.get("config") or "CONFIG"]
+                               + (["--small"] if capture and capture["small"] else []))
+            raise UsageError(f"--resume {run['id']}: the samples of its capture {capture_id} were {gone}, and a run "
+                             f"verifies every kernel on them; start a new run with '{again}' (it captures again)")
         run_id = ids["run"] = run["id"]
         proposer = await _proposer(provider, cfg.get("model"), cfg.get("base_url"), store=store,
                                    replay_run=cfg.get("replay_run"), resumed_run=run_id)

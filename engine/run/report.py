@@ -205,7 +205,7 @@ def run_summaries(db_path: Any, refs: list[str] | None = None) -> list[dict[str,
     """One entry per run (newest first; or the runs `refs` name, ids or unique prefixes, in that order):
     id, model, provider, LLM model, status, started, candidates per status, best speedup, tokens, cost."""
     from engine.errors import UsageError
-    from engine.store import open_readonly
+    from engine.store import open_readonly, samples_removed
     from engine.store import read as store_read
 
     conn = open_readonly(db_path)
@@ -222,7 +222,10 @@ def run_summaries(db_path: Any, refs: list[str] | None = None) -> list[dict[str,
                 chosen.append(hits[0])
             rows = chosen
         out = []
+        captures: dict[str, Any] = {}
         for r in rows:
+            if r["capture_id"] not in captures:
+                captures[r["capture_id"]] = store_read.capture(conn, r["capture_id"])
             counts = store_read.status_counts(conn, r["id"])
             best = store_read.best_speedups(conn, r["id"])
             speedups = [s for s, _ in best.values() if s]
@@ -240,6 +243,8 @@ def run_summaries(db_path: Any, refs: list[str] | None = None) -> list[dict[str,
                 "tokens": (r.get("tokens_in") or 0) + (r.get("tokens_out") or 0),
                 "cost_usd": round(r.get("cost_usd") or 0.0, 6),
                 "exported": export_summary(store_read.latest_export(conn, r["id"])),
+                # `kforge-tui prune --run-captures`: the run can no longer be resumed, its export synthesises inputs
+                "samples_removed": samples_removed(captures[r["capture_id"]]),
             })
         return out
     except sqlite3.DatabaseError as e:  # the header was readable, a table is not: the file is damaged
@@ -314,6 +319,7 @@ def cmd_runs(args: Any, workspace: Any) -> int:
         rows = [{**r, "status": f"{r['status']} (process gone: --resume it)"} if r.get("process_gone") else r
                 for r in rows]
         rows = [_mark_dry_run(r) for r in rows]
+        rows = [{**r, "status": f"{r['status']}, samples removed"} if r.get("samples_removed") else r for r in rows]
         print(_plain_table(rows, [("run", "id"), ("model", "model"), ("provider", "provider"),
                                   ("status", "status"), ("started", "started"), ("cand", "candidates"),
                                   ("verified", "verified"), ("best", "best_speedup")]))
@@ -333,7 +339,8 @@ def cmd_compare(args: Any, workspace: Any) -> int:
               ("status", "status"), ("stopped by", "stopped_by"), ("started", "started"),
               ("candidates", "candidates"), ("compiled", "compiled"), ("verified", "verified"),
               ("failed", "failed"), ("cards improved", "cards_improved"), ("best speedup", "best_speedup"),
-              ("exported (whole model)", "exported"), ("tokens", "tokens"), ("cost USD", "cost_usd")]
+              ("exported (whole model)", "exported"), ("capture samples", "samples_removed"), ("tokens", "tokens"),
+              ("cost USD", "cost_usd")]
     # One column per run: the rows are the facts, as the TUI's compare reads.
     table = [{"fact": label, **{r["id"]: r.get(k) for r in rows}} for label, k in fields]
     for t, (_, k) in zip(table, fields):
@@ -343,6 +350,9 @@ def cmd_compare(args: Any, workspace: Any) -> int:
         elif k == "exported":
             for r in rows:
                 t[r["id"]] = _export_cell(r.get(k))
+        elif k == "samples_removed":
+            for r in rows:
+                t[r["id"]] = r.get(k) or "kept"
     print(_plain_table([{**t, **{rid: ("–" if v is None else v) for rid, v in t.items()}} for t in table],
                        [("", "fact")] + [(r["id"], r["id"]) for r in rows]))
     return 0

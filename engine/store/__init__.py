@@ -4,6 +4,7 @@ and the synchronous read side for viewers (`engine.store.read`)."""
 from engine.store.schema import MIGRATIONS, latest_version
 from engine.store.store import (
     RUN_UPDATABLE,
+    SAMPLES_REMOVED,
     Store,
     StoreError,
     decode_json,
@@ -14,6 +15,7 @@ from engine.store.store import (
     pack_single_file,
     row_from_dict,
     row_to_dict,
+    samples_removed,
     unusable_database,
     writable,
 )
@@ -32,6 +34,7 @@ __all__ = [
     "ENV_VAR",
     "MIGRATIONS",
     "RUN_UPDATABLE",
+    "SAMPLES_REMOVED",
     "Store",
     "StoreError",
     "WorkspaceError",
@@ -48,6 +51,7 @@ __all__ = [
     "row_from_dict",
     "row_to_dict",
     "samples_dir",
+    "samples_removed",
     "unusable_database",
     "writable",
 ]

@@ -75,6 +75,20 @@ def capture(conn: sqlite3.Connection, capture_id: str) -> dict[str, Any] | None:
     return _row("captures", conn.execute("SELECT * FROM captures WHERE id = ?", (capture_id,)).fetchone())
 
 
+def captures(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    """Every capture in the workspace, newest first."""
+    return _rows("captures", conn.execute("SELECT * FROM captures ORDER BY created_at DESC, id DESC"))
+
+
+def sample_files(conn: sqlite3.Connection) -> dict[str, list[str]]:
+    """Per capture id with sample rows: its sample files, each once (a channels-last twin shares its
+    original's), relative to the workspace."""
+    out: dict[str, list[str]] = {}
+    for capture_id, path in conn.execute("SELECT DISTINCT capture_id, path FROM samples ORDER BY capture_id, path"):
+        out.setdefault(capture_id, []).append(path)
+    return out
+
+
 def latest_capture(conn: sqlite3.Connection, model: str) -> dict[str, Any] | None:
     """The newest capture of `model`, or None."""
     return _row("captures", conn.execute(

@@ -58,6 +58,24 @@ class StoreError(UsageError, RuntimeError):
     """The workspace database cannot be used by this version of Kernel Forge (bad input: exit code 2)."""
 
 
+# The key of a capture's `notes` that records its sample files were removed (`kforge-tui prune`): {"at": unix
+# seconds, "files": how many, "bytes": their size as stored}. Its sample rows go with them, so nothing names a
+# file that is not there; the cards stay.
+SAMPLES_REMOVED = "samples_removed"
+
+
+def samples_removed(capture: Mapping[str, Any] | None) -> str | None:
+    """How a capture's samples went, in words ("removed by 'kforge-tui prune' on 2026-12-05 14:02"), or None
+    while it has them."""
+    notes = (capture or {}).get("notes")
+    note = notes.get(SAMPLES_REMOVED) if isinstance(notes, dict) else None
+    if not isinstance(note, dict):
+        return None
+    at = note.get("at")
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(at)) if isinstance(at, (int, float)) else "an unknown date"
+    return f"removed by 'kforge-tui prune' on {when}"
+
+
 def unusable_database(path: str | os.PathLike[str], exc: sqlite3.DatabaseError) -> StoreError:
     """The one-line error for a file that is not a valid SQLite database (random bytes, a truncated copy)."""
     return StoreError(f"workspace database {Path(path).absolute()} is not a valid SQLite database ({exc}); "
@@ -397,6 +415,33 @@ class Store:
             "SELECT * FROM samples WHERE capture_id = ? AND card_id = ? ORDER BY idx", (capture_id, card_id)
         )
         return [_decoded("samples", r) for r in rows]
+
+    async def forget_samples(self, capture_id: str, runs_seen: Mapping[str, tuple[str, int | None]]) -> bool:
+        """Drop a capture's sample rows and note it (SAMPLES_REMOVED), in one transaction, if its runs are still
+        exactly `runs_seen` (id -> (status, pid)); False, nothing changed, when a run started or resumed on it
+        since. The caller removes the files after: the database never names a sample file that is gone."""
+        async with self._transaction() as conn:
+            cursor = await conn.execute("SELECT id, status, pid FROM runs WHERE capture_id = ?", (capture_id,))
+            runs = {r["id"]: (r["status"], r["pid"]) for r in await cursor.fetchall()}
+            await cursor.close()
+            cursor = await conn.execute("SELECT notes FROM captures WHERE id = ?", (capture_id,))
+            row = await cursor.fetchone()
+            await cursor.close()
+            if row is None:
+                raise KeyError(f"no capture {capture_id!r}")
+            if runs != dict(runs_seen):
+                return False
+            # A channels-last twin's rows name its original's files: each file counts once.
+            cursor = await conn.execute(
+                "SELECT COUNT(*) AS files, COALESCE(SUM(nbytes), 0) AS nbytes FROM (SELECT MAX(nbytes) AS nbytes "
+                "FROM samples WHERE capture_id = ? GROUP BY path)", (capture_id,))
+            size = await cursor.fetchone()
+            await cursor.close()
+            notes = decode_json(row["notes"]) or {}
+            notes[SAMPLES_REMOVED] = {"at": time.time(), "files": size["files"], "bytes": size["nbytes"]}
+            await conn.execute("DELETE FROM samples WHERE capture_id = ?", (capture_id,))
+            await conn.execute("UPDATE captures SET notes = ? WHERE id = ?", (encode_json(notes), capture_id))
+        return True
 
     async def update_card_eager(
         self,
