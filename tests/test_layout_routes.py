@@ -216,13 +216,14 @@ def _timer(faster: bool):
 MODEL: list = []
 
 
-def _check(cls=Net, faster=True, cast_drift=0.0, dtype="float32"):
+def _check(cls=Net, faster=True, dtype="float32", reference=False):
     m, x = _net(cls), torch.randn(2, 8, 16, 16)
     MODEL[:] = [m]
     with torch.no_grad():
         eager = m(x).double()
-    return layout_check.check(m, lambda: m(x), candidates(m), eager, cast_drift, dtype, _timer(faster),
-                              max_s=0.0)
+        ref = layout_check.float32_output(m, lambda: m(x)) if reference else None
+    return layout_check.check(m, lambda: m(x), candidates(m), eager, eager, dtype, _timer(faster),
+                              max_s=0.0, reference=ref)
 
 
 def test_the_check_keeps_the_first_class_faster_with_confidence_and_its_signatures():
@@ -253,3 +254,45 @@ def test_the_drift_bar_is_twice_the_casts_and_never_below_the_dtypes_floor():
     assert layout_check.drift_bar("bfloat16", 0.0) == 1e-2
     assert layout_check.drift_bar("bfloat16", 0.02) == 0.04
     assert layout_check.drift_bar("float32", 0.0) == layout_check.DRIFT_FLOOR_OTHER
+
+
+def test_a_float32_reference_is_made_in_place_and_everything_is_put_back():
+    m = _net().to(torch.bfloat16)
+    x = torch.randn(2, 8, 16, 16).to(torch.bfloat16)
+    before = {k: (v.dtype, v.clone()) for k, v in m.state_dict().items()}
+    with torch.no_grad():
+        ref = layout_check.float32_output(m, lambda: m(x))
+        want = _net()(x.float()).double()  # the same weights (seed 0) never rounded to bf16
+    assert ref is not None and ref.dtype == torch.float64
+    after = m.state_dict()
+    assert all(after[k].dtype == d and torch.equal(after[k], v) for k, (d, v) in before.items())
+    # the reference is the float32 model on the bf16 weights: near the float32 model, far nearer than bf16 eager
+    with torch.no_grad():
+        bf = m(x).double()
+    assert float((ref - want).norm() / want.norm()) < float((bf - want).norm() / want.norm())
+    assert layout_check.float32_output(_net(), lambda: None) is None  # nothing 16-bit: no reference
+
+
+def test_with_a_float32_reference_the_route_must_be_about_as_accurate_as_the_model_without_it():
+    ref = torch.ones(1000, dtype=torch.float64)
+    eager = ref + 0.01 * torch.randn(1000, dtype=torch.float64)  # eager's own 16-bit error, ~1e-2
+    rule = layout_check.judge(eager, "bfloat16", eager, ref)
+    as_good = ref + 0.011 * torch.randn(1000, dtype=torch.float64)
+    worse = ref + 0.05 * torch.randn(1000, dtype=torch.float64)
+    assert "why" not in rule(as_good)
+    r = rule(worse)
+    assert "from the float32 model's" in r["why"] and r["float32_err"] > 1.5 * r["float32_err_without"]
+
+
+def test_the_check_with_a_float32_reference_rejects_a_forward_that_computes_something_else():
+    # bf16 models: the reference exists; the one that reads NCHW strides is far from it
+    import engine.export.layout_check as lc
+
+    m, x = _net(ReadsStrides).to(torch.bfloat16), torch.randn(2, 8, 16, 16).to(torch.bfloat16)
+    MODEL[:] = [m]
+    with torch.no_grad():
+        eager = m(x).double()
+        ref = lc.float32_output(m, lambda: m(x))
+    r = lc.check(m, lambda: m(x), ["ReadsStrides"], eager, eager, "bfloat16", _timer(True), max_s=0.0,
+                 reference=ref)
+    assert r["chosen"] is None and "from the float32 model's" in r["tried"][0]["why"]
