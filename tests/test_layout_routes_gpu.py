@@ -2,7 +2,7 @@
 
 1. A VAE-like stack of resnet halves in bf16, routed channels-last: cuDNN runs its convolutions without the
    NCHW<->NHWC transposes eager launches around each (the profile's kernel names), the output comes back in
-   eager's strides and agrees with eager within the layout check's bf16 floor. The times of both arms are
+   eager's strides and is about as accurate as eager (distance from the float32 model, the export's rule). The times of both arms are
    printed (`layout-route` lines), not asserted.
 2. The export's check in its fresh process (`python -m engine.export.layout_check`) on the SD3.5 VAE's small
    build with a cast of no variant: it tries the decoder's classes and reports each with its drift and,
@@ -55,7 +55,8 @@ def _transposes(fn) -> int:
 def test_a_routed_stack_runs_nhwc_and_agrees_with_eager():
     from engine.bench.forward import time_steady
     from engine.cast.layouts import LayoutSet
-    from engine.export.layout_check import DRIFT_FLOOR
+    from engine.export.e2e import rel_l2_err
+    from engine.export.layout_check import ACCURACY_RATIO, float32_output
 
     torch.manual_seed(0)
     m = Stack().cuda().to(torch.bfloat16).eval()
@@ -66,6 +67,7 @@ def test_a_routed_stack_runs_nhwc_and_agrees_with_eager():
     x = torch.randn(1, 128, 256, 256, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         ref = m(x)
+        ref32 = float32_output(m, lambda: m(x))
         eager_t = _transposes(lambda: m(x))
         ls = LayoutSet(m, lambda path, mod: type(mod) is Stack, learn=True)
         with ls:
@@ -77,8 +79,9 @@ def test_a_routed_stack_runs_nhwc_and_agrees_with_eager():
     print(f"layout-route stack eager {t_eager:.0f} us ({eager_t} transposes), routed {t_routed:.0f} us "
           f"({routed_t} transposes): {t_eager / t_routed:.3f}x")
     assert got.stride() == ref.stride() and got.is_contiguous()
-    rel = float((got.double() - ref.double()).norm() / ref.double().norm())
-    assert rel <= DRIFT_FLOOR["bfloat16"], rel
+    e_eager, e_routed = rel_l2_err(ref.double(), ref32), rel_l2_err(got.double(), ref32)
+    print(f"layout-route stack error from float32: eager {e_eager:.2e}, routed {e_routed:.2e}")
+    assert e_routed <= ACCURACY_RATIO * e_eager, (e_routed, e_eager)
     assert ls.summary()["hits"] >= 2 and not ls.summary()["failed"]
     assert routed_t < eager_t, (routed_t, eager_t)
 
@@ -100,6 +103,6 @@ def test_the_export_check_tries_the_vaes_classes_in_a_fresh_process(tmp_path):
     assert res["candidates"] and res["tried"], res
     for t in res["tried"]:
         print(f"layout-check {t['class']}: modules {t['modules']}, hits {t.get('hits')}, rel_l2 "
-              f"{t.get('rel_l2_err')}, speedup {t.get('speedup')} {t.get('speedup_ci')}, why {t.get('why')}")
-        if "rel_l2_err" in t:
-            assert t["rel_l2_err"] <= t["drift_bar"] or "moves" in t.get("why", "")
+              f"{t.get('rel_l2_err')}, float32 err {t.get('float32_err')} (without {t.get('float32_err_without')}), speedup {t.get('speedup')} {t.get('speedup_ci')}, why {t.get('why')}")
+        if "float32_err" in t:  # the rule said what it compared, and a refusal says why
+            assert t["float32_err"] <= 1.5 * t["float32_err_without"] + 1e-7 or "float32" in t.get("why", "")
