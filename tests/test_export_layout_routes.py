@@ -171,3 +171,18 @@ def test_a_loaded_cast_routes_the_models_modules_for_the_proven_signatures(tmp_p
     with torch.no_grad():
         m(x)
     assert m.blocks[0].probe.seen == "contiguous"
+
+
+def test_a_class_faster_under_cuda_graphs_too_serves_that_target_and_it_is_said(ws, gpu, monkeypatch):  # noqa: F811
+    gpu.model.update(eager=lambda s: EAGER)
+    chosen = {**TRIED["tried"][1], "targets": ["eager", "cuda-graphs"],
+              "graphs": {"speedup": 1.12, "speedup_ci": [1.1, 1.14], "replays": 20}}
+    result, lines, _, manifest = _export(ws, monkeypatch, {**TRIED, "chosen": chosen})
+    g = manifest["source"]["layout_routes"]
+    assert g["targets"] == ["eager", "cuda-graphs"] and g["graphs"]["speedup_ci"] == [1.1, 1.14]
+    assert "layout routes under CUDA graphs: 1.120x (1.100-1.140), kept there" in "\n".join(lines)
+    slower = {**TRIED["tried"][1], "targets": ["eager"],
+              "graphs": {"speedup": 0.99, "speedup_ci": [0.97, 1.01], "why": "not faster with confidence"}}
+    _, lines, _, manifest = _export(ws, monkeypatch, {**TRIED, "chosen": slower})
+    assert manifest["source"]["layout_routes"]["targets"] == ["eager"]
+    assert "not kept there: not faster with confidence" in "\n".join(lines)

@@ -10,7 +10,8 @@ the route's output is not eager's bit for bit; on a CPU the SD3.5 VAE decoder's 
 against eager's own 2.20e-2 from float32). Where no float32 reference can be made, it may move from eager's
 output by at most `drift_bar`: twice what the cast's kernels move it, never less than the dtype's floor. Then the model with routes must be faster with confidence (the CI of without/with above 1),
 both arms timed in their steady state, alternating, in rounds until the CI is `precision` wide or `max_s`
-has passed. Classes are tried in `layouts.candidates`' order (the one holding the most convolutions first)
+has passed. The class kept is then timed under CUDA graphs too (`graphs_trial`: the forward captured with and
+without its routes, replays alternating); where it is faster with confidence there, it serves that target too. Classes are tried in `layouts.candidates`' order (the one holding the most convolutions first)
 until `tries` were timed; one whose modules never ran is not counted. The first that passes is chosen.
 
 `python -m engine.export.layout_check --config C --cast X --out R.json [--small]` (the export runs it).
@@ -184,6 +185,44 @@ def check(model: Any, forward: Callable[[], Any], classes: list[str], eager_out:
     return {"tried": tried, "chosen": None}
 
 
+def graphs_trial(model: Any, forward: Callable[[], Any], chosen: dict[str, Any],
+                 timed: Callable[[Callable[[], Any]], float], precision: float = PRECISION,
+                 max_s: float = MAX_S) -> dict[str, Any]:
+    """The chosen class under CUDA graphs: the forward captured with the routes (for the signatures the eager
+    trial proved; a captured forward launches what the routed eager one does) against it captured without,
+    replays alternating. {"speedup", "speedup_ci"} and `why` where the routes do not pay there."""
+    import torch
+
+    from engine.bench.forward import capture_graph
+    from engine.bench.stats import speedup_ci
+    from engine.cast.layouts import LayoutSet
+    from engine.cast.runtime import EAGER, GRAPHS
+
+    ls = LayoutSet(model, class_is(chosen["class"]), signatures=chosen["signatures"],
+                   targets=frozenset({EAGER, GRAPHS}))
+    with torch.no_grad():
+        with ls:
+            routed_graph = capture_graph(forward)[0]
+        hits = ls.summary()["hits"]
+        base_graph = capture_graph(forward)[0]
+        if not hits:
+            return {"why": "no module ran channels-last while the forward was captured"}
+        base, routed = [], []
+        t0 = time.perf_counter()
+        while True:
+            for i in range(10):
+                for g, xs in (((base_graph, base), (routed_graph, routed)) if i % 2 == 0 else
+                              ((routed_graph, routed), (base_graph, base))):
+                    xs.append(timed(g.replay))
+            est = speedup_ci(base, routed, paired=True)
+            if est.high - est.low <= precision or time.perf_counter() - t0 >= max_s:
+                break
+    r = {"speedup": est.speedup, "speedup_ci": [est.low, est.high], "replays": len(base)}
+    if not est.low > 1.0:
+        r["why"] = "not faster with confidence"
+    return r
+
+
 def class_is(name: str) -> Callable[[str, Any], bool]:
     return lambda path, m: type(m).__name__ == name
 
@@ -230,6 +269,16 @@ def main(argv: list[str] | None = None) -> int:
                 cast_out = output_tensor(forward()).double()
                 res = check(model, forward, classes, eager_out, cast_out, dtype, time_steady, args.precision,
                             args.max_s, tries=max(1, args.tries), reference=reference)
+                chosen = res.get("chosen")
+                if chosen is not None:
+                    chosen["targets"] = ["eager"]
+                    try:
+                        chosen["graphs"] = graphs_trial(model, forward, chosen, time_steady, args.precision,
+                                                        args.max_s)
+                    except Exception as e:  # noqa: BLE001 - a forward that cannot be captured: eager only
+                        chosen["graphs"] = {"why": f"{type(e).__name__}: {e}"[:300]}
+                    if "why" not in chosen["graphs"]:
+                        chosen["targets"].append("cuda-graphs")
         return {**res, "candidates": classes, "cast_rel_l2_err": rel_l2_err(cast_out, eager_out),
                 "output_dtype": dtype, "float32_reference": reference is not None}
 

@@ -1094,9 +1094,16 @@ def _layout_routes_check(kept: list[ExportVariant], env: dict[str, Any], source:
     chosen = result.get("chosen")
     if not chosen:
         return {"classes": [], "tried": tried}
-    return {"classes": [chosen["class"]], "targets": ["eager"], "memory_format": MEMORY_FORMAT,
-            "signatures": chosen["signatures"], "speedup": chosen["speedup"], "speedup_ci": chosen["speedup_ci"],
-            "rel_l2_err": chosen["rel_l2_err"], "modules": chosen["modules"], "tried": tried}
+    graphs = chosen.get("graphs") or {}
+    if graphs:
+        progress("layout routes under CUDA graphs: " + (f"{graphs['speedup']:.3f}x ({graphs['speedup_ci'][0]:.3f}-"
+                                                          f"{graphs['speedup_ci'][1]:.3f})" if "speedup" in graphs
+                                                          else "not timed")
+                 + (f", not kept there: {graphs['why']}" if graphs.get("why") else ", kept there"))
+    return {"classes": [chosen["class"]], "targets": list(chosen.get("targets") or ["eager"]),
+            "memory_format": MEMORY_FORMAT, "signatures": chosen["signatures"], "speedup": chosen["speedup"],
+            "speedup_ci": chosen["speedup_ci"], "rel_l2_err": chosen["rel_l2_err"], "modules": chosen["modules"],
+            **({"graphs": graphs} if graphs else {}), "tried": tried}
 
 
 def _layout_line(t: dict[str, Any]) -> str:
