@@ -939,6 +939,11 @@ def per_model_section(out: Path, models: list[str], covered: dict[str, float], c
             detail += ["", f"{'; '.join(single)}: measured in one process, so the CI holds that process's two "
                        "compiles only. Two compiles of the same model differed by −2.4 % to +4.1 % on the H200 "
                        "(2026-12-04d); `--compose-processes K` pools the pair over K fresh processes."]
+        if isinstance((export or {}).get("layout_routes"), dict):  # export --layout-routes
+            from engine.export.report import layout_routes_text
+
+            g = layout_routes_text({"layout_routes": export["layout_routes"]})
+            detail += ["", g[0].upper() + g[1:] + "."]
         if isinstance((export or {}).get("graph_routes"), dict):  # export --graph-routes
             from engine.export.report import graph_routes_text
 

@@ -841,3 +841,16 @@ def test_the_report_draws_every_models_arms_against_eager(tmp_path):
     assert "vit_b16" in names and not any("convnext" in (n or "") for n in names)
     assert _report(tmp_path, "--report-only", "--models", "convnext_tiny").returncode == 0
     assert not (tmp_path / "speedups.svg").exists() and "speedups.svg" not in (tmp_path / "report.md").read_text()
+
+
+def test_the_report_says_which_class_the_export_runs_channels_last(tmp_path):
+    (tmp_path / "resnet50").mkdir()
+    shutil.copy(DEMO_DB, tmp_path / "resnet50" / "kforge.db")
+    (tmp_path / "resnet50" / "export.json").write_text(json.dumps({
+        "included": [], "excluded": [], "layout_routes": {
+            "classes": ["ResNet"], "targets": ["eager", "cuda-graphs"], "speedup": 1.18, "speedup_ci": [1.15, 1.2],
+            "modules": 1, "rel_l2_err": 2e-3, "signatures": {"ResNet": [{}]}}}))
+    p = _report(tmp_path, "--report-only", "--models", "resnet50")
+    assert p.returncode == 0, p.stderr
+    assert "Layout routes: ResNet run channels-last in eager and cuda-graphs, whole model 1.18× (1.15–1.20) with " \
+           "them (1 module(s), 1 signature(s), output rel. L2 2.0e-03 from eager's)" in (tmp_path / "report.md").read_text()
