@@ -116,7 +116,7 @@ def test_the_cli_tries_them_by_default_can_turn_them_off_and_says_what_it_kept(t
     monkeypatch.setattr(pkg, "export_run", export_run)
     base = ["export", "run-x", "--out", str(tmp_path / "m.cast"), "--workspace", str(tmp_path)]
     assert engine.cli.main(base) == 0 and seen["layout_routes"] is True
-    assert "layout routes: Decoder run channels-last in eager, whole model 1.25× (1.20–1.30) with them (1 module(s), " \
+    assert "layout routes: Decoder run channels-last in eager, whole model 1.25× (1.20–1.30) in eager with them (1 module(s), " \
            "1 signature(s), output rel. L2 3.0e-03 from eager's)" in capsys.readouterr().out
     assert engine.cli.main(base + ["--no-layout-routes"]) == 0 and seen["layout_routes"] is False
     capsys.readouterr()
@@ -181,6 +181,9 @@ def test_a_class_faster_under_cuda_graphs_too_serves_that_target_and_it_is_said(
     g = manifest["source"]["layout_routes"]
     assert g["targets"] == ["eager", "cuda-graphs"] and g["graphs"]["speedup_ci"] == [1.1, 1.14]
     assert "layout routes under CUDA graphs: 1.120x (1.100-1.140), kept there" in "\n".join(lines)
+    from engine.export.report import layout_routes_text
+
+    assert "in eager with them; under CUDA graphs 1.12× (1.10–1.14)" in layout_routes_text(manifest["source"])
     slower = {**TRIED["tried"][1], "targets": ["eager"],
               "graphs": {"speedup": 0.99, "speedup_ci": [0.97, 1.01], "why": "not faster with confidence"}}
     _, lines, _, manifest = _export(ws, monkeypatch, {**TRIED, "chosen": slower})
