@@ -296,3 +296,31 @@ def test_the_check_with_a_float32_reference_rejects_a_forward_that_computes_some
     r = lc.check(m, lambda: m(x), ["ReadsStrides"], eager, eager, "bfloat16", _timer(True), max_s=0.0,
                  reference=ref)
     assert r["chosen"] is None and "from the float32 model's" in r["tried"][0]["why"]
+
+
+def test_the_checks_fresh_process_on_a_real_model(tmp_path):
+    """`python -m engine.export.layout_check` as the export runs it, on ResNet-50's small build on the CPU
+    (`--device cpu`, the plumbing only: the CPU's times are no measurement): it tries the model's own class
+    first, routes it, records the signature it proved, and judges the output against the float32 model."""
+    import subprocess
+    import sys
+
+    from engine.cast.format import write_cast
+    from engine.export.package import package
+
+    env = {"gpu": "none", "arch": "sm_90", "torch": "2.11.0", "torch_minor": "2.11", "cuda": "13.0",
+           "driver": "x", "nvrtc": "13.0"}
+    manifest, files, report = package([], env, {"run": "t", "model": "resnet50"})
+    write_cast(tmp_path / "none.cast", manifest, files, report)
+    p = subprocess.run([sys.executable, "-m", "engine.export.layout_check", "--config", "configs/models/resnet50.toml",
+                        "--small", "--cast", str(tmp_path / "none.cast"), "--out", str(tmp_path / "r.json"),
+                        "--device", "cpu", "--max-s", "0.5", "--tries", "1"], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["candidates"][0] == "ResNet" and r["float32_reference"] is True and r["output_dtype"] == "float16"
+    t = r["tried"][0]
+    assert t["class"] == "ResNet" and t["paths"] == [""] and t["hits"] >= 1 and not t["failed"]
+    assert t["float32_err"] <= 1.5 * t["float32_err_without"] + 1e-7
+    sig = t["signatures"]["ResNet"][0]
+    assert sig["args"][0]["tensor"]["shape"] == [2, 3, 224, 224] and sig["outputs"][0]["shape"] == [2, 1000]

@@ -20,6 +20,7 @@ until `tries` were timed; one whose modules never ran is not counted. The first 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from collections.abc import Callable
@@ -236,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tries", type=int, default=TRIES)
     ap.add_argument("--precision", type=float, default=PRECISION)
     ap.add_argument("--max-s", type=float, default=MAX_S)
+    ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: the plumbing's tests, no measurement
     args = ap.parse_args(argv)
     from engine.export.confirm import run_job
 
@@ -249,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         from engine.export.e2e import rel_l2_err
         from engine.models.forwards import output_tensor
 
-        target = build_target(load_config(args.config, small=args.small), torch.device("cuda"))
+        target = build_target(load_config(args.config, small=args.small), torch.device(args.device))
         model, forward = target.module, target.forward
         classes = candidates(model)
         if not classes:
@@ -267,13 +269,14 @@ def main(argv: list[str] | None = None) -> int:
                 for _ in range(WARM_CALLS):
                     forward()
                 cast_out = output_tensor(forward()).double()
-                res = check(model, forward, classes, eager_out, cast_out, dtype, time_steady, args.precision,
+                timed = functools.partial(time_steady, device=args.device)
+                res = check(model, forward, classes, eager_out, cast_out, dtype, timed, args.precision,
                             args.max_s, tries=max(1, args.tries), reference=reference)
                 chosen = res.get("chosen")
-                if chosen is not None:
+                if chosen is not None and args.device == "cuda":
                     chosen["targets"] = ["eager"]
                     try:
-                        chosen["graphs"] = graphs_trial(model, forward, chosen, time_steady, args.precision,
+                        chosen["graphs"] = graphs_trial(model, forward, chosen, timed, args.precision,
                                                         args.max_s)
                     except Exception as e:  # noqa: BLE001 - a forward that cannot be captured: eager only
                         chosen["graphs"] = {"why": f"{type(e).__name__}: {e}"[:300]}
