@@ -254,3 +254,56 @@ def test_a_second_sigterm_does_not_cut_the_captures_cleanup_short(tmp_path):
     assert proc.returncode == 143, proc.stderr
     assert proc.stdout == "cleaned up\n"
     assert proc.stderr.splitlines() == ["terminated: capture stopped; nothing was kept"]
+
+
+def test_a_stop_that_lands_as_the_capture_is_stored_keeps_the_stored_capture_whole(tmp_path, monkeypatch, capsys):
+    # Ctrl-C or SIGTERM while the COMMIT runs: the store finishes it (engine.store.Store._to_the_end) and the
+    # stop is raised after. The capture's samples were then removed under a capture row that stayed, which the
+    # next `run` of the config reused: every card with samples that were gone.
+    from engine.cli import main
+    from engine.run.interrupt import Terminated
+    from engine.store import Store
+
+    stored = Store.save_capture
+
+    async def stored_then_stopped(self, *args, **kwargs):
+        await stored(self, *args, **kwargs)
+        raise Terminated()
+
+    monkeypatch.setattr(Store, "save_capture", stored_then_stopped)
+    ws = tmp_path / "ws"
+    code = main(["capture", MY_MODEL, "--small", "--device", "cpu", "--workspace", str(ws)])
+    conn = open_readonly(db_path(ws))
+    try:
+        captures = conn.execute("SELECT id FROM captures").fetchall()
+        samples = [row[0] for row in conn.execute("SELECT path FROM samples")]
+    finally:
+        conn.close()
+    assert len(captures) == 1 and samples
+    assert [p for p in samples if not (ws / p).is_file()] == []
+    # Too late to stop: the capture is whole, and the command says so as when nothing stopped it.
+    out = capsys.readouterr()
+    assert code == 0 and captures[0][0] in out.out, out
+
+
+def test_a_run_stopped_as_its_capture_is_stored_keeps_the_stored_capture_whole(tmp_path, monkeypatch):
+    import asyncio
+
+    from engine.cli import main
+    from engine.store import Store
+
+    stored = Store.save_capture
+
+    async def stored_then_cancelled(self, *args, **kwargs):
+        await stored(self, *args, **kwargs)
+        raise asyncio.CancelledError()
+
+    monkeypatch.setattr(Store, "save_capture", stored_then_cancelled)
+    ws = tmp_path / "ws"
+    assert main(["run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--device", "cpu", "--workspace", str(ws)]) == 130
+    conn = open_readonly(db_path(ws))
+    try:
+        samples = [row[0] for row in conn.execute("SELECT path FROM samples")]
+    finally:
+        conn.close()
+    assert samples and [p for p in samples if not (ws / p).is_file()] == []  # the next run reuses it, whole
