@@ -70,20 +70,28 @@ class StageProgress:
             from rich.text import Text
 
             class Message(ProgressColumn):
-                """What a running stage does now, on one line cut with an ellipsis where the line ends; a
-                finished stage's last word whole (wrapped onto more lines where it must)."""
+                """What a running stage does now, on one line cut with an ellipsis where the line ends; an
+                ended stage's last word whole (wrapped onto more lines where it must)."""
 
                 def render(self, task: Any) -> Text:
-                    if task.finished:
+                    if task.finished or task.stop_time is not None:
                         return Text(task.description)
                     return Text(task.description, no_wrap=True, overflow="ellipsis")
+
+            class Mark(SpinnerColumn):
+                """The spinner while a stage runs, ✓ once it is done, ■ where it stopped short (done(fill=False))."""
+
+                def render(self, task: Any) -> Any:
+                    if task.stop_time is not None and not task.finished:
+                        return Text("■", style="yellow")
+                    return super().render(task)
 
             # The stage, bar, counts and clock keep their widths; the message takes what is left of the line
             # (at 80 columns a long message squeezed out the stage's name, the bar and the counts).
             def fixed(width: int) -> Column:
                 return Column(min_width=width, no_wrap=True)
 
-            self._rich = Progress(SpinnerColumn(finished_text="[green]✓[/]", table_column=fixed(1)),
+            self._rich = Progress(Mark(finished_text="[green]✓[/]", table_column=fixed(1)),
                                   TextColumn("[bold]{task.fields[stage]:<8}[/]", table_column=fixed(8)),
                                   BarColumn(bar_width=24, table_column=fixed(24)),
                                   MofNCompleteColumn(table_column=fixed(9)), TimeElapsedColumn(table_column=fixed(7)),
@@ -125,8 +133,8 @@ class StageProgress:
             kw["description"] = message
         self._bars().update(self._tasks[name], **kw)
 
-    def done(self, name: str, message: str | None = None) -> None:
-        """Stage `name` is over."""
+    def done(self, name: str, message: str | None = None, *, fill: bool = True) -> None:
+        """Stage `name` is over; its bar filled, or with `fill=False` left where the work stopped."""
         if self.json_lines:
             self.emit("stage_done", stage=name, **({"message": message} if message else {}))
             return
@@ -135,8 +143,8 @@ class StageProgress:
         task = self._tasks[name]
         bars = self._bars()
         t = next(x for x in bars.tasks if x.id == task)
-        bars.update(task, total=t.total if t.total is not None else max(t.completed, 1),
-                    completed=t.total if t.total is not None else max(t.completed, 1),
+        end = t.total if t.total is not None else max(t.completed, 1)
+        bars.update(task, **({"total": end, "completed": end} if fill else {}),
                     **({"description": message} if message is not None else {}))
         bars.stop_task(task)
 

@@ -11,6 +11,7 @@ import errno
 import os
 import shlex
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -301,11 +302,20 @@ def serve(args: argparse.Namespace) -> int:
     os.environ[SERVED_ENV] = "1"  # textual-serve hands its own environment to every app process it starts
     print(f"kforge: serving on http://{where}:{args.port} (loopback only; from your machine: "
           f"ssh -L {args.port}:{where}:{args.port} THIS_HOST)", file=sys.stderr, flush=True)
+    server = _relative_server(Server)(shlex.join(inner), host=host, port=args.port, title="Kernel Forge")
     try:
-        _relative_server(Server)(shlex.join(inner), host=host, port=args.port, title="Kernel Forge").serve()
+        server.serve()
     except OSError as e:  # taken between the check and the bind
         raise UsageError(f"serve: cannot listen on {where}:{args.port} ({e.strerror or e}); "
                          "choose another port with --port") from None
+    if server.stopped_by is not None:
+        from engine.run.interrupt import Interrupted, TerminatedStop
+
+        n = server.tabs_closed
+        tabs = f"{n} tab{'s' if n > 1 else ''} closed" if n else "no tab was open"
+        if server.stopped_by == signal.SIGTERM:
+            raise TerminatedStop(f"terminated: stopped serving on http://{where}:{args.port} ({tabs})")
+        raise Interrupted(f"interrupted: stopped serving on http://{where}:{args.port} ({tabs})")
     return 0
 
 
@@ -335,14 +345,72 @@ _WS_FROM_LOCATION = ("<script>document.getElementById('terminal').dataset.sessio
                      "(location.protocol === 'https:' ? 'wss://' : 'ws://') + location.host + '/ws';</script>")
 
 
+# How long a stopped server gives its tabs' app processes to quit and their websockets to close.
+_TABS_CLOSE_S = 10.0
+
+
 def _relative_server(base: type) -> type:
     """textual-serve's Server whose page names no host: its stylesheet, script and images are under
     /static/ of whatever origin loaded the page, and its websocket URL is built from window.location.
-    (textual-serve's own page writes http://HOST:PORT from its public_url into every URL.)"""
+    (textual-serve's own page writes http://HOST:PORT from its public_url into every URL.)
+
+    It also stops as the other commands do. textual-serve takes SIGTERM and Ctrl-C as aiohttp's graceful
+    exit, which waits for every request to end: a tab's websocket never does, so with a tab open the server
+    ran on until the websocket's heartbeat gave up (some 20 s) and then exited 0. Here the first SIGTERM or
+    Ctrl-C ends each tab's session at once (its app is told to quit and its websocket is closed, as when the
+    tab goes away), then the server; `stopped_by` says which signal, for the exit code (143, 130). A second
+    Ctrl-C exits at once; a second SIGTERM changes nothing (engine.run.interrupt.ignore_further_sigterm)."""
+    import asyncio
+
     import aiohttp_jinja2
     from aiohttp import web
 
+    from engine.run.interrupt import exit_now
+
     class RelativeServer(base):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.stopped_by: int | None = None
+            self.tabs_closed = 0
+            self._sessions: set[asyncio.Task] = set()
+
+        async def handle_websocket(self, request: web.Request) -> web.WebSocketResponse:
+            session = asyncio.current_task()  # the task aiohttp runs this request in
+            self._sessions.add(session)
+            try:
+                return await super().handle_websocket(request)
+            finally:
+                self._sessions.discard(session)
+
+        def serve(self, debug: bool = False) -> None:
+            self.debug = debug
+            self.initialize_logging()
+            loop = asyncio.new_event_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self._stop, sig, loop)
+            # The tabs are closed before the server stops, so its own wait for requests to end is short.
+            web.run_app(self._make_app(), host=self.host, port=self.port, handle_signals=False, loop=loop,
+                        print=lambda *args: None, shutdown_timeout=2.0)
+
+        def _stop(self, sig: int, loop: asyncio.AbstractEventLoop) -> None:
+            if self.stopped_by is not None:
+                if sig == signal.SIGINT:
+                    exit_now()
+                return
+            self.stopped_by = sig
+            loop.create_task(self._close_tabs())
+
+        async def _close_tabs(self) -> None:
+            # Cancelled, textual-serve's websocket handler tells its app to quit, waits for it, and closes the
+            # websocket: what aiohttp itself does to a request still running when its graceful wait ends.
+            sessions = list(self._sessions)
+            self.tabs_closed = len(sessions)
+            for session in sessions:
+                session.cancel()
+            if sessions:
+                await asyncio.wait(sessions, timeout=_TABS_CLOSE_S)
+            self.request_exit()
+
         async def handle_index(self, request: web.Request) -> web.Response:
             try:
                 font_size = int(request.query.get("fontsize", "16"))

@@ -265,3 +265,85 @@ async def test_the_steps_before_the_search_reach_the_runs_log_card_by_card(tmp_p
     line = _event_line(EventRow(9, 1796218861.0, "stage", None, events[1]["payload"])).plain
     assert line == "13:41:01 eager: eager timed for 2/13 card(s); native_group_norm: load 1.2 s, measure 4.5 s"
     assert '"completed": 2' in out.getvalue()  # the terminal's JSON lines carry the counts too
+
+
+async def test_the_search_bar_takes_a_card_that_ends_early_off_its_total():
+    # The bar counted evaluations against cards × iterations: a card that ran out of revisions to try kept
+    # its unused iterations in the total, the bar sat part of the way, then jumped to the end with the run.
+    import itertools
+    import re
+
+    from test_orchestrator import MemoryRecorder, StandInLane, card, orchestrator
+
+    from engine.propose.base import Proposal
+    from engine.run.orchestrator import Budgets
+    from engine.run.report import Progress
+
+    class ThreeForX:
+        """Three kernels for card x, then nothing new to try; card y always has another."""
+
+        name = "three"
+
+        def __init__(self):
+            self.n = itertools.count()
+
+        def supports(self, c):
+            return True
+
+        async def propose(self, r):
+            n = next(self.n)
+            if r.card.card_id == "x" and n >= 3:
+                return Proposal(declined=True, reason="every neighbour of this parent was tried already")
+            return Proposal(source=f"// {r.card.card_id} {n}\n", spec="[[launch]]")
+
+    bars: list[tuple[int, int]] = []
+
+    class Stages(StageProgress):
+        def update(self, name, *, completed=None, total=None, message=None, **counts):
+            bars.append((completed, total))
+            super().update(name, completed=completed, total=total, message=message, **counts)
+
+    out = _Terminal()
+    progress = Progress(Stages(out))
+
+    class Recorder(MemoryRecorder):
+        async def event(self, kind, payload, card_id=None):
+            await super().event(kind, payload, card_id)
+            progress(kind, payload, card_id, o)
+
+    o = orchestrator([card("x"), card("y", 0.2)], ThreeForX(), StandInLane(0.0), Recorder(),
+                     budgets=Budgets(iterations_per_card=12), max_proposals=1)
+    assert await o.run() == "iterations"
+    progress.stages.close()
+    used = o.cards["x"].iterations + o.cards["y"].iterations
+    assert o.cards["x"].iterations < 12 and used < 24
+    assert all(c <= t for c, t in bars) and [t for _, t in bars] == sorted((t for _, t in bars), reverse=True)
+    assert any(t == used and c < used for c, t in bars), bars  # x's unused iterations left the total early
+    frame = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue().split("\r")[-1])
+    assert f"{used}/{used}" in next(x for x in frame.splitlines() if "search" in x), frame
+
+
+async def test_a_search_stopped_by_its_budget_keeps_its_bar_where_it_stopped():
+    # run_finished filled the bar whatever stopped the run: a search cut short by --max-tokens read as done.
+    import re
+
+    from test_orchestrator import MemoryRecorder, ScriptedProposer, StandInLane, card, orchestrator
+
+    from engine.run.orchestrator import Budgets
+    from engine.run.report import Progress
+
+    out = _Terminal()
+    progress = Progress(StageProgress(out))
+
+    class Recorder(MemoryRecorder):
+        async def event(self, kind, payload, card_id=None):
+            await super().event(kind, payload, card_id)
+            progress(kind, payload, card_id, o)
+
+    o = orchestrator([card("a")], ScriptedProposer(0.0, tokens=500), StandInLane(0.0), Recorder(),
+                     budgets=Budgets(iterations_per_card=100, tokens=5_000), max_proposals=1)
+    assert await o.run() == "tokens"
+    progress.stages.close()
+    used = o.cards["a"].iterations
+    frame = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue().split("\r")[-1])
+    assert 0 < used < 100 and f"{used}/100" in next(x for x in frame.splitlines() if "search" in x), frame

@@ -263,12 +263,26 @@ def test_sigterm_during_a_check_stops_its_processes_and_writes_the_finished_targ
 
 
 def test_sigterm_outside_an_export_is_left_as_it_was():
+    from engine.run.interrupt import sigterm_raises
+
+    before = signal.getsignal(signal.SIGTERM)
+    with sigterm_raises():
+        pass
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_after_a_sigterm_stopped_an_export_a_second_one_is_ignored():
+    # The process is stopping: `timeout`'s second SIGTERM (to the process group) must not end it before the
+    # line saying what was kept (engine.run.interrupt.ignore_further_sigterm).
     from engine.run.interrupt import Terminated, sigterm_raises
 
     before = signal.getsignal(signal.SIGTERM)
-    with sigterm_raises(), pytest.raises(Terminated):
-        signal.raise_signal(signal.SIGTERM)
-    assert signal.getsignal(signal.SIGTERM) == before
+    try:
+        with sigterm_raises(), pytest.raises(Terminated):
+            signal.raise_signal(signal.SIGTERM)
+        signal.raise_signal(signal.SIGTERM)  # would end pytest with SIGTERM's default
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def test_a_check_made_under_an_earlier_rule_is_made_again(ws, gpu, monkeypatch):

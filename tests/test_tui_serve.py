@@ -4,6 +4,7 @@ tunnel that arrives on another local port (the page names no host and port of it
 
 import asyncio
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -153,3 +154,60 @@ def test_serve_refuses_other_hosts(host):
     assert proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "loopback" in lines[0] and host in lines[0], proc.stderr
+
+
+async def _open_tab(port: int):
+    """A browser tab's session: the websocket textual.js opens, held open once the app has drawn its cards."""
+    session = aiohttp.ClientSession()
+    ws = await session.ws_connect(f"ws://127.0.0.1:{port}/ws?width=120&height=40")
+    await ws.send_json(["resize", {"width": 120, "height": 40}])
+    screen, deadline = b"", time.monotonic() + 60
+    while b"aten::" not in ANSI.sub(b"", screen) and time.monotonic() < deadline:
+        msg = await ws.receive(timeout=max(0.1, deadline - time.monotonic()))
+        if msg.type == aiohttp.WSMsgType.BINARY:
+            screen += msg.data
+        elif msg.type != aiohttp.WSMsgType.TEXT:
+            break
+    assert b"aten::" in ANSI.sub(b"", screen), "the served app never drew the demo's cards"
+    return session, ws
+
+
+async def _stopped_with_a_tab_open(port: int, proc: subprocess.Popen, sig: int) -> tuple[int | None, str]:
+    """Signal serve while a tab is open; the exit code within 30 s (None: still running) and how the tab's
+    websocket ended."""
+    session, ws = await _open_tab(port)
+    try:
+        proc.send_signal(sig)
+        ended = "open"
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                msg = await ws.receive(timeout=0.2)  # as a tab does: pings answered, the close frame read
+            except asyncio.TimeoutError:
+                continue
+            if msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING):
+                ended = "closed"
+            await asyncio.sleep(0.05 if ended == "closed" else 0)
+        return proc.poll(), ended
+    finally:
+        await ws.close()
+        await session.close()
+
+
+@pytest.mark.parametrize("sig, code, word", [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")])
+def test_serve_stops_on_a_signal_while_a_tab_is_connected(served, sig, code, word):
+    # SIGTERM (`timeout`, systemd, a job scheduler) was taken as a graceful exit that waited for the open tabs'
+    # websockets to end: with a tab connected, serve went on for tens of seconds, then exited 0.
+    port, proc = served
+    exit_code, ended = asyncio.run(_stopped_with_a_tab_open(port, proc, sig))
+    assert exit_code == code, (exit_code, proc.stderr.read() if exit_code is not None else "still running after 30 s")
+    assert ended == "closed"  # the tab was told the server went away
+    lines = proc.stderr.read().strip().splitlines()
+    assert lines[-1].startswith(f"{word}: stopped serving"), lines
+
+
+def test_serve_stops_on_sigterm_with_no_tab(served):
+    port, proc = served
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 143
+    assert proc.stderr.read().strip().splitlines()[-1].startswith("terminated: stopped serving")

@@ -185,7 +185,6 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     samples_root = workspace / "samples"
     partial = samples_root / f".partial-{capture_id}"
     final = samples_root / capture_id
-    partial.mkdir(parents=True)
     # Sample files are written (and hashed) on a background thread while the forward computes.
     # The model's parameters and buffers are referenced, not copied, until written; those a tiled random fill
     # made (a reference model's weights) are stored as one period where their bytes still repeat.
@@ -194,6 +193,8 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
                           periods={storage_key(t): p for t in state if (p := fill_period(t)) is not None})
     del state
     try:
+        partial.mkdir(parents=True)  # inside: a stop that lands right after it still removes it
+
         def sink(tally: CardTally, idx: int, snap: Snapshot, meta: dict[str, Any]) -> int:
             nonlocal write_s
             t0 = time.perf_counter()

@@ -24,10 +24,33 @@ def capture_and_store(config: ModelConfig, device_arg: str | None, workspace: Pa
     progress(_storing(workspace, result))
     try:
         asyncio.run(_store_in_workspace(workspace, config, result))
+    except KeyboardInterrupt:
+        if not _stored(workspace, result.capture_id):
+            discard_samples(workspace, result)
+            raise
+        # Ctrl-C or SIGTERM as the COMMIT ended: too late to stop, the capture is whole and is the result
     except BaseException:
-        discard_samples(workspace, result)
+        if not _stored(workspace, result.capture_id):
+            discard_samples(workspace, result)
         raise
     return result
+
+
+def _stored(workspace: Path, capture_id: str) -> bool:
+    """Whether the capture's row is committed: a store stopped as its COMMIT ran still finishes it, and the
+    samples of a stored capture must stay (a later run reuses it)."""
+    from engine.store import open_readonly
+
+    try:
+        conn = open_readonly(db_path(workspace))
+    except Exception:  # noqa: BLE001 - no database (or none readable): nothing was stored
+        return False
+    try:
+        return conn.execute("SELECT 1 FROM captures WHERE id = ?", (capture_id,)).fetchone() is not None
+    except Exception:  # noqa: BLE001 - as above
+        return False
+    finally:
+        conn.close()
 
 
 class CaptureStopped(BaseException):
@@ -83,7 +106,8 @@ async def capture_into(store: Store, config: ModelConfig, device_arg: str | None
     try:
         await save_capture(store, workspace, config, result)
     except BaseException:
-        discard_samples(workspace, result)
+        if not _stored(workspace, result.capture_id):  # one stored as it was cancelled is whole: a run reuses it
+            discard_samples(workspace, result)
         raise
     return result
 

@@ -36,13 +36,34 @@ class Terminated(KeyboardInterrupt):
 
 
 def _raise_terminated(*_: Any) -> None:
+    ignore_further_sigterm()
     raise Terminated()
+
+
+def _sigterm_ignored(*_: Any) -> None:
+    pass
+
+
+def ignore_further_sigterm() -> None:
+    """From now on SIGTERM changes nothing: the process is already stopping as the first one asked.
+
+    `timeout` sends SIGTERM to the command and then to its whole process group, so the command often gets
+    two; the second one used to land in the first one's cleanup (a capture's half-written sample folder
+    stayed, a run exited 130 at once as if Ctrl-C had been pressed twice, the line saying what was kept was
+    never written). A scheduler that will not wait sends SIGKILL. A Python handler rather than SIG_IGN:
+    a child started from here (a lane, a compile worker) must not inherit an ignored SIGTERM."""
+    try:
+        signal.signal(signal.SIGTERM, _sigterm_ignored)
+    except ValueError:  # not the main thread
+        pass
 
 
 @contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
-    """Inside, SIGTERM raises Terminated in the main thread instead of ending the process at once (Python's
-    default, which runs no cleanup); outside, the previous handler again. Off the main thread: no change."""
+    """Inside, the first SIGTERM raises Terminated in the main thread instead of ending the process at once
+    (Python's default, which runs no cleanup), and later ones are ignored (ignore_further_sigterm, also after
+    the block: the process is stopping, and a command's line saying what was kept is still to be written);
+    with none, the previous handler again after the block. Off the main thread: no change."""
     try:
         before = signal.signal(signal.SIGTERM, _raise_terminated)
     except ValueError:  # not the main thread
@@ -51,7 +72,8 @@ def sigterm_raises() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+        if signal.getsignal(signal.SIGTERM) is _raise_terminated:  # no SIGTERM came
+            signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
 
 
 class StopFlag:
@@ -177,9 +199,12 @@ def run_interruptible(make: Callable[[StopFlag], Coroutine[Any, Any, T]], *,
 
     def on_sigterm() -> None:
         # `timeout`, a job scheduler, `kill`: stopped as by the first Ctrl-C (what is done is kept, the run
-        # stays resumable), where Python's default ended the process with the run row left 'running'
-        if not stop.hit:
-            stop.terminated = True
+        # stays resumable), where Python's default ended the process with the run row left 'running'. Once
+        # the stop is under way a SIGTERM changes nothing (ignore_further_sigterm says why); only a second
+        # Ctrl-C hurries it.
+        if stop.hit:
+            return
+        stop.terminated = True
         on_sigint()
 
     try:
@@ -209,4 +234,6 @@ def run_interruptible(make: Callable[[StopFlag], Coroutine[Any, Any, T]], *,
                     pass
             if stop.hit:
                 exit_on_next_sigint()
+            if stop.terminated:  # not ended by the next one before the line saying what was kept is written
+                ignore_further_sigterm()
             loop.close()

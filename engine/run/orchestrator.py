@@ -315,6 +315,13 @@ class Orchestrator:
             self._wake.set()
         task.add_done_callback(done)
 
+    def may_go_on(self, card: CardState) -> bool:
+        """Whether `card` may still use an iteration: not finished, and with work in flight or a node to
+        expand. One with neither has tried every revision the proposer can make; the run says it ended
+        'exhausted' only when the whole search ends. Reads the tree only."""
+        return not card.done_reason and (card.in_flight > 0 or
+                                         self.select(self.trees[card.ref.card_id], self.params) is not None)
+
     def _next_job(self) -> tuple[CardState, str] | None:
         count_chains_once(list(self.cards.values()))
         blocked: list[CardState] = []

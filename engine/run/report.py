@@ -62,6 +62,18 @@ def run_document(run_id: str, status: str, o: Orchestrator) -> dict[str, Any]:
             "gpu": o.hardware.name, "arch": o.hardware.arch, "cards": card_summaries(o)}
 
 
+def search_progress(o: Orchestrator) -> tuple[int, int]:
+    """The search's bar: the iterations the searched cards have used, against what they may use. A card
+    that may go on may use its whole budget; one that is finished (plateau, roofline) or has nothing left to
+    try only what it used. So a card that ends early takes its unused iterations off the total, and the bar
+    reaches its end with the last card (against cards × iterations it sat at a sixth of the way, then jumped
+    to the end when the run finished)."""
+    per = o.budgets.iterations_per_card
+    searched = [c for c in o.cards.values() if c.done_reason not in CARD_SKIP_REASONS]
+    used = sum(c.iterations for c in searched)
+    return used, max(1, sum(max(c.iterations, per) if o.may_go_on(c) else c.iterations for c in searched))
+
+
 class Progress:
     """Event sink for `run --no-tui`: the search stage of a StageProgress (a bar updated in place on a
     terminal, one JSON line per event otherwise) with running counts: compiled, verified, failed."""
@@ -85,16 +97,14 @@ class Progress:
             return
         open_cards = sum(1 for c in o.cards.values() if not c.done_reason)
         best = max((r.speedup for r in o.records.values() if r.speedup), default=None)
-        searched = [c for c in o.cards.values() if c.done_reason not in CARD_SKIP_REASONS]
-        total = max(1, len(searched) * o.budgets.iterations_per_card)
+        used, total = search_progress(o)
         message = (f"cards open {open_cards}/{len(o.cards)} · proposals {o.totals.proposals} · compiled "
                    f"{self.counts['compiled']} · verified {self.counts['verified']} · failed "
                    f"{self.counts['failed']}" + (f" · best {best:.2f}×" if best else ""))
+        self.stages.update("search", completed=used, total=total, message=message)
         if kind == "run_finished":
-            self.stages.update("search", completed=o.totals.evaluations, total=total, message=message)
-            self.stages.done("search")
-        else:
-            self.stages.update("search", completed=o.totals.evaluations, total=total, message=message)
+            # A search stopped with cards still open (wall time, cost, Ctrl-C) keeps its bar where it stopped.
+            self.stages.done("search", fill=used >= total)
 
 
 NARROW_BELOW = 120  # columns: under this the final table takes its narrow form (a terminal of 80 columns)
