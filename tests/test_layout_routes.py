@@ -324,3 +324,29 @@ def test_the_checks_fresh_process_on_a_real_model(tmp_path):
     assert t["float32_err"] <= 1.5 * t["float32_err_without"] + 1e-7
     sig = t["signatures"]["ResNet"][0]
     assert sig["args"][0]["tensor"]["shape"] == [2, 3, 224, 224] and sig["outputs"][0]["shape"] == [2, 1000]
+
+
+class WritesItsInput(Net):
+    def forward(self, x):
+        x.mul_(1.0)
+        return super().forward(x)
+
+
+class ReturnsItsInput(Net):
+    def forward(self, x):
+        super().forward(x)
+        return x
+
+
+@pytest.mark.parametrize("cls,why", [(WritesItsInput, "writes an argument in place"),
+                                     (ReturnsItsInput, "returns a view of an argument")])
+def test_a_forward_that_writes_or_returns_its_argument_is_never_routed(cls, why):
+    m, x = _net(cls), torch.randn(2, 8, 16, 16)
+    with torch.no_grad():
+        ls = _routes(m, learn=True)
+        with ls:
+            for _ in range(3):
+                m(x)
+    s = ls.summary()
+    assert s["hits"] == 0 and ls.signatures() == {cls.__name__: []}
+    assert len(s["failed"]) == 1 and why in s["failed"][0]  # refused once, not learned again at every call

@@ -25,8 +25,10 @@ The guard, per call (anything else runs the original forward; a decline costs on
   of the module requiring grad);
 - the target the call is made under among those the export proved (eager; a CUDA-graph capture too where
   proven).
-A forward that raises on the channels-last arguments (a `view` that needs NCHW strides), or returns another
-structure or shapes than at proof, runs the original forward and leaves that signature on PyTorch from then on,
+A forward that writes an argument in place or returns a view of one is never routed (the export's trial refuses
+its signature: a route would write, or return, a channels-last copy). A forward that raises on the channels-last
+arguments (a `view` that needs NCHW strides), or returns another structure or shapes than at proof, runs the
+original forward and leaves that signature on PyTorch from then on,
 with one warning. Not guarded: code that reads strides and silently computes something else on other inputs
 of the proven signature (the proof ran the model's own path on its own values).
 """
@@ -132,6 +134,7 @@ class LayoutRoute:
         self.targets = targets
         self.learn = learn  # the export's trial: a signature's first call runs eagerly and records it
         self.table: dict[tuple, Entry] = {}
+        self.refused: set[tuple] = set()  # signatures a trial found a route cannot take (never learned again)
         self.stats = LayoutStats()
         self.active = False
 
@@ -150,17 +153,26 @@ class LayoutRoute:
         return self._forward(self.module(), *args, **kwargs)
 
     def _learn(self, key: tuple, args: tuple) -> Any:
+        tensors = [a for a in args if type(a) in _TENSOR_TYPES]
+        versions = [t._version for t in tensors]
         out = self.original(*args)
         leaves, _, why = _outputs(out)
+        if why is None and any(t._version != v for t, v in zip(tensors, versions)):
+            why = "the forward writes an argument in place (a route would write a channels-last copy)"
+        if why is None and any(isinstance(x, torch.Tensor) and any(x.untyped_storage().data_ptr() ==
+                                                                   t.untyped_storage().data_ptr() for t in tensors)
+                               for x in leaves):
+            why = "the forward returns a view of an argument (a route would return a copy)"
         m = self.module()
-        if why is None and m is not None:
-            rec = {"args": [{"tensor": describe(a)} if type(a) in _TENSOR_TYPES else {"value": a} for a in args],
-                   "outputs": [describe(x) for x in leaves if isinstance(x, torch.Tensor)], "training": m.training}
-            outs = tuple((tuple(x.shape), tuple(x.stride())) for x in leaves if isinstance(x, torch.Tensor))
-            self.table[key] = Entry(_converted(key), outs, m.training, rec)
-            self.stats.learned += 1
-        else:
+        if why is not None or m is None:
+            self.refused.add(key)
             self.stats.failed[str(len(self.stats.failed))] = why or "module gone"
+            return out
+        rec = {"args": [{"tensor": describe(a)} if type(a) in _TENSOR_TYPES else {"value": a} for a in args],
+               "outputs": [describe(x) for x in leaves if isinstance(x, torch.Tensor)], "training": m.training}
+        outs = tuple((tuple(x.shape), tuple(x.stride())) for x in leaves if isinstance(x, torch.Tensor))
+        self.table[key] = Entry(_converted(key), outs, m.training, rec)
+        self.stats.learned += 1
         return out
 
     def _give_up(self, key: tuple, why: str) -> None:
@@ -189,7 +201,7 @@ class LayoutRoute:
             return self.original(*args, **kwargs)
         e = self.table.get(key)
         if e is None:
-            if self.learn and _converted(key):
+            if self.learn and key not in self.refused and _converted(key):
                 return self._learn(key, args)
             st.misses += 1
             return self.original(*args)
