@@ -42,7 +42,10 @@ APART: list[tuple[str, str]] = [
 # the engine's own process (DESIGN.md: the TUI reads the store and starts the engine detached).
 # The card record (engine.cards) is plain data: the TUI names chain cards and counts their calls once by it.
 TUI_MAY_IMPORT = ("engine.cli", "engine.cards", "engine.errors", "engine.outcomes", "engine.store",
-                  "engine.resources", "engine.progress", "kforge_tui")
+                  "engine.resources", "engine.progress", "kforge_tui",
+                  # the signal handling every command shares (serve stops on SIGTERM as run does): it imports
+                  # nothing of the engine but engine.errors, which test_interrupt_stays_light holds it to
+                  "engine.run.interrupt")
 
 # Where `import engine.cast` may reach: a user loading a cast needs neither the exporter nor the engine.
 CAST_MAY_NOT_IMPORT = ("engine.export", "engine.run", "engine.propose", "engine.lane", "engine.store",
@@ -119,6 +122,13 @@ def test_the_tui_never_imports_engine_gpu_or_search_code():
     bad = [f"{src}:{line} imports {dst}" for src, targets in GRAPH.items() if src.startswith("kforge_tui")
            for dst, line in targets if not _within(dst, TUI_MAY_IMPORT)]
     assert bad == []
+
+
+def test_interrupt_stays_light():
+    """The TUI may import engine.run.interrupt only while it reaches nothing heavier than engine.errors."""
+    bad = [f"engine.run.interrupt:{line} imports {dst}" for dst, line in GRAPH.get("engine.run.interrupt", ())
+           if dst.startswith(("engine", "kforge_tui")) and dst != "engine.errors"]
+    assert "engine.run.interrupt" in GRAPH and bad == []
 
 
 def test_loading_a_cast_needs_no_exporter_engine_or_store():
