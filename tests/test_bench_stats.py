@@ -165,3 +165,22 @@ def test_balanced_orders_put_every_arm_after_every_other_equally_often(n):
     assert set(after) == {(a, b) for a in range(n) for b in range(n) if a != b}
     assert len(set(after.values())) == 1
     assert balanced_orders(2) == [[0, 1], [1, 0]]  # two arms alternate as before (bench_compose's pair)
+
+
+def test_paired_rounds_alternate_the_arms_and_stop_when_the_ci_is_narrow_or_time_is_up():
+    from engine.bench.stats import paired_rounds
+
+    order: list[str] = []
+
+    def arm(name, value):
+        def call():
+            order.append(name)
+            return value + len(order) % 3 * 0.01
+        return call
+
+    a, b, est = paired_rounds(arm("a", 2.0), arm("b", 1.0), precision=1.0, max_s=60.0)
+    assert len(a) == len(b) == 10 and order[:4] == ["a", "b", "b", "a"]  # one round: the CI is narrow at once
+    assert 1.9 < est.speedup < 2.1
+    order.clear()
+    a, b, est = paired_rounds(arm("a", 2.0), arm("b", 1.0), precision=0.0, max_s=0.0)
+    assert len(a) == 10  # a CI of width 0 is never reached: the time limit ends it after one round

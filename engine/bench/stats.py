@@ -9,7 +9,7 @@ decides and reports what it excluded.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -247,3 +247,26 @@ def flag_throttled(samples: Sequence[float], clocks_mhz: Sequence[float], max_cl
         raise ValueError("max_clock_mhz must be positive")
     with np.errstate(invalid="ignore"):
         return ~(clocks >= tolerance * max_clock_mhz)
+
+
+def paired_rounds(base: Callable[[], float], other: Callable[[], float], precision: float, max_s: float,
+                  per_round: int = 10) -> tuple[list[float], list[float], SpeedupEstimate]:
+    """Time two arms alternating (base first in even pairs, other first in odd ones), `per_round` pairs a round,
+    in rounds until the paired CI of base/other is `precision` wide or `max_s` seconds have passed. Each arm is
+    a call returning one time. Returns both arms' times and the estimate."""
+    import time
+
+    a: list[float] = []
+    b: list[float] = []
+    t0 = time.perf_counter()
+    while True:
+        for i in range(per_round):
+            if i % 2 == 0:
+                a.append(base())
+                b.append(other())
+            else:
+                b.append(other())
+                a.append(base())
+        est = speedup_ci(a, b, paired=True)
+        if est.high - est.low <= precision or time.perf_counter() - t0 >= max_s:
+            return a, b, est

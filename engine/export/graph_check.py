@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,7 +33,7 @@ def trial(model: Any, forward: Callable[[], Any], select: Callable[[str, Any], b
     `want` (the output without routes) bit for bit, and the routes' counters."""
     import torch
 
-    from engine.bench.stats import speedup_ci
+    from engine.bench.stats import paired_rounds
     from engine.cast.graphs import GraphSet
     from engine.models.forwards import output_tensor
 
@@ -54,19 +53,11 @@ def trial(model: Any, forward: Callable[[], Any], select: Callable[[str, Any], b
         return {**r, "routes": st, "why": "the output differs from the output without routes"}
     if not r["replaying"]:
         return {**r, "routes": st, "why": "no route replays a graph"}
-    base, routed = [], []
-    t0 = time.perf_counter()
-    while True:
-        for i in range(10):
-            for arm in (("base", "routed") if i % 2 == 0 else ("routed", "base")):
-                if arm == "routed":
-                    with gs:
-                        routed.append(timed(forward))
-                else:
-                    base.append(timed(forward))
-        est = speedup_ci(base, routed, paired=True)
-        if est.high - est.low <= precision or time.perf_counter() - t0 >= max_s:
-            break
+    def with_routes() -> float:
+        with gs:
+            return timed(forward)
+
+    base, routed, est = paired_rounds(lambda: timed(forward), with_routes, precision, max_s)
     med = lambda xs: sorted(xs)[len(xs) // 2] / 1e3  # noqa: E731
     r.update({"speedup": est.speedup, "speedup_ci": [est.low, est.high], "base_ms": med(base),
               "routed_ms": med(routed), "forwards": len(base), "routes": gs.stats()})

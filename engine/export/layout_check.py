@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -116,7 +115,7 @@ def trial(model: Any, forward: Callable[[], Any], select: Callable[[str, Any], b
     """One class's routes against the model without them: speedup with its CI, the output's drift from eager's,
     the routes' counters, the signatures they proved, and `why` where the class is not kept."""
 
-    from engine.bench.stats import speedup_ci
+    from engine.bench.stats import paired_rounds
     from engine.cast.layouts import LayoutSet
     from engine.export.e2e import judge_output, rel_l2_err
     from engine.models.forwards import output_tensor
@@ -143,19 +142,11 @@ def trial(model: Any, forward: Callable[[], Any], select: Callable[[str, Any], b
         return r
     if note:
         r["output_note"] = note
-    base, routed = [], []
-    t0 = time.perf_counter()
-    while True:
-        for i in range(10):
-            for arm in (("base", "routed") if i % 2 == 0 else ("routed", "base")):
-                if arm == "routed":
-                    with ls:
-                        routed.append(timed(forward))
-                else:
-                    base.append(timed(forward))
-        est = speedup_ci(base, routed, paired=True)
-        if est.high - est.low <= precision or time.perf_counter() - t0 >= max_s:
-            break
+    def with_routes() -> float:
+        with ls:
+            return timed(forward)
+
+    base, routed, est = paired_rounds(lambda: timed(forward), with_routes, precision, max_s)
     med = lambda xs: sorted(xs)[len(xs) // 2] / 1e3  # noqa: E731
     r.update({"speedup": est.speedup, "speedup_ci": [est.low, est.high], "base_ms": med(base),
               "routed_ms": med(routed), "forwards": len(base), "signatures": ls.signatures()})
@@ -195,7 +186,7 @@ def graphs_trial(model: Any, forward: Callable[[], Any], chosen: dict[str, Any],
     import torch
 
     from engine.bench.forward import capture_graph
-    from engine.bench.stats import speedup_ci
+    from engine.bench.stats import paired_rounds
     from engine.cast.layouts import LayoutSet
     from engine.cast.runtime import EAGER, GRAPHS
 
@@ -208,16 +199,8 @@ def graphs_trial(model: Any, forward: Callable[[], Any], chosen: dict[str, Any],
         base_graph = capture_graph(forward)[0]
         if not hits:
             return {"why": "no module ran channels-last while the forward was captured"}
-        base, routed = [], []
-        t0 = time.perf_counter()
-        while True:
-            for i in range(10):
-                for g, xs in (((base_graph, base), (routed_graph, routed)) if i % 2 == 0 else
-                              ((routed_graph, routed), (base_graph, base))):
-                    xs.append(timed(g.replay))
-            est = speedup_ci(base, routed, paired=True)
-            if est.high - est.low <= precision or time.perf_counter() - t0 >= max_s:
-                break
+        base, routed, est = paired_rounds(lambda: timed(base_graph.replay), lambda: timed(routed_graph.replay),
+                                          precision, max_s)
     r = {"speedup": est.speedup, "speedup_ci": [est.low, est.high], "replays": len(base)}
     if not est.low > 1.0:
         r["why"] = "not faster with confidence"

@@ -1036,6 +1036,25 @@ def _child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
 
 
+def _in_child(kept: list[ExportVariant], env: dict[str, Any], source: dict[str, Any], what: str,
+              run: Callable[[Path, str, bool, Path], dict[str, Any]], warn: Callable[[str], None],
+              progress: Callable[[str], None], saying: str, config: str, small: bool) -> dict[str, Any]:
+    """A route check (`run`: run_graph_check or run_layout_check) in a fresh process on a cast of what is kept
+    so far: its JSON result, or {"error": why} after a warning when the process failed."""
+    from engine.errors import JobError
+
+    progress(saying)
+    with tempfile.TemporaryDirectory(prefix=f"kforge-{what}-") as tmp:
+        path = Path(tmp) / "candidate.cast"
+        manifest, files, report = package(kept, env, source)
+        write_cast(path, manifest, files, report)
+        try:
+            return run(path, config, small, Path(tmp))
+        except JobError as e:
+            warn(f"{'graph' if what == 'graphs' else 'layout'} routes: {e}")
+            return {"error": str(e)}
+
+
 GRAPH_CHECK_TIMEOUT_S = 900
 
 
@@ -1044,18 +1063,10 @@ def _graph_routes_check(kept: list[ExportVariant], env: dict[str, Any], source: 
     """Graph routes for the cast kept so far, checked in a fresh process (engine.export.graph_check): the
     manifest's `source.graph_routes`, {"classes": [the class chosen] or [], "targets": ["eager"], the chosen
     trial's speedup and CI, "tried": one line per class}."""
-    from engine.errors import JobError
-
-    progress("trying graph routes on the model's repeated classes (a fresh process)")
-    with tempfile.TemporaryDirectory(prefix="kforge-graphs-") as tmp:
-        path = Path(tmp) / "candidate.cast"
-        manifest, files, report = package(kept, env, source)
-        write_cast(path, manifest, files, report)
-        try:
-            result = run_graph_check(path, config, small, Path(tmp))
-        except JobError as e:
-            warn(f"graph routes: {e}")
-            return {"classes": [], "error": str(e)}
+    result = _in_child(kept, env, source, "graphs", run_graph_check, warn, progress,
+                       "trying graph routes on the model's repeated classes (a fresh process)", config, small)
+    if "error" in result:
+        return {"classes": [], "error": result["error"]}
     tried = [_trial_line(t) for t in result.get("tried", [])]
     for line in tried:
         progress(f"graph routes: {line}")
@@ -1076,18 +1087,12 @@ def _layout_routes_check(kept: list[ExportVariant], env: dict[str, Any], source:
     "memory_format", "signatures" (by class), the chosen trial's speedup, CI and output drift, "tried": one
     line per class}."""
     from engine.cast.layouts import MEMORY_FORMAT
-    from engine.errors import JobError
 
-    progress("trying the model's convolutional modules channels-last (layout routes, a fresh process)")
-    with tempfile.TemporaryDirectory(prefix="kforge-layouts-") as tmp:
-        path = Path(tmp) / "candidate.cast"
-        manifest, files, report = package(kept, env, source)
-        write_cast(path, manifest, files, report)
-        try:
-            result = run_layout_check(path, config, small, Path(tmp))
-        except JobError as e:
-            warn(f"layout routes: {e}")
-            return {"classes": [], "error": str(e)}
+    result = _in_child(kept, env, source, "layouts", run_layout_check, warn, progress,
+                       "trying the model's convolutional modules channels-last (layout routes, a fresh process)",
+                       config, small)
+    if "error" in result:
+        return {"classes": [], "error": result["error"]}
     tried = [_layout_line(t) for t in result.get("tried", [])]
     for line in tried:
         progress(f"layout routes: {line}")
