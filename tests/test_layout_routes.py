@@ -350,3 +350,35 @@ def test_a_forward_that_writes_or_returns_its_argument_is_never_routed(cls, why)
     s = ls.summary()
     assert s["hits"] == 0 and ls.signatures() == {cls.__name__: []}
     assert len(s["failed"]) == 1 and why in s["failed"][0]  # refused once, not learned again at every call
+
+
+def test_with_graphs_tries_the_eager_winner_under_cuda_graphs_and_keeps_it_where_it_wins():
+    won = {"class": "Net", "speedup": 1.2, "speedup_ci": [1.1, 1.3], "signatures": {"Net": [{}]}}
+    res = layout_check.with_graphs({"tried": [won], "chosen": won}, lambda t: {"speedup": 1.4,
+                                                                                "speedup_ci": [1.3, 1.5]})
+    assert res["chosen"]["targets"] == ["eager", "cuda-graphs"]
+    res = layout_check.with_graphs({"tried": [dict(won)], "chosen": dict(won)},
+                                   lambda t: {"why": "not faster with confidence"})
+    assert res["chosen"]["targets"] == ["eager"]
+    res = layout_check.with_graphs({"tried": [dict(won)], "chosen": dict(won)}, lambda t: 1 / 0)
+    assert res["chosen"]["targets"] == ["eager"] and "ZeroDivisionError" in res["chosen"]["graphs"]["why"]
+
+
+def test_a_class_not_faster_in_eager_is_kept_for_cuda_graphs_alone_where_it_wins_there():
+    """ResNet-50 at batch 32 on the H200: host-bound in eager (channels-last 0.885x), 1.50x under CUDA graphs."""
+    eager_only = {"class": "ResNet", "speedup": 0.9, "speedup_ci": [0.88, 0.92], "why": "not faster with confidence",
+                  "signatures": {"ResNet": [{}]}}
+    refused = {"class": "Other", "why": "no module ran channels-last"}
+    res = layout_check.with_graphs({"tried": [refused, eager_only], "chosen": None},
+                                   lambda t: {"speedup": 1.5, "speedup_ci": [1.49, 1.51]})
+    c = res["chosen"]
+    assert c["class"] == "ResNet" and c["targets"] == ["cuda-graphs"] and "why" not in c
+    assert c["eager_why"] == "not faster with confidence" and c["graphs"]["speedup"] == 1.5
+    res = layout_check.with_graphs({"tried": [dict(eager_only)], "chosen": None},
+                                   lambda t: {"why": "not faster with confidence"})
+    assert res["chosen"] is None
+    from engine.export.report import layout_routes_text
+
+    text = layout_routes_text({"layout_routes": {**c, "classes": ["ResNet"], "rel_l2_err": 1e-4}})
+    assert "run channels-last in cuda-graphs, under CUDA graphs 1.50× (1.49–1.51); not in eager (0.90× " \
+           "(0.88–0.92): not faster with confidence)" in text

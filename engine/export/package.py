@@ -426,11 +426,11 @@ def _export_run(workspace: Path, run_id: str | None, out: Path, log: ExportLog, 
                                 also_archs=also_archs, fresh=fresh, graph_routes=graph_routes,
                                 layout_routes=layout_routes)
     except NothingKept as e:
-        layouts = layout_routes and log.convolutional
-        if not ((graph_routes or layouts) and model_check and "eager" in log.targets and log.config
+        layouts = layout_routes and log.convolutional and bool({"eager", "cuda-graphs"} & set(log.targets))
+        if not ((graph_routes and "eager" in log.targets or layouts) and model_check and log.config
                 and Path(log.config).is_file()):
             raise
-        return _routes_only(out, log, e, progress, graph_routes, layouts)
+        return _routes_only(out, log, e, progress, graph_routes and "eager" in log.targets, layouts)
 
 
 def _routes_only(out: Path, log: ExportLog, why: NothingKept, progress: Callable[[str], None],
@@ -599,7 +599,7 @@ def _export_variants(workspace: Path, run_id: str | None, out: Path, log: Export
         warnings.append(f"no whole-model check: the run's config {config!r} is not readable here")
         source["model_check"] = {"mode": "none", "reason": f"config {config!r} not readable at export"}
     if layout_routes and log.convolutional and model_check and config and Path(config).is_file() \
-            and any("eager" in (v.targets or []) for v in kept):
+            and any(t in (v.targets or []) for v in kept for t in ("eager", "cuda-graphs")):
         source["layout_routes"] = _layout_routes_check(kept, env, source, config, bool(cap.get("small")), progress,
                                                        warnings.append)
     if graph_routes and model_check and config and Path(config).is_file() \
@@ -1108,7 +1108,8 @@ def _layout_routes_check(kept: list[ExportVariant], env: dict[str, Any], source:
     return {"classes": [chosen["class"]], "targets": list(chosen.get("targets") or ["eager"]),
             "memory_format": MEMORY_FORMAT, "signatures": chosen["signatures"], "speedup": chosen["speedup"],
             "speedup_ci": chosen["speedup_ci"], "rel_l2_err": chosen["rel_l2_err"], "modules": chosen["modules"],
-            **({"graphs": graphs} if graphs else {}), "tried": tried}
+            **({"graphs": graphs} if graphs else {}),
+            **({"eager_why": chosen["eager_why"]} if chosen.get("eager_why") else {}), "tried": tried}
 
 
 def _layout_line(t: dict[str, Any]) -> str:

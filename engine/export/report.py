@@ -101,11 +101,15 @@ def layout_routes_text(source: dict[str, Any]) -> str | None:
         n = sum(len(v) for v in (g.get("signatures") or {}).values())
         drift = f", output rel. L2 {g['rel_l2_err']:.1e} from eager's" if g.get("rel_l2_err") is not None else ""
         gr = g.get("graphs") if isinstance(g.get("graphs"), dict) else {}
-        graphs = f"; under CUDA graphs {_ci(gr)}" if gr.get("speedup") is not None else ""
-        return (f"layout routes: {', '.join(g['classes'])} run channels-last in "
-                f"{' and '.join(g.get('targets') or ['eager'])}, whole model {_ci(g)} in eager with them{graphs} "
-                f"({g.get('modules', '?')} module(s), {n} signature(s){drift}); the cast routes them when "
-                "installed with the model")
+        targets = g.get("targets") or ["eager"]
+        parts = [f"whole model {_ci(g)} in eager with them"] if "eager" in targets else []
+        if gr.get("speedup") is not None:
+            parts.append(f"under CUDA graphs {_ci(gr)}")
+        if "eager" not in targets and g.get("eager_why"):
+            parts.append(f"not in eager ({_ci(g)}: {g['eager_why']})")
+        return (f"layout routes: {', '.join(g['classes'])} run channels-last in {' and '.join(targets)}, "
+                f"{'; '.join(parts)} ({g.get('modules', '?')} module(s), {n} signature(s){drift}); the cast "
+                "routes them when installed with the model")
     why = g.get("error") or "; ".join(g.get("tried") or []) or "no class to try"
     return f"layout routes: none kept ({why})"
 
