@@ -38,7 +38,7 @@ from __future__ import annotations
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -350,9 +350,6 @@ class LayoutSet:
             have = out.setdefault(r.cls.__name__, [])
             have += [s for s in r.signatures() if s not in have]
         return out
-
-    def paths(self) -> Iterator[str]:
-        return iter(self.routes)
 
 
 def _device_index(m: torch.nn.Module) -> int:
