@@ -160,6 +160,46 @@ def test_hooks_decline(model, cast):
     assert c.stats()["modules"]["layers.0.norm1"]["declines"] == {"hooks": 2}
 
 
+def test_hooks_registered_after_calls_served_are_seen(model, cast):
+    """The hook check skips its walk over the tree while no hook has been registered since it last found none
+    (modules.HookWatch): a hook registered on a submodule after calls were served must still be seen."""
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    c = cast()
+    with c.enabled(model), torch.no_grad():
+        model(x)
+        model(x)
+        assert c.counting.calls == 6   # three norms a forward
+        h = model.layers[0].norm1.register_forward_pre_hook(lambda m, a: None)
+        model(x)
+        model(x)
+        assert c.counting.calls == 10   # both calls declined there; the other norms still served
+        h.remove()
+        model(x)
+    assert c.counting.calls == 13
+    assert c.stats()["modules"]["layers.0.norm1"]["declines"] == {"hooks": 2}
+
+
+def test_hook_watch_walks_only_after_a_registration(monkeypatch):
+    tree = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    watch = modules.HookWatch(tree.modules())
+    walks = []
+    real = modules.hooks_on
+    monkeypatch.setattr(modules, "hooks_on", lambda hooked: walks.append(1) or real(hooked))
+    assert not watch() and not watch() and len(walks) == 1
+    h = tree[1].register_forward_hook(lambda m, a, o: None)
+    assert watch() and watch() and len(walks) == 3   # hooks present: looked at every call
+    h.remove()
+    assert not watch() and not watch() and len(walks) == 4
+    torch.zeros(1, requires_grad=True).register_hook(lambda g: g)   # any registration anywhere: one walk
+    assert not watch() and len(walks) == 5
+    g = nn.modules.module.register_module_forward_hook(lambda m, a, o: None)
+    try:
+        assert watch()
+    finally:
+        g.remove()
+    assert not watch()
+
+
 def test_changed_parameter_declines(model, cast):
     x = torch.randn(*X, dtype=torch.bfloat16)
     c = cast()

@@ -71,7 +71,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from engine.capture.module_binding import autocast_state
 from engine.cast import modules, runtime
-from engine.cast.modules import _dynamo_compiling, _in_dispatch_mode, _jit_tracing, hooks_on
+from engine.cast.modules import _dynamo_compiling, _in_dispatch_mode, _jit_tracing
 
 _PLAIN = (int, float, bool, str, type(None))
 _grad_enabled = torch.is_grad_enabled
@@ -310,7 +310,7 @@ class GraphRoute:
         self.active = True
         self._lock = threading.RLock()
         mods = list(module.modules())
-        self.hooked = [weakref.ref(m) for m in mods]
+        self.hooks = modules.HookWatch(mods)
         self.tensors = [(holder.__dict__[where], name, t, _version_of(t), t.data_ptr())
                         for holder in mods for where in ("_parameters", "_buffers")
                         for name, t in holder.__dict__[where].items() if t is not None]
@@ -337,7 +337,7 @@ class GraphRoute:
         first, in __call__) aside; `grad`: an argument requires grad."""
         if self.backend.capturing():
             return "inside another capture"
-        if hooks_on(self.hooked):
+        if self.hooks():
             return "hooks"
         if _grad_enabled() and (grad or any(t.requires_grad for _, _, t, _, _ in self.tensors)):
             return "grad"

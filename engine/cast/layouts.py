@@ -47,7 +47,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from engine.cast import modules, runtime
 from engine.cast.guard import descriptor_key, tensor_key, value_key
-from engine.cast.modules import _dynamo_compiling, _in_dispatch_mode, _jit_tracing, hooks_on
+from engine.cast.modules import HookWatch, _dynamo_compiling, _in_dispatch_mode, _jit_tracing
 
 MEMORY_FORMAT = "channels_last"
 _SCALARS = (type(None), bool, int, float, str)
@@ -130,7 +130,7 @@ class LayoutRoute:
         self.cls = type(module)
         self._forward = modules.class_forward(self.cls)
         self.module = weakref.ref(module)
-        self.hooked = [weakref.ref(m) for m in module.modules()]
+        self.hooks = HookWatch(module.modules())
         self.targets = targets
         self.learn = learn  # the export's trial: a signature's first call runs eagerly and records it
         self.table: dict[tuple, Entry] = {}
@@ -206,7 +206,7 @@ class LayoutRoute:
             st.misses += 1
             return self.original(*args)
         m = self.module()
-        if m is None or hooks_on(self.hooked):
+        if m is None or self.hooks():
             st.decline("hooks")
             return self.original(*args)
         if m.training != e.training:

@@ -47,12 +47,13 @@ import threading
 import types
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.modules.module as _mm
+from torch.utils.hooks import RemovableHandle as _Handle
 
 from engine.capture.module_binding import (  # noqa: F401 - ModuleCardError and module_binding re-exported
     ROUTE_ATTR,
@@ -225,6 +226,31 @@ def hooks_on(hooked: list[weakref.ref]) -> bool:
     return False
 
 
+class HookWatch:
+    """`hooks_on` for one module tree (held weakly), in O(1) while no hook has been registered anywhere since
+    the tree was last seen without one. Every hook registered through PyTorch's API (`register_forward_hook`,
+    `register_module_forward_pre_hook`, a tensor's `register_hook`, ...) makes a `RemovableHandle`, whose
+    class counter `next_id` only grows; removing hooks can only leave fewer. So while the counter is where it
+    was when the tree had none, it still has none, and the walk over every submodule (about 0.14 µs a module:
+    111 µs a call for 800 modules on a CI core) is skipped. A hook written into a module's hook table by hand,
+    not through the API, is seen only at the next registration anywhere."""
+
+    __slots__ = ("hooked", "_clear_at")
+
+    def __init__(self, tree: Iterable[torch.nn.Module]):
+        self.hooked = [weakref.ref(m) for m in tree]
+        self._clear_at = -1   # the handle counter when the tree was last seen without hooks
+
+    def __call__(self) -> bool:
+        n = _Handle.next_id
+        if n == self._clear_at:
+            return False
+        if hooks_on(self.hooked):
+            return True
+        self._clear_at = n
+        return False
+
+
 @dataclass
 class PathStats:
     hits: int = 0
@@ -252,8 +278,8 @@ class ModuleRoute:
         """As at an install: no variants or counts yet, the module's submodules as they are now, active."""
         self.table: dict[tuple, ModuleVariant] = {}
         self.stats = PathStats()
-        self.hooked = [weakref.ref(m) for m in module.modules()]
-        self.module = self.hooked[0]  # the module itself
+        self.hooks = HookWatch(module.modules())
+        self.module = self.hooks.hooked[0]  # the module itself
         # the module-level values its forward reads, as at install (a flag it branches on)
         self.reads = grouped([(g, k, g[k]) for g, k in forward_reads(self.cls)])
         self.active = True
@@ -267,7 +293,7 @@ class ModuleRoute:
         return self._forward(self.module(), *args, **kwargs)
 
     def _hooks(self) -> bool:
-        return hooks_on(self.hooked)
+        return self.hooks()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not self.active or _dynamo_compiling() or _in_dispatch_mode() or _jit_tracing():
