@@ -754,50 +754,19 @@ def route_candidates(model: torch.nn.Module) -> list[str]:
     return [root] + [c for c in repeated_classes(model) if c != root]
 
 
-class GraphSet:
-    """Graph routes installed on a model's modules (the outermost of those `select` picks), sharing one pool."""
+class GraphSet(modules.RouteSet):
+    """Graph routes installed on a model's modules (the outermost of those `select` picks: a module inside one
+    routed is in that graph), sharing one pool."""
 
     def __init__(self, model: torch.nn.Module, select: Callable[[str, torch.nn.Module], bool],
                  backend: Any = None, max_graphs: int = 4, states: bool = False):
         self.backend = backend if backend is not None else CudaGraphs()
-        self.routes: dict[str, GraphRoute] = {}
-        self.skipped: dict[str, str] = {}
-        taken: list[str] = []
-        for path, m in model.named_modules():
-            if not select(path, m):
-                continue
-            if any(p == "" or path.startswith(p + ".") for p in taken):
-                continue  # inside a module already routed: its kernels are in that graph
-            if "forward" in m.__dict__ or modules.route_of(m) is not None:
-                self.skipped[path] = "the instance has its own forward (a module card, or other code's)"
-                continue
-            taken.append(path)
-            self.routes[path] = GraphRoute(m, path, self.backend, max_graphs, states)
-        self._model = weakref.ref(model)
+        self._max_graphs = max_graphs
+        self._states = states
+        super().__init__(model, select)
 
-    @property
-    def model(self) -> torch.nn.Module | None:
-        return self._model()
-
-    def install(self) -> GraphSet:
-        for r in self.routes.values():
-            m = r.module()
-            if m is not None and modules.attach(m, r) is None:
-                r.active = True
-        return self
-
-    def remove(self) -> None:
-        for r in self.routes.values():
-            r.active = False
-            m = r.module()
-            if m is not None:
-                modules.detach(m, r)
-
-    def __enter__(self) -> GraphSet:
-        return self.install()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.remove()
+    def make_route(self, path: str, module: torch.nn.Module) -> GraphRoute:
+        return GraphRoute(module, path, self.backend, self._max_graphs, self._states)
 
     def reset_counters(self) -> None:
         """Replays, eager calls and declines from now on; the graphs held and why a signature was refused stay

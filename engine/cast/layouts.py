@@ -266,62 +266,27 @@ def candidates(model: torch.nn.Module, least: int = 2) -> list[str]:
     return sorted(size, key=lambda n: (-size[n], n))
 
 
-class LayoutSet:
+class LayoutSet(modules.RouteSet):
     """Layout routes on a model's modules: the outermost of those `select` picks. `signatures` (class name ->
     records, from a manifest) are what they may serve; `learn` (the export's trial) records them instead."""
 
     def __init__(self, model: torch.nn.Module, select: Callable[[str, torch.nn.Module], bool],
                  signatures: dict[str, list[dict[str, Any]]] | None = None, targets: frozenset[str] | None = None,
                  learn: bool = False):
-        self.routes: dict[str, LayoutRoute] = {}
-        self.skipped: dict[str, str] = {}
-        targets = targets or frozenset({runtime.EAGER})
-        taken: list[str] = []
-        for path, m in model.named_modules():
-            if not select(path, m) or any(p == "" or path.startswith(p + ".") for p in taken):
-                continue
-            if "forward" in m.__dict__ or modules.route_of(m) is not None:
-                self.skipped[path] = "the instance has its own forward (a module card, or other code's)"
-                continue
-            r = LayoutRoute(m, path, targets, learn)
-            if signatures is not None:
-                dev = _device_index(m)
-                records = signatures.get(type(m).__name__) or []
-                if not all([r.add(rec, dev) for rec in records]) or not r.table:
-                    self.skipped[path] = "no readable signature for its class in the cast"
-                    continue
-            taken.append(path)
-            self.routes[path] = r
-        self._model = weakref.ref(model)
+        self._signatures = signatures
+        self._targets = targets or frozenset({runtime.EAGER})
+        self._learn = learn
+        super().__init__(model, select)
 
-    @property
-    def model(self) -> torch.nn.Module | None:
-        return self._model()
-
-    def install(self) -> LayoutSet:
-        for path, r in self.routes.items():
-            m = r.module()
-            if m is None:
-                continue
-            why = modules.attach(m, r)
-            if why is None:
-                r.active = True
-            else:
-                self.skipped[path] = why
-        return self
-
-    def remove(self) -> None:
-        for r in self.routes.values():
-            r.active = False
-            m = r.module()
-            if m is not None:
-                modules.detach(m, r)
-
-    def __enter__(self) -> LayoutSet:
-        return self.install()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.remove()
+    def make_route(self, path: str, module: torch.nn.Module) -> LayoutRoute | None:
+        r = LayoutRoute(module, path, self._targets, self._learn)
+        if self._signatures is not None:
+            dev = _device_index(module)
+            records = self._signatures.get(type(module).__name__) or []
+            if not all([r.add(rec, dev) for rec in records]) or not r.table:
+                self.skipped[path] = "no readable signature for its class in the cast"
+                return None
+        return r
 
     def stats(self) -> dict[str, Any]:
         return {p: r.stats.as_dict() for p, r in self.routes.items()}

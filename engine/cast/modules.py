@@ -539,6 +539,61 @@ def detach(module: torch.nn.Module, route: Any) -> bool:
         return True
 
 
+class RouteSet:
+    """Routes of one kind on the outermost of a model's modules that `select` picks (held weakly, like the
+    model). A subclass makes each route (`make_route`: None, with `self.skipped[path]` set, to leave a module
+    out); a module is left out too where its instance has its own forward or another route. `install` hooks
+    the routes in (`attach`), `remove` takes them out; also a context manager."""
+
+    def __init__(self, model: torch.nn.Module, select: Callable[[str, torch.nn.Module], bool]):
+        self.routes: dict[str, Any] = {}
+        self.skipped: dict[str, str] = {}
+        taken: list[str] = []
+        for path, m in model.named_modules():
+            if not select(path, m) or any(p == "" or path.startswith(p + ".") for p in taken):
+                continue   # not picked, or inside a module already routed (its route covers it)
+            if "forward" in m.__dict__ or route_of(m) is not None:
+                self.skipped[path] = "the instance has its own forward (a module card, or other code's)"
+                continue
+            r = self.make_route(path, m)
+            if r is not None:
+                taken.append(path)
+                self.routes[path] = r
+        self._model = weakref.ref(model)
+
+    def make_route(self, path: str, module: torch.nn.Module) -> Any:
+        raise NotImplementedError
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        return self._model()
+
+    def install(self):   # -> Self
+        for path, r in self.routes.items():
+            m = r.module()
+            if m is None:
+                continue
+            why = attach(m, r)
+            if why is None:
+                r.active = True
+            else:
+                self.skipped[path] = why
+        return self
+
+    def remove(self) -> None:
+        for r in self.routes.values():
+            r.active = False
+            m = r.module()
+            if m is not None:
+                detach(m, r)
+
+    def __enter__(self):   # -> Self
+        return self.install()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+
 def _class_released(cls: type) -> None:
     """One route of `cls` gone (detached, or its module collected while attached): with the last, the class
     gets its own forward back (unless other code has put another there since)."""
