@@ -95,10 +95,15 @@ def _sync(device: torch.device) -> None:
 def _run_forward(config: ModelConfig, forward: Callable[[], Any], what: str) -> None:
     try:
         with torch.no_grad():
-            forward()
+            out = forward()
     except Exception as e:
         raise UsageError(f"{config.path}: the model raised during its {what} forward: "
                          f"{_one_line(e)}; fix the model or its [params] (--debug shows the traceback)") from e
+    with contextlib.suppress(TypeError):  # no tensor in the output: the captured forward notes it
+        if output_tensor(out).is_meta:
+            raise UsageError(f"{config.path}: the model's output is on the 'meta' device (no data): its example "
+                             "inputs are meta tensors; Kernel Forge runs the model on real data: create them on the "
+                             "`device` the builder is passed")
 
 
 def _captured_forward_failed(config: ModelConfig, target: Any, what: str, e: BaseException) -> UsageError:
