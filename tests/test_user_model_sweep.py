@@ -1,6 +1,7 @@
 """Unusual but legitimate user models (and a few that are not) through `kforge-tui capture` on the CPU: what
 a user sees, a capture or one line with exit 2."""
 
+import json
 from pathlib import Path
 
 
@@ -38,3 +39,32 @@ def test_a_model_on_meta_is_one_line_naming_the_meta_device(cli, tmp_path):
     assert code == 2 and err.count("\n") == 1
     assert "on the 'meta' device" in err and "example inputs are meta tensors" in err and "Kernel Forge bug" not in err
     assert not any((tmp_path / "ws" / "samples").glob("*"))
+
+
+SPARSE = '''
+class SparseIn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16, 8))
+
+    def forward(self, a, x):
+        h = torch.sparse.mm(a, self.w)          # a sparse input
+        d = (x.relu() * 2).to_sparse().to_dense()   # a sparse tensor made inside
+        return (h.relu() * 2 + 1).sum() + d.sum()
+
+
+def build():
+    torch.manual_seed(0)
+    return SparseIn(), (torch.randn(8, 16).relu().to_sparse(), torch.randn(4, 4))
+'''
+
+
+def test_a_model_with_sparse_tensors_captures_its_dense_calls(cli, tmp_path):
+    # Before, the capture read a sparse tensor's data pointer, and the model "raised during its warm-up forward".
+    code, out, err = cli("capture", _config(tmp_path, SPARSE), "--device", "cpu", "--json", "--workspace",
+                         tmp_path / "ws")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["skipped"]["sparse"] >= 3   # sparse.mm, to_sparse, to_dense
+    assert {"aten::relu", "aten::mul.Tensor", "aten::add.Tensor"} <= {c["op"] for c in doc["cards"]}
+    assert not any("sparse" in json.dumps(c) for c in doc["cards"] + doc["chains"])
