@@ -68,3 +68,39 @@ def test_a_model_with_sparse_tensors_captures_its_dense_calls(cli, tmp_path):
     assert doc["skipped"]["sparse"] >= 3   # sparse.mm, to_sparse, to_dense
     assert {"aten::relu", "aten::mul.Tensor", "aten::add.Tensor"} <= {c["op"] for c in doc["cards"]}
     assert not any("sparse" in json.dumps(c) for c in doc["cards"] + doc["chains"])
+
+
+SCRIPTED = '''
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, x):
+        return torch.relu(self.norm(self.lin(x))) * 2
+
+
+class Outer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.jit.script(Block())
+
+    def forward(self, x):
+        return self.inner(x) + 1
+
+
+def build(whole):
+    torch.manual_seed(0)
+    return (torch.jit.script(Block()) if whole else Outer()), (torch.randn(4, 16),)
+'''
+
+
+def test_a_torchscript_model_captures(cli, tmp_path):
+    # Before: "internal error: RuntimeError: register_forward_pre_hook is not supported on ScriptModules" (exit 1).
+    for whole in ("true", "false"):
+        code, out, err = cli("capture", _config(tmp_path, SCRIPTED, f"whole = {whole}"), "--device", "cpu", "--json",
+                             "--workspace", tmp_path / "ws")
+        assert code == 0, err
+        ops = {c["op"] for c in json.loads(out)["cards"]}
+        assert {"aten::native_layer_norm", "aten::relu", "aten::addmm"} <= ops

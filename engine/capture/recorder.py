@@ -233,6 +233,12 @@ def _block_of(path: str) -> str:
     return ".".join(parts[:2])
 
 
+def hookable(module: torch.nn.Module) -> bool:
+    """Whether `module` takes forward hooks: a TorchScript module (torch.jit.script) refuses them, and runs its
+    submodules inside the interpreter, so its calls are counted to the nearest Python module around it."""
+    return not isinstance(module, torch.jit.RecursiveScriptModule)
+
+
 class ModulePaths:
     """Tracks which named submodule is executing, via forward pre/post hooks on every submodule."""
 
@@ -246,7 +252,7 @@ class ModulePaths:
 
     def __enter__(self) -> ModulePaths:
         for name, module in self.root.named_modules():
-            if not name:
+            if not name or not hookable(module):
                 continue
             self.handles.append(module.register_forward_pre_hook(self._push(name)))
             self.handles.append(module.register_forward_hook(self._pop(name), always_call=True))
