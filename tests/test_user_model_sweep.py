@@ -104,3 +104,22 @@ def test_a_torchscript_model_captures(cli, tmp_path):
         assert code == 0, err
         ops = {c["op"] for c in json.loads(out)["cards"]}
         assert {"aten::native_layer_norm", "aten::relu", "aten::addmm"} <= ops
+
+
+COMPLEX = '''
+class Rotate(nn.Module):
+    def forward(self, c):
+        return (c * 1j + (2 - 3j)).abs()
+
+
+def build():
+    return Rotate(), (torch.randn(4, dtype=torch.complex64),)
+'''
+
+
+def test_a_complex_scalar_reads_as_a_complex_number_in_the_card(cli, tmp_path):
+    # Before, `c * 1j`'s card read "other=[0.0, 1.0]": a list of two floats, also in what a proposer is shown.
+    code, out, err = cli("capture", _config(tmp_path, COMPLEX), "--device", "cpu", "--workspace", tmp_path / "ws")
+    assert code == 0, err
+    assert "c64[4], other=1j" in out and "other=(2-3j)" in out
+    assert "[0.0, 1.0]" not in out

@@ -208,6 +208,8 @@ def contiguous_strides(shape: list[int]) -> list[int]:
 
 
 def _value_text(v: Any) -> str:
+    if isinstance(v, dict) and "complex" in v:
+        return repr(complex(*v["complex"]))   # 1j, (2-3j): not a list of two floats
     if isinstance(v, dict):
         return next(iter(v.values())) if len(v) == 1 else json.dumps(v)
     if isinstance(v, list):
