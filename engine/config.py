@@ -287,6 +287,8 @@ def _shape_of(result: Any) -> str:
                    and not isinstance(result[0], torch.nn.Module))
         return (f"a {type(result).__name__} of {len(result)} ({kinds}{more})"
                 + (": the model comes first" if swapped else ""))
+    if result is None:
+        return "None (does it end without `return`?)"
     return f"a {'Module' if isinstance(result, torch.nn.Module) else type(result).__name__}"
 
 

@@ -123,3 +123,12 @@ def test_a_complex_scalar_reads_as_a_complex_number_in_the_card(cli, tmp_path):
     assert code == 0, err
     assert "c64[4], other=1j" in out and "other=(2-3j)" in out
     assert "[0.0, 1.0]" not in out
+
+
+def test_a_forward_returning_none_is_noted_as_returning_none(cli, tmp_path):
+    # Before: "the forward returns a NoneType with no tensor in it".
+    source = "class Quiet(nn.Module):\n    def forward(self, x):\n        torch.relu(x)\n\n\ndef build():\n" \
+             "    return Quiet(), (torch.randn(4),)\n"
+    code, out, err = cli("capture", _config(tmp_path, source), "--device", "cpu", "--json", "--workspace", tmp_path / "ws")
+    assert code == 0, err
+    assert json.loads(out)["notes"]["model output"].startswith("the forward returns None: export's whole-model check")

@@ -240,9 +240,9 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
             output_note = None
         except TypeError:
             kind = type(output).__name__
-            output_note = (f"the forward returns {'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind} with no tensor "
-                           "in it: export's whole-model "
-                           "check has nothing to compare (return the model's output tensor)")
+            what = "None" if output is None else f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind} with no tensor in it"
+            output_note = (f"the forward returns {what}: export's whole-model check has nothing to compare (return "
+                           "the model's output tensor)")
         del output
         if early is not None:
             write_s += early.write_s
