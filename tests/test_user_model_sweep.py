@@ -132,3 +132,35 @@ def test_a_forward_returning_none_is_noted_as_returning_none(cli, tmp_path):
     code, out, err = cli("capture", _config(tmp_path, source), "--device", "cpu", "--json", "--workspace", tmp_path / "ws")
     assert code == 0, err
     assert json.loads(out)["notes"]["model output"].startswith("the forward returns None: export's whole-model check")
+
+
+INPLACE = '''
+class Doubles(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x):
+        if self.mutate:
+            x.mul_(2)        # changes the builder's example input, so each forward sees another
+        return self.lin(x)
+
+
+def build(mutate):
+    torch.manual_seed(0)
+    model = Doubles()
+    model.mutate = mutate
+    return model, (torch.randn(4, 16),)
+'''
+
+
+def test_a_forward_that_changes_its_own_inputs_is_noted_at_capture(cli, tmp_path):
+    # Before, only export's whole-model check on a GPU, after a whole run, found the model unrepeatable.
+    notes = {}
+    for mutate in ("true", "false"):
+        code, out, err = cli("capture", _config(tmp_path, INPLACE, f"mutate = {mutate}"), "--device", "cpu", "--json",
+                             "--workspace", tmp_path / "ws")
+        assert code == 0, err
+        notes[mutate] = json.loads(out)["notes"].get("repeatable")
+    assert notes["false"] is None
+    assert "not repeatable" in notes["true"] and "in-place change of its inputs" in notes["true"]
