@@ -287,6 +287,8 @@ def _shape_of(result: Any) -> str:
                    and not isinstance(result[0], torch.nn.Module))
         return (f"a {type(result).__name__} of {len(result)} ({kinds}{more})"
                 + (": the model comes first" if swapped else ""))
+    if result is None:
+        return "None (does it end without `return`?)"
     return f"a {'Module' if isinstance(result, torch.nn.Module) else type(result).__name__}"
 
 
@@ -323,6 +325,12 @@ def build_target(config: ModelConfig, device: torch.device) -> CaptureTarget:
         raise UsageError(f"{config.path}: builder {config.builder} must return (model, example_inputs) or a "
                          f"CaptureTarget, got {_shape_of(result)}; example_inputs is a tuple of the forward's "
                          "positional inputs or a dict of its keyword inputs")
+    meta = next((name for name, t in [*target.module.named_parameters(), *target.module.named_buffers()]
+                 if t.is_meta), None)
+    if meta is not None:
+        raise UsageError(f"{config.path}: builder {config.builder} returned a model whose '{meta}' is on the 'meta' "
+                         "device (no data): Kernel Forge runs the model on real data; build it on the `device` the "
+                         "builder is passed (after a meta init: to_empty(device=device) and load or fill its weights)")
     # Inference only: capture, the lane, the whole-model check and the benchmarks all see the model in eval
     # mode (dropout off, batch norm on its running statistics), whatever mode the builder left it in.
     training = [name or "the model" for name, m in target.module.named_modules() if m.training]

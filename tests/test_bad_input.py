@@ -293,7 +293,7 @@ def build(returns="swapped"):
     net = nn.Linear(8, 8)
     x = torch.randn(2, 8)
     return {"swapped": (x, net), "triple": (net, (x,), {}), "args_kwargs": (net, ((x,), {})),
-            "on_cuda": None}[returns] if returns != "on_cuda" else (net, (x.to("cuda:0"),))
+            "on_cuda": None, "nothing": None}[returns] if returns != "on_cuda" else (net, (x.to("cuda:0"),))
 '''
 
 
@@ -301,6 +301,7 @@ def build(returns="swapped"):
     ("swapped", ["got a tuple of 2 (Tensor, Module): the model comes first", "dict of its keyword inputs"]),
     ("triple", ["got a tuple of 3 (Module, tuple, dict)", "tuple of the forward's positional inputs"]),
     ("args_kwargs", ["(args, kwargs) pair", "(model, kwargs) with a dict of keyword inputs"]),
+    ("nothing", ["got None (does it end without `return`?)"]),   # was "got a NoneType"
 ])
 def test_a_builder_return_of_the_wrong_shape_says_what_it_got(cli, tmp_path, returns, needles):
     cfg = write(tmp_path, f'name = "x"\nbuilder = "net.py:build"\n[params]\nreturns = "{returns}"\n', SHAPES_MODEL)

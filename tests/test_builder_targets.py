@@ -1,5 +1,6 @@
 """What a user's builder hands over and how the tool takes it: eval mode, and which output tensor is compared."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,19 @@ def test_output_tensor_is_the_first_tensor_depth_first():
     assert output_tensor([[], t]) is t
     with pytest.raises(TypeError, match="no output tensor in a tuple"):
         output_tensor((None, 3.0, "s"))
+
+
+def test_output_tensor_looks_into_a_dataclass_output():
+    # A forward returning its own @dataclass record: the capture said "no tensor in it" and the whole-model
+    # check had nothing to compare.
+    @dataclasses.dataclass
+    class Out:
+        loss: object = None
+        logits: torch.Tensor | None = None
+
+    t = torch.ones(2)
+    assert output_tensor(Out(None, t)) is t
+    assert output_tensor((Out(), [t])) is t
 
 
 @pytest.mark.parametrize("returns, note", [("none_first", False), ("numbers", True)])

@@ -53,7 +53,7 @@ from engine.capture.chains import (
     find_chains,
     patterns,
 )
-from engine.capture.recorder import CaptureMode
+from engine.capture.recorder import CaptureMode, hookable
 from engine.capture.samples import SampleWriter, Snapshot, save_sample, storage_key
 from engine.capture.signature import _tensor_text, bind_arguments, describe_tensor
 from engine.cards import OperatorCard
@@ -411,6 +411,8 @@ class ChainSampling:
         try:
             for path in sorted({p.chain.module for p in self.binds}):
                 module = self.model.get_submodule(path)
+                if not hookable(module):
+                    continue
                 handles.append(module.register_forward_pre_hook(sampler.enter(path), with_kwargs=True))
                 handles.append(module.register_forward_hook(sampler.leave(path)))
             yield

@@ -26,17 +26,23 @@ LIKE_CONSTRUCTORS = frozenset({
 _SKIPPED_NAMESPACES = frozenset({"prim", "profiler", "prims"})
 
 
-def _has_tensor(args: tuple, kwargs: dict) -> bool:
+def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    out = []
     for v in (*args, *kwargs.values()):
         if isinstance(v, torch.Tensor):
-            return True
-        if isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v):
-            return True
-    return False
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            out += [x for x in v if isinstance(x, torch.Tensor)]
+    return out
+
+
+def non_strided(tensors: list[torch.Tensor]) -> bool:
+    """Whether any of `tensors` is sparse (COO, CSR, …): a kernel reads strided memory, so no card takes it."""
+    return any(t.layout != torch.strided for t in tensors)
 
 
 def skip_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str | None:
-    """Why this call is not a card ('view', 'constructor', 'metadata'), or None if it is one."""
+    """Why this call is not a card ('view', 'constructor', 'metadata', 'sparse'), or None if it is one."""
     name = func.name()
     if func.namespace in _SKIPPED_NAMESPACES:
         return "metadata"
@@ -45,6 +51,9 @@ def skip_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str |
     if name in METADATA_ONLY or name.split(".")[0] in METADATA_ONLY:
         return "metadata"
     base = func._schema.name.split("::", 1)[-1]
-    if base in LIKE_CONSTRUCTORS or not _has_tensor(args, kwargs):
+    tensors = _tensors(args, kwargs)
+    if base in LIKE_CONSTRUCTORS or not tensors:
         return "constructor"
+    if non_strided(tensors):
+        return "sparse"
     return None

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from engine.capture.filters import skip_reason
+from engine.capture.filters import non_strided, skip_reason
 from engine.capture.samples import Snapshot, snapshot_inputs, snapshot_outputs
 from engine.capture.signature import (
     bind_arguments,
@@ -163,6 +163,9 @@ class CaptureMode(TorchDispatchMode):
             t0 = time.perf_counter()
             out = func(*args, **kwargs)
             seconds = time.perf_counter() - t0
+        if non_strided(tensors_of(out)):  # made a sparse tensor (to_sparse): not a card, as one that takes it
+            self.skipped["sparse"] += 1
+            return out
         outputs = [describe_tensor(t) for t in tensors_of(out)]
         if tally is None:
             tally = CardTally(id=cid, op=func.name(), signature=signature,
@@ -230,6 +233,12 @@ def _block_of(path: str) -> str:
     return ".".join(parts[:2])
 
 
+def hookable(module: torch.nn.Module) -> bool:
+    """Whether `module` takes forward hooks: a TorchScript module (torch.jit.script) refuses them, and runs its
+    submodules inside the interpreter, so its calls are counted to the nearest Python module around it."""
+    return not isinstance(module, torch.jit.RecursiveScriptModule)
+
+
 class ModulePaths:
     """Tracks which named submodule is executing, via forward pre/post hooks on every submodule."""
 
@@ -243,7 +252,7 @@ class ModulePaths:
 
     def __enter__(self) -> ModulePaths:
         for name, module in self.root.named_modules():
-            if not name:
+            if not name or not hookable(module):
                 continue
             self.handles.append(module.register_forward_pre_hook(self._push(name)))
             self.handles.append(module.register_forward_hook(self._pop(name), always_call=True))

@@ -92,13 +92,54 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _run_forward(config: ModelConfig, forward: Callable[[], Any], what: str) -> None:
+def _run_forward(config: ModelConfig, forward: Callable[[], Any], what: str) -> Any:
+    """The forward's output; a UsageError naming the model where it raises or runs on 'meta'."""
     try:
         with torch.no_grad():
-            forward()
+            out = forward()
     except Exception as e:
         raise UsageError(f"{config.path}: the model raised during its {what} forward: "
                          f"{_one_line(e)}; fix the model or its [params] (--debug shows the traceback)") from e
+    with contextlib.suppress(TypeError):  # no tensor in the output: the captured forward notes it
+        if output_tensor(out).is_meta:
+            raise UsageError(f"{config.path}: the model's output is on the 'meta' device (no data): its example "
+                             "inputs are meta tensors; Kernel Forge runs the model on real data: create them on the "
+                             "`device` the builder is passed")
+    return out
+
+
+# Elements of the output kept to compare two forwards: enough to see a changed input, few enough for an LM's logits.
+_PROBE_ELEMENTS = 1 << 16
+
+
+def _output_probe(out: Any) -> torch.Tensor | None:
+    """Evenly spaced elements of the forward's output tensor, in float64 (None where it holds no tensor)."""
+    try:
+        t = output_tensor(out).detach()
+    except TypeError:
+        return None
+    with torch.no_grad():
+        flat = (torch.view_as_real(t) if t.is_complex() else t).reshape(-1)
+        if flat.numel() > _PROBE_ELEMENTS:
+            idx = torch.arange(_PROBE_ELEMENTS, device=flat.device) * (flat.numel() - 1) // (_PROBE_ELEMENTS - 1)
+            flat = flat[idx]
+        return flat.double().cpu()
+
+
+def _repeat_note(first: torch.Tensor | None, again: torch.Tensor | None) -> str | None:
+    """What the capture says where the warm-up's and the captured forward's outputs differ: export's whole-model
+    check would refuse the model for it, after a whole run on the GPU."""
+    from engine.export.e2e import unrepeatable
+
+    if first is None or again is None:
+        return None
+    why = ("not repeatable: its two forwards here gave outputs of other shapes" if first.shape != again.shape
+           else unrepeatable(first, again))
+    if why is None:
+        return None
+    return (f"the model's output is {why}; export's whole-model check cannot vouch for a cast on such a model: "
+            "make the forward repeatable on the builder's inputs (no in-place change of its inputs or buffers, "
+            "no random numbers)")
 
 
 def _captured_forward_failed(config: ModelConfig, target: Any, what: str, e: BaseException) -> UsageError:
@@ -177,7 +218,9 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     # The warm-up's trace plans the chain samples, so the captured forward can take them (chain_cards says how).
     warm_trace = MemberTrace(paths.current, None) if chains else None
     with paths, below, (warm_trace if warm_trace is not None else contextlib.nullcontext()):
-        _run_forward(config, target.forward, "warm-up")
+        warm_out = _run_forward(config, target.forward, "warm-up")
+    warm_probe = _output_probe(warm_out)  # outside the trace: its own ops are no part of the model
+    del warm_out
     _sync(device)
     t_warm = time.perf_counter()
     write_s = 0.0
@@ -230,14 +273,15 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
                 raise _captured_forward_failed(config, target, "captured", e) from e
         _sync(device)
         t_captured = time.perf_counter()
+        repeat_note = _repeat_note(warm_probe, _output_probe(output))
         try:
             output_tensor(output)
             output_note = None
         except TypeError:
             kind = type(output).__name__
-            output_note = (f"the forward returns {'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind} with no tensor "
-                           "in it: export's whole-model "
-                           "check has nothing to compare (return the model's output tensor)")
+            what = "None" if output is None else f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind} with no tensor in it"
+            output_note = (f"the forward returns {what}: export's whole-model check has nothing to compare (return "
+                           "the model's output tensor)")
         del output
         if early is not None:
             write_s += early.write_s
@@ -289,6 +333,8 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     notes = {**{k: str(v) for k, v in target.notes.items()}, **chain_notes}
     if output_note:
         notes["model output"] = output_note
+    if repeat_note:
+        notes["repeatable"] = repeat_note
     if built_note:
         notes["dtype"] = built_note
     if wide is not None:

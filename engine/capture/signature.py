@@ -44,6 +44,9 @@ def storage_extent(t: torch.Tensor) -> tuple[int, int]:
 
 def describe_tensor(t: torch.Tensor) -> dict[str, Any]:
     """Everything about a tensor argument that changes which kernel is valid for it."""
+    if t.layout != torch.strided:  # sparse: no strides or data address; such calls are never cards (filters)
+        return {"kind": "tensor", "dtype": dtype_name(t.dtype), "shape": list(t.shape),
+                "layout": str(t.layout).removeprefix("torch."), "device": t.device.type}
     return {
         "kind": "tensor",
         "dtype": dtype_name(t.dtype),
@@ -138,7 +141,7 @@ def aliasing_groups(bound: list[tuple[str, Any]]) -> list[list[str]]:
     """Groups (≥ 2) of argument paths whose tensors share one storage."""
     by_storage: dict[tuple, list[str]] = {}
     for path, t in iter_tensors(bound):
-        if t.numel() == 0:
+        if t.numel() == 0 or t.layout != torch.strided:
             continue
         key = (t.device.type, t.device.index, t.untyped_storage().data_ptr())
         by_storage.setdefault(key, []).append(path)
@@ -205,6 +208,8 @@ def contiguous_strides(shape: list[int]) -> list[int]:
 
 
 def _value_text(v: Any) -> str:
+    if isinstance(v, dict) and "complex" in v:
+        return repr(complex(*v["complex"]))   # 1j, (2-3j): not a list of two floats
     if isinstance(v, dict):
         return next(iter(v.values())) if len(v) == 1 else json.dumps(v)
     if isinstance(v, list):

@@ -3,6 +3,7 @@ built from a config, are `engine.config.config_model` and `sd35_vae`: models sit
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,8 +12,8 @@ import torch
 
 def output_tensor(out: Any) -> torch.Tensor:
     """A model's output tensor: the first tensor found depth first in a tuple/list output, or in a mapping
-    such as a transformers `ModelOutput` (CausalLM: the logits; fields that are None are not in it), or a
-    diffusers output's `sample`. Entries that hold no tensor (None, a number, a string) are passed over."""
+    such as a transformers `ModelOutput` (CausalLM: the logits; fields that are None are not in it), a
+    diffusers output's `sample`, or a dataclass's fields in order. Entries that hold no tensor (None, a number, a string) are passed over."""
     found = _first_tensor(out, 0)
     if found is None:
         raise TypeError(f"no output tensor in a {type(out).__name__}")
@@ -30,6 +31,8 @@ def _first_tensor(out: Any, depth: int) -> torch.Tensor | None:
         items = out.values()
     elif hasattr(out, "sample"):  # diffusers DecoderOutput
         items = [out.sample]
+    elif dataclasses.is_dataclass(out) and not isinstance(out, type):  # a user's own output record
+        items = [getattr(out, f.name, None) for f in dataclasses.fields(out)]
     else:
         return None
     return next((t for t in (_first_tensor(v, depth + 1) for v in items) if t is not None), None)

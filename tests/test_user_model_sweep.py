@@ -1,0 +1,166 @@
+"""Unusual but legitimate user models (and a few that are not) through `kforge-tui capture` on the CPU: what
+a user sees, a capture or one line with exit 2."""
+
+import json
+from pathlib import Path
+
+
+def _config(tmp_path: Path, source: str, params: str = "") -> Path:
+    (tmp_path / "user_model.py").write_text("import torch\nfrom torch import nn\n\n" + source)
+    path = tmp_path / "user_model.toml"
+    path.write_text('name = "user_model"\nbuilder = "user_model.py:build"\n' + (f"[params]\n{params}\n" if params else ""))
+    return path
+
+
+def _capture(cli, tmp_path: Path, source: str, params: str = "") -> tuple[int, str, str]:
+    return cli("capture", _config(tmp_path, source, params), "--device", "cpu", "--workspace", tmp_path / "ws")
+
+
+META = '''
+class Bump(nn.Module):
+    def forward(self, x):
+        return torch.relu(x) + 1
+
+
+def build(where):
+    if where == "params":
+        return nn.Linear(16, 16, device="meta"), (torch.randn(4, 16),)
+    return Bump(), (torch.randn(4, 16, device="meta"),)
+'''
+
+
+def test_a_model_on_meta_is_one_line_naming_the_meta_device(cli, tmp_path):
+    # Weights on 'meta' failed as a device mismatch in the warm-up; meta inputs ran the warm-up and then failed
+    # in the captured forward as "likely a Kernel Forge bug".
+    code, out, err = _capture(cli, tmp_path, META, 'where = "params"')
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert "'weight' is on the 'meta' device" in err and "`device` the builder is passed" in err
+    code, out, err = _capture(cli, tmp_path, META, 'where = "inputs"')
+    assert code == 2 and err.count("\n") == 1
+    assert "on the 'meta' device" in err and "example inputs are meta tensors" in err and "Kernel Forge bug" not in err
+    assert not any((tmp_path / "ws" / "samples").glob("*"))
+
+
+SPARSE = '''
+class SparseIn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16, 8))
+
+    def forward(self, a, x):
+        h = torch.sparse.mm(a, self.w)          # a sparse input
+        d = (x.relu() * 2).to_sparse().to_dense()   # a sparse tensor made inside
+        return (h.relu() * 2 + 1).sum() + d.sum()
+
+
+def build():
+    torch.manual_seed(0)
+    return SparseIn(), (torch.randn(8, 16).relu().to_sparse(), torch.randn(4, 4))
+'''
+
+
+def test_a_model_with_sparse_tensors_captures_its_dense_calls(cli, tmp_path):
+    # Before, the capture read a sparse tensor's data pointer, and the model "raised during its warm-up forward".
+    code, out, err = cli("capture", _config(tmp_path, SPARSE), "--device", "cpu", "--json", "--workspace",
+                         tmp_path / "ws")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["skipped"]["sparse"] >= 3   # sparse.mm, to_sparse, to_dense
+    assert {"aten::relu", "aten::mul.Tensor", "aten::add.Tensor"} <= {c["op"] for c in doc["cards"]}
+    assert not any("sparse" in json.dumps(c) for c in doc["cards"] + doc["chains"])
+
+
+SCRIPTED = '''
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, x):
+        return torch.relu(self.norm(self.lin(x))) * 2
+
+
+class Outer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.jit.script(Block())
+
+    def forward(self, x):
+        return self.inner(x) + 1
+
+
+def build(whole):
+    torch.manual_seed(0)
+    return (torch.jit.script(Block()) if whole else Outer()), (torch.randn(4, 16),)
+'''
+
+
+def test_a_torchscript_model_captures(cli, tmp_path):
+    # Before: "internal error: RuntimeError: register_forward_pre_hook is not supported on ScriptModules" (exit 1).
+    for whole in ("true", "false"):
+        code, out, err = cli("capture", _config(tmp_path, SCRIPTED, f"whole = {whole}"), "--device", "cpu", "--json",
+                             "--workspace", tmp_path / "ws")
+        assert code == 0, err
+        ops = {c["op"] for c in json.loads(out)["cards"]}
+        assert {"aten::native_layer_norm", "aten::relu", "aten::addmm"} <= ops
+
+
+COMPLEX = '''
+class Rotate(nn.Module):
+    def forward(self, c):
+        return (c * 1j + (2 - 3j)).abs()
+
+
+def build():
+    return Rotate(), (torch.randn(4, dtype=torch.complex64),)
+'''
+
+
+def test_a_complex_scalar_reads_as_a_complex_number_in_the_card(cli, tmp_path):
+    # Before, `c * 1j`'s card read "other=[0.0, 1.0]": a list of two floats, also in what a proposer is shown.
+    code, out, err = cli("capture", _config(tmp_path, COMPLEX), "--device", "cpu", "--workspace", tmp_path / "ws")
+    assert code == 0, err
+    assert "c64[4], other=1j" in out and "other=(2-3j)" in out
+    assert "[0.0, 1.0]" not in out
+
+
+def test_a_forward_returning_none_is_noted_as_returning_none(cli, tmp_path):
+    # Before: "the forward returns a NoneType with no tensor in it".
+    source = "class Quiet(nn.Module):\n    def forward(self, x):\n        torch.relu(x)\n\n\ndef build():\n" \
+             "    return Quiet(), (torch.randn(4),)\n"
+    code, out, err = cli("capture", _config(tmp_path, source), "--device", "cpu", "--json", "--workspace", tmp_path / "ws")
+    assert code == 0, err
+    assert json.loads(out)["notes"]["model output"].startswith("the forward returns None: export's whole-model check")
+
+
+INPLACE = '''
+class Doubles(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x):
+        if self.mutate:
+            x.mul_(2)        # changes the builder's example input, so each forward sees another
+        return self.lin(x)
+
+
+def build(mutate):
+    torch.manual_seed(0)
+    model = Doubles()
+    model.mutate = mutate
+    return model, (torch.randn(4, 16),)
+'''
+
+
+def test_a_forward_that_changes_its_own_inputs_is_noted_at_capture(cli, tmp_path):
+    # Before, only export's whole-model check on a GPU, after a whole run, found the model unrepeatable.
+    notes = {}
+    for mutate in ("true", "false"):
+        code, out, err = cli("capture", _config(tmp_path, INPLACE, f"mutate = {mutate}"), "--device", "cpu", "--json",
+                             "--workspace", tmp_path / "ws")
+        assert code == 0, err
+        notes[mutate] = json.loads(out)["notes"].get("repeatable")
+    assert notes["false"] is None
+    assert "not repeatable" in notes["true"] and "in-place change of its inputs" in notes["true"]
