@@ -273,6 +273,17 @@ def test_a_float32_reference_is_made_in_place_and_everything_is_put_back():
     assert layout_check.float32_output(_net(), lambda: None) is None  # nothing 16-bit: no reference
 
 
+def test_a_torchscript_model_has_no_float32_reference_and_keeps_its_weights():
+    """A scripted root refuses Python hooks: the check goes on without a float32 reference (it crashed)."""
+    nn = torch.nn
+    m = torch.jit.script(nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 1)).to(torch.bfloat16))
+    x = torch.randn(2, 8, 16, 16).to(torch.bfloat16)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    with torch.no_grad():
+        assert layout_check.float32_output(m, lambda: m(x)) is None
+    assert all(v.dtype == torch.bfloat16 and torch.equal(v, before[k]) for k, v in m.state_dict().items())
+
+
 def test_with_a_float32_reference_the_route_must_be_about_as_accurate_as_the_model_without_it():
     ref = torch.ones(1000, dtype=torch.float64)
     eager = ref + 0.01 * torch.randn(1000, dtype=torch.float64)  # eager's own 16-bit error, ~1e-2

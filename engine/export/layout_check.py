@@ -65,7 +65,10 @@ def float32_output(model: Any, forward: Callable[[], Any]) -> Any:
     def up(x: Any) -> Any:
         return x.float() if isinstance(x, torch.Tensor) and x.dtype in half else x
 
-    hook = model.register_forward_pre_hook(lambda m, a, k: (tree_map(up, a), tree_map(up, k)), with_kwargs=True)
+    try:   # a TorchScript root refuses Python hooks: no float32 reference then
+        hook = model.register_forward_pre_hook(lambda m, a, k: (tree_map(up, a), tree_map(up, k)), with_kwargs=True)
+    except RuntimeError:
+        return None
     try:
         for t in held:
             t.data = t.data.float()
