@@ -81,8 +81,10 @@ def _stops_on(stop: threading.Event) -> Iterator[None]:
 
 
 async def capture_into(store: Store, config: ModelConfig, device_arg: str | None, workspace: Path, *,
-                       samples: int | None, progress: Callable[[str], None] = lambda msg: None) -> CaptureResult:
-    """The same from inside the engine's event loop, into its open store.
+                       samples: int | None, progress: Callable[[str], None] = lambda msg: None,
+                       on_stored: Callable[[str], None] = lambda capture_id: None) -> CaptureResult:
+    """The same from inside the engine's event loop, into its open store; `on_stored` gets the capture's id
+    once its rows are committed, also where a stop that landed as the COMMIT ran is raised after it.
 
     The capture runs in a worker thread, so the loop stays responsive: cancelling this coroutine (Ctrl-C)
     stops the capture at its next module forward and waits for it; its samples, written to a `.partial-*`
@@ -109,9 +111,12 @@ async def capture_into(store: Store, config: ModelConfig, device_arg: str | None
         try:
             await save_capture(store, workspace, config, result)
         except BaseException:
-            if not _stored(workspace, result.capture_id):  # one stored as it was cancelled is whole: reused
+            if not _stored(workspace, result.capture_id):
                 discard_samples(workspace, result)
+            else:  # stored as it was cancelled: whole, and the next run of the config reuses it
+                on_stored(result.capture_id)
             raise
+    on_stored(result.capture_id)
     return result
 
 
