@@ -10,10 +10,23 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
 PROGRESS_ENV = "KFORGE_PROGRESS"  # "1": progress lines on stderr even where it is not a terminal (a log)
+
+
+def search_bar(cards: Iterable[tuple[int, bool]], iterations_per_card: int) -> tuple[int, int]:
+    """The search's bar as (used, total) over the searched cards, each given as (iterations it used, whether it
+    may still use more). A card that may go on may use its whole budget; one that is finished or has nothing
+    left to try only what it used, so a card that ends early takes its unused iterations off the total and the
+    bar reaches its end with the last card instead of jumping there when the run ends. `run --no-tui`'s bar
+    (engine.run.report.search_progress) and the TUI overview's (kforge_tui.readmodel) both count so."""
+    used = total = 0
+    for n, going in cards:
+        used += n
+        total += max(n, iterations_per_card) if going else n
+    return used, max(1, total)
 
 
 def stderr_progress() -> Callable[[str], None]:

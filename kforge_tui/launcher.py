@@ -206,16 +206,17 @@ def attach_command(workspace: Path) -> str:
     return f"kforge-tui --workspace {shlex.quote(str(workspace))}"
 
 
-def capture_in_progress(workspace: Path, recent_s: float = 900.0) -> str | None:
-    """What says a capture is running in the workspace: a sample folder being written (`samples/.partial-*`,
-    changed in the last `recent_s` seconds), with the newest engine log; None when there is none."""
-    samples = Path(workspace) / "samples"
-    now = time.time()
-    partial = [p for p in samples.glob(".partial-*") if now - p.stat().st_mtime < recent_s] if samples.is_dir() else []
-    if not partial:
+def capture_in_progress(workspace: Path) -> str | None:
+    """What says a capture is running in the workspace: a sample folder a capture's process holds the lock
+    of (engine.store.samples_being_written, as prune and the next capture ask), with the newest engine log;
+    None when there is none."""
+    from engine.store import samples_being_written
+
+    writing = samples_being_written(workspace)
+    if not writing:
         return None
     logs = sorted((Path(workspace) / "logs").glob("engine-*.log"), key=lambda p: p.stat().st_mtime)
-    return f"samples being written to {partial[0].name}" + (f"; log {logs[-1]}" if logs else "")
+    return f"samples being written to {writing[0][0].name}" + (f"; log {logs[-1]}" if logs else "")
 
 
 def start_engine_detached(args: argparse.Namespace, workspace: Path) -> str:

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.cards import chain_card_dispatch, chain_inputs, chain_label, compile_note, copy_fraction
-from engine.outcomes import CARD_SKIP_REASONS, IN_FLIGHT, LIVE_RUN_STATUSES, UNKNOWN_CATEGORY
+from engine.outcomes import CARD_SKIP_REASONS, FINISHED, IN_FLIGHT, LIVE_RUN_STATUSES, UNKNOWN_CATEGORY
+from engine.progress import search_bar
 from engine.store import open_readonly, read
 from engine.store.read import CandidateHead
 from kforge_tui.format import layouts
@@ -133,9 +134,10 @@ class RunStats:
     llm_calls: int = 0
     llm_errors: int = 0
     lanes_busy: tuple[str, ...] = ()   # names of the lanes evaluating right now
-    iterations_budget: int | None = None
+    iterations_budget: int | None = None  # the search bar's total (engine.progress.search_bar)
     proposer_in_flight: int = 0        # proposer calls started and not yet answered
     lanes: tuple[LaneState, ...] = ()  # every lane the engine announced or used, busy or idle
+    iterations_used: int | None = None    # the search bar's count (None: the run's config has no iterations)
 
 
 @dataclass
@@ -176,6 +178,10 @@ class ReadModel:
         self.cards: dict[str, CardRow] = {}
         self._card_static: dict[str, Mapping[str, Any]] = {}
         self._card_reason: dict[str, str] = {}
+        # Since the engine last (re)started, as its cards count them: duplicate answers per card (an iteration
+        # with no candidate row) and the cards it said have nothing left to try (engine.progress.search_bar).
+        self._duplicates: dict[str, int] = {}
+        self._exhausted: set[str] = set()
         self._cand_cursor = 0.0
         self._cand_rowid = 0
         self._in_flight: set[str] = set()
@@ -254,6 +260,12 @@ class ReadModel:
                     self._proposing.discard(str(e.payload.get("node")))
                 elif e.kind == "run_started":  # a (re)started engine: calls of a killed one never finish
                     self._proposing.clear()
+                    self._duplicates.clear()   # a resumed engine counts its cards' candidates only
+                    self._exhausted.clear()    # and says again which have nothing left to try
+                elif e.card_id and e.kind == "duplicate":
+                    self._duplicates[e.card_id] = self._duplicates.get(e.card_id, 0) + 1
+                elif e.card_id and e.kind == "card_exhausted":
+                    self._exhausted.add(e.card_id)
                 elif e.kind == "lanes":
                     self._add_lanes(e.payload.get("lanes") or [])
             # New candidates by rowid, changes by re-reading the ones still in flight (the engine updates
@@ -360,31 +372,33 @@ class ReadModel:
             if str(name) not in self._lane_names:
                 self._lane_names.append(str(name))
 
-    def _budget(self, iterations: int, live: bool) -> int:
-        """The evaluations this run will make: `iterations` for each card still searched, what it made
-        for each card that is done, none for a card skipped (noise, declined ...). (Iterations times every
-        card read 1% for a finished run whose skipped cards and exhausted templates never used theirs.)"""
-        total = 0
+    def _search_bar(self, iterations: int) -> tuple[int, int]:
+        """The search's bar as `run --no-tui` counts it (engine.progress.search_bar): each searched card's
+        iterations (its finished candidates and duplicate answers) against its budget while it may go on, or
+        what it used once it is done or the engine said it has nothing left to try (card_exhausted). A run
+        stopped short (wall time, cost, Ctrl-C) keeps its bar where it stopped. (The bar counted `iterations`
+        for such a card until the run ended, then jumped to its end.)"""
+        cards = []
         for card_id in self._card_static:
             reason = self._card_reason.get(card_id)
             if reason in CARD_SKIP_REASONS:
                 continue
-            made = len(self.by_card.get(card_id, ()))
-            # A card done, or left untouched by a run that ended, makes no more evaluations.
-            total += made if reason or not live else iterations
-        return total
+            finished = sum(1 for n in self.by_card.get(card_id, {}).values() if n.status in FINISHED)
+            cards.append((finished + self._duplicates.get(card_id, 0),
+                          not reason and card_id not in self._exhausted))
+        return search_bar(cards, iterations)
 
     def _stats(self, run: RunInfo, lanes: tuple[LaneState, ...], llm_calls: int, llm_errors: int,
                proposing: int) -> RunStats:
         counts = self._status_counts
         iters = run.config.get("iterations")
-        budget = self._budget(int(iters), run.live) if isinstance(iters, int) else None
+        used, budget = self._search_bar(iters) if isinstance(iters, int) else (None, None)
         if not run.live:  # an ended run has nothing in flight, whatever a killed engine left behind
             lanes, proposing = tuple(LaneState(lane.name) for lane in lanes), 0
         return RunStats(len(self.nodes), counts.get("verified", 0) + counts.get("compiled", 0),
                         counts.get("rejected", 0), counts.get("evaluating", 0), counts.get("proposed", 0),
                         llm_calls, llm_errors, tuple(lane.name for lane in lanes if lane.busy), budget,
-                        proposing, lanes)
+                        proposing, lanes, used)
 
     # ---- views over the cache ----------------------------------------------------------------------------
 

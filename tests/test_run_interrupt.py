@@ -103,7 +103,8 @@ def test_ctrl_c_during_the_runs_capture_keeps_nothing(tmp_path):
     proc = _start(["run", MY_MODEL, "--dry-run", "--no-tui", "--device", "cpu", "--workspace", str(ws)], err)
     _wait_for(proc, lambda: _partial(ws), "capture writing samples")
     lines = _interrupt(proc, err)
-    assert len(lines) <= 3 and any(x.startswith("interrupted:") for x in lines), lines
+    assert len(lines) <= 3 and any(x.startswith("interrupted:") and "the capture is discarded" in x
+                                   for x in lines), lines
     assert list((ws / "samples").iterdir()) == []  # no partial folder, no folder a later run could trust
     conn = open_readonly(db_path(ws))
     try:
@@ -286,8 +287,9 @@ def test_a_stop_that_lands_as_the_capture_is_stored_keeps_the_stored_capture_who
     assert code == 0 and captures[0][0] in out.out, out
 
 
-def test_a_run_stopped_as_its_capture_is_stored_keeps_the_stored_capture_whole(tmp_path, monkeypatch):
+def test_a_run_stopped_as_its_capture_is_stored_keeps_the_stored_capture_whole(tmp_path, monkeypatch, capsys):
     import asyncio
+    import shlex
 
     from engine.cli import main
     from engine.store import Store
@@ -303,7 +305,32 @@ def test_a_run_stopped_as_its_capture_is_stored_keeps_the_stored_capture_whole(t
     assert main(["run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--device", "cpu", "--workspace", str(ws)]) == 130
     conn = open_readonly(db_path(ws))
     try:
+        [(capture_id,)] = conn.execute("SELECT id FROM captures").fetchall()
         samples = [row[0] for row in conn.execute("SELECT path FROM samples")]
     finally:
         conn.close()
     assert samples and [p for p in samples if not (ws / p).is_file()] == []  # the next run reuses it, whole
+    # The line said the capture was discarded: it names the capture kept and the command that uses it.
+    [line] = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert line.startswith("interrupted: ") and "discarded" not in line and f"capture {capture_id} " in line, line
+    command = shlex.split(line.split("'")[1])
+    assert command[:2] == ["kforge-tui", "run"] and str(ws) in command, line
+    monkeypatch.setattr(Store, "save_capture", stored)
+    assert main([*command[1:], "--no-tui", "--iterations", "1", "--json"]) == 0
+    conn = open_readonly(db_path(ws))
+    try:
+        assert [r["capture_id"] for r in store_read.runs(conn)] == [capture_id]   # started on it, no new capture
+        assert conn.execute("SELECT COUNT(*) FROM captures").fetchone()[0] == 1
+    finally:
+        conn.close()
+
+
+def test_sigterm_during_the_runs_capture_says_it_was_discarded(tmp_path):
+    # A SIGTERM before the run was created said "interrupted: …" and exited 130, as for Ctrl-C.
+    ws, err = tmp_path / "ws", tmp_path / "run.err"
+    proc = _start(["run", MY_MODEL, "--dry-run", "--no-tui", "--device", "cpu", "--workspace", str(ws)], err)
+    _wait_for(proc, lambda: _partial(ws), "capture writing samples")
+    lines = _terminate(proc, err)
+    said = [x for x in lines if x.startswith("terminated:")]
+    assert len(said) == 1 and "the capture is discarded" in said[0] and "kforge-tui run" in said[0], lines
+    assert list((ws / "samples").iterdir()) == []

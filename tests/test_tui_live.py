@@ -123,11 +123,11 @@ def test_a_finished_dry_run_reads_done_on_the_progress_bar(tmp_path):
             overview = screen_text(app)
             await pilot.press("c")
             await pilot.pause(0.3)
-            # What a live run's bar counts: the same run as if still running, its skipped cards known.
-            live = app.model._budget(300, True)
-            return overview, screen_text(app), live
+            # What the bar counts: every card is done or skipped, so nothing is left to count on.
+            bar = app.model._search_bar(300)
+            return overview, screen_text(app), bar
 
-    overview, cards, live_budget = asyncio.run(overview_and_cards())
+    overview, cards, bar = asyncio.run(overview_and_cards())
     assert "100%" in overview, overview
     n = doc["evaluations"]
     assert f"done {n}/{n}:" in overview, overview
@@ -135,4 +135,72 @@ def test_a_finished_dry_run_reads_done_on_the_progress_bar(tmp_path):
     assert sorted(skipped.values()) == ["declined"] * 3 + ["noise"], skipped
     # The cards the builtin declined say so, as the noise card does (they read 'untouched' before).
     assert cards.count("declined") == 3 and "untouched" not in cards, cards
-    assert live_budget == n  # every card is done or skipped: nothing is left to count on
+    assert bar == (n, n)  # every card is done or skipped: nothing is left to count on
+
+
+async def test_the_overview_bar_counts_as_the_headless_bar_and_never_jumps(tmp_path):
+    # The overview counted a card's whole budget until the card was done, and a card that ran out of revisions
+    # to try is said done ('exhausted') only when the run ends: its unused iterations stayed in the total, the
+    # bar sat part of the way, then jumped to the end with the run. `run --no-tui`'s bar was fixed in 0c67845;
+    # the overview now counts with the same function (engine.progress.search_bar).
+    import itertools
+
+    from test_orchestrator import StandInLane, card, orchestrator
+
+    from engine.propose.base import Proposal
+    from engine.run.orchestrator import Budgets
+    from engine.run.report import search_progress
+    from engine.run.store_recorder import StoreRecorder
+    from engine.store import Store, db_path
+    from kforge_tui.readmodel import ReadModel
+    from kforge_tui.screens.overview import progress_of
+
+    class ThreeForX:
+        """Three kernels for card x, then nothing new to try; card y always has another."""
+
+        name = "three"
+
+        def __init__(self):
+            self.n = itertools.count()
+
+        def supports(self, c):
+            return True
+
+        async def propose(self, r):
+            n = next(self.n)
+            if r.card.card_id == "x" and n >= 3:
+                return Proposal(declined=True, reason="every neighbour of this parent was tried already")
+            return Proposal(source=f"// {r.card.card_id} {n}\n", spec="[[launch]]")
+
+    db = db_path(tmp_path)
+    seen: list[tuple[str, tuple[int, int], tuple[int, int]]] = []  # event, overview bar, headless bar
+    async with await Store.open(db) as store:
+        await store.save_capture({"id": "cap-1", "model": "m", "device": "cuda", "dtype": "float16"}, [
+            {"card_id": c, "op": "aten::gelu", "signature": {"op": "aten::gelu", "args": [], "aliases": []},
+             "signature_text": "", "calls": 1, "share": 0.3, "bytes": 1000} for c in ("x", "y")], [])
+        run = await store.create_run("cap-1", "m", "three", {"iterations": 12})
+        model = ReadModel(db)
+
+        def after(kind, payload, card_id, o):  # the overview's values as a tick right after this event reads them
+            seen.append((kind, progress_of(model.poll(run["id"]).stats), search_progress(o)))
+
+        recorder = StoreRecorder(store, run["id"], progress=after)
+        o = orchestrator([card("x"), card("y", 0.2)], ThreeForX(), StandInLane(0.0), recorder,
+                         budgets=Budgets(iterations_per_card=12), max_proposals=1)
+        recorder.orchestrator = o
+        try:
+            assert await o.run() == "iterations"
+        finally:
+            model.close()
+    used = o.cards["x"].iterations + o.cards["y"].iterations
+    assert o.cards["x"].iterations < 12 and used < 24
+    bars = [bar for _, bar, _ in seen if bar != (0, 1)]  # (0, 1): before the run has a card counted
+    assert all(d <= t for d, t in bars) and [t for _, t in bars] == sorted((t for _, t in bars), reverse=True), seen
+    assert bars[0] == (0, 24) and bars[-1] == (used, used), seen
+    assert any(t == used and d < used for d, t in bars), seen  # x's unused iterations left the total early
+    # The same count as the headless bar, except at the event that changes it: the engine writes 'evaluated'
+    # before it counts the iteration, and sees that x has nothing left to try at its last 'declined', before it
+    # writes 'card_exhausted'.
+    assert [x for x in seen if x[1] != x[2] and x[0] not in ("evaluated", "declined")] == [], seen
+    # x left the total (its used iterations stay; y may still use its 12) as soon as it had nothing left to try.
+    assert [t for kind, (_, t), _ in seen if kind == "card_exhausted"] == [o.cards["x"].iterations + 12], seen

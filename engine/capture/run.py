@@ -32,6 +32,8 @@ from engine.config import ModelConfig, build_target
 from engine.errors import UsageError
 from engine.models.forwards import output_tensor
 from engine.models.random_init import fill_period
+from engine.store.sample_folders import PARTIAL_PREFIX, SampleFolderLock, capture_writing
+from engine.store.workspace import samples_dir
 
 Progress = Callable[[str], None]
 
@@ -174,14 +176,17 @@ def _to_card(t: CardTally, total_us: float) -> OperatorCard:
 
 def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
                   samples: int | None = None, progress: Progress = lambda msg: None,
-                  chains: bool = True, wide_compute: bool | None = None) -> CaptureResult:
+                  chains: bool = True, wide_compute: bool | None = None,
+                  held: contextlib.ExitStack | None = None) -> CaptureResult:
     """Build the model, warm it up, capture one forward, and write samples under the workspace.
 
     With `chains`, the captured forward is also traced for chains of memory-bound calls, which become
     chain cards; their samples are taken in the captured forward as planned from the traced warm-up, or
     where the two forwards differ, in one more forward (engine.capture.chain_cards says how).
     Samples go to a `.partial-*` folder that is renamed only when the capture succeeded, so a failed
-    or interrupted capture leaves nothing that looks complete. The caller stores the cards.
+    or interrupted capture leaves nothing that looks complete. The caller stores the cards. This process holds
+    the folder's lock (engine.store.sample_folders) while it writes it, and with `held` until that stack
+    closes (the caller has stored or removed the samples); without, until this returns.
     `wide_compute` (default: on a CPU without native instructions for the model's half-precision dtype)
     computes its convolutions and large matmuls in float32; the cards are the same
     (engine.capture.wide_compute says why).
@@ -225,8 +230,8 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     t_warm = time.perf_counter()
     write_s = 0.0
 
-    samples_root = workspace / "samples"
-    partial = samples_root / f".partial-{capture_id}"
+    samples_root = samples_dir(workspace)
+    partial = samples_root / f"{PARTIAL_PREFIX}{capture_id}"
     final = samples_root / capture_id
     # Sample files are written (and hashed) on a background thread while the forward computes.
     # The model's parameters and buffers are referenced, not copied, until written; those a tiled random fill
@@ -235,8 +240,13 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     writer = SampleWriter(frozenset(storage_key(t) for t in state),
                           periods={storage_key(t): p for t in state if (p := fill_period(t)) is not None})
     del state
+    lock: SampleFolderLock | None = None
     try:
-        partial.mkdir(parents=True)  # inside: a stop that lands right after it still removes it
+        # Inside: a stop that lands right after it still removes the folder. Locked from its creation: another
+        # capture's sweep_partials, prune and the TUI then know that a live process writes it.
+        lock = SampleFolderLock.create(partial)
+        if held is not None:
+            held.callback(lock.release)
 
         def sink(tally: CardTally, idx: int, snap: Snapshot, meta: dict[str, Any]) -> int:
             nonlocal write_s
@@ -324,12 +334,16 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         t0 = time.perf_counter()
         writer.close()
         write_s += time.perf_counter() - t0
-        partial.rename(final)
+        lock.rename(final)
     except BaseException:
         with contextlib.suppress(BaseException):  # what the writer raised, if anything, comes second
             writer.close()
         shutil.rmtree(partial, ignore_errors=True)
+        if lock is not None and held is None:
+            lock.release()
         raise
+    if held is None:
+        lock.release()
     notes = {**{k: str(v) for k, v in target.notes.items()}, **chain_notes}
     if output_note:
         notes["model output"] = output_note
@@ -376,10 +390,12 @@ def discard_samples(workspace: Path, result: CaptureResult) -> None:
 
 
 def sweep_partials(workspace: Path) -> None:
-    """Remove sample folders left by captures that were killed before they finished."""
-    root = workspace / "samples"
+    """Remove sample folders left by captures that were killed before they finished: `.partial-*` folders
+    whose lock no process holds (one without a lock file once unchanged for a while: capture_writing says)."""
+    root = samples_dir(workspace)
     if root.is_dir():
-        for p in root.glob(".partial-*"):
-            shutil.rmtree(p, ignore_errors=True)
+        for p in root.glob(f"{PARTIAL_PREFIX}*"):
+            if capture_writing(p) is None:
+                shutil.rmtree(p, ignore_errors=True)
 
 

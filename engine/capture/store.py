@@ -15,24 +15,26 @@ from typing import Any
 from engine.capture.run import CaptureResult, capture_model, discard_samples, resolve_device, sweep_partials
 from engine.config import ModelConfig
 from engine.store import Store, db_path
+from engine.store.sample_folders import LOCK_FILENAME
 
 
 def capture_and_store(config: ModelConfig, device_arg: str | None, workspace: Path, *, samples: int | None,
                       progress: Callable[[str], None] = lambda msg: None) -> CaptureResult:
     """Capture a config and store cards and samples in the workspace (no running event loop)."""
-    result = _capture(config, device_arg, workspace, samples, progress)
-    progress(_storing(workspace, result))
-    try:
-        asyncio.run(_store_in_workspace(workspace, config, result))
-    except KeyboardInterrupt:
-        if not _stored(workspace, result.capture_id):
-            discard_samples(workspace, result)
+    with contextlib.ExitStack() as held:  # the sample folder's lock, until its rows are stored or it is removed
+        result = _capture(config, device_arg, workspace, samples, progress, held)
+        progress(_storing(workspace, result))
+        try:
+            asyncio.run(_store_in_workspace(workspace, config, result))
+        except KeyboardInterrupt:
+            if not _stored(workspace, result.capture_id):
+                discard_samples(workspace, result)
+                raise
+            # Ctrl-C or SIGTERM as the COMMIT ended: too late to stop, the capture is whole and is the result
+        except BaseException:
+            if not _stored(workspace, result.capture_id):
+                discard_samples(workspace, result)
             raise
-        # Ctrl-C or SIGTERM as the COMMIT ended: too late to stop, the capture is whole and is the result
-    except BaseException:
-        if not _stored(workspace, result.capture_id):
-            discard_samples(workspace, result)
-        raise
     return result
 
 
@@ -79,52 +81,58 @@ def _stops_on(stop: threading.Event) -> Iterator[None]:
 
 
 async def capture_into(store: Store, config: ModelConfig, device_arg: str | None, workspace: Path, *,
-                       samples: int | None, progress: Callable[[str], None] = lambda msg: None) -> CaptureResult:
-    """The same from inside the engine's event loop, into its open store.
+                       samples: int | None, progress: Callable[[str], None] = lambda msg: None,
+                       on_stored: Callable[[str], None] = lambda capture_id: None) -> CaptureResult:
+    """The same from inside the engine's event loop, into its open store; `on_stored` gets the capture's id
+    once its rows are committed, also where a stop that landed as the COMMIT ran is raised after it.
 
     The capture runs in a worker thread, so the loop stays responsive: cancelling this coroutine (Ctrl-C)
     stops the capture at its next module forward and waits for it; its samples, written to a `.partial-*`
     folder until the capture is complete, are removed and nothing is stored."""
     stop = threading.Event()
+    with contextlib.ExitStack() as held:  # the sample folder's lock, until its rows are stored or it is removed
 
-    def work() -> CaptureResult:
-        with _stops_on(stop):
-            return _capture(config, device_arg, workspace, samples, progress)
+        def work() -> CaptureResult:
+            with _stops_on(stop):
+                return _capture(config, device_arg, workspace, samples, progress, held)
 
-    thread = asyncio.get_running_loop().run_in_executor(None, work)
-    try:
-        result = await asyncio.shield(thread)
-    except asyncio.CancelledError:
-        stop.set()
+        thread = asyncio.get_running_loop().run_in_executor(None, work)
         try:
-            done = await thread  # at the next module forward (or the capture just ended)
-        except BaseException:  # noqa: BLE001 - CaptureStopped, or whatever else ended it: nothing is kept
-            raise asyncio.CancelledError() from None
-        discard_samples(workspace, done)
-        raise
-    progress(_storing(workspace, result))
-    try:
-        await save_capture(store, workspace, config, result)
-    except BaseException:
-        if not _stored(workspace, result.capture_id):  # one stored as it was cancelled is whole: a run reuses it
-            discard_samples(workspace, result)
-        raise
+            result = await asyncio.shield(thread)
+        except asyncio.CancelledError:
+            stop.set()
+            try:
+                done = await thread  # at the next module forward (or the capture just ended)
+            except BaseException:  # noqa: BLE001 - CaptureStopped, or whatever else ended it: nothing is kept
+                raise asyncio.CancelledError() from None
+            discard_samples(workspace, done)
+            raise
+        progress(_storing(workspace, result))
+        try:
+            await save_capture(store, workspace, config, result)
+        except BaseException:
+            if not _stored(workspace, result.capture_id):
+                discard_samples(workspace, result)
+            else:  # stored as it was cancelled: whole, and the next run of the config reuses it
+                on_stored(result.capture_id)
+            raise
+    on_stored(result.capture_id)
     return result
 
 
 def _storing(workspace: Path, result: CaptureResult) -> str:
     """The progress line before storing: hashing gigabytes of samples takes seconds."""
-    files = [f for f in (workspace / result.sample_dir).iterdir() if f.is_file()]
+    files = [f for f in (workspace / result.sample_dir).iterdir() if f.is_file() and f.name != LOCK_FILENAME]
     size = sum(f.stat().st_size for f in files)
     return (f"storing {len(result.cards)} cards and {len(result.chains)} chain cards, "
             f"{len(files)} sample files ({size / 1e6:.0f} MB, sha256)")
 
 
 def _capture(config: ModelConfig, device_arg: str | None, workspace: Path, samples: int | None,
-             progress: Callable[[str], None]) -> CaptureResult:
+             progress: Callable[[str], None], held: contextlib.ExitStack) -> CaptureResult:
     device = resolve_device(device_arg)
     sweep_partials(workspace)
-    return capture_model(config, device, workspace, samples=samples, progress=progress)
+    return capture_model(config, device, workspace, samples=samples, progress=progress, held=held)
 
 
 async def _store_in_workspace(workspace: Path, config: ModelConfig, result: CaptureResult) -> None:

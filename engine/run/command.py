@@ -310,8 +310,8 @@ async def run_async(args: argparse.Namespace, workspace: Path,
             code, doc = await _run_in(store, args, workspace, stop, ids, dry, gpus, stages, started)
         except asyncio.CancelledError:
             if "run" not in ids:
-                raise Interrupted("interrupted: stopped before the run was created (a capture in progress "
-                                  "is discarded); nothing to resume") from None
+                said = _stopped_before_the_run(ids, args, workspace, dry, stop.terminated)
+                raise (TerminatedStop(said) if stop.terminated else Interrupted(said)) from None
             await _mark_interrupted(store, ids["run"])
             code, doc = 130, {}
         finally:
@@ -324,6 +324,24 @@ async def run_async(args: argparse.Namespace, workspace: Path,
             raise Interrupted(f"interrupted: run {ids['run']} stopped (resumable): "
                               f"{resume_hint(ids['run'], workspace, dry=dry)}")
         return code, doc
+
+
+def _stopped_before_the_run(ids: dict[str, str], args: argparse.Namespace, workspace: Path, dry: bool,
+                            terminated: bool) -> str:
+    """The line for a run stopped before its row was made: what became of the capture (`ids`: "capture" once
+    one is stored or reused, "capturing" once this run began one) and how to go on."""
+    word = "terminated" if terminated else "interrupted"
+    again = shlex.join(["kforge-tui", "run", str(args.config), *(["--small"] if args.small else []),
+                        *(["--device", args.device] if args.device else []), *(["--dry-run"] if dry else []),
+                        "--workspace", str(workspace)])
+    if "capture" in ids:
+        how = "captured and stored whole" if ids.get("capturing") else "reused"
+        return (f"{word}: stopped before the run was created, nothing to resume; capture {ids['capture']} "
+                f"({how}) is kept: '{again}' starts a run on it")
+    if ids.get("capturing"):
+        return (f"{word}: stopped during the capture, before the run was created: the capture is discarded, "
+                f"nothing was kept; '{again}' captures again")
+    return f"{word}: stopped before the run was created; nothing to resume"
 
 
 def mark_stopped_now(db: Path, run_id: str, timeout_s: float = 6.0) -> None:
@@ -400,7 +418,7 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
                                    replay_run=args.replay_run)
         if args.replay_run:
             await _check_replay(store, args)
-        capture_id = await _capture_for(store, args, workspace, stop, stages)
+        capture_id = await _capture_for(store, args, workspace, stop, stages, ids)
         if settings.ops:
             await _check_ops_match(store, capture_id, settings.ops, args.config)
         cfg = {"config": str(Path(args.config).resolve()), "iterations": settings.iterations,
@@ -589,8 +607,9 @@ async def _check_replay(store: Store, args: argparse.Namespace) -> None:
 
 
 async def _capture_for(store: Store, args: argparse.Namespace, workspace: Path, stop: StopFlag,
-                       stages: StageProgress) -> str:
-    """Reuse the newest capture of the same config identity (TOML and builder source) and size, else capture now."""
+                       stages: StageProgress, ids: dict[str, str]) -> str:
+    """Reuse the newest capture of the same config identity (TOML and builder source) and size, else capture now.
+    `ids` gets "capturing" when a capture begins and "capture" once one is reused or stored (a stop says so)."""
     from engine.config import load_config
 
     config = load_config(args.config, small=args.small)
@@ -599,12 +618,15 @@ async def _capture_for(store: Store, args: argparse.Namespace, workspace: Path, 
                 (args.device is None or cap["device"] == args.device):
             if config.samples and not await store.count_samples(cap["id"]):
                 continue   # a `capture --samples 0` one: a run on it could verify nothing (every card no-samples)
+            ids["capture"] = cap["id"]
             return cap["id"]
     from engine.capture.store import capture_into
 
     stages.stage("capture", f"capturing {config.name}")
+    ids["capturing"] = config.name
     result = await capture_into(store, config, args.device, workspace, samples=None,
-                                progress=stop.quiet(stages.sink("capture")))
+                                progress=stop.quiet(stages.sink("capture")),
+                                on_stored=lambda capture_id: ids.__setitem__("capture", capture_id))
     stages.done("capture", f"{config.name}: captured")
     return result.capture_id
 

@@ -179,6 +179,7 @@ class Orchestrator:
         # run dry, they would pull the estimate to zero.
         self._task_s: list[float] = []
         self._evaluated: set[str] = set()  # candidates `_evaluate` ran
+        self._exhausted: set[str] = set()  # cards said to have nothing left to try (card_exhausted)
         self._work: set[asyncio.Future] = set()  # proposer calls and evaluations in flight
         self._wake = asyncio.Event()
 
@@ -260,6 +261,7 @@ class Orchestrator:
             self._spawn(self._evaluate(self.cards[rec.card_id], rec))
         while True:
             await self._apply_controls()
+            await self._say_exhausted()
             self.stopped_by = self.stopped_by or self._budget_exhausted(start)
             if self.stopped_by:
                 break
@@ -321,6 +323,16 @@ class Orchestrator:
         'exhausted' only when the whole search ends. Reads the tree only."""
         return not card.done_reason and (card.in_flight > 0 or
                                          self.select(self.trees[card.ref.card_id], self.params) is not None)
+
+    async def _say_exhausted(self) -> None:
+        """A `card_exhausted` event, once, for each card that has nothing left to try (may_go_on): a viewer
+        reading the store counts the search's bar as `run --no-tui` does (engine.progress.search_bar). The
+        card's done reason, 'exhausted', is still set only when the whole search ends."""
+        for card in self.cards.values():
+            cid = card.ref.card_id
+            if cid not in self._exhausted and not card.done_reason and not card.in_flight and not self.may_go_on(card):
+                self._exhausted.add(cid)
+                await self.recorder.event("card_exhausted", {"iterations": card.iterations}, cid)
 
     def _next_job(self) -> tuple[CardState, str] | None:
         count_chains_once(list(self.cards.values()))

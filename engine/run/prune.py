@@ -15,8 +15,9 @@ only with --delete; the database keeps every card, run and export. For each capt
 
 The database forgets a capture's sample rows (and records when, `engine.store.SAMPLES_REMOVED`) before its
 files go, so nothing ever names a file that is not there. Folders under samples/ that no capture names (one
-killed before it finished, `.partial-*`, or one whose storing failed) are removed once nothing in them has
-changed for RECENT_S seconds: a younger one may be a capture writing or storing it now.
+killed before it finished, `.partial-*`, or one whose storing failed) are removed unless a capture is writing or
+storing them now: its process holds the folder's lock (engine.store.sample_folders.capture_writing, which the
+TUI and the next capture ask too; a folder without a lock file waits until unchanged for 15 minutes).
 """
 
 from __future__ import annotations
@@ -34,11 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import JobError, UsageError
-from engine.store import DB_FILENAME
-
-# A folder of no capture changed this recently may be a capture writing (or storing) it now; the TUI reads a
-# capture in progress the same way (kforge_tui.launcher.capture_in_progress).
-RECENT_S = 900.0
+from engine.store import DB_FILENAME, capture_writing
 
 RUN_CAPTURES = "--run-captures"
 NEWEST = "--newest"
@@ -101,6 +98,7 @@ class Leftover:
     path: str                    # relative to the workspace
     bytes: int
     changed_at: float            # the newest mtime in it
+    writer: str | None = None    # why a capture may be writing or storing it now (capture_writing), if one may
 
     def what(self) -> str:
         if Path(self.path).name.startswith(".partial-"):
@@ -231,7 +229,7 @@ def survey(workspace: Path, *, live: Callable[[dict[str, Any]], tuple[bool, bool
         rel = p.relative_to(workspace).as_posix()
         if rel not in folders:
             size, _, changed = disk_usage(p)
-            leftovers.append(Leftover(rel, size, changed))
+            leftovers.append(Leftover(rel, size, changed, capture_writing(p, now=taken_at)))
     parts = []
     for p in sorted(workspace.iterdir()):
         if p.name.startswith(f"{DB_FILENAME}-"):
@@ -280,10 +278,8 @@ def decide(s: WorkspaceSurvey, named: set[str] | None = None) -> list[Entry]:
         out.append(Entry(c.folder, c.bytes if c.files_here else 0, tuple(holds), capture=c))
     for x in s.leftovers:
         holds = [Hold("not named by --capture")] if named is not None else []
-        age = s.taken_at - x.changed_at
-        if age < RECENT_S:
-            ago = f"{age / 60:.0f} min" if age >= 60 else "under a minute"
-            holds.append(Hold(f"changed {ago} ago: a capture may be writing it"))
+        if x.writer is not None:
+            holds.append(Hold(x.writer))
         out.append(Entry(x.path, x.bytes, tuple(holds), leftover=x))
     return out
 
@@ -322,7 +318,8 @@ class Removal:
 
 def remove(s: WorkspaceSurvey, entries: list[Entry]) -> list[Removal]:
     """Remove these entries: a capture's rows are forgotten first (only while its runs are as surveyed), then
-    its folder goes; a leftover goes only if still unchanged for RECENT_S and still named by no capture."""
+    its folder goes; a leftover goes only if still no capture writes it and none names it (asked in that
+    order: a capture lets go of its folder's lock only once it has stored the folder's rows)."""
     out: list[Removal] = []
     captures = [e for e in entries if e.capture is not None]
     forgotten = asyncio.run(_forget(s.workspace, [e.capture for e in captures if e.capture.files])) \
@@ -333,15 +330,14 @@ def remove(s: WorkspaceSurvey, entries: list[Entry]) -> list[Removal]:
             out.append(Removal(e.path, 0, "a run started or resumed on it since it was listed: kept"))
             continue
         out.append(_rmtree(s.workspace, e))
-    named = _capture_folders(s.workspace)
-    for e in entries:
-        if e.leftover is None:
-            continue
-        _, _, changed = disk_usage(s.workspace / e.path)
+    leftovers = [e for e in entries if e.leftover is not None]
+    writing = {e.path: capture_writing(s.workspace / e.path) for e in leftovers}
+    named = _capture_folders(s.workspace) if leftovers else set()
+    for e in leftovers:
         if e.path in named:
             out.append(Removal(e.path, 0, "a capture stored it since it was listed: kept"))
-        elif time.time() - changed < RECENT_S:
-            out.append(Removal(e.path, 0, "changed since it was listed: kept"))
+        elif writing[e.path] is not None:
+            out.append(Removal(e.path, 0, f"{writing[e.path]}: kept"))
         else:
             out.append(_rmtree(s.workspace, e))
     return out

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.outcomes import CARD_SKIP_REASONS, PROPOSAL_FAILURES
-from engine.progress import StageProgress, stdout_console
+from engine.progress import StageProgress, search_bar, stdout_console
 from engine.run.orchestrator import CandidateRecord, Orchestrator
 
 # Rejections of candidates that never compiled: the compile failures and the unusable answers.
@@ -63,15 +63,11 @@ def run_document(run_id: str, status: str, o: Orchestrator) -> dict[str, Any]:
 
 
 def search_progress(o: Orchestrator) -> tuple[int, int]:
-    """The search's bar: the iterations the searched cards have used, against what they may use. A card
-    that may go on may use its whole budget; one that is finished (plateau, roofline) or has nothing left to
-    try only what it used. So a card that ends early takes its unused iterations off the total, and the bar
-    reaches its end with the last card (against cards × iterations it sat at a sixth of the way, then jumped
-    to the end when the run finished)."""
-    per = o.budgets.iterations_per_card
+    """The search's bar (engine.progress.search_bar) over the searched cards as the orchestrator sees them:
+    a card may go on while Orchestrator.may_go_on says so. (Against cards × iterations it sat at a sixth of
+    the way, then jumped to the end when the run finished.)"""
     searched = [c for c in o.cards.values() if c.done_reason not in CARD_SKIP_REASONS]
-    used = sum(c.iterations for c in searched)
-    return used, max(1, sum(max(c.iterations, per) if o.may_go_on(c) else c.iterations for c in searched))
+    return search_bar(((c.iterations, o.may_go_on(c)) for c in searched), o.budgets.iterations_per_card)
 
 
 class Progress:

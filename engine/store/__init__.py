@@ -1,6 +1,7 @@
 """The workspace store: workspace directory resolution, the SQLite schema, async access for the engine
 and the synchronous read side for viewers (`engine.store.read`)."""
 
+from engine.store.sample_folders import SampleFolderLock, capture_writing, samples_being_written
 from engine.store.schema import MIGRATIONS, latest_version
 from engine.store.store import (
     RUN_UPDATABLE,
@@ -35,9 +36,11 @@ __all__ = [
     "MIGRATIONS",
     "RUN_UPDATABLE",
     "SAMPLES_REMOVED",
+    "SampleFolderLock",
     "Store",
     "StoreError",
     "WorkspaceError",
+    "capture_writing",
     "db_path",
     "decode_json",
     "encode_json",
@@ -50,6 +53,7 @@ __all__ = [
     "resolve_workspace",
     "row_from_dict",
     "row_to_dict",
+    "samples_being_written",
     "samples_dir",
     "samples_removed",
     "unusable_database",

@@ -57,13 +57,13 @@ class OverviewScreen(KforgeScreen):
         if run.label:  # e.g. a stand-in run must never pass for a measurement
             line.append(f"  {run.label}", style="bold yellow")
         self.query_one("#run-line", LiveBar).show(line)
-        finished = st.verified + st.rejected
-        bar = self.query_one("#progress", ProgressBar)
-        bar.update(total=max(st.iterations_budget or st.candidates or 1, finished), progress=finished)
+        done, total = progress_of(st)
+        self.query_one("#progress", ProgressBar).update(total=total, progress=done)
+        repeated = done - st.verified - st.rejected  # duplicate answers: iterations without a candidate
         self.query_one("#work-line", LiveBar).show(
-            f"lanes {_lanes(st, now)} · queued {st.proposed} · done {finished}"
-            f"{'/' + str(st.iterations_budget) if st.iterations_budget else ''}: "
-            f"{st.verified} ok, {st.rejected} failed")
+            f"lanes {_lanes(st, now)} · queued {st.proposed} · done {done}"
+            f"{'/' + str(total) if st.iterations_budget else ''}: "
+            f"{st.verified} ok, {st.rejected} failed{f', {repeated} duplicate' if repeated > 0 else ''}")
         k = st.proposer_in_flight
         self.query_one("#spend-line", LiveBar).show(
             f"{k} proposer call{'' if k == 1 else 's'} in flight · {st.llm_calls} done ({st.llm_errors} err) · "
@@ -84,6 +84,16 @@ class OverviewScreen(KforgeScreen):
                 log.write(_event_line(e))
         if new:
             self._last_seq = new[-1].seq
+
+
+def progress_of(st: RunStats) -> tuple[int, int]:
+    """The overview bar's (done, total): the search's bar as `run --no-tui` counts it (the read model's
+    iterations_used of iterations_budget, engine.progress.search_bar); for a run whose config names no
+    iterations, the finished candidates of those made."""
+    if st.iterations_budget is not None and st.iterations_used is not None:
+        return st.iterations_used, st.iterations_budget
+    finished = st.verified + st.rejected
+    return finished, max(st.candidates, finished, 1)
 
 
 # Bookkeeping events that feed the counters above; one log line each would drown the log.
