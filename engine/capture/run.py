@@ -131,7 +131,7 @@ def _output_probe(out: Any) -> torch.Tensor | None:
 def _repeat_note(first: torch.Tensor | None, again: torch.Tensor | None) -> str | None:
     """What the capture says where the warm-up's and the captured forward's outputs differ: export's whole-model
     check would refuse the model for it, after a whole run on the GPU."""
-    from engine.export.e2e import unrepeatable
+    from engine.bench.agreement import unrepeatable
 
     if first is None or again is None:
         return None

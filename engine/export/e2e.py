@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from engine.bench.agreement import REPEAT_REL, rel_l2_err, unrepeatable  # noqa: F401 - used and re-exported
 from engine.outcomes import faster_with_confidence
 
 
@@ -53,17 +54,6 @@ def not_slower(speedup_ci: Sequence[float]) -> bool:
     return len(speedup_ci) == 2 and math.isfinite(speedup_ci[1]) and speedup_ci[1] >= 1.0
 
 
-def rel_l2_err(out: Any, ref: Any) -> float:
-    """‖out − ref‖ / ‖ref‖ (0 when both are zero; inf when only the reference is, or when either holds a
-    NaN or an Inf: a non-finite output never reads as agreement, and NaN would compare false everywhere)."""
-    import torch
-
-    if not (bool(torch.isfinite(out).all()) and bool(torch.isfinite(ref).all())):
-        return math.inf
-    num, den = float((out - ref).norm()), float(ref.norm())
-    return num / den if den else (0.0 if num == 0 else math.inf)
-
-
 def degenerate(t: Any) -> str | None:
     """Why a model's output cannot vouch for anything, in a phrase that follows "is": NaN/Inf in it, all
     zeros, or every element equal (a model whose random weights saturate; a cast that zeroes it); None
@@ -83,23 +73,6 @@ def degenerate(t: Any) -> str | None:
         v = first.item()
         return f"constant (every element {v:g})" if isinstance(v, float) else f"constant (every element {v})"
     return None
-
-
-# Two eager forwards on the same inputs may differ this much (relative L2) and still be the same function: GPU
-# kernels that add in varying order (atomics) differ around 1e-7.
-REPEAT_REL = 1e-3
-
-
-def unrepeatable(first: Any, again: Any) -> str | None:
-    """Why a model's output cannot vouch for a cast because eager's own forwards disagree (a phrase that follows
-    "is", as `degenerate`'s), else None: a model that changes its inputs or buffers in its forward (a counter,
-    an in-place op on its input) or draws random numbers gives another output each time, and comparing the
-    cast's forward with an earlier eager one measures that, not the cast."""
-    drift = rel_l2_err(again, first)
-    if drift <= REPEAT_REL:
-        return None
-    return (f"not repeatable: two of its forwards on the same inputs differ by {drift:.1e} (relative L2), as a "
-            "model that changes its inputs or buffers, or draws random numbers, does")
 
 
 def judge_output(eager_out: Any, cast_out: Any) -> tuple[bool, str | None]:

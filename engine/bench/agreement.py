@@ -1,0 +1,38 @@
+"""Whether two model outputs agree: relative L2 distance, and whether a model's own forwards repeat.
+
+Light to import (torch is imported where a function needs it): the capture notes an unrepeatable model, the
+export's whole-model check refuses one (engine/export/e2e.py), both by these.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def rel_l2_err(out: Any, ref: Any) -> float:
+    """‖out − ref‖ / ‖ref‖ (0 when both are zero; inf when only the reference is, or when either holds a
+    NaN or an Inf: a non-finite output never reads as agreement, and NaN would compare false everywhere)."""
+    import torch
+
+    if not (bool(torch.isfinite(out).all()) and bool(torch.isfinite(ref).all())):
+        return math.inf
+    num, den = float((out - ref).norm()), float(ref.norm())
+    return num / den if den else (0.0 if num == 0 else math.inf)
+
+
+# Two eager forwards on the same inputs may differ this much (relative L2) and still be the same function: GPU
+# kernels that add in varying order (atomics) differ around 1e-7.
+REPEAT_REL = 1e-3
+
+
+def unrepeatable(first: Any, again: Any) -> str | None:
+    """Why a model's output cannot vouch for a cast because eager's own forwards disagree (a phrase that follows
+    "is", as `degenerate`'s), else None: a model that changes its inputs or buffers in its forward (a counter,
+    an in-place op on its input) or draws random numbers gives another output each time, and comparing the
+    cast's forward with an earlier eager one measures that, not the cast."""
+    drift = rel_l2_err(again, first)
+    if drift <= REPEAT_REL:
+        return None
+    return (f"not repeatable: two of its forwards on the same inputs differ by {drift:.1e} (relative L2), as a "
+            "model that changes its inputs or buffers, or draws random numbers, does")
