@@ -38,6 +38,7 @@ CLASSES = {
     9: "a launch spec sized to exhaust the GPU",
     10: "does a GEMM's bytes but not its FLOPs (below the compute floor)",
     11: "reads a workspace it never asked zeroed (fresh memory reads zeros; a model's does not)",
+    12: "hides a contention race behind a memo of its inputs (repeated runs on known sets copy the quiet answer)",
 }
 
 
@@ -505,6 +506,98 @@ block = [256]
 args = [{ ptr = "self" }, { ptr = "out0" }, { ptr = "ws.part" }, { i32 = "self.shape[0]" }, { i32 = "self.shape[1]" }]
 """, card="sum", cls=7)
 
+# ---- 12. a contention race hidden by a memo ------------------------------------------------------------
+
+# The class-7 race, with a memo in front: `lookup` (one thread, first) compares 8 probes of x with the 8
+# fingerprints it kept; on a hit every leader block copies the row sums it cached and no block races. On a
+# miss the pair sums run (racy beside other work) and `remember` (last) caches the fingerprint and the sums.
+# Verification's repeated runs went over two sets it had already run on a quiet GPU: every busy-stream run
+# hit the memo and copied the quiet answer. The repeated runs now draw new values, so the race runs beside
+# the busy stream: `nondeterminism` (or `mismatch`). Timed calls never hit (values drawn anew every call).
+MEMO_HIDES_RACE = Adversary("row sum whose contention race hides behind a memo of its inputs",
+                            ("nondeterminism", "mismatch"), HEADER + r"""
+#define MEMO 8
+#define MEMO_ROWS 4096
+#define FP 8
+__device__ unsigned int fp_seen[MEMO][FP];
+__device__ int fp_valid[MEMO];
+__device__ float memo_sums[MEMO][MEMO_ROWS];
+__device__ int hit_slot, next_slot;
+
+__device__ __forceinline__ long long probe(int k, long long n) { return (n / FP) * k + (n / (3 * FP)); }
+
+extern "C" __global__ void lookup(const float* __restrict__ x, int rows, int cols) {
+  long long n = (long long)rows * cols;
+  hit_slot = -1;
+  if (rows > MEMO_ROWS) return;
+  for (int s = 0; s < MEMO; ++s) {
+    bool same = fp_valid[s] == rows;
+    for (int k = 0; k < FP && same; ++k) same = __float_as_uint(x[probe(k, n)]) == fp_seen[s][k];
+    if (same) { hit_slot = s; return; }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 8)
+pair_sum(const float* __restrict__ x, float* __restrict__ out, float* __restrict__ part, int rows, int cols) {
+  __shared__ float warp_sums[8];
+  bool helper = blockIdx.x >= rows;
+  int row = helper ? blockIdx.x - rows : blockIdx.x, half = cols / 2;
+  if (hit_slot >= 0) {   // seen before: the quiet answer, no race
+    if (!helper && threadIdx.x == 0) out[row] = memo_sums[hit_slot][row];
+    return;
+  }
+  const float* p = x + (long long)row * cols + (helper ? half : 0);
+  float acc = 0.f;
+  for (int c = threadIdx.x; c < half; c += 256) acc += p[c];
+  for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = acc;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  float total = 0.f;
+  for (int w = 0; w < 8; ++w) total += warp_sums[w];
+  if (helper) part[row] = total;
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < 5000);
+  if (!helper) out[row] = total + *(volatile float*)&part[row];
+}
+
+extern "C" __global__ void remember(const float* __restrict__ x, const float* __restrict__ out, int rows, int cols) {
+  if (hit_slot >= 0 || rows > MEMO_ROWS) return;
+  long long n = (long long)rows * cols;
+  int s = next_slot;
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) memo_sums[s][r] = out[r];
+  if (threadIdx.x == 0) {
+    for (int k = 0; k < FP; ++k) fp_seen[s][k] = __float_as_uint(x[probe(k, n)]);
+    fp_valid[s] = rows;
+    next_slot = (s + 1) % MEMO;
+  }
+}
+""", """
+[[workspace]]
+name = "part"
+bytes = "self.shape[0] * 4"
+zero = true
+
+[[launch]]
+kernel = "lookup"
+grid = [1]
+block = [1]
+args = [{ ptr = "self" }, { i32 = "self.shape[0]" }, { i32 = "self.shape[1]" }]
+
+[[launch]]
+kernel = "pair_sum"
+grid = ["self.shape[0] * 2"]
+block = [256]
+args = [{ ptr = "self" }, { ptr = "out0" }, { ptr = "ws.part" }, { i32 = "self.shape[0]" }, { i32 = "self.shape[1]" }]
+
+[[launch]]
+kernel = "remember"
+grid = [1]
+block = [256]
+args = [{ ptr = "self" }, { ptr = "out0" }, { i32 = "self.shape[0]" }, { i32 = "self.shape[1]" }]
+""", card="sum", cls=12)
+
 # ---- 8. fp16 softmax ---------------------------------------------------------------------------------
 
 SOFTMAX_SPEC = """
@@ -756,6 +849,7 @@ ADVERSARIES = [
     WRITES_PAST_INPUT,
     WRITES_PAST_WORKSPACE,
     RACE_NEEDS_CONTENTION,
+    MEMO_HIDES_RACE,
     SOFTMAX_ALL_FP16,
     CORRECT_SOFTMAX16,
     WORKSPACE_2_62,

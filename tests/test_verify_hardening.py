@@ -202,6 +202,48 @@ def test_race_runs_use_the_contention_hook():
     assert len(entered) == 2  # every other repeated run
 
 
+def _memoising_race(contended):
+    """A relu whose fast path races (wrong beside other work, `contended()`), hidden by a memo: an answer computed
+    on a quiet GPU is returned again for any later call whose inputs share a fingerprint of 9 elements."""
+    memo: dict[tuple, torch.Tensor] = {}
+    raced = [0]
+
+    def run(b, prefill):
+        x = dict(b)["self"]
+        flat = x.view(-1)
+        key = tuple(flat[:: max(1, flat.numel() // 8)][:8].tolist() + [float(flat[-1])])
+        if key in memo:
+            return [memo[key].clone()]
+        out = torch.relu(x)
+        if contended():
+            out[17] += 1.0   # the race: it shows only beside other work
+            raced[0] += 1
+        memo[key] = out.clone()
+        return [out]
+    return run, raced
+
+
+def test_a_race_hidden_by_memoising_repeated_inputs_is_caught():
+    # The repeated runs went over two input sets verification had already run: a kernel that memoises on a
+    # fingerprint of its inputs returned its quiet first answer beside the busy stream and never raced there.
+    busy = [False]
+
+    class Busy:
+        def __enter__(self):
+            busy[0] = True
+
+        def __exit__(self, *a):
+            busy[0] = False
+            return False
+
+    check = relu_check(contend=Busy)
+    run, raced = _memoising_race(lambda: busy[0])
+    v = check.check(run)
+    assert raced[0] > 0, "the race never ran beside the busy stream"
+    assert not v.ok and v.category == "nondeterminism", v.message
+    assert "busy stream" in v.message
+
+
 # ---- values for timed calls -----------------------------------------------------------------------
 
 
