@@ -39,6 +39,7 @@ CLASSES = {
     10: "does a GEMM's bytes but not its FLOPs (below the compute floor)",
     11: "reads a workspace it never asked zeroed (fresh memory reads zeros; a model's does not)",
     12: "hides a contention race behind a memo of its inputs (repeated runs on known sets copy the quiet answer)",
+    13: "computes in lower precision only when timed (within the tolerance table, not the precision check)",
 }
 
 
@@ -663,6 +664,56 @@ softmax_f32(const __half* __restrict__ x, __half* __restrict__ y, int rows, int 
 }
 ''', SOFTMAX_SPEC.format(kernel="softmax_f32", grid='"self.shape[0]"'), card="softmax16", cls=8)
 
+# ---- 13. lower precision only when timed -----------------------------------------------------------------
+
+# Verification sees the fp32-accumulating path; once the burst detector fires it switches to the all-fp16
+# arithmetic of SOFTMAX_ALL_FP16 (warp 0 of each row's block). That stays inside the fp16 row of the tolerance
+# table, which was all a timed call's audit held it to; the audits now also run the precision check (on a
+# spread-out sample of them): `cheating`.
+SOFTMAX_FP16_WHEN_TIMED = Adversary("fp16 softmax that drops to fp16 arithmetic once timed", "cheating",
+                                    HEADER + BURST_DETECTOR + r"""
+__device__ __forceinline__ float block_all(float v, bool take_max, float* sh) {
+  for (int o = 16; o; o >>= 1) {
+    float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = take_max ? fmaxf(v, w) : v + w;
+  }
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float r = sh[0];
+  for (int k = 1; k < 8; ++k) r = take_max ? fmaxf(r, sh[k]) : r + sh[k];
+  __syncthreads();
+  return r;
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+softmax_switch(const __half* __restrict__ x, __half* __restrict__ y, int rows, int cols) {
+  __shared__ float sh[8];
+  const __half* p = x + (long long)blockIdx.x * cols;
+  __half* q = y + (long long)blockIdx.x * cols;
+  if (burst) {   // the whole grid agrees: clock_in ran first
+    if (threadIdx.x >= 32) return;
+    int lane = threadIdx.x;
+    const __half log2e = __float2half(1.4426950408889634f);
+    __half m = __ushort_as_half((unsigned short)0xfc00);
+    for (int c = lane; c < cols; c += 32) m = __hmax(m, p[c]);
+    for (int o = 16; o; o >>= 1) m = __hmax(m, __shfl_xor_sync(0xffffffffu, m, o));
+    __half s = __float2half(0.f);
+    for (int c = lane; c < cols; c += 32) s = __hadd(s, hexp2(__hmul(__hsub(p[c], m), log2e)));
+    for (int o = 16; o; o >>= 1) s = __hadd(s, __shfl_xor_sync(0xffffffffu, s, o));
+    __half inv = hrcp(s);
+    for (int c = lane; c < cols; c += 32) q[c] = __hmul(hexp2(__hmul(__hsub(p[c], m), log2e)), inv);
+    return;
+  }
+  float m = __int_as_float(0xff800000);
+  for (int c = threadIdx.x; c < cols; c += 256) m = fmaxf(m, __half2float(p[c]));
+  m = block_all(m, true, sh);
+  float s = 0.f;
+  for (int c = threadIdx.x; c < cols; c += 256) s += expf(__half2float(p[c]) - m);
+  s = block_all(s, false, sh);
+  for (int c = threadIdx.x; c < cols; c += 256) q[c] = __float2half_rn(expf(__half2float(p[c]) - m) / s);
+}
+""", with_clock(SOFTMAX_SPEC.format(kernel="softmax_switch", grid='"self.shape[0]"')), card="softmax16", cls=13)
+
 # ---- 9. launch specs sized to exhaust the GPU -------------------------------------------------------
 
 WORKSPACE_SPEC = """
@@ -852,6 +903,7 @@ ADVERSARIES = [
     MEMO_HIDES_RACE,
     SOFTMAX_ALL_FP16,
     CORRECT_SOFTMAX16,
+    SOFTMAX_FP16_WHEN_TIMED,
     WORKSPACE_2_62,
     WORKSPACE_1_GIB,
     ASTRONOMICAL_GRID,

@@ -373,19 +373,25 @@ class CardCheck:
                            "a race?)", input_set=where, details={"reports": [_report_json(x) for x in bad_r]})
         return None
 
+    def precision_applies(self, expected: list[Any]) -> bool:
+        """Whether outputs like `expected` get the precision check: half-precision outputs of an accumulating family."""
+        return self.precision and self.family in PRECISION_FAMILIES and any(
+            isinstance(e, torch.Tensor) and e.dtype in _UNIT_ROUNDOFF and e.numel() for e in expected)
+
     def _precision(self, label: str, inputs: Bound, got: list[Any], expected: list[Any]) -> Verdict | None:
         """Half-precision outputs of accumulating ops: error against float64 at most precision_factor × eager's."""
-        if (not self.precision or self.family not in PRECISION_FAMILIES
-                or not (label.startswith("sample") or label.startswith("fresh"))):
-            return None
-        halves = [i for i, e in enumerate(expected)
-                  if isinstance(e, torch.Tensor) and e.dtype in _UNIT_ROUNDOFF and e.numel()]
-        if not halves:
+        if not label.startswith(("sample", "fresh")) or not self.precision_applies(expected):
             return None
         if label not in self._ref64:
-            self._ref64[label] = self._reference64(inputs)
-        ref = self._ref64[label]
-        if ref is None or len(ref) != len(expected):
+            self._ref64[label] = self.reference64_of(inputs)
+        return self.precision_against(label, self._ref64[label], got, expected)
+
+    def precision_against(self, label: str, ref: list[Any] | None, got: list[Any], expected: list[Any]
+                          ) -> Verdict | None:
+        """The precision check of `got` given eager's answer `expected` and its float64 answer `ref` (`reference64_of`)."""
+        halves = [i for i, e in enumerate(expected)
+                  if isinstance(e, torch.Tensor) and e.dtype in _UNIT_ROUNDOFF and e.numel()]
+        if not halves or ref is None or len(ref) != len(expected):
             return None
         copies: list[Any] = []   # the reference on the device, scrubbed after
         try:
@@ -424,16 +430,19 @@ class CardCheck:
             _scrub(copies)
         return None
 
-    def _reference64(self, inputs: Bound) -> list[Any] | None:
+    def reference64_of(self, inputs: Bound, *, host: bool = True) -> list[Any] | None:
         """Eager on float64 copies of the floating inputs, or None where the op does not run in float64. Kept
         on the host (and its device copy scrubbed), as it is kept from one candidate's check to the next: an
-        answer left in device memory could be copied instead of computed."""
+        answer left in device memory could be copied instead of computed. `host=False` leaves it on the device,
+        for a caller that uses it at once and scrubs it (a timed call's audit)."""
         mine = [(n, _to64(v)) for n, v in clone_bound(inputs)]
         try:
             out = as_list(self.reference64(mine))
             self.sync()
         except Exception:
             return None
+        if not host:
+            return out
         host = [o.cpu() if isinstance(o, torch.Tensor) else o for o in out]
         _scrub([o for o, h in zip(out, host) if o is not h])   # the device copies only
         return host

@@ -39,12 +39,18 @@ from engine.bench.stats import TimingStats, summarize
 from engine.bench.timing import ABResult, Arm, L2Flusher, TimingConfig, ab_time, time_calls
 from engine.verify.compare import _as_bits, compare_outputs
 from engine.verify.inputs import Bound, Regenerator, clone_bound, cover, tensors_of
-from engine.verify.pipeline import CardCheck, as_list
+from engine.verify.pipeline import CardCheck, _scrub, as_list
 
 # What timed calls' fresh outputs hold before the call, drawn per call: verification's poisons, or (stale) eager's
 # last answer, to its own values: what a model's buffers hold. A kernel that trusts a buffer that is not poisoned
 # returns that answer, and an audit sees it.
 PREFILLS = ("nan", "sentinel", "stale")
+# Audited calls also held to verification's precision check, where the card has one: a kernel that computed in
+# float16 only once timed stayed within the tolerance table, which was all an audit held it to. It costs a float64
+# eager, so the j-th audit gets it with probability min(1, PRECISION_AUDITS / j): about PRECISION_AUDITS * (1 +
+# ln(audits / PRECISION_AUDITS)) of them in all, spread over the whole timing (a kernel that cheats in a late half
+# of its calls meets about PRECISION_AUDITS * ln 2 of them; the first audits alone it could wait out).
+PRECISION_AUDITS = 4
 
 
 @dataclass
@@ -111,6 +117,7 @@ class _Audit:
     eager_out: list[Any]
     cand_out: list[Any]
     flags: list[tuple[str, str, torch.Tensor]] = field(default_factory=list)  # (category, message, device bool)
+    imprecise: str | None = None   # what the precision check found (where this audit ran one)
 
 
 def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
@@ -136,6 +143,7 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
     problem: list[str] = []
     audited = [0]
     force = [False]
+    seen = [0]   # audits so far
 
     def close_round() -> None:
         if not st.audit or st.cand_out is None or st.eager_out is None:
@@ -151,10 +159,18 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
                           "(inputs must stay as they were)", _differs(p, c)))
             flags.append(("overrun", f"eager's own input {path} changed during timing: the "
                           "candidate wrote outside its buffers", _differs(ep, e)))
+        seen[0] += 1
+        ref64 = None
+        if check.precision_applies(st.cand_out) and rng.random() < PRECISION_AUDITS / seen[0]:
+            ref64 = check.reference64_of(st.pristine, host=False)   # before eager may write an argument
         # The reference: eager on the candidate's values, only now that the candidate's call is done (the
         # flags above are queued before it, in stream order, so eager writing an argument changes none).
         reference = as_list(check.eager(st.pristine))
         a = _Audit(st.index, st.k, reference, _snapshot(st.cand_out), flags)
+        if ref64 is not None:
+            v = check.precision_against(f"timed call {st.index + 1} (input slot {st.k})", ref64, a.cand_out, reference)
+            a.imprecise = v.message if v is not None else None
+            _scrub(ref64)
         hit = slot_canaries[st.k].damaged() if slot_canaries[st.k] is not None else None
         if hit is not None:
             a.flags.append(("overrun", "the canary bytes around an input slot changed: the candidate wrote "
@@ -215,6 +231,9 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
             if bad:
                 problem[:] = ["cheating", f"timed call {a.index + 1} (input slot {a.k}): {bad[0].message}; "
                               "the same kernel passed verification, so it behaves differently when timed"]
+            elif a.imprecise is not None:
+                problem[:] = ["cheating", f"{a.imprecise}; it passed this check in verification, so it computes in "
+                              "lower precision when timed"]
         return bool(problem)
 
     eager = Arm(lambda: check.eager(eager_slots[st.k]), finish=eager_finish)
