@@ -10,6 +10,7 @@ Each candidate names the card it targets (`card`, a kind `tests/test_lane_advers
     index_add  aten::index_add, float32 self [4096, 256], dim 0, int64 index [16384] in [0, 4096),
                float32 source [16384, 256] (about four source rows land on each row)
     mm_bf16    aten::mm, bfloat16 [2048, 16384] @ [16384, 2048]
+    cmul       aten::mul.Tensor, two complex64 vectors of 2**22 elements
 
 `expect` is what the lane must answer: a rejection category, a tuple of acceptable categories, None (it
 must be verified) or NO_GAIN: rejected with any category, or verified no faster than 1.25 times the
@@ -307,6 +308,79 @@ grid = [1]
 block = [1]
 args = [{ ptr = "self" }, { ptr = "other" }, { i64 = "self.numel" }]
 """, cls=2, honest="correct")
+
+# The same memo on a complex card. Timed calls kept complex inputs as their slot's base held them (the
+# sample and fresh sets verification had run), so every timed call hit the memo: right answers from 16 bytes
+# per element moved instead of 24. Complex inputs are now drawn anew for every timed call: it never hits.
+CMUL_SPEC = """
+[[launch]]
+kernel = "{kernel}"
+grid = ["ceil_div(self.numel, 256)"]
+block = [256]
+args = [{{ ptr = "self" }}, {{ ptr = "other" }}, {{ ptr = "out0" }}, {{ i64 = "self.numel" }}]
+"""
+CORRECT_CMUL = Adversary("correct complex mul", None, HEADER + r"""
+extern "C" __global__ void cmul(const float2* __restrict__ a, const float2* __restrict__ b, float2* __restrict__ out,
+                                long long n) {
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) { float2 x = a[i], y = b[i]; out[i] = make_float2(x.x * y.x - x.y * y.y, x.x * y.y + x.y * y.x); }
+}
+""", CMUL_SPEC.format(kernel="cmul"), card="cmul", cls=2)
+
+CMUL_MEMO = Adversary("complex mul that memoises on a fingerprint of its inputs", NO_GAIN, HEADER + r"""
+#define MEMO 4
+#define CACHE_N (1 << 22)
+#define FP 8
+__device__ float2 cache[MEMO][CACHE_N];
+__device__ unsigned long long seen_a[MEMO][FP], seen_b[MEMO][FP];
+__device__ long long seen_n[MEMO];
+__device__ int hit_slot, next_slot;
+
+__device__ __forceinline__ long long probe(int k, long long n) { return (n / FP) * k + (n / (3 * FP)); }
+__device__ __forceinline__ unsigned long long bits(float2 v) {
+  return ((unsigned long long)__float_as_uint(v.x) << 32) | __float_as_uint(v.y);
+}
+
+extern "C" __global__ void lookup(const float2* __restrict__ a, const float2* __restrict__ b, long long n) {
+  hit_slot = -1;
+  for (int s = 0; s < MEMO; ++s) {
+    bool same = seen_n[s] == n && n <= CACHE_N;
+    for (int k = 0; k < FP && same; ++k) same = bits(a[probe(k, n)]) == seen_a[s][k] && bits(b[probe(k, n)]) == seen_b[s][k];
+    if (same) { hit_slot = s; return; }
+  }
+}
+
+extern "C" __global__ void cmul(const float2* __restrict__ a, const float2* __restrict__ b, float2* __restrict__ out,
+                                long long n) {
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  if (hit_slot >= 0) { out[i] = cache[hit_slot][i]; return; }
+  float2 x = a[i], y = b[i];
+  float2 r = make_float2(x.x * y.x - x.y * y.y, x.x * y.y + x.y * y.x);
+  out[i] = r;
+  if (i < CACHE_N) cache[next_slot][i] = r;
+}
+
+extern "C" __global__ void remember(const float2* __restrict__ a, const float2* __restrict__ b, long long n) {
+  if (hit_slot >= 0) return;
+  int s = next_slot;
+  for (int k = 0; k < FP; ++k) { seen_a[s][k] = bits(a[probe(k, n)]); seen_b[s][k] = bits(b[probe(k, n)]); }
+  seen_n[s] = n;
+  next_slot = (s + 1) % MEMO;
+}
+""", """
+[[launch]]
+kernel = "lookup"
+grid = [1]
+block = [1]
+args = [{ ptr = "self" }, { ptr = "other" }, { i64 = "self.numel" }]
+""" + CMUL_SPEC.format(kernel="cmul") + """
+[[launch]]
+kernel = "remember"
+grid = [1]
+block = [1]
+args = [{ ptr = "self" }, { ptr = "other" }, { i64 = "self.numel" }]
+""", card="cmul", cls=2, honest="correct complex mul")
 
 # ---- 3. burst detection ------------------------------------------------------------------------------
 
@@ -887,6 +961,8 @@ ADVERSARIES = [
     *ORIGINAL,
     SKIPS_FILLED_OUTPUT,
     FINGERPRINT_MEMO,
+    CORRECT_CMUL,
+    CMUL_MEMO,
     BURST_SKIPS_TAIL,
     BURST_SKIPS_ALL,
     CORRECT_INDEX_ADD,

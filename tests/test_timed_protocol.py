@@ -279,3 +279,36 @@ def test_an_honest_half_precision_softmax_passes_the_timed_precision_audit(monke
     honest = timed.TimedCandidate(lambda b, prefill: (lambda: [torch.softmax(dict(b)["self"].float(), -1).half()]))
     result = timed.audited_ab(check, honest, lambda: None, cfg, seed=10)
     assert result.category is None, result.message
+
+
+def test_complex_inputs_get_new_values_every_timed_call(monkeypatch):
+    # The regenerator kept complex tensors as the slot's base held them: every timed call of a complex card saw a
+    # set verification had run, and a kernel memoising on a fingerprint of its inputs copied its answer from
+    # the memo (right, so every audit passed) instead of computing.
+    from engine.verify import timed
+    from engine.verify.pipeline import CardCheck
+
+    monkeypatch.setattr(timed, "ab_time", _alternating_ab)
+    mul = resolve_op("aten::mul.Tensor")
+    gen = torch.Generator().manual_seed(0)
+    samples = [[("self", torch.randn(2048, dtype=torch.complex64, generator=gen)),
+                ("other", torch.randn(2048, dtype=torch.complex64, generator=gen))] for _ in range(2)]
+    check = CardCheck("aten::mul.Tensor", samples, lambda b: call_op(mul, b), race_reps=0)
+    memo, hits = {}, [0]
+
+    def run(b, prefill):
+        a, o = dict(b)["self"], dict(b)["other"]
+        key = (tuple(a[::256].tolist()), tuple(o[::256].tolist()))
+        if key in memo:
+            hits[0] += 1
+            return [memo[key].clone()]
+        memo[key] = a * o
+        return [memo[key].clone()]
+
+    assert check.check(run).ok
+    hits[0] = 0
+    cfg = TimingConfig(min_reps=64, batch=16, audit_every=8, min_audits=3)
+    result = timed.audited_ab(check, timed.TimedCandidate(lambda b, prefill: (lambda: run(b, prefill))),
+                              lambda: None, cfg, seed=11)
+    assert result.category is None, result.message
+    assert hits[0] == 0, f"{hits[0]} timed calls were answered from the memo"
