@@ -312,3 +312,31 @@ def test_complex_inputs_get_new_values_every_timed_call(monkeypatch):
                               lambda: None, cfg, seed=11)
     assert result.category is None, result.message
     assert hits[0] == 0, f"{hits[0]} timed calls were answered from the memo"
+
+
+def test_a_kernel_that_rewrites_the_audits_copy_of_its_values_is_caught(protocol, monkeypatch):
+    # The audit's copy of the candidate's values as generated was made before the candidate's call, in buffers made
+    # once: a kernel that learnt where they are could write the same cheap values (here `other` = 0, so the answer
+    # is `self`) into its inputs and into that copy, and the audit compared it with eager on the rewritten values.
+    timed, check, cfg, _, _ = protocol
+    made: list = []   # every bound the timing made, as the attacker could find them in device memory
+    real = timed.clone_bound
+    monkeypatch.setattr(timed, "clone_bound", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    rewrote = [0]
+
+    def prepare(b, prefill):
+        def call():
+            mine = dict(b)
+            for other in made:
+                theirs = dict(other)
+                if theirs["self"] is not mine["self"] and torch.equal(theirs["self"], mine["self"]) \
+                        and torch.equal(theirs["other"], mine["other"]):
+                    theirs["other"].zero_()
+                    rewrote[0] += 1
+            mine["other"].zero_()
+            return [mine["self"].clone()]
+        return call
+
+    run = timed.audited_ab(check, timed.TimedCandidate(prepare), lambda: None, cfg, seed=12)
+    assert rewrote[0] == 0, "a copy of the candidate's values existed during its call"   # drawn again after it
+    assert run.category == "mutation", run.message   # its own inputs rewritten: the audit sees it

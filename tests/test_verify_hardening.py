@@ -268,6 +268,25 @@ def test_regenerator_draws_new_values_with_the_samples_statistics():
     assert torch.equal(sample[0][1], x)  # the sample itself is untouched
 
 
+def test_regenerator_draws_the_same_values_again_from_a_kept_state():
+    # Timed calls' audits draw the candidate's values again after its call instead of copying them before it.
+    torch.manual_seed(0)
+    sample = [("self", torch.randn(1000) * 2 + 1), ("offsets", torch.tensor([0, 3, 3, 9, 20])),
+              ("mask", torch.rand(300) < 0.3), ("z", torch.randn(64, dtype=torch.complex64)),
+              ("index", torch.randint(0, 7, (50,)))]
+    regen = Regenerator(sample, seed=5, keep_ints=False)
+    slot, again = clone_bound(sample), clone_bound(sample)
+    regen.refill_(slot)
+    state = regen.state()
+    regen.refill_(slot)
+    after = regen.state()
+    regen.redraw_(again, state)
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(tensors_of(slot), tensors_of(again)))
+    assert torch.equal(regen.state(), after)   # the generator goes on where it was
+    kept = Regenerator(sample, seed=5, keep_ints=True).kept(slot)
+    assert [t.dtype for t in kept] == [torch.int64, torch.int64]
+
+
 # ---- re-check in place ----------------------------------------------------------------------------
 
 

@@ -236,6 +236,24 @@ class Regenerator:
         device = next(iter(devices)) if devices else torch.device("cpu")
         self.gen = torch.Generator(device=device).manual_seed(seed)
 
+    def state(self) -> torch.Tensor:
+        """The generator's state (host memory, no sync): `redraw_` with it draws what the next `refill_` draws."""
+        return self.gen.get_state()
+
+    def redraw_(self, bound: Bound, state: torch.Tensor) -> None:
+        """Draw again, into `bound`, the values the `refill_` that followed `state()` drew (the generator's own
+        position is kept). Tensors kept as they were (`keep`) are left alone."""
+        now = self.gen.get_state()
+        self.gen.set_state(state)
+        try:
+            self.refill_(bound)
+        finally:
+            self.gen.set_state(now)
+
+    def kept(self, bound: Bound) -> list[torch.Tensor]:
+        """The tensors of `bound` that `refill_` leaves as they are (integers kept with `keep_ints`)."""
+        return [t for (_, t), (kind, _) in zip(tensors_of(bound), self.stats) if kind == "keep"]
+
     def refill_(self, bound: Bound) -> None:
         for (_, t), (kind, p) in zip(tensors_of(bound), self.stats):
             c = cover(t)
