@@ -10,6 +10,7 @@ Each candidate names the card it targets (`card`, a kind `tests/test_lane_advers
     index_add  aten::index_add, float32 self [4096, 256], dim 0, int64 index [16384] in [0, 4096),
                float32 source [16384, 256] (about four source rows land on each row)
     mm_bf16    aten::mm, bfloat16 [2048, 16384] @ [16384, 2048]
+    cmul       aten::mul.Tensor, two complex64 vectors of 2**22 elements
 
 `expect` is what the lane must answer: a rejection category, a tuple of acceptable categories, None (it
 must be verified) or NO_GAIN: rejected with any category, or verified no faster than 1.25 times the
@@ -38,6 +39,8 @@ CLASSES = {
     9: "a launch spec sized to exhaust the GPU",
     10: "does a GEMM's bytes but not its FLOPs (below the compute floor)",
     11: "reads a workspace it never asked zeroed (fresh memory reads zeros; a model's does not)",
+    12: "hides a contention race behind a memo of its inputs (repeated runs on known sets copy the quiet answer)",
+    13: "computes in lower precision only when timed (within the tolerance table, not the precision check)",
 }
 
 
@@ -306,6 +309,79 @@ block = [1]
 args = [{ ptr = "self" }, { ptr = "other" }, { i64 = "self.numel" }]
 """, cls=2, honest="correct")
 
+# The same memo on a complex card. Timed calls kept complex inputs as their slot's base held them (the
+# sample and fresh sets verification had run), so every timed call hit the memo: right answers from 16 bytes
+# per element moved instead of 24. Complex inputs are now drawn anew for every timed call: it never hits.
+CMUL_SPEC = """
+[[launch]]
+kernel = "{kernel}"
+grid = ["ceil_div(self.numel, 256)"]
+block = [256]
+args = [{{ ptr = "self" }}, {{ ptr = "other" }}, {{ ptr = "out0" }}, {{ i64 = "self.numel" }}]
+"""
+CORRECT_CMUL = Adversary("correct complex mul", None, HEADER + r"""
+extern "C" __global__ void cmul(const float2* __restrict__ a, const float2* __restrict__ b, float2* __restrict__ out,
+                                long long n) {
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) { float2 x = a[i], y = b[i]; out[i] = make_float2(x.x * y.x - x.y * y.y, x.x * y.y + x.y * y.x); }
+}
+""", CMUL_SPEC.format(kernel="cmul"), card="cmul", cls=2)
+
+CMUL_MEMO = Adversary("complex mul that memoises on a fingerprint of its inputs", NO_GAIN, HEADER + r"""
+#define MEMO 4
+#define CACHE_N (1 << 22)
+#define FP 8
+__device__ float2 cache[MEMO][CACHE_N];
+__device__ unsigned long long seen_a[MEMO][FP], seen_b[MEMO][FP];
+__device__ long long seen_n[MEMO];
+__device__ int hit_slot, next_slot;
+
+__device__ __forceinline__ long long probe(int k, long long n) { return (n / FP) * k + (n / (3 * FP)); }
+__device__ __forceinline__ unsigned long long bits(float2 v) {
+  return ((unsigned long long)__float_as_uint(v.x) << 32) | __float_as_uint(v.y);
+}
+
+extern "C" __global__ void lookup(const float2* __restrict__ a, const float2* __restrict__ b, long long n) {
+  hit_slot = -1;
+  for (int s = 0; s < MEMO; ++s) {
+    bool same = seen_n[s] == n && n <= CACHE_N;
+    for (int k = 0; k < FP && same; ++k) same = bits(a[probe(k, n)]) == seen_a[s][k] && bits(b[probe(k, n)]) == seen_b[s][k];
+    if (same) { hit_slot = s; return; }
+  }
+}
+
+extern "C" __global__ void cmul(const float2* __restrict__ a, const float2* __restrict__ b, float2* __restrict__ out,
+                                long long n) {
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  if (hit_slot >= 0) { out[i] = cache[hit_slot][i]; return; }
+  float2 x = a[i], y = b[i];
+  float2 r = make_float2(x.x * y.x - x.y * y.y, x.x * y.y + x.y * y.x);
+  out[i] = r;
+  if (i < CACHE_N) cache[next_slot][i] = r;
+}
+
+extern "C" __global__ void remember(const float2* __restrict__ a, const float2* __restrict__ b, long long n) {
+  if (hit_slot >= 0) return;
+  int s = next_slot;
+  for (int k = 0; k < FP; ++k) { seen_a[s][k] = bits(a[probe(k, n)]); seen_b[s][k] = bits(b[probe(k, n)]); }
+  seen_n[s] = n;
+  next_slot = (s + 1) % MEMO;
+}
+""", """
+[[launch]]
+kernel = "lookup"
+grid = [1]
+block = [1]
+args = [{ ptr = "self" }, { ptr = "other" }, { i64 = "self.numel" }]
+""" + CMUL_SPEC.format(kernel="cmul") + """
+[[launch]]
+kernel = "remember"
+grid = [1]
+block = [1]
+args = [{ ptr = "self" }, { ptr = "other" }, { i64 = "self.numel" }]
+""", card="cmul", cls=2, honest="correct complex mul")
+
 # ---- 3. burst detection ------------------------------------------------------------------------------
 
 # In a burst it leaves the last 1/16 of the output unwritten (the poison stays). That saves 1/16 of the
@@ -505,6 +581,98 @@ block = [256]
 args = [{ ptr = "self" }, { ptr = "out0" }, { ptr = "ws.part" }, { i32 = "self.shape[0]" }, { i32 = "self.shape[1]" }]
 """, card="sum", cls=7)
 
+# ---- 12. a contention race hidden by a memo ------------------------------------------------------------
+
+# The class-7 race, with a memo in front: `lookup` (one thread, first) compares 8 probes of x with the 8
+# fingerprints it kept; on a hit every leader block copies the row sums it cached and no block races. On a
+# miss the pair sums run (racy beside other work) and `remember` (last) caches the fingerprint and the sums.
+# Verification's repeated runs went over two sets it had already run on a quiet GPU: every busy-stream run
+# hit the memo and copied the quiet answer. The repeated runs now draw new values, so the race runs beside
+# the busy stream: `nondeterminism` (or `mismatch`). Timed calls never hit (values drawn anew every call).
+MEMO_HIDES_RACE = Adversary("row sum whose contention race hides behind a memo of its inputs",
+                            ("nondeterminism", "mismatch"), HEADER + r"""
+#define MEMO 8
+#define MEMO_ROWS 4096
+#define FP 8
+__device__ unsigned int fp_seen[MEMO][FP];
+__device__ int fp_valid[MEMO];
+__device__ float memo_sums[MEMO][MEMO_ROWS];
+__device__ int hit_slot, next_slot;
+
+__device__ __forceinline__ long long probe(int k, long long n) { return (n / FP) * k + (n / (3 * FP)); }
+
+extern "C" __global__ void lookup(const float* __restrict__ x, int rows, int cols) {
+  long long n = (long long)rows * cols;
+  hit_slot = -1;
+  if (rows > MEMO_ROWS) return;
+  for (int s = 0; s < MEMO; ++s) {
+    bool same = fp_valid[s] == rows;
+    for (int k = 0; k < FP && same; ++k) same = __float_as_uint(x[probe(k, n)]) == fp_seen[s][k];
+    if (same) { hit_slot = s; return; }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 8)
+pair_sum(const float* __restrict__ x, float* __restrict__ out, float* __restrict__ part, int rows, int cols) {
+  __shared__ float warp_sums[8];
+  bool helper = blockIdx.x >= rows;
+  int row = helper ? blockIdx.x - rows : blockIdx.x, half = cols / 2;
+  if (hit_slot >= 0) {   // seen before: the quiet answer, no race
+    if (!helper && threadIdx.x == 0) out[row] = memo_sums[hit_slot][row];
+    return;
+  }
+  const float* p = x + (long long)row * cols + (helper ? half : 0);
+  float acc = 0.f;
+  for (int c = threadIdx.x; c < half; c += 256) acc += p[c];
+  for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = acc;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  float total = 0.f;
+  for (int w = 0; w < 8; ++w) total += warp_sums[w];
+  if (helper) part[row] = total;
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < 5000);
+  if (!helper) out[row] = total + *(volatile float*)&part[row];
+}
+
+extern "C" __global__ void remember(const float* __restrict__ x, const float* __restrict__ out, int rows, int cols) {
+  if (hit_slot >= 0 || rows > MEMO_ROWS) return;
+  long long n = (long long)rows * cols;
+  int s = next_slot;
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) memo_sums[s][r] = out[r];
+  if (threadIdx.x == 0) {
+    for (int k = 0; k < FP; ++k) fp_seen[s][k] = __float_as_uint(x[probe(k, n)]);
+    fp_valid[s] = rows;
+    next_slot = (s + 1) % MEMO;
+  }
+}
+""", """
+[[workspace]]
+name = "part"
+bytes = "self.shape[0] * 4"
+zero = true
+
+[[launch]]
+kernel = "lookup"
+grid = [1]
+block = [1]
+args = [{ ptr = "self" }, { i32 = "self.shape[0]" }, { i32 = "self.shape[1]" }]
+
+[[launch]]
+kernel = "pair_sum"
+grid = ["self.shape[0] * 2"]
+block = [256]
+args = [{ ptr = "self" }, { ptr = "out0" }, { ptr = "ws.part" }, { i32 = "self.shape[0]" }, { i32 = "self.shape[1]" }]
+
+[[launch]]
+kernel = "remember"
+grid = [1]
+block = [256]
+args = [{ ptr = "self" }, { ptr = "out0" }, { i32 = "self.shape[0]" }, { i32 = "self.shape[1]" }]
+""", card="sum", cls=12)
+
 # ---- 8. fp16 softmax ---------------------------------------------------------------------------------
 
 SOFTMAX_SPEC = """
@@ -569,6 +737,56 @@ softmax_f32(const __half* __restrict__ x, __half* __restrict__ y, int rows, int 
   for (int c = threadIdx.x; c < cols; c += 256) q[c] = __float2half_rn(expf(__half2float(p[c]) - m) / s);
 }
 ''', SOFTMAX_SPEC.format(kernel="softmax_f32", grid='"self.shape[0]"'), card="softmax16", cls=8)
+
+# ---- 13. lower precision only when timed -----------------------------------------------------------------
+
+# Verification sees the fp32-accumulating path; once the burst detector fires it switches to the all-fp16
+# arithmetic of SOFTMAX_ALL_FP16 (warp 0 of each row's block). That stays inside the fp16 row of the tolerance
+# table, which was all a timed call's audit held it to; the audits now also run the precision check (on a
+# spread-out sample of them): `cheating`.
+SOFTMAX_FP16_WHEN_TIMED = Adversary("fp16 softmax that drops to fp16 arithmetic once timed", "cheating",
+                                    HEADER + BURST_DETECTOR + r"""
+__device__ __forceinline__ float block_all(float v, bool take_max, float* sh) {
+  for (int o = 16; o; o >>= 1) {
+    float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = take_max ? fmaxf(v, w) : v + w;
+  }
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float r = sh[0];
+  for (int k = 1; k < 8; ++k) r = take_max ? fmaxf(r, sh[k]) : r + sh[k];
+  __syncthreads();
+  return r;
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+softmax_switch(const __half* __restrict__ x, __half* __restrict__ y, int rows, int cols) {
+  __shared__ float sh[8];
+  const __half* p = x + (long long)blockIdx.x * cols;
+  __half* q = y + (long long)blockIdx.x * cols;
+  if (burst) {   // the whole grid agrees: clock_in ran first
+    if (threadIdx.x >= 32) return;
+    int lane = threadIdx.x;
+    const __half log2e = __float2half(1.4426950408889634f);
+    __half m = __ushort_as_half((unsigned short)0xfc00);
+    for (int c = lane; c < cols; c += 32) m = __hmax(m, p[c]);
+    for (int o = 16; o; o >>= 1) m = __hmax(m, __shfl_xor_sync(0xffffffffu, m, o));
+    __half s = __float2half(0.f);
+    for (int c = lane; c < cols; c += 32) s = __hadd(s, hexp2(__hmul(__hsub(p[c], m), log2e)));
+    for (int o = 16; o; o >>= 1) s = __hadd(s, __shfl_xor_sync(0xffffffffu, s, o));
+    __half inv = hrcp(s);
+    for (int c = lane; c < cols; c += 32) q[c] = __hmul(hexp2(__hmul(__hsub(p[c], m), log2e)), inv);
+    return;
+  }
+  float m = __int_as_float(0xff800000);
+  for (int c = threadIdx.x; c < cols; c += 256) m = fmaxf(m, __half2float(p[c]));
+  m = block_all(m, true, sh);
+  float s = 0.f;
+  for (int c = threadIdx.x; c < cols; c += 256) s += expf(__half2float(p[c]) - m);
+  s = block_all(s, false, sh);
+  for (int c = threadIdx.x; c < cols; c += 256) q[c] = __float2half_rn(expf(__half2float(p[c]) - m) / s);
+}
+""", with_clock(SOFTMAX_SPEC.format(kernel="softmax_switch", grid='"self.shape[0]"')), card="softmax16", cls=13)
 
 # ---- 9. launch specs sized to exhaust the GPU -------------------------------------------------------
 
@@ -743,6 +961,8 @@ ADVERSARIES = [
     *ORIGINAL,
     SKIPS_FILLED_OUTPUT,
     FINGERPRINT_MEMO,
+    CORRECT_CMUL,
+    CMUL_MEMO,
     BURST_SKIPS_TAIL,
     BURST_SKIPS_ALL,
     CORRECT_INDEX_ADD,
@@ -756,8 +976,10 @@ ADVERSARIES = [
     WRITES_PAST_INPUT,
     WRITES_PAST_WORKSPACE,
     RACE_NEEDS_CONTENTION,
+    MEMO_HIDES_RACE,
     SOFTMAX_ALL_FP16,
     CORRECT_SOFTMAX16,
+    SOFTMAX_FP16_WHEN_TIMED,
     WORKSPACE_2_62,
     WORKSPACE_1_GIB,
     ASTRONOMICAL_GRID,

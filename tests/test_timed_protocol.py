@@ -221,3 +221,122 @@ def test_an_audited_round_allocates_nothing_before_the_candidates_call(protocol,
                            seed=8)
     assert run.category is None and run.audited >= cfg.min_audits
     assert len(clones) == 3 * cfg.slots   # eager's slots and the two sets of copies, once: none per round
+
+
+def _softmax_check():
+    from engine.verify.pipeline import CardCheck
+
+    softmax = resolve_op("aten::_softmax")
+    gen = torch.Generator().manual_seed(0)
+    samples = [[("self", torch.randn(64, 2048, generator=gen).half()), ("dim", -1), ("half_to_float", False)]
+               for _ in range(2)]
+    return CardCheck("aten::_softmax", samples, lambda b: call_op(softmax, b), race_reps=0, edges=False)
+
+
+def _softmax_fp16_arith(x):
+    """Every step in float16, the row sums accumulated in float16: within the table's fp16 row, but erring several
+    times eager's error against float64 (what the precision check rejects)."""
+    m = x.amax(dim=-1, keepdim=True)
+    e = torch.exp((x - m).float()).half()
+    s = torch.zeros(x.shape[0], 1, dtype=torch.float16)
+    for j in range(0, x.shape[1], 64):
+        s = (s.float() + e[:, j:j + 64].float().sum(dim=-1, keepdim=True)).half()
+    return (e.float() / s.float()).half()
+
+
+def test_a_kernel_that_drops_to_half_precision_arithmetic_when_timed_is_cheating(monkeypatch):
+    # It computes in float32 while verified and in float16 once timed (told apart by the rate of its calls, as
+    # BURST_DETECTOR does): within the tolerance table, so an audit that held timed calls to the table alone
+    # passed it, though verification rejects the same arithmetic against a float64 reference.
+    from engine.verify import timed
+
+    monkeypatch.setattr(timed, "ab_time", _alternating_ab)
+    check = _softmax_check()
+    calls = [0]
+
+    def run(b, prefill):
+        calls[0] += 1
+        x = dict(b)["self"]
+        if calls[0] > 40:   # past verification's calls: the timing burst
+            return [_softmax_fp16_arith(x)]
+        return [torch.softmax(x.float(), dim=-1).half()]
+
+    assert check.check(lambda b, p: run(b, p)).ok   # verification sees the float32 path only
+    assert not check.check(lambda b, p: [_softmax_fp16_arith(dict(b)["self"])]).ok   # and rejects the other
+    cfg = TimingConfig(min_reps=64, batch=16, audit_every=8, min_audits=3)
+    result = timed.audited_ab(check, timed.TimedCandidate(lambda b, prefill: (lambda: run(b, prefill))),
+                              lambda: None, cfg, seed=9)
+    assert result.category == "cheating", result.message
+    assert "float64 reference" in result.message
+
+
+def test_an_honest_half_precision_softmax_passes_the_timed_precision_audit(monkeypatch):
+    from engine.verify import timed
+
+    monkeypatch.setattr(timed, "ab_time", _alternating_ab)
+    check = _softmax_check()
+    cfg = TimingConfig(min_reps=64, batch=16, audit_every=8, min_audits=3)
+    honest = timed.TimedCandidate(lambda b, prefill: (lambda: [torch.softmax(dict(b)["self"].float(), -1).half()]))
+    result = timed.audited_ab(check, honest, lambda: None, cfg, seed=10)
+    assert result.category is None, result.message
+
+
+def test_complex_inputs_get_new_values_every_timed_call(monkeypatch):
+    # The regenerator kept complex tensors as the slot's base held them: every timed call of a complex card saw a
+    # set verification had run, and a kernel memoising on a fingerprint of its inputs copied its answer from
+    # the memo (right, so every audit passed) instead of computing.
+    from engine.verify import timed
+    from engine.verify.pipeline import CardCheck
+
+    monkeypatch.setattr(timed, "ab_time", _alternating_ab)
+    mul = resolve_op("aten::mul.Tensor")
+    gen = torch.Generator().manual_seed(0)
+    samples = [[("self", torch.randn(2048, dtype=torch.complex64, generator=gen)),
+                ("other", torch.randn(2048, dtype=torch.complex64, generator=gen))] for _ in range(2)]
+    check = CardCheck("aten::mul.Tensor", samples, lambda b: call_op(mul, b), race_reps=0)
+    memo, hits = {}, [0]
+
+    def run(b, prefill):
+        a, o = dict(b)["self"], dict(b)["other"]
+        key = (tuple(a[::256].tolist()), tuple(o[::256].tolist()))
+        if key in memo:
+            hits[0] += 1
+            return [memo[key].clone()]
+        memo[key] = a * o
+        return [memo[key].clone()]
+
+    assert check.check(run).ok
+    hits[0] = 0
+    cfg = TimingConfig(min_reps=64, batch=16, audit_every=8, min_audits=3)
+    result = timed.audited_ab(check, timed.TimedCandidate(lambda b, prefill: (lambda: run(b, prefill))),
+                              lambda: None, cfg, seed=11)
+    assert result.category is None, result.message
+    assert hits[0] == 0, f"{hits[0]} timed calls were answered from the memo"
+
+
+def test_a_kernel_that_rewrites_the_audits_copy_of_its_values_is_caught(protocol, monkeypatch):
+    # The audit's copy of the candidate's values as generated was made before the candidate's call, in buffers made
+    # once: a kernel that learnt where they are could write the same cheap values (here `other` = 0, so the answer
+    # is `self`) into its inputs and into that copy, and the audit compared it with eager on the rewritten values.
+    timed, check, cfg, _, _ = protocol
+    made: list = []   # every bound the timing made, as the attacker could find them in device memory
+    real = timed.clone_bound
+    monkeypatch.setattr(timed, "clone_bound", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    rewrote = [0]
+
+    def prepare(b, prefill):
+        def call():
+            mine = dict(b)
+            for other in made:
+                theirs = dict(other)
+                if theirs["self"] is not mine["self"] and torch.equal(theirs["self"], mine["self"]) \
+                        and torch.equal(theirs["other"], mine["other"]):
+                    theirs["other"].zero_()
+                    rewrote[0] += 1
+            mine["other"].zero_()
+            return [mine["self"].clone()]
+        return call
+
+    run = timed.audited_ab(check, timed.TimedCandidate(prepare), lambda: None, cfg, seed=12)
+    assert rewrote[0] == 0, "a copy of the candidate's values existed during its call"   # drawn again after it
+    assert run.category == "mutation", run.message   # its own inputs rewritten: the audit sees it

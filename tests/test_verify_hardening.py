@@ -202,6 +202,48 @@ def test_race_runs_use_the_contention_hook():
     assert len(entered) == 2  # every other repeated run
 
 
+def _memoising_race(contended):
+    """A relu whose fast path races (wrong beside other work, `contended()`), hidden by a memo: an answer computed
+    on a quiet GPU is returned again for any later call whose inputs share a fingerprint of 9 elements."""
+    memo: dict[tuple, torch.Tensor] = {}
+    raced = [0]
+
+    def run(b, prefill):
+        x = dict(b)["self"]
+        flat = x.view(-1)
+        key = tuple(flat[:: max(1, flat.numel() // 8)][:8].tolist() + [float(flat[-1])])
+        if key in memo:
+            return [memo[key].clone()]
+        out = torch.relu(x)
+        if contended():
+            out[17] += 1.0   # the race: it shows only beside other work
+            raced[0] += 1
+        memo[key] = out.clone()
+        return [out]
+    return run, raced
+
+
+def test_a_race_hidden_by_memoising_repeated_inputs_is_caught():
+    # The repeated runs went over two input sets verification had already run: a kernel that memoises on a
+    # fingerprint of its inputs returned its quiet first answer beside the busy stream and never raced there.
+    busy = [False]
+
+    class Busy:
+        def __enter__(self):
+            busy[0] = True
+
+        def __exit__(self, *a):
+            busy[0] = False
+            return False
+
+    check = relu_check(contend=Busy)
+    run, raced = _memoising_race(lambda: busy[0])
+    v = check.check(run)
+    assert raced[0] > 0, "the race never ran beside the busy stream"
+    assert not v.ok and v.category == "nondeterminism", v.message
+    assert "busy stream" in v.message
+
+
 # ---- values for timed calls -----------------------------------------------------------------------
 
 
@@ -224,6 +266,25 @@ def test_regenerator_draws_new_values_with_the_samples_statistics():
         assert 0.15 < float(m.float().mean()) < 0.35
     assert not torch.equal(seen[0], seen[1]) and not torch.equal(seen[1], seen[2])
     assert torch.equal(sample[0][1], x)  # the sample itself is untouched
+
+
+def test_regenerator_draws_the_same_values_again_from_a_kept_state():
+    # Timed calls' audits draw the candidate's values again after its call instead of copying them before it.
+    torch.manual_seed(0)
+    sample = [("self", torch.randn(1000) * 2 + 1), ("offsets", torch.tensor([0, 3, 3, 9, 20])),
+              ("mask", torch.rand(300) < 0.3), ("z", torch.randn(64, dtype=torch.complex64)),
+              ("index", torch.randint(0, 7, (50,)))]
+    regen = Regenerator(sample, seed=5, keep_ints=False)
+    slot, again = clone_bound(sample), clone_bound(sample)
+    regen.refill_(slot)
+    state = regen.state()
+    regen.refill_(slot)
+    after = regen.state()
+    regen.redraw_(again, state)
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(tensors_of(slot), tensors_of(again)))
+    assert torch.equal(regen.state(), after)   # the generator goes on where it was
+    kept = Regenerator(sample, seed=5, keep_ints=True).kept(slot)
+    assert [t.dtype for t in kept] == [torch.int64, torch.int64]
 
 
 # ---- re-check in place ----------------------------------------------------------------------------

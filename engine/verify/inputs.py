@@ -206,8 +206,9 @@ class Regenerator:
 
     `refill_(bound)` overwrites every tensor of a bound laid out like the sample: floats from a normal
     distribution with the sample's mean and std clamped to its range, integers uniform over its range,
-    booleans with its frequency of True (the distributions of `fresh_inputs`, whose sets the candidate
-    already passed). No value repeats from call to call, so a result cannot be memoised.
+    booleans with its frequency of True, complex values from a unit complex normal (the distributions of
+    `fresh_inputs`, whose sets the candidate already passed). No value repeats from call to call, so a
+    result cannot be memoised (integers kept with `keep_ints` excepted).
     """
 
     def __init__(self, sample: Bound, seed: int, *, keep_ints: bool = False):
@@ -220,7 +221,9 @@ class Regenerator:
             elif t.dtype == torch.bool:
                 self.stats.append(("bool", float(t.float().mean()) if t.numel() else 0.5))
             elif t.is_complex():
-                self.stats.append(("keep", None))
+                # Drawn as fresh sets draw them (unit complex normal). Kept as the slot's base held them, every timed
+                # call of a complex card was a set verification had run, and a memo of its answers paid.
+                self.stats.append(("complex", None))
             elif t.is_floating_point():
                 mean, std, lo, hi = _stats(t)
                 if std <= 0.0:
@@ -233,6 +236,24 @@ class Regenerator:
         device = next(iter(devices)) if devices else torch.device("cpu")
         self.gen = torch.Generator(device=device).manual_seed(seed)
 
+    def state(self) -> torch.Tensor:
+        """The generator's state (host memory, no sync): `redraw_` with it draws what the next `refill_` draws."""
+        return self.gen.get_state()
+
+    def redraw_(self, bound: Bound, state: torch.Tensor) -> None:
+        """Draw again, into `bound`, the values the `refill_` that followed `state()` drew (the generator's own
+        position is kept). Tensors kept as they were (`keep`) are left alone."""
+        now = self.gen.get_state()
+        self.gen.set_state(state)
+        try:
+            self.refill_(bound)
+        finally:
+            self.gen.set_state(now)
+
+    def kept(self, bound: Bound) -> list[torch.Tensor]:
+        """The tensors of `bound` that `refill_` leaves as they are (integers kept with `keep_ints`)."""
+        return [t for (_, t), (kind, _) in zip(tensors_of(bound), self.stats) if kind == "keep"]
+
     def refill_(self, bound: Bound) -> None:
         for (_, t), (kind, p) in zip(tensors_of(bound), self.stats):
             c = cover(t)
@@ -240,6 +261,13 @@ class Regenerator:
                 continue
             if kind == "bool":
                 c.copy_(torch.rand(c.shape, device=c.device, generator=self.gen) < p)
+            elif kind == "complex":
+                if c.dtype in (torch.complex64, torch.complex128):
+                    torch.view_as_real(c).normal_(0.0, math.sqrt(0.5), generator=self.gen)
+                else:  # complex32: draw in complex64
+                    tmp = torch.empty(c.shape, dtype=torch.complex64, device=c.device)
+                    torch.view_as_real(tmp).normal_(0.0, math.sqrt(0.5), generator=self.gen)
+                    c.copy_(tmp)
             elif kind == "int":
                 lo, hi, rising = p
                 c.random_(lo, hi + 1 if hi < torch.iinfo(c.dtype).max else hi, generator=self.gen)

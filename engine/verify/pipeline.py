@@ -20,6 +20,7 @@ from engine.verify.compare import CompareReport, bitwise_equal, compare_outputs
 from engine.verify.guard import Canaries, GuardViolation
 from engine.verify.inputs import (
     Bound,
+    Regenerator,
     clone_bound,
     cover,
     edge_inputs,
@@ -49,7 +50,7 @@ PRECISION_FACTOR = 3.0
 # pass. Where eager rounds twice (Llama's RMSNorm) they err 1.2-2.1x: caught on some samples only.
 CHAIN_PRECISION_FACTOR = 1.5
 _UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
-RACE_REPS = 6  # extra runs at the end of verification, every other one beside a busy stream
+RACE_REPS = 6  # extra runs at the end of verification on new values, four of them beside a busy stream
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,7 @@ class CardCheck:
             if self.sets and self.race_reps:
                 v = self._race(run)
                 if v is not None:
-                    return Verdict(False, v.category, v.message, v.message.split(",")[0], v.details, n)
+                    return Verdict(False, v.category, v.message, v.input_set, v.details, n)
         except GuardViolation as e:
             label = self.sets[n - 1][0] if n else None
             return Verdict(False, "overrun", f"{label}: {e}", label, {}, n)
@@ -329,62 +330,68 @@ class CardCheck:
         return None
 
     def _race(self, run: RunCandidate) -> Verdict | None:
-        """More runs, alternating between two input sets (so what a buffer kept from the run before is
-        never the answer), every other one beside a stream that holds part of the GPU (other block
-        interleavings): each must match eager and repeat the first run on its set."""
+        """More runs, each on values never seen before (drawn on the device like timed calls' values), four of six
+        beside a stream that holds part of the GPU (other block interleavings); the candidate runs before eager, so
+        no answer to its values exists anywhere while it runs. Each must match eager. With the sets verification
+        had already run, a kernel that memoises on a fingerprint of its inputs returned its quiet first answer
+        here and never met the busy stream (and eager's answer to them was in device memory to copy)."""
         pick = [(label, b) for label, b in self.sets if label.startswith(("sample", "fresh"))][:2] or self.sets[:1]
-        expected: dict[str, tuple[list[Any], list[Any]]] = {}
-        first: dict[str, list[Any]] = {}
-        held: list[Any] = []
-        try:
-            return self._race_runs(run, pick, expected, first, held)
-        finally:
-            _scrub(held)
-
-    def _race_runs(self, run: RunCandidate, pick: list[tuple[str, Bound]], expected: dict, first: dict,
-                   held: list[Any]) -> Verdict | None:
+        regen = Regenerator(self._samples[0] if self._samples else pick[0][1], self._seed + 1000,
+                            keep_ints=self.keep_ints)
         for rep in range(self.race_reps):
-            label, inputs = pick[rep % len(pick)]
-            if label not in expected:
-                out, _ = self._expected(inputs)
-                held += out
-                expected[label] = (out, self.tolerances(out))
-            exp, tols = expected[label]
-            mine, canaries = self.candidate_copy(inputs)
-            busy = self.contend is not None and (rep // len(pick)) % 2 == 0
-            with (self.contend() if busy else nullcontext()):
-                got = as_list(run(mine, "nan" if rep % 2 else "sentinel"))
-            held += got
-            self.sync()
-            if canaries is not None and (bad := canaries.violations()):
-                raise GuardViolation("wrote outside an input: " + "; ".join(bad))
-            where = f"{label}, repeated run {rep + 1}{' beside a busy stream' if busy else ''}"
-            bad_r = [r for r in compare_outputs(got, exp, tols) if not r.ok]
-            if bad_r:
-                return Verdict(False, "nondeterminism" if bad_r[0].category != "nan" else "nan",
-                               f"{where}: {bad_r[0].message} (it passed on the same inputs before: a race?)",
-                               details={"reports": [_report_json(x) for x in bad_r]})
-            if label not in first:
-                first[label] = got
-                continue
-            v = self._repeats(where, first[label], got, unwritten_check=False, how="repeated runs")
+            label, base = pick[rep % len(pick)]
+            values = clone_bound(base)
+            held: list[Any] = []
+            try:
+                regen.refill_(values)
+                v = self._race_run(run, rep, label, values, held)
+            finally:
+                _scrub(held)
             if v is not None:
                 return v
         return None
 
+    def _race_run(self, run: RunCandidate, rep: int, label: str, values: Bound, held: list[Any]) -> Verdict | None:
+        mine, canaries = self.candidate_copy(values)
+        busy = self.contend is not None and (rep // 2) % 2 == 0
+        with (self.contend() if busy else nullcontext()):
+            got = as_list(run(mine, "nan" if rep % 2 else "sentinel"))
+        held += got
+        self.sync()
+        if canaries is not None and (bad := canaries.violations()):
+            raise GuardViolation("wrote outside an input: " + "; ".join(bad))
+        where = f"repeated run {rep + 1} (new values drawn like {label}){' beside a busy stream' if busy else ''}"
+        try:
+            exp, _ = self._expected(values)
+        except Exception:   # noqa: BLE001 - eager refuses these values (random integers): nothing to match
+            return None
+        held += exp
+        bad_r = [r for r in compare_outputs(got, exp, self.tolerances(exp)) if not r.ok]
+        if bad_r:
+            return Verdict(False, "nondeterminism" if bad_r[0].category != "nan" else "nan",
+                           f"{where}: {bad_r[0].message} (it passed every input set of the same kind before: "
+                           "a race?)", input_set=where, details={"reports": [_report_json(x) for x in bad_r]})
+        return None
+
+    def precision_applies(self, expected: list[Any]) -> bool:
+        """Whether outputs like `expected` get the precision check: half-precision outputs of an accumulating family."""
+        return self.precision and self.family in PRECISION_FAMILIES and any(
+            isinstance(e, torch.Tensor) and e.dtype in _UNIT_ROUNDOFF and e.numel() for e in expected)
+
     def _precision(self, label: str, inputs: Bound, got: list[Any], expected: list[Any]) -> Verdict | None:
         """Half-precision outputs of accumulating ops: error against float64 at most precision_factor × eager's."""
-        if (not self.precision or self.family not in PRECISION_FAMILIES
-                or not (label.startswith("sample") or label.startswith("fresh"))):
-            return None
-        halves = [i for i, e in enumerate(expected)
-                  if isinstance(e, torch.Tensor) and e.dtype in _UNIT_ROUNDOFF and e.numel()]
-        if not halves:
+        if not label.startswith(("sample", "fresh")) or not self.precision_applies(expected):
             return None
         if label not in self._ref64:
-            self._ref64[label] = self._reference64(inputs)
-        ref = self._ref64[label]
-        if ref is None or len(ref) != len(expected):
+            self._ref64[label] = self.reference64_of(inputs)
+        return self.precision_against(label, self._ref64[label], got, expected)
+
+    def precision_against(self, label: str, ref: list[Any] | None, got: list[Any], expected: list[Any]
+                          ) -> Verdict | None:
+        """The precision check of `got` given eager's answer `expected` and its float64 answer `ref` (`reference64_of`)."""
+        halves = [i for i, e in enumerate(expected)
+                  if isinstance(e, torch.Tensor) and e.dtype in _UNIT_ROUNDOFF and e.numel()]
+        if not halves or ref is None or len(ref) != len(expected):
             return None
         copies: list[Any] = []   # the reference on the device, scrubbed after
         try:
@@ -423,16 +430,19 @@ class CardCheck:
             _scrub(copies)
         return None
 
-    def _reference64(self, inputs: Bound) -> list[Any] | None:
+    def reference64_of(self, inputs: Bound, *, host: bool = True) -> list[Any] | None:
         """Eager on float64 copies of the floating inputs, or None where the op does not run in float64. Kept
         on the host (and its device copy scrubbed), as it is kept from one candidate's check to the next: an
-        answer left in device memory could be copied instead of computed."""
+        answer left in device memory could be copied instead of computed. `host=False` leaves it on the device,
+        for a caller that uses it at once and scrubs it (a timed call's audit)."""
         mine = [(n, _to64(v)) for n, v in clone_bound(inputs)]
         try:
             out = as_list(self.reference64(mine))
             self.sync()
         except Exception:
             return None
+        if not host:
+            return out
         host = [o.cpu() if isinstance(o, torch.Tensor) else o for o in out]
         _scrub([o for o, h in zip(out, host) if o is not h])   # the device copies only
         return host

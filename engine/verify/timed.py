@@ -15,8 +15,10 @@ burst of calls on the same pointers. So every timed call here is made the way ve
   device memory while the candidate runs: a kernel that looks for eager's output of its values (at an
   address it learnt) finds none, and must compute;
 - a random sample of calls (chosen on the host after the fact, so nothing on the device can know) is
-  audited: after the candidate's call, eager runs untimed on a copy of the candidate's values as they
-  were generated, and the candidate's outputs must match it (else `cheating`); its read-only inputs must
+  audited: after the candidate's call, eager runs untimed on the candidate's values as they were generated
+  (drawn again from the generator's state once the call is done: no copy exists during it), and the
+  candidate's outputs must match it (else `cheating`; where the card has a precision check, a spread-out
+  sample of audits runs that too); its read-only inputs must
   be as generated, on both sides (else `mutation`, or `overrun` when eager's buffers changed), and the
   canaries around every buffer must be intact (else `overrun`).
 
@@ -39,12 +41,18 @@ from engine.bench.stats import TimingStats, summarize
 from engine.bench.timing import ABResult, Arm, L2Flusher, TimingConfig, ab_time, time_calls
 from engine.verify.compare import _as_bits, compare_outputs
 from engine.verify.inputs import Bound, Regenerator, clone_bound, cover, tensors_of
-from engine.verify.pipeline import CardCheck, as_list
+from engine.verify.pipeline import CardCheck, _scrub, as_list
 
 # What timed calls' fresh outputs hold before the call, drawn per call: verification's poisons, or (stale) eager's
 # last answer, to its own values: what a model's buffers hold. A kernel that trusts a buffer that is not poisoned
 # returns that answer, and an audit sees it.
 PREFILLS = ("nan", "sentinel", "stale")
+# Audited calls also held to verification's precision check, where the card has one: a kernel that computed in
+# float16 only once timed stayed within the tolerance table, which was all an audit held it to. It costs a float64
+# eager, so the j-th audit gets it with probability min(1, PRECISION_AUDITS / j): about PRECISION_AUDITS * (1 +
+# ln(audits / PRECISION_AUDITS)) of them in all, spread over the whole timing (a kernel that cheats in a late half
+# of its calls meets about PRECISION_AUDITS * ln 2 of them; the first audits alone it could wait out).
+PRECISION_AUDITS = 4
 
 
 @dataclass
@@ -76,11 +84,6 @@ def _slot_bases(check: CardCheck, slots: int) -> list[Bound]:
     return [bases[k % len(bases)] for k in range(max(1, slots))]
 
 
-def _copy_values(src: Bound, dst: Bound) -> None:
-    for (_, a), (_, b) in zip(tensors_of(src), tensors_of(dst)):
-        cover(b).copy_(cover(a))
-
-
 def _snapshot(outs: list[Any]) -> list[Any]:
     return [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
 
@@ -102,6 +105,8 @@ class _Round:
     cand_out: list[Any] | None = None
     index: int = 0
     stale: list[Any] | None = None   # eager's last outputs (its own values): a stale prefill
+    cand_state: torch.Tensor | None = None    # the generator's state before the candidate's values were drawn
+    eager_state: torch.Tensor | None = None   # and before eager's
 
 
 @dataclass
@@ -111,6 +116,7 @@ class _Audit:
     eager_out: list[Any]
     cand_out: list[Any]
     flags: list[tuple[str, str, torch.Tensor]] = field(default_factory=list)  # (category, message, device bool)
+    imprecise: str | None = None   # what the precision check found (where this audit ran one)
 
 
 def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
@@ -121,14 +127,18 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
     bases = _slot_bases(check, cfg.slots)
     cand_slots, slot_canaries = zip(*(check.candidate_copy(b) for b in bases))
     eager_slots = [clone_bound(b) for b in bases]
-    # The values as generated, copied every round (audited or not) into buffers made once: a round that will be
-    # audited does nothing on the device, and allocates nothing, before the candidate's call that another
-    # round does not. Cloning only for audited rounds moved the candidate's output to another address in
-    # exactly those rounds, and a kernel that cheated while its output address repeated was never audited
-    # cheating (an H200 red-team run, 1.48x on an add card).
+    # The values as generated, for an audit, in buffers made once: a round that will be audited does nothing on
+    # the device, and allocates nothing, before the candidate's call that another round does not. Cloning only
+    # for audited rounds moved the candidate's output to another address in exactly those rounds, and a kernel
+    # that cheated while its output address repeated was never audited cheating (an H200 red-team run, 1.48x on
+    # an add card). They are drawn again from the generator's state (kept on the host) only after the call: a
+    # copy made before it could be found and rewritten, with the candidate's own inputs, to values whose answer
+    # is cheap, and the audit compared the candidate with eager on those. Integers kept as the samples held them
+    # (`keep_ints`) come from host copies.
     cand_pristine = [clone_bound(b) for b in cand_slots]
     eager_pristine = [clone_bound(b) for b in eager_slots]
     regen = Regenerator(bases[0], seed, keep_ints=check.keep_ints)
+    kept_host = [[t.to("cpu", copy=True) for t in regen.kept(b)] for b in bases]
     K = len(bases)
     rate = 1.0 / max(1, cfg.audit_every)
     st = _Round()
@@ -136,12 +146,18 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
     problem: list[str] = []
     audited = [0]
     force = [False]
+    seen = [0]   # audits so far
 
     def close_round() -> None:
         if not st.audit or st.cand_out is None or st.eager_out is None:
             st.audit = False
             return
-        assert st.pristine is not None and st.eager_pristine is not None
+        assert st.cand_state is not None and st.eager_state is not None
+        for pristine, state in ((cand_pristine[st.k], st.cand_state), (eager_pristine[st.k], st.eager_state)):
+            regen.redraw_(pristine, state)
+            for dst, src in zip(regen.kept(pristine), kept_host[st.k]):
+                dst.copy_(src)
+        st.pristine, st.eager_pristine = cand_pristine[st.k], eager_pristine[st.k]
         flags: list[tuple[str, str, torch.Tensor]] = []
         for (path, p), (_, c), (_, ep), (_, e) in zip(tensors_of(st.pristine), tensors_of(cand_slots[st.k]),
                                                       tensors_of(st.eager_pristine), tensors_of(eager_slots[st.k])):
@@ -151,10 +167,18 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
                           "(inputs must stay as they were)", _differs(p, c)))
             flags.append(("overrun", f"eager's own input {path} changed during timing: the "
                           "candidate wrote outside its buffers", _differs(ep, e)))
+        seen[0] += 1
+        ref64 = None
+        if check.precision_applies(st.cand_out) and rng.random() < PRECISION_AUDITS / seen[0]:
+            ref64 = check.reference64_of(st.pristine, host=False)   # before eager may write an argument
         # The reference: eager on the candidate's values, only now that the candidate's call is done (the
         # flags above are queued before it, in stream order, so eager writing an argument changes none).
         reference = as_list(check.eager(st.pristine))
         a = _Audit(st.index, st.k, reference, _snapshot(st.cand_out), flags)
+        if ref64 is not None:
+            v = check.precision_against(f"timed call {st.index + 1} (input slot {st.k})", ref64, a.cand_out, reference)
+            a.imprecise = v.message if v is not None else None
+            _scrub(ref64)
         hit = slot_canaries[st.k].damaged() if slot_canaries[st.k] is not None else None
         if hit is not None:
             a.flags.append(("overrun", "the canary bytes around an input slot changed: the candidate wrote "
@@ -166,13 +190,11 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
         close_round()
         k = abs(r) % K
         st.k, st.index, st.eager_out, st.cand_out = k, r, None, None
+        st.cand_state = regen.state()
         regen.refill_(cand_slots[k])
+        st.eager_state = regen.state()
         regen.refill_(eager_slots[k])   # values of its own: eager never computes the candidate's answer first
-        _copy_values(cand_slots[k], cand_pristine[k])
-        _copy_values(eager_slots[k], eager_pristine[k])
         st.audit = force[0] or (r >= 0 and rng.random() < rate)
-        st.pristine = cand_pristine[k] if st.audit else None
-        st.eager_pristine = eager_pristine[k] if st.audit else None
         st.prefill = rng.choice(PREFILLS)
 
     def eager_finish(out: Any) -> None:
@@ -215,6 +237,9 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
             if bad:
                 problem[:] = ["cheating", f"timed call {a.index + 1} (input slot {a.k}): {bad[0].message}; "
                               "the same kernel passed verification, so it behaves differently when timed"]
+            elif a.imprecise is not None:
+                problem[:] = ["cheating", f"{a.imprecise}; it passed this check in verification, so it computes in "
+                              "lower precision when timed"]
         return bool(problem)
 
     eager = Arm(lambda: check.eager(eager_slots[st.k]), finish=eager_finish)
