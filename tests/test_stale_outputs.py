@@ -82,14 +82,38 @@ def test_prefill_copies_a_stale_answer_of_the_outputs_shape_only():
 def test_workspaces_are_poisoned_unlike_between_checked_runs():
     # Fresh device memory often reads zeros: a kernel that accumulates into a workspace it never asked zeroed
     # passed, and in a model (blocks the allocator hands back) it adds onto the last call's sums.
-    from engine.launch.launcher import WORKSPACE_POISON, CandidateLauncher
+    from engine.launch.launcher import WORKSPACE_NAN, CandidateLauncher
 
     launcher = object.__new__(CandidateLauncher)   # the allocation half only: no module, no GPU
     launcher.output_specs, launcher.aliases, launcher.write_only = [], [], []
     launcher.canaries, launcher.device = None, torch.device("cpu")
-    launcher.workspaces = [("acc", 32, False), ("zeroed", 16, True)]
+    launcher.workspaces = [("acc", 4096, False), ("zeroed", 16, True)]
     launcher._launch = lambda args, outs, ws: ws
     first = launcher.prepare([], "nan")()
-    second = launcher.prepare([], [torch.zeros(1)])()   # stale answers: the sentinel's pattern
-    assert set(first["acc"][0].tolist()) == {0xFF} and set(second["acc"][0].tolist()) == {WORKSPACE_POISON[0]}
-    assert WORKSPACE_POISON[0] != 0xFF
+    second = launcher.prepare([], [torch.zeros(1)])()   # stale answers: random bytes
+    third = launcher.prepare([], "sentinel")()
+    assert set(first["acc"][0].tolist()) == {WORKSPACE_NAN}
+    for ws in (second, third):
+        assert len(set(ws["acc"][0].tolist())) > 200   # 4096 random bytes: nearly every value of a byte
+    assert not torch.equal(second["acc"][0], third["acc"][0])
+
+
+def test_a_kernel_counting_from_its_workspaces_first_entry_fails_where_entries_differ():
+    """A split-K style kernel that skips zeroing its arrival counters and counts from whatever entry 0 holds
+    (every entry started equal under a one-byte poison) finishes only where every counter reads as entry 0 did.
+    In a model, whose workspace holds what the last call left, it would skip the final reduction."""
+    from engine.launch.launcher import CandidateLauncher
+
+    launcher = object.__new__(CandidateLauncher)
+    launcher.output_specs, launcher.aliases, launcher.write_only = [], [], []
+    launcher.canaries, launcher.device = None, torch.device("cpu")
+    launcher.workspaces = [("counters", 64, False)]
+    launcher._launch = lambda args, outs, ws: ws
+
+    def finishes(ws) -> bool:   # each of 64 tiles sees its counter reach entry 0's start + 1 after one arrival
+        c = ws["counters"][0]
+        base = int(c[0])
+        return all((int(v) + 1) % 256 == (base + 1) % 256 for v in c.tolist())
+
+    assert finishes(launcher.prepare([], "nan")())          # 0xFF everywhere: it would pass this run
+    assert not finishes(launcher.prepare([], "sentinel")())  # random bytes: the run where it fails

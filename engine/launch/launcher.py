@@ -10,6 +10,7 @@ current raw stream, so the kernels run where the caller's work runs (also under 
 from __future__ import annotations
 
 import ctypes
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,8 +53,24 @@ def prefill_(t: torch.Tensor, how: Any) -> None:
 
 
 # A workspace's bytes before a checked or timed call that does not ask for it zeroed: 0xFF (NaN in every float
-# format) with the NaN prefill, 0x5A otherwise, so two runs on one input set find different contents.
-WORKSPACE_POISON = (0x5A, 0xFF)
+# format) with the NaN prefill, random bytes otherwise (a generator of the launcher's own, seeded from the OS), so
+# two runs on one input set find different contents, and no run finds every entry alike: a kernel that relies on
+# its entries starting equal (counting arrivals from entry 0's value instead of zeroing the counters) fails, as
+# it would in a model, whose workspaces hold what the last call left.
+WORKSPACE_NAN = 0xFF
+_POISON_GENERATORS: dict[torch.device, torch.Generator] = {}
+
+
+def poison_workspace_(buf: torch.Tensor, nan: bool) -> None:
+    """Fill a workspace (uint8) with 0xFF where `nan`, else with random bytes."""
+    if nan:
+        buf.fill_(WORKSPACE_NAN)
+        return
+    gen = _POISON_GENERATORS.get(buf.device)
+    if gen is None:
+        gen = torch.Generator(device=buf.device).manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+        _POISON_GENERATORS[buf.device] = gen
+    buf.random_(0, 256, generator=gen)
 
 
 def per_output(prefill: Any, i: int) -> Any:
@@ -166,8 +183,8 @@ class CandidateLauncher:
                 if prefill is not None and not zero:
                     # What the kernel finds there is not its to rely on: fresh memory from the driver often
                     # reads zeros (a kernel accumulating into a workspace it never zeroed passed), and a block
-                    # the allocator hands back holds the last call's state. Poisoned unlike from call to call.
-                    buf.fill_(WORKSPACE_POISON[isinstance(prefill, str) and prefill == "nan"])
+                    # the allocator hands back holds the last call's state. Poisoned unlike from call to call, and unlike from entry to entry.
+                    poison_workspace_(buf, isinstance(prefill, str) and prefill == "nan")
                 ws[name] = (buf, zero)
         except RuntimeError as e:  # torch.OutOfMemoryError is one
             if not _out_of_memory(e):
