@@ -75,6 +75,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    """A TCP port, 1 to 65535 (0 would bind a port the OS picks, which the printed address would not name)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port number from 1 to 65535, not {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 1 to 65535, not {text}")
+    return value
+
+
 def package_version() -> str:
     """The installed kernel-forge version, else the one in pyproject.toml next to the engine."""
     from importlib.metadata import PackageNotFoundError, version
@@ -262,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tui(p)
 
     p = sub.add_parser("serve", help="serve the TUI to a browser on localhost (reach it through an SSH tunnel)")
-    p.add_argument("--port", type=int, default=8000, help="localhost port (default 8000)")
+    p.add_argument("--port", type=_port, default=8000, help="localhost port (default 8000)")
     p.add_argument("--host", default="127.0.0.1",
                    help="loopback address to bind (default 127.0.0.1; other hosts are refused: use an SSH tunnel)")
     p.add_argument("--demo", action="store_true", help="serve the demo run instead of the workspace")

@@ -245,6 +245,10 @@ def test_version_prints_the_package_version(cli, monkeypatch):
     (["--refresh", "-1"], "--refresh"),
     (["run", "x.toml", "--refresh", "-1"], "--refresh"),
     (["demo", "--refresh", "0"], "--refresh"),
+    # textual-serve took 99999 and failed with "internal error: OverflowError", exit 1; 0 served on a port
+    # the OS picked while the printed address said :0.
+    (["serve", "--port", "99999"], "--port"),
+    (["serve", "--port", "0"], "--port"),
 ])
 def test_out_of_range_flags_are_bad_usage(cli, tmp_path, argv, needle):
     code, out, err = cli(*argv, "--workspace", tmp_path / "ws")
