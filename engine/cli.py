@@ -136,6 +136,11 @@ def _add_tui(p: argparse.ArgumentParser, top: bool = False) -> None:
     p.add_argument("--run", metavar="RUN", default=default, help="open this run instead of the latest")
 
 
+def _command(sub: argparse._SubParsersAction, name: str, summary: str) -> argparse.ArgumentParser:
+    """A subcommand whose own --help opens with the line that `kforge-tui --help` lists it by."""
+    return sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full CLI surface of DESIGN.md."""
     parser = _Parser(prog="kforge-tui", description=(
@@ -147,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tui(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    p = sub.add_parser("capture", help="capture a model's operator cards and print them")
+    p = _command(sub, "capture", "capture a model's operator cards and print them")
     p.add_argument("config", metavar="CONFIG", help="model config, e.g. configs/models/resnet50.toml")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.add_argument("--small", action="store_true",
@@ -156,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, metavar="K", help="real input samples kept per card (default: config, 3)")
     _add_common(p)
 
-    p = sub.add_parser("run", help="optimise a model's cards: search for faster verified kernels")
+    p = _command(sub, "run", "optimise a model's cards: search for faster verified kernels")
     p.add_argument("config", metavar="CONFIG", nargs="?", help="model config (not needed with --resume)")
     p.add_argument("--no-tui", action="store_true", help="run in the foreground with progress on stderr")
     p.add_argument("--provider", help="builtin, anthropic, openai, replay, or a name from configs/providers.toml "
@@ -198,11 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the cluster for --ray, as ray.init takes it (default: a local instance)")
     p.add_argument("--small", action="store_true", help="capture with the config's [small] sizes")
     p.add_argument("--resume", metavar="RUN", help="continue a run (also after a crash)")
-    p.add_argument("--device", choices=("cpu", "cuda"), help="where to capture the model")
+    p.add_argument("--device", choices=("cpu", "cuda"),
+                   help="where to capture the model (default: cuda if present)")
     _add_common(p)
     _add_tui(p)
 
-    p = sub.add_parser("export", help="package a run's winners as a .cast file (confirmed on this GPU)")
+    p = _command(sub, "export", "package a run's winners as a .cast file (confirmed on this GPU)")
     p.add_argument("run", metavar="RUN", nargs="?", help="run id (default: the workspace's latest run)")
     p.add_argument("--out", metavar="FILE.cast", help="where to write the cast")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
@@ -236,17 +242,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "an output that agrees with eager's (default: on; up to two minutes; docs/cast.md)")
     _add_common(p)
 
-    p = sub.add_parser("audit", help="show what a .cast file holds; --verify re-checks it on this GPU")
-    p.add_argument("file", metavar="FILE.cast")
+    p = _command(sub, "audit", "show what a .cast file holds; --verify re-checks it on this GPU")
+    p.add_argument("file", metavar="FILE.cast", help="the cast to show (what `kforge-tui export --out` wrote)")
     p.add_argument("--verify", action="store_true", help="re-check numerics and speed on the current GPU")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     _add_common(p)
 
-    p = sub.add_parser("runs", help="list the workspace's runs (newest first)")
+    p = _command(sub, "runs", "list the workspace's runs (newest first)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     _add_common(p)
 
-    p = sub.add_parser("prune", help="what the workspace holds on disk; --delete removes the capture samples "
+    p = _command(sub, "prune", "what the workspace holds on disk; --delete removes the capture samples "
                                      "no run needs (docs/cli.md)")
     p.add_argument("--delete", action="store_true",
                    help="remove what the listing marks 'remove' (without it, prune only shows what it would remove)")
@@ -260,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     _add_common(p)
 
-    p = sub.add_parser("compare", help="runs or providers side by side (the TUI; text when not a terminal)")
+    p = _command(sub, "compare", "runs or providers side by side (the TUI; text when not a terminal)")
     p.add_argument("runs", metavar="RUN", nargs="+", help="run ids (or unique prefixes)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout (no TUI)")
     p.add_argument("--plain", action="store_true",
@@ -268,11 +274,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     _add_tui(p)
 
-    p = sub.add_parser("demo", help="the TUI on a small recorded run shipped with the package (no GPU needed)")
+    p = _command(sub, "demo", "the TUI on a small recorded run shipped with the package (no GPU needed)")
     _add_common(p)
     _add_tui(p)
 
-    p = sub.add_parser("serve", help="serve the TUI to a browser on localhost (reach it through an SSH tunnel)")
+    p = _command(sub, "serve", "serve the TUI to a browser on localhost (reach it through an SSH tunnel)")
     p.add_argument("--port", type=_port, default=8000, help="localhost port (default 8000)")
     p.add_argument("--host", default="127.0.0.1",
                    help="loopback address to bind (default 127.0.0.1; other hosts are refused: use an SSH tunnel)")

@@ -205,6 +205,21 @@ def test_help_lists_every_subcommand(cli, capsys):
         assert name in out
 
 
+@pytest.mark.parametrize("command", ["capture", "run", "export", "audit", "runs", "prune", "compare", "demo",
+                                     "serve"])
+def test_each_commands_help_says_what_it_does(cli, capsys, command):
+    # `kforge-tui demo --help` listed only options: what the demo is was in `kforge-tui --help` alone.
+    with pytest.raises(SystemExit) as exc:
+        cli("--help")
+    listing = capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        cli(command, "--help")
+    assert exc.value.code == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    line = next(ln for ln in listing.splitlines() if ln.strip().startswith(command + " "))
+    assert line.split(None, 1)[1].strip().lower() in help_text.lower()
+
+
 def test_user_model_example_captures(cli, tmp_path):
     import json
 
