@@ -124,6 +124,18 @@ def _timed_doc() -> dict:
             "tokens": 0, "cost_usd": 0.0, "proposals": 28, "evaluations": 28}
 
 
+def test_the_cards_left_on_eager_say_why_in_words():
+    # It said "cards left on eager: 3 declined, 1 noise": what noise meant was nowhere on the screen.
+    doc = _timed_doc()
+    skipped = {"candidates": 0, "compiled": 0, "verified": 0, "failures": {}, "best_us": None, "speedup": None,
+               "speedup_ci": None, "eager_us": None, "calls": 1}
+    doc["cards"] += [{**skipped, "op": "aten::addmm", "id": "2" * 16, "stopped": "declined"},
+                     {**skipped, "op": "aten::relu", "id": "3" * 16, "stopped": "noise"}]
+    line = next(ln for ln in _final_table(doc, 200).splitlines() if ln.startswith("cards left on eager"))
+    assert line == ("cards left on eager: 1 declined (the proposer has nothing for this op), 1 noise (too small "
+                    "to matter: below the noise floor or the minimum share of the model's time)")
+
+
 def test_the_final_table_shows_every_number_whole_at_80_columns():
     text = _final_table(_timed_doc(), 80)
     assert max(len(line) for line in text.splitlines()) <= 80

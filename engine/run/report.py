@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from engine.outcomes import CARD_SKIP_REASONS, PROPOSAL_FAILURES
+from engine.outcomes import CARD_DONE_REASONS, CARD_SKIP_REASONS, PROPOSAL_FAILURES
 from engine.progress import StageProgress, stdout_console
 from engine.run.orchestrator import CandidateRecord, Orchestrator
 
@@ -198,8 +198,10 @@ def print_final_table(doc: dict[str, Any], console: Console | None = None) -> No
         reasons: dict[str, int] = {}
         for c in skipped:
             reasons[c["stopped"] or "not reached"] = reasons.get(c["stopped"] or "not reached", 0) + 1
-        console.print("cards left on eager: " + ", ".join(f"{v} {k}" for k, v in sorted(reasons.items())),
-                      highlight=False)
+        # Each reason with its meaning: 'noise' or 'declined' alone left a first-time user guessing.
+        console.print("cards left on eager: " + ", ".join(
+            f"{v} {k}" + (f" ({CARD_DONE_REASONS[k]})" if k in CARD_DONE_REASONS else "")
+            for k, v in sorted(reasons.items())), highlight=False)
     console.print(f"tokens {doc['tokens']} · cost ${doc['cost_usd']:.4f} · proposals {doc['proposals']} · "
                   f"evaluations {doc['evaluations']}", highlight=False)
 
