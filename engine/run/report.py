@@ -138,14 +138,15 @@ def print_final_table(doc: dict[str, Any], console: Console | None = None) -> No
     narrow = console.width < NARROW_BELOW
     rows = [c for c in doc["cards"] if c["candidates"] or c["stopped"] not in CARD_SKIP_REASONS]
     timed = any(c.get("eager_us") is not None or c.get("best_us") is not None for c in doc["cards"])
-    title = f"run {doc['run']}: {doc['status']} ({_stop_words(doc)})"
+    # The title is a line of its own: as the table's title it was centred and wrapped to the table's width,
+    # which a dry run's five columns make narrower than the reasons the run ended.
+    console.print(f"run {doc['run']}: {doc['status']} ({_stop_words(doc)})", highlight=False)
     if narrow:
         from rich import box
 
-        console.print(title, highlight=False)
         table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0)
     else:
-        table = Table(title=title, pad_edge=False)
+        table = Table(pad_edge=False)
     cols: list[tuple[str, str]] = [("op", "left"), ("card", "left"), ("calls", "right")]
     if timed:
         cols += [("eager µs", "right"), ("best µs", "right"), ("speedup (95% CI)", "right")]
