@@ -75,6 +75,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _count(text: str) -> int:
+    """An integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, not {text}")
+    return value
+
+
 def _port(text: str) -> int:
     """A TCP port, 1 to 65535 (0 would bind a port the OS picks, which the printed address would not name)."""
     try:
@@ -158,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--small", action="store_true",
                    help="shrink batch and sequence (never widths) so capture runs on a CPU in seconds")
     p.add_argument("--device", choices=("cpu", "cuda"), help="where to build the model (default: cuda if present)")
-    p.add_argument("--samples", type=int, metavar="K", help="real input samples kept per card (default: config, 3)")
+    p.add_argument("--samples", type=_count, metavar="K", help="real input samples kept per card (default: config, 3)")
     _add_common(p)
 
     p = _command(sub, "run", "optimise a model's cards: search for faster verified kernels")
@@ -169,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replay-run", metavar="RUN",
                    help="with --provider replay: the run of this workspace whose answers are served again "
                         "(no LLM calls, no cost)")
-    p.add_argument("--iterations", type=int, metavar="N", help="evaluations per card (default 50)")
+    p.add_argument("--iterations", type=_positive_int, metavar="N", help="evaluations per card (default 50)")
     p.add_argument("--model", metavar="NAME", help="the LLM model the provider asks (overrides its config)")
     p.add_argument("--base-url", type=_url, metavar="URL",
                    help="the provider's endpoint, e.g. http://localhost:8000/v1 (overrides its config)")
@@ -465,8 +476,6 @@ def cmd_capture(args: argparse.Namespace) -> int:
     """`kforge-tui capture CONFIG`: capture cards, store them with samples, print them."""
     from engine.config import load_config
 
-    if args.samples is not None and args.samples < 0:
-        raise UsageError(f"--samples {args.samples}: must be 0 or more")
     config = load_config(args.config, small=args.small)
     workspace = _workspace(args)
     from engine.capture.store import capture_and_store

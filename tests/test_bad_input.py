@@ -264,11 +264,23 @@ def test_version_prints_the_package_version(cli, monkeypatch):
     # the OS picked while the printed address said :0.
     (["serve", "--port", "99999"], "--port"),
     (["serve", "--port", "0"], "--port"),
+    (["run", "x.toml", "--no-tui", "--iterations", "0"], "--iterations"),
+    (["capture", "x.toml", "--samples", "-1"], "--samples"),
 ])
 def test_out_of_range_flags_are_bad_usage(cli, tmp_path, argv, needle):
     code, out, err = cli(*argv, "--workspace", tmp_path / "ws")
     assert_one_line_error(code, out, err, needle, "must be")
     assert not (tmp_path / "ws").exists()  # refused before any work
+
+
+@pytest.mark.parametrize("argv", [["capture", "x.toml", "--samples", "-1"],
+                                  ["run", "x.toml", "--no-tui", "--iterations", "0"]])
+def test_a_bad_count_is_refused_before_torch_is_imported(cli, monkeypatch, argv):
+    # Both were checked after importing torch (2.5 s on two cores for a one-line refusal).
+    for module in ("engine.config", "engine.run.command"):
+        monkeypatch.setitem(sys.modules, module, None)  # importing either now fails
+    code, out, err = cli(*argv)
+    assert_one_line_error(code, out, err, argv[-2], "must be a whole number")
 
 
 def test_audit_of_a_closed_pipe_ends_quietly(tmp_path):
