@@ -202,7 +202,7 @@ def print_final_table(doc: dict[str, Any], console: Console | None = None) -> No
         # Each reason with its meaning: 'noise' or 'declined' alone left a first-time user guessing.
         console.print("cards left on eager: " + ", ".join(
             f"{v} {k}" + (f" ({CARD_DONE_REASONS[k]})" if k in CARD_DONE_REASONS else "")
-            for k, v in sorted(reasons.items())), highlight=False)
+            for k, v in sorted(reasons.items())), highlight=False, soft_wrap=True)
     console.print(f"tokens {doc['tokens']} · cost ${doc['cost_usd']:.4f} · proposals {doc['proposals']} · "
                   f"evaluations {doc['evaluations']}", highlight=False)
 
