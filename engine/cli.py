@@ -75,6 +75,28 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _count(text: str) -> int:
+    """An integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, not {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    """A TCP port, 1 to 65535 (0 would bind a port the OS picks, which the printed address would not name)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port number from 1 to 65535, not {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 1 to 65535, not {text}")
+    return value
+
+
 def package_version() -> str:
     """The installed kernel-forge version, else the one in pyproject.toml next to the engine."""
     from importlib.metadata import PackageNotFoundError, version
@@ -125,6 +147,11 @@ def _add_tui(p: argparse.ArgumentParser, top: bool = False) -> None:
     p.add_argument("--run", metavar="RUN", default=default, help="open this run instead of the latest")
 
 
+def _command(sub: argparse._SubParsersAction, name: str, summary: str) -> argparse.ArgumentParser:
+    """A subcommand whose own --help opens with the line that `kforge-tui --help` lists it by."""
+    return sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full CLI surface of DESIGN.md."""
     parser = _Parser(prog="kforge-tui", description=(
@@ -136,16 +163,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tui(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    p = sub.add_parser("capture", help="capture a model's operator cards and print them")
+    p = _command(sub, "capture", "capture a model's operator cards and print them")
     p.add_argument("config", metavar="CONFIG", help="model config, e.g. configs/models/resnet50.toml")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.add_argument("--small", action="store_true",
                    help="shrink batch and sequence (never widths) so capture runs on a CPU in seconds")
     p.add_argument("--device", choices=("cpu", "cuda"), help="where to build the model (default: cuda if present)")
-    p.add_argument("--samples", type=int, metavar="K", help="real input samples kept per card (default: config, 3)")
+    p.add_argument("--samples", type=_count, metavar="K", help="real input samples kept per card (default: config, 3)")
     _add_common(p)
 
-    p = sub.add_parser("run", help="optimise a model's cards: search for faster verified kernels")
+    p = _command(sub, "run", "optimise a model's cards: search for faster verified kernels")
     p.add_argument("config", metavar="CONFIG", nargs="?", help="model config (not needed with --resume)")
     p.add_argument("--no-tui", action="store_true", help="run in the foreground with progress on stderr")
     p.add_argument("--provider", help="builtin, anthropic, openai, replay, or a name from configs/providers.toml "
@@ -153,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replay-run", metavar="RUN",
                    help="with --provider replay: the run of this workspace whose answers are served again "
                         "(no LLM calls, no cost)")
-    p.add_argument("--iterations", type=int, metavar="N", help="evaluations per card (default 50)")
+    p.add_argument("--iterations", type=_positive_int, metavar="N", help="evaluations per card (default 50)")
     p.add_argument("--model", metavar="NAME", help="the LLM model the provider asks (overrides its config)")
     p.add_argument("--base-url", type=_url, metavar="URL",
                    help="the provider's endpoint, e.g. http://localhost:8000/v1 (overrides its config)")
@@ -187,11 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the cluster for --ray, as ray.init takes it (default: a local instance)")
     p.add_argument("--small", action="store_true", help="capture with the config's [small] sizes")
     p.add_argument("--resume", metavar="RUN", help="continue a run (also after a crash)")
-    p.add_argument("--device", choices=("cpu", "cuda"), help="where to capture the model")
+    p.add_argument("--device", choices=("cpu", "cuda"),
+                   help="where to capture the model (default: cuda if present)")
     _add_common(p)
     _add_tui(p)
 
-    p = sub.add_parser("export", help="package a run's winners as a .cast file (confirmed on this GPU)")
+    p = _command(sub, "export", "package a run's winners as a .cast file (confirmed on this GPU)")
     p.add_argument("run", metavar="RUN", nargs="?", help="run id (default: the workspace's latest run)")
     p.add_argument("--out", metavar="FILE.cast", help="where to write the cast")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
@@ -225,17 +253,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "an output that agrees with eager's (default: on; up to two minutes; docs/cast.md)")
     _add_common(p)
 
-    p = sub.add_parser("audit", help="show what a .cast file holds; --verify re-checks it on this GPU")
-    p.add_argument("file", metavar="FILE.cast")
+    p = _command(sub, "audit", "show what a .cast file holds; --verify re-checks it on this GPU")
+    p.add_argument("file", metavar="FILE.cast", help="the cast to show (what `kforge-tui export --out` wrote)")
     p.add_argument("--verify", action="store_true", help="re-check numerics and speed on the current GPU")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     _add_common(p)
 
-    p = sub.add_parser("runs", help="list the workspace's runs (newest first)")
+    p = _command(sub, "runs", "list the workspace's runs (newest first)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     _add_common(p)
 
-    p = sub.add_parser("prune", help="what the workspace holds on disk; --delete removes the capture samples "
+    p = _command(sub, "prune", "what the workspace holds on disk; --delete removes the capture samples "
                                      "no run needs (docs/cli.md)")
     p.add_argument("--delete", action="store_true",
                    help="remove what the listing marks 'remove' (without it, prune only shows what it would remove)")
@@ -249,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     _add_common(p)
 
-    p = sub.add_parser("compare", help="runs or providers side by side (the TUI; text when not a terminal)")
+    p = _command(sub, "compare", "runs or providers side by side (the TUI; text when not a terminal)")
     p.add_argument("runs", metavar="RUN", nargs="+", help="run ids (or unique prefixes)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout (no TUI)")
     p.add_argument("--plain", action="store_true",
@@ -257,12 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     _add_tui(p)
 
-    p = sub.add_parser("demo", help="the TUI on a small recorded run shipped with the package (no GPU needed)")
+    p = _command(sub, "demo", "the TUI on a small recorded run shipped with the package (no GPU needed)")
     _add_common(p)
     _add_tui(p)
 
-    p = sub.add_parser("serve", help="serve the TUI to a browser on localhost (reach it through an SSH tunnel)")
-    p.add_argument("--port", type=int, default=8000, help="localhost port (default 8000)")
+    p = _command(sub, "serve", "serve the TUI to a browser on localhost (reach it through an SSH tunnel)")
+    p.add_argument("--port", type=_port, default=8000, help="localhost port (default 8000)")
     p.add_argument("--host", default="127.0.0.1",
                    help="loopback address to bind (default 127.0.0.1; other hosts are refused: use an SSH tunnel)")
     p.add_argument("--demo", action="store_true", help="serve the demo run instead of the workspace")
@@ -448,8 +476,6 @@ def cmd_capture(args: argparse.Namespace) -> int:
     """`kforge-tui capture CONFIG`: capture cards, store them with samples, print them."""
     from engine.config import load_config
 
-    if args.samples is not None and args.samples < 0:
-        raise UsageError(f"--samples {args.samples}: must be 0 or more")
     config = load_config(args.config, small=args.small)
     workspace = _workspace(args)
     from engine.capture.store import capture_and_store

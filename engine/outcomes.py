@@ -103,7 +103,7 @@ CARD_DONE_REASONS: dict[str, str] = {
     "roofline": "its best is within reach of the roofline",
     "plateau": "no improvement for many iterations",
     "declined": "the proposer has nothing for this op",
-    "noise": "too small to matter (below the noise floor or share)",
+    "noise": "too small to matter: below the noise floor or the minimum share of the model's time",
     "no-samples": "no captured inputs to verify against",
     "not-selected": "left out by run --ops (the run searches only the cards it matches)",
 }

@@ -205,6 +205,21 @@ def test_help_lists_every_subcommand(cli, capsys):
         assert name in out
 
 
+@pytest.mark.parametrize("command", ["capture", "run", "export", "audit", "runs", "prune", "compare", "demo",
+                                     "serve"])
+def test_each_commands_help_says_what_it_does(cli, capsys, command):
+    # `kforge-tui demo --help` listed only options: what the demo is was in `kforge-tui --help` alone.
+    with pytest.raises(SystemExit) as exc:
+        cli("--help")
+    listing = capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        cli(command, "--help")
+    assert exc.value.code == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    line = next(ln for ln in listing.splitlines() if ln.strip().startswith(command + " "))
+    assert line.split(None, 1)[1].strip().lower() in help_text.lower()
+
+
 def test_user_model_example_captures(cli, tmp_path):
     import json
 
@@ -245,11 +260,27 @@ def test_version_prints_the_package_version(cli, monkeypatch):
     (["--refresh", "-1"], "--refresh"),
     (["run", "x.toml", "--refresh", "-1"], "--refresh"),
     (["demo", "--refresh", "0"], "--refresh"),
+    # textual-serve took 99999 and failed with "internal error: OverflowError", exit 1; 0 served on a port
+    # the OS picked while the printed address said :0.
+    (["serve", "--port", "99999"], "--port"),
+    (["serve", "--port", "0"], "--port"),
+    (["run", "x.toml", "--no-tui", "--iterations", "0"], "--iterations"),
+    (["capture", "x.toml", "--samples", "-1"], "--samples"),
 ])
 def test_out_of_range_flags_are_bad_usage(cli, tmp_path, argv, needle):
     code, out, err = cli(*argv, "--workspace", tmp_path / "ws")
     assert_one_line_error(code, out, err, needle, "must be")
     assert not (tmp_path / "ws").exists()  # refused before any work
+
+
+@pytest.mark.parametrize("argv", [["capture", "x.toml", "--samples", "-1"],
+                                  ["run", "x.toml", "--no-tui", "--iterations", "0"]])
+def test_a_bad_count_is_refused_before_torch_is_imported(cli, monkeypatch, argv):
+    # Both were checked after importing torch (2.5 s on two cores for a one-line refusal).
+    for module in ("engine.config", "engine.run.command"):
+        monkeypatch.setitem(sys.modules, module, None)  # importing either now fails
+    code, out, err = cli(*argv)
+    assert_one_line_error(code, out, err, argv[-2], "must be a whole number")
 
 
 def test_audit_of_a_closed_pipe_ends_quietly(tmp_path):

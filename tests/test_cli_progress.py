@@ -124,6 +124,33 @@ def _timed_doc() -> dict:
             "tokens": 0, "cost_usd": 0.0, "proposals": 28, "evaluations": 28}
 
 
+def test_the_cards_left_on_eager_say_why_in_words():
+    # It said "cards left on eager: 3 declined, 1 noise": what noise meant was nowhere on the screen.
+    doc = _timed_doc()
+    skipped = {"candidates": 0, "compiled": 0, "verified": 0, "failures": {}, "best_us": None, "speedup": None,
+               "speedup_ci": None, "eager_us": None, "calls": 1}
+    doc["cards"] += [{**skipped, "op": "aten::addmm", "id": "2" * 16, "stopped": "declined"},
+                     {**skipped, "op": "aten::relu", "id": "3" * 16, "stopped": "noise"}]
+    # One line also in a log 160 columns wide (a terminal wraps it where it must).
+    line = next(ln for ln in _final_table(doc, 160).splitlines() if ln.startswith("cards left on eager"))
+    assert line == ("cards left on eager: 1 declined (the proposer has nothing for this op), 1 noise (too small "
+                    "to matter: below the noise floor or the minimum share of the model's time)")
+
+
+def test_the_title_of_a_dry_runs_table_is_one_line_in_a_log():
+    # Off a terminal (160 columns) it was the table's title, centred and wrapped at the five narrow columns:
+    # "run run-…: done (every card finished before its iterations: 3" / "declined, 3 exhausted, 1 noise)".
+    card = {"op": "aten::gelu", "id": "749b69d5ee82bb88", "calls": 24, "eager_us": None, "best_us": None,
+            "speedup": None, "speedup_ci": None, "candidates": 14, "compiled": 14, "verified": 0, "failures": {},
+            "stopped": "exhausted"}
+    doc = {"run": "run-3827ffdcec23", "status": "done", "stopped_by": "iterations",
+           "cards": [card, {**card, "id": "9d706e29faa46b29"}, {**card, "id": "0cb9f661090757de"}],
+           "tokens": 0, "cost_usd": 0.0, "proposals": 38, "evaluations": 35}
+    lines = _final_table(doc, 160).splitlines()
+    assert lines[0] == "run run-3827ffdcec23: done (every card finished before its iterations: 3 exhausted)"
+    assert lines[1].startswith("┏") and sum("aten::gelu" in ln for ln in lines) == 3
+
+
 def test_the_final_table_shows_every_number_whole_at_80_columns():
     text = _final_table(_timed_doc(), 80)
     assert max(len(line) for line in text.splitlines()) <= 80

@@ -139,6 +139,23 @@ async def test_compare_two_runs(store):
         assert "failed: compile" in text and "best native_group_norm" in text
 
 
+async def test_compare_marks_a_dry_run(store):
+    # `compare --plain` said "done, dry run"; the TUI's compare said "done", with "verified 0 (0%)" below it.
+    db, ids = store
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE runs SET config = json_set(config, '$.dry_run', json('true')) WHERE id = ?",
+                     (ids["runs"][0],))
+        status = conn.execute("SELECT status FROM runs WHERE id = ?", (ids["runs"][0],)).fetchone()[0]
+    app = make_app(db, ids["runs"][-1], compare_runs=ids["runs"], start_mode="compare")
+    async with app.run_test(size=(100, 40)) as pilot:
+        await settle(pilot)
+        text = screen_text(app)
+        assert text.count(", dry run") == 1 and f"{status}, dry run" in text, text
+        # Each cell whole: the columns kept the run id's width, cutting these until the terminal was resized.
+        tokens = next(line for line in text.splitlines() if line.lstrip().startswith("tokens"))
+        assert tokens.rstrip().endswith(" out"), tokens
+
+
 async def test_control_rows_written(store):
     db, ids = store
     run = ids["runs"][-1]

@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from engine.outcomes import CARD_SKIP_REASONS, PROPOSAL_FAILURES
+from engine.outcomes import CARD_DONE_REASONS, CARD_SKIP_REASONS, PROPOSAL_FAILURES
 from engine.progress import StageProgress, search_bar, stdout_console
 from engine.run.orchestrator import CandidateRecord, Orchestrator
 
@@ -134,14 +134,15 @@ def print_final_table(doc: dict[str, Any], console: Console | None = None) -> No
     narrow = console.width < NARROW_BELOW
     rows = [c for c in doc["cards"] if c["candidates"] or c["stopped"] not in CARD_SKIP_REASONS]
     timed = any(c.get("eager_us") is not None or c.get("best_us") is not None for c in doc["cards"])
-    title = f"run {doc['run']}: {doc['status']} ({_stop_words(doc)})"
+    # The title is a line of its own: as the table's title it was centred and wrapped to the table's width,
+    # which a dry run's five columns make narrower than the reasons the run ended.
+    console.print(f"run {doc['run']}: {doc['status']} ({_stop_words(doc)})", highlight=False)
     if narrow:
         from rich import box
 
-        console.print(title, highlight=False)
         table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0)
     else:
-        table = Table(title=title, pad_edge=False)
+        table = Table(pad_edge=False)
     cols: list[tuple[str, str]] = [("op", "left"), ("card", "left"), ("calls", "right")]
     if timed:
         cols += [("eager µs", "right"), ("best µs", "right"), ("speedup (95% CI)", "right")]
@@ -194,8 +195,10 @@ def print_final_table(doc: dict[str, Any], console: Console | None = None) -> No
         reasons: dict[str, int] = {}
         for c in skipped:
             reasons[c["stopped"] or "not reached"] = reasons.get(c["stopped"] or "not reached", 0) + 1
-        console.print("cards left on eager: " + ", ".join(f"{v} {k}" for k, v in sorted(reasons.items())),
-                      highlight=False)
+        # Each reason with its meaning: 'noise' or 'declined' alone left a first-time user guessing.
+        console.print("cards left on eager: " + ", ".join(
+            f"{v} {k}" + (f" ({CARD_DONE_REASONS[k]})" if k in CARD_DONE_REASONS else "")
+            for k, v in sorted(reasons.items())), highlight=False, soft_wrap=True)
     console.print(f"tokens {doc['tokens']} · cost ${doc['cost_usd']:.4f} · proposals {doc['proposals']} · "
                   f"evaluations {doc['evaluations']}", highlight=False)
 

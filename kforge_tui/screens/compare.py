@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import DataTable, Footer, Header, Static
@@ -44,19 +45,20 @@ class CompareScreen(KforgeScreen):
         table = self.query_one("#compare", DataTable)
         table.clear(columns=True)
         table.add_column("run", key="what", width=26)
-        for d in data:
-            table.add_column(d["run"].id, key=d["run"].id)
         if not data:
             self.query_one("#compare-bar", Static).update("no runs to compare")
             return
         self.query_one("#compare-bar", Static).update(
             f"{len(data)} runs side by side · give RUN ids to `kforge-tui compare` to pick others")
+        rows: list[tuple[Text, list]] = []
 
         def row(label: str, cells: list, style: str = "") -> None:
-            table.add_row(Text(label, style=style or "bold"), *cells)
+            rows.append((Text(label, style=style or "bold"), cells))
 
         row("provider", [d["run"].provider for d in data])
-        row("status", [d["run"].status for d in data])
+        # As `compare --plain` says it: a dry run compiles and stops, and without the mark reads as a run that
+        # verified nothing.
+        row("status", [d["run"].status + (", dry run" if d["run"].config.get("dry_run") else "") for d in data])
         row("wall time", [fmt.duration(d["wall_s"]) for d in data])
         row("tokens", [f"{fmt.tokens(d['run'].tokens_in)} in / {fmt.tokens(d['run'].tokens_out)} out" for d in data])
         row("cost", [f"${d['run'].cost_usd:.2f}" for d in data])
@@ -77,6 +79,13 @@ class CompareScreen(KforgeScreen):
                 s = d["best"].get(cid, (None,))[0]
                 cells.append(Text(fmt.speedup(s), style="bold green" if s and s == best else ""))
             row(f"best {op.removeprefix('aten::')} ·{cid[-4:]}", cells, "")
+        # Each run's column as wide as its widest cell: left to auto width after clear(columns=True), a column
+        # kept its run id's width until the terminal was resized ("207.1k in /" for "207.1k in / 53.1k out").
+        for i, d in enumerate(data):
+            width = max([cell_len(d["run"].id), *(cell_len(str(cells[i])) for _, cells in rows)])
+            table.add_column(d["run"].id, key=d["run"].id, width=width)
+        for label, cells in rows:
+            table.add_row(label, *cells)
 
 
 def _rate(n: int, total: int) -> str:
