@@ -208,6 +208,32 @@ def test_verification_leaves_no_answer_for_a_later_candidates_first_run(protocol
     assert found and not any(found), f"an answer was in memory in {sum(found)} of {len(found)} runs"
 
 
+def test_no_answer_to_a_verification_set_exists_while_the_candidate_runs_on_it(protocol):
+    # Eager ran between the candidate's first and second runs of each set, and its output stayed alive through the
+    # second and third: a kernel that learnt where to look could copy eager's answer there, and its own
+    # computation went unchecked in those runs. Every eager output is watched, as the attacker could read it.
+    timed, check, cfg, _, _ = protocol
+    live: list[torch.Tensor] = []   # eager's outputs themselves (scrubbed in place when let go)
+    orig = check.eager
+
+    def eager(b):
+        out = orig(b)
+        live.append(out)
+        return out
+
+    check.eager = eager
+    found: list[bool] = []
+
+    def attacker(b, prefill):
+        honest_answer = _add(b)
+        found.append(any(t.shape == honest_answer.shape and torch.equal(t, honest_answer) for t in live))
+        return [honest_answer]
+
+    assert check.check(attacker).ok
+    assert len(found) > len(check.sets)
+    assert not any(found), f"eager's answer to the set was in memory in {sum(found)} of {len(found)} runs"
+
+
 def test_an_audited_round_allocates_nothing_before_the_candidates_call(protocol, monkeypatch):
     # Audited rounds cloned the inputs before the candidate's outputs were allocated: on the H200 its output
     # then sat at another address in exactly those rounds, and a kernel that cheated while its output address

@@ -230,16 +230,29 @@ class CardCheck:
             _scrub(held)
 
     def _check_set(self, run: RunCandidate, label: str, inputs: Bound, held: list[Any]) -> Verdict | None:
-        """One input set (`_check_one`): every output made here is put in `held`, to be scrubbed after."""
+        """One input set (`_check_one`): every output made here is put in `held`, to be scrubbed after. The
+        candidate's runs all come before eager's: no answer to this set exists in device memory while the
+        candidate runs (the caching allocator does not clear blocks, and eager's output sat beside the
+        candidate's second and third runs, for a kernel that learnt where to look)."""
         first_in, canaries = self.candidate_copy(inputs)
         before = [(p, t.clone()) for p, t in tensors_of(first_in)]
-        got = as_list(run(first_in, "nan"))
-        held += got
-        self.sync()
-        if canaries is not None and (bad := canaries.violations()):
-            raise GuardViolation("wrote outside an input: " + "; ".join(bad))
+        got = self._candidate_run(run, first_in, canaries, "nan", held)
+        # Second run on fresh buffers with a different prefill: unwritten elements show as a difference;
+        # otherwise the result must repeat (bit for bit unless the op may reorder sums).
+        second_in, canaries = self.candidate_copy(inputs)
+        second = self._candidate_run(run, second_in, canaries, "sentinel", held)
+        # A third (sample and fresh sets) whose outputs hold, before the call, eager's answer to the set checked
+        # before: what a model's output buffers hold (the caching allocator hands back blocks with earlier
+        # results in them, not the lane's NaN or sentinel). A kernel that computes only when its buffer looks
+        # poisoned, and otherwise trusts it, returns that answer here, as it would return stale results in
+        # the model. It must match eager on this set like the first run (`cheating` otherwise).
+        stale, third = self._stale, None
+        if stale is not None and label.startswith(("sample", "fresh")):
+            third_in, canaries = self.candidate_copy(inputs)
+            held += stale
+            third = self._candidate_run(run, third_in, canaries, stale, held)
         try:
-            expected, eager_in = self._expected(inputs)  # between the two candidate runs
+            expected, eager_in = self._expected(inputs)
             held += expected
         except Exception:
             if label.startswith("edge nonfinite"):
@@ -271,44 +284,31 @@ class CardCheck:
         precise = self._precision(label, inputs, got, expected)
         if precise is not None:
             return precise
-        # Second run on fresh buffers with a different prefill: unwritten elements show as a
-        # difference; otherwise the result must repeat (bit for bit unless the op may reorder sums).
-        second_in, canaries = self.candidate_copy(inputs)
-        second = as_list(run(second_in, "sentinel"))
-        held += second
-        self.sync()
-        if canaries is not None and (bad := canaries.violations()):
-            raise GuardViolation("wrote outside an input: " + "; ".join(bad))
         v = self._repeats(label, got, second, unwritten_check=True)
         if v is not None:
             return v
-        return self._stale_run(run, label, inputs, expected, tols, held)
-
-    def _stale_run(self, run: RunCandidate, label: str, inputs: Bound, expected: list[Any],
-                   tols: list[Any], held: list[Any]) -> Verdict | None:
-        """A third run (sample and fresh sets) whose fresh outputs hold, before the call, eager's answer to the
-        set checked before: what a model's output buffers hold (the caching allocator hands back blocks with
-        earlier results in them, not the lane's NaN or sentinel). A kernel that computes only when its buffer
-        looks poisoned, and otherwise trusts it, returns that answer here, as it would return stale results in
-        the model. It must match eager on this set like the first run (`cheating` otherwise)."""
-        stale = self._stale
         self._stale = [e.clone() if isinstance(e, torch.Tensor) else e for e in expected]
-        if stale is None or not label.startswith(("sample", "fresh")):
+        if third is not None:
+            bad_r = [r for r in compare_outputs(third, expected, tols) if not r.ok]
+            if bad_r:
+                return Verdict(False, "cheating", f"{label}: with its output buffers holding another input set's "
+                               f"answer before the call (as a model's buffers hold earlier results): "
+                               f"{bad_r[0].message}; it passed with NaN and sentinel there, so it trusts what the "
+                               "buffer held instead of computing every output",
+                               details={"reports": [_report_json(x) for x in bad_r]})
+        elif stale is not None:
             _scrub(stale)
-            return None
-        third_in, canaries = self.candidate_copy(inputs)
-        got = as_list(run(third_in, stale))
-        held += [*got, *stale]
+        return None
+
+    def _candidate_run(self, run: RunCandidate, inputs: Bound, canaries: Canaries | None, prefill: Any,
+                       held: list[Any]) -> list[Any]:
+        """One run of the candidate on its own copy of a set; its outputs go in `held`."""
+        got = as_list(run(inputs, prefill))
+        held += got
         self.sync()
         if canaries is not None and (bad := canaries.violations()):
             raise GuardViolation("wrote outside an input: " + "; ".join(bad))
-        bad_r = [r for r in compare_outputs(got, expected, tols) if not r.ok]
-        if bad_r:
-            return Verdict(False, "cheating", f"{label}: with its output buffers holding another input set's "
-                           f"answer before the call (as a model's buffers hold earlier results): {bad_r[0].message}; "
-                           "it passed with NaN and sentinel there, so it trusts what the buffer held instead of "
-                           "computing every output", details={"reports": [_report_json(x) for x in bad_r]})
-        return None
+        return got
 
     def _repeats(self, label: str, got: list[Any], again: list[Any], *, unwritten_check: bool,
                  how: str = "two runs on the same inputs") -> Verdict | None:
