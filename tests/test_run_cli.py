@@ -51,6 +51,24 @@ def test_unknown_run_to_resume(cli, tmp_path):
                           "--resume run-nope")
 
 
+def test_unknown_run_to_resume_without_a_gpu_says_so_before_the_gpu(cli, tmp_path):
+    # Without --dry-run on a machine with no GPU it said 'no CUDA GPU is visible; use --dry-run'.
+    code, out, err = cli("run", "--resume", "run-nope", "--no-tui", "--workspace", tmp_path)
+    assert_one_line_error(code, out, err, "--resume run-nope", "no such run")
+    assert "GPU" not in err
+
+
+def test_ray_without_ray_installed_is_refused_before_any_run_is_made(cli, tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    assert_one_line_error(*cli("run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--ray", "--workspace", tmp_path),
+                          "--ray", "pip install")
+    assert not (tmp_path / "kforge.db").exists() or not sqlite3.connect(tmp_path / "kforge.db").execute(
+        "SELECT count(*) FROM runs").fetchone()[0]
+
+
 def test_unknown_provider(cli, tmp_path):
     assert_one_line_error(*cli("run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--provider", "nope",
                                "--workspace", tmp_path), "--provider nope")

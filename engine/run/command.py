@@ -296,6 +296,9 @@ async def run_async(args: argparse.Namespace, workspace: Path,
         raise no_gpu  # before the workspace is touched
     store = await Store.open(db_path(workspace))
     run = await store.get_run(args.resume) if args.resume else None
+    if args.resume and run is None:   # before the GPU's absence: the run named is what is wrong
+        await store.close()
+        raise _no_such_run(args, workspace)
     if run is not None and not dry and gpus == 0:
         # A dry run resumed where there is no GPU stays a dry run; on a GPU it is evaluated for real
         # (prepare on a laptop, verify and time on the GPU box).
@@ -391,12 +394,16 @@ async def _check_ops_match(store: Store, capture_id: str, pattern: str, config: 
                      f"{shown or 'none'} (and 'chain', 'module', 'pattern' for chain cards)")
 
 
+def _no_such_run(args: argparse.Namespace, workspace: Path) -> UsageError:
+    return UsageError(f"--resume {args.resume}: no such run in {workspace} (`kforge-tui runs` lists them)")
+
+
 async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop: StopFlag, ids: dict[str, str],
                   dry: bool, gpus: int, stages: StageProgress, started: float) -> tuple[int, dict[str, Any]]:
     if args.resume:
         run = await store.get_run(args.resume)
         if run is None:
-            raise UsageError(f"--resume {args.resume}: no such run in {workspace}")
+            raise _no_such_run(args, workspace)
         capture_id, provider, cfg = run["capture_id"], run["provider"], run["config"]
         capture = await store.get_capture(capture_id)
         gone = samples_removed(capture)
@@ -638,8 +645,13 @@ def check_run_args(args: argparse.Namespace) -> None:
     if args.config is not None and args.resume:
         raise UsageError(f"run: give a CONFIG or --resume {args.resume}, not both "
                          f"(a resumed run keeps the config it started with)")
-    if args.iterations is not None and args.iterations < 1:
-        raise UsageError(f"--iterations {args.iterations}: must be at least 1")
+    if getattr(args, "ray", False):
+        import importlib.util
+
+        from engine.lane.ray_lanes import INSTALL_HINT
+
+        if importlib.util.find_spec("ray") is None:
+            raise UsageError(f"--ray: Ray is not installed; {INSTALL_HINT}")
     if getattr(args, "gpu", None):
         from engine.propose.hardware_profiles import profile
 
