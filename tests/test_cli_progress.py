@@ -374,3 +374,33 @@ async def test_a_search_stopped_by_its_budget_keeps_its_bar_where_it_stopped():
     used = o.cards["a"].iterations
     frame = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue().split("\r")[-1])
     assert 0 < used < 100 and f"{used}/100" in next(x for x in frame.splitlines() if "search" in x), frame
+
+
+async def test_a_dry_runs_search_line_says_nothing_is_verified():
+    # A dry run's line read 'verified 0 · failed 0' throughout: as if every candidate had yet to pass.
+    import re
+
+    from test_orchestrator import MemoryRecorder, ScriptedProposer, card, orchestrator
+
+    from engine.lane.evaluate import Evaluation
+    from engine.run.orchestrator import Budgets
+    from engine.run.report import Progress
+
+    async def compile_only(card_, proposal):
+        return Evaluation("compiled", None, "", 0.01)
+
+    out = _Terminal()
+    progress = Progress(StageProgress(out), dry=True)
+
+    class Recorder(MemoryRecorder):
+        async def event(self, kind, payload, card_id=None):
+            await super().event(kind, payload, card_id)
+            progress(kind, payload, card_id, o)
+
+    o = orchestrator([card("a")], ScriptedProposer(0.0), compile_only, Recorder(),
+                     budgets=Budgets(iterations_per_card=3), max_proposals=1)
+    await o.run()
+    progress.stages.close()
+    frame = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue().split("\r")[-1])
+    line = " ".join(x.strip() for x in frame[frame.rindex("search"):].splitlines())   # wrapped at the width
+    assert "compiled 3" in line and "nothing verified" in line and "verified 0" not in line, line

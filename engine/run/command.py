@@ -459,7 +459,7 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
             print(f"kforge: warning: the capture is {capture['dtype']} and the config runs the model in {gpu_dtype} "
                   f"on the GPU ([dtype] cuda): these kernels are for {capture['dtype']} cards, which the GPU will "
                   f"not call; set [dtype] cpu = \"{gpu_dtype}\" to prepare the GPU's own", file=sys.stderr)
-    recorder = StoreRecorder(store, run_id, progress=stop.quiet(Progress(stages)))
+    recorder = StoreRecorder(store, run_id, progress=stop.quiet(Progress(stages, dry=dry)))
     lanes, pool, ray_lanes = [], None, None
     # Cards named by --ops are searched whatever their share: the user chose them (a module card's share is
     # its GPU time; in a host-bound model its gain is mostly the launches it saves).

@@ -74,9 +74,10 @@ class Progress:
     """Event sink for `run --no-tui`: the search stage of a StageProgress (a bar updated in place on a
     terminal, one JSON line per event otherwise) with running counts: compiled, verified, failed."""
 
-    def __init__(self, stages: StageProgress | None = None, json_lines: bool | None = None):
+    def __init__(self, stages: StageProgress | None = None, json_lines: bool | None = None, dry: bool = False):
         self.stages = stages or StageProgress(json_lines=json_lines)
         self.counts = {"compiled": 0, "verified": 0, "failed": 0}
+        self.dry = dry   # nothing is verified in a dry run: its line counts compiled and failed to compile
 
     def __call__(self, kind: str, payload: dict[str, Any], card_id: str | None, o: Orchestrator | None) -> None:
         if kind == "evaluated":
@@ -94,9 +95,10 @@ class Progress:
         open_cards = sum(1 for c in o.cards.values() if not c.done_reason)
         best = max((r.speedup for r in o.records.values() if r.speedup), default=None)
         used, total = search_progress(o)
+        checked = (f" · rejected {self.counts['failed']} (dry run: nothing verified or timed)" if self.dry else
+                   f" · verified {self.counts['verified']} · failed {self.counts['failed']}")
         message = (f"cards open {open_cards}/{len(o.cards)} · proposals {o.totals.proposals} · compiled "
-                   f"{self.counts['compiled']} · verified {self.counts['verified']} · failed "
-                   f"{self.counts['failed']}" + (f" · best {best:.2f}×" if best else ""))
+                   f"{self.counts['compiled']}" + checked + (f" · best {best:.2f}×" if best else ""))
         self.stages.update("search", completed=used, total=total, message=message)
         if kind == "run_finished":
             # A search stopped with cards still open (wall time, cost, Ctrl-C) keeps its bar where it stopped.
