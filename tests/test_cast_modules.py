@@ -808,3 +808,12 @@ def test_a_module_collected_with_its_route_attached_gives_its_class_its_forward_
     del again  # the last one goes without a detach
     gc.collect()
     assert Dropped.__dict__["forward"] is own
+
+
+def test_hook_watch_walks_every_time_without_the_handle_counter(monkeypatch):
+    tree = nn.Sequential(nn.Linear(2, 2))
+    watch = modules.HookWatch(tree.modules())
+    monkeypatch.delattr(torch.utils.hooks.RemovableHandle, "next_id")
+    assert not watch() and not watch()
+    tree[0]._forward_hooks[0] = lambda m, a, o: None   # as a torch with no counter would register it
+    assert watch()

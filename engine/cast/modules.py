@@ -242,12 +242,12 @@ class HookWatch:
         self._clear_at = -1   # the handle counter when the tree was last seen without hooks
 
     def __call__(self) -> bool:
-        n = _Handle.next_id
-        if n == self._clear_at:
+        n = getattr(_Handle, "next_id", None)   # None (a torch without the counter): walk every time
+        if n is not None and n == self._clear_at:
             return False
         if hooks_on(self.hooked):
             return True
-        self._clear_at = n
+        self._clear_at = -1 if n is None else n
         return False
 
 
