@@ -366,3 +366,47 @@ def test_a_kernel_that_rewrites_the_audits_copy_of_its_values_is_caught(protocol
     run = timed.audited_ab(check, timed.TimedCandidate(prepare), lambda: None, cfg, seed=12)
     assert rewrote[0] == 0, "a copy of the candidate's values existed during its call"   # drawn again after it
     assert run.category == "mutation", run.message   # its own inputs rewritten: the audit sees it
+
+
+def _kept_int_check(op_name, samples):
+    from engine.verify.pipeline import CardCheck
+
+    op = resolve_op(op_name)
+    from engine.ops import written_args
+
+    check = CardCheck(op_name, samples, lambda b: call_op(op, b), race_reps=0, written_args=written_args(op))
+    check.keep_ints = True   # as where eager refuses random integers: timed calls keep the samples' integers
+    return check, op
+
+
+def test_a_broadcast_integer_kept_as_sampled_is_audited(monkeypatch):
+    # A kept integer broadcast to its shape (stride 0) was copied back whole into the audit's values: every audit
+    # raised ('more than one element of the written-to tensor refers to a single memory location') and the
+    # card's every candidate failed as an engine error.
+    from engine.verify import timed
+
+    monkeypatch.setattr(timed, "ab_time", _alternating_ab)
+    gen = torch.Generator().manual_seed(0)
+    samples = [[("self", torch.randint(0, 100, (1, 256), generator=gen).expand(64, 256)),
+                ("other", torch.randint(0, 100, (64, 256), generator=gen)), ("alpha", 1)] for _ in range(2)]
+    check, op = _kept_int_check("aten::add.Tensor", samples)
+    cfg = TimingConfig(min_reps=32, batch=8, audit_every=4, min_audits=3)
+    honest = timed.TimedCandidate(lambda b, prefill: (lambda: [call_op(op, b)]))
+    result = timed.audited_ab(check, honest, lambda: None, cfg, seed=11)
+    assert result.category is None and result.audited >= 3, result.message
+
+
+def test_an_integer_the_op_writes_in_place_kept_as_sampled_is_put_back_before_every_call(monkeypatch):
+    # The candidate's in-place writes to a kept integer added up from call to call, while the audit compared it
+    # with eager on the sampled values: an honest in-place add was called cheating.
+    from engine.verify import timed
+
+    monkeypatch.setattr(timed, "ab_time", _alternating_ab)
+    gen = torch.Generator().manual_seed(0)
+    samples = [[("self", torch.randint(0, 100, (4096,), generator=gen)),
+                ("other", torch.randint(0, 100, (4096,), generator=gen)), ("alpha", 1)] for _ in range(2)]
+    check, op = _kept_int_check("aten::add_.Tensor", samples)
+    cfg = TimingConfig(min_reps=32, batch=8, audit_every=4, min_audits=3)
+    honest = timed.TimedCandidate(lambda b, prefill: (lambda: [call_op(op, b)]))
+    result = timed.audited_ab(check, honest, lambda: None, cfg, seed=12)
+    assert result.category is None and result.audited >= 3, result.message

@@ -252,7 +252,11 @@ class Regenerator:
 
     def kept(self, bound: Bound) -> list[torch.Tensor]:
         """The tensors of `bound` that `refill_` leaves as they are (integers kept with `keep_ints`)."""
-        return [t for (_, t), (kind, _) in zip(tensors_of(bound), self.stats) if kind == "keep"]
+        return [t for _, t in self.kept_named(bound)]
+
+    def kept_named(self, bound: Bound) -> list[tuple[str, torch.Tensor]]:
+        """`kept`, each with its path in `bound` (as `tensors_of` names it)."""
+        return [(path, t) for (path, t), (kind, _) in zip(tensors_of(bound), self.stats) if kind == "keep"]
 
     def refill_(self, bound: Bound) -> None:
         for (_, t), (kind, p) in zip(tensors_of(bound), self.stats):

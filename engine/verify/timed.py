@@ -138,7 +138,11 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
     cand_pristine = [clone_bound(b) for b in cand_slots]
     eager_pristine = [clone_bound(b) for b in eager_slots]
     regen = Regenerator(bases[0], seed, keep_ints=check.keep_ints)
-    kept_host = [[t.to("cpu", copy=True) for t in regen.kept(b)] for b in bases]
+    # whole storage extents (`cover`): a kept integer broadcast to its shape (stride 0) cannot be copied into
+    kept_host = [[cover(t).to("cpu", copy=True) for t in regen.kept(b)] for b in bases]
+    # kept integers the op writes in place: put back before every call on both sides, else each call's write
+    # would add to the last and the audit's values (the originals) would not be the candidate's
+    rewritten = [i for i, (path, _) in enumerate(regen.kept_named(bases[0])) if path.split("[")[0] in check.written]
     K = len(bases)
     rate = 1.0 / max(1, cfg.audit_every)
     st = _Round()
@@ -156,7 +160,7 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
         for pristine, state in ((cand_pristine[st.k], st.cand_state), (eager_pristine[st.k], st.eager_state)):
             regen.redraw_(pristine, state)
             for dst, src in zip(regen.kept(pristine), kept_host[st.k]):
-                dst.copy_(src)
+                cover(dst).copy_(src)
         st.pristine, st.eager_pristine = cand_pristine[st.k], eager_pristine[st.k]
         flags: list[tuple[str, str, torch.Tensor]] = []
         for (path, p), (_, c), (_, ep), (_, e) in zip(tensors_of(st.pristine), tensors_of(cand_slots[st.k]),
@@ -194,6 +198,11 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
         regen.refill_(cand_slots[k])
         st.eager_state = regen.state()
         regen.refill_(eager_slots[k])   # values of its own: eager never computes the candidate's answer first
+        if rewritten:
+            for slot in (cand_slots[k], eager_slots[k]):
+                kept = regen.kept(slot)
+                for i in rewritten:
+                    cover(kept[i]).copy_(kept_host[k][i])
         st.audit = force[0] or (r >= 0 and rng.random() < rate)
         st.prefill = rng.choice(PREFILLS)
 
