@@ -393,7 +393,7 @@ class CardCheck:
                   if isinstance(e, torch.Tensor) and e.dtype in _UNIT_ROUNDOFF and e.numel()]
         if not halves or ref is None or len(ref) != len(expected):
             return None
-        copies: list[Any] = []   # the reference on the device, scrubbed after
+        copies: list[Any] = []   # the reference on the device and every float64 copy of an answer, scrubbed after
         try:
             for i in halves:
                 r, e, a = ref[i], expected[i], got[i]
@@ -402,18 +402,23 @@ class CardCheck:
                 host, r = r, r.to(e.device)
                 if r is not host:   # a copy (on the CPU `to` returns the cached tensor itself)
                     copies.append(r)
-                fin = torch.isfinite(r) & torch.isfinite(e.double()) & torch.isfinite(a.double())
+                ed, ad = e.double(), a.double()
+                copies += [ed, ad]
+                fin = torch.isfinite(r) & torch.isfinite(ed) & torch.isfinite(ad)
                 if not bool(fin.any()):
                     continue
                 rf = r[fin]
+                copies.append(rf)
                 scale = _rms(rf)
                 u = _UNIT_ROUNDOFF[e.dtype]
                 # Two views of the error: absolute (RMS) and per element relative to the value (in units of
                 # the format's roundoff; values below 1e-3 of the RMS count at that size). Rounding once from
                 # an exact value errs by at most 0.5 in the second; float16 arithmetic by several.
                 per = rf.abs().clamp_min(1e-3 * scale if scale > 0 else 1e-30) * u
-                e_abs, a_abs = _rms((e.double() - r)[fin]), _rms((a.double() - r)[fin])
-                e_ulp, a_ulp = _rms((e.double() - r)[fin] / per), _rms((a.double() - r)[fin] / per)
+                e_err, a_err = (ed - r)[fin], (ad - r)[fin]
+                copies += [per, e_err, a_err]
+                e_abs, a_abs = _rms(e_err), _rms(a_err)
+                e_ulp, a_ulp = _rms(e_err / per), _rms(a_err / per)
                 floor_abs, floor_ulp = 0.5 * u * scale, 0.5
                 ratio = max(a_abs / max(e_abs, floor_abs), a_ulp / max(e_ulp, floor_ulp))
                 if ratio > self.precision_factor:
@@ -435,8 +440,8 @@ class CardCheck:
         on the host (and its device copy scrubbed), as it is kept from one candidate's check to the next: an
         answer left in device memory could be copied instead of computed. `host=False` leaves it on the device,
         for a caller that uses it at once and scrubs it (a timed call's audit)."""
-        mine = [(n, _to64(v)) for n, v in clone_bound(inputs)]
-        try:
+        try:   # out of memory for the float64 copies too: no reference (the check is skipped)
+            mine = [(n, _to64(v)) for n, v in clone_bound(inputs)]
             out = as_list(self.reference64(mine))
             self.sync()
         except Exception:
