@@ -27,6 +27,17 @@ def test_degenerate_names_what_is_wrong_with_an_output():
     assert degenerate(torch.empty(0, 4)) == "empty (no elements)"
 
 
+def test_rel_l2_err_of_a_large_float16_output_does_not_overflow():
+    # A float16 norm of 100,000 elements of 300 is inf; with the reference's norm inf, an output half of it
+    # read as agreeing (0.0), and two outputs of 60,000 and -60,000 as differing by inf.
+    big = torch.full((100_000,), 300.0, dtype=torch.float16)
+    assert big.norm().isinf()
+    assert rel_l2_err(big * 0.5, big) == pytest.approx(0.5)
+    assert rel_l2_err(big, big.clone()) == 0.0
+    far = torch.full((4,), 60_000.0, dtype=torch.float16)
+    assert rel_l2_err(-far, far) == pytest.approx(2.0)
+
+
 def test_rel_l2_err_never_reads_non_finite_outputs_as_agreement():
     nan = torch.tensor([math.nan, 1.0])
     assert rel_l2_err(nan, nan.clone()) == math.inf  # both NaN in the same place: not agreement

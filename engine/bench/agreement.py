@@ -17,8 +17,31 @@ def rel_l2_err(out: Any, ref: Any) -> float:
 
     if not (bool(torch.isfinite(out).all()) and bool(torch.isfinite(ref).all())):
         return math.inf
-    num, den = float((out - ref).norm()), float(ref.norm())
+    num, den = _norms(out, ref)
     return num / den if den else (0.0 if num == 0 else math.inf)
+
+
+_CHUNK = 1 << 24   # elements upcast at a time: 128 MiB of float64 each side
+
+
+def _norms(out: Any, ref: Any) -> tuple[float, float]:
+    """‖out − ref‖ and ‖ref‖, summed in float64 a chunk at a time: a 16-bit norm (or difference) of a large output
+    overflows (a float16 norm of 100,000 elements of 300 is inf, and with ‖ref‖ = inf any output read as
+    agreeing), and a whole float64 copy of an LLM's logits would take gigabytes."""
+    import torch
+
+    if out.is_complex() or ref.is_complex():
+        out, ref = torch.view_as_real(out.resolve_conj()), torch.view_as_real(ref.resolve_conj())
+    if out.shape != ref.shape:
+        out, ref = torch.broadcast_tensors(out, ref)
+    o, r = out.reshape(-1), ref.reshape(-1)
+    num = torch.zeros((), dtype=torch.float64, device=r.device)
+    den = torch.zeros((), dtype=torch.float64, device=r.device)
+    for i in range(0, r.numel(), _CHUNK):
+        rc = r[i:i + _CHUNK].double()
+        num += (o[i:i + _CHUNK].double().to(rc.device) - rc).square().sum()
+        den += rc.square().sum()
+    return math.sqrt(float(num)), math.sqrt(float(den))
 
 
 # Two eager forwards on the same inputs may differ this much (relative L2) and still be the same function: GPU
