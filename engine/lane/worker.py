@@ -13,6 +13,7 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -99,20 +100,33 @@ class Worker:
         self.launch_us = launch_floor_us(self.device)
         self._side = torch.cuda.Stream(self.device)
         self._hog = _Hog(self.arch, self.props.multi_processor_count, self._peak.clock_hz)
+        self._contended = self._hog_running = False
 
     @contextmanager
     def _contend(self):
-        """Hold a random share of the SMs with long-lived blocks on another stream while the body runs:
-        a candidate launched beside them cannot have all its blocks resident at once, so it meets the
-        block interleavings of a busy GPU (a race that needs contention shows)."""
-        main = torch.cuda.current_stream(self.device)
-        self._side.wait_stream(main)
-        self._hog.launch(self._side.cuda_stream)
-        torch.cuda._sleep(4000)  # ~2 µs on the candidate's stream: the hog's blocks are resident first
+        """Hold a random share of the SMs with long-lived blocks on another stream while the body's candidate
+        runs: a candidate launched beside them cannot have all its blocks resident at once, so it meets the
+        block interleavings of a busy GPU (a race that needs contention shows). The blocks are started by
+        `_launch_beside` just before the candidate's kernels, after its outputs and workspaces are filled: they
+        spin ~30 µs, and filling a large card's outputs first (100 MB and more) outlasted them."""
+        self._contended = True
         try:
             yield
         finally:
-            main.wait_stream(self._side)
+            self._contended = False
+            if self._hog_running:
+                self._hog_running = False
+                torch.cuda.current_stream(self.device).wait_stream(self._side)
+
+    def _launch_beside(self, go: Callable[[], Any]) -> Any:
+        """`go()` (a prepared launch), beside the contention blocks where `_contend` is on."""
+        if self._contended:
+            main = torch.cuda.current_stream(self.device)
+            self._side.wait_stream(main)
+            self._hog.launch(self._side.cuda_stream)
+            self._hog_running = True
+            torch.cuda._sleep(4000)  # ~2 µs on the candidate's stream: the hog's blocks are resident first
+        return go()
 
     # ---- requests ---------------------------------------------------------------------------------
 
@@ -221,7 +235,7 @@ class Worker:
 
             def run(bound, prefill):
                 canaries.forget()
-                outs = launcher.run(bound, prefill)
+                outs = self._launch_beside(launcher.prepare(bound, prefill))
                 torch.cuda.synchronize()
                 bad = canaries.violations()
                 canaries.forget()
