@@ -251,6 +251,22 @@ class HookWatch:
         return False
 
 
+class NotCopied:
+    """A route is its module's, never a copy's: `copy.deepcopy(model)` or pickling a model while a cast is
+    installed gives each copied module None in place of the route (the copy runs its class's forward, and
+    pickling does not trip over the route's weak references). A copied route called the original module's
+    forward: the copy computed with the original's weights, even after the cast was removed and installed
+    again. A shallow copy shares the route object; the dispatcher runs a route only for its own module."""
+
+    __slots__ = ()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> None:
+        return None
+
+    def __reduce_ex__(self, protocol: Any) -> tuple:
+        return (type(None), ())
+
+
 @dataclass
 class PathStats:
     hits: int = 0
@@ -264,7 +280,7 @@ class PathStats:
         return {"hits": self.hits, "misses": self.misses, "declines": dict(self.declines)}
 
 
-class ModuleRoute:
+class ModuleRoute(NotCopied):
     """The route of one module while a cast covers it (see `attach`): the guard, then the plan or the original."""
 
     def __init__(self, module: torch.nn.Module, path: str, owner: object):
@@ -484,7 +500,8 @@ def _dispatcher(cls: type) -> Callable[..., Any]:
         if _dynamo_compiling():  # what torch.compile traces: the class's own forward, nothing of ours guarded
             return original(self, *args, **kwargs)
         route = self.__dict__.get(ROUTE_ATTR)
-        if route is None or route.cls is not for_cls():  # none, or a subclass's (super().forward in its forward)
+        # none, a subclass's (super().forward in its forward), or another module's (a shallow copy's __dict__)
+        if route is None or route.cls is not for_cls() or route.module() is not self:
             return original(self, *args, **kwargs)
         return route(*args, **kwargs)
 
@@ -504,7 +521,7 @@ def attach(module: torch.nn.Module, route: Any) -> str | None:
     Returns why not (None when attached): another route is there, or the instance has its own `forward`."""
     with _LOCK:
         d = module.__dict__
-        if ROUTE_ATTR in d:
+        if d.get(ROUTE_ATTR) is not None:   # None: a copy made while a cast was installed (NotCopied)
             return "another route is attached"
         if "forward" in d:
             return "the instance has its own forward (patched by other code); it keeps it"
