@@ -849,3 +849,49 @@ def test_a_copy_of_the_model_made_while_installed_computes_with_its_own_weights(
     restored = pickle.loads(blob)
     assert all(modules.route_of(m) is None for m in restored.modules())
     torch.testing.assert_close(_eager(restored, x), _eager(model, x), rtol=0, atol=0)
+
+
+class _Outer(nn.Module):
+    """A module whose card reads a parameter through a submodule (as an MLP's card reads its projections')."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = Model().layers[0].norm1
+
+    def forward(self, x):
+        return self.norm(x)
+
+
+def test_a_submodule_replaced_after_install_declines(cast):
+    """A submodule swapped after install (PEFT wraps a Linear so, a user swaps an activation) was not seen:
+    the parameter check looked at the old submodule, which still held its weight, so the plan ran with the
+    replaced module's weights."""
+    torch.manual_seed(2)
+    model = nn.Sequential(_Outer()).to(torch.bfloat16)
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    card = {"class": "_Outer", "paths": ["0"], "args": [{"input": 0}], "params": [{"name": "norm.weight", "input": 1}]}
+    c = cast(variants=[_variant(module=card)])
+    with c.enabled(model), torch.no_grad():
+        model(x)
+        assert c.counting.calls == 1
+        fresh = Model().layers[0].norm1.to(torch.bfloat16)
+        fresh.weight.normal_()
+        model[0].norm = fresh
+        got = model(x)
+    torch.testing.assert_close(got, _eager(model, x), rtol=0, atol=0)
+    assert c.counting.calls == 1 and c.stats()["modules"]["0"]["declines"] == {"modules changed": 1}
+
+
+def test_a_parameter_given_other_metadata_over_the_same_memory_declines(model, cast):
+    """`weight.data = weight.data.view(dtype)` (or `.t()`) keeps the Parameter, its address and its version
+    counter: the check passed and the plan got a tensor of another dtype or strides than it was proven for."""
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    c = cast()
+    norm = model.layers[0].norm1
+    with c.enabled(model), torch.no_grad():
+        v, ptr = norm.weight._version, norm.weight.data_ptr()
+        norm.weight.data = norm.weight.data.view(torch.float16)
+        assert (norm.weight._version, norm.weight.data_ptr()) == (v, ptr)
+        norm(x)
+    assert c.counting.calls == 0
+    assert c.stats()["modules"]["layers.0.norm1"]["declines"] == {"parameters changed": 1}

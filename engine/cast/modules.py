@@ -21,9 +21,9 @@ An instance `forward` set by other code is never installed over.
 The guard, per call, all O(1) in the number of variants (one dict lookup on the arguments' key):
 the exact positional-argument signature (per tensor dtype, shape, strides, alignment, device, neg/conj;
 per other argument its value) and no keyword arguments; every parameter the chain reads still the object
-held at install, with the same `_version` and data pointer; no hooks on the module or its submodules and
-no global module hooks; the module's own attributes (eps…) as at install, where they equal a proven
-instance's, and its training flag as at proof (where the cast records it); the plain module-level values
+held at install, with the same `_version`, data pointer, dtype, shape and strides; every submodule the object
+it was at install; no hooks on the module or its submodules and no global module hooks; the module's own
+attributes (eps…) as at install, where they equal a proven instance's, and its training flag as at proof (where the cast records it); the plain module-level values
 its forward reads as at install (forward_reads); autocast as at proof; no grad needed (grad enabled and an
 input or parameter requiring grad); not while Dynamo or the JIT traces, or a dispatch mode is active (a capture must see
 the ATen calls).
@@ -189,8 +189,9 @@ class ModuleVariant:
     vid: str
     args_key: tuple                          # the key the forward's positional arguments must have
     arg_inputs: tuple[tuple[int, int], ...]  # (positional argument k, chain input i)
-    params: tuple[tuple[Any, str, str, torch.Tensor, int, int, int], ...]
-    # ^ (holder module, leaf name, "_parameters" | "_buffers", tensor, version, data_ptr, chain input i)
+    params: tuple[tuple[Any, str, str, torch.Tensor, int, int, int, tuple], ...]
+    # ^ (holder module, leaf name, "_parameters" | "_buffers", tensor, version, data_ptr, chain input i,
+    #    (dtype, shape, strides)): `weight.data = weight.data.view(dtype)` keeps the object, address and version
     n_inputs: int
     autocast: tuple                          # autocast state at proof (() = off everywhere)
     plan: Callable[[list[Any]], Any]         # plan(in0..inN) -> the chain's outputs (or its one output)
@@ -205,9 +206,9 @@ class ModuleVariant:
         return True
 
     def params_unchanged(self) -> bool:
-        for holder, leaf, where, t, version, ptr, _ in self.params:
+        for holder, leaf, where, t, version, ptr, _, (dtype, shape, stride) in self.params:
             if holder.__dict__[where].get(leaf) is not t or (version >= 0 and t._version != version) \
-                    or t.data_ptr() != ptr:
+                    or t.data_ptr() != ptr or t.dtype is not dtype or t.shape != shape or t.stride() != stride:
                 return False
         return True
 
@@ -298,6 +299,9 @@ class ModuleRoute(NotCopied):
         self.module = self.hooks.hooked[0]  # the module itself
         # the module-level values its forward reads, as at install (a flag it branches on)
         self.reads = grouped([(g, k, g[k]) for g, k in forward_reads(self.cls)])
+        # each submodule by identity, as at install: a submodule swapped in later (PEFT's wrapped Linear, another
+        # activation) is not what the plan computes, and the parameter check reads the old one's tensors
+        self.tree = grouped([(m._modules, k, v) for m in module.modules() for k, v in m._modules.items()])
         self.active = True
 
     @property
@@ -307,6 +311,12 @@ class ModuleRoute(NotCopied):
     def original(self, *args: Any, **kwargs: Any) -> Any:
         """The class's forward on the module: what runs whenever the guard declines."""
         return self._forward(self.module(), *args, **kwargs)
+
+    def _tree_unchanged(self) -> bool:
+        try:
+            return all(get(d) == values for d, get, values in self.tree)
+        except KeyError:  # a submodule deleted
+            return False
 
     def _hooks(self) -> bool:
         return self.hooks()
@@ -336,6 +346,9 @@ class ModuleRoute(NotCopied):
             return self.original(*args, **kwargs)
         if not v.params_unchanged():
             st.decline("parameters changed")
+            return self.original(*args, **kwargs)
+        if self.tree and not self._tree_unchanged():
+            st.decline("modules changed")
             return self.original(*args, **kwargs)
         m = self.module()
         if m is None or (v.training is not None and m.training != v.training):
@@ -447,7 +460,8 @@ def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], c
         fed[i] = name
         # an inference tensor (a model built under inference_mode) keeps no version counter: -1, held by
         # identity and address alone; the plan reads its values at each call as the forward would
-        bound.append((holder, leaf, where, t, -1 if t.is_inference() else t._version, t.data_ptr(), i))
+        bound.append((holder, leaf, where, t, -1 if t.is_inference() else t._version, t.data_ptr(), i,
+                      (t.dtype, t.shape, t.stride())))
     missing = [i for i in range(len(inputs)) if i not in fed]
     if missing:
         raise ModuleCardError(f"chain input in{missing[0]} is fed neither by an argument nor by a parameter")
