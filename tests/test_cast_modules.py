@@ -895,3 +895,35 @@ def test_a_parameter_given_other_metadata_over_the_same_memory_declines(model, c
         norm(x)
     assert c.counting.calls == 0
     assert c.stats()["modules"]["layers.0.norm1"]["declines"] == {"parameters changed": 1}
+
+
+class _Switched(nn.Module):
+    """A forward that branches on a plain attribute of its own (as `self.use_fast`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = Model().layers[0].norm1
+        self.weight = self.norm.weight
+        self.normalize = True
+
+    def forward(self, x):
+        return self.norm(x) if self.normalize else x
+
+
+def test_a_plain_attribute_changed_after_install_declines_also_without_recorded_states(cast):
+    """A card whose capture recorded no `states` (one of the module's attributes was not a plain value: a
+    transformers config) guarded none of its attributes: after `module.normalize = False` the plan still ran.
+    Its plain attributes are now held to their values at install as a recorded state's are."""
+    torch.manual_seed(3)
+    model = nn.Sequential(_Switched()).to(torch.bfloat16)
+    model[0].config = object()   # what keeps a capture from recording states
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    card = {"class": "_Switched", "paths": ["0"], "args": [{"input": 0}], "params": [{"name": "weight", "input": 1}]}
+    c = cast(variants=[_variant(module=card)])
+    with c.enabled(model), torch.no_grad():
+        model(x)
+        assert c.counting.calls == 1
+        model[0].normalize = False
+        got = model(x)
+    torch.testing.assert_close(got, x, rtol=0, atol=0)
+    assert c.counting.calls == 1 and c.stats()["modules"]["0"]["declines"] == {"attributes changed": 1}

@@ -23,8 +23,9 @@ the exact positional-argument signature (per tensor dtype, shape, strides, align
 per other argument its value) and no keyword arguments; every parameter the chain reads still the object
 held at install, with the same `_version`, data pointer, dtype, shape and strides; every submodule the object
 it was at install; no hooks on the module or its submodules and no global module hooks; the module's own
-attributes (eps…) as at install, where they equal a proven instance's, and its training flag as at proof (where the cast records it); the plain module-level values
-its forward reads as at install (forward_reads); autocast as at proof; no grad needed (grad enabled and an
+attributes (eps…) as at install, where they equal a proven instance's (without recorded states: its plain
+attributes as at install), and its training flag as at proof (where the cast records it); the plain
+module-level values its forward reads as at install (forward_reads); autocast as at proof; no grad needed (grad enabled and an
 input or parameter requiring grad); not while Dynamo or the JIT traces, or a dispatch mode is active (a capture must see
 the ATen calls).
 Anything else runs the original forward. Coverage is never wider than what was proven; a decline costs
@@ -56,6 +57,8 @@ import torch.nn.modules.module as _mm
 from torch.utils.hooks import RemovableHandle as _Handle
 
 from engine.capture.module_binding import (  # noqa: F401 - ModuleCardError and module_binding re-exported
+    _MODULE_INTERNALS,
+    IGNORED_STATE,
     ROUTE_ATTR,
     ModuleCardError,
     autocast_state,
@@ -465,14 +468,17 @@ def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], c
     missing = [i for i in range(len(inputs)) if i not in fed]
     if missing:
         raise ModuleCardError(f"chain input in{missing[0]} is fed neither by an argument nor by a parameter")
-    attrs: tuple[tuple[str, Any], ...] = ()
     states = card.get("states")
     if states:  # the proof's own attributes (eps, with_scale…): a module configured otherwise is not the card's
         state = module_state(module)
         if not state_matches(state, states):
             raise ModuleCardError(f"its attributes differ from the proven module's: {state_difference(state, states)}")
-        # copies: a list attribute changed in place is then a changed attribute (the live list would equal itself)
-        attrs = tuple((name, copy.deepcopy(module.__dict__[name])) for name in state)
+        names = list(state)
+    else:  # none recorded (an attribute was no plain value, a config): its plain ones are held as at install
+        names = [k for k, v in vars(module).items()
+                 if k not in _MODULE_INTERNALS and k not in IGNORED_STATE and plain_value(v)]
+    # copies: a list attribute changed in place is then a changed attribute (the live list would equal itself)
+    attrs = tuple((name, copy.deepcopy(module.__dict__[name])) for name in names)
     autocast = tuple(tuple(x) for x in card.get("autocast", []))
     return ModuleVariant(vid, tuple(key), tuple(arg_inputs), tuple(bound), len(inputs), autocast, plan,
                          attrs=attrs, training=card.get("training"))
