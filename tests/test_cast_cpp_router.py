@@ -326,6 +326,26 @@ def test_a_python_number_in_a_tensor_slot_is_compared_by_value(ext):
         cpp_router.uninstall(ext, "aten::add.Tensor", "CPU")
 
 
+@pytest.mark.parametrize("proven, call", [(3, 3.0), (3.0, 3), (0.0, -0.0)])
+def test_a_python_number_of_another_type_or_sign_is_another_signature(ext, proven, call):
+    """`x + 3` of an int32 tensor is int32, `x + 3.0` float32; `x * -0.0` flips the zeros' signs. The router
+    compared wrapped numbers as doubles (3 == 3.0, 0.0 == -0.0), so a variant proven for one ran for the
+    other and returned the proven dtype."""
+    op = torch.ops.aten.add.Tensor if proven != 0.0 else torch.ops.aten.mul.Tensor
+    x = torch.arange(8, dtype=torch.int32) if proven != 0.0 else torch.ones(8)
+    want = op(x, call)
+    plan = _plan(ext, op, (x, proven), [op(x, proven)])
+    name = op.name()
+    cpp_router.install(ext, name, "CPU", [plan])
+    try:
+        op(x, proven)
+        got = op(x, call)
+        assert _counts(ext, name)["hits"] == [1]
+        assert got.dtype == want.dtype and torch.equal(got, want) and torch.equal(got.signbit(), want.signbit())
+    finally:
+        cpp_router.uninstall(ext, name, "CPU")
+
+
 def test_a_c_plus_plus_route_is_told_the_layouts_compiled_code_passes_as_held():
     """Installed (again) after a compile passed an input as held, the C++ route gets the held layouts: a call of
     compiled code that goes to PyTorch's kernel then gets that input made contiguous (router.cpp set_held)."""

@@ -1060,3 +1060,23 @@ def test_with_states_a_cache_tensor_handed_on_in_a_mapping_is_passed_by_referenc
     assert all(s["captured"] == 1 and s["replays"] == 4 and not s["refused"] for s in st.values()), st
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert torch.equal(cache.keys, want_cache.keys)
+
+
+def test_a_copy_of_the_model_made_while_routed_is_a_plain_model():
+    """Copying (or pickling) a model while its graph routes were installed raised (the route's lock); a copy
+    now runs its own forward with its own weights, and holds no route."""
+    import copy
+    import pickle
+
+    model = Net().eval()
+    gs = GraphSet(model, lambda path, m: isinstance(m, Block), StandIn())
+    x = _x()
+    with torch.no_grad(), gs:
+        model(x)
+        twin = copy.deepcopy(model)
+        restored = pickle.loads(pickle.dumps(model))
+        twin.blocks[0].lin.weight.add_(1)
+        got = twin(x)
+        assert torch.equal(restored(x), model(x))
+    assert torch.equal(got, twin(x))
+    assert not any(modules.route_of(m) for m in (*twin.modules(), *restored.modules()))

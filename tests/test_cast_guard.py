@@ -309,3 +309,19 @@ def test_an_override_torch_refuses_leaves_that_variants_calls_to_pytorch(monkeyp
             runtime.add_entries(object(), entries[:1], "CPU")
     finally:
         runtime.remove_owner(owner)
+
+
+@pytest.mark.parametrize("proven, call", [(3, 3.0), (1, True), (0.0, -0.0)])
+def test_a_python_number_of_another_type_or_sign_is_another_signature(owner, proven, call):
+    """`x + 3` and `x + 3.0` promote differently (an int32 tensor stays int32 with the first, becomes float32
+    with the second), `b + True` and `b + 1` too (bool, int64), and `x * 0.0` and `x * -0.0` differ in the
+    sign of zeros; a number's key held its value alone (3 == 3.0 == hash), so a variant proven for one ran
+    for the other and returned the proven dtype."""
+    x = {3: torch.arange(8, dtype=torch.int32), 1: torch.tensor([True, False]), 0.0: torch.ones(4)}[proven]
+    op = ADD if proven != 0.0 else torch.ops.aten.mul.Tensor
+    want, sevens = op(x, call), torch.full_like(op(x, proven), 7)
+    plan = _install(owner, op, _sig(op, x, proven), lambda b: sevens)
+    assert torch.all(op(x, proven) == 7) and plan.hits == 1            # the proven call
+    got = op(x, call)
+    assert plan.hits == 1 and got.dtype == want.dtype and torch.equal(got, want)
+    assert torch.equal(torch.signbit(got), torch.signbit(want))

@@ -6,6 +6,7 @@ runs the module's own forward; removing the cast leaves the model exactly as it 
 from __future__ import annotations
 
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -727,8 +728,8 @@ def test_under_torch_compile_nothing_of_an_installed_route_is_guarded(model, cas
 
 
 class _Route:
-    def __init__(self, cls, calls):
-        self.cls, self.calls = cls, calls
+    def __init__(self, module, calls):
+        self.cls, self.calls, self.module = type(module), calls, weakref.ref(module)
 
     def __call__(self, x):
         self.calls.append(self.cls.__name__)
@@ -751,10 +752,10 @@ def test_a_route_serves_only_instances_of_its_own_class_and_each_class_gets_its_
     x = torch.ones(2)
     calls = []
     b1, b2, s, h = Base(), Base(), Sub(), Heir()
-    routes = {m: _Route(type(m), calls) for m in (b1, s, h)}
+    routes = {m: _Route(m, calls) for m in (b1, s, h)}
     for m, r in routes.items():
         assert modules.attach(m, r) is None
-    assert modules.attach(b1, _Route(Base, calls)) == "another route is attached"
+    assert modules.attach(b1, _Route(b1, calls)) == "another route is attached"
     assert torch.equal(b1(x), x * 0) and torch.equal(s(x), x * 0) and torch.equal(h(x), x * 0)
     assert calls == ["Base", "Sub", "Heir"]
     assert torch.equal(b2(x), x + 1)  # no route: the class's forward
@@ -765,7 +766,7 @@ def test_a_route_serves_only_instances_of_its_own_class_and_each_class_gets_its_
     assert "forward" not in Heir.__dict__ and torch.equal(h(x), x + 1)
     modules.detach(s, routes[s])
     assert Sub.__dict__["forward"] is own[1]
-    assert modules.detach(b1, _Route(Base, calls)) is False  # not the one attached: left in place
+    assert modules.detach(b1, _Route(b1, calls)) is False  # not the one attached: left in place
     assert Base.__dict__["forward"] is not own[0]
     modules.detach(b1, routes[b1])
     assert Base.__dict__["forward"] is own[0] and torch.equal(b1(x), x + 1)
@@ -782,7 +783,7 @@ def test_a_class_whose_forward_cannot_be_replaced_is_not_routed_and_says_why():
             return x + 1
 
     m = Locked()
-    why = modules.attach(m, _Route(Locked, []))
+    why = modules.attach(m, _Route(m, []))
     assert why == "its class's forward cannot be replaced (TypeError: Locked is frozen)"
     assert modules.route_of(m) is None and torch.equal(m(torch.ones(1)), torch.full((1,), 2.0))
 
@@ -796,15 +797,15 @@ def test_a_module_collected_with_its_route_attached_gives_its_class_its_forward_
 
     own = Dropped.__dict__["forward"]
     kept, dropped = Dropped(), Dropped()
-    modules.attach(kept, _Route(Dropped, []))
-    modules.attach(dropped, _Route(Dropped, []))
+    modules.attach(kept, _Route(kept, []))
+    modules.attach(dropped, _Route(dropped, []))
     del dropped
     gc.collect()
     assert Dropped.__dict__["forward"] is not own  # one instance still holds a route
     modules.detach(kept, modules.route_of(kept))
     assert Dropped.__dict__["forward"] is own
     again = Dropped()
-    modules.attach(again, _Route(Dropped, []))
+    modules.attach(again, _Route(again, []))
     del again  # the last one goes without a detach
     gc.collect()
     assert Dropped.__dict__["forward"] is own
@@ -817,3 +818,112 @@ def test_hook_watch_walks_every_time_without_the_handle_counter(monkeypatch):
     assert not watch() and not watch()
     tree[0]._forward_hooks[0] = lambda m, a, o: None   # as a torch with no counter would register it
     assert watch()
+
+
+def test_a_copy_of_the_model_made_while_installed_computes_with_its_own_weights(model, cast):
+    """A deep copy (an EMA twin, a model forked for fine-tuning) made while the cast was installed copied the
+    route in each module's __dict__, and the copied route called the original module's forward: the copy
+    computed with the original's weights, also after the cast was removed and installed again. A shallow copy
+    shares the route object itself. The copies now run their class's own forward, and pickling works."""
+    import copy
+    import pickle
+
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    c = cast()
+    with c.enabled(model), torch.no_grad():
+        twin, shallow = copy.deepcopy(model), copy.copy(model.layers[0].norm1)
+        blob = pickle.dumps(model)
+        for layer in twin.layers:
+            layer.norm1.weight.add_(1)
+        got = twin(x)
+        shallow._parameters = dict(shallow._parameters)  # its own table, then its own parameter
+        shallow.weight = nn.Parameter(shallow.weight + 1)
+        got_shallow = shallow(x)
+    want = _eager(twin, x)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(got_shallow, _eager(shallow, x), rtol=0, atol=0)
+    with c.enabled(model), torch.no_grad():  # installed again: the copy still runs its own forward
+        torch.testing.assert_close(twin(x), want, rtol=0, atol=0)
+        assert modules.route_of(twin.layers[0].norm1) is None
+        assert c.install(twin).stats()["modules"]  # and the copy can be routed itself
+    restored = pickle.loads(blob)
+    assert all(modules.route_of(m) is None for m in restored.modules())
+    torch.testing.assert_close(_eager(restored, x), _eager(model, x), rtol=0, atol=0)
+
+
+class _Outer(nn.Module):
+    """A module whose card reads a parameter through a submodule (as an MLP's card reads its projections')."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = Model().layers[0].norm1
+
+    def forward(self, x):
+        return self.norm(x)
+
+
+def test_a_submodule_replaced_after_install_declines(cast):
+    """A submodule swapped after install (PEFT wraps a Linear so, a user swaps an activation) was not seen:
+    the parameter check looked at the old submodule, which still held its weight, so the plan ran with the
+    replaced module's weights."""
+    torch.manual_seed(2)
+    model = nn.Sequential(_Outer()).to(torch.bfloat16)
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    card = {"class": "_Outer", "paths": ["0"], "args": [{"input": 0}], "params": [{"name": "norm.weight", "input": 1}]}
+    c = cast(variants=[_variant(module=card)])
+    with c.enabled(model), torch.no_grad():
+        model(x)
+        assert c.counting.calls == 1
+        fresh = Model().layers[0].norm1.to(torch.bfloat16)
+        fresh.weight.normal_()
+        model[0].norm = fresh
+        got = model(x)
+    torch.testing.assert_close(got, _eager(model, x), rtol=0, atol=0)
+    assert c.counting.calls == 1 and c.stats()["modules"]["0"]["declines"] == {"modules changed": 1}
+
+
+def test_a_parameter_given_other_metadata_over_the_same_memory_declines(model, cast):
+    """`weight.data = weight.data.view(dtype)` (or `.t()`) keeps the Parameter, its address and its version
+    counter: the check passed and the plan got a tensor of another dtype or strides than it was proven for."""
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    c = cast()
+    norm = model.layers[0].norm1
+    with c.enabled(model), torch.no_grad():
+        v, ptr = norm.weight._version, norm.weight.data_ptr()
+        norm.weight.data = norm.weight.data.view(torch.float16)
+        assert (norm.weight._version, norm.weight.data_ptr()) == (v, ptr)
+        norm(x)
+    assert c.counting.calls == 0
+    assert c.stats()["modules"]["layers.0.norm1"]["declines"] == {"parameters changed": 1}
+
+
+class _Switched(nn.Module):
+    """A forward that branches on a plain attribute of its own (as `self.use_fast`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = Model().layers[0].norm1
+        self.weight = self.norm.weight
+        self.normalize = True
+
+    def forward(self, x):
+        return self.norm(x) if self.normalize else x
+
+
+def test_a_plain_attribute_changed_after_install_declines_also_without_recorded_states(cast):
+    """A card whose capture recorded no `states` (one of the module's attributes was not a plain value: a
+    transformers config) guarded none of its attributes: after `module.normalize = False` the plan still ran.
+    Its plain attributes are now held to their values at install as a recorded state's are."""
+    torch.manual_seed(3)
+    model = nn.Sequential(_Switched()).to(torch.bfloat16)
+    model[0].config = object()   # what keeps a capture from recording states
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    card = {"class": "_Switched", "paths": ["0"], "args": [{"input": 0}], "params": [{"name": "weight", "input": 1}]}
+    c = cast(variants=[_variant(module=card)])
+    with c.enabled(model), torch.no_grad():
+        model(x)
+        assert c.counting.calls == 1
+        model[0].normalize = False
+        got = model(x)
+    torch.testing.assert_close(got, x, rtol=0, atol=0)
+    assert c.counting.calls == 1 and c.stats()["modules"]["0"]["declines"] == {"attributes changed": 1}

@@ -189,3 +189,32 @@ def test_a_class_faster_under_cuda_graphs_too_serves_that_target_and_it_is_said(
     _, lines, _, manifest = _export(ws, monkeypatch, {**TRIED, "chosen": slower})
     assert manifest["source"]["layout_routes"]["targets"] == ["eager"]
     assert "not kept there: not faster with confidence" in "\n".join(lines)
+
+
+def test_remove_takes_out_the_routes_of_every_model_named_while_installed(tmp_path):
+    """install(a), then install(b) on the installed cast: the set made for b replaced a's, which stayed attached,
+    so after remove() model a still ran channels-last through a route of a cast no longer installed."""
+    from test_cast_modules import ENV
+
+    import engine.cast
+    from engine.cast import format as cast_format
+    from engine.cast import modules
+    from engine.cast.format import write_cast
+
+    a, b, x = _net(), _net(), torch.randn(2, 8, 16, 16)
+    with torch.no_grad():
+        learned = _routes(a, learn=True)
+        with learned:
+            a(x)
+    lr = {"classes": ["Net"], "targets": ["eager"], "memory_format": "channels_last",
+          "signatures": json.loads(json.dumps(learned.signatures()))}
+    manifest = {"format": cast_format.FORMAT, "format_version": cast_format.FORMAT_VERSION, "env": ENV,
+                "variants": [], "source": {"layout_routes": lr}}
+    write_cast(tmp_path / "l.cast", manifest, {}, "# test\n")
+    cast = engine.cast.load(tmp_path / "l.cast", env=ENV)
+    with torch.no_grad():
+        with cast.enabled(a), cast.enabled(b):
+            a(x)
+            assert a.blocks[0].probe.seen == "channels_last"
+        a(x)
+    assert a.blocks[0].probe.seen == "contiguous" and modules.route_of(a) is None and modules.route_of(b) is None

@@ -393,3 +393,22 @@ def test_a_class_not_faster_in_eager_is_kept_for_cuda_graphs_alone_where_it_wins
     text = layout_routes_text({"layout_routes": {**c, "classes": ["ResNet"], "rel_l2_err": 1e-4}})
     assert "run channels-last in cuda-graphs, under CUDA graphs 1.50× (1.49–1.51); not in eager (0.90× " \
            "(0.88–0.92): not faster with confidence)" in text
+
+
+def test_a_copy_of_the_model_made_while_routed_computes_with_its_own_weights():
+    """A deep copy made while the route was installed held a copy of the route, which ran the original
+    module's forward: the copy computed with the original's weights."""
+    import copy
+
+    m, x = _net(), torch.randn(2, 8, 16, 16)
+    with torch.no_grad():
+        learned = _routes(m, learn=True)
+        with learned:
+            m(x)
+        with _routes(m, signatures=learned.signatures()):
+            twin = copy.deepcopy(m)
+            twin.blocks[0].c1.weight.add_(1)
+            got = twin(x)
+        want = twin(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert modules.route_of(twin) is None

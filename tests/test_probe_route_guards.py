@@ -33,7 +33,7 @@ def test_a_route_hooked_by_the_class_dispatcher_still_serves_eager_calls():
     route = model[0].n1.__dict__[ROUTE_ATTR]
 
     class Counted:
-        cls = route.cls
+        cls, module = route.cls, route.module
 
         def __call__(self, *a):
             served.append(1)

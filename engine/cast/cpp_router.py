@@ -195,7 +195,7 @@ def arg_descriptors(layout: Any, signature: dict[str, Any], device_index: int) -
             if a.get("kind") != "tensor":  # a Python number in a Tensor slot (x + 1e-6): a wrapped 0-dim tensor
                 v = decode_value(a.get("value"))
                 ok = isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) <= 2 ** 53  # exact as a double
-                out.append({"kind": 4, "value": float(v)} if ok else {"kind": 3})
+                out.append({"kind": 4, "value": float(v), "integral": isinstance(v, int)} if ok else {"kind": 3})
             elif a.get("absent"):
                 out.append({"kind": 0})
             else:

@@ -288,7 +288,7 @@ class RouteStats:
         self.eager_calls += 1
 
 
-class GraphRoute:
+class GraphRoute(modules.NotCopied):
     """The route of one module (engine.cast.modules.attach): the guard, then a replay of the graph for the
     call's signature."""
 

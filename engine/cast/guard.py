@@ -5,12 +5,13 @@ Per tensor the key holds dtype, shape, strides (a size-1 dim's as 0: it is never
 kernels get data pointers only, and eager, Inductor and meta kernels disagree on it: a [1, C, H, W]
 channels-last tensor has C or C·H·W there), the byte alignment of its data pointer (capped at 16,
 as cards record it), device index and the negative/conjugate view bits; per value argument its value
-(lists as tuples); for ops that write an argument, which arguments share storage. Coverage is never
+(lists as tuples; a number in a `Scalar` or `Tensor` slot with its type, a float zero with its sign); for ops that write an argument, which arguments share storage. Coverage is never
 wider than what was proven: anything that differs is a miss, and a miss costs only speed.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,8 +42,11 @@ class OpLayout:
         return sum(1 for k in self.kwarg_only if not k)
 
 
-_PLAIN_VALUE_TYPES = {"float", "int", "bool", "str", "Scalar", "SymInt", "Optional[float]", "Optional[int]",
-                      "Optional[bool]", "Optional[str]", "Optional[Scalar]", "Optional[SymInt]", "ScalarType",
+# Value arguments keyed as they arrive (a[i]): the dispatcher hands them over in the schema's own type, so 1 and
+# 1.0 cannot both reach a `float` slot. Not `Scalar`: an int and a float with equal values promote differently
+# there (`add(x, y, alpha=2)` of int tensors runs, `alpha=2.0` raises), so it is keyed by type (`value_key`).
+_PLAIN_VALUE_TYPES = {"float", "int", "bool", "str", "SymInt", "Optional[float]", "Optional[int]",
+                      "Optional[bool]", "Optional[str]", "Optional[SymInt]", "ScalarType",
                       "Optional[ScalarType]", "Layout", "Optional[Layout]", "MemoryFormat",
                       "Optional[MemoryFormat]"}
 
@@ -93,8 +97,18 @@ def tensor_key(t: torch.Tensor) -> tuple:
             t.is_neg(), t.is_conj())
 
 
+_NUMBERS = (bool, int, complex)
+
+
 def value_key(v: Any) -> Any:
-    """A plain argument as a hashable value (lists as tuples, a device by its type)."""
+    """A plain argument as a hashable value (lists as tuples, a device by its type). A number is keyed with its
+    type, and a float zero with its sign: 3 == 3.0 == True - 2 as Python compares them, but `x + 3` of an int32
+    tensor is int32 and `x + 3.0` float32, and `x * -0.0` has the zeros' signs flipped."""
+    t = type(v)
+    if t is float:
+        return (float, v, math.copysign(1.0, v)) if v == 0 else (float, v)
+    if t in _NUMBERS:
+        return (t, v)
     if isinstance(v, (list, tuple)):
         return tuple(value_key(x) for x in v)
     if isinstance(v, torch.device):
@@ -107,7 +121,7 @@ def value_key(v: Any) -> Any:
 def call_key(layout: OpLayout, bound: Sequence[Any]) -> tuple:
     """The key of one live call (`bound` from `bind`)."""
     key = []
-    for kind, v in zip(layout.kinds, bound):
+    for i, (kind, v) in enumerate(zip(layout.kinds, bound)):
         if kind == "tensor":
             key.append(tensor_key(v) if isinstance(v, torch.Tensor) else
                        None if v is None else ("scalar", value_key(v)))
@@ -115,7 +129,7 @@ def call_key(layout: OpLayout, bound: Sequence[Any]) -> tuple:
             key.append(tuple(tensor_key(x) if isinstance(x, torch.Tensor) else None for x in v)
                        if v is not None else None)
         else:
-            key.append(value_key(v))
+            key.append(v if layout.plain_values and layout.plain_values[i] else value_key(v))
     if layout.writes:
         key.append(live_aliases(layout, bound))
     return tuple(key)
@@ -188,7 +202,7 @@ def signature_key(layout: OpLayout, signature: dict[str, Any], device_index: int
         raise ValueError(f"{layout.op_name}: signature arguments {[a['name'] for a in args]} do not match "
                          f"the schema's {list(layout.names)} in this torch")
     key: list[Any] = []
-    for kind, a in zip(layout.kinds, args):
+    for i, (kind, a) in enumerate(zip(layout.kinds, args)):
         if kind == "tensor":
             if a.get("kind") != "tensor":
                 key.append(("scalar", value_key(decode_value(a.get("value")))))
@@ -198,7 +212,8 @@ def signature_key(layout: OpLayout, signature: dict[str, Any], device_index: int
             key.append(None if a.get("kind") != "tensor_list" else
                        tuple(None if x is None else descriptor_key(x, device_index) for x in a["items"]))
         else:
-            key.append(value_key(decode_value(a.get("value"))))
+            v = decode_value(a.get("value"))
+            key.append(v if layout.plain_values and layout.plain_values[i] else value_key(v))
     if layout.writes:
         key.append(tuple(tuple(g) for g in signature.get("aliases", [])))
     return tuple(key)

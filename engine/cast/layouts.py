@@ -122,7 +122,7 @@ def _outputs(out: Any) -> tuple[list[Any], Any, str | None]:
     return leaves, spec, None
 
 
-class LayoutRoute:
+class LayoutRoute(modules.NotCopied):
     """The layout route of one module instance (see the module docstring)."""
 
     def __init__(self, module: torch.nn.Module, path: str, targets: frozenset[str], learn: bool = False):

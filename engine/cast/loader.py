@@ -111,6 +111,8 @@ class Cast:
         self._depth = 0
         self._graphs: Any = None  # the GraphSet of the model named at install, where the cast holds graph routes
         self._layouts: Any = None  # the LayoutSet of the model named at install, where the cast holds layout routes
+        # Route sets of models named at an earlier install(model) while installed: removed with the cast
+        self._earlier_sets: list[Any] = []
 
     # ---- state -----------------------------------------------------------------------------------
 
@@ -377,6 +379,9 @@ class Cast:
                 self._graphs.remove()
             if self._layouts is not None:
                 self._layouts.remove()
+            for earlier in self._earlier_sets:
+                earlier.remove()
+            self._earlier_sets = []
             for path, st in modules.release(self).items():
                 kept = self._module_kept.setdefault(path, modules.PathStats())
                 kept.hits += st.hits
@@ -453,6 +458,8 @@ class Cast:
         from engine.cast.layouts import LayoutSet
 
         if self._layouts is None or self._layouts.model is not model:
+            if self._layouts is not None and self._installed:  # another model's, still routed: remove() takes it
+                self._earlier_sets.append(self._layouts)
             classes = {c for c in lr["classes"] if isinstance(c, str)}
             sigs = lr.get("signatures") if isinstance(lr.get("signatures"), dict) else {}
             targets = frozenset(t for t in (lr.get("targets") or ["eager"]) if isinstance(t, str))
@@ -472,6 +479,8 @@ class Cast:
         from engine.cast.graphs import GraphSet
 
         if self._graphs is None or self._graphs.model is not model:
+            if self._graphs is not None and self._installed:  # another model's, still routed: remove() takes it
+                self._earlier_sets.append(self._graphs)
             self._graphs = GraphSet(model, lambda path, m: type(m).__name__ in classes)
         self._graphs.install()
 

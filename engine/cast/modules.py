@@ -21,10 +21,11 @@ An instance `forward` set by other code is never installed over.
 The guard, per call, all O(1) in the number of variants (one dict lookup on the arguments' key):
 the exact positional-argument signature (per tensor dtype, shape, strides, alignment, device, neg/conj;
 per other argument its value) and no keyword arguments; every parameter the chain reads still the object
-held at install, with the same `_version` and data pointer; no hooks on the module or its submodules and
-no global module hooks; the module's own attributes (eps…) as at install, where they equal a proven
-instance's, and its training flag as at proof (where the cast records it); the plain module-level values
-its forward reads as at install (forward_reads); autocast as at proof; no grad needed (grad enabled and an
+held at install, with the same `_version`, data pointer, dtype, shape and strides; every submodule the object
+it was at install; no hooks on the module or its submodules and no global module hooks; the module's own
+attributes (eps…) as at install, where they equal a proven instance's (without recorded states: its plain
+attributes as at install), and its training flag as at proof (where the cast records it); the plain
+module-level values its forward reads as at install (forward_reads); autocast as at proof; no grad needed (grad enabled and an
 input or parameter requiring grad); not while Dynamo or the JIT traces, or a dispatch mode is active (a capture must see
 the ATen calls).
 Anything else runs the original forward. Coverage is never wider than what was proven; a decline costs
@@ -56,6 +57,8 @@ import torch.nn.modules.module as _mm
 from torch.utils.hooks import RemovableHandle as _Handle
 
 from engine.capture.module_binding import (  # noqa: F401 - ModuleCardError and module_binding re-exported
+    _MODULE_INTERNALS,
+    IGNORED_STATE,
     ROUTE_ATTR,
     ModuleCardError,
     autocast_state,
@@ -189,8 +192,9 @@ class ModuleVariant:
     vid: str
     args_key: tuple                          # the key the forward's positional arguments must have
     arg_inputs: tuple[tuple[int, int], ...]  # (positional argument k, chain input i)
-    params: tuple[tuple[Any, str, str, torch.Tensor, int, int, int], ...]
-    # ^ (holder module, leaf name, "_parameters" | "_buffers", tensor, version, data_ptr, chain input i)
+    params: tuple[tuple[Any, str, str, torch.Tensor, int, int, int, tuple], ...]
+    # ^ (holder module, leaf name, "_parameters" | "_buffers", tensor, version, data_ptr, chain input i,
+    #    (dtype, shape, strides)): `weight.data = weight.data.view(dtype)` keeps the object, address and version
     n_inputs: int
     autocast: tuple                          # autocast state at proof (() = off everywhere)
     plan: Callable[[list[Any]], Any]         # plan(in0..inN) -> the chain's outputs (or its one output)
@@ -205,9 +209,9 @@ class ModuleVariant:
         return True
 
     def params_unchanged(self) -> bool:
-        for holder, leaf, where, t, version, ptr, _ in self.params:
+        for holder, leaf, where, t, version, ptr, _, (dtype, shape, stride) in self.params:
             if holder.__dict__[where].get(leaf) is not t or (version >= 0 and t._version != version) \
-                    or t.data_ptr() != ptr:
+                    or t.data_ptr() != ptr or t.dtype is not dtype or t.shape != shape or t.stride() != stride:
                 return False
         return True
 
@@ -251,6 +255,22 @@ class HookWatch:
         return False
 
 
+class NotCopied:
+    """A route is its module's, never a copy's: `copy.deepcopy(model)` or pickling a model while a cast is
+    installed gives each copied module None in place of the route (the copy runs its class's forward, and
+    pickling does not trip over the route's weak references). A copied route called the original module's
+    forward: the copy computed with the original's weights, even after the cast was removed and installed
+    again. A shallow copy shares the route object; the dispatcher runs a route only for its own module."""
+
+    __slots__ = ()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> None:
+        return None
+
+    def __reduce_ex__(self, protocol: Any) -> tuple:
+        return (type(None), ())
+
+
 @dataclass
 class PathStats:
     hits: int = 0
@@ -264,7 +284,7 @@ class PathStats:
         return {"hits": self.hits, "misses": self.misses, "declines": dict(self.declines)}
 
 
-class ModuleRoute:
+class ModuleRoute(NotCopied):
     """The route of one module while a cast covers it (see `attach`): the guard, then the plan or the original."""
 
     def __init__(self, module: torch.nn.Module, path: str, owner: object):
@@ -282,6 +302,9 @@ class ModuleRoute:
         self.module = self.hooks.hooked[0]  # the module itself
         # the module-level values its forward reads, as at install (a flag it branches on)
         self.reads = grouped([(g, k, g[k]) for g, k in forward_reads(self.cls)])
+        # each submodule by identity, as at install: a submodule swapped in later (PEFT's wrapped Linear, another
+        # activation) is not what the plan computes, and the parameter check reads the old one's tensors
+        self.tree = grouped([(m._modules, k, v) for m in module.modules() for k, v in m._modules.items()])
         self.active = True
 
     @property
@@ -291,6 +314,12 @@ class ModuleRoute:
     def original(self, *args: Any, **kwargs: Any) -> Any:
         """The class's forward on the module: what runs whenever the guard declines."""
         return self._forward(self.module(), *args, **kwargs)
+
+    def _tree_unchanged(self) -> bool:
+        try:
+            return all(get(d) == values for d, get, values in self.tree)
+        except KeyError:  # a submodule deleted
+            return False
 
     def _hooks(self) -> bool:
         return self.hooks()
@@ -320,6 +349,9 @@ class ModuleRoute:
             return self.original(*args, **kwargs)
         if not v.params_unchanged():
             st.decline("parameters changed")
+            return self.original(*args, **kwargs)
+        if self.tree and not self._tree_unchanged():
+            st.decline("modules changed")
             return self.original(*args, **kwargs)
         m = self.module()
         if m is None or (v.training is not None and m.training != v.training):
@@ -431,18 +463,22 @@ def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], c
         fed[i] = name
         # an inference tensor (a model built under inference_mode) keeps no version counter: -1, held by
         # identity and address alone; the plan reads its values at each call as the forward would
-        bound.append((holder, leaf, where, t, -1 if t.is_inference() else t._version, t.data_ptr(), i))
+        bound.append((holder, leaf, where, t, -1 if t.is_inference() else t._version, t.data_ptr(), i,
+                      (t.dtype, t.shape, t.stride())))
     missing = [i for i in range(len(inputs)) if i not in fed]
     if missing:
         raise ModuleCardError(f"chain input in{missing[0]} is fed neither by an argument nor by a parameter")
-    attrs: tuple[tuple[str, Any], ...] = ()
     states = card.get("states")
     if states:  # the proof's own attributes (eps, with_scale…): a module configured otherwise is not the card's
         state = module_state(module)
         if not state_matches(state, states):
             raise ModuleCardError(f"its attributes differ from the proven module's: {state_difference(state, states)}")
-        # copies: a list attribute changed in place is then a changed attribute (the live list would equal itself)
-        attrs = tuple((name, copy.deepcopy(module.__dict__[name])) for name in state)
+        names = list(state)
+    else:  # none recorded (an attribute was no plain value, a config): its plain ones are held as at install
+        names = [k for k, v in vars(module).items()
+                 if k not in _MODULE_INTERNALS and k not in IGNORED_STATE and plain_value(v)]
+    # copies: a list attribute changed in place is then a changed attribute (the live list would equal itself)
+    attrs = tuple((name, copy.deepcopy(module.__dict__[name])) for name in names)
     autocast = tuple(tuple(x) for x in card.get("autocast", []))
     return ModuleVariant(vid, tuple(key), tuple(arg_inputs), tuple(bound), len(inputs), autocast, plan,
                          attrs=attrs, training=card.get("training"))
@@ -484,7 +520,8 @@ def _dispatcher(cls: type) -> Callable[..., Any]:
         if _dynamo_compiling():  # what torch.compile traces: the class's own forward, nothing of ours guarded
             return original(self, *args, **kwargs)
         route = self.__dict__.get(ROUTE_ATTR)
-        if route is None or route.cls is not for_cls():  # none, or a subclass's (super().forward in its forward)
+        # none, a subclass's (super().forward in its forward), or another module's (a shallow copy's __dict__)
+        if route is None or route.cls is not for_cls() or route.module() is not self:
             return original(self, *args, **kwargs)
         return route(*args, **kwargs)
 
@@ -504,7 +541,7 @@ def attach(module: torch.nn.Module, route: Any) -> str | None:
     Returns why not (None when attached): another route is there, or the instance has its own `forward`."""
     with _LOCK:
         d = module.__dict__
-        if ROUTE_ATTR in d:
+        if d.get(ROUTE_ATTR) is not None:   # None: a copy made while a cast was installed (NotCopied)
             return "another route is attached"
         if "forward" in d:
             return "the instance has its own forward (patched by other code); it keeps it"

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -41,6 +42,7 @@ struct ArgDesc {
   bool neg = false, conj = false;
   c10::IValue value;
   double number = 0.0;
+  bool integral = false;  // kind 4: the number was an int (x + 3), not a float (x + 3.0): they promote differently
 };
 
 struct OutDesc {
@@ -143,7 +145,8 @@ bool same_value(const c10::IValue& a, const c10::IValue& b) {
   if (a.isNone() || b.isNone()) return a.isNone() && b.isNone();
   if (b.isBool()) return a.isBool() && a.toBool() == b.toBool();
   if (b.isInt()) return a.isInt() && a.toInt() == b.toInt();
-  if (b.isDouble()) return a.isDouble() && a.toDouble() == b.toDouble();
+  if (b.isDouble())  // 0.0 and -0.0 compare equal but give zeros of other signs (x * -0.0)
+    return a.isDouble() && a.toDouble() == b.toDouble() && std::signbit(a.toDouble()) == std::signbit(b.toDouble());
   if (b.isIntList()) {
     if (!a.isIntList()) return false;
     auto x = a.toIntVector(), y = b.toIntVector();
@@ -216,12 +219,12 @@ bool matches(const Plan& plan, c10::ArrayRef<c10::IValue> args) {
         if (!t.defined() || t.dim() != 0 || !t.unsafeGetTensorImpl()->is_wrapped_number() || !t.is_cpu())
           return false;
         double x;
-        switch (t.scalar_type()) {
-          case at::kDouble: x = *t.const_data_ptr<double>(); break;
-          case at::kLong: x = static_cast<double>(*t.const_data_ptr<int64_t>()); break;
+        switch (t.scalar_type()) {  // an int number where a float was proven (or back) promotes otherwise
+          case at::kDouble: if (d.integral) return false; x = *t.const_data_ptr<double>(); break;
+          case at::kLong: if (!d.integral) return false; x = static_cast<double>(*t.const_data_ptr<int64_t>()); break;
           default: return false;  // a bool or complex number: PyTorch
         }
-        if (x != d.number) return false;
+        if (x != d.number || std::signbit(x) != std::signbit(d.number)) return false;
         break;
       }
       default:
@@ -586,6 +589,7 @@ std::shared_ptr<Plan> make_plan(const std::string& device, py::list args, py::li
       else d.kind = 3;  // a value the router cannot compare: never matches
     } else if (d.kind == 4) {
       d.number = t["value"].cast<double>();
+      d.integral = t.contains("integral") && t["integral"].cast<bool>();
     }
     plan->args.push_back(std::move(d));
   }
