@@ -133,6 +133,27 @@ def test_a_plan_runs_only_under_the_targets_it_was_proven_for(ext):
         cpp_router.uninstall(ext, "aten::relu", "CPU")
 
 
+def test_a_plan_that_may_reorder_is_declined_while_deterministic_algorithms_are_on(ext):
+    # As the Python router: a reduction's, a norm's, a matmul's kernels may round otherwise from run to run.
+    op = torch.ops.aten.relu.default
+    x, y = torch.randn(16), torch.randn(18)
+    reorders, exact = _plan(ext, op, (x,), [x]), _plan(ext, op, (y,), [y])
+    cpp_router.set_plan_reorders(ext, reorders, True)
+    cpp_router.install(ext, "aten::relu", "CPU", [reorders, exact])
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        assert torch.equal(op(x), x.clamp_min(0))   # PyTorch's kernel, exact
+        op(y)
+        torch.use_deterministic_algorithms(False)
+        op(x)
+        st = cpp_router.stats(ext, "aten::relu", "CPU")
+        assert st["hits"] == [1, 1] and st["determinism_declines"] == 1 and st["misses"] == 0
+    finally:
+        torch.use_deterministic_algorithms(was)
+        cpp_router.uninstall(ext, "aten::relu", "CPU")
+
+
 def test_an_op_with_many_variants_sends_each_call_to_its_own_or_to_pytorch(ext):
     # As Qwen3.5's aten::mul.Tensor with 25 variants: a call is compared in full only with the variants
     # whose first tensor has its sizes and dtype; the right one hits, everything else runs PyTorch's kernel.

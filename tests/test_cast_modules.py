@@ -927,3 +927,18 @@ def test_a_plain_attribute_changed_after_install_declines_also_without_recorded_
         got = model(x)
     torch.testing.assert_close(got, x, rtol=0, atol=0)
     assert c.counting.calls == 1 and c.stats()["modules"]["0"]["declines"] == {"attributes changed": 1}
+
+
+def test_a_norm_module_card_declines_while_deterministic_algorithms_are_on(model, cast):
+    # The RMSNorm chain holds a mean: its kernels may round otherwise from run to run.
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    c = cast()
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        with c.enabled(model), torch.no_grad():
+            model(x)
+            declines = c.stats()["modules"]["layers.0.norm1"]["declines"]
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert c.counting.calls == 0 and declines == {"deterministic algorithms": 1}

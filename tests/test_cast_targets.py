@@ -17,6 +17,7 @@ from engine.capture.signature import bind_arguments, signature_of, signature_tex
 from engine.cast import compose, runtime
 from engine.cast import format as cast_format
 from engine.cast.format import write_cast
+from engine.verify.tolerance import may_reorder
 
 GN = torch.ops.aten.native_group_norm.default
 ROUTE = ("aten::native_group_norm", "CPU")
@@ -333,3 +334,45 @@ def test_transformers_generate_compiles_decoding_through_the_cast_backend(cast_f
         finally:
             c.remove()
             torch._dynamo.reset()
+
+
+# With torch.use_deterministic_algorithms(True) on, a cast runs no kernel that may round otherwise from run to run
+# (a reduction's, a norm's, a matmul's, attention's: verification held their second run to a tolerance, not bit
+# for bit). The user asked for the same bits every run; PyTorch's kernels give them. Elementwise kernels still run.
+
+@pytest.fixture
+def deterministic():
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(was)
+
+
+def _call(c):
+    """The model's output and the cast's stats, read while it is enabled (a removed route's counters go with it)."""
+    x, w, b = _args(SIDES["legacy"])[:3]
+    with c.enabled(), torch.no_grad():
+        return f(x, w, b), c.stats()
+
+
+def test_a_norm_kernel_is_declined_while_deterministic_algorithms_are_on(cast, deterministic):
+    out, stats = _call(cast)
+    assert _hits(cast)["legacy"] == 0
+    assert stats["determinism_declines"] == {"aten::native_group_norm": 1}
+    x, w, b = _args(SIDES["legacy"])[:3]
+    with runtime.suspended():
+        assert torch.equal(out, f(x, w, b))
+
+
+def test_it_runs_again_once_they_are_off(cast):
+    _, stats = _call(cast)
+    assert _hits(cast)["legacy"] == 1 and stats["determinism_declines"] == {}
+
+
+def test_which_cards_may_reorder():
+    assert may_reorder("aten::native_group_norm") and may_reorder("aten::sum.dim_IntList")
+    assert may_reorder("aten::mm") and may_reorder("aten::_scaled_dot_product_flash_attention")
+    assert not may_reorder("aten::relu") and not may_reorder("aten::add.Tensor")
+    chain = {"chain": {"nodes": [{"op": "aten::mul.Tensor"}, {"op": "aten::mean.dim"}]}}
+    assert may_reorder("kforge::chain", chain)   # a chain holding a reduction
+    assert not may_reorder("kforge::chain", {"chain": {"nodes": [{"op": "aten::mul.Tensor"}]}})

@@ -346,6 +346,12 @@ def set_plan_targets(ext: Any, plan: Any, targets: Any) -> None:
     ext.set_plan_targets(plan, target_mask(targets))
 
 
+def set_plan_reorders(ext: Any, plan: Any, reorders: bool) -> None:
+    """Whether the plan's kernels may round otherwise from run to run: its hits go to PyTorch while
+    torch.use_deterministic_algorithms(True) is on."""
+    ext.set_plan_reorders(plan, bool(reorders))
+
+
 _PREFILL = {None: 0, "nan": 1, "sentinel": 2}
 
 

@@ -177,12 +177,13 @@ class Cast:
     def stats(self) -> dict[str, Any]:
         """Hits per variant and misses per op (misses count every cast's routes for the op)."""
         ops = {v.op for v in self.variants}
-        misses, near, through, near_keys, grad, declined = {}, {}, {}, {}, {}, {}
+        misses, near, through, near_keys, grad, declined, determinism = {}, {}, {}, {}, {}, {}, {}
         for (op, _key), route in runtime.routes().items():
             if op in ops:
                 misses[op] = route.misses
                 grad[op] = route.grad_declines
                 declined[op] = route.target_declines
+                determinism[op] = route.determinism_declines
                 near[op] = route.near_misses
                 through[op] = route.fallthrough
                 near_keys[op] = [repr(k) for k in route.near_keys]
@@ -200,8 +201,10 @@ class Cast:
                 near[op] = near.get(op, 0) + int(st.get("near_misses", 0))
                 near_keys[op] = near_keys.get(op, []) + list(st.get("near_keys", []))
                 declined[op] = declined.get(op, 0) + int(st.get("target_declines", 0))
+                determinism[op] = determinism.get(op, 0) + int(st.get("determinism_declines", 0))
         for op, kept in self._cpp_kept.items():
             declined[op] = declined.get(op, 0) + kept.get("target_declines", 0)
+            determinism[op] = determinism.get(op, 0) + kept.get("determinism_declines", 0)
         mods = self._module_stats()
         patched = {vid for m in mods.values() if m["active"] for vid in m["variants"]}
         return {"file": self.path, "installed": self._installed, "problem": self.problem,
@@ -212,6 +215,7 @@ class Cast:
                               "targets": None if v.targets is None else sorted(v.targets)}
                              for v in self.variants],
                 "targets": self.active_by_target(), "target_declines": declined,
+                "determinism_declines": {op: n for op, n in determinism.items() if n},
                 "misses": misses, "near_misses": near, "fallthrough": through, "near_miss_keys": near_keys,
                 "grad_declines": grad, "modules": mods, "modules_skipped": list(self._module_skipped),
                 "graph_routes": self._graphs.stats() if self._graphs is not None else {},
@@ -318,7 +322,7 @@ class Cast:
         for (op, _), route in runtime.routes().items():
             if any(v.op == op for v in self.variants):
                 route.misses = route.near_misses = route.fallthrough = route.grad_declines = 0
-                route.target_declines = 0
+                route.target_declines = route.determinism_declines = 0
                 route.near_keys = []
         if self._patterns is not None:
             for bp in self._patterns.everything_built():
@@ -405,9 +409,10 @@ class Cast:
                 for op in self._cpp_ops:
                     st = cpp_router.stats(ext, op, "CUDA")
                     kept = self._cpp_kept.setdefault(op, {"misses": 0, "near_misses": 0, "near_keys": [],
-                                                          "target_declines": 0})
+                                                          "target_declines": 0, "determinism_declines": 0})
                     kept["misses"] += int(st.get("misses", 0))
                     kept["target_declines"] += int(st.get("target_declines", 0))
+                    kept["determinism_declines"] += int(st.get("determinism_declines", 0))
                     kept["near_misses"] += int(st.get("near_misses", 0))
                     kept["near_keys"] += [k for k in st.get("near_keys", []) if k not in kept["near_keys"]]
                     cpp_router.uninstall(ext, op, "CUDA")
@@ -585,6 +590,7 @@ class Cast:
                 plans = [cpp_router.plan_for(ext, st.plan, layout, by_id[st.id]["signature"]) for st in states]
                 for st, plan in zip(states, plans):
                     cpp_router.set_plan_targets(ext, plan, self._enforced(st))
+                    cpp_router.set_plan_reorders(ext, plan, getattr(st.plan, "reorders", False))
                 cpp_router.install(ext, op, "CUDA", plans, runtime.held(resolve_op(op)))
             except Exception as e:  # another cast routes it in C++, or a plan it cannot take: Python
                 _warn(f"{self.path}: {op} stays with the Python router ({type(e).__name__}: {e})")
@@ -669,11 +675,14 @@ def _output_strides(variant: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
 
 def _note_output_strides(states: Any, by_id: dict[str, dict[str, Any]]) -> None:
     """Each plan's `output_strides` (what compose compares with a compiled graph's before passing an input in
-    the layout Inductor holds it in)."""
+    the layout Inductor holds it in), and whether its kernels may round otherwise from run to run (`reorders`)."""
+    from engine.verify.tolerance import may_reorder
+
     for state in states:
         v = by_id.get(state.id)
         if state.plan is not None and v is not None:
             state.plan.output_strides = _output_strides(v)
+            state.plan.reorders = may_reorder(v["op"], v.get("signature"))
 
 
 def _chain_kernel_plan(v: dict[str, Any], image: bytes, device: Any, max_shared: int) -> runtime.Plan:

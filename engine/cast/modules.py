@@ -79,6 +79,7 @@ _MISSING = object()
 _in_dispatch_mode = torch._C._len_torch_dispatch_stack
 _any_autocast = torch._C._is_any_autocast_enabled
 _grad_enabled = torch.is_grad_enabled
+_deterministic = torch.are_deterministic_algorithms_enabled
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
 _jit_tracing = torch._C._get_tracing_state
 
@@ -374,6 +375,9 @@ class ModuleRoute(NotCopied):
         targets = getattr(v.plan, "targets", None)
         if targets is not None and not allowed(targets):
             st.decline("target")
+            return self.original(*args, **kwargs)
+        if getattr(v.plan, "reorders", False) and _deterministic():
+            st.decline("deterministic algorithms")
             return self.original(*args, **kwargs)
         inputs: list[Any] = [None] * v.n_inputs
         for k, i in v.arg_inputs:

@@ -90,7 +90,7 @@ class PatternOp:
             first["shape"], first["stride"], device="meta").is_contiguous()
         self.table: dict[tuple, Any] = {}
         self.owners: dict[tuple, object] = {}
-        self.hits = self.misses = self.target_declines = 0
+        self.hits = self.misses = self.target_declines = self.determinism_declines = 0
         self.size_declines = 0  # matches left to Inductor at compile time: no variant has their sizes
         self._strides: dict[tuple, list[tuple[int, ...]]] = {}  # input layouts -> the fake's output strides
         self.miss_keys: list[str] = []  # the first distinct inputs a matched call brought that no variant fits
@@ -109,6 +109,9 @@ class PatternOp:
         if targets is not None and not allowed(targets):
             plan = None  # proven, but not under this compile mode: what the graph would have computed
             self.target_declines += 1
+        elif getattr(plan, "reorders", False) and torch.are_deterministic_algorithms_enabled():
+            plan = None  # its kernels may round otherwise from run to run; deterministic algorithms are on
+            self.determinism_declines += 1
         if plan is not None and not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
             self.hits += 1
             plan.hits = getattr(plan, "hits", 0) + 1

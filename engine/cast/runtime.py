@@ -96,6 +96,9 @@ class Plan:
         self.vid = vid
         self.hits = 0
         self.targets = targets
+        # Its kernels may round otherwise from run to run (a reduction's atomics: verification held a second run
+        # to its tolerance, not bit for bit): declined while torch.use_deterministic_algorithms(True) is on.
+        self.reorders = False
         self._fn = fn
         # The strides of the tensor outputs it was proven to return (None: not known, e.g. a test's plan)
         self.output_strides: tuple[tuple[int, ...], ...] | None = None
@@ -126,6 +129,7 @@ class Route:
         self.fallthrough = 0          # calls passed on while Dynamo traced or dispatch was suspended
         self.grad_declines = 0        # hits declined because the call needs autograd
         self.target_declines = 0      # hits declined because the variant was not proven for the call's target
+        self.determinism_declines = 0  # hits declined: deterministic algorithms on, the variant may reorder sums
         self.tensor_slots = tuple(i for i, k in enumerate(self.layout.kinds) if k != "value")
         self.original = torch.library.get_kernel(self.op, dispatch_key)
         ns, name = op_name.split("::", 1)
@@ -162,6 +166,9 @@ class Route:
             return self._original(keyset, args, kwargs)
         if plan.targets is not None and not allowed(plan.targets):
             self.target_declines += 1
+            return self._original(keyset, args, kwargs)
+        if plan.reorders and _deterministic():
+            self.determinism_declines += 1
             return self._original(keyset, args, kwargs)
         plan.hits += 1
         try:
@@ -230,6 +237,7 @@ class Route:
 
 
 _grad_enabled = torch.is_grad_enabled
+_deterministic = torch.are_deterministic_algorithms_enabled
 
 # Inputs compiled code passes as Inductor holds them (engine.cast.compose, `inputs_as_held`): op -> (shape,
 # strides) of first tensors a variant was proven for where the graph was traced with a contiguous one -> the

@@ -28,7 +28,7 @@ from engine.verify.inputs import (
     index_range_inputs,
     tensors_of,
 )
-from engine.verify.tolerance import chain_family, op_family, tolerances_for
+from engine.verify.tolerance import REORDERING_FAMILIES, chain_family, op_family, tolerances_for
 
 # (arguments, prefill) -> outputs; the prefill is 'nan', 'sentinel', or a list of stale answers, one per output
 # (engine.launch.launcher.prefill_)
@@ -37,7 +37,6 @@ RunEager = Callable[[Bound], Any]
 Contend = Callable[[], AbstractContextManager]  # keeps the device busy on another stream while entered
 # Families whose correct kernels may reorder floating-point accumulation (atomics, split reductions):
 # for them a second run must agree within tolerance rather than bit for bit.
-REORDERING_FAMILIES = frozenset({"reduction", "normalization", "matmul", "attention"})
 # Families whose half-precision outputs are checked against a float64 reference (see CardCheck._precision).
 PRECISION_FAMILIES = REORDERING_FAMILIES
 # A correct kernel that accumulates in float32 in another order errs like eager (ratio about 1); float16

@@ -389,3 +389,14 @@ def card_family(op: str, signature: dict | None = None) -> str:
     if signature is not None and isinstance(signature.get("chain"), dict):
         return chain_family(signature)
     return op_family(op)
+
+
+# Families whose kernels may add in another order from run to run (atomics, split reductions): verification lets a
+# second run differ from the first within tolerance, not bit for bit, so their kernels may be nondeterministic.
+REORDERING_FAMILIES = frozenset({"reduction", "normalization", "matmul", "attention"})
+
+
+def may_reorder(op: str, signature: dict | None = None) -> bool:
+    """Whether a card's kernels may give another rounding from run to run (`REORDERING_FAMILIES`): a cast declines
+    them while `torch.use_deterministic_algorithms(True)` is on."""
+    return card_family(op, signature) in REORDERING_FAMILIES

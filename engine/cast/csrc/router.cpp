@@ -83,6 +83,9 @@ struct Plan {
   // The targets the variant was proven for, one bit each (cpp_router.TARGET_BITS); 0: any target. A hit
   // under another target is declined (the call goes to PyTorch), as in the Python router.
   uint32_t targets = 0;
+  // Its kernels may round otherwise from run to run (engine.verify.tolerance.REORDERING_FAMILIES): a hit while
+  // deterministic algorithms are on goes to PyTorch, as in the Python router.
+  bool reorders = false;
 };
 
 // One per routed (op, dispatch key). The kernel registered for the op holds it, so a call reaches its
@@ -93,6 +96,7 @@ struct Route {
   std::atomic<int64_t> misses{0};
   std::atomic<int64_t> near_misses{0};  // misses whose first tensor had a variant's sizes
   std::atomic<int64_t> target_declines{0};  // hits declined: the variant was not proven for the call's target
+  std::atomic<int64_t> determinism_declines{0};  // hits declined: deterministic algorithms on, the variant may reorder
   std::mutex near_mutex;
   std::vector<std::string> near_keys;   // the first few such calls, described
 };
@@ -523,6 +527,11 @@ void route_call(Route& route, const c10::OperatorHandle& op, c10::DispatchKeySet
         call_original(route, op, ks, stack);
         return;
       }
+      if (plan->reorders && at::globalContext().deterministicAlgorithms()) {
+        route.determinism_declines++;
+        call_original(route, op, ks, stack);
+        return;
+      }
       try {
         run(*plan, stack, nargs);  // leaves the stack untouched unless it succeeds
         plan->hits++;
@@ -694,6 +703,7 @@ py::dict stats(const std::string& name, const std::string& overload, const std::
   out["misses"] = it->second->misses.load();
   out["near_misses"] = it->second->near_misses.load();
   out["target_declines"] = it->second->target_declines.load();
+  out["determinism_declines"] = it->second->determinism_declines.load();
   {
     std::lock_guard<std::mutex> n(it->second->near_mutex);
     out["near_keys"] = it->second->near_keys;
@@ -710,6 +720,7 @@ void reset(const std::string& name, const std::string& overload, const std::stri
   it->second->misses = 0;
   it->second->near_misses = 0;
   it->second->target_declines = 0;
+  it->second->determinism_declines = 0;
   std::lock_guard<std::mutex> n(it->second->near_mutex);
   it->second->near_keys.clear();
 }
@@ -755,6 +766,7 @@ void set_active(bool on) { g_active = on; }
 void set_target(int bit) { t_target = bit; }
 
 void set_plan_targets(const std::shared_ptr<Plan>& plan, int64_t mask) { plan->targets = static_cast<uint32_t>(mask); }
+void set_plan_reorders(const std::shared_ptr<Plan>& plan, bool reorders) { plan->reorders = reorders; }
 
 void set_prefill(int how) { g_prefill = how; }
 
@@ -771,6 +783,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_held", &set_held);
   m.def("set_target", &set_target);
   m.def("set_plan_targets", &set_plan_targets);
+  m.def("set_plan_reorders", &set_plan_reorders);
   m.def("set_prefill", &set_prefill);
   m.def("install_crash_backtrace", &install_crash_backtrace);
 }
