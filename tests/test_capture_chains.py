@@ -371,6 +371,7 @@ def test_a_captured_module_card_carries_its_binding_and_is_served_in_eager(tmp_p
     from test_chains import Model
 
     import engine.cast
+    from engine.capture.module_binding import SUBTREE
     from engine.cast import modules
     from engine.cast.format import check_manifest, write_cast
     from engine.export.package import ExportVariant, package
@@ -382,9 +383,9 @@ def test_a_captured_module_card_carries_its_binding_and_is_served_in_eager(tmp_p
     assert {k: card.chain[k] for k in ("class", "paths", "args", "params", "autocast")} == {
         "class": "RMS", "paths": paths, "args": [{"input": 0}], "params": [{"name": "weight", "input": 1}],
         "autocast": []}
-    # Which other instances it may serve: the class by its dotted name, and the instances' own attributes
-    # (RMS keeps none besides its parameter).
-    assert card.chain["class_path"] == "test_chains.RMS" and card.chain["states"] == [{}], card.chain
+    # Which other instances it may serve: the class by its dotted name, and the instances' own attributes and
+    # submodules (RMS keeps no attribute besides its parameter, and no submodule).
+    assert card.chain["class_path"] == "test_chains.RMS" and card.chain["states"] == [{SUBTREE: {}}], card.chain
     assert not [k for k in result.notes if k.startswith("module card")]
 
     # Exported, it is a module card the cast format accepts (from the card as the store gives it back).
@@ -497,6 +498,151 @@ def test_module_instances_that_bind_differently_get_no_binding():
     assert "args" not in card.chain and card.chain["modules"] == ["0.norm", "1.norm"] and card.chain["kind"] == "pattern"
     (note,) = [v for k, v in found.notes.items() if card.card_id in k]
     assert "bind their forward's arguments or tensors differently" in note
+
+
+class _NormAct(torch.nn.Module):
+    """A block whose forward calls its children, a norm then an activation module (as GroupNorm → SiLU blocks
+    do): which function it computes is its children's, not its own attributes'."""
+
+    def __init__(self, d, act):
+        from test_chains import RMS
+
+        super().__init__()
+        self.norm, self.act = RMS(d), act
+
+    def forward(self, x):
+        return self.act(self.norm(x))
+
+
+def _blocks(act, n=2, seed=0):
+    """Blocks calling a copy of `act` at paths 0, 2, 4…, a Linear between each two."""
+    import copy
+
+    torch.manual_seed(seed)
+    mods = []
+    for i in range(n):
+        mods += [_NormAct(32, copy.deepcopy(act))] + ([torch.nn.Linear(32, 32)] if i < n - 1 else [])
+    return torch.nn.Sequential(*mods).to(torch.bfloat16).eval()
+
+
+def _block_manifest(act):
+    """The manifest of the `_NormAct` module card captured on blocks calling `act`, exported as `export` does."""
+    from test_cast_modules import ENV
+    from test_chain_lane import RMS_CHAIN_CU, RMS_CHAIN_SPEC
+
+    from engine.export.package import ExportVariant, package
+
+    found, _ = _found(_blocks(act), torch.randn(2, 5, 32, dtype=torch.bfloat16))
+    (card,) = [c for c in found.cards if c.chain.get("class") == "_NormAct"]
+    cand = {"id": "cand-1", "source": RMS_CHAIN_CU, "launch_spec": RMS_CHAIN_SPEC, "proposer": "test",
+            "status": "verified"}
+    manifest, files, report = package([ExportVariant(card.row(), cand, None, "// ptx", "sm_90")], ENV, {"run": "r"})
+    return manifest, files, report
+
+
+def _install(tmp_path, manifest, files, report, model, name="block.cast"):
+    """The cast installed on `model` with a CPU stand-in plan: (cast, plan, the warnings it gave)."""
+    import warnings
+
+    from test_cast_modules import ENV, Counting
+
+    import engine.cast
+    from engine.cast.format import write_cast
+
+    (entry,) = manifest["variants"]
+    path = tmp_path / name
+    write_cast(path, manifest, files, report)
+    plan = Counting(entry["signature"])
+    cast = engine.cast.load(path, env=ENV, plans={entry["id"]: plan})
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        cast.install(model)
+    return cast, plan, [str(w.message) for w in seen]
+
+
+def test_a_module_card_is_not_served_where_its_block_calls_another_activation_child(tmp_path):
+    """The proof covered the block's own attributes, not its children: a model of the same classes whose
+    block calls a GELU (a sibling config) was served the kernel proven with a SiLU, another function."""
+    manifest, files, report = _block_manifest(torch.nn.SiLU())
+    x = torch.randn(2, 5, 32, dtype=torch.bfloat16)
+    # the same children (other weights, one block more than the capture saw): served at every block, exactly
+    model = _blocks(torch.nn.SiLU(), n=3, seed=1)
+    with torch.no_grad():
+        want = model(x)
+    cast, plan, _ = _install(tmp_path, manifest, files, report, model)
+    try:
+        with torch.no_grad():
+            got = model(x)
+        assert sorted(cast.stats()["modules"]) == ["0", "2", "4"] and plan.calls == 3
+    finally:
+        cast.remove()
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # a GELU child: no block is routed (neither the proven paths nor another), and the warning says why
+    model = _blocks(torch.nn.GELU(), n=3, seed=1)
+    with torch.no_grad():
+        want = model(x)
+    cast, plan, warned = _install(tmp_path, manifest, files, report, model, "again.cast")
+    try:
+        with torch.no_grad():
+            got = model(x)
+        assert cast.stats()["modules"] == {} and plan.calls == 0
+    finally:
+        cast.remove()
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    (line,) = warned
+    assert "2 module path(s) stay on PyTorch" in line, line
+    assert ("submodule act is torch.nn.modules.activation.GELU (proven torch.nn.modules.activation.SiLU)"
+            in line), line
+
+
+def test_a_module_card_is_not_served_where_a_child_is_configured_otherwise(tmp_path):
+    manifest, files, report = _block_manifest(torch.nn.GELU())  # approximate='none'
+    model = _blocks(torch.nn.GELU(approximate="tanh"))
+    cast, plan, warned = _install(tmp_path, manifest, files, report, model)
+    try:
+        assert cast.stats()["modules"] == {}
+    finally:
+        cast.remove()
+    assert "submodule act: approximate 'tanh' (proven 'none')" in warned[0], warned
+    model = _blocks(torch.nn.GELU())
+    cast, plan, warned = _install(tmp_path, manifest, files, report, model, "same.cast")
+    try:
+        assert sorted(cast.stats()["modules"]) == ["0", "2"] and not warned
+    finally:
+        cast.remove()
+
+
+def test_a_child_replaced_by_identity_is_named_as_the_reason():
+    from engine.cast import modules
+
+    manifest, _, _ = _block_manifest(torch.nn.SiLU())
+    (entry,) = manifest["variants"]
+    block = _blocks(torch.nn.SiLU())[0]
+    block.norm = torch.nn.Identity()  # built so (a config without the norm), not swapped after install
+    with pytest.raises(modules.ModuleCardError, match=r"submodule norm is torch\.nn\.modules\.linear\.Identity "
+                       r"\(proven test_chains\.RMS\)"):
+        modules.bind_variant(entry["id"], block, entry["signature"], entry["module"], None)
+
+def test_a_cast_written_before_submodules_were_recorded_still_installs_and_audit_says_they_are_unchecked(
+        tmp_path):
+    from engine.capture.module_binding import SUBTREE
+    from engine.export.report import audit_document, audit_text
+
+    manifest, files, report = _block_manifest(torch.nn.SiLU())
+    (entry,) = manifest["variants"]
+    assert [set(s) for s in entry["module"]["states"]] == [{SUBTREE}]
+    text = audit_text(audit_document(manifest, {}), "new.cast")
+    assert "submodules" not in text, text
+    for s in entry["module"]["states"]:
+        del s[SUBTREE]
+    model = _blocks(torch.nn.SiLU(), seed=1)
+    cast, plan, warned = _install(tmp_path, manifest, files, report, model)
+    try:
+        assert sorted(cast.stats()["modules"]) == ["0", "2"] and not warned
+    finally:
+        cast.remove()
+    text = audit_text(audit_document(manifest, {}), "old.cast")
+    assert "submodules: not compared with the proof's" in text, text
 
 
 def test_the_binding_records_the_autocast_state_the_module_ran_under():

@@ -477,7 +477,7 @@ def sample_chains(forward: Callable[[], Any], found: ChainCards, reference: list
 def _binding(model: torch.nn.Module, p: _Planned) -> dict[str, Any] | str:
     """How instance `p`'s module invocation fed its chain (the module entry's `class`, `args`, `params`,
     `autocast`), or why that cannot be said."""
-    from engine.capture.module_binding import ModuleCardError, module_binding, module_state
+    from engine.capture.module_binding import ModuleCardError, class_name, module_binding, proven_state
 
     if p.entry is None:
         return "its module's forward was not seen"
@@ -493,8 +493,9 @@ def _binding(model: torch.nn.Module, p: _Planned) -> dict[str, Any] | str:
     except ModuleCardError as e:
         return str(e)
     cls = type(module)
-    return {"class": cls.__name__, "class_path": f"{cls.__module__}.{cls.__qualname__}", **b,
-            "autocast": [list(x) for x in autocast], "training": bool(module.training), "state": module_state(module)}
+    return {"class": cls.__name__, "class_path": class_name(cls), **b,
+            "autocast": [list(x) for x in autocast], "training": bool(module.training),
+            "state": proven_state(module)}
 
 
 # Calls that hand a tensor's value to the host: a forward that makes one may take another path for other values
@@ -521,7 +522,9 @@ def _bind_cards(found: ChainCards, bindings: dict[str, list[dict[str, Any] | str
         if why is None and changed:
             why = f"its forward changes the module's own attributes ({changed}), which the cast's kernel would skip"
         # The instances' own attributes need not be alike (a layer index the forward never reads); they
-        # say which other instances of the class the card may serve (engine.cast.loader).
+        # say which other instances of the class the card may serve (engine.cast.loader), and with their
+        # submodules (classes and attributes) which modules it may serve at all: a forward that calls a
+        # child computes what the child does.
         states = [b.pop("state", None) for b in got if not isinstance(b, str)]
         if why is None and len(got) != expected[card.card_id]:
             why = f"{expected[card.card_id] - len(got)} of its instances were not seen"

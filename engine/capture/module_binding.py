@@ -64,22 +64,73 @@ def module_state(module: torch.nn.Module) -> dict[str, Any] | None:
     return out
 
 
+# Where a proven state records the module's submodules (`proven_state`): no attribute of a module's own.
+SUBTREE = "_kforge_submodules"
+
+
+def class_name(cls: type) -> str:
+    """A class's dotted name, as a card records it (`torch.nn.modules.activation.SiLU`)."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def module_subtree(module: torch.nn.Module) -> dict[str, Any]:
+    """Each submodule below `module` by its path from it: `{"act": {"class": ..., "state": module_state(act)}}`.
+    What a forward that calls its children computes is theirs too (a GELU where the proof had a SiLU)."""
+    return {path: {"class": class_name(type(m)), "state": module_state(m)}
+            for path, m in module.named_modules() if path}
+
+
+def proven_state(module: torch.nn.Module) -> dict[str, Any] | None:
+    """What a module card proves of an instance and an install compares: its `module_state`, with its
+    `module_subtree` under SUBTREE; None where the state is."""
+    state = module_state(module)
+    return None if state is None else {**state, SUBTREE: module_subtree(module)}
+
+
+def _comparable(proven: dict[str, Any], state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A proven state and an instance's, as they compare: bookkeeping flags aside (which casts written before
+    they were ignored still hold), and the submodules only where the proof recorded them (a cast written
+    before, whose submodules are not checked)."""
+    return ({k: v for k, v in proven.items() if k not in IGNORED_STATE},
+            state if SUBTREE in proven else {k: v for k, v in state.items() if k != SUBTREE})
+
+
 def state_matches(state: dict[str, Any] | None, states: list[dict[str, Any]]) -> bool:
-    """Whether an instance's `module_state` equals one of a card's proven `states` (bookkeeping flags aside,
-    which casts written before they were ignored still hold)."""
+    """Whether an instance's `proven_state` (or `module_state`) equals one of a card's proven `states`."""
     if state is None:
         return False
-    return any({k: v for k, v in s.items() if k not in IGNORED_STATE} == state for s in states)
+    return any(a == b for a, b in (_comparable(s, state) for s in states))
+
+
+def _subtree_difference(tree: dict[str, Any], proven: dict[str, Any]) -> list[str]:
+    diffs = []
+    for path in [*tree, *(p for p in proven if p not in tree)]:
+        mine, theirs = tree.get(path), proven.get(path)
+        if mine == theirs:
+            continue
+        if theirs is None:
+            diffs.append(f"submodule {path} ({mine['class']}) is not in the proven module")
+        elif mine is None:
+            diffs.append(f"submodule {path} is missing (proven {theirs['class']})")
+        elif mine["class"] != theirs["class"]:
+            diffs.append(f"submodule {path} is {mine['class']} (proven {theirs['class']})")
+        elif theirs["state"] is None:
+            diffs.append(f"submodule {path}: the proven one held an attribute that is not a plain value")
+        else:
+            diffs.append(f"submodule {path}: {state_difference(mine['state'], [theirs['state']])}")
+    return diffs
 
 
 def state_difference(state: dict[str, Any] | None, states: list[dict[str, Any]]) -> str:
     """What differs between an instance's state and the first proven one, for a message: `eps 1e-05 (proven
-    1e-06)`, or that the instance holds an attribute that cannot be compared."""
+    1e-06)`, `submodule act is …GELU (proven …SiLU)`, or that the instance holds an attribute that cannot be
+    compared."""
     if state is None:
         return "an attribute that is not a plain value (it cannot be compared with the proof's)"
-    proven = {k: v for k, v in (states[0] if states else {}).items() if k not in IGNORED_STATE}
+    proven, state = _comparable(states[0], state) if states else ({}, state)
     diffs = [f"{k} {state.get(k, '(none)')!r} (proven {proven.get(k, '(none)')!r})"
-             for k in sorted(set(state) | set(proven)) if state.get(k) != proven.get(k)]
+             for k in sorted(set(state) | set(proven)) if k != SUBTREE and state.get(k) != proven.get(k)]
+    diffs += _subtree_difference(state.get(SUBTREE) or {}, proven.get(SUBTREE) or {})
     return ", ".join(diffs[:3]) or "its attributes"
 
 

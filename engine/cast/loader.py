@@ -536,11 +536,11 @@ class Cast:
     def _extend(self, model: Any, st: VariantState, v: dict[str, Any], wanted: dict[str, tuple[Any, list[Any]]]
                 ) -> None:
         """The card's other instances: modules of the same class (by its dotted name) at paths the capture
-        did not see, whose own attributes equal those of an instance it proved (`states`) and whose tensors
-        bind as the proof's did. A model captured shrunk and run at its real depth has its other layers'
-        modules served too. A card recorded without states extends to none; a module that does not fit is
-        left alone silently (it was never the card's)."""
-        from engine.capture.module_binding import module_state, state_matches
+        did not see, whose own attributes (and submodules, where the cast records them) equal those of an
+        instance it proved (`states`) and whose tensors bind as the proof's did. A model captured shrunk and
+        run at its real depth has its other layers' modules served too. A card recorded without states extends
+        to none; a module that does not fit is left alone silently (it was never the card's)."""
+        from engine.capture.module_binding import class_name, proven_state, state_matches
         from engine.cast import modules
 
         states, class_path = st.module.get("states"), st.module.get("class_path")
@@ -549,11 +549,11 @@ class Cast:
         proven = set(st.module["paths"])
         for path, mod in model.named_modules():
             cls = type(mod)
-            if path in proven or f"{cls.__module__}.{cls.__qualname__}" != class_path:
+            if path in proven or class_name(cls) != class_path:
                 continue
             if "forward" in mod.__dict__ or not isinstance(modules.route_of(mod), (modules.ModuleRoute, type(None))):
                 continue
-            if not state_matches(module_state(mod), states):
+            if not state_matches(proven_state(mod), states):
                 continue
             try:
                 bound = modules.bind_variant(st.id, mod, v["signature"], st.module, st.plan)

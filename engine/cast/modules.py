@@ -22,7 +22,8 @@ The guard, per call, all O(1) in the number of variants (one dict lookup on the 
 the exact positional-argument signature (per tensor dtype, shape, strides, alignment, device, neg/conj;
 per other argument its value) and no keyword arguments; every parameter the chain reads still the object
 held at install, with the same `_version`, data pointer, dtype, shape and strides; every submodule the object
-it was at install; no hooks on the module or its submodules and no global module hooks; the module's own
+it was at install (where, at install, the submodules' classes and attributes equalled a proven instance's,
+where the cast records them: `bind_variant`); no hooks on the module or its submodules and no global module hooks; the module's own
 attributes (eps…) as at install, where they equal a proven instance's (without recorded states: its plain
 attributes as at install), and its training flag as at proof (where the cast records it); the plain
 module-level values its forward reads as at install (forward_reads); autocast as at proof; no grad needed (grad enabled and an
@@ -60,10 +61,12 @@ from engine.capture.module_binding import (  # noqa: F401 - ModuleCardError and 
     _MODULE_INTERNALS,
     IGNORED_STATE,
     ROUTE_ATTR,
+    SUBTREE,
     ModuleCardError,
     autocast_state,
     module_binding,
     module_state,
+    proven_state,
     state_difference,
     state_matches,
 )
@@ -430,6 +433,17 @@ def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], c
     written = _written_inputs(signature)
     if written:
         raise ModuleCardError(f"the chain writes its input in{written[0]} in place")
+    states = card.get("states")
+    if states:  # the proof's own attributes (eps, with_scale…) and submodules (their classes and attributes):
+        # a module configured otherwise, or calling another child, is not the card's. Checked before the
+        # tensors bind: it says why they do not (an nn.Identity where the proof had a norm holds no weight)
+        state = proven_state(module)
+        if not state_matches(state, states):
+            raise ModuleCardError(f"its attributes differ from the proven module's: {state_difference(state, states)}")
+        names = [k for k in state if k != SUBTREE]
+    else:  # none recorded (an attribute was no plain value, a config): its plain ones are held as at install
+        names = [k for k, v in vars(module).items()
+                 if k not in _MODULE_INTERNALS and k not in IGNORED_STATE and plain_value(v)]
     args = card.get("args", [{"input": 0}])
     params = card.get("params", [])
     fed: dict[int, str] = {}
@@ -472,15 +486,6 @@ def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], c
     missing = [i for i in range(len(inputs)) if i not in fed]
     if missing:
         raise ModuleCardError(f"chain input in{missing[0]} is fed neither by an argument nor by a parameter")
-    states = card.get("states")
-    if states:  # the proof's own attributes (eps, with_scale…): a module configured otherwise is not the card's
-        state = module_state(module)
-        if not state_matches(state, states):
-            raise ModuleCardError(f"its attributes differ from the proven module's: {state_difference(state, states)}")
-        names = list(state)
-    else:  # none recorded (an attribute was no plain value, a config): its plain ones are held as at install
-        names = [k for k, v in vars(module).items()
-                 if k not in _MODULE_INTERNALS and k not in IGNORED_STATE and plain_value(v)]
     # copies: a list attribute changed in place is then a changed attribute (the live list would equal itself)
     attrs = tuple((name, copy.deepcopy(module.__dict__[name])) for name in names)
     autocast = tuple(tuple(x) for x in card.get("autocast", []))

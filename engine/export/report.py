@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.capture.module_binding import SUBTREE
 from engine.cards import chain_dispatch, chain_inputs, chain_label, copy_fraction
 from engine.cast.format import CHAIN_OP, legacy_targets_text
 from engine.outcomes import faster_with_confidence
@@ -26,9 +27,14 @@ def chain_view(v: dict[str, Any]) -> dict[str, str] | None:
     chain, module = v.get("chain") or {}, v.get("module") or {}
     kind = "module" if module else chain.get("kind", "pattern")
     text = v.get("signature_text") or ""
-    return {"label": chain_label(chain, text), "dispatch": chain_dispatch(kind, module.get("class"),
-                                                                          module.get("paths") or ()),
-            "inputs": chain_inputs(text)}
+    out = {"label": chain_label(chain, text), "dispatch": chain_dispatch(kind, module.get("class"),
+                                                                         module.get("paths") or ()),
+           "inputs": chain_inputs(text)}
+    if module and not any(SUBTREE in s for s in module.get("states") or ()):
+        # a cast written before they were recorded, or a module whose own attributes are not plain values
+        out["submodules"] = ("not compared with the proof's (the cast records none): a module of its class "
+                             "whose children differ is served too")
+    return out
 
 
 def _us(v: Any) -> str:
@@ -275,6 +281,8 @@ def audit_text(doc: dict[str, Any], path: str) -> str:
                 f"{_us(v['eager_us'])} µs -> {_us(v['cast_us'])} µs  {cv['inputs'] if cv else v['signature']}")
         if cv:
             line += f"\n      served by: {cv['dispatch']}"
+            if cv.get("submodules"):
+                line += f"\n      submodules: {cv['submodules']}"
         if v.get("targets") is not None:
             line += f"\n      proven for: {', '.join(v['targets']) or 'no target'}"
         if v.get("verify"):
