@@ -49,6 +49,9 @@ PRECISION_FACTOR = 3.0
 # pass. Where eager rounds twice (Llama's RMSNorm) they err 1.2-2.1x: caught on some samples only.
 CHAIN_PRECISION_FACTOR = 1.5
 _UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+# Families whose kernels compute statistics (means, variances, norms) that a cheaper form can lose under an offset
+# of the inputs: they get the 'shifted' edge set (`inputs.SHIFT`).
+SHIFTED_FAMILIES = frozenset({"reduction", "normalization"})
 RACE_REPS = 6  # extra runs at the end of verification on new values, four of them beside a busy stream
 
 
@@ -130,6 +133,8 @@ class CardCheck:
             if edges:
                 kinds = (("negated", "ties") if self.family in ("matmul", "attention")
                          else ("negated", "ties", "large", "nonfinite"))
+                if self.family in SHIFTED_FAMILIES:
+                    kinds += ("shifted",)
                 sets += [(f"edge {kind}", b) for kind, b in edge_inputs(samples[0], kinds)]
                 ranged = index_range_inputs(op_name, samples[0], seed + 99)
                 if ranged is not None:
