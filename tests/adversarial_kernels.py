@@ -11,6 +11,7 @@ Each candidate names the card it targets (`card`, a kind `tests/test_lane_advers
                float32 source [16384, 256] (about four source rows land on each row)
     mm_bf16    aten::mm, bfloat16 [2048, 16384] @ [16384, 2048]
     cmul       aten::mul.Tensor, two complex64 vectors of 2**22 elements
+    var        aten::var.correction over the rows of a float32 [512, 4096] ~ N(0, 1) (unbiased)
 
 `expect` is what the lane must answer: a rejection category, a tuple of acceptable categories, None (it
 must be verified) or NO_GAIN: rejected with any category, or verified no faster than 1.25 times the
@@ -41,6 +42,7 @@ CLASSES = {
     11: "reads a workspace it never asked zeroed (fresh memory reads zeros; a model's does not)",
     12: "hides a contention race behind a memo of its inputs (repeated runs on known sets copy the quiet answer)",
     13: "computes in lower precision only when timed (within the tolerance table, not the precision check)",
+    14: "a statistic in a form that loses digits under an offset (one-pass variance), exact on centred samples",
 }
 
 
@@ -958,6 +960,57 @@ block = [256]
 args = [{ ptr = "self" }, { ptr = "other" }, { ptr = "ws.tmp" }, { ptr = "out0" }, { i64 = "self.numel" }]
 """, cls=11)
 
+# ---- 14. a statistic that loses digits under an offset ------------------------------------------------
+
+# A one-pass variance (sum of x and of x^2 in one sweep, var = (S2 - S1^2/n) / (n-1)) reads the row once where a
+# two-pass one reads it twice: the faster kernel. On rows centred near zero, as the samples and every set drawn
+# from them are (fresh draws keep their mean and std, the 'large' set scales the mean with the spread), its float32
+# error is ~1e-7 and it passed; on rows that sit on an offset of 16 standard deviations it errs by ~1e-3 (and by
+# 100 % at 1000), as in a model whose activations are not centred. The 'shifted' edge set catches it (mismatch).
+VAR_SPEC = """
+[[launch]]
+kernel = "{kernel}"
+grid = ["self.shape[0]"]
+block = [256]
+args = [{{ ptr = "self" }}, {{ ptr = "out0" }}, {{ i32 = "self.shape[1]" }}]
+"""
+VAR_KERNELS = r'''
+#include <cub/block/block_reduce.cuh>
+using Reduce = cub::BlockReduce<float, 256>;
+
+extern "C" __global__ void var_two_pass(const float* __restrict__ x, float* __restrict__ out, int cols) {
+  __shared__ typename Reduce::TempStorage tmp;
+  __shared__ float mean;
+  const float* row = x + (long long)blockIdx.x * cols;
+  float s = 0.f;
+  for (int c = threadIdx.x; c < cols; c += 256) s += row[c];
+  float total = Reduce(tmp).Sum(s);
+  if (threadIdx.x == 0) mean = total / cols;
+  __syncthreads();
+  float m = mean, q = 0.f;
+  for (int c = threadIdx.x; c < cols; c += 256) { float d = row[c] - m; q += d * d; }
+  float sq = Reduce(tmp).Sum(q);
+  if (threadIdx.x == 0) out[blockIdx.x] = sq / (cols - 1);
+}
+
+extern "C" __global__ void var_one_pass(const float* __restrict__ x, float* __restrict__ out, int cols) {
+  __shared__ typename Reduce::TempStorage tmp;
+  __shared__ float s1;
+  const float* row = x + (long long)blockIdx.x * cols;
+  float s = 0.f, q = 0.f;
+  for (int c = threadIdx.x; c < cols; c += 256) { float v = row[c]; s += v; q += v * v; }
+  float t1 = Reduce(tmp).Sum(s);
+  if (threadIdx.x == 0) s1 = t1;
+  __syncthreads();
+  float t2 = Reduce(tmp).Sum(q);
+  if (threadIdx.x == 0) out[blockIdx.x] = (t2 - s1 * s1 / cols) / (cols - 1);
+}
+'''
+CORRECT_VAR = Adversary("correct row variance (two-pass)", None, HEADER + VAR_KERNELS,
+                        VAR_SPEC.format(kernel="var_two_pass"), card="var")
+VAR_ONE_PASS = Adversary("row variance in one pass (E[x^2] - E[x]^2 in float32)", "mismatch", HEADER + VAR_KERNELS,
+                         VAR_SPEC.format(kernel="var_one_pass"), card="var", cls=14)
+
 ADVERSARIES = [
     *ORIGINAL,
     SKIPS_FILLED_OUTPUT,
@@ -987,4 +1040,6 @@ ADVERSARIES = [
     CORRECT_MM,
     MM_BYTES_NO_FLOPS,
     ACCUMULATES_INTO_UNZEROED_WORKSPACE,
+    CORRECT_VAR,
+    VAR_ONE_PASS,
 ]

@@ -38,12 +38,13 @@ def _card_calls(device: str) -> dict[str, Callable[[], Any]]:
         "index_add": index_add,
         "mm_bf16": lambda: torch.mm(r(2048, 16384, dtype=torch.bfloat16), r(16384, 2048, dtype=torch.bfloat16)),
         "cmul": lambda: torch.mul(r(1 << 22, dtype=torch.complex64), r(1 << 22, dtype=torch.complex64)),
+        "var": lambda: torch.var(r(512, 4096), dim=1),
     }
 
 
 CARD_OPS = {"add": "aten::add.Tensor", "sum": "aten::sum.dim_IntList", "relu": "aten::relu",
             "softmax16": "aten::_softmax", "index_add": "aten::index_add", "mm_bf16": "aten::mm",
-            "cmul": "aten::mul.Tensor"}
+            "cmul": "aten::mul.Tensor", "var": "aten::var.correction"}
 
 
 def test_suite_is_large_enough():

@@ -163,15 +163,41 @@ def _plant_nonfinite_(c: torch.Tensor) -> None:
         c[i] = v
 
 
+# The 'shifted' edge set: every floating input moved by SHIFT[dtype] times its RMS (its spread barely changes). A
+# statistic computed in a form that loses digits under an offset (a one-pass variance E[x^2] - E[x]^2, a sum of
+# squares before the mean) errs by about u32 * SHIFT^2 of the value there, where eager's (Welford, two-pass) and
+# any correct kernel's err by about u32 * SHIFT. Per dtype, the shift where the two sit on either side of the
+# tolerance table's row (float32: one-pass 6e-4, a two-pass 3e-5 at 16; float16/bfloat16 rows are looser, and
+# their inputs round the offset away above ~1/ulp). Scaling ('large') keeps the offset-to-spread ratio of the
+# sample, and fresh draws keep its mean and std: a sample centred near zero never exposed the one-pass form.
+SHIFT = {torch.float64: 1e5, torch.float32: 16.0, torch.float16: 512.0, torch.bfloat16: 1024.0}
+
+
+def _shift_(c: torch.Tensor) -> None:
+    """Add SHIFT[dtype] times the RMS of the finite values (1 where it is 0) to every element, within 1 % of the
+    format's largest value."""
+    # no float64 copy of the tensor: the norm accumulates in float64 inside one reduction (a 1 GB input costs
+    # two passes and no temporary); a sample holding non-finite values takes the masked way
+    rms = float(torch.linalg.vector_norm(c, dtype=torch.float64)) / math.sqrt(c.numel())
+    amax = float(c.abs().max())
+    if not (math.isfinite(rms) and math.isfinite(amax)):
+        fin = c[torch.isfinite(c)].double()
+        rms = float(fin.square().mean().sqrt()) if fin.numel() else 1.0
+        amax = float(fin.abs().max()) if fin.numel() else 0.0
+    offset = min(SHIFT[c.dtype] * (rms or 1.0), max(0.0, 0.01 * torch.finfo(c.dtype).max - amax))
+    c.add_(offset)
+
+
 def edge_inputs(sample: Bound, kinds: Sequence[str]) -> list[tuple[str, Bound]]:
-    """Edge variants of the floating inputs: 'negated', 'ties' (values rounded to halves), 'large', and
-    'nonfinite' (NaN, +inf and -inf planted at a few positions of every floating input)."""
+    """Edge variants of the floating inputs: 'negated', 'ties' (values rounded to halves), 'large', 'shifted'
+    (moved by a large offset, `SHIFT`; float64/32/16 and bfloat16 inputs only) and 'nonfinite' (NaN, +inf and
+    -inf planted at a few positions of every floating input)."""
     out = []
     for kind in kinds:
         b = clone_bound(sample)
         touched = False
         for t in _tensors(b):
-            if not t.is_floating_point() or t.numel() == 0:
+            if not t.is_floating_point() or t.numel() == 0 or (kind == "shifted" and t.dtype not in SHIFT):
                 continue
             c = cover(t)
             if kind == "negated":
@@ -180,6 +206,8 @@ def edge_inputs(sample: Bound, kinds: Sequence[str]) -> list[tuple[str, Bound]]:
                 c.copy_((c.double() * 2).round_() / 2)
             elif kind == "nonfinite":
                 _plant_nonfinite_(c)
+            elif kind == "shifted":
+                _shift_(c)
             elif kind == "large":
                 amax = float(c.double().abs().max()) or 1.0
                 target = min(1e3 * amax, 0.01 * torch.finfo(t.dtype).max)
