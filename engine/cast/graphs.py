@@ -580,6 +580,9 @@ class GraphRoute(modules.NotCopied):
         return ref
 
 
+_MODULE_TABLES = frozenset({"_parameters", "_buffers", "_modules"})
+
+
 def _tensor_attrs(mods: list[torch.nn.Module]) -> list[tuple[dict, Any, torch.Tensor]]:
     """(where, key, tensor) for each tensor the modules hold as a plain attribute, directly or in a list, tuple
     or dict of up to modules._SMALL items (key (name, index or dict key) then); parameters and buffers are not
@@ -587,6 +590,8 @@ def _tensor_attrs(mods: list[torch.nn.Module]) -> list[tuple[dict, Any, torch.Te
     out: list[tuple[dict, Any, torch.Tensor]] = []
     for m in mods:
         for k, v in m.__dict__.items():
+            if k in _MODULE_TABLES:
+                continue   # the module's own tables (its parameters and buffers are `GraphRoute.tensors`)
             if isinstance(v, torch.Tensor):
                 out.append((m.__dict__, k, v))
             elif isinstance(v, (list, tuple)) and len(v) <= modules._SMALL:
