@@ -297,31 +297,12 @@ async def test_the_steps_before_the_search_reach_the_runs_log_card_by_card(tmp_p
 async def test_the_search_bar_takes_a_card_that_ends_early_off_its_total():
     # The bar counted evaluations against cards × iterations: a card that ran out of revisions to try kept
     # its unused iterations in the total, the bar sat part of the way, then jumped to the end with the run.
-    import itertools
     import re
 
-    from test_orchestrator import MemoryRecorder, StandInLane, card, orchestrator
+    from test_orchestrator import ProgressRecorder, StandInLane, ThreeThenNothing, card, orchestrator
 
-    from engine.propose.base import Proposal
     from engine.run.orchestrator import Budgets
     from engine.run.report import Progress
-
-    class ThreeForX:
-        """Three kernels for card x, then nothing new to try; card y always has another."""
-
-        name = "three"
-
-        def __init__(self):
-            self.n = itertools.count()
-
-        def supports(self, c):
-            return True
-
-        async def propose(self, r):
-            n = next(self.n)
-            if r.card.card_id == "x" and n >= 3:
-                return Proposal(declined=True, reason="every neighbour of this parent was tried already")
-            return Proposal(source=f"// {r.card.card_id} {n}\n", spec="[[launch]]")
 
     bars: list[tuple[int, int]] = []
 
@@ -333,13 +314,9 @@ async def test_the_search_bar_takes_a_card_that_ends_early_off_its_total():
     out = _Terminal()
     progress = Progress(Stages(out))
 
-    class Recorder(MemoryRecorder):
-        async def event(self, kind, payload, card_id=None):
-            await super().event(kind, payload, card_id)
-            progress(kind, payload, card_id, o)
-
-    o = orchestrator([card("x"), card("y", 0.2)], ThreeForX(), StandInLane(0.0), Recorder(),
-                     budgets=Budgets(iterations_per_card=12), max_proposals=1)
+    rec = ProgressRecorder(progress)
+    o = rec.orchestrator = orchestrator([card("x"), card("y", 0.2)], ThreeThenNothing(), StandInLane(0.0), rec,
+                                        budgets=Budgets(iterations_per_card=12), max_proposals=1)
     assert await o.run() == "iterations"
     progress.stages.close()
     used = o.cards["x"].iterations + o.cards["y"].iterations
@@ -354,7 +331,7 @@ async def test_a_search_stopped_by_its_budget_keeps_its_bar_where_it_stopped():
     # run_finished filled the bar whatever stopped the run: a search cut short by --max-tokens read as done.
     import re
 
-    from test_orchestrator import MemoryRecorder, ScriptedProposer, StandInLane, card, orchestrator
+    from test_orchestrator import ProgressRecorder, ScriptedProposer, StandInLane, card, orchestrator
 
     from engine.run.orchestrator import Budgets
     from engine.run.report import Progress
@@ -362,13 +339,9 @@ async def test_a_search_stopped_by_its_budget_keeps_its_bar_where_it_stopped():
     out = _Terminal()
     progress = Progress(StageProgress(out))
 
-    class Recorder(MemoryRecorder):
-        async def event(self, kind, payload, card_id=None):
-            await super().event(kind, payload, card_id)
-            progress(kind, payload, card_id, o)
-
-    o = orchestrator([card("a")], ScriptedProposer(0.0, tokens=500), StandInLane(0.0), Recorder(),
-                     budgets=Budgets(iterations_per_card=100, tokens=5_000), max_proposals=1)
+    rec = ProgressRecorder(progress)
+    o = rec.orchestrator = orchestrator([card("a")], ScriptedProposer(0.0, tokens=500), StandInLane(0.0), rec,
+                                        budgets=Budgets(iterations_per_card=100, tokens=5_000), max_proposals=1)
     assert await o.run() == "tokens"
     progress.stages.close()
     used = o.cards["a"].iterations
@@ -380,7 +353,7 @@ async def test_a_dry_runs_search_line_says_nothing_is_verified():
     # A dry run's line read 'verified 0 · failed 0' throughout: as if every candidate had yet to pass.
     import re
 
-    from test_orchestrator import MemoryRecorder, ScriptedProposer, card, orchestrator
+    from test_orchestrator import ProgressRecorder, ScriptedProposer, card, orchestrator
 
     from engine.lane.evaluate import Evaluation
     from engine.run.orchestrator import Budgets
@@ -392,13 +365,9 @@ async def test_a_dry_runs_search_line_says_nothing_is_verified():
     out = _Terminal()
     progress = Progress(StageProgress(out), dry=True)
 
-    class Recorder(MemoryRecorder):
-        async def event(self, kind, payload, card_id=None):
-            await super().event(kind, payload, card_id)
-            progress(kind, payload, card_id, o)
-
-    o = orchestrator([card("a")], ScriptedProposer(0.0), compile_only, Recorder(),
-                     budgets=Budgets(iterations_per_card=3), max_proposals=1)
+    rec = ProgressRecorder(progress)
+    o = rec.orchestrator = orchestrator([card("a")], ScriptedProposer(0.0), compile_only, rec,
+                                        budgets=Budgets(iterations_per_card=3), max_proposals=1)
     await o.run()
     progress.stages.close()
     frame = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue().split("\r")[-1])

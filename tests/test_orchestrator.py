@@ -254,24 +254,38 @@ async def test_declining_proposer_leaves_the_card_on_eager():
     assert o.cards["a"].done_reason == "declined" and not rec.candidates
 
 
+class ThreeThenNothing:
+    """Three revisions for card x, then it declines every parent; card y always has another."""
+
+    name = "three"
+
+    def __init__(self):
+        self.n = itertools.count()
+
+    def supports(self, c):
+        return True
+
+    async def propose(self, r):
+        n = next(self.n)
+        if r.card.card_id == "x" and n >= 3:
+            return Proposal(declined=True, reason="every neighbour of this parent was tried already")
+        return Proposal(source=f"// {r.card.card_id} {n}\n", spec="[[launch]]")
+
+
+class ProgressRecorder(MemoryRecorder):
+    """A MemoryRecorder that also hands each event to `sink(kind, payload, card_id, orchestrator)`, as run --no-tui's
+    Progress gets them; `orchestrator` is set once the orchestrator is made."""
+
+    def __init__(self, sink):
+        super().__init__()
+        self.sink, self.orchestrator = sink, None
+
+    async def event(self, kind, payload, card_id=None):
+        await super().event(kind, payload, card_id)
+        self.sink(kind, payload, card_id, self.orchestrator)
+
+
 async def test_every_card_of_a_finished_run_says_how_it_finished():
-    class ThreeThenNothing:
-        """Three revisions for card x, then it declines every parent; card y always has another."""
-
-        name = "three"
-
-        def __init__(self):
-            self.n = itertools.count()
-
-        def supports(self, c):
-            return True
-
-        async def propose(self, r):
-            n = next(self.n)
-            if r.card.card_id == "x" and n >= 3:
-                return Proposal(declined=True, reason="every neighbour of this parent was tried already")
-            return Proposal(source=f"// {r.card.card_id} {n}\n", spec="[[launch]]")
-
     rec = MemoryRecorder()
     prop = ThreeThenNothing()
     o = orchestrator([card("x"), card("y", 0.2)], prop, StandInLane(0.0), rec,

@@ -143,34 +143,15 @@ async def test_the_overview_bar_counts_as_the_headless_bar_and_never_jumps(tmp_p
     # to try is said done ('exhausted') only when the run ends: its unused iterations stayed in the total, the
     # bar sat part of the way, then jumped to the end with the run. `run --no-tui`'s bar was fixed in 0c67845;
     # the overview now counts with the same function (engine.progress.search_bar).
-    import itertools
 
-    from test_orchestrator import StandInLane, card, orchestrator
+    from test_orchestrator import StandInLane, ThreeThenNothing, card, orchestrator
 
-    from engine.propose.base import Proposal
     from engine.run.orchestrator import Budgets
     from engine.run.report import search_progress
     from engine.run.store_recorder import StoreRecorder
     from engine.store import Store, db_path
     from kforge_tui.readmodel import ReadModel
     from kforge_tui.screens.overview import progress_of
-
-    class ThreeForX:
-        """Three kernels for card x, then nothing new to try; card y always has another."""
-
-        name = "three"
-
-        def __init__(self):
-            self.n = itertools.count()
-
-        def supports(self, c):
-            return True
-
-        async def propose(self, r):
-            n = next(self.n)
-            if r.card.card_id == "x" and n >= 3:
-                return Proposal(declined=True, reason="every neighbour of this parent was tried already")
-            return Proposal(source=f"// {r.card.card_id} {n}\n", spec="[[launch]]")
 
     db = db_path(tmp_path)
     seen: list[tuple[str, tuple[int, int], tuple[int, int]]] = []  # event, overview bar, headless bar
@@ -185,7 +166,7 @@ async def test_the_overview_bar_counts_as_the_headless_bar_and_never_jumps(tmp_p
             seen.append((kind, progress_of(model.poll(run["id"]).stats), search_progress(o)))
 
         recorder = StoreRecorder(store, run["id"], progress=after)
-        o = orchestrator([card("x"), card("y", 0.2)], ThreeForX(), StandInLane(0.0), recorder,
+        o = orchestrator([card("x"), card("y", 0.2)], ThreeThenNothing(), StandInLane(0.0), recorder,
                          budgets=Budgets(iterations_per_card=12), max_proposals=1)
         recorder.orchestrator = o
         try:
