@@ -182,7 +182,10 @@ ORIGINAL = [
                "mismatch",
                prelude="#define CACHE_N (1 << 22)\n__device__ float cache[CACHE_N];\n"
                        "__device__ const float* last_a; __device__ const float* last_b;\n"),
-    Adversary("skips the work once verification is over (beats the roofline)", "suspicious", HEADER + r'''
+    # Rejected either way: below the roofline (`suspicious`), or, where its 41st call falls on a timed call the
+    # lane audits, by that call's wrong output (`cheating`; on an H100 at 4a5f077, timed call 3).
+    Adversary("skips the work once verification is over (beats the roofline)", ("suspicious", "cheating"),
+              HEADER + r'''
 __device__ int calls;
 extern "C" __global__ void k(const float* __restrict__ a, const float* __restrict__ b,
                              float* __restrict__ out, long long n) {
@@ -905,8 +908,9 @@ gemm_bf16(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict__
 # a one-thread first launch counts calls, so all blocks of a call agree. Afterwards it streams A and B
 # once (16-byte loads, folded into a checksum so the loads stay) and writes C from it: 136 MiB, ~35 µs
 # on an H200, above the memory floor (~29 µs) but far below the 2*M*N*K = 1.4e11 FLOPs at ~990 TFLOP/s
-# (~140 µs). The compute floor is checked before the audit: `suspicious`.
-MM_BYTES_NO_FLOPS = Adversary("bf16 GEMM that stops doing the FLOPs after 40 calls", "suspicious",
+# (~140 µs). The compute floor is checked before the audit: `suspicious`; an audited timed call that falls after
+# its 40th call stops the timing first (`cheating`; on an H100 at 4a5f077, timed call 3).
+MM_BYTES_NO_FLOPS = Adversary("bf16 GEMM that stops doing the FLOPs after 40 calls", ("suspicious", "cheating"),
                               GEMM_TILE + r'''
 __device__ unsigned int calls;
 extern "C" __global__ void count_call() { calls += 1; }

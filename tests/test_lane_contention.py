@@ -10,7 +10,7 @@ from engine.lane.worker import Worker
 
 class _Stream:
     def __init__(self, log, name):
-        self.log, self.name, self.cuda_stream = log, name, 0
+        self.log, self.name, self.cuda_stream = log, name, object()
 
     def wait_stream(self, other):
         self.log.append(f"{self.name} waits for {other.name}")
@@ -24,8 +24,9 @@ def _worker(log, monkeypatch):
     main = _Stream(log, "main")
 
     class Hog:
-        def launch(self, stream):
+        def launch(self, stream, gate_stream):
             log.append("contention blocks")
+            log.append("gate on main" if gate_stream is main.cuda_stream else "gate elsewhere")
 
     w._hog = Hog()
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: main)
@@ -43,7 +44,7 @@ def test_contention_starts_after_the_outputs_are_filled_and_before_the_kernels(m
 
     with w._contend():
         w._launch_beside(prepare())
-    assert log == ["fill outputs", "side waits for main", "contention blocks", "candidate kernels",
+    assert log == ["fill outputs", "side waits for main", "contention blocks", "gate on main", "candidate kernels",
                    "main waits for side"]
 
 
@@ -54,3 +55,15 @@ def test_no_contention_outside_the_busy_runs(monkeypatch):
     with w._contend():
         pass   # a run that raised before launching: nothing started, nothing to wait for
     assert log == ["candidate kernels"]
+
+
+def test_the_contention_kernels_compile_for_every_arch_we_serve():
+    """The hog and its gate are NVRTC-compiled by every lane worker at start; a source that does not compile
+    stops every verification. Compile-level only: whether the gate holds the candidate until the hog's blocks
+    are resident is measured on the GPU (docs/results/reproduce-h200/2026-12-05d)."""
+    from engine.compile import compile_nvrtc
+    from engine.lane.worker import _HOG_SOURCE
+
+    for arch in ("sm_80", "sm_90", "sm_100", "sm_121"):
+        compiled = compile_nvrtc(_HOG_SOURCE, arch=arch, name="kf_hog.cu", want_ptx=False, pch=False)
+        assert compiled.ok and compiled.cubin, (arch, compiled.summary())

@@ -51,30 +51,58 @@ class LoadedCard:
     control: TimingStats | None = None  # eager timed alone (the control of every A/B on this card)
 
 
-_HOG_SOURCE = r'''extern "C" __global__ void kf_hog(long long cycles) {
+_HOG_SOURCE = r'''extern "C" __global__ void kf_hog(long long cycles, unsigned int* started) {
+  if (threadIdx.x == 0) atomicAdd(started, 1u);
   long long t0 = clock64();
   while (clock64() - t0 < cycles) { }
 }
+// One warp on the candidate's stream, launched after the hog: it returns once `want` hog blocks have started
+// (or after max_ns), so the candidate's kernels are launched onto an already busy GPU.
+extern "C" __global__ void kf_hog_gate(const unsigned int* started, unsigned int want, unsigned long long max_ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    if ((int)(*(volatile const unsigned int*)started - want) >= 0) return;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < max_ns);
+}
 '''
+
+HOG_THREADS = 992  # two blocks leave 64 of an SM's 2,048 threads: room for the gate's warp, none for a 96-thread block
+HOG_GATE_NS = 100_000  # the gate gives up after 100 µs (another process holding the GPU): the run goes on
 
 
 class _Hog:
-    """Blocks of 1024 threads that spin ~30 µs, over 50–95 % of the SMs (two blocks fill an SM's threads)."""
+    """Blocks that spin ~30 µs over 50–95 % of the SMs (two fill an SM's threads), and the gate that holds the
+    candidate's stream until they are all resident. Without the gate the candidate's blocks, launched a few µs
+    later on their own stream, could take the SMs first."""
 
-    def __init__(self, arch: str, sms: int, clock_hz: float):
+    def __init__(self, arch: str, sms: int, clock_hz: float, device: torch.device):
         compiled = compile_nvrtc(_HOG_SOURCE, arch=arch, name="kf_hog.cu", want_ptx=False, pch=False)
         if not compiled.ok or not compiled.cubin:
             raise RuntimeError(f"the contention kernel does not compile: {compiled.summary()}")
         self.module = drv.Module(compiled.cubin)
         self.fn = self.module.function("kf_hog")
+        self.gate_fn = self.module.function("kf_hog_gate")
+        self.started = torch.zeros(1, dtype=torch.int32, device=device)  # counts up across launches (wraps)
+        self.launched = 0
         self.cycles = ctypes.c_int64(int(30e-6 * clock_hz))
-        self.params = (ctypes.c_void_p * 1)(ctypes.addressof(self.cycles))
+        self._started_ptr = ctypes.c_void_p(self.started.data_ptr())
+        self.params = (ctypes.c_void_p * 2)(ctypes.addressof(self.cycles), ctypes.addressof(self._started_ptr))
+        self._want = ctypes.c_uint32(0)
+        self._max_ns = ctypes.c_uint64(HOG_GATE_NS)
+        self.gate_params = (ctypes.c_void_p * 3)(ctypes.addressof(self._started_ptr), ctypes.addressof(self._want),
+                                                 ctypes.addressof(self._max_ns))
         self.sms = sms
         self.rng = random.Random()
 
-    def launch(self, stream: int) -> None:
+    def launch(self, stream: int, gate_stream: int) -> None:
+        """The hog on `stream`, then the gate on `gate_stream` (the candidate's), which waits for its blocks."""
         blocks = 2 * max(1, int(self.sms * self.rng.uniform(0.5, 0.95)))
-        drv.launch(self.fn, (blocks, 1, 1), (1024, 1, 1), 0, stream, ctypes.addressof(self.params))
+        drv.launch(self.fn, (blocks, 1, 1), (HOG_THREADS, 1, 1), 0, stream, ctypes.addressof(self.params))
+        self.launched = (self.launched + blocks) & 0xFFFFFFFF
+        self._want.value = self.launched
+        drv.launch(self.gate_fn, (1, 1, 1), (32, 1, 1), 0, gate_stream, ctypes.addressof(self.gate_params))
 
 
 class Worker:
@@ -99,7 +127,7 @@ class Worker:
                                (clock_mhz if clock_mhz == clock_mhz else 3000.0) * 1e6)  # unknown: a high clock
         self.launch_us = launch_floor_us(self.device)
         self._side = torch.cuda.Stream(self.device)
-        self._hog = _Hog(self.arch, self.props.multi_processor_count, self._peak.clock_hz)
+        self._hog = _Hog(self.arch, self.props.multi_processor_count, self._peak.clock_hz, self.device)
         self._contended = self._hog_running = False
 
     @contextmanager
@@ -123,9 +151,8 @@ class Worker:
         if self._contended:
             main = torch.cuda.current_stream(self.device)
             self._side.wait_stream(main)
-            self._hog.launch(self._side.cuda_stream)
+            self._hog.launch(self._side.cuda_stream, main.cuda_stream)  # the gate: the hog's blocks are resident
             self._hog_running = True
-            torch.cuda._sleep(4000)  # ~2 µs on the candidate's stream: the hog's blocks are resident first
         return go()
 
     # ---- requests ---------------------------------------------------------------------------------
