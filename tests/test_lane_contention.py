@@ -1,5 +1,5 @@
 """The lane's busy-stream runs (engine/lane/worker.py): the contention blocks start just before the candidate's
-kernels, after its outputs and workspaces are filled. They spin ~30 µs; started when the run began, they were
+kernels, after its outputs and workspaces are filled, and are released after them. They spin ~30 µs; started when the run began, they were
 gone before a large card's candidate launched (filling 100 MB of outputs takes longer), so its 'busy' runs
 met an idle GPU. Stand-ins for the streams and the spinning kernel: no GPU needed."""
 
@@ -28,6 +28,9 @@ def _worker(log, monkeypatch):
             log.append("contention blocks")
             log.append("gate on main" if gate_stream is main.cuda_stream else "gate elsewhere")
 
+        def release(self, stream):
+            log.append("release on main" if stream is main.cuda_stream else "release elsewhere")
+
     w._hog = Hog()
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: main)
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
@@ -45,6 +48,23 @@ def test_contention_starts_after_the_outputs_are_filled_and_before_the_kernels(m
     with w._contend():
         w._launch_beside(prepare())
     assert log == ["fill outputs", "side waits for main", "contention blocks", "gate on main", "candidate kernels",
+                   "release on main", "main waits for side"]
+
+
+def test_a_launch_that_raises_still_releases_the_contention_blocks(monkeypatch):
+    """The blocks stay until released (2 ms at most): a candidate whose launch raised must not leave every later
+    run waiting for them."""
+    import pytest
+
+    log: list[str] = []
+    w = _worker(log, monkeypatch)
+
+    def boom():
+        raise RuntimeError("launch failed")
+
+    with pytest.raises(RuntimeError, match="launch failed"), w._contend():
+        w._launch_beside(boom)
+    assert log == ["side waits for main", "contention blocks", "gate on main", "release on main",
                    "main waits for side"]
 
 

@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,10 +51,16 @@ class LoadedCard:
     control: TimingStats | None = None  # eager timed alone (the control of every A/B on this card)
 
 
-_HOG_SOURCE = r'''extern "C" __global__ void kf_hog(long long cycles, unsigned int* started) {
-  if (threadIdx.x == 0) atomicAdd(started, 1u);
-  long long t0 = clock64();
-  while (clock64() - t0 < cycles) { }
+_HOG_SOURCE = r'''// Spins until the candidate's stream releases it (or max_cycles): resident for the whole of the candidate's run,
+// however long the host takes to launch it. Thread 0 polls; the others hold their slots at the barrier.
+extern "C" __global__ void kf_hog(long long max_cycles, unsigned int* started, const unsigned int* released,
+                                  unsigned int gen) {
+  if (threadIdx.x == 0) {
+    atomicAdd(started, 1u);
+    long long t0 = clock64();
+    while (clock64() - t0 < max_cycles && (int)(*(volatile const unsigned int*)released - gen) < 0) __nanosleep(500);
+  }
+  __syncthreads();
 }
 // One warp on the candidate's stream, launched after the hog: it returns once `want` hog blocks have started
 // (or after max_ns), so the candidate's kernels are launched onto an already busy GPU.
@@ -66,16 +72,22 @@ extern "C" __global__ void kf_hog_gate(const unsigned int* started, unsigned int
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   } while (t - t0 < max_ns);
 }
+// On the candidate's stream after its kernels: the hog's blocks may go.
+extern "C" __global__ void kf_hog_release(unsigned int* released, unsigned int gen) {
+  *(volatile unsigned int*)released = gen;
+}
 '''
 
 HOG_THREADS = 992  # two blocks leave 64 of an SM's 2,048 threads: room for the gate's warp, none for a 96-thread block
 HOG_GATE_NS = 100_000  # the gate gives up after 100 µs (another process holding the GPU): the run goes on
+HOG_MAX_S = 2e-3  # the hog's blocks leave after 2 ms at most (a candidate that waits for all its blocks to be resident)
 
 
 class _Hog:
-    """Blocks that spin ~30 µs over 50–95 % of the SMs (two fill an SM's threads), and the gate that holds the
-    candidate's stream until they are all resident. Without the gate the candidate's blocks, launched a few µs
-    later on their own stream, could take the SMs first."""
+    """Blocks that hold 50–95 % of the SMs (two fill an SM's threads) while a candidate runs beside them: a gate on
+    the candidate's stream waits until they are all resident, and a release after its kernels lets them go.
+    A fixed spin was not enough: on an H100 the host launched the candidate ~34 µs after the blocks started, and
+    they spun 30 µs, so the candidate met an idle GPU (docs/results/reproduce-h200/2026-12-05d)."""
 
     def __init__(self, arch: str, sms: int, clock_hz: float, device: torch.device):
         compiled = compile_nvrtc(_HOG_SOURCE, arch=arch, name="kf_hog.cu", want_ptx=False, pch=False)
@@ -84,25 +96,41 @@ class _Hog:
         self.module = drv.Module(compiled.cubin)
         self.fn = self.module.function("kf_hog")
         self.gate_fn = self.module.function("kf_hog_gate")
-        self.started = torch.zeros(1, dtype=torch.int32, device=device)  # counts up across launches (wraps)
-        self.launched = 0
-        self.cycles = ctypes.c_int64(int(30e-6 * clock_hz))
-        self._started_ptr = ctypes.c_void_p(self.started.data_ptr())
-        self.params = (ctypes.c_void_p * 2)(ctypes.addressof(self.cycles), ctypes.addressof(self._started_ptr))
+        self.release_fn = self.module.function("kf_hog_release")
+        # [0] counts the blocks that started, [1] the last generation released; both count up (and wrap).
+        self.counters = torch.zeros(2, dtype=torch.int32, device=device)
+        self.launched = self.gen = 0
+        self._started = ctypes.c_void_p(self.counters.data_ptr())
+        self._released = ctypes.c_void_p(self.counters.data_ptr() + 4)
+        self._max_cycles = ctypes.c_int64(int(HOG_MAX_S * clock_hz))
+        self._gen = ctypes.c_uint32(0)
         self._want = ctypes.c_uint32(0)
         self._max_ns = ctypes.c_uint64(HOG_GATE_NS)
-        self.gate_params = (ctypes.c_void_p * 3)(ctypes.addressof(self._started_ptr), ctypes.addressof(self._want),
-                                                 ctypes.addressof(self._max_ns))
+        self.params = self._pack(self._max_cycles, self._started, self._released, self._gen)
+        self.gate_params = self._pack(self._started, self._want, self._max_ns)
+        self.release_params = self._pack(self._released, self._gen)
         self.sms = sms
         self.rng = random.Random()
 
+    @staticmethod
+    def _pack(*args: Any) -> Any:
+        return (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+
     def launch(self, stream: int, gate_stream: int) -> None:
-        """The hog on `stream`, then the gate on `gate_stream` (the candidate's), which waits for its blocks."""
+        """The hog on `stream`, then the gate on `gate_stream` (the candidate's), which waits for its blocks.
+        A launch copies its arguments, so the values below may change once it returned."""
         blocks = 2 * max(1, int(self.sms * self.rng.uniform(0.5, 0.95)))
+        self.gen = (self.gen + 1) & 0xFFFFFFFF
+        self._gen.value = self.gen
         drv.launch(self.fn, (blocks, 1, 1), (HOG_THREADS, 1, 1), 0, stream, ctypes.addressof(self.params))
         self.launched = (self.launched + blocks) & 0xFFFFFFFF
         self._want.value = self.launched
         drv.launch(self.gate_fn, (1, 1, 1), (32, 1, 1), 0, gate_stream, ctypes.addressof(self.gate_params))
+
+    def release(self, stream: int) -> None:
+        """On the candidate's stream, after its kernels: the blocks of the last `launch` leave."""
+        self._gen.value = self.gen
+        drv.launch(self.release_fn, (1, 1, 1), (1, 1, 1), 0, stream, ctypes.addressof(self.release_params))
 
 
 class Worker:
@@ -135,8 +163,8 @@ class Worker:
         """Hold a random share of the SMs with long-lived blocks on another stream while the body's candidate
         runs: a candidate launched beside them cannot have all its blocks resident at once, so it meets the
         block interleavings of a busy GPU (a race that needs contention shows). The blocks are started by
-        `_launch_beside` just before the candidate's kernels, after its outputs and workspaces are filled: they
-        spin ~30 µs, and filling a large card's outputs first (100 MB and more) outlasted them."""
+        `_launch_beside` just before the candidate's kernels, after its outputs and workspaces are filled (a
+        large card's fills take longer than any fixed spin), and released after them."""
         self._contended = True
         try:
             yield
@@ -153,6 +181,14 @@ class Worker:
             self._side.wait_stream(main)
             self._hog.launch(self._side.cuda_stream, main.cuda_stream)  # the gate: the hog's blocks are resident
             self._hog_running = True
+            try:
+                outs = go()
+            except BaseException:
+                with suppress(Exception):  # a broken context: the hog leaves after HOG_MAX_S anyway
+                    self._hog.release(main.cuda_stream)
+                raise
+            self._hog.release(main.cuda_stream)
+            return outs
         return go()
 
     # ---- requests ---------------------------------------------------------------------------------

@@ -116,16 +116,19 @@ def hogged(frac, threads, us, sleep, gated):
 def lane_ctx():
     @contextlib.contextmanager
     def ctx(info):
+        before = w._hog.counters.tolist()
         with w._contend():
             info["beside"] = True
             yield
+        torch.cuda.synchronize()
+        info["lane"] = (before, w._hog.counters.tolist())
     return ctx
 
 
-cases = [("alone", None), ("lane _contend (current code)", lane_ctx()),
+cases = [("alone", None), ("lane _contend (this tree: gated, released after the candidate)", lane_ctx()),
          ("old hog 90% 1024thr 30us sleep4000", hogged(0.9, 1024, 30, 4000, False)),
-         ("gated hog 90% 992thr 30us", hogged(0.9, 992, 30, 0, True)),
-         ("gated hog 50% 992thr 30us", hogged(0.5, 992, 30, 0, True))]
+         ("old hog 90% 1024thr 300us sleep4000", hogged(0.9, 1024, 300, 4000, False)),
+         ("gated hog 50% 992thr 300us", hogged(0.5, 992, 300, 0, True))]
 for name, ctx in cases:
     for trial in range(6):
         ts_c = torch.zeros(2 * ROWS, dtype=torch.int64, device=dev)
@@ -148,4 +151,6 @@ for name, ctx in cases:
             if info["gate"] is not None:
                 g = info["gate"].double().sub(c0).div(1e3)
                 line += f"; gate {g[0]:.1f}->{g[1]:.1f} us"
+        if "lane" in info:
+            line += f"; lane counters (started, released) {info['lane'][0]} -> {info['lane'][1]}"
         print(line, flush=True)
