@@ -9,7 +9,9 @@ from engine.capture.signature import bind_arguments, signature_of
 from engine.cast import cpp_router
 from engine.cast.guard import layout_of
 
-pytestmark = pytest.mark.slow
+# One xdist worker builds the router (about a minute on a CI core) and runs the module; split over two, both
+# workers built or waited for it.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cpp_router")]
 
 
 @pytest.fixture(scope="module")
