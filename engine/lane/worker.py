@@ -154,7 +154,10 @@ class Worker:
         self._peak = GpuCompute(self.arch, self.props.multi_processor_count,
                                (clock_mhz if clock_mhz == clock_mhz else 3000.0) * 1e6)  # unknown: a high clock
         self.launch_us = launch_floor_us(self.device)
-        self._side = torch.cuda.Stream(self.device)
+        # The contention blocks' stream, created non-blocking by the driver: on an H100 (2026-12-05d) every kernel
+        # on torch's default stream waited for the blocks launched on a torch.cuda.Stream to finish, so the busy-
+        # stream runs never overlapped them.
+        self._side = torch.cuda.ExternalStream(drv.nonblocking_stream(), device=self.device)
         self._hog = _Hog(self.arch, self.props.multi_processor_count, self._peak.clock_hz, self.device)
         self._contended = self._hog_running = False
 

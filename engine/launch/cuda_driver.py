@@ -88,5 +88,12 @@ def launch(f: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shar
     check("cuLaunchKernel", cu.cuLaunchKernel(f, *grid, *block, shared, stream, params_address, 0))
 
 
+def nonblocking_stream() -> int:
+    """A new stream of the current context that never waits for the legacy default stream (stream 0, where
+    torch's default stream runs) nor makes it wait: work on the two may run at the same time. Lives as long as
+    the process."""
+    return int(check("cuStreamCreate", cu.cuStreamCreate(int(cu.CUstream_flags.CU_STREAM_NON_BLOCKING))))
+
+
 def device_attribute(attr: str, device: int) -> int:
     return check("cuDeviceGetAttribute", cu.cuDeviceGetAttribute(getattr(cu.CUdevice_attribute, attr), device))

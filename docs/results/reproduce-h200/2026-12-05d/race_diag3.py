@@ -9,8 +9,8 @@ import torch
 
 sys.path.insert(0, "tests")
 from engine.compile import compile_nvrtc  # noqa: E402
-from engine.launch import cuda_driver as drv  # noqa: E402
 from engine.lane.worker import Worker  # noqa: E402
+from engine.launch import cuda_driver as drv  # noqa: E402
 
 SRC = r'''
 __device__ __forceinline__ unsigned long long now() {
