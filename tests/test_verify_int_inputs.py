@@ -78,3 +78,45 @@ def test_ids_past_the_samples_largest_are_checked_up_to_the_tables_size():
 
     v = CardCheck("aten::embedding", [sample(), sample()], lambda b: call_op(EMB, b), race_reps=0).check(clamps)
     assert not v.ok and v.input_set == "edge index range"
+
+
+def _scatter_add_sample(g):
+    return [("self", torch.randn(5000, 4, generator=g)), ("dim", 0),
+            ("index", torch.randint(0, 300, (64, 4), generator=g)), ("src", torch.randn(64, 4, generator=g))]
+
+
+def _take_along_flat_sample(g):
+    return [("self", torch.randn(100, 50, generator=g)), ("indices", torch.randint(0, 300, (64,), generator=g)),
+            ("dim", None)]
+
+
+def _take_sample(g):
+    return [("self", torch.randn(100, 50, generator=g)), ("index", torch.randint(0, 300, (8, 8), generator=g))]
+
+
+def _clamped(op_name, idx_name):
+    op = resolve_op(op_name)
+
+    def run(b, prefill):
+        d = dict(b)
+        d[idx_name] = d[idx_name].clamp(max=299)  # a kernel that assumed the ids it was shown
+        return [call_op(op, list(d.items()))]
+    return run
+
+
+def test_scatter_add_and_flat_takes_are_checked_over_their_whole_index_range():
+    """scatter_add's index is bounded by self's size along dim; take and take_along_dim with dim=None index the
+    flattened self. A kernel that holds only the ids it was shown passes every set drawn like the samples."""
+    for op_name, make, idx in (("aten::scatter_add", _scatter_add_sample, "index"),
+                               ("aten::take_along_dim", _take_along_flat_sample, "indices"),
+                               ("aten::take", _take_sample, "index")):
+        op = resolve_op(op_name)
+        g = torch.Generator().manual_seed(1)
+        samples = [make(g), make(g)]
+        check = CardCheck(op_name, samples, lambda b, op=op: call_op(op, b), race_reps=0)
+        bound = dict(samples[0])["self"]
+        size = bound.shape[0] if op_name.endswith("scatter_add") else bound.numel()
+        assert int(dict(dict(check.sets)["edge index range"])[idx].max()) == size - 1, op_name
+        assert check.check(lambda b, prefill, op=op: [call_op(op, b)]).ok, op_name
+        v = CardCheck(op_name, samples, lambda b, op=op: call_op(op, b), race_reps=0).check(_clamped(op_name, idx))
+        assert not v.ok and v.input_set == "edge index range", (op_name, v.message)

@@ -315,10 +315,12 @@ class Regenerator:
 
 
 # Index arguments whose legal range is a size of another argument, not what the samples held: (op base name) ->
-# (index argument, the argument whose size bounds it, the dim of that size: an int, or the name of the `dim`
-# argument). A kernel that mishandles ids past the samples' largest (16-bit index arithmetic, an assumed
-# vocabulary) passed every set drawn within the samples' range.
-INDEX_BOUNDS: dict[str, tuple[str, str, int | str]] = {
+# (index argument, the argument whose size bounds it, the dim of that size: an int, the name of the `dim`
+# argument, or None for the bounding tensor's element count, as where a `dim` argument is None). A kernel that
+# mishandles ids past the samples' largest (16-bit index arithmetic, an assumed vocabulary) passed every set drawn
+# within the samples' range. Ops whose repeated indices leave eager's answer undefined (scatter, index_copy,
+# index_put) are not here: a full-range draw repeats indices.
+INDEX_BOUNDS: dict[str, tuple[str, str, int | str | None]] = {
     "embedding": ("indices", "weight", 0),
     "_embedding_bag": ("indices", "weight", 0),
     "embedding_bag": ("indices", "weight", 0),
@@ -326,6 +328,11 @@ INDEX_BOUNDS: dict[str, tuple[str, str, int | str]] = {
     "gather": ("index", "self", "dim"),
     "index_add": ("index", "self", "dim"),
     "index_fill": ("index", "self", "dim"),
+    "scatter_add": ("index", "self", "dim"),
+    "scatter_reduce": ("index", "self", "dim"),
+    "index_reduce": ("index", "self", "dim"),
+    "take_along_dim": ("indices", "self", "dim"),
+    "take": ("index", "self", None),
 }
 
 
@@ -340,10 +347,15 @@ def index_range_inputs(op_name: str, sample: Bound, seed: int) -> Bound | None:
     args = dict(sample)
     index, bounded = args.get(idx_name), args.get(of)
     d = args.get(dim) if isinstance(dim, str) else dim
-    if not (isinstance(index, torch.Tensor) and isinstance(bounded, torch.Tensor) and isinstance(d, int)
-            and _is_int(index) and index.numel() and bounded.dim()):
+    if not (isinstance(index, torch.Tensor) and isinstance(bounded, torch.Tensor) and _is_int(index)
+            and index.numel()):
         return None
-    size = int(bounded.shape[d])
+    if d is None:
+        size = bounded.numel()
+    elif isinstance(d, int) and bounded.dim():
+        size = int(bounded.shape[d])
+    else:
+        return None
     if size <= 1 or int(index.max()) >= size - 1:
         return None
     out = clone_bound(sample)
