@@ -369,10 +369,14 @@ def test_a_python_number_of_another_type_or_sign_is_another_signature(ext, prove
         cpp_router.uninstall(ext, name, "CPU")
 
 
-def test_a_c_plus_plus_route_is_told_the_layouts_compiled_code_passes_as_held():
+def test_a_c_plus_plus_route_is_told_the_layouts_compiled_code_passes_as_held(monkeypatch):
     """Installed (again) after a compile passed an input as held, the C++ route gets the held layouts: a call of
     compiled code that goes to PyTorch's kernel then gets that input made contiguous (router.cpp set_held)."""
     from engine.cast import cpp_router
+
+    # the stand-in's install is counted in the process-wide table: a later test on this worker read a GroupNorm
+    # route "installed now" (test_cast_compile's routed_names) once this module shared a worker with it
+    monkeypatch.setattr(cpp_router, "_INSTALLED", {})
 
     class Ext:
         def __init__(self):
