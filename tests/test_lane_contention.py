@@ -20,6 +20,7 @@ def _worker(log, monkeypatch):
     w = object.__new__(Worker)
     w.device = torch.device("cpu")
     w._contended = w._hog_running = False
+    w.contention = True  # a side stream that runs beside the default one was found (Worker.__init__)
     w._side = _Stream(log, "side")
     main = _Stream(log, "main")
 
@@ -87,3 +88,37 @@ def test_the_contention_kernels_compile_for_every_arch_we_serve():
     for arch in ("sm_80", "sm_90", "sm_100", "sm_121"):
         compiled = compile_nvrtc(_HOG_SOURCE, arch=arch, name="kf_hog.cu", want_ptx=False, pch=False)
         assert compiled.ok and compiled.cubin, (arch, compiled.summary())
+
+
+def test_the_side_stream_is_one_seen_to_run_beside_the_default_stream():
+    """On an H100 the contention blocks and the candidate took turns (their streams shared a hardware queue), so
+    the worker tries new streams until one is seen to overlap, and says where none does."""
+    from engine.lane.worker import pick_side_stream
+
+    made = []
+
+    def make():
+        made.append(len(made))
+        return made[-1]
+
+    assert pick_side_stream(make, lambda s: s == 2) == (2, True) and made == [0, 1, 2]
+    made.clear()
+    assert pick_side_stream(make, lambda s: False, tries=4) == (3, False) and made == [0, 1, 2, 3]
+
+
+def test_without_an_overlapping_stream_the_busy_runs_launch_no_blocks(monkeypatch):
+    """Blocks that could only run before or after the candidate would hold nothing while it runs and cost each busy
+    run their 2 ms limit: where no stream overlaps, the candidate runs alone."""
+    log: list[str] = []
+    w = _worker(log, monkeypatch)
+    w.contention = False
+    with w._contend():
+        w._launch_beside(lambda: log.append("candidate kernels"))
+    assert log == ["candidate kernels"]
+
+
+def test_the_lanes_line_says_where_no_stream_ran_beside_the_candidates():
+    from engine.run.command import _contention_note
+
+    assert _contention_note({"contention": True}) == "" and _contention_note({}) == ""
+    assert "races that need a busy GPU are not provoked" in _contention_note({"contention": False})

@@ -53,12 +53,18 @@ class LoadedCard:
 
 _HOG_SOURCE = r'''// Spins until the candidate's stream releases it (or max_cycles): resident for the whole of the candidate's run,
 // however long the host takes to launch it. Thread 0 polls; the others hold their slots at the barrier.
+// Block 0 writes `gen` to *outcome where the release came while it spun, 0 where it spun to max_cycles.
 extern "C" __global__ void kf_hog(long long max_cycles, unsigned int* started, const unsigned int* released,
-                                  unsigned int gen) {
+                                  unsigned int gen, unsigned int* outcome) {
   if (threadIdx.x == 0) {
     atomicAdd(started, 1u);
     long long t0 = clock64();
-    while (clock64() - t0 < max_cycles && (int)(*(volatile const unsigned int*)released - gen) < 0) __nanosleep(500);
+    bool freed = false;
+    while (clock64() - t0 < max_cycles) {
+      if ((int)(*(volatile const unsigned int*)released - gen) >= 0) { freed = true; break; }
+      __nanosleep(500);
+    }
+    if (blockIdx.x == 0) *(volatile unsigned int*)outcome = freed ? gen : 0u;
   }
   __syncthreads();
 }
@@ -97,16 +103,18 @@ class _Hog:
         self.fn = self.module.function("kf_hog")
         self.gate_fn = self.module.function("kf_hog_gate")
         self.release_fn = self.module.function("kf_hog_release")
-        # [0] counts the blocks that started, [1] the last generation released; both count up (and wrap).
-        self.counters = torch.zeros(2, dtype=torch.int32, device=device)
+        # [0] counts the blocks that started, [1] the last generation released (both count up, and wrap), [2] the
+        # generation whose blocks were released while they spun (0: they spun to HOG_MAX_S).
+        self.counters = torch.zeros(3, dtype=torch.int32, device=device)
         self.launched = self.gen = 0
         self._started = ctypes.c_void_p(self.counters.data_ptr())
         self._released = ctypes.c_void_p(self.counters.data_ptr() + 4)
+        self._outcome = ctypes.c_void_p(self.counters.data_ptr() + 8)
         self._max_cycles = ctypes.c_int64(int(HOG_MAX_S * clock_hz))
         self._gen = ctypes.c_uint32(0)
         self._want = ctypes.c_uint32(0)
         self._max_ns = ctypes.c_uint64(HOG_GATE_NS)
-        self.params = self._pack(self._max_cycles, self._started, self._released, self._gen)
+        self.params = self._pack(self._max_cycles, self._started, self._released, self._gen, self._outcome)
         self.gate_params = self._pack(self._started, self._want, self._max_ns)
         self.release_params = self._pack(self._released, self._gen)
         self.sms = sms
@@ -132,6 +140,28 @@ class _Hog:
         self._gen.value = self.gen
         drv.launch(self.release_fn, (1, 1, 1), (1, 1, 1), 0, stream, ctypes.addressof(self.release_params))
 
+    def overlaps(self, side: Any, main: Any) -> bool:
+        """Whether work on `main` runs while the blocks on `side` spin: launched on `side` and released from `main`
+        at once, they must see the release (not spin to HOG_MAX_S). Synchronizes."""
+        side.wait_stream(main)
+        self.launch(side.cuda_stream, main.cuda_stream)
+        self.release(main.cuda_stream)
+        main.wait_stream(side)
+        torch.cuda.synchronize(self.counters.device)
+        return int(self.counters[2].item()) & 0xFFFFFFFF == self.gen
+
+
+def pick_side_stream(make: Callable[[], Any], overlaps: Callable[[Any], bool], tries: int = 8) -> tuple[Any, bool]:
+    """The first of up to `tries` new streams whose work runs beside the candidate's stream, and True; else the
+    last one tried, and False. On an H100 (2026-12-05d) kernels on torch's default stream waited for the ones on a
+    torch.cuda.Stream to end: two streams can share one of the GPU's hardware queues, and then they take turns."""
+    stream = None
+    for _ in range(max(1, tries)):
+        stream = make()
+        if overlaps(stream):
+            return stream, True
+    return stream, False
+
 
 class Worker:
     def __init__(self, device_index: int):
@@ -154,11 +184,14 @@ class Worker:
         self._peak = GpuCompute(self.arch, self.props.multi_processor_count,
                                (clock_mhz if clock_mhz == clock_mhz else 3000.0) * 1e6)  # unknown: a high clock
         self.launch_us = launch_floor_us(self.device)
-        # The contention blocks' stream, created non-blocking by the driver: on an H100 (2026-12-05d) every kernel
-        # on torch's default stream waited for the blocks launched on a torch.cuda.Stream to finish, so the busy-
-        # stream runs never overlapped them.
-        self._side = torch.cuda.ExternalStream(drv.nonblocking_stream(), device=self.device)
+        # The contention blocks' stream: one that is seen to run beside torch's default stream (pick_side_stream).
+        # Where none does, the busy-stream runs go without them (`hello` says so): blocks that only run before or
+        # after the candidate hold nothing while it runs.
         self._hog = _Hog(self.arch, self.props.multi_processor_count, self._peak.clock_hz, self.device)
+        main = torch.cuda.current_stream(self.device)
+        self._side, self.contention = pick_side_stream(
+            lambda: torch.cuda.ExternalStream(drv.nonblocking_stream(), device=self.device),
+            lambda side: self._hog.overlaps(side, main))
         self._contended = self._hog_running = False
 
     @contextmanager
@@ -179,7 +212,7 @@ class Worker:
 
     def _launch_beside(self, go: Callable[[], Any]) -> Any:
         """`go()` (a prepared launch), beside the contention blocks where `_contend` is on."""
-        if self._contended:
+        if self._contended and self.contention:
             main = torch.cuda.current_stream(self.device)
             self._side.wait_stream(main)
             self._hog.launch(self._side.cuda_stream, main.cuda_stream)  # the gate: the hog's blocks are resident
@@ -207,7 +240,7 @@ class Worker:
                 "cluster_launch": bool(drv.device_attribute("CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH", i)),
                 "integrated": bool(drv.device_attribute("CU_DEVICE_ATTRIBUTE_INTEGRATED", i)),
                 "copy_bw": self.copy_bw, "spec_bw": self.spec_bw, "physics_bw": self.physics_bw,
-                "launch_floor_us": self.launch_us,
+                "launch_floor_us": self.launch_us, "contention": self.contention,
                 "torch": torch.__version__, "memory_bytes": self.props.total_memory}
 
     def load_card(self, p: dict[str, Any]) -> dict[str, Any]:

@@ -485,10 +485,10 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
             stages.stage("lanes", "starting GPU lanes on Ray")
             evaluate = await start_ray_evaluator(ray_address, dry=False, arch="sm_90")
             ray_lanes = evaluate.lanes
-            stages.done("lanes", f"{len(ray_lanes.names())} Ray GPU lane(s) ready")
-            await recorder.event("lanes", {"lanes": ray_lanes.names(), "hosts": ray_lanes.by_host()})
             first = ray_lanes.lanes[0]
             hello = (await first.request("hello")).payload
+            stages.done("lanes", f"{len(ray_lanes.names())} Ray GPU lane(s) ready{_contention_note(hello)}")
+            await recorder.event("lanes", {"lanes": ray_lanes.names(), "hosts": ray_lanes.by_host()})
             hardware = Hardware.from_hello(hello)
             evaluate.compiler = Compiler(default_cache_dir(workspace), "nvrtc", arch=hardware.arch)
             evaluate.pool = pool = CompilePool()
@@ -505,9 +505,9 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
 
             stages.stage("lanes", f"starting {gpus} GPU lane(s)")
             lanes = await _start_lanes(gpus)
-            stages.done("lanes", f"{len(lanes)} lane(s) ready")
-            await recorder.event("lanes", {"lanes": [lane.name for lane in lanes]})  # for idle/busy views
             hello = (await lanes[0].request("hello")).payload
+            stages.done("lanes", f"{len(lanes)} lane(s) ready{_contention_note(hello)}")
+            await recorder.event("lanes", {"lanes": [lane.name for lane in lanes]})  # for idle/busy views
             hardware = Hardware.from_hello(hello)
             compiler = Compiler(default_cache_dir(workspace), "nvrtc", arch=hardware.arch)
             pool = CompilePool()
@@ -714,3 +714,10 @@ def provider_never_answered(doc: dict[str, Any], workspace: Path) -> str | None:
     return (row[0] if row and row[0] else "no error recorded").splitlines()[0]
 
 
+def _contention_note(hello: dict) -> str:
+    """What the lanes line adds where the worker found no stream that runs beside the candidate's
+    (engine.lane.worker.pick_side_stream): races that need a busy GPU are then not provoked."""
+    if hello.get("contention") is False:
+        return ("; no stream ran beside the candidate's on this GPU, so races that need a busy GPU are not "
+                "provoked (verification runs the candidate alone)")
+    return ""

@@ -1,5 +1,5 @@
 """race_diag4: race_diag3's cases with the side stream made one way or another (argv[1]: "pool" = torch.cuda.Stream,
-"driver" = cuStreamCreate(CU_STREAM_NON_BLOCKING) as the lane now makes it) and CUDA_DEVICE_MAX_CONNECTIONS as
+"driver" = the stream the worker picked: a cuStreamCreate(CU_STREAM_NON_BLOCKING) stream seen to overlap) and CUDA_DEVICE_MAX_CONNECTIONS as
 set by the caller (g0f.sh runs each combination in its own process). race_diag3 on an H100 showed a gate kernel on
 torch's default stream start only when the hog on the side stream ended.
 
@@ -60,7 +60,7 @@ w = Worker(0)
 dev = w.device
 if sys.argv[1:] == ["pool"]:
     w._side = torch.cuda.Stream(dev)
-print("side", sys.argv[1:], "stream", w._side.cuda_stream, "CUDA_DEVICE_MAX_CONNECTIONS",
+print("side", sys.argv[1:], "worker's self-test: contention", w.contention, "stream", w._side.cuda_stream, "CUDA_DEVICE_MAX_CONNECTIONS",
       os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"), "default stream", torch.cuda.current_stream().cuda_stream)
 mod = drv.Module(compile_nvrtc(SRC, arch=w.arch, name="diag3.cu", want_ptx=False, pch=False).cubin)
 f_hog, f_gate, f_sum = mod.function("hog"), mod.function("gate"), mod.function("pair_sum")
