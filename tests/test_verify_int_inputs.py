@@ -120,3 +120,22 @@ def test_scatter_add_and_flat_takes_are_checked_over_their_whole_index_range():
         assert check.check(lambda b, prefill, op=op: [call_op(op, b)]).ok, op_name
         v = CardCheck(op_name, samples, lambda b, op=op: call_op(op, b), race_reps=0).check(_clamped(op_name, idx))
         assert not v.ok and v.input_set == "edge index range", (op_name, v.message)
+
+
+def test_a_kernel_that_baked_in_a_scalar_tensors_integer_fails_verification():
+    """A 0-dim integer tensor (here pow's exponent) is not in a cast's guard key, and a fresh draw of 'its
+    statistics' gave the same value back: a kernel squaring whatever the exponent passed every set."""
+    POW = resolve_op("aten::pow.Tensor_Tensor")
+    g = torch.Generator().manual_seed(0)
+
+    def sample():
+        return [("self", torch.rand(64, 8, generator=g) + 0.5), ("exponent", torch.tensor(2))]
+
+    samples = [sample(), sample()]
+    check = CardCheck("aten::pow.Tensor_Tensor", samples, lambda b: call_op(POW, b), race_reps=0)
+    exps = {int(dict(b)["exponent"]) for name, b in check.sets if name.startswith("fresh")}
+    assert exps and 2 not in exps and exps <= {1, 3}
+    assert check.check(lambda b, prefill: [call_op(POW, b)]).ok
+    v = CardCheck("aten::pow.Tensor_Tensor", samples, lambda b: call_op(POW, b), race_reps=0).check(
+        lambda b, prefill: [dict(b)["self"] * dict(b)["self"]])
+    assert not v.ok and v.input_set.startswith("fresh"), v.message

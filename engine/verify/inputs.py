@@ -111,6 +111,15 @@ def refill_like_(t: torch.Tensor, reference: torch.Tensor, gen: torch.Generator)
         c.copy_(torch.randn(c.shape, generator=gen, dtype=t.dtype).to(c.device))
     else:
         ilo, ihi = int(lo), int(hi)
+        if t.dim() == 0:
+            # A 0-dim integer (a scalar tensor: an exponent, a bound) is one value, and a cast's guard does not key
+            # on it: a kernel that baked the sampled value in must meet another. One step up or down, sign kept
+            # (an op that refuses it has its integers kept, as for any refused draw).
+            info = torch.iinfo(t.dtype)
+            steps = [v for v in (ilo - 1, ilo + 1) if info.min <= v <= info.max and (v >= 0) == (ilo >= 0)]
+            pick = int(torch.randint(len(steps), (), generator=gen)) if len(steps) > 1 else 0
+            c.fill_(steps[pick] if steps else ilo)
+            return
         c.copy_(torch.randint(ilo, ihi + 1, c.shape, generator=gen, dtype=torch.int64).to(c.device))
         if monotone(reference):
             keep_monotone_(t, reference)
