@@ -942,3 +942,23 @@ def test_a_norm_module_card_declines_while_deterministic_algorithms_are_on(model
     finally:
         torch.use_deterministic_algorithms(was)
     assert c.counting.calls == 0 and declines == {"deterministic algorithms": 1}
+
+
+def test_an_enabled_block_leaves_a_cast_installed_before_it_installed(model, cast):
+    """A user who called install() and later used an enabled() block lost the whole cast when the block ended."""
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    c = cast()
+    c.install(model)
+    try:
+        with c.enabled(model), torch.no_grad():
+            model(x)
+        assert c.installed
+        with torch.no_grad():
+            model(x)
+        assert c.counting.calls == 6  # still served after the block
+    finally:
+        c.remove()
+    assert not c.installed
+    with c.enabled(model):
+        assert c.installed
+    assert not c.installed  # a block that installed it removes it

@@ -107,6 +107,7 @@ class Cast:
         self._cpp_outputs: dict[str, list[tuple | None]] = {}  # ... and their outputs' strides
         self._cpp_kept: dict[str, dict[str, Any]] = {}  # C++ counters of routes since removed
         self._installed = False
+        self._kept_after_block = False  # installed before the outermost enabled() block: stays after it
         self._prepared = False
         self._depth = 0
         self._graphs: Any = None  # the GraphSet of the model named at install, where the cast holds graph routes
@@ -428,9 +429,12 @@ class Cast:
 
     @contextlib.contextmanager
     def enabled(self, model: Any = None) -> Iterator[Cast]:
-        """Installed inside the block (nested blocks keep it until the outermost ends); `model` as for install."""
+        """Installed inside the block (nested blocks keep it until the outermost ends); `model` as for install.
+        A cast already installed when the outermost block starts (`install()`) stays installed after it."""
         with self._lock:
             self._depth += 1
+            if self._depth == 1:
+                self._kept_after_block = self._installed
             if self._depth == 1 or model is not None:
                 self.install(model)
         try:
@@ -438,7 +442,7 @@ class Cast:
         finally:
             with self._lock:
                 self._depth -= 1
-                if self._depth == 0:
+                if self._depth == 0 and not self._kept_after_block:
                     self.remove()
 
     def graph_route_classes(self) -> list[str]:
