@@ -41,6 +41,7 @@ import fcntl
 import json
 import os
 import queue
+import re
 import sqlite3
 import subprocess
 import sys
@@ -995,6 +996,19 @@ def per_model_section(out: Path, models: list[str], covered: dict[str, float], c
     return head + detail
 
 
+def sittings_gpu(out: Path, models: list[str]) -> str:
+    """The GPU the models' sittings ran on, as the report names it ("H200"; "H100 and H200" where they differ;
+    "the sittings' GPU" where no sitting recorded one)."""
+    names = set()
+    for model in models:
+        for s in (_load(out / model / RECORD) or {}).get("sittings", []):
+            gpu = s.get("gpu")
+            if isinstance(gpu, str) and gpu:
+                m = re.search(r"\b([A-Z]{1,3}\d{2,4}[A-Za-z]?)\b", gpu.replace("NVIDIA ", ""))
+                names.add(m.group(1) if m else gpu)
+    return " and ".join(sorted(names)) if names else "the sittings' GPU"
+
+
 def report(out: Path, models: list[str], allow_mixed: bool = False, chart: bool = False) -> str:
     """The Markdown report of OUT's per-model results; raises MixedRuns when they come from different code
     (unless allow_mixed, which flags it at the top)."""
@@ -1006,6 +1020,7 @@ def report(out: Path, models: list[str], allow_mixed: bool = False, chart: bool 
     mixed = mixed_code(out, models)
     if mixed and not allow_mixed:
         raise MixedRuns(mixed)
+    gpu = sittings_gpu(out, models)
     lines = ["# Kernel Forge: reproduced results", "",
              f"Assembled by `python scripts/reproduce.py --out {out} --report-only` "
              f"({time.strftime('%Y-%m-%d')}) from per-model sittings. Builtin proposer; eager, torch.compile "
@@ -1124,8 +1139,8 @@ def report(out: Path, models: list[str], allow_mixed: bool = False, chart: bool 
     lines += ["", "## Search ablation", ""]
     lines += [search.read_text().split("\n", 2)[2] if search.exists() else missing + "."]
     lines += ["", "## Beside the original Kernel Forge study", "",
-              "Theirs on a GB10, ours on an H200 — different GPUs; the same operators of the same models.", "",
-              "| operator (model) | original Kernel Forge (GB10) | ours (H200): best card of that op |",
+              f"Theirs on a GB10, ours on an {gpu} — different GPUs; the same operators of the same models.", "",
+              f"| operator (model) | original Kernel Forge (GB10) | ours ({gpu}): best card of that op |",
               "|---|---:|---:|"]
     for op, model, label, theirs in ORIGINAL:
         mine = [best["speedup"] for m, card, best, *_ in won_rows if m == model and card["op"] == op]

@@ -32,6 +32,7 @@ def test_report_from_a_recorded_run(tmp_path):
     assert "| eager | – | – | not run (no cast in this folder) | – |" in text
     # The original study's numbers sit beside ours, with the GPUs named.
     assert "| adaptive_avg_pool2d (resnet50) | 1.52× | 2.48× |" in text and "GB10" in text
+    assert "ours (the sittings' GPU): best card" in text  # no sitting record here: no GPU is claimed
     # Parts that did not run say so rather than vanish: no target cards or ablation.
     for part in ("## Issue-4 target cards", "## Search ablation"):
         assert text.split(part, 1)[1].lstrip().startswith("not run into this folder"), part
@@ -854,3 +855,17 @@ def test_the_report_says_which_class_the_export_runs_channels_last(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "Layout routes: ResNet run channels-last in eager and cuda-graphs, whole model 1.18× (1.15–1.20) in eager with " \
            "them (1 module(s), 1 signature(s), output rel. L2 2.0e-03 from eager's)" in (tmp_path / "report.md").read_text()
+
+
+def test_the_report_names_the_gpu_its_sittings_ran_on(tmp_path):
+    """The study comparison said "ours on an H200" whatever GPU the sittings used; an H100 sitting (2026-12-05d,
+    when no H200 could be had) would have been reported as an H200."""
+    (tmp_path / "resnet50").mkdir()
+    shutil.copy(DEMO_DB, tmp_path / "resnet50" / "kforge.db")
+    rec = {"model": "resnet50", "steps": {}, "sittings": [{"gpu": "NVIDIA H100 80GB HBM3", "commit": "x"}]}
+    (tmp_path / "resnet50" / "record.json").write_text(json.dumps(rec))
+    p = _report(tmp_path, "--report-only", "--models", "resnet50", "--allow-mixed-commits")
+    assert p.returncode == 0, p.stderr
+    text = (tmp_path / "report.md").read_text()
+    assert "ours on an H100 — different GPUs" in text and "| ours (H100): best card of that op |" in text
+    assert "H200 —" not in text
