@@ -164,3 +164,47 @@ def test_a_forward_that_changes_its_own_inputs_is_noted_at_capture(cli, tmp_path
         notes[mutate] = json.loads(out)["notes"].get("repeatable")
     assert notes["false"] is None
     assert "not repeatable" in notes["true"] and "in-place change of its inputs" in notes["true"]
+
+
+QUANTIZED = '''
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(64, 64)
+        self.b = nn.Linear(64, 64)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def build(static):
+    torch.manual_seed(0)
+    if not static:   # int8 weights, float activations
+        return torch.ao.quantization.quantize_dynamic(Mlp().eval(), {nn.Linear}, dtype=torch.qint8), (torch.randn(4, 64),)
+    model = nn.Sequential(torch.ao.quantization.QuantStub(), Mlp(), torch.ao.quantization.DeQuantStub()).eval()
+    model.qconfig = torch.ao.quantization.get_default_qconfig("fbgemm")
+    torch.ao.quantization.prepare(model, inplace=True)
+    model(torch.randn(16, 64))
+    torch.ao.quantization.convert(model, inplace=True)
+    return model, (torch.randn(4, 64),)
+'''
+
+
+def test_a_quantized_model_makes_no_cards_of_packed_weights_or_quantized_tensors(cli, tmp_path):
+    # Before, each quantized::linear call was a card whose signature read "W_prepack=<torch.ScriptObject object at
+    # 0x55b06e9d1d00>": a new address at every call, so no two calls (nor two captures) shared a card; and a
+    # quint8 relu was a card whose signature had no scale or zero point, which its values depend on.
+    code, out, err = cli("capture", _config(tmp_path, QUANTIZED, "static = false"), "--device", "cpu", "--json",
+                         "--workspace", tmp_path / "ws")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["skipped"]["packed"] == 2
+    assert [c["op"] for c in doc["cards"]] == ["aten::relu"]
+    assert "ScriptObject" not in out
+    code, out, err = cli("capture", _config(tmp_path, QUANTIZED, "static = true"), "--device", "cpu", "--json",
+                         "--workspace", tmp_path / "ws")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["skipped"]["packed"] == 2 and doc["skipped"]["quantized"] >= 2   # quantize_per_tensor, relu, dequantize
+    assert not any("int8" in json.dumps(c) for c in doc["cards"] + doc["chains"])
+    assert "ScriptObject" not in out and "another signature" not in out

@@ -77,6 +77,8 @@ def encode_value(v: Any) -> Any:
         return {"layout": str(v).removeprefix("torch.")}
     if isinstance(v, complex):
         return {"complex": [v.real, v.imag]}
+    if isinstance(v, torch.ScriptObject):   # a packed weight: its repr is a new wrapper's address at every call
+        return {"script_object": v._type().qualified_name()}
     return {"repr": repr(v)}
 
 
