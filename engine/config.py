@@ -334,7 +334,7 @@ def build_target(config: ModelConfig, device: torch.device) -> CaptureTarget:
                          "builder is passed (after a meta init: to_empty(device=device) and load or fill its weights)")
     # Inference only: capture, the lane, the whole-model check and the benchmarks all see the model in eval
     # mode (dropout off, batch norm on its running statistics), whatever mode the builder left it in.
-    training = [name or "the model" for name, m in target.module.named_modules() if m.training]
+    training = [f"module '{name}'" if name else "the model" for name, m in target.module.named_modules() if m.training]
     target.module.eval()
     if training:
         target = replace(target, notes={**target.notes, "eval mode": (

@@ -56,6 +56,28 @@ def test_a_model_left_in_training_mode_runs_in_eval_mode_and_is_told(tmp_path):
     assert "eval mode" not in quiet.notes
 
 
+QUANTIZED_IN_EVAL = """
+import torch
+from torch import nn
+
+
+def build():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
+    model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+    return model, (torch.randn(2, 4),)
+"""
+
+
+def test_the_eval_mode_note_names_a_submodule_as_a_module(tmp_path):
+    # A model put in eval mode before torch.ao's quantize_dynamic, whose new Linear is in training mode, read
+    # "the builder returned 0 and 1 more module(s) in training mode": '0' was that module's name, bare.
+    (tmp_path / "net.py").write_text(QUANTIZED_IN_EVAL)
+    path = tmp_path / "net.toml"
+    path.write_text('name = "net"\nbuilder = "net.py:build"\n')
+    note = build_target(load_config(path), torch.device("cpu")).notes["eval mode"]
+    assert note.startswith("the builder returned module '0' and 1 more module(s) in training mode"), note
+
+
 def test_output_tensor_is_the_first_tensor_depth_first():
     t = torch.ones(2)
     assert output_tensor((None, t)) is t
