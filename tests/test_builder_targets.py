@@ -78,6 +78,39 @@ def test_the_eval_mode_note_names_a_submodule_as_a_module(tmp_path):
     assert note.startswith("the builder returned module '0' and 1 more module(s) in training mode"), note
 
 
+COMPILED = """
+import torch
+from torch import nn
+
+
+def build(how):
+    model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 4), nn.GELU())).eval()
+    if how == "submodule":
+        model[1] = torch.compile(model[1])
+    elif how == "in place":
+        model[1].compile()
+    elif how == "whole":
+        model = torch.compile(model)
+    return model, (torch.randn(2, 4),)
+"""
+
+
+def test_a_model_compiled_by_torch_compile_is_told_a_cast_does_not_reach_it(tmp_path):
+    # Before, a builder returning a model with a torch.compile'd submodule captured its ops as eager runs them, with
+    # no word that in the model Inductor's code runs there and a cast's kernels are not called.
+    (tmp_path / "net.py").write_text(COMPILED)
+    path = tmp_path / "net.toml"
+    notes = {}
+    for how in ("submodule", "in place", "whole", "none"):
+        path.write_text(f'name = "net"\nbuilder = "net.py:build"\n[params]\nhow = "{how}"\n')
+        notes[how] = build_target(load_config(path), torch.device("cpu")).notes.get("torch.compile")
+    assert notes["submodule"].startswith("module '1' is compiled by torch.compile")
+    assert notes["in place"].startswith("module '1' is compiled by torch.compile")
+    assert notes["whole"].startswith("the model is compiled by torch.compile")
+    assert "a cast's kernels do not reach" in notes["whole"] and "cast.compile(model)" in notes["whole"]
+    assert notes["none"] is None
+
+
 def test_output_tensor_is_the_first_tensor_depth_first():
     t = torch.ones(2)
     assert output_tensor((None, t)) is t
