@@ -208,3 +208,20 @@ def test_a_quantized_model_makes_no_cards_of_packed_weights_or_quantized_tensors
     assert doc["skipped"]["packed"] == 2 and doc["skipped"]["quantized"] >= 2   # quantize_per_tensor, relu, dequantize
     assert not any("int8" in json.dumps(c) for c in doc["cards"] + doc["chains"])
     assert "ScriptObject" not in out and "another signature" not in out
+
+
+def test_a_model_whose_output_is_degenerate_is_noted_at_capture(cli, tmp_path):
+    # A batch of 0 (or a head that starts at zero) captured with no word; only export's whole-model check, after a
+    # whole run on the GPU, said that eager's own output was empty and agreement with it said nothing.
+    source = ("def build(batch, scale):\n    torch.manual_seed(0)\n    model = nn.Sequential(nn.Linear(16, 16), nn.GELU())\n"
+              "    nn.init.constant_(model[0].weight, scale)\n    nn.init.zeros_(model[0].bias)\n"
+              "    return model, (torch.randn(batch, 16),)\n")
+    notes = {}
+    for batch, scale in ((0, 0.1), (4, 0.0), (4, 0.1)):
+        code, out, err = cli("capture", _config(tmp_path, source, f"batch = {batch}\nscale = {scale}"), "--device",
+                             "cpu", "--json", "--workspace", tmp_path / "ws")
+        assert code == 0, err
+        notes[batch, scale] = json.loads(out)["notes"].get("model output")
+    assert notes[0, 0.1].startswith("the model's output, of shape [0, 16], is empty (no elements): export's whole")
+    assert notes[4, 0.0].startswith("the model's output, of shape [4, 16], is all zeros")
+    assert notes[4, 0.1] is None

@@ -144,6 +144,21 @@ def _repeat_note(first: torch.Tensor | None, again: torch.Tensor | None) -> str 
             "no random numbers)")
 
 
+def _degenerate_note(out: torch.Tensor) -> str | None:
+    """What the capture says where the model's output is degenerate on the builder's inputs (a batch of 0, a head
+    that starts at zero, NaN): export's whole-model check, after a whole run on the GPU, would find that agreement
+    with it proves nothing."""
+    from engine.bench.agreement import degenerate
+
+    with torch.no_grad():
+        why = degenerate(out.detach())
+    if why is None:
+        return None
+    return (f"the model's output, of shape {list(out.shape)}, is {why}: export's whole-model check cannot tell from "
+            "it whether a cast changes the model's output; give the builder inputs and weights that make an output "
+            "of varied, finite values")
+
+
 def _captured_forward_failed(config: ModelConfig, target: Any, what: str, e: BaseException) -> UsageError:
     """The error for a forward that raised under capture after the model's own forward ran: a Kernel Forge bug,
     unless the model raises again without capture (it changes its state between forwards: a cache that fills
@@ -285,8 +300,7 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         t_captured = time.perf_counter()
         repeat_note = _repeat_note(warm_probe, _output_probe(output))
         try:
-            output_tensor(output)
-            output_note = None
+            output_note = _degenerate_note(output_tensor(output))
         except TypeError:
             kind = type(output).__name__
             what = "None" if output is None else f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind} with no tensor in it"
