@@ -42,9 +42,12 @@ def non_strided(tensors: list[torch.Tensor]) -> bool:
 
 
 def unreadable(tensors: list[torch.Tensor]) -> str | None:
-    """Why no kernel takes one of `tensors`: 'sparse' (no strided memory to read) or 'quantized' (qint8,
-    quint8: its values need a scale and zero point that live outside its data and outside any card's
-    signature), else None."""
+    """Why no kernel takes one of `tensors`: 'sparse' (no strided memory to read), 'nested' (a nested tensor, as
+    nn.TransformerEncoder makes of a padded batch in eval: one tensor of rows of several lengths, with no one
+    shape) or 'quantized' (qint8, quint8: its values need a scale and zero point that live outside its data and
+    outside any card's signature), else None."""
+    if any(t.is_nested for t in tensors):
+        return "nested"
     if non_strided(tensors):
         return "sparse"
     if any(t.is_quantized for t in tensors):
@@ -60,8 +63,8 @@ def packed(args: tuple, kwargs: dict) -> bool:
 
 
 def skip_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str | None:
-    """Why this call is not a card ('view', 'constructor', 'metadata', 'sparse', 'quantized', 'packed'), or
-    None if it is one."""
+    """Why this call is not a card ('view', 'constructor', 'metadata', 'sparse', 'nested', 'quantized',
+    'packed'), or None if it is one."""
     name = func.name()
     if func.namespace in _SKIPPED_NAMESPACES:
         return "metadata"

@@ -365,6 +365,11 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         notes["repeatable"] = repeat_note
     if built_note:
         notes["dtype"] = built_note
+    if mode.skipped.get("nested"):
+        notes["nested"] = (
+            f"{mode.skipped['nested']} calls took or made nested tensors (rows of several lengths), which no kernel "
+            "takes, so they are not cards: nn.TransformerEncoder makes one of a batch with a src_key_padding_mask in "
+            "eval; build it with enable_nested_tensor=False for cards of its layers' ops")
     if wide is not None:
         half = dtype_name(dtype)
         notes["cpu compute"] = (
