@@ -261,3 +261,15 @@ def test_a_transformer_encoder_with_a_padding_mask_captures(cli, tmp_path):
     assert code == 0, err
     doc = json.loads(out)
     assert "nested" not in doc["skipped"] and "nested" not in doc["notes"]
+
+
+def test_a_model_that_prints_leaves_capture_json_one_document(cli, tmp_path):
+    # Before, `capture --json` of a model that prints (a builder's "loading", a debug print in forward) wrote those
+    # lines on stdout ahead of the JSON document, which `json.loads` of the output then refused.
+    source = ("class Chatty(nn.Module):\n    def forward(self, x):\n        print('steps', 3)\n        return x.relu() * 2\n"
+              "\n\ndef build():\n    print('loading weights')\n    return Chatty(), (torch.randn(4, 8),)\n")
+    code, out, err = cli("capture", _config(tmp_path, source), "--device", "cpu", "--json", "--workspace",
+                         tmp_path / "ws")
+    assert code == 0, err
+    assert json.loads(out)["model"] == "user_model"
+    assert "loading weights" in err and "steps 3" in err
