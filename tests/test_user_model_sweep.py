@@ -273,3 +273,35 @@ def test_a_model_that_prints_leaves_capture_json_one_document(cli, tmp_path):
     assert code == 0, err
     assert json.loads(out)["model"] == "user_model"
     assert "loading weights" in err and "steps 3" in err
+
+
+RETURNS_AS_IS = '''
+class Pair(nn.Module):
+    def __init__(self, first):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.first = first
+
+    def forward(self, x):
+        y = torch.relu(self.lin(x))
+        return {"input": (x, y), "weight": (self.lin.weight, y), "output": (y, x)}[self.first]
+
+
+def build(first):
+    torch.manual_seed(0)
+    return Pair(first), {"x": torch.randn(4, 16)}
+'''
+
+
+def test_a_model_returning_its_input_first_is_noted_at_capture(cli, tmp_path):
+    # A forward returning (x, y) had x compared by export's whole-model check, with no word at capture: the
+    # cast cannot change x, so the check read perfect agreement whatever the cast did.
+    notes = {}
+    for first in ("input", "weight", "output"):
+        code, out, err = cli("capture", _config(tmp_path, RETURNS_AS_IS, f'first = "{first}"'), "--device", "cpu",
+                             "--json", "--workspace", tmp_path / "ws")
+        assert code == 0, err
+        notes[first] = json.loads(out)["notes"].get("model output")
+    assert "is one of the builder's example inputs, returned as it is" in notes["input"]
+    assert "is the model's 'lin.weight', returned as it is" in notes["weight"]
+    assert notes["output"] is None

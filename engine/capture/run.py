@@ -159,6 +159,37 @@ def _degenerate_note(out: torch.Tensor) -> str | None:
             "of varied, finite values")
 
 
+def _returned_as_is_note(out: torch.Tensor, target: Any) -> str | None:
+    """What the capture says where the output tensor export's whole-model check compares is one of the example
+    inputs, or a parameter or buffer, that the forward returns as it is (`return x, y`): no cast changes it, so
+    the check would read agreement whatever a cast did to the rest of the model."""
+    def plain(t: Any) -> bool:
+        return isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_nested and t.numel() > 0
+
+    if not plain(out):
+        return None
+    key = storage_key(out)
+    held = [*(("one of the builder's example inputs", t) for t in _tensors_in(target.inputs, 0)),
+            *((f"the model's '{name}'", t) for name, t in [*target.module.named_parameters(),
+                                                           *target.module.named_buffers()])]
+    what = next((what for what, t in held if plain(t) and storage_key(t) == key), None)
+    if what is None:
+        return None
+    return (f"the output tensor export's whole-model check compares (the output's first tensor, depth first) is "
+            f"{what}, returned as it is: no cast changes it, so that check would read agreement whatever a cast "
+            "did to the model; return the tensor the model computes first")
+
+
+def _tensors_in(v: Any, depth: int) -> list[torch.Tensor]:
+    """The tensors in example inputs: a tensor, or tuples, lists and dicts of them (not into other objects)."""
+    if isinstance(v, torch.Tensor):
+        return [v]
+    if depth > 32:
+        return []
+    items = v.values() if isinstance(v, dict) else v if isinstance(v, (tuple, list)) else ()
+    return [t for x in items for t in _tensors_in(x, depth + 1)]
+
+
 def _captured_forward_failed(config: ModelConfig, target: Any, what: str, e: BaseException) -> UsageError:
     """The error for a forward that raised under capture after the model's own forward ran: a Kernel Forge bug,
     unless the model raises again without capture (it changes its state between forwards: a cache that fills
@@ -300,7 +331,7 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         t_captured = time.perf_counter()
         repeat_note = _repeat_note(warm_probe, _output_probe(output))
         try:
-            output_note = _degenerate_note(output_tensor(output))
+            output_note = _degenerate_note(output_tensor(output)) or _returned_as_is_note(output_tensor(output), target)
         except TypeError:
             kind = type(output).__name__
             what = "None" if output is None else f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind} with no tensor in it"
