@@ -334,13 +334,23 @@ def build_target(config: ModelConfig, device: torch.device) -> CaptureTarget:
                          "builder is passed (after a meta init: to_empty(device=device) and load or fill its weights)")
     # Inference only: capture, the lane, the whole-model check and the benchmarks all see the model in eval
     # mode (dropout off, batch norm on its running statistics), whatever mode the builder left it in.
-    training = [name or "the model" for name, m in target.module.named_modules() if m.training]
+    training = [f"module '{name}'" if name else "the model" for name, m in target.module.named_modules() if m.training]
     target.module.eval()
     if training:
         target = replace(target, notes={**target.notes, "eval mode": (
             f"the builder returned {training[0]}{f' and {len(training) - 1} more module(s)' if len(training) > 1 else ''}"
             " in training mode; Kernel Forge runs it in eval mode (inference: dropout off, batch norm on its "
             "running statistics)")})
+    # A module compiled by torch.compile runs as Inductor's code in the user's model, where a cast's kernels are not
+    # called (docs/compile.md); under capture Dynamo steps aside and its ops run as eager runs them.
+    compiled = [f"module '{name}'" if name else "the model" for name, m in target.module.named_modules()
+                if _compiled(m)]
+    if compiled:
+        target = replace(target, notes={**target.notes, "torch.compile": (
+            f"{compiled[0]}{f' and {len(compiled) - 1} more' if len(compiled) > 1 else ''} is compiled by "
+            "torch.compile: its cards are its ops as eager runs them (under capture Dynamo steps aside), but in the "
+            "model they run as Inductor's code, which a cast's kernels do not reach; return it uncompiled and "
+            "compile the model through the cast, cast.compile(model) (docs/compile.md)")})
     # A config's [multiplicity] describes its shrunk build; a builder asked for the real depth built every layer.
     if config.multiplicity and not target.full_depth:
         target = replace(target, multiplicity={**target.multiplicity, **config.multiplicity})
@@ -350,6 +360,12 @@ def build_target(config: ModelConfig, device: torch.device) -> CaptureTarget:
             raise UsageError(f"{config.path}: key 'multiplicity.{prefix}': no module of that path in the "
                              f"model; use a name from model.named_modules()")
     return target
+
+
+def _compiled(m: torch.nn.Module) -> bool:
+    """Whether `m` is torch.compile's wrapper of a module (an OptimizedModule) or compiled in place (m.compile())."""
+    return ((type(m).__name__ == "OptimizedModule" and type(m).__module__.startswith("torch._dynamo"))
+            or getattr(m, "_compiled_call_impl", None) is not None)
 
 
 def _check_params(config: ModelConfig, fn: Callable, keys: Mapping[str, Any]) -> None:

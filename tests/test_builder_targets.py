@@ -56,6 +56,61 @@ def test_a_model_left_in_training_mode_runs_in_eval_mode_and_is_told(tmp_path):
     assert "eval mode" not in quiet.notes
 
 
+QUANTIZED_IN_EVAL = """
+import torch
+from torch import nn
+
+
+def build():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
+    model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+    return model, (torch.randn(2, 4),)
+"""
+
+
+def test_the_eval_mode_note_names_a_submodule_as_a_module(tmp_path):
+    # A model put in eval mode before torch.ao's quantize_dynamic, whose new Linear is in training mode, read
+    # "the builder returned 0 and 1 more module(s) in training mode": '0' was that module's name, bare.
+    (tmp_path / "net.py").write_text(QUANTIZED_IN_EVAL)
+    path = tmp_path / "net.toml"
+    path.write_text('name = "net"\nbuilder = "net.py:build"\n')
+    note = build_target(load_config(path), torch.device("cpu")).notes["eval mode"]
+    assert note.startswith("the builder returned module '0' and 1 more module(s) in training mode"), note
+
+
+COMPILED = """
+import torch
+from torch import nn
+
+
+def build(how):
+    model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 4), nn.GELU())).eval()
+    if how == "submodule":
+        model[1] = torch.compile(model[1])
+    elif how == "in place":
+        model[1].compile()
+    elif how == "whole":
+        model = torch.compile(model)
+    return model, (torch.randn(2, 4),)
+"""
+
+
+def test_a_model_compiled_by_torch_compile_is_told_a_cast_does_not_reach_it(tmp_path):
+    # Before, a builder returning a model with a torch.compile'd submodule captured its ops as eager runs them, with
+    # no word that in the model Inductor's code runs there and a cast's kernels are not called.
+    (tmp_path / "net.py").write_text(COMPILED)
+    path = tmp_path / "net.toml"
+    notes = {}
+    for how in ("submodule", "in place", "whole", "none"):
+        path.write_text(f'name = "net"\nbuilder = "net.py:build"\n[params]\nhow = "{how}"\n')
+        notes[how] = build_target(load_config(path), torch.device("cpu")).notes.get("torch.compile")
+    assert notes["submodule"].startswith("module '1' is compiled by torch.compile")
+    assert notes["in place"].startswith("module '1' is compiled by torch.compile")
+    assert notes["whole"].startswith("the model is compiled by torch.compile")
+    assert "a cast's kernels do not reach" in notes["whole"] and "cast.compile(model)" in notes["whole"]
+    assert notes["none"] is None
+
+
 def test_output_tensor_is_the_first_tensor_depth_first():
     t = torch.ones(2)
     assert output_tensor((None, t)) is t

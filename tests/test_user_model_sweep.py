@@ -164,3 +164,144 @@ def test_a_forward_that_changes_its_own_inputs_is_noted_at_capture(cli, tmp_path
         notes[mutate] = json.loads(out)["notes"].get("repeatable")
     assert notes["false"] is None
     assert "not repeatable" in notes["true"] and "in-place change of its inputs" in notes["true"]
+
+
+QUANTIZED = '''
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(64, 64)
+        self.b = nn.Linear(64, 64)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def build(static):
+    torch.manual_seed(0)
+    if not static:   # int8 weights, float activations
+        return torch.ao.quantization.quantize_dynamic(Mlp().eval(), {nn.Linear}, dtype=torch.qint8), (torch.randn(4, 64),)
+    model = nn.Sequential(torch.ao.quantization.QuantStub(), Mlp(), torch.ao.quantization.DeQuantStub()).eval()
+    model.qconfig = torch.ao.quantization.get_default_qconfig("fbgemm")
+    torch.ao.quantization.prepare(model, inplace=True)
+    model(torch.randn(16, 64))
+    torch.ao.quantization.convert(model, inplace=True)
+    return model, (torch.randn(4, 64),)
+'''
+
+
+def test_a_quantized_model_makes_no_cards_of_packed_weights_or_quantized_tensors(cli, tmp_path):
+    # Before, each quantized::linear call was a card whose signature read "W_prepack=<torch.ScriptObject object at
+    # 0x55b06e9d1d00>": a new address at every call, so no two calls (nor two captures) shared a card; and a
+    # quint8 relu was a card whose signature had no scale or zero point, which its values depend on.
+    code, out, err = cli("capture", _config(tmp_path, QUANTIZED, "static = false"), "--device", "cpu", "--json",
+                         "--workspace", tmp_path / "ws")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["skipped"]["packed"] == 2
+    assert [c["op"] for c in doc["cards"]] == ["aten::relu"]
+    assert "ScriptObject" not in out
+    code, out, err = cli("capture", _config(tmp_path, QUANTIZED, "static = true"), "--device", "cpu", "--json",
+                         "--workspace", tmp_path / "ws")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["skipped"]["packed"] == 2 and doc["skipped"]["quantized"] >= 2   # quantize_per_tensor, relu, dequantize
+    assert not any("int8" in json.dumps(c) for c in doc["cards"] + doc["chains"])
+    assert "ScriptObject" not in out and "another signature" not in out
+
+
+def test_a_model_whose_output_is_degenerate_is_noted_at_capture(cli, tmp_path):
+    # A batch of 0 (or a head that starts at zero) captured with no word; only export's whole-model check, after a
+    # whole run on the GPU, said that eager's own output was empty and agreement with it said nothing.
+    source = ("def build(batch, scale):\n    torch.manual_seed(0)\n    model = nn.Sequential(nn.Linear(16, 16), nn.GELU())\n"
+              "    nn.init.constant_(model[0].weight, scale)\n    nn.init.zeros_(model[0].bias)\n"
+              "    return model, (torch.randn(batch, 16),)\n")
+    notes = {}
+    for batch, scale in ((0, 0.1), (4, 0.0), (4, 0.1)):
+        code, out, err = cli("capture", _config(tmp_path, source, f"batch = {batch}\nscale = {scale}"), "--device",
+                             "cpu", "--json", "--workspace", tmp_path / "ws")
+        assert code == 0, err
+        notes[batch, scale] = json.loads(out)["notes"].get("model output")
+    assert notes[0, 0.1].startswith("the model's output, of shape [0, 16], is empty (no elements): export's whole")
+    assert notes[4, 0.0].startswith("the model's output, of shape [4, 16], is all zeros")
+    assert notes[4, 0.1] is None
+
+
+ENCODER = '''
+class Encoder(nn.Module):
+    def __init__(self, nested):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=nested)
+
+    def forward(self, x, pad):
+        return self.enc(x, src_key_padding_mask=pad)
+
+
+def build(nested):
+    torch.manual_seed(0)
+    pad = torch.zeros(2, 8, dtype=torch.bool)
+    pad[1, 5:] = True
+    return Encoder(nested).eval(), (torch.randn(2, 8, 32), pad)
+'''
+
+
+def test_a_transformer_encoder_with_a_padding_mask_captures(cli, tmp_path):
+    # nn.TransformerEncoder makes a nested tensor of a padded batch in eval. Before: "the model raised during its
+    # warm-up forward: RuntimeError: Internal error: NestedTensorImpl doesn't support sizes" (exit 2, blaming the
+    # model), from the capture reading the nested tensor's shape.
+    code, out, err = cli("capture", _config(tmp_path, ENCODER, "nested = true"), "--device", "cpu", "--json",
+                         "--workspace", tmp_path / "ws")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["skipped"]["nested"] >= 10 and "enable_nested_tensor=False" in doc["notes"]["nested"]
+    assert not any('"layout": "nested"' in json.dumps(c["signature"]) for c in doc["cards"] + doc["chains"])
+    code, out, err = cli("capture", _config(tmp_path, ENCODER, "nested = false"), "--device", "cpu", "--json",
+                         "--workspace", tmp_path / "ws")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert "nested" not in doc["skipped"] and "nested" not in doc["notes"]
+
+
+def test_a_model_that_prints_leaves_capture_json_one_document(cli, tmp_path):
+    # Before, `capture --json` of a model that prints (a builder's "loading", a debug print in forward) wrote those
+    # lines on stdout ahead of the JSON document, which `json.loads` of the output then refused.
+    source = ("class Chatty(nn.Module):\n    def forward(self, x):\n        print('steps', 3)\n        return x.relu() * 2\n"
+              "\n\ndef build():\n    print('loading weights')\n    return Chatty(), (torch.randn(4, 8),)\n")
+    code, out, err = cli("capture", _config(tmp_path, source), "--device", "cpu", "--json", "--workspace",
+                         tmp_path / "ws")
+    assert code == 0, err
+    assert json.loads(out)["model"] == "user_model"
+    assert "loading weights" in err and "steps 3" in err
+
+
+RETURNS_AS_IS = '''
+class Pair(nn.Module):
+    def __init__(self, first):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.first = first
+
+    def forward(self, x):
+        y = torch.relu(self.lin(x))
+        return {"input": (x, y), "weight": (self.lin.weight, y), "output": (y, x)}[self.first]
+
+
+def build(first):
+    torch.manual_seed(0)
+    return Pair(first), {"x": torch.randn(4, 16)}
+'''
+
+
+def test_a_model_returning_its_input_first_is_noted_at_capture(cli, tmp_path):
+    # A forward returning (x, y) had x compared by export's whole-model check, with no word at capture: the
+    # cast cannot change x, so the check read perfect agreement whatever the cast did.
+    notes = {}
+    for first in ("input", "weight", "output"):
+        code, out, err = cli("capture", _config(tmp_path, RETURNS_AS_IS, f'first = "{first}"'), "--device", "cpu",
+                             "--json", "--workspace", tmp_path / "ws")
+        assert code == 0, err
+        notes[first] = json.loads(out)["notes"].get("model output")
+    assert "is one of the builder's example inputs, returned as it is" in notes["input"]
+    assert "is the model's 'lin.weight', returned as it is" in notes["weight"]
+    assert notes["output"] is None

@@ -1,7 +1,8 @@
 """Whether two model outputs agree: relative L2 distance, and whether a model's own forwards repeat.
 
-Light to import (torch is imported where a function needs it): the capture notes an unrepeatable model, the
-export's whole-model check refuses one (engine/export/e2e.py), both by these.
+Light to import (torch is imported where a function needs it): the capture notes an unrepeatable model or a
+degenerate output, the export's whole-model check refuses the one and discounts the other (engine/export/e2e.py),
+both by these.
 """
 
 from __future__ import annotations
@@ -59,3 +60,24 @@ def unrepeatable(first: Any, again: Any) -> str | None:
         return None
     return (f"not repeatable: two of its forwards on the same inputs differ by {drift:.1e} (relative L2), as a "
             "model that changes its inputs or buffers, or draws random numbers, does")
+
+
+def degenerate(t: Any) -> str | None:
+    """Why a model's output cannot vouch for anything, in a phrase that follows "is": NaN/Inf in it, all
+    zeros, or every element equal (a model whose random weights saturate; a cast that zeroes it); None
+    when it is an output worth comparing. One element is not called constant (a scalar loss is fine)."""
+    import torch
+
+    n = t.numel()
+    if n == 0:
+        return "empty (no elements)"
+    bad = n - int(torch.isfinite(t).sum())
+    if bad:
+        return f"non-finite (NaN/Inf) in {bad} of {n} elements"
+    if not bool(t.any()):
+        return "all zeros"
+    first = t.reshape(-1)[0]
+    if n > 1 and bool((t == first).all()):
+        v = first.item()
+        return f"constant (every element {v:g})" if isinstance(v, float) else f"constant (every element {v})"
+    return None

@@ -39,7 +39,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.bench.floor import is_compute_op
-from engine.capture.filters import non_strided
+from engine.capture.filters import packed, unreadable
 from engine.capture.recorder import TOP_LEVEL, ModulePaths
 from engine.capture.signature import bind_arguments, card_id, signature_of
 
@@ -206,10 +206,12 @@ class ChainTrace(TorchDispatchMode):
         # A copy to another device (`.cpu()`, `.to("cuda")`) ends a chain like a matmul: one kernel on one
         # device cannot do it, and eager for the chain replays members on the chain's own device.
         devices = {t.device for name_, v in bound for t in _tensors(v)} | {t.device for t in _tensors(out)}
-        # A sparse tensor in or out ends a chain too: no card takes it (engine.capture.filters).
-        sparse = non_strided([t for _, v in bound for t in _tensors(v)] + list(_tensors(out)))
+        # A sparse or quantized tensor in or out, or a packed weight, ends a chain too: no card takes it
+        # (engine.capture.filters).
+        opaque = (unreadable([t for _, v in bound for t in _tensors(v)] + list(_tensors(out))) is not None
+                  or packed(args, kwargs))
         self.calls.append(TraceCall(len(self.calls), name, path, self._invocations[path], reads, writes,
-                                    signature_of(func, bound), is_compute_op(name) or len(devices) > 1 or sparse,
+                                    signature_of(func, bound), is_compute_op(name) or len(devices) > 1 or opaque,
                                     view, us))
         return out
 

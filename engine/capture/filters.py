@@ -41,8 +41,30 @@ def non_strided(tensors: list[torch.Tensor]) -> bool:
     return any(t.layout != torch.strided for t in tensors)
 
 
+def unreadable(tensors: list[torch.Tensor]) -> str | None:
+    """Why no kernel takes one of `tensors`: 'sparse' (no strided memory to read), 'nested' (a nested tensor, as
+    nn.TransformerEncoder makes of a padded batch in eval: one tensor of rows of several lengths, with no one
+    shape) or 'quantized' (qint8, quint8: its values need a scale and zero point that live outside its data and
+    outside any card's signature), else None."""
+    if any(t.is_nested for t in tensors):
+        return "nested"
+    if non_strided(tensors):
+        return "sparse"
+    if any(t.is_quantized for t in tensors):
+        return "quantized"
+    return None
+
+
+def packed(args: tuple, kwargs: dict) -> bool:
+    """Whether an argument is a TorchScript object (a quantized Linear's or convolution's packed weight): no
+    kernel can read one, and its Python wrapper is new at every call, so a signature holding it would make a
+    card of each call."""
+    return any(isinstance(v, torch.ScriptObject) for v in (*args, *kwargs.values()))
+
+
 def skip_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str | None:
-    """Why this call is not a card ('view', 'constructor', 'metadata', 'sparse'), or None if it is one."""
+    """Why this call is not a card ('view', 'constructor', 'metadata', 'sparse', 'nested', 'quantized',
+    'packed'), or None if it is one."""
     name = func.name()
     if func.namespace in _SKIPPED_NAMESPACES:
         return "metadata"
@@ -54,6 +76,6 @@ def skip_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str |
     tensors = _tensors(args, kwargs)
     if base in LIKE_CONSTRUCTORS or not tensors:
         return "constructor"
-    if non_strided(tensors):
-        return "sparse"
-    return None
+    if packed(args, kwargs):
+        return "packed"
+    return unreadable(tensors)

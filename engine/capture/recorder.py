@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from engine.capture.filters import non_strided, skip_reason
+from engine.capture.filters import skip_reason, unreadable
 from engine.capture.samples import Snapshot, snapshot_inputs, snapshot_outputs
 from engine.capture.signature import (
     bind_arguments,
@@ -163,8 +163,9 @@ class CaptureMode(TorchDispatchMode):
             t0 = time.perf_counter()
             out = func(*args, **kwargs)
             seconds = time.perf_counter() - t0
-        if non_strided(tensors_of(out)):  # made a sparse tensor (to_sparse): not a card, as one that takes it
-            self.skipped["sparse"] += 1
+        made = unreadable(tensors_of(out))  # made a sparse or quantized tensor: not a card, as one that takes it
+        if made is not None:
+            self.skipped[made] += 1
             return out
         outputs = [describe_tensor(t) for t in tensors_of(out)]
         if tally is None:

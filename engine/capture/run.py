@@ -144,6 +144,52 @@ def _repeat_note(first: torch.Tensor | None, again: torch.Tensor | None) -> str 
             "no random numbers)")
 
 
+def _degenerate_note(out: torch.Tensor) -> str | None:
+    """What the capture says where the model's output is degenerate on the builder's inputs (a batch of 0, a head
+    that starts at zero, NaN): export's whole-model check, after a whole run on the GPU, would find that agreement
+    with it proves nothing."""
+    from engine.bench.agreement import degenerate
+
+    with torch.no_grad():
+        why = degenerate(out.detach())
+    if why is None:
+        return None
+    return (f"the model's output, of shape {list(out.shape)}, is {why}: export's whole-model check cannot tell from "
+            "it whether a cast changes the model's output; give the builder inputs and weights that make an output "
+            "of varied, finite values")
+
+
+def _returned_as_is_note(out: torch.Tensor, target: Any) -> str | None:
+    """What the capture says where the output tensor export's whole-model check compares is one of the example
+    inputs, or a parameter or buffer, that the forward returns as it is (`return x, y`): no cast changes it, so
+    the check would read agreement whatever a cast did to the rest of the model."""
+    def plain(t: Any) -> bool:
+        return isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_nested and t.numel() > 0
+
+    if not plain(out):
+        return None
+    key = storage_key(out)
+    held = [*(("one of the builder's example inputs", t) for t in _tensors_in(target.inputs, 0)),
+            *((f"the model's '{name}'", t) for name, t in [*target.module.named_parameters(),
+                                                           *target.module.named_buffers()])]
+    what = next((what for what, t in held if plain(t) and storage_key(t) == key), None)
+    if what is None:
+        return None
+    return (f"the output tensor export's whole-model check compares (the output's first tensor, depth first) is "
+            f"{what}, returned as it is: no cast changes it, so that check would read agreement whatever a cast "
+            "did to the model; return the tensor the model computes first")
+
+
+def _tensors_in(v: Any, depth: int) -> list[torch.Tensor]:
+    """The tensors in example inputs: a tensor, or tuples, lists and dicts of them (not into other objects)."""
+    if isinstance(v, torch.Tensor):
+        return [v]
+    if depth > 32:
+        return []
+    items = v.values() if isinstance(v, dict) else v if isinstance(v, (tuple, list)) else ()
+    return [t for x in items for t in _tensors_in(x, depth + 1)]
+
+
 def _captured_forward_failed(config: ModelConfig, target: Any, what: str, e: BaseException) -> UsageError:
     """The error for a forward that raised under capture after the model's own forward ran: a Kernel Forge bug,
     unless the model raises again without capture (it changes its state between forwards: a cache that fills
@@ -285,8 +331,7 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         t_captured = time.perf_counter()
         repeat_note = _repeat_note(warm_probe, _output_probe(output))
         try:
-            output_tensor(output)
-            output_note = None
+            output_note = _degenerate_note(output_tensor(output)) or _returned_as_is_note(output_tensor(output), target)
         except TypeError:
             kind = type(output).__name__
             what = "None" if output is None else f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind} with no tensor in it"
@@ -351,6 +396,11 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         notes["repeatable"] = repeat_note
     if built_note:
         notes["dtype"] = built_note
+    if mode.skipped.get("nested"):
+        notes["nested"] = (
+            f"{mode.skipped['nested']} calls took or made nested tensors (rows of several lengths), which no kernel "
+            "takes, so they are not cards: nn.TransformerEncoder makes one of a batch with a src_key_padding_mask in "
+            "eval; build it with enable_nested_tensor=False for cards of its layers' ops")
     if wide is not None:
         half = dtype_name(dtype)
         notes["cpu compute"] = (

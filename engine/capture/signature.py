@@ -44,6 +44,9 @@ def storage_extent(t: torch.Tensor) -> tuple[int, int]:
 
 def describe_tensor(t: torch.Tensor) -> dict[str, Any]:
     """Everything about a tensor argument that changes which kernel is valid for it."""
+    if t.is_nested:  # rows of several lengths: no one shape, strides or data address; never cards (filters)
+        return {"kind": "tensor", "dtype": dtype_name(t.dtype), "dim": t.dim(), "layout": "nested",
+                "device": t.device.type}
     if t.layout != torch.strided:  # sparse: no strides or data address; such calls are never cards (filters)
         return {"kind": "tensor", "dtype": dtype_name(t.dtype), "shape": list(t.shape),
                 "layout": str(t.layout).removeprefix("torch."), "device": t.device.type}
@@ -77,6 +80,8 @@ def encode_value(v: Any) -> Any:
         return {"layout": str(v).removeprefix("torch.")}
     if isinstance(v, complex):
         return {"complex": [v.real, v.imag]}
+    if isinstance(v, torch.ScriptObject):   # a packed weight: its repr is a new wrapper's address at every call
+        return {"script_object": v._type().qualified_name()}
     return {"repr": repr(v)}
 
 

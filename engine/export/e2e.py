@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.bench.agreement import REPEAT_REL, rel_l2_err, unrepeatable  # noqa: F401 - used and re-exported
+from engine.bench.agreement import REPEAT_REL, degenerate, rel_l2_err, unrepeatable  # noqa: F401 - used and re-exported
 from engine.outcomes import faster_with_confidence
 
 
@@ -52,27 +52,6 @@ MAX_S = 30.0  # seconds of timed forwards per set at most
 def not_slower(speedup_ci: Sequence[float]) -> bool:
     """A model is 'not slower with the cast' unless the whole 95 % CI of eager/cast lies below 1."""
     return len(speedup_ci) == 2 and math.isfinite(speedup_ci[1]) and speedup_ci[1] >= 1.0
-
-
-def degenerate(t: Any) -> str | None:
-    """Why a model's output cannot vouch for anything, in a phrase that follows "is": NaN/Inf in it, all
-    zeros, or every element equal (a model whose random weights saturate; a cast that zeroes it); None
-    when it is an output worth comparing. One element is not called constant (a scalar loss is fine)."""
-    import torch
-
-    n = t.numel()
-    if n == 0:
-        return "empty (no elements)"
-    bad = n - int(torch.isfinite(t).sum())
-    if bad:
-        return f"non-finite (NaN/Inf) in {bad} of {n} elements"
-    if not bool(t.any()):
-        return "all zeros"
-    first = t.reshape(-1)[0]
-    if n > 1 and bool((t == first).all()):
-        v = first.item()
-        return f"constant (every element {v:g})" if isinstance(v, float) else f"constant (every element {v})"
-    return None
 
 
 def judge_output(eager_out: Any, cast_out: Any) -> tuple[bool, str | None]:

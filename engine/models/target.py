@@ -27,17 +27,18 @@ class CaptureTarget:
     multiplicity: Mapping[str, int] = field(default_factory=dict)
     notes: Mapping[str, str] = field(default_factory=dict)
     full_depth: bool = False
+    inputs: Any = None   # the example inputs the forward passes (a user's builder's), where known
 
 
 def target_from_inputs(model: torch.nn.Module, inputs: Any) -> CaptureTarget:
     """Wrap the `(model, example_inputs)` pair a user's builder returns."""
     if isinstance(inputs, Mapping):
-        return CaptureTarget(module=model, forward=lambda: model(**inputs))
+        return CaptureTarget(module=model, forward=lambda: model(**inputs), inputs=inputs)
     if isinstance(inputs, (tuple, list)):
         if (len(inputs) == 2 and isinstance(inputs[0], (tuple, list)) and isinstance(inputs[1], Mapping)):
-            return CaptureTarget(module=model, forward=_args_kwargs_hint(lambda: model(*inputs)))
-        return CaptureTarget(module=model, forward=lambda: model(*inputs))
-    return CaptureTarget(module=model, forward=lambda: model(inputs))
+            return CaptureTarget(module=model, forward=_args_kwargs_hint(lambda: model(*inputs)), inputs=inputs)
+        return CaptureTarget(module=model, forward=lambda: model(*inputs), inputs=inputs)
+    return CaptureTarget(module=model, forward=lambda: model(inputs), inputs=inputs)
 
 
 def _args_kwargs_hint(forward: Callable[[], Any]) -> Callable[[], Any]:
