@@ -96,6 +96,13 @@ def refill_like_(t: torch.Tensor, reference: torch.Tensor, gen: torch.Generator)
     mean, std, lo, hi = _stats(reference)
     if t.dtype == torch.bool:
         p = float(reference.float().mean()) if reference.numel() else 0.5
+        if p in (0.0, 1.0):
+            # A constant mask (a padding mask of a batch without padding, a condition that held everywhere) must
+            # not stay constant, as a constant float does not: a masked_fill that ignored its mask, a where that
+            # returned `self`, passed every set. Half of each, and one element the other way at least.
+            c.copy_(torch.rand(c.shape, generator=gen, device="cpu").to(c.device) < 0.5)
+            c[int(torch.randint(c.numel(), (), generator=gen))] = p == 0.0
+            return
         c.copy_(torch.rand(c.shape, generator=gen, device="cpu").to(c.device) < p)
     elif t.is_floating_point():
         if std > 0.0:

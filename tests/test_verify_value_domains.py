@@ -1,0 +1,51 @@
+"""Red team, 2026-12-06: wrong kernels that specialised to values every captured sample held and every set drawn
+from them kept (a constant mask, a constant integer tensor, inputs that alias, values of one sign), and that a
+cast's guard, keyed by shapes, dtypes and strides, would still have run on a model's other values."""
+
+import torch
+
+from engine.ops import call_op, resolve_op
+from engine.verify.inputs import fresh_inputs
+from engine.verify.pipeline import CardCheck, as_list
+
+
+def _check(op_name, samples):
+    op = resolve_op(op_name)
+    return CardCheck(op_name, samples, lambda b: call_op(op, b), race_reps=2)
+
+
+def _eager(op_name):
+    op = resolve_op(op_name)
+    return lambda b, prefill: as_list(call_op(op, b))
+
+
+def test_a_kernel_that_ignores_a_constant_mask_fails_on_fresh_masks():
+    """A padding mask of a batch without padding is all False in every sample, and fresh draws kept its frequency
+    (0): a masked_fill that returned `self`, a where that returned `self` for an all-True condition, and one that
+    read the mask's first element only passed every set, and are wrong on the first padded batch."""
+    g = torch.Generator().manual_seed(0)
+    pad = torch.zeros(2, 1, 1, 64, dtype=torch.bool).expand(2, 4, 64, 64)   # broadcast, stride 0
+
+    def masked(mask):
+        return [("self", torch.randn(2, 4, 64, 64, generator=g)), ("mask", mask), ("value", -1e4)]
+
+    def cond():
+        return [("condition", torch.ones(64, 32, dtype=torch.bool)), ("self", torch.randn(64, 32, generator=g)),
+                ("other", torch.randn(64, 32, generator=g))]
+
+    cheats = [
+        ("aten::masked_fill.Scalar", [masked(pad), masked(pad)], lambda b, p: [dict(b)["self"].clone()]),
+        ("aten::masked_fill.Scalar", [masked(pad), masked(pad)],
+         lambda b, p: [dict(b)["self"].masked_fill(dict(b)["mask"].reshape(-1)[0], -1e4)]),
+        ("aten::where.self", [cond(), cond()], lambda b, p: [dict(b)["self"].clone()]),
+        ("aten::where.self", [[("condition", torch.tensor(False)), ("self", torch.randn(8, generator=g)),
+                               ("other", torch.randn(8, generator=g))]], lambda b, p: [dict(b)["other"].clone()]),
+    ]
+    for op_name, samples, cheat in cheats:
+        v = _check(op_name, samples).check(cheat)
+        assert not v.ok and v.input_set.startswith("fresh"), (op_name, v.message)
+        assert _check(op_name, samples).check(_eager(op_name)).ok, op_name
+    # a mask that is not constant keeps its frequency
+    half = torch.rand(4096, generator=g) < 0.25
+    drawn = dict(fresh_inputs([("mask", half)], 3))["mask"]
+    assert abs(float(drawn.float().mean()) - 0.25) < 0.05
