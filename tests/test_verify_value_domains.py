@@ -49,3 +49,23 @@ def test_a_kernel_that_ignores_a_constant_mask_fails_on_fresh_masks():
     half = torch.rand(4096, generator=g) < 0.25
     drawn = dict(fresh_inputs([("mask", half)], 3))["mask"]
     assert abs(float(drawn.float().mean()) - 0.25) < 0.05
+
+
+def test_a_kernel_that_assumes_a_constant_integer_tensor_fails_on_fresh_values():
+    """An attention mask of ones (int64, a batch without padding) was drawn as ones again ([lo, hi] = [1, 1]): a
+    cumsum of it that returned arange + 1 (position ids) and a mul by it that returned the other factor passed."""
+    g = torch.Generator().manual_seed(1)
+    ones = torch.ones(2, 64, dtype=torch.int64)
+    cheats = [
+        ("aten::cumsum", [[("self", ones), ("dim", 1)]], lambda b, p: [torch.arange(1, 65).expand(2, 64).contiguous()]),
+        ("aten::mul.Tensor", [[("self", torch.randn(2, 64, generator=g)), ("other", ones)]],
+         lambda b, p: [dict(b)["self"].clone()]),
+    ]
+    for op_name, samples, cheat in cheats:
+        v = _check(op_name, samples).check(cheat)
+        assert not v.ok and v.input_set.startswith("fresh"), (op_name, v.message)
+        assert _check(op_name, samples).check(_eager(op_name)).ok, op_name
+    # one step toward zero: an index stays within the range its value was in; a constant 0 is left alone
+    drawn = dict(fresh_inputs([("i", torch.full((64,), 3)), ("z", torch.zeros(8, dtype=torch.int32))], 0))
+    assert set(drawn["i"].tolist()) == {2, 3} and drawn["z"].eq(0).all()
+    assert set(dict(fresh_inputs([("i", torch.full((64,), -3))], 0))["i"].tolist()) == {-3, -2}

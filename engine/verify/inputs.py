@@ -127,6 +127,16 @@ def refill_like_(t: torch.Tensor, reference: torch.Tensor, gen: torch.Generator)
             pick = int(torch.randint(len(steps), (), generator=gen)) if len(steps) > 1 else 0
             c.fill_(steps[pick] if steps else ilo)
             return
+        if ilo == ihi != 0:
+            # A constant integer tensor (an attention mask of ones in a batch without padding) must not stay
+            # constant either: a cumsum of it that returned arange + 1 (position ids) passed every set. Each element
+            # its value or one step toward zero (a mask's 0; an index stays within the range its value was in), one
+            # of them the step at least. A constant 0 is left as it is (a step away from it may index past a size).
+            step = ilo - 1 if ilo > 0 else ilo + 1
+            vals = torch.where(torch.rand(c.shape, generator=gen) < 0.5, ilo, step).to(torch.int64)
+            vals[int(torch.randint(c.numel(), (), generator=gen))] = step
+            c.copy_(vals.to(c.device))
+            return   # not sorted as a rising one: from its first value up, a constant row stays constant
         c.copy_(torch.randint(ilo, ihi + 1, c.shape, generator=gen, dtype=torch.int64).to(c.device))
         if monotone(reference):
             keep_monotone_(t, reference)
