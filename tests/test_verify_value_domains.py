@@ -69,3 +69,35 @@ def test_a_kernel_that_assumes_a_constant_integer_tensor_fails_on_fresh_values()
     drawn = dict(fresh_inputs([("i", torch.full((64,), 3)), ("z", torch.zeros(8, dtype=torch.int32))], 0))
     assert set(drawn["i"].tolist()) == {2, 3} and drawn["z"].eq(0).all()
     assert set(dict(fresh_inputs([("i", torch.full((64,), -3))], 0))["i"].tolist()) == {-3, -2}
+
+
+def test_a_kernel_that_relies_on_its_inputs_aliasing_fails_on_the_unaliased_set():
+    """A cast's guard keys aliasing only for ops that write an argument: the kernel of a `mul(x, x)` card also runs
+    `mul(a, b)` of the same layouts. Every set kept the samples' aliasing, so a mul that read `self` twice (half the
+    loads), a cat([x, x]) that copied its first tensor twice and an add of two halves of one buffer that found the
+    second at `self` + 64 passed."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(64, 64, generator=g)
+    qkv = torch.randn(32, 128, generator=g)
+
+    def second_half(b, p):
+        s = dict(b)["self"]
+        return [s + torch.as_strided(s, s.shape, s.stride(), s.storage_offset() + 64)]
+
+    cheats = [
+        ("aten::mul.Tensor", [("self", x), ("other", x)], lambda b, p: [dict(b)["self"] * dict(b)["self"]]),
+        ("aten::cat", [("tensors", [x, x]), ("dim", 0)], lambda b, p: [dict(b)["tensors"][0].repeat(2, 1)]),
+        ("aten::add.Tensor", [("self", qkv[:, :64]), ("other", qkv[:, 64:]), ("alpha", 1)], second_half),
+    ]
+    for op_name, sample, cheat in cheats:
+        check = _check(op_name, [sample])
+        v = check.check(cheat)
+        assert not v.ok and v.input_set == "edge unaliased", (op_name, v.message)
+        assert _check(op_name, [sample]).check(_eager(op_name)).ok, op_name
+    unaliased = dict(dict(check.sets)["edge unaliased"])
+    assert unaliased["self"].stride() == (128, 1) and unaliased["other"].stride() == (128, 1)
+    assert unaliased["self"].untyped_storage().data_ptr() != unaliased["other"].untyped_storage().data_ptr()
+    # an op that writes an argument is keyed by its aliasing: no such set
+    y = torch.randn(64, generator=g)
+    assert "edge unaliased" not in dict(CardCheck("aten::add_.Tensor", [[("self", y), ("other", y), ("alpha", 1)]],
+                                                  lambda b: None, written_args=["self"]).sets)

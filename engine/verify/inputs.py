@@ -340,6 +340,35 @@ class Regenerator:
                     c.copy_(tmp.normal_(mean, std, generator=self.gen).clamp_(lo, hi))
 
 
+def unaliased_inputs(samples: Sequence[Bound], seed: int) -> Bound | None:
+    """The first sample whose tensor arguments share storage (`mul(x, x)`, `cat([x, x])`, two views of one buffer),
+    with every tensor after the first on a storage given storage of its own (same layout) and fresh values drawn
+    like its own; None where no sample has such arguments. A cast's guard keys aliasing only for ops that write an
+    argument, so the kernel of an aliased card also runs `mul(a, b)` of the same layouts: one that read `self`
+    twice passed every set, each drawn with the sample's aliasing."""
+    for sample in samples:
+        seen: set[tuple] = set()
+        moved = False
+        gen = torch.Generator().manual_seed(seed)
+        out: Bound = []
+        for (name, v), (_, old) in zip(clone_bound(sample), sample):
+            items = v if isinstance(v, (list, tuple)) else [v]
+            olds = old if isinstance(old, (list, tuple)) else [old]
+            new = []
+            for x, o in zip(items, olds):
+                if isinstance(x, torch.Tensor) and x.numel():
+                    if _key(x) in seen:
+                        (_, x), = clone_bound([(name, x)])
+                        refill_like_(x, o, gen)
+                        moved = True
+                    seen.add(_key(x))
+                new.append(x)
+            out.append((name, new if isinstance(v, (list, tuple)) else new[0]))
+        if moved:
+            return out
+    return None
+
+
 # Index arguments whose legal range is a size of another argument, not what the samples held: (op base name) ->
 # (index argument, the argument whose size bounds it, the dim of that size: an int, the name of the `dim`
 # argument, or None for the bounding tensor's element count, as where a `dim` argument is None). A kernel that

@@ -27,6 +27,7 @@ from engine.verify.inputs import (
     fresh_inputs,
     index_range_inputs,
     tensors_of,
+    unaliased_inputs,
 )
 from engine.verify.tolerance import REORDERING_FAMILIES, chain_family, op_family, tolerances_for
 
@@ -139,6 +140,10 @@ class CardCheck:
                 ranged = index_range_inputs(op_name, samples[0], seed + 99)
                 if ranged is not None:
                     sets.append(("edge index range", ranged))
+                # an op that writes no argument: a cast's guard does not key its aliasing (`unaliased_inputs`)
+                unaliased = None if self.written else unaliased_inputs(samples, seed + 77)
+                if unaliased is not None:
+                    sets.append(("edge unaliased", unaliased))
         self.sets = sets
         self._samples, self._seed = list(samples), seed
         self.keep_ints = False   # integer inputs keep the samples' values (the op refused random ones)
