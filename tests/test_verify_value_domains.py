@@ -101,3 +101,48 @@ def test_a_kernel_that_relies_on_its_inputs_aliasing_fails_on_the_unaliased_set(
     y = torch.randn(64, generator=g)
     assert "edge unaliased" not in dict(CardCheck("aten::add_.Tensor", [[("self", y), ("other", y), ("alpha", 1)]],
                                                   lambda b: None, written_args=["self"]).sets)
+
+
+def test_division_that_truncates_fails_on_operands_of_both_signs():
+    """Samples of one sign (positions // a block size, a positive remainder's operands): a floor_divide that
+    truncated, a remainder computed as fmod (C's `/` and `%`) matched eager on every set, 'negated' flipping every
+    sign together (floor(-a / -b) = trunc(a / b)) and leaving integers alone. The 'signs' set flips each element's
+    sign apart; a kernel that computes exactly and rounds once still passes it."""
+    g = torch.Generator().manual_seed(3)
+
+    def ints():
+        return [("self", torch.randint(0, 1000, (256,), generator=g)), ("other", torch.randint(1, 17, (256,), generator=g))]
+
+    def floats():
+        return [("self", torch.rand(256, generator=g) * 10), ("other", torch.rand(256, generator=g) + 1)]
+
+    def trunc(b, p):
+        return [torch.div(dict(b)["self"], dict(b)["other"], rounding_mode="trunc")]
+
+    def fmod(b, p):
+        return [torch.fmod(dict(b)["self"], dict(b)["other"])]
+
+    def exact(op_name):
+        op = resolve_op(op_name)
+
+        def run(b, p):
+            b64 = [(n, v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for n, v in b]
+            return [call_op(op, b64).to(dict(b)["self"].dtype)]
+        return run
+
+    for op_name, samples, cheat in (("aten::floor_divide", [ints(), ints()], trunc),
+                                    ("aten::remainder.Tensor", [ints(), ints()], fmod),
+                                    ("aten::remainder.Tensor", [floats(), floats()], fmod),
+                                    ("aten::floor_divide", [floats(), floats()], trunc)):
+        v = _check(op_name, samples).check(cheat)
+        assert not v.ok and v.input_set == "edge signs", (op_name, v.message)
+        assert _check(op_name, samples).check(_eager(op_name)).ok, op_name
+        assert _check(op_name, samples).check(exact(op_name)).ok, op_name
+    # an integer tensor against a Python scalar ('negated' leaves integers alone)
+    sample = [("self", torch.randint(0, 1000, (256,), generator=g)), ("other", 7)]
+    v = _check("aten::remainder.Scalar", [sample]).check(lambda b, p: [torch.fmod(dict(b)["self"], 7)])
+    assert not v.ok and v.input_set == "edge signs", v.message
+    assert _check("aten::remainder.Scalar", [sample]).check(_eager("aten::remainder.Scalar")).ok
+    # reductions and index ops get no such set (a negative index is refused; on the GPU, a device-side assert)
+    assert "edge signs" not in dict(_check("aten::sum.dim_IntList", [[("self", torch.randn(8, 8)), ("dim", [1]),
+                                                                      ("keepdim", False)]]).sets)

@@ -216,17 +216,25 @@ def _shift_(c: torch.Tensor) -> None:
 
 def edge_inputs(sample: Bound, kinds: Sequence[str]) -> list[tuple[str, Bound]]:
     """Edge variants of the floating inputs: 'negated', 'ties' (values rounded to halves), 'large', 'shifted'
-    (moved by a large offset, `SHIFT`; float64/32/16 and bfloat16 inputs only) and 'nonfinite' (NaN, +inf and
-    -inf planted at a few positions of every floating input)."""
+    (moved by a large offset, `SHIFT`; float64/32/16 and bfloat16 inputs only), 'nonfinite' (NaN, +inf and
+    -inf planted at a few positions of every floating input) and 'signs' (every element of every floating and
+    signed integer input negated with probability 1/2, each tensor apart: operands of both signs side by side,
+    where 'negated' flips every sign together and leaves integers alone)."""
     out = []
     for kind in kinds:
         b = clone_bound(sample)
-        touched = False
+        touched = ints = 0
+        gen = torch.Generator().manual_seed(len(out))
         for t in _tensors(b):
-            if not t.is_floating_point() or t.numel() == 0 or (kind == "shifted" and t.dtype not in SHIFT):
+            signed_int = kind == "signs" and _is_int(t) and t.dtype.is_signed
+            if not (t.is_floating_point() or signed_int) or t.numel() == 0 or (
+                    kind == "shifted" and t.dtype not in SHIFT):
                 continue
             c = cover(t)
-            if kind == "negated":
+            if kind == "signs":
+                flip = torch.rand(c.shape, generator=gen) < 0.5
+                c.copy_(torch.where(flip.to(c.device), -c, c))
+            elif kind == "negated":
                 c.neg_()
             elif kind == "ties":
                 c.copy_((c.double() * 2).round_() / 2)
@@ -238,8 +246,10 @@ def edge_inputs(sample: Bound, kinds: Sequence[str]) -> list[tuple[str, Bound]]:
                 amax = float(c.double().abs().max()) or 1.0
                 target = min(1e3 * amax, 0.01 * torch.finfo(t.dtype).max)
                 c.copy_(c.double() * (target / amax))
-            touched = True
-        if touched:
+            touched += 1
+            ints += signed_int
+        # 'signs' on one floating tensor alone adds little to 'negated' (each element against a fixed scalar's sign)
+        if touched and (kind != "signs" or touched > 1 or ints):
             out.append((kind, b))
     return out
 
