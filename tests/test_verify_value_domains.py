@@ -146,3 +146,37 @@ def test_division_that_truncates_fails_on_operands_of_both_signs():
     # reductions and index ops get no such set (a negative index is refused; on the GPU, a device-side assert)
     assert "edge signs" not in dict(_check("aten::sum.dim_IntList", [[("self", torch.randn(8, 8)), ("dim", [1]),
                                                                       ("keepdim", False)]]).sets)
+
+
+def test_a_softmax_that_skips_small_exponentials_fails_on_the_wide_set():
+    """Std-1 logits span ~7 in a row of 1024, fresh draws stay in the samples' range, and at x1000 ('large') rows are
+    one-hot: a float16 softmax that skipped exp(z) below z = -9 (1e-4 of probability each) passed every set. The
+    'wide' set (x8) reaches the cut; a softmax computed exactly and rounded once passes it in every dtype."""
+    g = torch.Generator().manual_seed(4)
+
+    def sample(dtype):
+        return [("self", torch.randn(64, 1024, generator=g).to(dtype)), ("dim", -1), ("half_to_float", False)]
+
+    def skips(b, p):
+        x = dict(b)["self"]
+        z = x.float() - x.float().amax(-1, keepdim=True)
+        e = torch.where(z < -9, 0.0, z.exp())
+        return [(e / e.sum(-1, keepdim=True)).to(x.dtype)]
+
+    def exact(b, p):
+        x = dict(b)["self"]
+        return [torch.softmax(x.double(), -1).to(x.dtype)]
+
+    samples = [sample(torch.float16)]
+    v = _check("aten::_softmax", samples).check(skips)
+    assert not v.ok and v.input_set in ("edge large", "edge wide"), v.message   # 'large' by chance: 3 elements
+    check = _check("aten::_softmax", samples)   # the samples, fresh draws and the wide set: it fails on the last
+    check.sets = [(label, b) for label, b in check.sets if label.startswith(("sample", "fresh", "edge wide"))]
+    v = check.check(skips)
+    assert not v.ok and v.input_set == "edge wide", v.message
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        samples = [sample(dtype)]
+        assert "edge wide" in dict(_check("aten::_softmax", samples).sets)
+        assert _check("aten::_softmax", samples).check(_eager("aten::_softmax")).ok, dtype
+        v = _check("aten::_softmax", samples).check(exact)
+        assert v.ok, (dtype, v.message)

@@ -214,9 +214,17 @@ def _shift_(c: torch.Tensor) -> None:
     c.add_(offset)
 
 
+# The 'wide' edge set scales every floating input by WIDE: values a few times past the samples' range, where 'large'
+# (x1000) overshoots into saturation. A kernel that cut a corner just past what it was shown (a softmax that skips
+# exp(z) below z = -9, a tanh that returns +-1 past |x| = 5) erred ~1e-4 there and passed: the samples (std-1
+# logits span ~7) and fresh draws (clamped to the samples' range) never reach the cut, and at x1000 the answer is
+# the saturated one it returns.
+WIDE = 8.0
+
+
 def edge_inputs(sample: Bound, kinds: Sequence[str]) -> list[tuple[str, Bound]]:
     """Edge variants of the floating inputs: 'negated', 'ties' (values rounded to halves), 'large', 'shifted'
-    (moved by a large offset, `SHIFT`; float64/32/16 and bfloat16 inputs only), 'nonfinite' (NaN, +inf and
+    (moved by a large offset, `SHIFT`; float64/32/16 and bfloat16 inputs only), 'wide' (scaled by `WIDE`), 'nonfinite' (NaN, +inf and
     -inf planted at a few positions of every floating input) and 'signs' (every element of every floating and
     signed integer input negated with probability 1/2, each tensor apart: operands of both signs side by side,
     where 'negated' flips every sign together and leaves integers alone)."""
@@ -242,9 +250,9 @@ def edge_inputs(sample: Bound, kinds: Sequence[str]) -> list[tuple[str, Bound]]:
                 _plant_nonfinite_(c)
             elif kind == "shifted":
                 _shift_(c)
-            elif kind == "large":
+            elif kind in ("large", "wide"):
                 amax = float(c.double().abs().max()) or 1.0
-                target = min(1e3 * amax, 0.01 * torch.finfo(t.dtype).max)
+                target = min((1e3 if kind == "large" else WIDE) * amax, 0.01 * torch.finfo(t.dtype).max)
                 c.copy_(c.double() * (target / amax))
             touched += 1
             ints += signed_int

@@ -137,7 +137,7 @@ class CardCheck:
             sets += [(f"fresh {k}", fresh_inputs(samples[k % len(samples)], seed + k)) for k in range(fresh)]
             if edges:
                 kinds = (("negated", "ties") if self.family in ("matmul", "attention")
-                         else ("negated", "ties", "large", "nonfinite"))
+                         else ("negated", "ties", "large", "wide", "nonfinite"))
                 if self.family in SHIFTED_FAMILIES:
                     kinds += ("shifted",)
                 if self.family in SIGNS_FAMILIES:
