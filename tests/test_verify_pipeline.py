@@ -25,7 +25,7 @@ def test_correct_candidate_passes():
     check, _ = gelu_check()
     v = check.check(good_gelu)
     assert v.ok, v.message
-    assert v.sets_checked == 2 + 2 + 4  # samples, fresh draws, edge cases (negated, ties, large, nonfinite)
+    assert v.sets_checked == 2 + 2 + 5  # samples, fresh draws, edge cases (negated, ties, large, wide, nonfinite)
 
 
 def test_partial_write_is_nan():

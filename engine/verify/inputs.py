@@ -96,6 +96,13 @@ def refill_like_(t: torch.Tensor, reference: torch.Tensor, gen: torch.Generator)
     mean, std, lo, hi = _stats(reference)
     if t.dtype == torch.bool:
         p = float(reference.float().mean()) if reference.numel() else 0.5
+        if p in (0.0, 1.0):
+            # A constant mask (a padding mask of a batch without padding, a condition that held everywhere) must
+            # not stay constant, as a constant float does not: a masked_fill that ignored its mask, a where that
+            # returned `self`, passed every set. Half of each, and one element the other way at least.
+            c.copy_(torch.rand(c.shape, generator=gen, device="cpu").to(c.device) < 0.5)
+            c[int(torch.randint(c.numel(), (), generator=gen))] = p == 0.0
+            return
         c.copy_(torch.rand(c.shape, generator=gen, device="cpu").to(c.device) < p)
     elif t.is_floating_point():
         if std > 0.0:
@@ -120,6 +127,16 @@ def refill_like_(t: torch.Tensor, reference: torch.Tensor, gen: torch.Generator)
             pick = int(torch.randint(len(steps), (), generator=gen)) if len(steps) > 1 else 0
             c.fill_(steps[pick] if steps else ilo)
             return
+        if ilo == ihi != 0:
+            # A constant integer tensor (an attention mask of ones in a batch without padding) must not stay
+            # constant either: a cumsum of it that returned arange + 1 (position ids) passed every set. Each element
+            # its value or one step toward zero (a mask's 0; an index stays within the range its value was in), one
+            # of them the step at least. A constant 0 is left as it is (a step away from it may index past a size).
+            step = ilo - 1 if ilo > 0 else ilo + 1
+            vals = torch.where(torch.rand(c.shape, generator=gen) < 0.5, ilo, step).to(torch.int64)
+            vals[int(torch.randint(c.numel(), (), generator=gen))] = step
+            c.copy_(vals.to(c.device))
+            return   # not sorted as a rising one: from its first value up, a constant row stays constant
         c.copy_(torch.randint(ilo, ihi + 1, c.shape, generator=gen, dtype=torch.int64).to(c.device))
         if monotone(reference):
             keep_monotone_(t, reference)
@@ -197,19 +214,35 @@ def _shift_(c: torch.Tensor) -> None:
     c.add_(offset)
 
 
+# The 'wide' edge set scales every floating input by WIDE: values a few times past the samples' range, where 'large'
+# (x1000) overshoots into saturation. A kernel that cut a corner just past what it was shown (a softmax that skips
+# exp(z) below z = -9, a tanh that returns +-1 past |x| = 5) erred ~1e-4 there and passed: the samples (std-1
+# logits span ~7) and fresh draws (clamped to the samples' range) never reach the cut, and at x1000 the answer is
+# the saturated one it returns.
+WIDE = 8.0
+
+
 def edge_inputs(sample: Bound, kinds: Sequence[str]) -> list[tuple[str, Bound]]:
     """Edge variants of the floating inputs: 'negated', 'ties' (values rounded to halves), 'large', 'shifted'
-    (moved by a large offset, `SHIFT`; float64/32/16 and bfloat16 inputs only) and 'nonfinite' (NaN, +inf and
-    -inf planted at a few positions of every floating input)."""
+    (moved by a large offset, `SHIFT`; float64/32/16 and bfloat16 inputs only), 'wide' (scaled by `WIDE`), 'nonfinite' (NaN, +inf and
+    -inf planted at a few positions of every floating input) and 'signs' (every element of every floating and
+    signed integer input negated with probability 1/2, each tensor apart: operands of both signs side by side,
+    where 'negated' flips every sign together and leaves integers alone)."""
     out = []
     for kind in kinds:
         b = clone_bound(sample)
-        touched = False
+        touched = ints = 0
+        gen = torch.Generator().manual_seed(len(out))
         for t in _tensors(b):
-            if not t.is_floating_point() or t.numel() == 0 or (kind == "shifted" and t.dtype not in SHIFT):
+            signed_int = kind == "signs" and _is_int(t) and t.dtype.is_signed
+            if not (t.is_floating_point() or signed_int) or t.numel() == 0 or (
+                    kind == "shifted" and t.dtype not in SHIFT):
                 continue
             c = cover(t)
-            if kind == "negated":
+            if kind == "signs":
+                flip = torch.rand(c.shape, generator=gen) < 0.5
+                c.copy_(torch.where(flip.to(c.device), -c, c))
+            elif kind == "negated":
                 c.neg_()
             elif kind == "ties":
                 c.copy_((c.double() * 2).round_() / 2)
@@ -217,12 +250,14 @@ def edge_inputs(sample: Bound, kinds: Sequence[str]) -> list[tuple[str, Bound]]:
                 _plant_nonfinite_(c)
             elif kind == "shifted":
                 _shift_(c)
-            elif kind == "large":
+            elif kind in ("large", "wide"):
                 amax = float(c.double().abs().max()) or 1.0
-                target = min(1e3 * amax, 0.01 * torch.finfo(t.dtype).max)
+                target = min((1e3 if kind == "large" else WIDE) * amax, 0.01 * torch.finfo(t.dtype).max)
                 c.copy_(c.double() * (target / amax))
-            touched = True
-        if touched:
+            touched += 1
+            ints += signed_int
+        # 'signs' on one floating tensor alone adds little to 'negated' (each element against a fixed scalar's sign)
+        if touched and (kind != "signs" or touched > 1 or ints):
             out.append((kind, b))
     return out
 
@@ -321,6 +356,35 @@ class Regenerator:
                 else:  # float8 and friends: draw in float32
                     tmp = torch.empty(c.shape, dtype=torch.float32, device=c.device)
                     c.copy_(tmp.normal_(mean, std, generator=self.gen).clamp_(lo, hi))
+
+
+def unaliased_inputs(samples: Sequence[Bound], seed: int) -> Bound | None:
+    """The first sample whose tensor arguments share storage (`mul(x, x)`, `cat([x, x])`, two views of one buffer),
+    with every tensor after the first on a storage given storage of its own (same layout) and fresh values drawn
+    like its own; None where no sample has such arguments. A cast's guard keys aliasing only for ops that write an
+    argument, so the kernel of an aliased card also runs `mul(a, b)` of the same layouts: one that read `self`
+    twice passed every set, each drawn with the sample's aliasing."""
+    for sample in samples:
+        seen: set[tuple] = set()
+        moved = False
+        gen = torch.Generator().manual_seed(seed)
+        out: Bound = []
+        for (name, v), (_, old) in zip(clone_bound(sample), sample):
+            items = v if isinstance(v, (list, tuple)) else [v]
+            olds = old if isinstance(old, (list, tuple)) else [old]
+            new = []
+            for x, o in zip(items, olds):
+                if isinstance(x, torch.Tensor) and x.numel():
+                    if _key(x) in seen:
+                        (_, x), = clone_bound([(name, x)])
+                        refill_like_(x, o, gen)
+                        moved = True
+                    seen.add(_key(x))
+                new.append(x)
+            out.append((name, new if isinstance(v, (list, tuple)) else new[0]))
+        if moved:
+            return out
+    return None
 
 
 # Index arguments whose legal range is a size of another argument, not what the samples held: (op base name) ->

@@ -27,6 +27,7 @@ from engine.verify.inputs import (
     fresh_inputs,
     index_range_inputs,
     tensors_of,
+    unaliased_inputs,
 )
 from engine.verify.tolerance import REORDERING_FAMILIES, chain_family, op_family, tolerances_for
 
@@ -52,6 +53,10 @@ _UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 # Families whose kernels compute statistics (means, variances, norms) that a cheaper form can lose under an offset
 # of the inputs: they get the 'shifted' edge set (`inputs.SHIFT`).
 SHIFTED_FAMILIES = frozenset({"reduction", "normalization"})
+# Families whose integer and floating operands get the 'signs' edge set (`inputs.edge_inputs`): arithmetic whose answer
+# on operands of opposite signs is where kernels differ from eager (floor vs truncating division, remainder vs fmod).
+# Not ops that take indices: a negative index is refused, and on the GPU eager's refusal is a device-side assert.
+SIGNS_FAMILIES = frozenset({"elementwise"})
 RACE_REPS = 6  # extra runs at the end of verification on new values, four of them beside a busy stream
 
 
@@ -132,13 +137,19 @@ class CardCheck:
             sets += [(f"fresh {k}", fresh_inputs(samples[k % len(samples)], seed + k)) for k in range(fresh)]
             if edges:
                 kinds = (("negated", "ties") if self.family in ("matmul", "attention")
-                         else ("negated", "ties", "large", "nonfinite"))
+                         else ("negated", "ties", "large", "wide", "nonfinite"))
                 if self.family in SHIFTED_FAMILIES:
                     kinds += ("shifted",)
+                if self.family in SIGNS_FAMILIES:
+                    kinds += ("signs",)
                 sets += [(f"edge {kind}", b) for kind, b in edge_inputs(samples[0], kinds)]
                 ranged = index_range_inputs(op_name, samples[0], seed + 99)
                 if ranged is not None:
                     sets.append(("edge index range", ranged))
+                # an op that writes no argument: a cast's guard does not key its aliasing (`unaliased_inputs`)
+                unaliased = None if self.written else unaliased_inputs(samples, seed + 77)
+                if unaliased is not None:
+                    sets.append(("edge unaliased", unaliased))
         self.sets = sets
         self._samples, self._seed = list(samples), seed
         self.keep_ints = False   # integer inputs keep the samples' values (the op refused random ones)
