@@ -1,7 +1,11 @@
 """The lane's busy-stream runs (engine/lane/worker.py): the contention blocks start just before the candidate's
-kernels, after its outputs and workspaces are filled, and are released after them. They spin ~30 µs; started when the run began, they were
-gone before a large card's candidate launched (filling 100 MB of outputs takes longer), so its 'busy' runs
-met an idle GPU. Stand-ins for the streams and the spinning kernel: no GPU needed."""
+kernels, after its outputs and workspaces are filled (blocks started when the run began were gone before a large
+card's candidate launched), a gate on the candidate's stream waits for them, and a release after its kernels lets
+them go. Stand-ins for the streams, and the kernels' effects emulated on host memory: no GPU needed. Whether two
+streams really run side by side is measured on the GPU (docs/results/reproduce-h200/2026-12-05d)."""
+
+import ctypes
+import re
 
 import torch
 
@@ -122,3 +126,148 @@ def test_the_lanes_line_says_where_no_stream_ran_beside_the_candidates():
 
     assert _contention_note({"contention": True}) == "" and _contention_note({}) == ""
     assert "races that need a busy GPU are not provoked" in _contention_note({"contention": False})
+
+
+# ---- the contention kernels' arguments and the start-up overlap check, on an emulated device -----------------
+
+_CTYPES = {"long long": ctypes.c_int64, "unsigned int": ctypes.c_uint32, "unsigned long long": ctypes.c_uint64}
+
+
+def _signatures() -> dict[str, list[tuple[str, str]]]:
+    """Each kernel's parameters in _HOG_SOURCE: (name, C type; 'ptr' for a pointer)."""
+    from engine.lane.worker import _HOG_SOURCE
+
+    sigs = {}
+    for kernel, params in re.findall(r"__global__ void (\w+)\(([^)]*)\)", _HOG_SOURCE):
+        out = []
+        for p in params.split(","):
+            words = p.replace("*", " * ").replace("const", " ").split()
+            out.append((words[-1], "ptr" if "*" in words else " ".join(words[:-1])))
+        sigs[kernel] = out
+    return sigs
+
+
+class _Device:
+    """cuLaunchKernel on host memory: decodes each launch's argument array by the kernel's signature in the source
+    and runs the kernel's effect. `overlapping`: the hog spins until synchronize (work on other streams runs
+    meanwhile); else it runs to its end before the next launch, as two streams that take turns."""
+
+    def __init__(self, hog, overlapping: bool):
+        self.hog, self.overlapping, self.spinning, self.launches = hog, overlapping, [], []
+        self.sigs = _signatures()
+
+    def args(self, kernel: str, params_address: int) -> dict[str, int]:
+        sig = self.sig_checked(kernel, params_address)
+        slots = (ctypes.c_void_p * len(sig)).from_address(params_address)
+        return {name: (ctypes.c_void_p if kind == "ptr" else _CTYPES[kind]).from_address(slots[i]).value or 0
+                for i, (name, kind) in enumerate(sig)}
+
+    def sig_checked(self, kernel: str, params_address: int):
+        """Each slot holds the address of the _Hog attribute named like the parameter, of the parameter's size."""
+        sig = self.sigs[kernel]
+        slots = (ctypes.c_void_p * len(sig)).from_address(params_address)
+        by_address = {ctypes.addressof(v): (k, v) for k, v in vars(self.hog).items() if isinstance(v, ctypes._SimpleCData)}
+        for i, (name, kind) in enumerate(sig):
+            attr, value = by_address[slots[i]]
+            assert attr == "_" + name, (kernel, i, attr, name)
+            assert ctypes.sizeof(value) == ctypes.sizeof(ctypes.c_void_p if kind == "ptr" else _CTYPES[kind]), (kernel, name)
+        return sig
+
+    @staticmethod
+    def u32(address: int) -> ctypes.c_uint32:
+        return ctypes.c_uint32.from_address(address)
+
+    def finish(self, a: dict[str, int]) -> None:
+        freed = ctypes.c_int32(self.u32(a["released"]).value - a["gen"]).value >= 0
+        self.u32(a["outcome"]).value = a["gen"] if freed else 0
+
+    def launch(self, fn, grid, block, shared, stream, params_address, cooperative=False):
+        a = self.args(fn, params_address)
+        self.launches.append((fn, stream, grid[0], block[0]))
+        if fn == "kf_hog":
+            self.u32(a["started"]).value += grid[0]
+            if self.overlapping:
+                self.spinning.append(a)
+            else:
+                self.finish(a)
+        elif fn == "kf_hog_gate":
+            assert ctypes.c_int32(self.u32(a["started"]).value - a["want"]).value >= 0, "the gate would time out"
+            assert a["max_ns"] == 100_000
+        elif fn == "kf_hog_release":
+            self.u32(a["released"]).value = a["gen"]
+
+    def synchronize(self, device=None):
+        for a in self.spinning:
+            self.finish(a)
+        self.spinning.clear()
+
+
+def _emulated_hog(monkeypatch, overlapping: bool, threads_per_sm: int = 2048):
+    from types import SimpleNamespace
+
+    from engine.lane import worker as W
+
+    class Module:
+        def __init__(self, image):
+            pass
+
+        def function(self, name):
+            return name
+
+    monkeypatch.setattr(W, "compile_nvrtc", lambda *a, **k: SimpleNamespace(ok=True, cubin=b"x"))
+    monkeypatch.setattr(W.drv, "Module", Module)
+    hog = W._Hog("sm_90", 132, 1.98e9, torch.device("cpu"), threads_per_sm)
+    dev = _Device(hog, overlapping)
+    monkeypatch.setattr(W.drv, "launch", dev.launch)
+    monkeypatch.setattr(torch.cuda, "synchronize", dev.synchronize)
+    return hog, dev
+
+
+class _Plain:
+    def __init__(self, handle):
+        self.cuda_stream = handle
+
+    def wait_stream(self, other):
+        pass
+
+
+def test_the_overlap_check_reads_a_release_seen_while_the_blocks_spin(monkeypatch):
+    """`_Hog.overlaps`: the hog on the side stream, the gate and the release on the main one. Where the streams run
+    side by side the hog sees the release (True); where they take turns it spins to its limit first (False). The
+    arguments are decoded by the kernels' signatures in the source (names, sizes, order), so a packing that
+    disagrees with a signature fails here, not on the GPU."""
+    side, main = _Plain(7), _Plain(0)
+    for overlapping in (True, False):
+        hog, dev = _emulated_hog(monkeypatch, overlapping)
+        assert [hog.overlaps(side, main) for _ in range(3)] == [overlapping] * 3
+        assert [(fn, s) for fn, s, _, _ in dev.launches[:3]] == [("kf_hog", 7), ("kf_hog_gate", 0),
+                                                                 ("kf_hog_release", 0)]
+        started, released, outcome = (v & 0xFFFFFFFF for v in hog.counters.tolist())
+        assert started == hog.launched == sum(n for fn, _, n, _ in dev.launches if fn == "kf_hog")
+        assert released == hog.gen == 3 and outcome == (3 if overlapping else 0)
+
+
+def test_the_generations_wrap_without_reading_a_spin_to_the_limit_as_a_release(monkeypatch):
+    """Generation 0 is the outcome of blocks that spun to their limit: after 2**32 - 1 launches the count goes on at
+    1, and both counters wrap (compared by signed difference)."""
+    side, main = _Plain(7), _Plain(0)
+    for overlapping in (True, False):
+        hog, dev = _emulated_hog(monkeypatch, overlapping)
+        hog.gen, hog.launched = 0xFFFFFFFE, 0xFFFFFFF0  # and the counters' int32 views of them
+        hog.counters[0], hog.counters[1] = 0xFFFFFFF0 - (1 << 32), 0xFFFFFFFE - (1 << 32)
+        assert [hog.overlaps(side, main) for _ in range(3)] == [overlapping] * 3
+        assert hog.gen == 2 and hog.launched == (0xFFFFFFF0 + sum(n for _, _, n, _ in dev.launches[::3])) & 0xFFFFFFFF
+
+
+def test_two_contention_blocks_and_the_gate_fit_an_sm_of_any_size(monkeypatch):
+    """Two blocks leave 64 threads of an SM: room for the gate's warp, none for a 96-thread block. An SM of 1,536
+    threads (sm_86, sm_89, sm_120) took one block of 992, so the gate waited for blocks that could not be resident."""
+    from engine.lane.worker import hog_threads
+
+    for per_sm in (2048, 1536, 1024):
+        t = hog_threads(per_sm)
+        assert t % 32 == 0 and t <= 1024 and 2 * t + 32 <= per_sm < 2 * t + 96, per_sm
+        hog, dev = _emulated_hog(monkeypatch, True, per_sm)
+        hog.launch(7, 0)
+        (fn, _, blocks, threads), = dev.launches[:1]
+        assert threads == t and 132 <= blocks <= 2 * 132 and blocks % 2 == 0

@@ -84,7 +84,15 @@ extern "C" __global__ void kf_hog_release(unsigned int* released, unsigned int g
 }
 '''
 
-HOG_THREADS = 992  # two blocks leave 64 of an SM's 2,048 threads: room for the gate's warp, none for a 96-thread block
+
+def hog_threads(threads_per_sm: int) -> int:
+    """Threads of a contention block: two leave 64 of an SM's threads, room for the gate's warp and none for a
+    96-thread block. An SM of 1,536 threads (sm_86, sm_89, sm_120) holds one block of 992 and leaves 544: the gate
+    then waited for blocks that could not all be resident (100 µs every busy run), and each SM kept room for the
+    candidate's blocks."""
+    return max(32, min(1024, (threads_per_sm - 64) // 2 // 32 * 32))
+
+
 HOG_GATE_NS = 100_000  # the gate gives up after 100 µs (another process holding the GPU): the run goes on
 HOG_MAX_S = 2e-3  # the hog's blocks leave after 2 ms at most (a candidate that waits for all its blocks to be resident)
 
@@ -95,7 +103,7 @@ class _Hog:
     A fixed spin was not enough: on an H100 the host launched the candidate ~34 µs after the blocks started, and
     they spun 30 µs, so the candidate met an idle GPU (docs/results/reproduce-h200/2026-12-05d)."""
 
-    def __init__(self, arch: str, sms: int, clock_hz: float, device: torch.device):
+    def __init__(self, arch: str, sms: int, clock_hz: float, device: torch.device, threads_per_sm: int = 2048):
         compiled = compile_nvrtc(_HOG_SOURCE, arch=arch, name="kf_hog.cu", want_ptx=False, pch=False)
         if not compiled.ok or not compiled.cubin:
             raise RuntimeError(f"the contention kernel does not compile: {compiled.summary()}")
@@ -118,6 +126,7 @@ class _Hog:
         self.gate_params = self._pack(self._started, self._want, self._max_ns)
         self.release_params = self._pack(self._released, self._gen)
         self.sms = sms
+        self.threads = hog_threads(threads_per_sm)
         self.rng = random.Random()
 
     @staticmethod
@@ -128,9 +137,9 @@ class _Hog:
         """The hog on `stream`, then the gate on `gate_stream` (the candidate's), which waits for its blocks.
         A launch copies its arguments, so the values below may change once it returned."""
         blocks = 2 * max(1, int(self.sms * self.rng.uniform(0.5, 0.95)))
-        self.gen = (self.gen + 1) & 0xFFFFFFFF
+        self.gen = self.gen % 0xFFFFFFFF + 1  # 1 .. 2**32 - 1: outcome 0 means "spun to its limit"
         self._gen.value = self.gen
-        drv.launch(self.fn, (blocks, 1, 1), (HOG_THREADS, 1, 1), 0, stream, ctypes.addressof(self.params))
+        drv.launch(self.fn, (blocks, 1, 1), (self.threads, 1, 1), 0, stream, ctypes.addressof(self.params))
         self.launched = (self.launched + blocks) & 0xFFFFFFFF
         self._want.value = self.launched
         drv.launch(self.gate_fn, (1, 1, 1), (32, 1, 1), 0, gate_stream, ctypes.addressof(self.gate_params))
@@ -187,7 +196,8 @@ class Worker:
         # The contention blocks' stream: one that is seen to run beside torch's default stream (pick_side_stream).
         # Where none does, the busy-stream runs go without them (`hello` says so): blocks that only run before or
         # after the candidate hold nothing while it runs.
-        self._hog = _Hog(self.arch, self.props.multi_processor_count, self._peak.clock_hz, self.device)
+        self._hog = _Hog(self.arch, self.props.multi_processor_count, self._peak.clock_hz, self.device,
+                         getattr(self.props, "max_threads_per_multi_processor", 2048))
         main = torch.cuda.current_stream(self.device)
         try:
             self._side, self.contention = pick_side_stream(
