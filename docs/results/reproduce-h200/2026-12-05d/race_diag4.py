@@ -1,11 +1,25 @@
-"""race_diag4: race_diag3's cases with the side stream made one way or another (argv[1]: "pool" = torch.cuda.Stream,
-"driver" = the stream the worker picked: a cuStreamCreate(CU_STREAM_NON_BLOCKING) stream seen to overlap) and CUDA_DEVICE_MAX_CONNECTIONS as
-set by the caller (g0f.sh runs each combination in its own process). race_diag3 on an H100 showed a gate kernel on
-torch's default stream start only when the hog on the side stream ended.
+"""race_diag4: which streams run beside which, and race_diag3's cases with the side stream made one way or another
+(argv[1]: "pool" = torch.cuda.Stream, taken first as the lane's old worker took it; "driver" = the stream the worker
+picked: a cuStreamCreate(CU_STREAM_NON_BLOCKING) stream seen to overlap, or the last of 8 tried). g0f.sh runs it
+with CUDA_DEVICE_MAX_CONNECTIONS unset, 1 and 32, each in its own process (the driver reads it when the context is
+made). race_diag3 on an H100 showed a gate kernel on torch's default stream start only when the hog on a pool stream
+ended, 0.4-0.6 us after it (device-side, not the host).
+
+First an overlap table (_Hog.overlaps: the hog on one stream, released from another while it spins?), for 8 new
+driver streams and 8 pool streams against the legacy default stream, and for 8 driver streams against another
+non-blocking stream. How to read it:
+- pool streams are non-blocking (c10 kDefaultFlags = cudaStreamNonBlocking), so the legacy stream's implicit sync
+  does not apply to them; if pool and driver streams both overlap nothing against the legacy stream but driver
+  streams overlap each other, the legacy stream itself is the wall;
+- if a few of 8 new streams fail and the rest pass, and 32 connections make them pass, streams sharing a hardware
+  queue with the default stream is the likely cause; if every stream fails with 1 connection and passes with 32,
+  likewise;
+- if nothing overlaps anything in any setting, the streams are not the cause (the machine or driver serializes).
+Then the cases, 3 trials each (trial #0 may pay first-use costs: read #1-#2), the lane's own busy run forced on.
 
 Class-7 race, with timestamps: when do the hog's blocks start relative to the candidate's? Old hog (1024-thread
 blocks, 2 us sleep), the lane's current `_contend`, and a gated hog (blocks signal they are resident; a one-warp
-gate on the candidate's stream waits for them)."""
+gate on the candidate's stream waits for them), also with the candidate on a non-blocking stream."""
 import contextlib
 import ctypes
 import sys
@@ -56,12 +70,37 @@ pair_sum(const float* __restrict__ x, float* __restrict__ out, float* __restrict
 
 import os  # noqa: E402
 
+from cuda.bindings import driver as cu  # noqa: E402
+
 w = Worker(0)
 dev = w.device
-if sys.argv[1:] == ["pool"]:
-    w._side = torch.cuda.Stream(dev)
-print("side", sys.argv[1:], "worker's self-test: contention", w.contention, "stream", w._side.cuda_stream, "CUDA_DEVICE_MAX_CONNECTIONS",
-      os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"), "default stream", torch.cuda.current_stream().cuda_stream)
+side_arg = sys.argv[1:] == ["pool"]
+if side_arg:
+    w._side = torch.cuda.Stream(dev)  # the first pool stream, as the old worker's torch.cuda.Stream
+legacy = torch.cuda.current_stream(dev)
+print("side", sys.argv[1:], "worker's self-test: contention", w.contention, "stream", w._side.cuda_stream,
+      "default stream", legacy.cuda_stream, "torch", torch.__version__, "driver", cu.cuDriverGetVersion()[1],
+      "loading", getattr(cu, "cuModuleGetLoadingMode", lambda: (0, "?"))()[1], "env",
+      {k: v for k, v in os.environ.items() if k.startswith(("CUDA_", "NVIDIA_", "TORCH_CUDA"))}, flush=True)
+
+
+def driver_stream():
+    return torch.cuda.ExternalStream(drv.nonblocking_stream(), device=dev)
+
+
+def table(label, sides, main):
+    got = [w._hog.overlaps(s, main) for s in sides]
+    print(f"overlap {label}: {''.join('T' if g else '.' for g in got)} {sum(got)}/{len(got)} "
+          f"(outcome counter {w._hog.counters.tolist()})", flush=True)
+
+
+other = driver_stream()
+table("driver stream beside the legacy default stream", [driver_stream() for _ in range(8)], legacy)
+table("pool stream beside the legacy default stream", [torch.cuda.Stream(dev) for _ in range(8)], legacy)
+table("driver stream beside another non-blocking stream", [driver_stream() for _ in range(8)], other)
+table("the side stream used below, beside the legacy default stream", [w._side] * 3, legacy)
+w.contention = True  # the lane case below runs its blocks whatever the self-test said (its counters tell)
+
 mod = drv.Module(compile_nvrtc(SRC, arch=w.arch, name="diag3.cu", want_ptx=False, pch=False).cubin)
 f_hog, f_gate, f_sum = mod.function("hog"), mod.function("gate"), mod.function("pair_sum")
 print("device", torch.cuda.get_device_name(), "sms", w._hog.sms, "clock", w._peak.clock_hz)
@@ -136,19 +175,21 @@ def lane_ctx():
     return ctx
 
 
-cases = [("alone", None), ("lane _contend", lane_ctx()),
-         ("old hog 90% 1024thr 300us sleep4000", hogged(0.9, 1024, 300, 4000, False)),
-         ("gated hog 50% 992thr 300us", hogged(0.5, 992, 300, 0, True))]
-for name, ctx in cases:
+cases = [("alone", None, None), ("lane _contend", lane_ctx(), None),
+         ("old hog 90% 1024thr 300us sleep4000", hogged(0.9, 1024, 300, 4000, False), None),
+         ("gated hog 50% 992thr 300us", hogged(0.5, 992, 300, 0, True), None),
+         ("gated hog 50% 992thr 300us, candidate on a non-blocking stream", hogged(0.5, 992, 300, 0, True), other)]
+for name, ctx, on in cases:
     for trial in range(3):
         ts_c = torch.zeros(2 * ROWS, dtype=torch.int64, device=dev)
         go = candidate(ts_c)
         info = {}
-        if ctx is None:
-            out = go()
-        else:
-            with ctx(info):
-                out = w._launch_beside(go) if info.get("beside") else go()
+        with (torch.cuda.stream(on) if on is not None else contextlib.nullcontext()):
+            if ctx is None:
+                out = go()
+            else:
+                with ctx(info):
+                    out = w._launch_beside(go) if info.get("beside") else go()
         torch.cuda.synchronize()
         bad = int((~torch.isclose(out, want, rtol=1e-4, atol=1e-3)).sum())
         c0 = int(ts_c.min())
@@ -162,5 +203,7 @@ for name, ctx in cases:
                 g = info["gate"].double().sub(c0).div(1e3)
                 line += f"; gate {g[0]:.1f}->{g[1]:.1f} us"
         if "lane" in info:
-            line += f"; lane counters (started, released) {info['lane'][0]} -> {info['lane'][1]}"
+            (_, _, _), (_, rel, outcome) = info["lane"]
+            line += (f"; lane counters (started, released, outcome) {info['lane'][0]} -> {info['lane'][1]}: "
+                     f"{'released while it spun' if outcome == rel else 'spun to its limit (no overlap)'}")
         print(line, flush=True)
