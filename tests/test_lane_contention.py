@@ -152,8 +152,9 @@ class _Device:
     and runs the kernel's effect. `overlapping`: the hog spins until synchronize (work on other streams runs
     meanwhile); else it runs to its end before the next launch, as two streams that take turns."""
 
-    def __init__(self, hog, overlapping: bool):
+    def __init__(self, hog, overlapping: bool, behind: bool = False):
         self.hog, self.overlapping, self.spinning, self.launches = hog, overlapping, [], []
+        self.behind = behind  # the hog starts only once the main stream's work (gate, release) is done
         self.sigs = _signatures()
 
     def args(self, kernel: str, params_address: int) -> dict[str, int]:
@@ -177,32 +178,39 @@ class _Device:
     def u32(address: int) -> ctypes.c_uint32:
         return ctypes.c_uint32.from_address(address)
 
-    def finish(self, a: dict[str, int]) -> None:
-        freed = ctypes.c_int32(self.u32(a["released"]).value - a["gen"]).value >= 0
+    def finish(self, a: dict[str, int], waited: bool = True) -> None:
+        """The hog's end: released while it spun (`waited`: it had polled once before the release) or not."""
+        freed = ctypes.c_int32(self.u32(a["released"]).value - a["gen"]).value >= 0 and waited
         self.u32(a["outcome"]).value = a["gen"] if freed else 0
 
     def launch(self, fn, grid, block, shared, stream, params_address, cooperative=False):
         a = self.args(fn, params_address)
         self.launches.append((fn, stream, grid[0], block[0]))
         if fn == "kf_hog":
+            if self.behind:
+                self.spinning.append(a)
+                return
             self.u32(a["started"]).value += grid[0]
             if self.overlapping:
                 self.spinning.append(a)
             else:
                 self.finish(a)
         elif fn == "kf_hog_gate":
-            assert ctypes.c_int32(self.u32(a["started"]).value - a["want"]).value >= 0, "the gate would time out"
+            assert self.behind or ctypes.c_int32(self.u32(a["started"]).value - a["want"]).value >= 0, \
+                "the gate would time out"
             assert a["max_ns"] == 100_000
         elif fn == "kf_hog_release":
             self.u32(a["released"]).value = a["gen"]
 
     def synchronize(self, device=None):
         for a in self.spinning:
-            self.finish(a)
+            if self.behind:  # it starts now, after the release: it finds it at its first look
+                self.u32(a["started"]).value += 1
+            self.finish(a, waited=not self.behind)
         self.spinning.clear()
 
 
-def _emulated_hog(monkeypatch, overlapping: bool, threads_per_sm: int = 2048):
+def _emulated_hog(monkeypatch, overlapping: bool, threads_per_sm: int = 2048, behind: bool = False):
     from types import SimpleNamespace
 
     from engine.lane import worker as W
@@ -217,7 +225,7 @@ def _emulated_hog(monkeypatch, overlapping: bool, threads_per_sm: int = 2048):
     monkeypatch.setattr(W, "compile_nvrtc", lambda *a, **k: SimpleNamespace(ok=True, cubin=b"x"))
     monkeypatch.setattr(W.drv, "Module", Module)
     hog = W._Hog("sm_90", 132, 1.98e9, torch.device("cpu"), threads_per_sm)
-    dev = _Device(hog, overlapping)
+    dev = _Device(hog, overlapping, behind)
     monkeypatch.setattr(W.drv, "launch", dev.launch)
     monkeypatch.setattr(torch.cuda, "synchronize", dev.synchronize)
     return hog, dev
@@ -271,3 +279,10 @@ def test_two_contention_blocks_and_the_gate_fit_an_sm_of_any_size(monkeypatch):
         hog.launch(7, 0)
         (fn, _, blocks, threads), = dev.launches[:1]
         assert threads == t and 132 <= blocks <= 2 * 132 and blocks % 2 == 0
+
+
+def test_blocks_that_start_after_the_release_do_not_read_as_overlapping(monkeypatch):
+    """Where the side stream waits for the main one (the gate times out, the release runs, then the hog starts), the
+    hog finds the release at its first look: that is no overlap either, and must not read as one."""
+    hog, dev = _emulated_hog(monkeypatch, overlapping=False, behind=True)
+    assert hog.overlaps(_Plain(7), _Plain(0)) is False

@@ -53,15 +53,17 @@ class LoadedCard:
 
 _HOG_SOURCE = r'''// Spins until the candidate's stream releases it (or max_cycles): resident for the whole of the candidate's run,
 // however long the host takes to launch it. Thread 0 polls; the others hold their slots at the barrier.
-// Block 0 writes `gen` to *outcome where the release came while it spun, 0 where it spun to max_cycles.
+// Block 0 writes `gen` to *outcome where the release came while it spun, 0 where it spun to max_cycles or found
+// the release already there (it started after the candidate's stream had gone on: not beside it either).
 extern "C" __global__ void kf_hog(long long max_cycles, unsigned int* started, const unsigned int* released,
                                   unsigned int gen, unsigned int* outcome) {
   if (threadIdx.x == 0) {
     atomicAdd(started, 1u);
     long long t0 = clock64();
-    bool freed = false;
+    bool freed = false, waited = false;
     while (clock64() - t0 < max_cycles) {
-      if ((int)(*(volatile const unsigned int*)released - gen) >= 0) { freed = true; break; }
+      if ((int)(*(volatile const unsigned int*)released - gen) >= 0) { freed = waited; break; }
+      waited = true;
       __nanosleep(500);
     }
     if (blockIdx.x == 0) *(volatile unsigned int*)outcome = freed ? gen : 0u;
