@@ -962,3 +962,65 @@ def test_an_enabled_block_leaves_a_cast_installed_before_it_installed(model, cas
     with c.enabled(model):
         assert c.installed
     assert not c.installed  # a block that installed it removes it
+
+
+class _Dropped(nn.Module):
+    """A block whose forward ends in a Dropout child (identity in eval, so the chain of its proof is the norm's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = Model().layers[0].norm1
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(self.norm(x))
+
+
+def test_a_submodule_set_to_train_mode_after_install_declines(cast):
+    """Monte Carlo dropout: the model in eval, its Dropout modules alone set back to train. The route checked the
+    routed module's own training flag only, so the plan (proven in eval: no dropout) kept serving and the
+    dropout never ran."""
+    torch.manual_seed(4)
+    model = nn.Sequential(_Dropped()).to(torch.bfloat16).eval()
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    card = {"class": "_Dropped", "paths": ["0"], "args": [{"input": 0}],
+            "params": [{"name": "norm.weight", "input": 1}], "training": False}
+    c = cast(variants=[_variant(module=card)])
+    with c.enabled(model), torch.no_grad():
+        model(x)
+        assert c.counting.calls == 1
+        for m in model.modules():
+            if isinstance(m, nn.Dropout):
+                m.train()
+        got = model(x)
+    assert c.counting.calls == 1 and (got == 0).any()
+    assert c.stats()["modules"]["0"]["declines"] == {"submodule attributes changed": 1}
+
+
+class _Scale(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.k = 1.0
+
+    def forward(self, x):
+        return x * self.k
+
+
+def test_a_submodule_attribute_changed_after_install_declines(cast):
+    """Install compares the submodules' attributes with the proof's; one changed afterwards (a child's `eps`,
+    `approximate`, a factor) was not seen and the plan kept computing with the old value."""
+    torch.manual_seed(5)
+    model = nn.Sequential(_Outer()).to(torch.bfloat16)
+    model[0].norm.scale = _Scale()   # a grandchild, read by nothing: the route must still hold its attributes
+    model[0].norm.scale.k = 1.0
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    card = {"class": "_Outer", "paths": ["0"], "args": [{"input": 0}], "params": [{"name": "norm.weight", "input": 1}]}
+    c = cast(variants=[_variant(module=card)])
+    with c.enabled(model), torch.no_grad():
+        model(x)
+        model[0].norm.scale.k = 2.0
+        model(x)
+        del model[0].norm.scale.k
+        model(x)
+    assert c.counting.calls == 1
+    assert c.stats()["modules"]["0"]["declines"] == {"submodule attributes changed": 2}

@@ -308,7 +308,12 @@ class ModuleRoute(NotCopied):
         self.reads = grouped([(g, k, g[k]) for g, k in forward_reads(self.cls)])
         # each submodule by identity, as at install: a submodule swapped in later (PEFT's wrapped Linear, another
         # activation) is not what the plan computes, and the parameter check reads the old one's tensors
-        self.tree = grouped([(m._modules, k, v) for m in module.modules() for k, v in m._modules.items()])
+        self.modules_held = grouped([(m._modules, k, v) for m in module.modules() for k, v in m._modules.items()])
+        # and each submodule's plain attributes (training, eps, p…), as at install: install compared them with the
+        # proof's, and a child set to train mode afterwards (a Dropout, for Monte Carlo dropout) or given another
+        # `eps` computes something else than the plan. One list, read in one pass per call (a leaf has none)
+        self.tree = self.modules_held + grouped([(m.__dict__, k, v) for m in list(module.modules())[1:]
+                                                 for k, v in m.__dict__.items() if k != ROUTE_ATTR and plain_value(v)])
         self.active = True
 
     @property
@@ -319,10 +324,10 @@ class ModuleRoute(NotCopied):
         """The class's forward on the module: what runs whenever the guard declines."""
         return self._forward(self.module(), *args, **kwargs)
 
-    def _tree_unchanged(self) -> bool:
+    def _tree_unchanged(self, tree: list[tuple[dict, Any, Any]] | None = None) -> bool:
         try:
-            return all(get(d) == values for d, get, values in self.tree)
-        except KeyError:  # a submodule deleted
+            return all(get(d) == values for d, get, values in (self.tree if tree is None else tree))
+        except KeyError:  # a submodule or an attribute deleted
             return False
 
     def _hooks(self) -> bool:
@@ -355,7 +360,8 @@ class ModuleRoute(NotCopied):
             st.decline("parameters changed")
             return self.original(*args, **kwargs)
         if self.tree and not self._tree_unchanged():
-            st.decline("modules changed")
+            st.decline("modules changed" if not self._tree_unchanged(self.modules_held) else
+                       "submodule attributes changed")
             return self.original(*args, **kwargs)
         m = self.module()
         if m is None or (v.training is not None and m.training != v.training):
