@@ -1092,3 +1092,28 @@ def test_a_copy_of_the_model_made_while_routed_is_a_plain_model():
         assert torch.equal(restored(x), model(x))
     assert torch.equal(got, twin(x))
     assert not any(modules.route_of(m) for m in (*twin.modules(), *restored.modules()))
+
+
+class _Mul(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x, alpha):
+        return self.lin(x) * alpha
+
+
+def test_a_float_zero_argument_is_keyed_with_its_sign():
+    """0.0 == -0.0 (and hash alike), so a graph captured with alpha=0.0 was replayed for alpha=-0.0: `h * alpha`
+    gave +0 where eager gives -0 (and 1/out +inf for -inf)."""
+    model = _Mul().eval()
+    backend = StandIn()
+    gs = GraphSet(model, lambda path, m: isinstance(m, _Mul), backend)
+    x = _x()
+    with torch.no_grad(), gs:
+        model(x, 0.0)
+        got = model(x, -0.0)
+        again = model(x, -0.0)
+    want = model(x, -0.0)
+    assert torch.equal(torch.signbit(got), torch.signbit(want)) and torch.equal(torch.signbit(again), torch.signbit(want))
+    assert gs.stats()[""]["captured"] == 2 and gs.stats()[""]["replays"] == 1

@@ -16,7 +16,8 @@ The guard, per call (anything else runs the original forward, and a decline cost
 - no grad needed (grad enabled and an argument or parameter requiring grad); no hooks on the module, its
   submodules, or global module hooks;
 - the exact signature of every argument, positional and keyword, through tuples, lists, dicts and
-  UserDicts: per tensor (CUDA only) dtype, shape, strides and device; per plain value its type and value;
+  UserDicts: per tensor (CUDA only) dtype, shape, strides and device; per plain value its type and value
+  (a float zero with its sign);
   per mapping its type and keys; any other object (a cache, a dataclass) declines;
 - every parameter and buffer in the module's tree the same object, with the same `_version` and data
   pointer as at capture (a graph reads them at fixed addresses), and so every tensor a module holds as a
@@ -59,6 +60,7 @@ is tried STATE_TRIES times at most. Graphs of state objects that are gone make r
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from collections import UserDict
@@ -150,7 +152,8 @@ class _Signature:
             if x.requires_grad:
                 self.grad = True
         elif t in _VALUE_TYPES:
-            key.append((t, x))
+            # a float zero with its sign: 0.0 == -0.0, but `h * alpha` gives zeros of alpha's sign
+            key.append((t, x) if t is not float or x != 0 else (t, x, math.copysign(1.0, x)))
         elif t is tuple or t is list:
             key.append((t, len(x)))
             for y in x:
@@ -195,7 +198,7 @@ def state_key(obj: Any, device_type: str, tensors: list[torch.Tensor] | None = N
             out.append(x)
             return ("T", x.data_ptr(), x.dtype, x.shape, x.stride(), dev)
         if t in _VALUE_TYPES:
-            return x
+            return x if t is not float or x != 0 else (t, x, math.copysign(1.0, x))
         if d >= _STATE_DEPTH:
             raise TypeError("a state object nested too deep")
         if t in (list, tuple):
