@@ -1117,3 +1117,20 @@ def test_a_float_zero_argument_is_keyed_with_its_sign():
     want = model(x, -0.0)
     assert torch.equal(torch.signbit(got), torch.signbit(want)) and torch.equal(torch.signbit(again), torch.signbit(want))
     assert gs.stats()[""]["captured"] == 2 and gs.stats()[""]["replays"] == 1
+
+
+def test_forward_mode_ad_declines():
+    """A dual input (torch.autograd.forward_ad) requires no grad, so a replay served it, and its fresh outputs carry
+    no tangent: the JVP came back None."""
+    import torch.autograd.forward_ad as fwAD
+
+    model, gs, backend = _routed()
+    x, t = _x(), _x()
+    with torch.no_grad(), fwAD.dual_level():
+        want = fwAD.unpack_dual(model(fwAD.make_dual(x, t))[0]).tangent
+    with torch.no_grad(), gs:
+        model(x)
+        with fwAD.dual_level():
+            got = fwAD.unpack_dual(model(fwAD.make_dual(x, t))[0]).tangent
+    assert got is not None and torch.allclose(got, want)
+    assert gs.stats()[""]["declines"] == {"forward AD": 1}

@@ -1024,3 +1024,23 @@ def test_a_submodule_attribute_changed_after_install_declines(cast):
         model(x)
     assert c.counting.calls == 1
     assert c.stats()["modules"]["0"]["declines"] == {"submodule attributes changed": 2}
+
+
+def test_forward_mode_ad_declines(model, tmp_path):
+    """torch.autograd.forward_ad: a dual input requires no grad, so the guard served, and a kernel's outputs carry
+    no tangent: `unpack_dual(norm(make_dual(x, t))).tangent` was None where eager gives the JVP."""
+    import torch.autograd.forward_ad as fwAD
+
+    # a kernel's plan: its outputs are written by a launch, outside autograd of any kind
+    c = engine.cast.load(_write(tmp_path), env=ENV, plans={"rms": lambda i: run_chain(SIG, [t.detach() for t in i])})
+    x, t = torch.randn(*X, dtype=torch.bfloat16), torch.randn(*X, dtype=torch.bfloat16)
+    norm = model.layers[0].norm1
+    with torch.no_grad(), fwAD.dual_level():
+        want = fwAD.unpack_dual(norm(fwAD.make_dual(x, t))).tangent
+    with c.enabled(model), torch.no_grad():
+        with fwAD.dual_level():
+            got = fwAD.unpack_dual(norm(fwAD.make_dual(x, t))).tangent
+        norm(x)  # outside the dual level: served
+    assert got is not None and torch.equal(got, want)
+    assert c.stats()["modules"]["layers.0.norm1"]["declines"] == {"forward AD": 1}
+    assert c.stats()["modules"]["layers.0.norm1"]["hits"] == 1

@@ -344,6 +344,8 @@ class GraphRoute(modules.NotCopied):
             return "hooks"
         if _grad_enabled() and (grad or any(t.requires_grad for _, _, t, _, _ in self.tensors)):
             return "grad"
+        if modules._forward_ad._current_level >= 0:  # a replay's outputs carry no tangent
+            return "forward AD"
         for d, name, t, version, ptr in self.tensors:
             if d.get(name) is not t or (version >= 0 and t._version != version) or t.data_ptr() != ptr:
                 return "parameters changed"

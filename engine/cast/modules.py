@@ -85,6 +85,9 @@ _grad_enabled = torch.is_grad_enabled
 _deterministic = torch.are_deterministic_algorithms_enabled
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
 _jit_tracing = torch._C._get_tracing_state
+# forward-mode AD (torch.autograd.forward_ad): its `_current_level` is -1 outside every dual_level() block. A plan's
+# outputs carry no tangent (its kernels write fresh tensors), where the forward's own ATen calls give theirs one
+_forward_ad = torch.autograd.forward_ad
 
 
 _SMALL = 32  # lists and dicts of plain values up to this many items are guarded (compared at each call)
@@ -380,6 +383,9 @@ class ModuleRoute(NotCopied):
         if _grad_enabled() and (any(args[k].requires_grad for k, _ in v.arg_inputs)
                                 or any(p[3].requires_grad for p in v.params)):
             st.decline("grad")
+            return self.original(*args, **kwargs)
+        if _forward_ad._current_level >= 0:
+            st.decline("forward AD")
             return self.original(*args, **kwargs)
         targets = getattr(v.plan, "targets", None)
         if targets is not None and not allowed(targets):
