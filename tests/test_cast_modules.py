@@ -1044,3 +1044,43 @@ def test_forward_mode_ad_declines(model, tmp_path):
     assert got is not None and torch.equal(got, want)
     assert c.stats()["modules"]["layers.0.norm1"]["declines"] == {"forward AD": 1}
     assert c.stats()["modules"]["layers.0.norm1"]["hits"] == 1
+
+
+class _Wrapped(torch.Tensor):
+    """A wrapper tensor subclass without storage of its own (as a quantized weight or a DTensor is)."""
+
+    @staticmethod
+    def __new__(cls, inner):
+        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, strides=inner.stride(), dtype=inner.dtype,
+                                                   device=inner.device)
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        def unwrap(t):
+            return t.inner if isinstance(t, _Wrapped) else t
+
+        out = func(*[unwrap(a) for a in args], **{k: unwrap(v) for k, v in (kwargs or {}).items()})
+        return _Wrapped(out) if func is torch.ops.aten.detach.default else out
+
+
+def test_a_parameter_that_is_a_tensor_subclass_is_not_bound(model, cast):
+    """A weight held as a wrapper subclass has the proven shape, dtype and strides but data_ptr() 0: the card
+    bound it and served, and a kernel would have read its weight from address 0."""
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    norm = model.layers[1].norm1
+    norm.weight = nn.Parameter(_Wrapped(norm.weight.detach()), requires_grad=False)
+    assert norm.weight.data_ptr() == 0
+    want = _eager(model, x)
+    c = cast()
+    with pytest.warns(CastWarning, match=r"layers\.1\.norm1 \(rms: weight is a tensor subclass \(_Wrapped\)"):
+        c.install(model)
+    try:
+        with torch.no_grad():
+            got = model(x)
+    finally:
+        c.remove()
+    assert torch.equal(got, want)
+    assert "layers.1.norm1" not in c.stats()["modules"] and c.counting.calls == 2

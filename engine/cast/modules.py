@@ -487,6 +487,9 @@ def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], c
         t = getattr(holder, where).get(leaf) if where else None
         if t is None:
             raise ModuleCardError(f"the module holds no parameter or buffer {name!r}")
+        if type(t) not in _TENSOR_TYPES:  # a wrapper (a quantized weight, a DTensor): its own data_ptr() is not
+            # the memory its values are in (0 for one without storage), and a kernel would read from that address
+            raise ModuleCardError(f"{name} is a tensor subclass ({type(t).__name__}), not a plain tensor")
         if tensor_key(t) != descriptor_key(inputs[i], t.get_device() if t.is_cuda else dev_index):
             raise ModuleCardError(f"{name} is not the tensor in{i} was proven for (shape, strides, dtype, "
                                   "alignment or device differ)")
