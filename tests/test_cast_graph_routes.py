@@ -1134,3 +1134,30 @@ def test_forward_mode_ad_declines():
             got = fwAD.unpack_dual(model(fwAD.make_dual(x, t))[0]).tangent
     assert got is not None and torch.allclose(got, want)
     assert gs.stats()[""]["declines"] == {"forward AD": 1}
+
+
+class _Filled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.lin(x) + torch.full((8,), 0.1)  # a tensor of the default dtype
+
+
+def test_a_changed_default_dtype_declines():
+    """`torch.full(shape, 0.1)` is made in the default dtype and promotes the output: after
+    torch.set_default_dtype(torch.float64) eager returns float64, and the replay returned the capture's float32."""
+    model = _Filled().eval()
+    gs = GraphSet(model, lambda path, m: isinstance(m, _Filled), StandIn())
+    x = _x()
+    was = torch.get_default_dtype()
+    with torch.no_grad(), gs:
+        model(x)
+        try:
+            torch.set_default_dtype(torch.float64)
+            got = model(x)
+        finally:
+            torch.set_default_dtype(was)
+    assert got.dtype == torch.float64
+    assert gs.stats()[""]["declines"] == {"kernel switches changed": 1}

@@ -32,7 +32,7 @@ The guard, per call (anything else runs the original forward, and a decline cost
   items: a forward that branches on those replays what it did at capture;
 - the tree as at capture (each submodule the same object, no module, parameter or buffer added);
 - what picks kernels as at capture: autocast, TF32 and reduced-precision switches, float32 matmul
-  precision, deterministic algorithms, cuDNN and SDPA backends; the current device and stream; inference
+  precision, deterministic algorithms, cuDNN and SDPA backends, the default dtype; the current device and stream; inference
   mode; the casts installed and the target calls are made under.
 
 A signature's first call runs the forward eagerly and returns that output; then the forward is captured
@@ -85,7 +85,8 @@ _SWITCHES = tuple(getattr(_C, n) for n in (
     "_get_cublas_allow_bf16_reduced_precision_reduction", "_get_float32_matmul_precision",
     "_get_deterministic_algorithms", "_get_cudnn_enabled", "_get_cudnn_deterministic", "_get_cudnn_benchmark",
     "_get_flash_sdp_enabled", "_get_mem_efficient_sdp_enabled", "_get_math_sdp_enabled", "_get_cudnn_sdp_enabled")
-    if hasattr(_C, n))
+    if hasattr(_C, n)) + (
+    torch.get_default_dtype,)  # the dtype of tensors a forward makes without one (`torch.full(shape, 0.1)`)
 _any_autocast = _C._is_any_autocast_enabled
 
 
