@@ -1092,3 +1092,72 @@ def test_a_copy_of_the_model_made_while_routed_is_a_plain_model():
         assert torch.equal(restored(x), model(x))
     assert torch.equal(got, twin(x))
     assert not any(modules.route_of(m) for m in (*twin.modules(), *restored.modules()))
+
+
+class _Mul(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x, alpha):
+        return self.lin(x) * alpha
+
+
+def test_a_float_zero_argument_is_keyed_with_its_sign():
+    """0.0 == -0.0 (and hash alike), so a graph captured with alpha=0.0 was replayed for alpha=-0.0: `h * alpha`
+    gave +0 where eager gives -0 (and 1/out +inf for -inf)."""
+    model = _Mul().eval()
+    backend = StandIn()
+    gs = GraphSet(model, lambda path, m: isinstance(m, _Mul), backend)
+    x = _x()
+    with torch.no_grad(), gs:
+        model(x, 0.0)
+        got = model(x, -0.0)
+        again = model(x, -0.0)
+    want = model(x, -0.0)
+    assert torch.equal(torch.signbit(got), torch.signbit(want)) and torch.equal(torch.signbit(again), torch.signbit(want))
+    assert gs.stats()[""]["captured"] == 2 and gs.stats()[""]["replays"] == 1
+
+
+def test_forward_mode_ad_declines():
+    """A dual input (torch.autograd.forward_ad) requires no grad, so a replay served it, and its fresh outputs carry
+    no tangent: the JVP came back None."""
+    import torch.autograd.forward_ad as fwAD
+
+    model, gs, backend = _routed()
+    x, t = _x(), _x()
+    with torch.no_grad(), fwAD.dual_level():
+        want = fwAD.unpack_dual(model(fwAD.make_dual(x, t))[0]).tangent
+    with torch.no_grad(), gs:
+        model(x)
+        with fwAD.dual_level():
+            got = fwAD.unpack_dual(model(fwAD.make_dual(x, t))[0]).tangent
+    assert got is not None and torch.allclose(got, want)
+    assert gs.stats()[""]["declines"] == {"forward AD": 1}
+
+
+class _Filled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.lin(x) + torch.full((8,), 0.1)  # a tensor of the default dtype
+
+
+def test_a_changed_default_dtype_declines():
+    """`torch.full(shape, 0.1)` is made in the default dtype and promotes the output: after
+    torch.set_default_dtype(torch.float64) eager returns float64, and the replay returned the capture's float32."""
+    model = _Filled().eval()
+    gs = GraphSet(model, lambda path, m: isinstance(m, _Filled), StandIn())
+    x = _x()
+    was = torch.get_default_dtype()
+    with torch.no_grad(), gs:
+        model(x)
+        try:
+            torch.set_default_dtype(torch.float64)
+            got = model(x)
+        finally:
+            torch.set_default_dtype(was)
+    assert got.dtype == torch.float64
+    assert gs.stats()[""]["declines"] == {"kernel switches changed": 1}

@@ -962,3 +962,125 @@ def test_an_enabled_block_leaves_a_cast_installed_before_it_installed(model, cas
     with c.enabled(model):
         assert c.installed
     assert not c.installed  # a block that installed it removes it
+
+
+class _Dropped(nn.Module):
+    """A block whose forward ends in a Dropout child (identity in eval, so the chain of its proof is the norm's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = Model().layers[0].norm1
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(self.norm(x))
+
+
+def test_a_submodule_set_to_train_mode_after_install_declines(cast):
+    """Monte Carlo dropout: the model in eval, its Dropout modules alone set back to train. The route checked the
+    routed module's own training flag only, so the plan (proven in eval: no dropout) kept serving and the
+    dropout never ran."""
+    torch.manual_seed(4)
+    model = nn.Sequential(_Dropped()).to(torch.bfloat16).eval()
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    card = {"class": "_Dropped", "paths": ["0"], "args": [{"input": 0}],
+            "params": [{"name": "norm.weight", "input": 1}], "training": False}
+    c = cast(variants=[_variant(module=card)])
+    with c.enabled(model), torch.no_grad():
+        model(x)
+        assert c.counting.calls == 1
+        for m in model.modules():
+            if isinstance(m, nn.Dropout):
+                m.train()
+        got = model(x)
+    assert c.counting.calls == 1 and (got == 0).any()
+    assert c.stats()["modules"]["0"]["declines"] == {"submodule attributes changed": 1}
+
+
+class _Scale(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.k = 1.0
+
+    def forward(self, x):
+        return x * self.k
+
+
+def test_a_submodule_attribute_changed_after_install_declines(cast):
+    """Install compares the submodules' attributes with the proof's; one changed afterwards (a child's `eps`,
+    `approximate`, a factor) was not seen and the plan kept computing with the old value."""
+    torch.manual_seed(5)
+    model = nn.Sequential(_Outer()).to(torch.bfloat16)
+    model[0].norm.scale = _Scale()   # a grandchild, read by nothing: the route must still hold its attributes
+    model[0].norm.scale.k = 1.0
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    card = {"class": "_Outer", "paths": ["0"], "args": [{"input": 0}], "params": [{"name": "norm.weight", "input": 1}]}
+    c = cast(variants=[_variant(module=card)])
+    with c.enabled(model), torch.no_grad():
+        model(x)
+        model[0].norm.scale.k = 2.0
+        model(x)
+        del model[0].norm.scale.k
+        model(x)
+    assert c.counting.calls == 1
+    assert c.stats()["modules"]["0"]["declines"] == {"submodule attributes changed": 2}
+
+
+def test_forward_mode_ad_declines(model, tmp_path):
+    """torch.autograd.forward_ad: a dual input requires no grad, so the guard served, and a kernel's outputs carry
+    no tangent: `unpack_dual(norm(make_dual(x, t))).tangent` was None where eager gives the JVP."""
+    import torch.autograd.forward_ad as fwAD
+
+    # a kernel's plan: its outputs are written by a launch, outside autograd of any kind
+    c = engine.cast.load(_write(tmp_path), env=ENV, plans={"rms": lambda i: run_chain(SIG, [t.detach() for t in i])})
+    x, t = torch.randn(*X, dtype=torch.bfloat16), torch.randn(*X, dtype=torch.bfloat16)
+    norm = model.layers[0].norm1
+    with torch.no_grad(), fwAD.dual_level():
+        want = fwAD.unpack_dual(norm(fwAD.make_dual(x, t))).tangent
+    with c.enabled(model), torch.no_grad():
+        with fwAD.dual_level():
+            got = fwAD.unpack_dual(norm(fwAD.make_dual(x, t))).tangent
+        norm(x)  # outside the dual level: served
+    assert got is not None and torch.equal(got, want)
+    assert c.stats()["modules"]["layers.0.norm1"]["declines"] == {"forward AD": 1}
+    assert c.stats()["modules"]["layers.0.norm1"]["hits"] == 1
+
+
+class _Wrapped(torch.Tensor):
+    """A wrapper tensor subclass without storage of its own (as a quantized weight or a DTensor is)."""
+
+    @staticmethod
+    def __new__(cls, inner):
+        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, strides=inner.stride(), dtype=inner.dtype,
+                                                   device=inner.device)
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        def unwrap(t):
+            return t.inner if isinstance(t, _Wrapped) else t
+
+        out = func(*[unwrap(a) for a in args], **{k: unwrap(v) for k, v in (kwargs or {}).items()})
+        return _Wrapped(out) if func is torch.ops.aten.detach.default else out
+
+
+def test_a_parameter_that_is_a_tensor_subclass_is_not_bound(model, cast):
+    """A weight held as a wrapper subclass has the proven shape, dtype and strides but data_ptr() 0: the card
+    bound it and served, and a kernel would have read its weight from address 0."""
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    norm = model.layers[1].norm1
+    norm.weight = nn.Parameter(_Wrapped(norm.weight.detach()), requires_grad=False)
+    assert norm.weight.data_ptr() == 0
+    want = _eager(model, x)
+    c = cast()
+    with pytest.warns(CastWarning, match=r"layers\.1\.norm1 \(rms: weight is a tensor subclass \(_Wrapped\)"):
+        c.install(model)
+    try:
+        with torch.no_grad():
+            got = model(x)
+    finally:
+        c.remove()
+    assert torch.equal(got, want)
+    assert "layers.1.norm1" not in c.stats()["modules"] and c.counting.calls == 2

@@ -16,7 +16,8 @@ The guard, per call (anything else runs the original forward, and a decline cost
 - no grad needed (grad enabled and an argument or parameter requiring grad); no hooks on the module, its
   submodules, or global module hooks;
 - the exact signature of every argument, positional and keyword, through tuples, lists, dicts and
-  UserDicts: per tensor (CUDA only) dtype, shape, strides and device; per plain value its type and value;
+  UserDicts: per tensor (CUDA only) dtype, shape, strides and device; per plain value its type and value
+  (a float zero with its sign);
   per mapping its type and keys; any other object (a cache, a dataclass) declines;
 - every parameter and buffer in the module's tree the same object, with the same `_version` and data
   pointer as at capture (a graph reads them at fixed addresses), and so every tensor a module holds as a
@@ -31,7 +32,7 @@ The guard, per call (anything else runs the original forward, and a decline cost
   items: a forward that branches on those replays what it did at capture;
 - the tree as at capture (each submodule the same object, no module, parameter or buffer added);
 - what picks kernels as at capture: autocast, TF32 and reduced-precision switches, float32 matmul
-  precision, deterministic algorithms, cuDNN and SDPA backends; the current device and stream; inference
+  precision, deterministic algorithms, cuDNN and SDPA backends, the default dtype; the current device and stream; inference
   mode; the casts installed and the target calls are made under.
 
 A signature's first call runs the forward eagerly and returns that output; then the forward is captured
@@ -59,6 +60,7 @@ is tried STATE_TRIES times at most. Graphs of state objects that are gone make r
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from collections import UserDict
@@ -83,7 +85,8 @@ _SWITCHES = tuple(getattr(_C, n) for n in (
     "_get_cublas_allow_bf16_reduced_precision_reduction", "_get_float32_matmul_precision",
     "_get_deterministic_algorithms", "_get_cudnn_enabled", "_get_cudnn_deterministic", "_get_cudnn_benchmark",
     "_get_flash_sdp_enabled", "_get_mem_efficient_sdp_enabled", "_get_math_sdp_enabled", "_get_cudnn_sdp_enabled")
-    if hasattr(_C, n))
+    if hasattr(_C, n)) + (
+    torch.get_default_dtype,)  # the dtype of tensors a forward makes without one (`torch.full(shape, 0.1)`)
 _any_autocast = _C._is_any_autocast_enabled
 
 
@@ -150,7 +153,8 @@ class _Signature:
             if x.requires_grad:
                 self.grad = True
         elif t in _VALUE_TYPES:
-            key.append((t, x))
+            # a float zero with its sign: 0.0 == -0.0, but `h * alpha` gives zeros of alpha's sign
+            key.append((t, x) if t is not float or x != 0 else (t, x, math.copysign(1.0, x)))
         elif t is tuple or t is list:
             key.append((t, len(x)))
             for y in x:
@@ -195,7 +199,7 @@ def state_key(obj: Any, device_type: str, tensors: list[torch.Tensor] | None = N
             out.append(x)
             return ("T", x.data_ptr(), x.dtype, x.shape, x.stride(), dev)
         if t in _VALUE_TYPES:
-            return x
+            return x if t is not float or x != 0 else (t, x, math.copysign(1.0, x))
         if d >= _STATE_DEPTH:
             raise TypeError("a state object nested too deep")
         if t in (list, tuple):
@@ -341,6 +345,8 @@ class GraphRoute(modules.NotCopied):
             return "hooks"
         if _grad_enabled() and (grad or any(t.requires_grad for _, _, t, _, _ in self.tensors)):
             return "grad"
+        if modules._forward_ad._current_level >= 0:  # a replay's outputs carry no tangent
+            return "forward AD"
         for d, name, t, version, ptr in self.tensors:
             if d.get(name) is not t or (version >= 0 and t._version != version) or t.data_ptr() != ptr:
                 return "parameters changed"

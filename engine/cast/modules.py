@@ -85,6 +85,9 @@ _grad_enabled = torch.is_grad_enabled
 _deterministic = torch.are_deterministic_algorithms_enabled
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
 _jit_tracing = torch._C._get_tracing_state
+# forward-mode AD (torch.autograd.forward_ad): its `_current_level` is -1 outside every dual_level() block. A plan's
+# outputs carry no tangent (its kernels write fresh tensors), where the forward's own ATen calls give theirs one
+_forward_ad = torch.autograd.forward_ad
 
 
 _SMALL = 32  # lists and dicts of plain values up to this many items are guarded (compared at each call)
@@ -308,7 +311,12 @@ class ModuleRoute(NotCopied):
         self.reads = grouped([(g, k, g[k]) for g, k in forward_reads(self.cls)])
         # each submodule by identity, as at install: a submodule swapped in later (PEFT's wrapped Linear, another
         # activation) is not what the plan computes, and the parameter check reads the old one's tensors
-        self.tree = grouped([(m._modules, k, v) for m in module.modules() for k, v in m._modules.items()])
+        self.modules_held = grouped([(m._modules, k, v) for m in module.modules() for k, v in m._modules.items()])
+        # and each submodule's plain attributes (training, eps, p…), as at install: install compared them with the
+        # proof's, and a child set to train mode afterwards (a Dropout, for Monte Carlo dropout) or given another
+        # `eps` computes something else than the plan. One list, read in one pass per call (a leaf has none)
+        self.tree = self.modules_held + grouped([(m.__dict__, k, v) for m in list(module.modules())[1:]
+                                                 for k, v in m.__dict__.items() if k != ROUTE_ATTR and plain_value(v)])
         self.active = True
 
     @property
@@ -319,10 +327,10 @@ class ModuleRoute(NotCopied):
         """The class's forward on the module: what runs whenever the guard declines."""
         return self._forward(self.module(), *args, **kwargs)
 
-    def _tree_unchanged(self) -> bool:
+    def _tree_unchanged(self, tree: list[tuple[dict, Any, Any]] | None = None) -> bool:
         try:
-            return all(get(d) == values for d, get, values in self.tree)
-        except KeyError:  # a submodule deleted
+            return all(get(d) == values for d, get, values in (self.tree if tree is None else tree))
+        except KeyError:  # a submodule or an attribute deleted
             return False
 
     def _hooks(self) -> bool:
@@ -355,7 +363,8 @@ class ModuleRoute(NotCopied):
             st.decline("parameters changed")
             return self.original(*args, **kwargs)
         if self.tree and not self._tree_unchanged():
-            st.decline("modules changed")
+            st.decline("modules changed" if not self._tree_unchanged(self.modules_held) else
+                       "submodule attributes changed")
             return self.original(*args, **kwargs)
         m = self.module()
         if m is None or (v.training is not None and m.training != v.training):
@@ -374,6 +383,9 @@ class ModuleRoute(NotCopied):
         if _grad_enabled() and (any(args[k].requires_grad for k, _ in v.arg_inputs)
                                 or any(p[3].requires_grad for p in v.params)):
             st.decline("grad")
+            return self.original(*args, **kwargs)
+        if _forward_ad._current_level >= 0:
+            st.decline("forward AD")
             return self.original(*args, **kwargs)
         targets = getattr(v.plan, "targets", None)
         if targets is not None and not allowed(targets):
@@ -475,6 +487,9 @@ def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], c
         t = getattr(holder, where).get(leaf) if where else None
         if t is None:
             raise ModuleCardError(f"the module holds no parameter or buffer {name!r}")
+        if type(t) not in _TENSOR_TYPES:  # a wrapper (a quantized weight, a DTensor): its own data_ptr() is not
+            # the memory its values are in (0 for one without storage), and a kernel would read from that address
+            raise ModuleCardError(f"{name} is a tensor subclass ({type(t).__name__}), not a plain tensor")
         if tensor_key(t) != descriptor_key(inputs[i], t.get_device() if t.is_cuda else dev_index):
             raise ModuleCardError(f"{name} is not the tensor in{i} was proven for (shape, strides, dtype, "
                                   "alignment or device differ)")
