@@ -194,3 +194,40 @@ def test_a_model_whose_own_forwards_disagree_cannot_vouch_for_a_cast():
     assert why.startswith("not repeatable: two of its forwards on the same inputs differ by 1.0e+00")
     assert eager_caveat(why).startswith("eager's own output is not repeatable")
     assert "not repeatable" in unrepeatable(x, torch.full_like(x, math.inf))
+
+
+def test_outputs_beside_the_compared_one_are_judged_too():
+    """The check compared the output's first tensor only: a cast that made a model's second output (a cache, an
+    auxiliary head, the hidden states) NaN or all zeros was chosen as if the model were fine."""
+    from engine.export.e2e import judge_other_outputs, output_states
+    from engine.models.forwards import output_tensor, output_tensors
+
+    logits, cache, aux = torch.randn(2, 5), torch.randn(2, 3, 4), torch.randn(2, 7)
+    out = {"logits": logits, "past": (cache, None), "aux": aux, "n": 3}
+    assert output_tensor(out) is logits and output_tensors(out) == [logits, cache, aux]
+    eager = output_states(output_tensors(out)[1:])
+    assert judge_other_outputs(eager, [cache + 1e-6, aux]) is None
+    nan_cache = cache.clone()
+    nan_cache[0, 0, 0] = math.nan
+    assert judge_other_outputs(eager, [nan_cache, aux]) == (
+        "the model's output tensor 2 (depth first) with the cast is non-finite (NaN/Inf) in 1 of 24 elements; "
+        "eager's is not")
+    assert judge_other_outputs(eager, [cache, torch.zeros_like(aux)]) == (
+        "the model's output tensor 3 (depth first) with the cast is all zeros; eager's is not")
+    assert judge_other_outputs(eager, [cache]) == "the model's output with the cast holds 2 tensors; eager's holds 3"
+
+    # choose_set rejects a set on run_set's word about the other outputs, and says why
+    first = torch.randn(4, 8, dtype=torch.float64)
+    timed: list = []
+
+    def run_set(ids):
+        def time_it():
+            timed.append(tuple(ids))
+            return {"speedup": 1.1, "speedup_ci": [1.05, 1.15], "eager_ms": 1.0, "cast_ms": 0.9}
+        facts = {"other_outputs": "the model's output tensor 2 (depth first) with the cast is all zeros; eager's is not"} \
+            if len(ids) > 1 else {}
+        return first.clone(), time_it, facts
+
+    tried, chosen = choose_set([["a", "b"], ["a"]], first, run_set)
+    assert tried[0]["rejected"].startswith("the model's output tensor 2") and "other_outputs" not in tried[0]
+    assert chosen is tried[1] and timed == [("a",)]

@@ -71,6 +71,31 @@ def judge_output(eager_out: Any, cast_out: Any) -> tuple[bool, str | None]:
     return True, None
 
 
+def output_states(outputs: Sequence[Any]) -> list[tuple[str | None, bool]]:
+    """Per output tensor after the first: (why it is degenerate or None, whether it is all finite). Kept instead of
+    copies, so an output beside the compared one (a cache, an auxiliary head) costs no memory while sets run."""
+    import torch
+
+    with torch.no_grad():
+        return [(degenerate(t), bool(torch.isfinite(t).all()) if t.is_floating_point() or t.is_complex() else True)
+                for t in outputs]
+
+
+def judge_other_outputs(eager: Sequence[tuple[str | None, bool]], cast_outputs: Sequence[Any]) -> str | None:
+    """Why the model's outputs beside the compared one may not stand with a cast (None: they may): another count
+    of tensors, or one degenerate or non-finite where eager's is not. The compared output is `judge_output`'s;
+    these others (a KV cache, hidden states, an auxiliary head) had no check at all."""
+    got = output_states(cast_outputs)
+    if len(got) != len(eager):
+        return f"the model's output with the cast holds {len(got) + 1} tensors; eager's holds {len(eager) + 1}"
+    for i, ((e_why, e_fin), (c_why, c_fin)) in enumerate(zip(eager, got), start=2):
+        if c_why is not None and e_why is None:
+            return f"the model's output tensor {i} (depth first) with the cast is {c_why}; eager's is not"
+        if e_fin and not c_fin:
+            return f"the model's output tensor {i} (depth first) with the cast is {c_why}; eager's is finite"
+    return None
+
+
 def eager_caveat(reason: str) -> str:
     """What the report says instead of an agreement figure when eager's own output is degenerate."""
     return f"eager's own output is {reason}: agreement of the model's output says nothing"
@@ -88,6 +113,9 @@ def choose_set(sets: Sequence[Sequence[str]], eager_out: Any,
         got = run_set(list(ids))  # (output, timer) or (output, timer, facts to record: which variants ran)
         cast_out, time_it = got[0], got[1]
         ok, note = judge_output(eager_out, cast_out)
+        other = (got[2] if len(got) > 2 else {}).pop("other_outputs", None)  # judge_other_outputs' answer
+        if ok and other:
+            ok, note = False, other
         # How far the model's output moves with the cast (each kernel passed its op's tolerance; the
         # drift through the whole model is recorded for the report, not judged here).
         r: dict[str, Any] = {"variants": list(ids), "rel_l2_err": rel_l2_err(cast_out, eager_out),
@@ -187,7 +215,7 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
     from engine.bench.stats import speedup_ci
     from engine.cast.loader import load
     from engine.config import build_target, load_config
-    from engine.models.forwards import output_tensor
+    from engine.models.forwards import output_tensor, output_tensors
 
     if compile_mode is not None and compile_mode not in COMPILE_MODES:
         raise ValueError(f"compile mode {compile_mode!r}: use one of {', '.join(COMPILE_MODES)}")
@@ -197,7 +225,10 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
     with torch.no_grad():
         for _ in range(3):
             forward()
-        eager_out = output_tensor(forward()).double()
+        whole = forward()
+        eager_out = output_tensor(whole).double()
+        eager_others = output_states(output_tensors(whole)[1:])
+        del whole
         eager_bad = degenerate(eager_out) or unrepeatable(eager_out, output_tensor(forward()).double())
         base = forward  # what the cast must beat: eager, or the model compiled without the cast
         if compile_mode is not None:
@@ -223,9 +254,14 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
                 if replayed:
                     ran = ran_in_forward(cast.stats(), ids, forwards=REPLAY_WARM_CALLS)
                 cast.reset_stats()
-                cast_out = output_tensor(fast()).double()
+                whole = fast()
+                cast_out = output_tensor(whole).double()
+                other = judge_other_outputs(eager_others, output_tensors(whole)[1:])
+                del whole
                 if not replayed:
                     ran = ran_in_forward(cast.stats(), ids)
+                if other:
+                    ran = {**ran, "other_outputs": other}
                 cast_graph = capture_graph(forward)[0] if graphs else None
 
             def time_it() -> dict[str, Any]:

@@ -20,6 +20,34 @@ def output_tensor(out: Any) -> torch.Tensor:
     return found
 
 
+def output_tensors(out: Any) -> list[torch.Tensor]:
+    """Every tensor of a model's output, depth first in the order `output_tensor` searches (its first is that
+    one): the rest of a tuple, a mapping's other fields (a cache, hidden states), a dataclass's other fields."""
+    found: list[torch.Tensor] = []
+    _all_tensors(out, 0, found)
+    return found
+
+
+def _all_tensors(out: Any, depth: int, found: list[torch.Tensor]) -> None:
+    if isinstance(out, torch.Tensor):
+        found.append(out)
+        return
+    if depth > 32:
+        return
+    if isinstance(out, (tuple, list)):
+        items: Any = out
+    elif isinstance(out, Mapping):
+        items = out.values()
+    elif hasattr(out, "sample"):
+        items = [out.sample]
+    elif dataclasses.is_dataclass(out) and not isinstance(out, type):
+        items = [getattr(out, f.name, None) for f in dataclasses.fields(out)]
+    else:
+        return
+    for v in items:
+        _all_tensors(v, depth + 1, found)
+
+
 def _first_tensor(out: Any, depth: int) -> torch.Tensor | None:
     if isinstance(out, torch.Tensor):
         return out
