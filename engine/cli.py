@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from engine.errors import KforgeError, UsageError
-from engine.progress import StageProgress, stderr_progress
+from engine.progress import StageProgress, json_stdout, stderr_progress
 
 TuiLauncher = Callable[[argparse.Namespace], int]
 
@@ -490,22 +490,23 @@ def cmd_capture(args: argparse.Namespace) -> int:
     # On a terminal the capture is a stage updated in place, whose spinner and elapsed time move also while
     # one step says nothing for seconds (importing the model's library, filling gigabytes of weights);
     # redirected, stderr keeps only errors and warnings.
-    stages = StageProgress() if sys.stderr.isatty() else None
-    try:
-        with sigterm_raises():   # `timeout`, a job scheduler: stopped as by Ctrl-C, nothing half-written
-            result = capture_and_store(config, args.device, workspace, samples=args.samples,
-                                       progress=stages.sink("capture") if stages else stderr_progress())
-        if stages is not None:
-            stages.done("capture", f"{config.name}: {len(result.cards)} cards and {len(result.chains)} chain "
-                                   f"cards, captured in {result.wall_s:.1f} s")
-    except Terminated:
-        raise TerminatedStop("terminated: capture stopped; nothing was kept") from None
-    except KeyboardInterrupt:  # its samples were in a .partial-* folder, removed on the way out
-        exit_on_next_sigint()
-        raise Interrupted("interrupted: capture stopped; nothing was kept") from None
-    finally:
-        if stages is not None:
-            stages.close()
+    with json_stdout(args.json):  # the progress display starts and stops inside: it restores what it found
+        stages = StageProgress() if sys.stderr.isatty() else None
+        try:
+            with sigterm_raises():   # `timeout`, a job scheduler: stopped as by Ctrl-C, nothing half-written
+                result = capture_and_store(config, args.device, workspace, samples=args.samples,
+                                           progress=stages.sink("capture") if stages else stderr_progress())
+            if stages is not None:
+                stages.done("capture", f"{config.name}: {len(result.cards)} cards and {len(result.chains)} chain "
+                                       f"cards, captured in {result.wall_s:.1f} s")
+        except Terminated:
+            raise TerminatedStop("terminated: capture stopped; nothing was kept") from None
+        except KeyboardInterrupt:  # its samples were in a .partial-* folder, removed on the way out
+            exit_on_next_sigint()
+            raise Interrupted("interrupted: capture stopped; nothing was kept") from None
+        finally:
+            if stages is not None:
+                stages.close()
     if args.json:
         print(json.dumps(result.to_json(), indent=None, separators=(",", ":")))
     else:

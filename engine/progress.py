@@ -6,6 +6,7 @@ rich. Elsewhere (a log, a pipe, CI): one JSON line per progress event, never a r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -191,3 +192,11 @@ def stdout_console(**kw: Any) -> Any:
             raise BrokenPipeError
 
     return _StdoutConsole(**kw)
+
+
+def json_stdout(on: bool) -> contextlib.AbstractContextManager:
+    """With --json, what the model's builder or forward prints ("loading…", a debug print) goes to stderr while
+    the command works, so stdout holds one JSON document, printed after the block. Entered before the command's
+    progress display and left after it: a display that redirects stdout itself (rich) started inside a redirect of
+    ours, and stopped after it ended, would leave stdout pointing at stderr."""
+    return contextlib.redirect_stdout(sys.stderr) if on else contextlib.nullcontext()

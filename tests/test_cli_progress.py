@@ -373,3 +373,23 @@ async def test_a_dry_runs_search_line_says_nothing_is_verified():
     frame = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue().split("\r")[-1])
     line = " ".join(x.strip() for x in frame[frame.rindex("search"):].splitlines())   # wrapped at the width
     assert "compiled 3" in line and "nothing verified" in line and "verified 0" not in line, line
+
+
+def test_capture_json_on_a_terminal_keeps_prints_off_stdout_and_gives_stdout_back(tmp_path, monkeypatch, capsys):
+    """The model's prints go to stderr while `capture --json` works, and stdout is stdout again after it, also
+    where the progress display (which redirects stdout itself) started during the capture: a redirect inside the
+    capture once left stdout pointing at stderr, and the cards table after it went there."""
+    import sys
+
+    from engine.cli import main
+
+    (tmp_path / "chatty.py").write_text(SLOW_BUILD.replace("time.sleep(1.5)", "print('loading weights')"))
+    (tmp_path / "chatty.toml").write_text('name = "chatty"\nbuilder = "chatty.py:build"\n')
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    stdout = sys.stdout
+    assert main(["capture", str(tmp_path / "chatty.toml"), "--device", "cpu", "--workspace", str(tmp_path),
+                 "--json"]) == 0
+    assert sys.stdout is stdout
+    assert json.loads(capsys.readouterr().out)["model"] == "chatty"
+    assert "loading weights" in term.getvalue()

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import hashlib
 import os
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -133,10 +132,7 @@ def _capture(config: ModelConfig, device_arg: str | None, workspace: Path, sampl
              progress: Callable[[str], None], held: contextlib.ExitStack) -> CaptureResult:
     device = resolve_device(device_arg)
     sweep_partials(workspace)
-    # What the builder or the model prints ("loading…", a debug print in forward) goes to stderr: stdout holds the
-    # command's own output, one JSON document with --json.
-    with contextlib.redirect_stdout(sys.stderr):
-        return capture_model(config, device, workspace, samples=samples, progress=progress, held=held)
+    return capture_model(config, device, workspace, samples=samples, progress=progress, held=held)
 
 
 async def _store_in_workspace(workspace: Path, config: ModelConfig, result: CaptureResult) -> None:

@@ -675,8 +675,11 @@ def cmd_run(args: argparse.Namespace, workspace: Path) -> int:
     t0 = time.perf_counter()
     started = time.monotonic()  # --wall-time counts from here
     check_run_args(args)
-    code, doc = run_interruptible(lambda stop: run_async(args, workspace, stop, started),
-                                  interrupted="interrupted: stopped before the run was created; nothing to resume")
+    from engine.progress import json_stdout
+
+    with json_stdout(args.json):  # the model's prints go to stderr: stdout is the one JSON document
+        code, doc = run_interruptible(lambda stop: run_async(args, workspace, stop, started),
+                                      interrupted="interrupted: stopped before the run was created; nothing to resume")
     doc["wall_s"] = round(time.perf_counter() - t0, 3)
     if args.json:
         print(json.dumps(doc, separators=(",", ":"), default=str))
