@@ -13,8 +13,8 @@ The export proves them per model class (engine/export/graph_check.py) and ships 
 The guard, per call (anything else runs the original forward, and a decline costs only speed):
 - not while Dynamo or the JIT traces, a dispatch mode is active, or the current stream is being captured
   (an enclosing capture records the forward's own kernels);
-- no grad needed (grad enabled and an argument or parameter requiring grad); no hooks on the module, its
-  submodules, or global module hooks;
+- no grad needed (grad enabled and an argument or parameter requiring grad), not inside a forward-mode AD
+  level; no hooks on the module, its submodules, or global module hooks;
 - the exact signature of every argument, positional and keyword, through tuples, lists, dicts and
   UserDicts: per tensor (CUDA only) dtype, shape, strides and device; per plain value its type and value
   (a float zero with its sign);
