@@ -27,6 +27,13 @@ class Gate(nn.Module):
         self.b = nn.Linear(8, 8)
 
     def forward(self, x):
+        if LOOP == "scan":
+            from torch._higher_order_ops.scan import scan
+
+            def step(h, xt):
+                h = torch.tanh(self.a(xt) + h)
+                return h, h * 2
+            return scan(step, torch.zeros(x.shape[1]), x)[1]
         if LOOP:
             _, y = torch._higher_order_ops.while_loop(
                 lambda i, v: i < 3, lambda i, v: (i + 1, torch.tanh(self.a(v))), (torch.tensor(0), x))
@@ -56,3 +63,11 @@ def test_torch_cond_and_while_loop_capture_the_calls_eager_makes(cli, tmp_path):
     doc = _capture_json(cli, tmp_path / "loop", HIGHER_ORDER, "loop = true")
     calls = {c["op"]: c["calls"] for c in doc["cards"]}
     assert calls.get("aten::addmm") == 3 and calls.get("aten::tanh") == 3 and "aten::linear" not in calls
+
+
+def test_a_scan_captures_its_steps(cli, tmp_path):
+    # scan's eager kernel refuses to run under a dispatch mode: the capture said "the model raised during its
+    # warm-up forward: AssertionError: Mode should never be enabled for CPU/CUDA key"
+    doc = _capture_json(cli, tmp_path, HIGHER_ORDER, 'loop = "scan"')
+    calls = {c["op"]: c["calls"] for c in doc["cards"]}
+    assert calls.get("aten::tanh") == 4 and calls.get("aten::addmm") == 4 and "aten::linear" not in calls

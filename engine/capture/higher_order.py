@@ -53,9 +53,21 @@ def _run(func: Any, args: tuple, kwargs: dict) -> Any:
         # cond's eager kernel refuses to run under a mode; its semantics are these two lines
         pred, true_fn, false_fn, operands = args
         return true_fn(*operands) if pred else false_fn(*operands)
+    if func is torch.ops.higher_order.scan:
+        # so does scan's; it is generic_scan
+        from torch._higher_order_ops.scan import generic_scan
+
+        combine_fn, init, xs, additional_inputs = args[:4]
+        return generic_scan(combine_fn, init, xs, additional_inputs=additional_inputs)
     kernel = func.py_kernels.get(DispatchKey.CompositeExplicitAutograd)
+    unsupported = NotImplementedError(
+        f"Kernel Forge's capture cannot run torch.ops.higher_order.{func.name()} (torch.cond, while_loop and "
+        "scan it can): call its function in plain Python in the forward")
     if kernel is None:
-        raise NotImplementedError(
-            f"the capture cannot run torch.ops.higher_order.{func.name()} (it has no eager kernel); "
-            "call its function directly in the forward for the capture")
-    return kernel(*args, **kwargs)
+        raise unsupported
+    try:
+        return kernel(*args, **kwargs)
+    except AssertionError as e:  # an eager kernel that refuses to run under a dispatch mode
+        if "Mode should never be enabled" in str(e):
+            raise unsupported from e
+        raise
