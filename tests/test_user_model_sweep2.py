@@ -71,3 +71,28 @@ def test_a_scan_captures_its_steps(cli, tmp_path):
     doc = _capture_json(cli, tmp_path, HIGHER_ORDER, 'loop = "scan"')
     calls = {c["op"]: c["calls"] for c in doc["cards"]}
     assert calls.get("aten::tanh") == 4 and calls.get("aten::addmm") == 4 and "aten::linear" not in calls
+
+
+HARDCODED_CUDA = '''
+class Biased(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.lin(x) + torch.zeros(8, device="cuda")
+
+
+def build():
+    return Biased().eval(), (torch.randn(4, 8),)
+'''
+
+
+def test_a_forward_with_cuda_written_in_it_says_so_on_a_cpu_capture(cli, tmp_path):
+    # Before: "the model raised during its warm-up forward: RuntimeError: Found no NVIDIA driver on your system
+    # ...; fix the model or its [params]", which names neither the device nor the fix.
+    code, out, err = cli("capture", _config(tmp_path, HARDCODED_CUDA), "--device", "cpu", "--workspace",
+                         tmp_path / "ws")
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert "user_model.toml: the model's warm-up forward asks for CUDA while it runs on cpu" in err
+    assert '(device="cuda", .cuda())' in err and "x.device" in err and "--device cuda" in err
