@@ -53,6 +53,7 @@ from engine.capture.chains import (
     find_chains,
     patterns,
 )
+from engine.capture.higher_order import is_higher_order, run_higher_order
 from engine.capture.recorder import CaptureMode, hookable
 from engine.capture.samples import SampleWriter, Snapshot, save_sample, storage_key
 from engine.capture.signature import _tensor_text, bind_arguments, describe_tensor
@@ -96,6 +97,8 @@ class MemberTrace(_Trace):
         self.write_descs: list[list[dict[str, Any] | None]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if is_higher_order(func):
+            return run_higher_order(self, func, args, kwargs)
         if self.capture is not None:
             self.capture.last_timing = None
         out = super().__torch_dispatch__(func, types, args, kwargs)
@@ -173,6 +176,8 @@ class ChainSampler(_Trace):
             self._last.setdefault(p.chain.calls[-1].index, []).append(p)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if is_higher_order(func):
+            return run_higher_order(self, func, args, kwargs)
         i = len(self.calls)
         if self.mismatch is None and (i >= len(self.reference) or self.reference[i].op != func.name()):
             self.mismatch = f"call {i} is {func.name()}" + (

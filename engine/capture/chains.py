@@ -40,6 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.bench.floor import is_compute_op
 from engine.capture.filters import packed, unreadable
+from engine.capture.higher_order import is_higher_order, run_higher_order
 from engine.capture.recorder import TOP_LEVEL, ModulePaths
 from engine.capture.signature import bind_arguments, card_id, signature_of
 
@@ -178,7 +179,11 @@ class ChainTrace(TorchDispatchMode):
             return v
         return got
 
+    supports_higher_order_operators = True  # torch.cond & co. run with their calls traced (higher_order.py)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if is_higher_order(func):
+            return run_higher_order(self, func, args, kwargs)
         kwargs = kwargs or {}
         path = self.path_of()
         if path != self._last_path:

@@ -12,6 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.capture.filters import skip_reason, unreadable
+from engine.capture.higher_order import is_higher_order, run_higher_order
 from engine.capture.samples import Snapshot, snapshot_inputs, snapshot_outputs
 from engine.capture.signature import (
     bind_arguments,
@@ -136,7 +137,11 @@ class CaptureMode(TorchDispatchMode):
         # skipped one: a ChainTrace nested inside reads it to time chain members without timing twice.
         self.last_timing: Any = None
 
+    supports_higher_order_operators = True  # torch.cond & co. run with their calls recorded (higher_order.py)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if is_higher_order(func):
+            return run_higher_order(self, func, args, kwargs)
         kwargs = kwargs or {}
         reason = skip_reason(func, args, kwargs)
         self.last_timing = None

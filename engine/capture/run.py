@@ -94,12 +94,27 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _run_forward(config: ModelConfig, forward: Callable[[], Any], what: str) -> Any:
+# What torch raises where a forward asks for CUDA on a machine without it (no driver, no GPU, a CPU-only build);
+# on one with a GPU, a CUDA tensor then meets the CPU's ("Expected all tensors to be on the same device").
+_NO_CUDA = ("Found no NVIDIA driver", "Torch not compiled with CUDA", "No CUDA GPUs are available",
+            "CUDA driver initialization failed")
+
+
+def _run_forward(config: ModelConfig, forward: Callable[[], Any], what: str,
+                 device: torch.device | None = None) -> Any:
     """The forward's output; a UsageError naming the model where it raises or runs on 'meta'."""
     try:
         with torch.no_grad():
             out = forward()
     except Exception as e:
+        text = str(e)
+        if device is not None and device.type != "cuda" and (
+                any(s in text for s in _NO_CUDA)
+                or ("Expected all tensors to be on the same device" in text and "cuda" in text)):
+            raise UsageError(f"{config.path}: the model's {what} forward asks for CUDA while it runs on {device} "
+                             f"({_one_line(e)}): a device written into the forward (device=\"cuda\", .cuda()); "
+                             "make its tensors on its inputs' device (x.device), or capture on a GPU "
+                             "(--device cuda)") from e
         raise UsageError(f"{config.path}: the model raised during its {what} forward: "
                          f"{_one_line(e)}; fix the model or its [params] (--debug shows the traceback)") from e
     with contextlib.suppress(TypeError):  # no tensor in the output: the captured forward notes it
@@ -269,7 +284,7 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     # The warm-up's trace plans the chain samples, so the captured forward can take them (chain_cards says how).
     warm_trace = MemberTrace(paths.current, None) if chains else None
     with paths, below, (warm_trace if warm_trace is not None else contextlib.nullcontext()):
-        warm_out = _run_forward(config, target.forward, "warm-up")
+        warm_out = _run_forward(config, target.forward, "warm-up", device)
     warm_probe = _output_probe(warm_out)  # outside the trace: its own ops are no part of the model
     del warm_out
     _sync(device)

@@ -23,6 +23,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from engine.capture.higher_order import is_higher_order, run_higher_order
+
 aten = torch.ops.aten
 
 HALF = (torch.bfloat16, torch.float16)
@@ -73,7 +75,11 @@ class WideCompute(TorchDispatchMode):
         self._cache: dict[tuple, tuple[int, torch.Tensor]] = {}
         self._cache_left = cache_bytes
 
+    supports_higher_order_operators = True  # torch.cond & co. run with their calls widened (higher_order.py)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if is_higher_order(func):
+            return run_higher_order(self, func, args, kwargs)
         kwargs = kwargs or {}
         if func in WIDENED:
             tensors = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
