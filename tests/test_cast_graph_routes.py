@@ -1161,3 +1161,17 @@ def test_a_changed_default_dtype_declines():
             torch.set_default_dtype(was)
     assert got.dtype == torch.float64
     assert gs.stats()[""]["declines"] == {"kernel switches changed": 1}
+
+
+def test_a_nan_float_argument_is_one_signature():
+    """NaN != NaN, so each call with alpha=nan was a new signature: captured again, call after call, until the
+    module's graphs were used up. NaN is one key; the replay gives eager's NaNs."""
+    model = _Mul().eval()
+    backend = StandIn()
+    gs = GraphSet(model, lambda path, m: isinstance(m, _Mul), backend)
+    x = _x()
+    with torch.no_grad(), gs:
+        for _ in range(4):
+            got = model(x, float("nan"))
+    assert bool(torch.isnan(got).all())
+    assert gs.stats()[""]["captured"] == 1 and gs.stats()[""]["replays"] == 3

@@ -153,8 +153,7 @@ class _Signature:
             if x.requires_grad:
                 self.grad = True
         elif t in _VALUE_TYPES:
-            # a float zero with its sign: 0.0 == -0.0, but `h * alpha` gives zeros of alpha's sign
-            key.append((t, x) if t is not float or x != 0 else (t, x, math.copysign(1.0, x)))
+            key.append((t, x) if t is not float else _float_key(x))
         elif t is tuple or t is list:
             key.append((t, len(x)))
             for y in x:
@@ -174,6 +173,15 @@ class _Signature:
             key.append((t, id(x), self.state_keys[-1]))
         else:
             raise TypeError(f"a {t.__name__} argument")
+
+
+def _float_key(x: float) -> tuple:
+    """A float argument as a key: a zero with its sign (0.0 == -0.0, but `h * alpha` gives zeros of alpha's sign),
+    and NaN as one key (NaN != NaN: every call with a NaN was a new signature, captured again until the module's
+    graphs were used up)."""
+    if x != x:
+        return (float, "nan")
+    return (float, x, math.copysign(1.0, x)) if x == 0 else (float, x)
 
 
 def _stateful(x: Any) -> bool:
@@ -199,7 +207,7 @@ def state_key(obj: Any, device_type: str, tensors: list[torch.Tensor] | None = N
             out.append(x)
             return ("T", x.data_ptr(), x.dtype, x.shape, x.stride(), dev)
         if t in _VALUE_TYPES:
-            return x if t is not float or x != 0 else (t, x, math.copysign(1.0, x))
+            return x if t is not float or (x == x and x != 0) else _float_key(x)
         if d >= _STATE_DEPTH:
             raise TypeError("a state object nested too deep")
         if t in (list, tuple):
