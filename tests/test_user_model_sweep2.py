@@ -3,13 +3,7 @@
 import json
 from pathlib import Path
 
-
-def _config(tmp_path: Path, source: str, params: str = "") -> Path:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    (tmp_path / "user_model.py").write_text("import torch\nfrom torch import nn\n\n" + source)
-    path = tmp_path / "user_model.toml"
-    path.write_text('name = "user_model"\nbuilder = "user_model.py:build"\n' + (f"[params]\n{params}\n" if params else ""))
-    return path
+from test_user_model_sweep import _config
 
 
 def _capture_json(cli, tmp_path: Path, source: str, params: str = "") -> dict:
