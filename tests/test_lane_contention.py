@@ -121,6 +121,25 @@ def test_without_an_overlapping_stream_the_busy_runs_launch_no_blocks(monkeypatc
     assert log == ["candidate kernels"]
 
 
+def test_a_contention_kernel_that_does_not_build_costs_the_blocks_not_the_worker(monkeypatch, capsys):
+    """The blocks are built by NVRTC at the worker's start; a failure there (a new arch, a broken NVRTC) must leave a
+    worker that verifies without them and says so, not a lane that cannot start."""
+    from types import SimpleNamespace
+
+    from engine.lane import worker as W
+
+    w = object.__new__(Worker)
+    w.device, w.arch = torch.device("cpu"), "sm_999"
+    w.props = SimpleNamespace(multi_processor_count=4, max_threads_per_multi_processor=2048)
+    w._peak = SimpleNamespace(clock_hz=1e9)
+    monkeypatch.setattr(W, "compile_nvrtc", lambda *a, **k: SimpleNamespace(ok=False, cubin=b"", summary=lambda: "x"))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "main")
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: "plain stream")
+    hog, side, ok = w._start_contention()
+    assert (hog, side, ok) == (None, "plain stream", False)
+    assert "busy-stream runs without contention blocks: the contention kernel does not compile" in capsys.readouterr().err
+
+
 def test_the_lanes_line_says_where_no_stream_ran_beside_the_candidates():
     from engine.run.command import _contention_note
 

@@ -195,20 +195,24 @@ class Worker:
         self._peak = GpuCompute(self.arch, self.props.multi_processor_count,
                                (clock_mhz if clock_mhz == clock_mhz else 3000.0) * 1e6)  # unknown: a high clock
         self.launch_us = launch_floor_us(self.device)
-        # The contention blocks' stream: one that is seen to run beside torch's default stream (pick_side_stream).
-        # Where none does, the busy-stream runs go without them (`hello` says so): blocks that only run before or
-        # after the candidate hold nothing while it runs.
-        self._hog = _Hog(self.arch, self.props.multi_processor_count, self._peak.clock_hz, self.device,
-                         getattr(self.props, "max_threads_per_multi_processor", 2048))
+        self._hog, self._side, self.contention = self._start_contention()
+        self._contended = self._hog_running = False
+
+    def _start_contention(self) -> tuple[Any, Any, bool]:
+        """The contention blocks and their stream: one seen to run beside torch's default stream (pick_side_stream).
+        Where none does, the busy-stream runs go without them (`hello` says so): blocks that only run before or
+        after the candidate hold nothing while it runs. A contention kernel that does not build, or a check that
+        fails, costs the blocks, never the worker."""
         main = torch.cuda.current_stream(self.device)
         try:
-            self._side, self.contention = pick_side_stream(
-                lambda: torch.cuda.ExternalStream(drv.nonblocking_stream(), device=self.device),
-                lambda side: self._hog.overlaps(side, main))
-        except (drv.DriverError, RuntimeError) as e:  # the check itself failed: verify without the blocks
+            hog = _Hog(self.arch, self.props.multi_processor_count, self._peak.clock_hz, self.device,
+                       getattr(self.props, "max_threads_per_multi_processor", 2048))
+            side, ok = pick_side_stream(lambda: torch.cuda.ExternalStream(drv.nonblocking_stream(), device=self.device),
+                                        lambda stream: hog.overlaps(stream, main))
+            return hog, side, ok
+        except (drv.DriverError, RuntimeError) as e:
             print(f"kforge lane: busy-stream runs without contention blocks: {e}", file=sys.stderr)
-            self._side, self.contention = torch.cuda.Stream(self.device), False
-        self._contended = self._hog_running = False
+            return None, torch.cuda.Stream(self.device), False
 
     @contextmanager
     def _contend(self):
