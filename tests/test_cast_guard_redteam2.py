@@ -5,8 +5,16 @@ On the CPU, with the stand-ins the other cast tests use: op routes installed at 
 
 from __future__ import annotations
 
+import warnings
+
+import pytest
 import torch
+import torch.nn.functional as F
 from test_cast_graph_routes import _routed
+
+from engine.capture.signature import bind_arguments, signature_of
+from engine.cast import runtime
+from engine.cast.guard import first_shape, layout_of, signature_key
 
 # ------------------------------------------------------------------------------------------ graph routes
 
@@ -25,3 +33,56 @@ def test_a_graph_route_called_with_an_expanded_argument_runs_eagerly_instead_of_
     assert backend.captures == 0 and list(st["refused"].values()) == [
         "an argument whose elements share memory (an expanded view)"]
     assert st["declines"] == {"signature refused": 2}
+
+
+# ------------------------------------------------------------------------------------------- op routes
+
+
+def _sig(op, *args, **kwargs):
+    return signature_of(op, bind_arguments(op, args, kwargs))
+
+
+def _route(owner, op, args, fn, kwargs=None, vid="v0"):
+    lay = layout_of(op)
+    sig = _sig(op, *args, **(kwargs or {}))
+    plan = runtime.Plan(vid, fn)
+    runtime.add_entries(owner, [(lay.op_name, signature_key(lay, sig, 0), plan, first_shape(sig))], "CPU")
+    return plan
+
+
+@pytest.fixture
+def owner():
+    me = object()
+    yield me
+    runtime.remove_owner(me)
+    assert runtime.routes() == {}
+
+
+def test_another_override_below_ours_removed_while_ours_is_installed_leaves_misses_working(owner):
+    """A route calls the kernel registered before it on a miss. Where that was another library's override
+    (torch.library), removed while the cast is installed, torch invalidates it: every miss raised
+    'SafeKernelFunction has been invalidated' where eager runs PyTorch's kernel. The route now takes the kernel
+    below it again and carries on; removing the cast leaves PyTorch's kernel."""
+    op = torch.ops.aten.softplus.default
+    x, other = torch.randn(2, 8), torch.randn(3, 8)
+    want_x, want_other = F.softplus(x), F.softplus(other)
+    below = torch.library.get_kernel(op, "CPU")
+    seen = []
+
+    def theirs(keyset, *args):
+        seen.append(1)
+        return below.call_boxed(keyset, *args)
+
+    lib = torch.library.Library("aten", "IMPL", "CPU")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            lib.impl("softplus", theirs, "CPU", with_keyset=True)
+        plan = _route(owner, op, (x, 1, 20), lambda b: torch.full_like(b[0], 7.0))
+        assert torch.equal(F.softplus(other), want_other) and seen == [1]   # a miss: theirs, then PyTorch's
+    finally:
+        lib._destroy()
+    assert torch.equal(F.softplus(other), want_other) and seen == [1]    # a miss: PyTorch's (raised before)
+    assert torch.all(F.softplus(x) == 7.0) and plan.hits == 1           # hits still served
+    runtime.remove_owner(owner)
+    assert torch.equal(F.softplus(x), want_x) and torch.equal(F.softplus(other), want_other)
