@@ -14,7 +14,7 @@ from test_cast_graph_routes import _routed
 
 from engine.capture.signature import bind_arguments, signature_of
 from engine.cast import runtime
-from engine.cast.guard import first_shape, layout_of, signature_key
+from engine.cast.guard import bind, call_key, first_shape, key_function, layout_of, signature_key
 
 # ------------------------------------------------------------------------------------------ graph routes
 
@@ -86,3 +86,45 @@ def test_another_override_below_ours_removed_while_ours_is_installed_leaves_miss
     assert torch.all(F.softplus(x) == 7.0) and plan.hits == 1           # hits still served
     runtime.remove_owner(owner)
     assert torch.equal(F.softplus(x), want_x) and torch.equal(F.softplus(other), want_other)
+
+
+def test_a_float_argument_zero_is_keyed_with_its_sign(owner):
+    """`float` and `float?` schema slots were keyed as they arrive, and 0.0 == -0.0: a variant proven for
+    `nan_to_num(x, nan=0.0)` served `nan=-0.0`, whose NaNs eager turns into negative zeros (the C++ router
+    compared the sign already)."""
+    op = torch.ops.aten.nan_to_num.default
+    x = torch.tensor([float("nan"), 1.0, -2.0, float("inf")])
+    lay = layout_of(op)
+    proven = signature_key(lay, _sig(op, x, 0.0, None, None), 0)
+    for args in ((x, 0.0, None, None), (x, -0.0, None, None), (x, 1.5, None, None), (x, None, None, None)):
+        assert key_function(lay)(args) == call_key(lay, list(args))
+    assert key_function(lay)((x, 0.0, None, None)) == proven != key_function(lay)((x, -0.0, None, None))
+    plan = _route(owner, op, (x, 0.0, None, None), lambda b: torch.full_like(b[0], 7.0))
+    assert torch.all(torch.nan_to_num(x, nan=0.0) == 7.0) and plan.hits == 1
+    runtime.remove_owner(owner)
+    want = torch.nan_to_num(x, nan=-0.0)
+    plan = _route(owner, op, (x, 0.0, None, None), lambda b: torch.full_like(b[0], 7.0))
+    got = torch.nan_to_num(x, nan=-0.0)
+    assert plan.hits == 0 and torch.equal(got, want) and torch.signbit(got[0]) and torch.equal(
+        torch.signbit(got), torch.signbit(want))
+
+
+def test_a_device_argument_is_keyed_with_its_index():
+    """A device value was keyed by its type alone: `x.to("cuda:1", torch.float16)` of a tensor on cuda:0 matched a
+    `_to_copy` variant proven for `device=cuda` (captures record the type) and would have returned its output on
+    cuda:0. A device without an index is the current one; a captured one is the variant's device."""
+    op = torch.ops.aten._to_copy.default
+    x = torch.randn(4)
+    lay = layout_of(op)
+    sig = _sig(op, x, dtype=torch.float16, device=torch.device("cuda", 0))
+    assert sig["args"][3]["value"] == {"device": "cuda"}                # what a capture records
+    on0, on1 = signature_key(lay, sig, 0), signature_key(lay, sig, 1)
+    assert on0 != on1
+
+    def live(dev):
+        return call_key(lay, bind(lay, (x,), {"dtype": torch.float16, "device": dev}))
+
+    assert live(torch.device("cuda", 0)) == on0 and live(torch.device("cuda", 1)) == on1
+    assert live(torch.device("cuda", 1)) != on0 and live(torch.device("cpu")) != on0
+    # no index: the current device (0 here, where there is no GPU)
+    assert live(torch.device("cuda")) == on0

@@ -472,7 +472,7 @@ def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], c
             key.append(descriptor_key(inputs[i], dev_index))
             arg_inputs.append((k, i))
         else:
-            key.append(("value", value_key(decode_value(a.get("value")))))
+            key.append(("value", value_key(decode_value(a.get("value")), dev_index)))
     bound = []
     for p in params:
         i, name = int(p["input"]), p["name"]
