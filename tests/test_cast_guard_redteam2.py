@@ -128,3 +128,41 @@ def test_a_device_argument_is_keyed_with_its_index():
     assert live(torch.device("cuda", 1)) != on0 and live(torch.device("cpu")) != on0
     # no index: the current device (0 here, where there is no GPU)
     assert live(torch.device("cuda")) == on0
+
+
+# ------------------------------------------------------------------------------------------ module cards
+
+
+class _Twice(torch.nn.Module):
+    def forward(self, w):
+        return w * 2
+
+
+def test_a_parametrization_registered_on_a_routed_module_declines_and_remove_restores_the_class(tmp_path):
+    """torch.nn.utils.parametrize gives the module a generated subclass (ParametrizedRMS) and moves its weight.
+    The route declines (parameters changed); `cast.remove()` raised AttributeError (it released the module's class
+    now, which it never patched, and `del`-ed a forward that class does not have) and left the dispatcher on the
+    class it did patch."""
+    from test_cast_modules import ENV, Counting, Model, X, _write
+
+    import engine.cast
+
+    torch.manual_seed(1)
+    model = Model().to(torch.bfloat16)
+    rms = type(model.layers[0].norm1)
+    own = rms.__dict__.get("forward")
+    plan = Counting()
+    c = engine.cast.load(_write(tmp_path), env=ENV, plans={"rms": plan})
+    x = torch.randn(*X, dtype=torch.bfloat16)
+    c.install(model)
+    try:
+        torch.nn.utils.parametrize.register_parametrization(model.layers[0].norm1, "weight", _Twice())
+        assert type(model.layers[0].norm1) is not rms
+        with torch.no_grad():
+            got = model(x)
+    finally:
+        c.remove()
+    assert rms.__dict__.get("forward") is own                       # the class's own forward back
+    with torch.no_grad():
+        assert torch.equal(got, model(x))
+    assert plan.calls == 2 and c.stats()["modules"]["layers.0.norm1"]["declines"] == {"parameters changed": 1}
