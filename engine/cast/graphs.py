@@ -40,8 +40,9 @@ A signature's first call runs the forward eagerly and returns that output; then 
 the same arguments: the replay must equal the eager call bit for bit. A forward that writes an argument or
 its module's state, changes a list or dict inside its arguments, removes a mapping argument's entry, returns
 a tensor sharing storage with an argument, a parameter or another output, returns a tensor whose elements
-overlap in memory (an expanded view; a slice with gaps is fine), or cannot be captured (a host sync, a CPU
-tensor) is refused for that signature, with the reason (`stats()`). A replay copies the tensor arguments into
+overlap in memory (an expanded view; a slice with gaps is fine), takes an argument that is an expanded view
+(a static copy of it cannot be written), or cannot be captured (a host sync, a CPU tensor) is refused for that
+signature, with the reason (`stats()`). A replay copies the tensor arguments into
 the static inputs, replays, and returns fresh copies of the static outputs in the forward's output structure.
 Entries the forward puts into a mapping argument (Gemma 4's layers put their keys and values into a
 `KVSharingDict` for later layers) are outputs too: a replay puts fresh copies of the captured ones there.
@@ -461,6 +462,12 @@ class GraphRoute(modules.NotCopied):
         versions = [_written_mark(x) for x in inputs]
         before = [dict(m.items()) for m in sig.maps]
         containers = _containers((args, kwargs), skip={id(m) for m in sig.maps})
+        if any(_expanded(x) for i, x in enumerate(inputs) if i not in sig.by_ref):
+            # A static copy with those strides cannot be written (copy_ refuses a destination whose elements
+            # share memory): the call raised where eager runs. Its signature (strides in the key) stays eager.
+            ref = self.original(*args, **kwargs)
+            self._refuse(key, "an argument whose elements share memory (an expanded view)")
+            return ref
         # the static arguments, rebuilt before the call (which may put entries into a mapping argument)
         static = [x if i in sig.by_ref else torch.empty_strided(x.shape, x.stride(), dtype=x.dtype,
                                                                   device=x.device).copy_(x)
@@ -710,6 +717,11 @@ def _outputs_problem(outs: list[Any], inputs: list[torch.Tensor], params: list[t
         if not isinstance(x, torch.Tensor) and not _plain(x):
             return f"a {type(x).__name__} in the output"
     return None
+
+
+def _expanded(t: torch.Tensor) -> bool:
+    """Whether `t` has a dim of stride 0 and size above 1 (an `expand`): what copy_ refuses to write into."""
+    return any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride()))
 
 
 def _overlaps(t: torch.Tensor) -> bool:

@@ -5,7 +5,8 @@ Per tensor the key holds dtype, shape, strides (a size-1 dim's as 0: it is never
 kernels get data pointers only, and eager, Inductor and meta kernels disagree on it: a [1, C, H, W]
 channels-last tensor has C or C·H·W there), the byte alignment of its data pointer (capped at 16,
 as cards record it), device index and the negative/conjugate view bits; per value argument its value
-(lists as tuples; a number in a `Scalar` or `Tensor` slot with its type, a float zero with its sign); for ops that write an argument, which arguments share storage. Coverage is never
+(lists as tuples; a number in a `Scalar` or `Tensor` slot with its type, a float zero with its sign, in a
+`float` slot too; a device with its index); for ops that write an argument, which arguments share storage. Coverage is never
 wider than what was proven: anything that differs is a miss, and a miss costs only speed.
 """
 
@@ -36,6 +37,8 @@ class OpLayout:
     writes: bool                      # the op mutates an argument (in-place or out=)
     first_tensor: bool                # argument 0 is a plain tensor (the cheap pre-filter reads it)
     plain_values: tuple[bool, ...] = ()  # value arguments that are hashable scalars as they arrive
+    # `float` / `float?` arguments among them: a zero is keyed with its sign (`plain_key`), as the C++ router does
+    float_values: tuple[bool, ...] = ()
 
     @property
     def positional(self) -> int:
@@ -66,9 +69,10 @@ def layout_of(op: torch._ops.OpOverload) -> OpLayout:
         defaults.append(a.default_value if a.has_default_value() else _MISSING)
     writes = any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
     plain = tuple(str(a.type) in _PLAIN_VALUE_TYPES for a in op._schema.arguments)
+    floats = tuple(str(a.type) in ("float", "Optional[float]") for a in op._schema.arguments)
     return OpLayout(op.name(), tuple(names), tuple(kinds), tuple(kw), tuple(defaults), tuple(scalar_slots),
                     writes, bool(kinds) and kinds[0] == "tensor" and str(op._schema.arguments[0].type) == "Tensor",
-                    plain)
+                    plain, floats)
 
 
 # ------------------------------------------------------------------------------- live calls
@@ -100,22 +104,45 @@ def tensor_key(t: torch.Tensor) -> tuple:
 _NUMBERS = (bool, int, complex)
 
 
-def value_key(v: Any) -> Any:
-    """A plain argument as a hashable value (lists as tuples, a device by its type). A number is keyed with its
-    type, and a float zero with its sign: 3 == 3.0 == True - 2 as Python compares them, but `x + 3` of an int32
-    tensor is int32 and `x + 3.0` float32, and `x * -0.0` has the zeros' signs flipped."""
+def value_key(v: Any, device_index: int | None = None) -> Any:
+    """A plain argument as a hashable value (lists as tuples, a device by its type and index). A number is keyed
+    with its type, and a float zero with its sign: 3 == 3.0 == True - 2 as Python compares them, but `x + 3` of an
+    int32 tensor is int32 and `x + 3.0` float32, and `x * -0.0` has the zeros' signs flipped.
+
+    A GPU device without an index is the current one (what eager puts the result on): `device_index` where given
+    (a captured signature, which records the device's type alone, for the device its variant runs on), else the
+    current device. A device was keyed by its type alone, and `x.to("cuda:1", torch.float16)` of a tensor on
+    cuda:0 ran a `_to_copy` variant proven for `device=cuda`, which returned its output on cuda:0."""
     t = type(v)
     if t is float:
         return (float, v, math.copysign(1.0, v)) if v == 0 else (float, v)
     if t in _NUMBERS:
         return (t, v)
     if isinstance(v, (list, tuple)):
-        return tuple(value_key(x) for x in v)
+        return tuple(value_key(x, device_index) for x in v)
     if isinstance(v, torch.device):
-        return ("device", v.type)
+        index = v.index
+        if index is None and v.type != "cpu":
+            index = device_index if device_index is not None else _current_index(v.type)
+        return ("device", v.type, index)
     if isinstance(v, torch.Tensor):  # a tensor where a value was expected never matches a signature
         return ("tensor", id(v))
     return v
+
+
+def _current_index(device_type: str) -> int:
+    """The current device's index of that type (0 where the type has no notion of one here)."""
+    mod = getattr(torch, device_type, None)
+    try:
+        return int(mod.current_device()) if mod is not None and mod.is_available() else 0
+    except (AttributeError, RuntimeError):
+        return 0
+
+
+def plain_key(v: Any) -> Any:
+    """A `float` / `float?` argument as keyed: as it is, a zero with its sign (0.0 == -0.0, but
+    `nan_to_num(x, nan=-0.0)` gives negative zeros). Cheap where it is not zero."""
+    return v if v else value_key(v)
 
 
 def call_key(layout: OpLayout, bound: Sequence[Any]) -> tuple:
@@ -128,6 +155,8 @@ def call_key(layout: OpLayout, bound: Sequence[Any]) -> tuple:
         elif kind == "tensor_list":
             key.append(tuple(tensor_key(x) if isinstance(x, torch.Tensor) else None for x in v)
                        if v is not None else None)
+        elif layout.float_values and layout.float_values[i]:
+            key.append(plain_key(v))
         else:
             key.append(v if layout.plain_values and layout.plain_values[i] else value_key(v))
     if layout.writes:
@@ -153,6 +182,8 @@ def key_function(layout: OpLayout):
             parts.append(f"tk(a[{i}])")
         elif kind == "tensor_list":
             parts.append(f"(None if a[{i}] is None else tuple(tk(x) if isinstance(x, T) else None for x in a[{i}]))")
+        elif layout.float_values and layout.float_values[i]:
+            parts.append(f"(a[{i}] if a[{i}] else vk(a[{i}]))")   # plain_key, inline
         elif layout.plain_values and layout.plain_values[i]:
             parts.append(f"a[{i}]")
         else:
@@ -205,7 +236,7 @@ def signature_key(layout: OpLayout, signature: dict[str, Any], device_index: int
     for i, (kind, a) in enumerate(zip(layout.kinds, args)):
         if kind == "tensor":
             if a.get("kind") != "tensor":
-                key.append(("scalar", value_key(decode_value(a.get("value")))))
+                key.append(("scalar", value_key(decode_value(a.get("value")), device_index)))
             else:
                 key.append(None if a.get("absent") else descriptor_key(a, device_index))
         elif kind == "tensor_list":
@@ -213,7 +244,8 @@ def signature_key(layout: OpLayout, signature: dict[str, Any], device_index: int
                        tuple(None if x is None else descriptor_key(x, device_index) for x in a["items"]))
         else:
             v = decode_value(a.get("value"))
-            key.append(v if layout.plain_values and layout.plain_values[i] else value_key(v))
+            key.append(plain_key(v) if layout.float_values and layout.float_values[i] else
+                       v if layout.plain_values and layout.plain_values[i] else value_key(v, device_index))
     if layout.writes:
         key.append(tuple(tuple(g) for g in signature.get("aliases", [])))
     return tuple(key)

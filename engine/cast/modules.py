@@ -472,7 +472,7 @@ def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], c
             key.append(descriptor_key(inputs[i], dev_index))
             arg_inputs.append((k, i))
         else:
-            key.append(("value", value_key(decode_value(a.get("value")))))
+            key.append(("value", value_key(decode_value(a.get("value")), dev_index)))
     bound = []
     for p in params:
         i, name = int(p["input"]), p["name"]
@@ -524,6 +524,9 @@ _CLASSES: dict[type, tuple[int, Any]] = {}
 # guards on the function it traces, and a new one at each install would recompile each time a cast is enabled.
 _DISPATCHERS: weakref.WeakKeyDictionary[type, Callable[..., Any]] = weakref.WeakKeyDictionary()
 _FINALIZERS: weakref.WeakKeyDictionary[torch.nn.Module, weakref.finalize] = weakref.WeakKeyDictionary()
+# The class each attached module had when its route was attached: the one whose forward became the dispatcher.
+# A module's class may change while attached (torch.nn.utils.parametrize swaps in a generated subclass).
+_ATTACHED_AS: weakref.WeakKeyDictionary[torch.nn.Module, type] = weakref.WeakKeyDictionary()
 
 
 def class_forward(cls: type) -> Callable[..., Any]:
@@ -580,6 +583,7 @@ def attach(module: torch.nn.Module, route: Any) -> str | None:
         _CLASSES[cls] = (n + 1, own)
         d[ROUTE_ATTR] = route  # bypasses nn.Module.__setattr__: not a submodule or parameter
         _PATCHED.add(module)
+        _ATTACHED_AS[module] = cls
         # a model dropped with the cast still installed: its class is released when the module is collected
         _FINALIZERS[module] = weakref.finalize(module, _class_released, cls)
         return None
@@ -596,7 +600,10 @@ def detach(module: torch.nn.Module, route: Any) -> bool:
         fin = _FINALIZERS.pop(module, None)
         if fin is not None:
             fin.detach()
-        _class_released(type(module))
+        # the class attached, not the module's class now: a parametrization registered since made it a subclass,
+        # and releasing that one raised (AttributeError: no attribute 'forward'), remove() with it, and left the
+        # attached class's dispatcher in place
+        _class_released(_ATTACHED_AS.pop(module, type(module)))
         return True
 
 
@@ -659,7 +666,9 @@ def _class_released(cls: type) -> None:
     """One route of `cls` gone (detached, or its module collected while attached): with the last, the class
     gets its own forward back (unless other code has put another there since)."""
     with _LOCK:
-        n, own = _CLASSES.get(cls, (1, _MISSING))
+        if cls not in _CLASSES:   # never attached (or released already): nothing of ours to undo
+            return
+        n, own = _CLASSES[cls]
         if n > 1:
             _CLASSES[cls] = (n - 1, own)
             return

@@ -131,13 +131,34 @@ class Route:
         self.target_declines = 0      # hits declined because the variant was not proven for the call's target
         self.determinism_declines = 0  # hits declined: deterministic algorithms on, the variant may reorder sums
         self.tensor_slots = tuple(i for i, k in enumerate(self.layout.kinds) if k != "value")
-        self.original = torch.library.get_kernel(self.op, dispatch_key)
-        ns, name = op_name.split("::", 1)
-        self.lib: torch.library.Library | None = torch.library.Library(ns, "IMPL", dispatch_key)
+        self.lib: torch.library.Library | None = None
+        self._register()
+
+    def _register(self) -> None:
+        """Take the kernel registered now as the original and put the override over it."""
+        self.original = torch.library.get_kernel(self.op, self.dispatch_key)
+        ns, name = self.op_name.split("::", 1)
+        self.lib = torch.library.Library(ns, "IMPL", self.dispatch_key)
         with warnings.catch_warnings():
             # Registering over the backend kernel is the point; torch warns about it on every install.
             warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
-            self.lib.impl(name, self._dispatch, dispatch_key, with_keyset=True)
+            self.lib.impl(name, self._dispatch, self.dispatch_key, with_keyset=True)
+        self._mine = repr(torch.library.get_kernel(self.op, self.dispatch_key))  # names where ours was registered
+
+    def _rebind(self, failed: Any) -> bool:
+        """After the original kernel was deregistered (another library's override, registered before ours and
+        removed while ours is installed): take the kernel now below ours as the original. Only while ours is the
+        one dispatched (re-registering puts it on top, which would reorder an override registered after ours).
+        Whether the original may be called again."""
+        with _LOCK:
+            if self.original is not failed:   # another thread rebound it
+                return True
+            if self.lib is None or repr(torch.library.get_kernel(self.op, self.dispatch_key)) != self._mine:
+                return False
+            self.lib._destroy()
+            self.lib = None
+            self._register()
+            return True
 
     def _dispatch(self, keyset: Any, *args: Any, **kwargs: Any) -> Any:
         if not self.active or torch.compiler.is_dynamo_compiling():
@@ -200,7 +221,14 @@ class Route:
                 if i < len(args) and isinstance(args[i], (bool, int, float, complex)):
                     args = rewrap_scalars(args, slots)
                     break
-        result = self.original.call_boxed(keyset, *args, **kwargs)
+        original = self.original
+        try:
+            result = original.call_boxed(keyset, *args, **kwargs)
+        except RuntimeError as e:
+            # The kernel we took as the original was deregistered: every miss raised where eager runs
+            if not str(e).startswith("SafeKernelFunction has been invalidated") or not self._rebind(original):
+                raise
+            result = self.original.call_boxed(keyset, *args, **kwargs)
         return result if outs is None else restrided(result, outs)
 
     def add(self, key: tuple, plan: Plan, owner: object, first_shape: tuple | None) -> bool:
