@@ -1,12 +1,14 @@
 """Red team, 2026-12-07: wrong kernels the table's per-element bound let through because their error is small on every
 set the samples led to, and large (or systematic) where a model's other values take them: a half-precision output
-rounded toward zero instead of to nearest (`compare.rounding_bias`). Each cheat
+rounded toward zero instead of to nearest (`compare.rounding_bias`), a normalization that drops or misplaces its eps
+(the 'small' and 'zeros' edge sets). Each cheat
 must fail, and eager and a kernel that computes exactly (float64, int64) and rounds once must still pass."""
 
 import torch
 
 from engine.ops import call_op, resolve_op
 from engine.verify.compare import rounding_bias
+from engine.verify.inputs import SMALL_RMS, edge_inputs
 from engine.verify.pipeline import CardCheck, as_list
 
 BF, F16 = torch.bfloat16, torch.float16
@@ -102,3 +104,69 @@ def test_a_half_precision_output_rounded_toward_zero_fails_the_bias_check():
     assert rounding_bias(_toward_zero(x.exp(), BF), e) is not None
     assert rounding_bias(e[:32], _toward_zero(x[:32].exp(), BF)) is None   # too few elements to tell
     assert rounding_bias(x.float(), x.float()) is None                      # float32 and wider: not checked
+
+
+def _ln(eps_of, mode):
+    """A float64 layer norm whose rstd is 1/sqrt(var + eps_of(eps)) or (mode 'std') 1/(std + eps)."""
+    def run(b, prefill):
+        d = dict(b)
+        x, dt = d["input"].double(), d["input"].dtype
+        mean, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
+        rstd = 1 / (var.sqrt() + d["eps"]) if mode == "std" else (var + eps_of(d["eps"])).rsqrt()
+        return [((x - mean) * rstd * d["weight"].double() + d["bias"].double()).to(dt), mean.to(dt), rstd.to(dt)]
+    return run
+
+
+def test_a_normalization_that_drops_or_misplaces_its_eps_fails_the_small_or_zeros_set():
+    """Beside a variance of about 1, an eps of 1e-5 moves a layer norm's answer by 5e-6: a kernel that left it out
+    (rsqrt(var)) or put it beside the standard deviation (1 / (std + eps)) passed every set, float32 included, and
+    returns NaN on a row of zeros (a padded position, a group of channels a ReLU left dead, a batch norm channel whose
+    running variance is 0). 'small' scales the inputs to an RMS of 2^-10, where eps is of the variance's order;
+    'zeros' catches an eps too small for that (BERT's 1e-12)."""
+    g = torch.Generator().manual_seed(1)
+
+    def ln(eps, dtype=torch.float32):
+        return [("input", torch.randn(16, 128, generator=g).to(dtype)), ("normalized_shape", [128]),
+                ("weight", (1 + 0.1 * torch.randn(128, generator=g)).to(dtype)),
+                ("bias", (0.1 * torch.randn(128, generator=g)).to(dtype)), ("eps", eps)]
+
+    def bn():
+        return [("input", torch.randn(4, 8, 4, 4, generator=g)), ("weight", 1 + 0.1 * torch.randn(8, generator=g)),
+                ("bias", 0.1 * torch.randn(8, generator=g)), ("running_mean", 0.1 * torch.randn(8, generator=g)),
+                ("running_var", 1 + 0.1 * torch.rand(8, generator=g)), ("momentum", 0.1), ("eps", 1e-5)]
+
+    def bn_no_eps(b, p):
+        d = {n: v.double() if isinstance(v, torch.Tensor) else v for n, v in b}
+        per = [d[n][:, None, None] for n in ("running_mean", "running_var", "weight", "bias")]
+        y = (d["input"] - per[0]) * per[1].rsqrt() * per[2] + per[3]
+        return [y.float(), *as_list(call_op(resolve_op(BN), b))[1:]]
+
+    def rms_no_eps(b, p):
+        x = dict(b)["input"]
+        y = x.double() * x.double().square().mean(-1, keepdim=True).rsqrt() * dict(b)["weight"].double()
+        return [y.to(x.dtype)]
+
+    LN, BN = "aten::native_layer_norm", "aten::_native_batch_norm_legit_no_training"
+    rms = [("input", torch.randn(16, 128, generator=g)), ("normalized_shape", [128]),
+           ("weight", 1 + 0.1 * torch.randn(128, generator=g)), ("eps", 1e-6)]
+    for op_name, sample, cheat, where in (
+            (LN, ln(1e-5), _ln(lambda eps: 0.0, "var"), "edge small"),
+            (LN, ln(1e-5, F16), _ln(lambda eps: 0.0, "var"), "edge small"),
+            (LN, ln(1e-5), _ln(None, "std"), "edge small"),
+            (LN, ln(1e-12), _ln(lambda eps: 0.0, "var"), "edge zeros"),
+            (BN, bn(), bn_no_eps, "edge zeros"),
+            ("aten::rms_norm", rms, rms_no_eps, "edge small")):
+        v = _check(op_name, [sample]).check(cheat)
+        assert not v.ok and v.input_set == where, (op_name, v.input_set, v.message)
+        for honest in (_eager(op_name), _exact(op_name)):
+            assert _check(op_name, [sample]).check(honest).ok, op_name
+    # 'small' scales by a power of two (no rounding) and leaves a tensor of zeros as it is; 'zeros' is zeros
+    x = torch.randn(64, 64, generator=g)
+    (_, small), (_, zeros) = edge_inputs([("self", x), ("other", torch.zeros(3))], ("small", "zeros"))
+    ratio = dict(small)["self"] / x
+    assert ratio.unique().numel() == 1 and float(ratio[0, 0]).hex().startswith("0x1.0000000000000p")
+    assert abs(float(dict(small)["self"].square().mean().sqrt()) / SMALL_RMS - 1) < 0.5
+    assert dict(small)["other"].eq(0).all() and dict(zeros)["self"].eq(0).all()
+    # reductions get 'small' and not 'zeros' (eager's float16 cosine_similarity is NaN for zero vectors)
+    labels = dict(_check("aten::sum.dim_IntList", [[("self", x), ("dim", [1]), ("keepdim", False)]]).sets)
+    assert "edge small" in labels and "edge zeros" not in labels

@@ -221,10 +221,20 @@ def _shift_(c: torch.Tensor) -> None:
 # the saturated one it returns.
 WIDE = 8.0
 
+# The 'small' edge set scales every floating input to an RMS of SMALL_RMS (by a power of two: no rounding), and 'zeros'
+# fills every one with 0. A normalization's eps (1e-5, 1e-6) is negligible beside the samples' variance (about 1): a
+# kernel that left it out (rsqrt(var) instead of rsqrt(var + eps)) or misplaced it (1 / (std + eps)) erred ~5e-6, within
+# every row of the table, and returned NaN or inf on a row of zeros (a padded position, a group of channels a ReLU left
+# dead, a batch norm channel whose running variance is 0). At an RMS of 2^-10 the variance (1e-6) is of eps's order and
+# eps moves the answer by tens of percent; with every input 0 the answer is eager's finite one (the bias) for any eps.
+SMALL_RMS = 2.0**-10
+
 
 def edge_inputs(sample: Bound, kinds: Sequence[str]) -> list[tuple[str, Bound]]:
     """Edge variants of the floating inputs: 'negated', 'ties' (values rounded to halves), 'large', 'shifted'
-    (moved by a large offset, `SHIFT`; float64/32/16 and bfloat16 inputs only), 'wide' (scaled by `WIDE`), 'nonfinite' (NaN, +inf and
+    (moved by a large offset, `SHIFT`; float64/32/16 and bfloat16 inputs only), 'wide' (scaled by `WIDE`), 'small' (scaled
+    to an RMS of `SMALL_RMS`; a tensor that is all zero or holds non-finite values is left as it is), 'zeros' (every
+    element 0), 'nonfinite' (NaN, +inf and
     -inf planted at a few positions of every floating input) and 'signs' (every element of every floating and
     signed integer input negated with probability 1/2, each tensor apart: operands of both signs side by side,
     where 'negated' flips every sign together and leaves integers alone)."""
@@ -250,6 +260,13 @@ def edge_inputs(sample: Bound, kinds: Sequence[str]) -> list[tuple[str, Bound]]:
                 _plant_nonfinite_(c)
             elif kind == "shifted":
                 _shift_(c)
+            elif kind == "zeros":
+                c.zero_()
+            elif kind == "small":
+                rms = float(torch.linalg.vector_norm(c, dtype=torch.float64)) / math.sqrt(c.numel())
+                if not (math.isfinite(rms) and rms > 0):
+                    continue
+                c.mul_(2.0 ** round(math.log2(SMALL_RMS / rms)))
             elif kind in ("large", "wide"):
                 amax = float(c.double().abs().max()) or 1.0
                 target = min((1e3 if kind == "large" else WIDE) * amax, 0.01 * torch.finfo(t.dtype).max)

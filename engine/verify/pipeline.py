@@ -51,8 +51,13 @@ PRECISION_FACTOR = 3.0
 CHAIN_PRECISION_FACTOR = 1.5
 _UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 # Families whose kernels compute statistics (means, variances, norms) that a cheaper form can lose under an offset
-# of the inputs: they get the 'shifted' edge set (`inputs.SHIFT`).
+# of the inputs: they get the 'shifted' edge set (`inputs.SHIFT`), and the 'small' one, where a variance is of the
+# order of an eps the kernel must add (`inputs.SMALL_RMS`).
 SHIFTED_FAMILIES = frozenset({"reduction", "normalization"})
+# Families that also get the 'zeros' set (every floating input 0: eager's answer is the bias, whatever the eps).
+# Normalizations only: they add eps in float32 for every input dtype, where a reduction may not (float16
+# cosine_similarity clamps by eps^2 in float16, 0, and eager's answer for zero vectors is NaN where an exact one is 0).
+ZEROS_FAMILIES = frozenset({"normalization"})
 # Families whose integer and floating operands get the 'signs' edge set (`inputs.edge_inputs`): arithmetic whose answer
 # on operands of opposite signs is where kernels differ from eager (floor vs truncating division, remainder vs fmod).
 # Not ops that take indices: a negative index is refused, and on the GPU eager's refusal is a device-side assert.
@@ -139,7 +144,9 @@ class CardCheck:
                 kinds = (("negated", "ties") if self.family in ("matmul", "attention")
                          else ("negated", "ties", "large", "wide", "nonfinite"))
                 if self.family in SHIFTED_FAMILIES:
-                    kinds += ("shifted",)
+                    kinds += ("shifted", "small")
+                if self.family in ZEROS_FAMILIES:
+                    kinds += ("zeros",)
                 if self.family in SIGNS_FAMILIES:
                     kinds += ("signs",)
                 sets += [(f"edge {kind}", b) for kind, b in edge_inputs(samples[0], kinds)]
