@@ -1,14 +1,14 @@
 """Red team, 2026-12-07: wrong kernels the table's per-element bound let through because their error is small on every
 set the samples led to, and large (or systematic) where a model's other values take them: a half-precision output
 rounded toward zero instead of to nearest (`compare.rounding_bias`), a normalization that drops or misplaces its eps
-(the 'small' and 'zeros' edge sets). Each cheat
+(the 'small' and 'zeros' edge sets), integer arithmetic narrowed to 32 bits (the 'wide ints' edge set). Each cheat
 must fail, and eager and a kernel that computes exactly (float64, int64) and rounds once must still pass."""
 
 import torch
 
 from engine.ops import call_op, resolve_op
 from engine.verify.compare import rounding_bias
-from engine.verify.inputs import SMALL_RMS, edge_inputs
+from engine.verify.inputs import SMALL_RMS, edge_inputs, wide_int_inputs
 from engine.verify.pipeline import CardCheck, as_list
 
 BF, F16 = torch.bfloat16, torch.float16
@@ -170,3 +170,40 @@ def test_a_normalization_that_drops_or_misplaces_its_eps_fails_the_small_or_zero
     # reductions get 'small' and not 'zeros' (eager's float16 cosine_similarity is NaN for zero vectors)
     labels = dict(_check("aten::sum.dim_IntList", [[("self", x), ("dim", [1]), ("keepdim", False)]]).sets)
     assert "edge small" in labels and "edge zeros" not in labels
+
+
+def test_integer_arithmetic_narrowed_to_32_bits_fails_the_wide_ints_set():
+    """Ids, counts and masks are small: a kernel that added int64 operands in 32-bit `int`, summed int32 values
+    (eager sums them in int64) in an int32 accumulator, or converted an int64 factor through int32 matched eager on
+    every set, and is wrong past 2^31 (hashed ids, byte offsets, timestamps). The 'wide ints' set moves every integer
+    operand away from zero by a quarter of its dtype's range (int64: 2^32); indices are left alone."""
+    g = torch.Generator().manual_seed(2)
+
+    def ints(*shape, dtype=torch.int64, hi=1000):
+        return torch.randint(0, hi, shape, generator=g).to(dtype)
+
+    def d(b):
+        return dict(b)
+
+    cases = [
+        ("aten::add.Tensor", [("self", ints(32, 32)), ("other", ints(32, 32)), ("alpha", 1)],
+         lambda b, p: [(d(b)["self"].int() + d(b)["other"].int()).long()]),
+        ("aten::sum.dim_IntList", [("self", ints(32, 32, dtype=torch.int32)), ("dim", [1]), ("keepdim", False)],
+         lambda b, p: [d(b)["self"].sum(1, dtype=torch.int32).long()]),
+        ("aten::cumsum", [("self", ints(8, 64)), ("dim", 1)], lambda b, p: [d(b)["self"].int().cumsum(1).long()]),
+        ("aten::mul.Tensor", [("self", torch.randn(32, 32, generator=g)), ("other", ints(32, 32))],
+         lambda b, p: [d(b)["self"] * d(b)["other"].int().float()]),
+    ]
+    for op_name, sample, cheat in cases:
+        v = _check(op_name, [sample]).check(cheat)
+        assert not v.ok and v.input_set == "edge wide ints", (op_name, v.input_set, v.message)
+        for honest in (_eager(op_name), _exact(op_name, torch.int64)):
+            assert _check(op_name, [sample]).check(honest).ok, op_name
+    # only operands move: an index stays in its range; an op with no integer operand gets no such set
+    idx, src = ints(10, hi=20), ints(10, 8)
+    wide = dict(wide_int_inputs([("self", ints(20, 8, hi=10)), ("dim", 0), ("index", idx), ("source", src)]))
+    assert torch.equal(wide["index"], idx) and torch.equal(wide["source"], src)   # by name: only known operands
+    assert int(wide["self"].min()) >= 2**32
+    assert wide_int_inputs([("self", torch.randn(4)), ("target", ints(4, hi=3))]) is None
+    u8 = dict(wide_int_inputs([("self", torch.tensor([0, 100, 250], dtype=torch.uint8))]))["self"]
+    assert u8.tolist() == [64, 164, 255]   # clamped to the dtype's range

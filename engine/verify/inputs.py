@@ -375,6 +375,35 @@ class Regenerator:
                     c.copy_(tmp.normal_(mean, std, generator=self.gen).clamp_(lo, hi))
 
 
+# Integer arguments that hold values (operands of arithmetic), by name: `wide_int_inputs` moves these and no other. An
+# index, an offset, a length or a class target is not one: past its range eager refuses it, on the GPU with a
+# device-side assert. Nor is an integer exponent: a correct kernel that multiplies in a loop would run 2^32 times.
+INT_VALUE_ARGS = frozenset({"self", "other", "input", "tensor1", "tensor2", "x1", "x2"})
+
+
+def wide_int_inputs(sample: Bound) -> Bound | None:
+    """`sample` with every integer tensor of an argument that holds values (`INT_VALUE_ARGS`, one dim or more) moved
+    away from zero (int64: by 2^32, past int32; int32: 2^30, whose sums leave int32; int16: 2^14; int8 and uint8: 2^6;
+    within the dtype's range), sign kept; None where it has none. Samples of small integers (ids, counts, masks) never
+    showed a kernel that narrowed its arithmetic: one that added int64 operands in 32-bit `int`, or summed int32
+    values (eager sums them in int64) in an int32 accumulator, matched eager on every set."""
+    out = clone_bound(sample)
+    moved = False
+    for name, v in out:
+        if name not in INT_VALUE_ARGS:
+            continue
+        for t in (v if isinstance(v, (list, tuple)) else [v]):
+            if not isinstance(t, torch.Tensor) or not _is_int(t) or t.dim() == 0 or t.numel() == 0:
+                continue
+            info = torch.iinfo(t.dtype)
+            step = 2 ** (32 if info.bits == 64 else info.bits - 2)
+            c = cover(t)
+            w = c.to(torch.int64)
+            c.copy_(torch.where(w < 0, w - step, w + step).clamp_(info.min, info.max))
+            moved = True
+    return out if moved else None
+
+
 def unaliased_inputs(samples: Sequence[Bound], seed: int) -> Bound | None:
     """The first sample whose tensor arguments share storage (`mul(x, x)`, `cat([x, x])`, two views of one buffer),
     with every tensor after the first on a storage given storage of its own (same layout) and fresh values drawn

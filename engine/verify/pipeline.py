@@ -28,6 +28,7 @@ from engine.verify.inputs import (
     index_range_inputs,
     tensors_of,
     unaliased_inputs,
+    wide_int_inputs,
 )
 from engine.verify.tolerance import REORDERING_FAMILIES, chain_family, op_family, tolerances_for
 
@@ -62,6 +63,9 @@ ZEROS_FAMILIES = frozenset({"normalization"})
 # on operands of opposite signs is where kernels differ from eager (floor vs truncating division, remainder vs fmod).
 # Not ops that take indices: a negative index is refused, and on the GPU eager's refusal is a device-side assert.
 SIGNS_FAMILIES = frozenset({"elementwise"})
+# Families whose integer operands get the 'wide ints' edge set (`inputs.wide_int_inputs`): arithmetic and sums, whose
+# kernels may narrow integer arithmetic (int64 in 32-bit `int`, an int32 sum eager takes in int64).
+WIDE_INT_FAMILIES = frozenset({"elementwise", "reduction"})
 RACE_REPS = 6  # extra runs at the end of verification on new values, four of them beside a busy stream
 
 
@@ -150,6 +154,8 @@ class CardCheck:
                 if self.family in SIGNS_FAMILIES:
                     kinds += ("signs",)
                 sets += [(f"edge {kind}", b) for kind, b in edge_inputs(samples[0], kinds)]
+                if self.family in WIDE_INT_FAMILIES and (wide := wide_int_inputs(samples[0])) is not None:
+                    sets.append(("edge wide ints", wide))
                 ranged = index_range_inputs(op_name, samples[0], seed + 99)
                 if ranged is not None:
                     sets.append(("edge index range", ranged))
