@@ -336,3 +336,45 @@ def _as_bits(t: torch.Tensor) -> torch.Tensor:
         return t.view(torch.uint8)
     width = t.element_size()
     return t if not t.is_floating_point() and width != 1 else t.view(_BITS[width])
+
+
+# The rounding-bias check (`rounding_bias`): 16-bit float outputs, whose table rows allow one or two ulp per element,
+# so a kernel that rounds toward zero (a float -> bfloat16 conversion that drops the low 16 bits, the common hand-rolled
+# `__float_as_uint(f) >> 16`) or toward -inf instead of to nearest passes them on every set: it errs by at most one ulp.
+# Its errors all point one way, though: half an ulp on average, where eager and any kernel that rounds to nearest from
+# a value of float32 precision err by a small, unbiased fraction of an ulp (two roundings to nearest of nearby values
+# differ either way alike). A bias of half an ulp adds up wherever the outputs are summed (a bfloat16 residual stream,
+# a softmax row summing to 0.998). Eager is the reference, so the mean error is taken against it, in ulps of eager's
+# value: BIAS_ULPS at least, and BIAS_SIGMAS standard errors of that mean, over BIAS_MIN finite elements or more.
+_BIAS_PRECISION = {torch.float16: (11, 2.0**-24), torch.bfloat16: (8, 2.0**-133)}   # (significand bits, least spacing)
+BIAS_ULPS = 0.25
+BIAS_SIGMAS = 6.0
+BIAS_MIN = 64
+
+
+@torch.no_grad()
+def rounding_bias(actual: torch.Tensor, expected: torch.Tensor) -> str | None:
+    """Why `actual` (a float16 or bfloat16 output within tolerance of `expected`) rounds with a bias against eager,
+    or None: its mean error, in ulps of eager's values, toward zero or toward -inf."""
+    if expected.dtype not in _BIAS_PRECISION or actual.dtype != expected.dtype or actual.shape != expected.shape:
+        return None
+    bits, least = _BIAS_PRECISION[expected.dtype]
+    a = actual.reshape(-1).to(torch.float64)
+    e = expected.reshape(-1).to(a.device).to(torch.float64)   # a reference kept on the host comes over
+    fin = torch.isfinite(a) & torch.isfinite(e) & (e != 0)
+    n = int(fin.sum())
+    if n < BIAS_MIN:
+        return None
+    e, a = e[fin], a[fin]
+    _, exp = torch.frexp(e)
+    ulp = torch.ldexp(torch.ones_like(e), (exp - bits).to(torch.int32)).clamp_min(least)
+    err = (a - e) / ulp
+    for how, d in (("toward zero", err * torch.sign(e)), ("toward -inf", err)):
+        mean = float(d.mean())
+        stderr = float(d.std()) / n ** 0.5 if n > 1 else 0.0
+        if abs(mean) >= BIAS_ULPS and abs(mean) >= BIAS_SIGMAS * stderr:
+            direction = how if mean < 0 else how.replace("zero", "infinity").replace("-inf", "+inf")
+            return (f"its errors against eager lean {direction}: {mean:+.2f} ulp on average over {n} elements "
+                    f"(±{stderr:.2f}), where rounding to nearest leans neither way; it truncates or rounds in one "
+                    "direction instead of to nearest even")
+    return None

@@ -221,10 +221,20 @@ def _shift_(c: torch.Tensor) -> None:
 # the saturated one it returns.
 WIDE = 8.0
 
+# The 'small' edge set scales every floating input to an RMS of SMALL_RMS (by a power of two: no rounding), and 'zeros'
+# fills every one with 0. A normalization's eps (1e-5, 1e-6) is negligible beside the samples' variance (about 1): a
+# kernel that left it out (rsqrt(var) instead of rsqrt(var + eps)) or misplaced it (1 / (std + eps)) erred ~5e-6, within
+# every row of the table, and returned NaN or inf on a row of zeros (a padded position, a group of channels a ReLU left
+# dead, a batch norm channel whose running variance is 0). At an RMS of 2^-10 the variance (1e-6) is of eps's order and
+# eps moves the answer by tens of percent; with every input 0 the answer is eager's finite one (the bias) for any eps.
+SMALL_RMS = 2.0**-10
+
 
 def edge_inputs(sample: Bound, kinds: Sequence[str]) -> list[tuple[str, Bound]]:
     """Edge variants of the floating inputs: 'negated', 'ties' (values rounded to halves), 'large', 'shifted'
-    (moved by a large offset, `SHIFT`; float64/32/16 and bfloat16 inputs only), 'wide' (scaled by `WIDE`), 'nonfinite' (NaN, +inf and
+    (moved by a large offset, `SHIFT`; float64/32/16 and bfloat16 inputs only), 'wide' (scaled by `WIDE`), 'small' (scaled
+    to an RMS of `SMALL_RMS`; a tensor that is all zero or holds non-finite values is left as it is), 'zeros' (every
+    element 0), 'nonfinite' (NaN, +inf and
     -inf planted at a few positions of every floating input) and 'signs' (every element of every floating and
     signed integer input negated with probability 1/2, each tensor apart: operands of both signs side by side,
     where 'negated' flips every sign together and leaves integers alone)."""
@@ -250,6 +260,13 @@ def edge_inputs(sample: Bound, kinds: Sequence[str]) -> list[tuple[str, Bound]]:
                 _plant_nonfinite_(c)
             elif kind == "shifted":
                 _shift_(c)
+            elif kind == "zeros":
+                c.zero_()
+            elif kind == "small":
+                rms = float(torch.linalg.vector_norm(c, dtype=torch.float64)) / math.sqrt(c.numel())
+                if not (math.isfinite(rms) and rms > 0):
+                    continue
+                c.mul_(2.0 ** round(math.log2(SMALL_RMS / rms)))
             elif kind in ("large", "wide"):
                 amax = float(c.double().abs().max()) or 1.0
                 target = min((1e3 if kind == "large" else WIDE) * amax, 0.01 * torch.finfo(t.dtype).max)
@@ -356,6 +373,35 @@ class Regenerator:
                 else:  # float8 and friends: draw in float32
                     tmp = torch.empty(c.shape, dtype=torch.float32, device=c.device)
                     c.copy_(tmp.normal_(mean, std, generator=self.gen).clamp_(lo, hi))
+
+
+# Integer arguments that hold values (operands of arithmetic), by name: `wide_int_inputs` moves these and no other. An
+# index, an offset, a length or a class target is not one: past its range eager refuses it, on the GPU with a
+# device-side assert. Nor is an integer exponent: a correct kernel that multiplies in a loop would run 2^32 times.
+INT_VALUE_ARGS = frozenset({"self", "other", "input", "tensor1", "tensor2", "x1", "x2"})
+
+
+def wide_int_inputs(sample: Bound) -> Bound | None:
+    """`sample` with every integer tensor of an argument that holds values (`INT_VALUE_ARGS`, one dim or more) moved
+    away from zero (int64: by 2^32, past int32; int32: 2^30, whose sums leave int32; int16: 2^14; int8 and uint8: 2^6;
+    within the dtype's range), sign kept; None where it has none. Samples of small integers (ids, counts, masks) never
+    showed a kernel that narrowed its arithmetic: one that added int64 operands in 32-bit `int`, or summed int32
+    values (eager sums them in int64) in an int32 accumulator, matched eager on every set."""
+    out = clone_bound(sample)
+    moved = False
+    for name, v in out:
+        if name not in INT_VALUE_ARGS:
+            continue
+        for t in (v if isinstance(v, (list, tuple)) else [v]):
+            if not isinstance(t, torch.Tensor) or not _is_int(t) or t.dim() == 0 or t.numel() == 0:
+                continue
+            info = torch.iinfo(t.dtype)
+            step = 2 ** (32 if info.bits == 64 else info.bits - 2)
+            c = cover(t)
+            w = c.to(torch.int64)
+            c.copy_(torch.where(w < 0, w - step, w + step).clamp_(info.min, info.max))
+            moved = True
+    return out if moved else None
 
 
 def unaliased_inputs(samples: Sequence[Bound], seed: int) -> Bound | None:

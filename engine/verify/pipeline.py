@@ -16,7 +16,7 @@ import torch
 
 from engine.capture.chains import CHAIN_OP, run_chain
 from engine.ops import eager_call, resolve_op, written_args
-from engine.verify.compare import CompareReport, bitwise_equal, compare_outputs
+from engine.verify.compare import CompareReport, bitwise_equal, compare_outputs, rounding_bias
 from engine.verify.guard import Canaries, GuardViolation
 from engine.verify.inputs import (
     Bound,
@@ -28,6 +28,7 @@ from engine.verify.inputs import (
     index_range_inputs,
     tensors_of,
     unaliased_inputs,
+    wide_int_inputs,
 )
 from engine.verify.tolerance import REORDERING_FAMILIES, chain_family, op_family, tolerances_for
 
@@ -51,12 +52,20 @@ PRECISION_FACTOR = 3.0
 CHAIN_PRECISION_FACTOR = 1.5
 _UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 # Families whose kernels compute statistics (means, variances, norms) that a cheaper form can lose under an offset
-# of the inputs: they get the 'shifted' edge set (`inputs.SHIFT`).
+# of the inputs: they get the 'shifted' edge set (`inputs.SHIFT`), and the 'small' one, where a variance is of the
+# order of an eps the kernel must add (`inputs.SMALL_RMS`).
 SHIFTED_FAMILIES = frozenset({"reduction", "normalization"})
+# Families that also get the 'zeros' set (every floating input 0: eager's answer is the bias, whatever the eps).
+# Normalizations only: they add eps in float32 for every input dtype, where a reduction may not (float16
+# cosine_similarity clamps by eps^2 in float16, 0, and eager's answer for zero vectors is NaN where an exact one is 0).
+ZEROS_FAMILIES = frozenset({"normalization"})
 # Families whose integer and floating operands get the 'signs' edge set (`inputs.edge_inputs`): arithmetic whose answer
 # on operands of opposite signs is where kernels differ from eager (floor vs truncating division, remainder vs fmod).
 # Not ops that take indices: a negative index is refused, and on the GPU eager's refusal is a device-side assert.
 SIGNS_FAMILIES = frozenset({"elementwise"})
+# Families whose integer operands get the 'wide ints' edge set (`inputs.wide_int_inputs`): arithmetic and sums, whose
+# kernels may narrow integer arithmetic (int64 in 32-bit `int`, an int32 sum eager takes in int64).
+WIDE_INT_FAMILIES = frozenset({"elementwise", "reduction"})
 RACE_REPS = 6  # extra runs at the end of verification on new values, four of them beside a busy stream
 
 
@@ -139,10 +148,14 @@ class CardCheck:
                 kinds = (("negated", "ties") if self.family in ("matmul", "attention")
                          else ("negated", "ties", "large", "wide", "nonfinite"))
                 if self.family in SHIFTED_FAMILIES:
-                    kinds += ("shifted",)
+                    kinds += ("shifted", "small")
+                if self.family in ZEROS_FAMILIES:
+                    kinds += ("zeros",)
                 if self.family in SIGNS_FAMILIES:
                     kinds += ("signs",)
                 sets += [(f"edge {kind}", b) for kind, b in edge_inputs(samples[0], kinds)]
+                if self.family in WIDE_INT_FAMILIES and (wide := wide_int_inputs(samples[0])) is not None:
+                    sets.append(("edge wide ints", wide))
                 ranged = index_range_inputs(op_name, samples[0], seed + 99)
                 if ranged is not None:
                     sets.append(("edge index range", ranged))
@@ -300,6 +313,13 @@ class CardCheck:
         precise = self._precision(label, inputs, got, expected)
         if precise is not None:
             return precise
+        # Half-precision outputs must not lean one way (`compare.rounding_bias`): on the samples and fresh sets only,
+        # where eager's answer is well conditioned (on a degenerate edge set, rows a bfloat16 shift made constant,
+        # eager's own float32 statistics err by an ulp of the output, every element alike).
+        for i, (a, e) in enumerate(zip(got, expected) if label.startswith(("sample", "fresh")) else ()):
+            why = rounding_bias(a, e) if isinstance(a, torch.Tensor) and isinstance(e, torch.Tensor) else None
+            if why is not None:
+                return Verdict(False, "mismatch", f"{label}: out{i}: within the tolerance per element, but {why}")
         v = self._repeats(label, got, second, unwritten_check=True)
         if v is not None:
             return v
