@@ -144,7 +144,7 @@ def test_the_lanes_line_says_where_no_stream_ran_beside_the_candidates():
     from engine.run.command import _contention_note
 
     assert _contention_note({"contention": True}) == "" and _contention_note({}) == ""
-    assert "races that need a busy GPU are not provoked" in _contention_note({"contention": False})
+    assert "busy runs spread its blocks one per SM instead" in _contention_note({"contention": False})
 
 
 # ---- the contention kernels' arguments and the start-up overlap check, on an emulated device -----------------

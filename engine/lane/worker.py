@@ -183,6 +183,8 @@ class Worker:
         self.props = torch.cuda.get_device_properties(self.device)
         self.arch = f"sm_{self.props.major}{self.props.minor}"
         self.max_shared = int(getattr(self.props, "shared_memory_per_block_optin", 48 * 1024))
+        self.shared_per_sm = drv.device_attribute("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR",
+                                                  device_index)
         self.flush = L2Flusher(self.device)
         self.cards: dict[str, LoadedCard] = {}
         self.copy_bw = copy_bandwidth(self.device)
@@ -255,7 +257,7 @@ class Worker:
         return {"name": props.name, "arch": self.arch, "capability": [props.major, props.minor],
                 "sms": props.multi_processor_count,
                 "l2_bytes": props.L2_cache_size, "max_shared_per_block": self.max_shared,
-                "shared_per_sm": drv.device_attribute("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR", i),
+                "shared_per_sm": self.shared_per_sm,
                 "max_threads_per_sm": drv.device_attribute("CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR", i),
                 "cluster_launch": bool(drv.device_attribute("CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH", i)),
                 "integrated": bool(drv.device_attribute("CU_DEVICE_ATTRIBUTE_INTEGRATED", i)),
@@ -348,19 +350,13 @@ class Worker:
             canaries = Canaries(self.device)
             try:
                 launcher = CandidateLauncher(module, resolved, card.op_name, card.outputs, self.device,
-                                             max_shared=self.max_shared, canaries=canaries)
+                                             max_shared=self.max_shared, canaries=canaries,
+                                             shared_per_sm=self.shared_per_sm)
             except LaunchRejected as e:
                 raise Rejected("launch", str(e)) from None
 
             def run(bound, prefill):
-                canaries.forget()
-                outs = self._launch_beside(launcher.prepare(bound, prefill))
-                torch.cuda.synchronize()
-                bad = canaries.violations()
-                canaries.forget()
-                if bad:
-                    raise GuardViolation("wrote outside its buffers: " + "; ".join(bad))
-                return outs
+                return self._run_candidate(launcher, canaries, bound, prefill)
 
             verdict = self._guarded(lambda: card.check.check(run))
             if not verdict.ok:
@@ -394,6 +390,23 @@ class Worker:
             return result
         finally:
             module.unload()
+
+    def _run_candidate(self, launcher: CandidateLauncher, canaries: Any, bound: Any, prefill: Any) -> list[Any]:
+        """One verification run of the candidate. Inside `_contend` (verification's busy runs) its blocks run
+        spread out, one per SM at most (`CandidateLauncher.spread`), beside the contention blocks where a stream
+        overlaps; timed and audited calls, which share the launcher, run as the spec asked."""
+        canaries.forget()
+        launcher.spread = self._contended
+        try:
+            outs = self._launch_beside(launcher.prepare(bound, prefill))
+        finally:
+            launcher.spread = False
+        torch.cuda.synchronize()
+        bad = canaries.violations()
+        canaries.forget()
+        if bad:
+            raise GuardViolation("wrote outside its buffers: " + "; ".join(bad))
+        return outs
 
     def _floor(self, card: LoadedCard):
         return physics_floor(card.op_name, card.signature, card.bytes, bandwidth=self.physics_bw,

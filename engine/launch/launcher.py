@@ -97,6 +97,17 @@ class _Launch:
     refs: list[tuple | None]  # pointer reference per value, None for scalars
     params: Any  # ctypes array of void* to `values`
     cooperative: bool = False
+    spread_shared: int = 0  # dynamic shared memory of a spread launch (CandidateLauncher.spread); 0: none
+    max_dynamic: int = 0    # the kernel's dynamic shared memory limit, restored after a spread launch
+
+
+def spread_shared(dynamic: int, static: int, per_sm: int, per_block: int, blocks_per_sm: int = 1) -> int:
+    """Dynamic shared memory for a launch of which at most `blocks_per_sm` blocks fit on an SM at once: each block
+    takes the largest share of the SM's shared memory of which that many fit (1 KB of each reserved by the GPU,
+    the kernel's static part counted, rounded down to 128 B, at most a block's). Never less than `dynamic`, the
+    launch's own (its blocks may already be that few)."""
+    share = min(per_block, per_sm // max(1, blocks_per_sm) - 1024) // 128 * 128
+    return max(dynamic, share - static)
 
 
 class CandidateLauncher:
@@ -104,9 +115,15 @@ class CandidateLauncher:
     card's `in0..inN`). `op` is the resolved ATen overload, None for a chain card."""
 
     def __init__(self, module: drv.Module, spec: ResolvedSpec, op_name: str, outputs: Sequence[dict],
-                 device: torch.device, max_shared: int | None = None, canaries: Any = None):
+                 device: torch.device, max_shared: int | None = None, canaries: Any = None,
+                 shared_per_sm: int | None = None):
         self.module = module
         self.device = device
+        # While set, launches run spread out: one block per SM at most (padded with dynamic shared memory the kernel
+        # does not use), so a grid larger than the SMs runs in waves and a block that waits a fixed time for
+        # another block's result reads it before it exists, as on a GPU other work holds. Cooperative launches
+        # and clusters (whose blocks must be resident together) run as asked. Where shared_per_sm is unknown: none.
+        self.spread = False
         # When set (an engine.verify.guard.Canaries), outputs and workspaces are guarded buffers from it.
         self.canaries = canaries
         self.output_specs = list(outputs)
@@ -142,7 +159,16 @@ class CandidateLauncher:
                 except drv.DriverError as e:
                     raise LaunchRejected(f"launch[{i}] ({rl.kernel}): cannot use {rl.shared} B of dynamic "
                                          f"shared memory: {e.name}") from None
-            _allow_large_cluster(fn)
+            cluster = _allow_large_cluster(fn)
+            spread, max_dynamic = 0, 0
+            # (a launch whose blocks cannot share an SM already runs as asked)
+            if shared_per_sm and max_shared and not rl.cooperative and cluster == 1 \
+                    and 2 * (static + rl.shared + 1024) <= shared_per_sm:
+                spread = spread_shared(rl.shared, static, shared_per_sm, max_shared)
+                try:
+                    max_dynamic = drv.function_attribute(fn, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES")
+                except (drv.DriverError, AttributeError):
+                    spread = 0
             values, refs = [], []
             for a in rl.args:
                 if a.ctype == "ptr":
@@ -152,7 +178,8 @@ class CandidateLauncher:
                     values.append(_CTYPES[a.ctype](a.value))
                     refs.append(None)
             params = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
-            self.launches.append(_Launch(fn, rl.grid, rl.block, rl.shared, values, refs, params, rl.cooperative))
+            self.launches.append(_Launch(fn, rl.grid, rl.block, rl.shared, values, refs, params, rl.cooperative,
+                                         spread if spread > rl.shared else 0, max_dynamic))
 
     def allocate_outputs(self, args: dict[str, Any], prefill: Any) -> list[torch.Tensor]:
         outs = []
@@ -210,6 +237,8 @@ class CandidateLauncher:
             for v, ref in zip(ln.values, ln.refs):
                 if ref is not None:
                     v.value = _pointer(ref, args, outs, ws)
+            if self.spread and ln.spread_shared and _spread_launch(ln, stream):
+                continue
             try:
                 drv.launch(ln.fn, ln.grid, ln.block, ln.shared, stream, ctypes.addressof(ln.params), ln.cooperative)
             except drv.DriverError as e:
@@ -231,17 +260,36 @@ def _out_of_memory(e: BaseException) -> bool:
         s in text for s in ("out of memory", "can't allocate memory", "not enough memory"))
 
 
-def _allow_large_cluster(fn: object) -> None:
+def _allow_large_cluster(fn: object) -> int:
     """A kernel compiled with __cluster_dims__ of more than 8 blocks (sm_90's portable limit) launches
-    only once it opts in to non-portable cluster sizes; the launch itself reports a size that does not fit."""
+    only once it opts in to non-portable cluster sizes; the launch itself reports a size that does not fit.
+    The cluster's size in blocks (1: none; 0: unknown, older drivers and bindings)."""
     try:
         size = 1
         for axis in ("WIDTH", "HEIGHT", "DEPTH"):
             size *= max(1, drv.function_attribute(fn, f"CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_{axis}"))
         if size > 8:
             drv.set_function_attribute(fn, "CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED", 1)
+        return size
     except (drv.DriverError, AttributeError):
-        pass  # older drivers/bindings: the launch reports what does not work
+        return 0  # older drivers/bindings: the launch reports what does not work
+
+
+def _spread_launch(ln: _Launch, stream: int) -> bool:
+    """`ln` launched with `ln.spread_shared` bytes of dynamic shared memory, its limit raised for that launch and
+    put back after it. False where the driver refused (nothing launched): the caller launches it as asked, so a
+    spread run never rejects a kernel the GPU would run."""
+    try:
+        drv.set_max_dynamic_shared(ln.fn, ln.spread_shared)
+        try:
+            drv.launch(ln.fn, ln.grid, ln.block, ln.spread_shared, stream, ctypes.addressof(ln.params), False)
+        finally:
+            drv.set_max_dynamic_shared(ln.fn, ln.max_dynamic)
+        return True
+    except drv.DriverError as e:
+        if e.name in drv.STICKY:
+            raise
+        return False
 
 
 def _pointer(ref: tuple, args: dict[str, Any], outs: list[torch.Tensor], ws: dict[str, tuple[torch.Tensor, bool]]

@@ -719,8 +719,9 @@ def provider_never_answered(doc: dict[str, Any], workspace: Path) -> str | None:
 
 def _contention_note(hello: dict) -> str:
     """What the lanes line adds where the worker found no stream that runs beside the candidate's
-    (engine.lane.worker.pick_side_stream): races that need a busy GPU are then not provoked."""
+    (engine.lane.worker.pick_side_stream): the busy runs then spread the candidate's blocks out (one per SM, in
+    waves) with no other work beside them."""
     if hello.get("contention") is False:
-        return ("; no stream ran beside the candidate's on this GPU, so races that need a busy GPU are not "
-                "provoked (verification runs the candidate alone)")
+        return ("; no stream ran beside the candidate's on this GPU: busy runs spread its blocks one per SM "
+                "instead (races between blocks not resident together show; races with other work do not)")
     return ""

@@ -66,7 +66,7 @@ SIGNS_FAMILIES = frozenset({"elementwise"})
 # Families whose integer operands get the 'wide ints' edge set (`inputs.wide_int_inputs`): arithmetic and sums, whose
 # kernels may narrow integer arithmetic (int64 in 32-bit `int`, an int32 sum eager takes in int64).
 WIDE_INT_FAMILIES = frozenset({"elementwise", "reduction"})
-RACE_REPS = 6  # extra runs at the end of verification on new values, four of them beside a busy stream
+RACE_REPS = 6  # extra runs at the end of verification on new values, four of them as on a busy GPU (`contend`)
 
 
 @dataclass(frozen=True)
@@ -400,7 +400,7 @@ class CardCheck:
         self.sync()
         if canaries is not None and (bad := canaries.violations()):
             raise GuardViolation("wrote outside an input: " + "; ".join(bad))
-        where = f"repeated run {rep + 1} (new values drawn like {label}){' beside a busy stream' if busy else ''}"
+        where = f"repeated run {rep + 1} (new values drawn like {label}){' as on a busy GPU' if busy else ''}"
         try:
             exp, _ = self._expected(values)
         except Exception:   # noqa: BLE001 - eager refuses these values (random integers): nothing to match
