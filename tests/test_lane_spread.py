@@ -86,20 +86,24 @@ def _launcher(kernels):
 
 def test_busy_runs_spread_the_blocks_and_put_the_limit_back(monkeypatch):
     dev = _Driver(monkeypatch, cluster={"clustered": 2})
-    la = _launcher([("plain", 0, False), ("coop", 4096, True), ("clustered", 0, False), ("big", 200_000, False)])
-    limits = dict(dev.limit)
+    la = _launcher([("plain", 0, False), ("coop", 4096, True), ("clustered", 0, False), ("big", 200_000, False),
+                    ("twice", 60_000, False), ("twice", 0, False)])
+    dev.limit["twice"] = 60_000  # as the launcher's set-up left it: the larger of the two launches'
+    limits = {f: dev.get(f, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES")
+              for f in ("plain", "coop", "clustered", "big", "twice")}
     la.spread = True
     la._launch({}, [], {})
     spread = L.spread_shared(0, 1024, H100_SM, H100_BLOCK)
     assert dev.launches == [("plain", spread, False),
                             ("coop", 4096, True),         # a cooperative launch's blocks are resident together
                             ("clustered", 0, False),      # and a cluster's: as asked
-                            ("big", 200_000, False)]      # already one per SM: as asked
+                            ("big", 200_000, False),      # already one per SM: as asked
+                            ("twice", spread, False), ("twice", spread, False)]
     assert dev.limit == limits                          # the limit each kernel had, for the timed runs
     la.spread = False
     dev.launches.clear()
     la._launch({}, [], {})
-    assert [s for _, s, _ in dev.launches] == [0, 4096, 0, 200_000]
+    assert [s for _, s, _ in dev.launches] == [0, 4096, 0, 200_000, 60_000, 0]   # the second under 60 KB's limit
 
 
 def test_a_spread_launch_the_driver_refuses_runs_as_asked(monkeypatch):

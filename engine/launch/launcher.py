@@ -98,7 +98,6 @@ class _Launch:
     params: Any  # ctypes array of void* to `values`
     cooperative: bool = False
     spread_shared: int = 0  # dynamic shared memory of a spread launch (CandidateLauncher.spread); 0: none
-    max_dynamic: int = 0    # the kernel's dynamic shared memory limit, restored after a spread launch
 
 
 def spread_shared(dynamic: int, static: int, per_sm: int, per_block: int, blocks_per_sm: int = 1) -> int:
@@ -160,15 +159,11 @@ class CandidateLauncher:
                     raise LaunchRejected(f"launch[{i}] ({rl.kernel}): cannot use {rl.shared} B of dynamic "
                                          f"shared memory: {e.name}") from None
             cluster = _allow_large_cluster(fn)
-            spread, max_dynamic = 0, 0
+            spread = 0
             # (a launch whose blocks cannot share an SM already runs as asked)
             if shared_per_sm and max_shared and not rl.cooperative and cluster == 1 \
                     and 2 * (static + rl.shared + 1024) <= shared_per_sm:
                 spread = spread_shared(rl.shared, static, shared_per_sm, max_shared)
-                try:
-                    max_dynamic = drv.function_attribute(fn, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES")
-                except (drv.DriverError, AttributeError):
-                    spread = 0
             values, refs = [], []
             for a in rl.args:
                 if a.ctype == "ptr":
@@ -179,7 +174,7 @@ class CandidateLauncher:
                     refs.append(None)
             params = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
             self.launches.append(_Launch(fn, rl.grid, rl.block, rl.shared, values, refs, params, rl.cooperative,
-                                         spread if spread > rl.shared else 0, max_dynamic))
+                                         spread if spread > rl.shared else 0))
 
     def allocate_outputs(self, args: dict[str, Any], prefill: Any) -> list[torch.Tensor]:
         outs = []
@@ -280,11 +275,13 @@ def _spread_launch(ln: _Launch, stream: int) -> bool:
     put back after it. False where the driver refused (nothing launched): the caller launches it as asked, so a
     spread run never rejects a kernel the GPU would run."""
     try:
+        # the limit as it stands (a kernel launched twice with different amounts has the larger one's)
+        limit = drv.function_attribute(ln.fn, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES")
         drv.set_max_dynamic_shared(ln.fn, ln.spread_shared)
         try:
             drv.launch(ln.fn, ln.grid, ln.block, ln.spread_shared, stream, ctypes.addressof(ln.params), False)
         finally:
-            drv.set_max_dynamic_shared(ln.fn, ln.max_dynamic)
+            drv.set_max_dynamic_shared(ln.fn, limit)
         return True
     except drv.DriverError as e:
         if e.name in drv.STICKY:
