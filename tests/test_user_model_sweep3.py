@@ -23,3 +23,21 @@ def test_a_cpu_only_pytorch_build_does_not_make_every_op_cpu_only(monkeypatch):
     monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: False)
     assert not is_cpu_only("aten::relu") and not is_cpu_only("aten::native_batch_norm")
     assert is_cpu_only("aten::_scaled_dot_product_flash_attention_for_cpu") and is_cpu_only("aten::mkldnn_rnn_layer")
+
+
+def test_a_run_stopped_before_it_was_created_names_the_command_as_given(tmp_path):
+    # Ctrl-C during a run's capture said "'kforge-tui run CONFIG --device cpu --dry-run --workspace WS' captures
+    # again": --iterations, --ops, --provider and --no-tui were gone, so the command it named ran another run.
+    import shlex
+
+    from engine.cli import build_parser
+    from engine.run.command import _stopped_before_the_run
+
+    args = build_parser().parse_args(["run", "m.toml", "--dry-run", "--no-tui", "--device", "cpu", "--iterations",
+                                      "2", "--ops", "relu|gelu", "--provider", "builtin", "--workspace", "ws"])
+    line = _stopped_before_the_run({"capturing": "1"}, args, tmp_path, True, False)
+    command = shlex.split(line[line.index("'") + 1:line.rindex("' captures again")])
+    assert command[:3] == ["kforge-tui", "run", "m.toml"] and command[-2:] == ["--workspace", str(tmp_path)]
+    for flag in (["--iterations", "2"], ["--ops", "relu|gelu"], ["--provider", "builtin"], ["--dry-run"],
+                 ["--no-tui"], ["--device", "cpu"]):
+        assert " ".join(flag) in " ".join(command), (flag, command)

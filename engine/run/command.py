@@ -333,10 +333,15 @@ def _stopped_before_the_run(ids: dict[str, str], args: argparse.Namespace, works
                             terminated: bool) -> str:
     """The line for a run stopped before its row was made: what became of the capture (`ids`: "capture" once
     one is stored or reused, "capturing" once this run began one) and how to go on."""
+    from engine.cli import run_argv
+
     word = "terminated" if terminated else "interrupted"
-    again = shlex.join(["kforge-tui", "run", str(args.config), *(["--small"] if args.small else []),
-                        *(["--device", args.device] if args.device else []), *(["--dry-run"] if dry else []),
-                        "--workspace", str(workspace)])
+    # The command as given, every run option kept (--iterations, --provider, --ops ...): the one it names to copy
+    # must run the same run again, not the defaults.
+    argv = run_argv(args)
+    argv += ["--dry-run"] if dry and "--dry-run" not in argv else []
+    argv += ["--no-tui"] if getattr(args, "no_tui", False) else []
+    again = shlex.join(["kforge-tui", "run", *argv, "--workspace", str(workspace)])
     if "capture" in ids:
         how = "captured and stored whole" if ids.get("capturing") else "reused"
         return (f"{word}: stopped before the run was created, nothing to resume; capture {ids['capture']} "
