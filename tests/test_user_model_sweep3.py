@@ -41,3 +41,43 @@ def test_a_run_stopped_before_it_was_created_names_the_command_as_given(tmp_path
     for flag in (["--iterations", "2"], ["--ops", "relu|gelu"], ["--provider", "builtin"], ["--dry-run"],
                  ["--no-tui"], ["--device", "cpu"]):
         assert " ".join(flag) in " ".join(command), (flag, command)
+
+
+KV_CACHE = '''
+class Decoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+        self.k = self.v = self.table = None
+
+    def forward(self, x):
+        if KIND == "setup" and self.table is None:
+            self.table = torch.arange(16.0).cos()      # built once, on the first call
+        q, k, v = self.qkv(x).chunk(3, -1)
+        if KIND == "cache":
+            if self.k is not None:                 # the cache grows on every call, as in a generation loop
+                k, v = torch.cat([self.k, k], 1), torch.cat([self.v, v], 1)
+            self.k, self.v = k, v
+        out = torch.softmax(q @ k.transpose(1, 2) / 4, -1) @ v
+        return out if self.table is None else out * self.table
+
+
+def build(kind):
+    global KIND
+    KIND = kind
+    torch.manual_seed(0)
+    return Decoder().eval(), (torch.randn(1, 1, 16),)
+'''
+
+
+def test_a_kv_cache_that_grows_on_every_call_is_noted_at_capture(cli, tmp_path):
+    # The output of each forward was the same (the same token appended), so the capture said nothing; but the cards
+    # were those of a cache of 1 (the second forward), each later forward calls other shapes, and the run and the
+    # export's whole-model check call it many times more.
+    notes = {kind: _capture_json(cli, tmp_path / kind, KV_CACHE, f'kind = "{kind}"')["notes"]
+             for kind in ("cache", "setup", "none")}
+    said = notes["cache"].get("calls") or ""
+    assert "the model's two forwards on the same inputs made other calls" in said
+    assert "aten::cat on [[1,1,16], [1,1,16]]" in said and "KV cache" in said and "pass the cache in" in said
+    assert "repeatable" not in notes["cache"]
+    assert "calls" not in notes["setup"] and "calls" not in notes["none"]   # a one-time set-up is no state

@@ -7,6 +7,7 @@ import dataclasses
 import secrets
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,6 +158,41 @@ def _repeat_note(first: torch.Tensor | None, again: torch.Tensor | None) -> str 
     return (f"the model's output is {why}; export's whole-model check cannot vouch for a cast on such a model: "
             "make the forward repeatable on the builder's inputs (no in-place change of its inputs or buffers, "
             "no random numbers)")
+
+
+def _call_shapes(calls: Any) -> Counter:
+    """The calls a traced forward made, each as its op and the shapes of its tensor arguments (views aside)."""
+    def shapes(a: dict[str, Any]) -> Any:
+        if a.get("kind") == "tensor":
+            return tuple(a.get("shape") or ())
+        if a.get("kind") == "tensor_list":
+            return tuple(None if d is None else tuple(d.get("shape") or ()) for d in a.get("items") or ())
+        return None
+
+    return Counter((c.op, tuple(shapes(a) for a in c.signature.get("args", ()))) for c in calls if not c.view)
+
+
+def _calls_note(warm: Counter | None, captured: Counter | None) -> str | None:
+    """What the capture says where its two forwards on the same inputs made other calls (other ops, or the same
+    ops on other shapes): the model keeps state across forwards (a KV cache that grows on every call, a step
+    counter that picks a branch), so the cards, taken from its second forward, are not what its next forwards
+    call, and the run and export call it many more times."""
+    if warm is None or captured is None:
+        return None
+    new = captured - warm
+    if not new:   # at most calls of the first forward alone: a one-time set-up (a table built on the first call)
+        return None
+    gone = warm - captured
+    (op, args), _ = next(iter(new.items()))
+    shown = ", ".join("[" + ",".join(map(str, a)) + "]" if a and all(isinstance(d, int) for d in a)
+                      else "[" + ", ".join("[" + ",".join(map(str, d)) + "]" for d in a if d is not None) + "]"
+                      for a in args if a is not None)
+    return (f"the model's two forwards on the same inputs made other calls ({sum(new.values())} call(s) of the "
+            f"second were not in the first, {sum(gone.values())} of the first not in the second; e.g. {op} on "
+            f"{shown or 'no tensor'}, made in the second and not the first): it keeps state across forwards (a KV cache or buffer that grows on "
+            "every call, a counter that picks another branch), so the cards, taken from the second forward, are not "
+            "what later forwards call, and the run and export call it many times more; make the builder's forward "
+            "the same on every call (pass the cache in as an input, reset state at the start of forward)")
 
 
 def _degenerate_note(out: torch.Tensor) -> str | None:
@@ -320,6 +356,7 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
                 write_s += time.perf_counter() - t0
 
         early = None  # the chain samples planned from the warm-up, taken during the captured forward
+        warm_calls = None if warm_trace is None else _call_shapes(warm_trace.calls)
         if warm_trace is not None:
             planned = chain_cards(warm_trace, target.module, paths.weight, 0.0, samples=k,
                                   sample_budget_bytes=budget, total_budget_bytes=total_budget)
@@ -362,7 +399,9 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         cards = sorted((_to_card(t, total_us) for t in mode.cards.values()),
                        key=lambda c: (-c.share, c.op, c.card_id))
         chain_list, chain_notes, t_chains = [], {}, time.perf_counter()
+        calls_note = None
         if trace is not None:
+            calls_note = _calls_note(warm_calls, _call_shapes(trace.calls))
             trace.resolve_times()
             # Chain samples have a total budget of their own, the one the warm-up planned them with: were it
             # what the op samples left, the captured forward's plan would be smaller than the warm-up's whenever
@@ -409,6 +448,8 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         notes["model output"] = output_note
     if repeat_note:
         notes["repeatable"] = repeat_note
+    if calls_note:
+        notes["calls"] = calls_note
     if built_note:
         notes["dtype"] = built_note
     if mode.skipped.get("nested"):
