@@ -81,3 +81,30 @@ def test_a_kv_cache_that_grows_on_every_call_is_noted_at_capture(cli, tmp_path):
     assert "aten::cat on [[1,1,16], [1,1,16]]" in said and "KV cache" in said and "pass the cache in" in said
     assert "repeatable" not in notes["cache"]
     assert "calls" not in notes["setup"] and "calls" not in notes["none"]   # a one-time set-up is no state
+
+
+NOISY = '''
+class Denoiser(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.lin(x + torch.randn_like(x)).relu()   # fresh noise on every call, as a diffusion step draws it
+
+
+def build():
+    torch.manual_seed(0)
+    return Denoiser().eval(), (torch.randn(4, 16),)
+'''
+
+
+def test_a_run_says_the_capture_notes_that_doom_the_whole_model_check(cli, tmp_path):
+    # `capture` noted that the output is not repeatable, but `run` (which captures on its own) said nothing: on a GPU
+    # it searched for the whole budget (an LLM's tokens spent) before export's whole-model check refused the model.
+    code, out, err = cli("run", _config(tmp_path, NOISY), "--dry-run", "--no-tui", "--device", "cpu", "--iterations",
+                         "1", "--json", "--workspace", tmp_path / "ws")
+    assert code == 0, err
+    [said] = json.loads(out)["capture_warnings"]
+    assert said.startswith("the capture of user_model notes (repeatable): the model's output is not repeatable")
+    assert f"kforge: warning: {said}\n" in err

@@ -452,6 +452,11 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
         run_id = ids["run"] = run["id"]
     on_exit_now(lambda: mark_stopped_now(db_path(workspace), run_id))  # a second Ctrl-C exits at once
     capture = await store.get_capture(capture_id)
+    warnings = capture_warnings(capture)
+    for w in warnings:
+        print(f"kforge: warning: {w}", file=sys.stderr)
+        if not args.resume:   # the TUI's event log shows it (a run attached to sees no stderr)
+            await store.add_event(run_id, "run_note", {"message": f"warning: {w}"})
     target = profile(cfg.get("gpu") or "h200") if dry and capture["device"] == "cpu" else None
     cards = await _cards_of(store, workspace, capture_id, gpu=target)
     if target is not None:
@@ -584,6 +589,8 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
     status = (await store.get_run(run_id))["status"]
     doc = run_document(run_id, status, o)
     doc["lanes"] = {"hosts": hosts, "ray": ray_lanes is not None}
+    if warnings:
+        doc["capture_warnings"] = warnings
     notes = {c.card_id: c.note for c in cards if c.note}
     for entry in doc["cards"]:
         if entry["id"] in notes:
@@ -605,6 +612,18 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
             print(f"kforge: {waiting}", file=sys.stderr)
             await store.add_event(run_id, "run_note", {"message": waiting})
     return (0 if stopped_by in RUN_STOP_REASONS else 1), doc
+
+
+# The capture's notes that say export's whole-model check cannot vouch for a cast of this model as it is built: a
+# run searches for hours (and spends an LLM's tokens) before that check refuses it, so the run says them first.
+MODEL_CHECK_NOTES = ("model output", "repeatable", "calls")
+
+
+def capture_warnings(capture: dict[str, Any] | None) -> list[str]:
+    """The capture's notes that a run says on its start (MODEL_CHECK_NOTES), each as one line."""
+    notes = (capture or {}).get("notes") or {}
+    return [f"the capture of {capture['model']} notes ({key}): {notes[key]}"
+            for key in MODEL_CHECK_NOTES if isinstance(notes, dict) and isinstance(notes.get(key), str)]
 
 
 async def _check_replay(store: Store, args: argparse.Namespace) -> None:
