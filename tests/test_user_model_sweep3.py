@@ -108,3 +108,64 @@ def test_a_run_says_the_capture_notes_that_doom_the_whole_model_check(cli, tmp_p
     [said] = json.loads(out)["capture_warnings"]
     assert said.startswith("the capture of user_model notes (repeatable): the model's output is not repeatable")
     assert f"kforge: warning: {said}\n" in err
+
+
+FORCES = '''
+class ForceField(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.energy = nn.Sequential(nn.Linear(3, 16), nn.Tanh(), nn.Linear(16, 1))
+
+    def forward(self, pos):
+        if GRAD:
+            with torch.enable_grad():
+                return self.forces(pos.detach().requires_grad_(True))
+        return self.forces(pos.requires_grad_(True))
+
+    def forces(self, pos):
+        return -torch.autograd.grad(self.energy(pos).sum(), pos)[0]
+
+
+def build(grad):
+    global GRAD
+    GRAD = grad
+    torch.manual_seed(0)
+    return ForceField(), (torch.randn(5, 3),)
+'''
+
+
+def test_a_forward_that_takes_gradients_is_told_to_enable_them(cli, tmp_path):
+    # A force field (forces = -dE/dx) runs in plain eager; under the capture's torch.no_grad() it said "the model
+    # raised during its warm-up forward: RuntimeError: element 0 of tensors does not require grad ...; fix the
+    # model or its [params]", which names neither the cause nor the fix.
+    code, out, err = cli("capture", _config(tmp_path, FORCES, "grad = false"), "--device", "cpu", "--workspace",
+                         tmp_path / "ws")
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert "the model's warm-up forward takes gradients" in err and "torch.no_grad()" in err
+    assert "`with torch.enable_grad():`" in err and "fix the model or its [params]" not in err
+    ops = {c["op"] for c in _capture_json(cli, tmp_path / "grad", FORCES, "grad = true")["cards"]}
+    assert {"aten::tanh", "aten::tanh_backward"} <= ops   # what the fix says works, backward calls and all
+
+
+CLASSIFIER = '''
+def build(labels):
+    torch.manual_seed(0)
+    head = nn.Linear(8, 5)
+    model = nn.Sequential(head, nn.Flatten(0)) if not labels else nn.Sequential(head, Argmax())
+    return model, (torch.randn(4, 8),)
+
+
+class Argmax(nn.Module):
+    def forward(self, x):
+        return x.argmax(-1)
+'''
+
+
+def test_a_model_returning_labels_is_noted_at_capture(cli, tmp_path):
+    # The whole-model check compares the first output tensor by relative L2: of argmax labels, one label flipped by
+    # a kernel's rounding reads as a large error; the capture said nothing.
+    notes = {labels: _capture_json(cli, tmp_path / labels, CLASSIFIER, f"labels = {labels}")["notes"]
+             for labels in ("true", "false")}
+    assert "holds int64 values (labels, indices or a mask" in notes["true"]["model output"]
+    assert "return the float scores they come from first" in notes["true"]["model output"]
+    assert "model output" not in notes["false"]

@@ -116,6 +116,10 @@ def _run_forward(config: ModelConfig, forward: Callable[[], Any], what: str,
                              f"({_one_line(e)}): a device written into the forward (device=\"cuda\", .cuda()); "
                              "make its tensors on its inputs' device (x.device), or capture on a GPU "
                              "(--device cuda)") from e
+        if any(s in text for s in _NEEDS_GRAD):
+            raise UsageError(f"{config.path}: the model's {what} forward takes gradients ({_one_line(e)}), and "
+                             "Kernel Forge runs forwards under torch.no_grad() (inference): wrap the part of the "
+                             "forward that calls torch.autograd.grad or .backward() in `with torch.enable_grad():`") from e
         raise UsageError(f"{config.path}: the model raised during its {what} forward: "
                          f"{_one_line(e)}; fix the model or its [params] (--debug shows the traceback)") from e
     with contextlib.suppress(TypeError):  # no tensor in the output: the captured forward notes it
@@ -124,6 +128,12 @@ def _run_forward(config: ModelConfig, forward: Callable[[], Any], what: str,
                              "inputs are meta tensors; Kernel Forge runs the model on real data: create them on the "
                              "`device` the builder is passed")
     return out
+
+
+# What autograd raises where a forward takes gradients (torch.autograd.grad, .backward(): a force field's forces,
+# a gradient penalty) of tensors made under torch.no_grad(), which runs without torch.no_grad().
+_NEEDS_GRAD = ("does not require grad and does not have a grad_fn", "One of the differentiated Tensors does not "
+               "require grad")
 
 
 # Elements of the output kept to compare two forwards: enough to see a changed input, few enough for an LM's logits.
@@ -208,6 +218,18 @@ def _degenerate_note(out: torch.Tensor) -> str | None:
     return (f"the model's output, of shape {list(out.shape)}, is {why}: export's whole-model check cannot tell from "
             "it whether a cast changes the model's output; give the builder inputs and weights that make an output "
             "of varied, finite values")
+
+
+def _integer_note(out: torch.Tensor) -> str | None:
+    """What the capture says where the output tensor export's whole-model check compares holds integers or booleans
+    (labels, token ids, a mask: `argmax`, `topk` indices, a comparison): a kernel within its rounding tolerance
+    flips one where two scores are close, which the check reads as a large error (relative L2 of label values)."""
+    if out.is_floating_point() or out.is_complex():
+        return None
+    return (f"the output tensor export's whole-model check compares (the output's first tensor, depth first) holds "
+            f"{dtype_name(out.dtype)} values (labels, indices or a mask, as argmax or a comparison gives): a kernel "
+            "within its rounding tolerance can flip one where two scores are close, and the check reads that as a "
+            "large error; return the float scores they come from first")
 
 
 def _returned_as_is_note(out: torch.Tensor, target: Any) -> str | None:
@@ -383,7 +405,8 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         t_captured = time.perf_counter()
         repeat_note = _repeat_note(warm_probe, _output_probe(output))
         try:
-            output_note = _degenerate_note(output_tensor(output)) or _returned_as_is_note(output_tensor(output), target)
+            output_note = (_degenerate_note(output_tensor(output)) or _returned_as_is_note(output_tensor(output), target)
+                           or _integer_note(output_tensor(output)))
         except TypeError:
             kind = type(output).__name__
             what = "None" if output is None else f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind} with no tensor in it"
