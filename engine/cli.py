@@ -418,7 +418,7 @@ def _export(args: argparse.Namespace, out: Path, progress: Callable[[str], None]
     bad = [a for a in archs if not re.fullmatch(r"sm_\d{2,3}[af]?", a)]
     if bad:
         raise UsageError(f"--also-arch {args.also_arch}: {bad[0]!r} is not an arch like sm_121")
-    return export_run(_workspace(args), args.run, out, progress=progress,
+    return export_run(_export_workspace(args), args.run, out, progress=progress,
                       model_check=not args.no_model_check, cuda_graphs=args.cuda_graphs,
                       sanitize=args.sanitize, sanitize_timeout_s=args.sanitize_timeout, targets=targets,
                       also_archs=archs, fresh=args.fresh, graph_routes=args.graph_routes,
@@ -452,6 +452,15 @@ def _workspace(args: argparse.Namespace) -> Path:
         return ensure_workspace(resolve_workspace(args.workspace))
     except WorkspaceError as e:
         raise UsageError(str(e)) from None
+
+
+def _export_workspace(args: argparse.Namespace) -> Path:
+    """The workspace an export reads: made ready (its folders) only where it holds a database; a mistyped
+    --workspace, or export run from another folder, is said by export_run and leaves no empty workspace behind."""
+    from engine.store import db_path, resolve_workspace
+
+    workspace = resolve_workspace(args.workspace)
+    return _workspace(args) if db_path(workspace).is_file() else workspace
 
 
 def _workspace_existing(args: argparse.Namespace) -> Path:
