@@ -454,6 +454,17 @@ def _workspace(args: argparse.Namespace) -> Path:
         raise UsageError(str(e)) from None
 
 
+def _resume_workspace(args: argparse.Namespace) -> None:
+    """`run --resume RUN` names a run of an existing workspace: where --workspace (or the default) holds none, say
+    so before anything is made there (it left an empty workspace behind, then said 'no such run')."""
+    from engine.store import db_path, resolve_workspace
+
+    workspace = resolve_workspace(args.workspace)
+    if not db_path(workspace).is_file():
+        raise UsageError(f"--resume {args.resume}: no Kernel Forge workspace at {workspace}: give the --workspace DIR "
+                         "the run was made in, or resume from the folder whose .kforge/ holds it")
+
+
 def _export_workspace(args: argparse.Namespace) -> Path:
     """The workspace an export reads: made ready (its folders) only where it holds a database; a mistyped
     --workspace, or export run from another folder, is said by export_run and leaves no empty workspace behind."""
@@ -603,6 +614,8 @@ def _dispatch(argv: list[str], open_tui: TuiLauncher | None) -> int:
             from engine.run.command import check_run_args, cmd_run
 
             check_run_args(args)  # bad input is exit 2 here, not in a detached engine's log
+            if args.resume:  # a run to resume lives in a workspace: a mistyped --workspace must not make a new one
+                _resume_workspace(args)
             if not args.no_tui:
                 if open_tui is not None and terminal_attached():
                     return open_tui(args)  # engine detached in its own process, the TUI attached to it
