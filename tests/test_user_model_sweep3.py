@@ -169,3 +169,37 @@ def test_a_model_returning_labels_is_noted_at_capture(cli, tmp_path):
     assert "holds int64 values (labels, indices or a mask" in notes["true"]["model output"]
     assert "return the float scores they come from first" in notes["true"]["model output"]
     assert "model output" not in notes["false"]
+
+
+def test_editing_a_module_the_builder_imports_is_a_new_capture(tmp_path):
+    # A model split in files (build.py: `from layers import Block`): editing layers.py kept the config's identity, so
+    # `run` reused the old capture and searched the old model's cards (relu after the model had moved to sigmoid).
+    from engine.config import load_config
+
+    (tmp_path / "net").mkdir()
+    files = {
+        "build.py": "import json\nimport torch\nfrom layers import Block\nfrom net.head import Head\n\n"
+                    "def build():\n    return torch.nn.Sequential(Block(), Head()), (torch.randn(2, 8),)\n",
+        "layers.py": "import torch\n\nclass Block(torch.nn.Linear):\n    def __init__(self):\n"
+                     "        super().__init__(8, 8)\n",
+        "net/__init__.py": "",
+        "net/head.py": "import torch\nfrom .act import ACT\n\nclass Head(torch.nn.Module):\n"
+                       "    def forward(self, x):\n        return ACT(x)\n",
+        "net/act.py": "import torch\nACT = torch.relu\n",
+        "json.py": "# never imported: the standard library's json comes first\n",
+        "notes.py": "# imported by nothing\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    cfg = tmp_path / "m.toml"
+    cfg.write_text('name = "split"\nbuilder = "build.py:build"\n')
+    first = load_config(cfg).sha256
+    for name in ("json.py", "notes.py"):
+        (tmp_path / name).write_text(files[name] + "# edited\n")
+        assert load_config(cfg).sha256 == first, name
+    seen = {first}
+    for name in ("layers.py", "net/head.py", "net/act.py", "net/__init__.py"):
+        (tmp_path / name).write_text(files[name] + "# edited\n")
+        again = load_config(cfg).sha256
+        assert again not in seen, name
+        seen.add(again)
