@@ -324,8 +324,8 @@ def run_argv(args: argparse.Namespace) -> list[str]:
         value = getattr(args, action.dest, None)
         if not action.option_strings:  # CONFIG
             argv += [] if value is None else [str(value)]
-        elif action.nargs == 0:  # a flag: given when its value is not the default
-            argv += [action.option_strings[-1]] if value is not None and value != action.default else []
+        elif action.nargs == 0:  # a flag: given when its value is not the default (--debug's default is SUPPRESS)
+            argv += [action.option_strings[-1]] if value not in (None, False) and value != action.default else []
         elif value is not None and value is not argparse.SUPPRESS:
             argv += [action.option_strings[-1], str(value)]
     return argv

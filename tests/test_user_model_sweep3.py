@@ -41,6 +41,7 @@ def test_a_run_stopped_before_it_was_created_names_the_command_as_given(tmp_path
     for flag in (["--iterations", "2"], ["--ops", "relu|gelu"], ["--provider", "builtin"], ["--dry-run"],
                  ["--no-tui"], ["--device", "cpu"]):
         assert " ".join(flag) in " ".join(command), (flag, command)
+    assert "--debug" not in command   # a flag not given (its parser default is SUPPRESS, its value False)
 
 
 KV_CACHE = '''
