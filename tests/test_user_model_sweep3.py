@@ -204,3 +204,41 @@ def test_editing_a_module_the_builder_imports_is_a_new_capture(tmp_path):
         again = load_config(cfg).sha256
         assert again not in seen, name
         seen.add(again)
+
+
+FLAT = '''
+class Body(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16) * 0.1)
+
+    def forward(self, x):
+        for _ in range(4):
+            x = torch.tanh(x * self.w + 0.5) - 0.1
+        return x
+
+
+class Wrapped(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = Body()
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def build(wrap):
+    torch.manual_seed(0)
+    return (Wrapped() if wrap else Body()), (torch.randn(4, 16),)
+'''
+
+
+def test_a_flat_model_is_told_why_it_has_no_chain_cards(cli, tmp_path):
+    # The same pointwise run made a chain card inside a submodule and none in the model's own forward, and the
+    # capture said nothing of it: chain cards are made only of calls inside submodules.
+    flat = _capture_json(cli, tmp_path / "flat", FLAT, "wrap = false")
+    wrapped = _capture_json(cli, tmp_path / "wrapped", FLAT, "wrap = true")
+    assert flat["chains"] == [] and len(wrapped["chains"]) == 1
+    said = flat["notes"]["chains"]
+    assert said.startswith("16 of the forward's 16 memory-bound calls") and "outside any submodule" in said
+    assert "move that code into a submodule" in said and "chains" not in wrapped["notes"]

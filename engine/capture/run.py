@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import secrets
 import shutil
 import time
@@ -203,6 +204,34 @@ def _calls_note(warm: Counter | None, captured: Counter | None) -> str | None:
             "every call, a counter that picks another branch), so the cards, taken from the second forward, are not "
             "what later forwards call, and the run and export call it many times more; make the builder's forward "
             "the same on every call (pass the cache in as an input, reset state at the start of forward)")
+
+
+def _top_level_note(calls: Any) -> str | None:
+    """What the capture says where much of the forward's memory-bound work runs in the model's own forward,
+    outside any submodule (a flat model): chain cards (one kernel for a run of pointwise ops) are made only of
+    calls inside submodules (engine.capture.chains), so such a model gets none, and nothing said why."""
+    from engine.capture.recorder import TOP_LEVEL
+
+    def nbytes(c: Any) -> int:   # what the call reads, by its signature
+        descs = [d for a in c.signature.get("args", ()) for d in
+                 ([a] if a.get("kind") == "tensor" else a.get("items") or [] if a.get("kind") == "tensor_list" else [])
+                 if d and d.get("shape") is not None and not d.get("absent")]
+        return sum(math.prod(d["shape"]) * getattr(torch, d["dtype"]).itemsize for d in descs)
+
+    memory = [c for c in calls if not c.compute and not c.view]
+    top = [c for c in memory if c.path in (TOP_LEVEL, "")]
+    made = {v for c in top for v in c.writes}
+    linked = [c for c in top if any(v in made for _, v in c.reads)]   # reads another such call's output
+    if not linked:
+        return None
+    top_bytes, all_bytes = sum(nbytes(c) for c in top), sum(nbytes(c) for c in memory)
+    if all_bytes == 0 or top_bytes < all_bytes / 4:   # a mask made at the top (transformers'), a final scale
+        return None
+    return (f"{len(top)} of the forward's {len(memory)} memory-bound calls ({100 * top_bytes / all_bytes:.0f} % of "
+            "their bytes read), run in the model's own forward, outside any submodule, one after another: chain "
+            "cards, one kernel for a run of such calls, are made only of calls inside submodules, so these have "
+            "none; in your own model, move that code into a submodule (an nn.Module of its own, called from the "
+            "forward) to get them")
 
 
 def _degenerate_note(out: torch.Tensor) -> str | None:
@@ -422,9 +451,10 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         cards = sorted((_to_card(t, total_us) for t in mode.cards.values()),
                        key=lambda c: (-c.share, c.op, c.card_id))
         chain_list, chain_notes, t_chains = [], {}, time.perf_counter()
-        calls_note = None
+        calls_note = top_note = None
         if trace is not None:
             calls_note = _calls_note(warm_calls, _call_shapes(trace.calls))
+            top_note = _top_level_note(trace.calls)
             trace.resolve_times()
             # Chain samples have a total budget of their own, the one the warm-up planned them with: were it
             # what the op samples left, the captured forward's plan would be smaller than the warm-up's whenever
@@ -473,6 +503,8 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         notes["repeatable"] = repeat_note
     if calls_note:
         notes["calls"] = calls_note
+    if top_note:
+        notes["chains"] = top_note
     if built_note:
         notes["dtype"] = built_note
     if mode.skipped.get("nested"):
