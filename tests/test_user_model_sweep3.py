@@ -242,3 +242,39 @@ def test_a_flat_model_is_told_why_it_has_no_chain_cards(cli, tmp_path):
     said = flat["notes"]["chains"]
     assert said.startswith("16 of the forward's 16 memory-bound calls") and "outside any submodule" in said
     assert "move that code into a submodule" in said and "chains" not in wrapped["notes"]
+
+
+FD_PRINTS = '''
+import os
+import sys
+
+
+class Loud(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        os.write(1, b"a C extension's printf\\n")      # below sys.stdout, as a C++ extension's logging is
+        print("to sys.__stdout__", file=sys.__stdout__)
+        return self.lin(x)
+
+
+def build():
+    os.system("echo a subprocess the builder starts")
+    return Loud(), (torch.randn(2, 4),)
+'''
+
+
+def test_capture_json_stays_one_document_when_the_model_writes_below_sys_stdout(capfd, tmp_path):
+    # Only sys.stdout was sent to stderr: a write to file descriptor 1 (a C extension, a subprocess, sys.__stdout__)
+    # came out ahead of the JSON document, and json.loads of stdout failed.
+    from kforge_tui.cli import main
+
+    code = main(["capture", str(_config(tmp_path, FD_PRINTS)), "--device", "cpu", "--json", "--workspace",
+                 str(tmp_path / "ws")])
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    assert json.loads(out)["model"] == "user_model"
+    for said in ("a C extension's printf", "to sys.__stdout__", "a subprocess the builder starts"):
+        assert said in err and said not in out
