@@ -80,6 +80,9 @@ def shipped_configs() -> dict[str, Path]:
 def find_config(path: str | Path) -> Path:
     """A config path as given, else a shipped reference config of that name."""
     p = Path(path)
+    if p.is_file() and p.suffix == ".py":
+        raise UsageError(f"{p}: a Python file, not a config: pass a .toml that names it, e.g. name = \"{p.stem}\" and "
+                         f"builder = \"{p.name}:build\" (docs/examples.md)")
     if p.is_file():
         return p
     shipped = shipped_configs()
@@ -119,6 +122,14 @@ def load_config(path: str | Path, *, small: bool = False) -> ModelConfig:
         if table in raw and not isinstance(raw[table], dict):
             raise bad(table, f"must be a table ([{table}])")
     params = dict(raw.get("params", {}))
+    # The builder is passed the capture's device and the config's dtype for it; a [params] value took their place,
+    # and a builder told "cuda" on a CPU capture failed with a hint to take a `device` argument it already took.
+    if "device" in params:
+        raise bad("params.device", "the builder is passed the capture's device (--device cpu|cuda; default cuda where "
+                  "there is one); take it out of [params]")
+    if isinstance(params.get("dtype"), str) and params["dtype"] in DTYPES:
+        raise bad("params.dtype", f"the builder is passed the config's dtype as a torch.dtype; set it in [dtype] "
+                  f"(cuda = \"{params['dtype']}\", cpu = ...) and take it out of [params]")
     small_over = raw.get("small", {})
     for k in small_over:
         if k not in params:

@@ -278,3 +278,18 @@ def test_capture_json_stays_one_document_when_the_model_writes_below_sys_stdout(
     assert json.loads(out)["model"] == "user_model"
     for said in ("a C extension's printf", "to sys.__stdout__", "a subprocess the builder starts"):
         assert said in err and said not in out
+
+
+def test_a_config_that_sets_the_device_or_dtype_in_params_or_is_the_py_file_is_one_line(cli, tmp_path):
+    # [params] device = "cuda" took the place of the capture's device: on a CPU capture the builder failed with
+    # "this machine has no CUDA GPU: give the builder a `device` argument", which it had. A dtype name in [params]
+    # reached the builder as a string. And the builder's .py passed as the config read "invalid TOML".
+    source = "def build(device, dtype):\n    return nn.Linear(4, 4).to(device, dtype), (torch.randn(2, 4, device=device),)\n"
+    for params, key, fix in (('device = "cuda"', "params.device", "take it out of [params]"),
+                             ('dtype = "float16"', "params.dtype", 'set it in [dtype] (cuda = "float16"')):
+        code, out, err = cli("capture", _config(tmp_path, source, params), "--device", "cpu", "--workspace",
+                             tmp_path / "ws")
+        assert code == 2 and err.count("\n") == 1 and f"key '{key}'" in err and fix in err, err
+    code, out, err = cli("capture", tmp_path / "user_model.py", "--device", "cpu", "--workspace", tmp_path / "ws")
+    assert code == 2 and err.count("\n") == 1 and "a Python file, not a config" in err
+    assert 'builder = "user_model.py:build"' in err
