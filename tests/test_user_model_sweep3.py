@@ -293,3 +293,21 @@ def test_a_config_that_sets_the_device_or_dtype_in_params_or_is_the_py_file_is_o
     code, out, err = cli("capture", tmp_path / "user_model.py", "--device", "cpu", "--workspace", tmp_path / "ws")
     assert code == 2 and err.count("\n") == 1 and "a Python file, not a config" in err
     assert 'builder = "user_model.py:build"' in err
+
+
+def test_the_whole_model_checks_compare_a_complex_output_whole():
+    # An FFT model's output went through `.double()`, which keeps the real part only (with a warning): a cast that
+    # broke only the imaginary part agreed with eager exactly.
+    import warnings
+
+    from engine.bench.agreement import compared, rel_l2_err
+
+    eager = torch.randn(64, dtype=torch.complex64)
+    broken = torch.complex(eager.real, torch.zeros(64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # no "Casting complex values to real discards the imaginary part"
+        assert rel_l2_err(compared(broken), compared(eager)) > 0.5
+        assert rel_l2_err(compared(eager.conj()), compared(eager)) > 0.5   # a conjugate view is read as it is
+        assert compared(eager).dtype == torch.float64 and compared(eager.real).shape == (64,)
+    src = (Path(__file__).resolve().parent.parent / "engine" / "export" / "e2e.py").read_text()
+    assert ".double()" not in src   # every output compared through compared()
