@@ -311,3 +311,36 @@ def test_the_whole_model_checks_compare_a_complex_output_whole():
         assert compared(eager).dtype == torch.float64 and compared(eager.real).shape == (64,)
     src = (Path(__file__).resolve().parent.parent / "engine" / "export" / "e2e.py").read_text()
     assert ".double()" not in src   # every output compared through compared()
+
+
+def test_compile_workers_end_when_the_run_that_started_them_is_killed(tmp_path):
+    # A `run --dry-run` killed with SIGKILL (the OOM killer, a scheduler, kill -9) left its compile workers and
+    # multiprocessing's resource tracker running for good: a worker waits on a queue whose write end it holds.
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = ("import os, sys, time\nfrom engine.compile.pool import CompilePool\npool = CompilePool(1)\n"
+              "executor, _ = pool._current()\nprint(executor.submit(os.getpid).result(), flush=True)\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parent.parent)
+    worker = int(proc.stdout.readline())
+
+    def alive() -> bool:   # a zombie (ended, not yet reaped by init) has ended
+        try:
+            return Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and alive():
+            time.sleep(0.1)
+        assert not alive(), "the compile worker outlived its parent"
+    finally:
+        if alive():
+            os.kill(worker, signal.SIGKILL)
