@@ -344,3 +344,52 @@ def test_compile_workers_end_when_the_run_that_started_them_is_killed(tmp_path):
     finally:
         if alive():
             os.kill(worker, signal.SIGKILL)
+
+
+SCALED = '''
+from torch.utils._pytree import tree_map
+
+
+class Scaled(torch.Tensor):
+    """A wrapper tensor subclass (as torchao's quantized weights are): its data lives in a plain tensor it holds."""
+
+    @staticmethod
+    def __new__(cls, data, scale):
+        t = torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=data.dtype, device=data.device)
+        t.data_, t.scale = data, scale
+        return t
+
+    def __repr__(self):
+        return f"Scaled({self.data_})"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        def plain(t):
+            return t.data_ * t.scale if isinstance(t, Scaled) else t
+        return func(*tree_map(plain, args), **tree_map(plain, kwargs or {}))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("w", Scaled(torch.randn(8, 8), 0.5))   # model state the capture keys by storage
+        self.act = nn.GELU()
+
+    def forward(self, x):
+        return self.act(x @ self.w) * 2
+
+
+def build():
+    torch.manual_seed(0)
+    return Net(), (Scaled(torch.randn(4, 8), 2.0),)
+'''
+
+
+def test_a_model_with_wrapper_tensor_subclasses_captures_the_calls_they_make(cli, tmp_path):
+    # A wrapper subclass (torchao's quantized weights, a scaled input) runs in eager; the capture read it as a plain
+    # tensor and said "the model raised during its warm-up forward: RuntimeError: Attempted to access the data
+    # pointer on an invalid python storage.; fix the model".
+    doc = _capture_json(cli, tmp_path, SCALED)
+    ops = {c["op"] for c in doc["cards"]}
+    assert {"aten::mm", "aten::gelu", "aten::mul.Tensor"} <= ops   # the plain calls, the scale's muls among them
+    assert not any("Scaled" in json.dumps(c) for c in doc["cards"] + doc["chains"])
