@@ -120,7 +120,8 @@ def _run_forward(config: ModelConfig, forward: Callable[[], Any], what: str,
         if any(s in text for s in _NEEDS_GRAD):
             raise UsageError(f"{config.path}: the model's {what} forward takes gradients ({_one_line(e)}), and "
                              "Kernel Forge runs forwards under torch.no_grad() (inference): wrap the part of the "
-                             "forward that calls torch.autograd.grad or .backward() in `with torch.enable_grad():`") from e
+                             "forward that calls torch.autograd.grad or .backward() in "
+                             "`with torch.enable_grad():`") from e
         raise UsageError(f"{config.path}: the model raised during its {what} forward: "
                          f"{_one_line(e)}; fix the model or its [params] (--debug shows the traceback)") from e
     with contextlib.suppress(TypeError):  # no tensor in the output: the captured forward notes it
@@ -200,10 +201,11 @@ def _calls_note(warm: Counter | None, captured: Counter | None) -> str | None:
                       for a in args if a is not None)
     return (f"the model's two forwards on the same inputs made other calls ({sum(new.values())} call(s) of the "
             f"second were not in the first, {sum(gone.values())} of the first not in the second; e.g. {op} on "
-            f"{shown or 'no tensor'}, made in the second and not the first): it keeps state across forwards (a KV cache or buffer that grows on "
-            "every call, a counter that picks another branch), so the cards, taken from the second forward, are not "
-            "what later forwards call, and the run and export call it many times more; make the builder's forward "
-            "the same on every call (pass the cache in as an input, reset state at the start of forward)")
+            f"{shown or 'no tensor'}, made in the second and not the first): it keeps state across forwards (a KV "
+            "cache or buffer that grows on every call, a counter that picks another branch), so the cards, taken "
+            "from the second forward, are not what later forwards call, and the run and export call it many times "
+            "more; make the builder's forward the same on every call (pass the cache in as an input, reset state at "
+            "the start of forward)")
 
 
 def _top_level_note(calls: Any) -> str | None:
@@ -434,8 +436,9 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         t_captured = time.perf_counter()
         repeat_note = _repeat_note(warm_probe, _output_probe(output))
         try:
-            output_note = (_degenerate_note(output_tensor(output)) or _returned_as_is_note(output_tensor(output), target)
-                           or _integer_note(output_tensor(output)))
+            first = output_tensor(output)
+            output_note = _degenerate_note(first) or _returned_as_is_note(first, target) or _integer_note(first)
+            del first
         except TypeError:
             kind = type(output).__name__
             what = "None" if output is None else f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind} with no tensor in it"
