@@ -426,7 +426,15 @@ def build_target(config: ModelConfig, device: torch.device) -> CaptureTarget:
     # Inference only: capture, the lane, the whole-model check and the benchmarks all see the model in eval
     # mode (dropout off, batch norm on its running statistics), whatever mode the builder left it in.
     training = [f"module '{name}'" if name else "the model" for name, m in target.module.named_modules() if m.training]
-    target.module.eval()
+    try:
+        target.module.eval()
+    except NotImplementedError as e:   # a torch.export program's module(): "Calling eval() is not supported yet."
+        # It said "internal error: NotImplementedError: ..." (exit 1). Its mode was fixed when it was exported.
+        target = replace(target, notes={**target.notes, "eval mode": (
+            f"the model's mode cannot be switched ({type(e).__name__}: {e}), as with the module() of a torch.export "
+            "program, whose dropout and batch norm run as they were exported: Kernel Forge runs it as it is; export "
+            "it from the model in eval mode (model.eval() before torch.export.export) for inference")})
+        training = []
     if training:
         target = replace(target, notes={**target.notes, "eval mode": (
             f"the builder returned {training[0]}{f' and {len(training) - 1} more module(s)' if len(training) > 1 else ''}"

@@ -393,3 +393,16 @@ def test_a_model_with_wrapper_tensor_subclasses_captures_the_calls_they_make(cli
     ops = {c["op"] for c in doc["cards"]}
     assert {"aten::mm", "aten::gelu", "aten::mul.Tensor"} <= ops   # the plain calls, the scale's muls among them
     assert not any("Scaled" in json.dumps(c) for c in doc["cards"] + doc["chains"])
+
+
+def test_a_torch_export_programs_module_captures_as_it_was_exported(cli, tmp_path):
+    # ExportedProgram.module() refuses eval(): the capture said "internal error: NotImplementedError: Calling eval()
+    # is not supported yet." (exit 1).
+    source = ("def build():\n    torch.manual_seed(0)\n    x = torch.randn(4, 8)\n"
+              "    model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.ReLU()).eval()\n"
+              "    return torch.export.export(model, (x,)).module(), (x,)\n")
+    doc = _capture_json(cli, tmp_path, source)
+    assert {"aten::addmm", "aten::native_layer_norm", "aten::relu"} <= {c["op"] for c in doc["cards"]}
+    said = doc["notes"]["eval mode"]
+    assert said.startswith("the model's mode cannot be switched (NotImplementedError: Calling eval() is not supported")
+    assert "model.eval() before torch.export.export" in said

@@ -346,7 +346,8 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     progress(f"building {config.name} on {device.type} ({dtype_name(config.dtype_for(device.type))}"
              f"{', small' if config.small else ''})")
     target = build_target(config, device)
-    target.module.eval()
+    with contextlib.suppress(NotImplementedError):   # a torch.export program's module: build_target noted it
+        target.module.eval()
     t_built = time.perf_counter()
     dtype = config.dtype_for(device.type)
     # What the model is in, which the builder decides: one that takes no `dtype` argument builds float32
