@@ -406,3 +406,16 @@ def test_a_torch_export_programs_module_captures_as_it_was_exported(cli, tmp_pat
     said = doc["notes"]["eval mode"]
     assert said.startswith("the model's mode cannot be switched (NotImplementedError: Calling eval() is not supported")
     assert "model.eval() before torch.export.export" in said
+
+
+def test_run_names_the_config_key_behind_a_bad_provider_or_no_samples(cli, tmp_path):
+    # A [run] provider the config named was reported as "--provider nope: unknown provider", a flag never given; and
+    # [capture] samples = 0 made a run that proposed nothing ("3 no-samples") and said done.
+    source = "def build():\n    return nn.Sequential(nn.Linear(4, 4), nn.ReLU()), (torch.randn(2, 4),)\n"
+    cfg = _config(tmp_path, source)
+    for table, said in (('[run]\nprovider = "nope"\n', "user_model.toml: key 'run.provider' nope: unknown provider"),
+                        ("[capture]\nsamples = 0\n", "user_model.toml: key 'capture.samples': 0 keeps no input")):
+        cfg.write_text('name = "user_model"\nbuilder = "user_model.py:build"\n' + table)
+        code, out, err = cli("run", cfg, "--dry-run", "--no-tui", "--device", "cpu", "--workspace", tmp_path / "ws")
+        assert code == 2 and err.count("\n") == 1 and said in err and "--provider nope" not in err, err
+        assert not (tmp_path / "ws").exists()   # said before anything is made

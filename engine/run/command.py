@@ -688,10 +688,25 @@ def check_run_args(args: argparse.Namespace) -> None:
             raise UsageError(f"--strategy {args.strategy}: use one of {', '.join(STRATEGIES)}")
         return
     s = settings_of(args)
+    from engine.config import load_config
+
+    config = load_config(args.config, small=args.small)
+    if config.samples == 0:   # every card would end 'no-samples': a run that proposed nothing and said done
+        raise UsageError(f"{config.path}: key 'capture.samples': 0 keeps no input samples, and a run verifies every "
+                         "kernel on them; set it to 1 or more (default 3), or leave it out")
     if s.strategy not in STRATEGIES:
         where = "--strategy" if s.source["strategy"] == "cli" else f"{args.config}: key 'run.strategy'"
         raise UsageError(f"{where} {s.strategy}: use one of {', '.join(STRATEGIES)}")
-    provider_for(s.provider, s.model, s.base_url).check_key()
+    try:
+        provider_for(s.provider, s.model, s.base_url).check_key()
+    except UsageError as e:
+        # A provider the config's [run] or the user config named: the line named a --provider never given.
+        flag = f"--provider {s.provider}:"
+        where = {"run config": f"{args.config}: key 'run.provider'",
+                 "user config": f"{load_user_config().path}: key 'default_provider'"}.get(s.source["provider"])
+        if where is None or not str(e).startswith(flag):
+            raise
+        raise UsageError(f"{where} {s.provider}:{str(e)[len(flag):]}") from None
 
 
 def cmd_run(args: argparse.Namespace, workspace: Path) -> int:
