@@ -175,18 +175,19 @@ def test_a_model_returning_labels_is_noted_at_capture(cli, tmp_path):
 def test_editing_a_module_the_builder_imports_is_a_new_capture(tmp_path):
     # A model split in files (build.py: `from layers import Block`): editing layers.py kept the config's identity, so
     # `run` reused the old capture and searched the old model's cards (relu after the model had moved to sigmoid).
+    # (Module names of their own here: an earlier test's builder folder stays on this process's import path.)
     from engine.config import load_config
 
-    (tmp_path / "net").mkdir()
+    (tmp_path / "sweep3_net").mkdir()
     files = {
-        "build.py": "import json\nimport torch\nfrom layers import Block\nfrom net.head import Head\n\n"
+        "build.py": "import json\nimport torch\nfrom sweep3_layers import Block\nfrom sweep3_net.head import Head\n\n"
                     "def build():\n    return torch.nn.Sequential(Block(), Head()), (torch.randn(2, 8),)\n",
-        "layers.py": "import torch\n\nclass Block(torch.nn.Linear):\n    def __init__(self):\n"
-                     "        super().__init__(8, 8)\n",
-        "net/__init__.py": "",
-        "net/head.py": "import torch\nfrom .act import ACT\n\nclass Head(torch.nn.Module):\n"
-                       "    def forward(self, x):\n        return ACT(x)\n",
-        "net/act.py": "import torch\nACT = torch.relu\n",
+        "sweep3_layers.py": "import torch\n\nclass Block(torch.nn.Linear):\n    def __init__(self):\n"
+                            "        super().__init__(8, 8)\n",
+        "sweep3_net/__init__.py": "",
+        "sweep3_net/head.py": "import torch\nfrom .act import ACT\n\nclass Head(torch.nn.Module):\n"
+                              "    def forward(self, x):\n        return ACT(x)\n",
+        "sweep3_net/act.py": "import torch\nACT = torch.relu\n",
         "json.py": "# never imported: the standard library's json comes first\n",
         "notes.py": "# imported by nothing\n",
     }
@@ -199,7 +200,7 @@ def test_editing_a_module_the_builder_imports_is_a_new_capture(tmp_path):
         (tmp_path / name).write_text(files[name] + "# edited\n")
         assert load_config(cfg).sha256 == first, name
     seen = {first}
-    for name in ("layers.py", "net/head.py", "net/act.py", "net/__init__.py"):
+    for name in ("sweep3_layers.py", "sweep3_net/head.py", "sweep3_net/act.py", "sweep3_net/__init__.py"):
         (tmp_path / name).write_text(files[name] + "# edited\n")
         again = load_config(cfg).sha256
         assert again not in seen, name
