@@ -324,8 +324,8 @@ def run_argv(args: argparse.Namespace) -> list[str]:
         value = getattr(args, action.dest, None)
         if not action.option_strings:  # CONFIG
             argv += [] if value is None else [str(value)]
-        elif action.nargs == 0:  # a flag: given when its value is not the default
-            argv += [action.option_strings[-1]] if value is not None and value != action.default else []
+        elif action.nargs == 0:  # a flag: given when its value is not the default (--debug's default is SUPPRESS)
+            argv += [action.option_strings[-1]] if value not in (None, False) and value != action.default else []
         elif value is not None and value is not argparse.SUPPRESS:
             argv += [action.option_strings[-1], str(value)]
     return argv
@@ -418,7 +418,7 @@ def _export(args: argparse.Namespace, out: Path, progress: Callable[[str], None]
     bad = [a for a in archs if not re.fullmatch(r"sm_\d{2,3}[af]?", a)]
     if bad:
         raise UsageError(f"--also-arch {args.also_arch}: {bad[0]!r} is not an arch like sm_121")
-    return export_run(_workspace(args), args.run, out, progress=progress,
+    return export_run(_export_workspace(args), args.run, out, progress=progress,
                       model_check=not args.no_model_check, cuda_graphs=args.cuda_graphs,
                       sanitize=args.sanitize, sanitize_timeout_s=args.sanitize_timeout, targets=targets,
                       also_archs=archs, fresh=args.fresh, graph_routes=args.graph_routes,
@@ -452,6 +452,26 @@ def _workspace(args: argparse.Namespace) -> Path:
         return ensure_workspace(resolve_workspace(args.workspace))
     except WorkspaceError as e:
         raise UsageError(str(e)) from None
+
+
+def _resume_workspace(args: argparse.Namespace) -> None:
+    """`run --resume RUN` names a run of an existing workspace: where --workspace (or the default) holds none, say
+    so before anything is made there (it left an empty workspace behind, then said 'no such run')."""
+    from engine.store import db_path, resolve_workspace
+
+    workspace = resolve_workspace(args.workspace)
+    if not db_path(workspace).is_file():
+        raise UsageError(f"--resume {args.resume}: no Kernel Forge workspace at {workspace}: give the --workspace DIR "
+                         "the run was made in, or resume from the folder whose .kforge/ holds it")
+
+
+def _export_workspace(args: argparse.Namespace) -> Path:
+    """The workspace an export reads: made ready (its folders) only where it holds a database; a mistyped
+    --workspace, or export run from another folder, is said by export_run and leaves no empty workspace behind."""
+    from engine.store import db_path, resolve_workspace
+
+    workspace = resolve_workspace(args.workspace)
+    return _workspace(args) if db_path(workspace).is_file() else workspace
 
 
 def _workspace_existing(args: argparse.Namespace) -> Path:
@@ -594,6 +614,8 @@ def _dispatch(argv: list[str], open_tui: TuiLauncher | None) -> int:
             from engine.run.command import check_run_args, cmd_run
 
             check_run_args(args)  # bad input is exit 2 here, not in a detached engine's log
+            if args.resume:  # a run to resume lives in a workspace: a mistyped --workspace must not make a new one
+                _resume_workspace(args)
             if not args.no_tui:
                 if open_tui is not None and terminal_attached():
                     return open_tui(args)  # engine detached in its own process, the TUI attached to it

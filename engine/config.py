@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.machinery
@@ -79,6 +80,9 @@ def shipped_configs() -> dict[str, Path]:
 def find_config(path: str | Path) -> Path:
     """A config path as given, else a shipped reference config of that name."""
     p = Path(path)
+    if p.is_file() and p.suffix == ".py":
+        raise UsageError(f"{p}: a Python file, not a config: pass a .toml that names it, e.g. name = \"{p.stem}\" and "
+                         f"builder = \"{p.name}:build\" (docs/examples.md)")
     if p.is_file():
         return p
     shipped = shipped_configs()
@@ -118,6 +122,14 @@ def load_config(path: str | Path, *, small: bool = False) -> ModelConfig:
         if table in raw and not isinstance(raw[table], dict):
             raise bad(table, f"must be a table ([{table}])")
     params = dict(raw.get("params", {}))
+    # The builder is passed the capture's device and the config's dtype for it; a [params] value took their place,
+    # and a builder told "cuda" on a CPU capture failed with a hint to take a `device` argument it already took.
+    if "device" in params:
+        raise bad("params.device", "the builder is passed the capture's device (--device cpu|cuda; default cuda where "
+                  "there is one); take it out of [params]")
+    if isinstance(params.get("dtype"), str) and params["dtype"] in DTYPES:
+        raise bad("params.dtype", f"the builder is passed the config's dtype as a torch.dtype; set it in [dtype] "
+                  f"(cuda = \"{params['dtype']}\", cpu = ...) and take it out of [params]")
     small_over = raw.get("small", {})
     for k in small_over:
         if k not in params:
@@ -149,12 +161,15 @@ def load_config(path: str | Path, *, small: bool = False) -> ModelConfig:
             raise bad(f"capture.{k}", "must be a non-negative integer")
     run = _run_table(raw.get("run", {}), bad)
     builder_file = _builder_file(p, builder)
+    # Where the builder's own imports are found (resolve_builder puts it on the import path): a `.py` builder's
+    # folder, else the config's.
+    imports_root = builder_file.parent if builder_file and builder.split(":")[0].endswith(".py") else p.parent.resolve()
     identity_bytes = data
     if "run" in raw:  # the same model with other run settings is the same capture
         rest = {k: v for k, v in raw.items() if k != "run"}
         identity_bytes = b"kforge-config-without-run\0" + json.dumps(rest, sort_keys=True, default=str).encode()
     return ModelConfig(
-        path=p, sha256=_identity(identity_bytes, builder, builder_file), name=raw["name"],
+        path=p, sha256=_identity(identity_bytes, builder, builder_file, imports_root), name=raw["name"],
         description=str(raw.get("description", "")), builder=builder, params=params, small=small,
         dtypes=dict(dtypes), multiplicity=dict(mult), samples=cap.get("samples", 3),
         sample_budget_mb=cap.get("sample_budget_mb", 256),
@@ -218,10 +233,10 @@ def _builder_file(config_path: Path, builder: str) -> Path | None:
     return file if file.is_file() else None
 
 
-def _identity(toml: bytes, builder: str, builder_file: Path | None) -> str:
+def _identity(toml: bytes, builder: str, builder_file: Path | None, root: Path | None = None) -> str:
     """The config's identity (`ModelConfig.sha256`, a capture's `config_sha256`): the TOML bytes plus the
-    builder module's source, so that editing the model is a new capture. Only that one module file counts,
-    not the modules it imports."""
+    builder module's source, so that editing the model is a new capture, and the sources of the user's own modules
+    it imports from `root` (the folder its imports are found in: `local_sources`). Installed packages do not count."""
     if builder_file is None:
         return hashlib.sha256(toml).hexdigest()
     try:
@@ -230,10 +245,86 @@ def _identity(toml: bytes, builder: str, builder_file: Path | None) -> str:
         raise UsageError(f"{builder_file}: cannot read the builder of this config ({e.strerror or e}); "
                          f"fix its permissions or the config's 'builder' key") from None
     h = hashlib.sha256(b"kforge-config-identity-v2\0")
-    for part in (toml, builder.encode(), source):
+    parts = [toml, builder.encode(), source]
+    for file in local_sources(builder_file, root) if root is not None else []:
+        # A model split in files (`from layers import Block`): editing layers.py was no new capture, and `run`
+        # searched the old model's cards. (A builder that imports none keeps the identity it had.)
+        with contextlib.suppress(OSError):
+            parts += [str(file.relative_to(root)).encode(), file.read_bytes()]
+    for part in parts:
         h.update(len(part).to_bytes(8, "little"))
         h.update(part)
     return h.hexdigest()
+
+
+_MAX_LOCAL_SOURCES = 500
+
+
+def local_sources(builder_file: Path, root: Path) -> list[Path]:
+    """The `.py` files under `root` that the builder file imports, followed through their own imports (read, not
+    imported): a model split in files next to its builder (`from layers import Block`, `from mypkg.net import
+    Net`, relative imports inside such a package). A name that Python finds elsewhere first (the standard
+    library, an installed package) is not followed; `root` comes after them on the import path."""
+    import ast
+
+    root = root.resolve()
+    found: dict[Path, None] = {}
+    todo, done = [builder_file.resolve()], set()
+
+    def module_files(base: Path, parts: list[str]) -> list[Path]:
+        files = []
+        for i in range(1, len(parts) + 1):
+            path = base.joinpath(*parts[:i])
+            if path.with_suffix(".py").is_file():
+                files.append(path.with_suffix(".py"))
+                break   # a module, not a package: what follows are names in it
+            if not path.is_dir():
+                break
+            if (path / "__init__.py").is_file():
+                files.append(path / "__init__.py")
+        return files
+
+    def elsewhere(top: str) -> bool:
+        try:
+            spec = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            return False
+        origins = [spec.origin] if spec is not None and spec.origin else []
+        origins += list(spec.submodule_search_locations or []) if spec is not None else []
+        return spec is not None and not any(Path(o).resolve().is_relative_to(root) for o in origins
+                                            if o not in ("built-in", "frozen"))
+
+    while todo and len(done) < _MAX_LOCAL_SOURCES:
+        file = todo.pop()
+        if file in done:
+            continue
+        done.add(file)
+        try:
+            tree = ast.parse(file.read_bytes())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            wanted: list[tuple[Path, list[str]]] = []
+            if isinstance(node, ast.Import):
+                wanted = [(root, a.name.split(".")) for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level:   # relative: inside the file's own package
+                base = file.parent
+                for _ in range(node.level - 1):
+                    base = base.parent
+                mod = node.module.split(".") if node.module else []
+                wanted = [(base, [*mod, a.name]) for a in node.names] + ([(base, mod)] if mod else [])
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                mod = node.module.split(".")
+                wanted = [(root, [*mod, a.name]) for a in node.names] + [(root, mod)]
+            for base, parts in wanted:
+                if not base.resolve().is_relative_to(root) or (base == root and elsewhere(parts[0])):
+                    continue
+                for f in module_files(base, parts):
+                    f = f.resolve()
+                    if f.is_relative_to(root) and f not in found and f != builder_file.resolve():
+                        found[f] = None
+                        todo.append(f)
+    return sorted(found)
 
 
 def _importable(folder: Path) -> None:
@@ -335,7 +426,15 @@ def build_target(config: ModelConfig, device: torch.device) -> CaptureTarget:
     # Inference only: capture, the lane, the whole-model check and the benchmarks all see the model in eval
     # mode (dropout off, batch norm on its running statistics), whatever mode the builder left it in.
     training = [f"module '{name}'" if name else "the model" for name, m in target.module.named_modules() if m.training]
-    target.module.eval()
+    try:
+        target.module.eval()
+    except NotImplementedError as e:   # a torch.export program's module(): "Calling eval() is not supported yet."
+        # It said "internal error: NotImplementedError: ..." (exit 1). Its mode was fixed when it was exported.
+        target = replace(target, notes={**target.notes, "eval mode": (
+            f"the model's mode cannot be switched ({type(e).__name__}: {e}), as with the module() of a torch.export "
+            "program, whose dropout and batch norm run as they were exported: Kernel Forge runs it as it is; export "
+            "it from the model in eval mode (model.eval() before torch.export.export) for inference")})
+        training = []
     if training:
         target = replace(target, notes={**target.notes, "eval mode": (
             f"the builder returned {training[0]}{f' and {len(training) - 1} more module(s)' if len(training) > 1 else ''}"

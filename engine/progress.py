@@ -198,5 +198,39 @@ def json_stdout(on: bool) -> contextlib.AbstractContextManager:
     """With --json, what the model's builder or forward prints ("loading…", a debug print) goes to stderr while
     the command works, so stdout holds one JSON document, printed after the block. Entered before the command's
     progress display and left after it: a display that redirects stdout itself (rich) started inside a redirect of
-    ours, and stopped after it ended, would leave stdout pointing at stderr."""
-    return contextlib.redirect_stdout(sys.stderr) if on else contextlib.nullcontext()
+    ours, and stopped after it ended, would leave stdout pointing at stderr. File descriptor 1 goes to stderr too:
+    what is written below Python's sys.stdout (a C extension's printf, a subprocess the builder starts, os.write(1),
+    sys.__stdout__) came out ahead of the JSON document, which json.loads then refused."""
+    if not on:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(_fd1_to_stderr())
+    stack.enter_context(contextlib.redirect_stdout(sys.stderr))
+    return stack
+
+
+@contextlib.contextmanager
+def _fd1_to_stderr() -> Any:
+    """File descriptor 1 pointed at descriptor 2 for the block, then restored (nothing where either is not open)."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        for flush in (lambda: sys.__stdout__.flush(), _flush_c_stdio):
+            with contextlib.suppress(Exception):
+                flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _flush_c_stdio() -> None:
+    """The C library's buffered stdout (a C extension's printf) written out while descriptor 1 is still stderr."""
+    import ctypes
+
+    ctypes.CDLL(None).fflush(None)

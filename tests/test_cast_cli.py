@@ -64,10 +64,11 @@ def test_audit_verify_and_export_need_a_gpu(cast_file, tmp_path, capsys):
     code, out, err = run_cli(["audit", cast_file, "--verify"], capsys)
     assert code == 2 and "no CUDA GPU" in err and len(err.strip().splitlines()) == 1
     code, out, err = run_cli(["export", "--out", tmp_path / "x.cast", "--workspace", tmp_path / "ws"], capsys)
-    # a workspace without runs says so first, and no database is made there: the input to fix on any machine
-    # (it said "no CUDA GPU")
-    assert code == 2 and "no runs in" in err and len(err.strip().splitlines()) == 1
-    assert not (tmp_path / "x.cast").exists() and not (tmp_path / "ws" / "kforge.db").exists()
+    # a folder without runs says so first, and nothing is made there (it was left an empty workspace): the input
+    # to fix on any machine (it said "no CUDA GPU")
+    assert code == 2 and f"no Kernel Forge workspace at {tmp_path / 'ws'} (no runs there)" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "x.cast").exists() and not (tmp_path / "ws").exists()
 
 
 def test_export_of_a_dry_run_says_it_is_one(tmp_path, capsys):

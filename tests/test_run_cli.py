@@ -53,6 +53,19 @@ def test_unknown_run_to_resume(cli, tmp_path):
 
 def test_unknown_run_to_resume_without_a_gpu_says_so_before_the_gpu(cli, tmp_path):
     # Without --dry-run on a machine with no GPU it said 'no CUDA GPU is visible; use --dry-run'.
+    import asyncio
+
+    from engine.store import Store, db_path
+
+    # a folder that holds no workspace says so, and is left as it was (it was made an empty workspace)
+    code, out, err = cli("run", "--resume", "run-nope", "--no-tui", "--workspace", tmp_path / "ws")
+    assert_one_line_error(code, out, err, "--resume run-nope", f"no Kernel Forge workspace at {tmp_path / 'ws'}")
+    assert "GPU" not in err and not (tmp_path / "ws").exists()
+
+    async def make() -> None:
+        await (await Store.open(db_path(tmp_path))).close()
+
+    asyncio.run(make())
     code, out, err = cli("run", "--resume", "run-nope", "--no-tui", "--workspace", tmp_path)
     assert_one_line_error(code, out, err, "--resume run-nope", "no such run")
     assert "GPU" not in err

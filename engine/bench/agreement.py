@@ -22,6 +22,17 @@ def rel_l2_err(out: Any, ref: Any) -> float:
     return num / den if den else (0.0 if num == 0 else math.inf)
 
 
+def compared(t: Any) -> Any:
+    """A model's output tensor as the whole-model checks compare it: float64, a complex one as its real and
+    imaginary parts (`.double()` of a complex tensor keeps the real part only, with a warning: a cast that broke
+    only the imaginary part of an FFT model's output agreed)."""
+    import torch
+
+    if t.is_complex():
+        return torch.view_as_real(t.resolve_conj()).double()
+    return t.double()
+
+
 _CHUNK = 1 << 24   # elements upcast at a time: 128 MiB of float64 each side
 
 

@@ -53,6 +53,7 @@ from engine.capture.chains import (
     find_chains,
     patterns,
 )
+from engine.capture.filters import own_dispatch
 from engine.capture.higher_order import is_higher_order, run_higher_order
 from engine.capture.recorder import CaptureMode, hookable
 from engine.capture.samples import SampleWriter, Snapshot, save_sample, storage_key
@@ -99,6 +100,8 @@ class MemberTrace(_Trace):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if is_higher_order(func):
             return run_higher_order(self, func, args, kwargs)
+        if own_dispatch(types):   # a wrapper subclass: no call of its own here (engine.capture.filters)
+            return NotImplemented
         if self.capture is not None:
             self.capture.last_timing = None
         out = super().__torch_dispatch__(func, types, args, kwargs)
@@ -178,6 +181,8 @@ class ChainSampler(_Trace):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if is_higher_order(func):
             return run_higher_order(self, func, args, kwargs)
+        if own_dispatch(types):   # a wrapper subclass, as the traces do (engine.capture.filters)
+            return NotImplemented
         i = len(self.calls)
         if self.mismatch is None and (i >= len(self.reference) or self.reference[i].op != func.name()):
             self.mismatch = f"call {i} is {func.name()}" + (

@@ -39,7 +39,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.bench.floor import is_compute_op
-from engine.capture.filters import packed, unreadable
+from engine.capture.filters import own_dispatch, packed, unreadable
 from engine.capture.higher_order import is_higher_order, run_higher_order
 from engine.capture.recorder import TOP_LEVEL, ModulePaths
 from engine.capture.signature import bind_arguments, card_id, signature_of
@@ -184,6 +184,8 @@ class ChainTrace(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if is_higher_order(func):
             return run_higher_order(self, func, args, kwargs)
+        if own_dispatch(types):   # a wrapper subclass: its own calls on plain tensors are traced
+            return NotImplemented
         kwargs = kwargs or {}
         path = self.path_of()
         if path != self._last_path:

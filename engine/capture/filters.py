@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 # Ops that launch no kernel worth replacing: aliasing, metadata edits, host syncs, assertions.
@@ -53,6 +55,19 @@ def unreadable(tensors: list[torch.Tensor]) -> str | None:
     if any(t.is_quantized for t in tensors):
         return "quantized"
     return None
+
+
+_PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
+
+
+def own_dispatch(types: Any) -> bool:
+    """Whether a tensor subclass among a call's `types` dispatches its calls itself (a wrapper subclass: torchao's
+    quantized weights, DTensor, a user's scaled tensor). A capture mode hands such a call to it (returns
+    NotImplemented) and sees the calls it makes on the plain tensors it holds: read as a plain tensor, it has no
+    storage, and the capture failed ("Attempted to access the data pointer on an invalid python storage") on a
+    model that runs. nn.Parameter and other plain subclasses dispatch as torch.Tensor does."""
+    return any(t is not torch.Tensor and getattr(t, "__torch_dispatch__", _PLAIN_DISPATCH) is not _PLAIN_DISPATCH
+               for t in types or ())
 
 
 def packed(args: tuple, kwargs: dict) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from engine.capture.filters import skip_reason, unreadable
+from engine.capture.filters import own_dispatch, skip_reason, unreadable
 from engine.capture.higher_order import is_higher_order, run_higher_order
 from engine.capture.samples import Snapshot, snapshot_inputs, snapshot_outputs
 from engine.capture.signature import (
@@ -142,6 +142,9 @@ class CaptureMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if is_higher_order(func):
             return run_higher_order(self, func, args, kwargs)
+        if own_dispatch(types):   # a wrapper subclass: its own calls on plain tensors come back here
+            self.skipped["subclass"] += 1
+            return NotImplemented
         kwargs = kwargs or {}
         reason = skip_reason(func, args, kwargs)
         self.last_timing = None

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import secrets
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,6 +117,11 @@ def _run_forward(config: ModelConfig, forward: Callable[[], Any], what: str,
                              f"({_one_line(e)}): a device written into the forward (device=\"cuda\", .cuda()); "
                              "make its tensors on its inputs' device (x.device), or capture on a GPU "
                              "(--device cuda)") from e
+        if any(s in text for s in _NEEDS_GRAD):
+            raise UsageError(f"{config.path}: the model's {what} forward takes gradients ({_one_line(e)}), and "
+                             "Kernel Forge runs forwards under torch.no_grad() (inference): wrap the part of the "
+                             "forward that calls torch.autograd.grad or .backward() in "
+                             "`with torch.enable_grad():`") from e
         raise UsageError(f"{config.path}: the model raised during its {what} forward: "
                          f"{_one_line(e)}; fix the model or its [params] (--debug shows the traceback)") from e
     with contextlib.suppress(TypeError):  # no tensor in the output: the captured forward notes it
@@ -123,6 +130,12 @@ def _run_forward(config: ModelConfig, forward: Callable[[], Any], what: str,
                              "inputs are meta tensors; Kernel Forge runs the model on real data: create them on the "
                              "`device` the builder is passed")
     return out
+
+
+# What autograd raises where a forward takes gradients (torch.autograd.grad, .backward(): a force field's forces,
+# a gradient penalty) of tensors made under torch.no_grad(), which runs without torch.no_grad().
+_NEEDS_GRAD = ("does not require grad and does not have a grad_fn", "One of the differentiated Tensors does not "
+               "require grad")
 
 
 # Elements of the output kept to compare two forwards: enough to see a changed input, few enough for an LM's logits.
@@ -159,6 +172,70 @@ def _repeat_note(first: torch.Tensor | None, again: torch.Tensor | None) -> str 
             "no random numbers)")
 
 
+def _call_shapes(calls: Any) -> Counter:
+    """The calls a traced forward made, each as its op and the shapes of its tensor arguments (views aside)."""
+    def shapes(a: dict[str, Any]) -> Any:
+        if a.get("kind") == "tensor":
+            return tuple(a.get("shape") or ())
+        if a.get("kind") == "tensor_list":
+            return tuple(None if d is None else tuple(d.get("shape") or ()) for d in a.get("items") or ())
+        return None
+
+    return Counter((c.op, tuple(shapes(a) for a in c.signature.get("args", ()))) for c in calls if not c.view)
+
+
+def _calls_note(warm: Counter | None, captured: Counter | None) -> str | None:
+    """What the capture says where its two forwards on the same inputs made other calls (other ops, or the same
+    ops on other shapes): the model keeps state across forwards (a KV cache that grows on every call, a step
+    counter that picks a branch), so the cards, taken from its second forward, are not what its next forwards
+    call, and the run and export call it many more times."""
+    if warm is None or captured is None:
+        return None
+    new = captured - warm
+    if not new:   # at most calls of the first forward alone: a one-time set-up (a table built on the first call)
+        return None
+    gone = warm - captured
+    (op, args), _ = next(iter(new.items()))
+    shown = ", ".join("[" + ",".join(map(str, a)) + "]" if a and all(isinstance(d, int) for d in a)
+                      else "[" + ", ".join("[" + ",".join(map(str, d)) + "]" for d in a if d is not None) + "]"
+                      for a in args if a is not None)
+    return (f"the model's two forwards on the same inputs made other calls ({sum(new.values())} call(s) of the "
+            f"second were not in the first, {sum(gone.values())} of the first not in the second; e.g. {op} on "
+            f"{shown or 'no tensor'}, made in the second and not the first): it keeps state across forwards (a KV "
+            "cache or buffer that grows on every call, a counter that picks another branch), so the cards, taken "
+            "from the second forward, are not what later forwards call, and the run and export call it many times "
+            "more; make the builder's forward the same on every call (pass the cache in as an input, reset state at "
+            "the start of forward)")
+
+
+def _top_level_note(calls: Any) -> str | None:
+    """What the capture says where much of the forward's memory-bound work runs in the model's own forward,
+    outside any submodule (a flat model): chain cards (one kernel for a run of pointwise ops) are made only of
+    calls inside submodules (engine.capture.chains), so such a model gets none, and nothing said why."""
+    from engine.capture.recorder import TOP_LEVEL
+
+    def nbytes(c: Any) -> int:   # what the call reads, by its signature
+        descs = [d for a in c.signature.get("args", ()) for d in
+                 ([a] if a.get("kind") == "tensor" else a.get("items") or [] if a.get("kind") == "tensor_list" else [])
+                 if d and d.get("shape") is not None and not d.get("absent")]
+        return sum(math.prod(d["shape"]) * getattr(torch, d["dtype"]).itemsize for d in descs)
+
+    memory = [c for c in calls if not c.compute and not c.view]
+    top = [c for c in memory if c.path in (TOP_LEVEL, "")]
+    made = {v for c in top for v in c.writes}
+    linked = [c for c in top if any(v in made for _, v in c.reads)]   # reads another such call's output
+    if not linked:
+        return None
+    top_bytes, all_bytes = sum(nbytes(c) for c in top), sum(nbytes(c) for c in memory)
+    if all_bytes == 0 or top_bytes < all_bytes / 4:   # a mask made at the top (transformers'), a final scale
+        return None
+    return (f"{len(top)} of the forward's {len(memory)} memory-bound calls ({100 * top_bytes / all_bytes:.0f} % of "
+            "their bytes read), run in the model's own forward, outside any submodule, one after another: chain "
+            "cards, one kernel for a run of such calls, are made only of calls inside submodules, so these have "
+            "none; in your own model, move that code into a submodule (an nn.Module of its own, called from the "
+            "forward) to get them")
+
+
 def _degenerate_note(out: torch.Tensor) -> str | None:
     """What the capture says where the model's output is degenerate on the builder's inputs (a batch of 0, a head
     that starts at zero, NaN): export's whole-model check, after a whole run on the GPU, would find that agreement
@@ -172,6 +249,18 @@ def _degenerate_note(out: torch.Tensor) -> str | None:
     return (f"the model's output, of shape {list(out.shape)}, is {why}: export's whole-model check cannot tell from "
             "it whether a cast changes the model's output; give the builder inputs and weights that make an output "
             "of varied, finite values")
+
+
+def _integer_note(out: torch.Tensor) -> str | None:
+    """What the capture says where the output tensor export's whole-model check compares holds integers or booleans
+    (labels, token ids, a mask: `argmax`, `topk` indices, a comparison): a kernel within its rounding tolerance
+    flips one where two scores are close, which the check reads as a large error (relative L2 of label values)."""
+    if out.is_floating_point() or out.is_complex():
+        return None
+    return (f"the output tensor export's whole-model check compares (the output's first tensor, depth first) holds "
+            f"{dtype_name(out.dtype)} values (labels, indices or a mask, as argmax or a comparison gives): a kernel "
+            "within its rounding tolerance can flip one where two scores are close, and the check reads that as a "
+            "large error; return the float scores they come from first")
 
 
 def _returned_as_is_note(out: torch.Tensor, target: Any) -> str | None:
@@ -257,7 +346,8 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     progress(f"building {config.name} on {device.type} ({dtype_name(config.dtype_for(device.type))}"
              f"{', small' if config.small else ''})")
     target = build_target(config, device)
-    target.module.eval()
+    with contextlib.suppress(NotImplementedError):   # a torch.export program's module: build_target noted it
+        target.module.eval()
     t_built = time.perf_counter()
     dtype = config.dtype_for(device.type)
     # What the model is in, which the builder decides: one that takes no `dtype` argument builds float32
@@ -320,6 +410,7 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
                 write_s += time.perf_counter() - t0
 
         early = None  # the chain samples planned from the warm-up, taken during the captured forward
+        warm_calls = None if warm_trace is None else _call_shapes(warm_trace.calls)
         if warm_trace is not None:
             planned = chain_cards(warm_trace, target.module, paths.weight, 0.0, samples=k,
                                   sample_budget_bytes=budget, total_budget_bytes=total_budget)
@@ -346,7 +437,9 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         t_captured = time.perf_counter()
         repeat_note = _repeat_note(warm_probe, _output_probe(output))
         try:
-            output_note = _degenerate_note(output_tensor(output)) or _returned_as_is_note(output_tensor(output), target)
+            first = output_tensor(output)
+            output_note = _degenerate_note(first) or _returned_as_is_note(first, target) or _integer_note(first)
+            del first
         except TypeError:
             kind = type(output).__name__
             what = "None" if output is None else f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind} with no tensor in it"
@@ -362,7 +455,10 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         cards = sorted((_to_card(t, total_us) for t in mode.cards.values()),
                        key=lambda c: (-c.share, c.op, c.card_id))
         chain_list, chain_notes, t_chains = [], {}, time.perf_counter()
+        calls_note = top_note = None
         if trace is not None:
+            calls_note = _calls_note(warm_calls, _call_shapes(trace.calls))
+            top_note = _top_level_note(trace.calls)
             trace.resolve_times()
             # Chain samples have a total budget of their own, the one the warm-up planned them with: were it
             # what the op samples left, the captured forward's plan would be smaller than the warm-up's whenever
@@ -409,6 +505,10 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         notes["model output"] = output_note
     if repeat_note:
         notes["repeatable"] = repeat_note
+    if calls_note:
+        notes["calls"] = calls_note
+    if top_note:
+        notes["chains"] = top_note
     if built_note:
         notes["dtype"] = built_note
     if mode.skipped.get("nested"):

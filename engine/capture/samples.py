@@ -126,8 +126,13 @@ def _memcmp() -> Any:
 
 
 def storage_key(t: torch.Tensor) -> tuple:
-    """What names a tensor's storage while it lives (device, address, size)."""
-    return _storage_key(t)
+    """What names a tensor's storage while it lives (device, address, size). A wrapper tensor subclass (torchao's
+    quantized weights, a user's scaled tensor) has no storage of its own: it is named by itself, a key no storage
+    has (its data is read through the plain tensors it holds, as its own calls make them)."""
+    try:
+        return _storage_key(t)
+    except (RuntimeError, NotImplementedError):
+        return ("no storage", id(t))
 
 
 def _storage_key(t: torch.Tensor) -> tuple:

@@ -23,6 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from engine.capture.filters import own_dispatch
 from engine.capture.higher_order import is_higher_order, run_higher_order
 
 aten = torch.ops.aten
@@ -80,6 +81,8 @@ class WideCompute(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if is_higher_order(func):
             return run_higher_order(self, func, args, kwargs)
+        if own_dispatch(types):   # a wrapper subclass: its calls on plain tensors come back here
+            return NotImplemented
         kwargs = kwargs or {}
         if func in WIDENED:
             tensors = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]

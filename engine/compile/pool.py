@@ -41,12 +41,29 @@ def _init_worker() -> None:
     """Load libnvrtc and find the headers once per worker, so the first real compile pays neither.
 
     Ctrl-C in a terminal reaches the whole process group: a worker ignores it (its parent stops the pool),
-    so it prints no traceback of its own."""
+    so it prints no traceback of its own. A worker whose parent is gone (killed: SIGKILL, the OOM killer, a
+    job scheduler) ends too (`_exit_with_parent`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _exit_with_parent()
     try:
         nvrtc_headers()
     except Exception:  # noqa: BLE001 - an initializer failure breaks the whole pool; the compile will report it
         pass
+
+
+def _exit_with_parent(period_s: float = 1.0) -> None:
+    """End this worker once the process that started it is gone. A pool worker waits for its next task on a queue
+    whose write end it holds itself, so its parent's death never reaches it: a `run` killed with SIGKILL left its
+    workers (and multiprocessing's resource tracker, whose pipe they hold) running for good."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            threading.Event().wait(period_s)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="kforge-parent-watch", daemon=True).start()
 
 
 def _work(source: str, arch: str, compiler: CompilerName, name: str, options: tuple[str, ...],

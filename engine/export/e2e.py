@@ -28,7 +28,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.bench.agreement import REPEAT_REL, degenerate, rel_l2_err, unrepeatable  # noqa: F401 - used and re-exported
+from engine.bench.agreement import (  # noqa: F401 - used and re-exported
+    REPEAT_REL,
+    compared,
+    degenerate,
+    rel_l2_err,
+    unrepeatable,
+)
 from engine.outcomes import faster_with_confidence
 
 
@@ -226,10 +232,10 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
         for _ in range(3):
             forward()
         whole = forward()
-        eager_out = output_tensor(whole).double()
+        eager_out = compared(output_tensor(whole))
         eager_others = output_states(output_tensors(whole)[1:])
         del whole
-        eager_bad = degenerate(eager_out) or unrepeatable(eager_out, output_tensor(forward()).double())
+        eager_bad = degenerate(eager_out) or unrepeatable(eager_out, compared(output_tensor(forward())))
         base = forward  # what the cast must beat: eager, or the model compiled without the cast
         if compile_mode is not None:
             torch._dynamo.reset()
@@ -255,7 +261,7 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
                     ran = ran_in_forward(cast.stats(), ids, forwards=REPLAY_WARM_CALLS)
                 cast.reset_stats()
                 whole = fast()
-                cast_out = output_tensor(whole).double()
+                cast_out = compared(output_tensor(whole))
                 other = judge_other_outputs(eager_others, output_tensors(whole)[1:])
                 del whole
                 if not replayed:

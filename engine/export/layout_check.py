@@ -25,6 +25,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from engine.bench.agreement import compared
+
 PRECISION = 0.02
 MAX_S = 20.0
 TRIES = 2
@@ -131,7 +133,7 @@ def trial(model: Any, forward: Callable[[], Any], select: Callable[[str, Any], b
         for _ in range(WARM_CALLS):
             forward()
         ls.reset_counters()
-        got = output_tensor(forward()).double()
+        got = compared(output_tensor(forward()))
     s = ls.summary()
     r.update(hits=s["hits"], misses=s["misses"], declines=s["declines"], failed=s["failed"][:4])
     if not s["hits"]:
@@ -276,13 +278,13 @@ def main(argv: list[str] | None = None) -> int:
                 forward()
             out = output_tensor(forward())
             dtype = str(out.dtype).removeprefix("torch.")
-            eager_out = out.double()
+            eager_out = compared(out)
             del out
             reference = float32_output(model, forward)  # before the cast binds the parameters it reads
             with cast.enabled(model):
                 for _ in range(WARM_CALLS):
                     forward()
-                cast_out = output_tensor(forward()).double()
+                cast_out = compared(output_tensor(forward()))
                 timed = functools.partial(time_steady, device=args.device)
                 res = check(model, forward, classes, eager_out, cast_out, dtype, timed, args.precision,
                             args.max_s, tries=max(1, args.tries), reference=reference)

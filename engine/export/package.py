@@ -484,6 +484,9 @@ def _export_variants(workspace: Path, run_id: str | None, out: Path, log: Export
 
     found = asyncio.run(_load_run(workspace, run_id)) if db_path(workspace).is_file() else (None, [], [], {})
     run, cards, cands, samples = found
+    if run is None and not db_path(workspace).is_file():   # a mistyped --workspace, or another folder's .kforge/
+        raise UsageError(f"export: no Kernel Forge workspace at {workspace} (no runs there): give the --workspace DIR "
+                         "the run was made in, or export from the folder whose .kforge/ holds it")
     if run is None:   # said first (no workspace made): a wrong run id is the input to fix, on any machine
         raise UsageError(f"export: {'no run ' + repr(run_id) if run_id else 'no runs'} in {workspace}")
     if (run.get("config") or {}).get("dry_run"):

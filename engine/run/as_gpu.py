@@ -33,16 +33,21 @@ _CLOCK_HZ = {"sm_80": 1.41e9, "sm_86": 1.70e9, "sm_89": 2.52e9, "sm_90": 1.98e9,
              "sm_120": 2.41e9, "sm_121": 2.5e9}
 _DEFAULT_CLOCK_HZ = 1.8e9
 
-_CPU_ONLY_MARKS = ("_for_cpu", "mkldnn", "onednn", "_mkl_")
+_CPU_ONLY_MARKS = ("_for_cpu", "mkldnn", "onednn", "_mkl_", "nnpack")
 
 
 def is_cpu_only(op_name: str) -> bool:
-    """An op the GPU never runs: named for the CPU (mkldnn, `_for_cpu`), or without a CUDA kernel."""
+    """An op the GPU never runs: named for the CPU (mkldnn, `_for_cpu`), or without a CUDA kernel.
+
+    A PyTorch built without CUDA (a `+cpu` wheel) registers no CUDA kernel for any op: there only the name
+    tells, else relu, batch norm and most of a model read 'cpu-only op' and a dry run proposed for none of them."""
     import torch
 
     base = op_name.split("::", 1)[-1]
     if any(mark in base for mark in _CPU_ONLY_MARKS):
         return True
+    if not torch.backends.cuda.is_built():
+        return False
     try:
         return not torch._C._dispatch_has_computed_kernel_for_dispatch_key(op_name, "CUDA")
     except RuntimeError:  # an op this PyTorch does not know: leave it to the proposer

@@ -333,10 +333,15 @@ def _stopped_before_the_run(ids: dict[str, str], args: argparse.Namespace, works
                             terminated: bool) -> str:
     """The line for a run stopped before its row was made: what became of the capture (`ids`: "capture" once
     one is stored or reused, "capturing" once this run began one) and how to go on."""
+    from engine.cli import run_argv
+
     word = "terminated" if terminated else "interrupted"
-    again = shlex.join(["kforge-tui", "run", str(args.config), *(["--small"] if args.small else []),
-                        *(["--device", args.device] if args.device else []), *(["--dry-run"] if dry else []),
-                        "--workspace", str(workspace)])
+    # The command as given, every run option kept (--iterations, --provider, --ops ...): the one it names to copy
+    # must run the same run again, not the defaults.
+    argv = run_argv(args)
+    argv += ["--dry-run"] if dry and "--dry-run" not in argv else []
+    argv += ["--no-tui"] if getattr(args, "no_tui", False) else []
+    again = shlex.join(["kforge-tui", "run", *argv, "--workspace", str(workspace)])
     if "capture" in ids:
         how = "captured and stored whole" if ids.get("capturing") else "reused"
         return (f"{word}: stopped before the run was created, nothing to resume; capture {ids['capture']} "
@@ -447,6 +452,11 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
         run_id = ids["run"] = run["id"]
     on_exit_now(lambda: mark_stopped_now(db_path(workspace), run_id))  # a second Ctrl-C exits at once
     capture = await store.get_capture(capture_id)
+    warnings = capture_warnings(capture)
+    for w in warnings:
+        print(f"kforge: warning: {w}", file=sys.stderr)
+        if not args.resume:   # the TUI's event log shows it (a run attached to sees no stderr)
+            await store.add_event(run_id, "run_note", {"message": f"warning: {w}"})
     target = profile(cfg.get("gpu") or "h200") if dry and capture["device"] == "cpu" else None
     cards = await _cards_of(store, workspace, capture_id, gpu=target)
     if target is not None:
@@ -579,6 +589,8 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
     status = (await store.get_run(run_id))["status"]
     doc = run_document(run_id, status, o)
     doc["lanes"] = {"hosts": hosts, "ray": ray_lanes is not None}
+    if warnings:
+        doc["capture_warnings"] = warnings
     notes = {c.card_id: c.note for c in cards if c.note}
     for entry in doc["cards"]:
         if entry["id"] in notes:
@@ -600,6 +612,18 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
             print(f"kforge: {waiting}", file=sys.stderr)
             await store.add_event(run_id, "run_note", {"message": waiting})
     return (0 if stopped_by in RUN_STOP_REASONS else 1), doc
+
+
+# The capture's notes that say export's whole-model check cannot vouch for a cast of this model as it is built: a
+# run searches for hours (and spends an LLM's tokens) before that check refuses it, so the run says them first.
+MODEL_CHECK_NOTES = ("model output", "repeatable", "calls")
+
+
+def capture_warnings(capture: dict[str, Any] | None) -> list[str]:
+    """The capture's notes that a run says on its start (MODEL_CHECK_NOTES), each as one line."""
+    notes = (capture or {}).get("notes") or {}
+    return [f"the capture of {capture['model']} notes ({key}): {notes[key]}"
+            for key in MODEL_CHECK_NOTES if isinstance(notes, dict) and isinstance(notes.get(key), str)]
 
 
 async def _check_replay(store: Store, args: argparse.Namespace) -> None:
@@ -664,10 +688,25 @@ def check_run_args(args: argparse.Namespace) -> None:
             raise UsageError(f"--strategy {args.strategy}: use one of {', '.join(STRATEGIES)}")
         return
     s = settings_of(args)
+    from engine.config import load_config
+
+    config = load_config(args.config, small=args.small)
+    if config.samples == 0:   # every card would end 'no-samples': a run that proposed nothing and said done
+        raise UsageError(f"{config.path}: key 'capture.samples': 0 keeps no input samples, and a run verifies every "
+                         "kernel on them; set it to 1 or more (default 3), or leave it out")
     if s.strategy not in STRATEGIES:
         where = "--strategy" if s.source["strategy"] == "cli" else f"{args.config}: key 'run.strategy'"
         raise UsageError(f"{where} {s.strategy}: use one of {', '.join(STRATEGIES)}")
-    provider_for(s.provider, s.model, s.base_url).check_key()
+    try:
+        provider_for(s.provider, s.model, s.base_url).check_key()
+    except UsageError as e:
+        # A provider the config's [run] or the user config named: the line named a --provider never given.
+        flag = f"--provider {s.provider}:"
+        where = {"run config": f"{args.config}: key 'run.provider'",
+                 "user config": f"{load_user_config().path}: key 'default_provider'"}.get(s.source["provider"])
+        if where is None or not str(e).startswith(flag):
+            raise
+        raise UsageError(f"{where} {s.provider}:{str(e)[len(flag):]}") from None
 
 
 def cmd_run(args: argparse.Namespace, workspace: Path) -> int:
