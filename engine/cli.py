@@ -622,6 +622,7 @@ def _dispatch(argv: list[str], open_tui: TuiLauncher | None) -> int:
                 # A pipe, a cron job, a CI log: a full-screen app would write escape codes and never end.
                 print("kforge: not a terminal; running headless (as with --no-tui)" if open_tui is not None
                       else "kforge: the TUI is not available here; running headless (--no-tui)", file=sys.stderr)
+            args.argv_as_given = run_argv(args)  # the command a stopped run names to go on (engine.run can't import us)
             return cmd_run(args, _workspace(args))
         if args.command == "runs":
             from engine.run.report import cmd_runs

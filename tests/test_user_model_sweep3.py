@@ -30,11 +30,12 @@ def test_a_run_stopped_before_it_was_created_names_the_command_as_given(tmp_path
     # again": --iterations, --ops, --provider and --no-tui were gone, so the command it named ran another run.
     import shlex
 
-    from engine.cli import build_parser
+    from engine.cli import build_parser, run_argv
     from engine.run.command import _stopped_before_the_run
 
     args = build_parser().parse_args(["run", "m.toml", "--dry-run", "--no-tui", "--device", "cpu", "--iterations",
                                       "2", "--ops", "relu|gelu", "--provider", "builtin", "--workspace", "ws"])
+    args.argv_as_given = run_argv(args)  # as engine.cli's dispatch sets it before cmd_run
     line = _stopped_before_the_run({"capturing": "1"}, args, tmp_path, True, False)
     command = shlex.split(line[line.index("'") + 1:line.rindex("' captures again")])
     assert command[:3] == ["kforge-tui", "run", "m.toml"] and command[-2:] == ["--workspace", str(tmp_path)]

@@ -333,12 +333,11 @@ def _stopped_before_the_run(ids: dict[str, str], args: argparse.Namespace, works
                             terminated: bool) -> str:
     """The line for a run stopped before its row was made: what became of the capture (`ids`: "capture" once
     one is stored or reused, "capturing" once this run began one) and how to go on."""
-    from engine.cli import run_argv
-
     word = "terminated" if terminated else "interrupted"
     # The command as given, every run option kept (--iterations, --provider, --ops ...): the one it names to copy
-    # must run the same run again, not the defaults.
-    argv = run_argv(args)
+    # must run the same run again, not the defaults. The CLI rebuilds it from its parser (engine.cli.run_argv) into
+    # args.argv_as_given; a run started otherwise names its config alone.
+    argv = list(getattr(args, "argv_as_given", None) or ([str(args.config)] if getattr(args, "config", None) else []))
     argv += ["--dry-run"] if dry and "--dry-run" not in argv else []
     argv += ["--no-tui"] if getattr(args, "no_tui", False) else []
     again = shlex.join(["kforge-tui", "run", *argv, "--workspace", str(workspace)])
