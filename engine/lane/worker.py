@@ -218,11 +218,13 @@ class Worker:
 
     @contextmanager
     def _contend(self):
-        """Hold a random share of the SMs with long-lived blocks on another stream while the body's candidate
-        runs: a candidate launched beside them cannot have all its blocks resident at once, so it meets the
-        block interleavings of a busy GPU (a race that needs contention shows). The blocks are started by
-        `_launch_beside` just before the candidate's kernels, after its outputs and workspaces are filled (a
-        large card's fills take longer than any fixed spin), and released after them."""
+        """Run the body's candidate as on a busy GPU: its blocks spread out, one per SM at most (`_run_candidate`,
+        `CandidateLauncher.spread`), and, where the worker found a stream that runs beside the candidate's
+        (`self.contention`), a random share of the SMs held with long-lived blocks on that stream: a candidate
+        launched beside them cannot have all its blocks resident at once, so it meets the block interleavings of
+        a busy GPU (a race that needs contention shows). The blocks are started by `_launch_beside` just before
+        the candidate's kernels, after its outputs and workspaces are filled (a large card's fills take longer
+        than any fixed spin), and released after them."""
         self._contended = True
         try:
             yield

@@ -36,7 +36,7 @@ from engine.verify.tolerance import REORDERING_FAMILIES, chain_family, op_family
 # (engine.launch.launcher.prefill_)
 RunCandidate = Callable[[Bound, Any], list[torch.Tensor]]
 RunEager = Callable[[Bound], Any]
-Contend = Callable[[], AbstractContextManager]  # keeps the device busy on another stream while entered
+Contend = Callable[[], AbstractContextManager]  # runs the candidate as on a busy GPU while entered (the lane's)
 # Families whose correct kernels may reorder floating-point accumulation (atomics, split reductions):
 # for them a second run must agree within tolerance rather than bit for bit.
 # Families whose half-precision outputs are checked against a float64 reference (see CardCheck._precision).
