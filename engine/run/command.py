@@ -638,7 +638,8 @@ async def _check_replay(store: Store, args: argparse.Namespace) -> None:
 
 async def _capture_for(store: Store, args: argparse.Namespace, workspace: Path, stop: StopFlag,
                        stages: StageProgress, ids: dict[str, str]) -> str:
-    """Reuse the newest capture of the same config identity (TOML and builder source) and size, else capture now.
+    """Reuse the newest capture with samples of the same config identity (TOML, builder source and the local modules
+    it imports: `config._identity`), size and `--device` where given, else capture now.
     `ids` gets "capturing" when a capture begins and "capture" once one is reused or stored (a stop says so)."""
     from engine.config import load_config
 
