@@ -114,6 +114,8 @@ def refill_like_(t: torch.Tensor, reference: torch.Tensor, gen: torch.Generator)
             spread = max(abs(mean) * 0.1, 1e-3)
             vals = torch.randn(c.shape, generator=gen, dtype=torch.float64) * spread + mean
         c.copy_(vals.to(c.device))
+        if monotone(reference):
+            keep_monotone_(t, reference)
     elif t.is_complex():
         c.copy_(torch.randn(c.shape, generator=gen, dtype=t.dtype).to(c.device))
     else:
@@ -143,18 +145,28 @@ def refill_like_(t: torch.Tensor, reference: torch.Tensor, gen: torch.Generator)
 
 
 def monotone(t: torch.Tensor) -> bool:
-    """An integer tensor whose rows (last dim, two or more values) never decrease: offsets, cumulative lengths,
+    """A real tensor whose rows (last dim, two or more values) never decrease: offsets, cumulative lengths,
     sorted boundaries. Ops that take one (`embedding_bag`'s offsets must start at 0 and rise) refuse uniform
-    random values, so fresh ones are drawn sorted, with each row's first value kept (`keep_monotone_`)."""
-    if t.dtype == torch.bool or t.is_floating_point() or t.is_complex() or t.dim() == 0 or t.shape[-1] < 2:
+    random values, so fresh ones are drawn sorted, with each integer row's first value kept (`keep_monotone_`).
+    Floating ones too (`searchsorted`'s sorted_sequence, `bucketize`'s boundaries, three values a row or more,
+    finite): eager does not refuse an unsorted one, its binary search returns an answer its implementation
+    chose, and a correct kernel that searches another way (a count of the values below) was rejected there."""
+    if t.dtype == torch.bool or t.is_complex() or t.dim() == 0 or t.shape[-1] < 2:
+        return False
+    if t.is_floating_point() and (t.shape[-1] < 3 or not bool(torch.isfinite(t).all())):
         return False
     return bool((t[..., 1:] >= t[..., :-1]).all())
 
 
 def keep_monotone_(t: torch.Tensor, reference: torch.Tensor) -> None:
-    """`t`'s rows sorted in place, each starting at `reference`'s first value of that row (a tensor whose
-    elements share memory, a broadcast one, is left as drawn)."""
+    """`t`'s rows sorted in place, each integer row starting at `reference`'s first value of that row (a tensor
+    whose elements share memory, a broadcast one, is left as drawn). A floating row is sorted, NaN made +inf (a
+    NaN inside a sorted sequence leaves a search's answer to its implementation)."""
     if 0 in t.stride() and t.numel() > 1:
+        return
+    if t.is_floating_point():
+        t.copy_(torch.sort(torch.nan_to_num(t, nan=float("inf"), posinf=float("inf"), neginf=float("-inf")),
+                           dim=-1).values)
         return
     t.copy_(torch.sort(t, dim=-1).values)
     t[..., :1] = reference[..., :1].to(t.device)
@@ -243,7 +255,7 @@ def edge_inputs(sample: Bound, kinds: Sequence[str]) -> list[tuple[str, Bound]]:
         b = clone_bound(sample)
         touched = ints = 0
         gen = torch.Generator().manual_seed(len(out))
-        for t in _tensors(b):
+        for t, _orig in zip(_tensors(b), _tensors(sample)):
             signed_int = kind == "signs" and _is_int(t) and t.dtype.is_signed
             if not (t.is_floating_point() or signed_int) or t.numel() == 0 or (
                     kind == "shifted" and t.dtype not in SHIFT):
@@ -271,6 +283,8 @@ def edge_inputs(sample: Bound, kinds: Sequence[str]) -> list[tuple[str, Bound]]:
                 amax = float(c.double().abs().max()) or 1.0
                 target = min((1e3 if kind == "large" else WIDE) * amax, 0.01 * torch.finfo(t.dtype).max)
                 c.copy_(c.double() * (target / amax))
+            if t.is_floating_point() and monotone(_orig):
+                keep_monotone_(t, _orig)   # a sorted sequence stays one (negated, signs, nonfinite broke it)
             touched += 1
             ints += signed_int
         # 'signs' on one floating tensor alone adds little to 'negated' (each element against a fixed scalar's sign)
@@ -318,7 +332,7 @@ class Regenerator:
                 if std <= 0.0:
                     std = max(abs(mean) * 0.1, 1e-3)
                     lo, hi = -math.inf, math.inf
-                self.stats.append(("float", (mean, std, lo, hi)))
+                self.stats.append(("float", (mean, std, lo, hi, t.clone() if monotone(t) else None)))
             else:
                 _, _, lo, hi = _stats(t)
                 self.stats.append(("int", (int(lo), int(hi), t.clone() if monotone(t) else None)))
@@ -367,12 +381,14 @@ class Regenerator:
                 if rising is not None:
                     keep_monotone_(t, rising)
             else:
-                mean, std, lo, hi = p
+                mean, std, lo, hi, rising = p
                 if c.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
                     c.normal_(mean, std, generator=self.gen).clamp_(lo, hi)
                 else:  # float8 and friends: draw in float32
                     tmp = torch.empty(c.shape, dtype=torch.float32, device=c.device)
                     c.copy_(tmp.normal_(mean, std, generator=self.gen).clamp_(lo, hi))
+                if rising is not None:
+                    keep_monotone_(t, rising)
 
 
 # Integer arguments that hold values (operands of arithmetic), by name: `wide_int_inputs` moves these and no other. An

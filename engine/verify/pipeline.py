@@ -30,6 +30,7 @@ from engine.verify.inputs import (
     unaliased_inputs,
     wide_int_inputs,
 )
+from engine.verify.ties import adopt_tie_choice
 from engine.verify.tolerance import REORDERING_FAMILIES, chain_family, op_family, tolerances_for
 
 # (arguments, prefill) -> outputs; the prefill is 'nan', 'sentinel', or a list of stale answers, one per output
@@ -172,6 +173,17 @@ class CardCheck:
         self._stale: list[Any] | None = None   # eager's answer to the set checked last (`_check_set`)
         self._race_regen: tuple[bool, Regenerator] | None = None   # (keep_ints, the race runs' regenerator)
 
+    def allowing_ties(self, inputs: Bound, got: list[Any], expected: list[Any]) -> list[Any]:
+        """Eager's answer with its index output replaced by the candidate's where the op leaves the choice among tied
+        values open and the candidate's is another valid one (`ties.adopt_tie_choice`); what to compare `got` with."""
+        return adopt_tie_choice(self.op, inputs, got, expected)
+
+    def _vs(self, inputs: Bound, got: list[Any], expected: list[Any], held: list[Any]) -> list[Any]:
+        """`allowing_ties`, every tensor it made put in `held` (scrubbed with the set's other outputs)."""
+        want = self.allowing_ties(inputs, got, expected)
+        held += [w for w, e in zip(want, expected) if w is not e]
+        return want
+
     def tolerances(self, outputs: Any) -> list[Any]:
         """The table's tolerance per output of this card (its family, by each output's dtype)."""
         return tolerances_for(self.op, outputs, family=self.family)
@@ -290,7 +302,7 @@ class CardCheck:
         tols = self.tolerances(expected)
         if label.startswith("edge nonfinite") and self.family in REORDERING_FAMILIES:
             tols = [replace(t, nonfinite_kind=False) for t in tols]
-        reports = compare_outputs(got, expected, tols)
+        reports = compare_outputs(got, self._vs(inputs, got, expected, held), tols)
         bad = [r for r in reports if not r.ok]
         if bad:
             r = bad[0]
@@ -325,7 +337,7 @@ class CardCheck:
             return v
         self._stale = [e.clone() if isinstance(e, torch.Tensor) else e for e in expected]
         if third is not None:
-            bad_r = [r for r in compare_outputs(third, expected, tols) if not r.ok]
+            bad_r = [r for r in compare_outputs(third, self._vs(inputs, third, expected, held), tols) if not r.ok]
             if bad_r:
                 return Verdict(False, "cheating", f"{label}: with its output buffers holding another input set's "
                                f"answer before the call (as a model's buffers hold earlier results): "
@@ -406,7 +418,7 @@ class CardCheck:
         except Exception:   # noqa: BLE001 - eager refuses these values (random integers): nothing to match
             return None
         held += exp
-        bad_r = [r for r in compare_outputs(got, exp, self.tolerances(exp)) if not r.ok]
+        bad_r = [r for r in compare_outputs(got, self._vs(values, got, exp, held), self.tolerances(exp)) if not r.ok]
         if bad_r:
             return Verdict(False, "nondeterminism" if bad_r[0].category != "nan" else "nan",
                            f"{where}: {bad_r[0].message} (it passed every input set of the same kind before: "
@@ -508,8 +520,9 @@ class CardCheck:
         expected, _ = self._expected(buffers)
         got = as_list(run(buffers, "nan"))
         self.sync()
-        reports = compare_outputs(got, expected, self.tolerances(expected))
-        _scrub([*got, *expected])
+        want = self.allowing_ties(buffers, got, expected)
+        reports = compare_outputs(got, want, self.tolerances(expected))
+        _scrub([*got, *expected, *want])
         bad = [r for r in reports if not r.ok]
         if bad:
             return Verdict(False, _category(bad[0]), "after timing, with new values in the same buffers: "
