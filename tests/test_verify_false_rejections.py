@@ -133,3 +133,68 @@ def test_an_index_output_may_break_ties_its_own_way_where_the_op_leaves_it_open(
         assert not v.ok and v.category == "mismatch", (op_name, v.message)
     v = _check("aten::max.dim", [[("self", h), ("dim", -1), ("keepdim", False)]]).check(max_last)
     assert not v.ok and v.input_set == "sample 0", v.message
+
+
+def _last_write_wins(op_name):
+    """A correct index_copy / scatter / index_put that lets the LAST of repeated indices win: the op leaves which
+    write lands to the implementation, and CPU eager lets another win."""
+    def run(b, prefill):
+        a = dict(b)
+        out = a["self"].clone()
+        if "index_copy" in op_name:
+            dim, idx, src = a["dim"], a["index"], a["source"]
+            for i in reversed(range(idx.numel())):   # the reverse order: the first write lands last
+                out.select(dim, int(idx[i])).copy_(src.select(dim, i))
+        elif "scatter" in op_name:
+            dim, idx, src = a["dim"], a["index"], a["src"]
+            o, ix, sr = out.movedim(dim, -1), idx.movedim(dim, -1), src.movedim(dim, -1)
+            for j in reversed(range(ix.shape[-1])):
+                o.scatter_(-1, ix[..., j:j + 1], sr[..., j:j + 1])
+        else:   # index_put with one index tensor on dim 0
+            idx, vals = a["indices"][0], a["values"]
+            for i in reversed(range(idx.numel())):
+                out[int(idx[i])] = vals[i]
+        return [out]
+    return run
+
+
+def test_writes_through_indices_the_samples_never_repeat_are_drawn_without_repeats():
+    """A KV cache's `index_copy` (or `cache[pos] = new`, index_put; a `scatter` of new entries) writes through
+    positions that never repeat in the model. Fresh draws of the positions repeated some, eager's answer there was
+    its own choice of which write lands, and a correct kernel that let another write land was rejected on 'fresh 0'.
+    Drawn positions now repeat nothing where no sample's did, in the sets and in the race runs and timed calls
+    (`Regenerator`); a kernel that ignores the positions still fails, and where a sample repeats one (the model
+    writes through repeats itself) the sets are drawn as before."""
+    g = torch.Generator().manual_seed(1)
+    pos = torch.randperm(64, generator=g)[:12]
+    cases = [
+        ("aten::index_copy", [("self", torch.randn(64, 8, generator=g)), ("dim", 0), ("index", pos),
+                              ("source", torch.randn(12, 8, generator=g))]),
+        ("aten::index_put", [("self", torch.randn(64, 8, generator=g)), ("indices", [pos]),
+                             ("values", torch.randn(12, 8, generator=g)), ("accumulate", False)]),
+        ("aten::scatter.src", [("self", torch.randn(4, 64, generator=g)), ("dim", 1),
+                               ("index", torch.stack([torch.randperm(64, generator=g)[:12] for _ in range(4)])),
+                               ("src", torch.randn(4, 12, generator=g))]),
+    ]
+    for op_name, sample in cases:
+        check = _check(op_name, [sample])
+        assert check.distinct, op_name
+        v = check.check(_last_write_wins(op_name))
+        assert v.ok, (op_name, v.message)
+
+        def ignores_positions(b, prefill, op_name=op_name):   # writes where the sample's positions were
+            a = dict(b)
+            fixed = [(k, sample_v if k in ("index", "indices") else a[k]) for k, sample_v in sample]
+            return as_list(call_op(resolve_op(op_name), fixed))
+        assert not _check(op_name, [sample]).check(ignores_positions).ok, op_name
+    # the race runs' and timed calls' draws repeat nothing either, on every line of a scatter's dim
+    check = _check(cases[2][0], [cases[2][1]])
+    regen = Regenerator(cases[2][1], 5, distinct=check.distinct)
+    drawn = [(k, v.clone()) if isinstance(v, torch.Tensor) else (k, v) for k, v in cases[2][1]]
+    for _ in range(3):
+        regen.refill_(drawn)
+        idx = dict(drawn)["index"]
+        assert all(row.unique().numel() == row.numel() for row in idx) and int(idx.max()) <= 63
+    # a sample that repeats a position: drawn as before (no constraint the model does not keep itself)
+    rep = [("self", torch.randn(64, 8)), ("dim", 0), ("index", torch.tensor([3, 5, 3])), ("source", torch.randn(3, 8))]
+    assert _check("aten::index_copy", [rep]).distinct == {}

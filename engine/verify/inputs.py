@@ -173,10 +173,11 @@ def keep_monotone_(t: torch.Tensor, reference: torch.Tensor) -> None:
     t.copy_(torch.maximum(t, t[..., :1]))   # nothing below the first value: the rows still rise
 
 
-def fresh_inputs(sample: Bound, seed: int, *, keep_ints: bool = False) -> Bound:
+def fresh_inputs(sample: Bound, seed: int, *, keep_ints: bool = False,
+                 distinct: dict[str, int | None] | None = None) -> Bound:
     """New values for every tensor, drawn to match the sample's statistics; same layout and aliasing. With
     `keep_ints`, integer tensors keep the sample's values (an op that refused random ones: indices that must
-    be unique, lengths that must add up)."""
+    be unique, lengths that must add up). `distinct` (`distinct_indices`): index tensors drawn without repeats."""
     gen = torch.Generator().manual_seed(seed)
     fresh = clone_bound(sample)
     for (_, new), (_, old) in zip(fresh, sample):
@@ -185,7 +186,80 @@ def fresh_inputs(sample: Bound, seed: int, *, keep_ints: bool = False) -> Bound:
         for n, o in zip(news, olds):
             if isinstance(n, torch.Tensor) and not (keep_ints and _is_int(n)):
                 refill_like_(n, o, gen)
+    if distinct and not keep_ints:
+        olds = dict(tensors_of(sample))
+        for path, t in tensors_of(fresh):
+            if path in distinct:
+                distinct_(t, distinct[path], int(olds[path].min()), int(olds[path].max()), gen)
     return fresh
+
+
+# Ops whose writes through repeated indices leave which write lands to the implementation: (index argument, the dim
+# its values must not repeat along, None: the whole tensor). Where the samples' index repeats nothing there, drawn
+# ones repeat nothing either (`distinct_indices`): a fresh draw of a KV cache's positions repeated some, eager's
+# answer was then its own choice of winner, and a correct kernel that chose another was rejected. Not with
+# `accumulate=True` or a `reduce` (their answer does not depend on an order of writes).
+UNIQUE_WRITES: dict[str, tuple[str, str | None]] = {
+    "index_copy": ("index", None),
+    "index_put": ("indices", None),
+    "_index_put_impl": ("indices", None),
+    "put": ("index", None),
+    "scatter": ("index", "dim"),
+}
+
+
+def distinct_indices(op_name: str, sample: Bound) -> dict[str, int | None]:
+    """{path (as `tensors_of` names it): dim (None: the whole tensor)} of the index tensor that drawn sets keep
+    free of repeats (UNIQUE_WRITES); empty where the op has none, or the sample's index repeats a value there (the
+    model writes through repeats itself), or holds negative ones (-1 and size - 1 are one position)."""
+    base = op_name.split("::", 1)[-1].split(".", 1)[0].rstrip("_")
+    entry = UNIQUE_WRITES.get(base)
+    args = dict(sample)
+    if entry is None or args.get("accumulate") is True or args.get("reduce") is not None:
+        return {}
+    name, dim_arg = entry
+    v = args.get(name)
+    if isinstance(v, (list, tuple)):   # index_put's indices: one index tensor, the other dims taken whole
+        found = [(f"{name}[{j}]", x) for j, x in enumerate(v) if isinstance(x, torch.Tensor)]
+        if len(found) != 1:
+            return {}
+        path, t = found[0]
+    else:
+        path, t = name, v
+    if not isinstance(t, torch.Tensor) or not _is_int(t) or t.numel() < 2 or (0 in t.stride()):
+        return {}
+    d = None
+    if dim_arg is not None:
+        d = args.get(dim_arg)
+        if not isinstance(d, int) or t.dim() == 0:
+            return {}
+        d %= t.dim()
+    if int(t.min()) < 0:
+        return {}
+    lines = t.reshape(-1) if d is None else t.movedim(d, -1)
+    s = lines.sort(dim=-1).values
+    if bool((s[..., 1:] == s[..., :-1]).any()):
+        return {}
+    return {path: d}
+
+
+def distinct_(t: torch.Tensor, dim: int | None, lo: int, hi: int, gen: torch.Generator) -> None:
+    """`t`'s lines along `dim` (None: the whole tensor) drawn again in place from [lo, hi] without repeats (random
+    keys on `gen`'s device, sorted: no sync). Left as drawn where the range is shorter than a line, or the keys
+    would take more than 64 MB."""
+    if t.numel() < 2 or (dim is not None and not 0 <= dim < t.dim()):
+        return
+    view = t.reshape(1, -1) if dim is None else t.movedim(dim, -1)   # (whole: only its shape is used)
+    n = view.shape[-1]
+    lines, span = view.numel() // n, hi - lo + 1
+    if span < n or lines * span > 1 << 24:
+        return
+    keys = torch.rand((lines, span), generator=gen, device=gen.device)
+    pick = keys.argsort(dim=-1)[:, :n].to(device=t.device, dtype=t.dtype) + lo
+    if dim is None:
+        t.copy_(pick.view(t.shape))
+    else:
+        view.copy_(pick.view(view.shape))
 
 
 def _is_int(t: torch.Tensor) -> bool:
@@ -314,10 +388,11 @@ class Regenerator:
     result cannot be memoised (integers kept with `keep_ints` excepted).
     """
 
-    def __init__(self, sample: Bound, seed: int, *, keep_ints: bool = False):
+    def __init__(self, sample: Bound, seed: int, *, keep_ints: bool = False,
+                 distinct: dict[str, int | None] | None = None):
         self.stats = []
         devices = set()
-        for _, t in tensors_of(sample):
+        for path, t in tensors_of(sample):
             devices.add(t.device)
             if keep_ints and _is_int(t):
                 self.stats.append(("keep", None))
@@ -335,7 +410,9 @@ class Regenerator:
                 self.stats.append(("float", (mean, std, lo, hi, t.clone() if monotone(t) else None)))
             else:
                 _, _, lo, hi = _stats(t)
-                self.stats.append(("int", (int(lo), int(hi), t.clone() if monotone(t) else None)))
+                # (lo, hi, the rising rows to keep, the dim whose lines repeat nothing: -1 none, None the whole)
+                self.stats.append(("int", (int(lo), int(hi), t.clone() if monotone(t) else None,
+                                           (distinct or {}).get(path, -1))))
         device = next(iter(devices)) if devices else torch.device("cpu")
         self.gen = torch.Generator(device=device).manual_seed(seed)
 
@@ -376,10 +453,12 @@ class Regenerator:
                     torch.view_as_real(tmp).normal_(0.0, math.sqrt(0.5), generator=self.gen)
                     c.copy_(tmp)
             elif kind == "int":
-                lo, hi, rising = p
+                lo, hi, rising, unique_dim = p
                 c.random_(lo, hi + 1 if hi < torch.iinfo(c.dtype).max else hi, generator=self.gen)
                 if rising is not None:
                     keep_monotone_(t, rising)
+                if unique_dim != -1:
+                    distinct_(t, unique_dim, lo, hi, self.gen)
             else:
                 mean, std, lo, hi, rising = p
                 if c.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):

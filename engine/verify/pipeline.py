@@ -23,6 +23,7 @@ from engine.verify.inputs import (
     Regenerator,
     clone_bound,
     cover,
+    distinct_indices,
     edge_inputs,
     fresh_inputs,
     index_range_inputs,
@@ -143,8 +144,12 @@ class CardCheck:
         self.precision = precision
         self.precision_factor = precision_factor
         sets: list[tuple[str, Bound]] = [(f"sample {i}", s) for i, s in enumerate(samples)]
+        # the index tensor drawn sets keep free of repeats where every sample's is (inputs.UNIQUE_WRITES)
+        found = [distinct_indices(op_name, s) for s in samples]
+        self.distinct: dict[str, int | None] = found[0] if found and all(f == found[0] for f in found) else {}
         if samples:
-            sets += [(f"fresh {k}", fresh_inputs(samples[k % len(samples)], seed + k)) for k in range(fresh)]
+            sets += [(f"fresh {k}", fresh_inputs(samples[k % len(samples)], seed + k, distinct=self.distinct))
+                     for k in range(fresh)]
             if edges:
                 kinds = (("negated", "ties") if self.family in ("matmul", "attention")
                          else ("negated", "ties", "large", "wide", "nonfinite"))
@@ -388,7 +393,8 @@ class CardCheck:
         # generator goes on from one candidate's runs to the next's, so no two draw the same values
         if self._race_regen is None or self._race_regen[0] != self.keep_ints:
             self._race_regen = (self.keep_ints, Regenerator(self._samples[0] if self._samples else pick[0][1],
-                                                            self._seed + 1000, keep_ints=self.keep_ints))
+                                                            self._seed + 1000, keep_ints=self.keep_ints,
+                                                            distinct=self.distinct))
         regen = self._race_regen[1]
         for rep in range(self.race_reps):
             label, base = pick[rep % len(pick)]
@@ -513,7 +519,7 @@ class CardCheck:
         """
         as_list(run(buffers, "nan"))
         self.sync()
-        fresh = fresh_inputs(buffers, seed)
+        fresh = fresh_inputs(buffers, seed, distinct=self.distinct)
         for (_, dst), (_, src) in zip(tensors_of(buffers), tensors_of(fresh)):
             dst.copy_(src) if not _overlapping(dst) else _cover_copy(dst, src)
         self.sync()

@@ -137,7 +137,7 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
     # (`keep_ints`) come from host copies.
     cand_pristine = [clone_bound(b) for b in cand_slots]
     eager_pristine = [clone_bound(b) for b in eager_slots]
-    regen = Regenerator(bases[0], seed, keep_ints=check.keep_ints)
+    regen = Regenerator(bases[0], seed, keep_ints=check.keep_ints, distinct=getattr(check, "distinct", None))
     # whole storage extents (`cover`): a kept integer broadcast to its shape (stride 0) cannot be copied into
     kept_host = [[cover(t).to("cpu", copy=True) for t in regen.kept(b)] for b in bases]
     # kept integers the op writes in place: put back before every call on both sides, else each call's write
@@ -292,7 +292,7 @@ def time_alone(check: CardCheck, fn: Callable[[Bound], Any], flush: L2Flusher,
     bases = _slot_bases(check, cfg.slots)
     slots = [clone_bound(b) for b in bases]
     regen = Regenerator(bases[0], int.from_bytes(os.urandom(8), "little") & ((1 << 62) - 1),
-                        keep_ints=check.keep_ints)
+                        keep_ints=check.keep_ints, distinct=getattr(check, "distinct", None))
     for slot in slots:
         regen.refill_(slot)
     k = [0]
