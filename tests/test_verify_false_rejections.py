@@ -182,7 +182,7 @@ def test_writes_through_indices_the_samples_never_repeat_are_drawn_without_repea
         v = check.check(_last_write_wins(op_name))
         assert v.ok, (op_name, v.message)
 
-        def ignores_positions(b, prefill, op_name=op_name):   # writes where the sample's positions were
+        def ignores_positions(b, prefill, op_name=op_name, sample=sample):   # writes at the sample's positions
             a = dict(b)
             fixed = [(k, sample_v if k in ("index", "indices") else a[k]) for k, sample_v in sample]
             return as_list(call_op(resolve_op(op_name), fixed))
@@ -198,3 +198,37 @@ def test_writes_through_indices_the_samples_never_repeat_are_drawn_without_repea
     # a sample that repeats a position: drawn as before (no constraint the model does not keep itself)
     rep = [("self", torch.randn(64, 8)), ("dim", 0), ("index", torch.tensor([3, 5, 3])), ("source", torch.randn(3, 8))]
     assert _check("aten::index_copy", [rep]).distinct == {}
+
+
+def test_a_mode_among_several_is_any_of_them():
+    """A row of activations repeats no value, so every value is a mode of it: eager returns one (and one of its
+    positions), a correct kernel that returns another mode was rejected on 'sample 0'. Any value as frequent as
+    eager's, at a position holding it, is taken; a value less frequent than eager's, or an index pointing elsewhere,
+    still fails."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(16, 40, generator=g)
+    x[:4, :6] = 1.5   # a few rows with one clear mode
+    sample = [("self", x), ("dim", -1), ("keepdim", False)]
+
+    def largest_mode_last_place(b, prefill):
+        t = dict(b)["self"]
+        values, indices = [], []
+        for row in t:
+            u, counts = row.unique(return_counts=True)
+            modes = u[counts == counts.max()]
+            v = (modes[~modes.isnan()] if (~modes.isnan()).any() else modes).max()   # a number before a NaN
+            values.append(v)
+            indices.append(int(((row == v) | (row.isnan() & v.isnan())).nonzero().max()))
+        return [torch.stack(values), torch.tensor(indices)]
+
+    def first_value(b, prefill):   # a mode only where the row repeats nothing (or its first value is the mode)
+        t = dict(b)["self"]
+        return [t[:, 0].clone(), torch.zeros(t.shape[0], dtype=torch.int64)]
+
+    def wrong_index(b, prefill):
+        v, i = largest_mode_last_place(b, prefill)
+        return [v, (i + 1) % dict(b)["self"].shape[-1]]
+
+    assert _check("aten::mode", [sample]).check(largest_mode_last_place).ok
+    for bad in (wrong_index, first_value):
+        assert not _check("aten::mode", [sample]).check(bad).ok, bad.__name__

@@ -7,7 +7,8 @@ rounds inputs to halves, and half-precision samples tie on their own: a correct 
 than eager's was rejected on its indices. `adopt_tie_choice` takes the candidate's indices where they are a valid
 answer (in range, distinct along the dim for a permutation or a top-k, and pointing at values bitwise equal to eager's
 values there, NaN matching NaN) and eager's elsewhere, so the comparison that follows fails every other index. On the
-device, without a sync. `max.dim`/`min.dim`/`argmax`/`argmin` are not here: their first index is documented.
+device, without a sync. `max.dim`/`min.dim`/`argmax`/`argmin` are not here: their first index is documented. `mode`
+leaves its value open too where a row has several most frequent ones (`_adopt_mode`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def adopt_tie_choice(op_name: str, inputs: list[tuple[str, Any]], got: list[Any]
     """`expected` with its index output replaced, row by row, by the candidate's where that is another valid answer
     (module docstring); `expected` itself where the op has no such output or the outputs do not fit."""
     args = dict(inputs)
+    if split_op(op_name)[1] == "mode":
+        return _adopt_mode(args, got, expected)
     entry = _entry(op_name, args)
     x = args.get("self")
     if entry is None or not isinstance(x, torch.Tensor) or x.dim() == 0:
@@ -84,3 +87,35 @@ def adopt_tie_choice(op_name: str, inputs: list[tuple[str, Any]], got: list[Any]
     out[ii] = ei.clone()   # eager's layout kept
     out[ii].copy_(chosen if keep else chosen.squeeze(dim))
     return out
+
+
+def _adopt_mode(args: dict[str, Any], got: list[Any], expected: list[Any]) -> list[Any]:
+    """`mode`: where a row has several most frequent values (a row of activations with no repeats has as many modes
+    as values), which one comes back, and which of its positions, is the implementation's. The candidate's value
+    and index are taken, row by row, where its value occurs in the row as often as eager's and its index points at
+    it; eager's elsewhere (a NaN row included), so the comparison fails every other answer."""
+    x = args.get("self")
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or len(got) != 2 or len(expected) != 2:
+        return expected
+    (gv, gi), (ev, ei) = got, expected
+    if not all(isinstance(t, torch.Tensor) for t in (gv, gi, ev, ei)) or gv.shape != ev.shape or \
+            gi.shape != ei.shape or gv.dtype != ev.dtype or gi.dtype != ei.dtype or ei.dtype != torch.int64 or \
+            gv.device != x.device or gi.device != x.device or not gv.numel():
+        return expected
+    dim = args.get("dim", -1) % x.dim()
+    keep = bool(args.get("keepdim", False))
+    g_v, g_i, e_v = (gv, gi, ev) if keep else (gv.unsqueeze(dim), gi.unsqueeze(dim), ev.unsqueeze(dim))
+    if g_v.dim() != x.dim():
+        return expected
+    n = x.shape[dim]
+    inside = (g_i >= 0) & (g_i < n)
+    at = x.gather(dim, g_i.clamp(0, max(n - 1, 0)))
+    count_g = (x == g_v).sum(dim, keepdim=True)
+    count_e = (x == e_v).sum(dim, keepdim=True)
+    ok = inside & (at == g_v) & (count_g == count_e) & (count_e > 0)
+    values = torch.where(ok, g_v, e_v)
+    index = torch.where(ok, g_i, ei if keep else ei.unsqueeze(dim))
+    out_v, out_i = ev.clone(), ei.clone()   # eager's layouts kept
+    out_v.copy_(values if keep else values.squeeze(dim))
+    out_i.copy_(index if keep else index.squeeze(dim))
+    return [out_v, out_i]
