@@ -178,6 +178,11 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
         # The reference: eager on the candidate's values, only now that the candidate's call is done (the
         # flags above are queued before it, in stream order, so eager writing an argument changes none).
         reference = as_list(check.eager(st.pristine))
+        if check.written:
+            # An op that writes an argument returns it: the reference is the slot's pristine buffer, which the
+            # slot's next audit draws into again, maybe before this one is compared (an honest in-place relu_ was
+            # called cheating, compared with eager's answer to a later call's values)
+            reference = _snapshot(reference)
         cand_out = _snapshot(st.cand_out)
         allowed = check.allowing_ties(st.pristine, cand_out, reference)   # a tie broken otherwise is no cheat
         _scrub([r for r, w in zip(reference, allowed) if r is not w])
