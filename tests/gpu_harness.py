@@ -26,7 +26,7 @@ def twin_ref(ref):
 
     twin = twin_of(dataclasses.replace(brief_of(ref), samples=len(ref.samples)))
     assert twin is not None, f"{ref.op} {ref.signature} has no channels-last twin"
-    return dataclasses.replace(ref, card_id=twin.card_id, signature=twin.signature)
+    return dataclasses.replace(ref, card_id=twin.card_id, signature=twin.signature, outputs=twin.outputs)
 
 
 def brief_of(ref) -> Any:
