@@ -2,8 +2,13 @@
 exact-signature hits run the plan (here: outputs allocated, no kernel), misses run PyTorch's own kernel
 with the right result, and uninstall restores eager. The CUDA launch path is exercised on a GPU only."""
 
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 from engine.capture.signature import bind_arguments, signature_of
 from engine.cast import cpp_router
@@ -192,6 +197,154 @@ def test_reset_zeroes_the_counters(ext):
         assert _counts(ext, "aten::relu") == {"hits": [0], "misses": 0}
     finally:
         cpp_router.uninstall(ext, "aten::relu", "CPU")
+
+
+def _override(op, seen, name):
+    """Another library's override of `op` at the CPU key (torch.library), over the kernel dispatched now: it
+    notes each call in `seen` and passes it on."""
+    below = torch.library.get_kernel(op, "CPU")
+
+    def theirs(keyset, *args):
+        seen.append(name)
+        return below.call_boxed(keyset, *args)
+
+    lib = torch.library.Library("aten", "IMPL", "CPU")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns about registering over a kernel
+        lib.impl(op._schema.name.split("::")[1], theirs, "CPU", with_keyset=True)
+    return lib
+
+
+def test_another_override_below_ours_removed_while_ours_is_installed_leaves_misses_working(ext):
+    """A miss calls the kernel registered before the route. Where that was another library's override
+    (torch.library), removed while the route is installed, torch invalidates it: every miss raised
+    'SafeKernelFunction has been invalidated' where eager runs PyTorch's kernel, as the Python router's did
+    (test_cast_guard_redteam2). The route now takes the kernel below it again and carries on; uninstalling it
+    leaves PyTorch's kernel."""
+    op = torch.ops.aten.softplus.default
+    x, other = torch.randn(2, 8), torch.randn(3, 8)
+    want_x, want_other = F.softplus(x), F.softplus(other)
+    pytorchs = repr(torch.library.get_kernel(op, "CPU"))
+    seen = []
+    lib = _override(op, seen, "theirs")
+    installed = False
+    try:
+        cpp_router.install(ext, "aten::softplus", "CPU", [_plan(ext, op, (x, 1, 20), [x])])
+        installed = True
+        assert torch.equal(F.softplus(other), want_other) and seen == ["theirs"]  # a miss: theirs, PyTorch's
+        lib._destroy()
+        assert torch.equal(F.softplus(other), want_other) and seen == ["theirs"]  # PyTorch's (raised before)
+        assert torch.equal(F.softplus(other), want_other)
+        with cpp_router.prefill("sentinel"):
+            assert (F.softplus(x) == -1234.5).all()  # hits still served
+        assert _counts(ext, "aten::softplus") == {"hits": [1], "misses": 3}
+    finally:
+        lib._destroy()
+        if installed:
+            cpp_router.uninstall(ext, "aten::softplus", "CPU")
+    assert repr(torch.library.get_kernel(op, "CPU")) == pytorchs
+    assert torch.equal(F.softplus(x), want_x) and torch.equal(F.softplus(other), want_other)
+    assert seen == ["theirs"]
+
+
+def test_misses_on_many_threads_as_the_override_below_ours_goes_all_reach_pytorch(ext):
+    """The first misses after the kernel below was removed come at once: one thread takes the kernel below
+    again, the others call the one it took (router.cpp rebind), and none raises or gets another answer. Calls
+    made while the route's registration is dropped reach PyTorch's kernel directly, not counted."""
+    op = torch.ops.aten.softplus.default
+    x = torch.randn(2, 8)
+    calls = [torch.randn(3 + i % 5, 8) for i in range(64)]
+    want = [F.softplus(c) for c in calls]
+    seen = []
+    lib = _override(op, seen, "theirs")
+    cpp_router.install(ext, "aten::softplus", "CPU", [_plan(ext, op, (x, 1, 20), [x])])
+    try:
+        lib._destroy()
+        start = threading.Barrier(8)
+
+        def misses(k):
+            start.wait()
+            return all(torch.equal(F.softplus(calls[i]), want[i]) for i in range(k, len(calls), 8))
+
+        with ThreadPoolExecutor(8) as pool:
+            assert all(pool.map(misses, range(8)))
+        counted = _counts(ext, "aten::softplus")["misses"]
+        assert seen == [] and 0 < counted <= len(calls)
+        assert torch.equal(F.softplus(calls[0]), want[0])
+        assert _counts(ext, "aten::softplus") == {"hits": [0], "misses": counted + 1}  # routed again
+    finally:
+        lib._destroy()
+        cpp_router.uninstall(ext, "aten::softplus", "CPU")
+    assert torch.equal(F.softplus(calls[0]), want[0])
+
+
+def test_the_override_below_ours_removed_under_one_registered_after_ours_leaves_the_order_as_it_is(ext):
+    """Taking the kernel below again registers the route again, which puts it on top: under another library's
+    override registered after the route, that would run the route before it. So there a miss raises as it did
+    (as the Python router's does); once that override is gone, misses reach PyTorch's kernel again."""
+    op = torch.ops.aten.softplus.default
+    x, other = torch.randn(2, 8), torch.randn(3, 8)
+    want_other = F.softplus(other)
+    pytorchs = repr(torch.library.get_kernel(op, "CPU"))
+    seen = []
+    below = _override(op, seen, "below")
+    above = None
+    try:
+        cpp_router.install(ext, "aten::softplus", "CPU", [_plan(ext, op, (x, 1, 20), [x])])
+        try:
+            above = _override(op, seen, "above")
+            on_top = repr(torch.library.get_kernel(op, "CPU"))
+            assert torch.equal(F.softplus(other), want_other) and seen == ["above", "below"]
+            below._destroy()
+            with pytest.raises(RuntimeError, match="SafeKernelFunction has been invalidated"):
+                F.softplus(other)
+            assert repr(torch.library.get_kernel(op, "CPU")) == on_top  # the route did not register again
+            with cpp_router.prefill("sentinel"):
+                assert (F.softplus(x) == -1234.5).all()  # hits still served, under the other override
+            assert seen == ["above", "below", "above", "above"]
+            above._destroy()
+            assert torch.equal(F.softplus(other), want_other) and len(seen) == 4  # the route on top again
+            assert _counts(ext, "aten::softplus") == {"hits": [1], "misses": 3}
+        finally:
+            cpp_router.uninstall(ext, "aten::softplus", "CPU")
+    finally:
+        below._destroy()
+        if above is not None:
+            above._destroy()
+    assert repr(torch.library.get_kernel(op, "CPU")) == pytorchs
+    assert torch.equal(F.softplus(other), want_other)
+
+
+_BARE_LIB = torch.library.Library("kforge_cpp_bare_test", "DEF")
+_BARE_LIB.define("twice(Tensor x) -> Tensor")
+
+
+def test_the_only_kernel_below_ours_removed_leaves_misses_raising_without_registering_again_each_time(ext):
+    """An op whose one CPU kernel was another library's: with it gone nothing is below the route, misses raise
+    as they did (eager raises too), and the route is not registered again on every miss."""
+    op = torch.ops.kforge_cpp_bare_test.twice.default
+    x, other = torch.randn(4), torch.randn(5)
+    impl = torch.library.Library("kforge_cpp_bare_test", "IMPL", "CPU")
+    impl.impl("twice", lambda t: t * 2, "CPU")
+    try:
+        cpp_router.install(ext, "kforge_cpp_bare_test::twice", "CPU", [_plan(ext, op, (x,), [x])])
+        try:
+            assert torch.equal(op(other), other * 2)
+            impl._destroy()
+            with pytest.raises(RuntimeError, match="SafeKernelFunction has been invalidated"):
+                op(other)
+            ours = repr(torch.library.get_kernel(op, "CPU"))
+            with pytest.raises(RuntimeError, match="SafeKernelFunction has been invalidated"):
+                op(other)
+            assert repr(torch.library.get_kernel(op, "CPU")) == ours and "kforge router" in ours
+            with cpp_router.prefill("sentinel"):
+                assert (op(x) == -1234.5).all()  # hits still served
+        finally:
+            cpp_router.uninstall(ext, "kforge_cpp_bare_test::twice", "CPU")
+    finally:
+        impl._destroy()
+    with pytest.raises(NotImplementedError):
+        op(other)
 
 
 @pytest.mark.gpu

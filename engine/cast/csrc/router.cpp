@@ -4,9 +4,9 @@
 // dim's, data alignment capped at 16 bytes, device index, neg/conj bits; values of non-tensor arguments). A hit
 // allocates the outputs, writes the pointers into the kernel parameters and calls cuLaunchKernel on
 // the current CUDA stream, without entering Python. A miss calls the kernel that was registered before
-// ours (SafeKernelFunction::callBoxed). An op that writes an argument is routed here only if no two of its
-// tensor arguments share storage (checked per call). Compiled on first use with torch.utils.cpp_extension;
-// see cpp_router.py.
+// ours (SafeKernelFunction::callBoxed), or where that one was deregistered since, the one below ours then. An
+// op that writes an argument is routed here only if no two of its tensor arguments share storage (checked per
+// call). Compiled on first use with torch.utils.cpp_extension; see cpp_router.py.
 #include <torch/extension.h>
 #include <torch/library.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -91,8 +91,24 @@ struct Plan {
 // One per routed (op, dispatch key). The kernel registered for the op holds it, so a call reaches its
 // route without a lookup; g_routes holds it too, for install, uninstall and the counters.
 struct Route {
-  std::unique_ptr<c10::SafeKernelFunction> original;
+  // The kernel a miss calls: the one below ours. Replaced where that one was deregistered (rebind); a miss on
+  // another thread may still be calling the one replaced, so every one taken stays in `originals` (under g_mutex)
+  // while the route lives.
+  std::atomic<const c10::SafeKernelFunction*> original{nullptr};
+  std::vector<std::unique_ptr<c10::SafeKernelFunction>> originals;
   std::vector<std::shared_ptr<Plan>> plans;
+  // What registering the override again needs (rebind), under g_mutex: the route's key in g_routes, the
+  // op's namespace and name, the dispatch key; the kernel object registered now and the debug name of that
+  // registration, ours alone (it tells whether ours is the kernel dispatched for the key); and the kernel objects
+  // of earlier registrations of this route, kept until uninstall (a call may still be running in one).
+  std::string rk, ns, qualified;
+  c10::DispatchKey key = c10::DispatchKey::Undefined;
+  c10::OperatorKernel* kernel = nullptr;
+  std::string mine;
+  std::vector<c10::intrusive_ptr<c10::OperatorKernel>> retired;
+  // An original that failed with no kernel left below ours: registrations go on top, so none comes while ours
+  // stays, and each miss would otherwise register again (and retire a kernel object).
+  const c10::SafeKernelFunction* bare = nullptr;
   std::atomic<int64_t> misses{0};
   std::atomic<int64_t> near_misses{0};  // misses whose first tensor had a variant's sizes
   std::atomic<int64_t> target_declines{0};  // hits declined: the variant was not proven for the call's target
@@ -470,6 +486,15 @@ void restride_returns(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   }
 }
 
+bool rebind(Route& route, const c10::OperatorHandle& op, const c10::SafeKernelFunction* failed,
+            std::shared_ptr<Route>* keep);
+
+// Whether `e` is `original` refusing a call because its kernel was deregistered (SafeKernelFunction::callBoxed
+// checks that first, before the stack is touched), not an error from inside a kernel it called.
+bool invalidated(const c10::Error& e, const c10::SafeKernelFunction& original) {
+  return e.msg() == "SafeKernelFunction has been invalidated " + original.debug();
+}
+
 void call_original(Route& route, const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   TORCH_CHECK(t_depth < 16, "kforge router: a guard miss of ", op.operator_name(),
               " re-entered the router 16 times: the original kernel leads back to the router");
@@ -487,7 +512,21 @@ void call_original(Route& route, const c10::OperatorHandle& op, c10::DispatchKey
       if (held) first = first.toTensor().contiguous();
     }
   }
-  route.original->callBoxed(op, ks, stack);
+  const c10::SafeKernelFunction* original = route.original.load(std::memory_order_acquire);
+  const size_t before = stack->size();
+  // The kernel we took as the original may have been another library's override, registered before ours and
+  // removed while ours is installed: torch invalidates it, and every miss raised where eager runs. Then the
+  // kernel now below ours becomes the original (as in the Python router). Rebinding drops and makes again our
+  // registration, whose kernel object holds the route: `keep` holds it until this call is done.
+  std::shared_ptr<Route> keep;
+  bool rebound = false;
+  try {
+    original->callBoxed(op, ks, stack);
+  } catch (const c10::Error& e) {
+    if (stack->size() != before || !invalidated(e, *original) || !rebind(route, op, original, &keep)) throw;
+    rebound = true;
+  }
+  if (rebound) keep->original.load(std::memory_order_acquire)->callBoxed(op, ks, stack);
   if (held) restride_returns(op, stack, outputs);
 }
 
@@ -568,6 +607,55 @@ struct RouterKernel final : public c10::OperatorKernel {
   }
   std::shared_ptr<Route> route;
 };
+
+uint64_t g_registrations = 0;  // under g_mutex: numbers each registration's debug name
+
+// Registers `route`'s override over the kernel dispatched now for its op and key. Under g_mutex.
+void register_route(const std::shared_ptr<Route>& route) {
+  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, route->ns, route->key, __FILE__, __LINE__);
+  auto kernel = std::make_unique<RouterKernel>(route);
+  c10::OperatorKernel* raw = kernel.get();
+  // torch names a registration by its file and line, the same for every registration made here: a name of its
+  // own is what tells ours from another (rebind reads the name of the kernel dispatched for the key).
+  std::string mine = "registered at " __FILE__ ":" + std::to_string(__LINE__) + " (kforge router, " + route->rk +
+                     ", registration " + std::to_string(++g_registrations) + ")";
+  lib->impl(route->qualified.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::move(kernel)).debug(mine));
+  route->kernel = raw;
+  route->mine = std::move(mine);
+  g_libs[route->rk] = std::move(lib);
+}
+
+// After `failed`, the route's original, was deregistered: takes the kernel now below ours as the original, by
+// dropping our registration, reading the kernel dispatched then and registering ours again. Only while ours is
+// the kernel dispatched for the key: registering again puts ours on top, which would reorder an override
+// registered after ours (that miss raises, as in the Python router). Whether the original may be called again;
+// `keep` then holds the route.
+bool rebind(Route& route, const c10::OperatorHandle& op, const c10::SafeKernelFunction* failed,
+            std::shared_ptr<Route>* keep) {
+  std::lock_guard<std::mutex> g(g_mutex);
+  auto it = g_routes.find(route.rk);
+  if (it == g_routes.end() || it->second.get() != &route) return false;  // uninstalled meanwhile
+  *keep = it->second;
+  if (route.original.load(std::memory_order_acquire) != failed) return true;  // another thread rebound it
+  if (failed == route.bare || op.getComputedKernelForDispatchKey(route.key).debug() != route.mine) return false;
+  // Dropping the registration would free the kernel object this call runs in, and others' calls may be in it.
+  // Until it is made again, calls on other threads go to the kernel below, uncounted, as in eager.
+  route.retired.push_back(c10::intrusive_ptr<c10::OperatorKernel>::unsafe_reclaim_from_nonowning(route.kernel));
+  g_libs[route.rk].reset();
+  std::unique_ptr<c10::SafeKernelFunction> below;
+  try {
+    below = std::make_unique<c10::SafeKernelFunction>(op.getComputedKernelForDispatchKey(route.key));
+  } catch (const c10::Error&) {  // nothing below ours now: the miss raises as it did
+  }
+  register_route(*keep);
+  if (!below) {
+    route.bare = failed;
+    return false;
+  }
+  route.original.store(below.get(), std::memory_order_release);
+  route.originals.push_back(std::move(below));
+  return true;
+}
 
 // ---- Python surface ------------------------------------------------------------------------------
 
@@ -660,27 +748,30 @@ void install(const std::string& name, const std::string& overload, const std::st
   std::lock_guard<std::mutex> g(g_mutex);
   TORCH_CHECK(g_routes.find(rk) == g_routes.end(), "kforge router: ", rk, " is routed already");
   auto route = std::make_shared<Route>();
-  route->original = std::make_unique<c10::SafeKernelFunction>(op.getComputedKernelForDispatchKey(k));
+  route->originals.push_back(std::make_unique<c10::SafeKernelFunction>(op.getComputedKernelForDispatchKey(k)));
+  route->original = route->originals.back().get();
   route->plans = std::move(plans);
-  auto ns = name.substr(0, name.find("::"));
-  auto base = name.substr(name.find("::") + 2);
   TORCH_CHECK(k == c10::DispatchKey::CUDA || k == c10::DispatchKey::CPU, "kforge router: dispatch key ", key,
               " is not supported");
-  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, ns, k, __FILE__, __LINE__);
-  auto qualified = overload.empty() ? base : base + "." + overload;
-  lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<RouterKernel>(route)));
+  auto base = name.substr(name.find("::") + 2);
+  route->rk = rk;
+  route->ns = name.substr(0, name.find("::"));
+  route->qualified = overload.empty() ? base : base + "." + overload;
+  route->key = k;
+  register_route(route);
   g_routes[rk] = route;
-  g_libs[rk] = std::move(lib);
 }
 
 void uninstall(const std::string& name, const std::string& overload, const std::string& key) {
   auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
   std::unique_ptr<torch::Library> lib;
+  std::vector<c10::intrusive_ptr<c10::OperatorKernel>> retired;  // each holds the route: released last
   {
     std::lock_guard<std::mutex> g(g_mutex);
     auto rk = route_key(op.operator_name(), key);
     auto it = g_routes.find(rk);
     if (it == g_routes.end()) return;
+    retired.swap(it->second->retired);
     g_routes.erase(it);
     auto l = g_libs.find(rk);
     if (l != g_libs.end()) {
