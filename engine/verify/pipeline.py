@@ -30,6 +30,7 @@ from engine.verify.inputs import (
     tensors_of,
     unaliased_inputs,
     wide_int_inputs,
+    written_aliases,
 )
 from engine.verify.ties import adopt_tie_choice
 from engine.verify.tolerance import REORDERING_FAMILIES, chain_family, op_family, tolerances_for
@@ -316,9 +317,10 @@ class CardCheck:
         # Inputs must come back unchanged, except arguments the op's schema mutates: those must
         # end as eager left them.
         eager_after = dict(tensors_of(eager_in))
+        shared = written_aliases(first_in, self.written)
         for (path, old), (_, now) in zip(before, tensors_of(first_in)):
             name = path.split("[")[0]
-            if name in self.written:
+            if name in self.written or path in shared:
                 r = compare_outputs([now], [eager_after[path]], self.tolerances([now]))[0]
                 if not r.ok:
                     return Verdict(False, "mismatch", f"{label}: mutated argument {path}: {r.message}",

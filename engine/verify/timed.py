@@ -40,7 +40,7 @@ import torch
 from engine.bench.stats import TimingStats, summarize
 from engine.bench.timing import ABResult, Arm, L2Flusher, TimingConfig, ab_time, time_calls
 from engine.verify.compare import _as_bits, compare_outputs
-from engine.verify.inputs import Bound, Regenerator, clone_bound, cover, tensors_of
+from engine.verify.inputs import Bound, Regenerator, clone_bound, cover, tensors_of, written_aliases
 from engine.verify.pipeline import CardCheck, _scrub, as_list
 
 # What timed calls' fresh outputs hold before the call, drawn per call: verification's poisons, or (stale) eager's
@@ -143,6 +143,8 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
     # kept integers the op writes in place: put back before every call on both sides, else each call's write
     # would add to the last and the audit's values (the originals) would not be the candidate's
     rewritten = [i for i, (path, _) in enumerate(regen.kept_named(bases[0])) if path.split("[")[0] in check.written]
+    # read-only inputs that overlap a written one (`mul_(x, x)`'s `other`): the op's write changes them on both sides
+    shared = written_aliases(bases[0], check.written)
     K = len(bases)
     rate = 1.0 / max(1, cfg.audit_every)
     st = _Round()
@@ -165,7 +167,7 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
         flags: list[tuple[str, str, torch.Tensor]] = []
         for (path, p), (_, c), (_, ep), (_, e) in zip(tensors_of(st.pristine), tensors_of(cand_slots[st.k]),
                                                       tensors_of(st.eager_pristine), tensors_of(eager_slots[st.k])):
-            if path.split("[")[0] in check.written:
+            if path.split("[")[0] in check.written or path in shared:
                 continue
             flags.append(("mutation", f"input {path} was modified during a timed call "
                           "(inputs must stay as they were)", _differs(p, c)))
