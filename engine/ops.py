@@ -36,11 +36,28 @@ def write_only_args(op: torch._ops.OpOverload) -> list[str]:
             if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
 
 
-def written_args(op: torch._ops.OpOverload) -> list[str]:
-    """Every argument the op's schema writes (`Tensor(a!)`): in-place and `out=` ones, and those it updates
-    without returning them (`_native_batch_norm_legit`'s running statistics in training). A candidate must leave
-    each as eager does; every other input must come back unchanged."""
-    return [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+# Arguments ops write that their schemas do not mark (`Tensor?`, not `Tensor(a!)`), and the flag under which they do:
+# the batch norms PyTorch's own `batch_norm` dispatches to (CPU: native_batch_norm; CUDA: cudnn_batch_norm; ROCm:
+# miopen_batch_norm) update the running statistics in training, as `_native_batch_norm_legit` does its marked ones.
+# Read from the schema alone, eager's own answer moved them, and an honest kernel that updated them was rejected for
+# mutating a read-only input. In eval they stay read-only (unchanged, bit for bit).
+UNMARKED_WRITES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "native_batch_norm": ("training", ("running_mean", "running_var")),
+    "cudnn_batch_norm": ("training", ("running_mean", "running_var")),
+    "miopen_batch_norm": ("training", ("running_mean", "running_var")),
+}
+
+
+def written_args(op: torch._ops.OpOverload, bound: Sequence[tuple[str, Any]] | None = None) -> list[str]:
+    """Every argument the op writes: those its schema marks (`Tensor(a!)`: in-place and `out=` ones, and those it
+    updates without returning them, `_native_batch_norm_legit`'s running statistics in training) and those it
+    writes unmarked (`UNMARKED_WRITES`; where `bound`, a call's arguments, sets their flag False, not those). A
+    candidate must leave each as eager does; every other input must come back unchanged."""
+    flag, unmarked = UNMARKED_WRITES.get(op._schema.name.split("::", 1)[-1], ("", ()))
+    if unmarked and bound is not None and dict(bound).get(flag) is False:
+        unmarked = ()
+    return [a.name for a in op._schema.arguments
+            if (a.alias_info is not None and a.alias_info.is_write) or a.name in unmarked]
 
 
 def call_op(op: torch._ops.OpOverload, bound: Sequence[tuple[str, Any]]) -> Any:

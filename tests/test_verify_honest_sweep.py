@@ -158,3 +158,54 @@ def test_a_read_only_input_beside_the_written_one_in_its_storage_must_stay_uncha
 
     v = check.check(writes_other)
     assert not v.ok and v.category == "mutation" and "input other" in v.message, v.message
+
+
+def _bn_sample(training, seed=0):
+    return [("input", _rn(4, 8, 5, 5, seed=seed)), ("weight", _rn(8, seed=1)), ("bias", _rn(8, seed=2)),
+            ("running_mean", _rn(8, seed=3)), ("running_var", _rn(8, seed=4).abs() + 0.5), ("training", training),
+            ("momentum", 0.1), ("eps", 1e-5)]
+
+
+def test_a_training_native_batch_norm_must_update_its_running_statistics(monkeypatch):
+    # native_batch_norm's schema (and cudnn_batch_norm's, miopen_batch_norm's) does not mark the running statistics it
+    # updates in training, and F.batch_norm dispatches to it (on the CPU; cuDNN's on CUDA). Eager's own answer moved
+    # them, and an honest kernel that updated them was rejected for mutating a read-only input; one that left them
+    # passed. In eval they stay read-only.
+    op = resolve_op("aten::native_batch_norm")
+    assert written_args(op) == ["running_mean", "running_var"]
+    assert written_args(op, _bn_sample(True)) == ["running_mean", "running_var"]
+    assert written_args(op, _bn_sample(False)) == []
+    samples = [_bn_sample(True, 0), _bn_sample(True, 5)]
+    card = ("aten::native_batch_norm", {}, None, samples)
+    assert _verify_and_time(monkeypatch, card, _eager(card[0]), 0) is None
+
+    def stats_left(b, prefill):
+        mine = dict(b)
+        keep = [mine["running_mean"].clone(), mine["running_var"].clone()]
+        out = call_op(op, b)
+        mine["running_mean"].copy_(keep[0])
+        mine["running_var"].copy_(keep[1])
+        return list(out)
+
+    v = card_check("aten::native_batch_norm", {}, samples, race_reps=0).check(stats_left)
+    assert not v.ok and "mutated argument running_mean" in v.message, v.message
+
+    def stats_written(b, prefill):
+        out = call_op(op, b)
+        dict(b)["running_mean"].add_(1.0)
+        return list(out)
+
+    v = card_check("aten::native_batch_norm", {}, [_bn_sample(False)], race_reps=0).check(stats_written)
+    assert not v.ok and v.category == "mutation" and "running_mean" in v.message, v.message
+
+
+def test_a_training_batch_norms_sample_holds_the_running_statistics_before_the_call(tmp_path):
+    # The capture saved a CPU input that no written argument touches by reference, after the call: the sample of a
+    # training native_batch_norm held the running statistics the call had updated, not those it was called with.
+    rm, rv = torch.zeros(8), torch.ones(8)
+    cards, files = capture_samples(lambda: F.batch_norm(_rn(4, 8, 5, 5), rm, rv, training=True), tmp_path, 1)
+    card = next(c for c in cards if c.op == "aten::native_batch_norm")
+    sample = load_sample(files[card.id][0])
+    args = dict(sample.args)
+    assert torch.equal(args["running_mean"], torch.zeros(8)) and torch.equal(args["running_var"], torch.ones(8))
+    assert torch.equal(sample.mutated["running_mean"], rm) and not torch.equal(rm, torch.zeros(8))

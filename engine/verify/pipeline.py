@@ -549,7 +549,8 @@ def card_check(op_name: str, signature: dict[str, Any], samples: Sequence[Bound]
         return CardCheck(op_name, samples, chain_eager(signature), family=chain_family(signature),
                          reference64=chain_eager(chain_in_float64(signature)), **kw)
     op = resolve_op(op_name)
-    return CardCheck(op_name, samples, eager_call(op, signature), written_args=written_args(op), **kw)
+    return CardCheck(op_name, samples, eager_call(op, signature),
+                     written_args=written_args(op, samples[0] if samples else None), **kw)
 
 
 def chain_eager(signature: dict[str, Any]) -> RunEager:
