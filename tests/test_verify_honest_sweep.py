@@ -209,3 +209,20 @@ def test_a_training_batch_norms_sample_holds_the_running_statistics_before_the_c
     args = dict(sample.args)
     assert torch.equal(args["running_mean"], torch.zeros(8)) and torch.equal(args["running_var"], torch.ones(8))
     assert torch.equal(sample.mutated["running_mean"], rm) and not torch.equal(rm, torch.zeros(8))
+
+
+def _launcher(op_name, outputs):
+    return CandidateLauncher(None, ResolvedSpec((), ()), op_name, outputs, torch.device("cpu"))
+
+
+def test_an_out_argument_that_is_an_input_is_not_poisoned():
+    # torch.add(a, b, out=a): the launcher filled `out` with NaN before the call, and so `a`, which the kernel reads:
+    # an honest kernel computed NaN + b. An out= argument of its own is still poisoned.
+    spec = [{"shape": [8, 64], "stride": [64, 1], "dtype": "float32"}]
+    launcher = _launcher("aten::add.out", spec)
+    a, b = _rn(8, 64), _rn(8, 64, seed=1)
+    launcher.allocate_outputs({"self": a, "other": b, "alpha": 1, "out": a}, "nan")
+    assert not a.isnan().any()
+    out = torch.empty(8, 64)
+    launcher.allocate_outputs({"self": a, "other": b, "alpha": 1, "out": out}, "nan")
+    assert out.isnan().all()

@@ -21,6 +21,7 @@ from engine.capture.chains import CHAIN_OP
 from engine.launch import ResolvedSpec
 from engine.launch import cuda_driver as drv
 from engine.ops import resolve_op, return_aliases, write_only_args
+from engine.verify.inputs import written_aliases
 
 _CTYPES = {"ptr": ctypes.c_void_p, "i32": ctypes.c_int32, "i64": ctypes.c_int64, "u32": ctypes.c_uint32,
            "u64": ctypes.c_uint64, "f32": ctypes.c_float, "f64": ctypes.c_double}
@@ -192,7 +193,9 @@ class CandidateLauncher:
             outs.append(t)
         if prefill is not None and len(prefill):
             for name in self.write_only:
-                if isinstance(args.get(name), torch.Tensor):
+                # not an `out=` that shares bytes with an input (`torch.add(a, b, out=a)`): poisoned, it held the
+                # input's values no more, and an honest kernel read NaN where it read `a`
+                if isinstance(args.get(name), torch.Tensor) and not written_aliases(list(args.items()), {name}):
                     prefill_(args[name], prefill if isinstance(prefill, str) else "sentinel")
         return outs
 
