@@ -226,3 +226,11 @@ def test_an_out_argument_that_is_an_input_is_not_poisoned():
     out = torch.empty(8, 64)
     launcher.allocate_outputs({"self": a, "other": b, "alpha": 1, "out": out}, "nan")
     assert out.isnan().all()
+
+
+def test_a_list_return_is_one_output_per_tensor():
+    # unsafe_split (an LSTM or GRU cell's gates) returns `Tensor[]`: one return, three tensors. The launcher zipped
+    # the card's outputs with the schema's returns and allocated one: every candidate returned 1 output of 3.
+    spec = [{"shape": [4, 8], "stride": [8, 1], "dtype": "float32"}] * 3
+    outs = _launcher("aten::unsafe_split.Tensor", spec).allocate_outputs({"self": _rn(12, 8)}, "nan")
+    assert len(outs) == 3 and all(o.shape == (4, 8) and o.isnan().all() for o in outs)

@@ -134,6 +134,10 @@ class CandidateLauncher:
         else:
             self.op = resolve_op(op_name)
             self.aliases = return_aliases(self.op)
+            if len(self.aliases) != len(self.output_specs) and not any(self.aliases):
+                # a `Tensor[]` return (unsafe_split, an LSTM cell's gates; _foreach_mul): one output per tensor of the
+                # list, none an input. Zipped with the one return, every such candidate returned one output of many.
+                self.aliases = [None] * len(self.output_specs)
             self.write_only = write_only_args(self.op)
         self.workspaces = spec.workspaces
         self.launches: list[_Launch] = []
