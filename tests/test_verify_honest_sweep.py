@@ -234,3 +234,19 @@ def test_a_list_return_is_one_output_per_tensor():
     spec = [{"shape": [4, 8], "stride": [8, 1], "dtype": "float32"}] * 3
     outs = _launcher("aten::unsafe_split.Tensor", spec).allocate_outputs({"self": _rn(12, 8)}, "nan")
     assert len(outs) == 3 and all(o.shape == (4, 8) and o.isnan().all() for o in outs)
+
+
+def test_an_op_that_returns_nothing_has_no_outputs(tmp_path, monkeypatch):
+    # _foreach_add_ returns `()`: eager's None counted as one output, a launched kernel's none, and every one was
+    # rejected ('0 outputs, expected 1'). What it writes is still held to eager's (a list argument, element by element).
+    assert as_list(None) == []
+    card = _card(tmp_path, "_foreach_add_")
+    assert _verify_and_time(monkeypatch, card, _launched(card[0], card[2]), 0) is None
+
+    def skips_one(b, prefill):
+        mine = dict(b)
+        torch._foreach_add_(mine["self"][:1], mine["other"][:1])
+        return []
+
+    v = card_check(card[0], card[1], card[3], race_reps=0).check(skips_one)
+    assert not v.ok and "self[1]" in v.message, v.message

@@ -89,6 +89,11 @@ class Verdict:
 
 
 def as_list(out: Any) -> list[Any]:
+    """An op's (or a candidate's) outputs as a list. None is no output: an op whose schema returns `()` (the in-place
+    `_foreach_add_`) returns None in eager, and a launched candidate, none; as one output, eager's None outnumbered
+    the candidate's outputs and every candidate was rejected."""
+    if out is None:
+        return []
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
