@@ -88,6 +88,12 @@ def _snapshot(outs: list[Any]) -> list[Any]:
     return [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
 
 
+def _lives_in(outs: list[Any], bound: Bound) -> bool:
+    """Whether a tensor of `outs` shares storage with a tensor of `bound` (an argument returned, or a view of one)."""
+    storages = {t.untyped_storage().data_ptr() for _, t in tensors_of(bound)}
+    return any(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in storages for o in outs)
+
+
 def _differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Device boolean: any byte differs (NaN payloads included); no sync."""
     return torch.ne(_as_bits(cover(a)), _as_bits(cover(b))).any()
@@ -180,10 +186,11 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
         # The reference: eager on the candidate's values, only now that the candidate's call is done (the
         # flags above are queued before it, in stream order, so eager writing an argument changes none).
         reference = as_list(check.eager(st.pristine))
-        if check.written:
-            # An op that writes an argument returns it: the reference is the slot's pristine buffer, which the
-            # slot's next audit draws into again, maybe before this one is compared (an honest in-place relu_ was
-            # called cheating, compared with eager's answer to a later call's values)
+        if check.written or _lives_in(reference, st.pristine):
+            # An op that writes an argument returns it, and one that returns views of its input (unsafe_split, an
+            # LSTM cell's gates) returns those: the reference is then the slot's pristine buffer, which the slot's
+            # next audit draws into again, maybe before this one is compared (an honest in-place relu_ and an honest
+            # unsafe_split were called cheating, compared with eager's answer to a later call's values)
             reference = _snapshot(reference)
         cand_out = _snapshot(st.cand_out)
         allowed = check.allowing_ties(st.pristine, cand_out, reference)   # a tie broken otherwise is no cheat
