@@ -8,6 +8,7 @@ writes, views, out= arguments, list returns and layouts the checks got wrong.
 The whole sweep (about 150 call patterns x 10 seeds) ran outside the suite; the parametrized test keeps a
 representative subset, and each bug it found has its own test below."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 from test_timed_protocol import _alternating_ab
@@ -131,6 +132,15 @@ def _verify_and_time(monkeypatch, card, prepare, seed):
     if run.category is not None or run.audited < CFG.min_audits:
         return f"timed: {run.category}: {run.message}"
     return None
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_eager_as_the_candidate_is_never_rejected(tmp_path, monkeypatch, name):
+    card = _card(tmp_path, name)
+    for seed in range(3):
+        for how, prepare in (("eager", _eager(card[0])), ("launched", _launched(card[0], card[2]))):
+            problem = _verify_and_time(monkeypatch, card, prepare, seed)
+            assert problem is None, f"{name}, seed {seed}, {how}: {problem}"
 
 
 def test_a_read_only_input_that_is_the_written_one_ends_as_eager_leaves_it(tmp_path, monkeypatch):
