@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch
@@ -58,6 +58,36 @@ def written_args(op: torch._ops.OpOverload, bound: Sequence[tuple[str, Any]] | N
         unmarked = ()
     return [a.name for a in op._schema.arguments
             if (a.alias_info is not None and a.alias_info.is_write) or a.name in unmarked]
+
+
+def written_aliases(bound: Sequence[tuple[str, Any]], written: Collection[str]) -> set[str]:
+    """Paths (`name`, `name[j]` in a list) of the tensors of `bound` not in `written` whose range of storage overlaps
+    a written argument's (`mul_(x, x)`'s `other`): the op's write may change them too, so they must end as eager
+    leaves them, not as they were (an honest in-place kernel on aliased arguments was rejected as mutating its
+    read-only input), and an `out=` that is an input must keep the input's values. By range, not element: two
+    interleaved views (`x[:, 0]`, `x[:, 1]`) count as overlapping."""
+    named = []   # (path, argument name, tensor)
+    for n, v in bound:
+        if isinstance(v, (list, tuple)):
+            named += [(f"{n}[{j}]", n, t) for j, t in enumerate(v) if isinstance(t, torch.Tensor)]
+        elif isinstance(v, torch.Tensor):
+            named.append((n, n, v))
+    spans = [_span(t) for _, n, t in named if n in written and t.numel()]
+    out = set()
+    for path, n, t in named:
+        if n in written or not t.numel():
+            continue
+        key, lo, hi = _span(t)
+        if any(k == key and lo < b and a < hi for k, a, b in spans):
+            out.add(path)
+    return out
+
+
+def _span(t: torch.Tensor) -> tuple[tuple, int, int]:
+    """(storage, first byte, past the last byte) of the elements `t` touches."""
+    isz = t.element_size()
+    last = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return (t.device.type, t.device.index, t.untyped_storage().data_ptr()), t.storage_offset() * isz, (last + 1) * isz
 
 
 def call_op(op: torch._ops.OpOverload, bound: Sequence[tuple[str, Any]]) -> Any:

@@ -20,8 +20,7 @@ import torch
 from engine.capture.chains import CHAIN_OP
 from engine.launch import ResolvedSpec
 from engine.launch import cuda_driver as drv
-from engine.ops import resolve_op, return_aliases, write_only_args
-from engine.verify.inputs import written_aliases
+from engine.ops import resolve_op, return_aliases, write_only_args, written_aliases
 
 _CTYPES = {"ptr": ctypes.c_void_p, "i32": ctypes.c_int32, "i64": ctypes.c_int64, "u32": ctypes.c_uint32,
            "u64": ctypes.c_uint64, "f32": ctypes.c_float, "f64": ctypes.c_double}

@@ -499,24 +499,6 @@ def wide_int_inputs(sample: Bound) -> Bound | None:
     return out if moved else None
 
 
-def written_aliases(bound: Bound, written: set[str]) -> set[str]:
-    """Paths of the read-only tensors of `bound` whose range of storage overlaps a written argument's (`mul_(x, x)`'s
-    `other`): the op's write may change them too, so they must end as eager leaves them, not as they were (an honest
-    in-place kernel on aliased arguments was rejected as mutating its read-only input). By range, not element: two
-    interleaved views (`x[:, 0]`, `x[:, 1]`) count as overlapping."""
-    if not written:
-        return set()
-    spans = [(_key(t), *storage_extent(t)) for p, t in tensors_of(bound) if p.split("[")[0] in written]
-    out = set()
-    for path, t in tensors_of(bound):
-        if path.split("[")[0] in written or not t.numel():
-            continue
-        key, (lo, hi) = _key(t), storage_extent(t)
-        if any(k == key and lo < b and a < hi for k, a, b in spans):
-            out.add(path)
-    return out
-
-
 def unaliased_inputs(samples: Sequence[Bound], seed: int) -> Bound | None:
     """The first sample whose tensor arguments share storage (`mul(x, x)`, `cat([x, x])`, two views of one buffer),
     with every tensor after the first on a storage given storage of its own (same layout) and fresh values drawn

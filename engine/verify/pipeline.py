@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from engine.capture.chains import CHAIN_OP, run_chain
-from engine.ops import eager_call, resolve_op, written_args
+from engine.ops import eager_call, resolve_op, written_aliases, written_args
 from engine.verify.compare import CompareReport, bitwise_equal, compare_outputs, rounding_bias
 from engine.verify.guard import Canaries, GuardViolation
 from engine.verify.inputs import (
@@ -30,7 +30,6 @@ from engine.verify.inputs import (
     tensors_of,
     unaliased_inputs,
     wide_int_inputs,
-    written_aliases,
 )
 from engine.verify.ties import adopt_tie_choice
 from engine.verify.tolerance import REORDERING_FAMILIES, chain_family, op_family, tolerances_for

@@ -39,8 +39,9 @@ import torch
 
 from engine.bench.stats import TimingStats, summarize
 from engine.bench.timing import ABResult, Arm, L2Flusher, TimingConfig, ab_time, time_calls
+from engine.ops import written_aliases
 from engine.verify.compare import _as_bits, compare_outputs
-from engine.verify.inputs import Bound, Regenerator, clone_bound, cover, tensors_of, written_aliases
+from engine.verify.inputs import Bound, Regenerator, clone_bound, cover, tensors_of
 from engine.verify.pipeline import CardCheck, _scrub, as_list
 
 # What timed calls' fresh outputs hold before the call, drawn per call: verification's poisons, or (stale) eager's
