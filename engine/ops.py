@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch
@@ -36,11 +36,58 @@ def write_only_args(op: torch._ops.OpOverload) -> list[str]:
             if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
 
 
-def written_args(op: torch._ops.OpOverload) -> list[str]:
-    """Every argument the op's schema writes (`Tensor(a!)`): in-place and `out=` ones, and those it updates
-    without returning them (`_native_batch_norm_legit`'s running statistics in training). A candidate must leave
-    each as eager does; every other input must come back unchanged."""
-    return [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+# Arguments ops write that their schemas do not mark (`Tensor?`, not `Tensor(a!)`), and the flag under which they do:
+# the batch norms PyTorch's own `batch_norm` dispatches to (CPU: native_batch_norm; CUDA: cudnn_batch_norm; ROCm:
+# miopen_batch_norm) update the running statistics in training, as `_native_batch_norm_legit` does its marked ones.
+# Read from the schema alone, eager's own answer moved them, and an honest kernel that updated them was rejected for
+# mutating a read-only input. In eval they stay read-only (unchanged, bit for bit).
+UNMARKED_WRITES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "native_batch_norm": ("training", ("running_mean", "running_var")),
+    "cudnn_batch_norm": ("training", ("running_mean", "running_var")),
+    "miopen_batch_norm": ("training", ("running_mean", "running_var")),
+}
+
+
+def written_args(op: torch._ops.OpOverload, bound: Sequence[tuple[str, Any]] | None = None) -> list[str]:
+    """Every argument the op writes: those its schema marks (`Tensor(a!)`: in-place and `out=` ones, and those it
+    updates without returning them, `_native_batch_norm_legit`'s running statistics in training) and those it
+    writes unmarked (`UNMARKED_WRITES`; where `bound`, a call's arguments, sets their flag False, not those). A
+    candidate must leave each as eager does; every other input must come back unchanged."""
+    flag, unmarked = UNMARKED_WRITES.get(op._schema.name.split("::", 1)[-1], ("", ()))
+    if unmarked and bound is not None and dict(bound).get(flag) is False:
+        unmarked = ()
+    return [a.name for a in op._schema.arguments
+            if (a.alias_info is not None and a.alias_info.is_write) or a.name in unmarked]
+
+
+def written_aliases(bound: Sequence[tuple[str, Any]], written: Collection[str]) -> set[str]:
+    """Paths (`name`, `name[j]` in a list) of the tensors of `bound` not in `written` whose range of storage overlaps
+    a written argument's (`mul_(x, x)`'s `other`): the op's write may change them too, so they must end as eager
+    leaves them, not as they were (an honest in-place kernel on aliased arguments was rejected as mutating its
+    read-only input), and an `out=` that is an input must keep the input's values. By range, not element: two
+    interleaved views (`x[:, 0]`, `x[:, 1]`) count as overlapping."""
+    named = []   # (path, argument name, tensor)
+    for n, v in bound:
+        if isinstance(v, (list, tuple)):
+            named += [(f"{n}[{j}]", n, t) for j, t in enumerate(v) if isinstance(t, torch.Tensor)]
+        elif isinstance(v, torch.Tensor):
+            named.append((n, n, v))
+    spans = [_span(t) for _, n, t in named if n in written and t.numel()]
+    out = set()
+    for path, n, t in named:
+        if n in written or not t.numel():
+            continue
+        key, lo, hi = _span(t)
+        if any(k == key and lo < b and a < hi for k, a, b in spans):
+            out.add(path)
+    return out
+
+
+def _span(t: torch.Tensor) -> tuple[tuple, int, int]:
+    """(storage, first byte, past the last byte) of the elements `t` touches."""
+    isz = t.element_size()
+    last = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return (t.device.type, t.device.index, t.untyped_storage().data_ptr()), t.storage_offset() * isz, (last + 1) * isz
 
 
 def call_op(op: torch._ops.OpOverload, bound: Sequence[tuple[str, Any]]) -> Any:

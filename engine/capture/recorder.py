@@ -22,7 +22,7 @@ from engine.capture.signature import (
     signature_of,
     storage_extent,
 )
-from engine.ops import tensors_of
+from engine.ops import tensors_of, written_args
 
 TOP_LEVEL = "(top)"  # module path of calls made outside any submodule (e.g. pipeline glue code)
 
@@ -65,8 +65,9 @@ SampleSink = Callable[[CardTally, int, Snapshot, dict[str, Any]], int]
 
 def _written_args(func: torch._ops.OpOverload, bound: list[tuple[str, Any]]) -> dict[str, torch.Tensor]:
     out = {}
-    for a, (name, v) in zip(func._schema.arguments, bound):
-        if a.alias_info is not None and a.alias_info.is_write:
+    written = _written_names(func, bound)
+    for name, v in bound:
+        if name in written:
             if isinstance(v, torch.Tensor):
                 out[name] = v
             elif isinstance(v, (list, tuple)):
@@ -74,9 +75,11 @@ def _written_args(func: torch._ops.OpOverload, bound: list[tuple[str, Any]]) -> 
     return out
 
 
-def _written_names(func: torch._ops.OpOverload) -> set[str]:
-    """Arguments the call writes (in-place `self`, `out=`)."""
-    return {a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+def _written_names(func: torch._ops.OpOverload, bound: list[tuple[str, Any]]) -> set[str]:
+    """Arguments the call writes (in-place `self`, `out=`, a training batch norm's running statistics:
+    `ops.written_args`). A CPU storage none of them touches is saved after the call by reference: the sample of
+    a training native_batch_norm held the running statistics it had updated."""
+    return set(written_args(func, bound))
 
 
 def _write_only(func: torch._ops.OpOverload) -> set[str]:
@@ -158,8 +161,8 @@ class CaptureMode(TorchDispatchMode):
         snap = layout = None
         if self.sink is not None and self._wants_sample(tally, bound):
             # The sink saves (or copies) the sample before this returns: only what the call writes needs a copy.
-            snap, layout = snapshot_inputs(bound, written=_written_names(func))
-        if self.before_write is not None and _written_names(func):
+            snap, layout = snapshot_inputs(bound, written=_written_names(func, bound))
+        if self.before_write is not None and _written_names(func, bound):
             self.before_write(list(_written_args(func, bound).values()))
         # Timed region holds only the op itself; sample copies happen outside it.
         if self.use_cuda_events:

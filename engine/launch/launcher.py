@@ -20,7 +20,7 @@ import torch
 from engine.capture.chains import CHAIN_OP
 from engine.launch import ResolvedSpec
 from engine.launch import cuda_driver as drv
-from engine.ops import resolve_op, return_aliases, write_only_args
+from engine.ops import resolve_op, return_aliases, write_only_args, written_aliases
 
 _CTYPES = {"ptr": ctypes.c_void_p, "i32": ctypes.c_int32, "i64": ctypes.c_int64, "u32": ctypes.c_uint32,
            "u64": ctypes.c_uint64, "f32": ctypes.c_float, "f64": ctypes.c_double}
@@ -133,6 +133,10 @@ class CandidateLauncher:
         else:
             self.op = resolve_op(op_name)
             self.aliases = return_aliases(self.op)
+            if len(self.aliases) != len(self.output_specs) and not any(self.aliases):
+                # a `Tensor[]` return (unsafe_split, an LSTM cell's gates; _foreach_mul): one output per tensor of the
+                # list, none an input. Zipped with the one return, every such candidate returned one output of many.
+                self.aliases = [None] * len(self.output_specs)
             self.write_only = write_only_args(self.op)
         self.workspaces = spec.workspaces
         self.launches: list[_Launch] = []
@@ -192,7 +196,9 @@ class CandidateLauncher:
             outs.append(t)
         if prefill is not None and len(prefill):
             for name in self.write_only:
-                if isinstance(args.get(name), torch.Tensor):
+                # not an `out=` that shares bytes with an input (`torch.add(a, b, out=a)`): poisoned, it held the
+                # input's values no more, and an honest kernel read NaN where it read `a`
+                if isinstance(args.get(name), torch.Tensor) and not written_aliases(list(args.items()), {name}):
                     prefill_(args[name], prefill if isinstance(prefill, str) else "sentinel")
         return outs
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from engine.capture.chains import CHAIN_OP, run_chain
-from engine.ops import eager_call, resolve_op, written_args
+from engine.ops import eager_call, resolve_op, written_aliases, written_args
 from engine.verify.compare import CompareReport, bitwise_equal, compare_outputs, rounding_bias
 from engine.verify.guard import Canaries, GuardViolation
 from engine.verify.inputs import (
@@ -88,6 +88,11 @@ class Verdict:
 
 
 def as_list(out: Any) -> list[Any]:
+    """An op's (or a candidate's) outputs as a list. None is no output: an op whose schema returns `()` (the in-place
+    `_foreach_add_`) returns None in eager, and a launched candidate, none; as one output, eager's None outnumbered
+    the candidate's outputs and every candidate was rejected."""
+    if out is None:
+        return []
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
@@ -316,9 +321,10 @@ class CardCheck:
         # Inputs must come back unchanged, except arguments the op's schema mutates: those must
         # end as eager left them.
         eager_after = dict(tensors_of(eager_in))
+        shared = written_aliases(first_in, self.written)
         for (path, old), (_, now) in zip(before, tensors_of(first_in)):
             name = path.split("[")[0]
-            if name in self.written:
+            if name in self.written or path in shared:
                 r = compare_outputs([now], [eager_after[path]], self.tolerances([now]))[0]
                 if not r.ok:
                     return Verdict(False, "mismatch", f"{label}: mutated argument {path}: {r.message}",
@@ -547,7 +553,8 @@ def card_check(op_name: str, signature: dict[str, Any], samples: Sequence[Bound]
         return CardCheck(op_name, samples, chain_eager(signature), family=chain_family(signature),
                          reference64=chain_eager(chain_in_float64(signature)), **kw)
     op = resolve_op(op_name)
-    return CardCheck(op_name, samples, eager_call(op, signature), written_args=written_args(op), **kw)
+    return CardCheck(op_name, samples, eager_call(op, signature),
+                     written_args=written_args(op, samples[0] if samples else None), **kw)
 
 
 def chain_eager(signature: dict[str, Any]) -> RunEager:

@@ -39,6 +39,7 @@ import torch
 
 from engine.bench.stats import TimingStats, summarize
 from engine.bench.timing import ABResult, Arm, L2Flusher, TimingConfig, ab_time, time_calls
+from engine.ops import written_aliases
 from engine.verify.compare import _as_bits, compare_outputs
 from engine.verify.inputs import Bound, Regenerator, clone_bound, cover, tensors_of
 from engine.verify.pipeline import CardCheck, _scrub, as_list
@@ -86,6 +87,12 @@ def _slot_bases(check: CardCheck, slots: int) -> list[Bound]:
 
 def _snapshot(outs: list[Any]) -> list[Any]:
     return [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
+
+
+def _lives_in(outs: list[Any], bound: Bound) -> bool:
+    """Whether a tensor of `outs` shares storage with a tensor of `bound` (an argument returned, or a view of one)."""
+    storages = {t.untyped_storage().data_ptr() for _, t in tensors_of(bound)}
+    return any(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in storages for o in outs)
 
 
 def _differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -143,6 +150,8 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
     # kept integers the op writes in place: put back before every call on both sides, else each call's write
     # would add to the last and the audit's values (the originals) would not be the candidate's
     rewritten = [i for i, (path, _) in enumerate(regen.kept_named(bases[0])) if path.split("[")[0] in check.written]
+    # read-only inputs that overlap a written one (`mul_(x, x)`'s `other`): the op's write changes them on both sides
+    shared = written_aliases(bases[0], check.written)
     K = len(bases)
     rate = 1.0 / max(1, cfg.audit_every)
     st = _Round()
@@ -165,7 +174,7 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
         flags: list[tuple[str, str, torch.Tensor]] = []
         for (path, p), (_, c), (_, ep), (_, e) in zip(tensors_of(st.pristine), tensors_of(cand_slots[st.k]),
                                                       tensors_of(st.eager_pristine), tensors_of(eager_slots[st.k])):
-            if path.split("[")[0] in check.written:
+            if path.split("[")[0] in check.written or path in shared:
                 continue
             flags.append(("mutation", f"input {path} was modified during a timed call "
                           "(inputs must stay as they were)", _differs(p, c)))
@@ -178,10 +187,11 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
         # The reference: eager on the candidate's values, only now that the candidate's call is done (the
         # flags above are queued before it, in stream order, so eager writing an argument changes none).
         reference = as_list(check.eager(st.pristine))
-        if check.written:
-            # An op that writes an argument returns it: the reference is the slot's pristine buffer, which the
-            # slot's next audit draws into again, maybe before this one is compared (an honest in-place relu_ was
-            # called cheating, compared with eager's answer to a later call's values)
+        if check.written or _lives_in(reference, st.pristine):
+            # An op that writes an argument returns it, and one that returns views of its input (unsafe_split, an
+            # LSTM cell's gates) returns those: the reference is then the slot's pristine buffer, which the slot's
+            # next audit draws into again, maybe before this one is compared (an honest in-place relu_ and an honest
+            # unsafe_split were called cheating, compared with eager's answer to a later call's values)
             reference = _snapshot(reference)
         cand_out = _snapshot(st.cand_out)
         allowed = check.allowing_ties(st.pristine, cand_out, reference)   # a tie broken otherwise is no cheat
