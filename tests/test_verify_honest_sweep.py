@@ -20,6 +20,7 @@ from engine.launch import ResolvedSpec
 from engine.launch.launcher import CandidateLauncher
 from engine.ops import call_op, resolve_op, tensors_of, written_args
 from engine.verify.guard import Canaries
+from engine.verify.inputs import tensors_of as bound_tensors
 from engine.verify.pipeline import as_list, card_check
 
 CFG = TimingConfig(min_reps=64, batch=16, audit_every=8, min_audits=3)
@@ -260,3 +261,41 @@ def test_an_op_that_returns_nothing_has_no_outputs(tmp_path, monkeypatch):
 
     v = card_check(card[0], card[1], card[3], race_reps=0).check(skips_one)
     assert not v.ok and "self[1]" in v.message, v.message
+
+
+def _skips_writes_once_timed(op_name, after):
+    """A kernel that does the op's writes honestly for `after` calls, then none: what it returns stays right."""
+    op = resolve_op(op_name)
+    calls = [0]
+
+    def prepare(bound, prefill):
+        def call():
+            calls[0] += 1
+            if calls[0] <= after:
+                return call_op(op, bound)
+            kept = [t.clone() for _, t in bound_tensors(bound)]
+            out = call_op(op, bound)
+            for (_, t), old in zip(bound_tensors(bound), kept):
+                t.copy_(old)   # every write undone: an op returning `()` returns nothing to compare
+            return out
+        return call
+    return prepare
+
+
+@pytest.mark.parametrize("name", ["_foreach_add_", "batch_norm training"])
+def test_a_kernel_that_skips_the_writes_it_does_not_return_once_timed_is_caught(tmp_path, monkeypatch, name):
+    # Timed audits compared what the op returns and nothing else: `_foreach_add_` returns `()`, and a training batch
+    # norm does not return its running statistics. A kernel that did those writes in verification and skipped them once
+    # timed (here from its 60th call on) was never seen; an audit now holds every written argument to eager's.
+    from engine.verify import timed
+
+    card = _card(tmp_path, name)
+    assert _verify_and_time(monkeypatch, card, _eager(card[0]), 0) is None
+    op, signature, _, samples = card
+    check = card_check(op, signature, samples, race_reps=2)
+    cheat = _skips_writes_once_timed(op, 60)
+    assert check.check(lambda b, prefill: as_list(cheat(b, prefill)())).ok
+    monkeypatch.setattr(timed, "ab_time", _alternating_ab)
+    cfg = TimingConfig(min_reps=128, batch=16, audit_every=4, min_audits=3)
+    run = timed.audited_ab(check, timed.TimedCandidate(cheat), lambda: None, cfg, seed=5)
+    assert run.category == "cheating" and "written argument" in run.message, run.message

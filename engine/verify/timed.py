@@ -124,6 +124,9 @@ class _Audit:
     cand_out: list[Any]
     flags: list[tuple[str, str, torch.Tensor]] = field(default_factory=list)  # (category, message, device bool)
     imprecise: str | None = None   # what the precision check found (where this audit ran one)
+    # arguments the op writes and does not return (a training batch norm's running statistics, `_foreach_add_`'s
+    # list, an input overlapping a written one): (path, the candidate's, eager's), each a copy
+    written: list[tuple[str, torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
 def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
@@ -187,6 +190,13 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
         # The reference: eager on the candidate's values, only now that the candidate's call is done (the
         # flags above are queued before it, in stream order, so eager writing an argument changes none).
         reference = as_list(check.eager(st.pristine))
+        # What the op writes and does not return must end as eager leaves it, in timed calls too: an op returning
+        # `()` (`_foreach_add_`) had nothing compared, and a kernel could skip its writes once timed.
+        returned = {o.untyped_storage().data_ptr() for o in reference if isinstance(o, torch.Tensor)}
+        written = [(path, c.clone(), p.clone())
+                   for (path, p), (_, c) in zip(tensors_of(st.pristine), tensors_of(cand_slots[st.k]))
+                   if (path.split("[")[0] in check.written or path in shared)
+                   and p.untyped_storage().data_ptr() not in returned]
         if check.written or _lives_in(reference, st.pristine):
             # An op that writes an argument returns it, and one that returns views of its input (unsafe_split, an
             # LSTM cell's gates) returns those: the reference is then the slot's pristine buffer, which the slot's
@@ -197,7 +207,7 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
         allowed = check.allowing_ties(st.pristine, cand_out, reference)   # a tie broken otherwise is no cheat
         _scrub([r for r, w in zip(reference, allowed) if r is not w])
         reference = allowed
-        a = _Audit(st.index, st.k, reference, cand_out, flags)
+        a = _Audit(st.index, st.k, reference, cand_out, flags, written=written)
         if ref64 is not None:
             v = check.precision_against(f"timed call {st.index + 1} (input slot {st.k})", ref64, a.cand_out, reference)
             a.imprecise = v.message if v is not None else None
@@ -261,9 +271,14 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
             if problem:
                 break
             reports = compare_outputs(a.cand_out, a.eager_out, check.tolerances(a.eager_out))
-            bad = [r for r in reports if not r.ok]
+            bad = [r.message for r in reports if not r.ok]
+            for path, got, want in a.written if not bad else ():
+                r = compare_outputs([got], [want], check.tolerances([want]))[0]
+                if not r.ok:
+                    bad.append(f"written argument {path}: {r.message}")
+                    break
             if bad:
-                problem[:] = ["cheating", f"timed call {a.index + 1} (input slot {a.k}): {bad[0].message}; "
+                problem[:] = ["cheating", f"timed call {a.index + 1} (input slot {a.k}): {bad[0]}; "
                               "the same kernel passed verification, so it behaves differently when timed"]
             elif a.imprecise is not None:
                 # values drawn as verification's fresh sets are: a kernel over the bar here may be one at its edge
