@@ -306,3 +306,30 @@ def test_a_model_returning_its_input_first_is_noted_at_capture(cli, tmp_path):
     assert "is one of the builder's example inputs, returned as it is" in notes["input"]
     assert "is the model's 'lin.weight', returned as it is" in notes["weight"]
     assert notes["output"] is None
+
+
+MASKED = '''
+class Masked(nn.Module):
+    def forward(self, x, idx):
+        kept = x[x > 0]                      # shape depends on the values
+        picked = x[idx]                      # shape of idx: a card
+        return kept.sum() + picked.sum() + torch.nonzero(x).float().sum()
+
+
+def build(_):
+    torch.manual_seed(0)
+    return Masked(), (torch.randn(8, 16), torch.tensor([0, 3, 5]))
+'''
+
+
+def test_calls_whose_output_shape_depends_on_their_values_are_not_cards(cli, tmp_path):
+    # x[mask] and nonzero were cards: the lane allocates the captured output shape, every fresh input set asks for
+    # another, and no candidate, eager's own included, could pass (found by the honest sweep).
+    code, out, err = cli("capture", _config(tmp_path, MASKED, "_ = 0"), "--device", "cpu", "--json",
+                         "--workspace", tmp_path / "ws")
+    assert code == 0, err
+    doc = json.loads(out)
+    ops = {c["op"] for c in doc["cards"]}
+    assert "aten::nonzero" not in ops and doc["skipped"]["data-dependent"] >= 2, (ops, doc["skipped"])
+    assert [c for c in doc["cards"] if c["op"] == "aten::index.Tensor"], ops   # the integer index stays a card
+    assert "nonzero" in doc["notes"]["data-dependent"]

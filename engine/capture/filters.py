@@ -79,7 +79,7 @@ def packed(args: tuple, kwargs: dict) -> bool:
 
 def skip_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str | None:
     """Why this call is not a card ('view', 'constructor', 'metadata', 'sparse', 'nested', 'quantized',
-    'packed'), or None if it is one."""
+    'packed', 'data-dependent'), or None if it is one."""
     name = func.name()
     if func.namespace in _SKIPPED_NAMESPACES:
         return "metadata"
@@ -93,4 +93,24 @@ def skip_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str |
         return "constructor"
     if packed(args, kwargs):
         return "packed"
+    if data_dependent(func, args, kwargs):
+        return "data-dependent"
     return unreadable(tensors)
+
+
+def data_dependent(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
+    """Whether the call's output shape depends on its input values (`nonzero`, `unique`, `masked_select`, `x[mask]`,
+    `bincount`, `repeat_interleave` by a tensor without `output_size`): a kernel writes outputs of the card's shape,
+    and every fresh input set verification draws asks for another, so no candidate could pass. PyTorch tags these
+    ops `dynamic_output_shape`; `index.Tensor` only where an index is a mask, `one_hot` where it counts its classes."""
+    if torch.Tag.dynamic_output_shape not in func.tags:
+        return False
+    name = func.name()
+    if name == "aten::index.Tensor":
+        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices or ())
+    if name == "aten::repeat_interleave.Tensor":
+        return kwargs.get("output_size", args[1] if len(args) > 1 else None) is None
+    if name == "aten::one_hot":
+        return kwargs.get("num_classes", args[1] if len(args) > 1 else -1) == -1
+    return True

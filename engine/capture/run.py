@@ -516,6 +516,10 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
             f"{mode.skipped['nested']} calls took or made nested tensors (rows of several lengths), which no kernel "
             "takes, so they are not cards: nn.TransformerEncoder makes one of a batch with a src_key_padding_mask in "
             "eval; build it with enable_nested_tensor=False for cards of its layers' ops")
+    if mode.skipped.get("data-dependent"):
+        notes["data-dependent"] = (
+            f"{mode.skipped['data-dependent']} calls return a shape that depends on their input values (nonzero, "
+            "unique, masked_select, x[mask], bincount): a kernel writes outputs of one shape, so they are not cards")
     if wide is not None:
         half = dtype_name(dtype)
         notes["cpu compute"] = (
