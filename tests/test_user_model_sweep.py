@@ -333,3 +333,28 @@ def test_calls_whose_output_shape_depends_on_their_values_are_not_cards(cli, tmp
     assert "aten::nonzero" not in ops and doc["skipped"]["data-dependent"] >= 2, (ops, doc["skipped"])
     assert [c for c in doc["cards"] if c["op"] == "aten::index.Tensor"], ops   # the integer index stays a card
     assert "nonzero" in doc["notes"]["data-dependent"]
+
+
+RESIZED = '''
+class Resized(nn.Module):
+    def forward(self, x, y):
+        a = torch.add(x, y, out=torch.empty(0))     # eager resizes the buffer: no kernel could
+        b = torch.mul(x, y, out=torch.empty_like(x))  # a buffer of the result's shape: a card
+        return a + b
+
+
+def build(_):
+    return Resized(), (torch.randn(8, 16), torch.randn(8, 16))
+'''
+
+
+def test_an_out_buffer_eager_must_resize_is_not_a_card(cli, tmp_path):
+    # add(x, y, out=torch.empty(0)) was a card whose every candidate, eager's own call included, was rejected as
+    # writing outside its buffers: a kernel writes the buffer it is given (found by the honest sweep).
+    code, out, err = cli("capture", _config(tmp_path, RESIZED, "_ = 0"), "--device", "cpu", "--json",
+                         "--workspace", tmp_path / "ws")
+    assert code == 0, err
+    doc = json.loads(out)
+    ops = {c["op"] for c in doc["cards"]}
+    assert "aten::add.out" not in ops and "aten::mul.out" in ops and doc["skipped"]["resized out="] >= 1, \
+        (ops, doc["skipped"])

@@ -22,7 +22,7 @@ from engine.capture.signature import (
     signature_of,
     storage_extent,
 )
-from engine.ops import tensors_of, written_args
+from engine.ops import tensors_of, write_only_args, written_args
 
 TOP_LEVEL = "(top)"  # module path of calls made outside any submodule (e.g. pipeline glue code)
 
@@ -73,6 +73,17 @@ def _written_args(func: torch._ops.OpOverload, bound: list[tuple[str, Any]]) -> 
             elif isinstance(v, (list, tuple)):
                 out.update({f"{name}[{j}]": x for j, x in enumerate(v) if isinstance(x, torch.Tensor)})
     return out
+
+
+_OUT_ARGS: dict[Any, frozenset[str]] = {}
+
+
+def _out_args(func: torch._ops.OpOverload) -> frozenset[str]:
+    """The op's `out=` arguments (kwarg-only, written), per op once."""
+    names = _OUT_ARGS.get(func)
+    if names is None:
+        names = _OUT_ARGS[func] = frozenset(write_only_args(func))
+    return names
 
 
 def _written_names(func: torch._ops.OpOverload, bound: list[tuple[str, Any]]) -> set[str]:
@@ -164,6 +175,7 @@ class CaptureMode(TorchDispatchMode):
             snap, layout = snapshot_inputs(bound, written=_written_names(func, bound))
         if self.before_write is not None and _written_names(func, bound):
             self.before_write(list(_written_args(func, bound).values()))
+        outs_in = [(v, v.shape) for n, v in bound if n in _out_args(func) and isinstance(v, torch.Tensor)]
         # Timed region holds only the op itself; sample copies happen outside it.
         if self.use_cuda_events:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -177,6 +189,11 @@ class CaptureMode(TorchDispatchMode):
         made = unreadable(tensors_of(out))  # made a sparse or quantized tensor: not a card, as one that takes it
         if made is not None:
             self.skipped[made] += 1
+            return out
+        if any(v.shape != shape for v, shape in outs_in):
+            # an out= buffer of another shape (`out=torch.empty(0)`), which eager resizes: a kernel writes the buffer
+            # it is given, so no candidate could pass (eager's own call was rejected as writing outside it)
+            self.skipped["resized out="] += 1
             return out
         outputs = [describe_tensor(t) for t in tensors_of(out)]
         if tally is None:
