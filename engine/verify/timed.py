@@ -197,7 +197,7 @@ def audited_ab(check: CardCheck, candidate: TimedCandidate, flush: L2Flusher,
                    for (path, p), (_, c) in zip(tensors_of(st.pristine), tensors_of(cand_slots[st.k]))
                    if (path.split("[")[0] in check.written or path in shared)
                    and p.untyped_storage().data_ptr() not in returned]
-        if check.written or _lives_in(reference, st.pristine):
+        if _lives_in(reference, st.pristine):
             # An op that writes an argument returns it, and one that returns views of its input (unsafe_split, an
             # LSTM cell's gates) returns those: the reference is then the slot's pristine buffer, which the slot's
             # next audit draws into again, maybe before this one is compared (an honest in-place relu_ and an honest
