@@ -81,43 +81,60 @@ def cover(t: torch.Tensor) -> torch.Tensor:
 
 def _stats(t: torch.Tensor) -> tuple[float, float, float, float]:
     x = t.detach().double() if t.numel() else torch.zeros(1, dtype=torch.float64)
-    finite = x[torch.isfinite(x)] if x.is_floating_point() else x
+    finite = x[torch.isfinite(x)] if x.is_floating_point() and not bool(torch.isfinite(x).all()) else x
     if finite.numel() == 0:
         return 0.0, 1.0, -1.0, 1.0
     return (float(finite.mean()), float(finite.std()) if finite.numel() > 1 else 0.0,
             float(finite.min()), float(finite.max()))
 
 
+def on_device(gen: torch.Generator, device: torch.device) -> torch.Generator:
+    """The generator to draw with on `device`: `gen` where it draws there, else a generator of that device seeded
+    from `gen` (which moves on by one draw), so the values stay as reproducible as `gen`'s. A draw made on the host
+    for a GPU tensor takes seconds for one large activation (a float64 normal of 268 M elements, then a 2 GB copy; 13 s
+    for one card's sets on a 2-core host): the likely cause of the 148 s the SD3.5 VAE's 27 cards took to load on an
+    H100 (2026-12-05g), not yet measured again."""
+    if gen.device == device or (gen.device.type == device.type == "cpu"):
+        return gen
+    seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 def refill_like_(t: torch.Tensor, reference: torch.Tensor, gen: torch.Generator) -> None:
-    """Overwrite `t` in place with random values matching `reference`'s mean, std and range."""
+    """Overwrite `t` in place with random values matching `reference`'s mean, std and range, drawn where `t` lives
+    (`on_device`): on the host in float64, on a GPU in float64 for a float64 tensor and float32 otherwise (the
+    draw is rounded to `t`'s dtype either way)."""
     c = cover(t)
     if c.numel() == 0:
         return
     mean, std, lo, hi = _stats(reference)
+    host = c.device.type == "cpu"
+    gen = on_device(gen, c.device)
+    work = torch.float64 if host or c.dtype == torch.float64 else torch.float32
     if t.dtype == torch.bool:
         p = float(reference.float().mean()) if reference.numel() else 0.5
         if p in (0.0, 1.0):
             # A constant mask (a padding mask of a batch without padding, a condition that held everywhere) must
             # not stay constant, as a constant float does not: a masked_fill that ignored its mask, a where that
             # returned `self`, passed every set. Half of each, and one element the other way at least.
-            c.copy_(torch.rand(c.shape, generator=gen, device="cpu").to(c.device) < 0.5)
-            c[int(torch.randint(c.numel(), (), generator=gen))] = p == 0.0
+            c.copy_(torch.rand(c.shape, generator=gen, device=c.device) < 0.5)
+            c[int(torch.randint(c.numel(), (), generator=gen, device=c.device))] = p == 0.0
             return
-        c.copy_(torch.rand(c.shape, generator=gen, device="cpu").to(c.device) < p)
+        c.copy_(torch.rand(c.shape, generator=gen, device=c.device) < p)
     elif t.is_floating_point():
         if std > 0.0:
-            vals = (torch.randn(c.shape, generator=gen, dtype=torch.float64) * std + mean).clamp_(lo, hi)
+            vals = (torch.randn(c.shape, generator=gen, dtype=work, device=c.device) * std + mean).clamp_(lo, hi)
         else:
             # A constant (a freshly initialised norm weight of ones, a zero bias) must not stay constant:
             # real weights are not, and a kernel specialised to the constant would pass otherwise.
             # ±10 % keeps the sign, so domains such as a positive variance still hold.
             spread = max(abs(mean) * 0.1, 1e-3)
-            vals = torch.randn(c.shape, generator=gen, dtype=torch.float64) * spread + mean
-        c.copy_(vals.to(c.device))
+            vals = torch.randn(c.shape, generator=gen, dtype=work, device=c.device) * spread + mean
+        c.copy_(vals)
         if monotone(reference):
             keep_monotone_(t, reference)
     elif t.is_complex():
-        c.copy_(torch.randn(c.shape, generator=gen, dtype=t.dtype).to(c.device))
+        c.copy_(torch.randn(c.shape, generator=gen, dtype=t.dtype, device=c.device))
     else:
         ilo, ihi = int(lo), int(hi)
         if t.dim() == 0:
@@ -126,7 +143,7 @@ def refill_like_(t: torch.Tensor, reference: torch.Tensor, gen: torch.Generator)
             # (an op that refuses it has its integers kept, as for any refused draw).
             info = torch.iinfo(t.dtype)
             steps = [v for v in (ilo - 1, ilo + 1) if info.min <= v <= info.max and (v >= 0) == (ilo >= 0)]
-            pick = int(torch.randint(len(steps), (), generator=gen)) if len(steps) > 1 else 0
+            pick = int(torch.randint(len(steps), (), generator=gen, device=c.device)) if len(steps) > 1 else 0
             c.fill_(steps[pick] if steps else ilo)
             return
         if ilo == ihi != 0:
@@ -135,11 +152,11 @@ def refill_like_(t: torch.Tensor, reference: torch.Tensor, gen: torch.Generator)
             # its value or one step toward zero (a mask's 0; an index stays within the range its value was in), one
             # of them the step at least. A constant 0 is left as it is (a step away from it may index past a size).
             step = ilo - 1 if ilo > 0 else ilo + 1
-            vals = torch.where(torch.rand(c.shape, generator=gen) < 0.5, ilo, step).to(torch.int64)
-            vals[int(torch.randint(c.numel(), (), generator=gen))] = step
-            c.copy_(vals.to(c.device))
+            vals = torch.where(torch.rand(c.shape, generator=gen, device=c.device) < 0.5, ilo, step).to(torch.int64)
+            vals[int(torch.randint(c.numel(), (), generator=gen, device=c.device))] = step
+            c.copy_(vals)
             return   # not sorted as a rising one: from its first value up, a constant row stays constant
-        c.copy_(torch.randint(ilo, ihi + 1, c.shape, generator=gen, dtype=torch.int64).to(c.device))
+        c.copy_(torch.randint(ilo, ihi + 1, c.shape, generator=gen, dtype=torch.int64, device=c.device))
         if monotone(reference):
             keep_monotone_(t, reference)
 
@@ -336,8 +353,8 @@ def edge_inputs(sample: Bound, kinds: Sequence[str]) -> list[tuple[str, Bound]]:
                 continue
             c = cover(t)
             if kind == "signs":
-                flip = torch.rand(c.shape, generator=gen) < 0.5
-                c.copy_(torch.where(flip.to(c.device), -c, c))
+                flip = torch.rand(c.shape, generator=on_device(gen, c.device), device=c.device) < 0.5
+                c.copy_(torch.where(flip, -c, c))
             elif kind == "negated":
                 c.neg_()
             elif kind == "ties":
