@@ -36,11 +36,16 @@ def stderr_progress() -> Callable[[str], None]:
 
     Otherwise redirected stderr gets only errors and warnings, so a failure is exactly one line there.
     """
-    if not sys.stderr.isatty() and os.environ.get(PROGRESS_ENV) != "1":
+    tty = sys.stderr.isatty()
+    if not tty and os.environ.get(PROGRESS_ENV) != "1":
         return lambda msg: None
+    t0 = time.monotonic()
 
     def show(msg: str) -> None:
-        print(f"kforge: {msg}", file=sys.stderr, flush=True)
+        # In a log each line says when it came (seconds since the command began): where an export's time went
+        # (the SD3.5 VAE's stopped at 495 s on an H100, 2026-12-05g, with no way to tell which step took it).
+        when = "" if tty else f"+{time.monotonic() - t0:.0f}s "
+        print(f"kforge: {when}{msg}", file=sys.stderr, flush=True)
     return show
 
 

@@ -241,8 +241,16 @@ def test_progress_lines_reach_a_log_only_when_asked(monkeypatch, capsys):
     stderr_progress()("confirming 13 variant(s) in a fresh process")
     assert capsys.readouterr().err == ""
     monkeypatch.setenv(PROGRESS_ENV, "1")
-    stderr_progress()("confirming 13 variant(s) in a fresh process")
-    assert capsys.readouterr().err == "kforge: confirming 13 variant(s) in a fresh process\n"
+    show = stderr_progress()
+    show("confirming 13 variant(s) in a fresh process")
+    assert capsys.readouterr().err == "kforge: +0s confirming 13 variant(s) in a fresh process\n"
+    # each line in a log says when it came: where a long export's time went
+    import re
+    import time
+    time.sleep(1.1)
+    show("whole-model check")
+    m = re.fullmatch(r"kforge: \+(\d+)s whole-model check\n", capsys.readouterr().err)
+    assert m and int(m.group(1)) >= 1
 
 
 def test_reproduce_asks_its_steps_for_progress_lines(tmp_path, monkeypatch):
