@@ -564,6 +564,9 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compil
         else:
             not_run(FULL_DEPTH_STEP, f"the e2e step did not finish ({_why(rec, 'e2e')})")
     if (ws / "kforge.db").exists():
+        # Made again each sitting: a resumed run changed the table (the SD3.5 VAE's packed run.md showed the first
+        # sitting's 6 searched cards after the second had searched 23, H100 2026-12-05g).
+        (d / "run.md").unlink(missing_ok=True)
         step(f"{model} run table", d / "run.md", [py, "scripts/run_table.py", str(ws / "kforge.db"),
                                                    "--out", str(d / "run.md")], logf, stdout=Path("/dev/null"))
         # A fresh copy each sitting: a resumed run adds to the database.

@@ -869,3 +869,33 @@ def test_the_report_names_the_gpu_its_sittings_ran_on(tmp_path):
     text = (tmp_path / "report.md").read_text()
     assert "ours on an H100 — different GPUs" in text and "| ours (H100): best card of that op |" in text
     assert "H200 —" not in text
+
+
+def test_the_run_table_is_made_again_each_sitting(tmp_path, monkeypatch):
+    """The packed run.md of the SD3.5 VAE (H100, 2026-12-05g) was its first sitting's, 6 cards searched, after the
+    second sitting's resumed run had searched 23: the table step counted as done once its file existed."""
+    import sqlite3
+
+    rp = _reproduce_module()
+    out, ws, tables = tmp_path / "out", tmp_path / "ws", []
+    (ws / "sd35_vae").mkdir(parents=True)
+    sqlite3.connect(ws / "sd35_vae" / "kforge.db").close()
+
+    def fake_step(name, done, argv, log_file, stdout=None, timeout=None):
+        what = name.split(" ", 1)[1]
+        if what == "run table":
+            assert not done.exists()   # the last sitting's table is not taken as this one's
+            tables.append(len(tables) + 1)
+            done.write_text(f"table of sitting {len(tables)}")
+        elif what == "run":
+            stdout.write_text(json.dumps({"status": "stopped", "stopped_by": "interrupted", "evaluations": 7}))
+            return 124
+        return 0
+
+    monkeypatch.setattr(rp, "step", fake_step)
+    monkeypatch.setattr(rp, "sitting", lambda: dict(FAKE_SITTING))
+    monkeypatch.setattr(rp, "latest_run", lambda ws: {"id": "run-1", "status": "stopped"})
+    monkeypatch.setattr(rp, "write_facts", lambda db, dest: None)
+    rp.model_steps("sd35_vae", out, ws, 240)
+    rp.model_steps("sd35_vae", out, ws, 240)
+    assert tables == [1, 2] and (out / "sd35_vae" / "run.md").read_text() == "table of sitting 2"
