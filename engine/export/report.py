@@ -82,6 +82,8 @@ def target_check_text(check: dict[str, Any]) -> str:
         text += "; not faster with confidence"
     if check.get("replicate"):
         text += "; the lower of two processes' checks, each compiled afresh"
+    elif check.get("one_process"):
+        text += f"; {check['one_process']}"
     return text
 
 
