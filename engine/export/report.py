@@ -96,7 +96,7 @@ def graph_routes_text(source: dict[str, Any]) -> str | None:
         return (f"graph routes: {', '.join(g['classes'])} replayed from CUDA graphs in eager, whole model "
                 f"{_ci(g)} with them ({g.get('modules', '?')} module(s)); the cast routes them when installed with "
                 "the model")
-    why = g.get("error") or "; ".join(g.get("tried") or []) or "no class to try"
+    why = g.get("error") or g.get("skipped") or "; ".join(g.get("tried") or []) or "no class to try"
     return f"graph routes: none kept ({why})"
 
 
