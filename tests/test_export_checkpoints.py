@@ -297,3 +297,13 @@ def test_a_check_made_under_an_earlier_rule_is_made_again(ws, gpu, monkeypatch):
     assert not any("the whole-model check of" in ln and "reused" in ln for ln in lines)
     export(ws, "eager")
     assert gpu.checks == {"eager": 2}  # the same rule: reused
+
+
+def test_a_refused_target_is_said_when_it_is_refused_not_only_when_the_export_ends(ws, gpu):
+    """Warnings are printed when the export ends; the SD3.5 VAE's export, stopped by its time limit after its
+    reduce-overhead check (H100, 2026-12-05g), left no line saying how that check ended."""
+    gpu.model.update(eager=lambda s: EAGER, **{"cuda-graphs": lambda s: SLOWER})
+    result, lines = export(ws, "eager,cuda-graphs")
+    said = [m for m in lines if m.startswith("target cuda-graphs: nothing kept: ")]
+    assert len(said) == 1 and "slower" in said[0]
+    assert any(w.startswith("target cuda-graphs: ") for w in result.warnings)

@@ -696,6 +696,9 @@ def _model_checks(kept: list[ExportVariant], env: dict[str, Any], source: dict[s
                 per[t] = set()
                 src.setdefault("model_check", {"mode": t})
                 src["model_check"] = {**src["model_check"], "refused": str(e)}
+                # said now too: warnings are printed when the export ends, and one stopped by a time limit never
+                # did (the SD3.5 VAE's reduce-overhead check left no line, H100 2026-12-05g)
+                progress(f"target {t}: nothing kept: {e}")
                 warn(f"target {t}: {e}")
             checks[t] = src.get("model_check")
     except KeyboardInterrupt:
