@@ -307,3 +307,16 @@ def test_a_refused_target_is_said_when_it_is_refused_not_only_when_the_export_en
     said = [m for m in lines if m.startswith("target cuda-graphs: nothing kept: ")]
     assert len(said) == 1 and "slower" in said[0]
     assert any(w.startswith("target cuda-graphs: ") for w in result.warnings)
+
+
+def test_a_whole_model_check_that_broke_is_said_as_it_happens(ws, gpu):
+    from engine.errors import JobError
+
+    def broke(s):
+        raise JobError("export: the whole-model check failed (exit 1): CUDA out of memory")
+
+    gpu.model.update(eager=lambda s: EAGER, **{"cuda-graphs": broke})
+    result, lines = export(ws, "eager,cuda-graphs")
+    assert "whole-model check (CUDA-graph replays) broke: export: the whole-model check failed (exit 1): CUDA out " \
+           "of memory" in lines
+    assert any("the cast is written without a whole-model check" in w for w in result.warnings)

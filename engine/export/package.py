@@ -836,6 +836,7 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
                                     caches=Path(tmp) / "caches-2") \
                 if compiled and chosen and chosen["speedup_ci"][0] < REPLICATE_BELOW else None
         except JobError as e:  # the check itself broke (not: the model was slower): say so, keep the variants
+            progress(f"whole-model check ({mode}) broke: {e}")
             warn(f"{e}; the cast is written without a whole-model check")
             source["model_check"] = {"mode": "failed", "reason": str(e)}
             return kept
