@@ -103,6 +103,8 @@ EXPORT_NEED_S = 150
 # An export that was stopped part way has its confirmation and finished checks kept: the next sitting starts it
 # with less left (Gemma's resume finished in 98 s, H200 2026-12-03g; it had been skipped with 133 s left).
 EXPORT_RESUME_NEED_S = 60
+# A run stopped part way resumes with what is left of its wall time, and at least this much: a search of its own.
+RESUME_MIN_S = 120
 FULL_DEPTH = {"full_depth": True}  # the builder argument that builds a reference model's every layer
 FULL_DEPTH_STEP = "e2e full depth"  # bench_e2e --append of NAME@full_depth=true into the model's e2e/
 COMPOSE_MODES = ("default", "reduce-overhead")
@@ -483,9 +485,20 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compil
     run_argv = [py, "-m", "kforge_tui", "run", "--no-tui", "--json", "--workspace", str(ws)]
     resume = run is not None and (run["status"] != "done" or rec.get("resume_run") == run["id"])
     run_argv += ["--resume", run["id"]] if resume else [config_path(model)]
+    if resume and wall and rec.get("run_spent_s"):
+        # The wall time is the run's in all: a resumed run gets what its earlier sittings left of it (the SD3.5
+        # VAE's run was stopped at 365 s by its first sitting's limit and then given 480 s more, H100 2026-12-05g).
+        left = max(RESUME_MIN_S, wall - rec["run_spent_s"])
+        log(f"{model}: the run resumes with {left:.0f} s of its {wall:.0f} s wall time "
+            f"({rec['run_spent_s']:.0f} s spent by earlier sittings)")
+        wall = left
     run_argv += (["--wall-time", str(wall)] if wall else []) + (["--ops", ops] if ops else [])
     rc = do("run", d / "run.json", run_argv, (wall or 3600) + STEP_LIMIT_S["run"], stdout=d / "run.json")
     unsearched = search_never_began(d / "run.json") if rc == 0 else None
+    ran = rec["steps"].get("run") or {}
+    if rc is not None and (rc != 0 or unsearched) and ran.get("sitting") == now and "seconds" in ran:
+        rec["run_spent_s"] = round(rec.get("run_spent_s", 0) + ran["seconds"], 1)
+        save()
     if unsearched:
         # Its capture and eager timing spent the wall time (sd35_medium at 240 s, H200 2026-12-03f): done, with
         # nothing to export. Kept aside; the next sitting resumes the run, whose capture and timing are kept.
@@ -1168,7 +1181,7 @@ def main() -> int:
     ap.add_argument("--workspaces", type=Path, default=Path("/tmp/kforge-reproduce"))
     ap.add_argument("--wall-time", type=float,
                     help="each run's wall time in seconds, capture and eager timing included (default: per model, "
-                         "WALL_S); resume later for the rest")
+                         "WALL_S); a sitting that resumes it gives it what is left, at least RESUME_MIN_S")
     ap.add_argument("--ops", help="search only the cards whose op matches REGEX (`run --ops`)")
     ap.add_argument("--targets",
                     help="`export --target`: what the cast's variants are proven for (default: per model, "

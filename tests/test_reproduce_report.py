@@ -899,3 +899,29 @@ def test_the_run_table_is_made_again_each_sitting(tmp_path, monkeypatch):
     rp.model_steps("sd35_vae", out, ws, 240)
     rp.model_steps("sd35_vae", out, ws, 240)
     assert tables == [1, 2] and (out / "sd35_vae" / "run.md").read_text() == "table of sitting 2"
+
+
+def test_a_resumed_run_gets_what_is_left_of_its_wall_time(tmp_path, monkeypatch):
+    """The SD3.5 VAE's run (--wall-time 480) was stopped at 365 s by its first sitting's limit, and its resume was
+    given 480 s more (H100, 2026-12-05g): the wall time is the run's in all, so a resume gets what is left of it, and
+    at least RESUME_MIN_S."""
+    rp = _reproduce_module()
+    out, walls = tmp_path / "out", []
+    clock = [1000.0]
+    monkeypatch.setattr(rp.time, "time", lambda: clock[0])
+
+    def fake_step(name, done, argv, log_file, stdout=None, timeout=None):
+        if name.endswith(" run"):
+            walls.append(float(argv[argv.index("--wall-time") + 1]))
+            clock[0] += 300.0
+            return rp.TIMED_OUT
+        return 0
+
+    monkeypatch.setattr(rp, "step", fake_step)
+    monkeypatch.setattr(rp, "sitting", lambda: dict(FAKE_SITTING))
+    monkeypatch.setattr(rp, "latest_run", lambda ws: {"id": "run-1", "status": "stopped"})
+    for _ in range(3):
+        rp.model_steps("sd35_vae", out, tmp_path / "ws", 480)
+    assert walls == [480.0, 180.0, rp.RESUME_MIN_S]
+    rec = json.loads((out / "sd35_vae" / rp.RECORD).read_text())
+    assert rec["run_spent_s"] == 300.0 * 3
