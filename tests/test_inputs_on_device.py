@@ -12,6 +12,11 @@ def test_a_host_generator_draws_host_tensors_itself():
     assert on_device(g, torch.device("cpu")) is g
 
 
+def test_a_device_without_generators_of_its_own_is_drawn_for_on_the_host():
+    g = torch.Generator().manual_seed(3)
+    assert on_device(g, torch.device("meta")) is g
+
+
 def test_host_fresh_sets_are_the_draws_they_were():
     # The host path is unchanged: the same seed gives the same values as a float64 draw on the host did.
     x = torch.randn(4, 8, dtype=torch.float32)

@@ -96,8 +96,11 @@ def on_device(gen: torch.Generator, device: torch.device) -> torch.Generator:
     H100 (2026-12-05g), not yet measured again."""
     if gen.device == device or (gen.device.type == device.type == "cpu"):
         return gen
-    seed = int(torch.randint(0, 2**62, (1,), generator=gen))
-    return torch.Generator(device=device).manual_seed(seed)
+    try:
+        made = torch.Generator(device=device)
+    except RuntimeError:   # a device without generators of its own (meta): drawn with `gen`, then moved
+        return gen
+    return made.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
 
 
 def refill_like_(t: torch.Tensor, reference: torch.Tensor, gen: torch.Generator) -> None:
@@ -108,33 +111,33 @@ def refill_like_(t: torch.Tensor, reference: torch.Tensor, gen: torch.Generator)
     if c.numel() == 0:
         return
     mean, std, lo, hi = _stats(reference)
-    host = c.device.type == "cpu"
     gen = on_device(gen, c.device)
-    work = torch.float64 if host or c.dtype == torch.float64 else torch.float32
+    at = gen.device   # where the values are drawn: c's device, or the host (then copied over)
+    work = torch.float64 if at.type == "cpu" or c.dtype == torch.float64 else torch.float32
     if t.dtype == torch.bool:
         p = float(reference.float().mean()) if reference.numel() else 0.5
         if p in (0.0, 1.0):
             # A constant mask (a padding mask of a batch without padding, a condition that held everywhere) must
             # not stay constant, as a constant float does not: a masked_fill that ignored its mask, a where that
             # returned `self`, passed every set. Half of each, and one element the other way at least.
-            c.copy_(torch.rand(c.shape, generator=gen, device=c.device) < 0.5)
-            c[int(torch.randint(c.numel(), (), generator=gen, device=c.device))] = p == 0.0
+            c.copy_((torch.rand(c.shape, generator=gen, device=at) < 0.5).to(c.device))
+            c[int(torch.randint(c.numel(), (), generator=gen, device=at))] = p == 0.0
             return
-        c.copy_(torch.rand(c.shape, generator=gen, device=c.device) < p)
+        c.copy_((torch.rand(c.shape, generator=gen, device=at) < p).to(c.device))
     elif t.is_floating_point():
         if std > 0.0:
-            vals = (torch.randn(c.shape, generator=gen, dtype=work, device=c.device) * std + mean).clamp_(lo, hi)
+            vals = (torch.randn(c.shape, generator=gen, dtype=work, device=at) * std + mean).clamp_(lo, hi)
         else:
             # A constant (a freshly initialised norm weight of ones, a zero bias) must not stay constant:
             # real weights are not, and a kernel specialised to the constant would pass otherwise.
             # ±10 % keeps the sign, so domains such as a positive variance still hold.
             spread = max(abs(mean) * 0.1, 1e-3)
-            vals = torch.randn(c.shape, generator=gen, dtype=work, device=c.device) * spread + mean
-        c.copy_(vals)
+            vals = torch.randn(c.shape, generator=gen, dtype=work, device=at) * spread + mean
+        c.copy_(vals.to(c.device))
         if monotone(reference):
             keep_monotone_(t, reference)
     elif t.is_complex():
-        c.copy_(torch.randn(c.shape, generator=gen, dtype=t.dtype, device=c.device))
+        c.copy_(torch.randn(c.shape, generator=gen, dtype=t.dtype, device=at).to(c.device))
     else:
         ilo, ihi = int(lo), int(hi)
         if t.dim() == 0:
@@ -143,7 +146,7 @@ def refill_like_(t: torch.Tensor, reference: torch.Tensor, gen: torch.Generator)
             # (an op that refuses it has its integers kept, as for any refused draw).
             info = torch.iinfo(t.dtype)
             steps = [v for v in (ilo - 1, ilo + 1) if info.min <= v <= info.max and (v >= 0) == (ilo >= 0)]
-            pick = int(torch.randint(len(steps), (), generator=gen, device=c.device)) if len(steps) > 1 else 0
+            pick = int(torch.randint(len(steps), (), generator=gen, device=at)) if len(steps) > 1 else 0
             c.fill_(steps[pick] if steps else ilo)
             return
         if ilo == ihi != 0:
@@ -152,11 +155,11 @@ def refill_like_(t: torch.Tensor, reference: torch.Tensor, gen: torch.Generator)
             # its value or one step toward zero (a mask's 0; an index stays within the range its value was in), one
             # of them the step at least. A constant 0 is left as it is (a step away from it may index past a size).
             step = ilo - 1 if ilo > 0 else ilo + 1
-            vals = torch.where(torch.rand(c.shape, generator=gen, device=c.device) < 0.5, ilo, step).to(torch.int64)
-            vals[int(torch.randint(c.numel(), (), generator=gen, device=c.device))] = step
-            c.copy_(vals)
+            vals = torch.where(torch.rand(c.shape, generator=gen, device=at) < 0.5, ilo, step).to(torch.int64)
+            vals[int(torch.randint(c.numel(), (), generator=gen, device=at))] = step
+            c.copy_(vals.to(c.device))
             return   # not sorted as a rising one: from its first value up, a constant row stays constant
-        c.copy_(torch.randint(ilo, ihi + 1, c.shape, generator=gen, dtype=torch.int64, device=c.device))
+        c.copy_(torch.randint(ilo, ihi + 1, c.shape, generator=gen, dtype=torch.int64, device=at).to(c.device))
         if monotone(reference):
             keep_monotone_(t, reference)
 
@@ -353,8 +356,9 @@ def edge_inputs(sample: Bound, kinds: Sequence[str]) -> list[tuple[str, Bound]]:
                 continue
             c = cover(t)
             if kind == "signs":
-                flip = torch.rand(c.shape, generator=on_device(gen, c.device), device=c.device) < 0.5
-                c.copy_(torch.where(flip, -c, c))
+                g = on_device(gen, c.device)
+                flip = torch.rand(c.shape, generator=g, device=g.device) < 0.5
+                c.copy_(torch.where(flip.to(c.device), -c, c))
             elif kind == "negated":
                 c.neg_()
             elif kind == "ties":
