@@ -207,3 +207,40 @@ def test_without_a_cuda_graphs_check_the_graph_routes_are_tried(ws, gpu, monkeyp
     gpu.model.update(eager=lambda s: EAGER)
     _, _, calls, _ = _export(ws, monkeypatch, {"tried": [], "chosen": None})
     assert len(calls) == 1
+
+
+def test_an_export_interrupted_in_its_route_checks_writes_its_checked_targets(ws, gpu, monkeypatch):  # noqa: F811
+    """The SD3.5 VAE's export was stopped by its time limit (a SIGINT) in its graph-route check, after every target's
+    whole-model check had finished, and wrote nothing (H100, 2026-12-05g). The routes only add to a cast: the cast of
+    the checked targets is written, as a partial cast the same export finishes (its checks reused)."""
+    from engine.export.package import ExportPartial
+    from engine.export.report import graph_routes_text
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pkg, "run_graph_check", interrupted)
+    gpu.model.update(eager=lambda s: EAGER)
+    lines: list[str] = []
+    with pytest.raises(ExportPartial, match=r"interrupted: wrote a partial cast .*toy.cast, proven for eager, "
+                                            r"without graph routes; not checked: graph routes; the same export "
+                                            r"again checks only those") as e:
+        pkg.export_run(ws, RUN, ws.parent / "toy.cast", targets=["eager"], progress=lines.append, graph_routes=True)
+    assert e.value.exit_code == pkg.EXIT_PARTIAL
+    manifest = read_cast(ws.parent / "toy.cast").manifest
+    assert [v["targets"] for v in manifest["variants"]] and all(v["targets"] == ["eager"] for v in manifest["variants"])
+    g = manifest["source"]["graph_routes"]
+    assert g["classes"] == [] and g["interrupted"].startswith("interrupted")
+    assert "graph routes: interrupted; the cast is written without them" in lines
+    assert graph_routes_text(manifest["source"]).startswith("graph routes: none kept (interrupted")
+    # the same export again: the eager check is reused and the routes are tried
+    monkeypatch.setattr(pkg, "run_graph_check", lambda *a, **k: {**TRIED, "chosen": TRIED["tried"][1]})
+    result = pkg.export_run(ws, RUN, ws.parent / "toy.cast", targets=["eager"], progress=lines.append,
+                            graph_routes=True)
+    assert result.graph_routes["classes"] == ["Attention"] and gpu.checks == {"eager": 1}
+
+
+def test_an_interruption_before_any_variant_is_kept_still_stops_the_export(ws, gpu, monkeypatch):  # noqa: F811
+    gpu.model.update(eager=lambda s: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        pkg.export_run(ws, RUN, ws.parent / "toy.cast", targets=["eager"], graph_routes=True)

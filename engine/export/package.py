@@ -221,7 +221,10 @@ class ExportPartial(KforgeError):
     def __init__(self, result: ExportResult, run_id: str, targets: list[str], checkpoints: Path) -> None:
         self.result, self.run_id, self.targets = result, run_id, targets
         done = [t for t in targets if t not in result.unchecked]
-        super().__init__(f"interrupted: wrote a partial cast {result.out}, proven for {', '.join(done)} only; "
+        routes = [t for t in result.unchecked if t not in targets]   # 'graph routes', 'layout routes'
+        proven = f"proven for {', '.join(done)}" + ("" if len(done) == len(targets) else " only") + (
+            f", without {' or '.join(routes)}" if routes else "")
+        super().__init__(f"interrupted: wrote a partial cast {result.out}, {proven}; "
                          f"not checked: {', '.join(result.unchecked)}; the same export again checks only those "
                          f"(the finished checks are kept in {checkpoints})")
 
@@ -601,10 +604,23 @@ def _export_variants(workspace: Path, run_id: str | None, out: Path, log: Export
     elif model_check:
         warnings.append(f"no whole-model check: the run's config {config!r} is not readable here")
         source["model_check"] = {"mode": "none", "reason": f"config {config!r} not readable at export"}
+    def optional(what: str, check: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """A route check, which only adds to a cast whose targets are checked: interrupted (Ctrl-C, or a time
+        limit's SIGINT: the SD3.5 VAE's export lost its four finished targets in its graph-route check, H100
+        2026-12-05g), the cast is written without those routes, as a partial cast the same export finishes."""
+        if log.unchecked:   # interrupted already (a target's check, or a route check): this one is not started
+            return {"classes": [], "interrupted": "not reached: the export was interrupted"}
+        try:
+            return check()
+        except KeyboardInterrupt:
+            log.unchecked.append(what)
+            progress(f"{what}: interrupted; the cast is written without them")
+            return {"classes": [], "interrupted": "interrupted (Ctrl-C or SIGTERM) before its check ended"}
+
     if layout_routes and log.convolutional and model_check and config and Path(config).is_file() \
             and any(t in (v.targets or []) for v in kept for t in ("eager", "cuda-graphs")):
-        source["layout_routes"] = _layout_routes_check(kept, env, source, config, bool(cap.get("small")), progress,
-                                                       warnings.append)
+        source["layout_routes"] = optional("layout routes", lambda: _layout_routes_check(
+            kept, env, source, config, bool(cap.get("small")), progress, warnings.append))
     if graph_routes and model_check and config and Path(config).is_file() \
             and any("eager" in (v.targets or []) for v in kept):
         why = gpu_bound(source.get("model_checks"))
@@ -612,8 +628,8 @@ def _export_variants(workspace: Path, run_id: str | None, out: Path, log: Export
             progress(f"graph routes: {why}")
             source["graph_routes"] = {"classes": [], "skipped": why}
         else:
-            source["graph_routes"] = _graph_routes_check(kept, env, source, config, bool(cap.get("small")), progress,
-                                                         warnings.append)
+            source["graph_routes"] = optional("graph routes", lambda: _graph_routes_check(
+                kept, env, source, config, bool(cap.get("small")), progress, warnings.append))
     if checkpoints.not_written:
         warnings.append(checkpoints.not_written)
     manifest, files, report = package(kept, env, source, excluded)

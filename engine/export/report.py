@@ -96,7 +96,8 @@ def graph_routes_text(source: dict[str, Any]) -> str | None:
         return (f"graph routes: {', '.join(g['classes'])} replayed from CUDA graphs in eager, whole model "
                 f"{_ci(g)} with them ({g.get('modules', '?')} module(s)); the cast routes them when installed with "
                 "the model")
-    why = g.get("error") or g.get("skipped") or "; ".join(g.get("tried") or []) or "no class to try"
+    why = g.get("error") or g.get("skipped") or g.get("interrupted") or "; ".join(g.get("tried") or []) or \
+        "no class to try"
     return f"graph routes: none kept ({why})"
 
 
@@ -118,7 +119,7 @@ def layout_routes_text(source: dict[str, Any]) -> str | None:
         return (f"layout routes: {', '.join(g['classes'])} run channels-last in {' and '.join(targets)}, "
                 f"{'; '.join(parts)} ({g.get('modules', '?')} module(s), {n} signature(s){drift}); the cast "
                 "routes them when installed with the model")
-    why = g.get("error") or "; ".join(g.get("tried") or []) or "no class to try"
+    why = g.get("error") or g.get("interrupted") or "; ".join(g.get("tried") or []) or "no class to try"
     return f"layout routes: none kept ({why})"
 
 
