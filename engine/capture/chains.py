@@ -596,6 +596,53 @@ def run_chain(signature: dict[str, Any], inputs: list[torch.Tensor]) -> list[tor
 _TWIN_STRIDES: dict[tuple, list[tuple[int, ...]]] = {}   # (twin_of, input layouts) -> its outputs' strides
 
 
+def chain_written_inputs(signature: dict[str, Any]) -> list[str]:
+    """The chain's inputs (`in0`, …) that its members write in place, directly or through a view of them (a
+    residual stream's `h.add_(x)`, a `x.relu_()` on an activation the chain reads): `run_chain` writes them as the
+    model's forward did, so a kernel for the chain must leave them as eager does. In schema order of the members'
+    aliasing (`Tensor(a!)` written, `Tensor(a)` a view), `VIEW_LIKE` ops as views of `self`."""
+    from engine.ops import resolve_op
+
+    names = [a["name"] for a in signature["args"]]
+    views: dict[tuple, set[int]] = {}   # a member's result -> the inputs whose storage it is (a view of)
+    written: set[int] = set()
+
+    def of(ref: Any) -> set[int]:
+        if ref is None:
+            return set()
+        ref = tuple(ref)
+        return {ref[1]} if ref[0] == "in" else views.get(ref, set())
+
+    for j, node in enumerate(signature["chain"]["nodes"]):
+        schema = resolve_op(node["op"])._schema
+        info = {a.name: a.alias_info for a in schema.arguments}
+        by_set: dict[frozenset, set[int]] = {}
+        mutated: set[int] = set()
+        for a in node["args"]:
+            refs = [a["tensor"]] if "tensor" in a else a.get("tensors", [])
+            roots = set().union(*(of(r) for r in refs)) if refs else set()
+            alias = info.get(a["name"])
+            if node["op"] in VIEW_LIKE and a["name"] == "self":
+                by_set.setdefault(frozenset({"self"}), set()).update(roots)
+            if alias is None:
+                continue
+            by_set.setdefault(frozenset(alias.before_set), set()).update(roots)
+            if alias.is_write:
+                written |= roots
+                mutated |= roots
+        returns = [frozenset(r.alias_info.before_set) if r.alias_info is not None else None for r in schema.returns]
+        if node["op"] in VIEW_LIKE:
+            returns = [frozenset({"self"})]
+        for k in range(node.get("results", 1)):
+            # a `Tensor(a)[]` return (split, unbind) is every result; results past the returns are the arguments
+            # the member wrote (run_chain appends them)
+            key = returns[0] if len(returns) == 1 else (returns[k] if k < len(returns) else None)
+            roots = by_set.get(key, set()) if key is not None else (mutated if k >= len(returns) else set())
+            if roots:
+                views[("node", j, k)] = roots
+    return [names[i] for i in sorted(written)]
+
+
 def chain_output_strides(signature: dict[str, Any], inputs: list[torch.Tensor]) -> list[tuple[int, ...]]:
     """The strides of the chain's outputs for inputs laid out as `inputs`, by its members' meta kernels (fake
     tensors, nothing run)."""
