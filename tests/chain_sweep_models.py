@@ -411,6 +411,108 @@ def _residual_inplace(dtype):
     return make
 
 
+class SplitOutside(nn.Module):
+    """`gate, up = proj(x).chunk(2)` in the parent, `silu(gate) * up` in a submodule: two chain inputs that are
+    views of one storage."""
+
+    def __init__(self, d, h):
+        super().__init__()
+        self.proj = nn.Linear(d, 2 * h, bias=False)
+        self.act = Fn(lambda g, u: F.silu(g) * u)
+        self.down = nn.Linear(h, d, bias=False)
+
+    def forward(self, x):
+        g, u = self.proj(x).chunk(2, dim=-1)
+        return self.down(self.act(g, u))
+
+
+class ExpandedMask(nn.Module):
+    """A mask expanded (stride 0) and a slice with an offset, made outside the chain's module."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.proj = nn.Linear(d, d, bias=False)
+        self.inner = Fn(lambda s, m, b: torch.softmax(s * 0.5 + m, dim=-1) + b)
+
+    def forward(self, x, mask):
+        s = self.proj(x)
+        m = mask.expand(s.shape[0], -1)
+        return self.inner(s, m, s[:, 1:2])
+
+
+class PositionGather(nn.Module):
+    """Rotary tables gathered by integer position ids inside the chain."""
+
+    def __init__(self, d, seq):
+        super().__init__()
+        self.proj = nn.Linear(d, d, bias=False)
+        inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+        emb = torch.outer(torch.arange(seq).float(), inv).repeat(1, 2)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.rot = Fn(lambda q, pos, cos: q * cos[pos] + 1.0)
+
+    def forward(self, x, pos):
+        return self.rot(self.proj(x), pos, self.cos)
+
+
+class Noise(nn.Module):
+    """StyleGAN's noise injection: fresh noise every forward, in eval too."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+        self.weight = nn.Parameter(torch.zeros(1))
+        self.act = Fn(lambda x, w: F.leaky_relu(x + w * torch.randn(x.shape[0], 1, x.shape[2], x.shape[3],
+                                                                     dtype=x.dtype, device=x.device), 0.2))
+
+    def forward(self, x):
+        return self.conv(self.act(self.conv(x), self.weight))
+
+
+def _quant(x):
+    q = torch.clamp(torch.round(x / 0.05), -128, 127).to(torch.int8)
+    return q, q.to(torch.float32) * 0.05
+
+
+def _exp_half(x):
+    return torch.exp(x.float() * 4.0).half() * 0.5
+
+
+def _full_mask_rows(x):
+    s = x.shape[-1]
+    m = torch.zeros(s, s, dtype=x.dtype, device=x.device)
+    m[0] = float("-inf")
+    return torch.softmax(x.view(-1, s, s) + m, dim=-1) * 1.0
+
+
+def _range_dim0(x):   # one row: 0 / 0, NaN everywhere
+    return (x - x.mean(0)) / (x.amax(0) - x.amin(0))
+
+
+def _cumsum(x):
+    return torch.cumsum(torch.sigmoid(x), dim=-1) * 0.5
+
+
+def _sum_all(x):
+    return (x * x).sum() + 1.0, x * 2.0
+
+
+def _argmax(x):
+    return torch.softmax(x * 2.0, dim=-1).argmax(-1)
+
+
+def _downcast(x):
+    return (torch.tanh(x) * 2.0).to(torch.bfloat16) + 1
+
+
+def _manual_silu_cl(x):
+    return x * torch.sigmoid(x) * 1.5
+
+
+def _permuted_out(x):
+    return x.transpose(-1, -2) * 2.0 + 1.0
+
+
 def build(device, dtype, name: str, seed: int = 0):
     """The model of `name` (PATTERNS) with shapes from `seed`, on `device`; its example inputs from `seed` too."""
     g = torch.Generator().manual_seed(1000 + seed)
@@ -578,4 +680,28 @@ PATTERNS = {
     "t5 rms bf16": _fn(_t5_rms, [(4, 17), (1, 32), (2, 3, 64)], dtype=BF16, params=[_w(BF16)]),
     "clamp near fp16 max": _fn(_clamp_inf, [(4, 17), (1, 32)], dtype=F16),
     "batchnorm eval relu fp32": _bn(F32),
+    "gate/up views of one storage": lambda seed, g: (
+        Block([SplitOutside(*_shape(seed, [(16, 24), (17, 9), (32, 64)])) for _ in range(2)]),
+        (_rn(g, _shape(seed, [2, 1, 3]), _shape(seed, [(16, 24), (17, 9), (32, 64)])[0]),)),
+    "expanded mask and offset slice": lambda seed, g: (
+        ExpandedMask(_shape(seed, [16, 17, 8])),
+        (_rn(g, _shape(seed, [3, 1, 5]), _shape(seed, [16, 17, 8])),
+         torch.where(torch.rand(_shape(seed, [16, 17, 8]), generator=g) > 0.8, float("-inf"), 0.0)[None])),
+    "positions gather": lambda seed, g: (
+        PositionGather(16, 12),
+        (_rn(g, _shape(seed, [5, 1, 7]), 16), torch.randint(0, 12, (_shape(seed, [5, 1, 7]),), generator=g))),
+    "noise injection": lambda seed, g: (
+        Block([Noise(_shape(seed, [4, 3, 8])) for _ in range(2)]),
+        (_rn(g, 1, _shape(seed, [4, 3, 8]), 5, 5),)),
+    "quantize dequantize": _fn(_quant, [(4, 17), (1, 32)]),
+    "exp overflow to fp16": _fn(_exp_half, [(4, 17), (1, 32)]),
+    "softmax fully masked row": _fn(_full_mask_rows, [(2, 8, 8), (3, 5, 5)], project=False),
+    "range over a dim of 1": _fn(_range_dim0, [(1, 17), (1, 32), (3, 8)]),
+    "cumsum": _fn(_cumsum, [(4, 17), (1, 32), (2, 300)]),
+    "full sum to 0-dim": _fn(_sum_all, [(4, 17), (1, 32)]),
+    "argmax of softmax": _fn(_argmax, [(4, 17), (1, 32)]),
+    "fp32 to bf16 output": _fn(_downcast, [(4, 17), (1, 32)]),
+    "manual silu channels-last": lambda seed, g: (
+        Around(Fn(_manual_silu_cl)), (_rn(g, 2, 8, 5, 5).contiguous(memory_format=torch.channels_last),)),
+    "transposed output": _fn(_permuted_out, [(2, 5, 17), (1, 4, 32)]),
 }

@@ -23,6 +23,7 @@ from engine.capture.chains import CHAIN_OP, chain_written_inputs, run_chain
 from engine.capture.samples import load_sample
 from engine.launch import ResolvedSpec
 from engine.launch.launcher import CandidateLauncher
+from engine.ops import resolve_op
 from engine.verify.guard import Canaries
 from engine.verify.pipeline import as_list, card_check
 
@@ -176,3 +177,17 @@ def test_a_chain_that_writes_only_its_own_intermediates_writes_no_input(tmp_path
     assert [n["op"] for n in card.signature["chain"]["nodes"]] == [
         "aten::mul.Tensor", "aten::mul_.Tensor", "aten::tanh", "aten::add_.Tensor"]
     assert chain_written_inputs(card.signature) == []
+
+
+def test_a_random_call_ends_a_chain(tmp_path, monkeypatch):
+    # StyleGAN's noise injection, `leaky_relu(x + w * torch.randn(...))`, in eval too: the chain held `randn`, and its
+    # eager drew other noise on every run: eager's own chain was rejected ('100 of 100 elements differ') and its
+    # samples did not replay. The draw is now the chain's input, as the capture saw it.
+    _, cards = captured_chains(tmp_path, "noise injection", 0)
+    assert cards
+    for card, samples in cards:
+        ops = [n["op"] for n in card.signature["chain"]["nodes"]]
+        assert not any(torch.Tag.nondeterministic_seeded in resolve_op(op).tags for op in ops), ops
+        assert verify_and_time(monkeypatch, card, samples, "eager", 0) is None
+    assert [n["op"] for n in cards[0][0].signature["chain"]["nodes"]] == [
+        "aten::mul.Tensor", "aten::add.Tensor", "aten::leaky_relu"]

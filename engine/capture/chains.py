@@ -59,7 +59,7 @@ class TraceCall:
     reads: list[tuple[str, int]]  # (argument name, value id) of every tensor argument, in schema order
     writes: list[int]             # value ids made: outputs, then in-place written arguments
     signature: dict[str, Any]
-    compute: bool                 # matmul-like (or attention, convolution): a chain stops here
+    compute: bool                 # matmul-like (or attention, convolution), or random: a chain stops here
     view: bool                    # returns an alias of an input (no memory traffic of its own)
     us: float = 0.0               # time of the call as traced (wall clock on the CPU; 0 when not timed)
 
@@ -217,8 +217,13 @@ class ChainTrace(TorchDispatchMode):
         # (engine.capture.filters).
         opaque = (unreadable([t for _, v in bound for t in _tensors(v)] + list(_tensors(out))) is not None
                   or packed(args, kwargs))
+        # A random call (randn, bernoulli_, dropout: tagged nondeterministic_seeded) ends a chain too: eager for a
+        # chain holding one draws other numbers on every run, so no kernel, eager's own chain included, could match
+        # it, and its samples would not replay. What it drew is an input of the chain after it.
+        random = torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
         self.calls.append(TraceCall(len(self.calls), name, path, self._invocations[path], reads, writes,
-                                    signature_of(func, bound), is_compute_op(name) or len(devices) > 1 or opaque,
+                                    signature_of(func, bound),
+                                    is_compute_op(name) or len(devices) > 1 or opaque or random,
                                     view, us))
         return out
 
