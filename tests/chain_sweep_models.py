@@ -513,6 +513,28 @@ def _permuted_out(x):
     return x.transpose(-1, -2) * 2.0 + 1.0
 
 
+def _bool_index(x):
+    return torch.sigmoid(x[x > 0]) * 2.0
+
+
+def _item_scale(x):
+    return torch.tanh(x) / (x.abs().amax().item() + 1.0) * 2.0
+
+
+def _nonzero_rows(x):
+    rows = torch.nonzero(x.sum(-1) > 0).squeeze(-1)
+    return torch.relu(x.index_select(0, rows)) + 1.0
+
+
+def _unique(x):
+    return torch.unique((x * 2).round()) * 0.5
+
+
+def _repeat_interleave(x):
+    counts = (x[:, 0] > 0).long() + 1
+    return torch.repeat_interleave(x * 2.0, counts, dim=0) + 1.0
+
+
 def build(device, dtype, name: str, seed: int = 0):
     """The model of `name` (PATTERNS) with shapes from `seed`, on `device`; its example inputs from `seed` too."""
     g = torch.Generator().manual_seed(1000 + seed)
@@ -704,4 +726,9 @@ PATTERNS = {
     "manual silu channels-last": lambda seed, g: (
         Around(Fn(_manual_silu_cl)), (_rn(g, 2, 8, 5, 5).contiguous(memory_format=torch.channels_last),)),
     "transposed output": _fn(_permuted_out, [(2, 5, 17), (1, 4, 32)]),
+    "boolean mask indexing": _fn(_bool_index, [(4, 17), (1, 32)]),
+    "item() inside": _fn(_item_scale, [(4, 17), (1, 32)]),
+    "nonzero rows": _fn(_nonzero_rows, [(6, 17), (5, 32)]),
+    "unique": _fn(_unique, [(4, 17), (1, 32)]),
+    "repeat_interleave by values": _fn(_repeat_interleave, [(4, 17), (3, 32)]),
 }

@@ -191,3 +191,19 @@ def test_a_random_call_ends_a_chain(tmp_path, monkeypatch):
         assert verify_and_time(monkeypatch, card, samples, "eager", 0) is None
     assert [n["op"] for n in cards[0][0].signature["chain"]["nodes"]] == [
         "aten::mul.Tensor", "aten::add.Tensor", "aten::leaky_relu"]
+
+
+@pytest.mark.parametrize("name", ["boolean mask indexing", "nonzero rows", "unique", "repeat_interleave by values"])
+def test_a_call_whose_output_shape_depends_on_values_ends_a_chain(tmp_path, monkeypatch, name):
+    # `sigmoid(x[x > 0]) * 2`, rows picked by nonzero, unique, repeat_interleave by counts: such a call is no op card
+    # (engine.capture.filters.data_dependent), but it was a chain member. Eager's own chain passed, as its outputs
+    # take the shape of each input set's answer; a launched kernel, whose outputs have the card's shape, could never
+    # (every fresh set's answer has another: 'The size of tensor a (34) must match the size of tensor b (32)').
+    _, cards = captured_chains(tmp_path, name, 0)
+    assert cards
+    for card, samples in cards:
+        nodes = card.signature["chain"]["nodes"]
+        assert not any(torch.Tag.dynamic_output_shape in resolve_op(n["op"]).tags and n["op"] != "aten::index.Tensor"
+                       for n in nodes), [n["op"] for n in nodes]
+        for how in ("eager", "launched"):
+            assert verify_and_time(monkeypatch, card, samples, how, 0) is None, (card.signature_text, how)

@@ -39,7 +39,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.bench.floor import is_compute_op
-from engine.capture.filters import own_dispatch, packed, unreadable
+from engine.capture.filters import data_dependent, own_dispatch, packed, unreadable
 from engine.capture.higher_order import is_higher_order, run_higher_order
 from engine.capture.recorder import TOP_LEVEL, ModulePaths
 from engine.capture.signature import bind_arguments, card_id, signature_of
@@ -59,7 +59,7 @@ class TraceCall:
     reads: list[tuple[str, int]]  # (argument name, value id) of every tensor argument, in schema order
     writes: list[int]             # value ids made: outputs, then in-place written arguments
     signature: dict[str, Any]
-    compute: bool                 # matmul-like (or attention, convolution), or random: a chain stops here
+    compute: bool                 # matmul-like (attention, convolution), random, data-dependent: a chain stops here
     view: bool                    # returns an alias of an input (no memory traffic of its own)
     us: float = 0.0               # time of the call as traced (wall clock on the CPU; 0 when not timed)
 
@@ -220,10 +220,13 @@ class ChainTrace(TorchDispatchMode):
         # A random call (randn, bernoulli_, dropout: tagged nondeterministic_seeded) ends a chain too: eager for a
         # chain holding one draws other numbers on every run, so no kernel, eager's own chain included, could match
         # it, and its samples would not replay. What it drew is an input of the chain after it.
-        random = torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
+        # And so does a call whose output's shape depends on its input values (`x[mask]`, nonzero, unique: not op
+        # cards either, engine.capture.filters.data_dependent): a kernel writes outputs of the card's shape, and
+        # eager's answer to every fresh input set verification draws has another.
+        ends = torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()) or data_dependent(func, args, kwargs)
         self.calls.append(TraceCall(len(self.calls), name, path, self._invocations[path], reads, writes,
                                     signature_of(func, bound),
-                                    is_compute_op(name) or len(devices) > 1 or opaque or random,
+                                    is_compute_op(name) or len(devices) > 1 or opaque or ends,
                                     view, us))
         return out
 
