@@ -535,6 +535,45 @@ def _repeat_interleave(x):
     return torch.repeat_interleave(x * 2.0, counts, dim=0) + 1.0
 
 
+class ReadThenWritten(nn.Module):
+    """A chain value read outside (a projection) and then written in place by a later member."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.proj = nn.Linear(d, d, bias=False)
+        self.out = nn.Linear(d, d, bias=False)
+        self.inner = Fn(lambda x, p: self._go(x, p))
+
+    def _go(self, x, proj):
+        h = torch.tanh(x) * 2.0
+        y = proj(h)
+        h.mul_(3.0)
+        return h + 1.0, y
+
+    def forward(self, x):
+        a, b = self.inner(x, self.proj)
+        return self.out(a) + b
+
+
+class ViewOfWritten(nn.Module):
+    """A view of an input, passed beside it, read after a member wrote the input in place."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.proj = nn.Linear(d, d, bias=False)
+        self.inner = Fn(lambda x, v: self._go(x, v))
+
+    @staticmethod
+    def _go(x, v):
+        s = torch.sigmoid(x)
+        x.mul_(s)
+        return x * 2.0 + v
+
+    def forward(self, x):
+        h = self.proj(x)
+        return self.inner(h, h[:, :1])
+
+
 def build(device, dtype, name: str, seed: int = 0):
     """The model of `name` (PATTERNS) with shapes from `seed`, on `device`; its example inputs from `seed` too."""
     g = torch.Generator().manual_seed(1000 + seed)
@@ -726,6 +765,10 @@ PATTERNS = {
     "manual silu channels-last": lambda seed, g: (
         Around(Fn(_manual_silu_cl)), (_rn(g, 2, 8, 5, 5).contiguous(memory_format=torch.channels_last),)),
     "transposed output": _fn(_permuted_out, [(2, 5, 17), (1, 4, 32)]),
+    "chain value read outside, then written": lambda seed, g: (
+        ReadThenWritten(_shape(seed, [16, 17])), (_rn(g, _shape(seed, [3, 1]), _shape(seed, [16, 17])),)),
+    "view of a written input beside it": lambda seed, g: (
+        ViewOfWritten(_shape(seed, [16, 17])), (_rn(g, _shape(seed, [3, 1]), _shape(seed, [16, 17])),)),
     "boolean mask indexing": _fn(_bool_index, [(4, 17), (1, 32)]),
     "item() inside": _fn(_item_scale, [(4, 17), (1, 32)]),
     "nonzero rows": _fn(_nonzero_rows, [(6, 17), (5, 32)]),

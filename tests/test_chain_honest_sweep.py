@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import torch
-from card_helpers import capture_source
 from test_timed_protocol import _alternating_ab
 
 from engine.bench.timing import TimingConfig
@@ -34,9 +33,17 @@ SOURCE = "from chain_sweep_models import build\n"
 def captured_chains(tmp_path: Path, name: str, seed: int, dtype: str = "float32") -> tuple[Any, list]:
     """The chain cards of PATTERNS[name] at `seed`, captured as a model's are: (the CaptureResult, [(card, samples)])
     with each card's samples loaded as the lane loads them."""
-    result = capture_source(tmp_path, "sweep", SOURCE, dtype=dtype, samples=2,
-                            params=f'name = "{name}"\nseed = {seed}')
+    from engine.capture.run import capture_model
+    from engine.config import load_config
+
+    # as card_helpers.capture_source, with channels-last twins on (a CUDA capture's default after a convolution)
+    (tmp_path / "sweep.py").write_text(SOURCE)
+    (tmp_path / "sweep.toml").write_text(
+        f'name = "sweep"\nbuilder = "sweep.py:build"\n[params]\nname = "{name}"\nseed = {seed}\n[dtype]\n'
+        f'cpu = "{dtype}"\ncuda = "{dtype}"\n[capture]\nsamples = 2\nlayout_twins = true\n')
     ws = tmp_path / "ws"
+    ws.mkdir(exist_ok=True)
+    result = capture_model(load_config(tmp_path / "sweep.toml"), torch.device("cpu"), ws)
     out = []
     for card in result.chains:
         files = sorted((ws / result.sample_dir).glob(f"{card.card_id}.*.safetensors"))
@@ -207,3 +214,12 @@ def test_a_call_whose_output_shape_depends_on_values_ends_a_chain(tmp_path, monk
                        for n in nodes), [n["op"] for n in nodes]
         for how in ("eager", "launched"):
             assert verify_and_time(monkeypatch, card, samples, how, 0) is None, (card.signature_text, how)
+
+
+def test_a_chain_that_makes_nothing_a_kernel_could_write_is_no_chain_card(tmp_path):
+    # `tanh(x) / (x.abs().amax().item() + 1)`: abs and amax feed only the host read, and were a chain card of their
+    # own with no outputs, `chain[abs amax _local_scalar_dense]`: a kernel writing nothing passed every check, and an
+    # empty one would have timed faster than eager.
+    _, cards = captured_chains(tmp_path, "item() inside", 0)
+    assert cards and all(card.outputs and card.signature["chain"]["outputs"] for card, _ in cards), \
+        [(card.signature_text, card.outputs) for card, _ in cards]

@@ -309,6 +309,11 @@ def find_chains(calls: list[TraceCall], containers: set[str] = frozenset({ROOT, 
         if sum(not c.view for c in ms) < min_heavy or len(ms) > MAX_CHAIN_CALLS:
             continue
         inputs, outputs = _boundary(ms, readers)
+        if not outputs:
+            # what it makes only a host read takes (`x.abs().amax().item()`): a kernel for it would write
+            # nothing, and an empty one would pass verification and time faster than eager (module chains
+            # without outputs are dropped alike, module_subchains)
+            continue
         scope = _scope(ms)
         chains.append(Chain(ms, inputs, outputs, scope, _module_of(calls, members, scope)))
     chains += module_subchains(calls, chains, readers, min_heavy)
