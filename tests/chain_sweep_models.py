@@ -574,6 +574,32 @@ class ViewOfWritten(nn.Module):
         return self.inner(h, h[:, :1])
 
 
+class ForeachOnInputs(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.a, self.b = nn.Linear(d, d, bias=False), nn.Linear(d, d, bias=False)
+        self.inner = Fn(lambda x, y: self._go(x, y))
+
+    @staticmethod
+    def _go(x, y):
+        torch._foreach_mul_([x, y], 0.5)
+        return torch.sigmoid(x) * y
+
+    def forward(self, x):
+        return self.inner(self.a(x), self.b(x))
+
+
+def _masked_fill_input(x, m):
+    x.masked_fill_(m, 0.0)
+    return torch.softmax(x, dim=-1) * 2.0
+
+
+def _add_out_into_input(x, w):
+    y = torch.sigmoid(x)
+    torch.add(y, w, out=x)
+    return x * 2.0
+
+
 def build(device, dtype, name: str, seed: int = 0):
     """The model of `name` (PATTERNS) with shapes from `seed`, on `device`; its example inputs from `seed` too."""
     g = torch.Generator().manual_seed(1000 + seed)
@@ -769,6 +795,11 @@ PATTERNS = {
         ReadThenWritten(_shape(seed, [16, 17])), (_rn(g, _shape(seed, [3, 1]), _shape(seed, [16, 17])),)),
     "view of a written input beside it": lambda seed, g: (
         ViewOfWritten(_shape(seed, [16, 17])), (_rn(g, _shape(seed, [3, 1]), _shape(seed, [16, 17])),)),
+    "foreach_mul_ on two inputs": lambda seed, g: (
+        ForeachOnInputs(_shape(seed, [16, 17])), (_rn(g, _shape(seed, [3, 1]), _shape(seed, [16, 17])),)),
+    "masked_fill_ on the input": _fn(_masked_fill_input, [(4, 17), (1, 32)],
+                                     params=[lambda shape, g: torch.rand(shape, generator=g) > 0.7]),
+    "add(out=) into the input": _fn(_add_out_into_input, [(4, 17), (1, 32)], params=[_w()]),
     "boolean mask indexing": _fn(_bool_index, [(4, 17), (1, 32)]),
     "item() inside": _fn(_item_scale, [(4, 17), (1, 32)]),
     "nonzero rows": _fn(_nonzero_rows, [(6, 17), (5, 32)]),
