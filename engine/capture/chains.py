@@ -39,7 +39,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.bench.floor import is_compute_op
-from engine.capture.filters import own_dispatch, packed, unreadable
+from engine.capture.filters import data_dependent, own_dispatch, packed, unreadable
 from engine.capture.higher_order import is_higher_order, run_higher_order
 from engine.capture.recorder import TOP_LEVEL, ModulePaths
 from engine.capture.signature import bind_arguments, card_id, signature_of
@@ -59,7 +59,7 @@ class TraceCall:
     reads: list[tuple[str, int]]  # (argument name, value id) of every tensor argument, in schema order
     writes: list[int]             # value ids made: outputs, then in-place written arguments
     signature: dict[str, Any]
-    compute: bool                 # matmul-like (or attention, convolution): a chain stops here
+    compute: bool                 # matmul-like (attention, convolution), random, data-dependent: a chain stops here
     view: bool                    # returns an alias of an input (no memory traffic of its own)
     us: float = 0.0               # time of the call as traced (wall clock on the CPU; 0 when not timed)
 
@@ -217,8 +217,16 @@ class ChainTrace(TorchDispatchMode):
         # (engine.capture.filters).
         opaque = (unreadable([t for _, v in bound for t in _tensors(v)] + list(_tensors(out))) is not None
                   or packed(args, kwargs))
+        # A random call (randn, bernoulli_, dropout: tagged nondeterministic_seeded) ends a chain too: eager for a
+        # chain holding one draws other numbers on every run, so no kernel, eager's own chain included, could match
+        # it, and its samples would not replay. What it drew is an input of the chain after it.
+        # And so does a call whose output's shape depends on its input values (`x[mask]`, nonzero, unique: not op
+        # cards either, engine.capture.filters.data_dependent): a kernel writes outputs of the card's shape, and
+        # eager's answer to every fresh input set verification draws has another.
+        ends = torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()) or data_dependent(func, args, kwargs)
         self.calls.append(TraceCall(len(self.calls), name, path, self._invocations[path], reads, writes,
-                                    signature_of(func, bound), is_compute_op(name) or len(devices) > 1 or opaque,
+                                    signature_of(func, bound),
+                                    is_compute_op(name) or len(devices) > 1 or opaque or ends,
                                     view, us))
         return out
 
@@ -301,6 +309,11 @@ def find_chains(calls: list[TraceCall], containers: set[str] = frozenset({ROOT, 
         if sum(not c.view for c in ms) < min_heavy or len(ms) > MAX_CHAIN_CALLS:
             continue
         inputs, outputs = _boundary(ms, readers)
+        if not outputs:
+            # what it makes only a host read takes (`x.abs().amax().item()`): a kernel for it would write
+            # nothing, and an empty one would pass verification and time faster than eager (module chains
+            # without outputs are dropped alike, module_subchains)
+            continue
         scope = _scope(ms)
         chains.append(Chain(ms, inputs, outputs, scope, _module_of(calls, members, scope)))
     chains += module_subchains(calls, chains, readers, min_heavy)
@@ -594,6 +607,53 @@ def run_chain(signature: dict[str, Any], inputs: list[torch.Tensor]) -> list[tor
 
 
 _TWIN_STRIDES: dict[tuple, list[tuple[int, ...]]] = {}   # (twin_of, input layouts) -> its outputs' strides
+
+
+def chain_written_inputs(signature: dict[str, Any]) -> list[str]:
+    """The chain's inputs (`in0`, …) that its members write in place, directly or through a view of them (a
+    residual stream's `h.add_(x)`, a `x.relu_()` on an activation the chain reads): `run_chain` writes them as the
+    model's forward did, so a kernel for the chain must leave them as eager does. In schema order of the members'
+    aliasing (`Tensor(a!)` written, `Tensor(a)` a view), `VIEW_LIKE` ops as views of `self`."""
+    from engine.ops import resolve_op
+
+    names = [a["name"] for a in signature["args"]]
+    views: dict[tuple, set[int]] = {}   # a member's result -> the inputs whose storage it is (a view of)
+    written: set[int] = set()
+
+    def of(ref: Any) -> set[int]:
+        if ref is None:
+            return set()
+        ref = tuple(ref)
+        return {ref[1]} if ref[0] == "in" else views.get(ref, set())
+
+    for j, node in enumerate(signature["chain"]["nodes"]):
+        schema = resolve_op(node["op"])._schema
+        info = {a.name: a.alias_info for a in schema.arguments}
+        by_set: dict[frozenset, set[int]] = {}
+        mutated: set[int] = set()
+        for a in node["args"]:
+            refs = [a["tensor"]] if "tensor" in a else a.get("tensors", [])
+            roots = set().union(*(of(r) for r in refs)) if refs else set()
+            alias = info.get(a["name"])
+            if node["op"] in VIEW_LIKE and a["name"] == "self":
+                by_set.setdefault(frozenset({"self"}), set()).update(roots)
+            if alias is None:
+                continue
+            by_set.setdefault(frozenset(alias.before_set), set()).update(roots)
+            if alias.is_write:
+                written |= roots
+                mutated |= roots
+        returns = [frozenset(r.alias_info.before_set) if r.alias_info is not None else None for r in schema.returns]
+        if node["op"] in VIEW_LIKE:
+            returns = [frozenset({"self"})]
+        for k in range(node.get("results", 1)):
+            # a `Tensor(a)[]` return (split, unbind) is every result; results past the returns are the arguments
+            # the member wrote (run_chain appends them)
+            key = returns[0] if len(returns) == 1 else (returns[k] if k < len(returns) else None)
+            roots = by_set.get(key, set()) if key is not None else (mutated if k >= len(returns) else set())
+            if roots:
+                views[("node", j, k)] = roots
+    return [names[i] for i in sorted(written)]
 
 
 def chain_output_strides(signature: dict[str, Any], inputs: list[torch.Tensor]) -> list[tuple[int, ...]]:

@@ -3,7 +3,8 @@
 Outputs are allocated to eager's exact shape, strides and dtype (pre-filled so unwritten elements
 show); returns that alias an input (in-place `self`, `out=`) are that input. A chain card
 (`engine.capture.chains.CHAIN_OP`) has no schema: its inputs are `in0..inN`, its outputs `out0..` in the
-order of the chain's outputs, none aliasing an input (a chain card never writes its inputs). Every call fetches the
+order of the chain's outputs, each a buffer of its own (an input a member writes in place, `relu_` on an activation,
+is the kernel's to write as eager does; engine.capture.chains.chain_written_inputs). Every call fetches the
 current raw stream, so the kernels run where the caller's work runs (also under CUDA-graph capture).
 """
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from engine.capture.chains import CHAIN_OP, run_chain
+from engine.capture.chains import CHAIN_OP, chain_written_inputs, run_chain
 from engine.ops import eager_call, resolve_op, written_aliases, written_args
 from engine.verify.compare import CompareReport, bitwise_equal, compare_outputs, rounding_bias
 from engine.verify.guard import Canaries, GuardViolation
@@ -547,11 +547,13 @@ def card_check(op_name: str, signature: dict[str, Any], samples: Sequence[Bound]
     """The CardCheck of any card. An ATen card's eager is its public op (arguments the schema writes must
     end as eager leaves them); a chain card's is `run_chain` over `in0..inN`, held to its loosest member's
     tolerances, with the chain run in float64 throughout as the precision check's reference, within
-    `CHAIN_PRECISION_FACTOR` of eager's error."""
+    `CHAIN_PRECISION_FACTOR` of eager's error; the inputs its members write in place (`chain_written_inputs`)
+    must end as eager leaves them, as an op's written arguments must."""
     if op_name == CHAIN_OP:
         kw.setdefault("precision_factor", CHAIN_PRECISION_FACTOR)
         return CardCheck(op_name, samples, chain_eager(signature), family=chain_family(signature),
-                         reference64=chain_eager(chain_in_float64(signature)), **kw)
+                         reference64=chain_eager(chain_in_float64(signature)),
+                         written_args=chain_written_inputs(signature), **kw)
     op = resolve_op(op_name)
     return CardCheck(op_name, samples, eager_call(op, signature),
                      written_args=written_args(op, samples[0] if samples else None), **kw)
