@@ -226,3 +226,16 @@ def test_a_chain_that_makes_nothing_a_kernel_could_write_is_no_chain_card(tmp_pa
     _, cards = captured_chains(tmp_path, "item() inside", 0)
     assert cards and all(card.outputs and card.signature["chain"]["outputs"] for card, _ in cards), \
         [(card.signature_text, card.outputs) for card, _ in cards]
+
+
+def test_the_prompt_of_a_chain_that_writes_its_input_says_so(tmp_path):
+    # The verifier holds an input the chain writes in place to eager's (12f7bae): the LLM's spec says which.
+    from engine.propose.chain_code import chain_semantics
+
+    _, cards = captured_chains(tmp_path, "in-place on an intermediate", 0)
+    (card, _), = cards
+    assert "in place" not in chain_semantics(card.signature)
+    _, cards = captured_chains(tmp_path, "in-place on an input", 0)
+    card = next(c for c, _ in cards if any(_in_place(n["op"]) for n in c.signature["chain"]["nodes"]))
+    assert "It also writes `in0` in place, as the code's in-place call does: your kernel must leave that input as " \
+           "the code leaves it" in chain_semantics(card.signature)

@@ -5,7 +5,8 @@ timing did not see it). Three bounds, the largest binds:
 
 - memory: the card's minimum traffic (`card.bytes`) at an upper bound on the GPU's bandwidth; for a
   chain card, its inputs read once and its outputs written once (`chain_bytes`): a fused kernel keeps
-  the members' intermediates on chip, and members never write outside the chain's outputs;
+  the members' intermediates on chip (an input a member writes in place, `chains.chain_written_inputs`, is
+  written as well, which this leaves out: the floor stays a lower bound);
 - compute: the floating-point operations a matmul-like op must do (`card_flops`) at the GPU's dense
   peak for the operands' dtype (`peak_flops`), tensor cores included;
 - launch: one kernel launch, timed between CUDA events as the timing protocol times calls

@@ -106,10 +106,15 @@ def chain_code(signature: Mapping[str, Any]) -> str:
 
 def chain_semantics(signature: Mapping[str, Any]) -> str:
     """The prompt's 'what it computes' for a chain card: the code, and how its outputs are named."""
+    from engine.capture.chains import chain_written_inputs
+
     outs = len(signature["chain"]["outputs"])
     named = ", ".join(f"`out{k}`" for k in range(outs))
+    written = chain_written_inputs(signature)
+    writes = (f" It also writes {', '.join(f'`{n}`' for n in written)} in place, as the code's in-place call does: "
+              "your kernel must leave that input as the code leaves it (the verifier compares it)." if written else "")
     return ("one kernel (or a few launches) computing this whole chain of ATen calls, exactly as this PyTorch code "
             f"does (it is eager for the card); it returns {outs} tensor(s), {named} in the launch spec, in the "
-            "order of its return. Intermediates need not be stored; round to bfloat16/float16 where the code does "
-            "(a `.to(...)`, or an op whose inputs are all half precision), accumulate in float32 where it upcasts.\n\n"
-            "```python\n" + chain_code(signature) + "\n```")
+            "order of its return." + writes + " Intermediates need not be stored; round to bfloat16/float16 where "
+            "the code does (a `.to(...)`, or an op whose inputs are all half precision), accumulate in float32 where "
+            "it upcasts.\n\n```python\n" + chain_code(signature) + "\n```")
