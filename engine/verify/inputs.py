@@ -81,7 +81,8 @@ def cover(t: torch.Tensor) -> torch.Tensor:
 
 def _stats(t: torch.Tensor) -> tuple[float, float, float, float]:
     x = t.detach().double() if t.numel() else torch.zeros(1, dtype=torch.float64)
-    finite = x[torch.isfinite(x)] if x.is_floating_point() and not bool(torch.isfinite(x).all()) else x
+    ok = torch.isfinite(x)
+    finite = x if bool(ok.all()) else x[ok]   # the mask once; no copy where every value is finite
     if finite.numel() == 0:
         return 0.0, 1.0, -1.0, 1.0
     return (float(finite.mean()), float(finite.std()) if finite.numel() > 1 else 0.0,
