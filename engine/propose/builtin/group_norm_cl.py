@@ -185,6 +185,14 @@ $WB_LOCALS
   for (int c = threadIdx.x; c < TC; c += BLOCK) ab[c] = gncl_coef(c0 + c, n, mean_in, rstd_in, w, bias);
   __syncthreads();
   constexpr int LT = TC / V;                 // threads across one pixel's tile channels
+  // A thread keeps its channels where BLOCK is a multiple of LT: it holds their coefficients in registers
+  // (read from shared memory once, not once per pixel, where the reads of a warp hit few banks).
+  constexpr bool FIXED = BLOCK % LT == 0;
+  float2 kr[V];
+  if (FIXED) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) kr[j] = ab[((int)threadIdx.x % LT) * V + j];
+  }
   const T* __restrict__ xn = x + n * HW * C + c0;
   for (int i = threadIdx.x; i < TP * LT; i += BLOCK) {
     const int pl = i / LT, l = i % LT;
@@ -194,7 +202,7 @@ $WB_LOCALS
     kf_load<T, V, 1>(xn + px * C + l * V, f);
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      const float2 k = ab[l * V + j];
+      const float2 k = FIXED ? kr[j] : ab[l * V + j];
       f[j] = fmaf(f[j], k.x, k.y);
     }
     if constexpr (OUT_CL) {
@@ -236,6 +244,16 @@ $WB_LOCALS
   const int pb = (int)(blockIdx.x % AB);
   for (int c = threadIdx.x; c < C; c += BLOCK) ab[c] = gncl_coef(c, n, mean_in, rstd_in, w, bias);
   __syncthreads();
+  // Vector i holds channels (i % LANES) * V on. Where BLOCK is a multiple of LANES a thread's vectors all hold
+  // the same channels (i steps by multiples of BLOCK), and it keeps their coefficients in registers: read per
+  // vector from shared memory, a warp's float2 reads 64 bytes apart fall on two bank pairs (8-way conflicts,
+  // eight reads per vector), which cost more than the vector's own load and store.
+  constexpr bool FIXED = BLOCK % LANES == 0;
+  float2 kr[V];
+  if (FIXED) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) kr[j] = ab[((int)threadIdx.x % LANES) * V + j];
+  }
   const T* __restrict__ xn = x + n * HW * C;
   T* __restrict__ yn = y + n * HW * C;
   for (long long i0 = (long long)pb * BLOCK * U + threadIdx.x; i0 < NVEC; i0 += (long long)AB * BLOCK * U) {
@@ -253,7 +271,7 @@ $WB_LOCALS
         float* f = fu[u];
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-          const float2 k = ab[c0 + j];
+          const float2 k = FIXED ? kr[j] : ab[c0 + j];
           f[j] = fmaf(f[j], k.x, k.y);
         }
         kf_store<T, V, 1>(yn + i * V, f);
