@@ -165,6 +165,9 @@ def _cases():
         # flat apply on one SM: 8 blocks per image, each striding over several steps (48 of 128 x 2 vectors)
         _case([1, 64, 48, 32], 32, bf, {"vec": 8, "block": 128, "blocks_per_image": 8, "apply": "flat",
                                         "unroll": 2, "hw": ONE_SM}, out="channels_last"),
+        # 40 statistics blocks, 4 threads merging each group's partials: 10 each, 8 loads in flight, then 2
+        _case([1, 64, 48, 32], 32, bf, {"vec": 8, "block": 128, "blocks_per_image": 40, "apply": "flat"},
+              out="channels_last"),
     ]
 
 

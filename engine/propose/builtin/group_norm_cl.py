@@ -124,9 +124,24 @@ gncl_stats(const T* __restrict__ x, float* __restrict__ part, unsigned int* __re
     const int g = g0 + gi;
     KfWf t = {0.f, 0.f, 0.f};
     if (g < G) {
-      for (int q = ti; q < P; q += TPG) {
-        const float* e = pimg + ((long long)q * G + g) * 3;
-        kf_wf_merge(t, __ldcg(e), __ldcg(e + 1), __ldcg(e + 2));
+      // Eight partials' loads in flight before they are merged, in the same order: each merge waits on
+      // the last, and a thread merges P / TPG partials (128 where P is 1024), so loads issued one merge at
+      // a time would wait one L2 round trip each.
+      constexpr int IN_FLIGHT = 8;
+      for (int q0 = ti; q0 < P; q0 += TPG * IN_FLIGHT) {
+        float e[IN_FLIGHT][3];
+#pragma unroll
+        for (int k = 0; k < IN_FLIGHT; ++k) {
+          const int q = q0 + k * TPG;
+          const float* src = pimg + ((long long)(q < P ? q : q0) * G + g) * 3;
+          e[k][0] = __ldcg(src);
+          e[k][1] = __ldcg(src + 1);
+          e[k][2] = __ldcg(src + 2);
+        }
+#pragma unroll
+        for (int k = 0; k < IN_FLIGHT; ++k) {
+          if (q0 + k * TPG < P) kf_wf_merge(t, e[k][0], e[k][1], e[k][2]);
+        }
       }
     }
     __syncthreads();
