@@ -22,11 +22,14 @@ How the capture takes them (engine.capture.run.capture_model):
 - Module bindings. The same forward records, for a module card, how each instance's module forward feeds
   the chain (engine.capture.module_binding): a forward pre-hook on each of the card's modules keeps
   that invocation's arguments and the autocast state, and the sampler keeps the instance's chain inputs
-  (strong references, from its first member to its last) to match them by identity. Every instance of a
-  module card is bound, sampled or not; a card whose instances bind alike gets `class`, `paths`, `args`,
-  `params` and `autocast` on its `chain` facts (what export ships as the cast's module entry). One that
-  does not (keyword arguments, bindings that differ, a ModuleCardError) keeps none, so it ships as a
-  pattern card, and the capture's notes say why.
+  (strong references, from its first member to its last) to match them by identity; a forward hook checks
+  that the invocation returns, by identity, the tensor the chain's one output names (a cast returns its
+  plan's output in the forward's place: a forward returning a tuple, a dict, None, an input beside it or
+  another tensor would get that tensor instead). Every instance of a module card is bound, sampled or
+  not; a card whose instances bind alike gets `class`, `paths`, `args`, `params` and `autocast` on its
+  `chain` facts (what export ships as the cast's module entry). One that does not (keyword arguments,
+  another return value, bindings that differ, a ModuleCardError) keeps none, so it ships as a pattern
+  card, and the capture's notes say why.
 """
 
 from __future__ import annotations
@@ -156,7 +159,9 @@ class ChainSampler(_Trace):
     """A forward traced like the `reference` one, copying the planned instances' inputs and outputs."""
 
     def __init__(self, reference: list, planned: list[_Planned], sink: Callable[[_Planned], None],
-                 bound: Callable[[_Planned], None] = lambda p: None, *, path_of: Callable[[], str] | None = None,
+                 bound: Callable[[_Planned], None] = lambda p: None,
+                 returned: Callable[[_Planned, str | None], None] = lambda p, why: None, *,
+                 path_of: Callable[[], str] | None = None,
                  stable: frozenset[tuple] = frozenset()):
         super().__init__(*(() if path_of is None else (path_of,)))
         # Storages (the model's parameters) whose slabs a snapshot references instead of copying; a call
@@ -166,6 +171,9 @@ class ChainSampler(_Trace):
         self.reference = reference  # the first forward's TraceCalls
         self.sink = sink
         self.bound = bound  # called after a bind instance's last member, with its inputs and entry
+        self.returned = returned  # called when that instance's module returns: with why its return value is
+        # not the chain's one output tensor, or None where it is
+        self.returning: dict[str, _Planned] = {}  # module path -> its bound instance whose last member ran
         self.mismatch: str | None = None
         # module path -> (calls so far, args, kwargs, autocast) of its latest forward invocation (`enter`)
         self.entered: dict[str, tuple] = {}
@@ -236,6 +244,8 @@ class ChainSampler(_Trace):
                     if p.bind:
                         self.bound(p)
                         p.in_tensors, p.entry = {}, None  # no tensor of the forward outlives its chain
+                        # its module's forward returns next (`leave`): what it returns is checked there
+                        self.returning[p.chain.module] = p
         return out
 
     def enter(self, path: str) -> Callable:
@@ -250,14 +260,34 @@ class ChainSampler(_Trace):
 
     def leave(self, path: str) -> Callable:
         """A forward hook for the module at `path`: notes a forward that changed the module's own attributes
-        (a call counter, a cache): a cast that runs its plan instead would skip that change."""
+        (a call counter, a cache): a cast that runs its plan instead would skip that change; and, where the
+        invocation is a bound instance's, whether it returned the chain's output (`_return_problem`)."""
         from engine.capture.module_binding import module_state, state_difference
 
         def hook(module, args, out):
             before, after = self._state_in.pop(path, None), module_state(module)
             if before != after and path not in self.mutated:
                 self.mutated[path] = state_difference(after, [before] if before is not None else [])
+            p = self.returning.pop(path, None)
+            if p is not None:
+                self.returned(p, self._return_problem(p, out))
         return hook
+
+    def _return_problem(self, p: _Planned, out: Any) -> str | None:
+        """Why `out`, what instance `p`'s module forward returned, is not the chain's one output (a cast returns
+        the plan's output tensor in its place), or None. The output is named by identity, as the trace names
+        values: the tensor object the member that made it returned, not written since."""
+        if len(p.chain.outputs) != 1:
+            return f"its chain has {len(p.chain.outputs)} outputs; a module card's forward returns exactly one"
+        call, [(_, k)] = next(iter(p.outputs.items()))  # the member that made the output, and which write it is
+        if isinstance(out, torch.Tensor) and self._current(out) == self.calls[call].writes[k]:
+            return None
+        if not isinstance(out, torch.Tensor):
+            kind = type(out).__name__
+            what = "None" if out is None else f"a {kind}" if kind in ("tuple", "list", "dict") else f"a {kind} object"
+            return f"its forward returns {what}, not the chain's output tensor alone (a cast would return that tensor)"
+        return ("its forward returns a tensor that is not the chain's output (an input, a parameter, or a tensor "
+                "made by a call outside the chain): a cast would return the chain's output in its place")
 
     def finish(self) -> None:
         if self.mismatch is None and len(self.calls) != len(self.reference):
@@ -271,7 +301,7 @@ class CapturingSampler(MemberTrace, ChainSampler):
 
     def __init__(self, path_of: Callable[[], str], capture: CaptureMode, sampling: ChainSampling):
         ChainSampler.__init__(self, sampling.reference, sampling.sampled, sampling.sink, sampling.bound,
-                              path_of=path_of,
+                              sampling.returned, path_of=path_of,
                               stable=sampling.writer.stable if sampling.writer is not None else frozenset())
         self.capture = capture
         self.timings = []
@@ -384,6 +414,8 @@ class ChainSampling:
         self.files: list[Path] = []
         self.write_s = 0.0  # seconds spent writing sample files
         self.bindings: dict[str, list[dict[str, Any] | str]] = {}  # card id -> per instance: binding or why not
+        # id(instance) -> its binding, from its chain's last member until its module returns (`returned`)
+        self._returning: dict[int, dict[str, Any] | str] = {}
         self.binds = [p for p in (*found.planned, *found.bound) if p.bind] if model is not None else []
         for p in found.planned:
             p.bind = p.bind and model is not None
@@ -412,7 +444,13 @@ class ChainSampling:
         p.snap = Snapshot()  # the host copies are on disk now
 
     def bound(self, p: _Planned) -> None:
-        self.bindings.setdefault(p.card_id, []).append(_binding(self.model, p))
+        self._returning[id(p)] = _binding(self.model, p)
+
+    def returned(self, p: _Planned, why: str | None) -> None:
+        """Instance `p`'s module returned: its binding counts where it returned the chain's output, else why not."""
+        b = self._returning.pop(id(p), None)
+        if b is not None:
+            self.bindings.setdefault(p.card_id, []).append(b if why is None or isinstance(b, str) else why)
 
     @contextmanager
     def hooks(self, sampler: ChainSampler) -> Iterator[None]:
@@ -431,7 +469,10 @@ class ChainSampling:
                 h.remove()
             for p in self.binds:  # what an instance cut short by an error or a mismatch still holds
                 p.in_tensors, p.entry = {}, None
+            # an instance whose module was not seen returning has no binding: its card's instances are not all seen
+            self._returning.clear()
             sampler.entered.clear()
+            sampler.returning.clear()
 
     def discard(self) -> None:
         """Remove the sample files written so far."""
@@ -470,7 +511,7 @@ def sample_chains(forward: Callable[[], Any], found: ChainCards, reference: list
     `chain` facts get the module entry (`class`, `paths`, `args`, `params`, `autocast`) or the notes say
     why not."""
     sampling = ChainSampling(found, reference, folder, model)
-    sampler = ChainSampler(reference, sampling.sampled, sampling.sink, sampling.bound)
+    sampler = ChainSampler(reference, sampling.sampled, sampling.sink, sampling.bound, sampling.returned)
     with sampling.hooks(sampler), torch.no_grad(), sampler:
         forward()
     written = sampling.finish(sampler)

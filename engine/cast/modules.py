@@ -36,8 +36,9 @@ Binding (the module entry of a variant, `engine.cast.format`): `args` lists the 
 arguments, each `{"input": i}` (the chain's `in<i>`) or `{"value": v}` (a plain value that must be equal);
 `params` maps chain inputs to tensors the module holds, `{"name": "weight", "input": 1}` (a parameter or
 buffer, dotted names for submodules), bound by identity at install. A chain of a module has one output,
-the forward's return value; chains with several outputs, or members that write an input, are declined at
-install.
+the forward's return value (the capture binds a module card only where the forward returned that tensor
+itself: engine.capture.chain_cards); chains with several outputs, or members that write an input, are
+declined at install.
 """
 
 from __future__ import annotations
