@@ -124,6 +124,30 @@ class SameTensorBack(nn.Module):
         return (torch.sigmoid(x) * x + 1.0).float().contiguous()
 
 
+class NormAct(nn.Module):
+    """A block that only calls its children, a norm then an activation (a GroupNorm -> SiLU block)."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.norm, self.act = RMS(d), nn.SiLU()
+
+    def forward(self, x):
+        return self.act(self.norm(x))
+
+
+class Twice(nn.Module):
+    """Calls its child twice in a row (`act(act(x))`, a loop over one norm): two invocations, no call between."""
+
+    def __init__(self, child):
+        super().__init__()
+        self.child = child
+
+    def forward(self, x):
+        for _ in range(2):
+            x = self.child(x)
+        return x
+
+
 # --------------------------------------------------------------------------- returns other than the chain's output
 
 
@@ -259,6 +283,9 @@ LEGIT = {
     "F.rms_norm": _stack(lambda d, i: TorchRMS(d)),
     "view made last": _stack(lambda d, i: ViewedOut()),
     ".float().contiguous() of itself": _stack(lambda d, i: SameTensorBack()),
+    "gelu called twice in a row": _stack(lambda d, i: Twice(GeluTanh())),
+    "rms called twice in a row bf16": _stack(lambda d, i: Twice(RMS(d)), torch.bfloat16),
+    "norm+act block called twice in a row": _stack(lambda d, i: Twice(NormAct(d))),
 }
 
 OTHER_RETURNS = {

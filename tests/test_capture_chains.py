@@ -299,7 +299,7 @@ def _member_trace(model, x):
     paths = ModulePaths(model, {})
     mode = CaptureMode(path_of=paths.current, weight_of=paths.weight, samples=0, sample_budget_bytes=0,
                        sink=None, use_cuda_events=False)
-    trace = MemberTrace(paths.current, mode)
+    trace = MemberTrace(paths.current, mode, entered=paths.entered)
     with paths, torch.no_grad(), mode, trace:
         model(x)
     trace.resolve_times()
@@ -460,7 +460,7 @@ def _found(model, x, forward=None, folder=None):
     paths = ModulePaths(model, {})
     mode = CaptureMode(path_of=paths.current, weight_of=paths.weight, samples=0, sample_budget_bytes=0,
                        sink=None, use_cuda_events=False)
-    trace = MemberTrace(paths.current, mode)
+    trace = MemberTrace(paths.current, mode, entered=paths.entered)
     with paths, torch.no_grad(), mode, trace:
         forward()
     trace.resolve_times()

@@ -28,7 +28,7 @@ def captured(model: torch.nn.Module, args: tuple) -> Any:
     paths = ModulePaths(model, {})
     mode = CaptureMode(path_of=paths.current, weight_of=paths.weight, samples=0, sample_budget_bytes=0,
                        sink=None, use_cuda_events=False)
-    trace = MemberTrace(paths.current, mode)
+    trace = MemberTrace(paths.current, mode, entered=paths.entered)
     with paths, torch.no_grad(), mode, trace:
         model(*args)
     trace.resolve_times()
@@ -238,3 +238,22 @@ def test_a_capture_of_a_module_returning_a_tuple_says_it_ships_as_a_pattern_card
     assert gates and all(c.chain["kind"] == "pattern" for c in gates), [c.chain for c in gates]
     assert any("its forward returns a tuple" in v for k, v in result.notes.items() if k.startswith("module card")), \
         result.notes
+
+
+def test_a_module_called_twice_in_a_row_is_a_module_card_of_one_call():
+    # `for _ in range(2): x = self.child(x)`: no other module's call between the two, so the trace saw one invocation,
+    # the chain of both calls was the child's module card, and the cast ran both at each call (GELU four times).
+    found = captured(*PATTERNS["gelu called twice in a row"](0, torch.Generator().manual_seed(0)))
+    (card,) = [c for c in found.cards if c.chain.get("kind") == "module"]
+    assert card.chain["ops"] == ["mul", "pow", "mul", "add", "mul", "tanh", "add", "mul"]
+    assert card.captured_calls == 4 and card.chain["paths"] == ["layers.0.inner.child", "layers.1.inner.child"]
+
+
+def test_a_block_called_twice_in_a_row_whose_chain_spans_both_calls_is_not_bound():
+    # A block making no call of its own (norm then activation children), called twice in a row: its calls are its
+    # children's, so the trace cannot tell the two calls apart, and the chain of both was bound to the block.
+    found = captured(*PATTERNS["norm+act block called twice in a row"](0, torch.Generator().manual_seed(0)))
+    (card,) = [c for c in found.cards if c.chain.get("module_class") == "NormAct" and c.chain.get("modules")]
+    assert card.chain["kind"] == "pattern" and "runs on into the next call of its module's forward" in \
+        card.chain["unbound"]
+    assert [c.chain["class"] for c in found.cards if c.chain.get("kind") == "module"] == ["RMS"]

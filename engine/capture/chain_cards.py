@@ -94,8 +94,9 @@ class MemberTrace(_Trace):
     capture's own timing of it and the descriptions of the tensors it wrote. Without `capture` (a
     forward that is not captured, such as the warm-up) calls are untimed."""
 
-    def __init__(self, path_of: Callable[[], str], capture: CaptureMode | None):
-        super().__init__(path_of, time_calls=False)
+    def __init__(self, path_of: Callable[[], str], capture: CaptureMode | None, *,
+                 entered: Callable[[str], int] = lambda path: 0):
+        super().__init__(path_of, time_calls=False, entered=entered)
         self.capture = capture
         self.timings: list[Any] = []
         self.write_descs: list[list[dict[str, Any] | None]] = []
@@ -138,6 +139,7 @@ class _Planned:
     bind: bool = False    # a module card's instance: record how its module's forward feeds the chain
     in_tensors: dict[int, torch.Tensor] = field(default_factory=dict)  # strong refs while it runs (bind)
     entry: tuple | None = None  # (args, kwargs, autocast state) of its module invocation (bind)
+    called_again: bool = False  # its module was called again before its last member (bind): not one invocation
 
 
 def _plan(card_id: str, idx: int, ch: Chain, *, sample: bool = True, bind: bool = False) -> _Planned:
@@ -161,9 +163,9 @@ class ChainSampler(_Trace):
     def __init__(self, reference: list, planned: list[_Planned], sink: Callable[[_Planned], None],
                  bound: Callable[[_Planned], None] = lambda p: None,
                  returned: Callable[[_Planned, str | None], None] = lambda p, why: None, *,
-                 path_of: Callable[[], str] | None = None,
+                 path_of: Callable[[], str] | None = None, entered: Callable[[str], int] = lambda path: 0,
                  stable: frozenset[tuple] = frozenset()):
-        super().__init__(*(() if path_of is None else (path_of,)))
+        super().__init__(*(() if path_of is None else (path_of,)), entered=entered)
         # Storages (the model's parameters) whose slabs a snapshot references instead of copying; a call
         # that writes one first makes each snapshot still referencing it copy it.
         self.stable = stable
@@ -174,6 +176,7 @@ class ChainSampler(_Trace):
         self.returned = returned  # called when that instance's module returns: with why its return value is
         # not the chain's one output tensor, or None where it is
         self.returning: dict[str, _Planned] = {}  # module path -> its bound instance whose last member ran
+        self.running: dict[str, _Planned] = {}  # module path -> its bound instance between first and last member
         self.mismatch: str | None = None
         # module path -> (calls so far, args, kwargs, autocast) of its latest forward invocation (`enter`)
         self.entered: dict[str, tuple] = {}
@@ -210,6 +213,7 @@ class ChainSampler(_Trace):
                     # with no call since (else the entry is another invocation's, and this one stays unbound).
                     entry = self.entered.pop(p.chain.module, None)
                     p.entry = entry[1:] if entry is not None and entry[0] == i else None
+                    self.running[p.chain.module] = p
                 if i in p.inputs:
                     tensors = [reads[slot] for _, slot in p.inputs[i]]
                     if p.bind:
@@ -242,6 +246,7 @@ class ChainSampler(_Trace):
                         self.sink(p)
                         p.out_tensors = {}
                     if p.bind:
+                        self.running.pop(p.chain.module, None)
                         self.bound(p)
                         p.in_tensors, p.entry = {}, None  # no tensor of the forward outlives its chain
                         # its module's forward returns next (`leave`): what it returns is checked there
@@ -250,10 +255,15 @@ class ChainSampler(_Trace):
 
     def enter(self, path: str) -> Callable:
         """A forward pre-hook (with_kwargs) for the module at `path`: keeps its latest invocation's
-        arguments and the autocast state it runs under."""
+        arguments and the autocast state it runs under, and marks a bound instance of the module whose chain
+        is still running (`block(block(x))`: a chain over both calls of a block that makes no call of its own,
+        which the trace cannot tell from one)."""
         from engine.capture.module_binding import autocast_state, module_state
 
         def hook(module, args, kwargs):
+            p = self.running.get(path)
+            if p is not None:  # a chain that runs on into this call was taken for one call of the module
+                p.called_again = True
             self.entered[path] = (len(self.calls), args, dict(kwargs or {}), autocast_state())
             self._state_in[path] = module_state(module)
         return hook
@@ -299,9 +309,10 @@ class CapturingSampler(MemberTrace, ChainSampler):
     (the warm-up's): when both forwards made the same calls and the captured one plans the same instances,
     no further forward is needed for the chain samples (`ChainSampling.finish`)."""
 
-    def __init__(self, path_of: Callable[[], str], capture: CaptureMode, sampling: ChainSampling):
+    def __init__(self, path_of: Callable[[], str], capture: CaptureMode, sampling: ChainSampling, *,
+                 entered: Callable[[str], int] = lambda path: 0):
         ChainSampler.__init__(self, sampling.reference, sampling.sampled, sampling.sink, sampling.bound,
-                              sampling.returned, path_of=path_of,
+                              sampling.returned, path_of=path_of, entered=entered,
                               stable=sampling.writer.stable if sampling.writer is not None else frozenset())
         self.capture = capture
         self.timings = []
@@ -473,6 +484,7 @@ class ChainSampling:
             self._returning.clear()
             sampler.entered.clear()
             sampler.returning.clear()
+            sampler.running.clear()
 
     def discard(self) -> None:
         """Remove the sample files written so far."""
@@ -530,6 +542,9 @@ def _binding(model: torch.nn.Module, p: _Planned) -> dict[str, Any] | str:
     `autocast`), or why that cannot be said."""
     from engine.capture.module_binding import ModuleCardError, class_name, module_binding, proven_state
 
+    if p.called_again:
+        return ("its chain runs on into the next call of its module's forward (called again at once, as in "
+                "`block(block(x))`): a cast would run the whole chain at each call")
     if p.entry is None:
         return "its module's forward was not seen"
     args, kwargs, autocast = p.entry
