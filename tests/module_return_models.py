@@ -135,6 +135,83 @@ class NormAct(nn.Module):
         return self.act(self.norm(x))
 
 
+class InPlaceOnInput(nn.Module):
+    """Writes its input in place and returns it: the returned tensor is the caller's own."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(d))
+
+    def forward(self, x):
+        return x.mul_(self.w).add_(1.0)
+
+
+class KeepsOutput(nn.Module):
+    """Returns its output and keeps it as an attribute, which the caller reads."""
+
+    def forward(self, x):
+        self.last = torch.sigmoid(x) * x
+        return self.last
+
+
+class History(nn.Module):
+    """Returns its output and appends it to a list it keeps (the list holds tensors: no plain state)."""
+
+    def __init__(self):
+        super().__init__()
+        self.history = [torch.zeros(1)]
+
+    def forward(self, x):
+        y = torch.sigmoid(x) * x
+        self.history.append(y)
+        return y
+
+
+class HistoryLayer(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.proj_in, self.inner, self.proj_out = nn.Linear(d, d), History(), nn.Linear(d, d)
+
+    def forward(self, x):
+        got = self.inner(self.proj_in(x))
+        return self.proj_out(self.inner.history[-1]), got
+
+
+class ScaleSetEachCall(nn.Module):
+    """Sets a plain attribute from the input's shape at each call (the same value each time): no change."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.scale = 1.0 / d ** 0.5
+
+    def forward(self, x):
+        self.scale = 1.0 / x.shape[-1] ** 0.5
+        return torch.sigmoid(x * self.scale) * x
+
+
+class KeepLayer(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.proj_in, self.inner, self.proj_out = nn.Linear(d, d), KeepsOutput(), nn.Linear(d, d)
+
+    def forward(self, x):
+        got = self.inner(self.proj_in(x))
+        return self.proj_out(self.inner.last), got
+
+
+class WrittenAfter(nn.Module):
+    """A caller that writes the module's output in place after it returns."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.proj_in, self.inner, self.proj_out = nn.Linear(d, d), GeluTanh(), nn.Linear(d, d)
+
+    def forward(self, x):
+        y = self.inner(self.proj_in(x))
+        y.mul_(0.5)
+        return self.proj_out(y), y
+
+
 class Twice(nn.Module):
     """Calls its child twice in a row (`act(act(x))`, a loop over one norm): two invocations, no call between."""
 
@@ -286,6 +363,8 @@ LEGIT = {
     "gelu called twice in a row": _stack(lambda d, i: Twice(GeluTanh())),
     "rms called twice in a row bf16": _stack(lambda d, i: Twice(RMS(d)), torch.bfloat16),
     "norm+act block called twice in a row": _stack(lambda d, i: Twice(NormAct(d))),
+    "the caller writes the output in place": _layers(WrittenAfter),
+    "sets a plain attribute alike at each call": _stack(lambda d, i: ScaleSetEachCall(d)),
 }
 
 OTHER_RETURNS = {
@@ -296,6 +375,9 @@ OTHER_RETURNS = {
     "returns its input, keeps a statistic": _layers(StatLayer),
     "returns None, result in a list": _layers(SinkLayer),
     "return differs between instances": _per_instance,
+    "writes its input in place, returns it": _stack(lambda d, i: InPlaceOnInput(d)),
+    "keeps its output as an attribute": _layers(KeepLayer),
+    "appends its output to a list it keeps": _layers(HistoryLayer),
 }
 
 PATTERNS = {**LEGIT, **OTHER_RETURNS}

@@ -20,6 +20,11 @@ ENV = {"torch": torch.__version__, "torch_minor": ".".join(torch.__version__.spl
        "gpu": "NVIDIA H200", "arch": "sm_90", "compute_capability": [9, 0], "driver": "13.0", "nvrtc": "13.0"}
 
 
+def _bound(card: Any) -> bool:
+    """A module card the capture bound (a card whose sampling forward differed keeps kind 'module', unbound)."""
+    return card.chain.get("kind") == "module" and "args" in card.chain
+
+
 def captured(model: torch.nn.Module, args: tuple) -> Any:
     """The chain cards of one forward of `model`, sampled and bound as a capture binds them (ChainCards)."""
     from engine.capture.chain_cards import MemberTrace, chain_cards, sample_chains
@@ -117,7 +122,7 @@ def problems(name: str, seed: int, folder: Path) -> tuple[list[str], int]:
         return PATTERNS[name](seed, torch.Generator().manual_seed(seed))
 
     found = captured(*build())
-    bound = [c for c in found.cards if c.chain.get("kind") == "module"]
+    bound = [c for c in found.cards if _bound(c)]
     model, args = build()
     with torch.no_grad():
         want = model(*args)
@@ -175,7 +180,7 @@ def test_a_module_that_returns_a_tuple_ships_as_a_pattern_card_and_the_notes_say
 ])
 def test_a_forward_returning_anything_but_the_chain_output_is_not_bound(name, why):
     found = captured(*PATTERNS[name](0, torch.Generator().manual_seed(0)))
-    assert not [c for c in found.cards if c.chain.get("kind") == "module"]
+    assert not [c for c in found.cards if _bound(c)]
     assert any(why in n for n in _notes(found)), found.notes
 
 
@@ -192,7 +197,7 @@ def test_a_forward_returning_its_chain_output_still_binds(name):
     # The output by identity: the tensor its last member made, a view the forward makes last (the view is the
     # member), `.data` (an `aten::detach` member under the trace).
     found = captured(*PATTERNS[name](0, torch.Generator().manual_seed(0)))
-    assert [c.chain["paths"] for c in found.cards if c.chain.get("kind") == "module"] == [
+    assert [c.chain["paths"] for c in found.cards if _bound(c)] == [
         ["layers.0.inner", "layers.1.inner"]]
     assert not _notes(found)
 
@@ -244,7 +249,7 @@ def test_a_module_called_twice_in_a_row_is_a_module_card_of_one_call():
     # `for _ in range(2): x = self.child(x)`: no other module's call between the two, so the trace saw one invocation,
     # the chain of both calls was the child's module card, and the cast ran both at each call (GELU four times).
     found = captured(*PATTERNS["gelu called twice in a row"](0, torch.Generator().manual_seed(0)))
-    (card,) = [c for c in found.cards if c.chain.get("kind") == "module"]
+    (card,) = [c for c in found.cards if _bound(c)]
     assert card.chain["ops"] == ["mul", "pow", "mul", "add", "mul", "tanh", "add", "mul"]
     assert card.captured_calls == 4 and card.chain["paths"] == ["layers.0.inner.child", "layers.1.inner.child"]
 
@@ -256,4 +261,21 @@ def test_a_block_called_twice_in_a_row_whose_chain_spans_both_calls_is_not_bound
     (card,) = [c for c in found.cards if c.chain.get("module_class") == "NormAct" and c.chain.get("modules")]
     assert card.chain["kind"] == "pattern" and "runs on into the next call of its module's forward" in \
         card.chain["unbound"]
-    assert [c.chain["class"] for c in found.cards if c.chain.get("kind") == "module"] == ["RMS"]
+    assert [c.chain["class"] for c in found.cards if _bound(c)] == ["RMS"]
+
+
+@pytest.mark.parametrize("name, changed", [("keeps its output as an attribute", "last"),
+                                           ("appends its output to a list it keeps", "history")])
+def test_a_forward_that_keeps_a_tensor_on_its_module_is_not_bound(name, changed):
+    # `self.last = y; return y`: the module holds a tensor, so its state has no plain description (None before and
+    # after the forward) and the check of changed attributes saw none; a cast skipped the forward, and the caller
+    # reading `inner.last` got the previous call's tensor (or, in a model not run before, an AttributeError).
+    found = captured(*PATTERNS[name](0, torch.Generator().manual_seed(0)))
+    assert not [c for c in found.cards if _bound(c)]
+    assert any(f"its forward changes the module's own attributes (0.inner: {changed})" in n for n in _notes(found)), \
+        found.notes
+
+
+def test_a_plain_attribute_set_to_the_same_value_at_each_call_is_no_change():
+    found = captured(*PATTERNS["sets a plain attribute alike at each call"](0, torch.Generator().manual_seed(0)))
+    assert [c.chain["class"] for c in found.cards if _bound(c)] == ["ScaleSetEachCall"]

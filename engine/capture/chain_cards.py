@@ -258,26 +258,27 @@ class ChainSampler(_Trace):
         arguments and the autocast state it runs under, and marks a bound instance of the module whose chain
         is still running (`block(block(x))`: a chain over both calls of a block that makes no call of its own,
         which the trace cannot tell from one)."""
-        from engine.capture.module_binding import autocast_state, module_state
+        from engine.capture.module_binding import attributes_held, autocast_state
 
         def hook(module, args, kwargs):
             p = self.running.get(path)
             if p is not None:  # a chain that runs on into this call was taken for one call of the module
                 p.called_again = True
             self.entered[path] = (len(self.calls), args, dict(kwargs or {}), autocast_state())
-            self._state_in[path] = module_state(module)
+            self._state_in[path] = attributes_held(module)
         return hook
 
     def leave(self, path: str) -> Callable:
         """A forward hook for the module at `path`: notes a forward that changed the module's own attributes
         (a call counter, a cache): a cast that runs its plan instead would skip that change; and, where the
         invocation is a bound instance's, whether it returned the chain's output (`_return_problem`)."""
-        from engine.capture.module_binding import module_state, state_difference
+        from engine.capture.module_binding import attributes_changed
 
         def hook(module, args, out):
-            before, after = self._state_in.pop(path, None), module_state(module)
-            if before != after and path not in self.mutated:
-                self.mutated[path] = state_difference(after, [before] if before is not None else [])
+            before = self._state_in.pop(path, None)
+            changed = attributes_changed(before, module) if before is not None else []
+            if changed and path not in self.mutated:
+                self.mutated[path] = ", ".join(changed[:3])
             p = self.returning.pop(path, None)
             if p is not None:
                 self.returned(p, self._return_problem(p, out))

@@ -64,6 +64,44 @@ def module_state(module: torch.nn.Module) -> dict[str, Any] | None:
     return out
 
 
+def _held(v: Any) -> Any:
+    """`v` as `attributes_held` keeps it: lists, tuples and dicts copied one level at a time, the rest as is."""
+    if isinstance(v, (list, tuple)):
+        return (type(v), [_held(x) for x in v])
+    if type(v) is dict:
+        return (dict, {k: _held(x) for k, x in v.items()})
+    return v
+
+
+def attributes_held(module: torch.nn.Module) -> dict[str, Any]:
+    """The instance's own attributes (those `module_state` reads) as they are now, objects held, not described:
+    what `attributes_changed` compares after its forward. `module_state` is None for a module holding a tensor
+    or another object, so it cannot tell a forward that keeps its output (`self.last = y`) from one that
+    changes nothing."""
+    return {name: _held(v) for name, v in vars(module).items()
+            if name not in _MODULE_INTERNALS and name not in IGNORED_STATE}
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) == 2 and a[0] is b[0] and \
+            a[0] in (list, tuple, dict):  # a container, as `_held` keeps it
+        x, y = a[1], b[1]
+        if isinstance(x, dict):
+            return list(x) == list(y) and all(_same(x[k], y[k]) for k in x)
+        return len(x) == len(y) and all(_same(u, w) for u, w in zip(x, y))
+    if isinstance(a, (*_PLAIN, torch.dtype, torch.device)) and type(a) is type(b):
+        return a == b  # a plain value recomputed alike (`self.scale = 1 / d ** 0.5`) is no change
+    return a is b
+
+
+def attributes_changed(before: dict[str, Any], module: torch.nn.Module) -> list[str]:
+    """The names of the instance's own attributes that are not what they were in `attributes_held`: set, deleted,
+    another object (a tensor it keeps), or a container holding other objects (a list appended to)."""
+    after = attributes_held(module)
+    return [k for k in sorted(set(before) | set(after))
+            if k not in before or k not in after or not _same(before[k], after[k])]
+
+
 # Where a proven state records the module's submodules (`proven_state`): no attribute of a module's own.
 SUBTREE = "_kforge_submodules"
 
