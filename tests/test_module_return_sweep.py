@@ -279,3 +279,39 @@ def test_a_forward_that_keeps_a_tensor_on_its_module_is_not_bound(name, changed)
 def test_a_plain_attribute_set_to_the_same_value_at_each_call_is_no_change():
     found = captured(*PATTERNS["sets a plain attribute alike at each call"](0, torch.Generator().manual_seed(0)))
     assert [c.chain["class"] for c in found.cards if _bound(c)] == ["ScaleSetEachCall"]
+
+
+def _exported(found: Any) -> dict[str, Any]:
+    from test_chain_lane import RMS_CHAIN_CU, RMS_CHAIN_SPEC
+
+    from engine.export.package import ExportVariant, package
+
+    (card,) = [c for c in found.cards if _bound(c)]
+    cand = {"id": "cand-1", "source": RMS_CHAIN_CU, "launch_spec": RMS_CHAIN_SPEC, "proposer": "test",
+            "status": "verified"}
+    manifest, _, _ = package([ExportVariant(card.row(), cand, None, "// ptx", "sm_90")], ENV, {"run": "r"})
+    return manifest
+
+
+def test_an_exported_module_card_records_that_its_return_was_checked_and_audit_names_casts_without():
+    # A cast exported before the capture checked returns may hold a module card that returns a tuple; the loader
+    # still serves it (declining every module card of every older cast would cost all their speed), and audit says
+    # its return value was not checked.
+    import copy
+
+    from engine.cast.format import CastError, check_manifest
+    from engine.export.report import audit_document, audit_text
+
+    manifest = _exported(captured(*PATTERNS["rms fp32"](0, torch.Generator().manual_seed(0))))
+    assert manifest["variants"][0]["module"]["returns"] == "output"
+    check_manifest(manifest)
+    assert "return value" not in audit_text(audit_document(manifest, {}), "new.cast")
+    old = copy.deepcopy(manifest)
+    del old["variants"][0]["module"]["returns"]
+    check_manifest(old)
+    assert "return value: not checked against the chain's output (the cast predates that check)" in \
+        audit_text(audit_document(old, {}), "old.cast")
+    bad = copy.deepcopy(manifest)
+    bad["variants"][0]["module"]["returns"] = "tuple"
+    with pytest.raises(CastError, match="'returns' is not 'output'"):
+        check_manifest(bad)

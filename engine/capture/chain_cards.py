@@ -604,7 +604,9 @@ def _bind_cards(found: ChainCards, bindings: dict[str, list[dict[str, Any] | str
             # an unbound card its members' eager calls as if a module card could serve them).
             card.chain.update(kind="pattern", unbound=why)
             continue
-        card.chain.update(got[0], paths=list(card.chain["modules"]))
+        # `returns`: every instance was seen returning the chain's output tensor itself (`_return_problem`); a cast
+        # exported before captures checked it has no such fact, and audit says its returns are unchecked
+        card.chain.update(got[0], paths=list(card.chain["modules"]), returns="output")
         if states and all(x is not None for x in states):
             card.chain["states"] = [x for i, x in enumerate(states) if x not in states[:i]]
 
