@@ -189,6 +189,29 @@ class ScaleSetEachCall(nn.Module):
         return torch.sigmoid(x * self.scale) * x
 
 
+class IntoArgument(nn.Module):
+    """Returns its output and also puts it in a dict (or list) its caller passes and reads afterwards."""
+
+    def forward(self, x, cache):
+        y = torch.sigmoid(x) * x
+        if isinstance(cache, dict):
+            cache["y"] = y
+        else:
+            cache.append(y)
+        return y
+
+
+class ArgumentLayer(nn.Module):
+    def __init__(self, d, kind):
+        super().__init__()
+        self.proj_in, self.inner, self.proj_out, self.kind = nn.Linear(d, d), IntoArgument(), nn.Linear(d, d), kind
+
+    def forward(self, x):
+        cache = {} if self.kind == "dict" else []
+        got = self.inner(self.proj_in(x), cache)
+        return self.proj_out(cache["y"] if self.kind == "dict" else cache[0]), got
+
+
 class KeepLayer(nn.Module):
     def __init__(self, d):
         super().__init__()
@@ -378,6 +401,8 @@ OTHER_RETURNS = {
     "writes its input in place, returns it": _stack(lambda d, i: InPlaceOnInput(d)),
     "keeps its output as an attribute": _layers(KeepLayer),
     "appends its output to a list it keeps": _layers(HistoryLayer),
+    "puts its output in a dict argument": _layers(lambda d: ArgumentLayer(d, "dict")),
+    "appends its output to a list argument": _layers(lambda d: ArgumentLayer(d, "list")),
 }
 
 PATTERNS = {**LEGIT, **OTHER_RETURNS}

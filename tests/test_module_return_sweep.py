@@ -281,7 +281,7 @@ def test_a_plain_attribute_set_to_the_same_value_at_each_call_is_no_change():
     assert [c.chain["class"] for c in found.cards if _bound(c)] == ["ScaleSetEachCall"]
 
 
-def _exported(found: Any) -> dict[str, Any]:
+def _exported(found: Any) -> tuple[dict[str, Any], dict[str, bytes], str]:
     from test_chain_lane import RMS_CHAIN_CU, RMS_CHAIN_SPEC
 
     from engine.export.package import ExportVariant, package
@@ -289,8 +289,7 @@ def _exported(found: Any) -> dict[str, Any]:
     (card,) = [c for c in found.cards if _bound(c)]
     cand = {"id": "cand-1", "source": RMS_CHAIN_CU, "launch_spec": RMS_CHAIN_SPEC, "proposer": "test",
             "status": "verified"}
-    manifest, _, _ = package([ExportVariant(card.row(), cand, None, "// ptx", "sm_90")], ENV, {"run": "r"})
-    return manifest
+    return package([ExportVariant(card.row(), cand, None, "// ptx", "sm_90")], ENV, {"run": "r"})
 
 
 def test_an_exported_module_card_records_that_its_return_was_checked_and_audit_names_casts_without():
@@ -302,7 +301,7 @@ def test_an_exported_module_card_records_that_its_return_was_checked_and_audit_n
     from engine.cast.format import CastError, check_manifest
     from engine.export.report import audit_document, audit_text
 
-    manifest = _exported(captured(*PATTERNS["rms fp32"](0, torch.Generator().manual_seed(0))))
+    manifest, _, _ = _exported(captured(*PATTERNS["rms fp32"](0, torch.Generator().manual_seed(0))))
     assert manifest["variants"][0]["module"]["returns"] == "output"
     check_manifest(manifest)
     assert "return value" not in audit_text(audit_document(manifest, {}), "new.cast")
@@ -315,3 +314,43 @@ def test_an_exported_module_card_records_that_its_return_was_checked_and_audit_n
     bad["variants"][0]["module"]["returns"] = "tuple"
     with pytest.raises(CastError, match="'returns' is not 'output'"):
         check_manifest(bad)
+
+
+@pytest.mark.parametrize("name, why", [
+    ("appends its output to a list argument", "its forward changes argument 1 it was passed (a list appended to or "
+                                              "written into), which the cast's kernel would skip"),
+    ("puts its output in a dict argument", "argument 1 of the forward is a dict, which the cast's guard cannot "
+                                           "compare"),
+])
+def test_a_forward_that_writes_into_an_argument_it_was_passed_is_not_bound(name, why):
+    # `forward(x, cache)` putting its output in the list or dict its caller passes and reads: served, the caller's
+    # `cache[0]` raised IndexError (a list compares by value, and a fresh [] equals the proven one); a dict was
+    # bound by its repr, `{"repr": "{}"}`, which no install can read back: cast.install raised ValueError.
+    found = captured(*PATTERNS[name](0, torch.Generator().manual_seed(0)))
+    assert not [c for c in found.cards if _bound(c)]
+    assert any(why in n for n in _notes(found)), found.notes
+
+
+def test_a_cast_whose_module_entry_holds_an_unreadable_argument_installs_without_it(tmp_path):
+    # A cast exported before the capture refused such arguments: its entry stays on PyTorch, with a warning, and
+    # the other entries install (cast.install raised ValueError and installed nothing).
+    import warnings
+
+    import engine.cast
+    from engine.cast.format import write_cast
+
+    manifest, files, report = _exported(captured(*PATTERNS["rms fp32"](0, torch.Generator().manual_seed(0))))
+    (entry,) = manifest["variants"]
+    entry["module"]["args"].append({"value": {"repr": "{}"}})
+    path = tmp_path / "old.cast"
+    write_cast(path, manifest, files, report)
+    cast = engine.cast.load(path, env=ENV, plans={entry["id"]: EagerPlan(entry["signature"])})
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            cast.install(PATTERNS["rms fp32"](0, torch.Generator().manual_seed(0))[0])
+        assert cast.stats()["modules"] == {}
+    finally:
+        cast.remove()
+    assert any("argument 1 is a value the guard cannot compare ({'repr': '{}'})" in str(w.message) for w in seen), \
+        [str(w.message) for w in seen]

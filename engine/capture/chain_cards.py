@@ -181,6 +181,7 @@ class ChainSampler(_Trace):
         # module path -> (calls so far, args, kwargs, autocast) of its latest forward invocation (`enter`)
         self.entered: dict[str, tuple] = {}
         self._state_in: dict[str, Any] = {}  # module path -> its own attributes when its forward began
+        self._args_in: dict[str, Any] = {}   # module path -> its forward's arguments when it began (`held`)
         self.mutated: dict[str, str] = {}    # module path -> which of its attributes its forward changed
         self._at: dict[int, list[_Planned]] = {}
         self._last: dict[int, list[_Planned]] = {}
@@ -258,7 +259,7 @@ class ChainSampler(_Trace):
         arguments and the autocast state it runs under, and marks a bound instance of the module whose chain
         is still running (`block(block(x))`: a chain over both calls of a block that makes no call of its own,
         which the trace cannot tell from one)."""
-        from engine.capture.module_binding import attributes_held, autocast_state
+        from engine.capture.module_binding import attributes_held, autocast_state, held
 
         def hook(module, args, kwargs):
             p = self.running.get(path)
@@ -266,22 +267,28 @@ class ChainSampler(_Trace):
                 p.called_again = True
             self.entered[path] = (len(self.calls), args, dict(kwargs or {}), autocast_state())
             self._state_in[path] = attributes_held(module)
+            self._args_in[path] = held(args)
         return hook
 
     def leave(self, path: str) -> Callable:
         """A forward hook for the module at `path`: notes a forward that changed the module's own attributes
         (a call counter, a cache): a cast that runs its plan instead would skip that change; and, where the
-        invocation is a bound instance's, whether it returned the chain's output (`_return_problem`)."""
-        from engine.capture.module_binding import attributes_changed
+        invocation is a bound instance's, whether it returned the chain's output (`_return_problem`) and left
+        the arguments it was passed as they were."""
+        from engine.capture.module_binding import arguments_changed, attributes_changed
 
         def hook(module, args, out):
             before = self._state_in.pop(path, None)
             changed = attributes_changed(before, module) if before is not None else []
             if changed and path not in self.mutated:
                 self.mutated[path] = ", ".join(changed[:3])
+            args_in = self._args_in.pop(path, None)
             p = self.returning.pop(path, None)
             if p is not None:
-                self.returned(p, self._return_problem(p, out))
+                written = arguments_changed(args_in, args) if args_in is not None else []
+                self.returned(p, self._return_problem(p, out) or (
+                    f"its forward changes argument {written[0]} it was passed (a {type(args[written[0]]).__name__} "
+                    "appended to or written into), which the cast's kernel would skip" if written else None))
         return hook
 
     def _return_problem(self, p: _Planned, out: Any) -> str | None:
@@ -484,6 +491,7 @@ class ChainSampling:
             # an instance whose module was not seen returning has no binding: its card's instances are not all seen
             self._returning.clear()
             sampler.entered.clear()
+            sampler._args_in.clear()
             sampler.returning.clear()
             sampler.running.clear()
 

@@ -473,7 +473,11 @@ def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], c
             key.append(descriptor_key(inputs[i], dev_index))
             arg_inputs.append((k, i))
         else:
-            key.append(("value", value_key(decode_value(a.get("value")), dev_index)))
+            try:
+                value = decode_value(a.get("value"))
+            except ValueError:  # a cast written before the capture refused such arguments: `{"repr": "{}"}`
+                raise ModuleCardError(f"argument {k} is a value the guard cannot compare ({a.get('value')!r})") from None
+            key.append(("value", value_key(value, dev_index)))
     bound = []
     for p in params:
         i, name = int(p["input"]), p["name"]
