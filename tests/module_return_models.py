@@ -124,6 +124,19 @@ class SameTensorBack(nn.Module):
         return (torch.sigmoid(x) * x + 1.0).float().contiguous()
 
 
+class ThroughChildren(nn.Module):
+    """An eval-mode Dropout between its calls and an Identity it returns through: children that make no call and
+    hand back the tensor they were given."""
+
+    def __init__(self):
+        super().__init__()
+        self.drop, self.ident = nn.Dropout(0.1), nn.Identity()
+
+    def forward(self, x):
+        h = self.drop(torch.sigmoid(x) * x)
+        return self.ident(h + 1.0)
+
+
 class NormAct(nn.Module):
     """A block that only calls its children, a norm then an activation (a GroupNorm -> SiLU block)."""
 
@@ -388,6 +401,7 @@ LEGIT = {
     "norm+act block called twice in a row": _stack(lambda d, i: Twice(NormAct(d))),
     "the caller writes the output in place": _layers(WrittenAfter),
     "sets a plain attribute alike at each call": _stack(lambda d, i: ScaleSetEachCall(d)),
+    "eval dropout and identity children": _stack(lambda d, i: ThroughChildren()),
 }
 
 OTHER_RETURNS = {
