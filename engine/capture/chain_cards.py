@@ -275,7 +275,7 @@ class ChainSampler(_Trace):
         (a call counter, a cache): a cast that runs its plan instead would skip that change; and, where the
         invocation is a bound instance's, whether it returned the chain's output (`_return_problem`) and left
         the arguments it was passed as they were."""
-        from engine.capture.module_binding import arguments_changed, attributes_changed
+        from engine.capture.module_binding import attributes_changed
 
         def hook(module, args, out):
             before = self._state_in.pop(path, None)
@@ -285,11 +285,13 @@ class ChainSampler(_Trace):
             args_in = self._args_in.pop(path, None)
             p = self.returning.pop(path, None)
             if p is not None:
-                written = arguments_changed(args_in, args) if args_in is not None else []
-                self.returned(p, self._return_problem(p, out) or (
-                    f"its forward changes argument {written[0]} it was passed (a {type(args[written[0]]).__name__} "
-                    "appended to or written into), which the cast's kernel would skip" if written else None))
+                self.returned(p, self._return_problem(p, out) or _argument_problem(args_in, args))
         return hook
+
+    def release(self) -> None:
+        """Let go of what it holds of invocations still open (a forward cut short by an error or a mismatch)."""
+        for table in (self.entered, self._state_in, self._args_in, self.returning, self.running):
+            table.clear()
 
     def _return_problem(self, p: _Planned, out: Any) -> str | None:
         """Why `out`, what instance `p`'s module forward returned, is not the chain's one output (a cast returns
@@ -310,6 +312,18 @@ class ChainSampler(_Trace):
     def finish(self) -> None:
         if self.mismatch is None and len(self.calls) != len(self.reference):
             self.mismatch = f"it made {len(self.calls)} calls, the first forward {len(self.reference)}"
+
+
+def _argument_problem(before: Any, args: tuple) -> str | None:
+    """Why a forward that changed an argument it was passed (`held` as it began) cannot be served by a kernel, or
+    None."""
+    from engine.capture.module_binding import arguments_changed
+
+    written = arguments_changed(before, args) if before is not None else []
+    if not written:
+        return None
+    return (f"its forward changes argument {written[0]} it was passed (a {type(args[written[0]]).__name__} appended "
+            "to or written into), which the cast's kernel would skip")
 
 
 class CapturingSampler(MemberTrace, ChainSampler):
@@ -490,10 +504,7 @@ class ChainSampling:
                 p.in_tensors, p.entry = {}, None
             # an instance whose module was not seen returning has no binding: its card's instances are not all seen
             self._returning.clear()
-            sampler.entered.clear()
-            sampler._args_in.clear()
-            sampler.returning.clear()
-            sampler.running.clear()
+            sampler.release()
 
     def discard(self) -> None:
         """Remove the sample files written so far."""
@@ -529,8 +540,8 @@ def sample_chains(forward: Callable[[], Any], found: ChainCards, reference: list
     `found.notes`) where the forward's calls differ from the first forward's.
 
     With `model` (the module `forward` runs), each module card's instances are bound too: the card's
-    `chain` facts get the module entry (`class`, `paths`, `args`, `params`, `autocast`) or the notes say
-    why not."""
+    `chain` facts get the module entry (`class`, `paths`, `args`, `params`, `autocast`, `returns`…) or the
+    notes say why not."""
     sampling = ChainSampling(found, reference, folder, model)
     sampler = ChainSampler(reference, sampling.sampled, sampling.sink, sampling.bound, sampling.returned)
     with sampling.hooks(sampler), torch.no_grad(), sampler:
