@@ -1,7 +1,9 @@
 """Small models whose module forwards are memory-bound chains, returning what real code returns: the one tensor the
 chain makes (RMSNorm, LayerNorm, SiLU gates, GELU pieces: module cards a cast serves), and everything else a forward
 may hand back around it (a tuple or list, a dict, a named tuple or dataclass, the output twice, a view of it, an input
-or a parameter beside it, None, a return that differs between instances). The module-return sweep
+or a parameter beside it, None, a return that differs between instances), and what else a cast skipping the forward
+would lose (a module called twice in a row, a tensor kept on the module, a list or dict argument written into). The
+module-return sweep
 (tests/test_module_return_sweep.py, scripts/module_return_sweep.py) captures each, installs every module card it
 binds with eager as the plan, and compares the model's output with and without the cast.
 

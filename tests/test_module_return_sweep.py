@@ -4,7 +4,11 @@ every module card they bind exported as `export` does and installed with eager (
 output with the cast must equal its output without, leaf for leaf and bitwise. A bound card that changes the output
 is a finding; so is a legitimate module card (an RMSNorm, a LayerNorm, a gate) that no longer binds or is not served.
 
-The whole sweep (every pattern x 3 seeds) is scripts/module_return_sweep.py; the test runs each pattern at one seed."""
+The whole sweep (every pattern x 3 seeds, or --seeds N) is scripts/module_return_sweep.py; the test runs each pattern
+at one seed. What it found, each with its own test below: forwards returning anything but the chain's output bound
+(a tuple, a dict, None, the input...); a module called twice in a row bound with the chain of both calls; a forward
+keeping a tensor on its module, or writing into an argument it was passed, bound as if it changed nothing; a dict
+argument bound by its repr, which made cast.install raise."""
 
 from __future__ import annotations
 
@@ -39,7 +43,8 @@ def captured(model: torch.nn.Module, args: tuple) -> Any:
     trace.resolve_times()
     found = chain_cards(trace, model, paths.weight, 1.0, samples=1, sample_budget_bytes=1 << 30,
                         total_budget_bytes=1 << 30)
-    sample_chains(lambda: model(*args), found, trace.calls, Path(tempfile.mkdtemp()), model=model)
+    with tempfile.TemporaryDirectory() as folder:  # the samples are not what is checked here
+        sample_chains(lambda: model(*args), found, trace.calls, Path(folder), model=model)
     return found
 
 
