@@ -139,6 +139,19 @@ class ThroughChildren(nn.Module):
         return self.ident(h + 1.0)
 
 
+class ConfiguredGate(nn.Module):
+    """Returns the gate beside the output where a config object it holds says so (a flag set after install)."""
+
+    def __init__(self, d, config):
+        super().__init__()
+        self.w, self.config = nn.Parameter(torch.randn(d)), config
+
+    def forward(self, x):
+        h = torch.sigmoid(x * self.w)
+        y = h * x
+        return (y, h) if self.config.return_gate else y
+
+
 class NormAct(nn.Module):
     """A block that only calls its children, a norm then an activation (a GroupNorm -> SiLU block)."""
 
@@ -381,6 +394,16 @@ class _Keep(nn.Module):
         return pair[0]
 
 
+def configured(seed, g):
+    """A Stack of ConfiguredGates sharing one config (`return_gate` off), and its input."""
+    from types import SimpleNamespace
+
+    d = _shapes(seed)[-1]
+    torch.manual_seed(seed)
+    config = SimpleNamespace(return_gate=False)
+    return Stack(d, lambda i: ConfiguredGate(d, config)).eval(), _x(seed, g)
+
+
 def _per_instance(seed, g):
     d = _shapes(seed)[-1]
     torch.manual_seed(seed)
@@ -404,6 +427,7 @@ LEGIT = {
     "the caller writes the output in place": _layers(WrittenAfter),
     "sets a plain attribute alike at each call": _stack(lambda d, i: ScaleSetEachCall(d)),
     "eval dropout and identity children": _stack(lambda d, i: ThroughChildren()),
+    "a config object it holds": configured,
 }
 
 OTHER_RETURNS = {

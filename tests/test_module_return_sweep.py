@@ -359,3 +359,35 @@ def test_a_cast_whose_module_entry_holds_an_unreadable_argument_installs_without
         cast.remove()
     assert any("argument 1 is a value the guard cannot compare ({'repr': '{}'})" in str(w.message) for w in seen), \
         [str(w.message) for w in seen]
+
+
+def test_a_flag_of_a_config_the_module_holds_set_after_install_runs_the_forward(tmp_path):
+    # `return (y, h) if self.config.return_gate else y`: served as proven while the flag is off; set after install,
+    # the route went on returning the tensor where the forward returns a tuple (the guard held the module's own
+    # plain attributes and its submodules', not those of a config object it holds).
+    from module_return_models import configured
+
+    import engine.cast
+    from engine.cast.format import write_cast
+
+    manifest, files, report = _exported(captured(*configured(0, torch.Generator().manual_seed(0))))
+    path = tmp_path / "configured.cast"
+    write_cast(path, manifest, files, report)
+    (entry,) = manifest["variants"]
+    model, args = configured(0, torch.Generator().manual_seed(0))
+    cast = engine.cast.load(path, env=ENV, plans={entry["id"]: EagerPlan(entry["signature"])})
+    try:
+        cast.install(model)
+        with torch.no_grad():
+            model(*args)  # the flag off: served, as proven
+        model.layers[0].inner.config.return_gate = True  # the config both layers hold
+        with torch.no_grad():
+            got = model(*args)
+        st = cast.stats()["modules"]
+    finally:
+        cast.remove()
+    with torch.no_grad():
+        want = model(*args)
+    assert difference(got, want) is None
+    assert {p: (s["hits"], s["declines"]) for p, s in st.items()} == {
+        p: (1, {"held object's attributes changed": 1}) for p in ("layers.0.inner", "layers.1.inner")}
