@@ -299,7 +299,7 @@ def _member_trace(model, x):
     paths = ModulePaths(model, {})
     mode = CaptureMode(path_of=paths.current, weight_of=paths.weight, samples=0, sample_budget_bytes=0,
                        sink=None, use_cuda_events=False)
-    trace = MemberTrace(paths.current, mode)
+    trace = MemberTrace(paths.current, mode, entered=paths.entered)
     with paths, torch.no_grad(), mode, trace:
         model(x)
     trace.resolve_times()
@@ -398,7 +398,7 @@ def test_a_captured_module_card_carries_its_binding_and_is_served_in_eager(tmp_p
     assert entry["chain"]["kind"] == "module" and "pattern" not in entry
     assert entry["module"] == {"class": "RMS", "class_path": "test_chains.RMS", "paths": paths,
                                "args": [{"input": 0}], "params": [{"name": "weight", "input": 1}], "autocast": [],
-                               "training": False, "states": card.chain["states"]}
+                               "training": False, "states": card.chain["states"], "returns": "output"}
 
     # The toy model as the config builds it: the entry binds to each of its norms, and a cast serves them.
     torch.manual_seed(0)
@@ -460,7 +460,7 @@ def _found(model, x, forward=None, folder=None):
     paths = ModulePaths(model, {})
     mode = CaptureMode(path_of=paths.current, weight_of=paths.weight, samples=0, sample_budget_bytes=0,
                        sink=None, use_cuda_events=False)
-    trace = MemberTrace(paths.current, mode)
+    trace = MemberTrace(paths.current, mode, entered=paths.entered)
     with paths, torch.no_grad(), mode, trace:
         forward()
     trace.resolve_times()

@@ -22,11 +22,14 @@ How the capture takes them (engine.capture.run.capture_model):
 - Module bindings. The same forward records, for a module card, how each instance's module forward feeds
   the chain (engine.capture.module_binding): a forward pre-hook on each of the card's modules keeps
   that invocation's arguments and the autocast state, and the sampler keeps the instance's chain inputs
-  (strong references, from its first member to its last) to match them by identity. Every instance of a
-  module card is bound, sampled or not; a card whose instances bind alike gets `class`, `paths`, `args`,
-  `params` and `autocast` on its `chain` facts (what export ships as the cast's module entry). One that
-  does not (keyword arguments, bindings that differ, a ModuleCardError) keeps none, so it ships as a
-  pattern card, and the capture's notes say why.
+  (strong references, from its first member to its last) to match them by identity; a forward hook checks
+  that the invocation returns, by identity, the tensor the chain's one output names (a cast returns its
+  plan's output in the forward's place: a forward returning a tuple, a dict, None, an input beside it or
+  another tensor would get that tensor instead). Every instance of a module card is bound, sampled or
+  not; a card whose instances bind alike gets `class`, `paths`, `args`, `params` and `autocast` on its
+  `chain` facts (what export ships as the cast's module entry). One that does not (keyword arguments,
+  another return value, bindings that differ, a ModuleCardError) keeps none, so it ships as a pattern
+  card, and the capture's notes say why.
 """
 
 from __future__ import annotations
@@ -91,8 +94,9 @@ class MemberTrace(_Trace):
     capture's own timing of it and the descriptions of the tensors it wrote. Without `capture` (a
     forward that is not captured, such as the warm-up) calls are untimed."""
 
-    def __init__(self, path_of: Callable[[], str], capture: CaptureMode | None):
-        super().__init__(path_of, time_calls=False)
+    def __init__(self, path_of: Callable[[], str], capture: CaptureMode | None, *,
+                 entered: Callable[[str], int] = lambda path: 0):
+        super().__init__(path_of, time_calls=False, entered=entered)
         self.capture = capture
         self.timings: list[Any] = []
         self.write_descs: list[list[dict[str, Any] | None]] = []
@@ -135,6 +139,7 @@ class _Planned:
     bind: bool = False    # a module card's instance: record how its module's forward feeds the chain
     in_tensors: dict[int, torch.Tensor] = field(default_factory=dict)  # strong refs while it runs (bind)
     entry: tuple | None = None  # (args, kwargs, autocast state) of its module invocation (bind)
+    called_again: bool = False  # its module was called again before its last member (bind): not one invocation
 
 
 def _plan(card_id: str, idx: int, ch: Chain, *, sample: bool = True, bind: bool = False) -> _Planned:
@@ -156,9 +161,11 @@ class ChainSampler(_Trace):
     """A forward traced like the `reference` one, copying the planned instances' inputs and outputs."""
 
     def __init__(self, reference: list, planned: list[_Planned], sink: Callable[[_Planned], None],
-                 bound: Callable[[_Planned], None] = lambda p: None, *, path_of: Callable[[], str] | None = None,
+                 bound: Callable[[_Planned], None] = lambda p: None,
+                 returned: Callable[[_Planned, str | None], None] = lambda p, why: None, *,
+                 path_of: Callable[[], str] | None = None, entered: Callable[[str], int] = lambda path: 0,
                  stable: frozenset[tuple] = frozenset()):
-        super().__init__(*(() if path_of is None else (path_of,)))
+        super().__init__(*(() if path_of is None else (path_of,)), entered=entered)
         # Storages (the model's parameters) whose slabs a snapshot references instead of copying; a call
         # that writes one first makes each snapshot still referencing it copy it.
         self.stable = stable
@@ -166,10 +173,15 @@ class ChainSampler(_Trace):
         self.reference = reference  # the first forward's TraceCalls
         self.sink = sink
         self.bound = bound  # called after a bind instance's last member, with its inputs and entry
+        self.returned = returned  # called when that instance's module returns: with why its return value is
+        # not the chain's one output tensor, or None where it is
+        self.returning: dict[str, _Planned] = {}  # module path -> its bound instance whose last member ran
+        self.running: dict[str, _Planned] = {}  # module path -> its bound instance between first and last member
         self.mismatch: str | None = None
         # module path -> (calls so far, args, kwargs, autocast) of its latest forward invocation (`enter`)
         self.entered: dict[str, tuple] = {}
         self._state_in: dict[str, Any] = {}  # module path -> its own attributes when its forward began
+        self._args_in: dict[str, Any] = {}   # module path -> its forward's arguments when it began (`held`)
         self.mutated: dict[str, str] = {}    # module path -> which of its attributes its forward changed
         self._at: dict[int, list[_Planned]] = {}
         self._last: dict[int, list[_Planned]] = {}
@@ -202,6 +214,7 @@ class ChainSampler(_Trace):
                     # with no call since (else the entry is another invocation's, and this one stays unbound).
                     entry = self.entered.pop(p.chain.module, None)
                     p.entry = entry[1:] if entry is not None and entry[0] == i else None
+                    self.running[p.chain.module] = p
                 if i in p.inputs:
                     tensors = [reads[slot] for _, slot in p.inputs[i]]
                     if p.bind:
@@ -234,34 +247,83 @@ class ChainSampler(_Trace):
                         self.sink(p)
                         p.out_tensors = {}
                     if p.bind:
+                        self.running.pop(p.chain.module, None)
                         self.bound(p)
                         p.in_tensors, p.entry = {}, None  # no tensor of the forward outlives its chain
+                        # its module's forward returns next (`leave`): what it returns is checked there
+                        self.returning[p.chain.module] = p
         return out
 
     def enter(self, path: str) -> Callable:
         """A forward pre-hook (with_kwargs) for the module at `path`: keeps its latest invocation's
-        arguments and the autocast state it runs under."""
-        from engine.capture.module_binding import autocast_state, module_state
+        arguments and the autocast state it runs under, and marks a bound instance of the module whose chain
+        is still running (`block(block(x))`: a chain over both calls of a block that makes no call of its own,
+        which the trace cannot tell from one)."""
+        from engine.capture.module_binding import attributes_held, autocast_state, held
 
         def hook(module, args, kwargs):
+            p = self.running.get(path)
+            if p is not None:  # a chain that runs on into this call was taken for one call of the module
+                p.called_again = True
             self.entered[path] = (len(self.calls), args, dict(kwargs or {}), autocast_state())
-            self._state_in[path] = module_state(module)
+            self._state_in[path] = attributes_held(module)
+            self._args_in[path] = held(args)
         return hook
 
     def leave(self, path: str) -> Callable:
         """A forward hook for the module at `path`: notes a forward that changed the module's own attributes
-        (a call counter, a cache): a cast that runs its plan instead would skip that change."""
-        from engine.capture.module_binding import module_state, state_difference
+        (a call counter, a cache): a cast that runs its plan instead would skip that change; and, where the
+        invocation is a bound instance's, whether it returned the chain's output (`_return_problem`) and left
+        the arguments it was passed as they were."""
+        from engine.capture.module_binding import attributes_changed
 
         def hook(module, args, out):
-            before, after = self._state_in.pop(path, None), module_state(module)
-            if before != after and path not in self.mutated:
-                self.mutated[path] = state_difference(after, [before] if before is not None else [])
+            before = self._state_in.pop(path, None)
+            changed = attributes_changed(before, module) if before is not None else []
+            if changed and path not in self.mutated:
+                self.mutated[path] = ", ".join(changed[:3])
+            args_in = self._args_in.pop(path, None)
+            p = self.returning.pop(path, None)
+            if p is not None:
+                self.returned(p, self._return_problem(p, out) or _argument_problem(args_in, args))
         return hook
+
+    def release(self) -> None:
+        """Let go of what it holds of invocations still open (a forward cut short by an error or a mismatch)."""
+        for table in (self.entered, self._state_in, self._args_in, self.returning, self.running):
+            table.clear()
+
+    def _return_problem(self, p: _Planned, out: Any) -> str | None:
+        """Why `out`, what instance `p`'s module forward returned, is not the chain's one output (a cast returns
+        the plan's output tensor in its place), or None. The output is named by identity, as the trace names
+        values: the tensor object the member that made it returned, not written since."""
+        if len(p.chain.outputs) != 1:
+            return f"its chain has {len(p.chain.outputs)} outputs; a module card's forward returns exactly one"
+        call, [(_, k)] = next(iter(p.outputs.items()))  # the member that made the output, and which write it is
+        if isinstance(out, torch.Tensor) and self._current(out) == self.calls[call].writes[k]:
+            return None
+        if not isinstance(out, torch.Tensor):
+            kind = type(out).__name__
+            what = "None" if out is None else f"a {kind}" if kind in ("tuple", "list", "dict") else f"a {kind} object"
+            return f"its forward returns {what}, not the chain's output tensor alone (a cast would return that tensor)"
+        return ("its forward returns a tensor that is not the chain's output (an input, a parameter, or a tensor "
+                "made by a call outside the chain): a cast would return the chain's output in its place")
 
     def finish(self) -> None:
         if self.mismatch is None and len(self.calls) != len(self.reference):
             self.mismatch = f"it made {len(self.calls)} calls, the first forward {len(self.reference)}"
+
+
+def _argument_problem(before: Any, args: tuple) -> str | None:
+    """Why a forward that changed an argument it was passed (`held` as it began) cannot be served by a kernel, or
+    None."""
+    from engine.capture.module_binding import arguments_changed
+
+    written = arguments_changed(before, args) if before is not None else []
+    if not written:
+        return None
+    return (f"its forward changes argument {written[0]} it was passed (a {type(args[written[0]]).__name__} appended "
+            "to or written into), which the cast's kernel would skip")
 
 
 class CapturingSampler(MemberTrace, ChainSampler):
@@ -269,9 +331,10 @@ class CapturingSampler(MemberTrace, ChainSampler):
     (the warm-up's): when both forwards made the same calls and the captured one plans the same instances,
     no further forward is needed for the chain samples (`ChainSampling.finish`)."""
 
-    def __init__(self, path_of: Callable[[], str], capture: CaptureMode, sampling: ChainSampling):
+    def __init__(self, path_of: Callable[[], str], capture: CaptureMode, sampling: ChainSampling, *,
+                 entered: Callable[[str], int] = lambda path: 0):
         ChainSampler.__init__(self, sampling.reference, sampling.sampled, sampling.sink, sampling.bound,
-                              path_of=path_of,
+                              sampling.returned, path_of=path_of, entered=entered,
                               stable=sampling.writer.stable if sampling.writer is not None else frozenset())
         self.capture = capture
         self.timings = []
@@ -384,6 +447,8 @@ class ChainSampling:
         self.files: list[Path] = []
         self.write_s = 0.0  # seconds spent writing sample files
         self.bindings: dict[str, list[dict[str, Any] | str]] = {}  # card id -> per instance: binding or why not
+        # id(instance) -> its binding, from its chain's last member until its module returns (`returned`)
+        self._returning: dict[int, dict[str, Any] | str] = {}
         self.binds = [p for p in (*found.planned, *found.bound) if p.bind] if model is not None else []
         for p in found.planned:
             p.bind = p.bind and model is not None
@@ -412,7 +477,13 @@ class ChainSampling:
         p.snap = Snapshot()  # the host copies are on disk now
 
     def bound(self, p: _Planned) -> None:
-        self.bindings.setdefault(p.card_id, []).append(_binding(self.model, p))
+        self._returning[id(p)] = _binding(self.model, p)
+
+    def returned(self, p: _Planned, why: str | None) -> None:
+        """Instance `p`'s module returned: its binding counts where it returned the chain's output, else why not."""
+        b = self._returning.pop(id(p), None)
+        if b is not None:
+            self.bindings.setdefault(p.card_id, []).append(b if why is None or isinstance(b, str) else why)
 
     @contextmanager
     def hooks(self, sampler: ChainSampler) -> Iterator[None]:
@@ -431,7 +502,9 @@ class ChainSampling:
                 h.remove()
             for p in self.binds:  # what an instance cut short by an error or a mismatch still holds
                 p.in_tensors, p.entry = {}, None
-            sampler.entered.clear()
+            # an instance whose module was not seen returning has no binding: its card's instances are not all seen
+            self._returning.clear()
+            sampler.release()
 
     def discard(self) -> None:
         """Remove the sample files written so far."""
@@ -467,10 +540,10 @@ def sample_chains(forward: Callable[[], Any], found: ChainCards, reference: list
     `found.notes`) where the forward's calls differ from the first forward's.
 
     With `model` (the module `forward` runs), each module card's instances are bound too: the card's
-    `chain` facts get the module entry (`class`, `paths`, `args`, `params`, `autocast`) or the notes say
-    why not."""
+    `chain` facts get the module entry (`class`, `paths`, `args`, `params`, `autocast`, `returns`…) or the
+    notes say why not."""
     sampling = ChainSampling(found, reference, folder, model)
-    sampler = ChainSampler(reference, sampling.sampled, sampling.sink, sampling.bound)
+    sampler = ChainSampler(reference, sampling.sampled, sampling.sink, sampling.bound, sampling.returned)
     with sampling.hooks(sampler), torch.no_grad(), sampler:
         forward()
     written = sampling.finish(sampler)
@@ -489,6 +562,9 @@ def _binding(model: torch.nn.Module, p: _Planned) -> dict[str, Any] | str:
     `autocast`), or why that cannot be said."""
     from engine.capture.module_binding import ModuleCardError, class_name, module_binding, proven_state
 
+    if p.called_again:
+        return ("its chain runs on into the next call of its module's forward (called again at once, as in "
+                "`block(block(x))`): a cast would run the whole chain at each call")
     if p.entry is None:
         return "its module's forward was not seen"
     args, kwargs, autocast = p.entry
@@ -547,7 +623,9 @@ def _bind_cards(found: ChainCards, bindings: dict[str, list[dict[str, Any] | str
             # an unbound card its members' eager calls as if a module card could serve them).
             card.chain.update(kind="pattern", unbound=why)
             continue
-        card.chain.update(got[0], paths=list(card.chain["modules"]))
+        # `returns`: every instance was seen returning the chain's output tensor itself (`_return_problem`); a cast
+        # exported before captures checked it has no such fact, and audit says its returns are unchecked
+        card.chain.update(got[0], paths=list(card.chain["modules"]), returns="output")
         if states and all(x is not None for x in states):
             card.chain["states"] = [x for i, x in enumerate(states) if x not in states[:i]]
 

@@ -135,13 +135,17 @@ def _lca(a: str, b: str) -> str:
 class ChainTrace(TorchDispatchMode):
     """Record the data flow of every ATen call made under it (see the module docstring).
 
-    `path_of()` names the module running now (engine.capture.recorder.ModulePaths.current); `time_calls`
-    times each call on the host (for CPU traces; leave it off on a GPU, where the capture's events count).
+    `path_of()` names the module running now (engine.capture.recorder.ModulePaths.current) and `entered(path)`
+    how many times that module was called so far (ModulePaths.entered): a call starts another invocation of its
+    module where either changed since the last call. `time_calls` times each call on the host (for CPU traces;
+    leave it off on a GPU, where the capture's events count).
     """
 
-    def __init__(self, path_of: Callable[[], str] = lambda: ROOT, *, time_calls: bool = False):
+    def __init__(self, path_of: Callable[[], str] = lambda: ROOT, *, time_calls: bool = False,
+                 entered: Callable[[str], int] = lambda path: 0):
         super().__init__()
         self.path_of = path_of
+        self.entered_count = entered
         self.time_calls = time_calls
         self.calls: list[TraceCall] = []
         # id(tensor) -> (value id, storage generation, weak reference): the reference tells a reused id
@@ -188,9 +192,12 @@ class ChainTrace(TorchDispatchMode):
             return NotImplemented
         kwargs = kwargs or {}
         path = self.path_of()
-        if path != self._last_path:
+        # Without the count, a module called twice in a row was one invocation, and its two calls one module chain
+        # that a cast served at each call: `act(act(x))` computed act four times.
+        entered = (path, self.entered_count(path))
+        if entered != self._last_path:
             self._invocations[path] += 1
-            self._last_path = path
+            self._last_path = entered
         bound = bind_arguments(func, args, kwargs)
         reads = []
         for name, v in bound:
@@ -489,9 +496,15 @@ def _module_of(calls: list[TraceCall], members: list[int], scope: str) -> str | 
     inv = {c.invocation for c in (calls[i] for i in members) if c.path == scope}
     if len(inv) > 1:
         return None
-    if first > 0 and under(calls[first - 1]) and calls[first - 1].index not in members:
+
+    def beside(c: TraceCall) -> bool:
+        """A call next to the members that may be the same invocation's: under the module, and not one of its
+        own calls of another invocation (`act(act(x))`: the first call's last member and the second's first)."""
+        return under(c) and not (c.path == scope and inv and c.invocation not in inv)
+
+    if first > 0 and beside(calls[first - 1]) and calls[first - 1].index not in members:
         return None
-    if last + 1 < len(calls) and under(calls[last + 1]):
+    if last + 1 < len(calls) and beside(calls[last + 1]):
         return None
     span = range(first, last + 1)
     return scope if all(i in members for i in span if under(calls[i])) and \
@@ -510,7 +523,7 @@ def patterns(chains: list[Chain]) -> list[ChainPattern]:
 def trace_forward(model: torch.nn.Module, forward: Callable[[], Any], *, time_calls: bool = True) -> ChainTrace:
     """Run `forward()` once under a ChainTrace with module paths tracked; returns the trace."""
     paths = ModulePaths(model, {})
-    mode = ChainTrace(paths.current, time_calls=time_calls)
+    mode = ChainTrace(paths.current, time_calls=time_calls, entered=paths.entered)
     with paths, torch.no_grad(), mode:
         forward()
     return mode

@@ -64,6 +64,53 @@ def module_state(module: torch.nn.Module) -> dict[str, Any] | None:
     return out
 
 
+def held(v: Any) -> Any:
+    """`v` as it is now, for `same` to compare after a forward: lists, tuples and dicts copied item by item, the rest
+    held as is (plain values compare by value, other objects by identity)."""
+    if isinstance(v, (list, tuple)):
+        return (type(v), [held(x) for x in v])
+    if type(v) is dict:
+        return (dict, {k: held(x) for k, x in v.items()})
+    return v
+
+
+def attributes_held(module: torch.nn.Module) -> dict[str, Any]:
+    """The instance's own attributes (those `module_state` reads) as they are now, objects held, not described:
+    what `attributes_changed` compares after its forward. `module_state` is None for a module holding a tensor
+    or another object, so it cannot tell a forward that keeps its output (`self.last = y`) from one that
+    changes nothing."""
+    return {name: held(v) for name, v in vars(module).items()
+            if name not in _MODULE_INTERNALS and name not in IGNORED_STATE}
+
+
+def same(a: Any, b: Any) -> bool:
+    """Whether two `held` values are alike: containers item by item, plain values by value, others by identity."""
+    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) == 2 and a[0] is b[0] and \
+            a[0] in (list, tuple, dict):  # a container, as `held` keeps it
+        x, y = a[1], b[1]
+        if isinstance(x, dict):
+            return list(x) == list(y) and all(same(x[k], y[k]) for k in x)
+        return len(x) == len(y) and all(same(u, w) for u, w in zip(x, y))
+    if isinstance(a, (*_PLAIN, torch.dtype, torch.device)) and type(a) is type(b):
+        return a == b  # a plain value recomputed alike (`self.scale = 1 / d ** 0.5`) is no change
+    return a is b
+
+
+def arguments_changed(before: Any, args: tuple) -> list[int]:
+    """The positions of a forward's arguments that are not what `held(args)` kept before it ran (a list it was
+    passed and appended to, a dict it wrote into): a cast that runs its plan instead would leave them as they were."""
+    _, items = before
+    return [k for k, (a, b) in enumerate(zip(items, args)) if not same(a, held(b))]
+
+
+def attributes_changed(before: dict[str, Any], module: torch.nn.Module) -> list[str]:
+    """The names of the instance's own attributes that are not what they were in `attributes_held`: set, deleted,
+    another object (a tensor it keeps), or a container holding other objects (a list appended to)."""
+    after = attributes_held(module)
+    return [k for k in sorted(set(before) | set(after))
+            if k not in before or k not in after or not same(before[k], after[k])]
+
+
 # Where a proven state records the module's submodules (`proven_state`): no attribute of a module's own.
 SUBTREE = "_kforge_submodules"
 
@@ -136,17 +183,24 @@ def state_difference(state: dict[str, Any] | None, states: list[dict[str, Any]])
 
 def module_binding(module: torch.nn.Module, args: tuple, inputs: list[torch.Tensor]) -> dict[str, Any]:
     """The `args`/`params` of a module entry for a proven call: each chain input (the tensors `in0..inN`
-    were) found by identity among the forward's positional `args`, then the module's parameters and buffers."""
-    from engine.capture.signature import encode_value
+    were) found by identity among the forward's positional `args`, then the module's parameters and buffers.
+    Raises ModuleCardError for an argument that is neither a chain input nor a value the guard can compare."""
+    from engine.capture.signature import decode_value, encode_value
 
     def index(t: Any) -> int | None:
         return next((i for i, x in enumerate(inputs) if x is t), None)
 
     out_args = []
-    for a in args:
+    for k, a in enumerate(args):
         i = index(a) if isinstance(a, torch.Tensor) else None
         if isinstance(a, torch.Tensor) and i is None:
             raise ModuleCardError("a tensor argument of the forward is not a chain input")
+        if i is None:
+            try:  # a dict or an object is described only by its repr, which the install cannot read back
+                decode_value(encode_value(a))
+            except ValueError:
+                raise ModuleCardError(f"argument {k} of the forward is a {type(a).__name__}, which the cast's "
+                                      "guard cannot compare") from None
         out_args.append({"input": i} if i is not None else {"value": encode_value(a)})
     params = []
     for name, t in [*module.named_parameters(), *module.named_buffers()]:

@@ -278,6 +278,7 @@ class ModulePaths:
         # Longest prefix first, so the most specific multiplicity wins.
         self.multiplicity = sorted(multiplicity.items(), key=lambda kv: -len(kv[0]))
         self._weights: dict[str, int] = {}
+        self._entered: dict[str, int] = {}
 
     def __enter__(self) -> ModulePaths:
         for name, module in self.root.named_modules():
@@ -296,6 +297,7 @@ class ModulePaths:
     def _push(self, name: str):
         def hook(module, args):
             self.stack.append(name)
+            self._entered[name] = self._entered.get(name, 0) + 1
         return hook
 
     def _pop(self, name: str):
@@ -307,6 +309,11 @@ class ModulePaths:
 
     def current(self) -> str:
         return self.stack[-1] if self.stack else TOP_LEVEL
+
+    def entered(self, path: str) -> int:
+        """How many times the module at `path` has been called so far: a module called twice in a row, with no
+        other module's call between (`act(act(x))`), is two invocations though the path never changed."""
+        return self._entered.get(path, 0)
 
     def weight(self, path: str) -> int:
         w = self._weights.get(path)

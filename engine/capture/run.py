@@ -372,7 +372,7 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     paths = ModulePaths(target.module, target.multiplicity)
     progress("warm-up forward" + (" (traced for chains)" if chains else ""))
     # The warm-up's trace plans the chain samples, so the captured forward can take them (chain_cards says how).
-    warm_trace = MemberTrace(paths.current, None) if chains else None
+    warm_trace = MemberTrace(paths.current, None, entered=paths.entered) if chains else None
     with paths, below, (warm_trace if warm_trace is not None else contextlib.nullcontext()):
         warm_out = _run_forward(config, target.forward, "warm-up", device)
     warm_probe = _output_probe(warm_out)  # outside the trace: its own ops are no part of the model
@@ -426,7 +426,8 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         # region around the op holds none of the trace's bookkeeping.
         trace = None
         if chains:
-            trace = MemberTrace(paths.current, mode) if early is None else CapturingSampler(paths.current, mode, early)
+            trace = (MemberTrace(paths.current, mode, entered=paths.entered) if early is None
+                     else CapturingSampler(paths.current, mode, early, entered=paths.entered))
         with paths, (early.hooks(trace) if early is not None else contextlib.nullcontext()):
             try:
                 with torch.no_grad(), below, mode, (trace if trace is not None else contextlib.nullcontext()):

@@ -165,6 +165,8 @@ def _module_problem(v: dict[str, Any]) -> str | None:
         return "module entry: 'training' is not true or false"
     if "class_path" in m and not isinstance(m["class_path"], str):
         return "module entry: 'class_path' is not a dotted class name"
+    if "returns" in m and m["returns"] != "output":
+        return "module entry: 'returns' is not 'output'"
     sig = v.get("signature")
     if not isinstance(sig, dict) or not isinstance(sig.get("chain"), dict) or sig.get("op") != CHAIN_OP:
         return "a chain variant's signature is not a chain card's"

@@ -739,20 +739,11 @@ def _overlaps(t: torch.Tensor) -> bool:
 
 def _plain_state(mods: list[torch.nn.Module]) -> list[tuple[dict, str, Any]]:
     """(namespace, name, value) of every plain attribute a forward may read: the modules' own (eps, training,
-    ...), and those of the other objects they hold, one level down (a transformers config, whose
-    `_attn_implementation` and flags a forward reads at every call), each object once."""
-    out, seen = [], set()
-    for m in mods:
-        for k, v in m.__dict__.items():
-            if k == "forward" or k == modules.ROUTE_ATTR or k in _MODULE_TABLES:
-                continue
-            if modules.plain_value(v):
-                out.append((m.__dict__, k, v))
-            elif (not isinstance(v, (torch.nn.Module, torch.Tensor)) and id(v) not in seen
-                  and isinstance(getattr(v, "__dict__", None), dict) and not callable(v)):
-                seen.add(id(v))
-                out += [(v.__dict__, a, x) for a, x in v.__dict__.items() if modules.plain_value(x)]
-    return out
+    ...), and those of the other objects they hold, one level down (`modules.held_object_state`: a transformers
+    config, whose `_attn_implementation` and flags a forward reads at every call)."""
+    own = [(m.__dict__, k, v) for m in mods for k, v in m.__dict__.items()
+           if k != "forward" and k != modules.ROUTE_ATTR and k not in _MODULE_TABLES and modules.plain_value(v)]
+    return own + modules.held_object_state(mods)
 
 
 _MODULE_TABLES = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"})

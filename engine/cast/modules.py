@@ -25,8 +25,9 @@ held at install, with the same `_version`, data pointer, dtype, shape and stride
 it was at install (where, at install, the submodules' classes and attributes equalled a proven instance's,
 where the cast records them: `bind_variant`); no hooks on the module or its submodules and no global module hooks; the module's own
 attributes (eps…) as at install, where they equal a proven instance's (without recorded states: its plain
-attributes as at install), and its training flag as at proof (where the cast records it); the plain
-module-level values its forward reads as at install (forward_reads); autocast as at proof; no grad needed (grad enabled and an
+attributes as at install), and its training flag as at proof (where the cast records it); the plain attributes
+of the objects it and its submodules hold, one level down (a config), as at install (`held_object_state`); the
+plain module-level values its forward reads as at install (forward_reads); autocast as at proof; no grad needed (grad enabled and an
 input or parameter requiring grad); not while Dynamo or the JIT traces, or a dispatch mode is active (a capture must see
 the ATen calls).
 Anything else runs the original forward. Coverage is never wider than what was proven; a decline costs
@@ -36,8 +37,9 @@ Binding (the module entry of a variant, `engine.cast.format`): `args` lists the 
 arguments, each `{"input": i}` (the chain's `in<i>`) or `{"value": v}` (a plain value that must be equal);
 `params` maps chain inputs to tensors the module holds, `{"name": "weight", "input": 1}` (a parameter or
 buffer, dotted names for submodules), bound by identity at install. A chain of a module has one output,
-the forward's return value; chains with several outputs, or members that write an input, are declined at
-install.
+the forward's return value (the capture binds a module card only where the forward returned that tensor
+itself: engine.capture.chain_cards); chains with several outputs, or members that write an input, are
+declined at install.
 """
 
 from __future__ import annotations
@@ -105,6 +107,20 @@ def plain_value(v: Any) -> bool:
     if type(v) is dict:
         return len(v) <= _SMALL and all(isinstance(k, _SCALARS) and plain_value(x) for k, x in v.items())
     return False
+
+
+def held_object_state(mods: Iterable[torch.nn.Module]) -> list[tuple[dict, str, Any]]:
+    """(namespace, name, value) of the plain attributes of the other objects these modules hold, one level down
+    (a transformers config, whose flags a forward reads at every call: `self.config.output_gate`), each object
+    once. Tensors, modules, classes and callables are not such objects."""
+    out, seen = [], set()
+    for m in mods:
+        for k, v in m.__dict__.items():
+            if (k != ROUTE_ATTR and not plain_value(v) and not isinstance(v, (torch.nn.Module, torch.Tensor, type))
+                    and id(v) not in seen and isinstance(getattr(v, "__dict__", None), dict) and not callable(v)):
+                seen.add(id(v))
+                out += [(v.__dict__, a, x) for a, x in v.__dict__.items() if plain_value(x)]
+    return out
 
 
 def grouped(state: list[tuple[dict, str, Any]]) -> list[tuple[dict, Any, Any]]:
@@ -317,6 +333,9 @@ class ModuleRoute(NotCopied):
         # `eps` computes something else than the plan. One list, read in one pass per call (a leaf has none)
         self.tree = self.modules_held + grouped([(m.__dict__, k, v) for m in list(module.modules())[1:]
                                                  for k, v in m.__dict__.items() if k != ROUTE_ATTR and plain_value(v)])
+        # the plain attributes of the objects the module and its submodules hold (a config), as at install: a forward
+        # branching on `self.cfg.both` returned a tuple once it was set, and the route went on returning the tensor
+        self.held = grouped(held_object_state(module.modules()))
         self.active = True
 
     @property
@@ -365,6 +384,9 @@ class ModuleRoute(NotCopied):
         if self.tree and not self._tree_unchanged():
             st.decline("modules changed" if not self._tree_unchanged(self.modules_held) else
                        "submodule attributes changed")
+            return self.original(*args, **kwargs)
+        if self.held and not self._tree_unchanged(self.held):
+            st.decline("held object's attributes changed")
             return self.original(*args, **kwargs)
         m = self.module()
         if m is None or (v.training is not None and m.training != v.training):
@@ -472,7 +494,11 @@ def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], c
             key.append(descriptor_key(inputs[i], dev_index))
             arg_inputs.append((k, i))
         else:
-            key.append(("value", value_key(decode_value(a.get("value")), dev_index)))
+            try:
+                value = decode_value(a.get("value"))
+            except ValueError:  # a cast written before the capture refused such arguments: `{"repr": "{}"}`
+                raise ModuleCardError(f"argument {k} is a value the guard cannot compare ({a.get('value')!r})") from None
+            key.append(("value", value_key(value, dev_index)))
     bound = []
     for p in params:
         i, name = int(p["input"]), p["name"]

@@ -30,6 +30,11 @@ def chain_view(v: dict[str, Any]) -> dict[str, str] | None:
     out = {"label": chain_label(chain, text), "dispatch": chain_dispatch(kind, module.get("class"),
                                                                          module.get("paths") or ()),
            "inputs": chain_inputs(text)}
+    if module and module.get("returns") != "output":
+        # a cast exported before captures checked that each proven forward returned the chain's output itself
+        out["returns"] = ("not checked against the chain's output (the cast predates that check): a module whose "
+                          "forward returns more (a tuple, a dict) would get that tensor alone; export it again from "
+                          "a new capture")
     if module and not any(SUBTREE in s for s in module.get("states") or ()):
         # a cast written before they were recorded, or a module whose own attributes are not plain values
         out["submodules"] = ("not compared with the proof's (the cast records none): a module of its class "
@@ -286,6 +291,8 @@ def audit_text(doc: dict[str, Any], path: str) -> str:
             line += f"\n      served by: {cv['dispatch']}"
             if cv.get("submodules"):
                 line += f"\n      submodules: {cv['submodules']}"
+            if cv.get("returns"):
+                line += f"\n      return value: {cv['returns']}"
         if v.get("targets") is not None:
             line += f"\n      proven for: {', '.join(v['targets']) or 'no target'}"
         if v.get("verify"):
