@@ -58,8 +58,8 @@ _APPLYING = threading.local()
 # How patterns are traced and matched; part of Inductor's cache keys, so a graph rewritten by an older rule is
 # never served again (2: chains holding an op the cast keeps out of the decompositions are traced with it kept;
 # 3: kept only at the sizes the veto keeps it, those of the cast's op variants; 4: a match is replaced only
-# where its sizes can be a variant's).
-PATTERN_TRACE = 4
+# where its sizes can be a variant's; 5: a literal matches only one of its own type and bits, `_Exact`).
+PATTERN_TRACE = 5
 MISS_KEYS = 4                      # distinct inputs of missed calls kept per pattern op, to explain misses
 MAX_OUTPUT_SUBSETS = 8             # a chain with more outputs gets patterns for its full set and singles only
 _RANDOM_OPS = ("rand", "dropout", "bernoulli", "normal", "multinomial", "uniform", "exponential")
@@ -476,12 +476,55 @@ def _reads_all(gm: torch.fx.GraphModule, n: int) -> bool:
     return sum(1 for p in gm.graph.nodes if p.op == "placeholder" and p.users) == n
 
 
+class _Exact:
+    """A literal of a pattern that a graph's argument matches only with its type and bits: Inductor's matcher
+    compares constants with `!=`, for which 3 == 3.0, True == 1 and -0.0 == 0.0. On integer tensors `x * 3.0`
+    is a float tensor and `x * 3` an integer one; `1 / (x * -0.0)` is -inf where `1 / (x * 0.0)` is inf."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: bool | int | float):
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _Exact):
+            other = other.value
+        if type(other) is not type(self.value):
+            return False
+        if isinstance(other, float):
+            return repr(other) == repr(self.value)  # -0.0 and 0.0 apart, nan equal to itself
+        return other == self.value
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    def __hash__(self) -> int:
+        return hash((type(self.value), repr(self.value)))
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+def _exact(v: Any) -> Any:
+    if type(v) in (bool, int, float):
+        return _Exact(v)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_exact(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _exact(x) for k, x in v.items()}
+    return v
+
+
 def _pattern_of(gm: torch.fx.GraphModule, n: int) -> Any:
     from torch._inductor.pattern_matcher import fx_to_pattern
 
     names = [f"in{i}" for i in range(n)]
-    # Literal sizes and scalars: a match is exactly the card's computation; only the device may differ
-    # (the trace may run on the meta device).
+    # Literal sizes and scalars, each of its own type and bits (`_Exact`): a match is exactly the card's
+    # computation; only the device may differ (the trace may run on the meta device).
+    gm = copy.deepcopy(gm)
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            node.args, node.kwargs = _exact(node.args), _exact(dict(node.kwargs))
     return fx_to_pattern(gm, ignore_types=(torch.device,), argnames=names, exclusive_arg_names=names)
 
 
