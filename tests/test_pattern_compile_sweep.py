@@ -179,3 +179,11 @@ def test_a_literal_matches_only_one_of_its_own_type_and_bits(name):
     # eager returns float32 (and the reverse); one proven for `1 / (relu(x) * 0.0)` turned B's -inf into +inf.
     out = sweep_case(name, plain=False)
     assert not out.problems and out.plan_calls == 0, "\n".join(out.problems)
+
+
+def test_a_hit_returns_the_strides_the_compiled_graph_was_promised():
+    # GroupNorm -> SiLU on a channels-last CPU model: the card's variant (eager's chain) returns a channels-last
+    # output, as eager does, while the op's fake implementation (PyTorch's meta kernel) promised a contiguous one:
+    # the compiled model raised "expected ... stride 1==16 at dim=1" from the op's first call.
+    out = sweep_model("groupnorm+silu fp32 channels-last", plain=False)
+    assert not out.problems and out.plan_calls == 2, "\n".join(out.problems)

@@ -115,7 +115,11 @@ class PatternOp:
         if plan is not None and not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
             self.hits += 1
             plan.hits = getattr(plan, "hits", 0) + 1
-            return _unaliased(list(plan(list(inputs))), inputs)  # the card's layouts: eager's strides, proven
+            # Eager's strides, as proven, can differ from those the fake implementation promised the compiled code
+            # (the meta kernel of CPU native_group_norm gives a channels-last input a contiguous output; eager
+            # keeps it channels-last): laid out as promised, or the graph raises, or without its size asserts
+            # reads the output with the wrong strides.
+            return self._as_promised(_unaliased(list(plan(list(inputs))), inputs), inputs)
         self.misses += 1
         if len(self.miss_keys) < MISS_KEYS:
             seen = describe_key(key)
@@ -126,7 +130,8 @@ class PatternOp:
     def _as_promised(self, outs: list[torch.Tensor], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The outputs with the strides the fake implementation gave the compiled code for these inputs.
         Inductor lays out the op's inputs by the graph's fake strides, which need not be eager's; the traced
-        graph a miss runs then returns other strides than the fake did (the graph asserts them)."""
+        graph a miss runs then returns other strides than the fake did (the graph asserts them), and a hit's
+        variant returns eager's, which some meta kernels do not give (a copy, only where they differ)."""
         if any(t.device.type == "meta" or torch._subclasses.fake_tensor.is_fake(t) for t in inputs):
             return outs
         key = tuple((t.dtype, t.device, tuple(t.shape), t.stride()) for t in inputs)
