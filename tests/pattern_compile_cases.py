@@ -56,9 +56,9 @@ def _rms(eps):
     return f
 
 
-def _gn(groups):
+def _gn(groups, eps=1e-5):
     def f(x):
-        return F.silu(F.group_norm(x, groups, eps=1e-5)) * 2.0
+        return F.silu(F.group_norm(x, groups, eps=eps)) * 2.0
     return f
 
 
@@ -87,6 +87,16 @@ def _two_out(x):
     return h, torch.tanh(h) + x
 
 
+def _bound_to_intermediate(x, y):
+    s = torch.sigmoid(x)
+    return s * s + y
+
+
+def _product_twice(x, w, b):
+    h = x * w
+    return (h + h).tanh() + b
+
+
 def _neg_zero(zero):
     def f(x):
         return torch.reciprocal(torch.relu(x).mul(zero).sub(0.0)).clamp(-5.0, 5.0) + x
@@ -100,6 +110,13 @@ CASES: dict[str, Case] = {
     # a constant other than the proven one
     "rms eps": Case(_rms(1e-6), _rms(1e-2), params=(6,), fire="no"),
     "group count": Case(_gn(2), _gn(4), shape=(2, 4, 3, 3), fire="no"),
+    "group norm eps": Case(_gn(2), _gn(2, eps=1e-2), shape=(2, 4, 3, 3), fire="no"),
+    "layer norm eps": Case(lambda x: F.layer_norm(x, (6,), eps=1e-5) * 2.0, lambda x: F.layer_norm(x, (6,), eps=1e-2) * 2.0,
+                           fire="no"),
+    "softmax in float32 or not": Case(lambda x: torch.softmax(x.to(BF16), -1, dtype=F32) * 2.0,
+                                      lambda x: torch.softmax(x.to(BF16), -1).float() * 2.0, fire="no"),
+    "bf16 round trip added": Case(lambda x: (x * 3.0).sigmoid(), lambda x: (x * 3.0).to(torch.bfloat16).float().sigmoid(),
+                                  fire="no"),
     "leaky slope": Case(lambda x: F.leaky_relu(x * 2.0, 0.01) + 1.0, lambda x: F.leaky_relu(x * 2.0, 0.2) + 1.0,
                         fire="no"),
     "add alpha": Case(lambda x, y: torch.add(x, y, alpha=2).sigmoid(), lambda x, y: torch.add(x, y, alpha=3).sigmoid(),
@@ -142,6 +159,8 @@ CASES: dict[str, Case] = {
                                       fire="no"),
     "in-place variant": Case(lambda x, y: (x * y + 1.0).tanh(), lambda x, y: (x * y).add_(1.0).tanh(),
                              params=("x",)),
+    "intermediate bound as an input": Case(lambda x, y: torch.sigmoid(x) * y, _bound_to_intermediate, params=("x",)),
+    "product bound as the addend": Case(lambda x, w, b: (x * w + b).tanh(), _product_twice, params=("x", "x")),
     # the pattern beside, inside or around other chains
     "graph break inside": Case(lambda x, y: (torch.sigmoid(x) * y) * 2.0 + 1.0, _graph_break, params=("x",)),
     "twice with shared inputs": Case(lambda x, y: torch.sigmoid(x) * y, _twice, params=("x",)),
@@ -153,6 +172,9 @@ CASES: dict[str, Case] = {
     "bf16 model, fp32 card": Case(lambda x, w: (x * w + 1.0).sigmoid(), lambda x, w: (x * w + 1.0).sigmoid(),
                                   params=(6,), b_dtype=BF16, fire="no"),
     "dynamic, other size": Case(_rms(1e-6), _rms(1e-6), shape=(4, 6), params=(6,), dynamic=True, b_shape=(7, 6)),
+    "automatic dynamic batch": Case(_rms(1e-6), _rms(1e-6), shape=(4, 6), params=(6,), dynamic=None, b_shape=(7, 6)),
+    "automatic dynamic pointwise": Case(lambda x, y: torch.sigmoid(x) * y * 2.0, lambda x, y: torch.sigmoid(x) * y * 2.0,
+                                        shape=(4, 6), params=("x",), dynamic=None, b_shape=(7, 6)),
     "dynamic pointwise, other size": Case(lambda x, y: torch.sigmoid(x) * y * 2.0, lambda x, y: torch.sigmoid(x) * y * 2.0,
                                           shape=(4, 6), params=("x",), dynamic=True, b_shape=(7, 6)),
 }

@@ -511,11 +511,13 @@ class _Exact:
 
 
 def _exact(v: Any) -> Any:
+    from torch.fx.immutable_collections import immutable_dict, immutable_list
+
     if type(v) in (bool, int, float):
         return _Exact(v)
-    if isinstance(v, (list, tuple)):
+    if type(v) in (list, tuple, immutable_list):  # not torch.Size and kin, which hold ints only
         return type(v)(_exact(x) for x in v)
-    if isinstance(v, dict):
+    if type(v) in (dict, immutable_dict):
         return {k: _exact(x) for k, x in v.items()}
     return v
 
