@@ -187,3 +187,12 @@ def test_a_hit_returns_the_strides_the_compiled_graph_was_promised():
     # the compiled model raised "expected ... stride 1==16 at dim=1" from the op's first call.
     out = sweep_model("groupnorm+silu fp32 channels-last", plain=False)
     assert not out.problems and out.plan_calls == 2, "\n".join(out.problems)
+
+
+@pytest.mark.parametrize("name", ["sum dtype", "cumsum dtype"])
+def test_a_keyword_argument_the_pattern_lacks_must_be_at_its_default(name):
+    # Inductor's matcher compares only the keyword arguments its pattern has: the card of `x.sum(-1)` replaced
+    # `x.sum(-1, dtype=torch.float64)` (and cumsum's), and the compiled model returned float32 where eager gives
+    # float64.
+    out = sweep_case(name, plain=False)
+    assert not out.problems and out.plan_calls == 0, "\n".join(out.problems)

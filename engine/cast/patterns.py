@@ -58,8 +58,9 @@ _APPLYING = threading.local()
 # How patterns are traced and matched; part of Inductor's cache keys, so a graph rewritten by an older rule is
 # never served again (2: chains holding an op the cast keeps out of the decompositions are traced with it kept;
 # 3: kept only at the sizes the veto keeps it, those of the cast's op variants; 4: a match is replaced only
-# where its sizes can be a variant's; 5: a literal matches only one of its own type and bits, `_Exact`).
-PATTERN_TRACE = 5
+# where its sizes can be a variant's; 5: a literal matches only one of its own type and bits, `_Exact`;
+# 6: a matched call's keyword arguments the pattern lacks must be at their defaults).
+PATTERN_TRACE = 6
 MISS_KEYS = 4                      # distinct inputs of missed calls kept per pattern op, to explain misses
 MAX_OUTPUT_SUBSETS = 8             # a chain with more outputs gets patterns for its full set and singles only
 _RANDOM_OPS = ("rand", "dropout", "bernoulli", "normal", "multinomial", "uniform", "exponential")
@@ -607,6 +608,26 @@ def _could_be(shapes: Sequence[tuple], proven: tuple) -> bool:
     return len(shapes) == len(proven) and all(may_have_sizes(s, p) for s, p in zip(shapes, proven))
 
 
+def _no_other_keywords(match: Any) -> bool:
+    """Whether every matched call passes no keyword argument its pattern lacks, other than at its default.
+    Inductor's matcher compares only the keywords the pattern has: a card traced from `x.sum(-1)` matched
+    `x.sum(-1, dtype=torch.float64)` and `cumsum(x, -1, dtype=torch.float64)`, and the compiled model returned
+    float32 where eager returns float64."""
+    for pat, node in match.ctx.pattern_to_node.items():
+        pat_kwargs = getattr(pat, "kwargs", None)
+        if not isinstance(node, torch.fx.Node) or node.op != "call_function" or not isinstance(pat_kwargs, dict):
+            continue
+        extra = [k for k in node.kwargs if k not in pat_kwargs]
+        if not extra:
+            continue
+        schema = getattr(node.target, "_schema", None)
+        defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()} \
+            if schema is not None else {}
+        if not all(k in defaults and _exact(defaults[k]) == node.kwargs[k] for k in extra):
+            return False
+    return True
+
+
 def _register(bp: BuiltPattern, pm: Any) -> None:
     from torch._inductor.pattern_matcher import register_graph_pattern
 
@@ -615,6 +636,8 @@ def _register(bp: BuiltPattern, pm: Any) -> None:
     outputs = bp.outputs
 
     def check(match: Any) -> bool:
+        if not _no_other_keywords(match):
+            return False
         shapes = []
         for i, (device, dtype) in enumerate(bp.devices):
             v = match.kwargs[f"in{i}"].meta.get("val")
