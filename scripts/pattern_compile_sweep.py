@@ -69,7 +69,7 @@ def main() -> int:
             m, inputs = build("cpu", None, name, 0)
             every.update({chain_card_id(s): s for s in chain_signatures(m.eval(), inputs)})
         for name in models:
-            m, inputs = build("cpu", None, name, 1)  # other sizes than the cards' for some
+            m, inputs = build("cpu", None, name, 0)  # the sizes of the cards: the patterns meet each other
             _report(f"every card '{name}'", lambda m=m, i=inputs: compile_and_compare(
                 list(every.values()), m.eval(), [i], False), counts)
     print(f"\n{counts['findings']} finding(s) in {counts['cases']} case(s)")

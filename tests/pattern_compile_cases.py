@@ -97,6 +97,17 @@ def _product_twice(x, w, b):
     return (h + h).tanh() + b
 
 
+def _written_after(x, y):
+    h = torch.sigmoid(x) * y * 2.0
+    y.add_(1.0)
+    return h, y
+
+
+def _written_before(x, y):
+    y.mul_(3.0)
+    return torch.sigmoid(x) * y * 2.0
+
+
 def _neg_zero(zero):
     def f(x):
         return torch.reciprocal(torch.relu(x).mul(zero).sub(0.0)).clamp(-5.0, 5.0) + x
@@ -160,7 +171,12 @@ CASES: dict[str, Case] = {
                                 params=(6,)),
     "broadcast operands swapped": Case(lambda x, w: (x + w).sigmoid() * 2.0, lambda x, w: (w + x).sigmoid() * 2.0,
                                        shape=(4, 6), params=(6,)),
+    "cat order": Case(lambda x, y: torch.cat([x.sigmoid(), y], -1) * 2.0, lambda x, y: torch.cat([y.sigmoid(), x], -1) * 2.0,
+                      params=("x",)),
+    "slice start": Case(lambda x: x[:, 1:].sigmoid() * 2.0, lambda x: x[:, 2:].sigmoid() * 2.0, fire="no"),
     # an intermediate with another reader, views between members, in-place members
+    "input written after the chain": Case(lambda x, y: torch.sigmoid(x) * y * 2.0, _written_after, params=("x",)),
+    "input written before the chain": Case(lambda x, y: torch.sigmoid(x) * y * 2.0, _written_before, params=("x",)),
     "extra reader of an intermediate": Case(lambda x, y: torch.sigmoid(x) * y * 2.0, _extra_reader, params=("x",)),
     "intermediate returned": Case(lambda x: (x * 2.0).sigmoid() + 1.0, _intermediate_out),
     "two outputs, one read": Case(_two_out, lambda x: _two_out(x)[1]),

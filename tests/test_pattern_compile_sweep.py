@@ -95,17 +95,17 @@ def compile_and_compare(cards: list[dict[str, Any]], b: torch.nn.Module, runs: l
     backend = compose.backend(Owner(), patterns=list(zip(cards, plans)))
     out.declined += list(backend.pattern_problems.values())
     with torch.no_grad():
-        wants = [_flat(b(*inputs)) for inputs in runs]
+        wants = [_flat(b(*_fresh(inputs))) for inputs in runs]
         noise = [0.0] * len(runs)
         if plain:
             torch._dynamo.reset()
             fast = torch.compile(b, dynamic=dynamic)
             for i, inputs in enumerate(runs):
-                noise[i] = max((_err(g, w) for g, w in zip(_flat(fast(*inputs)), wants[i])), default=0.0)
+                noise[i] = max((_err(g, w) for g, w in zip(_flat(fast(*_fresh(inputs))), wants[i])), default=0.0)
         torch._dynamo.reset()
         fast = torch.compile(b, backend=backend, dynamic=dynamic)
         for i, inputs in enumerate(runs):
-            gots = _flat(fast(*inputs))
+            gots = _flat(fast(*_fresh(inputs)))
             if len(gots) != len(wants[i]):
                 out.problems.append(f"run {i}: {len(gots)} outputs, eager has {len(wants[i])}")
                 continue
@@ -117,6 +117,11 @@ def compile_and_compare(cards: list[dict[str, Any]], b: torch.nn.Module, runs: l
     out.matches = sum(sum(m.values()) for m in backend.pattern_matches)
     chain_patterns.remove_owner(backend.cast)
     return out
+
+
+def _fresh(inputs: tuple) -> tuple:
+    """A copy of the inputs for each run: a model may write them in place."""
+    return tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in inputs)
 
 
 def _err(got: torch.Tensor, want: torch.Tensor) -> float:
