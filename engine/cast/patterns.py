@@ -9,7 +9,8 @@ From a chain signature (`engine.capture.chains.chain_signature`) this module bui
   the installed torch's Inductor runs before ours (joint-graph and post-grad passes: no-op removal, dead
   code, `view` → `reshape`, dtype round trips some versions drop), so `_to_copy` appears as `prims.convert_element_type`,
   `native_group_norm` as its `var_mean`/`rsqrt`/… decomposition, `silu` as `x / (1 + exp(-x))`. Every
-  non-tensor argument is literal (sizes included): a match computes exactly what the card computes. One
+  non-tensor argument is literal (sizes included) and matches only a constant of its own type and bits (Inductor's
+  matcher alone takes 3 for 3.0 and -0.0 for 0.0: `_Exact`): a match computes exactly what the card computes. One
   pattern per non-empty subset of the chain's outputs, most outputs first, because the compiled graph
   drops outputs nothing reads (GroupNorm's mean and rstd).
 - the **replacement**: a call to `kforge::chain_<digest>` (a `torch.library.custom_op`; its fake
@@ -17,10 +18,13 @@ From a chain signature (`engine.capture.chains.chain_signature`) this module bui
   its inputs (`engine.cast.guard.tensor_key`: dtype, shape, strides, alignment, device) in the table of
   the cast's variants for that pattern: a hit runs the variant, a miss runs `run_chain` (eager for the
   card) when the inputs have the card's shapes, else the pattern's own traced graph (exactly what the
-  compiled graph would have computed). The guard runs per call.
-- the **check at compile time** (`extra_check`): the matched inputs' devices and dtypes are the card's, and
-  some variant that may run under the compile's target was proven for sizes they can have (equal at every
-  concrete size; a symbolic one is left to the runtime guard). A chain's op graph recurs at other sizes
+  compiled graph would have computed). The guard runs per call; a hit's outputs are laid out as the fake
+  implementation promised the compiled code (copied where eager's strides differ from the meta kernels').
+- the **check at compile time** (`extra_check`): no matched call passes a keyword argument its pattern lacks
+  other than at its default (Inductor's matcher ignores those: `x.sum(-1)` matched `x.sum(-1, dtype=torch.float64)`),
+  the matched inputs' devices and dtypes are the card's, and some variant that may run under the compile's
+  target was proven for sizes they can have (equal at every concrete size; a symbolic one is left to the
+  runtime guard). A chain's op graph recurs at other sizes
   (Gemma's RMSNorm: one structure for the q/k norms and the hidden-state norms); a match no variant can
   serve would run the chain eagerly on every call, in place of Inductor's fused code (Gemma under
   torch.compile: 0.24x with one variant covering 2 of 28 matches). Such a match keeps Inductor's code and
