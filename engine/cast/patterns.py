@@ -9,7 +9,8 @@ From a chain signature (`engine.capture.chains.chain_signature`) this module bui
   the installed torch's Inductor runs before ours (joint-graph and post-grad passes: no-op removal, dead
   code, `view` → `reshape`, dtype round trips some versions drop), so `_to_copy` appears as `prims.convert_element_type`,
   `native_group_norm` as its `var_mean`/`rsqrt`/… decomposition, `silu` as `x / (1 + exp(-x))`. Every
-  non-tensor argument is literal (sizes included): a match computes exactly what the card computes. One
+  non-tensor argument is literal (sizes included) and matches only a constant of its own type and bits (Inductor's
+  matcher alone takes 3 for 3.0 and -0.0 for 0.0: `_Exact`): a match computes exactly what the card computes. One
   pattern per non-empty subset of the chain's outputs, most outputs first, because the compiled graph
   drops outputs nothing reads (GroupNorm's mean and rstd).
 - the **replacement**: a call to `kforge::chain_<digest>` (a `torch.library.custom_op`; its fake
@@ -17,10 +18,13 @@ From a chain signature (`engine.capture.chains.chain_signature`) this module bui
   its inputs (`engine.cast.guard.tensor_key`: dtype, shape, strides, alignment, device) in the table of
   the cast's variants for that pattern: a hit runs the variant, a miss runs `run_chain` (eager for the
   card) when the inputs have the card's shapes, else the pattern's own traced graph (exactly what the
-  compiled graph would have computed). The guard runs per call.
-- the **check at compile time** (`extra_check`): the matched inputs' devices and dtypes are the card's, and
-  some variant that may run under the compile's target was proven for sizes they can have (equal at every
-  concrete size; a symbolic one is left to the runtime guard). A chain's op graph recurs at other sizes
+  compiled graph would have computed). The guard runs per call; a hit's outputs are laid out as the fake
+  implementation promised the compiled code (copied where eager's strides differ from the meta kernels').
+- the **check at compile time** (`extra_check`): no matched call passes a keyword argument its pattern lacks
+  other than at its default (Inductor's matcher ignores those: `x.sum(-1)` matched `x.sum(-1, dtype=torch.float64)`),
+  the matched inputs' devices and dtypes are the card's, and some variant that may run under the compile's
+  target was proven for sizes they can have (equal at every concrete size; a symbolic one is left to the
+  runtime guard). A chain's op graph recurs at other sizes
   (Gemma's RMSNorm: one structure for the q/k norms and the hidden-state norms); a match no variant can
   serve would run the chain eagerly on every call, in place of Inductor's fused code (Gemma under
   torch.compile: 0.24x with one variant covering 2 of 28 matches). Such a match keeps Inductor's code and
@@ -58,8 +62,9 @@ _APPLYING = threading.local()
 # How patterns are traced and matched; part of Inductor's cache keys, so a graph rewritten by an older rule is
 # never served again (2: chains holding an op the cast keeps out of the decompositions are traced with it kept;
 # 3: kept only at the sizes the veto keeps it, those of the cast's op variants; 4: a match is replaced only
-# where its sizes can be a variant's).
-PATTERN_TRACE = 4
+# where its sizes can be a variant's; 5: a literal matches only one of its own type and bits, `_Exact`;
+# 6: a matched call's keyword arguments the pattern lacks must be at their defaults).
+PATTERN_TRACE = 6
 MISS_KEYS = 4                      # distinct inputs of missed calls kept per pattern op, to explain misses
 MAX_OUTPUT_SUBSETS = 8             # a chain with more outputs gets patterns for its full set and singles only
 _RANDOM_OPS = ("rand", "dropout", "bernoulli", "normal", "multinomial", "uniform", "exponential")
@@ -115,7 +120,11 @@ class PatternOp:
         if plan is not None and not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
             self.hits += 1
             plan.hits = getattr(plan, "hits", 0) + 1
-            return _unaliased(list(plan(list(inputs))), inputs)  # the card's layouts: eager's strides, proven
+            # Eager's strides, as proven, can differ from those the fake implementation promised the compiled code
+            # (the meta kernel of CPU native_group_norm gives a channels-last input a contiguous output; eager
+            # keeps it channels-last): laid out as promised, or the graph raises, or without its size asserts
+            # reads the output with the wrong strides.
+            return self._as_promised(_unaliased(list(plan(list(inputs))), inputs), inputs)
         self.misses += 1
         if len(self.miss_keys) < MISS_KEYS:
             seen = describe_key(key)
@@ -126,7 +135,8 @@ class PatternOp:
     def _as_promised(self, outs: list[torch.Tensor], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The outputs with the strides the fake implementation gave the compiled code for these inputs.
         Inductor lays out the op's inputs by the graph's fake strides, which need not be eager's; the traced
-        graph a miss runs then returns other strides than the fake did (the graph asserts them)."""
+        graph a miss runs then returns other strides than the fake did (the graph asserts them), and a hit's
+        variant returns eager's, which some meta kernels do not give (a copy, only where they differ)."""
         if any(t.device.type == "meta" or torch._subclasses.fake_tensor.is_fake(t) for t in inputs):
             return outs
         key = tuple((t.dtype, t.device, tuple(t.shape), t.stride()) for t in inputs)
@@ -476,12 +486,57 @@ def _reads_all(gm: torch.fx.GraphModule, n: int) -> bool:
     return sum(1 for p in gm.graph.nodes if p.op == "placeholder" and p.users) == n
 
 
+class _Exact:
+    """A literal of a pattern that a graph's argument matches only with its type and bits: Inductor's matcher
+    compares constants with `!=`, for which 3 == 3.0, True == 1 and -0.0 == 0.0. On integer tensors `x * 3.0`
+    is a float tensor and `x * 3` an integer one; `1 / (x * -0.0)` is -inf where `1 / (x * 0.0)` is inf."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: bool | int | float):
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _Exact):
+            other = other.value
+        if type(other) is not type(self.value):
+            return False
+        if isinstance(other, float):
+            return repr(other) == repr(self.value)  # -0.0 and 0.0 apart, nan equal to itself
+        return other == self.value
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    def __hash__(self) -> int:
+        return hash((type(self.value), repr(self.value)))
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+def _exact(v: Any) -> Any:
+    from torch.fx.immutable_collections import immutable_dict, immutable_list
+
+    if type(v) in (bool, int, float):
+        return _Exact(v)
+    if type(v) in (list, tuple, immutable_list):  # not torch.Size and kin, which hold ints only
+        return type(v)(_exact(x) for x in v)
+    if type(v) in (dict, immutable_dict):
+        return {k: _exact(x) for k, x in v.items()}
+    return v
+
+
 def _pattern_of(gm: torch.fx.GraphModule, n: int) -> Any:
     from torch._inductor.pattern_matcher import fx_to_pattern
 
     names = [f"in{i}" for i in range(n)]
-    # Literal sizes and scalars: a match is exactly the card's computation; only the device may differ
-    # (the trace may run on the meta device).
+    # Literal sizes and scalars, each of its own type and bits (`_Exact`): a match is exactly the card's
+    # computation; only the device may differ (the trace may run on the meta device).
+    gm = copy.deepcopy(gm)
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            node.args, node.kwargs = _exact(node.args), _exact(dict(node.kwargs))
     return fx_to_pattern(gm, ignore_types=(torch.device,), argnames=names, exclusive_arg_names=names)
 
 
@@ -557,6 +612,26 @@ def _could_be(shapes: Sequence[tuple], proven: tuple) -> bool:
     return len(shapes) == len(proven) and all(may_have_sizes(s, p) for s, p in zip(shapes, proven))
 
 
+def _no_other_keywords(match: Any) -> bool:
+    """Whether every matched call passes no keyword argument its pattern lacks, other than at its default.
+    Inductor's matcher compares only the keywords the pattern has: a card traced from `x.sum(-1)` matched
+    `x.sum(-1, dtype=torch.float64)` and `cumsum(x, -1, dtype=torch.float64)`, and the compiled model returned
+    float32 where eager returns float64."""
+    for pat, node in match.ctx.pattern_to_node.items():
+        pat_kwargs = getattr(pat, "kwargs", None)
+        if not isinstance(node, torch.fx.Node) or node.op != "call_function" or not isinstance(pat_kwargs, dict):
+            continue
+        extra = [k for k in node.kwargs if k not in pat_kwargs]
+        if not extra:
+            continue
+        schema = getattr(node.target, "_schema", None)
+        defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()} \
+            if schema is not None else {}
+        if not all(k in defaults and _exact(defaults[k]) == node.kwargs[k] for k in extra):
+            return False
+    return True
+
+
 def _register(bp: BuiltPattern, pm: Any) -> None:
     from torch._inductor.pattern_matcher import register_graph_pattern
 
@@ -565,6 +640,8 @@ def _register(bp: BuiltPattern, pm: Any) -> None:
     outputs = bp.outputs
 
     def check(match: Any) -> bool:
+        if not _no_other_keywords(match):
+            return False
         shapes = []
         for i, (device, dtype) in enumerate(bp.devices):
             v = match.kwargs[f"in{i}"].meta.get("val")
