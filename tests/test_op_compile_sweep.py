@@ -14,7 +14,7 @@ from op_compile_cases import sweep_case
 TESTED = ["gn same", "gn eps -0.0 vs 0.0", "gn no weight", "gn transposed view", "gn misaligned offset",
           "gn bf16 call, fp32 proven", "gn automatic dynamic", "softmax dtype=float32 on bf16",
           "clamp min 0 vs 0.0 on ints", "pow 2.0 vs 2 on ints", "leaky_relu -0.0 vs 0.0", "add_ in place",
-          "sum dtype float64", "addmm beta"]
+          "gelu tanh vs none", "addmm beta", "bmm transposed"]
 
 
 @pytest.fixture(autouse=True)
