@@ -905,6 +905,7 @@ class CastBackend:
         held = _holds(covered_layouts(self.cast, self.target))
         eager = torch.compiler.disable(gm) if held else None
         cast = self.cast
+        static = not _symbolic(gm)
 
         # The graph's calls are made under this compile mode's target: the routers run only the variants
         # proven for it (eager's own calls outside the graph keep theirs).
@@ -913,7 +914,7 @@ class CastBackend:
             if eager is not None and not getattr(cast, "installed", True):
                 self.eager_runs += 1
                 return eager(*args, **kwargs)
-            with runtime.target_scope(target):
+            with runtime.target_scope(target), runtime.static_graph(static):
                 return compiled(*args, **kwargs)
 
         return run_under_target
@@ -931,6 +932,17 @@ class CastBackend:
 
     def reset(self) -> None:
         self.inner.reset()
+
+
+def _symbolic(gm: torch.fx.GraphModule) -> bool:
+    """Whether the graph Dynamo traced has a symbolic size (dynamic shapes) in its inputs."""
+    for node in gm.graph.find_nodes(op="placeholder"):
+        v = node.meta.get("example_value", node.meta.get("val"))
+        if isinstance(v, torch.SymInt) or isinstance(v, torch.Tensor) and (
+                any(isinstance(s, torch.SymInt) for s in v.shape) or
+                any(isinstance(s, torch.SymInt) for s in v.stride())):
+            return True
+    return False
 
 
 def _check_given(mode: str | None, options: dict[str, Any], given: dict[str, Any]) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from engine.cast.guard import OpLayout, bind, key_function, key_strides, layout_of
-from engine.ops import resolve_op, restrided
+from engine.ops import resolve_op, restrided, tensors_of
 
 _LOCK = threading.RLock()
 _ROUTES: dict[tuple[str, str], Route] = {}
@@ -63,6 +63,20 @@ def target_scope(target: str) -> Iterator[None]:
     finally:
         stack.pop()
         cpp_router.set_target(stack[-1] if stack else None)
+
+
+@contextlib.contextmanager
+def static_graph(static: bool) -> Iterator[None]:
+    """Calls made inside the block come from a compiled graph, of static shapes or not: where static, a route
+    gives each result the output strides of the op's meta kernel (`Route._as_promised`)."""
+    stack = getattr(_SCOPE, "static", None)
+    if stack is None:
+        stack = _SCOPE.static = []
+    stack.append(static)
+    try:
+        yield
+    finally:
+        stack.pop()
 
 
 def current_target() -> str:
@@ -130,6 +144,7 @@ class Route:
         self.grad_declines = 0        # hits declined because the call needs autograd
         self.target_declines = 0      # hits declined because the variant was not proven for the call's target
         self.determinism_declines = 0  # hits declined: deterministic algorithms on, the variant may reorder sums
+        self.promised: dict[tuple, Any] = {}  # inputs' layouts -> the meta kernel's output strides (compiled code)
         self.tensor_slots = tuple(i for i, k in enumerate(self.layout.kinds) if k != "value")
         self.lib: torch.library.Library | None = None
         self._register()
@@ -161,6 +176,31 @@ class Route:
             return True
 
     def _dispatch(self, keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        result = self._route(keyset, args, kwargs)
+        static = getattr(_SCOPE, "static", None)
+        if static and static[-1] and not self.layout.writes:
+            return self._as_promised(args, kwargs, result)
+        return result
+
+    def _as_promised(self, args: tuple, kwargs: dict, result: Any) -> Any:
+        """`result` with the output strides the op's meta kernel gives for these inputs: what a graph compiled with
+        static shapes was promised (compiled code reads a fallback's outputs with them, and asserts them). PyTorch's
+        CPU GroupNorm returns a channels-last output for a channels-last input where its meta kernel says
+        contiguous: a kept op, hit or miss, raised in the compiled graph. (With symbolic sizes the fake kernel
+        need not agree with the meta kernel on concrete ones: a graph with dynamic shapes is left as it is.)"""
+        first = args[0] if args else None
+        if isinstance(first, torch.Tensor) and self.op in _HELD and \
+                (tuple(first.shape), key_strides(tuple(first.shape), first.stride())) in _HELD[self.op]:
+            return result   # held inputs: `_original` already gives the strides the graph asserts
+        key = _layout_key(args, kwargs)
+        want = self.promised.get(key, _NOT_KNOWN)
+        if want is _NOT_KNOWN:
+            want = _meta_strides(self.op, args, kwargs)
+            if len(self.promised) < 256:
+                self.promised[key] = want
+        return result if want is None else restrided(result, want)
+
+    def _route(self, keyset: Any, args: tuple, kwargs: dict) -> Any:
         if not self.active or torch.compiler.is_dynamo_compiling():
             self.fallthrough += 1
             return self._original(keyset, args, kwargs)
@@ -304,6 +344,34 @@ def held(op: torch._ops.OpOverload) -> list[tuple[tuple[int, ...], tuple[int, ..
     with _LOCK:
         return sorted(((shape, stride, outs) for (shape, stride), outs in _HELD.get(op, {}).items()),
                       key=lambda h: h[:2])
+
+
+_NOT_KNOWN = object()
+
+
+def _layout_key(args: tuple, kwargs: dict) -> tuple:
+    """What an op's output strides can depend on: each tensor's dtype, shape and strides, every other value."""
+    def one(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return (v.dtype, tuple(v.shape), v.stride())
+        if isinstance(v, (list, tuple)):
+            return tuple(one(x) for x in v)
+        return (type(v), v) if isinstance(v, (bool, int, float, str, type(None), torch.dtype)) else repr(v)
+    return tuple(one(a) for a in args) + tuple((k, one(v)) for k, v in sorted(kwargs.items()))
+
+
+def _meta_strides(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple | None:
+    """Strides of the tensor outputs of `op`'s meta kernel on inputs laid out as these (None: no meta kernel)."""
+    from torch.utils._pytree import tree_map
+
+    def meta(v: Any) -> Any:
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta") \
+            if isinstance(v, torch.Tensor) else v
+    try:
+        out = op(*tree_map(meta, args), **tree_map(meta, kwargs))
+    except Exception:  # noqa: BLE001 - no meta kernel: the outputs are left as the kernel returns them
+        return None
+    return tuple(tuple(t.stride()) for t in tensors_of(out))
 
 
 def _in_compiled_code() -> bool:
