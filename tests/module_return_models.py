@@ -152,6 +152,31 @@ class ConfiguredGate(nn.Module):
         return (y, h) if self.config.return_gate else y
 
 
+class ConfiguredAct(nn.Module):
+    """Its activation and scale come from a config it holds, read at each call (transformers' `ACT2FN[config.act]`
+    and `config.scale`): a model built with another config runs another forward."""
+
+    def __init__(self, d, config):
+        super().__init__()
+        self.w, self.config = nn.Parameter(torch.randn(d)), config
+
+    def forward(self, x):
+        h = x * self.w * self.config.scale
+        return torch.nn.functional.gelu(h) if self.config.act == "gelu" else torch.nn.functional.silu(h)
+
+
+class CountingGate(nn.Module):
+    """Counts its calls in an object it holds (`self.stats.calls += 1`): a cast that skips its forward skips that."""
+
+    def __init__(self, d, stats):
+        super().__init__()
+        self.w, self.stats = nn.Parameter(torch.randn(d)), stats
+
+    def forward(self, x):
+        self.stats.calls += 1
+        return torch.sigmoid(x * self.w) * x
+
+
 class NormAct(nn.Module):
     """A block that only calls its children, a norm then an activation (a GroupNorm -> SiLU block)."""
 
@@ -402,6 +427,26 @@ def configured(seed, g):
     torch.manual_seed(seed)
     config = SimpleNamespace(return_gate=False)
     return Stack(d, lambda i: ConfiguredGate(d, config)).eval(), _x(seed, g)
+
+
+def config_act(seed, g, act="gelu", scale=1.0):
+    """A Stack of ConfiguredActs sharing one config, and its input."""
+    from types import SimpleNamespace
+
+    d = _shapes(seed)[-1]
+    torch.manual_seed(seed)
+    config = SimpleNamespace(act=act, scale=scale)
+    return Stack(d, lambda i: ConfiguredAct(d, config)).eval(), _x(seed, g)
+
+
+def counting(seed, g):
+    """A Stack of CountingGates sharing one stats object, and its input."""
+    from types import SimpleNamespace
+
+    d = _shapes(seed)[-1]
+    torch.manual_seed(seed)
+    stats = SimpleNamespace(calls=0)
+    return Stack(d, lambda i: CountingGate(d, stats)).eval(), _x(seed, g)
 
 
 def _per_instance(seed, g):

@@ -398,7 +398,8 @@ def test_a_captured_module_card_carries_its_binding_and_is_served_in_eager(tmp_p
     assert entry["chain"]["kind"] == "module" and "pattern" not in entry
     assert entry["module"] == {"class": "RMS", "class_path": "test_chains.RMS", "paths": paths,
                                "args": [{"input": 0}], "params": [{"name": "weight", "input": 1}], "autocast": [],
-                               "training": False, "states": card.chain["states"], "returns": "output"}
+                               "training": False, "states": card.chain["states"], "returns": "output",
+                               "held": [{}]}  # it holds nothing: neither plain attributes nor a config
 
     # The toy model as the config builds it: the entry binds to each of its norms, and a cast serves them.
     torch.manual_seed(0)

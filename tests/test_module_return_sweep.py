@@ -13,6 +13,7 @@ argument bound by its repr, which made cast.install raise."""
 from __future__ import annotations
 
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -391,3 +392,66 @@ def test_a_flag_of_a_config_the_module_holds_set_after_install_runs_the_forward(
     assert difference(got, want) is None
     assert {p: (s["hits"], s["declines"]) for p, s in st.items()} == {
         p: (1, {"held object's attributes changed": 1}) for p in ("layers.0.inner", "layers.1.inner")}
+
+
+@pytest.mark.parametrize("changed", [{"act": "silu"}, {"scale": 2.0}])
+def test_a_model_built_with_another_config_than_the_proven_one_runs_its_forward(tmp_path, changed):
+    # The module holds a config and reads it at each call. Its `states` cannot be recorded (a config is no plain
+    # value), so the install held the config as it found it: a cast proven with `act="gelu"` served a model built
+    # with `act="silu"` with the GELU chain, and one built with `scale=2.0` with scale 1.0.
+    from module_return_models import config_act
+
+    import engine.cast
+    from engine.cast.format import CastWarning, write_cast
+
+    manifest, files, report = _exported(captured(*config_act(0, torch.Generator().manual_seed(0))))
+    (entry,) = manifest["variants"]
+    assert entry["module"]["held"] == [entry["module"]["held"][0]]  # both layers hold the one config
+    assert entry["module"]["held"][0][":config.act"] == "gelu"
+    path = tmp_path / "config.cast"
+    write_cast(path, manifest, files, report)
+    model, args = config_act(0, torch.Generator().manual_seed(0), **changed)
+    plan = EagerPlan(entry["signature"])
+    cast = engine.cast.load(path, env=ENV, plans={entry["id"]: plan})
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        cast.install(model)
+    try:
+        with torch.no_grad():
+            got = model(*args)
+        st = cast.stats()["modules"]
+    finally:
+        cast.remove()
+    with torch.no_grad():
+        want = model(*args)
+    assert difference(got, want) is None
+    assert plan.calls == 0 and st == {}
+    (k, v), = changed.items()
+    msgs = [str(w.message) for w in seen if issubclass(w.category, CastWarning)]
+    assert any(f"what it holds differs from the proven module's: :config.{k} {v!r}" in m for m in msgs), msgs
+
+    # the same config as proven: served
+    model, args = config_act(0, torch.Generator().manual_seed(0))
+    cast = engine.cast.load(path, env=ENV, plans={entry["id"]: EagerPlan(entry["signature"])})
+    try:
+        cast.install(model)
+        with torch.no_grad():
+            got = model(*args)
+        st = cast.stats()["modules"]
+    finally:
+        cast.remove()
+    with torch.no_grad():
+        want = model(*args)
+    assert difference(got, want) is None
+    assert {p: s["hits"] for p, s in st.items()} == {"layers.0.inner": 1, "layers.1.inner": 1}
+
+
+def test_a_forward_that_counts_its_calls_in_an_object_it_holds_is_no_module_card():
+    # `self.stats.calls += 1`: the module's own attributes were compared before and after its forward, not those
+    # of the objects it holds, so it bound, and a cast serving it would leave the count where it was.
+    from module_return_models import counting
+
+    found = captured(*counting(0, torch.Generator().manual_seed(0)))
+    assert not [c for c in found.cards if _bound(c)]
+    notes = [v for k, v in found.notes.items() if k.startswith("module card CountingGate")]
+    assert notes and "stats.calls" in notes[0], found.notes

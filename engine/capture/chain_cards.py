@@ -560,7 +560,13 @@ def sample_chains(forward: Callable[[], Any], found: ChainCards, reference: list
 def _binding(model: torch.nn.Module, p: _Planned) -> dict[str, Any] | str:
     """How instance `p`'s module invocation fed its chain (the module entry's `class`, `args`, `params`,
     `autocast`), or why that cannot be said."""
-    from engine.capture.module_binding import ModuleCardError, class_name, module_binding, proven_state
+    from engine.capture.module_binding import (
+        ModuleCardError,
+        class_name,
+        held_description,
+        module_binding,
+        proven_state,
+    )
 
     if p.called_again:
         return ("its chain runs on into the next call of its module's forward (called again at once, as in "
@@ -581,7 +587,7 @@ def _binding(model: torch.nn.Module, p: _Planned) -> dict[str, Any] | str:
     cls = type(module)
     return {"class": cls.__name__, "class_path": class_name(cls), **b,
             "autocast": [list(x) for x in autocast], "training": bool(module.training),
-            "state": proven_state(module)}
+            "state": proven_state(module), "held": held_description(module)}
 
 
 # Calls that hand a tensor's value to the host: a forward that makes one may take another path for other values
@@ -612,6 +618,7 @@ def _bind_cards(found: ChainCards, bindings: dict[str, list[dict[str, Any] | str
         # submodules (classes and attributes) which modules it may serve at all: a forward that calls a
         # child computes what the child does.
         states = [b.pop("state", None) for b in got if not isinstance(b, str)]
+        helds = [b.pop("held", None) for b in got if not isinstance(b, str)]
         if why is None and len(got) != expected[card.card_id]:
             why = f"{expected[card.card_id] - len(got)} of its instances were not seen"
         if why is None and any(b != got[0] for b in got[1:]):
@@ -628,6 +635,9 @@ def _bind_cards(found: ChainCards, bindings: dict[str, list[dict[str, Any] | str
         card.chain.update(got[0], paths=list(card.chain["modules"]), returns="output")
         if states and all(x is not None for x in states):
             card.chain["states"] = [x for i, x in enumerate(states) if x not in states[:i]]
+        # what the instances hold (a config's flags, their own plain attributes), compared at install: a model
+        # built with another config is not the one proven, even where `states` cannot be recorded
+        card.chain["held"] = [x for i, x in enumerate(helds) if x not in helds[:i]]
 
 
 def synthetic_chain_card(folder: Path, signature: dict[str, Any], samples: int = 2, *, device: str = "cuda",

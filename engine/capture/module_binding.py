@@ -74,13 +74,60 @@ def held(v: Any) -> Any:
     return v
 
 
+def held_objects(module: torch.nn.Module) -> list[tuple[str, Any]]:
+    """(attribute name, object) of the other objects the instance holds, one level down: a transformers config, a
+    state object (`self.stats`). Tensors, modules, classes, callables and plain values are not such objects."""
+    return [(k, v) for k, v in vars(module).items()
+            if k not in _MODULE_INTERNALS and k not in IGNORED_STATE and not isinstance(v, (*_PLAIN, torch.dtype,
+            torch.device, list, tuple, dict, torch.nn.Module, torch.Tensor, type))
+            and isinstance(getattr(v, "__dict__", None), dict) and not callable(v)]
+
+
 def attributes_held(module: torch.nn.Module) -> dict[str, Any]:
-    """The instance's own attributes (those `module_state` reads) as they are now, objects held, not described:
-    what `attributes_changed` compares after its forward. `module_state` is None for a module holding a tensor
-    or another object, so it cannot tell a forward that keeps its output (`self.last = y`) from one that
-    changes nothing."""
-    return {name: held(v) for name, v in vars(module).items()
-            if name not in _MODULE_INTERNALS and name not in IGNORED_STATE}
+    """The instance's own attributes (those `module_state` reads) as they are now, objects held, not described,
+    and the attributes of the objects it holds (`held_objects`, as `name.attr`): what `attributes_changed`
+    compares after its forward. `module_state` is None for a module holding a tensor or another object, so it
+    cannot tell a forward that keeps its output (`self.last = y`) or counts its calls in a held object
+    (`self.stats.calls += 1`) from one that changes nothing."""
+    out = {name: held(v) for name, v in vars(module).items()
+           if name not in _MODULE_INTERNALS and name not in IGNORED_STATE}
+    for name, obj in held_objects(module):
+        out.update((f"{name}.{a}", held(x)) for a, x in vars(obj).items())
+    return out
+
+
+def _described(v: Any) -> Any:
+    """`v` as JSON for `held_description` (`_plain`, and dicts with string keys); raises TypeError otherwise."""
+    if type(v) is dict and all(isinstance(k, str) for k in v):
+        return {"dict": {k: _described(x) for k, x in v.items()}}
+    if isinstance(v, (tuple, list)):
+        return [_described(x) for x in v]
+    return _plain(v)
+
+
+def held_description(module: torch.nn.Module) -> dict[str, Any]:
+    """What a module card's plan assumes of an instance beyond its `proven_state`, as JSON: the plain attributes
+    of each module in its tree (`path:name`, the module itself at path ''), and those of the objects they hold
+    one level down (`path:name.attr`: a config's `hidden_act`, `rms_norm_eps`, `use_gate`). `proven_state` is None
+    for a module holding a config, so an install compares this instead: a model built with another config,
+    whose forward reads it at each call, is not the one proven. Values that are not plain are left out."""
+    out: dict[str, Any] = {}
+    for path, m in module.named_modules():
+        items = [(k, v) for k, v in vars(m).items() if k not in _MODULE_INTERNALS and k not in IGNORED_STATE]
+        items += [(f"{k}.{a}", x) for k, obj in held_objects(m) for a, x in vars(obj).items()]
+        for k, v in items:
+            try:
+                out[f"{path}:{k}"] = _described(v)
+            except TypeError:
+                continue
+    return out
+
+
+def held_difference(mine: dict[str, Any], proven: dict[str, Any]) -> str:
+    """What differs between two `held_description`s, for a message: `:config.hidden_act 'gelu' (proven 'silu')`."""
+    diffs = [f"{k} {mine.get(k, '(none)')!r} (proven {proven.get(k, '(none)')!r})"
+             for k in sorted(set(mine) | set(proven)) if mine.get(k) != proven.get(k)]
+    return ", ".join(diffs[:3]) or "what it holds"
 
 
 def same(a: Any, b: Any) -> bool:

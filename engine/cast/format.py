@@ -161,6 +161,9 @@ def _module_problem(v: dict[str, Any]) -> str | None:
     states = m.get("states", [])
     if not isinstance(states, list) or not all(isinstance(x, dict) for x in states):
         return "module entry: 'states' is not a list of attribute tables"
+    held = m.get("held", [])
+    if not isinstance(held, list) or not all(isinstance(x, dict) for x in held):
+        return "module entry: 'held' is not a list of attribute tables"
     if m.get("training") is not None and not isinstance(m["training"], bool):
         return "module entry: 'training' is not true or false"
     if "class_path" in m and not isinstance(m["class_path"], str):

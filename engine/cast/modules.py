@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import operator
 import threading
 import types
@@ -66,6 +67,8 @@ from engine.capture.module_binding import (  # noqa: F401 - ModuleCardError and 
     SUBTREE,
     ModuleCardError,
     autocast_state,
+    held_description,
+    held_difference,
     module_binding,
     module_state,
     proven_state,
@@ -478,6 +481,12 @@ def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], c
     else:  # none recorded (an attribute was no plain value, a config): its plain ones are held as at install
         names = [k for k, v in vars(module).items()
                  if k not in _MODULE_INTERNALS and k not in IGNORED_STATE and plain_value(v)]
+    helds = card.get("held")
+    if helds:  # what the proven instances held (a config's flags, own attributes), as JSON: a model built with
+        # another config runs another forward, where `states` could not be recorded (a module holding a config)
+        mine = json.loads(json.dumps(held_description(module)))
+        if mine not in helds:
+            raise ModuleCardError(f"what it holds differs from the proven module's: {held_difference(mine, helds[0])}")
     args = card.get("args", [{"input": 0}])
     params = card.get("params", [])
     fed: dict[int, str] = {}

@@ -78,7 +78,7 @@ def _tolerances(op: str, outputs: list[dict[str, Any]], signature: dict[str, Any
 
 # What a module card's `chain` record may say about how the cast finds and feeds the module
 # (engine.cast.format: the `module` entry; engine.cast.modules.module_binding makes args/params).
-_MODULE_KEYS = ("class", "class_path", "paths", "args", "params", "autocast", "training", "states", "returns")
+_MODULE_KEYS = ("class", "class_path", "paths", "args", "params", "autocast", "training", "states", "returns", "held")
 
 
 def _chain_of(card: Any) -> dict[str, Any] | None:
