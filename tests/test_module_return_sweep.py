@@ -316,6 +316,15 @@ def test_an_exported_module_card_records_that_its_return_was_checked_and_audit_n
     check_manifest(old)
     assert "return value: not checked against the chain's output (the cast predates that check)" in \
         audit_text(audit_document(old, {}), "old.cast")
+    assert "what it holds" not in audit_text(audit_document(manifest, {}), "new.cast")
+    del old["variants"][0]["module"]["held"]  # nor what its instances held (a config read at each call)
+    check_manifest(old)
+    assert "what it holds: not compared with the proof's (the cast predates that record)" in \
+        audit_text(audit_document(old, {}), "old.cast")
+    bad = copy.deepcopy(manifest)
+    bad["variants"][0]["module"]["held"] = {":eps": 1e-6}
+    with pytest.raises(CastError, match="'held' is not a list of attribute tables"):
+        check_manifest(bad)
     bad = copy.deepcopy(manifest)
     bad["variants"][0]["module"]["returns"] = "tuple"
     with pytest.raises(CastError, match="'returns' is not 'output'"):
