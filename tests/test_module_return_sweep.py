@@ -464,3 +464,27 @@ def test_a_forward_that_counts_its_calls_in_an_object_it_holds_is_no_module_card
     assert not [c for c in found.cards if _bound(c)]
     notes = [v for k, v in found.notes.items() if k.startswith("module card CountingGate")]
     assert notes and "stats.calls" in notes[0], found.notes
+
+
+def test_what_a_module_holds_is_described_without_raising_for_odd_objects():
+    # The capture reads the attributes of every object a module holds, at each forward of each module: an object
+    # whose __getattr__ raises something else than AttributeError, or a list holding itself, must not break it.
+    from engine.capture.module_binding import attributes_held, held_description
+
+    class Odd:
+        __slots__ = ("x",)
+
+        def __getattr__(self, name):
+            raise KeyError(name)
+
+    class Holder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            loop: list = []
+            loop.append(loop)
+            self.odd, self.loop, self.cfg = Odd(), loop, type("Cfg", (), {})()
+            self.cfg.eps, self.cfg.loop = 1e-5, loop
+
+    m = Holder()
+    assert held_description(m) == {":cfg.eps": 1e-5}
+    assert set(attributes_held(m)) == {"odd", "loop", "cfg", "cfg.eps", "cfg.loop"}
