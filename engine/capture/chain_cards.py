@@ -208,6 +208,12 @@ class ChainSampler(_Trace):
                     p.snap.own(frozenset(p.snap.borrowed.values()) - writes)
         if here:
             reads = [t for _, v in bind_arguments(func, args, kwargs or {}) for t in _tensors(v)]
+            if any(slot >= len(reads) for p in here for _, slot in p.inputs.get(i, ())):
+                # The op of the first forward's call, reading fewer tensors: another path (`x * 1.0` where the first
+                # forward made `h * x`, a layer drop drawn from Python's random). Its signature differs too, which
+                # is found after the call; taking the planned inputs raised IndexError and failed the capture.
+                self.mismatch = f"call {i} ({func.name()}) reads other tensors than in the first forward"
+                here = []
             for p in here:
                 if p.bind and i == p.chain.calls[0].index:
                     # The module's invocation whose first call this is: its pre-hook ran last for the path,
@@ -231,7 +237,7 @@ class ChainSampler(_Trace):
         out = super().__torch_dispatch__(func, types, args, kwargs)
         if self.mismatch is None and self.calls[-1].signature != self.reference[i].signature:
             self.mismatch = f"call {i} ({func.name()}) has another signature than in the first forward"
-        if any(p.sample for p in here):
+        if self.mismatch is None and any(p.sample for p in here):  # not another call's outputs (nor fewer of them)
             written = self._written(func, args, kwargs, out)
             with _disable_current_modes():  # the alias is no call of the forward's (nor of a capture below)
                 for p in here:

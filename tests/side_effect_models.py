@@ -1,0 +1,686 @@
+"""Small models whose module forwards compute a memory-bound chain (a sigmoid gate, a norm) and do something else
+besides returning it: write a global, a class attribute, a closure cell, a container or an object they hold, a tensor
+in place, a buffer; draw random numbers or seed the generator; read values on the host and branch on them; print, warn
+or log; register hooks or buffers, initialise lazily, or count their calls. The side-effect sweep
+(tests/test_side_effect_sweep.py, scripts/side_effect_sweep.py) captures each, installs every module card it binds
+with eager as the plan, runs the model for several calls with and without the cast, and compares the outputs and the
+effect's state afterwards (`Case.probe`, the generators' states, what was printed, warned and logged).
+
+`CASES[name](seed)` is a `Case`: the model (a `Stack` of two `Layer`s from tests/module_return_models.py, each a
+Linear, the module under test and another Linear, unless said otherwise), the arguments of each call, and the probe.
+A builder resets the module-level state its case writes, so every build starts alike. `LEGIT` names the controls:
+forwards without side effects (or whose effect the cast keeps) whose module card must bind and be served."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import random
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from module_return_models import RMS, Stack, _shapes
+
+LOG = logging.getLogger("kforge.side_effect_models")
+
+
+@dataclass
+class Case:
+    model: nn.Module
+    calls: list[tuple]                                   # the arguments of each call, in order
+    probe: Callable[[nn.Module], Any] = lambda m: None   # the effect's state after the calls
+    before: Callable[[nn.Module, int], None] = lambda m, k: None  # what the caller does before call k (both runs)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+def gate(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.sigmoid(x * w) * x
+
+
+class Gated(nn.Module):
+    """The plain gate every case's module computes (the control): `sigmoid(x * w) * x`."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(d))
+
+    def forward(self, x):
+        return gate(x, self.w)
+
+
+# ------------------------------------------------------------------------------ globals, class attributes, closures
+
+CALLS = 0
+CACHE: dict = {}
+SEEN: list = []
+FLAGS = SimpleNamespace(calls=0)
+
+
+def _record(y):
+    SEEN.append(tuple(y.shape))
+
+
+def reset_globals() -> None:
+    global CALLS
+    CALLS = 0
+    CACHE.clear()
+    SEEN.clear()
+    FLAGS.calls = 0
+    ClassCounter.calls = 0
+    NamedClassCounter.calls = 0
+    SharedCache.cache = {}
+    LazyClassTable.table = None
+
+
+class GlobalCounter(Gated):
+    def forward(self, x):
+        global CALLS
+        CALLS += 1
+        return gate(x, self.w)
+
+
+class GlobalCache(Gated):
+    def forward(self, x):
+        y = gate(x, self.w)
+        CACHE[len(CACHE)] = y
+        return y
+
+
+class GlobalList(Gated):
+    def forward(self, x):
+        SEEN.append(x.shape[-1])
+        return gate(x, self.w)
+
+
+class GlobalHelper(Gated):
+    """Writes a global through a function it calls."""
+
+    def forward(self, x):
+        y = gate(x, self.w)
+        _record(y)
+        return y
+
+
+class GlobalObject(Gated):
+    """Counts in a module-level object (`FLAGS.calls += 1`)."""
+
+    def forward(self, x):
+        FLAGS.calls += 1
+        return gate(x, self.w)
+
+
+class ClassCounter(Gated):
+    calls = 0
+
+    def forward(self, x):
+        type(self).calls += 1
+        return gate(x, self.w)
+
+
+class NamedClassCounter(Gated):
+    calls = 0
+
+    def forward(self, x):
+        NamedClassCounter.calls += 1
+        return gate(x, self.w)
+
+
+class SharedCache(Gated):
+    """A cache shared by every instance, on the class: what one instance's forward leaves, another reads."""
+
+    cache: dict = {}
+
+    def forward(self, x):
+        y = gate(x, self.w)
+        type(self).cache[len(type(self).cache)] = y.sum().detach()
+        return y
+
+
+class LazyClassTable(Gated):
+    """Builds a table on the class at the first call of any instance (a lazily made cache)."""
+
+    table = None
+
+    def forward(self, x):
+        if LazyClassTable.table is None:
+            LazyClassTable.table = [x.shape[-1]] * 3
+        return gate(x, self.w)
+
+
+def closure_counter_class() -> tuple[type, Callable[[], int]]:
+    """A module class whose forward counts its calls in a closure cell (`nonlocal`), and a reader of the count."""
+    count = 0
+
+    class ClosureCounter(Gated):
+        def forward(self, x):
+            nonlocal count
+            count += 1
+            return gate(x, self.w)
+
+    return ClosureCounter, lambda: count
+
+
+def make_ticker() -> Callable[[], int]:
+    n = [0]
+
+    def tick():
+        n[0] += 1
+        return n[0]
+    tick.n = n
+    return tick
+
+
+class HeldFunction(Gated):
+    """Calls a function it holds, which counts in its closure."""
+
+    def __init__(self, d):
+        super().__init__(d)
+        self.tick = make_ticker()
+
+    def forward(self, x):
+        self.tick()
+        return gate(x, self.w)
+
+
+# ----------------------------------------------------------------------------------- objects and containers it holds
+
+
+class NestedHeld(Gated):
+    """`self.state.inner.calls += 1`: a counter two objects down."""
+
+    def __init__(self, d):
+        super().__init__(d)
+        self.state = SimpleNamespace(inner=SimpleNamespace(calls=0))
+
+    def forward(self, x):
+        self.state.inner.calls += 1
+        return gate(x, self.w)
+
+
+class HeldDict(Gated):
+    def __init__(self, d):
+        super().__init__(d)
+        self.stats = SimpleNamespace(counts={"calls": 0})
+
+    def forward(self, x):
+        self.stats.counts["calls"] += 1
+        return gate(x, self.w)
+
+
+class HeldList(Gated):
+    def __init__(self, d):
+        super().__init__(d)
+        self.stats = SimpleNamespace(seen=[])
+
+    def forward(self, x):
+        self.stats.seen.append(x.shape[-1])
+        return gate(x, self.w)
+
+
+class Container(Gated):
+    """Writes a container it holds: `kind` is defaultdict, set, deque, Counter, OrderedDict, or dict-in-list."""
+
+    def __init__(self, d, kind):
+        super().__init__(d)
+        self.kind = kind
+        self.box = {"defaultdict": lambda: collections.defaultdict(int), "set": set,
+                    "deque": lambda: collections.deque(maxlen=8), "Counter": collections.Counter,
+                    "OrderedDict": collections.OrderedDict, "dict in list": lambda: [{"n": 0}],
+                    "bytearray": bytearray}[kind]()
+
+    def forward(self, x):
+        n = x.shape[-1]
+        if self.kind in ("defaultdict", "Counter"):
+            self.box["calls"] += 1
+        elif self.kind == "set":
+            self.box.add(len(self.box))
+        elif self.kind == "deque":
+            self.box.append(n)
+        elif self.kind == "OrderedDict":
+            self.box[len(self.box)] = n
+        elif self.kind == "dict in list":
+            self.box[0]["n"] += 1
+        else:
+            self.box.append(n % 256)
+        return gate(x, self.w)
+
+
+class Iterates(Gated):
+    """Advances an iterator it holds at each call (`next(self.steps)`)."""
+
+    def __init__(self, d):
+        super().__init__(d)
+        self.steps = itertools.count()
+
+    def forward(self, x):
+        next(self.steps)
+        return gate(x, self.w)
+
+
+class ChildCounter(nn.Module):
+    """Counts its calls on a child module (`self.inner.calls += 1`): the child's attribute, not its own."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.inner = Gated(d)
+        self.inner.calls = 0
+
+    def forward(self, x):
+        self.inner.calls += 1
+        return gate(x, self.inner.w)
+
+
+class ChildSwapped(nn.Module):
+    """Replaces its activation child after the first call (`self.act = nn.Identity()`)."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.w, self.act = nn.Parameter(torch.randn(d)), nn.Sigmoid()
+
+    def forward(self, x):
+        y = self.act(x * self.w) * x
+        self.act = nn.Tanh()
+        return y
+
+
+# ------------------------------------------------------------------------------------------ tensors written in place
+
+
+class TensorAttrInPlace(nn.Module):
+    """An exponential average in an unregistered tensor, updated in place, then read by the output."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.w, self.avg = nn.Parameter(torch.randn(d)), torch.zeros(d)
+
+    def forward(self, x):
+        self.avg.mul_(0.9).add_(x.mean(dim=(0, 1)), alpha=0.1)
+        return gate(x, self.w) * self.avg
+
+
+class BufferInPlace(nn.Module):
+    """The same in a registered buffer (a running statistic)."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(d))
+        self.register_buffer("avg", torch.zeros(d))
+
+    def forward(self, x):
+        self.avg.mul_(0.9).add_(x.mean(dim=(0, 1)), alpha=0.1)
+        return gate(x, self.w) * self.avg
+
+
+class BufferStatOnly(nn.Module):
+    """Updates a running statistic it does not read (what the caller reads afterwards)."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(d))
+        self.register_buffer("total", torch.zeros(()))
+
+    def forward(self, x):
+        y = gate(x, self.w)
+        self.total.add_(y.sum())
+        return y
+
+
+class BufferCopy(nn.Module):
+    """Keeps its input in a buffer (`self.buf.copy_(x)`) and computes from the buffer."""
+
+    def __init__(self, d, how):
+        super().__init__()
+        self.w, self.how = nn.Parameter(torch.randn(d)), how
+        self.register_buffer("buf", torch.zeros(*_shapes_for(d)))
+
+    def forward(self, x):
+        if self.how == "copy_":
+            self.buf.copy_(x)
+        elif self.how == "slice":
+            self.buf[:] = x
+        else:  # .data
+            self.buf.data = x.clone()
+        return gate(self.buf, self.w)
+
+
+def _shapes_for(d):
+    return next(s for s in ((2, 5, 32), (1, 3, 16), (3, 4, 24)) if s[-1] == d)
+
+
+class BufferReassigned(nn.Module):
+    """Keeps its output in a registered buffer, reassigned (`self.last = y` where `last` is a buffer)."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(d))
+        self.register_buffer("last", torch.zeros(0), persistent=False)
+
+    def forward(self, x):
+        y = gate(x, self.w)
+        self.last = y
+        return y
+
+
+class WritesInput(nn.Module):
+    """Adds to its input in place and returns a gate of it."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(d))
+
+    def forward(self, x):
+        x.add_(1.0)
+        return gate(x, self.w)
+
+
+class TrainBatchNorm(nn.Module):
+    """A BatchNorm over the features, then a gate: in train mode its running statistics move at each call."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.bn, self.w = nn.BatchNorm1d(d), nn.Parameter(torch.randn(d))
+
+    def forward(self, x):
+        h = self.bn(x.reshape(-1, x.shape[-1])).reshape(x.shape)
+        return gate(h, self.w)
+
+
+# ------------------------------------------------------------------------------------------------------ randomness
+
+
+class Randomness(Gated):
+    """`how`: dropout in train mode, noise (randn_like), torch.manual_seed, a generator it holds, Python's random."""
+
+    def __init__(self, d, how):
+        super().__init__(d)
+        self.how = how
+        self.g = torch.Generator().manual_seed(7) if how == "generator" else None
+
+    def forward(self, x):
+        if self.how == "dropout":
+            return F.dropout(gate(x, self.w), 0.2, self.training)
+        if self.how == "noise":
+            return gate(x + 0.1 * torch.randn_like(x), self.w)
+        if self.how == "manual_seed":
+            torch.manual_seed(1234)
+            return gate(x, self.w)
+        if self.how == "seed only on the generator":
+            torch.default_generator.manual_seed(99)
+            return gate(x, self.w)
+        if self.how == "generator":
+            return gate(x + 0.1 * torch.randn(x.shape, generator=self.g), self.w)
+        if self.how == "python random":
+            if self.training and random.random() < 0.3:  # a layer drop: skip the gate now and then
+                return x * 1.0
+            return gate(x, self.w)
+        if self.how == "python random consumed":
+            random.random()
+            return gate(x, self.w)
+        raise ValueError(self.how)
+
+
+# ------------------------------------------------------------------------------------ host reads and control flow
+
+
+class HostBranch(Gated):
+    """Branches on a value read on the host: the input's sign (the calls alternate it)."""
+
+    def __init__(self, d, how):
+        super().__init__(d)
+        self.how = how
+
+    def forward(self, x):
+        s = x.sum()
+        positive = {
+            ".item()": lambda: s.item() > 0,
+            ".tolist()": lambda: s.tolist() > 0,
+            ".numpy()": lambda: s.detach().numpy() > 0,
+            "bool(t)": lambda: bool(s > 0),
+            "if t > 0": lambda: s > 0,
+            "float(t)": lambda: float(s) > 0,
+            "int(t)": lambda: int(s > 0) == 1,
+            "torch.equal": lambda: not torch.equal(torch.sign(s), -torch.ones(())),
+            "torch.all": lambda: torch.all(x.sum(-1) > -1e9),
+        }[self.how]()
+        return gate(x, self.w) if positive else gate(x, -self.w)
+
+
+class Nonzero(Gated):
+    def forward(self, x):
+        idx = torch.nonzero(x[..., 0] > 0)
+        return gate(x, self.w) + idx.shape[0]
+
+
+class Asserts(Gated):
+    def forward(self, x):
+        torch._assert(torch.isfinite(x).all(), "non-finite input")
+        return gate(x, self.w)
+
+
+class Talks(Gated):
+    """Prints, warns or logs at each call."""
+
+    def __init__(self, d, how):
+        super().__init__(d)
+        self.how = how
+
+    def forward(self, x):
+        if self.how == "print":
+            print("gate", tuple(x.shape))
+        elif self.how == "warn":
+            warnings.warn(f"gate called on {tuple(x.shape)}", stacklevel=2)
+        else:
+            LOG.warning("gate called on %s", tuple(x.shape))
+        return gate(x, self.w)
+
+
+# ---------------------------------------------------------------------------------- hooks, lazy state, call counts
+
+
+class HooksItself(Gated):
+    """Registers a forward hook on itself at its first call (the hook doubles the output)."""
+
+    def forward(self, x):
+        if not self._forward_hooks:
+            self.register_forward_hook(lambda m, a, out: out * 2)
+        return gate(x, self.w)
+
+
+class HooksItselfFlag(Gated):
+    """The same, remembering it in a flag."""
+
+    def __init__(self, d):
+        super().__init__(d)
+        self.hooked = False
+
+    def forward(self, x):
+        if not self.hooked:
+            self.register_forward_hook(lambda m, a, out: out * 2)
+            self.hooked = True
+        return gate(x, self.w)
+
+
+class LazyBuffer(nn.Module):
+    """Registers a buffer at its first call (a lazily made scale) and multiplies by it."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(d))
+
+    def forward(self, x):
+        if not hasattr(self, "scale"):
+            self.register_buffer("scale", torch.full((x.shape[-1],), 0.5))
+        return gate(x, self.w) * self.scale
+
+
+class LazyAttr(Gated):
+    """Sets a plain attribute at its first call (`if self.size is None: self.size = ...`)."""
+
+    def __init__(self, d):
+        super().__init__(d)
+        self.size = None
+
+    def forward(self, x):
+        if self.size is None:
+            self.size = x.shape[-1]
+        return gate(x, self.w)
+
+
+class EveryOther(Gated):
+    """Counts its calls and scales the output on every other one."""
+
+    def __init__(self, d):
+        super().__init__(d)
+        self.step = 0
+
+    def forward(self, x):
+        self.step += 1
+        y = gate(x, self.w)
+        return y * 2.0 if self.step % 2 == 0 else y * 1.0
+
+
+class KeepsPrevious(Gated):
+    """Adds the previous call's output (a tensor it keeps): the effect shows at the next call."""
+
+    def __init__(self, d):
+        super().__init__(d)
+        self.prev = None
+
+    def forward(self, x):
+        y = gate(x, self.w)
+        if self.prev is not None and self.prev.shape == y.shape:
+            y = y + self.prev
+        self.prev = y.detach()
+        return y
+
+
+class ChildTraining(nn.Module):
+    """Reads a child's training flag (dropout p=0 child, so the values agree in both modes)."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.w, self.drop = nn.Parameter(torch.randn(d)), nn.Dropout(0.0)
+
+    def forward(self, x):
+        return gate(x, self.w) * (2.0 if self.drop.training else 1.0)
+
+
+# ----------------------------------------------------------------------------------------------------- the builders
+
+
+def _calls(seed: int, n: int, *, alternate: bool = False) -> list[tuple]:
+    g = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(*_shapes(seed), generator=g) for _ in range(n)]
+    if alternate:  # the sign flips at each call (a host branch takes the other path)
+        xs = [x.abs() * (1 if k % 2 == 0 else -1) for k, x in enumerate(xs)]
+    return [(x,) for x in xs]
+
+
+def stack(make: Callable[[int, int], nn.Module], probe: Callable[[nn.Module], Any] = lambda m: None, *,
+          train: bool = False, alternate: bool = False, n: int = 4,
+          before: Callable[[nn.Module, int], None] = lambda m, k: None) -> Callable[[int], Case]:
+    def build(seed: int) -> Case:
+        reset_globals()
+        d = _shapes(seed)[-1]
+        torch.manual_seed(seed)
+        model = Stack(d, lambda i: make(d, i))
+        model.train(train)
+        return Case(model, _calls(seed, n, alternate=alternate), probe, before)
+    return build
+
+
+def inner(attr: str, how: Callable[[Any], Any] = lambda v: v) -> Callable[[nn.Module], Any]:
+    """A probe: `how(attribute)` of each layer's module under test."""
+    return lambda m: [how(getattr(layer.inner, attr, None)) for layer in m.layers]
+
+
+def _closure_case(seed: int) -> Case:
+    cls, count = closure_counter_class()
+    case = stack(lambda d, i: cls(d))(seed)
+    case.probe = lambda m: count()
+    return case
+
+
+def _tensors(v: Any) -> Any:
+    return [t.clone() for t in v.values()] if isinstance(v, dict) else v
+
+
+LEGIT: dict[str, Callable[[int], Case]] = {
+    "gate": stack(lambda d, i: Gated(d)),
+    "rms": stack(lambda d, i: RMS(d)),
+    "reads a child's training flag": stack(lambda d, i: ChildTraining(d)),
+    "a child's training flag set between calls": stack(
+        lambda d, i: ChildTraining(d), before=lambda m, k: m.layers[0].inner.drop.train(k >= 2)),
+    "eval dropout (no randomness)": stack(lambda d, i: Randomness(d, "dropout")),
+    "python random in train only, eval": stack(lambda d, i: Randomness(d, "python random")),
+}
+
+EFFECTS: dict[str, Callable[[int], Case]] = {
+    # globals, classes, closures
+    "global counter": stack(lambda d, i: GlobalCounter(d), lambda m: CALLS),
+    "global dict cache": stack(lambda d, i: GlobalCache(d), lambda m: dict(CACHE)),
+    "global list": stack(lambda d, i: GlobalList(d), lambda m: list(SEEN)),
+    "global list through a helper": stack(lambda d, i: GlobalHelper(d), lambda m: list(SEEN)),
+    "module-level object's attribute": stack(lambda d, i: GlobalObject(d), lambda m: FLAGS.calls),
+    "class attribute (type(self).calls)": stack(lambda d, i: ClassCounter(d), lambda m: ClassCounter.calls),
+    "class attribute by name": stack(lambda d, i: NamedClassCounter(d), lambda m: NamedClassCounter.calls),
+    "cache shared by the class's instances": stack(lambda d, i: SharedCache(d), lambda m: dict(SharedCache.cache)),
+    "class table made lazily": stack(lambda d, i: LazyClassTable(d), lambda m: LazyClassTable.table),
+    "closure cell (nonlocal)": _closure_case,
+    "held function counting in its closure": stack(lambda d, i: HeldFunction(d), inner("tick", lambda f: f.n[0])),
+    # objects and containers
+    "held object two levels down": stack(lambda d, i: NestedHeld(d), inner("state", lambda s: s.inner.calls)),
+    "dict in a held object": stack(lambda d, i: HeldDict(d), inner("stats", lambda s: dict(s.counts))),
+    "list in a held object": stack(lambda d, i: HeldList(d), inner("stats", lambda s: list(s.seen))),
+    **{f"{kind} it holds": stack(lambda d, i, kind=kind: Container(d, kind),
+                                 inner("box", lambda b: repr(b)))
+       for kind in ["defaultdict", "set", "deque", "Counter", "OrderedDict", "dict in list", "bytearray"]},
+    "iterator it holds": stack(lambda d, i: Iterates(d), inner("steps", repr)),
+    "a child's attribute": stack(lambda d, i: ChildCounter(d), inner("inner", lambda c: c.calls)),
+    "a child replaced": stack(lambda d, i: ChildSwapped(d), inner("act", lambda a: type(a).__name__)),
+    # tensors in place
+    "unregistered tensor in place": stack(lambda d, i: TensorAttrInPlace(d), inner("avg", torch.clone)),
+    "buffer in place (running average)": stack(lambda d, i: BufferInPlace(d), inner("avg", torch.clone)),
+    "buffer statistic it does not read": stack(lambda d, i: BufferStatOnly(d), inner("total", torch.clone)),
+    "buffer copy_ of the input": stack(lambda d, i: BufferCopy(d, "copy_"), inner("buf", torch.clone)),
+    "buffer written through a slice": stack(lambda d, i: BufferCopy(d, "slice"), inner("buf", torch.clone)),
+    "buffer's .data set": stack(lambda d, i: BufferCopy(d, ".data"), inner("buf", torch.clone)),
+    "buffer reassigned (self.last = y)": stack(lambda d, i: BufferReassigned(d), inner("last", torch.clone)),
+    "writes its input in place": stack(lambda d, i: WritesInput(d)),
+    "eval batchnorm (a compute op: no module card)": stack(lambda d, i: TrainBatchNorm(d)),
+    "train batchnorm": stack(lambda d, i: TrainBatchNorm(d), inner("bn", lambda b: b.running_mean.clone()),
+                             train=True),
+    # randomness (the generators' states are compared too)
+    "train dropout": stack(lambda d, i: Randomness(d, "dropout"), train=True),
+    "noise (randn_like)": stack(lambda d, i: Randomness(d, "noise")),
+    "torch.manual_seed in forward": stack(lambda d, i: Randomness(d, "manual_seed")),
+    "default_generator.manual_seed in forward": stack(lambda d, i: Randomness(d, "seed only on the generator")),
+    "a generator it holds": stack(lambda d, i: Randomness(d, "generator"), inner("g", lambda g: g.get_state())),
+    "python random layer drop, train": stack(lambda d, i: Randomness(d, "python random"), train=True, n=8),
+    "python random consumed": stack(lambda d, i: Randomness(d, "python random consumed")),
+    # host reads
+    **{f"branch on {how}": stack(lambda d, i, how=how: HostBranch(d, how), alternate=True)
+       for how in [".item()", ".tolist()", ".numpy()", "bool(t)", "if t > 0", "float(t)", "int(t)", "torch.equal",
+                   "torch.all"]},
+    "nonzero": stack(lambda d, i: Nonzero(d)),
+    "torch._assert": stack(lambda d, i: Asserts(d)),
+    "print": stack(lambda d, i: Talks(d, "print")),
+    "warnings.warn": stack(lambda d, i: Talks(d, "warn")),
+    "logging": stack(lambda d, i: Talks(d, "log")),
+    # hooks, lazy state, call counts
+    "registers a hook on itself": stack(lambda d, i: HooksItself(d)),
+    "registers a hook on itself, with a flag": stack(lambda d, i: HooksItselfFlag(d)),
+    "registers a buffer lazily": stack(lambda d, i: LazyBuffer(d), inner("scale", torch.clone)),
+    "plain attribute set lazily": stack(lambda d, i: LazyAttr(d), inner("size")),
+    "every other call differs": stack(lambda d, i: EveryOther(d), inner("step")),
+    "keeps the previous output": stack(lambda d, i: KeepsPrevious(d)),
+}
+
+CASES: dict[str, Callable[[int], Case]] = {**LEGIT, **EFFECTS}

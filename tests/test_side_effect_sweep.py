@@ -1,0 +1,146 @@
+"""A module card serves its module only where a kernel in its forward's place changes nothing the forward would have
+(the side-effect sweep): small models (tests/side_effect_models.py) whose module forwards do something besides
+returning the chain's output, captured with the real chain-card path on the CPU, every module card they bind exported
+and installed with eager (`run_chain`) as its plan. Each model runs several calls with and without the cast; the
+outputs, the effect's state afterwards (the case's probe), the generators' states (torch's default generator, Python's
+`random`), and what the calls printed, warned and logged must be equal, bitwise. A bound card that changes any of it
+is a finding; so is a control (LEGIT) whose module card does not bind or is not served.
+
+The whole sweep (every case x 3 seeds, or --seeds N) is scripts/side_effect_sweep.py; the test runs each case at one
+seed."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import random
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from side_effect_models import CASES, EFFECTS, LEGIT, LOG
+from test_module_return_sweep import ENV, EagerPlan, _bound, captured, difference
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.seen.append(record.getMessage())
+
+
+def run_calls(case: Any, seed: int) -> dict[str, Any]:
+    """Run `case`'s calls (from the same generator states) and return what they left: outputs, the probe, the
+    generators' states, and what was printed, warned and logged."""
+    torch.manual_seed(1000 + seed)
+    random.seed(1000 + seed)
+    out, printed, records = [], io.StringIO(), _Records()
+    LOG.addHandler(records)
+    try:
+        with warnings.catch_warnings(record=True) as warned, contextlib.redirect_stdout(printed), torch.no_grad():
+            warnings.simplefilter("always")
+            for k, args in enumerate(case.calls):
+                case.before(case.model, k)
+                out.append(case.model(*[a.clone() for a in args]))
+    finally:
+        LOG.removeHandler(records)
+    return {"outputs": out, "probe": case.probe(case.model), "torch rng": torch.get_rng_state(),
+            "python rng": hash(random.getstate()), "printed": printed.getvalue(),
+            "warned": [str(w.message) for w in warned], "logged": records.seen}
+
+
+def exported_cast(found: Any, folder: Path) -> tuple[Path, list[dict[str, Any]]] | None:
+    """Every bound module card of `found` in one cast file (as `export` writes it), and its module entries."""
+    from test_chain_lane import RMS_CHAIN_CU, RMS_CHAIN_SPEC
+
+    from engine.cast.format import write_cast
+    from engine.export.package import ExportVariant, package
+
+    rows = [c.row() for c in found.cards if _bound(c)]
+    if not rows:
+        return None
+    cand = {"source": RMS_CHAIN_CU, "launch_spec": RMS_CHAIN_SPEC, "proposer": "test", "status": "verified"}
+    manifest, files, report = package([ExportVariant(r, {**cand, "id": f"cand-{i}"}, None, "// ptx", "sm_90")
+                                       for i, r in enumerate(rows)], ENV, {"run": "r"})
+    entries = [v for v in manifest["variants"] if v.get("module")]
+    path = folder / "sweep.cast"
+    write_cast(path, manifest, files, report)
+    return path, entries
+
+
+def problems(name: str, seed: int, folder: Path) -> tuple[list[str], dict[str, Any]]:
+    """Every finding for CASES[name] at `seed`, and what happened: the module cards the capture bound (`bound`), why
+    the others were not (`unbound`), the calls the cast served (`hits`) and what its guard declined (`declines`)."""
+    import engine.cast
+
+    build = CASES[name]
+    case = build(seed)
+    random.seed(seed)  # a forward drawing from Python's random takes the same path in every run of the sweep
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        found = captured(case.model, case.calls[0])
+    bound = [c.chain.get("class") for c in found.cards if _bound(c)]
+    want = run_calls(build(seed), seed)
+    case = build(seed)
+    cast, hits, declines = None, 0, {}
+    exported = exported_cast(found, folder)
+    try:
+        if exported is not None:
+            path, entries = exported
+            cast = engine.cast.load(path, env=ENV, plans={v["id"]: EagerPlan(v["signature"]) for v in entries})
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                cast.install(case.model)
+            declines.update({f"install: {w.message}"[:160]: 1 for w in seen})
+        got = run_calls(case, seed)
+        if cast is not None:
+            hits = sum(s["hits"] for s in cast.stats()["modules"].values())
+            for s in cast.stats()["modules"].values():
+                for why, n in s["declines"].items():
+                    declines[why] = declines.get(why, 0) + n
+    except Exception as e:  # noqa: BLE001 - the model failing under the cast is a finding too
+        return [f"{name} seed {seed}: with the cast the model raised {type(e).__name__}: {str(e)[:200]}; "
+                f"bound {bound}"], {"bound": bound, "hits": hits}
+    finally:
+        if cast is not None:
+            cast.remove()
+    out = []
+    for key in want:
+        d = difference(got[key], want[key], key)
+        if d is not None:
+            out.append(f"{name} seed {seed}: the cast changed {d}; bound {bound}, {hits} calls served")
+    if name in LEGIT:
+        if not bound:
+            notes = [v for k, v in found.notes.items() if k.startswith("module card")]
+            out.append(f"{name} seed {seed}: no module card bound ({notes or 'no module card found'})")
+        elif not hits:
+            out.append(f"{name} seed {seed}: its module card was never served")
+    unbound = sorted({v.removeprefix("no module binding, ships as a pattern card: ") for k, v in found.notes.items()
+                      if k.startswith("module card")})
+    return out, {"bound": bound, "hits": hits, "unbound": unbound, "declines": declines}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_served_module_card_keeps_what_its_forward_does_besides_returning(tmp_path, name):
+    found, _ = problems(name, 0, tmp_path)
+    assert not found, "\n".join(found)
+
+
+def test_every_case_is_named_once():
+    assert not set(LEGIT) & set(EFFECTS)
+
+
+def test_a_sampling_forward_that_takes_another_path_is_a_mismatch_not_a_failed_capture():
+    # A layer drop drawn from Python's random (`if self.training and random.random() < 0.3: return x * 1.0`): where
+    # the sampling forward skipped the gate the first forward ran, its call had the planned op (`mul.Tensor`) with
+    # fewer tensors, and taking the planned chain inputs raised IndexError inside the forward: the capture failed.
+    for s in range(6):
+        random.seed(s)
+        case = CASES["python random layer drop, train"](1)
+        found = captured(case.model, case.calls[0])
+        assert all(c.chain.get("kind") in ("module", "pattern") for c in found.cards)
