@@ -55,6 +55,20 @@ class Gated(nn.Module):
         return gate(x, self.w)
 
 
+Dims = collections.namedtuple("Dims", "d half")
+
+
+class HoldsValues(Gated):
+    """Holds a named tuple, a large list and a frozen set it never writes (a control: nothing changes)."""
+
+    def __init__(self, d):
+        super().__init__(d)
+        self.dims, self.table, self.kinds = Dims(d, d // 2), list(range(1000)), frozenset({"a", "b"})
+
+    def forward(self, x):
+        return gate(x, self.w)
+
+
 # ------------------------------------------------------------------------------ globals, class attributes, closures
 
 CALLS = 0
@@ -77,6 +91,7 @@ def reset_globals() -> None:
     NamedClassCounter.calls = 0
     SharedCache.cache = {}
     LazyClassTable.table = None
+    ClassList.log = []
 
 
 class GlobalCounter(Gated):
@@ -151,6 +166,40 @@ class LazyClassTable(Gated):
     def forward(self, x):
         if LazyClassTable.table is None:
             LazyClassTable.table = [x.shape[-1]] * 3
+        return gate(x, self.w)
+
+
+class ClassList(Gated):
+    """Appends to a list on its class (no attribute set: the list is written in place)."""
+
+    log: list = []
+
+    def forward(self, x):
+        type(self).log.append(x.shape[-1])
+        return gate(x, self.w)
+
+
+class GlobalByMethod(Gated):
+    """Counts in a global through a method of its own."""
+
+    def count(self):
+        global CALLS
+        CALLS += 1
+
+    def forward(self, x):
+        self.count()
+        return gate(x, self.w)
+
+
+class SeedsByMethod(Gated):
+    """Seeds torch's generator through a method of a helper object it holds, with another seed at each call."""
+
+    def __init__(self, d):
+        super().__init__(d)
+        self.seeder = SimpleNamespace(step=lambda: torch.manual_seed(torch.initial_seed() + 1))
+
+    def forward(self, x):
+        self.seeder.step()
         return gate(x, self.w)
 
 
@@ -395,35 +444,68 @@ class TrainBatchNorm(nn.Module):
 # ------------------------------------------------------------------------------------------------------ randomness
 
 
-class Randomness(Gated):
-    """`how`: dropout in train mode, noise (randn_like), torch.manual_seed, a generator it holds, Python's random."""
+class Dropout(Gated):
+    def forward(self, x):
+        return F.dropout(gate(x, self.w), 0.2, self.training)
 
-    def __init__(self, d, how):
-        super().__init__(d)
-        self.how = how
-        self.g = torch.Generator().manual_seed(7) if how == "generator" else None
+
+class Noise(Gated):
+    def forward(self, x):
+        return gate(x + 0.1 * torch.randn_like(x), self.w)
+
+
+class SeedsTorch(Gated):
+    """Seeds torch's generators in its forward (and draws nothing)."""
 
     def forward(self, x):
-        if self.how == "dropout":
-            return F.dropout(gate(x, self.w), 0.2, self.training)
-        if self.how == "noise":
-            return gate(x + 0.1 * torch.randn_like(x), self.w)
-        if self.how == "manual_seed":
-            torch.manual_seed(1234)
-            return gate(x, self.w)
-        if self.how == "seed only on the generator":
-            torch.default_generator.manual_seed(99)
-            return gate(x, self.w)
-        if self.how == "generator":
-            return gate(x + 0.1 * torch.randn(x.shape, generator=self.g), self.w)
-        if self.how == "python random":
-            if self.training and random.random() < 0.3:  # a layer drop: skip the gate now and then
-                return x * 1.0
-            return gate(x, self.w)
-        if self.how == "python random consumed":
-            random.random()
-            return gate(x, self.w)
-        raise ValueError(self.how)
+        torch.manual_seed(1234)
+        return gate(x, self.w)
+
+
+class SeedsGenerator(Gated):
+    def forward(self, x):
+        torch.default_generator.manual_seed(99)
+        return gate(x, self.w)
+
+
+class HeldGenerator(Gated):
+    """Draws noise from a generator it holds."""
+
+    def __init__(self, d):
+        super().__init__(d)
+        self.g = torch.Generator().manual_seed(7)
+
+    def forward(self, x):
+        return gate(x + 0.1 * torch.randn(x.shape, generator=self.g), self.w)
+
+
+class LayerDrop(Gated):
+    """Skips the gate now and then in train mode, drawing from Python's random."""
+
+    def forward(self, x):
+        if self.training and random.random() < 0.3:
+            return x * 1.0
+        return gate(x, self.w)
+
+
+class DrawsPython(Gated):
+    """Draws from Python's random and discards the number."""
+
+    def forward(self, x):
+        random.random()
+        return gate(x, self.w)
+
+
+class HeldPythonGenerator(Gated):
+    """Draws from a `random.Random` it holds."""
+
+    def __init__(self, d):
+        super().__init__(d)
+        self.rng = random.Random(3)
+
+    def forward(self, x):
+        self.rng.uniform(0.0, 1.0)
+        return gate(x, self.w)
 
 
 # ------------------------------------------------------------------------------------ host reads and control flow
@@ -464,20 +546,21 @@ class Asserts(Gated):
         return gate(x, self.w)
 
 
-class Talks(Gated):
-    """Prints, warns or logs at each call."""
-
-    def __init__(self, d, how):
-        super().__init__(d)
-        self.how = how
-
+class Prints(Gated):
     def forward(self, x):
-        if self.how == "print":
-            print("gate", tuple(x.shape))
-        elif self.how == "warn":
-            warnings.warn(f"gate called on {tuple(x.shape)}", stacklevel=2)
-        else:
-            LOG.warning("gate called on %s", tuple(x.shape))
+        print("gate", tuple(x.shape))
+        return gate(x, self.w)
+
+
+class Warns(Gated):
+    def forward(self, x):
+        warnings.warn(f"gate called on {tuple(x.shape)}", stacklevel=2)
+        return gate(x, self.w)
+
+
+class Logs(Gated):
+    def forward(self, x):
+        LOG.warning("gate called on %s", tuple(x.shape))
         return gate(x, self.w)
 
 
@@ -618,8 +701,8 @@ LEGIT: dict[str, Callable[[int], Case]] = {
     "reads a child's training flag": stack(lambda d, i: ChildTraining(d)),
     "a child's training flag set between calls": stack(
         lambda d, i: ChildTraining(d), before=lambda m, k: m.layers[0].inner.drop.train(k >= 2)),
-    "eval dropout (no randomness)": stack(lambda d, i: Randomness(d, "dropout")),
-    "python random in train only, eval": stack(lambda d, i: Randomness(d, "python random")),
+    "eval dropout (no randomness)": stack(lambda d, i: Dropout(d)),
+    "holds a named tuple, a large list, a frozen set": stack(lambda d, i: HoldsValues(d)),
 }
 
 EFFECTS: dict[str, Callable[[int], Case]] = {
@@ -632,6 +715,9 @@ EFFECTS: dict[str, Callable[[int], Case]] = {
     "class attribute (type(self).calls)": stack(lambda d, i: ClassCounter(d), lambda m: ClassCounter.calls),
     "class attribute by name": stack(lambda d, i: NamedClassCounter(d), lambda m: NamedClassCounter.calls),
     "cache shared by the class's instances": stack(lambda d, i: SharedCache(d), lambda m: dict(SharedCache.cache)),
+    "list on the class, appended to": stack(lambda d, i: ClassList(d), lambda m: list(ClassList.log)),
+    "global set through a method": stack(lambda d, i: GlobalByMethod(d), lambda m: CALLS),
+    "torch seeded through a held helper": stack(lambda d, i: SeedsByMethod(d)),
     "class table made lazily": stack(lambda d, i: LazyClassTable(d), lambda m: LazyClassTable.table),
     "closure cell (nonlocal)": _closure_case,
     "held function counting in its closure": stack(lambda d, i: HeldFunction(d), inner("tick", lambda f: f.n[0])),
@@ -658,22 +744,24 @@ EFFECTS: dict[str, Callable[[int], Case]] = {
     "train batchnorm": stack(lambda d, i: TrainBatchNorm(d), inner("bn", lambda b: b.running_mean.clone()),
                              train=True),
     # randomness (the generators' states are compared too)
-    "train dropout": stack(lambda d, i: Randomness(d, "dropout"), train=True),
-    "noise (randn_like)": stack(lambda d, i: Randomness(d, "noise")),
-    "torch.manual_seed in forward": stack(lambda d, i: Randomness(d, "manual_seed")),
-    "default_generator.manual_seed in forward": stack(lambda d, i: Randomness(d, "seed only on the generator")),
-    "a generator it holds": stack(lambda d, i: Randomness(d, "generator"), inner("g", lambda g: g.get_state())),
-    "python random layer drop, train": stack(lambda d, i: Randomness(d, "python random"), train=True, n=8),
-    "python random consumed": stack(lambda d, i: Randomness(d, "python random consumed")),
+    "train dropout": stack(lambda d, i: Dropout(d), train=True),
+    "noise (randn_like)": stack(lambda d, i: Noise(d)),
+    "torch.manual_seed in forward": stack(lambda d, i: SeedsTorch(d)),
+    "default_generator.manual_seed in forward": stack(lambda d, i: SeedsGenerator(d)),
+    "a generator it holds": stack(lambda d, i: HeldGenerator(d), inner("g", lambda g: g.get_state())),
+    "python random layer drop, train": stack(lambda d, i: LayerDrop(d), train=True, n=8),
+    "python random layer drop, eval": stack(lambda d, i: LayerDrop(d), n=8),
+    "python random consumed": stack(lambda d, i: DrawsPython(d)),
+    "a random.Random it holds": stack(lambda d, i: HeldPythonGenerator(d), inner("rng", lambda r: hash(r.getstate()))),
     # host reads
     **{f"branch on {how}": stack(lambda d, i, how=how: HostBranch(d, how), alternate=True)
        for how in [".item()", ".tolist()", ".numpy()", "bool(t)", "if t > 0", "float(t)", "int(t)", "torch.equal",
                    "torch.all"]},
     "nonzero": stack(lambda d, i: Nonzero(d)),
     "torch._assert": stack(lambda d, i: Asserts(d)),
-    "print": stack(lambda d, i: Talks(d, "print")),
-    "warnings.warn": stack(lambda d, i: Talks(d, "warn")),
-    "logging": stack(lambda d, i: Talks(d, "log")),
+    "print": stack(lambda d, i: Prints(d)),
+    "warnings.warn": stack(lambda d, i: Warns(d)),
+    "logging": stack(lambda d, i: Logs(d)),
     # hooks, lazy state, call counts
     "registers a hook on itself": stack(lambda d, i: HooksItself(d)),
     "registers a hook on itself, with a flag": stack(lambda d, i: HooksItselfFlag(d)),

@@ -144,3 +144,75 @@ def test_a_sampling_forward_that_takes_another_path_is_a_mismatch_not_a_failed_c
         case = CASES["python random layer drop, train"](1)
         found = captured(case.model, case.calls[0])
         assert all(c.chain.get("kind") in ("module", "pattern") for c in found.cards)
+
+
+def _notes(name: str) -> list[str]:
+    random.seed(0)
+    case = CASES[name](0)
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        found = captured(case.model, case.calls[0])
+    assert not [c for c in found.cards if _bound(c)], [c.chain.get("class") for c in found.cards if _bound(c)]
+    return [v for k, v in found.notes.items() if k.startswith("module card")]
+
+
+@pytest.mark.parametrize("name, why", [
+    ("global counter", "it sets the global CALLS"),
+    ("global set through a method", "it sets the global CALLS"),
+    ("closure cell (nonlocal)", "it sets the closure variable count"),
+    ("class attribute (type(self).calls)", "it may set the class attribute calls"),
+    ("class table made lazily", "it may set the class attribute table"),
+    ("print", "it prints, warns or logs (print)"),
+    ("warnings.warn", "it prints, warns or logs (warn, warnings)"),
+    ("logging", "it prints, warns or logs (warning)"),
+    ("registers a hook on itself", "it registers hooks or tensors (register_forward_hook)"),
+    ("torch.manual_seed in forward", "it seeds or sets a generator (manual_seed)"),
+    ("python random consumed", "it reads random, which draws from Python's or NumPy's random numbers"),
+])
+def test_a_forward_whose_code_does_more_than_compute_is_no_module_card(name, why):
+    # Read from the forward's bytecode (and the functions and methods it calls): what the capture's forwards cannot
+    # show. `CALLS += 1` changes a global no attribute comparison holds; `LazyClassTable.table = [...]` happens at the
+    # first call only, before the sampling forward; `torch.manual_seed(1234)` at each call leaves the generator as the
+    # previous call left it; a print, a warning or a log line changes nothing a comparison sees. Each was bound, and
+    # the cast skipped it at every call.
+    assert any(f"its forward does more than compute: {why}" in n for n in _notes(name)), _notes(name)
+
+
+@pytest.mark.parametrize("name, changed", [
+    ("global dict cache", "global CACHE"),
+    ("global list through a helper", "global SEEN"),
+    ("module-level object's attribute", "global FLAGS.calls"),
+    ("list on the class, appended to", "class ClassList.log"),
+    ("held function counting in its closure", "tick.<closure>"),
+    ("held object two levels down", "state.inner.calls"),
+    ("defaultdict it holds", "box"),
+    ("set it holds", "box"),
+    ("deque it holds", "box"),
+    ("bytearray it holds", "box"),
+    ("iterator it holds", "steps"),
+    ("a random.Random it holds", "rng"),
+    ("a child's attribute", "inner:calls"),
+    ("buffer reassigned (self.last = y)", "_buffers.last"),
+    ("torch seeded through a held helper", "torch's generator"),
+])
+def test_a_forward_that_changes_what_it_reaches_is_no_module_card(name, changed):
+    # Compared around each bound module's forward in the sampling forward: module-level values it reads (and their
+    # objects' attributes), its class's attributes, what the functions it holds keep in their closures, objects two
+    # levels down, containers of every kind (a defaultdict, a set, a deque were held by identity: no change), an
+    # iterator (no state to compare: taken as changed), a child's attributes, the registered tensors by identity,
+    # torch's generator. Each was bound before and the cast left the effect undone.
+    notes = [n for n in _notes(name) if "its forward changes the module's own attributes" in n]
+    assert notes and changed in notes[0], _notes(name)
+
+
+def test_a_module_holding_a_named_tuple_binds(tmp_path):
+    # `held` copied a tuple subclass as (its type, items) and `same` compared such pairs only for list, tuple and
+    # dict, so a named tuple attribute never equalled itself: "its forward changes the module's own attributes (dims)"
+    # and the module shipped as a pattern card.
+    from side_effect_models import Dims
+
+    from engine.capture.module_binding import held, same
+
+    assert same(held(Dims(4, 2)), held(Dims(4, 2))) and not same(held(Dims(4, 2)), held(Dims(4, 3)))
+    found, info = problems("holds a named tuple, a large list, a frozen set", 0, tmp_path)
+    assert not found and info["bound"] == ["HoldsValues"] and info["hits"] == 8

@@ -265,7 +265,7 @@ class ChainSampler(_Trace):
         arguments and the autocast state it runs under, and marks a bound instance of the module whose chain
         is still running (`block(block(x))`: a chain over both calls of a block that makes no call of its own,
         which the trace cannot tell from one)."""
-        from engine.capture.module_binding import attributes_held, autocast_state, held
+        from engine.capture.module_binding import attributes_held, autocast_state, held, rng_state
 
         def hook(module, args, kwargs):
             p = self.running.get(path)
@@ -273,6 +273,7 @@ class ChainSampler(_Trace):
                 p.called_again = True
             self.entered[path] = (len(self.calls), args, dict(kwargs or {}), autocast_state())
             self._state_in[path] = attributes_held(module)
+            self._state_in[path]["torch's generator"] = rng_state()
             self._args_in[path] = held(args)
         return hook
 
@@ -281,11 +282,14 @@ class ChainSampler(_Trace):
         (a call counter, a cache): a cast that runs its plan instead would skip that change; and, where the
         invocation is a bound instance's, whether it returned the chain's output (`_return_problem`) and left
         the arguments it was passed as they were."""
-        from engine.capture.module_binding import attributes_changed
+        from engine.capture.module_binding import attributes_changed, rng_state
 
         def hook(module, args, out):
             before = self._state_in.pop(path, None)
-            changed = attributes_changed(before, module) if before is not None else []
+            changed = []
+            if before is not None:
+                changed = (["torch's generator"] if before.pop("torch's generator") != rng_state() else []) + \
+                    attributes_changed(before, module)
             if changed and path not in self.mutated:
                 self.mutated[path] = ", ".join(changed[:3])
             args_in = self._args_in.pop(path, None)
@@ -569,6 +573,7 @@ def _binding(model: torch.nn.Module, p: _Planned) -> dict[str, Any] | str:
     from engine.capture.module_binding import (
         ModuleCardError,
         class_name,
+        forward_scope,
         held_description,
         module_binding,
         proven_state,
@@ -579,13 +584,16 @@ def _binding(model: torch.nn.Module, p: _Planned) -> dict[str, Any] | str:
                 "`block(block(x))`): a cast would run the whole chain at each call")
     if p.entry is None:
         return "its module's forward was not seen"
+    module = model.get_submodule(p.chain.module)
+    effect = forward_scope(type(module)).effect
+    if effect is not None:
+        return effect
     args, kwargs, autocast = p.entry
     if kwargs:
         return f"its forward is called with keyword arguments ({', '.join(sorted(kwargs))})"
     inputs = [p.in_tensors.get(i) for i in range(len(p.chain.inputs))]
     if any(t is None for t in inputs):
         return "a chain input was not seen"
-    module = model.get_submodule(p.chain.module)
     try:
         b = module_binding(module, args, inputs)
     except ModuleCardError as e:
