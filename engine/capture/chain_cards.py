@@ -614,6 +614,8 @@ def _bind_cards(found: ChainCards, bindings: dict[str, list[dict[str, Any] | str
                 mutated: dict[str, str] | None = None) -> None:
     """Put each module card's binding on its chain facts where all its instances bound alike and its forward
     is a function of its arguments and tensors; else a note (the card ships as a pattern card)."""
+    from engine.capture.module_binding import written_inputs
+
     for card in found.cards:
         if card.card_id not in expected:
             continue
@@ -627,6 +629,9 @@ def _bind_cards(found: ChainCards, bindings: dict[str, list[dict[str, Any] | str
                         if path in card.chain.get("modules", [])), None)
         if why is None and changed:
             why = f"its forward changes the module's own attributes ({changed}), which the cast's kernel would skip"
+        written = written_inputs(card.signature) if why is None else []
+        if written:
+            why = f"its chain writes its input in{written[0]} in place (a buffer, an attribute's tensor, an argument)"
         # The instances' own attributes need not be alike (a layer index the forward never reads); they
         # say which other instances of the class the card may serve (engine.cast.loader), and with their
         # submodules (classes and attributes) which modules it may serve at all: a forward that calls a

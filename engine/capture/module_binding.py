@@ -478,6 +478,21 @@ def state_difference(state: dict[str, Any] | None, states: list[dict[str, Any]])
     return ", ".join(diffs[:3]) or "its attributes"
 
 
+def written_inputs(signature: dict[str, Any]) -> list[int]:
+    """The chain inputs a member writes in place (`self.avg.mul_(0.9)`, `self.buf.copy_(x)`, `x.add_(1)`): a kernel
+    in the forward's place writes only the output, so no module card takes such a chain (an install declines it too)."""
+    from engine.ops import resolve_op
+
+    out = []
+    for node in signature.get("chain", {}).get("nodes", []):
+        op = resolve_op(node["op"])
+        mutated = {a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+        for a in node["args"]:
+            refs = [a["tensor"]] if "tensor" in a else [r for r in a.get("tensors") or () if r is not None]
+            out += [r[1] for r in refs if a["name"] in mutated and r[0] == "in"]
+    return out
+
+
 def module_binding(module: torch.nn.Module, args: tuple, inputs: list[torch.Tensor]) -> dict[str, Any]:
     """The `args`/`params` of a module entry for a proven call: each chain input (the tensors `in0..inN`
     were) found by identity among the forward's positional `args`, then the module's parameters and buffers.
