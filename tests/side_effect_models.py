@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+import side_effect_helpers
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -92,6 +93,8 @@ def reset_globals() -> None:
     SharedCache.cache = {}
     LazyClassTable.table = None
     ClassList.log = []
+    side_effect_helpers.TICKS = 0
+    side_effect_helpers.COUNTS.clear()
 
 
 class GlobalCounter(Gated):
@@ -201,6 +204,77 @@ class SeedsByMethod(Gated):
     def forward(self, x):
         self.seeder.step()
         return gate(x, self.w)
+
+
+class EveryFifth(Gated):
+    """Doubles its output at every fifth call (after the capture's four), counted in another module's namespace
+    (`side_effect_helpers.tick()`)."""
+
+    def forward(self, x):
+        y = gate(x, self.w)
+        return y * 2.0 if side_effect_helpers.tick() % 5 == 0 else y * 1.0
+
+
+class CountsElsewhere(Gated):
+    """Counts its calls in a dict of another module, through a function of that module."""
+
+    def forward(self, x):
+        side_effect_helpers.count("gate")
+        return gate(x, self.w)
+
+
+class PrintingChild(Gated):
+    def forward(self, x):
+        print("child", tuple(x.shape))
+        return gate(x, self.w)
+
+
+class Block(nn.Module):
+    """Only calls its child (whose forward does something else): the block's chain is the child's."""
+
+    def __init__(self, child):
+        super().__init__()
+        self.child = child
+
+    def forward(self, x):
+        return self.child(x) * 1.0
+
+
+class ParamThroughView(Gated):
+    """Writes one element of its weight through a view, then computes with it."""
+
+    def forward(self, x):
+        self.w[0] = 1.0
+        return gate(x, self.w)
+
+
+class ClampsWeight(Gated):
+    """A max-norm constraint: clamps its weight in place at each call."""
+
+    def forward(self, x):
+        self.w.data.clamp_(-0.5, 0.5)
+        return gate(x, self.w)
+
+
+class TagsInput(Gated):
+    """Sets a Python attribute on its input tensor (the caller reads it)."""
+
+    def forward(self, x):
+        x.seen_by_gate = True
+        return gate(x, self.w)
+
+
+class ReadsTag(nn.Module):
+    """A Linear, then a TagsInput; doubles the result where the tensor it passed came back tagged."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.lin, self.inner = nn.Linear(d, d), TagsInput(d)
+
+    def forward(self, x):
+        h = self.lin(x)
+        y = self.inner(h)
+        return y * (2.0 if getattr(h, "seen_by_gate", False) else 1.0)
 
 
 def closure_counter_class() -> tuple[type, Callable[[], int]]:
@@ -718,6 +792,12 @@ EFFECTS: dict[str, Callable[[int], Case]] = {
     "list on the class, appended to": stack(lambda d, i: ClassList(d), lambda m: list(ClassList.log)),
     "global set through a method": stack(lambda d, i: GlobalByMethod(d), lambda m: CALLS),
     "torch seeded through a held helper": stack(lambda d, i: SeedsByMethod(d)),
+    "every fifth call differs (a counter in another module)": stack(lambda d, i: EveryFifth(d), n=6),
+    "counts in another module's dict": stack(lambda d, i: CountsElsewhere(d),
+                                             lambda m: dict(side_effect_helpers.COUNTS)),
+    "a child that prints": stack(lambda d, i: Block(PrintingChild(d))),
+    "a child that counts in a global": stack(lambda d, i: Block(GlobalCounter(d)), lambda m: CALLS),
+    "a child with a class counter": stack(lambda d, i: Block(ClassCounter(d)), lambda m: ClassCounter.calls),
     "class table made lazily": stack(lambda d, i: LazyClassTable(d), lambda m: LazyClassTable.table),
     "closure cell (nonlocal)": _closure_case,
     "held function counting in its closure": stack(lambda d, i: HeldFunction(d), inner("tick", lambda f: f.n[0])),
@@ -740,6 +820,10 @@ EFFECTS: dict[str, Callable[[int], Case]] = {
     "buffer's .data set": stack(lambda d, i: BufferCopy(d, ".data"), inner("buf", torch.clone)),
     "buffer reassigned (self.last = y)": stack(lambda d, i: BufferReassigned(d), inner("last", torch.clone)),
     "writes its input in place": stack(lambda d, i: WritesInput(d)),
+    "writes its weight through a view": stack(lambda d, i: ParamThroughView(d), inner("w", torch.clone)),
+    "clamps its weight in place (max-norm)": stack(lambda d, i: ClampsWeight(d), inner("w", torch.clone)),
+    "sets an attribute on its input tensor": stack(lambda d, i: ReadsTag(d)),
+    "spectral norm, train": stack(lambda d, i: nn.utils.parametrizations.spectral_norm(Gated(d), "w"), train=True),
     "eval batchnorm (a compute op: no module card)": stack(lambda d, i: TrainBatchNorm(d)),
     "train batchnorm": stack(lambda d, i: TrainBatchNorm(d), inner("bn", lambda b: b.running_mean.clone()),
                              train=True),

@@ -168,6 +168,9 @@ def _notes(name: str) -> list[str]:
     ("registers a hook on itself", "it registers hooks or tensors (register_forward_hook)"),
     ("torch.manual_seed in forward", "it seeds or sets a generator (manual_seed)"),
     ("python random consumed", "it reads random, which draws from Python's or NumPy's random numbers"),
+    ("every fifth call differs (a counter in another module)", "it sets the global TICKS"),
+    ("a child that prints", "it prints, warns or logs (print)"),
+    ("a child that counts in a global", "it sets the global CALLS"),
 ])
 def test_a_forward_whose_code_does_more_than_compute_is_no_module_card(name, why):
     # Read from the forward's bytecode (and the functions and methods it calls): what the capture's forwards cannot
@@ -194,6 +197,7 @@ def test_a_forward_whose_code_does_more_than_compute_is_no_module_card(name, why
     ("a child's attribute", "inner:calls"),
     ("buffer reassigned (self.last = y)", "_buffers.last"),
     ("torch seeded through a held helper", "torch's generator"),
+    ("counts in another module's dict", "global COUNTS"),
 ])
 def test_a_forward_that_changes_what_it_reaches_is_no_module_card(name, changed):
     # Compared around each bound module's forward in the sampling forward: module-level values it reads (and their
@@ -224,3 +228,9 @@ def test_a_module_holding_a_named_tuple_binds(tmp_path):
     assert same(held(Dims(4, 2)), held(Dims(4, 2))) and not same(held(Dims(4, 2)), held(Dims(4, 3)))
     found, info = problems("holds a named tuple, a large list, a frozen set", 0, tmp_path)
     assert not found and info["bound"] == ["HoldsValues"] and info["hits"] == 8
+
+
+def test_a_forward_that_sets_an_attribute_on_its_input_tensor_is_no_module_card():
+    # `x.seen_by_gate = True`: the caller's tensor carries it afterwards; the arguments were held by identity only.
+    assert any("its forward changes argument 0 it was passed" in n for n in _notes("sets an attribute on its input "
+                                                                                   "tensor"))

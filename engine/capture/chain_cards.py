@@ -265,7 +265,7 @@ class ChainSampler(_Trace):
         arguments and the autocast state it runs under, and marks a bound instance of the module whose chain
         is still running (`block(block(x))`: a chain over both calls of a block that makes no call of its own,
         which the trace cannot tell from one)."""
-        from engine.capture.module_binding import attributes_held, autocast_state, held, rng_state
+        from engine.capture.module_binding import attributes_held, autocast_state, held_arguments, rng_state
 
         def hook(module, args, kwargs):
             p = self.running.get(path)
@@ -274,7 +274,7 @@ class ChainSampler(_Trace):
             self.entered[path] = (len(self.calls), args, dict(kwargs or {}), autocast_state())
             self._state_in[path] = attributes_held(module)
             self._state_in[path]["torch's generator"] = rng_state()
-            self._args_in[path] = held(args)
+            self._args_in[path] = held_arguments(args)
         return hook
 
     def leave(self, path: str) -> Callable:
@@ -585,7 +585,9 @@ def _binding(model: torch.nn.Module, p: _Planned) -> dict[str, Any] | str:
     if p.entry is None:
         return "its module's forward was not seen"
     module = model.get_submodule(p.chain.module)
-    effect = forward_scope(type(module)).effect
+    # its own forward's and those of the submodules it calls (a block whose child prints: the block's chain is the
+    # child's calls, and the child's own module card was refused)
+    effect = next((e for c in {type(m): None for m in module.modules()} if (e := forward_scope(c).effect)), None)
     if effect is not None:
         return effect
     args, kwargs, autocast = p.entry

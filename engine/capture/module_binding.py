@@ -169,12 +169,15 @@ def attributes_held(module: torch.nn.Module) -> dict[str, Any]:
     for table in ("_parameters", "_buffers", "_modules"):
         out.update((f"{table}.{k}", v) for k, v in d[table].items())
     out["(hooks)"] = "%d %d %d %d" % tuple(len(d[h]) for h in _HOOKS)  # noqa: UP031 - the fastest
+    classes = {type(module)}
     if d["_modules"]:
         for path, m in module.named_modules():
             if path:
                 out.update((f"{path}:{k}", held(v)) for k, v in vars(m).items()
                            if k not in _MODULE_INTERNALS and k not in IGNORED_STATE)
-    out.update(reached_held(type(module)))
+                classes.add(type(m))
+    for c in classes:  # what the forwards it runs reach: its own and its submodules'
+        out.update(reached_held(c))
     return out
 
 
@@ -255,8 +258,9 @@ def _draws(v: Any) -> bool:
 
 
 def forward_scope(cls: type, depth: int = 2) -> _Scope:
-    """The forward of `cls`, and the functions it calls by a module-level name or a method name of its class, `depth`
-    calls deep (outside torch), as found once per class: their module-level names that hold a value now (not modules or functions), the classes of
+    """The forward of `cls`, and the functions it calls by a module-level name, a method name of its class or an
+    attribute of another module it reads (`helpers.count()`), `depth` calls deep (outside torch), as found once per
+    class: their module-level names that hold a value now (not modules or functions), the classes of
     `cls` below nn.Module, and `effect`: why the code does something besides computing, read from its bytecode, or
     None. It writes a global (`global CALLS; CALLS += 1`), a closure cell (`nonlocal count`), or a class attribute
     (`Cls.table = ...` on the first call: the capture's forwards come later and change nothing); it prints, warns or
@@ -279,11 +283,17 @@ def forward_scope(cls: type, depth: int = 2) -> _Scope:
         for f in [getattr(fn, "__wrapped__", None), *_closure(fn)]:  # a decorated forward: what it wraps
             visit(f, left)
         if left > 0:
-            for name in _code_names(fn.__code__):
+            names = _code_names(fn.__code__)
+            # other modules it reads (`helpers.count(...)`): their functions it may call by attribute
+            spaces = [v.__dict__ for n in names if isinstance(v := fn.__globals__.get(n), types.ModuleType)
+                      and not v.__name__.startswith("torch")]
+            for name in names:
                 f = fn.__globals__.get(name)
                 if not isinstance(f, types.FunctionType):  # a method it may call (`self._count()`)
                     f = next((c.__dict__[name] for c in classes if name in c.__dict__), None)
-                if isinstance(f, types.FunctionType) and not f.__module__.startswith("torch"):
+                if not isinstance(f, types.FunctionType):
+                    f = next((d[name] for d in spaces if isinstance(d.get(name), types.FunctionType)), None)
+                if isinstance(f, types.FunctionType) and not (f.__module__ or "").startswith("torch"):
                     visit(f, left - 1)
 
     classes = [c for c in cls.__mro__ if c not in (torch.nn.Module, object)]
@@ -383,10 +393,19 @@ def same(a: Any, b: Any) -> bool:
     return a is b and not isinstance(a, _Unknown)
 
 
+def held_arguments(args: tuple) -> Any:
+    """A forward's arguments as they are now, for `arguments_changed`: `held(args)`, and the Python attributes of each
+    tensor among them (`x.seen = True` on the caller's tensor, which the caller may read)."""
+    return held(args), [held(a.__dict__) if isinstance(a, torch.Tensor) else None for a in args]
+
+
 def arguments_changed(before: Any, args: tuple) -> list[int]:
-    """The positions of a forward's arguments that are not what `held(args)` kept before it ran (a list it was
-    passed and appended to, a dict it wrote into): a cast that runs its plan instead would leave them as they were."""
-    return [k for k, (a, b) in enumerate(zip(before.items, args)) if not same(a, held(b))]
+    """The positions of a forward's arguments that are not what `held_arguments` kept before it ran (a list it was
+    passed and appended to, a dict it wrote into, a tensor given an attribute): a cast that runs its plan instead
+    would leave them as they were."""
+    items, attrs = before
+    return [k for k, (a, b, d) in enumerate(zip(items.items, args, attrs))
+            if not same(a, held(b)) or (d is not None and not same(d, held(b.__dict__)))]
 
 
 def rng_state() -> bytes:

@@ -1,0 +1,19 @@
+"""A helper module of tests/side_effect_models.py: a counter kept in this module's namespace, read and advanced through
+a function a forward calls as `side_effect_helpers.tick()` (an attribute of a module, not a name of its own)."""
+
+from __future__ import annotations
+
+TICKS = 0
+
+
+def tick() -> int:
+    global TICKS
+    TICKS += 1
+    return TICKS
+
+
+COUNTS: dict = {}
+
+
+def count(key) -> None:
+    COUNTS[key] = COUNTS.get(key, 0) + 1
