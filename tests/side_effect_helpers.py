@@ -4,6 +4,7 @@ a function a forward calls as `side_effect_helpers.tick()` (an attribute of a mo
 from __future__ import annotations
 
 TICKS = 0
+FAST = False
 
 
 def tick() -> int:

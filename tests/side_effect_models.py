@@ -94,6 +94,8 @@ def reset_globals() -> None:
     LazyClassTable.table = None
     ClassList.log = []
     side_effect_helpers.TICKS = 0
+    side_effect_helpers.FAST = False
+    torch.set_default_dtype(torch.float32)
     side_effect_helpers.COUNTS.clear()
 
 
@@ -238,6 +240,22 @@ class Block(nn.Module):
 
     def forward(self, x):
         return self.child(x) * 1.0
+
+
+class SetsDefaultDtype(Gated):
+    """Sets torch's default dtype in its forward (and computes in float32 as before)."""
+
+    def forward(self, x):
+        torch.set_default_dtype(torch.float64)
+        return gate(x, self.w)
+
+
+class SetsModuleFlag(Gated):
+    """Sets a flag of a module it imports (`side_effect_helpers.FAST = True`, as `torch.backends.x.y = True` does)."""
+
+    def forward(self, x):
+        side_effect_helpers.FAST = True
+        return gate(x, self.w)
 
 
 class ParamThroughView(Gated):
@@ -795,6 +813,8 @@ EFFECTS: dict[str, Callable[[int], Case]] = {
     "every fifth call differs (a counter in another module)": stack(lambda d, i: EveryFifth(d), n=6),
     "counts in another module's dict": stack(lambda d, i: CountsElsewhere(d),
                                              lambda m: dict(side_effect_helpers.COUNTS)),
+    "sets torch's default dtype": stack(lambda d, i: SetsDefaultDtype(d), lambda m: str(torch.get_default_dtype())),
+    "sets a flag of a module it imports": stack(lambda d, i: SetsModuleFlag(d), lambda m: side_effect_helpers.FAST),
     "a child that prints": stack(lambda d, i: Block(PrintingChild(d))),
     "a child that counts in a global": stack(lambda d, i: Block(GlobalCounter(d)), lambda m: CALLS),
     "a child with a class counter": stack(lambda d, i: Block(ClassCounter(d)), lambda m: ClassCounter.calls),

@@ -49,7 +49,9 @@ def run_calls(case: Any, seed: int) -> dict[str, Any]:
                 out.append(case.model(*[a.clone() for a in args]))
     finally:
         LOG.removeHandler(records)
-    return {"outputs": out, "probe": case.probe(case.model), "torch rng": torch.get_rng_state(),
+    probe = case.probe(case.model)
+    torch.set_default_dtype(torch.float32)  # a case's forward may have set it (the probe read it)
+    return {"outputs": out, "probe": probe, "torch rng": torch.get_rng_state(),
             "python rng": hash(random.getstate()), "printed": printed.getvalue(),
             "warned": [str(w.message) for w in warned], "logged": records.seen}
 
@@ -161,7 +163,7 @@ def _notes(name: str) -> list[str]:
     ("global set through a method", "it sets the global CALLS"),
     ("closure cell (nonlocal)", "it sets the closure variable count"),
     ("class attribute (type(self).calls)", "it may set the class attribute calls"),
-    ("class table made lazily", "it may set the class attribute table"),
+    ("class table made lazily", "it sets an attribute of the global LazyClassTable (table)"),
     ("print", "it prints, warns or logs (print)"),
     ("warnings.warn", "it prints, warns or logs (warn, warnings)"),
     ("logging", "it prints, warns or logs (warning)"),
@@ -171,6 +173,8 @@ def _notes(name: str) -> list[str]:
     ("every fifth call differs (a counter in another module)", "it sets the global TICKS"),
     ("a child that prints", "it prints, warns or logs (print)"),
     ("a child that counts in a global", "it sets the global CALLS"),
+    ("sets torch's default dtype", "it changes a torch setting (set_default_dtype)"),
+    ("sets a flag of a module it imports", "it sets an attribute of the global side_effect_helpers (FAST)"),
 ])
 def test_a_forward_whose_code_does_more_than_compute_is_no_module_card(name, why):
     # Read from the forward's bytecode (and the functions and methods it calls): what the capture's forwards cannot

@@ -235,6 +235,10 @@ TALKS = frozenset({"print", "warn", "warnings", "warning", "warning_once", "warn
 # call finds as the first left it, so no comparison around one forward shows it.
 SEEDS = frozenset({"manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state", "set_rng_state_all",
                    "set_state", "fork_rng"})
+# Names whose call changes a process-wide torch setting (what every later call computes with).
+SETTINGS = frozenset({"set_default_dtype", "set_default_device", "set_default_tensor_type", "set_num_threads",
+                      "set_num_interop_threads", "set_float32_matmul_precision", "use_deterministic_algorithms",
+                      "set_flush_denormal", "set_printoptions", "set_autocast_enabled"})
 REGISTERS = frozenset({"register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
                        "register_full_backward_pre_hook", "register_backward_hook", "register_hook",
                        "register_buffer", "register_parameter", "register_module", "add_module",
@@ -264,7 +268,8 @@ def forward_scope(cls: type, depth: int = 2) -> _Scope:
     `cls` below nn.Module, and `effect`: why the code does something besides computing, read from its bytecode, or
     None. It writes a global (`global CALLS; CALLS += 1`), a closure cell (`nonlocal count`), or a class attribute
     (`Cls.table = ...` on the first call: the capture's forwards come later and change nothing); it prints, warns or
-    logs (TALKS), registers hooks or tensors (REGISTERS), seeds a generator (SEEDS), or reads Python's or NumPy's
+    logs (TALKS), registers hooks or tensors (REGISTERS), seeds a generator (SEEDS), changes a torch setting (SETTINGS,
+    or an attribute set on what a module-level name holds: `torch.backends.cudnn.benchmark = True`), or reads Python's or NumPy's
     generators (`random.random()`, a layer drop): what a cast skips, where the capture's forwards may not show it.
     Names are matched wherever the code holds them, taken or not: declining costs only speed."""
     got = _SCOPES.get(cls)
@@ -323,8 +328,19 @@ def forward_scope(cls: type, depth: int = 2) -> _Scope:
         seeds = sorted(code_names & SEEDS)
         if effect is None and seeds:
             effect = f"it seeds or sets a generator ({', '.join(seeds)})"
+        settings = sorted(code_names & SETTINGS)
+        if effect is None and settings:
+            effect = f"it changes a torch setting ({', '.join(settings)})"
         if effect is None:
+            chain: list[str] = []  # the attribute loads just before an instruction, from a LOAD_GLOBAL on
             for ins in dis.get_instructions(fn.__code__):
+                if ins.opname in ("STORE_ATTR", "DELETE_ATTR") and chain and chain[0].startswith("global "):
+                    # an attribute of what a module-level name holds (`torch.backends.cudnn.benchmark = True`,
+                    # `FLAGS.calls = 0`, `Cls.table = [...]`)
+                    effect = f"it sets an attribute of the {chain[0]} ({'.'.join([*chain[1:], ins.argval])})"
+                    break
+                chain = [f"global {ins.argval}"] if ins.opname == "LOAD_GLOBAL" else \
+                    [*chain, ins.argval] if ins.opname == "LOAD_ATTR" and chain else []
                 if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
                     effect = f"it sets the global {ins.argval}"
                 elif ins.opname in ("STORE_DEREF", "DELETE_DEREF") and ins.argval in fn.__code__.co_freevars:
