@@ -14,6 +14,7 @@ forwards without side effects (or whose effect the cast keeps) whose module card
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import logging
 import random
@@ -256,6 +257,32 @@ class SetsModuleFlag(Gated):
     def forward(self, x):
         side_effect_helpers.FAST = True
         return gate(x, self.w)
+
+
+class CallsHeld(Gated):
+    """Calls a function it holds on its output: `print`, a partial of a logger's method, a lambda that warns."""
+
+    def __init__(self, d, how):
+        super().__init__(d)
+        self.report = {"print": print, "partial": functools.partial(LOG.warning, "gate %s"),
+                       "lambda": lambda y: warnings.warn("gate", stacklevel=1)}[how]
+
+    def forward(self, x):
+        y = gate(x, self.w)
+        self.report(tuple(y.shape))
+        return y
+
+
+class OutArgument(Gated):
+    """Computes into a buffer it holds (`out=self.buf`), then from it."""
+
+    def __init__(self, d):
+        super().__init__(d)
+        self.register_buffer("buf", torch.zeros(*_shapes_for(d)))
+
+    def forward(self, x):
+        torch.sigmoid(x * self.w, out=self.buf)
+        return self.buf * x
 
 
 class ParamThroughView(Gated):
@@ -815,6 +842,8 @@ EFFECTS: dict[str, Callable[[int], Case]] = {
                                              lambda m: dict(side_effect_helpers.COUNTS)),
     "sets torch's default dtype": stack(lambda d, i: SetsDefaultDtype(d), lambda m: str(torch.get_default_dtype())),
     "sets a flag of a module it imports": stack(lambda d, i: SetsModuleFlag(d), lambda m: side_effect_helpers.FAST),
+    **{f"calls a {how} it holds that talks": stack(lambda d, i, how=how: CallsHeld(d, how))
+       for how in ["print", "partial", "lambda"]},
     "a child that prints": stack(lambda d, i: Block(PrintingChild(d))),
     "a child that counts in a global": stack(lambda d, i: Block(GlobalCounter(d)), lambda m: CALLS),
     "a child with a class counter": stack(lambda d, i: Block(ClassCounter(d)), lambda m: ClassCounter.calls),
@@ -840,6 +869,7 @@ EFFECTS: dict[str, Callable[[int], Case]] = {
     "buffer's .data set": stack(lambda d, i: BufferCopy(d, ".data"), inner("buf", torch.clone)),
     "buffer reassigned (self.last = y)": stack(lambda d, i: BufferReassigned(d), inner("last", torch.clone)),
     "writes its input in place": stack(lambda d, i: WritesInput(d)),
+    "computes into a buffer (out=)": stack(lambda d, i: OutArgument(d), inner("buf", torch.clone)),
     "writes its weight through a view": stack(lambda d, i: ParamThroughView(d), inner("w", torch.clone)),
     "clamps its weight in place (max-norm)": stack(lambda d, i: ClampsWeight(d), inner("w", torch.clone)),
     "sets an attribute on its input tensor": stack(lambda d, i: ReadsTag(d)),

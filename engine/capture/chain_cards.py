@@ -574,6 +574,7 @@ def _binding(model: torch.nn.Module, p: _Planned) -> dict[str, Any] | str:
         ModuleCardError,
         class_name,
         forward_scope,
+        held_callable_effect,
         held_description,
         module_binding,
         proven_state,
@@ -587,7 +588,8 @@ def _binding(model: torch.nn.Module, p: _Planned) -> dict[str, Any] | str:
     module = model.get_submodule(p.chain.module)
     # its own forward's and those of the submodules it calls (a block whose child prints: the block's chain is the
     # child's calls, and the child's own module card was refused)
-    effect = next((e for c in {type(m): None for m in module.modules()} if (e := forward_scope(c).effect)), None)
+    effect = next((e for c in {type(m): None for m in module.modules()} if (e := forward_scope(c).effect)), None) \
+        or held_callable_effect(module)
     if effect is not None:
         return effect
     args, kwargs, autocast = p.entry

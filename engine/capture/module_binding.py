@@ -273,8 +273,16 @@ def forward_scope(cls: type, depth: int = 2) -> _Scope:
     generators (`random.random()`, a layer drop): what a cast skips, where the capture's forwards may not show it.
     Names are matched wherever the code holds them, taken or not: declining costs only speed."""
     got = _SCOPES.get(cls)
-    if got is not None:
-        return got
+    if got is None:
+        classes = [c for c in cls.__mro__ if c not in (torch.nn.Module, object)]
+        forward = cls.forward  # a cast's dispatcher: the class's own forward
+        got = _SCOPES[cls] = _scan(getattr(forward, "__kforge_original__", forward), classes, depth)
+    return got
+
+
+def _scan(root: Any, classes: list[type], depth: int = 2) -> _Scope:
+    """`forward_scope` of the function `root` (a forward, or a function a module holds), with `classes` the classes
+    whose methods it may call and whose data attributes it may set."""
     import dis
 
     functions: list[types.FunctionType] = []
@@ -301,9 +309,7 @@ def forward_scope(cls: type, depth: int = 2) -> _Scope:
                 if isinstance(f, types.FunctionType) and not (f.__module__ or "").startswith("torch"):
                     visit(f, left - 1)
 
-    classes = [c for c in cls.__mro__ if c not in (torch.nn.Module, object)]
-    forward = cls.forward
-    visit(getattr(forward, "__kforge_original__", forward), depth)  # a cast's dispatcher: the class's own forward
+    visit(root, depth)
     class_attrs = {k for c in classes for k, _ in _class_data(c)}
     names, effect = [], None
     for fn in functions:
@@ -351,9 +357,34 @@ def forward_scope(cls: type, depth: int = 2) -> _Scope:
                     break
     # per class, the names that are not data now (functions, descriptors): skipped at each call without a look
     skips = [(c, frozenset(k for k, v in vars(c).items() if not _data(k, v))) for c in classes]
-    got = _SCOPES[cls] = _Scope([f for f in functions if f.__closure__], names, skips,
-                                effect and f"its forward does more than compute: {effect}")
-    return got
+    return _Scope([f for f in functions if f.__closure__], names, skips,
+                  effect and f"its forward does more than compute: {effect}")
+
+
+_HELD_SCANS: weakref.WeakKeyDictionary[types.FunctionType, str | None] = weakref.WeakKeyDictionary()
+_CALLED = TALKS | SEEDS | SETTINGS | REGISTERS
+
+
+def held_callable_effect(module: torch.nn.Module) -> str | None:
+    """What a function the instance (or a submodule) holds does besides computing, where its forward may call it
+    (`self.report = print`, `self.say = functools.partial(logger.info, ...)`, `self.post = lambda y: ...`): the
+    builtin's name (TALKS, SEEDS, SETTINGS, REGISTERS) or the function's `_scan`, found once per function."""
+    for m in module.modules():
+        for k, v in m.__dict__.items():
+            if k in _MODULE_INTERNALS or not callable(v) or isinstance(v, (torch.nn.Module, type, torch.Tensor)):
+                continue
+            f = getattr(v, "func", v)  # a functools.partial
+            f = getattr(f, "__func__", f)  # a bound method
+            name = getattr(f, "__name__", "")
+            if name in _CALLED:  # `print`, a logger's `warning`, `torch.manual_seed`
+                return f"its forward does more than compute: it may call {k} ({name})"
+            if not isinstance(f, types.FunctionType):
+                continue
+            if f not in _HELD_SCANS:
+                _HELD_SCANS[f] = _scan(f, []).effect
+            if _HELD_SCANS[f] is not None:
+                return _HELD_SCANS[f].replace("it ", f"{k} ", 1)
+    return None
 
 
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
