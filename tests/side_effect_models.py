@@ -76,7 +76,7 @@ class HoldsValues(Gated):
 CALLS = 0
 CACHE: dict = {}
 SEEN: list = []
-FLAGS = SimpleNamespace(calls=0)
+FLAGS = SimpleNamespace(calls=0, record=False)
 
 
 def _record(y):
@@ -94,6 +94,9 @@ def reset_globals() -> None:
     SharedCache.cache = {}
     LazyClassTable.table = None
     ClassList.log = []
+    RecordsWhenAsked.record, RecordsWhenAsked.log, FLAGS.record = False, [], False
+    global RECORD
+    RECORD = False
     side_effect_helpers.TICKS = 0
     side_effect_helpers.FAST = False
     torch.set_default_dtype(torch.float32)
@@ -283,6 +286,41 @@ class OutArgument(Gated):
     def forward(self, x):
         torch.sigmoid(x * self.w, out=self.buf)
         return self.buf * x
+
+
+class RecordsWhenAsked(Gated):
+    """Appends to a log when a flag says so: on its class (`RecordsWhenAsked.record`), on a module-level object
+    (`FLAGS.record`) or a module-level name (`RECORD`). The flag is off while the capture runs; the caller sets it
+    before the third call."""
+
+    record = False
+    log: list = []
+
+    def __init__(self, d, where):
+        super().__init__(d)
+        self.where = where
+
+    def forward(self, x):
+        on = {"class": lambda: type(self).record, "object": lambda: FLAGS.record, "global": lambda: RECORD}[self.where]
+        if on():
+            type(self).log.append(x.shape[-1])
+        return gate(x, self.w)
+
+
+def _flag_on(where):
+    def before(m, k):
+        global RECORD
+        if k == 2:
+            if where == "class":
+                RecordsWhenAsked.record = True
+            elif where == "object":
+                FLAGS.record = True
+            else:
+                RECORD = True
+    return before
+
+
+RECORD = False
 
 
 class ParamThroughView(Gated):
@@ -844,6 +882,9 @@ EFFECTS: dict[str, Callable[[int], Case]] = {
     "sets a flag of a module it imports": stack(lambda d, i: SetsModuleFlag(d), lambda m: side_effect_helpers.FAST),
     **{f"calls a {how} it holds that talks": stack(lambda d, i, how=how: CallsHeld(d, how))
        for how in ["print", "partial", "lambda"]},
+    **{f"a flag on its {where} set after install": stack(lambda d, i, where=where: RecordsWhenAsked(d, where),
+                                                          lambda m: list(RecordsWhenAsked.log), before=_flag_on(where))
+       for where in ["class", "object", "global"]},
     "a child that prints": stack(lambda d, i: Block(PrintingChild(d))),
     "a child that counts in a global": stack(lambda d, i: Block(GlobalCounter(d)), lambda m: CALLS),
     "a child with a class counter": stack(lambda d, i: Block(ClassCounter(d)), lambda m: ClassCounter.calls),

@@ -242,3 +242,12 @@ def test_a_forward_that_sets_an_attribute_on_its_input_tensor_is_no_module_card(
     # `x.seen_by_gate = True`: the caller's tensor carries it afterwards; the arguments were held by identity only.
     assert any("its forward changes argument 0 it was passed" in n for n in _notes("sets an attribute on its input "
                                                                                    "tensor"))
+
+
+@pytest.mark.parametrize("where", ["class", "object"])
+def test_a_flag_on_its_class_or_a_module_level_object_set_after_install_runs_the_forward(tmp_path, where):
+    # `if type(self).record: type(self).log.append(...)` (or `FLAGS.record`), off while the capture ran: nothing changed,
+    # so the card bound, which is right; the route held the module-level names the forward reads, not its class's
+    # attributes nor a module-level object's, and went on serving once the caller set the flag: the log stayed empty.
+    found, info = problems(f"a flag on its {where} set after install", 0, tmp_path)
+    assert not found and info["hits"] == 4 and info["declines"] == {"globals changed": 4}

@@ -204,6 +204,24 @@ def reached_held(cls: type) -> dict[str, Any]:
     return out
 
 
+def reached_flags(cls: type) -> list[tuple[Any, str, Any]]:
+    """(namespace, name, value) of the plain values the forward of `cls` reaches besides its instance and the
+    module-level names themselves (`forward_scope`): its classes' data attributes (`record = False` on the class) and
+    the attributes of the module-level objects and classes it reads (`FLAGS.debug`). An install holds them as they
+    were (engine.cast.modules): a flag set there afterwards (`type(self).record = True`) makes the forward do what the
+    capture never saw it do, which the module-level guard did not see either."""
+    scope = forward_scope(cls)
+    spaces = [c.__dict__ for c, _ in scope.classes]
+    for g, name in scope.names:
+        v = g.get(name, _EMPTY)
+        if _object(v):
+            spaces.append(v.__dict__)
+        elif isinstance(v, type) and v.__module__ == g.get("__name__"):
+            spaces.append(v.__dict__)
+    return [(d, k, v) for d in spaces for k, v in list(d.items())
+            if not (k.startswith("__") and k.endswith("__")) and isinstance(v, (*_PLAIN, torch.dtype, torch.device))]
+
+
 def _data(k: str, v: Any) -> bool:
     """Whether a class attribute is data (not a function, descriptor or dunder): `calls = 0`, `cache = {}`."""
     return not (k.startswith("__") and k.endswith("__")) and not callable(v) and not isinstance(
