@@ -323,6 +323,69 @@ def _flag_on(where):
 RECORD = False
 
 
+class InList(Gated):
+    """Counts in an object (or a module) it keeps in a list (`self.trackers[0].calls += 1`)."""
+
+    def __init__(self, d, what):
+        super().__init__(d)
+        t = nn.Identity() if what == "module" else SimpleNamespace()
+        t.calls = 0
+        self.trackers = [t]
+
+    def forward(self, x):
+        self.trackers[0].calls += 1
+        return gate(x, self.w)
+
+
+class TagsWeight(Gated):
+    """Counts its calls on its parameter's Python attributes (`self.w.calls += 1`)."""
+
+    def __init__(self, d):
+        super().__init__(d)
+        self.w.calls = 0
+
+    def forward(self, x):
+        self.w.calls += 1
+        return gate(x, self.w)
+
+
+class CountingProperty(Gated):
+    """Reads a property whose getter counts in a global."""
+
+    @property
+    def scale(self):
+        global CALLS
+        CALLS += 1
+        return 1.0
+
+    def forward(self, x):
+        return gate(x, self.w) * self.scale
+
+
+class WritesFile(Gated):
+    """Appends a line to a file at each call."""
+
+    def __init__(self, d, path):
+        super().__init__(d)
+        self.path = path
+
+    def forward(self, x):
+        with open(self.path, "a") as f:
+            f.write(f"{tuple(x.shape)}\n")
+        return gate(x, self.w)
+
+
+def _file_case(seed):
+    import os
+    import tempfile
+
+    path = os.path.join(tempfile.gettempdir(), f"kforge-side-effect-{os.getpid()}-{seed}.log")
+    open(path, "w").close()  # each build starts with an empty file (the same path: a plain attribute the install holds)
+    case = stack(lambda d, i: WritesFile(d, path))(seed)
+    case.probe = lambda m: open(path).read().count("\n")
+    return case
+
+
 class ParamThroughView(Gated):
     """Writes one element of its weight through a view, then computes with it."""
 
@@ -885,6 +948,11 @@ EFFECTS: dict[str, Callable[[int], Case]] = {
     **{f"a flag on its {where} set after install": stack(lambda d, i, where=where: RecordsWhenAsked(d, where),
                                                           lambda m: list(RecordsWhenAsked.log), before=_flag_on(where))
        for where in ["class", "object", "global"]},
+    "an object in a list it holds": stack(lambda d, i: InList(d, "object"), inner("trackers", lambda t: t[0].calls)),
+    "a module in a list it holds": stack(lambda d, i: InList(d, "module"), inner("trackers", lambda t: t[0].calls)),
+    "its parameter's Python attribute": stack(lambda d, i: TagsWeight(d), inner("w", lambda w: w.calls)),
+    "a property counting in a global": stack(lambda d, i: CountingProperty(d), lambda m: CALLS),
+    "appends to a file": _file_case,
     "a child that prints": stack(lambda d, i: Block(PrintingChild(d))),
     "a child that counts in a global": stack(lambda d, i: Block(GlobalCounter(d)), lambda m: CALLS),
     "a child with a class counter": stack(lambda d, i: Block(ClassCounter(d)), lambda m: ClassCounter.calls),

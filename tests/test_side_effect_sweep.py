@@ -175,6 +175,8 @@ def _notes(name: str) -> list[str]:
     ("a child that counts in a global", "it sets the global CALLS"),
     ("sets torch's default dtype", "it changes a torch setting (set_default_dtype)"),
     ("calls a print it holds that talks", "it may call report (print)"),
+    ("a property counting in a global", "it sets the global CALLS"),
+    ("appends to a file", "it prints, warns or logs (open, write)"),
     ("calls a partial it holds that talks", "it may call report (warning)"),
     ("calls a lambda it holds that talks", "report prints, warns or logs (warn, warnings)"),
     ("sets a flag of a module it imports", "it sets an attribute of the global side_effect_helpers (FAST)"),
@@ -205,6 +207,9 @@ def test_a_forward_whose_code_does_more_than_compute_is_no_module_card(name, why
     ("buffer reassigned (self.last = y)", "_buffers.last"),
     ("torch seeded through a held helper", "torch's generator"),
     ("counts in another module's dict", "global COUNTS"),
+    ("an object in a list it holds", "trackers"),
+    ("a module in a list it holds", "trackers"),
+    ("its parameter's Python attribute", "_parameters.w.__dict__"),
 ])
 def test_a_forward_that_changes_what_it_reaches_is_no_module_card(name, changed):
     # Compared around each bound module's forward in the sampling forward: module-level values it reads (and their

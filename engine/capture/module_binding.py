@@ -91,22 +91,27 @@ _AS_IS = frozenset({*_PLAIN, torch.Tensor, torch.nn.Parameter, torch.dtype, torc
 _BIG = 256  # a container with more items is held by identity and length (a cache growing by a key still shows)
 
 
-def held(v: Any) -> Any:
+def held(v: Any, objects: bool = False) -> Any:
     """`v` as it is now, for `same` to compare after a forward: lists, tuples, deques, dicts (OrderedDict, defaultdict,
-    Counter), sets and bytearrays copied item by item, Python generators (`random.Random`) by their state, iterators as
-    unknown, the rest held as is (plain values compare by value, other objects by identity)."""
-    if type(v) in _AS_IS or isinstance(v, (*_PLAIN, torch.Tensor, torch.nn.Module, type)):
+    Counter), sets and bytearrays copied item by item, and the objects and modules among their items with their own
+    attributes (`self.trackers[0].calls`, one level: `objects`); Python generators (`random.Random`) by their state,
+    iterators as unknown, the rest held as is (plain values compare by value, other objects by identity)."""
+    if type(v) in _AS_IS or isinstance(v, (*_PLAIN, torch.Tensor, type)):
+        return v
+    if objects and (isinstance(v, torch.nn.Module) or _object(v)):  # an item of a container the module holds
+        return _Copy(type(v), {"(id)": id(v), **{k: held(x) for k, x in vars(v).items() if k not in _MODULE_INTERNALS}})
+    if isinstance(v, torch.nn.Module):
         return v
     if isinstance(v, (list, tuple, collections.deque, dict, set, frozenset, bytearray)):
         if len(v) > _BIG:
             return _Copy(type(v), (id(v), len(v)))
         if isinstance(v, dict):
-            return _Copy(type(v), {k: held(x) for k, x in v.items()})
+            return _Copy(type(v), {k: held(x, True) for k, x in v.items()})
         if isinstance(v, (set, frozenset)):
             return _Copy(type(v), frozenset(v))
         if isinstance(v, bytearray):
             return _Copy(bytearray, bytes(v))
-        return _Copy(type(v), [held(x) for x in v])
+        return _Copy(type(v), [held(x, True) for x in v])
     if isinstance(v, random.Random):
         return _Copy(type(v), v.getstate())
     if isinstance(v, collections.abc.Iterator):
@@ -168,6 +173,9 @@ def attributes_held(module: torch.nn.Module) -> dict[str, Any]:
                     out.update((f"{name}.{a}.{b}", held(y)) for b, y in vars(x).items())
     for table in ("_parameters", "_buffers", "_modules"):
         out.update((f"{table}.{k}", v) for k, v in d[table].items())
+    for table in ("_parameters", "_buffers"):  # a tensor's Python attributes (`self.w.calls += 1`)
+        out.update((f"{table}.{k}.__dict__", held(v.__dict__)) for k, v in d[table].items()
+                   if v is not None and v.__dict__)
     out["(hooks)"] = "%d %d %d %d" % tuple(len(d[h]) for h in _HOOKS)  # noqa: UP031 - the fastest
     classes = {type(module)}
     if d["_modules"]:
@@ -246,9 +254,10 @@ class _Scope:
 
 _SCOPES: weakref.WeakKeyDictionary[type, _Scope] = weakref.WeakKeyDictionary()
 
-# Names whose call prints, warns, logs or registers something: a forward calling one does what no kernel does.
+# Names whose call prints, warns, logs or writes a file: a forward calling one does what no kernel does.
 TALKS = frozenset({"print", "warn", "warnings", "warning", "warning_once", "warn_once", "info", "info_once", "debug",
-                   "critical", "exception", "logger", "logging", "stdout", "stderr", "breakpoint", "pprint"})
+                   "critical", "exception", "logger", "logging", "stdout", "stderr", "breakpoint", "pprint",
+                   "open", "write", "writelines"})
 # Names whose call seeds or sets a generator's state: `torch.manual_seed(0)` at each call leaves the state the second
 # call finds as the first left it, so no comparison around one forward shows it.
 SEEDS = frozenset({"manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state", "set_rng_state_all",
@@ -320,8 +329,9 @@ def _scan(root: Any, classes: list[type], depth: int = 2) -> _Scope:
                       and not v.__name__.startswith("torch")]
             for name in names:
                 f = fn.__globals__.get(name)
-                if not isinstance(f, types.FunctionType):  # a method it may call (`self._count()`)
+                if not isinstance(f, types.FunctionType):  # a method it may call (`self._count()`), a property
                     f = next((c.__dict__[name] for c in classes if name in c.__dict__), None)
+                    f = f.fget if isinstance(f, property) else f
                 if not isinstance(f, types.FunctionType):
                     f = next((d[name] for d in spaces if isinstance(d.get(name), types.FunctionType)), None)
                 if isinstance(f, types.FunctionType) and not (f.__module__ or "").startswith("torch"):
