@@ -375,6 +375,35 @@ class WritesFile(Gated):
         return gate(x, self.w)
 
 
+class Sampler:
+    """A helper object with methods that draw from Python's random or count in a global."""
+
+    def draw(self):
+        return random.random() < 2.0
+
+    def count(self):
+        global CALLS
+        CALLS += 1
+
+
+class UsesHelper(Gated):
+    """Calls a method of a helper object it holds (`self.helper.draw()`)."""
+
+    def __init__(self, d):
+        super().__init__(d)
+        self.helper = Sampler()
+
+    def forward(self, x):
+        self.helper.draw()
+        return gate(x, self.w)
+
+
+class CountsWithHelper(UsesHelper):
+    def forward(self, x):
+        self.helper.count()
+        return gate(x, self.w)
+
+
 def _file_case(seed):
     import os
     import tempfile
@@ -953,6 +982,8 @@ EFFECTS: dict[str, Callable[[int], Case]] = {
     "its parameter's Python attribute": stack(lambda d, i: TagsWeight(d), inner("w", lambda w: w.calls)),
     "a property counting in a global": stack(lambda d, i: CountingProperty(d), lambda m: CALLS),
     "appends to a file": _file_case,
+    "draws through a held object's method": stack(lambda d, i: UsesHelper(d)),
+    "counts in a global through a held object's method": stack(lambda d, i: CountsWithHelper(d), lambda m: CALLS),
     "a child that prints": stack(lambda d, i: Block(PrintingChild(d))),
     "a child that counts in a global": stack(lambda d, i: Block(GlobalCounter(d)), lambda m: CALLS),
     "a child with a class counter": stack(lambda d, i: Block(ClassCounter(d)), lambda m: ClassCounter.calls),

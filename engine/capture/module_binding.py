@@ -245,11 +245,12 @@ class _Scope:
     """What `forward_scope` found of a class's forward: the functions with closures, the module-level names, the
     classes (each with the names of its attributes that are not data), and what it does besides computing."""
 
-    __slots__ = ("closures", "names", "classes", "effect")
+    __slots__ = ("closures", "names", "classes", "effect", "code_names")
 
     def __init__(self, closures: list[types.FunctionType], names: list[tuple[dict, str]],
-                 classes: list[tuple[type, frozenset[str]]], effect: str | None):
+                 classes: list[tuple[type, frozenset[str]]], effect: str | None, code_names: frozenset[str]):
         self.closures, self.names, self.classes, self.effect = closures, names, classes, effect
+        self.code_names = code_names  # every name the code holds (globals, attributes, methods it calls)
 
 
 _SCOPES: weakref.WeakKeyDictionary[type, _Scope] = weakref.WeakKeyDictionary()
@@ -386,32 +387,45 @@ def _scan(root: Any, classes: list[type], depth: int = 2) -> _Scope:
     # per class, the names that are not data now (functions, descriptors): skipped at each call without a look
     skips = [(c, frozenset(k for k, v in vars(c).items() if not _data(k, v))) for c in classes]
     return _Scope([f for f in functions if f.__closure__], names, skips,
-                  effect and f"its forward does more than compute: {effect}")
+                  effect and f"its forward does more than compute: {effect}",
+                  frozenset().union(*(_code_names(f.__code__) for f in functions)))
 
 
 _HELD_SCANS: weakref.WeakKeyDictionary[types.FunctionType, str | None] = weakref.WeakKeyDictionary()
 _CALLED = TALKS | SEEDS | SETTINGS | REGISTERS
 
 
+def _held_scan(f: types.FunctionType) -> str | None:
+    if f not in _HELD_SCANS:
+        _HELD_SCANS[f] = _scan(f, []).effect
+    return _HELD_SCANS[f]
+
+
 def held_callable_effect(module: torch.nn.Module) -> str | None:
     """What a function the instance (or a submodule) holds does besides computing, where its forward may call it
     (`self.report = print`, `self.say = functools.partial(logger.info, ...)`, `self.post = lambda y: ...`): the
-    builtin's name (TALKS, SEEDS, SETTINGS, REGISTERS) or the function's `_scan`, found once per function."""
+    builtin's name (TALKS, SEEDS, SETTINGS, REGISTERS) or the function's `_scan`, found once per function; and what a
+    method of an object it holds does, where the forward's code names the method (`self.sampler.draw()`)."""
     for m in module.modules():
+        names = forward_scope(type(m)).code_names
         for k, v in m.__dict__.items():
-            if k in _MODULE_INTERNALS or not callable(v) or isinstance(v, (torch.nn.Module, type, torch.Tensor)):
+            if k in _MODULE_INTERNALS:
+                continue
+            if _object(v):
+                for n in names:
+                    f = next((c.__dict__[n] for c in type(v).__mro__ if n in c.__dict__), None)
+                    f = f.fget if isinstance(f, property) else f
+                    if isinstance(f, types.FunctionType) and (e := _held_scan(f)) is not None:
+                        return e.replace("it ", f"{k}.{n} ", 1)
+            if not callable(v) or isinstance(v, (torch.nn.Module, type, torch.Tensor)):
                 continue
             f = getattr(v, "func", v)  # a functools.partial
             f = getattr(f, "__func__", f)  # a bound method
             name = getattr(f, "__name__", "")
             if name in _CALLED:  # `print`, a logger's `warning`, `torch.manual_seed`
                 return f"its forward does more than compute: it may call {k} ({name})"
-            if not isinstance(f, types.FunctionType):
-                continue
-            if f not in _HELD_SCANS:
-                _HELD_SCANS[f] = _scan(f, []).effect
-            if _HELD_SCANS[f] is not None:
-                return _HELD_SCANS[f].replace("it ", f"{k} ", 1)
+            if isinstance(f, types.FunctionType) and (e := _held_scan(f)) is not None:
+                return e.replace("it ", f"{k} ", 1)
     return None
 
 
