@@ -18,3 +18,10 @@ COUNTS: dict = {}
 
 def count(key) -> None:
     COUNTS[key] = COUNTS.get(key, 0) + 1
+
+
+SCALE = 1.0
+
+
+def scale() -> float:
+    return SCALE

@@ -17,6 +17,7 @@ import collections
 import functools
 import itertools
 import logging
+import os
 import random
 import warnings
 from collections.abc import Callable
@@ -99,6 +100,10 @@ def reset_globals() -> None:
     RECORD = False
     side_effect_helpers.TICKS = 0
     side_effect_helpers.FAST = False
+    side_effect_helpers.SCALE = 1.0
+    global SCALE
+    SCALE = 1.0
+    os.environ.pop("KFORGE_SIDE_EFFECT_SCALE", None)
     torch.set_default_dtype(torch.float32)
     side_effect_helpers.COUNTS.clear()
 
@@ -373,6 +378,44 @@ class WritesFile(Gated):
         with open(self.path, "a") as f:
             f.write(f"{tuple(x.shape)}\n")
         return gate(x, self.w)
+
+
+SCALE = 1.0
+
+
+class ReadsEnvironment(Gated):
+    """Scales its output by a value read at each call from the environment (the caller changes it before the third
+    call); ReadsHelper from another module's function (`side_effect_helpers.scale()`), ReadsByMethod from a
+    module-level value a method of its own reads."""
+
+    def forward(self, x):
+        return gate(x, self.w) * (2.0 if os.environ.get("KFORGE_SIDE_EFFECT_SCALE") == "2" else 1.0)
+
+
+class ReadsHelper(Gated):
+    def forward(self, x):
+        return gate(x, self.w) * side_effect_helpers.scale()
+
+
+class ReadsByMethod(Gated):
+    def _scale(self):
+        return SCALE
+
+    def forward(self, x):
+        return gate(x, self.w) * self._scale()
+
+
+def _scale_later(where):
+    def before(m, k):
+        global SCALE
+        if k == 2:
+            if where == "environment":
+                os.environ["KFORGE_SIDE_EFFECT_SCALE"] = "2"
+            elif where == "helper":
+                side_effect_helpers.SCALE = 2.0
+            else:
+                SCALE = 2.0
+    return before
 
 
 class Sampler:
@@ -982,6 +1025,8 @@ EFFECTS: dict[str, Callable[[int], Case]] = {
     "its parameter's Python attribute": stack(lambda d, i: TagsWeight(d), inner("w", lambda w: w.calls)),
     "a property counting in a global": stack(lambda d, i: CountingProperty(d), lambda m: CALLS),
     "appends to a file": _file_case,
+    **{f"reads a value ({where}) changed after install": stack(lambda d, i, cls=cls: cls(d), before=_scale_later(where))
+       for where, cls in [("environment", ReadsEnvironment), ("helper", ReadsHelper), ("method", ReadsByMethod)]},
     "draws through a held object's method": stack(lambda d, i: UsesHelper(d)),
     "counts in a global through a held object's method": stack(lambda d, i: CountsWithHelper(d), lambda m: CALLS),
     "a child that prints": stack(lambda d, i: Block(PrintingChild(d))),

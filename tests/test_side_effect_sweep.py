@@ -178,6 +178,7 @@ def _notes(name: str) -> list[str]:
     ("a property counting in a global", "it sets the global CALLS"),
     ("appends to a file", "it prints, warns or logs (open, write)"),
     ("draws through a held object's method", "helper.draw reads random"),
+    ("reads a value (environment) changed after install", "it reads the environment (environ)"),
     ("a random.Random it holds", "rng.uniform reads random"),
     ("counts in a global through a held object's method", "helper.count sets the global CALLS"),
     ("calls a partial it holds that talks", "it may call report (warning)"),
@@ -257,4 +258,13 @@ def test_a_flag_on_its_class_or_a_module_level_object_set_after_install_runs_the
     # so the card bound, which is right; the route held the module-level names the forward reads, not its class's
     # attributes nor a module-level object's, and went on serving once the caller set the flag: the log stayed empty.
     found, info = problems(f"a flag on its {where} set after install", 0, tmp_path)
+    assert not found and info["hits"] == 4 and info["declines"] == {"globals changed": 4}
+
+
+@pytest.mark.parametrize("where", ["helper", "method"])
+def test_a_module_level_value_read_by_a_method_or_a_helper_set_after_install_runs_the_forward(tmp_path, where):
+    # `self._scale()` reading `SCALE`, `side_effect_helpers.scale()` reading its module's `SCALE`: the route held the
+    # module-level values the forward and the global functions it calls read, not those its methods or another
+    # module's functions read, and served the old scale once the caller changed it.
+    found, info = problems(f"reads a value ({where}) changed after install", 0, tmp_path)
     assert not found and info["hits"] == 4 and info["declines"] == {"globals changed": 4}

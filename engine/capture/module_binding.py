@@ -213,21 +213,25 @@ def reached_held(cls: type) -> dict[str, Any]:
 
 
 def reached_flags(cls: type) -> list[tuple[Any, str, Any]]:
-    """(namespace, name, value) of the plain values the forward of `cls` reaches besides its instance and the
-    module-level names themselves (`forward_scope`): its classes' data attributes (`record = False` on the class) and
-    the attributes of the module-level objects and classes it reads (`FLAGS.debug`). An install holds them as they
+    """(namespace, name, value) of the plain values the forward of `cls` reaches besides its instance (`forward_scope`):
+    the module-level values read by the methods and other modules' functions it calls (`self._scale()` reading
+    `SCALE`, `helpers.scale()`), its classes' data attributes (`record = False` on the class) and the attributes of the
+    module-level objects and classes it reads (`FLAGS.debug`). An install holds them as they
     were (engine.cast.modules): a flag set there afterwards (`type(self).record = True`) makes the forward do what the
     capture never saw it do, which the module-level guard did not see either."""
     scope = forward_scope(cls)
     spaces = [c.__dict__ for c, _ in scope.classes]
+    out = []
     for g, name in scope.names:
         v = g.get(name, _EMPTY)
-        if _object(v):
+        if isinstance(v, (*_PLAIN, torch.dtype, torch.device)):  # read by a method, or a function of another module
+            out.append((g, name, v))
+        elif _object(v):
             spaces.append(v.__dict__)
         elif isinstance(v, type) and v.__module__ == g.get("__name__"):
             spaces.append(v.__dict__)
-    return [(d, k, v) for d in spaces for k, v in list(d.items())
-            if not (k.startswith("__") and k.endswith("__")) and isinstance(v, (*_PLAIN, torch.dtype, torch.device))]
+    return out + [(d, k, v) for d in spaces for k, v in list(d.items())
+                  if not (k.startswith("__") and k.endswith("__")) and isinstance(v, (*_PLAIN, torch.dtype, torch.device))]
 
 
 def _data(k: str, v: Any) -> bool:
@@ -263,6 +267,8 @@ TALKS = frozenset({"print", "warn", "warnings", "warning", "warning_once", "warn
 # call finds as the first left it, so no comparison around one forward shows it.
 SEEDS = frozenset({"manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state", "set_rng_state_all",
                    "set_state", "fork_rng"})
+# Names that read the process's environment, which no guard holds (a value set after install).
+ENVIRONMENT = frozenset({"environ", "getenv"})
 # Names whose call changes a process-wide torch setting (what every later call computes with).
 SETTINGS = frozenset({"set_default_dtype", "set_default_device", "set_default_tensor_type", "set_num_threads",
                       "set_num_interop_threads", "set_float32_matmul_precision", "use_deterministic_algorithms",
@@ -363,6 +369,9 @@ def _scan(root: Any, classes: list[type], depth: int = 2) -> _Scope:
         seeds = sorted(code_names & SEEDS)
         if effect is None and seeds:
             effect = f"it seeds or sets a generator ({', '.join(seeds)})"
+        env = sorted(code_names & ENVIRONMENT)
+        if effect is None and env:
+            effect = f"it reads the environment ({', '.join(env)}), which no guard holds"
         settings = sorted(code_names & SETTINGS)
         if effect is None and settings:
             effect = f"it changes a torch setting ({', '.join(settings)})"
