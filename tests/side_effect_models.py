@@ -72,6 +72,24 @@ class HoldsValues(Gated):
         return gate(x, self.w)
 
 
+def _passes(fn):
+    """A decorator of the model's own that changes nothing (`functools.wraps`)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+class Decorated(Gated):
+    """A forward under decorators: torch.no_grad() and one of its module's own (controls)."""
+
+    @torch.no_grad()
+    @_passes
+    def forward(self, x):
+        return gate(x, self.w)
+
+
 # ------------------------------------------------------------------------------ globals, class attributes, closures
 
 CALLS = 0
@@ -995,6 +1013,8 @@ LEGIT: dict[str, Callable[[int], Case]] = {
         lambda d, i: ChildTraining(d), before=lambda m, k: m.layers[0].inner.drop.train(k >= 2)),
     "eval dropout (no randomness)": stack(lambda d, i: Dropout(d)),
     "holds a named tuple, a large list, a frozen set": stack(lambda d, i: HoldsValues(d)),
+    "decorated forward (no_grad, wraps)": stack(lambda d, i: Decorated(d)),
+    "nn.RMSNorm": stack(lambda d, i: nn.RMSNorm(d, eps=1e-6)),
 }
 
 EFFECTS: dict[str, Callable[[int], Case]] = {
