@@ -436,6 +436,43 @@ def _scale_later(where):
     return before
 
 
+HANDLERS = {"record": _record}
+
+
+class ByTable(Gated):
+    """Calls a function from a module-level table of functions (`HANDLERS["record"](y)`, which appends to SEEN)."""
+
+    def forward(self, x):
+        y = gate(x, self.w)
+        HANDLERS["record"](y)
+        return y
+
+
+class ByStatic(Gated):
+    """Counts in a global through a static method of its own."""
+
+    @staticmethod
+    def count():
+        global CALLS
+        CALLS += 1
+
+    def forward(self, x):
+        type(self).count()
+        return gate(x, self.w)
+
+
+class ByHeldTable(Gated):
+    """Calls a function it keeps in a dict (`self.fns["say"](...)`, `print`)."""
+
+    def __init__(self, d):
+        super().__init__(d)
+        self.fns = {"say": print}
+
+    def forward(self, x):
+        self.fns["say"]("gate", tuple(x.shape))
+        return gate(x, self.w)
+
+
 class Sampler:
     """A helper object with methods that draw from Python's random or count in a global."""
 
@@ -1045,6 +1082,9 @@ EFFECTS: dict[str, Callable[[int], Case]] = {
     "its parameter's Python attribute": stack(lambda d, i: TagsWeight(d), inner("w", lambda w: w.calls)),
     "a property counting in a global": stack(lambda d, i: CountingProperty(d), lambda m: CALLS),
     "appends to a file": _file_case,
+    "a function from a module-level table": stack(lambda d, i: ByTable(d), lambda m: list(SEEN)),
+    "counts through a static method": stack(lambda d, i: ByStatic(d), lambda m: CALLS),
+    "calls print kept in a dict it holds": stack(lambda d, i: ByHeldTable(d)),
     **{f"reads a value ({where}) changed after install": stack(lambda d, i, cls=cls: cls(d), before=_scale_later(where))
        for where, cls in [("environment", ReadsEnvironment), ("helper", ReadsHelper), ("method", ReadsByMethod)]},
     "draws through a held object's method": stack(lambda d, i: UsesHelper(d)),

@@ -336,9 +336,13 @@ def _scan(root: Any, classes: list[type], depth: int = 2) -> _Scope:
                       and not v.__name__.startswith("torch")]
             for name in names:
                 f = fn.__globals__.get(name)
+                if isinstance(f, (list, tuple, dict)) and len(f) <= _BIG:  # a table of functions (`HANDLERS[k](y)`)
+                    for x in (f.values() if isinstance(f, dict) else f):
+                        if isinstance(x, types.FunctionType) and not (x.__module__ or "").startswith("torch"):
+                            visit(x, left - 1)
                 if not isinstance(f, types.FunctionType):  # a method it may call (`self._count()`), a property
                     f = next((c.__dict__[name] for c in classes if name in c.__dict__), None)
-                    f = f.fget if isinstance(f, property) else f
+                    f = f.fget if isinstance(f, property) else getattr(f, "__func__", f)  # static, class methods
                 if not isinstance(f, types.FunctionType):
                     f = next((d[name] for d in spaces if isinstance(d.get(name), types.FunctionType)), None)
                 if isinstance(f, types.FunctionType) and not (f.__module__ or "").startswith("torch"):
@@ -417,9 +421,11 @@ def held_callable_effect(module: torch.nn.Module) -> str | None:
     method of an object it holds does, where the forward's code names the method (`self.sampler.draw()`)."""
     for m in module.modules():
         names = forward_scope(type(m)).code_names
-        for k, v in m.__dict__.items():
-            if k in _MODULE_INTERNALS:
-                continue
+        items = [(k, v) for k, v in m.__dict__.items() if k not in _MODULE_INTERNALS]
+        # and the functions it keeps in a list or dict (`self.fns["noise"](y)`), one level down
+        items += [(f"{k}[{j!r}]", x) for k, v in items if isinstance(v, (list, tuple, dict)) and len(v) <= _BIG
+                  for j, x in (v.items() if isinstance(v, dict) else enumerate(v)) if callable(x)]
+        for k, v in items:
             if _object(v):
                 for n in names:
                     f = next((c.__dict__[n] for c in type(v).__mro__ if n in c.__dict__), None)
