@@ -473,6 +473,23 @@ class ByHeldTable(Gated):
         return gate(x, self.w)
 
 
+class CountsOnOwner(Gated):
+    """Counts its calls on a module it keeps outside its submodules (`object.__setattr__(self, "owner", parent)`)."""
+
+    def forward(self, x):
+        self.owner.calls += 1
+        return gate(x, self.w)
+
+
+def _owner_case(seed):
+    case = stack(lambda d, i: CountsOnOwner(d))(seed)
+    for layer in case.model.layers:
+        layer.calls = 0
+        object.__setattr__(layer.inner, "owner", layer)
+    case.probe = lambda m: [layer.calls for layer in m.layers]
+    return case
+
+
 class Sampler:
     """A helper object with methods that draw from Python's random or count in a global."""
 
@@ -1082,6 +1099,7 @@ EFFECTS: dict[str, Callable[[int], Case]] = {
     "its parameter's Python attribute": stack(lambda d, i: TagsWeight(d), inner("w", lambda w: w.calls)),
     "a property counting in a global": stack(lambda d, i: CountingProperty(d), lambda m: CALLS),
     "appends to a file": _file_case,
+    "counts on its owner (a back-reference)": _owner_case,
     "a function from a module-level table": stack(lambda d, i: ByTable(d), lambda m: list(SEEN)),
     "counts through a static method": stack(lambda d, i: ByStatic(d), lambda m: CALLS),
     "calls print kept in a dict it holds": stack(lambda d, i: ByHeldTable(d)),

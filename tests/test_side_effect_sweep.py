@@ -213,6 +213,7 @@ def test_a_forward_whose_code_does_more_than_compute_is_no_module_card(name, why
     ("torch seeded through a held helper", "torch's generator"),
     ("counts in another module's dict", "global COUNTS"),
     ("a function from a module-level table", "global SEEN"),
+    ("counts on its owner (a back-reference)", "owner.calls"),
     ("an object in a list it holds", "trackers"),
     ("a module in a list it holds", "trackers"),
     ("its parameter's Python attribute", "_parameters.w.__dict__"),

@@ -171,6 +171,8 @@ def attributes_held(module: torch.nn.Module) -> dict[str, Any]:
                 out[f"{name}.{a}"] = held(x)
                 if type(x) not in _AS_IS and _object(x):
                     out.update((f"{name}.{a}.{b}", held(y)) for b, y in vars(x).items())
+        elif isinstance(v, torch.nn.Module):  # a module kept outside its submodules (a back-reference to its owner)
+            out.update((f"{name}.{a}", held(x)) for a, x in vars(v).items() if a not in _MODULE_INTERNALS)
     for table in ("_parameters", "_buffers", "_modules"):
         out.update((f"{table}.{k}", v) for k, v in d[table].items())
     for table in ("_parameters", "_buffers"):  # a tensor's Python attributes (`self.w.calls += 1`)
