@@ -490,6 +490,20 @@ def _owner_case(seed):
     return case
 
 
+class NumpyCounts(Gated):
+    """Counts its calls in a numpy array it holds, in place."""
+
+    def __init__(self, d):
+        import numpy as np
+
+        super().__init__(d)
+        self.hist = np.zeros(4, dtype=np.int64)
+
+    def forward(self, x):
+        self.hist[x.dim()] += 1
+        return gate(x, self.w)
+
+
 class Sampler:
     """A helper object with methods that draw from Python's random or count in a global."""
 
@@ -1099,6 +1113,7 @@ EFFECTS: dict[str, Callable[[int], Case]] = {
     "its parameter's Python attribute": stack(lambda d, i: TagsWeight(d), inner("w", lambda w: w.calls)),
     "a property counting in a global": stack(lambda d, i: CountingProperty(d), lambda m: CALLS),
     "appends to a file": _file_case,
+    "a numpy array it holds, written in place": stack(lambda d, i: NumpyCounts(d), inner("hist", lambda h: h.tolist())),
     "counts on its owner (a back-reference)": _owner_case,
     "a function from a module-level table": stack(lambda d, i: ByTable(d), lambda m: list(SEEN)),
     "counts through a static method": stack(lambda d, i: ByStatic(d), lambda m: CALLS),

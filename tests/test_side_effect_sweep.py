@@ -214,6 +214,7 @@ def test_a_forward_whose_code_does_more_than_compute_is_no_module_card(name, why
     ("counts in another module's dict", "global COUNTS"),
     ("a function from a module-level table", "global SEEN"),
     ("counts on its owner (a back-reference)", "owner.calls"),
+    ("a numpy array it holds, written in place", "hist"),
     ("an object in a list it holds", "trackers"),
     ("a module in a list it holds", "trackers"),
     ("its parameter's Python attribute", "_parameters.w.__dict__"),

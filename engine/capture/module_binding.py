@@ -88,6 +88,7 @@ class _Unknown:
 
 
 _AS_IS = frozenset({*_PLAIN, torch.Tensor, torch.nn.Parameter, torch.dtype, torch.device})  # held as they are
+_BIG_ARRAY = 1 << 16  # a numpy array with more bytes is held by identity
 _BIG = 256  # a container with more items is held by identity and length (a cache growing by a key still shows)
 
 
@@ -95,6 +96,7 @@ def held(v: Any, objects: bool = False) -> Any:
     """`v` as it is now, for `same` to compare after a forward: lists, tuples, deques, dicts (OrderedDict, defaultdict,
     Counter), sets and bytearrays copied item by item, and the objects and modules among their items with their own
     attributes (`self.trackers[0].calls`, one level: `objects`); Python generators (`random.Random`) by their state,
+    small numpy arrays by their bytes (`self.hist[k] += 1`),
     iterators as unknown, the rest held as is (plain values compare by value, other objects by identity)."""
     if type(v) in _AS_IS or isinstance(v, (*_PLAIN, torch.Tensor, type)):
         return v
@@ -114,6 +116,8 @@ def held(v: Any, objects: bool = False) -> Any:
         return _Copy(type(v), [held(x, True) for x in v])
     if isinstance(v, random.Random):
         return _Copy(type(v), v.getstate())
+    if type(v).__name__ == "ndarray" and getattr(v, "nbytes", _BIG_ARRAY + 1) <= _BIG_ARRAY:  # numpy, by its bytes
+        return _Copy(type(v), (v.shape, str(v.dtype), v.tobytes()))
     if isinstance(v, collections.abc.Iterator):
         return _Unknown()
     return v
