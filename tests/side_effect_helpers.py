@@ -17,7 +17,7 @@ COUNTS: dict = {}
 
 
 def count(key) -> None:
-    COUNTS[key] = COUNTS.get(key, 0) + 1
+    COUNTS[str(key)] = COUNTS.get(str(key), 0) + 1  # a computed key: seen only by comparing COUNTS around the call
 
 
 SCALE = 1.0

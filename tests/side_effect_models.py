@@ -118,6 +118,7 @@ def reset_globals() -> None:
     RECORD = False
     side_effect_helpers.TICKS = 0
     side_effect_helpers.FAST = False
+    SIZES.clear()
     side_effect_helpers.SCALE = 1.0
     global SCALE
     SCALE = 1.0
@@ -501,6 +502,19 @@ class NumpyCounts(Gated):
 
     def forward(self, x):
         self.hist[x.dim()] += 1
+        return gate(x, self.w)
+
+
+SIZES: dict = {}
+
+
+class LazyGlobalCache(Gated):
+    """Fills a module-level cache at the first call with each size (`if n not in SIZES: SIZES[n] = ...`)."""
+
+    def forward(self, x):
+        n = x.shape[-1]
+        if n not in SIZES:
+            SIZES[n] = n // 2
         return gate(x, self.w)
 
 
@@ -1113,6 +1127,7 @@ EFFECTS: dict[str, Callable[[int], Case]] = {
     "its parameter's Python attribute": stack(lambda d, i: TagsWeight(d), inner("w", lambda w: w.calls)),
     "a property counting in a global": stack(lambda d, i: CountingProperty(d), lambda m: CALLS),
     "appends to a file": _file_case,
+    "a module-level cache filled at the first call": stack(lambda d, i: LazyGlobalCache(d), lambda m: dict(SIZES)),
     "a numpy array it holds, written in place": stack(lambda d, i: NumpyCounts(d), inner("hist", lambda h: h.tolist())),
     "counts on its owner (a back-reference)": _owner_case,
     "a function from a module-level table": stack(lambda d, i: ByTable(d), lambda m: list(SEEN)),

@@ -273,6 +273,9 @@ TALKS = frozenset({"print", "warn", "warnings", "warning", "warning_once", "warn
 # call finds as the first left it, so no comparison around one forward shows it.
 SEEDS = frozenset({"manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state", "set_rng_state_all",
                    "set_state", "fork_rng"})
+# Methods that change the container they are called on (read from the bytecode where a module-level name holds it).
+MUTATORS = frozenset({"append", "extend", "insert", "pop", "popitem", "clear", "update", "setdefault", "add", "discard",
+                      "remove", "appendleft", "extendleft", "sort", "reverse", "__setitem__", "__delitem__"})
 # Names that read the process's environment, which no guard holds (a value set after install).
 ENVIRONMENT = frozenset({"environ", "getenv"})
 # Names whose call changes a process-wide torch setting (what every later call computes with).
@@ -387,14 +390,26 @@ def _scan(root: Any, classes: list[type], depth: int = 2) -> _Scope:
             effect = f"it changes a torch setting ({', '.join(settings)})"
         if effect is None:
             chain: list[str] = []  # the attribute loads just before an instruction, from a LOAD_GLOBAL on
-            for ins in dis.get_instructions(fn.__code__):
+            chains: list[list[str]] = []  # `chain` after each instruction
+            code = list(dis.get_instructions(fn.__code__))
+            for k, ins in enumerate(code):
                 if ins.opname in ("STORE_ATTR", "DELETE_ATTR") and chain and chain[0].startswith("global "):
                     # an attribute of what a module-level name holds (`torch.backends.cudnn.benchmark = True`,
                     # `FLAGS.calls = 0`, `Cls.table = [...]`)
                     effect = f"it sets an attribute of the {chain[0]} ({'.'.join([*chain[1:], ins.argval])})"
                     break
+                if ins.opname in ("LOAD_METHOD", "LOAD_ATTR") and ins.argval in MUTATORS and chain:
+                    # a container a module-level name holds, changed by its method (`SEEN.append(n)`,
+                    # `CACHE.setdefault(k, v)`): at the first call only, maybe, which no later forward shows
+                    effect = f"it may change the {chain[0]} ({'.'.join([*chain[1:], ins.argval])})"
+                    break
+                if ins.opname in ("STORE_SUBSCR", "DELETE_SUBSCR") and k >= 2 and chains[k - 2] and \
+                        code[k - 1].opname in ("LOAD_FAST", "LOAD_CONST", "LOAD_DEREF"):
+                    effect = f"it may change the {chains[k - 2][0]} (an item: `{chains[k - 2][0][7:]}[k] = v`)"
+                    break
                 chain = [f"global {ins.argval}"] if ins.opname == "LOAD_GLOBAL" else \
                     [*chain, ins.argval] if ins.opname == "LOAD_ATTR" and chain else []
+                chains.append(chain)
                 if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
                     effect = f"it sets the global {ins.argval}"
                 elif ins.opname in ("STORE_DEREF", "DELETE_DEREF") and ins.argval in fn.__code__.co_freevars:
