@@ -518,6 +518,20 @@ class LazyGlobalCache(Gated):
         return gate(x, self.w)
 
 
+class LazyOwnCache(Gated):
+    """Fills a dict it holds at the first call with each size (`self.sizes[n] = ...`, int keys)."""
+
+    def __init__(self, d):
+        super().__init__(d)
+        self.sizes = {}
+
+    def forward(self, x):
+        n = x.shape[-1]
+        if n not in self.sizes:
+            self.sizes[n] = n // 2
+        return gate(x, self.w)
+
+
 class Sampler:
     """A helper object with methods that draw from Python's random or count in a global."""
 
@@ -1127,6 +1141,7 @@ EFFECTS: dict[str, Callable[[int], Case]] = {
     "its parameter's Python attribute": stack(lambda d, i: TagsWeight(d), inner("w", lambda w: w.calls)),
     "a property counting in a global": stack(lambda d, i: CountingProperty(d), lambda m: CALLS),
     "appends to a file": _file_case,
+    "a dict it holds filled at the first call": stack(lambda d, i: LazyOwnCache(d), inner("sizes", dict)),
     "a module-level cache filled at the first call": stack(lambda d, i: LazyGlobalCache(d), lambda m: dict(SIZES)),
     "a numpy array it holds, written in place": stack(lambda d, i: NumpyCounts(d), inner("hist", lambda h: h.tolist())),
     "counts on its owner (a back-reference)": _owner_case,

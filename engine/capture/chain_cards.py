@@ -29,7 +29,11 @@ How the capture takes them (engine.capture.run.capture_model):
   not; a card whose instances bind alike gets `class`, `paths`, `args`, `params` and `autocast` on its
   `chain` facts (what export ships as the cast's module entry). One that does not (keyword arguments,
   another return value, bindings that differ, a ModuleCardError) keeps none, so it ships as a pattern
-  card, and the capture's notes say why.
+  card, and the capture's notes say why. So does one whose forward does more than compute its return value
+  (engine.capture.module_binding): what the hooks hold around each invocation (`attributes_held`: the instance,
+  the objects, classes, closures and module-level values its forward reaches, torch's generator) changed, or its
+  code, read once per class (`forward_scope`), writes a global or a class attribute, prints, logs, seeds or draws
+  from Python's random, registers hooks: a cast serving it would skip that.
 """
 
 from __future__ import annotations
