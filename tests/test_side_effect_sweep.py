@@ -285,3 +285,51 @@ def test_a_module_level_value_read_by_a_method_or_a_helper_set_after_install_run
     # module's functions read, and served the old scale once the caller changed it.
     found, info = problems(f"reads a value ({where}) changed after install", 0, tmp_path)
     assert not found and info["hits"] == 4 and info["declines"] == {"globals changed": 4}
+
+
+COUNTING_MODEL = '''
+import torch
+
+CALLS = {"n": 0}
+
+
+class Gate(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(32))
+
+    def forward(self, x):
+        CALLS["n"] = CALLS["n"] + 1
+        return torch.sigmoid(x * self.w) * x
+
+
+class Quiet(Gate):
+    def forward(self, x):
+        return torch.tanh(x * self.w) * x
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.g1, self.lin1, self.g2 = Gate(), torch.nn.Linear(32, 32), Quiet()
+
+    def forward(self, x):
+        return self.g2(self.lin1(self.g1(x)))
+
+
+def build(device, dtype):
+    torch.manual_seed(0)
+    model = Model().to(device=device, dtype=dtype).eval()
+    return model, (torch.randn(2, 5, 32, device=device, dtype=dtype),)
+'''
+
+
+def test_a_whole_capture_refuses_a_forward_counting_in_a_global_and_binds_its_quiet_neighbour(tmp_path):
+    # The captured forward samples and binds the chains the warm-up planned (CapturingSampler): the same checks.
+    from card_helpers import capture_source
+
+    result = capture_source(tmp_path, "counting", COUNTING_MODEL)
+    kinds = {c.chain.get("module_class"): c.chain["kind"] for c in result.chains if c.chain.get("modules")}
+    assert kinds == {"Gate": "pattern", "Quiet": "module"}, kinds
+    assert any("it may change the global CALLS (an item: `CALLS[k] = v`)" in v for v in result.notes.values()), \
+        result.notes
