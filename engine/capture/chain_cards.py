@@ -29,7 +29,11 @@ How the capture takes them (engine.capture.run.capture_model):
   not; a card whose instances bind alike gets `class`, `paths`, `args`, `params` and `autocast` on its
   `chain` facts (what export ships as the cast's module entry). One that does not (keyword arguments,
   another return value, bindings that differ, a ModuleCardError) keeps none, so it ships as a pattern
-  card, and the capture's notes say why.
+  card, and the capture's notes say why. So does one whose forward does more than compute its return value
+  (engine.capture.module_binding): what the hooks hold around each invocation (`attributes_held`: the instance,
+  the objects, classes, closures and module-level values its forward reaches, torch's generator) changed, or its
+  code, read once per class (`forward_scope`), writes a global or a class attribute, prints, logs, seeds or draws
+  from Python's random, registers hooks: a cast serving it would skip that.
 """
 
 from __future__ import annotations
@@ -208,6 +212,12 @@ class ChainSampler(_Trace):
                     p.snap.own(frozenset(p.snap.borrowed.values()) - writes)
         if here:
             reads = [t for _, v in bind_arguments(func, args, kwargs or {}) for t in _tensors(v)]
+            if any(slot >= len(reads) for p in here for _, slot in p.inputs.get(i, ())):
+                # The op of the first forward's call, reading fewer tensors: another path (`x * 1.0` where the first
+                # forward made `h * x`, a layer drop drawn from Python's random). Its signature differs too, which
+                # is found after the call; taking the planned inputs raised IndexError and failed the capture.
+                self.mismatch = f"call {i} ({func.name()}) reads other tensors than in the first forward"
+                here = []
             for p in here:
                 if p.bind and i == p.chain.calls[0].index:
                     # The module's invocation whose first call this is: its pre-hook ran last for the path,
@@ -231,7 +241,7 @@ class ChainSampler(_Trace):
         out = super().__torch_dispatch__(func, types, args, kwargs)
         if self.mismatch is None and self.calls[-1].signature != self.reference[i].signature:
             self.mismatch = f"call {i} ({func.name()}) has another signature than in the first forward"
-        if any(p.sample for p in here):
+        if self.mismatch is None and any(p.sample for p in here):  # not another call's outputs (nor fewer of them)
             written = self._written(func, args, kwargs, out)
             with _disable_current_modes():  # the alias is no call of the forward's (nor of a capture below)
                 for p in here:
@@ -259,7 +269,7 @@ class ChainSampler(_Trace):
         arguments and the autocast state it runs under, and marks a bound instance of the module whose chain
         is still running (`block(block(x))`: a chain over both calls of a block that makes no call of its own,
         which the trace cannot tell from one)."""
-        from engine.capture.module_binding import attributes_held, autocast_state, held
+        from engine.capture.module_binding import attributes_held, autocast_state, held_arguments, rng_state
 
         def hook(module, args, kwargs):
             p = self.running.get(path)
@@ -267,7 +277,8 @@ class ChainSampler(_Trace):
                 p.called_again = True
             self.entered[path] = (len(self.calls), args, dict(kwargs or {}), autocast_state())
             self._state_in[path] = attributes_held(module)
-            self._args_in[path] = held(args)
+            self._state_in[path]["torch's generator"] = rng_state()
+            self._args_in[path] = held_arguments(args)
         return hook
 
     def leave(self, path: str) -> Callable:
@@ -275,11 +286,14 @@ class ChainSampler(_Trace):
         (a call counter, a cache): a cast that runs its plan instead would skip that change; and, where the
         invocation is a bound instance's, whether it returned the chain's output (`_return_problem`) and left
         the arguments it was passed as they were."""
-        from engine.capture.module_binding import attributes_changed
+        from engine.capture.module_binding import attributes_changed, rng_state
 
         def hook(module, args, out):
             before = self._state_in.pop(path, None)
-            changed = attributes_changed(before, module) if before is not None else []
+            changed = []
+            if before is not None:
+                changed = (["torch's generator"] if before.pop("torch's generator") != rng_state() else []) + \
+                    attributes_changed(before, module)
             if changed and path not in self.mutated:
                 self.mutated[path] = ", ".join(changed[:3])
             args_in = self._args_in.pop(path, None)
@@ -563,6 +577,8 @@ def _binding(model: torch.nn.Module, p: _Planned) -> dict[str, Any] | str:
     from engine.capture.module_binding import (
         ModuleCardError,
         class_name,
+        forward_scope,
+        held_callable_effect,
         held_description,
         module_binding,
         proven_state,
@@ -573,13 +589,19 @@ def _binding(model: torch.nn.Module, p: _Planned) -> dict[str, Any] | str:
                 "`block(block(x))`): a cast would run the whole chain at each call")
     if p.entry is None:
         return "its module's forward was not seen"
+    module = model.get_submodule(p.chain.module)
+    # its own forward's and those of the submodules it calls (a block whose child prints: the block's chain is the
+    # child's calls, and the child's own module card was refused)
+    effect = next((e for c in {type(m): None for m in module.modules()} if (e := forward_scope(c).effect)), None) \
+        or held_callable_effect(module)
+    if effect is not None:
+        return effect
     args, kwargs, autocast = p.entry
     if kwargs:
         return f"its forward is called with keyword arguments ({', '.join(sorted(kwargs))})"
     inputs = [p.in_tensors.get(i) for i in range(len(p.chain.inputs))]
     if any(t is None for t in inputs):
         return "a chain input was not seen"
-    module = model.get_submodule(p.chain.module)
     try:
         b = module_binding(module, args, inputs)
     except ModuleCardError as e:
@@ -600,6 +622,8 @@ def _bind_cards(found: ChainCards, bindings: dict[str, list[dict[str, Any] | str
                 mutated: dict[str, str] | None = None) -> None:
     """Put each module card's binding on its chain facts where all its instances bound alike and its forward
     is a function of its arguments and tensors; else a note (the card ships as a pattern card)."""
+    from engine.capture.module_binding import written_inputs
+
     for card in found.cards:
         if card.card_id not in expected:
             continue
@@ -613,6 +637,9 @@ def _bind_cards(found: ChainCards, bindings: dict[str, list[dict[str, Any] | str
                         if path in card.chain.get("modules", [])), None)
         if why is None and changed:
             why = f"its forward changes the module's own attributes ({changed}), which the cast's kernel would skip"
+        written = written_inputs(card.signature) if why is None else []
+        if written:
+            why = f"its chain writes its input in{written[0]} in place (a buffer, an attribute's tensor, an argument)"
         # The instances' own attributes need not be alike (a layer index the forward never reads); they
         # say which other instances of the class the card may serve (engine.cast.loader), and with their
         # submodules (classes and attributes) which modules it may serve at all: a forward that calls a

@@ -6,6 +6,12 @@ chain-sampling forward); engine.cast.modules re-exports it for the loader.
 
 from __future__ import annotations
 
+import collections
+import collections.abc
+import ctypes
+import random
+import types
+import weakref
 from typing import Any
 
 import torch
@@ -64,49 +70,408 @@ def module_state(module: torch.nn.Module) -> dict[str, Any] | None:
     return out
 
 
-def held(v: Any) -> Any:
-    """`v` as it is now, for `same` to compare after a forward: lists, tuples and dicts copied item by item, the rest
-    held as is (plain values compare by value, other objects by identity)."""
-    return _held(v, ())
+class _Copy:
+    """A container as `held` copied it: its exact type and its items (held in turn), or, for one too large to copy
+    at every call (`_BIG`), its identity and length."""
+
+    __slots__ = ("kind", "items")
+
+    def __init__(self, kind: type, items: Any):
+        self.kind, self.items = kind, items
 
 
-def _held(v: Any, within: tuple[int, ...]) -> Any:
-    if isinstance(v, (list, tuple, dict)) and id(v) in within:
-        return v  # a container holding itself: held by identity from there down
-    if isinstance(v, (list, tuple)):
-        return (type(v), [_held(x, (*within, id(v))) for x in v])
-    if type(v) is dict:
-        return (dict, {k: _held(x, (*within, id(v))) for k, x in v.items()})
+class _Unknown:
+    """What `held` keeps of an object whose state cannot be read (an iterator, `itertools.count()`): alike to nothing,
+    so a forward that may advance it is taken to change it."""
+
+    __slots__ = ()
+
+
+_AS_IS = frozenset({*_PLAIN, torch.Tensor, torch.nn.Parameter, torch.dtype, torch.device})  # held as they are
+_BIG_ARRAY = 1 << 16  # a numpy array with more bytes is held by identity
+_BIG = 256  # a container with more items is held by identity and length (a cache growing by a key still shows)
+
+
+def held(v: Any, objects: bool = False, within: tuple[int, ...] = ()) -> Any:
+    """`v` as it is now, for `same` to compare after a forward: lists, tuples, deques, dicts (OrderedDict, defaultdict,
+    Counter), sets and bytearrays copied item by item, and the objects and modules among their items with their own
+    attributes (`self.trackers[0].calls`, one level: `objects`); Python generators (`random.Random`) by their state,
+    small numpy arrays by their bytes (`self.hist[k] += 1`),
+    iterators as unknown, the rest held as is (plain values compare by value, other objects by identity)."""
+    if type(v) in _AS_IS or isinstance(v, (*_PLAIN, torch.Tensor, type)):
+        return v
+    if objects and (isinstance(v, torch.nn.Module) or _object(v)):  # an item of a container the module holds
+        return _Copy(type(v), {"(id)": id(v), **{k: held(x, False, within) for k, x in vars(v).items()
+                                                 if k not in _MODULE_INTERNALS}})
+    if isinstance(v, torch.nn.Module):
+        return v
+    if isinstance(v, (list, tuple, collections.deque, dict, set, frozenset, bytearray)):
+        if len(v) > _BIG or id(v) in within:  # too large, or a container holding itself: by identity and length
+            return _Copy(type(v), (id(v), len(v)))
+        inner = (*within, id(v))
+        if isinstance(v, dict):
+            return _Copy(type(v), {k: held(x, True, inner) for k, x in v.items()})
+        if isinstance(v, (set, frozenset)):
+            return _Copy(type(v), frozenset(v))
+        if isinstance(v, bytearray):
+            return _Copy(bytearray, bytes(v))
+        return _Copy(type(v), [held(x, True, inner) for x in v])
+    if isinstance(v, random.Random):
+        return _Copy(type(v), v.getstate())
+    if type(v).__name__ == "ndarray" and getattr(v, "nbytes", _BIG_ARRAY + 1) <= _BIG_ARRAY:  # numpy, by its bytes
+        return _Copy(type(v), (v.shape, str(v.dtype), v.tobytes()))
+    if isinstance(v, collections.abc.Iterator):
+        return _Unknown()
     return v
+
+
+def _object(v: Any) -> bool:
+    """Whether `v` is an object whose attributes `held_objects` reads (a config, a state object)."""
+    if isinstance(v, (*_PLAIN, torch.dtype, torch.device, list, tuple, dict, torch.nn.Module, torch.Tensor, type)):
+        return False
+    try:  # an object without a __dict__ may answer with its own __getattr__, which may raise anything
+        return isinstance(object.__getattribute__(v, "__dict__"), dict) and not callable(v)
+    except Exception:  # noqa: BLE001 - no readable __dict__: not such an object
+        return False
 
 
 def held_objects(module: torch.nn.Module) -> list[tuple[str, Any]]:
     """(attribute name, object) of the other objects the instance holds, one level down: a transformers config, a
     state object (`self.stats`). Tensors, modules, classes, callables and plain values are not such objects."""
+    return [(k, v) for k, v in vars(module).items()
+            if k not in _MODULE_INTERNALS and k not in IGNORED_STATE and _object(v)]
+
+
+def _closure(f: Any) -> list[Any]:
+    """The contents of a function's closure cells (an empty cell: none)."""
     out = []
-    for k, v in vars(module).items():
-        if k in _MODULE_INTERNALS or k in IGNORED_STATE or callable(v) or isinstance(v, (
-                *_PLAIN, torch.dtype, torch.device, list, tuple, dict, torch.nn.Module, torch.Tensor, type)):
-            continue
-        try:  # an object without a __dict__ may answer with its own __getattr__, which may raise anything
-            if isinstance(object.__getattribute__(v, "__dict__"), dict):
-                out.append((k, v))
-        except Exception:  # noqa: BLE001 - no readable __dict__: not such an object
-            continue
+    for c in getattr(f, "__closure__", None) or ():
+        try:
+            out.append(c.cell_contents)
+        except ValueError:
+            out.append(_EMPTY)
     return out
+
+
+_EMPTY = object()
 
 
 def attributes_held(module: torch.nn.Module) -> dict[str, Any]:
-    """The instance's own attributes (those `module_state` reads) as they are now, objects held, not described,
-    and the attributes of the objects it holds (`held_objects`, as `name.attr`): what `attributes_changed`
-    compares after its forward. `module_state` is None for a module holding a tensor or another object, so it
-    cannot tell a forward that keeps its output (`self.last = y`) or counts its calls in a held object
-    (`self.stats.calls += 1`) from one that changes nothing."""
-    out = {name: held(v) for name, v in vars(module).items()
-           if name not in _MODULE_INTERNALS and name not in IGNORED_STATE}
-    for name, obj in held_objects(module):
-        out.update((f"{name}.{a}", held(x)) for a, x in vars(obj).items())
+    """What the instance holds as it is now, for `attributes_changed` to compare after its forward: its own attributes
+    (those `module_state` reads), objects held, not described; the attributes of the objects it holds (`held_objects`,
+    as `name.attr`) and of the objects those hold (`name.attr.sub`); what the functions it holds keep in their
+    closures (`name.<closure>`); which tensors and submodules it registers (`_buffers.last`: `self.last = y` on a
+    registered buffer replaces the entry); how many hooks it has; and each submodule's own attributes (`path:name`).
+    `module_state` is None for a module holding a tensor or another object, so it cannot tell a forward that keeps
+    its output (`self.last = y`) or counts its calls in a held object (`self.stats.calls += 1`, or two objects down)
+    from one that changes nothing."""
+    out = {}
+    d = module.__dict__
+    for name, v in d.items():
+        if name in _MODULE_INTERNALS or name in IGNORED_STATE:
+            continue
+        out[name] = held(v)
+        if type(v) in _AS_IS:
+            continue
+        if type(v) is types.FunctionType:
+            if v.__closure__:
+                out[f"{name}.<closure>"] = held(_closure(v))
+        elif _object(v):
+            for a, x in vars(v).items():
+                out[f"{name}.{a}"] = held(x)
+                if type(x) not in _AS_IS and _object(x):
+                    out.update((f"{name}.{a}.{b}", held(y)) for b, y in vars(x).items())
+        elif isinstance(v, torch.nn.Module):  # a module kept outside its submodules (a back-reference to its owner)
+            out.update((f"{name}.{a}", held(x)) for a, x in vars(v).items() if a not in _MODULE_INTERNALS)
+    for table in ("_parameters", "_buffers", "_modules"):
+        out.update((f"{table}.{k}", v) for k, v in d[table].items())
+    for table in ("_parameters", "_buffers"):  # a tensor's Python attributes (`self.w.calls += 1`)
+        out.update((f"{table}.{k}.__dict__", held(v.__dict__)) for k, v in d[table].items()
+                   if v is not None and v.__dict__)
+    out["(hooks)"] = "%d %d %d %d" % tuple(len(d[h]) for h in _HOOKS)  # noqa: UP031 - the fastest
+    classes = {type(module)}
+    if d["_modules"]:
+        for path, m in module.named_modules():
+            if path:
+                out.update((f"{path}:{k}", held(v)) for k, v in vars(m).items()
+                           if k not in _MODULE_INTERNALS and k not in IGNORED_STATE)
+                classes.add(type(m))
+    for c in classes:  # what the forwards it runs reach: its own and its submodules'
+        out.update(reached_held(c))
     return out
+
+
+def reached_held(cls: type) -> dict[str, Any]:
+    """What the forward of `cls` reaches besides its instance, as it is now (`forward_scope`): the module-level values
+    it reads (`global CACHE`), the attributes of the objects and of the classes of its own module among them
+    (`global FLAGS.calls`, `global Cls.calls`), its class's own attributes (`class Cls.calls`: `type(self).calls += 1`,
+    a cache shared by every instance) and what its closures hold (`closure`)."""
+    scope = forward_scope(cls)
+    out: dict[str, Any] = {}
+    for c, skip in scope.classes:
+        for a, x in c.__dict__.items():
+            if a not in skip and _data(a, x):
+                out[f"class {c.__qualname__}.{a}"] = held(x)
+    for g, name in scope.names:
+        v = g.get(name, _EMPTY)
+        out[f"global {name}"] = held(v)
+        if _object(v):
+            out.update((f"global {name}.{a}", held(x)) for a, x in vars(v).items())
+        elif isinstance(v, type) and v.__module__ == g.get("__name__"):
+            out.update((f"global {name}.{a}", held(x)) for a, x in _class_data(v))
+    for f in scope.closures:
+        out[f"closure {f.__qualname__}"] = held(_closure(f))
+    return out
+
+
+def reached_flags(cls: type) -> list[tuple[Any, str, Any]]:
+    """(namespace, name, value) of the plain values the forward of `cls` reaches besides its instance (`forward_scope`):
+    the module-level values read by the methods and other modules' functions it calls (`self._scale()` reading
+    `SCALE`, `helpers.scale()`), its classes' data attributes (`record = False` on the class) and the attributes of the
+    module-level objects and classes it reads (`FLAGS.debug`). An install holds them as they
+    were (engine.cast.modules): a flag set there afterwards (`type(self).record = True`) makes the forward do what the
+    capture never saw it do, which the module-level guard did not see either."""
+    scope = forward_scope(cls)
+    spaces = [c.__dict__ for c, _ in scope.classes]
+    out = []
+    for g, name in scope.names:
+        v = g.get(name, _EMPTY)
+        if isinstance(v, (*_PLAIN, torch.dtype, torch.device)):  # read by a method, or a function of another module
+            out.append((g, name, v))
+        elif _object(v):
+            spaces.append(v.__dict__)
+        elif isinstance(v, type) and v.__module__ == g.get("__name__"):
+            spaces.append(v.__dict__)
+    return out + [(d, k, v) for d in spaces for k, v in list(d.items())
+                  if not (k.startswith("__") and k.endswith("__")) and isinstance(v, (*_PLAIN, torch.dtype, torch.device))]
+
+
+def _data(k: str, v: Any) -> bool:
+    """Whether a class attribute is data (not a function, descriptor or dunder): `calls = 0`, `cache = {}`."""
+    return not (k.startswith("__") and k.endswith("__")) and not callable(v) and not isinstance(
+        v, (property, staticmethod, classmethod, types.MemberDescriptorType, types.GetSetDescriptorType))
+
+
+def _class_data(cls: type) -> list[tuple[str, Any]]:
+    """A class's own data attributes (`_data`)."""
+    return [(k, v) for k, v in vars(cls).items() if _data(k, v)]
+
+
+class _Scope:
+    """What `forward_scope` found of a class's forward: the functions with closures, the module-level names, the
+    classes (each with the names of its attributes that are not data), and what it does besides computing."""
+
+    __slots__ = ("closures", "names", "classes", "effect", "code_names")
+
+    def __init__(self, closures: list[types.FunctionType], names: list[tuple[dict, str]],
+                 classes: list[tuple[type, frozenset[str]]], effect: str | None, code_names: frozenset[str]):
+        self.closures, self.names, self.classes, self.effect = closures, names, classes, effect
+        self.code_names = code_names  # every name the code holds (globals, attributes, methods it calls)
+
+
+_SCOPES: weakref.WeakKeyDictionary[type, _Scope] = weakref.WeakKeyDictionary()
+
+# Names whose call prints, warns, logs or writes a file: a forward calling one does what no kernel does.
+TALKS = frozenset({"print", "warn", "warnings", "warning", "warning_once", "warn_once", "info", "info_once", "debug",
+                   "critical", "exception", "logger", "logging", "stdout", "stderr", "breakpoint", "pprint",
+                   "open", "write", "writelines"})
+# Names whose call seeds or sets a generator's state: `torch.manual_seed(0)` at each call leaves the state the second
+# call finds as the first left it, so no comparison around one forward shows it.
+SEEDS = frozenset({"manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state", "set_rng_state_all",
+                   "set_state", "fork_rng"})
+# Methods that change the container they are called on (read from the bytecode where a module-level name holds it).
+MUTATORS = frozenset({"append", "extend", "insert", "pop", "popitem", "clear", "update", "setdefault", "add", "discard",
+                      "remove", "appendleft", "extendleft", "sort", "reverse", "__setitem__", "__delitem__"})
+# Names that read the process's environment, which no guard holds (a value set after install).
+ENVIRONMENT = frozenset({"environ", "getenv"})
+# Names whose call changes a process-wide torch setting (what every later call computes with).
+SETTINGS = frozenset({"set_default_dtype", "set_default_device", "set_default_tensor_type", "set_num_threads",
+                      "set_num_interop_threads", "set_float32_matmul_precision", "use_deterministic_algorithms",
+                      "set_flush_denormal", "set_printoptions", "set_autocast_enabled"})
+REGISTERS = frozenset({"register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+                       "register_full_backward_pre_hook", "register_backward_hook", "register_hook",
+                       "register_buffer", "register_parameter", "register_module", "add_module",
+                       "register_module_forward_hook", "register_module_forward_pre_hook"})
+
+
+def _code_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):  # comprehensions, lambdas and nested functions
+            names |= _code_names(c)
+    return names
+
+
+def _draws(v: Any) -> bool:
+    """Whether a module-level value draws from Python's or NumPy's generators (`random`, `from random import random`,
+    `np`, a `random.Random`)."""
+    if isinstance(v, types.ModuleType):
+        return v.__name__ in ("random", "numpy", "numpy.random")
+    return isinstance(v, random.Random) or isinstance(getattr(v, "__self__", None), random.Random)
+
+
+def forward_scope(cls: type, depth: int = 2) -> _Scope:
+    """The forward of `cls`, and the functions it calls by a module-level name, a method name of its class or an
+    attribute of another module it reads (`helpers.count()`), `depth` calls deep (outside torch), as found once per
+    class: their module-level names that hold a value now (not modules or functions), the classes of
+    `cls` below nn.Module, and `effect`: why the code does something besides computing, read from its bytecode, or
+    None. It writes a global (`global CALLS; CALLS += 1`), a closure cell (`nonlocal count`), or a class attribute
+    (`Cls.table = ...` on the first call: the capture's forwards come later and change nothing); it prints, warns or
+    logs (TALKS), registers hooks or tensors (REGISTERS), seeds a generator (SEEDS), changes a torch setting (SETTINGS,
+    or an attribute set on what a module-level name holds: `torch.backends.cudnn.benchmark = True`), or reads Python's or NumPy's
+    generators (`random.random()`, a layer drop): what a cast skips, where the capture's forwards may not show it.
+    Names are matched wherever the code holds them, taken or not: declining costs only speed."""
+    got = _SCOPES.get(cls)
+    if got is None:
+        classes = [c for c in cls.__mro__ if c not in (torch.nn.Module, object)]
+        forward = cls.forward  # a cast's dispatcher: the class's own forward
+        got = _SCOPES[cls] = _scan(getattr(forward, "__kforge_original__", forward), classes, depth)
+    return got
+
+
+def _scan(root: Any, classes: list[type], depth: int = 2) -> _Scope:
+    """`forward_scope` of the function `root` (a forward, or a function a module holds), with `classes` the classes
+    whose methods it may call and whose data attributes it may set."""
+    import dis
+
+    functions: list[types.FunctionType] = []
+    seen: set[int] = set()
+
+    def visit(fn: Any, left: int) -> None:
+        if not isinstance(fn, types.FunctionType) or id(fn) in seen:
+            return
+        seen.add(id(fn))
+        functions.append(fn)
+        for f in [getattr(fn, "__wrapped__", None), *_closure(fn)]:  # a decorated forward: what it wraps
+            visit(f, left)
+        if left > 0:
+            names = _code_names(fn.__code__)
+            # other modules it reads (`helpers.count(...)`): their functions it may call by attribute
+            spaces = [v.__dict__ for n in names if isinstance(v := fn.__globals__.get(n), types.ModuleType)
+                      and not v.__name__.startswith("torch")]
+            for name in names:
+                f = fn.__globals__.get(name)
+                if isinstance(f, (list, tuple, dict)) and len(f) <= _BIG:  # a table of functions (`HANDLERS[k](y)`)
+                    for x in (f.values() if isinstance(f, dict) else f):
+                        if isinstance(x, types.FunctionType) and not (x.__module__ or "").startswith("torch"):
+                            visit(x, left - 1)
+                if not isinstance(f, types.FunctionType):  # a method it may call (`self._count()`), a property
+                    f = next((c.__dict__[name] for c in classes if name in c.__dict__), None)
+                    f = f.fget if isinstance(f, property) else getattr(f, "__func__", f)  # static, class methods
+                if not isinstance(f, types.FunctionType):
+                    f = next((d[name] for d in spaces if isinstance(d.get(name), types.FunctionType)), None)
+                if isinstance(f, types.FunctionType) and not (f.__module__ or "").startswith("torch"):
+                    visit(f, left - 1)
+
+    visit(root, depth)
+    class_attrs = {k for c in classes for k, _ in _class_data(c)}
+    names, effect = [], None
+    for fn in functions:
+        g = fn.__globals__
+        code_names = _code_names(fn.__code__)
+        for name in sorted(code_names):
+            v = g.get(name, _EMPTY)
+            if v is _EMPTY:
+                continue
+            if effect is None and _draws(v):
+                effect = f"it reads {name}, which draws from Python's or NumPy's random numbers"
+            if not isinstance(v, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType)):
+                names.append((g, name))
+            if isinstance(v, type) and v.__module__ == g.get("__name__"):
+                class_attrs |= {k for k, _ in _class_data(v)}
+        talks = sorted(code_names & TALKS)
+        registers = sorted(code_names & REGISTERS)
+        if effect is None and talks:
+            effect = f"it prints, warns or logs ({', '.join(talks)})"
+        if effect is None and registers:
+            effect = f"it registers hooks or tensors ({', '.join(registers)})"
+        seeds = sorted(code_names & SEEDS)
+        if effect is None and seeds:
+            effect = f"it seeds or sets a generator ({', '.join(seeds)})"
+        env = sorted(code_names & ENVIRONMENT)
+        if effect is None and env:
+            effect = f"it reads the environment ({', '.join(env)}), which no guard holds"
+        settings = sorted(code_names & SETTINGS)
+        if effect is None and settings:
+            effect = f"it changes a torch setting ({', '.join(settings)})"
+        if effect is None:
+            chain: list[str] = []  # the attribute loads just before an instruction, from a LOAD_GLOBAL on
+            chains: list[list[str]] = []  # `chain` after each instruction
+            code = list(dis.get_instructions(fn.__code__))
+            for k, ins in enumerate(code):
+                if ins.opname in ("STORE_ATTR", "DELETE_ATTR") and chain and chain[0].startswith("global "):
+                    # an attribute of what a module-level name holds (`torch.backends.cudnn.benchmark = True`,
+                    # `FLAGS.calls = 0`, `Cls.table = [...]`)
+                    effect = f"it sets an attribute of the {chain[0]} ({'.'.join([*chain[1:], ins.argval])})"
+                    break
+                if ins.opname in ("LOAD_METHOD", "LOAD_ATTR") and ins.argval in MUTATORS and chain:
+                    # a container a module-level name holds, changed by its method (`SEEN.append(n)`,
+                    # `CACHE.setdefault(k, v)`): at the first call only, maybe, which no later forward shows
+                    effect = f"it may change the {chain[0]} ({'.'.join([*chain[1:], ins.argval])})"
+                    break
+                if ins.opname in ("STORE_SUBSCR", "DELETE_SUBSCR") and k >= 2 and chains[k - 2] and \
+                        code[k - 1].opname in ("LOAD_FAST", "LOAD_CONST", "LOAD_DEREF"):
+                    effect = f"it may change the {chains[k - 2][0]} (an item: `{chains[k - 2][0][7:]}[k] = v`)"
+                    break
+                chain = [f"global {ins.argval}"] if ins.opname == "LOAD_GLOBAL" else \
+                    [*chain, ins.argval] if ins.opname == "LOAD_ATTR" and chain else []
+                chains.append(chain)
+                if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
+                    effect = f"it sets the global {ins.argval}"
+                elif ins.opname in ("STORE_DEREF", "DELETE_DEREF") and ins.argval in fn.__code__.co_freevars:
+                    effect = f"it sets the closure variable {ins.argval}"
+                elif ins.opname in ("STORE_ATTR", "DELETE_ATTR") and ins.argval in class_attrs:
+                    effect = f"it may set the class attribute {ins.argval}"
+                if effect is not None:
+                    break
+    # per class, the names that are not data now (functions, descriptors): skipped at each call without a look
+    skips = [(c, frozenset(k for k, v in vars(c).items() if not _data(k, v))) for c in classes]
+    return _Scope([f for f in functions if f.__closure__], names, skips,
+                  effect and f"its forward does more than compute: {effect}",
+                  frozenset().union(*(_code_names(f.__code__) for f in functions)))
+
+
+_HELD_SCANS: weakref.WeakKeyDictionary[types.FunctionType, str | None] = weakref.WeakKeyDictionary()
+_CALLED = TALKS | SEEDS | SETTINGS | REGISTERS
+
+
+def _held_scan(f: types.FunctionType) -> str | None:
+    if f not in _HELD_SCANS:
+        _HELD_SCANS[f] = _scan(f, []).effect
+    return _HELD_SCANS[f]
+
+
+def held_callable_effect(module: torch.nn.Module) -> str | None:
+    """What a function the instance (or a submodule) holds does besides computing, where its forward may call it
+    (`self.report = print`, `self.say = functools.partial(logger.info, ...)`, `self.post = lambda y: ...`): the
+    builtin's name (TALKS, SEEDS, SETTINGS, REGISTERS) or the function's `_scan`, found once per function; and what a
+    method of an object it holds does, where the forward's code names the method (`self.sampler.draw()`)."""
+    for m in module.modules():
+        names = forward_scope(type(m)).code_names
+        items = [(k, v) for k, v in m.__dict__.items() if k not in _MODULE_INTERNALS]
+        # and the functions it keeps in a list or dict (`self.fns["noise"](y)`), one level down
+        items += [(f"{k}[{j!r}]", x) for k, v in items if isinstance(v, (list, tuple, dict)) and len(v) <= _BIG
+                  for j, x in (v.items() if isinstance(v, dict) else enumerate(v)) if callable(x)]
+        for k, v in items:
+            if _object(v):
+                for n in names:
+                    f = next((c.__dict__[n] for c in type(v).__mro__ if n in c.__dict__), None)
+                    f = f.fget if isinstance(f, property) else f
+                    if isinstance(f, types.FunctionType) and (e := _held_scan(f)) is not None:
+                        return e.replace("it ", f"{k}.{n} ", 1)
+            if not callable(v) or isinstance(v, (torch.nn.Module, type, torch.Tensor)):
+                continue
+            f = getattr(v, "func", v)  # a functools.partial
+            f = getattr(f, "__func__", f)  # a bound method
+            name = getattr(f, "__name__", "")
+            if name in _CALLED:  # `print`, a logger's `warning`, `torch.manual_seed`
+                return f"its forward does more than compute: it may call {k} ({name})"
+            if isinstance(f, types.FunctionType) and (e := _held_scan(f)) is not None:
+                return e.replace("it ", f"{k} ", 1)
+    return None
+
+
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
 def _described(v: Any) -> Any:
@@ -145,22 +510,44 @@ def held_difference(mine: dict[str, Any], proven: dict[str, Any]) -> str:
 
 def same(a: Any, b: Any) -> bool:
     """Whether two `held` values are alike: containers item by item, plain values by value, others by identity."""
-    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) == 2 and a[0] is b[0] and \
-            a[0] in (list, tuple, dict):  # a container, as `held` keeps it
-        x, y = a[1], b[1]
+    if isinstance(a, _Copy):
+        if not isinstance(b, _Copy) or a.kind is not b.kind:
+            return False
+        x, y = a.items, b.items
         if isinstance(x, dict):
-            return list(x) == list(y) and all(same(x[k], y[k]) for k in x)
-        return len(x) == len(y) and all(same(u, w) for u, w in zip(x, y))
+            return isinstance(y, dict) and list(x) == list(y) and all(same(x[k], y[k]) for k in x)
+        if isinstance(x, list):
+            return isinstance(y, list) and len(x) == len(y) and all(same(u, w) for u, w in zip(x, y))
+        return type(x) is type(y) and x == y  # a set's items, a bytearray's bytes, a generator's state, (id, len)
     if isinstance(a, (*_PLAIN, torch.dtype, torch.device)) and type(a) is type(b):
         return a == b  # a plain value recomputed alike (`self.scale = 1 / d ** 0.5`) is no change
-    return a is b
+    return a is b and not isinstance(a, _Unknown)
+
+
+def held_arguments(args: tuple) -> Any:
+    """A forward's arguments as they are now, for `arguments_changed`: `held(args)`, and the Python attributes of each
+    tensor among them (`x.seen = True` on the caller's tensor, which the caller may read)."""
+    return held(args), [held(a.__dict__) if isinstance(a, torch.Tensor) else None for a in args]
 
 
 def arguments_changed(before: Any, args: tuple) -> list[int]:
-    """The positions of a forward's arguments that are not what `held(args)` kept before it ran (a list it was
-    passed and appended to, a dict it wrote into): a cast that runs its plan instead would leave them as they were."""
-    _, items = before
-    return [k for k, (a, b) in enumerate(zip(items, args)) if not same(a, held(b))]
+    """The positions of a forward's arguments that are not what `held_arguments` kept before it ran (a list it was
+    passed and appended to, a dict it wrote into, a tensor given an attribute): a cast that runs its plan instead
+    would leave them as they were."""
+    items, attrs = before
+    return [k for k, (a, b, d) in enumerate(zip(items.items, args, attrs))
+            if not same(a, held(b)) or (d is not None and not same(d, held(b.__dict__)))]
+
+
+def rng_state() -> bytes:
+    """The state of torch's default CPU generator, as bytes (no ATen call: a trace sees none). A forward that seeds it
+    (`torch.manual_seed` in its forward) changes it without a random op, which would end its chain; a cast would not
+    seed it. (`torch.manual_seed` seeds the CUDA generators too; one seeding only those is not seen here.)"""
+    t = _GENERATOR.get_state()
+    return ctypes.string_at(t.data_ptr(), t.numel())
+
+
+_GENERATOR = torch.random.default_generator
 
 
 def attributes_changed(before: dict[str, Any], module: torch.nn.Module) -> list[str]:
@@ -239,6 +626,21 @@ def state_difference(state: dict[str, Any] | None, states: list[dict[str, Any]])
              for k in sorted(set(state) | set(proven)) if k != SUBTREE and state.get(k) != proven.get(k)]
     diffs += _subtree_difference(state.get(SUBTREE) or {}, proven.get(SUBTREE) or {})
     return ", ".join(diffs[:3]) or "its attributes"
+
+
+def written_inputs(signature: dict[str, Any]) -> list[int]:
+    """The chain inputs a member writes in place (`self.avg.mul_(0.9)`, `self.buf.copy_(x)`, `x.add_(1)`): a kernel
+    in the forward's place writes only the output, so no module card takes such a chain (an install declines it too)."""
+    from engine.ops import resolve_op
+
+    out = []
+    for node in signature.get("chain", {}).get("nodes", []):
+        op = resolve_op(node["op"])
+        mutated = {a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+        for a in node["args"]:
+            refs = [a["tensor"]] if "tensor" in a else [r for r in a.get("tensors") or () if r is not None]
+            out += [r[1] for r in refs if a["name"] in mutated and r[0] == "in"]
+    return out
 
 
 def module_binding(module: torch.nn.Module, args: tuple, inputs: list[torch.Tensor]) -> dict[str, Any]:

@@ -72,6 +72,7 @@ from engine.capture.module_binding import (  # noqa: F401 - ModuleCardError and 
     module_binding,
     module_state,
     proven_state,
+    reached_flags,
     state_difference,
     state_matches,
 )
@@ -326,8 +327,9 @@ class ModuleRoute(NotCopied):
         self.stats = PathStats()
         self.hooks = HookWatch(module.modules())
         self.module = self.hooks.hooked[0]  # the module itself
-        # the module-level values its forward reads, as at install (a flag it branches on)
-        self.reads = grouped([(g, k, g[k]) for g, k in forward_reads(self.cls)])
+        # the module-level values its forward reads, as at install (a flag it branches on), and the plain attributes of
+        # its classes and of the module-level objects it reads (`type(self).record`, `FLAGS.debug`: reached_flags)
+        self.reads = grouped([(g, k, g[k]) for g, k in forward_reads(self.cls)] + reached_flags(self.cls))
         # each submodule by identity, as at install: a submodule swapped in later (PEFT's wrapped Linear, another
         # activation) is not what the plan computes, and the parameter check reads the old one's tensors
         self.modules_held = grouped([(m._modules, k, v) for m in module.modules() for k, v in m._modules.items()])
