@@ -498,6 +498,7 @@ class Cast:
 
         A path the model lacks, a module of another class, a binding that does not fit, or a module that
         another cast already claims (first wins) is skipped, with one warning line for all of them."""
+        from engine.capture.module_binding import class_name
         from engine.cast import modules
 
         by_id = {v["id"]: v for v in self.file.variants}
@@ -515,6 +516,11 @@ class Cast:
                     continue
                 if type(mod).__name__ != st.module["class"]:
                     skipped.append(f"{path} (a {type(mod).__name__}, not {st.module['class']})")
+                    continue
+                # by its dotted name too, where the cast records it: a class of the same name elsewhere (a subclass
+                # named alike, another library's) is not the proven one
+                if class_name(type(mod)) != st.module.get("class_path", class_name(type(mod))):
+                    skipped.append(f"{path} (a {class_name(type(mod))}, not {st.module['class_path']})")
                     continue
                 try:
                     bound = modules.bind_variant(st.id, mod, v["signature"], st.module, st.plan)

@@ -45,6 +45,7 @@ declined at install.
 from __future__ import annotations
 
 import copy
+import enum
 import functools
 import json
 import operator
@@ -60,17 +61,25 @@ import torch
 import torch.nn.modules.module as _mm
 from torch.utils.hooks import RemovableHandle as _Handle
 
-from engine.capture.module_binding import (  # noqa: F401 - ModuleCardError and module_binding re-exported
+from engine.capture.module_binding import (  # noqa: F401 - ModuleCardError, module_binding, ... re-exported
     _MODULE_INTERNALS,
+    _SMALL,
     IGNORED_STATE,
     ROUTE_ATTR,
     SUBTREE,
     ModuleCardError,
     autocast_state,
+    class_forward,
+    class_reads,
+    forward_globals,
+    global_read,
     held_description,
     held_difference,
+    held_matches,
     module_binding,
     module_state,
+    object_attributes,
+    plain_value,
     proven_state,
     state_difference,
     state_matches,
@@ -88,6 +97,7 @@ _in_dispatch_mode = torch._C._len_torch_dispatch_stack
 _any_autocast = torch._C._is_any_autocast_enabled
 _grad_enabled = torch.is_grad_enabled
 _deterministic = torch.are_deterministic_algorithms_enabled
+_default_dtype = torch.get_default_dtype
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
 _jit_tracing = torch._C._get_tracing_state
 # forward-mode AD (torch.autograd.forward_ad): its `_current_level` is -1 outside every dual_level() block. A plan's
@@ -95,96 +105,71 @@ _jit_tracing = torch._C._get_tracing_state
 _forward_ad = torch.autograd.forward_ad
 
 
-_SMALL = 32  # lists and dicts of plain values up to this many items are guarded (compared at each call)
-_SCALARS = (type(None), bool, int, float, str, torch.dtype, torch.device)
+def _held(v: Any) -> bool:
+    """Whether a module's attribute is an object or a function it holds (a config, an activation function, a
+    partial), which a guard holds by identity: not a plain value, a tensor, a module or a class."""
+    return not plain_value(v) and not isinstance(v, (torch.nn.Module, torch.Tensor, type)) and (
+        callable(v) or isinstance(v, enum.Enum) or object_attributes(v) is not None)
 
 
-def plain_value(v: Any) -> bool:
-    """A value a guard compares at each call: a scalar, or a small list, tuple or dict of them (a config's
-    `rope_scaling`, a module's list of window sizes). Larger containers are not compared (a config's
-    `id2label` of 1,000 classes would cost microseconds per call)."""
-    if isinstance(v, _SCALARS):
-        return True
-    if isinstance(v, (list, tuple)):
-        return len(v) <= _SMALL and all(plain_value(x) for x in v)
-    if type(v) is dict:
-        return len(v) <= _SMALL and all(isinstance(k, _SCALARS) and plain_value(x) for k, x in v.items())
-    return False
+def held_object_state(mods: Iterable[torch.nn.Module], depth: int = 3) -> list[tuple[Any, str, Any]]:
+    """(namespace, name, value) of what these modules hold besides plain values, tensors and modules: each object
+    or function by identity (`self.act = F.gelu`, a config swapped for another), and the plain attributes of the
+    objects, `depth` levels down (a transformers config, whose flags a forward reads at every call:
+    `self.config.output_gate`, its `text_config.act`), each object once. An object with slots, not a __dict__
+    (a slotted dataclass), is its own namespace (`grouped` reads it by attribute)."""
+    out: list[tuple[Any, str, Any]] = []
+    seen: set[int] = set()
 
+    def visit(ns: Any, k: str, v: Any, left: int) -> None:
+        out.append((ns, k, v))
+        attrs = object_attributes(v) if left > 0 and id(v) not in seen else None
+        if isinstance(v, functools.partial) and id(v) not in seen:  # its keywords (its arguments are a tuple)
+            seen.add(id(v))
+            out.extend((v.keywords, a, x) for a, x in v.keywords.items() if plain_value(x))
+        if attrs is None:
+            return
+        seen.add(id(v))
+        d = getattr(v, "__dict__", None)
+        inner = d if isinstance(d, dict) and len(d) == len(attrs) else v  # slots: the object itself
+        for a, x in attrs:
+            if plain_value(x):
+                out.append((inner, a, x))
+            elif _held(x):
+                visit(inner, a, x, left - 1)
 
-def held_object_state(mods: Iterable[torch.nn.Module]) -> list[tuple[dict, str, Any]]:
-    """(namespace, name, value) of the plain attributes of the other objects these modules hold, one level down
-    (a transformers config, whose flags a forward reads at every call: `self.config.output_gate`), each object
-    once. Tensors, modules, classes and callables are not such objects."""
-    out, seen = [], set()
     for m in mods:
-        for k, v in m.__dict__.items():
-            if (k != ROUTE_ATTR and not plain_value(v) and not isinstance(v, (torch.nn.Module, torch.Tensor, type))
-                    and id(v) not in seen and isinstance(getattr(v, "__dict__", None), dict) and not callable(v)):
-                seen.add(id(v))
-                out += [(v.__dict__, a, x) for a, x in v.__dict__.items() if plain_value(x)]
+        d = m.__dict__
+        for k, v in d.items():
+            if k != ROUTE_ATTR and _held(v):
+                visit(d, k, v, depth)
     return out
 
 
-def grouped(state: list[tuple[dict, str, Any]]) -> list[tuple[dict, Any, Any]]:
-    """(namespace, an itemgetter of its names, their values now) per namespace: one C-level read per namespace at
-    each call (a Gemma layer and its config, 161 attributes: the whole guard 20 -> 14 µs on this CPU). The values
-    are copies where they are containers: a list changed in place must read as changed."""
-    names: dict[int, tuple[dict, list[str]]] = {}
+def grouped(state: list[tuple[Any, str, Any]], unsized: Iterable[int] | None = ()
+            ) -> list[tuple[Any, Any, Any, Any]]:
+    """(namespace, a getter of its names, their values now, its size now) per namespace: one C-level read per
+    namespace at each call (a Gemma layer and its config, 161 attributes: the whole guard 20 -> 14 µs on this CPU).
+    A namespace is a dict (an object's __dict__, a class's), read by item, or an object with slots, read by attribute.
+    The values are copies where they are containers: a list or set changed in place must read as changed. The size
+    (None for an object with slots, for the namespaces whose ids are in `unsized`: a module's __dict__, which a
+    route attached to it later grows, and for all where `unsized` is None: a class's, which an install's dispatcher
+    grows) says whether one was added since: a config given an attribute a forward reads
+    with a default (`getattr(config, "use_gate", False)`)."""
+    names: dict[int, tuple[Any, list[str]]] = {}
     for d, k, _ in state:
         if k not in names.setdefault(id(d), (d, []))[1]:
             names[id(d)][1].append(k)
+    skip = None if unsized is None else set(unsized)
     out = []
     for d, keys in names.values():
-        get = operator.itemgetter(*keys) if len(keys) > 1 else (lambda d, k=keys[0]: (d[k],))
-        out.append((d, get, tuple(copy.deepcopy(x) if type(x) in (list, dict, tuple) else x for x in get(d))))
-    return out
-
-
-def _code_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):  # comprehensions, lambdas and nested functions
-            names |= _code_names(c)
-    return names
-
-
-def _cell_function(cell: Any) -> bool:
-    try:
-        return isinstance(cell.cell_contents, types.FunctionType)
-    except ValueError:  # an empty cell
-        return False
-
-
-def forward_globals(classes: Any, depth: int = 2, every: bool = False) -> list[tuple[dict, str]]:
-    """(module namespace, name) of every plain module-level value (`plain_value`) the forwards of these classes
-    read, and the functions they call read, `depth` calls deep: a flag a forward branches on (`if USE_FAST:`),
-    which neither the arguments nor the module's attributes show. A name that is also an attribute name
-    (`self.eps`) is read from the namespace where it is a global there too: guarding it costs only a lookup.
-    `every`: every name the code reads in each namespace, whatever it holds now (a global may be set later)."""
-    out: list[tuple[dict, str]] = []
-    seen: set[int] = set()
-
-    def visit(fn: Any, left: int) -> None:
-        code, g = getattr(fn, "__code__", None), getattr(fn, "__globals__", None)
-        if not isinstance(code, types.CodeType) or not isinstance(g, dict) or id(fn) in seen:
-            return
-        seen.add(id(fn))
-        # a decorated forward (transformers' deprecation wrappers): the function it wraps is the forward
-        inner = [getattr(fn, "__wrapped__", None)] + [c.cell_contents for c in fn.__closure__ or ()
-                                                       if _cell_function(c)]
-        for f in inner:
-            if isinstance(f, types.FunctionType):
-                visit(f, left)
-        for name in sorted(_code_names(code)):
-            v = g.get(name, _MISSING)
-            if every or (v is not _MISSING and plain_value(v)):
-                out.append((g, name))
-            if left > 0 and isinstance(v, types.FunctionType):
-                visit(v, left - 1)
-
-    for cls in classes:
-        visit(class_forward(cls), depth)
+        if isinstance(d, (dict, types.MappingProxyType)):
+            get = operator.itemgetter(*keys) if len(keys) > 1 else (lambda d, k=keys[0]: (d[k],))
+            n = None if skip is None or id(d) in skip else len(d)
+        else:
+            get = operator.attrgetter(*keys) if len(keys) > 1 else (lambda d, k=keys[0]: (getattr(d, k),))
+            n = None
+        out.append((d, get, tuple(copy.deepcopy(x) if type(x) in (list, dict, tuple, set) else x for x in get(d)), n))
     return out
 
 
@@ -200,9 +185,9 @@ def _read_names(cls: type) -> list[tuple[dict, str]]:
 
 
 def forward_reads(cls: type) -> list[tuple[dict, str]]:
-    """The plain module-level values the forward of `cls` reads now (forward_globals): the names its code reads
-    are found once per class, which of them hold plain values is asked at each install."""
-    return [(g, k) for g, k in _read_names(cls) if k in g and plain_value(g[k])]
+    """The plain module-level values and functions the forward of `cls` reads now (forward_globals, global_read):
+    the names its code reads are found once per class, which of them hold such values is asked at each install."""
+    return [(g, k) for g, k in _read_names(cls) if k in g and global_read(g[k])]
 
 
 def forward_tensors(cls: type) -> list[tuple[dict, str]]:
@@ -226,11 +211,14 @@ class ModuleVariant:
     plan: Callable[[list[Any]], Any]         # plan(in0..inN) -> the chain's outputs (or its one output)
     attrs: tuple[tuple[str, Any], ...] = ()  # the module's own attributes (eps…) as at install, equal to a proof's
     training: bool | None = None             # the module's training flag at proof (None: not recorded, not checked)
+    default_dtype: torch.dtype | None = None  # torch's default dtype at proof (None: not recorded, not checked)
 
     def attrs_unchanged(self, module: torch.nn.Module) -> bool:
         d = module.__dict__
         for name, value in self.attrs:
-            if d.get(name, _MISSING) != value:
+            x = d.get(name, _MISSING)
+            # by type too: `x * self.scale` of an integer tensor is an integer with 2, a float with 2.0
+            if x != value or type(x) is not type(value):
                 return False
         return True
 
@@ -326,19 +314,40 @@ class ModuleRoute(NotCopied):
         self.stats = PathStats()
         self.hooks = HookWatch(module.modules())
         self.module = self.hooks.hooked[0]  # the module itself
-        # the module-level values its forward reads, as at install (a flag it branches on)
-        self.reads = grouped([(g, k, g[k]) for g, k in forward_reads(self.cls)])
+        mods = list(module.modules())
+        classes = list(dict.fromkeys(type(m) for m in mods))
+        dicts = [id(m.__dict__) for m in mods]  # (routes are attached into them: their sizes are not compared)
+        # the module's own attributes, by number, as at install (with its route, attached after this): one added
+        # since (read by the forward with a default: `getattr(self, "scale", 1.0)`) is not what was proven
+        self.n_attrs = len(module.__dict__) + (ROUTE_ATTR not in module.__dict__)
+        # the module-level values its forward reads, and its submodules' forwards, and the methods they call, as at
+        # install (a flag they branch on)
+        self.reads = grouped([(g, k, g[k]) for cls in classes for g, k in forward_reads(cls)])
+        # the class attributes they read (`self.SCALE`), as at install: a value every instance of a class shares
+        self.class_reads = grouped([(c.__dict__, k, c.__dict__[k]) for cls in classes for c, k in class_reads(cls)
+                                    if plain_value(c.__dict__[k]) or _held(c.__dict__[k])], None)
         # each submodule by identity, as at install: a submodule swapped in later (PEFT's wrapped Linear, another
         # activation) is not what the plan computes, and the parameter check reads the old one's tensors
-        self.modules_held = grouped([(m._modules, k, v) for m in module.modules() for k, v in m._modules.items()])
-        # and each submodule's plain attributes (training, eps, p…), as at install: install compared them with the
-        # proof's, and a child set to train mode afterwards (a Dropout, for Monte Carlo dropout) or given another
-        # `eps` computes something else than the plan. One list, read in one pass per call (a leaf has none)
-        self.tree = self.modules_held + grouped([(m.__dict__, k, v) for m in list(module.modules())[1:]
-                                                 for k, v in m.__dict__.items() if k != ROUTE_ATTR and plain_value(v)])
-        # the plain attributes of the objects the module and its submodules hold (a config), as at install: a forward
-        # branching on `self.cfg.both` returned a tuple once it was set, and the route went on returning the tensor
-        self.held = grouped(held_object_state(module.modules()))
+        self.modules_held = grouped([(m._modules, k, v) for m in mods for k, v in m._modules.items()])
+        # and each submodule's plain attributes (eps, p…), as at install: install compared them with the proof's,
+        # and a child given another `eps` computes something else than the plan. One list, read in one pass per call
+        # (a leaf has none). Their training flags are compared with the module's instead (`kid_modes`)
+        self.tree = self.modules_held + grouped([(m.__dict__, k, v) for m in mods[1:] for k, v in m.__dict__.items()
+                                                 if k != ROUTE_ATTR and k != "training" and plain_value(v)], dicts)
+        # each parameter or buffer registered as None (`nn.LayerNorm(bias=False)`), as at install: one set to a
+        # tensor since is read where the plan reads none
+        self.absent = grouped([(table, k, None) for m in mods for table in (m._parameters, m._buffers)
+                               for k, t in table.items() if t is None])
+        # each submodule's training flag, as its module's or not, as at install (where install compared them with the
+        # proof's): a Dropout set to train mode for Monte Carlo dropout computes something else than the plan, and a
+        # model installed into in train mode and set to eval after is served
+        self.kids = [m.__dict__ for m in mods[1:]]
+        same = [m.training == module.training for m in mods[1:]]
+        self.kid_modes = {t: tuple(t if x else not t for x in same) for t in (False, True)}
+        # what the module and its submodules hold besides plain values, as at install: a function or a config by
+        # identity, and the plain attributes of the objects, down to a config's own configs: a forward branching on
+        # `self.cfg.both` returned a tuple once it was set, and the route went on returning the tensor
+        self.held = grouped(held_object_state(mods), dicts)
         self.active = True
 
     @property
@@ -351,8 +360,9 @@ class ModuleRoute(NotCopied):
 
     def _tree_unchanged(self, tree: list[tuple[dict, Any, Any]] | None = None) -> bool:
         try:
-            return all(get(d) == values for d, get, values in (self.tree if tree is None else tree))
-        except KeyError:  # a submodule or an attribute deleted
+            return all(get(d) == values and (n is None or len(d) == n)
+                       for d, get, values, n in (self.tree if tree is None else tree))
+        except (KeyError, AttributeError):  # a submodule or an attribute deleted
             return False
 
     def _hooks(self) -> bool:
@@ -381,7 +391,7 @@ class ModuleRoute(NotCopied):
         if self._hooks():
             st.decline("hooks")
             return self.original(*args, **kwargs)
-        if not v.params_unchanged():
+        if not v.params_unchanged() or (self.absent and not self._tree_unchanged(self.absent)):
             st.decline("parameters changed")
             return self.original(*args, **kwargs)
         if self.tree and not self._tree_unchanged():
@@ -395,13 +405,22 @@ class ModuleRoute(NotCopied):
         if m is None or (v.training is not None and m.training != v.training):
             st.decline("training mode")
             return self.original(*args, **kwargs)
-        if not v.attrs_unchanged(m):
+        if self.kids and tuple(d["training"] for d in self.kids) != self.kid_modes[m.training]:
+            st.decline("submodule attributes changed")  # a child's training flag
+            return self.original(*args, **kwargs)
+        if not v.attrs_unchanged(m) or len(m.__dict__) != self.n_attrs:
             st.decline("attributes changed")
             return self.original(*args, **kwargs)
-        for d, get, values in self.reads:
+        for d, get, values, _ in self.reads:
             if get(d) != values:
                 st.decline("globals changed")
                 return self.original(*args, **kwargs)
+        if self.class_reads and not self._tree_unchanged(self.class_reads):
+            st.decline("class attributes changed")
+            return self.original(*args, **kwargs)
+        if v.default_dtype is not None and _default_dtype() is not v.default_dtype:
+            st.decline("default dtype")
+            return self.original(*args, **kwargs)
         if (_any_autocast() or v.autocast) and autocast_state() != v.autocast:
             st.decline("autocast")
             return self.original(*args, **kwargs)
@@ -485,8 +504,12 @@ def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], c
     if helds:  # what the proven instances held (a config's flags, own attributes), as JSON: a model built with
         # another config runs another forward, where `states` could not be recorded (a module holding a config)
         mine = json.loads(json.dumps(held_description(module)))
-        if mine not in helds:
+        if not held_matches(mine, helds):
             raise ModuleCardError(f"what it holds differs from the proven module's: {held_difference(mine, helds[0])}")
+    # the default dtype at proof, where recorded, compared at each call too (a model set to float64 after install)
+    dd = (helds or [{}])[0].get("torch:default_dtype")
+    default_dtype = getattr(torch, dd["torch"].removeprefix("torch."), None) if isinstance(dd, dict) and \
+        isinstance(dd.get("torch"), str) else None
     args = card.get("args", [{"input": 0}])
     params = card.get("params", [])
     fed: dict[int, str] = {}
@@ -540,7 +563,8 @@ def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], c
     attrs = tuple((name, copy.deepcopy(module.__dict__[name])) for name in names)
     autocast = tuple(tuple(x) for x in card.get("autocast", []))
     return ModuleVariant(vid, tuple(key), tuple(arg_inputs), tuple(bound), len(inputs), autocast, plan,
-                         attrs=attrs, training=card.get("training"))
+                         attrs=attrs, training=card.get("training"),
+                         default_dtype=default_dtype if isinstance(default_dtype, torch.dtype) else None)
 
 
 # ------------------------------------------------------------------------------------- install / remove
@@ -562,12 +586,6 @@ _FINALIZERS: weakref.WeakKeyDictionary[torch.nn.Module, weakref.finalize] = weak
 # The class each attached module had when its route was attached: the one whose forward became the dispatcher.
 # A module's class may change while attached (torch.nn.utils.parametrize swaps in a generated subclass).
 _ATTACHED_AS: weakref.WeakKeyDictionary[torch.nn.Module, type] = weakref.WeakKeyDictionary()
-
-
-def class_forward(cls: type) -> Callable[..., Any]:
-    """The forward `cls` has without any cast: its own or inherited, with a dispatcher seen through."""
-    f = cls.forward
-    return getattr(f, "__kforge_original__", f)
 
 
 def _dispatcher(cls: type) -> Callable[..., Any]:
