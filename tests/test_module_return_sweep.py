@@ -316,6 +316,15 @@ def test_an_exported_module_card_records_that_its_return_was_checked_and_audit_n
     check_manifest(old)
     assert "return value: not checked against the chain's output (the cast predates that check)" in \
         audit_text(audit_document(old, {}), "old.cast")
+    assert "what it holds" not in audit_text(audit_document(manifest, {}), "new.cast")
+    del old["variants"][0]["module"]["held"]  # nor what its instances held (a config read at each call)
+    check_manifest(old)
+    assert "what it holds: not compared with the proof's (the cast predates that record)" in \
+        audit_text(audit_document(old, {}), "old.cast")
+    bad = copy.deepcopy(manifest)
+    bad["variants"][0]["module"]["held"] = {":eps": 1e-6}
+    with pytest.raises(CastError, match="'held' is not a list of attribute tables"):
+        check_manifest(bad)
     bad = copy.deepcopy(manifest)
     bad["variants"][0]["module"]["returns"] = "tuple"
     with pytest.raises(CastError, match="'returns' is not 'output'"):
@@ -455,3 +464,34 @@ def test_a_forward_that_counts_its_calls_in_an_object_it_holds_is_no_module_card
     assert not [c for c in found.cards if _bound(c)]
     notes = [v for k, v in found.notes.items() if k.startswith("module card CountingGate")]
     assert notes and "stats.calls" in notes[0], found.notes
+
+
+def test_what_a_module_holds_is_described_without_raising_for_odd_objects():
+    # The capture reads the attributes of every object a module holds, at each forward of each module: an object
+    # whose __getattr__ raises something else than AttributeError, or a list holding itself, must not break it.
+    from engine.capture.module_binding import attributes_held, class_name, held_description
+
+    class Odd:
+        __slots__ = ("x",)
+
+        def __getattr__(self, name):
+            raise KeyError(name)
+
+    class Holder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            loop: list = []
+            loop.append(loop)
+            self.odd, self.loop, self.cfg = Odd(), loop, type("Cfg", (), {})()
+            self.cfg.eps, self.cfg.loop = 1e-5, loop
+
+    m = Holder()
+    from engine.capture.module_binding import class_digest
+
+    # the odd object by its class (its slot unset, its __getattr__ not asked), the list holding itself down to where
+    # it holds itself, the config's plain attribute by value
+    assert held_description(m) == {
+        ":__class__": {"class": class_name(Holder), "code": class_digest(Holder)}, ":odd": {"object": class_name(Odd)},
+        ":loop": [{"opaque": "builtins.list"}], ":cfg": {"object": class_name(type(m.cfg))}, ":cfg.eps": 1e-5,
+        ":cfg.loop": [{"opaque": "builtins.list"}], "torch:default_dtype": {"torch": "torch.float32"}}
+    assert set(attributes_held(m)) == {"odd", "loop", "cfg", "cfg.eps", "cfg.loop"}

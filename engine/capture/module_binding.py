@@ -74,20 +74,33 @@ def module_state(module: torch.nn.Module) -> dict[str, Any] | None:
 def held(v: Any) -> Any:
     """`v` as it is now, for `same` to compare after a forward: lists, tuples and dicts copied item by item, the rest
     held as is (plain values compare by value, other objects by identity)."""
+    return _held(v, ())
+
+
+def _held(v: Any, within: tuple[int, ...]) -> Any:
+    if isinstance(v, (list, tuple, dict)) and id(v) in within:
+        return v  # a container holding itself: held by identity from there down
     if isinstance(v, (list, tuple)):
-        return (type(v), [held(x) for x in v])
+        return (type(v), [_held(x, (*within, id(v))) for x in v])
     if type(v) is dict:
-        return (dict, {k: held(x) for k, x in v.items()})
+        return (dict, {k: _held(x, (*within, id(v))) for k, x in v.items()})
     return v
 
 
 def held_objects(module: torch.nn.Module) -> list[tuple[str, Any]]:
     """(attribute name, object) of the other objects the instance holds, one level down: a transformers config, a
     state object (`self.stats`). Tensors, modules, classes, callables and plain values are not such objects."""
-    return [(k, v) for k, v in vars(module).items()
-            if k not in _MODULE_INTERNALS and k not in IGNORED_STATE and not isinstance(v, (*_PLAIN, torch.dtype,
-            torch.device, list, tuple, dict, torch.nn.Module, torch.Tensor, type))
-            and isinstance(getattr(v, "__dict__", None), dict) and not callable(v)]
+    out = []
+    for k, v in vars(module).items():
+        if k in _MODULE_INTERNALS or k in IGNORED_STATE or callable(v) or isinstance(v, (
+                *_PLAIN, torch.dtype, torch.device, list, tuple, dict, torch.nn.Module, torch.Tensor, type)):
+            continue
+        try:  # an object without a __dict__ may answer with its own __getattr__, which may raise anything
+            if isinstance(object.__getattribute__(v, "__dict__"), dict):
+                out.append((k, v))
+        except Exception:  # noqa: BLE001 - no readable __dict__: not such an object
+            continue
+    return out
 
 
 def attributes_held(module: torch.nn.Module) -> dict[str, Any]:
@@ -579,6 +592,8 @@ def forward_globals(classes: Any, depth: int = 2, every: bool = False) -> list[t
         if not isinstance(g, dict):
             return
         for name in sorted(names):
+            if name.startswith("__") and name.endswith("__"):  # `type(self).__name__`: an attribute, not a global
+                continue
             v = g.get(name, _MISSING)
             if (every or (v is not _MISSING and global_read(v))) and (id(g), name) not in found:
                 found.add((id(g), name))

@@ -35,6 +35,10 @@ def chain_view(v: dict[str, Any]) -> dict[str, str] | None:
         out["returns"] = ("not checked against the chain's output (the cast predates that check): a module whose "
                           "forward returns more (a tuple, a dict) would get that tensor alone; export it again from "
                           "a new capture")
+    if module and "held" not in module:
+        # a cast exported before captures recorded what each proven instance held (a config it reads at each call)
+        out["held"] = ("not compared with the proof's (the cast predates that record): a model built with another "
+                       "config is served as the proven one; export it again from a new capture")
     if module and not any(SUBTREE in s for s in module.get("states") or ()):
         # a cast written before they were recorded, or a module whose own attributes are not plain values
         out["submodules"] = ("not compared with the proof's (the cast records none): a module of its class "
@@ -293,6 +297,8 @@ def audit_text(doc: dict[str, Any], path: str) -> str:
                 line += f"\n      submodules: {cv['submodules']}"
             if cv.get("returns"):
                 line += f"\n      return value: {cv['returns']}"
+            if cv.get("held"):
+                line += f"\n      what it holds: {cv['held']}"
         if v.get("targets") is not None:
             line += f"\n      proven for: {', '.join(v['targets']) or 'no target'}"
         if v.get("verify"):
