@@ -254,3 +254,21 @@ def test_a_config_held_as_a_named_tuple_binds(tmp_path):
     found = captured(*CASES["namedtuple config"].a(0, torch.Generator().manual_seed(0)))
     assert [c.chain["class"] for c in found.cards if _bound(c)] == ["ConfigAct"], found.notes
     _declined_at_install(tmp_path, "namedtuple config", "config ['silu', 1.0] (proven ['gelu', 1.0])")
+
+
+def test_a_leaf_route_holds_nothing_of_nn_modules_own_tables(tmp_path):
+    # nn.Module's hook tables are OrderedDicts, objects with a __dict__: held as objects a module holds, the guard
+    # compared eleven of them at every call of every routed module (about 0.8 µs a call of an RMSNorm on this CPU).
+    import engine.cast
+    from engine.cast import modules
+
+    model, args = CASES["control: norm"].a(0, torch.Generator().manual_seed(0))
+    path, signatures = _cast(captured(model, args), tmp_path)
+    cast = engine.cast.load(path, env=ENV, plans={k: EagerPlan(s) for k, s in signatures.items()})
+    try:
+        cast.install(model)
+        route = modules.route_of(model.layers[0].inner)
+        assert (route.held, route.tree, route.reads, route.class_reads, route.absent, route.kids) == \
+            ([], [], [], [], [], [])
+    finally:
+        cast.remove()

@@ -141,7 +141,7 @@ def held_object_state(mods: Iterable[torch.nn.Module], depth: int = 3) -> list[t
     for m in mods:
         d = m.__dict__
         for k, v in d.items():
-            if k != ROUTE_ATTR and _held(v):
+            if k not in _MODULE_INTERNALS and _held(v):  # (nn.Module's own tables: its hooks, guarded elsewhere)
                 visit(d, k, v, depth)
     return out
 
@@ -341,9 +341,7 @@ class ModuleRoute(NotCopied):
         # each submodule's training flag, as its module's or not, as at install (where install compared them with the
         # proof's): a Dropout set to train mode for Monte Carlo dropout computes something else than the plan, and a
         # model installed into in train mode and set to eval after is served
-        self.kids = [m.__dict__ for m in mods[1:]]
-        same = [m.training == module.training for m in mods[1:]]
-        self.kid_modes = {t: tuple(t if x else not t for x in same) for t in (False, True)}
+        self.kids = [(m.__dict__, m.training == module.training) for m in mods[1:]]
         # what the module and its submodules hold besides plain values, as at install: a function or a config by
         # identity, and the plain attributes of the objects, down to a config's own configs: a forward branching on
         # `self.cfg.both` returned a tuple once it was set, and the route went on returning the tensor
@@ -360,8 +358,10 @@ class ModuleRoute(NotCopied):
 
     def _tree_unchanged(self, tree: list[tuple[dict, Any, Any]] | None = None) -> bool:
         try:
-            return all(get(d) == values and (n is None or len(d) == n)
-                       for d, get, values, n in (self.tree if tree is None else tree))
+            for d, get, values, n in (self.tree if tree is None else tree):
+                if get(d) != values or (n is not None and len(d) != n):
+                    return False
+            return True
         except (KeyError, AttributeError):  # a submodule or an attribute deleted
             return False
 
@@ -405,9 +405,12 @@ class ModuleRoute(NotCopied):
         if m is None or (v.training is not None and m.training != v.training):
             st.decline("training mode")
             return self.original(*args, **kwargs)
-        if self.kids and tuple(d["training"] for d in self.kids) != self.kid_modes[m.training]:
-            st.decline("submodule attributes changed")  # a child's training flag
-            return self.original(*args, **kwargs)
+        if self.kids:
+            t = m.training
+            for d, same in self.kids:
+                if (d["training"] is t) is not same:
+                    st.decline("submodule attributes changed")  # a child's training flag
+                    return self.original(*args, **kwargs)
         if not v.attrs_unchanged(m) or len(m.__dict__) != self.n_attrs:
             st.decline("attributes changed")
             return self.original(*args, **kwargs)
