@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import enum
 import functools
+import sys
+import types
 from collections import namedtuple
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -279,6 +281,44 @@ class DefaultDtype(nn.Module):
 
     def forward(self, x):
         return ((torch.sigmoid(x * self.w) * x).to(torch.get_default_dtype()) * 1.1).to(x.dtype)
+
+
+# a module of constants the forward reads as `consts.SCALE` (`from . import constants`)
+consts = types.ModuleType("install_near_miss_consts")
+consts.SCALE = 1.0
+sys.modules[consts.__name__] = consts
+
+
+class ModuleConstant(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.w = nn.Parameter(1 + 0.1 * torch.randn(d))
+
+    def forward(self, x):
+        return torch.sigmoid(x * self.w * consts.SCALE) * x
+
+
+class UnregisteredActs(nn.Module):
+    """Holds its activation modules in a plain list (not registered: no submodules)."""
+
+    def __init__(self, d, act):
+        super().__init__()
+        self.w, self.acts = nn.Parameter(1 + 0.1 * torch.randn(d)), [act]
+
+    def forward(self, x):
+        return self.acts[0](x * self.w) + 1.0
+
+
+class ConfigGetattr(nn.Module):
+    """Reads a flag its config may not have (`getattr(config, "double", False)`)."""
+
+    def __init__(self, d, config):
+        super().__init__()
+        self.w, self.config = nn.Parameter(1 + 0.1 * torch.randn(d)), config
+
+    def forward(self, x):
+        h = torch.sigmoid(x * self.w) * x
+        return h * 2.0 if getattr(self.config, "double", False) else h
 
 
 # ---------------------------------------------------------------------------------------------------- builders
@@ -578,6 +618,18 @@ CASES: dict[str, Case] = {
         env=lambda: setting(_globals(), "helper_act", helper_act)),
     "default dtype": case(stack(lambda d, i: DefaultDtype(d)),
                           env=lambda: _default_dtype(torch.float64)),
+    "constant of an imported module": case(stack(lambda d, i: ModuleConstant(d)),
+                                           env=lambda: setting(consts, "SCALE", 2.0)),
+    "constant of an imported module set after install": case(
+        stack(lambda d, i: ModuleConstant(d)), after=lambda m: setattr(consts, "SCALE", 2.0),
+        env=lambda: setting(consts, "SCALE", 1.0)),
+    "unregistered module in a list": case(stack(lambda d, i: UnregisteredActs(d, nn.GELU())),
+                                          stack(lambda d, i: UnregisteredActs(d, nn.GELU("tanh")))),
+    "config flag read with getattr, present": case(stack(lambda d, i: ConfigGetattr(d, SimpleNamespace())),
+                                                   stack(lambda d, i: ConfigGetattr(d, SimpleNamespace(double=True)))),
+    "config flag read with getattr, set after install": case(
+        stack(lambda d, i: ConfigGetattr(d, SimpleNamespace(other=1))),
+        after=each(lambda m: setattr(m.config, "double", True))),
     # ---- optional parameters and attributes
     "optional bias present": case(stack(lambda d, i: OptionalBias(d)), stack(lambda d, i: OptionalBias(d, True))),
     "optional bias set after install": case(stack(lambda d, i: OptionalBias(d)),

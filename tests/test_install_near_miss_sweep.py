@@ -272,3 +272,17 @@ def test_a_leaf_route_holds_nothing_of_nn_modules_own_tables(tmp_path):
             ([], [], [], [], [], [])
     finally:
         cast.remove()
+
+
+def test_a_constant_of_a_module_the_forward_imports_is_compared_and_held(tmp_path):
+    # `consts.SCALE` (a value of an imported module, read by attribute): only the forward's own module's globals
+    # were read, so B built with another SCALE, or SCALE set after install, was served with A's.
+    _declined_at_install(tmp_path, "constant of an imported module", "global:install_near_miss_consts.SCALE 2.0 "
+                                                                      "(proven 1.0)")
+    _declined_at_call(tmp_path, "constant of an imported module set after install", "globals changed")
+
+
+def test_a_module_held_unregistered_is_compared_with_its_attributes(tmp_path):
+    # `self.acts = [nn.GELU()]`: no submodule, so not in the proven subtree; it was described by its class alone, and
+    # a GELU("tanh") was served with the exact GELU's chain.
+    _declined_at_install(tmp_path, "unregistered module in a list", "'state': {'approximate': 'tanh'}")

@@ -247,8 +247,8 @@ def describe(v: Any, depth: int = _DEPTH, ancestors: frozenset = frozenset()) ->
     if isinstance(v, _FUNCTIONS):  # a builtin (torch's F.gelu), a method of a builtin type
         return {"function": f"{getattr(v, '__module__', None) or type(v).__name__}."
                             f"{getattr(v, '__qualname__', getattr(v, '__name__', '?'))}"}
-    if isinstance(v, torch.nn.Module):
-        return {"module": class_name(type(v))}
+    if isinstance(v, torch.nn.Module):  # one it holds unregistered (in a list): no submodule, so not in `states`
+        return {"module": class_name(type(v)), "state": module_state(v)}
     attrs = object_attributes(v) if not isinstance(v, torch.Tensor) else None
     if attrs is not None and depth > 0 and id(v) not in ancestors:
         inner = ancestors | {id(v)}
@@ -579,7 +579,8 @@ def global_read(v: Any) -> bool:
 
 def forward_globals(classes: Any, depth: int = 2, every: bool = False) -> list[tuple[dict, str]]:
     """(module namespace, name) of every plain module-level value or function (`global_read`) the forwards of these
-    classes read, the methods of their class they call (`self._act(h)`), and the functions they call, `depth` calls deep: a
+    classes read (and the plain values of the modules they import that they read by attribute: `consts.SCALE`), the
+    methods of their class they call (`self._act(h)`), and the functions they call, `depth` calls deep: a
     flag a forward branches on (`if USE_FAST:`), which neither the arguments nor the module's attributes show. A
     name that is also an attribute name (`self.eps`) is read from the namespace where it is a global there too:
     guarding it costs only a lookup. `every`: every name the code reads in each namespace, whatever it holds now
@@ -600,6 +601,16 @@ def forward_globals(classes: Any, depth: int = 2, every: bool = False) -> list[t
                 out.append((g, name))
             if left > 0 and isinstance(v, types.FunctionType):
                 visit(v, left - 1)
+            # `consts.SCALE`: a plain value of a module it imports (the names its code reads that the module holds).
+            # Not torch's own: its dtypes and constants are no configuration (and `x.float()` reads `float`)
+            if isinstance(v, types.ModuleType) and v.__dict__ is not g and \
+                    not (v.__name__ == "torch" or v.__name__.startswith("torch.")):
+                d = v.__dict__
+                for a in sorted(names):
+                    if a in d and not (a.startswith("__") and a.endswith("__")) and (id(d), a) not in found and \
+                            (every or plain_value(d[a])):
+                        found.add((id(d), a))
+                        out.append((d, a))
 
     for cls in classes:
         _visit_forward(cls, depth, visit_global)
