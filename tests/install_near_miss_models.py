@@ -321,6 +321,46 @@ class ConfigGetattr(nn.Module):
         return h * 2.0 if getattr(self.config, "double", False) else h
 
 
+class GradBranch(nn.Module):
+    """Branches on torch's grad mode (what a module that checkpoints or caches under grad only does)."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.w = nn.Parameter(1 + 0.1 * torch.randn(d))
+
+    def forward(self, x):
+        h = torch.sigmoid(x * self.w) * x
+        return h * 2.0 if torch.is_grad_enabled() else h
+
+
+class DefaultArg(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.w = nn.Parameter(1 + 0.1 * torch.randn(d))
+
+    def forward(self, x, approximate="none"):
+        return F.gelu(x * self.w, approximate=approximate) + 1.0
+
+
+def _default_arg_redefined():
+    """DefaultArg under the same module and name, its forward's default argument another."""
+    ns: dict[str, Any] = {"__name__": __name__, "torch": torch, "nn": nn, "F": F}
+    exec("""
+class DefaultArg(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.w = nn.Parameter(1 + 0.1 * torch.randn(d))
+
+    def forward(self, x, approximate="tanh"):
+        return F.gelu(x * self.w, approximate=approximate) + 1.0
+""", ns)
+    return ns["DefaultArg"]
+
+
+def _frozen(model):
+    model.requires_grad_(False)
+
+
 # ---------------------------------------------------------------------------------------------------- builders
 
 
@@ -659,7 +699,18 @@ CASES: dict[str, Case] = {
     # ---- the class
     "subclass of the proven class, same name": case(NORM, stack(lambda d, i: _subclass_named_norm()(d))),
     "class redefined, same module and qualname": case(NORM, stack(lambda d, i: _redefined_norm()(d))),
+    "forward default argument of a redefined class": case(stack(lambda d, i: DefaultArg(d)),
+                                                          stack(lambda d, i: _default_arg_redefined()(d))),
+    "forward default argument changed on the class": case(
+        stack(lambda d, i: DefaultArg(d)), env=lambda: setting(DefaultArg.forward, "__defaults__", ("tanh",))),
+    "grad enabled, every parameter frozen, control": case(stack(lambda d, i: Norm(d), post=_frozen),
+                                                          mode=torch.enable_grad, served=True),
+    # ---- torch's modes
+    "grad enabled, every parameter frozen": case(stack(lambda d, i: GradBranch(d)),
+                                                 stack(lambda d, i: GradBranch(d), post=_frozen),
+                                                 mode=torch.enable_grad),
     # ---- parameters
+    "load_state_dict after install": case(NORM, after=_load_other),
     "parametrized weight": case(NORM, stack(lambda d, i: Norm(d), post=_parametrized)),
     "parametrized after install": case(NORM, after=_parametrized),
     "tied weight": case(NORM, stack(lambda d, i: Norm(d), post=_tied)),

@@ -286,3 +286,19 @@ def test_a_module_held_unregistered_is_compared_with_its_attributes(tmp_path):
     # `self.acts = [nn.GELU()]`: no submodule, so not in the proven subtree; it was described by its class alone, and
     # a GELU("tanh") was served with the exact GELU's chain.
     _declined_at_install(tmp_path, "unregistered module in a list", "'state': {'approximate': 'tanh'}")
+
+
+def test_a_forward_reading_torchs_grad_mode_runs_in_the_mode_it_was_proven_in(tmp_path):
+    # `h * 2 if torch.is_grad_enabled() else h`, proven under no_grad (every capture is): a frozen model run with
+    # grad enabled (no parameter requiring grad, so the guard's grad check passed) was served the no_grad branch.
+    _declined_at_call(tmp_path, "grad enabled, every parameter frozen", "torch mode")
+    # a forward that does not read the mode is served with grad enabled as before
+    found, info = outcome("grad enabled, every parameter frozen, control", 0, tmp_path)
+    assert not found and all(info["hits"][p] == 1 for p in INNER), info
+
+
+def test_a_forward_default_argument_changed_is_not_the_proven_class(tmp_path):
+    # `forward(self, x, approximate="none")` called with x alone: the default is no code, so a class whose default
+    # was changed (or redefined with another) had the proven digest and was served the exact GELU.
+    _declined_at_install(tmp_path, "forward default argument changed on the class", ":__class__ {'class': "
+                                                                                      "'install_near_miss_models.DefaultArg'")

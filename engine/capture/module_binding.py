@@ -160,7 +160,7 @@ def _own_classes(cls: type) -> list[type]:
 
 def class_digest(cls: type) -> str:
     """`code_digest` of every function `cls` and its bases below nn.Module define (methods, properties, static and
-    class methods), by name: a subclass overriding a method, or a class redefined with other code under the same
+    class methods), with their default arguments (`forward(self, x, approximate="none")`), by name: a subclass overriding a method, or a class redefined with other code under the same
     name, is not the proven class."""
     parts = []
     for c in _own_classes(cls):
@@ -168,7 +168,8 @@ def class_digest(cls: type) -> str:
             if name == "forward":
                 v = getattr(v, "__kforge_original__", v)  # a cast's dispatcher is no code of the class
             fns = [v.fget, v.fset] if isinstance(v, property) else [getattr(v, "__func__", v)]
-            parts += [f"{c.__qualname__}.{name}={code_digest(f.__code__)}" for f in fns
+            parts += [f"{c.__qualname__}.{name}={code_digest(f.__code__)}"
+                      f"{_text(describe([f.__defaults__, f.__kwdefaults__]))}" for f in fns
                       if isinstance(f, types.FunctionType)]
     return f"{PYTHON}:{hashlib.sha1(chr(10).join(parts).encode()).hexdigest()[:16]}"
 
@@ -309,7 +310,17 @@ def held_description(module: torch.nn.Module) -> dict[str, Any]:
         out[f"global:{g.get('__name__')}.{k}"] = describe(g[k])
     # what a factory without a dtype makes, and a forward casting to `torch.get_default_dtype()`
     out["torch:default_dtype"] = describe(torch.get_default_dtype())
+    # torch's modes the forwards read (`if torch.is_grad_enabled():`), as the proven call ran: compared at each call
+    # (an install runs in whatever mode its caller is in), not at install
+    read = set().union(*(forward_names(cls) for cls in dict.fromkeys(classes)))
+    out.update((f"{MODE}torch.{n}", f()) for n, f in MODES.items() if n in read)
     return out
+
+
+# torch's modes a forward may branch on (what a module that checkpoints or caches under grad only reads), held in a
+# held description as `mode:torch.NAME` where the forwards' code reads them by name
+MODE = "mode:"
+MODES = {"is_grad_enabled": torch.is_grad_enabled, "is_inference_mode_enabled": torch.is_inference_mode_enabled}
 
 
 def _text(v: Any) -> str:
@@ -636,4 +647,22 @@ def class_reads(cls: type) -> list[tuple[type, str]]:
                 continue
             got.append((c, name))
         _CLASS_READS[cls] = got
+    return got
+
+
+_NAMES: weakref.WeakKeyDictionary[type, frozenset[str]] = weakref.WeakKeyDictionary()
+
+
+def forward_names(cls: type, depth: int = 2) -> frozenset[str]:
+    """Every name the forward of `cls` reads: its code's, the methods of its class it calls and the module-level
+    functions it calls, `depth` calls deep (`torch.is_grad_enabled` reads `is_grad_enabled`). Found once per class."""
+    got = _NAMES.get(cls)
+    if got is None:
+        def into(fn: Any, names: set[str], left: int, visit: Any) -> None:
+            g = getattr(fn, "__globals__", None)
+            if left > 0 and isinstance(g, dict):
+                for name in names:
+                    if isinstance(g.get(name), types.FunctionType):
+                        visit(g[name], left - 1)
+        got = _NAMES[cls] = frozenset(_visit_forward(cls, depth, into))
     return got

@@ -65,6 +65,8 @@ from engine.capture.module_binding import (  # noqa: F401 - ModuleCardError, mod
     _MODULE_INTERNALS,
     _SMALL,
     IGNORED_STATE,
+    MODE,
+    MODES,
     ROUTE_ATTR,
     SUBTREE,
     ModuleCardError,
@@ -212,6 +214,7 @@ class ModuleVariant:
     attrs: tuple[tuple[str, Any], ...] = ()  # the module's own attributes (eps…) as at install, equal to a proof's
     training: bool | None = None             # the module's training flag at proof (None: not recorded, not checked)
     default_dtype: torch.dtype | None = None  # torch's default dtype at proof (None: not recorded, not checked)
+    modes: tuple[tuple[Callable[[], bool], bool], ...] = ()  # torch modes the forward reads, as at proof
 
     def attrs_unchanged(self, module: torch.nn.Module) -> bool:
         d = module.__dict__
@@ -431,6 +434,10 @@ class ModuleRoute(NotCopied):
                                 or any(p[3].requires_grad for p in v.params)):
             st.decline("grad")
             return self.original(*args, **kwargs)
+        for mode, proven in v.modes:  # a forward branching on torch's grad or inference mode
+            if mode() is not proven:
+                st.decline("torch mode")
+                return self.original(*args, **kwargs)
         if _forward_ad._current_level >= 0:
             st.decline("forward AD")
             return self.original(*args, **kwargs)
@@ -507,8 +514,15 @@ def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], c
     if helds:  # what the proven instances held (a config's flags, own attributes), as JSON: a model built with
         # another config runs another forward, where `states` could not be recorded (a module holding a config)
         mine = json.loads(json.dumps(held_description(module)))
-        if not held_matches(mine, helds):
+        # (torch's modes the forward reads are compared at each call: the install runs in its caller's mode)
+        mine = {k: v for k, v in mine.items() if not k.startswith(MODE)}
+        if not held_matches(mine, [{k: v for k, v in h.items() if not k.startswith(MODE)} for h in helds]):
             raise ModuleCardError(f"what it holds differs from the proven module's: {held_difference(mine, helds[0])}")
+    # torch's modes the forwards read, where every proven instance ran in the same
+    mode_keys = {k for h in helds or () for k in h if k.startswith(MODE)}
+    modes = tuple((MODES[k.removeprefix(MODE + "torch.")], helds[0][k]) for k in sorted(mode_keys)
+                  if k.removeprefix(MODE + "torch.") in MODES and len({json.dumps(h.get(k)) for h in helds}) == 1
+                  and isinstance(helds[0][k], bool))
     # the default dtype at proof, where recorded, compared at each call too (a model set to float64 after install)
     dd = (helds or [{}])[0].get("torch:default_dtype")
     default_dtype = getattr(torch, dd["torch"].removeprefix("torch."), None) if isinstance(dd, dict) and \
@@ -567,7 +581,7 @@ def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], c
     autocast = tuple(tuple(x) for x in card.get("autocast", []))
     return ModuleVariant(vid, tuple(key), tuple(arg_inputs), tuple(bound), len(inputs), autocast, plan,
                          attrs=attrs, training=card.get("training"),
-                         default_dtype=default_dtype if isinstance(default_dtype, torch.dtype) else None)
+                         default_dtype=default_dtype if isinstance(default_dtype, torch.dtype) else None, modes=modes)
 
 
 # ------------------------------------------------------------------------------------- install / remove
