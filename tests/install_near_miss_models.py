@@ -361,6 +361,27 @@ def _frozen(model):
     model.requires_grad_(False)
 
 
+SETTINGS = SimpleNamespace(act="gelu")      # a module-level settings object
+GLOBAL_ACT = functools.partial(F.gelu, approximate="none")   # a module-level partial
+TABLE = torch.linspace(0.5, 1.5, 32)         # a module-level tensor
+
+
+class GlobalObjects(nn.Module):
+    """Reads a module-level settings object, calls a module-level partial, multiplies by a module-level tensor."""
+
+    def __init__(self, d, what):
+        super().__init__()
+        self.w, self.what = nn.Parameter(1 + 0.1 * torch.randn(d)), what
+
+    def forward(self, x):
+        h = x * self.w
+        if self.what == "settings":
+            return (F.gelu(h) if SETTINGS.act == "gelu" else F.silu(h)) + 1.0
+        if self.what == "partial":
+            return GLOBAL_ACT(h) + 1.0
+        return h * TABLE[: h.shape[-1]] + 1.0
+
+
 # ---------------------------------------------------------------------------------------------------- builders
 
 
@@ -656,6 +677,16 @@ CASES: dict[str, Case] = {
     "global helper function rebound after install": case(
         stack(lambda d, i: CallsHelper(d)), after=lambda m: setattr(_globals(), "helper_act", _silu_helper),
         env=lambda: setting(_globals(), "helper_act", helper_act)),
+    "module-level settings object": case(stack(lambda d, i: GlobalObjects(d, "settings")),
+                                         env=lambda: setting(SETTINGS, "act", "silu")),
+    "module-level settings object changed after install": case(
+        stack(lambda d, i: GlobalObjects(d, "settings")), after=lambda m: setattr(SETTINGS, "act", "silu"),
+        env=lambda: setting(SETTINGS, "act", "gelu")),
+    "module-level partial rebound": case(stack(lambda d, i: GlobalObjects(d, "partial")),
+                                         env=lambda: setting(_globals(), "GLOBAL_ACT",
+                                                             functools.partial(F.gelu, approximate="tanh"))),
+    "module-level tensor of other values": case(stack(lambda d, i: GlobalObjects(d, "tensor")),
+                                                env=lambda: setting(_globals(), "TABLE", torch.linspace(1, 2, 32))),
     "default dtype": case(stack(lambda d, i: DefaultDtype(d)),
                           env=lambda: _default_dtype(torch.float64)),
     "constant of an imported module": case(stack(lambda d, i: ModuleConstant(d)),

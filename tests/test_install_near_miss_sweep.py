@@ -302,3 +302,13 @@ def test_a_forward_default_argument_changed_is_not_the_proven_class(tmp_path):
     # was changed (or redefined with another) had the proven digest and was served the exact GELU.
     _declined_at_install(tmp_path, "forward default argument changed on the class", ":__class__ {'class': "
                                                                                       "'install_near_miss_models.DefaultArg'")
+
+
+def test_a_module_level_object_the_forward_reads_is_compared_and_held(tmp_path):
+    # `if SETTINGS.act == "gelu"` (a module-level settings object), `GLOBAL_ACT(h)` (a module-level partial): only
+    # plain values and functions among the globals were compared and held; B built with another SETTINGS.act, or a
+    # partial of another `approximate`, was served with A's chain.
+    _declined_at_install(tmp_path, "module-level settings object", "global:install_near_miss_models.SETTINGS.act")
+    _declined_at_install(tmp_path, "module-level partial rebound", "global:install_near_miss_models.GLOBAL_ACT")
+    _declined_at_call(tmp_path, "module-level settings object changed after install", "held object's attributes "
+                                                                                         "changed")

@@ -10,6 +10,7 @@ import enum
 import functools
 import hashlib
 import json
+import logging
 import sys
 import types
 import weakref
@@ -307,7 +308,7 @@ def held_description(module: torch.nn.Module) -> dict[str, Any]:
             if k not in vars(m):
                 out[f"{path}:__class__.{k}"] = describe(c.__dict__[k])
     for g, k in forward_globals(dict.fromkeys(classes)):
-        out[f"global:{g.get('__name__')}.{k}"] = describe(g[k])
+        _held_into(out, f"global:{g.get('__name__')}.{k}", g[k], _DEPTH, frozenset())
     # what a factory without a dtype makes, and a forward casting to `torch.get_default_dtype()`
     out["torch:default_dtype"] = describe(torch.get_default_dtype())
     # torch's modes the forwards read (`if torch.is_grad_enabled():`), as the proven call ran: compared at each call
@@ -583,9 +584,11 @@ def _visit_forward(cls: type, depth: int, visit_global: Any) -> set[str]:
 
 
 def global_read(v: Any) -> bool:
-    """A module-level value a guard holds: a plain value (`plain_value`), or a function (by identity: a helper the
-    forward calls, which a library patching a model rebinds)."""
-    return plain_value(v) or isinstance(v, types.FunctionType)
+    """A module-level value a guard holds: a plain value (`plain_value`), a function or a partial (by identity: a
+    helper the forward calls, which a library patching a model rebinds), or another object with attributes (a
+    settings object: `if SETTINGS.act == "gelu"`), a logger aside (its level is no configuration of the forward)."""
+    return plain_value(v) or isinstance(v, (types.FunctionType, functools.partial)) or (
+        not isinstance(v, (logging.Logger, logging.LoggerAdapter)) and object_attributes(v) is not None)
 
 
 def forward_globals(classes: Any, depth: int = 2, every: bool = False) -> list[tuple[dict, str]]:

@@ -114,12 +114,14 @@ def _held(v: Any) -> bool:
         callable(v) or isinstance(v, enum.Enum) or object_attributes(v) is not None)
 
 
-def held_object_state(mods: Iterable[torch.nn.Module], depth: int = 3) -> list[tuple[Any, str, Any]]:
+def held_object_state(mods: Iterable[torch.nn.Module], depth: int = 3,
+                      roots: Iterable[tuple[Any, str, Any]] = ()) -> list[tuple[Any, str, Any]]:
     """(namespace, name, value) of what these modules hold besides plain values, tensors and modules: each object
     or function by identity (`self.act = F.gelu`, a config swapped for another), and the plain attributes of the
     objects, `depth` levels down (a transformers config, whose flags a forward reads at every call:
     `self.config.output_gate`, its `text_config.act`), each object once. An object with slots, not a __dict__
-    (a slotted dataclass), is its own namespace (`grouped` reads it by attribute)."""
+    (a slotted dataclass), is its own namespace (`grouped` reads it by attribute). `roots`: other (namespace, name,
+    object) to hold alike (a module-level settings object the forward reads)."""
     out: list[tuple[Any, str, Any]] = []
     seen: set[int] = set()
 
@@ -145,6 +147,8 @@ def held_object_state(mods: Iterable[torch.nn.Module], depth: int = 3) -> list[t
         for k, v in d.items():
             if k not in _MODULE_INTERNALS and _held(v):  # (nn.Module's own tables: its hooks, guarded elsewhere)
                 visit(d, k, v, depth)
+    for ns, k, v in roots:
+        visit(ns, k, v, depth)
     return out
 
 
@@ -348,7 +352,10 @@ class ModuleRoute(NotCopied):
         # what the module and its submodules hold besides plain values, as at install: a function or a config by
         # identity, and the plain attributes of the objects, down to a config's own configs: a forward branching on
         # `self.cfg.both` returned a tuple once it was set, and the route went on returning the tensor
-        self.held = grouped(held_object_state(mods), dicts)
+        # (and the module-level objects the forwards read: a settings object's attributes)
+        objects = [(g, k, g[k]) for cls in classes for g, k in forward_reads(cls)
+                   if not plain_value(g[k]) and not isinstance(g[k], types.FunctionType)]
+        self.held = grouped(held_object_state(mods, roots=objects), dicts + [id(g) for g, _, _ in objects])
         self.active = True
 
     @property
