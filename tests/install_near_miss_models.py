@@ -289,6 +289,49 @@ consts.SCALE = 1.0
 sys.modules[consts.__name__] = consts
 
 
+# a module of helpers the forward calls as `helpers.act(h)`, one of which reads a global of its own module
+helpers = types.ModuleType("install_near_miss_helpers")
+exec("""
+import torch.nn.functional as F
+APPROX = "none"
+
+
+def act(h):
+    return F.gelu(h, approximate=APPROX)
+
+
+def silu(h):
+    return F.silu(h)
+""", helpers.__dict__)
+sys.modules[helpers.__name__] = helpers
+
+
+class CallsImportedHelper(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.w = nn.Parameter(1 + 0.1 * torch.randn(d))
+
+    def forward(self, x):
+        return helpers.act(x * self.w) + 1.0
+
+
+class ParentReadsGlobal(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.w = nn.Parameter(1 + 0.1 * torch.randn(d))
+
+    def forward(self, x):
+        return torch.sigmoid(x * self.w * PARENT_SCALE) * x
+
+
+class ChildCallsSuper(ParentReadsGlobal):
+    def forward(self, x):
+        return super().forward(x) + 1.0
+
+
+PARENT_SCALE = 1.0
+
+
 class ModuleConstant(nn.Module):
     def __init__(self, d):
         super().__init__()
@@ -694,6 +737,18 @@ CASES: dict[str, Case] = {
     "constant of an imported module set after install": case(
         stack(lambda d, i: ModuleConstant(d)), after=lambda m: setattr(consts, "SCALE", 2.0),
         env=lambda: setting(consts, "SCALE", 1.0)),
+    "global of a helper in an imported module": case(stack(lambda d, i: CallsImportedHelper(d)),
+                                                     env=lambda: setting(helpers, "APPROX", "tanh")),
+    "helper in an imported module rebound": case(stack(lambda d, i: CallsImportedHelper(d)),
+                                                 env=lambda: setting(helpers, "act", helpers.silu)),
+    "helper in an imported module rebound after install": case(
+        stack(lambda d, i: CallsImportedHelper(d)), after=lambda m: setattr(helpers, "act", helpers.silu),
+        env=lambda: setting(helpers, "act", helpers.act)),
+    "global read by the parent class's forward (super().forward)": case(
+        stack(lambda d, i: ChildCallsSuper(d)), env=lambda: setting(_globals(), "PARENT_SCALE", 2.0)),
+    "global read by the parent class's forward, set after install": case(
+        stack(lambda d, i: ChildCallsSuper(d)), after=lambda m: setattr(_globals(), "PARENT_SCALE", 2.0),
+        env=lambda: setting(_globals(), "PARENT_SCALE", 1.0)),
     "unregistered module in a list": case(stack(lambda d, i: UnregisteredActs(d, nn.GELU())),
                                           stack(lambda d, i: UnregisteredActs(d, nn.GELU("tanh")))),
     "config flag read with getattr, present": case(stack(lambda d, i: ConfigGetattr(d, SimpleNamespace())),

@@ -231,8 +231,10 @@ def test_a_class_of_the_proven_name_with_other_code_is_not_served(tmp_path, name
 
 
 def test_an_attribute_added_after_install_runs_the_forward(tmp_path):
-    # `getattr(self, "scale", 1.0)`: the attributes held were those the module had at install; one set since was not.
+    # `getattr(self, "scale", 1.0)`: the attributes held were those the module had at install; one set since was not,
+    # nor one set on the config it holds (`getattr(self.config, "double", False)`).
     _declined_at_call(tmp_path, "optional attribute set after install", "attributes changed")
+    _declined_at_call(tmp_path, "config flag read with getattr, set after install", "held object's attributes changed")
 
 
 def test_a_parameter_registered_as_none_is_compared_with_the_proven_one(tmp_path):
@@ -312,3 +314,20 @@ def test_a_module_level_object_the_forward_reads_is_compared_and_held(tmp_path):
     _declined_at_install(tmp_path, "module-level partial rebound", "global:install_near_miss_models.GLOBAL_ACT")
     _declined_at_call(tmp_path, "module-level settings object changed after install", "held object's attributes "
                                                                                          "changed")
+
+
+@pytest.mark.parametrize("name, why", [
+    ("global of a helper in an imported module", "global:install_near_miss_helpers.APPROX 'tanh' (proven 'none')"),
+    ("helper in an imported module rebound", "global:install_near_miss_helpers.act {'function': "
+                                             "'install_near_miss_helpers.silu'"),
+    ("global read by the parent class's forward (super().forward)", "global:install_near_miss_models.PARENT_SCALE "
+                                                                     "2.0 (proven 1.0)"),
+])
+def test_what_a_helper_of_another_module_or_a_base_class_forward_reads_is_compared(tmp_path, name, why):
+    # `helpers.act(h)` (a function of an imported module, reading that module's APPROX) and `super().forward(x)`
+    # (the base class's forward, reading a global): neither was read, so neither was compared, nor held per call.
+    _declined_at_install(tmp_path, name, why)
+
+
+def test_a_global_read_by_a_base_class_forward_set_after_install_runs_the_forward(tmp_path):
+    _declined_at_call(tmp_path, "global read by the parent class's forward, set after install", "globals changed")

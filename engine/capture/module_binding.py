@@ -553,8 +553,9 @@ def _methods(v: Any) -> list[Any]:
 
 
 def _visit_forward(cls: type, depth: int, visit_global: Any) -> set[str]:
-    """Every name the forward of `cls` reads (its code's names), with the methods of its class it reaches by name
-    (`self._act(h)`, a property) visited too: `visit_global(function, names, depth)` is called for each function."""
+    """Every name the forward of `cls` reads (its code's names), with the methods of its class and its bases it
+    reaches by name (`self._act(h)`, a property, the base's forward that `super().forward(x)` runs) visited too:
+    `visit_global(function, names, depth, visit)` is called for each function."""
     seen: set[int] = set()
     names: set[str] = set()
 
@@ -571,12 +572,12 @@ def _visit_forward(cls: type, depth: int, visit_global: Any) -> set[str]:
                 visit(f, left)
         own = _code_names(code)
         names.update(own)
-        for name in sorted(own):
-            found = _class_attr(cls, name)
-            if found is not None:
-                for f in _methods(found[1]):
-                    if isinstance(f, types.FunctionType):
-                        visit(f, left)
+        for name in sorted(own):  # each class's definition: `super().forward(x)` runs the base's
+            for c in _own_classes(cls):
+                if name in c.__dict__:
+                    for f in _methods(c.__dict__[name]):
+                        if isinstance(f, types.FunctionType):
+                            visit(f, left)
         visit_global(fn, own, left, visit)
 
     visit(class_forward(cls), depth)
@@ -593,8 +594,8 @@ def global_read(v: Any) -> bool:
 
 def forward_globals(classes: Any, depth: int = 2, every: bool = False) -> list[tuple[dict, str]]:
     """(module namespace, name) of every plain module-level value or function (`global_read`) the forwards of these
-    classes read (and the plain values of the modules they import that they read by attribute: `consts.SCALE`), the
-    methods of their class they call (`self._act(h)`), and the functions they call, `depth` calls deep: a
+    classes read (and those of the modules they import that they read by attribute: `consts.SCALE`, `helpers.act`),
+    the methods of their class they call (`self._act(h)`), and the functions they call, `depth` calls deep: a
     flag a forward branches on (`if USE_FAST:`), which neither the arguments nor the module's attributes show. A
     name that is also an attribute name (`self.eps`) is read from the namespace where it is a global there too:
     guarding it costs only a lookup. `every`: every name the code reads in each namespace, whatever it holds now
@@ -621,10 +622,13 @@ def forward_globals(classes: Any, depth: int = 2, every: bool = False) -> list[t
                     not (v.__name__ == "torch" or v.__name__.startswith("torch.")):
                 d = v.__dict__
                 for a in sorted(names):
-                    if a in d and not (a.startswith("__") and a.endswith("__")) and (id(d), a) not in found and \
-                            (every or plain_value(d[a])):
+                    if a not in d or (a.startswith("__") and a.endswith("__")):
+                        continue
+                    if (id(d), a) not in found and (every or global_read(d[a])):
                         found.add((id(d), a))
                         out.append((d, a))
+                    if left > 0 and isinstance(d[a], types.FunctionType):  # `helpers.act(h)`: what it reads
+                        visit(d[a], left - 1)
 
     for cls in classes:
         _visit_forward(cls, depth, visit_global)
