@@ -667,6 +667,8 @@ CASES: dict[str, Case] = {
                                      _held(functools.partial(F.gelu, approximate="tanh"))),
     "held lambda": case(_held(lambda x: x * torch.sigmoid(x)), _held(lambda x: x * torch.sigmoid(1.702 * x))),
     "held callable object": case(_held(Scaled(1.0)), _held(Scaled(2.0))),
+    "held method of an unregistered module": case(stack(lambda d, i: HeldAct(d, nn.GELU().forward)),
+                                                  stack(lambda d, i: HeldAct(d, nn.GELU("tanh").forward))),
     "held function set after install": case(_held(F.gelu), after=each(lambda m: setattr(m, "act", F.silu))),
     "held partial changed after install": case(
         stack(lambda d, i: HeldAct(d, functools.partial(F.gelu, approximate="none"))),

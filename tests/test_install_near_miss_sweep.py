@@ -124,6 +124,8 @@ def _declined_at_call(tmp_path: Path, name: str, why: str, paths: tuple[str, ...
     ("held partial approximate", "'keywords': {'dict': {'approximate': 'tanh'}}"),
     ("held lambda", ":act {'function': 'install_near_miss_models.<lambda>', 'code': "),
     ("held callable object", ":act.k 2.0 (proven 1.0)"),
+    ("held method of an unregistered module", "'of': {'module': 'torch.nn.modules.activation.GELU', 'state': "
+                                              "{'approximate': 'tanh'}}"),
     ("child with a bound-method activation", "act:act {'method': {'function': "
                                              "'install_near_miss_models.GELUActivation._gelu_python'"),
 ])

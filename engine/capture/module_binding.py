@@ -226,11 +226,8 @@ def describe(v: Any, depth: int = _DEPTH, ancestors: frozenset = frozenset()) ->
     if isinstance(v, functools.partial):
         return {"partial": describe(v.func, depth, ancestors), "args": describe(list(v.args), depth, ancestors),
                 "keywords": describe(dict(v.keywords), depth, ancestors)}
-    if isinstance(v, types.MethodType):
-        owner = v.__self__
-        return {"method": describe(v.__func__, depth, ancestors),
-                "of": {"module": class_name(type(owner))} if isinstance(owner, torch.nn.Module) else
-                describe(owner, depth - 1, ancestors)}
+    if isinstance(v, types.MethodType):  # the object it is bound to: a module by its class and plain attributes
+        return {"method": describe(v.__func__, depth, ancestors), "of": describe(v.__self__, depth - 1, ancestors)}
     if isinstance(v, types.FunctionType):
         out = {"function": f"{v.__module__}.{v.__qualname__}", "code": code_digest(v.__code__)}
         if v.__defaults__:

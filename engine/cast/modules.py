@@ -21,15 +21,21 @@ An instance `forward` set by other code is never installed over.
 The guard, per call, all O(1) in the number of variants (one dict lookup on the arguments' key):
 the exact positional-argument signature (per tensor dtype, shape, strides, alignment, device, neg/conj;
 per other argument its value) and no keyword arguments; every parameter the chain reads still the object
-held at install, with the same `_version`, data pointer, dtype, shape and strides; every submodule the object
-it was at install (where, at install, the submodules' classes and attributes equalled a proven instance's,
-where the cast records them: `bind_variant`); no hooks on the module or its submodules and no global module hooks; the module's own
-attributes (eps…) as at install, where they equal a proven instance's (without recorded states: its plain
-attributes as at install), and its training flag as at proof (where the cast records it); the plain attributes
-of the objects it and its submodules hold, one level down (a config), as at install (`held_object_state`); the
-plain module-level values its forward reads as at install (forward_reads); autocast as at proof; no grad needed (grad enabled and an
-input or parameter requiring grad); not while Dynamo or the JIT traces, or a dispatch mode is active (a capture must see
-the ATen calls).
+held at install, with the same `_version`, data pointer, dtype, shape and strides, and every parameter or buffer
+registered as None still None; every submodule the object it was at install (where, at install, the submodules'
+classes and attributes equalled a proven instance's, where the cast records them: `bind_variant`); no hooks on the
+module or its submodules and no global module hooks; the module's own attributes (eps…) as at install, by value and
+type, and no attribute added, where they equal a proven instance's (without recorded states: its plain attributes as
+at install), and its training flag as at proof (where the cast records it), its submodules' as its own or not as at
+install; what it and its submodules hold besides plain values (a config, a function, a partial) by identity, and the
+plain attributes of those objects, three levels down (a config's own configs; objects with slots too), as at install
+(`held_object_state`); the plain module-level values, functions and objects the forwards of its tree read (and the
+methods, base-class forwards and helpers they call) as at install (forward_reads), and the class attributes they read
+(class_reads); torch's default dtype, autocast, and the grad or inference mode where the forward reads it, as at
+proof; no grad needed (grad enabled and an input or parameter requiring grad); not while Dynamo or the JIT traces, or
+a dispatch mode is active (a capture must see the ATen calls). At install, what the instance holds is compared with
+what the proven instances held (`held_description`: its classes and their code, its attributes and its objects', the
+globals and class attributes its forwards read), where the cast records it.
 Anything else runs the original forward. Coverage is never wider than what was proven; a decline costs
 only speed.
 
