@@ -333,3 +333,35 @@ def test_what_a_helper_of_another_module_or_a_base_class_forward_reads_is_compar
 
 def test_a_global_read_by_a_base_class_forward_set_after_install_runs_the_forward(tmp_path):
     _declined_at_call(tmp_path, "global read by the parent class's forward, set after install", "globals changed")
+
+
+def test_a_global_replaced_by_an_object_whose_equality_raises_runs_the_forward(tmp_path):
+    # The guard compares what it holds with `==`: an object put in a held global's place whose `==` raises (an array,
+    # a frame) must decline, not raise out of the model's forward.
+    import install_near_miss_models as models
+    from install_near_miss_models import GlobalObjects, stack
+
+    import engine.cast
+
+    class Raises:
+        def __eq__(self, other):
+            raise ValueError("ambiguous")
+
+        __hash__ = object.__hash__
+
+    build = stack(lambda d, i: GlobalObjects(d, "settings"))
+    model, args = build(0, torch.Generator().manual_seed(0))
+    path, signatures = _cast(captured(model, args), tmp_path)
+    cast = engine.cast.load(path, env=ENV, plans={k: EagerPlan(s) for k, s in signatures.items()})
+    old = models.SETTINGS
+    try:
+        cast.install(model)
+        models.SETTINGS = Raises()
+        models.SETTINGS.act = "gelu"
+        with torch.no_grad():
+            model(*args)
+        st = cast.stats()["modules"]
+    finally:
+        models.SETTINGS = old
+        cast.remove()
+    assert all(st[p]["hits"] == 0 and sum(st[p]["declines"].values()) == 1 for p in INNER), st

@@ -335,7 +335,7 @@ class ModuleRoute(NotCopied):
         self.n_attrs = len(module.__dict__) + (ROUTE_ATTR not in module.__dict__)
         # the module-level values its forward reads, and its submodules' forwards, and the methods they call, as at
         # install (a flag they branch on)
-        self.reads = grouped([(g, k, g[k]) for cls in classes for g, k in forward_reads(cls)])
+        self.reads = grouped([(g, k, g[k]) for cls in classes for g, k in forward_reads(cls)], None)
         # the class attributes they read (`self.SCALE`), as at install: a value every instance of a class shares
         self.class_reads = grouped([(c.__dict__, k, c.__dict__[k]) for cls in classes for c, k in class_reads(cls)
                                     if plain_value(c.__dict__[k]) or _held(c.__dict__[k])], None)
@@ -379,6 +379,8 @@ class ModuleRoute(NotCopied):
                     return False
             return True
         except (KeyError, AttributeError):  # a submodule or an attribute deleted
+            return False
+        except Exception:  # noqa: BLE001 - an object put in the place of one held, whose == raises (an array)
             return False
 
     def _hooks(self) -> bool:
@@ -430,10 +432,9 @@ class ModuleRoute(NotCopied):
         if not v.attrs_unchanged(m) or len(m.__dict__) != self.n_attrs:
             st.decline("attributes changed")
             return self.original(*args, **kwargs)
-        for d, get, values, _ in self.reads:
-            if get(d) != values:
-                st.decline("globals changed")
-                return self.original(*args, **kwargs)
+        if self.reads and not self._tree_unchanged(self.reads):
+            st.decline("globals changed")
+            return self.original(*args, **kwargs)
         if self.class_reads and not self._tree_unchanged(self.class_reads):
             st.decline("class attributes changed")
             return self.original(*args, **kwargs)
