@@ -509,6 +509,13 @@ def _slots_config(act, scale):
     return SlotsConfig(act, scale)
 
 
+class ClassDefaults:
+    """A config whose values are class attributes (`cfg = ClassDefaults()`, or the class itself held as the config)."""
+
+    act = "gelu"
+    scale = 1.0
+
+
 @dataclass(frozen=True, slots=True)
 class FrozenSlots:
     act: str = "gelu"
@@ -688,6 +695,9 @@ CASES: dict[str, Case] = {
     "frozen slots dataclass": case(config_act(FrozenSlots), config_act(lambda: FrozenSlots(act="silu"))),
     "frozen dataclass": case(config_act(Frozen), config_act(lambda: Frozen(scale=2.0))),
     "namedtuple config": case(config_act(lambda: ActTuple("gelu", 1.0)), config_act(lambda: ActTuple("silu", 1.0))),
+    "config values as class attributes of its class": case(config_act(ClassDefaults),
+                                                           env=lambda: setting(ClassDefaults, "act", "silu")),
+    "config is a class": case(config_act(lambda: ClassDefaults), env=lambda: setting(ClassDefaults, "act", "silu")),
     "dict config": case(stack(lambda d, i: ItemConfigAct(d, {"act": "gelu", "scale": 1.0})),
                         stack(lambda d, i: ItemConfigAct(d, {"act": "silu", "scale": 1.0}))),
     "config in a list": case(stack(lambda d, i: ItemConfigAct(d, [{"act": "gelu", "scale": 1.0}], "0")),

@@ -365,3 +365,14 @@ def test_a_global_replaced_by_an_object_whose_equality_raises_runs_the_forward(t
         models.SETTINGS = old
         cast.remove()
     assert all(st[p]["hits"] == 0 and sum(st[p]["declines"].values()) == 1 for p in INNER), st
+
+
+@pytest.mark.parametrize("name, why", [
+    ("config values as class attributes of its class", ":config.act 'silu' (proven 'gelu')"),
+    ("config is a class", "'attrs': {'act': 'silu'"),
+])
+def test_a_config_keeping_its_values_on_its_class_is_compared_with_the_proven_one(tmp_path, name, why):
+    # `class Cfg: act = "gelu"` held as `Cfg()` (an instance with no attributes of its own) or as `Cfg` itself: an
+    # object was described by its own attributes and a class by its name, so B built after `Cfg.act = "silu"` was
+    # served A's GELU.
+    _declined_at_install(tmp_path, name, why)

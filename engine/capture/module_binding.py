@@ -198,6 +198,23 @@ def object_attributes(v: Any) -> list[tuple[str, Any]] | None:
     return out if isinstance(d, dict) or slots else None
 
 
+def class_attributes(cls: type, skip: Any = ()) -> list[tuple[type, str, Any]]:
+    """(defining class, name, value) of the attributes of `cls` and its bases (below nn.Module and object) that are
+    no functions, properties or other descriptors, and no dunders: a config's values kept on its class
+    (`class Cfg: act = "gelu"`), read through an instance that has none of its own. Names in `skip` (the instance's
+    own) and the first definition of each name only."""
+    out, seen = [], set(skip)
+    for c in cls.__mro__:
+        if c is object or c is torch.nn.Module:
+            break
+        for name, x in c.__dict__.items():
+            if name in seen or (name.startswith("__") and name.endswith("__")) or hasattr(type(x), "__get__"):
+                continue
+            seen.add(name)
+            out.append((c, name, x))
+    return out
+
+
 def describe(v: Any, depth: int = _DEPTH, ancestors: frozenset = frozenset()) -> Any:
     """`v` as JSON, for `held_description`: plain values as they are (an int and a float stay apart in the JSON's
     text), containers item by item, sets sorted, an enum by its class and name, a class by its dotted name, a
@@ -221,8 +238,12 @@ def describe(v: Any, depth: int = _DEPTH, ancestors: frozenset = frozenset()) ->
                 return {"dict": {k: describe(x, depth, within) for k, x in v.items()}}
             return {"items": [[describe(k, depth, within), describe(x, depth, within)] for k, x in v.items()]}
         return {"set": sorted(json.dumps(describe(x, depth, within), sort_keys=True) for x in v)}
-    if isinstance(v, type):
-        return {"class": class_name(v)}
+    if isinstance(v, type):  # a class held (as a config, or a class to build): its name, and its values
+        out = {"class": class_name(v)}
+        if depth > 0 and id(v) not in ancestors and not issubclass(v, (torch.nn.Module, BaseException)):
+            inner = ancestors | {id(v)}
+            out["attrs"] = {k: describe(x, depth - 1, inner) for _, k, x in class_attributes(v)}
+        return out
     if isinstance(v, functools.partial):
         return {"partial": describe(v.func, depth, ancestors), "args": describe(list(v.args), depth, ancestors),
                 "keywords": describe(dict(v.keywords), depth, ancestors)}
@@ -251,6 +272,7 @@ def describe(v: Any, depth: int = _DEPTH, ancestors: frozenset = frozenset()) ->
     attrs = object_attributes(v) if not isinstance(v, torch.Tensor) else None
     if attrs is not None and depth > 0 and id(v) not in ancestors:
         inner = ancestors | {id(v)}
+        attrs += [(k, x) for _, k, x in class_attributes(type(v), dict(attrs))]
         return {"object": class_name(type(v)), "attrs": {k: describe(x, depth - 1, inner) for k, x in attrs}}
     return {"opaque": class_name(type(v))}
 
@@ -270,7 +292,8 @@ def _held_into(out: dict[str, Any], key: str, v: Any, depth: int, ancestors: fro
             out[key] = {"opaque": class_name(type(v))}
         return
     out[key] = {"object": class_name(type(v))}
-    for a, x in attrs:
+    # with the values its class keeps that it has none of its own of (`class Cfg: act = "gelu"`)
+    for a, x in attrs + [(k, x) for _, k, x in class_attributes(type(v), dict(attrs))]:
         _held_into(out, f"{key}.{a}", x, depth - 1, ancestors | {id(v)})
 
 

@@ -140,7 +140,10 @@ def held_object_state(mods: Iterable[torch.nn.Module], depth: int = 3,
         if attrs is None:
             return
         seen.add(id(v))
-        d = getattr(v, "__dict__", None)
+        try:  # (not through the object's own __getattr__, which may raise anything)
+            d = object.__getattribute__(v, "__dict__")
+        except Exception:  # noqa: BLE001 - no readable __dict__
+            d = None
         inner = d if isinstance(d, dict) and len(d) == len(attrs) else v  # slots: the object itself
         for a, x in attrs:
             if plain_value(x):
@@ -177,7 +180,8 @@ def grouped(state: list[tuple[Any, str, Any]], unsized: Iterable[int] | None = (
     for d, keys in names.values():
         if isinstance(d, (dict, types.MappingProxyType)):
             get = operator.itemgetter(*keys) if len(keys) > 1 else (lambda d, k=keys[0]: (d[k],))
-            n = None if skip is None or id(d) in skip else len(d)
+            # (a class's namespace grows when an install puts a dispatcher there)
+            n = None if skip is None or id(d) in skip or isinstance(d, types.MappingProxyType) else len(d)
         else:
             get = operator.attrgetter(*keys) if len(keys) > 1 else (lambda d, k=keys[0]: (getattr(d, k),))
             n = None
