@@ -425,6 +425,37 @@ class GlobalObjects(nn.Module):
         return h * TABLE[: h.shape[-1]] + 1.0
 
 
+# one model file, imported by the capture under engine.config's name for it and by the user's code as itself
+_FILE = """
+import torch
+import torch.nn as nn
+
+SCALE = 1.0
+
+
+def act(h):
+    return torch.sigmoid(h) * h
+
+
+class FileNorm(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.weight, self.eps, self.act = nn.Parameter(1 + 0.1 * torch.randn(d)), 1e-6, act
+
+    def forward(self, x):
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.act(self.weight * h * SCALE)
+"""
+
+
+def _file_module(name):
+    if name not in sys.modules:
+        m = types.ModuleType(name)
+        exec(compile(_FILE, f"{name}.py", "exec"), m.__dict__)
+        sys.modules[name] = m
+    return sys.modules[name]
+
+
 # ---------------------------------------------------------------------------------------------------- builders
 
 
@@ -654,6 +685,9 @@ CASES: dict[str, Case] = {
                                                          after=lambda m: m.eval(), served=True),
     "control: block installed in train mode, eval after": case(
         GELU_BLOCK, _block(Norm, nn.GELU, post=lambda m: m.train()), after=lambda m: m.eval(), served=True),
+    "control: the model's file imported by the capture as kforge_user_model_<stem>": case(
+        stack(lambda d, i: _file_module("kforge_user_model_near_miss_file").FileNorm(d)),
+        stack(lambda d, i: _file_module("near_miss_file").FileNorm(d)), served=True),
     "control: loaded with other values": case(NORM, stack(lambda d, i: Norm(d), post=_load_other), served=True),
     # ---- the module's own attributes
     "eps differs": case(NORM, stack(lambda d, i: Norm(d, eps=1e-2))),

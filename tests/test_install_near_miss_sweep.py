@@ -9,6 +9,7 @@ one seed. What it found, each with its own test below."""
 
 from __future__ import annotations
 
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -376,3 +377,19 @@ def test_a_config_keeping_its_values_on_its_class_is_compared_with_the_proven_on
     # object was described by its own attributes and a class by its name, so B built after `Cfg.act = "silu"` was
     # served A's GELU.
     _declined_at_install(tmp_path, name, why)
+
+
+def test_a_model_file_the_capture_imported_under_its_own_name_is_served(tmp_path, monkeypatch):
+    # engine.config imports a builder's .py file as `kforge_user_model_<stem>`; the user's code imports it as `<stem>`
+    # (or runs it as `__main__`). Comparing the classes' and functions' dotted names as they are declined every
+    # module card of such a model (the class at each proven path, and all it holds).
+    from types import SimpleNamespace
+
+    from engine.capture.module_binding import dotted_key
+
+    found, info = outcome("control: the model's file imported by the capture as kforge_user_model_<stem>", 0,
+                          tmp_path)
+    assert not found and all(info["hits"][p] == 1 for p in INNER), (found, info)
+    assert dotted_key("kforge_user_model_net.Net") == dotted_key("net.Net") == "net.Net"
+    monkeypatch.setitem(sys.modules, "__main__", SimpleNamespace(__file__="/home/me/net.py"))
+    assert dotted_key("__main__.Net") == "net.Net"

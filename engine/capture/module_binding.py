@@ -222,14 +222,14 @@ def describe(v: Any, depth: int = _DEPTH, ancestors: frozenset = frozenset()) ->
     and arguments, a bound method by its function (and its object where that is no module), another object by its
     class and attributes (`depth` levels down), and what cannot be described by its type."""
     if isinstance(v, enum.Enum):
-        return {"enum": class_name(type(v)), "name": v.name}
+        return {"enum": class_key(type(v)), "name": v.name}
     if isinstance(v, _PLAIN):
         return v
     if isinstance(v, (torch.dtype, torch.device)):
         return {"torch": str(v)}
     if isinstance(v, (tuple, list, dict, set, frozenset)):
         if id(v) in ancestors:  # a container holding itself
-            return {"opaque": class_name(type(v))}
+            return {"opaque": class_key(type(v))}
         within = ancestors | {id(v)}
         if isinstance(v, (tuple, list)):
             return [describe(x, depth, within) for x in v]
@@ -239,7 +239,7 @@ def describe(v: Any, depth: int = _DEPTH, ancestors: frozenset = frozenset()) ->
             return {"items": [[describe(k, depth, within), describe(x, depth, within)] for k, x in v.items()]}
         return {"set": sorted(json.dumps(describe(x, depth, within), sort_keys=True) for x in v)}
     if isinstance(v, type):  # a class held (as a config, or a class to build): its name, and its values
-        out = {"class": class_name(v)}
+        out = {"class": class_key(v)}
         if depth > 0 and id(v) not in ancestors and not issubclass(v, (torch.nn.Module, BaseException)):
             inner = ancestors | {id(v)}
             out["attrs"] = {k: describe(x, depth - 1, inner) for _, k, x in class_attributes(v)}
@@ -250,7 +250,7 @@ def describe(v: Any, depth: int = _DEPTH, ancestors: frozenset = frozenset()) ->
     if isinstance(v, types.MethodType):  # the object it is bound to: a module by its class and plain attributes
         return {"method": describe(v.__func__, depth, ancestors), "of": describe(v.__self__, depth - 1, ancestors)}
     if isinstance(v, types.FunctionType):
-        out = {"function": f"{v.__module__}.{v.__qualname__}", "code": code_digest(v.__code__)}
+        out = {"function": dotted_key(f"{v.__module__}.{v.__qualname__}"), "code": code_digest(v.__code__)}
         if v.__defaults__:
             out["defaults"] = describe(list(v.__defaults__), depth, ancestors)
         if v.__kwdefaults__:
@@ -265,16 +265,16 @@ def describe(v: Any, depth: int = _DEPTH, ancestors: frozenset = frozenset()) ->
             out["closure"] = cells
         return out
     if isinstance(v, _FUNCTIONS):  # a builtin (torch's F.gelu), a method of a builtin type
-        return {"function": f"{getattr(v, '__module__', None) or type(v).__name__}."
-                            f"{getattr(v, '__qualname__', getattr(v, '__name__', '?'))}"}
+        return {"function": dotted_key(f"{getattr(v, '__module__', None) or type(v).__name__}."
+                                       f"{getattr(v, '__qualname__', getattr(v, '__name__', '?'))}")}
     if isinstance(v, torch.nn.Module):  # one it holds unregistered (in a list): no submodule, so not in `states`
-        return {"module": class_name(type(v)), "state": module_state(v)}
+        return {"module": class_key(type(v)), "state": module_state(v)}
     attrs = object_attributes(v) if not isinstance(v, torch.Tensor) else None
     if attrs is not None and depth > 0 and id(v) not in ancestors:
         inner = ancestors | {id(v)}
         attrs += [(k, x) for _, k, x in class_attributes(type(v), dict(attrs))]
-        return {"object": class_name(type(v)), "attrs": {k: describe(x, depth - 1, inner) for k, x in attrs}}
-    return {"opaque": class_name(type(v))}
+        return {"object": class_key(type(v)), "attrs": {k: describe(x, depth - 1, inner) for k, x in attrs}}
+    return {"opaque": class_key(type(v))}
 
 
 def _described(v: Any) -> Any:
@@ -289,9 +289,9 @@ def _held_into(out: dict[str, Any], key: str, v: Any, depth: int, ancestors: fro
         try:
             out[key] = describe(v, depth, ancestors)
         except RecursionError:  # containers nested deeper than the interpreter recurses
-            out[key] = {"opaque": class_name(type(v))}
+            out[key] = {"opaque": class_key(type(v))}
         return
-    out[key] = {"object": class_name(type(v))}
+    out[key] = {"object": class_key(type(v))}
     # with the values its class keeps that it has none of its own of (`class Cfg: act = "gelu"`)
     for a, x in attrs + [(k, x) for _, k, x in class_attributes(type(v), dict(attrs))]:
         _held_into(out, f"{key}.{a}", x, depth - 1, ancestors | {id(v)})
@@ -314,7 +314,7 @@ def held_description(module: torch.nn.Module) -> dict[str, Any]:
     for path, m in module.named_modules():
         cls = type(m)
         classes.append(cls)
-        out[f"{path}:__class__"] = {"class": class_name(cls), "code": class_digest(cls)}
+        out[f"{path}:__class__"] = {"class": class_key(cls), "code": class_digest(cls)}
         if path:
             out[f"{path}:training"] = m.training == module.training
         # a parameter or buffer registered as None (`nn.LayerNorm(bias=False)`): one that is a tensor is read where
@@ -328,7 +328,7 @@ def held_description(module: torch.nn.Module) -> dict[str, Any]:
             if k not in vars(m):
                 out[f"{path}:__class__.{k}"] = describe(c.__dict__[k])
     for g, k in forward_globals(dict.fromkeys(classes)):
-        _held_into(out, f"global:{g.get('__name__')}.{k}", g[k], _DEPTH, frozenset())
+        _held_into(out, f"global:{dotted_key(str(g.get('__name__')) + '.' + k)}", g[k], _DEPTH, frozenset())
     # what a factory without a dtype makes, and a forward casting to `torch.get_default_dtype()`
     out["torch:default_dtype"] = describe(torch.get_default_dtype())
     # torch's modes the forwards read (`if torch.is_grad_enabled():`), as the proven call ran: compared at each call
@@ -425,6 +425,27 @@ def attributes_changed(before: dict[str, Any], module: torch.nn.Module) -> list[
 SUBTREE = "_kforge_submodules"
 
 
+# The module name engine.config imports a builder's .py file under (`kforge_user_model_<stem>`): the user's own code
+# imports the same file as `<stem>`, or runs it as `__main__`.
+USER_MODULE = "kforge_user_model_"
+
+
+def dotted_key(dotted: str) -> str:
+    """A dotted name (`module.Class`, `module.function`) as captures and installs compare it: the module that
+    engine.config imports a model's file as (`kforge_user_model_net.Net`) is the file's own (`net.Net`), as the
+    user's code imports it, or runs it as `__main__`. (Which code it is, a class's digest says: `class_digest`.)"""
+    if dotted.startswith("__main__."):
+        f = getattr(sys.modules.get("__main__"), "__file__", None)
+        if isinstance(f, str) and f.endswith(".py"):
+            dotted = f"{f.replace(chr(92), '/').rsplit('/', 1)[-1].removesuffix('.py')}.{dotted[len('__main__.'):]}"
+    return dotted.removeprefix(USER_MODULE)
+
+
+def class_key(cls: type) -> str:
+    """`dotted_key` of a class's dotted name."""
+    return dotted_key(class_name(cls))
+
+
 def class_name(cls: type) -> str:
     """A class's dotted name, as a card records it (`torch.nn.modules.activation.SiLU`)."""
     return f"{cls.__module__}.{cls.__qualname__}"
@@ -448,8 +469,18 @@ def _comparable(proven: dict[str, Any], state: dict[str, Any]) -> tuple[dict[str
     """A proven state and an instance's, as they compare: bookkeeping flags aside (which casts written before
     they were ignored still hold), and the submodules only where the proof recorded them (a cast written
     before, whose submodules are not checked)."""
-    return ({k: v for k, v in proven.items() if k not in IGNORED_STATE},
-            state if SUBTREE in proven else {k: v for k, v in state.items() if k != SUBTREE})
+    proven = {k: v for k, v in proven.items() if k not in IGNORED_STATE}
+    state = state if SUBTREE in proven else {k: v for k, v in state.items() if k != SUBTREE}
+    return _keyed(proven), _keyed(state)
+
+
+def _keyed(state: dict[str, Any]) -> dict[str, Any]:
+    """A state with its submodules' classes as `dotted_key`s (a capture's module name is not the user's)."""
+    tree = state.get(SUBTREE)
+    if not isinstance(tree, dict):
+        return state
+    return {**state, SUBTREE: {p: {**e, "class": dotted_key(e["class"])} if isinstance(e, dict) and
+                               isinstance(e.get("class"), str) else e for p, e in tree.items()}}
 
 
 def state_matches(state: dict[str, Any] | None, states: list[dict[str, Any]]) -> bool:
