@@ -277,11 +277,6 @@ def describe(v: Any, depth: int = _DEPTH, ancestors: frozenset = frozenset()) ->
     return {"opaque": class_key(type(v))}
 
 
-def _described(v: Any) -> Any:
-    """`v` as JSON for `held_description` (`describe`)."""
-    return describe(v)
-
-
 def _held_into(out: dict[str, Any], key: str, v: Any, depth: int, ancestors: frozenset) -> None:
     """`out[key]`, the description of `v`; an object (a config) by its class, and its attributes as `key.attr`."""
     attrs = object_attributes(v) if depth > 0 and id(v) not in ancestors else None

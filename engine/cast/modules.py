@@ -348,7 +348,7 @@ class ModuleRoute(NotCopied):
         self.modules_held = grouped([(m._modules, k, v) for m in mods for k, v in m._modules.items()])
         # and each submodule's plain attributes (eps, p…), as at install: install compared them with the proof's,
         # and a child given another `eps` computes something else than the plan. One list, read in one pass per call
-        # (a leaf has none). Their training flags are compared with the module's instead (`kid_modes`)
+        # (a leaf has none). Their training flags are compared with the module's instead (`kids`)
         self.tree = self.modules_held + grouped([(m.__dict__, k, v) for m in mods[1:] for k, v in m.__dict__.items()
                                                  if k != ROUTE_ATTR and k != "training" and plain_value(v)], dicts)
         # each parameter or buffer registered as None (`nn.LayerNorm(bias=False)`), as at install: one set to a
