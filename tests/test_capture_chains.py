@@ -399,7 +399,14 @@ def test_a_captured_module_card_carries_its_binding_and_is_served_in_eager(tmp_p
     assert entry["module"] == {"class": "RMS", "class_path": "test_chains.RMS", "paths": paths,
                                "args": [{"input": 0}], "params": [{"name": "weight", "input": 1}], "autocast": [],
                                "training": False, "states": card.chain["states"], "returns": "output",
-                               "held": [{}]}  # it holds nothing: neither plain attributes nor a config
+                               "held": entry["module"]["held"]}
+    # it holds nothing (neither plain attributes nor a config) but its class, named, with a digest of its code; and
+    # it ran under the default dtype
+    from test_chains import RMS
+
+    from engine.capture.module_binding import class_digest
+    assert entry["module"]["held"] == [{":__class__": {"class": "test_chains.RMS", "code": class_digest(RMS)},
+                                        "torch:default_dtype": {"torch": "torch.float32"}}]
 
     # The toy model as the config builds it: the entry binds to each of its norms, and a cast serves them.
     torch.manual_seed(0)

@@ -469,7 +469,7 @@ def test_a_forward_that_counts_its_calls_in_an_object_it_holds_is_no_module_card
 def test_what_a_module_holds_is_described_without_raising_for_odd_objects():
     # The capture reads the attributes of every object a module holds, at each forward of each module: an object
     # whose __getattr__ raises something else than AttributeError, or a list holding itself, must not break it.
-    from engine.capture.module_binding import attributes_held, held_description
+    from engine.capture.module_binding import attributes_held, class_name, held_description
 
     class Odd:
         __slots__ = ("x",)
@@ -486,7 +486,14 @@ def test_what_a_module_holds_is_described_without_raising_for_odd_objects():
             self.cfg.eps, self.cfg.loop = 1e-5, loop
 
     m = Holder()
-    assert held_description(m) == {":cfg.eps": 1e-5}
+    from engine.capture.module_binding import class_digest
+
+    # the odd object by its class (its slot unset, its __getattr__ not asked), the list holding itself down to where
+    # it holds itself, the config's plain attribute by value
+    assert held_description(m) == {
+        ":__class__": {"class": class_name(Holder), "code": class_digest(Holder)}, ":odd": {"object": class_name(Odd)},
+        ":loop": [{"opaque": "builtins.list"}], ":cfg": {"object": class_name(type(m.cfg))}, ":cfg.eps": 1e-5,
+        ":cfg.loop": [{"opaque": "builtins.list"}], "torch:default_dtype": {"torch": "torch.float32"}}
     assert set(attributes_held(m)) >= {"odd", "loop", "cfg", "cfg.eps", "cfg.loop"}
 
 

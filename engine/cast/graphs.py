@@ -369,10 +369,10 @@ class GraphRoute(modules.NotCopied):
             if len(d) != n:
                 return "modules changed"
         try:
-            for d, get, values in self.attrs:
+            for d, get, values, _ in self.attrs:
                 if get(d) != values:
                     return "attributes changed"
-        except KeyError:
+        except (KeyError, AttributeError):  # deleted (an attribute of an object with slots: AttributeError)
             return "attributes changed"
         if kernel_switches() != self.switches:
             return "kernel switches changed"

@@ -498,6 +498,7 @@ class Cast:
 
         A path the model lacks, a module of another class, a binding that does not fit, or a module that
         another cast already claims (first wins) is skipped, with one warning line for all of them."""
+        from engine.capture.module_binding import class_key, class_name, dotted_key
         from engine.cast import modules
 
         by_id = {v["id"]: v for v in self.file.variants}
@@ -515,6 +516,11 @@ class Cast:
                     continue
                 if type(mod).__name__ != st.module["class"]:
                     skipped.append(f"{path} (a {type(mod).__name__}, not {st.module['class']})")
+                    continue
+                # by its dotted name too, where the cast records it: a class of the same name elsewhere (a subclass
+                # named alike, another library's) is not the proven one
+                if class_key(type(mod)) != dotted_key(st.module.get("class_path", class_name(type(mod)))):
+                    skipped.append(f"{path} (a {class_name(type(mod))}, not {st.module['class_path']})")
                     continue
                 try:
                     bound = modules.bind_variant(st.id, mod, v["signature"], st.module, st.plan)
@@ -544,7 +550,7 @@ class Cast:
         instance it proved (`states`) and whose tensors bind as the proof's did. A model captured shrunk and
         run at its real depth has its other layers' modules served too. A card recorded without states extends
         to none; a module that does not fit is left alone silently (it was never the card's)."""
-        from engine.capture.module_binding import class_name, proven_state, state_matches
+        from engine.capture.module_binding import class_key, dotted_key, proven_state, state_matches
         from engine.cast import modules
 
         states, class_path = st.module.get("states"), st.module.get("class_path")
@@ -553,7 +559,7 @@ class Cast:
         proven = set(st.module["paths"])
         for path, mod in model.named_modules():
             cls = type(mod)
-            if path in proven or class_name(cls) != class_path:
+            if path in proven or class_key(cls) != dotted_key(class_path):
                 continue
             if "forward" in mod.__dict__ or not isinstance(modules.route_of(mod), (modules.ModuleRoute, type(None))):
                 continue

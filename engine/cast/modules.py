@@ -21,15 +21,21 @@ An instance `forward` set by other code is never installed over.
 The guard, per call, all O(1) in the number of variants (one dict lookup on the arguments' key):
 the exact positional-argument signature (per tensor dtype, shape, strides, alignment, device, neg/conj;
 per other argument its value) and no keyword arguments; every parameter the chain reads still the object
-held at install, with the same `_version`, data pointer, dtype, shape and strides; every submodule the object
-it was at install (where, at install, the submodules' classes and attributes equalled a proven instance's,
-where the cast records them: `bind_variant`); no hooks on the module or its submodules and no global module hooks; the module's own
-attributes (eps…) as at install, where they equal a proven instance's (without recorded states: its plain
-attributes as at install), and its training flag as at proof (where the cast records it); the plain attributes
-of the objects it and its submodules hold, one level down (a config), as at install (`held_object_state`); the
-plain module-level values its forward reads as at install (forward_reads); autocast as at proof; no grad needed (grad enabled and an
-input or parameter requiring grad); not while Dynamo or the JIT traces, or a dispatch mode is active (a capture must see
-the ATen calls).
+held at install, with the same `_version`, data pointer, dtype, shape and strides, and every parameter or buffer
+registered as None still None; every submodule the object it was at install (where, at install, the submodules'
+classes and attributes equalled a proven instance's, where the cast records them: `bind_variant`); no hooks on the
+module or its submodules and no global module hooks; the module's own attributes (eps…) as at install, by value and
+type, and no attribute added, where they equal a proven instance's (without recorded states: its plain attributes as
+at install), and its training flag as at proof (where the cast records it), its submodules' as its own or not as at
+install; what it and its submodules hold besides plain values (a config, a function, a partial) by identity, and the
+plain attributes of those objects, three levels down (a config's own configs; objects with slots too), as at install
+(`held_object_state`); the plain module-level values, functions and objects the forwards of its tree read (and the
+methods, base-class forwards and helpers they call) as at install (forward_reads), and the class attributes they read
+(class_reads); torch's default dtype, autocast, and the grad or inference mode where the forward reads it, as at
+proof; no grad needed (grad enabled and an input or parameter requiring grad); not while Dynamo or the JIT traces, or
+a dispatch mode is active (a capture must see the ATen calls). At install, what the instance holds is compared with
+what the proven instances held (`held_description`: its classes and their code, its attributes and its objects', the
+globals and class attributes its forwards read), where the cast records it.
 Anything else runs the original forward. Coverage is never wider than what was proven; a decline costs
 only speed.
 
@@ -45,6 +51,7 @@ declined at install.
 from __future__ import annotations
 
 import copy
+import enum
 import functools
 import json
 import operator
@@ -60,19 +67,28 @@ import torch
 import torch.nn.modules.module as _mm
 from torch.utils.hooks import RemovableHandle as _Handle
 
-from engine.capture.module_binding import (  # noqa: F401 - ModuleCardError and module_binding re-exported
+from engine.capture.module_binding import (  # noqa: F401 - ModuleCardError, module_binding, ... re-exported
     _MODULE_INTERNALS,
+    _SMALL,
     IGNORED_STATE,
+    MODE,
+    MODES,
     ROUTE_ATTR,
     SUBTREE,
     ModuleCardError,
     autocast_state,
+    class_forward,
+    class_reads,
+    forward_globals,
+    global_read,
     held_description,
     held_difference,
+    held_matches,
     module_binding,
     module_state,
+    object_attributes,
+    plain_value,
     proven_state,
-    reached_flags,
     state_difference,
     state_matches,
 )
@@ -89,6 +105,7 @@ _in_dispatch_mode = torch._C._len_torch_dispatch_stack
 _any_autocast = torch._C._is_any_autocast_enabled
 _grad_enabled = torch.is_grad_enabled
 _deterministic = torch.are_deterministic_algorithms_enabled
+_default_dtype = torch.get_default_dtype
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
 _jit_tracing = torch._C._get_tracing_state
 # forward-mode AD (torch.autograd.forward_ad): its `_current_level` is -1 outside every dual_level() block. A plan's
@@ -96,96 +113,79 @@ _jit_tracing = torch._C._get_tracing_state
 _forward_ad = torch.autograd.forward_ad
 
 
-_SMALL = 32  # lists and dicts of plain values up to this many items are guarded (compared at each call)
-_SCALARS = (type(None), bool, int, float, str, torch.dtype, torch.device)
+def _held(v: Any) -> bool:
+    """Whether a module's attribute is an object or a function it holds (a config, an activation function, a
+    partial), which a guard holds by identity: not a plain value, a tensor, a module or a class."""
+    return not plain_value(v) and not isinstance(v, (torch.nn.Module, torch.Tensor, type)) and (
+        callable(v) or isinstance(v, enum.Enum) or object_attributes(v) is not None)
 
 
-def plain_value(v: Any) -> bool:
-    """A value a guard compares at each call: a scalar, or a small list, tuple or dict of them (a config's
-    `rope_scaling`, a module's list of window sizes). Larger containers are not compared (a config's
-    `id2label` of 1,000 classes would cost microseconds per call)."""
-    if isinstance(v, _SCALARS):
-        return True
-    if isinstance(v, (list, tuple)):
-        return len(v) <= _SMALL and all(plain_value(x) for x in v)
-    if type(v) is dict:
-        return len(v) <= _SMALL and all(isinstance(k, _SCALARS) and plain_value(x) for k, x in v.items())
-    return False
+def held_object_state(mods: Iterable[torch.nn.Module], depth: int = 3,
+                      roots: Iterable[tuple[Any, str, Any]] = ()) -> list[tuple[Any, str, Any]]:
+    """(namespace, name, value) of what these modules hold besides plain values, tensors and modules: each object
+    or function by identity (`self.act = F.gelu`, a config swapped for another), and the plain attributes of the
+    objects, `depth` levels down (a transformers config, whose flags a forward reads at every call:
+    `self.config.output_gate`, its `text_config.act`), each object once. An object with slots, not a __dict__
+    (a slotted dataclass), is its own namespace (`grouped` reads it by attribute). `roots`: other (namespace, name,
+    object) to hold alike (a module-level settings object the forward reads)."""
+    out: list[tuple[Any, str, Any]] = []
+    seen: set[int] = set()
 
+    def visit(ns: Any, k: str, v: Any, left: int) -> None:
+        out.append((ns, k, v))
+        attrs = object_attributes(v) if left > 0 and id(v) not in seen else None
+        if isinstance(v, functools.partial) and id(v) not in seen:  # its keywords (its arguments are a tuple)
+            seen.add(id(v))
+            out.extend((v.keywords, a, x) for a, x in v.keywords.items() if plain_value(x))
+        if attrs is None:
+            return
+        seen.add(id(v))
+        try:  # (not through the object's own __getattr__, which may raise anything)
+            d = object.__getattribute__(v, "__dict__")
+        except Exception:  # noqa: BLE001 - no readable __dict__
+            d = None
+        inner = d if isinstance(d, dict) and len(d) == len(attrs) else v  # slots: the object itself
+        for a, x in attrs:
+            if plain_value(x):
+                out.append((inner, a, x))
+            elif _held(x):
+                visit(inner, a, x, left - 1)
 
-def held_object_state(mods: Iterable[torch.nn.Module]) -> list[tuple[dict, str, Any]]:
-    """(namespace, name, value) of the plain attributes of the other objects these modules hold, one level down
-    (a transformers config, whose flags a forward reads at every call: `self.config.output_gate`), each object
-    once. Tensors, modules, classes and callables are not such objects."""
-    out, seen = [], set()
     for m in mods:
-        for k, v in m.__dict__.items():
-            if (k != ROUTE_ATTR and not plain_value(v) and not isinstance(v, (torch.nn.Module, torch.Tensor, type))
-                    and id(v) not in seen and isinstance(getattr(v, "__dict__", None), dict) and not callable(v)):
-                seen.add(id(v))
-                out += [(v.__dict__, a, x) for a, x in v.__dict__.items() if plain_value(x)]
+        d = m.__dict__
+        for k, v in d.items():
+            if k not in _MODULE_INTERNALS and _held(v):  # (nn.Module's own tables: its hooks, guarded elsewhere)
+                visit(d, k, v, depth)
+    for ns, k, v in roots:
+        visit(ns, k, v, depth)
     return out
 
 
-def grouped(state: list[tuple[dict, str, Any]]) -> list[tuple[dict, Any, Any]]:
-    """(namespace, an itemgetter of its names, their values now) per namespace: one C-level read per namespace at
-    each call (a Gemma layer and its config, 161 attributes: the whole guard 20 -> 14 µs on this CPU). The values
-    are copies where they are containers: a list changed in place must read as changed."""
-    names: dict[int, tuple[dict, list[str]]] = {}
+def grouped(state: list[tuple[Any, str, Any]], unsized: Iterable[int] | None = ()
+            ) -> list[tuple[Any, Any, Any, Any]]:
+    """(namespace, a getter of its names, their values now, its size now) per namespace: one C-level read per
+    namespace at each call (a Gemma layer and its config, 161 attributes: the whole guard 20 -> 14 µs on this CPU).
+    A namespace is a dict (an object's __dict__, a class's), read by item, or an object with slots, read by attribute.
+    The values are copies where they are containers: a list or set changed in place must read as changed. The size
+    (None for an object with slots, for the namespaces whose ids are in `unsized`: a module's __dict__, which a
+    route attached to it later grows, and for all where `unsized` is None: a class's, which an install's dispatcher
+    grows) says whether one was added since: a config given an attribute a forward reads
+    with a default (`getattr(config, "use_gate", False)`)."""
+    names: dict[int, tuple[Any, list[str]]] = {}
     for d, k, _ in state:
         if k not in names.setdefault(id(d), (d, []))[1]:
             names[id(d)][1].append(k)
+    skip = None if unsized is None else set(unsized)
     out = []
     for d, keys in names.values():
-        get = operator.itemgetter(*keys) if len(keys) > 1 else (lambda d, k=keys[0]: (d[k],))
-        out.append((d, get, tuple(copy.deepcopy(x) if type(x) in (list, dict, tuple) else x for x in get(d))))
-    return out
-
-
-def _code_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):  # comprehensions, lambdas and nested functions
-            names |= _code_names(c)
-    return names
-
-
-def _cell_function(cell: Any) -> bool:
-    try:
-        return isinstance(cell.cell_contents, types.FunctionType)
-    except ValueError:  # an empty cell
-        return False
-
-
-def forward_globals(classes: Any, depth: int = 2, every: bool = False) -> list[tuple[dict, str]]:
-    """(module namespace, name) of every plain module-level value (`plain_value`) the forwards of these classes
-    read, and the functions they call read, `depth` calls deep: a flag a forward branches on (`if USE_FAST:`),
-    which neither the arguments nor the module's attributes show. A name that is also an attribute name
-    (`self.eps`) is read from the namespace where it is a global there too: guarding it costs only a lookup.
-    `every`: every name the code reads in each namespace, whatever it holds now (a global may be set later)."""
-    out: list[tuple[dict, str]] = []
-    seen: set[int] = set()
-
-    def visit(fn: Any, left: int) -> None:
-        code, g = getattr(fn, "__code__", None), getattr(fn, "__globals__", None)
-        if not isinstance(code, types.CodeType) or not isinstance(g, dict) or id(fn) in seen:
-            return
-        seen.add(id(fn))
-        # a decorated forward (transformers' deprecation wrappers): the function it wraps is the forward
-        inner = [getattr(fn, "__wrapped__", None)] + [c.cell_contents for c in fn.__closure__ or ()
-                                                       if _cell_function(c)]
-        for f in inner:
-            if isinstance(f, types.FunctionType):
-                visit(f, left)
-        for name in sorted(_code_names(code)):
-            v = g.get(name, _MISSING)
-            if every or (v is not _MISSING and plain_value(v)):
-                out.append((g, name))
-            if left > 0 and isinstance(v, types.FunctionType):
-                visit(v, left - 1)
-
-    for cls in classes:
-        visit(class_forward(cls), depth)
+        if isinstance(d, (dict, types.MappingProxyType)):
+            get = operator.itemgetter(*keys) if len(keys) > 1 else (lambda d, k=keys[0]: (d[k],))
+            # (a class's namespace grows when an install puts a dispatcher there)
+            n = None if skip is None or id(d) in skip or isinstance(d, types.MappingProxyType) else len(d)
+        else:
+            get = operator.attrgetter(*keys) if len(keys) > 1 else (lambda d, k=keys[0]: (getattr(d, k),))
+            n = None
+        out.append((d, get, tuple(copy.deepcopy(x) if type(x) in (list, dict, tuple, set) else x for x in get(d)), n))
     return out
 
 
@@ -201,9 +201,9 @@ def _read_names(cls: type) -> list[tuple[dict, str]]:
 
 
 def forward_reads(cls: type) -> list[tuple[dict, str]]:
-    """The plain module-level values the forward of `cls` reads now (forward_globals): the names its code reads
-    are found once per class, which of them hold plain values is asked at each install."""
-    return [(g, k) for g, k in _read_names(cls) if k in g and plain_value(g[k])]
+    """The plain module-level values and functions the forward of `cls` reads now (forward_globals, global_read):
+    the names its code reads are found once per class, which of them hold such values is asked at each install."""
+    return [(g, k) for g, k in _read_names(cls) if k in g and global_read(g[k])]
 
 
 def forward_tensors(cls: type) -> list[tuple[dict, str]]:
@@ -227,11 +227,15 @@ class ModuleVariant:
     plan: Callable[[list[Any]], Any]         # plan(in0..inN) -> the chain's outputs (or its one output)
     attrs: tuple[tuple[str, Any], ...] = ()  # the module's own attributes (eps…) as at install, equal to a proof's
     training: bool | None = None             # the module's training flag at proof (None: not recorded, not checked)
+    default_dtype: torch.dtype | None = None  # torch's default dtype at proof (None: not recorded, not checked)
+    modes: tuple[tuple[Callable[[], bool], bool], ...] = ()  # torch modes the forward reads, as at proof
 
     def attrs_unchanged(self, module: torch.nn.Module) -> bool:
         d = module.__dict__
         for name, value in self.attrs:
-            if d.get(name, _MISSING) != value:
+            x = d.get(name, _MISSING)
+            # by type too: `x * self.scale` of an integer tensor is an integer with 2, a float with 2.0
+            if x != value or type(x) is not type(value):
                 return False
         return True
 
@@ -327,20 +331,41 @@ class ModuleRoute(NotCopied):
         self.stats = PathStats()
         self.hooks = HookWatch(module.modules())
         self.module = self.hooks.hooked[0]  # the module itself
-        # the module-level values its forward reads, as at install (a flag it branches on), and the plain attributes of
-        # its classes and of the module-level objects it reads (`type(self).record`, `FLAGS.debug`: reached_flags)
-        self.reads = grouped([(g, k, g[k]) for g, k in forward_reads(self.cls)] + reached_flags(self.cls))
+        mods = list(module.modules())
+        classes = list(dict.fromkeys(type(m) for m in mods))
+        dicts = [id(m.__dict__) for m in mods]  # (routes are attached into them: their sizes are not compared)
+        # the module's own attributes, by number, as at install (with its route, attached after this): one added
+        # since (read by the forward with a default: `getattr(self, "scale", 1.0)`) is not what was proven
+        self.n_attrs = len(module.__dict__) + (ROUTE_ATTR not in module.__dict__)
+        # the module-level values its forward reads, and its submodules' forwards, and the methods they call, as at
+        # install (a flag they branch on)
+        self.reads = grouped([(g, k, g[k]) for cls in classes for g, k in forward_reads(cls)], None)
+        # the class attributes they read (`self.SCALE`), as at install: a value every instance of a class shares
+        self.class_reads = grouped([(c.__dict__, k, c.__dict__[k]) for cls in classes for c, k in class_reads(cls)
+                                    if plain_value(c.__dict__[k]) or _held(c.__dict__[k])], None)
         # each submodule by identity, as at install: a submodule swapped in later (PEFT's wrapped Linear, another
         # activation) is not what the plan computes, and the parameter check reads the old one's tensors
-        self.modules_held = grouped([(m._modules, k, v) for m in module.modules() for k, v in m._modules.items()])
-        # and each submodule's plain attributes (training, eps, p…), as at install: install compared them with the
-        # proof's, and a child set to train mode afterwards (a Dropout, for Monte Carlo dropout) or given another
-        # `eps` computes something else than the plan. One list, read in one pass per call (a leaf has none)
-        self.tree = self.modules_held + grouped([(m.__dict__, k, v) for m in list(module.modules())[1:]
-                                                 for k, v in m.__dict__.items() if k != ROUTE_ATTR and plain_value(v)])
-        # the plain attributes of the objects the module and its submodules hold (a config), as at install: a forward
-        # branching on `self.cfg.both` returned a tuple once it was set, and the route went on returning the tensor
-        self.held = grouped(held_object_state(module.modules()))
+        self.modules_held = grouped([(m._modules, k, v) for m in mods for k, v in m._modules.items()])
+        # and each submodule's plain attributes (eps, p…), as at install: install compared them with the proof's,
+        # and a child given another `eps` computes something else than the plan. One list, read in one pass per call
+        # (a leaf has none). Their training flags are compared with the module's instead (`kids`)
+        self.tree = self.modules_held + grouped([(m.__dict__, k, v) for m in mods[1:] for k, v in m.__dict__.items()
+                                                 if k != ROUTE_ATTR and k != "training" and plain_value(v)], dicts)
+        # each parameter or buffer registered as None (`nn.LayerNorm(bias=False)`), as at install: one set to a
+        # tensor since is read where the plan reads none
+        self.absent = grouped([(table, k, None) for m in mods for table in (m._parameters, m._buffers)
+                               for k, t in table.items() if t is None])
+        # each submodule's training flag, as its module's or not, as at install (where install compared them with the
+        # proof's): a Dropout set to train mode for Monte Carlo dropout computes something else than the plan, and a
+        # model installed into in train mode and set to eval after is served
+        self.kids = [(m.__dict__, m.training == module.training) for m in mods[1:]]
+        # what the module and its submodules hold besides plain values, as at install: a function or a config by
+        # identity, and the plain attributes of the objects, down to a config's own configs: a forward branching on
+        # `self.cfg.both` returned a tuple once it was set, and the route went on returning the tensor
+        # (and the module-level objects the forwards read: a settings object's attributes)
+        objects = [(g, k, g[k]) for cls in classes for g, k in forward_reads(cls)
+                   if not plain_value(g[k]) and not isinstance(g[k], types.FunctionType)]
+        self.held = grouped(held_object_state(mods, roots=objects), dicts + [id(g) for g, _, _ in objects])
         self.active = True
 
     @property
@@ -353,8 +378,13 @@ class ModuleRoute(NotCopied):
 
     def _tree_unchanged(self, tree: list[tuple[dict, Any, Any]] | None = None) -> bool:
         try:
-            return all(get(d) == values for d, get, values in (self.tree if tree is None else tree))
-        except KeyError:  # a submodule or an attribute deleted
+            for d, get, values, n in (self.tree if tree is None else tree):
+                if get(d) != values or (n is not None and len(d) != n):
+                    return False
+            return True
+        except (KeyError, AttributeError):  # a submodule or an attribute deleted
+            return False
+        except Exception:  # noqa: BLE001 - an object put in the place of one held, whose == raises (an array)
             return False
 
     def _hooks(self) -> bool:
@@ -383,7 +413,7 @@ class ModuleRoute(NotCopied):
         if self._hooks():
             st.decline("hooks")
             return self.original(*args, **kwargs)
-        if not v.params_unchanged():
+        if not v.params_unchanged() or (self.absent and not self._tree_unchanged(self.absent)):
             st.decline("parameters changed")
             return self.original(*args, **kwargs)
         if self.tree and not self._tree_unchanged():
@@ -397,13 +427,24 @@ class ModuleRoute(NotCopied):
         if m is None or (v.training is not None and m.training != v.training):
             st.decline("training mode")
             return self.original(*args, **kwargs)
-        if not v.attrs_unchanged(m):
+        if self.kids:
+            t = m.training
+            for d, same in self.kids:
+                if (d["training"] is t) is not same:
+                    st.decline("submodule attributes changed")  # a child's training flag
+                    return self.original(*args, **kwargs)
+        if not v.attrs_unchanged(m) or len(m.__dict__) != self.n_attrs:
             st.decline("attributes changed")
             return self.original(*args, **kwargs)
-        for d, get, values in self.reads:
-            if get(d) != values:
-                st.decline("globals changed")
-                return self.original(*args, **kwargs)
+        if self.reads and not self._tree_unchanged(self.reads):
+            st.decline("globals changed")
+            return self.original(*args, **kwargs)
+        if self.class_reads and not self._tree_unchanged(self.class_reads):
+            st.decline("class attributes changed")
+            return self.original(*args, **kwargs)
+        if v.default_dtype is not None and _default_dtype() is not v.default_dtype:
+            st.decline("default dtype")
+            return self.original(*args, **kwargs)
         if (_any_autocast() or v.autocast) and autocast_state() != v.autocast:
             st.decline("autocast")
             return self.original(*args, **kwargs)
@@ -411,6 +452,10 @@ class ModuleRoute(NotCopied):
                                 or any(p[3].requires_grad for p in v.params)):
             st.decline("grad")
             return self.original(*args, **kwargs)
+        for mode, proven in v.modes:  # a forward branching on torch's grad or inference mode
+            if mode() is not proven:
+                st.decline("torch mode")
+                return self.original(*args, **kwargs)
         if _forward_ad._current_level >= 0:
             st.decline("forward AD")
             return self.original(*args, **kwargs)
@@ -487,8 +532,19 @@ def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], c
     if helds:  # what the proven instances held (a config's flags, own attributes), as JSON: a model built with
         # another config runs another forward, where `states` could not be recorded (a module holding a config)
         mine = json.loads(json.dumps(held_description(module)))
-        if mine not in helds:
+        # (torch's modes the forward reads are compared at each call: the install runs in its caller's mode)
+        mine = {k: v for k, v in mine.items() if not k.startswith(MODE)}
+        if not held_matches(mine, [{k: v for k, v in h.items() if not k.startswith(MODE)} for h in helds]):
             raise ModuleCardError(f"what it holds differs from the proven module's: {held_difference(mine, helds[0])}")
+    # torch's modes the forwards read, where every proven instance ran in the same
+    mode_keys = {k for h in helds or () for k in h if k.startswith(MODE)}
+    modes = tuple((MODES[k.removeprefix(MODE + "torch.")], helds[0][k]) for k in sorted(mode_keys)
+                  if k.removeprefix(MODE + "torch.") in MODES and len({json.dumps(h.get(k)) for h in helds}) == 1
+                  and isinstance(helds[0][k], bool))
+    # the default dtype at proof, where recorded, compared at each call too (a model set to float64 after install)
+    dd = (helds or [{}])[0].get("torch:default_dtype")
+    default_dtype = getattr(torch, dd["torch"].removeprefix("torch."), None) if isinstance(dd, dict) and \
+        isinstance(dd.get("torch"), str) else None
     args = card.get("args", [{"input": 0}])
     params = card.get("params", [])
     fed: dict[int, str] = {}
@@ -542,7 +598,8 @@ def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], c
     attrs = tuple((name, copy.deepcopy(module.__dict__[name])) for name in names)
     autocast = tuple(tuple(x) for x in card.get("autocast", []))
     return ModuleVariant(vid, tuple(key), tuple(arg_inputs), tuple(bound), len(inputs), autocast, plan,
-                         attrs=attrs, training=card.get("training"))
+                         attrs=attrs, training=card.get("training"),
+                         default_dtype=default_dtype if isinstance(default_dtype, torch.dtype) else None, modes=modes)
 
 
 # ------------------------------------------------------------------------------------- install / remove
@@ -564,12 +621,6 @@ _FINALIZERS: weakref.WeakKeyDictionary[torch.nn.Module, weakref.finalize] = weak
 # The class each attached module had when its route was attached: the one whose forward became the dispatcher.
 # A module's class may change while attached (torch.nn.utils.parametrize swaps in a generated subclass).
 _ATTACHED_AS: weakref.WeakKeyDictionary[torch.nn.Module, type] = weakref.WeakKeyDictionary()
-
-
-def class_forward(cls: type) -> Callable[..., Any]:
-    """The forward `cls` has without any cast: its own or inherited, with a dispatcher seen through."""
-    f = cls.forward
-    return getattr(f, "__kforge_original__", f)
 
 
 def _dispatcher(cls: type) -> Callable[..., Any]:
