@@ -882,19 +882,13 @@ def state_difference(state: dict[str, Any] | None, states: list[dict[str, Any]])
 
 
 def written_inputs(signature: dict[str, Any]) -> list[int]:
-    """The chain inputs a member writes in place (`self.avg.mul_(0.9)`, `self.buf.copy_(x)`, `x.add_(1)`): a kernel
-    in the forward's place writes only the output, so no module card takes such a chain (an install declines it too)."""
-    from engine.ops import resolve_op
+    """The chain inputs a member writes in place, directly or through a view of them (`self.avg.mul_(0.9)`,
+    `self.buf.copy_(x)`, `x.add_(1)`; engine.capture.chains.chain_written_inputs): a kernel in the forward's place
+    writes only the output, so no module card takes such a chain (an install declines it too)."""
+    from engine.capture.chains import chain_written_inputs
 
-    out = []
-    for node in signature.get("chain", {}).get("nodes", []):
-        op = resolve_op(node["op"])
-        mutated = {a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
-        for a in node["args"]:
-            refs = [a["tensor"]] if "tensor" in a else [r for r in a.get("tensors") or () if r is not None]
-            out += [r[1] for r in refs if a["name"] in mutated and r[0] == "in"]
-    return out
-
+    index = {a["name"]: i for i, a in enumerate(signature.get("args") or [])}
+    return [index[n] for n in chain_written_inputs(signature) if n in index] if signature.get("chain") else []
 
 def module_binding(module: torch.nn.Module, args: tuple, inputs: list[torch.Tensor]) -> dict[str, Any]:
     """The `args`/`params` of a module entry for a proven call: each chain input (the tensors `in0..inN`

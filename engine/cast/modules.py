@@ -91,6 +91,7 @@ from engine.capture.module_binding import (  # noqa: F401 - ModuleCardError, mod
     proven_state,
     state_difference,
     state_matches,
+    written_inputs,
 )
 from engine.cast.guard import descriptor_key, tensor_key, value_key
 from engine.cast.runtime import allowed
@@ -487,20 +488,6 @@ class ModuleRoute(NotCopied):
         return out[0] if isinstance(out, (list, tuple)) else out
 
 
-def _written_inputs(signature: dict[str, Any]) -> list[int]:
-    """Chain inputs that some member writes in place (a module card cannot take those)."""
-    from engine.ops import resolve_op
-
-    out = []
-    for node in signature["chain"]["nodes"]:
-        op = resolve_op(node["op"])
-        mutated = {a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
-        for a in node["args"]:
-            refs = [a["tensor"]] if "tensor" in a else [r for r in a.get("tensors") or () if r is not None]
-            out += [r[1] for r in refs if a["name"] in mutated and r[0] == "in"]
-    return out
-
-
 def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], card: dict[str, Any],
                  plan: Callable[[list[Any]], Any]) -> ModuleVariant:
     """Check a module-card variant against this module instance and bind its parameters by identity.
@@ -514,7 +501,7 @@ def bind_variant(vid: str, module: torch.nn.Module, signature: dict[str, Any], c
     if len(chain.get("outputs") or []) != 1:
         raise ModuleCardError(f"the chain has {len(chain.get('outputs') or [])} outputs; a module card "
                               "needs exactly one (the forward's return value)")
-    written = _written_inputs(signature)
+    written = written_inputs(signature)
     if written:
         raise ModuleCardError(f"the chain writes its input in{written[0]} in place")
     states = card.get("states")
