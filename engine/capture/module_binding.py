@@ -939,14 +939,6 @@ def plain_value(v: Any) -> bool:
     return False
 
 
-def _code_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):  # comprehensions, lambdas and nested functions
-            names |= _code_names(c)
-    return names
-
-
 def _cell_function(cell: Any) -> bool:
     try:
         return isinstance(cell.cell_contents, types.FunctionType)
