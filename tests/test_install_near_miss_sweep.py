@@ -17,27 +17,13 @@ from typing import Any
 import pytest
 import torch
 from install_near_miss_models import CASES
-from test_module_return_sweep import ENV, EagerPlan, _bound, captured, difference
+from test_module_return_sweep import ENV, EagerPlan, _bound, captured, difference, exported_cast
 
 
 def _cast(found: Any, folder: Path) -> tuple[Path, dict[str, Any]] | None:
-    """Every module card of `found` that bound, exported into one cast file: (its path, the plans by variant id)."""
-    from test_chain_lane import RMS_CHAIN_CU, RMS_CHAIN_SPEC
-
-    from engine.cast.format import write_cast
-    from engine.export.package import ExportVariant, package
-
-    rows = [c.row() for c in found.cards if _bound(c)]
-    if not rows:
-        return None
-    cand = {"source": RMS_CHAIN_CU, "launch_spec": RMS_CHAIN_SPEC, "proposer": "test", "status": "verified"}
-    manifest, files, report = package([ExportVariant(r, {**cand, "id": f"cand-{i}"}, None, "// ptx", "sm_90")
-                                       for i, r in enumerate(rows)], ENV, {"run": "r"})
-    entries = [v for v in manifest["variants"] if v.get("module")]
-    path = folder / "near-miss.cast"
-    write_cast(path, manifest, files, report)
-    return path, {v["id"]: v["signature"] for v in entries}
-
+    """Every bound module card of `found` in one cast file, and each module entry's signature by its id."""
+    made = exported_cast(found, folder, "near-miss.cast")
+    return None if made is None else (made[0], {v["id"]: v["signature"] for v in made[1]})
 
 def _run(case: Any, model: torch.nn.Module, args: tuple) -> Any:
     torch.manual_seed(1234)  # a Dropout draws alike with and without the cast

@@ -298,6 +298,25 @@ def _exported(found: Any) -> tuple[dict[str, Any], dict[str, bytes], str]:
     return package([ExportVariant(card.row(), cand, None, "// ptx", "sm_90")], ENV, {"run": "r"})
 
 
+
+def exported_cast(found: Any, folder: Path, name: str = "sweep.cast") -> tuple[Path, list[dict[str, Any]]] | None:
+    """Every bound module card of `found` in one cast file (as `export` writes it), and its module entries."""
+    from test_chain_lane import RMS_CHAIN_CU, RMS_CHAIN_SPEC
+
+    from engine.cast.format import write_cast
+    from engine.export.package import ExportVariant, package
+
+    rows = [c.row() for c in found.cards if _bound(c)]
+    if not rows:
+        return None
+    cand = {"source": RMS_CHAIN_CU, "launch_spec": RMS_CHAIN_SPEC, "proposer": "test", "status": "verified"}
+    manifest, files, report = package([ExportVariant(r, {**cand, "id": f"cand-{i}"}, None, "// ptx", "sm_90")
+                                       for i, r in enumerate(rows)], ENV, {"run": "r"})
+    entries = [v for v in manifest["variants"] if v.get("module")]
+    path = folder / name
+    write_cast(path, manifest, files, report)
+    return path, entries
+
 def test_an_exported_module_card_records_that_its_return_was_checked_and_audit_names_casts_without():
     # A cast exported before the capture checked returns may hold a module card that returns a tuple; the loader
     # still serves it (declining every module card of every older cast would cost all their speed), and audit says

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import torch
 from side_effect_models import CASES, EFFECTS, LEGIT, LOG
-from test_module_return_sweep import ENV, EagerPlan, _bound, captured, difference
+from test_module_return_sweep import ENV, EagerPlan, _bound, captured, difference, exported_cast
 
 
 class _Records(logging.Handler):
@@ -64,25 +64,6 @@ def run_calls(case: Any, seed: int) -> dict[str, Any]:
     return {"outputs": out, "probe": probe, "torch rng": torch.get_rng_state(),
             "python rng": hash(random.getstate()), "printed": printed.getvalue(),
             "warned": [str(w.message) for w in warned], "logged": records.seen}
-
-
-def exported_cast(found: Any, folder: Path) -> tuple[Path, list[dict[str, Any]]] | None:
-    """Every bound module card of `found` in one cast file (as `export` writes it), and its module entries."""
-    from test_chain_lane import RMS_CHAIN_CU, RMS_CHAIN_SPEC
-
-    from engine.cast.format import write_cast
-    from engine.export.package import ExportVariant, package
-
-    rows = [c.row() for c in found.cards if _bound(c)]
-    if not rows:
-        return None
-    cand = {"source": RMS_CHAIN_CU, "launch_spec": RMS_CHAIN_SPEC, "proposer": "test", "status": "verified"}
-    manifest, files, report = package([ExportVariant(r, {**cand, "id": f"cand-{i}"}, None, "// ptx", "sm_90")
-                                       for i, r in enumerate(rows)], ENV, {"run": "r"})
-    entries = [v for v in manifest["variants"] if v.get("module")]
-    path = folder / "sweep.cast"
-    write_cast(path, manifest, files, report)
-    return path, entries
 
 
 def problems(name: str, seed: int, folder: Path) -> tuple[list[str], dict[str, Any]]:
