@@ -261,6 +261,22 @@ def test_a_compile_check_that_finds_no_faster_set_says_so(monkeypatch):
         pkg._model_check([v], {}, {"model": "m"}, [], "cfg", True, "eager", lambda m: None)
 
 
+def test_a_compile_check_where_every_set_is_slower_with_confidence_says_slower(monkeypatch):
+    """As the H100 measured a small RMSNorm stack (0.43x): not merely "not faster with confidence"."""
+    def run(cand, sets, config, small, graphs, tmp, target, caches=None):
+        return {"mode": target, "chosen": None,
+                "tried": [{"variants": s, "speedup": 0.44, "speedup_ci": [0.42, 0.45]} for s in sets]}
+
+    monkeypatch.setattr(pkg, "run_model_check", run)
+    monkeypatch.setattr(pkg, "package", lambda *a, **k: ({}, {}, ""))
+    monkeypatch.setattr(pkg, "write_cast", lambda *a, **k: b"")
+    v = V("op")
+    v.confirmed = {"net_us": 2.0}
+    with pytest.raises(JobError, match="is slower with the cast in compiled forwards .*"
+                                       "kept only where the compiled model is faster with it"):
+        pkg._model_check([v], {}, {"model": "m"}, [], "cfg", True, "compile", lambda m: None)
+
+
 def test_the_child_check_picks_its_rule_by_mode():
     from engine.export.e2e import acceptance
 

@@ -81,12 +81,14 @@ def test_module_card_runs_in_eager_and_as_a_pattern_under_compile(cli, capsys, t
     for target in ("eager", "compile"):
         cast_file = tmp_path / f"{target}.cast"
         code, out, err = cli("export", "--out", cast_file, "--workspace", ws, "--json", "--target", target)
-        if target == "compile" and code == 1 and "is slower with the cast in compiled forwards" in err:
+        if target == "compile" and code == 1 and "with the cast in compiled forwards" in err \
+                and ("is slower" in err or "is not faster" in err):
             # Inductor fuses this RMSNorm into its neighbours; where the model compiled with the pattern op is
             # slower than without, the whole-model check refuses it, as it must. (The 0.66-0.70x measured on the
             # H200 at 3893e9a and 8a0f25a measured a bug fixed in 86dfbda: the check enables the cast per call,
             # and every call after the first enabled block missed and ran the chain eagerly.) The pattern path
-            # itself is still exercised below, with the eager cast's proof.
+            # itself is still exercised below, with the eager cast's proof. On an H100 at cfbc938 the check measured
+            # 0.43-0.47x for every set (said "not faster with confidence" then, a wording this test did not expect).
             with capsys.disabled():
                 print(f"export compile refused by the whole-model check: {err.strip()}")
             continue
