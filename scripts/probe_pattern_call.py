@@ -86,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     sig = chains.chain_signature(pats[0].instances[0])
     ins = tuple(torch.randn(a["shape"]) for a in sig["args"])
     made = [t.clone() for t in chains.run_chain(sig, list(ins))]
-    plan = runtime.Plan("probe", lambda bound: made)  # no work: the path alone is timed
+    # no work: the path alone is timed; proven for the compile target and called inside its scope, as a compiled
+    # graph of the cast's backend calls it
+    plan = runtime.Plan("probe", lambda bound: made, targets=frozenset({runtime.compile_target(None)}))
     owner = object()
     ps = P.build(owner, [(sig, plan)])
     if ps.problems or not ps.built:
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     pop = ps.built[0].op
     op = P.chain_op(pop.name)
-    with torch.no_grad():
+    with torch.no_grad(), runtime.target_scope(runtime.compile_target(None)):
         op(*ins)
         if plan.hits != 1:
             print(f"error: the op did not hit its variant ({pop.why_missed()})", file=sys.stderr)

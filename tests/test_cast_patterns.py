@@ -185,6 +185,69 @@ def test_a_call_whose_strides_differ_only_at_a_size_one_dim_hits(fresh_dynamo):
     assert op.why_missed()["proven_for"] == ["float32[1, 8] s=[*, 1] a=16 d=-1; float32[1, 8] s=[*, 1] a=16 d=-1"]
 
 
+def test_a_hit_is_laid_out_as_the_fake_promised_for_each_layout_of_one_key(fresh_dynamo):
+    """What the fake promised is worked out once per layout and kept: two calls whose inputs differ only at a
+    size-1 dim's stride hit the one variant (one guard key), and the fake gives each other output strides
+    ((1, 2, 2) and (1, 8, 2) for [2, 1, 4]); each call's outputs have its own, not the first call's."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def laid(strides):
+        return [torch.empty_strided((2, 1, 4), strides).copy_(torch.randn(2, 1, 4)) for _ in range(2)]
+
+    model = Wrapped(Gate())
+    sig, _ = _card(model, tuple(laid((1, 2, 2))), ["silu", "mul"])
+    plan = runtime.Plan("contiguous", lambda ins: [(F.silu(ins[0]) * ins[1]).contiguous()])
+    cast = Cast("layouts")
+    fresh_dynamo.append(cast)
+    op = P.chain_op(P.build(cast, [(sig, plan)]).built[0].op.name)
+    with torch.no_grad():
+        for strides in ((1, 2, 2), (1, 8, 2), (1, 2, 2)):
+            x, y = laid(strides)
+            got = op(x, y)
+            with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+                promised = op(mode.from_tensor(x), mode.from_tensor(y))
+            assert got.stride() == promised.stride() == strides
+            torch.testing.assert_close(got, F.silu(x) * y)
+    assert plan.hits == 3
+
+
+@pytest.mark.parametrize("returns", ["its input", "a view of its input", "one output twice"])
+def test_a_hit_never_returns_an_alias_of_an_input_or_of_another_output(fresh_dynamo, returns):
+    """The op's schema says its outputs are fresh: compiled code may write into them or free an input. A plan
+    returning an input, a view of one, or one tensor as two outputs gets copies (nothing else checks this since
+    the op is no longer a custom_op, whose wrapper raised on it)."""
+    torch.manual_seed(0)
+    model = Wrapped(Block()).eval()
+    x = torch.randn(2, 8, 4, 4)
+    sig, _ = _card(model, (x,), ["native_group_norm", "silu"])
+    n_out = len(sig["chain"]["outputs"])
+    w, b = model.inner.norm.weight.detach(), model.inner.norm.bias.detach()
+    with torch.no_grad():
+        right = run_chain(sig, [x, w, b])
+
+    def plan_fn(ins):
+        outs = [t.clone() for t in right]
+        if returns == "its input":
+            outs[-1] = ins[0]
+        elif returns == "a view of its input":
+            outs[-1] = ins[0].view(ins[0].shape)
+        else:  # (GroupNorm's mean as its rstd too: wrong, but what is checked here is aliasing alone)
+            outs[1] = outs[0]
+        return outs
+
+    plan = runtime.Plan("aliasing", plan_fn)
+    cast = Cast("alias")
+    fresh_dynamo.append(cast)
+    op = P.chain_op(P.build(cast, [(sig, plan)]).built[0].op.name)
+    with torch.no_grad():
+        got = op(x, w, b)
+    got = got if isinstance(got, tuple) else (got,)
+    assert plan.hits == 1 and len(got) == n_out == 3
+    storages = [t.untyped_storage().data_ptr() for t in got]
+    assert x.untyped_storage().data_ptr() not in storages and len(set(storages)) == len(storages)
+    assert all(t._base is None for t in got)
+
+
 def test_an_uncovered_shape_matches_the_pattern_and_falls_back(fresh_dynamo):
     model = Wrapped(Gate())
     a, b = torch.randn(4, 8), torch.randn(4, 8)
