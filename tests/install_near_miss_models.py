@@ -678,6 +678,9 @@ CASES: dict[str, Case] = {
     "control: norm": case(NORM, served=True),
     "control: held function": case(_held(F.gelu), served=True),
     "control: config": case(CFG, served=True),
+    "control: function in a list": case(stack(lambda d, i: UnregisteredActs(d, F.gelu)), served=True),
+    "control: module in a list": case(stack(lambda d, i: UnregisteredActs(d, nn.GELU())), served=True),
+    "control: object config in a list": case(config_act(lambda: [_cfg()], "0"), served=True),
     "control: block": case(GELU_BLOCK, served=True),
     "control: class attribute": case(stack(lambda d, i: ClassScaled(d)), served=True),
     "control: global": case(stack(lambda d, i: GlobalScaled(d)), served=True),
@@ -797,6 +800,22 @@ CASES: dict[str, Case] = {
         env=lambda: setting(_globals(), "PARENT_SCALE", 1.0)),
     "unregistered module in a list": case(stack(lambda d, i: UnregisteredActs(d, nn.GELU())),
                                           stack(lambda d, i: UnregisteredActs(d, nn.GELU("tanh")))),
+    # ---- what a held container holds, changed after install (each caught at install where B is built so)
+    "function in a list replaced after install": case(stack(lambda d, i: UnregisteredActs(d, F.gelu)),
+                                                      after=each(lambda m: m.acts.__setitem__(0, F.silu))),
+    "module in a list replaced after install": case(stack(lambda d, i: UnregisteredActs(d, nn.GELU())),
+                                                    after=each(lambda m: m.acts.__setitem__(0, nn.GELU("tanh")))),
+    "module in a list changed after install": case(stack(lambda d, i: UnregisteredActs(d, nn.GELU())),
+                                                   after=each(lambda m: setattr(m.acts[0], "approximate", "tanh"))),
+    "dict config changed after install": case(stack(lambda d, i: ItemConfigAct(d, {"act": "gelu", "scale": 1.0})),
+                                              after=each(lambda m: m.config.__setitem__("act", "silu"))),
+    "dict config in a list changed after install": case(
+        stack(lambda d, i: ItemConfigAct(d, [{"act": "gelu", "scale": 1.0}], "0")),
+        after=each(lambda m: m.config[0].__setitem__("scale", 2.0))),
+    "object config in a list changed after install": case(config_act(lambda: [_cfg()], "0"),
+                                                          after=each(lambda m: setattr(m.config[0], "act", "silu"))),
+    "object config in a list replaced after install": case(
+        config_act(lambda: [_cfg()], "0"), after=each(lambda m: m.config.__setitem__(0, _cfg(act="silu")))),
     "config flag read with getattr, present": case(stack(lambda d, i: ConfigGetattr(d, SimpleNamespace())),
                                                    stack(lambda d, i: ConfigGetattr(d, SimpleNamespace(double=True)))),
     "config flag read with getattr, set after install": case(

@@ -121,6 +121,13 @@ def _held(v: Any) -> bool:
         callable(v) or isinstance(v, enum.Enum) or object_attributes(v) is not None)
 
 
+def _held_items(v: Any) -> bool:
+    """A small list or tuple holding a function, an object or a module among its items (not plain values alone,
+    which are compared as a module's plain attribute)."""
+    return type(v) in (list, tuple) and 0 < len(v) <= _SMALL and not plain_value(v) and any(
+        isinstance(x, torch.nn.Module) or _held(x) for x in v)
+
+
 def held_object_state(mods: Iterable[torch.nn.Module], depth: int = 3,
                       roots: Iterable[tuple[Any, str, Any]] = ()) -> list[tuple[Any, str, Any]]:
     """(namespace, name, value) of what these modules hold besides plain values, tensors and modules: each object
@@ -131,6 +138,24 @@ def held_object_state(mods: Iterable[torch.nn.Module], depth: int = 3,
     object) to hold alike (a module-level settings object the forward reads)."""
     out: list[tuple[Any, str, Any]] = []
     seen: set[int] = set()
+
+    def visit_items(seq: list | tuple, left: int) -> None:
+        """A list or tuple of functions, objects or unregistered modules (`self.acts = [F.gelu]`, a list of
+        configs): each item by identity (the container is its namespace, read by index, its length compared), what
+        each object holds, and each module's plain attributes (`approximate`, its training flag)."""
+        if id(seq) in seen:
+            return
+        seen.add(id(seq))
+        for i, x in enumerate(seq):
+            if isinstance(x, torch.nn.Module):
+                out.append((seq, i, x))
+                md = x.__dict__
+                out.extend((md, a, y) for a, y in md.items() if a not in _MODULE_INTERNALS and plain_value(y))
+                out.append((md, "training", md.get("training")))
+            elif _held(x):
+                visit(seq, i, x, left)
+            elif plain_value(x):
+                out.append((seq, i, x))
 
     def visit(ns: Any, k: str, v: Any, left: int) -> None:
         out.append((ns, k, v))
@@ -151,12 +176,20 @@ def held_object_state(mods: Iterable[torch.nn.Module], depth: int = 3,
                 out.append((inner, a, x))
             elif _held(x):
                 visit(inner, a, x, left - 1)
+            elif _held_items(x) and left > 1:
+                out.append((inner, a, x))  # (the container by identity: one put in its place is another)
+                visit_items(x, left - 1)
 
     for m in mods:
         d = m.__dict__
         for k, v in d.items():
-            if k not in _MODULE_INTERNALS and _held(v):  # (nn.Module's own tables: its hooks, guarded elsewhere)
+            if k in _MODULE_INTERNALS:  # (nn.Module's own tables: its hooks, guarded elsewhere)
+                continue
+            if _held(v):
                 visit(d, k, v, depth)
+            elif _held_items(v):
+                out.append((d, k, v))
+                visit_items(v, depth)
     for ns, k, v in roots:
         visit(ns, k, v, depth)
     return out
@@ -183,10 +216,15 @@ def grouped(state: list[tuple[Any, str, Any]], unsized: Iterable[int] | None = (
             get = operator.itemgetter(*keys) if len(keys) > 1 else (lambda d, k=keys[0]: (d[k],))
             # (a class's namespace grows when an install puts a dispatcher there)
             n = None if skip is None or id(d) in skip or isinstance(d, types.MappingProxyType) else len(d)
+        elif type(d) in (list, tuple):  # a held container, by index: an item appended or removed changes its length
+            get = operator.itemgetter(*keys) if len(keys) > 1 else (lambda d, k=keys[0]: (d[k],))
+            n = len(d)
         else:
             get = operator.attrgetter(*keys) if len(keys) > 1 else (lambda d, k=keys[0]: (getattr(d, k),))
             n = None
-        out.append((d, get, tuple(copy.deepcopy(x) if type(x) in (list, dict, tuple, set) else x for x in get(d)), n))
+        # (a held container is not copied: its items are watched in it, by index, and a copy of a module is not it)
+        out.append((d, get, tuple(copy.deepcopy(x) if type(x) in (list, dict, tuple, set) and plain_value(x) else x
+                                  for x in get(d)), n))
     return out
 
 
