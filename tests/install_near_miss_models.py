@@ -13,6 +13,7 @@ installed (or returns the model to run in its place: a deep copy); `mode` is ent
 from __future__ import annotations
 
 import contextlib
+import copy
 import enum
 import functools
 import sys
@@ -816,6 +817,11 @@ CASES: dict[str, Case] = {
                                                           after=each(lambda m: setattr(m.config[0], "act", "silu"))),
     "object config in a list replaced after install": case(
         config_act(lambda: [_cfg()], "0"), after=each(lambda m: m.config.__setitem__(0, _cfg(act="silu")))),
+    "config replaced by a copy after install, then changed": case(
+        CFG, after=each(lambda m: (setattr(m, "config", copy.copy(m.config)), setattr(m.config, "act", "silu")))),
+    "list replaced by a copy after install, then changed": case(
+        stack(lambda d, i: UnregisteredActs(d, F.gelu)),
+        after=each(lambda m: (setattr(m, "acts", list(m.acts)), m.acts.__setitem__(0, F.silu)))),
     "config flag read with getattr, present": case(stack(lambda d, i: ConfigGetattr(d, SimpleNamespace())),
                                                    stack(lambda d, i: ConfigGetattr(d, SimpleNamespace(double=True)))),
     "config flag read with getattr, set after install": case(
