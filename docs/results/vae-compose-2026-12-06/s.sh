@@ -1,9 +1,9 @@
 # 2026-12-06 (forty-sixth session): the SD3.5 VAE under torch.compile with its GroupNorm cast (issue 19's 1.3x),
-# and first the chains GPU test the last session did not reach. Resumable: run it again on the same warm machine
+# then the chains GPU test the last session did not reach. Resumable: run it again on the same warm machine
 # (state in /tmp/o and /tmp/ws) until compose.done. LIMIT: seconds for this call (default 565). WALL: the run's
-# wall time in all, capture and eager timing included (default 420). carry: .whl .devrun
+# wall time in all, capture and eager timing included (default 360). carry: .whl .devrun
 source .devrun/setup.sh >/dev/null 2>&1
-LIMIT=${LIMIT:-565}; WALL=${WALL:-420}; export PYTHONUNBUFFERED=1 PYTHONPATH=$PYTHONPATH:$PWD/tests
+LIMIT=${LIMIT:-565}; WALL=${WALL:-360}; export PYTHONUNBUFFERED=1 PYTHONPATH=$PYTHONPATH:$PWD/tests
 O=/tmp/o; W=/tmp/ws; CFG=configs/examples/sd35_vae.toml; mkdir -p $O
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > $O/gpu.txt 2>&1; cat $O/gpu.txt
 git rev-parse HEAD > $O/commit.txt 2>/dev/null || true
@@ -12,12 +12,7 @@ pack() { [ -f $W/kforge.db ] && python3 scripts/run_table.py $W/kforge.db --out 
          echo "t=$SECONDS" >> $O/calls.txt; tar czf $OUT/o.tgz -C /tmp --exclude='o/*/samples' o; }
 trap pack EXIT
 stamp() { echo "$(date +%T) t=$SECONDS $*" | tee -a $O/calls.txt; }
-# 1. the chains GPU test (module route in eager, the pattern op under cast.compile)
-if [ ! -e $O/chains.done ] && [ -z "$SKIP_CHAINS" ]; then
-  stamp chains; timeout 250 python3 scripts/gpu_tests.py --timeout 240 --out $O/chains tests/test_run_chains_gpu.py \
-    > $O/chains.log 2>&1; touch $O/chains.done; tail -n +5 $O/chains/gpu_tests.md 2>/dev/null | cut -c1-300
-fi
-# 2. the run (builtin proposer, GroupNorm cards, twins and chains with them), resumed where a call stopped it
+# 1. the run (builtin proposer, GroupNorm cards, twins and chains with them), resumed where a call stopped it
 if [ ! -e $O/run.done ]; then
   spent=$(cat $O/run_spent 2>/dev/null || echo 0); wall=$((WALL - spent)); [ $wall -ge 120 ] || wall=120
   id=$(python3 -c "
@@ -33,19 +28,24 @@ if p.exists():
   echo $((spent + SECONDS - t0)) > $O/run_spent; stamp "run rc=$rc"
   [ $rc = 0 ] && touch $O/run.done
 fi
-# 3. export for torch.compile (default mode) only; an export stopped part way resumes from its checkpoints
+# 2. export for torch.compile (default mode) only; an export stopped part way resumes from its checkpoints
 if [ -e $O/run.done ] && [ ! -e $O/export.done ] && [ $(left) -gt 150 ]; then
   l=$(( $(left) - 40 )); stamp "export limit=$l"
   timeout -s INT -k 30 $l python3 -m kforge_tui export --workspace $W --out $O/sd35_vae.cast --json \
     --target compile --no-graph-routes > $O/export.json 2>> $O/export.log; rc=$?; stamp "export rc=$rc"
   [ $rc = 0 ] && touch $O/export.done
 fi
-# 4. whole decodes: torch.compile alone against torch.compile + the cast (bench_compose), default mode
+# 3. whole decodes: torch.compile alone against torch.compile + the cast (bench_compose), default mode
 if [ -e $O/export.done ] && [ -f $O/sd35_vae.cast ] && [ ! -e $O/compose.done ] && [ $(left) -gt 200 ]; then
   l=$(( $(left) - 20 )); stamp "compose limit=$l"
   timeout -s INT -k 15 $l python3 scripts/bench_compose.py --out $O/compose --model $CFG --cast $O/sd35_vae.cast \
     --modes default --max-s 20 > $O/compose.log 2>&1; rc=$?; stamp "compose rc=$rc"
   [ $rc = 0 ] && touch $O/compose.done; tail -20 $O/compose/bench_compose.md 2>/dev/null
+fi
+# 4. the chains GPU test (module route in eager, the pattern op under cast.compile)
+if [ ! -e $O/chains.done ] && [ -z "$SKIP_CHAINS" ] && [ $(left) -gt 260 ]; then
+  stamp chains; timeout 250 python3 scripts/gpu_tests.py --timeout 240 --out $O/chains tests/test_run_chains_gpu.py \
+    > $O/chains.log 2>&1; touch $O/chains.done; tail -n +5 $O/chains/gpu_tests.md 2>/dev/null | cut -c1-300
 fi
 # 5. a second process of the same comparison (the spread between compiles), then reduce-overhead
 if [ -e $O/compose.done ] && [ ! -e $O/compose2.done ] && [ $(left) -gt 200 ]; then
