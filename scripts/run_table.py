@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.capture.twins import twins_among  # noqa: E402
 from engine.outcomes import UNKNOWN_CATEGORY, faster_with_confidence  # noqa: E402
+from engine.run.report import first_line  # noqa: E402
 from engine.store import open_readonly, read  # noqa: E402
 
 
@@ -78,7 +79,16 @@ def render(db_path: Path, run_id: str | None = None) -> str:
         lines.append(f"| `{card['op']}` | {sig} | {card['calls']:g} | {share} | {eager} | "
                      f"{b} | {sp} | {refs} | {len(cs)} | {len(ok)} | {fail} | {stopped.get(card['card_id'], '–')} |")
     before = _before_search(cards.values())
-    return "\n".join(lines + ([""] + before if before else [])) + "\n"
+    # Why a card none of whose candidates verified was left on eager, in the lane's words (an H100 run's largest
+    # GroupNorm card failed 9 of 9 as "launch", and this table said no more, 2026-12-06).
+    none = []
+    for card, cs, ok, _best, _fails in rows:
+        why = {c["category"] or UNKNOWN_CATEGORY: c["error"] for c in cs
+               if c["status"] == "rejected" and c.get("error")}
+        if not ok and why:
+            none.append(f"- `{card['op']}` {card['card_id'][:8]}: no candidate verified; "
+                        + "; ".join(f"{k}: {first_line(v)}".replace("|", "\\|") for k, v in sorted(why.items())))
+    return "\n".join(lines + ([""] + none if none else []) + ([""] + before if before else [])) + "\n"
 
 
 def _references(card: dict, best_us: float | None) -> str:

@@ -401,3 +401,24 @@ def test_capture_json_on_a_terminal_keeps_prints_off_stdout_and_gives_stdout_bac
     assert sys.stdout is stdout
     assert json.loads(capsys.readouterr().out)["model"] == "chatty"
     assert "loading weights" in term.getvalue()
+
+
+def test_a_card_none_of_whose_candidates_verified_says_why_in_the_lanes_words():
+    # An H100 run's largest GroupNorm card failed 9 of 9 candidates as "launch"; the table said "launch 9" and the
+    # reason was only in the workspace database (2026-12-06).
+    doc = _timed_doc()
+    doc["cards"][1]["failure_messages"] = {"compile": "error: identifier \"foo\" is undefined\nmore lines"}
+    doc["cards"][0]["failure_messages"] = {"nan": "output 0 holds NaN where eager's does not"}
+    text = " ".join(_final_table(doc, 160).split())
+    assert 'no candidate of convolution_backward 1111e29f verified: compile: error: identifier "foo" is ' \
+           "undefined" in text
+    assert "more lines" not in text
+    assert "no candidate of native_layer_norm" not in text  # it has verified kernels: its failures are counted
+
+
+def test_first_line_is_cut_to_its_width():
+    from engine.run.report import first_line
+
+    assert first_line("  out of GPU memory: tried 2 GiB\n  at frame 3") == "out of GPU memory: tried 2 GiB"
+    assert first_line("x" * 300, width=10) == "x" * 9 + "…"
+    assert first_line("") == ""

@@ -79,3 +79,27 @@ def test_a_run_whose_cards_all_finished_early_does_not_say_stopped_by_iterations
     doc["cards"].append({"stopped": "iterations"})
     assert _stop_words(doc) == "stopped by iterations"
     assert _stop_words({"stopped_by": "wall_time", "cards": []}) == "stopped by wall_time"
+
+
+def test_a_card_none_of_whose_candidates_verified_says_why(tmp_path):
+    """The run table names why a searched card kept nothing: the lane's message per failure category (an H100 run's
+    largest GroupNorm card failed 9 of 9 as "launch" and the table said no more, 2026-12-06)."""
+    import shutil
+    import sqlite3
+
+    from conftest import ROOT
+
+    rt = load_script("run_table")
+    db = tmp_path / "kforge.db"
+    shutil.copy(ROOT / "kforge_tui" / "demo" / "kforge.db", db)
+    conn = sqlite3.connect(db)
+    card = conn.execute("SELECT card_id FROM candidates WHERE status = 'verified' LIMIT 1").fetchone()[0]
+    conn.execute("UPDATE candidates SET status = 'rejected', category = 'launch', best_us = NULL, "
+                 "error = 'out of GPU memory: Tried to allocate 2.00 GiB | more\nsecond line' WHERE card_id = ?",
+                 (card,))
+    conn.commit()
+    conn.close()
+    table = rt.render(db)
+    line = next(x for x in table.splitlines() if x.startswith("- ") and card[:8] in x)
+    assert line.endswith("no candidate verified; launch: out of GPU memory: Tried to allocate 2.00 GiB \\| more")
+    assert sum(x.startswith("- ") for x in table.splitlines()) == 1  # the demo's other cards verified

@@ -29,9 +29,12 @@ def card_summaries(o: Orchestrator) -> list[dict[str, Any]]:
         verified = [r for r in recs if r.status == "verified" and r.best_us]
         best = min(verified, key=lambda r: r.best_us, default=None)
         failures: dict[str, int] = {}
+        why: dict[str, str] = {}  # each category's latest message: what a card whose candidates all failed says
         for r in recs:
             if r.status == "rejected":
                 failures[r.category or "unknown"] = failures.get(r.category or "unknown", 0) + 1
+                if r.message:
+                    why[r.category or "unknown"] = first_line(r.message)
         out.append({
             "id": cid, "op": card.ref.op, "signature": card.card.signature_text,
             "signature_detail": card.card.signature, "calls": card.card.calls, "share": card.share,
@@ -49,9 +52,16 @@ def card_summaries(o: Orchestrator) -> list[dict[str, Any]]:
             "candidates": len(recs),
             "compiled": sum(1 for r in recs if r.status in ("verified", "compiled") or
                             (r.status == "rejected" and r.category not in UNCOMPILED)),
-            "verified": len(verified), "failures": failures, "stopped": card.done_reason,
+            "verified": len(verified), "failures": failures, "failure_messages": why,
+            "stopped": card.done_reason,
         })
     return sorted(out, key=lambda c: -c["share"])
+
+
+def first_line(message: str, width: int = 240) -> str:
+    """A message's first line, cut to `width` (where a table or summary has room for one line)."""
+    line = message.strip().splitlines()[0] if message.strip() else ""
+    return line if len(line) <= width else line[:width - 1] + "…"
 
 
 def run_document(run_id: str, status: str, o: Orchestrator) -> dict[str, Any]:
@@ -192,6 +202,14 @@ def print_final_table(doc: dict[str, Any], console: Console | None = None) -> No
         console.print("failures by category:", highlight=False)
         for line in failed:
             console.print(line, highlight=False)
+    # A card none of whose candidates verified: why, in the lane's words (an H100 run's largest GroupNorm card
+    # failed 9 of 9 candidates as "launch" and the message was only in the workspace database, 2026-12-06).
+    for c in rows:
+        if c["candidates"] and not c["verified"] and c.get("failure_messages"):
+            op = c["op"].removeprefix("aten::")
+            console.print(f"no candidate of {op} {c['id'][:8]} verified: " + "; ".join(
+                f"{k}: {first_line(v)}" for k, v in sorted(c["failure_messages"].items())), highlight=False,
+                soft_wrap=True)
     skipped = [c for c in doc["cards"] if not c["candidates"]]
     if skipped:
         reasons: dict[str, int] = {}
