@@ -25,6 +25,7 @@ from engine.bench.stats import TimingStats
 from engine.bench.timing import L2Flusher, TimingConfig, copy_bandwidth, max_sm_clock_mhz, time_copy
 from engine.capture.samples import load_sample
 from engine.compile import compile_nvrtc
+from engine.lane.card_cache import CARD_SHARE, CardCache, storage_bytes
 from engine.lane.protocol import Rejected, WorkerFault, claim_stdout, serve, unb64
 from engine.launch import Env, SpecError, parse_spec, resolve
 from engine.launch import cuda_driver as drv
@@ -32,7 +33,7 @@ from engine.launch.launcher import CandidateLauncher, LaunchRejected
 from engine.resources import available_device_bytes
 from engine.verify.compare import compare_outputs
 from engine.verify.guard import Canaries, GuardViolation
-from engine.verify.inputs import clone_bound
+from engine.verify.inputs import clone_bound, tensors_of
 from engine.verify.pipeline import CardCheck, as_list, card_check
 from engine.verify.timed import TimedCandidate, against_control, audited_ab, time_alone, time_eager_alone
 
@@ -49,6 +50,11 @@ class LoadedCard:
     samples: list[list[tuple[str, Any]]]
     check: CardCheck
     control: TimingStats | None = None  # eager timed alone (the control of every A/B on this card)
+
+
+def _card_bytes(card: LoadedCard) -> int:
+    """Device memory a loaded card holds: its check's input sets (its samples among them), each storage once."""
+    return storage_bytes(t for _, bound in card.check.sets for _, t in tensors_of(bound))
 
 
 _HOG_SOURCE = r'''// Spins until the candidate's stream releases it (or max_cycles): resident for the whole of the candidate's run,
@@ -186,7 +192,12 @@ class Worker:
         self.shared_per_sm = drv.device_attribute("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR",
                                                   device_index)
         self.flush = L2Flusher(self.device)
-        self.cards: dict[str, LoadedCard] = {}
+        # Loaded cards within a share of the GPU's memory; one put down is loaded again when asked for.
+        total = int(self.props.total_memory)
+        self.cards: CardCache[LoadedCard] = CardCache(
+            self._load_card, _card_bytes, int(min(total * CARD_SHARE, available_device_bytes(self.device,
+                                                                                            props=self.props))),
+            release=torch.cuda.empty_cache)
         self.copy_bw = copy_bandwidth(self.device)
         mem_khz = drv.device_attribute("CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE", device_index)
         bus_bits = drv.device_attribute("CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH", device_index)
@@ -268,9 +279,11 @@ class Worker:
                 "torch": torch.__version__, "memory_bytes": self.props.total_memory}
 
     def load_card(self, p: dict[str, Any]) -> dict[str, Any]:
+        card, cached = self.cards.add(p)
+        return {"samples": len(card.samples), "cached": cached}
+
+    def _load_card(self, p: dict[str, Any]) -> LoadedCard:
         cid = p["card_id"]
-        if cid in self.cards:
-            return {"samples": len(self.cards[cid].samples), "cached": True}
         samples = [load_sample(path, self.device, p["signature"]).args for path in p["samples"]]
         if not samples:
             raise Rejected("protocol", f"card {cid}: no samples to verify against")
@@ -280,11 +293,10 @@ class Worker:
         nbytes = int(p.get("bytes", 0))
         if p["op"] == CHAIN_OP:  # its traffic is its inputs and outputs, not its members' (see floor.py)
             nbytes = chain_bytes(p["signature"], p["outputs"])
-        self.cards[cid] = LoadedCard(cid, p["op"], p["signature"], p["outputs"], nbytes, samples, check)
-        return {"samples": len(samples), "cached": False}
+        return LoadedCard(cid, p["op"], p["signature"], p["outputs"], nbytes, samples, check)
 
     def _card(self, p: dict[str, Any]) -> LoadedCard:
-        card = self.cards.get(p["card_id"])
+        card = self.cards.get(p["card_id"])  # loaded again where it was put down to make room
         if card is None:
             raise Rejected("protocol", f"card {p['card_id']} is not loaded in this worker")
         return card
@@ -338,6 +350,17 @@ class Worker:
         return {"compiled": stats.__dict__, "throttled": throttled, "mode": mode, "compile_s": compile_s}
 
     def evaluate(self, p: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self._evaluate(p)
+        except Rejected as e:
+            # Out of memory with other cards loaded: they are put down (loaded again when asked for) and the
+            # candidate tried once more, so that it is judged on its own and not on what else the lane holds.
+            if e.category == "launch" and str(e).startswith("out of GPU memory") \
+                    and self.cards.relieve(keep=p["card_id"]):
+                return self._evaluate(p)
+            raise
+
+    def _evaluate(self, p: dict[str, Any]) -> dict[str, Any]:
         card = self._card(p)
         t0 = time.perf_counter()
         try:

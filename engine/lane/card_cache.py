@@ -1,0 +1,107 @@
+"""The cards a lane worker holds, within a share of its GPU's memory.
+
+A loaded card keeps every input set of its check on the GPU: its samples, two fresh draws and the edge sets,
+about a dozen copies of its inputs. The worker kept every card it was sent for the whole run, so a model with
+large activations filled the GPU: on an H100 (80 GB) the SD3.5 VAE's largest GroupNorm card (a 512 MB input,
+loaded after 26 others) failed all 9 of its candidates as "launch" (out of GPU memory), where the H200's
+141 GB had held them (2026-12-06).
+
+`CardCache` keeps the cards' request, which is small, for good and the loaded card only while the loaded cards
+fit `budget` bytes: loading one past it puts the least recently used others down, and a card asked for again is
+loaded again from its request. A reload is the same card: its samples come from the same files, and its drawn
+sets from the same seeds. Out of memory while loading, every other card is put down and the load tried once
+more. Pure Python (the worker passes the loader, the size of a loaded card, and what frees the device's cached
+blocks), so it is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+# The share of the GPU's memory the loaded cards may hold. The rest is the work of one evaluation: eager's
+# and the candidate's outputs, the precision check's float64 copies (a 512 MB bf16 input has 2 GB of them per
+# copy), the compile references' workspaces, the L2 flush buffer.
+CARD_SHARE = 0.5
+
+
+def storage_bytes(tensors: Iterable[Any]) -> int:
+    """Bytes the tensors' storages hold, each storage once (views share theirs; a worker's cards are on its GPU)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and not t.is_meta:
+            s = t.untyped_storage()
+            seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+class CardCache(Generic[T]):
+    def __init__(self, load: Callable[[dict[str, Any]], T], size: Callable[[T], int], budget: int, *,
+                 oom: tuple[type[BaseException], ...] = (torch.OutOfMemoryError,),
+                 release: Callable[[], None] = lambda: None):
+        self._load, self._size, self.budget = load, size, budget
+        self._oom, self._release = oom, release
+        self.requests: dict[str, dict[str, Any]] = {}
+        self.loaded: OrderedDict[str, T] = OrderedDict()  # least recently used first
+        self.sizes: dict[str, int] = {}
+        self.loads = self.reloads = self.put_down = 0
+
+    @property
+    def held(self) -> int:
+        return sum(self.sizes.values())
+
+    def add(self, request: dict[str, Any]) -> tuple[T, bool]:
+        """(the card of `request`, whether it was loaded already)."""
+        cid = request["card_id"]
+        if cid in self.loaded:
+            self.loaded.move_to_end(cid)
+            return self.loaded[cid], True
+        self.requests[cid] = request
+        return self._bring(cid), False
+
+    def get(self, cid: str) -> T | None:
+        """The card, loaded again where it was put down; None for a card never added."""
+        if cid in self.loaded:
+            self.loaded.move_to_end(cid)
+            return self.loaded[cid]
+        if cid not in self.requests:
+            return None
+        self.reloads += 1
+        return self._bring(cid)
+
+    def relieve(self, keep: str | None = None) -> bool:
+        """Put down every loaded card but `keep`; whether there was any."""
+        others = [c for c in self.loaded if c != keep]
+        for c in others:
+            self._put_down(c)
+        if others:
+            self._release()
+        return bool(others)
+
+    def _bring(self, cid: str) -> T:
+        try:
+            card = self._load(self.requests[cid])
+        except self._oom:
+            if not self.relieve():
+                raise
+            card = self._load(self.requests[cid])
+        self.loads += 1
+        self.loaded[cid] = card
+        self.sizes[cid] = self._size(card)
+        freed = False
+        while self.held > self.budget and len(self.loaded) > 1:
+            self._put_down(next(iter(self.loaded)))
+            freed = True
+        if freed:
+            self._release()
+        return card
+
+    def _put_down(self, cid: str) -> None:
+        del self.loaded[cid]
+        self.sizes.pop(cid, None)
+        self.put_down += 1

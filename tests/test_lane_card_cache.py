@@ -1,0 +1,78 @@
+"""The lane worker's loaded cards within a share of the GPU's memory (engine.lane.card_cache): an H100 run of the
+SD3.5 VAE held all 27 cards' input sets on the GPU and its largest GroupNorm card failed 9 of 9 candidates as
+"launch" (out of GPU memory, 2026-12-06). Here with a loader that counts, and CPU tensors for the sizes."""
+
+import pytest
+import torch
+
+from engine.lane.card_cache import CardCache, storage_bytes
+
+
+class Oom(Exception):
+    pass
+
+
+def _cache(budget, sizes, *, fail_while_more_than=None):
+    loads, released = [], []
+    cache = CardCache(lambda p: loads.append(p["card_id"]) or {"id": p["card_id"], "v": p["v"]},
+                      lambda card: sizes[card["id"]], budget, oom=(Oom,), release=lambda: released.append(1))
+    if fail_while_more_than is not None:
+        inner = cache._load
+
+        def load(p):
+            if len(cache.loaded) > fail_while_more_than:
+                raise Oom("out of memory")
+            return inner(p)
+        cache._load = load
+    return cache, loads, released
+
+
+def test_cards_past_the_budget_put_down_the_least_recently_used_and_come_back_the_same():
+    cache, loads, released = _cache(10, {"a": 4, "b": 4, "c": 4})
+    for cid in "ab":
+        card, cached = cache.add({"card_id": cid, "v": cid.upper()})
+        assert not cached and card["id"] == cid
+    assert cache.add({"card_id": "a", "v": "A"})[1]  # loaded already: a is now the most recently used
+    cache.add({"card_id": "c", "v": "C"})             # 12 > 10: b, the least recently used, is put down
+    assert list(cache.loaded) == ["a", "c"] and cache.held == 8 and released == [1]
+    again = cache.get("b")                            # asked for again: loaded from its request
+    assert again == {"id": "b", "v": "B"} and loads == ["a", "b", "c", "b"] and cache.reloads == 1
+    assert list(cache.loaded) == ["c", "b"]           # a was the least recently used then
+    assert cache.get("never added") is None
+
+
+def test_one_card_larger_than_the_budget_is_still_held_alone():
+    cache, _, _ = _cache(10, {"a": 4, "big": 30})
+    cache.add({"card_id": "a", "v": 1})
+    card, _ = cache.add({"card_id": "big", "v": 2})
+    assert card["id"] == "big" and list(cache.loaded) == ["big"]
+
+
+def test_out_of_memory_while_loading_puts_every_other_card_down_and_tries_once_more():
+    cache, loads, released = _cache(100, {"a": 4, "b": 4, "c": 4}, fail_while_more_than=1)
+    cache.add({"card_id": "a", "v": 1})
+    cache.add({"card_id": "b", "v": 2})
+    cache.add({"card_id": "c", "v": 3})   # two loaded: the load fails, both are put down, the retry loads it
+    assert list(cache.loaded) == ["c"] and released == [1] and loads == ["a", "b", "c"]
+
+
+def test_out_of_memory_with_nothing_else_loaded_is_the_cards_own():
+    cache, _, _ = _cache(100, {"a": 4}, fail_while_more_than=-1)
+    with pytest.raises(Oom):
+        cache.add({"card_id": "a", "v": 1})
+
+
+def test_relieve_keeps_the_card_in_use():
+    cache, _, released = _cache(100, {"a": 1, "b": 1, "c": 1})
+    for cid in "abc":
+        cache.add({"card_id": cid, "v": 0})
+    assert cache.relieve(keep="b") and list(cache.loaded) == ["b"] and released == [1]
+    assert not cache.relieve(keep="b") and released == [1]  # nothing else: nothing released
+
+
+def test_storage_bytes_counts_each_storage_once():
+    x = torch.zeros(1000, dtype=torch.float32)
+    view = x[10:20]
+    y = torch.zeros(10, dtype=torch.bfloat16)
+    meta = torch.empty(10**9, device="meta")
+    assert storage_bytes([x, view, y, meta, 3, None]) == 4000 + 20
