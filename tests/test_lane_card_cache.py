@@ -38,6 +38,8 @@ def test_cards_past_the_budget_put_down_the_least_recently_used_and_come_back_th
     again = cache.get("b")                            # asked for again: loaded from its request
     assert again == {"id": "b", "v": "B"} and loads == ["a", "b", "c", "b"] and cache.reloads == 1
     assert list(cache.loaded) == ["c", "b"]           # a was the least recently used then
+    cache.add({"card_id": "a", "v": "A2"})             # added again after it was put down: a reload too
+    assert cache.reloads == 2 and cache.loaded["a"] == {"id": "a", "v": "A2"}
     assert cache.get("never added") is None
 
 
@@ -76,3 +78,13 @@ def test_storage_bytes_counts_each_storage_once():
     y = torch.zeros(10, dtype=torch.bfloat16)
     meta = torch.empty(10**9, device="meta")
     assert storage_bytes([x, view, y, meta, 3, None]) == 4000 + 20
+
+
+def test_the_budget_is_half_the_gpu_at_most_what_was_free_or_the_users():
+    from engine.lane.card_cache import card_budget
+
+    assert card_budget(80 * 10**9, 70 * 10**9, env={}) == 40 * 10**9
+    assert card_budget(80 * 10**9, 30 * 10**9, env={}) == 30 * 10**9
+    assert card_budget(80 * 10**9, 70 * 10**9, env={"KFORGE_LANE_CARD_BYTES": "2e9"}) == 2 * 10**9
+    with pytest.raises(ValueError, match="KFORGE_LANE_CARD_BYTES='lots': give a number of bytes"):
+        card_budget(1, 1, env={"KFORGE_LANE_CARD_BYTES": "lots"})

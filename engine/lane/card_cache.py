@@ -28,6 +28,21 @@ T = TypeVar("T")
 # and the candidate's outputs, the precision check's float64 copies (a 512 MB bf16 input has 2 GB of them per
 # copy), the compile references' workspaces, the L2 flush buffer.
 CARD_SHARE = 0.5
+BUDGET_ENV = "KFORGE_LANE_CARD_BYTES"  # a budget of the user's, in bytes (tests set a small one)
+
+
+def card_budget(total: int, free: int, env: dict[str, str] | None = None) -> int:
+    """Bytes the loaded cards may hold: CARD_SHARE of the GPU's memory, at most what was free when the worker
+    started (on unified memory, what the host has available), or `KFORGE_LANE_CARD_BYTES` where it is set."""
+    import os
+
+    text = (os.environ if env is None else env).get(BUDGET_ENV, "").strip()
+    if text:
+        try:
+            return max(0, int(float(text)))
+        except ValueError:
+            raise ValueError(f"{BUDGET_ENV}={text!r}: give a number of bytes, e.g. 20e9") from None
+    return int(min(total * CARD_SHARE, free))
 
 
 def storage_bytes(tensors: Iterable[Any]) -> int:
@@ -61,6 +76,8 @@ class CardCache(Generic[T]):
         if cid in self.loaded:
             self.loaded.move_to_end(cid)
             return self.loaded[cid], True
+        if cid in self.requests:
+            self.reloads += 1  # put down since it was last loaded
         self.requests[cid] = request
         return self._bring(cid), False
 

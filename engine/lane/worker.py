@@ -25,7 +25,7 @@ from engine.bench.stats import TimingStats
 from engine.bench.timing import L2Flusher, TimingConfig, copy_bandwidth, max_sm_clock_mhz, time_copy
 from engine.capture.samples import load_sample
 from engine.compile import compile_nvrtc
-from engine.lane.card_cache import CARD_SHARE, CardCache, storage_bytes
+from engine.lane.card_cache import CardCache, card_budget, storage_bytes
 from engine.lane.protocol import Rejected, WorkerFault, claim_stdout, serve, unb64
 from engine.launch import Env, SpecError, parse_spec, resolve
 from engine.launch import cuda_driver as drv
@@ -193,10 +193,8 @@ class Worker:
                                                   device_index)
         self.flush = L2Flusher(self.device)
         # Loaded cards within a share of the GPU's memory; one put down is loaded again when asked for.
-        total = int(self.props.total_memory)
-        self.cards: CardCache[LoadedCard] = CardCache(
-            self._load_card, _card_bytes, int(min(total * CARD_SHARE, available_device_bytes(self.device,
-                                                                                            props=self.props))),
+        self.cards: CardCache[LoadedCard] = CardCache(self._load_card, _card_bytes, card_budget(
+            int(self.props.total_memory), available_device_bytes(self.device, props=self.props)),
             release=torch.cuda.empty_cache)
         self.copy_bw = copy_bandwidth(self.device)
         mem_khz = drv.device_attribute("CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE", device_index)
@@ -280,7 +278,9 @@ class Worker:
 
     def load_card(self, p: dict[str, Any]) -> dict[str, Any]:
         card, cached = self.cards.add(p)
-        return {"samples": len(card.samples), "cached": cached}
+        c = self.cards
+        return {"samples": len(card.samples), "cached": cached, "held_bytes": c.held, "budget_bytes": c.budget,
+                "loaded": len(c.loaded), "put_down": c.put_down, "reloads": c.reloads}
 
     def _load_card(self, p: dict[str, Any]) -> LoadedCard:
         cid = p["card_id"]
