@@ -228,3 +228,25 @@ def test_a_channels_last_twin_is_weighed_against_torch_compiles_code_for_its_op(
     assert expected_gain(by_id["gn_cl"]) == pytest.approx(0.06 * (310.0 - 133.6) / 7133.0)
     assert expected_gain(by_id["gn"]) == pytest.approx(0.06 * (1 - 133.6 / 3746.0))
     assert next_card(cards, policy, 50).card_id == "gn"
+
+
+def test_references_go_first_to_the_cards_that_serve_only_under_compile_and_take_a_quarter_of_the_wall():
+    """The SD3.5 VAE's 360 s run spent 182 s on 27 cards' torch.compile references and searched 99 s (H100,
+    2026-12-06). Under --wall-time they get a quarter of it (30 s at least); twins and pattern cards are timed
+    first, since the planner weighs them by Inductor's time (`expected_gain`), then the rest by share."""
+    from engine.run.plan import reference_budget, reference_order
+
+    assert reference_budget(None, 900.0) == 900.0
+    assert reference_budget(360.0, 900.0) == 90.0
+    assert reference_budget(60.0, 900.0) == 30.0
+    assert reference_budget(7200.0, 900.0) == 900.0
+    chain = {"kind": "pattern", "members": ["gn", "silu"], "ops": ["native_group_norm", "silu"]}
+    gn = op("gn", "aten::native_group_norm", 6, 0.20)
+    small = op("small", "aten::native_group_norm", 6, 0.02)
+    twin = dataclasses.replace(small, card_id="small_cl", signature={**small.signature, "twin_of": "small"})
+    pattern = OperatorCard("gn_silu", CHAIN, {"op": CHAIN, "args": [], "aliases": []}, calls=5, share=0.10,
+                           bytes=4096, chain=chain)
+    module = OperatorCard("rms", CHAIN, {"op": CHAIN, "args": [], "aliases": []}, calls=5, share=0.30,
+                          bytes=4096, chain={**chain, "kind": "module"})
+    order = [c.card_id for c in reference_order(states([small, gn, twin, module, pattern]))]
+    assert order == ["gn_silu", "small_cl", "rms", "gn", "small"]

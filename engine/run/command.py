@@ -65,17 +65,22 @@ async def _references(lane, store: Store, capture_id: str, cards: list[CardState
                       proposer, cfg: dict[str, Any], stages: StageProgress, run_id: str) -> None:
     """After eager, each card's references, timed as eager is: the lane's copy of its bytes and (unless the
     run says compile_ref false) its eager under torch.compile; only for cards eager was timed for."""
-    from engine.run.eager import COMPILE_TIMEOUT_S, measure_and_store_references
+    from engine.run.eager import COMPILE_BUDGET_S, COMPILE_TIMEOUT_S, measure_and_store_references
+    from engine.run.plan import reference_budget, reference_order
 
-    todo = [c.ref for c in cards if c.eager_us is not None and c.ref.samples and c.share >= policy.min_share
-            and proposer.supports(c.card) and c.card.copy_us is None and c.card.compile_us is None
-            and c.card.compile_note is None]
+    todo = [c.ref for c in reference_order(
+        [c for c in cards if c.eager_us is not None and c.ref.samples and c.share >= policy.min_share
+         and proposer.supports(c.card) and c.card.copy_us is None and c.card.compile_us is None
+         and c.card.compile_note is None])]
     if not todo:
         return
     compile_ref = cfg.get("compile_ref", True)
     what = "the copy of its bytes" + (" and torch.compile" if compile_ref else "")
+    budget = reference_budget(cfg.get("wall_s"), COMPILE_BUDGET_S)
+    if compile_ref and budget < COMPILE_BUDGET_S:
+        what += f" (torch.compile within {budget:.0f} s of the {cfg['wall_s']:.0f} s wall time)"
     await _stage(stages, store, run_id, "references", f"timing {what} for {len(todo)} card(s)")
-    got = await measure_and_store_references(lane, store, capture_id, todo, compile=compile_ref,
+    got = await measure_and_store_references(lane, store, capture_id, todo, compile=compile_ref, budget_s=budget,
                                              timeout_s=cfg.get("compile_ref_timeout") or COMPILE_TIMEOUT_S,
                                              progress=_card_progress(stages, "references", "references timed",
                                                                      store, run_id))

@@ -172,3 +172,24 @@ def next_card(cards: list[CardState], policy: SchedulePolicy, iterations_per_car
     if not open_cards:
         return None
     return max(open_cards, key=lambda c: (expected_gain(c), c.own_share, c.ref.card_id))
+
+
+# Under --wall-time, the share of it all cards' torch.compile references may take (at least REFERENCE_MIN_S). The
+# SD3.5 VAE's 360 s run spent 182 s on them for 27 cards and searched 99 s, 12 cards never reached (H100,
+# 2026-12-06): the search is what the run is for.
+REFERENCE_WALL_SHARE = 0.25
+REFERENCE_MIN_S = 30.0
+
+
+def reference_budget(wall_s: float | None, most_s: float) -> float:
+    """Seconds all cards' torch.compile references may take: `most_s`, and under a wall time a quarter of it."""
+    if wall_s is None:
+        return most_s
+    return min(most_s, max(REFERENCE_MIN_S, REFERENCE_WALL_SHARE * wall_s))
+
+
+def reference_order(cards: list[CardState]) -> list[CardState]:
+    """The order in which cards get their references: those whose kernel serves only under torch.compile first
+    (the planner weighs them by Inductor's time for them, `expected_gain`; without it, a channels-last twin's
+    eager time holds PyTorch's copy to contiguous and the twin outranks everything), then by share."""
+    return sorted(cards, key=lambda c: (not compile_only(c), -c.share, c.card.card_id))
