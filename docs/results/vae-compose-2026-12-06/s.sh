@@ -1,17 +1,25 @@
 # 2026-12-06 (forty-sixth session): the SD3.5 VAE under torch.compile with its GroupNorm cast (issue 19's 1.3x),
 # then the chains GPU test the last session did not reach. Resumable: run it again on the same warm machine
 # (state in /tmp/o and /tmp/ws) until compose.done. LIMIT: seconds for this call (default 565). WALL: the run's
-# wall time in all, capture and eager timing included (default 360). carry: .whl .devrun
-source .devrun/setup.sh >/dev/null 2>&1
+# wall time in all, capture and eager timing included (default 360). TESTS: GPU test files to run first.
+# SKIP_CHAINS=1: no chains test. The workspace's database is copied to /tmp/o (the lane's messages). carry: .whl
+[ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl  # the wheelhouse
+export PYTHONPATH=/tmp/site:$PWD KFORGE_PROGRESS=1
 LIMIT=${LIMIT:-565}; WALL=${WALL:-360}; export PYTHONUNBUFFERED=1 PYTHONPATH=$PYTHONPATH:$PWD/tests
 O=/tmp/o; W=/tmp/ws; CFG=configs/examples/sd35_vae.toml; mkdir -p $O
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > $O/gpu.txt 2>&1; cat $O/gpu.txt
 git rev-parse HEAD > $O/commit.txt 2>/dev/null || true
 left() { echo $((LIMIT - SECONDS)); }
 pack() { [ -f $W/kforge.db ] && python3 scripts/run_table.py $W/kforge.db --out $O/run.md >/dev/null 2>&1
+         [ -f $W/kforge.db ] && python3 -c "import sqlite3; s, d = sqlite3.connect('$W/kforge.db'), sqlite3.connect('$O/kforge.db'); s.backup(d)"
          echo "t=$SECONDS" >> $O/calls.txt; tar czf $OUT/o.tgz -C /tmp --exclude='o/*/samples' o; }
 trap pack EXIT
 stamp() { echo "$(date +%T) t=$SECONDS $*" | tee -a $O/calls.txt; }
+# 0. GPU test files named in TESTS (space-separated), once, before the rest
+if [ -n "$TESTS" ] && [ ! -e $O/tests.done ]; then
+  stamp "tests $TESTS"; timeout $(( $(left) - 30 )) python3 scripts/gpu_tests.py --timeout 300 --out $O/tests $TESTS \
+    > $O/tests.log 2>&1; touch $O/tests.done; tail -n +5 $O/tests/gpu_tests.md 2>/dev/null | cut -c1-300
+fi
 # 1. the run (builtin proposer, GroupNorm cards, twins and chains with them), resumed where a call stopped it
 if [ ! -e $O/run.done ]; then
   spent=$(cat $O/run_spent 2>/dev/null || echo 0); wall=$((WALL - spent)); [ $wall -ge 120 ] || wall=120
