@@ -53,8 +53,10 @@ class LoadedCard:
 
 
 def _card_bytes(card: LoadedCard) -> int:
-    """Device memory a loaded card holds: its check's input sets (its samples among them), each storage once."""
-    return storage_bytes(t for _, bound in card.check.sets for _, t in tensors_of(bound))
+    """Device memory a loaded card holds: its check's input sets (its samples among them) and the eager answer it
+    keeps from the set checked last, each storage once."""
+    return storage_bytes([t for _, bound in card.check.sets for _, t in tensors_of(bound)]
+                         + list(card.check._stale or []))
 
 
 _HOG_SOURCE = r'''// Spins until the candidate's stream releases it (or max_cycles): resident for the whole of the candidate's run,
