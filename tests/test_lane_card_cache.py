@@ -88,3 +88,13 @@ def test_the_budget_is_half_the_gpu_at_most_what_was_free_or_the_users():
     assert card_budget(80 * 10**9, 70 * 10**9, env={"KFORGE_LANE_CARD_BYTES": "2e9"}) == 2 * 10**9
     with pytest.raises(ValueError, match="KFORGE_LANE_CARD_BYTES='lots': give a number of bytes"):
         card_budget(1, 1, env={"KFORGE_LANE_CARD_BYTES": "lots"})
+
+
+def test_sizes_are_measured_again_when_a_card_is_loaded():
+    sizes = {"a": 4, "b": 4, "c": 1}
+    cache, _, _ = _cache(10, sizes)
+    cache.add({"card_id": "a", "v": 0})
+    cache.add({"card_id": "b", "v": 0})
+    sizes["b"] = 6  # b's check kept an answer since
+    cache.add({"card_id": "c", "v": 0})  # 4 + 6 + 1 > 10: a, the least recently used, goes
+    assert list(cache.loaded) == ["b", "c"] and cache.held == 7

@@ -109,7 +109,8 @@ class CardCache(Generic[T]):
             card = self._load(self.requests[cid])
         self.loads += 1
         self.loaded[cid] = card
-        self.sizes[cid] = self._size(card)
+        for c, held in self.loaded.items():  # measured again: a card's check keeps more once it has checked a set
+            self.sizes[c] = self._size(held)
         freed = False
         while self.held > self.budget and len(self.loaded) > 1:
             self._put_down(next(iter(self.loaded)))
