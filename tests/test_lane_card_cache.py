@@ -98,3 +98,54 @@ def test_sizes_are_measured_again_when_a_card_is_loaded():
     sizes["b"] = 6  # b's check kept an answer since
     cache.add({"card_id": "c", "v": 0})  # 4 + 6 + 1 > 10: a, the least recently used, goes
     assert list(cache.loaded) == ["b", "c"] and cache.held == 7
+
+
+def test_out_of_memory_is_told_by_torchs_error_or_the_rejections_words():
+    from engine.lane.card_cache import out_of_memory
+    from engine.lane.protocol import Rejected
+
+    assert out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert out_of_memory(Rejected("launch", "out of GPU memory: CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert out_of_memory(Rejected("compile", "torch.compile (default) failed: OutOfMemoryError: CUDA out of memory."))
+    assert not out_of_memory(Rejected("launch", "launch spec: grid too large"))
+    assert not out_of_memory(RuntimeError("CUDA error: an illegal memory access was encountered"))
+
+
+def test_a_request_that_ran_out_of_memory_is_tried_once_more_with_the_other_cards_put_down():
+    from types import SimpleNamespace
+
+    from engine.lane.protocol import Rejected
+    from engine.lane.worker import Worker
+
+    cache, _, released = _cache(100, {"a": 1, "b": 1, "c": 1})
+    for cid in "abc":
+        cache.add({"card_id": cid, "v": 0})
+    calls = []
+
+    def handler(p):
+        calls.append(list(cache.loaded))
+        if len(calls) == 1:
+            raise Rejected("launch", "out of GPU memory: CUDA out of memory. Tried to allocate 2.00 GiB")
+        return {"ok": p["card_id"]}
+
+    run = Worker.with_room(SimpleNamespace(cards=cache), handler)
+    assert run({"card_id": "b"}) == {"ok": "b"}
+    assert calls == [["a", "b", "c"], ["b"]] and released == [1]
+
+    def wrong(p):  # not memory: the candidate's own failure, not tried again
+        calls.append(p)
+        raise Rejected("launch", "launch spec: grid too large")
+
+    calls.clear()
+    with pytest.raises(Rejected, match="grid too large"):
+        Worker.with_room(SimpleNamespace(cards=cache), wrong)({"card_id": "b"})
+    assert len(calls) == 1
+
+    def alone(p):  # out of memory with nothing else loaded: the card's own
+        calls.append(p)
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    calls.clear()
+    with pytest.raises(torch.OutOfMemoryError):
+        Worker.with_room(SimpleNamespace(cards=cache), alone)({"card_id": "b"})
+    assert len(calls) == 1

@@ -10,8 +10,8 @@ loaded after 26 others) failed all 9 of its candidates as "launch" (out of GPU m
 fit `budget` bytes: loading one past it puts the least recently used others down, and a card asked for again is
 loaded again from its request. A reload is the same card: its samples come from the same files, and its drawn
 sets from the same seeds. Out of memory while loading, every other card is put down and the load tried once
-more. Pure Python (the worker passes the loader, the size of a loaded card, and what frees the device's cached
-blocks), so it is tested without a GPU.
+more; so is a request on a card that ran out of memory (`Worker.with_room`). Pure Python (the worker passes the
+loader, the size of a loaded card, and what frees the device's cached blocks), so it is tested without a GPU.
 """
 
 from __future__ import annotations
@@ -43,6 +43,12 @@ def card_budget(total: int, free: int, env: dict[str, str] | None = None) -> int
         except ValueError:
             raise ValueError(f"{BUDGET_ENV}={text!r}: give a number of bytes, e.g. 20e9") from None
     return int(min(total * CARD_SHARE, free))
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Whether `e` says the GPU ran out of memory: torch's error, or a lane rejection that carries its words
+    ("launch: out of GPU memory: …", "compile: torch.compile (default) failed: OutOfMemoryError: CUDA out of memory")."""
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 
 def storage_bytes(tensors: Iterable[Any]) -> int:

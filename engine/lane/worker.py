@@ -25,7 +25,7 @@ from engine.bench.stats import TimingStats
 from engine.bench.timing import L2Flusher, TimingConfig, copy_bandwidth, max_sm_clock_mhz, time_copy
 from engine.capture.samples import load_sample
 from engine.compile import compile_nvrtc
-from engine.lane.card_cache import CardCache, card_budget, storage_bytes
+from engine.lane.card_cache import CardCache, card_budget, out_of_memory, storage_bytes
 from engine.lane.protocol import Rejected, WorkerFault, claim_stdout, serve, unb64
 from engine.launch import Env, SpecError, parse_spec, resolve
 from engine.launch import cuda_driver as drv
@@ -38,6 +38,9 @@ from engine.verify.pipeline import CardCheck, as_list, card_check
 from engine.verify.timed import TimedCandidate, against_control, audited_ab, time_alone, time_eager_alone
 
 _CUDA_ERROR_MARKERS = ("CUDA error", "CUDA driver error", "cudaError", "CUBLAS_STATUS", "device-side assert")
+
+
+Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 @dataclass
@@ -351,18 +354,20 @@ class Worker:
                                                             TimingConfig.from_json(p.get("timing"))))
         return {"compiled": stats.__dict__, "throttled": throttled, "mode": mode, "compile_s": compile_s}
 
-    def evaluate(self, p: dict[str, Any]) -> dict[str, Any]:
-        try:
-            return self._evaluate(p)
-        except Rejected as e:
-            # Out of memory with other cards loaded: they are put down (loaded again when asked for) and the
-            # candidate tried once more, so that it is judged on its own and not on what else the lane holds.
-            if e.category == "launch" and str(e).startswith("out of GPU memory") \
-                    and self.cards.relieve(keep=p["card_id"]):
-                return self._evaluate(p)
-            raise
+    def with_room(self, handler: Handler) -> Handler:
+        """`handler` (a request on one card), tried once more where it ran out of GPU memory with other cards
+        loaded: they are put down first (loaded again when asked for), so that a candidate or a reference is
+        judged on its own card and not on what else the lane holds."""
+        def run(p: dict[str, Any]) -> dict[str, Any]:
+            try:
+                return handler(p)
+            except (Rejected, torch.OutOfMemoryError) as e:
+                if not out_of_memory(e) or not self.cards.relieve(keep=p.get("card_id")):
+                    raise
+            return handler(p)
+        return run
 
-    def _evaluate(self, p: dict[str, Any]) -> dict[str, Any]:
+    def evaluate(self, p: dict[str, Any]) -> dict[str, Any]:
         card = self._card(p)
         t0 = time.perf_counter()
         try:
@@ -497,8 +502,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     proto = claim_stdout()  # before CUDA and torch start printing anything
     worker = Worker(args.device)
-    return serve({"hello": worker.hello, "load_card": worker.load_card, "time_eager": worker.time_eager,
-                  "time_copy": worker.time_copy, "time_compiled": worker.time_compiled, "evaluate": worker.evaluate}, proto)
+    room = worker.with_room
+    return serve({"hello": worker.hello, "load_card": worker.load_card, "time_eager": room(worker.time_eager),
+                  "time_copy": room(worker.time_copy), "time_compiled": room(worker.time_compiled),
+                  "evaluate": room(worker.evaluate)}, proto)
 
 
 if __name__ == "__main__":
