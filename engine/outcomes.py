@@ -52,6 +52,7 @@ ENGINE_FAILURES: dict[str, str] = {
     "internal": "the engine failed while evaluating it (a bug; see the error)",
     "protocol": "the lane could not take the request (card not loaded, no samples)",
     "lane-lost": "the lane (a Ray actor or its node) was lost twice while evaluating it",
+    "memory": "the GPU ran out of memory while checking it (the card's input sets, not its code)",
 }
 
 # Every category a rejected candidate can carry, with its one-line meaning.

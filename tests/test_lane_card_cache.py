@@ -105,7 +105,7 @@ def test_out_of_memory_is_told_by_torchs_error_or_the_rejections_words():
     from engine.lane.protocol import Rejected
 
     assert out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
-    assert out_of_memory(Rejected("launch", "out of GPU memory: CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert out_of_memory(Rejected("memory", "out of GPU memory: CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert out_of_memory(Rejected("compile", "torch.compile (default) failed: OutOfMemoryError: CUDA out of memory."))
     assert not out_of_memory(Rejected("launch", "launch spec: grid too large"))
     assert not out_of_memory(RuntimeError("CUDA error: an illegal memory access was encountered"))
@@ -125,7 +125,7 @@ def test_a_request_that_ran_out_of_memory_is_tried_once_more_with_the_other_card
     def handler(p):
         calls.append(list(cache.loaded))
         if len(calls) == 1:
-            raise Rejected("launch", "out of GPU memory: CUDA out of memory. Tried to allocate 2.00 GiB")
+            raise Rejected("memory", "out of GPU memory: CUDA out of memory. Tried to allocate 2.00 GiB")
         return {"ok": p["card_id"]}
 
     run = Worker.with_room(SimpleNamespace(cards=cache), handler)

@@ -47,7 +47,7 @@ def card_budget(total: int, free: int, env: dict[str, str] | None = None) -> int
 
 def out_of_memory(e: BaseException) -> bool:
     """Whether `e` says the GPU ran out of memory: torch's error, or a lane rejection that carries its words
-    ("launch: out of GPU memory: …", "compile: torch.compile (default) failed: OutOfMemoryError: CUDA out of memory")."""
+    ("memory: out of GPU memory: …", "compile: torch.compile (default) failed: OutOfMemoryError: CUDA out of memory")."""
     return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 

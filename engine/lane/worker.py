@@ -480,7 +480,9 @@ class Worker:
         except GuardViolation as e:
             raise Rejected("overrun", str(e)) from None
         except torch.OutOfMemoryError as e:
-            raise Rejected("launch", f"out of GPU memory: {str(e).splitlines()[0]}") from None
+            # Not the candidate's fault (its workspaces are held to half the free memory by `resolve`): the sets
+            # of a large card on a GPU that holds others (`with_room` tries once more with them put down).
+            raise Rejected("memory", f"out of GPU memory: {str(e).splitlines()[0]}") from None
         except drv.DriverError as e:
             raise WorkerFault("runtime-fault", f"{e.name}: {e.text}") from None
         except RuntimeError as e:
