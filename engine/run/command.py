@@ -403,6 +403,44 @@ async def _check_ops_match(store: Store, capture_id: str, pattern: str, config: 
                      f"{shown or 'none'} (and 'chain', 'module', 'pattern' for chain cards)")
 
 
+# What a resumed run takes from the command line: its budgets (CLI attribute -> the run config's key). `--wall-time S`
+# counts from the resume; --iterations, --max-cost and --max-tokens are the run's in all (its cards' evaluations, its
+# cost and tokens so far count).
+RESUME_BUDGETS = {"wall_time": ("--wall-time", "wall_s"), "iterations": ("--iterations", "iterations"),
+                  "max_proposals": ("--max-proposals", "max_proposals"), "max_cost": ("--max-cost", "max_cost_usd"),
+                  "max_tokens": ("--max-tokens", "max_tokens"),
+                  "compile_ref_timeout": ("--compile-ref-timeout", "compile_ref_timeout")}
+# What a resumed run keeps from its start: given again with the same value it is accepted, another is refused.
+RESUME_KEPT = {"provider": ("--provider", None), "model": ("--model", "model"), "base_url": ("--base-url", "base_url"),
+               "strategy": ("--strategy", "strategy"), "ops": ("--ops", "ops"), "replay_run": ("--replay-run", "replay_run")}
+
+
+def resumed_config(args: argparse.Namespace, run: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A resumed run's config: the one it started with, with the budgets given on this command line over it; and
+    one line per budget changed. A flag that would change what is searched or who proposes, to a value other than
+    the run's, is a UsageError: that is another run."""
+    cfg = dict(run["config"])
+    for attr, (flag, key) in RESUME_KEPT.items():
+        given = getattr(args, attr, None)
+        had = run["provider"] if key is None else cfg.get(key)
+        if attr == "strategy":
+            had = had or "mcts"
+        if given is not None and given != had:
+            was = f"'{had}'" if had is not None else "none"
+            raise UsageError(f"{flag} {given}: run {run['id']} was started with {was}, and a resumed run keeps it; "
+                             f"leave {flag} out to resume, or start a new run with kforge-tui run CONFIG {flag} {given}")
+    changes = []
+    for attr, (flag, key) in RESUME_BUDGETS.items():
+        given = getattr(args, attr, None)
+        if given is None or given == cfg.get(key):
+            continue
+        was = f"{cfg[key]:g}" if cfg.get(key) is not None else "none"
+        what = " (counted from now)" if attr == "wall_time" else ""
+        changes.append(f"resuming {run['id']} with {flag} {given:g}{what}; it was started with {was}")
+        cfg[key] = given
+    return cfg, changes
+
+
 def _no_such_run(args: argparse.Namespace, workspace: Path) -> UsageError:
     return UsageError(f"--resume {args.resume}: no such run in {workspace} (`kforge-tui runs` lists them)")
 
@@ -422,10 +460,15 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
             raise UsageError(f"--resume {run['id']}: the samples of its capture {capture_id} were {gone}, and a run "
                              f"verifies every kernel on them; start a new run with '{again}' (it captures again)")
         run_id = ids["run"] = run["id"]
+        started_cfg = cfg
+        cfg, changes = resumed_config(args, run)
         proposer = await _proposer(provider, cfg.get("model"), cfg.get("base_url"), store=store,
                                    replay_run=cfg.get("replay_run"), resumed_run=run_id)
         cfg = {**cfg, "host": socket.gethostname()}   # the process running it now (`runs` checks it is alive)
         await store.update_run(run_id, pid=os.getpid(), config=cfg)
+        for line in changes:
+            print(f"kforge: {line}", file=sys.stderr)
+            await store.add_event(run_id, "run_note", {"message": line})
     else:
         settings = settings_of(args)
         provider = settings.provider
@@ -568,6 +611,9 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
         stop.on_stop(o.interrupt)  # from here Ctrl-C stops the search, not the task
         done = {e["card_id"]: e["payload"].get("reason") or "done"
                 for e in await store.events_since(run_id, 0) if e["kind"] == "card_done" and e["card_id"]}
+        if args.resume and (cfg.get("iterations") or 50) > (started_cfg.get("iterations") or 50):
+            # --iterations raised on resume: the cards that had reached the old cap are searched on to the new one
+            done = {card: why for card, why in done.items() if why != "iterations"}
         resume = o.restore(records, done, redo_compiled=not dry)
         try:
             stopped_by = await o.run(resume)
