@@ -103,3 +103,44 @@ def test_a_dry_run_compiles_once(tmp_path, toolchain):
     ev = asyncio.run(CompileOnlyEvaluator(compiler, pool)(_card(), Proposal("kernel two", "spec")))
     assert ev.status == "compiled" and ev.compile_seconds == COMPILE_S and not ev.cached_compile
     assert toolchain == ["kernel two"] and pool.compiles == 1 and _lookups(compiler) == 1
+
+
+class HangingLane:
+    name = "lane0"
+
+
+class LaneUseLog:
+    """Stands in for the orchestrator's LaneUse: records what the evaluator said when it let the lane go."""
+
+    def __init__(self):
+        self.freed = []
+
+    async def busy(self, lane):
+        pass
+
+    async def free(self, status, category):
+        self.freed.append((status, category))
+
+
+async def test_an_evaluation_cut_off_by_ctrl_c_is_interrupted_not_an_internal_error(tmp_path, toolchain, monkeypatch):
+    # 2026-12-06b (H100): a run stopped by SIGINT mid-evaluation left an evaluation row 'error' / 'internal'
+    from engine.run import evaluators
+    from engine.run.orchestrator import CURRENT_LANE_USE
+
+    started = asyncio.Event()
+
+    async def gpu_work(lane, card, compiled, spec, **kw):
+        started.set()
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(evaluators, "evaluate", gpu_work)
+    use = LaneUseLog()
+    CURRENT_LANE_USE.set(use)
+    evaluate = LaneEvaluator([HangingLane()], Compiler(tmp_path / "cache", "nvrtc", arch="sm_90"))
+    task = asyncio.ensure_future(evaluate(_card(), Proposal("kernel one", "spec")))
+    await asyncio.wait_for(started.wait(), 30)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert use.freed == [("interrupted", None)]
+    assert evaluate._free.qsize() == 1   # the lane is free again

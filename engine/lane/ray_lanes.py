@@ -367,6 +367,9 @@ class RayLanes:
                 ev = await work(lane)
                 status, category = ev.status, ev.category
                 return ev
+            except asyncio.CancelledError:   # Ctrl-C: not an error of ours; --resume evaluates it again
+                status, category = "interrupted", None
+                raise
             except LaneLost as e:
                 status, category = "interrupted", LANE_LOST
                 losses.append(str(e))

@@ -46,6 +46,9 @@ class LaneEvaluator:
             ev = await evaluate(lane, card.ref, compiled, proposal.spec, timing=self.timing)
             status, category = ev.status, ev.category
             return ev
+        except asyncio.CancelledError:   # Ctrl-C: not an error of ours; --resume evaluates it again
+            status, category = "interrupted", None
+            raise
         finally:
             self._free.put_nowait(lane)
             if use is not None:
