@@ -134,8 +134,7 @@ class PatternOp:
                 self.miss_keys.append(seen)
         return self._as_promised(_unaliased(self.fallback(inputs), inputs), inputs, key)
 
-    def _as_promised(self, outs: list[torch.Tensor], inputs: Sequence[torch.Tensor],
-                     key: tuple | None = None) -> list[torch.Tensor]:
+    def _as_promised(self, outs: list[torch.Tensor], inputs: Sequence[torch.Tensor], key: tuple) -> list[torch.Tensor]:
         """The outputs with the strides the fake implementation gave the compiled code for these inputs.
         Inductor lays out the op's inputs by the graph's fake strides, which need not be eager's; the traced
         graph a miss runs then returns other strides than the fake did (the graph asserts them), and a hit's
@@ -143,8 +142,6 @@ class PatternOp:
         `key`: the inputs' guard key (`tensor_key` each), which with their exact strides (the key normalises
         a size-1 dimension's) names what the fake gave; worked out once per such layout."""
         strides = tuple(t.stride() for t in inputs)
-        if key is None:
-            key = tuple(tensor_key(t) for t in inputs)
         meta = bool(inputs) and inputs[0].is_meta  # (the key has a device's index, -1 for the CPU and meta)
         want = self._strides.get((key, strides, meta))
         if want is None:

@@ -33,7 +33,7 @@ from engine.launch.launcher import CandidateLauncher, LaunchRejected
 from engine.resources import available_device_bytes
 from engine.verify.compare import compare_outputs
 from engine.verify.guard import Canaries, GuardViolation
-from engine.verify.inputs import clone_bound, tensors_of
+from engine.verify.inputs import clone_bound
 from engine.verify.pipeline import CardCheck, as_list, card_check
 from engine.verify.timed import TimedCandidate, against_control, audited_ab, time_alone, time_eager_alone
 
@@ -58,8 +58,7 @@ class LoadedCard:
 def _card_bytes(card: LoadedCard) -> int:
     """Device memory a loaded card holds: its check's input sets (its samples among them) and the eager answer it
     keeps from the set checked last, each storage once."""
-    return storage_bytes([t for _, bound in card.check.sets for _, t in tensors_of(bound)]
-                         + list(card.check._stale or []))
+    return storage_bytes(card.check.held_tensors())
 
 
 _HOG_SOURCE = r'''// Spins until the candidate's stream releases it (or max_cycles): resident for the whole of the candidate's run,

@@ -183,6 +183,11 @@ class CardCheck:
         self._stale: list[Any] | None = None   # eager's answer to the set checked last (`_check_set`)
         self._race_regen: tuple[bool, Regenerator] | None = None   # (keep_ints, the race runs' regenerator)
 
+    def held_tensors(self) -> list[Any]:
+        """The device tensors this check keeps between candidates: its input sets (the samples among them) and eager's
+        answer to the set checked last (what a lane's card budget counts)."""
+        return [t for _, bound in self.sets for _, t in tensors_of(bound)] + list(self._stale or [])
+
     def allowing_ties(self, inputs: Bound, got: list[Any], expected: list[Any]) -> list[Any]:
         """Eager's answer with its index output replaced by the candidate's where the op leaves the choice among tied
         values open and the candidate's is another valid one (`ties.adopt_tie_choice`); what to compare `got` with."""
