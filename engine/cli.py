@@ -463,6 +463,21 @@ def _resume_workspace(args: argparse.Namespace) -> None:
     if not db_path(workspace).is_file():
         raise UsageError(f"--resume {args.resume}: no Kernel Forge workspace at {workspace}: give the --workspace DIR "
                          "the run was made in, or resume from the folder whose .kforge/ holds it")
+    # A flag that would change what the run searches is refused here too: the TUI attaches to the run at once and
+    # would show it idle while its detached engine exits with the refusal in a log.
+    from engine.run.command import resumed_config
+    from engine.store import open_readonly, read
+
+    try:
+        conn = open_readonly(db_path(workspace))
+        try:
+            run = read.run(conn, args.resume)
+        finally:
+            conn.close()
+    except Exception:  # noqa: BLE001 - an unreadable store is said by the run itself, as before
+        return
+    if run is not None:
+        resumed_config(args, run)
 
 
 def _export_workspace(args: argparse.Namespace) -> Path:

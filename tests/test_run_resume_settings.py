@@ -98,3 +98,21 @@ def test_resumed_config_says_each_budget_changed_and_keeps_the_rest():
         resumed_config(_args(ops="chain"), run)
     with pytest.raises(UsageError, match="--provider builtin: run run-1 was started with 'anthropic'"):
         resumed_config(_args(provider="builtin"), run)
+
+
+def test_the_refusal_comes_before_the_tui_attaches(cli, tmp_path, monkeypatch, capsys):
+    # `kforge-tui run --resume RUN --ops X` from a terminal: the TUI attached to the run at once while its detached
+    # engine exited 2 into its log
+    from engine import cli as cli_mod
+
+    run_id = _first_run(cli, tmp_path, "--ops", "gelu")
+    opened = []
+    monkeypatch.setattr(cli_mod, "terminal_attached", lambda: True)
+    code = cli_mod.main(["run", "--resume", run_id, "--ops", "softmax", "--workspace", str(tmp_path)],
+                        open_tui=lambda args: opened.append(args) or 0)
+    out, err = capsys.readouterr()
+    assert opened == []
+    assert_one_line_error(code, out, err, "--ops softmax", run_id)
+    code = cli_mod.main(["run", "--resume", run_id, "--ops", "gelu", "--workspace", str(tmp_path)],
+                        open_tui=lambda args: opened.append(args) or 0)
+    assert code == 0 and len(opened) == 1   # the run's own value: the TUI opens on it
