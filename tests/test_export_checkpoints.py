@@ -9,6 +9,7 @@ none is a measurement."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import signal
 import sqlite3
@@ -51,10 +52,12 @@ class Gpu:
     def __init__(self) -> None:
         self.model: dict = {}
         self.confirms = 0
+        self.confirmed: list[list[str]] = []   # the variants each confirmation was asked for
         self.checks: dict[str, int] = {}
 
-    def confirm(self, cast_path, samples, timing, tmp, timeout_s=1800):
+    def confirm(self, cast_path, samples, timing, tmp, timeout_s=1800, only=None, on_variant=None):
         self.confirms += 1
+        self.confirmed.append(sorted(samples))
         return injected_confirm(samples)
 
     def check(self, cast_path, sets, config, small, graphs, tmp, timeout_s=1800, target=None):
@@ -88,8 +91,8 @@ def test_a_second_export_reuses_the_finished_targets_and_checks_only_the_missing
     said = "\n".join(lines)
     # Each line names when its own checkpoint was written: the confirmation and the check can fall in
     # different seconds (on a loaded CI machine they did), so each stamp is read from its own line.
-    assert f"the fresh-process confirmation of {_stamp(said, 'the fresh-process confirmation')} reused " \
-           f"(checkpoint {FOLDER}/confirm-" in said
+    assert re.search(r"the fresh-process confirmation of 2 of 2 variant\(s\) reused \(checkpoints of "
+                     rf"{STAMP}( to {STAMP})? in {FOLDER}\)", said), said
     assert (f"target eager: the whole-model check of {_stamp(said, 'target eager: the whole-model check')} reused "
             f"(checkpoint {FOLDER}/check-eager-" in said and "): kept 2 variant(s): 1.080x (95% CI 1.050-1.120)" in said)
     assert "confirming 2 variant(s) in a fresh process" not in said
@@ -189,6 +192,86 @@ def test_an_export_interrupted_before_any_target_kept_a_variant_writes_nothing_a
     assert gpu.confirms == 1 and gpu.checks == {"eager": 1, "cuda-graphs": 2}
 
 
+def test_an_export_stopped_during_the_confirmation_keeps_the_variants_it_confirmed(ws, gpu, monkeypatch):
+    # 2026-12-06b (H100): an export cut off by its time limit after 146 s of confirming 27 variants kept nothing of
+    # it, and the next one confirmed all 27 again (190 s)
+    def stopped_after_one(cast_path, samples, timing, tmp, timeout_s=1800, only=None, on_variant=None):
+        gpu.confirms += 1
+        gpu.confirmed.append(sorted(samples))
+        first = sorted(samples)[0]
+        on_variant(first, {"ok": True, "speedup": 1.5, "speedup_ci": [1.4, 1.6], "net_us": 2.0}, {"gpu": "stand-in"})
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pkg, "run_confirm", stopped_after_one)
+    gpu.model["eager"] = lambda s: EAGER
+    out = ws.parent / "toy.cast"
+    lines: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        pkg.export_run(ws, RUN, out, targets=["eager"], progress=lines.append)
+    both = gpu.confirmed[0]
+    assert f"confirmed 1/2: {both[0]} (1.50x)" in lines and not out.exists()
+    monkeypatch.setattr(pkg, "run_confirm", gpu.confirm)
+    argv = ["export", "--out", str(out), "--target", "eager", "--workspace", str(ws)]
+    _, lines = export(ws, "eager")
+    assert gpu.confirmed == [both, both[1:]]   # only the variant not yet confirmed ran again
+    said = "\n".join(lines)
+    assert "the fresh-process confirmation of 1 of 2 variant(s) reused" in said
+    assert "confirming 1 variant(s) in a fresh process" in said
+    assert sorted(v["id"] for v in read_cast(out).variants) == both
+    assert engine.cli.main(argv) == 0 and len(gpu.confirmed) == 2   # all confirmed now: nothing runs again
+
+
+def test_the_wait_for_a_fresh_process_reads_what_it_finished_as_it_goes(tmp_path, monkeypatch):
+    # the exporter polls while it waits (progress, checkpoints), once more after the child ended or was stopped
+    log = tmp_path / "log"
+    child = ("import sys, time\n"
+             f"for i in range(3):\n    open({str(log)!r}, 'a').write(str(i)); time.sleep(0.3)\n"
+             "time.sleep(60)\n")
+    seen = []
+    monkeypatch.setattr(pkg, "POLL_S", 0.05)
+    with pytest.raises(subprocess.TimeoutExpired):
+        pkg._run_child([sys.executable, "-c", child], 3, on_poll=lambda: seen.append(log.read_text()
+                                                                                   if log.exists() else ""))
+    assert seen[-1] == "012" and any(s and s != "012" for s in seen), seen   # before the end, and after
+    proc = pkg._run_child([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr)"], 60,
+                          on_poll=lambda: None)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "out\n", "err\n")
+
+
+def test_run_confirm_hands_each_finished_variant_over_once(tmp_path, monkeypatch):
+    from engine.export.confirm import partial_path
+
+    def child(argv, timeout_s, env=None, on_poll=None):
+        out = Path(argv[argv.index("--out") + 1])
+        partial = partial_path(out)
+        for done in ({"a": {"ok": True}}, {"a": {"ok": True}, "b": {"ok": False, "reason": "slower"}}):
+            partial.write_text(__import__("json").dumps({"env": {"gpu": "g"}, "variants": done}))
+            on_poll()
+            on_poll()
+        out.write_text('{"env": {"gpu": "g"}, "variants": {}}')
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(pkg, "_run_child", child)
+    got = []
+    pkg.run_confirm(tmp_path / "x.cast", {}, {}, tmp_path, on_variant=lambda *a: got.append(a))
+    assert got == [("a", {"ok": True}, {"gpu": "g"}), ("b", {"ok": False, "reason": "slower"}, {"gpu": "g"})]
+
+
+def test_the_confirmation_process_writes_each_variant_as_it_is_final(tmp_path, monkeypatch):
+    from engine.export import confirm as confirm_mod
+
+    def fake(cast, samples, timing, gate_host=True, only=None, on_variant=None):
+        assert only == ["b"]
+        on_variant("b", {"ok": True}, {"gpu": "g"})
+        assert confirm_mod.partial_path(tmp_path / "r.json").read_text() == \
+            '{"env": {"gpu": "g"}, "variants": {"b": {"ok": true}}}'
+        return {"env": {"gpu": "g"}, "variants": {"b": {"ok": True}}}
+
+    monkeypatch.setattr(confirm_mod, "confirm", fake)
+    (tmp_path / "job.json").write_text('{"samples": {}, "timing": {}, "only": ["b"]}')
+    assert confirm_mod.main(["--cast", "c", "--job", str(tmp_path / "job.json"), "--out", str(tmp_path / "r.json")]) == 0
+
+
 def test_a_workspace_that_cannot_take_checkpoints_still_exports_and_warns(ws, gpu):
     (ws / FOLDER).write_text("a file in the way")
     gpu.model["eager"] = lambda s: EAGER
@@ -197,11 +280,12 @@ def test_a_workspace_that_cannot_take_checkpoints_still_exports_and_warns(ws, gp
     assert any(w.startswith(f"checkpoints not written to {ws / FOLDER}") for w in result.warnings)
 
 
+STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"   # a checkpoint's time as progress shows it
+
+
 def _stamp(text: str, line_start: str) -> str:
     """The UTC time the progress line starting with `line_start` gives its checkpoint."""
-    import re
-
-    found = re.search(re.escape(line_start) + r" of (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC) reused", text)
+    found = re.search(re.escape(line_start) + rf" of ({STAMP}) reused", text)
     assert found, f"no line {line_start!r} … reused in:\n{text}"
     return found.group(1)
 
@@ -218,7 +302,7 @@ from cast_helpers import H200_ENV
 
 torch.cuda.is_available = lambda: True
 engine.cast.compat.current_env = lambda: dict(H200_ENV)
-pkg.run_confirm = lambda cast, samples, timing, tmp, timeout_s=1800: {{"env": {{}}, "variants": {{
+pkg.run_confirm = lambda cast, samples, timing, tmp, timeout_s=1800, **kw: {{"env": {{}}, "variants": {{
     v: {{"ok": True, "speedup": 1.5, "speedup_ci": [1.4, 1.6], "net_us": 1.0}} for v in samples}}}}
 CHILD = '''
 import os, signal, subprocess, sys, time

@@ -97,7 +97,7 @@ def no_gpu_steps(monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     monkeypatch.setattr(engine.cast.compat, "current_env", lambda: dict(H200_ENV))
 
-    def confirm(cast_path, samples, timing, tmp, timeout_s=1800):
+    def confirm(cast_path, samples, timing, tmp, timeout_s=1800, **kw):
         return injected_confirm(samples)
 
     def check(cast_path, sets, config, small, graphs, tmp, timeout_s=1800, target=None):

@@ -4,8 +4,11 @@ inputs), and time the public op with the override against the same op without it
 
     python -m engine.export.confirm --cast FILE.cast --job JOB.json --out RESULT.json
 
-JOB.json: {"samples": {variant_id: [sample file, ...]}, "timing": {TimingConfig fields}}. A variant
-without samples runs on inputs synthesised from its signature (what `audit --verify` does).
+JOB.json: {"samples": {variant_id: [sample file, ...]}, "timing": {TimingConfig fields}, "only": [variant_id,
+...] (optional: the variants to check; the others are installed, not checked)}. A variant without samples runs on
+inputs synthesised from its signature (what `audit --verify` does). Each variant's result is also written, as it is
+final, to RESULT.json.partial, which the exporter reads while it waits (progress, and checkpoints of the variants
+confirmed before an interruption).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import argparse
 import json
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -162,8 +166,11 @@ def _confirm_chain(state: Any, v: dict[str, Any], paths: list[str], device: Any,
 
 
 def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any],
-            gate_host: bool = True) -> dict[str, Any]:
-    """Run every check for every usable variant of the cast; returns JSON-ready results per variant."""
+            gate_host: bool = True, only: list[str] | None = None,
+            on_variant: Callable[[str, dict[str, Any], dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run every check for every usable variant of the cast (of those in `only` where given: the cast still
+    installs them all); returns JSON-ready results per variant. `on_variant(id, result, env)` is called as each
+    variant's result is final, so that a confirmation cut short keeps what it finished."""
     import warnings
 
     import torch
@@ -189,10 +196,20 @@ def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any
     flush = L2Flusher(device)
     cfg = TimingConfig.from_json(timing)
     by_id = {v["id"]: v for v in (cast.manifest or {}).get("variants", [])}
+    finished: list[tuple[str, dict[str, Any]]] = []   # the variant checked last, said once the next begins
+
+    def said() -> None:
+        if on_variant is not None and finished:
+            on_variant(*finished.pop(), results["env"])
+
     try:
         for state in cast.variants:
+            said()
+            if only is not None and state.id not in only:
+                continue
             r: dict[str, Any] = {"ok": False}
             results["variants"][state.id] = r
+            finished.append((state.id, r))
             if state.problem is not None or state.plan is None:
                 r["reason"] = state.problem or "not installed"
                 continue
@@ -261,9 +278,15 @@ def confirm(cast_path: str, samples: dict[str, list[str]], timing: dict[str, Any
                                f"{saved:.1f} µs of GPU time the kernel saves: a host-bound model would be slower")
                 continue
             r["ok"] = True
+        said()
     finally:
         cast.remove()
     return results
+
+
+def partial_path(out: str | Path) -> Path:
+    """Where the confirmation writes the variants it has finished, as it goes (`{"env", "variants"}`)."""
+    return Path(f"{out}.partial")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,9 +296,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
+    partial, done = partial_path(args.out), {}
+
+    def finished(vid: str, r: dict[str, Any], env: dict[str, Any]) -> None:
+        done[vid] = r
+        tmp = partial.with_name(partial.name + ".tmp")
+        tmp.write_text(json.dumps({"env": env, "variants": done}, default=str))
+        tmp.replace(partial)   # the exporter polls it: never half a file
+
     def work() -> dict[str, Any]:
         job = json.loads(Path(args.job).read_text())
-        return confirm(args.cast, job.get("samples", {}), job.get("timing", {}), job.get("gate_host", True))
+        return confirm(args.cast, job.get("samples", {}), job.get("timing", {}), job.get("gate_host", True),
+                       only=job.get("only"), on_variant=finished)
 
     return run_job(work, args.out)
 

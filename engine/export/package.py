@@ -8,6 +8,7 @@ and write the final cast with only the variants the confirmation kept.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -546,27 +547,13 @@ def _export_variants(workspace: Path, run_id: str | None, out: Path, log: Export
         k: env.get(k) for k in ("gpu", "arch", "torch", "cuda", "driver", "nvrtc")}, "kforge": source_digest()},
         fresh=fresh)
     source = log.source
-    confirm_key = checkpoints.key(timing=timing or {}, variants=[
-        {**_variant_key(v), "samples": [[s, _size(s)] for s in v.samples]} for v in variants])
-    done = checkpoints.load("confirm", confirm_key)
-    if done is not None:
-        results = done["result"]
-        progress(f"the fresh-process confirmation of {done['at']} reused "
-                 f"(checkpoint {checkpoints.shown(done['path'])})")
-    else:
-        progress(f"confirming {len(variants)} variant(s) in a fresh process")
-        with tempfile.TemporaryDirectory(prefix="kforge-export-") as tmp:
-            cand_path = Path(tmp) / "candidate.cast"
-            manifest, files, report = package(variants, env, source)
-            write_cast(cand_path, manifest, files, report)
-            results = run_confirm(cand_path, {v.vid: v.samples for v in variants}, timing or {}, Path(tmp))
-        checkpoints.save("confirm", confirm_key, results)
+    results = _confirmation(variants, env, source, timing or {}, checkpoints, progress)
     kept = []
     for v in variants:
-        r = results.get("variants", {}).get(v.vid, {})
+        r = results.get(v.vid, {})
         if r.get("ok"):
             v.confirmed = {k: r.get(k) for k in CONFIRMED_KEYS}
-            v.confirmed["gpu"] = results.get("env", {}).get("gpu")
+            v.confirmed["gpu"] = r.get("gpu")
             kept.append(v)
         else:
             excluded.append({"card_id": v.card["card_id"], "op": v.card["op"],
@@ -640,6 +627,52 @@ def _export_variants(workspace: Path, run_id: str | None, out: Path, log: Export
                               for v in kept], excluded, warnings, source.get("model_check"),
                         source.get("model_checks"), list(log.unchecked), source.get("graph_routes"),
                         source.get("layout_routes"))
+
+
+def _confirmation(variants: list[ExportVariant], env: dict[str, Any], source: dict[str, Any], timing: dict[str, Any],
+                  checkpoints: Checkpoints, progress: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    """Each variant's fresh-process confirmation (its result, with the GPU it ran on as "gpu"): reused from its own
+    checkpoint where one holds the same variant, samples and timing, else run, all the rest in one fresh process
+    (every variant installed, as in use), each checkpointed as the process finishes it: an export stopped part way
+    (Ctrl-C, a time limit) keeps the variants it confirmed. (Until 2026-12-06b one checkpoint held them all, and
+    an export stopped after confirming 26 of 27 variants in 146 s confirmed all 27 again.)"""
+    keys = {v.vid: checkpoints.key(timing=timing, variant={**_variant_key(v), "samples": [[s, _size(s)]
+                                                                                           for s in v.samples]})
+            for v in variants}
+    results: dict[str, dict[str, Any]] = {}
+    stamps = []
+    for v in variants:
+        done = checkpoints.load("confirm", keys[v.vid])
+        if done is not None:
+            results[v.vid] = done["result"]
+            stamps.append(done["at"])
+    if stamps:
+        progress(f"the fresh-process confirmation of {len(stamps)} of {len(variants)} variant(s) reused "
+                 f"(checkpoints of {min(stamps)}" + (f" to {max(stamps)}" if max(stamps) != min(stamps) else "")
+                 + f" in {FOLDER})")
+    todo = [v.vid for v in variants if v.vid not in results]
+    if not todo:
+        return results
+    progress(f"confirming {len(todo)} variant(s) in a fresh process")
+
+    def finished(vid: str, r: dict[str, Any], child_env: dict[str, Any]) -> None:
+        if vid in results or vid not in keys:
+            return
+        results[vid] = {**r, "gpu": child_env.get("gpu")}
+        checkpoints.save("confirm", keys[vid], results[vid])
+        n = sum(1 for x in todo if x in results)
+        progress(f"confirmed {n}/{len(todo)}: {vid} " + (f"({r['speedup']:.2f}x)" if r.get("speedup") else
+                                                          f"left out ({r.get('reason', 'no result')})"))
+
+    with tempfile.TemporaryDirectory(prefix="kforge-export-") as tmp:
+        cand_path = Path(tmp) / "candidate.cast"
+        manifest, files, report = package(variants, env, source)
+        write_cast(cand_path, manifest, files, report)
+        doc = run_confirm(cand_path, {v.vid: v.samples for v in variants if v.vid in todo}, timing, Path(tmp),
+                          only=todo if len(todo) < len(variants) else None, on_variant=finished)
+    for vid, r in doc.get("variants", {}).items():   # what the process finished and no poll saw
+        finished(vid, r, doc.get("env") or {})
+    return results
 
 
 def _variant_key(v: ExportVariant) -> dict[str, Any]:
@@ -1054,24 +1087,47 @@ def _child_result(proc: subprocess.CompletedProcess, out: Path, what: str) -> di
     return result
 
 
-def _run_child(argv: list[str], timeout_s: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+POLL_S = 1.0  # how often a waiting exporter calls `on_poll` (reads what the child has finished so far)
+
+
+def _run_child(argv: list[str], timeout_s: float, env: dict[str, str] | None = None,
+               on_poll: Callable[[], None] | None = None) -> subprocess.CompletedProcess:
     """`argv` in a fresh process (importing the same engine as this one) in a process group of its own, its
     output captured; `env`: variables to set in it. Whatever ends the wait (Ctrl-C, SIGTERM raised as
     KeyboardInterrupt, `timeout_s`) kills the group first, so that neither the child nor what it started
-    (torch.compile's workers) outlives it."""
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          env={**_child_env(), **(env or {})},
-                          start_new_session=True) as proc:
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout_s)
-        except BaseException:
+    (torch.compile's workers) outlives it. `on_poll` is called every POLL_S seconds while it runs, once more
+    when it has ended, and once after it was stopped (what it finished by then is kept)."""
+    deadline = time.monotonic() + timeout_s
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        # files, not pipes: nothing reads them while the child runs, and a full pipe would block it
+        with subprocess.Popen(argv, stdout=out, stderr=err, text=True, env={**_child_env(), **(env or {})},
+                              start_new_session=True) as proc:
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):  # the group is gone already
-                pass
-            proc.wait()
-            raise
-    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+                while True:
+                    try:
+                        proc.wait(timeout=max(0.0, min(deadline - time.monotonic(),
+                                                       POLL_S if on_poll else timeout_s)))
+                        break
+                    except subprocess.TimeoutExpired:
+                        if time.monotonic() >= deadline:
+                            raise subprocess.TimeoutExpired(argv, timeout_s) from None
+                        if on_poll is not None:
+                            on_poll()
+            except BaseException:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):  # the group is gone already
+                    pass
+                proc.wait()
+                if on_poll is not None:
+                    with contextlib.suppress(Exception):
+                        on_poll()
+                raise
+        if on_poll is not None:
+            on_poll()
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(argv, proc.returncode, out.read(), err.read())
 
 
 def _child_env() -> dict[str, str]:
@@ -1217,11 +1273,27 @@ def run_graph_check(cast_path: Path, config: str, small: bool, tmp: Path,
 
 
 def run_confirm(cast_path: Path, samples: dict[str, list[str]], timing: dict[str, Any], tmp: Path,
-                timeout_s: float = 1800) -> dict[str, Any]:
-    """`python -m engine.export.confirm` in a fresh process; its JSON result."""
+                timeout_s: float = 1800, only: list[str] | None = None,
+                on_variant: Callable[[str, dict[str, Any], dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """`python -m engine.export.confirm` in a fresh process; its JSON result. `only`: the variants to check (all
+    of the cast's by default). `on_variant(id, result, env)` is called here, in this process, for each variant as
+    the child finishes it (also when the wait is then cut short)."""
+    from engine.export.confirm import partial_path
 
     job, out = tmp / "job.json", tmp / "result.json"
-    job.write_text(json.dumps({"samples": samples, "timing": timing}))
+    job.write_text(json.dumps({"samples": samples, "timing": timing, **({"only": only} if only is not None else {})}))
+    partial, seen = partial_path(out), set()
+
+    def poll() -> None:
+        try:
+            doc = json.loads(partial.read_text())
+        except (OSError, ValueError):   # none yet
+            return
+        for vid, r in doc.get("variants", {}).items():
+            if vid not in seen:
+                seen.add(vid)
+                on_variant(vid, r, doc.get("env") or {})
+
     proc = _run_child([sys.executable, "-m", "engine.export.confirm", "--cast", str(cast_path), "--job", str(job),
-                       "--out", str(out)], timeout_s)
+                       "--out", str(out)], timeout_s, on_poll=poll if on_variant is not None else None)
     return _child_result(proc, out, "export: the confirmation process failed")
