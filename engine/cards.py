@@ -52,6 +52,7 @@ class OperatorCard:
     compile_us: float | None = None
     copy_us: float | None = None
     compile_note: str | None = None           # "no compile reference (reason)" where one was tried and failed
+    compile_untried: bool = False             # no compile reference because the run's budget for them was spent
     captured_calls: int = 0
     module_paths: dict[str, int] = field(default_factory=dict)
     capture_us: float = 0.0
@@ -98,21 +99,34 @@ def card_from_row(row: Mapping[str, Any]) -> OperatorCard:
         calls=int(row.get("calls") or 1), share=float(row.get("share") or 0.0), bytes=int(row.get("bytes") or 0),
         eager_us=row.get("eager_us"), roofline_us=row.get("roofline_us"),
         compile_us=row.get("compile_us"), copy_us=row.get("copy_us"), compile_note=compile_note(row.get("ref_stats")),
+        compile_untried=compile_untried(row.get("ref_stats")),
         captured_calls=int(row.get("captured_calls") or 0), module_paths=dict(row.get("module_paths") or {}),
         capture_us=float(row.get("capture_us") or 0.0), samples=_count(row.get("samples")),
         output_varies=bool(row.get("output_varies")), chain=_chain(row.get("chain")),
     )
 
 
-def compile_note(ref_stats: Any) -> str | None:
-    """"no compile reference (reason)" where a card's ref_stats (the store's JSON) record a failed try."""
+def _compile_stats(ref_stats: Any) -> Mapping[str, Any]:
+    """The torch.compile part of a card's ref_stats (the store's JSON text, or a dict); {} where none."""
     if isinstance(ref_stats, str):
         try:
             ref_stats = json.loads(ref_stats)
         except ValueError:
-            return None
-    err = ((ref_stats or {}).get("compile") or {}).get("error") if isinstance(ref_stats, Mapping) else None
+            return {}
+    got = (ref_stats or {}).get("compile") if isinstance(ref_stats, Mapping) else None
+    return got if isinstance(got, Mapping) else {}
+
+
+def compile_note(ref_stats: Any) -> str | None:
+    """"no compile reference (reason)" where a card's ref_stats (the store's JSON) record a failed try."""
+    err = _compile_stats(ref_stats).get("error")
     return f"no compile reference ({err})" if err else None
+
+
+def compile_untried(ref_stats: Any) -> bool:
+    """Whether a card's torch.compile reference was never tried: its run's budget for them was spent first (a later
+    run, or the run resumed, times it where its own budget allows)."""
+    return bool(_compile_stats(ref_stats).get("untried"))
 
 
 def copy_fraction(us: float | None, copy_us: float | None) -> float | None:

@@ -4,6 +4,7 @@ line, and in the export's and reproduce.py's per-card tables. No GPU: Inductor o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sqlite3
@@ -205,6 +206,40 @@ async def test_compile_can_be_skipped_and_the_copy_is_still_timed(lane, tmp_path
         (card,) = [card_from_row(c) for c in await store.get_cards("cap-1")]
     assert "compile" not in got["good"] and card.compile_us is None and card.compile_note is None
     assert card.copy_us == 4.0
+
+
+async def test_compile_references_a_spent_budget_never_reached_are_timed_by_a_later_run(lane, tmp_path):
+    # 2026-12-06b (H100): 17 of the VAE's 27 cards were left without a torch.compile reference by the run's budget,
+    # and no later run (or resume) of that capture timed them: the note it left counted as a try
+    from engine.run.command import _references
+    from engine.run.eager import measure_and_store_references
+    from engine.run.plan import CardState, SchedulePolicy
+
+    class Stages:
+        def __getattr__(self, name):
+            return lambda *a, **kw: None
+
+    proposer = SimpleNamespace(supports=lambda card: True)
+    async with await Store.open(tmp_path / "kforge.db") as store:
+        await store.save_capture({"id": "cap-1", "model": "m", "device": "cuda", "dtype": "float16"},
+                                 [_row("a"), _row("b")], [])
+        run_id = (await store.create_run("cap-1", "m", "builtin", {}))["id"]
+        refs = [card_from_row(r).ref(["x.st"]) for r in await store.get_cards("cap-1")]
+        await measure_and_store_references(lane, store, "cap-1", refs, budget_s=-1.0)
+        spent = {c["card_id"]: card_from_row(c) for c in await store.get_cards("cap-1")}
+        assert all(c.compile_untried and c.compile_us is None and c.copy_us == 4.0 for c in spent.values())
+        assert spent["a"].compile_note == "no compile reference (the run's -1 s for compile references was spent)"
+
+        def states():
+            return [CardState(dataclasses.replace(c, eager_us=10.0), ["x.st"]) for c in spent.values()]
+
+        # a run that times no torch.compile leaves them as they are
+        await _references(lane, store, "cap-1", states(), SchedulePolicy(), proposer, {"compile_ref": False},
+                          Stages(), run_id)
+        assert all(card_from_row(c).compile_untried for c in await store.get_cards("cap-1"))
+        await _references(lane, store, "cap-1", states(), SchedulePolicy(), proposer, {}, Stages(), run_id)
+        timed = {c["card_id"]: card_from_row(c) for c in await store.get_cards("cap-1")}
+    assert all(c.compile_us == 9.5 and not c.compile_untried and c.compile_note is None for c in timed.values())
 
 
 def test_the_run_flags_turn_the_compile_reference_off():

@@ -88,7 +88,7 @@ def twin_of(card: OperatorCard) -> OperatorCard | None:
         text = chain_text(list(ops), sig)
     return dataclasses.replace(card, card_id=card_id(sig), signature=sig, signature_text=text,
                                outputs=outputs, eager_us=None, roofline_us=None, compile_us=None, copy_us=None,
-                               compile_note=None)
+                               compile_note=None, compile_untried=False)
 
 
 def _twin_chain(signature: dict[str, Any]) -> bool:

@@ -68,13 +68,16 @@ async def _references(lane, store: Store, capture_id: str, cards: list[CardState
     from engine.run.eager import COMPILE_BUDGET_S, COMPILE_TIMEOUT_S, measure_and_store_references
     from engine.run.plan import reference_budget, reference_order
 
+    compile_ref = cfg.get("compile_ref", True)
+    # Cards never given references, and (where this run times torch.compile) those whose compile reference an
+    # earlier run's budget never reached: it kept a note and no time, and was not tried again until 2026-12-06b.
     todo = [c.ref for c in reference_order(
         [c for c in cards if c.eager_us is not None and c.ref.samples and c.share >= policy.min_share
-         and proposer.supports(c.card) and c.card.copy_us is None and c.card.compile_us is None
-         and c.card.compile_note is None])]
+         and proposer.supports(c.card)
+         and ((c.card.copy_us is None and c.card.compile_us is None and c.card.compile_note is None)
+              or (compile_ref and c.card.compile_untried))])]
     if not todo:
         return
-    compile_ref = cfg.get("compile_ref", True)
     what = "the copy of its bytes" + (" and torch.compile" if compile_ref else "")
     budget = reference_budget(cfg.get("wall_s"), COMPILE_BUDGET_S)
     if compile_ref and budget < COMPILE_BUDGET_S:

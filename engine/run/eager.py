@@ -58,13 +58,15 @@ async def measure_and_store_references(lane: GpuLane, store: Store, capture_id: 
         if compile:
             t1 = time.monotonic()
             if t1 - t0 > budget_s:
-                got: dict[str, Any] = {"error": f"the run's {budget_s:.0f} s for compile references was spent"}
+                got: dict[str, Any] = {"error": f"the run's {budget_s:.0f} s for compile references was spent",
+                                       "untried": True}
             else:
                 got = await measure_compiled(lane, card, mode=mode, timeout_s=timeout_s)
             seconds["compile"] = round(time.monotonic() - t1, 3)
             stats["compile"] = ({**got["compiled"], "mode": got.get("mode"), "compile_s": got.get("compile_s"),
                                  "throttled": got.get("throttled", 0), "seconds": seconds["compile"]}
-                                if "compiled" in got else {"error": got["error"], "seconds": seconds["compile"]})
+                                if "compiled" in got else {"error": got["error"], "seconds": seconds["compile"],
+                                                           **({"untried": True} if got.get("untried") else {})})
         await tell(progress, i, len(cards), card, seconds)
         out[card.card_id] = stats
         await store.update_card_refs(capture_id, card.card_id,
