@@ -243,7 +243,16 @@ def test_ops_searches_a_chosen_card_below_the_share_floor(cli, tmp_path):
     assert gelu_card("--ops", "gelu")["candidates"] >= 1
 
 
-def test_a_provider_that_never_answers_is_an_error_not_a_finished_run(cli, tmp_path, monkeypatch):
+@pytest.fixture
+def no_backoff(monkeypatch):
+    """The provider's retries without their backoff sleeps (up to 0.5 + 1 + 2 + 4 s per proposal): every
+    attempt still goes to the closed port and fails, one after another, as many as the policy allows."""
+    from engine.propose.providers.retry import RetryPolicy
+
+    monkeypatch.setattr(RetryPolicy, "backoff", lambda self, attempt: 0.0)
+
+
+def test_a_provider_that_never_answers_is_an_error_not_a_finished_run(cli, tmp_path, monkeypatch, no_backoff):
     # A wrong --base-url: every proposal failed in the provider call, and the run said 'done', exit 0.
     import socket
 
@@ -262,7 +271,8 @@ def test_a_provider_that_never_answers_is_an_error_not_a_finished_run(cli, tmp_p
 
 
 
-def test_a_provider_that_never_answers_stops_the_run_early_and_resumable(cli, tmp_path, monkeypatch):
+def test_a_provider_that_never_answers_stops_the_run_early_and_resumable(cli, tmp_path, monkeypatch,
+                                                                     no_backoff):
     # With a budget of many proposals the run spent every one of them failing at the closed port: now it stops
     # after PROVIDER_GIVE_UP failures in a row before any answer, says so, and the run can be resumed.
     import socket
