@@ -404,3 +404,8 @@ def test_a_whole_model_check_that_broke_is_said_as_it_happens(ws, gpu):
     assert "whole-model check (CUDA-graph replays) broke: export: the whole-model check failed (exit 1): CUDA out " \
            "of memory" in lines
     assert any("the cast is written without a whole-model check" in w for w in result.warnings)
+
+
+def test_a_child_that_prints_bytes_no_codec_reads_is_still_read(tmp_path):
+    proc = pkg._run_child([sys.executable, "-c", "import sys; sys.stderr.buffer.write(b'bad \\xff byte\\n')"], 60)
+    assert proc.returncode == 0 and proc.stderr.startswith("bad ") and proc.stderr.endswith(" byte\n")

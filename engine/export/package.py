@@ -1098,7 +1098,8 @@ def _run_child(argv: list[str], timeout_s: float, env: dict[str, str] | None = N
     (torch.compile's workers) outlives it. `on_poll` is called every POLL_S seconds while it runs, once more
     when it has ended, and once after it was stopped (what it finished by then is kept)."""
     deadline = time.monotonic() + timeout_s
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as out, \
+            tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as err:
         # files, not pipes: nothing reads them while the child runs, and a full pipe would block it
         with subprocess.Popen(argv, stdout=out, stderr=err, text=True, env={**_child_env(), **(env or {})},
                               start_new_session=True) as proc:
