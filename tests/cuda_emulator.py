@@ -1,7 +1,7 @@
 """Runs generated CUDA on the CPU: g++ compiles the kernels against a small CUDA shim and runs them.
 
 One OS thread per CUDA thread; the blocks of a thread-block cluster (or of a cooperative launch's whole
-grid) run together, clusters (or single blocks) one after another. std::barrier stands in for __syncthreads, warp shuffles and the cluster
+grid) run together, clusters (or single blocks) one after another. A barrier whose waiters sleep (emu_barrier) stands in for __syncthreads, warp shuffles and the cluster
 barrier (kf_cluster_sync); cp.async (kf_async_copy16) lands when waited for; a thread that returns drops out of them, as exited threads do on the GPU.
 Every buffer is allocated at its exact size (AddressSanitizer reports any access outside it) at its
 original offset modulo 16, and UBSan's alignment check reports misaligned accesses. Each launch's scalar arguments are
@@ -26,7 +26,6 @@ from engine.capture.signature import storage_extent
 SHIM = r"""
 #include <algorithm>
 #include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -35,6 +34,9 @@ SHIM = r"""
 #include <memory>
 #include <thread>
 #include <vector>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #define __global__
 #define __device__
 #define __host__
@@ -46,16 +48,41 @@ SHIM = r"""
 #define __cluster_dims__(...)
 using std::max;
 using std::min;
+// A barrier with std::barrier's arrive_and_wait / arrive_and_drop whose waiters sleep on a futex at once:
+// std::barrier spins on sched_yield first, and with a thread per CUDA thread on a few cores most of the
+// time went there.
+struct emu_barrier {
+  explicit emu_barrier(ptrdiff_t n) : expected(n), left(n) {}
+  void arrive_and_wait() {
+    const uint32_t mine = phase.load();  // the phase cannot end before this thread arrives
+    if (arrive()) return;
+    while (phase.load() == mine) syscall(SYS_futex, &phase, FUTEX_WAIT_PRIVATE, mine, nullptr, nullptr, 0);
+  }
+  void arrive_and_drop() {  // arrives for this phase and leaves the later ones
+    expected.fetch_sub(1);
+    arrive();
+  }
+ private:
+  bool arrive() {  // true when this arrival completed the phase
+    if (left.fetch_sub(1) > 1) return false;
+    left.store(expected.load());
+    phase.fetch_add(1);
+    syscall(SYS_futex, &phase, FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
+    return true;
+  }
+  std::atomic<ptrdiff_t> expected, left;
+  std::atomic<uint32_t> phase{0};
+};
 struct emu_dim3 { unsigned x = 0, y = 0, z = 0; };
 inline thread_local emu_dim3 threadIdx, blockIdx;
 inline emu_dim3 blockDim, gridDim;
 struct emu_block {  // the synchronisation state of one running block
-  std::unique_ptr<std::barrier<>> bar;
-  std::vector<std::unique_ptr<std::barrier<>>> warps;
+  std::unique_ptr<emu_barrier> bar;
+  std::vector<std::unique_ptr<emu_barrier>> warps;
   std::vector<uint32_t> slots;
 };
 inline thread_local emu_block* emu_me = nullptr;
-inline thread_local std::barrier<>* emu_cluster_bar = nullptr;
+inline thread_local emu_barrier* emu_cluster_bar = nullptr;
 inline void __syncthreads() { emu_me->bar->arrive_and_wait(); }
 inline void kf_cluster_sync() { emu_cluster_bar->arrive_and_wait(); }
 // cp.async: a thread's copies land only when its kf_async_wait<N> retires their group (oldest first), so a
@@ -71,14 +98,17 @@ template <int N> inline void kf_async_wait() {
     emu_groups.erase(emu_groups.begin());
   }
 }
-template <class T> inline T emu_shfl(T v, int src) {  // 32-bit shuffles within the thread's warp
+// 32-bit shuffles within the thread's warp, one warp barrier each: the slots of alternate shuffles are two
+// halves of `slots`, so a thread writing shuffle k+2's value (past shuffle k+1's barrier, which every live
+// thread of its warp reached after reading shuffle k's) never overwrites one still to be read.
+inline thread_local unsigned emu_shfl_round = 0;  // shuffles this thread made in its block (0 at its start)
+template <class T> inline T emu_shfl(T v, int src) {
   static_assert(sizeof(T) == 4, "32-bit shuffles only");
-  const unsigned t = threadIdx.x, w = t / 32;
-  std::memcpy(&emu_me->slots[t], &v, 4);
+  const unsigned t = threadIdx.x, w = t / 32, half = (emu_shfl_round++ & 1u) * blockDim.x;
+  std::memcpy(&emu_me->slots[half + t], &v, 4);
   emu_me->warps[w]->arrive_and_wait();
   T r;
-  std::memcpy(&r, &emu_me->slots[w * 32 + (src & 31)], 4);
-  emu_me->warps[w]->arrive_and_wait();
+  std::memcpy(&r, &emu_me->slots[half + w * 32 + (src & 31)], 4);
   return r;
 }
 template <class T> inline T __shfl_sync(unsigned, T v, int src) { return emu_shfl(v, src); }
@@ -176,14 +206,14 @@ template <class F> void emu_launch(F&& kernel, unsigned grid, unsigned block, un
   const unsigned groups = (grid + cluster - 1) / cluster;
   std::vector<emu_block> blocks(grid);
   for (auto& blk : blocks) {
-    blk.bar.reset(new std::barrier<>(block));
+    blk.bar.reset(new emu_barrier(block));
     for (unsigned w = 0; w * 32 < block; ++w)
-      blk.warps.emplace_back(new std::barrier<>(std::min(32u, block - w * 32)));
-    blk.slots.assign(block, 0u);
+      blk.warps.emplace_back(new emu_barrier(std::min(32u, block - w * 32)));
+    blk.slots.assign(2 * block, 0u);
   }
-  std::vector<std::unique_ptr<std::barrier<>>> cbars;
-  for (unsigned g = 0; g < groups; ++g) cbars.emplace_back(new std::barrier<>(block * cluster));
-  std::barrier<> between(block * cluster);
+  std::vector<std::unique_ptr<emu_barrier>> cbars;
+  for (unsigned g = 0; g < groups; ++g) cbars.emplace_back(new emu_barrier(block * cluster));
+  emu_barrier between(block * cluster);
   std::vector<std::thread> ts;
   for (unsigned q = 0; q < cluster; ++q)
     for (unsigned t = 0; t < block; ++t)
@@ -195,6 +225,7 @@ template <class F> void emu_launch(F&& kernel, unsigned grid, unsigned block, un
             threadIdx = {t, 0, 0};
             blockIdx = {b, 0, 0};
             emu_me = &blocks[b];
+            emu_shfl_round = 0;
             kernel(q);
             emu_me->bar->arrive_and_drop();  // an exited thread leaves the barriers, as on the GPU
             emu_me->warps[t / 32]->arrive_and_drop();
