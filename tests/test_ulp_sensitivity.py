@@ -13,8 +13,12 @@ def _run(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
-def test_nudging_relu_outputs_by_one_ulp_moves_resnet50_and_eager_repeats_exactly():
-    p = _run("resnet50", "--ops", "relu", "--fraction", "0.5", "--json")
+def test_nudging_relu_outputs_by_one_ulp_moves_resnet50_and_eager_repeats_exactly(tmp_path):
+    # ResNet-50's small build at 64x64 (at 224x224 its three float16 forwards took most of the test's ~20 s on
+    # a CI core); every relu is still nudged and the output still moves
+    config = tmp_path / "resnet50.toml"
+    config.write_text((ROOT / "configs/models/resnet50.toml").read_text().replace("batch = 2", "batch = 2\nimage_size = 64"))
+    p = _run(str(config), "--ops", "relu", "--fraction", "0.5", "--json")
     assert p.returncode == 0, p.stderr[-2000:]
     r = json.loads(p.stdout)
     assert r["rel_l2_eager_vs_eager"] == 0.0  # eager is deterministic: any distance below is the nudge's
