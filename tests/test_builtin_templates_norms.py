@@ -309,17 +309,32 @@ def _walk(name: str, card: OperatorCard, steps: int, seed: int) -> list[dict]:
     return out
 
 
+_POOL: list[Any] = []
+
+
+def _compile_pool() -> Any:
+    """The compile pool (two NVRTC worker processes) of every _compile_all in this process: a pool per call
+    spawned its workers, loaded NVRTC and built their precompiled headers again, ~1.5 s each time."""
+    if not _POOL:
+        import atexit
+
+        from engine.compile import CompilePool
+
+        _POOL.append(CompilePool(max_workers=2))
+        atexit.register(_POOL[0].close)
+    return _POOL[0]
+
+
 def _compile_all(jobs: dict[str, tuple[Any, set[str]]]) -> None:
     """Compile every source for sm_90 (two workers); each must compile without a warning and define the
     kernels its specs launch."""
-    from engine.compile import CompilePool
-
-    pool = CompilePool(max_workers=2)
+    pool = _compile_pool()
     try:
         futures = {src: pool.submit(src, arch="sm_90") for src in jobs}
         results = {src: f.result(timeout=300) for src, f in futures.items()}
-    finally:
-        pool.close()
+    except BaseException:
+        _POOL.pop().close()  # a stuck or broken pool is not the next test's
+        raise
     for src, res in results.items():
         what, launched = jobs[src]
         assert res.ok, f"{what}: {res.summary()}\n{src[-2000:]}"
