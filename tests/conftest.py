@@ -20,7 +20,8 @@ def _share_the_cores_between_workers() -> None:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
     if not workers or "OMP_NUM_THREADS" in os.environ:
         return
-    threads = max(1, len(os.sched_getaffinity(0)) // workers)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)  # macOS
+    threads = max(1, cores // workers)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     if threads < torch.get_num_threads():
         torch.set_num_threads(threads)
