@@ -100,6 +100,70 @@ def test_the_route_runs_the_convolutions_channels_last_and_gives_eager_strides_b
     assert m.blocks[0].probe.seen == "contiguous"
 
 
+def _aten_calls(fn) -> dict[str, int]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as p:
+        fn()
+    out: dict[str, int] = {}
+    for e in p.events():
+        if e.name in ("aten::group_norm", "aten::native_group_norm"):
+            out[e.name] = out.get(e.name, 0) + 1
+    return out
+
+
+def test_inside_a_route_group_norm_runs_on_the_channels_last_tensor_itself():
+    """On CUDA the composite aten::group_norm copies a channels-last input to NCHW (sd35_medium's routed Decoder:
+    26 ms of copies). Inside a route the GroupNorms call native_group_norm on the routed tensor directly; outside
+    it, PyTorch's F.group_norm runs as it always does."""
+    m, x = _net(), torch.randn(2, 8, 16, 16)
+    with torch.no_grad():
+        ref = m(x)
+        assert _aten_calls(lambda: m(x)) == {"aten::group_norm": 2, "aten::native_group_norm": 2}
+        ls = _routes(m, learn=True)
+        with ls:
+            m(x)   # learns the signature (the original forward)
+            calls = _aten_calls(lambda: m(x))
+            got = m(x)
+        assert calls == {"aten::native_group_norm": 2}, calls
+        assert m.blocks[1].probe.seen == "channels_last"
+        assert _aten_calls(lambda: m(x)) == {"aten::group_norm": 2, "aten::native_group_norm": 2}
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    assert next(iter(ls.routes.values())).keep_group_norm
+
+
+def test_group_norm_keeping_layout_is_f_group_norm_on_channels_last_tensors_and_declines_the_rest():
+    from engine.cast.layouts import _group_norm_keeping_layout
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 5, 7).contiguous(memory_format=torch.channels_last)
+    w, b = torch.randn(8), torch.randn(8)
+    got = _group_norm_keeping_layout(x, 4, w, b, 1e-6)
+    assert got.is_contiguous(memory_format=torch.channels_last) and not got.is_contiguous()
+    assert torch.equal(got, torch.nn.functional.group_norm(x, 4, w, b, 1e-6))
+    assert torch.equal(_group_norm_keeping_layout(x, 2), torch.nn.functional.group_norm(x, 2))
+    # not a 4-D channels-last tensor, or a call F.group_norm refuses: it runs as it is (and raises its own error)
+    assert _group_norm_keeping_layout(x.contiguous(), 4, w, b) is None
+    assert _group_norm_keeping_layout(torch.randn(2, 8, 6), 4) is None
+    assert _group_norm_keeping_layout(x, 3, w, b) is None
+    assert _group_norm_keeping_layout(x, 4, torch.randn(4), b) is None
+    assert _group_norm_keeping_layout(x, 0) is None
+
+
+def test_a_route_without_a_group_norm_enters_no_torch_function_mode():
+    class Plain(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.Conv2d(4, 4, 1)
+
+        def forward(self, x):
+            return self.c2(torch.relu(self.c1(x)))
+
+    m = Plain().eval()
+    ls = LayoutSet(m, lambda path, mod: type(mod) is Plain, learn=True)
+    assert not next(iter(ls.routes.values())).keep_group_norm
+
+
 def test_a_route_from_recorded_signatures_serves_only_those():
     m, x = _net(), torch.randn(2, 8, 16, 16)
     with torch.no_grad():

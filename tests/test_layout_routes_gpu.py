@@ -86,6 +86,49 @@ def test_a_routed_stack_runs_nhwc_and_agrees_with_eager():
     assert routed_t < eager_t, (routed_t, eager_t)
 
 
+class Seen(torch.nn.Module):
+    """Records whether what reaches it is channels-last."""
+
+    def forward(self, x):
+        self.channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+        return x
+
+
+class SeenHalf(Half):
+    def __init__(self, c):
+        super().__init__(c)
+        self.seen = Seen()
+
+    def forward(self, x):
+        return x + self.conv2(self.seen(torch.nn.functional.silu(self.norm(self.conv1(x)))))
+
+
+def test_inside_a_route_group_norm_keeps_channels_last_on_cuda():
+    """CUDA's aten::group_norm copies a channels-last input to NCHW (the CPU's does not): inside a route the
+    GroupNorms run on the channels-last tensor itself, so the convolution after them runs NHWC too and the
+    routed stack launches almost none of cuDNN's transposes (eager: about two per convolution)."""
+    from engine.cast.layouts import LayoutSet
+
+    torch.manual_seed(0)
+    m = Stack().cuda().to(torch.bfloat16).eval()
+    m.halves = torch.nn.ModuleList([SeenHalf(128) for _ in range(3)]).cuda().to(torch.bfloat16).eval()
+    x = torch.randn(1, 128, 128, 128, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        ref = m(x)
+        eager_t = _transposes(lambda: m(x))
+        assert not m.halves[1].seen.channels_last
+        ls = LayoutSet(m, lambda path, mod: type(mod) is Stack, learn=True)
+        with ls:
+            m(x)
+            got = m(x)
+            assert all(h.seen.channels_last for h in m.halves)
+            routed_t = _transposes(lambda: m(x))
+    print(f"layout-route group_norm: transposes eager {eager_t}, routed {routed_t}")
+    assert ls.summary()["hits"] >= 1 and not ls.summary()["failed"]
+    assert routed_t <= eager_t // 4, (routed_t, eager_t)
+    assert (got.float() - ref.float()).norm() <= 2e-2 * ref.float().norm()
+
+
 def test_the_export_check_tries_the_vaes_classes_in_a_fresh_process(tmp_path):
     from engine.cast.compat import current_env
     from engine.cast.format import write_cast

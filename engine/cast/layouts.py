@@ -10,6 +10,15 @@ module's own forward runs (a convolution given a channels-last input runs NHWC a
 ops, upsampling and the cast's channels-last twins keep the layout), and every output tensor is given back
 in the strides eager gives it at that signature. No parameter, buffer or line of the model changes.
 
+GroupNorm. On CUDA, `F.group_norm` (the composite `aten::group_norm`) copies a channels-last input to NCHW
+before `native_group_norm`: in a routed VAE decoder every GroupNorm copied its input back to NCHW, the
+convolution after it ran with its transposes again, and the residual add mixed layouts (sd35_medium's Decoder
+routed: 26 ms of copies, 0.64x; docs/results/sd35-layout-2026-12-06c/). While a routed forward runs,
+`F.group_norm` of a 4-D channels-last tensor calls `native_group_norm` on it directly (`_KeepLayout`, a
+TorchFunctionMode entered only for modules holding an `nn.GroupNorm`): the same op the composite calls, on the
+same values, so the cast's channels-last twin serves it where it holds one (and eager's own kernel, slower on
+channels-last, where it does not: the export's whole-model trial says whether the route pays).
+
 The export proves a route per module class on the whole model (engine/export/layout_check.py): the model's
 output with the route must agree with eager PyTorch's about as well as the cast's own kernels let it, and the
 model must be faster with confidence. The cast records the class and each proven signature (arguments, and
@@ -111,6 +120,44 @@ class LayoutStats:
                 "failed": dict(self.failed)}
 
 
+_GROUP_NORM = torch.nn.functional.group_norm
+_native_group_norm = torch.ops.aten.native_group_norm.default
+
+
+def _channels_last_4d(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.dim() == 4 and not t.is_contiguous() \
+        and t.is_contiguous(memory_format=torch.channels_last)
+
+
+def _group_norm_keeping_layout(input: Any, num_groups: int, weight: Any = None, bias: Any = None,
+                               eps: float = 1e-5) -> Any:
+    """`F.group_norm` of a 4-D channels-last tensor as `native_group_norm` of the tensor itself (the composite
+    copies it to NCHW first on CUDA); None where the call is not that (F.group_norm runs as it is)."""
+    if not _channels_last_4d(input) or type(num_groups) is not int or num_groups <= 0:
+        return None
+    n, c, h, w = input.shape
+    if c % num_groups or any(t is not None and (not isinstance(t, torch.Tensor) or tuple(t.shape) != (c,))
+                             for t in (weight, bias)):
+        return None   # F.group_norm raises its own error
+    return _native_group_norm(input, weight, bias, n, c, h * w, num_groups, float(eps))[0]
+
+
+class _KeepLayout(torch.overrides.TorchFunctionMode):
+    """While a routed forward runs: GroupNorm keeps a channels-last input's layout (see the module doc)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is _GROUP_NORM:
+            out = _group_norm_keeping_layout(*args, **kwargs)
+            if out is not None:
+                return out
+        return func(*args, **kwargs)
+
+
+def _holds_group_norm(module: torch.nn.Module) -> bool:
+    return any(isinstance(m, torch.nn.GroupNorm) for m in module.modules())
+
+
 def _outputs(out: Any) -> tuple[list[Any], Any, str | None]:
     """The forward's output flattened (pytree), its spec, and why a route cannot take it (None when it can)."""
     leaves, spec = tree_flatten(out)
@@ -137,6 +184,7 @@ class LayoutRoute(modules.NotCopied):
         self.refused: set[tuple] = set()  # signatures a trial found a route cannot take (never learned again)
         self.stats = LayoutStats()
         self.active = False
+        self.keep_group_norm = _holds_group_norm(module)
 
     def add(self, record: dict[str, Any], device_index: int) -> bool:
         """A proven signature from a manifest; False when it cannot be read."""
@@ -226,7 +274,11 @@ class LayoutRoute(modules.NotCopied):
         for k in e.convert:
             routed[k] = args[k].contiguous(memory_format=torch.channels_last)
         try:
-            out = self._forward(m, *routed)
+            if self.keep_group_norm:
+                with _KeepLayout():
+                    out = self._forward(m, *routed)
+            else:
+                out = self._forward(m, *routed)
         except Exception as exc:  # the forward needs eager's layout somewhere (a view): PyTorch from now on
             self._give_up(key, f"the forward raised on channels-last arguments: {type(exc).__name__}: {exc}")
             return self.original(*args)
