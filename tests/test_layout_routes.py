@@ -150,6 +150,34 @@ def test_group_norm_keeping_layout_is_f_group_norm_on_channels_last_tensors_and_
     assert _group_norm_keeping_layout(x, 0) is None
 
 
+def test_where_native_group_norm_refuses_channels_last_the_route_falls_back_to_f_group_norm(monkeypatch):
+    """CUDA's eager native_group_norm takes NCHW only (torch 2.11 raises "Expected X.is_contiguous(memory_format)"
+    on a channels-last tensor; the H100 showed it on the GPU test). Without a cast variant for that signature the
+    route must not give up: that GroupNorm goes through F.group_norm (its copy to NCHW), asked once per signature."""
+    from engine.cast import layouts
+
+    tried = []
+
+    def refuses(x, *args):
+        tried.append(tuple(x.shape))
+        raise RuntimeError("Expected X.is_contiguous(memory_format) to be true, but got false.")
+
+    monkeypatch.setattr(layouts, "_native_group_norm", refuses)
+    monkeypatch.setattr(layouts, "_REFUSED", set())
+    m, x = _net(), torch.randn(2, 8, 16, 16)
+    with torch.no_grad():
+        ref = m(x)
+        ls = _routes(m, learn=True)
+        with ls:
+            m(x)
+            first = m(x)
+            calls = _aten_calls(lambda: m(x))
+    assert tried == [(2, 8, 16, 16)]   # both blocks' GroupNorms have one signature: asked once, remembered
+    assert calls == {"aten::group_norm": 2, "aten::native_group_norm": 2}
+    assert ls.summary()["hits"] == 2 and not ls.summary()["failed"]
+    torch.testing.assert_close(first, ref, rtol=1e-5, atol=1e-5)
+
+
 def test_a_route_without_a_group_norm_enters_no_torch_function_mode():
     class Plain(torch.nn.Module):
         def __init__(self):

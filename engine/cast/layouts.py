@@ -16,8 +16,10 @@ convolution after it ran with its transposes again, and the residual add mixed l
 routed: 26 ms of copies, 0.64x; docs/results/sd35-layout-2026-12-06c/). While a routed forward runs,
 `F.group_norm` of a 4-D channels-last tensor calls `native_group_norm` on it directly (`_KeepLayout`, a
 TorchFunctionMode entered only for modules holding an `nn.GroupNorm`): the same op the composite calls, on the
-same values, so the cast's channels-last twin serves it where it holds one (and eager's own kernel, slower on
-channels-last, where it does not: the export's whole-model trial says whether the route pays).
+same values, so the cast's channels-last twin serves it where it holds one. Where none does, eager's CUDA
+kernel refuses a channels-last tensor (torch 2.11: "Expected X.is_contiguous(memory_format)", checked before it
+launches anything): that signature then goes through F.group_norm as before (its copy), remembered per set of
+casts serving, and the export's whole-model trial says whether the route still pays.
 
 The export proves a route per module class on the whole model (engine/export/layout_check.py): the model's
 output with the route must agree with eager PyTorch's about as well as the cast's own kernels let it, and the
@@ -122,6 +124,8 @@ class LayoutStats:
 
 _GROUP_NORM = torch.nn.functional.group_norm
 _native_group_norm = torch.ops.aten.native_group_norm.default
+# Channels-last signatures native_group_norm refused (with the casts serving then): F.group_norm runs for them
+_REFUSED: set[tuple] = set()
 
 
 def _channels_last_4d(t: Any) -> bool:
@@ -139,7 +143,19 @@ def _group_norm_keeping_layout(input: Any, num_groups: int, weight: Any = None, 
     if c % num_groups or any(t is not None and (not isinstance(t, torch.Tensor) or tuple(t.shape) != (c,))
                              for t in (weight, bias)):
         return None   # F.group_norm raises its own error
-    return _native_group_norm(input, weight, bias, n, c, h * w, num_groups, float(eps))[0]
+    key = (input.dtype, tuple(input.shape), input.stride(), input.device, runtime.serving())
+    if key in _REFUSED:
+        return None
+    try:
+        return _native_group_norm(input, weight, bias, n, c, h * w, num_groups, float(eps))[0]
+    except RuntimeError:
+        # eager's CUDA kernel takes NCHW only ("Expected X.is_contiguous(memory_format)", checked before any
+        # launch): without a cast variant for this channels-last signature, the composite's copy it is
+        with _LOCK:
+            if len(_REFUSED) >= 256:
+                _REFUSED.clear()
+            _REFUSED.add(key)
+        return None
 
 
 class _KeepLayout(torch.overrides.TorchFunctionMode):
