@@ -57,6 +57,10 @@ def _cards(dtypes: tuple[torch.dtype, ...] = DTYPES) -> tuple[OperatorCard, ...]
     from test_builtin_chains import _cases  # the chain cards of every chain template (toy modules, traced)
 
     cards += list(_cases().values())
+    from test_builtin_resample import _x, card_of  # nearest upsampling, NCHW and channels-last
+
+    cards += [card_of(_x([1, 32, 8, 8], dt, fmt), scale_factor=2.0) for dt in dtypes
+              for fmt in (torch.contiguous_format, torch.channels_last)]
     return tuple(cards)
 
 

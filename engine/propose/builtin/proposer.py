@@ -15,7 +15,8 @@ from engine.propose.builtin.template import H200, Rendered, Template
 
 # Modules that export TEMPLATES: list[Template]. A module that is missing is skipped, so template
 # families can land one by one.
-_MODULES = ("elementwise", "softmax", "pooling", "group_norm", "group_norm_cl", "row_norms", "batch_norm", "chains")
+_MODULES = ("elementwise", "softmax", "pooling", "group_norm", "group_norm_cl", "row_norms", "batch_norm", "chains",
+            "resample")
 # Keys the proposer adds to a template's params (the template's name, the plan's description): not
 # parameters of the template, so they never take part in comparing two candidates' params.
 _BOOKKEEPING = ("template", "plan")
