@@ -3,7 +3,7 @@
 # every GroupNorm copied its input back to NCHW (probe.py, this folder). Resumable: run it again on the same warm
 # machine (state in /tmp/o, /tmp/ws) until e2e.done. LIMIT: seconds for this call (default 565). WALL: the run's
 # wall time in all (default 330). First the new GPU test (layout routes keep GroupNorm channels-last on CUDA).
-# Steps: run --ops 'module|group_norm' --no-compile-ref --iterations 8 (every GroupNorm card and its channels-last
+# Steps: run --ops 'module|group_norm|upsample' --no-compile-ref --iterations 8 (every GroupNorm card and its channels-last
 # twin searched within the wall time) -> export --target eager (graph and layout routes tried) -> bench_e2e.
 # carry: .whl
 [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl  # the wheelhouse
@@ -34,7 +34,7 @@ if p.exists():
   if [ -n "$id" ]; then what="--resume $id"; else what=$CFG; fi
   l=$(( $(left) - 40 )); stamp "run $what wall=$wall limit=$l"; t0=$SECONDS
   timeout -s INT -k 30 $l python3 -m kforge_tui run --no-tui --json --workspace $W $what --wall-time $wall \
-    --ops 'module|group_norm' --no-compile-ref --iterations 8 >> $O/run.json 2>> $O/run.log; rc=$?
+    --ops 'module|group_norm|upsample' --no-compile-ref --iterations 8 >> $O/run.json 2>> $O/run.log; rc=$?
   echo $((spent + SECONDS - t0)) > $O/run_spent; stamp "run rc=$rc"
   [ $rc = 0 ] && touch $O/run.done
 fi
