@@ -591,6 +591,15 @@ def is_contiguous(shape: Sequence[int], stride: Sequence[int]) -> bool:
     return meaningful_strides(shape, stride) == meaningful_strides(shape, contiguous_strides(shape))
 
 
+def channels_last(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    """[N, C, *spatial] laid out as [N, *spatial, C] contiguous (the channels innermost), C > 1; size-1
+    dims' strides do not matter (as torch's own check)."""
+    if len(shape) < 3 or int(shape[1]) <= 1:
+        return False
+    order = [0, *range(2, len(shape)), 1]
+    return is_contiguous([int(shape[d]) for d in order], [int(stride[d]) for d in order])
+
+
 def dense_order(shape: Sequence[int], stride: Sequence[int]) -> list[int] | None:
     """engine.capture.signature.dense_order (imported on first use, with torch)."""
     from engine.capture.signature import dense_order as order

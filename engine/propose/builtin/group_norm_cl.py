@@ -301,13 +301,7 @@ TILE_C = (64, 32, 128, 16, 8)
 SMEM_STATIC = 48 * 1024  # a block's static shared memory
 
 
-def channels_last(shape: Sequence[int], stride: Sequence[int]) -> bool:
-    """[N, C, *spatial] laid out as [N, *spatial, C] contiguous (the channels innermost), C > 1; size-1
-    dims' strides do not matter (as torch's own check)."""
-    if len(shape) < 3 or int(shape[1]) <= 1:
-        return False
-    order = [0, *range(2, len(shape)), 1]
-    return cc.is_contiguous([int(shape[d]) for d in order], [int(stride[d]) for d in order])
+channels_last = cc.channels_last   # (chains.py imports it from here)
 
 
 class GroupNormChannelsLastTemplate(Template):

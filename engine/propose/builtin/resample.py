@@ -53,9 +53,7 @@ def source_index(out_index: int, scale: float, in_size: int) -> int:
 
 
 def _plan(card: OperatorCard) -> dict[str, Any]:
-    x = cc.usable_tensor(card, "self")
-    if x["dtype"] not in cc.DTYPES:
-        raise _Decline(f"dtype {x['dtype']}")
+    x = cc.usable_tensor(card, "self")   # a float dtype the kernels read, on CUDA
     shape = [int(s) for s in x["shape"]]
     if len(shape) != 4:
         raise _Decline(f"a {len(shape)}-D input (the template takes 4-D images)")
@@ -77,11 +75,9 @@ def _plan(card: OperatorCard) -> dict[str, Any]:
         raise _Decline("the input shares storage with another argument")
     o_shape = [n, c, oh, ow]
     o_stride = [int(v) for v in out["stride"]]
-    from engine.capture.twins import channels_last_strides
-
     if cc.is_contiguous(o_shape, o_stride):
         strategy = "rows"
-    elif cc.meaningful_strides(o_shape, o_stride) == cc.meaningful_strides(o_shape, channels_last_strides(o_shape)):
+    elif cc.channels_last(o_shape, o_stride):
         strategy = "channels"
     else:
         raise _Decline(f"output strides {o_stride} are neither row-major nor channels-last")
@@ -99,24 +95,23 @@ class UpsampleNearestTemplate(Template):
     def accepts(self, card: OperatorCard, *, hw: Hardware = H200) -> str | None:
         return cc.why_declined(_plan, card)
 
-    def _vecs(self, p: dict[str, Any]) -> list[int]:
+    @staticmethod
+    def _space(p: dict[str, Any]) -> dict[str, list[Any]]:
         isz = cc.itemsize(p["x"]["dtype"])
         if p["strategy"] == "rows":
-            return cc.vec_choices(isz, p["ow"], [p["out"]]) or [1]
-        tensors = [p["out"]] + ([p["x"]] if p["xs"][1] == 1 or p["c"] == 1 else [])
-        vecs = cc.vec_choices(isz, p["c"], tensors) or [1]
-        if p["xs"][1] != 1 and p["c"] > 1:
-            vecs = [1]   # channels not unit-stride in the input: one element a load (the store stays wide)
-        return vecs
+            vecs = cc.vec_choices(isz, p["ow"], [p["out"]])
+        elif p["xs"][1] != 1 and p["c"] > 1:
+            vecs = [1]   # channels not unit-stride in the input: one element a load
+        else:
+            vecs = cc.vec_choices(isz, p["c"], [p["out"], p["x"]])
+        return {"vec": vecs or [1], "block": list(BLOCKS), "unroll": list(UNROLLS)}
 
     def space(self, card: OperatorCard, *, hw: Hardware = H200) -> Mapping[str, Sequence[Any]]:
-        p = _plan(card)
-        return {"vec": self._vecs(p), "block": list(BLOCKS), "unroll": list(UNROLLS)}
+        return self._space(_plan(card))
 
     def render(self, card: OperatorCard, params: Mapping[str, Any], *, hw: Hardware = H200) -> Rendered:
         p = _plan(card)
-        space = self.space(card, hw=hw)
-        for k, vals in space.items():
+        for k, vals in self._space(p).items():
             if params.get(k) not in vals:
                 raise ValueError(f"{k}={params.get(k)!r} is outside {list(vals)}")
         vec, block, unroll = (int(params[k]) for k in ("vec", "block", "unroll"))
