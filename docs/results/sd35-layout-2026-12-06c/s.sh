@@ -3,15 +3,17 @@
 # every GroupNorm copied its input back to NCHW (probe.py, this folder). Resumable: run it again on the same warm
 # machine (state in /tmp/o, /tmp/ws) until e2e.done. LIMIT: seconds for this call (default 565). WALL: the run's
 # wall time in all (default 330). First the new GPU test (layout routes keep GroupNorm channels-last on CUDA).
-# Steps: run --ops 'module|group_norm|upsample' --no-compile-ref --iterations 8 (every GroupNorm card and its channels-last
-# twin searched within the wall time) -> export --target eager (graph and layout routes tried) -> bench_e2e.
+# Steps: run --ops 'module|aten::native_group_norm|aten::upsample' --no-compile-ref --iterations 8 (the module cards, every
+# GroupNorm card and its channels-last twin, the upsamplings; not the GroupNorm -> SiLU pattern cards, which serve only
+# under torch.compile: their member ops are named without 'aten::') -> export --target eager (graph and layout routes
+# tried) -> bench_e2e. COMMIT: the commit checked out (the device's copy has no git history of this session).
 # carry: .whl
 [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl  # the wheelhouse
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tests KFORGE_PROGRESS=1 PYTHONUNBUFFERED=1
 LIMIT=${LIMIT:-565}; WALL=${WALL:-330}
 O=/tmp/o; W=/tmp/ws; CFG=configs/models/sd35_medium.toml; mkdir -p $O
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > $O/gpu.txt 2>&1; cat $O/gpu.txt
-git rev-parse HEAD > $O/commit.txt 2>/dev/null || true
+echo ${COMMIT:-$(git rev-parse HEAD 2>/dev/null)} > $O/commit.txt
 left() { echo $((LIMIT - SECONDS)); }
 pack() { [ -f $W/kforge.db ] && python3 scripts/run_table.py $W/kforge.db --out $O/run.md >/dev/null 2>&1
          [ -f $W/kforge.db ] && python3 -c "import sqlite3; s, d = sqlite3.connect('$W/kforge.db'), sqlite3.connect('$O/kforge.db'); s.backup(d)"
@@ -34,7 +36,7 @@ if p.exists():
   if [ -n "$id" ]; then what="--resume $id"; else what=$CFG; fi
   l=$(( $(left) - 40 )); stamp "run $what wall=$wall limit=$l"; t0=$SECONDS
   timeout -s INT -k 30 $l python3 -m kforge_tui run --no-tui --json --workspace $W $what --wall-time $wall \
-    --ops 'module|group_norm|upsample' --no-compile-ref --iterations 8 >> $O/run.json 2>> $O/run.log; rc=$?
+    --ops 'module|aten::native_group_norm|aten::upsample' --no-compile-ref --iterations 8 >> $O/run.json 2>> $O/run.log; rc=$?
   echo $((spent + SECONDS - t0)) > $O/run_spent; stamp "run rc=$rc"
   [ $rc = 0 ] && touch $O/run.done
 fi
