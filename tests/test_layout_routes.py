@@ -178,6 +178,42 @@ def test_where_native_group_norm_refuses_channels_last_the_route_falls_back_to_f
     torch.testing.assert_close(first, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_a_refusal_is_asked_again_once_the_routed_entries_change(monkeypatch):
+    """The refusal is remembered only while the routed entries stay as they were: a twin added afterwards (the
+    H100's GPU test added one to a route that had learnt the refusal, and its GroupNorms kept copying to NCHW)
+    serves the next call."""
+    from engine.cast import layouts, runtime
+
+    native = torch.ops.aten.native_group_norm.default
+    twin = []
+
+    def refuses_without_a_twin(x, *args):
+        if not twin:
+            raise RuntimeError("Expected X.is_contiguous(memory_format) to be true, but got false.")
+        return native(x, *args)
+
+    monkeypatch.setattr(layouts, "_native_group_norm", refuses_without_a_twin)
+    monkeypatch.setattr(layouts, "_REFUSED", set())
+    m, x = _net(), torch.randn(2, 8, 16, 16)
+    owner = object()
+    composite = {"aten::group_norm": 2, "aten::native_group_norm": 2}   # F.group_norm (on CUDA: its copy)
+    with torch.no_grad():
+        ref = m(x)
+        ls = _routes(m, learn=True)
+        with ls:
+            m(x)
+            assert _aten_calls(lambda: m(x)) == composite       # refused
+            twin.append(True)
+            assert _aten_calls(lambda: m(x)) == composite       # remembered: nothing routed changed
+            runtime.add_entries(owner, [], "CPU")                 # a cast's entries come or go
+            try:
+                assert _aten_calls(lambda: m(x)) == {"aten::native_group_norm": 2}
+                got = m(x)
+            finally:
+                runtime.remove_owner(owner)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
 def test_a_route_without_a_group_norm_enters_no_torch_function_mode():
     class Plain(torch.nn.Module):
         def __init__(self):

@@ -18,8 +18,9 @@ routed: 26 ms of copies, 0.64x; docs/results/sd35-layout-2026-12-06c/). While a 
 TorchFunctionMode entered only for modules holding an `nn.GroupNorm`): the same op the composite calls, on the
 same values, so the cast's channels-last twin serves it where it holds one. Where none does, eager's CUDA
 kernel refuses a channels-last tensor (torch 2.11: "Expected X.is_contiguous(memory_format)", checked before it
-launches anything): that signature then goes through F.group_norm as before (its copy), remembered per set of
-casts serving, and the export's whole-model trial says whether the route still pays.
+launches anything): that signature then goes through F.group_norm as before (its copy), remembered until the
+routed entries change (a cast installed or removed, a twin added), and the export's whole-model trial says
+whether the route still pays.
 
 The export proves a route per module class on the whole model (engine/export/layout_check.py): the model's
 output with the route must agree with eager PyTorch's about as well as the cast's own kernels let it, and the
@@ -124,7 +125,7 @@ class LayoutStats:
 
 _GROUP_NORM = torch.nn.functional.group_norm
 _native_group_norm = torch.ops.aten.native_group_norm.default
-# Channels-last signatures native_group_norm refused (with the casts serving then): F.group_norm runs for them
+# Channels-last signatures native_group_norm refused (with the routed entries then): F.group_norm runs for them
 _REFUSED: set[tuple] = set()
 
 
@@ -143,7 +144,7 @@ def _group_norm_keeping_layout(input: Any, num_groups: int, weight: Any = None, 
     if c % num_groups or any(t is not None and (not isinstance(t, torch.Tensor) or tuple(t.shape) != (c,))
                              for t in (weight, bias)):
         return None   # F.group_norm raises its own error
-    key = (input.dtype, tuple(input.shape), input.stride(), input.device, runtime.serving())
+    key = (input.dtype, tuple(input.shape), input.stride(), input.device, runtime.entries_version())
     if key in _REFUSED:
         return None
     try:

@@ -448,8 +448,10 @@ def add_entries(owner: object, entries: list[tuple[str, tuple, Plan, tuple | Non
     With `refused`: where torch refuses the override itself (torch 2.11 refuses one over a kernel registered
     from Python, a model's own `torch.library` op), the variant id -> why, and its calls stay PyTorch's;
     without it, that error is raised."""
+    global _ENTRIES_VERSION
     shadowed = []
     with _LOCK:
+        _ENTRIES_VERSION += 1
         for op_name, key, plan, shape in entries:
             route = _ROUTES.get((op_name, dispatch_key))
             if route is None:
@@ -464,6 +466,16 @@ def add_entries(owner: object, entries: list[tuple[str, tuple, Plan, tuple | Non
             if not route.add(key, plan, owner, shape):
                 shadowed.append(plan.vid)
     return shadowed
+
+
+# Changes whenever entries are added or taken out: what a decision that depends on which signatures are routed
+# is remembered by (engine.cast.layouts: a channels-last GroupNorm eager refused may have a variant now).
+_ENTRIES_VERSION = 0
+
+
+def entries_version() -> int:
+    """A number that changes whenever routed entries are added or removed (by any owner)."""
+    return _ENTRIES_VERSION
 
 
 # Casts installed now, each by a serial number of its own: what graph routes key their graphs by, since a graph
@@ -494,7 +506,9 @@ def serving() -> frozenset[int]:
 
 def remove_owner(owner: object) -> None:
     """Take `owner`'s entries out; an op left with none gets its original kernel back."""
+    global _ENTRIES_VERSION
     with _LOCK:
+        _ENTRIES_VERSION += 1
         for k, route in list(_ROUTES.items()):
             route.drop_owner(owner)
             if not route.table:
