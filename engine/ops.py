@@ -139,6 +139,31 @@ def key_strides(shape: Sequence[int], stride: Sequence[int]) -> tuple[int, ...]:
     return out
 
 
+def channels_last_by_strides(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    """Whether PyTorch takes a 4-D (5-D) tensor of these sizes and strides for channels-last: c10's
+    `is_channels_last_strides_2d` (`_3d`), what `Tensor.suggest_memory_format()` answers from and so what many
+    eager kernels lay their outputs out by (upsampling, batch norm, convolution). Unlike `is_contiguous` it reads
+    the strides of size-1 dims: bf16[1,512,128,128] at (8388608, 1, 65536, 512) is channels-last, at (512, 1,
+    65536, 512) it is not, and eager's upsampling returns NCHW for the second (sd35_medium, H100 2026-12-06d)."""
+    n = len(shape)
+    if n not in (4, 5) or stride[1] == 0:
+        return False
+    low = 0
+    for d in ((1, 3, 2, 0) if n == 4 else (1, 4, 3, 2, 0)):
+        if shape[d] == 0 or stride[d] < low:
+            return False
+        if d == 0 and low == stride[1]:
+            return False
+        low = stride[d] * shape[d] if shape[d] > 1 else stride[d]
+    return True
+
+
+def layout_sensitive(shape: Sequence[int]) -> bool:
+    """A 4-D or 5-D shape with a size-1 dim: guard keys leave that dim's stride out (`key_strides`), yet it can
+    decide `channels_last_by_strides`, and with it how eager lays out an op's outputs."""
+    return len(shape) in (4, 5) and 1 in shape
+
+
 def may_have_sizes(shape: Sequence[Any], proven: Sequence[int]) -> bool:
     """Whether a tensor of `shape` can have the sizes `proven`: equal at every concrete size, a symbolic one
     (dynamic shapes, a SymInt) matching any. What compiled code may keep for a variant proven at `proven`."""

@@ -4,13 +4,13 @@ the CPU (tests/cuda_emulator.py) to eager's output bit for bit, NCHW and channel
 
 from __future__ import annotations
 
+import cuda_emulator as emu
 import pytest
 import torch
 import torch.nn.functional as F
 from card_helpers import brief, captured
 from test_builtin_templates_norms import _compile_all, emulate_and_compare
 
-import cuda_emulator as emu
 from engine.capture.signature import bind_arguments
 from engine.launch import Env, parse_spec, resolve
 from engine.propose.builtin.proposer import BuiltinProposer

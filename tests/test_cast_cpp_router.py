@@ -79,25 +79,36 @@ def test_hits_run_the_plan_and_misses_run_pytorch(ext):
     assert cpp_router.stats(ext, "aten::native_batch_norm", "CPU") == {}
 
 
-def test_a_call_whose_strides_differ_only_at_a_size_one_dim_hits(ext):
-    """router.cpp's guard leaves a size-1 dim's stride out, as engine.cast.guard does: eager gives a [1, C, H, W]
-    channels-last tensor stride C at the batch dim, Inductor C·H·W, and kernels get data pointers only."""
-    op = torch.ops.aten.native_batch_norm.default
+def test_a_call_whose_strides_differ_only_at_a_size_one_dim_hits_where_eager_takes_it_alike(ext):
+    """router.cpp's guard leaves a size-1 dim's stride out, as engine.cast.guard does (kernels get data pointers
+    only; eager, Inductor and meta kernels disagree on it), except where that stride decides whether PyTorch
+    takes the tensor for channels-last: eager lays its outputs out by it. A [1, C, H, W] tensor at eager's
+    (C, 1, W·C, C) is not channels-last to PyTorch, at (C·H·W, 1, W·C, C) it is: in eager the second misses a
+    variant proven on the first (an upsampling under sd35_medium's layout route returned NCHW where eager returns
+    channels-last, H100 2026-12-06d); compiled code, which holds its own layouts, still hits."""
+    op = torch.ops.aten.upsample_nearest2d.default
     x = torch.randn(1, 8, 3, 3).contiguous(memory_format=torch.channels_last)
     eager_like = torch.empty_strided(x.shape, (8, 1, 24, 8)).copy_(x)
-    w, b, rm, rv = torch.randn(8), torch.randn(8), torch.randn(8), torch.rand(8) + 0.5
-    rest = (w, b, rm, rv, False, 0.1, 1e-5)
-    eager = op(eager_like, *rest)
-    plan = _plan(ext, op, (eager_like, *rest), [eager[0], eager[1], eager[2]])
-    cpp_router.install(ext, "aten::native_batch_norm", "CPU", [plan])
+    rest = ([6, 6], 2.0, 2.0)
+    assert op(eager_like, *rest).is_contiguous() and not op(x, *rest).is_contiguous()  # eager, unrouted
+    plan = _plan(ext, op, (eager_like, *rest), [op(eager_like, *rest)])
+    cpp_router.install(ext, "aten::upsample_nearest2d", "CPU", [plan])
     try:
         assert x.stride() == (72, 1, 24, 8)
-        op(x, *rest)                                           # the batch dim's stride differs: a hit
+        op(torch.empty_strided(x.shape, (5, 1, 24, 8)).copy_(x), *rest)  # another batch stride, alike: a hit
+        assert _counts(ext, "aten::upsample_nearest2d") == {"hits": [1], "misses": 0}
+        out = op(x, *rest)                                     # channels-last to PyTorch: a miss in eager
+        assert _counts(ext, "aten::upsample_nearest2d") == {"hits": [1], "misses": 1}
+        assert not out.is_contiguous()                      # eager's layout for it
+        cpp_router.set_target("compile")
+        try:
+            op(x, *rest)                                       # inside compiled code: a hit
+        finally:
+            cpp_router.set_target(None)
         op(x.contiguous(), *rest)                              # contiguous: another layout, a miss
-        st = cpp_router.stats(ext, "aten::native_batch_norm", "CPU")
-        assert st["hits"] == [1] and st["misses"] == 1
+        assert _counts(ext, "aten::upsample_nearest2d") == {"hits": [2], "misses": 2}
     finally:
-        cpp_router.uninstall(ext, "aten::native_batch_norm", "CPU")
+        cpp_router.uninstall(ext, "aten::upsample_nearest2d", "CPU")
 
 
 def test_a_second_install_of_the_same_op_is_refused(ext):

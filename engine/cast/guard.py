@@ -251,6 +251,32 @@ def signature_key(layout: OpLayout, signature: dict[str, Any], device_index: int
     return tuple(key)
 
 
+def proven_formats(layout: OpLayout, signature: dict[str, Any]) -> tuple[tuple[int, bool], ...]:
+    """(argument slot, `channels_last_by_strides`) of each tensor argument of the proven signature whose shape is
+    `layout_sensitive`. Its key cannot tell these apart (a size-1 dim's stride is left out of it), but eager can
+    lay its outputs out otherwise for the other: outside compiled code, a call that differs here is a miss
+    (engine.cast.runtime; the C++ router compares the same)."""
+    from engine.ops import channels_last_by_strides, layout_sensitive
+
+    out = []
+    for i, (kind, a) in enumerate(zip(layout.kinds, signature["args"])):
+        if kind == "tensor" and a.get("kind") == "tensor" and not a.get("absent") \
+                and layout_sensitive(a["shape"]):
+            out.append((i, channels_last_by_strides(a["shape"], a["stride"])))
+    return tuple(out)
+
+
+def formats_differ(formats: tuple[tuple[int, bool], ...], bound: Sequence[Any]) -> bool:
+    """Whether a call's tensors differ from the proof's in `channels_last_by_strides` (`proven_formats`)."""
+    from engine.ops import channels_last_by_strides
+
+    for i, cl in formats:
+        t = bound[i] if i < len(bound) else None
+        if isinstance(t, torch.Tensor) and channels_last_by_strides(t.shape, t.stride()) != cl:
+            return True
+    return False
+
+
 def first_shape(signature: dict[str, Any]) -> tuple | None:
     """Shape of argument 0 when it is a present tensor: the pre-filter a miss usually stops at."""
     a = signature["args"][0] if signature["args"] else None

@@ -626,7 +626,7 @@ class Cast:
         self._prepared = True
         import torch
 
-        from engine.cast.guard import first_shape, layout_of, signature_key
+        from engine.cast.guard import first_shape, layout_of, proven_formats, signature_key
         from engine.cast.kernels import make_plan
         from engine.launch import cuda_driver as drv
         from engine.ops import resolve_op
@@ -643,6 +643,7 @@ class Cast:
                     v = by_id[state.id]
                     layout = layout_of(resolve_op(v["op"]))
                     key = signature_key(layout, v["signature"], 0)
+                    state.plan.formats = proven_formats(layout, v["signature"])
                     state.plan.entry = (layout.op_name, key, state.plan, first_shape(v["signature"]))
         if all(s.plan is not None for s in self.usable()):
             _note_output_strides(self.usable(), by_id)
@@ -666,6 +667,7 @@ class Cast:
                 key = signature_key(layout, v["signature"], device.index or 0)
                 image = _image(self.file, v, arch)
                 plan = make_plan(v["id"], v, image, layout, device, max_shared)
+                plan.formats = proven_formats(layout, v["signature"])
                 plan.entry = (layout.op_name, key, plan, first_shape(v["signature"]))
                 plan.targets = self._enforced(state)
                 state.plan = plan

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from engine.cast.guard import OpLayout, bind, key_function, key_strides, layout_of
+from engine.cast.guard import OpLayout, bind, formats_differ, key_function, key_strides, layout_of
 from engine.ops import resolve_op, restrided, tensors_of
 
 _LOCK = threading.RLock()
@@ -116,6 +116,9 @@ class Plan:
         self._fn = fn
         # The strides of the tensor outputs it was proven to return (None: not known, e.g. a test's plan)
         self.output_strides: tuple[tuple[int, ...], ...] | None = None
+        # (slot, channels-last by strides) of proven tensors whose size-1 dims' strides the key leaves out
+        # (engine.cast.guard.proven_formats): in eager, a call that differs there is a miss
+        self.formats: tuple[tuple[int, bool], ...] = ()
 
     def __call__(self, bound: list[Any]) -> Any:
         assert self._fn is not None
@@ -216,7 +219,9 @@ class Route:
         bound = args if not kwargs and len(args) == self.nargs else bind(layout, args, kwargs)
         key = self.key_of(bound)
         plan = self.table.get(key)
-        if plan is None:
+        if plan is None or (plan.formats and formats_differ(plan.formats, bound) and not _in_compiled_code()):
+            # (the second: eager may lay its outputs out otherwise for this call than for the proof's; compiled
+            # code holds its own layouts and gets the strides it asserts, see _as_promised and _HELD)
             self.misses += 1
             self.near_misses += 1
             if len(self.near_keys) < NEAR_MISS_KEYS and key not in self.near_keys:

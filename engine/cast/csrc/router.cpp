@@ -40,6 +40,7 @@ struct ArgDesc {
   int64_t align = 16;
   int64_t device = -1;
   bool neg = false, conj = false;
+  int cl = -1;  // a 4-D/5-D tensor with a size-1 dim: whether PyTorch takes it for channels-last (cl_by_strides)
   c10::IValue value;
   double number = 0.0;
   bool integral = false;  // kind 4: the number was an int (x + 3), not a float (x + 3.0): they promote differently
@@ -212,6 +213,19 @@ bool key_strides_equal(at::IntArrayRef sizes, at::IntArrayRef strides, const std
   return true;
 }
 
+// Whether PyTorch takes a 4-D (5-D) tensor for channels-last, reading the strides of size-1 dims too (what
+// suggest_memory_format() answers from); -1 where no size-1 dim leaves it to those strides. Two tensors equal
+// under key_strides_equal can differ here, and eager may lay its outputs out otherwise for each (an upsampling
+// of bf16[1,512,128,128] returns channels-last at strides (8388608,1,65536,512), NCHW at (512,1,65536,512)).
+// Outside compiled code such a call is a miss (engine.cast.guard.proven_formats); compiled code holds its own
+// layouts and gets the strides it asserts (Held).
+int cl_by_strides(at::IntArrayRef sizes, at::IntArrayRef strides) {
+  if (sizes.size() != 4 && sizes.size() != 5) return -1;
+  if (std::find(sizes.begin(), sizes.end(), 1) == sizes.end()) return -1;
+  return sizes.size() == 4 ? c10::is_channels_last_strides_2d(sizes, strides)
+                           : c10::is_channels_last_strides_3d(sizes, strides);
+}
+
 bool matches(const Plan& plan, c10::ArrayRef<c10::IValue> args) {
   if (args.size() != plan.args.size()) return false;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -226,7 +240,8 @@ bool matches(const Plan& plan, c10::ArrayRef<c10::IValue> args) {
         const auto& t = v.toTensor();
         if (!t.defined() || t.scalar_type() != d.dtype || t.sizes() != c10::IntArrayRef(d.sizes) ||
             !key_strides_equal(t.sizes(), t.strides(), d.strides) || t.get_device() != d.device ||
-            t.is_neg() != d.neg || t.is_conj() != d.conj || alignment(t.data_ptr()) != d.align)
+            t.is_neg() != d.neg || t.is_conj() != d.conj || alignment(t.data_ptr()) != d.align ||
+            (d.cl >= 0 && t_target < 2 && cl_by_strides(t.sizes(), t.strides()) != d.cl))
           return false;
         break;
       }
@@ -676,6 +691,7 @@ std::shared_ptr<Plan> make_plan(const std::string& device, py::list args, py::li
       d.device = t["device"].cast<int64_t>();
       d.neg = t["neg"].cast<bool>();
       d.conj = t["conj"].cast<bool>();
+      d.cl = cl_by_strides(d.sizes, d.strides);
     } else if (d.kind == 2) {
       auto tag = t["tag"].cast<std::string>();
       if (tag == "bool") d.value = c10::IValue(t["value"].cast<bool>());
