@@ -548,6 +548,12 @@ EMU_CASES: list[tuple[str, Callable[[], Any], dict[str, Any]]] = [
     ("ew add_ f32 channels_last self", lambda: torch.randn(2, 16, 5, 7).to(memory_format=torch.channels_last)
      .add_(torch.randn(2, 16, 5, 7), alpha=0.5), {"vec": 4, "block": 128}),
     ("ew div by scalar, misaligned f16", lambda: torch.randn(257).half()[1:] / 3.0, {"vec": 8, "block": 128}),
+    # a CUDA convolution's bias add after cuDNN (engine.capture.hidden), NCHW and channels-last output
+    ("ew add_ bf16 conv bias", lambda: torch.randn(1, 16, 6, 16).bfloat16().add_(
+        torch.randn(16).bfloat16().reshape(1, -1, 1, 1)), {"vec": 8, "block": 128}),
+    ("ew add_ bf16 conv bias channels-last", lambda: torch.randn(1, 16, 6, 16).bfloat16().contiguous(
+        memory_format=torch.channels_last).add_(torch.randn(16).bfloat16().reshape(1, -1, 1, 1)),
+     {"vec": 8, "block": 128}),
     ("softmax warp f32, 8 lanes", lambda: torch.softmax(torch.randn(5, 7) * 3, -1), {"strategy": "warp",
                                                                                        "block": 128}),
     ("softmax block online f16", lambda: torch.softmax(torch.randn(3, 5000).half(), -1),

@@ -23,13 +23,19 @@ def human_bytes(n: float) -> str:
 
 
 def _share(result: CaptureResult, c: Any) -> str:
-    """A card's share, or "twin" for a channels-last twin (its calls are its original's, counted there)."""
-    return "twin" if c.card_id in result.twins else f"{100 * c.share:.1f}%"
+    """A card's share, or "twin" for a channels-last twin (its calls are its original's, counted there), or
+    "inside" for a hidden call (part of the call that makes it)."""
+    if c.card_id in result.twins:
+        return "twin"
+    return "inside" if c.card_id in result.hidden else f"{100 * c.share:.1f}%"
 
 
 def _twin(result: CaptureResult, c: Any) -> str:
     orig = result.twins.get(c.card_id)
-    return f"  (channels-last twin of {orig[:8]}, for torch.compile)" if orig else ""
+    if orig:
+        return f"  (channels-last twin of {orig[:8]}, for torch.compile)"
+    maker = result.hidden.get(c.card_id)
+    return f"  (the bias add inside convolution {maker[:8]})" if maker else ""
 
 
 def print_cards(result: CaptureResult, workspace: Path, console: Console | None = None) -> None:

@@ -23,6 +23,7 @@ from engine.capture.chain_cards import (
     chain_cards,
     sample_chains,
 )
+from engine.capture.hidden import hidden_cards
 from engine.capture.recorder import CaptureMode, CardTally, ModulePaths
 from engine.capture.samples import SampleWriter, Snapshot, storage_key
 from engine.capture.signature import dtype_name, signature_text
@@ -65,10 +66,18 @@ class CaptureResult:
     sample_digests: dict[str, tuple[str, int]] = field(default_factory=dict)
     # Channels-last twins among `cards` (engine.capture.twins): twin card id -> the card whose samples it shares
     twins: dict[str, str] = field(default_factory=dict)
+    # Hidden calls among `cards` (engine.capture.hidden): card id -> the card whose call makes it (and whose
+    # samples it shares)
+    hidden: dict[str, str] = field(default_factory=dict)
 
     @property
     def total_calls(self) -> int:
-        return sum(c.calls for c in self.cards if c.card_id not in self.twins)  # a twin's calls are its original's
+        # a twin's calls are its original's, a hidden call's part of the call that makes it
+        return sum(c.calls for c in self.cards if c.card_id not in self.twins and c.card_id not in self.hidden)
+
+    def shares_samples_of(self, card_id: str) -> str:
+        """The card whose sample files `card_id` reads (its own, a twin's original's, a hidden call's maker's)."""
+        return self.twins.get(card_id) or self.hidden.get(card_id) or card_id
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -76,7 +85,7 @@ class CaptureResult:
             "small": self.small, "wall_s": round(self.wall_s, 3), "total_calls": self.total_calls,
             "skipped": self.skipped, "notes": self.notes, "cards": [c.to_json() for c in self.cards],
             "chains": [c.to_json() for c in self.chains],
-            "twins": dict(self.twins),
+            "twins": dict(self.twins), "hidden": dict(self.hidden),
         }
 
 
@@ -542,16 +551,35 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
                 f"{len(found)} GroupNorm card(s) and {len(found_chains)} GroupNorm -> SiLU chain card(s) also as "
                 "channels-last input, the layout torch.compile hands them after a convolution (same values and "
                 "samples; engine/capture/twins.py)")
+    cards, hidden = with_hidden_calls(cards, device.type, twins_wanted(
+        getattr(config, "layout_twins", "auto"), device.type, cards), notes)
     return CaptureResult(
         capture_id=capture_id, model=config.name, device=device.type,
         dtype=dtype_name(dtype), small=config.small,
         wall_s=time.perf_counter() - t_start, cards=cards, skipped=dict(mode.skipped), notes=notes,
         sample_dir=str(final.relative_to(workspace)), chains=chain_list, sample_digests=dict(writer.digests),
-        twins=twins,
+        twins=twins, hidden=hidden,
         phases={"build": t_built - t_start, "warm-up": t_warm - t_built,
                 "captured forward": t_captured - t_warm - queue_s, "writing samples": write_s,
                 "chain samples": t_chains},
     )
+
+
+def with_hidden_calls(cards: list[OperatorCard], device_type: str, channels_last: bool,
+                      notes: dict[str, str]) -> tuple[list[OperatorCard], dict[str, str]]:
+    """The cards with the hidden calls of a CUDA capture added (engine.capture.hidden; with `channels_last`,
+    their channels-last forms too), by share, and hidden card id -> the card that makes the call; a note says so."""
+    if device_type != "cuda":
+        return cards, {}
+    found = hidden_cards(cards, channels_last=channels_last)
+    if not found:
+        return cards, {}
+    notes["hidden calls"] = (
+        f"{len(found)} card(s) of the bias add each CUDA convolution makes after cuDNN (`add_` of [1, C, 1, 1] "
+        "into its output), which the capture does not see: same samples as their convolution, share counted "
+        "there (engine/capture/hidden.py)")
+    return (sorted([*cards, *found.values()], key=lambda c: (-c.share, c.op, c.card_id)),
+            {c.card_id: c.signature["hidden_in"]["card"] for c in found.values()})
 
 
 def discard_samples(workspace: Path, result: CaptureResult) -> None:

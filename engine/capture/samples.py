@@ -430,7 +430,8 @@ def load_sample(path: str | Path, device: str | torch.device = "cpu",
                 signature: dict[str, Any] | None = None) -> Sample:
     """Load a sample onto `device`; tensors are fresh allocations with the captured layout, or, with the
     card's `signature`, the layout the signature gives each tensor argument (a card that shares another
-    card's samples in another layout: a channels-last twin, engine.capture.twins)."""
+    card's samples in another layout: a channels-last twin, engine.capture.twins), and for a hidden call's card
+    the arguments it derives from the sample (engine.capture.hidden)."""
     path = Path(path)
     meta = read_sample_meta(path)
     # A fresh allocation per slab: aligned like the original modulo 16 bytes, and never the mmap.
@@ -438,8 +439,14 @@ def load_sample(path: str | Path, device: str | torch.device = "cpu",
     for name, n in meta.get("tiled", {}).items():
         slabs[name] = _untile(slabs[name], int(n))
     args = [(a["name"], _decode(a, slabs)) for a in meta["inputs"]]
-    if signature is not None:
-        args = laid_out_as(args, signature)
     outputs = _decode(meta["outputs"], slabs)
     mutated = {k: _rebuild(r, slabs) for k, r in meta.get("mutated", {}).items()}
+    if signature is not None and signature.get("hidden_in"):
+        # A call the sampled one makes below the capture (engine.capture.hidden): its arguments come from this
+        # sample's; its outputs are not recorded (what it returns is what eager computes from them).
+        from engine.capture.hidden import hidden_args
+
+        args, outputs, mutated = hidden_args(signature, args, outputs), None, {}
+    if signature is not None:
+        args = laid_out_as(args, signature)
     return Sample(args=args, outputs=outputs, mutated=mutated, meta=meta)

@@ -146,8 +146,9 @@ async def save_capture(store: Store, workspace: Path, config: ModelConfig, resul
     import torch
 
     root = workspace / result.sample_dir
-    # A channels-last twin shares its original's sample files (engine.capture.twins).
-    files = [(card.card_id, idx, root / f"{result.twins.get(card.card_id, card.card_id)}.{idx}.safetensors")
+    # A channels-last twin shares its original's sample files (engine.capture.twins), a hidden call those of the
+    # call that makes it (engine.capture.hidden).
+    files = [(card.card_id, idx, root / f"{result.shares_samples_of(card.card_id)}.{idx}.safetensors")
              for card in [*result.cards, *result.chains] for idx in range(card.samples)]
     # Files the capture hashed as it wrote them keep that digest (if their size is still the one written);
     # the rest are hashed here, a thread per core (hashlib releases the GIL on large buffers).

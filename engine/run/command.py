@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.capture.hidden import hidden_shares
 from engine.cards import card_from_row, foreign_op
 from engine.errors import JobError, UsageError
 from engine.outcomes import RUN_STOP_REASONS
@@ -49,6 +50,7 @@ async def _cards_of(store: Store, workspace: Path, capture_id: str, *,
     cards = [card_from_row(c) for c in rows]
     if gpu is not None:
         cards = gpu_shares(cards, gpu)
+    cards = hidden_shares(cards)   # a hidden call's share: its part of its maker's, once eager was timed for it
     out = []
     for card in cards:
         samples = [str(workspace / s["path"]) for s in await store.get_samples(capture_id, card.card_id)]

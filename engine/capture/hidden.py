@@ -1,0 +1,138 @@
+"""Hidden calls: cards for ATen calls PyTorch's own kernels make below the capture.
+
+The capture records what the model calls (a TorchDispatchMode sees `aten::convolution`); what that call's CUDA
+kernel calls through the dispatcher in turn, it does not see. One such call costs real time: on CUDA,
+`aten::convolution` runs cuDNN without the bias and then adds it in a separate `output.add_(bias.reshape(1, C,
+1, 1))` (ATen's `_convolution`, the cuDNN and MIOpen paths), through PyTorch's non-vectorised broadcast kernel at
+about half the rate of a copy of the same bytes. On sd35_medium's VAE decode that was 63 launches and 7.3 ms of
+its 52 ms of kernel time (H100, docs/results/sd35-layout-2026-12-06d/).
+
+A cast's route sits at the CUDA dispatch key, so it serves such a call like any other: it needs only a card
+whose signature is the hidden call's. For each convolution card with a bias, captured on CUDA, this adds one:
+`aten::add_.Tensor` of the convolution's output (its captured layout) and the bias as `[1, C, 1, ...]`, the
+signature naming the convolution card (`hidden_in`). Where layout twins are wanted (a convolutional CUDA
+capture, engine.capture.twins), also the same with a channels-last output: what a layout route's convolutions
+hand it. The card shares the convolution card's samples: its `self` is the convolution's output, its `other`
+the bias (`engine.capture.samples.load_sample`). Its calls are the convolution's, and so is its time: its share
+is the convolution card's (an upper bound), not counted twice in totals.
+
+Not every CUDA convolution takes that path (a depthwise one may go to a kernel that adds the bias itself, a
+transposed one to cuDNN's transpose with the same add): a card whose call never comes is never hit, and the
+export's whole-model check keeps only what made the model faster.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from engine.capture.signature import card_id, contiguous_strides, dense_order, signature_text
+from engine.capture.twins import channels_last_strides
+from engine.cards import OperatorCard
+
+HIDDEN_OP = "aten::add_.Tensor"
+CONVOLUTION = "aten::convolution"
+_FLOATS = ("float32", "float16", "bfloat16")
+_HOW = "convolution bias"
+
+
+def _arg(card: OperatorCard, name: str) -> dict[str, Any] | None:
+    return next((a for a in card.signature.get("args", []) if a.get("name") == name), None)
+
+
+def bias_card(card: OperatorCard, channels_last: bool = False) -> OperatorCard | None:
+    """The `add_` of `card`'s bias into its output (a convolution card captured on CUDA with a bias), the output
+    laid out as captured, or channels-last with `channels_last`; None where the card is not such a call, or has
+    no samples or no recorded output to derive it from."""
+    if card.op != CONVOLUTION or not card.samples or len(card.outputs) != 1:
+        return None
+    x, bias, out = _arg(card, "input"), _arg(card, "bias"), card.outputs[0]
+    if not x or not bias or bias.get("kind") != "tensor" or bias.get("absent") or x.get("device") != "cuda":
+        return None
+    if out.get("kind", "tensor") != "tensor" or out.get("dtype") not in _FLOATS or bias.get("dtype") != out["dtype"]:
+        return None
+    shape, c = [int(n) for n in out["shape"]], int(bias["shape"][0]) if len(bias["shape"]) == 1 else -1
+    if len(shape) < 3 or c != shape[1] or list(bias["stride"]) != [1] or math.prod(shape) == 0:
+        return None
+    if dense_order(shape, out["stride"]) is None:
+        return None
+    self_ = {k: v for k, v in out.items() if k != "name"}
+    if channels_last:
+        if len(shape) != 4 or shape[1] <= 1 or math.prod(shape[2:]) <= 1:
+            return None
+        self_["stride"] = channels_last_strides(shape)
+        if list(self_["stride"]) == list(out["stride"]):
+            return None   # captured channels-last already: that is the plain card
+    bshape = [1, c] + [1] * (len(shape) - 2)
+    other = {**{k: v for k, v in bias.items() if k != "name"}, "shape": bshape, "stride": contiguous_strides(bshape)}
+    sig = {"op": HIDDEN_OP, "args": [{"name": "self", **self_, "kind": "tensor"},
+                                     {"name": "other", **other, "kind": "tensor"},
+                                     {"kind": "value", "name": "alpha", "value": 1}],
+           "aliases": [], "hidden_in": {"card": card.card_id, "how": _HOW}}
+    outputs = [{k: v for k, v in self_.items() if k != "name"}]
+    return OperatorCard(card_id=card_id(sig), op=HIDDEN_OP, signature=sig, signature_text=signature_text(sig),
+                        outputs=outputs, calls=card.calls, share=card.share, bytes=2 * _nbytes(self_),
+                        captured_calls=card.captured_calls, module_paths=dict(card.module_paths),
+                        samples=card.samples)
+
+
+def _nbytes(t: dict[str, Any]) -> int:
+    size = {"float32": 4, "float16": 2, "bfloat16": 2}[t["dtype"]]
+    return size * math.prod(int(n) for n in t["shape"])
+
+
+def hidden_cards(cards: Sequence[OperatorCard], channels_last: bool = False) -> dict[str, OperatorCard]:
+    """Hidden card id -> its card, for every convolution card with a bias (and, with `channels_last`, its
+    channels-last form too), leaving out any that is a card already."""
+    have = {c.card_id for c in cards}
+    out: dict[str, OperatorCard] = {}
+    for c in cards:
+        for cl in (False, True) if channels_last else (False,):
+            h = bias_card(c, channels_last=cl)
+            if h is not None and h.card_id not in have:
+                out[h.card_id] = h
+                have.add(h.card_id)
+    return out
+
+
+def hidden_in(signature: dict[str, Any]) -> str | None:
+    """The id of the card whose call makes this hidden call (and whose samples it shares), or None."""
+    h = signature.get("hidden_in") if isinstance(signature, dict) else None
+    return h.get("card") if isinstance(h, dict) else None
+
+
+def hidden_args(signature: dict[str, Any], args: list[tuple[str, Any]], outputs: Any) -> list[tuple[str, Any]]:
+    """A hidden card's arguments from a sample of the card it hides in: for a convolution bias, `self` is a fresh
+    copy of the convolution's output, `other` its bias as `[1, C, 1, ...]`, `alpha` 1 (the layouts the signature
+    gives them are applied after, as for any card: `laid_out_as`)."""
+    import torch
+
+    how = (signature.get("hidden_in") or {}).get("how")
+    if how != _HOW:
+        raise ValueError(f"a hidden call the sample loader does not know: {how!r}")
+    named = dict(args)
+    out = outputs[0] if isinstance(outputs, (list, tuple)) else outputs
+    want = {a["name"]: a for a in signature["args"]}
+    bias = named.get("bias")
+    if not isinstance(out, torch.Tensor) or not isinstance(bias, torch.Tensor):
+        raise ValueError("the convolution's sample holds no output or no bias to derive the bias add from")
+    return [("self", out.clone()), ("other", bias.reshape(want["other"]["shape"]).clone()),
+            ("alpha", want["alpha"]["value"])]
+
+
+
+def hidden_shares(cards: list[OperatorCard]) -> list[OperatorCard]:
+    """The cards, each hidden call's share made its part of its maker's once eager was timed for it: the
+    maker's share × (the call's eager µs / the maker's captured µs per call), at most the maker's share. Until
+    then, and where its maker is not among `cards`, the maker's share (an upper bound) stays."""
+    import dataclasses
+
+    by_id = {c.card_id: c for c in cards}
+    out = []
+    for c in cards:
+        maker = by_id.get(hidden_in(c.signature) or "")
+        if maker is not None and c.eager_us and maker.capture_us:
+            c = dataclasses.replace(c, share=maker.share * min(1.0, c.eager_us / maker.capture_us))
+        out.append(c)
+    return out

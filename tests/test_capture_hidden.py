@@ -1,0 +1,153 @@
+"""Hidden calls (engine/capture/hidden.py): the bias add a CUDA convolution makes after cuDNN, as a card.
+
+sd35_medium's VAE decode spent 7.3 ms of its 52 ms of kernels in 63 of these `add_` calls, at half a copy's rate,
+and no card held them: the capture sees `aten::convolution` only (H100, docs/results/sd35-layout-2026-12-06d/).
+On the CPU the convolution adds its bias itself, so these tests build the card from a CPU capture of the
+convolution described as a CUDA one, and check that its signature is exactly what a capture of the real
+`add_` records: the key a cast's route at the CUDA key compares that call with."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from card_helpers import brief, captured, cudaify
+
+from engine.capture.hidden import HIDDEN_OP, bias_card, hidden_cards, hidden_in, hidden_shares
+from engine.capture.run import CaptureResult
+from engine.capture.samples import load_sample, save_sample, snapshot_inputs, snapshot_outputs
+from engine.capture.signature import bind_arguments, signature_of
+
+ADD_ = torch.ops.aten.add_.Tensor
+CONV = torch.ops.aten.convolution.default
+
+
+def _conv(dtype=torch.bfloat16, bias=True, shape=(1, 8, 6, 5), layout=torch.contiguous_format):
+    torch.manual_seed(0)
+    x = torch.randn(shape).to(dtype).contiguous(memory_format=layout)
+    w = torch.randn(16, shape[1], 3, 3).to(dtype)
+    b = torch.randn(16).to(dtype) if bias else None
+    c = captured(lambda: F.conv2d(x, w, b, padding=1), lambda o: o == "aten::convolution")
+    card = dataclasses.replace(brief(c.op, c.signature, c.outputs, card_id="conv0"), samples=2, calls=5,
+                               share=0.04, capture_us=100.0)
+    return card, (x, w, b)
+
+
+def _real_add_signature(y, b):
+    """What a capture records for the add_ itself, on a CUDA tensor of y's layout."""
+    return cudaify(signature_of(ADD_, bind_arguments(ADD_, (y, b.reshape(1, -1, 1, 1)), {})))
+
+
+def test_the_card_is_the_add_the_convolution_makes_in_both_layouts():
+    card, (x, w, b) = _conv()
+    y = F.conv2d(x, w, None, padding=1)
+    h = bias_card(card)
+    assert h.op == HIDDEN_OP and hidden_in(h.signature) == "conv0"
+    assert {k: v for k, v in h.signature.items() if k != "hidden_in"} == _real_add_signature(y, b)
+    assert h.outputs == [{k: v for k, v in h.signature["args"][0].items() if k != "name"}]   # returns self
+    assert (h.calls, h.share, h.samples) == (5, 0.04, 2)
+    assert h.signature_text.startswith("bf16[1,16,6,5], bf16[1,16,1,1], alpha=1")
+    cl = bias_card(card, channels_last=True)
+    want = _real_add_signature(y.contiguous(memory_format=torch.channels_last), b)
+    assert {k: v for k, v in cl.signature.items() if k != "hidden_in"} == want
+    assert cl.card_id != h.card_id
+    assert set(hidden_cards([card], channels_last=True)) == {h.card_id, cl.card_id}
+    assert set(hidden_cards([card])) == {h.card_id}
+    assert hidden_cards([card, h]) == {}   # a card already
+
+
+def test_none_where_there_is_no_such_call():
+    card, _ = _conv()
+    assert bias_card(_conv(bias=False)[0]) is None
+    assert bias_card(dataclasses.replace(card, samples=0)) is None            # nothing to derive samples from
+    cpu = dataclasses.replace(card, signature={**card.signature, "args": [
+        {**a, "device": "cpu"} if a.get("name") == "input" else a for a in card.signature["args"]]})
+    assert bias_card(cpu) is None                                            # the CPU adds the bias in the kernel
+    assert bias_card(_conv(dtype=torch.float64)[0]) is None
+    assert bias_card(dataclasses.replace(card, op="aten::mm")) is None
+    # a channels-last capture has no second, channels-last form
+    assert bias_card(_conv(layout=torch.channels_last)[0], channels_last=True) is None
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_its_samples_are_the_convolutions_output_and_bias(tmp_path, channels_last):
+    card, (x, w, b) = _conv()
+    bound = bind_arguments(CONV, (x, w, b, [1, 1], [1, 1], [1, 1], False, [0, 0], 1), {})
+    y = CONV(*[v for _, v in bound])
+    snap, layout = snapshot_inputs(bound)
+    out_layout, mutated = snapshot_outputs(snap, y, {})
+    save_sample(tmp_path / "s.safetensors", snap, {"op": "aten::convolution", "card": "conv0", "inputs": layout,
+                                                  "outputs": out_layout, "mutated": mutated})
+    h = bias_card(card, channels_last=channels_last)
+    s = load_sample(tmp_path / "s.safetensors", "cpu", h.signature)
+    names = [n for n, _ in s.args]
+    assert names == ["self", "other", "alpha"] and s.outputs is None and s.mutated == {}
+    me, other, alpha = (v for _, v in s.args)
+    assert torch.equal(me, y) and list(me.stride()) == h.signature["args"][0]["stride"]
+    assert torch.equal(other, b.reshape(1, -1, 1, 1)) and list(other.stride()) == [16, 1, 1, 1] and alpha == 1
+    # the card's call, as a lane makes it: eager's add_ of the loaded arguments
+    want = y + b.reshape(1, -1, 1, 1)
+    assert torch.equal(ADD_(me, other, alpha=alpha), want)
+    plain = load_sample(tmp_path / "s.safetensors", "cpu", card.signature)   # the convolution's own, unchanged
+    assert [n for n, _ in plain.args][:3] == ["input", "weight", "bias"] and torch.equal(plain.outputs, y)
+
+
+def test_its_share_is_its_part_of_the_convolutions_once_eager_is_timed():
+    card, _ = _conv()
+    h = bias_card(card)
+    assert hidden_shares([card, h])[1].share == 0.04   # not timed yet: the convolution's (an upper bound)
+    timed = dataclasses.replace(h, eager_us=40.0)
+    assert hidden_shares([card, timed])[1].share == pytest.approx(0.04 * 40 / 100)
+    slow = dataclasses.replace(h, eager_us=400.0)   # timed alone slower than the whole call was captured
+    assert hidden_shares([card, slow])[1].share == 0.04
+    assert hidden_shares([timed])[0].share == 0.04  # its convolution not among the cards: left as it is
+
+
+def test_a_capture_counts_its_calls_in_the_convolutions_and_gives_it_their_samples():
+    card, _ = _conv()
+    h = bias_card(card)
+    r = CaptureResult(capture_id="c", model="m", device="cuda", dtype="bfloat16", small=False, wall_s=1.0,
+                      cards=[card, h], skipped={}, notes={}, sample_dir="s", hidden={h.card_id: "conv0"})
+    assert r.total_calls == 5
+    assert r.shares_samples_of(h.card_id) == "conv0" and r.shares_samples_of("conv0") == "conv0"
+    assert r.to_json()["hidden"] == {h.card_id: "conv0"}
+
+
+def test_the_h200_captures_bias_adds_are_taken_by_the_builtin_proposer_and_compile():
+    """Every convolution with a bias in the shipped H200 captures (the SD3.5 VAE's among them): its bias add, in
+    its captured layout and channels-last, goes to the elementwise template with 8-wide vectors (where the
+    channels come in eights) and compiles for sm_90."""
+    from card_helpers import h200_cards
+    from test_builtin_templates_norms import _compile_all
+
+    from engine.propose.builtin.proposer import BuiltinProposer
+
+    convs = [dataclasses.replace(c, samples=1) for c in h200_cards(lambda o: o == "aten::convolution")]
+    cards = list(hidden_cards(convs, channels_last=True).values())
+    assert len(cards) >= 20 and any(c.signature_text.startswith("bf16[1,128,1024,1024], bf16[1,128,1,1]")
+                                    for c in cards)
+    proposer, jobs = BuiltinProposer(), {}
+    for card in cards:
+        t, _ = proposer.template_for(card)
+        assert t is not None and t.name == "elementwise", card.signature_text
+        r = t.render(card, t.default(card))
+        if card.signature["args"][1]["shape"][1] % 8 == 0:   # (conv_out's 3 channels, channels-last: no vector)
+            assert r.params["vec"] == 8, (card.signature_text, r.params)
+        jobs[r.source] = (card.signature_text, {r.spec.split('"')[1]})
+    _compile_all(jobs)
+
+
+def test_a_cuda_capture_adds_them_by_share_and_a_cpu_capture_not():
+    from engine.capture.run import with_hidden_calls
+
+    card, _ = _conv()
+    other = dataclasses.replace(card, card_id="x", op="aten::mm", share=0.5)
+    notes = {}
+    cards, hidden = with_hidden_calls([other, card], "cuda", True, notes)
+    assert [c.op for c in cards] == ["aten::mm", "aten::add_.Tensor", "aten::add_.Tensor", "aten::convolution"]
+    assert set(hidden.values()) == {"conv0"} and len(hidden) == 2 and "2 card(s) of the bias add" in notes["hidden calls"]
+    assert with_hidden_calls([other, card], "cuda", False, {})[1].keys() == {bias_card(card).card_id}
+    notes = {}
+    assert with_hidden_calls([other, card], "cpu", True, notes) == ([other, card], {}) and notes == {}
