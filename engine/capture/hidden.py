@@ -34,7 +34,7 @@ from engine.cards import OperatorCard
 HIDDEN_OP = "aten::add_.Tensor"
 CONVOLUTION = "aten::convolution"
 _FLOATS = ("float32", "float16", "bfloat16")
-_HOW = "convolution bias"
+_HOW = "convolution bias"   # engine.capture.samples.hidden_args derives its arguments
 
 
 def _arg(card: OperatorCard, name: str) -> dict[str, Any] | None:
@@ -100,26 +100,6 @@ def hidden_in(signature: dict[str, Any]) -> str | None:
     """The id of the card whose call makes this hidden call (and whose samples it shares), or None."""
     h = signature.get("hidden_in") if isinstance(signature, dict) else None
     return h.get("card") if isinstance(h, dict) else None
-
-
-def hidden_args(signature: dict[str, Any], args: list[tuple[str, Any]], outputs: Any) -> list[tuple[str, Any]]:
-    """A hidden card's arguments from a sample of the card it hides in: for a convolution bias, `self` is a fresh
-    copy of the convolution's output, `other` its bias as `[1, C, 1, ...]`, `alpha` 1 (the layouts the signature
-    gives them are applied after, as for any card: `laid_out_as`)."""
-    import torch
-
-    how = (signature.get("hidden_in") or {}).get("how")
-    if how != _HOW:
-        raise ValueError(f"a hidden call the sample loader does not know: {how!r}")
-    named = dict(args)
-    out = outputs[0] if isinstance(outputs, (list, tuple)) else outputs
-    want = {a["name"]: a for a in signature["args"]}
-    bias = named.get("bias")
-    if not isinstance(out, torch.Tensor) or not isinstance(bias, torch.Tensor):
-        raise ValueError("the convolution's sample holds no output or no bias to derive the bias add from")
-    return [("self", out.clone()), ("other", bias.reshape(want["other"]["shape"]).clone()),
-            ("alpha", want["alpha"]["value"])]
-
 
 
 def hidden_shares(cards: list[OperatorCard]) -> list[OperatorCard]:

@@ -404,6 +404,23 @@ def laid_out_as(args: list[tuple[str, Any]], signature: dict[str, Any]) -> list[
     return out
 
 
+def hidden_args(signature: dict[str, Any], args: list[tuple[str, Any]], outputs: Any) -> list[tuple[str, Any]]:
+    """A hidden card's arguments from a sample of the card it hides in: for a convolution bias, `self` is a fresh
+    copy of the convolution's output, `other` its bias as `[1, C, 1, ...]`, `alpha` 1 (the layouts the signature
+    gives them are applied after, as for any card: `laid_out_as`)."""
+    how = (signature.get("hidden_in") or {}).get("how")
+    if how != "convolution bias":
+        raise ValueError(f"a hidden call the sample loader does not know: {how!r}")
+    named = dict(args)
+    out = outputs[0] if isinstance(outputs, (list, tuple)) else outputs
+    want = {a["name"]: a for a in signature["args"]}
+    bias = named.get("bias")
+    if not isinstance(out, torch.Tensor) or not isinstance(bias, torch.Tensor):
+        raise ValueError("the convolution's sample holds no output or no bias to derive the bias add from")
+    return [("self", out.clone()), ("other", bias.reshape(want["other"]["shape"]).clone()),
+            ("alpha", want["alpha"]["value"])]
+
+
 def read_sample_meta(path: Path) -> dict[str, Any]:
     """The JSON header of a sample file, without loading its tensors."""
     from safetensors import safe_open
@@ -443,9 +460,7 @@ def load_sample(path: str | Path, device: str | torch.device = "cpu",
     mutated = {k: _rebuild(r, slabs) for k, r in meta.get("mutated", {}).items()}
     if signature is not None and signature.get("hidden_in"):
         # A call the sampled one makes below the capture (engine.capture.hidden): its arguments come from this
-        # sample's; its outputs are not recorded (what it returns is what eager computes from them).
-        from engine.capture.hidden import hidden_args
-
+        # sample's (hidden_args); its outputs are not recorded (what it returns is what eager computes from them).
         args, outputs, mutated = hidden_args(signature, args, outputs), None, {}
     if signature is not None:
         args = laid_out_as(args, signature)
