@@ -151,3 +151,33 @@ def test_a_cuda_capture_adds_them_by_share_and_a_cpu_capture_not():
     assert with_hidden_calls([other, card], "cuda", False, {})[1].keys() == {bias_card(card).card_id}
     notes = {}
     assert with_hidden_calls([other, card], "cpu", True, notes) == ([other, card], {}) and notes == {}
+
+
+def test_the_lanes_verification_takes_the_card_on_its_derived_samples(tmp_path):
+    """What a lane checks a candidate for the card by (engine.verify.pipeline.card_check on the samples the
+    loader derives): eager's add_ itself passes every input set; a kernel that returns the sum without writing
+    it into `self` fails (eager leaves `self` written), as does one that adds the bias of the wrong channel."""
+    from engine.verify.pipeline import card_check
+
+    card, (x, w, b) = _conv()
+    bound = bind_arguments(CONV, (x, w, b, [1, 1], [1, 1], [1, 1], False, [0, 0], 1), {})
+    y = CONV(*[v for _, v in bound])
+    snap, layout = snapshot_inputs(bound)
+    out_layout, mutated = snapshot_outputs(snap, y, {})
+    save_sample(tmp_path / "s.safetensors", snap, {"op": "aten::convolution", "card": "conv0", "inputs": layout,
+                                                  "outputs": out_layout, "mutated": mutated})
+    h = bias_card(card)
+    check = card_check(HIDDEN_OP, h.signature, [load_sample(tmp_path / "s.safetensors", "cpu", h.signature).args])
+
+    def eager(bd, prefill):
+        return [bd[0][1].add_(bd[1][1])]
+
+    def not_in_place(bd, prefill):
+        return [bd[0][1] + bd[1][1]]
+
+    def rolled(bd, prefill):
+        return [bd[0][1].add_(bd[1][1].roll(1, 1))]
+
+    v = check.check(eager)
+    assert v.ok and v.sets_checked == len(check.sets) > 1, v.message
+    assert not check.check(not_in_place).ok and not check.check(rolled).ok

@@ -19,10 +19,10 @@ pack() { [ -f $W/kforge.db ] && python3 scripts/run_table.py $W/kforge.db --out 
          echo "t=$SECONDS" >> $O/calls.txt; tar czf $OUT/o.tgz -C /tmp o; }
 trap pack EXIT
 stamp() { echo "$(date +%T) t=$SECONDS $*" | tee -a $O/calls.txt; }
-# 0. the new GPU test, once
+# 0. the GPU tests of layout routes and of the bias-add cards, once
 if [ ! -e $O/tests.done ]; then
-  stamp "tests"; timeout 120 python3 scripts/gpu_tests.py --timeout 100 --out $O/tests \
-    tests/test_layout_routes_gpu.py > $O/tests.log 2>&1; stamp "tests rc=$?"; tail -4 $O/tests.log; touch $O/tests.done
+  stamp "tests"; timeout 240 python3 scripts/gpu_tests.py --timeout 150 --out $O/tests \
+    tests/test_layout_routes_gpu.py tests/test_capture_hidden_gpu.py > $O/tests.log 2>&1; stamp "tests rc=$?"; tail -4 $O/tests.log; touch $O/tests.done
 fi
 # 1. the run (builtin proposer), resumed where a call stopped it with what is left of its wall time
 if [ ! -e $O/run.done ]; then
