@@ -9,6 +9,7 @@ candidates, verified, failures by category, why it stopped) and the run's totals
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def render(db_path: Path, run_id: str | None = None) -> str:
                 fails[cat] = fails.get(cat, 0) + 1
         rows.append((card, cs, ok, best, fails))
     rows.sort(key=lambda r: -(r[0]["share"] or 0.0))
-    twins = twins_among([(c["card_id"], c["op"], c["signature"]) for c in cards.values()])
+    shares = share_texts(cards)
     span = (max(evaluated) - min(evaluated)) if len(evaluated) > 1 else 0.0
     won = [r for r in rows if r[3] is not None
            and faster_with_confidence((r[3]["speedup_low"], r[3]["speedup_high"]))]
@@ -74,8 +75,7 @@ def render(db_path: Path, run_id: str | None = None) -> str:
         eager = f"{card['eager_us']:.1f}" if card["eager_us"] else "–"
         fail = ", ".join(f"{k} {v}" for k, v in fails.items()) or "–"
         refs = _references(card, best["best_us"] if best is not None else None)
-        share = (f"twin of {twins[card['card_id']][:8]}" if card["card_id"] in twins
-                 else f"{100 * (card['share'] or 0):.1f} %")  # a channels-last twin: its original's calls
+        share = shares[card["card_id"]]
         lines.append(f"| `{card['op']}` | {sig} | {card['calls']:g} | {share} | {eager} | "
                      f"{b} | {sp} | {refs} | {len(cs)} | {len(ok)} | {fail} | {stopped.get(card['card_id'], '–')} |")
     before = _before_search(cards.values())
@@ -128,6 +128,24 @@ def _before_search(cards) -> list[str]:
 
 SKIP_WORDS = {"not-selected": "not selected by --ops", "declined": "no template (declined)",
               "noise": "below the noise floor", "no-samples": "without samples"}
+
+
+def share_texts(cards: dict[str, dict]) -> dict[str, str]:
+    """Each card's share as the table shows it: a channels-last twin's calls are its original's ("twin of");
+    a hidden call's share is its part of the call that makes it, once eager was timed for it ("in")."""
+    from engine.capture.hidden import hidden_in, hidden_shares
+    from engine.cards import card_from_row
+
+    twins = twins_among([(c["card_id"], c["op"], c["signature"]) for c in cards.values()])
+    parsed = hidden_shares([card_from_row({**r, "signature": json.loads(r["signature"])
+                                           if isinstance(r["signature"], str) else r["signature"]})
+                            for r in cards.values()])
+    out = {}
+    for c in parsed:
+        maker = hidden_in(c.signature)
+        out[c.card_id] = (f"twin of {twins[c.card_id][:8]}" if c.card_id in twins else
+                          f"{100 * c.share:.1f} % in {maker[:8]}" if maker else f"{100 * (c.share or 0):.1f} %")
+    return out
 
 
 def _unsearched(cards: dict, searched: dict, skipped: dict, stopped_by: str | None) -> str:

@@ -103,3 +103,18 @@ def test_a_card_none_of_whose_candidates_verified_says_why(tmp_path):
     line = next(x for x in table.splitlines() if x.startswith("- ") and card[:8] in x)
     assert line.endswith("no candidate verified; launch: out of GPU memory: Tried to allocate 2.00 GiB \\| more")
     assert sum(x.startswith("- ") for x in table.splitlines()) == 1  # the demo's other cards verified
+
+
+def test_a_hidden_calls_share_is_its_part_of_its_makers():
+    """A convolution's bias add (engine/capture/hidden.py) has its convolution's share in the store (an upper
+    bound); the table shows its part of it once eager was timed, and names the convolution."""
+    import json
+
+    rt = load_script("run_table")
+    conv = {"card_id": "conv0000", "op": "aten::convolution", "signature": json.dumps({"op": "aten::convolution",
+            "args": []}), "share": 0.04, "capture_us": 100.0, "eager_us": None}
+    add = {"card_id": "add00000", "op": "aten::add_.Tensor", "share": 0.04, "capture_us": 0.0, "eager_us": 40.0,
+           "signature": json.dumps({"op": "aten::add_.Tensor", "args": [],
+                                    "hidden_in": {"card": "conv0000", "how": "convolution bias"}})}
+    texts = rt.share_texts({"conv0000": conv, "add00000": add})
+    assert texts == {"conv0000": "4.0 %", "add00000": "1.6 % in conv0000"}
