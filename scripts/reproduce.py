@@ -1030,6 +1030,7 @@ def report(out: Path, models: list[str], allow_mixed: bool = False, chart: bool 
     (unless allow_mixed, which flags it at the top)."""
     sys.path.insert(0, str(ROOT))
     from engine.bench.floor import card_flops, is_compute_op
+    from engine.capture.hidden import row_shares
     from engine.capture.twins import call_key
     from engine.outcomes import faster_with_confidence
 
@@ -1063,6 +1064,7 @@ def report(out: Path, models: list[str], allow_mixed: bool = False, chart: bool 
         in_cast_ids = _cast_cards(d / f"{model}.cast")
         tflops = matmul_tflops(_load(d / RECORD))
         covered, counted = 0.0, set()
+        shares = row_shares(facts["cards"])   # a convolution's bias add: its part of the convolution's share
         for cid, cands in facts["candidates"].items():
             card = facts["cards"][cid]
             ok = [c for c in cands if c["status"] == "verified" and c["best_us"]]
@@ -1075,7 +1077,7 @@ def report(out: Path, models: list[str], allow_mixed: bool = False, chart: bool 
             key = call_key(card["op"], card["signature"]) if card.get("signature") else cid
             if in_cast and key not in counted:  # a card and its channels-last twin are the same calls
                 counted.add(key)
-                covered += card["share"] or 0.0
+                covered += shares.get(cid) or 0.0
             roof = card.get("roofline_us")
             sig = card.get("signature")
             sig = json.loads(sig) if isinstance(sig, str) else sig

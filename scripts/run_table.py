@@ -133,18 +133,16 @@ SKIP_WORDS = {"not-selected": "not selected by --ops", "declined": "no template 
 def share_texts(cards: dict[str, dict]) -> dict[str, str]:
     """Each card's share as the table shows it: a channels-last twin's calls are its original's ("twin of");
     a hidden call's share is its part of the call that makes it, once eager was timed for it ("in")."""
-    from engine.capture.hidden import hidden_in, hidden_shares
-    from engine.cards import card_from_row
+    from engine.capture.hidden import hidden_in, row_shares
 
     twins = twins_among([(c["card_id"], c["op"], c["signature"]) for c in cards.values()])
-    parsed = hidden_shares([card_from_row({**r, "signature": json.loads(r["signature"])
-                                           if isinstance(r["signature"], str) else r["signature"]})
-                            for r in cards.values()])
+    shares = row_shares(cards)
     out = {}
-    for c in parsed:
-        maker = hidden_in(c.signature)
-        out[c.card_id] = (f"twin of {twins[c.card_id][:8]}" if c.card_id in twins else
-                          f"{100 * c.share:.1f} % in {maker[:8]}" if maker else f"{100 * (c.share or 0):.1f} %")
+    for cid, r in cards.items():
+        sig = r.get("signature")
+        maker = hidden_in(json.loads(sig) if isinstance(sig, str) else (sig or {}))
+        out[cid] = (f"twin of {twins[cid][:8]}" if cid in twins else
+                    f"{100 * shares[cid]:.1f} % in {maker[:8]}" if maker else f"{100 * (shares[cid] or 0):.1f} %")
     return out
 
 

@@ -181,3 +181,16 @@ def test_the_lanes_verification_takes_the_card_on_its_derived_samples(tmp_path):
     v = check.check(eager)
     assert v.ok and v.sets_checked == len(check.sets) > 1, v.message
     assert not check.check(not_in_place).ok and not check.check(rolled).ok
+
+
+def test_store_rows_count_it_at_its_part_of_the_convolution():
+    """Tables and coverage sums read shares from the store, where a bias add holds its convolution's whole share
+    (scripts/run_table.py, scripts/reproduce.py's coverage): `row_shares` gives its part once eager was timed."""
+    import json
+
+    from engine.capture.hidden import row_shares
+
+    card, _ = _conv()
+    h = dataclasses.replace(bias_card(card), eager_us=25.0)
+    rows = {c.card_id: {**c.row(), "signature": json.dumps(c.signature), "eager_us": c.eager_us} for c in (card, h)}
+    assert row_shares(rows) == {"conv0": 0.04, h.card_id: pytest.approx(0.01)}

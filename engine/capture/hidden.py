@@ -116,3 +116,18 @@ def hidden_shares(cards: list[OperatorCard]) -> list[OperatorCard]:
             c = dataclasses.replace(c, share=maker.share * min(1.0, c.eager_us / maker.capture_us))
         out.append(c)
     return out
+
+
+def row_shares(rows: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Card id -> share for store rows (signatures as dicts or JSON text), a hidden call's made its part of its
+    maker's (`hidden_shares`): what tables and coverage sums count, so a bias add is not counted at its
+    convolution's whole share."""
+    import json
+
+    def one(r: dict[str, Any]) -> dict[str, Any]:
+        sig = r.get("signature")
+        return {**r, "signature": json.loads(sig) if isinstance(sig, str) else (sig or {})}
+
+    from engine.cards import card_from_row
+
+    return {c.card_id: c.share for c in hidden_shares([card_from_row(one(r)) for r in rows.values()])}
