@@ -14,6 +14,13 @@ O=/tmp/o; W=/tmp/ws; CFG=configs/models/sd35_medium.toml; mkdir -p $O
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > $O/gpu.txt 2>&1; cat $O/gpu.txt
 echo ${COMMIT:-$(git rev-parse HEAD 2>/dev/null)} > $O/commit.txt
 left() { echo $((LIMIT - SECONDS)); }
+# The C++ router's build (about a minute, once per machine) while the run searches, not in the export's first
+# confirmation (70 s of it there in the first sitting); waited for before the call ends (a build killed holding
+# torch's lock file would leave the next one waiting)
+if [ ! -e $O/router.done ]; then
+  (python3 -c "from engine.cast import cpp_router as r; e = r.extension(); print('built' if e else r.why_not())" \
+    > $O/router.log 2>&1 && touch $O/router.done) & RPID=$!
+fi
 pack() { [ -f $W/kforge.db ] && python3 scripts/run_table.py $W/kforge.db --out $O/run.md >/dev/null 2>&1
          [ -f $W/kforge.db ] && python3 -c "import sqlite3; s, d = sqlite3.connect('$W/kforge.db'), sqlite3.connect('$O/kforge.db'); s.backup(d)"
          echo "t=$SECONDS" >> $O/calls.txt; tar czf $OUT/o.tgz -C /tmp o; }
@@ -60,4 +67,5 @@ if [ -e $O/e2e.done ] && [ ! -e $O/full.done ] && [ $(left) -gt 200 ]; then
     --models sd35_medium@full_depth=true > $O/full.log 2>&1; rc=$?; stamp "full rc=$rc"
   [ $rc = 0 ] && touch $O/full.done; tail -6 $O/e2e/bench_e2e.md 2>/dev/null
 fi
+[ -n "$RPID" ] && wait $RPID; cat $O/router.log 2>/dev/null | tail -1
 stamp end
