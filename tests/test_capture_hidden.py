@@ -194,3 +194,14 @@ def test_store_rows_count_it_at_its_part_of_the_convolution():
     h = dataclasses.replace(bias_card(card), eager_us=25.0)
     rows = {c.card_id: {**c.row(), "signature": json.dumps(c.signature), "eager_us": c.eager_us} for c in (card, h)}
     assert row_shares(rows) == {"conv0": 0.04, h.card_id: pytest.approx(0.01)}
+
+
+def test_the_capture_report_says_where_its_share_is_counted():
+    from engine.capture import report
+
+    card, _ = _conv()
+    h = bias_card(card)
+    r = CaptureResult(capture_id="c", model="m", device="cuda", dtype="bfloat16", small=False, wall_s=1.0,
+                      cards=[card, h], skipped={}, notes={}, sample_dir="s", hidden={h.card_id: "conv0"})
+    assert report._share(r, h) == "inside" and report._share(r, card) == "4.0%"
+    assert report._twin(r, h) == "  (the bias add inside convolution conv0)" and report._twin(r, card) == ""
