@@ -548,9 +548,9 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
             cards = sorted([*cards, *found.values()], key=lambda c: (-c.share, c.op, c.card_id))
             chain_list = [*chain_list, *found_chains.values()]
             notes["channels-last twins"] = (
-                f"{len(found)} GroupNorm card(s) and {len(found_chains)} GroupNorm -> SiLU chain card(s) also as "
-                "channels-last input, the layout torch.compile hands them after a convolution (same values and "
-                "samples; engine/capture/twins.py)")
+                f"{len(found)} GroupNorm or upsampling card(s) and {len(found_chains)} GroupNorm -> SiLU chain "
+                "card(s) also as channels-last input, the layout torch.compile or a layout route hands them after "
+                "a convolution (same values and samples; engine/capture/twins.py)")
     cards, hidden = with_hidden_calls(cards, device.type, twins_wanted(
         getattr(config, "layout_twins", "auto"), device.type, cards), notes)
     return CaptureResult(

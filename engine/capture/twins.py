@@ -30,7 +30,8 @@ from engine.capture.fake_outputs import fake_chain_outputs, fake_outputs
 from engine.capture.signature import card_id, contiguous_strides, dense_order, signature_text
 from engine.cards import OperatorCard
 
-TWIN_OPS = ("aten::native_group_norm",)   # ops with a channels-last builtin kernel (group_norm_cl)
+TWIN_OPS = ("aten::native_group_norm",    # ops with a channels-last builtin kernel: group_norm_cl,
+            "aten::upsample_nearest2d")  # resample (a layout route's Decoder upsamples channels-last)
 # Chains (their members' ops, in order) whose first member reads the chain's first input and has a builtin
 # channels-last kernel: GroupNorm -> SiLU (chain_group_norm_silu on group_norm_cl). A VAE block's GroupNorm
 # after a convolution and the SiLU before the next one, taking the first's output as held and writing the
