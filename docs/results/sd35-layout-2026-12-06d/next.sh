@@ -2,7 +2,8 @@
 # no GPU has run yet: (1) the convolutions' bias adds as cards (engine/capture/hidden.py: `aten::add_` of
 # [1,C,1,1] into each convolution's output, which eager runs at half a copy's rate, 7.3 ms per forward);
 # (2) the guard telling apart what PyTorch takes for channels-last (c6c4706), so that a layout route keeps the
-# Decoder channels-last past its first upsampling; (3) the export leaving pattern cards out before confirming.
+# Decoder channels-last past its first upsampling; (3) the export leaving pattern cards out before confirming;
+# (4) channels-last twins of the upsamplings (aacebdf), for the routed Decoder.
 # The GPU tests of layout routes first, then run -> export (layout and graph routes tried) -> bench_e2e.
 # Resumable on one warm machine (state in /tmp/o, /tmp/ws): call it again until e2e.done. LIMIT: seconds for this
 # call (default 565); WALL: the run's wall time in all (default 420: about 40 cards).
