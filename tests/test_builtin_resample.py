@@ -138,3 +138,21 @@ def test_an_upsamplings_channels_last_twin_is_taken_in_channels_with_eagers_layo
     out = card_check("aten::upsample_nearest2d", twin.signature, [bound]).eager(bound)
     out = out[0] if isinstance(out, (list, tuple)) else out
     assert torch.equal(out, y) and out.stride() == y.stride()
+
+
+def test_an_upsampling_of_a_tensor_channels_last_in_name_only_gets_a_true_channels_last_twin():
+    """sd35_medium's first upsampling is handed bf16[1,512,128,128] at (512, 1, 65536, 512): channels-last but for
+    the batch stride, which PyTorch reads as NCHW (eager returns NCHW). Under a layout route the call holds a true
+    channels-last tensor; its twin covers that one, with eager's channels-last output."""
+    from engine.capture.twins import twin_of
+    from engine.ops import channels_last_by_strides
+
+    x = _x([1, 64, 8, 8], torch.bfloat16, CL)
+    odd = torch.empty_strided(x.shape, (64, 1, 512, 64), dtype=x.dtype).copy_(x)
+    card = dataclasses.replace(card_of(odd, scale_factor=2.0), samples=1, card_id="odd")
+    assert card.outputs[0]["stride"] == [16384, 256, 16, 1]         # eager: NCHW out for it
+    twin = twin_of(card)
+    assert twin is not None and twin.signature["args"][0]["stride"] == list(x.stride())
+    assert channels_last_by_strides(x.shape, x.stride()) and twin.outputs[0]["stride"] == list(
+        OP(x, [16, 16], 2.0, 2.0).stride())
+    assert twin_of(dataclasses.replace(card_of(x, scale_factor=2.0), samples=1)) is None  # truly CL: none

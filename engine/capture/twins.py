@@ -58,9 +58,23 @@ def _contiguous(shape: Sequence[int], stride: Sequence[int]) -> bool:
     return dense_order(shape, stride) == [d for d, n in enumerate(shape) if n > 1]
 
 
+def _channels_last_in_name_only(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    """Laid out channels-last, size-1 dims aside, yet not channels-last to PyTorch: a batch of one whose batch
+    stride is C, as a residual add after an attention block leaves it (sd35_medium's first upsampling,
+    bf16[1,512,128,128] at (512, 1, 65536, 512)). Eager calls it NCHW; under a layout route the same call gets
+    a true channels-last tensor, which its twin covers (the guard tells the two apart: engine.ops)."""
+    from engine.ops import channels_last_by_strides
+
+    if len(shape) != 4 or dense_order(shape, stride) is None:
+        return False
+    order = [d for d in (0, 2, 3, 1) if shape[d] > 1]
+    return dense_order(shape, stride) == order and not channels_last_by_strides(shape, stride)
+
+
 def twin_of(card: OperatorCard) -> OperatorCard | None:
     """The card's channels-last twin, or None where it has none: another op (or a chain not of TWIN_CHAINS),
-    an input that is not a contiguous [N, C, H, W(, ...)] batch with C > 1 and more than one pixel, or no
+    an input that is not a contiguous [N, C, H, W(, ...)] batch with C > 1 and more than one pixel (for an op
+    card, one channels-last in name only counts as contiguous: `_channels_last_in_name_only`), or no
     samples. A chain's outputs are its members' meta kernels' for the channels-last input."""
     chain = card.op == CHAIN_OP and _twin_chain(card.signature)
     if (card.op not in TWIN_OPS and not chain) or not card.samples or not card.signature.get("args"):
@@ -69,7 +83,7 @@ def twin_of(card: OperatorCard) -> OperatorCard | None:
     shape = [int(s) for s in x.get("shape", [])]
     if x.get("kind") != "tensor" or len(shape) < 4 or shape[1] <= 1 or math.prod(shape[2:]) <= 1:
         return None
-    if not _contiguous(shape, x["stride"]):
+    if not _contiguous(shape, x["stride"]) and (chain or not _channels_last_in_name_only(shape, x["stride"])):
         return None
     args: list[dict[str, Any]] = [dict(a) for a in card.signature["args"]]
     args[0] = {**x, "stride": channels_last_strides(shape)}
