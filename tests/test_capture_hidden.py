@@ -35,6 +35,17 @@ def _conv(dtype=torch.bfloat16, bias=True, shape=(1, 8, 6, 5), layout=torch.cont
     return card, (x, w, b)
 
 
+def _write_sample(path, x, w, b):
+    """A sample file of the convolution's call, as the capture writes one; its output."""
+    bound = bind_arguments(CONV, (x, w, b, [1, 1], [1, 1], [1, 1], False, [0, 0], 1), {})
+    y = CONV(*[v for _, v in bound])
+    snap, layout = snapshot_inputs(bound)
+    out_layout, mutated = snapshot_outputs(snap, y, {})
+    save_sample(path, snap, {"op": "aten::convolution", "card": "conv0", "inputs": layout, "outputs": out_layout,
+                             "mutated": mutated})
+    return y
+
+
 def _real_add_signature(y, b):
     """What a capture records for the add_ itself, on a CUDA tensor of y's layout."""
     return cudaify(signature_of(ADD_, bind_arguments(ADD_, (y, b.reshape(1, -1, 1, 1)), {})))
@@ -74,12 +85,7 @@ def test_none_where_there_is_no_such_call():
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_its_samples_are_the_convolutions_output_and_bias(tmp_path, channels_last):
     card, (x, w, b) = _conv()
-    bound = bind_arguments(CONV, (x, w, b, [1, 1], [1, 1], [1, 1], False, [0, 0], 1), {})
-    y = CONV(*[v for _, v in bound])
-    snap, layout = snapshot_inputs(bound)
-    out_layout, mutated = snapshot_outputs(snap, y, {})
-    save_sample(tmp_path / "s.safetensors", snap, {"op": "aten::convolution", "card": "conv0", "inputs": layout,
-                                                  "outputs": out_layout, "mutated": mutated})
+    y = _write_sample(tmp_path / "s.safetensors", x, w, b)
     h = bias_card(card, channels_last=channels_last)
     s = load_sample(tmp_path / "s.safetensors", "cpu", h.signature)
     names = [n for n, _ in s.args]
@@ -160,12 +166,7 @@ def test_the_lanes_verification_takes_the_card_on_its_derived_samples(tmp_path):
     from engine.verify.pipeline import card_check
 
     card, (x, w, b) = _conv()
-    bound = bind_arguments(CONV, (x, w, b, [1, 1], [1, 1], [1, 1], False, [0, 0], 1), {})
-    y = CONV(*[v for _, v in bound])
-    snap, layout = snapshot_inputs(bound)
-    out_layout, mutated = snapshot_outputs(snap, y, {})
-    save_sample(tmp_path / "s.safetensors", snap, {"op": "aten::convolution", "card": "conv0", "inputs": layout,
-                                                  "outputs": out_layout, "mutated": mutated})
+    _write_sample(tmp_path / "s.safetensors", x, w, b)
     h = bias_card(card)
     check = card_check(HIDDEN_OP, h.signature, [load_sample(tmp_path / "s.safetensors", "cpu", h.signature).args])
 

@@ -72,14 +72,16 @@ def bias_card(card: OperatorCard, channels_last: bool = False) -> OperatorCard |
            "aliases": [], "hidden_in": {"card": card.card_id, "how": _HOW}}
     outputs = [{k: v for k, v in self_.items() if k != "name"}]
     return OperatorCard(card_id=card_id(sig), op=HIDDEN_OP, signature=sig, signature_text=signature_text(sig),
-                        outputs=outputs, calls=card.calls, share=card.share, bytes=2 * _nbytes(self_),
+                        outputs=outputs, calls=card.calls, share=card.share,
+                        bytes=2 * _nbytes(self_) + _nbytes(other),   # as the recorder counts: reads + writes
                         captured_calls=card.captured_calls, module_paths=dict(card.module_paths),
                         samples=card.samples)
 
 
 def _nbytes(t: dict[str, Any]) -> int:
-    size = {"float32": 4, "float16": 2, "bfloat16": 2}[t["dtype"]]
-    return size * math.prod(int(n) for n in t["shape"])
+    import torch
+
+    return getattr(torch, t["dtype"]).itemsize * math.prod(int(n) for n in t["shape"])
 
 
 def hidden_cards(cards: Sequence[OperatorCard], channels_last: bool = False) -> dict[str, OperatorCard]:

@@ -65,10 +65,10 @@ def _channels_last_in_name_only(shape: Sequence[int], stride: Sequence[int]) -> 
     a true channels-last tensor, which its twin covers (the guard tells the two apart: engine.ops)."""
     from engine.ops import channels_last_by_strides
 
-    if len(shape) != 4 or dense_order(shape, stride) is None:
+    if len(shape) != 4:
         return False
-    order = [d for d in (0, 2, 3, 1) if shape[d] > 1]
-    return dense_order(shape, stride) == order and not channels_last_by_strides(shape, stride)
+    return (dense_order(shape, stride) == [d for d in (0, 2, 3, 1) if shape[d] > 1]
+            and not channels_last_by_strides(shape, stride))
 
 
 def twin_of(card: OperatorCard) -> OperatorCard | None:
