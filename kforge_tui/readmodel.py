@@ -360,12 +360,21 @@ class ReadModel:
             status = "finished" if nodes else "untouched"
         else:
             status = "waiting" if nodes else "queued"
-        row = CardRow(card_id, s["op"], s["signature_text"], s["calls"], s["share"], eager, roof, best_us,
+        row = CardRow(card_id, s["op"], s["signature_text"], s["calls"], self._share(s, eager), eager, roof, best_us,
                       best.speedup if best else None, pct, status, len(nodes), sum(fails.values()), fails,
                       best.id if best else None, _chain(s.get("chain")), s.get("compile_us"), s.get("copy_us"),
                       compile_note(s.get("ref_stats")), _twin_of(s.get("signature")))
         self.cards[card_id] = row
         return row
+
+    def _share(self, s: dict[str, Any], eager: float | None) -> float:
+        """A card's share; a hidden call's (engine.capture.hidden) its part of its maker's once its eager time
+        is known, as tables and coverage count it, not its maker's whole share."""
+        made_in = _as_dict(s.get("signature")).get("hidden_in")  # as engine.capture.hidden.hidden_in reads it
+        maker = self._card_static.get(made_in.get("card") or "") if isinstance(made_in, dict) else None
+        if maker is None or not eager or not maker.get("capture_us"):
+            return s["share"]
+        return float(maker["share"]) * min(1.0, eager / float(maker["capture_us"]))
 
     def _add_lanes(self, names: Iterable[Any]) -> None:
         for name in names:

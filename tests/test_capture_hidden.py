@@ -206,3 +206,31 @@ def test_the_capture_report_says_where_its_share_is_counted():
                       cards=[card, h], skipped={}, notes={}, sample_dir="s", hidden={h.card_id: "conv0"})
     assert report._share(r, h) == "inside" and report._share(r, card) == "4.0%"
     assert report._twin(r, h) == "  (the bias add inside convolution conv0)" and report._twin(r, card) == ""
+
+
+def test_the_tuis_card_table_shows_a_hidden_calls_part_of_its_makers_share():
+    """The TUI's cards screen reads a hidden call's share as the tables do: its part of its maker's once its
+    eager time is known (it showed the convolution's whole share, the store's upper bound)."""
+    import json
+    import sqlite3
+
+    from kforge_tui.launcher import demo_copy
+    from kforge_tui.readmodel import ReadModel
+
+    db = demo_copy()
+    conn = sqlite3.connect(db)
+    (maker, share), (hidden, hsig) = (
+        conn.execute("SELECT card_id, share FROM cards ORDER BY share DESC").fetchone(),
+        conn.execute("SELECT card_id, signature FROM cards ORDER BY share ASC").fetchone())
+    assert maker != hidden and share > 0
+    conn.execute("UPDATE cards SET capture_us = 200.0 WHERE card_id = ?", (maker,))
+    conn.execute("UPDATE cards SET share = ?, eager_us = 50.0, signature = ? WHERE card_id = ?",
+                 (share, json.dumps({**json.loads(hsig), "hidden_in": {"card": maker, "how": "convolution bias"}}),
+                  hidden))
+    conn.commit()
+    conn.close()
+    model = ReadModel(db)
+    model.poll(model.runs()[0].id)
+    assert model.cards[hidden].share == pytest.approx(share * 0.25)
+    assert model.cards[maker].share == pytest.approx(share)
+    model.close()
