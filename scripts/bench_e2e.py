@@ -174,6 +174,7 @@ def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int, 
         "restored_bit_exact": bool(torch.equal(restored, eager_out)),
         "hits": {v["id"]: v["hits"] for v in stats["variants"]}, "misses": stats["misses"],
         "near_misses": stats["near_misses"], "near_miss_keys": stats["near_miss_keys"],
+        "format_declines": stats.get("format_declines", {}),
         "every_variant_hit": all(v["hits"] > 0 for v in stats["variants"]),
         "dispatched_by": ", ".join(sorted({v["router"] for v in stats["variants"]})) or "-",
         "variants_hit": sum(1 for v in stats["variants"] if v["hits"] > 0),
@@ -181,7 +182,8 @@ def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int, 
     }
     log(f"{name}: eager {result['eager_ms']:.2f} ms, cast {result['cast_ms']:.2f} ms, {est.speedup:.3f}x "
         f"(95% CI {est.low:.3f}-{est.high:.3f}); rel err {result['rel_l2_err']:.2e}; "
-        f"every variant hit: {result['every_variant_hit']}; near misses {sum(result['near_misses'].values())}")
+        f"every variant hit: {result['every_variant_hit']}; near misses {sum(result['near_misses'].values())}; "
+        f"declined for their memory format {sum(result['format_declines'].values())}")
     del module
     torch.cuda.empty_cache()
     return result

@@ -83,9 +83,10 @@ def test_a_call_whose_strides_differ_only_at_a_size_one_dim_hits_where_eager_tak
     """router.cpp's guard leaves a size-1 dim's stride out, as engine.cast.guard does (kernels get data pointers
     only; eager, Inductor and meta kernels disagree on it), except where that stride decides whether PyTorch
     takes the tensor for channels-last: eager lays its outputs out by it. A [1, C, H, W] tensor at eager's
-    (C, 1, W·C, C) is not channels-last to PyTorch, at (C·H·W, 1, W·C, C) it is: in eager the second misses a
-    variant proven on the first (an upsampling under sd35_medium's layout route returned NCHW where eager returns
-    channels-last, H100 2026-12-06d); compiled code, which holds its own layouts, still hits."""
+    (C, 1, W·C, C) is not channels-last to PyTorch, at (C·H·W, 1, W·C, C) it is: in eager the second is declined
+    by a variant proven on the first (an upsampling under sd35_medium's layout route returned NCHW where eager
+    returns channels-last, H100 2026-12-06d), counted as a format decline, not a miss or near miss (its key is
+    the variant's); compiled code, which holds its own layouts, still hits."""
     op = torch.ops.aten.upsample_nearest2d.default
     x = torch.randn(1, 8, 3, 3).contiguous(memory_format=torch.channels_last)
     eager_like = torch.empty_strided(x.shape, (8, 1, 24, 8)).copy_(x)
@@ -97,8 +98,10 @@ def test_a_call_whose_strides_differ_only_at_a_size_one_dim_hits_where_eager_tak
         assert x.stride() == (72, 1, 24, 8)
         op(torch.empty_strided(x.shape, (5, 1, 24, 8)).copy_(x), *rest)  # another batch stride, alike: a hit
         assert _counts(ext, "aten::upsample_nearest2d") == {"hits": [1], "misses": 0}
-        out = op(x, *rest)                                     # channels-last to PyTorch: a miss in eager
-        assert _counts(ext, "aten::upsample_nearest2d") == {"hits": [1], "misses": 1}
+        out = op(x, *rest)                                     # channels-last to PyTorch: declined in eager
+        assert _counts(ext, "aten::upsample_nearest2d") == {"hits": [1], "misses": 0}
+        st = cpp_router.stats(ext, "aten::upsample_nearest2d", "CPU")
+        assert st["format_declines"] == 1 and st["near_misses"] == 0
         assert not out.is_contiguous()                      # eager's layout for it
         cpp_router.set_target("compile")
         try:
@@ -106,7 +109,27 @@ def test_a_call_whose_strides_differ_only_at_a_size_one_dim_hits_where_eager_tak
         finally:
             cpp_router.set_target(None)
         op(x.contiguous(), *rest)                              # contiguous: another layout, a miss
-        assert _counts(ext, "aten::upsample_nearest2d") == {"hits": [2], "misses": 2}
+        assert _counts(ext, "aten::upsample_nearest2d") == {"hits": [2], "misses": 1}
+        assert cpp_router.stats(ext, "aten::upsample_nearest2d", "CPU")["format_declines"] == 1
+    finally:
+        cpp_router.uninstall(ext, "aten::upsample_nearest2d", "CPU")
+
+
+def test_two_plans_for_one_key_proven_on_either_format_each_serve_the_calls_eager_takes_alike(ext):
+    """A variant proven on a tensor channels-last in name only and its true channels-last twin (engine.capture.
+    twins) have the same key; in eager each call goes to the one proven on its format (the twin was never hit
+    when the first plan declined for both)."""
+    op = torch.ops.aten.upsample_nearest2d.default
+    x = torch.randn(1, 8, 3, 3).contiguous(memory_format=torch.channels_last)
+    eager_like = torch.empty_strided(x.shape, (8, 1, 24, 8)).copy_(x)
+    rest = ([6, 6], 2.0, 2.0)
+    plans = [_plan(ext, op, (eager_like, *rest), [op(eager_like, *rest)]), _plan(ext, op, (x, *rest), [op(x, *rest)])]
+    cpp_router.install(ext, "aten::upsample_nearest2d", "CPU", plans)
+    try:
+        a, b = op(eager_like, *rest), op(x, *rest)
+        st = cpp_router.stats(ext, "aten::upsample_nearest2d", "CPU")
+        assert st["hits"] == [1, 1] and st["misses"] == 0 and st["format_declines"] == 0
+        assert a.is_contiguous() and b.is_contiguous(memory_format=torch.channels_last)  # each its proof's layout
     finally:
         cpp_router.uninstall(ext, "aten::upsample_nearest2d", "CPU")
 

@@ -80,28 +80,39 @@ def _x(stride):
     return torch.empty_strided(X, stride).copy_(torch.randn(X))
 
 
-@pytest.fixture
-def cast(tmp_path, monkeypatch):
-    """A cast of one upsample_nearest2d variant proven on the eager-like layout; its plan is PyTorch's kernel
-    on a contiguous copy (what a kernel that writes NCHW rows gives), through the Python router at the CPU key."""
+def _cast(tmp_path, monkeypatch, proofs):
+    """A cast of upsample_nearest2d variants, id -> the input strides each was proven on; each plan is PyTorch's
+    kernel on a copy in the memory format PyTorch takes its proof's tensor for (what a kernel that writes NCHW
+    rows, or channels-last ones, gives), through the Python router at the CPU key. `c.ran`: (id, strides)."""
     monkeypatch.setenv("KFORGE_CAST_ROUTER", "python")
     monkeypatch.setattr(runtime, "add_entries", functools.partial(runtime.add_entries, dispatch_key="CPU"))
-    sig = signature_of(UP2, bind_arguments(UP2, (_x(EAGER_LIKE), *REST), {}))
-    v = {"id": "up", "op": "aten::upsample_nearest2d", "signature": sig, "signature_text": signature_text(sig),
-         "outputs": [], "launch_spec": "", "kernels": [], "files": {}, "category": "custom CUDA",
-         "evidence": {}, "provenance": {}, "targets": ["eager", "compile"]}
+    variants, plans, ran = [], {}, []
+    for vid, stride in proofs.items():
+        sig = signature_of(UP2, bind_arguments(UP2, (_x(stride), *REST), {}))
+        variants.append({"id": vid, "op": "aten::upsample_nearest2d", "signature": sig,
+                         "signature_text": signature_text(sig), "outputs": [], "launch_spec": "", "kernels": [],
+                         "files": {}, "category": "custom CUDA", "evidence": {}, "provenance": {},
+                         "targets": ["eager", "compile"]})
+        fmt = torch.channels_last if channels_last_by_strides(X, stride) else torch.contiguous_format
+
+        def plan(bound, vid=vid, fmt=fmt):
+            ran.append((vid, tuple(bound[0].stride())))
+            with runtime.suspended():
+                return UP2(bound[0].contiguous(memory_format=fmt), *bound[1:])
+
+        plans[vid] = plan
     manifest = {"format": cast_format.FORMAT, "format_version": cast_format.FORMAT_VERSION, "env": ENV,
-                "variants": [v]}
+                "variants": variants}
     write_cast(tmp_path / "t.cast", manifest, {}, "# test\n")
-    ran = []
-
-    def plan(bound):
-        ran.append(tuple(bound[0].stride()))
-        with runtime.suspended():
-            return UP2(bound[0].contiguous(), *bound[1:])
-
-    c = engine.cast.load(tmp_path / "t.cast", env=ENV, plans={"up": plan})
+    c = engine.cast.load(tmp_path / "t.cast", env=ENV, plans=plans)
     c.ran = ran
+    return c
+
+
+@pytest.fixture
+def cast(tmp_path, monkeypatch):
+    """A cast of one upsample_nearest2d variant proven on the eager-like layout."""
+    c = _cast(tmp_path, monkeypatch, {"up": EAGER_LIKE})
     yield c
     c.remove()
     assert runtime.routes() == {}
@@ -113,11 +124,36 @@ def test_in_eager_a_call_pytorch_takes_for_channels_last_misses_a_variant_proven
         alike = UP2(_x((5, 1, 24, 8)), *REST)      # another batch stride, NCHW to PyTorch too: served
         other = UP2(_x(TRUE_CL), *REST)            # channels-last to PyTorch: eager's kernel
         st = cast.stats()
-    assert cast.ran == [EAGER_LIKE, (5, 1, 24, 8)]
+    assert cast.ran == [("up", EAGER_LIKE), ("up", (5, 1, 24, 8))]
     assert hit.is_contiguous() and alike.is_contiguous()
     assert other.is_contiguous(memory_format=torch.channels_last) and not other.is_contiguous()  # as eager
-    assert st["misses"]["aten::upsample_nearest2d"] == 1
+    # declined for its format, not a miss: its key is the variant's, and a near-miss listing would show the
+    # user a signature the cast has
+    assert st["format_declines"] == {"aten::upsample_nearest2d": 1}
+    assert st["misses"]["aten::upsample_nearest2d"] == 0 and st["near_misses"]["aten::upsample_nearest2d"] == 0
     torch.testing.assert_close(other, UP2(_x(TRUE_CL), *REST), rtol=0, atol=0)
+
+
+def test_a_variant_and_its_twin_with_one_key_each_serve_the_calls_pytorch_takes_alike(tmp_path, monkeypatch):
+    """A variant proven on a tensor channels-last in name only and its true channels-last twin (engine.capture.
+    twins) have one key: both are routed (the second was "already covered" and never ran), each call goes to the
+    one proven on its format, and removing the cast takes both out."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "already covered by another installed cast"
+        c = _cast(tmp_path, monkeypatch, {"up": EAGER_LIKE, "twin": TRUE_CL})
+        try:
+            with c.enabled(), torch.no_grad():
+                a, b = UP2(_x(EAGER_LIKE), *REST), UP2(_x(TRUE_CL), *REST)
+                st = c.stats()
+            assert c.ran == [("up", EAGER_LIKE), ("twin", TRUE_CL)]
+            assert a.is_contiguous() and b.is_contiguous(memory_format=torch.channels_last)
+            assert {v["id"]: v["hits"] for v in st["variants"]} == {"up": 1, "twin": 1}
+            assert st["format_declines"] == {} and st["misses"]["aten::upsample_nearest2d"] == 0
+        finally:
+            c.remove()
+    assert runtime.routes() == {}
 
 
 def test_inside_compiled_code_the_variant_serves_both_layouts(cast):
@@ -126,4 +162,4 @@ def test_inside_compiled_code_the_variant_serves_both_layouts(cast):
     holds its batch stride as C·H·W where eager's had C)."""
     with cast.enabled(), torch.no_grad(), runtime.target_scope("compile"):
         UP2(_x(TRUE_CL), *REST)
-    assert cast.ran == [TRUE_CL]
+    assert cast.ran == [("up", TRUE_CL)]

@@ -178,13 +178,14 @@ class Cast:
     def stats(self) -> dict[str, Any]:
         """Hits per variant and misses per op (misses count every cast's routes for the op)."""
         ops = {v.op for v in self.variants}
-        misses, near, through, near_keys, grad, declined, determinism = {}, {}, {}, {}, {}, {}, {}
+        misses, near, through, near_keys, grad, declined, determinism, formats = {}, {}, {}, {}, {}, {}, {}, {}
         for (op, _key), route in runtime.routes().items():
             if op in ops:
                 misses[op] = route.misses
                 grad[op] = route.grad_declines
                 declined[op] = route.target_declines
                 determinism[op] = route.determinism_declines
+                formats[op] = route.format_declines
                 near[op] = route.near_misses
                 through[op] = route.fallthrough
                 near_keys[op] = [repr(k) for k in route.near_keys]
@@ -203,9 +204,11 @@ class Cast:
                 near_keys[op] = near_keys.get(op, []) + list(st.get("near_keys", []))
                 declined[op] = declined.get(op, 0) + int(st.get("target_declines", 0))
                 determinism[op] = determinism.get(op, 0) + int(st.get("determinism_declines", 0))
+                formats[op] = formats.get(op, 0) + int(st.get("format_declines", 0))
         for op, kept in self._cpp_kept.items():
             declined[op] = declined.get(op, 0) + kept.get("target_declines", 0)
             determinism[op] = determinism.get(op, 0) + kept.get("determinism_declines", 0)
+            formats[op] = formats.get(op, 0) + kept.get("format_declines", 0)
         mods = self._module_stats()
         patched = {vid for m in mods.values() if m["active"] for vid in m["variants"]}
         return {"file": self.path, "installed": self._installed, "problem": self.problem,
@@ -217,6 +220,9 @@ class Cast:
                              for v in self.variants],
                 "targets": self.active_by_target(), "target_declines": declined,
                 "determinism_declines": {op: n for op, n in determinism.items() if n},
+                # calls with a proven key that PyTorch takes for another memory format than every proof's (a
+                # size-1 dim's stride): eager's kernel, which lays its output out otherwise (not near misses)
+                "format_declines": {op: n for op, n in formats.items() if n},
                 "misses": misses, "near_misses": near, "fallthrough": through, "near_miss_keys": near_keys,
                 "grad_declines": grad, "modules": mods, "modules_skipped": list(self._module_skipped),
                 "graph_routes": self._graphs.stats() if self._graphs is not None else {},
@@ -323,7 +329,7 @@ class Cast:
         for (op, _), route in runtime.routes().items():
             if any(v.op == op for v in self.variants):
                 route.misses = route.near_misses = route.fallthrough = route.grad_declines = 0
-                route.target_declines = route.determinism_declines = 0
+                route.target_declines = route.determinism_declines = route.format_declines = 0
                 route.near_keys = []
         if self._patterns is not None:
             for bp in self._patterns.everything_built():
@@ -410,10 +416,12 @@ class Cast:
                 for op in self._cpp_ops:
                     st = cpp_router.stats(ext, op, "CUDA")
                     kept = self._cpp_kept.setdefault(op, {"misses": 0, "near_misses": 0, "near_keys": [],
-                                                          "target_declines": 0, "determinism_declines": 0})
+                                                          "target_declines": 0, "determinism_declines": 0,
+                                                          "format_declines": 0})
                     kept["misses"] += int(st.get("misses", 0))
                     kept["target_declines"] += int(st.get("target_declines", 0))
                     kept["determinism_declines"] += int(st.get("determinism_declines", 0))
+                    kept["format_declines"] += int(st.get("format_declines", 0))
                     kept["near_misses"] += int(st.get("near_misses", 0))
                     kept["near_keys"] += [k for k in st.get("near_keys", []) if k not in kept["near_keys"]]
                     cpp_router.uninstall(ext, op, "CUDA")

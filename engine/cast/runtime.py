@@ -137,6 +137,11 @@ class Route:
         self.nargs = len(self.layout.names)
         self.table: dict[tuple, Plan] = {}
         self.owners: dict[tuple, object] = {}
+        # Other plans for a key, each proven where PyTorch takes the tensors for another memory format than the
+        # table's plan's (engine.cast.guard.proven_formats: a size-1 dim's stride, which keys leave out), with
+        # their owners: in eager the call's format picks among them (a GroupNorm proven on an input that is
+        # channels-last in name only and its true channels-last twin)
+        self.alts: dict[tuple, list[tuple[Plan, object]]] = {}
         self.shapes: set[tuple] = set()
         self.open_prefilter = False   # some key has no first-tensor shape: always build the key
         self.active = True
@@ -147,6 +152,7 @@ class Route:
         self.grad_declines = 0        # hits declined because the call needs autograd
         self.target_declines = 0      # hits declined because the variant was not proven for the call's target
         self.determinism_declines = 0  # hits declined: deterministic algorithms on, the variant may reorder sums
+        self.format_declines = 0      # calls with a proven key that PyTorch takes for another memory format (eager)
         self.promised: dict[tuple, Any] = {}  # inputs' layouts -> the meta kernel's output strides (compiled code)
         self.tensor_slots = tuple(i for i, k in enumerate(self.layout.kinds) if k != "value")
         self.lib: torch.library.Library | None = None
@@ -219,9 +225,15 @@ class Route:
         bound = args if not kwargs and len(args) == self.nargs else bind(layout, args, kwargs)
         key = self.key_of(bound)
         plan = self.table.get(key)
-        if plan is None or (plan.formats and formats_differ(plan.formats, bound) and not _in_compiled_code()):
-            # (the second: eager may lay its outputs out otherwise for this call than for the proof's; compiled
-            # code holds its own layouts and gets the strides it asserts, see _as_promised and _HELD)
+        if plan is not None and plan.formats and formats_differ(plan.formats, bound) and not _in_compiled_code():
+            # eager may lay its outputs out otherwise for this call than for the proof's: a plan proven on its
+            # format, or PyTorch's kernel (compiled code holds its own layouts and gets the strides it asserts,
+            # see _as_promised and _HELD)
+            plan = next((p for p, _ in self.alts.get(key, ()) if not formats_differ(p.formats, bound)), None)
+            if plan is None:
+                self.format_declines += 1
+                return self._original(keyset, args, kwargs)
+        if plan is None:
             self.misses += 1
             self.near_misses += 1
             if len(self.near_keys) < NEAR_MISS_KEYS and key not in self.near_keys:
@@ -241,15 +253,16 @@ class Route:
             return plan(bound)
         except Exception as e:  # a kernel that cannot launch here: this variant stays on PyTorch from now on
             plan.hits -= 1
-            self.disable(key, e)
+            self.disable(key, e, plan)
             return self._original(keyset, args, kwargs)
 
-    def disable(self, key: tuple, error: BaseException) -> None:
-        """Take a failing variant out of the guard table, with one warning; its calls go to PyTorch."""
+    def disable(self, key: tuple, error: BaseException, plan: Plan | None = None) -> None:
+        """Take a failing variant (`plan`; None: the key's plan in the table) out of the guard table, with one
+        warning; its calls go to PyTorch."""
         with _LOCK:
-            plan = self.table.pop(key, None)
-            self.owners.pop(key, None)
-        if plan is not None:
+            plan = plan if plan is not None else self.table.get(key)
+            found = plan is not None and self._keep(key, lambda p, o: p is not plan)
+        if found and plan is not None:
             from engine.cast.format import CastWarning
 
             warnings.warn(CastWarning(f"kforge cast: variant {plan.vid} of {self.op_name} failed on a call and "
@@ -277,9 +290,16 @@ class Route:
         return result if outs is None else restrided(result, outs)
 
     def add(self, key: tuple, plan: Plan, owner: object, first_shape: tuple | None) -> bool:
-        """Add a guard entry; False when another cast already covers the key (first one wins)."""
-        if key in self.table:
-            return False
+        """Add a guard entry; False when a plan proven for the same calls already covers the key (first one
+        wins). A plan whose proven tensors PyTorch takes for another memory format than those of the key's
+        plans (`Plan.formats`) is added beside them."""
+        head = self.table.get(key)
+        if head is not None:
+            have = [head, *(p for p, _ in self.alts.get(key, ()))]
+            if not plan.formats or any(p.formats == plan.formats or not p.formats for p in have):
+                return False
+            self.alts.setdefault(key, []).append((plan, owner))
+            return True
         self.table[key] = plan
         self.owners[key] = owner
         if first_shape is None:
@@ -288,9 +308,24 @@ class Route:
             self.shapes.add(first_shape)
         return True
 
-    def drop_owner(self, owner: object) -> None:
-        for key in [k for k, o in self.owners.items() if o is owner]:
+    def _keep(self, key: tuple, keep: Callable[[Plan, object], bool]) -> bool:
+        """Keep only the key's plans (the table's and its alternatives) for which keep(plan, owner); True when
+        one was taken out. The first left takes the table's place."""
+        if key not in self.table:
+            return False
+        have = [(self.table[key], self.owners[key]), *self.alts.pop(key, [])]
+        left = [(p, o) for p, o in have if keep(p, o)]
+        if left:
+            self.table[key], self.owners[key] = left[0]
+            if left[1:]:
+                self.alts[key] = left[1:]
+        else:
             del self.table[key], self.owners[key]
+        return len(left) < len(have)
+
+    def drop_owner(self, owner: object) -> None:
+        for key in list(self.table):
+            self._keep(key, lambda p, o: o is not owner)
         self.shapes = set()
         self.open_prefilter = False
         for key in self.table:

@@ -114,6 +114,7 @@ struct Route {
   std::atomic<int64_t> near_misses{0};  // misses whose first tensor had a variant's sizes
   std::atomic<int64_t> target_declines{0};  // hits declined: the variant was not proven for the call's target
   std::atomic<int64_t> determinism_declines{0};  // hits declined: deterministic algorithms on, the variant may reorder
+  std::atomic<int64_t> format_declines{0};  // a proven key that PyTorch takes for another memory format (eager)
   std::mutex near_mutex;
   std::vector<std::string> near_keys;   // the first few such calls, described
 };
@@ -217,8 +218,9 @@ bool key_strides_equal(at::IntArrayRef sizes, at::IntArrayRef strides, const std
 // suggest_memory_format() answers from); -1 where no size-1 dim leaves it to those strides. Two tensors equal
 // under key_strides_equal can differ here, and eager may lay its outputs out otherwise for each (an upsampling
 // of bf16[1,512,128,128] returns channels-last at strides (8388608,1,65536,512), NCHW at (512,1,65536,512)).
-// Outside compiled code such a call is a miss (engine.cast.guard.proven_formats); compiled code holds its own
-// layouts and gets the strides it asserts (Held).
+// Outside compiled code a plan serves only calls alike in this (engine.cast.guard.proven_formats); a call that
+// matches a plan but for it is a format decline, not a miss; compiled code holds its own layouts and gets the
+// strides it asserts (Held).
 int cl_by_strides(at::IntArrayRef sizes, at::IntArrayRef strides) {
   if (sizes.size() != 4 && sizes.size() != 5) return -1;
   if (std::find(sizes.begin(), sizes.end(), 1) == sizes.end()) return -1;
@@ -226,44 +228,48 @@ int cl_by_strides(at::IntArrayRef sizes, at::IntArrayRef strides) {
                            : c10::is_channels_last_strides_3d(sizes, strides);
 }
 
-bool matches(const Plan& plan, c10::ArrayRef<c10::IValue> args) {
-  if (args.size() != plan.args.size()) return false;
+// Whether a call is the plan's: kMatch, kNoMatch, or kOtherFormat where only cl_by_strides tells them apart.
+enum Match { kNoMatch = 0, kMatch = 1, kOtherFormat = 2 };
+
+Match matches(const Plan& plan, c10::ArrayRef<c10::IValue> args) {
+  if (args.size() != plan.args.size()) return kNoMatch;
+  bool other_format = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const auto& d = plan.args[i];
     const auto& v = args[i];
     switch (d.kind) {
       case 0:
-        if (!v.isNone()) return false;
+        if (!v.isNone()) return kNoMatch;
         break;
       case 1: {
-        if (!v.isTensor()) return false;
+        if (!v.isTensor()) return kNoMatch;
         const auto& t = v.toTensor();
         if (!t.defined() || t.scalar_type() != d.dtype || t.sizes() != c10::IntArrayRef(d.sizes) ||
             !key_strides_equal(t.sizes(), t.strides(), d.strides) || t.get_device() != d.device ||
-            t.is_neg() != d.neg || t.is_conj() != d.conj || alignment(t.data_ptr()) != d.align ||
-            (d.cl >= 0 && t_target < 2 && cl_by_strides(t.sizes(), t.strides()) != d.cl))
-          return false;
+            t.is_neg() != d.neg || t.is_conj() != d.conj || alignment(t.data_ptr()) != d.align)
+          return kNoMatch;
+        if (d.cl >= 0 && t_target < 2 && cl_by_strides(t.sizes(), t.strides()) != d.cl) other_format = true;
         break;
       }
       case 2:
-        if (!same_value(v, d.value)) return false;
+        if (!same_value(v, d.value)) return kNoMatch;
         break;
       case 4: {
-        if (!v.isTensor()) return false;
+        if (!v.isTensor()) return kNoMatch;
         const auto& t = v.toTensor();
         if (!t.defined() || t.dim() != 0 || !t.unsafeGetTensorImpl()->is_wrapped_number() || !t.is_cpu())
-          return false;
+          return kNoMatch;
         double x;
         switch (t.scalar_type()) {  // an int number where a float was proven (or back) promotes otherwise
-          case at::kDouble: if (d.integral) return false; x = *t.const_data_ptr<double>(); break;
-          case at::kLong: if (!d.integral) return false; x = static_cast<double>(*t.const_data_ptr<int64_t>()); break;
-          default: return false;  // a bool or complex number: PyTorch
+          case at::kDouble: if (d.integral) return kNoMatch; x = *t.const_data_ptr<double>(); break;
+          case at::kLong: if (!d.integral) return kNoMatch; x = static_cast<double>(*t.const_data_ptr<int64_t>()); break;
+          default: return kNoMatch;  // a bool or complex number: PyTorch
         }
-        if (x != d.number || std::signbit(x) != std::signbit(d.number)) return false;
+        if (x != d.number || std::signbit(x) != std::signbit(d.number)) return kNoMatch;
         break;
       }
       default:
-        return false;
+        return kNoMatch;
     }
   }
   if (plan.distinct_storage) {
@@ -274,11 +280,11 @@ bool matches(const Plan& plan, c10::ArrayRef<c10::IValue> args) {
       if (!t.defined() || t.numel() == 0) continue;
       const void* s = t.storage().data();
       for (auto q : seen)
-        if (q == s) return false;
+        if (q == s) return kNoMatch;
       seen.push_back(s);
     }
   }
-  return true;
+  return other_format ? kOtherFormat : kMatch;
 }
 
 // A miss that looks meant for a variant: the call's first tensor argument has that variant's sizes.
@@ -569,13 +575,16 @@ void route_call(Route& route, const c10::OperatorHandle& op, c10::DispatchKeySet
   size_t nargs = op.schema().arguments().size();
   auto args = torch::jit::last(*stack, nargs);
   CallPrint print;
+  bool other_format = false;
   for (auto& plan : route.plans) {
     if (plan->dead) continue;
     if (plan->first >= 0) {
       print.at(args, plan->first);
       if (!print.tensor || print.fp != plan->fp) continue;  // cannot match: not compared in full
     }
-    if (matches(*plan, args)) {
+    const Match m = matches(*plan, args);
+    if (m == kOtherFormat) other_format = true;  // another plan may be proven on this call's format
+    if (m == kMatch) {
       if (plan->targets != 0 && (plan->targets & call_target(*plan)) == 0) {
         route.target_declines++;  // proven, but not for this target: PyTorch's kernel, not a miss
         call_original(route, op, ks, stack);
@@ -597,6 +606,11 @@ void route_call(Route& route, const c10::OperatorHandle& op, c10::DispatchKeySet
         break;
       }
     }
+  }
+  if (other_format) {  // a proven key, laid out by eager otherwise than every proof's: eager's kernel, not a miss
+    route.format_declines++;
+    call_original(route, op, ks, stack);
+    return;
   }
   route.misses++;
   for (auto& plan : route.plans) {
@@ -811,6 +825,7 @@ py::dict stats(const std::string& name, const std::string& overload, const std::
   out["near_misses"] = it->second->near_misses.load();
   out["target_declines"] = it->second->target_declines.load();
   out["determinism_declines"] = it->second->determinism_declines.load();
+  out["format_declines"] = it->second->format_declines.load();
   {
     std::lock_guard<std::mutex> n(it->second->near_mutex);
     out["near_keys"] = it->second->near_keys;
@@ -828,6 +843,7 @@ void reset(const std::string& name, const std::string& overload, const std::stri
   it->second->near_misses = 0;
   it->second->target_declines = 0;
   it->second->determinism_declines = 0;
+  it->second->format_declines = 0;
   std::lock_guard<std::mutex> n(it->second->near_mutex);
   it->second->near_keys.clear();
 }
