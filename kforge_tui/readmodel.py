@@ -368,13 +368,15 @@ class ReadModel:
         return row
 
     def _share(self, s: dict[str, Any], eager: float | None) -> float:
-        """A card's share; a hidden call's (engine.capture.hidden) its part of its maker's once its eager time
-        is known, as tables and coverage count it, not its maker's whole share."""
-        made_in = _as_dict(s.get("signature")).get("hidden_in")  # as engine.capture.hidden.hidden_in reads it
-        maker = self._card_static.get(made_in.get("card") or "") if isinstance(made_in, dict) else None
-        if maker is None or not eager or not maker.get("capture_us"):
+        """A card's share; a hidden call's (engine.capture.hidden) its part of its makers' once its eager time
+        is known, as tables and coverage count it (engine.capture.hidden.hidden_shares), not their whole shares."""
+        made_in = _as_dict(s.get("signature")).get("hidden_in")
+        if not isinstance(made_in, dict) or not eager:
             return s["share"]
-        return float(maker["share"]) * min(1.0, eager / float(maker["capture_us"]))
+        makers = [self._card_static.get(m) for m in made_in.get("cards") or [made_in.get("card")]]
+        if not all(m is not None and m.get("capture_us") for m in makers):
+            return s["share"]
+        return sum(float(m["share"]) * min(1.0, eager / float(m["capture_us"])) for m in makers if m)
 
     def _add_lanes(self, names: Iterable[Any]) -> None:
         for name in names:

@@ -133,16 +133,17 @@ SKIP_WORDS = {"not-selected": "not selected by --ops", "declined": "no template 
 def share_texts(cards: dict[str, dict]) -> dict[str, str]:
     """Each card's share as the table shows it: a channels-last twin's calls are its original's ("twin of");
     a hidden call's share is its part of the call that makes it, once eager was timed for it ("in")."""
-    from engine.capture.hidden import hidden_in, row_shares
+    from engine.capture.hidden import makers_of, row_shares
 
     twins = twins_among([(c["card_id"], c["op"], c["signature"]) for c in cards.values()])
     shares = row_shares(cards)
     out = {}
     for cid, r in cards.items():
         sig = r.get("signature")
-        maker = hidden_in(json.loads(sig) if isinstance(sig, str) else (sig or {}))
+        makers = makers_of(json.loads(sig) if isinstance(sig, str) else (sig or {}))
+        inside = ", ".join(m[:8] for m in makers)
         out[cid] = (f"twin of {twins[cid][:8]}" if cid in twins else
-                    f"{100 * shares[cid]:.1f} % in {maker[:8]}" if maker else f"{100 * (shares[cid] or 0):.1f} %")
+                    f"{100 * shares[cid]:.1f} % in {inside}" if makers else f"{100 * (shares[cid] or 0):.1f} %")
     return out
 
 

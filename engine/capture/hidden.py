@@ -14,7 +14,10 @@ signature naming the convolution card (`hidden_in`). Where layout twins are want
 capture, engine.capture.twins), also the same with a channels-last output: what a layout route's convolutions
 hand it. The card shares the convolution card's samples: its `self` is the convolution's output, its `other`
 the bias (`engine.capture.samples.load_sample`). Its calls are the convolution's, and so is its time: its share
-is the convolution card's (an upper bound), not counted twice in totals.
+is the convolution card's (an upper bound), not counted twice in totals. Convolutions of other inputs can make
+the same call (a 256 -> 128 and a 128 -> 128 convolution both add a bias into bf16[1,128,1024,1024]): that is
+one card, its calls and share the sum of theirs, its samples the first one's, its signature naming them all
+(`hidden_in.cards`). Two cards of one call would share a guard key, and a cast routes only the first.
 
 Not every CUDA convolution takes that path (a depthwise one may go to a kernel that adds the bias itself, a
 transposed one to cuDNN's transpose with the same add): a card whose call never comes is never hit, and the
@@ -84,17 +87,47 @@ def _nbytes(t: dict[str, Any]) -> int:
     return getattr(torch, t["dtype"]).itemsize * math.prod(int(n) for n in t["shape"])
 
 
+def _call_of(h: OperatorCard) -> str:
+    """What the hidden call is, whichever card makes it: its signature without `hidden_in`."""
+    import json
+
+    return json.dumps({k: v for k, v in h.signature.items() if k != "hidden_in"}, sort_keys=True)
+
+
+def _merged(same: list[OperatorCard]) -> OperatorCard:
+    """One card for a hidden call several cards make: the first's samples, the calls and shares summed, every
+    maker named (`hidden_in.cards`)."""
+    import dataclasses
+
+    first = same[0]
+    if len(same) == 1:
+        return first
+    makers = [h.signature["hidden_in"]["card"] for h in same]
+    sig = {**first.signature, "hidden_in": {**first.signature["hidden_in"], "cards": makers}}
+    paths: dict[str, int] = {}
+    for h in same:
+        for p, n in h.module_paths.items():
+            paths[p] = paths.get(p, 0) + n
+    return dataclasses.replace(first, card_id=card_id(sig), signature=sig, calls=sum(h.calls for h in same),
+                               share=sum(h.share for h in same), module_paths=paths,
+                               captured_calls=sum(h.captured_calls for h in same))
+
+
 def hidden_cards(cards: Sequence[OperatorCard], channels_last: bool = False) -> dict[str, OperatorCard]:
     """Hidden card id -> its card, for every convolution card with a bias (and, with `channels_last`, its
-    channels-last form too), leaving out any that is a card already."""
+    channels-last form too), one card per call however many convolutions make it, leaving out any that is a
+    card already."""
     have = {c.card_id for c in cards}
-    out: dict[str, OperatorCard] = {}
+    by_call: dict[str, list[OperatorCard]] = {}
     for c in cards:
         for cl in (False, True) if channels_last else (False,):
             h = bias_card(c, channels_last=cl)
             if h is not None and h.card_id not in have:
-                out[h.card_id] = h
-                have.add(h.card_id)
+                by_call.setdefault(_call_of(h), []).append(h)
+    out: dict[str, OperatorCard] = {}
+    for same in by_call.values():
+        h = _merged(same)
+        out[h.card_id] = h
     return out
 
 
@@ -102,6 +135,14 @@ def hidden_in(signature: dict[str, Any]) -> str | None:
     """The id of the card whose call makes this hidden call (and whose samples it shares), or None."""
     h = signature.get("hidden_in") if isinstance(signature, dict) else None
     return h.get("card") if isinstance(h, dict) else None
+
+
+def makers_of(signature: dict[str, Any]) -> list[str]:
+    """The ids of every card whose call makes this hidden call (the first: `hidden_in`), or []."""
+    h = signature.get("hidden_in") if isinstance(signature, dict) else None
+    if not isinstance(h, dict):
+        return []
+    return list(h.get("cards") or [h["card"]])
 
 
 def hidden_shares(cards: list[OperatorCard]) -> list[OperatorCard]:
@@ -113,9 +154,10 @@ def hidden_shares(cards: list[OperatorCard]) -> list[OperatorCard]:
     by_id = {c.card_id: c for c in cards}
     out = []
     for c in cards:
-        maker = by_id.get(hidden_in(c.signature) or "")
-        if maker is not None and c.eager_us and maker.capture_us:
-            c = dataclasses.replace(c, share=maker.share * min(1.0, c.eager_us / maker.capture_us))
+        makers = [by_id.get(m) for m in makers_of(c.signature)]
+        if makers and c.eager_us and all(m is not None and m.capture_us for m in makers):
+            c = dataclasses.replace(c, share=sum(m.share * min(1.0, c.eager_us / m.capture_us)
+                                                 for m in makers if m is not None and m.capture_us))
         out.append(c)
     return out
 

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from engine.capture.hidden import makers_of
 from engine.capture.run import CaptureResult
 from engine.progress import stdout_console
 
@@ -34,8 +35,11 @@ def _twin(result: CaptureResult, c: Any) -> str:
     orig = result.twins.get(c.card_id)
     if orig:
         return f"  (channels-last twin of {orig[:8]}, for torch.compile)"
-    maker = result.hidden.get(c.card_id)
-    return f"  (the bias add inside convolution {maker[:8]})" if maker else ""
+    if c.card_id not in result.hidden:
+        return ""
+    makers = makers_of(c.signature)
+    return (f"  (the bias add inside convolution{'s' if len(makers) > 1 else ''} "
+            f"{', '.join(m[:8] for m in makers)})")
 
 
 def print_cards(result: CaptureResult, workspace: Path, console: Console | None = None) -> None:
