@@ -63,6 +63,9 @@ def test_a_route_for_the_bias_add_is_hit_from_inside_the_convolution():
 
 
 def test_a_cuda_capture_holds_the_bias_adds_and_their_samples(tmp_path):
+    import json
+
+    from engine.capture.hidden import bias_card
     from engine.capture.run import capture_model
     from engine.capture.samples import load_sample
     from engine.config import load_config
@@ -73,6 +76,11 @@ def test_a_cuda_capture_holds_the_bias_adds_and_their_samples(tmp_path):
     convs = {c.card_id: c for c in result.cards if c.op == "aten::convolution"}
     assert hidden and all(c.op == "aten::add_.Tensor" and result.hidden[c.card_id] in convs for c in hidden)
     assert any(c.signature["args"][0]["stride"][1] == 1 for c in hidden)   # channels-last forms too
+    # one card per call, however many convolutions make it (two cards of one call share a guard key)
+    calls = [json.dumps({k: v for k, v in c.signature.items() if k != "hidden_in"}, sort_keys=True) for c in hidden]
+    assert len(set(calls)) == len(calls)
+    forms = sum(c.calls for c in convs.values() for cl in (False, True) if bias_card(c, channels_last=cl))
+    assert sum(c.calls for c in hidden) == forms   # every convolution's calls, each in one card
     h = hidden[0]
     maker = result.hidden[h.card_id]
     s = load_sample(tmp_path / result.sample_dir / f"{maker}.0.safetensors", "cuda", h.signature)
