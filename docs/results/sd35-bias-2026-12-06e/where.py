@@ -50,7 +50,7 @@ def arm(name, run):
     (out / f"{name}_ops.txt").write_text("\n".join(
         f"{e.device_time_total:10.1f} us {e.count:5d}x  {e.key[:60]:60s} {str(e.input_shapes)[:200]}"
         for e in rows[:200]))
-    print(name, "kernels %.0f us in %d launches" % (res[name]["kernel_us_total"], res[name]["launches"]), flush=True)
+    print(name, f"kernels {res[name]['kernel_us_total']:.0f} us in {res[name]['launches']} launches", flush=True)
     print("\n".join((out / f"{name}_kernels.txt").read_text().splitlines()[:25]), flush=True)
 
 
