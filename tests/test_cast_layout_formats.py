@@ -163,3 +163,26 @@ def test_inside_compiled_code_the_variant_serves_both_layouts(cast):
     with cast.enabled(), torch.no_grad(), runtime.target_scope("compile"):
         UP2(_x(TRUE_CL), *REST)
     assert cast.ran == [("up", TRUE_CL)]
+
+
+def test_two_variants_of_one_signature_in_one_cast_the_first_serves_and_the_second_says_why(tmp_path, monkeypatch):
+    """Two variants whose proofs differ only where the guard does not look (a size-1 dim's stride, the same
+    memory format to PyTorch) are one signature: the first serves, the second stays off with a problem naming
+    it (the export's confirmation read it as "the guard did not match the variant's own inputs", and install
+    warned of "another installed cast")."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c = _cast(tmp_path, monkeypatch, {"up": EAGER_LIKE, "same": (5, 1, 24, 8)})
+        try:
+            with c.enabled(), torch.no_grad():
+                UP2(_x((5, 1, 24, 8)), *REST)
+                st = c.stats()
+        finally:
+            c.remove()
+    assert c.ran == [("up", (5, 1, 24, 8))]
+    by_id = {v["id"]: v for v in st["variants"]}
+    assert by_id["up"]["hits"] == 1 and by_id["up"]["problem"] is None
+    assert by_id["same"]["problem"] == "the same signature as variant up of this cast, which serves its calls"
+    assert not by_id["same"]["active"]

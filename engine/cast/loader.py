@@ -213,7 +213,7 @@ class Cast:
         patched = {vid for m in mods.values() if m["active"] for vid in m["variants"]}
         return {"file": self.path, "installed": self._installed, "problem": self.problem,
                 "variants": [{"id": v.id, "op": v.op, "signature": v.signature_text, "hits": v.hits,
-                              "active": v.plan is not None and self._installed
+                              "active": v.plan is not None and v.problem is None and self._installed
                               and (v.module is None or v.id in patched), "problem": v.problem,
                               "router": "c++" if v.cpp else "python",
                               "targets": None if v.targets is None else sorted(v.targets)}
@@ -358,7 +358,8 @@ class Cast:
                 self._install_layouts(model)
             if self._patterns is not None:  # compiled with this cast before: its graphs' ops serve it again
                 self._patterns.enter()
-            usable = [v for v in self.usable() if v.plan is not None and v.module is None and v.pattern is None]
+            usable = self._distinct([v for v in self.usable()
+                                     if v.plan is not None and v.module is None and v.pattern is None])
             if usable and _cpp_wanted():
                 usable = self._install_cpp(usable)
             entries = [v.plan.entry for v in usable]
@@ -622,6 +623,23 @@ class Cast:
             for i, st in enumerate(states):
                 st.cpp = (op, i)
         return rest
+
+    @staticmethod
+    def _distinct(usable: list[VariantState]) -> list[VariantState]:
+        """The variants, less any whose guard key (and proven memory formats) another of this cast's has: the
+        first serves those calls, and the others stay off with a problem that says so (either router would
+        give the first every call, and the others would read as never hit)."""
+        first: dict[tuple, str] = {}
+        out = []
+        for v in usable:
+            op, key = v.plan.entry[0], v.plan.entry[1]
+            k = (op, key, getattr(v.plan, "formats", ()))
+            if k in first:
+                v.problem = f"the same signature as variant {first[k]} of this cast, which serves its calls"
+                continue
+            first[k] = v.id
+            out.append(v)
+        return out
 
     def _enforced(self, state: VariantState) -> frozenset[str] | None:
         """The targets a variant's plan is held to: its recorded ones, or none with load(any_target=True)."""
