@@ -93,6 +93,11 @@ def test_the_default_and_mutations_compile_with_nvrtc_for_sm_90():
             apply = "gncl_apply_flat" if params.get("apply") == "flat" else "gncl_apply"
             jobs[T.render(card, params).source] = ((dtype, out, dict(params)), {"gncl_stats", apply})
             params = T.mutate(card, params, rng)
+        swept = {**T.default(card), "order": "sweep"}        # the sweep order, each apply, compiles too
+        for apply in ("tile", "flat") if out == "channels_last" else ("tile",):
+            p = {**swept, "apply": apply} if out == "channels_last" else swept
+            kernel = "gncl_apply_flat" if apply == "flat" else "gncl_apply"
+            jobs[T.render(card, p).source] = ((dtype, out, p), {"gncl_stats", kernel})
     _compile_all(jobs)
 
 
@@ -168,6 +173,20 @@ def _cases():
         # 40 statistics blocks, 4 threads merging each group's partials: 10 each, 8 loads in flight, then 2
         _case([1, 64, 48, 32], 32, bf, {"vec": 8, "block": 128, "blocks_per_image": 40, "apply": "flat"},
               out="channels_last"),
+        # order "sweep": statistics strided through each image, apply from the tail. Transposed tiles, two images,
+        # pixels not a multiple of the tile, more blocks than steps (blocks with nothing to read)
+        _case([2, 16, 6, 8], 4, bf, {"vec": 8, "block": 128, "blocks_per_image": 4, "tile_p": 32, "tile_c": 16,
+                                     "order": "sweep"}),
+        _case([1, 32, 10, 10], 2, f16, {"vec": 4, "block": 128, "blocks_per_image": 8, "tile_p": 64, "tile_c": 8,
+                                        "unroll": 4, "order": "sweep"}),
+        # sweep, flat apply: each thread's vectors reversed keep one set of channels (LANES - 1 - its own);
+        # fp32 scalar vectors (not FIXED: coefficients read per vector); several steps per block on one SM
+        _case([2, 16, 7, 9], 4, bf, {"vec": 8, "block": 128, "blocks_per_image": 4, "apply": "flat",
+                                     "unroll": 2, "order": "sweep"}, out="channels_last"),
+        _case([1, 6, 5, 5], 2, f32, {"vec": 1, "block": 128, "blocks_per_image": 2, "apply": "flat",
+                                     "order": "sweep"}, out="channels_last"),
+        _case([1, 64, 48, 32], 32, bf, {"vec": 8, "block": 128, "blocks_per_image": 8, "apply": "flat",
+                                        "unroll": 2, "hw": ONE_SM, "order": "sweep"}, out="channels_last"),
     ]
 
 

@@ -18,6 +18,12 @@ Two launches:
               from the ROUNDED mean/rstd (eager's ComputeFusedParams).
   gncl_apply_flat  (channels-last output, `apply = "flat"`) the same y as one elementwise pass over the
               image's [HW * C] values, all C coefficients in shared memory, U vectors in flight per thread.
+
+Order (`order`, searched): "chunks" (each statistics block reads one contiguous chunk of pixels; the apply
+pass runs front to back) or "sweep": the statistics blocks stride through the image together, front to back,
+so that the last bytes they read are its tail, and the apply pass runs back to front, so that its first reads
+find that tail still in L2. An input larger than the L2 is read from memory twice either way (every pixel's
+statistics come before any output); "sweep" takes back what the L2 still holds between the passes.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ constexpr int LPG = V >= CG ? 1 : CG / V;    // lanes holding one group's channe
 constexpr int P = $P;                        // statistics blocks per image
 constexpr long long CHUNK = $CHUNK;          // pixels per statistics block
 constexpr int TPG = $TPG;                    // threads merging one group's partials at the end
+constexpr bool SWEEP = $SWEEP;               // order "sweep": statistics strided front to back, apply back to front
 
 // Statistics: Welford partials per (image, block, group); the image's last block merges them.
 extern "C" __global__ void __launch_bounds__(BLOCK)
@@ -69,17 +76,20 @@ gncl_stats(const T* __restrict__ x, float* __restrict__ part, unsigned int* __re
   KfWf s[VG];
 #pragma unroll
   for (int k = 0; k < VG; ++k) s[k] = {0.f, 0.f, 0.f};
+  // chunks: [lo, hi) one step of ROWS * U pixels after another; sweep: every P-th step of the image
+  const long long first = SWEEP ? (long long)p * ROWS * U : lo, end = SWEEP ? HW : hi;
+  const long long stride = SWEEP ? (long long)P * ROWS * U : (long long)ROWS * U;
   if (row < ROWS) {
-    for (long long px = lo + row; px < hi; px += (long long)ROWS * U) {
+    for (long long px = first + row; px < end; px += stride) {
       float f[U][V];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const long long q = px + (long long)u * ROWS;
-        if (q < hi) kf_load<T, V, 0>(xn + q * C, f[u]);
+        if (q < end) kf_load<T, V, 0>(xn + q * C, f[u]);
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        if (px + (long long)u * ROWS < hi) {
+        if (px + (long long)u * ROWS < end) {
 #pragma unroll
           for (int k = 0; k < VG; ++k) kf_wf_add<VC>(s[k], f[u] + k * VC);
         }
@@ -193,7 +203,7 @@ $WB_LOCALS
   __shared__ float tile[OUT_CL ? 1 : TC][OUT_CL ? 1 : TP + 1];
   const long long b = blockIdx.x;
   const int ct = (int)(b % CT);
-  const long long pt = (b / CT) % PT;
+  const long long pt = SWEEP ? PT - 1 - (b / CT) % PT : (b / CT) % PT;   // sweep: the image's tail first
   const long long n = b / ((long long)CT * PT);
   const int c0 = ct * TC;
   const long long p0 = pt * TP;
@@ -265,9 +275,12 @@ $WB_LOCALS
   // eight reads per vector), which cost more than the vector's own load and store.
   constexpr bool FIXED = BLOCK % LANES == 0;
   float2 kr[V];
+  // Sweep: vector NVEC - 1 - i instead of i (the image's tail first); NVEC is a multiple of LANES, so a thread's
+  // vectors still all hold the same channels, LANES - 1 - its own.
   if (FIXED) {
+    const int mine = SWEEP ? LANES - 1 - (int)threadIdx.x % LANES : (int)threadIdx.x % LANES;
 #pragma unroll
-    for (int j = 0; j < V; ++j) kr[j] = ab[((int)threadIdx.x % LANES) * V + j];
+    for (int j = 0; j < V; ++j) kr[j] = ab[mine * V + j];
   }
   const T* __restrict__ xn = x + n * HW * C;
   T* __restrict__ yn = y + n * HW * C;
@@ -275,13 +288,13 @@ $WB_LOCALS
     float fu[U][V];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const long long i = i0 + (long long)u * BLOCK;
-      if (i < NVEC) kf_load<T, V, 1>(xn + i * V, fu[u]);
+      const long long k = i0 + (long long)u * BLOCK, i = SWEEP ? NVEC - 1 - k : k;
+      if (k < NVEC) kf_load<T, V, 1>(xn + i * V, fu[u]);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const long long i = i0 + (long long)u * BLOCK;
-      if (i < NVEC) {
+      const long long k = i0 + (long long)u * BLOCK, i = SWEEP ? NVEC - 1 - k : k;
+      if (k < NVEC) {
         const int c0 = (int)(i % LANES) * V;
         float* f = fu[u];
 #pragma unroll
@@ -385,6 +398,7 @@ class GroupNormChannelsLastTemplate(Template):
             "blocks_per_image": cc.ordered(ps[0], ps),
             "tile_p": tile_p or [max(vecs)],
             "tile_c": tile_c,
+            "order": ["chunks", "sweep"],
         }
         if geo["out_cl"] and c * 8 <= SMEM_STATIC:
             space["apply"] = ["flat", "tile"]   # flat: the coefficients of all C channels in shared memory
@@ -397,10 +411,12 @@ class GroupNormChannelsLastTemplate(Template):
         has_w, has_b = w is not None, b is not None
         v, block, u = int(params["vec"]), int(params["block"]), int(params["unroll"])
         flat = params.get("apply", "tile") == "flat"
+        sweep = params.get("order", "chunks") == "sweep"   # (a candidate from before the parameter: chunks)
         p, tp, tc = int(params["blocks_per_image"]), int(params["tile_p"]), int(params["tile_c"])
         n, c, g, pixels = geo["N"], geo["C"], geo["G"], geo["HW"]
         if v not in self._vecs(card, geo) or c // v > block or c % tc or tc % v or tp % v \
-                or (flat and (not geo["out_cl"] or c * 8 > SMEM_STATIC)):
+                or (flat and (not geo["out_cl"] or c * 8 > SMEM_STATIC)) \
+                or params.get("order", "chunks") not in ("chunks", "sweep"):
             raise ValueError(f"params {dict(params)} do not fit this card (C={c}, {pixels} pixels)")
         # flat apply: about 8 blocks per SM over the images, none without a full step of vectors
         steps = -(-(pixels * c // v) // (block * u))
@@ -414,7 +430,7 @@ class GroupNormChannelsLastTemplate(Template):
         wb_params, wb_locals = cc.ptr_params([(has_w, "TW", "w", "const "), (has_b, "TB", "bias", "const ")])
         body = cc.substitute(_BODY + (_FLAT if flat else _TILE), T=cc.ctype(x["dtype"]), TW=tw, TB=tb, TS=cc.ctype(card.outputs[1]["dtype"]),
                              V=v, BLOCK=block, U=u, C=c, G=g, HW=pixels, HAS_W=cc.cbool(has_w),
-                             HAS_B=cc.cbool(has_b), P=p, CHUNK=chunk, TPG=tpg, TP=tp, TC=tc,
+                             HAS_B=cc.cbool(has_b), P=p, CHUNK=chunk, TPG=tpg, TP=tp, TC=tc, SWEEP=cc.cbool(sweep),
                              OUT_CL=cc.cbool(geo["out_cl"]), AB=ab, WB_PARAMS=wb_params + ", " if wb_params else "",
                              WB_LOCALS=wb_locals)
         wb_args = [("ptr", "weight")] * has_w + [("ptr", "bias")] * has_b
@@ -424,7 +440,8 @@ class GroupNormChannelsLastTemplate(Template):
         spec = "\n".join([
             f"# group_norm channels-last: {p} statistics blocks per image, then "
             + (f"{ab} flat apply blocks per image" if flat else f"{tp} x {tc} apply tiles")
-            + (" (transposed to contiguous output)" if not geo["out_cl"] else ""),
+            + (" (transposed to contiguous output)" if not geo["out_cl"] else "")
+            + (", statistics swept front to back and applied back to front" if sweep else ""),
             "[[workspace]]", 'name = "part"', f'bytes = "{n * p * g * 12}"', "",
             "[[workspace]]", 'name = "ctr"', f'bytes = "{n * 4}"', "zero = true", "",
             "[[launch]]", 'kernel = "gncl_stats"', f'grid = ["{n * p}"]', f"block = [{block}]",
@@ -438,7 +455,7 @@ class GroupNormChannelsLastTemplate(Template):
         source = f"// aten::native_group_norm, {card.signature_text}: channels-last\n" + prelude + body
         intent = (f"group_norm channels-last: {n} x {g} groups over {pixels} pixels, {p} statistics blocks per "
                   f"image, " + (f"flat apply ({ab} blocks per image)" if flat else f"{tp} x {tc} tiles")
-                  + f", block {block}, vec {v}, unroll {u}")
+                  + f", block {block}, vec {v}, unroll {u}" + (", swept (apply from the tail, in L2)" if sweep else ""))
         return Rendered(source=source, spec=spec, params=dict(params), intent=intent)
 
 
