@@ -13,6 +13,12 @@ object applied to the default. Each is rendered, compiled (NVRTC), verified agai
 captured samples and A/B-timed against eager (L2 flushed, per-call events) by one lane. Writes
 DIR/probe_<slug>.json and .md, fastest first, with the copy floors bench_builtin reports (PyTorch's
 clone of the main input, and of 4 bytes). Needs a CUDA GPU.
+
+--twin probes the card's channels-last twin instead (engine.capture.twins: the same samples, the input
+channels-last, as torch.compile or a layout route hands it over; eager CUDA GroupNorm cannot take it as
+such, so no capture makes it), e.g. the group_norm_cl template's `order`:
+
+    python scripts/probe_template_params.py --out DIR --case "VAE, largest" --twin --sweep order=chunks,sweep
 """
 
 from __future__ import annotations
@@ -84,6 +90,22 @@ def extra_cases() -> list[Any]:
     return [Case("group_norm bf16 [1,128,1024,1024] g32 (SD3.5 VAE, largest)", vae_gn, "–")]
 
 
+def twin_ref(ref: Any) -> Any:
+    """The channels-last twin of a captured card (a CardRef), sharing its sample files; exits with one line
+    where the card has none."""
+    from engine.capture.signature import signature_text
+    from engine.capture.twins import twin_of
+    from engine.cards import CardRef, OperatorCard
+
+    card = OperatorCard(ref.card_id, ref.op, ref.signature, signature_text(ref.signature), ref.outputs,
+                        bytes=ref.bytes, samples=len(ref.samples))
+    twin = twin_of(card)
+    if twin is None:
+        raise SystemExit(f"error: --twin: {ref.op} {card.signature_text} has no channels-last twin "
+                         "(engine.capture.twins: a contiguous 4-D or 5-D input of a twinned op); drop --twin")
+    return CardRef(twin.card_id, twin.op, twin.signature, twin.outputs, ref.bytes, list(ref.samples))
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")[:60]
 
@@ -110,6 +132,8 @@ async def probe(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(args.workspace)
     fn, x = case.make()
     ref = capture_card(work / "card", fn, samples=2)
+    if args.twin:
+        ref = twin_ref(ref)
     clone = capture_card(work / "clone", x.clone, samples=1)
     tiny = torch.zeros(1, device="cuda")
     floor = capture_card(work / "tiny", lambda: tiny.clone(), samples=1)
@@ -153,7 +177,8 @@ async def probe(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         await lane.close()
     rows.sort(key=lambda r: r.get("us", float("inf")))
-    return {"gpu": hello["name"], "torch": torch.__version__, "case": case.label, "target": case.target,
+    return {"gpu": hello["name"], "torch": torch.__version__,
+            "case": case.label + (" (its channels-last twin)" if args.twin else ""), "target": case.target,
             "min_speedup": case.min_speedup, "template": template.name, "bytes": ref.bytes, **floors,
             "rows": rows}
 
@@ -182,6 +207,8 @@ def main() -> int:
     ap.add_argument("--sweep", nargs="*", default=[], help="KEY=V1,V2,... (the product over all keys)")
     ap.add_argument("--extra", nargs="*", default=[], help="JSON objects of parameters, each one instance")
     ap.add_argument("--timing-s", type=float, default=1.0, help="timing cap per instance (s)")
+    ap.add_argument("--twin", action="store_true",
+                    help="probe the card's channels-last twin (its input channels-last, the same samples)")
     ap.add_argument("--workspace", default="/tmp/kforge-probe-template")
     args = ap.parse_args()
     try:

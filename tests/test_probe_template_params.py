@@ -53,3 +53,27 @@ def test_report_lists_fastest_first_with_floors_and_failures():
     assert "clone of the main input: 68.30 µs" in text and "4 bytes (the protocol's floor): 5.10 µs" in text
     assert "| cluster 16 | 90.00 | 1836.00 | 20.40× (20.10–20.60) | 70 % | verified |" in text
     assert "| cluster 2 | – | – | – | – | rejected [incorrect] |" in text
+
+
+def test_twin_ref_is_the_cards_channels_last_twin_on_the_same_samples(tmp_path):
+    """--twin: the VAE's group norm card as torch.compile or a layout route hands it over (channels-last input),
+    on the captured card's own sample files; a card without a twin exits with one line."""
+    import torch
+    import torch.nn.functional as F
+    from card_helpers import cudaify
+
+    from engine.capture.single import capture_card
+    from engine.cards import OperatorCard
+    from engine.propose.builtin import BuiltinProposer
+
+    x, w, b = torch.randn(1, 16, 6, 6), torch.randn(16), torch.randn(16)
+    ref = capture_card(tmp_path / "gn", lambda: F.group_norm(x, 4, w, b, 1e-6), samples=1)
+    twin = probe.twin_ref(ref)
+    assert twin.op == ref.op and twin.samples == ref.samples and twin.card_id != ref.card_id
+    assert twin.signature["args"][0]["stride"] == [576, 1, 96, 16] and twin.signature["twin_of"] == ref.card_id
+    brief = OperatorCard(twin.card_id, twin.op, cudaify(twin.signature), "",   # as a GPU capture has it
+                         [{**o, "device": "cuda"} for o in twin.outputs])
+    assert BuiltinProposer().template_for(brief)[0].name == "group_norm_cl"
+    relu = capture_card(tmp_path / "relu", lambda: torch.relu(x), samples=1)
+    with pytest.raises(SystemExit, match="^error: --twin: .* has no channels-last twin"):
+        probe.twin_ref(relu)

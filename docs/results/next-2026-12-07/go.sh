@@ -10,6 +10,8 @@
 #              the README compares the cast's 2.595x (H100) with torch.compile's 2.37x (H200)
 #   where      the kernels of sd35's forward, eager and with the cast's op and layout routes (where the 39 ms go)
 #   wc         the compiled VAE decode's kernels by kind, alone and with its cast (what bounds issue 20's 1.6x)
+#   sweep      group_norm_cl's order "chunks" against "sweep" (d5823cf, not yet timed) on the VAE's largest
+#              GroupNorm's channels-last twin, tile and flat apply (scripts/probe_template_params.py --twin)
 [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tests PYTHONUNBUFFERED=1
 LIMIT=${LIMIT:-565}; S=/tmp/go; mkdir -p $S
@@ -35,6 +37,8 @@ step compose 300 0 python3 scripts/bench_compose.py --out $S/compose --model con
   --modes default --max-s 20
 step where 150 0 python3 $SD/where.py $SD/sd35_medium.cast $S/where
 step wc 240 0 python3 docs/results/vae-compose-h200-2026-12-06e/where_compiled.py $VAE $S/wc
-left=0; for n in h200-e2e h200-vae compose where wc; do
+step sweep 150 0 python3 scripts/probe_template_params.py --out $S/sweep --case "VAE, largest" --twin \
+  --sweep order=chunks,sweep apply=tile,flat --timing-s 2
+left=0; for n in h200-e2e h200-vae compose where wc sweep; do
   [ -e $S/$n.done ] || { [ $H200 = 0 ] && [ "${n#h200}" != "$n" ]; } || left=1; done
 [ $left = 0 ] && stamp "all done"
