@@ -90,6 +90,13 @@ def extra_cases() -> list[Any]:
     return [Case("group_norm bf16 [1,128,1024,1024] g32 (SD3.5 VAE, largest)", vae_gn, "–")]
 
 
+def all_cases(builtin: list[Any]) -> list[Any]:
+    """bench_builtin's cards, then the extra ones it does not have (by label: it took the VAE's largest group
+    norm in since, and a --case naming it matched both)."""
+    have = {c.label for c in builtin}
+    return builtin + [c for c in extra_cases() if c.label not in have]
+
+
 def twin_ref(ref: Any) -> Any:
     """The channels-last twin of a captured card (a CardRef), sharing its sample files; exits with one line
     where the card has none."""
@@ -124,7 +131,7 @@ async def probe(args: argparse.Namespace) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "scripts"))
     from bench_builtin import _cases
 
-    cases = [c for c in _cases() + extra_cases() if args.case in c.label]
+    cases = [c for c in all_cases(_cases()) if args.case in c.label]
     if len(cases) != 1:
         raise SystemExit(f"error: --case {args.case!r} matches {len(cases)} bench_builtin cards "
                          f"({[c.label for c in cases] or 'none'}); give a substring of exactly one label")

@@ -77,3 +77,16 @@ def test_twin_ref_is_the_cards_channels_last_twin_on_the_same_samples(tmp_path):
     relu = capture_card(tmp_path / "relu", lambda: torch.relu(x), samples=1)
     with pytest.raises(SystemExit, match="^error: --twin: .* has no channels-last twin"):
         probe.twin_ref(relu)
+
+
+def test_a_case_bench_builtin_has_too_is_listed_once():
+    """--case "VAE, largest" matched bench_builtin's card and the probe's own extra one of the same label:
+    exit 2 instead of a probe."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_builtin import _cases
+
+    labels = [c.label for c in probe.all_cases(_cases())]
+    assert len(labels) == len(set(labels))
+    assert sum("VAE, largest" in label for label in labels) == 1
