@@ -547,6 +547,7 @@ def _export_variants(workspace: Path, run_id: str | None, out: Path, log: Export
         k: env.get(k) for k in ("gpu", "arch", "torch", "cuda", "driver", "nvrtc")}, "kforge": source_digest()},
         fresh=fresh)
     source = log.source
+    variants = one_per_call(variants, excluded, progress)
     if model_check and log.config and Path(log.config).is_file():
         variants = _only_where_they_serve(variants, log.targets, excluded, progress)
     results = _confirmation(variants, env, source, timing or {}, checkpoints, progress)
@@ -836,6 +837,48 @@ def _target_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[s
                                                   "kept": [v.vid for v in chosen], "refused": None,
                                                   "excluded": excl, "warnings": said})
     return chosen
+
+
+def _call_key(v: ExportVariant) -> tuple | None:
+    """What a cast's guard tells a variant's calls by (engine.cast.loader: the key and the memory formats
+    PyTorch takes its tensors for), for an op variant; None for a chain or an op this torch does not have."""
+    from engine.cast.guard import layout_of, proven_formats, signature_key
+    from engine.ops import resolve_op
+
+    sig = v.card["signature"]
+    if not isinstance(sig, dict) or v.card["op"] == "kforge::chain":
+        return None
+    try:
+        layout = layout_of(resolve_op(v.card["op"]))
+        return (layout.op_name, signature_key(layout, sig, 0), proven_formats(layout, sig))
+    except Exception:  # noqa: BLE001 - not an op the guard keys: confirmation says what is wrong with it
+        return None
+
+
+def one_per_call(variants: list[ExportVariant], excluded: list[dict],
+                 progress: Callable[[str], None] = lambda m: None) -> list[ExportVariant]:
+    """One variant per call the guard tells apart, the fastest in the lane: two cards can be one call (two
+    convolutions adding a bias into the same tensor shape made two bias-add cards before 8555308, and runs
+    before it hold such pairs), and a cast routes only the first of a key, so the other was confirmed for
+    nothing and left out as "no hit" (10 of sd35_medium's 47, H100 2026-12-06e)."""
+    best: dict[tuple, ExportVariant] = {}
+    for v in variants:
+        k = _call_key(v)
+        if k is not None and (k not in best or (v.candidate.get("speedup") or 0) > (best[k].candidate.get("speedup") or 0)):
+            best[k] = v
+    out = []
+    for v in variants:
+        k = _call_key(v)
+        if k is None or best[k] is v:
+            out.append(v)
+            continue
+        w = best[k]
+        excluded.append({"card_id": v.card["card_id"], "op": v.card["op"],
+                         "reason": f"the same call as {w.vid} ({(w.candidate.get('speedup') or 0):.2f}x in the lane "
+                                   f"against {(v.candidate.get('speedup') or 0):.2f}x), which serves it"})
+    if len(out) < len(variants):
+        progress(f"{len(variants) - len(out)} variant(s) left out: the same call as a faster one of another card")
+    return out
 
 
 def _pattern_left_out(card: dict[str, Any], target: str) -> dict[str, Any]:
