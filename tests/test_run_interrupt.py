@@ -115,8 +115,14 @@ def test_ctrl_c_during_the_runs_capture_keeps_nothing(tmp_path):
 
 
 def test_ctrl_c_of_the_capture_command(tmp_path):
+    # my_model made larger: at its own size the samples' folder is written in about 60 ms, which a poll every
+    # 50 ms missed once in a fresh-clone CI run (the capture ended, exit 0); here about 300 MB, most of a second
+    config = tmp_path / "my_model_big.toml"
+    config.write_text(f'name = "my_model_big"\nbuilder = "{ROOT / "configs/examples/my_model.py"}:build"\n'
+                      "[params]\nbatch = 16\ntokens = 256\nwidth = 512\ndepth = 2\n"
+                      '[dtype]\ncpu = "float32"\ncuda = "bfloat16"\n[capture]\nsamples = 3\n')
     ws, err = tmp_path / "ws", tmp_path / "capture.err"
-    proc = _start(["capture", MY_MODEL, "--device", "cpu", "--workspace", str(ws)], err)
+    proc = _start(["capture", str(config), "--device", "cpu", "--workspace", str(ws)], err)
     _wait_for(proc, lambda: _partial(ws), "capture writing samples")
     lines = _interrupt(proc, err)
     assert lines == ["interrupted: capture stopped; nothing was kept"]
