@@ -243,3 +243,22 @@ def test_the_card_table_names_a_channels_last_layout_instead_of_raw_strides():
     assert layouts("bf16[2,1,1536](s=9216,1536,1)") == "bf16[2,1,1536](s=9216,1536,1)"
     assert layouts("f32[2,8,4,4](s=128,1,32,8)") == "f32[2,8,4,4] channels-last"
     assert layouts("f32[2,8,4,4](s=100,1,32,8)") == "f32[2,8,4,4](s=100,1,32,8)"
+
+
+def test_no_twin_where_the_model_makes_the_channels_last_call_itself():
+    """A model that upsamples the same tensor shape in both layouts has a card of each; the NCHW card's twin
+    would be the channels-last card's call again (one guard key: a cast routes one of the two), so it gets none."""
+    from card_helpers import brief, captured
+
+    from engine.capture.twins import channels_last_twins
+
+    x = torch.randn(1, 8, 4, 4)
+    up = lambda t: torch.nn.functional.interpolate(t, scale_factor=2.0, mode="nearest")  # noqa: E731
+
+    def card(t, cid):
+        c = captured(lambda: up(t), lambda op: "upsample" in op)
+        return dataclasses.replace(brief(c.op, c.signature, c.outputs, card_id=cid), samples=1)
+
+    nchw, cl = card(x, "nchw0000"), card(x.contiguous(memory_format=torch.channels_last), "cl000000")
+    assert set(channels_last_twins([nchw])) == {"nchw0000"}       # alone: a twin
+    assert channels_last_twins([nchw, cl]) == {}                   # the model's own channels-last card is the call

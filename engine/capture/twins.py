@@ -176,13 +176,24 @@ def wanted(setting: Any, device: str, cards: Sequence[OperatorCard]) -> bool:
     return device == "cuda" and any(c.op in CONVOLUTIONS for c in cards)
 
 
+def _call_of(card: OperatorCard) -> str:
+    """The call a card stands for, whatever card it was derived from: its op and signature without `twin_of`
+    (and a hidden call's `hidden_in`)."""
+    import json
+
+    return json.dumps([card.op, {k: v for k, v in card.signature.items() if k not in ("twin_of", "hidden_in")}],
+                      sort_keys=True)
+
+
 def channels_last_twins(cards: Sequence[OperatorCard]) -> dict[str, OperatorCard]:
-    """Original card id -> its twin, for every card that has one (and whose twin is not a card already)."""
-    have = {c.card_id for c in cards}
+    """Original card id -> its twin, for every card that has one and whose call is not a card already (a model
+    that also makes the channels-last call itself: that card is the call's, with its own samples; a twin of the
+    same call would share its guard key, and a cast routes one of the two)."""
+    have = {_call_of(c) for c in cards}
     out = {}
     for c in cards:
         t = twin_of(c)
-        if t is not None and t.card_id not in have:
+        if t is not None and _call_of(t) not in have:
             out[c.card_id] = t
-            have.add(t.card_id)
+            have.add(_call_of(t))
     return out
