@@ -294,3 +294,32 @@ def card_selected(op: str, chain: Mapping[str, Any] | None, signature_text: str,
     if chain and chain.get("kind"):
         names.append(str(chain["kind"]))
     return any(rx.search(n) for n in names if n)
+
+
+# ---- derived cards: what call a card stands for, and a hidden call's share -----------------------------------
+
+
+def call_of(op: str, signature: Mapping[str, Any]) -> str:
+    """The call a card stands for, whatever card it was derived from: its op and signature without what names
+    the card it came from (`twin_of`: a channels-last twin; `hidden_in`: a call made inside another's kernel).
+    Two cards of one call would share a cast's guard key, and a cast serves only one of them."""
+    return json.dumps([op, {k: v for k, v in signature.items() if k not in ("twin_of", "hidden_in")}],
+                      sort_keys=True)
+
+
+def hidden_makers(signature: Any) -> list[str]:
+    """The ids of every card whose call makes this hidden call (engine.capture.hidden; the first, whose samples
+    it shares, is `hidden_in.card`), or [] for any other card."""
+    h = signature.get("hidden_in") if isinstance(signature, Mapping) else None
+    if not isinstance(h, Mapping):
+        return []
+    return list(h.get("cards") or [h["card"]])
+
+
+def hidden_part(eager_us: float | None, makers: Sequence[tuple[float, float | None]]) -> float | None:
+    """A hidden call's share of the model: over its makers' (share, captured µs per call), each share times the
+    call's eager µs over that maker's captured µs, at most the share. None until eager was timed for it or where
+    a maker's captured time is not known (its makers' shares, an upper bound, stand then)."""
+    if not eager_us or not makers or not all(us for _, us in makers):
+        return None
+    return sum(share * min(1.0, eager_us / us) for share, us in makers if us)

@@ -17,7 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.cards import chain_card_dispatch, chain_inputs, chain_label, compile_note, copy_fraction
+from engine.cards import (
+    chain_card_dispatch,
+    chain_inputs,
+    chain_label,
+    compile_note,
+    copy_fraction,
+    hidden_makers,
+    hidden_part,
+)
 from engine.outcomes import CARD_SKIP_REASONS, FINISHED, IN_FLIGHT, LIVE_RUN_STATUSES, UNKNOWN_CATEGORY
 from engine.progress import search_bar
 from engine.store import open_readonly, read
@@ -369,14 +377,12 @@ class ReadModel:
 
     def _share(self, s: dict[str, Any], eager: float | None) -> float:
         """A card's share; a hidden call's (engine.capture.hidden) its part of its makers' once its eager time
-        is known, as tables and coverage count it (engine.capture.hidden.hidden_shares), not their whole shares."""
-        made_in = _as_dict(s.get("signature")).get("hidden_in")
-        if not isinstance(made_in, dict) or not eager:
+        is known, as tables and coverage count it (engine.cards.hidden_part), not their whole shares."""
+        makers = [self._card_static.get(m) for m in hidden_makers(_as_dict(s.get("signature")))]
+        if not makers or not all(makers):
             return s["share"]
-        makers = [self._card_static.get(m) for m in made_in.get("cards") or [made_in.get("card")]]
-        if not all(m is not None and m.get("capture_us") for m in makers):
-            return s["share"]
-        return sum(float(m["share"]) * min(1.0, eager / float(m["capture_us"])) for m in makers if m)
+        part = hidden_part(eager, [(float(m["share"]), m.get("capture_us")) for m in makers if m])
+        return s["share"] if part is None else part
 
     def _add_lanes(self, names: Iterable[Any]) -> None:
         for name in names:

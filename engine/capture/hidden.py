@@ -32,7 +32,7 @@ from typing import Any
 
 from engine.capture.signature import card_id, contiguous_strides, dense_order, signature_text
 from engine.capture.twins import channels_last_strides
-from engine.cards import OperatorCard
+from engine.cards import OperatorCard, call_of, hidden_makers, hidden_part
 
 HIDDEN_OP = "aten::add_.Tensor"
 CONVOLUTION = "aten::convolution"
@@ -87,13 +87,6 @@ def _nbytes(t: dict[str, Any]) -> int:
     return getattr(torch, t["dtype"]).itemsize * math.prod(int(n) for n in t["shape"])
 
 
-def _call_of(h: OperatorCard) -> str:
-    """What the hidden call is, whichever card makes it: its signature without `hidden_in`."""
-    import json
-
-    return json.dumps({k: v for k, v in h.signature.items() if k != "hidden_in"}, sort_keys=True)
-
-
 def _merged(same: list[OperatorCard]) -> OperatorCard:
     """One card for a hidden call several cards make: the first's samples, the calls and shares summed, every
     maker named (`hidden_in.cards`)."""
@@ -123,7 +116,7 @@ def hidden_cards(cards: Sequence[OperatorCard], channels_last: bool = False) -> 
         for cl in (False, True) if channels_last else (False,):
             h = bias_card(c, channels_last=cl)
             if h is not None and h.card_id not in have:
-                by_call.setdefault(_call_of(h), []).append(h)
+                by_call.setdefault(call_of(h.op, h.signature), []).append(h)
     out: dict[str, OperatorCard] = {}
     for same in by_call.values():
         h = _merged(same)
@@ -137,12 +130,7 @@ def hidden_in(signature: dict[str, Any]) -> str | None:
     return h.get("card") if isinstance(h, dict) else None
 
 
-def makers_of(signature: dict[str, Any]) -> list[str]:
-    """The ids of every card whose call makes this hidden call (the first: `hidden_in`), or []."""
-    h = signature.get("hidden_in") if isinstance(signature, dict) else None
-    if not isinstance(h, dict):
-        return []
-    return list(h.get("cards") or [h["card"]])
+makers_of = hidden_makers   # the ids of every card whose call makes a hidden call (engine.cards)
 
 
 def hidden_shares(cards: list[OperatorCard]) -> list[OperatorCard]:
@@ -154,10 +142,11 @@ def hidden_shares(cards: list[OperatorCard]) -> list[OperatorCard]:
     by_id = {c.card_id: c for c in cards}
     out = []
     for c in cards:
-        makers = [by_id.get(m) for m in makers_of(c.signature)]
-        if makers and c.eager_us and all(m is not None and m.capture_us for m in makers):
-            c = dataclasses.replace(c, share=sum(m.share * min(1.0, c.eager_us / m.capture_us)
-                                                 for m in makers if m is not None and m.capture_us))
+        makers = [by_id.get(m) for m in hidden_makers(c.signature)]
+        if makers and all(m is not None for m in makers):
+            part = hidden_part(c.eager_us, [(m.share, m.capture_us) for m in makers if m is not None])
+            if part is not None:
+                c = dataclasses.replace(c, share=part)
         out.append(c)
     return out
 

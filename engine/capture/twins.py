@@ -28,7 +28,7 @@ from typing import Any
 from engine.capture.chains import CHAIN_OP
 from engine.capture.fake_outputs import fake_chain_outputs, fake_outputs
 from engine.capture.signature import card_id, contiguous_strides, dense_order, signature_text
-from engine.cards import OperatorCard
+from engine.cards import OperatorCard, call_of
 
 TWIN_OPS = ("aten::native_group_norm",    # ops with a channels-last builtin kernel: group_norm_cl,
             "aten::upsample_nearest2d")  # resample (a layout route's Decoder upsamples channels-last)
@@ -176,24 +176,16 @@ def wanted(setting: Any, device: str, cards: Sequence[OperatorCard]) -> bool:
     return device == "cuda" and any(c.op in CONVOLUTIONS for c in cards)
 
 
-def _call_of(card: OperatorCard) -> str:
-    """The call a card stands for, whatever card it was derived from: its op and signature without `twin_of`
-    (and a hidden call's `hidden_in`)."""
-    import json
-
-    return json.dumps([card.op, {k: v for k, v in card.signature.items() if k not in ("twin_of", "hidden_in")}],
-                      sort_keys=True)
-
-
 def channels_last_twins(cards: Sequence[OperatorCard]) -> dict[str, OperatorCard]:
     """Original card id -> its twin, for every card that has one and whose call is not a card already (a model
     that also makes the channels-last call itself: that card is the call's, with its own samples; a twin of the
     same call would share its guard key, and a cast routes one of the two)."""
-    have = {_call_of(c) for c in cards}
+    have = {call_of(c.op, c.signature) for c in cards}
     out = {}
     for c in cards:
         t = twin_of(c)
-        if t is not None and _call_of(t) not in have:
+        call = call_of(t.op, t.signature) if t is not None else None
+        if t is not None and call not in have:
             out[c.card_id] = t
-            have.add(_call_of(t))
+            have.add(call)
     return out
