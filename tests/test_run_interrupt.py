@@ -97,10 +97,22 @@ def _partial(ws: Path) -> bool:
     return any((ws / "samples").glob(".partial-*")) if (ws / "samples").is_dir() else False
 
 
+def _big_model(tmp_path: Path) -> Path:
+    """my_model made larger, for the tests that stop a capture while it writes samples: at its own size the
+    samples' folder exists for about 60 ms, which a poll every 50 ms missed in fresh-clone CI runs (the capture
+    or the run's capture ended first, exit 0: once for the capture command, once for `run`); here about
+    300 MB of samples, most of a second."""
+    config = tmp_path / "my_model_big.toml"
+    config.write_text(f'name = "my_model_big"\nbuilder = "{ROOT / "configs/examples/my_model.py"}:build"\n'
+                      "[params]\nbatch = 16\ntokens = 256\nwidth = 512\ndepth = 2\n"
+                      '[dtype]\ncpu = "float32"\ncuda = "bfloat16"\n[capture]\nsamples = 3\n')
+    return config
+
+
 def test_ctrl_c_during_the_runs_capture_keeps_nothing(tmp_path):
-    # my_model at full size: its captured forward writes samples for a few seconds on this CPU.
     ws, err = tmp_path / "ws", tmp_path / "run.err"
-    proc = _start(["run", MY_MODEL, "--dry-run", "--no-tui", "--device", "cpu", "--workspace", str(ws)], err)
+    proc = _start(["run", str(_big_model(tmp_path)), "--dry-run", "--no-tui", "--device", "cpu",
+                   "--workspace", str(ws)], err)
     _wait_for(proc, lambda: _partial(ws), "capture writing samples")
     lines = _interrupt(proc, err)
     assert len(lines) <= 3 and any(x.startswith("interrupted:") and "the capture is discarded" in x
@@ -115,12 +127,7 @@ def test_ctrl_c_during_the_runs_capture_keeps_nothing(tmp_path):
 
 
 def test_ctrl_c_of_the_capture_command(tmp_path):
-    # my_model made larger: at its own size the samples' folder is written in about 60 ms, which a poll every
-    # 50 ms missed once in a fresh-clone CI run (the capture ended, exit 0); here about 300 MB, most of a second
-    config = tmp_path / "my_model_big.toml"
-    config.write_text(f'name = "my_model_big"\nbuilder = "{ROOT / "configs/examples/my_model.py"}:build"\n'
-                      "[params]\nbatch = 16\ntokens = 256\nwidth = 512\ndepth = 2\n"
-                      '[dtype]\ncpu = "float32"\ncuda = "bfloat16"\n[capture]\nsamples = 3\n')
+    config = _big_model(tmp_path)
     ws, err = tmp_path / "ws", tmp_path / "capture.err"
     proc = _start(["capture", str(config), "--device", "cpu", "--workspace", str(ws)], err)
     _wait_for(proc, lambda: _partial(ws), "capture writing samples")
@@ -182,7 +189,7 @@ def test_sigterm_during_search_stops_the_run_resumably_as_ctrl_c_does(tmp_path):
 
 def test_sigterm_of_the_capture_command_keeps_nothing(tmp_path):
     ws, err = tmp_path / "ws", tmp_path / "capture.err"
-    proc = _start(["capture", MY_MODEL, "--device", "cpu", "--workspace", str(ws)], err)
+    proc = _start(["capture", str(_big_model(tmp_path)), "--device", "cpu", "--workspace", str(ws)], err)
     _wait_for(proc, lambda: _partial(ws), "capture writing samples")
     lines = _terminate(proc, err)
     assert lines == ["terminated: capture stopped; nothing was kept"]
@@ -211,7 +218,7 @@ def test_a_repeated_sigterm_of_the_capture_command_still_removes_its_partial_sam
     # first one's cleanup and left a .partial-* sample folder in the workspace (or ended the process before its
     # line was written).
     ws, err = tmp_path / "ws", tmp_path / "capture.err"
-    proc = _start(["capture", MY_MODEL, "--device", "cpu", "--workspace", str(ws)], err)
+    proc = _start(["capture", str(_big_model(tmp_path)), "--device", "cpu", "--workspace", str(ws)], err)
     _wait_for(proc, lambda: _partial(ws), "capture writing samples")
     lines = _terminate_repeatedly(proc, err)
     assert lines == ["terminated: capture stopped; nothing was kept"]
@@ -334,7 +341,8 @@ def test_a_run_stopped_as_its_capture_is_stored_keeps_the_stored_capture_whole(t
 def test_sigterm_during_the_runs_capture_says_it_was_discarded(tmp_path):
     # A SIGTERM before the run was created said "interrupted: …" and exited 130, as for Ctrl-C.
     ws, err = tmp_path / "ws", tmp_path / "run.err"
-    proc = _start(["run", MY_MODEL, "--dry-run", "--no-tui", "--device", "cpu", "--workspace", str(ws)], err)
+    proc = _start(["run", str(_big_model(tmp_path)), "--dry-run", "--no-tui", "--device", "cpu",
+                   "--workspace", str(ws)], err)
     _wait_for(proc, lambda: _partial(ws), "capture writing samples")
     lines = _terminate(proc, err)
     said = [x for x in lines if x.startswith("terminated:")]
