@@ -64,37 +64,26 @@ def _regex(text: str) -> str:
     return text
 
 
-def _positive_int(text: str) -> int:
-    """An integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, not {text}")
-    return value
+def _whole(lo: int, hi: int | None, what: str) -> Callable[[str], int]:
+    """An argparse type: an integer from lo to hi (no upper bound where hi is None), else a usage error that
+    says so ("must be {what}, not ...")."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, not {text!r}") from None
+        if value < lo or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(f"must be {what}, not {text}")
+        return value
+
+    return parse
 
 
-def _count(text: str) -> int:
-    """An integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, not {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, not {text}")
-    return value
-
-
-def _port(text: str) -> int:
-    """A TCP port, 1 to 65535 (0 would bind a port the OS picks, which the printed address would not name)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a port number from 1 to 65535, not {text!r}") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number from 1 to 65535, not {text}")
-    return value
+_positive_int = _whole(1, None, "a whole number >= 1")
+_count = _whole(0, None, "a whole number >= 0")
+# A TCP port (0 would bind a port the OS picks, which the printed address would not name).
+_port = _whole(1, 65535, "a port number from 1 to 65535")
 
 
 def package_version() -> str:
