@@ -233,9 +233,30 @@ class ChainTrace(TorchDispatchMode):
         ends = torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()) or data_dependent(func, args, kwargs)
         self.calls.append(TraceCall(len(self.calls), name, path, self._invocations[path], reads, writes,
                                     signature_of(func, bound),
-                                    is_compute_op(name) or len(devices) > 1 or opaque or ends,
-                                    view, us))
+                                    is_compute_op(name) or not memory_bound(func) or len(devices) > 1 or opaque
+                                    or ends, view, us))
         return out
+
+
+# ATen ops that are not the memory-bound kind a chain kernel fuses: transforms and factorizations with their own
+# algorithms (FNet's `_fft_c2c` sat in "memory-bound" chains with a layer norm, 28 % of the model's time).
+_NOT_MEMORY_BOUND_PREFIXES = ("_fft_", "fft_", "linalg_", "_linalg_", "_cudnn_", "miopen_", "mkldnn_", "cudnn_")
+_NOT_MEMORY_BOUND = frozenset({
+    "cholesky", "cholesky_solve", "cholesky_inverse", "triangular_solve", "lu_solve", "lu_unpack", "ormqr",
+    "geqrf", "orgqr", "_lu_with_info", "_linalg_det", "stft", "istft", "_cufft_clear_plan_cache",
+})
+
+
+def memory_bound(func: Any) -> bool:
+    """Whether a call can be a member of a chain: an ATen op of the memory-bound kind. Not one of another
+    library (torchvision's `roi_align`, `nms`, a user's custom op: a chain kernel would have to reimplement code
+    we cannot read, and its cost is unknown), and not an FFT or a factorization (compute with its own algorithms).
+    A call that hands a value to the host (`item`, `equal`) stays a member: a module whose forward makes one is
+    told apart by it (engine.capture.chain_cards.HOST_READS)."""
+    if getattr(func, "namespace", "aten") != "aten":
+        return False
+    base = func._schema.name.split("::", 1)[-1]
+    return not base.startswith(_NOT_MEMORY_BOUND_PREFIXES) and base not in _NOT_MEMORY_BOUND
 
 
 def _tensors(v: Any) -> Iterable[torch.Tensor]:
@@ -296,10 +317,25 @@ def find_chains(calls: list[TraceCall], containers: set[str] = frozenset({ROOT, 
         under[ra] = {**ub, **ua}
         return True
 
+    # A view of a value made outside every chain (a model input, a parameter, a matmul's output) is as much an
+    # input as that value: two calls that both read it are not joined through it. CLIP's chain card held the
+    # token embedding and layer norm at the model's start beside the end-of-text argmax at its end, joined only by
+    # a view of the token ids.
+    outside: dict[int, bool] = {}
+
+    def made_outside(v: int) -> bool:
+        if v not in outside:
+            p = maker.get(v)
+            outside[v] = p is None or calls[p].compute or calls[p].path == ROOT or \
+                (calls[p].view and all(made_outside(u) for _, u in calls[p].reads))
+        return outside[v]
+
     for v, p in maker.items():
         if v in unknown or calls[p].compute or calls[p].path == ROOT:
             continue
         rs = readers.get(v, [])
+        if len(rs) > 1 and made_outside(v):
+            continue
         if not rs or any(calls[r].compute or calls[r].path == ROOT for r in rs):
             continue
         # All of a value's readers join its maker, or none: an intermediate must have no reader outside.

@@ -78,8 +78,8 @@ def packed(args: tuple, kwargs: dict) -> bool:
 
 
 def skip_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str | None:
-    """Why this call is not a card ('view', 'constructor', 'metadata', 'sparse', 'nested', 'quantized',
-    'packed', 'data-dependent'), or None if it is one."""
+    """Why this call is not a card ('view', 'constructor', 'metadata', 'host result', 'sparse', 'nested',
+    'quantized', 'packed', 'data-dependent'), or None if it is one."""
     name = func.name()
     if func.namespace in _SKIPPED_NAMESPACES:
         return "metadata"
@@ -91,6 +91,10 @@ def skip_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str |
     tensors = _tensors(args, kwargs)
     if base in LIKE_CONSTRUCTORS or not tensors:
         return "constructor"
+    if not returns_tensors(func):
+        # `equal`, `allclose`, `_nested_tensor_from_mask_left_aligned`: a bool or number for the host, no
+        # output a kernel writes (the nested-tensor check was a card at 62 % of a TransformerEncoder's time)
+        return "host result"
     if packed(args, kwargs):
         return "packed"
     if data_dependent(func, args, kwargs):
@@ -98,13 +102,21 @@ def skip_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str |
     return unreadable(tensors)
 
 
+def returns_tensors(func: torch._ops.OpOverload) -> bool:
+    """Whether the op's schema returns a tensor (or a list of them, or writes one in place)."""
+    return any("Tensor" in str(r.type) for r in func._schema.returns) or \
+        any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
+
+
 def data_dependent(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
     """Whether the call's output shape depends on its input values (`nonzero`, `unique`, `masked_select`, `x[mask]`,
-    `bincount`, `repeat_interleave` by a tensor without `output_size`): a kernel writes outputs of the card's shape,
-    and every fresh input set verification draws asks for another, so no candidate could pass. PyTorch tags these
-    ops `dynamic_output_shape`; `index.Tensor` only where an index is a mask, `one_hot` where it counts its classes."""
+    `bincount`, `repeat_interleave` by a tensor without `output_size`, torchvision's `nms`): a kernel writes outputs
+    of the card's shape, and every fresh input set verification draws asks for another, so no candidate could
+    pass. PyTorch tags its own such ops `dynamic_output_shape`; `index.Tensor` only where an index is a mask,
+    `one_hot` where it counts its classes. Ops of other libraries carry no such tag (torchvision's `nms` was a card,
+    and a member of Mask R-CNN's chain cards): their fake kernel tells (`_dynamic_by_fake`)."""
     if torch.Tag.dynamic_output_shape not in func.tags:
-        return False
+        return func.namespace not in ("aten", "prims", "prim") and _dynamic_by_fake(func, args, kwargs)
     name = func.name()
     if name == "aten::index.Tensor":
         indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
@@ -114,3 +126,33 @@ def data_dependent(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bo
     if name == "aten::one_hot":
         return kwargs.get("num_classes", args[1] if len(args) > 1 else -1) == -1
     return True
+
+
+_FAKE_ANSWERS: dict[str, bool] = {}
+
+
+def _dynamic_by_fake(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
+    """Whether the op's fake (meta) kernel says its output size depends on values: run on fake copies of the
+    call's tensors with no shape environment, such a kernel (one that asks for a new dynamic size) raises
+    DynamicOutputShapeException. An op with no fake kernel, or one that raises otherwise, is taken as not
+    data-dependent (it stays a card, as before). One answer per op: it is asked on the op's first call."""
+    name = func.name()
+    if name not in _FAKE_ANSWERS:
+        from torch._subclasses.fake_tensor import (
+            DataDependentOutputException,
+            DynamicOutputShapeException,
+            FakeTensorMode,
+        )
+        from torch.utils._pytree import tree_map_only
+
+        answer = False
+        try:
+            with FakeTensorMode(allow_fallback_kernels=False) as mode:  # never the real kernel on zeros
+                fake = tree_map_only(torch.Tensor, mode.from_tensor, (args, kwargs))
+                func(*fake[0], **fake[1])
+        except (DynamicOutputShapeException, DataDependentOutputException):
+            answer = True
+        except Exception:  # noqa: BLE001 - no fake kernel, or one that cannot run here: no answer, keep the card
+            answer = False
+        _FAKE_ANSWERS[name] = answer
+    return _FAKE_ANSWERS[name]

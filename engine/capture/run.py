@@ -529,7 +529,8 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     if mode.skipped.get("data-dependent"):
         notes["data-dependent"] = (
             f"{mode.skipped['data-dependent']} calls return a shape that depends on their input values (nonzero, "
-            "unique, masked_select, x[mask], bincount): a kernel writes outputs of one shape, so they are not cards")
+            "unique, masked_select, x[mask], bincount, a detector's nms): a kernel writes outputs of one shape, so they are not "
+            "cards; the calls after them take shapes these values chose, so a detector's cards depend on the input")
     if wide is not None:
         half = dtype_name(dtype)
         notes["cpu compute"] = (

@@ -1,0 +1,190 @@
+"""Calls of model families the reference models do not have (detectors, FFT mixers, text towers that pool at an
+end-of-text token), found by a sweep of unseen models through capture: what becomes a card and what a chain."""
+
+from pathlib import Path
+
+import torch
+
+from engine.capture.run import capture_model
+from engine.config import load_config
+
+
+def _capture(tmp_path: Path, source: str):
+    (tmp_path / "user_model.py").write_text("import torch\nfrom torch import nn\n\n" + source)
+    config = tmp_path / "user_model.toml"
+    config.write_text('name = "user_model"\nbuilder = "user_model.py:build"\n[params]\n_ = 0\n')
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    return capture_model(load_config(config), torch.device("cpu"), ws)
+
+
+def _chain_ops(result) -> list[list[str]]:
+    return [[n["op"] for n in c.signature["chain"]["nodes"]] for c in result.chains]
+
+
+KEEP = '''
+@torch.library.custom_op("kforge_test_unseen::keep_positive", mutates_args=())
+def keep_positive(x: torch.Tensor) -> torch.Tensor:
+    """Like torchvision's nms: how many rows it keeps depends on their values."""
+    return x[x[:, 0] > 0].clone()
+
+
+@keep_positive.register_fake
+def _(x):
+    n = torch.library.get_ctx().new_dynamic_size()
+    return x.new_empty(n, x.shape[1])
+
+
+@torch.library.custom_op("kforge_test_unseen::twice", mutates_args=())
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@twice.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class Head(nn.Module):
+    def forward(self, boxes):
+        kept = keep_positive(boxes * 1.5 + 0.25)
+        scaled = twice(boxes.sigmoid() * 3.0)
+        return kept.relu() * 2 + 1, (scaled + 1).tanh()
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = Head()
+
+    def forward(self, boxes):
+        return self.head(boxes)
+
+
+def build(_):
+    torch.manual_seed(0)
+    return Model(), (torch.randn(64, 4),)
+'''
+
+
+def test_another_librarys_op_whose_output_size_depends_on_values_is_no_card_and_ends_chains(tmp_path):
+    # torchvision's nms carries no dynamic_output_shape tag: it was a card, and a member of Mask R-CNN's chain
+    # cards, though every fresh input set keeps another number of boxes. Its fake kernel tells.
+    result = _capture(tmp_path, KEEP)
+    ops = {c.op for c in result.cards}
+    assert "kforge_test_unseen::keep_positive" not in ops, ops
+    assert result.skipped.get("data-dependent", 0) >= 1, result.skipped
+    assert "kforge_test_unseen::twice" in ops   # same shape out as in: a card like any op
+    # neither library op sits inside a chain: we cannot read their code, and one of them is data-dependent
+    chains = _chain_ops(result)
+    assert chains and not [c for c in chains if any(not op.startswith("aten::") for op in c)], chains
+
+
+FFT = '''
+class Mixer(nn.Module):
+    """FNet's token mixing: a 2-D FFT, its real part, a residual add and a layer norm."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(32)
+
+    def forward(self, x):
+        mixed = torch.fft.fftn(x, dim=(-1, -2)).real
+        return self.norm((x + mixed) * 0.5)
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mixer = Mixer()
+
+    def forward(self, x):
+        return self.mixer(x.float() * 1.0)
+
+
+def build(_):
+    torch.manual_seed(0)
+    return Model(), (torch.randn(2, 16, 32),)
+'''
+
+
+def test_an_fft_ends_a_chain(tmp_path):
+    # FNet's two largest chain cards (28 % and 16 % of its time) held `_fft_c2c` as a "memory-bound" member:
+    # a chain kernel would have had to compute a 2-D FFT.
+    result = _capture(tmp_path, FFT)
+    assert any(c.op.startswith("aten::_fft_") for c in result.cards), [c.op for c in result.cards]
+    chains = _chain_ops(result)
+    assert chains, [c.op for c in result.cards]   # the add and layer norm after it still make one
+    assert not [c for c in chains if any("fft" in op for op in c)], chains
+
+
+TEXT = '''
+class Text(nn.Module):
+    """CLIP's text tower in small: embed and normalise the tokens, encode, and pool at the end-of-text token."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(100, 32)
+        self.norm = nn.LayerNorm(32)
+        self.proj = nn.Linear(32, 32)
+
+    def forward(self, ids):
+        flat = ids.view(-1, ids.shape[-1])
+        h = self.proj(self.norm(self.emb(flat) * 2.0 + 1.0))
+        eos = flat.to(torch.int32).eq(7).int().argmax(dim=-1)
+        return h, eos
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.text = Text()
+
+    def forward(self, ids):
+        return self.text(ids)
+
+
+def build(_):
+    torch.manual_seed(0)
+    ids = torch.randint(0, 100, (2, 8))
+    ids[:, -1] = 7
+    return Model(), (ids,)
+'''
+
+
+def test_two_computations_that_share_only_a_view_of_an_input_are_two_chains(tmp_path):
+    # CLIP's chain card joined the token embedding and layer norm at the tower's start with the end-of-text argmax
+    # at its end: both read one view of the token ids, and that view joined them.
+    result = _capture(tmp_path, TEXT)
+    chains = _chain_ops(result)
+    both = [c for c in chains if "aten::argmax" in c and "aten::native_layer_norm" in c]
+    assert not both, chains
+    assert [c for c in chains if "aten::argmax" in c] and [c for c in chains if "aten::native_layer_norm" in c], \
+        chains
+
+
+EMPTY = '''
+class Model(nn.Module):
+    """A detector's level with no proposals: a gather of no rows, a write of no rows, and a check for the host."""
+
+    def forward(self, feats, rows):
+        picked = feats.index_select(0, rows)            # rows is empty: nothing read, nothing written
+        out = feats.clone()
+        out.index_put_((rows,), picked)                 # writes no row of `out`
+        same = torch.equal(out, feats)                  # a bool for the host
+        return out * (2.0 if same else 3.0) + picked.sum()
+
+
+def build(_):
+    return Model(), (torch.randn(16, 8), torch.zeros(0, dtype=torch.long))
+'''
+
+
+def test_calls_that_write_nothing_or_return_only_to_the_host_are_not_cards(tmp_path):
+    # Mask R-CNN had cards of roi_align over 0 boxes and of index_put_ of 0 rows (listed at 3.8 MiB of traffic for
+    # the untouched tensor); a TransformerEncoder's nested-tensor check, which returns a bool, was its top card.
+    result = _capture(tmp_path, EMPTY)
+    ops = {c.op for c in result.cards}
+    assert not ops & {"aten::index_select", "aten::index_put_", "aten::equal"}, ops
+    assert {"aten::mul.Tensor", "aten::clone"} <= ops, ops
+    assert result.skipped.get("empty") == 2 and result.skipped.get("host result") == 1, result.skipped
