@@ -158,7 +158,7 @@ def _notes(name: str) -> list[str]:
     ("print", "it prints, warns or logs (print)"),
     ("warnings.warn", "it prints, warns or logs (warn, warnings)"),
     ("logging", "it prints, warns or logs (warning)"),
-    ("registers a hook on itself", "it registers hooks or tensors (register_forward_hook)"),
+    ("registers a hook on itself", "it registers hooks or tensors (register_forward_hook), or may"),
     ("torch.manual_seed in forward", "it seeds or sets a generator (manual_seed)"),
     ("python random consumed", "it reads random, which draws from Python's or NumPy's random numbers"),
     ("every fifth call differs (a counter in another module)", "it sets the global TICKS"),

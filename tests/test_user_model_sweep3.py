@@ -80,7 +80,7 @@ def test_a_kv_cache_that_grows_on_every_call_is_noted_at_capture(cli, tmp_path):
              for kind in ("cache", "setup", "none")}
     said = notes["cache"].get("calls") or ""
     assert "the model's two forwards on the same inputs made other calls" in said
-    assert "aten::cat on [[1,1,16], [1,1,16]]" in said and "KV cache" in said and "pass the cache in" in said
+    assert "aten::cat on [[1,1,16], [1,1,16]]" in said and "KV cache" in said and "rebuild or copy it inside forward" in said
     assert "repeatable" not in notes["cache"]
     assert "calls" not in notes["setup"] and "calls" not in notes["none"]   # a one-time set-up is no state
 

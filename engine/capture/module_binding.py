@@ -368,7 +368,9 @@ def _scan(root: Any, classes: list[type], depth: int = 2) -> _Scope:
         if effect is None and talks:
             effect = f"it prints, warns or logs ({', '.join(talks)})"
         if effect is None and registers:
-            effect = f"it registers hooks or tensors ({', '.join(registers)})"
+            # named in its code, reached or not (transformers' rotary embeddings call register_buffer only for the
+            # dynamic rope types): "may", or every Llama-family user reads of an effect that does not happen
+            effect = f"it registers hooks or tensors ({', '.join(registers)}), or may: its code calls it"
         seeds = sorted(code_names & SEEDS)
         if effect is None and seeds:
             effect = f"it seeds or sets a generator ({', '.join(seeds)})"

@@ -213,8 +213,9 @@ def _calls_note(warm: Counter | None, captured: Counter | None) -> str | None:
             f"{shown or 'no tensor'}, made in the second and not the first): it keeps state across forwards (a KV "
             "cache or buffer that grows on every call, a counter that picks another branch), so the cards, taken "
             "from the second forward, are not what later forwards call, and the run and export call it many times "
-            "more; make the builder's forward the same on every call (pass the cache in as an input, reset state at "
-            "the start of forward)")
+            "more; make the builder's forward the same on every call (reset state at the start of forward; a cache "
+            "passed in as an input that the forward appends to, as transformers' DynamicCache, grows on every call "
+            "too: rebuild or copy it inside forward)")
 
 
 def _top_level_note(calls: Any) -> str | None:
@@ -526,6 +527,14 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
             f"{mode.skipped['nested']} calls took or made nested tensors (rows of several lengths), which no kernel "
             "takes, so they are not cards: nn.TransformerEncoder makes one of a batch with a src_key_padding_mask in "
             "eval; build it with enable_nested_tensor=False for cards of its layers' ops")
+    quantized = mode.skipped.get("packed", 0) + mode.skipped.get("quantized", 0)
+    if quantized:
+        # A dynamically quantized MLP showed its one ReLU card at 100 % of the model's time, and nothing about the
+        # linears that are almost all of it.
+        notes["quantized"] = (
+            f"{quantized} calls take a packed weight or a quantized tensor (torch.ao's quantized Linear and "
+            "convolution), which no kernel reads, so they are not cards, and the shares count the cards' calls "
+            "only; torch.ao's quantized ops run on the CPU, so on a GPU this model does not run as built")
     if mode.skipped.get("data-dependent"):
         notes["data-dependent"] = (
             f"{mode.skipped['data-dependent']} calls return a shape that depends on their input values (nonzero, "
