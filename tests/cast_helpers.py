@@ -78,3 +78,28 @@ def write_genuine_cast(path: Path, env: dict[str, Any] | None = None,
                                       created="2020-01-01T00:00:00Z")
     write_cast(path, manifest, files, report)
     return manifest
+
+
+def mark_member(src: Path, dst: Path, member: str, *, encrypted: bool = False, method: int | None = None) -> None:
+    """Copy a cast with one member's zip headers saying it is encrypted (`zip -e`) or compressed by another
+    method (9: Deflate64, 99: AES), as other zip tools write them; its bytes are unchanged."""
+    import struct
+    import zipfile
+
+    raw = bytearray(src.read_bytes())
+    with zipfile.ZipFile(src) as z:
+        info = z.getinfo(member)
+    local = info.header_offset
+    central = raw.find(b"PK\x01\x02")  # the first central directory entry; walk to the member's
+    while central != -1:
+        n = struct.unpack_from("<H", raw, central + 28)[0]
+        if bytes(raw[central + 46: central + 46 + n]) == member.encode():
+            break
+        central = raw.find(b"PK\x01\x02", central + 4)
+    assert central != -1, member
+    for flags_at, method_at in ((local + 6, local + 8), (central + 8, central + 10)):
+        if encrypted:
+            struct.pack_into("<H", raw, flags_at, struct.unpack_from("<H", raw, flags_at)[0] | 0x1)
+        if method is not None:
+            struct.pack_into("<H", raw, method_at, method)
+    dst.write_bytes(bytes(raw))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cast_helpers import write_genuine_cast
+from cast_helpers import mark_member, write_genuine_cast
 from conftest import run_cli
 
 
@@ -57,6 +57,28 @@ def test_audit_refuses_a_digest_mismatch_with_exit_2(cast_file, tmp_path, capsys
             zout.writestr(name, data + b"//" if name.endswith(".cu") else data)
     code, out, err = run_cli(["audit", bad], capsys)
     assert code == 2 and "digest mismatch" in err and len(err.strip().splitlines()) == 1
+
+
+def _one_error_line(code, out, err):
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: audit: ") and "internal error" not in err
+    return err.strip()
+
+
+@pytest.mark.parametrize("member", ["manifest.json", "kernel"])
+def test_audit_of_a_member_zipfile_cannot_read_is_exit_2(cast_file, tmp_path, capsys, member):
+    # an encrypted member (`zip -e`) said "internal error: RuntimeError: File ... is encrypted", exit 1
+    import zipfile
+
+    with zipfile.ZipFile(cast_file) as z:
+        name = member if member == "manifest.json" else next(n for n in z.namelist() if n.endswith(".cu"))
+    bad = tmp_path / "bad.cast"
+    mark_member(cast_file, bad, name, encrypted=True)
+    code, out, err = run_cli(["audit", bad], capsys)
+    line = _one_error_line(code, out, err)
+    assert str(bad) in line and f"{name} is damaged (encrypted" in line
+    # a kernel file keeps only its variant off: the others are still listed
+    assert out == "" if member == "manifest.json" else "aten::relu" in out
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")

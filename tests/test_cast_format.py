@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cast_helpers import H200_ENV, write_genuine_cast
+from cast_helpers import H200_ENV, mark_member, write_genuine_cast
 
 import engine.cast
 from engine.cast import CastError, CastWarning, runtime
@@ -172,6 +172,51 @@ def test_another_torch_of_the_same_minor_installs_with_one_warning_naming_both(c
     assert f"proven on torch {torch.__version__}, loaded under torch {here} (same minor {minor})" in message
     assert f"kforge-tui audit {cast_file} --verify" in message
     assert cast.problem is None and len(cast.usable()) == 2   # installed, as before
+
+
+# Other zip tools write what Python's zipfile cannot read: `zip -e` (encrypted), Deflate64 (method 9), AES
+# (99). load() raised RuntimeError / NotImplementedError for these, into the user's program.
+_UNREADABLE = [({"encrypted": True}, "encrypted"), ({"method": 9}, "zip compression method 9"),
+               ({"method": 99}, "zip compression method 99")]
+
+
+@pytest.mark.parametrize("mark,expect", _UNREADABLE, ids=["encrypted", "deflate64", "method-99"])
+def test_a_manifest_zipfile_cannot_read_is_one_warning(cast_file, tmp_path, mark, expect):
+    bad = tmp_path / "bad.cast"
+    mark_member(cast_file, bad, "manifest.json", **mark)
+    cast, warned = _load(bad)
+    (message,) = [str(w.message) for w in warned]
+    assert f"{bad}: manifest.json is damaged ({expect}" in message and "runs on PyTorch" in message
+    assert cast.usable() == []
+    with pytest.raises(CastError, match=expect):
+        engine.cast.load(bad, strict=True)
+
+
+@pytest.mark.parametrize("mark,expect", _UNREADABLE, ids=["encrypted", "deflate64", "method-99"])
+def test_a_kernel_file_zipfile_cannot_read_keeps_only_its_variant_off(cast_file, tmp_path, mark, expect):
+    gn = next(v for v in read_cast(cast_file).variants if v["op"] == "aten::native_group_norm")
+    source = gn["files"]["source"]["path"]
+    bad = tmp_path / "bad.cast"
+    mark_member(cast_file, bad, source, **mark)
+    cast, warned = _load(bad)
+    (message,) = [str(w.message) for w in warned]
+    assert f"1 of 2 variant(s) stay on PyTorch: {gn['id']}: {source} is damaged ({expect}" in message
+    assert [v.op for v in cast.usable()] == ["aten::relu"]
+
+
+def test_a_cast_with_two_members_of_one_name_is_refused(cast_file, tmp_path):
+    # zipfile reads the last manifest.json, `unzip -p` the first: a reviewer could read another manifest
+    # than the one that runs.
+    twice = tmp_path / "twice.cast"
+    _rewrite(cast_file, twice, lambda n, d: d)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile's own "Duplicate name" warning on writing
+        with zipfile.ZipFile(twice, "a") as z:
+            z.writestr("manifest.json", json.dumps({**read_cast(cast_file).manifest, "variants": []}))
+    cast, warned = _load(twice)
+    (message,) = [str(w.message) for w in warned]
+    assert "member 'manifest.json' appears twice" in message and "runs on PyTorch" in message
+    assert cast.usable() == [] and cast.variants == []
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")

@@ -13,7 +13,7 @@ import io
 import json
 import re
 import zipfile
-import zlib
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,7 +184,7 @@ def read_cast(path: str | Path) -> CastFile:
         z = zipfile.ZipFile(p)
     except FileNotFoundError:
         raise CastError(f"{p}: no such file") from None
-    except (zipfile.BadZipFile, OSError, ValueError) as e:
+    except Exception as e:  # BadZipFile, OSError, and whatever else a hostile central directory raises
         raise CastError(f"{p}: not a readable zip ({e}); the file is damaged or not a .cast") from None
     with z:
         names = z.namelist()
@@ -192,11 +192,17 @@ def read_cast(path: str | Path) -> CastFile:
         if bad:
             raise CastError(f"{p}: unexpected member {bad[0]!r} (a cast holds only manifest.json, report.md "
                             "and kernels/*.cubin|ptx|cu)")
+        # Two members of one name: zipfile reads the last, `unzip` shows the first, so a reviewer could read
+        # another manifest (or kernel) than the one that runs.
+        twice = sorted(n for n, k in Counter(names).items() if k > 1)
+        if twice:
+            raise CastError(f"{p}: member {twice[0]!r} appears twice (zip tools disagree on which one counts); "
+                            "the file is damaged or was altered")
         if MANIFEST not in names:
             raise CastError(f"{p}: no manifest.json; the file is damaged or not a .cast")
         try:
             manifest = json.loads(_read(z, MANIFEST))
-        except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError) as e:
+        except Exception as e:  # a bad CRC or deflate stream, an encrypted member, a method zipfile lacks, deep JSON
             raise CastError(f"{p}: manifest.json is damaged ({e})") from None
         try:
             check_manifest(manifest)
@@ -212,7 +218,7 @@ def read_cast(path: str | Path) -> CastFile:
                     continue
                 try:
                     data = files[name] if name in files else _read(z, name)
-                except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError) as e:
+                except Exception as e:  # as for the manifest: only this variant stays off
                     problems.setdefault(v["id"], f"{name} is damaged ({e})")
                     continue
                 if sha256(data) != entry.get("sha256"):
@@ -222,10 +228,19 @@ def read_cast(path: str | Path) -> CastFile:
     return CastFile(str(p), manifest, files, problems)
 
 
+# What Python's zipfile reads; any other method (Deflate64, which some zip tools write for large files, or
+# an unknown number) is named instead of zipfile's NotImplementedError.
+_METHODS = {zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA}
+
+
 def _read(z: zipfile.ZipFile, name: str) -> bytes:
     info = z.getinfo(name)
     if info.file_size > MAX_MEMBER_BYTES:
         raise ValueError(f"{name} is {info.file_size} bytes, more than a cast member may be")
+    if info.flag_bits & 0x1:  # `zip -e`: zipfile asks for a password (RuntimeError)
+        raise ValueError("encrypted; a cast never is")
+    if info.compress_type not in _METHODS:
+        raise ValueError(f"zip compression method {info.compress_type}, which Python's zipfile cannot read")
     return z.read(name)  # zipfile checks the CRC-32 on read: a flipped byte raises BadZipFile
 
 
