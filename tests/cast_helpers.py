@@ -80,6 +80,21 @@ def write_genuine_cast(path: Path, env: dict[str, Any] | None = None,
     return manifest
 
 
+def edit_manifest(src: Path, dst: Path, change) -> None:
+    """Copy a cast, letting `change(manifest)` edit its manifest in place (a hand-edited or hostile file)."""
+    import json
+    import zipfile
+
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for name in zin.namelist():
+            data = zin.read(name)
+            if name == "manifest.json":
+                m = json.loads(data)
+                change(m)
+                data = json.dumps(m).encode()
+            zout.writestr(name, data)
+
+
 def mark_member(src: Path, dst: Path, member: str, *, encrypted: bool = False, method: int | None = None) -> None:
     """Copy a cast with one member's zip headers saying it is encrypted (`zip -e`) or compressed by another
     method (9: Deflate64, 99: AES), as other zip tools write them; its bytes are unchanged."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cast_helpers import mark_member, write_genuine_cast
+from cast_helpers import edit_manifest, mark_member, write_genuine_cast
 from conftest import run_cli
 
 
@@ -79,6 +79,78 @@ def test_audit_of_a_member_zipfile_cannot_read_is_exit_2(cast_file, tmp_path, ca
     assert str(bad) in line and f"{name} is damaged (encrypted" in line
     # a kernel file keeps only its variant off: the others are still listed
     assert out == "" if member == "manifest.json" else "aten::relu" in out
+
+
+@pytest.mark.parametrize("edit,expect", [
+    (lambda m: m.update(env=None), "env must be a table, not null"),
+    (lambda m: m["variants"][0].update(evidence=None), "variants[0].evidence must be a table, not null"),
+    (lambda m: m["variants"][0]["evidence"].update(confirmed={"speedup": "fast"}),
+     "variants[0].evidence.confirmed.speedup must be a number or null, not the string 'fast'"),
+    (lambda m: m["variants"][1].update(id=None), "variants[1].id must be a non-empty string, not null"),
+    (lambda m: m["variants"][0].update(files="x"), "variants[0].files must be a table of files, not the string 'x'"),
+    (lambda m: m["variants"][0].update(targets=5), "variants[0].targets must be a list, not 5"),
+], ids=["env", "evidence", "speedup", "id", "files", "targets"])
+def test_audit_of_a_manifest_field_of_the_wrong_type_is_exit_2_naming_it(cast_file, tmp_path, capsys, edit, expect):
+    # these said "internal error: AttributeError / TypeError / ValueError", exit 1
+    bad = tmp_path / "bad.cast"
+    edit_manifest(cast_file, bad, edit)
+    for json_flag in ([], ["--json"]):
+        code, out, err = run_cli(["audit", bad, *json_flag], capsys)
+        assert out == "" and _one_error_line(code, out, err) == f"error: audit: {bad}: manifest.json: {expect}"
+
+
+def _fields(x, at=()):
+    """Every place in a manifest: the keys and list indexes that lead to it. Not inside a variant's signature,
+    outputs or provenance: their entries are read only on a GPU, where a variant that fails to prepare stays
+    off by itself (and they are most of the places: the test took 20 s with them)."""
+    if at:
+        yield at
+    if at and at[-1] in ("signature", "outputs", "provenance"):
+        return
+    items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else ()
+    for k, v in items:
+        yield from _fields(v, (*at, k))
+
+
+def test_no_manifest_the_loader_accepts_makes_load_raise_or_audit_say_internal_error(cast_file, capsys, monkeypatch):
+    """Every field of a genuine manifest, set in turn to a value of another type: load() never raises, and
+    audit either shows the cast (exit 0) or names what is wrong (exit 2), never an internal error."""
+    import warnings
+
+    import engine.cast
+    import engine.cast.loader
+    import engine.export.audit
+    from engine.cast.format import CastError, CastFile, check_manifest, read_cast
+
+    genuine = read_cast(cast_file)
+    wrong = [None, "x", 5, 1.5, True, [], {}, float("inf"), [1.0], [1.0, None], ["x"], {"x": 1}]
+    accepted = 0
+    for at in list(_fields(genuine.manifest)):
+        for value in wrong:
+            m = json.loads(json.dumps(genuine.manifest))
+            parent = m
+            for k in at[:-1]:
+                parent = parent[k]
+            parent[at[-1]] = value
+            try:  # the shape check comes first: what it refuses never reaches the rest
+                check_manifest(m)
+            except CastError:
+                continue
+            accepted += 1
+
+            def read(path, m=m):
+                check_manifest(m)
+                return CastFile(str(path), m, genuine.files, {})
+            monkeypatch.setattr(engine.cast.loader, "read_cast", read)
+            monkeypatch.setattr(engine.export.audit, "read_cast", read)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cast = engine.cast.load(cast_file, env=genuine.manifest["env"])
+            cast.stats()
+            for json_flag in ([], ["--json"]):
+                code, out, err = run_cli(["audit", cast_file, *json_flag], capsys)
+                assert code in (0, 2) and "internal error" not in err, (at, value, err)
+    assert accepted > 100  # the free fields (provenance, signatures, …) took other types
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")

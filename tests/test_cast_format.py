@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from cast_helpers import H200_ENV, mark_member, write_genuine_cast
+from cast_helpers import H200_ENV, edit_manifest, mark_member, write_genuine_cast
 
 import engine.cast
 from engine.cast import CastError, CastWarning, runtime
-from engine.cast.format import read_cast
+from engine.cast.format import check_manifest, read_cast
 
 
 @pytest.fixture
@@ -217,6 +217,70 @@ def test_a_cast_with_two_members_of_one_name_is_refused(cast_file, tmp_path):
     (message,) = [str(w.message) for w in warned]
     assert "member 'manifest.json' appears twice" in message and "runs on PyTorch" in message
     assert cast.usable() == [] and cast.variants == []
+
+
+def _set(path: str, value):
+    """An edit of the manifest: `path` is dotted, with numbers for list items (`variants.0.files`)."""
+    def change(m):
+        *parents, last = [int(k) if k.isdigit() else k for k in path.split(".")]
+        for k in parents:
+            m = m[k]
+        m[last] = value
+    return change
+
+
+# A field of the wrong type raised from deep in the loader (AttributeError, TypeError, ValueError) or was
+# read wrongly (format_version true as 1, torch_minor 2.11 compared with "2.11" as different).
+_WRONG_TYPES = [
+    ("env", None, "env must be a table, not null"),
+    ("env", "sm_90", "env must be a table, not the string 'sm_90'"),
+    ("env.torch_minor", 2.11, 'env.torch_minor must be a torch minor version such as "2.11" or null, not 2.11'),
+    ("format_version", True, "format_version must be a whole number, not true"),
+    ("format_version", 1.0, "format_version must be a whole number, not 1.0"),
+    ("source", "x", "source must be a table, not the string 'x'"),
+    ("source.model_check", "x", "source.model_check must be a table or null, not the string 'x'"),
+    ("source.model_check", {"mode": "cuda-graphs", "eager_speedup": "x", "speedup": 1.2},
+     "source.model_check.eager_speedup must be a number or null, not the string 'x'"),
+    ("variants.1.id", ["x"], "variants[1].id must be a non-empty string, not a list"),
+    ("variants.1.id", "", "variants[1].id must be a non-empty string, not the string ''"),
+    ("variants.1.files", "x", "variants[1].files must be a table of files, not the string 'x'"),
+    ("variants.0.targets", 5, "variants[0].targets must be a list, not 5"),
+    ("variants.0.targets", ["eager", 5], "variants[0].targets[1] must be a string, not 5"),
+    ("variants.0.evidence", None, "variants[0].evidence must be a table, not null"),
+    ("variants.0.evidence.lane.speedup", "fast", "variants[0].evidence.lane.speedup must be a number or null"),
+    ("variants.0.evidence.lane.speedup_ci", [1.0], "variants[0].evidence.lane.speedup_ci must be a pair of numbers"),
+]
+
+
+@pytest.mark.parametrize("path,value,expect", _WRONG_TYPES, ids=[f"{p}={v!r}"[:40] for p, v, _ in _WRONG_TYPES])
+def test_a_manifest_field_of_the_wrong_type_is_one_warning_naming_it(cast_file, tmp_path, path, value, expect):
+    bad = tmp_path / "bad.cast"
+    edit_manifest(cast_file, bad, _set(path, value))
+    cast, warned = _load(bad)
+    (message,) = [str(w.message) for w in warned]
+    assert f"not installed: {bad}: manifest.json: {expect}" in message and "runs on PyTorch" in message
+    assert "\n" not in message and cast.usable() == []
+    with pytest.raises(CastError, match="manifest.json: "):
+        engine.cast.load(bad, strict=True)
+
+
+def test_a_file_record_that_is_no_table_keeps_only_its_variant_off(cast_file, tmp_path):
+    bad = tmp_path / "bad.cast"
+    edit_manifest(cast_file, bad, _set("variants.0.files.cubin", "x"))
+    cast, warned = _load(bad)
+    (message,) = [str(w.message) for w in warned]
+    vid = read_cast(cast_file).variants[0]["id"]
+    assert f"1 of 2 variant(s) stay on PyTorch: {vid}: variants[0].files.cubin is not a file record" in message
+    assert len(cast.usable()) == 1
+
+
+def test_every_cast_in_the_repository_has_the_manifest_shape_the_reader_wants():
+    # The shape check must never be stricter than what export wrote: every cast kept under docs/ passes it.
+    casts = sorted((Path(__file__).parent.parent / "docs").rglob("*.cast"))
+    assert casts
+    for path in casts:
+        with zipfile.ZipFile(path) as z:
+            check_manifest(json.loads(z.read("manifest.json")))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")

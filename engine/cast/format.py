@@ -94,12 +94,17 @@ def write_cast(path: str | Path | None, manifest: dict[str, Any], files: dict[st
 
 
 def check_manifest(m: Any) -> None:
-    """Raise CastError if the manifest lacks what a loader relies on."""
+    """Raise CastError if the manifest lacks what a loader relies on, or holds it in another shape
+    (`MANIFEST_SHAPE`): a wrong type is named by its place (`variants[3].files must be a table of files,
+    not a string`), never met later as an exception in the loader or in `audit`."""
     if not isinstance(m, dict):
         raise CastError("manifest.json is not a JSON object")
     if m.get("format") != FORMAT:
         raise CastError(f"manifest.json does not describe a Kernel Forge cast (format {m.get('format')!r})")
     version = m.get("format_version")
+    # `true` and `1.0` equal 1 in Python: they were read as version 1
+    if (why := shape_problem(version, int, "format_version")) is not None:
+        raise CastError(f"manifest.json: {why}")
     if version != FORMAT_VERSION:
         raise CastError(f"format version {version!r} is not supported (this Kernel Forge reads version "
                         f"{FORMAT_VERSION}); export the cast again with this version")
@@ -108,11 +113,14 @@ def check_manifest(m: Any) -> None:
             raise CastError(f"manifest.json lacks {key!r}")
     if not isinstance(m["variants"], list):
         raise CastError("manifest.json: 'variants' is not a list")
-    seen = set()
     for i, v in enumerate(m["variants"]):
         missing = [k for k in _VARIANT_KEYS if not isinstance(v, dict) or k not in v]
         if missing:
             raise CastError(f"manifest.json: variant {i} lacks {', '.join(missing)}")
+    if (why := shape_problem(m, MANIFEST_SHAPE)) is not None:
+        raise CastError(f"manifest.json: {why}")
+    seen = set()
+    for v in m["variants"]:
         if v["id"] in seen:
             raise CastError(f"manifest.json: variant id {v['id']!r} appears twice")
         seen.add(v["id"])
@@ -122,6 +130,140 @@ def check_manifest(m: Any) -> None:
             why = _pattern_problem(v) if "pattern" in v and "module" not in v else _module_problem(v)
             if why:
                 raise CastError(f"manifest.json: variant {v['id']}: {why}")
+
+
+# ---- the manifest's shape -------------------------------------------------------------------------------
+# What each field that the loader, `audit` or report.md reads must be. A shape is a type (str; int: a whole
+# number; float: any number; bool; dict: any table; list: any list), None (null), a tuple (any one of its
+# shapes), a dict {key: shape} (a table whose named keys, where present, have those shapes; other keys are
+# free), or one of the classes below. Numbers may be non-finite (a measurement can be); `audit --json`
+# writes those as null.
+
+@dataclass(frozen=True)
+class ListOf:
+    """A list whose every item has the shape `item`."""
+    item: Any
+    text: str = "a list"
+
+
+@dataclass(frozen=True)
+class TableOf:
+    """A table whose every value has the shape `item` (its keys are free)."""
+    item: Any
+    text: str = "a table"
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A list of exactly two items of the shape `item` (a confidence interval: [low, high])."""
+    item: Any
+    text: str = "a pair of numbers"
+
+
+@dataclass(frozen=True)
+class Matches:
+    """A string that matches `pattern` in full."""
+    pattern: str
+    text: str
+
+
+NAME = Matches(r"(?s).+", "a non-empty string")
+_NUMBER = (float, None)
+_CI = (Pair(_NUMBER), None)
+_MEASURED = {"speedup": _NUMBER, "speedup_ci": _CI, "eager_us": _NUMBER, "cast_us": _NUMBER,
+             "compile_us": _NUMBER, "copy_us": _NUMBER}
+_MODEL_CHECK = {"mode": (str, None), "speedup": _NUMBER, "speedup_ci": _CI, "eager_ms": _NUMBER,
+                "cast_ms": _NUMBER, "eager_speedup": _NUMBER, "rel_l2_err": _NUMBER}
+_ROUTES = {"classes": ListOf(str), "speedup": _NUMBER, "speedup_ci": _CI, "rel_l2_err": _NUMBER,
+           "targets": ListOf(str), "tried": ListOf(str)}
+MANIFEST_SHAPE = {
+    "format_version": int,
+    # compat.incompatibility compares arch and torch_minor as strings ("sm_90", "2.11")
+    "env": {"arch": (str, None), "torch": (str, None),
+            "torch_minor": (Matches(r"\d+\.\d+", 'a torch minor version such as "2.11"'), None)},
+    "source": {"model_check": (_MODEL_CHECK, None), "model_checks": TableOf((_MODEL_CHECK, None)),
+               "graph_routes": (_ROUTES, None),
+               "layout_routes": ({**_ROUTES, "signatures": TableOf((list, dict)), "graphs": (_MEASURED, None)}, None)},
+    "variants": ListOf({
+        "id": NAME, "op": str, "signature": dict, "signature_text": str, "outputs": (list, None),
+        "kernels": ListOf(str), "category": str, "targets": ListOf(str), "tolerance": ListOf(str),
+        # a file record that is no table keeps only its variant off (read_cast names it)
+        "files": TableOf(object, "a table of files"),
+        "evidence": {"confirmed": (_MEASURED, None), "lane": (_MEASURED, None),
+                     "sanitizer": ({"tools": ListOf(str)}, None)},
+        "provenance": dict, "chain": ({"ops": (ListOf(str), None)}, None),
+    }),
+}
+
+
+def shape_problem(value: Any, shape: Any, where: str = "") -> str | None:
+    """Why `value` does not have `shape` (`MANIFEST_SHAPE` says how shapes are written), naming the place
+    (`variants[3].files`), or None where it does."""
+    if isinstance(shape, tuple):
+        fitting = [s for s in shape if _outer_fits(value, s)]
+        if not fitting:
+            return f"{where} must be {_shape_text(shape)}, not {_kind(value)}"
+        problems = [shape_problem(value, s, where) for s in fitting]
+        return None if None in problems else problems[0]
+    if not _outer_fits(value, shape):
+        return f"{where} must be {_shape_text(shape)}, not {_kind(value)}"
+    if isinstance(shape, dict):
+        parts: Any = ((k, value[k], s) for k, s in shape.items() if k in value)
+    elif isinstance(shape, (ListOf, Pair)):
+        parts = ((f"[{i}]", item, shape.item) for i, item in enumerate(value))
+    elif isinstance(shape, TableOf):
+        parts = ((k, item, shape.item) for k, item in value.items())
+    else:
+        return None
+    for key, item, s in parts:
+        at = f"{where}{key}" if key.startswith("[") else f"{where}.{key}" if where else key
+        if (why := shape_problem(item, s, at)) is not None:
+            return why
+    return None
+
+
+def _outer_fits(value: Any, shape: Any) -> bool:
+    if shape is None:
+        return value is None
+    if shape is object:
+        return True
+    if isinstance(shape, tuple):
+        return any(_outer_fits(value, s) for s in shape)
+    if isinstance(shape, (dict, TableOf)):
+        return isinstance(value, dict)
+    if isinstance(shape, ListOf):
+        return isinstance(value, list)
+    if isinstance(shape, Pair):
+        return isinstance(value, list) and len(value) == 2
+    if isinstance(shape, Matches):
+        return isinstance(value, str) and re.fullmatch(shape.pattern, value) is not None
+    if shape is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if shape is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, shape)
+
+
+def _shape_text(shape: Any) -> str:
+    if isinstance(shape, tuple):
+        return " or ".join(_shape_text(s) for s in shape)
+    if isinstance(shape, (ListOf, TableOf, Pair, Matches)):
+        return shape.text
+    if isinstance(shape, dict):
+        return "a table"
+    return {None: "null", str: "a string", int: "a whole number", float: "a number", bool: "true or false",
+            dict: "a table", list: "a list"}.get(shape, str(shape))
+
+
+def _kind(value: Any) -> str:
+    """A value as the message names it: a scalar as JSON writes it (`true`, `1.0`, `null`), else its kind."""
+    if isinstance(value, str):
+        return f"the string {value!r}" if len(value) <= 40 else "a long string"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "a list"
+    return json.dumps(value)
 
 
 def module_card(v: dict[str, Any]) -> dict[str, Any] | None:
@@ -210,9 +352,12 @@ def read_cast(path: str | Path) -> CastFile:
             raise CastError(f"{p}: {e}") from None
         files: dict[str, bytes] = {}
         problems: dict[str, str] = {}
-        for v in manifest["variants"]:
+        for i, v in enumerate(manifest["variants"]):
             for role, entry in sorted(v["files"].items()):
-                name = entry.get("path") if isinstance(entry, dict) else None
+                if not isinstance(entry, dict):
+                    problems.setdefault(v["id"], f"variants[{i}].files.{role} is not a file record")
+                    continue
+                name = entry.get("path")
                 if not isinstance(name, str) or name not in names:
                     problems.setdefault(v["id"], f"{role} file {name!r} is missing")
                     continue

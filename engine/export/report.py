@@ -14,7 +14,7 @@ def _ci(ev: dict[str, Any] | None) -> str:
     if not ev or ev.get("speedup") is None:
         return "–"
     ci = ev.get("speedup_ci") or [None, None]
-    if ci[0] is None:
+    if None in ci:  # a manifest may hold [low, null] (format.MANIFEST_SHAPE): no interval to show
         return f"{ev['speedup']:.2f}×"
     return f"{ev['speedup']:.2f}× ({ci[0]:.2f}–{ci[1]:.2f})"
 
@@ -81,7 +81,10 @@ def target_check_text(check: dict[str, Any]) -> str:
     if check.get("speedup") is None:
         return f"not measured ({check.get('reason') or check.get('mode') or 'no result'})"
     ci = check.get("speedup_ci") or [None, None]
-    text = (f"{check['eager_ms']:.2f} -> {check['cast_ms']:.2f} ms, " if check.get("eager_ms") is not None else "")
+    if None in ci:
+        ci = [None, None]
+    timed = check.get("eager_ms") is not None and check.get("cast_ms") is not None
+    text = (f"{check['eager_ms']:.2f} -> {check['cast_ms']:.2f} ms, " if timed else "")
     text += f"{check['speedup']:.3f}×" + (f" (95% CI {ci[0]:.3f}–{ci[1]:.3f})" if ci[0] is not None else "")
     if check.get("degenerate_eager"):
         text += "; eager's own output is degenerate: agreement says nothing"
