@@ -417,7 +417,7 @@ def _export(args: argparse.Namespace, out: Path, progress: Callable[[str], None]
 def cmd_audit(args: argparse.Namespace) -> int:
     """`kforge-tui audit FILE.cast [--verify] [--json]`; a damaged file is bad input (exit 2)."""
     from engine.cast.format import CastError
-    from engine.export.audit import audit
+    from engine.export.audit import audit, audit_json
     from engine.export.report import audit_text
 
     try:
@@ -425,7 +425,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     except CastError as e:
         raise UsageError(f"audit: {e}") from None
     if args.json:
-        print(json.dumps(doc, separators=(",", ":"), default=str))
+        print(audit_json(doc))
     else:
         print(audit_text(doc, args.file))
     damaged = [f"{v['id']}: {v['problem']}" for v in doc["variants"] if v.get("problem")]

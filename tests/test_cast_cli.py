@@ -99,6 +99,23 @@ def test_audit_of_a_manifest_field_of_the_wrong_type_is_exit_2_naming_it(cast_fi
         assert out == "" and _one_error_line(code, out, err) == f"error: audit: {bad}: manifest.json: {expect}"
 
 
+def test_audit_json_writes_a_non_finite_number_as_null(cast_file, tmp_path, capsys):
+    # Python's json wrote `Infinity`, which jq and other strict parsers refuse
+    bad = tmp_path / "inf.cast"
+    edit_manifest(cast_file, bad, lambda m: m["variants"][0]["evidence"].update(
+        confirmed={"speedup": float("inf"), "speedup_ci": [1.5, float("nan")]}))
+    code, out, err = run_cli(["audit", bad, "--json"], capsys)
+    assert code == 0, err
+
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+    doc = json.loads(out, parse_constant=refuse)
+    first = doc["variants"][0]
+    assert first["speedup"] is None and first["evidence"]["confirmed"]["speedup_ci"] == [1.5, None]
+    code, out, err = run_cli(["audit", bad], capsys)
+    assert code == 0 and "inf×" in out
+
+
 def _fields(x, at=()):
     """Every place in a manifest: the keys and list indexes that lead to it. Not inside a variant's signature,
     outputs or provenance: their entries are read only on a GPU, where a variant that fails to prepare stays

@@ -3,6 +3,8 @@ variants are still right and fast on this GPU."""
 
 from __future__ import annotations
 
+import json
+import math
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,21 @@ def audit(path: str | Path, *, verify: bool = False, timing: dict[str, Any] | No
     return doc
 
 
+def audit_json(doc: dict[str, Any]) -> str:
+    """`audit --json`: the document as strict JSON, one line. A non-finite number (a manifest may hold one: a
+    measurement gone wrong, or a hand-edited file) is written as null, where Python would write `Infinity`,
+    which jq and other strict parsers refuse."""
+    def finite(x: Any) -> Any:
+        if isinstance(x, float):
+            return x if math.isfinite(x) else None
+        if isinstance(x, dict):
+            return {str(k): finite(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [finite(v) for v in x]
+        return x
+    return json.dumps(finite(doc), separators=(",", ":"), default=str, allow_nan=False)
+
+
 def verify_here(path: str | Path, timing: dict[str, Any]) -> dict[str, Any]:
     """Re-check numerics and speed of every variant on this GPU (inputs synthesised from signatures)."""
     import torch
@@ -41,4 +58,4 @@ def verify_here(path: str | Path, timing: dict[str, Any]) -> dict[str, Any]:
         return run_confirm(Path(path), {}, timing, Path(tmp))
 
 
-__all__ = ["CastError", "audit", "verify_here"]
+__all__ = ["CastError", "audit", "audit_json", "verify_here"]
