@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from textual.app import App, SystemCommand
+from textual.markup import escape
 from textual.screen import Screen
 
 from engine.errors import KforgeError
@@ -197,7 +198,8 @@ class KforgeApp(App):
             async def run(target=active.node, action=binding.action) -> None:
                 await target.run_action(action)
             title = binding.tooltip or binding.description
-            ours.append(SystemCommand(f"{title} [{self.get_key_display(binding)}]", title, run))
+            # the palette reads a title as markup: `Filter [/]` closed a tag never opened (MarkupError)
+            ours.append(SystemCommand(escape(f"{title} [{self.get_key_display(binding)}]"), title, run))
         for command in super().get_system_commands(screen):
             if self._SUPERSEDED.get(command.title) not in seen:
                 yield command

@@ -24,6 +24,13 @@ def same_content(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
+def literal(value: Any) -> Any:
+    """A cell or bar's text as it reads, never as markup: Textual parses a plain str as rich markup, so a user's
+    filter `[/`, an error text `at [/tmp/k.cu:12]` or a palette entry `Filter [/]` crashed the app (MarkupError),
+    and `out0[idx] = [nan]` lost its brackets. Styled text is a rich Text, made so on purpose."""
+    return Text(value) if isinstance(value, str) else value
+
+
 class KforgeScreen(Screen):
     """A screen whose footer (and help panel) lists help, theme and quit first, so a narrow terminal,
     which cuts the footer on the right, always shows them; binding ids in `FOOTER_LAST` come after the
@@ -45,6 +52,7 @@ class LiveBar(Static):
     _last: Any = None
 
     def show(self, content: Any) -> None:
+        content = literal(content)
         if self._last is not None and same_content(self._last, content):
             return
         self._last = content
@@ -61,6 +69,12 @@ class LiveTable(DataTable):
     stock (slower, always correct) path if Textual's internals are not what this was written against.
     Rows are one line high.
     """
+
+    def add_row(self, *cells: Any, **kwargs: Any) -> RowKey:
+        return super().add_row(*map(literal, cells), **kwargs)
+
+    def update_cell(self, row_key: Any, column_key: Any, value: Any, **kwargs: Any) -> None:
+        super().update_cell(row_key, column_key, literal(value), **kwargs)
 
     def set_row(self, key: str, cells: Sequence[Any]) -> bool:
         """Put `cells` in the row with `key` (added at the end if new); True when anything changed."""
@@ -79,7 +93,7 @@ class LiveTable(DataTable):
                 changed.add(key)
                 continue
             dirty = False
-            for col, value in zip(columns, cells):
+            for col, value in zip(columns, map(literal, cells)):
                 if not same_content(data.get(col), value):
                     data[col] = value
                     dirty = True

@@ -9,7 +9,7 @@ from textual.widgets import DataTable, Footer, Header, Static
 
 from kforge_tui import format as fmt
 from kforge_tui import keymap as keys
-from kforge_tui.widgets import KforgeScreen
+from kforge_tui.widgets import KforgeScreen, LiveTable
 
 DEFAULT_RUNS = 3
 
@@ -20,7 +20,7 @@ class CompareScreen(KforgeScreen):
     def compose(self) -> ComposeResult:
         yield Header()
         yield Static(id="compare-bar", classes="bar")
-        yield DataTable(id="compare", cursor_type="row", zebra_stripes=True)
+        yield LiveTable(id="compare", cursor_type="row", zebra_stripes=True)
         yield Footer()
 
     def on_mount(self) -> None:

@@ -18,7 +18,7 @@ from engine.outcomes import faster_with_confidence
 from kforge_tui import format as fmt
 from kforge_tui import keymap as keys
 from kforge_tui.readmodel import Snapshot
-from kforge_tui.widgets import KforgeScreen, LiveBar, LiveTable
+from kforge_tui.widgets import KforgeScreen, LiveBar, LiveTable, literal
 
 SUMMARY_CHARS = 50  # the list's last column at 80 columns (the details below say it all)
 STATUS_STYLE = {"written": "green", "failed": "red", "interrupted": "yellow"}
@@ -163,7 +163,7 @@ def detail(row: dict[str, Any]) -> Group:
     grid.add_column(no_wrap=True, style="bold")
     grid.add_column(ratio=1)
     for c in _checks(row):
-        grid.add_row(c.get("target", "?"), check_text(c))
+        grid.add_row(literal(c.get("target", "?")), literal(check_text(c)))
         kept, dropped = c.get("kept") or [], c.get("dropped") or []
         if kept or (status == "written" and not c.get("refused")):
             grid.add_row("", Text(f"kept {len(kept)}: {', '.join(kept) or fmt.DASH}", style="dim"))
@@ -185,7 +185,7 @@ def detail(row: dict[str, Any]) -> Group:
         for v in variants:
             serves = ", ".join(v["targets"]) if v.get("targets") is not None else \
                 "every target (none recorded: not checked on the whole model)"
-            vt.add_row(str(v.get("id")), fmt.speedup(v.get("speedup")), serves)
+            vt.add_row(literal(str(v.get("id"))), fmt.speedup(v.get("speedup")), literal(serves))
         parts.append(vt)
     excluded = row.get("excluded") or []
     if excluded:

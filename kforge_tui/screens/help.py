@@ -12,6 +12,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Static
 
 from kforge_tui.keymap import ESSENTIAL
+from kforge_tui.widgets import literal
 
 # Textual's own keys (bindings without an id: the focused list's cursor, focus, copy) are shown one row per
 # kind, their keys in one cell: twenty cursor and page keys one a row pushed the screen's own keys out of
@@ -101,7 +102,7 @@ def _column(items: list[tuple[str, str] | str]) -> Group:
             table.add_column(no_wrap=True, style="bold")
             table.add_column()
             parts.append(table)
-        table.add_row(*item)
+        table.add_row(*map(literal, item))
     return Group(*parts)
 
 
