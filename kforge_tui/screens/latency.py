@@ -13,7 +13,7 @@ from kforge_tui import format as fmt
 from kforge_tui import keymap as keys
 from kforge_tui.charts import Chart, card_series, draw_card_speedup, draw_card_us
 from kforge_tui.readmodel import CardRow, Snapshot
-from kforge_tui.widgets import KforgeScreen
+from kforge_tui.widgets import KforgeScreen, literal
 
 US_TITLE = "best µs so far (lower is faster)"
 SPEEDUP_TITLE = "best speedup over eager"
@@ -46,7 +46,7 @@ class LatencyScreen(KforgeScreen):
         card = self.app.model.cards.get(self.card_id)
         s = card_series(self.app.model.nodes_of(self.card_id))
         title = (card.label if card.chain is not None else f"{card.op} {card.signature[:50]}") if card else self.card_id
-        self.query_one("#lat-title", Static).update(f"latency · {title}")
+        self.query_one("#lat-title", Static).update(literal(f"latency · {title}"))
         eager = card.eager_us if card else None
         compiled = card.compile_us if card else None
         self.query_one("#chart-us", Chart).set_draw(draw_card_us(s, eager, compiled))

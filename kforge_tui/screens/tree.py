@@ -17,7 +17,7 @@ from kforge_tui import format as fmt
 from kforge_tui import keymap as keys
 from kforge_tui.charts import Chart, card_series, draw_card_us
 from kforge_tui.readmodel import Snapshot
-from kforge_tui.widgets import KforgeScreen
+from kforge_tui.widgets import KforgeScreen, literal
 
 ROOT = "__root__"
 # v counts what the search's backup counts: finished candidates in the node's subtree (its visits).
@@ -185,7 +185,7 @@ class TreeScreen(KforgeScreen):
         failed = sum(1 for r in self.rows.values() if r.status == "rejected")
         best = self._best()
         best_txt = f"best {best.id} {fmt.us(best.best_us)} µs {fmt.speedup(best.speedup)}" if best else "no verified node yet"
-        self.query_one("#tree-bar", Static).update(f"{self.card_id} · {n} nodes, {failed} failed · {best_txt}")
+        self.query_one("#tree-bar", Static).update(literal(f"{self.card_id} · {n} nodes, {failed} failed · {best_txt}"))
         card = self.app.model.cards.get(self.card_id)
         self.query_one("#tree-chart", Chart).set_draw(
             draw_card_us(card_series(self.rows.values()), card.eager_us if card else None,
