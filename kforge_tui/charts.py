@@ -170,11 +170,11 @@ def draw_card_speedup(series: CardSeries, compile_speedup: float | None = None) 
     return draw
 
 
-def draw_progress(series: RunSeries) -> Draw:
+def draw_progress(series: RunSeries, ok_label: str = "verified") -> Draw:
     def draw(plt, w: int, h: int) -> str | None:
         if not series.minutes:
             return "no finished candidate yet"
-        plt.plot(series.minutes, series.verified, label="verified", color="green", marker="braille")
+        plt.plot(series.minutes, series.verified, label=ok_label, color="green", marker="braille")
         plt.plot(series.minutes, series.failed, label="failed", color="red", marker="braille")
         plt.xlabel("minutes")
         plt.ylabel("candidates")
@@ -183,8 +183,10 @@ def draw_progress(series: RunSeries) -> Draw:
     return draw
 
 
-def draw_gain(series: RunSeries) -> Draw:
+def draw_gain(series: RunSeries, dry_run: bool = False) -> Draw:
     def draw(plt, w: int, h: int) -> str | None:
+        if dry_run:
+            return "a dry run compiles and stops: nothing was timed"
         if not series.minutes:
             return "no finished candidate yet"
         plt.plot(series.minutes, series.model_speedup, label="est. model speedup", marker="braille")

@@ -62,6 +62,7 @@ async def test_the_cards_table_names_chain_cards_by_their_ops_and_dispatch(store
         assert "module card: LlamaRMSNorm at model.layers.0.inp" in module_row
         assert "chain: add → _to_copy → pow → mean → add → …" in pattern_row
         assert "pattern card: under torch.compile (cast.compile" in pattern_row
+        assert "a chain card's share is also in its ops' cards" in text   # why the shares sum past 100 %
         await settle(pilot, "slash", *"torch.compile", "enter")  # the filter finds a card by its dispatch
         assert [line for line in screen_text(app).splitlines() if "chain:" in line] == [pattern_row]
 
@@ -78,3 +79,27 @@ async def test_a_chain_cards_own_view_shows_all_its_ops_and_which_dispatch_serve
         await settle(pilot, "escape", "down", "enter")
         text = screen_text(app)
         assert f"chain: add → {LABEL.removeprefix('chain: ')}" in text and PATTERN in text
+
+
+async def test_a_chain_card_is_named_by_its_ops_on_the_overview_the_failures_and_compare(store):
+    # Outside the cards table and the card's view a chain card read `kforge::chain`: the overview's best so far,
+    # the failures list and compare (found driving the TUI over an unseen model's workspace).
+    db, ids = store
+    run = ids["runs"][-1]
+    with sqlite3.connect(db) as conn:
+        for n, (status, category, speedup) in enumerate([("verified", None, 99.0), ("rejected", "mismatch", None)]):
+            conn.execute("INSERT INTO candidates (id, run_id, card_id, source, source_hash, proposer, status, category,"
+                         " error, best_us, speedup, eager_us, created_at, updated_at) VALUES (?, ?, 'chain-module0',"
+                         " 'src', ?, 'builtin', ?, ?, ?, ?, ?, 9.0, ?, ?)",
+                         (f"cand-chain-{n}", run, f"h{n}", status, category,
+                          "mismatch: 12 of 4096 elements differ" if category else None,
+                          4.5 if speedup else None, speedup, T0 - 10 + n, T0 - 10 + n))
+    app = KforgeApp(db, run, refresh_s=0, clock=lambda: T0)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await settle(pilot)
+        for keys in ((), ("f",), ("m",)):
+            await settle(pilot, *keys)
+            text = screen_text(app)
+            assert "kforge::chain" not in text, (keys, text)
+            assert "chain: _to_copy → pow" in text, (keys, text)
+            await settle(pilot, "escape")

@@ -151,3 +151,22 @@ async def test_charts_of_the_demo():
         text = screen_text(app)
         assert "evaluation" in text and "eager" in text
         assert "torch.compile" in text  # three of the demo's four cards carry their H200 torch.compile references
+
+
+async def test_a_dry_runs_charts_say_compiled_and_estimate_nothing(tmp_path):
+    # A dry run's charts read "87 verified · est. whole-model speedup 1.00×" while compare said "verified 0":
+    # its candidates compile and stop, nothing is timed.
+    import sqlite3
+
+    db = tmp_path / "ws" / "kforge.db"
+    ids = build_store(db)
+    run = ids["runs"][-1]
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE runs SET config = json_set(config, '$.dry_run', json('true')) WHERE id = ?", (run,))
+    app = make_app(db, run)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot, "g")
+        text = screen_text(app)
+        assert "dry run: " in text and " compiled · " in text and "nothing timed" in text
+        assert "verified" not in text and "est. whole-model speedup" not in text
+        assert "a dry run compiles and stops: nothing was timed" in text

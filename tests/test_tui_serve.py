@@ -107,7 +107,7 @@ async def _through_a_tunnel(port: int, timeout_s: float) -> tuple[str, list[int]
                 await ws.send_json(["resize", {"width": 120, "height": 40}])
                 await ws.send_json(["ping", "1"])
                 deadline = time.monotonic() + timeout_s
-                while b"aten::" not in ANSI.sub(b"", screen) and time.monotonic() < deadline:
+                while b"native_layer_norm" not in ANSI.sub(b"", screen) and time.monotonic() < deadline:
                     try:
                         msg = await ws.receive(timeout=max(0.1, deadline - time.monotonic()))
                     except asyncio.TimeoutError:
@@ -129,7 +129,7 @@ def test_the_served_app_shows_the_demo_cards_through_a_tunnel_on_another_port(se
     assert "127.0.0.1" not in page and "localhost" not in page and f":{port}" not in page, page
     assert statuses and all(s == 200 for s in statuses), statuses
     # The app started (no 'needs a terminal') and drew the demo run's operator cards.
-    assert "aten::" in screen, (screen[-2000:], proc.poll())
+    assert "native_layer_norm" in screen, (screen[-2000:], proc.poll())
     assert "Overview" in screen
 
 
@@ -162,13 +162,13 @@ async def _open_tab(port: int):
     ws = await session.ws_connect(f"ws://127.0.0.1:{port}/ws?width=120&height=40")
     await ws.send_json(["resize", {"width": 120, "height": 40}])
     screen, deadline = b"", time.monotonic() + 60
-    while b"aten::" not in ANSI.sub(b"", screen) and time.monotonic() < deadline:
+    while b"native_layer_norm" not in ANSI.sub(b"", screen) and time.monotonic() < deadline:
         msg = await ws.receive(timeout=max(0.1, deadline - time.monotonic()))
         if msg.type == aiohttp.WSMsgType.BINARY:
             screen += msg.data
         elif msg.type != aiohttp.WSMsgType.TEXT:
             break
-    assert b"aten::" in ANSI.sub(b"", screen), "the served app never drew the demo's cards"
+    assert b"native_layer_norm" in ANSI.sub(b"", screen), "the served app never drew the demo's cards"
     return session, ws
 
 

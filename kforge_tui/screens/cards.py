@@ -107,7 +107,12 @@ class CardsScreen(KforgeScreen):
         total = len(self.app.model.cards)
         shown = f"{len(self._shown)} of {total} cards" if self.filter_text else f"{total} cards"
         filt = f" · filter '{self.filter_text}'" if self.filter_text else ""
-        self.query_one("#cards-bar", LiveBar).show(f"{shown} · sorted by {name} {'↓' if self.reverse else '↑'}{filt}")
+        # shares summed to 120 % on an unseen model's cards with nothing said: a chain card's calls are also its
+        # ops' own cards' calls
+        overlap = " · a chain card's share is also in its ops' cards" \
+            if any(c.chain is not None for c in self.app.model.cards.values()) else ""
+        self.query_one("#cards-bar", LiveBar).show(
+            f"{shown} · sorted by {name} {'↓' if self.reverse else '↑'}{filt}{overlap}")
 
     def apply_snapshot(self, snap: Snapshot) -> None:
         """Only changed cells are redrawn; rows move only when their sort key changed."""

@@ -69,16 +69,17 @@ class CompareScreen(KforgeScreen):
         for c in cats:
             row(f"  failed: {c}", [_rate(d["categories"].get(c, 0), t) for d, t in zip(data, totals)], "red")
         cards: dict[str, str] = {}
+        known = self.app.model.cards  # this run's capture: a chain card by its ops, not `kforge::chain`
         for d in data:
             for cid, (_, op) in d["best"].items():
-                cards.setdefault(cid, op or cid)
+                cards.setdefault(cid, known[cid].label if cid in known else (op or cid).removeprefix("aten::"))
         for cid, op in sorted(cards.items(), key=lambda kv: kv[1]):
             cells = []
             best = max((d["best"].get(cid, (None,))[0] or 0 for d in data), default=0)
             for d in data:
                 s = d["best"].get(cid, (None,))[0]
                 cells.append(Text(fmt.speedup(s), style="bold green" if s and s == best else ""))
-            row(f"best {op.removeprefix('aten::')} ·{cid[-4:]}", cells, "")
+            row(f"best {op} ·{cid[-4:]}", cells, "")
         # Each run's column as wide as its widest cell: left to auto width after clear(columns=True), a column
         # kept its run id's width until the terminal was resized ("207.1k in /" for "207.1k in / 53.1k out").
         for i, d in enumerate(data):

@@ -92,7 +92,7 @@ class FailuresScreen(KforgeScreen):
 
     def _cells(self, r: CandidateHead) -> list:
         card = self.app.model.cards.get(r.card_id)
-        return [r.id, card.op.removeprefix("aten::") if card else r.card_id,
+        return [r.id, card.label if card else r.card_id,
                 Text(r.category or "unknown", style="red"), r.error_head[:90]]
 
     def _bar(self) -> None:

@@ -70,7 +70,8 @@ class OverviewScreen(KforgeScreen):
             f"{fmt.tokens(run.tokens_in)}+{fmt.tokens(run.tokens_out)} tokens · ${run.cost_usd:.2f}")
         table = self.query_one("#best", LiveTable)
         best = self.app.model.best_cards(5)
-        rows = [(c.op, c.signature[:30], fmt.us(c.best_us), fmt.speedup(c.speedup)) for c in best]
+        # a chain card by its ops (`chain: pow → mean → …`), not `kforge::chain`
+        rows = [(c.label, c.signature[:30], fmt.us(c.best_us), fmt.speedup(c.speedup)) for c in best]
         if len(rows) < table.row_count:  # (only when runs are switched) fewer rows than shown
             table.clear()
         table.set_rows({f"rank{i}": r for i, r in enumerate(rows)})  # rows keyed by rank: cells update in place
