@@ -6,6 +6,9 @@
 #              issue 20's >= 2.2x on the card it names (2.595x on the H100)
 #   h200-vae   (H200 only) the VAE under torch.compile with ../vae-compose-2026-12-06b/sd35_vae.cast against
 #              torch.compile alone, two processes: issue 19's >= 1.3x on the H200 (1.309x on the H100)
+#   tests      (added in the fifty-first session, never run on a GPU) the unseen-family captures on CUDA (nms-like
+#              ops, FFT, a view shared by two computations, calls that write nothing) and casts edited into
+#              nonsense for one variant (both routers): tests/test_capture_unseen_families.py, test_cast_tamper_gpu.py
 #   compose    sd35_medium: eager, eager + the cast, torch.compile alone, in one process on one card (bench_compose):
 #              the README compares the cast's 2.595x (H100) with torch.compile's 2.37x (H200)
 #   where      the kernels of sd35's forward, eager and with the cast's op and layout routes (where the 39 ms go)
@@ -33,12 +36,14 @@ step() {
 step h200-e2e 150 1 python3 scripts/bench_e2e.py --out $S/h200-e2e --casts $SD --models sd35_medium
 step h200-vae 300 1 python3 scripts/bench_compose.py --out $S/h200-vae --model configs/examples/sd35_vae.toml \
   --cast $VAE --modes default --max-s 20 --processes 2
+step tests 180 0 python3 scripts/gpu_tests.py --out $S/tests --timeout 120 tests/test_capture_unseen_families.py \
+  tests/test_cast_tamper_gpu.py
 step compose 300 0 python3 scripts/bench_compose.py --out $S/compose --model configs/models/sd35_medium.toml --cast $SD/sd35_medium.cast \
   --modes default --max-s 20
 step where 150 0 python3 $SD/where.py $SD/sd35_medium.cast $S/where
 step wc 240 0 python3 docs/results/vae-compose-h200-2026-12-06e/where_compiled.py $VAE $S/wc
 step sweep 150 0 python3 scripts/probe_template_params.py --out $S/sweep --case "VAE, largest" --twin \
   --sweep order=chunks,sweep apply=tile,flat --timing-s 2
-left=0; for n in h200-e2e h200-vae compose where wc sweep; do
+left=0; for n in h200-e2e h200-vae tests compose where wc sweep; do
   [ -e $S/$n.done ] || { [ $H200 = 0 ] && [ "${n#h200}" != "$n" ]; } || left=1; done
 [ $left = 0 ] && stamp "all done"
