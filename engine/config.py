@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from engine.errors import UsageError
-from engine.models.target import CaptureTarget, target_from_inputs
+from engine.models.target import CaptureTarget, exit_guarded, target_from_inputs
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -453,6 +453,8 @@ def build_target(config: ModelConfig, device: torch.device) -> CaptureTarget:
     # A config's [multiplicity] describes its shrunk build; a builder asked for the real depth built every layer.
     if config.multiplicity and not target.full_depth:
         target = replace(target, multiplicity={**target.multiplicity, **config.multiplicity})
+    # Every forward of the model, by capture or export, reports a sys.exit in it as an error (ModelExited).
+    target = replace(target, forward=exit_guarded(target.forward))
     known = {name for name, _ in target.module.named_modules()}
     for prefix in target.multiplicity:
         if prefix not in known:

@@ -379,6 +379,39 @@ def test_a_builder_that_calls_sys_exit_is_bad_input(cli, tmp_path):
     assert_one_line_error(code, out, err, "net.toml", "called sys.exit(3)")
 
 
+EXITING_MODEL = '''
+import sys
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, exit_on):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.exit_on, self.calls = exit_on, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == self.exit_on:
+            sys.exit(5)
+        return torch.relu(self.lin(x))
+
+
+def build(exit_on=1):
+    return Net(exit_on), (torch.randn(2, 8),)
+'''
+
+
+@pytest.mark.parametrize("exit_on, forward", [(1, "warm-up"), (2, "captured")])
+def test_a_forward_that_calls_sys_exit_is_bad_input(cli, tmp_path, exit_on, forward):
+    # It ended kforge silently with the model's code (5), as the builder's sys.exit once did.
+    cfg = write(tmp_path, f'name = "x"\nbuilder = "net.py:build"\n[params]\nexit_on = {exit_on}\n', EXITING_MODEL)
+    code, out, err = capture(cli, cfg, tmp_path / "ws")
+    assert_one_line_error(code, out, err, "net.toml", f"the model called sys.exit(5) during its {forward} forward")
+    assert_nothing_written(tmp_path / "ws")
+
+
 STATEFUL = '''
 import torch
 from torch import nn

@@ -35,6 +35,7 @@ from engine.config import ModelConfig, build_target
 from engine.errors import UsageError
 from engine.models.forwards import output_tensor
 from engine.models.random_init import fill_period
+from engine.models.target import ModelExited
 from engine.store.sample_folders import PARTIAL_PREFIX, SampleFolderLock, capture_writing
 from engine.store.workspace import samples_dir
 
@@ -117,6 +118,8 @@ def _run_forward(config: ModelConfig, forward: Callable[[], Any], what: str,
     try:
         with torch.no_grad():
             out = forward()
+    except ModelExited as e:
+        raise _model_exited(config, what, e) from e
     except Exception as e:
         text = str(e)
         if device is not None and device.type != "cuda" and (
@@ -307,7 +310,9 @@ def _tensors_in(v: Any, depth: int) -> list[torch.Tensor]:
 def _captured_forward_failed(config: ModelConfig, target: Any, what: str, e: BaseException) -> UsageError:
     """The error for a forward that raised under capture after the model's own forward ran: a Kernel Forge bug,
     unless the model raises again without capture (it changes its state between forwards: a cache that fills
-    up, a counter with a limit), which is the model's doing."""
+    up, a counter with a limit), which is the model's doing. A sys.exit in the forward is the model's doing."""
+    if isinstance(e, ModelExited):
+        return _model_exited(config, what, e)
     try:
         with torch.no_grad():
             target.forward()
@@ -317,6 +322,11 @@ def _captured_forward_failed(config: ModelConfig, target: Any, what: str, e: Bas
                           "forward several times on the same inputs: make the builder's forward repeatable")
     return UsageError(f"{config.path}: the model raised during the {what} forward: {_one_line(e)}; it runs "
                       "without capture, so this is likely a Kernel Forge bug: please report it with --debug output")
+
+
+def _model_exited(config: ModelConfig, what: str, e: ModelExited) -> UsageError:
+    return UsageError(f"{config.path}: {e} during its {what} forward; a forward returns the model's output: take "
+                      "the sys.exit out of the forward and the code it calls")
 
 
 def _one_line(e: BaseException) -> str:

@@ -9,6 +9,28 @@ from typing import Any
 import torch
 
 
+class ModelExited(Exception):
+    """The model's forward called sys.exit: raised in place of the SystemExit, which ended kforge silently with the
+    model's exit code (red team F7: `capture` exited 5 with no output). As an Exception, every caller that reports a
+    forward that raised reports this one too; `code` is what the model passed to sys.exit."""
+
+    def __init__(self, code: Any) -> None:
+        super().__init__(f"the model called sys.exit({code!r})")
+        self.code = code
+
+
+def exit_guarded(forward: Callable[[], Any]) -> Callable[[], Any]:
+    """`forward` with a SystemExit it raises turned into ModelExited. (os._exit ends the process where it is
+    called: nothing in the process can catch it.)"""
+    def call() -> Any:
+        try:
+            return forward()
+        except SystemExit as e:
+            raise ModelExited(e.code) from e
+
+    return call
+
+
 @dataclass(frozen=True)
 class CaptureTarget:
     """One model ready to be captured.
