@@ -605,8 +605,23 @@ def main(argv: Sequence[str] | None = None, *, open_tui: TuiLauncher | None = No
         return _quiet_broken_stdout()
 
 
+def _damaged_database(args: argparse.Namespace | None, e: BaseException) -> KforgeError | None:
+    """The one-line error (engine.store.unusable_database) for SQLite's word that the workspace database is damaged,
+    whichever command's statement met it: the header can be intact and a later page scrambled (a torn write), which
+    only a query reaching that page shows. None for anything else. Until 2026-12-07 only `runs` and `compare` said
+    it; prune, capture, run, run --resume and export said "internal error: DatabaseError: ... malformed", exit 1."""
+    import sqlite3
+
+    if args is None or not isinstance(e, sqlite3.DatabaseError):
+        return None
+    from engine.store import db_path, is_corruption, resolve_workspace, unusable_database
+
+    return unusable_database(db_path(resolve_workspace(args.workspace)), e) if is_corruption(e) else None
+
+
 def _dispatch(argv: list[str], open_tui: TuiLauncher | None) -> int:
     debug = "--debug" in argv or os.environ.get("KFORGE_DEBUG") == "1"
+    args = None
     try:
         args = build_parser().parse_args(argv)
         if args.version:
@@ -679,6 +694,10 @@ def _dispatch(argv: list[str], open_tui: TuiLauncher | None) -> int:
     except Exception as e:  # our own bug: still one line unless --debug
         if debug:
             traceback.print_exc()
+        damaged = _damaged_database(args, e)
+        if damaged is not None:
+            print(f"error: {damaged}", file=sys.stderr)
+            return damaged.exit_code
         print(f"error: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)",
               file=sys.stderr)
         return 1

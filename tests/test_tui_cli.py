@@ -272,6 +272,54 @@ def test_capture_and_run_on_a_damaged_database_name_the_file(cli, tmp_path, kind
                   "--no-tui", "--workspace", ws), str(db), "move it aside")
 
 
+def _scrambled(tmp_path) -> tuple[Path, Path, str]:
+    """A workspace whose database has an intact header, size and schema, and the root page of each table and index
+    zeroed (a torn write): it opens, and only a statement that reads a table sees the damage. (Zeroed, not scrambled:
+    SQLite names a zero page type at once, where random bytes may look like a page and send it astray.)"""
+    import sqlite3
+
+    ws = tmp_path / "ws"
+    ids = build_store(ws / "kforge.db")
+    db = ws / "kforge.db"
+    with sqlite3.connect(db) as conn:  # the WAL folded in: the file alone holds the database
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        size = conn.execute("PRAGMA page_size").fetchone()[0]
+        roots = [r for (r,) in conn.execute("SELECT rootpage FROM sqlite_master WHERE rootpage > 1")]
+    data = bytearray(db.read_bytes())
+    for page in roots:
+        data[(page - 1) * size:page * size] = bytes(size)
+    db.write_bytes(bytes(data))
+    for extra in ("kforge.db-wal", "kforge.db-shm"):
+        (ws / extra).unlink(missing_ok=True)
+    return ws, db, ids["runs"][-1]
+
+
+@pytest.mark.parametrize("command", [
+    ["runs"], ["prune"], ["compare", "run-fixture0", "--plain"], ["export", "RUN", "--out", "OUT"],
+    ["run", "--resume", "RUN", "--no-tui", "--dry-run"],
+    ["capture", CONFIGS / "examples" / "my_model.toml", "--small", "--device", "cpu"],
+    ["run", CONFIGS / "examples" / "my_model.toml", "--small", "--dry-run", "--iterations", "1", "--no-tui"],
+], ids=["runs", "prune", "compare", "export", "resume", "capture", "run"])
+def test_a_database_damaged_past_its_header_is_one_line_for_every_command(cli, tmp_path, command):
+    # Only runs and compare said so; prune, capture, run, run --resume and export said "internal error:
+    # DatabaseError: database disk image is malformed", exit 1.
+    ws, db, run_id = _scrambled(tmp_path)
+    argv = [{"RUN": run_id, "OUT": tmp_path / "x.cast"}.get(a, a) for a in command]
+    one_line(*cli(*argv, "--workspace", ws), str(db), "is not a valid SQLite database", "move it aside")
+    samples = ws / "samples"
+    assert not samples.is_dir() or not any(samples.iterdir()), "a capture that could not be stored keeps no samples"
+
+
+@pytest.mark.parametrize("command", [["runs"], ["prune"], ["compare", "run-a", "--plain"]])
+def test_an_empty_database_file_is_one_line_naming_it(cli, tmp_path, command):
+    # A 0-byte kforge.db (a crash or a full disk as it was made): `runs` said "internal error: OperationalError:
+    # no such table: runs".
+    (tmp_path / "ws").mkdir()
+    db = tmp_path / "ws" / "kforge.db"
+    db.write_bytes(b"")
+    one_line(*cli(*command, "--workspace", tmp_path / "ws"), str(db), "holds no tables", "move it aside")
+
+
 def test_a_table_damaged_after_the_header_closes_the_app_with_one_line(cli, tmp_path, monkeypatch):
     # The launcher's first reads succeed; the app's first poll meets the damage: it exits 2, no traceback.
     import sqlite3

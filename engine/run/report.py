@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from typing import Any
 
@@ -276,12 +275,6 @@ def run_summaries(db_path: Any, refs: list[str] | None = None) -> list[dict[str,
                 "samples_removed": samples_removed(captures[r["capture_id"]]),
             })
         return out
-    except sqlite3.DatabaseError as e:  # the header was readable, a table is not: the file is damaged
-        from engine.store.store import is_corruption, unusable_database
-
-        if is_corruption(e):
-            raise unusable_database(db_path, e) from None
-        raise
     finally:
         conn.close()
 

@@ -76,14 +76,17 @@ def samples_removed(capture: Mapping[str, Any] | None) -> str | None:
     return f"removed by 'kforge-tui prune' on {when}"
 
 
-def unusable_database(path: str | os.PathLike[str], exc: sqlite3.DatabaseError) -> StoreError:
-    """The one-line error for a file that is not a valid SQLite database (random bytes, a truncated copy)."""
+def unusable_database(path: str | os.PathLike[str], exc: sqlite3.DatabaseError | str) -> StoreError:
+    """The one-line error for a file that is not a valid SQLite database (random bytes, a truncated copy, pages
+    scrambled by a torn write) or holds no Kernel Forge tables (a 0-byte file); `exc` is SQLite's error or the
+    reason in words."""
     return StoreError(f"workspace database {Path(path).absolute()} is not a valid SQLite database ({exc}); "
                       "move it aside (a new run creates a fresh one) or use another --workspace")
 
 
 def is_corruption(exc: BaseException) -> bool:
-    """A damaged or foreign file, as opposed to a locked or read-only one (OperationalError)."""
+    """A damaged or foreign file ("file is not a database", "database disk image is malformed"), as opposed to a
+    locked or read-only one (OperationalError)."""
     return type(exc) is sqlite3.DatabaseError
 
 
@@ -189,7 +192,12 @@ def _open_readonly(path: Path, threads: bool, *, immutable: bool) -> sqlite3.Con
                            timeout=_BUSY_TIMEOUT_MS / 1000, check_same_thread=not threads)
     try:
         conn.row_factory = sqlite3.Row
-        _check_version(conn.execute("PRAGMA user_version").fetchone()[0], path)
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        _check_version(version, path)
+        if version == 0 and conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
+            # A 0-byte kforge.db (a crash or a full disk as it was created): `runs` said "internal error:
+            # OperationalError: no such table: runs". A writer (Store.open) makes its tables; a reader cannot.
+            raise unusable_database(path, "it holds no tables: an empty file")
     except sqlite3.DatabaseError as e:
         conn.close()
         if is_corruption(e):
