@@ -203,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the cluster for --ray, as ray.init takes it (default: a local instance)")
     p.add_argument("--small", action="store_true", help="capture with the config's [small] sizes")
     p.add_argument("--resume", metavar="RUN", help="continue a run (also after a crash)")
+    p.add_argument("--takeover", action="store_true",
+                   help="with --resume: continue the run although its row names a process on another host, which "
+                        "this one cannot check (that host rebooted, or the workspace was copied from it)")
     p.add_argument("--device", choices=("cpu", "cuda"),
                    help="where to capture the model (default: cuda if present)")
     _add_common(p)
@@ -467,6 +470,12 @@ def _resume_workspace(args: argparse.Namespace) -> None:
         return
     if run is not None:
         resumed_config(args, run)
+        # Said here too: the TUI attaches to the run at once, and would show the other process's search.
+        from engine.run.report import running_elsewhere
+
+        held = None if args.takeover else running_elsewhere(run, workspace)
+        if held is not None:
+            raise held
 
 
 def _export_workspace(args: argparse.Namespace) -> Path:

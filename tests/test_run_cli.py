@@ -428,3 +428,83 @@ def test_runs_says_when_a_running_runs_process_is_gone(cli, tmp_path):
     db.commit()
     code, out, _ = cli("runs", "--json", "--workspace", tmp_path)
     assert json.loads(out)["runs"][0]["process_gone"] is False
+
+
+@pytest.fixture
+def finished_dry_run(cli, tmp_path):
+    code, out, err = cli("run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--iterations", "1", "--json",
+                         "--workspace", tmp_path)
+    assert code == 0, err
+    return json.loads(out)["run"]
+
+
+def _set_run(ws, run_id, **columns):
+    db = sqlite3.connect(ws / "kforge.db")
+    for key, value in columns.items():
+        if key == "host":
+            db.execute("UPDATE runs SET config = json_set(config, '$.host', ?) WHERE id = ?", (value, run_id))
+        else:
+            db.execute(f"UPDATE runs SET {key} = ? WHERE id = ?", (value, run_id))
+    db.commit()
+    return db
+
+
+def test_resume_of_a_run_another_live_process_runs_is_refused(cli, tmp_path, finished_dry_run):
+    # Two processes searched one run: the second re-set its budgets, pid and host under the first (red team F4).
+    import socket
+    import subprocess
+    import sys
+
+    run_id = finished_dry_run
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for status in ("running", "paused", "created"):
+            db = _set_run(tmp_path, run_id, status=status, pid=other.pid, host=socket.gethostname())
+            code, out, err = cli("run", "--resume", run_id, "--dry-run", "--no-tui", "--iterations", "3",
+                                 "--workspace", tmp_path)
+            assert_one_line_error(code, out, err, f"--resume {run_id}", f"is {status} in process {other.pid}",
+                                  socket.gethostname(), f"kill {other.pid}")
+            assert db.execute("SELECT pid, status, json_extract(config, '$.iterations') FROM runs").fetchone() == \
+                (other.pid, status, 1), "the refused resume changed the run's row"
+    finally:
+        other.kill()
+        other.wait()
+    # Its process gone (kill -9, a reboot): the stale row is resumed, as after a crash.
+    code, out, err = cli("run", "--resume", run_id, "--dry-run", "--no-tui", "--json", "--workspace", tmp_path)
+    assert code == 0, err
+    assert json.loads(out)["run"] == run_id
+
+
+def test_resume_of_a_run_whose_process_is_on_another_host_needs_takeover(cli, tmp_path, finished_dry_run):
+    run_id = finished_dry_run
+    _set_run(tmp_path, run_id, status="running", pid=4242, host="gpu-box-7")
+    code, out, err = cli("run", "--resume", run_id, "--dry-run", "--no-tui", "--workspace", tmp_path)
+    assert_one_line_error(code, out, err, f"--resume {run_id}", "process 4242 on host gpu-box-7", "cannot check",
+                          "--takeover")
+    code, out, err = cli("run", "--resume", run_id, "--dry-run", "--no-tui", "--json", "--takeover",
+                         "--workspace", tmp_path)
+    assert code == 0, err
+    code, out, err = cli("run", MY_MODEL, "--small", "--dry-run", "--no-tui", "--takeover", "--workspace", tmp_path)
+    assert_one_line_error(code, out, err, "--takeover", "--resume")
+
+
+async def test_of_two_resumes_at_once_one_claims_the_run(tmp_path):
+    # Both read the row free before either wrote it: the claim is one conditional UPDATE, so the second finds the
+    # row changed and is refused, where check-then-write let both run.
+    from engine.store import Store
+
+    path = tmp_path / "kforge.db"
+    first, second = await Store.open(path), await Store.open(path)
+    try:
+        await first.save_capture({"id": "cap-1", "model": "m", "config_path": "m.toml", "config_sha256": "ab" * 32,
+                                  "device": "cpu", "dtype": "float32", "small": True, "torch_version": "2",
+                                  "created_at": 1.0, "wall_s": 1.0, "total_calls": 1.0, "notes": {}}, [], [])
+        run = await first.create_run("cap-1", "m", "builtin", status="stopped", pid=11)
+        seen_a, seen_b = await first.get_run(run["id"]), await second.get_run(run["id"])
+        assert await first.claim_run(run["id"], seen_a, status="running", pid=100)
+        assert not await second.claim_run(run["id"], seen_b, status="running", pid=200)
+        now = await second.get_run(run["id"])
+        assert (now["status"], now["pid"]) == ("running", 100)
+    finally:
+        await first.close()
+        await second.close()

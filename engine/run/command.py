@@ -28,7 +28,7 @@ from engine.run.as_gpu import CPU_ONLY, gpu_row, gpu_shares
 from engine.run.interrupt import Interrupted, StopFlag, TerminatedStop, on_exit_now, run_interruptible
 from engine.run.orchestrator import Budgets, Orchestrator, RunTotals
 from engine.run.plan import CardState, SchedulePolicy
-from engine.run.report import Progress, print_final_table, run_document
+from engine.run.report import Progress, print_final_table, run_document, running_elsewhere
 from engine.run.store_recorder import StoreRecorder, load_records
 from engine.search.tree import STRATEGIES, SearchParams
 from engine.store import Store, db_path, new_id, samples_removed
@@ -464,13 +464,21 @@ async def _run_in(store: Store, args: argparse.Namespace, workspace: Path, stop:
                                + (["--small"] if capture and capture["small"] else []))
             raise UsageError(f"--resume {run['id']}: the samples of its capture {capture_id} were {gone}, and a run "
                              f"verifies every kernel on them; start a new run with '{again}' (it captures again)")
-        run_id = ids["run"] = run["id"]
+        held = None if getattr(args, "takeover", False) else running_elsewhere(run, workspace)
+        if held is not None:
+            raise held
+        run_id = run["id"]
         started_cfg = cfg
         cfg, changes = resumed_config(args, run)
         proposer = await _proposer(provider, cfg.get("model"), cfg.get("base_url"), store=store,
                                    replay_run=cfg.get("replay_run"), resumed_run=run_id)
         cfg = {**cfg, "host": socket.gethostname()}   # the process running it now (`runs` checks it is alive)
-        await store.update_run(run_id, pid=os.getpid(), config=cfg)
+        # Claimed only from the row judged free: of two resumes at once, one gets it and the other is refused.
+        if not await store.claim_run(run_id, run, status="running", pid=os.getpid(), config=cfg):
+            now = await store.get_run(run_id)
+            raise running_elsewhere(now, workspace) or UsageError(
+                f"--resume {run_id}: another process resumed the run as this one began; `kforge-tui runs` shows it")
+        ids["run"] = run_id   # from here a stop marks the run stopped (not before: it may be another process's)
         for line in changes:
             print(f"kforge: {line}", file=sys.stderr)
             await store.add_event(run_id, "run_note", {"message": line})
@@ -725,6 +733,8 @@ def check_run_args(args: argparse.Namespace) -> None:
     if args.config is not None and args.resume:
         raise UsageError(f"run: give a CONFIG or --resume {args.resume}, not both "
                          f"(a resumed run keeps the config it started with)")
+    if getattr(args, "takeover", False) and not args.resume:
+        raise UsageError("--takeover: goes with --resume RUN (a new run belongs to no other process)")
     if getattr(args, "ray", False):
         import importlib.util
 

@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from engine.errors import UsageError
 from engine.outcomes import CARD_DONE_REASONS, CARD_SKIP_REASONS, PROPOSAL_FAILURES
 from engine.progress import StageProgress, search_bar, stdout_console
 from engine.run.orchestrator import CandidateRecord, Orchestrator
@@ -232,7 +233,6 @@ def _us(v: float | None) -> str:
 def run_summaries(db_path: Any, refs: list[str] | None = None) -> list[dict[str, Any]]:
     """One entry per run (newest first; or the runs `refs` name, ids or unique prefixes, in that order):
     id, model, provider, LLM model, status, started, candidates per status, best speedup, tokens, cost."""
-    from engine.errors import UsageError
     from engine.store import open_readonly, samples_removed
     from engine.store import read as store_read
 
@@ -280,13 +280,16 @@ def run_summaries(db_path: Any, refs: list[str] | None = None) -> list[dict[str,
 
 
 def process_gone(run: dict[str, Any]) -> bool:
-    """A run marked running whose process, on this host, no longer exists (killed with SIGKILL, the machine
-    rebooted): it is not running, and `run --resume` continues it. Unknown (another host, no pid) is False."""
+    """A run marked going (created, running or paused) whose process, on this host, no longer exists (killed with
+    SIGKILL, the machine rebooted): it is not going, and `run --resume` continues it. Unknown (another host, no pid)
+    is False."""
     import os
     import socket
 
+    from engine.outcomes import LIVE_RUN_STATUSES
+
     pid, cfg = run.get("pid"), run.get("config") or {}
-    if run.get("status") != "running" or not pid or cfg.get("host") != socket.gethostname():
+    if run.get("status") not in LIVE_RUN_STATUSES or not pid or cfg.get("host") != socket.gethostname():
         return False
     try:
         os.kill(int(pid), 0)
@@ -295,6 +298,37 @@ def process_gone(run: dict[str, Any]) -> bool:
     except (PermissionError, OSError, ValueError):   # alive under another user, or not ours to ask
         return False
     return False
+
+
+def held_by(run: dict[str, Any]) -> tuple[int, str] | None:
+    """(pid, host) of the process that has the run going, where one may: a run marked created, running or paused,
+    with a pid, whose process is not known to be gone (process_gone). On another host that cannot be known, and it
+    counts as going (as `prune` counts it). None where no process has it."""
+    from engine.outcomes import LIVE_RUN_STATUSES
+
+    pid = run.get("pid")
+    if run.get("status") not in LIVE_RUN_STATUSES or not pid or process_gone(run):
+        return None
+    return int(pid), str((run.get("config") or {}).get("host") or "an unknown host")
+
+
+def running_elsewhere(run: dict[str, Any], workspace: Any) -> UsageError | None:
+    """The refusal of `run --resume RUN` while another live process has RUN going (held_by): two processes searched
+    one run, the second re-setting its budgets, pid and host under the first (red team F4). None where none has it."""
+    import os
+    import socket
+
+    holder = held_by(run)
+    if holder is None or holder[0] == os.getpid() and holder[1] == socket.gethostname():
+        return None
+    pid, host = holder
+    if host == socket.gethostname():
+        return UsageError(f"--resume {run['id']}: the run is {run['status']} in process {pid} on this host ({host}); "
+                          f"stop that process first (Ctrl-C where it runs, or kill {pid}) or wait for it to end; to "
+                          f"watch it: kforge-tui --run {run['id']} --workspace {workspace}")
+    return UsageError(f"--resume {run['id']}: the run is {run['status']} in process {pid} on host {host}, which this "
+                      f"host ({socket.gethostname()}) cannot check; stop it there first, or, if it is gone there (the "
+                      f"host rebooted, or the workspace was copied from it), add --takeover")
 
 
 def export_summary(row: dict[str, Any] | None) -> dict[str, Any] | None:

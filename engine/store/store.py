@@ -547,6 +547,23 @@ class Store:
             _check_choice("status", fields["status"], RUN_STATUSES)
         await self._update_row("runs", "run", RUN_UPDATABLE, run_id, fields)
 
+    async def claim_run(self, run_id: str, seen: Mapping[str, Any], **fields: Any) -> bool:
+        """update_run, only while the row still has the status and pid it had in `seen` (a row read before): of two
+        processes that resume one run at once, the first claims it (True) and the other finds it changed (False)."""
+        unknown = set(fields) - RUN_UPDATABLE
+        if unknown:
+            raise ValueError(f"claim_run cannot set {', '.join(sorted(unknown))}")
+        if "status" in fields:
+            _check_choice("status", fields["status"], RUN_STATUSES)
+        values = row_from_dict("runs", {**fields, "updated_at": time.time()})
+        assignments = ", ".join(f"{col} = ?" for col in values)   # column names from the whitelist only
+        async with self._transaction() as conn:
+            cursor = await conn.execute(f"UPDATE runs SET {assignments} WHERE id = ? AND status = ? AND pid IS ?",
+                                        [*values.values(), run_id, seen["status"], seen.get("pid")])
+            changed = cursor.rowcount
+            await cursor.close()
+        return changed == 1
+
     async def _update_row(self, table: str, what: str, allowed: frozenset[str] | set[str], row_id: str,
                           fields: dict[str, Any], event: dict[str, Any] | None = None) -> None:
         """UPDATE one row by id: only whitelisted columns, updated_at bumped; KeyError when no such row.
