@@ -479,12 +479,13 @@ def _resume_workspace(args: argparse.Namespace) -> None:
 
 
 def _export_workspace(args: argparse.Namespace) -> Path:
-    """The workspace an export reads: made ready (its folders) only where it holds a database; a mistyped
-    --workspace, or export run from another folder, is said by export_run and leaves no empty workspace behind."""
-    from engine.store import db_path, resolve_workspace
+    """The workspace an export reads, as it is: nothing is made there. A mistyped --workspace, or export run from
+    another folder, is said by export_run and leaves no empty workspace behind. Export only reads the workspace
+    before its checks, and a read-only one (another user's, an archived run) exports with a warning that it could
+    not take the export's row (docs/cast.md); until 2026-12-07 export refused it before looking the run up."""
+    from engine.store import resolve_workspace
 
-    workspace = resolve_workspace(args.workspace)
-    return _workspace(args) if db_path(workspace).is_file() else workspace
+    return resolve_workspace(args.workspace)
 
 
 def _workspace_existing(args: argparse.Namespace) -> Path:

@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import shutil
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
@@ -231,3 +232,35 @@ def test_an_old_workspace_opens_takes_an_export_and_its_reader_sees_none_before(
         assert read.candidates(conn, run_id)  # what the run held is still there
     finally:
         conn.close()
+
+
+_EXPORT_READ_ONLY = """
+import sys
+sys.path[:0] = [{root!r}, {tests!r}]
+import pytest
+import test_export_record as t
+from engine.cli import main
+
+patch = pytest.MonkeyPatch()
+t.no_gpu_steps.__wrapped__(patch)["eager"] = lambda s: t.EAGER
+sys.exit(main(["export", t.RUN, "--workspace", sys.argv[1], "--out", sys.argv[2], "--no-graph-routes",
+               "--no-layout-routes"]))
+"""
+
+
+def test_a_read_only_workspace_exports_with_a_warning(tmp_path):
+    # Export refused it ("workspace ... is not writable") before looking its run up, while docs/cast.md says the
+    # cast is written and export warns that the workspace could not take its row. The GPU steps are injected.
+    from test_tui_readonly_workspace import _read_only
+
+    ws = build_workspace(tmp_path / "ws", tmp_path / "toy.toml")
+    with sqlite3.connect(db_path(ws)) as conn:  # as an engine leaves it: the WAL folded in, no -wal / -shm
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    script = tmp_path / "export.py"
+    script.write_text(_EXPORT_READ_ONLY.format(root=str(ROOT), tests=str(ROOT / "tests")))
+    r = _read_only(ws, [sys.executable, str(script), str(ws), str(tmp_path / "ro.cast")])
+    assert r.returncode == 0, r.stderr
+    assert "wrote " in r.stdout and (tmp_path / "ro.cast").is_file()
+    assert "warning: the export was not recorded in the workspace" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert exports(ws) == []

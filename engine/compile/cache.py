@@ -80,7 +80,10 @@ class DiskCache:
 
     def __init__(self, directory: Path) -> None:
         self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError:  # a read-only workspace (export reads one): every load misses, every store is skipped
+            pass
 
     def load(self, key: str) -> CompileResult | None:
         """The stored result, or None when absent or damaged in any way."""

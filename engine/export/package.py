@@ -251,26 +251,26 @@ def select_winners(cards: list[dict[str, Any]], candidates: list[dict[str, Any]]
     return chosen, excluded
 
 
-async def _load_run(workspace: Path, run_id: str | None):
-    from engine.store import Store, db_path
+def _load_run(workspace: Path, run_id: str | None):
+    """The run (its capture row added), its cards, candidates and sample paths, read without writing: export needs
+    only to read the workspace, which may be read-only (another user's, an archived run); its `exports` row is
+    written at the end where the workspace takes it (_record), and where not export warns."""
+    from engine.store import db_path, open_readonly
+    from engine.store import read as store_read
 
-    store = await Store.open(db_path(workspace))
-    async with store:
-        if run_id is None:
-            runs = await store.list_runs()
-            if not runs:
-                return None, [], [], {}
-            run = runs[0]
-        else:
-            run = await store.get_run(run_id)
-            if run is None:
-                return None, [], [], {}
-        run = {**run, "capture_row": await store.get_capture(run["capture_id"])}
-        cards = await store.get_cards(run["capture_id"])
-        cands = await store.candidates(run["id"])
-        samples = {c["card_id"]: [str(workspace / s["path"]) for s in
-                                  await store.get_samples(run["capture_id"], c["card_id"])] for c in cards}
+    conn = open_readonly(db_path(workspace))
+    try:
+        run = store_read.run(conn, run_id) if run_id is not None else store_read.latest_run(conn)
+        if run is None:
+            return None, [], [], {}
+        run = {**run, "capture_row": store_read.capture(conn, run["capture_id"])}
+        cards = store_read.cards_of_capture(conn, run["capture_id"])
+        cands = store_read.candidates(conn, run["id"])
+        samples = {c["card_id"]: [str(workspace / p) for p in store_read.sample_paths(conn, run["capture_id"],
+                                                                                       c["card_id"])] for c in cards}
         return run, cards, cands, samples
+    finally:
+        conn.close()
 
 
 TARGETS = ("eager", "cuda-graphs", "compile", "compile:max-autotune-no-cudagraphs", "compile:reduce-overhead")
@@ -486,7 +486,7 @@ def _export_variants(workspace: Path, run_id: str | None, out: Path, log: Export
         sanitizer = require_sanitizer()
     from engine.store import db_path, samples_removed
 
-    found = asyncio.run(_load_run(workspace, run_id)) if db_path(workspace).is_file() else (None, [], [], {})
+    found = _load_run(workspace, run_id) if db_path(workspace).is_file() else (None, [], [], {})
     run, cards, cands, samples = found
     if run is None and not db_path(workspace).is_file():   # a mistyped --workspace, or another folder's .kforge/
         raise UsageError(f"export: no Kernel Forge workspace at {workspace} (no runs there): give the --workspace DIR "
