@@ -462,3 +462,40 @@ def test_a_builder_with_a_syntax_error_is_told_to_fix_it_not_to_install_it(cli, 
                              tmp_path / "ws")
     assert_one_line_error(code, out, err, "net.toml", "SyntaxError", "fix the module")
     assert "install it" not in err
+
+
+THREAD_LEAVING_MODEL = '''
+import threading
+import time
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        threading.Thread(target=time.sleep, args=(600,), daemon=False).start()   # never joined
+        return torch.relu(self.lin(x))
+
+
+def build():
+    return Net(), (torch.randn(2, 8),)
+'''
+
+
+@pytest.mark.parametrize("command", [["capture", "--device", "cpu"],
+                                     ["run", "--dry-run", "--no-tui", "--iterations", "1", "--device", "cpu"]])
+def test_a_thread_the_model_leaves_running_does_not_keep_the_command_alive(tmp_path, command):
+    # The command printed its result and then hung in the interpreter's join of the model's thread (a Ctrl-C then
+    # printed a traceback from threading._shutdown). The process's own entry point, as a user runs it.
+    cfg = write(tmp_path, 'name = "x"\nbuilder = "net.py:build"\n', THREAD_LEAVING_MODEL)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "kforge_tui", command[0], str(cfg), *command[1:],
+                           "--workspace", str(tmp_path / "ws")], capture_output=True, text=True, env=env,
+                          timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    assert "aten::relu" in proc.stdout, proc.stdout   # its result printed whole
+    assert "Traceback" not in proc.stderr
