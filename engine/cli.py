@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -24,26 +25,25 @@ TUI_COMMANDS = ("compare", "demo", "serve")
 COLOR_SYSTEMS = ("auto", "truecolor", "256", "standard", "none")
 
 
-def _positive_float(text: str) -> float:
-    """A number > 0 (seconds); argparse reports anything else as bad usage naming the flag."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, not {text!r}") from None
-    if not value > 0:  # also NaN
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, not {text}")
-    return value
+def _positive_number(what: str) -> Callable[[str], float]:
+    """An argparse type: a finite number > 0, else a usage error that says so ("must be {what}, not ..."). NaN,
+    inf and what overflows to inf (1e400) are refused: `--wall-time inf` was stored in the run's config as
+    Infinity, which is not JSON."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, not {text!r}") from None
+        if not 0 < value < math.inf:  # also NaN
+            raise argparse.ArgumentTypeError(f"must be {what}, not {text}")
+        return value
+
+    return parse
 
 
-def _positive_usd(text: str) -> float:
-    """A number of US dollars > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of US dollars > 0, e.g. 5 or 2.50, not {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number of US dollars > 0, e.g. 5 or 2.50, not {text}")
-    return value
+_positive_float = _positive_number("a finite number of seconds > 0")
+_positive_usd = _positive_number("a number of US dollars > 0, e.g. 5 or 2.50")
 
 
 def _url(text: str) -> str:

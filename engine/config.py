@@ -9,6 +9,7 @@ import importlib.machinery
 import importlib.util
 import inspect
 import json
+import math
 import re
 import sys
 from collections.abc import Callable, Mapping
@@ -193,8 +194,9 @@ def _run_table(t: Mapping[str, Any], bad: Callable[[str, str], UsageError]) -> d
                     re.compile(v)
                 except re.error as e:
                     raise bad(f"run.{k}", f"not a regular expression ({e})") from None
-        elif isinstance(v, bool) or not isinstance(v, (int,) if kind is int else (int, float)) or not v > 0:
-            raise bad(f"run.{k}", f"must be {'a whole number >= 1' if kind is int else 'a number > 0'}")
+        elif isinstance(v, bool) or not isinstance(v, (int,) if kind is int else (int, float)) or not 0 < v < math.inf:
+            # TOML has inf and nan: `wall_time = inf` was stored in the run's config as Infinity (not JSON)
+            raise bad(f"run.{k}", f"must be {'a whole number >= 1' if kind is int else 'a finite number > 0'}")
         out[k] = float(v) if kind is float else v
     return out
 

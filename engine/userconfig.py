@@ -23,6 +23,7 @@ Plain data only: the run turns a provider entry into its client (`engine.run.com
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Mapping
@@ -132,7 +133,8 @@ def load_user_config(path: str | Path | None = None, env: Mapping[str, str] = os
 
 
 def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+    """A finite int or float (TOML has inf and nan; neither is a limit)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _table(bad, raw: dict[str, Any], key: str, allowed: set[str]) -> dict[str, Any]:

@@ -266,6 +266,11 @@ def test_version_prints_the_package_version(cli, monkeypatch):
     (["serve", "--port", "0"], "--port"),
     (["run", "x.toml", "--no-tui", "--iterations", "0"], "--iterations"),
     (["capture", "x.toml", "--samples", "-1"], "--samples"),
+    # inf (and 1e400, which overflows to it) was stored in the run's config as Infinity, which is not JSON
+    (["run", "x.toml", "--no-tui", "--wall-time", "inf"], "--wall-time"),
+    (["run", "x.toml", "--no-tui", "--wall-time", "1e400"], "--wall-time"),
+    (["run", "x.toml", "--no-tui", "--compile-ref-timeout", "inf"], "--compile-ref-timeout"),
+    (["run", "x.toml", "--no-tui", "--max-cost", "1e400"], "--max-cost"),
 ])
 def test_out_of_range_flags_are_bad_usage(cli, tmp_path, argv, needle):
     code, out, err = cli(*argv, "--workspace", tmp_path / "ws")

@@ -67,6 +67,8 @@ def test_a_full_config_loads_typed(tmp_path):
 @pytest.mark.parametrize("text, names", [
     ("colour = 1", "'colour'"),
     ("[limits]\nmax_cost_usd = -1", "'limits.max_cost_usd'"),
+    ("[limits]\nmax_cost_usd = inf", "'limits.max_cost_usd'"),
+    ("[providers.x]\nprices = { m = { input = 1, output = inf } }", "'providers.x.prices.m.output'"),
     ("[limits]\nmax_tokens = 0", "'limits.max_tokens'"),
     ("[providers.x]\ntype = 'gpt'", "'providers.x.type'"),
     ("[providers.x]\nbase_url = 'localhost:8000'", "'providers.x.base_url'"),
@@ -133,8 +135,12 @@ def test_run_table_of_a_model_config_is_validated_and_not_part_of_its_identity(t
     assert load_config(b).run == {"max_cost": 2.5}
     assert load_config(b).sha256 == load_config(c).sha256
     bad = tmp_path / "bad.toml"
-    bad.write_text(a.read_text() + "\n[run]\nmax_cost = -1\n")
-    with pytest.raises(UsageError, match="run.max_cost"):
+    for value in ("-1", "nan", "inf"):   # TOML's inf was stored in the run's config as Infinity (not JSON)
+        bad.write_text(a.read_text() + f"\n[run]\nmax_cost = {value}\nwall_time = 60\n")
+        with pytest.raises(UsageError, match="run.max_cost': must be a finite number > 0"):
+            load_config(bad)
+    bad.write_text(a.read_text() + "\n[run]\nwall_time = inf\n")
+    with pytest.raises(UsageError, match="run.wall_time"):
         load_config(bad)
 
 
