@@ -706,10 +706,24 @@ def _dispatch(argv: list[str], open_tui: TuiLauncher | None) -> int:
         print(str(e) if isinstance(e, Interrupted) else f"error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt as e:
-        from engine.run.interrupt import EXIT_TERMINATED, Terminated, exit_on_next_sigint
+        from engine.run.interrupt import (
+            EXIT_TERMINATED,
+            Terminated,
+            exit_on_next_sigint,
+            stopped_before_the_run,
+        )
 
         exit_on_next_sigint()
-        if isinstance(e, Terminated):
+        terminated = isinstance(e, Terminated)
+        if args is not None and args.command == "run" and not getattr(args, "run_began", False):
+            # Stopped in its first seconds (importing torch): the line names the command to start it again.
+            from engine.store import resolve_workspace
+
+            args.argv_as_given = getattr(args, "argv_as_given", None) or run_argv(args)
+            print(stopped_before_the_run(args, resolve_workspace(args.workspace),
+                                         "terminated" if terminated else "interrupted"), file=sys.stderr)
+            return EXIT_TERMINATED if terminated else 130
+        if terminated:
             print("terminated (SIGTERM); nothing half-written was kept", file=sys.stderr)
             return EXIT_TERMINATED
         print("interrupted; nothing half-written was kept", file=sys.stderr)

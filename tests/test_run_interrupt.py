@@ -4,6 +4,7 @@ leaves the run resumable and not marked running (issue 25)."""
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -348,3 +349,38 @@ def test_sigterm_during_the_runs_capture_says_it_was_discarded(tmp_path):
     said = [x for x in lines if x.startswith("terminated:")]
     assert len(said) == 1 and "the capture is discarded" in said[0] and "kforge-tui run" in said[0], lines
     assert list((ws / "samples").iterdir()) == []
+
+
+@pytest.mark.parametrize("when", ["imports", "store"])
+@pytest.mark.parametrize("resume", [False, True])
+def test_ctrl_c_in_the_first_seconds_of_run_names_the_command_to_start_again(cli, tmp_path, monkeypatch, when,
+                                                                            resume):
+    # In its first ~2 s (importing torch, before run's own handlers; or opening the workspace) a Ctrl-C said
+    # "interrupted; nothing half-written was kept" or "... nothing to resume", with no command, where docs/cli.md
+    # promises the command; the workspace it named was `cfg/../ws` as given.
+    import asyncio
+
+    import engine.run.command
+    from engine.store import Store
+
+    (tmp_path / "cfg").mkdir()
+    if when == "imports":   # raised where the CLI checks run's arguments, after importing engine.run.command
+        def ctrl_c(args):
+            raise KeyboardInterrupt
+        monkeypatch.setattr(engine.run.command, "check_run_args", ctrl_c)
+    else:   # the run's task cancelled by its first Ctrl-C while the workspace opens
+        async def cancelled(path):
+            raise asyncio.CancelledError
+        monkeypatch.setattr(Store, "open", cancelled)
+    what = ["--resume", "run-0123456789ab"] if resume else [MY_MODEL, "--small", "--iterations", "3"]
+    if resume and when == "store":   # a run to resume lives in an existing workspace
+        (tmp_path / "ws").mkdir()
+        (tmp_path / "ws" / "kforge.db").write_bytes(b"")
+    code, out, err = cli("run", *what, "--dry-run", "--no-tui", "--workspace", tmp_path / "cfg" / ".." / "ws")
+    assert code == 130, err
+    (line,) = err.strip().splitlines()
+    assert line.startswith("interrupted: stopped before"), line
+    again = shlex.split(line.split("'")[1])   # the command it names, every option given kept
+    assert again[:2] == ["kforge-tui", "run"], line
+    assert again[again.index("--workspace") + 1] == str(tmp_path / "ws"), line
+    assert sorted(again[2:]) == sorted([*what, "--dry-run", "--no-tui", "--workspace", str(tmp_path / "ws")]), line

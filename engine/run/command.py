@@ -25,7 +25,15 @@ from engine.propose.factory import make_proposer, provider_config
 from engine.propose.hardware_profiles import profile
 from engine.propose.providers.config import ProviderConfig, default_provider
 from engine.run.as_gpu import CPU_ONLY, gpu_row, gpu_shares
-from engine.run.interrupt import Interrupted, StopFlag, TerminatedStop, on_exit_now, run_interruptible
+from engine.run.interrupt import (
+    Interrupted,
+    StopFlag,
+    TerminatedStop,
+    on_exit_now,
+    run_again,
+    run_interruptible,
+    stopped_before_the_run,
+)
 from engine.run.orchestrator import Budgets, Orchestrator, RunTotals
 from engine.run.plan import CardState, SchedulePolicy
 from engine.run.report import Progress, print_final_table, run_document, running_elsewhere
@@ -344,13 +352,9 @@ def _stopped_before_the_run(ids: dict[str, str], args: argparse.Namespace, works
     """The line for a run stopped before its row was made: what became of the capture (`ids`: "capture" once
     one is stored or reused, "capturing" once this run began one) and how to go on."""
     word = "terminated" if terminated else "interrupted"
-    # The command as given, every run option kept (--iterations, --provider, --ops ...): the one it names to copy
-    # must run the same run again, not the defaults. The CLI rebuilds it from its parser (engine.cli.run_argv) into
-    # args.argv_as_given; a run started otherwise names its config alone.
-    argv = list(getattr(args, "argv_as_given", None) or ([str(args.config)] if getattr(args, "config", None) else []))
-    argv += ["--dry-run"] if dry and "--dry-run" not in argv else []
-    argv += ["--no-tui"] if getattr(args, "no_tui", False) else []
-    again = shlex.join(["kforge-tui", "run", *argv, "--workspace", str(workspace)])
+    if args.resume:   # stopped before the resumed run's row was claimed: it is as it was
+        return stopped_before_the_run(args, workspace, word, dry=dry)
+    again = run_again(args, workspace, dry=dry)
     if "capture" in ids:
         how = "captured and stored whole" if ids.get("capturing") else "reused"
         return (f"{word}: stopped before the run was created, nothing to resume; capture {ids['capture']} "
@@ -358,7 +362,7 @@ def _stopped_before_the_run(ids: dict[str, str], args: argparse.Namespace, works
     if ids.get("capturing"):
         return (f"{word}: stopped during the capture, before the run was created: the capture is discarded, "
                 f"nothing was kept; '{again}' captures again")
-    return f"{word}: stopped before the run was created; nothing to resume"
+    return stopped_before_the_run(args, workspace, word, dry=dry)
 
 
 def mark_stopped_now(db: Path, run_id: str, timeout_s: float = 6.0) -> None:
@@ -782,9 +786,10 @@ def cmd_run(args: argparse.Namespace, workspace: Path) -> int:
     check_run_args(args)
     from engine.progress import json_stdout
 
+    args.run_began = True   # from here a stop says what became of the run (before, engine.cli says it)
     with json_stdout(args.json):  # the model's prints go to stderr: stdout is the one JSON document
         code, doc = run_interruptible(lambda stop: run_async(args, workspace, stop, started),
-                                      interrupted="interrupted: stopped before the run was created; nothing to resume")
+                                      interrupted=_stopped_before_the_run({}, args, workspace, False, False))
     doc["wall_s"] = round(time.perf_counter() - t0, 3)
     if args.json:
         print(json.dumps(doc, separators=(",", ":"), default=str))

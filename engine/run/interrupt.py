@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shlex
 import signal
 import threading
 from collections.abc import Callable, Coroutine, Iterator
@@ -237,3 +238,26 @@ def run_interruptible(make: Callable[[StopFlag], Coroutine[Any, Any, T]], *,
             if stop.terminated:  # not ended by the next one before the line saying what was kept is written
                 ignore_further_sigterm()
             loop.close()
+
+
+def run_again(args: Any, workspace: Any, *, dry: bool = False) -> str:
+    """The command that starts a `run` stopped before its run was created (or resumed) again: as it was given, every
+    run option kept (--iterations, --provider, --ops ...), so that it runs the same run, not the defaults. The CLI
+    rebuilds it from its parser (engine.cli.run_argv) into args.argv_as_given; a run started otherwise names its
+    config (or --resume RUN) alone."""
+    argv = list(getattr(args, "argv_as_given", None)
+                or ([str(args.config)] if getattr(args, "config", None) else [])
+                or (["--resume", str(args.resume)] if getattr(args, "resume", None) else []))
+    argv += ["--dry-run"] if dry and "--dry-run" not in argv else []
+    argv += ["--no-tui"] if getattr(args, "no_tui", False) else []
+    return shlex.join(["kforge-tui", "run", *argv, "--workspace", str(workspace)])
+
+
+def stopped_before_the_run(args: Any, workspace: Any, word: str, *, dry: bool = False) -> str:
+    """The line for a `run` stopped (`word`: interrupted, terminated) before it created its run or claimed the run
+    it resumes: nothing changed, and the command that starts it again (run_again). In the first seconds (torch's
+    import, the workspace's opening) the line named no command, where docs/cli.md promises one."""
+    again = run_again(args, workspace, dry=dry)
+    if getattr(args, "resume", None):
+        return f"{word}: stopped before run {args.resume} was resumed, nothing changed; '{again}' resumes it"
+    return f"{word}: stopped before the run was created, nothing to resume; '{again}' starts it again"

@@ -18,7 +18,9 @@ class WorkspaceError(ValueError):
 
 
 def resolve_workspace(cli_value: str | None) -> Path:
-    """Pick the workspace directory (flag > env > cwd) as an absolute path; creates nothing."""
+    """Pick the workspace directory (flag > env > cwd) as an absolute path with no `..` in it (symlinks followed):
+    the commands that messages name to go on carry it (`--workspace cfg/../ws` named `/abs/cfg/../ws`); creates
+    nothing."""
     if cli_value:
         raw = cli_value
     elif os.environ.get(ENV_VAR):
@@ -26,7 +28,7 @@ def resolve_workspace(cli_value: str | None) -> Path:
         raw = os.environ[ENV_VAR]
     else:
         return Path.cwd() / DEFAULT_DIRNAME
-    return Path(raw).expanduser().absolute()
+    return Path(raw).expanduser().resolve()
 
 
 def ensure_workspace(path: str | os.PathLike[str]) -> Path:
