@@ -482,7 +482,7 @@ def _export_workspace(args: argparse.Namespace) -> Path:
     """The workspace an export reads, as it is: nothing is made there. A mistyped --workspace, or export run from
     another folder, is said by export_run and leaves no empty workspace behind. Export only reads the workspace
     before its checks, and a read-only one (another user's, an archived run) exports with a warning that it could
-    not take the export's row (docs/cast.md); until 2026-12-07 export refused it before looking the run up."""
+    not take the export's row (docs/cast.md); until 2026-12-06 export refused it before looking the run up."""
     from engine.store import resolve_workspace
 
     return resolve_workspace(args.workspace)
@@ -639,7 +639,7 @@ def main(argv: Sequence[str] | None = None, *, open_tui: TuiLauncher | None = No
 def _damaged_database(args: argparse.Namespace | None, e: BaseException) -> KforgeError | None:
     """The one-line error (engine.store.unusable_database) for SQLite's word that the workspace database is damaged,
     whichever command's statement met it: the header can be intact and a later page scrambled (a torn write), which
-    only a query reaching that page shows. None for anything else. Until 2026-12-07 only `runs` and `compare` said
+    only a query reaching that page shows. None for anything else. Until 2026-12-06 only `runs` and `compare` said
     it; prune, capture, run, run --resume and export said "internal error: DatabaseError: ... malformed", exit 1."""
     import sqlite3
 
