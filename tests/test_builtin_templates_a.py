@@ -258,7 +258,10 @@ def test_elementwise_declines_what_it_does_not_handle_exactly():
     _declines(_with_arg(capture(lambda: F.gelu(x)), "approximate", value="fast"), "approximate")
     _declines(capture(lambda: x.half().pow(1.7)), "exponent")
     _declines(capture(lambda: x / 0.0), "zero scalar")
-    _declines(capture(lambda: x[:0].exp()), "empty")
+    # an empty call is no card of a capture any more (it writes nothing), but a card from an older capture or another
+    # tool may still be one: the template declines it
+    exp = capture(lambda: x.exp())
+    _declines(_with_output(_with_arg(exp, "self", shape=[0, 8]), shape=[0, 8]), "empty")
 
 
 def test_softmax_declines_what_it_does_not_handle_exactly():
