@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 DASH = "–"
 STATUS_GLYPH = {"verified": "✓", "compiled": "○", "rejected": "✗", "evaluating": "◐", "proposed": "·"}
@@ -75,3 +76,14 @@ def layouts(signature_text: str) -> str:
         return m.group(0)
 
     return _STRIDED.sub(name, signature_text)
+
+
+# A card the search may still reach: "no verified node yet"; any other status is final for the run.
+SEARCHING = frozenset({"searching", "waiting", "queued"})
+
+
+def still(card: Any) -> str:
+    """The end of "no verified node…": " yet" while the card may still be searched, else why it stopped
+    (" (declined)", " (budget)"): a declined card read "no verified node yet", as if more might come."""
+    status = getattr(card, "status", None)
+    return " yet" if status is None or status in SEARCHING else f" ({status})"

@@ -385,3 +385,26 @@ async def test_header_shows_the_runs_status_and_read_only_at_80(store, keys):
         await settle(pilot, *keys)
         header = screen_text(app).splitlines()[0]
         assert "running" in header and "demo (read-only)" in header, header
+
+
+async def test_a_finished_run_that_searched_nothing_reads_done(tmp_path):
+    # A run whose every card was declined read "done 0/1" with its bar at 0 % (found on unseen models' dry runs).
+    db = tmp_path / "ws" / "kforge.db"
+    ids = build_store(db, per_card=0, status="done", runs=1)
+    app = make_app(db, ids["runs"][-1])
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        text = screen_text(app)
+        assert "done 0/0: 0 ok, 0 failed" in text and "100%" in text, text
+
+
+async def test_a_card_the_run_is_done_with_says_why_it_has_no_verified_node(tmp_path):
+    # A declined card's tree read "no verified node yet", as if more might come.
+    db = tmp_path / "ws" / "kforge.db"
+    ids = build_store(db, per_card=0, status="done", runs=1)
+    app = make_app(db, ids["runs"][-1])
+    async with app.run_test(size=(140, 30)) as pilot:
+        await settle(pilot, "c", "enter")
+        assert type(app.screen).__name__ == "TreeScreen"
+        text = screen_text(app)
+        assert "no verified node (" in text and "no verified node yet" not in text, text

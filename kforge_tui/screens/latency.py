@@ -55,7 +55,7 @@ class LatencyScreen(KforgeScreen):
         refs = references(card, self.app.model.compile_context(self.card_id) if card else ())
         if not s.evaluation:
             self.query_one("#lat-summary", Static).update(
-                f"no verified candidate yet ({s.finished} finished) · eager {fmt.us(eager)} µs{refs}")
+                f"no verified candidate{fmt.still(card)} ({s.finished} finished) · eager {fmt.us(eager)} µs{refs}")
             return
         self.query_one("#lat-summary", Static).update(
             f"{len(s.evaluation)} verified of {s.finished} · first {fmt.us(s.best_us[0])} µs → best "

@@ -58,7 +58,10 @@ class OverviewScreen(KforgeScreen):
             line.append(f"  {run.label}", style="bold yellow")
         self.query_one("#run-line", LiveBar).show(line)
         done, total = progress_of(st)
-        self.query_one("#progress", ProgressBar).update(total=total, progress=done)
+        if not run.live and done == 0 and st.verified + st.rejected == 0:
+            # a finished run that searched nothing (every card declined) read "done 0/1" at 0 %: it is done
+            total = 0
+        self.query_one("#progress", ProgressBar).update(total=max(total, 1), progress=done if total else 1)
         repeated = done - st.verified - st.rejected  # duplicate answers: iterations without a candidate
         self.query_one("#work-line", LiveBar).show(
             f"lanes {_lanes(st, now)} · queued {st.proposed} · done {done}"

@@ -184,9 +184,10 @@ class TreeScreen(KforgeScreen):
         n = len(self.rows)
         failed = sum(1 for r in self.rows.values() if r.status == "rejected")
         best = self._best()
-        best_txt = f"best {best.id} {fmt.us(best.best_us)} µs {fmt.speedup(best.speedup)}" if best else "no verified node yet"
-        self.query_one("#tree-bar", Static).update(literal(f"{self.card_id} · {n} nodes, {failed} failed · {best_txt}"))
         card = self.app.model.cards.get(self.card_id)
+        best_txt = f"best {best.id} {fmt.us(best.best_us)} µs {fmt.speedup(best.speedup)}" if best else \
+            f"no verified node{fmt.still(card)}"
+        self.query_one("#tree-bar", Static).update(literal(f"{self.card_id} · {n} nodes, {failed} failed · {best_txt}"))
         self.query_one("#tree-chart", Chart).set_draw(
             draw_card_us(card_series(self.rows.values()), card.eager_us if card else None,
                          card.compile_us if card else None))
