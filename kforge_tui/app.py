@@ -144,6 +144,10 @@ class KforgeApp(App):
     def action_stop_run(self) -> None:
         from kforge_tui.screens.confirm import ConfirmScreen
 
+        if not self.run_info.live:  # a finished run asked "Stop run …? [y]es" first, then said nothing to stop
+            self.action_control("stop")
+            return
+
         def done(ok: bool | None) -> None:
             if ok:
                 self.action_control("stop")

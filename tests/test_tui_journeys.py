@@ -408,3 +408,15 @@ async def test_a_card_the_run_is_done_with_says_why_it_has_no_verified_node(tmp_
         assert type(app.screen).__name__ == "TreeScreen"
         text = screen_text(app)
         assert "no verified node (" in text and "no verified node yet" not in text, text
+
+
+async def test_stop_on_a_finished_run_says_so_without_asking_first(tmp_path):
+    # `X` on a finished run asked "Stop run …? [y]es / [n]o" and only after `y` said there was nothing to stop.
+    db = tmp_path / "ws" / "kforge.db"
+    ids = build_store(db, status="done", runs=1)
+    app = make_app(db, ids["runs"][-1])
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot, "X")
+        assert type(app.screen).__name__ != "ConfirmScreen"
+        assert any("is done: nothing to stop" in str(n.message) for n in app._notifications)
+        assert controls(db) == []
