@@ -420,3 +420,22 @@ async def test_stop_on_a_finished_run_says_so_without_asking_first(tmp_path):
         assert type(app.screen).__name__ != "ConfirmScreen"
         assert any("is done: nothing to stop" in str(n.message) for n in app._notifications)
         assert controls(db) == []
+
+
+async def test_a_runs_note_is_wrapped_to_the_terminal_not_to_40_columns(tmp_path):
+    # On the overview's first draw the event log has no width yet, and a run's note ("nothing proposed: ...") was
+    # wrapped to about 31 characters a line on a 160-column terminal.
+    import json
+
+    db = tmp_path / "ws" / "kforge.db"
+    ids = build_store(db, status="done", runs=1)
+    note = ("nothing proposed: of 2 card(s), 2 declined (the proposer has nothing for this op); "
+            "give --provider anthropic or openai for an LLM to write them")
+    with sqlite3.connect(db) as conn:
+        conn.execute("INSERT INTO events (run_id, ts, kind, card_id, payload) VALUES (?, ?, 'run_note', NULL, ?)",
+                     (ids["runs"][-1], T0 - 2, json.dumps({"message": note})))
+    app = make_app(db, ids["runs"][-1])
+    async with app.run_test(size=(160, 40)) as pilot:
+        await settle(pilot)
+        assert "nothing proposed: of 2 card(s), 2 declined (the proposer has nothing for this op);" in \
+            screen_text(app)

@@ -82,7 +82,9 @@ class OverviewScreen(KforgeScreen):
         new = [e for e in self.app.events if e.seq > self._last_seq]
         for e in new:
             if e.kind == "run_note":  # a sentence for the user, wrapped to the log (it does not wrap lines)
-                for ln in _note_lines(e, max(40, log.size.width - 2)):
+                # before its first layout the log has no width yet: the screen's (notes were wrapped at 40 columns
+                # on a 160-column terminal)
+                for ln in _note_lines(e, max(40, (log.size.width or self.app.size.width) - 2)):
                     log.write(ln)
             elif e.kind not in QUIET_EVENTS:
                 log.write(_event_line(e))
