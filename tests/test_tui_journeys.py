@@ -439,3 +439,16 @@ async def test_a_runs_note_is_wrapped_to_the_terminal_not_to_40_columns(tmp_path
         await settle(pilot)
         assert "nothing proposed: of 2 card(s), 2 declined (the proposer has nothing for this op);" in \
             screen_text(app)
+
+
+async def test_the_event_log_says_what_each_card_is(tmp_path):
+    # The log named cards by their hash alone ("card_done efa47f0f2c61f449 reason=iterations").
+    db = tmp_path / "ws" / "kforge.db"
+    ids = build_store(db, status="done", runs=1)
+    app = make_app(db, ids["runs"][-1])
+    async with app.run_test(size=(160, 60)) as pilot:
+        await settle(pilot)
+        lines = [ln for ln in screen_text(app).splitlines() if "card_done" in ln]
+        assert lines, screen_text(app)
+        named = {f"{c.card_id[:8]} {c.label} " for c in app.model.cards.values()}
+        assert all(any(n in ln for n in named) for ln in lines), lines

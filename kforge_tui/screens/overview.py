@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal
@@ -87,7 +90,7 @@ class OverviewScreen(KforgeScreen):
                 for ln in _note_lines(e, max(40, (log.size.width or self.app.size.width) - 2)):
                     log.write(ln)
             elif e.kind not in QUIET_EVENTS:
-                log.write(_event_line(e))
+                log.write(_event_line(e, self.app.model.cards))
         if new:
             self._last_seq = new[-1].seq
 
@@ -141,7 +144,9 @@ def _note_lines(e: EventRow, width: int) -> list[Text]:
     return [Text(f"{stamp if i == 0 else ' ' * len(stamp)} {ln}", style="yellow") for i, ln in enumerate(lines)]
 
 
-def _event_line(e: EventRow) -> Text:
+def _event_line(e: EventRow, cards: Mapping[str, Any] | None = None) -> Text:
+    """One event as a log line; a card by its id and what it is (`efa47f0f… native_layer_norm`): ids alone told
+    a reader nothing on a run of many cards."""
     import time
 
     stamp = time.strftime("%H:%M:%S", time.gmtime(e.ts))
@@ -156,6 +161,14 @@ def _event_line(e: EventRow) -> Text:
         # A dry run's 'compiled' did not fail: its own neutral mark, not a red ✗.
         glyph = fmt.STATUS_GLYPH.get(status, "✗")
         return Text.assemble(f"{stamp} ", (glyph + " ", fmt.STATUS_STYLE.get(status, "red")),
-                             f"{e.card_id or ''} {detail}")
+                             f"{_card_name(e.card_id, cards)} {detail}")
     extra = " ".join(f"{k}={v}" for k, v in sorted(p.items()) if v is not None)
-    return Text(f"{stamp} {e.kind} {e.card_id or ''} {extra}".rstrip())
+    return Text(f"{stamp} {e.kind} {_card_name(e.card_id, cards)} {extra}".rstrip())
+
+
+def _card_name(card_id: str | None, cards: Mapping[str, Any] | None) -> str:
+    card = (cards or {}).get(card_id) if card_id else None
+    if card is None:
+        return card_id or ""
+    label = card.label
+    return f"{card_id[:8]} {label[:40] + '…' if len(label) > 40 else label}"
