@@ -102,10 +102,17 @@ def skip_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str |
     return unreadable(tensors)
 
 
+_RETURNS_TENSORS: dict[Any, bool] = {}
+
+
 def returns_tensors(func: torch._ops.OpOverload) -> bool:
-    """Whether the op's schema returns a tensor (or a list of them, or writes one in place)."""
-    return any("Tensor" in str(r.type) for r in func._schema.returns) or \
-        any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
+    """Whether the op's schema returns a tensor (or a list of them, or writes one in place); per op once, as the
+    capture asks it of every call."""
+    got = _RETURNS_TENSORS.get(func)
+    if got is None:
+        got = _RETURNS_TENSORS[func] = any("Tensor" in str(r.type) for r in func._schema.returns) or \
+            any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
+    return got
 
 
 def data_dependent(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
