@@ -376,3 +376,19 @@ def test_whole_model_check_times_about_two_seconds_per_arm():
     assert auto_iters(4_000) == 100          # ResNet-50 at 4 ms: the cap
     assert auto_iters(95_000) == 21          # sd35_medium at 95 ms
     assert auto_iters(500_000) == 10         # a slow model still gets 10 pairs
+
+
+def test_a_variant_whose_launch_spec_runs_a_kernel_its_manifest_does_not_name_is_not_prepared(tmp_path):
+    """The manifest's `kernels` are what a sanitizer finding is held against (audit --sanitize); a variant whose
+    launch spec launches another kernel (a hand edit: `kernels: []`) stays off rather than run unaccounted for.
+    (On the H100, 2026-12-06g, such a variant was prepared and hit; the check comes before the GPU is touched.)"""
+    from engine.cast.kernels import make_plan
+    from engine.launch import SpecError
+
+    manifest = write_genuine_cast(tmp_path / "g.cast")
+    relu = next(v for v in manifest["variants"] if v["op"] == "aten::relu")
+    for named, listed in (([], "none"), (["kf_other"], "kf_other")):
+        with pytest.raises(SpecError) as e:
+            make_plan(relu["id"], dict(relu, kernels=named), b"", None, None, 0)
+        assert str(e.value) == (f"launch[0].kernel: launches kernel 'kf_ew_relu', which the variant's kernels "
+                                f"({listed}) do not name")

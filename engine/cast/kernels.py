@@ -191,11 +191,16 @@ def make_plan(vid: str, variant: dict[str, Any], image: bytes, layout: OpLayout,
 
     Raises engine.launch.SpecError, engine.launch.launcher.LaunchRejected or a driver error.
     """
-    from engine.launch import Env, parse_spec, resolve
+    from engine.launch import Env, SpecError, parse_spec, resolve
     from engine.launch import cuda_driver as drv
     from engine.launch.launcher import CandidateLauncher
 
     spec = parse_spec(variant["launch_spec"])
+    named = variant.get("kernels") or []
+    for i, ln in enumerate(spec.launches):  # the manifest's kernels are what a sanitizer finding is held against
+        if ln.kernel not in named:
+            raise SpecError(f"launches kernel {ln.kernel!r}, which the variant's kernels ({', '.join(named) or 'none'})"
+                            f" do not name", f"launch[{i}].kernel")
     resolved = resolve(spec, Env.from_card(variant["signature"], variant["outputs"]), max_shared=max_shared)
     module = drv.Module(image)
     launcher = CandidateLauncher(module, resolved, variant["op"], variant["outputs"], device, max_shared=max_shared)
