@@ -1,11 +1,25 @@
 # 2026-12-06g: the GPU tamper test again (e50856f: a launch spec naming a kernel the manifest does not is not
-# prepared), then bias_probe.py on the VAE cast of vae-compose-2026-12-06b. carry: .whl. Files: $OUT/g.tgz
+# prepared); on an H200 first the two measurements issues 19 and 20 name that card for (next-2026-12-07/go.sh's
+# h200-e2e and h200-vae); then bias_probe.py on the VAE cast of vae-compose-2026-12-06b where time is left.
+# carry: .whl. Files: $OUT/g.tgz. LIMIT: seconds for this call (default 560).
 [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tests PYTHONUNBUFFERED=1
-G=/tmp/g; mkdir -p $G; trap 'tar czf $OUT/g.tgz -C /tmp g' EXIT
+LIMIT=${LIMIT:-560}; G=/tmp/g; mkdir -p $G; trap 'tar czf $OUT/g.tgz -C /tmp g' EXIT
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,clocks.max.sm --format=csv > $G/gpu.txt 2>&1; cat $G/gpu.txt
 git rev-parse HEAD > $G/commit.txt 2>/dev/null
-[ -e $G/tests.done ] || { timeout 200 python3 scripts/gpu_tests.py --out $G/tests --timeout 120 \
-  tests/test_cast_tamper_gpu.py > $G/tests.log 2>&1 && touch $G/tests.done; tail -16 $G/tests.log; }
-timeout 330 python3 docs/results/vae-bias-2026-12-06g/bias_probe.py docs/results/vae-compose-2026-12-06b/sd35_vae.cast \
-  $G/probe > $G/probe.log 2>&1; echo "probe rc=$?"; grep -v Warning $G/probe.log | tail -60
+SD=docs/results/sd35-bias-2026-12-06e; VAE=docs/results/vae-compose-2026-12-06b/sd35_vae.cast
+stamp() { echo "$(date +%T) t=$SECONDS $*" | tee -a $G/calls.txt; }
+step() {  # step NAME NEEDS_S CMD...
+  local name=$1 need=$2; shift 2; [ -e $G/$name.done ] && return 0
+  local left=$((LIMIT - SECONDS)); [ $left -ge $need ] || { stamp "$name: $left s left, needs $need"; return 0; }
+  stamp "$name"; mkdir -p $G/$name
+  timeout -s INT -k 15 $((left - 15)) "$@" > $G/$name/log.txt 2>&1; local rc=$?; stamp "$name rc=$rc"
+  [ $rc = 0 ] && touch $G/$name.done; grep -v Warning $G/$name/log.txt | tail -12 | cut -c1-400
+}
+step tests 120 python3 scripts/gpu_tests.py --out $G/tests --timeout 120 tests/test_cast_tamper_gpu.py
+if grep -q H200 $G/gpu.txt; then
+  step h200-e2e 150 python3 scripts/bench_e2e.py --out $G/h200-e2e --casts $SD --models sd35_medium
+  step h200-vae 280 python3 scripts/bench_compose.py --out $G/h200-vae --model configs/examples/sd35_vae.toml \
+    --cast $VAE --modes default --max-s 20 --processes 2
+fi
+step probe 200 python3 docs/results/vae-bias-2026-12-06g/bias_probe.py $VAE $G/probe
