@@ -47,12 +47,23 @@ def test_report_lists_fastest_first_with_floors_and_failures():
     d = {"case": "group_norm fp16 [1,256,512,512] g32 (SD3.5 VAE)", "template": "group_norm", "gpu": "H200",
          "torch": "2.11", "target": "≥ 8× eager", "clone_us": 68.3, "floor_us": 5.1,
          "rows": [{"intent": "cluster 16", "us": 90.0, "eager_us": 1836.0, "speedup": 20.4,
-                   "speedup_ci": [20.1, 20.6], "bandwidth_frac": 0.70, "status": "verified"},
+                   "speedup_ci": [20.1, 20.6], "copy_frac": 0.70, "status": "verified"},
+                  {"intent": "cluster 4", "us": 95.0, "eager_us": 1836.0, "speedup": 19.3,
+                   "speedup_ci": [19.1, 19.5], "copy_frac": None, "status": "verified"},
                   {"intent": "cluster 2", "params": {}, "status": "rejected", "category": "incorrect"}]}
     text = probe.report(d)
     assert "clone of the main input: 68.30 µs" in text and "4 bytes (the protocol's floor): 5.10 µs" in text
     assert "| cluster 16 | 90.00 | 1836.00 | 20.40× (20.10–20.60) | 70 % | verified |" in text
+    assert "| cluster 4 | 95.00 | 1836.00 | 19.30× (19.10–19.50) | – | verified |" in text  # no clone timed
     assert "| cluster 2 | – | – | – | – | rejected [incorrect] |" in text
+
+
+def test_an_instance_is_rated_against_the_lanes_own_copy_not_a_fixed_bandwidth():
+    """The H100's lane cloned the VAE's largest input (536,870,912 bytes moved) in 180.99 µs; the channels-last
+    group norm moving 536,871,552 bytes in 323.20 µs read 39 % of the H200's copy figure there, and is 56 % of
+    that GPU's own copy (2026-12-06g). Nothing timed: no fraction."""
+    assert probe.copy_frac(536_871_552, 323.20, 536_870_912, 180.99) == pytest.approx(0.560, abs=0.001)
+    assert probe.copy_frac(536_871_552, 323.20, 536_870_912, None) is None
 
 
 def test_twin_ref_is_the_cards_channels_last_twin_on_the_same_samples(tmp_path):
