@@ -106,7 +106,7 @@ with torch.no_grad():
     print(json.dumps(res["kernels"], indent=1), flush=True)
     h0 = bc.hits(cast)
     res["timing"] = bc.rotate([("alone", alone, None), ("keep", arms["keep"], enabled),
-                               ("split", arms["split"], enabled)], 12, precision=0.01, max_s=60)
+                               ("split", arms["split"], enabled)], 8, precision=0.01, max_s=40)
     res["hits_while_timed"] = bc.hits(cast) - h0
 (out / "bias_probe.json").write_text(json.dumps(res, indent=1, default=str))
 print(json.dumps({k: v for k, v in res.items() if k not in ("kernels",) and not k.startswith("layout")}, indent=1,

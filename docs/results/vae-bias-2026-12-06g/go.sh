@@ -1,6 +1,7 @@
 # 2026-12-06g: the GPU tamper test again (e50856f: a launch spec naming a kernel the manifest does not is not
 # prepared); on an H200 first the two measurements issues 19 and 20 name that card for (next-2026-12-07/go.sh's
-# h200-e2e and h200-vae); then bias_probe.py on the VAE cast of vae-compose-2026-12-06b where time is left.
+# h200-vae and h200-e2e); then bias_probe.py on the VAE cast of vae-compose-2026-12-06b where time is left,
+# and the tamper test's two failed cases.
 # carry: .whl. Files: $OUT/g.tgz. LIMIT: seconds for this call (default 560).
 [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tests PYTHONUNBUFFERED=1
@@ -16,10 +17,11 @@ step() {  # step NAME NEEDS_S CMD...
   timeout -s INT -k 15 $((left - 15)) "$@" > $G/$name/log.txt 2>&1; local rc=$?; stamp "$name rc=$rc"
   [ $rc = 0 ] && touch $G/$name.done; grep -v Warning $G/$name/log.txt | tail -12 | cut -c1-400
 }
-step tests 120 python3 scripts/gpu_tests.py --out $G/tests --timeout 120 tests/test_cast_tamper_gpu.py
 if grep -q H200 $G/gpu.txt; then
-  step h200-e2e 150 python3 scripts/bench_e2e.py --out $G/h200-e2e --casts $SD --models sd35_medium
   step h200-vae 280 python3 scripts/bench_compose.py --out $G/h200-vae --model configs/examples/sd35_vae.toml \
     --cast $VAE --modes default --max-s 20 --processes 2
+  step h200-e2e 150 python3 scripts/bench_e2e.py --out $G/h200-e2e --casts $SD --models sd35_medium
 fi
 step probe 200 python3 docs/results/vae-bias-2026-12-06g/bias_probe.py $VAE $G/probe
+step tests 100 python3 scripts/gpu_tests.py --out $G/tests --timeout 120 tests/test_cast_tamper_gpu.py \
+  -k "no kernels"
