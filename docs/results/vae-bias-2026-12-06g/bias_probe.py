@@ -7,11 +7,12 @@ be served for the other): torch.compile alone, compile + cast keeping biases, co
 Alternating whole decodes (bench_compose's turns), medians with paired 95 % CIs; each arm's kernels by kind
 under the profiler; output agreement with torch.compile alone.
 
-    python docs/results/vae-bias-2026-12-06g/bias_probe.py CAST OUT_DIR
+    [PROBE_TIME_S=40] python docs/results/vae-bias-2026-12-06g/bias_probe.py CAST OUT_DIR
 """
 import collections
 import contextlib
 import json
+import os
 import re
 import sys
 import time
@@ -106,7 +107,8 @@ with torch.no_grad():
     print(json.dumps(res["kernels"], indent=1), flush=True)
     h0 = bc.hits(cast)
     res["timing"] = bc.rotate([("alone", alone, None), ("keep", arms["keep"], enabled),
-                               ("split", arms["split"], enabled)], 8, precision=0.01, max_s=40)
+                               ("split", arms["split"], enabled)], 8, precision=0.01,
+                              max_s=float(os.environ.get("PROBE_TIME_S", 40)))
     res["hits_while_timed"] = bc.hits(cast) - h0
 (out / "bias_probe.json").write_text(json.dumps(res, indent=1, default=str))
 print(json.dumps({k: v for k, v in res.items() if k not in ("kernels",) and not k.startswith("layout")}, indent=1,

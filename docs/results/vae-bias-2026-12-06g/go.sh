@@ -22,6 +22,6 @@ if grep -q H200 $G/gpu.txt; then
     --cast $VAE --modes default --max-s 20 --processes 2
   step h200-e2e 150 python3 scripts/bench_e2e.py --out $G/h200-e2e --casts $SD --models sd35_medium
 fi
-step probe 200 python3 docs/results/vae-bias-2026-12-06g/bias_probe.py $VAE $G/probe
+step probe 150 python3 docs/results/vae-bias-2026-12-06g/bias_probe.py $VAE $G/probe
 step tests 100 python3 scripts/gpu_tests.py --out $G/tests --timeout 120 tests/test_cast_tamper_gpu.py \
   -k "no kernels"
