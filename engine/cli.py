@@ -602,27 +602,6 @@ def _freeze_objects_at_exit() -> None:
         _EXIT_FREEZE.append(True)
 
 
-def leave_process(code: int) -> int:
-    """The process's exit, once a command has returned `code` and said everything: where a thread that is not a
-    daemon is still alive (a model's forward started one and left it running), the output is flushed and the process
-    ends now with `code`, without the interpreter's join of that thread. A model that left `threading.Thread(target=
-    time.sleep, args=(1000,))` made capture hang after printing its cards, and a Ctrl-C then printed a traceback
-    from threading._shutdown (red team F8). Otherwise `code` is returned for the usual exit. Only for the process's
-    own entry point (kforge_tui.cli.main with no argv): in-process callers (the tests) keep their threads."""
-    import threading
-
-    left = [t for t in threading.enumerate()
-            if t is not threading.main_thread() and not t.daemon and t.is_alive()]
-    if not left:
-        return code
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe: what could be said was said
-            pass
-    os._exit(code)
-
-
 def main(argv: Sequence[str] | None = None, *, open_tui: TuiLauncher | None = None) -> int:
     """Parse and run; errors become one line on stderr and exit code 2 (input) or 1 (job).
 

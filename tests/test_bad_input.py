@@ -504,3 +504,39 @@ def test_a_thread_the_model_leaves_running_does_not_keep_the_command_alive(tmp_p
     assert proc.returncode == 0, proc.stderr
     assert "aten::relu" in proc.stdout, proc.stdout   # its result printed whole
     assert "Traceback" not in proc.stderr
+
+
+BUILDER_LEAVING_A_THREAD = '''
+import threading
+import time
+import torch
+from torch import nn
+
+
+def build():
+    threading.Thread(target=time.sleep, args=(600,), daemon=False).start()   # never joined
+    return nn.Sequential(nn.Linear(8, 8)), (torch.randn(2, 8),)
+'''
+
+
+def test_exports_fresh_processes_end_when_a_model_leaves_a_thread_running(tmp_path):
+    # Export's fresh processes (confirmation, the whole-model check, the route checks, the sanitizer's runs) and the
+    # lane's worker end through the same exit as the command line: the layout check, the one of them that runs on
+    # the CPU, wrote its result and then waited on the model's thread until export's timeout killed it.
+    cfg = write(tmp_path, 'name = "x"\nbuilder = "net.py:build"\n', BUILDER_LEAVING_A_THREAD)
+    out = tmp_path / "result.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "engine.export.layout_check", "--config", str(cfg), "--cast",
+                           str(tmp_path / "unused.cast"), "--out", str(out), "--device", "cpu"],
+                          capture_output=True, text=True, env=env, timeout=90, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    assert '"chosen": null' in out.read_text()   # no convolutional module: nothing to route, said in full
+    assert "Traceback" not in proc.stderr
+
+
+def test_every_fresh_process_export_and_the_lane_start_ends_through_leave_process():
+    # The ones that need a GPU to reach the end of their work, held to the same exit by their source.
+    for mod in ("export/e2e", "export/graph_check", "export/layout_check", "export/confirm", "export/sanitize",
+                "lane/worker"):
+        tail = (ROOT / "engine" / f"{mod}.py").read_text().rsplit('if __name__ == "__main__":', 1)[1]
+        assert "sys.exit(leave_process(main()))" in tail, mod

@@ -43,6 +43,8 @@ APART: list[tuple[str, str]] = [
 # The card record (engine.cards) is plain data: the TUI names chain cards and counts their calls once by it.
 TUI_MAY_IMPORT = ("engine.cli", "engine.cards", "engine.errors", "engine.outcomes", "engine.store",
                   "engine.resources", "engine.progress", "kforge_tui",
+                  # how the entry point ends when a model left a thread running (imports only os, sys, threading)
+                  "engine.exits",
                   # the signal handling every command shares (serve stops on SIGTERM as run does): it imports
                   # nothing of the engine but engine.errors, which test_interrupt_stays_light holds it to
                   "engine.run.interrupt")

@@ -324,4 +324,6 @@ def run_job(work: Any, out: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from engine.exits import leave_process
+
+    sys.exit(leave_process(main()))

@@ -128,4 +128,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from engine.exits import leave_process
+
+    sys.exit(leave_process(main()))
