@@ -340,6 +340,40 @@ def test_complex_inputs_get_new_values_every_timed_call(monkeypatch):
     assert hits[0] == 0, f"{hits[0]} timed calls were answered from the memo"
 
 
+@pytest.mark.parametrize("op_name, mask, extra", [
+    ("aten::cumsum.default", torch.ones(4, 2048, dtype=torch.int64), (("dim", -1),)),    # position ids of a mask of ones
+    ("aten::sum.dim_IntList", torch.ones(4, 2048, dtype=torch.bool), (("dim", [-1]),)),  # lengths of an all-True mask
+], ids=["int mask of ones", "all-True bool mask"])
+def test_a_constant_mask_gets_new_values_every_timed_call(monkeypatch, op_name, mask, extra):
+    # The regenerator drew a constant mask with its own frequency or range: all True, all ones again, every timed
+    # call. A kernel memoising on a fingerprint of its input answered 64 of 64 timed calls from the memo (red team,
+    # 2026-12-06g). Fresh sets already broke such constants; timed calls now draw them the same way.
+    from engine.verify import timed
+    from engine.verify.pipeline import CardCheck
+
+    monkeypatch.setattr(timed, "ab_time", _alternating_ab)
+    op = resolve_op(op_name)
+    samples = [[("self", mask.clone()), *extra] for _ in range(2)]
+    check = CardCheck(op_name, samples, lambda b: call_op(op, b), race_reps=0)
+    memo, hits = {}, [0]
+
+    def run(b, prefill):
+        key = tuple(dict(b)["self"].reshape(-1)[::97].tolist())   # a few probes stand for the whole input
+        if key in memo:
+            hits[0] += 1
+        else:
+            memo[key] = call_op(op, b)
+        return [memo[key].clone()]
+
+    assert check.check(run).ok
+    hits[0] = 0
+    cfg = TimingConfig(min_reps=64, batch=16, audit_every=8, min_audits=3)
+    result = timed.audited_ab(check, timed.TimedCandidate(lambda b, prefill: (lambda: run(b, prefill))),
+                              lambda: None, cfg, seed=3)
+    assert result.category is None, result.message
+    assert hits[0] == 0, f"{hits[0]} timed calls were answered from the memo"
+
+
 def test_a_kernel_that_rewrites_the_audits_copy_of_its_values_is_caught(protocol, monkeypatch):
     # The audit's copy of the candidate's values as generated was made before the candidate's call, in buffers made
     # once: a kernel that learnt where they are could write the same cheap values (here `other` = 0, so the answer

@@ -406,8 +406,9 @@ class Regenerator:
     `refill_(bound)` overwrites every tensor of a bound laid out like the sample: floats from a normal
     distribution with the sample's mean and std clamped to its range, integers uniform over its range,
     booleans with its frequency of True, complex values from a unit complex normal (the distributions of
-    `fresh_inputs`, whose sets the candidate already passed). No value repeats from call to call, so a
-    result cannot be memoised (integers kept with `keep_ints` excepted).
+    `fresh_inputs`, whose sets the candidate already passed; a constant mask or integer tensor is drawn as they
+    draw it, not constant). No value repeats from call to call, so a result cannot be memoised (integers kept with
+    `keep_ints`, and a constant 0, excepted).
     """
 
     def __init__(self, sample: Bound, seed: int, *, keep_ints: bool = False,
@@ -419,7 +420,11 @@ class Regenerator:
             if keep_ints and _is_int(t):
                 self.stats.append(("keep", None))
             elif t.dtype == torch.bool:
-                self.stats.append(("bool", float(t.float().mean()) if t.numel() else 0.5))
+                p = float(t.float().mean()) if t.numel() else 0.5
+                # A constant mask (all True, all False) drawn with its own frequency stayed constant in every timed
+                # call, and a memo of the answer paid (red team 2026-12-06g: 64 of 64 timed calls of a sum of an
+                # all-True mask). Half and half, as `refill_like_` draws the fresh sets the candidate passed.
+                self.stats.append(("bool", 0.5 if p in (0.0, 1.0) else p))
             elif t.is_complex():
                 # Drawn as fresh sets draw them (unit complex normal). Kept as the slot's base held them, every timed
                 # call of a complex card was a set verification had run, and a memo of its answers paid.
@@ -432,6 +437,13 @@ class Regenerator:
                 self.stats.append(("float", (mean, std, lo, hi, t.clone() if monotone(t) else None)))
             else:
                 _, _, lo, hi = _stats(t)
+                if int(lo) == int(hi) != 0 and t.dim() > 0 and (distinct or {}).get(path, -1) == -1:
+                    # A constant integer tensor (an attention mask of ones) likewise: each element its value or one
+                    # step toward zero, as `refill_like_` draws it (64 of 64 timed calls of a cumsum of ones were
+                    # answered from a memo). A constant 0 stays: a step away from it may index past a size.
+                    lo = int(lo)
+                    self.stats.append(("int pair", (lo, lo - 1 if lo > 0 else lo + 1)))
+                    continue
                 # (lo, hi, the rising rows to keep, the dim whose lines repeat nothing: -1 none, None the whole)
                 self.stats.append(("int", (int(lo), int(hi), t.clone() if monotone(t) else None,
                                            (distinct or {}).get(path, -1))))
@@ -474,6 +486,9 @@ class Regenerator:
                     tmp = torch.empty(c.shape, dtype=torch.complex64, device=c.device)
                     torch.view_as_real(tmp).normal_(0.0, math.sqrt(0.5), generator=self.gen)
                     c.copy_(tmp)
+            elif kind == "int pair":
+                value, step = p
+                c.copy_(torch.where(torch.rand(c.shape, device=c.device, generator=self.gen) < 0.5, value, step))
             elif kind == "int":
                 lo, hi, rising, unique_dim = p
                 c.random_(lo, hi + 1 if hi < torch.iinfo(c.dtype).max else hi, generator=self.gen)
