@@ -149,3 +149,14 @@ def test_a_request_that_ran_out_of_memory_is_tried_once_more_with_the_other_card
     with pytest.raises(torch.OutOfMemoryError):
         Worker.with_room(SimpleNamespace(cards=cache), alone)({"card_id": "b"})
     assert len(calls) == 1
+
+
+def test_a_card_put_down_on_purpose_is_made_again_from_its_request():
+    # The worker puts down a card whose stored input sets a candidate wrote into (CardCheck.held_damaged): the next
+    # candidate is checked on the sets as made from the sample files, not as that one left them.
+    cache, loads, _ = _cache(10, {"a": 4})
+    first, _ = cache.add({"card_id": "a", "v": "A"})
+    cache.drop("a")
+    cache.drop("a")   # not loaded: nothing to do
+    again = cache.get("a")
+    assert again == first and again is not first and loads == ["a", "a"]

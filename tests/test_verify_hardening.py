@@ -428,3 +428,59 @@ def test_an_honest_fp16_softmax_keeps_its_worst_block_under_the_bar():
     r = ref.flatten()
     ratio = _worst_block_ratio(r, (eager.double() - ref).flatten(), (honest.double() - ref).flatten(), per.flatten(), u)
     assert 0 < ratio < PRECISION_FACTOR / 1.5, ratio
+
+
+# ---- the stored input sets --------------------------------------------------------------------------
+
+
+def test_a_candidate_that_rewrites_the_cards_stored_sets_is_an_overrun_and_the_sets_are_made_again():
+    # A kernel that maps NaN/inf to numbers is rejected on 'edge nonfinite'. The same kernel that also found the card's
+    # stored sets (by scanning its allocation's segment for a copy of its own input) and made them finite was verified:
+    # its own later sets and eager's copy saw the rewritten values, and so did every later candidate of the card
+    # (red team, 2026-12-06g). Here by reference, as the device-side write would reach them.
+    add = resolve_op("aten::add.Tensor")
+    gen = torch.Generator().manual_seed(0)
+    samples = [[("self", torch.randn(4096, generator=gen)), ("other", torch.randn(4096, generator=gen)),
+                ("alpha", 1)] for _ in range(2)]
+
+    def wrong(b):
+        d = dict(b)
+        return [torch.nan_to_num(d["self"] + d["other"], nan=0.0, posinf=0.0, neginf=0.0)]
+
+    check = CardCheck("aten::add.Tensor", samples, lambda b: call_op(add, b))
+    assert not check.check(lambda b, p: wrong(b)).ok and not check.held_damaged
+
+    def cheat(b, prefill):
+        for _, s in check.sets:
+            for _, t in tensors_of(s):
+                t.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+        return wrong(b)
+
+    check = CardCheck("aten::add.Tensor", samples, lambda b: call_op(add, b))
+    v = check.check(cheat)
+    assert not v.ok and v.category == "overrun", v
+    assert "wrote into the card's stored input set" in v.message and check.held_damaged
+    # an honest candidate changes nothing in them, check after check
+    check = CardCheck("aten::add.Tensor", samples, lambda b: call_op(add, b))
+    honest = lambda b, p: [dict(b)["self"] + dict(b)["other"]]  # noqa: E731
+    assert check.check(honest).ok and check.check(honest).ok and not check.held_damaged
+    check.require_held_intact()
+
+
+def test_the_stored_sets_digest_sees_one_bit_anywhere_and_is_keyed():
+    from engine.verify.pipeline import held_digest
+
+    x = torch.randn(3 * (1 << 20) + 5)   # more than one chunk of words, and a tail of bytes past the last word
+    bound = [("self", x), ("mask", torch.ones(7, dtype=torch.bool)), ("z", torch.randn(3, dtype=torch.complex64))]
+    d = held_digest(bound, key=12345)
+    assert d == held_digest(bound, key=12345) and d != held_digest(bound, key=54321)
+    for t, i in ((x, len(x) - 1), (x, 1 << 20), (bound[1][1], 3)):
+        old = t[i].clone()
+        t.view(torch.uint8)[t.element_size() * i] ^= 1   # one bit of one element
+        assert held_digest(bound, key=12345) != d
+        t[i] = old
+    assert held_digest(bound, key=12345) == d
+    # two chunks swapped whole still change it (each chunk's sum is weighted by its place)
+    a, b = x[: 1 << 19].clone(), x[1 << 19: 1 << 20].clone()
+    x[: 1 << 19], x[1 << 19: 1 << 20] = b, a
+    assert held_digest(bound, key=12345) != d

@@ -125,6 +125,11 @@ class CardCache(Generic[T]):
             self._release()
         return card
 
+    def drop(self, cid: str) -> None:
+        """Put a loaded card down now (its next `get` loads it again from its request, as made at first)."""
+        if cid in self.loaded:
+            self._put_down(cid)
+
     def _put_down(self, cid: str) -> None:
         del self.loaded[cid]
         self.sizes.pop(cid, None)

@@ -417,10 +417,13 @@ class Worker:
                 again = self._guarded(lambda: card.check.recheck_in_place(run, timed.slot))
                 if not again.ok:
                     raise Rejected(again.category, again.message, {**result, "verdict": again.to_json()})
+                self._guarded(card.check.require_held_intact)   # timed and audited calls wrote nowhere in them
             result["seconds"] = time.perf_counter() - t0
             return result
         finally:
             module.unload()
+            if card.check.held_damaged:   # the next candidate is checked on the sets as made, not as this one left them
+                self.cards.drop(p["card_id"])
 
     def _run_candidate(self, launcher: CandidateLauncher, canaries: Any, bound: Any, prefill: Any) -> list[Any]:
         """One verification run of the candidate. Inside `_contend` (verification's busy runs) its blocks run

@@ -115,6 +115,35 @@ def _category(r: CompareReport) -> str:
     return "nan" if r.category == "nan" else "mismatch"
 
 
+_DIGEST_WORDS = 1 << 20
+
+
+def held_digest(bound: Bound, key: int) -> tuple[int, ...]:
+    """Per tensor of an input set, a keyed checksum of its bytes: 64-bit words times weights drawn from `key`
+    (odd, distinct per word of a chunk, scaled per chunk), summed with wrap-around. The weights exist on the device
+    only while it is computed and are zeroed after: a kernel that rewrites a set cannot make its change cancel
+    out without them."""
+    out = []
+    for _, t in tensors_of(bound):
+        raw = cover(t).contiguous().reshape(-1).view(torch.uint8)
+        if raw.numel() % 8:
+            raw = torch.cat([raw, raw.new_zeros(8 - raw.numel() % 8)])
+        words = raw.view(torch.int64)
+        if words.numel() == 0:
+            out.append(0)
+            continue
+        gen = torch.Generator(device=words.device).manual_seed(key)
+        w = torch.randint(-(2**62), 2**62, (min(_DIGEST_WORDS, words.numel()),), generator=gen, dtype=torch.int64,
+                          device=words.device) | 1
+        acc = torch.zeros((), dtype=torch.int64, device=words.device)
+        for i, start in enumerate(range(0, words.numel(), _DIGEST_WORDS)):
+            part = words[start:start + _DIGEST_WORDS]
+            acc += (part * w[:part.numel()]).sum() * (2 * i + 1)
+        w.zero_()
+        out.append(int(acc))
+    return tuple(out)
+
+
 class CardCheck:
     """Verification of candidates for one card: its op, its input sets, eager's reference answers.
 
@@ -182,6 +211,27 @@ class CardCheck:
         self._ref64: dict[str, list[Any] | None] = {}
         self._stale: list[Any] | None = None   # eager's answer to the set checked last (`_check_set`)
         self._race_regen: tuple[bool, Regenerator] | None = None   # (keep_ints, the race runs' regenerator)
+        # (key, a digest per stored set): made at the first check, before any candidate ran (`held_intact`)
+        self._held: tuple[int, list[tuple[int, ...]]] | None = None
+        self.held_damaged = False   # a candidate wrote into a stored set: the sets must be made again (the worker)
+
+    def require_held_intact(self, label: str | None = None) -> None:
+        """Raise GuardViolation where a stored input set (`label`'s, or any) no longer holds what it held at the
+        first check. The sets live beside the candidate's copies, outside every canary, for every candidate of the
+        card: a kernel that found them (a scan of its allocation's segment for a copy of its own input) could make
+        the edge sets harmless (the non-finite set finite) for its own later sets, for eager, and for every later
+        candidate (red team, 2026-12-06g). Checked before the first set, before eager runs on each set, after the
+        last, and after timing (the lane's worker); a damaged check is `held_damaged`, to be made again."""
+        if self._held is None:
+            return
+        key, digests = self._held
+        for (name, inputs), digest in zip(self.sets, digests):
+            if label is not None and name != label:
+                continue
+            if held_digest(inputs, key) != digest:
+                self.held_damaged = True
+                raise GuardViolation(f"wrote into the card's stored input set '{name}' (the sets every candidate "
+                                     "and eager are checked on)")
 
     def held_tensors(self) -> list[Any]:
         """The device tensors this check keeps between candidates: its input sets (the samples among them) and eager's
@@ -256,6 +306,11 @@ class CardCheck:
     def check(self, run: RunCandidate) -> Verdict:
         """Run every input set through the candidate (twice) and eager; stop at the first failure."""
         self.validate()
+        if self._held is None:
+            import secrets
+
+            key = secrets.randbits(62)   # on the host only: no kernel can read it, nor the weights made from it
+            self._held = (key, [held_digest(inputs, key) for _, inputs in self.sets])
         try:
             return self._check_sets(run)
         finally:
@@ -265,6 +320,7 @@ class CardCheck:
     def _check_sets(self, run: RunCandidate) -> Verdict:
         n = 0
         try:
+            self.require_held_intact()
             for n, (label, inputs) in enumerate(self.sets, 1):
                 v = self._check_one(run, label, inputs)
                 if v is not None:
@@ -273,6 +329,7 @@ class CardCheck:
                 v = self._race(run)
                 if v is not None:
                     return Verdict(False, v.category, v.message, v.input_set, v.details, n)
+            self.require_held_intact()
         except GuardViolation as e:
             label = self.sets[n - 1][0] if n else None
             return Verdict(False, "overrun", f"{label}: {e}", label, {}, n)
@@ -307,6 +364,7 @@ class CardCheck:
             third_in, canaries = self.candidate_copy(inputs)
             held += stale
             third = self._candidate_run(run, third_in, canaries, stale, held)
+        self.require_held_intact(label)   # eager's inputs are the set as made, whatever the candidate wrote
         try:
             expected, eager_in = self._expected(inputs)
             held += expected
