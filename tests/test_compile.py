@@ -271,6 +271,53 @@ def test_headers_found():
     assert find_headers(nvrtc_mod.nvrtc_version()) == hs
 
 
+# ------------------------------------------------------------------------------- state kept between calls
+
+# A candidate that remembers (a memo, a call counter) or reads when and how it was launched can tell verification,
+# timing and a user's model apart (red team, 2026-12-06g): refused at compile time, by both compilers.
+REFUSED_STATE = {
+    "call counter": ('__device__ unsigned int calls;\nextern "C" __global__ void k(float* o) '
+                     '{ o[threadIdx.x] = (float)atomicAdd(&calls, 1u); }', "'calls'"),
+    "memo": ('__device__ float memo[16];\nextern "C" __global__ void k(float* o, const float* x) '
+             '{ if (x[0] == 1.f) o[0] = memo[0]; else { memo[0] = x[0] * 2; o[0] = memo[0]; } }', "'memo'"),
+    "through a pointer": ('__device__ float memo[16];\nextern "C" __global__ void k(float* o, const float* x, int i) '
+                          '{ float* p = memo + (i & 7); p[threadIdx.x & 7] += x[0]; o[0] = p[1]; }', "'memo'"),
+    "through a call": ('__device__ float memo[16];\n__device__ __noinline__ void w(float* p, float v) { p[0] = v; }\n'
+                       'extern "C" __global__ void k(float* o, const float* x) { w(memo, x[0]); o[0] = 1; }', "'memo'"),
+    "pointer handed out": ('__device__ float memo[16];\nextern "C" __global__ void k(float** o) { o[0] = memo; }',
+                           "'memo'"),
+    "clocks": ('extern "C" __global__ void k(float* o) { unsigned long long t; '
+               'asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); o[threadIdx.x] = (float)(clock64() + t); }',
+               "%clock64, %globaltimer"),
+    "shared memory size": ('extern "C" __global__ void k(float* o) { unsigned d; '
+                           'asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(d)); o[0] = d; }', "%dynamic_smem_size"),
+}
+ALLOWED_STATE = {
+    "constant and read-only tables": '__device__ const float tab[4] = {1, 2, 3, 4};\n__constant__ float c[4] = '
+                                     '{1, 2, 3, 4};\n__device__ float t2[4] = {1, 2, 3, 4};\nextern "C" __global__ '
+                                     'void k(float* o, int i) { o[threadIdx.x] = c[threadIdx.x & 3] + tab[i & 3] '
+                                     '* t2[(i + 1) & 3]; }',
+}
+
+
+@pytest.mark.parametrize("compiler", ["nvrtc", pytest.param("nvcc", marks=needs_nvcc)])
+@pytest.mark.parametrize("case", list(REFUSED_STATE))
+def test_a_kernel_that_keeps_state_between_calls_or_reads_clocks_does_not_compile(case, compiler):
+    src, named = REFUSED_STATE[case]
+    res = (compile_nvrtc if compiler == "nvrtc" else compile_nvcc)(src, arch=ARCH)
+    assert not res.ok and res.cubin is None and res.kernels == ()
+    (err,) = [d for d in res.errors if d.code == "forbidden"]
+    assert named in err.message, err.message
+    assert "workspace" in err.message or "launched" in err.message   # what to do instead, for a repair
+
+
+@pytest.mark.parametrize("case", list(ALLOWED_STATE))
+def test_tables_a_kernel_only_reads_and_cubs_own_constants_compile(case):
+    res = compile_nvrtc(ALLOWED_STATE[case], arch=ARCH)
+    assert res.ok, res.log + str(res.errors)
+    assert nvrtc_result("cub").ok   # CUB and libcu++ declare hundreds of .global constants they never touch
+
+
 # -------------------------------------------------------------------------------------------------- nvcc
 
 @needs_nvcc

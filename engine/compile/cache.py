@@ -26,7 +26,7 @@ from engine.compile.diagnostics import CompileResult, Diagnostic, is_transient
 from engine.compile.nvrtc import normalize_arch
 from engine.compile.toolchain import COMPILERS, CompilerName, compile_source, compiler_version
 
-_FORMAT = 1
+_FORMAT = 2  # 2: modules with module-scope globals or clock reads are refused (forbidden_state)
 
 
 class CompileRunner(Protocol):

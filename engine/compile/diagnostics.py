@@ -280,3 +280,76 @@ def is_transient(diags: Sequence[Diagnostic]) -> bool:
 
 __all__ = ["CompileResult", "CompilerUnavailable", "Diagnostic", "Severity", "failure", "is_transient",
            "parse_log", "summarize"]
+
+
+# State a kernel keeps from call to call, and what tells it where or when it runs: the lane regenerates every input
+# and buffer per call, so a candidate that remembers (a memo of earlier answers, a call counter) or reads the time
+# or the shared memory it was given can tell verification, timing and a user's model apart (red team,
+# 2026-12-06g: a memo a whole-model check rewards, a counter that turns wrong after 200,000 calls, a race that
+# behaves only when the contention runs' spread launch shows in `%dynamic_smem_size`). Workspaces are the way to
+# keep state within a call. Refused at compile time: a module-scope `.global` variable (a `__device__` or
+# `__managed__` one) that the module writes or whose address it takes (read-only tables, and the constants CUB
+# and libcu++ declare and never touch, stay allowed), and these special registers.
+_MODULE_GLOBAL = re.compile(r"^\s*(?:\.(?:visible|extern|weak|common)\s+)*\.global\s+(?:[^;]*?\s)?(?P<name>[\w$]+)"
+                            r"\s*(?:\[[^\]]*\]\s*)*(?:=|;)", re.M)
+_PTX_WORD = re.compile(r"[A-Za-z_$][\w$]*")
+_PTX_OPCODE = re.compile(r"^\s*(?:@!?%\w+\s+)?(?P<op>[a-z][\w.]*)")
+_SPECIAL_REGS = re.compile(r"%(?P<reg>globaltimer(?:_lo|_hi)?|clock(?:64|_hi)?|dynamic_smem_size|total_smem_size|"
+                           r"nsmid|gridid)\b")
+
+
+_PTX_REG = re.compile(r"%[\w$]+")
+_PTX_FUNCTION = re.compile(r"^\s*(?:\.(?:visible|extern|weak)\s+)*\.(?:entry|func)\b")
+
+
+def _written_globals(ptx: str) -> list[str]:
+    """Module-scope `.global` variables the PTX may write, in declaration order: named or reached (through the
+    registers that hold their address, followed within each function) by a store, an atomic or a reduction, or
+    whose address goes where it cannot be followed (a call, a store of the pointer itself). Loads from them, a
+    table's reads, are not writes."""
+    declared = {m.group("name"): m.start() for m in _MODULE_GLOBAL.finditer(ptx)}
+    if not declared:
+        return []
+    decl_lines = {ptx.count("\n", 0, at) for at in declared.values()}
+    bad: dict[str, None] = {}
+    held: dict[str, set[str]] = {}   # register -> the variables whose address it may hold (this function)
+    for n, line in enumerate(ptx.splitlines()):
+        if _PTX_FUNCTION.match(line):
+            held = {}
+        if n in decl_lines:
+            continue
+        code = line.split("//", 1)[0]
+        named = {w for w in _PTX_WORD.findall(code) if w in declared}
+        regs = _PTX_REG.findall(code)
+        reached = set(named).union(*(held.get(r, set()) for r in regs))
+        if not reached:
+            continue
+        m = _PTX_OPCODE.match(code)
+        op = m.group("op") if m else ""
+        operands = code[m.end():] if m else code
+        if op.startswith(("ld.", "prefetch", "ldu.")):
+            continue   # read where it stands (the loaded value is data)
+        if op.startswith(("st.", "atom.", "red.", "call", "cp.", "mbarrier", "cvta.to.shared")) or not regs:
+            bad.update(dict.fromkeys(sorted(reached, key=declared.get)))
+            continue
+        dest = _PTX_REG.match(operands.strip())   # arithmetic, mov, cvta: the first operand now holds it too
+        if dest is not None:
+            held[dest.group(0)] = held.get(dest.group(0), set()) | reached
+        else:
+            bad.update(dict.fromkeys(sorted(reached, key=declared.get)))
+    return sorted(bad, key=declared.get)
+
+
+def forbidden_state(ptx: str | None, compiler: str) -> list[Diagnostic]:
+    """Errors for what the candidate contract forbids in a compiled module (see above), from its PTX."""
+    if not ptx:
+        return []
+    out = [failure(compiler, f"module-scope variable '{name}' (a __device__ or __managed__ global) is written: it "
+                   "keeps state from call to call; use a [[workspace]] (zeroed if it must start at 0) for state "
+                   "within a call", "forbidden") for name in _written_globals(ptx)]
+    regs = sorted({m.group("reg") for m in _SPECIAL_REGS.finditer(ptx)})
+    if regs:
+        out.append(failure(compiler, "reads " + ", ".join(f"%{r}" for r in regs) + " (clock64(), "
+                           "%globaltimer, shared memory sizes, grid ids): a kernel's result must not depend on when "
+                           "or how it was launched", "forbidden"))
+    return out

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
-from engine.compile.diagnostics import CompileResult, CompilerUnavailable, failure, parse_log
+from engine.compile.diagnostics import CompileResult, CompilerUnavailable, failure, forbidden_state, parse_log
 from engine.compile.nvrtc import entry_points, linkage_remarks, normalize_arch, source_hash
 
 INSTALL_HINT = "install a CUDA toolkit (or `pip install nvidia-cuda-nvcc`) and put nvcc on PATH or set CUDA_HOME"
@@ -92,6 +92,9 @@ def compile_nvcc(source: str, *, arch: str, name: str = "candidate.cu", options:
         diags.append(failure("nvcc", f"nvcc timed out after {timeout:.0f} s", "timeout"))
     elif not ok and not any(d.severity == "error" for d in diags):
         diags.append(failure("nvcc", f"nvcc exited with {code}: {log.strip()[-500:]}", "internal"))
+    if ok and (refused := forbidden_state(ptx, "nvcc")):
+        ok, cubin = False, None
+        diags += refused
     kernels = entry_points(ptx, cubin) if ok else ()
     if ok:
         diags += linkage_remarks(ptx, name, kernels)

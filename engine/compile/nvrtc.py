@@ -19,7 +19,14 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-from engine.compile.diagnostics import CompileResult, CompilerUnavailable, Diagnostic, failure, parse_log
+from engine.compile.diagnostics import (
+    CompileResult,
+    CompilerUnavailable,
+    Diagnostic,
+    failure,
+    forbidden_state,
+    parse_log,
+)
 from engine.compile.headers import HeaderSet, bundled_headers_dir, find_headers, nvrtc_shims
 
 INSTALL_HINT = "pip install cuda-python 'nvidia-cuda-nvrtc>=13.0' (or install a CUDA toolkit)"
@@ -245,6 +252,9 @@ def compile_nvrtc(source: str, *, arch: str, name: str = "candidate.cu", options
     if ok and real and cubin is None:
         ok = False
         diags.append(failure("nvrtc", "NVRTC produced no cubin", "internal"))
+    if ok and (refused := forbidden_state(ptx, "nvrtc")):
+        ok, cubin = False, None
+        diags += refused
     kernels = entry_points(ptx, cubin) if ok else ()
     if ok:
         diags += linkage_remarks(ptx, name, kernels)
