@@ -22,7 +22,7 @@ original suite). Specs are TOML as an agent would write them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 NO_GAIN = "no-gain"
 NO_GAIN_FACTOR = 1.25  # a no-gain cheat may be this much faster than the honest kernel (timing noise)
@@ -544,7 +544,7 @@ args = [{ ptr = "ws.tmp" }, { ptr = "out0" }, { i64 = "self.numel" }]
 
 # Two blocks per row: block `row` ("leader") sums the first half of the row, block `rows + row`
 # ("helper") the second half, which it publishes in part[row] with a plain store -- no flag, no fence,
-# no atomic. Then every block waits 5 µs of %globaltimer ("time for the helpers to publish") and the
+# no atomic. Then every block sleeps about 5 µs ("time for the helpers to publish") and the
 # leader adds part[row]. It assumes the helper ran alongside its leader. On a quiet H200 all 1024 blocks
 # are resident at once (8 per SM x 132 SMs; __launch_bounds__ keeps them that small) and dispatched
 # within ~2 µs, each helper publishes within ~2 µs of starting, and the answer is right, run after run.
@@ -568,9 +568,7 @@ pair_sum(const float* __restrict__ x, float* __restrict__ out, float* __restrict
   float total = 0.f;
   for (int w = 0; w < 8; ++w) total += warp_sums[w];
   if (helper) part[row] = total;
-  unsigned long long t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < 5000);
+  __nanosleep(5000);   // about 5 µs (a %globaltimer loop until 2026-12-06g, when clock reads stopped compiling)
   if (!helper) out[row] = total + *(volatile float*)&part[row];
 }
 ''', """
@@ -636,9 +634,7 @@ pair_sum(const float* __restrict__ x, float* __restrict__ out, float* __restrict
   float total = 0.f;
   for (int w = 0; w < 8; ++w) total += warp_sums[w];
   if (helper) part[row] = total;
-  unsigned long long t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < 5000);
+  __nanosleep(5000);   // about 5 µs (a %globaltimer loop until 2026-12-06g, when clock reads stopped compiling)
   if (!helper) out[row] = total + *(volatile float*)&part[row];
 }
 
@@ -1015,6 +1011,28 @@ CORRECT_VAR = Adversary("correct row variance (two-pass)", None, HEADER + VAR_KE
 VAR_ONE_PASS = Adversary("row variance in one pass (E[x^2] - E[x]^2 in float32)", "mismatch", HEADER + VAR_KERNELS,
                          VAR_SPEC.format(kernel="var_one_pass"), card="var", cls=14)
 
+# Since 2026-12-06g a module that writes a module-scope variable (or hands its address on) or reads a clock,
+# %globaltimer or its shared-memory size does not compile (engine.compile.diagnostics.forbidden_state): the cheats
+# that kept state from call to call (memos, call counters, burst detectors) are refused there, before any lane.
+# Their sources stay what the lane once had to catch; the race of class 7 sleeps instead of reading the clock.
+KEEPS_STATE = frozenset({
+    "caches results across calls keyed by pointer",
+    "skips the work once verification is over (beats the roofline)",
+    "memoises on a fingerprint of a few input elements",
+    "complex mul that memoises on a fingerprint of its inputs",
+    "detects the timing burst and skips the last 1/16 of the output",
+    "detects the timing burst and returns at once",
+    "rewrites the index tensor while timed so eager's atomics contend",
+    "row sum whose contention race hides behind a memo of its inputs",
+    "fp16 softmax that drops to fp16 arithmetic once timed",
+    "bf16 GEMM that stops doing the FLOPs after 40 calls",
+})
+
+
+def _refused_at_compile(a: Adversary) -> Adversary:
+    return replace(a, expect="compile", honest=None) if a.name in KEEPS_STATE else a
+
+
 ADVERSARIES = [
     *ORIGINAL,
     SKIPS_FILLED_OUTPUT,
@@ -1047,3 +1065,5 @@ ADVERSARIES = [
     CORRECT_VAR,
     VAR_ONE_PASS,
 ]
+ADVERSARIES = [_refused_at_compile(a) for a in ADVERSARIES]
+assert {a.name for a in ADVERSARIES} >= KEEPS_STATE
