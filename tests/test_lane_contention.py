@@ -90,8 +90,15 @@ def test_the_contention_kernels_compile_for_every_arch_we_serve():
     from engine.lane.worker import _HOG_SOURCE
 
     for arch in ("sm_80", "sm_90", "sm_100", "sm_121"):
-        compiled = compile_nvrtc(_HOG_SOURCE, arch=arch, name="kf_hog.cu", want_ptx=False, pch=False)
+        compiled = compile_nvrtc(_HOG_SOURCE, arch=arch, name="kf_hog.cu", want_ptx=False, pch=False,
+                                 contract=False)
         assert compiled.ok and compiled.cubin, (arch, compiled.summary())
+    # held to the candidates' contract it would not compile (it reads the clock): the worker says contract=False
+    assert not compile_nvrtc(_HOG_SOURCE, arch="sm_90", name="kf_hog.cu", want_ptx=False, pch=False).ok
+    import inspect
+
+    from engine.lane import worker
+    assert "contract=False" in inspect.getsource(worker._Hog.__init__)
 
 
 def test_the_side_stream_is_one_seen_to_run_beside_the_default_stream():

@@ -211,8 +211,10 @@ def build_options(arch: str, options: Sequence[str] = (), *, pch: bool = True,
 
 
 def compile_nvrtc(source: str, *, arch: str, name: str = "candidate.cu", options: Sequence[str] = (),
-                  want_ptx: bool = True, pch: bool = True) -> CompileResult:
-    """Compile `source` for `arch` ('sm_90': cubin + PTX; 'compute_90': PTX only) with NVRTC."""
+                  want_ptx: bool = True, pch: bool = True, contract: bool = True) -> CompileResult:
+    """Compile `source` for `arch` ('sm_90': cubin + PTX; 'compute_90': PTX only) with NVRTC. `contract`: hold
+    the module to the candidate contract (`forbidden_state`); off only for the engine's own kernels (the lane's
+    contention kernels read the clock)."""
     arch = normalize_arch(arch)
     nvrtc = nvrtc_module()
     headers = nvrtc_headers()
@@ -238,7 +240,7 @@ def compile_nvrtc(source: str, *, arch: str, name: str = "candidate.cu", options
     if ok and want_ptx and ptx is None and real:
         # Older NVRTC gives no PTX for a real arch: compile again for the virtual one.
         extra = compile_nvrtc(source, arch=arch.replace("sm_", "compute_", 1), name=name, options=options,
-                              want_ptx=True, pch=pch)
+                              want_ptx=True, pch=pch, contract=contract)
         ptx = extra.ptx
     diags = list(parse_log(log, source_name=name, ptx=ptx))
     if status == nvrtc.nvrtcResult.NVRTC_ERROR_CANCELLED:
@@ -252,7 +254,7 @@ def compile_nvrtc(source: str, *, arch: str, name: str = "candidate.cu", options
     if ok and real and cubin is None:
         ok = False
         diags.append(failure("nvrtc", "NVRTC produced no cubin", "internal"))
-    if ok and (refused := forbidden_state(ptx, "nvrtc")):
+    if ok and contract and (refused := forbidden_state(ptx, "nvrtc")):
         ok, cubin = False, None
         diags += refused
     kernels = entry_points(ptx, cubin) if ok else ()

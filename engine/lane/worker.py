@@ -116,7 +116,8 @@ class _Hog:
     they spun 30 µs, so the candidate met an idle GPU (docs/results/reproduce-h200/2026-12-05d)."""
 
     def __init__(self, arch: str, sms: int, clock_hz: float, device: torch.device, threads_per_sm: int = 2048):
-        compiled = compile_nvrtc(_HOG_SOURCE, arch=arch, name="kf_hog.cu", want_ptx=False, pch=False)
+        compiled = compile_nvrtc(_HOG_SOURCE, arch=arch, name="kf_hog.cu", want_ptx=False, pch=False,
+                                 contract=False)  # ours: it reads the clock to hold the SMs
         if not compiled.ok or not compiled.cubin:
             raise RuntimeError(f"the contention kernel does not compile: {compiled.summary()}")
         self.module = drv.Module(compiled.cubin)
