@@ -203,3 +203,45 @@ def test_calls_that_write_nothing_or_return_only_to_the_host_are_not_cards(tmp_p
     assert not ops & {"aten::index_select", "aten::index_put_", "aten::equal"}, ops
     assert {"aten::mul.Tensor", "aten::clone"} <= ops, ops
     assert result.skipped.get("empty") == 2 and result.skipped.get("host result") == 1, result.skipped
+
+
+CODEBOOK = '''
+class Quantizer(nn.Module):
+    """A VQ-VAE's codebook lookup (diffusers' VectorQuantizer): pairwise distances to every code, argmin, embed."""
+
+    def __init__(self):
+        super().__init__()
+        self.codes = nn.Embedding(64, 8)
+
+    def forward(self, z):
+        flat = (z * 1.0).view(-1, 8)
+        near = torch.cdist(flat, self.codes.weight).argmin(dim=1)
+        q = self.codes(near).view(z.shape)
+        return z + (q - z) * 0.5, torch.cdist(flat[:16], self.codes.weight[:16], p=1).sum()
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.quantize = Quantizer()
+
+    def forward(self, z):
+        return self.quantize(z)
+
+
+def build(_):
+    torch.manual_seed(0)
+    return Model(), (torch.randn(2, 32, 8),)
+'''
+
+
+@DEVICES
+def test_pairwise_distances_end_a_chain(tmp_path, device):
+    # VQ-VAE's quantizer made one "memory-bound" chain card of cdist, argmin, embedding and the straight-through
+    # arithmetic: its kernel would have had to compute every (latent, code) distance, a matmul's work.
+    result = _capture(tmp_path, CODEBOOK, device)
+    ops = {c.op for c in result.cards}
+    assert {"aten::_euclidean_dist", "aten::_cdist_forward"} <= ops, ops
+    chains = _chain_ops(result)
+    assert chains, ops   # the arithmetic after the lookup still makes one
+    assert not [c for c in chains if {"aten::_euclidean_dist", "aten::_cdist_forward"} & set(c)], chains

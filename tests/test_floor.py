@@ -76,6 +76,16 @@ def test_linear_and_matmul_broadcast():
     assert card_flops(*direct(aten.mv.default, r(6, 7), r(7))) == 2 * 6 * 7
 
 
+def test_pairwise_distances_count_a_matmul_of_work():
+    # cdist is every (row, row) pair over the feature dimension: a VQ codebook lookup's matmul, not a memory-bound op
+    x, y = r(2, 40, 8), r(2, 30, 8)
+    assert card_flops(*direct(aten._euclidean_dist.default, r(40, 8), r(30, 8))) == 2 * 40 * 30 * 8
+    assert card_flops(*direct(aten._cdist_forward.default, x, y, 1.0, None)) == 2 * 2 * 40 * 30 * 8
+    assert card_flops(*direct(aten._cdist_forward.default, r(1, 40, 8), y, 2.0, None)) == 2 * 2 * 40 * 30 * 8
+    assert card_flops(*direct(aten._pdist_forward.default, r(10, 8), 2.0)) == 2 * 45 * 8
+    assert card_flops(*direct(aten._cdist_forward.default, r(40, 8), r(30, 7), 2.0, None)) is None
+
+
 def test_alpha_zero_needs_no_product():
     assert card_flops(*card(lambda: torch.addmm(r(48), r(64, 32), r(32, 48), alpha=0))) is None
 

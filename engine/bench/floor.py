@@ -220,6 +220,27 @@ def _matmul(a: _Args) -> int:
     return _gemm(m, n, k, math.prod(batch))
 
 
+def _pairwise(a: _Args) -> int:
+    """cdist: every row of x1 [..., M, D] against every row of x2 [..., N, D], at least a subtract and an add per
+    feature (a multiply-add for the euclidean form, which runs as a matmul)."""
+    x, y = a.shape("x1"), a.shape("x2")
+    if len(x) < 2 or len(y) < 2 or x[-1] != y[-1]:
+        raise _Unreadable
+    batch = []
+    for p, q in zip(reversed(x[:-2]), reversed(y[:-2])):
+        if p != q and 1 not in (p, q):
+            raise _Unreadable
+        batch.append(max(p, q) if 0 not in (p, q) else 0)
+    longer = x[:-2] if len(x) > len(y) else y[:-2]
+    batch += list(reversed(longer[: len(longer) - len(batch)]))
+    return _gemm(x[-2], y[-2], x[-1], math.prod(batch))
+
+
+def _pdist(a: _Args) -> int:
+    n, d = a.shape("self", (2,))
+    return 2 * (n * (n - 1) // 2) * d
+
+
 def _linear(a: _Args) -> int:
     x = a.shape("input")
     w = a.shape("weight", (1, 2))
@@ -407,6 +428,10 @@ _OPS: dict[str, tuple[Any, tuple[str, ...]]] = {
     "_scaled_dot_product_fused_attention_overrideable": (lambda a: _attention(a, "attn_bias"),
                                                          ("query", "key")),
     "_native_multi_head_attention": (_mha, ("query", "qkv_weight")),
+    # pairwise distances (torch.cdist, pdist): a matmul's work, which VQ codebook lookups do per latent
+    "_euclidean_dist": (_pairwise, ("x1", "x2")),
+    "_cdist_forward": (_pairwise, ("x1", "x2")),
+    "_pdist_forward": (_pdist, ("self",)),
     "_grouped_mm": (_grouped, ("self", "mat2")),
     "_scaled_grouped_mm": (_grouped, ("self", "mat2")),
     # Recurrent layers: a matmul per time step inside one op (their weights are tensor lists; no count is
