@@ -155,6 +155,42 @@ def test_model_raises_during_forward(cli, tmp_path):
     assert_nothing_written(ws)
 
 
+TRAINING_ONLY = """
+import torch
+from torch import nn
+
+class Detector(nn.Module):
+    \"\"\"Like torchvision's detectors: losses (a dict) in training mode, detections (a list) in eval mode.\"\"\"
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+    def forward(self, x):
+        y = self.lin(x)
+        return {"loss": y.sum()} if self.training else [y]
+
+class Loss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.det = Detector()
+    def forward(self, x):
+        return sum(self.det(x).values())
+
+def build():
+    return Loss().train(), (torch.randn(2, 4),)
+"""
+
+
+def test_a_model_that_runs_only_in_training_mode_is_told_it_runs_in_eval_mode(cli, tmp_path):
+    # A Faster R-CNN wrapped to sum its losses failed with "'list' object has no attribute 'values'; fix the model
+    # or its [params]": nothing said that Kernel Forge had switched the model the builder returned to eval mode.
+    cfg = write(tmp_path, 'name = "x"\nbuilder = "net.py:build"\n', TRAINING_ONLY)
+    ws = tmp_path / "ws"
+    code, out, err = capture(cli, cfg, ws)
+    assert_one_line_error(code, out, err, "net.toml", "'list' object has no attribute 'values'", "eval mode",
+                          "training mode")
+    assert_nothing_written(ws)
+
+
 def test_debug_shows_the_traceback(cli, tmp_path):
     cfg = write(tmp_path, 'name = "x"\nbuilder = "net.py:build"\n[params]\nfail = true\n')
     code, _, err = capture(cli, cfg, tmp_path / "ws", "--debug")

@@ -113,8 +113,9 @@ _NO_CUDA = ("Found no NVIDIA driver", "Torch not compiled with CUDA", "No CUDA G
 
 
 def _run_forward(config: ModelConfig, forward: Callable[[], Any], what: str,
-                 device: torch.device | None = None) -> Any:
-    """The forward's output; a UsageError naming the model where it raises or runs on 'meta'."""
+                 device: torch.device | None = None, switched: bool = False) -> Any:
+    """The forward's output; a UsageError naming the model where it raises or runs on 'meta'. `switched`: the
+    builder returned the model in training mode and it runs in eval mode (the error says so)."""
     try:
         with torch.no_grad():
             out = forward()
@@ -134,8 +135,13 @@ def _run_forward(config: ModelConfig, forward: Callable[[], Any], what: str,
                              "Kernel Forge runs forwards under torch.no_grad() (inference): wrap the part of the "
                              "forward that calls torch.autograd.grad or .backward() in "
                              "`with torch.enable_grad():`") from e
+        # A forward that works only in training mode (a detector wrapped to sum its losses) fails in eval mode,
+        # where its own code expects another output: that the mode was switched is what the user needs to know.
+        mode = ("; Kernel Forge ran it in eval mode, and the builder returned it in training mode: a forward that "
+                "works only in training mode (a detector's losses) cannot be captured, capture its inference "
+                "forward" if switched else "")
         raise UsageError(f"{config.path}: the model raised during its {what} forward: "
-                         f"{_one_line(e)}; fix the model or its [params] (--debug shows the traceback)") from e
+                         f"{_one_line(e)}{mode}; fix the model or its [params] (--debug shows the traceback)") from e
     with contextlib.suppress(TypeError):  # no tensor in the output: the captured forward notes it
         if output_tensor(out).is_meta:
             raise UsageError(f"{config.path}: the model's output is on the 'meta' device (no data): its example "
@@ -394,7 +400,8 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     # The warm-up's trace plans the chain samples, so the captured forward can take them (chain_cards says how).
     warm_trace = MemberTrace(paths.current, None, entered=paths.entered) if chains else None
     with paths, below, (warm_trace if warm_trace is not None else contextlib.nullcontext()):
-        warm_out = _run_forward(config, target.forward, "warm-up", device)
+        warm_out = _run_forward(config, target.forward, "warm-up", device,
+                                switched=target.notes.get("eval mode", "").startswith("the builder returned"))
     warm_probe = _output_probe(warm_out)  # outside the trace: its own ops are no part of the model
     del warm_out
     _sync(device)
