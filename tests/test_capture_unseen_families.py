@@ -245,3 +245,54 @@ def test_pairwise_distances_end_a_chain(tmp_path, device):
     chains = _chain_ops(result)
     assert chains, ops   # the arithmetic after the lookup still makes one
     assert not [c for c in chains if {"aten::_euclidean_dist", "aten::_cdist_forward"} & set(c)], chains
+
+
+RANDOM = '''
+import torch.nn.functional as F
+
+
+class Sampler(nn.Module):
+    """A sampling head: Gumbel-max and multinomial token picks, MC dropout (training=True in eval), noise."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        logits = self.lin(x)
+        probs = logits.softmax(-1)
+        q = torch.empty_like(probs).exponential_(1)
+        pick = (probs / q).argmax(-1)
+        drawn = torch.multinomial(probs, 2)
+        kept = F.dropout(logits, 0.5, training=True)
+        noisy = torch.normal(logits, 0.1) + torch.bernoulli(probs)
+        return pick.sum() + drawn.sum() + kept.sum() + noisy.sum() + (logits * 2.0).tanh().sum()
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = Sampler()
+
+    def forward(self, x):
+        return self.head(x)
+
+
+def build(_):
+    torch.manual_seed(0)
+    return Model(), (torch.randn(4, 8),)
+'''
+
+
+@DEVICES
+def test_calls_that_draw_random_numbers_are_not_cards(tmp_path, device):
+    # A sampling head's bernoulli, multinomial, exponential_, normal and MC dropout were op cards (bernoulli at a
+    # third of the model's time): every call draws other numbers, so no kernel could match eager's output.
+    result = _capture(tmp_path, RANDOM, device)
+    ops = {c.op.split(".")[0] for c in result.cards}
+    drawn = {"aten::bernoulli", "aten::bernoulli_", "aten::multinomial", "aten::exponential_", "aten::normal",
+             "aten::native_dropout", "aten::uniform_"}
+    assert not ops & drawn, ops
+    assert {"aten::_softmax", "aten::tanh", "aten::argmax"} <= ops, ops
+    assert result.skipped.get("random", 0) >= 4, result.skipped
+    assert "random" in result.notes and "not cards" in result.notes["random"], result.notes

@@ -79,7 +79,7 @@ def packed(args: tuple, kwargs: dict) -> bool:
 
 def skip_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str | None:
     """Why this call is not a card ('view', 'constructor', 'metadata', 'host result', 'sparse', 'nested',
-    'quantized', 'packed', 'data-dependent'), or None if it is one."""
+    'quantized', 'packed', 'data-dependent', 'random'), or None if it is one."""
     name = func.name()
     if func.namespace in _SKIPPED_NAMESPACES:
         return "metadata"
@@ -99,6 +99,10 @@ def skip_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str |
         return "packed"
     if data_dependent(func, args, kwargs):
         return "data-dependent"
+    if torch.Tag.nondeterministic_seeded in func.tags:
+        # bernoulli, multinomial, exponential_, dropout with training=True: every call draws other numbers, so no
+        # kernel matches eager's output and no candidate could pass (chains end at them for the same reason)
+        return "random"
     return unreadable(tensors)
 
 

@@ -557,6 +557,11 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
             f"{mode.skipped['data-dependent']} calls return a shape that depends on their input values (nonzero, "
             "unique, masked_select, x[mask], bincount, a detector's nms): a kernel writes outputs of one shape, so they are not "
             "cards; the calls after them take shapes these values chose, so a detector's cards depend on the input")
+    if mode.skipped.get("random"):
+        notes["random"] = (
+            f"{mode.skipped['random']} calls draw random numbers (dropout with training=True, bernoulli, multinomial, "
+            "exponential_, normal): a kernel cannot draw the numbers eager draws, so no candidate could match them and "
+            "they are not cards; the shares count the cards' calls only")
     if wide is not None:
         half = dtype_name(dtype)
         notes["cpu compute"] = (
