@@ -189,6 +189,11 @@ def test_a_model_that_runs_only_in_training_mode_is_told_it_runs_in_eval_mode(cl
     assert_one_line_error(code, out, err, "net.toml", "'list' object has no attribute 'values'", "eval mode",
                           "training mode")
     assert_nothing_written(ws)
+    # a model left in training mode that fails in both modes is not told about modes
+    cfg = write(tmp_path, 'name = "x"\nbuilder = "net.py:build"\n', TRAINING_ONLY.replace("(2, 4)", "(2, 5)"))
+    code, out, err = capture(cli, cfg, ws)
+    assert_one_line_error(code, out, err, "net.toml", "cannot be multiplied")
+    assert "training mode" not in err
 
 
 def test_debug_shows_the_traceback(cli, tmp_path):

@@ -113,9 +113,10 @@ _NO_CUDA = ("Found no NVIDIA driver", "Torch not compiled with CUDA", "No CUDA G
 
 
 def _run_forward(config: ModelConfig, forward: Callable[[], Any], what: str,
-                 device: torch.device | None = None, switched: bool = False) -> Any:
+                 device: torch.device | None = None, switched: torch.nn.Module | None = None) -> Any:
     """The forward's output; a UsageError naming the model where it raises or runs on 'meta'. `switched`: the
-    builder returned the model in training mode and it runs in eval mode (the error says so)."""
+    model, where the builder returned it in training mode and it runs in eval mode: a forward that raises is tried
+    once in training mode, and the error says so where only eval mode fails."""
     try:
         with torch.no_grad():
             out = forward()
@@ -137,9 +138,9 @@ def _run_forward(config: ModelConfig, forward: Callable[[], Any], what: str,
                              "`with torch.enable_grad():`") from e
         # A forward that works only in training mode (a detector wrapped to sum its losses) fails in eval mode,
         # where its own code expects another output: that the mode was switched is what the user needs to know.
-        mode = ("; Kernel Forge ran it in eval mode, and the builder returned it in training mode: a forward that "
-                "works only in training mode (a detector's losses) cannot be captured, capture its inference "
-                "forward" if switched else "")
+        mode = ("; Kernel Forge ran it in eval mode, and the builder returned it in training mode, where it runs: a "
+                "forward that works only in training mode (a detector's losses) cannot be captured, capture its "
+                "inference forward" if switched is not None and _runs_in_training(switched, forward) else "")
         raise UsageError(f"{config.path}: the model raised during its {what} forward: "
                          f"{_one_line(e)}{mode}; fix the model or its [params] (--debug shows the traceback)") from e
     with contextlib.suppress(TypeError):  # no tensor in the output: the captured forward notes it
@@ -303,6 +304,19 @@ def _returned_as_is_note(out: torch.Tensor, target: Any) -> str | None:
             "did to the model; return the tensor the model computes first")
 
 
+def _runs_in_training(model: torch.nn.Module, forward: Callable[[], Any]) -> bool:
+    """Whether the forward runs with `model` in training mode (it is put back in eval mode after)."""
+    try:
+        model.train()
+        with torch.no_grad():
+            forward()
+        return True
+    except Exception:  # noqa: BLE001 - any failure: the mode is not what made it fail
+        return False
+    finally:
+        model.eval()
+
+
 def _tensors_in(v: Any, depth: int) -> list[torch.Tensor]:
     """The tensors in example inputs: a tensor, or tuples, lists and dicts of them (not into other objects)."""
     if isinstance(v, torch.Tensor):
@@ -401,7 +415,8 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
     warm_trace = MemberTrace(paths.current, None, entered=paths.entered) if chains else None
     with paths, below, (warm_trace if warm_trace is not None else contextlib.nullcontext()):
         warm_out = _run_forward(config, target.forward, "warm-up", device,
-                                switched=target.notes.get("eval mode", "").startswith("the builder returned"))
+                                switched=target.module if target.notes.get("eval mode", "").startswith(
+                                    "the builder returned") else None)
     warm_probe = _output_probe(warm_out)  # outside the trace: its own ops are no part of the model
     del warm_out
     _sync(device)
