@@ -484,3 +484,41 @@ def test_the_stored_sets_digest_sees_one_bit_anywhere_and_is_keyed():
     a, b = x[: 1 << 19].clone(), x[1 << 19: 1 << 20].clone()
     x[: 1 << 19], x[1 << 19: 1 << 20] = b, a
     assert held_digest(bound, key=12345) != d
+
+
+# ---- attention logits -------------------------------------------------------------------------------
+
+
+def test_an_attention_kernel_that_skips_the_max_subtraction_fails_on_hot_logits():
+    # Samples of random-init or small models give logits of about 1: exp(s) rounded to float16 without the max
+    # subtracted first (it overflows past 11.09) matched eager on every set. Real attention meets logits of 20-50
+    # (red team, 2026-12-06g): the 'hot logits' edge set scales the query to a largest logit of about 40.
+    from engine.verify.inputs import HOT_LOGIT, hot_logits_inputs
+
+    sdpa = resolve_op("aten::scaled_dot_product_attention")
+    gen = torch.Generator().manual_seed(0)
+    samples = [[("query", (torch.randn(1, 2, 64, 32, generator=gen) * 0.3).half()),
+                ("key", (torch.randn(1, 2, 64, 32, generator=gen) * 0.3).half()),
+                ("value", torch.randn(1, 2, 64, 32, generator=gen).half())] for _ in range(2)]
+    hot = dict(hot_logits_inputs(samples[0]))
+    logits = (hot["query"].float() @ hot["key"].float().transpose(-1, -2)) / math.sqrt(32)
+    assert float(logits.abs().amax()) == pytest.approx(HOT_LOGIT, rel=1e-2)   # the query rounded to float16
+    assert torch.equal(hot["key"], dict(samples[0])["key"])   # the query alone is scaled
+
+    def no_max(b, prefill):   # softmax without the max subtracted, its exponentials stored in float16
+        q, k, v = (dict(b)[n].float() for n in ("query", "key", "value"))
+        p = torch.exp(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).half().float()
+        return [((p @ v) / p.sum(-1, keepdim=True)).half()]
+
+    check = CardCheck("aten::scaled_dot_product_attention", samples, lambda b: call_op(sdpa, b))
+    assert "edge hot logits" in [label for label, _ in check.sets]
+    v = check.check(no_max)
+    assert not v.ok and v.input_set == "edge hot logits", v
+
+    def stable(b, prefill):
+        q, k, v = (dict(b)[n].float() for n in ("query", "key", "value"))
+        return [(torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), -1) @ v).half()]
+
+    assert CardCheck("aten::scaled_dot_product_attention", samples, lambda b: call_op(sdpa, b)).check(stable).ok
+    # no query or key to scale: no such set
+    assert hot_logits_inputs([("self", torch.randn(4, 4))]) is None

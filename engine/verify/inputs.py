@@ -536,6 +536,42 @@ def wide_int_inputs(sample: Bound) -> Bound | None:
     return out if moved else None
 
 
+HOT_LOGIT = 40.0   # the largest attention logit (q·k times the softmax scale) of the 'hot logits' edge set
+
+
+def hot_logits_inputs(sample: Bound, target: float = HOT_LOGIT) -> Bound | None:
+    """`sample` with `query` scaled so that its largest logit (q·k times the softmax scale, estimated on the first
+    256 query rows) is about `target`; None where it has no floating `query` and `key` or their logits are all 0.
+    Samples of random-init or small models have logits of about 1, where a kernel that skips the softmax's max
+    subtraction (exp(s) rounded to float16 overflows past 11.09) matches eager; real attention meets logits of
+    20-50 (attention sinks, massive activations). The output stays a convex combination of `value`: nothing
+    overflows in eager (red team 2026-12-06g)."""
+    args = dict(sample)
+    q, k = args.get("query"), args.get("key")
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.is_floating_point()
+            and k.is_floating_point() and q.dim() >= 2 and q.shape[-1] == k.shape[-1] and q.numel() and k.numel()):
+        return None
+    scale = args.get("scale")
+    scale = float(scale) if isinstance(scale, (int, float)) else 1.0 / math.sqrt(q.shape[-1])
+    qs, kk = q[..., :256, :].float(), k.float()
+    if qs.dim() == kk.dim() and qs.shape[:-2] != kk.shape[:-2]:   # grouped heads: q's heads over k's
+        try:
+            kk = kk.expand(*qs.shape[:-2], *kk.shape[-2:]) if kk.shape[-3] == 1 else \
+                kk.repeat_interleave(qs.shape[-3] // kk.shape[-3], dim=-3)
+        except (RuntimeError, ZeroDivisionError, IndexError):
+            return None
+    try:
+        top = float((qs @ kk.transpose(-1, -2)).abs().amax()) * abs(scale)
+    except RuntimeError:
+        return None
+    if not (math.isfinite(top) and top > 0):
+        return None
+    out = clone_bound(sample)
+    qq = dict(out)["query"]
+    cover(qq).mul_(target / top)
+    return out
+
+
 def unaliased_inputs(samples: Sequence[Bound], seed: int) -> Bound | None:
     """The first sample whose tensor arguments share storage (`mul(x, x)`, `cat([x, x])`, two views of one buffer),
     with every tensor after the first on a storage given storage of its own (same layout) and fresh values drawn

@@ -26,6 +26,7 @@ from engine.verify.inputs import (
     distinct_indices,
     edge_inputs,
     fresh_inputs,
+    hot_logits_inputs,
     index_range_inputs,
     tensors_of,
     unaliased_inputs,
@@ -196,6 +197,8 @@ class CardCheck:
                 sets += [(f"edge {kind}", b) for kind, b in edge_inputs(samples[0], kinds)]
                 if self.family in WIDE_INT_FAMILIES and (wide := wide_int_inputs(samples[0])) is not None:
                     sets.append(("edge wide ints", wide))
+                if self.family == "attention" and (hot := hot_logits_inputs(samples[0])) is not None:
+                    sets.append(("edge hot logits", hot))
                 ranged = index_range_inputs(op_name, samples[0], seed + 99)
                 if ranged is not None:
                     sets.append(("edge index range", ranged))
