@@ -1,7 +1,7 @@
 # 2026-12-06g: the GPU tamper test again (e50856f: a launch spec naming a kernel the manifest does not is not
 # prepared); on an H200 first the two measurements issues 19 and 20 name that card for (next-2026-12-07/go.sh's
 # h200-vae and h200-e2e); then bias_probe.py on the VAE cast of vae-compose-2026-12-06b where time is left,
-# and the tamper test's two failed cases.
+# and the tamper test's two failed cases; then the lane's adversarial suite and throughput (2026-12-06g changes).
 # carry: .whl. Files: $OUT/g.tgz. LIMIT: seconds for this call (default 560).
 [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tests PYTHONUNBUFFERED=1
@@ -25,3 +25,9 @@ fi
 step probe 150 python3 docs/results/vae-bias-2026-12-06g/bias_probe.py $VAE $G/probe
 step tests 100 python3 scripts/gpu_tests.py --out $G/tests --timeout 120 tests/test_cast_tamper_gpu.py \
   -k "no kernels"
+# Then the lane's GPU checks changed on 2026-12-06g (no GPU has run them): the adversarial suite (state-keeping
+# cheats now refused at compile, the class-7 race sleeping instead of reading the clock), the verification
+# hardening of the stored sets (digests checked after timing in the worker) and the lane's throughput with them.
+step adversarial 240 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/test_lane_adversarial.py
+step lane 200 python3 scripts/bench_lane.py --skip-models --out $G/lane
+
