@@ -471,7 +471,8 @@ def test_the_stored_sets_digest_sees_one_bit_anywhere_and_is_keyed():
     from engine.verify.pipeline import held_digest
 
     x = torch.randn(3 * (1 << 20) + 5)   # more than one chunk of words, and a tail of bytes past the last word
-    bound = [("self", x), ("mask", torch.ones(7, dtype=torch.bool)), ("z", torch.randn(3, dtype=torch.complex64))]
+    bound = [("self", x), ("mask", torch.ones(7, dtype=torch.bool)), ("z", torch.randn(3, dtype=torch.complex64)),
+             ("view", torch.randn(101, dtype=torch.float16)[1:]), ("strided", torch.randn(10, 10)[:, 1])]
     d = held_digest(bound, key=12345)
     assert d == held_digest(bound, key=12345) and d != held_digest(bound, key=54321)
     for t, i in ((x, len(x) - 1), (x, 1 << 20), (bound[1][1], 3)):

@@ -127,8 +127,8 @@ def held_digest(bound: Bound, key: int) -> tuple[int, ...]:
     out = []
     for _, t in tensors_of(bound):
         raw = cover(t).contiguous().reshape(-1).view(torch.uint8)
-        if raw.numel() % 8:
-            raw = torch.cat([raw, raw.new_zeros(8 - raw.numel() % 8)])
+        if raw.numel() % 8 or raw.storage_offset() % 8:   # a tail past the last word, or a view not 8-aligned:
+            raw = torch.cat([raw, raw.new_zeros(-raw.numel() % 8)])   # a copy of its own, padded
         words = raw.view(torch.int64)
         if words.numel() == 0:
             out.append(0)
