@@ -296,3 +296,18 @@ def test_calls_that_draw_random_numbers_are_not_cards(tmp_path, device):
     assert {"aten::_softmax", "aten::tanh", "aten::argmax"} <= ops, ops
     assert result.skipped.get("random", 0) >= 4, result.skipped
     assert "random" in result.notes and "not cards" in result.notes["random"], result.notes
+
+
+def test_an_op_tagged_random_that_draws_nothing_is_still_a_card():
+    # Every attention op is tagged nondeterministic_seeded for its dropout_p, and an inference forward passes 0 (or
+    # leaves it out): the 'random' skip took SD3.5's and Gemma's attention out of their captures (CI, 2026-12-06g).
+    from engine.capture.filters import draws
+
+    q = k = v = torch.randn(1, 2, 8, 16)
+    sdpa = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    assert not draws(sdpa, (q, k, v), {})               # dropout_p left at its default, 0
+    assert not draws(sdpa, (q, k, v, 0.0), {})
+    assert draws(sdpa, (q, k, v, 0.1), {})
+    assert not draws(torch.ops.aten.native_dropout.default, (q, 0.5, False), {})   # train off
+    assert draws(torch.ops.aten.native_dropout.default, (q, 0.5, True), {})
+    assert draws(torch.ops.aten.bernoulli.default, (q.sigmoid(),), {})

@@ -77,6 +77,24 @@ def packed(args: tuple, kwargs: dict) -> bool:
     return any(isinstance(v, torch.ScriptObject) for v in (*args, *kwargs.values()))
 
 
+def draws(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
+    """Whether a call of an op tagged `nondeterministic_seeded` draws random numbers: not where its dropout
+    probability is 0 or its training flag is off (every attention kernel is tagged for its `dropout_p`, and an
+    inference forward passes 0: SD3.5's and Gemma's attention were skipped as random until this asked)."""
+    schema = func._schema.arguments
+    bound = {a.name: a.default_value for a in schema if a.has_default_value()}   # an argument left out: its default
+    bound.update(zip((a.name for a in schema), args))
+    bound.update(kwargs)
+    for name in ("dropout_p", "p"):
+        if name in bound and isinstance(bound[name], (int, float)) and not isinstance(bound[name], bool) \
+                and bound[name] == 0:
+            return False
+    for name in ("train", "training"):
+        if name in bound and bound[name] is False:
+            return False
+    return True
+
+
 def skip_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str | None:
     """Why this call is not a card ('view', 'constructor', 'metadata', 'host result', 'sparse', 'nested',
     'quantized', 'packed', 'data-dependent', 'random'), or None if it is one."""
@@ -99,7 +117,7 @@ def skip_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str |
         return "packed"
     if data_dependent(func, args, kwargs):
         return "data-dependent"
-    if torch.Tag.nondeterministic_seeded in func.tags:
+    if torch.Tag.nondeterministic_seeded in func.tags and draws(func, args, kwargs):
         # bernoulli, multinomial, exponential_, dropout with training=True: every call draws other numbers, so no
         # kernel matches eager's output and no candidate could pass (chains end at them for the same reason)
         return "random"
