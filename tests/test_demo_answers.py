@@ -89,7 +89,11 @@ def test_answer_compiles_unless_it_is_the_compile_error(op: str, answer: dict) -
     assert got.ok, got.reason
     parse_spec(got.spec)
     compiled = compile_nvrtc(got.source, arch="sm_90")
-    assert compiled.ok == (answer["expect"] != "compile"), compiled.summary()
+    # `now`: what the answer meets today where the shipped recording (`expect`) predates a check; the reward hack's
+    # call counter has not compiled since 2026-12-06g (it was caught by the timed calls' audit when recorded)
+    assert compiled.ok == (answer.get("now", answer["expect"]) != "compile"), compiled.summary()
+    if answer.get("now") == "compile":
+        assert [d for d in compiled.errors if d.code == "forbidden"] and answer["now_why"]
 
 
 def _demo_cards() -> list[CardState]:
