@@ -92,7 +92,7 @@ def answer_outcomes(db: Path, fixture: Path) -> list[tuple[str, str, str, str]]:
     for op, source, spec, status, category in rows:
         spec = json.loads(spec) if spec and spec.startswith('"') else spec
         recorded[(op, source.strip(), str(spec).strip())] = category if status == "rejected" else status
-    return [(card["op"], a["id"], a.get("now", a.get("expect", "?")),
+    return [(card["op"], a["id"], a.get("expect", "?"),
              recorded.get((card["op"], a["cuda"].strip(), a["toml"].strip()), "not served"))
             for card in doc["cards"] for a in card["answers"]]
 
