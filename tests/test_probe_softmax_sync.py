@@ -24,7 +24,7 @@ def test_probe_kernels_compile_for_sm90(c, b):
 
     p = _probe()
     src = p._SOURCE.replace("$N", str(p.N)).replace("$C", str(c)).replace("$B", str(b)).replace("$MAGIC", hex(p.MAGIC))
-    r = compile_source(src, arch="sm_90", options=("-std=c++17",))
+    r = compile_source(src, arch="sm_90", options=("-std=c++17",), contract=False)  # a probe: %gridid
     assert r.ok, r.log[:2000]
     assert set(r.kernels) == {"pr_partial", "pr_finish", "pr_partial_pdl", "pr_finish_pdl", "pr_coop", "pr_tag",
                               "pr_gridid"}

@@ -61,8 +61,9 @@ def compiler_version() -> str:
 
 
 def compile_nvcc(source: str, *, arch: str, name: str = "candidate.cu", options: Sequence[str] = (),
-                 want_ptx: bool = True, timeout: float | None = DEFAULT_TIMEOUT_S) -> CompileResult:
-    """Compile `source` for `arch` ('sm_90': cubin + PTX; 'compute_90': PTX only) with nvcc."""
+                 want_ptx: bool = True, timeout: float | None = DEFAULT_TIMEOUT_S, contract: bool = True) -> CompileResult:
+    """Compile `source` for `arch` ('sm_90': cubin + PTX; 'compute_90': PTX only) with nvcc. `contract`: as for
+    compile_nvrtc."""
     arch = normalize_arch(arch)
     nvcc = find_nvcc()
     name = Path(name).name or "candidate.cu"
@@ -92,7 +93,7 @@ def compile_nvcc(source: str, *, arch: str, name: str = "candidate.cu", options:
         diags.append(failure("nvcc", f"nvcc timed out after {timeout:.0f} s", "timeout"))
     elif not ok and not any(d.severity == "error" for d in diags):
         diags.append(failure("nvcc", f"nvcc exited with {code}: {log.strip()[-500:]}", "internal"))
-    if ok and (refused := forbidden_state(ptx, "nvcc")):
+    if ok and contract and (refused := forbidden_state(ptx, "nvcc")):
         ok, cubin = False, None
         diags += refused
     kernels = entry_points(ptx, cubin) if ok else ()

@@ -18,12 +18,14 @@ COMPILERS: tuple[CompilerName, ...] = ("nvrtc", "nvcc")
 
 
 def compile_source(source: str, *, arch: str, compiler: CompilerName = "nvrtc", name: str = "candidate.cu",
-                   options: Sequence[str] = (), want_ptx: bool = True) -> CompileResult:
-    """Compile with the named compiler (no cache). Looked up at call time so tests can monkeypatch."""
+                   options: Sequence[str] = (), want_ptx: bool = True, contract: bool = True) -> CompileResult:
+    """Compile with the named compiler (no cache). Looked up at call time so tests can monkeypatch. `contract`
+    False: not held to the candidate contract (`forbidden_state`): the engine's and probes' own kernels only."""
+    kw = {} if contract else {"contract": False}
     if compiler == "nvrtc":
-        return _nvrtc.compile_nvrtc(source, arch=arch, name=name, options=options, want_ptx=want_ptx)
+        return _nvrtc.compile_nvrtc(source, arch=arch, name=name, options=options, want_ptx=want_ptx, **kw)
     if compiler == "nvcc":
-        return _nvcc.compile_nvcc(source, arch=arch, name=name, options=options, want_ptx=want_ptx)
+        return _nvcc.compile_nvcc(source, arch=arch, name=name, options=options, want_ptx=want_ptx, **kw)
     raise ValueError(f"unknown compiler {compiler!r} (expected 'nvrtc' or 'nvcc')")
 
 
