@@ -104,6 +104,12 @@ def on_device(gen: torch.Generator, device: torch.device) -> torch.Generator:
     return made.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
 
 
+def toward_zero(v: int) -> int:
+    """One step from a nonzero integer toward zero: the other value a constant integer tensor is drawn with (a mask
+    of ones also gets zeros; an index stays within the range its value was in)."""
+    return v - 1 if v > 0 else v + 1
+
+
 def refill_like_(t: torch.Tensor, reference: torch.Tensor, gen: torch.Generator) -> None:
     """Overwrite `t` in place with random values matching `reference`'s mean, std and range, drawn where `t` lives
     (`on_device`): on the host in float64, on a GPU in float64 for a float64 tensor and float32 otherwise (the
@@ -155,7 +161,7 @@ def refill_like_(t: torch.Tensor, reference: torch.Tensor, gen: torch.Generator)
             # constant either: a cumsum of it that returned arange + 1 (position ids) passed every set. Each element
             # its value or one step toward zero (a mask's 0; an index stays within the range its value was in), one
             # of them the step at least. A constant 0 is left as it is (a step away from it may index past a size).
-            step = ilo - 1 if ilo > 0 else ilo + 1
+            step = toward_zero(ilo)
             vals = torch.where(torch.rand(c.shape, generator=gen, device=at) < 0.5, ilo, step).to(torch.int64)
             vals[int(torch.randint(c.numel(), (), generator=gen, device=at))] = step
             c.copy_(vals.to(c.device))
@@ -442,7 +448,7 @@ class Regenerator:
                     # step toward zero, as `refill_like_` draws it (64 of 64 timed calls of a cumsum of ones were
                     # answered from a memo). A constant 0 stays: a step away from it may index past a size.
                     lo = int(lo)
-                    self.stats.append(("int pair", (lo, lo - 1 if lo > 0 else lo + 1)))
+                    self.stats.append(("int pair", (lo, toward_zero(lo))))
                     continue
                 # (lo, hi, the rising rows to keep, the dim whose lines repeat nothing: -1 none, None the whole)
                 self.stats.append(("int", (int(lo), int(hi), t.clone() if monotone(t) else None,

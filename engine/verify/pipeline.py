@@ -7,6 +7,7 @@ with Python stand-ins for kernels, in CPU tests.
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -310,8 +311,6 @@ class CardCheck:
         """Run every input set through the candidate (twice) and eager; stop at the first failure."""
         self.validate()
         if self._held is None:
-            import secrets
-
             key = secrets.randbits(62)   # on the host only: no kernel can read it, nor the weights made from it
             self._held = (key, [held_digest(inputs, key) for _, inputs in self.sets])
         try:
