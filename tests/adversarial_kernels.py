@@ -551,8 +551,11 @@ args = [{ ptr = "ws.tmp" }, { ptr = "out0" }, { i64 = "self.numel" }]
 # When another stream holds SM slots, fewer than 1024 blocks fit; the helpers are the highest block
 # indices, so they are the ones left waiting, and the slots they wait for are held for the full 5 µs:
 # their leaders read the workspace's zero and lose half of those rows, in that call only.
+# `__nanosleep` promises no lower bound (0 to 2x the request), so since the wait stopped reading the clock
+# the race shows on a quiet card too, and whichever check reruns the kernel first rejects it: on an H200
+# (2026-12-06h) the check with the output buffers holding another set's answer, `cheating`.
 RACE_NEEDS_CONTENTION = Adversary("row sum whose leader block reads its helper's partial after a fixed wait",
-                                  ("nondeterminism", "mismatch"), HEADER + r'''
+                                  ("nondeterminism", "mismatch", "cheating"), HEADER + r'''
 extern "C" __global__ void __launch_bounds__(256, 8)
 pair_sum(const float* __restrict__ x, float* __restrict__ out, float* __restrict__ part, int rows, int cols) {
   __shared__ float warp_sums[8];

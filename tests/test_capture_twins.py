@@ -108,8 +108,8 @@ def test_which_captures_get_twins(tmp_path):
 
     gn = OperatorCard("g", "aten::native_group_norm", {"args": []}, "", [])
     assert wanted("auto", "cuda", [conv(False), gn])
-    # On CUDA Inductor peels a bias off into a pointwise add; under a cast's compile a convolution whose
-    # output only the cast's ops read keeps it, and a twin is handed its output as held (compose, biases_kept)
+    # On CUDA Inductor peels a bias off into a pointwise add and computes it into the twin's channels-last
+    # layout under a cast's compile (compose, inputs_computed_as_held)
     assert wanted("auto", "cuda", [conv(True), gn])
     assert not wanted("auto", "cpu", [conv(False)])  # the twin is for the GPU's compiled graph
     assert not wanted("auto", "cuda", [gn])  # no convolution: nothing goes channels-last

@@ -7,8 +7,8 @@ group_norm_cl templates), `export --target compile` packages them, and under `ca
 variant gets the convolution's output as Inductor holds it: no layout copy (`inputs_as_held`), a hit per
 forward, and the decode's output agrees with eager. Once with the convolution before the GroupNorm
 biased, once without: on CUDA Inductor peels a bias off into a pointwise add and computes that straight into
-the GroupNorm's layout, so nothing was held channels-last (the SD3.5 VAE, 2026-12-03d); a convolution whose
-output only the cast's ops read keeps its bias under the cast's compile (compose, `biases_kept`)."""
+the GroupNorm's layout, so nothing was held channels-last (the SD3.5 VAE, 2026-12-03d); now that add is computed
+straight into the twin's channels-last layout (`inputs_computed_as_held`) and the convolution keeps no bias."""
 
 import textwrap
 
@@ -105,7 +105,7 @@ def test_a_channels_last_twin_serves_the_groupnorm_after_a_convolution_under_com
     with capsys.disabled():
         print(f"layout copies {st['layout_copies']}, hits {hits}, router {[v.get('router') for v in st['variants']]}")
     assert row.get("inputs_as_held", 0) >= 2 and row.get("inputs_copied", 0) == 0, row  # both norms after a conv
-    assert row.get("biases_kept", 0) == (2 if bias else 0), row
+    assert (row.get("biases_kept", 0), row.get("inputs_computed_as_held", 0)) == (0, 2 if bias else 0), row
     assert sum(hits[v["id"]] for v in cl) >= 2, hits
     for out in (got, declined, removed):
         torch.testing.assert_close(out, eager, atol=5e-2, rtol=2e-2)

@@ -168,9 +168,8 @@ def wanted(setting: Any, device: str, cards: Sequence[OperatorCard]) -> bool:
     """Whether a capture gets twins: `setting` true/false, or "auto": on a CUDA capture that ran a
     convolution. Without a bias, a convolution stores its channels-last output as it is. With one, Inductor
     peels the bias off into a pointwise add on CUDA (cudnn is slower with it) and computes that add straight
-    into the layout a cast's op asks for, so nothing is held (the SD3.5 VAE, 2026-12-03d); under a cast's
-    compile, a convolution whose output only the cast's ops read in the layout it stores keeps its bias
-    instead (engine.cast.compose, `biases_kept`), and a twin takes it as held."""
+    into the layout a cast's op asks for: a twin's channels-last layout where one was proven (engine.cast.compose,
+    `inputs_computed_as_held`)."""
     if setting is True or setting is False:
         return setting
     return device == "cuda" and any(c.op in CONVOLUTIONS for c in cards)

@@ -66,10 +66,12 @@ a consumer, and the first strides it had to convert. On a convolutional model In
 and a GroupNorm → SiLU pattern card whose output feeds a convolution gains the SiLU pass and pays a copy back
 (18 per SD3.5 VAE decode on the H200).
 
-Biases kept: on CUDA Inductor splits a convolution's bias off into a pointwise add that its own consumers fuse;
-before a cast's op that add was computed into a buffer (one pass) and nothing was held channels-last. While
-this backend compiles, a 2-D convolution whose every reader is a cast op with a variant for its channels-last
-output keeps its bias, and the output is passed as held (`_keeping_biases`, counted as `biases_kept`).
+Convolution biases: on CUDA Inductor splits a convolution's bias off into a pointwise add that its own
+consumers fuse; before a cast's op it computes that add straight into the channels-last layout the op's
+variant was proven for (`inputs_computed_as_held`: no copy). Until 2026-12-06h the cast instead had such a
+convolution keep its bias (cuDNN's convolution, then ATen's broadcast `add_` at about 45 % of a copy's rate):
+on an H200 the SD3.5 VAE decode ran 1.295x compile alone that way and 1.372x with the add split off, CIs
+disjoint (docs/results/vae-bias-2026-12-06g), so the split is all there is now.
 
 Compiles through this backend are serialized by one lock (the tables patched are process-wide).
 """
@@ -280,8 +282,9 @@ def _inductor_pattern_counts() -> dict[str, int]:
 # Which calls the veto keeps whole, in Inductor's cache keys: a graph compiled under an older rule is never
 # served again (2: under dynamic shapes, only where the concrete sizes can be a variant's; 3: a convolution
 # whose output only the cast's ops read, in a layout their variants take as held, keeps its bias; 4: an input
-# not stored yet is computed into the channels-last layout a variant was proven for).
-VETO_RULE = 4
+# not stored yet is computed into the channels-last layout a variant was proven for; 5: no bias kept, rule 3
+# gone).
+VETO_RULE = 5
 
 
 class CastCacheKey:
@@ -420,9 +423,7 @@ def inductor_state(owner: object, digest: str, previous_pass: Any = None,
             names.update({op: str(op) for op in cov if op not in names})
             key = _key_pass(digest, vetoed, prev, patterns, apply_patterns, target, skey)
             key.routed = routed_names(owner) if routed_calls is not None else None
-            held_by = {op: per for op, per in {**layouts, **chain_layouts}.items() if per}
-            with config.patch(post_grad_custom_post_pass=key), _counting_output_copies(names, copies), \
-                    _keeping_biases(held_by, names, copies):
+            with config.patch(post_grad_custom_post_pass=key), _counting_output_copies(names, copies):
                 try:
                     yield vetoed
                 finally:
@@ -649,108 +650,6 @@ def _recording_constraint(name: str, copies: dict, layouts: dict | None = None,
         return new_args, new_kwargs
 
     return constrain_and_count
-
-
-_CONVOLUTION = torch.ops.aten.convolution.default
-
-
-def _peels_bias(x: Any) -> bool:
-    """Whether Inductor's convolution lowering splits the bias off into a pointwise add for this input: on
-    every device but the CPU (torch/_inductor/kernel/conv.py: "peel off the bias, cudnn is slower with it")."""
-    from torch._inductor import ir
-
-    return ir.get_device_type(x) != "cpu"
-
-
-def _bias_keeper(fx_node: Any, x: Any, weight: Any, bias: Any, transposed: Any,
-                 held_by: dict) -> tuple | None:
-    """(the held layout, the reading ops) where the convolution `fx_node` should keep its bias, else None.
-
-    Inductor splits a convolution's bias off into a pointwise add (CUDA), which its own consumers fuse for
-    free. A cast's op is not Inductor's code: the add is computed into a buffer first, one pass over the
-    tensor, and the op then reads that buffer in eager's layout, not the convolution's stored channels-last
-    output (the SD3.5 VAE: every GroupNorm after a convolution, 2026-12-03d). Where every reader of the
-    output is an op of the cast with a variant for the layout the convolution stores under Inductor's layout
-    optimization (channels-last 2-D, as its first input), the convolution keeps its bias (cuDNN adds it as it
-    writes) and its output is passed as held: no pass at all. A 1x1 convolution Inductor would turn into a
-    matmul (which adds the bias itself) is left to it, as is every other case."""
-    from torch._inductor import config
-    from torch._inductor.virtualized import V
-
-    if bias is None or fx_node is None or not _peels_bias(x) or not getattr(V.graph, "layout_opt", False):
-        return None
-    val = fx_node.meta.get("val")
-    wsize = [int(v) for v in weight.get_size()]
-    if not isinstance(val, torch.Tensor) or val.dim() != 4 or len(wsize) != 4 or transposed:
-        return None
-    if all(k == 1 for k in wsize[2:]) and (config.conv_1x1_as_mm or config.max_autotune or config.max_autotune_gemm):
-        return None
-    shape = tuple(int(n) for n in val.shape)
-    held = (val.device.type, val.dtype, shape, tuple(channels_last_strides(shape)))
-    readers = []
-    for user in fx_node.users:
-        per = held_by.get(user.target) if user.op == "call_function" else None
-        takes = (per is not None and user.args and user.args[0] is fx_node
-                 and fx_node not in user.args[1:] and fx_node not in user.kwargs.values())
-        if not takes or _proven_for(per, held) is None or not _traced_contiguous(user):
-            return None
-        readers.append(user.target)
-    return (held, readers) if readers else None
-
-
-def _lower_with_bias(x: Any, weight: Any, *rest: Any) -> Any:
-    """The convolution as one fallback call with its bias, input and weight channels-last (as Inductor's own
-    lowering makes them under its layout optimization)."""
-    from torch._inductor import ir
-    from torch._inductor import lowering as L
-
-    x, weight = ir.ExternKernel.require_channels_last(x), ir.ExternKernel.require_channels_last(weight)
-    return L.fallback_handler(_CONVOLUTION, add_to_fallback_set=False)(x, weight, *rest)
-
-
-@contextmanager
-def _keeping_biases(held_by: dict, names: dict[Any, str], copies: dict) -> Iterator[None]:
-    """While Inductor lowers: a convolution whose output only the cast's ops read, in the layout it stores,
-    keeps its bias (`_bias_keeper`), lowered as Inductor lowers a convolution under its layout optimization
-    (input and weight channels-last) but as one fallback call with the bias. Counted per reading op in
-    `biases_kept`. Any doubt leaves the convolution to Inductor's own lowering; the table entry is put back."""
-    from torch._inductor import lowering as L
-    from torch._inductor.virtualized import V
-
-    original = L.lowerings.get(_CONVOLUTION)
-    if original is None or not held_by:
-        yield
-        return
-
-    def lower(*args: Any, **kwargs: Any) -> Any:
-        if kwargs or len(args) != 9:   # not the graph's own positional call: Inductor's lowering
-            return original(*args, **kwargs)
-        x, weight, bias, _, _, _, transposed, _, _ = args
-        node = getattr(V.graph, "current_node", None)
-        try:   # the node being lowered, not another op whose lowering reached a convolution
-            keep = _bias_keeper(node, x, weight, bias, transposed, held_by) \
-                if node is not None and node.target is _CONVOLUTION else None
-        except Exception:  # noqa: BLE001 - a doubt is Inductor's own lowering
-            keep = None
-        if keep is None:
-            return original(*args)
-        try:
-            out = _lower_with_bias(*args)
-        except Exception:  # noqa: BLE001 - another torch's internals: Inductor's own lowering, as without a cast
-            return original(*args)
-        try:  # the record: never a reason for the compile to fail
-            for op in keep[1]:
-                row = _copy_row(copies, names.get(op, str(op)))
-                row["biases_kept"] = row.get("biases_kept", 0) + 1
-        except Exception:  # noqa: BLE001
-            pass
-        return out
-
-    L.lowerings[_CONVOLUTION] = lower
-    try:
-        yield
-    finally:
-        L.lowerings[_CONVOLUTION] = original
 
 
 def _strides_of(x: Any) -> Any:
