@@ -7,10 +7,11 @@ import math
 import pytest
 import torch
 
+from engine.launch import WorkspacesKept
 from engine.ops import call_op, resolve_op
 from engine.verify.guard import GUARD_BYTES, Canaries, GuardViolation
 from engine.verify.inputs import Regenerator, clone_bound, edge_inputs, tensors_of
-from engine.verify.pipeline import CardCheck
+from engine.verify.pipeline import CardCheck, as_list
 
 RELU = resolve_op("aten::relu")
 SOFTMAX = resolve_op("aten::_softmax")
@@ -303,6 +304,48 @@ def test_recheck_in_place_catches_a_cache_keyed_by_address():
     buffers = clone_bound(check.sets[0][1])
     v = check.recheck_in_place(by_address, buffers)
     assert not v.ok and v.category == "mismatch" and "same buffers" in v.message
+
+
+def _memo_in_workspace(op):
+    """A candidate that memoises `op`'s answer on a fingerprint of 8 spread elements of its first input, in
+    what stands for a workspace it never zeroes: a poisoned workspace (every prefill but WorkspacesKept) has
+    lost the memo, one kept as its last call left it still holds it."""
+    memo: dict = {}
+
+    def run(b, prefill):
+        x = b[0][1]
+        if not isinstance(prefill, WorkspacesKept):
+            memo.clear()
+        fp = tuple(x.flatten()[:: max(1, x.numel() // 8)].tolist())
+        if memo.get("fp") == fp:
+            return [memo["out"].clone()]
+        out = as_list(call_op(op, b))
+        memo.update(fp=fp, out=out[0].clone())
+        return out
+
+    return run
+
+
+def test_recheck_catches_a_memo_kept_in_a_workspace_it_never_zeroes():
+    """The lane poisons a workspace before every call, so the memo never hits there and gains nothing; in a
+    model called on the same inputs forward after forward it would. The re-check's last call finds the
+    workspace as the call before left it and the buffers with a few values changed, never the fingerprint's."""
+    torch.manual_seed(0)
+    add = resolve_op("aten::add.Tensor")
+    n = 1 << 18   # 4 changed of n: a fingerprint of 8 covers one about once in 8,000 re-checks
+    samples = [[("self", torch.randn(n)), ("other", torch.randn(n)), ("alpha", 1)] for _ in range(2)]
+    check = CardCheck("aten::add.Tensor", samples, lambda b: call_op(add, b), race_reps=0)
+    run = _memo_in_workspace(add)
+    assert check.check(run).ok                      # verification: poisoned workspaces, never a hit
+    buffers = clone_bound(check.sets[0][1])
+    for _ in range(3):
+        run(buffers, "nan")                         # timing: the same buffers, poisoned workspaces
+    v = check.recheck_in_place(run, buffers)
+    assert not v.ok and v.category == "mismatch", v
+    assert "a few values changed" in v.message and "memo kept in a workspace" in v.message
+    # the same candidate without the memo passes the same re-check
+    honest = CardCheck("aten::add.Tensor", samples, lambda b: call_op(add, b), race_reps=0)
+    assert honest.recheck_in_place(lambda b, prefill: as_list(call_op(add, b)), clone_bound(honest.sets[0][1])).ok
 
 
 @pytest.mark.parametrize("family_op", ["aten::mm"])

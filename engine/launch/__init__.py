@@ -11,6 +11,7 @@ from engine.launch.spec import (
     ResolvedLaunch,
     ResolvedSpec,
     Workspace,
+    WorkspacesKept,
     parse_spec,
     resolve,
     spec_to_toml,
@@ -18,6 +19,6 @@ from engine.launch.spec import (
 
 __all__ = [
     "CTYPES", "MAX_SHARED_BYTES", "ArgSpec", "Env", "Expr", "Launch", "LaunchSpec", "ResolvedArg",
-    "ResolvedLaunch", "ResolvedSpec", "SpecError", "TensorInfo", "Workspace", "parse_spec", "resolve",
+    "ResolvedLaunch", "ResolvedSpec", "SpecError", "TensorInfo", "Workspace", "WorkspacesKept", "parse_spec", "resolve",
     "spec_to_toml",
 ]

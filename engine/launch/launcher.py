@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from engine.capture.chains import CHAIN_OP
-from engine.launch import ResolvedSpec
+from engine.launch import ResolvedSpec, WorkspacesKept
 from engine.launch import cuda_driver as drv
 from engine.ops import resolve_op, return_aliases, write_only_args, written_aliases
 
@@ -140,6 +140,7 @@ class CandidateLauncher:
                 self.aliases = [None] * len(self.output_specs)
             self.write_only = write_only_args(self.op)
         self.workspaces = spec.workspaces
+        self._kept: dict[str, tuple[torch.Tensor, Any]] | None = None   # (prepare: WorkspacesKept)
         self.launches: list[_Launch] = []
         for i, rl in enumerate(spec.launches):
             try:
@@ -207,14 +208,29 @@ class CandidateLauncher:
         """Allocate (and pre-fill) the outputs and workspaces; returns the launch of every kernel in order
         on the current stream (workspaces marked `zero` are zeroed there: that is part of the work)."""
         args = dict(bound)
+        # WorkspacesKept: the workspaces the last call so marked held, as it left them (canaries tracked
+        # again); any other prefill lets them go
+        kept = self._kept if isinstance(prefill, WorkspacesKept) else None
+        self._kept = {} if isinstance(prefill, WorkspacesKept) else None
         try:
             outs = self.allocate_outputs(args, prefill)
             ws = {}
             for name, nbytes, zero in self.workspaces:
+                if kept and name in kept:
+                    buf, region = kept[name]
+                    if region is not None and self.canaries is not None:
+                        self.canaries.regions.append(region)
+                    ws[name] = (buf, zero)
+                    self._kept[name] = (buf, region)
+                    continue
+                region = None
                 if self.canaries is not None:
                     buf = self.canaries.buffer(max(1, nbytes), name=f"workspace {name!r}")
+                    region = self.canaries.regions[-1]
                 else:
                     buf = torch.empty(max(1, nbytes), dtype=torch.uint8, device=self.device)
+                if self._kept is not None:
+                    self._kept[name] = (buf, region)
                 if prefill is not None and not zero:
                     # What the kernel finds there is not its to rely on: fresh memory from the driver often
                     # reads zeros (a kernel accumulating into a workspace it never zeroed passed), and a block

@@ -92,6 +92,14 @@ class Launch:
     cooperative: bool = False
 
 
+class WorkspacesKept(str):
+    """A prefill (the string it equals) that also asks the launcher for the workspaces its last call so marked
+    held, as that call left them (a model's workspaces hold what the last call left): the lane's re-check
+    after timing (engine.verify.pipeline.CardCheck.recheck_in_place). Anywhere else it is the plain prefill."""
+
+    __slots__ = ()
+
+
 @dataclass(frozen=True)
 class Workspace:
     """A scratch buffer the launcher allocates per call (memset to 0 first when `zero`)."""
