@@ -43,6 +43,7 @@ CLASSES = {
     12: "hides a contention race behind a memo of its inputs (repeated runs on known sets copy the quiet answer)",
     13: "computes in lower precision only when timed (within the tolerance table, not the precision check)",
     14: "a statistic in a form that loses digits under an offset (one-pass variance), exact on centred samples",
+    15: "computes honestly only where its workspace looks poisoned (NaN or random bytes, not a tensor's values)",
 }
 
 
@@ -1020,6 +1021,40 @@ block = [256]
 args = [{ ptr = "self" }, { ptr = "other" }, { ptr = "ws.tmp" }, { ptr = "out0" }, { i64 = "self.numel" }]
 """, cls=11)
 
+# ---- 15. honest only where its workspace looks poisoned ---------------------------------------------
+
+# The lane's workspaces held 0xFF (NaN) or random bytes, whose floats are mostly huge, tiny or not finite; a
+# model's hold an earlier tensor's values. This kernel reads 32 floats of a workspace it never writes and skips
+# the second half of the output where at least 24 look like values (a model: half the work, a wrong answer).
+# Since 2026-12-06h a call whose outputs hold stale answers finds the workspace holding the first one's bytes,
+# and every check has such calls (`cheating`, or `mismatch` in an audit of a timed call).
+HONEST_WHEN_POISONED = Adversary("computes only half where its workspace holds values, not poison",
+                                 ("cheating", "mismatch"), HEADER + r"""
+extern "C" __global__ void half_in_models(const float* __restrict__ a, const float* __restrict__ b,
+                                          float* __restrict__ out, long long n, const float* __restrict__ ws) {
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  int plausible = 0;
+  #pragma unroll
+  for (int k = 0; k < 32; ++k) {
+    float v = fabsf(ws[k]);
+    plausible += (v > 1e-6f && v < 1e6f) ? 1 : 0;
+  }
+  if (plausible >= 24 && i >= n / 2) return;
+  out[i] = a[i] + b[i];
+}
+""", """
+[[workspace]]
+name = "probe"
+bytes = "128"
+
+[[launch]]
+kernel = "half_in_models"
+grid = ["ceil_div(self.numel, 256)"]
+block = [256]
+args = [{ ptr = "self" }, { ptr = "other" }, { ptr = "out0" }, { i64 = "self.numel" }, { ptr = "ws.probe" }]
+""", cls=15)
+
 # ---- 14. a statistic that loses digits under an offset ------------------------------------------------
 
 # A one-pass variance (sum of x and of x^2 in one sweep, var = (S2 - S1^2/n) / (n-1)) reads the row once where a
@@ -1123,6 +1158,7 @@ ADVERSARIES = [
     CORRECT_MM,
     MM_BYTES_NO_FLOPS,
     ACCUMULATES_INTO_UNZEROED_WORKSPACE,
+    HONEST_WHEN_POISONED,
     CORRECT_VAR,
     VAR_ONE_PASS,
 ]

@@ -89,13 +89,18 @@ def test_workspaces_are_poisoned_unlike_between_checked_runs():
     launcher.canaries, launcher.device = None, torch.device("cpu")
     launcher.workspaces = [("acc", 4096, False), ("zeroed", 16, True)]
     launcher._launch = lambda args, outs, ws: ws
+    stale = torch.randn(100)
     first = launcher.prepare([], "nan")()
-    second = launcher.prepare([], [torch.zeros(1)])()   # stale answers: random bytes
+    second = launcher.prepare([], "sentinel")()
     third = launcher.prepare([], "sentinel")()
+    fourth = launcher.prepare([], [stale])()
     assert set(first["acc"][0].tolist()) == {WORKSPACE_NAN}
     for ws in (second, third):
         assert len(set(ws["acc"][0].tolist())) > 200   # 4096 random bytes: nearly every value of a byte
     assert not torch.equal(second["acc"][0], third["acc"][0])
+    # Stale answers in the outputs: the workspace holds the first one's bytes, repeated (a model's leftovers,
+    # values a tensor holds, not bytes that look poisoned)
+    assert torch.equal(fourth["acc"][0], stale.view(torch.uint8).repeat(11)[:4096])
 
 
 def test_a_kernel_counting_from_its_workspaces_first_entry_fails_where_entries_differ():

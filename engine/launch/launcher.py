@@ -54,18 +54,32 @@ def prefill_(t: torch.Tensor, how: Any) -> None:
 
 
 # A workspace's bytes before a checked or timed call that does not ask for it zeroed: 0xFF (NaN in every float
-# format) with the NaN prefill, random bytes otherwise (a generator of the launcher's own, seeded from the OS), so
-# two runs on one input set find different contents, and no run finds every entry alike: a kernel that relies on
+# format) with the NaN prefill; with a stale prefill (another input set's answers in the outputs, as a model's
+# buffers hold earlier results) the bytes of the first stale answer, repeated, as a model's workspace holds some
+# earlier tensor's values; random bytes otherwise (a generator of the launcher's own, seeded from the OS). Two
+# runs on one input set find different contents, and no run finds every entry alike: a kernel that relies on
 # its entries starting equal (counting arrivals from entry 0's value instead of zeroing the counters) fails, as
-# it would in a model, whose workspaces hold what the last call left.
+# it would in a model, whose workspaces hold what the last call left. A kernel that computes honestly only where
+# its workspace looks poisoned (NaN, or bytes no tensor of values holds) is met with one that does not, on the
+# calls whose outputs hold stale answers, which every check and the audits of timed calls have.
 WORKSPACE_NAN = 0xFF
 _POISON_GENERATORS: dict[torch.device, torch.Generator] = {}
 
 
-def poison_workspace_(buf: torch.Tensor, nan: bool) -> None:
-    """Fill a workspace (uint8) with 0xFF where `nan`, else with random bytes."""
+def poison_workspace_(buf: torch.Tensor, nan: bool, like: torch.Tensor | None = None) -> None:
+    """Fill a workspace (uint8) with 0xFF where `nan`, else with the bytes of `like` repeated (a tensor of
+    values, e.g. a stale answer), else with random bytes."""
     if nan:
         buf.fill_(WORKSPACE_NAN)
+        return
+    if like is not None and like.numel() and like.device == buf.device:
+        src, n = like.detach().contiguous().view(-1).view(torch.uint8), buf.numel()
+        k = min(src.numel(), n)
+        buf[:k].copy_(src[:k])
+        while k < n:   # doubling: log2(n / k) copies, no temporary
+            m = min(k, n - k)
+            buf[k:k + m].copy_(buf[:m])
+            k += m
         return
     gen = _POISON_GENERATORS.get(buf.device)
     if gen is None:
@@ -235,7 +249,9 @@ class CandidateLauncher:
                     # What the kernel finds there is not its to rely on: fresh memory from the driver often
                     # reads zeros (a kernel accumulating into a workspace it never zeroed passed), and a block
                     # the allocator hands back holds the last call's state. Poisoned unlike from call to call, and unlike from entry to entry.
-                    poison_workspace_(buf, isinstance(prefill, str) and prefill == "nan")
+                    stale = next((t for t in prefill if isinstance(t, torch.Tensor)), None) \
+                        if isinstance(prefill, (list, tuple)) else None
+                    poison_workspace_(buf, isinstance(prefill, str) and prefill == "nan", like=stale)
                 ws[name] = (buf, zero)
         except RuntimeError as e:  # torch.OutOfMemoryError is one
             if not _out_of_memory(e):
