@@ -2,7 +2,7 @@
 # GroupNorms keeps no bias (Inductor's split-off add computed into the twin's channels-last layout; bias_probe.py
 # of vae-bias-2026-12-06g measured 1.372x against 1.295x keeping it on an H200): bench_compose over two processes
 # (issue 19's >= 1.3x); then the lane's adversarial suite (the contention race's expectation widened) and the
-# channels-last twins' GPU test with and without a bias. carry: .whl. Files: $OUT/h.tgz. LIMIT (default 560).
+# channels-last twins' GPU test with and without a bias; on another card the decode in one process. carry: .whl. Files: $OUT/h.tgz. LIMIT (default 560).
 [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tests PYTHONUNBUFFERED=1
 LIMIT=${LIMIT:-560}; G=/tmp/h; mkdir -p $G; trap 'tar czf $OUT/h.tgz -C /tmp h' EXIT
@@ -23,3 +23,6 @@ if grep -q H200 $G/gpu.txt; then
 fi
 step adversarial 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_lane_adversarial.py
 step twins 120 python3 scripts/gpu_tests.py --out $G/twins --timeout 240 tests/test_layout_twins_gpu.py
+# another card (an H100): the same decode in one process, beside that card's 1.309x keeping biases (2026-12-06b)
+step vae-1 190 python3 scripts/bench_compose.py --out $G/vae-1 --model configs/examples/sd35_vae.toml \
+  --cast $VAE --modes default --max-s 20
