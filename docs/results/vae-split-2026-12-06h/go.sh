@@ -23,6 +23,6 @@ if grep -q H200 $G/gpu.txt; then
 fi
 step adversarial 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_lane_adversarial.py
 # another card (an H100): the same decode in one process, beside that card's 1.309x keeping biases (2026-12-06b)
-step vae-1 190 python3 scripts/bench_compose.py --out $G/vae-1 --model configs/examples/sd35_vae.toml \
+grep -q H200 $G/gpu.txt || step vae-1 190 python3 scripts/bench_compose.py --out $G/vae-1 --model configs/examples/sd35_vae.toml \
   --cast $VAE --modes default --max-s 20
 step twins 120 python3 scripts/gpu_tests.py --out $G/twins --timeout 240 tests/test_layout_twins_gpu.py
