@@ -131,6 +131,47 @@ def test_an_fft_ends_a_chain(tmp_path, device):
     assert not [c for c in chains if any("fft" in op for op in c)], chains
 
 
+GRN = '''
+class GRN(nn.Module):
+    \"\"\"ConvNeXt V2's global response normalisation (channels-last), between two linears.\"\"\"
+
+    def __init__(self):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((1, 1, 1, 32), 0.5))
+        self.beta = nn.Parameter(torch.full((1, 1, 1, 32), 0.1))
+
+    def forward(self, x):
+        gx = torch.norm(x, p=2, dim=(1, 2), keepdim=True)
+        nx = gx / (gx.mean(dim=-1, keepdim=True) + 1e-6)
+        return self.gamma * (x * nx) + self.beta + x
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(16, 32)
+        self.grn = GRN()
+        self.down = nn.Linear(32, 16)
+
+    def forward(self, x):
+        return self.down(self.grn(self.up(x)))
+
+
+def build(_):
+    torch.manual_seed(0)
+    return Model(), (torch.randn(2, 8, 8, 16),)
+'''
+
+
+@DEVICES
+def test_a_vector_norm_joins_a_chain(tmp_path, device):
+    # `linalg_vector_norm` is a reduction: the `linalg_` prefix rule (for factorizations) had kept it out of
+    # ConvNeXt V2's GRN chain, leaving the norm and the ops after it apart.
+    result = _capture(tmp_path, GRN, device)
+    chains = _chain_ops(result)
+    assert any("aten::linalg_vector_norm" in c and "aten::mean.dim" in c for c in chains), chains
+
+
 TEXT = '''
 class Text(nn.Module):
     """CLIP's text tower in small: embed and normalise the tokens, encode, and pool at the end-of-text token."""

@@ -245,6 +245,9 @@ _NOT_MEMORY_BOUND = frozenset({
     "cholesky", "cholesky_solve", "cholesky_inverse", "triangular_solve", "lu_solve", "lu_unpack", "ormqr",
     "geqrf", "orgqr", "_lu_with_info", "_linalg_det", "stft", "istft", "_cufft_clear_plan_cache",
 })
+# The linalg ops that are a reduction or an elementwise op, not a factorization: members like `sum` and `mul`
+# (ConvNeXt V2's GRN, `torch.norm(x, p=2, dim=(1, 2))`, lost its fusion to the prefix rule).
+_MEMORY_BOUND_LINALG = frozenset({"linalg_vector_norm", "linalg_cross"})
 
 
 def memory_bound(func: Any) -> bool:
@@ -256,6 +259,8 @@ def memory_bound(func: Any) -> bool:
     if getattr(func, "namespace", "aten") != "aten":
         return False
     base = func._schema.name.split("::", 1)[-1]
+    if base in _MEMORY_BOUND_LINALG:
+        return True
     return not base.startswith(_NOT_MEMORY_BOUND_PREFIXES) and base not in _NOT_MEMORY_BOUND
 
 
