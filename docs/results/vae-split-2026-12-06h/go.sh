@@ -5,7 +5,7 @@
 # channels-last twins' GPU test with and without a bias; on another card the decode in one process. carry: .whl. Files: $OUT/h.tgz. LIMIT (default 560).
 [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tests PYTHONUNBUFFERED=1
-LIMIT=${LIMIT:-560}; G=/tmp/h; mkdir -p $G; trap 'tar czf $OUT/h.tgz -C /tmp h' EXIT
+LIMIT=${LIMIT:-560}; PROCS=${PROCS:-2}; G=/tmp/h; mkdir -p $G; trap 'tar czf $OUT/h.tgz -C /tmp h' EXIT
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,clocks.max.sm --format=csv > $G/gpu.txt 2>&1; cat $G/gpu.txt
 git rev-parse HEAD > $G/commit.txt 2>/dev/null
 VAE=docs/results/vae-compose-2026-12-06b/sd35_vae.cast
@@ -18,8 +18,8 @@ step() {  # step NAME NEEDS_S CMD...
   [ $rc = 0 ] && touch $G/$name.done; grep -v Warning $G/$name/log.txt | tail -12 | cut -c1-400
 }
 if grep -q H200 $G/gpu.txt; then
-  step vae 280 python3 scripts/bench_compose.py --out $G/vae --model configs/examples/sd35_vae.toml \
-    --cast $VAE --modes default --max-s 20 --processes 2
+  step vae $((PROCS == 1 ? 190 : 280)) python3 scripts/bench_compose.py --out $G/vae --model configs/examples/sd35_vae.toml \
+    --cast $VAE --modes default --max-s 20 --processes ${PROCS:-2}
 fi
 step adversarial 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_lane_adversarial.py
 # another card (an H100): the same decode in one process, beside that card's 1.309x keeping biases (2026-12-06b)
