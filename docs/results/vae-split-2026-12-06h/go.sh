@@ -17,11 +17,12 @@ step() {  # step NAME NEEDS_S CMD...
   timeout -s INT -k 15 $((left - 15)) "$@" > $G/$name/log.txt 2>&1; local rc=$?; stamp "$name rc=$rc"
   [ $rc = 0 ] && touch $G/$name.done; grep -v Warning $G/$name/log.txt | tail -12 | cut -c1-400
 }
+# the lane changes first (2026-12-06h: workspaces kept in the re-check, stale bytes in workspaces)
+step adversarial 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_lane_adversarial.py
 if grep -q H200 $G/gpu.txt; then
   step vae $((PROCS == 1 ? 190 : 280)) python3 scripts/bench_compose.py --out $G/vae --model configs/examples/sd35_vae.toml \
     --cast $VAE --modes default --max-s 20 --processes ${PROCS:-2}
 fi
-step adversarial 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_lane_adversarial.py
 # another card (an H100): the same decode in one process, beside that card's 1.309x keeping biases (2026-12-06b)
 grep -q H200 $G/gpu.txt || step vae-1 190 python3 scripts/bench_compose.py --out $G/vae-1 --model configs/examples/sd35_vae.toml \
   --cast $VAE --modes default --max-s 20
