@@ -411,6 +411,31 @@ def test_canaries_differ_per_buffer_and_side_and_still_catch_a_write():
     assert bool(c.damaged())
 
 
+def test_most_canary_sides_hold_values_not_noise_and_still_catch_a_write():
+    # Uniform random bytes beside every buffer told the lane from a model (whose neighbouring memory holds another
+    # tensor's values): a kernel could read past its input and compute honestly only beside noise.
+    from engine.verify.guard import Canaries
+
+    c = Canaries("cpu", guard=512)
+    for i in range(40):
+        c.buffer(64, f"b{i}")
+    sides = [side for r in c.regions for side in (r.before, r.after)]
+
+    def values_as(side, dtype):
+        v = side.view(dtype).float()
+        return bool(torch.isfinite(v).all()) and float(v.abs().max()) < 1e4 and float(v.abs().max()) > 0
+
+    kinds = [next((d for d in (torch.float32, torch.bfloat16, torch.float16) if values_as(s, d)), None)
+             for s in sides]
+    assert sum(k is not None for k in kinds) >= len(sides) // 2, kinds   # 3 of 4 sides in expectation
+    assert None in kinds   # and some are noise: neither kind tells the lane
+    assert c.violations() == []
+    r = c.regions[7]
+    r.raw[512 + 64] = r.raw[512 + 64] ^ 1   # one bit of the first byte past the end
+    (line,) = c.violations()
+    assert line.startswith("b7: 1 of the 512 bytes after the end were overwritten")
+
+
 def test_an_argument_the_op_updates_without_returning_it_must_end_as_eager_leaves_it():
     # _native_batch_norm_legit in training updates running_mean/var (Tensor(a!)) and returns neither: only
     # returned aliases and out= arguments counted as written, so the honest kernel was rejected as `mutation`

@@ -4,7 +4,11 @@ A kernel that writes past the end of an output (a vector store at the tail, an o
 before its start clobbers whatever the allocator put next to it: in a model, another layer's
 activations. The canaries make such a write visible: after a call, each region must still hold the
 bytes it was filled with. The bytes are random per buffer and side (a generator seeded from the host's
-entropy), so a kernel can neither restore them nor tell a guarded buffer by its two sides matching.
+entropy), so a kernel can neither restore them nor tell a guarded buffer by its two sides matching. Most
+sides hold values, not noise: normal draws at a random scale, as float32, bfloat16 or float16 (a model's
+neighbouring memory holds another tensor's values), the rest uniform bytes, the kind drawn on the host per
+side. A kernel that reads past its buffers and computes honestly only where it finds noise there (a lane,
+not a model) meets values in most checked calls.
 
 Regions are checked either at once (`violations()`, one host sync) or queued on the device without a
 sync (`enqueue_check()`), for timed calls, and read later (`pending_violation()`).
@@ -13,11 +17,15 @@ sync (`enqueue_check()`), for timed calls, and read later (`pending_violation()`
 from __future__ import annotations
 
 import os
+import random
 from dataclasses import dataclass
 
 import torch
 
 GUARD_BYTES = 64 * 1024  # each side; a multiple of every element size and of 512 (the allocator's alignment)
+# What a side of a canary holds, drawn per side: uniform bytes (None) or normal values of a dtype
+_SIDE_KINDS = (None, torch.float32, torch.bfloat16, torch.float16)
+_HOST = random.SystemRandom()
 
 
 class GuardViolation(Exception):
@@ -51,12 +59,20 @@ class Canaries:
         # Each side its own random bytes, new for every buffer: with one pattern for all, the bytes just before
         # any buffer equalled those just after it, and a kernel could tell the lane's buffers from a model's
         # by reading both (a red-team stand-in computed honestly only there).
-        pattern = torch.randint(0, 256, (2, g), dtype=torch.uint8, device=self._gen.device, generator=self._gen)
-        pattern = pattern.to(raw.device)
+        pattern = torch.stack([self._side(g) for _ in range(2)]).to(raw.device)
         raw[:g].copy_(pattern[0])
         raw[g + nbytes:].copy_(pattern[1])
         self.regions.append(_Region(name, raw, nbytes, pattern[0], pattern[1]))
         return raw[g:g + nbytes]
+
+    def _side(self, g: int) -> torch.Tensor:
+        """`g` bytes for one side of a canary: normal values at a scale between 1e-3 and 1e2 as one float
+        dtype, or uniform bytes (the kind and scale drawn on the host: no device sync)."""
+        dtype, dev = _HOST.choice(_SIDE_KINDS), self._gen.device
+        if dtype is None or g % dtype.itemsize:
+            return torch.randint(0, 256, (g,), dtype=torch.uint8, device=dev, generator=self._gen)
+        vals = torch.randn(g // dtype.itemsize, device=dev, generator=self._gen) * 10 ** _HOST.uniform(-3, 2)
+        return vals.to(dtype).view(torch.uint8)
 
     def empty_strided(self, shape, stride, dtype: torch.dtype, name: str = "out") -> torch.Tensor:
         """Like torch.empty_strided, inside a guarded buffer (the canaries touch the first and last element)."""
