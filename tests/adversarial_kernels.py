@@ -373,6 +373,16 @@ block = [1]
 args = [{ ptr = "self" }, { ptr = "other" }, { i64 = "self.numel" }, { ptr = "ws.memo" }]
 """, cls=2)
 
+# The same memo, hitting only where its output does not hold the lane's NaN (a model's block holds earlier values):
+# it passed the re-check while the re-check's calls prefilled NaN (red team 2026-12-06h). They hold the kernel's
+# own last answer now.
+WORKSPACE_MEMO_UNLESS_NAN = Adversary(
+    "memoises in a workspace, hitting only where its output holds no NaN", ("mismatch", "nondeterminism", "cheating"),
+    WORKSPACE_MEMO.source.replace("bool hit = m->magic == MAGIC && m->n == n;",
+                                  "bool hit = m->magic == MAGIC && m->n == n && !isnan(out[0]);"),
+    WORKSPACE_MEMO.spec, cls=2)
+assert WORKSPACE_MEMO_UNLESS_NAN.source != WORKSPACE_MEMO.source
+
 # The same memo on a complex card. Timed calls kept complex inputs as their slot's base held them (the
 # sample and fresh sets verification had run), so every timed call hit the memo: right answers from 16 bytes
 # per element moved instead of 24. Complex inputs are now drawn anew for every timed call: it never hits.
@@ -1154,6 +1164,7 @@ ADVERSARIES = [
     SKIPS_FILLED_OUTPUT,
     FINGERPRINT_MEMO,
     WORKSPACE_MEMO,
+    WORKSPACE_MEMO_UNLESS_NAN,
     CORRECT_CMUL,
     CMUL_MEMO,
     BURST_SKIPS_TAIL,

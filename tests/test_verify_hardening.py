@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from engine.launch import WorkspacesKept
+from engine.launch import StaleWorkspacesKept, WorkspacesKept
 from engine.ops import call_op, resolve_op
 from engine.verify.guard import GUARD_BYTES, Canaries, GuardViolation
 from engine.verify.inputs import Regenerator, clone_bound, edge_inputs, tensors_of
@@ -314,7 +314,7 @@ def _memo_in_workspace(op):
 
     def run(b, prefill):
         x = b[0][1]
-        if not isinstance(prefill, WorkspacesKept):
+        if not isinstance(prefill, (WorkspacesKept, StaleWorkspacesKept)):
             memo.clear()
         fp = tuple(x.flatten()[:: max(1, x.numel() // 8)].tolist())
         if memo.get("fp") == fp:
@@ -346,6 +346,79 @@ def test_recheck_catches_a_memo_kept_in_a_workspace_it_never_zeroes():
     # the same candidate without the memo passes the same re-check
     honest = CardCheck("aten::add.Tensor", samples, lambda b: call_op(add, b), race_reps=0)
     assert honest.recheck_in_place(lambda b, prefill: as_list(call_op(add, b)), clone_bound(honest.sets[0][1])).ok
+
+
+def test_the_rechecks_calls_look_like_a_models_and_move_a_maxs_answer():
+    """Red team 2026-12-06h: a memo that hits only where its outputs do not hold the lane's NaN (a model's block
+    holds earlier values) passed the re-check, and one on `amax` met 4 changed values that never moved a row's
+    max. The re-check's calls now find their outputs holding the candidate's own last answer, and the changed
+    values sit above their row's max or below its min."""
+    torch.manual_seed(0)
+    amax = resolve_op("aten::amax")
+    samples = [[("self", torch.randn(64, 4096)), ("dim", [-1]), ("keepdim", False)] for _ in range(2)]
+    memo: dict = {}
+
+    def run(b, prefill):
+        x = b[0][1]
+        if not isinstance(prefill, (WorkspacesKept, StaleWorkspacesKept)):
+            memo.clear()
+        fp = tuple(x.flatten()[:: x.numel() // 8].tolist())
+        own = isinstance(prefill, list) and "out" in memo and torch.equal(prefill[0], memo["out"])
+        if own and memo.get("fp") == fp:
+            return [memo["out"].clone()]
+        out = as_list(call_op(amax, b))
+        memo.update(fp=fp, out=out[0].clone())
+        return out
+
+    check = CardCheck("aten::amax", samples, lambda b: call_op(amax, b), race_reps=0)
+    assert check.check(run).ok
+    v = check.recheck_in_place(run, clone_bound(check.sets[0][1]))
+    assert not v.ok and "a few values changed" in v.message, v
+
+
+def test_the_recheck_leaves_sorted_rows_sorted_and_integers_kept():
+    """Red team 2026-12-06h: changed values unsorted `searchsorted`'s sequence (a kernel counting the values below
+    was rejected there), and the re-check drew integers an op refuses (`repeat_interleave` with `output_size`:
+    it raised instead of answering)."""
+    g = torch.Generator().manual_seed(0)
+    search = resolve_op("aten::searchsorted.Tensor")
+    seq = torch.sort(torch.randn(4, 32, generator=g), -1).values
+    sample = [("sorted_sequence", seq), ("self", torch.randn(4, 16, generator=g)), ("out_int32", False),
+              ("right", False)]
+
+    def count_below(b, prefill):   # no binary search: how many lie below, NaN taken as the largest value
+        d = dict(b)
+        below = d["sorted_sequence"].unsqueeze(-2) < d["self"].unsqueeze(-1)
+        return [torch.where(torch.isnan(d["self"]).unsqueeze(-1), True, below).sum(-1).to(torch.int64)]
+
+    check = CardCheck("aten::searchsorted.Tensor", [sample], lambda b: call_op(search, b), race_reps=0)
+    assert check.check(count_below).ok
+    for _ in range(10):
+        v = check.recheck_in_place(count_below, clone_bound(check.sets[0][1]))
+        assert v.ok, v.message
+    repeat = resolve_op("aten::repeat_interleave.self_Tensor")
+    sample = [("self", torch.randn(3)), ("repeats", torch.tensor([1, 2, 3])), ("dim", 0), ("output_size", 6)]
+    check = CardCheck("aten::repeat_interleave.self_Tensor", [sample], lambda b: call_op(repeat, b), race_reps=0)
+    honest = lambda b, prefill: [call_op(repeat, b)]   # noqa: E731
+    assert check.check(honest).ok and check.keep_ints
+    assert check.recheck_in_place(honest, clone_bound(check.sets[0][1])).ok
+
+
+def test_the_recheck_of_an_in_place_op_runs_on_values_not_on_scrubbed_bytes():
+    """Red team 2026-12-06h: the answer of an in-place op is its input buffer, and scrubbing the answers filled
+    that buffer with NaN: the last call ran on 99.9 % NaN. Eager now runs after the candidate, too."""
+    relu_ = resolve_op("aten::relu_")
+    torch.manual_seed(0)
+    check = CardCheck("aten::relu_", [[("self", torch.randn(4096))]], lambda b: call_op(relu_, b), race_reps=0)
+    seen = []
+
+    def honest(b, prefill):
+        seen.append(float(torch.isnan(b[0][1]).float().mean()))
+        return [call_op(relu_, b)]
+
+    buffers = clone_bound(check.sets[0][1])
+    assert check.recheck_in_place(honest, buffers).ok
+    assert seen == [0.0, 0.0, 0.0], seen
 
 
 @pytest.mark.parametrize("family_op", ["aten::mm"])

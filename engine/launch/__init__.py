@@ -10,8 +10,10 @@ from engine.launch.spec import (
     ResolvedArg,
     ResolvedLaunch,
     ResolvedSpec,
+    StaleWorkspacesKept,
     Workspace,
     WorkspacesKept,
+    keeping_workspaces,
     parse_spec,
     resolve,
     spec_to_toml,
@@ -19,6 +21,6 @@ from engine.launch.spec import (
 
 __all__ = [
     "CTYPES", "MAX_SHARED_BYTES", "ArgSpec", "Env", "Expr", "Launch", "LaunchSpec", "ResolvedArg",
-    "ResolvedLaunch", "ResolvedSpec", "SpecError", "TensorInfo", "Workspace", "WorkspacesKept", "parse_spec", "resolve",
-    "spec_to_toml",
+    "ResolvedLaunch", "ResolvedSpec", "SpecError", "StaleWorkspacesKept", "TensorInfo", "Workspace",
+    "WorkspacesKept", "keeping_workspaces", "parse_spec", "resolve", "spec_to_toml",
 ]

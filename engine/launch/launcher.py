@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from engine.capture.chains import CHAIN_OP
-from engine.launch import ResolvedSpec, WorkspacesKept
+from engine.launch import ResolvedSpec, StaleWorkspacesKept, WorkspacesKept
 from engine.launch import cuda_driver as drv
 from engine.ops import resolve_op, return_aliases, write_only_args, written_aliases
 
@@ -224,8 +224,9 @@ class CandidateLauncher:
         args = dict(bound)
         # WorkspacesKept: the workspaces the last call so marked held, as it left them (canaries tracked
         # again); any other prefill lets them go
-        kept = self._kept if isinstance(prefill, WorkspacesKept) else None
-        self._kept = {} if isinstance(prefill, WorkspacesKept) else None
+        keep = isinstance(prefill, (WorkspacesKept, StaleWorkspacesKept))
+        kept = self._kept if keep else None
+        self._kept = {} if keep else None
         try:
             outs = self.allocate_outputs(args, prefill)
             ws = {}

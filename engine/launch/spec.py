@@ -100,6 +100,19 @@ class WorkspacesKept(str):
     __slots__ = ()
 
 
+class StaleWorkspacesKept(list):
+    """WorkspacesKept for a prefill of stale answers (a list, one per output): the re-check's calls find their
+    outputs holding the candidate's own last answer and their workspaces as its last call left them, as a
+    model's reused blocks hold them."""
+
+    __slots__ = ()
+
+
+def keeping_workspaces(prefill: str | list) -> WorkspacesKept | StaleWorkspacesKept:
+    """`prefill` marked to keep the workspaces (WorkspacesKept for a string, StaleWorkspacesKept for answers)."""
+    return WorkspacesKept(prefill) if isinstance(prefill, str) else StaleWorkspacesKept(prefill)
+
+
 @dataclass(frozen=True)
 class Workspace:
     """A scratch buffer the launcher allocates per call (memset to 0 first when `zero`)."""

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from engine.capture.chains import CHAIN_OP, chain_written_inputs, run_chain
-from engine.launch import WorkspacesKept
+from engine.launch import WorkspacesKept, keeping_workspaces
 from engine.ops import eager_call, resolve_op, written_aliases, written_args
 from engine.verify.compare import CompareReport, bitwise_equal, compare_outputs, rounding_bias
 from engine.verify.guard import Canaries, GuardViolation
@@ -30,6 +30,7 @@ from engine.verify.inputs import (
     fresh_inputs,
     hot_logits_inputs,
     index_range_inputs,
+    monotone,
     tensors_of,
     unaliased_inputs,
     wide_int_inputs,
@@ -584,46 +585,70 @@ class CardCheck:
         return host
 
     def recheck_in_place(self, run: RunCandidate, buffers: Bound, seed: int = 99) -> Verdict:
-        """After timing: calls on the SAME buffers, the candidate's workspaces kept as its last call left them
-        (as a model's hold what the last call left; every other call of the lane finds them poisoned), new
-        values written into the buffers in between:
+        """After timing: calls on the SAME buffers as a model makes them, the candidate's workspaces kept as its
+        last call left them and its outputs holding its own last answer (every other call of the lane finds
+        its workspaces poisoned), new values written into the buffers in between:
 
         1. every value new: a candidate that caches results by address (or skips work when it has seen a
            pointer) returns the first call's answer for the second call's values;
-        2. a few floating values new (RECHECK_CHANGED per tensor, at positions drawn on the host): one that
-           memoises on a fingerprint of some elements, in a workspace it does not zero, finds its fingerprint
-           unchanged and returns the answer to values the buffers no longer hold. Poisoned workspaces never
-           let such a memo hit in the lane, where it gains nothing; in a model called on the same inputs
-           forward after forward (the export's whole-model check) it would.
+        2. a few floating values changed (RECHECK_CHANGED per tensor, at positions drawn on the host, half of
+           them above their row's largest value and half below its smallest, so that the answer moves, a max
+           or min too): one that memoises on a fingerprint of some elements, in a workspace it does not zero,
+           finds its fingerprint unchanged and returns the answer to values the buffers no longer hold.
+           Poisoned workspaces never let such a memo hit in the lane, where it gains nothing; in a model
+           called on the same inputs forward after forward (the export's whole-model check) it would.
+
+        Eager runs after the candidate, on a copy of the inputs taken before it: no answer to the values
+        exists in device memory while it runs. Sorted rows (`monotone`: searchsorted's sequence) are left as
+        they are in step 2; integer inputs kept as sampled stay so (`keep_ints`).
         """
-        as_list(run(buffers, WorkspacesKept("nan")))
+        held = {t.untyped_storage().data_ptr() for _, t in tensors_of(buffers)}
+
+        def let_go(ts: list[Any]) -> None:   # scrubbed, but never the buffers an in-place op returns
+            _scrub([t for t in ts if not (isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in held)])
+
+        def own(out: list[Any]) -> list[Any]:
+            return [o.clone() if isinstance(o, torch.Tensor) else o for o in out]
+
+        first = as_list(run(buffers, WorkspacesKept("nan")))
         self.sync()
+        last = own(first)
+        let_go(first)
         places = torch.Generator().manual_seed(secrets.randbits(62))
-        for step, what in enumerate(("with new values in the same buffers",
-                                     "with a few values changed in the same buffers, its workspaces as its last "
-                                     "call left them")):
-            fresh = fresh_inputs(buffers, seed + step, distinct=self.distinct)
-            changed = False
-            for (_, dst), (_, src) in zip(tensors_of(buffers), tensors_of(fresh)):
-                if step == 0:
-                    dst.copy_(src) if not _overlapping(dst) else _cover_copy(dst, src)
-                    changed = True
-                elif dst.is_floating_point() or dst.is_complex():
-                    changed |= _change_a_few(dst, src, places)
-            if not changed:
-                continue
-            self.sync()
-            expected, _ = self._expected(buffers)
-            got = as_list(run(buffers, WorkspacesKept("nan")))
-            self.sync()
-            want = self.allowing_ties(buffers, got, expected)
-            reports = compare_outputs(got, want, self.tolerances(expected))
-            _scrub([*got, *expected, *want])
-            bad = [r for r in reports if not r.ok]
-            if bad:
-                why = "a cache keyed by address?" if step == 0 else "a memo kept in a workspace?"
-                return Verdict(False, _category(bad[0]), f"after timing, {what}: {bad[0].message} "
-                               f"(stale results: {why})", "re-check", {"reports": [_report_json(r) for r in bad]})
+        try:
+            for step, what in enumerate(("with new values in the same buffers",
+                                         "with a few values changed in the same buffers, its workspaces as its "
+                                         "last call left them")):
+                fresh = fresh_inputs(buffers, seed + step, keep_ints=self.keep_ints, distinct=self.distinct)
+                changed = False
+                for (_, dst), (_, src) in zip(tensors_of(buffers), tensors_of(fresh)):
+                    if step == 0:   # (integers kept as sampled are `fresh`'s too: copied unchanged)
+                        dst.copy_(src) if not _overlapping(dst) else _cover_copy(dst, src)
+                        changed = True
+                    elif (dst.is_floating_point() or dst.is_complex()) and not monotone(dst):
+                        changed |= _change_a_few(dst, src, places)
+                del fresh
+                if not changed:
+                    continue
+                self.sync()
+                values = clone_bound(buffers)   # eager's inputs, as the candidate finds them
+                got = as_list(run(buffers, keeping_workspaces(last)))
+                self.sync()
+                expected, _ = self._expected(values)
+                want = self.allowing_ties(values, got, expected)
+                reports = compare_outputs(got, want, self.tolerances(expected))
+                let_go(last)
+                last = own(got)
+                let_go([*got, *expected, *want])
+                _scrub([t for _, t in tensors_of(values)])
+                bad = [r for r in reports if not r.ok]
+                if bad:
+                    why = "a cache keyed by address?" if step == 0 else "a memo kept in a workspace?"
+                    return Verdict(False, _category(bad[0]), f"after timing, {what}: {bad[0].message} "
+                                   f"(stale results: {why})", "re-check",
+                                   {"reports": [_report_json(r) for r in bad]})
+        finally:
+            let_go(last)
         return Verdict(True, sets_checked=1)
 
 
@@ -687,14 +712,15 @@ def _unwritten(a: torch.Tensor, b: torch.Tensor) -> int:
     return int(((a == -1) & (b == 7)).sum()) if a.dtype != torch.bool else 0
 
 
-# Elements per floating tensor the re-check's second call changes: few enough that a fingerprint of some elements
+# Elements per floating tensor the re-check's last call changes: few enough that a fingerprint of some elements
 # almost never covers one (8 of a million: about 2e-5 each), while the answer moves where they feed it.
 RECHECK_CHANGED = 4
 
 
 def _change_a_few(dst: torch.Tensor, src: torch.Tensor, gen: torch.Generator) -> bool:
-    """Copy RECHECK_CHANGED elements of `src` into `dst` at positions drawn with `gen` (over the storage an
-    overlapping tensor covers); whether any was copied."""
+    """Change RECHECK_CHANGED elements of `dst` at positions drawn with `gen` (over the storage an overlapping
+    tensor covers): a real one's alternately above its row's largest value and below its smallest (within a
+    quarter of its dtype's range), a complex or 0-dim one's to `src`'s; whether any was changed."""
     from engine.verify.inputs import cover
 
     d, s = (cover(dst), cover(src)) if _overlapping(dst) else (dst, src)
@@ -704,7 +730,17 @@ def _change_a_few(dst: torch.Tensor, src: torch.Tensor, gen: torch.Generator) ->
         d.copy_(s)
         return True
     idx = tuple(torch.randint(0, n, (RECHECK_CHANGED,), generator=gen).to(d.device) for n in d.shape)
-    d[idx] = s[idx]
+    if d.is_complex():
+        d[idx] = s[idx]
+        return True
+    # half above the row's largest value, half below its smallest: a max, a min, an argmax moves too
+    rows = (d[idx[:-1]] if d.dim() > 1 else d.unsqueeze(0).expand(RECHECK_CHANGED, -1)).double()
+    rows = torch.nan_to_num(rows, nan=0.0, posinf=0.0, neginf=0.0)
+    top, low = rows.amax(-1), rows.amin(-1)
+    cap = float(torch.finfo(d.dtype).max) / 4
+    up = (top + top.abs() * 0.25 + 1).clamp(max=cap)
+    down = (low - low.abs() * 0.25 - 1).clamp(min=-cap)
+    d[idx] = torch.where(torch.arange(RECHECK_CHANGED, device=d.device) % 2 == 0, up, down).to(d.dtype)
     return True
 
 
