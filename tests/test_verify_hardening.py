@@ -37,12 +37,24 @@ def test_canaries_see_a_write_past_the_end_and_before_the_start():
     out.fill_(1.0)
     assert c.violations() == []
     raw = torch.empty(0, dtype=torch.uint8).set_(out.untyped_storage())
-    end = GUARD_BYTES + out.numel() * 4
+    gb = c.regions[-1].before.numel()   # this buffer's guard before it: GUARD_BYTES to twice that
+    assert GUARD_BYTES <= gb < 2 * GUARD_BYTES and gb % 512 == 0 and out.storage_offset() * 4 == gb
+    end = gb + out.numel() * 4
     raw[end:end + 1024] ^= 0xFF  # 1 KiB past the output
     lines = c.violations()
     assert len(lines) == 1 and "out0" in lines[0] and "after the end" in lines[0] and "1024 bytes past" in lines[0]
-    raw[GUARD_BYTES - 4] ^= 0xFF
+    raw[gb - 4] ^= 0xFF
     assert any("before the start" in line for line in c.violations())
+
+
+def test_canary_widths_vary_per_buffer_and_side():
+    # One width for every guard band told a kernel where the next buffer began (red team 2026-12-06h)
+    c = Canaries("cpu")
+    for i in range(8):
+        c.buffer(100, f"b{i}")
+    widths = [w for r in c.regions for w in (r.before.numel(), r.after.numel())]
+    assert len(set(widths)) > 4 and all(GUARD_BYTES <= w < 2 * GUARD_BYTES and w % 512 == 0 for w in widths)
+    assert c.violations() == []
 
 
 def test_canaries_queued_check_reports_once_and_forgets_buffers():
@@ -52,7 +64,7 @@ def test_canaries_queued_check_reports_once_and_forgets_buffers():
     c.enqueue_check()
     assert c.regions == [] and c.pending_violation() is False
     ws2 = c.buffer(256, name="w")
-    torch.empty(0, dtype=torch.uint8).set_(ws2.untyped_storage())[GUARD_BYTES + 256] ^= 1
+    torch.empty(0, dtype=torch.uint8).set_(ws2.untyped_storage())[c.regions[-1].before.numel() + 256] ^= 1
     c.enqueue_check()
     assert c.pending_violation() is True
     assert c.pending_violation() is False  # read once

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-GUARD_BYTES = 64 * 1024  # each side; a multiple of every element size and of 512 (the allocator's alignment)
+GUARD_BYTES = 64 * 1024  # each side at least (up to twice); a multiple of every element size and of 512 (the allocator's alignment)
 # What a side of a canary holds, drawn per side: uniform bytes (None) or normal values of a dtype
 _SIDE_KINDS = (None, torch.float32, torch.bfloat16, torch.float16)
 _HOST = random.SystemRandom()
@@ -54,16 +54,17 @@ class Canaries:
 
     def buffer(self, nbytes: int, name: str = "buffer", device: torch.device | None = None) -> torch.Tensor:
         """`nbytes` of uninitialised uint8 memory with a canary region either side."""
-        g = self.guard
-        raw = torch.empty(nbytes + 2 * g, dtype=torch.uint8, device=device or self.device)
-        # Each side its own random bytes, new for every buffer: with one pattern for all, the bytes just before
-        # any buffer equalled those just after it, and a kernel could tell the lane's buffers from a model's
-        # by reading both (a red-team stand-in computed honestly only there).
-        pattern = torch.stack([self._side(g) for _ in range(2)]).to(raw.device)
-        raw[:g].copy_(pattern[0])
-        raw[g + nbytes:].copy_(pattern[1])
-        self.regions.append(_Region(name, raw, nbytes, pattern[0], pattern[1]))
-        return raw[g:g + nbytes]
+        # Each side its own width (`guard` to twice it, in steps of 512 bytes: the allocator's alignment) and its
+        # own random bytes, new for every buffer: with one pattern for all, the bytes just before any buffer
+        # equalled those just after it, and a kernel could tell the lane's buffers from a model's by reading
+        # both (a red-team stand-in computed honestly only there); with one width, where the next one began.
+        gb, ga = (self.guard + 512 * _HOST.randrange(max(1, self.guard // 512)) for _ in range(2))
+        raw = torch.empty(gb + nbytes + ga, dtype=torch.uint8, device=device or self.device)
+        before, after = self._side(gb).to(raw.device), self._side(ga).to(raw.device)
+        raw[:gb].copy_(before)
+        raw[gb + nbytes:].copy_(after)
+        self.regions.append(_Region(name, raw, nbytes, before, after))
+        return raw[gb:gb + nbytes]
 
     def _side(self, g: int) -> torch.Tensor:
         """`g` bytes for one side of a canary: normal values at a scale between 1e-3 and 1e2 as one float
@@ -82,7 +83,7 @@ class Canaries:
             n = (sum((s - 1) * st for s, st in zip(shape, stride)) + 1) * isz
         buf = self.buffer(n, name=name)
         return torch.empty(0, dtype=dtype, device=self.device).set_(
-            buf.untyped_storage(), self.guard // isz, tuple(shape), tuple(stride))
+            buf.untyped_storage(), buf.storage_offset() // isz, tuple(shape), tuple(stride))
 
     def forget(self) -> None:
         """Stop tracking the buffers handed out so far (they are freed once nothing else holds them)."""
@@ -90,26 +91,27 @@ class Canaries:
 
     def violations(self) -> list[str]:
         """One line per damaged canary region of the tracked buffers (syncs the device)."""
-        g = self.guard
         bad = []
         for r in self.regions:
-            for side, view, pattern in (("before the start", r.raw[:g], r.before),
-                                        ("after the end", r.raw[g + r.payload:], r.after)):
+            gb = r.before.numel()
+            for side, view, pattern in (("before the start", r.raw[:gb], r.before),
+                                        ("after the end", r.raw[gb + r.payload:], r.after)):
+                g = pattern.numel()
                 changed = view != pattern
                 if bool(changed.any()):
                     idx = changed.nonzero().flatten()
                     count = int(idx.numel())
-                    reach = int(g - idx[0]) if side == "before the start" else int(idx[-1]) + 1
+                    reach = int(g - idx[0]) if side == "before the start" else int(idx[-1]) + 1   # (g: this side's)
                     bad.append(f"{r.name}: {count} of the {g} bytes {side} were overwritten "
                                f"(up to {reach} bytes {'before' if side == 'before the start' else 'past'} it)")
         return bad
 
     def damaged(self) -> torch.Tensor | None:
         """A device boolean: whether any tracked region was damaged (queued, no sync); None if none tracked."""
-        g = self.guard
         flag = None
         for r in self.regions:
-            for view, pattern in ((r.raw[:g], r.before), (r.raw[g + r.payload:], r.after)):
+            gb = r.before.numel()
+            for view, pattern in ((r.raw[:gb], r.before), (r.raw[gb + r.payload:], r.after)):
                 hit = torch.ne(view, pattern).any()
                 flag = hit if flag is None else flag | hit
         return flag
