@@ -721,8 +721,6 @@ def _change_a_few(dst: torch.Tensor, src: torch.Tensor, gen: torch.Generator) ->
     """Change RECHECK_CHANGED elements of `dst` at positions drawn with `gen` (over the storage an overlapping
     tensor covers): a real one's alternately above its row's largest value and below its smallest (within a
     quarter of its dtype's range), a complex or 0-dim one's to `src`'s; whether any was changed."""
-    from engine.verify.inputs import cover
-
     d, s = (cover(dst), cover(src)) if _overlapping(dst) else (dst, src)
     if d.numel() == 0:
         return False
