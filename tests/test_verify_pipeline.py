@@ -147,7 +147,8 @@ def test_cache_keyed_by_pointer_is_caught_after_timing():
         return [cache[x.data_ptr()].clone()]
 
     first = check.check(cached)  # fresh buffers each set, but a freed address may come back
-    assert first.ok or first.category in ("mismatch", "nondeterminism")
+    # an address that comes back serves another set's answer: wrong values, or the NaN an edge set held
+    assert first.ok or first.category in ("mismatch", "nondeterminism", "nan")
     cache.clear()
     timed = [("self", samples[0][0][1].clone()), ("approximate", "tanh")]
     cached(timed, "nan")  # timing loop: the same buffers again and again
