@@ -102,6 +102,52 @@ def judge_other_outputs(eager: Sequence[tuple[str | None, bool]], cast_outputs: 
     return None
 
 
+# The model's output with a cast must be about as accurate as without it. Each kernel passed its op's tolerance
+# on the model's own activations, in the lane; a kernel that computes honestly only where it can tell the lane's
+# calls from a model's (by what its buffers hold, its launch count, the clock) passes there and gives the model
+# wrong answers, faster, and an output that is merely not degenerate let it through. Against the model run once
+# in the next wider format (engine.bench.accuracy.wider_output: a 16-bit model in float32, a float32 one in
+# float64), the cast's error may be ACCURACY_RATIO times the larger of eager's and, under torch.compile, the
+# compiled model's without the cast, plus the floor of the output's dtype (a float32 model's eager output can be
+# 1e-7 from float64's, where kernels within a float32 op's tolerance move it further). Without such a reference,
+# the output may move from eager's by NO_REFERENCE_BAR at most.
+ACCURACY_RATIO = 2.0
+ACCURACY_FLOOR = {"bfloat16": 2e-3, "float16": 1e-3}
+ACCURACY_FLOOR_OTHER = 5e-4
+NO_REFERENCE_BAR = {"bfloat16": 0.1, "float16": 0.05}
+NO_REFERENCE_BAR_OTHER = 1e-2
+
+
+def accuracy_rule(eager_out: Any, dtype: str, wider: tuple[Any, str] | None = None,
+                  others: Sequence[Any] = ()) -> Callable[[Any], tuple[str | None, dict[str, Any]]]:
+    """The accuracy rule of the whole-model check: `rule(cast_out)` -> (why the output may not stand or None,
+    what was compared). `eager_out`: eager's output (as `compared` gives it); `dtype`: the output's own dtype;
+    `wider`: (the model's output in the next wider format, its name) or None; `others`: outputs of the model
+    without the cast that are as good as eager's (the compiled model's)."""
+    if wider is not None and degenerate(wider[0]) is None:
+        ref, name = wider
+        base = max(rel_l2_err(o, ref) for o in (eager_out, *others))
+        allowed = ACCURACY_RATIO * base + ACCURACY_FLOOR.get(dtype, ACCURACY_FLOOR_OTHER)
+
+        def accurate(got: Any) -> tuple[str | None, dict[str, Any]]:
+            err = rel_l2_err(got, ref)
+            facts = {"reference": name, "reference_err": err, "reference_err_without": base}
+            if err <= allowed:
+                return None, facts
+            return (f"the model's output with the cast is {err:.1e} from the model run in {name} (relative L2); "
+                    f"without the cast {base:.1e}, and {allowed:.1e} may stand"), facts
+        return accurate
+    bar = NO_REFERENCE_BAR.get(dtype, NO_REFERENCE_BAR_OTHER)
+
+    def near(got: Any) -> tuple[str | None, dict[str, Any]]:
+        d = rel_l2_err(got, eager_out)
+        if d <= bar:
+            return None, {"drift_bar": bar}
+        return (f"the model's output with the cast moves {d:.1e} from eager's (relative L2; no wider reference "
+                f"could be made), more than {bar:.1e}"), {"drift_bar": bar}
+    return near
+
+
 def eager_caveat(reason: str) -> str:
     """What the report says instead of an agreement figure when eager's own output is degenerate."""
     return f"eager's own output is {reason}: agreement of the model's output says nothing"
@@ -109,11 +155,13 @@ def eager_caveat(reason: str) -> str:
 
 def choose_set(sets: Sequence[Sequence[str]], eager_out: Any,
                run_set: Callable[[list[str]], tuple],
-               accept: Callable[[Sequence[float]], bool] = not_slower) -> tuple[list, Any]:
+               accept: Callable[[Sequence[float]], bool] = not_slower,
+               accuracy: Callable[[Any], tuple[str | None, dict[str, Any]]] | None = None) -> tuple[list, Any]:
     """Try each set in order: `run_set(ids)` gives the model's output with that set and a function that
-    times it (called only when the output may stand). A set whose output is rejected is recorded with
-    `rejected` (why) and the next, smaller set is tried; the first set whose speedup CI `accept`s (default:
-    not slower) is chosen. Returns (tried, chosen or None)."""
+    times it (called only when the output may stand). A set whose output is rejected (degenerate, or, with
+    `accuracy` (`accuracy_rule`), less accurate than the model without the cast) is recorded with `rejected`
+    (why) and the next, smaller set is tried; the first set whose speedup CI `accept`s (default: not slower)
+    is chosen. Returns (tried, chosen or None)."""
     tried: list[dict[str, Any]] = []
     for ids in sets:
         got = run_set(list(ids))  # (output, timer) or (output, timer, facts to record: which variants ran)
@@ -122,10 +170,15 @@ def choose_set(sets: Sequence[Sequence[str]], eager_out: Any,
         other = (got[2] if len(got) > 2 else {}).pop("other_outputs", None)  # judge_other_outputs' answer
         if ok and other:
             ok, note = False, other
-        # How far the model's output moves with the cast (each kernel passed its op's tolerance; the
-        # drift through the whole model is recorded for the report, not judged here).
+        # How far the model's output moves with the cast (each kernel passed its op's tolerance; the drift
+        # from eager's is recorded for the report, the accuracy against a wider run judged by `accuracy`).
         r: dict[str, Any] = {"variants": list(ids), "rel_l2_err": rel_l2_err(cast_out, eager_out),
                              **(got[2] if len(got) > 2 else {})}
+        if ok and accuracy is not None:
+            why, facts = accuracy(cast_out)
+            r.update(facts)
+            if why:
+                ok, note = False, why
         if ok:
             r.update(time_it(), **({"output_note": note} if note else {}))
         else:
@@ -217,6 +270,7 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
     follow while the CI is wider than `precision` and less than `max_s` has passed for the set (a noisy host gave 0.886-1.139 from one round, where a 3 % loss was there to find)."""
     import torch
 
+    from engine.bench.accuracy import wider_output
     from engine.bench.forward import auto_iters, capture_graph, time_forward, time_steady
     from engine.bench.stats import speedup_ci
     from engine.cast.loader import load
@@ -232,16 +286,34 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
         for _ in range(3):
             forward()
         whole = forward()
-        eager_out = compared(output_tensor(whole))
+        out = output_tensor(whole)
+        dtype = str(out.dtype).removeprefix("torch.")
+        floating = out.is_floating_point() or out.is_complex()
+        eager_out = compared(out)
         eager_others = output_states(output_tensors(whole)[1:])
-        del whole
+        del whole, out
         eager_bad = degenerate(eager_out) or unrepeatable(eager_out, compared(output_tensor(forward())))
+        # the model once in the next wider format, before any cast binds the parameters it reads (none where
+        # eager's own output cannot vouch for anything: the report says so instead)
+        wider = wider_output(model, forward, output_tensor) if floating and not eager_bad else None
+        wider = (compared(wider[0]), wider[1]) if wider is not None else None
+        if wider is not None:
+            again = forward()   # a model that kept something of the wider run (a cache it fills once) is not the same
+            if unrepeatable(eager_out, compared(output_tensor(again))):
+                wider = None
+                eager_out = compared(output_tensor(again))
+                eager_others = output_states(output_tensors(again)[1:])
+            del again
         base = forward  # what the cast must beat: eager, or the model compiled without the cast
+        without = []  # outputs without the cast as good as eager's
         if compile_mode is not None:
             torch._dynamo.reset()
             base = torch.compile(forward, **compile_kw)
             for _ in range(3):
                 base()
+            without.append(compared(output_tensor(base())))
+        # an integer output (class ids, token ids) has no rounding to compare: the other checks judge it
+        accuracy = accuracy_rule(eager_out, dtype, wider, without) if floating and not eager_bad else None
         if iters <= 0:  # a short model needs many pairs for a CI that can tell 1.0 from 1.1
             iters = auto_iters(sorted(time_forward(base) for _ in range(3))[1])
         eager_graph = capture_graph(forward)[0] if graphs else None
@@ -297,17 +369,17 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
             return cast_out, time_it, ran
 
         accept = acceptance(compile_mode)
-        tried, chosen = choose_set(sets, eager_out, run_set, accept)
+        tried, chosen = choose_set(sets, eager_out, run_set, accept, accuracy)
         alt_ids = composition_alternative(chosen["variants"], overlaps or {}) \
             if chosen is not None and compile_mode is not None else None
         if alt_ids:
-            alt_tried, _ = choose_set([alt_ids], eager_out, run_set, accept)
+            alt_tried, _ = choose_set([alt_ids], eager_out, run_set, accept, accuracy)
             alt = {**alt_tried[0], "alternative": "without the pattern cards whose ops have op variants in the set"}
             tried.append(alt)
             if prefer_alternative(chosen, alt, accept):
                 chosen = alt
     return {"mode": mode_name(graphs, compile_mode), "tried": tried, "chosen": chosen,
-            "degenerate_eager": eager_bad}
+            "degenerate_eager": eager_bad, "reference": wider[1] if wider is not None else None}
 
 
 def main(argv: list[str] | None = None) -> int:

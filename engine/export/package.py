@@ -989,8 +989,9 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
                              **({"replicate": again.get("tried")} if again is not None else {}),
                              **({"one_process": one_process} if one_process else {}),
                              **({"degenerate_eager": eager_bad} if eager_bad else {}),
-                             **({k: chosen.get(k) for k in ("speedup", "speedup_ci", "eager_ms", "cast_ms",
-                                                            "rel_l2_err")} if chosen else {})}
+                             **({k: chosen[k] for k in ("speedup", "speedup_ci", "eager_ms", "cast_ms", "rel_l2_err",
+                                                        "reference", "reference_err", "reference_err_without")
+                                 if k in chosen} if chosen else {})}
     if chosen is None:
         hint = "" if target != "eager" else ("; its kernels may still pay off under CUDA graphs: export again "
                                              "with --target cuda-graphs to check that instead")
@@ -1040,7 +1041,9 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
              + (f" ({chosen['alternative']})" if chosen.get("alternative") else "") + f": {chosen['speedup']:.3f}x "
              f"(95% CI {chosen['speedup_ci'][0]:.3f}-{chosen['speedup_ci'][1]:.3f})"
              + ("" if eager_bad else f"; output moved {chosen['rel_l2_err']:.1e} (relative L2)"
-                if chosen.get("rel_l2_err") is not None else ""))
+                if chosen.get("rel_l2_err") is not None else "")
+             + (f"; {chosen['reference_err']:.1e} from the model in {chosen['reference']} "
+                f"({chosen['reference_err_without']:.1e} without the cast)" if chosen.get("reference") else ""))
     caveat = not_faster_caveat(chosen, graphs)
     if caveat:
         warn(caveat)

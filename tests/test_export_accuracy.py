@@ -1,0 +1,169 @@
+"""The whole-model check's accuracy rule (engine.export.e2e.accuracy_rule): a cast whose model output is further
+from the model run in the next wider format than eager's is rejected, however its kernels passed the lane.
+
+The threat: a kernel that computes honestly only where it can tell the lane's calls from a model's passes every
+op-level check and gives the model wrong answers, faster; an output that was merely not degenerate let it through.
+CPU only: the models are small, the "casts" are module hooks standing in for kernels that cheat in the model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from engine.bench.accuracy import wider_output
+from engine.bench.agreement import compared
+from engine.export.e2e import (
+    ACCURACY_RATIO,
+    NO_REFERENCE_BAR,
+    accuracy_rule,
+    choose_set,
+    rel_l2_err,
+)
+
+
+class Net(torch.nn.Module):
+    """Linear -> LayerNorm -> GELU blocks, residual: the norms are what a cast serves."""
+
+    def __init__(self, depth: int = 6, width: int = 96, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.lins = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(depth))
+        self.norms = torch.nn.ModuleList(torch.nn.LayerNorm(width) for _ in range(depth))
+        for lin in self.lins:
+            lin.weight.data = torch.randn(width, width, generator=g) / width ** 0.5
+        self.to(dtype)
+
+    def forward(self, x):
+        for lin, norm in zip(self.lins, self.norms):
+            x = x + torch.nn.functional.gelu(norm(lin(x)))
+        return x
+
+
+def _honest_norm(m, args, out):
+    """LayerNorm computed another way, in float32 (one rounding): what an honest kernel's output is."""
+    (x,) = args
+    xf = x.float()
+    mu = xf.mean(-1, keepdim=True)
+    var = (xf - mu).square().mean(-1, keepdim=True)
+    return ((xf - mu) * torch.rsqrt(var + m.eps) * m.weight.float() + m.bias.float()).to(x.dtype)
+
+
+def _skips_half(m, args, out):
+    """A norm that normalises with the statistics of the first half of each row only: half the reads, in
+    the model; in the lane it computed the whole row."""
+    (x,) = args
+    half = x[..., : x.shape[-1] // 2].float()
+    mu, var = half.mean(-1, keepdim=True), half.var(-1, keepdim=True, unbiased=False)
+    return ((x.float() - mu) * torch.rsqrt(var + m.eps) * m.weight.float() + m.bias.float()).to(x.dtype)
+
+
+def _low_precision(m, args, out):
+    """A float32 norm computed in bfloat16: half the bytes."""
+    (x,) = args
+    y = torch.nn.functional.layer_norm(x.bfloat16(), m.normalized_shape, m.weight.bfloat16(), m.bias.bfloat16(),
+                                       m.eps)
+    return y.to(x.dtype)
+
+
+def _run_with(net, x, hook):
+    handles = [n.register_forward_hook(hook) for n in net.norms] if hook else []
+    try:
+        with torch.no_grad():
+            return compared(net(x))
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_honest_cast_stands_and_one_that_cheats_in_the_model_does_not(dtype):
+    net = Net(dtype=dtype)
+    x = torch.randn(64, 96, generator=torch.Generator().manual_seed(1)).to(dtype)
+    with torch.no_grad():
+        eager = compared(net(x))
+    wider = wider_output(net, lambda: net(x), lambda out: out)
+    assert wider is not None and wider[1] == ("float64" if dtype == torch.float32 else "float32")
+    rule = accuracy_rule(eager, str(dtype).removeprefix("torch."), (compared(wider[0]), wider[1]))
+
+    why, facts = rule(_run_with(net, x, _honest_norm))
+    assert why is None, why
+    assert facts["reference"] == wider[1] and facts["reference_err"] <= ACCURACY_RATIO * facts["reference_err_without"] \
+        + 5e-4
+
+    why, facts = rule(_run_with(net, x, _skips_half))
+    assert why is not None and why.startswith("the model's output with the cast is ")
+    assert f"from the model run in {wider[1]} (relative L2)" in why
+    assert facts["reference_err"] > 10 * facts["reference_err_without"]
+    if dtype == torch.float32:   # a float32 norm run in bf16: its rounding is the bf16 model's, not float32's
+        why, _ = rule(_run_with(net, x, _low_precision))
+        assert why is not None
+
+
+def test_without_a_wider_reference_the_output_may_move_from_eager_by_the_bar_only():
+    eager = torch.randn(32, 16, dtype=torch.float64)
+    rule = accuracy_rule(eager, "bfloat16", None)
+    assert rule(eager * (1 + 0.5 * NO_REFERENCE_BAR["bfloat16"])) == (None, {"drift_bar": 0.1})
+    why, facts = rule(eager * 1.5)
+    assert why == ("the model's output with the cast moves 5.0e-01 from eager's (relative L2; no wider reference "
+                   "could be made), more than 1.0e-01") and facts == {"drift_bar": 0.1}
+    # a degenerate reference (the wider run overflowed) is no reference
+    bad = accuracy_rule(eager, "float32", (torch.full_like(eager, math.inf), "float64"))
+    assert bad(eager * 1.001)[0] is None and bad(eager * 1.5)[0] is not None
+
+
+def test_under_torch_compile_the_compiled_model_without_the_cast_sets_the_baseline_too():
+    ref = torch.randn(1000, dtype=torch.float64)
+    eager = ref + 1e-3 * torch.randn(1000, dtype=torch.float64)
+    compiled = ref + 4e-3 * torch.randn(1000, dtype=torch.float64)   # Inductor's fusion rounds elsewhere
+    cast = ref + 6e-3 * torch.randn(1000, dtype=torch.float64)
+    assert accuracy_rule(eager, "bfloat16", (ref, "float32"))(cast)[0] is not None
+    why, facts = accuracy_rule(eager, "bfloat16", (ref, "float32"), [compiled])(cast)
+    assert why is None and facts["reference_err_without"] == pytest.approx(rel_l2_err(compiled, ref))
+
+
+def test_the_check_rejects_a_set_less_accurate_than_the_model_without_it_and_times_only_the_next():
+    ref = torch.randn(8, 64, dtype=torch.float64)
+    eager = ref * (1 + 1e-3)
+    outputs = {("cheat", "honest"): ref * 1.2, ("honest",): ref * (1 + 1.5e-3)}
+    timed = []
+
+    def run_set(ids):
+        def time_it():
+            timed.append(tuple(ids))
+            return {"speedup": 1.3, "speedup_ci": [1.2, 1.4], "eager_ms": 1.0, "cast_ms": 0.8}
+        return outputs[tuple(ids)], time_it
+
+    tried, chosen = choose_set([["cheat", "honest"], ["honest"]], eager, run_set,
+                               accuracy=accuracy_rule(eager, "float32", (ref, "float64")))
+    assert timed == [("honest",)]
+    assert tried[0]["rejected"].startswith("the model's output with the cast is 2.0e-01 from the model run in float64")
+    assert tried[0]["reference_err"] == pytest.approx(0.2)
+    assert chosen is tried[1] and chosen["reference"] == "float64"
+
+
+def test_the_wider_run_restores_the_model_exactly_and_a_model_that_insists_on_float32_has_none():
+    net = Net(depth=2)
+    x = torch.randn(4, 96)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    with torch.no_grad():
+        exact = Net(depth=2).double()
+        exact.load_state_dict({k: v.double() for k, v in before.items()})
+        exact = exact(x.double())
+        low = net(x)
+    out, name = wider_output(net, lambda: net(x), lambda o: o)
+    assert name == "float64" and out.dtype == torch.float64
+    assert rel_l2_err(out, exact) < 1e-12 < rel_l2_err(low, exact)
+    assert all(v.dtype == torch.float32 and torch.equal(v, before[k]) for k, v in net.state_dict().items())
+    # an output the model rounds to float32 at its end is still the wider run's
+    out, _ = wider_output(net, lambda: net(x).float(), lambda o: o)
+    assert out.dtype == torch.float64 and rel_l2_err(out, exact) < 1e-7
+
+    def insists():
+        assert net.lins[0].weight.dtype == torch.float32, "float32 only"
+        return net(x)
+    assert wider_output(net, insists, lambda o: o) is None
+    assert all(v.dtype == torch.float32 and torch.equal(v, before[k]) for k, v in net.state_dict().items())
+    assert wider_output(torch.nn.Module(), lambda: torch.zeros(3), lambda o: o) is None   # nothing to widen
+    assert wider_output(net, lambda: net(x).argmax(-1), lambda o: o) is None   # class ids: no rounding to judge
