@@ -86,6 +86,11 @@ WARM_CALLS = 1  # untimed calls of an arm, in its state, before each timed one (
 BLOCK = 4
 
 
+# The example inputs varied from forward to forward (engine.bench.varied.Varied, set in main): every arm of a
+# round on the same variants, no forward on inputs an earlier one saw.
+VARIED = None
+
+
 def timed(run) -> float:
     """µs of a call made right after WARM_CALLS untimed calls of it, in the arm's state (its steady state, as a
     model in use runs; engine.bench.forward.time_steady says why): CUDA events on the GPU, the wall clock elsewhere.
@@ -94,12 +99,13 @@ def timed(run) -> float:
     is paid once per turn, outside the timed calls, as a model in use pays its cast's install once."""
     from engine.bench.forward import time_steady
 
+    kw = {"before": VARIED.before} if VARIED is not None else {}
     if BLOCK <= 1:
-        return time_steady(run, DEVICE, WARM_CALLS)
+        return time_steady(run, DEVICE, WARM_CALLS, **kw)
     import gc
 
     gc.collect()
-    ts = [time_steady(run, DEVICE, WARM_CALLS)] + [time_steady(run, DEVICE, 0) for _ in range(BLOCK - 1)]
+    ts = [time_steady(run, DEVICE, WARM_CALLS, **kw)] + [time_steady(run, DEVICE, 0, **kw) for _ in range(BLOCK - 1)]
     return sorted(ts)[len(ts) // 2]
 
 
@@ -141,7 +147,10 @@ def rotate(arms: list[tuple[str, Any, Any]], iters: int, precision: float | None
     t0, done = time.perf_counter(), 0
     while True:
         for i in range(done, done + iters):
+            first = VARIED.new_pair(WARM_CALLS + BLOCK) if VARIED is not None else 0
             for name, run, around in (arms[j] for j in orders[i % len(orders)]):
+                if VARIED is not None:
+                    VARIED.seek(first)
                 with (around() if around else contextlib.nullcontext()):
                     times[name].append(timed(run))
         done += iters
@@ -163,6 +172,7 @@ def pair(a, b, iters: int, around_b=None, precision: float | None = None, max_s:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global VARIED
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--model", default="sd35_vae",
@@ -253,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: bench_compose: no CUDA GPU is visible; run it on the GPU the cast is for", file=sys.stderr)
         return 2
     from engine.bench.forward import auto_iters
+    from engine.bench.varied import Varied
     from engine.cast import compose
     from engine.cast.loader import load
     from engine.config import sd35_vae
@@ -306,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(3):
             forward()
         eager_out = output_tensor(forward()).double()
+        VARIED = Varied.record(model, forward)
+        doc["inputs"] = VARIED.describe()
+        log(f"inputs while timing: {doc['inputs']}")
         # turns per arm and round: about 3 s of one arm's calls, counted as turns of one warm and one timed call
         # (a turn of --block calls is that many more calls, and its sample a median of them)
         per_turn = (WARM_CALLS + BLOCK) / 2

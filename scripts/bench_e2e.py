@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from engine.bench.forward import auto_iters, capture_graph, time_forward, time_steady  # noqa: E402
+from engine.bench.varied import Varied  # noqa: E402
 from engine.config import ModelSpec, config_model, override_params, parse_model_list, sd35_vae  # noqa: E402
 from engine.errors import UsageError  # noqa: E402
 from engine.models.forwards import output_tensor  # noqa: E402
@@ -68,7 +69,7 @@ def counted(forward, cast, captured: dict):
     return out
 
 
-def graph_arm(name: str, forward, cast, iters: int, module=None) -> dict:
+def graph_arm(name: str, forward, cast, iters: int, module=None, varied=None) -> dict:
     """Both arms replayed from CUDA graphs: what the kernels bring once per-call host cost is gone."""
     from engine.bench.stats import speedup_ci
 
@@ -86,9 +87,17 @@ def graph_arm(name: str, forward, cast, iters: int, module=None) -> dict:
         g_eager.replay()
         g_cast.replay()
     for i in range(iters):
+        first = varied.new_pair() if varied is not None else 0
         for arm in (("eager", "cast") if i % 2 == 0 else ("cast", "eager")):
             g = g_eager if arm == "eager" else g_cast
-            (eager_us if arm == "eager" else cast_us).append(time_steady(g.replay))
+            if varied is not None:
+                varied.seek(first)
+            (eager_us if arm == "eager" else cast_us).append(
+                time_steady(g.replay, before=varied.before if varied is not None else None))
+    if varied is not None:   # the outputs compared below: both graphs' on the example inputs
+        varied.restore()
+        g_eager.replay()
+        g_cast.replay()
     torch.cuda.synchronize()
     est = speedup_ci(eager_us, cast_us, paired=True)
     diff = out_cast.double() - out_eager.double()
@@ -148,26 +157,30 @@ def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int, 
         eager_us, cast_us = [], []
         if iters <= 0:
             iters = auto_iters(sorted(time_forward(forward) for _ in range(3))[1])
-        log(f"{name}: timing {iters} forwards per arm, alternating")
+        varied = Varied.record(module, forward)  # no forward timed on inputs an earlier one saw
+        log(f"{name}: timing {iters} forwards per arm, alternating; {varied.describe()}")
         cast.reset_stats()  # what the graph routes did while timed (their graphs stay)
         for i in range(iters):
             arms = ("eager", "cast") if i % 2 == 0 else ("cast", "eager")
+            first = varied.new_pair()
             for arm in arms:
+                varied.seek(first)
                 if arm == "cast":
                     cast.install(module)
-                    cast_us.append(time_steady(forward))
+                    cast_us.append(time_steady(forward, before=varied.before))
                     cast.remove()
                 else:
-                    eager_us.append(time_steady(forward))
+                    eager_us.append(time_steady(forward, before=varied.before))
+        varied.restore()
         routes = cast.stats().get("graph_routes_summary")
         restored = output_tensor(forward())
-        graph = graph_arm(name, forward, cast, iters, module) if graphs else None
+        graph = graph_arm(name, forward, cast, iters, module, varied) if graphs else None
         host = host_arms(forward, cast, module)
         vs32 = float32_control(name, module, forward, eager_out, cast_out)
     est = speedup_ci(eager_us, cast_us, paired=True)
     diff = (cast_out.double() - eager_out.double())
     result = {
-        "model": name, "cast": str(cast_path), "variants": len(cast.usable()),
+        "model": name, "cast": str(cast_path), "variants": len(cast.usable()), "inputs": varied.describe(),
         "eager_ms": statistics.median(eager_us) / 1e3, "cast_ms": statistics.median(cast_us) / 1e3,
         "speedup": est.speedup, "speedup_ci": [est.low, est.high], "iters": iters,
         "rel_l2_err": float(diff.norm() / eager_out.double().norm()), "max_abs_err": float(diff.abs().max()),

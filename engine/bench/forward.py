@@ -23,7 +23,8 @@ def time_forward(run: Callable[[], Any]) -> float:
     return s.elapsed_time(e) * 1e3
 
 
-def time_steady(run: Callable[[], Any], device: str = "cuda", warm: int = 1) -> float:
+def time_steady(run: Callable[[], Any], device: str = "cuda", warm: int = 1,
+                before: Callable[[], Any] | None = None) -> float:
     """Device µs of a call of `run` made right after `warm` untimed calls of it (time_forward of the last; off
     the GPU, `device` other than "cuda", the wall clock: a script's control flow on the CPU, no measurement).
 
@@ -32,9 +33,16 @@ def time_steady(run: Callable[[], Any], device: str = "cuda", warm: int = 1) -> 
     removing a cast (2 ms of Python), after 2 ms of other Python, or after a 2 ms sleep read 2.5-4 % slower
     than one right after another forward, and a forward after those and one untimed call read as fast as
     any (1.003x). An arm that installs a cast around its calls paid that every time. A model in use runs its
-    forwards back to back: that steady state is what both arms of a comparison are timed in."""
+    forwards back to back: that steady state is what both arms of a comparison are timed in.
+
+    `before` runs ahead of every call, outside the timed window (engine.bench.varied.Varied.before: the next
+    variant of the inputs)."""
     for _ in range(warm):  # 0: timed right after whatever ran before (the previous timed call of a block)
+        if before is not None:
+            before()
         run()
+    if before is not None:
+        before()
     if device != "cuda":
         import time
 

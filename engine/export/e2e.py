@@ -273,6 +273,7 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
     from engine.bench.accuracy import wider_output
     from engine.bench.forward import auto_iters, capture_graph, time_forward, time_steady
     from engine.bench.stats import speedup_ci
+    from engine.bench.varied import Varied
     from engine.cast.loader import load
     from engine.config import build_target, load_config
     from engine.models.forwards import output_tensor, output_tensors
@@ -304,6 +305,9 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
                 eager_out = compared(output_tensor(again))
                 eager_others = output_states(output_tensors(again)[1:])
             del again
+        # inputs varied from forward to forward while timing: a memo of whole answers gains nothing (varied.py)
+        varied = Varied.record(model, forward, judge=None if eager_bad else
+                               lambda o: degenerate(compared(output_tensor(o))))
         base = forward  # what the cast must beat: eager, or the model compiled without the cast
         without = []  # outputs without the cast as good as eager's
         if compile_mode is not None:
@@ -345,21 +349,28 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
             def time_it() -> dict[str, Any]:
                 eager_us, cast_us = [], []
                 t0 = time.perf_counter()
-                while True:  # rounds of `iters` pairs until the CI is narrow enough or the time is up
-                    for i in range(iters):
-                        for arm in (("eager", "cast") if i % 2 == 0 else ("cast", "eager")):
-                            # each arm in its steady state: right after an untimed call of itself
-                            if graphs:
-                                g = eager_graph if arm == "eager" else cast_graph
-                                (eager_us if arm == "eager" else cast_us).append(time_steady(g.replay))
-                            elif arm == "cast":
-                                with cast.enabled(model):
-                                    cast_us.append(time_steady(fast))
-                            else:
-                                eager_us.append(time_steady(base))
-                    est = speedup_ci(eager_us, cast_us, paired=True)
-                    if settled((est.low, est.high), precision) or time.perf_counter() - t0 >= max_s:
-                        break
+                try:
+                    while True:  # rounds of `iters` pairs until the CI is narrow enough or the time is up
+                        for i in range(iters):
+                            pair = varied.new_pair()
+                            for arm in (("eager", "cast") if i % 2 == 0 else ("cast", "eager")):
+                                # each arm in its steady state: right after an untimed call of itself; both arms
+                                # of a pair on the same variants of the inputs, each call on new ones
+                                varied.seek(pair)
+                                if graphs:
+                                    g = eager_graph if arm == "eager" else cast_graph
+                                    (eager_us if arm == "eager" else cast_us).append(
+                                        time_steady(g.replay, before=varied.before))
+                                elif arm == "cast":
+                                    with cast.enabled(model):
+                                        cast_us.append(time_steady(fast, before=varied.before))
+                                else:
+                                    eager_us.append(time_steady(base, before=varied.before))
+                        est = speedup_ci(eager_us, cast_us, paired=True)
+                        if settled((est.low, est.high), precision) or time.perf_counter() - t0 >= max_s:
+                            break
+                finally:
+                    varied.restore()
                 return {"speedup": est.speedup, "speedup_ci": [est.low, est.high],
                         "eager_ms": sorted(eager_us)[len(eager_us) // 2] / 1e3,
                         "cast_ms": sorted(cast_us)[len(cast_us) // 2] / 1e3, "iters": len(eager_us),
@@ -379,7 +390,8 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
             if prefer_alternative(chosen, alt, accept):
                 chosen = alt
     return {"mode": mode_name(graphs, compile_mode), "tried": tried, "chosen": chosen,
-            "degenerate_eager": eager_bad, "reference": wider[1] if wider is not None else None}
+            "degenerate_eager": eager_bad, "reference": wider[1] if wider is not None else None,
+            "inputs": varied.describe()}
 
 
 def main(argv: list[str] | None = None) -> int:

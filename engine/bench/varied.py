@@ -1,0 +1,169 @@
+"""A model's example inputs, varied from forward to forward while whole forwards are timed.
+
+The whole-model check and the end-to-end benchmarks call one forward closure over the user's example inputs,
+forward after forward. Where every forward is the same, a kernel that memoises its answer (keyed by a hash of
+all its inputs, so every answer is right) returns it at the cost of reading its inputs, and on a compute-bound
+op (a GEMM reads O(n²) for O(n³) work) the model reads as much faster than any user of it would find, who
+never calls it twice on the same values. The lane gives every timed call new values, so such a kernel gains
+nothing there; the model-level figures had no such defence.
+
+`Varied.record(module, forward)` finds the tensors the forward passes to the root module (a forward pre-hook,
+two forwards: the same tensor objects both times, else nothing can be varied in place). `before()` copies the
+next variant of them in, in place, outside the timed window (`time_steady(run, before=...)`); variant j is drawn
+afresh from the example inputs and a seed of j's own, so no two forwards of a check see the same inputs (a memo
+of every answer, however large, never hits) and `seek(new_pair())` before each arm of a pair gives both arms
+the same ones. A floating tensor is rolled along its largest dimension and moved by 2 % of its spread with
+noise (every element new, the distribution kept); an integer one is rolled and its distinct values permuted
+among themselves (token and position ids stay ids the model has; counts change, so sums do); masks (bool, or
+at most two distinct values) are rolled only; one-element tensors (a timestep, a decode step's token) are left
+alone. `restore()` puts the example inputs back. A forward that raises, or whose output turns degenerate, on
+a variant leaves the inputs as they were (`why` says so), as do a TorchScript root and a forward that builds
+its inputs anew each call.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+NOISE = 0.02          # of a floating input's standard deviation
+
+
+class Varied:
+    def __init__(self, tensors: list[Any], seed: int = 0, why: str | None = None):
+        import torch
+
+        self.tensors = tensors            # the forward's own input tensors, varied in place
+        self.originals = [t.clone() for t in tensors]
+        # per tensor: how it varies (None: it stays), and an integer tensor's distinct values
+        self.kinds = [_kind(t) for t in tensors]
+        self.values = [torch.unique(t) if k == "ids" else None for t, k in zip(tensors, self.kinds)]
+        self.seed = seed
+        self.why = why if why is not None else (
+            None if any(self.kinds) else "every input tensor is a mask, a boolean or a single element: nothing to vary")
+        self.next = 0
+        self.high = 0   # variants drawn so far (the next pair starts here)
+
+    @classmethod
+    def none(cls, why: str) -> Varied:
+        return cls([], why=why)
+
+    @classmethod
+    def record(cls, module: Any, forward: Callable[[], Any], seed: int | None = None,
+               judge: Callable[[Any], str | None] | None = None) -> Varied:
+        """Find the forward's input tensors; `judge(output)` (None: any output stands) says why a variant's
+        output cannot stand (degenerate where the example's is not)."""
+        import torch
+        from torch.utils._pytree import tree_flatten
+
+        seen: list[list[Any]] = []
+
+        def hook(m: Any, args: Any, kwargs: Any) -> None:
+            seen.append([t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)])
+
+        try:
+            handle = module.register_forward_pre_hook(hook, with_kwargs=True)
+        except RuntimeError:   # a TorchScript root refuses Python hooks
+            return cls.none("the model's root module takes no Python hooks (TorchScript)")
+        try:
+            with torch.no_grad():
+                forward()
+                forward()
+        finally:
+            handle.remove()
+        if len(seen) < 2 or not seen[0]:
+            return cls.none("the forward passes no tensor to the model's root module")
+        first, again = seen[0], seen[-1]
+        if len(first) != len(again) or any(a is not b for a, b in zip(first, again)):
+            return cls.none("the forward makes its inputs anew each call: nothing to vary in place")
+        varied = cls(first, seed if seed is not None else random.SystemRandom().getrandbits(40))
+        if varied.why:
+            return varied
+        bad = varied._trial(forward, judge)
+        return cls.none(bad) if bad else varied
+
+    def describe(self) -> str:
+        if self.why:
+            return f"the same inputs every forward ({self.why})"
+        k = sum(kind is not None for kind in self.kinds)
+        return f"new variants of the example inputs every forward ({k} of {len(self.tensors)} tensors varied)"
+
+    def new_pair(self, calls: int = 2) -> int:
+        """The first variant of a new pair of arms, each making `calls` forwards: `seek` it before each arm."""
+        first, self.high = self.high, self.high + calls
+        return first
+
+    def seek(self, j: int) -> None:
+        self.next = j
+
+    def before(self) -> None:
+        """Copy the next variant in (nothing where nothing varies)."""
+        if self.why:
+            return
+        import torch
+
+        j, self.next = self.next, self.next + 1
+        self.high = max(self.high, self.next)
+        with torch.no_grad():
+            for t, o, kind, values in zip(self.tensors, self.originals, self.kinds, self.values):
+                if kind is not None:
+                    t.copy_(_vary(o, kind, values, self.seed * 1_000_003 + j))
+
+    def restore(self) -> None:
+        import torch
+
+        with torch.no_grad():
+            for t, o in zip(self.tensors, self.originals):
+                t.copy_(o)
+
+    def _trial(self, forward: Callable[[], Any], judge: Callable[[Any], str | None] | None) -> str | None:
+        """Why the forward cannot run on the variants (None: it can): two of them tried."""
+        import torch
+
+        try:
+            for _ in range(2):
+                self.before()
+                with torch.no_grad():
+                    out = forward()
+                why = judge(out) if judge else None
+                if why:
+                    return f"on varied inputs the model's output is {why}"
+        except Exception as e:  # noqa: BLE001 - any failure only means the inputs stay as they are
+            first = (str(e).strip().splitlines() or [""])[0][:160]
+            return f"the forward fails on varied inputs ({type(e).__name__}: {first})"
+        finally:
+            self.restore()
+        return None
+
+
+def _kind(t: Any) -> str | None:
+    """How input tensor `t` varies: 'float', 'ids', 'mask' (rolled only), or None (it stays)."""
+    import torch
+
+    if t.numel() <= 1 or t.dtype == torch.bool or t.is_complex():
+        return None
+    if t.is_floating_point():
+        return "float"
+    return "ids" if torch.unique(t).numel() > 2 else "mask"
+
+
+def _vary(t: Any, kind: str, values: Any, seed: int) -> Any:
+    """Variant `seed` of example input `t`."""
+    import torch
+
+    rng = random.Random(seed)
+    gen = torch.Generator(device=t.device).manual_seed(rng.getrandbits(62))
+    dim = max(range(t.dim()), key=lambda d: t.shape[d])
+    out = torch.roll(t, rng.randrange(1, t.shape[dim]), dim) if t.shape[dim] > 1 else t.clone()
+    if kind == "float":
+        if bool(torch.isfinite(t).all()):
+            spread = float(t.float().std())
+            if spread > 0:
+                noise = torch.randn(t.shape, generator=gen, device=t.device, dtype=torch.float32)
+                out = (out.float() + noise * (NOISE * spread)).to(t.dtype)
+        return out
+    if kind == "ids":
+        perm = values[torch.randperm(values.numel(), generator=gen, device=t.device)]
+        return perm[torch.searchsorted(values, out)]
+    return out

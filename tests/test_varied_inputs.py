@@ -1,0 +1,151 @@
+"""Whole forwards are timed on inputs that change from forward to forward (engine/bench/varied.py): a kernel that
+memoises whole answers (right ones: keyed by a hash of all its inputs) gained in the whole-model check, which fed
+the same inputs every forward, and nowhere a user runs the model. CPU: the memo is a module that stands in for
+such a kernel, counting its hits."""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from engine.bench.agreement import degenerate
+from engine.bench.forward import time_steady
+from engine.bench.varied import Varied
+
+
+class Memo(torch.nn.Module):
+    """A linear layer that returns its stored answer where every input byte is as before (right answers)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(32, 32)
+        self.memo: dict[str, torch.Tensor] = {}
+        self.hits = 0
+
+    def forward(self, x, ids=None, mask=None):
+        key = hashlib.sha1(x.detach().float().numpy().tobytes()).hexdigest()
+        if key in self.memo:
+            self.hits += 1
+            return self.memo[key]
+        out = self.lin(x.float()) + (0 if ids is None else ids.float().mean())
+        self.memo[key] = out
+        return out
+
+
+def test_a_memo_of_whole_answers_never_hits_on_the_timed_forwards():
+    m = Memo()
+    x = torch.randn(8, 32)
+    forward = lambda: m(x)  # noqa: E731 - a builder's closure over its example inputs
+    varied = Varied.record(m, forward, seed=1)
+    assert varied.why is None
+    assert varied.describe() == "new variants of the example inputs every forward (1 of 1 tensors varied)"
+    m.hits = 0
+    plain = lambda: m.lin(x)  # noqa: E731 - the eager arm: the model without the memoising kernel
+    for i in range(100):   # pairs, alternating: the memo keeps every answer it saw, and still never hits
+        pair = varied.new_pair()
+        for arm in ((plain, forward) if i % 2 == 0 else (forward, plain)):
+            varied.seek(pair)
+            time_steady(arm, device="cpu", before=varied.before)
+    assert m.hits == 0 and len(m.memo) == 1 + 2 + 200   # the example, the trial's two variants, every forward
+    # the same timing on the example inputs alone: every forward after the first is a hit
+    m.memo.clear()
+    for _ in range(10):
+        time_steady(forward, device="cpu")
+    assert m.hits == 19   # the example inputs alone: every forward after the first is a hit
+
+
+def test_both_arms_of_a_pair_see_the_same_inputs_and_the_example_comes_back():
+    x = torch.randn(6, 32)
+    seen = []
+    m = Memo()
+    varied = Varied.record(m, lambda: m(x), seed=2)
+    original = x.clone()
+    pair = varied.new_pair()
+    for _arm in range(2):
+        varied.seek(pair)
+        time_steady(lambda: seen.append(x.clone()), device="cpu", before=varied.before)
+    w0, t0, w1, t1 = seen   # each arm: its warm call, then its timed one
+    assert torch.equal(w0, w1) and torch.equal(t0, t1) and not torch.equal(w0, t0)
+    assert not torch.equal(t0, original)
+    varied.restore()
+    assert torch.equal(x, original)
+
+
+def test_every_value_changes_and_ids_stay_ids_the_model_has():
+    x = torch.randn(4, 64, 32, dtype=torch.bfloat16)
+    ids = torch.randint(0, 1000, (4, 64))
+    mask = torch.ones(4, 64, dtype=torch.int64)
+    mask[:, 50:] = 0
+    step = torch.tensor([7])
+    m = Memo()
+
+    def forward():
+        return m(x, ids=ids, mask=mask, step=step)
+
+    m.forward = lambda x, ids, mask, step: Memo.forward(m, x, ids, mask)
+    varied = Varied.record(m, forward, seed=3)
+    assert varied.describe().endswith("(3 of 4 tensors varied)")
+    x0, ids0, mask0 = x.clone(), ids.clone(), mask.clone()
+    varied.seek(5)
+    varied.before()
+    assert torch.equal(step, torch.tensor([7]))
+    # floating: new values (a sum, a sum of squares, a hash of all bytes move), the distribution kept
+    assert (x != x0).float().mean() > 0.9
+    assert abs(float(x.float().std()) - float(x0.float().std())) < 0.05
+    assert float(x.float().sum()) != float(x0.float().sum())
+    # ids: values the example had, not all in place, counts changed
+    assert set(ids.unique().tolist()) <= set(ids0.unique().tolist())
+    assert not torch.equal(ids, ids0) and int(ids.sum()) != int(ids0.sum())
+    # a mask is rolled, never inverted
+    assert sorted(mask.sum(1).tolist()) == sorted(mask0.sum(1).tolist())
+    varied.restore()
+    assert torch.equal(x, x0) and torch.equal(ids, ids0) and torch.equal(mask, mask0)
+
+
+def test_where_nothing_can_vary_the_inputs_stay_and_the_record_says_why():
+    m = Memo()
+    assert Varied.record(m, lambda: m(torch.randn(4, 32))).why == \
+        "the forward makes its inputs anew each call: nothing to vary in place"
+    scalar = torch.ones(1, 32)
+    assert Varied.record(m, lambda: m(scalar[:, :1].expand(1, 32).contiguous())).why is not None
+    flags = torch.ones(2, 32, dtype=torch.bool)
+
+    class Masked(torch.nn.Module):
+        def forward(self, b):
+            return b.float() * 2
+
+    net = Masked()
+    v = Varied.record(net, lambda: net(flags))
+    assert v.why == "every input tensor is a mask, a boolean or a single element: nothing to vary"
+    assert v.describe().startswith("the same inputs every forward (")
+    v.before()   # nothing to copy
+    assert torch.equal(flags, torch.ones(2, 32, dtype=torch.bool))
+
+    scripted = torch.jit.script(torch.nn.Linear(4, 4))
+    y = torch.randn(2, 4)
+    assert "TorchScript" in Varied.record(scripted, lambda: scripted(y)).why
+
+
+def test_a_model_that_breaks_on_varied_inputs_keeps_its_example_inputs():
+    idx = torch.arange(16)   # positions the model checks are in order
+
+    class Strict(torch.nn.Module):
+        def forward(self, x, pos):
+            if not bool((pos[1:] > pos[:-1]).all()):
+                raise ValueError("positions must increase")
+            return x[..., pos]
+
+    net, x = Strict(), torch.randn(3, 16)
+    v = Varied.record(net, lambda: net(x, idx))
+    assert v.why.startswith("the forward fails on varied inputs (ValueError: positions must increase")
+    assert torch.equal(idx, torch.arange(16))
+
+    class Zeroes(torch.nn.Module):   # an output that turns degenerate on other inputs than the example's
+        def forward(self, x):
+            return x * float(x[0, 0] == x0[0, 0])
+
+    z, x0 = Zeroes(), torch.randn(3, 16)
+    x1 = x0.clone()
+    v = Varied.record(z, lambda: z(x1), judge=degenerate)
+    assert v.why == "on varied inputs the model's output is all zeros" and torch.equal(x1, x0)
