@@ -126,7 +126,7 @@ def test_under_torch_compile_the_compiled_model_without_the_cast_sets_the_baseli
 def test_the_check_rejects_a_set_less_accurate_than_the_model_without_it_and_times_only_the_next():
     ref = torch.randn(8, 64, dtype=torch.float64)
     eager = ref * (1 + 1e-3)
-    outputs = {("cheat", "honest"): ref * 1.2, ("honest",): ref * (1 + 1.5e-3)}
+    outputs = {("cheat", "honest"): ref * 1.2, ("honest",): ref * (1 + 1.5e-3), ("cheat",): ref * 1.2}
     timed = []
 
     def run_set(ids):
@@ -139,8 +139,8 @@ def test_the_check_rejects_a_set_less_accurate_than_the_model_without_it_and_tim
                                accuracy=accuracy_rule(eager, "float32", (ref, "float64")))
     assert timed == [("honest",)]
     assert tried[0]["rejected"].startswith("the model's output with the cast is 2.0e-01 from the model run in float64")
-    assert tried[0]["reference_err"] == pytest.approx(0.2)
-    assert chosen is tried[1] and chosen["reference"] == "float64"
+    assert tried[0]["reference_err"] == pytest.approx(0.2) and tried[0]["culprit"] == "cheat"
+    assert chosen is tried[1] and chosen["reference"] == "float64" and len(tried) == 2
 
 
 def test_the_wider_run_restores_the_model_exactly_and_a_model_that_insists_on_float32_has_none():
@@ -167,3 +167,79 @@ def test_the_wider_run_restores_the_model_exactly_and_a_model_that_insists_on_fl
     assert all(v.dtype == torch.float32 and torch.equal(v, before[k]) for k, v in net.state_dict().items())
     assert wider_output(torch.nn.Module(), lambda: torch.zeros(3), lambda o: o) is None   # nothing to widen
     assert wider_output(net, lambda: net(x).argmax(-1), lambda o: o) is None   # class ids: no rounding to judge
+
+
+def _additive(ref, errors, timed):
+    """run_set of a model whose output with a set is the reference plus each variant's own error."""
+    def run_set(ids):
+        def time_it():
+            timed.append(tuple(ids))
+            return {"speedup": 1.2, "speedup_ci": [1.1, 1.3], "eager_ms": 1.0, "cast_ms": 0.8}
+        out = ref.clone()
+        for v in ids:
+            out = out + errors[v]
+        return out, time_it
+    return run_set
+
+
+def test_the_one_variant_that_makes_the_model_inaccurate_is_found_and_the_rest_kept():
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(4096, dtype=torch.float64, generator=g)
+    eager = ref + 1e-3 * torch.randn(4096, dtype=torch.float64, generator=g)
+    ids = [f"v{i}" for i in range(11)]
+    errors = {v: 1e-4 * torch.randn(4096, dtype=torch.float64, generator=g) for v in ids}
+    errors["v3"] = 0.3 * torch.randn(4096, dtype=torch.float64, generator=g)   # right in the lane, not here
+    timed, asked = [], []
+    run_set = _additive(ref, errors, timed)
+
+    def counting(h):
+        asked.append(tuple(h))
+        return run_set(h)
+
+    rule = accuracy_rule(eager, "float32", (ref, "float64"))
+    # the smaller sets by net gain all hold v3: without the search every one is rejected
+    tried, chosen = choose_set([ids, ids[:5], ids[:2] + ["v3"]], eager, counting, accuracy=rule)
+    assert tried[0]["culprit"] == "v3" and tried[0]["rejected"].startswith("the model's output with the cast is")
+    assert chosen is tried[1] and chosen["variants"] == [v for v in ids if v != "v3"]
+    assert timed == [tuple(chosen["variants"])]
+    assert len(asked) <= 2 + 2 * 4   # the set, a bisection of 11, the set without v3
+
+    from engine.export.package import tried_summary
+    assert tried_summary(tried[0]).endswith("(variant v3 makes it so by itself; left out of the sets tried after)")
+
+
+def test_an_error_shared_by_several_variants_has_no_single_culprit():
+    g = torch.Generator().manual_seed(1)
+    ref = torch.randn(4096, dtype=torch.float64, generator=g)
+    eager = ref + 1e-3 * torch.randn(4096, dtype=torch.float64, generator=g)
+    ids = ["a", "b", "c", "d"]
+    errors = {v: 1.6e-3 * torch.randn(4096, dtype=torch.float64, generator=g) for v in ids}  # two together stand
+    timed = []
+    tried, chosen = choose_set([ids, ids[:2]], eager, _additive(ref, errors, timed),
+                               accuracy=accuracy_rule(eager, "float32", (ref, "float64")))
+    assert "culprit" not in tried[0] and tried[0]["rejected"]
+    assert chosen["variants"] == ["a", "b"]
+
+
+def test_the_export_names_the_variant_that_made_the_model_inaccurate(monkeypatch):
+    from test_export_degenerate import _kept, _model_check
+
+    from engine.export.report import markdown_report
+
+    a, b = (v.vid for v in _kept(2))
+    bad = {"variants": [a, b], "rel_l2_err": 0.2, "reference": "float64", "reference_err": 0.2,
+           "reference_err_without": 1e-7, "culprit": b,
+           "rejected": "the model's output with the cast is 2.0e-01 from the model run in float64 (relative L2); "
+                       "without the cast 1.0e-07, and 5.0e-04 may stand"}
+    good = {"variants": [a], "speedup": 1.1, "speedup_ci": [1.05, 1.15], "eager_ms": 2.0, "cast_ms": 1.8,
+            "rel_l2_err": 2e-7, "reference": "float64", "reference_err": 1.5e-7, "reference_err_without": 1e-7}
+    left, source, excluded, warnings = _model_check(monkeypatch, {
+        "mode": "eager", "tried": [bad, good], "chosen": good, "degenerate_eager": None, "reference": "float64"})
+    assert [v.vid for v in left] == [a]
+    (why,) = excluded
+    assert why["reason"].startswith("whole-model check: the model's output with this variant is less accurate "
+                                    "than without the cast (the model's output with the cast is 2.0e-01 from")
+    check = source["model_check"]
+    assert check["reference"] == "float64" and check["reference_err"] == 1.5e-7
+    text = markdown_report({"format_version": 1, "env": {}, "variants": [], "source": source})
+    assert "1.100×" in text and ", 1.5e-07 from the model run in float64 (1.0e-07 without the cast)" in text

@@ -161,9 +161,16 @@ def choose_set(sets: Sequence[Sequence[str]], eager_out: Any,
     times it (called only when the output may stand). A set whose output is rejected (degenerate, or, with
     `accuracy` (`accuracy_rule`), less accurate than the model without the cast) is recorded with `rejected`
     (why) and the next, smaller set is tried; the first set whose speedup CI `accept`s (default: not slower)
-    is chosen. Returns (tried, chosen or None)."""
+    is chosen. A set rejected for accuracy is searched for the one variant that makes it so
+    (`inaccurate_variant`); one found is recorded as the set's `culprit`, left out of every later set, and the
+    set without it is tried next. Returns (tried, chosen or None)."""
     tried: list[dict[str, Any]] = []
-    for ids in sets:
+    queue = [list(ids) for ids in sets]
+    dropped: set[str] = set()
+    while queue:
+        ids = [v for v in queue.pop(0) if v not in dropped]
+        if not ids or any(t["variants"] == ids for t in tried):
+            continue
         got = run_set(list(ids))  # (output, timer) or (output, timer, facts to record: which variants ran)
         cast_out, time_it = got[0], got[1]
         ok, note = judge_output(eager_out, cast_out)
@@ -174,11 +181,12 @@ def choose_set(sets: Sequence[Sequence[str]], eager_out: Any,
         # from eager's is recorded for the report, the accuracy against a wider run judged by `accuracy`).
         r: dict[str, Any] = {"variants": list(ids), "rel_l2_err": rel_l2_err(cast_out, eager_out),
                              **(got[2] if len(got) > 2 else {})}
+        inaccurate = False
         if ok and accuracy is not None:
             why, facts = accuracy(cast_out)
             r.update(facts)
             if why:
-                ok, note = False, why
+                ok, note, inaccurate = False, why, True
         if ok:
             r.update(time_it(), **({"output_note": note} if note else {}))
         else:
@@ -187,7 +195,41 @@ def choose_set(sets: Sequence[Sequence[str]], eager_out: Any,
         tried.append(r)
         if ok and accept(r["speedup_ci"]):
             return tried, r
+        if inaccurate and accuracy is not None:
+            culprit = inaccurate_variant(ids, lambda h: run_set(list(h))[0], accuracy)
+            if culprit is not None:
+                r["culprit"] = culprit
+                dropped.add(culprit)
+                queue.insert(0, [v for v in ids if v != culprit])
     return tried, None
+
+
+# Model runs the search for an inaccurate variant may make, at most (a bisection of 2 ** 6 variants and more).
+CULPRIT_RUNS = 12
+
+
+def inaccurate_variant(ids: Sequence[str], output_of: Callable[[list[str]], Any],
+                       accuracy: Callable[[Any], tuple[str | None, dict[str, Any]]],
+                       budget: int = CULPRIT_RUNS) -> str | None:
+    """The one variant of `ids` (a set `accuracy` rejected) that makes the model's output inaccurate by itself:
+    halves are run (`output_of(half)`: the model's output with those variants only), the first one rejected is
+    searched further. None where neither half is rejected (the error is several variants' together) or the
+    budget of runs is spent."""
+    group, runs = list(ids), 0
+    while len(group) > 1:
+        halves = (group[: len(group) // 2], group[len(group) // 2:])
+        bad = None
+        for h in halves:
+            if runs >= budget:
+                return None
+            runs += 1
+            if accuracy(output_of(h))[0]:
+                bad = h
+                break
+        if bad is None:
+            return None
+        group = bad
+    return group[0] if group else None
 
 
 # Calls of a reduce-overhead graph that run its Python (cudagraph trees: a warm-up run, then the recording);

@@ -1017,8 +1017,15 @@ def _model_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[st
     base = next(t for t in tried if not t.get("alternative") and not t.get("rejected")
                 and t["variants"] != chosen["variants"] and faster_with_confidence(t["speedup_ci"])) \
         if chosen.get("alternative") else chosen
+    culprits = {t["culprit"]: t["rejected"] for t in tried if t.get("culprit")}
     for v in kept:
-        if v.vid not in keep_ids and v.vid in base["variants"]:
+        if v.vid in culprits:
+            excluded.append({"card_id": v.card["card_id"], "op": v.card["op"],
+                             "reason": f"whole-model check: the model's output with this variant is less accurate "
+                                       f"than without the cast ({culprits[v.vid]}); its kernel passed its op's checks "
+                                       "in the lane, so in the model it computes otherwise, or its error within the "
+                                       "op's tolerance grows through the model"})
+        elif v.vid not in keep_ids and v.vid in base["variants"]:
             excluded.append({"card_id": v.card["card_id"], "op": v.card["op"],
                              "reason": f"whole-model check: the compiled model was faster without this pattern "
                                        f"card, its ops served by their op variants ({chosen['speedup']:.3f}x "
@@ -1104,7 +1111,9 @@ def pattern_overlaps(kept: list[ExportVariant]) -> dict[str, list[str]]:
 def tried_summary(t: dict[str, Any]) -> str:
     """One variant set's outcome in the whole-model check, for messages and exclusion reasons."""
     if t.get("rejected"):
-        return f"{len(t['variants'])} variant(s): {t['rejected']}"
+        return (f"{len(t['variants'])} variant(s): {t['rejected']}"
+                + (f" (variant {t['culprit']} makes it so by itself; left out of the sets tried after)"
+                   if t.get("culprit") else ""))
     from engine.cast.compose import describe_layout_copies
 
     idle = t.get("never_ran") or []

@@ -58,7 +58,15 @@ def _output_clause(check: dict[str, Any]) -> str:
         return f"; {eager_caveat(check['degenerate_eager'])} (a cast that broke the model could agree with it)"
     if check.get("rel_l2_err") is None:
         return ""
-    return f"; the model's output moved by {check['rel_l2_err']:.1e} (relative L2) against eager"
+    return f"; the model's output moved by {check['rel_l2_err']:.1e} (relative L2) against eager" + _accuracy(check)
+
+
+def _accuracy(check: dict[str, Any]) -> str:
+    """The accuracy the whole-model check judged: the output's distance from the model run in a wider format."""
+    if not check.get("reference") or check.get("reference_err") is None:
+        return ""
+    return (f", {check['reference_err']:.1e} from the model run in {check['reference']} "
+            f"({check['reference_err_without']:.1e} without the cast)")
 
 
 def model_checks_of(source: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -89,7 +97,7 @@ def target_check_text(check: dict[str, Any]) -> str:
     if check.get("degenerate_eager"):
         text += "; eager's own output is degenerate: agreement says nothing"
     elif check.get("rel_l2_err") is not None:
-        text += f"; output vs eager {check['rel_l2_err']:.1e} (relative L2)"
+        text += f"; output vs eager {check['rel_l2_err']:.1e} (relative L2)" + _accuracy(check)
     if ci[0] is not None and not faster_with_confidence(ci):
         text += "; not faster with confidence"
     if check.get("replicate"):
