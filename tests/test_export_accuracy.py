@@ -243,3 +243,37 @@ def test_the_export_names_the_variant_that_made_the_model_inaccurate(monkeypatch
     assert check["reference"] == "float64" and check["reference_err"] == 1.5e-7
     text = markdown_report({"format_version": 1, "env": {}, "variants": [], "source": source})
     assert "1.100×" in text and ", 1.5e-07 from the model run in float64 (1.0e-07 without the cast)" in text
+
+
+def test_the_check_runs_end_to_end_with_the_wider_run_and_varied_inputs(tmp_path, monkeypatch):
+    """e2e.check's plumbing on the CPU (the cast is not installed off the GPU: the model with it is eager): the
+    float32 model gets its float64 run, its inputs vary while timed and come back, and the set stands."""
+    from test_cast_modules import _write
+
+    import engine.config as config
+    from engine.export import e2e
+    from engine.models.target import CaptureTarget
+
+    cast = _write(tmp_path)
+    seen = []
+    build = config.build_target
+
+    def spying(cfg, device):   # the builder's target, its forward recording the inputs each call sees
+        t = build(cfg, device)
+        (x,) = t.inputs
+
+        def forward():
+            seen.append(x.clone())
+            return t.module(x)
+        return CaptureTarget(module=t.module, forward=forward, inputs=t.inputs)
+
+    monkeypatch.setattr(config, "build_target", spying)
+    r = e2e.check("configs/examples/my_model.toml", True, str(cast), [["rms"]], iters=3, device="cpu", max_s=0.0)
+    assert r["reference"] == "float64"
+    assert r["inputs"] == "new variants of the example inputs every forward (1 of 1 tensors varied)"
+    (chosen,) = r["tried"]
+    assert chosen is r["chosen"] and "rejected" not in chosen
+    assert chosen["reference_err"] == chosen["reference_err_without"] and chosen["iters"] == 3
+    example, timed = seen[0], seen[-12:]   # 3 pairs x 2 arms x (warm + timed)
+    assert all(not torch.equal(t, example) for t in timed)
+    assert len({t.sum().item() for t in timed}) == 6   # the two arms of a pair on the same inputs, each call new

@@ -300,7 +300,8 @@ def mode_name(graphs: bool, compile_mode: str | None) -> str:
 
 def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters: int = 0,
           graphs: bool = False, precision: float = PRECISION, max_s: float = MAX_S,
-          compile_mode: str | None = None, overlaps: dict[str, list[str]] | None = None) -> dict[str, Any]:
+          compile_mode: str | None = None, overlaps: dict[str, list[str]] | None = None,
+          device: str = "cuda") -> dict[str, Any]:
     """Try each variant set in order (`choose_set`): a set whose model output is degenerate where eager's
     is not is rejected; the first whose model is not slower (under torch.compile: faster with confidence) is
     chosen ({'chosen': None} when none is). Under torch.compile, where the chosen set holds pattern cards
@@ -322,7 +323,9 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
 
     if compile_mode is not None and compile_mode not in COMPILE_MODES:
         raise ValueError(f"compile mode {compile_mode!r}: use one of {', '.join(COMPILE_MODES)}")
-    target = build_target(load_config(config, small=small), torch.device("cuda", torch.cuda.current_device()))
+    # (device "cpu": the check's plumbing in tests, on a wall clock, with no cast installed: no measurement)
+    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device(device)
+    target = build_target(load_config(config, small=small), dev)
     forward, model = target.forward, target.module
     compile_kw = {} if compile_mode in (None, "default") else {"mode": compile_mode}
     with torch.no_grad():
@@ -361,7 +364,7 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
         # an integer output (class ids, token ids) has no rounding to compare: the other checks judge it
         accuracy = accuracy_rule(eager_out, dtype, wider, without) if floating and not eager_bad else None
         if iters <= 0:  # a short model needs many pairs for a CI that can tell 1.0 from 1.1
-            iters = auto_iters(sorted(time_forward(base) for _ in range(3))[1])
+            iters = auto_iters(sorted(time_forward(base) for _ in range(3))[1]) if device == "cuda" else 10
         eager_graph = capture_graph(forward)[0] if graphs else None
 
         def run_set(ids: list[str]) -> tuple[Any, Callable[[], dict[str, Any]], dict[str, Any]]:
@@ -402,12 +405,12 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
                                 if graphs:
                                     g = eager_graph if arm == "eager" else cast_graph
                                     (eager_us if arm == "eager" else cast_us).append(
-                                        time_steady(g.replay, before=varied.before))
+                                        time_steady(g.replay, device, before=varied.before))
                                 elif arm == "cast":
                                     with cast.enabled(model):
-                                        cast_us.append(time_steady(fast, before=varied.before))
+                                        cast_us.append(time_steady(fast, device, before=varied.before))
                                 else:
-                                    eager_us.append(time_steady(base, before=varied.before))
+                                    eager_us.append(time_steady(base, device, before=varied.before))
                         est = speedup_ci(eager_us, cast_us, paired=True)
                         if settled((est.low, est.high), precision) or time.perf_counter() - t0 >= max_s:
                             break
@@ -451,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=0, help="forwards per arm and round (0: about 2 s per arm, 10 to 100)")
     ap.add_argument("--precision", type=float, default=PRECISION, help="widest CI to settle for (default 0.02)")
     ap.add_argument("--max-s", type=float, default=MAX_S, help="seconds of timing per set at most (default 30)")
+    ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: the plumbing's tests, no measurement
     args = ap.parse_args(argv)
     from engine.export.confirm import run_job
 
@@ -458,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         job = json.loads(Path(args.subsets).read_text())
         sets, overlaps = (job, None) if isinstance(job, list) else (job["sets"], job.get("overlaps"))
         return check(args.config, args.small, args.cast, sets, args.iters, args.graphs, args.precision, args.max_s,
-                     args.compile_mode, overlaps)
+                     args.compile_mode, overlaps, device=args.device)
 
     return run_job(work, args.out)
 

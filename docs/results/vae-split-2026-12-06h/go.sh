@@ -27,3 +27,6 @@ fi
 grep -q H200 $G/gpu.txt || step vae-1 190 python3 scripts/bench_compose.py --out $G/vae-1 --model configs/examples/sd35_vae.toml \
   --cast $VAE --modes default --max-s 20
 step twins 120 python3 scripts/gpu_tests.py --out $G/twins --timeout 240 tests/test_layout_twins_gpu.py
+# 2026-12-07: the whole-model check's accuracy rule (the model run in float32/float64) and varied inputs, on the
+# user's path: run -> export (eager; eager + compile) on small GPU models
+step export 200 python3 scripts/gpu_tests.py --out $G/export --timeout 400 tests/test_run_gpu.py tests/test_gn_op_and_pattern_gpu.py
