@@ -416,6 +416,41 @@ def test_the_recheck_leaves_sorted_rows_sorted_and_integers_kept():
     assert check.recheck_in_place(honest, clone_bound(check.sets[0][1])).ok
 
 
+def test_an_integer_only_card_gets_the_last_call_too_and_a_gathers_indices_move():
+    """Red team 2026-12-06h: the last call changed floating values only, so a card whose every input is an
+    integer (a bitwise op, an argsort of ids) got none, and its memo in a workspace passed. Integer values are now
+    rotated among a few drawn positions: each stays one the tensor held, so indices stay valid."""
+    torch.manual_seed(0)
+    xor = resolve_op("aten::bitwise_xor.Tensor")
+    samples = [[("self", torch.randint(0, 1 << 20, (1 << 16,))), ("other", torch.randint(0, 1 << 20, (1 << 16,)))]
+               for _ in range(2)]
+    check = CardCheck("aten::bitwise_xor.Tensor", samples, lambda b: call_op(xor, b), race_reps=0)
+    run = _memo_in_workspace(xor)
+    assert check.check(run).ok and not check.keep_ints
+    v = check.recheck_in_place(run, clone_bound(check.sets[0][1]))
+    assert not v.ok and "a few values changed" in v.message, v
+    assert check.recheck_in_place(lambda b, prefill: [call_op(xor, b)], clone_bound(check.sets[0][1])).ok
+    # an embedding: the memo keyed by the table alone (its indices "never change") meets rows gathered elsewhere
+    emb = resolve_op("aten::embedding")
+    sample = [("weight", torch.randn(1000, 64)), ("indices", torch.randint(0, 1000, (4096,)))]
+    check = CardCheck("aten::embedding", [sample, sample], lambda b: call_op(emb, b), race_reps=0)
+    memo: dict = {}
+
+    def by_table(b, prefill):
+        w = b[0][1]
+        if not isinstance(prefill, (WorkspacesKept, StaleWorkspacesKept)):
+            memo.clear()
+        fp = tuple(w.flatten()[:: w.numel() // 8].tolist())
+        if memo.get("fp") == fp:
+            return [memo["out"].clone()]
+        out = [call_op(emb, b)]
+        memo.update(fp=fp, out=out[0].clone())
+        return out
+
+    assert check.check(by_table).ok
+    assert not check.recheck_in_place(by_table, clone_bound(check.sets[0][1])).ok
+
+
 def test_the_recheck_of_an_in_place_op_runs_on_values_not_on_scrubbed_bytes():
     """Red team 2026-12-06h: the answer of an in-place op is its input buffer, and scrubbing the answers filled
     that buffer with NaN: the last call ran on 99.9 % NaN. Eager now runs after the candidate, too."""

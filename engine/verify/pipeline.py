@@ -600,7 +600,8 @@ class CardCheck:
 
         Eager runs after the candidate, on a copy of the inputs taken before it: no answer to the values
         exists in device memory while it runs. Sorted rows (`monotone`: searchsorted's sequence) are left as
-        they are in step 2; integer inputs kept as sampled stay so (`keep_ints`).
+        they are in step 2; integer inputs kept as sampled stay so (`keep_ints`), and other integer and boolean
+        ones have a few values rotated among themselves (`_swap_a_few`: valid indices, the same multiset).
         """
         held = {t.untyped_storage().data_ptr() for _, t in tensors_of(buffers)}
 
@@ -621,12 +622,16 @@ class CardCheck:
                                          "last call left them")):
                 fresh = fresh_inputs(buffers, seed + step, keep_ints=self.keep_ints, distinct=self.distinct)
                 changed = False
-                for (_, dst), (_, src) in zip(tensors_of(buffers), tensors_of(fresh)):
+                for (path, dst), (_, src) in zip(tensors_of(buffers), tensors_of(fresh)):
                     if step == 0:   # (integers kept as sampled are `fresh`'s too: copied unchanged)
                         dst.copy_(src) if not _overlapping(dst) else _cover_copy(dst, src)
                         changed = True
-                    elif (dst.is_floating_point() or dst.is_complex()) and not monotone(dst):
+                    elif monotone(dst):
+                        continue
+                    elif dst.is_floating_point() or dst.is_complex():
                         changed |= _change_a_few(dst, src, places)
+                    elif not self.keep_ints and path not in self.distinct:
+                        changed |= _swap_a_few(dst, places)
                 del fresh
                 if not changed:
                     continue
@@ -740,6 +745,21 @@ def _change_a_few(dst: torch.Tensor, src: torch.Tensor, gen: torch.Generator) ->
     down = (low - low.abs() * 0.25 - 1).clamp(min=-cap)
     d[idx] = torch.where(torch.arange(RECHECK_CHANGED, device=d.device) % 2 == 0, up, down).to(d.dtype)
     return True
+
+
+def _swap_a_few(dst: torch.Tensor, gen: torch.Generator) -> bool:
+    """Rotate the values of RECHECK_CHANGED elements of an integer or boolean `dst` among themselves, at positions
+    drawn with `gen`: indices stay valid (each value is one the tensor held), a gather reads other rows there, and
+    an integer-only card gets its last call too; whether any value moved."""
+    d = cover(dst) if _overlapping(dst) else dst
+    if d.numel() < 2:
+        return False
+    flat = torch.randperm(d.numel(), generator=gen)[:RECHECK_CHANGED].to(d.device)
+    idx = torch.unravel_index(flat, d.shape)
+    values = d[idx].clone()
+    moved = values.roll(1)
+    d[idx] = moved
+    return bool((moved != values).any())
 
 
 def _overlapping(t: torch.Tensor) -> bool:
