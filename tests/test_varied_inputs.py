@@ -117,10 +117,14 @@ def test_where_nothing_can_vary_the_inputs_stay_and_the_record_says_why():
 
     net = Masked()
     v = Varied.record(net, lambda: net(flags))
-    assert v.why == "every input tensor is a mask, a boolean or a single element: nothing to vary"
+    assert v.why == "every input tensor is a mask, a boolean, a single element or an expanded view: nothing to vary"
     assert v.describe().startswith("the same inputs every forward (")
     v.before()   # nothing to copy
     assert torch.equal(flags, torch.ones(2, 32, dtype=torch.bool))
+
+    wide = torch.randn(1, 32).expand(8, 32)   # an expanded input: written in place, it would raise
+    v = Varied.record(m, lambda: m(wide))
+    assert v.why == "every input tensor is a mask, a boolean, a single element or an expanded view: nothing to vary"
 
     scripted = torch.jit.script(torch.nn.Linear(4, 4))
     y = torch.randn(2, 4)

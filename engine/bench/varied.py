@@ -40,8 +40,8 @@ class Varied:
         self.kinds = [_kind(t) for t in tensors]
         self.values = [torch.unique(t) if k == "ids" else None for t, k in zip(tensors, self.kinds)]
         self.seed = seed
-        self.why = why if why is not None else (
-            None if any(self.kinds) else "every input tensor is a mask, a boolean or a single element: nothing to vary")
+        self.why = why if why is not None else None if any(self.kinds) else (
+            "every input tensor is a mask, a boolean, a single element or an expanded view: nothing to vary")
         self.next = 0
         self.high = 0   # variants drawn so far (the next pair starts here)
 
@@ -142,6 +142,8 @@ def _kind(t: Any) -> str | None:
     import torch
 
     if t.numel() <= 1 or t.dtype == torch.bool or t.is_complex():
+        return None
+    if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):   # expanded: one element seen many times
         return None
     if t.is_floating_point():
         return "float"
