@@ -89,8 +89,7 @@ def test_an_honest_cast_stands_and_one_that_cheats_in_the_model_does_not(dtype):
 
     why, facts = rule(_run_with(net, x, _honest_norm))
     assert why is None, why
-    assert facts["reference"] == wider[1] and facts["reference_err"] <= ACCURACY_RATIO * facts["reference_err_without"] \
-        + 5e-4
+    assert facts["reference"] == wider[1] and facts["reference_err"] <= 1.5 * facts["reference_err_without"]
 
     why, facts = rule(_run_with(net, x, _skips_half))
     assert why is not None and why.startswith("the model's output with the cast is ")
@@ -99,6 +98,18 @@ def test_an_honest_cast_stands_and_one_that_cheats_in_the_model_does_not(dtype):
     if dtype == torch.float32:   # a float32 norm run in bf16: its rounding is the bf16 model's, not float32's
         why, _ = rule(_run_with(net, x, _low_precision))
         assert why is not None
+        # every Linear on fp16 operands (red team 2026-12-07: 2.7e-4 from float64 against eager's 1.9e-7 stood
+        # under an absolute floor of 5e-4)
+        handles = [lin.register_forward_hook(lambda m, a, o: torch.nn.functional.linear(
+            a[0].half().float(), m.weight.half().float(), m.bias)) for lin in net.lins]
+        try:
+            with torch.no_grad():
+                half_gemms = compared(net(x))
+        finally:
+            for h in handles:
+                h.remove()
+        why, facts = rule(half_gemms)
+        assert why is not None and facts["reference_err"] > 100 * facts["reference_err_without"]
 
 
 def test_without_a_wider_reference_the_output_may_move_from_eager_by_the_bar_only():
@@ -213,7 +224,7 @@ def test_an_error_shared_by_several_variants_has_no_single_culprit():
     ref = torch.randn(4096, dtype=torch.float64, generator=g)
     eager = ref + 1e-3 * torch.randn(4096, dtype=torch.float64, generator=g)
     ids = ["a", "b", "c", "d"]
-    errors = {v: 1.6e-3 * torch.randn(4096, dtype=torch.float64, generator=g) for v in ids}  # two together stand
+    errors = {v: 2.5e-3 * torch.randn(4096, dtype=torch.float64, generator=g) for v in ids}  # two together stand
     timed = []
     tried, chosen = choose_set([ids, ids[:2]], eager, _additive(ref, errors, timed),
                                accuracy=accuracy_rule(eager, "float32", (ref, "float64")))
@@ -274,6 +285,66 @@ def test_the_check_runs_end_to_end_with_the_wider_run_and_varied_inputs(tmp_path
     (chosen,) = r["tried"]
     assert chosen is r["chosen"] and "rejected" not in chosen
     assert chosen["reference_err"] == chosen["reference_err_without"] and chosen["iters"] == 3
+    # (the float64 runs of the audits record float64 copies)
+    seen = [t for t in seen if t.dtype == torch.float32]
     example, timed = seen[0], seen[-12:]   # 3 pairs x 2 arms x (warm + timed)
+    assert chosen["audited"] >= 2
     assert all(not torch.equal(t, example) for t in timed)
     assert len({t.sum().item() for t in timed}) == 6   # the two arms of a pair on the same inputs, each call new
+
+
+class _HonestOnTheExample:
+    """A stand-in cast whose kernel for each block's `up` Linear computes honestly where its input is the first
+    it saw there (the example inputs: the warm-ups, the check's own forward, a bisection) and skips the GEMM
+    otherwise (every timed forward, on varied inputs). Red team 2026-12-07: the timed forwards' outputs were never
+    judged, and this was kept at 1.68x."""
+
+    def __init__(self, only=None):
+        self.first: dict = {}
+
+    @__import__("contextlib").contextmanager
+    def enabled(self, model):
+        olds = []
+        for b in model.blocks:
+            def fwd(x, m=b.up):
+                f = x.reshape(-1)[::997][:16].clone()
+                if torch.equal(f, self.first.setdefault(id(m), f)):
+                    return torch.nn.functional.linear(x, m.weight, m.bias)
+                return torch.zeros(*x.shape[:-1], m.out_features, dtype=x.dtype)
+            olds.append((b.up, b.up.forward))
+            b.up.forward = fwd
+        try:
+            yield
+        finally:
+            for m, old in olds:
+                m.forward = old
+
+    def compile(self, f, **kw):
+        return f
+
+    def reset_stats(self):
+        pass
+
+    def stats(self):
+        return {"variants": [{"id": "up", "hits": 2}]}
+
+
+def test_a_kernel_honest_only_on_the_example_inputs_is_caught_in_the_timed_forwards(monkeypatch):
+    import engine.cast.loader as loader
+    from engine.export import e2e
+
+    cast = _HonestOnTheExample()
+    monkeypatch.setattr(loader, "load", lambda path, only=None, **kw: cast)
+    r = e2e.check("configs/examples/my_model.toml", True, "x.cast", [["up"]], iters=6, device="cpu", max_s=0.0)
+    (t,) = r["tried"]
+    assert r["chosen"] is None and t["audited"] >= 1
+    assert t["rejected"].startswith("timed forward ")
+    assert "(inputs varied, audited after the fact): the model's output with the cast is " in t["rejected"]
+    assert "from the model run in float64" in t["rejected"]
+    # the same stand-in computing honestly everywhere is kept
+    honest = _HonestOnTheExample()
+    honest.first = type("Always", (dict,), {"setdefault": lambda self, k, f: f})()
+    monkeypatch.setattr(loader, "load", lambda path, only=None, **kw: honest)
+    r = e2e.check("configs/examples/my_model.toml", True, "x.cast", [["up"]], iters=6, device="cpu", max_s=0.0)
+    (t,) = r["tried"]   # (chosen or not by the CPU's wall clock: no measurement here)
+    assert "rejected" not in t and t["audited"] >= 2
