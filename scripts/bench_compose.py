@@ -145,19 +145,23 @@ def rotate(arms: list[tuple[str, Any, Any]], iters: int, precision: float | None
     med = lambda xs: sorted(xs)[len(xs) // 2] / 1e3  # noqa: E731
     base = times[arms[0][0]]
     t0, done = time.perf_counter(), 0
-    while True:
-        for i in range(done, done + iters):
-            first = VARIED.new_pair(WARM_CALLS + BLOCK) if VARIED is not None else 0
-            for name, run, around in (arms[j] for j in orders[i % len(orders)]):
-                if VARIED is not None:
-                    VARIED.seek(first)
-                with (around() if around else contextlib.nullcontext()):
-                    times[name].append(timed(run))
-        done += iters
-        ests = {name: speedup_ci(base, times[name], paired=True) for name, _, _ in arms[1:]}
-        settled = precision is not None and all(e.high - e.low <= precision for e in ests.values())
-        if precision is None or settled or time.perf_counter() - t0 >= max_s:
-            break
+    try:
+        while True:
+            for i in range(done, done + iters):
+                first = VARIED.new_pair(WARM_CALLS + BLOCK) if VARIED is not None else 0
+                for name, run, around in (arms[j] for j in orders[i % len(orders)]):
+                    if VARIED is not None:
+                        VARIED.seek(first)
+                    with (around() if around else contextlib.nullcontext()):
+                        times[name].append(timed(run))
+            done += iters
+            ests = {name: speedup_ci(base, times[name], paired=True) for name, _, _ in arms[1:]}
+            settled = precision is not None and all(e.high - e.low <= precision for e in ests.values())
+            if precision is None or settled or time.perf_counter() - t0 >= max_s:
+                break
+    finally:   # the example inputs back: outputs compared after a comparison are the example's
+        if VARIED is not None:
+            VARIED.restore()
     return {name: {"ms": med(times[name]), "base_ms": med(base), "speedup": e.speedup,
                    "speedup_ci": [e.low, e.high], "iters": done,
                    **({"precise": settled} if precision is not None else {})} for name, e in ests.items()}

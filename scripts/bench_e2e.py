@@ -86,16 +86,19 @@ def graph_arm(name: str, forward, cast, iters: int, module=None, varied=None) ->
     for _ in range(3):
         g_eager.replay()
         g_cast.replay()
-    for i in range(iters):
-        first = varied.new_pair() if varied is not None else 0
-        for arm in (("eager", "cast") if i % 2 == 0 else ("cast", "eager")):
-            g = g_eager if arm == "eager" else g_cast
-            if varied is not None:
-                varied.seek(first)
-            (eager_us if arm == "eager" else cast_us).append(
-                time_steady(g.replay, before=varied.before if varied is not None else None))
-    if varied is not None:   # the outputs compared below: both graphs' on the example inputs
-        varied.restore()
+    try:
+        for i in range(iters):
+            first = varied.new_pair() if varied is not None else 0
+            for arm in (("eager", "cast") if i % 2 == 0 else ("cast", "eager")):
+                g = g_eager if arm == "eager" else g_cast
+                if varied is not None:
+                    varied.seek(first)
+                (eager_us if arm == "eager" else cast_us).append(
+                    time_steady(g.replay, before=varied.before if varied is not None else None))
+    finally:
+        if varied is not None:   # the outputs compared below: both graphs' on the example inputs
+            varied.restore()
+    if varied is not None:
         g_eager.replay()
         g_cast.replay()
     torch.cuda.synchronize()
@@ -160,18 +163,20 @@ def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int, 
         varied = Varied.record(module, forward)  # no forward timed on inputs an earlier one saw
         log(f"{name}: timing {iters} forwards per arm, alternating; {varied.describe()}")
         cast.reset_stats()  # what the graph routes did while timed (their graphs stay)
-        for i in range(iters):
-            arms = ("eager", "cast") if i % 2 == 0 else ("cast", "eager")
-            first = varied.new_pair()
-            for arm in arms:
-                varied.seek(first)
-                if arm == "cast":
-                    cast.install(module)
-                    cast_us.append(time_steady(forward, before=varied.before))
-                    cast.remove()
-                else:
-                    eager_us.append(time_steady(forward, before=varied.before))
-        varied.restore()
+        try:
+            for i in range(iters):
+                arms = ("eager", "cast") if i % 2 == 0 else ("cast", "eager")
+                first = varied.new_pair()
+                for arm in arms:
+                    varied.seek(first)
+                    if arm == "cast":
+                        cast.install(module)
+                        cast_us.append(time_steady(forward, before=varied.before))
+                        cast.remove()
+                    else:
+                        eager_us.append(time_steady(forward, before=varied.before))
+        finally:
+            varied.restore()
         routes = cast.stats().get("graph_routes_summary")
         restored = output_tensor(forward())
         graph = graph_arm(name, forward, cast, iters, module, varied) if graphs else None

@@ -116,6 +116,10 @@ def test_the_scripts_control_flow_on_a_cpu(tmp_path, monkeypatch):
     assert r["dynamo"]["graphs_with_cast"] >= 1 and r["dynamo"]["graphs_alone"] == 0  # one compile, shared
     assert r["dynamo"]["graphs_while_timed"] == 0, r["dynamo"]
     assert r["iters"] == 3 and r["compile_s"] > 0 and r["compile_s_with_cast"] > 0
+    # timed on varied inputs, and the example's back before each mode's outputs are compared (red team 2026-12-07:
+    # they were compared on the last variant, 1.18 from eager's output)
+    assert doc["inputs"] == "new variants of the example inputs every forward (1 of 1 tensors varied)"
+    assert r["rel_l2_err_plain"] < 1e-4 and r["rel_l2_err"] < 1e-4
     # Inductor's start is paid before either arm, on a small function; not on the model, since each mode's
     # pair is one compile (a cast with variants for a mode also compiles the model once and throws it away)
     warm_fn, first_arm, second_mode = compiled[:3]
