@@ -15,7 +15,6 @@ import torch
 from engine.bench.accuracy import wider_output
 from engine.bench.agreement import compared
 from engine.export.e2e import (
-    ACCURACY_RATIO,
     NO_REFERENCE_BAR,
     accuracy_rule,
     choose_set,

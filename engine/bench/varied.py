@@ -13,9 +13,10 @@ next variant of them in, in place, outside the timed window (`time_steady(run, b
 afresh from the example inputs and a seed of j's own, so no two forwards of a check see the same inputs (a memo
 of every answer, however large, never hits) and `seek(new_pair())` before each arm of a pair gives both arms
 the same ones. A floating tensor is rolled along its largest dimension and moved by 2 % of its spread with
-noise (every element new, the distribution kept); an integer one is rolled and its distinct values permuted
-among themselves (token and position ids stay ids the model has; counts change, so sums do); masks (bool, or
-at most two distinct values) are rolled only; one-element tensors (a timestep, a decode step's token) are left
+noise (every element new, the distribution kept); integer ids are drawn afresh over the example's [min, max]
+(every id there is one a table the example indexes has; among the example's own values where one is negative);
+masks (0/1) are rolled over all their elements; one-element tensors (a timestep, a decode step's token),
+booleans, expanded views, inference tensors, the model's own parameters and sorted rows (offsets) are left
 alone. `restore()` puts the example inputs back. A forward that raises, or whose output turns degenerate, on
 a variant leaves the inputs as they were (`why` says so), as do a TorchScript root and a forward that builds
 its inputs anew each call.
@@ -31,13 +32,15 @@ NOISE = 0.02          # of a floating input's standard deviation
 
 
 class Varied:
-    def __init__(self, tensors: list[Any], seed: int = 0, why: str | None = None):
+    def __init__(self, tensors: list[Any], seed: int = 0, why: str | None = None, held: frozenset[int] = frozenset()):
+        """`held`: the storages (data pointers) of the model's parameters and buffers: an input that is one of
+        them (or a view of one) stays as it is."""
         import torch
 
         self.tensors = tensors            # the forward's own input tensors, varied in place
-        self.originals = [t.clone() for t in tensors]
-        # per tensor: how it varies (None: it stays), and an integer tensor's distinct values
-        self.kinds = [_kind(t) for t in tensors]
+        # per tensor: how it varies (None: it stays), the example's values, and an integer tensor's distinct ones
+        self.kinds = [_kind(t, held) for t in tensors]
+        self.originals = [t.clone() if k is not None else None for t, k in zip(tensors, self.kinds)]
         self.values = [torch.unique(t) if k == "ids" else None for t, k in zip(tensors, self.kinds)]
         self.seed = seed
         self.why = why if why is not None else None if any(self.kinds) else (
@@ -77,7 +80,8 @@ class Varied:
         first, again = seen[0], seen[-1]
         if len(first) != len(again) or any(a is not b for a, b in zip(first, again)):
             return cls.none("the forward makes its inputs anew each call: nothing to vary in place")
-        varied = cls(first, seed if seed is not None else random.SystemRandom().getrandbits(40))
+        held = frozenset(t.untyped_storage().data_ptr() for t in [*module.parameters(), *module.buffers()])
+        varied = cls(first, seed if seed is not None else random.SystemRandom().getrandbits(40), held=held)
         if varied.why:
             return varied
         bad = varied._trial(forward, judge)
@@ -114,8 +118,9 @@ class Varied:
         import torch
 
         with torch.no_grad():
-            for t, o in zip(self.tensors, self.originals):
-                t.copy_(o)
+            for t, o, kind in zip(self.tensors, self.originals, self.kinds):
+                if kind is not None:   # (only what `before` writes: an inference tensor refuses any write)
+                    t.copy_(o)
 
     def _trial(self, forward: Callable[[], Any], judge: Callable[[Any], str | None] | None) -> str | None:
         """Why the forward cannot run on the variants (None: it can): two of them tried."""
@@ -133,39 +138,66 @@ class Varied:
             first = (str(e).strip().splitlines() or [""])[0][:160]
             return f"the forward fails on varied inputs ({type(e).__name__}: {first})"
         finally:
-            self.restore()
+            try:
+                self.restore()
+            except Exception:  # noqa: BLE001 - a tensor that refused the variant refuses its example too,
+                pass           # and was never written: the message above says why
         return None
 
 
-def _kind(t: Any) -> str | None:
-    """How input tensor `t` varies: 'float', 'ids', 'mask' (rolled only), or None (it stays)."""
+def _kind(t: Any, held: frozenset[int] = frozenset()) -> str | None:
+    """How input tensor `t` varies: 'float', 'ids', 'mask' (0/1 values: rolled only), or None (it stays: one
+    element, a boolean, complex, expanded, an inference tensor (no in-place writes outside inference mode), a
+    parameter or buffer of the model, or sorted rows: offsets and cumulative lengths)."""
     import torch
+
+    from engine.verify.inputs import monotone
 
     if t.numel() <= 1 or t.dtype == torch.bool or t.is_complex():
         return None
     if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):   # expanded: one element seen many times
         return None
+    if t.is_inference() or t.untyped_storage().data_ptr() in held or _offsets(t, monotone):
+        return None
     if t.is_floating_point():
         return "float"
-    return "ids" if torch.unique(t).numel() > 2 else "mask"
+    values = torch.unique(t)
+    if values.numel() < 2:
+        return None
+    return "mask" if bool(((values == 0) | (values == 1)).all()) else "ids"
+
+
+def _offsets(t: Any, monotone: Callable[[Any], bool]) -> bool:
+    """Sorted rows that are offsets or boundaries, not ids that happen to rise (two tokens in order): floating
+    ones `monotone` names, integer ones of three values a row or more, or starting at 0."""
+    if not monotone(t):
+        return False
+    return t.is_floating_point() or t.shape[-1] >= 3 or bool((t[..., 0] == 0).all())
 
 
 def _vary(t: Any, kind: str, values: Any, seed: int) -> Any:
-    """Variant `seed` of example input `t`."""
+    """Variant `seed` of example input `t`: floats rolled along their largest dimension and moved by noise;
+    ids drawn afresh (uniform over the example's [min, max] where it holds no negative value, every integer there
+    an id a table indexed by the example's largest has; else among the example's own values); masks rolled over
+    all their elements."""
     import torch
 
     rng = random.Random(seed)
     gen = torch.Generator(device=t.device).manual_seed(rng.getrandbits(62))
+    if kind == "mask":
+        flat = t.reshape(-1)
+        return torch.roll(flat, rng.randrange(1, flat.numel())).reshape(t.shape)
+    if kind == "ids":
+        lo, hi = int(values[0]), int(values[-1])
+        if lo >= 0:
+            return torch.randint(lo, hi + 1, t.shape, generator=gen, device=t.device, dtype=t.dtype)
+        pick = torch.randint(0, values.numel(), t.shape, generator=gen, device=t.device)
+        return values[pick]
     dim = max(range(t.dim()), key=lambda d: t.shape[d])
     out = torch.roll(t, rng.randrange(1, t.shape[dim]), dim) if t.shape[dim] > 1 else t.clone()
-    if kind == "float":
-        if bool(torch.isfinite(t).all()):
-            spread = float(t.float().std())
-            if spread > 0:
-                noise = torch.randn(t.shape, generator=gen, device=t.device, dtype=torch.float32)
-                out = (out.float() + noise * (NOISE * spread)).to(t.dtype)
-        return out
-    if kind == "ids":
-        perm = values[torch.randperm(values.numel(), generator=gen, device=t.device)]
-        return perm[torch.searchsorted(values, out)]
+    if bool(torch.isfinite(t).all()):
+        spread = float(t.float().std())
+        if spread > 0:
+            noise = torch.randn(t.shape, generator=gen, device=t.device, dtype=torch.float32)
+            out = (out.float() + noise * (NOISE * spread)).to(t.dtype)
     return out
