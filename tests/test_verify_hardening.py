@@ -430,6 +430,14 @@ def test_an_integer_only_card_gets_the_last_call_too_and_a_gathers_indices_move(
     v = check.recheck_in_place(run, clone_bound(check.sets[0][1]))
     assert not v.ok and "a few values changed" in v.message, v
     assert check.recheck_in_place(lambda b, prefill: [call_op(xor, b)], clone_bound(check.sets[0][1])).ok
+    # a 0/1 tensor: four positions drawn blindly held one value an eighth of the time, and the memo passed
+    # (red team 2026-12-07: 9 of 80 re-checks); the rotation now always moves a value
+    bnot = resolve_op("aten::bitwise_not")
+    bits = [[("self", torch.randint(0, 2, (1 << 14,)))] for _ in range(2)]
+    check = CardCheck("aten::bitwise_not", bits, lambda b: call_op(bnot, b), race_reps=0)
+    run = _memo_in_workspace(bnot)
+    assert check.check(run).ok
+    assert all(not check.recheck_in_place(run, clone_bound(check.sets[0][1])).ok for _ in range(40))
     # an embedding: the memo keyed by the table alone (its indices "never change") meets rows gathered elsewhere
     emb = resolve_op("aten::embedding")
     sample = [("weight", torch.randn(1000, 64)), ("indices", torch.randint(0, 1000, (4096,)))]

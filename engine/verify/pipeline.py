@@ -754,12 +754,23 @@ def _swap_a_few(dst: torch.Tensor, gen: torch.Generator) -> bool:
     d = cover(dst) if _overlapping(dst) else dst
     if d.numel() < 2:
         return False
-    flat = torch.randperm(d.numel(), generator=gen)[:RECHECK_CHANGED].to(d.device)
-    idx = torch.unravel_index(flat, d.shape)
+    flat = d.reshape(-1)
+    first = int(torch.randint(0, flat.numel(), (1,), generator=gen))
+    others = (flat != flat[first]).nonzero().flatten().cpu()
+    if others.numel() == 0:   # one value throughout: a boolean flips one, an integer stays (no other is known valid)
+        if d.dtype != torch.bool:
+            return False
+        idx = torch.unravel_index(torch.tensor([first], device=d.device), d.shape)
+        d[idx] = ~d[idx]
+        return True
+    # the first position and others holding another value: the rotation moves at least the first's (red team
+    # 2026-12-07: four positions drawn blindly in a 0/1 tensor held one value an eighth of the time)
+    pick = others[torch.randint(0, others.numel(), (RECHECK_CHANGED - 1,), generator=gen)]
+    flat_idx = torch.cat([torch.tensor([first]), pick]).to(d.device)
+    idx = torch.unravel_index(flat_idx, d.shape)
     values = d[idx].clone()
-    moved = values.roll(1)
-    d[idx] = moved
-    return bool((moved != values).any())
+    d[idx] = values.roll(1)
+    return True
 
 
 def _overlapping(t: torch.Tensor) -> bool:
