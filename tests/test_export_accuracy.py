@@ -347,3 +347,50 @@ def test_a_kernel_honest_only_on_the_example_inputs_is_caught_in_the_timed_forwa
     r = e2e.check("configs/examples/my_model.toml", True, "x.cast", [["up"]], iters=6, device="cpu", max_s=0.0)
     (t,) = r["tried"]   # (chosen or not by the CPU's wall clock: no measurement here)
     assert "rejected" not in t and t["audited"] >= 2
+
+
+def test_the_wider_run_keeps_writes_into_buffers_the_forward_makes_and_runs_narrow_only_ops_narrow():
+    """Red team 2026-12-07: an item assignment into a float32 buffer the forward made wrote into a widened copy
+    and was lost (the 'float64' run read 0.76 from the true one, and a cast 30 % off stood); a 16-bit-only op
+    made the whole wider run fail, and the rule fell back to a bar of 0.1."""
+
+    class Positions(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            pos = torch.zeros(x.shape[0], 16)          # float32 by default, written in place below
+            for i in range(x.shape[0]):
+                pos[i] = torch.sin(torch.arange(16.0) * (i + 1) / 16)
+            pos.mul_(0.5)
+            return self.lin(x + pos)
+
+    m, x = Positions(), torch.randn(8, 16)
+    with torch.no_grad():
+        exact = Positions().double()
+        exact.load_state_dict({k: v.double() for k, v in m.state_dict().items()})
+        true = exact(x.double())
+    out, name = wider_output(m, lambda: m(x), lambda o: o)
+    assert name == "float64" and rel_l2_err(out, true) < 1e-6
+
+    @torch.library.custom_op("kforge_test::bf16_only", mutates_args=())
+    def bf16_only(x: torch.Tensor) -> torch.Tensor:   # stands for a kernel built for bf16 only
+        if x.dtype != torch.bfloat16:
+            raise RuntimeError("expected bf16")
+        return x * 2
+
+    class HalfOnly(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(16, 16).to(torch.bfloat16)
+
+        def forward(self, x):
+            return self.lin(torch.ops.kforge_test.bf16_only(self.lin(x)))
+
+    h, xb = HalfOnly(), torch.randn(4, 16).to(torch.bfloat16)
+    with torch.no_grad():
+        low = h(xb)
+    got = wider_output(h, lambda: h(xb), lambda o: o)
+    assert got is not None and got[1] == "float32" and got[0].dtype == torch.float64
+    assert rel_l2_err(got[0], low) < 2e-2 and all(p.dtype == torch.bfloat16 for p in h.parameters())

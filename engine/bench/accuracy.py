@@ -24,17 +24,61 @@ from torch.overrides import TorchFunctionMode
 _LOW = (torch.bfloat16, torch.float16)
 
 
-class _RaiseHalf(TorchFunctionMode):
-    """Every bf16/fp16 tensor argument of a torch function becomes float32 (the forward's own inputs, which the
-    closure holds in the model's dtype)."""
+class _Widen(TorchFunctionMode):
+    """Every tensor argument of a torch function in one of `narrow`'s dtypes becomes `wide` (the forward's own
+    inputs and parameters, and what it makes with a literal dtype), except the tensor an in-place method, an item
+    assignment or an `out=` writes: widened, the write went to a copy and was lost (red team 2026-12-07: positions
+    built into a float32 buffer in the forward read 0.76 from the true float64 run). A call that refuses the wide
+    dtype (a kernel for 16-bit only) runs on its arguments narrowed to `fallback`, its results widened: the
+    reference then holds that op's rounding, instead of being no reference at all."""
+
+    def __init__(self, narrow: tuple[torch.dtype, ...], wide: torch.dtype, fallback: torch.dtype,
+                 complex_wide: torch.dtype | None = None):
+        super().__init__()
+        self.narrow, self.wide, self.fallback, self.complex_wide = narrow, wide, fallback, complex_wide
+
+    def _to(self, x: Any, dtype: torch.dtype, complex_dtype: torch.dtype | None, only: tuple) -> Any:
+        if isinstance(x, torch.Tensor):
+            if x.dtype in only:
+                return x.to(dtype)
+            if complex_dtype is not None and x.dtype == torch.complex64:
+                return x.to(complex_dtype)
+        return x
+
+    def _map(self, args: tuple, kwargs: dict, f: Callable[[Any], Any], written: set[int]) -> tuple[tuple, dict]:
+        args = tuple(a if i in written else f(a) if not isinstance(a, (list, tuple)) else type(a)(f(b) for b in a)
+                     for i, a in enumerate(args))
+        kwargs = {k: v if k == "out" else f(v) for k, v in kwargs.items()}
+        return args, kwargs
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        def up(x):
-            return x.float() if isinstance(x, torch.Tensor) and x.dtype in _LOW else x
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        written = {0} if (name.endswith("_") and not name.endswith("__")) or name == "__setitem__" else set()
+        up = lambda x: self._to(x, self.wide, self.complex_wide, self.narrow)  # noqa: E731
+        wide_args, wide_kwargs = self._map(args, kwargs, up, written)
+        try:
+            return func(*wide_args, **wide_kwargs)
+        except (RuntimeError, TypeError, NotImplementedError):
+            if written or "out" in kwargs:
+                raise
+        from torch.utils._pytree import tree_map
 
-        args = tuple(up(a) if not isinstance(a, (list, tuple)) else type(a)(up(b) for b in a) for a in args)
-        kwargs = {k: up(v) for k, v in (kwargs or {}).items()}
-        return func(*args, **kwargs)
+        down = lambda x: self._to(x, self.fallback, None, (self.wide,))  # noqa: E731
+        narrow_args, narrow_kwargs = self._map(args, kwargs, down, set())
+        out = func(*narrow_args, **narrow_kwargs)
+
+        return tree_map(lambda x: x.to(self.wide) if isinstance(x, torch.Tensor) and x.dtype == self.fallback else x, out)
+
+
+def _RaiseHalf(low: torch.dtype = torch.bfloat16) -> _Widen:
+    """bf16/fp16 tensor arguments become float32 (a call for 16-bit only falls back to `low`)."""
+    return _Widen(_LOW, torch.float32, low)
+
+
+def _RaiseSingle() -> _Widen:
+    """float32 (complex64) tensor arguments become float64 (complex128); a call for float32 only falls back to it."""
+    return _Widen((torch.float32,), torch.float64, torch.float32, torch.complex128)
 
 
 def float32_output(module: torch.nn.Module, forward: Callable[[], Any], output: Callable[[Any], torch.Tensor]
@@ -43,31 +87,15 @@ def float32_output(module: torch.nn.Module, forward: Callable[[], Any], output: 
     forward passes to torch) in float32. The module's tensors are restored exactly afterwards, also when the
     forward raises (the error propagates: a model whose code insists on its dtype has no float32 reference)."""
     saved = [(t, t.data) for t in _unique(list(module.parameters()) + list(module.buffers())) if t.dtype in _LOW]
+    low = max(_LOW, key=lambda d: sum(t.numel() for t, _ in saved if t.dtype == d))   # the model's 16-bit dtype
     try:
         for t, data in saved:
             t.data = data.float()
-        with torch.no_grad(), _RaiseHalf():
+        with torch.no_grad(), _RaiseHalf(low):
             return output(forward()).detach().float().clone()
     finally:
         for t, data in saved:
             t.data = data
-
-
-class _RaiseSingle(TorchFunctionMode):
-    """Every float32 (complex64) tensor argument of a torch function becomes float64 (complex128)."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        def up(x):
-            if isinstance(x, torch.Tensor):
-                if x.dtype == torch.float32:
-                    return x.double()
-                if x.dtype == torch.complex64:
-                    return x.to(torch.complex128)
-            return x
-
-        args = tuple(up(a) if not isinstance(a, (list, tuple)) else type(a)(up(b) for b in a) for a in args)
-        kwargs = {k: up(v) for k, v in (kwargs or {}).items()}
-        return func(*args, **kwargs)
 
 
 def wider_output(module: torch.nn.Module, forward: Callable[[], Any], output: Callable[[Any], torch.Tensor]
