@@ -394,3 +394,44 @@ def test_the_wider_run_keeps_writes_into_buffers_the_forward_makes_and_runs_narr
     got = wider_output(h, lambda: h(xb), lambda o: o)
     assert got is not None and got[1] == "float32" and got[0].dtype == torch.float64
     assert rel_l2_err(got[0], low) < 2e-2 and all(p.dtype == torch.bfloat16 for p in h.parameters())
+
+
+def test_an_output_beside_the_first_is_judged_for_accuracy_too():
+    """Red team 2026-12-07: a cast whose attention was right and whose K/V written to the cache were not passed
+    (the cache 0.99 from eager's): only the first output was judged for accuracy."""
+    from engine.bench.accuracy import wider_outputs
+    from engine.export.e2e import judge_other_accuracy, other_values
+    from engine.models.forwards import output_tensors
+
+    class WithCache(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.kv = torch.nn.Linear(32, 32), torch.nn.Linear(32, 64)
+
+        def forward(self, x):
+            k, v = self.kv(x).chunk(2, -1)
+            att = torch.softmax(self.q(x) @ k.T / 32 ** 0.5, -1) @ v
+            return {"out": att, "cache": (k, v)}
+
+    m, x = WithCache(), torch.randn(16, 32)
+    with torch.no_grad():
+        eager = output_tensors(m(x))
+    wide, name = wider_outputs(m, lambda: m(x), output_tensors)
+    assert name == "float64" and len(wide) == 3
+    others, wider = other_values(eager[1:]), [compared(t) for t in wide[1:]]
+    k, v = eager[1], eager[2]
+    assert judge_other_accuracy(others, wider, [k.clone(), v.clone()], name) is None
+    sloppy = judge_other_accuracy(others, wider, [k.clone(), v.half().float() * 1.01], name)
+    assert sloppy.startswith("output tensor 3 (depth first): the model's output with the cast is ")
+
+
+def test_a_transformers_cache_in_the_output_is_walked():
+    transformers = pytest.importorskip("transformers")
+    from engine.models.forwards import output_tensors
+
+    cache = transformers.DynamicCache()
+    k, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4)
+    cache.update(k, v, 0)
+    found = output_tensors({"logits": torch.randn(2, 5), "past_key_values": cache})
+    assert len(found) == 3 and found[0].shape == (2, 5)
+    assert any(torch.equal(t, k) for t in found[1:]) and any(torch.equal(t, v) for t in found[1:])

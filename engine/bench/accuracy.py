@@ -101,25 +101,47 @@ def float32_output(module: torch.nn.Module, forward: Callable[[], Any], output: 
 def wider_output(module: torch.nn.Module, forward: Callable[[], Any], output: Callable[[Any], torch.Tensor]
                  ) -> tuple[torch.Tensor, str] | None:
     """The model's output run once in the next wider float format, as (float64 tensor, its name): a model holding
-    16-bit tensors in float32 (`float32_output`), else one holding float32 tensors in float64 (every float32
-    parameter, buffer and torch-function argument upcast, restored exactly afterwards). None where the model
-    holds neither, the wider forward raises (code that insists on its dtype), or its output is not floating."""
+    16-bit tensors in float32, else one holding float32 tensors in float64 (every such parameter, buffer and
+    torch-function argument upcast, restored exactly afterwards: `_Widen`). None where the model holds neither,
+    the wider forward raises (code that insists on its dtype), or its output is not floating. (An output the model
+    rounds to float32 at its end, as logits are, is still the wider run's.)"""
+    got = _wide_run(module, forward, lambda out: _as64(output(out)))
+    return got if got is not None and got[0] is not None else None
+
+
+def wider_outputs(module: torch.nn.Module, forward: Callable[[], Any],
+                  outputs: Callable[[Any], list[torch.Tensor]]) -> tuple[list[Any], str] | None:
+    """As `wider_output`, for every tensor `outputs` finds in the output (float64 each; None for one that is not
+    floating): the model's other outputs (a KV cache, a second head) judged like its first."""
+    return _wide_run(module, forward, lambda out: [_as64(t) for t in outputs(out)])
+
+
+def _as64(t: Any) -> Any:
+    if not isinstance(t, torch.Tensor) or not (t.is_floating_point() or t.is_complex()):
+        return None
+    return t.detach().to(torch.complex128 if t.is_complex() else torch.float64).clone()
+
+
+def _wide_run(module: torch.nn.Module, forward: Callable[[], Any], take: Callable[[Any], Any]
+              ) -> tuple[Any, str] | None:
+    """(`take(forward())` run in the next wider format, that format's name), or None (nothing to widen, or it
+    raised); the module's tensors restored exactly."""
     held = _unique(list(module.parameters()) + list(module.buffers()))
-    try:
-        if any(t.dtype in _LOW for t in held):
-            return float32_output(module, forward, output).double(), "float32"
+    saved = [(t, t.data) for t in held if t.dtype in _LOW]
+    if saved:
+        low = max(_LOW, key=lambda d: sum(t.numel() for t, _ in saved if t.dtype == d))   # the model's 16-bit dtype
+        mode, wide, name = _RaiseHalf(low), torch.float32, "float32"
+    else:
         saved = [(t, t.data) for t in held if t.dtype == torch.float32]
-        if not saved:
-            return None
+        mode, wide, name = _RaiseSingle(), torch.float64, "float64"
+    if not saved:
+        return None
+    try:
         try:
             for t, data in saved:
-                t.data = data.double()
-            with torch.no_grad(), _RaiseSingle():
-                out = output(forward())
-                if not isinstance(out, torch.Tensor) or not (out.is_floating_point() or out.is_complex()):
-                    return None
-                # (an output the model rounds to float32 at its end, as logits are, is still the wider run's)
-                return out.detach().to(torch.complex128 if out.is_complex() else torch.float64).clone(), "float64"
+                t.data = data.to(wide)
+            with torch.no_grad(), mode:
+                return take(forward()), name
         finally:
             for t, data in saved:
                 t.data = data

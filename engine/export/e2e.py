@@ -150,6 +150,29 @@ def accuracy_rule(eager_out: Any, dtype: str, wider: tuple[Any, str] | None = No
     return near
 
 
+def other_values(outputs: Sequence[Any]) -> list[Any]:
+    """The model's outputs after the first as the accuracy rule compares them (`compared`; None for one that is
+    not floating)."""
+    return [compared(t) if t.is_floating_point() or t.is_complex() else None for t in outputs]
+
+
+def judge_other_accuracy(eager: Sequence[Any], wider: Sequence[Any], cast_outputs: Sequence[Any],
+                         name: str) -> str | None:
+    """Why one of the model's outputs after the first (a KV cache, a second head) with the cast is less accurate
+    than eager's against the model run in the wider format (`name`), by `accuracy_rule`; None where each stands
+    (or cannot be compared: not floating, another shape)."""
+    for i, (e, w, c) in enumerate(zip(eager, wider, cast_outputs), start=2):
+        if e is None or w is None or not (c.is_floating_point() or c.is_complex()):
+            continue
+        got = compared(c)
+        if got.shape != e.shape or w.shape != e.shape:
+            continue
+        why, _ = accuracy_rule(e, str(c.dtype).removeprefix("torch."), (w, name))(got)
+        if why:
+            return f"output tensor {i} (depth first): {why}"
+    return None
+
+
 def eager_caveat(reason: str) -> str:
     """What the report says instead of an agreement figure when eager's own output is degenerate."""
     return f"eager's own output is {reason}: agreement of the model's output says nothing"
@@ -365,7 +388,7 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
     follow while the CI is wider than `precision` and less than `max_s` has passed for the set (a noisy host gave 0.886-1.139 from one round, where a 3 % loss was there to find)."""
     import torch
 
-    from engine.bench.accuracy import wider_output
+    from engine.bench.accuracy import wider_output, wider_outputs
     from engine.bench.forward import auto_iters, capture_graph, time_forward, time_steady
     from engine.bench.stats import speedup_ci
     from engine.bench.varied import Varied
@@ -389,18 +412,22 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
         floating = out.is_floating_point() or out.is_complex()
         eager_out = compared(out)
         eager_others = output_states(output_tensors(whole)[1:])
+        eager_other_vals = other_values(output_tensors(whole)[1:])
         del whole, out
         eager_bad = degenerate(eager_out) or unrepeatable(eager_out, compared(output_tensor(forward())))
         # the model once in the next wider format, before any cast binds the parameters it reads (none where
-        # eager's own output cannot vouch for anything: the report says so instead)
-        wider = wider_output(model, forward, output_tensor) if floating and not eager_bad else None
-        wider = (compared(wider[0]), wider[1]) if wider is not None else None
+        # eager's own output cannot vouch for anything: the report says so instead); its other outputs too
+        wide = wider_outputs(model, forward, output_tensors) if floating and not eager_bad else None
+        wider = (compared(wide[0][0]), wide[1]) if wide is not None and wide[0] and wide[0][0] is not None else None
+        wider_others = [compared(t) if t is not None else None for t in wide[0][1:]] if wider is not None else []
+        del wide
         if wider is not None:
             again = forward()   # a model that kept something of the wider run (a cache it fills once) is not the same
             if unrepeatable(eager_out, compared(output_tensor(again))):
-                wider = None
+                wider, wider_others = None, []
                 eager_out = compared(output_tensor(again))
                 eager_others = output_states(output_tensors(again)[1:])
+                eager_other_vals = other_values(output_tensors(again)[1:])
             del again
         # inputs varied from forward to forward while timing: a memo of whole answers gains nothing (varied.py)
         varied = Varied.record(model, forward, judge=None if eager_bad else
@@ -435,7 +462,9 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
                 cast.reset_stats()
                 whole = fast()
                 cast_out = compared(output_tensor(whole))
-                other = judge_other_outputs(eager_others, output_tensors(whole)[1:])
+                other = judge_other_outputs(eager_others, output_tensors(whole)[1:]) or (
+                    judge_other_accuracy(eager_other_vals, wider_others, output_tensors(whole)[1:], wider[1])
+                    if wider is not None and accuracy is not None else None)
                 del whole
                 if not replayed:
                     ran = ran_in_forward(cast.stats(), ids)

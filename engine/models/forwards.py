@@ -42,6 +42,8 @@ def _all_tensors(out: Any, depth: int, found: list[torch.Tensor]) -> None:
         items = [out.sample]
     elif dataclasses.is_dataclass(out) and not isinstance(out, type):
         items = [getattr(out, f.name, None) for f in dataclasses.fields(out)]
+    elif type(out).__module__.startswith("transformers.cache_utils") and hasattr(out, "__dict__"):
+        items = list(vars(out).values())   # a KV cache and its layers: the keys and values the next step reads
     else:
         return
     for v in items:
