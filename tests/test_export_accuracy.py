@@ -260,13 +260,13 @@ def test_the_check_runs_end_to_end_with_the_wider_run_and_varied_inputs(tmp_path
     float32 model gets its float64 run, its inputs vary while timed and come back, and the set stands."""
     from test_cast_modules import _write
 
-    import engine.config as config
+    import engine.config as kforge_cfg
     from engine.export import e2e
     from engine.models.target import CaptureTarget
 
     cast = _write(tmp_path)
     seen = []
-    build = config.build_target
+    build = kforge_cfg.build_target
 
     def spying(cfg, device):   # the builder's target, its forward recording the inputs each call sees
         t = build(cfg, device)
@@ -277,7 +277,7 @@ def test_the_check_runs_end_to_end_with_the_wider_run_and_varied_inputs(tmp_path
             return t.module(x)
         return CaptureTarget(module=t.module, forward=forward, inputs=t.inputs)
 
-    monkeypatch.setattr(config, "build_target", spying)
+    monkeypatch.setattr(kforge_cfg, "build_target", spying)
     r = e2e.check("configs/examples/my_model.toml", True, str(cast), [["rms"]], iters=3, device="cpu", max_s=0.0)
     assert r["reference"] == "float64"
     assert r["inputs"] == "new variants of the example inputs every forward (1 of 1 tensors varied)"

@@ -147,8 +147,9 @@ def test_cache_keyed_by_pointer_is_caught_after_timing():
         return [cache[x.data_ptr()].clone()]
 
     first = check.check(cached)  # fresh buffers each set, but a freed address may come back
-    # an address that comes back serves another set's answer: wrong values, or the NaN an edge set held
-    assert first.ok or first.category in ("mismatch", "nondeterminism", "nan")
+    # an address that comes back serves another set's answer: caught as wrong values, the NaN an edge set held,
+    # or another set's answer where its outputs held one ('cheating'); never an engine fault
+    assert first.ok or first.category not in ("internal", "protocol"), first
     cache.clear()
     timed = [("self", samples[0][0][1].clone()), ("approximate", "tanh")]
     cached(timed, "nan")  # timing loop: the same buffers again and again

@@ -151,13 +151,11 @@ def _kind(t: Any, held: frozenset[int] = frozenset()) -> str | None:
     parameter or buffer of the model, or sorted rows: offsets and cumulative lengths)."""
     import torch
 
-    from engine.verify.inputs import monotone
-
     if t.numel() <= 1 or t.dtype == torch.bool or t.is_complex():
         return None
     if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):   # expanded: one element seen many times
         return None
-    if t.is_inference() or t.untyped_storage().data_ptr() in held or _offsets(t, monotone):
+    if t.is_inference() or t.untyped_storage().data_ptr() in held or _offsets(t):
         return None
     if t.is_floating_point():
         return "float"
@@ -167,12 +165,15 @@ def _kind(t: Any, held: frozenset[int] = frozenset()) -> str | None:
     return "mask" if bool(((values == 0) | (values == 1)).all()) else "ids"
 
 
-def _offsets(t: Any, monotone: Callable[[Any], bool]) -> bool:
-    """Sorted rows that are offsets or boundaries, not ids that happen to rise (two tokens in order): floating
-    ones `monotone` names, integer ones of three values a row or more, or starting at 0."""
-    if not monotone(t):
+def _offsets(t: Any) -> bool:
+    """Sorted rows that are offsets or boundaries, not ids that happen to rise (two tokens in order): rows (last
+    dim) that never decrease, floating ones of three values or more, integer ones of three or more or starting at
+    0 (cumulative lengths)."""
+    if t.dim() == 0 or t.shape[-1] < 2 or not bool((t[..., 1:] >= t[..., :-1]).all()):
         return False
-    return t.is_floating_point() or t.shape[-1] >= 3 or bool((t[..., 0] == 0).all())
+    if t.is_floating_point():
+        return t.shape[-1] >= 3 and bool(t.isfinite().all())
+    return t.shape[-1] >= 3 or bool((t[..., 0] == 0).all())
 
 
 def _vary(t: Any, kind: str, values: Any, seed: int) -> Any:
