@@ -435,3 +435,24 @@ def test_a_transformers_cache_in_the_output_is_walked():
     found = output_tensors({"logits": torch.randn(2, 5), "past_key_values": cache})
     assert len(found) == 3 and found[0].shape == (2, 5)
     assert any(torch.equal(t, k) for t in found[1:]) and any(torch.equal(t, v) for t in found[1:])
+
+
+def test_a_model_too_large_to_widen_at_once_still_gets_a_wider_run(monkeypatch):
+    """Every parameter widened at once can run out of memory (a bf16 model over a third of the GPU); the mode alone
+    then widens each parameter where a call takes it."""
+    net = Net(depth=2, dtype=torch.bfloat16)
+    x = torch.randn(4, 96).to(torch.bfloat16)
+    real = torch.Tensor.to
+    calls = {"n": 0}
+
+    def tight(self, *a, **k):   # widening a parameter's data (not the parameter in a call) runs out of memory
+        if not isinstance(self, torch.nn.Parameter) and self.dtype == torch.bfloat16 and self.shape == (96, 96):
+            calls["n"] += 1
+            raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "to", tight)
+    got = wider_output(net, lambda: net(x), lambda o: o)
+    monkeypatch.setattr(torch.Tensor, "to", real)
+    assert calls["n"] == 1 and got is not None and got[1] == "float32"
+    assert all(p.dtype == torch.bfloat16 for p in net.parameters())

@@ -136,17 +136,29 @@ def _wide_run(module: torch.nn.Module, forward: Callable[[], Any], take: Callabl
         mode, wide, name = _RaiseSingle(), torch.float64, "float64"
     if not saved:
         return None
-    try:
+    for swap in (True, False):
         try:
-            for t, data in saved:
-                t.data = data.to(wide)
-            with torch.no_grad(), mode:
-                return take(forward()), name
-        finally:
-            for t, data in saved:
-                t.data = data
-    except Exception:  # noqa: BLE001 - any failure only means no wider reference
-        return None
+            try:
+                if swap:
+                    for t, data in saved:
+                        t.data = data.to(wide)
+                with torch.no_grad(), mode:
+                    return take(forward()), name
+            finally:
+                for t, data in saved:
+                    t.data = data
+        except torch.OutOfMemoryError:
+            # every parameter widened at once did not fit: the mode alone widens each where a call takes it
+            # (code that reads a parameter's dtype then rounds as the narrow model does, there only)
+            import gc
+
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            continue
+        except Exception:  # noqa: BLE001 - any failure only means no wider reference
+            return None
+    return None
 
 
 def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
