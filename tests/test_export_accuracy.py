@@ -456,3 +456,14 @@ def test_a_model_too_large_to_widen_at_once_still_gets_a_wider_run(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "to", real)
     assert calls["n"] == 1 and got is not None and got[1] == "float32"
     assert all(p.dtype == torch.bfloat16 for p in net.parameters())
+
+
+def test_a_cast_that_slows_the_other_arm_is_named():
+    """Red team 2026-12-07: a cast whose arm left a thread running slowed the eager arm beside it: 0.69x read as
+    2.45x with every output right. The eager arm beside the cast may read at most 10 % slower than alone."""
+    from engine.export.e2e import eager_slowed
+
+    assert eager_slowed(10.0, 10.9) is None
+    why = eager_slowed(5.16, 12.55)
+    assert why.startswith("the model without the cast ran 143 % slower beside the cast's arm (12.550 ms) than "
+                          "alone before any cast was loaded (5.160 ms)")

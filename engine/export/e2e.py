@@ -279,6 +279,22 @@ def judge_timed(base_out: Any, cast_out: Any, dtype: str, make_wider: Callable[[
     return why
 
 
+# The arm without the cast, timed beside the cast's, may read at most this much slower than it read alone before
+# any cast was loaded (the lane's own control for an op: 10 %): red team 2026-12-07 had a cast whose arm left a
+# thread running slow the eager arm, 0.69x read as 2.45x, every output right.
+EAGER_SLOWED = 0.10
+ALONE_CALLS = 7
+
+
+def eager_slowed(alone_ms: float, beside_ms: float) -> str | None:
+    """Why a set's timing cannot stand because the arm without the cast ran slower beside it than alone."""
+    if beside_ms <= alone_ms * (1 + EAGER_SLOWED):
+        return None
+    return (f"the model without the cast ran {100 * (beside_ms / alone_ms - 1):.0f} % slower beside the cast's arm "
+            f"({beside_ms:.3f} ms) than alone before any cast was loaded ({alone_ms:.3f} ms): the cast's arm leaves "
+            "work behind that slows the other (more than the 10 % allowed)")
+
+
 # Model runs the search for an inaccurate variant may make, at most (a bisection of 2 ** 6 variants and more).
 CULPRIT_RUNS = 12
 
@@ -445,6 +461,16 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
         if iters <= 0:  # a short model needs many pairs for a CI that can tell 1.0 from 1.1
             iters = auto_iters(sorted(time_forward(base) for _ in range(3))[1]) if device == "cuda" else 10
         eager_graph, eager_static = capture_graph(forward) if graphs else (None, None)
+        # the arm without the cast timed alone, before any cast is loaded: a cast whose arm leaves work behind (a
+        # host thread, a launch that outlives its call) slows the other arm instead of speeding its own
+        alone_us = []
+        try:
+            for _ in range(ALONE_CALLS):
+                varied.seek(varied.new_pair())
+                alone_us.append(time_steady(eager_graph.replay if graphs else base, device, before=varied.before))
+        finally:
+            varied.restore()
+        alone_ms = sorted(alone_us)[len(alone_us) // 2] / 1e3
 
         def run_set(ids: list[str]) -> tuple[Any, Callable[[], dict[str, Any]], dict[str, Any]]:
             cast = load(cast_path, only=set(ids))
@@ -524,6 +550,9 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
                           "precise": settled((est.low, est.high), precision), "audited": audit.audited}
                 if why:
                     timing["rejected"] = f"timed forward {len(cast_us)} (inputs varied, audited after the fact): {why}"
+                elif device == "cuda" and (slowed := eager_slowed(alone_ms, timing["eager_ms"])):   # (a CPU's clock: no)
+                    timing["rejected"] = slowed
+                timing["eager_alone_ms"] = alone_ms
                 return timing
 
             return cast_out, time_it, ran
