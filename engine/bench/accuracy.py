@@ -59,6 +59,8 @@ class _Widen(TorchFunctionMode):
         wide_args, wide_kwargs = self._map(args, kwargs, up, written)
         try:
             return func(*wide_args, **wide_kwargs)
+        except torch.OutOfMemoryError:
+            raise   # (a RuntimeError too: run narrow, it would leave a reference partly narrow, unsaid)
         except (RuntimeError, TypeError, NotImplementedError):
             if written or "out" in kwargs:
                 raise
