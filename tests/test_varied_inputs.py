@@ -136,13 +136,13 @@ def test_a_model_that_breaks_on_varied_inputs_keeps_its_example_inputs():
     ids = torch.tensor([[2, 8, 40, 12, 6]])   # ids the model insists are even
 
     class Strict(torch.nn.Module):
-        def forward(self, x, ids):
+        def forward(self, ids):
             if bool((ids % 2).any()):
                 raise ValueError("ids must be even")
-            return x * ids.sum()
+            return ids.float() * 2
 
-    net, x = Strict(), torch.randn(3, 16)
-    v = Varied.record(net, lambda: net(x, ids))
+    net = Strict()
+    v = Varied.record(net, lambda: net(ids))
     assert v.why.startswith("the forward fails on varied inputs (ValueError: ids must be even")
     assert ids.tolist() == [[2, 8, 40, 12, 6]]
 
@@ -197,3 +197,39 @@ def test_inputs_that_must_stay_stay_and_a_short_id_tensor_still_varies():
     with torch.inference_mode():
         only = torch.randn(3, 4)
     assert Varied.record(s, lambda: s(only)).why.startswith("every input tensor is")
+
+
+def test_an_additive_mask_is_rolled_and_an_input_that_cannot_vary_holds_no_other_back():
+    """Red team 2026-12-07: an additive float mask (0 and finfo.min) took noise, turned inf and NaN, and the model
+    fell back to the same inputs every forward for all its inputs."""
+
+    class Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(16, 16)
+
+        def forward(self, x, mask):
+            return torch.softmax(self.lin(x) + mask, -1)
+
+    net, x = Masked(), torch.randn(8, 16)
+    mask = torch.zeros(8, 16)
+    mask[:, 12:] = torch.finfo(torch.float32).min
+    v = Varied.record(net, lambda: net(x, mask), judge=lambda o: degenerate(o))
+    assert v.why is None and v.kinds == ["float", "mask"]
+    v.seek(3)
+    v.before()
+    assert bool(torch.isfinite(net(x, mask)).all()) and int((mask < 0).sum()) == 8 * 4
+    v.restore()
+
+    ids = torch.tensor([[2, 8, 40, 12, 6]])   # ids the model insists are even: they stay, x still varies
+
+    class Strict(torch.nn.Module):
+        def forward(self, x, ids):
+            if bool((ids % 2).any()):
+                raise ValueError("ids must be even")
+            return x * ids.sum()
+
+    s = Strict()
+    v = Varied.record(s, lambda: s(x, ids))
+    assert v.why is None and v.kinds == ["float", None]
+    assert v.describe() == "new variants of the example inputs every forward (1 of 2 tensors varied)"

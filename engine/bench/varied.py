@@ -15,7 +15,7 @@ of every answer, however large, never hits) and `seek(new_pair())` before each a
 the same ones. A floating tensor is rolled along its largest dimension and moved by 2 % of its spread with
 noise (every element new, the distribution kept); integer ids are drawn afresh over the example's [min, max]
 (every id there is one a table the example indexes has; among the example's own values where one is negative);
-masks (0/1) are rolled over all their elements; one-element tensors (a timestep, a decode step's token),
+masks (0/1, or floating ones of two values: an additive mask) are rolled over all their elements; one-element tensors (a timestep, a decode step's token),
 booleans, expanded views, inference tensors, the model's own parameters and sorted rows (offsets) are left
 alone. `restore()` puts the example inputs back. A forward that raises, or whose output turns degenerate, on
 a variant leaves the inputs as they were (`why` says so), as do a TorchScript root and a forward that builds
@@ -85,6 +85,18 @@ class Varied:
         if varied.why:
             return varied
         bad = varied._trial(forward, judge)
+        if bad and sum(k is not None for k in varied.kinds) > 1:
+            # one input the model cannot take varied (a mask of its own kind) need not hold the others back: each
+            # is tried alone, and those that pass are varied together
+            kinds = list(varied.kinds)
+            for i, k in enumerate(kinds):
+                if k is not None:
+                    varied.kinds = [k if j == i else None for j in range(len(kinds))]
+                    if varied._trial(forward, judge):
+                        kinds[i] = None
+            varied.kinds = kinds
+            if any(kinds):
+                bad = varied._trial(forward, judge)
         return cls.none(bad) if bad else varied
 
     def describe(self) -> str:
@@ -157,9 +169,10 @@ def _kind(t: Any, held: frozenset[int] = frozenset()) -> str | None:
         return None
     if t.is_inference() or t.untyped_storage().data_ptr() in held or _offsets(t):
         return None
-    if t.is_floating_point():
-        return "float"
     values = torch.unique(t)
+    if t.is_floating_point():
+        # an additive mask (0 and finfo.min, or -inf): noise would make it inf and NaN; rolled only
+        return "float" if values.numel() > 2 else "mask" if values.numel() == 2 else None
     if values.numel() < 2:
         return None
     return "mask" if bool(((values == 0) | (values == 1)).all()) else "ids"
@@ -185,7 +198,7 @@ def _vary(t: Any, kind: str, values: Any, seed: int) -> Any:
 
     rng = random.Random(seed)
     gen = torch.Generator(device=t.device).manual_seed(rng.getrandbits(62))
-    if kind == "mask":
+    if kind == "mask":   # (0/1 integers, or a floating mask of two values)
         flat = t.reshape(-1)
         return torch.roll(flat, rng.randrange(1, flat.numel())).reshape(t.shape)
     if kind == "ids":
@@ -198,7 +211,7 @@ def _vary(t: Any, kind: str, values: Any, seed: int) -> Any:
     out = torch.roll(t, rng.randrange(1, t.shape[dim]), dim) if t.shape[dim] > 1 else t.clone()
     if bool(torch.isfinite(t).all()):
         spread = float(t.float().std())
-        if spread > 0:
+        if 0 < spread < float("inf"):
             noise = torch.randn(t.shape, generator=gen, device=t.device, dtype=torch.float32)
             out = (out.float() + noise * (NOISE * spread)).to(t.dtype)
     return out
