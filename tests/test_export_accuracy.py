@@ -529,3 +529,43 @@ def test_audits_stand_a_rare_routing_flip_and_reject_a_habit():
     a = auditor([None, None], need=False)
     a.after_pair(), a.after_pair()
     assert a.verdict() is None
+
+
+def test_the_wider_run_keeps_writes_through_views_augmented_operators_and_index_writes():
+    """Red team 2026-12-07, second pass: writes through a view (`buf[:, :16].copy_`, `narrow(...).mul_`), `+=` on a
+    view, advanced item assignment and `index_copy_` into buffers the forward made were lost in the wider run,
+    or made it fail."""
+
+    class Writes(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            buf = torch.zeros(x.shape[0], 32)
+            buf[:, :16].copy_(self.lin(x))
+            buf[:, 16:].add_(1)
+            buf.narrow(1, 0, 8).mul_(3)
+            left = buf[:, :8]
+            left += self.lin(x)[:, :8]
+            rows = torch.tensor([0, 2])
+            buf[rows] = self.lin(x)[:2].repeat(1, 2)
+            cache = torch.zeros(x.shape[0], 16)
+            cache.index_copy_(0, torch.arange(x.shape[0]), self.lin(x))
+            return buf.sum(-1, keepdim=True) * cache
+
+    m, x = Writes(), torch.randn(6, 16)
+    default = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(torch.float64)   # the exact model: its own buffers in float64 too
+        with torch.no_grad():
+            exact = Writes()
+            exact.load_state_dict({k: v.double() for k, v in m.state_dict().items()})
+            true = exact(x.double())
+    finally:
+        torch.set_default_dtype(default)
+    with torch.no_grad():
+        eager = m(x)
+    got = wider_output(m, lambda: m(x), lambda o: o)
+    assert got is not None and got[1] == "float64"
+    assert rel_l2_err(got[0], true) < 1e-5 and rel_l2_err(eager, true) < 1e-5

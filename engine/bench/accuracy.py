@@ -54,7 +54,16 @@ class _Widen(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        written = {0} if (name.endswith("_") and not name.endswith("__")) or name == "__setitem__" else set()
+        writes = (name.endswith("_") and not name.endswith("__")) or name in _WRITES
+        target = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if writes and target is not None and (target.is_floating_point() or target.is_complex()):
+            # the write lands in the tensor itself, in its own dtype; what is written comes in that dtype too
+            # (index_put_, index_copy_, scatter_ refuse a source of another)
+            same = lambda x: x.to(target.dtype) if isinstance(x, torch.Tensor) and x is not target and (  # noqa: E731
+                x.is_floating_point() or x.is_complex()) and x.dtype != target.dtype else x
+            return func(*self._map(args, kwargs, same, {0})[0], **self._map(args, kwargs, same, {0})[1])
+        # a view keeps its base: widened, it would be a view of a copy, and a write through it lost
+        written = {0} if writes or name in _VIEWS else set()
         up = lambda x: self._to(x, self.wide, self.complex_wide, self.narrow)  # noqa: E731
         wide_args, wide_kwargs = self._map(args, kwargs, up, written)
         try:
@@ -71,6 +80,19 @@ class _Widen(TorchFunctionMode):
         out = func(*narrow_args, **narrow_kwargs)
 
         return tree_map(lambda x: x.to(self.wide) if isinstance(x, torch.Tensor) and x.dtype == self.fallback else x, out)
+
+
+# Calls that write their first argument besides the in-place methods (`add_`): item assignment and the augmented
+# operators (`x += y` on a view of a buffer the forward made)
+_WRITES = frozenset({"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__",
+                     "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__",
+                     "__imatmul__"})
+# Calls whose answer is a view of their first argument
+_VIEWS = frozenset({"__getitem__", "narrow", "view", "view_as", "select", "split", "chunk", "unbind", "transpose",
+                    "t", "permute", "unsqueeze", "squeeze", "expand", "expand_as", "as_strided", "diagonal",
+                    "unflatten", "movedim", "moveaxis", "swapaxes", "swapdims", "split_with_sizes", "tensor_split",
+                    "hsplit", "vsplit", "dsplit", "unfold", "view_as_real", "view_as_complex", "flatten", "reshape",
+                    "reshape_as", "detach", "alias"})
 
 
 def _RaiseHalf(low: torch.dtype = torch.bfloat16) -> _Widen:
