@@ -32,16 +32,19 @@ NOISE = 0.02          # of a floating input's standard deviation
 
 
 class Varied:
-    def __init__(self, tensors: list[Any], seed: int = 0, why: str | None = None, held: frozenset[int] = frozenset()):
+    def __init__(self, tensors: list[Any], seed: int = 0, why: str | None = None, held: frozenset[int] = frozenset(),
+                 tables: tuple[int, ...] = ()):
         """`held`: the storages (data pointers) of the model's parameters and buffers: an input that is one of
-        them (or a view of one) stays as it is."""
+        them (or a view of one) stays as it is. `tables`: the sizes of the model's embedding tables: integer ids
+        below one are drawn over it (a decode step's one token too)."""
         import torch
 
         self.tensors = tensors            # the forward's own input tensors, varied in place
         # per tensor: how it varies (None: it stays), the example's values, and an integer tensor's distinct ones
-        self.kinds = [_kind(t, held) for t in tensors]
+        self.kinds = [_kind(t, held, tables) for t in tensors]
         self.originals = [t.clone() if k is not None else None for t, k in zip(tensors, self.kinds)]
-        self.values = [torch.unique(t) if k == "ids" else None for t, k in zip(tensors, self.kinds)]
+        self.values = [torch.unique(t) if k == "ids" else _table(t, tables) if k == "token" else None
+                       for t, k in zip(tensors, self.kinds)]
         self.seed = seed
         self.why = why if why is not None else None if any(self.kinds) else (
             "every input tensor is a mask, a boolean, a single element or an expanded view: nothing to vary")
@@ -78,10 +81,14 @@ class Varied:
         if len(seen) < 2 or not seen[0]:
             return cls.none("the forward passes no tensor to the model's root module")
         first, again = seen[0], seen[-1]
-        if len(first) != len(again) or any(a is not b for a, b in zip(first, again)):
+        # (a tensor made anew each call, a decode step's fresh cache, cannot be varied in place: the rest can)
+        first = [a for a, b in zip(first, again) if a is b] if len(first) == len(again) else []
+        if not first:
             return cls.none("the forward makes its inputs anew each call: nothing to vary in place")
         held = frozenset(t.untyped_storage().data_ptr() for t in [*module.parameters(), *module.buffers()])
-        varied = cls(first, seed if seed is not None else random.SystemRandom().getrandbits(40), held=held)
+        tables = tuple(sorted({m.num_embeddings for m in module.modules() if isinstance(m, torch.nn.Embedding)}))
+        varied = cls(first, seed if seed is not None else random.SystemRandom().getrandbits(40), held=held,
+                     tables=tables)
         if varied.why:
             return varied
         bad = varied._trial(forward, judge)
@@ -157,12 +164,22 @@ class Varied:
         return None
 
 
-def _kind(t: Any, held: frozenset[int] = frozenset()) -> str | None:
-    """How input tensor `t` varies: 'float', 'ids', 'mask' (0/1 values: rolled only), or None (it stays: one
-    element, a boolean, complex, expanded, an inference tensor (no in-place writes outside inference mode), a
-    parameter or buffer of the model, or sorted rows: offsets and cumulative lengths)."""
+def _table(t: Any, tables: tuple[int, ...]) -> int | None:
+    """The smallest embedding table of the model that integer tensor `t`'s ids all index (None: none)."""
+    top = int(t.max())
+    return next((n for n in tables if n > top), None) if int(t.min()) >= 0 else None
+
+
+def _kind(t: Any, held: frozenset[int] = frozenset(), tables: tuple[int, ...] = ()) -> str | None:
+    """How input tensor `t` varies: 'float', 'token' (integer ids an embedding table of the model indexes: drawn
+    over it, one element too: a decode step's token), 'ids', 'mask' (0/1 values: rolled only), or None (it
+    stays: one element otherwise, a boolean, complex, expanded, an inference tensor (no in-place writes outside
+    inference mode), a parameter or buffer of the model, or sorted rows: offsets and cumulative lengths)."""
     import torch
 
+    if t.numel() == 1 and not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool) and \
+            not t.is_inference() and t.untyped_storage().data_ptr() not in held and _table(t, tables) is not None:
+        return "token"
     if t.numel() <= 1 or t.dtype == torch.bool or t.is_complex():
         return None
     if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):   # expanded: one element seen many times
@@ -175,7 +192,9 @@ def _kind(t: Any, held: frozenset[int] = frozenset()) -> str | None:
         return "float" if values.numel() > 2 else "mask" if values.numel() == 2 else None
     if values.numel() < 2:
         return None
-    return "mask" if bool(((values == 0) | (values == 1)).all()) else "ids"
+    if bool(((values == 0) | (values == 1)).all()):
+        return "mask"
+    return "token" if _table(t, tables) is not None else "ids"
 
 
 def _offsets(t: Any) -> bool:
@@ -201,6 +220,8 @@ def _vary(t: Any, kind: str, values: Any, seed: int) -> Any:
     if kind == "mask":   # (0/1 integers, or a floating mask of two values)
         flat = t.reshape(-1)
         return torch.roll(flat, rng.randrange(1, flat.numel())).reshape(t.shape)
+    if kind == "token":   # (values: the table's size)
+        return torch.randint(0, values, t.shape, generator=gen, device=t.device, dtype=t.dtype)
     if kind == "ids":
         lo, hi = int(values[0]), int(values[-1])
         if lo >= 0:
