@@ -175,7 +175,7 @@ def test_inputs_that_must_stay_stay_and_a_short_id_tensor_still_varies():
     offsets = torch.tensor([0, 5, 12, 20, 31])
     ids = torch.tensor([[7, 30]])
     version = net.table.weight._version
-    v = Varied.record(net, lambda: net(x, offsets, net.table.weight, ids), seed=4)
+    v = Varied.record(net, lambda: net(x, offsets, net.table.weight, ids=ids), seed=4)
     assert v.kinds == [None, None, None, "token"]   # ids the model's table indexes: drawn over the table
     assert v.describe() == "new variants of the example inputs every forward (1 of 4 tensors varied)"
     drawn = set()
@@ -261,3 +261,26 @@ def test_a_decode_steps_one_token_is_drawn_over_the_vocabulary():
         seen.add(int(token))
     v.restore()
     assert len(seen) >= 25 and max(seen) < 1000 and int(token) == 417
+
+
+def test_a_one_element_position_is_no_token_and_each_tensor_draws_its_own():
+    """Review 2026-12-07: a generate()-style step's position_ids and cache_position (one element each, below the
+    vocabulary) were drawn over the vocabulary like its token, all three to the same value, past the model's
+    positions."""
+
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(1000, 16)
+            self.pos = torch.nn.Embedding(200, 16)
+
+        def forward(self, input_ids, position_ids, cache_position):
+            return self.embed(input_ids) + self.pos(position_ids) + cache_position.float()
+
+    net = Step()
+    ids, pos, cache_pos = torch.tensor([[417]]), torch.tensor([[128]]), torch.tensor([128])
+    v = Varied.record(net, lambda: net(input_ids=ids, position_ids=pos, cache_position=cache_pos))
+    assert v.kinds == ["token", None, None]
+    two = torch.tensor([[5, 9]])
+    w = Varied.record(net, lambda: net(input_ids=two, position_ids=two.clone().fill_(3), cache_position=pos[0]))
+    assert w.kinds[0] == "token"

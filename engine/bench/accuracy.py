@@ -160,8 +160,12 @@ def _wide_run(module: torch.nn.Module, forward: Callable[[], Any], take: Callabl
         mode, wide, name = _RaiseSingle(), torch.float64, "float64"
     if not saved:
         return None
+    # TF32 (cuDNN's default for convolutions) keeps fp16's 10 mantissa bits: a "float32" run of an fp16 conv model
+    # was no wider than eager there (review 2026-12-07)
+    tf32 = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
     for swap in (True, False):
         try:
+            torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
             try:
                 if swap:
                     for t, data in saved:
@@ -171,6 +175,7 @@ def _wide_run(module: torch.nn.Module, forward: Callable[[], Any], take: Callabl
             finally:
                 for t, data in saved:
                     t.data = data
+                torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
         except torch.OutOfMemoryError:
             # every parameter widened at once did not fit: the mode alone widens each where a call takes it
             # (code that reads a parameter's dtype then rounds as the narrow model does, there only)

@@ -33,7 +33,7 @@ NOISE = 0.02          # of a floating input's standard deviation
 
 class Varied:
     def __init__(self, tensors: list[Any], seed: int = 0, why: str | None = None, held: frozenset[int] = frozenset(),
-                 tables: tuple[int, ...] = ()):
+                 tables: tuple[int, ...] = (), names: list[str] | None = None):
         """`held`: the storages (data pointers) of the model's parameters and buffers: an input that is one of
         them (or a view of one) stays as it is. `tables`: the sizes of the model's embedding tables: integer ids
         below one are drawn over it (a decode step's one token too)."""
@@ -41,7 +41,8 @@ class Varied:
 
         self.tensors = tensors            # the forward's own input tensors, varied in place
         # per tensor: how it varies (None: it stays), the example's values, and an integer tensor's distinct ones
-        self.kinds = [_kind(t, held, tables) for t in tensors]
+        names = names or [""] * len(tensors)
+        self.kinds = [_kind(t, held, tables, name) for t, name in zip(tensors, names)]
         self.originals = [t.clone() if k is not None else None for t, k in zip(tensors, self.kinds)]
         self.values = [torch.unique(t) if k == "ids" else _table(t, tables) if k == "token" else None
                        for t, k in zip(tensors, self.kinds)]
@@ -65,8 +66,16 @@ class Varied:
 
         seen: list[list[Any]] = []
 
+        names: dict[int, str] = {}
+
         def hook(m: Any, args: Any, kwargs: Any) -> None:
-            seen.append([t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)])
+            found = []
+            for i, a in enumerate(args):
+                found += [(f"arg{i}", t) for t in tree_flatten(a)[0] if isinstance(t, torch.Tensor)]
+            for k, v in kwargs.items():
+                found += [(k, t) for t in tree_flatten(v)[0] if isinstance(t, torch.Tensor)]
+            names.update((id(t), n) for n, t in found)
+            seen.append([t for _, t in found])
 
         try:
             handle = module.register_forward_pre_hook(hook, with_kwargs=True)
@@ -88,7 +97,7 @@ class Varied:
         held = frozenset(t.untyped_storage().data_ptr() for t in [*module.parameters(), *module.buffers()])
         tables = tuple(sorted({m.num_embeddings for m in module.modules() if isinstance(m, torch.nn.Embedding)}))
         varied = cls(first, seed if seed is not None else random.SystemRandom().getrandbits(40), held=held,
-                     tables=tables)
+                     tables=tables, names=[names.get(id(t), "") for t in first])
         if varied.why:
             return varied
         bad = varied._trial(forward, judge)
@@ -129,9 +138,9 @@ class Varied:
         j, self.next = self.next, self.next + 1
         self.high = max(self.high, self.next)
         with torch.no_grad():
-            for t, o, kind, values in zip(self.tensors, self.originals, self.kinds, self.values):
-                if kind is not None:
-                    t.copy_(_vary(o, kind, values, self.seed * 1_000_003 + j))
+            for i, (t, o, kind, values) in enumerate(zip(self.tensors, self.originals, self.kinds, self.values)):
+                if kind is not None:   # (each tensor a draw of its own: two alike drew the same values)
+                    t.copy_(_vary(o, kind, values, (self.seed * 1_000_003 + j) * 101 + i))
 
     def restore(self) -> None:
         import torch
@@ -170,7 +179,14 @@ def _table(t: Any, tables: tuple[int, ...]) -> int | None:
     return next((n for n in tables if n > top), None) if int(t.min()) >= 0 else None
 
 
-def _kind(t: Any, held: frozenset[int] = frozenset(), tables: tuple[int, ...] = ()) -> str | None:
+def _token_name(name: str) -> bool:
+    """An argument that carries token ids (`input_ids`, `decoder_input_ids`, the first positional one), not
+    positions (`position_ids`, `cache_position`)."""
+    low = name.lower()
+    return name == "arg0" or ("ids" in low and "position" not in low and "cache" not in low) or low == "tokens"
+
+
+def _kind(t: Any, held: frozenset[int] = frozenset(), tables: tuple[int, ...] = (), name: str = "") -> str | None:
     """How input tensor `t` varies: 'float', 'token' (integer ids an embedding table of the model indexes: drawn
     over it, one element too: a decode step's token), 'ids', 'mask' (0/1 values: rolled only), or None (it
     stays: one element otherwise, a boolean, complex, expanded, an inference tensor (no in-place writes outside
@@ -178,8 +194,9 @@ def _kind(t: Any, held: frozenset[int] = frozenset(), tables: tuple[int, ...] = 
     import torch
 
     if t.numel() == 1 and not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool) and \
-            not t.is_inference() and t.untyped_storage().data_ptr() not in held and _table(t, tables) is not None:
-        return "token"
+            not t.is_inference() and t.untyped_storage().data_ptr() not in held and _token_name(name) and \
+            _table(t, tables) is not None:
+        return "token"   # (a one-element position drawn over the vocabulary ran past the model's positions)
     if t.numel() <= 1 or t.dtype == torch.bool or t.is_complex():
         return None
     if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):   # expanded: one element seen many times
@@ -194,7 +211,7 @@ def _kind(t: Any, held: frozenset[int] = frozenset(), tables: tuple[int, ...] = 
         return None
     if bool(((values == 0) | (values == 1)).all()):
         return "mask"
-    return "token" if _table(t, tables) is not None else "ids"
+    return "token" if _table(t, tables) is not None and _token_name(name) else "ids"
 
 
 def _offsets(t: Any) -> bool:

@@ -20,6 +20,7 @@ eager PyTorch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -114,6 +115,10 @@ def judge_other_outputs(eager: Sequence[tuple[str | None, bool]], cast_outputs: 
 # at 5e-4 a float32 model whose every GEMM ran on fp16 or TF32 operands (2.7e-4 from float64, eager 1.9e-7)
 # stood. Without such a reference, the output may move from eager's by NO_REFERENCE_BAR at most.
 ACCURACY_RATIO = 4.0
+# A model whose output without the cast is this far from its wider run has routing flips or chaos in it (Qwen3.5
+# decode: 0.02 to 0.62 by token; an honest cast of it failed the rule on 3 of 12 inputs, review 2026-12-07): there
+# one forward is judged only for the egregious, and the audits' pooled errors decide.
+CHAOTIC = 0.05
 ACCURACY_FLOOR = {"bfloat16": 1e-3, "float16": 5e-4}
 ACCURACY_FLOOR_OTHER = 1e-6
 NO_REFERENCE_BAR = {"bfloat16": 0.1, "float16": 0.05}
@@ -136,6 +141,10 @@ def accuracy_rule(eager_out: Any, dtype: str, wider: tuple[Any, str] | None = No
             facts = {"reference": name, "reference_err": err, "reference_err_without": base}
             if err <= allowed:
                 return None, facts
+            if base >= CHAOTIC and err <= EGREGIOUS * allowed:
+                # one forward of a model this far from its wider run (routing flips, random weights) decides
+                # nothing alone: the timed forwards' audits, pooled, judge it
+                return None, {**facts, "chaotic": True}
             return (f"the model's output with the cast is {err:.1e} from the model run in {name} (relative L2); "
                     f"without the cast {base:.1e}, and {allowed:.1e} may stand"), facts
         return accurate
@@ -248,15 +257,22 @@ def choose_set(sets: Sequence[Sequence[str]], eager_out: Any,
 AUDITS_FIRST = 2
 AUDIT_SHARE = 0.125
 CHEAP_FACTOR = 8.0
-EGREGIOUS = 10.0
+CHEAP_AT_ONCE = 1.0   # a pair's output this far from the other arm's (relative L2: as far as from zero) decides alone
+EGREGIOUS = 25.0      # an audit this many times over what may stand decides alone (fp16-operand GEMMs: 150x)
 
 
 class Auditor:
-    """The judgement of a set's timed pairs: `after_pair()` after each (why the set cannot stand, or None);
-    `verdict()` at the end. `cheap()` judges every pair; `full()` an audited one: (excess, what) or None where no
-    wider run could be made."""
+    """The judgement of a set's timed pairs: `after_pair()` after each (why the set cannot stand at once, or
+    None); `verdict()` at the end. `cheap()` judges every pair: (why, at once) or None; `full()` an audited one:
+    (err, allowed, what) or None where no wider run could be made.
 
-    def __init__(self, iters: int, cheap: Callable[[], str | None], full: Callable[[], Any],
+    A routing flip (an MoE's top-k) moves one honest forward's output by tenths now and then (Qwen3.5 decode: the
+    drift of an honest cast from eager over 48 tokens had median 0.085 and maximum 0.6, against 0.025 on the
+    example; review 2026-12-07), so a single pair decides only where it is degenerate or beyond all measure;
+    otherwise the cheap bar must be missed by most pairs, and the audits are pooled: the root of their errors'
+    squares over the root of what each allows, above 1."""
+
+    def __init__(self, iters: int, cheap: Callable[[], Any], full: Callable[[], Any],
                  need_reference: bool = False, rng: Any = None):
         import random
 
@@ -265,65 +281,77 @@ class Auditor:
         self.cheap, self.full, self.need_reference = cheap, full, need_reference
         self.pairs = 0
         self.audited = 0
-        self.excess: list[tuple[float, str]] = []
+        self.over: list[str] = []     # the cheap bar's misses
+        self.audits: list[tuple[float, float, str]] = []
         self.failed = 0
 
     def after_pair(self) -> str | None:
         k, self.pairs = self.pairs, self.pairs + 1
-        why = self.cheap()
-        if why:
-            return why
+        got = self.cheap()
+        if got is not None:
+            why, at_once = got
+            if at_once:
+                return why
+            self.over.append(why)
         if k in self.first or self.rng.random() < AUDIT_SHARE:
             self.audited += 1
-            got = self.full()
-            if got is None:
+            full = self.full()
+            if full is None:
                 self.failed += 1
                 return None
-            self.excess.append(got)
-            if got[0] > EGREGIOUS:
-                return got[1]
+            self.audits.append(full)
+            err, allowed, what = full
+            if err > EGREGIOUS * allowed:
+                return what
         return None
 
     def verdict(self) -> str | None:
-        over = [what for e, what in self.excess if e > 1.0]
-        if 2 * len(over) > len(self.excess):
-            return f"{len(over)} of {len(self.excess)} audited forwards less accurate than without the cast ({over[0]})"
-        if self.need_reference and self.failed and not self.excess:
+        if 2 * len(self.over) > self.pairs:
+            return f"{len(self.over)} of {self.pairs} timed pairs: {self.over[0]}"
+        if self.audits:
+            err = math.sqrt(sum(e * e for e, _, _ in self.audits))
+            allowed = math.sqrt(sum(a * a for _, a, _ in self.audits))
+            if err > allowed:
+                worst = max(self.audits, key=lambda t: t[0] / t[1] if t[1] else math.inf)
+                return (f"its {len(self.audits)} audited forwards are {err / allowed:.1f}x as far from the model run "
+                        f"in the wider format as may stand, pooled (the worst: {worst[2]})")
+        if self.need_reference and self.failed and not self.audits:
             return f"no audit of its timed forwards could run the model in the wider format ({self.failed} tried)"
         return None
 
 
 def judge_cheap(base_outs: Sequence[Any], cast_outs: Sequence[Any], dtype: str, example_drift: float,
                 floating: bool) -> str | None:
-    """Why a timed pair's outputs with the cast cannot stand against the same pair's without it, by what needs no
-    wider run: degenerate or non-finite where the other is not (every output), or the first output further
+    """(why, whether at once) where a timed pair's outputs with the cast miss what needs no wider run, else None:
+    degenerate or non-finite where the other arm's are not (every output; at once), or the first output further
     from the other arm's than CHEAP_FACTOR x its distance on the example inputs (`example_drift`), never less
-    than NO_REFERENCE_BAR."""
+    than NO_REFERENCE_BAR (at once beyond CHEAP_AT_ONCE: as far as from zero)."""
     b, c = compared(base_outs[0]), compared(cast_outs[0])
     ok, note = judge_output(b, c)
     if not ok:
-        return note
+        return note, True
     other = judge_other_outputs(output_states(base_outs[1:]), cast_outs[1:])
     if other:
-        return other
+        return other, True
     if not floating:
         return None
     bar = max(CHEAP_FACTOR * example_drift, NO_REFERENCE_BAR.get(dtype, NO_REFERENCE_BAR_OTHER))
     d = rel_l2_err(c, b)
     if d > bar:
         return (f"the model's output with the cast moves {d:.1e} from the same inputs' without it (relative L2), "
-                f"more than {bar:.1e} ({CHEAP_FACTOR:g}x its {example_drift:.1e} on the example inputs)")
+                f"more than {bar:.1e} ({CHEAP_FACTOR:g}x its {example_drift:.1e} on the example inputs)",
+                d > CHEAP_AT_ONCE)
     return None
 
 
 def audit_excess(base_outs: Sequence[Any], cast_outs: Sequence[Any], wide: tuple[list[Any], str] | None
-                 ) -> tuple[float, str] | None:
+                 ) -> tuple[float, float, str] | None:
     """An audited pair against the model run in the wider format on its inputs (`wide`: `wider_outputs`' answer,
-    None: none could be made): the largest, over the floating outputs of one shape on every side, of the cast's
-    error over what `accuracy_rule` allows, with what was found there."""
+    None: none could be made): over the floating outputs of one shape on every side, the one whose error is
+    largest against what `accuracy_rule` allows: (error, allowed, what was found there)."""
     if wide is None:
         return None
-    worst: tuple[float, str] = (0.0, "")
+    worst: tuple[float, float, str] = (0.0, 1.0, "")
     for i, (b, c, w) in enumerate(zip(base_outs, cast_outs, wide[0]), start=1):
         if w is None or not (c.is_floating_point() or c.is_complex()):
             continue
@@ -334,11 +362,10 @@ def audit_excess(base_outs: Sequence[Any], cast_outs: Sequence[Any], wide: tuple
         base = rel_l2_err(bc, wc)
         allowed = ACCURACY_RATIO * base + ACCURACY_FLOOR.get(dtype, ACCURACY_FLOOR_OTHER)
         err = rel_l2_err(cc, wc)
-        excess = err / allowed if allowed else (math.inf if err else 0.0)
-        if excess > worst[0]:
+        if err * worst[1] >= worst[0] * allowed:   # the larger err / allowed
             where = "the model's output" if i == 1 else f"the model's output tensor {i} (depth first)"
-            worst = (excess, f"{where} with the cast is {err:.1e} from the model run in {wide[1]} (relative L2); "
-                             f"without the cast {base:.1e}, and {allowed:.1e} may stand")
+            worst = (err, allowed, f"{where} with the cast is {err:.1e} from the model run in {wide[1]} (relative "
+                                   f"L2); without the cast {base:.1e}, and {allowed:.1e} may stand")
     return worst
 
 
@@ -482,7 +509,12 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
     target = build_target(load_config(config, small=small), dev)
     forward, model = target.forward, target.module
     compile_kw = {} if compile_mode in (None, "default") else {"mode": compile_mode}
-    with torch.no_grad():
+    # Each set compiles the forward with a backend of its own, and a culprit search adds up to CULPRIT_RUNS more:
+    # past Dynamo's recompile limit (8) the cast's arm ran uncompiled against a compiled baseline (review
+    # 2026-12-07). This process compiles nothing else.
+    limits = torch._dynamo.config.patch(recompile_limit=256, accumulated_recompile_limit=4096) \
+        if compile_mode is not None else contextlib.nullcontext()
+    with torch.no_grad(), limits:
         for _ in range(3):
             forward()
         whole = forward()
@@ -560,7 +592,9 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
                 if other:
                     ran = {**ran, "other_outputs": other}
                 cast_graph, cast_static = capture_graph(forward) if graphs else (None, None)
-            example_drift = rel_l2_err(cast_out, eager_out)   # the set's distance from eager on the example inputs
+            # the set's distance on the example inputs from what the timed pairs compare it with (the compiled
+            # model's output without the cast, under torch.compile)
+            example_drift = rel_l2_err(cast_out, without[0] if without else eager_out)
 
             def time_it() -> dict[str, Any]:
                 eager_us, cast_us = [], []
