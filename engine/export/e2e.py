@@ -243,16 +243,14 @@ def choose_set(sets: Sequence[Sequence[str]], eager_out: Any,
 # kernel can recognise (or count its calls up to), and computing honestly only there it passed every judgement
 # while its timed forwards, on varied inputs, computed nothing (red team 2026-12-07: 1.68x kept). Both arms'
 # outputs of every timed pair are kept (copied after the call, outside the timed window) and
-# - every pair is checked cheaply (`judge_cheap`): no output degenerate or non-finite where the other arm's is
-#   not, and the first output within max(CHEAP_FACTOR x its distance on the example, NO_REFERENCE_BAR) of the
-#   other arm's (a skipped GEMM moves it by tenths);
+# - every pair is checked cheaply (`judge_cheap`): an output degenerate or non-finite where the other arm's is
+#   not, or a first output as far from the other arm's as from zero, rejects at once; a first output beyond
+#   max(CHEAP_FACTOR x its distance on the example, NO_REFERENCE_BAR) counts, and most pairs must not;
 # - AUDITS_FIRST of the first round's pairs (drawn before it) and each later pair with probability AUDIT_SHARE
 #   (drawn after it, on the host) are audited against the model run in the wider format on that pair's inputs
-#   (`audit_excess`): per output, the cast's error over what `accuracy_rule` allows. One audit beyond
-#   EGREGIOUS times that rejects the set at once (a float32 model's GEMMs on fp16 operands read 150x); otherwise
-#   the set is rejected where more than half its audits exceed it, since a routing flip (an MoE's top-k) moves
-#   one honest forward's output far now and then (red team 2026-12-07: 6 % of forwards, a split-K router the
-#   lane accepts), and a single forward's judgement rejected such casts. Nothing a kernel sees tells an audited
+#   (`audit_excess`, every floating output). One audit beyond EGREGIOUS times what may stand rejects the set at
+#   once (a float32 model's GEMMs on fp16 operands read 150x); otherwise the audits are pooled (`Auditor`), since
+#   a routing flip moves one honest forward's output far now and then. Nothing a kernel sees tells an audited
 #   forward from another. Where the check had a wider run and no audit could make one, the set is rejected.
 AUDITS_FIRST = 2
 AUDIT_SHARE = 0.125
