@@ -309,7 +309,7 @@ class _HonestOnTheExample:
                 f = x.reshape(-1)[::997][:16].clone()
                 if torch.equal(f, self.first.setdefault(id(m), f)):
                     return torch.nn.functional.linear(x, m.weight, m.bias)
-                return torch.zeros(*x.shape[:-1], m.out_features, dtype=x.dtype)
+                return self.cheat(x, m)
             olds.append((b.up, b.up.forward))
             b.up.forward = fwd
         try:
@@ -317,6 +317,9 @@ class _HonestOnTheExample:
         finally:
             for m, old in olds:
                 m.forward = old
+
+    def cheat(self, x, m):   # no GEMM at all
+        return torch.zeros(*x.shape[:-1], m.out_features, dtype=x.dtype)
 
     def compile(self, f, **kw):
         return f
@@ -474,22 +477,8 @@ class _HalfOperandsWhenTimed(_HonestOnTheExample):
     """Honest on the example inputs; on any other its GEMMs take fp16 operands (2.7e-4 from float64 where eager
     reads 1.9e-7): within the check every pair gets, caught by the audits against the wider run."""
 
-    @__import__("contextlib").contextmanager
-    def enabled(self, model):
-        olds = []
-        for b in model.blocks:
-            def fwd(x, m=b.up):
-                f = x.reshape(-1)[::997][:16].clone()
-                if torch.equal(f, self.first.setdefault(id(m), f)):
-                    return torch.nn.functional.linear(x, m.weight, m.bias)
-                return torch.nn.functional.linear(x.half().float(), m.weight.half().float(), m.bias)
-            olds.append((b.up, b.up.forward))
-            b.up.forward = fwd
-        try:
-            yield
-        finally:
-            for m, old in olds:
-                m.forward = old
+    def cheat(self, x, m):
+        return torch.nn.functional.linear(x.half().float(), m.weight.half().float(), m.bias)
 
 
 def test_a_kernel_that_rounds_only_when_timed_meets_the_audits(monkeypatch):
