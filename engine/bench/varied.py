@@ -44,8 +44,8 @@ class Varied:
         names = names or [""] * len(tensors)
         self.kinds = [_kind(t, held, tables, name) for t, name in zip(tensors, names)]
         self.originals = [t.clone() if k is not None else None for t, k in zip(tensors, self.kinds)]
-        self.values = [torch.unique(t) if k == "ids" else _table(t, tables) if k == "token" else None
-                       for t, k in zip(tensors, self.kinds)]
+        self.values = [torch.unique(t) if k == "ids" else _table(t, tables) if k == "token" else
+                       _spread(t) if k == "float" else None for t, k in zip(tensors, self.kinds)]
         self.seed = seed
         self.why = why if why is not None else None if any(self.kinds) else (
             "every input tensor is a mask, a boolean, a single element or an expanded view: nothing to vary")
@@ -247,9 +247,18 @@ def _vary(t: Any, kind: str, values: Any, seed: int) -> Any:
         return values[pick]
     dim = max(range(t.dim()), key=lambda d: t.shape[d])
     out = torch.roll(t, rng.randrange(1, t.shape[dim]), dim) if t.shape[dim] > 1 else t.clone()
-    if bool(torch.isfinite(t).all()):
-        spread = float(t.float().std())
-        if 0 < spread < float("inf"):
-            noise = torch.randn(t.shape, generator=gen, device=t.device, dtype=torch.float32)
-            out = (out.float() + noise * (NOISE * spread)).to(t.dtype)
+    if values:   # (values: the example's spread, taken once; 0 where it takes no noise)
+        noise = torch.randn(t.shape, generator=gen, device=t.device, dtype=torch.float32)
+        out = (out.float() + noise * (NOISE * values)).to(t.dtype)
     return out
+
+
+def _spread(t: Any) -> float:
+    """The standard deviation a floating input's noise is scaled by: 0 where it holds a non-finite value or its
+    spread overflows (no noise then)."""
+    import torch
+
+    if not bool(torch.isfinite(t).all()):
+        return 0.0
+    spread = float(t.float().std())
+    return spread if 0 < spread < float("inf") else 0.0
