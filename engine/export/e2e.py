@@ -125,6 +125,11 @@ NO_REFERENCE_BAR = {"bfloat16": 0.1, "float16": 0.05}
 NO_REFERENCE_BAR_OTHER = 1e-2
 
 
+def allowed_error(base: float, dtype: str) -> float:
+    """How far from the wider run an output of `dtype` with the cast may be, where without it it is `base`."""
+    return ACCURACY_RATIO * base + ACCURACY_FLOOR.get(dtype, ACCURACY_FLOOR_OTHER)
+
+
 def accuracy_rule(eager_out: Any, dtype: str, wider: tuple[Any, str] | None = None,
                   others: Sequence[Any] = ()) -> Callable[[Any], tuple[str | None, dict[str, Any]]]:
     """The accuracy rule of the whole-model check: `rule(cast_out)` -> (why the output may not stand or None,
@@ -134,7 +139,7 @@ def accuracy_rule(eager_out: Any, dtype: str, wider: tuple[Any, str] | None = No
     if wider is not None and degenerate(wider[0]) is None:
         ref, name = wider
         base = max(rel_l2_err(o, ref) for o in (eager_out, *others))
-        allowed = ACCURACY_RATIO * base + ACCURACY_FLOOR.get(dtype, ACCURACY_FLOOR_OTHER)
+        allowed = allowed_error(base, dtype)
 
         def accurate(got: Any) -> tuple[str | None, dict[str, Any]]:
             err = rel_l2_err(got, ref)
@@ -358,7 +363,7 @@ def audit_excess(base_outs: Sequence[Any], cast_outs: Sequence[Any], wide: tuple
             continue
         dtype = str(c.dtype).removeprefix("torch.")
         base = rel_l2_err(bc, wc)
-        allowed = ACCURACY_RATIO * base + ACCURACY_FLOOR.get(dtype, ACCURACY_FLOOR_OTHER)
+        allowed = allowed_error(base, dtype)
         err = rel_l2_err(cc, wc)
         if err * worst[1] >= worst[0] * allowed:   # the larger err / allowed
             where = "the model's output" if i == 1 else f"the model's output tensor {i} (depth first)"
