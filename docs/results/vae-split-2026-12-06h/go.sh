@@ -22,8 +22,11 @@ step adversarial 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_
 # 2026-12-07: the whole-model check's accuracy rule (the model run in float32/float64) and varied inputs, on the
 # user's path: run -> export (eager; eager + compile) on small GPU models
 step export 200 python3 scripts/gpu_tests.py --out $G/export --timeout 400 tests/test_run_gpu.py tests/test_gn_op_and_pattern_gpu.py
-# 2026-12-07 (issue 20): the VAE's d = 512 mid-block attention, SDPA against its math form (attn_probe.py)
-step attn 90 python3 docs/results/vae-split-2026-12-06h/attn_probe.py $G/attn
+# 2026-12-07 (issue 20): the VAE's d = 512 mid-block attention in its math form (cuBLAS GEMMs, a fused softmax)
+# inside the compiled decode with the cast (attn_vae_probe.py; also compile alone against + cast, one process);
+# then the attention alone, SDPA against the math forms (attn_probe.py)
+step attnvae 170 python3 docs/results/vae-split-2026-12-06h/attn_vae_probe.py $VAE $G/attnvae
+step attn 60 python3 docs/results/vae-split-2026-12-06h/attn_probe.py $G/attn
 if grep -q H200 $G/gpu.txt; then
   step vae $((PROCS == 1 ? 190 : 280)) python3 scripts/bench_compose.py --out $G/vae --model configs/examples/sd35_vae.toml \
     --cast $VAE --modes default --max-s 20 --processes ${PROCS:-2}
