@@ -770,6 +770,7 @@ class CastBackend:
         shared = getattr(cast, "layout_copies", None)
         self.layout_copies: dict[str, dict[str, Any]] = shared if isinstance(shared, dict) else {}
         self.eager_runs = 0   # calls of graphs that pass inputs as held, run eagerly: the cast was not installed
+        self.attention_rewrites = 0   # SDPA calls compiled in their math form (engine.cast.attention)
         self.unwrapped = 0    # graphs returned as Inductor compiled them: they call nothing a route serves
 
     @property
@@ -781,6 +782,14 @@ class CastBackend:
         _check_given(self.mode, self.options, given)
         # Inference only: a graph traced with grad enabled keeps Inductor's own code (and its backward).
         apply = not torch.is_grad_enabled()
+        if apply:   # attention the cast proved faster in its math form for this target, before AOT traces it
+            from engine.cast import attention
+
+            routes = getattr(self.cast, "attention_routes", None)
+            n = attention.rewrite(gm, routes(self.target) if callable(routes) else [])
+            self.attention_rewrites += n
+            if n and isinstance(getattr(self.cast, "attention_rewrites", None), int):
+                self.cast.attention_rewrites += n
         seen: list[int | None] = []
         with inductor_state(self.cast, cast_digest(self.cast), self._user_pass, self.patterns, apply,
                             self.pattern_matches, self.target, self.layout_copies, seen) as vetoed:
@@ -917,7 +926,9 @@ def nothing_under(cast: object, mode: str | None) -> bool:
     runs_under = getattr(cast, "runs_under", None)
     if runs_under is None:
         return False
-    return not runs_under(runtime.compile_target(mode))
+    target = runtime.compile_target(mode)
+    routes = getattr(cast, "attention_routes", None)   # attention in its math form is the cast's too
+    return not runs_under(target) and not (callable(routes) and routes(target))
 
 
 def _under(target: str, fn: Callable[..., Any]) -> Callable[..., Any]:

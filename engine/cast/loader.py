@@ -98,6 +98,9 @@ class Cast:
         self._patterns: Any = None  # the pattern cards as a PatternSet, once built
         # Per op compiled graphs call: the layout copies Inductor made around it (engine.cast.compose)
         self.layout_copies: dict[str, dict[str, Any]] = {}
+        # SDPA calls compiled in their math form, per graph compiled (engine.cast.attention; a compile count,
+        # like layout_copies: a compiled graph's calls run no Python to count)
+        self.attention_rewrites = 0
         self._lock = threading.RLock()
         self._cpp_ops: list[str] = []  # ops this cast routes through the C++ router while installed
         self._cpp_targets: dict[str, list[frozenset[str] | None]] = {}  # per C++-routed op: its plans' targets
@@ -237,7 +240,8 @@ class Cast:
                 "pattern_problems": dict(self._patterns.problems) if self._patterns is not None else {},
                 "pattern_misses": self._pattern_misses(),
                 "pattern_matches": self._pattern_matches(),
-                "layout_copies": {k: dict(v, conversions=list(v["conversions"])) for k, v in self.layout_copies.items()}}
+                "layout_copies": {k: dict(v, conversions=list(v["conversions"])) for k, v in self.layout_copies.items()},
+                "attention_rewrites": self.attention_rewrites}
 
     def _pattern_misses(self) -> dict[str, Any]:
         """Per pattern op of this cast whose compiled calls missed: what they brought, what was proven."""
@@ -466,6 +470,21 @@ class Cast:
         empty for most casts."""
         g = ((self.manifest or {}).get("source") or {}).get("layout_routes") or {}
         return g if isinstance(g, dict) and isinstance(g.get("classes"), list) and g["classes"] else {}
+
+    def attention_routes(self, target: str) -> list[dict[str, Any]]:
+        """The SDPA signatures this cast computes in their math form when compiled for `target`
+        (engine.cast.attention; the manifest's `source.attention_routes`, as an export proved them); empty for
+        most casts, for every target it was not proven for, and where the cast cannot run here (`problem`: another
+        GPU or software than it was proven on)."""
+        from engine.cast.attention import valid_signature
+
+        if self.problem is not None:
+            return []
+        g = ((self.manifest or {}).get("source") or {}).get("attention_routes") or {}
+        if not isinstance(g, dict) or not isinstance(g.get("targets"), list) or target not in g["targets"]:
+            return []
+        sigs = g.get("signatures")
+        return [s for s in sigs if valid_signature(s)] if isinstance(sigs, list) else []
 
     def _install_layouts(self, model: Any) -> None:
         """Layout routes on the model's modules of the class the export chose, for the signatures it proved

@@ -113,6 +113,21 @@ def judge(eager_out: Any, dtype: str, cast_out: Any, reference: Any = None) -> C
     return near
 
 
+def judged(eager_out: Any, got: Any, rule: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+    """A routed model's output judged: against eager's (engine.export.e2e.judge_output), then by `rule`
+    (`judge`): its drift from eager's, what the rule compared, and `why` where it may not stand."""
+    from engine.export.e2e import judge_output, rel_l2_err
+
+    ok, note = judge_output(eager_out, got)
+    r: dict[str, Any] = {"rel_l2_err": rel_l2_err(got, eager_out)}
+    if not ok:
+        return {**r, "why": note}
+    r.update(rule(got))
+    if note and "why" not in r:
+        r["output_note"] = note
+    return r
+
+
 def trial(model: Any, forward: Callable[[], Any], select: Callable[[str, Any], bool], eager_out: Any,
           rule: Callable[[Any], dict[str, Any]], timed: Callable[[Callable[[], Any]], float],
           precision: float = PRECISION,
@@ -122,7 +137,6 @@ def trial(model: Any, forward: Callable[[], Any], select: Callable[[str, Any], b
 
     from engine.bench.stats import paired_rounds
     from engine.cast.layouts import LayoutSet
-    from engine.export.e2e import judge_output, rel_l2_err
     from engine.models.forwards import output_tensor
 
     ls = LayoutSet(model, select, learn=True)
@@ -138,15 +152,9 @@ def trial(model: Any, forward: Callable[[], Any], select: Callable[[str, Any], b
     r.update(hits=s["hits"], misses=s["misses"], declines=s["declines"], failed=s["failed"][:4])
     if not s["hits"]:
         return {**r, "why": "no module ran channels-last" + (f" ({s['failed'][0]})" if s["failed"] else "")}
-    ok, note = judge_output(eager_out, got)
-    r["rel_l2_err"] = rel_l2_err(got, eager_out)
-    if not ok:
-        return {**r, "why": note}
-    r.update(rule(got))
+    r.update(judged(eager_out, got, rule))
     if "why" in r:
         return r
-    if note:
-        r["output_note"] = note
     def with_routes() -> float:
         with ls:
             return timed(forward)

@@ -611,6 +611,11 @@ def _export_variants(workspace: Path, run_id: str | None, out: Path, log: Export
             and any(t in (v.targets or []) for v in kept for t in ("eager", "cuda-graphs")):
         source["layout_routes"] = optional("layout routes", lambda: _layout_routes_check(
             kept, env, source, config, bool(cap.get("small")), progress, warnings.append))
+    modes = [t.partition(":")[2] or "default" for t in targets if t == "compile" or t.startswith("compile:")]
+    if modes and model_check and config and Path(config).is_file() \
+            and any("scaled_dot_product" in str(c.get("op")) for c in cards):
+        source["attention_routes"] = optional("attention routes", lambda: _attention_routes_check(
+            kept, env, source, config, bool(cap.get("small")), modes, progress, warnings.append))
     if graph_routes and model_check and config and Path(config).is_file() \
             and any("eager" in (v.targets or []) for v in kept):
         why = gpu_bound(source.get("model_checks"))
@@ -1239,7 +1244,7 @@ def _in_child(kept: list[ExportVariant], env: dict[str, Any], source: dict[str, 
         try:
             return run(path, config, small, Path(tmp))
         except JobError as e:
-            warn(f"{'graph' if what == 'graphs' else 'layout'} routes: {e}")
+            warn(f"{ {'graphs': 'graph', 'attention': 'attention'}.get(what, 'layout')} routes: {e}")
             return {"error": str(e)}
 
 
@@ -1322,8 +1327,44 @@ def _layout_routes_check(kept: list[ExportVariant], env: dict[str, Any], source:
             **({"eager_why": chosen["eager_why"]} if chosen.get("eager_why") else {}), "tried": tried}
 
 
+ATTENTION_CHECK_TIMEOUT_S = 900
+
+
+def _attention_routes_check(kept: list[ExportVariant], env: dict[str, Any], source: dict[str, Any], config: str,
+                            small: bool, modes: list[str], progress: Callable[[str], None],
+                            warn: Callable[[str], None]) -> dict[str, Any]:
+    """Attention routes for the cast kept so far, checked in a fresh process (engine.export.attention_check): the
+    manifest's `source.attention_routes`, {"signatures", "targets": the compile targets where the model compiled
+    with them was faster with confidence and as accurate (empty: none), "tried": one line per mode}."""
+    def run(path: Path, config: str, small: bool, tmp: Path) -> dict[str, Any]:
+        out = tmp / "attention_check.json"
+        proc = _run_child([sys.executable, "-m", "engine.export.attention_check", "--config", config, "--cast",
+                           str(path), "--out", str(out), "--modes", ",".join(modes)] + (["--small"] if small else []),
+                          ATTENTION_CHECK_TIMEOUT_S)
+        return _child_result(proc, out, "the attention-route check failed")
+
+    result = _in_child(kept, env, source, "attention", run, warn, progress,
+                       "trying attention of large head dimension in its math form under torch.compile "
+                       "(attention routes, a fresh process)", config, small)
+    if "error" in result:
+        return {"signatures": [], "targets": [], "error": result["error"]}
+    tried = [_attention_line(t) for t in result.get("tried", [])]
+    for line in tried:
+        progress(f"attention routes: {line}")
+    targets = list(result.get("targets") or [])
+    return {"signatures": result.get("signatures", []) if targets else [], "targets": targets, "tried": tried}
+
+
+def _attention_line(t: dict[str, Any]) -> str:
+    return _route_line(f"compile mode {t.get('mode')} ({t.get('rewritten', 0)} call(s) in the math form)", t)
+
+
 def _layout_line(t: dict[str, Any]) -> str:
-    what = f"{t.get('class')} ({t.get('modules', 0)} module(s))"
+    return _route_line(f"{t.get('class')} ({t.get('modules', 0)} module(s))", t)
+
+
+def _route_line(what: str, t: dict[str, Any]) -> str:
+    """One line of a route trial: what was tried, its speedup and CI, its output's drift, and whether it was kept."""
     if "speedup" in t:
         what += f": {t['speedup']:.3f}x ({t['speedup_ci'][0]:.3f}-{t['speedup_ci'][1]:.3f})"
     if "rel_l2_err" in t:

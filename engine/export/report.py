@@ -143,11 +143,27 @@ def layout_routes_text(source: dict[str, Any]) -> str | None:
     return f"layout routes: none kept ({why})"
 
 
+def attention_routes_text(source: dict[str, Any]) -> str | None:
+    """One line on the cast's attention routes (the export's attention-route check), or None where it did not
+    run."""
+    g = source.get("attention_routes")
+    if not isinstance(g, dict):
+        return None
+    if g.get("targets"):
+        sigs = [s for s in g.get("signatures") or [] if isinstance(s, dict)]
+        shapes = ", ".join(f"{s.get('dtype')}{s.get('q')}" for s in sigs[:3]) + (" …" if len(sigs) > 3 else "")
+        return (f"attention routes: {len(sigs)} SDPA signature(s) ({shapes}) computed in their math form under "
+                f"{' and '.join(g['targets'])} ({'; '.join(g.get('tried') or [])})")
+    why = g.get("error") or g.get("interrupted") or "; ".join(g.get("tried") or []) or "no attention to try"
+    return f"attention routes: none kept ({why})"
+
+
 def _target_lines(manifest: dict[str, Any]) -> list[str]:
     """report.md: what the cast was proven for, one row per target, and what a cast without targets does."""
     checks = model_checks_of(manifest.get("source") or {})
     routes = [t for t in (layout_routes_text(manifest.get("source") or {}),
-                          graph_routes_text(manifest.get("source") or {})) if t]
+                          graph_routes_text(manifest.get("source") or {}),
+                          attention_routes_text(manifest.get("source") or {})) if t]
     said = [t[0].upper() + t[1:] + "." for t in routes]
     if not checks:  # a cast of routes alone, where no variant reached a whole-model check
         return ["## Routes", "", *said, ""] if said else []
@@ -292,6 +308,8 @@ def audit_text(doc: dict[str, Any], path: str) -> str:
         lines.append(f"  {lt}")
     if (g := graph_routes_text(doc.get("source") or {})) is not None:
         lines.append(f"  {g}")
+    if (a := attention_routes_text(doc.get("source") or {})) is not None:
+        lines.append(f"  {a}")
     if doc["variants"] and all(v.get("targets") is None for v in doc["variants"]):
         lines.append(f"  {legacy_targets_text(doc)}")
     elif (idle := compile_modes_without_variants(doc["variants"])):
