@@ -77,6 +77,7 @@ def trial(model: Any, forward: Callable[[], Any], plain: Any, routed: Any, mode:
 
     kw = {} if mode == "default" else {"mode": mode}
     torch._dynamo.reset()
+    before = routed.stats().get("attention_rewrites", 0)   # the routed cast's count spans the modes tried
     arms = {}
     for name, cast in (("plain", plain), ("routed", routed)):
         with cast.enabled(model):
@@ -84,7 +85,7 @@ def trial(model: Any, forward: Callable[[], Any], plain: Any, routed: Any, mode:
             for _ in range(WARM_CALLS):
                 fn()
             arms[name] = (cast, fn)
-    r: dict[str, Any] = {"mode": mode, "rewritten": routed.stats().get("attention_rewrites", 0)}
+    r: dict[str, Any] = {"mode": mode, "rewritten": routed.stats().get("attention_rewrites", 0) - before}
     if not r["rewritten"]:
         return {**r, "why": "no attention call was compiled in its math form"}
     with routed.enabled(model):
