@@ -29,3 +29,6 @@ with_routes('$VAE', r['signatures'], r['targets'], Path('$G/routed/sd35_vae_attn
 [ -e $G/routed.done ] && step compose 190 python3 scripts/bench_compose.py --out $G/compose \
   --model configs/examples/sd35_vae.toml --cast $G/routed/sd35_vae_attn.cast --modes default --max-s 20
 step twins 150 python3 scripts/gpu_tests.py --out $G/twins --timeout 240 tests/test_layout_twins_gpu.py
+# on an H200: issue 19's bench_compose of the committed split rule over two processes (never run on an H200)
+grep -q H200 $G/gpu.txt && step vae-h200 280 python3 scripts/bench_compose.py --out $G/vae-h200 \
+  --model configs/examples/sd35_vae.toml --cast $VAE --modes default --max-s 20 --processes 2
