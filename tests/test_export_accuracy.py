@@ -282,7 +282,10 @@ def test_the_check_runs_end_to_end_with_the_wider_run_and_varied_inputs(tmp_path
     assert r["reference"] == "float64"
     assert r["inputs"] == "new variants of the example inputs every forward (1 of 1 tensors varied)"
     (chosen,) = r["tried"]
-    assert chosen is r["chosen"] and "rejected" not in chosen
+    # nothing judged it wrong; whether it is kept is the CPU's wall clock (both arms run eager here): a loaded CI
+    # machine read the second arm 1.42 against 1.09 ms once, and the set was rightly not kept as not slower
+    assert "rejected" not in chosen
+    assert (r["chosen"] is chosen) == e2e.not_slower(chosen["speedup_ci"])
     assert chosen["reference_err"] == chosen["reference_err_without"] and chosen["iters"] == 3
     # (the float64 runs of the audits record float64 copies)
     seen = [t for t in seen if t.dtype == torch.float32]
