@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -613,7 +614,7 @@ def _export_variants(workspace: Path, run_id: str | None, out: Path, log: Export
             kept, env, source, config, bool(cap.get("small")), progress, warnings.append))
     modes = [t.partition(":")[2] or "default" for t in targets if t == "compile" or t.startswith("compile:")]
     if modes and model_check and config and Path(config).is_file() \
-            and any("scaled_dot_product" in str(c.get("op")) for c in cards):
+            and has_attention(cards):
         source["attention_routes"] = optional("attention routes", lambda: _attention_routes_check(
             kept, env, source, config, bool(cap.get("small")), modes, progress, warnings.append))
     if graph_routes and model_check and config and Path(config).is_file() \
@@ -1336,14 +1337,8 @@ def _attention_routes_check(kept: list[ExportVariant], env: dict[str, Any], sour
     """Attention routes for the cast kept so far, checked in a fresh process (engine.export.attention_check): the
     manifest's `source.attention_routes`, {"signatures", "targets": the compile targets where the model compiled
     with them was faster with confidence and as accurate (empty: none), "tried": one line per mode}."""
-    def run(path: Path, config: str, small: bool, tmp: Path) -> dict[str, Any]:
-        out = tmp / "attention_check.json"
-        proc = _run_child([sys.executable, "-m", "engine.export.attention_check", "--config", config, "--cast",
-                           str(path), "--out", str(out), "--modes", ",".join(modes)] + (["--small"] if small else []),
-                          ATTENTION_CHECK_TIMEOUT_S)
-        return _child_result(proc, out, "the attention-route check failed")
-
-    result = _in_child(kept, env, source, "attention", run, warn, progress,
+    result = _in_child(kept, env, source, "attention", functools.partial(run_attention_check, modes=modes), warn,
+                       progress,
                        "trying attention of large head dimension in its math form under torch.compile "
                        "(attention routes, a fresh process)", config, small)
     if "error" in result:
@@ -1353,6 +1348,21 @@ def _attention_routes_check(kept: list[ExportVariant], env: dict[str, Any], sour
         progress(f"attention routes: {line}")
     targets = list(result.get("targets") or [])
     return {"signatures": result.get("signatures", []) if targets else [], "targets": targets, "tried": tried}
+
+
+def run_attention_check(cast_path: Path, config: str, small: bool, tmp: Path, modes: list[str],
+                        timeout_s: float = ATTENTION_CHECK_TIMEOUT_S) -> dict[str, Any]:
+    """`python -m engine.export.attention_check` in a fresh process for compile `modes`; its JSON result."""
+    out = tmp / "attention_check.json"
+    proc = _run_child([sys.executable, "-m", "engine.export.attention_check", "--config", config, "--cast",
+                       str(cast_path), "--out", str(out), "--modes", ",".join(modes)] + (["--small"] if small else []),
+                      timeout_s)
+    return _child_result(proc, out, "the attention-route check failed")
+
+
+def has_attention(cards: list[dict[str, Any]]) -> bool:
+    """Whether the run captured an SDPA op (any backend's): where the attention-route check may find something."""
+    return any("scaled_dot_product" in str(c.get("op")) for c in cards)
 
 
 def _attention_line(t: dict[str, Any]) -> str:
