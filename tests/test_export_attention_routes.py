@@ -98,3 +98,29 @@ def test_a_failed_check_is_a_warning_and_the_cast_is_written(ws, compiled, monke
     assert manifest["source"]["attention_routes"]["targets"] == []
     assert any(w.startswith("attention routes: the attention-route check failed") for w in result.warnings)
     assert result.included
+
+
+def test_where_no_variant_is_kept_a_cast_of_attention_routes_alone_is_written(ws, gpu, monkeypatch):  # noqa: F811
+    """A model whose kernels do not win under torch.compile may still gain from its attention's math form."""
+    from test_export_record import SLOWER
+
+    monkeypatch.setattr(pkg, "run_model_check", lambda *a, caches=None, overlaps=None, **k: gpu.check(*a, **k))
+    gpu.model.update(compile=lambda s: SLOWER)
+    result, lines, calls, manifest = _export(ws, monkeypatch, KEPT, targets=("compile",))
+    ((cand, modes),) = calls
+    assert cand["variants"] == [] and modes == ["default"]
+    assert manifest["variants"] == [] and result.included == []
+    assert manifest["source"]["attention_routes"]["targets"] == ["compile"]
+    assert "trying routes alone" in "\n".join(lines)
+
+
+def test_where_nothing_is_kept_the_attention_check_is_said_and_nothing_is_written(ws, gpu, monkeypatch):  # noqa: F811
+    from test_export_record import SLOWER
+
+    monkeypatch.setattr(pkg, "run_model_check", lambda *a, caches=None, overlaps=None, **k: gpu.check(*a, **k))
+    gpu.model.update(compile=lambda s: SLOWER)
+    none = {"signatures": [SIG], "targets": [], "tried": [{**KEPT["tried"][1], "mode": "default"}]}
+    with pytest.raises(pkg.NothingKept) as e:
+        _export(ws, monkeypatch, none, targets=("compile",))
+    assert "attention routes: none kept (compile mode default" in str(e.value)
+    assert not (ws.parent / "toy.cast").exists()

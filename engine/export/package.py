@@ -308,6 +308,7 @@ class ExportLog:
     config: str | None = None  # the run's model config (its path), once the run is resolved
     small: bool = False        # the run's capture was of the --small build
     convolutional: bool = False  # the run has a convolution card: layout routes are worth a check
+    attention: bool = False  # the run has an SDPA card: attention routes are worth a check under compile targets
 
 
 def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[str, Any] | None = None,
@@ -432,19 +433,26 @@ def _export_run(workspace: Path, run_id: str | None, out: Path, log: ExportLog, 
                                 layout_routes=layout_routes)
     except NothingKept as e:
         layouts = layout_routes and log.convolutional and bool({"eager", "cuda-graphs"} & set(log.targets))
-        if not ((graph_routes and "eager" in log.targets or layouts) and model_check and log.config
+        attention = compile_modes(log.targets) if log.attention else []
+        if not ((graph_routes and "eager" in log.targets or layouts or attention) and model_check and log.config
                 and Path(log.config).is_file()):
             raise
-        return _routes_only(out, log, e, progress, graph_routes and "eager" in log.targets, layouts)
+        return _routes_only(out, log, e, progress, graph_routes and "eager" in log.targets, layouts, attention)
+
+
+def compile_modes(targets: list[str]) -> list[str]:
+    """The torch.compile modes among export targets ('compile' is the default mode)."""
+    return [t.partition(":")[2] or "default" for t in targets if t == "compile" or t.startswith("compile:")]
 
 
 def _routes_only(out: Path, log: ExportLog, why: NothingKept, progress: Callable[[str], None],
-                 graph_routes: bool = True, layout_routes: bool = False) -> ExportResult:
+                 graph_routes: bool = True, layout_routes: bool = False,
+                 attention_modes: list[str] | None = None) -> ExportResult:
     """A cast of routes alone, where no variant was kept: a convolutional model may still gain from running its
     convolutions channels-last, a host-bound one from having its layers (or its whole forward) replayed from
     CUDA graphs. Written only where a check keeps a class (faster with confidence; the layout's output agreeing
     with eager's, the graphs' equal bit for bit); otherwise `why` is raised, with what was tried."""
-    from engine.export.report import graph_routes_text, layout_routes_text
+    from engine.export.report import attention_routes_text, graph_routes_text, layout_routes_text
 
     progress(f"{why}: trying routes alone")
     source, warnings = log.source, log.warnings
@@ -460,7 +468,14 @@ def _routes_only(out: Path, log: ExportLog, why: NothingKept, progress: Callable
         if routes.get("classes"):
             source["graph_routes"] = routes
         said.append(graph_routes_text({"graph_routes": routes}))
-    if not routes.get("classes") and not (source.get("layout_routes") or {}).get("classes"):
+    if attention_modes:
+        att = _attention_routes_check([], log.env, source, log.config, log.small, attention_modes, progress,
+                                      warnings.append)
+        if att.get("targets"):
+            source["attention_routes"] = att
+        said.append(attention_routes_text({"attention_routes": att}))
+    if not routes.get("classes") and not (source.get("layout_routes") or {}).get("classes") \
+            and not (source.get("attention_routes") or {}).get("targets"):
         raise NothingKept("; ".join([str(why)] + [s for s in said if s])) from why
     manifest, files, report = package([], log.env, source, log.excluded)
     log.kept = []
@@ -506,6 +521,7 @@ def _export_variants(workspace: Path, run_id: str | None, out: Path, log: Export
     from engine.capture.twins import CONVOLUTIONS
 
     log.convolutional = any(c.get("op") in CONVOLUTIONS for c in cards)
+    log.attention = has_attention(cards)
     gone = samples_removed(cap)
     if gone and not any(samples.values()):
         log.warnings.append(f"the samples of capture {run['capture_id']} were {gone}: each variant is confirmed on "
@@ -612,9 +628,8 @@ def _export_variants(workspace: Path, run_id: str | None, out: Path, log: Export
             and any(t in (v.targets or []) for v in kept for t in ("eager", "cuda-graphs")):
         source["layout_routes"] = optional("layout routes", lambda: _layout_routes_check(
             kept, env, source, config, bool(cap.get("small")), progress, warnings.append))
-    modes = [t.partition(":")[2] or "default" for t in targets if t == "compile" or t.startswith("compile:")]
-    if modes and model_check and config and Path(config).is_file() \
-            and has_attention(cards):
+    modes = compile_modes(targets)
+    if modes and model_check and config and Path(config).is_file() and log.attention:
         source["attention_routes"] = optional("attention routes", lambda: _attention_routes_check(
             kept, env, source, config, bool(cap.get("small")), modes, progress, warnings.append))
     if graph_routes and model_check and config and Path(config).is_file() \
