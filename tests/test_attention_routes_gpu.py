@@ -47,15 +47,9 @@ def _kernels(fn):
 
 
 def _ms(fn, reps=20):
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return sorted(ts)[len(ts) // 2]
+    from engine.bench.forward import time_forward
+
+    return sorted(time_forward(fn) for _ in range(reps))[reps // 2] / 1e3
 
 
 def test_a_proven_signature_compiles_to_gemms_and_a_softmax(tmp_path):

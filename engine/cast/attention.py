@@ -119,23 +119,30 @@ def _example(node: Any) -> Any:
     return node
 
 
+def _calls(gm: torch.fx.GraphModule) -> list[tuple[Any, dict[str, Any], dict[str, Any]]]:
+    """The SDPA calls of a Dynamo graph the math form may serve: (node, its bound arguments, its signature).
+    A call whose options are computed in the graph (not known at compile time) is none."""
+    calls = []
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _SDPA:
+            continue
+        bound = bind(tuple(node.args), dict(node.kwargs))
+        if bound is None or any(isinstance(bound[p], torch.fx.Node) for p in _PARAMS[3:]):
+            continue
+        sig = call_signature({p: _example(bound[p]) for p in _PARAMS})
+        if sig is not None:
+            calls.append((node, bound, sig))
+    return calls
+
+
 def rewrite(gm: torch.fx.GraphModule, signatures: list[dict[str, Any]]) -> int:
     """Replace, in a Dynamo graph, each SDPA call whose signature is among `signatures` by `sdpa_math`; the
     number of calls replaced (the graph is recompiled where any was)."""
     if not signatures:
         return 0
     n = 0
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in _SDPA:
-            continue
-        bound = bind(tuple(node.args), dict(node.kwargs))
-        if bound is None:
-            continue
-        examples = {p: _example(bound[p]) for p in _PARAMS}
-        if any(isinstance(bound[p], torch.fx.Node) for p in _PARAMS[3:]):
-            continue   # an option computed in the graph: not known at compile time
-        sig = call_signature(examples)
-        if sig is None or sig not in signatures:
+    for node, bound, sig in _calls(gm):
+        if sig not in signatures:
             continue
         with gm.graph.inserting_after(node):
             new = gm.graph.call_function(sdpa_math, (bound["query"], bound["key"], bound["value"]),
@@ -153,15 +160,10 @@ def rewrite(gm: torch.fx.GraphModule, signatures: list[dict[str, Any]]) -> int:
 def signatures_seen(gm: torch.fx.GraphModule) -> list[dict[str, Any]]:
     """The signatures of the SDPA calls in a Dynamo graph that the math form could serve (what an export
     tries)."""
-    seen = []
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in _SDPA:
-            bound = bind(tuple(node.args), dict(node.kwargs))
-            if bound is None or any(isinstance(bound[p], torch.fx.Node) for p in _PARAMS[3:]):
-                continue
-            sig = call_signature({p: _example(bound[p]) for p in _PARAMS})
-            if sig is not None and sig not in seen:
-                seen.append(sig)
+    seen: list[dict[str, Any]] = []
+    for _, _, sig in _calls(gm):
+        if sig not in seen:
+            seen.append(sig)
     return seen
 
 

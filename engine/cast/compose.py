@@ -770,7 +770,6 @@ class CastBackend:
         shared = getattr(cast, "layout_copies", None)
         self.layout_copies: dict[str, dict[str, Any]] = shared if isinstance(shared, dict) else {}
         self.eager_runs = 0   # calls of graphs that pass inputs as held, run eagerly: the cast was not installed
-        self.attention_rewrites = 0   # SDPA calls compiled in their math form (engine.cast.attention)
         self.unwrapped = 0    # graphs returned as Inductor compiled them: they call nothing a route serves
 
     @property
@@ -787,7 +786,6 @@ class CastBackend:
 
             routes = getattr(self.cast, "attention_routes", None)
             n = attention.rewrite(gm, routes(self.target) if callable(routes) else [])
-            self.attention_rewrites += n
             if n and isinstance(getattr(self.cast, "attention_rewrites", None), int):
                 self.cast.attention_rewrites += n
         seen: list[int | None] = []

@@ -31,7 +31,7 @@ MAX_S = 20.0
 WARM_CALLS = 3
 
 
-def discover(forward: Callable[[], Any], compile_kw: dict[str, Any]) -> list[dict[str, Any]]:
+def discover(forward: Callable[[], Any]) -> list[dict[str, Any]]:
     """The SDPA signatures the math form may serve, in the graphs Dynamo makes of `forward` (nothing compiled:
     the backend returns each graph as it is)."""
     import torch
@@ -46,7 +46,7 @@ def discover(forward: Callable[[], Any], compile_kw: dict[str, Any]) -> list[dic
 
     torch._dynamo.reset()
     try:
-        torch.compile(forward, backend=look, dynamic=compile_kw.get("dynamic"))()
+        torch.compile(forward, backend=look)()
     finally:
         torch._dynamo.reset()
     return seen
@@ -132,20 +132,15 @@ def main(argv: list[str] | None = None) -> int:
         from engine.cast import runtime
         from engine.cast.loader import load
         from engine.config import build_target, load_config
-        from engine.export.layout_check import float32_output, judge
+        from engine.export.layout_check import eager_output, float32_output, judge
         from engine.models.forwards import output_tensor
 
         modes = [m for m in args.modes.split(",") if m]
         target = build_target(load_config(args.config, small=args.small), torch.device(args.device))
         model, forward = target.module, target.forward
         with torch.no_grad():
-            for _ in range(WARM_CALLS):
-                forward()
-            out = output_tensor(forward())
-            dtype = str(out.dtype).removeprefix("torch.")
-            eager_out = compared(out)
-            del out
-            sigs = discover(forward, {})
+            eager_out, dtype = eager_output(forward)
+            sigs = discover(forward)
             if not sigs:
                 return {"signatures": [], "tried": [], "targets": []}
             reference = float32_output(model, forward)   # before a cast binds the parameters it reads

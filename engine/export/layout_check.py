@@ -113,6 +113,16 @@ def judge(eager_out: Any, dtype: str, cast_out: Any, reference: Any = None) -> C
     return near
 
 
+def eager_output(forward: Callable[[], Any]) -> tuple[Any, str]:
+    """The model's output after WARM_CALLS forwards, as the checks compare it (`compared`), and its own dtype."""
+    from engine.models.forwards import output_tensor
+
+    for _ in range(WARM_CALLS):
+        forward()
+    out = output_tensor(forward())
+    return compared(out), str(out.dtype).removeprefix("torch.")
+
+
 def judged(eager_out: Any, got: Any, rule: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
     """A routed model's output judged: against eager's (engine.export.e2e.judge_output), then by `rule`
     (`judge`): its drift from eager's, what the rule compared, and `why` where it may not stand."""
@@ -282,12 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             return {"tried": [], "chosen": None, "candidates": []}
         cast = load(args.cast)
         with torch.no_grad():
-            for _ in range(WARM_CALLS):
-                forward()
-            out = output_tensor(forward())
-            dtype = str(out.dtype).removeprefix("torch.")
-            eager_out = compared(out)
-            del out
+            eager_out, dtype = eager_output(forward)
             reference = float32_output(model, forward)  # before the cast binds the parameters it reads
             with cast.enabled(model):
                 for _ in range(WARM_CALLS):
