@@ -342,9 +342,11 @@ async def test_rpm_limiter_spaces_requests(srv, api):
     await asyncio.gather(*(c.complete("s", HI, max_tokens=10) for _ in range(4)))
     starts = sorted(r.started for r in srv.requests[1:])
     gaps = [b - a for a, b in zip(starts, starts[1:])]
-    # Spaced one per 0.1 s by the limiter; the server sees them within scheduling jitter of that (a loaded
-    # machine delays single requests, so the span of all four is checked, not each gap).
-    assert len(gaps) == 3 and starts[-1] - starts[0] >= 0.25, gaps
+    # Spaced one per 0.1 s by the limiter; the server sees them within scheduling jitter of that. A loaded
+    # machine delays single requests: the span of all four is checked, not each gap, and one request leaving
+    # 0.1 s late beside its neighbour happened (CI 2026-12-07: gaps 0.002, 0.100, 0.100). Unlimited, the four
+    # arrive within milliseconds of each other.
+    assert len(gaps) == 3 and starts[-1] - starts[0] >= 0.15, gaps
 
 
 async def test_rate_limiter_token_bucket_is_deterministic():
