@@ -351,7 +351,9 @@ def cmd_export(args: argparse.Namespace) -> int:
                           "model_check": result.model_check, "model_checks": result.model_checks,
                           "warnings": result.warnings, "unchecked": result.unchecked,
                           **({"graph_routes": result.graph_routes} if result.graph_routes is not None else {}),
-                          **({"layout_routes": result.layout_routes} if result.layout_routes is not None else {})},
+                          **({"layout_routes": result.layout_routes} if result.layout_routes is not None else {}),
+                          **({"attention_routes": result.attention_routes}
+                             if result.attention_routes is not None else {})},
                          separators=(",", ":"), default=str))
     else:
         print(f"wrote {out}: {len(result.included)} variant(s)")
@@ -381,6 +383,10 @@ def cmd_export(args: argparse.Namespace) -> int:
             from engine.export.report import graph_routes_text
 
             print(graph_routes_text({"graph_routes": result.graph_routes}))
+        if result.attention_routes is not None:
+            from engine.export.report import attention_routes_text
+
+            print(attention_routes_text({"attention_routes": result.attention_routes}))
     if partial is not None:
         print(f"{partial}: {_export_again(args, partial.run_id, out, partial.targets)}", file=sys.stderr, flush=True)
         return partial.exit_code

@@ -55,6 +55,7 @@ def test_the_modes_kept_and_their_signatures_go_into_the_cast_and_each_mode_trie
     assert [v["id"] for v in cand["variants"]] == [v["id"] for v in result.included]   # the cast kept so far
     a = manifest["source"]["attention_routes"]
     assert a["signatures"] == [SIG] and a["targets"] == ["compile"]
+    assert result.attention_routes == a          # what `export --json` prints
     said = "\n".join(lines)
     assert "attention routes: compile mode default (1 call(s) in the math form): 1.137x (1.120-1.150), output " \
            "rel. L2 3.0e-03, kept" in said
@@ -111,6 +112,7 @@ def test_where_no_variant_is_kept_a_cast_of_attention_routes_alone_is_written(ws
     assert cand["variants"] == [] and modes == ["default"]
     assert manifest["variants"] == [] and result.included == []
     assert manifest["source"]["attention_routes"]["targets"] == ["compile"]
+    assert result.attention_routes == manifest["source"]["attention_routes"]
     assert "trying routes alone" in "\n".join(lines)
 
 

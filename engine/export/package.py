@@ -204,6 +204,8 @@ class ExportResult:
     graph_routes: dict[str, Any] | None = None
     # `export --layout-routes`: the manifest's `source.layout_routes` (the class chosen, or what was tried).
     layout_routes: dict[str, Any] | None = None
+    # Where the export has a compile target and an SDPA card: the manifest's `source.attention_routes`.
+    attention_routes: dict[str, Any] | None = None
 
 
 EXIT_PARTIAL = 75  # a partial cast was written (sysexits' EX_TEMPFAIL: the same command again finishes it)
@@ -482,7 +484,8 @@ def _routes_only(out: Path, log: ExportLog, why: NothingKept, progress: Callable
     data = write_cast(out, manifest, files, report)
     log.cast_sha256 = hashlib.sha256(data).hexdigest()
     return ExportResult(out, [], log.excluded, warnings, source.get("model_check"), source.get("model_checks"),
-                        list(log.unchecked), source.get("graph_routes"), source.get("layout_routes"))
+                        list(log.unchecked), source.get("graph_routes"), source.get("layout_routes"),
+                        source.get("attention_routes"))
 
 
 def _export_variants(workspace: Path, run_id: str | None, out: Path, log: ExportLog, *,
@@ -650,7 +653,7 @@ def _export_variants(workspace: Path, run_id: str | None, out: Path, log: Export
     return ExportResult(out, [{"id": v.vid, "op": v.card["op"], **(v.confirmed or {}), "targets": v.targets}
                               for v in kept], excluded, warnings, source.get("model_check"),
                         source.get("model_checks"), list(log.unchecked), source.get("graph_routes"),
-                        source.get("layout_routes"))
+                        source.get("layout_routes"), source.get("attention_routes"))
 
 
 def _confirmation(variants: list[ExportVariant], env: dict[str, Any], source: dict[str, Any], timing: dict[str, Any],
