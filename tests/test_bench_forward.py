@@ -95,3 +95,28 @@ def test_bench_compose_block_times_several_calls_per_turn_inside_one_install(mon
     assert set(calls) == {("base", False), ("fast", True)}
     assert log.count("install") == 2
     assert r["base_ms"] == 2.0 / 1e3 and r["with_cast_ms"] == 2.0 / 1e3  # the median of 5, 1, 2 µs
+
+
+def test_bench_compose_sizes_its_rounds_and_puts_the_example_inputs_back(monkeypatch):
+    """The turns that size the rounds run on varied inputs; what is compared right after them (the eager row's
+    output against eager's) must be the example's: before the fix it was the last variant's (rel. L2 1.17)."""
+    import torch
+
+    from engine.bench.varied import Varied
+
+    bc = load_script("bench_compose")
+    model = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    forward = lambda: model(x)  # noqa: E731
+    with torch.no_grad():
+        want = forward().clone()
+        varied = Varied.record(model, forward, seed=1)
+    assert varied.why is None
+    monkeypatch.setattr(bc, "VARIED", varied)
+    monkeypatch.setattr(bc, "DEVICE", "cpu")
+    monkeypatch.setattr(bc, "BLOCK", 1)
+    seen = []
+    with torch.no_grad():
+        assert bc.steady_us(lambda: seen.append(x.clone())) >= 0.0
+        assert len(seen) == 6 and not torch.equal(seen[-1], seen[0])  # three turns, each on a variant of its own
+        assert torch.equal(forward(), want)
