@@ -126,3 +126,28 @@ def test_where_nothing_is_kept_the_attention_check_is_said_and_nothing_is_writte
         _export(ws, monkeypatch, none, targets=("compile",))
     assert "attention routes: none kept (compile mode default" in str(e.value)
     assert not (ws.parent / "toy.cast").exists()
+
+
+def _sdpa_card(shape, op="aten::_scaled_dot_product_efficient_attention", as_text=False):
+    import json
+
+    q = {"kind": "tensor", "name": "query", "dtype": "bfloat16", "shape": shape}
+    sig = {"op": op, "args": [q, {**q, "name": "key"}, {**q, "name": "value"},
+                              {"kind": "value", "name": "is_causal", "value": False}]}
+    return {"op": op, "signature": json.dumps(sig) if as_text else sig}
+
+
+@pytest.mark.parametrize("cards, checked", [
+    ([_sdpa_card([1, 1, 16384, 512])], True),                     # the SD3.5 VAE's mid-block attention
+    ([_sdpa_card([1, 1, 16384, 512], as_text=True)], True),       # the store's JSON text
+    ([_sdpa_card([2, 24, 4096, 64])], False),                     # SD3.5's MMDiT: flash serves d = 64
+    ([_sdpa_card([1, 16, 1024, 512])], False),                    # more matrices than the math form unrolls
+    ([_sdpa_card([1, 1, 16384, 512], op="aten::_scaled_dot_product_flash_attention")], True),
+    ([{"op": "aten::mm", "signature": {"args": []}}], False),      # no attention at all
+    ([{"op": "aten::scaled_dot_product_attention", "signature": None}], True),  # unreadable: tried
+    ([_sdpa_card([2, 24, 4096, 64]), _sdpa_card([1, 1, 1024, 512])], True),
+])
+def test_the_check_runs_only_where_a_captured_attention_can_qualify(cards, checked):
+    """Most attention has head dims flash serves (d <= 256): the check, a fresh process that traces the model,
+    would find nothing there and cost an export a minute; it runs where a card's query could qualify."""
+    assert pkg.has_attention(cards) is checked

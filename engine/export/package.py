@@ -310,7 +310,7 @@ class ExportLog:
     config: str | None = None  # the run's model config (its path), once the run is resolved
     small: bool = False        # the run's capture was of the --small build
     convolutional: bool = False  # the run has a convolution card: layout routes are worth a check
-    attention: bool = False  # the run has an SDPA card: attention routes are worth a check under compile targets
+    attention: bool = False  # an SDPA card that could qualify (has_attention): worth a check under compile targets
 
 
 def export_run(workspace: Path, run_id: str | None, out: Path, *, timing: dict[str, Any] | None = None,
@@ -1379,8 +1379,29 @@ def run_attention_check(cast_path: Path, config: str, small: bool, tmp: Path, mo
 
 
 def has_attention(cards: list[dict[str, Any]]) -> bool:
-    """Whether the run captured an SDPA op (any backend's): where the attention-route check may find something."""
-    return any("scaled_dot_product" in str(c.get("op")) for c in cards)
+    """Whether the run captured an SDPA op (any backend's) the attention-route check may find something in: its
+    query 4-D with a head dimension above flash's and at most MAX_HEADS batch x head matrices
+    (engine.cast.attention.signature_of). The check is a fresh process that traces the model; most attention
+    (d <= 256: SD3.5's MMDiT, ViT, Whisper, Qwen) never qualifies. A card whose query cannot be read is tried."""
+    from engine.cast.attention import FLASH_MAX_HEAD_DIM, MAX_HEADS
+
+    for c in cards:
+        if "scaled_dot_product" not in str(c.get("op")):
+            continue
+        sig = c.get("signature")
+        if isinstance(sig, str):
+            try:
+                sig = json.loads(sig)
+            except ValueError:
+                return True
+        args = sig.get("args") if isinstance(sig, dict) else None
+        q = next((a for a in args or [] if isinstance(a, dict) and a.get("kind") == "tensor"), None)
+        shape = q.get("shape") if q else None
+        if not isinstance(shape, list) or not all(isinstance(n, int) for n in shape):
+            return True
+        if len(shape) == 4 and shape[3] > FLASH_MAX_HEAD_DIM and shape[0] * shape[1] <= MAX_HEADS:
+            return True
+    return False
 
 
 def _attention_line(t: dict[str, Any]) -> str:
