@@ -966,6 +966,11 @@ def per_model_section(out: Path, models: list[str], covered: dict[str, float], c
 
             g = graph_routes_text({"graph_routes": export["graph_routes"]})
             detail += ["", g[0].upper() + g[1:] + "."]
+        if isinstance((export or {}).get("attention_routes"), dict):  # an export with a compile target
+            from engine.export.report import attention_routes_text
+
+            g = attention_routes_text({"attention_routes": export["attention_routes"]})
+            detail += ["", g[0].upper() + g[1:] + "."]
         if depth:
             then = (f"the full-depth arms run the same cast on every layer (`{full_depth_spec(model).label}`)."
                     if full else "`reproduce.py --full-depth` adds bench_e2e of every layer.")

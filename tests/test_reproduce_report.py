@@ -857,6 +857,21 @@ def test_the_report_says_which_class_the_export_runs_channels_last(tmp_path):
            "them (1 module(s), 1 signature(s), output rel. L2 2.0e-03 from eager's)" in (tmp_path / "report.md").read_text()
 
 
+
+def test_the_report_says_which_attention_runs_in_its_math_form(tmp_path):
+    (tmp_path / "sd35_vae").mkdir()
+    shutil.copy(DEMO_DB, tmp_path / "sd35_vae" / "kforge.db")
+    sig = {"q": [1, 1, 16384, 512], "k": [1, 1, 16384, 512], "v": [1, 1, 16384, 512], "dtype": "bfloat16", "scale": None}
+    (tmp_path / "sd35_vae" / "export.json").write_text(json.dumps({
+        "included": [], "excluded": [], "attention_routes": {
+            "signatures": [sig], "targets": ["compile"],
+            "tried": ["compile mode default (1 call(s) in the math form): 1.124x (1.118-1.129), kept"]}}))
+    p = _report(tmp_path, "--report-only", "--models", "sd35_vae")
+    assert p.returncode == 0, p.stderr
+    assert "Attention routes: 1 SDPA signature(s) (bfloat16[1, 1, 16384, 512]) computed in their math form under " \
+           "compile (compile mode default (1 call(s) in the math form): 1.124x (1.118-1.129), kept)." \
+           in (tmp_path / "report.md").read_text()
+
 def test_the_report_names_the_gpu_its_sittings_ran_on(tmp_path):
     """The study comparison said "ours on an H200" whatever GPU the sittings used; an H100 sitting (2026-12-05d,
     when no H200 could be had) would have been reported as an H200."""
