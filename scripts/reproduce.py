@@ -956,21 +956,15 @@ def per_model_section(out: Path, models: list[str], covered: dict[str, float], c
             detail += ["", f"{'; '.join(single)}: measured in one process, so the CI holds that process's two "
                        "compiles only. Two compiles of the same model differed by −2.4 % to +4.1 % on the H200 "
                        "(2026-12-04d); `--compose-processes K` pools the pair over K fresh processes."]
-        if isinstance((export or {}).get("layout_routes"), dict):  # export --layout-routes
-            from engine.export.report import layout_routes_text
+        from engine.export.report import attention_routes_text, graph_routes_text, layout_routes_text
 
-            g = layout_routes_text({"layout_routes": export["layout_routes"]})
-            detail += ["", g[0].upper() + g[1:] + "."]
-        if isinstance((export or {}).get("graph_routes"), dict):  # export --graph-routes
-            from engine.export.report import graph_routes_text
-
-            g = graph_routes_text({"graph_routes": export["graph_routes"]})
-            detail += ["", g[0].upper() + g[1:] + "."]
-        if isinstance((export or {}).get("attention_routes"), dict):  # an export with a compile target
-            from engine.export.report import attention_routes_text
-
-            g = attention_routes_text({"attention_routes": export["attention_routes"]})
-            detail += ["", g[0].upper() + g[1:] + "."]
+        # what the export's route checks kept or tried (export --layout-routes, --graph-routes; attention routes
+        # under a compile target)
+        for key, text in (("layout_routes", layout_routes_text), ("graph_routes", graph_routes_text),
+                          ("attention_routes", attention_routes_text)):
+            if isinstance((export or {}).get(key), dict):
+                g = text({key: export[key]})
+                detail += ["", g[0].upper() + g[1:] + "."]
         if depth:
             then = (f"the full-depth arms run the same cast on every layer (`{full_depth_spec(model).label}`)."
                     if full else "`reproduce.py --full-depth` adds bench_e2e of every layer.")

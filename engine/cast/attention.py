@@ -81,6 +81,14 @@ def _static_shape(t: Any) -> list[int] | None:
     return list(shape)
 
 
+def query_may_qualify(shape: list[int]) -> bool:
+    """Whether a query of this shape may be served by the math form: 4-D, a head dimension above flash's, at most
+    MAX_HEADS batch x head matrices, nothing empty (what the export reads off a captured card before it traces
+    the model; `signature_of` asks the rest)."""
+    return (len(shape) == 4 and shape[3] > FLASH_MAX_HEAD_DIM and shape[0] * shape[1] <= MAX_HEADS
+            and 0 not in shape)
+
+
 def signature_of(q: Any, k: Any, v: Any, scale: Any) -> dict[str, Any] | None:
     """A call's signature where the math form may serve it: 4-D 16-bit q, k, v of static sizes, one dtype and
     device, a head dimension above flash's, at most MAX_HEADS matrices, keys and values of one length; None
@@ -94,9 +102,9 @@ def signature_of(q: Any, k: Any, v: Any, scale: Any) -> dict[str, Any] | None:
         return None
     if not (q.device == k.device == v.device):
         return None
-    if qs[:2] != ks[:2] or ks[:3] != vs[:3] or qs[3] != ks[3] or qs[3] <= FLASH_MAX_HEAD_DIM:
+    if not query_may_qualify(qs) or qs[:2] != ks[:2] or ks[:3] != vs[:3] or qs[3] != ks[3]:
         return None
-    if qs[0] * qs[1] > MAX_HEADS or 0 in qs or 0 in ks or 0 in vs:
+    if 0 in ks or 0 in vs:
         return None
     if scale is not None and type(scale) not in (int, float):
         return None

@@ -204,7 +204,8 @@ class ExportResult:
     graph_routes: dict[str, Any] | None = None
     # `export --layout-routes`: the manifest's `source.layout_routes` (the class chosen, or what was tried).
     layout_routes: dict[str, Any] | None = None
-    # Where the export has a compile target and an SDPA card: the manifest's `source.attention_routes`.
+    # Where the export has a compile target and an SDPA card that could qualify (has_attention): the
+    # manifest's `source.attention_routes`.
     attention_routes: dict[str, Any] | None = None
 
 
@@ -1248,6 +1249,9 @@ def _child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
 
 
+_ROUTE_KIND = {"graphs": "graph", "attention": "attention"}   # _in_child's `what` -> its warning's words
+
+
 def _in_child(kept: list[ExportVariant], env: dict[str, Any], source: dict[str, Any], what: str,
               run: Callable[[Path, str, bool, Path], dict[str, Any]], warn: Callable[[str], None],
               progress: Callable[[str], None], saying: str, config: str, small: bool) -> dict[str, Any]:
@@ -1263,7 +1267,7 @@ def _in_child(kept: list[ExportVariant], env: dict[str, Any], source: dict[str, 
         try:
             return run(path, config, small, Path(tmp))
         except JobError as e:
-            warn(f"{ {'graphs': 'graph', 'attention': 'attention'}.get(what, 'layout')} routes: {e}")
+            warn(f"{_ROUTE_KIND.get(what, 'layout')} routes: {e}")
             return {"error": str(e)}
 
 
@@ -1381,9 +1385,9 @@ def run_attention_check(cast_path: Path, config: str, small: bool, tmp: Path, mo
 def has_attention(cards: list[dict[str, Any]]) -> bool:
     """Whether the run captured an SDPA op (any backend's) the attention-route check may find something in: its
     query 4-D with a head dimension above flash's and at most MAX_HEADS batch x head matrices
-    (engine.cast.attention.signature_of). The check is a fresh process that traces the model; most attention
+    (engine.cast.attention.query_may_qualify). The check is a fresh process that traces the model; most attention
     (d <= 256: SD3.5's MMDiT, ViT, Whisper, Qwen) never qualifies. A card whose query cannot be read is tried."""
-    from engine.cast.attention import FLASH_MAX_HEAD_DIM, MAX_HEADS
+    from engine.cast.attention import query_may_qualify
 
     for c in cards:
         if "scaled_dot_product" not in str(c.get("op")):
@@ -1399,7 +1403,7 @@ def has_attention(cards: list[dict[str, Any]]) -> bool:
         shape = q.get("shape") if q else None
         if not isinstance(shape, list) or not all(isinstance(n, int) for n in shape):
             return True
-        if len(shape) == 4 and shape[3] > FLASH_MAX_HEAD_DIM and shape[0] * shape[1] <= MAX_HEADS:
+        if query_may_qualify(shape):
             return True
     return False
 
