@@ -180,10 +180,14 @@ def rotate(arms: list[tuple[str, Any, Any]], iters: int, precision: float | None
 
 def pair(a, b, iters: int, around_b=None, precision: float | None = None, max_s: float = 0.0) -> dict[str, Any]:
     """Alternate `a` and `b` forwards `iters` times each (more rounds as `rotate`); medians and the paired CI
-    of median(a)/median(b)."""
-    r = rotate([("a", a, None), ("b", b, around_b)], iters, precision, max_s)["b"]
+    of median(a)/median(b); `host_load`: what else the host did meanwhile (engine.bench.hostload)."""
+    from engine.bench.hostload import HostWatch
+
+    with HostWatch() as watch:
+        r = rotate([("a", a, None), ("b", b, around_b)], iters, precision, max_s)["b"]
     return {"base_ms": r["base_ms"], "with_cast_ms": r["ms"], "speedup": r["speedup"],
-            "speedup_ci": r["speedup_ci"], "iters": r["iters"], **({"precise": r["precise"]} if "precise" in r else {})}
+            "speedup_ci": r["speedup_ci"], "iters": r["iters"], **({"precise": r["precise"]} if "precise" in r else {}),
+            "host_load": watch.load.as_dict()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -800,6 +804,15 @@ def report(doc: dict[str, Any]) -> str:
                          f"{breaks}")
         for card, why in (r.get("pattern_problems") or {}).items():
             lines.append(f"\n{mode}: chain card {card} is no pattern: {why}")
+    from engine.bench.hostload import describe as describe_load
+    from engine.bench.hostload import disturbed
+
+    for arm, r in ([("eager", e)] if e else []) + [(f"torch.compile {m}", r) for m, r in doc.get("modes", {}).items()]:
+        if r.get("host_load"):
+            busy = disturbed(r["host_load"])
+            lines.append(f"\n{arm}: the host while timed: {describe_load(r['host_load'])}"
+                         + (f". **Busy** ({busy}): an arm that issues more from the host reads slower than on a "
+                            "quiet host" if busy else ""))
     if e:
         for mode, r in doc.get("modes", {}).items():
             if "error" not in r:

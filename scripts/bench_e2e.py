@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from engine.bench.forward import auto_iters, capture_graph, time_forward, time_steady  # noqa: E402
+from engine.bench.hostload import HostWatch, disturbed  # noqa: E402
+from engine.bench.hostload import describe as describe_load  # noqa: E402
 from engine.bench.varied import Varied  # noqa: E402
 from engine.config import ModelSpec, config_model, override_params, parse_model_list, sd35_vae  # noqa: E402
 from engine.errors import UsageError  # noqa: E402
@@ -163,18 +165,20 @@ def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int, 
         varied = Varied.record(module, forward)  # no forward timed on inputs an earlier one saw
         log(f"{name}: timing {iters} forwards per arm, alternating; {varied.describe()}")
         cast.reset_stats()  # what the graph routes did while timed (their graphs stay)
+        watch = HostWatch()  # what else the host did meanwhile (engine.bench.hostload says why)
         try:
-            for i in range(iters):
-                arms = ("eager", "cast") if i % 2 == 0 else ("cast", "eager")
-                first = varied.new_pair()
-                for arm in arms:
-                    varied.seek(first)
-                    if arm == "cast":
-                        cast.install(module)
-                        cast_us.append(time_steady(forward, before=varied.before))
-                        cast.remove()
-                    else:
-                        eager_us.append(time_steady(forward, before=varied.before))
+            with watch:
+                for i in range(iters):
+                    arms = ("eager", "cast") if i % 2 == 0 else ("cast", "eager")
+                    first = varied.new_pair()
+                    for arm in arms:
+                        varied.seek(first)
+                        if arm == "cast":
+                            cast.install(module)
+                            cast_us.append(time_steady(forward, before=varied.before))
+                            cast.remove()
+                        else:
+                            eager_us.append(time_steady(forward, before=varied.before))
         finally:
             varied.restore()
         routes = cast.stats().get("graph_routes_summary")
@@ -197,7 +201,12 @@ def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int, 
         "dispatched_by": ", ".join(sorted({v["router"] for v in stats["variants"]})) or "-",
         "variants_hit": sum(1 for v in stats["variants"] if v["hits"] > 0),
         "build": build, "cuda_graphs": graph, "host": host, "vs_float32": vs32, "graph_routes": routes,
+        "host_load": watch.load.as_dict(),
     }
+    log(f"{name}: host while timed: {describe_load(result['host_load'])}")
+    if disturbed(result["host_load"]):
+        log(f"{name}: WARNING: the host was busy while timed ({disturbed(result['host_load'])}): an arm that "
+            "issues more from the host reads slower than on a quiet host")
     log(f"{name}: eager {result['eager_ms']:.2f} ms, cast {result['cast_ms']:.2f} ms, {est.speedup:.3f}x "
         f"(95% CI {est.low:.3f}-{est.high:.3f}); rel err {result['rel_l2_err']:.2e}; "
         f"every variant hit: {result['every_variant_hit']}; near misses {sum(result['near_misses'].values())}; "
@@ -249,6 +258,13 @@ def markdown(doc: dict) -> str:
             lines.append(f"| {r['model']} | {e['issue_us']:.0f} | {e['kernels']} + {e['copies']} | "
                          f"{e['us_per_launch']:.2f} | {c['issue_us']:.0f} | {c['kernels']} + {c['copies']} | "
                          f"{c['us_per_launch']:.2f} |")
+    loads = [r for r in doc["models"] if r.get("host_load")]
+    if loads:
+        lines += ["", "The host while the eager pair was timed (engine.bench.hostload: a busy host slows the arm "
+                  "that issues more from it):", ""]
+        for r in loads:
+            busy = disturbed(r["host_load"])
+            lines.append(f"- {r['model']}: {describe_load(r['host_load'])}" + (f". **Busy**: {busy}" if busy else ""))
     accs = [r for r in doc["models"] if "eager" in (r.get("vs_float32") or {})]
     if accs:
         lines += ["", "Accuracy: each bf16/fp16 output against the same model run in float32 (a cast as accurate as "

@@ -116,6 +116,10 @@ def test_the_scripts_control_flow_on_a_cpu(tmp_path, monkeypatch):
     assert r["dynamo"]["graphs_with_cast"] >= 1 and r["dynamo"]["graphs_alone"] == 0  # one compile, shared
     assert r["dynamo"]["graphs_while_timed"] == 0, r["dynamo"]
     assert r["iters"] == 3 and r["compile_s"] > 0 and r["compile_s_with_cast"] > 0
+    # what else the host did while each pair was timed, in the record and in the report
+    assert r["host_load"]["other_cores"] is not None and r["host_load"]["launch_us_before"] > 0
+    assert doc["eager"]["host_load"]["seconds"] > 0
+    assert "eager: the host while timed: other processes" in (out / "bench_compose.md").read_text()
     # timed on varied inputs, and the example's back before each mode's outputs are compared (red team 2026-12-07:
     # they were compared on the last variant, 1.18 from eager's output)
     assert doc["inputs"] == "new variants of the example inputs every forward (1 of 1 tensors varied)"

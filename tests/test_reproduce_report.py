@@ -940,3 +940,46 @@ def test_a_resumed_run_gets_what_is_left_of_its_wall_time(tmp_path, monkeypatch)
     assert walls == [480.0, 180.0, rp.RESUME_MIN_S]
     rec = json.loads((out / "sd35_vae" / rp.RECORD).read_text())
     assert rec["run_spent_s"] == 300.0 * 3
+
+
+def test_two_eager_timings_of_one_model_that_disagree_withhold_both_eager_speedups(tmp_path):
+    """ViT-B/16 on an H100 (2026-12-07): bench_e2e timed eager at 5.43 ms and bench_compose at 3.54 ms, the same
+    forward in two processes of one sitting. bench_e2e's 1.441x (its cast replays CUDA graphs, which a slow host
+    does not touch) did not repeat: 1.006x in a later process. Neither eager speedup may stand, and the report
+    says why, with each process's host; the arms that are not eager against eager keep their numbers."""
+    _fake_model(tmp_path, "vit_b16")
+    d = tmp_path / "vit_b16"
+    e2e = json.loads((d / "e2e" / "bench_e2e.json").read_text())
+    e2e["models"][0] |= {"eager_ms": 5.43, "cast_ms": 3.77, "speedup": 1.441, "speedup_ci": [1.417, 1.479],
+                         "host_load": {"seconds": 2.0, "cores": 16, "other_cores": 3.2, "steal_cores": 0.0,
+                                       "own_cores": 1.0, "launch_us_before": 9.0, "launch_us_after": 9.5}}
+    (d / "e2e" / "bench_e2e.json").write_text(json.dumps(e2e))
+    comp = json.loads((d / "compose" / "bench_compose.json").read_text())
+    comp["eager"] = _ci(3.54, 3.55, 0.996, 1.005, rel_l2_err=0.0)
+    (d / "compose" / "bench_compose.json").write_text(json.dumps(comp))
+    p = _report(tmp_path, "--report-only", "--models", "vit_b16")
+    assert p.returncode == 0, p.stderr
+    text = (tmp_path / "report.md").read_text()
+    assert "1.441×" not in text.split("### Where we lose", 1)[0]  # not in the summary table
+    assert "| vit_b16 | – | – (withheld) | 0.952× (0.940–0.960) |" in text  # CUDA graphs vs CUDA graphs stands
+    lose = text.split("### Where we lose", 1)[1].split("###", 1)[0]
+    assert ("- vit_b16, eager: withheld: the model's two eager timings disagree, 5.43 ms (bench_e2e) and 3.54 ms "
+            "(bench_compose), 53 % apart, so one ran on a disturbed host and neither eager speedup stands (1.441× "
+            "and 0.997× as measured); bench_e2e's host: other processes used 3.2 of 16 cores; time the model again "
+            "(delete its e2e/ and compose/ folders)") in lose  # bench_compose's pair has no host record here
+    vit = text.split("### vit_b16", 1)[1].split("###", 1)[0]
+    assert "| eager | – | – | withheld: the model's two eager timings disagree" in vit
+    assert "| eager, bench_compose's own pair (the control of its compiled arms) | – | – | withheld:" in vit
+    # the chart draws every arm against an eager median; with both withheld, this model has no bar to draw
+    assert not (tmp_path / "speedups.svg").exists()
+
+
+def test_two_eager_timings_that_agree_keep_their_speedups(tmp_path):
+    _fake_model(tmp_path, "vit_b16")  # bench_e2e 10.0 ms, bench_compose 10.0 ms
+    d = tmp_path / "vit_b16"
+    comp = json.loads((d / "compose" / "bench_compose.json").read_text())
+    comp["eager"] = _ci(10.9, 8.9, 1.2, 1.3, rel_l2_err=1e-3)  # 9 % apart: within EAGER_AGREE
+    (d / "compose" / "bench_compose.json").write_text(json.dumps(comp))
+    assert _report(tmp_path, "--report-only", "--models", "vit_b16").returncode == 0
+    text = (tmp_path / "report.md").read_text()
+    assert "withheld" not in text and "| vit_b16 | 10.00 | 1.250× (1.200–1.300) |" in text
