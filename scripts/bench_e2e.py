@@ -31,7 +31,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.bench.forward import auto_iters, capture_graph, time_forward, time_steady  # noqa: E402
+from engine.bench.forward import auto_iters, capture_graph, describe_settle, settle, time_forward, time_steady  # noqa: E402
 from engine.bench.hostload import HostWatch, disturbed  # noqa: E402
 from engine.bench.hostload import describe as describe_load  # noqa: E402
 from engine.bench.varied import Varied  # noqa: E402
@@ -159,6 +159,10 @@ def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int, 
             forward()
             with cast.enabled(module):
                 forward()
+        # eager run until its pace stops moving: timed while a fresh process on a just-busy host still issues a
+        # host-bound forward slowly, the cast's arm (a CUDA-graph replay issues almost nothing) reads faster
+        settled = settle(forward)
+        log(f"{name}: eager settled: {describe_settle(settled)}")
         eager_us, cast_us = [], []
         if iters <= 0:
             iters = auto_iters(sorted(time_forward(forward) for _ in range(3))[1])
@@ -201,7 +205,7 @@ def bench_model(name: str, make, keep, cast_path: Path, work: Path, iters: int, 
         "dispatched_by": ", ".join(sorted({v["router"] for v in stats["variants"]})) or "-",
         "variants_hit": sum(1 for v in stats["variants"] if v["hits"] > 0),
         "build": build, "cuda_graphs": graph, "host": host, "vs_float32": vs32, "graph_routes": routes,
-        "host_load": watch.load.as_dict(),
+        "host_load": watch.load.as_dict(), "settled": settled,
     }
     log(f"{name}: host while timed: {describe_load(result['host_load'])}")
     if disturbed(result["host_load"]):
@@ -264,7 +268,8 @@ def markdown(doc: dict) -> str:
                   "that issues more from it):", ""]
         for r in loads:
             busy = disturbed(r["host_load"])
-            lines.append(f"- {r['model']}: {describe_load(r['host_load'])}" + (f". **Busy**: {busy}" if busy else ""))
+            lines.append(f"- {r['model']}: {describe_load(r['host_load'])}" + (f". **Busy**: {busy}" if busy else "")
+                         + (f"; eager settled first: {describe_settle(r['settled'])}" if r.get("settled") else ""))
     accs = [r for r in doc["models"] if "eager" in (r.get("vs_float32") or {})]
     if accs:
         lines += ["", "Accuracy: each bf16/fp16 output against the same model run in float32 (a cast as accurate as "

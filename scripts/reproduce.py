@@ -1017,6 +1017,13 @@ def per_model_section(out: Path, models: list[str], covered: dict[str, float], c
                            f"{sum((r.get('pattern_matches') or {}).values())} match(es) in the compiled graphs, "
                            f"{r.get('hits_per_forward', 0)} hit(s) per forward" + (f"; {missed}" if missed else "")]
         detail += ["", _host_line("Host time per forward", eager, arms[0].get("why"))]
+        timed = eager or arms[0].get("withheld_row") or {}
+        if timed.get("settled") or timed.get("host_load"):  # how bench_e2e's eager pair was timed
+            from engine.bench.forward import describe_settle
+            from engine.bench.hostload import describe
+
+            detail.append(f"bench_e2e's eager pair: eager settled first, {describe_settle(timed.get('settled'))}; "
+                          f"the host while timed: {describe(timed.get('host_load'))}.")
         if full:
             detail.append(_host_line("At full depth", full[0].get("row"), full[0].get("why")))
         cov = covered.get(model)

@@ -129,9 +129,11 @@ def test_bench_e2e_says_what_the_host_did_while_the_eager_pair_was_timed():
            "rel_l2_err": 0.0, "variants_hit": 1, "variants": 4, "near_misses": {}, "restored_bit_exact": True,
            "hits": {}, "misses": {},
            "host_load": {"seconds": 2.0, "cores": 16, "other_cores": 3.2, "steal_cores": 0.0, "own_cores": 1.0,
-                         "launch_us_before": 9.0, "launch_us_after": 9.5}}
+                         "launch_us_before": 9.0, "launch_us_after": 9.5},
+           "settled": {"seconds": 4.1, "calls": 900, "first_ms": 5.3, "last_ms": 3.52, "settled": True}}
     text = bench.markdown({"gpu": "G", "torch": "t", "models": [row, dict(row, model="quiet", host_load={
         **row["host_load"], "other_cores": 0.05})]})
     assert ("- vit_b16: other processes 3.20 cores, steal 0.00, this process 1.00 (of 16) over 2.0 s; 9.00 → 9.50 µs "
-            "to issue a tiny kernel. **Busy**: other processes used 3.2 of 16 cores") in text
+            "to issue a tiny kernel. **Busy**: other processes used 3.2 of 16 cores; eager settled first: 900 forwards "
+            "over 4.1 s, 5.30 → 3.52 ms a forward") in text
     assert "- quiet: other processes 0.05 cores" in text and text.count("**Busy**") == 1

@@ -970,6 +970,8 @@ def test_two_eager_timings_of_one_model_that_disagree_withhold_both_eager_speedu
     vit = text.split("### vit_b16", 1)[1].split("###", 1)[0]
     assert "| eager | – | – | withheld: the model's two eager timings disagree" in vit
     assert "| eager, bench_compose's own pair (the control of its compiled arms) | – | – | withheld:" in vit
+    assert ("bench_e2e's eager pair: eager settled first, not settled first; the host while timed: other processes "
+            "3.20 cores") in vit  # an older bench_e2e: no settle recorded
     # the chart draws every arm against an eager median; with both withheld, this model has no bar to draw
     assert not (tmp_path / "speedups.svg").exists()
 

@@ -498,7 +498,7 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
     import torch
 
     from engine.bench.accuracy import wider_outputs
-    from engine.bench.forward import auto_iters, capture_graph, time_forward, time_steady
+    from engine.bench.forward import auto_iters, capture_graph, settle, time_forward, time_steady
     from engine.bench.stats import speedup_ci
     from engine.bench.varied import Varied
     from engine.cast.loader import load
@@ -559,6 +559,9 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
         if iters <= 0:  # a short model needs many pairs for a CI that can tell 1.0 from 1.1
             iters = auto_iters(sorted(time_forward(base) for _ in range(3))[1]) if device == "cuda" else 10
         eager_graph, eager_static = capture_graph(forward) if graphs else (None, None)
+        # the arm without the cast run until its pace stops moving (a fresh process on a just-busy host issues a
+        # host-bound forward slower for a while, which flatters the arm that issues less: engine.bench.forward)
+        settled = settle(eager_graph.replay if graphs else base, device) if device == "cuda" else None
         # the arm without the cast timed alone, before any cast is loaded: a cast whose arm leaves work behind (a
         # host thread, a launch that outlives its call) slows the other arm instead of speeding its own
         alone_us = []
@@ -677,7 +680,7 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
                 chosen = alt
     return {"mode": mode_name(graphs, compile_mode), "tried": tried, "chosen": chosen,
             "degenerate_eager": eager_bad, "reference": wider[1] if wider is not None else None,
-            "inputs": varied.describe()}
+            "inputs": varied.describe(), "settled": settled}
 
 
 def main(argv: list[str] | None = None) -> int:

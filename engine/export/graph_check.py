@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     def work() -> dict[str, Any]:
         import torch
 
-        from engine.bench.forward import time_steady
+        from engine.bench.forward import settle, time_steady
         from engine.cast.graphs import route_candidates
         from engine.cast.loader import load
         from engine.config import build_target, load_config
@@ -120,9 +120,11 @@ def main(argv: list[str] | None = None) -> int:
         model, forward = target.module, target.forward
         cast = load(args.cast)
         classes = route_candidates(model)
+        with torch.no_grad():  # the model without routes until its pace stops moving (engine.bench.forward.settle)
+            settled = settle(forward)
         with cast.enabled(model):
             out = check(model, forward, classes, time_steady, args.precision, args.max_s, tries=max(1, args.tries))
-        return {**out, "candidates": classes}
+        return {**out, "candidates": classes, "settled": settled}
 
     return run_job(work, args.out)
 
