@@ -241,3 +241,198 @@ def test_the_clone_group_norm_chain_runs_correctly_in_the_cpu_emulation(tmp_path
                          expected, r.source))
     failures = emulate_and_compare(prepared, tmp_path)
     assert not failures, "\n".join(failures)
+
+
+# ------------------------------------------------------------------ the input bias: a convolution's bias folded in
+
+
+class BiasGroupNormSilu(torch.nn.Module):
+    """What Inductor leaves of a convolution with a bias before a GroupNorm and SiLU (the SD3.5 VAE's resnet
+    blocks under torch.compile): the convolution without its bias, the bias added per channel, then the
+    GroupNorm and SiLU; channels-last, as Inductor holds a convolution's output. `contiguous`: the same on
+    a contiguous tensor (eager's layout)."""
+
+    def __init__(self, c: int = 8, groups: int = 4, contiguous: bool = False):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.b = torch.nn.Parameter(torch.randn(1, c, 1, 1))
+        self.norm, self.c2, self.groups = torch.nn.GroupNorm(groups, c), torch.nn.Conv2d(c, c, 3, padding=1), groups
+        self.contiguous = contiguous
+
+    def forward(self, x):
+        h = self.c1(x.contiguous() if self.contiguous else x.contiguous(memory_format=CL))
+        return self.c2(F.silu(F.group_norm(h + self.b, self.groups, self.norm.weight, self.norm.bias, 1e-6)))
+
+
+class GroupNormSilu(BiasGroupNormSilu):
+    """The same block with the bias already added: the plain GroupNorm -> SiLU chain."""
+
+    def forward(self, x):
+        h = self.c1(x.contiguous(memory_format=CL))
+        return self.c2(F.silu(F.group_norm(h, self.groups, self.norm.weight, self.norm.bias, 1e-6)))
+
+
+def fold_card(shape=(2, 8, 6, 6), groups=4, contiguous=False):
+    from test_builtin_chains import chain_cards
+
+    model = BiasGroupNormSilu(shape[1], groups, contiguous)
+    (card,) = [c for c in chain_cards(model, torch.randn(*shape, dtype=torch.bfloat16))
+               if [n["op"] for n in c.signature["chain"]["nodes"]][-1] == "aten::silu"]
+    return card
+
+
+def test_a_channels_last_bias_add_group_norm_silu_chain_gets_the_folding_template():
+    from engine.propose.builtin.chains import ConvBiasGroupNormSiluChainTemplate
+
+    card = fold_card()
+    assert [n["op"] for n in card.signature["chain"]["nodes"]] == \
+        ["aten::add.Tensor", "aten::native_group_norm", "aten::silu"]
+    assert BuiltinProposer().template_for(card)[0].name == "chain_bias_group_norm_silu"
+    # eager's contiguous layout: the group_norm_cl kernels do not take it, so the card waits for its twin
+    why = ConvBiasGroupNormSiluChainTemplate().accepts(fold_card(contiguous=True))
+    assert why.startswith("group_norm_cl: input is contiguous") and "needs a channels-last input" in why
+    # a plain GroupNorm -> SiLU chain is not this template's
+    from test_builtin_chains import chain_cards
+
+    plain = [c for c in chain_cards(GroupNormSilu(), torch.randn(2, 8, 6, 6, dtype=torch.bfloat16))
+             if [n["op"] for n in c.signature["chain"]["nodes"]][-1] == "aten::silu"][0]
+    assert ConvBiasGroupNormSiluChainTemplate().accepts(plain).startswith("members ['native_group_norm', 'silu']")
+
+
+def test_cards_without_an_input_bias_render_no_trace_of_it():
+    """The input bias's fragments are empty without one: every other group_norm_cl card renders the source it
+    rendered before (checked over all 32,616 instances of four cards when the fragments were added)."""
+    for out in ("contiguous", "channels_last"):
+        card = cl_card([1, 128, 16, 16], 32, torch.bfloat16, out=out)
+        space = T.space(card)
+        assert "input_bias" not in space
+        for apply in space.get("apply", ["tile"]):
+            src = T.render(card, {**T.default(card), "apply": apply}).source
+            assert not any(s in src for s in ("TIB", "ibr[", "ibs[", "ibk[", " ib,", "ib["))
+
+
+def test_every_fold_instance_renders_and_resolves_with_the_bias_passed_to_both_launches():
+    from engine.propose.builtin.chains import ConvBiasGroupNormSiluChainTemplate
+
+    t = ConvBiasGroupNormSiluChainTemplate()
+    card = fold_card((1, 64, 8, 8), 8)
+    space, base = t.space(card), t.default(card)
+    assert space["input_bias"] == ["stored", "fp32"] and set(space["apply"]) == {"flat", "tile"}
+    keys = ("vec", "apply", "input_bias", "order", "math")
+    seen = set()
+    for values in itertools.product(*(space[k] for k in keys)):
+        params = {**base, **dict(zip(keys, values))}
+        r = t.render(card, params)
+        res = resolve(parse_spec(r.spec), Env.from_card(card.signature, card.outputs))
+        assert [ln.kernel for ln in res.launches] == \
+            ["gncl_stats", "gncl_apply_flat" if params["apply"] == "flat" else "gncl_apply"]
+        for launch in parse_spec(r.spec).launches:   # x, then the bias, in both
+            assert [(a.ctype, a.text) for a in launch.args[:2]] == [("ptr", "in0"), ("ptr", "in1")], launch.args
+        assert f"input bias ({params['input_bias']})" in r.intent
+        seen.add((params["apply"], params["input_bias"]))
+    assert len(seen) == 4
+
+
+def test_the_fold_kernels_compile_with_nvrtc_for_sm_90():
+    from engine.propose.builtin.chains import ConvBiasGroupNormSiluChainTemplate
+
+    t = ConvBiasGroupNormSiluChainTemplate()
+    jobs = {}
+    for shape, groups in (((1, 128, 16, 16), 32), ((2, 64, 6, 10), 8)):
+        card = fold_card(shape, groups)
+        rng, params = random.Random(len(jobs)), t.default(card)
+        for form, apply, order in itertools.product(("stored", "fp32"), ("flat", "tile"), ("chunks", "sweep")):
+            p = {**params, "input_bias": form, "apply": apply, "order": order}
+            jobs[t.render(card, p).source] = ((shape, p), {"gncl_stats", "gncl_apply_flat" if apply == "flat"
+                                                           else "gncl_apply"})
+        for _ in range(3):
+            params = t.mutate(card, params, rng)
+            apply = "gncl_apply_flat" if params.get("apply") == "flat" else "gncl_apply"
+            jobs[t.render(card, params).source] = ((shape, params), {"gncl_stats", apply})
+    _compile_all(jobs)
+
+
+def _emulated(cases, tmp_path):
+    """Each (source, resolved spec, card outputs, bound inputs) run once in the CUDA-on-CPU emulation: the
+    outputs, or the crash as an AssertionError."""
+    program = emu.build([(src, res) for src, res, _, _ in cases], tmp_path)
+    out = []
+    for k, (_, res, outs, bound) in enumerate(cases):
+        r = emu.run(program, k, res, bound, [emu.output_like(d, float("nan")) for d in outs], tmp_path)
+        assert r.error is None, r.error
+        out.append(r.outputs)
+    return out
+
+
+def test_the_stored_input_bias_is_bit_for_bit_the_plain_chain_on_the_tensor_eager_stores(tmp_path):
+    """GN(x + b) with x + b rounded to bf16 first ("stored") gives the very bits the plain GroupNorm -> SiLU
+    kernels give on bf16(x + b), the tensor eager stores before its GroupNorm, on a mean far from zero and
+    per-channel biases that move it (both apply passes, both orders); the fp32 form stays within the lane's
+    tolerance of eager there."""
+    if not emu.available():
+        pytest.skip("g++ is needed for the CUDA-on-CPU emulation")
+    from test_builtin_chains import chain_cards
+
+    from engine.propose.builtin.chains import ConvBiasGroupNormSiluChainTemplate, GroupNormSiluChainTemplate
+    from engine.verify.compare import compare_outputs
+    from engine.verify.tolerance import tolerances_for
+
+    fold, tf = fold_card((2, 16, 6, 6), 4), ConvBiasGroupNormSiluChainTemplate()
+    plain = [c for c in chain_cards(GroupNormSilu(16, 4), torch.randn(2, 16, 6, 6, dtype=torch.bfloat16))
+             if [n["op"] for n in c.signature["chain"]["nodes"]][-1] == "aten::silu"][0]
+    tp = GroupNormSiluChainTemplate()
+    assert tp.accepts(plain) is None, tp.accepts(plain)
+    def names(card):   # the GroupNorm's tensor arguments -> the chain input each is
+        gn = next(nd for nd in card.signature["chain"]["nodes"] if nd["op"] == "aten::native_group_norm")
+        return {a["name"]: a["tensor"][1] for a in gn["args"] if "tensor" in a}
+
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(2, 16, 6, 6, generator=g) * 0.5 + 3.0).to(torch.bfloat16).contiguous(memory_format=CL)
+    b = (torch.randn(1, 16, 1, 1, generator=g) * 2.0).to(torch.bfloat16)
+    w = (torch.randn(16, generator=g) * 0.3 + 1).to(torch.bfloat16)
+    bb = (torch.randn(16, generator=g) * 0.2).to(torch.bfloat16)
+    stored = (x.float() + b.float()).to(torch.bfloat16)   # what eager's add stores (opmath fp32, one rounding)
+    nf, npl = names(fold), names(plain)
+    bound_fold = {"in0": x, "in1": b, f"in{nf['weight']}": w, f"in{nf['bias']}": bb}
+    bound_plain = {"in0": stored, f"in{npl['weight']}": w, f"in{npl['bias']}": bb}
+    cases, labels = [], []
+    for apply, order, form in itertools.product(("flat", "tile"), ("chunks", "sweep"), ("stored", "fp32")):
+        p = {**tf.default(fold), "apply": apply, "order": order, "input_bias": form, "math": "precise"}
+        r = tf.render(fold, p)
+        cases.append((r.source, resolve(parse_spec(r.spec), Env.from_card(fold.signature, fold.outputs)),
+                      fold.outputs, bound_fold))
+        labels.append(("fold", apply, order, form))
+        if form == "stored":
+            q = {k: v for k, v in p.items() if k != "input_bias"}
+            r = tp.render(plain, q)
+            cases.append((r.source, resolve(parse_spec(r.spec), Env.from_card(plain.signature, plain.outputs)),
+                          plain.outputs, bound_plain))
+            labels.append(("plain", apply, order, form))
+    got = dict(zip(labels, _emulated(cases, tmp_path)))
+    order = [tuple(o) for o in fold.signature["chain"]["outputs"]]
+    # both list mean, rstd, silu(y) (the plain chain's members are one place earlier: it has no add)
+    assert order == [(1, 1), (1, 2), (2, 0)] and [tuple(o) for o in plain.signature["chain"]["outputs"]] == \
+        [(0, 1), (0, 2), (1, 0)]
+
+    def expected(before_gn):   # float64 references of eager CUDA's arithmetic: mean, rstd, silu(y)
+        y, mean, rstd = _ref_group_norm(before_gn, w, bb, 4, 1e-6, torch.bfloat16)
+        return [mean, rstd, F.silu(y.float()).to(torch.bfloat16)]
+
+    eager = expected(stored)
+    exact = expected(x.float() + b.float())   # x + b not rounded (exact in fp32: two bf16 values)
+    exact[2] = exact[2].to(torch.bfloat16)
+    tolerance = tolerances_for(fold.op, eager)
+    for (kind, apply, order_, form), outs in got.items():
+        if kind != "fold":
+            continue
+        if form == "stored":
+            for a, c in zip(outs, got[("plain", apply, order_, form)]):
+                assert torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a,
+                                   c.view(torch.int16) if c.dtype == torch.bfloat16 else c), (apply, order_)
+            assert all(m.ok for m in compare_outputs(outs, eager, tolerance)), (apply, order_)
+        else:
+            # GN(x + b) without the rounding: right against x + b itself, and out of the lane's tolerance of
+            # eager's here, where |x + b| is ten times the spread (bf16 steps of 1/32 against a sigma of
+            # 1/2): the check that decides per card which form a model may have bites
+            assert all(m.ok for m in compare_outputs(outs, exact, tolerances_for(fold.op, exact))), (apply, order_)
+            assert not all(m.ok for m in compare_outputs(outs, eager, tolerance)), (apply, order_)

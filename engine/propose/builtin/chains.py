@@ -799,11 +799,13 @@ def gn_sub_card(g: ChainGraph, j: int, where: list[int], input_from: Ref | None 
                         signature_text="native_group_norm", outputs=outs)
 
 
-def gn_chain_spec(spec: str, g: ChainGraph, j: int, where: list[int], input_from: Ref | None = None) -> str:
+def gn_chain_spec(spec: str, g: ChainGraph, j: int, where: list[int], input_from: Ref | None = None,
+                  extra: Mapping[str, str] | None = None) -> str:
     """A group_norm kernel's launch spec for the chain: it names input/weight/bias/out0..2 and N, group; a
-    chain card names in0.. and its outputs in the chain's order, and has no N, group or eps arguments."""
+    chain card names in0.. and its outputs in the chain's order, and has no N, group or eps arguments.
+    `extra`: further names of the kernel's card and the chain inputs they are (e.g. input_bias -> in1)."""
     a = g.args(j)
-    names = {}
+    names = dict(extra or {})
     for argname in ("input", "weight", "bias"):
         ref = input_from if argname == "input" and input_from is not None else a.get(argname)
         if isinstance(ref, tuple):
@@ -1041,6 +1043,105 @@ class CloneGroupNormChainTemplate(Template):
         return Rendered(source=f"// {CHAIN_OP} {self.name}\n" + source, spec=spec, params=out, intent=intent)
 
 
-TEMPLATES: list[Template] = [RmsNormChainTemplate(), GroupNormSiluChainTemplate(),
+class ConvBiasGroupNormSiluChainTemplate(Template):
+    """A per-channel `add` (x + b, b of shape [1, C, 1, ...]), `native_group_norm` on its result, then `silu`:
+    what a convolution's bias, split off by Inductor, and the GroupNorm (+ SiLU) after it compute (the SD3.5
+    VAE's resnet blocks: conv1 -> norm2 -> SiLU). The group_norm_cl kernels add b[c] as they load x (its
+    `input_bias`), so the sum is never written or read back: under torch.compile that saves the pointwise
+    pass Inductor would make to store it. Channels-last inputs only (the layout Inductor holds a
+    convolution's output in); a contiguous card is declined, its twin (engine.capture.twins) is not."""
+
+    name = "chain_bias_group_norm_silu"
+    ops = frozenset({CHAIN_OP})
+
+    def analyse(self, card: OperatorCard) -> tuple[ChainGraph, OperatorCard, list[int], Ref, int]:
+        """The graph, the group_norm_cl card with its input bias, which outputs are (y, mean, rstd), the
+        ref of x, and the chain input that holds b."""
+        g = ChainGraph(card)
+        ops = g.ops()
+        if ops != ["aten::add.Tensor", "aten::native_group_norm", "aten::silu"]:
+            raise cc.Decline(f"members {[o.split('::')[1] for o in ops]} are not add, native_group_norm, silu")
+        a_, n_, s_ = g.heavy
+        add = g.args(a_)
+        if add.get("alpha", 1) != 1:
+            raise cc.Decline("the add scales its second operand (alpha)")
+        x, b = add.get("self"), add.get("other")
+        if not (isinstance(x, tuple) and isinstance(b, tuple)):
+            raise cc.Decline("the add does not read two tensors")
+        xv, bv, sv = g.vals[x], g.vals[b], g.vals[("node", a_, 0)]
+        if xv.source is None or xv.offset or xv.shape != sv.shape:
+            raise cc.Decline("the add's first operand is not a full-size chain input")
+        c = sv.shape[1] if len(sv.shape) >= 3 else 0
+        if (bv.source is None or bv.offset or len(bv.shape) != len(sv.shape)
+                or list(bv.shape) != [1, c] + [1] * (len(sv.shape) - 2) or (c > 1 and bv.stride[1] != 1)):
+            raise cc.Decline(f"the add's second operand {list(bv.shape)} is not a per-channel bias [1, {c}, 1, ...]")
+        src = g.inputs[bv.source]
+        if math.prod(src["shape"]) != c or not cc.is_contiguous(src["shape"], src["stride"]):
+            raise cc.Decline("the bias is not a dense tensor of C values")
+        if len({xv.dtype, bv.dtype, sv.dtype}) != 1:
+            raise cc.Decline(f"the add mixes dtypes ({xv.dtype}, {bv.dtype} -> {sv.dtype})")
+        if g.args(n_).get("input") != ("node", a_, 0):
+            raise cc.Decline("native_group_norm does not read the add's result")
+        if ("node", a_, 0) in g.outputs:
+            raise cc.Decline("x + b is an output too (the kernels never store it)")
+        y = ("node", n_, 0)
+        if g.tensor_args(s_) != [y] or g.vals[("node", s_, 0)].dtype != g.vals[y].dtype:
+            raise cc.Decline("silu does not read the normalised tensor in its dtype")
+        if y in g.outputs:
+            raise cc.Decline("the un-activated normalised tensor is an output too")
+        order = {("node", s_, 0): 0, ("node", n_, 1): 1, ("node", n_, 2): 2}
+        if set(g.outputs) != set(order):
+            raise cc.Decline("outputs are not silu(y), mean and rstd (the kernels write all three)")
+        where = [order[r] for r in g.outputs]
+        sub = gn_sub_card(g, n_, where, input_from=x)
+        bias = {**src, "name": "input_bias", "shape": [c], "stride": [1]}
+        sub = OperatorCard(card_id=sub.card_id, op=sub.op, signature={**sub.signature,
+                           "args": [*sub.signature["args"], bias]}, signature_text=sub.signature_text,
+                           outputs=sub.outputs)
+        from engine.propose.builtin.group_norm_cl import GroupNormChannelsLastTemplate
+
+        why = GroupNormChannelsLastTemplate().accepts(sub)
+        if why:
+            raise cc.Decline(f"group_norm_cl: {why}" + (" (input bias folding needs a channels-last input)"
+                                                         if why.startswith("input is contiguous") else ""))
+        return g, sub, where, x, bv.source
+
+    def accepts(self, card: OperatorCard, *, hw: Hardware = H200) -> str | None:
+        return cc.why_declined(self.analyse, card)
+
+    def _inner(self) -> Template:
+        from engine.propose.builtin.group_norm_cl import GroupNormChannelsLastTemplate
+
+        return GroupNormChannelsLastTemplate()
+
+    def space(self, card: OperatorCard, *, hw: Hardware = H200) -> Mapping[str, Sequence[Any]]:
+        sub = self.analyse(card)[1]
+        space = dict(self._inner().space(sub, hw=hw))
+        space["math"] = cc.math_choices(sub.signature["args"][0]["dtype"])
+        return space
+
+    def mutate(self, card: OperatorCard, params: Mapping[str, Any], rng: random.Random,
+               intent: str | None = None, *, hw: Hardware = H200) -> dict[str, Any]:
+        sub = self.analyse(card)[1]
+        fn = params.get("math", self.space(card, hw=hw)["math"][0])
+        flipped = _flip_math(params, fn, rng, intent)
+        if flipped is not None:
+            return flipped
+        p = self._inner().mutate(sub, {k: v for k, v in params.items() if k != "math"}, rng, intent, hw=hw)
+        return {**p, "math": fn}
+
+    def render(self, card: OperatorCard, params: Mapping[str, Any], *, hw: Hardware = H200) -> Rendered:
+        g, sub, where, x, b_in = self.analyse(card)
+        fn = params.get("math", "precise")
+        r = self._inner().render(sub, {k: v for k, v in params.items() if k != "math"}, hw=hw)
+        source = with_silu(r.source, _GNCL_APPLY, sub.signature["args"][0]["dtype"], fn)
+        spec = gn_chain_spec(r.spec, g, g.heavy[1], where, input_from=x, extra={"input_bias": f"in{b_in}"})
+        intent = (r.intent.replace("group_norm", "bias + group_norm + silu", 1)
+                  + (", fast SiLU" if fn == "fast" else ""))
+        return Rendered(source=f"// {CHAIN_OP} {self.name}\n" + source, spec=spec,
+                        params={**r.params, "math": fn}, intent=intent)
+
+
+TEMPLATES: list[Template] = [RmsNormChainTemplate(), ConvBiasGroupNormSiluChainTemplate(), GroupNormSiluChainTemplate(),
                              CloneGroupNormChainTemplate(), GluChainTemplate(), ModulateChainTemplate(),
                              _PointwiseChainTemplate()]

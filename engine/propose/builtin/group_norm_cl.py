@@ -60,10 +60,10 @@ constexpr int P = $P;                        // statistics blocks per image
 constexpr long long CHUNK = $CHUNK;          // pixels per statistics block
 constexpr int TPG = $TPG;                    // threads merging one group's partials at the end
 constexpr bool SWEEP = $SWEEP;               // order "sweep": statistics strided front to back, apply back to front
-
+$IB_DECL
 // Statistics: Welford partials per (image, block, group); the image's last block merges them.
 extern "C" __global__ void __launch_bounds__(BLOCK)
-gncl_stats(const T* __restrict__ x, float* __restrict__ part, unsigned int* __restrict__ ctr,
+gncl_stats(const T* __restrict__ x, ${IB_PARAM}float* __restrict__ part, unsigned int* __restrict__ ctr,
            TS* __restrict__ mean_out, TS* __restrict__ rstd_out, float eps) {
   __shared__ float sh[3 * BLOCK];
   __shared__ unsigned int is_last;
@@ -76,7 +76,7 @@ gncl_stats(const T* __restrict__ x, float* __restrict__ part, unsigned int* __re
   KfWf s[VG];
 #pragma unroll
   for (int k = 0; k < VG; ++k) s[k] = {0.f, 0.f, 0.f};
-  // chunks: [lo, hi) one step of ROWS * U pixels after another; sweep: every P-th step of the image
+$IB_STATS_REG  // chunks: [lo, hi) one step of ROWS * U pixels after another; sweep: every P-th step of the image
   const long long first = SWEEP ? (long long)p * ROWS * U : lo, end = SWEEP ? HW : hi;
   const long long stride = SWEEP ? (long long)P * ROWS * U : (long long)ROWS * U;
   if (row < ROWS) {
@@ -90,7 +90,7 @@ gncl_stats(const T* __restrict__ x, float* __restrict__ part, unsigned int* __re
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         if (px + (long long)u * ROWS < end) {
-#pragma unroll
+$IB_STATS_ADD#pragma unroll
           for (int k = 0; k < VG; ++k) kf_wf_add<VC>(s[k], f[u] + k * VC);
         }
       }
@@ -196,7 +196,7 @@ constexpr int CT = C / TC;
 // Apply: one tile of TP pixels x TC channels per block. Reads are coalesced along the channels; a
 // contiguous output is written through a transposed tile in shared memory, coalesced along the pixels.
 extern "C" __global__ void __launch_bounds__(BLOCK)
-gncl_apply(const T* __restrict__ x, $WB_PARAMS T* __restrict__ y, const TS* __restrict__ mean_in,
+gncl_apply(const T* __restrict__ x, $IB_PARAM$WB_PARAMS T* __restrict__ y, const TS* __restrict__ mean_in,
            const TS* __restrict__ rstd_in) {
 $WB_LOCALS
   __shared__ float2 ab[TC];
@@ -208,7 +208,7 @@ $WB_LOCALS
   const int c0 = ct * TC;
   const long long p0 = pt * TP;
   for (int c = threadIdx.x; c < TC; c += BLOCK) ab[c] = gncl_coef(c0 + c, n, mean_in, rstd_in, w, bias);
-  __syncthreads();
+$IB_TILE_COEF  __syncthreads();
   constexpr int LT = TC / V;                 // threads across one pixel's tile channels
   // A thread keeps its channels where BLOCK is a multiple of LT: it holds their coefficients in registers
   // (read from shared memory once, not once per pixel, where the reads of a warp hit few banks).
@@ -218,7 +218,7 @@ $WB_LOCALS
 #pragma unroll
     for (int j = 0; j < V; ++j) kr[j] = ab[((int)threadIdx.x % LT) * V + j];
   }
-  const T* __restrict__ xn = x + n * HW * C + c0;
+$IB_TILE_REG  const T* __restrict__ xn = x + n * HW * C + c0;
   for (int i = threadIdx.x; i < TP * LT; i += BLOCK) {
     const int pl = i / LT, l = i % LT;
     const long long px = p0 + pl;
@@ -228,7 +228,7 @@ $WB_LOCALS
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const float2 k = FIXED ? kr[j] : ab[l * V + j];
-      f[j] = fmaf(f[j], k.x, k.y);
+$IB_TILE_APPLY      f[j] = fmaf(f[j], k.x, k.y);
     }
     if constexpr (OUT_CL) {
       kf_store<T, V, 1>(y + (n * HW + px) * C + c0 + l * V, f);
@@ -261,14 +261,14 @@ _FLAT = r"""
 constexpr int AB = $AB;
 constexpr long long NVEC = HW * C / V;       // vectors per image
 extern "C" __global__ void __launch_bounds__(BLOCK)
-gncl_apply_flat(const T* __restrict__ x, $WB_PARAMS T* __restrict__ y, const TS* __restrict__ mean_in,
+gncl_apply_flat(const T* __restrict__ x, $IB_PARAM$WB_PARAMS T* __restrict__ y, const TS* __restrict__ mean_in,
                 const TS* __restrict__ rstd_in) {
 $WB_LOCALS
   __shared__ float2 ab[C];
   const long long n = blockIdx.x / AB;
   const int pb = (int)(blockIdx.x % AB);
   for (int c = threadIdx.x; c < C; c += BLOCK) ab[c] = gncl_coef(c, n, mean_in, rstd_in, w, bias);
-  __syncthreads();
+$IB_FLAT_COEF  __syncthreads();
   // Vector i holds channels (i % LANES) * V on. Where BLOCK is a multiple of LANES a thread's vectors all hold
   // the same channels (i steps by multiples of BLOCK), and it keeps their coefficients in registers: read per
   // vector from shared memory, a warp's float2 reads 64 bytes apart fall on two bank pairs (8-way conflicts,
@@ -282,7 +282,7 @@ $WB_LOCALS
 #pragma unroll
     for (int j = 0; j < V; ++j) kr[j] = ab[mine * V + j];
   }
-  const T* __restrict__ xn = x + n * HW * C;
+$IB_FLAT_REG  const T* __restrict__ xn = x + n * HW * C;
   T* __restrict__ yn = y + n * HW * C;
   for (long long i0 = (long long)pb * BLOCK * U + threadIdx.x; i0 < NVEC; i0 += (long long)AB * BLOCK * U) {
     float fu[U][V];
@@ -300,7 +300,7 @@ $WB_LOCALS
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           const float2 k = FIXED ? kr[j] : ab[c0 + j];
-          f[j] = fmaf(f[j], k.x, k.y);
+$IB_FLAT_APPLY          f[j] = fmaf(f[j], k.x, k.y);
         }
         kf_store<T, V, 1>(yn + i * V, f);
       }
@@ -308,6 +308,42 @@ $WB_LOCALS
   }
 }
 """
+
+# An input bias (`input_bias`, a chain's per-channel add before the GroupNorm: a convolution's bias Inductor split
+# off, engine/propose/builtin/chains.py ConvBiasGroupNormSiluChainTemplate): y = GN(x + b[c]). "stored": x + b
+# rounded to the input's dtype before anything reads it, bit for bit the tensor eager stores before its
+# GroupNorm; "fp32": not rounded (the apply step folds b into its coefficients, no cost per element). Each
+# fragment is empty without an input bias, so every other card's kernels are the same source as before.
+_IB_STORED = {
+    "IB_STATS_ADD": "#pragma unroll\n          for (int j = 0; j < V; ++j) f[u][j] = kf_to_float(kf_from_float<T>(f[u][j] + ibr[j]));\n",
+    "IB_TILE_COEF": "  __shared__ float ibs[TC];\n  for (int c = threadIdx.x; c < TC; c += BLOCK) ibs[c] = kf_to_float(ib[c0 + c]);\n",
+    "IB_TILE_REG": "  float ibk[V];\n  if (FIXED) {\n#pragma unroll\n    for (int j = 0; j < V; ++j) ibk[j] = ibs[((int)threadIdx.x % LT) * V + j];\n  }\n",
+    "IB_TILE_APPLY": "      f[j] = kf_to_float(kf_from_float<T>(f[j] + (FIXED ? ibk[j] : ibs[l * V + j])));\n",
+    "IB_FLAT_COEF": "  __shared__ float ibs[C];\n  for (int c = threadIdx.x; c < C; c += BLOCK) ibs[c] = kf_to_float(ib[c]);\n",
+    "IB_FLAT_REG": ("  float ibk[V];\n  if (FIXED) {\n    const int mine = SWEEP ? LANES - 1 - (int)threadIdx.x % LANES : (int)threadIdx.x % LANES;\n"
+                    "#pragma unroll\n    for (int j = 0; j < V; ++j) ibk[j] = ibs[mine * V + j];\n  }\n"),
+    "IB_FLAT_APPLY": "          f[j] = kf_to_float(kf_from_float<T>(f[j] + (FIXED ? ibk[j] : ibs[c0 + j])));\n",
+}
+_IB_FP32 = {
+    "IB_STATS_ADD": "#pragma unroll\n          for (int j = 0; j < V; ++j) f[u][j] += ibr[j];\n",
+    "IB_TILE_COEF": "  for (int c = threadIdx.x; c < TC; c += BLOCK) ab[c].y = fmaf(ab[c].x, kf_to_float(ib[c0 + c]), ab[c].y);\n",
+    "IB_TILE_REG": "", "IB_TILE_APPLY": "",
+    "IB_FLAT_COEF": "  for (int c = threadIdx.x; c < C; c += BLOCK) ab[c].y = fmaf(ab[c].x, kf_to_float(ib[c]), ab[c].y);\n",
+    "IB_FLAT_REG": "", "IB_FLAT_APPLY": "",
+}
+INPUT_BIAS_FORMS = ("stored", "fp32")
+
+
+def _input_bias_fragments(form: str | None, tib: str) -> dict[str, str]:
+    """The $IB_* fragments of the kernels for an input bias of C type `tib` in `form`; all empty for None."""
+    if form is None:
+        return {k: "" for k in ("IB_DECL", "IB_PARAM", "IB_STATS_REG", *_IB_STORED)}
+    return {"IB_DECL": f"typedef {tib} TIB;                          // the input bias's type\n",
+            "IB_PARAM": "const TIB* __restrict__ ib, ",
+            "IB_STATS_REG": ("  float ibr[V];                              // the input bias of this thread's channels\n"
+                             "#pragma unroll\n  for (int j = 0; j < V; ++j) ibr[j] = kf_to_float(ib[lane * V + j]);\n"),
+            **(_IB_STORED if form == "stored" else _IB_FP32)}
+
 
 TILE_P = (64, 32, 128)
 TILE_C = (64, 32, 128, 16, 8)
@@ -373,7 +409,19 @@ class GroupNormChannelsLastTemplate(Template):
             return "mean and rstd outputs differ in dtype"
         if not self._vecs(card, geo):
             return "no aligned access width (C and the pixels must share a vector width)"
+        ib = cc.raw_arg(card, "input_bias")
+        if ib is not None and not ib.get("absent"):
+            why = cc.check_tensor(cc.tensor_arg(card, "input_bias"), "input_bias")
+            if why:
+                return why
+            if [int(s) for s in ib["shape"]] != [geo["C"]] or [int(s) for s in ib["stride"]] != [1]:
+                return f"input_bias is {ib['shape']} with strides {ib['stride']}, expected [{geo['C']}] dense"
         return None
+
+    @staticmethod
+    def _input_bias(card: OperatorCard) -> dict[str, Any] | None:
+        """The card's input bias (a chain's sub-card carries one; an ATen group_norm card never does)."""
+        return cc.tensor_arg(card, "input_bias")
 
     def space(self, card: OperatorCard, *, hw: Hardware = H200) -> Mapping[str, Sequence[Any]]:
         geo = self._geometry(card)
@@ -400,8 +448,11 @@ class GroupNormChannelsLastTemplate(Template):
             "tile_c": tile_c,
             "order": ["chunks", "sweep"],
         }
-        if geo["out_cl"] and c * 8 <= SMEM_STATIC:
+        ib = self._input_bias(card) is not None
+        if geo["out_cl"] and c * (12 if ib else 8) <= SMEM_STATIC:
             space["apply"] = ["flat", "tile"]   # flat: the coefficients of all C channels in shared memory
+        if ib:
+            space["input_bias"] = list(INPUT_BIAS_FORMS)
         return space
 
     def render(self, card: OperatorCard, params: Mapping[str, Any], *, hw: Hardware = H200) -> Rendered:
@@ -411,11 +462,14 @@ class GroupNormChannelsLastTemplate(Template):
         has_w, has_b = w is not None, b is not None
         v, block, u = int(params["vec"]), int(params["block"]), int(params["unroll"])
         flat = params.get("apply", "tile") == "flat"
+        ib = self._input_bias(card)
+        ib_form = params.get("input_bias", "stored") if ib is not None else None
         sweep = params.get("order", "chunks") == "sweep"   # (a candidate from before the parameter: chunks)
         p, tp, tc = int(params["blocks_per_image"]), int(params["tile_p"]), int(params["tile_c"])
         n, c, g, pixels = geo["N"], geo["C"], geo["G"], geo["HW"]
         if v not in self._vecs(card, geo) or c // v > block or c % tc or tc % v or tp % v \
-                or (flat and (not geo["out_cl"] or c * 8 > SMEM_STATIC)) \
+                or (flat and (not geo["out_cl"] or c * (12 if ib is not None else 8) > SMEM_STATIC)) \
+                or (ib_form is not None and ib_form not in INPUT_BIAS_FORMS) \
                 or params.get("order", "chunks") not in ("chunks", "sweep"):
             raise ValueError(f"params {dict(params)} do not fit this card (C={c}, {pixels} pixels)")
         # flat apply: about 8 blocks per SM over the images, none without a full step of vectors
@@ -432,8 +486,10 @@ class GroupNormChannelsLastTemplate(Template):
                              V=v, BLOCK=block, U=u, C=c, G=g, HW=pixels, HAS_W=cc.cbool(has_w),
                              HAS_B=cc.cbool(has_b), P=p, CHUNK=chunk, TPG=tpg, TP=tp, TC=tc, SWEEP=cc.cbool(sweep),
                              OUT_CL=cc.cbool(geo["out_cl"]), AB=ab, WB_PARAMS=wb_params + ", " if wb_params else "",
-                             WB_LOCALS=wb_locals)
+                             WB_LOCALS=wb_locals,
+                             **_input_bias_fragments(ib_form, cc.ctype(ib["dtype"]) if ib is not None else ""))
         wb_args = [("ptr", "weight")] * has_w + [("ptr", "bias")] * has_b
+        ib_args = [("ptr", "input_bias")] if ib is not None else []
         tiles = n * ab if flat else n * (-(-pixels // tp)) * (c // tc)
         if n * p > cc.MAX_I32 or tiles > cc.MAX_I32:
             raise ValueError(f"{max(n * p, tiles)} blocks do not fit one grid")
@@ -445,17 +501,18 @@ class GroupNormChannelsLastTemplate(Template):
             "[[workspace]]", 'name = "part"', f'bytes = "{n * p * g * 12}"', "",
             "[[workspace]]", 'name = "ctr"', f'bytes = "{n * 4}"', "zero = true", "",
             "[[launch]]", 'kernel = "gncl_stats"', f'grid = ["{n * p}"]', f"block = [{block}]",
-            "args = " + cc.spec_args([("ptr", "input"), ("ptr", "ws.part"), ("ptr", "ws.ctr"), ("ptr", "out1"),
+            "args = " + cc.spec_args([("ptr", "input"), *ib_args, ("ptr", "ws.part"), ("ptr", "ws.ctr"), ("ptr", "out1"),
                                       ("ptr", "out2"), ("f32", "eps")]), "",
             "[[launch]]", f'kernel = "{"gncl_apply_flat" if flat else "gncl_apply"}"', f'grid = ["{tiles}"]', f"block = [{block}]",
-            "args = " + cc.spec_args([("ptr", "input"), *wb_args, ("ptr", "out0"), ("ptr", "out1"),
+            "args = " + cc.spec_args([("ptr", "input"), *ib_args, *wb_args, ("ptr", "out0"), ("ptr", "out1"),
                                       ("ptr", "out2")]), ""])
-        dtypes = [x["dtype"], card.outputs[1]["dtype"], *(t["dtype"] for t in (w, b) if t is not None)]
+        dtypes = [x["dtype"], card.outputs[1]["dtype"], *(t["dtype"] for t in (w, b, ib) if t is not None)]
         prelude = cc.prelude(dtypes, hinted=True, welford=True)
         source = f"// aten::native_group_norm, {card.signature_text}: channels-last\n" + prelude + body
         intent = (f"group_norm channels-last: {n} x {g} groups over {pixels} pixels, {p} statistics blocks per "
                   f"image, " + (f"flat apply ({ab} blocks per image)" if flat else f"{tp} x {tc} tiles")
-                  + f", block {block}, vec {v}, unroll {u}" + (", swept (apply from the tail, in L2)" if sweep else ""))
+                  + f", block {block}, vec {v}, unroll {u}" + (", swept (apply from the tail, in L2)" if sweep else "")
+                  + (f", input bias ({ib_form})" if ib_form else ""))
         return Rendered(source=source, spec=spec, params=dict(params), intent=intent)
 
 
