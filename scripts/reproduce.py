@@ -100,6 +100,9 @@ MODEL_EXPORT_S = {"sd35_medium": 480, "sd35_vae": 500, "gemma4_e2b": 420, "qwen3
 # An export keeps what it finished (its confirmation, each target's check) as checkpoints, and the same command
 # resumes from them: a sitting starts it when this much is left, enough for the confirmation and a first check.
 EXPORT_NEED_S = 150
+# bench_compose cannot resume: a sitting starts it only with this much left per process (ResNet-50 took 117 s,
+# ViT-B/16 148 s on an H100; ConvNeXt-T started with 51 s left, was stopped and kept nothing, 2026-12-07).
+COMPOSE_NEED_S = 150
 # An export that was stopped part way has its confirmation and finished checks kept: the next sitting starts it
 # with less left (Gemma's resume finished in 98 s, H200 2026-12-03g; it had been skipped with 133 s left).
 EXPORT_RESUME_NEED_S = 60
@@ -549,7 +552,7 @@ def model_steps(model: str, out: Path, ws_root: Path, wall: float | None, compil
                    [py, "scripts/bench_compose.py", "--out", str(d / "compose"), "--model", config_path(model),
                     "--cast", str(cast), "--modes", ",".join(COMPOSE_MODES), "--max-s", str(COMPOSE_MAX_S)]
                    + (["--processes", str(compose_processes)] if compose_processes > 1 else []),
-                   STEP_LIMIT_S["compose"] * compose_processes)
+                   STEP_LIMIT_S["compose"] * compose_processes, need=COMPOSE_NEED_S * compose_processes)
         else:
             why = (f"the export did not finish ({_why(rec, 'export')})" if unfinished else
                    _export_error(logf) or f"no cast ({_why(rec, 'export')}; see steps.log)")

@@ -985,3 +985,34 @@ def test_two_eager_timings_that_agree_keep_their_speedups(tmp_path):
     assert _report(tmp_path, "--report-only", "--models", "vit_b16").returncode == 0
     text = (tmp_path / "report.md").read_text()
     assert "withheld" not in text and "| vit_b16 | 10.00 | 1.250× (1.200–1.300) |" in text
+
+
+def test_bench_compose_waits_for_a_sitting_with_time_for_it(tmp_path, monkeypatch):
+    """bench_compose starts over when stopped: ConvNeXt-T's, started with 51 s left of a sitting, was stopped
+    and kept nothing (H100, 2026-12-07). With less than COMPOSE_NEED_S left the next sitting runs it."""
+    import time
+
+    rp = _reproduce_module()
+    out, calls = tmp_path / "out", []
+
+    def fake_step(name, done, argv, log_file, stdout=None, timeout=None):
+        calls.append((name, timeout))
+        if done is not None and not name.endswith("compose"):   # every step before compose leaves its file
+            done.parent.mkdir(parents=True, exist_ok=True)
+            done.write_text("{}")
+        return 0
+
+    monkeypatch.setattr(rp, "step", fake_step)
+    monkeypatch.setattr(rp, "sitting", lambda: dict(FAKE_SITTING))
+    (out / "vit_b16").mkdir(parents=True)
+    for done in ("run.json", "export.json", "vit_b16.cast"):   # an earlier sitting ran and exported
+        (out / "vit_b16" / done).write_text('{"status": "done"}')
+    rp.model_steps("vit_b16", out, tmp_path / "ws", 60, deadline=time.time() + 45 + 100, graph_routes=False)
+    assert [c for c in calls if c[0].endswith("e2e")] and not [c for c in calls if c[0].endswith("compose")]
+    rec = json.loads((out / "vit_b16" / rp.RECORD).read_text())
+    assert rec["steps"]["compose"]["status"] == "skipped"
+    assert re.fullmatch(r"it needs about 150 s and the sitting's --deadline left \d+ s", rec["steps"]["compose"]["why"])
+    calls.clear()
+    rp.model_steps("vit_b16", out, tmp_path / "ws", 60, deadline=time.time() + 45 + 200, graph_routes=False)
+    (name, limit), = [c for c in calls if c[0].endswith("compose")]
+    assert 150 <= limit <= 200   # started, with what the deadline left
