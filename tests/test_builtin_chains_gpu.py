@@ -92,3 +92,45 @@ def test_the_group_norm_silu_chain_and_its_channels_last_twin_on_the_vae_shape(t
             if ev.status != "verified":
                 failures.append(f"{label}: {ev.category}: {ev.message[:300]}")
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_bias_add_group_norm_silu_chain_verifies_and_costs_what_the_plain_chain_costs(tmp_path, capsys):
+    """A convolution's bias folded into the GroupNorm after it (chain_bias_group_norm_silu, the add read as x is
+    loaded), bf16 [1, 128, 256, 256] channels-last: the stored form verifies in the lane against eager's add,
+    GroupNorm and SiLU (the fp32 form may or may not: verification decides per card); each is printed with its
+    time beside the plain GroupNorm -> SiLU twin's kernel on the same shape, which reads the same bytes."""
+    from gpu_harness import evaluate_many
+    from test_builtin_chains import chain_cards
+    from test_builtin_group_norm_cl import GroupNormSilu, fold_card
+
+    from engine.capture.chain_cards import synthetic_chain_card
+    from engine.propose.base import Hardware
+    from engine.propose.builtin.chains import ConvBiasGroupNormSiluChainTemplate, GroupNormSiluChainTemplate
+
+    shape = (1, 128, 256, 256)
+    fold = fold_card(shape, 32)
+    plain = [c for c in chain_cards(GroupNormSilu(128, 32), torch.randn(*shape, dtype=torch.bfloat16))
+             if [n["op"] for n in c.signature["chain"]["nodes"]][-1] == "aten::silu"][0]
+    major, minor = torch.cuda.get_device_capability()
+    hw = Hardware(arch=f"sm_{major}{minor}", sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    jobs, labels = [], []
+    for name, card, t, extras in (
+            ("fold", fold, ConvBiasGroupNormSiluChainTemplate(),
+             ({"input_bias": "stored"}, {"input_bias": "fp32"}, {"input_bias": "stored", "apply": "tile"})),
+            ("plain", plain, GroupNormSiluChainTemplate(), ({}, {"apply": "tile"}))):
+        ref = synthetic_chain_card(tmp_path / name, card.signature, 2)
+        assert t.accepts(card, hw=hw) is None, t.accepts(card, hw=hw)
+        for e in extras:
+            r = t.render(card, {**t.default(card, hw=hw), "math": "precise", **e}, hw=hw)
+            jobs.append((ref, r.source, r.spec))
+            labels.append((name, e, r.intent))
+    evs = evaluate_many(jobs, cache_dir=tmp_path / "cache", timing={"max_seconds": 0.5})
+    times = {}
+    with capsys.disabled():
+        for (name, e, intent), ev in zip(labels, evs):
+            mine = ((ev.payload.get("timing") or {}).get("candidate") or {}).get("median")
+            times[(name, e.get("apply", "flat"), e.get("input_bias"))] = (ev.status, mine)
+            print(f"{name} {intent}: {ev.status} {ev.category or ''} {ev.speedup or 0:.2f}x, {mine or 0:.1f} us")
+    # (the times are printed for the record, not judged here: speed is the benchmarks' business)
+    assert all(st == "verified" for (name, _, form), (st, _) in times.items() if form != "fp32"), times
