@@ -35,8 +35,10 @@ TWIN_OPS = ("aten::native_group_norm",    # ops with a channels-last builtin ker
 # Chains (their members' ops, in order) whose first member reads the chain's first input and has a builtin
 # channels-last kernel: GroupNorm -> SiLU (chain_group_norm_silu on group_norm_cl). A VAE block's GroupNorm
 # after a convolution and the SiLU before the next one, taking the first's output as held and writing the
-# layout the second wants.
-TWIN_CHAINS = (("aten::native_group_norm", "aten::silu"),)
+# layout the second wants. And the same with the convolution's bias add in front (engine.capture.folds), whose
+# first member, the add, reads the convolution's output without the bias.
+TWIN_CHAINS = (("aten::native_group_norm", "aten::silu"),
+               ("aten::add.Tensor", "aten::native_group_norm", "aten::silu"))
 CONVOLUTIONS = ("aten::convolution", "aten::cudnn_convolution", "aten::_convolution", "aten::conv2d")
 
 
