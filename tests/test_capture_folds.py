@@ -8,20 +8,63 @@ twin."""
 
 from __future__ import annotations
 
+import asyncio
+import io
+from pathlib import Path
+
 import pytest
 import torch
+from rich.console import Console
 from test_chains import _patterns
 from torch import nn
 
 from engine.capture.chain_cards import MemberTrace, chain_cards
 from engine.capture.chains import run_chain
-from engine.capture.folds import conv_bias_folds, data_flow, folded_card, folded_from, folding_conv
+from engine.capture.folds import conv_bias_folds, data_flow, folded_card, folded_from, folding_conv, wanted
 from engine.capture.recorder import ModulePaths
-from engine.capture.samples import folded_args
+from engine.capture.report import print_cards
+from engine.capture.run import CaptureResult, capture_model
+from engine.capture.samples import folded_args, load_sample
+from engine.capture.store import capture_and_store
 from engine.capture.twins import channels_last_strides, channels_last_twins, twin_of, untwinned
 from engine.cards import OperatorCard
+from engine.config import load_config
+from engine.errors import UsageError
+from engine.store import Store, db_path
 
 CL = torch.channels_last
+
+MODEL = '''
+import torch
+from torch import nn
+
+class Block(nn.Module):
+    """conv -> GroupNorm -> SiLU -> conv; with `residual`, the first convolution's output is also added back."""
+
+    def __init__(self, residual=False):
+        super().__init__()
+        self.conv, self.norm, self.conv2 = nn.Conv2d(8, 8, 3, padding=1), nn.GroupNorm(4, 8), nn.Conv2d(8, 8, 3, padding=1)
+        self.residual = residual
+
+    def forward(self, x):
+        h = self.conv(x)
+        y = self.conv2(torch.nn.functional.silu(self.norm(h)))
+        return y + h if self.residual else y
+
+def build(device, dtype):
+    torch.manual_seed(0)
+    return nn.Sequential(Block(), Block(residual=True)).to(device=device, dtype=dtype).eval(), \\
+        (torch.randn(2, 8, 6, 6, device=device, dtype=dtype),)
+'''
+
+
+def _config(tmp_path: Path, capture: str) -> Path:
+    (tmp_path / "folds.py").write_text(MODEL)
+    path = tmp_path / "folds.toml"
+    path.write_text('name = "folds"\nbuilder = "folds.py:build"\n[dtype]\ncpu = "float32"\ncuda = "bfloat16"\n'
+                    f"[capture]\nsamples = 2\n{capture}\n")
+    return path
+
 
 def _ops(card):
     return tuple(n["op"] for n in card.signature["chain"]["nodes"])
@@ -175,3 +218,80 @@ def test_a_folded_cards_inputs_derive_from_the_plain_chains_sample(dtype):
                                    rtol=1e-5 if dtype == torch.float32 else 2e-2)
     with pytest.raises(ValueError, match="folded chain the sample loader does not know"):
         folded_args({**folded.signature, "folded_from": {"how": "something else"}}, args)
+
+
+def test_a_capture_adds_the_fold_and_its_twin_sharing_the_plain_chains_samples(tmp_path):
+    """Through the capture and the store: the fold among the chain cards, named in `folded`, its twin in `twins`,
+    both stored with the plain chain's sample files and loaded as their signatures say; the totals as without."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    result = capture_and_store(load_config(_config(tmp_path, "layout_twins = true\nconv_bias_folds = true")), "cpu",
+                               ws, samples=2)
+    (plain,) = [c for c in result.chains if _ops(c) == ("aten::native_group_norm", "aten::silu")
+                and c.card_id not in result.twins]
+    (folded,) = [c for c in result.chains if c.card_id in result.folded]
+    (twin,) = [c for c in result.chains if result.twins.get(c.card_id) == folded.card_id]
+    assert result.folded == {folded.card_id: plain.card_id}
+    conv = next(c for c in result.cards if c.card_id == plain.chain["conv_bias"]["cards"][0])
+    assert conv.op == "aten::convolution"   # the trace's convolution is the op card
+    assert (folded.calls, plain.calls, folded.samples) == (1, 2, plain.samples) and plain.samples >= 1
+    assert result.shares_samples_of(twin.card_id) == result.shares_samples_of(folded.card_id) == plain.card_id
+    assert "conv-bias folds" in result.notes and "1 conv-bias folded one(s)" in result.notes["channels-last twins"]
+    doc = result.to_json()
+    assert doc["folded"] == result.folded and doc["twins"][twin.card_id] == folded.card_id
+
+    async def paths():
+        store = await Store.open(db_path(ws))
+        async with store:
+            return {cid: [r["path"] for r in await store.get_samples(result.capture_id, cid)]
+                    for cid in (plain.card_id, folded.card_id, twin.card_id)}
+
+    got = asyncio.run(paths())
+    assert got[folded.card_id] == got[twin.card_id] == got[plain.card_id]   # the same files
+    for p in got[plain.card_id]:
+        stored = load_sample(ws / p)
+        as_folded = load_sample(ws / p, signature=folded.signature)
+        as_twin = load_sample(ws / p, signature=twin.signature)
+        assert as_folded.outputs is None and as_folded.mutated == {}
+        f, t = dict(as_folded.args), dict(as_twin.args)
+        assert [n for n, _ in as_folded.args] == ["in0", "in1", "in2", "in3"] and f["in1"].shape == (1, 8, 1, 1)
+        assert f["in0"].is_contiguous() and t["in0"].is_contiguous(memory_format=CL) and torch.equal(f["in0"], t["in0"])
+        out = run_chain(folded.signature, [v for _, v in as_folded.args])
+        for o, e in zip(out, stored.outputs):
+            torch.testing.assert_close(o, e, atol=1e-5, rtol=1e-5)
+    # The capture's listing names what the fold stands for; its calls are in no total
+    text = io.StringIO()
+    print_cards(result, ws, Console(file=text, width=300, force_terminal=False))
+    line = next(ln for ln in text.getvalue().splitlines() if folded.card_id in ln)
+    assert f"(the convolution's bias add in front of {plain.card_id[:8]}, for torch.compile)" in line
+    plain_run = capture_model(load_config(_config(tmp_path, "layout_twins = true\nconv_bias_folds = false")),
+                              torch.device("cpu"), ws)
+    assert plain_run.folded == {} and plain_run.total_calls == result.total_calls
+    assert len(plain_run.chains) == len(result.chains) - 2   # no fold, no twin of it
+
+
+def test_which_captures_get_folds(tmp_path):
+    conv = OperatorCard("c", "aten::convolution", {"args": []}, "", [])
+    gn = OperatorCard("g", "aten::native_group_norm", {"args": []}, "", [])
+    assert wanted("auto", "cuda", [conv, gn])
+    assert not wanted("auto", "cpu", [conv, gn])  # on the CPU Inductor keeps the bias in the convolution
+    assert not wanted("auto", "cuda", [gn])
+    assert wanted(True, "cpu", []) and not wanted(False, "cuda", [conv])
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    result = capture_model(load_config(_config(tmp_path, "")), torch.device("cpu"), ws)
+    assert result.folded == {} and "conv-bias folds" not in result.notes   # "auto" on a CPU capture
+    assert load_config(_config(tmp_path, "")).conv_bias_folds == "auto"
+    assert load_config(_config(tmp_path, "conv_bias_folds = false")).conv_bias_folds is False
+    with pytest.raises(UsageError, match=r'capture.conv_bias_folds.*must be true, false or "auto"'):
+        load_config(_config(tmp_path, 'conv_bias_folds = "yes"'))
+
+
+def test_shared_samples_follow_twins_folds_and_hidden_calls_to_the_card_that_has_files():
+    result = CaptureResult("c", "m", "cuda", "bfloat16", False, 0.0, [], {}, {}, "s",
+                           twins={"twin": "fold", "gn-twin": "gn"}, folded={"fold": "plain"},
+                           hidden={"add": "conv", "loop": "loop"})
+    assert result.shares_samples_of("twin") == "plain"      # twin -> folded card -> plain chain
+    assert result.shares_samples_of("fold") == "plain"
+    assert result.shares_samples_of("gn-twin") == "gn" and result.shares_samples_of("add") == "conv"
+    assert result.shares_samples_of("plain") == "plain" and result.shares_samples_of("loop") == "loop"
