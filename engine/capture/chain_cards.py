@@ -56,6 +56,7 @@ from engine.capture.chains import (
     ChainTrace,
     chain_card_id,
     chain_signature,
+    chain_text,
     container_paths,
     find_chains,
     patterns,
@@ -65,7 +66,7 @@ from engine.capture.folds import data_flow, folding_conv
 from engine.capture.higher_order import is_higher_order, run_higher_order
 from engine.capture.recorder import CaptureMode, hookable
 from engine.capture.samples import SampleWriter, Snapshot, save_sample, storage_key
-from engine.capture.signature import _tensor_text, bind_arguments, describe_tensor
+from engine.capture.signature import bind_arguments, describe_tensor
 from engine.cards import OperatorCard
 
 
@@ -454,11 +455,6 @@ def _conv_bias(calls: list, instances: list[Chain], maker: dict[int, int], reade
         paths[path] = paths.get(path, 0) + weight_of(path)
     return {"cards": list(dict.fromkeys(conv.card_id for _, conv in folds)), "instances": len(folds),
             "of": len(instances), "module_paths": paths}
-
-
-def chain_text(ops: list[str], signature: dict[str, Any]) -> str:
-    """`chain[_to_copy pow mean …] in0 bf16[2,8,1536] in1 bf16[1536]`: the members, then the inputs."""
-    return f"chain[{' '.join(ops)}] " + " ".join(f"{a['name']} {_tensor_text(a)}" for a in signature["args"])
 
 
 def _plan_keys(planned: list[_Planned]) -> list[tuple]:

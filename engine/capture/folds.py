@@ -32,7 +32,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from engine.capture.chains import CHAIN_OP, chain_card_id
+from engine.capture.chains import CHAIN_OP, chain_card_id, chain_text
 from engine.capture.signature import contiguous_strides
 from engine.cards import OperatorCard, call_of
 
@@ -120,8 +120,6 @@ def folded_card(chain: OperatorCard, conv: OperatorCard) -> OperatorCard | None:
     (`chain["conv_bias"]`), with `conv` the convolution card of one of them; None where the chain has none or no
     samples to derive from."""
     import torch
-
-    from engine.capture.chain_cards import chain_text
 
     fact = (chain.chain or {}).get("conv_bias")
     bias = _arg(conv.signature, "bias")

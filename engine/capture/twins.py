@@ -25,7 +25,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from engine.capture.chains import CHAIN_OP
+from engine.capture.chains import CHAIN_OP, chain_text
 from engine.capture.fake_outputs import fake_chain_outputs, fake_outputs
 from engine.capture.signature import card_id, contiguous_strides, dense_order, signature_text
 from engine.cards import OperatorCard, call_of
@@ -99,8 +99,6 @@ def twin_of(card: OperatorCard) -> OperatorCard | None:
         outputs = [{**c, "stride": o["stride"]} for c, o in zip(card.outputs, outputs)]
     text = signature_text(sig)
     if chain:  # as its original's: the members, then the inputs (the first now channels-last)
-        from engine.capture.chain_cards import chain_text
-
         ops = (card.chain or {}).get("ops") or [n["op"].split("::")[-1].split(".")[0] for n in sig["chain"]["nodes"]]
         text = chain_text(list(ops), sig)
     return dataclasses.replace(card, card_id=card_id(sig), signature=sig, signature_text=text,
