@@ -141,8 +141,8 @@ def folded_card(chain: OperatorCard, conv: OperatorCard) -> OperatorCard | None:
         chain, card_id=chain_card_id(sig), signature=sig, signature_text=chain_text(ops, sig), outputs=outputs,
         calls=calls, captured_calls=int(fact["instances"]), module_paths=paths,
         share=chain.share * calls / chain.calls if chain.calls > 0 else 0.0,   # its part of the chain's: an upper bound
-        bytes=chain.bytes + math.prod(bshape) * getattr(torch, bias["dtype"]).itemsize, eager_us=None, roofline_us=None, compile_us=None,
-        copy_us=None, compile_note=None, compile_untried=False,
+        bytes=chain.bytes + math.prod(bshape) * getattr(torch, bias["dtype"]).itemsize,   # and the bias, read once
+        eager_us=None, roofline_us=None, compile_us=None, copy_us=None, compile_note=None, compile_untried=False,
         # a pattern card: it runs only where compiled code holds the add (no module's forward is this chain)
         chain={"kind": "pattern", "module_class": (chain.chain or {}).get("module_class", ""), "modules": [],
                "members": list((chain.chain or {}).get("members", [])), "ops": ops})
