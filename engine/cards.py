@@ -301,9 +301,10 @@ def card_selected(op: str, chain: Mapping[str, Any] | None, signature_text: str,
 
 def call_of(op: str, signature: Mapping[str, Any]) -> str:
     """The call a card stands for, whatever card it was derived from: its op and signature without what names
-    the card it came from (`twin_of`: a channels-last twin; `hidden_in`: a call made inside another's kernel).
-    Two cards of one call would share a cast's guard key, and a cast serves only one of them."""
-    return json.dumps([op, {k: v for k, v in signature.items() if k not in ("twin_of", "hidden_in")}],
+    the card it came from (`twin_of`: a channels-last twin; `hidden_in`: a call made inside another's kernel;
+    `folded_from`: a chain with a convolution's bias add in front). Two cards of one call would share a cast's
+    guard key, and a cast serves only one of them."""
+    return json.dumps([op, {k: v for k, v in signature.items() if k not in ("twin_of", "hidden_in", "folded_from")}],
                       sort_keys=True)
 
 

@@ -32,7 +32,8 @@ _TOP_KEYS = {"name", "description", "builder", "params", "small", "dtype", "mult
 # config). Not part of the config's identity: changing them is no reason to capture again.
 RUN_KEYS = {"provider": str, "model": str, "base_url": str, "iterations": int, "strategy": str,
             "wall_time": float, "max_proposals": int, "max_cost": float, "max_tokens": int, "ops": str}
-_CAPTURE_KEYS = {"samples", "sample_budget_mb", "total_sample_budget_mb", "layout_twins"}
+_CAPTURE_KEYS = {"samples", "sample_budget_mb", "total_sample_budget_mb", "layout_twins", "conv_bias_folds"}
+_CAPTURE_SWITCHES = ("layout_twins", "conv_bias_folds")   # true, false or "auto"
 _DTYPE_KEYS = {"cuda", "cpu"}
 _NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
 
@@ -62,6 +63,9 @@ class ModelConfig:
     # Channels-last twins of GroupNorm cards (engine.capture.twins): "auto", True or False. Off by default
     # until their path under compile has passed on the GPU (docs/compile.md, "Layouts: channels-last twins")
     layout_twins: Any = "auto"
+    # Conv-bias folded GroupNorm -> SiLU chain cards (engine.capture.folds): "auto" (a CUDA capture that ran a
+    # convolution), True or False
+    conv_bias_folds: Any = "auto"
     run: Mapping[str, Any] = field(default_factory=dict)  # the [run] table, validated (RUN_KEYS)
     builder_file: Path | None = None  # the builder's module source, part of `sha256`; None if not a file
 
@@ -154,7 +158,7 @@ def load_config(path: str | Path, *, small: bool = False) -> ModelConfig:
     for k, v in cap.items():
         if k not in _CAPTURE_KEYS:
             raise bad(f"capture.{k}", f"unknown key; allowed: {', '.join(sorted(_CAPTURE_KEYS))}")
-        if k == "layout_twins":
+        if k in _CAPTURE_SWITCHES:
             if v not in (True, False, "auto"):
                 raise bad(f"capture.{k}", 'must be true, false or "auto"')
             continue
@@ -176,6 +180,7 @@ def load_config(path: str | Path, *, small: bool = False) -> ModelConfig:
         sample_budget_mb=cap.get("sample_budget_mb", 256),
         total_sample_budget_mb=cap.get("total_sample_budget_mb", 8192), raw=raw, run=run,
         builder_file=builder_file, layout_twins=cap.get("layout_twins", "auto"),
+        conv_bias_folds=cap.get("conv_bias_folds", "auto"),
     )
 
 

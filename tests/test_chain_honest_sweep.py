@@ -38,20 +38,22 @@ def captured_chains(tmp_path: Path, name: str, seed: int, dtype: str = "float32"
     from engine.capture.run import capture_model
     from engine.config import load_config
 
-    # as card_helpers.capture_source, with channels-last twins on (a CUDA capture's default after a convolution)
+    # as card_helpers.capture_source, with channels-last twins and conv-bias folds on (a CUDA capture's default
+    # after a convolution)
     (tmp_path / "sweep.py").write_text(SOURCE)
     (tmp_path / "sweep.toml").write_text(
         f'name = "sweep"\nbuilder = "sweep.py:build"\n[params]\nname = "{name}"\nseed = {seed}\n[dtype]\n'
-        f'cpu = "{dtype}"\ncuda = "{dtype}"\n[capture]\nsamples = 2\nlayout_twins = true\n')
+        f'cpu = "{dtype}"\ncuda = "{dtype}"\n[capture]\nsamples = 2\nlayout_twins = true\n'
+        'conv_bias_folds = true\n')
     ws = tmp_path / "ws"
     ws.mkdir(exist_ok=True)
     result = capture_model(load_config(tmp_path / "sweep.toml"), torch.device("cpu"), ws)
     out = []
     for card in result.chains:
         files = sorted((ws / result.sample_dir).glob(f"{card.card_id}.*.safetensors"))
-        if not files:
-            files = [ws / result.sample_dir / f"{result.twins[card.card_id]}.{i}.safetensors"
-                     for i in range(card.samples)] if card.card_id in result.twins else []
+        if not files:   # a twin's or a fold's: the files of the card they derive from
+            files = [ws / result.sample_dir / f"{result.shares_samples_of(card.card_id)}.{i}.safetensors"
+                     for i in range(card.samples)]
         samples = [load_sample(f, "cpu", card.signature).args for f in files]
         out.append((card, samples))
     return result, out

@@ -56,15 +56,17 @@ from engine.capture.chains import (
     ChainTrace,
     chain_card_id,
     chain_signature,
+    chain_text,
     container_paths,
     find_chains,
     patterns,
 )
 from engine.capture.filters import own_dispatch
+from engine.capture.folds import data_flow, folding_conv
 from engine.capture.higher_order import is_higher_order, run_higher_order
 from engine.capture.recorder import CaptureMode, hookable
 from engine.capture.samples import SampleWriter, Snapshot, save_sample, storage_key
-from engine.capture.signature import _tensor_text, bind_arguments, describe_tensor
+from engine.capture.signature import bind_arguments, describe_tensor
 from engine.cards import OperatorCard
 
 
@@ -382,13 +384,16 @@ def chain_cards(trace: MemberTrace, model: torch.nn.Module, weight_of: Callable[
 
     `total_us` is the op cards' weighted measured time (a chain's share is of the same total);
     `total_budget_bytes` is the chain samples' total budget. Each card's first `samples`
-    instances (within the budgets; the first always) are planned for the sampling forward."""
+    instances (within the budgets; the first always) are planned for the sampling forward. A GroupNorm -> SiLU
+    card whose input a biased convolution makes, read by nothing else, gets `conv_bias` on its facts (which
+    instances: engine.capture.folds derives a card from it)."""
     pats = patterns(find_chains(trace.calls, container_paths(model), unknown=trace.unknown))
     by_id: dict[str, tuple[dict[str, Any], list[ChainPattern]]] = {}
     for p in pats:
         sig = chain_signature(p.instances[0])
         by_id.setdefault(chain_card_id(sig), (sig, []))[1].append(p)
     cards, planned, bound, used = [], [], [], 0
+    maker, readers = data_flow(trace.calls)
     for cid, (sig, group) in by_id.items():
         instances = sorted((ch for p in group for ch in p.instances), key=lambda ch: ch.calls[0].index)
         first = instances[0]
@@ -420,22 +425,36 @@ def chain_cards(trace: MemberTrace, model: torch.nn.Module, weight_of: Callable[
             n += 1
         if kind == "module":  # every instance is bound (engine.capture.module_binding), sampled or not
             bound += [_plan(cid, -1, ch, sample=False, bind=True) for ch in instances[n:]]
+        facts = {"kind": kind, "module_class": type(model.get_submodule(where)).__name__,
+                 "modules": sorted({ch.module for ch in instances if ch.module}),
+                 "members": [c.card_id for c in first.calls], "ops": ops}
+        fold = _conv_bias(trace.calls, instances, maker, readers, weight_of)
+        if fold is not None:
+            facts["conv_bias"] = fold
         cards.append(OperatorCard(
             card_id=cid, op=CHAIN_OP, signature=sig, signature_text=chain_text(ops, sig), outputs=outputs,
             calls=weight, captured_calls=len(instances), share=weighted_us / total_us if total_us > 0 else 0.0,
             bytes=nbytes, module_paths=module_paths, capture_us=sum(c.us for ch in instances for c in ch.calls)
-            / len(instances), samples=n,
-            chain={"kind": kind, "module_class": type(model.get_submodule(where)).__name__,
-                   "modules": sorted({ch.module for ch in instances if ch.module}),
-                   "members": [c.card_id for c in first.calls], "ops": ops},
+            / len(instances), samples=n, chain=facts,
         ))
     cards.sort(key=lambda c: (-c.share, c.card_id))
     return ChainCards(cards, planned, bound=bound)
 
 
-def chain_text(ops: list[str], signature: dict[str, Any]) -> str:
-    """`chain[_to_copy pow mean …] in0 bf16[2,8,1536] in1 bf16[1536]`: the members, then the inputs."""
-    return f"chain[{' '.join(ops)}] " + " ".join(f"{a['name']} {_tensor_text(a)}" for a in signature["args"])
+def _conv_bias(calls: list, instances: list[Chain], maker: dict[int, int], readers: dict[int, list[int]],
+               weight_of: Callable[[str], int]) -> dict[str, Any] | None:
+    """Which instances of a GroupNorm -> SiLU chain card a convolution's bias could fold into (engine.capture.folds):
+    the convolution cards that make their input, how many instances of how many, and their module paths with
+    their weights (the folded card's calls); None where none could."""
+    folds = [(ch, conv) for ch in instances if (conv := folding_conv(calls, ch, maker, readers)) is not None]
+    if not folds:
+        return None
+    paths: dict[str, int] = {}
+    for ch, _ in folds:
+        path = ch.module or ch.scope
+        paths[path] = paths.get(path, 0) + weight_of(path)
+    return {"cards": list(dict.fromkeys(conv.card_id for _, conv in folds)), "instances": len(folds),
+            "of": len(instances), "module_paths": paths}
 
 
 def _plan_keys(planned: list[_Planned]) -> list[tuple]:

@@ -42,7 +42,7 @@ from engine.bench.floor import is_compute_op
 from engine.capture.filters import data_dependent, own_dispatch, packed, unreadable
 from engine.capture.higher_order import is_higher_order, run_higher_order
 from engine.capture.recorder import TOP_LEVEL, ModulePaths
-from engine.capture.signature import bind_arguments, card_id, signature_of
+from engine.capture.signature import _tensor_text, bind_arguments, card_id, signature_of
 
 ROOT = TOP_LEVEL  # the module path of calls made outside any submodule
 MAX_CHAIN_CALLS = 48  # a group larger than this is not one fusable chain (and would not make one kernel)
@@ -632,6 +632,11 @@ def chain_signature(chain: Chain) -> dict[str, Any]:
 
 def chain_card_id(signature: dict[str, Any]) -> str:
     return card_id(signature)
+
+
+def chain_text(ops: list[str], signature: dict[str, Any]) -> str:
+    """`chain[_to_copy pow mean …] in0 bf16[2,8,1536] in1 bf16[1536]`: the members, then the inputs."""
+    return f"chain[{' '.join(ops)}] " + " ".join(f"{a['name']} {_tensor_text(a)}" for a in signature["args"])
 
 
 def run_chain(signature: dict[str, Any], inputs: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -42,6 +42,18 @@ def _twin(result: CaptureResult, c: Any) -> str:
             f"{', '.join(m[:8] for m in makers)})")
 
 
+def _derived_chain(result: CaptureResult, c: Any) -> str:
+    """What a chain card derived by the capture stands for: a channels-last twin's or a conv-bias fold's original
+    (their calls are its calls, their share part of its share)."""
+    orig = result.twins.get(c.card_id)
+    if orig:
+        return f"  (channels-last twin of {orig[:8]}, for torch.compile)"
+    orig = result.folded.get(c.card_id)
+    if orig:
+        return f"  (the convolution's bias add in front of {orig[:8]}, for torch.compile)"
+    return ""
+
+
 def print_cards(result: CaptureResult, workspace: Path, console: Console | None = None) -> None:
     """Header lines, then one row per card: op, signature, calls, share, bytes, id."""
     console = console or stdout_console(soft_wrap=False)
@@ -93,7 +105,7 @@ def _print_chains(result: CaptureResult, console: Console) -> None:
         kind = info.get("kind", "?")
         where = info.get("module_class", "")
         rows.append((str(i), kind, where, str(c.calls), f"{100 * c.share:.1f}%", human_bytes(c.bytes),
-                     c.card_id, c.signature_text))
+                     c.card_id, c.signature_text + _derived_chain(result, c)))
     if not console.is_terminal:
         console.print(f"{'#':>3}  {'kind':7}  {'module':20}  {'calls':>6}  {'share':>6}  {'bytes':>10}  "
                       f"{'id':16}  chain", highlight=False, markup=False, soft_wrap=True)

@@ -23,6 +23,8 @@ from engine.capture.chain_cards import (
     chain_cards,
     sample_chains,
 )
+from engine.capture.folds import conv_bias_folds
+from engine.capture.folds import wanted as folds_wanted
 from engine.capture.hidden import hidden_cards
 from engine.capture.recorder import CaptureMode, CardTally, ModulePaths
 from engine.capture.samples import SampleWriter, Snapshot, storage_key
@@ -61,7 +63,8 @@ class CaptureResult:
     # and one more forward where the warm-up could not plan them).
     phases: dict[str, float] = field(default_factory=dict)
     # Chain cards (op `kforge::chain`): chains of memory-bound calls, by share; they overlap the op cards
-    # (a chain's calls are also its members' op cards' calls), so `total_calls` does not count them.
+    # (a chain's calls are also its members' op cards' calls), so `total_calls` does not count them (nor the
+    # folded chain cards and chain twins among them).
     chains: list[OperatorCard] = field(default_factory=list)
     # sample file name -> (sha256, bytes), hashed as written; a file not listed here is hashed when stored
     sample_digests: dict[str, tuple[str, int]] = field(default_factory=dict)
@@ -70,6 +73,9 @@ class CaptureResult:
     # Hidden calls among `cards` (engine.capture.hidden): card id -> the card whose call makes it (and whose
     # samples it shares)
     hidden: dict[str, str] = field(default_factory=dict)
+    # Conv-bias folded chain cards among `chains` (engine.capture.folds): card id -> the plain GroupNorm -> SiLU
+    # chain card it derives from (and whose samples it shares)
+    folded: dict[str, str] = field(default_factory=dict)
 
     @property
     def total_calls(self) -> int:
@@ -77,8 +83,16 @@ class CaptureResult:
         return sum(c.calls for c in self.cards if c.card_id not in self.twins and c.card_id not in self.hidden)
 
     def shares_samples_of(self, card_id: str) -> str:
-        """The card whose sample files `card_id` reads (its own, a twin's original's, a hidden call's maker's)."""
-        return self.twins.get(card_id) or self.hidden.get(card_id) or card_id
+        """The card whose sample files `card_id` reads: its own, or, link by link, a twin's original's, a folded
+        chain's plain chain's, a hidden call's maker's (a folded card's twin: the plain chain's)."""
+        seen = set()
+        while card_id not in seen:
+            seen.add(card_id)
+            nxt = self.twins.get(card_id) or self.folded.get(card_id) or self.hidden.get(card_id)
+            if nxt is None:
+                break
+            card_id = nxt
+        return card_id
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -86,7 +100,7 @@ class CaptureResult:
             "small": self.small, "wall_s": round(self.wall_s, 3), "total_calls": self.total_calls,
             "skipped": self.skipped, "notes": self.notes, "cards": [c.to_json() for c in self.cards],
             "chains": [c.to_json() for c in self.chains],
-            "twins": dict(self.twins), "hidden": dict(self.hidden),
+            "twins": dict(self.twins), "hidden": dict(self.hidden), "folded": dict(self.folded),
         }
 
 
@@ -586,6 +600,18 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
             "float32 results, rounded (sample header: compute=float32)")
     if target.multiplicity:
         notes["multiplicity"] = ", ".join(f"{k}×{v}" for k, v in target.multiplicity.items())
+    folded: dict[str, str] = {}
+    if folds_wanted(getattr(config, "conv_bias_folds", "auto"), device.type, cards):
+        folds = conv_bias_folds(chain_list, cards)
+        if folds:
+            # before the twins: a folded card's channels-last twin is the one torch.compile hands its input as held
+            folded = {f.card_id: plain for plain, f in folds.items()}
+            chain_list = [*chain_list, *folds.values()]
+            notes["conv-bias folds"] = (
+                f"{len(folds)} GroupNorm -> SiLU chain card(s) also with the bias add of the convolution before them "
+                "in front (`add` of [1, C, 1, 1]), which torch.compile splits off the convolution: where the "
+                "GroupNorm is the convolution output's only reader (inputs derived from the chain's samples, share "
+                "counted there; engine/capture/folds.py)")
     twins: dict[str, str] = {}
     if twins_wanted(getattr(config, "layout_twins", "auto"), device.type, cards):
         found = channels_last_twins(cards)
@@ -594,10 +620,12 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
             twins = {t.card_id: orig for orig, t in [*found.items(), *found_chains.items()]}
             cards = sorted([*cards, *found.values()], key=lambda c: (-c.share, c.op, c.card_id))
             chain_list = [*chain_list, *found_chains.values()]
+            of_folds = sum(orig in folded for orig in found_chains)
             notes["channels-last twins"] = (
-                f"{len(found)} GroupNorm or upsampling card(s) and {len(found_chains)} GroupNorm -> SiLU chain "
-                "card(s) also as channels-last input, the layout torch.compile or a layout route hands them after "
-                "a convolution (same values and samples; engine/capture/twins.py)")
+                f"{len(found)} GroupNorm or upsampling card(s) and {len(found_chains) - of_folds} GroupNorm -> SiLU "
+                f"chain card(s){f' and {of_folds} conv-bias folded one(s)' if of_folds else ''} also as "
+                "channels-last input, the layout torch.compile or a layout route hands them after a convolution "
+                "(same values and samples; engine/capture/twins.py)")
     cards, hidden = with_hidden_calls(cards, device.type, twins_wanted(
         getattr(config, "layout_twins", "auto"), device.type, cards), notes)
     return CaptureResult(
@@ -605,7 +633,7 @@ def capture_model(config: ModelConfig, device: torch.device, workspace: Path, *,
         dtype=dtype_name(dtype), small=config.small,
         wall_s=time.perf_counter() - t_start, cards=cards, skipped=dict(mode.skipped), notes=notes,
         sample_dir=str(final.relative_to(workspace)), chains=chain_list, sample_digests=dict(writer.digests),
-        twins=twins, hidden=hidden,
+        twins=twins, hidden=hidden, folded=folded,
         phases={"build": t_built - t_start, "warm-up": t_warm - t_built,
                 "captured forward": t_captured - t_warm - queue_s, "writing samples": write_s,
                 "chain samples": t_chains},

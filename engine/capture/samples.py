@@ -421,6 +421,30 @@ def hidden_args(signature: dict[str, Any], args: list[tuple[str, Any]], outputs:
             ("alpha", want["alpha"]["value"])]
 
 
+def folded_args(signature: dict[str, Any], args: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """A conv-bias folded chain card's arguments (engine.capture.folds) from a sample of its plain GroupNorm ->
+    SiLU chain card: the bias a stand-in, each channel's mean of the stored GroupNorm input `s` (rounded to its
+    dtype), `in0` = s - bias (computed in float32 or wider, rounded once), the rest as stored. Then `in0 + bias`
+    rounds to within a unit in the last place of the larger of `s` and `in0` (not always `s` itself: where
+    |s - bias| > |s|, in0's grid is the coarser); the sample's outputs are not used (the reference is the chain run
+    on these inputs). A per-channel mean is a realistic and demanding bias: large against the spread of its
+    channel, so a kernel's rounding of `x + b` shows."""
+    f = signature.get("folded_from") or {}
+    if f.get("how") != "convolution bias":
+        raise ValueError(f"a folded chain the sample loader does not know: {f.get('how')!r}")
+    named = dict(args)
+    s = named.get(f["inputs"]["in0"])
+    if not isinstance(s, torch.Tensor) or s.dim() < 2:
+        raise ValueError("the chain's sample holds no GroupNorm input to derive the folded card's inputs from")
+    wide = torch.promote_types(s.dtype, torch.float32)
+    bias = s.to(wide).mean(dim=[d for d in range(s.dim()) if d != 1]).to(s.dtype)
+    shape = [1, s.shape[1]] + [1] * (s.dim() - 2)
+    x = (s.to(wide) - bias.to(wide).reshape(shape)).to(s.dtype)
+    derived = {"in0": x, f["bias"]: bias.reshape(shape).contiguous()}
+    return [(a["name"], derived[a["name"]] if a["name"] in derived else named[f["inputs"][a["name"]]])
+            for a in signature["args"]]
+
+
 def read_sample_meta(path: Path) -> dict[str, Any]:
     """The JSON header of a sample file, without loading its tensors."""
     from safetensors import safe_open
@@ -448,7 +472,8 @@ def load_sample(path: str | Path, device: str | torch.device = "cpu",
     """Load a sample onto `device`; tensors are fresh allocations with the captured layout, or, with the
     card's `signature`, the layout the signature gives each tensor argument (a card that shares another
     card's samples in another layout: a channels-last twin, engine.capture.twins), and for a hidden call's card
-    the arguments it derives from the sample (engine.capture.hidden)."""
+    or a conv-bias folded chain card the arguments it derives from the sample (engine.capture.hidden,
+    engine.capture.folds)."""
     path = Path(path)
     meta = read_sample_meta(path)
     # A fresh allocation per slab: aligned like the original modulo 16 bytes, and never the mmap.
@@ -462,6 +487,10 @@ def load_sample(path: str | Path, device: str | torch.device = "cpu",
         # A call the sampled one makes below the capture (engine.capture.hidden): its arguments come from this
         # sample's (hidden_args); its outputs are not recorded (what it returns is what eager computes from them).
         args, outputs, mutated = hidden_args(signature, args, outputs), None, {}
+    elif signature is not None and signature.get("folded_from"):
+        # A chain with a convolution's bias add in front (engine.capture.folds): its inputs derived from its plain
+        # chain's sample (folded_args), before a twin's layout is applied; no outputs, as for a hidden call.
+        args, outputs, mutated = folded_args(signature, args), None, {}
     if signature is not None:
         args = laid_out_as(args, signature)
     return Sample(args=args, outputs=outputs, mutated=mutated, meta=meta)

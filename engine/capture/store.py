@@ -147,7 +147,8 @@ async def save_capture(store: Store, workspace: Path, config: ModelConfig, resul
 
     root = workspace / result.sample_dir
     # A channels-last twin shares its original's sample files (engine.capture.twins), a hidden call those of the
-    # call that makes it (engine.capture.hidden).
+    # call that makes it (engine.capture.hidden), a conv-bias fold its plain chain's (engine.capture.folds); a fold's
+    # twin, through the fold, the plain chain's.
     files = [(card.card_id, idx, root / f"{result.shares_samples_of(card.card_id)}.{idx}.safetensors")
              for card in [*result.cards, *result.chains] for idx in range(card.samples)]
     # Files the capture hashed as it wrote them keep that digest (if their size is still the one written);

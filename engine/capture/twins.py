@@ -25,7 +25,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from engine.capture.chains import CHAIN_OP
+from engine.capture.chains import CHAIN_OP, chain_text
 from engine.capture.fake_outputs import fake_chain_outputs, fake_outputs
 from engine.capture.signature import card_id, contiguous_strides, dense_order, signature_text
 from engine.cards import OperatorCard, call_of
@@ -35,8 +35,10 @@ TWIN_OPS = ("aten::native_group_norm",    # ops with a channels-last builtin ker
 # Chains (their members' ops, in order) whose first member reads the chain's first input and has a builtin
 # channels-last kernel: GroupNorm -> SiLU (chain_group_norm_silu on group_norm_cl). A VAE block's GroupNorm
 # after a convolution and the SiLU before the next one, taking the first's output as held and writing the
-# layout the second wants.
-TWIN_CHAINS = (("aten::native_group_norm", "aten::silu"),)
+# layout the second wants. And the same with the convolution's bias add in front (engine.capture.folds), whose
+# first member, the add, reads the convolution's output without the bias.
+TWIN_CHAINS = (("aten::native_group_norm", "aten::silu"),
+               ("aten::add.Tensor", "aten::native_group_norm", "aten::silu"))
 CONVOLUTIONS = ("aten::convolution", "aten::cudnn_convolution", "aten::_convolution", "aten::conv2d")
 
 
@@ -97,8 +99,6 @@ def twin_of(card: OperatorCard) -> OperatorCard | None:
         outputs = [{**c, "stride": o["stride"]} for c, o in zip(card.outputs, outputs)]
     text = signature_text(sig)
     if chain:  # as its original's: the members, then the inputs (the first now channels-last)
-        from engine.capture.chain_cards import chain_text
-
         ops = (card.chain or {}).get("ops") or [n["op"].split("::")[-1].split(".")[0] for n in sig["chain"]["nodes"]]
         text = chain_text(list(ops), sig)
     return dataclasses.replace(card, card_id=card_id(sig), signature=sig, signature_text=text,
