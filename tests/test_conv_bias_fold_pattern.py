@@ -13,13 +13,16 @@ import copy
 
 import torch
 from test_cast_compile import CpuCast
-from test_cast_pattern_cards import Counting
+from test_cast_modules import ENV
+from test_cast_pattern_cards import Counting, _cast, _variant
 from test_chain_twins import _chain_sigs, _model
 
+import engine.cast
 from engine.capture.chains import chain_output_strides
 from engine.capture.signature import contiguous_strides
 from engine.capture.twins import channels_last_strides
 from engine.cast import compose, patterns
+from engine.export.e2e import ran_in_forward
 from engine.verify.compare import compare
 from engine.verify.tolerance import tolerance_for
 
@@ -209,6 +212,31 @@ def test_a_twin_fold_variant_is_passed_the_convolutions_output_as_held(tmp_path,
     assert (row["calls"], row["inputs_copied"], row.get("inputs_as_held")) == (1, 0, 1), row
     assert not row.get("inputs_computed") and not row.get("inputs_computed_as_held"), row
     assert (plan.calls, twin_plan.calls) == (0, 1)
+
+
+def test_a_casts_stats_and_the_export_record_say_how_many_splits_were_put_back(tmp_path, monkeypatch):
+    """A fold card from a .cast file: `cast.stats()` counts the biases split off and those put back (the second
+    convolution's), and the export's record of what ran in a forward carries the latter beside the matches."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    model, x = _model(), torch.randn(2, 8, 4, 4)
+    fold = _fold_signature(_chain_sigs(model, x))
+    plan = Counting(fold)
+    cast = engine.cast.load(_cast(tmp_path, _variant(fold, id="fold", pattern={})), env=ENV, plans={"fold": plan})
+    cast.pattern_set().split_on_cpu = True
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad(), cast.enabled():
+            want = model(x)
+            got = cast.compile(model)(x)
+    finally:
+        torch._dynamo.reset()
+    _close(got, want)
+    st = cast.stats()
+    assert (st["folds_split"], st["folds_reverted"]) == (2, 1) and list(st["pattern_matches"].values()) == [1]
+    ran = ran_in_forward(st, ["fold"])
+    assert ran["folds_reverted"] == 1 and ran["hits_per_forward"] == {"fold": 1} and ran["never_ran"] == []
+    assert "folds_reverted" not in ran_in_forward({**st, "folds_reverted": 0}, ["fold"])
+    cast.remove()
 
 
 def test_is_fold_reads_the_chains_structure():
