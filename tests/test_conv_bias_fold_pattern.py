@@ -56,7 +56,8 @@ def _twin(sig: dict) -> tuple[dict, tuple]:
     args = [dict(a) for a in sig["args"]]
     args[0]["stride"] = channels_last_strides(args[0]["shape"])
     twin = {**sig, "args": args, "twin_of": "fold"}
-    ins = [torch.empty_strided(a["shape"], a["stride"]) for a in args]
+    ins = [torch.empty_strided(a["shape"], a["stride"], dtype=getattr(torch, a["dtype"]), device=a["device"])
+           for a in args]
     return twin, tuple(chain_output_strides(twin, ins))
 
 
