@@ -71,7 +71,13 @@ consumers fuse; before a cast's op it computes that add straight into the channe
 variant was proven for (`inputs_computed_as_held`: no copy). Until 2026-12-06h the cast instead had such a
 convolution keep its bias (cuDNN's convolution, then ATen's broadcast `add_` at about 45 % of a copy's rate):
 on an H200 the SD3.5 VAE decode ran 1.295x compile alone that way and 1.372x with the add split off, CIs
-disjoint (docs/results/vae-bias-2026-12-06g), so the split is all there is now.
+disjoint (docs/results/vae-bias-2026-12-06g), so the split is all there is now. That add is still one pass
+over the convolution's output. Where the cast has a conv-bias fold card (the chain `add(x, b[1,C,1,1])` →
+GroupNorm → SiLU, whose kernel adds `b[c]` as it loads `x`), the pattern pass splits the bias off in the
+post-grad graph itself, so the card's pattern has the add to match: the card's op is then handed the
+convolution's stored output (`inputs_as_held`, no pointwise computed for it) and the pass is gone. A split no
+pattern took is put back before Inductor lowers the graph (`patterns._split_conv_biases`; a cast's
+`stats()["folds_reverted"]`).
 
 Compiles through this backend are serialized by one lock (the tables patched are process-wide).
 """

@@ -240,6 +240,10 @@ class Cast:
                 "pattern_problems": dict(self._patterns.problems) if self._patterns is not None else {},
                 "pattern_misses": self._pattern_misses(),
                 "pattern_matches": self._pattern_matches(),
+                # convolution biases split off in those graphs for conv-bias fold cards, and of them put back
+                # because no pattern took the add (engine.cast.patterns `_split_conv_biases`)
+                "folds_split": self._patterns.folds["split"] if self._patterns is not None else 0,
+                "folds_reverted": self._patterns.folds["reverted"] if self._patterns is not None else 0,
                 "layout_copies": {k: dict(v, conversions=list(v["conversions"])) for k, v in self.layout_copies.items()},
                 "attention_rewrites": self.attention_rewrites}
 

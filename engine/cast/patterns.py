@@ -30,6 +30,14 @@ From a chain signature (`engine.capture.chains.chain_signature`) this module bui
   torch.compile: 0.24x with one variant covering 2 of 28 matches). Such a match keeps Inductor's code and
   is counted (`PatternOp.size_declines`).
 
+A conv-bias fold card (a chain `add.Tensor(in0, in1[1,C,1,1])` → `native_group_norm` → …, `_is_fold`: the
+per-channel add a convolution's bias is, folded into the GroupNorm's kernel) has nothing to match in a post-grad
+graph as it comes: there the bias is an argument of `aten.convolution`, and Inductor splits it off into an add
+only while lowering (on CUDA; its CPU convolution keeps it). So before matching, the bias of each convolution
+whose output could be such a card's first input is split off into that add (`_split_conv_biases`), and after
+matching every split no pattern took is put back (`_restore_splits`): the graph then is what it was, and a
+match leaves the convolution without its bias and the card's op adding it.
+
 A chain that cannot become a pattern (an in-place member, a random op, a trace that fails) is reported
 in `PatternSet.problems`, and each compile records how many times each pattern matched.
 Inference only: `PatternSet.apply` is not called for a graph traced with grad enabled (see compose.py).
@@ -65,8 +73,9 @@ _APPLYING = threading.local()
 # 3: kept only at the sizes the veto keeps it, those of the cast's op variants; 4: a match is replaced only
 # where its sizes can be a variant's; 5: a literal matches only one of its own type and bits, `_Exact`;
 # 6: a matched call's keyword arguments the pattern lacks must be at their defaults; 7: the op is a torch.library
-# definition, no longer a custom_op).
-PATTERN_TRACE = 7
+# definition, no longer a custom_op; 8: convolution biases split off where a conv-bias fold card may match,
+# restored where none did).
+PATTERN_TRACE = 8
 MISS_KEYS = 4                      # distinct inputs of missed calls kept per pattern op, to explain misses
 MAX_OUTPUT_SUBSETS = 8             # a chain with more outputs gets patterns for its full set and singles only
 _RANDOM_OPS = ("rand", "dropout", "bernoulli", "normal", "multinomial", "uniform", "exponential")
@@ -218,6 +227,13 @@ class PatternSet:
     digest: str = ""
     matched: dict[str, int] = field(default_factory=dict)  # pattern op → matches over every graph rewritten
     seconds: float = 0.0  # spent in `apply`, over every graph rewritten (its share of compile time)
+    # Convolution biases split off for conv-bias fold cards, over every graph rewritten: "split", and of those
+    # "reverted" (no pattern took the add, the bias was put back). A fold card that never matches shows as
+    # splits all reverted.
+    folds: dict[str, int] = field(default_factory=lambda: {"split": 0, "reverted": 0})
+    # Split biases off convolutions on the CPU too. For tests only: Inductor keeps a CPU convolution's bias
+    # (mkldnn's convolution adds it), so there a split is not what lowering would do anyway.
+    split_on_cpu: bool = False
     cards: list[PatternCard] = field(default_factory=list, repr=False)
     _passes: dict[int, Any] = field(default_factory=dict, repr=False)  # id(BuiltPattern) → its matcher pass
     # Per set of ops the cast's backend keeps out of Inductor's decompositions (compose.inductor_state): the
@@ -243,6 +259,7 @@ class PatternSet:
         if got is None:
             got = build(self.owner, self.cards)
             got.matched = self.matched  # one count per pattern op, whichever trace it came from
+            got.folds = self.folds
             for card_id, why in got.problems.items():  # a chain that cannot be traced with the op kept
                 self.problems.setdefault(card_id, f"{why} (traced with {', '.join(sorted(kept))} kept whole)")
             self._under_vetoes[vetoed] = got
@@ -257,33 +274,43 @@ class PatternSet:
         `target` (the compile mode's, runtime.compile_target): only the patterns whose variant was proven
         for it (or records no targets); the others keep Inductor's own code, which their op would only
         have run more slowly (each call declined, the chain run eagerly). `vetoed`: what the backend kept
-        out of the decompositions for this graph; the patterns `prepare` traced for it are applied."""
+        out of the decompositions for this graph; the patterns `prepare` traced for it are applied. Where a
+        conv-bias fold card may match, convolution biases are split off first and put back where none did."""
         import time
 
         t0 = time.perf_counter()
-        counts = self._under_vetoes.get(vetoed, self)._apply(graph, target)
+        counts = self._under_vetoes.get(vetoed, self)._apply(graph, target, self.split_on_cpu)
         self.seconds += time.perf_counter() - t0
         return counts
 
-    def _apply(self, graph: torch.fx.Graph, target: str | None) -> dict[str, int]:
+    def _apply(self, graph: torch.fx.Graph, target: str | None, split_on_cpu: bool = False) -> dict[str, int]:
         from torch._inductor.pattern_matcher import PatternMatcherPass
 
         counts: dict[str, int] = {}
         _APPLYING.sizes, _APPLYING.declined = self._sizes(target), set()
         applied: set[tuple] = set()
-        for bp in self.built:
-            targets = getattr(bp.plan, "targets", None)
-            if target is not None and targets is not None and target not in targets:
-                continue
-            counts.setdefault(bp.op.name, 0)
-            if (bp.op.name, bp.outputs) in applied:
-                continue  # the same pattern and op (a chain's twin, another variant of it): matched once
-            applied.add((bp.op.name, bp.outputs))
-            pm = self._passes.get(id(bp))
-            if pm is None:  # registered once, applied to every graph compiled with the set
-                pm = self._passes[id(bp)] = PatternMatcherPass(pass_name=f"kforge-{bp.op.name}")
-                _register(bp, pm)
-            counts[bp.op.name] += pm.apply(graph)
+        folds = self._fold_sizes(target)
+        splits = _split_conv_biases(graph, folds, split_on_cpu) if folds else []
+        try:
+            # Larger chains first (`build`): a fold card's add → GroupNorm → SiLU is tried before a plain
+            # GroupNorm → SiLU card could take the same GroupNorm, with the split-off add as its input.
+            for bp in self.built:
+                targets = getattr(bp.plan, "targets", None)
+                if target is not None and targets is not None and target not in targets:
+                    continue
+                counts.setdefault(bp.op.name, 0)
+                if (bp.op.name, bp.outputs) in applied:
+                    continue  # the same pattern and op (a chain's twin, another variant of it): matched once
+                applied.add((bp.op.name, bp.outputs))
+                pm = self._passes.get(id(bp))
+                if pm is None:  # registered once, applied to every graph compiled with the set
+                    pm = self._passes[id(bp)] = PatternMatcherPass(pass_name=f"kforge-{bp.op.name}")
+                    _register(bp, pm)
+                counts[bp.op.name] += pm.apply(graph)
+        finally:
+            reverted = _restore_splits(graph, splits)
+        self.folds["split"] += len(splits)
+        self.folds["reverted"] += reverted
         if counts:
             graph.eliminate_dead_code()
         for name, n in counts.items():
@@ -302,6 +329,18 @@ class PatternSet:
             if bp.plan is None or (target is not None and targets is not None and target not in targets):
                 continue
             out.setdefault(bp.op.name, set()).add(tuple(tuple(k[1]) for k in bp.key))
+        return out
+
+    def _fold_sizes(self, target: str | None) -> set[tuple[str, torch.dtype, tuple[int, ...]]]:
+        """(device type, dtype, first input's shape) of this set's conv-bias fold variants that may run under
+        `target` (`_is_fold`): the convolution outputs whose bias `_split_conv_biases` splits off."""
+        out = set()
+        for bp in self.built:
+            targets = getattr(bp.plan, "targets", None)
+            if bp.plan is None or not bp.key or (target is not None and targets is not None and target not in targets):
+                continue
+            if _is_fold(bp.op.signature):
+                out.add((bp.devices[0][0], bp.devices[0][1], tuple(bp.key[0][1])))
         return out
 
     def first_layouts(self, target: str | None = None) -> dict[Any, dict]:
@@ -325,7 +364,8 @@ class PatternSet:
 
     def uuid(self, vetoed: tuple = ()) -> tuple:
         """For Inductor's cache keys: the set, how its patterns are traced, and the trace under `vetoed`."""
-        return ("kforge-patterns", PATTERN_TRACE, self.digest, self._under_vetoes.get(vetoed, self).digest)
+        return ("kforge-patterns", PATTERN_TRACE, self.digest, self._under_vetoes.get(vetoed, self).digest,
+                *(("split-on-cpu",) if self.split_on_cpu else ()))
 
     def remove(self) -> None:
         """Drop this owner's variants (the ops stay registered; compiled graphs calling them then miss)."""
@@ -383,6 +423,126 @@ def build(owner: object, cards: Sequence[PatternCard | tuple[dict[str, Any], Any
     out.digest = hashlib.sha256(repr(sorted(map(str, parts))).encode()).hexdigest()[:20]
     out.enter()
     return out
+
+
+def _is_fold(signature: dict[str, Any]) -> bool:
+    """Whether a chain is a conv-bias fold card: `add.Tensor(in0, in1)` (alpha 1) with `in1` of shape
+    [1, C, 1, 1] for a 4-D `in0` of C channels, then `native_group_norm` reading that add. By structure, not by
+    a capture's `folded_from` marker: the chain means the same for any per-channel add, marked or not."""
+    if signature.get("op") != CHAIN_OP or "chain" not in signature:
+        return False
+    nodes, args = untwinned(signature)["chain"]["nodes"], signature["args"]
+    if len(nodes) < 2 or len(args) < 2 or nodes[0]["op"] != "aten::add.Tensor" \
+            or nodes[1]["op"] != "aten::native_group_norm":
+        return False
+    add = {a["name"]: a for a in nodes[0]["args"]}
+    if list(add.get("self", {}).get("tensor") or ()) != ["in", 0] or \
+            list(add.get("other", {}).get("tensor") or ()) != ["in", 1] or add.get("alpha", {}).get("value", 1) != 1:
+        return False
+    gn = {a["name"]: a for a in nodes[1]["args"]}
+    if list(gn.get("input", {}).get("tensor") or ()) != ["node", 0, 0]:
+        return False
+    shape, bias = list(args[0].get("shape") or ()), list(args[1].get("shape") or ())
+    return len(shape) == 4 and bias == [1, shape[1], 1, 1]
+
+
+@dataclass
+class _Split:
+    """A convolution whose bias `_split_conv_biases` moved into `add(conv, reshape(bias, [1, C, 1, 1]))`."""
+
+    conv: torch.fx.Node
+    bias: torch.fx.Node
+    reshape: torch.fx.Node
+    add: torch.fx.Node
+
+
+def _splits_bias(conv: torch.fx.Node, sizes: set[tuple], on_cpu: bool) -> bool:
+    """Whether `_split_conv_biases` splits this call of `aten.convolution.default`: a bias that is a node, not
+    transposed, a 4-D output with the bias's dtype on CUDA (or on the CPU with `on_cpu`), of a size a fold
+    variant may have, and not a 1x1 convolution that Inductor may lower as a GEMM with the bias in its epilogue.
+    Its readers are not counted: a decomposed GroupNorm reads its input twice (its statistics and its apply),
+    and one reader outside a fold card's chain (a residual) is left to the matcher, which then finds the add
+    read outside the pattern and does not match (the split is put back)."""
+    from torch._inductor import config
+
+    if conv.kwargs or len(conv.args) != 9:
+        return False
+    _x, weight, bias, stride, padding, dilation, transposed, output_padding, groups = conv.args
+    if not isinstance(bias, torch.fx.Node) or transposed is not False:
+        return False
+    val, bval = conv.meta.get("val"), bias.meta.get("val")
+    if not isinstance(val, torch.Tensor) or not isinstance(bval, torch.Tensor) or val.dim() != 4 \
+            or bval.dim() != 1 or bval.dtype != val.dtype or type(bval.shape[0]) is not int:
+        return False
+    if val.device.type != "cuda" and not (on_cpu and val.device.type == "cpu"):
+        return False   # Inductor's CPU convolution keeps its bias (mkldnn adds it): a split is not neutral there
+    if not any(d == val.device.type and t == val.dtype and may_have_sizes(tuple(val.shape), s) for d, t, s in sizes):
+        return False
+    # torch/_inductor/kernel/conv.py `convolution`: with conv_1x1_as_mm, or max_autotune(_gemm) and a
+    # channels-last convolution, a 1x1 stride-1 unpadded ungrouped convolution becomes addmm(bias, x, w). Left
+    # whole wherever that may happen (whether the layout is channels-last is decided after this pass).
+    if config.conv_1x1_as_mm or config.max_autotune or config.max_autotune_gemm:
+        wval = weight.meta.get("val") if isinstance(weight, torch.fx.Node) else None
+        kernel = tuple(wval.shape[2:]) if isinstance(wval, torch.Tensor) else None
+        if kernel is None or (all(k == 1 for k in kernel) and all(s == 1 for s in stride)
+                              and all(p == 0 for p in padding) and all(d == 1 for d in dilation)
+                              and all(p == 0 for p in output_padding) and groups == 1):
+            return False
+    return True
+
+
+def _split_conv_biases(graph: torch.fx.Graph, sizes: set[tuple], on_cpu: bool = False) -> list[_Split]:
+    """Split the bias off each convolution whose output may be a conv-bias fold card's first input (`sizes`:
+    `PatternSet._fold_sizes`; `_splits_bias`): `convolution(x, w, None, …)` then `add.Tensor(conv,
+    reshape(b, [1, C, 1, 1]))`, what Inductor's CUDA lowering makes of it anyway ("peel off the bias, cudnn is
+    slower with it"), so the fold card's pattern has its add to match. The convolution keeps its node and meta
+    (its output's sizes and strides are the same without the bias): a match hands the card's op that stored
+    output. Returns the splits, for `_restore_splits`."""
+    from torch._guards import detect_fake_mode
+
+    conv_op, reshape, add = torch.ops.aten.convolution.default, torch.ops.aten.reshape.default, torch.ops.aten.add.Tensor
+    out = []
+    for conv in list(graph.nodes):
+        if conv.op != "call_function" or conv.target is not conv_op or not _splits_bias(conv, sizes, on_cpu):
+            continue
+        bias = conv.args[2]
+        val, bval = conv.meta["val"], bias.meta["val"]
+        mode = detect_fake_mode([val, bval])
+        if mode is None:
+            continue
+        shape = [1, int(bval.shape[0]), 1, 1]
+        with mode:   # the new nodes' meta, as the pattern's check and the replacement's trace read it
+            rval = reshape(bval, shape)
+            aval = add(val, rval)
+        with graph.inserting_after(conv):
+            r = graph.call_function(reshape, (bias, shape))
+        with graph.inserting_after(r):
+            a = graph.call_function(add, (conv, r))
+        r.meta["val"], a.meta["val"] = rval, aval
+        for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+            if key in conv.meta:
+                a.meta[key] = conv.meta[key]
+        conv.replace_all_uses_with(a, delete_user_cb=lambda user, a=a: user is not a)
+        conv.update_arg(2, None)
+        out.append(_Split(conv, bias, r, a))
+    return out
+
+
+def _restore_splits(graph: torch.fx.Graph, splits: Sequence[_Split]) -> int:
+    """Put back the bias of every split whose add no pattern took (still in the graph): the add's readers read
+    the convolution again, which adds its bias itself, and the add and reshape are gone, so the graph is the
+    one before the split. A split whose add a match replaced stays split. Returns how many were put back."""
+    n = 0
+    for s in splits:
+        if getattr(s.add, "_erased", False):
+            continue
+        s.add.replace_all_uses_with(s.conv)
+        graph.erase_node(s.add)
+        if not s.reshape.users:
+            graph.erase_node(s.reshape)
+        s.conv.update_arg(2, s.bias)
+        n += 1
+    return n
 
 
 class PatternError(ValueError):

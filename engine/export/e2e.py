@@ -423,7 +423,8 @@ REPLAY_WARM_CALLS = 2
 
 def ran_in_forward(stats: dict[str, Any], ids: Sequence[str], forwards: int = 1) -> dict[str, Any]:
     """From a cast's stats over `forwards` forwards: hits per variant of the set and forward, and the variants
-    that never ran (a guard that never matched, a pattern Inductor's graph never held). A set whose speedup is
+    that never ran (a guard that never matched, a pattern Inductor's graph never held; `folds_reverted`: the
+    convolution biases split off for conv-bias fold cards that no match took). A set whose speedup is
     no better than a smaller one's often has variants that never ran: this says so instead of leaving it to
     guesswork. Under CUDA graphs only the calls that run Python count (`forwards` of them)."""
     wanted = set(ids)
@@ -434,6 +435,8 @@ def ran_in_forward(stats: dict[str, Any], ids: Sequence[str], forwards: int = 1)
         out["hits_counted_over"] = f"{forwards} forwards that ran Python (warm-up and capture; replays run none)"
     if stats.get("pattern_matches"):
         out["pattern_matches"] = dict(stats["pattern_matches"])
+    if stats.get("folds_reverted"):   # biases split off for conv-bias fold cards that no match took
+        out["folds_reverted"] = stats["folds_reverted"]
     # a kernel that pays a layout copy in the compiled graph can gain less than its card said; one passed its
     # input as held (a convolution's bias kept for it) is the path that avoids the copy: both are kept
     copies = {k: v for k, v in (stats.get("layout_copies") or {}).items()
