@@ -40,6 +40,9 @@ def card_summaries(o: Orchestrator) -> list[dict[str, Any]]:
             "signature_detail": card.card.signature, "calls": card.card.calls, "share": card.share,
             # A channels-last twin's original (engine.capture.twins): the calls and share are counted there
             "twin_of": card.card.signature.get("twin_of"),
+            # A convolution-bias fold's plain chain card (engine.capture.folds): the add it stands for is the
+            # bias Inductor splits off a convolution; it is served under torch.compile only
+            "folded_from": (card.card.signature.get("folded_from") or {}).get("card"),
             "eager_us": best.eager_us if best else card.eager_us, "best_us": best.best_us if best else None,
             "speedup": best.speedup if best else None,
             # The references beside eager (null where not measured): torch.compile of the op alone, and the
