@@ -42,11 +42,13 @@ MODEL_PY = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.parametrize(("bias", "kind"), [(False, "ops"), (True, "ops"), (True, "chains")])
+@pytest.mark.parametrize(("bias", "kind"), [(False, "ops"), (True, "ops"), (True, "chains"), (True, "folds")])
 def test_a_channels_last_twin_serves_the_groupnorm_after_a_convolution_under_compile(cli, capsys, tmp_path, bias,
                                                                                       kind):
     """`kind` "ops": the GroupNorm op variants are loaded; "chains": the GroupNorm -> SiLU chain variants,
-    whose twin also writes the channels-last output the next convolution takes (torch 2.11's meta kernel)."""
+    whose twin also writes the channels-last output the next convolution takes (torch 2.11's meta kernel);
+    "folds": the chains with conv1's bias add in front (engine.capture.folds, `conv_bias_folds` "auto"), whose
+    twin reads conv1's output as held and adds the bias itself: no pointwise pass computes it first."""
     import torch
 
     from engine.cast.format import CHAIN_OP, read_cast
@@ -80,7 +82,9 @@ def test_a_channels_last_twin_serves_the_groupnorm_after_a_convolution_under_com
     torch._dynamo.reset()
     # The run finds the GroupNorm -> SiLU chain card and its twin too (--ops group_norm selects them): one kind
     # at a time is under test (a chain's pattern would take both sites from the op variants).
-    ops = {v["id"] for v in variants if (v["op"] == CHAIN_OP) == (kind == "chains")}
+    ops = {v["id"] for v in variants if (v["op"] == CHAIN_OP) == (kind != "ops")
+           and bool(v["signature"].get("folded_from")) == (kind == "folds")}
+    assert ops, [(v["op"], v["signature"].get("folded_from")) for v in variants]
     cast = engine.cast.load(cast_file, any_target=True, only=ops)
     with torch.no_grad():
         eager = model(x)
@@ -92,7 +96,7 @@ def test_a_channels_last_twin_serves_the_groupnorm_after_a_convolution_under_com
             with runtime.suspended():
                 declined = fast(x)
         removed = fast(x)   # the cast removed: the graph runs eagerly
-    if kind == "chains":
+    if kind != "ops":
         (row,) = [r for k, r in st["layout_copies"].items() if k.startswith("kforge.chain_")]
         cl = [v for v in variants if v["id"] in ops and v["signature"].get("twin_of")]
         assert cl, [v["signature"]["args"][0]["stride"] for v in variants if v["id"] in ops]
@@ -105,7 +109,10 @@ def test_a_channels_last_twin_serves_the_groupnorm_after_a_convolution_under_com
     with capsys.disabled():
         print(f"layout copies {st['layout_copies']}, hits {hits}, router {[v.get('router') for v in st['variants']]}")
     assert row.get("inputs_as_held", 0) >= 2 and row.get("inputs_copied", 0) == 0, row  # both norms after a conv
-    assert (row.get("biases_kept", 0), row.get("inputs_computed_as_held", 0)) == (0, 2 if bias else 0), row
+    computed = 2 if bias and kind != "folds" else 0   # a fold reads conv1's output and adds the bias itself
+    assert (row.get("biases_kept", 0), row.get("inputs_computed_as_held", 0)) == (0, computed), row
+    if kind == "folds":
+        assert st.get("folds_split", 0) >= 2 and st.get("folds_reverted", 0) <= st["folds_split"] - 2, st
     assert sum(hits[v["id"]] for v in cl) >= 2, hits
     for out in (got, declined, removed):
         torch.testing.assert_close(out, eager, atol=5e-2, rtol=2e-2)
