@@ -306,6 +306,23 @@ def test_the_split_and_its_restore_leave_a_graph_as_it_was():
     assert patterns._split_conv_biases(gt, sizes, on_cpu=True) == []
 
 
+def test_a_split_whose_add_lost_every_reader_to_a_match_keeps_the_bias_off():
+    """A match rewires the add's readers to the card's op, which adds the bias itself. Where the matcher leaves
+    the dead add in the graph (to dead-code elimination) rather than erasing it, the restore must not put the bias
+    back on the convolution: it would be added twice."""
+    def f(x, w, b):
+        y = torch.ops.aten.convolution.default(x, w, b, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+        return y * 2
+
+    g = _graph(f, (2, 8, 4, 4), (8, 8, 3, 3), (8,))
+    (s,) = patterns._split_conv_biases(g, {("cpu", torch.float32, (2, 8, 4, 4))}, on_cpu=True)
+    for user in list(s.add.users):   # what a replacement does: the readers read the new op's result instead
+        user.replace_input_with(s.add, s.conv)
+    assert not s.add.users and not getattr(s.add, "_erased", False)
+    assert patterns._restore_splits(g, [s]) == 0
+    assert s.conv.args[2] is None
+
+
 def test_the_pattern_sets_cache_key_names_the_split_rule():
     """PATTERN_TRACE 8 (biases split for fold cards) is in the key, and so is the test-only CPU split: a graph
     rewritten with it is never served to a compile without it."""

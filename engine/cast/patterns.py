@@ -534,7 +534,10 @@ def _restore_splits(graph: torch.fx.Graph, splits: Sequence[_Split]) -> int:
     one before the split. A split whose add a match replaced stays split. Returns how many were put back."""
     n = 0
     for s in splits:
-        if getattr(s.add, "_erased", False):
+        # taken: the matcher erased the add, or (should a torch release leave matched nodes to dead-code
+        # elimination) rewired every reader of it to the card's op, which adds the bias itself: putting the bias
+        # back on the convolution then would add it twice
+        if getattr(s.add, "_erased", False) or not s.add.users:
             continue
         s.add.replace_all_uses_with(s.conv)
         graph.erase_node(s.add)
