@@ -59,6 +59,19 @@ def h200_cards(keep: Callable[[str], bool]) -> list[OperatorCard]:
     return out
 
 
+def covering(options: dict[str, set], first: list[str] = ()) -> list[str]:
+    """`first`, then as few more keys of `options` as a greedy pick finds that between them hold every value any
+    key holds (the key holding most values not yet held next; ties to the earlier key). A sampled compile test
+    compiles these sources: every card, kernel and value of every template parameter at least once."""
+    chosen = list(first)
+    left = set().union(*options.values()) - set().union(*(options[k] for k in chosen))
+    while left:
+        best = max(options, key=lambda k: len(options[k] & left))
+        chosen.append(best)
+        left -= options[best]
+    return chosen
+
+
 def check_intent_directed_children(templates: list[Any], cards: list[OperatorCard]) -> int:
     """Asserts the builtin proposer's child of each card's default, asked for "vectorisation", changes only
     vector/unroll parameters (where one of them makes a different kernel), carries the intent's name as its

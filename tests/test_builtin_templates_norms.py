@@ -3,7 +3,8 @@
 Cards are real: the H200 captures in docs/results/capture-h200, and signatures captured here on CPU
 tensors (marked cuda, with the outputs CUDA eager gives: fp32 layer_norm statistics, [C] batch_norm
 saves). Every instance renders and resolves; a deterministic sample of the default + seeded mutations
-compiles with NVRTC for sm_90 (all 30 mutations per card under `-m slow`); the plan follows the GPU it is
+compiles with NVRTC for sm_90, as do samples of the group norm's stream, persist and cluster instances (every
+card, kernel and parameter value at least once; all of them under `-m sweep`); the plan follows the GPU it is
 rendered for (SM count, shared memory per block, clusters only where the arch has them); and a few
 instances per template RUN on the CPU (tests/cuda_emulator.py), compared with float64 references of
 eager CUDA's arithmetic under the lane's own tolerance.
@@ -25,7 +26,7 @@ import cuda_emulator as emu
 import pytest
 import torch
 import torch.nn.functional as F
-from card_helpers import GB10, brief, captured, check_intent_directed_children, h200_cards
+from card_helpers import GB10, brief, captured, check_intent_directed_children, covering, h200_cards
 
 from engine.capture.signature import bind_arguments, describe_tensor, signature_of, signature_text
 from engine.cards import OperatorCard
@@ -342,8 +343,11 @@ def _compile_all(jobs: dict[str, tuple[Any, set[str]]]) -> None:
         assert not res.warnings, f"{what}: {res.summary()}"
 
 
-def _walk_jobs(steps: int) -> dict[str, tuple[Any, set[str]]]:
+def _walk_jobs(steps: int) -> tuple[dict[str, tuple[Any, set[str]]], dict[str, set]]:
+    """The compile jobs of the default and `steps` mutations of each template's richest card in each dtype, and
+    {source: what it was rendered from (its card, kernels, parameter values)}."""
     jobs: dict[str, tuple[Any, set[str]]] = {}
+    options: dict[str, set] = {}
     for dtype in DTYPES:
         first: dict[str, OperatorCard] = {}
         for name, card in _cards_for(dtype):
@@ -352,16 +356,36 @@ def _walk_jobs(steps: int) -> dict[str, tuple[Any, set[str]]]:
             for params in _walk(name, card, steps, seed=i):
                 src, launched = _check_rendered(name, card, params)
                 jobs.setdefault(src, (name, set()))[1].update(launched)
-    return jobs
+                options.setdefault(src, set()).update({("card", name, str(dtype)), *(("kernel", k) for k in launched),
+                                                       *((name, k, repr(v)) for k, v in params.items())})
+    return jobs, options
+
+
+def _label_options(jobs: dict[str, tuple[Any, set[str]]]) -> dict[str, set]:
+    """{source: its label's values, each with its place in the label, and its kernels}: what `covering` spreads a
+    sample over."""
+    return {src: {*((i, repr(v)) for i, v in enumerate(label)), *(("kernel", k) for k in kernels)}
+            for src, (label, kernels) in jobs.items()}
+
+
+def _sample(jobs: dict[str, tuple[Any, set[str]]], options: dict[str, set],
+            first: list[str] = ()) -> dict[str, tuple[Any, set[str]]]:
+    """`first` and as few other jobs as make every value in `options` compiled at least once."""
+    return {src: jobs[src] for src in covering(options, first=list(first))}
 
 
 def test_default_and_a_few_mutations_compile_with_nvrtc_for_sm_90():
-    _compile_all(_walk_jobs(3))
+    """The default and 3 seeded mutations per card, and as few of the 30-mutation walks' sources as make every
+    card, kernel and parameter value compiled at least once: ~44 of 235 sources. All of them under `-m sweep`."""
+    few, _ = _walk_jobs(3)
+    jobs, options = _walk_jobs(30)
+    assert set(few) <= set(jobs)  # the same seeded walks, shorter
+    _compile_all(_sample(jobs, options, first=list(few)))
 
 
-@pytest.mark.slow
+@pytest.mark.sweep  # not in the default run (pyproject's addopts): python -m pytest -m sweep
 def test_default_and_thirty_mutations_compile_with_nvrtc_for_sm_90():
-    _compile_all(_walk_jobs(30))
+    _compile_all(_walk_jobs(30)[0])
 
 
 def _cluster_jobs() -> dict[str, tuple[Any, set[str]]]:
@@ -393,7 +417,8 @@ def test_group_norm_cluster_strategy_on_large_groups_only():
     """Groups too large for one block (the SD3.5 VAE's) get the one-launch cluster strategy besides split
     and fused: its spec asks for the stash as dynamic shared memory within the GPU's per-block limit and its
     workspace holds one Welford triple per block. Small groups (one block each) never offer it. A sample
-    compiles for sm_90 (every cluster size and stash choice under `-m slow`)."""
+    compiles for sm_90: every 8th and enough others for every dtype, cluster size, stash and block (every
+    instance under `-m sweep`)."""
     t = BY_NAME["group_norm"]
     small = group_norm_card([2, 64, 16, 16], 32, torch.float16)
     assert "cluster" not in t.space(small)["strategy"]
@@ -405,13 +430,14 @@ def test_group_norm_cluster_strategy_on_large_groups_only():
     r = resolve(parse_spec(t.render(vae, {**t.default(vae), "strategy": "cluster", "block": 1024}).spec),
                 Env.from_card(vae.signature, vae.outputs))
     assert r.launches[0].shared == 96 * 1024 * 2 and r.launches[0].grid[0] == 32 * 8  # 12 batches of 1024 x 8
-    _compile_all(dict(sorted(jobs.items(), key=lambda kv: str(kv[1][0]))[::8]))
+    every_8th = [src for src, _ in sorted(jobs.items(), key=lambda kv: str(kv[1][0]))[::8]]
+    _compile_all(_sample(jobs, _label_options(jobs), first=every_8th))
 
 
-@pytest.mark.slow
-def test_group_norm_stream_instances_compile_for_sm_90():
+def _stream_jobs() -> dict[str, tuple[Any, set[str]]]:
     """The stream kernel in each dtype, with and without affine, every lookahead and two tile sizes, on the
-    SD3.5 VAE's largest tensor (32 groups of 8 MB): rendered, resolved and compiled for the H200."""
+    SD3.5 VAE's largest tensor (32 groups of 8 MB), and with the statistics kept in L2 in each access width:
+    rendered and resolved for the H200; the compile jobs."""
     t = BY_NAME["group_norm"]
     jobs: dict[str, tuple[Any, set[str]]] = {}
     for dtype in DTYPES:
@@ -431,15 +457,28 @@ def test_group_norm_stream_instances_compile_for_sm_90():
                 src, launched = _check_rendered("group_norm", card, {**t.default(card), "l2": "keep", "vec": v})
                 assert "SH = 3, AH = 4" in src and launched == ["gn_stream"]
                 jobs[src] = ((dtype, affine, "keep", v), {"gn_stream"})
-    _compile_all(jobs)
+    return jobs
 
 
-def test_group_norm_persist_instances_compile_for_sm_90_as_cooperative_launches():
+def test_group_norm_stream_instances_compile_for_sm_90():
+    """Every stream instance rendered and resolved (_stream_jobs); compiled for the H200: enough of them for
+    every dtype, affine or not, lookahead, tile size and L2 access width (every one under `-m sweep`)."""
+    jobs = _stream_jobs()
+    _compile_all(_sample(jobs, _label_options(jobs)))
+
+
+@pytest.mark.sweep  # not in the default run (pyproject's addopts): python -m pytest -m sweep
+def test_every_group_norm_stream_instance_compiles_for_sm_90():
+    _compile_all(_stream_jobs())
+
+
+def _persist_jobs() -> dict[str, tuple[Any, set[str]]]:
     """The persist kernel in each dtype (bf16 and fp32 with affine, fp16 without), 1 and 2 blocks per SM, on
     the SD3.5 VAE's largest tensors: 8 MB groups kept whole in shared memory, 16 MB groups in part (fp32's 32 MB groups,
     less than half kept, are not offered it). Its launch is cooperative (the blocks wait for each other), its
     grid the GPU's SMs times the blocks per SM, and its shared memory three slots of what it keeps, within
-    what an SM holds for that many blocks; its vectors are cp.async's 16 bytes whatever `vec` asks."""
+    what an SM holds for that many blocks; its vectors are cp.async's 16 bytes whatever `vec` asks. The compile
+    jobs."""
     t = BY_NAME["group_norm"]
     jobs: dict[str, tuple[Any, set[str]]] = {}
     for dtype, affine in ((torch.bfloat16, True), (torch.float16, False), (torch.float32, True)):
@@ -480,9 +519,23 @@ def test_group_norm_persist_instances_compile_for_sm_90_as_cooperative_launches(
     card, hw = group_norm_card([1, 128, 1024, 1024], 32, torch.bfloat16), Hardware(max_threads_per_sm=1536)
     narrowed = t.render(card, {**t.default(card, hw=hw), "strategy": "persist", "per_sm": 2, "block": 1024}, hw=hw)
     assert narrowed.params["block"] == 512 and "block 512" in narrowed.intent
-    _compile_all(jobs)
+    return jobs
 
 
+def test_group_norm_persist_instances_compile_for_sm_90_as_cooperative_launches():
+    """Every persist instance of _persist_jobs rendered and resolved as a cooperative launch; compiled for the
+    H200: enough of them for every dtype, affine or not, group size, blocks per SM and groups per step (every one
+    under `-m sweep`)."""
+    jobs = _persist_jobs()
+    _compile_all(_sample(jobs, _label_options(jobs)))
+
+
+@pytest.mark.sweep  # not in the default run (pyproject's addopts): python -m pytest -m sweep
+def test_every_group_norm_persist_instance_compiles_for_sm_90():
+    _compile_all(_persist_jobs())
+
+
+@pytest.mark.sweep  # not in the default run (pyproject's addopts): python -m pytest -m sweep
 def test_every_group_norm_cluster_instance_compiles_for_sm_90():
     _compile_all(_cluster_jobs())
 
