@@ -70,6 +70,22 @@ def capture_json(config, workspace, capsys, *extra):
     return json.loads(out)
 
 
+class OutErr:
+    """A capsys stand-in for module-scoped fixtures: redirects stdout/stderr around one call (capture_json's)."""
+
+    def __init__(self):
+        import io
+
+        self._out, self._err = io.StringIO(), io.StringIO()
+        self._ctx = contextlib.ExitStack()
+        self._ctx.enter_context(contextlib.redirect_stdout(self._out))
+        self._ctx.enter_context(contextlib.redirect_stderr(self._err))
+
+    def readouterr(self):
+        self._ctx.close()
+        return self._out.getvalue(), self._err.getvalue()
+
+
 @pytest.fixture
 def cli(capsys):
     return lambda *argv: run_cli(argv, capsys)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, capture_json
+from conftest import CONFIGS, OutErr, capture_json
 
 from engine.capture.samples import load_sample
 from engine.capture.wide_compute import WideCompute, widens
@@ -20,25 +20,8 @@ CONFIG = CONFIGS / "models" / "resnet50.toml"
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory):
     ws = tmp_path_factory.mktemp("ws")
-    capsys = _Capture()
-    doc = capture_json(CONFIG, ws, capsys, "--samples", "2")
+    doc = capture_json(CONFIG, ws, OutErr(), "--samples", "2")
     return ws, doc
-
-
-class _Capture:
-    """A capsys stand-in for module-scoped fixtures: redirects stdout/stderr around one call."""
-
-    def __init__(self):
-        import io
-        self._out, self._err = io.StringIO(), io.StringIO()
-        import contextlib
-        self._ctx = contextlib.ExitStack()
-        self._ctx.enter_context(contextlib.redirect_stdout(self._out))
-        self._ctx.enter_context(contextlib.redirect_stderr(self._err))
-
-    def readouterr(self):
-        self._ctx.close()
-        return self._out.getvalue(), self._err.getvalue()
 
 
 def test_real_per_forward_counts(captured):

@@ -4,19 +4,36 @@ cards have decoding's shapes, which a prefill's cards never match, so a cast can
 
 from __future__ import annotations
 
+import pytest
 import torch
-from conftest import CONFIGS, capture_json
+from conftest import CONFIGS, OutErr, capture_json
 
 from engine.config import build_target, load_config
 
+DECODE = CONFIGS / "examples" / "gemma4_e2b_decode.toml"
 
-def test_a_decoding_step_is_repeatable_and_captures_decodings_shapes(tmp_path, capsys):
-    config = load_config(CONFIGS / "examples" / "gemma4_e2b_decode.toml", small=True)
-    target = build_target(config, torch.device("cpu"))
+
+# The small Gemma's decoding step built (with its 128-token prefill) and captured once for the two tests below,
+# which each built and captured it (23 s of the two tests' 24 s here). Neither changes the model: the cast test
+# removes its cast.
+@pytest.fixture(scope="module")
+def decode_target():
+    return build_target(load_config(DECODE, small=True), torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def decode_capture(tmp_path_factory):
+    """The decoding-step config's capture with one sample: (its workspace, its JSON)."""
+    ws = tmp_path_factory.mktemp("ws")
+    return ws, capture_json(DECODE, ws, OutErr(), "--samples", "1")
+
+
+def test_a_decoding_step_is_repeatable_and_captures_decodings_shapes(decode_target, decode_capture):
+    target = decode_target
     assert target.notes["forward"].startswith("one decoding step: 1x1 token (the greedy next one) at position 128")
     first, second = target.forward(), target.forward()
     assert first.logits.shape[:2] == (1, 1) and torch.equal(first.logits, second.logits)  # the cache is not grown
-    doc = capture_json(CONFIGS / "examples" / "gemma4_e2b_decode.toml", tmp_path, capsys, "--samples", "1")
+    _, doc = decode_capture
     sigs = [c["signature"] for c in doc["cards"]]
     # nothing of the cache's copy is captured: only the step's own ops
     assert not any(c["op"] in ("aten::clone", "aten::copy_") for c in doc["cards"]), sorted({c["op"] for c in doc["cards"]})
@@ -26,7 +43,8 @@ def test_a_decoding_step_is_repeatable_and_captures_decodings_shapes(tmp_path, c
     assert not any("[1,128," in s for s in sigs)
 
 
-def test_module_cards_of_a_decoding_step_serve_generate_with_its_default_cache(tmp_path, capsys):
+def test_module_cards_of_a_decoding_step_serve_generate_with_its_default_cache(tmp_path, decode_target,
+                                                                               decode_capture):
     """The RMSNorm module cards the decoding-step config captures are the calls eager generate() makes at
     every decoding step with transformers' default (dynamic) cache: a cast of them (plans that compute the
     chain exactly and count) serves those steps, and the tokens are generate()'s own."""
@@ -39,9 +57,9 @@ def test_module_cards_of_a_decoding_step_serve_generate_with_its_default_cache(t
     from engine.cast.format import write_cast
     from engine.store import db_path
 
-    doc = capture_json(CONFIGS / "examples" / "gemma4_e2b_decode.toml", tmp_path, capsys, "--samples", "1")
+    ws, doc = decode_capture
     norms = [c for c in doc["chains"] if c["chain"]["kind"] == "module" and c["chain"]["module_class"] == "Gemma4RMSNorm"]
-    db = sqlite3.connect(db_path(tmp_path))
+    db = sqlite3.connect(db_path(ws))
     variants, plans, calls = [], {}, {}
     for c in norms:
         sig = json.loads(db.execute("SELECT signature FROM cards WHERE card_id = ?", (c["id"],)).fetchone()[0])
@@ -61,8 +79,7 @@ def test_module_cards_of_a_decoding_step_serve_generate_with_its_default_cache(t
            "gpu": "NVIDIA H200", "arch": "sm_90", "compute_capability": [9, 0], "driver": "13.0", "nvrtc": "13.0"}
     write_cast(tmp_path / "decode.cast", {"format": cast_format.FORMAT, "format_version": cast_format.FORMAT_VERSION,
                                           "env": env, "variants": variants}, {}, "# test\n")
-    model = build_target(load_config(CONFIGS / "examples" / "gemma4_e2b_decode.toml", small=True),
-                         torch.device("cpu")).module
+    model = decode_target.module
     ids = torch.randint(3, 1000, (1, 16), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = model.generate(ids, max_new_tokens=4, do_sample=False)
