@@ -51,9 +51,11 @@ def _cards(dtypes: tuple[torch.dtype, ...] = DTYPES) -> tuple[OperatorCard, ...]
     cards = [c for dt in dtypes for c in cards_for(dt)] + [c for dt in dtypes for _, c in norm_cards_for(dt)]
     cards += [group_norm_card([1, 512, 128, 128], 32, torch.bfloat16),   # 512 KB groups: cluster first on sm_90
               group_norm_card([1, 32, 128, 128], 8, torch.float16)]
-    from test_builtin_group_norm_cl import cl_card  # channels-last input (group_norm_cl), both output layouts
+    # channels-last input (group_norm_cl), both output layouts; a convolution's bias folded in (the fold chain)
+    from test_builtin_group_norm_cl import cl_card, fold_card
 
     cards += [cl_card([2, 64, 16, 16], 32, torch.bfloat16), cl_card([1, 32, 8, 8], 8, torch.float32, out="channels_last")]
+    cards += [fold_card()]   # chain_bias_group_norm_silu
     from test_builtin_chains import _cases  # the chain cards of every chain template (toy modules, traced)
 
     cards += list(_cases().values())

@@ -564,7 +564,7 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
         eager_graph, eager_static = capture_graph(forward) if graphs else (None, None)
         # the arm without the cast run until its pace stops moving (a fresh process on a just-busy host issues a
         # host-bound forward slower for a while, which flatters the arm that issues less: engine.bench.forward)
-        settled = settle(eager_graph.replay if graphs else base, device) if device == "cuda" else None
+        settle_info = settle(eager_graph.replay if graphs else base, device) if device == "cuda" else None
         # the arm without the cast timed alone, before any cast is loaded: a cast whose arm leaves work behind (a
         # host thread, a launch that outlives its call) slows the other arm instead of speeding its own
         alone_us = []
@@ -683,7 +683,7 @@ def check(config: str, small: bool, cast_path: str, sets: list[list[str]], iters
                 chosen = alt
     return {"mode": mode_name(graphs, compile_mode), "tried": tried, "chosen": chosen,
             "degenerate_eager": eager_bad, "reference": wider[1] if wider is not None else None,
-            "inputs": varied.describe(), "settled": settled}
+            "inputs": varied.describe(), "settled": settle_info}
 
 
 def main(argv: list[str] | None = None) -> int:
