@@ -917,6 +917,27 @@ def _host_line(what: str, row: dict | None, why: str | None) -> str:
             f"{c['kernels']} + {c['copies']}, {c['us_per_launch']:.2f} µs per launch.")
 
 
+def counted_key(cards: dict[str, dict[str, Any]], cid: str) -> str:
+    """What a card's share of the model's time is counted once by (`engine.capture.twins.call_key`: a card and its
+    channels-last twin), a conv-bias fold (engine.capture.folds) by the chain it was folded from: the same
+    GroupNorm -> SiLU calls, with the convolution's bias add in front, which the chain's share does not hold."""
+    from engine.capture.twins import call_key
+
+    seen: set[str] = set()
+    while cid in cards and cid not in seen:
+        seen.add(cid)
+        sig = cards[cid].get("signature")
+        sig = json.loads(sig) if isinstance(sig, str) else sig
+        if not isinstance(sig, dict):
+            return cid
+        origin = (sig.get("folded_from") or {}).get("card")
+        if origin in cards:
+            cid = origin
+            continue
+        return call_key(cards[cid]["op"], sig)
+    return cid
+
+
 def per_model_section(out: Path, models: list[str], covered: dict[str, float], chart: bool = False) -> list[str]:
     """The whole-forward arms of every model: a summary, where we lose, then per model its arms, host time per
     forward and its sittings. A number that is not there says why."""
@@ -1075,7 +1096,6 @@ def report(out: Path, models: list[str], allow_mixed: bool = False, chart: bool 
     sys.path.insert(0, str(ROOT))
     from engine.bench.floor import card_flops, is_compute_op
     from engine.capture.hidden import row_shares
-    from engine.capture.twins import call_key
     from engine.outcomes import faster_with_confidence
 
     mixed = mixed_code(out, models)
@@ -1107,7 +1127,7 @@ def report(out: Path, models: list[str], allow_mixed: bool = False, chart: bool 
         comp = {o["card_id"]: o for o in compile_doc.get("ops", [])}
         in_cast_ids = _cast_cards(d / f"{model}.cast")
         tflops = matmul_tflops(_load(d / RECORD))
-        covered, counted = 0.0, set()
+        counted: dict[str, float] = {}   # the calls' key -> the largest share of a card in the cast for them
         shares = row_shares(facts["cards"])   # a convolution's bias add: its part of the convolution's share
         for cid, cands in facts["candidates"].items():
             card = facts["cards"][cid]
@@ -1118,10 +1138,9 @@ def report(out: Path, models: list[str], allow_mixed: bool = False, chart: bool 
             if not faster_with_confidence((best["speedup_low"], best["speedup_high"])):
                 continue
             in_cast = cid in in_cast_ids
-            key = call_key(card["op"], card["signature"]) if card.get("signature") else cid
-            if in_cast and key not in counted:  # a card and its channels-last twin are the same calls
-                counted.add(key)
-                covered += shares.get(cid) or 0.0
+            if in_cast:  # a card, its channels-last twin and its conv-bias fold are the same calls: counted once
+                key = counted_key(facts["cards"], cid)
+                counted[key] = max(counted.get(key, 0.0), shares.get(cid) or 0.0)
             roof = card.get("roofline_us")
             sig = card.get("signature")
             sig = json.loads(sig) if isinstance(sig, str) else sig
@@ -1129,7 +1148,7 @@ def report(out: Path, models: list[str], allow_mixed: bool = False, chart: bool 
             of_peak = 100 * flops / (best["best_us"] * 1e-6) / (tflops * 1e12) if flops and tflops else None
             won_rows.append((model, card, best, comp.get(cid, {}), len(cands), in_cast_ids.get(cid),
                              100 * roof / best["best_us"] if roof else None, of_peak))
-        covered_by[model] = covered
+        covered_by[model] = sum(counted.values())
         # bench_compile_ops' whole-model torch.compile (--compile-ops, or results from before bench_compose),
         # beside the eager time of its own measurement.
         whole = compile_doc.get("whole_model") or {}

@@ -262,3 +262,22 @@ def test_no_twin_where_the_model_makes_the_channels_last_call_itself():
     nchw, cl = card(x, "nchw0000"), card(x.contiguous(memory_format=torch.channels_last), "cl000000")
     assert set(channels_last_twins([nchw])) == {"nchw0000"}       # alone: a twin
     assert channels_last_twins([nchw, cl]) == {}                   # the model's own channels-last card is the call
+
+
+def test_a_chain_twin_is_counted_with_its_original():
+    """A GroupNorm -> SiLU chain's channels-last twin makes the same calls as its original: one key for shares
+    (reproduce's covered share, the run table's 'twin of') as for an op's twin; another chain's stays its own."""
+    from engine.capture.twins import call_key, twins_among
+
+    x = {"name": "in0", "kind": "tensor", "dtype": "bfloat16", "shape": [1, 64, 8, 8], "stride": [4096, 64, 8, 1]}
+    nodes = [{"op": "aten::native_group_norm", "args": [{"tensor": ["in", 0]}]},
+             {"op": "aten::silu", "args": [{"tensor": ["node", 0]}]}]
+    plain = {"op": "kforge::chain", "args": [x], "chain": {"nodes": nodes}}
+    twin = {**plain, "args": [{**x, "stride": [4096, 1, 512, 64]}], "twin_of": "p"}
+    relu = {**plain, "chain": {"nodes": [{**nodes[0]}, {"op": "aten::relu", "args": [{"tensor": ["node", 0]}]}]}}
+    relu_cl = {**relu, "args": twin["args"]}
+    assert call_key("kforge::chain", plain) == call_key("kforge::chain", twin)
+    assert call_key("kforge::chain", relu) != call_key("kforge::chain", relu_cl)  # no twin kernel: another call
+    cards = [("p", "kforge::chain", plain), ("t", "kforge::chain", json.dumps(twin)), ("r", "kforge::chain", relu),
+             ("rc", "kforge::chain", relu_cl)]
+    assert twins_among(cards) == {"t": "p"}

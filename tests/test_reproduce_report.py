@@ -1016,3 +1016,39 @@ def test_bench_compose_waits_for_a_sitting_with_time_for_it(tmp_path, monkeypatc
     rp.model_steps("vit_b16", out, tmp_path / "ws", 60, deadline=time.time() + 45 + 200, graph_routes=False)
     (name, limit), = [c for c in calls if c[0].endswith("compose")]
     assert 150 <= limit <= 200   # started, with what the deadline left
+
+
+def test_the_covered_share_counts_a_chain_its_twin_and_its_conv_bias_fold_once(tmp_path, monkeypatch):
+    """A GroupNorm -> SiLU chain card, its channels-last twin and its conv-bias fold (engine.capture.folds) are
+    the same calls: all three in the cast cover the chain's share once, not the sum (35 % here). Fake numbers
+    written by the test."""
+    reproduce = load_script("reproduce")
+    d = tmp_path / "resnet50"
+    d.mkdir()
+    reproduce.write_facts(DEMO_DB, d / reproduce.FACTS)
+    facts = json.loads((d / reproduce.FACTS).read_text())
+    x = {"name": "in0", "kind": "tensor", "dtype": "bfloat16", "shape": [1, 64, 32, 32], "stride": [65536, 1024, 32, 1]}
+    nodes = [{"op": "aten::native_group_norm", "args": [{"tensor": ["in", 0]}]},
+             {"op": "aten::silu", "args": [{"tensor": ["node", 0]}]}]
+    plain = {"op": "kforge::chain", "args": [x], "chain": {"nodes": nodes}}
+    twin = {**plain, "args": [{**x, "stride": [65536, 1, 2048, 64]}], "twin_of": "plain"}
+    fold = {**plain, "args": [x, {"name": "in1", "kind": "tensor", "dtype": "bfloat16", "shape": [1, 64, 1, 1]}],
+            "folded_from": {"card": "plain", "how": "convolution bias"}}
+    fold_twin = {**fold, "args": [twin["args"][0], fold["args"][1]], "twin_of": "fold",
+                 "folded_from": {"card": "twin", "how": "convolution bias"}}
+    other = {**plain, "args": [{**x, "shape": [1, 32, 32, 32]}]}
+    shares = {"plain": 0.2, "twin": 0.2, "fold": 0.15, "fold_twin": 0.15, "other": 0.05}
+    for cid, sig in (("plain", plain), ("twin", twin), ("fold", fold), ("fold_twin", fold_twin), ("other", other)):
+        facts["cards"][cid] = {"card_id": cid, "op": "kforge::chain", "signature": sig, "signature_text": cid,
+                               "calls": 1, "share": shares[cid], "bytes": 1e6, "eager_us": 40.0}
+        facts["candidates"][cid] = [{"id": f"c-{cid}", "card_id": cid, "status": "verified", "proposer": "builtin",
+                                     "best_us": 10.0, "eager_us": 40.0, "speedup": 4.0, "speedup_low": 3.9,
+                                     "speedup_high": 4.1}]
+    (d / reproduce.FACTS).write_text(json.dumps(facts))
+    (d / reproduce.RECORD).write_text(json.dumps({"model": "resnet50", "steps": {}, "sittings": [FAKE_SITTING]}))
+    assert len({reproduce.counted_key(facts["cards"], c) for c in ("plain", "twin", "fold", "fold_twin")}) == 1
+    in_cast = {"plain": "builtin", "twin": "builtin", "fold": "builtin", "fold_twin": "builtin"}
+    monkeypatch.setattr(reproduce, "_cast_cards", lambda path: dict(in_cast))
+    assert "Model time covered by the cast's kernels: 20 %" in reproduce.report(tmp_path, ["resnet50"])
+    in_cast = {"fold": "builtin", "other": "builtin"}   # the fold alone: its own share, beside another chain's
+    assert "Model time covered by the cast's kernels: 20 %" in reproduce.report(tmp_path, ["resnet50"])

@@ -125,23 +125,28 @@ def untwinned(signature: dict[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in signature.items() if k != "twin_of"}, "args": args}
 
 
+def twinnable(op: str, signature: dict[str, Any]) -> bool:
+    """A card that may have a channels-last twin: an op of TWIN_OPS, or a chain of TWIN_CHAINS."""
+    return op in TWIN_OPS or (op == CHAIN_OP and _twin_chain(signature))
+
+
 def call_key(op: str, signature: dict[str, Any]) -> str:
-    """The same for a card and its twin (the first argument's strides left out for TWIN_OPS): what a share
-    of the model's time is counted once by."""
+    """The same for a card and its twin (the first argument's strides left out for TWIN_OPS and TWIN_CHAINS):
+    what a share of the model's time is counted once by."""
     import json
 
     if isinstance(signature, str):  # a store row's JSON text
         signature = json.loads(signature)
     args = list(signature.get("args", []))
-    if op in TWIN_OPS and args:
+    if twinnable(op, signature) and args:
         args[0] = {k: v for k, v in args[0].items() if k != "stride"}
     rest = {k: v for k, v in signature.items() if k != "twin_of"}
     return op + json.dumps({**rest, "args": args}, sort_keys=True, default=str)
 
 
 def twins_among(cards: Sequence[tuple[str, str, Any]]) -> dict[str, str]:
-    """Among (card id, op, signature) of one capture: twin id -> its original's id (a card of TWIN_OPS whose
-    first input is not contiguous, with the same call as a card whose first input is)."""
+    """Among (card id, op, signature) of one capture: twin id -> its original's id (a card of TWIN_OPS or
+    TWIN_CHAINS whose first input is not contiguous, with the same call as a card whose first input is)."""
     import json
 
     def first_contiguous(sig: Any) -> bool:
@@ -149,12 +154,15 @@ def twins_among(cards: Sequence[tuple[str, str, Any]]) -> dict[str, str]:
         a = (sig.get("args") or [{}])[0]
         return a.get("kind") == "tensor" and _contiguous([int(v) for v in a["shape"]], [int(v) for v in a["stride"]])
 
-    plain = {call_key(op, sig): cid for cid, op, sig in cards if op in TWIN_OPS and first_contiguous(sig)}
+    def loaded(sig: Any) -> dict[str, Any]:
+        return json.loads(sig) if isinstance(sig, str) else sig
+
+    plain = {call_key(op, sig): cid for cid, op, sig in cards if twinnable(op, loaded(sig)) and first_contiguous(sig)}
     ids = {cid for cid, _, _ in cards}
     out = {}
     for cid, op, sig in cards:
-        sig = json.loads(sig) if isinstance(sig, str) else sig
-        if op not in TWIN_OPS or first_contiguous(sig):
+        sig = loaded(sig)
+        if not twinnable(op, sig) or first_contiguous(sig):
             continue
         if sig.get("twin_of"):    # named by the capture (twin_of), counted where its original is a card
             if sig["twin_of"] in ids:
