@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import math
 import os
@@ -102,8 +103,6 @@ def timed(run) -> float:
     kw = {"before": VARIED.before} if VARIED is not None else {}
     if BLOCK <= 1:
         return time_steady(run, DEVICE, WARM_CALLS, **kw)
-    import gc
-
     gc.collect()
     # what survived is frozen (main unfreezes it): the next turn's collection scans only what came since. Each
     # full collection of a heap holding Dynamo's and Inductor's state took 0.3 s, 21 of a 49 s CPU run.
@@ -194,8 +193,6 @@ def pair(a, b, iters: int, around_b=None, precision: float | None = None, max_s:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import gc
-
     try:
         return _main(argv)
     finally:
@@ -392,6 +389,7 @@ def _main(argv: list[str] | None) -> int:
             kw = {} if mode == "default" else {"mode": mode}
             replayed = mode == "reduce-overhead"  # CUDA graphs: a replay runs no Python, so counts no hit
             step = torch.compiler.cudagraph_mark_step_begin if replayed else (lambda: None)
+            gc.unfreeze()  # the last mode's compiled functions and CUDA-graph pools, dropped, can be collected now
             torch._dynamo.reset()
             r: dict[str, Any] = {}
             try:
