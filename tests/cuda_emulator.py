@@ -122,6 +122,7 @@ struct emu_fiber {  // one CUDA thread: its stack, and what the CUDA thread sees
   std::vector<emu_copy> open;
 };
 inline emu_fiber* emu_cur = nullptr;
+inline unsigned long long emu_events = 0;  // arrivals, exits and sleeps: a pass of the scheduler without any is a deadlock
 inline emu_ctx emu_sched;  // the scheduler's context
 inline const void* emu_main_bottom = nullptr;
 inline size_t emu_main_size = 0;
@@ -167,6 +168,7 @@ struct emu_barrier {
   }
  private:
   bool arrive() {  // true when this arrival completed the phase
+    ++emu_events;
     if (--left > 0) return false;
     left = expected;
     ++phase;
@@ -229,7 +231,10 @@ inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v)
   return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
 }
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-inline void __nanosleep(unsigned) { emu_yield(); }
+inline void __nanosleep(unsigned) {
+  ++emu_events;
+  emu_yield();
+}
 template <class R> inline R __ldcs(const R* p) { return *p; }
 template <class R> inline R __ldg(const R* p) { return *p; }
 template <class R> inline R __ldcg(const R* p) { return *p; }
@@ -343,12 +348,19 @@ template <class F> void emu_launch(F&& kernel, unsigned grid, unsigned block, un
       f.stack_size = kStack;
       emu_ctx_init(f.ctx, f.map + kGuard, kStack, emu_entry);
     }
-  for (size_t live = fs.size(); live;)
+  for (size_t live = fs.size(); live;) {
+    const unsigned long long before = emu_events;
     for (auto& f : fs)
       if (!f.done) {
         emu_resume(&f);
         live -= f.done;
+        emu_events += f.done;
       }
+    if (live && emu_events == before) {  // every live thread waits at a barrier that none will reach
+      std::fprintf(stderr, "emulation deadlock: %zu thread(s) wait at barriers no other thread reaches\n", live);
+      std::abort();
+    }
+  }
   emu_cur = nullptr;
   for (auto& f : fs) {
 #ifdef __SANITIZE_ADDRESS__
