@@ -1,8 +1,12 @@
 """Runs generated CUDA on the CPU: g++ compiles the kernels against a small CUDA shim and runs them.
 
-One OS thread per CUDA thread; the blocks of a thread-block cluster (or of a cooperative launch's whole
-grid) run together, clusters (or single blocks) one after another. A barrier whose waiters sleep (emu_barrier) stands in for __syncthreads, warp shuffles and the cluster
-barrier (kf_cluster_sync); cp.async (kf_async_copy16) lands when waited for; a thread that returns drops out of them, as exited threads do on the GPU.
+One fiber per CUDA thread (all of a launch's on one OS thread, each running until it waits, then the next);
+the blocks of a thread-block cluster (or of a cooperative launch's whole grid) run together, clusters (or
+single blocks) one after another. A barrier whose waiters yield (emu_barrier) stands in for __syncthreads,
+warp shuffles and the cluster barrier (kf_cluster_sync); cp.async (kf_async_copy16) lands when waited for;
+__nanosleep yields; a thread that returns drops out of the barriers, as exited threads do on the GPU.
+AddressSanitizer is told of every stack switch, so it checks the fibers' stacks too (on x86-64: elsewhere
+the fallback, swapcontext, leaves stack overflows of a fiber's frames unreported).
 Every buffer is allocated at its exact size (AddressSanitizer reports any access outside it) at its
 original offset modulo 16, and UBSan's alignment check reports misaligned accesses. Each launch's scalar arguments are
 baked into the program, so a run only passes buffers. Used by the builtin template tests.
@@ -25,18 +29,20 @@ from engine.capture.signature import storage_extent
 
 SHIM = r"""
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
-#include <thread>
 #include <vector>
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+#include <sys/mman.h>
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+#ifdef __SANITIZE_ADDRESS__
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
 #define __global__
 #define __device__
 #define __host__
@@ -48,67 +54,160 @@ SHIM = r"""
 #define __cluster_dims__(...)
 using std::max;
 using std::min;
-// A barrier with std::barrier's arrive_and_wait / arrive_and_drop whose waiters sleep on a futex at once:
-// std::barrier spins on sched_yield first, and with a thread per CUDA thread on a few cores most of the
-// time went there.
+// The CUDA threads of a launch are fibers on one OS thread (a thread per CUDA thread spent most of its time
+// in the kernel's scheduler: a barrier of N threads on a few cores is N context switches). A fiber runs
+// until it waits (a barrier, __nanosleep), then the next one in round-robin order; AddressSanitizer is told
+// of every stack switch. Each fiber's stack is its own mapping under a guard page.
+struct emu_dim3 { unsigned x = 0, y = 0, z = 0; };
+struct emu_copy { void* dst; const void* src; };
+struct emu_block;
+struct emu_barrier;
+#if defined(__x86_64__)
+// Saves the callee-saved registers on the current stack, stores its pointer in *save, and continues on `to`.
+extern "C" void emu_switch(void** save, void* to);
+asm(R"(.text
+.globl emu_switch
+.type emu_switch, @function
+emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size emu_switch, .-emu_switch
+)");
+struct emu_ctx { void* sp = nullptr; };
+inline void emu_ctx_init(emu_ctx& c, char* stack, size_t size, void (*entry)()) {
+  void** top = (void**)(stack + size - 16);  // `ret` enters `entry` at 8 mod 16, as after a call
+  top[0] = (void*)entry;
+  top[1] = nullptr;
+  for (int i = 1; i <= 6; ++i) top[-i] = nullptr;  // rbp, rbx, r12-r15
+  c.sp = top - 6;
+}
+inline void emu_ctx_switch(emu_ctx& from, emu_ctx& to) { emu_switch(&from.sp, to.sp); }
+#else
+struct emu_ctx { ucontext_t uc; };
+inline void emu_ctx_init(emu_ctx& c, char* stack, size_t size, void (*entry)()) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = size;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, entry, 0);
+}
+inline void emu_ctx_switch(emu_ctx& from, emu_ctx& to) { swapcontext(&from.uc, &to.uc); }
+#endif
+struct emu_fiber {  // one CUDA thread: its stack, and what the CUDA thread sees as its own
+  emu_ctx ctx;
+  char* map = nullptr;  // guard page, then the stack
+  size_t stack_size = 0;
+  bool done = false;
+  void (*body)(void*, unsigned, unsigned) = nullptr;  // the launch's thread body, called (arg, q, t)
+  void* arg = nullptr;
+  unsigned q = 0, t = 0;
+  emu_dim3 tid, bid;
+  emu_block* me = nullptr;
+  emu_barrier* cluster_bar = nullptr;
+  unsigned shfl_round = 0;  // shuffles this thread made in its block (0 at its start)
+  std::vector<std::vector<emu_copy>> groups;  // cp.async groups committed, oldest first
+  std::vector<emu_copy> open;
+};
+inline emu_fiber* emu_cur = nullptr;
+inline unsigned long long emu_events = 0;  // arrivals, exits and sleeps: a pass of the scheduler without any is a deadlock
+inline emu_ctx emu_sched;  // the scheduler's context
+inline const void* emu_main_bottom = nullptr;
+inline size_t emu_main_size = 0;
+#ifdef __SANITIZE_ADDRESS__
+#define EMU_START_SWITCH(save, bottom, size) __sanitizer_start_switch_fiber(save, bottom, size)
+#define EMU_FINISH_SWITCH(save, bottom, size) __sanitizer_finish_switch_fiber(save, bottom, size)
+#else
+#define EMU_START_SWITCH(save, bottom, size)
+#define EMU_FINISH_SWITCH(save, bottom, size)
+#endif
+inline void emu_yield() {  // from a fiber: the scheduler runs the next one
+  void* fake = nullptr;
+  EMU_START_SWITCH(&fake, emu_main_bottom, emu_main_size);
+  emu_ctx_switch(emu_cur->ctx, emu_sched);
+  EMU_FINISH_SWITCH(fake, &emu_main_bottom, &emu_main_size);
+}
+inline void emu_entry() {
+  EMU_FINISH_SWITCH(nullptr, &emu_main_bottom, &emu_main_size);
+  emu_cur->body(emu_cur->arg, emu_cur->q, emu_cur->t);
+  emu_cur->done = true;
+  EMU_START_SWITCH(nullptr, emu_main_bottom, emu_main_size);  // this fiber's stack is done with
+  emu_ctx_switch(emu_cur->ctx, emu_sched);
+  std::abort();  // never resumed
+}
+inline void emu_resume(emu_fiber* f) {  // from the scheduler: f runs until it waits or returns
+  void* fake = nullptr;
+  emu_cur = f;
+  EMU_START_SWITCH(&fake, f->map + 4096, f->stack_size);
+  emu_ctx_switch(emu_sched, f->ctx);
+  EMU_FINISH_SWITCH(fake, nullptr, nullptr);
+}
+// A barrier with std::barrier's arrive_and_wait / arrive_and_drop; a waiter yields until its phase ends.
 struct emu_barrier {
   explicit emu_barrier(ptrdiff_t n) : expected(n), left(n) {}
   void arrive_and_wait() {
-    const uint32_t mine = phase.load();  // the phase cannot end before this thread arrives
+    const uint32_t mine = phase;
     if (arrive()) return;
-    while (phase.load() == mine) syscall(SYS_futex, &phase, FUTEX_WAIT_PRIVATE, mine, nullptr, nullptr, 0);
+    while (phase == mine) emu_yield();
   }
   void arrive_and_drop() {  // arrives for this phase and leaves the later ones
-    expected.fetch_sub(1);
+    --expected;
     arrive();
   }
  private:
   bool arrive() {  // true when this arrival completed the phase
-    if (left.fetch_sub(1) > 1) return false;
-    left.store(expected.load());
-    phase.fetch_add(1);
-    syscall(SYS_futex, &phase, FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
+    ++emu_events;
+    if (--left > 0) return false;
+    left = expected;
+    ++phase;
     return true;
   }
-  std::atomic<ptrdiff_t> expected, left;
-  std::atomic<uint32_t> phase{0};
+  ptrdiff_t expected, left;
+  uint32_t phase = 0;
 };
-struct emu_dim3 { unsigned x = 0, y = 0, z = 0; };
-inline thread_local emu_dim3 threadIdx, blockIdx;
-inline emu_dim3 blockDim, gridDim;
 struct emu_block {  // the synchronisation state of one running block
-  std::unique_ptr<emu_barrier> bar;
-  std::vector<std::unique_ptr<emu_barrier>> warps;
+  std::vector<emu_barrier> bar, warps;  // one; one per warp
   std::vector<uint32_t> slots;
 };
-inline thread_local emu_block* emu_me = nullptr;
-inline thread_local emu_barrier* emu_cluster_bar = nullptr;
-inline void __syncthreads() { emu_me->bar->arrive_and_wait(); }
-inline void kf_cluster_sync() { emu_cluster_bar->arrive_and_wait(); }
+#define threadIdx (emu_cur->tid)
+#define blockIdx (emu_cur->bid)
+inline emu_dim3 blockDim, gridDim;
+inline void __syncthreads() { emu_cur->me->bar[0].arrive_and_wait(); }
+inline void kf_cluster_sync() { emu_cur->cluster_bar->arrive_and_wait(); }
 // cp.async: a thread's copies land only when its kf_async_wait<N> retires their group (oldest first), so a
 // kernel that reads its shared memory before waiting reads what was there before.
-struct emu_copy { void* dst; const void* src; };
-inline thread_local std::vector<std::vector<emu_copy>> emu_groups;  // committed, oldest first
-inline thread_local std::vector<emu_copy> emu_open;
-inline void kf_async_copy16(void* smem, const void* gmem) { emu_open.push_back({smem, gmem}); }
-inline void kf_async_commit() { emu_groups.push_back(std::move(emu_open)); emu_open.clear(); }
+inline void kf_async_copy16(void* smem, const void* gmem) { emu_cur->open.push_back({smem, gmem}); }
+inline void kf_async_commit() { emu_cur->groups.push_back(std::move(emu_cur->open)); emu_cur->open.clear(); }
 template <int N> inline void kf_async_wait() {
-  while (emu_groups.size() > (size_t)N) {
-    for (const auto& c : emu_groups.front()) std::memcpy(c.dst, c.src, 16);
-    emu_groups.erase(emu_groups.begin());
+  auto& groups = emu_cur->groups;
+  while (groups.size() > (size_t)N) {
+    for (const auto& c : groups.front()) std::memcpy(c.dst, c.src, 16);
+    groups.erase(groups.begin());
   }
 }
 // 32-bit shuffles within the thread's warp, one warp barrier each: the slots of alternate shuffles are two
 // halves of `slots`, so a thread writing shuffle k+2's value (past shuffle k+1's barrier, which every live
 // thread of its warp reached after reading shuffle k's) never overwrites one still to be read.
-inline thread_local unsigned emu_shfl_round = 0;  // shuffles this thread made in its block (0 at its start)
 template <class T> inline T emu_shfl(T v, int src) {
   static_assert(sizeof(T) == 4, "32-bit shuffles only");
-  const unsigned t = threadIdx.x, w = t / 32, half = (emu_shfl_round++ & 1u) * blockDim.x;
-  std::memcpy(&emu_me->slots[half + t], &v, 4);
-  emu_me->warps[w]->arrive_and_wait();
+  emu_block* me = emu_cur->me;
+  const unsigned t = threadIdx.x, w = t / 32, half = (emu_cur->shfl_round++ & 1u) * blockDim.x;
+  std::memcpy(&me->slots[half + t], &v, 4);
+  me->warps[w].arrive_and_wait();
   T r;
-  std::memcpy(&r, &emu_me->slots[half + w * 32 + (src & 31)], 4);
+  std::memcpy(&r, &me->slots[half + w * 32 + (src & 31)], 4);
   return r;
 }
 template <class T> inline T __shfl_sync(unsigned, T v, int src) { return emu_shfl(v, src); }
@@ -127,12 +226,15 @@ inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 // Atomics and fences (the stream kernels draw tickets and count finished tiles); blocks run one after
 // another here, so a block never waits for one that has not run.
-inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
-  return std::atomic_ref<unsigned long long>(*p).fetch_add(v);
+  return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
 }
-inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-inline void __nanosleep(unsigned) { std::this_thread::yield(); }
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void __nanosleep(unsigned) {
+  ++emu_events;
+  emu_yield();
+}
 template <class R> inline R __ldcs(const R* p) { return *p; }
 template <class R> inline R __ldg(const R* p) { return *p; }
 template <class R> inline R __ldcg(const R* p) { return *p; }
@@ -201,40 +303,71 @@ struct emu_ptr { void* p; template <class T> operator T*() const { return static
 // calling kernel(q) (a separate copy of the code, so each has its own __shared__ statics). The threads
 // of one cluster are made once and walk the clusters in turn, meeting between them.
 template <class F> void emu_launch(F&& kernel, unsigned grid, unsigned block, unsigned cluster = 1) {
+  constexpr size_t kStack = 256 * 1024, kGuard = 4096;
   gridDim = {grid, 1, 1};
   blockDim = {block, 1, 1};
   const unsigned groups = (grid + cluster - 1) / cluster;
   std::vector<emu_block> blocks(grid);
   for (auto& blk : blocks) {
-    blk.bar.reset(new emu_barrier(block));
-    for (unsigned w = 0; w * 32 < block; ++w)
-      blk.warps.emplace_back(new emu_barrier(std::min(32u, block - w * 32)));
+    blk.bar.emplace_back(block);
+    for (unsigned w = 0; w * 32 < block; ++w) blk.warps.emplace_back(std::min(32u, block - w * 32));
     blk.slots.assign(2 * block, 0u);
   }
-  std::vector<std::unique_ptr<emu_barrier>> cbars;
-  for (unsigned g = 0; g < groups; ++g) cbars.emplace_back(new emu_barrier(block * cluster));
+  std::vector<emu_barrier> cbars;
+  for (unsigned g = 0; g < groups; ++g) cbars.emplace_back(block * cluster);
   emu_barrier between(block * cluster);
-  std::vector<std::thread> ts;
+  auto body = [&](unsigned q, unsigned t) {
+    for (unsigned g = 0; g < groups; ++g) {
+      const unsigned b = g * cluster + q;
+      emu_cur->cluster_bar = &cbars[g];
+      if (b < grid) {
+        emu_cur->tid = {t, 0, 0};
+        emu_cur->bid = {b, 0, 0};
+        emu_cur->me = &blocks[b];
+        emu_cur->shfl_round = 0;
+        kernel(q);
+        emu_cur->me->bar[0].arrive_and_drop();  // an exited thread leaves the barriers, as on the GPU
+        emu_cur->me->warps[t / 32].arrive_and_drop();
+      }
+      emu_cur->cluster_bar->arrive_and_drop();
+      between.arrive_and_wait();
+    }
+  };
+  std::vector<emu_fiber> fs(size_t(cluster) * block);
   for (unsigned q = 0; q < cluster; ++q)
-    for (unsigned t = 0; t < block; ++t)
-      ts.emplace_back([&, q, t] {
-        for (unsigned g = 0; g < groups; ++g) {
-          const unsigned b = g * cluster + q;
-          emu_cluster_bar = cbars[g].get();
-          if (b < grid) {
-            threadIdx = {t, 0, 0};
-            blockIdx = {b, 0, 0};
-            emu_me = &blocks[b];
-            emu_shfl_round = 0;
-            kernel(q);
-            emu_me->bar->arrive_and_drop();  // an exited thread leaves the barriers, as on the GPU
-            emu_me->warps[t / 32]->arrive_and_drop();
-          }
-          emu_cluster_bar->arrive_and_drop();
-          between.arrive_and_wait();
-        }
-      });
-  for (auto& th : ts) th.join();
+    for (unsigned t = 0; t < block; ++t) {
+      emu_fiber& f = fs[size_t(q) * block + t];
+      f.body = [](void* c, unsigned q, unsigned t) { (*static_cast<decltype(body)*>(c))(q, t); };
+      f.arg = &body;
+      f.q = q;
+      f.t = t;
+      void* m = mmap(nullptr, kGuard + kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (m == MAP_FAILED) { std::perror("mmap"); std::abort(); }
+      mprotect(m, kGuard, PROT_NONE);  // a stack overflow faults
+      f.map = (char*)m;
+      f.stack_size = kStack;
+      emu_ctx_init(f.ctx, f.map + kGuard, kStack, emu_entry);
+    }
+  for (size_t live = fs.size(); live;) {
+    const unsigned long long before = emu_events;
+    for (auto& f : fs)
+      if (!f.done) {
+        emu_resume(&f);
+        live -= f.done;
+        emu_events += f.done;
+      }
+    if (live && emu_events == before) {  // every live thread waits at a barrier that none will reach
+      std::fprintf(stderr, "emulation deadlock: %zu thread(s) wait at barriers no other thread reaches\n", live);
+      std::abort();
+    }
+  }
+  emu_cur = nullptr;
+  for (auto& f : fs) {
+#ifdef __SANITIZE_ADDRESS__
+    __asan_unpoison_memory_region(f.map + kGuard, kStack);  // the frames left on it; the mapping may come back
+#endif
+    munmap(f.map, kGuard + kStack);
+  }
 }
 """
 
@@ -397,6 +530,12 @@ def _translate(source: str) -> str:
                   r"alignas(\1) static unsigned char \2[EMU_SHARED > 0 ? EMU_SHARED : 1];", body)
 
 
+# -O0 with AddressSanitizer and UBSan's alignment check; ASan's checks as calls rather than inline code and no
+# exception tables (the kernels throw nothing) build the same checks 25% faster, and run about as fast.
+_FLAGS = ("-std=c++20", "-O0", "-w", "-pthread", "-fsanitize=address,alignment", "-fno-sanitize-recover=all",
+          "--param", "asan-instrumentation-with-call-threshold=0", "-fno-exceptions", "-fno-asynchronous-unwind-tables")
+
+
 def build(cases: Sequence[tuple[str, Any]], workdir: Path) -> Program:
     """One executable for every (source, resolved launch spec) case. Raises with g++'s errors."""
     parts, dispatch, keys = [SHIM], [], []
@@ -428,8 +567,7 @@ def build(cases: Sequence[tuple[str, Any]], workdir: Path) -> Program:
     tag = hashlib.sha256(text.encode()).hexdigest()[:12]
     cpp, exe = workdir / f"emu_{tag}.cpp", workdir / f"emu_{tag}"
     cpp.write_text(text)
-    done = subprocess.run(["g++", "-std=c++20", "-O0", "-w", "-pthread", "-fsanitize=address,alignment",
-                           "-fno-sanitize-recover=all", str(cpp), "-o", str(exe)], capture_output=True, text=True)
+    done = subprocess.run(["g++", *_FLAGS, str(cpp), "-o", str(exe)], capture_output=True, text=True)
     if done.returncode:
         raise AssertionError(f"the emulation does not build:\n{done.stderr[-4000:]}")
     return Program(exe, tuple(keys))

@@ -644,7 +644,7 @@ def emulate_and_compare(prepared: list[tuple], tmp_path: Path) -> list[str]:
 
     for fill in (float("nan"), -1234.5):
         (tmp_path / str(fill)).mkdir()
-    with ThreadPoolExecutor(2) as pool:  # the runs wait on barriers most of the time: two at once
+    with ThreadPoolExecutor(2) as pool:  # each run is one OS thread: two at once
         all_runs = list(pool.map(both_runs, range(len(prepared))))
     failures = []
     for (label, card, bound, _, expected, _), runs in zip(prepared, all_runs):
