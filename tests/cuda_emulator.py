@@ -18,6 +18,7 @@ import hashlib
 import re
 import shutil
 import subprocess
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,6 +123,7 @@ struct emu_fiber {  // one CUDA thread: its stack, and what the CUDA thread sees
   std::vector<emu_copy> open;
 };
 inline emu_fiber* emu_cur = nullptr;
+inline bool emu_reverse = false;  // the scheduler's order: every other run of a program walks the threads backwards
 inline unsigned long long emu_events = 0;  // arrivals, exits and sleeps: a pass of the scheduler without any is a deadlock
 inline emu_ctx emu_sched;  // the scheduler's context
 inline const void* emu_main_bottom = nullptr;
@@ -350,8 +352,8 @@ template <class F> void emu_launch(F&& kernel, unsigned grid, unsigned block, un
     }
   for (size_t live = fs.size(); live;) {
     const unsigned long long before = emu_events;
-    for (auto& f : fs)
-      if (!f.done) {
+    for (size_t k = 0; k < fs.size(); ++k)
+      if (auto& f = fs[emu_reverse ? fs.size() - 1 - k : k]; !f.done) {
         emu_resume(&f);
         live -= f.done;
         emu_events += f.done;
@@ -376,6 +378,7 @@ int main(int argc, char** argv) {
   // argv: case, then (buffer file, offset modulo 16) pairs: read, run, written back. Each buffer is
   // allocated exactly (AddressSanitizer catches any access outside it).
   const int which = atoi(argv[1]);
+  emu_reverse = getenv("EMU_REVERSE") != nullptr;
   std::vector<void*> bufs;
   std::vector<size_t> sizes;
   for (int a = 2; a + 1 < argc; a += 2) {
@@ -415,6 +418,10 @@ def _scalar(ctype: str, value: Any) -> str:
     if ctype == "f64":
         return f"(double){float(value).hex()}"
     return f"({ {'i32': 'int', 'i64': 'long long', 'u32': 'unsigned', 'u64': 'unsigned long long'}[ctype]}){int(value)}"
+
+
+_RUNS: dict[tuple[Path, int], int] = {}   # (executable, case) -> its runs so far (the scheduler's order alternates)
+_RUNS_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -629,8 +636,16 @@ def run(program: Program, case: int, resolved: Any, inputs: dict[str, torch.Tens
         path.write_bytes(data)
         files += [str(path), str(lo % 16)]
         tensors.append(t)
+    env = {"ASAN_OPTIONS": "detect_leaks=0", "PATH": "/usr/bin:/bin"}
+    # Threads run as fibers in a fixed order; every other run of a program walks them backwards, so that a kernel
+    # whose result depends on which thread runs first (a missing barrier between a read and a later write) gives
+    # two runs of a case different outputs, as thread interleavings on the GPU would.
+    with _RUNS_LOCK:
+        _RUNS[(program.exe, case)] = n = _RUNS.get((program.exe, case), 0) + 1
+    if n % 2 == 0:
+        env["EMU_REVERSE"] = "1"
     done = subprocess.run([str(program.exe), str(case), *files], capture_output=True, text=True, timeout=300,
-                          env={"ASAN_OPTIONS": "detect_leaks=0", "PATH": "/usr/bin:/bin"})
+                          env=env)
     if done.returncode:
         return Run([], {}, f"crashed (rc {done.returncode}): {done.stderr[-1500:]}")
     after = {key: like(t, Path(files[2 * j]).read_bytes())
