@@ -30,10 +30,9 @@ def test_two_runs_of_a_kernel_missing_a_barrier_differ_and_with_it_agree(tmp_pat
     gives its two runs different outputs, where one run in one order would look deterministic."""
     from types import SimpleNamespace
 
+    import cuda_emulator as emu
     import pytest
     import torch
-
-    import cuda_emulator as emu
 
     if not emu.available():
         pytest.skip("g++ is needed for the CUDA-on-CPU emulation")
