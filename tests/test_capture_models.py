@@ -49,10 +49,11 @@ def test_sd35_medium(tmp_path, capsys):
     assert doc["dtype"] == "bfloat16"
 
 
-def test_gemma4_e2b(tmp_path, capsys):
-    # 16 tokens rather than --small's 128: what is checked does not depend on the length, and test_capture_chains
-    # captures the small config as shipped (the bfloat16 matmuls over 128 tokens: ~6 s on a CI core)
-    doc = _capture("gemma4_e2b", tmp_path, capsys, seq_len=16)
+@pytest.mark.xdist_group("gemma_small_capture")
+def test_gemma4_e2b(gemma_small_capture):
+    # The small config's capture as shipped, which test_capture_chains reads too (conftest makes it once): a
+    # capture of its own at 16 tokens took 10.9 s on a CI core; what is checked does not depend on the length
+    _, doc = gemma_small_capture
     calls = _calls(doc)
     assert any("scaled_dot_product" in op for op in calls), sorted(calls)
     # RMS norms (as their decomposed mean/rsqrt/mul or the fused op), GELU-tanh MLPs, big vocab logits.
