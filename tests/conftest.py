@@ -86,6 +86,15 @@ class OutErr:
         return self._out.getvalue(), self._err.getvalue()
 
 
+@pytest.fixture(scope="session")
+def gemma_small_capture(tmp_path_factory):
+    """Gemma 4 E2B's --small capture as shipped (128 tokens), one sample per card: (its workspace, its JSON).
+    Shared by the tests that read it (test_capture_chains, test_capture_models), each marked
+    xdist_group("gemma_small_capture") so that they land on one worker and it is made once (~25 s on a CI core)."""
+    ws = tmp_path_factory.mktemp("gemma-small")
+    return ws, capture_json(CONFIGS / "models" / "gemma4_e2b.toml", ws, OutErr(), "--samples", "1")
+
+
 @pytest.fixture
 def cli(capsys):
     return lambda *argv: run_cli(argv, capsys)

@@ -8,13 +8,43 @@ import json
 from conftest import load_script
 from test_cast_graph_routes import StandIn
 
+# Qwen3.5's layers as the shipped builder makes them ([linear_attention x3, full_attention], Gated DeltaNet, gated
+# attention, top-k MoE experts, grouped_mm) at test widths: the control flow is the same; at the real widths
+# (qwen35_a3b --small) the bfloat16 depthwise conv1d over 8192 channels alone took 60 of 84 s on a CPU core.
+TINY_QWEN = """
+import torch
+from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+from engine.models.random_init import random_model
+from engine.models.target import CaptureTarget
+
+
+def build(device, dtype):
+    config = Qwen3_5MoeTextConfig(vocab_size=64, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
+                                  head_dim=16, linear_key_head_dim=8, linear_value_head_dim=8,
+                                  linear_num_key_heads=2, linear_num_value_heads=2, num_experts=4,
+                                  num_experts_per_tok=2, moe_intermediate_size=8, shared_expert_intermediate_size=8,
+                                  num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"],
+                                  attn_implementation="sdpa", experts_implementation="grouped_mm")
+    model = random_model(Qwen3_5MoeForCausalLM, config, device=device, dtype=dtype, seed=0)
+    ids = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(0)).to(device)
+    return CaptureTarget(module=model, forward=lambda: model(input_ids=ids))
+"""
+
+
+def _tiny_qwen(tmp_path):
+    (tmp_path / "tiny_qwen.py").write_text(TINY_QWEN)
+    config = tmp_path / "tiny_qwen.toml"
+    config.write_text('name = "tiny_qwen"\nbuilder = "tiny_qwen.py:build"\n[dtype]\ncpu = "bfloat16"\ncuda = "bfloat16"\n')
+    return config
+
 
 def test_decoding_with_a_static_cache_replays_the_decoder_layers_and_keeps_the_tokens(tmp_path, monkeypatch):
     bench = load_script("bench_decode")
     monkeypatch.setattr(bench, "DEVICE", "cpu")
     monkeypatch.setattr(bench, "BACKEND", StandIn())
     out = tmp_path / "out"
-    assert bench.main(["--out", str(out), "--model", "configs/models/qwen35_a3b.toml", "--small", "--prompt", "8",
+    assert bench.main(["--out", str(out), "--model", str(_tiny_qwen(tmp_path)), "--prompt", "8",
                        "--tokens", "4", "--rounds", "1"]) == 0
     doc = json.loads((out / "bench_decode.json").read_text())
     assert doc["routed_class"] == "Qwen3_5MoeDecoderLayer" and doc["same_tokens"] is True
@@ -57,7 +87,8 @@ def test_a_cast_arm_with_transformers_default_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "DEVICE", "cpu")
     out = tmp_path / "out"
     cast = _write(tmp_path)
-    assert bench.main(["--out", str(out), "--model", "configs/examples/gemma4_e2b_decode.toml", "--small",
+    # the test-width Qwen3.5 above: gemma4_e2b_decode --small spent ~10 s of 12 s on CI building and decoding
+    assert bench.main(["--out", str(out), "--model", str(_tiny_qwen(tmp_path)),
                        "--prompt", "8", "--tokens", "3", "--rounds", "1", "--cache", "dynamic",
                        "--cast", str(cast)]) == 0
     doc = json.loads((out / "bench_decode.json").read_text())

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 from card_helpers import capture_source
-from conftest import CONFIGS, capture_json
 from rich.console import Console
 
 from engine.capture.chains import CHAIN_OP, run_chain
@@ -253,8 +252,9 @@ def test_capture_output_lists_chain_cards_after_op_cards(tmp_path):
     json.dumps(doc)
 
 
-def test_gemma_small_capture_has_rmsnorm_chain_cards(tmp_path, capsys):
-    doc = capture_json(CONFIGS / "models" / "gemma4_e2b.toml", tmp_path, capsys, "--samples", "1")
+@pytest.mark.xdist_group("gemma_small_capture")
+def test_gemma_small_capture_has_rmsnorm_chain_cards(gemma_small_capture):
+    ws, doc = gemma_small_capture
     norms = [c for c in doc["chains"] if c["chain"]["kind"] == "module" and c["chain"]["module_class"] == "Gemma4RMSNorm"]
     assert norms, sorted({(c["chain"]["kind"], c["chain"]["module_class"]) for c in doc["chains"]})
     for c in norms:
@@ -269,9 +269,9 @@ def test_gemma_small_capture_has_rmsnorm_chain_cards(tmp_path, capsys):
     layer0 = [c for c in norms if any(p.startswith("model.layers.0.") for p in c["module_paths"])]
     assert layer0 and all(c["module_paths"][p] == 12 for c in layer0 for p in c["module_paths"]
                           if p.startswith("model.layers.0."))
-    sample_dir = tmp_path / "samples" / doc["capture"]
+    sample_dir = ws / "samples" / doc["capture"]
     sample = load_sample(sample_dir / f"{norms[0]['id']}.0.safetensors")
-    stored = sqlite3.connect(db_path(tmp_path)).execute(
+    stored = sqlite3.connect(db_path(ws)).execute(
         "SELECT signature FROM cards WHERE card_id = ?", (norms[0]["id"],)).fetchone()[0]
     got = run_chain(json.loads(stored), [t for _, t in sample.args])
     assert all(torch.equal(g, w) for g, w in zip(got, sample.outputs)) and len(got) == len(sample.outputs)

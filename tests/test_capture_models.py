@@ -49,10 +49,11 @@ def test_sd35_medium(tmp_path, capsys):
     assert doc["dtype"] == "bfloat16"
 
 
-def test_gemma4_e2b(tmp_path, capsys):
-    # 16 tokens rather than --small's 128: what is checked does not depend on the length, and test_capture_chains
-    # captures the small config as shipped (the bfloat16 matmuls over 128 tokens: ~6 s on a CI core)
-    doc = _capture("gemma4_e2b", tmp_path, capsys, seq_len=16)
+@pytest.mark.xdist_group("gemma_small_capture")
+def test_gemma4_e2b(gemma_small_capture):
+    # The small config's capture as shipped, which test_capture_chains reads too (conftest makes it once): a
+    # capture of its own at 16 tokens took 10.9 s on a CI core; what is checked does not depend on the length
+    _, doc = gemma_small_capture
     calls = _calls(doc)
     assert any("scaled_dot_product" in op for op in calls), sorted(calls)
     # RMS norms (as their decomposed mean/rsqrt/mul or the fused op), GELU-tanh MLPs, big vocab logits.
@@ -66,7 +67,10 @@ def test_gemma4_e2b(tmp_path, capsys):
 
 
 def test_qwen35_a3b_moe(tmp_path, capsys):
-    doc = _capture("qwen35_a3b", tmp_path, capsys)
+    # 16 tokens rather than --small's 64: the calls, experts and shapes checked do not depend on the length (the
+    # router's softmax is over 256 experts whatever the tokens). The bfloat16 logits (64 x 2048 x 248320) and
+    # expert GEMMs over 64 tokens took ~25 s of its 33 s on a CI core.
+    doc = _capture("qwen35_a3b", tmp_path, capsys, seq_len=16)
     calls = _calls(doc)
     # MoE routing: softmax over 256 experts and top-8; experts as grouped GEMMs (2 per layer × 40).
     assert calls["aten::topk"] == 40

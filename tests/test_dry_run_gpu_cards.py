@@ -2,8 +2,6 @@
 not proposed with the reason said, shares from a roofline on the named GPU, and never a silent 'done'."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -133,17 +131,24 @@ def build(device="cpu", dtype=torch.float32):
 '''
 
 
-def _dry_run(tmp_path, config, *extra):
-    ws = tmp_path / "ws"
-    return subprocess.run([sys.executable, "-m", "kforge_tui", "run", str(config), "--dry-run", "--no-tui",
-                           "--device", "cpu", "--json", "--workspace", str(ws), *extra],
-                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+class Ran:
+    """What `kforge-tui ARGV` gave: exit code, stdout, stderr."""
+
+    def __init__(self, returncode, stdout, stderr):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
 
 
-def test_a_dry_run_of_only_cpu_only_ops_says_why_nothing_was_proposed(tmp_path):
+def _dry_run(cli, tmp_path, config, *extra):
+    """`run --dry-run` in this process (the cli fixture, as the other CLI tests): a fresh process spent ~4 s
+    importing torch and Dynamo again."""
+    return Ran(*cli("run", config, "--dry-run", "--no-tui", "--device", "cpu", "--json", "--workspace",
+                    tmp_path / "ws", *extra))
+
+
+def test_a_dry_run_of_only_cpu_only_ops_says_why_nothing_was_proposed(cli, tmp_path):
     (tmp_path / "attn.py").write_text(SDPA_ONLY)
     (tmp_path / "attn.toml").write_text('name = "attn"\nbuilder = "attn.py:build"\n')
-    r = _dry_run(tmp_path, tmp_path / "attn.toml", "--iterations", "2")
+    r = _dry_run(cli, tmp_path, tmp_path / "attn.toml", "--iterations", "2")
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(r.stdout)
     assert doc["proposals"] == 0
@@ -154,8 +159,8 @@ def test_a_dry_run_of_only_cpu_only_ops_says_why_nothing_was_proposed(tmp_path):
 
 
 @pytest.mark.slow
-def test_resnet50_small_dry_run_on_the_cpu_proposes_batch_norm_and_relu(tmp_path):
-    r = _dry_run(tmp_path, ROOT / "configs" / "models" / "resnet50.toml", "--small", "--iterations", "1")
+def test_resnet50_small_dry_run_on_the_cpu_proposes_batch_norm_and_relu(cli, tmp_path):
+    r = _dry_run(cli, tmp_path, ROOT / "configs" / "models" / "resnet50.toml", "--small", "--iterations", "1")
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(r.stdout)
     assert doc["proposals"] > 0, doc.get("nothing_proposed")
