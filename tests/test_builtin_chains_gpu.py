@@ -100,18 +100,27 @@ def test_the_bias_add_group_norm_silu_chain_verifies_and_costs_what_the_plain_ch
     loaded), bf16 [1, 128, 256, 256] channels-last: the stored form verifies in the lane against eager's add,
     GroupNorm and SiLU (the fp32 form may or may not: verification decides per card); each is printed with its
     time beside the plain GroupNorm -> SiLU twin's kernel on the same shape, which reads the same bytes."""
+    import dataclasses
+
     from gpu_harness import evaluate_many
     from test_builtin_chains import chain_cards
     from test_builtin_group_norm_cl import GroupNormSilu, fold_card
 
     from engine.capture.chain_cards import synthetic_chain_card
+    from engine.capture.twins import twin_of
     from engine.propose.base import Hardware
     from engine.propose.builtin.chains import ConvBiasGroupNormSiluChainTemplate, GroupNormSiluChainTemplate
 
+    # as a CUDA capture holds them: eager's contiguous chains (CUDA native_group_norm takes no other input), and
+    # their channels-last twins, the form compiled code hands the kernels (a CPU capture of a channels-last chain
+    # would give a card CUDA eager cannot run: its reference failed on the H100 of 2026-12-07d)
+    # (twin_of takes only cards with samples; these have none, the lane's come from synthetic_chain_card)
     shape = (1, 128, 256, 256)
-    fold = fold_card(shape, 32)
-    plain = [c for c in chain_cards(GroupNormSilu(128, 32), torch.randn(*shape, dtype=torch.bfloat16))
-             if [n["op"] for n in c.signature["chain"]["nodes"]][-1] == "aten::silu"][0]
+    fold = twin_of(dataclasses.replace(fold_card(shape, 32, contiguous=True), samples=["captured"]))
+    plain = twin_of(dataclasses.replace(
+        [c for c in chain_cards(GroupNormSilu(128, 32, contiguous=True), torch.randn(*shape, dtype=torch.bfloat16))
+         if [n["op"] for n in c.signature["chain"]["nodes"]][-1] == "aten::silu"][0], samples=["captured"]))
+    assert fold is not None and plain is not None
     major, minor = torch.cuda.get_device_capability()
     hw = Hardware(arch=f"sm_{major}{minor}", sms=torch.cuda.get_device_properties(0).multi_processor_count)
     jobs, labels = [], []

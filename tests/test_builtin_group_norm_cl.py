@@ -273,7 +273,7 @@ class GroupNormSilu(BiasGroupNormSilu):
     """The same block with the bias already added: the plain GroupNorm -> SiLU chain."""
 
     def forward(self, x):
-        h = self.c1(x.contiguous(memory_format=CL))
+        h = self.c1(x.contiguous() if self.contiguous else x.contiguous(memory_format=CL))
         return self.c2(F.silu(F.group_norm(h, self.groups, self.norm.weight, self.norm.bias, 1e-6)))
 
 
