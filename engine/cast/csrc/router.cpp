@@ -7,7 +7,13 @@
 // ours (SafeKernelFunction::callBoxed), or where that one was deregistered since, the one below ours then. An
 // op that writes an argument is routed here only if no two of its tensor arguments share storage (checked per
 // call). Compiled on first use with torch.utils.cpp_extension; see cpp_router.py.
-#include <torch/extension.h>
+// Only what the router uses, not <torch/extension.h> (all of libtorch's C++ API): at -O0 on a loaded two-core
+// machine the build took 90 s with it, 55 s with these.
+#include <torch/csrc/utils/pybind.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/stack.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
 #include <torch/library.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
