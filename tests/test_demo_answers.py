@@ -25,7 +25,6 @@ from engine.outcomes import FAILURE_CATEGORIES
 from engine.propose.answer import extract
 from engine.propose.hardware_profiles import profile
 from engine.propose.llm import LLMProposer
-from engine.propose.providers.anthropic_client import AnthropicClient
 from engine.propose.repair import REPAIRABLE
 from engine.run.orchestrator import Budgets, Orchestrator
 from engine.run.plan import CardState
@@ -132,6 +131,9 @@ async def test_the_recording_run_serves_every_answer_to_its_prompt(tmp_path: Pat
     monkeypatch.setenv("ANTHROPIC_API_KEY", "dummy")
     runner, port = await sa.start(book)
     try:
+        # the SDK, imported here only: at the module's top it cost every xdist worker seconds of collection
+        from engine.propose.providers.anthropic_client import AnthropicClient
+
         client = AnthropicClient(record.MODEL_NAME, base_url=f"http://127.0.0.1:{port}")
         async with await Store.open(db_path(tmp_path)) as store:
             await store.save_capture({"id": "cap", "model": "mlp_block", "device": "cuda", "dtype": "float16"},

@@ -28,10 +28,11 @@ from fake_llm_servers import (
 )
 
 from engine.errors import UsageError
+
+# the SDK clients as providers.X, imported on first use: at the top they cost every xdist worker seconds of collection
+from engine.propose import providers
 from engine.propose.providers import (
-    AnthropicClient,
     Message,
-    OpenAIClient,
     ProviderError,
     RateLimiter,
     RetryPolicy,
@@ -92,9 +93,9 @@ def client(api, srv, *, fake: FakeTime | None = None, retry: RetryPolicy | None 
                  else RetryPolicy(base_delay=0.01, max_delay=0.05, total_timeout=10))
     kw.setdefault("timeout_s", 5.0)
     if api == "anthropic":
-        c = AnthropicClient("claude-test", api_key_env=KEY_ENV, base_url=srv.anthropic_url, retry=retry, **kw)
+        c = providers.AnthropicClient("claude-test", api_key_env=KEY_ENV, base_url=srv.anthropic_url, retry=retry, **kw)
     else:
-        c = OpenAIClient("gpt-test", api_key_env=KEY_ENV, base_url=srv.openai_url, retry=retry, **kw)
+        c = providers.OpenAIClient("gpt-test", api_key_env=KEY_ENV, base_url=srv.openai_url, retry=retry, **kw)
     _OPEN.append(c)
     return c
 
@@ -294,7 +295,7 @@ async def test_connection_reset_category(srv, api):
 async def test_connection_refused_is_a_connection_error():
     async with FakeLLMServer() as gone:
         url = gone.anthropic_url
-    async with AnthropicClient("m", api_key_env=KEY_ENV, base_url=url,
+    async with providers.AnthropicClient("m", api_key_env=KEY_ENV, base_url=url,
                                retry=RetryPolicy(max_attempts=2, base_delay=0.01)) as c:
         with pytest.raises(ProviderError) as info:
             await c.complete("s", HI, max_tokens=10)
@@ -370,7 +371,7 @@ async def test_limiter_wait_does_not_eat_the_retry_budget(srv):
 
 
 def test_client_survives_a_new_event_loop():
-    c = OpenAIClient("gpt-test", api_key_env=KEY_ENV, limiter=RateLimiter(concurrency=1))
+    c = providers.OpenAIClient("gpt-test", api_key_env=KEY_ENV, limiter=RateLimiter(concurrency=1))
 
     async def once():
         async with FakeLLMServer() as s, c:
@@ -421,7 +422,7 @@ async def test_key_read_at_call_time(srv, api, monkeypatch):
 
 async def test_missing_key_without_base_url(monkeypatch):
     monkeypatch.delenv(KEY_ENV)
-    c = AnthropicClient("claude-test", api_key_env=KEY_ENV)
+    c = providers.AnthropicClient("claude-test", api_key_env=KEY_ENV)
     with pytest.raises(ProviderError) as info:
         await c.complete("s", HI, max_tokens=10)
     assert info.value.category == "auth" and not info.value.retryable and KEY_ENV in str(info.value)
@@ -452,7 +453,7 @@ def test_shipped_providers_load():
         cl = make_client(cfgs[name])
         assert cl.name == name and cl.model == cfgs[name].model
         assert cl.limiter.concurrency == cfgs[name].concurrency
-    assert isinstance(make_client(cfgs["anthropic"]), AnthropicClient)
+    assert isinstance(make_client(cfgs["anthropic"]), providers.AnthropicClient)
     assert make_client(cfgs["local"]).max_tokens_param == "max_tokens"
     assert make_client(cfgs["openai"]).max_tokens_param == "max_completion_tokens"
     with pytest.raises(UsageError, match="not an LLM"):

@@ -14,7 +14,6 @@ from card_helpers import brief, captured
 from engine.propose.base import ProposalRequest
 from engine.propose.hardware_profiles import profile
 from engine.propose.llm import LLMProposer
-from engine.propose.providers.anthropic_client import AnthropicClient
 from engine.run.orchestrator import CandidateRecord
 from engine.run.store_recorder import StoreRecorder
 from engine.store import Store, db_path, read
@@ -55,6 +54,9 @@ async def test_proposer_gets_the_cards_answer_and_the_store_keeps_its_kernel(tmp
     monkeypatch.setenv("ANTHROPIC_API_KEY", "dummy")
     runner, port = await sa.start(book)
     try:
+        # the SDK, imported here only: at the module's top it cost every xdist worker seconds of collection
+        from engine.propose.providers.anthropic_client import AnthropicClient
+
         client = AnthropicClient("assistant-written-answers", base_url=f"http://127.0.0.1:{port}")
         proposal = await LLMProposer(client, name="anthropic").propose(ProposalRequest(card, profile("h200")))
         again = await LLMProposer(client, name="anthropic").propose(ProposalRequest(card, profile("h200")))
