@@ -16,3 +16,7 @@ step() {  # step NAME NEEDS_S CMD...
 # (done on the H100 of 2026-12-07e, h100-2026-12-07e/: the fold's lane test, the twins' four GPU tests)
 # the C++ router with its slimmer includes (7f51eba): it builds again on the GPU (-O2 -g) and serves ResNet-50's cast
 step router 150 python3 scripts/gpu_tests.py --out $G/router --timeout 300 tests/test_cast_cpp_router.py tests/test_cpp_router_selftest.py
+# ViT-B/16 under reduce-overhead read 0.990x (0.986-0.992) with a cast that has nothing for that mode (one compiled
+# function for both arms; h100-2026-12-07e): the control arms say whether the installed cast or the timing costs it
+VIT=docs/results/report-2026-12-07/h100-2026-12-07e/vit_b16
+step vitctl 150 python3 scripts/bench_compose.py --out $G/vitctl --model configs/examples/vit_b16.toml --cast $VIT/vit_b16.cast --modes reduce-overhead --control
