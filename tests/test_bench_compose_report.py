@@ -154,6 +154,32 @@ def test_the_scripts_control_flow_on_a_cpu(tmp_path, monkeypatch):
     assert "reduce-overhead: hits per forward counted over the warm-up and the recording" in md
 
 
+def test_on_the_gpu_each_compile_starts_from_empty_cache_folders_and_on_the_cpu_they_are_shared(tmp_path,
+                                                                                                monkeypatch):
+    """On the GPU every compile of a run starts from empty Inductor and Triton cache folders of its own, so its
+    compile time and what its code was built from are its own. On the CPU (the control-flow test, no measurement)
+    the caches stay where the environment put them, shared by every compile and process."""
+    import os
+
+    bench = load_script("bench_compose")
+    shared = tmp_path / "shared"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(shared / "triton"))
+    monkeypatch.setattr(bench, "DEVICE", "cuda")
+    run = tmp_path / "run"
+    for name in ("default-cast", "default-plain"):
+        bench.fresh_caches(run, name)
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(run / name)
+        assert os.environ["TRITON_CACHE_DIR"] == str(run / name / "triton")
+        assert [p.name for p in (run / name).iterdir()] == ["triton"] and not any((run / name / "triton").iterdir())
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(shared / "triton"))
+    bench.fresh_caches(run, "reduce-overhead-own")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(shared) and os.environ["TRITON_CACHE_DIR"] == str(shared / "triton")
+    assert not (run / "reduce-overhead-own").exists()
+
+
 def test_only_names_the_variants_it_keeps_or_refuses_in_one_line(tmp_path, monkeypatch, capsys):
     """--only REGEX measures part of a cast; a pattern that is no regex, or matches none of the cast's
     variants, stops before any timing with exit 2 and one line naming the input (and the variants there are)."""
