@@ -6,6 +6,20 @@ import pytest
 from conftest import load_script
 
 
+@pytest.fixture(scope="module")
+def inductor_cache(tmp_path_factory):
+    """One Inductor cache folder for this module's end-to-end runs on the CPU, shared by the xdist workers of a
+    session: there bench_compose compiles into the cache the environment names (no compile time is measured on
+    the CPU), so the session pays Inductor's vector-ISA probe and the model's C++ kernels once, not once per test
+    and process (20-30 s each on a 2-core CI machine)."""
+    import os
+
+    base = tmp_path_factory.getbasetemp()
+    d = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "bench-compose-inductor"
+    d.mkdir(exist_ok=True)
+    return d
+
+
 def _mode(**extra):
     return {"base_ms": 7.23, "with_cast_ms": 7.80, "speedup": 0.926, "speedup_ci": [0.920, 0.934], "rel_l2_err": 0.26,
             "rel_l2_err_plain": 0.26, "hits_per_forward": 0, "compile_s": 14.4, "compile_s_with_cast": 16.5,
@@ -71,7 +85,7 @@ def test_the_report_reads_a_second_compile_as_the_compiles_own_spread():
            "between compiles shown" in text
 
 
-def test_the_scripts_control_flow_on_a_cpu(tmp_path, monkeypatch):
+def test_the_scripts_control_flow_on_a_cpu(tmp_path, monkeypatch, inductor_cache):
     """bench_compose end to end on the CPU, with a cast none of whose variants can run here: cast.compile is then
     torch.compile's own code, so the cast's arm (compiled first) compiles once and the arm alone shares that
     compile (Dynamo's code for the same function and settings), nothing recompiles while timed, and the record
@@ -84,7 +98,7 @@ def test_the_scripts_control_flow_on_a_cpu(tmp_path, monkeypatch):
 
     bench = load_script("bench_compose")
     monkeypatch.setattr(bench, "DEVICE", "cpu")
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache))
     cast = _write(tmp_path)  # a module card for another model: installed on none of my_model's modules
     out = tmp_path / "out"
     import torch
@@ -152,6 +166,32 @@ def test_the_scripts_control_flow_on_a_cpu(tmp_path, monkeypatch):
     assert "a small function compiled before either arm; not the model" in md
     assert "default: control arms, each against torch.compile alone, in balanced orders: alone, timed again (A/A)" in md
     assert "reduce-overhead: hits per forward counted over the warm-up and the recording" in md
+
+
+def test_on_the_gpu_each_compile_starts_from_empty_cache_folders_and_on_the_cpu_they_are_shared(tmp_path,
+                                                                                                monkeypatch):
+    """On the GPU every compile of a run starts from empty Inductor and Triton cache folders of its own, so its
+    compile time and what its code was built from are its own. On the CPU (the control-flow test, no measurement)
+    the caches stay where the environment put them, shared by every compile and process."""
+    import os
+
+    bench = load_script("bench_compose")
+    shared = tmp_path / "shared"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(shared / "triton"))
+    monkeypatch.setattr(bench, "DEVICE", "cuda")
+    run = tmp_path / "run"
+    for name in ("default-cast", "default-plain"):
+        bench.fresh_caches(run, name)
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(run / name)
+        assert os.environ["TRITON_CACHE_DIR"] == str(run / name / "triton")
+        assert [p.name for p in (run / name).iterdir()] == ["triton"] and not any((run / name / "triton").iterdir())
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(shared / "triton"))
+    bench.fresh_caches(run, "reduce-overhead-own")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(shared) and os.environ["TRITON_CACHE_DIR"] == str(shared / "triton")
+    assert not (run / "reduce-overhead-own").exists()
 
 
 def test_only_names_the_variants_it_keeps_or_refuses_in_one_line(tmp_path, monkeypatch, capsys):
@@ -239,7 +279,7 @@ def test_comparisons_take_more_rounds_until_their_ci_is_narrow_or_the_time_is_up
     assert r["iters"] == 4 and r["precise"] is False
 
 
-def test_processes_pool_each_compiled_pair_over_fresh_processes(tmp_path, monkeypatch):
+def test_processes_pool_each_compiled_pair_over_fresh_processes(tmp_path, monkeypatch, inductor_cache):
     """--processes K: the measurement again in K fresh processes (which arm compiles first alternates between
     them), each compiled pair pooled over them. On the CPU (not a measurement) it guards the flow: the
     processes run, write their own reports, and the pooled report says what each read and what they say
@@ -250,7 +290,7 @@ def test_processes_pool_each_compiled_pair_over_fresh_processes(tmp_path, monkey
 
     bench = load_script("bench_compose")
     monkeypatch.setattr(bench, "DEVICE", "cpu")
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache))
     cast = _write(tmp_path)
     out = tmp_path / "out"
     base = ["--out", str(out), "--model", "configs/examples/my_model.toml", "--small", "--modes", "default",
