@@ -5,6 +5,7 @@ runs the module's own forward; removing the cast leaves the model exactly as it 
 
 from __future__ import annotations
 
+import functools
 import warnings
 import weakref
 
@@ -25,7 +26,10 @@ PATHS = [f"layers.{i}.norm1" for i in range(3)]
 X = (2, 5, 32)
 
 
-def _norm_signature():
+@functools.cache
+def norm_signature():
+    """The RMS module card's chain signature (traced on first use: at import it cost each xdist worker ~3 s of
+    collection)."""
     torch.manual_seed(0)
     model = Model().to(torch.bfloat16)
     _, pats = _patterns(model, torch.randn(*X, dtype=torch.bfloat16))
@@ -33,11 +37,8 @@ def _norm_signature():
     return chain_signature(norm.instances[0])
 
 
-SIG = _norm_signature()
-
-
-def _variant(vid="rms", paths=PATHS, signature=SIG, module=None):
-    return {"id": vid, "op": CHAIN_OP, "signature": signature, "signature_text": "rms chain",
+def _variant(vid="rms", paths=PATHS, signature=None, module=None):
+    return {"id": vid, "op": CHAIN_OP, "signature": norm_signature() if signature is None else signature, "signature_text": "rms chain",
             "outputs": [], "launch_spec": "", "kernels": [], "files": {}, "category": "custom CUDA",
             "evidence": {}, "provenance": {},
             "module": module or {"class": "RMS", "paths": list(paths), "args": [{"input": 0}],
@@ -55,9 +56,9 @@ def _write(tmp_path, name="m.cast", variants=None):
 class Counting:
     """A module card's plan: counts its calls, computes what the chain computes (eager, exact)."""
 
-    def __init__(self, signature=SIG):
+    def __init__(self, signature=None):
         self.calls = 0
-        self.signature = signature
+        self.signature = norm_signature() if signature is None else signature
 
     def __call__(self, inputs):
         self.calls += 1
@@ -426,7 +427,7 @@ def test_a_match_of_sizes_no_variant_has_keeps_inductors_code(model, cast, tmp_p
     # compile replaces: a graph gets what its cache key (this cast's patterns) names.
     import copy
 
-    wide_sig = copy.deepcopy(SIG)
+    wide_sig = copy.deepcopy(norm_signature())
     wide_sig["args"][0].update(shape=[4, 5, 32], stride=[160, 32, 1])
     wide_plan = Counting(wide_sig)
     other = cast("other.cast", variants=[_variant("rms_w", signature=wide_sig)], plans={"rms_w": wide_plan})
@@ -655,7 +656,7 @@ def test_the_model_check_names_the_variants_that_never_ran_in_the_forward(model,
     from engine.export.e2e import ran_in_forward
     from engine.export.package import tried_summary
 
-    wide = copy.deepcopy(SIG)
+    wide = copy.deepcopy(norm_signature())
     wide["args"][0].update(shape=[2, 7, 32], stride=[224, 32, 1])
     c = cast(variants=[_variant(), _variant("rms_7", signature=wide)],
              plans={"rms": Counting(), "rms_7": Counting(wide)})
@@ -1032,7 +1033,7 @@ def test_forward_mode_ad_declines(model, tmp_path):
     import torch.autograd.forward_ad as fwAD
 
     # a kernel's plan: its outputs are written by a launch, outside autograd of any kind
-    c = engine.cast.load(_write(tmp_path), env=ENV, plans={"rms": lambda i: run_chain(SIG, [t.detach() for t in i])})
+    c = engine.cast.load(_write(tmp_path), env=ENV, plans={"rms": lambda i: run_chain(norm_signature(), [t.detach() for t in i])})
     x, t = torch.randn(*X, dtype=torch.bfloat16), torch.randn(*X, dtype=torch.bfloat16)
     norm = model.layers[0].norm1
     with torch.no_grad(), fwAD.dual_level():
