@@ -95,6 +95,22 @@ def gemma_small_capture(tmp_path_factory):
     return ws, capture_json(CONFIGS / "models" / "gemma4_e2b.toml", ws, OutErr(), "--samples", "1")
 
 
+@pytest.fixture(scope="session")
+def sd35_vae_dry_run(tmp_path_factory):
+    """`run --dry-run` of the SD3.5 VAE (small) on the CPU with channels-last twins and conv-bias folds on, its
+    group_norm cards searched for one iteration: `run --json`'s (exit code, stdout, stderr). Shared by the tests
+    that read it (test_chain_twins, test_conv_bias_fold_dry_run), each marked xdist_group("sd35_vae_dry_run") so
+    that it is made once (~20 s on a CI core). The folds only add cards: with them on, every other card of the
+    run came out as without them (2026-12-07: the same 79 cards, each with the same outcome, and 8 fold cards)."""
+    tmp = tmp_path_factory.mktemp("sd35-vae")
+    text = (CONFIGS / "examples" / "sd35_vae.toml").read_text()
+    assert "[capture]\n" in text
+    config = tmp / "vae.toml"
+    config.write_text(text.replace("[capture]\n", "[capture]\nlayout_twins = true\nconv_bias_folds = true\n"))
+    return run_cli(["run", config, "--small", "--dry-run", "--no-tui", "--device", "cpu", "--ops", "group_norm",
+                    "--iterations", "1", "--json", "--workspace", tmp / "ws"], OutErr())
+
+
 @pytest.fixture
 def cli(capsys):
     return lambda *argv: run_cli(argv, capsys)
