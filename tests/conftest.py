@@ -111,6 +111,41 @@ def sd35_vae_dry_run(tmp_path_factory):
                     "--iterations", "1", "--json", "--workspace", tmp / "ws"], OutErr())
 
 
+# What every engine module, the CLI's help and a headless capture import, in one fresh process: it prints the
+# Ray modules loaded once every engine module is imported and `--help` and `run --help` are shown, then captures
+# my_model and prints the Textual modules loaded by then. Its --help text and the capture's JSON go to stdout.
+IMPORT_PROBE = r'''
+import importlib, pkgutil, sys
+import engine
+for m in pkgutil.walk_packages(engine.__path__, "engine."):
+    importlib.import_module(m.name)
+import kforge_tui.cli
+for argv in (["--help"], ["run", "--help"]):
+    try:
+        kforge_tui.cli.main(argv)
+    except SystemExit:
+        pass
+print("RAY:", sorted(m for m in sys.modules if m == "ray" or m.startswith("ray.")), file=sys.stderr, flush=True)
+code = kforge_tui.cli.main(["capture", sys.argv[1], "--small", "--device", "cpu", "--json",
+                            "--workspace", sys.argv[2]])
+assert code == 0, code
+loaded = sorted(m for m in sys.modules if m == "textual" or m.startswith("textual."))
+print("TEXTUAL:", loaded, file=sys.stderr)
+'''
+
+
+@pytest.fixture(scope="session")
+def engine_import_probe(tmp_path_factory):
+    """IMPORT_PROBE's finished process (returncode, stdout, stderr). Shared by the tests that read it
+    (test_import_hygiene: no Textual; test_lane_ray: no Ray), each marked xdist_group("engine_import_probe") so
+    that it runs once: importing every engine module (the SDKs of the LLM providers, torch) is most of its ~12 s."""
+    import subprocess
+
+    ws = tmp_path_factory.mktemp("import-probe")
+    return subprocess.run([sys.executable, "-c", IMPORT_PROBE, str(CONFIGS / "examples" / "my_model.toml"), str(ws)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
 @pytest.fixture
 def cli(capsys):
     return lambda *argv: run_cli(argv, capsys)
