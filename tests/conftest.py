@@ -146,6 +146,63 @@ def engine_import_probe(tmp_path_factory):
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
 
 
+class _RayCluster:
+    """The shared cluster of conftest.ray_cluster, and how many of this session's test modules that use it are
+    still to run (in this worker: the tests marked xdist_group("ray") all run in one)."""
+
+    cluster = None
+    left: int | None = None
+
+
+@pytest.fixture(scope="session")
+def _ray_cluster_session():
+    yield _RayCluster
+    if _RayCluster.cluster is not None:  # not every test that uses it ran here (another --dist)
+        _RayCluster.cluster.shutdown()
+        _RayCluster.cluster = None
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(request, _ray_cluster_session):
+    """A local Ray cluster (ray.cluster_utils.Cluster) of one head node with 2 CPUs, and no driver: a test connects
+    to `.address` (ray.init, `run --ray-address`), adds a node, and leaves it as it found it. Shared by the tests
+    marked xdist_group("ray"), so that a worker starts its processes once (~8 s of a CI core each time); it is shut
+    down after the last module that uses it, rather than at the session's end (idle, its processes took 3 % of a
+    core). Skipped where Ray is not installed."""
+    pytest.importorskip("ray")
+    held = _ray_cluster_session
+    if held.left is None:
+        held.left = len({item.nodeid.split("::")[0] for item in request.session.items
+                         if "ray_cluster" in item.fixturenames})
+    if held.cluster is None:
+        from ray.cluster_utils import Cluster
+
+        held.cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 2, "include_dashboard": False, "object_store_memory": 200 * 2**20})
+        _forget_as_current_ray(held.cluster.address)
+    try:
+        yield held.cluster
+    finally:
+        held.left -= 1
+        if held.left <= 0:
+            held.cluster.shutdown()
+            held.cluster = None
+
+
+def _forget_as_current_ray(address: str) -> None:
+    """Cluster writes its address where `ray.init()` without an address looks first (Ray's ray_current_cluster
+    file): left there, a `run --ray` of another test started meanwhile, in this worker or the other, would join
+    this cluster instead of starting its own local instance."""
+    try:
+        from ray._common.utils import get_ray_address_file
+    except ImportError:  # older Ray kept it in ray._private.utils
+        from ray._private.utils import get_ray_address_file
+    path = Path(get_ray_address_file(None))
+    with contextlib.suppress(OSError):
+        if path.read_text().strip() == address:
+            path.unlink()
+
+
 @pytest.fixture
 def cli(capsys):
     return lambda *argv: run_cli(argv, capsys)
