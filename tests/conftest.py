@@ -95,6 +95,114 @@ def gemma_small_capture(tmp_path_factory):
     return ws, capture_json(CONFIGS / "models" / "gemma4_e2b.toml", ws, OutErr(), "--samples", "1")
 
 
+@pytest.fixture(scope="session")
+def sd35_vae_dry_run(tmp_path_factory):
+    """`run --dry-run` of the SD3.5 VAE (small) on the CPU with channels-last twins and conv-bias folds on, its
+    group_norm cards searched for one iteration: `run --json`'s (exit code, stdout, stderr). Shared by the tests
+    that read it (test_chain_twins, test_conv_bias_fold_dry_run), each marked xdist_group("sd35_vae_dry_run") so
+    that it is made once (~20 s on a CI core). The folds only add cards: with them on, every other card of the
+    run came out as without them (2026-12-07: the same 79 cards, each with the same outcome, and 8 fold cards)."""
+    tmp = tmp_path_factory.mktemp("sd35-vae")
+    text = (CONFIGS / "examples" / "sd35_vae.toml").read_text()
+    assert "[capture]\n" in text
+    config = tmp / "vae.toml"
+    config.write_text(text.replace("[capture]\n", "[capture]\nlayout_twins = true\nconv_bias_folds = true\n"))
+    return run_cli(["run", config, "--small", "--dry-run", "--no-tui", "--device", "cpu", "--ops", "group_norm",
+                    "--iterations", "1", "--json", "--workspace", tmp / "ws"], OutErr())
+
+
+# What every engine module, the CLI's help and a headless capture import, in one fresh process: it prints the
+# Ray modules loaded once every engine module is imported and `--help` and `run --help` are shown, then captures
+# my_model and prints the Textual modules loaded by then. Its --help text and the capture's JSON go to stdout.
+IMPORT_PROBE = r'''
+import importlib, pkgutil, sys
+import engine
+for m in pkgutil.walk_packages(engine.__path__, "engine."):
+    importlib.import_module(m.name)
+import kforge_tui.cli
+for argv in (["--help"], ["run", "--help"]):
+    try:
+        kforge_tui.cli.main(argv)
+    except SystemExit:
+        pass
+print("RAY:", sorted(m for m in sys.modules if m == "ray" or m.startswith("ray.")), file=sys.stderr, flush=True)
+code = kforge_tui.cli.main(["capture", sys.argv[1], "--small", "--device", "cpu", "--json",
+                            "--workspace", sys.argv[2]])
+assert code == 0, code
+loaded = sorted(m for m in sys.modules if m == "textual" or m.startswith("textual."))
+print("TEXTUAL:", loaded, file=sys.stderr)
+'''
+
+
+@pytest.fixture(scope="session")
+def engine_import_probe(tmp_path_factory):
+    """IMPORT_PROBE's finished process (returncode, stdout, stderr). Shared by the tests that read it
+    (test_import_hygiene: no Textual; test_lane_ray: no Ray), each marked xdist_group("engine_import_probe") so
+    that it runs once: importing every engine module (the SDKs of the LLM providers, torch) is most of its ~12 s."""
+    import subprocess
+
+    ws = tmp_path_factory.mktemp("import-probe")
+    return subprocess.run([sys.executable, "-c", IMPORT_PROBE, str(CONFIGS / "examples" / "my_model.toml"), str(ws)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
+class _RayCluster:
+    """The shared cluster of conftest.ray_cluster, and how many of this session's test modules that use it are
+    still to run (in this worker: the tests marked xdist_group("ray") all run in one)."""
+
+    cluster = None
+    left: int | None = None
+
+
+@pytest.fixture(scope="session")
+def _ray_cluster_session():
+    yield _RayCluster
+    if _RayCluster.cluster is not None:  # not every test that uses it ran here (another --dist)
+        _RayCluster.cluster.shutdown()
+        _RayCluster.cluster = None
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(request, _ray_cluster_session):
+    """A local Ray cluster (ray.cluster_utils.Cluster) of one head node with 2 CPUs, and no driver: a test connects
+    to `.address` (ray.init, `run --ray-address`), adds a node, and leaves it as it found it. Shared by the tests
+    marked xdist_group("ray"), so that a worker starts its processes once (~8 s of a CI core each time); it is shut
+    down after the last module that uses it, rather than at the session's end (idle, its processes took 3 % of a
+    core). Skipped where Ray is not installed."""
+    pytest.importorskip("ray")
+    held = _ray_cluster_session
+    if held.left is None:
+        held.left = len({item.nodeid.split("::")[0] for item in request.session.items
+                         if "ray_cluster" in item.fixturenames})
+    if held.cluster is None:
+        from ray.cluster_utils import Cluster
+
+        held.cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 2, "include_dashboard": False, "object_store_memory": 200 * 2**20})
+        _forget_as_current_ray(held.cluster.address)
+    try:
+        yield held.cluster
+    finally:
+        held.left -= 1
+        if held.left <= 0:
+            held.cluster.shutdown()
+            held.cluster = None
+
+
+def _forget_as_current_ray(address: str) -> None:
+    """Cluster writes its address where `ray.init()` without an address looks first (Ray's ray_current_cluster
+    file): left there, a `run --ray` of another test started meanwhile, in this worker or the other, would join
+    this cluster instead of starting its own local instance."""
+    try:
+        from ray._common.utils import get_ray_address_file
+    except ImportError:  # older Ray kept it in ray._private.utils
+        from ray._private.utils import get_ray_address_file
+    path = Path(get_ray_address_file(None))
+    with contextlib.suppress(OSError):
+        if path.read_text().strip() == address:
+            path.unlink()
+
+
 @pytest.fixture
 def cli(capsys):
     return lambda *argv: run_cli(argv, capsys)

@@ -4,15 +4,15 @@ bias add in front and its channels-last twin; the twins get chain_bias_group_nor
 the H200, and the contiguous originals are declined (the group_norm_cl kernels read channels-last only)."""
 
 import json
-from pathlib import Path
+
+import pytest
 
 
-def test_a_dry_run_of_the_vae_proposes_and_compiles_every_fold_twin(cli, tmp_path):
-    text = (Path(__file__).resolve().parent.parent / "configs" / "examples" / "sd35_vae.toml").read_text()
-    config = tmp_path / "vae.toml"
-    config.write_text(text.replace("[capture]\n", "[capture]\nlayout_twins = true\nconv_bias_folds = true\n"))
-    code, out, err = cli("run", config, "--small", "--dry-run", "--no-tui", "--device", "cpu", "--ops",
-                         "group_norm", "--iterations", "1", "--json", "--workspace", tmp_path / "ws")
+@pytest.mark.xdist_group("sd35_vae_dry_run")
+def test_a_dry_run_of_the_vae_proposes_and_compiles_every_fold_twin(sd35_vae_dry_run):
+    # the run (conftest.sd35_vae_dry_run): [capture] layout_twins and conv_bias_folds on, --ops group_norm,
+    # --iterations 1; test_chain_twins reads its other cards
+    code, out, err = sd35_vae_dry_run
     assert code == 0, err
     folds = [c for c in json.loads(out)["cards"] if c.get("folded_from")]
     assert all(c["signature"].startswith("chain[add native_group_norm silu]") for c in folds), folds

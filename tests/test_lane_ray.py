@@ -1,11 +1,11 @@
-"""Lanes on Ray (engine.lane.ray_lanes), on a local Ray instance with CPU-only lanes: a dry run spread over
-two compile actors evaluates every candidate exactly once, an actor killed mid-run loses no candidate and
-counts none twice, GPU-style actors ship samples once and survive a worker crash, and nothing imports Ray
-unless asked. Skipped where Ray is not installed (`pip install -e ".[ray]"`)."""
+"""Lanes on Ray (engine.lane.ray_lanes), on a local Ray cluster with CPU-only lanes (conftest.ray_cluster): a
+joining node adds a lane, a dry run spread over two compile actors evaluates every candidate exactly once, an
+actor killed mid-run loses no candidate and counts none twice, GPU-style actors ship samples once and survive a
+worker crash, and nothing imports Ray unless asked. Skipped where Ray is not installed (`pip install -e ".[ray]"`)."""
 
 import asyncio
-import subprocess
 import sys
+import time
 from collections import Counter
 
 import pytest
@@ -26,45 +26,46 @@ STANDIN = [sys.executable, str(ROOT / "tests" / "lane_standin.py")]
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 2**20, log_to_driver=False)
+def local_ray(ray_cluster):
+    """This process connected to the shared local cluster (a head with 2 CPUs) for this module's tests, then
+    disconnected: its actors end with it."""
+    ray.init(address=ray_cluster.address, log_to_driver=False)
     try:
         yield ray
     finally:
         ray.shutdown()
 
 
-def test_a_joining_node_adds_a_lane(tmp_path):
-    """First in the file: it runs its own two-node cluster before the shared local instance exists."""
-    if ray.is_initialized():
-        pytest.skip("needs a Ray of its own (run before the module's local instance)")
-    from ray.cluster_utils import Cluster
+@pytest.mark.xdist_group("ray")  # conftest.ray_cluster: one cluster per worker
+def test_a_joining_node_adds_a_lane(local_ray, ray_cluster, tmp_path):
+    """A node of one CPU joins the shared cluster (a head of 2) under running lanes: a lane is started on it. The
+    node is removed at the end, and the test waits until the cluster is its head alone again."""
+    added = []
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
-                                                            "object_store_memory": 100 * 2**20})
+    async def main():
+        lanes = await RayLanes.start(None, compile_only=True, arch="sm_90", cache_dir=str(tmp_path), poll_s=0.5)
+        try:
+            before = lanes.names()
+            added.append(ray_cluster.add_node(num_cpus=1, object_store_memory=100 * 2**20))
+            for _ in range(120):  # the poll notices the node and starts an actor on it
+                if len(lanes.names()) == 3:
+                    break
+                await asyncio.sleep(0.5)
+            evs = await asyncio.gather(*(lanes.compile_only(CountingProposer().source(i)) for i in range(4)))
+            return before, lanes.names(), evs
+        finally:
+            await lanes.close()
+
     try:
-        ray.init(address=cluster.address, log_to_driver=False)
-
-        async def main():
-            lanes = await RayLanes.start(None, compile_only=True, arch="sm_90", cache_dir=str(tmp_path),
-                                         poll_s=0.5)
-            try:
-                before = lanes.names()
-                cluster.add_node(num_cpus=1, object_store_memory=100 * 2**20)
-                for _ in range(120):  # the poll notices the node and starts an actor on it
-                    if len(lanes.names()) == 2:
-                        break
-                    await asyncio.sleep(0.5)
-                evs = await asyncio.gather(*(lanes.compile_only(CountingProposer().source(i)) for i in range(4)))
-                return before, lanes.names(), evs
-            finally:
-                await lanes.close()
-
         before, after, evs = asyncio.run(main())
     finally:
-        ray.shutdown()
-        cluster.shutdown()
-    assert len(before) == 1 and len(after) == 2
+        for node in added:
+            ray_cluster.remove_node(node)
+        for _ in range(120):  # the next test's lanes count the head's CPUs alone
+            if ray.cluster_resources().get("CPU") == 2:
+                break
+            time.sleep(0.5)
+    assert len(before) == 2 and len(after) == 3 and set(before) < set(after)
     assert [e.status for e in evs] == ["compiled"] * 4
 
 
@@ -133,6 +134,7 @@ async def _dry_run(lanes, recorder, iterations=4):
     return await o.run()
 
 
+@pytest.mark.xdist_group("ray")  # conftest.ray_cluster: one cluster per worker
 def test_dry_run_over_two_compile_actors_evaluates_each_candidate_once(local_ray, tmp_path):
     async def main():
         ev = await start_ray_evaluator(None, dry=True, arch="sm_90", cache_dir=str(tmp_path), poll_s=0.5)
@@ -153,6 +155,7 @@ def test_dry_run_over_two_compile_actors_evaluates_each_candidate_once(local_ray
     assert {lane for _, lane in rec.busy} == set(names)  # the work was spread over both actors
 
 
+@pytest.mark.xdist_group("ray")  # conftest.ray_cluster: one cluster per worker
 def test_actor_killed_mid_run_loses_no_candidate_and_counts_none_twice(local_ray, tmp_path):
     async def main():
         ev = await start_ray_evaluator(None, dry=True, arch="sm_90", cache_dir=str(tmp_path), poll_s=0.5)
@@ -183,6 +186,7 @@ def test_actor_killed_mid_run_loses_no_candidate_and_counts_none_twice(local_ray
     assert len(names) == 2 and lane not in names
 
 
+@pytest.mark.xdist_group("ray")  # conftest.ray_cluster: one cluster per worker
 def test_second_lost_lane_rejects_the_candidate_once(local_ray, tmp_path):
     async def main():
         lanes = await RayLanes.start(None, compile_only=True, arch="sm_90", cache_dir=str(tmp_path), poll_s=0.5)
@@ -209,6 +213,7 @@ def test_second_lost_lane_rejects_the_candidate_once(local_ray, tmp_path):
     assert others and {s for s, _ in others.values()} == {"compiled"}  # replacement lanes did the rest
 
 
+@pytest.mark.xdist_group("ray")  # conftest.ray_cluster: one cluster per worker
 def test_lane_actor_ships_samples_once_and_outlives_a_worker_crash(local_ray, tmp_path):
     """A GPU-style actor (here without a GPU, around the stand-in worker): the card's samples are sent
     once, a crashing request replaces only the worker, and the card is loaded again in the new one."""
@@ -244,23 +249,9 @@ def test_ray_missing_is_a_one_line_usage_error(monkeypatch):
     assert 'pip install -e ".[ray]"' in str(e.value) and "\n" not in str(e.value)
 
 
-def test_engine_and_cli_help_never_import_ray():
-    probe = r'''
-import importlib, pkgutil, sys
-import engine
-for m in pkgutil.walk_packages(engine.__path__, "engine."):
-    importlib.import_module(m.name)
-import kforge_tui.cli
-try:
-    kforge_tui.cli.main(["--help"])
-except SystemExit:
-    pass
-try:
-    kforge_tui.cli.main(["run", "--help"])
-except SystemExit:
-    pass
-print("RAY:", sorted(m for m in sys.modules if m == "ray" or m.startswith("ray.")), file=sys.stderr)
-'''
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert "RAY: []" in proc.stderr
+@pytest.mark.xdist_group("engine_import_probe")
+def test_engine_and_cli_help_never_import_ray(engine_import_probe):
+    # conftest.IMPORT_PROBE: every engine module, `--help` and `run --help`, then the Ray modules loaded (said
+    # before the probe goes on to a capture, whose own outcome test_import_hygiene reads)
+    said = [line for line in engine_import_probe.stderr.splitlines() if line.startswith("RAY:")]
+    assert said == ["RAY: []"], engine_import_probe.stderr[-2000:]

@@ -1,5 +1,6 @@
 """kill -9 of a dry run through the real CLI, then --resume without a GPU: it stays a dry run and nothing
-compiled before the kill is compiled again (local lanes, and Ray lanes after the head process died)."""
+compiled before the kill is compiled again (local lanes, and Ray lanes of a cluster after the head process
+died)."""
 
 import json
 import os
@@ -60,11 +61,14 @@ def _kill_then_resume(tmp_path, *extra, resume=None):
 
 
 def test_dry_run_killed_and_resumed_compiles_each_candidate_once(tmp_path, cli):
-    # resumed in this process (a fresh one spent ~8 s of its ~12 s importing torch and Dynamo again); the Ray
-    # run's resume below stays a fresh process, which starts a Ray instance of its own
+    # resumed in this process (a fresh one spent ~8 s of its ~12 s importing torch and Dynamo again)
     _kill_then_resume(tmp_path, resume=cli)
 
 
-def test_ray_dry_run_killed_and_resumed_compiles_each_candidate_once(tmp_path):
-    pytest.importorskip("ray")
-    _kill_then_resume(tmp_path, "--ray")
+@pytest.mark.xdist_group("ray")  # conftest.ray_cluster: one cluster per worker
+def test_ray_dry_run_killed_and_resumed_compiles_each_candidate_once(tmp_path, cli, ray_cluster):
+    # the run's lanes on a running cluster (--ray-address), which outlives the head process killed; resumed in this
+    # process, which connects to the cluster named in the run's config (and disconnects at the end). Each local
+    # Ray instance, the killed run's and the resume's, had cost ~8 s of a CI core to start.
+    doc = _kill_then_resume(tmp_path, "--ray", "--ray-address", ray_cluster.address, resume=cli)
+    assert doc["lanes"]["ray"] is True and doc["lanes"]["hosts"], doc["lanes"]  # the resume's lanes were Ray's too

@@ -13,6 +13,10 @@ pytest.importorskip("ray")
 
 
 def test_dry_run_on_ray_compile_lanes(tmp_path):
+    # A fresh process, which starts a local Ray instance of its own. Not the CLI's main in this process (it saved
+    # ~7 s of importing torch and Dynamo): a new local instance turns Ray's token authentication on for the whole
+    # process (RAY_AUTH_MODE=token, Ray 2.60), and this worker could then place no actor on the shared cluster of
+    # conftest.ray_cluster, which runs without it.
     cfg = ROOT / "configs" / "examples" / "my_model.toml"
     r = subprocess.run([sys.executable, "-m", "kforge_tui", "run", str(cfg), "--small", "--dry-run", "--no-tui",
                         "--device", "cpu", "--iterations", "2", "--ray", "--json", "--workspace", str(tmp_path / "ws")],
