@@ -70,5 +70,11 @@ def test_ray_dry_run_killed_and_resumed_compiles_each_candidate_once(tmp_path, c
     # the run's lanes on a running cluster (--ray-address), which outlives the head process killed; resumed in this
     # process, which connects to the cluster named in the run's config (and disconnects at the end). Each local
     # Ray instance, the killed run's and the resume's, had cost ~8 s of a CI core to start.
+    import builtins
+
+    python_print = builtins.print
     doc = _kill_then_resume(tmp_path, "--ray", "--ray-address", ray_cluster.address, resume=cli)
     assert doc["lanes"]["ray"] is True and doc["lanes"]["hosts"], doc["lanes"]  # the resume's lanes were Ray's too
+    # Ray's driver left Python's print alone (it replaces it on a worker's first log line unless told not to: a
+    # side-effect test run after this one in the same worker then read Ray's print in a model's forward)
+    assert builtins.print is python_print

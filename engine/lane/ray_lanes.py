@@ -244,6 +244,10 @@ class RayLanes:
         `worker` replaces the lane worker's argv (tests use a stand-in); raises LaneUnavailable with no lane."""
         ray = require_ray()
         owns = False
+        # Ray's driver replaces builtins.print process-wide (ray.experimental.tqdm_ray, on the first log line a
+        # worker sends it) unless told not to: a model captured after that held Ray's print, not Python's, and its
+        # module card's side-effect check read another function (CI, 2026-12-07)
+        os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
         if not ray.is_initialized():
             kw = {"include_dashboard": False, "object_store_memory": 200 * 2**20} if address is None else {}
             ray.init(address=address, **{**kw, **(init or {})})
