@@ -11,7 +11,7 @@ from rich.text import Text
 from textual._two_way_dict import TwoWayDict
 from textual.geometry import Region
 from textual.screen import ActiveBinding, Screen
-from textual.widgets import DataTable, Static
+from textual.widgets import DataTable, Footer, Static
 from textual.widgets.data_table import RowKey
 
 from kforge_tui.keymap import ESSENTIAL
@@ -44,6 +44,31 @@ class KforgeScreen(Screen):
         first = {k: a for k, a in active.items() if a.binding.id in ESSENTIAL}
         last = {k: a for k, a in active.items() if a.binding.id in self.FOOTER_LAST and k not in first}
         return {**first, **{k: a for k, a in active.items() if k not in first and k not in last}, **last}
+
+
+class KeyFooter(Footer):
+    """Textual's Footer, rebuilt only when the keys it shows change. Textual's rebuilds its key widgets on
+    every bindings signal, and one fires on each focus change, key press and screen switch: in a test session
+    four fifths of the widgets the TUI made were footer keys, built again to show the same keys, at about a
+    third of its CPU."""
+
+    _shown: tuple | None = None
+
+    def _keys(self) -> tuple:
+        """What the footer would show: each key with its display, description, state and tooltip."""
+        app = self.app
+        return tuple((b.key, app.get_key_display(b), b.description, b.action, b.group, enabled, tooltip)
+                     for (_, b, enabled, tooltip) in self.screen.active_bindings.values()
+                     if b.show or b.key == app.COMMAND_PALETTE_BINDING)
+
+    def compose(self):
+        self._shown = self._keys() if self._bindings_ready else None
+        yield from super().compose()
+
+    def bindings_changed(self, screen: Screen) -> None:
+        if self._bindings_ready and self.is_attached and screen is self.screen and self._keys() == self._shown:
+            return
+        super().bindings_changed(screen)
 
 
 class LiveBar(Static):

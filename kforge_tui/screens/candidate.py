@@ -12,14 +12,14 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
-from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
+from textual.widgets import Header, Static, TabbedContent, TabPane
 
 from engine.outcomes import NUMERIC_REJECTIONS, describe_failure
 from kforge_tui import format as fmt
 from kforge_tui import keymap as keys
 from kforge_tui.highlight import diff_text, highlight_cuda, highlighter_name
 from kforge_tui.readmodel import CandidateDetail
-from kforge_tui.widgets import KforgeScreen
+from kforge_tui.widgets import KeyFooter, KforgeScreen
 
 # Short titles so all eight tabs fit in 80 columns.
 TITLES = {"source": "Source", "diff": "Diff", "launch": "Spec", "compile": "Log", "error": "Error",
@@ -50,7 +50,7 @@ class CandidateScreen(KforgeScreen):
                             yield Static(self._signature(), classes="signature")
                         yield Static(self._body(tab), id=f"body-{tab}",
                                      classes="wrap" if tab in WRAPPED else "code")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self._focus_body(self.query_one("#tabs", TabbedContent).active)

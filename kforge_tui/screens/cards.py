@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.widgets import DataTable, Footer, Header, Input
+from textual.widgets import DataTable, Header, Input
 
 from kforge_tui import format as fmt
 from kforge_tui import keymap as keys
 from kforge_tui.readmodel import CardRow, Snapshot
-from kforge_tui.widgets import KforgeScreen, LiveBar, LiveTable
+from kforge_tui.widgets import KeyFooter, KforgeScreen, LiveBar, LiveTable
 
 # (header, key for sorting, cell text): what a reader scans for first on the left, so 80 columns show
 # it; the wide signature last (the candidate screen shows it in full).
@@ -64,7 +64,7 @@ class CardsScreen(KforgeScreen):
         yield Input(placeholder="filter: op, signature or status (enter to apply, esc to clear)", id="filter")
         yield LiveBar(id="cards-bar", classes="bar")
         yield LiveTable(id="cards", cursor_type="row", zebra_stripes=True)
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         table = self.query_one("#cards", DataTable)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Grid
-from textual.widgets import Footer, Header, Static
+from textual.widgets import Header, Static
 
 from kforge_tui import format as fmt
 from kforge_tui.charts import FAILURES_TITLE, Chart, draw_failures, draw_gain, draw_progress, run_series
 from kforge_tui.readmodel import Snapshot
-from kforge_tui.widgets import KforgeScreen
+from kforge_tui.widgets import KeyFooter, KforgeScreen
 
 PROGRESS_TITLE = "candidates over time"
 GAIN_TITLE = "estimated whole-model speedup"
@@ -24,7 +24,7 @@ class RunChartsScreen(KforgeScreen):
             yield Chart(PROGRESS_TITLE, id="chart-progress")
             yield Chart(GAIN_TITLE, id="chart-gain")
             yield Chart(FAILURES_TITLE, id="chart-failures")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.rebuild()

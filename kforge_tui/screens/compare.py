@@ -5,11 +5,11 @@ from __future__ import annotations
 from rich.cells import cell_len
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import DataTable, Header, Static
 
 from kforge_tui import format as fmt
 from kforge_tui import keymap as keys
-from kforge_tui.widgets import KforgeScreen, LiveTable
+from kforge_tui.widgets import KeyFooter, KforgeScreen, LiveTable
 
 DEFAULT_RUNS = 3
 
@@ -21,7 +21,7 @@ class CompareScreen(KforgeScreen):
         yield Header()
         yield Static(id="compare-bar", classes="bar")
         yield LiveTable(id="compare", cursor_type="row", zebra_stripes=True)
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.show_all = False

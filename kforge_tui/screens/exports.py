@@ -12,13 +12,13 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import DataTable, Header, Static
 
 from engine.outcomes import faster_with_confidence
 from kforge_tui import format as fmt
 from kforge_tui import keymap as keys
 from kforge_tui.readmodel import Snapshot
-from kforge_tui.widgets import KforgeScreen, LiveBar, LiveTable, literal
+from kforge_tui.widgets import KeyFooter, KforgeScreen, LiveBar, LiveTable, literal
 
 SUMMARY_CHARS = 50  # the list's last column at 80 columns (the details below say it all)
 STATUS_STYLE = {"written": "green", "failed": "red", "interrupted": "yellow"}
@@ -37,7 +37,7 @@ class ExportsScreen(KforgeScreen):
         yield LiveTable(id="exports", cursor_type="row")
         with VerticalScroll(id="export-detail"):
             yield Static(id="export-text")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.query_one("#exports", LiveTable).add_columns("finished (UTC)", "status", "whole model per target")

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.widgets import DataTable, Footer, Header
+from textual.widgets import DataTable, Header
 
 from engine.outcomes import describe_failure
 from engine.store.read import CandidateHead
 from kforge_tui import keymap as keys
 from kforge_tui.readmodel import Snapshot
-from kforge_tui.widgets import KforgeScreen, LiveBar, LiveTable
+from kforge_tui.widgets import KeyFooter, KforgeScreen, LiveBar, LiveTable
 
 
 class FailuresScreen(KforgeScreen):
@@ -27,7 +27,7 @@ class FailuresScreen(KforgeScreen):
         yield Header()
         yield LiveBar(id="categories", classes="bar")
         yield LiveTable(id="failures", cursor_type="row", zebra_stripes=True)
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.query_one("#failures", LiveTable).add_columns("candidate", "op", "category", "error")

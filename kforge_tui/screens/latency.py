@@ -7,13 +7,13 @@ from collections.abc import Sequence
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal
-from textual.widgets import Footer, Header, Static
+from textual.widgets import Header, Static
 
 from kforge_tui import format as fmt
 from kforge_tui import keymap as keys
 from kforge_tui.charts import Chart, card_series, draw_card_speedup, draw_card_us
 from kforge_tui.readmodel import CardRow, Snapshot
-from kforge_tui.widgets import KforgeScreen, literal
+from kforge_tui.widgets import KeyFooter, KforgeScreen, literal
 
 US_TITLE = "best µs so far (lower is faster)"
 SPEEDUP_TITLE = "best speedup over eager"
@@ -33,7 +33,7 @@ class LatencyScreen(KforgeScreen):
             yield Chart(US_TITLE, id="chart-us")
             yield Chart(SPEEDUP_TITLE, id="chart-speedup")
         yield Static(id="lat-summary", classes="bar")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.rebuild()

@@ -8,12 +8,12 @@ from typing import Any
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal
-from textual.widgets import Footer, Header, ProgressBar, RichLog
+from textual.widgets import Header, ProgressBar, RichLog
 
 from kforge_tui import format as fmt
 from kforge_tui import keymap as keys
 from kforge_tui.readmodel import EventRow, RunStats, Snapshot
-from kforge_tui.widgets import KforgeScreen, LiveBar, LiveTable
+from kforge_tui.widgets import KeyFooter, KforgeScreen, LiveBar, LiveTable
 
 
 class OverviewScreen(KforgeScreen):
@@ -34,7 +34,7 @@ class OverviewScreen(KforgeScreen):
         yield LiveBar(id="spend-line", classes="bar")
         yield LiveTable(id="best", cursor_type="row", show_cursor=False)
         yield RichLog(id="events", max_lines=500, wrap=False, markup=False)
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         t = self.query_one("#best", LiveTable)

@@ -8,7 +8,7 @@ from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Footer, Header, Static, Tree
+from textual.widgets import Header, Static, Tree
 from textual.widgets.tree import TreeNode
 
 from engine.outcomes import FINISHED, describe_failure
@@ -17,7 +17,7 @@ from kforge_tui import format as fmt
 from kforge_tui import keymap as keys
 from kforge_tui.charts import Chart, card_series, draw_card_us
 from kforge_tui.readmodel import Snapshot
-from kforge_tui.widgets import KforgeScreen, literal
+from kforge_tui.widgets import KeyFooter, KforgeScreen, literal
 
 ROOT = "__root__"
 # v counts what the search's backup counts: finished candidates in the node's subtree (its visits).
@@ -71,7 +71,7 @@ class TreeScreen(KforgeScreen):
                 yield Chart("best µs over evaluations", id="tree-chart")
                 yield Static(id="tree-preview")
         yield Static(id="tree-node", classes="bar")
-        yield Footer()
+        yield KeyFooter()
 
     def _card_title(self) -> Text:
         card = self.app.model.cards.get(self.card_id)
