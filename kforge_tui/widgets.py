@@ -12,6 +12,7 @@ from textual._two_way_dict import TwoWayDict
 from textual.geometry import Region
 from textual.screen import ActiveBinding, Screen
 from textual.widgets import DataTable, Footer, Static
+from textual.widgets._footer import FooterKey
 from textual.widgets.data_table import RowKey
 
 from kforge_tui.keymap import ESSENTIAL
@@ -63,7 +64,15 @@ class KeyFooter(Footer):
 
     def compose(self):
         self._shown = self._keys() if self._bindings_ready else None
-        yield from super().compose()
+        for widget in super().compose():
+            # Each key starts in the style it will have: a new key's `compact` (True until its binding to the
+            # footer's runs) flipped its class twice as it mounted, each a restyle of the screen's rules.
+            for key in (widget, *widget._pending_children):
+                if isinstance(key, FooterKey):
+                    compact = self.compact or key.has_class("-command-palette")  # that key is not bound
+                    key.set_reactive(FooterKey.compact, compact)
+                    key.set_class(compact, "-compact", update=False)
+            yield widget
 
     def bindings_changed(self, screen: Screen) -> None:
         if self._bindings_ready and self.is_attached and screen is self.screen and self._keys() == self._shown:
