@@ -42,3 +42,17 @@ def test_ray_address_without_ray_is_refused(tmp_path):
                         "--ray-address", "10.0.0.1:6379", "--workspace", str(tmp_path / "ws")],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 2 and "add --ray" in r.stderr
+
+
+def test_ray_address_without_ray_is_refused_before_the_tui_attaches(tmp_path, monkeypatch, capsys):
+    # From a terminal the TUI attached at once, and the detached engine exited 2 into its log
+    from engine import cli as cli_mod
+
+    opened = []
+    monkeypatch.setattr(cli_mod, "terminal_attached", lambda: True)
+    code = cli_mod.main(["run", str(ROOT / "configs" / "examples" / "my_model.toml"), "--dry-run",
+                         "--ray-address", "10.0.0.1:6379", "--workspace", str(tmp_path / "ws")],
+                        open_tui=lambda args: opened.append(args) or 0)
+    out, err = capsys.readouterr()
+    assert opened == [] and code == 2 and out == ""
+    assert err.strip() == "error: --ray-address 10.0.0.1:6379: it names the cluster for --ray; add --ray", err

@@ -739,6 +739,7 @@ def check_run_args(args: argparse.Namespace) -> None:
                          f"(a resumed run keeps the config it started with)")
     if getattr(args, "takeover", False) and not args.resume:
         raise UsageError("--takeover: goes with --resume RUN (a new run belongs to no other process)")
+    _ray_of(args)  # --ray-address without --ray: refused here, not in a detached engine's log
     if getattr(args, "ray", False):
         import importlib.util
 
