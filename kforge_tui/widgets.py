@@ -12,10 +12,14 @@ from textual._two_way_dict import TwoWayDict
 from textual.geometry import Region
 from textual.screen import ActiveBinding, Screen
 from textual.widgets import DataTable, Footer, Static
-from textual.widgets._footer import FooterKey
 from textual.widgets.data_table import RowKey
 
 from kforge_tui.keymap import ESSENTIAL
+
+try:  # Textual's footer key widget (private module): without it the footer's keys are styled as Textual does
+    from textual.widgets._footer import FooterKey
+except ImportError:  # pragma: no cover - another Textual layout
+    FooterKey = None
 
 
 def same_content(a: Any, b: Any) -> bool:
@@ -58,7 +62,8 @@ class KeyFooter(Footer):
     def _keys(self) -> tuple:
         """What the footer would show: each key with its display, description, state and tooltip."""
         app = self.app
-        return tuple((b.key, app.get_key_display(b), b.description, b.action, b.group, enabled, tooltip)
+        return tuple((b.key, app.get_key_display(b), b.description, b.action, getattr(b, "group", None), enabled,
+                      tooltip)
                      for (_, b, enabled, tooltip) in self.screen.active_bindings.values()
                      if b.show or b.key == app.COMMAND_PALETTE_BINDING)
 
@@ -67,8 +72,8 @@ class KeyFooter(Footer):
         for widget in super().compose():
             # Each key starts in the style it will have: a new key's `compact` (True until its binding to the
             # footer's runs) flipped its class twice as it mounted, each a restyle of the screen's rules.
-            for key in (widget, *widget._pending_children):
-                if isinstance(key, FooterKey):
+            for key in (widget, *getattr(widget, "_pending_children", ())):
+                if FooterKey is not None and isinstance(key, FooterKey) and hasattr(FooterKey, "compact"):
                     compact = self.compact or key.has_class("-command-palette")  # that key is not bound
                     key.set_reactive(FooterKey.compact, compact)
                     key.set_class(compact, "-compact", update=False)

@@ -452,3 +452,29 @@ async def test_the_event_log_says_what_each_card_is(tmp_path):
         assert lines, screen_text(app)
         named = {f"{c.card_id[:8]} {c.label} " for c in app.model.cards.values()}
         assert all(any(n in ln for n in named) for ln in lines), lines
+
+
+async def test_focus_moves_keep_the_footer_and_a_new_key_rebuilds_it(store):
+    """The footer is rebuilt only when the keys it shows change: Textual's own rebuilt its key widgets on every
+    focus change, key press and screen switch, about a third of the TUI's CPU."""
+    from textual.widgets._footer import FooterKey
+
+    db, ids = store
+    app = make_app(db, ids["runs"][-1])
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        await pilot.pause(0.2)  # the footer composes once the screen's bindings are known
+        footer = screen_text(app).splitlines()[29]
+        assert "p Pause" in footer, footer
+        keys = list(app.screen.query(FooterKey))
+        assert keys
+        focused = app.focused
+        await settle(pilot, "tab", "tab", "tab")  # focus moves through the screen: the same keys, the same widgets
+        assert app.focused is not focused or len(app.screen.focus_chain) < 2
+        assert list(app.screen.query(FooterKey)) == keys and all(k.is_attached for k in keys)
+        app.update_keymap({"app.pause": "P"})  # a key changed: the footer shows it
+        await settle(pilot)
+        await pilot.pause(0.2)
+        footer = screen_text(app).splitlines()[29]
+        assert "P Paus" in footer and "p Pause" not in footer, footer
+        assert list(app.screen.query(FooterKey)) != keys
