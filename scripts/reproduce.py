@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the engine of this checkout (or pinned copy), installed or not
 MODELS = ("resnet50", "sd35_medium", "gemma4_e2b", "qwen35_a3b")  # the reference configs
 EXAMPLES = ("sd35_vae", "vit_b16", "convnext_tiny", "whisper_encoder", "deeplabv3")  # configs/examples/
 ALL_MODELS = MODELS + EXAMPLES
@@ -126,7 +127,6 @@ def takes_full_depth(model: str) -> bool:
     """Whether the model's builder can build every layer of the real model (a `full_depth` argument)."""
     import inspect
 
-    sys.path.insert(0, str(ROOT))
     from engine.config import load_config, resolve_builder
 
     return "full_depth" in inspect.signature(resolve_builder(load_config(ROOT / config_path(model)))).parameters
@@ -135,7 +135,6 @@ def takes_full_depth(model: str) -> bool:
 def full_depth_spec(model: str) -> Any:
     """The model at its real depth as bench_e2e takes it (`configs/models/NAME.toml@full_depth=true`); its
     `label` names the row bench_e2e writes (`NAME@full_depth=true`)."""
-    sys.path.insert(0, str(ROOT))
     from engine.config import ModelSpec
 
     return ModelSpec(config_path(model), FULL_DEPTH)
@@ -144,7 +143,6 @@ def full_depth_spec(model: str) -> Any:
 def shrunk_depth(model: str) -> tuple[int, int] | None:
     """(layers built, layers of the real model) of a config that keeps one layer per kind ([multiplicity]);
     None where the config builds the whole model."""
-    sys.path.insert(0, str(ROOT))
     from engine.config import load_config
 
     mult = load_config(ROOT / config_path(model)).multiplicity
@@ -262,7 +260,6 @@ def latest_run(ws: Path) -> dict | None:
     db = ws / "kforge.db"
     if not db.exists():
         return None
-    sys.path.insert(0, str(ROOT))
     from engine.store import open_readonly, read
 
     conn = open_readonly(db)
@@ -628,7 +625,6 @@ def _cast_cards(path: Path) -> dict[str, str]:
     """Card id -> category of the variants in a cast file (empty when there is none)."""
     if not path.exists():
         return {}
-    sys.path.insert(0, str(ROOT))
     from engine.cast.format import read_cast
 
     return {v["card_id"]: v.get("category", "?") for v in read_cast(path).variants}
@@ -661,7 +657,6 @@ def model_facts(d: Path) -> dict | None:
 
 def store_facts(db_path: Path) -> dict:
     """Per card of the latest run: card row, best verified candidate, candidates; time to first verified."""
-    sys.path.insert(0, str(ROOT))
     from engine.store import open_readonly, read
 
     conn = open_readonly(db_path)
@@ -840,7 +835,6 @@ def chart_groups(out: Path, models: list[str]) -> list[tuple[str, list[Any]]]:
     "eager + cast" is a pair timed together (its CI is drawn); the others divide medians of different pairings:
     torch.compile's arms bench_compose's (its own eager pair's eager median over each compiled arm's), CUDA
     graphs' bench_e2e's (its eager median over the eager graphs' and the cast graphs'), so they have none."""
-    sys.path.insert(0, str(ROOT))
     from engine.bench.chart import Bar
 
     groups: list[tuple[str, list[Any]]] = []
@@ -1093,7 +1087,6 @@ def sittings_gpu(out: Path, models: list[str]) -> str:
 def report(out: Path, models: list[str], allow_mixed: bool = False, chart: bool = False) -> str:
     """The Markdown report of OUT's per-model results; raises MixedRuns when they come from different code
     (unless allow_mixed, which flags it at the top)."""
-    sys.path.insert(0, str(ROOT))
     from engine.bench.floor import card_flops, is_compute_op
     from engine.capture.hidden import row_shares
     from engine.outcomes import faster_with_confidence
@@ -1189,7 +1182,6 @@ def report(out: Path, models: list[str], allow_mixed: bool = False, chart: bool 
         sig = card.get("signature_text") or ""
         if not sig:
             try:
-                sys.path.insert(0, str(ROOT))
                 from engine.capture.signature import signature_text
 
                 sig = signature_text(json.loads(card["signature"]))

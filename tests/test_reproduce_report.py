@@ -1,6 +1,7 @@
 """scripts/reproduce.py --report-only on a recorded H200 ResNet-50 run (the TUI demo until 2026-12-01)."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -1068,3 +1069,22 @@ def test_the_covered_share_counts_a_chain_its_twin_and_its_conv_bias_fold_once(t
     assert "Model time covered by the cast's kernels: 20 %" in reproduce.report(tmp_path, ["resnet50"])
     in_cast = {"fold": "builtin", "other": "builtin"}   # the fold alone: its own share, beside another chain's
     assert "Model time covered by the cast's kernels: 22 %" in reproduce.report(tmp_path, ["resnet50"])
+
+
+def test_report_only_runs_where_the_engine_is_not_installed(tmp_path):
+    """A pinned copy on a device, or a fresh checkout, runs `python scripts/reproduce.py --report-only` with no
+    install: every engine import finds the script's own checkout, the chart's too (it raised
+    ModuleNotFoundError after the report's text, 2026-12-07). `-S` keeps site-packages (torch, numpy) through
+    PYTHONPATH but reads no .pth file, so an editable install of this checkout is not seen."""
+    import site
+
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.pathsep.join(site.getsitepackages())}
+    seen = subprocess.run([sys.executable, "-S", "-c", "import engine"], cwd=tmp_path, env=env, capture_output=True)
+    if seen.returncode == 0:
+        pytest.skip("the engine is installed into site-packages itself (not editable): nothing to tell apart")
+    shutil.copytree(ROOT / "docs/results/report-2026-12-07/h100-2026-12-07e", tmp_path / "rep")
+    p = subprocess.run([sys.executable, "-S", str(ROOT / "scripts/reproduce.py"), "--out", str(tmp_path / "rep"),
+                        "--report-only"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "| vit_b16 |" in (tmp_path / "rep" / "report.md").read_text()
+    assert (tmp_path / "rep" / "speedups.svg").read_text().startswith("<svg")
