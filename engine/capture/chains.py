@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.bench.floor import is_compute_op
+from engine.capture.dispatch_mode import DynamoLazyMode
 from engine.capture.filters import data_dependent, own_dispatch, packed, unreadable
 from engine.capture.higher_order import is_higher_order, run_higher_order
 from engine.capture.recorder import TOP_LEVEL, ModulePaths
@@ -132,7 +132,7 @@ def _lca(a: str, b: str) -> str:
     return ".".join(pa[:n])
 
 
-class ChainTrace(TorchDispatchMode):
+class ChainTrace(DynamoLazyMode):
     """Record the data flow of every ATen call made under it (see the module docstring).
 
     `path_of()` names the module running now (engine.capture.recorder.ModulePaths.current) and `entered(path)`

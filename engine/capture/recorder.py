@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from engine.capture.dispatch_mode import DynamoLazyMode
 from engine.capture.filters import own_dispatch, skip_reason, unreadable
 from engine.capture.higher_order import is_higher_order, run_higher_order
 from engine.capture.samples import Snapshot, snapshot_inputs, snapshot_outputs
@@ -144,7 +144,7 @@ def bytes_moved(func: torch._ops.OpOverload, bound: list[tuple[str, Any]], out: 
     return _span_bytes(reads) + _span_bytes(writes)
 
 
-class CaptureMode(TorchDispatchMode):
+class CaptureMode(DynamoLazyMode):
     """Records each non-view, non-constructor ATen call: signature, module path, time, samples."""
 
     def __init__(self, *, path_of: Callable[[], str], weight_of: Callable[[str], int], samples: int,

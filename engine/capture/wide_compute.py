@@ -20,9 +20,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from engine.capture.dispatch_mode import DynamoLazyMode
 from engine.capture.filters import own_dispatch
 from engine.capture.higher_order import is_higher_order, run_higher_order
 
@@ -59,7 +59,7 @@ def _layout(t: torch.Tensor) -> tuple:
     return tuple(t.shape), tuple(t.stride()), t.storage_offset()
 
 
-class WideCompute(TorchDispatchMode):
+class WideCompute(DynamoLazyMode):
     """Runs `WIDENED` calls with half-precision CPU inputs in float32; results in the call's own dtype
     and layout. `widened` and `kept` count the half-precision calls of those ops computed each way."""
 
