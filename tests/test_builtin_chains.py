@@ -240,6 +240,21 @@ def test_rms_variants_are_told_apart(cases):
     assert row_plan(ChainGraph(cases["llama_rms"])).variant == "x * w"
 
 
+def test_a_cards_graph_is_built_once_and_only_for_that_card(cases):
+    """The templates read a card's ChainGraph from chain_graph: the same object for the same card, so that its
+    members run on meta tensors once per card rather than once per space, default, mutation and render."""
+    import dataclasses
+
+    from engine.propose.builtin.chains import RmsNormChainTemplate, chain_graph
+
+    card = cases["gemma_rms"]
+    g = chain_graph(card)
+    assert chain_graph(card) is g and RmsNormChainTemplate().analyse(card)[0] is g
+    twin = dataclasses.replace(card)  # equal, another object: its own graph, the same answer
+    assert chain_graph(twin) is not g and chain_graph(twin).ops() == g.ops()
+    assert chain_graph(cases["swiglu"]).ops() != g.ops()
+
+
 def test_single_op_cards_are_unaffected(cases):
     from engine.propose.builtin.proposer import BuiltinProposer
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import math
 import random
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -161,6 +163,29 @@ class ChainGraph:
         if j == on:
             return True
         return any(p is not None and self.depends(p, on) for p in (self.producer(r) for r in self.tensor_args(j)))
+
+
+_GRAPHS: OrderedDict[int, tuple[OperatorCard, ChainGraph]] = OrderedDict()
+_GRAPHS_LOCK = threading.Lock()
+_GRAPHS_KEPT = 64
+
+
+def chain_graph(card: OperatorCard) -> ChainGraph:
+    """`ChainGraph(card)`, kept for the last 64 cards by identity: a template's space, default, mutations and
+    render each read the graph of the same card object, and building one runs every member on meta tensors
+    (a search's thousand renders of chain cards spent most of their time there). A card is immutable; the
+    entry holds it, so its id is not reused while kept. A Decline is raised again each time, not kept."""
+    with _GRAPHS_LOCK:
+        hit = _GRAPHS.get(id(card))
+        if hit is not None and hit[0] is card:
+            _GRAPHS.move_to_end(id(card))
+            return hit[1]
+    g = ChainGraph(card)
+    with _GRAPHS_LOCK:
+        _GRAPHS[id(card)] = (card, g)
+        while len(_GRAPHS) > _GRAPHS_KEPT:
+            _GRAPHS.popitem(last=False)
+    return g
 
 
 # ------------------------------------------------------------------------------------- device code
@@ -424,7 +449,7 @@ class _PointwiseChainTemplate(Template):
         return None
 
     def analyse(self, card: OperatorCard) -> tuple[ChainGraph, PointwisePlan]:
-        g = ChainGraph(card)
+        g = chain_graph(card)
         why = self.shape_problem(g)
         if why:
             raise cc.Decline(why)
@@ -674,7 +699,7 @@ class RmsNormChainTemplate(Template):
     ops = frozenset({CHAIN_OP})
 
     def analyse(self, card: OperatorCard) -> tuple[ChainGraph, RowPlan]:
-        g = ChainGraph(card)
+        g = chain_graph(card)
         return g, row_plan(g)
 
     def accepts(self, card: OperatorCard, *, hw: Hardware = H200) -> str | None:
@@ -874,7 +899,7 @@ class GroupNormSiluChainTemplate(Template):
 
     def analyse(self, card: OperatorCard) -> tuple[ChainGraph, OperatorCard, list[int]]:
         """The graph, the native_group_norm card it holds, and which outputs are (y, mean, rstd) of it."""
-        g = ChainGraph(card)
+        g = chain_graph(card)
         ops = g.ops()
         if ops != ["aten::native_group_norm", "aten::silu"] or g.heavy != [0, 1]:
             raise cc.Decline(f"members {[o.split('::')[1] for o in ops]} are not native_group_norm, silu")
@@ -968,7 +993,7 @@ class CloneGroupNormChainTemplate(Template):
     def analyse(self, card: OperatorCard) -> tuple[ChainGraph, OperatorCard, list[int], bool]:
         """The graph, the channels-last native_group_norm card it amounts to, which outputs are (y, mean,
         rstd), and whether SiLU follows."""
-        g = ChainGraph(card)
+        g = chain_graph(card)
         ops = g.ops()
         silu = ops == ["aten::clone", "aten::native_group_norm", "aten::silu"]
         if ops != ["aten::clone", "aten::native_group_norm"] and not silu:
@@ -1057,7 +1082,7 @@ class ConvBiasGroupNormSiluChainTemplate(Template):
     def analyse(self, card: OperatorCard) -> tuple[ChainGraph, OperatorCard, list[int], Ref, int]:
         """The graph, the group_norm_cl card with its input bias, which outputs are (y, mean, rstd), the
         ref of x, and the chain input that holds b."""
-        g = ChainGraph(card)
+        g = chain_graph(card)
         ops = g.ops()
         if ops != ["aten::add.Tensor", "aten::native_group_norm", "aten::silu"]:
             raise cc.Decline(f"members {[o.split('::')[1] for o in ops]} are not add, native_group_norm, silu")
