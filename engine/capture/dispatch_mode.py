@@ -1,53 +1,102 @@
-"""The base of the capture's dispatch modes: a TorchDispatchMode that loads Dynamo only where it is loaded.
+"""The base of the capture's dispatch modes: a TorchDispatchMode that loads no Dynamo of its own.
 
 Recent PyTorch wraps every TorchDispatchMode subclass's `__torch_dispatch__` in `torch._disable_dynamo`, so
 that a torch.compile running while the mode is active never traces the mode's own frame. That wrapper imports
-`torch._dynamo` on the mode's first call: 2.5-3 s of CPU in every capture and run process (on the 2-core CI
-machine, more than a third of a `capture --small`), for a guard with nothing to guard until Dynamo is loaded,
-since only Dynamo installs the frame hook it disables. `DynamoLazyMode` turns PyTorch's wrapping off
-(`_should_skip_dynamo`) and wraps the subclass's `__torch_dispatch__` itself: it runs the method as is until
-Dynamo is loaded (a torch.compile, a FakeTensorMode), and through `torch._disable_dynamo` from then on.
+`torch._dynamo` on the mode's first call (and keeps Dynamo's disabled function in the method's
+`__dynamo_disable`): 2.5-3 s of CPU in every capture and run process, more than a third of a `capture --small`
+on a 2-core machine, for a guard with nothing to guard until Dynamo is loaded, since only Dynamo installs the
+frame hook it disables.
+
+`DynamoLazyMode` keeps PyTorch's wrapper and gives it, in that cache, a stand-in that calls the method as is.
+When `torch._dynamo` finishes importing (a torch.compile, a FakeTensorMode, a torch.cond: whatever loads it), an
+import hook removes the stand-ins, so from then on the wrapper does exactly what it always did, also while
+Dynamo traces a torch.cond's branches with the mode active. Where Dynamo is already loaded when a mode class is
+made, nothing is changed.
 """
 
 from __future__ import annotations
 
-import functools
+import importlib.abc
+import importlib.util
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+_CACHE = "__dynamo_disable"  # torch._compile._disable_dynamo's cache attribute on the wrapped function
+_pending: list[Callable[..., Any]] = []  # methods holding a stand-in, until Dynamo is loaded
+_lock = threading.Lock()
 
-def dynamo_skipped_once_loaded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`fn` as torch._disable_dynamo(fn, recursive=True) runs it once `torch._dynamo` is loaded, and as itself
-    until then (no frame hook can be installed before: only Dynamo installs one)."""
-    disabled: Callable[..., Any] | None = None
 
-    @functools.wraps(fn)
-    def inner(*args: Any, **kwargs: Any) -> Any:
-        nonlocal disabled
-        if disabled is None:
-            dynamo = sys.modules.get("torch._dynamo")
-            if dynamo is None or not hasattr(dynamo, "disable"):  # not loaded, or still being imported
-                return fn(*args, **kwargs)
-            disabled = torch._disable_dynamo(fn, recursive=True)
-        return disabled(*args, **kwargs)
+def _dynamo_loaded() -> bool:
+    return "torch._dynamo" in sys.modules
 
-    return inner
+
+def _drop_stand_ins() -> None:
+    """Dynamo is loaded: PyTorch's wrapper makes and keeps the real disabled function on the next call."""
+    with _lock:
+        for fn in _pending:
+            if getattr(fn, _CACHE, None) is getattr(fn, "_kforge_stand_in", None):
+                delattr(fn, _CACHE)
+        _pending.clear()
+
+
+class _AfterDynamoImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: on the import of `torch._dynamo` it hands over the spec the other finders give,
+    with its loader's exec_module followed by `_drop_stand_ins`, and leaves sys.meta_path."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != "torch._dynamo":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+
+        def exec_then_drop(module: Any) -> None:
+            exec_module(module)
+            _drop_stand_ins()
+
+        loader.exec_module = exec_then_drop
+        return spec
+
+
+_hook = _AfterDynamoImport()
+if not _dynamo_loaded():
+    sys.meta_path.insert(0, _hook)
+
+
+def _stand_in(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Calls `fn` as is; past Dynamo's import (a call racing the hook), drops itself and runs through Dynamo's
+    disabled function as PyTorch's wrapper would."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not _dynamo_loaded():
+            return fn(*args, **kwargs)
+        _drop_stand_ins()
+        import torch
+
+        return torch._disable_dynamo(fn, recursive=True)(*args, **kwargs)
+
+    return call
 
 
 class DynamoLazyMode(TorchDispatchMode):
-    """A TorchDispatchMode whose subclasses' `__torch_dispatch__` skip Dynamo as PyTorch's own wrapping does,
-    without importing Dynamo before anything else has (see the module's docstring)."""
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:  # PyTorch's wrapping, off: __init_subclass__ below wraps lazily
-        return False
+    """A TorchDispatchMode whose subclasses' `__torch_dispatch__` import no Dynamo (see the module's docstring)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        raw = cls.__dict__.get("__torch_dispatch__")
-        if raw is not None and not isinstance(raw, classmethod):
-            cls.__torch_dispatch__ = dynamo_skipped_once_loaded(raw)  # type: ignore[method-assign]
+        wrapper = cls.__dict__.get("__torch_dispatch__")
+        fn = getattr(wrapper, "__wrapped__", None)  # PyTorch's wrapper of the method (functools.wraps)
+        if fn is None or _dynamo_loaded() or getattr(fn, _CACHE, None) is not None:
+            return
+        with _lock:
+            stand_in = _stand_in(fn)
+            fn._kforge_stand_in = stand_in  # type: ignore[attr-defined]
+            setattr(fn, _CACHE, stand_in)
+            _pending.append(fn)
