@@ -35,3 +35,21 @@ def test_a_capture_imports_no_dynamo_and_compiled_models_still_capture():
         "cond True True True",
         "compiled ['aten::cos', 'aten::mul.Tensor'] True",
     ]
+
+
+def test_a_call_while_dynamo_is_still_importing_runs_the_method_as_is(monkeypatch):
+    """A mode's call can come while torch._dynamo's own import runs (sys.modules holds it, unfinished): the method
+    runs as is then, where asking the half-imported Dynamo for `disable` raised AttributeError."""
+    import types
+
+    from engine.capture.dispatch_mode import DynamoLazyMode
+
+    importing = types.ModuleType("torch._dynamo")
+    importing.__spec__ = types.SimpleNamespace(_initializing=True)
+    monkeypatch.setitem(sys.modules, "torch._dynamo", importing)
+
+    class Echo(DynamoLazyMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return ("as is", func)
+
+    assert Echo().__torch_dispatch__("f", ()) == ("as is", "f")

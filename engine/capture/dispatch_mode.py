@@ -31,7 +31,10 @@ _lock = threading.Lock()
 
 
 def _dynamo_loaded() -> bool:
-    return "torch._dynamo" in sys.modules
+    """Whether torch._dynamo is imported and done: while its import runs (it is in sys.modules already, with
+    `__spec__._initializing` set) nothing can be compiling, and its `disable` may not exist yet."""
+    module = sys.modules.get("torch._dynamo")
+    return module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False)
 
 
 def _drop_stand_ins() -> None:
